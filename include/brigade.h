@@ -1,0 +1,103 @@
+/*
+ * brigade: ring allreduce for processes on one host or many.
+ *
+ * Every call returns a brg_status. When a call fails, brg_comm_last_error()
+ * says why (which peer, which step, which system call); for failures that
+ * happen before a communicator exists, pass NULL to read the message of the
+ * last such failure on the calling thread.
+ *
+ * Semantics follow NCCL: sendbuf == recvbuf means in place, BRG_AVG divides
+ * the sum by the number of ranks, and every rank of a communicator must call
+ * the same collectives in the same order with matching arguments (a mismatch
+ * is detected and reported as BRG_ERR_MISMATCH).
+ */
+#ifndef BRIGADE_H
+#define BRIGADE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define BRG_VERSION_MAJOR 0
+#define BRG_VERSION_MINOR 1
+#define BRG_VERSION_PATCH 0
+
+#define BRG_UNIQUE_ID_BYTES 128
+typedef struct { char internal[BRG_UNIQUE_ID_BYTES]; } brg_unique_id;
+typedef struct brg_comm brg_comm;
+typedef void *brg_stream;              /* NULL: host buffers, call blocks until done */
+
+typedef enum {
+  BRG_SUCCESS = 0, BRG_IN_PROGRESS, BRG_ERR_INVALID_ARGUMENT, BRG_ERR_INVALID_USAGE,
+  BRG_ERR_SYSTEM, BRG_ERR_TIMEOUT, BRG_ERR_REMOTE, BRG_ERR_MISMATCH,
+  BRG_ERR_UNAVAILABLE, BRG_ERR_ABORTED, BRG_ERR_NO_MEMORY, BRG_ERR_INTERNAL
+} brg_status;
+typedef enum { BRG_INT8, BRG_UINT8, BRG_INT32, BRG_UINT32, BRG_INT64, BRG_UINT64,
+               BRG_FLOAT16, BRG_BFLOAT16, BRG_FLOAT32, BRG_FLOAT64 } brg_dtype;
+typedef enum { BRG_SUM, BRG_PROD, BRG_MIN, BRG_MAX, BRG_AVG } brg_op;
+
+#define BRG_NUM_DTYPES 10
+#define BRG_NUM_OPS 5
+
+const char *brg_status_string(brg_status s);
+const char *brg_dtype_name(brg_dtype dtype);   /* "float32"…, or NULL when out of range */
+const char *brg_op_name(brg_op op);            /* "sum"…, or NULL when out of range */
+size_t brg_dtype_size(brg_dtype dtype);        /* bytes per element, 0 when out of range */
+
+brg_status brg_get_unique_id(brg_unique_id *id);
+brg_status brg_comm_init(brg_comm **comm, int nranks, const brg_unique_id *id, int rank);
+brg_status brg_comm_init_env(brg_comm **comm);   /* torchrun / mpirun / srun / brigade-run env */
+brg_status brg_comm_rank(const brg_comm *comm, int *rank);
+brg_status brg_comm_size(const brg_comm *comm, int *size);
+const char *brg_comm_last_error(const brg_comm *comm);
+brg_status brg_comm_abort(brg_comm *comm);
+brg_status brg_comm_destroy(brg_comm *comm);
+
+/* Payload bytes this rank has sent to its ring neighbour since the
+ * communicator was created: an allreduce of S bytes adds 2(N-1)/N * S. */
+brg_status brg_comm_bytes_sent(const brg_comm *comm, uint64_t *bytes);
+
+brg_status brg_allreduce(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype,
+                         brg_op op, brg_comm *comm, brg_stream stream);
+brg_status brg_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount, brg_dtype dtype,
+                              brg_op op, brg_comm *comm, brg_stream stream);
+brg_status brg_all_gather(const void *sendbuf, void *recvbuf, size_t sendcount, brg_dtype dtype,
+                          brg_comm *comm, brg_stream stream);
+brg_status brg_broadcast(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype,
+                         int root, brg_comm *comm, brg_stream stream);
+brg_status brg_reduce(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype,
+                      brg_op op, int root, brg_comm *comm, brg_stream stream);
+brg_status brg_barrier(brg_comm *comm);
+
+/*
+ * Asynchronous host allreduce.
+ *
+ * The request is caller-owned storage (embed it in your own struct; brigade
+ * never allocates one). brg_iallreduce queues the collective on the
+ * communicator's worker thread and returns at once; the buffers must stay
+ * valid and untouched until brg_test reports completion or brg_wait returns.
+ * Collectives run in the order they were issued, blocking calls included.
+ *
+ * brg_test sets *done to 1 once the collective has finished and then returns
+ * its final status (BRG_SUCCESS or the error it ended with); while it runs,
+ * *done is 0 and the return value is BRG_IN_PROGRESS. brg_wait blocks until
+ * the collective has finished and returns its final status. After completion
+ * the request may be reused for a new call.
+ */
+typedef struct brg_request {
+  uint64_t internal[16];
+} brg_request;
+
+brg_status brg_iallreduce(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype,
+                          brg_op op, brg_comm *comm, brg_request *request);
+brg_status brg_test(brg_request *request, int *done);
+brg_status brg_wait(brg_request *request);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* BRIGADE_H */

@@ -1,0 +1,102 @@
+/*
+ * Bootstrap: how ranks find each other.
+ *
+ * A unique id holds a magic, a random secret, the root's address and port,
+ * and a checksum. The root (a thread started by brg_get_unique_id, or by
+ * rank 0 under brg_comm_init_env) collects one hello per rank and answers
+ * every rank with the table of all ranks' blobs. Connections that do not
+ * present the secret are refused; every length read from a socket is
+ * checked against a bound before use.
+ *
+ * After the table, each rank opens a persistent "ring socket" to its ring
+ * successor and accepts one from its predecessor. Ring sockets carry small
+ * framed messages (transport connection info, abort notices) and their
+ * hang-up tells a rank that a neighbour died.
+ */
+#ifndef BRG_BOOTSTRAP_H
+#define BRG_BOOTSTRAP_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "brigade.h"
+#include "log.h"
+
+#define BRG__BOOT_MAGIC 0x42524731u  /* "BRG1" */
+#define BRG__BOOT_MAX_RANKS 65536
+#define BRG__BOOT_MAX_BLOB 1024
+#define BRG__BOOT_MAX_MSG 4096        /* largest ring-socket message payload */
+
+/* The layout of brg_unique_id's bytes. */
+typedef struct brg__boot_id {
+  uint32_t magic;
+  uint32_t version;
+  uint8_t secret[16];
+  char addr[64];         /* numeric IPv4 or IPv6 address of the root, NUL-terminated */
+  uint16_t port;         /* host byte order */
+  uint16_t pad;
+  uint32_t checksum;     /* over all bytes before it */
+} brg__boot_id;
+
+/* Builds an id for a root listening at addr:port with a fresh secret from
+ * getrandom (or the given one when `secret` is not NULL). */
+brg_status brg__boot_id_make(brg__boot_id *id, const char *addr, uint16_t port,
+                             const uint8_t *secret, brg__errbuf *err);
+/* Checks magic, version, checksum and the address string. */
+brg_status brg__boot_id_check(const brg__boot_id *id, brg__errbuf *err);
+
+/* Starts a root thread listening on addr:port (port 0: any free port) that
+ * serves one communicator and then exits (also after `timeout_ms` without
+ * all ranks, telling those that came which ranks never arrived). Fills `id`. */
+brg_status brg__boot_root_start(const char *addr, uint16_t port, const uint8_t *secret,
+                                int timeout_ms, brg__boot_id *id, brg__errbuf *err);
+
+/* The address this process advertises: BRIGADE_BOOTSTRAP_ADDR, else the
+ * first up non-loopback IPv4 address (of BRIGADE_SOCKET_IFNAME if set),
+ * else 127.0.0.1. */
+brg_status brg__boot_local_addr(char *addr, size_t addr_bytes, brg__errbuf *err);
+
+typedef struct brg__bootstrap brg__bootstrap;
+
+/* Joins the root: sends this rank's blob, receives every rank's blob into
+ * `all_blobs` (nranks * blob_bytes, in rank order). Retries connecting until
+ * timeout_ms (the root may not be listening yet). */
+brg_status brg__bootstrap_init(brg__bootstrap **bs, const brg__boot_id *id, int rank,
+                               int nranks, const void *blob, size_t blob_bytes,
+                               void *all_blobs, int timeout_ms, brg__errbuf *err);
+
+/* Opens the ring sockets: connects to `next` and accepts from `prev` (both
+ * may be the same rank when nranks == 2; nothing happens when nranks == 1). */
+brg_status brg__bootstrap_ring_connect(brg__bootstrap *bs, int next, int prev,
+                                       brg__errbuf *err);
+
+enum { BRG__RING_NEXT = 0, BRG__RING_PREV = 1 };
+
+/* Framed messages on a ring socket: type, length (<= BRG__BOOT_MAX_MSG), payload. */
+brg_status brg__bootstrap_send(brg__bootstrap *bs, int dir, uint32_t type, const void *data,
+                               uint32_t len, brg__errbuf *err);
+/* Blocks up to timeout_ms for the next message on that ring socket. */
+brg_status brg__bootstrap_recv(brg__bootstrap *bs, int dir, uint32_t *type, void *data,
+                               uint32_t max_len, uint32_t *len, int timeout_ms,
+                               brg__errbuf *err);
+/* File descriptor of a ring socket (for poll), -1 when absent. */
+int brg__bootstrap_fd(const brg__bootstrap *bs, int dir);
+const uint8_t *brg__bootstrap_secret(const brg__bootstrap *bs);
+void brg__bootstrap_destroy(brg__bootstrap *bs);
+
+/* Wire encoding of the hello a rank sends to the root, exposed for tests.
+ * encode returns the number of bytes written (0 when `cap` is too small);
+ * decode checks every field and length and fills `h` (blob points into buf). */
+typedef struct brg__boot_hello {
+  uint32_t magic;
+  uint8_t secret[16];
+  int32_t rank, nranks;
+  char addr[64];            /* ring listener of this rank */
+  uint16_t port;
+  uint32_t blob_bytes;
+  const void *blob;
+} brg__boot_hello;
+size_t brg__boot_hello_encode(const brg__boot_hello *h, void *buf, size_t cap);
+brg_status brg__boot_hello_decode(const void *buf, size_t len, brg__boot_hello *h,
+                                  brg__errbuf *err);
+
+#endif

@@ -1,0 +1,53 @@
+/*
+ * Logging and error reporting.
+ *
+ * BRIGADE_DEBUG=WARN|INFO|TRACE sets the level, BRIGADE_DEBUG_SUBSYS a
+ * comma-separated list of subsystems to show (default all), and
+ * BRIGADE_DEBUG_FILE a file name where %r becomes the rank, %h the host name
+ * and %p the process id. Lines look like
+ *   host:pid:rank brigade INFO [ring] text
+ */
+#ifndef BRG_LOG_H
+#define BRG_LOG_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include "brigade.h"
+
+enum { BRG__LOG_NONE = 0, BRG__LOG_WARN = 1, BRG__LOG_INFO = 2, BRG__LOG_TRACE = 3 };
+
+extern int brg__log_level; /* set from BRIGADE_DEBUG on first use; NONE until then */
+
+void brg__log_init(void); /* idempotent; reads the config table */
+void brg__log_set_rank(int rank);
+int brg__log_enabled(int level, const char *subsys);
+void brg__log(int level, const char *subsys, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#define BRG__LOG_AT(level, subsys, ...)                                    \
+  do {                                                                     \
+    if (brg__log_level >= (level) && brg__log_enabled((level), (subsys))) \
+      brg__log((level), (subsys), __VA_ARGS__);                            \
+  } while (0)
+#define BRG__WARN(subsys, ...) BRG__LOG_AT(BRG__LOG_WARN, subsys, __VA_ARGS__)
+#define BRG__INFO(subsys, ...) BRG__LOG_AT(BRG__LOG_INFO, subsys, __VA_ARGS__)
+#define BRG__TRACE(subsys, ...) BRG__LOG_AT(BRG__LOG_TRACE, subsys, __VA_ARGS__)
+
+/* A detailed error message travelling with a brg_status. */
+#define BRG__ERRLEN 512
+typedef struct brg__errbuf {
+  char msg[BRG__ERRLEN];
+} brg__errbuf;
+
+/* Formats the message into `eb` (when not NULL), logs it at WARN under
+ * `subsys`, and returns `status`, so error paths read
+ *   return brg__error(err, BRG_ERR_SYSTEM, "tcp", "connect %s: %s", a, strerror(errno)); */
+brg_status brg__error(brg__errbuf *eb, brg_status status, const char *subsys, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* The message of the last failure on this thread that had no communicator
+ * to hold it (what brg_comm_last_error(NULL) returns). */
+void brg__set_thread_error(const char *msg);
+const char *brg__thread_error(void);
+
+#endif

@@ -1,0 +1,104 @@
+/*
+ * The ring schedule: which chunk a rank touches at which step, and where the
+ * slices of a chunk begin. Pure arithmetic in static inline functions, so the
+ * host engine and the device kernel follow one plan and the plan can be
+ * tested on its own.
+ *
+ * Positions p = 0..N-1 are places on the ring (p sends to p+1 mod N and
+ * receives from p-1 mod N); the communicator maps positions to ranks. The
+ * buffer is cut into N chunks; chunk c is balanced (sizes differ by at most
+ * one element) and is owned by the rank at position c when reduce-scatter
+ * ends.
+ *
+ *            chunk p-1          chunk p-2               chunk p
+ *   step 0:  send      ->  1:  recv-reduce-send -> ... N-1: recv-reduce-copy-send
+ *   step N..2N-3: recv-copy-send            step 2N-2: recv
+ *
+ *   allreduce step t (0 <= t <= 2N-2) at position p works on chunk (p-1-t) mod N:
+ *
+ *     t = 0            send                     input              -> next
+ *     0 < t < N-1      recv-reduce-send         prev (+) input     -> next
+ *     t = N-1          recv-reduce-copy-send    prev (+) input     -> output, next
+ *     N-1 < t < 2N-2   recv-copy-send           prev               -> output, next
+ *     t = 2N-2         recv                     prev               -> output
+ *
+ * Reduce-scatter is steps 0..N-1 (the last step writes output without
+ * sending), all-gather is steps N-1..2N-2 with the own chunk sent first.
+ */
+#ifndef BRG_SCHEDULE_H
+#define BRG_SCHEDULE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__CUDACC__)
+#define BRG_HD __host__ __device__
+#else
+#define BRG_HD
+#endif
+
+typedef enum {
+  BRG__PRIM_SEND = 0,               /* own input -> next */
+  BRG__PRIM_RECV_REDUCE_SEND,       /* incoming (+) own input -> next */
+  BRG__PRIM_RECV_REDUCE_COPY_SEND,  /* incoming (+) own input -> output and next */
+  BRG__PRIM_RECV_COPY_SEND,         /* incoming -> output and next */
+  BRG__PRIM_RECV,                   /* incoming -> output */
+  BRG__PRIM_RECV_REDUCE_COPY,       /* incoming (+) own input -> output (end of a chain) */
+  BRG__PRIM_COPY,                   /* own input -> output, no traffic */
+} brg__prim;
+
+static inline BRG_HD int brg__mod(long a, int n) {
+  long m = a % n;
+  return (int)(m < 0 ? m + n : m);
+}
+
+/* Number of allreduce steps for N ranks: N-1 of reduce-scatter plus N-1 of
+ * all-gather, counting the fused middle step once per direction. */
+static inline BRG_HD int brg__ring_steps(int nranks) { return 2 * nranks - 1; }
+
+/* Chunk (a position index) that position `pos` works on at allreduce step t. */
+static inline BRG_HD int brg__ring_chunk(int pos, int nranks, int t) {
+  return brg__mod((long)pos - 1 - t, nranks);
+}
+
+/* Primitive at allreduce step t (0 <= t <= 2N-2), N >= 2. */
+static inline BRG_HD brg__prim brg__ring_prim(int nranks, int t) {
+  if (t == 0) return BRG__PRIM_SEND;
+  if (t < nranks - 1) return BRG__PRIM_RECV_REDUCE_SEND;
+  if (t == nranks - 1) return BRG__PRIM_RECV_REDUCE_COPY_SEND;
+  if (t < 2 * nranks - 2) return BRG__PRIM_RECV_COPY_SEND;
+  return BRG__PRIM_RECV;
+}
+
+/* Balanced split of `count` elements into `parts`: first element and size of part i. */
+static inline BRG_HD size_t brg__part_offset(size_t count, int parts, int i) {
+  size_t base = count / (size_t)parts, extra = count % (size_t)parts;
+  return base * (size_t)i + ((size_t)i < extra ? (size_t)i : extra);
+}
+static inline BRG_HD size_t brg__part_count(size_t count, int parts, int i) {
+  return count / (size_t)parts + ((size_t)i < count % (size_t)parts ? 1 : 0);
+}
+
+/* Slices of a chunk of `n` elements with at most `slice_elems` per slice. A
+ * chunk with no elements still has one (empty) slice, so zero-byte
+ * collectives still synchronise the ring. */
+static inline BRG_HD size_t brg__slice_total(size_t n, size_t slice_elems) {
+  return n == 0 ? 1 : (n + slice_elems - 1) / slice_elems;
+}
+static inline BRG_HD size_t brg__slice_offset(size_t s, size_t slice_elems) {
+  return s * slice_elems;
+}
+static inline BRG_HD size_t brg__slice_count(size_t n, size_t slice_elems, size_t s) {
+  size_t off = s * slice_elems;
+  if (off >= n) return 0;
+  return n - off < slice_elems ? n - off : slice_elems;
+}
+
+/* Chain collectives (broadcast, reduce) run along the ring from position
+ * `first` for N-1 hops. Hop index of a position: 0 for the first, N-1 for
+ * the last. */
+static inline BRG_HD int brg__chain_hop(int pos, int first, int nranks) {
+  return brg__mod((long)pos - first, nranks);
+}
+
+#endif

@@ -1,0 +1,168 @@
+/*
+ * How bytes move between two ranks.
+ *
+ * Every transport presents the same thing to the ring engine: a FIFO of
+ * `nslots` slots of `slot_bytes` each, with a tail counter (slices published
+ * by the sender) and a head counter (slices consumed by the receiver).
+ *
+ *   sender:   wait head + nslots > tail; write slot[tail % nslots]; tail++
+ *   receiver: wait tail > head;          read  slot[head % nslots]; head++
+ *
+ * Memory transports (shm) give both ends a view of one FIFO that lives in the
+ * receiver's memory. Network transports (tcp, ibverbs) give the sender a
+ * local send FIFO and the receiver a local receive FIFO; a proxy thread moves
+ * slots across the wire between them. The engine cannot tell the difference.
+ *
+ * Each slot carries a small header (brg__slot_meta) that names the
+ * collective it belongs to, so ranks that issue different collectives find
+ * out at the first slice instead of hanging or computing garbage.
+ */
+#ifndef BRG_TRANSPORT_H
+#define BRG_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "brigade.h"
+#include "../runtime/log.h"
+
+#define BRG__CACHELINE 64
+#define BRG__MAX_SLOTS 64
+#define BRG__CONN_INFO_BYTES 256
+#define BRG__SECRET_BYTES 16
+
+/* What a slot says about the collective it belongs to. */
+typedef struct brg__slot_meta {
+  uint64_t seq;      /* collective number on this communicator, from 1 */
+  uint64_t count;    /* the collective's count argument */
+  uint32_t kind;     /* brg__coll_kind */
+  uint32_t bytes;    /* payload bytes in this slot */
+  uint16_t dtype;
+  uint16_t op;
+  int32_t root;
+  uint32_t step;     /* schedule step, for error messages */
+  uint32_t pad[5];
+} brg__slot_meta;
+
+/* Control words shared by the two ends of a FIFO, one cache line each. The
+ * counters are monotonic; futex waits use their low 32 bits. `*_waiters` is
+ * raised by a side that is about to sleep, so the other side knows to wake
+ * it after publishing. */
+typedef struct brg__fifo_ctrl {
+  _Alignas(BRG__CACHELINE) volatile uint64_t tail;
+  volatile uint32_t tail_waiters;
+  _Alignas(BRG__CACHELINE) volatile uint64_t head;
+  volatile uint32_t head_waiters;
+  _Alignas(BRG__CACHELINE) volatile uint32_t closed; /* nonzero brg_status: this link is broken */
+} brg__fifo_ctrl;
+
+typedef struct brg__fifo {
+  brg__fifo_ctrl *ctrl;
+  brg__slot_meta *meta; /* nslots entries */
+  char *data;           /* nslots * slot_bytes */
+  int nslots;
+  size_t slot_bytes;
+} brg__fifo;
+
+/* Bytes a FIFO occupies laid out contiguously: ctrl, meta array, data (the
+ * data starts page-aligned). */
+size_t brg__fifo_region_bytes(int nslots, size_t slot_bytes);
+/* Points `f` into a region of brg__fifo_region_bytes(); with `init`, zeroes
+ * the control words and touches every page of the region. */
+void brg__fifo_attach(brg__fifo *f, void *region, int nslots, size_t slot_bytes, int init);
+/* Anonymous private region for a network transport's local FIFO, touched. */
+brg_status brg__fifo_alloc(brg__fifo *f, int nslots, size_t slot_bytes, brg__errbuf *err);
+void brg__fifo_free(brg__fifo *f);
+
+static inline char *brg__fifo_slot(const brg__fifo *f, uint64_t pos) {
+  return f->data + (size_t)(pos % (uint64_t)f->nslots) * f->slot_bytes;
+}
+static inline brg__slot_meta *brg__fifo_meta(const brg__fifo *f, uint64_t pos) {
+  return &f->meta[pos % (uint64_t)f->nslots];
+}
+
+/*
+ * Waiting. A waiter spins `spin` polls, then yields, then sleeps on a futex
+ * in slices of at most 1 ms; between sleeps it calls `check` (when set),
+ * which returns non-success to stop the wait with that status (peer gone,
+ * communicator aborted, deadline passed).
+ */
+typedef struct brg__waiter {
+  int spin;
+  brg_status (*check)(void *arg);
+  void *arg;
+} brg__waiter;
+
+/* Waits until *word >= target. Returns BRG_SUCCESS or what check returned. */
+brg_status brg__wait_ge(volatile uint64_t *word, volatile uint32_t *waiters, uint64_t target,
+                        const brg__waiter *w);
+/* Stores value into *word (release) and wakes sleepers on it. */
+void brg__publish(volatile uint64_t *word, volatile uint32_t *waiters, uint64_t value);
+/* Wakes every sleeper of a FIFO (used on close/abort so nobody sleeps on). */
+void brg__fifo_wake_all(brg__fifo *f);
+
+/* What each rank tells every other rank at bootstrap. */
+typedef struct brg__peer_info {
+  int32_t rank;
+  int32_t pid;
+  uint64_t host_hash;    /* equal for ranks on one host */
+  char hostname[64];
+  char addr[64];         /* numeric address other hosts reach this rank at */
+} brg__peer_info;
+
+/* Everything a transport needs to set up one direction of a link. */
+typedef struct brg__conn_params {
+  int rank, peer, nranks;        /* this rank, the other end, communicator size */
+  const brg__peer_info *self_info, *peer_info;
+  int nslots;
+  size_t slot_bytes;
+  uint64_t comm_id;              /* unique per communicator (for names) */
+  const uint8_t *secret;         /* BRG__SECRET_BYTES, for authenticating data connections */
+  int timeout_ms;
+  const brg__waiter *waiter;     /* for blocking steps during setup and in proxies */
+} brg__conn_params;
+
+typedef struct brg__transport_ops brg__transport_ops;
+
+/* One direction of a link, as seen from one end. */
+typedef struct brg__conn {
+  const brg__transport_ops *ops;
+  brg__fifo fifo;                /* the view the ring engine uses */
+  int peer;
+  void *priv;                    /* the transport's own state */
+} brg__conn;
+
+/*
+ * A transport. Setup of the link sender -> receiver runs:
+ *   receiver: recv_setup(info)       -> info travels to the sender over bootstrap
+ *   sender:   send_connect(info)     -> the runtime then tells the receiver "attached"
+ *   receiver: recv_connect()
+ * close() is called on every conn whose setup started, on both ends, also
+ * after a failed setup or an abort; it must not block on the peer.
+ */
+struct brg__transport_ops {
+  const char *name;
+  /* 1 when the transport can carry data between these two ranks. */
+  int (*can_connect)(const brg__peer_info *self, const brg__peer_info *peer);
+  /* Whether it can work on this machine at all; on 0, `why` says why. */
+  int (*available)(char *why, size_t why_bytes);
+  brg_status (*recv_setup)(brg__conn *c, const brg__conn_params *p, void *info,
+                           brg__errbuf *err);
+  brg_status (*send_connect)(brg__conn *c, const brg__conn_params *p, const void *info,
+                             brg__errbuf *err);
+  brg_status (*recv_connect)(brg__conn *c, const brg__conn_params *p, brg__errbuf *err);
+  void (*close)(brg__conn *c);
+};
+
+/* The transports in order of preference (transport.c), NULL-terminated. */
+extern const brg__transport_ops *const brg__transports[];
+
+/* First transport allowed by `allow` (comma list of names, NULL or "" for
+ * any) whose can_connect accepts the pair, or NULL. */
+const brg__transport_ops *brg__transport_pick(const brg__peer_info *self,
+                                              const brg__peer_info *peer,
+                                              const char *allow);
+
+extern const brg__transport_ops brg__transport_shm;
+extern const brg__transport_ops brg__transport_tcp;
+
+#endif
