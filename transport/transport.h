@@ -40,7 +40,7 @@ typedef struct brg__slot_meta {
   uint16_t op;
   int32_t root;
   uint32_t step;     /* schedule step, for error messages */
-  uint32_t pad[5];
+  uint32_t pad[7];
 } brg__slot_meta;
 
 /* Control words shared by the two ends of a FIFO, one cache line each. The

@@ -1,0 +1,111 @@
+/* The communicator and the collective descriptors the runtime passes around. */
+#ifndef BRG_INTERNAL_H
+#define BRG_INTERNAL_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "bootstrap.h"
+#include "brigade.h"
+#include "log.h"
+#include "../transport/transport.h"
+
+typedef enum {
+  BRG__COLL_ALLREDUCE = 1,
+  BRG__COLL_REDUCE_SCATTER,
+  BRG__COLL_ALL_GATHER,
+  BRG__COLL_BROADCAST,
+  BRG__COLL_REDUCE,
+  BRG__COLL_BARRIER,
+} brg__coll_kind;
+
+const char *brg__coll_name(brg__coll_kind kind);
+
+/* One collective call, as the ring engine sees it. */
+typedef struct brg__coll {
+  brg__coll_kind kind;
+  brg_dtype dtype;
+  brg_op op;
+  int root;            /* rank, or -1 */
+  const void *sendbuf;
+  void *recvbuf;
+  size_t count;        /* the call's count argument */
+  uint64_t seq;        /* set when it runs */
+} brg__coll;
+
+/* The layout behind brg_request. */
+typedef struct brg__req {
+  brg__coll coll;
+  struct brg__req *next;
+  brg_comm *comm;
+  uint32_t magic;
+  volatile int done;
+  brg_status status;
+} brg__req;
+_Static_assert(sizeof(brg__req) <= sizeof(brg_request), "brg_request too small");
+
+/* Ring-socket message types. */
+enum { BRG__MSG_CONN_INFO = 1, BRG__MSG_ATTACHED = 2, BRG__MSG_ABORT = 3 };
+
+struct brg_comm {
+  uint32_t magic;
+  int rank, nranks;
+  int pos;                     /* this rank's place on the ring */
+  int *ring;                   /* position -> rank */
+  int next, prev;              /* ranks of the ring neighbours */
+  brg__peer_info *peers;       /* by rank */
+  brg__bootstrap *bs;
+  uint64_t comm_id;
+
+  brg__conn send, recv;        /* to next, from prev */
+  int send_open, recv_open;    /* setup started: close() owed */
+  uint64_t send_pos, recv_pos; /* slots posted to next / consumed from prev */
+  int nslots;
+  size_t slot_bytes;
+  int timeout_ms;
+  brg__waiter waiter;
+
+  uint64_t seq;                /* collectives run so far */
+  uint64_t bytes_sent;
+
+  /* What the engine is waiting for, for error messages and the deadline. */
+  const brg__coll *cur;
+  int cur_step;
+  const char *wait_what;
+  int wait_peer;
+  int64_t wait_start_ns;
+
+  volatile int aborted;        /* brg_comm_abort was called */
+  brg_status broken;           /* sticky: first error of a collective */
+  pthread_mutex_t err_lock;
+  pthread_mutex_t ring_lock;   /* writes to ring sockets */
+  char last_error[BRG__ERRLEN];
+
+  /* Progress: collectives run in issue order, on the worker thread or
+   * inline on the caller's thread when nothing else is queued. */
+  pthread_t worker;
+  int worker_started;
+  pthread_mutex_t qlock;
+  pthread_cond_t qcond;        /* worker: work queued or busy cleared */
+  pthread_cond_t donecond;     /* callers: a request finished */
+  brg__req *qhead, *qtail;
+  int busy;
+  int stop;
+};
+
+#define BRG__COMM_MAGIC 0x62726763u
+#define BRG__REQ_MAGIC 0x62726772u
+
+/* Records an error on the communicator (last_error, WARN log) and returns s. */
+brg_status brg__comm_error(brg_comm *c, brg_status s, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Runs one collective to completion on the calling thread (ring.c). */
+brg_status brg__coll_execute(brg_comm *c, brg__coll *coll);
+
+/* Tells both ring neighbours that this rank failed, once. */
+void brg__comm_notify_abort(brg_comm *c, brg_status s, const char *text);
+
+int64_t brg__now_ns(void);
+
+#endif

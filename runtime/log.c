@@ -1,0 +1,127 @@
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "log.h"
+
+int brg__log_level = BRG__LOG_NONE;
+
+static pthread_once_t log_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static FILE *log_file; /* NULL until the first line: stderr or the opened file */
+static int log_rank = -1;
+static char log_host[64];
+static char log_subsys[256]; /* ",ring,shm," or "" for all */
+
+static void log_setup(void) {
+  const char *lvl = brg__config_str(BRG__CFG_DEBUG);
+  if (!strcasecmp(lvl, "WARN")) brg__log_level = BRG__LOG_WARN;
+  else if (!strcasecmp(lvl, "INFO")) brg__log_level = BRG__LOG_INFO;
+  else if (!strcasecmp(lvl, "TRACE")) brg__log_level = BRG__LOG_TRACE;
+  else brg__log_level = BRG__LOG_NONE;
+  const char *sub = brg__config_str(BRG__CFG_DEBUG_SUBSYS);
+  if (sub[0] && strcasecmp(sub, "ALL") != 0) snprintf(log_subsys, sizeof log_subsys, ",%s,", sub);
+  gethostname(log_host, sizeof log_host - 1);
+  char *dot = strchr(log_host, '.');
+  if (dot) *dot = 0;
+}
+
+void brg__log_init(void) {
+  brg__errbuf err;
+  brg__config_load(&err); /* a bad value is reported by the call that needs it */
+  pthread_once(&log_once, log_setup);
+}
+
+void brg__log_set_rank(int rank) {
+  brg__log_init();
+  pthread_mutex_lock(&log_lock);
+  log_rank = rank;
+  pthread_mutex_unlock(&log_lock);
+}
+
+int brg__log_enabled(int level, const char *subsys) {
+  if (level > brg__log_level) return 0;
+  if (level == BRG__LOG_WARN || !log_subsys[0]) return 1;
+  char key[64];
+  snprintf(key, sizeof key, ",%s,", subsys);
+  return strstr(log_subsys, key) != NULL;
+}
+
+/* Expands %r (rank), %h (host) and %p (pid) in BRIGADE_DEBUG_FILE. */
+static void log_path(char *out, size_t n, const char *pattern) {
+  size_t o = 0;
+  for (const char *s = pattern; *s && o + 1 < n; s++) {
+    if (s[0] == '%' && s[1]) {
+      char tmp[80];
+      switch (s[1]) {
+      case 'r': snprintf(tmp, sizeof tmp, "%d", log_rank); break;
+      case 'h': snprintf(tmp, sizeof tmp, "%s", log_host); break;
+      case 'p': snprintf(tmp, sizeof tmp, "%d", (int)getpid()); break;
+      default: snprintf(tmp, sizeof tmp, "%%%c", s[1]); break;
+      }
+      s++;
+      o += (size_t)snprintf(out + o, n - o, "%s", tmp);
+      if (o >= n) o = n - 1;
+    } else {
+      out[o++] = *s;
+    }
+  }
+  out[o] = 0;
+}
+
+static FILE *log_stream(void) {
+  if (log_file) return log_file;
+  const char *pattern = brg__config_str(BRG__CFG_DEBUG_FILE);
+  if (pattern[0]) {
+    char path[512];
+    log_path(path, sizeof path, pattern);
+    log_file = fopen(path, "a");
+    if (log_file) setvbuf(log_file, NULL, _IOLBF, 0);
+  }
+  if (!log_file) log_file = stderr;
+  return log_file;
+}
+
+void brg__log(int level, const char *subsys, const char *fmt, ...) {
+  static const char *names[] = {"NONE", "WARN", "INFO", "TRACE"};
+  char line[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  pthread_mutex_lock(&log_lock);
+  FILE *f = log_stream();
+  if (log_rank >= 0)
+    fprintf(f, "%s:%d:%d brigade %s [%s] %s\n", log_host, (int)getpid(), log_rank, names[level],
+            subsys, line);
+  else
+    fprintf(f, "%s:%d brigade %s [%s] %s\n", log_host, (int)getpid(), names[level], subsys, line);
+  fflush(f);
+  pthread_mutex_unlock(&log_lock);
+}
+
+brg_status brg__error(brg__errbuf *eb, brg_status status, const char *subsys, const char *fmt,
+                      ...) {
+  char msg[BRG__ERRLEN];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (eb) memcpy(eb->msg, msg, sizeof msg);
+  brg__log_init();
+  BRG__WARN(subsys, "%s", msg);
+  return status;
+}
+
+static __thread char thread_error[BRG__ERRLEN];
+
+void brg__set_thread_error(const char *msg) {
+  snprintf(thread_error, sizeof thread_error, "%s", msg ? msg : "");
+}
+
+const char *brg__thread_error(void) { return thread_error; }

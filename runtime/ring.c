@@ -1,0 +1,342 @@
+/*
+ * The ring engine: runs one collective over the FIFOs to the ring
+ * neighbours, following the schedule of schedule.h.
+ *
+ *          +-----> pos 1 -----+
+ *          |                  v
+ *        pos 0              pos 2        each arrow is one FIFO of slots;
+ *          ^                  |          a slice travels one hop per step
+ *          +----- pos 3 <-----+
+ *
+ * Every slot carries a header naming the collective; the receiver checks it
+ * against its own call, so ranks that disagree stop with BRG_ERR_MISMATCH.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "config.h"
+#include "internal.h"
+#include "kernels.h"
+#include "schedule.h"
+
+const char *brg__coll_name(brg__coll_kind kind) {
+  switch (kind) {
+  case BRG__COLL_ALLREDUCE: return "allreduce";
+  case BRG__COLL_REDUCE_SCATTER: return "reduce_scatter";
+  case BRG__COLL_ALL_GATHER: return "all_gather";
+  case BRG__COLL_BROADCAST: return "broadcast";
+  case BRG__COLL_REDUCE: return "reduce";
+  case BRG__COLL_BARRIER: return "barrier";
+  }
+  return "unknown";
+}
+
+int64_t brg__now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void describe(char *out, size_t n, brg__coll_kind kind, uint64_t seq, uint64_t count,
+                     int dtype, int op, int root) {
+  const char *dn = brg_dtype_name((brg_dtype)dtype), *on = brg_op_name((brg_op)op);
+  snprintf(out, n, "%s #%llu (count %llu, %s, %s, root %d)", brg__coll_name(kind),
+           (unsigned long long)seq, (unsigned long long)count, dn ? dn : "?", on ? on : "-",
+           root);
+}
+
+/* Reads what arrived on a ring socket while we were waiting: an abort
+ * notice from a neighbour, or the hang-up of a neighbour that died. */
+static brg_status check_ring_socket(brg_comm *c, int dir) {
+  int fd = brg__bootstrap_fd(c->bs, dir);
+  if (fd < 0) return BRG_SUCCESS;
+  struct pollfd pfd = {.fd = fd, .events = POLLIN};
+  if (poll(&pfd, 1, 0) <= 0) return BRG_SUCCESS;
+  int peer = dir == BRG__RING_NEXT ? c->next : c->prev;
+  char buf[BRG__BOOT_MAX_MSG + 1];
+  uint32_t type = 0, len = 0;
+  brg__errbuf err;
+  brg_status s = brg__bootstrap_recv(c->bs, dir, &type, buf, BRG__BOOT_MAX_MSG, &len, 0, &err);
+  if (s == BRG_ERR_TIMEOUT) return BRG_SUCCESS;
+  if (s != BRG_SUCCESS)
+    return brg__comm_error(c, BRG_ERR_REMOTE, "rank %d (pid %d on %s) is gone: %s", peer,
+                           c->peers[peer].pid, c->peers[peer].hostname, err.msg);
+  if (type == BRG__MSG_ABORT && len >= 4) {
+    brg_status rs;
+    memcpy(&rs, buf, 4);
+    buf[len] = 0;
+    if (rs <= BRG_IN_PROGRESS || rs > BRG_ERR_INTERNAL) rs = BRG_ERR_REMOTE;
+    if (rs == BRG_ERR_ABORTED || rs == BRG_ERR_TIMEOUT) rs = BRG_ERR_REMOTE;
+    return brg__comm_error(c, rs, "%s", buf + 4);
+  }
+  return brg__comm_error(c, BRG_ERR_REMOTE, "unexpected message type %u from rank %d", type,
+                         peer);
+}
+
+/* The waiter's check: called about every millisecond while a wait sleeps. */
+static brg_status ring_check(void *arg) {
+  brg_comm *c = arg;
+  if (c->aborted) return brg__comm_error(c, BRG_ERR_ABORTED, "aborted by brg_comm_abort");
+  brg__conn *conns[2] = {&c->send, &c->recv};
+  for (int i = 0; i < 2; i++) {
+    brg__fifo_ctrl *ctrl = conns[i]->fifo.ctrl;
+    if (ctrl && ctrl->closed)
+      return brg__comm_error(c, (brg_status)ctrl->closed, "%s link with rank %d is broken",
+                             conns[i]->ops ? conns[i]->ops->name : "?", conns[i]->peer);
+  }
+  for (int dir = 0; dir < 2; dir++) {
+    brg_status s = check_ring_socket(c, dir);
+    if (s != BRG_SUCCESS) return s;
+  }
+  int64_t now = brg__now_ns();
+  if (!c->wait_start_ns) c->wait_start_ns = now;
+  if (now - c->wait_start_ns > (int64_t)c->timeout_ms * 1000000) {
+    char what[160] = "setup";
+    if (c->cur)
+      describe(what, sizeof what, c->cur->kind, c->cur->seq, c->cur->count, c->cur->dtype,
+               c->cur->op, c->cur->root);
+    return brg__comm_error(c, BRG_ERR_TIMEOUT,
+                           "timeout: no progress for %d ms in %s at step %d, waiting for rank "
+                           "%d (pid %d on %s) to %s",
+                           c->timeout_ms, what, c->cur_step, c->wait_peer,
+                           c->peers[c->wait_peer].pid, c->peers[c->wait_peer].hostname,
+                           c->wait_what);
+  }
+  return BRG_SUCCESS;
+}
+
+void brg__ring_waiter_init(brg_comm *c) {
+  c->waiter.spin = (int)brg__config_int(BRG__CFG_SPIN);
+  c->waiter.check = ring_check;
+  c->waiter.arg = c;
+}
+
+/* ---- the five primitives' building blocks ---- */
+
+typedef struct ring_op {
+  brg_comm *c;
+  const brg__coll *coll;
+  size_t esize;
+  size_t slice_elems;
+} ring_op;
+
+/* Waits for a free slot in the FIFO to the next rank. */
+static brg_status send_acquire(ring_op *o, char **slot) {
+  brg_comm *c = o->c;
+  brg__fifo *f = &c->send.fifo;
+  if (c->send_pos + 1 > f->ctrl->head + (uint64_t)f->nslots) {
+    c->wait_what = "free a slot (it is not receiving)";
+    c->wait_peer = c->next;
+    c->wait_start_ns = 0;
+    brg_status s = brg__wait_ge(&f->ctrl->head, &f->ctrl->head_waiters,
+                                c->send_pos + 1 - (uint64_t)f->nslots, &c->waiter);
+    if (s != BRG_SUCCESS) return s;
+  }
+  *slot = brg__fifo_slot(f, c->send_pos);
+  return BRG_SUCCESS;
+}
+
+static void send_post(ring_op *o, size_t bytes) {
+  brg_comm *c = o->c;
+  brg__fifo *f = &c->send.fifo;
+  brg__slot_meta *m = brg__fifo_meta(f, c->send_pos);
+  m->seq = o->coll->seq;
+  m->count = o->coll->count;
+  m->kind = (uint32_t)o->coll->kind;
+  m->bytes = (uint32_t)bytes;
+  m->dtype = (uint16_t)o->coll->dtype;
+  m->op = (uint16_t)o->coll->op;
+  m->root = o->coll->root;
+  m->step = (uint32_t)c->cur_step;
+  c->send_pos++;
+  c->bytes_sent += bytes;
+  brg__publish(&f->ctrl->tail, &f->ctrl->tail_waiters, c->send_pos);
+}
+
+/* Waits for the next slot from the previous rank and checks its header. */
+static brg_status recv_acquire(ring_op *o, const char **slot, size_t bytes) {
+  brg_comm *c = o->c;
+  brg__fifo *f = &c->recv.fifo;
+  if (f->ctrl->tail < c->recv_pos + 1) {
+    c->wait_what = "send data";
+    c->wait_peer = c->prev;
+    c->wait_start_ns = 0;
+    brg_status s = brg__wait_ge(&f->ctrl->tail, &f->ctrl->tail_waiters, c->recv_pos + 1,
+                                &c->waiter);
+    if (s != BRG_SUCCESS) return s;
+  }
+  const brg__slot_meta *m = brg__fifo_meta(f, c->recv_pos);
+  const brg__coll *k = o->coll;
+  if (m->seq != k->seq || m->kind != (uint32_t)k->kind || m->count != k->count ||
+      m->dtype != (uint16_t)k->dtype || m->op != (uint16_t)k->op || m->root != k->root ||
+      m->bytes != bytes) {
+    char mine[160], theirs[160];
+    describe(mine, sizeof mine, k->kind, k->seq, k->count, k->dtype, k->op, k->root);
+    describe(theirs, sizeof theirs, (brg__coll_kind)m->kind, m->seq, m->count, m->dtype, m->op,
+             m->root);
+    return brg__comm_error(c, BRG_ERR_MISMATCH,
+                           "collective mismatch: rank %d called %s but rank %d called %s", c->rank,
+                           mine, c->prev, theirs);
+  }
+  *slot = brg__fifo_slot(f, c->recv_pos);
+  return BRG_SUCCESS;
+}
+
+static void recv_release(ring_op *o) {
+  brg_comm *c = o->c;
+  brg__fifo *f = &c->recv.fifo;
+  c->recv_pos++;
+  brg__publish(&f->ctrl->head, &f->ctrl->head_waiters, c->recv_pos);
+}
+
+/* One primitive on one slice of m elements. `in` is this rank's input for
+ * the slice, `out` its output (either may be NULL when the primitive does
+ * not use it). */
+static brg_status run_prim(ring_op *o, brg__prim prim, const char *in, char *out, size_t m) {
+  const brg__coll *k = o->coll;
+  size_t bytes = m * o->esize;
+  brg_op mid = k->op == BRG_AVG ? BRG_SUM : k->op;
+  int n = o->c->nranks;
+  const char *r = NULL;
+  char *slot = NULL;
+  brg_status s;
+  int recvs = prim != BRG__PRIM_SEND && prim != BRG__PRIM_COPY;
+  int sends = prim == BRG__PRIM_SEND || prim == BRG__PRIM_RECV_REDUCE_SEND ||
+              prim == BRG__PRIM_RECV_REDUCE_COPY_SEND || prim == BRG__PRIM_RECV_COPY_SEND;
+  if (recvs && (s = recv_acquire(o, &r, bytes)) != BRG_SUCCESS) return s;
+  if (sends && (s = send_acquire(o, &slot)) != BRG_SUCCESS) return s;
+  if (m == 0) goto done;
+  switch (prim) {
+  case BRG__PRIM_SEND: brg__copy(slot, out, in, bytes); break;
+  case BRG__PRIM_RECV_REDUCE_SEND: brg__reduce(slot, NULL, r, in, m, k->dtype, mid, 1); break;
+  case BRG__PRIM_RECV_REDUCE_COPY_SEND:
+    brg__reduce(out, slot, r, in, m, k->dtype, k->op, n);
+    break;
+  case BRG__PRIM_RECV_REDUCE_COPY: brg__reduce(out, NULL, r, in, m, k->dtype, k->op, n); break;
+  case BRG__PRIM_RECV_COPY_SEND: brg__copy(out, slot, r, bytes); break;
+  case BRG__PRIM_RECV: brg__copy(out, NULL, r, bytes); break;
+  case BRG__PRIM_COPY: brg__copy(out, NULL, in, bytes); break;
+  }
+done:
+  if (sends) send_post(o, bytes);
+  if (recvs) recv_release(o);
+  return BRG_SUCCESS;
+}
+
+/* Allreduce, reduce-scatter and all-gather: steps [t0, t1] of the ring
+ * schedule. `stride` is the element distance between chunks in the
+ * full-size buffer (0: balanced split of count). */
+static brg_status run_ring(ring_op *o, int t0, int t1) {
+  brg_comm *c = o->c;
+  const brg__coll *k = o->coll;
+  int n = c->nranks, p = c->pos;
+  int ag = k->kind == BRG__COLL_ALL_GATHER, rs = k->kind == BRG__COLL_REDUCE_SCATTER;
+  size_t per = k->count; /* elements per chunk for rs / ag */
+  size_t total = rs || ag ? per * (size_t)n : k->count;
+  size_t max_slices = 0;
+  for (int i = 0; i < n; i++) {
+    size_t cnt = rs || ag ? per : brg__part_count(total, n, i);
+    size_t ns = brg__slice_total(cnt, o->slice_elems);
+    if (ns > max_slices) max_slices = ns;
+  }
+  for (size_t sl = 0; sl < max_slices; sl++) {
+    for (int t = t0; t <= t1; t++) {
+      int id = c->ring[brg__ring_chunk(p, n, t)];
+      size_t cnt = rs || ag ? per : brg__part_count(total, n, id);
+      size_t off = rs || ag ? per * (size_t)id : brg__part_offset(total, n, id);
+      if (sl >= brg__slice_total(cnt, o->slice_elems)) continue;
+      size_t m = brg__slice_count(cnt, o->slice_elems, sl);
+      size_t e = off + brg__slice_offset(sl, o->slice_elems);
+      const char *in = NULL;
+      char *out = NULL;
+      brg__prim prim = brg__ring_prim(n, t);
+      if (rs) {
+        in = (const char *)k->sendbuf + e * o->esize;
+        if (t == t1) {
+          prim = BRG__PRIM_RECV_REDUCE_COPY;
+          out = (char *)k->recvbuf + brg__slice_offset(sl, o->slice_elems) * o->esize;
+        }
+      } else if (ag) {
+        out = (char *)k->recvbuf + e * o->esize;
+        if (t == t0) {
+          prim = BRG__PRIM_SEND; /* own block: input -> output and next */
+          in = (const char *)k->sendbuf + brg__slice_offset(sl, o->slice_elems) * o->esize;
+        }
+      } else {
+        in = k->sendbuf ? (const char *)k->sendbuf + e * o->esize : NULL;
+        out = k->recvbuf ? (char *)k->recvbuf + e * o->esize : NULL;
+      }
+      if (prim == BRG__PRIM_SEND && !ag) out = NULL;
+      c->cur_step = t;
+      brg_status s = run_prim(o, prim, in, out, m);
+      if (s != BRG_SUCCESS) return s;
+    }
+  }
+  return BRG_SUCCESS;
+}
+
+/* Broadcast and reduce: a pipelined chain of N-1 hops along the ring. */
+static brg_status run_chain(ring_op *o) {
+  brg_comm *c = o->c;
+  const brg__coll *k = o->coll;
+  int n = c->nranks;
+  int root_pos = 0;
+  for (int i = 0; i < n; i++)
+    if (c->ring[i] == k->root) root_pos = i;
+  int bcast = k->kind == BRG__COLL_BROADCAST;
+  int first = bcast ? root_pos : (root_pos + 1) % n;
+  int hop = brg__chain_hop(c->pos, first, n);
+  brg__prim prim;
+  if (hop == 0) prim = BRG__PRIM_SEND;
+  else if (hop < n - 1) prim = bcast ? BRG__PRIM_RECV_COPY_SEND : BRG__PRIM_RECV_REDUCE_SEND;
+  else prim = bcast ? BRG__PRIM_RECV : BRG__PRIM_RECV_REDUCE_COPY;
+  size_t slices = brg__slice_total(k->count, o->slice_elems);
+  for (size_t sl = 0; sl < slices; sl++) {
+    size_t e = brg__slice_offset(sl, o->slice_elems);
+    size_t m = brg__slice_count(k->count, o->slice_elems, sl);
+    const char *in = k->sendbuf ? (const char *)k->sendbuf + e * o->esize : NULL;
+    char *out = k->recvbuf ? (char *)k->recvbuf + e * o->esize : NULL;
+    /* The broadcast root also fills its own output; reduce senders do not. */
+    if (prim == BRG__PRIM_SEND && !(bcast && in != out)) out = NULL;
+    if (!bcast && prim != BRG__PRIM_RECV_REDUCE_COPY) out = NULL;
+    if (bcast && hop != 0) in = NULL;
+    c->cur_step = hop;
+    brg_status s = run_prim(o, prim, in, out, m);
+    if (s != BRG_SUCCESS) return s;
+  }
+  return BRG_SUCCESS;
+}
+
+/* One rank: the result is the input (divided by 1 for avg). */
+static void run_single(const brg__coll *k, size_t esize) {
+  size_t elems = k->count;
+  if (!k->recvbuf || k->kind == BRG__COLL_BARRIER) return;
+  if (k->recvbuf != k->sendbuf) brg__copy(k->recvbuf, NULL, k->sendbuf, elems * esize);
+}
+
+brg_status brg__coll_execute(brg_comm *c, brg__coll *k) {
+  k->seq = ++c->seq;
+  c->cur = k;
+  c->cur_step = 0;
+  ring_op o = {.c = c, .coll = k, .esize = brg_dtype_size(k->dtype)};
+  o.slice_elems = c->slot_bytes / o.esize;
+  brg_status s = BRG_SUCCESS;
+  int n = c->nranks;
+  if (n == 1) {
+    run_single(k, o.esize);
+  } else {
+    switch (k->kind) {
+    case BRG__COLL_ALLREDUCE:
+    case BRG__COLL_BARRIER: s = run_ring(&o, 0, 2 * n - 2); break;
+    case BRG__COLL_REDUCE_SCATTER: s = run_ring(&o, 0, n - 1); break;
+    case BRG__COLL_ALL_GATHER: s = run_ring(&o, n - 1, 2 * n - 2); break;
+    case BRG__COLL_BROADCAST:
+    case BRG__COLL_REDUCE: s = run_chain(&o); break;
+    }
+  }
+  c->cur = NULL;
+  return s;
+}

@@ -1,0 +1,112 @@
+/*
+ * The FIFO every transport presents to the ring engine, and the wait that
+ * backs off from spinning to yielding to sleeping on a futex, so that ranks
+ * oversubscribing the cores do not starve each other.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "transport.h"
+
+_Static_assert(sizeof(brg__slot_meta) == 64, "slot meta is one cache line");
+
+#define PAGE 4096
+
+static size_t meta_offset(void) { return (sizeof(brg__fifo_ctrl) + 63) & ~(size_t)63; }
+static size_t data_offset(int nslots) {
+  size_t end = meta_offset() + (size_t)nslots * sizeof(brg__slot_meta);
+  return (end + PAGE - 1) & ~(size_t)(PAGE - 1);
+}
+
+size_t brg__fifo_region_bytes(int nslots, size_t slot_bytes) {
+  return data_offset(nslots) + (size_t)nslots * slot_bytes;
+}
+
+void brg__fifo_attach(brg__fifo *f, void *region, int nslots, size_t slot_bytes, int init) {
+  char *base = region;
+  f->ctrl = (brg__fifo_ctrl *)base;
+  f->meta = (brg__slot_meta *)(base + meta_offset());
+  f->data = base + data_offset(nslots);
+  f->nslots = nslots;
+  f->slot_bytes = slot_bytes;
+  if (init) {
+    /* Touch every page now so the first collective does not pay for faults. */
+    memset(base, 0, brg__fifo_region_bytes(nslots, slot_bytes));
+  }
+}
+
+brg_status brg__fifo_alloc(brg__fifo *f, int nslots, size_t slot_bytes, brg__errbuf *err) {
+  size_t bytes = brg__fifo_region_bytes(nslots, slot_bytes);
+  void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    return brg__error(err, BRG_ERR_NO_MEMORY, "init", "mmap of a %zu-byte FIFO: %s", bytes,
+                      strerror(errno));
+  brg__fifo_attach(f, p, nslots, slot_bytes, 1);
+  return BRG_SUCCESS;
+}
+
+void brg__fifo_free(brg__fifo *f) {
+  if (f->ctrl) munmap(f->ctrl, brg__fifo_region_bytes(f->nslots, f->slot_bytes));
+  memset(f, 0, sizeof *f);
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+static void futex_wait(volatile uint64_t *word, uint32_t seen, long ns) {
+  struct timespec ts = {0, ns};
+  /* The counter's low 32 bits on a little-endian machine share its address. */
+  syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, seen, &ts, NULL, 0);
+}
+
+static void futex_wake(volatile uint64_t *word) {
+  syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+brg_status brg__wait_ge(volatile uint64_t *word, volatile uint32_t *waiters, uint64_t target,
+                        const brg__waiter *w) {
+  if (__atomic_load_n(word, __ATOMIC_ACQUIRE) >= target) return BRG_SUCCESS;
+  int spin = w ? w->spin : 1000;
+  for (int i = 0; i < spin; i++) {
+    cpu_relax();
+    if (__atomic_load_n(word, __ATOMIC_ACQUIRE) >= target) return BRG_SUCCESS;
+  }
+  for (int i = 0; i < 32; i++) {
+    sched_yield();
+    if (__atomic_load_n(word, __ATOMIC_ACQUIRE) >= target) return BRG_SUCCESS;
+  }
+  for (;;) {
+    if (w && w->check) {
+      brg_status s = w->check(w->arg);
+      if (s != BRG_SUCCESS) return s;
+    }
+    __atomic_fetch_add(waiters, 1, __ATOMIC_SEQ_CST);
+    uint64_t v = __atomic_load_n(word, __ATOMIC_SEQ_CST);
+    if (v < target) futex_wait(word, (uint32_t)v, 1000000);
+    __atomic_fetch_sub(waiters, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(word, __ATOMIC_ACQUIRE) >= target) return BRG_SUCCESS;
+  }
+}
+
+void brg__publish(volatile uint64_t *word, volatile uint32_t *waiters, uint64_t value) {
+  __atomic_store_n(word, value, __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(waiters, __ATOMIC_SEQ_CST)) futex_wake(word);
+}
+
+void brg__fifo_wake_all(brg__fifo *f) {
+  if (!f->ctrl) return;
+  futex_wake(&f->ctrl->tail);
+  futex_wake(&f->ctrl->head);
+}
