@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# brigade quick start on Debian 12 (run as root, or with sudo available).
+#
+#   ./quickstart.sh bench   build, then run all_reduce_perf on 4 local ranks
+#   ./quickstart.sh test    build with -Werror, run the whole test suite, then
+#                           run it again under AddressSanitizer + UBSan
+#
+# Both install the Debian packages they need when they are missing.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+need_pkgs() {
+  local missing=()
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "quickstart: installing ${missing[*]}"
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo=sudo
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  fi
+}
+
+base_pkgs=(gcc libc6-dev meson ninja-build pkg-config libcmocka-dev)
+jobs=$(nproc)
+
+case "${1:-}" in
+  bench)
+    need_pkgs "${base_pkgs[@]}"
+    [ -d build ] || meson setup build --buildtype=release
+    ninja -C build
+    shift
+    exec ./build/tools/brigade-run -n 4 ./build/bench/all_reduce_perf -b 8 -e 256M -f 2 "$@"
+    ;;
+  test)
+    need_pkgs "${base_pkgs[@]}" iproute2
+    [ -d build-test ] || meson setup build-test --buildtype=debugoptimized --werror
+    ninja -C build-test
+    meson test -C build-test --print-errorlogs --num-processes "$jobs"
+    [ -d build-asan ] || meson setup build-asan --buildtype=debug --werror \
+      -Db_sanitize=address,undefined -Db_lundef=false
+    ninja -C build-asan
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+      meson test -C build-asan --print-errorlogs --num-processes "$jobs" --timeout-multiplier 3
+    ;;
+  *)
+    echo "usage: $0 bench|test" >&2
+    exit 2
+    ;;
+esac
