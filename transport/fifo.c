@@ -90,7 +90,9 @@ brg_status brg__wait_ge(volatile uint64_t *word, volatile uint32_t *waiters, uin
   for (;;) {
     if (w && w->check) {
       brg_status s = w->check(w->arg);
-      if (s != BRG_SUCCESS) return s;
+      /* Data that arrived before the failure is still good. */
+      if (s != BRG_SUCCESS)
+        return __atomic_load_n(word, __ATOMIC_ACQUIRE) >= target ? BRG_SUCCESS : s;
     }
     __atomic_fetch_add(waiters, 1, __ATOMIC_SEQ_CST);
     uint64_t v = __atomic_load_n(word, __ATOMIC_SEQ_CST);

@@ -47,8 +47,8 @@
 #define TCP_HELLO_MAGIC 0x42524748u /* "BRGH" */
 #define TCP_BYE_MAGIC 0x6279652062726721ull
 #define TCP_MAX_SOCKS 16
-#define TCP_MAX_PENDING 8            /* unauthenticated connections held at once */
-#define TCP_CLOSE_GRACE_MS 500       /* how long close() lets the send proxy flush */
+#define TCP_MAX_PENDING 8      /* unauthenticated connections held at once */
+#define TCP_CLOSE_GRACE_MS 500 /* how long close() lets the send proxy flush */
 #define TCP_ADDR_BYTES 64
 
 /* What the receiver tells the sender (inside the BRG__CONN_INFO_BYTES blob).
@@ -65,23 +65,23 @@ _Static_assert(sizeof(tcp_conn_info) <= BRG__CONN_INFO_BYTES, "tcp info fits the
 typedef struct tcp_hello {
   uint32_t magic;
   int32_t rank;
-  uint16_t index;  /* which of the link's sockets this is */
+  uint16_t index; /* which of the link's sockets this is */
   uint16_t nsocks;
   uint32_t pad;
   uint8_t secret[BRG__SECRET_BYTES];
 } tcp_hello;
 
 typedef struct tcp_conn {
-  int sender;                 /* 1 on the send end of the link */
+  int sender; /* 1 on the send end of the link */
   int peer;
   int nsocks;
   int fds[TCP_MAX_SOCKS];
   int listen_fd;
-  brg__fifo fifo;             /* the local FIFO; c->fifo is a copy of it */
+  brg__fifo fifo; /* the local FIFO; c->fifo is a copy of it */
   int thread_started;
   pthread_t thread;
-  int stopping;               /* set by close(), read by the proxy */
-  brg__waiter waiter;         /* the proxy's: stops on `stopping` or ctrl->closed */
+  int stopping;       /* set by close(), read by the proxy */
+  brg__waiter waiter; /* the proxy's: stops on `stopping` or ctrl->closed */
   char peer_addr[TCP_ADDR_BYTES + 8];
 } tcp_conn;
 
@@ -116,8 +116,8 @@ static brg_status tcp_proxy_check(void *arg) {
 
 static void sockaddr_text(const struct sockaddr *sa, socklen_t len, char *out, size_t n) {
   char host[NI_MAXHOST], serv[NI_MAXSERV];
-  if (getnameinfo(sa, len, host, sizeof host, serv, sizeof serv,
-                  NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+  if (getnameinfo(sa, len, host, sizeof host, serv, sizeof serv, NI_NUMERICHOST | NI_NUMERICSERV) !=
+      0) {
     snprintf(out, n, "?");
     return;
   }
@@ -187,8 +187,8 @@ static void proxy_fail(tcp_conn *t, const char *what, const char *why) {
   brg__fifo_ctrl *ctrl = t->fifo.ctrl;
   if (!__atomic_load_n(&t->stopping, __ATOMIC_ACQUIRE)) {
     uint32_t zero = 0;
-    __atomic_compare_exchange_n(&ctrl->closed, &zero, (uint32_t)BRG_ERR_REMOTE, 0,
-                                __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    __atomic_compare_exchange_n(&ctrl->closed, &zero, (uint32_t)BRG_ERR_REMOTE, 0, __ATOMIC_SEQ_CST,
+                                __ATOMIC_SEQ_CST);
     BRG__WARN("tcp", "link %s rank %d (%s) broke: %s: %s", t->sender ? "to" : "from", t->peer,
               t->peer_addr, what, why);
   }
@@ -266,7 +266,7 @@ static void *recv_proxy(void *arg) {
     }
     if (r == 0) r = recv_all(fd, brg__fifo_slot(f, tail), m->bytes);
     if (r != 0) {
-      why = r < 0   ? strerror(errno)
+      why = r < 0    ? strerror(errno)
             : r == 1 ? "the peer closed the connection"
                      : "the peer closed the connection in the middle of a slot";
       break;
@@ -277,12 +277,11 @@ static void *recv_proxy(void *arg) {
   if (__atomic_load_n(&t->stopping, __ATOMIC_ACQUIRE)) return NULL;
   /* Let the engine consume every slot that did arrive before it learns the
    * link is gone, so a peer that sent everything and then left costs nothing. */
-  if (brg__wait_ge(&ctrl->head, &ctrl->head_waiters, tail, &t->waiter) != BRG_SUCCESS)
-    return NULL;
+  if (brg__wait_ge(&ctrl->head, &ctrl->head_waiters, tail, &t->waiter) != BRG_SUCCESS) return NULL;
   if (bye) {
     uint32_t zero = 0;
-    __atomic_compare_exchange_n(&ctrl->closed, &zero, (uint32_t)BRG_ERR_REMOTE, 0,
-                                __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    __atomic_compare_exchange_n(&ctrl->closed, &zero, (uint32_t)BRG_ERR_REMOTE, 0, __ATOMIC_SEQ_CST,
+                                __ATOMIC_SEQ_CST);
     BRG__INFO("tcp", "rank %d (%s) closed its link", t->peer, t->peer_addr);
     brg__fifo_wake_all(f);
   } else {
@@ -336,12 +335,13 @@ static brg_status conn_open(brg__conn *c, const brg__conn_params *p, int sender,
   return BRG_SUCCESS;
 }
 
-static brg_status addr_resolve(const char *addr, uint16_t port, int passive,
-                               struct addrinfo **res, brg__errbuf *err) {
+static brg_status addr_resolve(const char *addr, uint16_t port, int passive, struct addrinfo **res,
+                               brg__errbuf *err) {
   char serv[8];
   snprintf(serv, sizeof serv, "%u", (unsigned)port);
   struct addrinfo hints = {.ai_socktype = SOCK_STREAM,
-                           .ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | (passive ? AI_PASSIVE : 0)};
+                           .ai_flags =
+                               AI_NUMERICHOST | AI_NUMERICSERV | (passive ? AI_PASSIVE : 0)};
   int rc = getaddrinfo(addr, serv, &hints, res);
   if (rc != 0)
     return brg__error(err, BRG_ERR_INVALID_ARGUMENT, "tcp", "tcp address '%s': %s", addr,
@@ -386,7 +386,8 @@ static brg_status tcp_recv_setup(brg__conn *c, const brg__conn_params *p, void *
   uint16_t port = ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
                                            : ((struct sockaddr_in *)&ss)->sin_port;
 
-  tcp_conn_info ti = {.magic = htonl(TCP_INFO_MAGIC), .port = port, .nsocks = htons((uint16_t)t->nsocks)};
+  tcp_conn_info ti = {
+      .magic = htonl(TCP_INFO_MAGIC), .port = port, .nsocks = htons((uint16_t)t->nsocks)};
   snprintf(ti.addr, sizeof ti.addr, "%s", addr);
   memset(info, 0, BRG__CONN_INFO_BYTES);
   memcpy(info, &ti, sizeof ti);
@@ -399,15 +400,14 @@ static brg_status tcp_recv_setup(brg__conn *c, const brg__conn_params *p, void *
  * may be busy) until the deadline. */
 static brg_status connect_one(const brg__conn_params *p, const struct addrinfo *ai,
                               const char *where, int64_t deadline, int *out, brg__errbuf *err) {
-  int backoff_ms = 1;
+  int backoff_ms = 1, refused = 0;
   for (;;) {
     brg_status s = setup_check(p);
     if (s != BRG_SUCCESS)
       return brg__error(err, s, "tcp", "connecting to rank %d at %s: %s", p->peer, where,
                         brg_status_string(s));
     int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0)
-      return brg__error(err, BRG_ERR_SYSTEM, "tcp", "tcp socket: %s", strerror(errno));
+    if (fd < 0) return brg__error(err, BRG_ERR_SYSTEM, "tcp", "tcp socket: %s", strerror(errno));
     socket_tune(fd);
     int e = 0;
     if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) e = errno;
@@ -439,6 +439,8 @@ static brg_status connect_one(const brg__conn_params *p, const struct addrinfo *
       return BRG_SUCCESS;
     }
     close(fd);
+    if (e == ECONNREFUSED) refused = 1;
+    if (e == ETIMEDOUT && refused) e = ECONNREFUSED; /* the more useful of the two */
     if (e == ECONNREFUSED && ms_left(deadline) > 0) {
       int left = ms_left(deadline);
       usleep(1000u * (unsigned)(backoff_ms < left ? backoff_ms : left));
@@ -449,8 +451,8 @@ static brg_status connect_one(const brg__conn_params *p, const struct addrinfo *
       return brg__error(err, BRG_ERR_TIMEOUT, "tcp",
                         "connecting to rank %d at %s: no connection within %d ms (%s)", p->peer,
                         where, p->timeout_ms, strerror(e));
-    return brg__error(err, BRG_ERR_SYSTEM, "tcp", "connecting to rank %d at %s: %s", p->peer,
-                      where, strerror(e ? e : errno));
+    return brg__error(err, BRG_ERR_SYSTEM, "tcp", "connecting to rank %d at %s: %s", p->peer, where,
+                      strerror(e ? e : errno));
   }
 }
 
@@ -459,15 +461,15 @@ static brg_status tcp_send_connect(brg__conn *c, const brg__conn_params *p, cons
   tcp_conn_info ti;
   memcpy(&ti, info, sizeof ti);
   int nsocks = ntohs(ti.nsocks);
-  if (ntohl(ti.magic) != TCP_INFO_MAGIC || nsocks < 1 || nsocks > TCP_MAX_SOCKS ||
-      ti.port == 0 || !memchr(ti.addr, 0, sizeof ti.addr) || !ti.addr[0])
-    return brg__error(err, BRG_ERR_INVALID_ARGUMENT, "tcp",
-                      "bad tcp connection info from rank %d", p->peer);
+  if (ntohl(ti.magic) != TCP_INFO_MAGIC || nsocks < 1 || nsocks > TCP_MAX_SOCKS || ti.port == 0 ||
+      !memchr(ti.addr, 0, sizeof ti.addr) || !ti.addr[0])
+    return brg__error(err, BRG_ERR_INVALID_ARGUMENT, "tcp", "bad tcp connection info from rank %d",
+                      p->peer);
   brg_status s = conn_open(c, p, 1, nsocks, err);
   if (s != BRG_SUCCESS) return s;
   tcp_conn *t = c->priv;
-  snprintf(t->peer_addr, sizeof t->peer_addr, strchr(ti.addr, ':') ? "[%s]:%u" : "%s:%u",
-           ti.addr, (unsigned)ntohs(ti.port));
+  snprintf(t->peer_addr, sizeof t->peer_addr, strchr(ti.addr, ':') ? "[%s]:%u" : "%s:%u", ti.addr,
+           (unsigned)ntohs(ti.port));
 
   struct addrinfo *ai;
   s = addr_resolve(ti.addr, ntohs(ti.port), 0, &ai, err);
@@ -476,8 +478,10 @@ static brg_status tcp_send_connect(brg__conn *c, const brg__conn_params *p, cons
   for (int i = 0; i < nsocks && s == BRG_SUCCESS; i++) {
     s = connect_one(p, ai, t->peer_addr, deadline, &t->fds[i], err);
     if (s != BRG_SUCCESS) break;
-    tcp_hello h = {.magic = htonl(TCP_HELLO_MAGIC), .rank = (int32_t)htonl((uint32_t)p->rank),
-                   .index = htons((uint16_t)i), .nsocks = htons((uint16_t)nsocks)};
+    tcp_hello h = {.magic = htonl(TCP_HELLO_MAGIC),
+                   .rank = (int32_t)htonl((uint32_t)p->rank),
+                   .index = htons((uint16_t)i),
+                   .nsocks = htons((uint16_t)nsocks)};
     memcpy(h.secret, p->secret, BRG__SECRET_BYTES);
     struct iovec iov = {&h, sizeof h};
     if (send_all(t->fds[i], &iov, 1, 0) != 0)
@@ -552,7 +556,8 @@ static brg_status tcp_recv_connect(brg__conn *c, const brg__conn_params *p, brg_
     }
     struct pollfd pfd[1 + TCP_MAX_PENDING];
     pfd[0] = (struct pollfd){.fd = t->listen_fd, .events = POLLIN};
-    for (int i = 0; i < npending; i++) pfd[1 + i] = (struct pollfd){.fd = q[i].fd, .events = POLLIN};
+    for (int i = 0; i < npending; i++)
+      pfd[1 + i] = (struct pollfd){.fd = q[i].fd, .events = POLLIN};
     int n = poll(pfd, (nfds_t)(1 + npending), left < 100 ? left : 100);
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -562,8 +567,8 @@ static brg_status tcp_recv_connect(brg__conn *c, const brg__conn_params *p, brg_
     /* Pending connections first (indices shift as they are dropped). */
     for (int i = npending - 1; i >= 0; i--) {
       if (!pfd[1 + i].revents) continue;
-      ssize_t r = recv(q[i].fd, (char *)&q[i].hello + q[i].got, sizeof q[i].hello - q[i].got,
-                       MSG_DONTWAIT);
+      ssize_t r =
+          recv(q[i].fd, (char *)&q[i].hello + q[i].got, sizeof q[i].hello - q[i].got, MSG_DONTWAIT);
       if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
       if (r <= 0) {
         BRG__WARN("tcp", "refused connection from %s: closed before its hello", q[i].addr);

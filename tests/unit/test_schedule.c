@@ -55,6 +55,7 @@ static void replay(int n) {
   uint32_t have[16][16], msg[16];
   int final[16][16];
   memset(final, 0, sizeof final);
+  memset(msg, 0, sizeof msg);
   for (int p = 0; p < n; p++)
     for (int c = 0; c < n; c++) have[p][c] = 1u << p;
   int sends = 0;

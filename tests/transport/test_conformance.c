@@ -1,0 +1,790 @@
+/*
+ * Transport conformance: every transport in brg__transports[] that says it is
+ * available must carry slices between two processes exactly as the ring
+ * engine expects, and a dead peer must end a wait instead of hanging it.
+ *
+ * The receiver is the parent and the sender a forked child (or the other way
+ * round), and the connection info travels over a socketpair made before the
+ * fork, the way the runtime carries it over its bootstrap sockets:
+ *
+ *   receiver: recv_setup -> info ----------> sender: send_connect
+ *             recv_connect <--- "attached" --/
+ *
+ * Both ends then drive the FIFO with brg__wait_ge / brg__publish like the
+ * engine does, and the receiver checks every byte and every meta field.
+ *
+ * Usage: test_conformance [transport-name]   (default: every available one)
+ * Exit 0 pass, 1 fail, 77 when no transport can run here.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "transport.h"
+
+#define SETUP_TIMEOUT_MS 10000
+#define PHASE_TIMEOUT_MS 60000
+#define DEATH_DETECT_MS 5000 /* a killed peer must be noticed within this */
+#define NSLICES 10000
+
+typedef struct test_link {
+  const brg__transport_ops *ops;
+  brg__peer_info info[2]; /* rank 0 sends, rank 1 receives */
+  uint8_t secret[BRG__SECRET_BYTES];
+  uint64_t comm_id;
+  int nslots;
+  size_t slot_bytes;
+} test_link;
+
+/* ---- failing loudly ---------------------------------------------------- */
+
+static char where[160];
+static pid_t child_pid = -1;
+static int stderr_saved = -1; /* stderr while the log is being captured */
+
+static void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void fail(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  if (stderr_saved >= 0) {
+    fflush(stderr);
+    dup2(stderr_saved, 2);
+  }
+  fprintf(stderr, "FAIL [%s] (pid %d): ", where, (int)getpid());
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n");
+  va_end(ap);
+  if (child_pid > 0) kill(child_pid, SIGKILL);
+  exit(1);
+}
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- bounded waits ------------------------------------------------------ */
+
+/* What a test wait stops on: the link marked closed, or its deadline. */
+typedef struct test_wait {
+  brg__fifo *fifo;
+  int64_t deadline;
+  void (*tick)(void); /* called while sleeping, for the killer */
+} test_wait;
+
+static brg_status test_check(void *arg) {
+  test_wait *tw = arg;
+  if (tw->tick) tw->tick();
+  if (tw->fifo && tw->fifo->ctrl) {
+    uint32_t closed = __atomic_load_n(&tw->fifo->ctrl->closed, __ATOMIC_ACQUIRE);
+    if (closed) return (brg_status)closed;
+  }
+  return now_ms() > tw->deadline ? BRG_ERR_TIMEOUT : BRG_SUCCESS;
+}
+
+static test_wait setup_wait;
+static const brg__waiter setup_waiter = {.spin = 100, .check = test_check, .arg = &setup_wait};
+
+static brg__conn_params params(const test_link *l, int rank) {
+  setup_wait.deadline = now_ms() + SETUP_TIMEOUT_MS;
+  brg__conn_params p = {
+      .rank = rank,
+      .peer = 1 - rank,
+      .nranks = 2,
+      .self_info = &l->info[rank],
+      .peer_info = &l->info[1 - rank],
+      .nslots = l->nslots,
+      .slot_bytes = l->slot_bytes,
+      .comm_id = l->comm_id,
+      .secret = l->secret,
+      .timeout_ms = SETUP_TIMEOUT_MS,
+      .waiter = &setup_waiter,
+  };
+  return p;
+}
+
+/* ---- the bootstrap stand-in: one socketpair ------------------------------ */
+
+static void sock_write(int fd, const void *buf, size_t len) {
+  const char *p = buf;
+  while (len > 0) {
+    ssize_t n = write(fd, p, len);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) fail("socketpair write: %s", n < 0 ? strerror(errno) : "closed");
+    p += n;
+    len -= (size_t)n;
+  }
+}
+
+/* Reads exactly len bytes within timeout_ms; returns 0, or -1 on EOF/timeout. */
+static int sock_read(int fd, void *buf, size_t len, int timeout_ms) {
+  char *p = buf;
+  int64_t deadline = now_ms() + timeout_ms;
+  while (len > 0) {
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    int64_t left = deadline - now_ms();
+    if (left <= 0) return -1;
+    int r = poll(&pfd, 1, (int)left);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return -1;
+    ssize_t n = read(fd, p, len);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return -1;
+    p += n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
+
+static void sock_expect(int fd, char want, const char *what) {
+  char c = 0;
+  if (sock_read(fd, &c, 1, PHASE_TIMEOUT_MS) != 0) fail("no '%s' from the peer process", what);
+  if (c != want) fail("expected '%c' (%s) from the peer process, got '%c'", want, what, c);
+}
+
+/* ---- recognizable slices ------------------------------------------------- */
+
+static uint64_t mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  return x ^ (x >> 33);
+}
+
+/* Sizes cover the edges (empty, one byte, full, full-1) and random ones. */
+static uint32_t slice_bytes(uint64_t i, size_t slot_bytes) {
+  switch (i % 7) {
+  case 0:
+    return 0;
+  case 1:
+    return 1;
+  case 2:
+    return (uint32_t)slot_bytes;
+  case 3:
+    return (uint32_t)slot_bytes - 1;
+  default:
+    return (uint32_t)(mix(i) % (slot_bytes + 1));
+  }
+}
+
+static void slice_fill(char *buf, uint64_t i, size_t n) {
+  uint64_t s = mix(i + 0x5eed);
+  size_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    uint64_t v = s + j * 0x9e3779b97f4a7c15ull;
+    memcpy(buf + j, &v, 8);
+  }
+  for (; j < n; j++) buf[j] = (char)(s >> (8 * (j % 8)));
+}
+
+static void meta_fill(brg__slot_meta *m, uint64_t i, uint32_t bytes) {
+  memset(m, 0, sizeof *m);
+  m->seq = i + 1;
+  m->count = mix(i) >> 1;
+  m->kind = (uint32_t)(i % 6) + 1;
+  m->bytes = bytes;
+  m->dtype = (uint16_t)(i % BRG_NUM_DTYPES);
+  m->op = (uint16_t)(i % BRG_NUM_OPS);
+  m->root = (int32_t)(i % 5) - 1;
+  m->step = (uint32_t)(i * 3);
+}
+
+static char *expect_buf;
+
+static void slice_check(const brg__fifo *f, uint64_t i) {
+  const brg__slot_meta *m = brg__fifo_meta(f, i);
+  brg__slot_meta want;
+  meta_fill(&want, i, slice_bytes(i, f->slot_bytes));
+  if (m->seq != want.seq || m->count != want.count || m->kind != want.kind ||
+      m->bytes != want.bytes || m->dtype != want.dtype || m->op != want.op ||
+      m->root != want.root || m->step != want.step)
+    fail("slice %llu: meta is seq %llu count %llu kind %u bytes %u dtype %u op %u root %d "
+         "step %u, expected seq %llu count %llu kind %u bytes %u dtype %u op %u root %d step %u",
+         (unsigned long long)i, (unsigned long long)m->seq, (unsigned long long)m->count, m->kind,
+         m->bytes, m->dtype, m->op, m->root, m->step, (unsigned long long)want.seq,
+         (unsigned long long)want.count, want.kind, want.bytes, want.dtype, want.op, want.root,
+         want.step);
+  const char *got = brg__fifo_slot(f, i);
+  slice_fill(expect_buf, i, want.bytes);
+  if (memcmp(got, expect_buf, want.bytes) != 0) {
+    size_t k = 0;
+    while (got[k] == expect_buf[k]) k++;
+    fail("slice %llu (%u bytes): byte %zu is 0x%02x, expected 0x%02x", (unsigned long long)i,
+         want.bytes, k, (unsigned char)got[k], (unsigned char)expect_buf[k]);
+  }
+}
+
+/* ---- the engine's two loops ---------------------------------------------- */
+
+/* Sends slices [from, to) as the engine would. Returns the wait status that
+ * stopped it early, or BRG_SUCCESS. `next` (may be NULL) gets the first slice
+ * not sent. */
+static brg_status produce(brg__conn *c, uint64_t from, uint64_t to, test_wait *tw, uint64_t *next) {
+  brg__fifo *f = &c->fifo;
+  const brg__waiter w = {.spin = 100, .check = test_check, .arg = tw};
+  brg_status s = BRG_SUCCESS;
+  uint64_t i = from;
+  for (; i < to; i++) {
+    uint64_t need = i + 1 > (uint64_t)f->nslots ? i + 1 - (uint64_t)f->nslots : 0;
+    s = brg__wait_ge(&f->ctrl->head, &f->ctrl->head_waiters, need, &w);
+    if (s != BRG_SUCCESS) break;
+    uint32_t bytes = slice_bytes(i, f->slot_bytes);
+    slice_fill(brg__fifo_slot(f, i), i, bytes);
+    meta_fill(brg__fifo_meta(f, i), i, bytes);
+    brg__publish(&f->ctrl->tail, &f->ctrl->tail_waiters, i + 1);
+    if (tw->tick && i % 64 == 0) tw->tick();
+  }
+  if (next) *next = i;
+  return s;
+}
+
+/* Receives and checks slices [from, to); same contract as produce. */
+static brg_status consume(brg__conn *c, uint64_t from, uint64_t to, test_wait *tw, uint64_t *next) {
+  brg__fifo *f = &c->fifo;
+  const brg__waiter w = {.spin = 100, .check = test_check, .arg = tw};
+  brg_status s = BRG_SUCCESS;
+  uint64_t i = from;
+  for (; i < to; i++) {
+    s = brg__wait_ge(&f->ctrl->tail, &f->ctrl->tail_waiters, i + 1, &w);
+    if (s != BRG_SUCCESS) break;
+    slice_check(f, i);
+    brg__publish(&f->ctrl->head, &f->ctrl->head_waiters, i + 1);
+  }
+  if (next) *next = i;
+  return s;
+}
+
+/* ---- resources: what close() must give back ------------------------------ */
+
+static int count_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) n += e->d_name[0] != '.';
+  closedir(d);
+  return n - 1; /* the directory's own fd */
+}
+
+static int count_threads(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  if (!f) return -1;
+  char line[256];
+  int n = -1;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "Threads: %d", &n) == 1) break;
+  fclose(f);
+  return n;
+}
+
+/* Lines of /proc/self/maps that mention this link's shared-memory names. */
+static int count_link_maps(const test_link *l) {
+  char key[64];
+  snprintf(key, sizeof key, "brigade-%016llx", (unsigned long long)l->comm_id);
+  FILE *f = fopen("/proc/self/maps", "r");
+  if (!f) return -1;
+  char line[1024];
+  int n = 0;
+  while (fgets(line, sizeof line, f)) n += strstr(line, key) != NULL;
+  fclose(f);
+  return n;
+}
+
+static int count_link_names(const test_link *l) {
+  char key[64];
+  snprintf(key, sizeof key, "brigade-%016llx", (unsigned long long)l->comm_id);
+  DIR *d = opendir("/dev/shm");
+  if (!d) return 0;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) n += strstr(e->d_name, key) != NULL;
+  closedir(d);
+  return n;
+}
+
+typedef struct resources {
+  int fds, threads;
+} resources;
+
+static resources resources_now(void) {
+  return (resources){count_fds(), count_threads()};
+}
+
+static void resources_check(const test_link *l, resources before, const char *when) {
+  /* Threads end a moment after join returns in /proc accounting; allow a beat. */
+  resources after = resources_now();
+  for (int tries = 0; tries < 100 && after.threads > before.threads; tries++) {
+    usleep(10000);
+    after = resources_now();
+  }
+  if (after.fds != before.fds)
+    fail("%s: %d file descriptors open, %d before setup", when, after.fds, before.fds);
+  if (after.threads != before.threads)
+    fail("%s: %d threads, %d before setup", when, after.threads, before.threads);
+  if (count_link_maps(l) != 0) fail("%s: the link's shared memory is still mapped", when);
+}
+
+/* ---- setting up both ends ------------------------------------------------ */
+
+static void receiver_setup(const test_link *l, brg__conn *c, int sock) {
+  memset(c, 0, sizeof *c);
+  c->ops = l->ops;
+  brg__conn_params p = params(l, 1);
+  brg__errbuf err = {{0}};
+  char info[BRG__CONN_INFO_BYTES];
+  brg_status s = l->ops->recv_setup(c, &p, info, &err);
+  if (s != BRG_SUCCESS) fail("recv_setup: %s: %s", brg_status_string(s), err.msg);
+  sock_write(sock, info, sizeof info);
+  sock_expect(sock, 'A', "attached");
+  p = params(l, 1);
+  s = l->ops->recv_connect(c, &p, &err);
+  if (s != BRG_SUCCESS) fail("recv_connect: %s: %s", brg_status_string(s), err.msg);
+}
+
+static void sender_connect(const test_link *l, brg__conn *c, const void *info,
+                           const uint8_t *secret, int rank) {
+  memset(c, 0, sizeof *c);
+  c->ops = l->ops;
+  brg__conn_params p = params(l, 0);
+  p.rank = rank;
+  p.secret = secret;
+  brg__errbuf err = {{0}};
+  brg_status s = l->ops->send_connect(c, &p, info, &err);
+  if (s != BRG_SUCCESS) fail("send_connect: %s: %s", brg_status_string(s), err.msg);
+}
+
+static void sender_setup(const test_link *l, brg__conn *c, int sock) {
+  char info[BRG__CONN_INFO_BYTES];
+  if (sock_read(sock, info, sizeof info, PHASE_TIMEOUT_MS) != 0)
+    fail("no connection info from the receiver");
+  sender_connect(l, c, info, l->secret, 0);
+  sock_write(sock, "A", 1);
+}
+
+static pid_t fork_child(int sv[2], int *mine) {
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+    fail("socketpair: %s", strerror(errno));
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid < 0) fail("fork: %s", strerror(errno));
+  if (pid == 0) {
+    child_pid = -1;
+    close(sv[0]);
+    *mine = sv[1];
+  } else {
+    child_pid = pid;
+    close(sv[1]);
+    *mine = sv[0];
+  }
+  return pid;
+}
+
+/* Waits for the child to exit within timeout_ms; fails unless it exited 0
+ * (or, with `killed`, died of SIGKILL). */
+static void child_reap(int timeout_ms, int killed) {
+  int64_t deadline = now_ms() + timeout_ms;
+  int st;
+  for (;;) {
+    pid_t r = waitpid(child_pid, &st, WNOHANG);
+    if (r == child_pid) break;
+    if (r < 0) fail("waitpid: %s", strerror(errno));
+    if (now_ms() > deadline) fail("the peer process did not finish within %d ms", timeout_ms);
+    usleep(2000);
+  }
+  child_pid = -1;
+  if (killed && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) return;
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+    fail("the peer process failed (%s %d)", WIFEXITED(st) ? "exit status" : "signal",
+         WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+}
+
+/* Memory transports share one FIFO and cannot see a peer die; the runtime
+ * learns that from its bootstrap sockets. Network transports must. */
+static int sees_peer_death(const brg__transport_ops *ops) {
+  return strcmp(ops->name, "shm") != 0 && strcmp(ops->name, "cuda_ipc") != 0;
+}
+
+/* ---- the cases ------------------------------------------------------------ */
+
+/* n slices, every byte checked. Normally the sender keeps its end open until
+ * the receiver has checked everything; with `sender_closes_first` it closes
+ * right after publishing the last slice, and the receiver must still get
+ * every slice (close flushes what was published) and then, on a network
+ * transport, see the link closed instead of waiting forever. */
+static void case_stream(const test_link *l, uint64_t n, int sender_closes_first) {
+  int sv[2], sock;
+  resources before = resources_now();
+  if (fork_child(sv, &sock) == 0) {
+    brg__conn c;
+    sender_setup(l, &c, sock);
+    test_wait tw = {.fifo = &c.fifo, .deadline = now_ms() + PHASE_TIMEOUT_MS};
+    brg_status s = produce(&c, 0, n, &tw, NULL);
+    if (s != BRG_SUCCESS) fail("sender: wait for a free slot: %s", brg_status_string(s));
+    if (!sender_closes_first) {
+      /* Everything handed over (network: to the wire; memory: consumed). */
+      const brg__waiter w = {.spin = 100, .check = test_check, .arg = &tw};
+      s = brg__wait_ge(&c.fifo.ctrl->head, &c.fifo.ctrl->head_waiters, n, &w);
+      if (s != BRG_SUCCESS)
+        fail("sender: wait for the last slot to drain: %s", brg_status_string(s));
+      sock_expect(sock, 'D', "done");
+    }
+    c.ops->close(&c);
+    if (c.priv) fail("close() left conn.priv set");
+    sock_write(sock, "C", 1);
+    _exit(0);
+  }
+  brg__conn c;
+  receiver_setup(l, &c, sock);
+  test_wait tw = {.fifo = &c.fifo, .deadline = now_ms() + PHASE_TIMEOUT_MS};
+  uint64_t got;
+  brg_status s = consume(&c, 0, n, &tw, &got);
+  if (s != BRG_SUCCESS)
+    fail("receiver: wait for slice %llu of %llu: %s", (unsigned long long)got,
+         (unsigned long long)n, brg_status_string(s));
+  if (sender_closes_first) {
+    sock_expect(sock, 'C', "closed");
+    if (sees_peer_death(l->ops)) {
+      tw.deadline = now_ms() + DEATH_DETECT_MS;
+      s = consume(&c, n, n + 1, &tw, NULL);
+      if (s != BRG_ERR_REMOTE)
+        fail("receiver: waiting past the end of a closed link ended with %s, expected %s",
+             brg_status_string(s), brg_status_string(BRG_ERR_REMOTE));
+    }
+  } else {
+    sock_write(sock, "D", 1);
+  }
+  c.ops->close(&c);
+  if (c.priv) fail("close() left conn.priv set");
+  if (!sender_closes_first) sock_expect(sock, 'C', "closed");
+  child_reap(PHASE_TIMEOUT_MS, 0);
+  close(sock);
+  resources_check(l, before, "after close");
+  if (count_link_names(l) != 0) fail("a shared-memory name of the link is left in /dev/shm");
+}
+
+/* The sender is killed mid-stream: the receiver's wait must end. */
+static void case_sender_dies(const test_link *l) {
+  int sv[2], sock;
+  resources before = resources_now();
+  if (fork_child(sv, &sock) == 0) {
+    brg__conn c;
+    sender_setup(l, &c, sock);
+    test_wait tw = {.fifo = &c.fifo, .deadline = now_ms() + PHASE_TIMEOUT_MS};
+    produce(&c, 0, UINT64_MAX, &tw, NULL);
+    fail("sender: was meant to be killed, but is still alive");
+  }
+  brg__conn c;
+  receiver_setup(l, &c, sock);
+  test_wait tw = {.fifo = &c.fifo, .deadline = now_ms() + PHASE_TIMEOUT_MS};
+  uint64_t got;
+  brg_status s = consume(&c, 0, 300, &tw, &got);
+  if (s != BRG_SUCCESS)
+    fail("receiver: before the kill, slice %llu: %s", (unsigned long long)got,
+         brg_status_string(s));
+  kill(child_pid, SIGKILL);
+  child_reap(PHASE_TIMEOUT_MS, 1);
+  int64_t t0 = now_ms();
+  int expect_closed = sees_peer_death(l->ops);
+  tw.deadline = t0 + (expect_closed ? DEATH_DETECT_MS : 300);
+  s = consume(&c, got, UINT64_MAX, &tw, &got);
+  int64_t took = now_ms() - t0;
+  uint32_t closed = c.fifo.ctrl->closed;
+  if (expect_closed) {
+    if (s == BRG_ERR_TIMEOUT || !closed)
+      fail("receiver: the dead sender went unnoticed for %lld ms (wait: %s, closed %u)",
+           (long long)took, brg_status_string(s), closed);
+    if (closed != BRG_ERR_REMOTE)
+      fail("receiver: closed is %u (%s), expected BRG_ERR_REMOTE", closed,
+           brg_status_string((brg_status)closed));
+    printf("  sender killed: receiver saw %s after %lld ms (%llu slices checked)\n",
+           brg_status_string((brg_status)closed), (long long)took, (unsigned long long)got);
+  } else {
+    if (s != BRG_ERR_TIMEOUT) fail("receiver: wait ended with %s", brg_status_string(s));
+    printf("  sender killed: the FIFO cannot tell (as expected); checking cleanup\n");
+  }
+  c.ops->close(&c);
+  close(sock);
+  resources_check(l, before, "after close with a dead peer");
+  if (count_link_names(l) != 0) fail("a shared-memory name of the link is left in /dev/shm");
+}
+
+static int killer_sock = -1;
+static void kill_on_signal(void) {
+  struct pollfd pfd = {.fd = killer_sock, .events = POLLIN};
+  if (child_pid > 0 && poll(&pfd, 1, 0) == 1) {
+    char b;
+    if (read(killer_sock, &b, 1) == 1 && b == 'R') {
+      kill(child_pid, SIGKILL);
+      child_reap(PHASE_TIMEOUT_MS, 1);
+    }
+  }
+}
+
+/* The receiver is killed: the sender's wait for a free slot must end. */
+static void case_receiver_dies(const test_link *l) {
+  int sv[2], sock;
+  resources before = resources_now();
+  if (fork_child(sv, &sock) == 0) {
+    brg__conn c;
+    receiver_setup(l, &c, sock);
+    test_wait tw = {.fifo = &c.fifo, .deadline = now_ms() + PHASE_TIMEOUT_MS};
+    uint64_t got;
+    brg_status s = consume(&c, 0, 300, &tw, &got);
+    if (s != BRG_SUCCESS)
+      fail("receiver: slice %llu: %s", (unsigned long long)got, brg_status_string(s));
+    sock_write(sock, "R", 1);
+    pause();
+    _exit(1);
+  }
+  brg__conn c;
+  sender_setup(l, &c, sock);
+  killer_sock = sock;
+  test_wait tw = {.fifo = &c.fifo, .deadline = now_ms() + PHASE_TIMEOUT_MS, .tick = kill_on_signal};
+  uint64_t sent;
+  brg_status s = produce(&c, 0, UINT64_MAX, &tw, &sent);
+  if (child_pid > 0)
+    fail("sender: stopped (%s) before the receiver was killed", brg_status_string(s));
+  uint32_t closed = c.fifo.ctrl->closed;
+  if (s == BRG_ERR_TIMEOUT || closed != BRG_ERR_REMOTE)
+    fail("sender: the dead receiver went unnoticed (wait: %s, closed %u)", brg_status_string(s),
+         closed);
+  printf("  receiver killed: sender saw %s after %llu slices\n",
+         brg_status_string((brg_status)closed), (unsigned long long)sent);
+  c.ops->close(&c);
+  close(sock);
+  resources_check(l, before, "after close with a dead peer");
+}
+
+/* Connections with a wrong secret or from the wrong rank are refused, and the
+ * right sender still gets through after them. */
+static void case_tcp_auth(const test_link *l) {
+  int sv[2], sock;
+  resources before = resources_now();
+  const uint64_t n = 200;
+  if (fork_child(sv, &sock) == 0) {
+    char info[BRG__CONN_INFO_BYTES];
+    if (sock_read(sock, info, sizeof info, PHASE_TIMEOUT_MS) != 0)
+      fail("no connection info from the receiver");
+    uint8_t wrong[BRG__SECRET_BYTES];
+    memcpy(wrong, l->secret, sizeof wrong);
+    wrong[7] ^= 0x40;
+    brg__conn bad_secret, bad_rank, good;
+    sender_connect(l, &bad_secret, info, wrong, 0);
+    sender_connect(l, &bad_rank, info, l->secret, 5);
+    sender_connect(l, &good, info, l->secret, 0);
+    sock_write(sock, "A", 1);
+    test_wait tw = {.fifo = &good.fifo, .deadline = now_ms() + PHASE_TIMEOUT_MS};
+    brg_status s = produce(&good, 0, n, &tw, NULL);
+    if (s != BRG_SUCCESS) fail("sender: %s", brg_status_string(s));
+    sock_expect(sock, 'D', "done");
+    good.ops->close(&good);
+    bad_rank.ops->close(&bad_rank);
+    bad_secret.ops->close(&bad_secret);
+    _exit(0);
+  }
+  /* Catch the receiver's log to see that it says why it refused. */
+  int capture = brg__log_level >= BRG__LOG_WARN && !brg__config_str(BRG__CFG_DEBUG_FILE)[0];
+  char logpath[] = "/tmp/brigade-conformance-XXXXXX";
+  int logfd = -1;
+  if (capture) {
+    logfd = mkstemp(logpath);
+    if (logfd < 0) fail("mkstemp: %s", strerror(errno));
+    unlink(logpath);
+    fflush(stderr);
+    stderr_saved = dup(2);
+    dup2(logfd, 2);
+  }
+  brg__conn c;
+  receiver_setup(l, &c, sock);
+  if (capture) {
+    fflush(stderr);
+    dup2(stderr_saved, 2);
+    close(stderr_saved);
+    stderr_saved = -1;
+    char text[4096] = {0};
+    ssize_t len = pread(logfd, text, sizeof text - 1, 0);
+    close(logfd);
+    if (len < 0) len = 0;
+    text[len] = 0;
+    fputs(text, stderr);
+    if (!strstr(text, "refused connection from") || !strstr(text, "bad secret"))
+      fail("the receiver did not log \"refused connection from ADDR: bad secret\"");
+    if (!strstr(text, "expected rank 0"))
+      fail("the receiver did not log the refusal of the connection from the wrong rank");
+  }
+  test_wait tw = {.fifo = &c.fifo, .deadline = now_ms() + PHASE_TIMEOUT_MS};
+  uint64_t got;
+  brg_status s = consume(&c, 0, n, &tw, &got);
+  if (s != BRG_SUCCESS)
+    fail("receiver: slice %llu from the right sender: %s", (unsigned long long)got,
+         brg_status_string(s));
+  sock_write(sock, "D", 1);
+  c.ops->close(&c);
+  child_reap(PHASE_TIMEOUT_MS, 0);
+  close(sock);
+  resources_check(l, before, "after close");
+  printf("  wrong secret and wrong rank refused; the right sender got through\n");
+}
+
+/* close() after a setup that went nowhere, and setup steps that fail in
+ * bounded time when the other end is missing. */
+static void case_half_setup(const test_link *l) {
+  resources before = resources_now();
+  brg__errbuf err = {{0}};
+  char info[BRG__CONN_INFO_BYTES];
+  brg__conn rc = {.ops = l->ops}, sc = {.ops = l->ops};
+
+  brg__conn_params p = params(l, 1);
+  brg_status s = l->ops->recv_setup(&rc, &p, info, &err);
+  if (s != BRG_SUCCESS) fail("recv_setup: %s: %s", brg_status_string(s), err.msg);
+  l->ops->close(&rc);
+  resources_check(l, before, "close after recv_setup alone");
+
+  /* A receiver that went away: send_connect must give up, not hang. */
+  s = l->ops->recv_setup(&rc, &p, info, &err);
+  if (s != BRG_SUCCESS) fail("recv_setup: %s: %s", brg_status_string(s), err.msg);
+  l->ops->close(&rc);
+  p = params(l, 0);
+  p.timeout_ms = 300;
+  int64_t t0 = now_ms();
+  s = l->ops->send_connect(&sc, &p, info, &err);
+  int64_t took = now_ms() - t0;
+  if (s == BRG_SUCCESS && sees_peer_death(l->ops))
+    fail("send_connect to a receiver that closed its end succeeded");
+  if (took > 3000) fail("send_connect to a closed receiver took %lld ms", (long long)took);
+  l->ops->close(&sc);
+  resources_check(l, before, "close after a failed send_connect");
+
+  if (sees_peer_death(l->ops)) {
+    /* Nobody connects: recv_connect times out. */
+    p = params(l, 1);
+    s = l->ops->recv_setup(&rc, &p, info, &err);
+    if (s != BRG_SUCCESS) fail("recv_setup: %s: %s", brg_status_string(s), err.msg);
+    p.timeout_ms = 300;
+    t0 = now_ms();
+    s = l->ops->recv_connect(&rc, &p, &err);
+    took = now_ms() - t0;
+    if (s != BRG_ERR_TIMEOUT)
+      fail("recv_connect with no sender returned %s, expected %s", brg_status_string(s),
+           brg_status_string(BRG_ERR_TIMEOUT));
+    if (took > 3000) fail("recv_connect with a 300 ms timeout took %lld ms", (long long)took);
+    l->ops->close(&rc);
+    resources_check(l, before, "close after a failed recv_connect");
+  }
+  printf("  close() after half a setup leaves nothing behind; missing peers fail in time\n");
+}
+
+static void link_init(test_link *l, const brg__transport_ops *ops, int nslots, size_t slot_bytes) {
+  static unsigned serial;
+  memset(l, 0, sizeof *l);
+  l->ops = ops;
+  l->nslots = nslots;
+  l->slot_bytes = slot_bytes;
+  l->comm_id = ((uint64_t)getpid() << 20) ^ ((uint64_t)now_ms() << 32) ^ ++serial;
+  for (int i = 0; i < BRG__SECRET_BYTES; i++) l->secret[i] = (uint8_t)mix(l->comm_id + i);
+  for (int r = 0; r < 2; r++) {
+    l->info[r].rank = r;
+    l->info[r].pid = getpid();
+    l->info[r].host_hash = 0x686f7374;
+    snprintf(l->info[r].hostname, sizeof l->info[r].hostname, "localhost");
+    snprintf(l->info[r].addr, sizeof l->info[r].addr, "127.0.0.1");
+  }
+}
+
+static void *nothing(void *arg) {
+  return arg;
+}
+
+int main(int argc, char **argv) {
+  const char *only = argc > 1 ? argv[1] : NULL;
+  setenv("BRIGADE_DEBUG", "WARN", 0);
+  brg__errbuf err = {{0}};
+  if (brg__config_load(&err) != BRG_SUCCESS) {
+    fprintf(stderr, "FAIL: configuration: %s\n", err.msg);
+    return 1;
+  }
+  brg__log_init();
+  signal(SIGPIPE, SIG_IGN);
+  /* Sanitizers start a helper thread with the first thread; let that happen
+   * before any thread count is taken. */
+  pthread_t warm;
+  if (pthread_create(&warm, NULL, nothing, NULL) == 0) pthread_join(warm, NULL);
+
+  static const struct {
+    int nslots;
+    size_t slot_bytes;
+  } shapes[] = {{1, 4096}, {2, 16384}, {8, 65536}};
+  size_t max_slot = 65536;
+  expect_buf = malloc(max_slot);
+  if (!expect_buf) return 1;
+
+  int ran = 0;
+  for (int t = 0; brg__transports[t]; t++) {
+    const brg__transport_ops *ops = brg__transports[t];
+    if (only && strcmp(only, ops->name) != 0) continue;
+    char why[256] = "";
+    if (!ops->available(why, sizeof why)) {
+      printf("transport %s: unavailable here (%s), skipped\n", ops->name, why);
+      continue;
+    }
+    test_link l;
+    link_init(&l, ops, 1, 4096);
+    if (!ops->can_connect(&l.info[0], &l.info[1])) {
+      printf("transport %s: cannot connect two processes on one host, skipped\n", ops->name);
+      continue;
+    }
+    ran++;
+    printf("transport %s (tcp sockets per link: %lld)\n", ops->name,
+           (long long)brg__config_int(BRG__CFG_TCP_NSOCKS));
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+      link_init(&l, ops, shapes[k].nslots, shapes[k].slot_bytes);
+      snprintf(where, sizeof where, "%s, %d slots of %zu bytes, stream", ops->name, l.nslots,
+               l.slot_bytes);
+      int64_t t0 = now_ms();
+      case_stream(&l, NSLICES, 0);
+      printf("  %d slots of %zu bytes: %d slices checked in %lld ms\n", l.nslots, l.slot_bytes,
+             NSLICES, (long long)(now_ms() - t0));
+    }
+    link_init(&l, ops, 8, 16384);
+    snprintf(where, sizeof where, "%s, sender closes first", ops->name);
+    case_stream(&l, 1000, 1);
+    printf("  sender closed right after its last slice: all 1000 slices arrived\n");
+    link_init(&l, ops, 2, 4096);
+    snprintf(where, sizeof where, "%s, half set up", ops->name);
+    case_half_setup(&l);
+    link_init(&l, ops, 4, 8192);
+    snprintf(where, sizeof where, "%s, sender killed", ops->name);
+    case_sender_dies(&l);
+    if (sees_peer_death(ops)) {
+      link_init(&l, ops, 4, 8192);
+      snprintf(where, sizeof where, "%s, receiver killed", ops->name);
+      case_receiver_dies(&l);
+    }
+    if (!strcmp(ops->name, "tcp")) {
+      link_init(&l, ops, 2, 4096);
+      snprintf(where, sizeof where, "%s, authentication", ops->name);
+      case_tcp_auth(&l);
+    }
+  }
+  free(expect_buf);
+  if (!ran) {
+    printf("no transport to test%s%s\n", only ? " named " : "", only ? only : "");
+    return 77;
+  }
+  printf("PASS\n");
+  return 0;
+}
