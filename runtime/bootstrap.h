@@ -46,7 +46,8 @@ brg_status brg__boot_id_check(const brg__boot_id *id, brg__errbuf *err);
 
 /* Starts a root thread listening on addr:port (port 0: any free port) that
  * serves one communicator and then exits (also after `timeout_ms` without
- * all ranks, telling those that came which ranks never arrived). Fills `id`. */
+ * all ranks, telling those that came which ranks never arrived; <= 0 waits
+ * forever). Fills `id`. */
 brg_status brg__boot_root_start(const char *addr, uint16_t port, const uint8_t *secret,
                                 int timeout_ms, brg__boot_id *id, brg__errbuf *err);
 
@@ -58,8 +59,11 @@ brg_status brg__boot_local_addr(char *addr, size_t addr_bytes, brg__errbuf *err)
 typedef struct brg__bootstrap brg__bootstrap;
 
 /* Joins the root: sends this rank's blob, receives every rank's blob into
- * `all_blobs` (nranks * blob_bytes, in rank order). Retries connecting until
- * timeout_ms (the root may not be listening yet). */
+ * `all_blobs` (nranks * blob_bytes, in rank order; every rank must pass the
+ * same blob_bytes). Retries connecting until timeout_ms (the root may not be
+ * listening yet); timeout_ms <= 0 waits forever. The same timeout bounds
+ * ring_connect and each send. A missing rank is BRG_ERR_TIMEOUT, a refusal
+ * by the root BRG_ERR_REMOTE, both with the root's explanation. */
 brg_status brg__bootstrap_init(brg__bootstrap **bs, const brg__boot_id *id, int rank,
                                int nranks, const void *blob, size_t blob_bytes,
                                void *all_blobs, int timeout_ms, brg__errbuf *err);
@@ -74,10 +78,18 @@ enum { BRG__RING_NEXT = 0, BRG__RING_PREV = 1 };
 /* Framed messages on a ring socket: type, length (<= BRG__BOOT_MAX_MSG), payload. */
 brg_status brg__bootstrap_send(brg__bootstrap *bs, int dir, uint32_t type, const void *data,
                                uint32_t len, brg__errbuf *err);
-/* Blocks up to timeout_ms for the next message on that ring socket. */
+/* Blocks up to timeout_ms for the next message on that ring socket (< 0:
+ * forever; 0: only a message already there, and a quiet BRG_ERR_TIMEOUT
+ * otherwise). A message larger than max_len is consumed and refused with
+ * BRG_ERR_REMOTE. Calls on one direction must not overlap; the two
+ * directions may be used from different threads. */
 brg_status brg__bootstrap_recv(brg__bootstrap *bs, int dir, uint32_t *type, void *data,
                                uint32_t max_len, uint32_t *len, int timeout_ms,
                                brg__errbuf *err);
+/* Where rank `rank`'s ring listener was (numeric address; *port set when
+ * not NULL), as the bootstrap table said: for logs and topology. NULL when
+ * out of range. */
+const char *brg__bootstrap_peer_addr(const brg__bootstrap *bs, int rank, uint16_t *port);
 /* File descriptor of a ring socket (for poll), -1 when absent. */
 int brg__bootstrap_fd(const brg__bootstrap *bs, int dir);
 const uint8_t *brg__bootstrap_secret(const brg__bootstrap *bs);

@@ -145,17 +145,20 @@ static brg_status exchange(brg_comm *c, int send_dir, const void *msg, uint32_t 
   brg_status s = brg__bootstrap_send(c->bs, send_dir, want, msg, len, err);
   if (s != BRG_SUCCESS) return s;
   uint32_t type = 0;
-  s = brg__bootstrap_recv(c->bs, recv_dir, &type, out, max, got, c->timeout_ms, err);
+  char buf[BRG__BOOT_MAX_MSG + 1];
+  s = brg__bootstrap_recv(c->bs, recv_dir, &type, buf, BRG__BOOT_MAX_MSG, got, c->timeout_ms, err);
   if (s != BRG_SUCCESS) return s;
-  if (type != want) {
-    if (type == BRG__MSG_ABORT && *got > 4) {
-      ((char *)out)[*got < max ? *got : max - 1] = 0;
-      return brg__error(err, BRG_ERR_REMOTE, "init", "%s", (char *)out + 4);
-    }
-    return brg__error(err, BRG_ERR_REMOTE, "init", "expected message %u from rank %d, got %u",
-                      want, recv_dir == BRG__RING_NEXT ? c->next : c->prev, type);
+  if (type == want && *got <= max) {
+    memcpy(out, buf, *got);
+    return BRG_SUCCESS;
   }
-  return BRG_SUCCESS;
+  if (type == BRG__MSG_ABORT && *got > 4) {
+    buf[*got] = 0;
+    return brg__error(err, BRG_ERR_REMOTE, "init", "%s", buf + 4);
+  }
+  return brg__error(err, BRG_ERR_REMOTE, "init",
+                    "expected message %u from rank %d, got type %u of %u bytes", want,
+                    recv_dir == BRG__RING_NEXT ? c->next : c->prev, type, *got);
 }
 
 /* Sets up the two links of this rank: from prev (receive) and to next (send). */
@@ -297,6 +300,7 @@ static brg_status comm_create(brg_comm **out, int nranks, const brg__boot_id *id
     goto err_free;
   }
   c->worker_started = 1;
+  c->ready = 1;
   BRG__INFO("init", "rank %d of %d ready (pid %d on %s, kernels %s)", rank, nranks, me.pid,
             me.hostname, brg__kernels_isa());
   *out = c;

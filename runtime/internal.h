@@ -75,6 +75,7 @@ struct brg_comm {
   int wait_peer;
   int64_t wait_start_ns;
 
+  int ready;                   /* setup finished: ring sockets carry only aborts */
   volatile int aborted;        /* brg_comm_abort was called */
   brg_status broken;           /* sticky: first error of a collective */
   pthread_mutex_t err_lock;

@@ -87,7 +87,8 @@ static brg_status ring_check(void *arg) {
       return brg__comm_error(c, (brg_status)ctrl->closed, "%s link with rank %d is broken",
                              conns[i]->ops ? conns[i]->ops->name : "?", conns[i]->peer);
   }
-  for (int dir = 0; dir < 2; dir++) {
+  /* During setup the ring sockets carry the setup messages themselves. */
+  for (int dir = 0; c->ready && dir < 2; dir++) {
     brg_status s = check_ring_socket(c, dir);
     if (s != BRG_SUCCESS) return s;
   }
