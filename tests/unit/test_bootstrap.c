@@ -147,9 +147,11 @@ static void *rank_main(void *arg) {
   int64_t t0 = now_ms();
   uint8_t blob[BRG__BOOT_MAX_BLOB];
   for (size_t i = 0; i < a->blob_bytes; i++) blob[i] = blob_byte(a->rank, i);
-  a->all = a->blob_bytes ? calloc((size_t)a->nranks, a->blob_bytes) : NULL;
-  a->st = brg__bootstrap_init(&a->bs, &a->id, a->rank, a->nranks, blob, a->blob_bytes, a->all,
-                              a->timeout_ms, &a->err);
+  if (!a->bs) { /* else init ran before: this run only opens the ring */
+    a->all = a->blob_bytes ? calloc((size_t)a->nranks, a->blob_bytes) : NULL;
+    a->st = brg__bootstrap_init(&a->bs, &a->id, a->rank, a->nranks, blob, a->blob_bytes, a->all,
+                                a->timeout_ms, &a->err);
+  }
   if (a->st == BRG_SUCCESS && a->ring) {
     int n = a->nranks, next = (a->rank + 1) % n, prev = (a->rank + n - 1) % n;
     a->st = brg__bootstrap_ring_connect(a->bs, next, prev, &a->err);
@@ -860,7 +862,8 @@ static void test_ring_failures(void **state) {
   runs_free(r, 2);
 }
 
-/* A stranger at a rank's ring listener is turned away; prev still gets in. */
+/* Strangers at a rank's ring listener are turned away; prev still gets in.
+ * The ring hello is 28 bytes: magic "BRGR", secret, from_rank, to_rank. */
 static void test_ring_stranger(void **state) {
   (void)state;
   brg__boot_id id;
@@ -870,13 +873,53 @@ static void test_ring_stranger(void **state) {
   runs_go(r, NULL, 3);
   expect_success(r, 3);
 
-  /* Rank 1's ring listener is in the table every rank got; find its port
-   * through the hello rank 1 sent, i.e. by asking the socket layer: the
-   * only listener rank 1 owns. Simplest: connect to every local port the
-   * table names is not exposed, so use the fd-less route: rank 0 connects
-   * as usual; before that a stranger knocks with garbage and a wrong
-   * secret, by going through rank 2's own ring_connect to rank 0... */
-  for (int k = 0; k < 3; k++) r[k].ring = 1, r[k].exchange = 1;
+  uint16_t port = 0;
+  const char *addr = brg__bootstrap_peer_addr(r[0].bs, 1, &port);
+  assert_non_null(addr);
+  assert_null(brg__bootstrap_peer_addr(r[0].bs, 3, NULL));
+  struct sockaddr_storage ss;
+  memset(&ss, 0, sizeof ss);
+  socklen_t sslen;
+  if (strchr(addr, ':')) {
+    struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
+    s6->sin6_family = AF_INET6;
+    s6->sin6_port = htons(port);
+    assert_int_equal(inet_pton(AF_INET6, addr, &s6->sin6_addr), 1);
+    sslen = sizeof *s6;
+  } else {
+    struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
+    s4->sin_family = AF_INET;
+    s4->sin_port = htons(port);
+    assert_int_equal(inet_pton(AF_INET, addr, &s4->sin_addr), 1);
+    sslen = sizeof *s4;
+  }
+  uint8_t m[4][28];
+  for (int k = 0; k < 4; k++) {
+    put32(m[k], 0x42524752u);
+    memcpy(m[k] + 4, id.secret, 16);
+    put32(m[k] + 20, 0); /* rank 0 to rank 1: right, unless changed below */
+    put32(m[k] + 24, 1);
+  }
+  rnd_fill(m[0], 28);          /* garbage */
+  m[1][9] ^= 0x40;             /* wrong secret */
+  put32(m[2] + 20, 2);         /* rank 2 is not rank 1's predecessor */
+  put32(m[3] + 24, 2);         /* meant for rank 2 */
+  int fds[5];
+  for (int k = 0; k < 5; k++) {
+    fds[k] = socket(ss.ss_family, SOCK_STREAM, 0);
+    assert_int_equal(connect(fds[k], (struct sockaddr *)&ss, sslen), 0);
+    if (k < 4) send_bytes(fds[k], m[k], 28); /* the last one stays silent */
+    struct timeval tv = {.tv_sec = 5};
+    setsockopt(fds[k], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  }
+
+  for (int k = 0; k < 3; k++) r[k].ring = 1;
+  runs_go(r, NULL, 3); /* bs already set: ring_connect and messages only */
+  expect_success(r, 3);
+  for (int k = 0; k < 5; k++) {
+    assert_true(closed_by_peer(fds[k]));
+    close(fds[k]);
+  }
   runs_free(r, 3);
 }
 

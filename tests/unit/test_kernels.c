@@ -756,6 +756,14 @@ static void test_integer_wrap(void **state) {
     for (int i = 0; i < 17; i++) a8[i] = -128, b8[i] = -1;
     brg__reduce(r8, NULL, a8, b8, 17, BRG_INT8, BRG_PROD, 1);
     for (int i = 0; i < 17; i++) assert_int_equal(r8[i], -128);
+    for (int i = 0; i < 17; i++) a8[i] = -100, b8[i] = -100;   /* -200 wraps to 56 */
+    brg__reduce(r8, NULL, a8, b8, 17, BRG_INT8, BRG_AVG, 200);  /* divisor beyond int8 */
+    for (int i = 0; i < 17; i++) assert_int_equal(r8[i], 0);
+    for (int i = 0; i < 17; i++) a8[i] = -100, b8[i] = 0;
+    brg__reduce(r8, NULL, a8, b8, 17, BRG_INT8, BRG_AVG, 130);
+    for (int i = 0; i < 17; i++) assert_int_equal(r8[i], 0);
+    brg__reduce(r8, NULL, a8, b8, 17, BRG_INT8, BRG_AVG, 7);
+    for (int i = 0; i < 17; i++) assert_int_equal(r8[i], -14);
     for (int i = 0; i < 17; i++) a8[i] = -1, b8[i] = -2;
     brg__reduce(r8, NULL, a8, b8, 17, BRG_INT8, BRG_AVG, 2);   /* -3 / 2 truncates to -1 */
     for (int i = 0; i < 17; i++) assert_int_equal(r8[i], -1);

@@ -1,0 +1,908 @@
+/*
+ * The bucketed gradient reducer (see include/brigade_reducer.h).
+ *
+ * One backward pass, seen from here:
+ *
+ *   prepare ── mark_ready(p) ... ── finalize
+ *                  │                   │
+ *                  ├ pack p into its   ├ wait bucket 0, unpack; wait bucket 1, unpack; ...
+ *                  │ bucket (copy or   │
+ *                  │ cast, no lock)    │
+ *                  └ bucket complete? launch every complete bucket from
+ *                    next_launch on, in bucket order (under the lock)
+ *
+ * Only brigade.h is used: brg_iallreduce queues each bucket on the
+ * communicator's worker thread, and brigade runs collectives in issue order,
+ * so launching in bucket order is what keeps the ranks in step.
+ *
+ * All memory (bucket buffers, per-parameter flags, the used-parameter
+ * bitmap) is allocated and touched at create or at the one rebuild; the
+ * backward pass itself allocates nothing.
+ */
+#include "brigade_reducer.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "buckets.h"
+#include "convert.h"
+
+#define ERRLEN 4096
+#define SLAB_ALIGN 4096
+#define BUCKET_ALIGN 64
+
+enum { STATE_IDLE, STATE_BACKWARD, STATE_FINALIZING };
+
+typedef struct red_bucket {
+  brg_dtype dtype;
+  size_t count;         /* elements */
+  size_t first, n;      /* members[first .. first+n) of the layout */
+  void *flat;           /* count elements of dtype; NULL when compression needs none */
+  uint16_t *half;       /* the float16/bfloat16 wire buffer of a compression hook, or NULL */
+  size_t pending;       /* members not ready yet in this pass */
+  int inflight;         /* a collective was issued on req and not yet waited */
+  brg_request req;
+} red_bucket;
+
+/* Where every gradient sits; replaced as a whole by the rebuild. */
+typedef struct red_layout {
+  size_t nbuckets;
+  red_bucket *buckets;
+  size_t *members;      /* parameter indices, bucket after bucket */
+  size_t *bucket_start; /* nparams + 1 */
+  size_t *bucket_of;    /* per parameter */
+  size_t *offset;       /* per parameter: elements into its bucket */
+  void *slab;           /* every flat and half buffer */
+} red_layout;
+
+typedef struct red_param {
+  char *name;           /* NULL when none was given */
+  size_t count;
+  brg_dtype dtype;
+  void *data;
+  void *grad;           /* the registered gradient; NULL with views */
+} red_param;
+
+struct brg_reducer {
+  brg_comm *comm;
+  int rank, nranks;
+  brg_reducer_config cfg;
+  int view, average, find_unused, static_graph, rebuild;
+  brg_dtype half;       /* wire dtype of the compression hook; unused without one */
+  int compress;
+
+  size_t nparams;
+  red_param *params;
+  red_layout lay;
+
+  pthread_mutex_t lock;
+  pthread_cond_t marks_done;
+  int state;
+  int sync;             /* current pass communicates */
+  int marks_inflight;   /* mark_ready calls between their two locked sections */
+  size_t next_launch;   /* first bucket not launched in this pass */
+  uint8_t *marked;      /* per parameter, this pass */
+  size_t *order;        /* ready order of this pass */
+  size_t norder;
+  uint8_t *used_local;  /* marked in some pass since the last synced one: bitmap sendbuf */
+  uint8_t *used_global; /* recvbuf: used on some rank */
+  brg_request used_req;
+  int used_inflight;
+  uint64_t nsynced;     /* finished synced passes */
+  int64_t *order_buf;   /* the rebuild's broadcast of rank 0's order */
+
+  /* Static graph: what the first synced pass saw. */
+  int have_static;
+  uint8_t *static_local, *static_global;
+  size_t *static_order;
+  size_t static_norder;
+
+  brg_status pass_status; /* first error of the current pass */
+  char pass_err[ERRLEN];
+  char err[ERRLEN];
+};
+
+static __thread char create_err[ERRLEN];
+
+/* ---- errors ---------------------------------------------------------- */
+
+static brg_status vfail(brg_reducer *red, brg_status st, const char *fmt, va_list ap) {
+  char *buf = red != NULL ? red->err : create_err;
+  vsnprintf(buf, ERRLEN, fmt, ap);
+  return st;
+}
+
+static brg_status fail(brg_reducer *red, brg_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static brg_status fail(brg_reducer *red, brg_status st, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vfail(red, st, fmt, ap);
+  va_end(ap);
+  return st;
+}
+
+/* An error of the current pass: returned now and again by finalize.
+ * Caller holds the lock (or is the only thread in the pass). */
+static brg_status fail_pass(brg_reducer *red, brg_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static brg_status fail_pass(brg_reducer *red, brg_status st, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vfail(red, st, fmt, ap);
+  va_end(ap);
+  if (red->pass_status == BRG_SUCCESS) {
+    red->pass_status = st;
+    memcpy(red->pass_err, red->err, ERRLEN);
+  }
+  return st;
+}
+
+/* "'fc.weight' (#160)", or "#160" for an unnamed parameter. */
+static const char *pname(const brg_reducer *red, size_t p, char *buf, size_t len) {
+  if (red->params[p].name != NULL)
+    snprintf(buf, len, "'%s' (#%zu)", red->params[p].name, p);
+  else
+    snprintf(buf, len, "#%zu", p);
+  return buf;
+}
+
+const char *brg_reducer_last_error(const brg_reducer *red) {
+  return red != NULL ? red->err : create_err;
+}
+
+/* ---- layout ---------------------------------------------------------- */
+
+static int compressible(const brg_reducer *red, brg_dtype dt) {
+  return red->compress && (dt == BRG_FLOAT32 || dt == BRG_FLOAT64);
+}
+
+static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+static void layout_free(red_layout *lay) {
+  free(lay->buckets);
+  free(lay->members);
+  free(lay->bucket_start);
+  free(lay->bucket_of);
+  free(lay->offset);
+  free(lay->slab);
+  memset(lay, 0, sizeof(*lay));
+}
+
+/* Builds buckets for parameters filled in `fill_order`, with their memory
+ * allocated and touched. */
+static brg_status layout_build(brg_reducer *red, const size_t *fill_order, red_layout *lay) {
+  size_t n = red->nparams;
+  size_t *count = NULL, *flat_at = NULL, *half_at = NULL;
+  brg_dtype *dtype = NULL;
+  brg_status st = BRG_ERR_NO_MEMORY;
+
+  memset(lay, 0, sizeof(*lay));
+  count = malloc(n * sizeof(*count));
+  dtype = malloc(n * sizeof(*dtype));
+  lay->members = malloc(n * sizeof(size_t));
+  lay->bucket_start = malloc((n + 1) * sizeof(size_t));
+  lay->bucket_of = malloc(n * sizeof(size_t));
+  lay->offset = malloc(n * sizeof(size_t));
+  if (!count || !dtype || !lay->members || !lay->bucket_start || !lay->bucket_of || !lay->offset)
+    goto err;
+  for (size_t p = 0; p < n; p++) {
+    count[p] = red->params[p].count;
+    dtype[p] = red->params[p].dtype;
+  }
+  st = brg__bucket_assign(n, count, dtype, fill_order, red->cfg.first_bucket_cap_bytes,
+                          red->cfg.bucket_cap_bytes, lay->members, lay->bucket_start,
+                          lay->bucket_of, &lay->nbuckets);
+  if (st != BRG_SUCCESS) goto err;
+  st = BRG_ERR_NO_MEMORY;
+  lay->buckets = calloc(lay->nbuckets, sizeof(red_bucket));
+  if (lay->buckets == NULL) goto err;
+
+  /* Offsets, then one slab for every bucket buffer. */
+  size_t slab_bytes = 0;
+  /* Where each bucket's flat and half buffers start in the slab, or -1. */
+  flat_at = malloc((lay->nbuckets + 1) * sizeof(size_t));
+  half_at = malloc((lay->nbuckets + 1) * sizeof(size_t));
+  if (flat_at == NULL || half_at == NULL) goto err;
+  for (size_t b = 0; b < lay->nbuckets; b++) {
+    red_bucket *bk = &lay->buckets[b];
+    bk->first = lay->bucket_start[b];
+    bk->n = lay->bucket_start[b + 1] - bk->first;
+    bk->dtype = red->params[lay->members[bk->first]].dtype;
+    for (size_t k = bk->first; k < bk->first + bk->n; k++) {
+      size_t p = lay->members[k];
+      lay->offset[p] = bk->count;
+      bk->count += red->params[p].count;
+    }
+    int cmp = compressible(red, bk->dtype);
+    int need_flat = red->view || !cmp;
+    flat_at[b] = need_flat ? slab_bytes : (size_t)-1;
+    if (need_flat) slab_bytes = align_up(slab_bytes + bk->count * brg_dtype_size(bk->dtype), BUCKET_ALIGN);
+    half_at[b] = cmp ? slab_bytes : (size_t)-1;
+    if (cmp) slab_bytes = align_up(slab_bytes + bk->count * 2, BUCKET_ALIGN);
+  }
+  if (slab_bytes > 0) {
+    if (posix_memalign(&lay->slab, SLAB_ALIGN, slab_bytes) != 0) {
+      lay->slab = NULL;
+      goto err;
+    }
+    memset(lay->slab, 0, slab_bytes); /* touch every page now, not in the first backward */
+  }
+  for (size_t b = 0; b < lay->nbuckets; b++) {
+    red_bucket *bk = &lay->buckets[b];
+    if (flat_at[b] != (size_t)-1 && bk->count > 0) bk->flat = (char *)lay->slab + flat_at[b];
+    if (half_at[b] != (size_t)-1 && bk->count > 0) bk->half = (uint16_t *)((char *)lay->slab + half_at[b]);
+  }
+  free(flat_at);
+  free(half_at);
+  free(count);
+  free(dtype);
+  return BRG_SUCCESS;
+
+err:
+  free(flat_at);
+  free(half_at);
+  free(count);
+  free(dtype);
+  layout_free(lay);
+  return st;
+}
+
+static inline char *grad_in_bucket(const red_layout *lay, const red_param *prm, size_t p) {
+  const red_bucket *bk = &lay->buckets[lay->bucket_of[p]];
+  return (char *)bk->flat + lay->offset[p] * brg_dtype_size(prm->dtype);
+}
+
+/* ---- moving one gradient in and out of its bucket -------------------- */
+
+/* Puts parameter p's contribution into its bucket: its gradient, or zero. */
+static void param_pack(brg_reducer *red, size_t p, int zero) {
+  red_layout *lay = &red->lay;
+  red_param *prm = &red->params[p];
+  red_bucket *bk = &lay->buckets[lay->bucket_of[p]];
+  size_t bytes = prm->count * brg_dtype_size(prm->dtype);
+  if (prm->count == 0) return;
+
+  if (bk->half != NULL) {
+    uint16_t *dst = bk->half + lay->offset[p];
+    if (zero) {
+      memset(dst, 0, prm->count * 2);
+      if (red->view) memset(grad_in_bucket(lay, prm, p), 0, bytes);
+    } else {
+      const void *src = red->view ? grad_in_bucket(lay, prm, p) : prm->grad;
+      float scale = red->average ? 1.0f / (float)red->nranks : 1.0f;
+      brg__convert_to_half(dst, red->half, src, prm->dtype, prm->count, scale);
+    }
+  } else if (zero) {
+    memset(grad_in_bucket(lay, prm, p), 0, bytes);
+  } else if (!red->view) {
+    memcpy(grad_in_bucket(lay, prm, p), prm->grad, bytes);
+  }
+}
+
+/* Writes the reduced value back to parameter p's gradient. */
+static void param_unpack(brg_reducer *red, size_t p) {
+  red_layout *lay = &red->lay;
+  red_param *prm = &red->params[p];
+  red_bucket *bk = &lay->buckets[lay->bucket_of[p]];
+  if (prm->count == 0) return;
+
+  if (bk->half != NULL) {
+    void *dst = red->view ? grad_in_bucket(lay, prm, p) : prm->grad;
+    brg__convert_from_half(dst, prm->dtype, bk->half + lay->offset[p], red->half, prm->count);
+  } else if (!red->view) {
+    memcpy(prm->grad, grad_in_bucket(lay, prm, p), prm->count * brg_dtype_size(prm->dtype));
+  }
+}
+
+/* ---- launching and waiting ------------------------------------------- */
+
+static void bucket_view(brg_reducer *red, size_t b, brg_reducer_bucket *v) {
+  red_bucket *bk = &red->lay.buckets[b];
+  v->index = b;
+  v->data = bk->flat;
+  v->count = bk->count;
+  v->dtype = bk->dtype;
+  v->nranks = red->nranks;
+  v->average = red->average;
+  v->request = &bk->req;
+}
+
+/* Issues bucket b's collective. Lock held. */
+static void bucket_launch(brg_reducer *red, size_t b) {
+  red_bucket *bk = &red->lay.buckets[b];
+  brg_status st;
+  if (bk->count == 0) return; /* every rank skips it alike */
+
+  if (red->cfg.hook == BRG_REDUCER_HOOK_CUSTOM) {
+    brg_reducer_bucket v;
+    bucket_view(red, b, &v);
+    st = red->cfg.hook_launch(red->cfg.hook_arg, red->comm, &v);
+  } else if (bk->half != NULL) {
+    /* Prescaled by 1/N when packed, so the half-precision sum cannot overflow
+     * where the average would not. */
+    st = brg_iallreduce(bk->half, bk->half, bk->count, red->half, BRG_SUM, red->comm, &bk->req);
+  } else {
+    st = brg_iallreduce(bk->flat, bk->flat, bk->count, bk->dtype, red->average ? BRG_AVG : BRG_SUM,
+                        red->comm, &bk->req);
+  }
+  if (st != BRG_SUCCESS)
+    fail_pass(red, st, "bucket %zu (%zu elements of %s): launching its allreduce failed: %s: %s", b,
+              bk->count, brg_dtype_name(bk->dtype), brg_status_string(st),
+              brg_comm_last_error(red->comm));
+  else
+    bk->inflight = 1;
+}
+
+/* Launches every complete bucket from next_launch on, in order. Lock held. */
+static void launch_ready(brg_reducer *red) {
+  while (red->next_launch < red->lay.nbuckets && red->lay.buckets[red->next_launch].pending == 0)
+    bucket_launch(red, red->next_launch++);
+}
+
+/* Parameter p is settled for this pass (ready or zero-filled). Lock held. */
+static void param_settled(brg_reducer *red, size_t p) {
+  red_bucket *bk = &red->lay.buckets[red->lay.bucket_of[p]];
+  if (--bk->pending == 0) launch_ready(red);
+}
+
+/* Waits for bucket b; 1 when its data is good to unpack. */
+static int bucket_wait(brg_reducer *red, size_t b) {
+  red_bucket *bk = &red->lay.buckets[b];
+  if (!bk->inflight) return bk->count == 0;
+  bk->inflight = 0;
+  brg_status st = brg_wait(&bk->req);
+  if (st != BRG_SUCCESS) {
+    fail_pass(red, st, "bucket %zu (%zu elements of %s): allreduce failed: %s: %s", b, bk->count,
+              brg_dtype_name(bk->dtype), brg_status_string(st), brg_comm_last_error(red->comm));
+    return 0;
+  }
+  if (red->cfg.hook == BRG_REDUCER_HOOK_CUSTOM && red->cfg.hook_finish != NULL) {
+    brg_reducer_bucket v;
+    bucket_view(red, b, &v);
+    st = red->cfg.hook_finish(red->cfg.hook_arg, red->comm, &v);
+    if (st != BRG_SUCCESS) {
+      fail_pass(red, st, "bucket %zu: the communication hook's finish failed: %s", b,
+                brg_status_string(st));
+      return 0;
+    }
+  }
+  return 1;
+}
+
+/* Waits for whatever is still in flight (teardown, or after an error). */
+static void wait_all(brg_reducer *red) {
+  for (size_t b = 0; b < red->lay.nbuckets; b++) {
+    red_bucket *bk = &red->lay.buckets[b];
+    if (bk->inflight) {
+      bk->inflight = 0;
+      brg_wait(&bk->req);
+    }
+  }
+  if (red->used_inflight) {
+    red->used_inflight = 0;
+    brg_wait(&red->used_req);
+  }
+}
+
+/* ---- create / destroy ------------------------------------------------ */
+
+/* Every rank must register the same parameters with the same settings, or
+ * the bucket sequences differ and the job hangs or mixes gradients. Two small
+ * allreduces (max of x and of -x) find the first difference. */
+static brg_status check_ranks_agree(brg_reducer *red) {
+  enum { NFIELD = 5 };
+  static const char *field[NFIELD] = {"parameter count", "flags", "first_bucket_cap_bytes",
+                                      "bucket_cap_bytes", "hook"};
+  int64_t v[2 * NFIELD] = {(int64_t)red->nparams, (int64_t)red->cfg.flags,
+                           (int64_t)red->cfg.first_bucket_cap_bytes,
+                           (int64_t)red->cfg.bucket_cap_bytes, (int64_t)red->cfg.hook};
+  for (int i = 0; i < NFIELD; i++) v[NFIELD + i] = -v[i];
+  brg_status st = brg_allreduce(v, v, 2 * NFIELD, BRG_INT64, BRG_MAX, red->comm, NULL);
+  if (st != BRG_SUCCESS)
+    return fail(red, st, "brg_reducer_create: checking the parameter list across ranks: %s",
+                brg_comm_last_error(red->comm));
+  int64_t mine[NFIELD] = {(int64_t)red->nparams, (int64_t)red->cfg.flags,
+                          (int64_t)red->cfg.first_bucket_cap_bytes,
+                          (int64_t)red->cfg.bucket_cap_bytes, (int64_t)red->cfg.hook};
+  for (int i = 0; i < NFIELD; i++)
+    if (v[i] != -v[NFIELD + i])
+      return fail(red, BRG_ERR_MISMATCH,
+                  "brg_reducer_create: the %s differs across ranks: %lld on rank %d, "
+                  "between %lld and %lld over all ranks",
+                  field[i], (long long)mine[i], red->rank, (long long)-v[NFIELD + i], (long long)v[i]);
+
+  size_t n = red->nparams;
+  int64_t *key = malloc(2 * n * sizeof(*key));
+  if (key == NULL) return fail(red, BRG_ERR_NO_MEMORY, "brg_reducer_create: out of memory");
+  for (size_t p = 0; p < n; p++) {
+    const red_param *prm = &red->params[p];
+    key[p] = (int64_t)prm->count * 32 + (int64_t)prm->dtype * 2 + (prm->data != NULL);
+    key[n + p] = -key[p];
+  }
+  st = brg_allreduce(key, key, 2 * n, BRG_INT64, BRG_MAX, red->comm, NULL);
+  if (st != BRG_SUCCESS) {
+    free(key);
+    return fail(red, st, "brg_reducer_create: checking the parameter list across ranks: %s",
+                brg_comm_last_error(red->comm));
+  }
+  for (size_t p = 0; p < n; p++) {
+    if (key[p] == -key[n + p]) continue;
+    const red_param *prm = &red->params[p];
+    int64_t mine = (int64_t)prm->count * 32 + (int64_t)prm->dtype * 2 + (prm->data != NULL);
+    int64_t other = key[p] != mine ? key[p] : -key[n + p]; /* the max or the min, not ours */
+    char nb[256];
+    fail(red, BRG_ERR_MISMATCH,
+         "brg_reducer_create: parameter %s differs across ranks: rank %d has %zu elements of %s "
+         "(data %s), another rank %lld elements of %s (data %s)",
+         pname(red, p, nb, sizeof(nb)), red->rank, prm->count, brg_dtype_name(prm->dtype),
+         prm->data ? "given" : "NULL", (long long)(other / 32),
+         brg_dtype_name((brg_dtype)((other / 2) % 16)), (other & 1) ? "given" : "NULL");
+    free(key);
+    return BRG_ERR_MISMATCH;
+  }
+  free(key);
+  return BRG_SUCCESS;
+}
+
+brg_status brg_reducer_destroy(brg_reducer *red) {
+  if (red == NULL) return BRG_SUCCESS;
+  wait_all(red);
+  layout_free(&red->lay);
+  for (size_t p = 0; p < red->nparams; p++) free(red->params[p].name);
+  free(red->params);
+  free(red->marked);
+  free(red->order);
+  free(red->used_local);
+  free(red->used_global);
+  free(red->order_buf);
+  free(red->static_local);
+  free(red->static_global);
+  free(red->static_order);
+  pthread_cond_destroy(&red->marks_done);
+  pthread_mutex_destroy(&red->lock);
+  free(red);
+  return BRG_SUCCESS;
+}
+
+brg_status brg_reducer_create(brg_reducer **out, brg_comm *comm, const brg_reducer_param *params,
+                              size_t nparams, const brg_reducer_config *cfg) {
+  brg_reducer_config c = {0};
+  brg_status st;
+
+  if (out == NULL || comm == NULL || params == NULL || nparams == 0)
+    return fail(NULL, BRG_ERR_INVALID_ARGUMENT,
+                "brg_reducer_create: reducer, comm and a non-empty parameter list are required");
+  if (cfg != NULL) c = *cfg;
+  if (c.bucket_cap_bytes == 0) c.bucket_cap_bytes = BRG_REDUCER_DEFAULT_BUCKET_CAP;
+  if (c.first_bucket_cap_bytes == 0) c.first_bucket_cap_bytes = BRG_REDUCER_DEFAULT_FIRST_BUCKET_CAP;
+  if (c.stream != NULL)
+    return fail(NULL, BRG_ERR_UNAVAILABLE,
+                "brg_reducer_create: device buffers (a stream) are not supported yet");
+  if ((unsigned)c.hook > BRG_REDUCER_HOOK_CUSTOM)
+    return fail(NULL, BRG_ERR_INVALID_ARGUMENT, "brg_reducer_create: unknown hook %d", (int)c.hook);
+  if (c.hook == BRG_REDUCER_HOOK_CUSTOM && c.hook_launch == NULL)
+    return fail(NULL, BRG_ERR_INVALID_ARGUMENT,
+                "brg_reducer_create: BRG_REDUCER_HOOK_CUSTOM needs hook_launch");
+  if (c.flags & ~(unsigned)0x1f)
+    return fail(NULL, BRG_ERR_INVALID_ARGUMENT, "brg_reducer_create: unknown flags 0x%x", c.flags);
+  int view = (c.flags & BRG_REDUCER_GRAD_AS_VIEW) != 0;
+  for (size_t p = 0; p < nparams; p++) {
+    const brg_reducer_param *q = &params[p];
+    const char *nm = q->name ? q->name : "";
+    if (brg_dtype_size(q->dtype) == 0)
+      return fail(NULL, BRG_ERR_INVALID_ARGUMENT, "brg_reducer_create: parameter #%zu %s: bad dtype %d",
+                  p, nm, (int)q->dtype);
+    if (view && q->grad != NULL)
+      return fail(NULL, BRG_ERR_INVALID_ARGUMENT,
+                  "brg_reducer_create: parameter #%zu %s: grad must be NULL with "
+                  "BRG_REDUCER_GRAD_AS_VIEW (the reducer provides it, see brg_reducer_grad)",
+                  p, nm);
+    if (!view && q->grad == NULL && q->count > 0)
+      return fail(NULL, BRG_ERR_INVALID_ARGUMENT, "brg_reducer_create: parameter #%zu %s has no grad buffer",
+                  p, nm);
+  }
+
+  brg_reducer *red = calloc(1, sizeof(*red));
+  if (red == NULL) return fail(NULL, BRG_ERR_NO_MEMORY, "brg_reducer_create: out of memory");
+  pthread_mutex_init(&red->lock, NULL);
+  pthread_cond_init(&red->marks_done, NULL);
+  red->comm = comm;
+  red->cfg = c;
+  red->view = view;
+  red->average = !(c.flags & BRG_REDUCER_SUM);
+  red->find_unused = (c.flags & BRG_REDUCER_FIND_UNUSED) != 0;
+  red->static_graph = (c.flags & BRG_REDUCER_STATIC_GRAPH) != 0;
+  /* As DDP: with find_unused the graph may change every step, so an order
+   * seen once is no better than registration order. */
+  red->rebuild = !(c.flags & BRG_REDUCER_NO_REBUILD) && (!red->find_unused || red->static_graph);
+  red->compress = c.hook == BRG_REDUCER_HOOK_FP16 || c.hook == BRG_REDUCER_HOOK_BF16;
+  red->half = c.hook == BRG_REDUCER_HOOK_BF16 ? BRG_BFLOAT16 : BRG_FLOAT16;
+  red->nparams = nparams;
+
+  if ((st = brg_comm_rank(comm, &red->rank)) != BRG_SUCCESS ||
+      (st = brg_comm_size(comm, &red->nranks)) != BRG_SUCCESS) {
+    fail(NULL, st, "brg_reducer_create: bad communicator: %s", brg_comm_last_error(comm));
+    goto err;
+  }
+
+  red->params = calloc(nparams, sizeof(*red->params));
+  red->marked = calloc(nparams, 1);
+  red->order = calloc(nparams, sizeof(size_t));
+  red->used_local = calloc(nparams, 1);
+  red->used_global = calloc(nparams, 1);
+  red->order_buf = calloc(nparams, sizeof(int64_t));
+  red->static_local = calloc(nparams, 1);
+  red->static_global = calloc(nparams, 1);
+  red->static_order = calloc(nparams, sizeof(size_t));
+  if (!red->params || !red->marked || !red->order || !red->used_local || !red->used_global ||
+      !red->order_buf || !red->static_local || !red->static_global || !red->static_order) {
+    st = fail(NULL, BRG_ERR_NO_MEMORY, "brg_reducer_create: out of memory");
+    goto err;
+  }
+  for (size_t p = 0; p < nparams; p++) {
+    red->params[p].count = params[p].count;
+    red->params[p].dtype = params[p].dtype;
+    red->params[p].data = params[p].data;
+    red->params[p].grad = params[p].grad;
+    if (params[p].name != NULL && (red->params[p].name = strdup(params[p].name)) == NULL) {
+      st = fail(NULL, BRG_ERR_NO_MEMORY, "brg_reducer_create: out of memory");
+      goto err;
+    }
+  }
+
+  if ((st = check_ranks_agree(red)) != BRG_SUCCESS) {
+    memcpy(create_err, red->err, ERRLEN);
+    goto err;
+  }
+
+  /* Reverse registration order approximates the order backward produces. */
+  for (size_t k = 0; k < nparams; k++) red->order[k] = nparams - 1 - k;
+  if ((st = layout_build(red, red->order, &red->lay)) != BRG_SUCCESS) {
+    fail(NULL, st, "brg_reducer_create: building %zu parameters into buckets: %s", nparams,
+         brg_status_string(st));
+    goto err;
+  }
+  red->err[0] = '\0';
+  *out = red;
+  return BRG_SUCCESS;
+
+err:
+  brg_reducer_destroy(red);
+  return st;
+}
+
+/* ---- queries --------------------------------------------------------- */
+
+brg_status brg_reducer_grad(const brg_reducer *red, size_t p, void **grad) {
+  if (red == NULL || grad == NULL || p >= red->nparams) return BRG_ERR_INVALID_ARGUMENT;
+  const red_param *prm = &red->params[p];
+  if (!red->view) *grad = prm->grad;
+  else *grad = prm->count > 0 ? grad_in_bucket(&red->lay, prm, p) : NULL;
+  return BRG_SUCCESS;
+}
+
+brg_status brg_reducer_num_buckets(const brg_reducer *red, size_t *nbuckets) {
+  if (red == NULL || nbuckets == NULL) return BRG_ERR_INVALID_ARGUMENT;
+  *nbuckets = red->lay.nbuckets;
+  return BRG_SUCCESS;
+}
+
+brg_status brg_reducer_bucket_layout(const brg_reducer *red, size_t b, brg_dtype *dtype,
+                                     size_t *count, size_t *nparams, const size_t **params) {
+  if (red == NULL || b >= red->lay.nbuckets) return BRG_ERR_INVALID_ARGUMENT;
+  const red_bucket *bk = &red->lay.buckets[b];
+  if (dtype) *dtype = bk->dtype;
+  if (count) *count = bk->count;
+  if (nparams) *nparams = bk->n;
+  if (params) *params = red->lay.members + bk->first;
+  return BRG_SUCCESS;
+}
+
+/* ---- one backward pass ----------------------------------------------- */
+
+brg_status brg_reducer_broadcast_params(brg_reducer *red, int root) {
+  if (red == NULL) return BRG_ERR_INVALID_ARGUMENT;
+  if (root < 0 || root >= red->nranks)
+    return fail(red, BRG_ERR_INVALID_ARGUMENT, "brg_reducer_broadcast_params: root %d of %d ranks",
+                root, red->nranks);
+  pthread_mutex_lock(&red->lock);
+  int state = red->state;
+  pthread_mutex_unlock(&red->lock);
+  if (state != STATE_IDLE)
+    return fail(red, BRG_ERR_INVALID_USAGE,
+                "brg_reducer_broadcast_params: called during a backward pass");
+  for (size_t p = 0; p < red->nparams; p++) {
+    red_param *prm = &red->params[p];
+    if (prm->data == NULL || prm->count == 0) continue;
+    brg_status st = brg_broadcast(prm->data, prm->data, prm->count, prm->dtype, root, red->comm, NULL);
+    if (st != BRG_SUCCESS) {
+      char nb[256];
+      return fail(red, st, "brg_reducer_broadcast_params: parameter %s: %s",
+                  pname(red, p, nb, sizeof(nb)), brg_comm_last_error(red->comm));
+    }
+  }
+  return BRG_SUCCESS;
+}
+
+brg_status brg_reducer_prepare(brg_reducer *red, unsigned flags) {
+  if (red == NULL) return BRG_ERR_INVALID_ARGUMENT;
+  if (flags & ~BRG_REDUCER_NO_SYNC)
+    return fail(red, BRG_ERR_INVALID_ARGUMENT, "brg_reducer_prepare: unknown flags 0x%x", flags);
+  pthread_mutex_lock(&red->lock);
+  if (red->state != STATE_IDLE) {
+    pthread_mutex_unlock(&red->lock);
+    return fail(red, BRG_ERR_INVALID_USAGE,
+                "brg_reducer_prepare: a new backward started before brg_reducer_finalize ended "
+                "the previous one");
+  }
+  red->state = STATE_BACKWARD;
+  red->sync = !(flags & BRG_REDUCER_NO_SYNC);
+  red->pass_status = BRG_SUCCESS;
+  red->pass_err[0] = '\0';
+  red->norder = 0;
+  red->next_launch = 0;
+  memset(red->marked, 0, red->nparams);
+  if (red->sync) {
+    for (size_t b = 0; b < red->lay.nbuckets; b++) red->lay.buckets[b].pending = red->lay.buckets[b].n;
+    /* Static graph: what was unused in the first step is settled now, as
+     * zero, so its buckets need not wait for finalize. */
+    if (red->have_static)
+      for (size_t p = 0; p < red->nparams; p++)
+        if (!red->static_local[p]) {
+          param_pack(red, p, 1);
+          red->lay.buckets[red->lay.bucket_of[p]].pending--;
+        }
+    launch_ready(red);
+  }
+  pthread_mutex_unlock(&red->lock);
+  return BRG_SUCCESS;
+}
+
+brg_status brg_reducer_mark_ready(brg_reducer *red, size_t p) {
+  char nb[256];
+  brg_status st;
+  if (red == NULL) return BRG_ERR_INVALID_ARGUMENT;
+  pthread_mutex_lock(&red->lock);
+  if (p >= red->nparams) {
+    st = red->state == STATE_BACKWARD
+             ? fail_pass(red, BRG_ERR_INVALID_ARGUMENT,
+                         "brg_reducer_mark_ready: parameter %zu out of range (%zu registered)", p,
+                         red->nparams)
+             : fail(red, BRG_ERR_INVALID_ARGUMENT,
+                    "brg_reducer_mark_ready: parameter %zu out of range (%zu registered)", p, red->nparams);
+    goto out;
+  }
+  if (red->state == STATE_IDLE) {
+    st = fail(red, BRG_ERR_INVALID_USAGE,
+              "brg_reducer_mark_ready(%s) called before brg_reducer_prepare",
+              pname(red, p, nb, sizeof(nb)));
+    goto out;
+  }
+  if (red->state == STATE_FINALIZING) {
+    st = fail(red, BRG_ERR_INVALID_USAGE,
+              "brg_reducer_mark_ready(%s) called after brg_reducer_finalize started",
+              pname(red, p, nb, sizeof(nb)));
+    goto out;
+  }
+  if (red->marked[p]) {
+    st = fail_pass(red, BRG_ERR_INVALID_USAGE,
+                   "parameter %s was marked ready twice in one backward pass",
+                   pname(red, p, nb, sizeof(nb)));
+    goto out;
+  }
+  if (red->have_static && !red->static_local[p]) {
+    st = fail_pass(red, BRG_ERR_INVALID_USAGE,
+                   "static graph: parameter %s was unused in the first step but is marked ready "
+                   "now (the used set may not change; drop BRG_REDUCER_STATIC_GRAPH)",
+                   pname(red, p, nb, sizeof(nb)));
+    goto out;
+  }
+  red->marked[p] = 1;
+  red->used_local[p] = 1;
+  red->order[red->norder++] = p;
+  st = BRG_SUCCESS;
+  if (!red->sync) goto out;
+  red->marks_inflight++;
+  pthread_mutex_unlock(&red->lock);
+
+  param_pack(red, p, 0); /* copies run in parallel when hooks fire from several threads */
+
+  pthread_mutex_lock(&red->lock);
+  param_settled(red, p);
+  if (--red->marks_inflight == 0) pthread_cond_broadcast(&red->marks_done);
+out:
+  pthread_mutex_unlock(&red->lock);
+  return st;
+}
+
+/* Backward left p unmarked where it should not have: not unused-by-design
+ * under a static graph. */
+static int param_missing(const brg_reducer *red, size_t p) {
+  return !red->marked[p] && !(red->have_static && !red->static_local[p]);
+}
+
+/* Appends " 'a' (#1), 'b' (#2), ... and N more" for the missing parameters. */
+static void list_missing(const brg_reducer *red, char *buf, size_t len) {
+  size_t used = strlen(buf), shown = 0, total = 0;
+  for (size_t p = 0; p < red->nparams; p++) {
+    if (!param_missing(red, p)) continue;
+    total++;
+    char nb[256];
+    pname(red, p, nb, sizeof(nb));
+    if (used + strlen(nb) + 40 < len) {
+      used += (size_t)snprintf(buf + used, len - used, "%s%s", shown ? ", " : " ", nb);
+      shown++;
+    }
+  }
+  if (shown < total) snprintf(buf + used, len - used, " ... and %zu more", total - shown);
+}
+
+/* The first synced pass: remember what static graph fixes, and rebuild the
+ * buckets from the order gradients became ready (rank 0's order, so every
+ * rank builds the same buckets). */
+static void first_step_done(brg_reducer *red) {
+  size_t n = red->nparams;
+  if (red->static_graph) {
+    memcpy(red->static_local, red->used_local, n);
+    memcpy(red->static_global, red->used_global, n);
+    memcpy(red->static_order, red->order, red->norder * sizeof(size_t));
+    red->static_norder = red->norder;
+    red->have_static = 1;
+  }
+  if (!red->rebuild) return;
+
+  size_t k = 0;
+  for (size_t i = 0; i < red->norder; i++) red->order_buf[k++] = (int64_t)red->order[i];
+  for (size_t q = n; q-- > 0;)
+    if (!red->marked[q]) red->order_buf[k++] = (int64_t)q;
+  brg_status st = brg_broadcast(red->order_buf, red->order_buf, n, BRG_INT64, 0, red->comm, NULL);
+  if (st != BRG_SUCCESS) {
+    fail_pass(red, st, "rebuilding buckets: broadcasting rank 0's ready order failed: %s",
+              brg_comm_last_error(red->comm));
+    return;
+  }
+  size_t *fill = malloc(n * sizeof(*fill));
+  if (fill == NULL) {
+    fail_pass(red, BRG_ERR_NO_MEMORY, "rebuilding buckets: out of memory");
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    int64_t v = red->order_buf[i];
+    fill[i] = v >= 0 && (uint64_t)v < n ? (size_t)v : (size_t)-1; /* assign rejects it */
+  }
+  red_layout nl;
+  st = layout_build(red, fill, &nl);
+  free(fill);
+  if (st != BRG_SUCCESS) {
+    fail_pass(red, st, "rebuilding buckets from rank 0's ready order: %s", brg_status_string(st));
+    return;
+  }
+  int same = nl.nbuckets == red->lay.nbuckets &&
+             memcmp(nl.members, red->lay.members, n * sizeof(size_t)) == 0 &&
+             memcmp(nl.bucket_start, red->lay.bucket_start, (nl.nbuckets + 1) * sizeof(size_t)) == 0;
+  if (same) {
+    layout_free(&nl);
+    return;
+  }
+  if (red->view) /* the gradients live in the buckets: carry them over */
+    for (size_t p = 0; p < n; p++)
+      if (red->params[p].count > 0)
+        memcpy(grad_in_bucket(&nl, &red->params[p], p), grad_in_bucket(&red->lay, &red->params[p], p),
+               red->params[p].count * brg_dtype_size(red->params[p].dtype));
+  layout_free(&red->lay);
+  red->lay = nl;
+}
+
+brg_status brg_reducer_finalize(brg_reducer *red) {
+  char nb[256];
+  if (red == NULL) return BRG_ERR_INVALID_ARGUMENT;
+  pthread_mutex_lock(&red->lock);
+  if (red->state != STATE_BACKWARD) {
+    int state = red->state;
+    pthread_mutex_unlock(&red->lock);
+    return fail(red, BRG_ERR_INVALID_USAGE, state == STATE_IDLE
+                                                ? "brg_reducer_finalize called without brg_reducer_prepare"
+                                                : "brg_reducer_finalize called twice at once");
+  }
+  red->state = STATE_FINALIZING;
+  while (red->marks_inflight > 0) pthread_cond_wait(&red->marks_done, &red->lock);
+  pthread_mutex_unlock(&red->lock);
+  /* From here on no other thread touches the pass: mark_ready refuses. */
+
+  if (!red->sync) goto done;
+
+  size_t n = red->nparams;
+  int first = red->nsynced == 0;
+  int agree_used = red->find_unused || (red->static_graph && first);
+
+  /* Settle what backward did not mark, so every bucket launches. */
+  int missing = 0;
+  for (size_t p = 0; p < n; p++) {
+    if (!param_missing(red, p)) continue;
+    if (!agree_used) missing++;
+    /* Zero unless it was used in a no-sync pass since the last sync. */
+    param_pack(red, p, !(agree_used && red->used_local[p]));
+    pthread_mutex_lock(&red->lock);
+    param_settled(red, p);
+    pthread_mutex_unlock(&red->lock);
+  }
+  if (missing > 0) {
+    char msg[ERRLEN];
+    if (red->have_static)
+      snprintf(msg, sizeof(msg),
+               "static graph: %d parameter(s) used in the first step were not marked ready in "
+               "this backward:",
+               missing);
+    else
+      snprintf(msg, sizeof(msg),
+               "%d parameter(s) were not marked ready in this backward (if they are unused on "
+               "purpose, create the reducer with BRG_REDUCER_FIND_UNUSED):",
+               missing);
+    list_missing(red, msg, sizeof(msg));
+    fail_pass(red, BRG_ERR_INVALID_USAGE, "%s", msg);
+  }
+  if (agree_used) {
+    brg_status st = brg_iallreduce(red->used_local, red->used_global, n, BRG_UINT8, BRG_MAX,
+                                   red->comm, &red->used_req);
+    if (st != BRG_SUCCESS)
+      fail_pass(red, st, "agreeing on unused parameters: %s", brg_comm_last_error(red->comm));
+    else
+      red->used_inflight = 1;
+  }
+
+  /* Unpack each bucket as it arrives, overlapping the copies with the
+   * buckets still on the wire. Gradients of a parameter unused here wait
+   * for the agreement: if no rank used it, its gradient is left untouched. */
+  for (size_t b = 0; b < red->lay.nbuckets; b++) {
+    red_bucket *bk = &red->lay.buckets[b];
+    if (!bucket_wait(red, b)) continue;
+    for (size_t k = bk->first; k < bk->first + bk->n; k++) {
+      size_t p = red->lay.members[k];
+      if (agree_used && !red->used_local[p]) continue;
+      if (red->have_static && !red->static_global[p] && !red->view) continue;
+      param_unpack(red, p);
+    }
+  }
+  if (red->used_inflight) {
+    red->used_inflight = 0;
+    brg_status st = brg_wait(&red->used_req);
+    if (st != BRG_SUCCESS) {
+      fail_pass(red, st, "agreeing on unused parameters: %s", brg_comm_last_error(red->comm));
+    } else {
+      for (size_t p = 0; p < n; p++)
+        if (!red->used_local[p] && (red->used_global[p] || red->view)) param_unpack(red, p);
+    }
+  }
+
+  /* Static graph: the ready order must match the first step's. */
+  if (red->have_static && red->pass_status == BRG_SUCCESS) {
+    size_t k = 0;
+    while (k < red->norder && k < red->static_norder && red->order[k] == red->static_order[k]) k++;
+    if (k < red->norder || k < red->static_norder) {
+      char nb2[256];
+      fail_pass(red, BRG_ERR_INVALID_USAGE,
+                "static graph: the ready order changed at position %zu: %s now, %s in the first "
+                "step (gradients were reduced correctly; drop BRG_REDUCER_STATIC_GRAPH if the "
+                "order varies)",
+                k, k < red->norder ? pname(red, red->order[k], nb, sizeof(nb)) : "nothing",
+                k < red->static_norder ? pname(red, red->static_order[k], nb2, sizeof(nb2)) : "nothing");
+    }
+  }
+
+  if (first) first_step_done(red);
+  red->nsynced++;
+  memset(red->used_local, 0, n);
+
+done:
+  pthread_mutex_lock(&red->lock);
+  red->state = STATE_IDLE;
+  brg_status st = red->pass_status;
+  if (st != BRG_SUCCESS) memcpy(red->err, red->pass_err, ERRLEN);
+  pthread_mutex_unlock(&red->lock);
+  return st;
+}

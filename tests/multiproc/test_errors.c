@@ -1,0 +1,816 @@
+/*
+ * Failure behaviour through the public API: bad arguments, corrupted ids,
+ * foreign connections to the bootstrap root, ranks that never arrive, die,
+ * stall or are aborted, mismatched collectives, incomplete environments.
+ * Nothing may hang: every run has a deadline, and every error must come
+ * with a message that names what went wrong.
+ *
+ *   test_errors CASE [N]
+ *
+ * CASE: args garbage garbage_open absent kill stop abort mismatch env.
+ * The transport comes from BRIGADE_TRANSPORTS, the library timeout from
+ * BRIGADE_TIMEOUT_MS (both set per test by meson).
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+extern char **environ;
+
+static int g_timeout_ms;   /* BRIGADE_TIMEOUT_MS of this test */
+
+static double ms_since(int64_t t0) { return (double)(mp_now_ns() - t0) / 1e6; }
+
+static const char *errmsg(const brg_comm *c) {
+  const char *m = brg_comm_last_error(c);
+  return m ? m : "(null)";
+}
+
+static int nonempty(const char *m) { return m && *m; }
+
+/* ------------------------------------------------ simple value checking */
+
+/* Each rank's input: (rank + 1) + (i % 13); the sum is exact in float32. */
+static void fill_in(float *s, size_t count, int rank) {
+  for (size_t i = 0; i < count; i++) s[i] = (float)(rank + 1) + (float)(i % 13);
+}
+
+static int check_sum(const float *r, size_t count, int n, size_t stride, const char *what) {
+  for (size_t i = 0; i < count; i += stride) {
+    float want = (float)(n * (n + 1) / 2) + (float)n * (float)(i % 13);
+    if (r[i] != want) {
+      mp_fail("%s: element %zu is %g, expected %g", what, i, r[i], want);
+      return 0;
+    }
+  }
+  return 1;
+}
+
+static int small_allreduce_ok(brg_comm *c, int rank, int n, const char *what) {
+  float s[1000], r[1000];
+  fill_in(s, 1000, rank);
+  memset(r, 0, sizeof r);
+  brg_status st = brg_allreduce(s, r, 1000, BRG_FLOAT32, BRG_SUM, c, NULL);
+  if (st != BRG_SUCCESS) {
+    mp_fail("%s: allreduce returned %s: %s", what, brg_status_string(st), errmsg(c));
+    return 0;
+  }
+  return check_sum(r, 1000, n, 1, what);
+}
+
+/* ================================================================= args */
+
+/* A bad call must return BRG_ERR_INVALID_ARGUMENT at once with a message. */
+#define EXPECT_INVALID(call, comm_for_msg)                                                  \
+  do {                                                                                       \
+    int64_t t0_ = mp_now_ns();                                                               \
+    brg_status st_ = (call);                                                                 \
+    const char *m_ = brg_comm_last_error(comm_for_msg);                                      \
+    MP_CHECK(st_ == BRG_ERR_INVALID_ARGUMENT, "%s returned %s, expected BRG_ERR_INVALID_ARGUMENT", \
+             #call, brg_status_string(st_));                                                 \
+    MP_CHECK(nonempty(m_), "%s: brg_comm_last_error(%s) is empty", #call, #comm_for_msg);    \
+    MP_CHECK(ms_since(t0_) < 2000, "%s took %.0f ms to fail", #call, ms_since(t0_));         \
+  } while (0)
+
+static int body_args_precomm(mp_ctx *ctx) {
+  const brg_unique_id *id = ctx->id;
+  brg_comm *const SENTINEL = (brg_comm *)(uintptr_t)0x1234;
+  brg_comm *c;
+
+  /* Helpers reject what is out of range. */
+  MP_CHECK(brg_dtype_name((brg_dtype)99) == NULL, "brg_dtype_name(99) is not NULL");
+  MP_CHECK(brg_op_name((brg_op)99) == NULL, "brg_op_name(99) is not NULL");
+  MP_CHECK(brg_dtype_size((brg_dtype)99) == 0, "brg_dtype_size(99) is not 0");
+  MP_CHECK(brg_dtype_size((brg_dtype)-1) == 0, "brg_dtype_size(-1) is not 0");
+  for (int s = BRG_SUCCESS; s <= BRG_ERR_INTERNAL; s++)
+    MP_CHECK(nonempty(brg_status_string((brg_status)s)), "brg_status_string(%d) is empty", s);
+
+  EXPECT_INVALID(brg_get_unique_id(NULL), NULL);
+  EXPECT_INVALID(brg_comm_init(NULL, 1, id, 0), NULL);
+  EXPECT_INVALID(brg_comm_init_env(NULL), NULL);
+
+  struct {
+    int nranks, rank;
+  } bad[] = {{0, 0}, {-1, 0}, {1, 1}, {1, -1}, {2, 5}, {3, 3}, {-5, -5}};
+  for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+    c = SENTINEL;
+    int64_t t0 = mp_now_ns();
+    brg_status st = brg_comm_init(&c, bad[k].nranks, id, bad[k].rank);
+    MP_CHECK(st == BRG_ERR_INVALID_ARGUMENT,
+             "brg_comm_init(nranks=%d, rank=%d) returned %s, expected BRG_ERR_INVALID_ARGUMENT",
+             bad[k].nranks, bad[k].rank, brg_status_string(st));
+    MP_CHECK(nonempty(brg_comm_last_error(NULL)),
+             "brg_comm_init(nranks=%d, rank=%d): brg_comm_last_error(NULL) is empty",
+             bad[k].nranks, bad[k].rank);
+    MP_CHECK(c == SENTINEL, "brg_comm_init(nranks=%d, rank=%d) failed but wrote *comm",
+             bad[k].nranks, bad[k].rank);
+    MP_CHECK(ms_since(t0) < 2000, "brg_comm_init(nranks=%d, rank=%d) took %.0f ms to fail",
+             bad[k].nranks, bad[k].rank, ms_since(t0));
+  }
+  c = SENTINEL;
+  EXPECT_INVALID(brg_comm_init(&c, 1, NULL, 0), NULL);
+  MP_CHECK(c == SENTINEL, "brg_comm_init(id=NULL) failed but wrote *comm");
+
+  /* Corrupted ids: every byte flipped, all zero, and single flipped bytes
+   * spread over the start of the id. */
+  brg_unique_id bad_id;
+  struct {
+    const char *what;
+    int off;      /* -1: all bytes, -2: all zero */
+  } flips[] = {{"every byte flipped", -1}, {"all zero", -2}, {"byte 0 flipped", 0},
+               {"byte 1 flipped", 1},      {"byte 5 flipped", 5}, {"byte 9 flipped", 9},
+               {"byte 17 flipped", 17},    {"byte 24 flipped", 24}, {"byte 40 flipped", 40},
+               {"byte 63 flipped", 63}};
+  for (size_t k = 0; k < sizeof flips / sizeof flips[0]; k++) {
+    memcpy(&bad_id, id, sizeof bad_id);
+    if (flips[k].off == -1)
+      for (size_t b = 0; b < sizeof bad_id; b++) bad_id.internal[b] ^= (char)0xff;
+    else if (flips[k].off == -2)
+      memset(&bad_id, 0, sizeof bad_id);
+    else
+      bad_id.internal[flips[k].off] ^= (char)0x5a;
+    c = SENTINEL;
+    int64_t t0 = mp_now_ns();
+    brg_status st = brg_comm_init(&c, 1, &bad_id, 0);
+    MP_CHECK(st == BRG_ERR_INVALID_ARGUMENT,
+             "brg_comm_init with a corrupted id (%s) returned %s, expected "
+             "BRG_ERR_INVALID_ARGUMENT", flips[k].what, brg_status_string(st));
+    MP_CHECK(nonempty(brg_comm_last_error(NULL)),
+             "corrupted id (%s): brg_comm_last_error(NULL) is empty", flips[k].what);
+    MP_CHECK(c == SENTINEL, "corrupted id (%s): failed but wrote *comm", flips[k].what);
+    MP_CHECK(ms_since(t0) < 2000, "corrupted id (%s): took %.0f ms to fail", flips[k].what,
+             ms_since(t0));
+    if (st == BRG_SUCCESS && c != SENTINEL) brg_comm_destroy(c);
+  }
+
+  /* The untouched id still works after all that. */
+  c = NULL;
+  brg_status st = brg_comm_init(&c, 1, id, 0);
+  if (st != BRG_SUCCESS) {
+    mp_fail("brg_comm_init with the good id after the bad calls: %s: %s", brg_status_string(st),
+            errmsg(NULL));
+    return 1;
+  }
+  small_allreduce_ok(c, 0, 1, "allreduce after bad init calls");
+  st = brg_comm_destroy(c);
+  MP_CHECK(st == BRG_SUCCESS, "brg_comm_destroy: %s", brg_status_string(st));
+  return 0;
+}
+
+static int body_args_comm(mp_ctx *ctx) {
+  brg_comm *c = ctx->comm;
+  int n = ctx->nranks;
+  float s[64], r[64 * MP_MAX_RANKS];
+  fill_in(s, 64, ctx->rank);
+  const brg_dtype BADT = (brg_dtype)99, BADT2 = (brg_dtype)-1;
+  const brg_op BADO = (brg_op)99, BADO2 = (brg_op)-1;
+
+  /* Every rank makes the same bad calls; each must fail locally. */
+  EXPECT_INVALID(brg_allreduce(NULL, r, 10, BRG_FLOAT32, BRG_SUM, c, NULL), c);
+  EXPECT_INVALID(brg_allreduce(s, NULL, 10, BRG_FLOAT32, BRG_SUM, c, NULL), c);
+  EXPECT_INVALID(brg_allreduce(s, r, 10, BADT, BRG_SUM, c, NULL), c);
+  EXPECT_INVALID(brg_allreduce(s, r, 10, BADT2, BRG_SUM, c, NULL), c);
+  EXPECT_INVALID(brg_allreduce(s, r, 10, BRG_FLOAT32, BADO, c, NULL), c);
+  EXPECT_INVALID(brg_allreduce(s, r, 10, BRG_FLOAT32, BADO2, c, NULL), c);
+  EXPECT_INVALID(brg_allreduce(s, r, 10, BRG_FLOAT32, BRG_SUM, NULL, NULL), NULL);
+
+  EXPECT_INVALID(brg_reduce_scatter(NULL, r, 10, BRG_FLOAT32, BRG_SUM, c, NULL), c);
+  EXPECT_INVALID(brg_reduce_scatter(s, NULL, 10, BRG_FLOAT32, BRG_SUM, c, NULL), c);
+  EXPECT_INVALID(brg_reduce_scatter(s, r, 10, BADT, BRG_SUM, c, NULL), c);
+  EXPECT_INVALID(brg_reduce_scatter(s, r, 10, BRG_FLOAT32, BADO, c, NULL), c);
+  EXPECT_INVALID(brg_reduce_scatter(s, r, 10, BRG_FLOAT32, BRG_SUM, NULL, NULL), NULL);
+
+  EXPECT_INVALID(brg_all_gather(NULL, r, 10, BRG_FLOAT32, c, NULL), c);
+  EXPECT_INVALID(brg_all_gather(s, NULL, 10, BRG_FLOAT32, c, NULL), c);
+  EXPECT_INVALID(brg_all_gather(s, r, 10, BADT, c, NULL), c);
+  EXPECT_INVALID(brg_all_gather(s, r, 10, BRG_FLOAT32, NULL, NULL), NULL);
+
+  /* (A NULL sendbuf is legal on non-root ranks, so it is not tried here.) */
+  EXPECT_INVALID(brg_broadcast(s, NULL, 10, BRG_FLOAT32, 0, c, NULL), c);
+  EXPECT_INVALID(brg_broadcast(s, r, 10, BADT, 0, c, NULL), c);
+  EXPECT_INVALID(brg_broadcast(s, r, 10, BRG_FLOAT32, -1, c, NULL), c);
+  EXPECT_INVALID(brg_broadcast(s, r, 10, BRG_FLOAT32, n, c, NULL), c);
+  EXPECT_INVALID(brg_broadcast(s, r, 10, BRG_FLOAT32, 0, NULL, NULL), NULL);
+
+  /* (A NULL recvbuf is legal on non-root ranks, so it is not tried here.) */
+  EXPECT_INVALID(brg_reduce(NULL, r, 10, BRG_FLOAT32, BRG_SUM, 0, c, NULL), c);
+  EXPECT_INVALID(brg_reduce(s, r, 10, BADT, BRG_SUM, 0, c, NULL), c);
+  EXPECT_INVALID(brg_reduce(s, r, 10, BRG_FLOAT32, BADO, 0, c, NULL), c);
+  EXPECT_INVALID(brg_reduce(s, r, 10, BRG_FLOAT32, BRG_SUM, -1, c, NULL), c);
+  EXPECT_INVALID(brg_reduce(s, r, 10, BRG_FLOAT32, BRG_SUM, n, c, NULL), c);
+  EXPECT_INVALID(brg_reduce(s, r, 10, BRG_FLOAT32, BRG_SUM, 0, NULL, NULL), NULL);
+
+  EXPECT_INVALID(brg_barrier(NULL), NULL);
+
+  brg_request req;
+  EXPECT_INVALID(brg_iallreduce(NULL, r, 10, BRG_FLOAT32, BRG_SUM, c, &req), c);
+  EXPECT_INVALID(brg_iallreduce(s, NULL, 10, BRG_FLOAT32, BRG_SUM, c, &req), c);
+  EXPECT_INVALID(brg_iallreduce(s, r, 10, BADT, BRG_SUM, c, &req), c);
+  EXPECT_INVALID(brg_iallreduce(s, r, 10, BRG_FLOAT32, BADO, c, &req), c);
+  EXPECT_INVALID(brg_iallreduce(s, r, 10, BRG_FLOAT32, BRG_SUM, c, NULL), c);
+  EXPECT_INVALID(brg_iallreduce(s, r, 10, BRG_FLOAT32, BRG_SUM, NULL, &req), NULL);
+  int done = 0;
+  EXPECT_INVALID(brg_test(NULL, &done), NULL);
+  EXPECT_INVALID(brg_wait(NULL), NULL);
+
+  int v = -7;
+  uint64_t b = 777;
+  EXPECT_INVALID(brg_comm_rank(NULL, &v), NULL);
+  EXPECT_INVALID(brg_comm_rank(c, NULL), c);
+  EXPECT_INVALID(brg_comm_size(NULL, &v), NULL);
+  EXPECT_INVALID(brg_comm_size(c, NULL), c);
+  MP_CHECK(v == -7, "brg_comm_rank/size failed but wrote their output (%d)", v);
+  EXPECT_INVALID(brg_comm_bytes_sent(NULL, &b), NULL);
+  EXPECT_INVALID(brg_comm_bytes_sent(c, NULL), c);
+  MP_CHECK(b == 777, "brg_comm_bytes_sent failed but wrote its output");
+  EXPECT_INVALID(brg_comm_abort(NULL), NULL);
+
+  /* The communicator is still in step and works. */
+  small_allreduce_ok(c, ctx->rank, n, "allreduce after the bad calls");
+  brg_status st = brg_barrier(c);
+  MP_CHECK(st == BRG_SUCCESS, "barrier after the bad calls: %s: %s", brg_status_string(st),
+           errmsg(c));
+  return 0;
+}
+
+static int case_args(int n) {
+  int bad = 0;
+  mp_opts o = {.name = "args: before a communicator", .nranks = 1, .deadline_ms = 30000,
+               .init = MP_INIT_NONE};
+  bad |= mp_run(&o, body_args_precomm, NULL);
+  mp_opts o2 = {.name = "args: on a communicator", .nranks = n, .deadline_ms = 60000,
+                .init = MP_INIT_ID};
+  bad |= mp_run(&o2, body_args_comm, NULL);
+  return bad;
+}
+
+/* ============================================================== garbage */
+
+typedef struct garbage_arg {
+  int port;
+  int keep_open;   /* hold every connection open until the ranks are done */
+  int nranks;
+} garbage_arg;
+
+static int connect_port(int port, int timeout_ms) {
+  int64_t end = mp_now_ns() + (int64_t)timeout_ms * 1000000;
+  for (;;) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0) return fd;
+    if (fd >= 0) close(fd);
+    if (mp_now_ns() > end) return -1;
+    mp_sleep_ms(10);
+  }
+}
+
+static void send_all(int fd, const void *p, size_t len) {
+  const char *c = p;
+  while (len > 0) {
+    ssize_t k = send(fd, c, len, MSG_NOSIGNAL);
+    if (k <= 0) return; /* the root may hang up on us: that is fine */
+    c += k;
+    len -= (size_t)k;
+  }
+}
+
+static void *garbage_thread(void *argp) {
+  garbage_arg *g = argp;
+  mp_shared *sh = mp_shared_area();
+  int fds[16], nfd = 0;
+  int fd = connect_port(g->port, 20000);
+  if (fd < 0) {
+    fprintf(stderr, "[garbage] could not connect to the root at port %d\n", g->port);
+    __atomic_store_n(&sh->flags[0], 2, __ATOMIC_RELEASE);
+    return NULL;
+  }
+  fds[nfd++] = fd;
+  /* 1: random bytes */
+  static unsigned char junk[1 << 20];
+  uint64_t x = 0x243f6a8885a308d3ull;
+  for (size_t i = 0; i < sizeof junk; i++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    junk[i] = (unsigned char)x;
+  }
+  send_all(fd, junk, 4096);
+  /* 2: all ones (huge lengths wherever a length is read) */
+  static const unsigned char ones[64] = {
+      0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+      0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+      0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+      0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+      0xff, 0xff, 0xff, 0xff};
+  if ((fd = connect_port(g->port, 2000)) >= 0) {
+    fds[nfd++] = fd;
+    send_all(fd, ones, sizeof ones);
+  }
+  /* 3: a plausible magic in both byte orders, then huge lengths and ranks */
+  unsigned char hdr[64];
+  memset(hdr, 0xff, sizeof hdr);
+  memcpy(hdr, "BRG11GRB", 8);
+  uint32_t bigrank = 0x7fffffff;
+  memcpy(hdr + 24, &bigrank, 4);
+  if ((fd = connect_port(g->port, 2000)) >= 0) {
+    fds[nfd++] = fd;
+    send_all(fd, hdr, sizeof hdr);
+  }
+  /* 4: a different protocol */
+  static const char http[] = "GET / HTTP/1.1\r\nHost: localhost\r\n\r\n";
+  if ((fd = connect_port(g->port, 2000)) >= 0) {
+    fds[nfd++] = fd;
+    send_all(fd, http, sizeof http - 1);
+  }
+  /* 5: a megabyte of noise */
+  if ((fd = connect_port(g->port, 2000)) >= 0) {
+    fds[nfd++] = fd;
+    send_all(fd, junk, sizeof junk);
+  }
+  /* 6: connect and say nothing (only left open in garbage_open) */
+  if ((fd = connect_port(g->port, 2000)) >= 0) fds[nfd++] = fd;
+  /* 7: a few bytes, then silence */
+  if ((fd = connect_port(g->port, 2000)) >= 0) {
+    fds[nfd++] = fd;
+    send_all(fd, "BRG1", 4);
+  }
+  if (!g->keep_open) {
+    for (int i = 0; i < nfd; i++) close(fds[i]);
+    nfd = 0;
+  }
+  __atomic_store_n(&sh->flags[0], 1, __ATOMIC_RELEASE);
+  if (g->keep_open) {
+    /* until every rank is through (or gave up) */
+    int64_t end = mp_now_ns() + 60 * 1000000000LL;
+    while (__atomic_load_n(&sh->flags[1], __ATOMIC_ACQUIRE) < g->nranks && mp_now_ns() < end)
+      mp_sleep_ms(10);
+    for (int i = 0; i < nfd; i++) close(fds[i]);
+  }
+  return NULL;
+}
+
+static int body_garbage(mp_ctx *ctx) {
+  mp_shared *sh = ctx->shared;
+  const garbage_arg *g = ctx->arg;
+  char buf[32];
+  if (ctx->rank != 0) {
+    /* The others join only after the garbage went in. */
+    if (!mp_wait_flag(0, 30000) || __atomic_load_n(&sh->flags[0], __ATOMIC_ACQUIRE) != 1) {
+      mp_fail("the garbage sender never got through to the root");
+      __atomic_fetch_add(&sh->flags[1], 1, __ATOMIC_ACQ_REL);
+      return 1;
+    }
+  }
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  snprintf(buf, sizeof buf, "%d", g->port);
+  setenv("MASTER_PORT", buf, 1);
+  snprintf(buf, sizeof buf, "%d", ctx->rank);
+  setenv("RANK", buf, 1);
+  setenv("LOCAL_RANK", buf, 1);
+  snprintf(buf, sizeof buf, "%d", ctx->nranks);
+  setenv("WORLD_SIZE", buf, 1);
+  setenv("LOCAL_WORLD_SIZE", buf, 1);
+  brg_comm *c = NULL;
+  int64_t t0 = mp_now_ns();
+  brg_status st = brg_comm_init_env(&c);
+  if (st != BRG_SUCCESS) {
+    mp_fail("brg_comm_init_env after garbage at the root: %s: %s (after %.0f ms)",
+            brg_status_string(st), errmsg(NULL), ms_since(t0));
+    __atomic_fetch_add(&sh->flags[1], 1, __ATOMIC_ACQ_REL);
+    return 1;
+  }
+  small_allreduce_ok(c, ctx->rank, ctx->nranks, "allreduce after garbage at the root");
+  st = brg_comm_destroy(c);
+  MP_CHECK(st == BRG_SUCCESS, "brg_comm_destroy: %s", brg_status_string(st));
+  __atomic_fetch_add(&sh->flags[1], 1, __ATOMIC_ACQ_REL);
+  return 0;
+}
+
+static int case_garbage(int n, int keep_open) {
+  garbage_arg g = {.port = mp_free_port(), .keep_open = keep_open, .nranks = n};
+  if (g.port <= 0) {
+    fprintf(stderr, "no free port\n");
+    return 1;
+  }
+  mp_opts o = {.name = keep_open ? "foreign connections left open at the root"
+                                 : "garbage sent to the root",
+               .nranks = n, .deadline_ms = 30000, .init = MP_INIT_BARE,
+               .parent_thread = garbage_thread, .parent_arg = &g};
+  return mp_run(&o, body_garbage, &g);
+}
+
+/* =============================================================== absent */
+
+static int body_absent(mp_ctx *ctx) {
+  int absent = *(const int *)ctx->arg;
+  if (ctx->rank == absent) return 0; /* never shows up */
+  brg_comm *const SENTINEL = (brg_comm *)(uintptr_t)0x1234;
+  brg_comm *c = SENTINEL;
+  int64_t t0 = mp_now_ns();
+  brg_status st = brg_comm_init(&c, ctx->nranks, ctx->id, ctx->rank);
+  double el = ms_since(t0);
+  const char *m = errmsg(NULL);
+  if (st == BRG_SUCCESS) {
+    mp_fail("brg_comm_init succeeded although rank %d never arrived", absent);
+    if (c && c != SENTINEL) brg_comm_destroy(c);
+    return 1;
+  }
+  MP_CHECK(st == BRG_ERR_TIMEOUT, "brg_comm_init without rank %d: %s, expected BRG_ERR_TIMEOUT: %s",
+           absent, brg_status_string(st), m);
+  MP_CHECK(el <= g_timeout_ms + 5000.0, "brg_comm_init took %.0f ms to time out (timeout %d ms)",
+           el, g_timeout_ms);
+  MP_CHECK(mp_names_rank(m, absent), "the timeout message does not name rank %d: \"%s\"", absent,
+           m);
+  MP_CHECK(c == SENTINEL, "brg_comm_init failed but wrote *comm");
+  return 0;
+}
+
+static int case_absent(int n) {
+  int bad = 0;
+  int absent[2] = {n - 1, 0};
+  for (int k = 0; k < 2; k++) {
+    char name[64];
+    snprintf(name, sizeof name, "rank %d never arrives", absent[k]);
+    mp_opts o = {.name = name, .nranks = n, .deadline_ms = g_timeout_ms + 20000,
+                 .init = MP_INIT_NONE};
+    bad |= mp_run(&o, body_absent, &absent[k]);
+  }
+  return bad;
+}
+
+/* ======================================================== kill and stop */
+
+#define LOOP_COUNT (1u << 21)   /* 8 MiB of float32 per allreduce */
+#define VICTIM 1
+
+static int body_victim_loop(mp_ctx *ctx) {
+  int sig = *(const int *)ctx->arg;
+  mp_shared *sh = ctx->shared;
+  brg_comm *c = ctx->comm;
+  float *s = malloc(LOOP_COUNT * sizeof(float)), *r = malloc(LOOP_COUNT * sizeof(float));
+  if (!s || !r) return 1;
+  fill_in(s, LOOP_COUNT, ctx->rank);
+  memset(r, 0, LOOP_COUNT * sizeof(float));
+  brg_status st = BRG_SUCCESS;
+  int64_t start = mp_now_ns();
+  int iter = 0;
+  for (;;) {
+    st = brg_allreduce(s, r, LOOP_COUNT, BRG_FLOAT32, BRG_SUM, c, NULL);
+    if (st != BRG_SUCCESS) break;
+    if (!check_sum(r, LOOP_COUNT, ctx->nranks, 997, "allreduce in the loop")) break;
+    __atomic_store_n(&sh->progress[ctx->rank], ++iter, __ATOMIC_RELEASE);
+    if (mp_now_ns() - start > 60 * 1000000000LL) {
+      mp_fail("still no error 60 s after the loop started (rank %d was %s)", VICTIM,
+              sig == SIGKILL ? "killed" : "stopped");
+      break;
+    }
+  }
+  int64_t t_err = mp_now_ns(), t_sig = __atomic_load_n(&sh->signal_ns, __ATOMIC_ACQUIRE);
+  if (st != BRG_SUCCESS) {
+    const char *m = errmsg(c);
+    double el = t_sig ? (double)(t_err - t_sig) / 1e6 : -1;
+    if (!t_sig) {
+      mp_fail("allreduce failed before rank %d was signalled: %s: %s", VICTIM,
+              brg_status_string(st), m);
+    } else {
+      if (sig == SIGKILL)
+        MP_CHECK(st == BRG_ERR_REMOTE || st == BRG_ERR_TIMEOUT,
+                 "after rank %d was killed: %s, expected BRG_ERR_REMOTE or BRG_ERR_TIMEOUT: %s",
+                 VICTIM, brg_status_string(st), m);
+      else
+        MP_CHECK(st == BRG_ERR_TIMEOUT || st == BRG_ERR_REMOTE,
+                 "after rank %d was stopped: %s, expected BRG_ERR_TIMEOUT: %s", VICTIM,
+                 brg_status_string(st), m);
+      MP_CHECK(el <= g_timeout_ms + 3000.0,
+               "the error came %.0f ms after rank %d was signalled (timeout %d ms)", el, VICTIM,
+               g_timeout_ms);
+      MP_CHECK(mp_names_rank(m, VICTIM), "the error message does not name rank %d: \"%s\"",
+               VICTIM, m);
+    }
+    sh->vals[ctx->rank] = st;
+    /* A broken communicator answers further calls with an error, promptly. */
+    int64_t t1 = mp_now_ns();
+    brg_status st2 = brg_allreduce(s, r, 1000, BRG_FLOAT32, BRG_SUM, c, NULL);
+    MP_CHECK(st2 != BRG_SUCCESS, "an allreduce after the failure succeeded");
+    MP_CHECK(ms_since(t1) <= g_timeout_ms + 3000.0,
+             "an allreduce after the failure took %.0f ms to return", ms_since(t1));
+  }
+  __atomic_fetch_add(&sh->flags[0], 1, __ATOMIC_ACQ_REL);
+  /* destroy must come back, whatever it says about the dead peer */
+  brg_comm_destroy(c);
+  ctx->comm = NULL;
+  if (sig == SIGSTOP && ctx->rank == 0) {
+    /* Stalls are found by timeouts: at least one rank must report one. */
+    int survivors = ctx->nranks - 1;
+    int64_t end = mp_now_ns() + (int64_t)(g_timeout_ms + 10000) * 1000000;
+    while (__atomic_load_n(&sh->flags[0], __ATOMIC_ACQUIRE) < survivors && mp_now_ns() < end)
+      mp_sleep_ms(5);
+    int timeouts = 0;
+    for (int q = 0; q < ctx->nranks; q++)
+      if (q != VICTIM && sh->vals[q] == BRG_ERR_TIMEOUT) timeouts++;
+    MP_CHECK(timeouts > 0, "no rank reported BRG_ERR_TIMEOUT for the stopped rank %d", VICTIM);
+  }
+  free(s);
+  free(r);
+  return 0;
+}
+
+static int case_victim(int n, int sig) {
+  char name[96];
+  snprintf(name, sizeof name, "rank %d %s in an allreduce loop", VICTIM,
+           sig == SIGKILL ? "killed" : "stopped");
+  mp_opts o = {.name = name, .nranks = n, .deadline_ms = g_timeout_ms * 2 + 60000,
+               .init = MP_INIT_ID, .victim = VICTIM, .victim_signal = sig,
+               .victim_after = 2, .victim_delay_ms = 7};
+  return mp_run(&o, body_victim_loop, &sig);
+}
+
+/* ================================================================ abort */
+
+typedef struct abort_arg {
+  brg_comm *comm;
+  int delay_ms;
+  brg_status st;
+} abort_arg;
+
+static void *abort_thread(void *p) {
+  abort_arg *a = p;
+  mp_sleep_ms(a->delay_ms);
+  a->st = brg_comm_abort(a->comm);
+  return NULL;
+}
+
+static int body_abort(mp_ctx *ctx) {
+  int use_wait = *(const int *)ctx->arg;
+  mp_shared *sh = ctx->shared;
+  brg_comm *c = ctx->comm;
+  if (ctx->rank != 0) {
+    /* never calls the collective; leaves once rank 0 is done */
+    if (!mp_wait_flag(0, 60000)) mp_fail("rank 0 never finished");
+    brg_comm_destroy(c);
+    ctx->comm = NULL;
+    return 0;
+  }
+  static float s[4096], r[4096];
+  fill_in(s, 4096, 0);
+  abort_arg a = {.comm = c, .delay_ms = 300, .st = BRG_ERR_INTERNAL};
+  pthread_t t;
+  pthread_create(&t, NULL, abort_thread, &a);
+  int64_t t0 = mp_now_ns();
+  brg_status st;
+  const char *what;
+  if (use_wait) {
+    brg_request req;
+    what = "brg_wait";
+    st = brg_iallreduce(s, r, 4096, BRG_FLOAT32, BRG_SUM, c, &req);
+    if (st == BRG_SUCCESS)
+      st = brg_wait(&req);
+    else
+      mp_fail("brg_iallreduce: %s: %s", brg_status_string(st), errmsg(c));
+  } else {
+    what = "brg_allreduce";
+    st = brg_allreduce(s, r, 4096, BRG_FLOAT32, BRG_SUM, c, NULL);
+  }
+  double el = ms_since(t0);
+  pthread_join(t, NULL);
+  MP_CHECK(a.st == BRG_SUCCESS, "brg_comm_abort from another thread returned %s",
+           brg_status_string(a.st));
+  MP_CHECK(st == BRG_ERR_ABORTED, "%s returned %s after brg_comm_abort, expected "
+           "BRG_ERR_ABORTED: %s", what, brg_status_string(st), errmsg(c));
+  MP_CHECK(el >= 250, "%s returned after %.0f ms, before the abort at 300 ms", what, el);
+  MP_CHECK(el <= 3300, "%s returned %.0f ms after it started (abort at 300 ms)", what, el);
+  MP_CHECK(nonempty(brg_comm_last_error(c)), "no message after the abort");
+  int64_t t1 = mp_now_ns();
+  st = brg_allreduce(s, r, 16, BRG_FLOAT32, BRG_SUM, c, NULL);
+  MP_CHECK(st != BRG_SUCCESS, "an allreduce on an aborted communicator succeeded");
+  MP_CHECK(ms_since(t1) < 3000, "an allreduce on an aborted communicator took %.0f ms",
+           ms_since(t1));
+  st = brg_comm_destroy(c);
+  MP_CHECK(st == BRG_SUCCESS, "brg_comm_destroy after brg_comm_abort: %s", brg_status_string(st));
+  ctx->comm = NULL;
+  __atomic_store_n(&sh->flags[0], 1, __ATOMIC_RELEASE);
+  return 0;
+}
+
+static int case_abort(int n) {
+  int bad = 0;
+  for (int w = 0; w < 2; w++) {
+    mp_opts o = {.name = w ? "brg_comm_abort unblocks brg_wait"
+                           : "brg_comm_abort unblocks brg_allreduce",
+                 .nranks = n, .deadline_ms = 60000, .init = MP_INIT_ID};
+    bad |= mp_run(&o, body_abort, &w);
+  }
+  return bad;
+}
+
+/* ============================================================= mismatch */
+
+enum { MM_COUNT, MM_KIND, MM_DTYPE, MM_OP, MM_N };
+static const char *MM_NAMES[MM_N] = {"count 100 vs 200", "allreduce vs broadcast",
+                                     "float32 vs int32", "sum vs max"};
+
+static int names_both(int kind, const char *m) {
+  switch (kind) {
+    case MM_COUNT: return mp_contains(m, "100") && mp_contains(m, "200");
+    case MM_KIND:
+      return (mp_contains(m, "allreduce") || mp_contains(m, "all_reduce") ||
+              mp_contains(m, "all-reduce")) &&
+             (mp_contains(m, "broadcast") || mp_contains(m, "bcast"));
+    case MM_DTYPE: return mp_contains(m, "float32") && mp_contains(m, "int32");
+    default: return mp_contains(m, "sum") && mp_contains(m, "max");
+  }
+}
+
+static int body_mismatch(mp_ctx *ctx) {
+  int kind = *(const int *)ctx->arg;
+  mp_shared *sh = ctx->shared;
+  brg_comm *c = ctx->comm;
+  static int32_t s[200], r[200];
+  for (int i = 0; i < 200; i++) s[i] = ctx->rank + i;
+  int first = ctx->rank == 0;
+  brg_status st;
+  switch (kind) {
+    case MM_COUNT:
+      st = brg_allreduce(s, r, first ? 100 : 200, BRG_FLOAT32, BRG_SUM, c, NULL);
+      break;
+    case MM_KIND:
+      st = first ? brg_allreduce(s, r, 100, BRG_FLOAT32, BRG_SUM, c, NULL)
+                 : brg_broadcast(s, r, 100, BRG_FLOAT32, 0, c, NULL);
+      break;
+    case MM_DTYPE:
+      st = brg_allreduce(s, r, 100, first ? BRG_FLOAT32 : BRG_INT32, BRG_SUM, c, NULL);
+      break;
+    default:
+      st = brg_allreduce(s, r, 100, BRG_FLOAT32, first ? BRG_SUM : BRG_MAX, c, NULL);
+  }
+  const char *m = errmsg(c);
+  MP_CHECK(st == BRG_ERR_MISMATCH || st == BRG_ERR_REMOTE,
+           "mismatched call (%s) returned %s, expected BRG_ERR_MISMATCH or BRG_ERR_REMOTE: %s",
+           MM_NAMES[kind], brg_status_string(st), m);
+  if (st == BRG_ERR_MISMATCH)
+    MP_CHECK(names_both(kind, m), "the mismatch message does not name both calls (%s): \"%s\"",
+             MM_NAMES[kind], m);
+  sh->vals[ctx->rank] = st;
+  __atomic_fetch_add(&sh->flags[0], 1, __ATOMIC_ACQ_REL);
+  if (ctx->rank == 0) {
+    int64_t end = mp_now_ns() + 20 * 1000000000LL;
+    while (__atomic_load_n(&sh->flags[0], __ATOMIC_ACQUIRE) < ctx->nranks && mp_now_ns() < end)
+      mp_sleep_ms(5);
+    int mm = 0;
+    for (int q = 0; q < ctx->nranks; q++) mm += sh->vals[q] == BRG_ERR_MISMATCH;
+    MP_CHECK(mm > 0, "no rank reported BRG_ERR_MISMATCH (%s)", MM_NAMES[kind]);
+  }
+  brg_comm_destroy(c);
+  ctx->comm = NULL;
+  return 0;
+}
+
+static int case_mismatch(int n) {
+  int bad = 0;
+  for (int k = 0; k < MM_N; k++) {
+    char name[96];
+    snprintf(name, sizeof name, "mismatch: %s", MM_NAMES[k]);
+    mp_opts o = {.name = name, .nranks = n, .deadline_ms = 30000, .init = MP_INIT_ID};
+    bad |= mp_run(&o, body_mismatch, &k);
+  }
+  return bad;
+}
+
+/* ================================================================== env */
+
+typedef struct env_case {
+  const char *what;
+  const char *addr, *port, *rank, *size;  /* NULL: unset; "$PORT": a free port */
+  const char *must_name;                   /* variable the message must name; NULL: any of them */
+  int ok;                                  /* expected to succeed */
+} env_case;
+
+static void clear_launcher_env(void) {
+  static const char *prefixes[] = {"MASTER_ADDR=", "MASTER_PORT=", "RANK=", "WORLD_SIZE=",
+                                   "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "GROUP_RANK=",
+                                   "OMPI_", "PMI", "SLURM_", "MV2_", "PMIX"};
+  for (;;) {
+    int again = 0;
+    for (char **e = environ; *e && !again; e++) {
+      for (size_t k = 0; k < sizeof prefixes / sizeof prefixes[0]; k++) {
+        if (strncmp(*e, prefixes[k], strlen(prefixes[k])) != 0) continue;
+        char name[256];
+        size_t l = strcspn(*e, "=");
+        if (l >= sizeof name) continue;
+        memcpy(name, *e, l);
+        name[l] = 0;
+        unsetenv(name);
+        again = 1;
+        break;
+      }
+    }
+    if (!again) break;
+  }
+}
+
+static int body_env(mp_ctx *ctx) {
+  const env_case *ec = ctx->arg;
+  char port[16];
+  snprintf(port, sizeof port, "%d", mp_free_port());
+  clear_launcher_env();
+#define SETV(var, v) \
+  if (v) setenv(var, strcmp(v, "$PORT") == 0 ? port : v, 1)
+  SETV("MASTER_ADDR", ec->addr);
+  SETV("MASTER_PORT", ec->port);
+  SETV("RANK", ec->rank);
+  SETV("WORLD_SIZE", ec->size);
+#undef SETV
+  brg_comm *const SENTINEL = (brg_comm *)(uintptr_t)0x1234;
+  brg_comm *c = SENTINEL;
+  int64_t t0 = mp_now_ns();
+  brg_status st = brg_comm_init_env(&c);
+  const char *m = errmsg(NULL);
+  if (ec->ok) {
+    if (st != BRG_SUCCESS) {
+      mp_fail("%s: brg_comm_init_env: %s: %s", ec->what, brg_status_string(st), m);
+      return 1;
+    }
+    small_allreduce_ok(c, 0, 1, "allreduce on an env communicator");
+    st = brg_comm_destroy(c);
+    MP_CHECK(st == BRG_SUCCESS, "brg_comm_destroy: %s", brg_status_string(st));
+    return 0;
+  }
+  if (st == BRG_SUCCESS) {
+    mp_fail("%s: brg_comm_init_env succeeded", ec->what);
+    brg_comm_destroy(c);
+    return 1;
+  }
+  MP_CHECK(st != BRG_IN_PROGRESS, "%s: brg_comm_init_env returned BRG_IN_PROGRESS", ec->what);
+  MP_CHECK(c == SENTINEL, "%s: brg_comm_init_env failed but wrote *comm", ec->what);
+  MP_CHECK(ms_since(t0) < 5000, "%s: brg_comm_init_env took %.0f ms to fail", ec->what,
+           ms_since(t0));
+  if (ec->must_name) {
+    MP_CHECK(strstr(m, ec->must_name) != NULL, "%s: the message does not name %s: \"%s\"",
+             ec->what, ec->must_name, m);
+  } else {
+    MP_CHECK(strstr(m, "MASTER_ADDR") || strstr(m, "MASTER_PORT") || strstr(m, "RANK") ||
+                 strstr(m, "WORLD_SIZE"),
+             "%s: the message names no variable: \"%s\"", ec->what, m);
+  }
+  return 0;
+}
+
+static int case_env(void) {
+  static const env_case cases[] = {
+      {"nothing set", NULL, NULL, NULL, NULL, NULL, 0},
+      {"MASTER_ADDR missing", NULL, "$PORT", "0", "1", "MASTER_ADDR", 0},
+      {"MASTER_PORT missing", "127.0.0.1", NULL, "0", "1", "MASTER_PORT", 0},
+      {"RANK missing", "127.0.0.1", "$PORT", NULL, "1", "RANK", 0},
+      {"WORLD_SIZE missing", "127.0.0.1", "$PORT", "0", NULL, "WORLD_SIZE", 0},
+      {"RANK not a number", "127.0.0.1", "$PORT", "abc", "1", "RANK", 0},
+      {"WORLD_SIZE zero", "127.0.0.1", "$PORT", "0", "0", "WORLD_SIZE", 0},
+      {"RANK >= WORLD_SIZE", "127.0.0.1", "$PORT", "1", "1", "RANK", 0},
+      {"MASTER_PORT out of range", "127.0.0.1", "99999", "0", "1", "MASTER_PORT", 0},
+      {"everything set", "127.0.0.1", "$PORT", "0", "1", NULL, 1},
+  };
+  int bad = 0;
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    char name[96];
+    snprintf(name, sizeof name, "init_env: %s", cases[k].what);
+    mp_opts o = {.name = name, .nranks = 1, .deadline_ms = 20000, .init = MP_INIT_BARE};
+    bad |= mp_run(&o, body_env, (void *)&cases[k]);
+  }
+  return bad;
+}
+
+/* ================================================================= main */
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: %s args|garbage|garbage_open|absent|kill|stop|abort|mismatch|env [N]\n",
+            argv[0]);
+    return 2;
+  }
+  const char *c = argv[1];
+  int n = argc > 2 ? atoi(argv[2]) : 2;
+  g_timeout_ms = mp_env_int("BRIGADE_TIMEOUT_MS", 0);
+  if (g_timeout_ms <= 0 && (!strcmp(c, "absent") || !strcmp(c, "kill") || !strcmp(c, "stop"))) {
+    fprintf(stderr, "%s needs BRIGADE_TIMEOUT_MS\n", c);
+    return 2;
+  }
+  if (!strcmp(c, "args")) return case_args(n);
+  if (!strcmp(c, "garbage")) return case_garbage(n, 0);
+  if (!strcmp(c, "garbage_open")) return case_garbage(n, 1);
+  if (!strcmp(c, "absent")) return case_absent(n);
+  if (!strcmp(c, "kill")) return case_victim(n, SIGKILL);
+  if (!strcmp(c, "stop")) return case_victim(n, SIGSTOP);
+  if (!strcmp(c, "abort")) return case_abort(n);
+  if (!strcmp(c, "mismatch")) return case_mismatch(n);
+  if (!strcmp(c, "env")) return case_env();
+  fprintf(stderr, "unknown case %s\n", c);
+  return 2;
+}
