@@ -60,6 +60,7 @@ struct brg_comm {
   brg__conn send, recv;        /* to next, from prev */
   int send_open, recv_open;    /* setup started: close() owed */
   uint64_t send_pos, recv_pos; /* slots posted to next / consumed from prev */
+  uint64_t send_head;          /* next's head as last read */
   int nslots;
   size_t slot_bytes;
   int timeout_ms;

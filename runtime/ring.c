@@ -124,19 +124,26 @@ typedef struct ring_op {
   size_t slice_elems;
 } ring_op;
 
-/* Waits for a free slot in the FIFO to the next rank. */
-static brg_status send_acquire(ring_op *o, char **slot) {
+/* Waits for a free slot in the FIFO to the next rank; small slices go in
+ * the slot header itself. The receiver's head is re-read only when the
+ * last value seen says the FIFO is full. */
+static brg_status send_acquire(ring_op *o, size_t bytes, char **slot) {
   brg_comm *c = o->c;
   brg__fifo *f = &c->send.fifo;
-  if (c->send_pos + 1 > f->ctrl->head + (uint64_t)f->nslots) {
-    c->wait_what = "free a slot (it is not receiving)";
-    c->wait_peer = c->next;
-    c->wait_start_ns = 0;
-    brg_status s = brg__wait_ge(&f->ctrl->head, &f->ctrl->head_waiters,
-                                c->send_pos + 1 - (uint64_t)f->nslots, &c->waiter);
-    if (s != BRG_SUCCESS) return s;
+  if (c->send_pos + 1 > c->send_head + (uint64_t)f->nslots) {
+    c->send_head = __atomic_load_n(&f->ctrl->head, __ATOMIC_ACQUIRE);
+    if (c->send_pos + 1 > c->send_head + (uint64_t)f->nslots) {
+      c->wait_what = "free a slot (it is not receiving)";
+      c->wait_peer = c->next;
+      c->wait_start_ns = 0;
+      brg_status s = brg__wait_ge(&f->ctrl->head, &f->ctrl->head_waiters,
+                                  c->send_pos + 1 - (uint64_t)f->nslots, &c->waiter);
+      if (s != BRG_SUCCESS) return s;
+      c->send_head = __atomic_load_n(&f->ctrl->head, __ATOMIC_ACQUIRE);
+    }
   }
-  *slot = brg__fifo_slot(f, c->send_pos);
+  *slot = bytes <= BRG__INLINE_BYTES ? brg__fifo_meta(f, c->send_pos)->inline_data
+                                     : brg__fifo_slot(f, c->send_pos);
   return BRG_SUCCESS;
 }
 
@@ -154,6 +161,7 @@ static void send_post(ring_op *o, size_t bytes) {
   m->step = (uint32_t)c->cur_step;
   c->send_pos++;
   c->bytes_sent += bytes;
+  __atomic_store_n(&m->flag, c->send_pos, __ATOMIC_RELEASE);
   brg__publish(&f->ctrl->tail, &f->ctrl->tail_waiters, c->send_pos);
 }
 
@@ -161,15 +169,15 @@ static void send_post(ring_op *o, size_t bytes) {
 static brg_status recv_acquire(ring_op *o, const char **slot, size_t bytes) {
   brg_comm *c = o->c;
   brg__fifo *f = &c->recv.fifo;
-  if (f->ctrl->tail < c->recv_pos + 1) {
+  brg__slot_meta *m = brg__fifo_meta(f, c->recv_pos);
+  if (__atomic_load_n(&m->flag, __ATOMIC_ACQUIRE) != c->recv_pos + 1) {
     c->wait_what = "send data";
     c->wait_peer = c->prev;
     c->wait_start_ns = 0;
-    brg_status s = brg__wait_ge(&f->ctrl->tail, &f->ctrl->tail_waiters, c->recv_pos + 1,
-                                &c->waiter);
+    brg_status s = brg__wait_flag(&m->flag, c->recv_pos + 1, &f->ctrl->tail,
+                                  &f->ctrl->tail_waiters, &c->waiter);
     if (s != BRG_SUCCESS) return s;
   }
-  const brg__slot_meta *m = brg__fifo_meta(f, c->recv_pos);
   const brg__coll *k = o->coll;
   if (m->seq != k->seq || m->kind != (uint32_t)k->kind || m->count != k->count ||
       m->dtype != (uint16_t)k->dtype || m->op != (uint16_t)k->op || m->root != k->root ||
@@ -182,7 +190,7 @@ static brg_status recv_acquire(ring_op *o, const char **slot, size_t bytes) {
                            "collective mismatch: rank %d called %s but rank %d called %s", c->rank,
                            mine, c->prev, theirs);
   }
-  *slot = brg__fifo_slot(f, c->recv_pos);
+  *slot = bytes <= BRG__INLINE_BYTES ? m->inline_data : brg__fifo_slot(f, c->recv_pos);
   return BRG_SUCCESS;
 }
 
@@ -208,7 +216,7 @@ static brg_status run_prim(ring_op *o, brg__prim prim, const char *in, char *out
   int sends = prim == BRG__PRIM_SEND || prim == BRG__PRIM_RECV_REDUCE_SEND ||
               prim == BRG__PRIM_RECV_REDUCE_COPY_SEND || prim == BRG__PRIM_RECV_COPY_SEND;
   if (recvs && (s = recv_acquire(o, &r, bytes)) != BRG_SUCCESS) return s;
-  if (sends && (s = send_acquire(o, &slot)) != BRG_SUCCESS) return s;
+  if (sends && (s = send_acquire(o, bytes, &slot)) != BRG_SUCCESS) return s;
   if (m == 0) goto done;
   switch (prim) {
   case BRG__PRIM_SEND: brg__copy(slot, out, in, bytes); break;

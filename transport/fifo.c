@@ -102,6 +102,21 @@ brg_status brg__wait_ge(volatile uint64_t *word, volatile uint32_t *waiters, uin
   }
 }
 
+brg_status brg__wait_flag(volatile uint64_t *flag, uint64_t expect, volatile uint64_t *word,
+                          volatile uint32_t *waiters, const brg__waiter *w) {
+  int spin = w ? w->spin : 1000;
+  for (int i = 0; i < spin; i++) {
+    if (__atomic_load_n(flag, __ATOMIC_ACQUIRE) == expect) return BRG_SUCCESS;
+    cpu_relax();
+  }
+  for (;;) {
+    brg_status s = brg__wait_ge(word, waiters, expect, w);
+    if (__atomic_load_n(flag, __ATOMIC_ACQUIRE) == expect) return BRG_SUCCESS;
+    if (s != BRG_SUCCESS) return s;
+    cpu_relax();
+  }
+}
+
 void brg__publish(volatile uint64_t *word, volatile uint32_t *waiters, uint64_t value) {
   __atomic_store_n(word, value, __ATOMIC_SEQ_CST);
   if (__atomic_load_n(waiters, __ATOMIC_SEQ_CST)) futex_wake(word);

@@ -252,7 +252,8 @@ static void *recv_proxy(void *arg) {
     if (brg__wait_ge(&ctrl->head, &ctrl->head_waiters, need, &t->waiter) != BRG_SUCCESS)
       return NULL;
     int fd = t->fds[tail % (uint64_t)t->nsocks];
-    brg__slot_meta *m = brg__fifo_meta(f, tail);
+    /* The header lands in the FIFO after the payload: its flag says "complete". */
+    brg__slot_meta hdr, *m = &hdr;
     int r = recv_all(fd, m, sizeof *m);
     if (r == 0 && is_bye(m)) {
       bye = 1;
@@ -271,6 +272,11 @@ static void *recv_proxy(void *arg) {
                      : "the peer closed the connection in the middle of a slot";
       break;
     }
+    brg__slot_meta *dst = brg__fifo_meta(f, tail);
+    uint64_t flag = hdr.flag;
+    hdr.flag = 0;
+    memcpy(dst, &hdr, sizeof hdr);
+    __atomic_store_n(&dst->flag, flag, __ATOMIC_RELEASE);
     tail++;
     brg__publish(&ctrl->tail, &ctrl->tail_waiters, tail);
   }

@@ -30,7 +30,12 @@
 #define BRG__CONN_INFO_BYTES 256
 #define BRG__SECRET_BYTES 16
 
-/* What a slot says about the collective it belongs to. */
+/* What a slot says about the collective it belongs to. The header is one
+ * cache line that ends with `flag`, written last (release) with the slot's
+ * position + 1: a receiver on a memory transport polls this one line and
+ * finds header, flag and, for slices of up to BRG__INLINE_BYTES, the data
+ * itself, so a small step costs a single cache-line transfer. */
+#define BRG__INLINE_BYTES 20
 typedef struct brg__slot_meta {
   uint64_t seq;      /* collective number on this communicator, from 1 */
   uint64_t count;    /* the collective's count argument */
@@ -40,7 +45,8 @@ typedef struct brg__slot_meta {
   uint16_t op;
   int32_t root;
   uint32_t step;     /* schedule step, for error messages */
-  uint32_t pad[7];
+  char inline_data[BRG__INLINE_BYTES]; /* the payload when bytes <= BRG__INLINE_BYTES */
+  volatile uint64_t flag;              /* slot position + 1 once the slot is complete */
 } brg__slot_meta;
 
 /* Control words shared by the two ends of a FIFO, one cache line each. The
@@ -95,6 +101,10 @@ typedef struct brg__waiter {
 /* Waits until *word >= target. Returns BRG_SUCCESS or what check returned. */
 brg_status brg__wait_ge(volatile uint64_t *word, volatile uint32_t *waiters, uint64_t target,
                         const brg__waiter *w);
+/* Waits until *flag == expect, polling that word while spinning and
+ * sleeping on the futex of *word (published right after the flag). */
+brg_status brg__wait_flag(volatile uint64_t *flag, uint64_t expect, volatile uint64_t *word,
+                          volatile uint32_t *waiters, const brg__waiter *w);
 /* Stores value into *word (release) and wakes sleepers on it. */
 void brg__publish(volatile uint64_t *word, volatile uint32_t *waiters, uint64_t value);
 /* Wakes every sleeper of a FIFO (used on close/abort so nobody sleeps on). */
