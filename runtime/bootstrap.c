@@ -61,14 +61,14 @@
 #define BOOT_FRAME_HDR 8
 #define BOOT_MAX_ERRTEXT 1024
 
-#define BOOT_CONN_TIMEOUT_MS 2000  /* an accepted connection has this long to say who it is */
-#define BOOT_DRAIN_MS 1000         /* a refused one this long to read our answer and hang up */
-#define BOOT_REPLY_SEND_MS 500     /* sending a short error answer */
-#define BOOT_TABLE_SEND_MS 10000   /* sending the table to one rank */
-#define BOOT_RETRY_MS 50           /* between connection attempts while nobody listens */
-#define BOOT_MAX_PENDING 256       /* accepted connections that have not said who they are */
-#define BOOT_BACKLOG 4096          /* the kernel caps it at somaxconn */
-#define BOOT_PEER_LEN 96           /* "[ipv6]:port" */
+#define BOOT_CONN_TIMEOUT_MS 2000 /* an accepted connection has this long to say who it is */
+#define BOOT_DRAIN_MS 1000        /* a refused one this long to read our answer and hang up */
+#define BOOT_REPLY_SEND_MS 500    /* sending a short error answer */
+#define BOOT_TABLE_SEND_MS 10000  /* sending the table to one rank */
+#define BOOT_RETRY_MS 50          /* between connection attempts while nobody listens */
+#define BOOT_MAX_PENDING 256      /* accepted connections that have not said who they are */
+#define BOOT_BACKLOG 4096         /* the kernel caps it at somaxconn */
+#define BOOT_PEER_LEN 96          /* "[ipv6]:port" */
 
 _Static_assert(sizeof(brg__boot_id) <= sizeof(brg_unique_id),
                "the bootstrap id must fit in brg_unique_id");
@@ -89,7 +89,9 @@ static void put_u16(uint8_t *p, uint16_t v) {
 static void put_u32(uint8_t *p, uint32_t v) {
   for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
-static uint16_t get_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static uint16_t get_u16(const uint8_t *p) {
+  return (uint16_t)(p[0] | (p[1] << 8));
+}
 static uint32_t get_u32(const uint8_t *p) {
   return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
@@ -127,7 +129,9 @@ static int boot_left_ms(int64_t deadline) {
   return left > INT_MAX ? INT_MAX : (int)left;
 }
 
-static int boot_passed(int64_t deadline) { return deadline >= 0 && boot_now_ms() >= deadline; }
+static int boot_passed(int64_t deadline) {
+  return deadline >= 0 && boot_now_ms() >= deadline;
+}
 
 static void boot_sleep_ms(int ms) {
   struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
@@ -299,8 +303,7 @@ err_close:;
 
 static int boot_retryable(int e) {
   return e == ECONNREFUSED || e == ETIMEDOUT || e == EHOSTUNREACH || e == ENETUNREACH ||
-         e == ECONNRESET || e == ECONNABORTED || e == EAGAIN || e == EADDRNOTAVAIL ||
-         e == EINTR;
+         e == ECONNRESET || e == ECONNABORTED || e == EAGAIN || e == EADDRNOTAVAIL || e == EINTR;
 }
 
 /* Connects to addr:port, trying again while nobody listens there yet, until
@@ -586,8 +589,8 @@ static void boot_conn_refuse(boot_root *r, int i, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(text, sizeof text, fmt, ap);
   va_end(ap);
-  BRG__WARN(BOOT_SUBSYS, "bootstrap root %s: refused the connection from %s: %s", r->where,
-            c->peer, text);
+  BRG__WARN(BOOT_SUBSYS, "bootstrap root %s: refused the connection from %s: %s", r->where, c->peer,
+            text);
   size_t n = boot_reply_error(buf, r->secret, BRG_ERR_REMOTE, text);
   (void)boot_send_all(c->fd, buf, n, boot_now_ms() + BOOT_REPLY_SEND_MS, NULL);
   shutdown(c->fd, SHUT_WR);
@@ -656,8 +659,8 @@ static int boot_root_admit(boot_root *r, int i, const brg__boot_hello *h) {
     return 0;
   } else if (r->rank_fd[h->rank] >= 0) {
     if (boot_fd_alive(r->rank_fd[h->rank])) {
-      boot_conn_refuse(r, i, "rank %d joined twice (first from %s, again from %s)",
-                       (int)h->rank, (const char *)boot_root_entry(r, h->rank), c->peer);
+      boot_conn_refuse(r, i, "rank %d joined twice (first from %s, again from %s)", (int)h->rank,
+                       (const char *)boot_root_entry(r, h->rank), c->peer);
       return 0;
     }
     boot_root_forget(r, h->rank, "hung up");
@@ -760,8 +763,7 @@ static void boot_root_accept(boot_root *r) {
     boot_conn *c = calloc(1, sizeof *c);
     if (!c) {
       close(fd);
-      BRG__WARN(BOOT_SUBSYS, "bootstrap root %s: out of memory accepting a connection",
-                r->where);
+      BRG__WARN(BOOT_SUBSYS, "bootstrap root %s: out of memory accepting a connection", r->where);
       return;
     }
     c->fd = fd;
@@ -810,8 +812,7 @@ static void boot_root_give_up(boot_root *r) {
       listed++;
     }
   }
-  if (listed < missing)
-    snprintf(list + used, sizeof list - used, ",... (%d in all)", missing);
+  if (listed < missing) snprintf(list + used, sizeof list - used, ",... (%d in all)", missing);
   char text[BOOT_MAX_ERRTEXT];
   snprintf(text, sizeof text, "%s %s never reached the bootstrap root at %s within %d ms",
            missing == 1 ? "rank" : "ranks", list, r->where, r->timeout_ms);
@@ -832,8 +833,8 @@ static void boot_root_send_tables(boot_root *r) {
     int rc = boot_send_all(r->rank_fd[k], r->table, r->table_bytes,
                            boot_now_ms() + BOOT_TABLE_SEND_MS, NULL);
     if (rc != BOOT_IO_OK)
-      BRG__WARN(BOOT_SUBSYS, "bootstrap root %s: could not send the table to rank %d: %s",
-                r->where, k,
+      BRG__WARN(BOOT_SUBSYS, "bootstrap root %s: could not send the table to rank %d: %s", r->where,
+                k,
                 rc == BOOT_IO_TIMEOUT ? "it stopped reading"
                 : rc == BOOT_IO_EOF   ? "it hung up"
                                       : strerror(errno));
@@ -908,11 +909,9 @@ brg_status brg__boot_root_start(const char *addr, uint16_t port, const uint8_t *
                                 int timeout_ms, brg__boot_id *id, brg__errbuf *err) {
   brg__log_init();
   if (!addr || !id)
-    return brg__error(err, BRG_ERR_INVALID_ARGUMENT, BOOT_SUBSYS,
-                      "bootstrap root: NULL argument");
+    return brg__error(err, BRG_ERR_INVALID_ARGUMENT, BOOT_SUBSYS, "bootstrap root: NULL argument");
   boot_root *r = calloc(1, sizeof *r);
-  if (!r)
-    return brg__error(err, BRG_ERR_NO_MEMORY, BOOT_SUBSYS, "bootstrap root: out of memory");
+  if (!r) return brg__error(err, BRG_ERR_NO_MEMORY, BOOT_SUBSYS, "bootstrap root: out of memory");
   r->lfd = -1;
   uint16_t bound = 0;
   brg__boot_id tmp;
@@ -941,8 +940,7 @@ brg_status brg__boot_root_start(const char *addr, uint16_t port, const uint8_t *
     goto err_free;
   }
   /* The thread owns r from here on. */
-  BRG__INFO(BOOT_SUBSYS, "bootstrap root listening at %s (waiting up to %d ms)", where,
-            timeout_ms);
+  BRG__INFO(BOOT_SUBSYS, "bootstrap root listening at %s (waiting up to %d ms)", where, timeout_ms);
   *id = tmp;
   return BRG_SUCCESS;
 
@@ -960,8 +958,7 @@ static int boot_if_is_local_only(const char *name) {
   return strncmp(name, "docker", 6) == 0 || strncmp(name, "virbr", 5) == 0;
 }
 
-static brg_status boot_if_addr(const char *ifname, char *out, size_t out_bytes,
-                               brg__errbuf *err) {
+static brg_status boot_if_addr(const char *ifname, char *out, size_t out_bytes, brg__errbuf *err) {
   struct ifaddrs *ifs = NULL;
   int named = ifname && ifname[0];
   if (getifaddrs(&ifs) < 0)
@@ -1016,13 +1013,12 @@ brg_status brg__boot_local_addr(char *addr, size_t addr_bytes, brg__errbuf *err)
     }
     if (!res)
       return brg__error(err, BRG_ERR_INVALID_ARGUMENT, BOOT_SUBSYS,
-                        "BRIGADE_BOOTSTRAP_ADDR=%s is not an address: %s", want,
-                        gai_strerror(rc));
+                        "BRIGADE_BOOTSTRAP_ADDR=%s is not an address: %s", want, gai_strerror(rc));
     rc = getnameinfo(res->ai_addr, res->ai_addrlen, out, sizeof out, NULL, 0, NI_NUMERICHOST);
     freeaddrinfo(res);
     if (rc != 0)
-      return brg__error(err, BRG_ERR_INVALID_ARGUMENT, BOOT_SUBSYS,
-                        "BRIGADE_BOOTSTRAP_ADDR=%s: %s", want, gai_strerror(rc));
+      return brg__error(err, BRG_ERR_INVALID_ARGUMENT, BOOT_SUBSYS, "BRIGADE_BOOTSTRAP_ADDR=%s: %s",
+                        want, gai_strerror(rc));
   } else {
     brg_status st = boot_if_addr(brg__config_str(BRG__CFG_SOCKET_IFNAME), out, sizeof out, err);
     if (st != BRG_SUCCESS) return st;
@@ -1050,9 +1046,9 @@ struct brg__bootstrap {
   char listen_addr[BOOT_ADDR_BYTES];
   uint16_t listen_port;
   boot_peer *peers;
-  int fd[2];        /* BRG__RING_NEXT, BRG__RING_PREV */
+  int fd[2]; /* BRG__RING_NEXT, BRG__RING_PREV */
   int peer_rank[2];
-  int broken[2];    /* a frame was cut or garbled: the stream cannot be trusted */
+  int broken[2]; /* a frame was cut or garbled: the stream cannot be trusted */
   uint32_t rx_have[2];
   uint8_t rx_buf[2][BOOT_FRAME_HDR + BRG__BOOT_MAX_MSG];
 };
@@ -1133,8 +1129,8 @@ static brg_status boot_read_table(brg__bootstrap *bs, int fd, const char *root, 
     boot_peer *p = &bs->peers[k];
     memcpy(p->addr, e, BOOT_ADDR_BYTES);
     p->port = get_u16(e + 64);
-    if (!memchr(p->addr, '\0', BOOT_ADDR_BYTES) || !boot_addr_is_numeric(p->addr) ||
-        p->port == 0 || get_u16(e + 66) != 0) {
+    if (!memchr(p->addr, '\0', BOOT_ADDR_BYTES) || !boot_addr_is_numeric(p->addr) || p->port == 0 ||
+        get_u16(e + 66) != 0) {
       st = brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
                       "rank %d: malformed bootstrap table entry for rank %d", bs->rank, k);
       goto out;
@@ -1143,9 +1139,9 @@ static brg_status boot_read_table(brg__bootstrap *bs, int fd, const char *root, 
   if (bs->peers[bs->rank].port != bs->listen_port ||
       strcmp(bs->peers[bs->rank].addr, bs->listen_addr) != 0) {
     st = brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
-                    "rank %d: the bootstrap table lists this rank at %s:%u, not at %s:%u",
-                    bs->rank, bs->peers[bs->rank].addr, bs->peers[bs->rank].port,
-                    bs->listen_addr, bs->listen_port);
+                    "rank %d: the bootstrap table lists this rank at %s:%u, not at %s:%u", bs->rank,
+                    bs->peers[bs->rank].addr, bs->peers[bs->rank].port, bs->listen_addr,
+                    bs->listen_port);
     goto out;
   }
   for (int k = 0; k < bs->nranks && blob_bytes; k++)
@@ -1209,8 +1205,7 @@ brg_status brg__bootstrap_init(brg__bootstrap **bs_out, const brg__boot_id *id, 
   }
   if (rc != BOOT_IO_OK) {
     st = brg__error(err, BRG_ERR_SYSTEM, BOOT_SUBSYS,
-                    "rank %d: connecting to the bootstrap root at %s: %s", rank, root,
-                    strerror(e));
+                    "rank %d: connecting to the bootstrap root at %s: %s", rank, root, strerror(e));
     goto err_free;
   }
 
@@ -1236,8 +1231,8 @@ brg_status brg__bootstrap_init(brg__bootstrap **bs_out, const brg__boot_id *id, 
                     rc == BOOT_IO_TIMEOUT ? BRG_ERR_TIMEOUT
                     : rc == BOOT_IO_EOF   ? BRG_ERR_REMOTE
                                           : BRG_ERR_SYSTEM,
-                    BOOT_SUBSYS, "rank %d: sending the hello to the bootstrap root at %s: %s",
-                    rank, root,
+                    BOOT_SUBSYS, "rank %d: sending the hello to the bootstrap root at %s: %s", rank,
+                    root,
                     rc == BOOT_IO_TIMEOUT ? "timed out"
                     : rc == BOOT_IO_EOF   ? "the root closed the connection"
                                           : strerror(errno));
@@ -1311,8 +1306,7 @@ static brg_status boot_ring_accept(brg__bootstrap *bs, int prev, int64_t deadlin
   }
 }
 
-brg_status brg__bootstrap_ring_connect(brg__bootstrap *bs, int next, int prev,
-                                       brg__errbuf *err) {
+brg_status brg__bootstrap_ring_connect(brg__bootstrap *bs, int next, int prev, brg__errbuf *err) {
   if (!bs)
     return brg__error(err, BRG_ERR_INVALID_ARGUMENT, BOOT_SUBSYS, "ring connect: NULL bootstrap");
   if (bs->nranks == 1) {
@@ -1367,8 +1361,8 @@ brg_status brg__bootstrap_ring_connect(brg__bootstrap *bs, int next, int prev,
   bs->fd[BRG__RING_PREV] = pfd;
   bs->peer_rank[BRG__RING_NEXT] = next;
   bs->peer_rank[BRG__RING_PREV] = prev;
-  BRG__INFO(BOOT_SUBSYS, "rank %d: ring sockets open (next rank %d at %s, prev rank %d)",
-            bs->rank, next, where, prev);
+  BRG__INFO(BOOT_SUBSYS, "rank %d: ring sockets open (next rank %d at %s, prev rank %d)", bs->rank,
+            next, where, prev);
   return BRG_SUCCESS;
 
 err_close:
@@ -1393,8 +1387,8 @@ static brg_status boot_ring_check(const brg__bootstrap *bs, int dir, const char 
   return BRG_SUCCESS;
 }
 
+/* Not marked broken: every later call meets the same hang-up and says so. */
 static brg_status boot_ring_gone(brg__bootstrap *bs, int dir, brg__errbuf *err) {
-  bs->broken[dir] = 1;
   return brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
                     "rank %d: ring neighbour rank %d closed the connection (process died?)",
                     bs->rank, bs->peer_rank[dir]);
@@ -1426,8 +1420,7 @@ brg_status brg__bootstrap_send(brg__bootstrap *bs, int dir, uint32_t type, const
 }
 
 brg_status brg__bootstrap_recv(brg__bootstrap *bs, int dir, uint32_t *type, void *data,
-                               uint32_t max_len, uint32_t *len, int timeout_ms,
-                               brg__errbuf *err) {
+                               uint32_t max_len, uint32_t *len, int timeout_ms, brg__errbuf *err) {
   brg_status st = boot_ring_check(bs, dir, "ring recv", err);
   if (st != BRG_SUCCESS) return st;
   if (max_len && !data)
@@ -1502,7 +1495,9 @@ int brg__bootstrap_fd(const brg__bootstrap *bs, int dir) {
   return bs->fd[dir];
 }
 
-const uint8_t *brg__bootstrap_secret(const brg__bootstrap *bs) { return bs ? bs->secret : NULL; }
+const uint8_t *brg__bootstrap_secret(const brg__bootstrap *bs) {
+  return bs ? bs->secret : NULL;
+}
 
 void brg__bootstrap_destroy(brg__bootstrap *bs) {
   if (!bs) return;
