@@ -86,12 +86,12 @@ static inline BRG_HD float brg__f16_to_f32(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
   uint32_t em = h & 0x7fffu;
   uint32_t bits;
-  if (em >= 0x7c00u) {                    /* Inf, or NaN made quiet */
+  if (em >= 0x7c00u) { /* Inf, or NaN made quiet */
     bits = 0x7f800000u | ((em & 0x3ffu) << 13);
     if (em > 0x7c00u) bits |= 0x00400000u;
-  } else if (em >= 0x0400u) {             /* normal: rebias the exponent */
+  } else if (em >= 0x0400u) { /* normal: rebias the exponent */
     bits = (em << 13) + ((uint32_t)(127 - 15) << 23);
-  } else {                                /* zero or subnormal: em * 2^-24, exact */
+  } else { /* zero or subnormal: em * 2^-24, exact */
     bits = brg__f32_bits((float)em * 5.9604644775390625e-08f);
   }
   return brg__bits_f32(sign | bits);
@@ -101,24 +101,24 @@ static inline BRG_HD uint16_t brg__f32_to_f16(float f) {
   uint32_t x = brg__f32_bits(f);
   uint32_t sign = (x >> 16) & 0x8000u;
   uint32_t ax = x & 0x7fffffffu;
-  if (ax > 0x7f800000u)                   /* NaN: quiet, top payload bits kept */
+  if (ax > 0x7f800000u) /* NaN: quiet, top payload bits kept */
     return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
-  if (ax >= 0x477ff000u)                  /* >= 65520 (incl. Inf) rounds to Inf */
+  if (ax >= 0x477ff000u) /* >= 65520 (incl. Inf) rounds to Inf */
     return (uint16_t)(sign | 0x7c00u);
-  if (ax >= 0x38800000u) {                /* >= 2^-14: normal result */
+  if (ax >= 0x38800000u) { /* >= 2^-14: normal result */
     ax -= (uint32_t)(127 - 15) << 23;
     return (uint16_t)(sign | ((ax + 0xfffu + ((ax >> 13) & 1u)) >> 13));
   }
-  if (ax <= 0x33000000u)                  /* <= 2^-25: the tie at 2^-25 goes to 0 */
+  if (ax <= 0x33000000u) /* <= 2^-25: the tie at 2^-25 goes to 0 */
     return (uint16_t)sign;
-  {                                       /* subnormal result: mant * 2^(e-150) / 2^-24 */
-    uint32_t e = ax >> 23;                /* 102..112 */
+  {                        /* subnormal result: mant * 2^(e-150) / 2^-24 */
+    uint32_t e = ax >> 23; /* 102..112 */
     uint32_t mant = (ax & 0x7fffffu) | 0x800000u;
-    uint32_t shift = 126u - e;            /* 14..24 */
+    uint32_t shift = 126u - e; /* 14..24 */
     uint32_t r = mant >> shift;
     uint32_t rem = mant & ((1u << shift) - 1u);
     uint32_t half = 1u << (shift - 1u);
-    r += (rem > half) | ((rem == half) & r);   /* may carry into the lowest normal */
+    r += (rem > half) | ((rem == half) & r); /* may carry into the lowest normal */
     return (uint16_t)(sign | r);
   }
 }
@@ -127,13 +127,13 @@ static inline BRG_HD uint16_t brg__f32_to_f16(float f) {
 
 static inline BRG_HD float brg__bf16_to_f32(uint16_t h) {
   uint32_t bits = (uint32_t)h << 16;
-  if ((h & 0x7fffu) > 0x7f80u) bits |= 0x00400000u;   /* NaN made quiet */
+  if ((h & 0x7fffu) > 0x7f80u) bits |= 0x00400000u; /* NaN made quiet */
   return brg__bits_f32(bits);
 }
 
 static inline BRG_HD uint16_t brg__f32_to_bf16(float f) {
   uint32_t x = brg__f32_bits(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u)   /* NaN: quiet, top payload bits kept */
+  if ((x & 0x7fffffffu) > 0x7f800000u) /* NaN: quiet, top payload bits kept */
     return (uint16_t)((x >> 16) | 0x0040u);
   /* Round to nearest even on the low half; a carry walks into the exponent
    * and past the largest finite value into Inf, as it should. */
@@ -181,36 +181,52 @@ static inline BRG_HD double brg__f64_max(double a, double b) {
 
 /* ---- float32 / float64 -------------------------------------------------- */
 
-static inline BRG_HD float brg__f32_sum(float a, float b) { return a + b; }
-static inline BRG_HD float brg__f32_prod(float a, float b) { return a * b; }
-static inline BRG_HD float brg__f32_div(float x, int d) { return x / (float)d; }
-static inline BRG_HD float brg__f32_avg(float a, float b, int d) { return (a + b) / (float)d; }
+static inline BRG_HD float brg__f32_sum(float a, float b) {
+  return a + b;
+}
+static inline BRG_HD float brg__f32_prod(float a, float b) {
+  return a * b;
+}
+static inline BRG_HD float brg__f32_div(float x, int d) {
+  return x / (float)d;
+}
+static inline BRG_HD float brg__f32_avg(float a, float b, int d) {
+  return (a + b) / (float)d;
+}
 
-static inline BRG_HD double brg__f64_sum(double a, double b) { return a + b; }
-static inline BRG_HD double brg__f64_prod(double a, double b) { return a * b; }
-static inline BRG_HD double brg__f64_div(double x, int d) { return x / (double)d; }
-static inline BRG_HD double brg__f64_avg(double a, double b, int d) { return (a + b) / (double)d; }
+static inline BRG_HD double brg__f64_sum(double a, double b) {
+  return a + b;
+}
+static inline BRG_HD double brg__f64_prod(double a, double b) {
+  return a * b;
+}
+static inline BRG_HD double brg__f64_div(double x, int d) {
+  return x / (double)d;
+}
+static inline BRG_HD double brg__f64_avg(double a, double b, int d) {
+  return (a + b) / (double)d;
+}
 
 /* ---- float16 / bfloat16 (uint16_t bit patterns) ------------------------- */
 
-#define BRG__HALF_OPS(t)                                                          \
-  static inline BRG_HD uint16_t brg__##t##_sum(uint16_t a, uint16_t b) {          \
-    return brg__##t##_round(brg__##t##_to_f32(a) + brg__##t##_to_f32(b));         \
-  }                                                                               \
-  static inline BRG_HD uint16_t brg__##t##_prod(uint16_t a, uint16_t b) {         \
-    return brg__##t##_round(brg__##t##_to_f32(a) * brg__##t##_to_f32(b));         \
-  }                                                                               \
-  static inline BRG_HD uint16_t brg__##t##_min(uint16_t a, uint16_t b) {          \
-    return brg__##t##_round(brg__f32_min(brg__##t##_to_f32(a), brg__##t##_to_f32(b))); \
-  }                                                                               \
-  static inline BRG_HD uint16_t brg__##t##_max(uint16_t a, uint16_t b) {          \
-    return brg__##t##_round(brg__f32_max(brg__##t##_to_f32(a), brg__##t##_to_f32(b))); \
-  }                                                                               \
-  static inline BRG_HD uint16_t brg__##t##_div(uint16_t x, int d) {               \
-    return brg__##t##_round(brg__##t##_to_f32(x) / (float)d);                     \
-  }                                                                               \
-  static inline BRG_HD uint16_t brg__##t##_avg(uint16_t a, uint16_t b, int d) {   \
-    return brg__##t##_div(brg__##t##_sum(a, b), d);                               \
+#define BRG__HALF_OPS(t)                                                                           \
+  static inline BRG_HD uint16_t brg__##t##_sum(uint16_t a, uint16_t b) {                           \
+    return brg__##t##_round(brg__##t##_to_f32(a) + brg__##t##_to_f32(b));                          \
+  }                                                                                                \
+  static inline BRG_HD uint16_t brg__##t##_prod(uint16_t a, uint16_t b) {                          \
+    return brg__##t##_round(brg__##t##_to_f32(a) * brg__##t##_to_f32(b));                          \
+  }                                                                                                \
+  static inline BRG_HD uint16_t brg__##t##_min(uint16_t a, uint16_t b) {                           \
+    return brg__##t##_round(brg__f32_min(brg__##t##_to_f32(a), brg__##t##_to_f32(b)));             \
+  }                                                                                                \
+  static inline BRG_HD uint16_t brg__##t##_max(uint16_t a, uint16_t b) {                           \
+    return brg__##t##_round(brg__f32_max(brg__##t##_to_f32(a), brg__##t##_to_f32(b)));             \
+  }                                                                                                \
+  static inline BRG_HD uint16_t brg__##t##_div(uint16_t x, int d) {                                \
+    return brg__##t##_round(brg__##t##_to_f32(x) / (float)d);                                      \
+  }                                                                                                \
+  static inline BRG_HD uint16_t brg__##t##_avg(uint16_t a, uint16_t b, int d) {                    \
+    return brg__##t##_div(brg__##t##_sum(a, b), d);                                                \
   }
 
 BRG__HALF_OPS(f16)
@@ -222,14 +238,24 @@ BRG__HALF_OPS(bf16)
 /* t: suffix, T: type, U: unsigned type wide enough that products of two
  * values do not promote to signed int, D: type the division happens in (the
  * divisor is at least 1 and may exceed T's range). */
-#define BRG__INT_OPS(t, T, U, D)                                                   \
-  static inline BRG_HD T brg__##t##_sum(T a, T b) { return (T)((U)a + (U)b); }    \
-  static inline BRG_HD T brg__##t##_prod(T a, T b) { return (T)((U)a * (U)b); }   \
-  static inline BRG_HD T brg__##t##_min(T a, T b) { return b < a ? b : a; }       \
-  static inline BRG_HD T brg__##t##_max(T a, T b) { return b > a ? b : a; }       \
-  static inline BRG_HD T brg__##t##_div(T x, int d) { return (T)((D)x / (D)d); }   \
-  static inline BRG_HD T brg__##t##_avg(T a, T b, int d) {                        \
-    return brg__##t##_div(brg__##t##_sum(a, b), d);                               \
+#define BRG__INT_OPS(t, T, U, D)                                                                   \
+  static inline BRG_HD T brg__##t##_sum(T a, T b) {                                                \
+    return (T)((U)a + (U)b);                                                                       \
+  }                                                                                                \
+  static inline BRG_HD T brg__##t##_prod(T a, T b) {                                               \
+    return (T)((U)a * (U)b);                                                                       \
+  }                                                                                                \
+  static inline BRG_HD T brg__##t##_min(T a, T b) {                                                \
+    return b < a ? b : a;                                                                          \
+  }                                                                                                \
+  static inline BRG_HD T brg__##t##_max(T a, T b) {                                                \
+    return b > a ? b : a;                                                                          \
+  }                                                                                                \
+  static inline BRG_HD T brg__##t##_div(T x, int d) {                                              \
+    return (T)((D)x / (D)d);                                                                       \
+  }                                                                                                \
+  static inline BRG_HD T brg__##t##_avg(T a, T b, int d) {                                         \
+    return brg__##t##_div(brg__##t##_sum(a, b), d);                                                \
   }
 
 BRG__INT_OPS(i8, int8_t, uint32_t, int)

@@ -24,6 +24,7 @@
 #include "kernels.h"
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define HAVE_X86 1
 #else
@@ -39,7 +40,7 @@ static const size_t counts[] = {0, 1, 7, 15, 16, 17, 31, 33, 1000, 1003};
 /* ---- helpers ------------------------------------------------------------ */
 
 static const char *dt_name(brg_dtype dt) {
-  static const char *const n[] = {"int8", "uint8", "int32", "uint32", "int64",
+  static const char *const n[] = {"int8",   "uint8",   "int32",    "uint32",  "int64",
                                   "uint64", "float16", "bfloat16", "float32", "float64"};
   return n[dt];
 }
@@ -50,7 +51,7 @@ static const char *op_name(brg_op op) {
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
-static uint64_t rnd(void) {   /* xorshift64* */
+static uint64_t rnd(void) { /* xorshift64* */
   rng_state ^= rng_state >> 12;
   rng_state ^= rng_state << 25;
   rng_state ^= rng_state >> 27;
@@ -62,8 +63,12 @@ static size_t esize(brg_dtype dt) {
   return sz[dt];
 }
 
-static int is_half(brg_dtype dt) { return dt == BRG_FLOAT16 || dt == BRG_BFLOAT16; }
-static int is_float(brg_dtype dt) { return dt == BRG_FLOAT32 || dt == BRG_FLOAT64; }
+static int is_half(brg_dtype dt) {
+  return dt == BRG_FLOAT16 || dt == BRG_BFLOAT16;
+}
+static int is_float(brg_dtype dt) {
+  return dt == BRG_FLOAT32 || dt == BRG_FLOAT64;
+}
 
 static float f32_of(uint32_t u) {
   float f;
@@ -87,15 +92,20 @@ struct hfmt {
 static const struct hfmt F16 = {10, 15, 0x7e00};
 static const struct hfmt BF16 = {7, 127, 0x7fc0};
 
-static int hfmt_emax_field(const struct hfmt *f) { return (1 << (15 - f->mbits)) - 1; }
+static int hfmt_emax_field(const struct hfmt *f) {
+  return (1 << (15 - f->mbits)) - 1;
+}
 
 static double ref_decode(const struct hfmt *f, uint16_t h) {
   int e = (h >> f->mbits) & hfmt_emax_field(f);
   int m = h & ((1 << f->mbits) - 1);
   double v;
-  if (e == hfmt_emax_field(f)) v = m ? NAN : INFINITY;
-  else if (e == 0) v = ldexp(m, 1 - f->bias - f->mbits);
-  else v = ldexp(m + (1 << f->mbits), e - f->bias - f->mbits);
+  if (e == hfmt_emax_field(f))
+    v = m ? NAN : INFINITY;
+  else if (e == 0)
+    v = ldexp(m, 1 - f->bias - f->mbits);
+  else
+    v = ldexp(m + (1 << f->mbits), e - f->bias - f->mbits);
   return (h & 0x8000) ? -v : v;
 }
 
@@ -116,14 +126,14 @@ static uint16_t ref_encode(const struct hfmt *f, double x) {
   int E;
   frexp(ax, &E);
   int e = E - 1 < emin ? emin : E - 1;
-  double q = ldexp(1.0, e - f->mbits);      /* spacing of the format at ax */
-  double n = nearbyint(ax / q);              /* exact scaling, then round to even */
+  double q = ldexp(1.0, e - f->mbits); /* spacing of the format at ax */
+  double n = nearbyint(ax / q);        /* exact scaling, then round to even */
   double v = n * q;
   if (n == 0) return sign;
   if (v >= ldexp(1.0, emax + 1)) return sign | inf;
   frexp(v, &E);
   e = E - 1;
-  if (e < emin) return sign | (uint16_t)n;   /* subnormal */
+  if (e < emin) return sign | (uint16_t)n; /* subnormal */
   uint16_t mant = (uint16_t)(ldexp(v, f->mbits - e) - ldexp(1.0, f->mbits));
   return (uint16_t)(sign | ((e + f->bias) << f->mbits) | mant);
 }
@@ -131,24 +141,27 @@ static uint16_t ref_encode(const struct hfmt *f, double x) {
 static uint16_t ref_half_op(const struct hfmt *f, brg_op op, uint16_t a, uint16_t b, int div) {
   double da = ref_decode(f, a), db = ref_decode(f, b);
   switch (op) {
-  case BRG_SUM: return ref_encode(f, da + db);
-  case BRG_PROD: return ref_encode(f, da * db);
+  case BRG_SUM:
+    return ref_encode(f, da + db);
+  case BRG_PROD:
+    return ref_encode(f, da * db);
   case BRG_MIN:
   case BRG_MAX:
     if (isnan(da) || isnan(db)) return f->qnan;
     if (da != db) return (op == BRG_MIN) == (da < db) ? a : b;
-    return op == BRG_MIN ? (a | b) : (a & b);   /* equal: only zeros differ, by sign */
-  default: return ref_encode(f, ref_decode(f, ref_encode(f, da + db)) / div);
+    return op == BRG_MIN ? (a | b) : (a & b); /* equal: only zeros differ, by sign */
+  default:
+    return ref_encode(f, ref_decode(f, ref_encode(f, da + db)) / div);
   }
 }
 
 /* ---- reference for every dtype ------------------------------------------ */
 
-static int64_t wrap_s(int64_t v, int bits) {   /* v mod 2^bits, as a signed value */
+static int64_t wrap_s(int64_t v, int bits) { /* v mod 2^bits, as a signed value */
   uint64_t m = (1ull << bits) - 1, u = (uint64_t)v & m;
   return (u >> (bits - 1)) ? (int64_t)u - (int64_t)(1ull << bits) : (int64_t)u;
 }
-static int64_t s64_of(unsigned __int128 v) {   /* low 64 bits as int64 */
+static int64_t s64_of(unsigned __int128 v) { /* low 64 bits as int64 */
   uint64_t u = (uint64_t)v;
   return u >> 63 ? -(int64_t)(~u) - 1 : (int64_t)u;
 }
@@ -164,10 +177,14 @@ static int64_t ref_sint(brg_op op, int64_t a, int64_t b, int bits, int div) {
     if (op == BRG_PROD) return wrap_s(a * b, bits);
   }
   switch (op) {
-  case BRG_SUM: return s;
-  case BRG_MIN: return a <= b ? a : b;
-  case BRG_MAX: return a >= b ? a : b;
-  default: return s / div;
+  case BRG_SUM:
+    return s;
+  case BRG_MIN:
+    return a <= b ? a : b;
+  case BRG_MAX:
+    return a >= b ? a : b;
+  default:
+    return s / div;
   }
 }
 
@@ -175,42 +192,58 @@ static uint64_t ref_uint(brg_op op, uint64_t a, uint64_t b, int bits, int div) {
   unsigned __int128 mask = bits == 64 ? ~(uint64_t)0 : (1ull << bits) - 1;
   uint64_t s = (uint64_t)(((unsigned __int128)a + b) & mask);
   switch (op) {
-  case BRG_SUM: return s;
-  case BRG_PROD: return (uint64_t)(((unsigned __int128)a * b) & mask);
-  case BRG_MIN: return a <= b ? a : b;
-  case BRG_MAX: return a >= b ? a : b;
-  default: return s / (uint64_t)div;
+  case BRG_SUM:
+    return s;
+  case BRG_PROD:
+    return (uint64_t)(((unsigned __int128)a * b) & mask);
+  case BRG_MIN:
+    return a <= b ? a : b;
+  case BRG_MAX:
+    return a >= b ? a : b;
+  default:
+    return s / (uint64_t)div;
   }
 }
 
 #ifdef __SIZEOF_FLOAT128__
-typedef __float128 wide_t;   /* 113 bits >= 2*53+2: rounding twice is exact */
+typedef __float128 wide_t; /* 113 bits >= 2*53+2: rounding twice is exact */
 #else
 typedef long double wide_t;
 #endif
 
-#define REF_FLOAT_MINMAX(op, a, b)                                                  \
-  (isnan(a) ? (a) : isnan(b) ? (b) : (a) < (b) ? ((op) == BRG_MIN ? (a) : (b))      \
-   : (b) < (a) ? ((op) == BRG_MIN ? (b) : (a))                                      \
-   : ((op) == BRG_MIN) == !!signbit(a) ? (a) : (b))
+#define REF_FLOAT_MINMAX(op, a, b)                                                                 \
+  (isnan(a)                            ? (a)                                                       \
+   : isnan(b)                          ? (b)                                                       \
+   : (a) < (b)                         ? ((op) == BRG_MIN ? (a) : (b))                             \
+   : (b) < (a)                         ? ((op) == BRG_MIN ? (b) : (a))                             \
+   : ((op) == BRG_MIN) == !!signbit(a) ? (a)                                                       \
+                                       : (b))
 
 static float ref_f32(brg_op op, float a, float b, int div) {
   switch (op) {
-  case BRG_SUM: return (float)((double)a + (double)b);
-  case BRG_PROD: return (float)((double)a * (double)b);
+  case BRG_SUM:
+    return (float)((double)a + (double)b);
+  case BRG_PROD:
+    return (float)((double)a * (double)b);
   case BRG_MIN:
-  case BRG_MAX: return REF_FLOAT_MINMAX(op, a, b);
-  default: return (float)((double)(float)((double)a + (double)b) / div);
+  case BRG_MAX:
+    return REF_FLOAT_MINMAX(op, a, b);
+  default:
+    return (float)((double)(float)((double)a + (double)b) / div);
   }
 }
 
 static double ref_f64(brg_op op, double a, double b, int div) {
   switch (op) {
-  case BRG_SUM: return (double)((wide_t)a + (wide_t)b);
-  case BRG_PROD: return (double)((wide_t)a * (wide_t)b);
+  case BRG_SUM:
+    return (double)((wide_t)a + (wide_t)b);
+  case BRG_PROD:
+    return (double)((wide_t)a * (wide_t)b);
   case BRG_MIN:
-  case BRG_MAX: return REF_FLOAT_MINMAX(op, a, b);
-  default: return (double)((wide_t)(double)((wide_t)a + (wide_t)b) / div);
+  case BRG_MAX:
+    return REF_FLOAT_MINMAX(op, a, b);
+  default:
+    return (double)((wide_t)(double)((wide_t)a + (wide_t)b) / div);
   }
 }
 
@@ -220,8 +253,12 @@ static void ref_elem(brg_dtype dt, brg_op op, const void *av, const void *bv, si
   const unsigned char *a = (const unsigned char *)av + i * esize(dt);
   const unsigned char *b = (const unsigned char *)bv + i * esize(dt);
   switch (dt) {
-  case BRG_INT8: *(int8_t *)exp = (int8_t)ref_sint(op, *(const int8_t *)a, *(const int8_t *)b, 8, div); break;
-  case BRG_UINT8: *(uint8_t *)exp = (uint8_t)ref_uint(op, *a, *b, 8, div); break;
+  case BRG_INT8:
+    *(int8_t *)exp = (int8_t)ref_sint(op, *(const int8_t *)a, *(const int8_t *)b, 8, div);
+    break;
+  case BRG_UINT8:
+    *(uint8_t *)exp = (uint8_t)ref_uint(op, *a, *b, 8, div);
+    break;
   case BRG_INT32: {
     int32_t x, y;
     memcpy(&x, a, 4), memcpy(&y, b, 4);
@@ -323,19 +360,24 @@ static void fill(brg_dtype dt, void *buf, size_t n) {
                                          0xff800000, 0x00000000, 0x80000000, 0x00000001,
                                          0x807fffff, 0x7f7fffff, 0xff7fffff, 0x00800000};
       uint32_t u = (uint32_t)r;
-      if (k == 0) u = special[(r >> 32) % 12];
-      else if (k >= 4) u = (u & 0x807fffff) | (uint32_t)((124 + (r >> 40) % 7) << 23);
+      if (k == 0)
+        u = special[(r >> 32) % 12];
+      else if (k >= 4)
+        u = (u & 0x807fffff) | (uint32_t)((124 + (r >> 40) % 7) << 23);
       memcpy(p + 4 * i, &u, 4);
       break;
     }
     case BRG_FLOAT64: {
       static const uint64_t special[] = {0x7ff8000000000000ull, 0xfff8000000000001ull,
                                          0x7ff0000000000001ull, 0x7ff0000000000000ull,
-                                         0xfff0000000000000ull, 0, 0x8000000000000000ull, 1,
+                                         0xfff0000000000000ull, 0,
+                                         0x8000000000000000ull, 1,
                                          0x7fefffffffffffffull, 0x0010000000000000ull};
       uint64_t u = r;
-      if (k == 0) u = special[rnd() % 10];
-      else if (k >= 4) u = (u & 0x800fffffffffffffull) | ((1020 + rnd() % 7) << 52);
+      if (k == 0)
+        u = special[rnd() % 10];
+      else if (k >= 4)
+        u = (u & 0x800fffffffffffffull) | ((1020 + rnd() % 7) << 52);
       memcpy(p + 8 * i, &u, 8);
       break;
     }
@@ -376,7 +418,8 @@ static struct buf buf_new(brg_dtype dt, size_t n) {
 
 static void buf_check_guards(const struct buf *b, size_t elem) {
   for (size_t i = 0; i < GUARD + elem; i++)
-    if (b->base[i] != GUARD_BYTE) fail_msg("write before the buffer at byte -%zu", GUARD + elem - i);
+    if (b->base[i] != GUARD_BYTE)
+      fail_msg("write before the buffer at byte -%zu", GUARD + elem - i);
   const unsigned char *end = (const unsigned char *)b->p + b->bytes;
   for (size_t i = 0; i < GUARD; i++)
     if (end[i] != GUARD_BYTE) fail_msg("write past the buffer at byte +%zu", i);
@@ -385,12 +428,12 @@ static void buf_check_guards(const struct buf *b, size_t elem) {
 /* ---- all dtypes x ops x counts x aliasing ------------------------------- */
 
 enum alias_mode {
-  DST_NEW,        /* dst0 fresh, no dst1 */
-  DST_NEW_DST1,   /* dst0 and dst1 fresh */
-  DST_IS_A,       /* dst0 == a */
-  DST_IS_B_DST1,  /* dst0 == b, dst1 fresh */
-  DST1_IS_A,      /* dst0 fresh, dst1 == a */
-  BOTH_IN_PLACE,  /* dst0 == a, dst1 == b */
+  DST_NEW,       /* dst0 fresh, no dst1 */
+  DST_NEW_DST1,  /* dst0 and dst1 fresh */
+  DST_IS_A,      /* dst0 == a */
+  DST_IS_B_DST1, /* dst0 == b, dst1 fresh */
+  DST1_IS_A,     /* dst0 fresh, dst1 == a */
+  BOTH_IN_PLACE, /* dst0 == a, dst1 == b */
   ALIAS_MODES
 };
 
@@ -408,13 +451,25 @@ static void check_one(brg_dtype dt, brg_op op, size_t n, int div, enum alias_mod
 
   void *dst0 = d0.p, *dst1 = NULL;
   switch (mode) {
-  case DST_NEW: break;
-  case DST_NEW_DST1: dst1 = d1.p; break;
-  case DST_IS_A: dst0 = a.p; break;
-  case DST_IS_B_DST1: dst0 = b.p, dst1 = d1.p; break;
-  case DST1_IS_A: dst1 = a.p; break;
-  case BOTH_IN_PLACE: dst0 = a.p, dst1 = b.p; break;
-  default: break;
+  case DST_NEW:
+    break;
+  case DST_NEW_DST1:
+    dst1 = d1.p;
+    break;
+  case DST_IS_A:
+    dst0 = a.p;
+    break;
+  case DST_IS_B_DST1:
+    dst0 = b.p, dst1 = d1.p;
+    break;
+  case DST1_IS_A:
+    dst1 = a.p;
+    break;
+  case BOTH_IN_PLACE:
+    dst0 = a.p, dst1 = b.p;
+    break;
+  default:
+    break;
   }
   brg__reduce(dst0, dst1, a.p, b.p, n, dt, op, div);
 
@@ -426,7 +481,8 @@ static void check_one(brg_dtype dt, brg_op op, size_t n, int div, enum alias_mod
                            dst1 ? (const unsigned char *)dst1 + i * es : NULL};
     for (int k = 0; k < 2; k++) {
       if (!outs[k] || elem_matches(dt, op, exp, outs[k])) continue;
-      hex(he, exp, es), hex(hg, outs[k], es), hex(ha, a_in + i * es, es), hex(hb, b_in + i * es, es);
+      hex(he, exp, es), hex(hg, outs[k], es), hex(ha, a_in + i * es, es),
+          hex(hb, b_in + i * es, es);
       fail_msg("%s %s %s n=%zu div=%d mode=%d dst%d[%zu]: a=%s b=%s expected %s got %s", isa,
                dt_name(dt), op_name(op), n, div, (int)mode, k, i, ha, hb, he, hg);
     }
@@ -497,7 +553,7 @@ static void test_simd_matches_generic(void **state) {
       for (size_t i = 0; i < n; i++) {
         uint64_t r = rnd();
         a[i] = (uint16_t)r, b[i] = (uint16_t)(r >> 16);
-        if (round & 1) b[i] = (uint16_t)(a[i] ^ (r >> 32 & 0x1f));   /* near ties, equal values */
+        if (round & 1) b[i] = (uint16_t)(a[i] ^ (r >> 32 & 0x1f)); /* near ties, equal values */
       }
       size_t len = round < 20 ? n : 1 + rnd() % 64;
       for (int dt = BRG_FLOAT16; dt <= BRG_BFLOAT16; dt++)
@@ -509,9 +565,8 @@ static void test_simd_matches_generic(void **state) {
           brg__reduce(v, NULL, a, b, len, (brg_dtype)dt, (brg_op)op, div);
           for (size_t i = 0; i < len; i++)
             if (g[i] != v[i])
-              fail_msg("%s %s %s div=%d [%zu]: a=%04x b=%04x generic %04x simd %04x",
-                       isa_names[k], dt_name((brg_dtype)dt), op_name((brg_op)op),
-                       div, i, a[i], b[i], g[i], v[i]);
+              fail_msg("%s %s %s div=%d [%zu]: a=%04x b=%04x generic %04x simd %04x", isa_names[k],
+                       dt_name((brg_dtype)dt), op_name((brg_op)op), div, i, a[i], b[i], g[i], v[i]);
           compared++;
         }
     }
@@ -531,12 +586,14 @@ static void test_f16_roundtrip_exhaustive(void **state) {
     uint16_t back = brg__f32_to_f16(f);
     double ref = ref_decode(&F16, (uint16_t)h);
     if (ref_isnan(&F16, (uint16_t)h)) {
-      if (!isnan(f) || !ref_isnan(&F16, back)) fail_msg("f16 NaN %04x -> %08x -> %04x", h, bits_of(f), back);
+      if (!isnan(f) || !ref_isnan(&F16, back))
+        fail_msg("f16 NaN %04x -> %08x -> %04x", h, bits_of(f), back);
       if (!(bits_of(f) & 0x00400000)) fail_msg("f16 NaN %04x widened to a signalling NaN", h);
       continue;
     }
     if (back != h) fail_msg("f16 %04x -> %08x -> %04x", h, bits_of(f), back);
-    if ((double)f != ref || !signbit(f) != !signbit(ref)) fail_msg("f16 %04x widened to %a, want %a", h, f, ref);
+    if ((double)f != ref || !signbit(f) != !signbit(ref))
+      fail_msg("f16 %04x widened to %a, want %a", h, f, ref);
   }
 }
 
@@ -549,7 +606,8 @@ static void test_bf16_roundtrip_exhaustive(void **state) {
       if (!isnan(f) || !ref_isnan(&BF16, back)) fail_msg("bf16 NaN %04x -> %04x", h, back);
       continue;
     }
-    if (back != h || bits_of(f) != h << 16) fail_msg("bf16 %04x -> %08x -> %04x", h, bits_of(f), back);
+    if (back != h || bits_of(f) != h << 16)
+      fail_msg("bf16 %04x -> %08x -> %04x", h, bits_of(f), back);
   }
 }
 
@@ -559,10 +617,12 @@ static void test_bf16_roundtrip_exhaustive(void **state) {
 __attribute__((target("f16c"))) static uint16_t hw_f32_to_f16(float f) {
   return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
 }
-__attribute__((target("f16c"))) static float hw_f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
+__attribute__((target("f16c"))) static float hw_f16_to_f32(uint16_t h) {
+  return _cvtsh_ss(h);
+}
 static int have_f16c(void) {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("f16c");
+  unsigned a, b, c, d;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) && (c & bit_OSXSAVE);
 }
 #endif
 
@@ -570,17 +630,21 @@ static void check_narrow(uint32_t u) {
   float f = f32_of(u);
   uint16_t h = brg__f32_to_f16(f), bh = brg__f32_to_bf16(f);
   if (isnan(f)) {
-    if (!ref_isnan(&F16, h) || !ref_isnan(&BF16, bh)) fail_msg("NaN %08x narrowed to %04x / %04x", u, h, bh);
+    if (!ref_isnan(&F16, h) || !ref_isnan(&BF16, bh))
+      fail_msg("NaN %08x narrowed to %04x / %04x", u, h, bh);
     if (!(h & 0x0200) || !(bh & 0x0040)) fail_msg("NaN %08x narrowed to a signalling NaN", u);
     if ((h ^ (u >> 16)) & 0x8000) fail_msg("NaN %08x lost its sign", u);
   } else {
-    if (h != ref_encode(&F16, f)) fail_msg("f32 %08x (%a) -> f16 %04x, want %04x", u, f, h, ref_encode(&F16, f));
-    if (bh != ref_encode(&BF16, f)) fail_msg("f32 %08x (%a) -> bf16 %04x, want %04x", u, f, bh, ref_encode(&BF16, f));
+    if (h != ref_encode(&F16, f))
+      fail_msg("f32 %08x (%a) -> f16 %04x, want %04x", u, f, h, ref_encode(&F16, f));
+    if (bh != ref_encode(&BF16, f))
+      fail_msg("f32 %08x (%a) -> bf16 %04x, want %04x", u, f, bh, ref_encode(&BF16, f));
   }
 #if HAVE_X86
   static int hw = -1;
   if (hw < 0) hw = have_f16c();
-  if (hw && h != hw_f32_to_f16(f)) fail_msg("f32 %08x -> f16 %04x, F16C says %04x", u, h, hw_f32_to_f16(f));
+  if (hw && h != hw_f32_to_f16(f))
+    fail_msg("f32 %08x -> f16 %04x, F16C says %04x", u, h, hw_f32_to_f16(f));
 #endif
 }
 
@@ -588,8 +652,9 @@ static void test_narrow_against_reference(void **state) {
   (void)state;
   /* Every exponent and sign with low bits around each rounding point, then
    * random patterns. */
-  static const uint32_t low[] = {0, 1, 0x7fff, 0x8000, 0x8001, 0xffff, 0x0fff, 0x1000, 0x1001,
-                                 0x1fff, 0x2000, 0x2001, 0x3000, 0x7fffff, 0x400000, 0x3fffff};
+  static const uint32_t low[] = {0,      1,        0x7fff,   0x8000,  0x8001, 0xffff,
+                                 0x0fff, 0x1000,   0x1001,   0x1fff,  0x2000, 0x2001,
+                                 0x3000, 0x7fffff, 0x400000, 0x3fffff};
   for (uint32_t s = 0; s < 2; s++)
     for (uint32_t e = 0; e < 256; e++)
       for (uint32_t m = 0; m < 1024; m += 7)
@@ -603,7 +668,8 @@ static void test_narrow_against_reference(void **state) {
   if (have_f16c())
     for (uint32_t h = 0; h < 65536; h++) {
       float mine = brg__f16_to_f32((uint16_t)h), hw = hw_f16_to_f32((uint16_t)h);
-      if (bits_of(mine) != bits_of(hw)) fail_msg("f16 %04x -> %08x, F16C says %08x", h, bits_of(mine), bits_of(hw));
+      if (bits_of(mine) != bits_of(hw))
+        fail_msg("f16 %04x -> %08x, F16C says %08x", h, bits_of(mine), bits_of(hw));
     }
 #endif
 }
@@ -614,8 +680,8 @@ static void test_f16_edge_cases(void **state) {
   assert_int_equal(brg__f32_to_f16(1.0f + 0x1p-11f), 0x3c00);
   assert_int_equal(brg__f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3c02);
   assert_int_equal(brg__f32_to_f16(1.0f + 0x1p-11f + 0x1p-20f), 0x3c01);
-  assert_int_equal(brg__f32_to_f16(2049.0f), 0x6800);   /* 2048 */
-  assert_int_equal(brg__f32_to_f16(2051.0f), 0x6802);   /* 2052 */
+  assert_int_equal(brg__f32_to_f16(2049.0f), 0x6800); /* 2048 */
+  assert_int_equal(brg__f32_to_f16(2051.0f), 0x6802); /* 2052 */
   /* Largest finite, overflow. */
   assert_int_equal(brg__f32_to_f16(65504.0f), 0x7bff);
   assert_int_equal(brg__f32_to_f16(65519.996f), 0x7bff);
@@ -628,7 +694,7 @@ static void test_f16_edge_cases(void **state) {
   assert_true(isinf(brg__f16_to_f32(0xfc00)) && brg__f16_to_f32(0xfc00) < 0);
   /* Subnormals, both ways. */
   assert_int_equal(brg__f32_to_f16(0x1p-24f), 0x0001);
-  assert_int_equal(brg__f32_to_f16(0x1p-25f), 0x0000);            /* tie to even: 0 */
+  assert_int_equal(brg__f32_to_f16(0x1p-25f), 0x0000); /* tie to even: 0 */
   assert_int_equal(brg__f32_to_f16(0x1.0002p-25f), 0x0001);
   assert_int_equal(brg__f32_to_f16(3 * 0x1p-25f), 0x0002);        /* 1.5 ulp: tie to 2 */
   assert_int_equal(brg__f32_to_f16(5 * 0x1p-25f), 0x0002);        /* 2.5 ulp: tie to 2 */
@@ -643,18 +709,18 @@ static void test_f16_edge_cases(void **state) {
   /* NaN stays NaN, quiet, with its sign. */
   assert_true(isnan(brg__f16_to_f32(0x7c01)));
   assert_true(bits_of(brg__f16_to_f32(0x7c01)) & 0x00400000);
-  assert_true(ref_isnan(&F16, brg__f32_to_f16(f32_of(0x7f800001))));   /* payload below f16 bits */
+  assert_true(ref_isnan(&F16, brg__f32_to_f16(f32_of(0x7f800001)))); /* payload below f16 bits */
   assert_int_equal(brg__f32_to_f16(f32_of(0xffc00000)), 0xfe00);
 
   /* Ops. */
-  assert_int_equal(brg__f16_sum(0x7bff, 0x7bff), 0x7c00);               /* overflow */
+  assert_int_equal(brg__f16_sum(0x7bff, 0x7bff), 0x7c00);                 /* overflow */
   assert_int_equal(brg__f16_sum(0x7c00, 0xfc00), BRG_F16_CANONICAL_NAN);  /* Inf + -Inf */
   assert_int_equal(brg__f16_prod(0x7c00, 0x0000), BRG_F16_CANONICAL_NAN); /* Inf * 0 */
-  assert_int_equal(brg__f16_sum(0x3c00, 0x1000), 0x3c00);   /* 1 + 2^-11: tie, stays 1 */
-  assert_int_equal(brg__f16_sum(0x0001, 0x0001), 0x0002);   /* subnormal arithmetic */
-  assert_int_equal(brg__f16_prod(0x0200, 0x3800), 0x0100);  /* 2^-15 * 0.5 */
-  assert_int_equal(brg__f16_prod(0x0001, 0x3800), 0x0000);  /* 2^-25: tie to 0 */
-  assert_int_equal(brg__f16_sum(0x8000, 0x0000), 0x0000);   /* -0 + +0 = +0 */
+  assert_int_equal(brg__f16_sum(0x3c00, 0x1000), 0x3c00);  /* 1 + 2^-11: tie, stays 1 */
+  assert_int_equal(brg__f16_sum(0x0001, 0x0001), 0x0002);  /* subnormal arithmetic */
+  assert_int_equal(brg__f16_prod(0x0200, 0x3800), 0x0100); /* 2^-15 * 0.5 */
+  assert_int_equal(brg__f16_prod(0x0001, 0x3800), 0x0000); /* 2^-25: tie to 0 */
+  assert_int_equal(brg__f16_sum(0x8000, 0x0000), 0x0000);  /* -0 + +0 = +0 */
   assert_int_equal(brg__f16_sum(0x8000, 0x8000), 0x8000);
   assert_int_equal(brg__f16_min(0x7e00, 0x3c00), BRG_F16_CANONICAL_NAN);
   assert_int_equal(brg__f16_min(0x3c00, 0xfd00), BRG_F16_CANONICAL_NAN);
@@ -665,28 +731,28 @@ static void test_f16_edge_cases(void **state) {
   assert_int_equal(brg__f16_max(0x8000, 0x0000), 0x0000);
   assert_int_equal(brg__f16_max(0x0000, 0x8000), 0x0000);
   assert_int_equal(brg__f16_min(0xfc00, 0x7bff), 0xfc00);
-  assert_int_equal(brg__f16_avg(0x3c00, 0x4000, 2), 0x3e00);   /* (1 + 2) / 2 = 1.5 */
-  assert_int_equal(brg__f16_avg(0x7bff, 0x7bff, 2), 0x7c00);   /* sum overflows first */
-  assert_int_equal(brg__f16_div(0x0001, 2), 0x0000);           /* 2^-25: tie to 0 */
-  assert_int_equal(brg__f16_div(0x0003, 2), 0x0002);           /* 1.5 ulp: tie to 2 */
+  assert_int_equal(brg__f16_avg(0x3c00, 0x4000, 2), 0x3e00); /* (1 + 2) / 2 = 1.5 */
+  assert_int_equal(brg__f16_avg(0x7bff, 0x7bff, 2), 0x7c00); /* sum overflows first */
+  assert_int_equal(brg__f16_div(0x0001, 2), 0x0000);         /* 2^-25: tie to 0 */
+  assert_int_equal(brg__f16_div(0x0003, 2), 0x0002);         /* 1.5 ulp: tie to 2 */
 }
 
 static void test_bf16_edge_cases(void **state) {
   (void)state;
-  assert_int_equal(brg__f32_to_bf16(1.0f + 0x1p-8f), 0x3f80);    /* tie to even */
+  assert_int_equal(brg__f32_to_bf16(1.0f + 0x1p-8f), 0x3f80); /* tie to even */
   assert_int_equal(brg__f32_to_bf16(1.0f + 3 * 0x1p-8f), 0x3f82);
   assert_int_equal(brg__f32_to_bf16(1.0f + 0x1p-8f + 0x1p-20f), 0x3f81);
-  assert_int_equal(brg__f32_to_bf16(f32_of(0x7f7f0000)), 0x7f7f);  /* largest finite */
+  assert_int_equal(brg__f32_to_bf16(f32_of(0x7f7f0000)), 0x7f7f); /* largest finite */
   assert_int_equal(brg__f32_to_bf16(f32_of(0x7f7f7fff)), 0x7f7f);
-  assert_int_equal(brg__f32_to_bf16(f32_of(0x7f7f8000)), 0x7f80);  /* tie: odd rounds up to Inf */
-  assert_int_equal(brg__f32_to_bf16(f32_of(0x7f7fffff)), 0x7f80);  /* FLT_MAX overflows */
+  assert_int_equal(brg__f32_to_bf16(f32_of(0x7f7f8000)), 0x7f80); /* tie: odd rounds up to Inf */
+  assert_int_equal(brg__f32_to_bf16(f32_of(0x7f7fffff)), 0x7f80); /* FLT_MAX overflows */
   assert_int_equal(brg__f32_to_bf16(f32_of(0xff7fffff)), 0xff80);
   assert_int_equal(brg__f32_to_bf16(INFINITY), 0x7f80);
-  assert_int_equal(brg__f32_to_bf16(f32_of(0x00010000)), 0x0001);  /* smallest subnormal */
-  assert_int_equal(brg__f32_to_bf16(f32_of(0x00008000)), 0x0000);  /* half of it: tie to 0 */
+  assert_int_equal(brg__f32_to_bf16(f32_of(0x00010000)), 0x0001); /* smallest subnormal */
+  assert_int_equal(brg__f32_to_bf16(f32_of(0x00008000)), 0x0000); /* half of it: tie to 0 */
   assert_int_equal(brg__f32_to_bf16(f32_of(0x00008001)), 0x0001);
-  assert_int_equal(brg__f32_to_bf16(f32_of(0x00018000)), 0x0002);  /* 1.5: tie to 2 */
-  assert_int_equal(brg__f32_to_bf16(f32_of(0x007f8000)), 0x0080);  /* rounds up to the normals */
+  assert_int_equal(brg__f32_to_bf16(f32_of(0x00018000)), 0x0002); /* 1.5: tie to 2 */
+  assert_int_equal(brg__f32_to_bf16(f32_of(0x007f8000)), 0x0080); /* rounds up to the normals */
   assert_int_equal(brg__f32_to_bf16(-0.0f), 0x8000);
   assert_true(brg__bf16_to_f32(0x0001) == 0x1p-133f);
   /* A NaN whose payload is all below the bf16 bits must not turn into Inf. */
@@ -698,8 +764,8 @@ static void test_bf16_edge_cases(void **state) {
 
   assert_int_equal(brg__bf16_sum(0x7f7f, 0x7f7f), 0x7f80);
   assert_int_equal(brg__bf16_sum(0x7f80, 0xff80), BRG_BF16_CANONICAL_NAN);
-  assert_int_equal(brg__bf16_sum(0x3f80, 0x3b80), 0x3f80);   /* 1 + 2^-8: tie, stays 1 */
-  assert_int_equal(brg__bf16_sum(0x3f81, 0x3b80), 0x3f82);   /* (1 + 2^-7) + 2^-8: tie up */
+  assert_int_equal(brg__bf16_sum(0x3f80, 0x3b80), 0x3f80); /* 1 + 2^-8: tie, stays 1 */
+  assert_int_equal(brg__bf16_sum(0x3f81, 0x3b80), 0x3f82); /* (1 + 2^-7) + 2^-8: tie up */
   assert_int_equal(brg__bf16_min(0x3f80, 0x7fc1), BRG_BF16_CANONICAL_NAN);
   assert_int_equal(brg__bf16_max(0xffc0, 0x3f80), BRG_BF16_CANONICAL_NAN);
   assert_int_equal(brg__bf16_min(0x0000, 0x8000), 0x8000);
@@ -711,21 +777,37 @@ static void test_bf16_edge_cases(void **state) {
  * SIMD body and in the tail. */
 static void test_half_edges_through_kernels(void **state) {
   (void)state;
-  struct { brg_dtype dt; brg_op op; uint16_t a, b, want; } cases[] = {
-    {BRG_FLOAT16, BRG_SUM, 0x7c00, 0xfc00, 0x7e00}, {BRG_FLOAT16, BRG_SUM, 0x7bff, 0x7bff, 0x7c00},
-    {BRG_FLOAT16, BRG_SUM, 0x3c00, 0x1000, 0x3c00}, {BRG_FLOAT16, BRG_SUM, 0x3c01, 0x1000, 0x3c02},
-    {BRG_FLOAT16, BRG_SUM, 0x0001, 0x8002, 0x8001}, {BRG_FLOAT16, BRG_PROD, 0x0001, 0x3800, 0x0000},
-    {BRG_FLOAT16, BRG_PROD, 0x0003, 0x3800, 0x0002}, {BRG_FLOAT16, BRG_MIN, 0x7e00, 0x3c00, 0x7e00},
-    {BRG_FLOAT16, BRG_MIN, 0x3c00, 0x7d00, 0x7e00}, {BRG_FLOAT16, BRG_MAX, 0xfe00, 0x3c00, 0x7e00},
-    {BRG_FLOAT16, BRG_MIN, 0x0000, 0x8000, 0x8000}, {BRG_FLOAT16, BRG_MAX, 0x8000, 0x0000, 0x0000},
-    {BRG_FLOAT16, BRG_SUM, 0x7c01, 0x3c00, 0x7e00}, {BRG_FLOAT16, BRG_PROD, 0x7c00, 0x8000, 0x7e00},
-    {BRG_BFLOAT16, BRG_SUM, 0x7f80, 0xff80, 0x7fc0}, {BRG_BFLOAT16, BRG_SUM, 0x7f7f, 0x7f7f, 0x7f80},
-    {BRG_BFLOAT16, BRG_SUM, 0x3f80, 0x3b80, 0x3f80}, {BRG_BFLOAT16, BRG_SUM, 0x3f81, 0x3b80, 0x3f82},
-    {BRG_BFLOAT16, BRG_SUM, 0x7f81, 0x3f80, 0x7fc0}, {BRG_BFLOAT16, BRG_MIN, 0x3f80, 0xffc0, 0x7fc0},
-    {BRG_BFLOAT16, BRG_MAX, 0x7fc0, 0x3f80, 0x7fc0}, {BRG_BFLOAT16, BRG_MIN, 0x8000, 0x0000, 0x8000},
-    {BRG_BFLOAT16, BRG_PROD, 0x0001, 0x3f00, 0x0000}, {BRG_BFLOAT16, BRG_PROD, 0x0003, 0x3f00, 0x0002},
+  struct {
+    brg_dtype dt;
+    brg_op op;
+    uint16_t a, b, want;
+  } cases[] = {
+      {BRG_FLOAT16, BRG_SUM, 0x7c00, 0xfc00, 0x7e00},
+      {BRG_FLOAT16, BRG_SUM, 0x7bff, 0x7bff, 0x7c00},
+      {BRG_FLOAT16, BRG_SUM, 0x3c00, 0x1000, 0x3c00},
+      {BRG_FLOAT16, BRG_SUM, 0x3c01, 0x1000, 0x3c02},
+      {BRG_FLOAT16, BRG_SUM, 0x0001, 0x8002, 0x8001},
+      {BRG_FLOAT16, BRG_PROD, 0x0001, 0x3800, 0x0000},
+      {BRG_FLOAT16, BRG_PROD, 0x0003, 0x3800, 0x0002},
+      {BRG_FLOAT16, BRG_MIN, 0x7e00, 0x3c00, 0x7e00},
+      {BRG_FLOAT16, BRG_MIN, 0x3c00, 0x7d00, 0x7e00},
+      {BRG_FLOAT16, BRG_MAX, 0xfe00, 0x3c00, 0x7e00},
+      {BRG_FLOAT16, BRG_MIN, 0x0000, 0x8000, 0x8000},
+      {BRG_FLOAT16, BRG_MAX, 0x8000, 0x0000, 0x0000},
+      {BRG_FLOAT16, BRG_SUM, 0x7c01, 0x3c00, 0x7e00},
+      {BRG_FLOAT16, BRG_PROD, 0x7c00, 0x8000, 0x7e00},
+      {BRG_BFLOAT16, BRG_SUM, 0x7f80, 0xff80, 0x7fc0},
+      {BRG_BFLOAT16, BRG_SUM, 0x7f7f, 0x7f7f, 0x7f80},
+      {BRG_BFLOAT16, BRG_SUM, 0x3f80, 0x3b80, 0x3f80},
+      {BRG_BFLOAT16, BRG_SUM, 0x3f81, 0x3b80, 0x3f82},
+      {BRG_BFLOAT16, BRG_SUM, 0x7f81, 0x3f80, 0x7fc0},
+      {BRG_BFLOAT16, BRG_MIN, 0x3f80, 0xffc0, 0x7fc0},
+      {BRG_BFLOAT16, BRG_MAX, 0x7fc0, 0x3f80, 0x7fc0},
+      {BRG_BFLOAT16, BRG_MIN, 0x8000, 0x0000, 0x8000},
+      {BRG_BFLOAT16, BRG_PROD, 0x0001, 0x3f00, 0x0000},
+      {BRG_BFLOAT16, BRG_PROD, 0x0003, 0x3f00, 0x0002},
   };
-  enum { N = 37 };   /* 32 in the SIMD body, 5 in the tail */
+  enum { N = 37 }; /* 32 in the SIMD body, 5 in the tail */
   uint16_t a[N], b[N], d[N];
   for (size_t k = 0; k < sizeof isa_names / sizeof isa_names[0]; k++) {
     if (brg__kernels_force_isa(isa_names[k]) != 0) continue;
@@ -751,13 +833,13 @@ static void test_integer_wrap(void **state) {
     for (int i = 0; i < 17; i++) a8[i] = 127, b8[i] = 1;
     brg__reduce(r8, NULL, a8, b8, 17, BRG_INT8, BRG_SUM, 1);
     for (int i = 0; i < 17; i++) assert_int_equal(r8[i], -128);
-    brg__reduce(r8, NULL, a8, b8, 17, BRG_INT8, BRG_AVG, 2);   /* wrapped sum, then / 2 */
+    brg__reduce(r8, NULL, a8, b8, 17, BRG_INT8, BRG_AVG, 2); /* wrapped sum, then / 2 */
     for (int i = 0; i < 17; i++) assert_int_equal(r8[i], -64);
     for (int i = 0; i < 17; i++) a8[i] = -128, b8[i] = -1;
     brg__reduce(r8, NULL, a8, b8, 17, BRG_INT8, BRG_PROD, 1);
     for (int i = 0; i < 17; i++) assert_int_equal(r8[i], -128);
     for (int i = 0; i < 17; i++) a8[i] = -100, b8[i] = -100;   /* -200 wraps to 56 */
-    brg__reduce(r8, NULL, a8, b8, 17, BRG_INT8, BRG_AVG, 200);  /* divisor beyond int8 */
+    brg__reduce(r8, NULL, a8, b8, 17, BRG_INT8, BRG_AVG, 200); /* divisor beyond int8 */
     for (int i = 0; i < 17; i++) assert_int_equal(r8[i], 0);
     for (int i = 0; i < 17; i++) a8[i] = -100, b8[i] = 0;
     brg__reduce(r8, NULL, a8, b8, 17, BRG_INT8, BRG_AVG, 130);
@@ -765,14 +847,14 @@ static void test_integer_wrap(void **state) {
     brg__reduce(r8, NULL, a8, b8, 17, BRG_INT8, BRG_AVG, 7);
     for (int i = 0; i < 17; i++) assert_int_equal(r8[i], -14);
     for (int i = 0; i < 17; i++) a8[i] = -1, b8[i] = -2;
-    brg__reduce(r8, NULL, a8, b8, 17, BRG_INT8, BRG_AVG, 2);   /* -3 / 2 truncates to -1 */
+    brg__reduce(r8, NULL, a8, b8, 17, BRG_INT8, BRG_AVG, 2); /* -3 / 2 truncates to -1 */
     for (int i = 0; i < 17; i++) assert_int_equal(r8[i], -1);
 
     uint8_t u8a[17], u8b[17], u8r[17];
     for (int i = 0; i < 17; i++) u8a[i] = 255, u8b[i] = 1;
     brg__reduce(u8r, NULL, u8a, u8b, 17, BRG_UINT8, BRG_SUM, 1);
     for (int i = 0; i < 17; i++) assert_int_equal(u8r[i], 0);
-    brg__reduce(u8r, NULL, u8a, u8a, 17, BRG_UINT8, BRG_AVG, 200);   /* divisor beyond int8 */
+    brg__reduce(u8r, NULL, u8a, u8a, 17, BRG_UINT8, BRG_AVG, 200); /* divisor beyond int8 */
     for (int i = 0; i < 17; i++) assert_int_equal(u8r[i], 254 / 200);
 
     uint64_t a64[9], b64[9], r64[9];
@@ -857,18 +939,23 @@ static void test_divide(void **state) {
                 memcpy(&x, orig + i * es, 2), memcpy(&got, g, 2);
                 const struct hfmt *f = dt == BRG_FLOAT16 ? &F16 : &BF16;
                 uint16_t want = ref_encode(f, ref_decode(f, x) / div);
-                if (got != want) fail_msg("%s divide %04x / %d = %04x, want %04x", isa_names[k], x, div, got, want);
+                if (got != want)
+                  fail_msg("%s divide %04x / %d = %04x, want %04x", isa_names[k], x, div, got,
+                           want);
                 continue;
               }
               ref_elem((brg_dtype)dt, BRG_AVG, orig, zero, i, div, exp);
               if (is_float((brg_dtype)dt) && memcmp(exp, g, es) != 0) {
                 /* -0 / d keeps its sign; the avg reference made it +0. */
-                double e = dt == BRG_FLOAT32 ? (double)*(const float *)(const void *)exp : *(const double *)(const void *)exp;
-                double v = dt == BRG_FLOAT32 ? (double)*(const float *)(const void *)g : *(const double *)(const void *)g;
+                double e = dt == BRG_FLOAT32 ? (double)*(const float *)(const void *)exp
+                                             : *(const double *)(const void *)exp;
+                double v = dt == BRG_FLOAT32 ? (double)*(const float *)(const void *)g
+                                             : *(const double *)(const void *)g;
                 if ((isnan(e) && isnan(v)) || (e == 0 && v == 0)) continue;
               }
               if (!elem_matches((brg_dtype)dt, BRG_AVG, exp, g))
-                fail_msg("%s divide %s [%zu] by %d wrong", isa_names[k], dt_name((brg_dtype)dt), i, div);
+                fail_msg("%s divide %s [%zu] by %d wrong", isa_names[k], dt_name((brg_dtype)dt), i,
+                         div);
             }
             if (!in_place) assert_memory_equal(s.p, orig, n * es);
             buf_check_guards(&s, es), buf_check_guards(&d, es);
@@ -880,7 +967,8 @@ static void test_divide(void **state) {
 
 static void test_copy(void **state) {
   (void)state;
-  static const size_t sizes[] = {0, 1, 7, 64, 1003, 256 * 1024 - 1, 256 * 1024 + 5, 3 * 256 * 1024 + 17};
+  static const size_t sizes[] = {
+      0, 1, 7, 64, 1003, 256 * 1024 - 1, 256 * 1024 + 5, 3 * 256 * 1024 + 17};
   for (size_t z = 0; z < sizeof sizes / sizeof sizes[0]; z++)
     for (int mode = 0; mode < 4; mode++) {
       size_t n = sizes[z];
@@ -891,7 +979,7 @@ static void test_copy(void **state) {
       memcpy(orig, s.p, n);
       void *dst0 = d0.p, *dst1 = NULL;
       if (mode == 1) dst1 = d1.p;
-      if (mode == 2) dst0 = s.p, dst1 = d1.p;   /* in place plus a second copy */
+      if (mode == 2) dst0 = s.p, dst1 = d1.p; /* in place plus a second copy */
       if (mode == 3) dst1 = s.p;
       brg__copy(dst0, dst1, s.p, n);
       assert_memory_equal(dst0, orig, n);
@@ -922,20 +1010,20 @@ static void test_reference_sanity(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test(test_reference_sanity),
-    cmocka_unit_test(test_isa_detection),
-    cmocka_unit_test(test_f16_edge_cases),
-    cmocka_unit_test(test_bf16_edge_cases),
-    cmocka_unit_test(test_f16_roundtrip_exhaustive),
-    cmocka_unit_test(test_bf16_roundtrip_exhaustive),
-    cmocka_unit_test(test_narrow_against_reference),
-    cmocka_unit_test(test_half_edges_through_kernels),
-    cmocka_unit_test(test_integer_wrap),
-    cmocka_unit_test(test_float_nan_minmax),
-    cmocka_unit_test(test_reduce_every_isa),
-    cmocka_unit_test(test_simd_matches_generic),
-    cmocka_unit_test(test_divide),
-    cmocka_unit_test(test_copy),
+      cmocka_unit_test(test_reference_sanity),
+      cmocka_unit_test(test_isa_detection),
+      cmocka_unit_test(test_f16_edge_cases),
+      cmocka_unit_test(test_bf16_edge_cases),
+      cmocka_unit_test(test_f16_roundtrip_exhaustive),
+      cmocka_unit_test(test_bf16_roundtrip_exhaustive),
+      cmocka_unit_test(test_narrow_against_reference),
+      cmocka_unit_test(test_half_edges_through_kernels),
+      cmocka_unit_test(test_integer_wrap),
+      cmocka_unit_test(test_float_nan_minmax),
+      cmocka_unit_test(test_reduce_every_isa),
+      cmocka_unit_test(test_simd_matches_generic),
+      cmocka_unit_test(test_divide),
+      cmocka_unit_test(test_copy),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

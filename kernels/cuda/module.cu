@@ -1,0 +1,94 @@
+/*
+ * The table libbrigade_cuda.so hands to the core library (brg_cuda.h).
+ * Only brg__cuda_module_api is exported; cudart is linked statically and
+ * reaches the driver (libcuda.so.1) itself, at first use.
+ */
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "brg_cuda.h"
+
+extern "C" int brg__cuda_reduce(void *d0, void *d1, const void *a, const void *b, size_t n,
+                                int dtype, int op, int div, void *stream);
+extern "C" int brg__cuda_divide(void *d, const void *s, size_t n, int dtype, int div,
+                                void *stream);
+extern "C" int brg__cuda_copy(void *d0, void *d1, const void *s, size_t bytes, void *stream);
+
+namespace {
+
+int probe(char *why, size_t n) {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    snprintf(why, n, "cudaGetDeviceCount failed: %s (%s)", cudaGetErrorName(e),
+             cudaGetErrorString(e));
+    cudaGetLastError();
+    return -1;
+  }
+  if (count <= 0) {
+    snprintf(why, n, "no CUDA device is visible (CUDA_VISIBLE_DEVICES=\"%s\")",
+             getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "(unset)");
+    return 0;
+  }
+  return count;
+}
+
+void describe(char *out, size_t n) {
+  int dev = 0, drv = 0, rt = 0;
+  cudaDeviceProp p;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&p, dev) != cudaSuccess) {
+    snprintf(out, n, "unknown CUDA device");
+    cudaGetLastError();
+    return;
+  }
+  cudaDriverGetVersion(&drv);
+  cudaRuntimeGetVersion(&rt);
+  snprintf(out, n, "device %d: %s, sm_%d%d, %d SMs, %.1f GiB; driver %d, runtime %d", dev, p.name,
+           p.major, p.minor, p.multiProcessorCount, (double)p.totalGlobalMem / (1 << 30), drv, rt);
+}
+
+const char *error_string(int err) { return cudaGetErrorString(static_cast<cudaError_t>(err)); }
+
+int pointer_is_device(const void *p, int *device) {
+  cudaPointerAttributes a;
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) return 0;
+  if (device) *device = a.device;
+  return 1;
+}
+
+int mem_alloc(void **p, size_t bytes) { return cudaMalloc(p, bytes); }
+int mem_free(void *p) { return cudaFree(p); }
+int mem_copy(void *dst, const void *src, size_t bytes) {
+  return cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
+}
+int mem_set(void *p, int value, size_t bytes) { return cudaMemset(p, value, bytes); }
+int stream_sync(void *stream) { return cudaStreamSynchronize(static_cast<cudaStream_t>(stream)); }
+int last_error(void) { return cudaGetLastError(); }
+
+const brg__cuda_api api = {
+    BRG__CUDA_ABI,
+    probe,
+    describe,
+    error_string,
+    pointer_is_device,
+    brg__cuda_reduce,
+    brg__cuda_copy,
+    brg__cuda_divide,
+    mem_alloc,
+    mem_free,
+    mem_copy,
+    mem_set,
+    stream_sync,
+    last_error,
+};
+
+} // namespace
+
+extern "C" __attribute__((visibility("default"))) const brg__cuda_api *brg__cuda_module_api(void) {
+  return &api;
+}
