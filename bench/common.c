@@ -19,14 +19,21 @@
  * checked with memcpy/memcmp of one precomputed period rather than element
  * by element. PERIOD has odd factors, so an output shifted by a power-of-two
  * number of elements (a misplaced chunk or slice) never matches by chance.
+ *
+ * With --peer, each placement of each row is then timed and checked the
+ * same way through a peer library (peer.h), and the row gains the peer's
+ * columns and the ratio of bus bandwidths. all_reduce_perf starts by
+ * measuring the machine's copy rate, the memory roofline (see roofline()).
  */
 #include "common.h"
+#include "peer.h"
 
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,6 +66,33 @@ static const char *const dtype_print[BRG_NUM_DTYPES] = {
 };
 static const char *const op_print[BRG_NUM_OPS] = {"sum", "prod", "min", "max", "avg"};
 
+/* ----------------------------------------------------------------- peers */
+
+/* The peers this build has (bench/meson.build defines BENCH_HAVE_*). */
+static const bench_peer *const peers[] = {
+#ifdef BENCH_HAVE_MPI
+    &bench_peer_mpi,
+#endif
+#ifdef BENCH_HAVE_GLOO
+    &bench_peer_gloo,
+#endif
+    NULL,
+};
+
+static const char *peers_built(void) {
+  static char buf[64];
+  buf[0] = '\0';
+  for (size_t i = 0; peers[i] != NULL; i++)
+    snprintf(buf + strlen(buf), sizeof buf - strlen(buf), "%s%s", i ? ", " : "", peers[i]->name);
+  return buf[0] ? buf : "none in this build";
+}
+
+static const bench_peer *peer_find(const char *name) {
+  for (size_t i = 0; peers[i] != NULL; i++)
+    if (strcmp(peers[i]->name, name) == 0) return peers[i];
+  return NULL;
+}
+
 /* --------------------------------------------------------------- options */
 
 typedef struct bench_opts {
@@ -66,6 +100,9 @@ typedef struct bench_opts {
   size_t step_bytes; /* used when step_factor <= 1 */
   size_t step_factor;
   int iters, warmup, check, blocking, root;
+  int roofline;         /* -1: default (on for all_reduce) */
+  const char *peer;     /* --peer NAME, or NULL */
+  const char *csv;      /* --csv PATH, or NULL */
   int ndtypes, nops;
   brg_dtype dtypes[BRG_NUM_DTYPES];
   brg_op ops[BRG_NUM_OPS];
@@ -141,14 +178,21 @@ static void usage(FILE *f, const bench_coll *coll) {
           "  -o, --op OP              sum prod min max avg, or all (default sum)\n"
           "  -r, --root R             root rank of broadcast and reduce (default 0)\n"
           "  -z, --blocking 0|1       accepted for compatibility: host calls block\n"
+          "  -p, --peer NAME          also time NAME on the same buffers and print the\n"
+          "                           ratio brigade busbw / peer busbw: %s\n"
+          "  -R, --roofline 0|1       measure the two-thread copy rate first and print\n"
+          "                           the memory roofline (default 1 for all_reduce)\n"
+          "  -C, --csv PATH           rank 0 also writes every result to PATH as CSV\n"
           "  -h, --help               this text\n"
           "\n"
           "SIZE is the total payload in bytes: per rank for all_reduce, broadcast and\n"
           "reduce, the whole gathered/scattered buffer for all_gather and reduce_scatter.\n"
           "Times are averages over -n calls, the slowest rank's; busbw is algbw times\n"
           "2(N-1)/N for all_reduce, (N-1)/N for all_gather and reduce_scatter, 1 for\n"
-          "broadcast and reduce. Select transports with BRIGADE_TRANSPORTS=shm|tcp.\n",
-          prog, coll->name);
+          "broadcast and reduce. Select transports with BRIGADE_TRANSPORTS=shm|tcp.\n"
+          "--peer mpi needs the program started by mpirun (mpirun -np N %s ...);\n"
+          "--peer gloo runs under brigade-run.\n",
+          prog, coll->name, peers_built(), prog);
 }
 
 static int parse_args(int argc, char **argv, const bench_coll *coll, bench_opts *o) {
@@ -164,6 +208,9 @@ static int parse_args(int argc, char **argv, const bench_coll *coll, bench_opts 
       {"datatype", required_argument, NULL, 'd'},
       {"root", required_argument, NULL, 'r'},
       {"blocking", required_argument, NULL, 'z'},
+      {"peer", required_argument, NULL, 'p'},
+      {"roofline", required_argument, NULL, 'R'},
+      {"csv", required_argument, NULL, 'C'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
   };
@@ -177,13 +224,14 @@ static int parse_args(int argc, char **argv, const bench_coll *coll, bench_opts 
       .check = 1,
       .blocking = 1,
       .root = 0,
+      .roofline = -1,
       .ndtypes = 1,
       .dtypes = {BRG_FLOAT32},
       .nops = 1,
       .ops = {BRG_SUM},
   };
   int c;
-  while ((c = getopt_long(argc, argv, "b:e:i:f:n:w:c:o:d:r:z:h", longopts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "b:e:i:f:n:w:c:o:d:r:z:p:R:C:h", longopts, NULL)) != -1) {
     size_t sz;
     int v;
     switch (c) {
@@ -224,14 +272,23 @@ static int parse_args(int argc, char **argv, const bench_coll *coll, bench_opts 
       break;
     case 'c':
     case 'z':
+    case 'R':
       if (parse_int(optarg, 0, &v) != 0 || v > 1) {
         fprintf(stderr, "%s: -%c: need 0 or 1, got '%s'\n", prog, c, optarg);
         return -1;
       }
       if (c == 'c')
         o->check = v;
-      else
+      else if (c == 'z')
         o->blocking = v;
+      else
+        o->roofline = v;
+      break;
+    case 'p':
+      o->peer = optarg;
+      break;
+    case 'C':
+      o->csv = optarg;
       break;
     case 'r':
       if (parse_int(optarg, 0, &o->root) != 0) {
@@ -617,6 +674,16 @@ typedef struct bench {
   double bw_sum;
   int bw_rows;
   uint64_t wrong_total;
+  const bench_peer *peer;
+  uint64_t peer_wrong_total;
+  const char *peer_skips[8]; /* distinct reasons for n/a peer columns */
+  int npeer_skips;
+  double copy_rate;     /* bytes read + written per second, 0 when not measured */
+  double roof_busbw;    /* GB/s: the allreduce busbw the copy rate allows */
+  double last_busbw[2]; /* largest size so far: brigade out of place, in place */
+  double last_peer[2];  /* the peer's, 0 when n/a */
+  size_t last_bytes;
+  FILE *csv;
 } bench;
 
 /* Geometry of one row. `count` is the collective's argument; `total` the
@@ -751,7 +818,8 @@ static uint64_t check_data(bench *b, const row_geom *g, brg_dtype dt, int in_pla
   return wrong;
 }
 
-static void run_call(bench *b, const row_geom *g, brg_dtype dt, brg_op op, int in_place) {
+/* One call: brigade's when alg < 0, else the peer's algorithm `alg`. */
+static void run_call(bench *b, const row_geom *g, brg_dtype dt, brg_op op, int in_place, int alg) {
   char *send, *recv;
   call_buffers(b, g, dt_size(dt), in_place, &send, &recv);
   bench_call c = {.send = send,
@@ -761,52 +829,161 @@ static void run_call(bench *b, const row_geom *g, brg_dtype dt, brg_op op, int i
                   .op = op,
                   .root = b->o.root,
                   .comm = b->comm};
+  if (alg >= 0) {
+    bench_peer_call pc = {.c = c, .kind = b->coll->kind, .in_place = in_place, .alg = alg};
+    if (b->peer->run(&pc) != 0) {
+      fprintf(stderr, "%s: rank %d: peer %s (%s) failed\n", prog, b->rank, b->peer->name,
+              b->peer->algs[alg]);
+      fflush(stdout);
+      brg_comm_abort(b->comm);
+      exit(1);
+    }
+    return;
+  }
   brg_status st = b->coll->run(&c);
   if (st != BRG_SUCCESS) die_status(b, b->coll->call_name, st);
 }
 
-/* Times one placement of one row; prints its columns on rank 0. */
-static void time_placement(bench *b, const row_geom *g, brg_dtype dt, int op, int in_place) {
-  brg_op bop = op == PLAIN_DATA ? BRG_SUM : (brg_op)op;
+typedef struct timing {
+  double usec; /* per call, the slowest rank's */
+  uint64_t wrong;
+} timing;
+
+/* Times one placement of one row for brigade (alg < 0) or a peer algorithm,
+ * then checks one more call's data. */
+static timing time_calls(bench *b, const row_geom *g, brg_dtype dt, brg_op op, int in_place,
+                         int alg) {
   brg_status st;
+  timing t = {0, 0};
 
   init_data(b, g, dt, in_place);
-  for (int i = 0; i < b->o.warmup; i++) run_call(b, g, dt, bop, in_place);
+  if (alg >= 0) {
+    char *send, *recv;
+    call_buffers(b, g, dt_size(dt), in_place, &send, &recv);
+    bench_peer_call pc = {
+        .c = {.send = send, .recv = recv, .count = g->count, .dtype = dt, .op = op,
+              .root = b->o.root, .comm = b->comm},
+        .kind = b->coll->kind, .in_place = in_place, .alg = alg};
+    if (b->peer->prepare(&pc) != 0) {
+      fprintf(stderr, "%s: rank %d: peer %s: set-up failed\n", prog, b->rank, b->peer->name);
+      brg_comm_abort(b->comm);
+      exit(1);
+    }
+  }
+  for (int i = 0; i < b->o.warmup; i++) run_call(b, g, dt, op, in_place, alg);
   if ((st = brg_barrier(b->comm)) != BRG_SUCCESS) die_status(b, "brg_barrier", st);
   double t0 = now_s();
-  for (int i = 0; i < b->o.iters; i++) run_call(b, g, dt, bop, in_place);
-  double usec = (now_s() - t0) * 1e6 / b->o.iters;
-  if ((st = brg_allreduce(&usec, &usec, 1, BRG_FLOAT64, BRG_MAX, b->comm, NULL)) != BRG_SUCCESS)
+  for (int i = 0; i < b->o.iters; i++) run_call(b, g, dt, op, in_place, alg);
+  t.usec = (now_s() - t0) * 1e6 / b->o.iters;
+  if ((st = brg_allreduce(&t.usec, &t.usec, 1, BRG_FLOAT64, BRG_MAX, b->comm, NULL)) !=
+      BRG_SUCCESS)
     die_status(b, "brg_allreduce (time)", st);
 
-  uint64_t wrong = 0;
   if (b->o.check) {
     init_data(b, g, dt, in_place);
-    run_call(b, g, dt, bop, in_place);
-    wrong = check_data(b, g, dt, in_place);
-    if ((st = brg_allreduce(&wrong, &wrong, 1, BRG_UINT64, BRG_SUM, b->comm, NULL)) != BRG_SUCCESS)
+    run_call(b, g, dt, op, in_place, alg);
+    t.wrong = check_data(b, g, dt, in_place);
+    if ((st = brg_allreduce(&t.wrong, &t.wrong, 1, BRG_UINT64, BRG_SUM, b->comm, NULL)) !=
+        BRG_SUCCESS)
       die_status(b, "brg_allreduce (#wrong)", st);
-    b->wrong_total += wrong;
   }
+  return t;
+}
 
-  double bytes = (double)(g->total * dt_size(dt));
-  double algbw = usec > 0 ? bytes / usec / 1e3 : 0; /* GB/s */
-  double busbw = algbw * bus_factor(b->coll->kind, b->nranks);
+static void format_time(char *buf, size_t len, double usec) {
+  if (usec >= 10000.0)
+    snprintf(buf, len, "%7.0f", usec);
+  else if (usec >= 100.0)
+    snprintf(buf, len, "%7.1f", usec);
+  else
+    snprintf(buf, len, "%7.2f", usec);
+}
+
+static void format_wrong(const bench *b, char *buf, size_t len, uint64_t wrong) {
+  if (b->o.check)
+    snprintf(buf, len, "%" PRIu64, wrong);
+  else
+    snprintf(buf, len, "N/A");
+}
+
+static void csv_row(bench *b, const char *library, const char *alg, int in_place, size_t bytes,
+                    size_t count, brg_dtype dt, int op, const timing *t, double algbw,
+                    double busbw) {
+  if (b->csv == NULL || b->rank != 0) return;
+  char wbuf[32];
+  format_wrong(b, wbuf, sizeof wbuf, t->wrong);
+  fprintf(b->csv, "%s,%s,%s,%d,%s,%zu,%zu,%s,%s,%.3f,%.4f,%.4f,%s\n", b->coll->name, library, alg,
+          b->nranks, in_place ? "in-place" : "out-of-place", bytes, count, dtype_print[dt],
+          op == PLAIN_DATA ? "none" : op_print[op], t->usec, algbw, busbw, wbuf);
+}
+
+static void note_peer_skip(bench *b, const char *why) {
+  for (int i = 0; i < b->npeer_skips; i++)
+    if (strcmp(b->peer_skips[i], why) == 0) return;
+  if (b->npeer_skips < (int)(sizeof b->peer_skips / sizeof b->peer_skips[0]))
+    b->peer_skips[b->npeer_skips++] = why;
+}
+
+/* Times one placement of one row, brigade and then the peer; prints its
+ * columns on rank 0. */
+static void time_placement(bench *b, const row_geom *g, brg_dtype dt, int op, int in_place) {
+  brg_op bop = op == PLAIN_DATA ? BRG_SUM : (brg_op)op;
+  size_t es = dt_size(dt);
+  double bytes = (double)(g->total * es);
+  double factor = bus_factor(b->coll->kind, b->nranks);
+
+  timing t = time_calls(b, g, dt, bop, in_place, -1);
+  b->wrong_total += t.wrong;
+  double algbw = t.usec > 0 ? bytes / t.usec / 1e3 : 0; /* GB/s */
+  double busbw = algbw * factor;
   b->bw_sum += busbw;
   b->bw_rows++;
-  if (b->rank != 0) return;
+  b->last_busbw[in_place] = busbw;
+  csv_row(b, "brigade", "ring", in_place, g->total * es, g->count, dt, op, &t, algbw, busbw);
   char tbuf[32], wbuf[32];
-  if (usec >= 10000.0)
-    snprintf(tbuf, sizeof tbuf, "%7.0f", usec);
-  else if (usec >= 100.0)
-    snprintf(tbuf, sizeof tbuf, "%7.1f", usec);
-  else
-    snprintf(tbuf, sizeof tbuf, "%7.2f", usec);
-  if (b->o.check)
-    snprintf(wbuf, sizeof wbuf, "%" PRIu64, wrong);
-  else
-    snprintf(wbuf, sizeof wbuf, "N/A");
-  printf("  %7s  %6.2f  %6.2f  %5s", tbuf, algbw, busbw, wbuf);
+  format_time(tbuf, sizeof tbuf, t.usec);
+  format_wrong(b, wbuf, sizeof wbuf, t.wrong);
+  if (b->rank == 0) {
+    printf("  %7s  %6.2f  %6.2f  %5s", tbuf, algbw, busbw, wbuf);
+    if (b->roof_busbw > 0) printf("  %5.1f", 100.0 * busbw / b->roof_busbw);
+  }
+  if (b->peer == NULL) return;
+
+  b->last_peer[in_place] = 0;
+  const char *why = b->peer->unsupported(b->coll->kind, dt, bop, in_place);
+  if (why != NULL) {
+    note_peer_skip(b, why);
+    if (b->rank == 0) {
+      printf("  %7s  %6s  %5s", "n/a", "n/a", "n/a");
+      if (b->peer->nalgs > 1) printf("  %7s", "n/a");
+      printf("  %6s", "n/a");
+    }
+    return;
+  }
+  timing best = {0, 0};
+  int best_alg = 0;
+  uint64_t peer_wrong = 0;
+  for (int a = 0; a < b->peer->nalgs; a++) {
+    timing pt = time_calls(b, g, dt, bop, in_place, a);
+    peer_wrong += pt.wrong;
+    double pbus = pt.usec > 0 ? bytes / pt.usec / 1e3 * factor : 0;
+    csv_row(b, b->peer->name, b->peer->algs[a], in_place, g->total * es, g->count, dt, op, &pt,
+            pbus / factor, pbus);
+    if (a == 0 || pt.usec < best.usec) {
+      best = pt;
+      best_alg = a;
+    }
+  }
+  b->peer_wrong_total += peer_wrong;
+  double pbusbw = best.usec > 0 ? bytes / best.usec / 1e3 * factor : 0;
+  b->last_peer[in_place] = pbusbw;
+  if (b->rank != 0) return;
+  format_time(tbuf, sizeof tbuf, best.usec);
+  format_wrong(b, wbuf, sizeof wbuf, peer_wrong);
+  printf("  %7s  %6.2f  %5s", tbuf, pbusbw, wbuf);
+  if (b->peer->nalgs > 1) printf("  %7s", b->peer->algs[best_alg]);
+  /* the ratio of busbw is the ratio of times; times stay meaningful at 0 bytes */
+  printf("  %6.2f", t.usec > 0 ? best.usec / t.usec : 0.0);
 }
 
 static void sweep(bench *b, brg_dtype dt, int op) {
@@ -828,11 +1005,103 @@ static void sweep(bench *b, brg_dtype dt, int op) {
              op == PLAIN_DATA ? "none" : op_print[op], has_root(b->coll->kind) ? b->o.root : -1);
     time_placement(b, &g, dt, op, 0);
     time_placement(b, &g, dt, op, 1);
+    b->last_bytes = g.total * es;
     if (b->rank == 0) printf("\n");
     size_t next = b->o.step_factor > 1 ? size * b->o.step_factor : size + b->o.step_bytes;
     if (next <= size || next > b->o.max_bytes) break;
     size = next;
   }
+}
+
+/* --------------------------------------------------------------- roofline */
+
+/*
+ * The memory roofline: a STREAM-style copy by two threads, each copying its
+ * half of a 512 MiB source into its half of a 512 MiB destination (1 GiB in
+ * all, about 4x the 260 MiB L3 of the machines we run on, so the copy goes to
+ * DRAM). B counts bytes read plus bytes written per second, the best of a
+ * few passes. An allreduce of S bytes on N ranks of one host has to read the
+ * N inputs and write the N outputs, 2NS bytes, so algbw <= B / 2N and
+ * busbw = algbw 2(N-1)/N <= B (N-1) / N^2.
+ */
+#define COPY_BYTES ((size_t)512 << 20) /* per buffer, both threads together */
+#define COPY_THREADS 2
+#define COPY_PASSES 5
+
+typedef struct copy_arg {
+  char *dst;
+  const char *src;
+  size_t bytes;
+  pthread_barrier_t *bar;
+  double *pass_s; /* written by thread 0 */
+  int id;
+} copy_arg;
+
+static void *copy_thread(void *p) {
+  copy_arg *a = p;
+  memset(a->dst, 1, a->bytes); /* each thread faults in its own pages */
+  memset((char *)a->src, 2, a->bytes);
+  memcpy(a->dst, a->src, a->bytes); /* warm */
+  for (int i = 0; i < COPY_PASSES; i++) {
+    pthread_barrier_wait(a->bar);
+    double t0 = now_s();
+    memcpy(a->dst, a->src, a->bytes);
+    pthread_barrier_wait(a->bar);
+    if (a->id == 0) a->pass_s[i] = now_s() - t0;
+  }
+  return NULL;
+}
+
+/* Bytes read + written per second, or 0 when it could not be measured. */
+static double measure_copy_rate(void) {
+  char *src = aligned_alloc(ALIGN, COPY_BYTES), *dst = aligned_alloc(ALIGN, COPY_BYTES);
+  double pass_s[COPY_PASSES] = {0}, best = 0;
+  pthread_barrier_t bar;
+  pthread_t th[COPY_THREADS];
+  copy_arg args[COPY_THREADS];
+  int started = 0;
+  if (src == NULL || dst == NULL) goto out;
+  pthread_barrier_init(&bar, NULL, COPY_THREADS);
+  for (int i = 0; i < COPY_THREADS; i++) {
+    size_t part = COPY_BYTES / COPY_THREADS;
+    args[i] = (copy_arg){.dst = dst + i * part, .src = src + i * part, .bytes = part,
+                         .bar = &bar, .pass_s = pass_s, .id = i};
+    if (pthread_create(&th[i], NULL, copy_thread, &args[i]) != 0) break;
+    started++;
+  }
+  if (started < COPY_THREADS) {
+    /* a started thread would wait on the barrier for ever */
+    fprintf(stderr, "%s: cannot start the copy threads (run with -R 0)\n", prog);
+    exit(1);
+  }
+  for (int i = 0; i < COPY_THREADS; i++) pthread_join(th[i], NULL);
+  pthread_barrier_destroy(&bar);
+  for (int i = 0; i < COPY_PASSES; i++)
+    if (pass_s[i] > 0 && (best == 0 || pass_s[i] < best)) best = pass_s[i];
+out:
+  free(src);
+  free(dst);
+  return best > 0 ? 2.0 * (double)COPY_BYTES / best : 0;
+}
+
+static void roofline(bench *b) {
+  brg_status st;
+  if ((st = brg_barrier(b->comm)) != BRG_SUCCESS) die_status(b, "brg_barrier", st);
+  double rate = b->rank == 0 ? measure_copy_rate() : 0;
+  if ((st = brg_broadcast(&rate, &rate, 1, BRG_FLOAT64, 0, b->comm, NULL)) != BRG_SUCCESS)
+    die_status(b, "brg_broadcast (copy rate)", st);
+  b->copy_rate = rate;
+  double n = b->nranks;
+  if (b->nranks > 1) b->roof_busbw = rate / 1e9 * (n - 1) / (n * n);
+  if (b->rank != 0) return;
+  printf("# Memory roofline: two-thread copy %.1f GB/s (read + write, 2 x 512 MiB buffers)\n",
+         rate / 1e9);
+  if (b->nranks > 1)
+    printf("#   allreduce reads N inputs and writes N outputs: busbw <= B (N-1)/N^2 = %.2f GB/s "
+           "for N = %d (%%roof column)\n",
+           b->roof_busbw, b->nranks);
+  if (b->csv) fprintf(b->csv, "#copy_rate_GBps,%.3f\n#roof_busbw_GBps,%.4f\n", rate / 1e9,
+                      b->roof_busbw);
 }
 
 /* ----------------------------------------------------------- communicator */
@@ -846,9 +1115,11 @@ static int rank_env_present(void) {
   return 0;
 }
 
-static void comm_open(bench *b) {
+static void comm_open(bench *b, int *argc, char ***argv) {
   brg_status st;
-  if (rank_env_present()) {
+  if (b->peer != NULL && b->peer->launch != NULL) {
+    if (b->peer->launch(argc, argv, &b->comm) != 0) exit(1);
+  } else if (rank_env_present()) {
     if ((st = brg_comm_init_env(&b->comm)) != BRG_SUCCESS) {
       b->comm = NULL;
       die_status(b, "brg_comm_init_env", st);
@@ -902,31 +1173,112 @@ static void print_header(const bench *b) {
     printf("step: %zu(bytes)", o->step_bytes);
   printf(" warmup iters: %d iters: %d validation: %d blocking: %d\n", o->warmup, o->iters, o->check,
          o->blocking);
+  const char *tr = getenv("BRIGADE_TRANSPORTS");
+  printf("# transports: %s\n", tr && *tr ? tr : "default (BRIGADE_TRANSPORTS unset)");
+  if (b->peer != NULL) {
+    printf("# peer: %s; ratio = brigade busbw / peer busbw (> 1: brigade is faster)", b->peer->describe());
+    if (b->peer->nalgs > 1) {
+      printf("; peer algorithms:");
+      for (int a = 0; a < b->peer->nalgs; a++) printf(" %s", b->peer->algs[a]);
+      printf(" (the fastest is shown)");
+    }
+    printf("\n");
+  }
 }
 
-static void print_columns(void) {
-  printf("#%61s%s%23s%s\n", "", "out-of-place", "", "in-place");
-  printf("#%11s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s  %7s  %6s  %6s %6s\n", "size", "count",
-         "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw",
-         "#wrong");
-  printf("#%11s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s  %7s  %6s  %6s %6s\n", "(B)", "(elements)",
-         "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+/* One placement's column group: brigade's, then the peer's. */
+static void print_group(const bench *b, int line) {
+  static const char *const head[2][9] = {
+      {"time", "algbw", "busbw", "#wrong", "%roof", "time", "busbw", "#wrong", "alg"},
+      {"(us)", "(GB/s)", "(GB/s)", "", "", "(us)", "(GB/s)", "", ""},
+  };
+  const char *const *h = head[line];
+  printf("  %7s  %6s  %6s %6s", h[0], h[1], h[2], h[3]);
+  if (b->roof_busbw > 0) printf("  %5s", h[4]);
+  if (b->peer == NULL) return;
+  printf("  %7s  %6s %6s", h[5], h[6], h[7]);
+  if (b->peer->nalgs > 1) printf("  %7s", h[8]);
+  printf("  %6s", line == 0 ? "ratio" : "");
+}
+
+static void print_columns(const bench *b) {
+  int group = 2 + 2 + 8 + 8 + 7 + (b->roof_busbw > 0 ? 7 : 0);
+  if (b->peer != NULL) group += 9 + 8 + 7 + 8 + (b->peer->nalgs > 1 ? 9 : 0);
+  char left[64], right[64];
+  snprintf(left, sizeof left, "out-of-place%s%s", b->peer ? " / " : "", b->peer ? b->peer->name : "");
+  snprintf(right, sizeof right, "in-place%s%s", b->peer ? " / " : "", b->peer ? b->peer->name : "");
+  printf("#%51s%-*s%s\n", "", group, left, right);
+  printf("#%11s  %12s  %8s  %6s  %6s", "size", "count", "type", "redop", "root");
+  print_group(b, 0);
+  print_group(b, 0);
+  printf("\n#%11s  %12s  %8s  %6s  %6s", "(B)", "(elements)", "", "", "");
+  print_group(b, 1);
+  print_group(b, 1);
+  printf("\n");
+}
+
+static void print_footer(const bench *b) {
+  printf("# Out of bounds values : %" PRIu64 " %s\n", b->wrong_total,
+         b->wrong_total ? "FAILED" : "OK");
+  printf("# Avg bus bandwidth    : %g \n", b->bw_rows ? b->bw_sum / b->bw_rows : 0.0);
+  if (b->roof_busbw > 0 && b->bw_rows > 0) {
+    printf("# Roofline at %zu B: brigade reaches %.0f%% (out of place) and %.0f%% (in place) of "
+           "%.2f GB/s",
+           b->last_bytes, 100.0 * b->last_busbw[0] / b->roof_busbw,
+           100.0 * b->last_busbw[1] / b->roof_busbw, b->roof_busbw);
+    if (b->peer != NULL)
+      for (int p = 0; p < 2; p++)
+        if (b->last_peer[p] > 0)
+          printf("; %s %.0f%% (%s)", b->peer->name, 100.0 * b->last_peer[p] / b->roof_busbw,
+                 p ? "in place" : "out of place");
+    printf("\n");
+  }
+  if (b->peer != NULL) {
+    printf("# Peer %s out of bounds values : %" PRIu64 " %s\n", b->peer->name, b->peer_wrong_total,
+           b->peer_wrong_total ? "FAILED" : "OK");
+    for (int i = 0; i < b->npeer_skips; i++)
+      printf("# Peer %s n/a: %s\n", b->peer->name, b->peer_skips[i]);
+  }
+  printf("#\n");
 }
 
 int bench_main(int argc, char **argv, const bench_coll *coll) {
   bench b = {.coll = coll};
+  brg_status st;
   if (argc > 0 && argv[0] != NULL) {
     const char *slash = strrchr(argv[0], '/');
     prog = slash ? slash + 1 : argv[0];
   }
   setvbuf(stdout, NULL, _IOLBF, 0); /* rows appear as they finish, also through a pipe */
   if (parse_args(argc, argv, coll, &b.o) != 0) return 2;
+  if (b.o.peer != NULL && (b.peer = peer_find(b.o.peer)) == NULL) {
+    fprintf(stderr, "%s: --peer %s: not in this build (built: %s)\n", prog, b.o.peer, peers_built());
+    return 2;
+  }
+  if (b.o.roofline < 0) b.o.roofline = coll->kind == BENCH_ALLREDUCE;
 
-  comm_open(&b);
+  comm_open(&b, &argc, &argv);
   if (has_root(coll->kind) && b.o.root >= b.nranks) {
     if (b.rank == 0) fprintf(stderr, "%s: -r %d: only %d ranks\n", prog, b.o.root, b.nranks);
     brg_comm_destroy(b.comm);
+    if (b.peer && b.peer->finalize) b.peer->finalize();
     return 2;
+  }
+  if (b.peer != NULL && b.peer->open(b.comm, b.rank, b.nranks) != 0) {
+    fprintf(stderr, "%s: rank %d: cannot start peer %s (run it under %s)\n", prog, b.rank,
+            b.peer->name, b.peer->launcher);
+    brg_comm_abort(b.comm);
+    return 1;
+  }
+  if (b.rank == 0 && b.o.csv != NULL) {
+    b.csv = fopen(b.o.csv, "w");
+    if (b.csv == NULL) {
+      fprintf(stderr, "%s: cannot write %s: %s\n", prog, b.o.csv, strerror(errno));
+      brg_comm_abort(b.comm);
+      return 1;
+    }
+    fprintf(b.csv, "collective,library,alg,nranks,placement,bytes,count,dtype,op,time_us,"
+                   "algbw_GBps,busbw_GBps,wrong\n");
   }
 
   if (b.rank == 0) print_header(&b);
@@ -939,22 +1291,26 @@ int bench_main(int argc, char **argv, const bench_coll *coll) {
   b.pat_expect = alloc_touched(PERIOD * 8);
   b.pat_poison = alloc_touched(PERIOD * 8);
   b.pat_tmp = alloc_touched(PERIOD * 8);
+  if (b.o.roofline) roofline(&b);
 
-  if (b.rank == 0) print_columns();
+  if (b.rank == 0) print_columns(&b);
   int nops = is_reduction(coll->kind) ? b.o.nops : 1;
   for (int d = 0; d < b.o.ndtypes; d++)
     for (int k = 0; k < nops; k++)
       sweep(&b, b.o.dtypes[d], is_reduction(coll->kind) ? (int)b.o.ops[k] : PLAIN_DATA);
 
-  if (b.rank == 0) {
-    printf("# Out of bounds values : %" PRIu64 " %s\n", b.wrong_total,
-           b.wrong_total ? "FAILED" : "OK");
-    printf("# Avg bus bandwidth    : %g \n#\n", b.bw_rows ? b.bw_sum / b.bw_rows : 0.0);
-  }
+  if (b.rank == 0) print_footer(&b);
+  if (b.csv != NULL) fclose(b.csv);
 
-  brg_status st = brg_comm_destroy(b.comm);
+  /* No rank may tear down while a neighbour is still finishing the last
+   * collective: line up on brigade, then (where there is one) on the peer,
+   * which does not go through brigade. */
+  if ((st = brg_barrier(b.comm)) != BRG_SUCCESS) die_status(&b, "brg_barrier", st);
+  if (b.peer != NULL && b.peer->close != NULL) b.peer->close();
+  st = brg_comm_destroy(b.comm);
   b.comm = NULL;
   if (st != BRG_SUCCESS) die_status(&b, "brg_comm_destroy", st);
+  if (b.peer != NULL && b.peer->finalize != NULL) b.peer->finalize();
   free(b.sendreg);
   free(b.recvreg);
   free(b.pat_in);

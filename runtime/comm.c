@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "device.h"
 #include "internal.h"
 #include "kernels.h"
 
@@ -398,6 +399,9 @@ brg_status brg_comm_init_env(brg_comm **comm) {
   long port = strtol(mport, &end, 10);
   if (*end || port < 1 || port > 65535)
     return fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "MASTER_PORT=\"%s\" is not a port number", mport);
+  /* Under torchrun the elastic agent's own store holds MASTER_PORT. */
+  const char *elastic = getenv("TORCHELASTIC_RUN_ID");
+  if (elastic && *elastic) port = port == 65535 ? 65534 : port + 1;
 
   /* The job secret: BRIGADE_SECRET (brigade-run sets a random one), else
    * derived from the rendezvous itself, which only keeps strays out. */
@@ -606,10 +610,7 @@ static brg_status check_call(brg_comm *c, const char *fn, const void *sendbuf, c
   if (recv_elems && !recvbuf)
     return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT, "%s: recvbuf is NULL with count %zu", fn,
                            count);
-  if (stream)
-    return brg__comm_error(c, BRG_ERR_UNAVAILABLE,
-                           "%s: a stream was given, but device collectives are not available in "
-                           "this build (host buffers take stream = NULL)", fn);
+  if (stream) return brg__device_check_call(c, fn, sendbuf, recvbuf, stream);
   if (send_elems && recv_elems && sendbuf != recvbuf) {
     const char *a = sendbuf, *b = recvbuf;
     size_t sa = send_elems * esize, sb = recv_elems * esize;

@@ -51,6 +51,9 @@ const brg__cfg_entry brg__cfg_table[BRG__CFG_COUNT] = {
                              "verbs QP local ack timeout exponent"},
     [BRG__CFG_IB_RETRY_CNT] = {"BRIGADE_IB_RETRY_CNT", BRG__CFG_KIND_INT, "7", 0, 7,
                                "verbs QP retry count"},
+    [BRG__CFG_IB_ALLOW_LOCAL] = {"BRIGADE_IB_ALLOW_LOCAL", BRG__CFG_KIND_INT, "0", 0, 1,
+                                 "1: ibverbs may also link ranks on one host (for tests; "
+                                 "shm is faster there)"},
 };
 
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;

@@ -31,6 +31,7 @@ typedef enum {
   BRG__CFG_IB_QPS_PER_LINK,
   BRG__CFG_IB_TIMEOUT,
   BRG__CFG_IB_RETRY_CNT,
+  BRG__CFG_IB_ALLOW_LOCAL,   /* int 0|1, let ibverbs link ranks of one host (tests) */
   BRG__CFG_COUNT
 } brg__cfg_id;
 

@@ -7,6 +7,7 @@
 
 const brg__transport_ops *const brg__transports[] = {
     &brg__transport_shm,
+    &brg__transport_ibverbs,
     &brg__transport_tcp,
     NULL,
 };

@@ -173,6 +173,7 @@ const brg__transport_ops *brg__transport_pick(const brg__peer_info *self,
                                               const char *allow);
 
 extern const brg__transport_ops brg__transport_shm;
+extern const brg__transport_ops brg__transport_ibverbs;
 extern const brg__transport_ops brg__transport_tcp;
 
 #endif

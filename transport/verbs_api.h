@@ -97,6 +97,11 @@ typedef struct brg__vb_ops {
   brg_status (*post_recv)(brg__vb_qp *qp, uint64_t wr_id);
   /* Up to `max` completions; returns how many, or -1 when the CQ failed. */
   int (*poll)(brg__vb_qp *qp, brg__vb_wc *wc, int max);
+  /* Asks the backend to call fn(arg) whenever a completion is queued or a
+   * peer's write landed, so a waiting proxy can sleep instead of polling.
+   * Set before qp_connect. NULL where the backend has no thread of its own
+   * (real verbs: the proxy polls). */
+  void (*qp_notify)(brg__vb_qp *qp, void (*fn)(void *arg), void *arg);
 } brg__vb_ops;
 
 extern const brg__vb_ops brg__vb_soft;

@@ -58,7 +58,37 @@ typedef struct brg__cuda_api {
   int (*mem_set)(void *p, int value, size_t bytes);          /* synchronous */
   int (*stream_sync)(void *stream);
   int (*last_error)(void);      /* pops the sticky launch error, as cudaGetLastError */
+
+  /*
+   * CUDA IPC between processes of one host (transport/cuda_ipc.cu). Handles
+   * are BRG__CUDA_IPC_HANDLE_BYTES opaque bytes that travel over the
+   * bootstrap. Two processes on the SAME device work too: nothing here asks
+   * for peer access between devices.
+   *
+   * The step mode uses these so that no kernel ever waits on another
+   * process's kernel (kernels of different processes on one GPU are
+   * time-sliced unless MPS runs): a sender writes a slot of the receiver's
+   * FIFO with a kernel or copy on its stream, records its exported event and
+   * tells the receiver on the host; the receiver makes its stream wait for
+   * that event and runs its own kernel. The only waiting is in the streams
+   * and on the host.
+   */
+  int (*ipc_mem_export)(void **p, size_t bytes, void *handle);  /* cudaMalloc + handle */
+  int (*ipc_mem_open)(void **p, const void *handle);            /* map a peer's memory */
+  int (*ipc_mem_close)(void *p);                                /* unmap what open mapped */
+  int (*ipc_event_export)(void **event, void *handle);          /* interprocess event + handle */
+  int (*ipc_event_open)(void **event, const void *handle);
+  int (*event_destroy)(void *event);
+  int (*event_record)(void *event, void *stream);
+  int (*stream_wait_event)(void *stream, void *event);
+  int (*event_sync)(void *event);
+  int (*stream_create)(void **stream);                          /* non-blocking stream */
+  int (*stream_destroy)(void *stream);
+  /* UUID of the current device, so ranks can tell that they share one. */
+  int (*device_uuid)(unsigned char uuid[16]);
 } brg__cuda_api;
+
+#define BRG__CUDA_IPC_HANDLE_BYTES 64
 
 typedef const brg__cuda_api *(*brg__cuda_entry_fn)(void);
 

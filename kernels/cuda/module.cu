@@ -4,8 +4,10 @@
  * reaches the driver (libcuda.so.1) itself, at first use.
  */
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "brg_cuda.h"
 
@@ -14,6 +16,11 @@ extern "C" int brg__cuda_reduce(void *d0, void *d1, const void *a, const void *b
 extern "C" int brg__cuda_divide(void *d, const void *s, size_t n, int dtype, int div,
                                 void *stream);
 extern "C" int brg__cuda_copy(void *d0, void *d1, const void *s, size_t bytes, void *stream);
+extern "C" int brg__cuda_ipc_mem_export(void **p, size_t bytes, void *handle);
+extern "C" int brg__cuda_ipc_mem_open(void **p, const void *handle);
+extern "C" int brg__cuda_ipc_mem_close(void *p);
+extern "C" int brg__cuda_ipc_event_export(void **event, void *handle);
+extern "C" int brg__cuda_ipc_event_open(void **event, const void *handle);
 
 namespace {
 
@@ -21,8 +28,12 @@ int probe(char *why, size_t n) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess) {
-    snprintf(why, n, "cudaGetDeviceCount failed: %s (%s)", cudaGetErrorName(e),
-             cudaGetErrorString(e));
+    /* cudart reports a missing driver as an old one; say which it is. */
+    void *drv = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    snprintf(why, n, "cudaGetDeviceCount failed: %s (%s)%s", cudaGetErrorName(e),
+             cudaGetErrorString(e),
+             drv ? "" : "; the NVIDIA driver library libcuda.so.1 is not installed");
+    if (drv) dlclose(drv);
     cudaGetLastError();
     return -1;
   }
@@ -70,6 +81,30 @@ int mem_set(void *p, int value, size_t bytes) { return cudaMemset(p, value, byte
 int stream_sync(void *stream) { return cudaStreamSynchronize(static_cast<cudaStream_t>(stream)); }
 int last_error(void) { return cudaGetLastError(); }
 
+int event_destroy(void *ev) { return cudaEventDestroy(static_cast<cudaEvent_t>(ev)); }
+int event_record(void *ev, void *stream) {
+  return cudaEventRecord(static_cast<cudaEvent_t>(ev), static_cast<cudaStream_t>(stream));
+}
+int stream_wait_event(void *stream, void *ev) {
+  return cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(ev), 0);
+}
+int event_sync(void *ev) { return cudaEventSynchronize(static_cast<cudaEvent_t>(ev)); }
+int stream_create(void **stream) {
+  cudaStream_t s;
+  cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  if (e == cudaSuccess) *stream = s;
+  return e;
+}
+int stream_destroy(void *stream) { return cudaStreamDestroy(static_cast<cudaStream_t>(stream)); }
+int device_uuid(unsigned char uuid[16]) {
+  int dev = 0;
+  cudaDeviceProp p;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaGetDeviceProperties(&p, dev);
+  if (e == cudaSuccess) memcpy(uuid, p.uuid.bytes, 16);
+  return e;
+}
+
 const brg__cuda_api api = {
     BRG__CUDA_ABI,
     probe,
@@ -85,6 +120,18 @@ const brg__cuda_api api = {
     mem_set,
     stream_sync,
     last_error,
+    brg__cuda_ipc_mem_export,
+    brg__cuda_ipc_mem_open,
+    brg__cuda_ipc_mem_close,
+    brg__cuda_ipc_event_export,
+    brg__cuda_ipc_event_open,
+    event_destroy,
+    event_record,
+    stream_wait_event,
+    event_sync,
+    stream_create,
+    stream_destroy,
+    device_uuid,
 };
 
 } // namespace

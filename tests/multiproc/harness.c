@@ -1,4 +1,6 @@
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include "harness.h"
 
 #include <arpa/inet.h>
@@ -120,7 +122,7 @@ static void vlogf(const char *tag, const char *fmt, va_list ap) {
   fflush(stderr);
   if (*tag && g_rank >= 0 && g_rank < MP_MAX_RANKS && g_shared &&
       g_shared->reason[g_rank][0] == 0)
-    snprintf(g_shared->reason[g_rank], MP_REASON_BYTES, "%s", buf);
+    snprintf(g_shared->reason[g_rank], MP_REASON_BYTES, "%.*s", MP_REASON_BYTES - 1, buf);
 }
 
 void mp_fail(const char *fmt, ...) {
@@ -304,13 +306,19 @@ typedef struct rank_state {
   int timed_out;
 } rank_state;
 
+static int g_cut_short_by = -1; /* rank whose failure shortened the deadline */
+
 static void describe(const mp_opts *o, int r, const rank_state *s, const mp_shared *sh,
                      int *bad) {
   int expect_kill = (r == o->victim);
   const char *why = sh->reason[r][0] ? sh->reason[r] : "";
   if (s->timed_out) {
-    fprintf(stderr, "[%s] rank %d did not finish within the %d ms deadline (killed)%s%s\n",
-            o->name, r, o->deadline_ms, *why ? "; first failure: " : "", why);
+    if (g_cut_short_by >= 0)
+      fprintf(stderr, "[%s] rank %d was still running 30 s after rank %d failed (killed)%s%s\n",
+              o->name, r, g_cut_short_by, *why ? "; first failure: " : "", why);
+    else
+      fprintf(stderr, "[%s] rank %d did not finish within the %d ms deadline (killed)%s%s\n",
+              o->name, r, o->deadline_ms, *why ? "; first failure: " : "", why);
     *bad = 1;
   } else if (WIFSIGNALED(s->status)) {
     int sig = WTERMSIG(s->status);
@@ -378,6 +386,7 @@ int mp_run(const mp_opts *opts, mp_body_fn body, void *arg) {
   }
 
   int bad = 0;
+  g_cut_short_by = -1;
   if (o.init == MP_INIT_ID || o.init == MP_INIT_NONE) {
     brg_unique_id id;
     brg_status s = brg_get_unique_id(&id);
@@ -417,7 +426,10 @@ int mp_run(const mp_opts *opts, mp_body_fn body, void *arg) {
         int failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0) && r != o.victim;
         /* A failed rank can leave the others waiting for it: give them a
          * while to notice, not the whole deadline. */
-        if (failed && deadline > now + 30000 * 1000000LL) deadline = now + 30000 * 1000000LL;
+        if (failed && deadline > now + 30000 * 1000000LL) {
+          deadline = now + 30000 * 1000000LL;
+          g_cut_short_by = r;
+        }
       }
     }
     if (o.victim >= 0 && !victim_signalled && !st[o.victim].done) {

@@ -5,6 +5,7 @@
  *
  *   test_collectives N [part...]     parts: barrier allreduce reduce_scatter
  *                                    all_gather broadcast reduce bytes async
+ *                                    lifecycle
  *
  * The transport comes from BRIGADE_TRANSPORTS (set per test by meson).
  *
@@ -21,7 +22,9 @@
  * entry i mod P (P = min(count, 65521), a prime), so building the reference
  * costs N*P per call while checking stays a memcmp per element.
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -394,12 +397,15 @@ static void do_allreduce(run *R, const dinfo *di, int op, size_t count, int inpl
   if (!inplace) check_pattern("allreduce changed its sendbuf", di, s, count, R->own, P, 0, 1);
 }
 
-static void do_reduce(run *R, const dinfo *di, int op, size_t count, int inplace, int root) {
+/* fresh: build new inputs; otherwise reuse the last call's (the tables are
+ * the expensive part; a new root gets the same inputs, and a root's recvbuf
+ * is still poisoned before every call). */
+static void do_reduce(run *R, const dinfo *di, int op, size_t count, int inplace, int root,
+                      int fresh) {
   char what[160];
   label(what, sizeof what, "reduce", di, op, count, inplace, root);
-  uint64_t seed = ++R->call;
   size_t P = period_of(count), bytes = count * di->size;
-  build_reduce_tables(R, di, op, P, seed);
+  if (fresh) build_reduce_tables(R, di, op, P, ++R->call);
   unsigned char *s = sendp(R), *r = inplace ? s : recvp(R);
   fill_pattern(s, count, di->size, R->own, P, 0);
   if (!inplace) memset(r, 0xcd, bytes);
@@ -562,12 +568,12 @@ static void part_reduce(run *R) {
         for (int ip = 0; ip < 2; ip++) {
           if (COUNTS[ci] >= 262147) {
             if (R->broken) return;
-            do_reduce(R, &DTYPES[d], op, COUNTS[ci], ip, (d * 10 + op * 2 + ip + 1) % R->n);
+            do_reduce(R, &DTYPES[d], op, COUNTS[ci], ip, (d * 10 + op * 2 + ip + 1) % R->n, 1);
             continue;
           }
           for (int k = 0; k < nr; k++) {
             if (R->broken) return;
-            do_reduce(R, &DTYPES[d], op, COUNTS[ci], ip, roots[k]);
+            do_reduce(R, &DTYPES[d], op, COUNTS[ci], ip, roots[k], k == 0);
           }
         }
 }
@@ -757,6 +763,76 @@ out:
   }
 }
 
+/* Communicators come and go: build one, use it, destroy it, again and
+ * again. A rank that finishes its last call and destroys its communicator
+ * must not break the call its neighbours are still finishing. Rank 0 makes
+ * each id and passes it on through the shared area. */
+static void part_lifecycle(run *R) {
+  mp_shared *sh = mp_shared_area();
+  enum { ROUNDS = 12, ID_SLOT = 2 * MP_MAX_RANKS };
+  for (int g = 1; g <= ROUNDS && !R->broken; g++) {
+    brg_unique_id id;
+    if (R->rank == 0) {
+      if (!call_ok(R, "brg_get_unique_id", brg_get_unique_id(&id))) return;
+      memcpy(&sh->vals[ID_SLOT], &id, sizeof id);
+      __atomic_store_n(&sh->flags[2], g, __ATOMIC_RELEASE);
+    } else {
+      int64_t end = mp_now_ns() + 60 * 1000000000LL;
+      while (__atomic_load_n(&sh->flags[2], __ATOMIC_ACQUIRE) != g) {
+        if (mp_now_ns() > end) {
+          mp_fail("lifecycle round %d: rank 0 published no id", g);
+          R->broken = 1;
+          return;
+        }
+        usleep(200);
+      }
+      memcpy(&id, &sh->vals[ID_SLOT], sizeof id);
+    }
+    brg_comm *c = NULL;
+    brg_status st = brg_comm_init(&c, R->n, &id, R->rank);
+    if (st != BRG_SUCCESS) {
+      mp_fail("lifecycle round %d: brg_comm_init: %s: %s", g, brg_status_string(st),
+              brg_comm_last_error(NULL));
+      R->broken = 1;
+      return;
+    }
+    /* Alternate the last call before destroy: allreduce, barrier, broadcast. */
+    int32_t v[257], want = 0;
+    for (int q = 0; q < R->n; q++) want += (q + 1) * g;
+    for (int i = 0; i < 257; i++) v[i] = (R->rank + 1) * g;
+    const char *what = g % 3 == 0 ? "barrier" : g % 3 == 1 ? "allreduce" : "broadcast";
+    if (g % 3 == 0)
+      st = brg_barrier(c);
+    else if (g % 3 == 1)
+      st = brg_allreduce(v, v, 257, BRG_INT32, BRG_SUM, c, NULL);
+    else
+      st = brg_broadcast(v, v, 257, BRG_INT32, (g / 3) % R->n, c, NULL);
+    if (st != BRG_SUCCESS) {
+      mp_fail("lifecycle round %d: %s (the last call before destroy): %s: %s", g, what,
+              brg_status_string(st), brg_comm_last_error(c));
+      R->broken = 1;
+    } else if (g % 3 == 1) {
+      for (int i = 0; i < 257; i++)
+        if (v[i] != want) {
+          mp_fail("lifecycle round %d: allreduce element %d is %d, expected %d", g, i, v[i], want);
+          break;
+        }
+    } else if (g % 3 == 2) {
+      int32_t bw = ((g / 3) % R->n + 1) * g;
+      for (int i = 0; i < 257; i++)
+        if (v[i] != bw) {
+          mp_fail("lifecycle round %d: broadcast element %d is %d, expected %d", g, i, v[i], bw);
+          break;
+        }
+    }
+    st = brg_comm_destroy(c);
+    if (st != BRG_SUCCESS) {
+      mp_fail("lifecycle round %d: brg_comm_destroy: %s", g, brg_status_string(st));
+      R->broken = 1;
+    }
+  }
+}
+
 /* ------------------------------------------------------------------ main */
 
 typedef struct part {
@@ -769,6 +845,7 @@ static const part PARTS[] = {
     {"reduce_scatter", part_reduce_scatter}, {"all_gather", part_all_gather},
     {"broadcast", part_broadcast}, {"reduce", part_reduce},
     {"bytes", part_bytes},         {"async", part_async},
+    {"lifecycle", part_lifecycle},
 };
 #define NPARTS (sizeof PARTS / sizeof PARTS[0])
 

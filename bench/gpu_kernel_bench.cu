@@ -1,0 +1,128 @@
+/*
+ * Kernel benchmark: bytes per second the CUDA reduce kernel moves, against
+ * a device-to-device cudaMemcpy of the same size in the same run.
+ *
+ *   gpu_kernel_bench [-b min_bytes] [-e max_bytes] [-n iters] [-w warmup]
+ *
+ * Bytes moved: reduce reads two inputs and writes one output (3 x size;
+ * 4 x size with a second output, the recv-reduce-copy-send form); memcpy
+ * reads and writes once (2 x size). "vs copy" is the reduce rate over the
+ * copy rate, both counted that way: 100% means the reduce streams through
+ * HBM as fast as the copy engine does. Timing uses CUDA events around
+ * `iters` back-to-back launches after `warmup` untimed ones.
+ * Exits 77 when there is no GPU.
+ */
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "brigade.h"
+#include "brg_cuda.h"
+
+#define CHECK(x)                                                                        \
+  do {                                                                                  \
+    cudaError_t e_ = (x);                                                               \
+    if (e_ != cudaSuccess) {                                                            \
+      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      exit(1);                                                                          \
+    }                                                                                   \
+  } while (0)
+
+static size_t parse_size(const char *s) {
+  char *end;
+  double v = strtod(s, &end);
+  switch (*end) {
+  case 'G': case 'g': v *= 1 << 30; break;
+  case 'M': case 'm': v *= 1 << 20; break;
+  case 'K': case 'k': v *= 1 << 10; break;
+  }
+  return (size_t)v;
+}
+
+struct timer {
+  cudaEvent_t start, stop;
+};
+
+/* Average seconds per call of fn over iters calls. */
+template <class Fn>
+static double time_it(timer &t, int warmup, int iters, Fn fn) {
+  for (int i = 0; i < warmup; i++) CHECK((cudaError_t)fn());
+  CHECK(cudaEventRecord(t.start, 0));
+  for (int i = 0; i < iters; i++) CHECK((cudaError_t)fn());
+  CHECK(cudaEventRecord(t.stop, 0));
+  CHECK(cudaEventSynchronize(t.stop));
+  float ms = 0;
+  CHECK(cudaEventElapsedTime(&ms, t.start, t.stop));
+  return ms / 1e3 / iters;
+}
+
+int main(int argc, char **argv) {
+  size_t min_bytes = 1 << 20, max_bytes = (size_t)256 << 20;
+  int iters = 20, warmup = 5;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!strcmp(argv[i], "-b")) min_bytes = parse_size(argv[i + 1]);
+    else if (!strcmp(argv[i], "-e")) max_bytes = parse_size(argv[i + 1]);
+    else if (!strcmp(argv[i], "-n")) iters = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "-w")) warmup = atoi(argv[i + 1]);
+    else {
+      fprintf(stderr, "usage: %s [-b min_bytes] [-e max_bytes] [-n iters] [-w warmup]\n", argv[0]);
+      return 2;
+    }
+  }
+  const brg__cuda_api *api = brg__cuda_module_api();
+  char why[256];
+  if (api->probe(why, sizeof why) <= 0) {
+    printf("gpu_kernel_bench: skipped: %s\n", why);
+    return 77;
+  }
+  char desc[256];
+  api->describe(desc, sizeof desc);
+  printf("# %s\n", desc);
+
+  char *a, *b, *d0, *d1;
+  CHECK(cudaMalloc(&a, max_bytes));
+  CHECK(cudaMalloc(&b, max_bytes));
+  CHECK(cudaMalloc(&d0, max_bytes));
+  CHECK(cudaMalloc(&d1, max_bytes));
+  /* Small values (0x3c00 / 0x3f80 in the halves, about 1.0), so no op
+   * turns into Inf or NaN handling along the way. */
+  CHECK(cudaMemset(a, 0x3c, max_bytes));
+  CHECK(cudaMemset(b, 0x3c, max_bytes));
+  CHECK(cudaDeviceSynchronize());
+  timer t;
+  CHECK(cudaEventCreate(&t.start));
+  CHECK(cudaEventCreate(&t.stop));
+
+  printf("# GB/s = bytes read + written per second (1e9); vs copy = reduce GB/s / memcpy GB/s\n");
+  printf("%12s %10s %10s %10s %10s %8s %12s %8s\n", "bytes", "memcpy", "dtype", "time(us)",
+         "reduce", "vs copy", "reduce2out", "vs copy");
+  struct {
+    brg_dtype dtype;
+    const char *name;
+    size_t size;
+  } dts[] = {{BRG_FLOAT32, "float32", 4}, {BRG_BFLOAT16, "bfloat16", 2}};
+  for (size_t size = min_bytes; size <= max_bytes; size *= 4) {
+    double tc = time_it(t, warmup, iters,
+                        [&] { return cudaMemcpyAsync(d0, a, size, cudaMemcpyDeviceToDevice, 0); });
+    double copy_gbs = 2.0 * size / tc / 1e9;
+    for (auto &d : dts) {
+      brg_dtype dt = d.dtype;
+      size_t n = size / d.size;
+      double tr = time_it(t, warmup, iters,
+                          [&] { return api->reduce(d0, NULL, a, b, n, dt, BRG_SUM, 1, NULL); });
+      double tr2 = time_it(t, warmup, iters,
+                           [&] { return api->reduce(d0, d1, a, b, n, dt, BRG_SUM, 1, NULL); });
+      double r_gbs = 3.0 * size / tr / 1e9, r2_gbs = 4.0 * size / tr2 / 1e9;
+      printf("%12zu %10.1f %10s %10.1f %10.1f %7.1f%% %12.1f %7.1f%%\n", size, copy_gbs,
+             d.name, tr * 1e6, r_gbs, 100.0 * r_gbs / copy_gbs, r2_gbs,
+             100.0 * r2_gbs / copy_gbs);
+    }
+  }
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(d0);
+  cudaFree(d1);
+  return 0;
+}

@@ -1,0 +1,128 @@
+#!/bin/bash
+# GPU check of brigade on a machine with an NVIDIA GPU, in under 8 minutes:
+# builds the tree with the CUDA module, then runs the GPU test suite and the
+# GPU benchmarks twice, without the MPS daemon and (when
+# nvidia-cuda-mps-control exists) with it. Every log goes into the results
+# folder given as the first argument (at most 8 files, no subfolders):
+#
+#   summary.txt   one line per step with its exit status and time
+#   env.log       nvidia-smi, tool versions, meson setup
+#   build.log     ninja
+#   nomps.log     GPU tests, kernel benchmark, all_reduce_perf, no MPS
+#   mps.log       the same under MPS (or why it was not run)
+#
+# Usage: tests/gpu/device-check.sh RESULTS_DIR   (from the repository root)
+# nvcc, meson and ninja may be Python packages; cmocka is not needed (the
+# GPU tests do not use it, so -Dtests=auto just leaves the unit tests out).
+set -u
+OUT=${1:?usage: device-check.sh RESULTS_DIR}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+BUILD=${BRIGADE_CHECK_BUILD:-/tmp/brigade-device-build}
+START=$(date +%s)
+SUMMARY=$OUT/summary.txt
+: >"$SUMMARY"
+
+note() { echo "$*" | tee -a "$SUMMARY"; }
+
+# step NAME LOG TIMEOUT_S CMD...: runs CMD with a time limit, appending to LOG.
+step() {
+  local name=$1 log=$2 limit=$3
+  shift 3
+  local t0 rc
+  t0=$(date +%s)
+  echo "=== $name: $* (limit ${limit}s)" >>"$log"
+  timeout -k 10 "$limit" "$@" >>"$log" 2>&1
+  rc=$?
+  note "$(printf '%-34s rc=%-3s %4ss' "$name" "$rc" $(($(date +%s) - t0)))"
+  return $rc
+}
+
+# ---- tools: PATH first, then the CUDA toolkit, then Python packages ----
+PY=$(command -v python3 || true)
+if ! command -v nvcc >/dev/null 2>&1; then
+  for d in /usr/local/cuda/bin $(ls -d /usr/local/cuda-*/bin 2>/dev/null); do
+    [ -x "$d/nvcc" ] && PATH=$d:$PATH && break
+  done
+fi
+if ! command -v nvcc >/dev/null 2>&1 && [ -n "$PY" ]; then
+  site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/dev/null)
+  n=$(ls "$site"/nvidia/*/bin/nvcc "$site"/nvidia/cuda_nvcc/bin/nvcc 2>/dev/null | head -1)
+  [ -n "$n" ] && PATH=$(dirname "$n"):$PATH
+fi
+if ! command -v ninja >/dev/null 2>&1 && [ -n "$PY" ]; then
+  d=$("$PY" -c 'import ninja; print(ninja.BIN_DIR)' 2>/dev/null) && PATH=$d:$PATH
+fi
+MESON=(meson)
+command -v meson >/dev/null 2>&1 || MESON=("$PY" -m mesonbuild.mesonmain)
+export PATH
+
+{
+  echo "date: $(date -u)"
+  echo "host: $(hostname)  cores: $(nproc)"
+  nvidia-smi || echo "nvidia-smi failed"
+  nvidia-smi -q -d COMPUTE 2>/dev/null | grep -i "compute mode"
+  echo "nvcc: $(command -v nvcc)"; nvcc --version 2>&1 | tail -2
+  echo "meson: ${MESON[*]} $("${MESON[@]}" --version 2>&1)"
+  echo "ninja: $(command -v ninja) $(ninja --version 2>&1)"
+  echo "mps control: $(command -v nvidia-cuda-mps-control || echo none)"
+} >"$OUT/env.log" 2>&1
+
+# ---- build ----
+rm -rf "$BUILD"
+step "meson setup" "$OUT/env.log" 120 "${MESON[@]}" setup "$BUILD" "$SRC" \
+  -Dcuda=enabled -Dtests=auto -Dbench_peers=disabled -Dbuildtype=release ||
+  { note "setup failed: see env.log"; exit 1; }
+step "ninja" "$OUT/build.log" 300 ninja -C "$BUILD" || { note "build failed: see build.log"; exit 1; }
+
+# ---- one round of GPU runs, into one log ----
+# all_reduce_perf runs on GPU buffers only when it knows a GPU flag; until
+# then the round says so instead of running host buffers.
+perf_gpu_flag() {
+  local help
+  help=$("$BUILD/bench/all_reduce_perf" --help 2>&1)
+  if echo "$help" | grep -q -- '--device'; then echo --device
+  elif echo "$help" | grep -qE '(^|[[:space:]])-G'; then echo -G
+  fi
+}
+
+round() {
+  local tag=$1 log=$2
+  step "$tag: meson test --suite gpu" "$log" 150 \
+    "${MESON[@]}" test -C "$BUILD" --suite gpu --print-errorlogs --num-processes 1
+  cat "$BUILD/meson-logs/testlog.txt" >>"$log" 2>/dev/null
+  step "$tag: gpu_kernel_bench" "$log" 60 \
+    "$BUILD/kernels/cuda/gpu_kernel_bench" -b 1M -e 1G -n 20 -w 5
+  local flag
+  flag=$(perf_gpu_flag)
+  if [ -n "$flag" ]; then
+    for n in 2 4; do
+      step "$tag: all_reduce_perf N=$n $flag" "$log" 90 \
+        "$BUILD/tools/brigade-run" -n $n "$BUILD/bench/all_reduce_perf" "$flag" -b 8 -e 1G -f 4
+    done
+  else
+    note "$tag: all_reduce_perf has no GPU flag yet (-G/--device): skipped"
+  fi
+}
+
+round "no MPS" "$OUT/nomps.log"
+
+# ---- the same under MPS ----
+if command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/brigade-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/brigade-mps-log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  if nvidia-cuda-mps-control -d >>"$OUT/mps.log" 2>&1; then
+    note "MPS control daemon started"
+    round "MPS" "$OUT/mps.log"
+    echo quit | timeout 20 nvidia-cuda-mps-control >>"$OUT/mps.log" 2>&1
+    cat "$CUDA_MPS_LOG_DIRECTORY"/*.log >>"$OUT/mps.log" 2>/dev/null
+  else
+    note "MPS: nvidia-cuda-mps-control -d failed (see mps.log)"
+  fi
+else
+  echo "nvidia-cuda-mps-control not found: no MPS round" >"$OUT/mps.log"
+  note "MPS: nvidia-cuda-mps-control not found, round skipped"
+fi
+
+note "total $(($(date +%s) - START))s"

@@ -1,0 +1,727 @@
+/*
+ * The ibverbs transport: reliable-connected queue pairs, RDMA write with
+ * immediate, and a clear-to-send FIFO, written against verbs_api.h so the
+ * same protocol runs on libibverbs or on the software backend.
+ *
+ * Each end keeps a FIFO of its own, registered for RDMA; one proxy thread per
+ * end drives the queue pair:
+ *
+ *   sender                                          receiver
+ *   engine -> send FIFO                             recv FIFO -> engine
+ *             |   <-- RDMA write: CTS entry n -----  (slot n is free: head + nslots > n)
+ *             |       into the sender's CTS FIFO
+ *             +-- RDMA write: payload of n ------->  data slot n
+ *             +-- RDMA write-with-imm(n): meta --->  meta slot n, receive completes,
+ *                 (signalled: its completion                imm == n, tail = n + 1
+ *                  gives send slot n back: head)
+ *
+ * A clear-to-send entry names the receiver's slot (meta and data address,
+ * rkey, size) and ends with seq = n + 1, so the sender sees the entry of the
+ * current lap only when its last word has landed. The sender writes slot n
+ * only after reading entry n, so it never overruns a slot the engine still
+ * reads. Payload writes are unsignalled (the signalled write-with-immediate
+ * behind them covers them); the receiver signals one clear-to-send write in
+ * nslots so its send queue drains.
+ *
+ * Beside the queue pair each link keeps the TCP connection it was set up on
+ * (the control connection): it carries the sender's hello {secret, rank,
+ * queue pair, CTS FIFO address and rkey} and, at an orderly close, a goodbye
+ * byte; its end without a goodbye is how either side learns quickly that the
+ * other died, which a real queue pair only reports after its retries run out.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "transport.h"
+#include "verbs_api.h"
+
+#define IB_INFO_MAGIC 0x42524749u  /* "BRGI" */
+#define IB_HELLO_MAGIC 0x42524948u /* "BRIH" */
+#define IB_BYE 0x42
+#define IB_CLOSE_GRACE_MS 1000 /* how long close() lets the send proxy flush */
+#define IB_MAX_PENDING 8
+
+/* One clear-to-send entry, written by the receiver into the sender's memory. */
+typedef struct ib_cts {
+  uint64_t meta_addr;
+  uint64_t data_addr;
+  uint32_t rkey;
+  uint32_t size;
+  volatile uint64_t seq; /* slot number + 1; last, so it lands last */
+} ib_cts;
+
+/* Receiver -> sender over the bootstrap. */
+typedef struct ib_conn_info {
+  uint32_t magic;
+  uint16_t ctrl_port;
+  uint16_t pad;
+  char backend[8];
+  char ctrl_addr[64];
+  brg__vb_qp_info qp;
+} ib_conn_info;
+_Static_assert(sizeof(ib_conn_info) <= BRG__CONN_INFO_BYTES, "ib info fits the blob");
+
+/* Sender -> receiver, first bytes on the control connection. */
+typedef struct ib_hello {
+  uint32_t magic;
+  int32_t rank;
+  uint8_t secret[BRG__SECRET_BYTES];
+  uint64_t cts_addr;
+  uint32_t cts_rkey;
+  uint32_t nslots;
+  brg__vb_qp_info qp;
+} ib_hello;
+
+typedef struct ib_conn {
+  int sender;
+  int peer;
+  const brg__vb_ops *vb;
+  brg__vb_ctx *ctx;
+  brg__vb_qp *qp;
+  brg__fifo fifo;
+  size_t fifo_bytes;
+  brg__vb_mr fifo_mr;
+  ib_cts *cts; /* sender: the CTS FIFO written by the peer; receiver: staging */
+  brg__vb_mr cts_mr;
+  uint64_t peer_cts_addr; /* receiver: where the sender's CTS FIFO is */
+  uint32_t peer_cts_rkey;
+  brg__vb_qp_info peer_qp;
+  int listen_fd, ctrl_fd;
+  int spin;
+  int thread_started;
+  pthread_t thread;
+  int stopping; /* set by close(), read by the proxy (atomically) */
+  /* Where the proxy sleeps: the FIFO counter the engine publishes to it
+   * (sender: tail, receiver: head), and a count of backend events (a
+   * completion queued, a peer's write landed) that also wakes it there. */
+  volatile uint64_t *sleep_word;
+  volatile uint32_t *sleep_waiters;
+  uint32_t ev_seq;
+  char peer_addr[80];
+} ib_conn;
+
+/* ---- which backend -------------------------------------------------------- */
+
+static pthread_once_t pick_once = PTHREAD_ONCE_INIT;
+static const brg__vb_ops *picked;
+static char pick_why[200];
+
+static void backend_pick(void) {
+  const char *want = brg__config_str(BRG__CFG_IB_BACKEND);
+  if (!want || !*want) want = "auto";
+  if (!strcmp(want, "soft")) {
+    picked = &brg__vb_soft;
+  } else if (!strcmp(want, "verbs") || !strcmp(want, "auto")) {
+    char why[160] = "";
+    if (!brg__vb_real)
+      snprintf(pick_why, sizeof pick_why,
+               "no device (built without libibverbs headers; BRIGADE_IB_BACKEND=soft runs the "
+               "software backend)");
+    else if (brg__vb_real->probe(why, sizeof why))
+      picked = brg__vb_real;
+    else
+      snprintf(pick_why, sizeof pick_why, "%s", why);
+  } else {
+    snprintf(pick_why, sizeof pick_why, "BRIGADE_IB_BACKEND=%s is not auto, verbs or soft", want);
+  }
+  if (picked)
+    BRG__INFO("ib", "ibverbs backend: %s%s", picked->name,
+              picked == &brg__vb_soft ? " (software verbs over TCP sockets, not RDMA)" : "");
+  else
+    BRG__INFO("ib", "ibverbs unavailable: %s", pick_why);
+}
+
+static const brg__vb_ops *backend(void) {
+  pthread_once(&pick_once, backend_pick);
+  return picked;
+}
+
+static int ib_available(char *why, size_t why_bytes) {
+  if (backend()) return 1;
+  snprintf(why, why_bytes, "%s", pick_why);
+  return 0;
+}
+
+static int ib_can_connect(const brg__peer_info *self, const brg__peer_info *peer) {
+  if (!backend()) return 0;
+  return self->host_hash != peer->host_hash || brg__config_int(BRG__CFG_IB_ALLOW_LOCAL) != 0;
+}
+
+/* ---- small helpers ---------------------------------------------------------- */
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static brg_status setup_check(const brg__conn_params *p) {
+  if (p->waiter && p->waiter->check) return p->waiter->check(p->waiter->arg);
+  return BRG_SUCCESS;
+}
+
+static int send_full(int fd, const void *buf, size_t len) {
+  const char *b = buf;
+  while (len > 0) {
+    ssize_t n = send(fd, b, len, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return -1;
+    b += n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
+
+/* A backend event: wake the proxy if it sleeps. */
+static void on_event(void *arg) {
+  ib_conn *t = arg;
+  __atomic_fetch_add(&t->ev_seq, 1, __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(t->sleep_waiters, __ATOMIC_SEQ_CST))
+    syscall(SYS_futex, (uint32_t *)t->sleep_word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Idle backoff of a proxy: spin, then yield, then sleep on the engine's
+ * counter until the engine publishes, the backend reports an event (both
+ * wake the futex), or a short timeout passes. `word_seen` and `ev_seen` are
+ * what the proxy saw before it found nothing to do, so an event in between
+ * stops it from sleeping. Where the backend reports no events (real verbs)
+ * the timeout is the polling interval. */
+static void idle(ib_conn *t, int *rounds, uint64_t word_seen, uint32_t ev_seen) {
+  int r = (*rounds)++;
+  if (r < t->spin) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  } else if (r < t->spin + 32) {
+    sched_yield();
+  } else {
+    struct timespec ts = {0, t->vb->qp_notify ? 1000000 : 50000};
+    __atomic_fetch_add(t->sleep_waiters, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(t->sleep_word, __ATOMIC_SEQ_CST) == word_seen &&
+        __atomic_load_n(&t->ev_seq, __ATOMIC_SEQ_CST) == ev_seen &&
+        !__atomic_load_n(&t->stopping, __ATOMIC_SEQ_CST))
+      syscall(SYS_futex, (uint32_t *)t->sleep_word, FUTEX_WAIT, (uint32_t)word_seen, &ts, NULL, 0);
+    __atomic_fetch_sub(t->sleep_waiters, 1, __ATOMIC_SEQ_CST);
+  }
+}
+
+/* The link breaks: the engine sees `closed` through its wait check. */
+static void link_fail(ib_conn *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void link_fail(ib_conn *t, const char *fmt, ...) {
+  uint32_t zero = 0;
+  if (!__atomic_load_n(&t->stopping, __ATOMIC_ACQUIRE) &&
+      __atomic_compare_exchange_n(&t->fifo.ctrl->closed, &zero, (uint32_t)BRG_ERR_REMOTE, 0,
+                                  __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+    char why[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    BRG__WARN("ib", "link %s rank %d (%s, %s backend) broke: %s", t->sender ? "to" : "from",
+              t->peer, t->peer_addr, t->vb->name, why);
+  }
+  brg__fifo_wake_all(&t->fifo);
+}
+
+/* Control connection: 1 goodbye, -1 ended without one, 0 nothing yet. */
+static int ctrl_poll(ib_conn *t, int wait_ms) {
+  struct pollfd pfd = {.fd = t->ctrl_fd, .events = POLLIN};
+  if (poll(&pfd, 1, wait_ms) <= 0) return 0;
+  char b;
+  ssize_t n = recv(t->ctrl_fd, &b, 1, MSG_DONTWAIT);
+  if (n == 1) return b == IB_BYE ? 1 : -1;
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return 0;
+  return -1;
+}
+
+/* ---- the proxies -------------------------------------------------------------- */
+
+static void *send_proxy(void *arg) {
+  ib_conn *t = arg;
+  brg__fifo *f = &t->fifo;
+  brg__fifo_ctrl *ctrl = f->ctrl;
+  uint64_t ns = (uint64_t)f->nslots, sent = 0, done = 0;
+  int64_t grace_end = 0;
+  int rounds = 0;
+  brg__vb_wc wc[16];
+  for (;;) {
+    int progress = 0;
+    uint32_t ev = __atomic_load_n(&t->ev_seq, __ATOMIC_SEQ_CST);
+    int n = t->vb->poll(t->qp, wc, 16);
+    if (n < 0) {
+      link_fail(t, "polling the completion queue failed");
+      return NULL;
+    }
+    for (int i = 0; i < n; i++) {
+      if (wc[i].status != BRG__VB_WC_SUCCESS) {
+        link_fail(t, "write of slot %llu failed: %s", (unsigned long long)wc[i].wr_id,
+                  wc[i].status_text);
+        return NULL;
+      }
+      done = wc[i].wr_id + 1;
+      brg__publish(&ctrl->head, &ctrl->head_waiters, done);
+      progress = 1;
+    }
+    uint64_t tail = __atomic_load_n(&ctrl->tail, __ATOMIC_ACQUIRE);
+    while (sent < tail) {
+      const ib_cts *e = &t->cts[sent % ns];
+      if (__atomic_load_n(&e->seq, __ATOMIC_ACQUIRE) != sent + 1) break;
+      const brg__slot_meta *m = brg__fifo_meta(f, sent);
+      if (m->bytes > f->slot_bytes || m->bytes > e->size) {
+        link_fail(t, "slot of %u bytes, the peer's slots hold %u", m->bytes, e->size);
+        return NULL;
+      }
+      brg_status s = BRG_SUCCESS;
+      if (m->bytes)
+        s = t->vb->post_write(t->qp, UINT64_MAX, &t->fifo_mr, brg__fifo_slot(f, sent), m->bytes,
+                              e->data_addr, e->rkey, 0, 0, 0);
+      if (s == BRG_SUCCESS)
+        s = t->vb->post_write(t->qp, sent, &t->fifo_mr, m, sizeof *m, e->meta_addr, e->rkey, 1,
+                              (uint32_t)sent, 1);
+      if (s != BRG_SUCCESS) {
+        link_fail(t, "posting the write of slot %llu: %s", (unsigned long long)sent,
+                  brg_status_string(s));
+        return NULL;
+      }
+      sent++;
+      progress = 1;
+    }
+    int c = ctrl_poll(t, 0);
+    if (c != 0) {
+      link_fail(t, "the peer %s", c > 0 ? "closed its link" : "went away (control connection ended)");
+      return NULL;
+    }
+    if (__atomic_load_n(&t->stopping, __ATOMIC_ACQUIRE)) {
+      if (!grace_end) grace_end = now_ms() + IB_CLOSE_GRACE_MS;
+      if (done == __atomic_load_n(&ctrl->tail, __ATOMIC_ACQUIRE) && done == sent) {
+        char bye = IB_BYE;
+        send(t->ctrl_fd, &bye, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+        return NULL;
+      }
+      if (now_ms() > grace_end) return NULL;
+    } else if (__atomic_load_n(&ctrl->closed, __ATOMIC_ACQUIRE)) {
+      return NULL;
+    }
+    if (progress)
+      rounds = 0;
+    else
+      idle(t, &rounds, tail, ev);
+  }
+}
+
+static brg_status cts_post(ib_conn *t, uint64_t pos) {
+  brg__fifo *f = &t->fifo;
+  uint64_t ns = (uint64_t)f->nslots;
+  ib_cts *e = &t->cts[pos % ns];
+  e->meta_addr = (uint64_t)(uintptr_t)brg__fifo_meta(f, pos);
+  e->data_addr = (uint64_t)(uintptr_t)brg__fifo_slot(f, pos);
+  e->rkey = t->fifo_mr.rkey;
+  e->size = (uint32_t)f->slot_bytes;
+  e->seq = pos + 1;
+  return t->vb->post_write(t->qp, UINT64_MAX, &t->cts_mr, e, sizeof *e,
+                           t->peer_cts_addr + (pos % ns) * sizeof *e, t->peer_cts_rkey, 0, 0,
+                           pos % ns == ns - 1);
+}
+
+static void *recv_proxy(void *arg) {
+  ib_conn *t = arg;
+  brg__fifo *f = &t->fifo;
+  brg__fifo_ctrl *ctrl = f->ctrl;
+  uint64_t ns = (uint64_t)f->nslots, tail = 0, cts = 0;
+  int rounds = 0, bye = 0;
+  brg__vb_wc wc[16];
+  while (!__atomic_load_n(&t->stopping, __ATOMIC_ACQUIRE)) {
+    int progress = 0;
+    uint32_t ev = __atomic_load_n(&t->ev_seq, __ATOMIC_SEQ_CST);
+    int n = t->vb->poll(t->qp, wc, 16);
+    if (n < 0) {
+      link_fail(t, "polling the completion queue failed");
+      return NULL;
+    }
+    for (int i = 0; i < n; i++) {
+      if (wc[i].status != BRG__VB_WC_SUCCESS) {
+        /* An orderly close tears the queue pair down right after its goodbye. */
+        if (ctrl_poll(t, 50) > 0) {
+          bye = 1;
+          break;
+        }
+        link_fail(t, "%s failed: %s", wc[i].opcode == BRG__VB_OP_RECV_IMM ? "receive" : "write",
+                  wc[i].status_text);
+        return NULL;
+      }
+      if (wc[i].opcode != BRG__VB_OP_RECV_IMM) continue;
+      if (wc[i].imm != (uint32_t)tail || brg__fifo_meta(f, tail)->bytes > f->slot_bytes) {
+        link_fail(t, "slot %llu arrived as immediate %u with %u bytes",
+                  (unsigned long long)tail, wc[i].imm, brg__fifo_meta(f, tail)->bytes);
+        return NULL;
+      }
+      tail++;
+      brg__publish(&ctrl->tail, &ctrl->tail_waiters, tail);
+      if (t->vb->post_recv(t->qp, tail) != BRG_SUCCESS) {
+        link_fail(t, "posting a receive failed");
+        return NULL;
+      }
+      progress = 1;
+    }
+    if (bye) break;
+    uint64_t head = __atomic_load_n(&ctrl->head, __ATOMIC_ACQUIRE);
+    for (; cts < head + ns; cts++) {
+      if (cts_post(t, cts) != BRG_SUCCESS) {
+        link_fail(t, "posting a clear-to-send write failed");
+        return NULL;
+      }
+      progress = 1;
+    }
+    int c = ctrl_poll(t, 0);
+    if (c < 0) {
+      link_fail(t, "the peer went away (control connection ended)");
+      return NULL;
+    }
+    if (c > 0) {
+      /* Everything the sender published was acknowledged before its goodbye;
+       * take the completions still queued, then stop. */
+      int64_t until = now_ms() + 20;
+      while (now_ms() < until) {
+        n = t->vb->poll(t->qp, wc, 16);
+        for (int i = 0; i < n; i++)
+          if (wc[i].status == BRG__VB_WC_SUCCESS && wc[i].opcode == BRG__VB_OP_RECV_IMM &&
+              wc[i].imm == (uint32_t)tail)
+            brg__publish(&ctrl->tail, &ctrl->tail_waiters, ++tail);
+        if (n <= 0) usleep(1000);
+      }
+      bye = 1;
+      break;
+    }
+    if (__atomic_load_n(&ctrl->closed, __ATOMIC_ACQUIRE)) return NULL;
+    if (progress)
+      rounds = 0;
+    else
+      idle(t, &rounds, head, ev);
+  }
+  if (!bye || __atomic_load_n(&t->stopping, __ATOMIC_ACQUIRE)) return NULL;
+  uint32_t zero = 0;
+  __atomic_compare_exchange_n(&ctrl->closed, &zero, (uint32_t)BRG_ERR_REMOTE, 0, __ATOMIC_SEQ_CST,
+                              __ATOMIC_SEQ_CST);
+  BRG__INFO("ib", "rank %d (%s) closed its link", t->peer, t->peer_addr);
+  brg__fifo_wake_all(f);
+  return NULL;
+}
+
+static brg_status proxy_start(ib_conn *t, brg__errbuf *err) {
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  int rc = pthread_create(&t->thread, NULL, t->sender ? send_proxy : recv_proxy, t);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (rc != 0)
+    return brg__error(err, BRG_ERR_SYSTEM, "ib", "starting the ibverbs proxy thread: %s",
+                      strerror(rc));
+  pthread_setname_np(t->thread, t->sender ? "brg-ib-send" : "brg-ib-recv");
+  t->thread_started = 1;
+  return BRG_SUCCESS;
+}
+
+/* ---- setup -------------------------------------------------------------------- */
+
+/* The local FIFO, the CTS array, the context and the queue pair; c->priv is
+ * set first so close() cleans up whatever a failed setup left. */
+static brg_status conn_open(brg__conn *c, const brg__conn_params *p, int sender,
+                            brg__vb_qp_info *qp_info, brg__errbuf *err) {
+  const brg__vb_ops *vb = backend();
+  if (!vb) return brg__error(err, BRG_ERR_UNAVAILABLE, "ib", "ibverbs unavailable: %s", pick_why);
+  if (p->nslots < 1 || p->nslots > BRG__MAX_SLOTS || p->slot_bytes == 0 ||
+      p->slot_bytes > UINT32_MAX)
+    return brg__error(err, BRG_ERR_INVALID_ARGUMENT, "ib",
+                      "ibverbs link with rank %d: bad FIFO shape (%d slots of %zu bytes)", p->peer,
+                      p->nslots, p->slot_bytes);
+  ib_conn *t = calloc(1, sizeof *t);
+  if (!t)
+    return brg__error(err, BRG_ERR_NO_MEMORY, "ib", "ibverbs link with rank %d: out of memory",
+                      p->peer);
+  t->sender = sender;
+  t->peer = p->peer;
+  t->vb = vb;
+  t->listen_fd = t->ctrl_fd = -1;
+  t->spin = p->waiter ? p->waiter->spin : 1000;
+  snprintf(t->peer_addr, sizeof t->peer_addr, "%s", p->peer_info ? p->peer_info->addr : "?");
+  c->priv = t;
+  c->peer = p->peer;
+  brg_status s = brg__fifo_alloc(&t->fifo, p->nslots, p->slot_bytes, err);
+  if (s != BRG_SUCCESS) return s;
+  c->fifo = t->fifo;
+  t->fifo_bytes = brg__fifo_region_bytes(p->nslots, p->slot_bytes);
+  t->cts = calloc((size_t)p->nslots, sizeof *t->cts);
+  if (!t->cts) return brg__error(err, BRG_ERR_NO_MEMORY, "ib", "ibverbs: out of memory");
+  if ((s = vb->ctx_open(&t->ctx, p->self_info->addr, err)) != BRG_SUCCESS) return s;
+  if ((s = vb->mr_reg(t->ctx, t->fifo.ctrl, t->fifo_bytes, &t->fifo_mr, err)) != BRG_SUCCESS)
+    return s;
+  if ((s = vb->mr_reg(t->ctx, t->cts, (size_t)p->nslots * sizeof *t->cts, &t->cts_mr, err)) !=
+      BRG_SUCCESS)
+    return s;
+  t->sleep_word = sender ? &t->fifo.ctrl->tail : &t->fifo.ctrl->head;
+  t->sleep_waiters = sender ? &t->fifo.ctrl->tail_waiters : &t->fifo.ctrl->head_waiters;
+  s = vb->qp_create(t->ctx, 2 * p->nslots + 4, p->nslots, &t->qp, qp_info, err);
+  if (s == BRG_SUCCESS && vb->qp_notify) vb->qp_notify(t->qp, on_event, t);
+  return s;
+}
+
+static brg_status ib_recv_setup(brg__conn *c, const brg__conn_params *p, void *info,
+                                brg__errbuf *err) {
+  ib_conn_info ci = {.magic = htonl(IB_INFO_MAGIC)};
+  brg_status s = conn_open(c, p, 0, &ci.qp, err);
+  if (s != BRG_SUCCESS) return s;
+  ib_conn *t = c->priv;
+
+  const char *addr = p->self_info->addr;
+  struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICHOST | AI_PASSIVE},
+                  *ai;
+  if (!addr[0] || strlen(addr) >= sizeof ci.ctrl_addr || getaddrinfo(addr, "0", &hints, &ai) != 0)
+    return brg__error(err, BRG_ERR_INVALID_ARGUMENT, "ib",
+                      "ibverbs link from rank %d: this rank has no usable address", p->peer);
+  t->listen_fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (t->listen_fd < 0 || bind(t->listen_fd, ai->ai_addr, ai->ai_addrlen) != 0 ||
+      listen(t->listen_fd, IB_MAX_PENDING) != 0) {
+    s = brg__error(err, BRG_ERR_SYSTEM, "ib", "ibverbs control listener on %s: %s", addr,
+                   strerror(errno));
+    freeaddrinfo(ai);
+    return s;
+  }
+  freeaddrinfo(ai);
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof ss;
+  if (getsockname(t->listen_fd, (struct sockaddr *)&ss, &len) != 0)
+    return brg__error(err, BRG_ERR_SYSTEM, "ib", "getsockname: %s", strerror(errno));
+  ci.ctrl_port = ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                          : ((struct sockaddr_in *)&ss)->sin_port;
+  snprintf(ci.backend, sizeof ci.backend, "%s", t->vb->name);
+  snprintf(ci.ctrl_addr, sizeof ci.ctrl_addr, "%s", addr);
+  memset(info, 0, BRG__CONN_INFO_BYTES);
+  memcpy(info, &ci, sizeof ci);
+  return BRG_SUCCESS;
+}
+
+/* Dials the receiver's control listener, retrying while it refuses. */
+static brg_status ctrl_dial(ib_conn *t, const brg__conn_params *p, const ib_conn_info *ci,
+                            brg__errbuf *err) {
+  char serv[8];
+  snprintf(serv, sizeof serv, "%u", (unsigned)ntohs(ci->ctrl_port));
+  struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICHOST | AI_NUMERICSERV},
+                  *ai;
+  if (getaddrinfo(ci->ctrl_addr, serv, &hints, &ai) != 0)
+    return brg__error(err, BRG_ERR_INVALID_ARGUMENT, "ib", "bad ibverbs address from rank %d",
+                      p->peer);
+  int64_t deadline = now_ms() + (p->timeout_ms > 0 ? p->timeout_ms : INT_MAX);
+  int e = 0, refused = 0;
+  brg_status s = BRG_SUCCESS;
+  while (t->ctrl_fd < 0) {
+    if ((s = setup_check(p)) != BRG_SUCCESS) break;
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) {
+      e = errno;
+      break;
+    }
+    e = connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 ? 0 : errno;
+    while (e == EINPROGRESS) {
+      int64_t left = deadline - now_ms();
+      if (left <= 0) {
+        e = ETIMEDOUT;
+        break;
+      }
+      struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+      if (poll(&pfd, 1, left > 100 ? 100 : (int)left) > 0) {
+        socklen_t l = sizeof e;
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &l);
+      }
+    }
+    if (e == 0) {
+      fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+      t->ctrl_fd = fd;
+      break;
+    }
+    close(fd);
+    if (e == ECONNREFUSED) refused = 1;
+    if (e == ETIMEDOUT && refused) e = ECONNREFUSED; /* the more useful of the two */
+    if (e != ECONNREFUSED || now_ms() >= deadline) break;
+    usleep(10000);
+  }
+  freeaddrinfo(ai);
+  if (s != BRG_SUCCESS)
+    return brg__error(err, s, "ib", "connecting to rank %d at %s: %s", p->peer, t->peer_addr,
+                      brg_status_string(s));
+  if (t->ctrl_fd < 0)
+    return brg__error(err, e == ECONNREFUSED || e == ETIMEDOUT ? BRG_ERR_TIMEOUT : BRG_ERR_SYSTEM,
+                      "ib", "connecting to rank %d at %s: no connection within %d ms (%s)",
+                      p->peer, t->peer_addr, p->timeout_ms, strerror(e));
+  int one = 1;
+  setsockopt(t->ctrl_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return BRG_SUCCESS;
+}
+
+static brg_status ib_send_connect(brg__conn *c, const brg__conn_params *p, const void *info,
+                                  brg__errbuf *err) {
+  ib_conn_info ci;
+  memcpy(&ci, info, sizeof ci);
+  if (ntohl(ci.magic) != IB_INFO_MAGIC || !memchr(ci.ctrl_addr, 0, sizeof ci.ctrl_addr) ||
+      !memchr(ci.backend, 0, sizeof ci.backend) || !memchr(ci.qp.addr, 0, sizeof ci.qp.addr))
+    return brg__error(err, BRG_ERR_INVALID_ARGUMENT, "ib",
+                      "bad ibverbs connection info from rank %d", p->peer);
+  ib_hello h = {.magic = htonl(IB_HELLO_MAGIC), .rank = (int32_t)htonl((uint32_t)p->rank)};
+  brg_status s = conn_open(c, p, 1, &h.qp, err);
+  if (s != BRG_SUCCESS) return s;
+  ib_conn *t = c->priv;
+  if (strcmp(ci.backend, t->vb->name) != 0)
+    return brg__error(err, BRG_ERR_MISMATCH, "ib",
+                      "rank %d uses the %s verbs backend, this rank %s (set BRIGADE_IB_BACKEND "
+                      "alike on every rank)",
+                      p->peer, ci.backend, t->vb->name);
+  snprintf(t->peer_addr, sizeof t->peer_addr, "%s:%u", ci.ctrl_addr,
+           (unsigned)ntohs(ci.ctrl_port));
+  if ((s = ctrl_dial(t, p, &ci, err)) != BRG_SUCCESS) return s;
+  memcpy(h.secret, p->secret, BRG__SECRET_BYTES);
+  h.cts_addr = (uint64_t)(uintptr_t)t->cts;
+  h.cts_rkey = t->cts_mr.rkey;
+  h.nslots = (uint32_t)p->nslots;
+  if (send_full(t->ctrl_fd, &h, sizeof h) != 0)
+    return brg__error(err, BRG_ERR_SYSTEM, "ib", "hello to rank %d at %s: %s", p->peer,
+                      t->peer_addr, strerror(errno));
+  t->peer_qp = ci.qp;
+  if ((s = t->vb->qp_connect(t->qp, &ci.qp, 1, p->timeout_ms, err)) != BRG_SUCCESS) return s;
+  BRG__INFO("ib", "link to rank %d at %s over the %s verbs backend", p->peer, t->peer_addr,
+            t->vb->name);
+  return proxy_start(t, err);
+}
+
+/* Reads one hello from a fresh control connection within the deadline. */
+static int hello_read(int fd, ib_hello *h, int64_t deadline) {
+  size_t got = 0;
+  while (got < sizeof *h) {
+    int64_t left = deadline - now_ms();
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    if (left <= 0 || poll(&pfd, 1, left > 100 ? 100 : (int)left) < 0) return -1;
+    if (!pfd.revents) continue;
+    ssize_t n = recv(fd, (char *)h + got, sizeof *h - got, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    if (n <= 0) return -1;
+    got += (size_t)n;
+  }
+  return 0;
+}
+
+static int secret_equal(const uint8_t *a, const uint8_t *b) {
+  uint8_t diff = 0;
+  for (int i = 0; i < BRG__SECRET_BYTES; i++) diff |= a[i] ^ b[i];
+  return diff == 0;
+}
+
+static brg_status ib_recv_connect(brg__conn *c, const brg__conn_params *p, brg__errbuf *err) {
+  ib_conn *t = c->priv;
+  if (!t || t->listen_fd < 0)
+    return brg__error(err, BRG_ERR_INTERNAL, "ib", "ibverbs recv_connect without recv_setup");
+  int64_t deadline = now_ms() + (p->timeout_ms > 0 ? p->timeout_ms : INT_MAX);
+  ib_hello h;
+  while (t->ctrl_fd < 0) {
+    brg_status s = setup_check(p);
+    if (s != BRG_SUCCESS)
+      return brg__error(err, s, "ib", "waiting for rank %d to connect: %s", p->peer,
+                        brg_status_string(s));
+    int64_t left = deadline - now_ms();
+    if (left <= 0)
+      return brg__error(err, BRG_ERR_TIMEOUT, "ib", "rank %d did not connect within %d ms",
+                        p->peer, p->timeout_ms);
+    struct pollfd pfd = {.fd = t->listen_fd, .events = POLLIN};
+    if (poll(&pfd, 1, left > 100 ? 100 : (int)left) <= 0) continue;
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    int fd = accept4(t->listen_fd, (struct sockaddr *)&ss, &len, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    char from[NI_MAXHOST] = "?";
+    getnameinfo((struct sockaddr *)&ss, len, from, sizeof from, NULL, 0, NI_NUMERICHOST);
+    /* A slow or silent connection may hold us up to a second, not forever. */
+    int64_t hd = now_ms() + 1000 < deadline ? now_ms() + 1000 : deadline;
+    if (hello_read(fd, &h, hd) != 0) {
+      BRG__WARN("ib", "refused connection from %s: no hello", from);
+    } else if (ntohl(h.magic) != IB_HELLO_MAGIC) {
+      BRG__WARN("ib", "refused connection from %s: not a brigade ibverbs hello", from);
+    } else if (!secret_equal(h.secret, p->secret)) {
+      BRG__WARN("ib", "refused connection from %s: bad secret", from);
+    } else if ((int32_t)ntohl((uint32_t)h.rank) != p->peer) {
+      BRG__WARN("ib", "refused connection from %s: rank %d, expected rank %d", from,
+                (int32_t)ntohl((uint32_t)h.rank), p->peer);
+    } else if (h.nslots != (uint32_t)t->fifo.nslots || !memchr(h.qp.addr, 0, sizeof h.qp.addr)) {
+      BRG__WARN("ib", "refused connection from %s: %u slots, expected %d", from, h.nslots,
+                t->fifo.nslots);
+    } else {
+      t->ctrl_fd = fd;
+      snprintf(t->peer_addr, sizeof t->peer_addr, "%s", from);
+      break;
+    }
+    close(fd);
+  }
+  int one = 1;
+  setsockopt(t->ctrl_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  close(t->listen_fd);
+  t->listen_fd = -1;
+  t->peer_cts_addr = h.cts_addr;
+  t->peer_cts_rkey = h.cts_rkey;
+  t->peer_qp = h.qp;
+  int left = (int)(deadline - now_ms());
+  brg_status s = t->vb->qp_connect(t->qp, &h.qp, 0, left > 0 ? left : 1, err);
+  if (s != BRG_SUCCESS) return s;
+  for (int i = 0; i < t->fifo.nslots; i++)
+    if ((s = t->vb->post_recv(t->qp, (uint64_t)i)) != BRG_SUCCESS)
+      return brg__error(err, s, "ib", "posting receives for rank %d", p->peer);
+  BRG__INFO("ib", "link from rank %d at %s over the %s verbs backend", p->peer, t->peer_addr,
+            t->vb->name);
+  return proxy_start(t, err);
+}
+
+static void ib_close(brg__conn *c) {
+  ib_conn *t = c->priv;
+  if (!t) return;
+  __atomic_store_n(&t->stopping, 1, __ATOMIC_RELEASE);
+  if (t->thread_started) {
+    brg__fifo_wake_all(&t->fifo);
+    pthread_join(t->thread, NULL);
+  }
+  if (t->qp) t->vb->qp_destroy(t->qp);
+  if (t->ctx) {
+    t->vb->mr_dereg(t->ctx, &t->cts_mr);
+    t->vb->mr_dereg(t->ctx, &t->fifo_mr);
+    t->vb->ctx_close(t->ctx);
+  }
+  if (t->ctrl_fd >= 0) close(t->ctrl_fd);
+  if (t->listen_fd >= 0) close(t->listen_fd);
+  free(t->cts);
+  brg__fifo_free(&t->fifo);
+  memset(&c->fifo, 0, sizeof c->fifo);
+  free(t);
+  c->priv = NULL;
+}
+
+const brg__transport_ops brg__transport_ibverbs = {
+    .name = "ibverbs",
+    .can_connect = ib_can_connect,
+    .available = ib_available,
+    .recv_setup = ib_recv_setup,
+    .send_connect = ib_send_connect,
+    .recv_connect = ib_recv_connect,
+    .close = ib_close,
+};
