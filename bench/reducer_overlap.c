@@ -150,7 +150,8 @@ static void model_gpt2(model *m) {
   model_tensor(m, "wpe", ctx, d, 0, 0);
   for (int b = 0; b < 12; b++) {
     char nm[64];
-    static const char *sub[6] = {"ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj"};
+    static const char *sub[6] = {"ln_1", "attn.c_attn", "attn.c_proj",
+                                 "ln_2", "mlp.c_fc",    "mlp.c_proj"};
     const size_t win[6] = {0, d, d, 0, d, 4 * d}, wout[6] = {d, 3 * d, d, d, 4 * d, d};
     for (int k = 0; k < 6; k++) {
       snprintf(nm, sizeof(nm), "h.%d.%s", b, sub[k]);
@@ -196,17 +197,28 @@ static void model_file(model *m, const char *path) {
         dims[nd++] = strtoull(p, &end, 10);
         if (dims[nd - 1] == 0) die("%s:%d: zero dimension in '%s'", path, lineno, tok);
         p = end;
-        if (*p == 'x') p++;
-        else if (*p) die("%s:%d: bad shape '%s'", path, lineno, tok);
+        if (*p == 'x')
+          p++;
+        else if (*p)
+          die("%s:%d: bad shape '%s'", path, lineno, tok);
       }
       char suffix[16];
       snprintf(suffix, sizeof(suffix), "%d", ntensor++);
       model_tensor(m, suffix, dims[0], dims[1], dims[2], dims[3]);
     }
-    if (ntensor == 0) die("%s:%d: layer '%s' has no tensors", path, lineno, m->layers[m->nlayers - 1].name);
+    if (ntensor == 0)
+      die("%s:%d: layer '%s' has no tensors", path, lineno, m->layers[m->nlayers - 1].name);
   }
   fclose(f);
   if (m->nlayers == 0) die("%s: no layers", path);
+}
+
+static void model_free(model *m) {
+  free(m->count);
+  free(m->tname);
+  free(m->shape);
+  free(m->layers);
+  memset(m, 0, sizeof(*m));
 }
 
 static void model_dump(const model *m, FILE *f) {
@@ -226,8 +238,8 @@ typedef struct opts {
   int nranks;
   const char *model;
   int spin;
-  double compute_ms;  /* < 0: auto, the measured comm-only time */
-  int layer_time;     /* -1 model default, 0 uniform, 1 by parameters */
+  double compute_ms; /* < 0: auto, the measured comm-only time */
+  int layer_time;    /* -1 model default, 0 uniform, 1 by parameters */
   double cap_mb, first_cap_mb;
   brg_dtype dtype;
   brg_reducer_hook hook;
@@ -270,54 +282,113 @@ static double parse_num(const char *s, const char *what) {
 }
 
 static void parse_opts(int argc, char **argv, opts *o) {
-  static const struct option lo[] = {
-      {"ranks", 1, 0, 'n'},     {"model", 1, 0, 'm'},      {"compute", 1, 0, 'c'},
-      {"compute-ms", 1, 0, 't'}, {"layer-time", 1, 0, 'l'}, {"bucket-cap", 1, 0, 'b'},
-      {"first-bucket-cap", 1, 0, 'f'}, {"dtype", 1, 0, 'd'}, {"hook", 1, 0, 'k'},
-      {"view", 1, 0, 'v'},      {"write-grads", 0, 0, 'g'}, {"iters", 1, 0, 'i'},
-      {"warmup", 1, 0, 'w'},    {"json", 0, 0, 'j'},       {"dump-model", 0, 0, 'D'},
-      {"help", 0, 0, 'h'},      {0, 0, 0, 0}};
-  *o = (opts){.nranks = 2, .model = "resnet50", .compute_ms = -1, .layer_time = -1, .cap_mb = 25,
-              .first_cap_mb = 1, .dtype = BRG_FLOAT32, .view = 1, .iters = 10, .warmup = 3};
+  static const struct option lo[] = {{"ranks", 1, 0, 'n'},
+                                     {"model", 1, 0, 'm'},
+                                     {"compute", 1, 0, 'c'},
+                                     {"compute-ms", 1, 0, 't'},
+                                     {"layer-time", 1, 0, 'l'},
+                                     {"bucket-cap", 1, 0, 'b'},
+                                     {"first-bucket-cap", 1, 0, 'f'},
+                                     {"dtype", 1, 0, 'd'},
+                                     {"hook", 1, 0, 'k'},
+                                     {"view", 1, 0, 'v'},
+                                     {"write-grads", 0, 0, 'g'},
+                                     {"iters", 1, 0, 'i'},
+                                     {"warmup", 1, 0, 'w'},
+                                     {"json", 0, 0, 'j'},
+                                     {"dump-model", 0, 0, 'D'},
+                                     {"help", 0, 0, 'h'},
+                                     {0, 0, 0, 0}};
+  *o = (opts){.nranks = 2,
+              .model = "resnet50",
+              .compute_ms = -1,
+              .layer_time = -1,
+              .cap_mb = 25,
+              .first_cap_mb = 1,
+              .dtype = BRG_FLOAT32,
+              .view = 1,
+              .iters = 10,
+              .warmup = 3};
   int c;
   while ((c = getopt_long(argc, argv, "n:m:c:t:l:b:f:d:k:v:gi:w:jh", lo, NULL)) != -1) {
     switch (c) {
-    case 'n': o->nranks = (int)parse_num(optarg, "rank count"); break;
-    case 'm': o->model = optarg; break;
+    case 'n':
+      o->nranks = (int)parse_num(optarg, "rank count");
+      break;
+    case 'm':
+      o->model = optarg;
+      break;
     case 'c':
-      if (!strcmp(optarg, "sleep")) o->spin = 0;
-      else if (!strcmp(optarg, "spin")) o->spin = 1;
-      else die("--compute is sleep or spin");
+      if (!strcmp(optarg, "sleep"))
+        o->spin = 0;
+      else if (!strcmp(optarg, "spin"))
+        o->spin = 1;
+      else
+        die("--compute is sleep or spin");
       break;
-    case 't': o->compute_ms = !strcmp(optarg, "auto") ? -1 : parse_num(optarg, "compute time"); break;
+    case 't':
+      o->compute_ms = !strcmp(optarg, "auto") ? -1 : parse_num(optarg, "compute time");
+      break;
     case 'l':
-      if (!strcmp(optarg, "uniform")) o->layer_time = 0;
-      else if (!strcmp(optarg, "params")) o->layer_time = 1;
-      else die("--layer-time is uniform or params");
+      if (!strcmp(optarg, "uniform"))
+        o->layer_time = 0;
+      else if (!strcmp(optarg, "params"))
+        o->layer_time = 1;
+      else
+        die("--layer-time is uniform or params");
       break;
-    case 'b': o->cap_mb = parse_num(optarg, "bucket cap"); break;
-    case 'f': o->first_cap_mb = parse_num(optarg, "first bucket cap"); break;
+    case 'b':
+      o->cap_mb = parse_num(optarg, "bucket cap");
+      break;
+    case 'f':
+      o->first_cap_mb = parse_num(optarg, "first bucket cap");
+      break;
     case 'd':
-      if (!strcmp(optarg, "float32") || !strcmp(optarg, "float")) o->dtype = BRG_FLOAT32;
-      else if (!strcmp(optarg, "float64") || !strcmp(optarg, "double")) o->dtype = BRG_FLOAT64;
-      else if (!strcmp(optarg, "float16") || !strcmp(optarg, "half")) o->dtype = BRG_FLOAT16;
-      else if (!strcmp(optarg, "bfloat16")) o->dtype = BRG_BFLOAT16;
-      else die("unknown dtype '%s'", optarg);
+      if (!strcmp(optarg, "float32") || !strcmp(optarg, "float"))
+        o->dtype = BRG_FLOAT32;
+      else if (!strcmp(optarg, "float64") || !strcmp(optarg, "double"))
+        o->dtype = BRG_FLOAT64;
+      else if (!strcmp(optarg, "float16") || !strcmp(optarg, "half"))
+        o->dtype = BRG_FLOAT16;
+      else if (!strcmp(optarg, "bfloat16"))
+        o->dtype = BRG_BFLOAT16;
+      else
+        die("unknown dtype '%s'", optarg);
       break;
     case 'k':
-      if (!strcmp(optarg, "none")) o->hook = BRG_REDUCER_HOOK_ALLREDUCE;
-      else if (!strcmp(optarg, "fp16")) o->hook = BRG_REDUCER_HOOK_FP16;
-      else if (!strcmp(optarg, "bf16")) o->hook = BRG_REDUCER_HOOK_BF16;
-      else die("--hook is none, fp16 or bf16");
+      if (!strcmp(optarg, "none"))
+        o->hook = BRG_REDUCER_HOOK_ALLREDUCE;
+      else if (!strcmp(optarg, "fp16"))
+        o->hook = BRG_REDUCER_HOOK_FP16;
+      else if (!strcmp(optarg, "bf16"))
+        o->hook = BRG_REDUCER_HOOK_BF16;
+      else
+        die("--hook is none, fp16 or bf16");
       break;
-    case 'v': o->view = (int)parse_num(optarg, "view") != 0; break;
-    case 'g': o->write_grads = 1; break;
-    case 'i': o->iters = (int)parse_num(optarg, "iters"); break;
-    case 'w': o->warmup = (int)parse_num(optarg, "warmup"); break;
-    case 'j': o->json = 1; break;
-    case 'D': o->dump = 1; break;
-    case 'h': usage(stdout); exit(0);
-    default: usage(stderr); exit(2);
+    case 'v':
+      o->view = (int)parse_num(optarg, "view") != 0;
+      break;
+    case 'g':
+      o->write_grads = 1;
+      break;
+    case 'i':
+      o->iters = (int)parse_num(optarg, "iters");
+      break;
+    case 'w':
+      o->warmup = (int)parse_num(optarg, "warmup");
+      break;
+    case 'j':
+      o->json = 1;
+      break;
+    case 'D':
+      o->dump = 1;
+      break;
+    case 'h':
+      usage(stdout);
+      exit(0);
+    default:
+      usage(stderr);
+      exit(2);
     }
   }
   if (optind < argc) die("unexpected argument '%s'", argv[optind]);
@@ -359,8 +430,8 @@ static int cmp_double(const void *a, const void *b) {
 /* ---- one rank ---------------------------------------------------------------- */
 
 enum { MODE_COMM, MODE_COMPUTE, MODE_NAIVE, MODE_REDUCER, NMODES };
-static const char *mode_name[NMODES] = {"comm only", "compute only", "naive (backward, then allreduce)",
-                                        "brigade reducer (overlap)"};
+static const char *mode_name[NMODES] = {
+    "comm only", "compute only", "naive (backward, then allreduce)", "brigade reducer (overlap)"};
 
 typedef struct bench {
   opts o;
@@ -368,18 +439,18 @@ typedef struct bench {
   brg_comm *comm;
   int rank, nranks;
   brg_reducer *red;
-  void *flat;          /* every gradient, contiguous: the naive allreduce's buffer */
-  void **grad;         /* per tensor: where backward writes its gradient */
-  double *layer_s;     /* compute seconds per layer */
+  void *flat;      /* every gradient, contiguous: the naive allreduce's buffer */
+  void **grad;     /* per tensor: where backward writes its gradient */
+  double *layer_s; /* compute seconds per layer */
   size_t esize;
 } bench;
 
-#define BRG_OK(call)                                                                         \
-  do {                                                                                       \
-    brg_status s_ = (call);                                                                  \
-    if (s_ != BRG_SUCCESS)                                                                   \
-      die("rank %d: %s: %s: %s", b->rank, #call, brg_status_string(s_),                      \
-          b->red ? brg_reducer_last_error(b->red) : brg_comm_last_error(b->comm));           \
+#define BRG_OK(call)                                                                               \
+  do {                                                                                             \
+    brg_status s_ = (call);                                                                        \
+    if (s_ != BRG_SUCCESS)                                                                         \
+      die("rank %d: %s: %s: %s", b->rank, #call, brg_status_string(s_),                            \
+          b->red ? brg_reducer_last_error(b->red) : brg_comm_last_error(b->comm));                 \
   } while (0)
 
 static void backward(bench *b, int with_reducer) {
@@ -398,7 +469,9 @@ static void step(bench *b, int mode) {
   case MODE_COMM:
     BRG_OK(brg_allreduce(b->flat, b->flat, b->m.total, b->o.dtype, BRG_AVG, b->comm, NULL));
     break;
-  case MODE_COMPUTE: backward(b, 0); break;
+  case MODE_COMPUTE:
+    backward(b, 0);
+    break;
   case MODE_NAIVE:
     backward(b, 0);
     BRG_OK(brg_allreduce(b->flat, b->flat, b->m.total, b->o.dtype, BRG_AVG, b->comm, NULL));
@@ -439,9 +512,12 @@ static void set_compute(bench *b, double total_s) {
 
 static int run_rank(opts *o, brg_comm *comm) {
   bench bb = {.o = *o, .comm = comm}, *b = &bb;
-  if (!strcmp(o->model, "resnet50")) model_resnet50(&b->m);
-  else if (!strcmp(o->model, "gpt2")) model_gpt2(&b->m);
-  else model_file(&b->m, o->model);
+  if (!strcmp(o->model, "resnet50"))
+    model_resnet50(&b->m);
+  else if (!strcmp(o->model, "gpt2"))
+    model_gpt2(&b->m);
+  else
+    model_file(&b->m, o->model);
   BRG_OK(brg_comm_rank(comm, &b->rank));
   BRG_OK(brg_comm_size(comm, &b->nranks));
   b->esize = brg_dtype_size(o->dtype);
@@ -457,7 +533,9 @@ static int run_rank(opts *o, brg_comm *comm) {
   size_t off = 0;
   for (size_t t = 0; t < b->m.ntensors; t++) {
     b->grad[t] = (char *)b->flat + off * b->esize;
-    prm[t] = (brg_reducer_param){.name = b->m.tname[t], .count = b->m.count[t], .dtype = o->dtype,
+    prm[t] = (brg_reducer_param){.name = b->m.tname[t],
+                                 .count = b->m.count[t],
+                                 .dtype = o->dtype,
                                  .grad = o->view ? NULL : b->grad[t]};
     off += b->m.count[t];
   }
@@ -496,15 +574,16 @@ static int run_rank(opts *o, brg_comm *comm) {
     printf("# reducer_overlap: brigade %d.%d.%d, %d ranks\n", BRG_VERSION_MAJOR, BRG_VERSION_MINOR,
            BRG_VERSION_PATCH, b->nranks);
     printf("# model %s: %zu tensors in %zu layers, %.2f M parameters, %.1f MB of %s gradients\n",
-           b->m.name, b->m.ntensors, b->m.nlayers, (double)b->m.total * 1e-6,
-           (double)bytes * 1e-6, brg_dtype_name(o->dtype));
+           b->m.name, b->m.ntensors, b->m.nlayers, (double)b->m.total * 1e-6, (double)bytes * 1e-6,
+           brg_dtype_name(o->dtype));
     printf("# backward: %s, %.1f ms per step (%s over layers)%s\n", o->spin ? "spin" : "sleep",
            compute_s * 1e3, by_params ? "by parameter count" : "uniform",
            o->compute_ms < 0 ? ", set to the comm-only time" : "");
     printf("# reducer: %zu buckets (first %.3g MiB, then %.3g MiB), %s, hook %s%s\n", nbuckets,
            o->first_cap_mb, o->cap_mb, o->view ? "gradients as bucket views" : "gradients copied",
            hooks[o->hook], o->write_grads ? ", backward writes gradients" : "");
-    printf("# step times: median of %d steps (after %d warmup), slowest rank\n#\n", o->iters, o->warmup);
+    printf("# step times: median of %d steps (after %d warmup), slowest rank\n#\n", o->iters,
+           o->warmup);
     printf("#  %-34s %10s\n", "mode", "step (ms)");
     static const int order[NMODES] = {MODE_COMPUTE, MODE_COMM, MODE_NAIVE, MODE_REDUCER};
     for (int k = 0; k < NMODES; k++)
@@ -513,7 +592,8 @@ static int run_rank(opts *o, brg_comm *comm) {
            "reducer / max(compute, comm): %.3f\n",
            hidden * 100, res[MODE_NAIVE] / red, ratio);
     if (o->json)
-      printf("{\"model\": \"%s\", \"ranks\": %d, \"tensors\": %zu, \"params\": %zu, \"dtype\": \"%s\", "
+      printf("{\"model\": \"%s\", \"ranks\": %d, \"tensors\": %zu, \"params\": %zu, \"dtype\": "
+             "\"%s\", "
              "\"compute\": \"%s\", \"compute_ms\": %.3f, \"buckets\": %zu, \"view\": %d, "
              "\"hook\": \"%s\", \"compute_only_ms\": %.3f, \"comm_only_ms\": %.3f, "
              "\"naive_ms\": %.3f, \"reducer_ms\": %.3f, \"hidden\": %.4f, \"speedup\": %.4f, "
@@ -529,6 +609,7 @@ static int run_rank(opts *o, brg_comm *comm) {
   free(b->flat);
   free(b->grad);
   free(b->layer_s);
+  model_free(&b->m);
   return 0;
 }
 
@@ -537,10 +618,14 @@ int main(int argc, char **argv) {
   parse_opts(argc, argv, &o);
   if (o.dump) {
     model m = {0};
-    if (!strcmp(o.model, "resnet50")) model_resnet50(&m);
-    else if (!strcmp(o.model, "gpt2")) model_gpt2(&m);
-    else model_file(&m, o.model);
+    if (!strcmp(o.model, "resnet50"))
+      model_resnet50(&m);
+    else if (!strcmp(o.model, "gpt2"))
+      model_gpt2(&m);
+    else
+      model_file(&m, o.model);
     model_dump(&m, stdout);
+    model_free(&m);
     return 0;
   }
 

@@ -44,39 +44,39 @@ typedef struct brg_reducer brg_reducer;
 
 /* One parameter, as registered at create. Arrays are given in forward order. */
 typedef struct brg_reducer_param {
-  const char *name;   /* optional (copied); used in error messages */
-  size_t count;       /* elements */
+  const char *name; /* optional (copied); used in error messages */
+  size_t count;     /* elements */
   brg_dtype dtype;
-  void *data;         /* the parameter's values, for brg_reducer_broadcast_params; may be NULL */
-  void *grad;         /* its gradient; must be NULL with BRG_REDUCER_GRAD_AS_VIEW */
+  void *data; /* the parameter's values, for brg_reducer_broadcast_params; may be NULL */
+  void *grad; /* its gradient; must be NULL with BRG_REDUCER_GRAD_AS_VIEW */
 } brg_reducer_param;
 
 /* Flags of brg_reducer_config. */
-#define BRG_REDUCER_SUM          0x01u /* leave the sum over ranks instead of the average */
-#define BRG_REDUCER_FIND_UNUSED  0x02u /* unmarked parameters count as zero gradient */
+#define BRG_REDUCER_SUM 0x01u          /* leave the sum over ranks instead of the average */
+#define BRG_REDUCER_FIND_UNUSED 0x02u  /* unmarked parameters count as zero gradient */
 #define BRG_REDUCER_STATIC_GRAPH 0x04u /* used set and ready order fixed after step one */
 #define BRG_REDUCER_GRAD_AS_VIEW 0x08u /* gradients live inside the bucket buffers */
-#define BRG_REDUCER_NO_REBUILD   0x10u /* keep the registration-order buckets */
+#define BRG_REDUCER_NO_REBUILD 0x10u   /* keep the registration-order buckets */
 
 /* Flag of brg_reducer_prepare: this backward only accumulates locally. */
 #define BRG_REDUCER_NO_SYNC 0x01u
 
 typedef enum {
   BRG_REDUCER_HOOK_ALLREDUCE = 0, /* allreduce in the gradient dtype (default) */
-  BRG_REDUCER_HOOK_FP16,          /* cast float32/float64 buckets to float16, allreduce, cast back */
-  BRG_REDUCER_HOOK_BF16,          /* same with bfloat16 */
-  BRG_REDUCER_HOOK_CUSTOM         /* hook_launch / hook_finish below */
+  BRG_REDUCER_HOOK_FP16,  /* cast float32/float64 buckets to float16, allreduce, cast back */
+  BRG_REDUCER_HOOK_BF16,  /* same with bfloat16 */
+  BRG_REDUCER_HOOK_CUSTOM /* hook_launch / hook_finish below */
 } brg_reducer_hook;
 
 /* A bucket as a communication hook sees it. */
 typedef struct brg_reducer_bucket {
-  size_t index;          /* position in launch order */
-  void *data;            /* the bucket's gradients, packed in bucket order */
-  size_t count;          /* elements in data */
+  size_t index; /* position in launch order */
+  void *data;   /* the bucket's gradients, packed in bucket order */
+  size_t count; /* elements in data */
   brg_dtype dtype;
   int nranks;
-  int average;           /* 1 unless BRG_REDUCER_SUM: divide by nranks */
-  brg_request *request;  /* the hook's (last) collective goes on this request */
+  int average;          /* 1 unless BRG_REDUCER_SUM: divide by nranks */
+  brg_request *request; /* the hook's (last) collective goes on this request */
 } brg_reducer_bucket;
 
 /*
@@ -91,14 +91,14 @@ typedef struct brg_reducer_bucket {
 typedef brg_status (*brg_reducer_hook_fn)(void *arg, brg_comm *comm, brg_reducer_bucket *bucket);
 
 typedef struct brg_reducer_config {
-  size_t bucket_cap_bytes;        /* 0: 25 MiB */
-  size_t first_bucket_cap_bytes;  /* 0: 1 MiB */
-  unsigned flags;                 /* BRG_REDUCER_* above */
+  size_t bucket_cap_bytes;       /* 0: 25 MiB */
+  size_t first_bucket_cap_bytes; /* 0: 1 MiB */
+  unsigned flags;                /* BRG_REDUCER_* above */
   brg_reducer_hook hook;
   brg_reducer_hook_fn hook_launch;
   brg_reducer_hook_fn hook_finish;
   void *hook_arg;
-  brg_stream stream;              /* reserved: must be NULL (host buffers) */
+  brg_stream stream; /* reserved: must be NULL (host buffers) */
 } brg_reducer_config;
 
 #define BRG_REDUCER_DEFAULT_BUCKET_CAP (25u << 20)

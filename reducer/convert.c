@@ -25,8 +25,8 @@ uint16_t brg__f32_to_f16(float f) {
   if (ax >= 0x7f800000u) /* inf or NaN */
     return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x0200u | ((ax >> 13) & 0x3ffu) : 0));
   if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds past 65504 */
-  if (ax < 0x38800000u) {                                  /* below 2^-14: subnormal or zero */
-    if (ax < 0x33000000u) return sign;                     /* below half the least subnormal */
+  if (ax < 0x38800000u) {                                   /* below 2^-14: subnormal or zero */
+    if (ax < 0x33000000u) return sign;                      /* below half the least subnormal */
     uint32_t mant = (ax & 0x7fffffu) | 0x800000u;
     int shift = 126 - (int)(ax >> 23); /* 14..24: bits dropped beyond the normal 13 */
     uint32_t q = mant >> shift;
@@ -54,11 +54,13 @@ uint16_t brg__f32_to_bf16(float f) {
   return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 }
 
-float brg__bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+float brg__bf16_to_f32(uint16_t h) {
+  return bits_f32((uint32_t)h << 16);
+}
 
 #ifdef BRG_HAVE_F16C_PATH
 __attribute__((target("avx,f16c"))) static void f32_to_f16_f16c(uint16_t *dst, const float *src,
-                                                               size_t n, float scale) {
+                                                                size_t n, float scale) {
   size_t i = 0;
   __m256 s = _mm256_set1_ps(scale);
   for (; i + 8 <= n; i += 8) {
@@ -68,7 +70,7 @@ __attribute__((target("avx,f16c"))) static void f32_to_f16_f16c(uint16_t *dst, c
   for (; i < n; i++) dst[i] = brg__f32_to_f16(src[i] * scale);
 }
 __attribute__((target("avx,f16c"))) static void f16_to_f32_f16c(float *dst, const uint16_t *src,
-                                                               size_t n) {
+                                                                size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8)
     _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));

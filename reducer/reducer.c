@@ -39,12 +39,12 @@ enum { STATE_IDLE, STATE_BACKWARD, STATE_FINALIZING };
 
 typedef struct red_bucket {
   brg_dtype dtype;
-  size_t count;         /* elements */
-  size_t first, n;      /* members[first .. first+n) of the layout */
-  void *flat;           /* count elements of dtype; NULL when compression needs none */
-  uint16_t *half;       /* the float16/bfloat16 wire buffer of a compression hook, or NULL */
-  size_t pending;       /* members not ready yet in this pass */
-  int inflight;         /* a collective was issued on req and not yet waited */
+  size_t count;    /* elements */
+  size_t first, n; /* members[first .. first+n) of the layout */
+  void *flat;      /* count elements of dtype; NULL when compression needs none */
+  uint16_t *half;  /* the float16/bfloat16 wire buffer of a compression hook, or NULL */
+  size_t pending;  /* members not ready yet in this pass */
+  int inflight;    /* a collective was issued on req and not yet waited */
   brg_request req;
 } red_bucket;
 
@@ -60,11 +60,11 @@ typedef struct red_layout {
 } red_layout;
 
 typedef struct red_param {
-  char *name;           /* NULL when none was given */
+  char *name; /* NULL when none was given */
   size_t count;
   brg_dtype dtype;
   void *data;
-  void *grad;           /* the registered gradient; NULL with views */
+  void *grad; /* the registered gradient; NULL with views */
 } red_param;
 
 struct brg_reducer {
@@ -72,7 +72,7 @@ struct brg_reducer {
   int rank, nranks;
   brg_reducer_config cfg;
   int view, average, find_unused, static_graph, rebuild;
-  brg_dtype half;       /* wire dtype of the compression hook; unused without one */
+  brg_dtype half; /* wire dtype of the compression hook; unused without one */
   int compress;
 
   size_t nparams;
@@ -82,18 +82,18 @@ struct brg_reducer {
   pthread_mutex_t lock;
   pthread_cond_t marks_done;
   int state;
-  int sync;             /* current pass communicates */
-  int marks_inflight;   /* mark_ready calls between their two locked sections */
-  size_t next_launch;   /* first bucket not launched in this pass */
-  uint8_t *marked;      /* per parameter, this pass */
-  size_t *order;        /* ready order of this pass */
+  int sync;           /* current pass communicates */
+  int marks_inflight; /* mark_ready calls between their two locked sections */
+  size_t next_launch; /* first bucket not launched in this pass */
+  uint8_t *marked;    /* per parameter, this pass */
+  size_t *order;      /* ready order of this pass */
   size_t norder;
   uint8_t *used_local;  /* marked in some pass since the last synced one: bitmap sendbuf */
   uint8_t *used_global; /* recvbuf: used on some rank */
   brg_request used_req;
   int used_inflight;
-  uint64_t nsynced;     /* finished synced passes */
-  int64_t *order_buf;   /* the rebuild's broadcast of rank 0's order */
+  uint64_t nsynced;   /* finished synced passes */
+  int64_t *order_buf; /* the rebuild's broadcast of rank 0's order */
 
   /* Static graph: what the first synced pass saw. */
   int have_static;
@@ -161,7 +161,9 @@ static int compressible(const brg_reducer *red, brg_dtype dt) {
   return red->compress && (dt == BRG_FLOAT32 || dt == BRG_FLOAT64);
 }
 
-static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+static size_t align_up(size_t x, size_t a) {
+  return (x + a - 1) / a * a;
+}
 
 static void layout_free(red_layout *lay) {
   free(lay->buckets);
@@ -221,7 +223,8 @@ static brg_status layout_build(brg_reducer *red, const size_t *fill_order, red_l
     int cmp = compressible(red, bk->dtype);
     int need_flat = red->view || !cmp;
     flat_at[b] = need_flat ? slab_bytes : (size_t)-1;
-    if (need_flat) slab_bytes = align_up(slab_bytes + bk->count * brg_dtype_size(bk->dtype), BUCKET_ALIGN);
+    if (need_flat)
+      slab_bytes = align_up(slab_bytes + bk->count * brg_dtype_size(bk->dtype), BUCKET_ALIGN);
     half_at[b] = cmp ? slab_bytes : (size_t)-1;
     if (cmp) slab_bytes = align_up(slab_bytes + bk->count * 2, BUCKET_ALIGN);
   }
@@ -235,7 +238,8 @@ static brg_status layout_build(brg_reducer *red, const size_t *fill_order, red_l
   for (size_t b = 0; b < lay->nbuckets; b++) {
     red_bucket *bk = &lay->buckets[b];
     if (flat_at[b] != (size_t)-1 && bk->count > 0) bk->flat = (char *)lay->slab + flat_at[b];
-    if (half_at[b] != (size_t)-1 && bk->count > 0) bk->half = (uint16_t *)((char *)lay->slab + half_at[b]);
+    if (half_at[b] != (size_t)-1 && bk->count > 0)
+      bk->half = (uint16_t *)((char *)lay->slab + half_at[b]);
   }
   free(flat_at);
   free(half_at);
@@ -301,7 +305,7 @@ static void param_unpack(brg_reducer *red, size_t p) {
 
 /* ---- launching and waiting ------------------------------------------- */
 
-static void bucket_view(brg_reducer *red, size_t b, brg_reducer_bucket *v) {
+static void hook_bucket(brg_reducer *red, size_t b, brg_reducer_bucket *v) {
   red_bucket *bk = &red->lay.buckets[b];
   v->index = b;
   v->data = bk->flat;
@@ -320,7 +324,7 @@ static void bucket_launch(brg_reducer *red, size_t b) {
 
   if (red->cfg.hook == BRG_REDUCER_HOOK_CUSTOM) {
     brg_reducer_bucket v;
-    bucket_view(red, b, &v);
+    hook_bucket(red, b, &v);
     st = red->cfg.hook_launch(red->cfg.hook_arg, red->comm, &v);
   } else if (bk->half != NULL) {
     /* Prescaled by 1/N when packed, so the half-precision sum cannot overflow
@@ -363,7 +367,7 @@ static int bucket_wait(brg_reducer *red, size_t b) {
   }
   if (red->cfg.hook == BRG_REDUCER_HOOK_CUSTOM && red->cfg.hook_finish != NULL) {
     brg_reducer_bucket v;
-    bucket_view(red, b, &v);
+    hook_bucket(red, b, &v);
     st = red->cfg.hook_finish(red->cfg.hook_arg, red->comm, &v);
     if (st != BRG_SUCCESS) {
       fail_pass(red, st, "bucket %zu: the communication hook's finish failed: %s", b,
@@ -414,7 +418,8 @@ static brg_status check_ranks_agree(brg_reducer *red) {
       return fail(red, BRG_ERR_MISMATCH,
                   "brg_reducer_create: the %s differs across ranks: %lld on rank %d, "
                   "between %lld and %lld over all ranks",
-                  field[i], (long long)mine[i], red->rank, (long long)-v[NFIELD + i], (long long)v[i]);
+                  field[i], (long long)mine[i], red->rank, (long long)-v[NFIELD + i],
+                  (long long)v[i]);
 
   size_t n = red->nparams;
   int64_t *key = malloc(2 * n * sizeof(*key));
@@ -479,7 +484,8 @@ brg_status brg_reducer_create(brg_reducer **out, brg_comm *comm, const brg_reduc
                 "brg_reducer_create: reducer, comm and a non-empty parameter list are required");
   if (cfg != NULL) c = *cfg;
   if (c.bucket_cap_bytes == 0) c.bucket_cap_bytes = BRG_REDUCER_DEFAULT_BUCKET_CAP;
-  if (c.first_bucket_cap_bytes == 0) c.first_bucket_cap_bytes = BRG_REDUCER_DEFAULT_FIRST_BUCKET_CAP;
+  if (c.first_bucket_cap_bytes == 0)
+    c.first_bucket_cap_bytes = BRG_REDUCER_DEFAULT_FIRST_BUCKET_CAP;
   if (c.stream != NULL)
     return fail(NULL, BRG_ERR_UNAVAILABLE,
                 "brg_reducer_create: device buffers (a stream) are not supported yet");
@@ -495,16 +501,16 @@ brg_status brg_reducer_create(brg_reducer **out, brg_comm *comm, const brg_reduc
     const brg_reducer_param *q = &params[p];
     const char *nm = q->name ? q->name : "";
     if (brg_dtype_size(q->dtype) == 0)
-      return fail(NULL, BRG_ERR_INVALID_ARGUMENT, "brg_reducer_create: parameter #%zu %s: bad dtype %d",
-                  p, nm, (int)q->dtype);
+      return fail(NULL, BRG_ERR_INVALID_ARGUMENT,
+                  "brg_reducer_create: parameter #%zu %s: bad dtype %d", p, nm, (int)q->dtype);
     if (view && q->grad != NULL)
       return fail(NULL, BRG_ERR_INVALID_ARGUMENT,
                   "brg_reducer_create: parameter #%zu %s: grad must be NULL with "
                   "BRG_REDUCER_GRAD_AS_VIEW (the reducer provides it, see brg_reducer_grad)",
                   p, nm);
     if (!view && q->grad == NULL && q->count > 0)
-      return fail(NULL, BRG_ERR_INVALID_ARGUMENT, "brg_reducer_create: parameter #%zu %s has no grad buffer",
-                  p, nm);
+      return fail(NULL, BRG_ERR_INVALID_ARGUMENT,
+                  "brg_reducer_create: parameter #%zu %s has no grad buffer", p, nm);
   }
 
   brg_reducer *red = calloc(1, sizeof(*red));
@@ -581,8 +587,10 @@ err:
 brg_status brg_reducer_grad(const brg_reducer *red, size_t p, void **grad) {
   if (red == NULL || grad == NULL || p >= red->nparams) return BRG_ERR_INVALID_ARGUMENT;
   const red_param *prm = &red->params[p];
-  if (!red->view) *grad = prm->grad;
-  else *grad = prm->count > 0 ? grad_in_bucket(&red->lay, prm, p) : NULL;
+  if (!red->view)
+    *grad = prm->grad;
+  else
+    *grad = prm->count > 0 ? grad_in_bucket(&red->lay, prm, p) : NULL;
   return BRG_SUCCESS;
 }
 
@@ -619,7 +627,8 @@ brg_status brg_reducer_broadcast_params(brg_reducer *red, int root) {
   for (size_t p = 0; p < red->nparams; p++) {
     red_param *prm = &red->params[p];
     if (prm->data == NULL || prm->count == 0) continue;
-    brg_status st = brg_broadcast(prm->data, prm->data, prm->count, prm->dtype, root, red->comm, NULL);
+    brg_status st =
+        brg_broadcast(prm->data, prm->data, prm->count, prm->dtype, root, red->comm, NULL);
     if (st != BRG_SUCCESS) {
       char nb[256];
       return fail(red, st, "brg_reducer_broadcast_params: parameter %s: %s",
@@ -648,7 +657,8 @@ brg_status brg_reducer_prepare(brg_reducer *red, unsigned flags) {
   red->next_launch = 0;
   memset(red->marked, 0, red->nparams);
   if (red->sync) {
-    for (size_t b = 0; b < red->lay.nbuckets; b++) red->lay.buckets[b].pending = red->lay.buckets[b].n;
+    for (size_t b = 0; b < red->lay.nbuckets; b++)
+      red->lay.buckets[b].pending = red->lay.buckets[b].n;
     /* Static graph: what was unused in the first step is settled now, as
      * zero, so its buckets need not wait for finalize. */
     if (red->have_static)
@@ -674,7 +684,8 @@ brg_status brg_reducer_mark_ready(brg_reducer *red, size_t p) {
                          "brg_reducer_mark_ready: parameter %zu out of range (%zu registered)", p,
                          red->nparams)
              : fail(red, BRG_ERR_INVALID_ARGUMENT,
-                    "brg_reducer_mark_ready: parameter %zu out of range (%zu registered)", p, red->nparams);
+                    "brg_reducer_mark_ready: parameter %zu out of range (%zu registered)", p,
+                    red->nparams);
     goto out;
   }
   if (red->state == STATE_IDLE) {
@@ -782,9 +793,10 @@ static void first_step_done(brg_reducer *red) {
     fail_pass(red, st, "rebuilding buckets from rank 0's ready order: %s", brg_status_string(st));
     return;
   }
-  int same = nl.nbuckets == red->lay.nbuckets &&
-             memcmp(nl.members, red->lay.members, n * sizeof(size_t)) == 0 &&
-             memcmp(nl.bucket_start, red->lay.bucket_start, (nl.nbuckets + 1) * sizeof(size_t)) == 0;
+  int same =
+      nl.nbuckets == red->lay.nbuckets &&
+      memcmp(nl.members, red->lay.members, n * sizeof(size_t)) == 0 &&
+      memcmp(nl.bucket_start, red->lay.bucket_start, (nl.nbuckets + 1) * sizeof(size_t)) == 0;
   if (same) {
     layout_free(&nl);
     return;
@@ -792,7 +804,8 @@ static void first_step_done(brg_reducer *red) {
   if (red->view) /* the gradients live in the buckets: carry them over */
     for (size_t p = 0; p < n; p++)
       if (red->params[p].count > 0)
-        memcpy(grad_in_bucket(&nl, &red->params[p], p), grad_in_bucket(&red->lay, &red->params[p], p),
+        memcpy(grad_in_bucket(&nl, &red->params[p], p),
+               grad_in_bucket(&red->lay, &red->params[p], p),
                red->params[p].count * brg_dtype_size(red->params[p].dtype));
   layout_free(&red->lay);
   red->lay = nl;
@@ -805,9 +818,9 @@ brg_status brg_reducer_finalize(brg_reducer *red) {
   if (red->state != STATE_BACKWARD) {
     int state = red->state;
     pthread_mutex_unlock(&red->lock);
-    return fail(red, BRG_ERR_INVALID_USAGE, state == STATE_IDLE
-                                                ? "brg_reducer_finalize called without brg_reducer_prepare"
-                                                : "brg_reducer_finalize called twice at once");
+    return fail(red, BRG_ERR_INVALID_USAGE,
+                state == STATE_IDLE ? "brg_reducer_finalize called without brg_reducer_prepare"
+                                    : "brg_reducer_finalize called twice at once");
   }
   red->state = STATE_FINALIZING;
   while (red->marks_inflight > 0) pthread_cond_wait(&red->marks_done, &red->lock);
@@ -890,7 +903,8 @@ brg_status brg_reducer_finalize(brg_reducer *red) {
                 "step (gradients were reduced correctly; drop BRG_REDUCER_STATIC_GRAPH if the "
                 "order varies)",
                 k, k < red->norder ? pname(red, red->order[k], nb, sizeof(nb)) : "nothing",
-                k < red->static_norder ? pname(red, red->static_order[k], nb2, sizeof(nb2)) : "nothing");
+                k < red->static_norder ? pname(red, red->static_order[k], nb2, sizeof(nb2))
+                                       : "nothing");
     }
   }
 

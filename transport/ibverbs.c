@@ -58,6 +58,7 @@
 #define IB_BYE 0x42
 #define IB_CLOSE_GRACE_MS 1000 /* how long close() lets the send proxy flush */
 #define IB_MAX_PENDING 8
+#define IB_MAX_QPS 12 /* queue pairs per link: what fits the connection-info blob */
 
 /* One clear-to-send entry, written by the receiver into the sender's memory. */
 typedef struct ib_cts {
@@ -68,14 +69,26 @@ typedef struct ib_cts {
   volatile uint64_t seq; /* slot number + 1; last, so it lands last */
 } ib_cts;
 
-/* Receiver -> sender over the bootstrap. */
+/* What differs between the queue pairs of one end. */
+typedef struct ib_qp_wire {
+  uint32_t qpn, psn;
+  uint16_t port;
+  uint16_t pad;
+} ib_qp_wire;
+
+/* Receiver -> sender over the bootstrap: the receiver decides how many queue
+ * pairs the link has. The port's address (LID, GID) is the same for all;
+ * the soft backend's queue pairs listen on ctrl_addr. */
 typedef struct ib_conn_info {
   uint32_t magic;
   uint16_t ctrl_port;
-  uint16_t pad;
+  uint16_t nqps;
   char backend[8];
   char ctrl_addr[64];
-  brg__vb_qp_info qp;
+  uint16_t lid;
+  uint8_t link_layer, mtu, gid_index, pad[3];
+  uint8_t gid[16];
+  ib_qp_wire qps[IB_MAX_QPS];
 } ib_conn_info;
 _Static_assert(sizeof(ib_conn_info) <= BRG__CONN_INFO_BYTES, "ib info fits the blob");
 
@@ -87,7 +100,9 @@ typedef struct ib_hello {
   uint64_t cts_addr;
   uint32_t cts_rkey;
   uint32_t nslots;
-  brg__vb_qp_info qp;
+  uint32_t nqps;
+  uint32_t pad;
+  brg__vb_qp_info qps[IB_MAX_QPS];
 } ib_hello;
 
 typedef struct ib_conn {
@@ -95,7 +110,8 @@ typedef struct ib_conn {
   int peer;
   const brg__vb_ops *vb;
   brg__vb_ctx *ctx;
-  brg__vb_qp *qp;
+  int nqps;
+  brg__vb_qp *qp[IB_MAX_QPS]; /* slot n travels on qp[n % nqps]; CTS on qp[0] */
   brg__fifo fifo;
   size_t fifo_bytes;
   brg__vb_mr fifo_mr;
@@ -103,7 +119,6 @@ typedef struct ib_conn {
   brg__vb_mr cts_mr;
   uint64_t peer_cts_addr; /* receiver: where the sender's CTS FIFO is */
   uint32_t peer_cts_rkey;
-  brg__vb_qp_info peer_qp;
   int listen_fd, ctrl_fd;
   int spin;
   int thread_started;
@@ -133,7 +148,7 @@ static void backend_pick(void) {
     char why[160] = "";
     if (!brg__vb_real)
       snprintf(pick_why, sizeof pick_why,
-               "no device (built without libibverbs headers; BRIGADE_IB_BACKEND=soft runs the "
+               "no device (the real verbs backend was not built; BRIGADE_IB_BACKEND=soft runs the "
                "software backend)");
     else if (brg__vb_real->probe(why, sizeof why))
       picked = brg__vb_real;
@@ -258,25 +273,38 @@ static void *send_proxy(void *arg) {
   ib_conn *t = arg;
   brg__fifo *f = &t->fifo;
   brg__fifo_ctrl *ctrl = f->ctrl;
-  uint64_t ns = (uint64_t)f->nslots, sent = 0, done = 0;
+  uint64_t ns = (uint64_t)f->nslots, nq = (uint64_t)t->nqps, sent = 0, done = 0;
+  uint8_t written[BRG__MAX_SLOTS] = {0}; /* completed, maybe ahead of `done` */
   int64_t grace_end = 0;
   int rounds = 0;
   brg__vb_wc wc[16];
   for (;;) {
     int progress = 0;
     uint32_t ev = __atomic_load_n(&t->ev_seq, __ATOMIC_SEQ_CST);
-    int n = t->vb->poll(t->qp, wc, 16);
-    if (n < 0) {
-      link_fail(t, "polling the completion queue failed");
-      return NULL;
-    }
-    for (int i = 0; i < n; i++) {
-      if (wc[i].status != BRG__VB_WC_SUCCESS) {
-        link_fail(t, "write of slot %llu failed: %s", (unsigned long long)wc[i].wr_id,
-                  wc[i].status_text);
+    for (int q = 0; q < t->nqps; q++) {
+      int n = t->vb->poll(t->qp[q], wc, 16);
+      if (n < 0) {
+        link_fail(t, "polling the completion queue of queue pair %d failed", q);
         return NULL;
       }
-      done = wc[i].wr_id + 1;
+      for (int i = 0; i < n; i++) {
+        if (wc[i].status != BRG__VB_WC_SUCCESS) {
+          link_fail(t, "write of slot %llu failed: %s", (unsigned long long)wc[i].wr_id,
+                    wc[i].status_text);
+          return NULL;
+        }
+        if (wc[i].wr_id < done || wc[i].wr_id >= sent) {
+          link_fail(t, "completion for slot %llu, expected one in [%llu, %llu)",
+                    (unsigned long long)wc[i].wr_id, (unsigned long long)done,
+                    (unsigned long long)sent);
+          return NULL;
+        }
+        written[wc[i].wr_id % ns] = 1;
+      }
+    }
+    /* Queue pairs complete independently; slots go back to the engine in order. */
+    if (done < sent && written[done % ns]) {
+      while (done < sent && written[done % ns]) written[done++ % ns] = 0;
       brg__publish(&ctrl->head, &ctrl->head_waiters, done);
       progress = 1;
     }
@@ -290,11 +318,12 @@ static void *send_proxy(void *arg) {
         return NULL;
       }
       brg_status s = BRG_SUCCESS;
+      brg__vb_qp *qp = t->qp[sent % nq];
       if (m->bytes)
-        s = t->vb->post_write(t->qp, UINT64_MAX, &t->fifo_mr, brg__fifo_slot(f, sent), m->bytes,
+        s = t->vb->post_write(qp, UINT64_MAX, &t->fifo_mr, brg__fifo_slot(f, sent), m->bytes,
                               e->data_addr, e->rkey, 0, 0, 0);
       if (s == BRG_SUCCESS)
-        s = t->vb->post_write(t->qp, sent, &t->fifo_mr, m, sizeof *m, e->meta_addr, e->rkey, 1,
+        s = t->vb->post_write(qp, sent, &t->fifo_mr, m, sizeof *m, e->meta_addr, e->rkey, 1,
                               (uint32_t)sent, 1);
       if (s != BRG_SUCCESS) {
         link_fail(t, "posting the write of slot %llu: %s", (unsigned long long)sent,
@@ -306,7 +335,8 @@ static void *send_proxy(void *arg) {
     }
     int c = ctrl_poll(t, 0);
     if (c != 0) {
-      link_fail(t, "the peer %s", c > 0 ? "closed its link" : "went away (control connection ended)");
+      link_fail(t, "the peer %s",
+                c > 0 ? "closed its link" : "went away (control connection ended)");
       return NULL;
     }
     if (__atomic_load_n(&t->stopping, __ATOMIC_ACQUIRE)) {
@@ -336,50 +366,76 @@ static brg_status cts_post(ib_conn *t, uint64_t pos) {
   e->rkey = t->fifo_mr.rkey;
   e->size = (uint32_t)f->slot_bytes;
   e->seq = pos + 1;
-  return t->vb->post_write(t->qp, UINT64_MAX, &t->cts_mr, e, sizeof *e,
+  return t->vb->post_write(t->qp[0], UINT64_MAX, &t->cts_mr, e, sizeof *e,
                            t->peer_cts_addr + (pos % ns) * sizeof *e, t->peer_cts_rkey, 0, 0,
                            pos % ns == ns - 1);
+}
+
+/* What the receive proxy knows: slots up to `tail` went to the engine;
+ * arrived[] marks later ones already in (queue pairs finish independently). */
+typedef struct recv_state {
+  uint64_t tail;
+  uint8_t arrived[BRG__MAX_SLOTS];
+} recv_state;
+
+/* Takes the completions of queue pair q and hands the engine every slot that
+ * is complete in order. 1 when something happened, 0 when nothing, 2 when a
+ * failed completion follows the peer's goodbye, -1 when the link failed
+ * (marked, unless `quiet`). */
+static int recv_take(ib_conn *t, int q, recv_state *rs, int quiet) {
+  brg__fifo *f = &t->fifo;
+  uint64_t ns = (uint64_t)f->nslots, nq = (uint64_t)t->nqps;
+  brg__vb_wc wc[16];
+  int n = t->vb->poll(t->qp[q], wc, 16);
+  if (n < 0) {
+    if (!quiet) link_fail(t, "polling the completion queue of queue pair %d failed", q);
+    return -1;
+  }
+  for (int i = 0; i < n; i++) {
+    if (wc[i].status != BRG__VB_WC_SUCCESS) {
+      if (quiet) return -1;
+      /* An orderly close tears the queue pairs down right after its goodbye. */
+      if (ctrl_poll(t, 50) > 0) return 2;
+      link_fail(t, "%s failed: %s", wc[i].opcode == BRG__VB_OP_RECV_IMM ? "receive" : "write",
+                wc[i].status_text);
+      return -1;
+    }
+    if (wc[i].opcode != BRG__VB_OP_RECV_IMM) continue;
+    uint64_t slot = rs->tail + (uint32_t)(wc[i].imm - (uint32_t)rs->tail);
+    if (slot >= rs->tail + ns || slot % nq != (uint64_t)q || rs->arrived[slot % ns] ||
+        brg__fifo_meta(f, slot)->bytes > f->slot_bytes) {
+      if (!quiet)
+        link_fail(t, "immediate %u on queue pair %d (%u bytes) is no slot expected after %llu",
+                  wc[i].imm, q, brg__fifo_meta(f, slot)->bytes, (unsigned long long)rs->tail);
+      return -1;
+    }
+    rs->arrived[slot % ns] = 1;
+    if (t->vb->post_recv(t->qp[q], slot) != BRG_SUCCESS) {
+      if (!quiet) link_fail(t, "posting a receive failed");
+      return -1;
+    }
+  }
+  if (!rs->arrived[rs->tail % ns]) return n > 0;
+  while (rs->arrived[rs->tail % ns]) rs->arrived[rs->tail++ % ns] = 0;
+  brg__publish(&f->ctrl->tail, &f->ctrl->tail_waiters, rs->tail);
+  return 1;
 }
 
 static void *recv_proxy(void *arg) {
   ib_conn *t = arg;
   brg__fifo *f = &t->fifo;
   brg__fifo_ctrl *ctrl = f->ctrl;
-  uint64_t ns = (uint64_t)f->nslots, tail = 0, cts = 0;
+  uint64_t ns = (uint64_t)f->nslots, cts = 0;
+  recv_state rs = {0};
   int rounds = 0, bye = 0;
-  brg__vb_wc wc[16];
   while (!__atomic_load_n(&t->stopping, __ATOMIC_ACQUIRE)) {
     int progress = 0;
     uint32_t ev = __atomic_load_n(&t->ev_seq, __ATOMIC_SEQ_CST);
-    int n = t->vb->poll(t->qp, wc, 16);
-    if (n < 0) {
-      link_fail(t, "polling the completion queue failed");
-      return NULL;
-    }
-    for (int i = 0; i < n; i++) {
-      if (wc[i].status != BRG__VB_WC_SUCCESS) {
-        /* An orderly close tears the queue pair down right after its goodbye. */
-        if (ctrl_poll(t, 50) > 0) {
-          bye = 1;
-          break;
-        }
-        link_fail(t, "%s failed: %s", wc[i].opcode == BRG__VB_OP_RECV_IMM ? "receive" : "write",
-                  wc[i].status_text);
-        return NULL;
-      }
-      if (wc[i].opcode != BRG__VB_OP_RECV_IMM) continue;
-      if (wc[i].imm != (uint32_t)tail || brg__fifo_meta(f, tail)->bytes > f->slot_bytes) {
-        link_fail(t, "slot %llu arrived as immediate %u with %u bytes",
-                  (unsigned long long)tail, wc[i].imm, brg__fifo_meta(f, tail)->bytes);
-        return NULL;
-      }
-      tail++;
-      brg__publish(&ctrl->tail, &ctrl->tail_waiters, tail);
-      if (t->vb->post_recv(t->qp, tail) != BRG_SUCCESS) {
-        link_fail(t, "posting a receive failed");
-        return NULL;
-      }
-      progress = 1;
+    for (int q = 0; q < t->nqps && !bye; q++) {
+      int r = recv_take(t, q, &rs, 0);
+      if (r < 0) return NULL;
+      if (r == 2) bye = 1;
+      if (r == 1) progress = 1;
     }
     if (bye) break;
     uint64_t head = __atomic_load_n(&ctrl->head, __ATOMIC_ACQUIRE);
@@ -400,12 +456,9 @@ static void *recv_proxy(void *arg) {
        * take the completions still queued, then stop. */
       int64_t until = now_ms() + 20;
       while (now_ms() < until) {
-        n = t->vb->poll(t->qp, wc, 16);
-        for (int i = 0; i < n; i++)
-          if (wc[i].status == BRG__VB_WC_SUCCESS && wc[i].opcode == BRG__VB_OP_RECV_IMM &&
-              wc[i].imm == (uint32_t)tail)
-            brg__publish(&ctrl->tail, &ctrl->tail_waiters, ++tail);
-        if (n <= 0) usleep(1000);
+        int got = 0;
+        for (int q = 0; q < t->nqps; q++) got |= recv_take(t, q, &rs, 1) > 0;
+        if (!got) usleep(1000);
       }
       bye = 1;
       break;
@@ -441,9 +494,10 @@ static brg_status proxy_start(ib_conn *t, brg__errbuf *err) {
 
 /* ---- setup -------------------------------------------------------------------- */
 
-/* The local FIFO, the CTS array, the context and the queue pair; c->priv is
- * set first so close() cleans up whatever a failed setup left. */
-static brg_status conn_open(brg__conn *c, const brg__conn_params *p, int sender,
+/* The local FIFO, the CTS array, the context and `nqps` queue pairs (their
+ * connection info in qp_info[]); c->priv is set first so close() cleans up
+ * whatever a failed setup left. */
+static brg_status conn_open(brg__conn *c, const brg__conn_params *p, int sender, int nqps,
                             brg__vb_qp_info *qp_info, brg__errbuf *err) {
   const brg__vb_ops *vb = backend();
   if (!vb) return brg__error(err, BRG_ERR_UNAVAILABLE, "ib", "ibverbs unavailable: %s", pick_why);
@@ -478,17 +532,38 @@ static brg_status conn_open(brg__conn *c, const brg__conn_params *p, int sender,
     return s;
   t->sleep_word = sender ? &t->fifo.ctrl->tail : &t->fifo.ctrl->head;
   t->sleep_waiters = sender ? &t->fifo.ctrl->tail_waiters : &t->fifo.ctrl->head_waiters;
-  s = vb->qp_create(t->ctx, 2 * p->nslots + 4, p->nslots, &t->qp, qp_info, err);
-  if (s == BRG_SUCCESS && vb->qp_notify) vb->qp_notify(t->qp, on_event, t);
-  return s;
+  for (; t->nqps < nqps; t->nqps++) {
+    /* Room for a payload write and a write-with-immediate per slot. */
+    s = vb->qp_create(t->ctx, 2 * p->nslots + 4, p->nslots, &t->qp[t->nqps], &qp_info[t->nqps],
+                      err);
+    if (s != BRG_SUCCESS) return s;
+    if (vb->qp_notify) vb->qp_notify(t->qp[t->nqps], on_event, t);
+  }
+  return BRG_SUCCESS;
 }
 
 static brg_status ib_recv_setup(brg__conn *c, const brg__conn_params *p, void *info,
                                 brg__errbuf *err) {
   ib_conn_info ci = {.magic = htonl(IB_INFO_MAGIC)};
-  brg_status s = conn_open(c, p, 0, &ci.qp, err);
+  int nqps = (int)brg__config_int(BRG__CFG_IB_QPS_PER_LINK);
+  if (nqps < 1) nqps = 1;
+  if (nqps > IB_MAX_QPS) {
+    BRG__WARN("ib", "BRIGADE_IB_QPS_PER_LINK=%d: using %d queue pairs, the most a link has", nqps,
+              IB_MAX_QPS);
+    nqps = IB_MAX_QPS;
+  }
+  brg__vb_qp_info qi[IB_MAX_QPS];
+  brg_status s = conn_open(c, p, 0, nqps, qi, err);
   if (s != BRG_SUCCESS) return s;
   ib_conn *t = c->priv;
+  ci.nqps = htons((uint16_t)nqps);
+  ci.lid = qi[0].lid;
+  ci.link_layer = qi[0].link_layer;
+  ci.mtu = qi[0].mtu;
+  ci.gid_index = qi[0].gid_index;
+  memcpy(ci.gid, qi[0].gid, sizeof ci.gid);
+  for (int q = 0; q < nqps; q++)
+    ci.qps[q] = (ib_qp_wire){.qpn = qi[q].qpn, .psn = qi[q].psn, .port = qi[q].port};
 
   const char *addr = p->self_info->addr;
   struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICHOST | AI_PASSIVE},
@@ -568,8 +643,8 @@ static brg_status ctrl_dial(ib_conn *t, const brg__conn_params *p, const ib_conn
                       brg_status_string(s));
   if (t->ctrl_fd < 0)
     return brg__error(err, e == ECONNREFUSED || e == ETIMEDOUT ? BRG_ERR_TIMEOUT : BRG_ERR_SYSTEM,
-                      "ib", "connecting to rank %d at %s: no connection within %d ms (%s)",
-                      p->peer, t->peer_addr, p->timeout_ms, strerror(e));
+                      "ib", "connecting to rank %d at %s: no connection within %d ms (%s)", p->peer,
+                      t->peer_addr, p->timeout_ms, strerror(e));
   int one = 1;
   setsockopt(t->ctrl_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   return BRG_SUCCESS;
@@ -579,12 +654,15 @@ static brg_status ib_send_connect(brg__conn *c, const brg__conn_params *p, const
                                   brg__errbuf *err) {
   ib_conn_info ci;
   memcpy(&ci, info, sizeof ci);
+  int nqps = ntohs(ci.nqps);
   if (ntohl(ci.magic) != IB_INFO_MAGIC || !memchr(ci.ctrl_addr, 0, sizeof ci.ctrl_addr) ||
-      !memchr(ci.backend, 0, sizeof ci.backend) || !memchr(ci.qp.addr, 0, sizeof ci.qp.addr))
+      !memchr(ci.backend, 0, sizeof ci.backend) || nqps < 1 || nqps > IB_MAX_QPS)
     return brg__error(err, BRG_ERR_INVALID_ARGUMENT, "ib",
                       "bad ibverbs connection info from rank %d", p->peer);
-  ib_hello h = {.magic = htonl(IB_HELLO_MAGIC), .rank = (int32_t)htonl((uint32_t)p->rank)};
-  brg_status s = conn_open(c, p, 1, &h.qp, err);
+  ib_hello h = {.magic = htonl(IB_HELLO_MAGIC),
+                .rank = (int32_t)htonl((uint32_t)p->rank),
+                .nqps = (uint32_t)nqps};
+  brg_status s = conn_open(c, p, 1, nqps, h.qps, err);
   if (s != BRG_SUCCESS) return s;
   ib_conn *t = c->priv;
   if (strcmp(ci.backend, t->vb->name) != 0)
@@ -592,8 +670,7 @@ static brg_status ib_send_connect(brg__conn *c, const brg__conn_params *p, const
                       "rank %d uses the %s verbs backend, this rank %s (set BRIGADE_IB_BACKEND "
                       "alike on every rank)",
                       p->peer, ci.backend, t->vb->name);
-  snprintf(t->peer_addr, sizeof t->peer_addr, "%s:%u", ci.ctrl_addr,
-           (unsigned)ntohs(ci.ctrl_port));
+  snprintf(t->peer_addr, sizeof t->peer_addr, "%s:%u", ci.ctrl_addr, (unsigned)ntohs(ci.ctrl_port));
   if ((s = ctrl_dial(t, p, &ci, err)) != BRG_SUCCESS) return s;
   memcpy(h.secret, p->secret, BRG__SECRET_BYTES);
   h.cts_addr = (uint64_t)(uintptr_t)t->cts;
@@ -602,10 +679,20 @@ static brg_status ib_send_connect(brg__conn *c, const brg__conn_params *p, const
   if (send_full(t->ctrl_fd, &h, sizeof h) != 0)
     return brg__error(err, BRG_ERR_SYSTEM, "ib", "hello to rank %d at %s: %s", p->peer,
                       t->peer_addr, strerror(errno));
-  t->peer_qp = ci.qp;
-  if ((s = t->vb->qp_connect(t->qp, &ci.qp, 1, p->timeout_ms, err)) != BRG_SUCCESS) return s;
-  BRG__INFO("ib", "link to rank %d at %s over the %s verbs backend", p->peer, t->peer_addr,
-            t->vb->name);
+  for (int q = 0; q < nqps; q++) {
+    brg__vb_qp_info r = {.qpn = ci.qps[q].qpn,
+                         .psn = ci.qps[q].psn,
+                         .lid = ci.lid,
+                         .port = ci.qps[q].port,
+                         .link_layer = ci.link_layer,
+                         .mtu = ci.mtu,
+                         .gid_index = ci.gid_index};
+    memcpy(r.gid, ci.gid, sizeof r.gid);
+    snprintf(r.addr, sizeof r.addr, "%s", ci.ctrl_addr);
+    if ((s = t->vb->qp_connect(t->qp[q], &r, 1, p->timeout_ms, err)) != BRG_SUCCESS) return s;
+  }
+  BRG__INFO("ib", "link to rank %d at %s over the %s verbs backend, %d queue pair%s", p->peer,
+            t->peer_addr, t->vb->name, nqps, nqps > 1 ? "s" : "");
   return proxy_start(t, err);
 }
 
@@ -644,8 +731,8 @@ static brg_status ib_recv_connect(brg__conn *c, const brg__conn_params *p, brg__
                         brg_status_string(s));
     int64_t left = deadline - now_ms();
     if (left <= 0)
-      return brg__error(err, BRG_ERR_TIMEOUT, "ib", "rank %d did not connect within %d ms",
-                        p->peer, p->timeout_ms);
+      return brg__error(err, BRG_ERR_TIMEOUT, "ib", "rank %d did not connect within %d ms", p->peer,
+                        p->timeout_ms);
     struct pollfd pfd = {.fd = t->listen_fd, .events = POLLIN};
     if (poll(&pfd, 1, left > 100 ? 100 : (int)left) <= 0) continue;
     struct sockaddr_storage ss;
@@ -665,9 +752,9 @@ static brg_status ib_recv_connect(brg__conn *c, const brg__conn_params *p, brg__
     } else if ((int32_t)ntohl((uint32_t)h.rank) != p->peer) {
       BRG__WARN("ib", "refused connection from %s: rank %d, expected rank %d", from,
                 (int32_t)ntohl((uint32_t)h.rank), p->peer);
-    } else if (h.nslots != (uint32_t)t->fifo.nslots || !memchr(h.qp.addr, 0, sizeof h.qp.addr)) {
-      BRG__WARN("ib", "refused connection from %s: %u slots, expected %d", from, h.nslots,
-                t->fifo.nslots);
+    } else if (h.nslots != (uint32_t)t->fifo.nslots || h.nqps != (uint32_t)t->nqps) {
+      BRG__WARN("ib", "refused connection from %s: %u slots and %u queue pairs, expected %d and %d",
+                from, h.nslots, h.nqps, t->fifo.nslots, t->nqps);
     } else {
       t->ctrl_fd = fd;
       snprintf(t->peer_addr, sizeof t->peer_addr, "%s", from);
@@ -681,15 +768,18 @@ static brg_status ib_recv_connect(brg__conn *c, const brg__conn_params *p, brg__
   t->listen_fd = -1;
   t->peer_cts_addr = h.cts_addr;
   t->peer_cts_rkey = h.cts_rkey;
-  t->peer_qp = h.qp;
-  int left = (int)(deadline - now_ms());
-  brg_status s = t->vb->qp_connect(t->qp, &h.qp, 0, left > 0 ? left : 1, err);
-  if (s != BRG_SUCCESS) return s;
-  for (int i = 0; i < t->fifo.nslots; i++)
-    if ((s = t->vb->post_recv(t->qp, (uint64_t)i)) != BRG_SUCCESS)
-      return brg__error(err, s, "ib", "posting receives for rank %d", p->peer);
-  BRG__INFO("ib", "link from rank %d at %s over the %s verbs backend", p->peer, t->peer_addr,
-            t->vb->name);
+  brg_status s = BRG_SUCCESS;
+  for (int q = 0; q < t->nqps; q++) {
+    h.qps[q].addr[sizeof h.qps[q].addr - 1] = 0;
+    int left = (int)(deadline - now_ms());
+    if ((s = t->vb->qp_connect(t->qp[q], &h.qps[q], 0, left > 0 ? left : 1, err)) != BRG_SUCCESS)
+      return s;
+    for (int i = 0; i < t->fifo.nslots; i++)
+      if ((s = t->vb->post_recv(t->qp[q], (uint64_t)i)) != BRG_SUCCESS)
+        return brg__error(err, s, "ib", "posting receives for rank %d", p->peer);
+  }
+  BRG__INFO("ib", "link from rank %d at %s over the %s verbs backend, %d queue pair%s", p->peer,
+            t->peer_addr, t->vb->name, t->nqps, t->nqps > 1 ? "s" : "");
   return proxy_start(t, err);
 }
 
@@ -701,7 +791,8 @@ static void ib_close(brg__conn *c) {
     brg__fifo_wake_all(&t->fifo);
     pthread_join(t->thread, NULL);
   }
-  if (t->qp) t->vb->qp_destroy(t->qp);
+  for (int q = 0; q < IB_MAX_QPS; q++) /* a failed qp_create may leave one past nqps */
+    if (t->qp[q]) t->vb->qp_destroy(t->qp[q]);
   if (t->ctx) {
     t->vb->mr_dereg(t->ctx, &t->cts_mr);
     t->vb->mr_dereg(t->ctx, &t->fifo_mr);

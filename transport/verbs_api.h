@@ -23,8 +23,9 @@
 #include "brigade.h"
 #include "../runtime/log.h"
 
-typedef struct brg__vb_ctx brg__vb_ctx; /* a device (or socket endpoint) with its protection domain */
-typedef struct brg__vb_qp brg__vb_qp;   /* a reliable-connected queue pair with its own CQ */
+typedef struct brg__vb_ctx
+    brg__vb_ctx;                      /* a device (or socket endpoint) with its protection domain */
+typedef struct brg__vb_qp brg__vb_qp; /* a reliable-connected queue pair with its own CQ */
 
 typedef struct brg__vb_mr {
   void *addr;
@@ -36,16 +37,16 @@ typedef struct brg__vb_mr {
 /* What one end of a queue pair tells the other so they can connect. Plain
  * bytes in network order where it matters; both backends use the same shape. */
 typedef struct brg__vb_qp_info {
-  uint32_t qpn;      /* queue pair number (soft: a random token) */
-  uint32_t psn;      /* initial packet sequence number */
-  uint16_t lid;      /* InfiniBand local id; 0 on RoCE */
-  uint16_t port;     /* soft: TCP port of the queue pair's listener */
+  uint32_t qpn;       /* queue pair number (soft: a random token) */
+  uint32_t psn;       /* initial packet sequence number */
+  uint16_t lid;       /* InfiniBand local id; 0 on RoCE */
+  uint16_t port;      /* soft: TCP port of the queue pair's listener */
   uint8_t link_layer; /* 1 InfiniBand, 2 Ethernet (RoCE), 0 soft */
   uint8_t mtu;        /* enum ibv_mtu of the port */
   uint8_t gid_index;
   uint8_t pad;
   uint8_t gid[16];
-  char addr[64];      /* soft: numeric address of the listener */
+  char addr[64]; /* soft: numeric address of the listener */
 } brg__vb_qp_info;
 
 enum {
@@ -61,9 +62,9 @@ enum { BRG__VB_OP_WRITE = 1, BRG__VB_OP_RECV_IMM = 2 };
 
 typedef struct brg__vb_wc {
   uint64_t wr_id;
-  int status;          /* BRG__VB_WC_* */
-  int opcode;          /* BRG__VB_OP_WRITE for send side, BRG__VB_OP_RECV_IMM for receives */
-  uint32_t imm;        /* host order */
+  int status;   /* BRG__VB_WC_* */
+  int opcode;   /* BRG__VB_OP_WRITE for send side, BRG__VB_OP_RECV_IMM for receives */
+  uint32_t imm; /* host order */
   uint32_t byte_len;
   const char *status_text; /* backend's own words (ibv_wc_status_str) */
 } brg__vb_wc;
@@ -76,8 +77,7 @@ typedef struct brg__vb_ops {
   brg_status (*ctx_open)(brg__vb_ctx **out, const char *addr, brg__errbuf *err);
   void (*ctx_close)(brg__vb_ctx *ctx);
   /* Registration for local writes and remote writes. */
-  brg_status (*mr_reg)(brg__vb_ctx *ctx, void *addr, size_t len, brg__vb_mr *out,
-                       brg__errbuf *err);
+  brg_status (*mr_reg)(brg__vb_ctx *ctx, void *addr, size_t len, brg__vb_mr *out, brg__errbuf *err);
   void (*mr_dereg)(brg__vb_ctx *ctx, brg__vb_mr *mr);
   /* A queue pair with room for max_send outstanding sends and max_recv
    * receives; `info` is what the peer needs to connect to it. */
@@ -91,8 +91,8 @@ typedef struct brg__vb_ops {
   /* Posts an RDMA write of [laddr, laddr+len) (inside `lmr`) to
    * (raddr, rkey); with `with_imm` it is a write-with-immediate. */
   brg_status (*post_write)(brg__vb_qp *qp, uint64_t wr_id, const brg__vb_mr *lmr, const void *laddr,
-                           uint32_t len, uint64_t raddr, uint32_t rkey, int with_imm,
-                           uint32_t imm, int signaled);
+                           uint32_t len, uint64_t raddr, uint32_t rkey, int with_imm, uint32_t imm,
+                           int signaled);
   /* Posts a receive for one write-with-immediate (no scatter list needed). */
   brg_status (*post_recv)(brg__vb_qp *qp, uint64_t wr_id);
   /* Up to `max` completions; returns how many, or -1 when the CQ failed. */

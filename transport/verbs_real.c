@@ -45,8 +45,8 @@ int brg__verbs_attr_rtr(struct ibv_qp_attr *a, const brg__vb_qp_info *remote, ui
   memset(a, 0, sizeof *a);
   a->qp_state = IBV_QPS_RTR;
   /* Both ends must agree on the path MTU: the smaller of the two ports'. */
-  a->path_mtu = remote->mtu && (enum ibv_mtu)remote->mtu < local_mtu ? (enum ibv_mtu)remote->mtu
-                                                                      : local_mtu;
+  a->path_mtu =
+      remote->mtu && (enum ibv_mtu)remote->mtu < local_mtu ? (enum ibv_mtu)remote->mtu : local_mtu;
   a->dest_qp_num = remote->qpn;
   a->rq_psn = remote->psn & 0xffffff;
   a->max_dest_rd_atomic = 1;
@@ -159,16 +159,26 @@ static void lib_load(void) {
     const char *name;
     void **slot;
   } syms[] = {
-#define SYM(field, name) {name, (void **)&ibv.field}
-      SYM(get_device_list, "ibv_get_device_list"), SYM(free_device_list, "ibv_free_device_list"),
-      SYM(get_device_name, "ibv_get_device_name"), SYM(open_device, "ibv_open_device"),
-      SYM(close_device, "ibv_close_device"),       SYM(query_device, "ibv_query_device"),
-      SYM(query_port, "ibv_query_port"),           SYM(query_gid, "ibv_query_gid"),
-      SYM(alloc_pd, "ibv_alloc_pd"),               SYM(dealloc_pd, "ibv_dealloc_pd"),
-      SYM(reg_mr, "ibv_reg_mr"),                   SYM(dereg_mr, "ibv_dereg_mr"),
-      SYM(create_cq, "ibv_create_cq"),             SYM(destroy_cq, "ibv_destroy_cq"),
-      SYM(create_qp, "ibv_create_qp"),             SYM(destroy_qp, "ibv_destroy_qp"),
-      SYM(modify_qp, "ibv_modify_qp"),             SYM(wc_status_str, "ibv_wc_status_str"),
+#define SYM(field, name)                                                                           \
+  { name, (void **)&ibv.field }
+      SYM(get_device_list, "ibv_get_device_list"),
+      SYM(free_device_list, "ibv_free_device_list"),
+      SYM(get_device_name, "ibv_get_device_name"),
+      SYM(open_device, "ibv_open_device"),
+      SYM(close_device, "ibv_close_device"),
+      SYM(query_device, "ibv_query_device"),
+      SYM(query_port, "ibv_query_port"),
+      SYM(query_gid, "ibv_query_gid"),
+      SYM(alloc_pd, "ibv_alloc_pd"),
+      SYM(dealloc_pd, "ibv_dealloc_pd"),
+      SYM(reg_mr, "ibv_reg_mr"),
+      SYM(dereg_mr, "ibv_dereg_mr"),
+      SYM(create_cq, "ibv_create_cq"),
+      SYM(destroy_cq, "ibv_destroy_cq"),
+      SYM(create_qp, "ibv_create_qp"),
+      SYM(destroy_qp, "ibv_destroy_qp"),
+      SYM(modify_qp, "ibv_modify_qp"),
+      SYM(wc_status_str, "ibv_wc_status_str"),
 #undef SYM
   };
   for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
@@ -302,8 +312,8 @@ static brg_status real_ctx_open(brg__vb_ctx **out, const char *addr, brg__errbuf
   if (list) ibv.free_device_list(list);
   if (!c->ctx) {
     free(c);
-    return brg__error(err, BRG_ERR_UNAVAILABLE, "ib", "no active RDMA port%s%s", spec[0] ? " on " : "",
-                      spec);
+    return brg__error(err, BRG_ERR_UNAVAILABLE, "ib", "no active RDMA port%s%s",
+                      spec[0] ? " on " : "", spec);
   }
   brg_status s = gid_choose(c, err);
   if (s == BRG_SUCCESS && !(c->pd = ibv.alloc_pd(c->ctx)))
@@ -414,12 +424,18 @@ static brg_status real_post_recv(brg__vb_qp *q, uint64_t wr_id) {
 
 static int wc_status(enum ibv_wc_status s) {
   switch (s) {
-  case IBV_WC_SUCCESS: return BRG__VB_WC_SUCCESS;
-  case IBV_WC_REM_ACCESS_ERR: return BRG__VB_WC_REM_ACCESS;
-  case IBV_WC_RNR_RETRY_EXC_ERR: return BRG__VB_WC_RNR;
-  case IBV_WC_WR_FLUSH_ERR: return BRG__VB_WC_FLUSH;
-  case IBV_WC_RETRY_EXC_ERR: return BRG__VB_WC_TRANSPORT;
-  default: return BRG__VB_WC_OTHER;
+  case IBV_WC_SUCCESS:
+    return BRG__VB_WC_SUCCESS;
+  case IBV_WC_REM_ACCESS_ERR:
+    return BRG__VB_WC_REM_ACCESS;
+  case IBV_WC_RNR_RETRY_EXC_ERR:
+    return BRG__VB_WC_RNR;
+  case IBV_WC_WR_FLUSH_ERR:
+    return BRG__VB_WC_FLUSH;
+  case IBV_WC_RETRY_EXC_ERR:
+    return BRG__VB_WC_TRANSPORT;
+  default:
+    return BRG__VB_WC_OTHER;
   }
 }
 

@@ -50,7 +50,7 @@ typedef struct soft_hdr {
   uint8_t op;
   uint8_t status; /* ACK: BRG__VB_WC_* */
   uint16_t pad;
-  uint32_t len;   /* WRITE: payload bytes; ACK: how many work requests */
+  uint32_t len; /* WRITE: payload bytes; ACK: how many work requests */
   uint64_t raddr;
   uint32_t rkey;
   uint32_t imm;
@@ -101,7 +101,7 @@ struct brg__vb_qp {
   int error;            /* nonzero BRG__VB_WC_*: the queue pair is in error */
   int max_send, max_recv, cq_cap;
   soft_swr *sq;
-  uint64_t sq_tail, sq_sent, sq_done; /* posted, on the wire, acknowledged */
+  uint64_t sq_tail, sq_sent, sq_done; /* posted, picked for the wire, acknowledged */
   uint64_t *rq;
   uint64_t rq_head, rq_tail;
   brg__vb_wc *cq;
@@ -128,12 +128,18 @@ struct brg__vb_qp {
 
 static const char *wc_text(int status) {
   switch (status) {
-  case BRG__VB_WC_SUCCESS: return "success";
-  case BRG__VB_WC_REM_ACCESS: return "remote access error (soft: bad rkey or out of bounds)";
-  case BRG__VB_WC_RNR: return "receiver not ready (soft: no receive posted)";
-  case BRG__VB_WC_FLUSH: return "work request flushed";
-  case BRG__VB_WC_TRANSPORT: return "transport error (soft: connection lost)";
-  default: return "error";
+  case BRG__VB_WC_SUCCESS:
+    return "success";
+  case BRG__VB_WC_REM_ACCESS:
+    return "remote access error (soft: bad rkey or out of bounds)";
+  case BRG__VB_WC_RNR:
+    return "receiver not ready (soft: no receive posted)";
+  case BRG__VB_WC_FLUSH:
+    return "work request flushed";
+  case BRG__VB_WC_TRANSPORT:
+    return "transport error (soft: connection lost)";
+  default:
+    return "error";
   }
 }
 
@@ -217,9 +223,12 @@ static char *mr_target(brg__vb_ctx *c, uint64_t raddr, uint32_t rkey, size_t len
 static void cq_push(brg__vb_qp *q, uint64_t wr_id, int opcode, int status, uint32_t imm,
                     uint32_t len) {
   if (q->cq_tail - q->cq_head >= (uint64_t)q->cq_cap) return; /* cannot happen: one per request */
-  q->cq[q->cq_tail++ % (uint64_t)q->cq_cap] = (brg__vb_wc){
-      .wr_id = wr_id, .status = status, .opcode = opcode, .imm = imm, .byte_len = len,
-      .status_text = wc_text(status)};
+  q->cq[q->cq_tail++ % (uint64_t)q->cq_cap] = (brg__vb_wc){.wr_id = wr_id,
+                                                           .status = status,
+                                                           .opcode = opcode,
+                                                           .imm = imm,
+                                                           .byte_len = len,
+                                                           .status_text = wc_text(status)};
 }
 
 /* Moves the queue pair to error: the first outstanding send fails with
@@ -235,8 +244,8 @@ static void qp_fail(brg__vb_qp *q, int status) {
   }
   q->sq_sent = q->sq_tail;
   for (; q->rq_head < q->rq_tail; q->rq_head++)
-    cq_push(q, q->rq[q->rq_head % (uint64_t)q->max_recv], BRG__VB_OP_RECV_IMM, BRG__VB_WC_FLUSH,
-            0, 0);
+    cq_push(q, q->rq[q->rq_head % (uint64_t)q->max_recv], BRG__VB_OP_RECV_IMM, BRG__VB_WC_FLUSH, 0,
+            0);
 }
 
 /* ---- the progress thread ------------------------------------------------ */
@@ -339,9 +348,14 @@ static int out_next(brg__vb_qp *q) {
     q->out_payload = NULL;
     q->out_is_write = 0;
   } else if (!q->error && q->sq_sent < q->sq_tail) {
-    const soft_swr *w = &q->sq[q->sq_sent % (uint64_t)q->max_send];
-    q->out_hdr = (soft_hdr){.op = w->with_imm ? SOFT_WRITE_IMM : SOFT_WRITE, .len = w->len,
-                            .raddr = w->raddr, .rkey = w->rkey, .imm = w->imm};
+    /* Counted as sent when picked: its ACK may be read by the progress thread
+     * before the thread that sends it gets to run again. */
+    const soft_swr *w = &q->sq[q->sq_sent++ % (uint64_t)q->max_send];
+    q->out_hdr = (soft_hdr){.op = w->with_imm ? SOFT_WRITE_IMM : SOFT_WRITE,
+                            .len = w->len,
+                            .raddr = w->raddr,
+                            .rkey = w->rkey,
+                            .imm = w->imm};
     q->out_payload = w->laddr;
     q->out_is_write = 1;
   } else {
@@ -378,14 +392,7 @@ static int progress_out(brg__vb_qp *q) {
       return -1;
     }
     q->out_off += (size_t)r;
-    if (q->out_off == q->out_len) {
-      q->out_busy = 0;
-      if (q->out_is_write) {
-        pthread_mutex_lock(&q->lock);
-        if (q->sq_sent < q->sq_tail) q->sq_sent++;
-        pthread_mutex_unlock(&q->lock);
-      }
-    }
+    if (q->out_off == q->out_len) q->out_busy = 0;
   }
 }
 
@@ -544,8 +551,7 @@ static brg_status answer(brg__vb_qp *q, const brg__vb_qp_info *r, int64_t deadli
   while (q->fd < 0) {
     if (now_ms() >= deadline)
       return brg__error(err, BRG_ERR_TIMEOUT, "ib",
-                        "soft verbs: the peer queue pair did not connect within %d ms",
-                        timeout_ms);
+                        "soft verbs: the peer queue pair did not connect within %d ms", timeout_ms);
     if (poll_one(q->listen_fd, POLLIN, deadline) <= 0) continue;
     int fd = accept4(q->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) continue;
@@ -570,8 +576,8 @@ static brg_status answer(brg__vb_qp *q, const brg__vb_qp_info *r, int64_t deadli
 static brg_status soft_qp_connect(brg__vb_qp *q, const brg__vb_qp_info *r, int active,
                                   int timeout_ms, brg__errbuf *err) {
   int64_t deadline = now_ms() + (timeout_ms > 0 ? timeout_ms : INT_MAX);
-  brg_status s = active ? dial(q, r, deadline, timeout_ms, err)
-                        : answer(q, r, deadline, timeout_ms, err);
+  brg_status s =
+      active ? dial(q, r, deadline, timeout_ms, err) : answer(q, r, deadline, timeout_ms, err);
   if (s != BRG_SUCCESS) return s;
   close(q->listen_fd);
   q->listen_fd = -1;
@@ -628,9 +634,14 @@ static brg_status soft_post_write(brg__vb_qp *q, uint64_t wr_id, const brg__vb_m
     pthread_mutex_unlock(&q->lock);
     return BRG_SUCCESS;
   }
-  q->sq[q->sq_tail++ % (uint64_t)q->max_send] =
-      (soft_swr){.wr_id = wr_id, .laddr = l, .len = len, .raddr = raddr, .rkey = rkey,
-                 .imm = imm, .with_imm = (uint8_t)!!with_imm, .signaled = (uint8_t)!!signaled};
+  q->sq[q->sq_tail++ % (uint64_t)q->max_send] = (soft_swr){.wr_id = wr_id,
+                                                           .laddr = l,
+                                                           .len = len,
+                                                           .raddr = raddr,
+                                                           .rkey = rkey,
+                                                           .imm = imm,
+                                                           .with_imm = (uint8_t) !!with_imm,
+                                                           .signaled = (uint8_t) !!signaled};
   pthread_mutex_unlock(&q->lock);
   /* Send right away when nobody else is sending; the progress thread takes
    * over what the socket does not accept now (and a failure). */

@@ -24,15 +24,15 @@
 static int rank = -1, nranks = 0;
 static int failures;
 
-#define CHECK_OK(call)                                                                     \
-  do {                                                                                     \
-    brg_status s_ = (call);                                                                \
-    if (s_ != BRG_SUCCESS) {                                                               \
-      printf("rank %d: FAIL %s: %s (%s)\n", rank, #call, brg_status_string(s_),            \
-             brg_comm_last_error(comm));                                                   \
-      fflush(stdout);                                                                      \
-      exit(1);                                                                             \
-    }                                                                                      \
+#define CHECK_OK(call)                                                                             \
+  do {                                                                                             \
+    brg_status s_ = (call);                                                                        \
+    if (s_ != BRG_SUCCESS) {                                                                       \
+      printf("rank %d: FAIL %s: %s (%s)\n", rank, #call, brg_status_string(s_),                    \
+             brg_comm_last_error(comm));                                                           \
+      fflush(stdout);                                                                              \
+      exit(1);                                                                                     \
+    }                                                                                              \
   } while (0)
 
 static void bad(const char *what, size_t count, size_t i, double got, double want) {
@@ -48,8 +48,12 @@ static int64_t now_ms(void) {
 }
 
 /* Small integers, so float sums are exact whatever the order. */
-static float fval(int r, size_t i) { return (float)((r + 1) * 3 + (int)(i % 101)); }
-static int32_t ival(int r, size_t i) { return (int32_t)((r + 1) * 100003 + (int32_t)(i % 7919)) * (r % 2 ? -1 : 1); }
+static float fval(int r, size_t i) {
+  return (float)((r + 1) * 3 + (int)(i % 101));
+}
+static int32_t ival(int r, size_t i) {
+  return (int32_t)((r + 1) * 100003 + (int32_t)(i % 7919)) * (r % 2 ? -1 : 1);
+}
 
 static void check_allreduce(brg_comm *comm, size_t count) {
   float *fs = malloc(count * sizeof *fs), *fr = malloc(count * sizeof *fr);
@@ -95,7 +99,8 @@ static void check_reduce_scatter(brg_comm *comm, size_t recvcount) {
 }
 
 static void check_all_gather(brg_comm *comm, size_t sendcount) {
-  int32_t *s = malloc(sendcount * sizeof *s + 1), *out = malloc(sendcount * (size_t)nranks * sizeof *out + 1);
+  int32_t *s = malloc(sendcount * sizeof *s + 1),
+          *out = malloc(sendcount * (size_t)nranks * sizeof *out + 1);
   if (!s || !out) exit(1);
   for (size_t i = 0; i < sendcount; i++) s[i] = ival(rank, i);
   CHECK_OK(brg_all_gather(s, out, sendcount, BRG_INT32, comm, NULL));
@@ -113,7 +118,8 @@ static void check_broadcast(brg_comm *comm, size_t count, int root) {
   for (size_t i = 0; i < count; i++) buf[i] = rank == root ? (double)i * 0.5 + root : -1.0;
   CHECK_OK(brg_broadcast(buf, buf, count, BRG_FLOAT64, root, comm, NULL));
   for (size_t i = 0; i < count; i++)
-    if (buf[i] != (double)i * 0.5 + root) bad("broadcast float64", count, i, buf[i], (double)i * 0.5 + root);
+    if (buf[i] != (double)i * 0.5 + root)
+      bad("broadcast float64", count, i, buf[i], (double)i * 0.5 + root);
   free(buf);
 }
 
@@ -146,8 +152,8 @@ static int run_loop(brg_comm *comm) {
     t0 = now_ms();
     brg_status st = brg_allreduce(s, r, count, BRG_FLOAT32, BRG_SUM, comm, NULL);
     if (st != BRG_SUCCESS) {
-      printf("rank %d: error %s after %lld ms in iteration %ld: %s\n", rank,
-             brg_status_string(st), (long long)(now_ms() - t0), iter, brg_comm_last_error(comm));
+      printf("rank %d: error %s after %lld ms in iteration %ld: %s\n", rank, brg_status_string(st),
+             (long long)(now_ms() - t0), iter, brg_comm_last_error(comm));
       fflush(stdout);
       free(s), free(r);
       return 3;

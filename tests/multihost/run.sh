@@ -34,6 +34,10 @@ EXTRA=("$@")
 NRANKS=4
 TIMEOUT_MS=5000 # BRIGADE_TIMEOUT_MS for the fault tests
 SLACK_S=10      # on top of it: process start-up, abort and teardown on 2 cores
+# ibverbs queue pairs per link: two for the collectives (slots striped over
+# them), one for the fault tests
+QPS=1
+[ "$MODE" = collectives ] && QPS=2
 
 skip() {
   echo "SKIP: $*"
@@ -89,7 +93,8 @@ start() {
   addr=$(addr_of "$r")
   ip netns exec "$ns" env MASTER_ADDR=10.77.0.1 MASTER_PORT=29577 RANK="$r" WORLD_SIZE=$NRANKS \
     LOCAL_RANK=$((r / 2)) BRIGADE_BOOTSTRAP_ADDR="$addr" BRIGADE_TRANSPORTS="shm,$NET" \
-    BRIGADE_IB_BACKEND=soft BRIGADE_DEBUG=INFO BRIGADE_TIMEOUT_MS="$TIMEOUT_MS" \
+    BRIGADE_IB_BACKEND=soft BRIGADE_IB_QPS_PER_LINK="$QPS" BRIGADE_DEBUG=INFO \
+    BRIGADE_TIMEOUT_MS="$TIMEOUT_MS" \
     "$CHECK" "${@:2}" >"$WORK/out.$r" 2>"$WORK/log.$r" &
   PIDS[$r]=$!
 }
@@ -145,6 +150,7 @@ collectives)
   echo "links: $nnet via $NET (ranks 2->1 and 3->0), $nshm via shm"
   if [ "$NET" = ibverbs ]; then
     grep -q "ibverbs backend: soft" "$WORK/log.2" || fail "the log does not say which verbs backend ran"
+    grep -q "over the soft verbs backend, 2 queue pairs" "$WORK/log.2" || fail "rank 2 does not use 2 queue pairs"
     echo "verbs backend logged: $(grep -h -o 'ibverbs backend: .*' "$WORK/log.2" | head -1)"
   fi
   ;;

@@ -22,7 +22,7 @@
 #include <unistd.h>
 
 static mp_shared *g_shared;
-static int g_rank = -1;          /* in a rank: its rank; -1 in the parent */
+static int g_rank = -1; /* in a rank: its rank; -1 in the parent */
 static const char *g_name = "multiproc";
 static int g_failures;
 
@@ -73,17 +73,20 @@ int mp_contains(const char *h, const char *n) {
 
 int mp_names_rank(const char *msg, int r) {
   if (!msg) return 0;
-  /* After each "rank" or "peer", look for r as a whole number in the next
-   * 40 characters (covers "rank 2", "ranks 1, 2", "rank=2", "peer rank 2"). */
+  /* "rank 2", "ranks 1, 2", "ranks 1,2 and 3", "rank=2", "peer 2", "peer rank 2" */
   for (const char *p = msg; *p; p++) {
     if (strncasecmp(p, "rank", 4) != 0 && strncasecmp(p, "peer", 4) != 0) continue;
-    const char *end = p + 4;
-    for (int k = 0; k < 40 && end[k]; k++) {
-      const char *q = end + k;
-      if (!isdigit((unsigned char)*q) || isdigit((unsigned char)q[-1])) continue;
+    const char *q = p + 4;
+    if (*q == 's') q++;
+    while (*q == ' ' || *q == '=' || *q == ':' || *q == '#') q++;
+    while (isdigit((unsigned char)*q)) {
       char *stop;
       long v = strtol(q, &stop, 10);
       if (v == r) return 1;
+      q = stop;
+      if (*q == ',') q++;
+      while (*q == ' ') q++;
+      if (strncmp(q, "and ", 4) == 0) q += 4;
     }
   }
   return 0;
@@ -91,8 +94,8 @@ int mp_names_rank(const char *msg, int r) {
 
 mp_shared *mp_shared_area(void) {
   if (!g_shared) {
-    void *p = mmap(NULL, sizeof(mp_shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                   -1, 0);
+    void *p =
+        mmap(NULL, sizeof(mp_shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
       perror("mmap shared area");
       exit(1);
@@ -120,8 +123,7 @@ static void vlogf(const char *tag, const char *fmt, va_list ap) {
   else
     fprintf(stderr, "[%s] %s%s\n", g_name, tag, buf);
   fflush(stderr);
-  if (*tag && g_rank >= 0 && g_rank < MP_MAX_RANKS && g_shared &&
-      g_shared->reason[g_rank][0] == 0)
+  if (*tag && g_rank >= 0 && g_rank < MP_MAX_RANKS && g_shared && g_shared->reason[g_rank][0] == 0)
     snprintf(g_shared->reason[g_rank], MP_REASON_BYTES, "%.*s", MP_REASON_BYTES - 1, buf);
 }
 
@@ -134,7 +136,9 @@ void mp_fail(const char *fmt, ...) {
   va_end(ap);
 }
 
-int mp_failures(void) { return g_failures; }
+int mp_failures(void) {
+  return g_failures;
+}
 
 void mp_info(const char *fmt, ...) {
   va_list ap;
@@ -166,7 +170,9 @@ static void set_free(name_set *s) {
   s->n = 0;
 }
 
-static int is_brigade(const char *name) { return strncmp(name, "brigade", 7) == 0; }
+static int is_brigade(const char *name) {
+  return strncmp(name, "brigade", 7) == 0;
+}
 
 static void shm_list(name_set *s) {
   DIR *d = opendir("/dev/shm");
@@ -308,8 +314,7 @@ typedef struct rank_state {
 
 static int g_cut_short_by = -1; /* rank whose failure shortened the deadline */
 
-static void describe(const mp_opts *o, int r, const rank_state *s, const mp_shared *sh,
-                     int *bad) {
+static void describe(const mp_opts *o, int r, const rank_state *s, const mp_shared *sh, int *bad) {
   int expect_kill = (r == o->victim);
   const char *why = sh->reason[r][0] ? sh->reason[r] : "";
   if (s->timed_out) {
@@ -323,8 +328,8 @@ static void describe(const mp_opts *o, int r, const rank_state *s, const mp_shar
   } else if (WIFSIGNALED(s->status)) {
     int sig = WTERMSIG(s->status);
     if (expect_kill && sig == SIGKILL) return;
-    fprintf(stderr, "[%s] rank %d died from signal %d (%s)%s%s\n", o->name, r, sig,
-            strsignal(sig), *why ? "; first failure: " : "", why);
+    fprintf(stderr, "[%s] rank %d died from signal %d (%s)%s%s\n", o->name, r, sig, strsignal(sig),
+            *why ? "; first failure: " : "", why);
     *bad = 1;
   } else if (WIFEXITED(s->status)) {
     int code = WEXITSTATUS(s->status);
@@ -494,8 +499,10 @@ int mp_run(const mp_opts *opts, mp_body_fn body, void *arg) {
     bad = 1;
   }
   if (o.expect_shm && !any_shm) {
-    fprintf(stderr, "[%s] no rank mapped a /dev/shm/brigade* or memfd:brigade* segment: "
-            "was the shm transport used?\n", o.name);
+    fprintf(stderr,
+            "[%s] no rank mapped a /dev/shm/brigade* or memfd:brigade* segment: "
+            "was the shm transport used?\n",
+            o.name);
     bad = 1;
   }
   set_free(&before);
@@ -503,8 +510,8 @@ int mp_run(const mp_opts *opts, mp_body_fn body, void *arg) {
   set_free(&after);
 
   double secs = (double)(mp_now_ns() - t0) / 1e9;
-  printf("%s %s (%d ranks, %s, %.2f s)\n", bad ? "FAIL" : "ok  ", o.name, o.nranks,
-         mp_transport(), secs);
+  printf("%s %s (%d ranks, %s, %.2f s)\n", bad ? "FAIL" : "ok  ", o.name, o.nranks, mp_transport(),
+         secs);
   fflush(stdout);
   return bad;
 }

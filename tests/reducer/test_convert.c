@@ -15,9 +15,12 @@
 static double f16_ref(uint16_t h) {
   int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
   double v;
-  if (e == 31) v = m ? NAN : INFINITY;
-  else if (e == 0) v = ldexp(m, -24);
-  else v = ldexp(1024 + m, e - 25);
+  if (e == 31)
+    v = m ? NAN : INFINITY;
+  else if (e == 0)
+    v = ldexp(m, -24);
+  else
+    v = ldexp(1024 + m, e - 25);
   return s ? -v : v;
 }
 
@@ -26,8 +29,10 @@ static void test_f16_decode_all(void **state) {
   for (uint32_t h = 0; h < 65536; h++) {
     double want = f16_ref((uint16_t)h);
     float got = brg__f16_to_f32((uint16_t)h);
-    if (isnan(want)) assert_true(isnan(got));
-    else assert_true((double)got == want && !signbit(got) == !signbit(want));
+    if (isnan(want))
+      assert_true(isnan(got));
+    else
+      assert_true((double)got == want && !signbit(got) == !signbit(want));
   }
 }
 
@@ -53,9 +58,9 @@ static void test_f16_encode(void **state) {
   assert_int_equal(brg__f32_to_f16(1e30f), 0x7c00);
   assert_int_equal(brg__f32_to_f16(-INFINITY), 0xfc00);
   assert_int_equal(brg__f32_to_f16(0x1p-26f), 0);
-  assert_int_equal(brg__f32_to_f16(0x1p-25f), 0);        /* tie to even: zero */
-  assert_int_equal(brg__f32_to_f16(0x1.8p-25f), 1);      /* past the tie */
-  assert_int_equal(brg__f32_to_f16(0x1.8p-24f), 2);      /* 1.5 ulp: tie to even 2 */
+  assert_int_equal(brg__f32_to_f16(0x1p-25f), 0);   /* tie to even: zero */
+  assert_int_equal(brg__f32_to_f16(0x1.8p-25f), 1); /* past the tie */
+  assert_int_equal(brg__f32_to_f16(0x1.8p-24f), 2); /* 1.5 ulp: tie to even 2 */
   uint16_t n = brg__f32_to_f16(NAN);
   assert_true((n & 0x7c00) == 0x7c00 && (n & 0x3ff) != 0);
 }
@@ -110,7 +115,8 @@ static void test_arrays(void **state) {
     brg__convert_to_half(h, hd, srcd, BRG_FLOAT64, N, 1.0f);
     brg__convert_from_half(backd, BRG_FLOAT64, h, hd, N);
     for (int i = 0; i < N; i++) {
-      double tol = hd == BRG_FLOAT16 ? fmax(fabs(srcd[i]) * 0x1p-11, 0x1p-25) : fabs(srcd[i]) * 0x1p-8;
+      double tol =
+          hd == BRG_FLOAT16 ? fmax(fabs(srcd[i]) * 0x1p-11, 0x1p-25) : fabs(srcd[i]) * 0x1p-8;
       if (fabs(srcd[i]) < 65504) assert_true(fabs(backd[i] - srcd[i]) <= tol);
     }
   }

@@ -28,40 +28,44 @@
 static int g_rank, g_n;
 static const char *g_scn = "setup";
 
-#define CHECK(cond, ...)                                                                    \
-  do {                                                                                      \
-    if (!(cond)) {                                                                          \
-      fprintf(stderr, "rank %d [%s] %s:%d: check failed: %s: ", g_rank, g_scn, __FILE__, \
-              __LINE__, #cond);                                                             \
-      fprintf(stderr, __VA_ARGS__);                                                         \
-      fputc('\n', stderr);                                                                  \
-      fflush(stderr);                                                                       \
-      _exit(1);                                                                             \
-    }                                                                                       \
+#define CHECK(cond, ...)                                                                           \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      fprintf(stderr, "rank %d [%s] %s:%d: check failed: %s: ", g_rank, g_scn, __FILE__, __LINE__, \
+              #cond);                                                                              \
+      fprintf(stderr, __VA_ARGS__);                                                                \
+      fputc('\n', stderr);                                                                         \
+      fflush(stderr);                                                                              \
+      _exit(1);                                                                                    \
+    }                                                                                              \
   } while (0)
 
-#define OK(red, call)                                                                         \
-  do {                                                                                        \
-    brg_status s_ = (call);                                                                   \
-    CHECK(s_ == BRG_SUCCESS, "%s returned %s: %s", #call, brg_status_string(s_),              \
-          brg_reducer_last_error(red));                                                       \
+#define OK(red, call)                                                                              \
+  do {                                                                                             \
+    brg_status s_ = (call);                                                                        \
+    CHECK(s_ == BRG_SUCCESS, "%s returned %s: %s", #call, brg_status_string(s_),                   \
+          brg_reducer_last_error(red));                                                            \
   } while (0)
 
-#define EXPECT_ERR(red, call, want, text)                                                      \
-  do {                                                                                         \
-    brg_status s_ = (call);                                                                    \
-    CHECK(s_ == (want), "%s returned %s, expected %s (%s)", #call, brg_status_string(s_),      \
-          brg_status_string(want), brg_reducer_last_error(red));                              \
-    CHECK(strstr(brg_reducer_last_error(red), (text)) != NULL, "error text '%s' lacks '%s'",   \
-          brg_reducer_last_error(red), (text));                                               \
+#define EXPECT_ERR(red, call, want, text)                                                          \
+  do {                                                                                             \
+    brg_status s_ = (call);                                                                        \
+    CHECK(s_ == (want), "%s returned %s, expected %s (%s)", #call, brg_status_string(s_),          \
+          brg_status_string(want), brg_reducer_last_error(red));                                   \
+    CHECK(strstr(brg_reducer_last_error(red), (text)) != NULL, "error text '%s' lacks '%s'",       \
+          brg_reducer_last_error(red), (text));                                                    \
   } while (0)
 
 /* ---- values ---------------------------------------------------------- */
 
 static void put(void *buf, brg_dtype dt, size_t i, double v) {
   switch (dt) {
-  case BRG_FLOAT32: ((float *)buf)[i] = (float)v; break;
-  case BRG_FLOAT64: ((double *)buf)[i] = v; break;
+  case BRG_FLOAT32:
+    ((float *)buf)[i] = (float)v;
+    break;
+  case BRG_FLOAT64:
+    ((double *)buf)[i] = v;
+    break;
   case BRG_FLOAT16: {
     _Float16 h = (_Float16)v;
     memcpy((uint16_t *)buf + i, &h, 2);
@@ -74,14 +78,17 @@ static void put(void *buf, brg_dtype dt, size_t i, double v) {
     ((uint16_t *)buf)[i] = (uint16_t)(u >> 16);
     break;
   }
-  default: CHECK(0, "dtype %d", (int)dt);
+  default:
+    CHECK(0, "dtype %d", (int)dt);
   }
 }
 
 static double get(const void *buf, brg_dtype dt, size_t i) {
   switch (dt) {
-  case BRG_FLOAT32: return ((const float *)buf)[i];
-  case BRG_FLOAT64: return ((const double *)buf)[i];
+  case BRG_FLOAT32:
+    return ((const float *)buf)[i];
+  case BRG_FLOAT64:
+    return ((const double *)buf)[i];
   case BRG_FLOAT16: {
     _Float16 h;
     memcpy(&h, (const uint16_t *)buf + i, 2);
@@ -93,7 +100,8 @@ static double get(const void *buf, brg_dtype dt, size_t i) {
     memcpy(&f, &u, 4);
     return f;
   }
-  default: CHECK(0, "dtype %d", (int)dt);
+  default:
+    CHECK(0, "dtype %d", (int)dt);
   }
   return 0;
 }
@@ -149,8 +157,11 @@ static void model_init(model *m, size_t n, const size_t *count, const brg_dtype 
     size_t bytes = count[p] * brg_dtype_size(m->dt[p]) + 8;
     m->grad[p] = view ? NULL : calloc(1, bytes);
     m->data[p] = calloc(1, bytes);
-    m->p[p] = (brg_reducer_param){.name = m->name[p], .count = count[p], .dtype = m->dt[p],
-                                  .data = m->data[p], .grad = m->grad[p]};
+    m->p[p] = (brg_reducer_param){.name = m->name[p],
+                                  .count = count[p],
+                                  .dtype = m->dt[p],
+                                  .data = m->data[p],
+                                  .grad = m->grad[p]};
   }
 }
 
@@ -171,24 +182,27 @@ static void fill(brg_reducer *red, model *m, size_t p, int step, int accumulate)
 }
 
 /* Every element of parameter p equals the average (or sum) of `steps`. */
-static void expect_exact(brg_reducer *red, model *m, size_t p, const int *steps, int nsteps, int sum) {
+static void expect_exact(brg_reducer *red, model *m, size_t p, const int *steps, int nsteps,
+                         int sum) {
   const void *g = gradp(red, p);
   for (size_t i = 0; i < m->count[p]; i++) {
     double want = 0;
     for (int k = 0; k < nsteps; k++) want += base(steps[k], p, i);
     if (sum) want *= g_n;
     double got = get(g, m->dt[p], i);
-    CHECK(got == want, "param %zu (%s) element %zu: got %g, want %g", p,
-          brg_dtype_name(m->dt[p]), i, got, want);
+    CHECK(got == want, "param %zu (%s) element %zu: got %g, want %g", p, brg_dtype_name(m->dt[p]),
+          i, got, want);
   }
 }
 
-static void mark(brg_reducer *red, size_t p) { OK(red, brg_reducer_mark_ready(red, p)); }
+static void mark(brg_reducer *red, size_t p) {
+  OK(red, brg_reducer_mark_ready(red, p));
+}
 
 /* ---- scenarios --------------------------------------------------------- */
 
-static const size_t uneven_count[] = {1,    3,  1000, 70000, 5,    262151, 17, 4096,
-                                      9999, 2,  123,  40000, 1,    65536,  777, 33};
+static const size_t uneven_count[] = {1,    3, 1000, 70000, 5, 262151, 17,  4096,
+                                      9999, 2, 123,  40000, 1, 65536,  777, 33};
 #define NUNEVEN (sizeof(uneven_count) / sizeof(uneven_count[0]))
 
 typedef struct marker_arg {
@@ -219,7 +233,8 @@ static void run_exact(brg_comm *comm, const size_t *count, const brg_dtype *dt, 
   int view = (flags & BRG_REDUCER_GRAD_AS_VIEW) != 0, sum = (flags & BRG_REDUCER_SUM) != 0;
   model_init(&m, n, count, dt, view);
   brg_reducer *red = NULL;
-  brg_reducer_config cfg = {.first_bucket_cap_bytes = 4096, .bucket_cap_bytes = 65536, .flags = flags};
+  brg_reducer_config cfg = {
+      .first_bucket_cap_bytes = 4096, .bucket_cap_bytes = 65536, .flags = flags};
   OK(NULL, brg_reducer_create(&red, comm, m.p, n, &cfg));
   size_t nb0;
   OK(red, brg_reducer_num_buckets(red, &nb0));
@@ -288,7 +303,8 @@ static void scn_nosync(brg_comm *comm) {
     model m;
     model_init(&m, NUNEVEN, uneven_count, NULL, view);
     brg_reducer *red;
-    brg_reducer_config cfg = {.first_bucket_cap_bytes = 4096, .bucket_cap_bytes = 65536,
+    brg_reducer_config cfg = {.first_bucket_cap_bytes = 4096,
+                              .bucket_cap_bytes = 65536,
                               .flags = view ? BRG_REDUCER_GRAD_AS_VIEW : 0};
     OK(NULL, brg_reducer_create(&red, comm, m.p, m.n, &cfg));
     sync_step(red, &m, 0); /* the first step also rebuilds */
@@ -303,7 +319,8 @@ static void scn_nosync(brg_comm *comm) {
       size_t order[MAXP];
       for (size_t q = 0; q < m.n; q++) order[q] = q;
       shuffle(order, m.n, (uint64_t)k * 31 + (uint64_t)g_rank);
-      for (size_t q = 0; q < m.n; q++) fill(red, &m, order[q], steps[k], k > 0), mark(red, order[q]);
+      for (size_t q = 0; q < m.n; q++)
+        fill(red, &m, order[q], steps[k], k > 0), mark(red, order[q]);
       OK(red, brg_reducer_finalize(red));
       if (k < 3) CHECK(bytes_sent(comm) == b0, "no-sync micro-step %d communicated", k);
     }
@@ -328,7 +345,8 @@ static void scn_unused_error(brg_comm *comm) {
   OK(red, brg_reducer_prepare(red, 0));
   for (size_t p = 8; p-- > 0;)
     if (p != 2 && p != 5) fill(red, &m, p, 0, 0), mark(red, p);
-  EXPECT_ERR(red, brg_reducer_finalize(red), BRG_ERR_INVALID_USAGE, "2 parameter(s) were not marked ready");
+  EXPECT_ERR(red, brg_reducer_finalize(red), BRG_ERR_INVALID_USAGE,
+             "2 parameter(s) were not marked ready");
   const char *e = brg_reducer_last_error(red);
   CHECK(strstr(e, "'p2' (#2)") && strstr(e, "'p5' (#5)") && strstr(e, "BRG_REDUCER_FIND_UNUSED"),
         "error text: %s", e);
@@ -347,7 +365,9 @@ static void scn_unused_error(brg_comm *comm) {
 
 /* Is parameter p used by this rank in the find_unused / static scenarios?
  * 3: by nobody; 5: by even ranks only. */
-static int uses(size_t p, int rank) { return p != 3 && !(p == 5 && rank % 2 == 1); }
+static int uses(size_t p, int rank) {
+  return p != 3 && !(p == 5 && rank % 2 == 1);
+}
 
 static void expect_partial(brg_reducer *red, model *m, size_t p, int step) {
   const float *g = gradp(red, p);
@@ -380,8 +400,10 @@ static void scn_find_unused(brg_comm *comm) {
     model m;
     model_init(&m, 8, small_count, NULL, view);
     brg_reducer *red;
-    brg_reducer_config cfg = {.first_bucket_cap_bytes = 1024, .bucket_cap_bytes = 8192,
-                              .flags = BRG_REDUCER_FIND_UNUSED | (view ? BRG_REDUCER_GRAD_AS_VIEW : 0)};
+    brg_reducer_config cfg = {.first_bucket_cap_bytes = 1024,
+                              .bucket_cap_bytes = 8192,
+                              .flags =
+                                  BRG_REDUCER_FIND_UNUSED | (view ? BRG_REDUCER_GRAD_AS_VIEW : 0)};
     OK(NULL, brg_reducer_create(&red, comm, m.p, m.n, &cfg));
     for (int step = 0; step < 3; step++) {
       set_const(red, &m, 3, 777.0f);
@@ -390,9 +412,12 @@ static void scn_find_unused(brg_comm *comm) {
         if (uses(p, g_rank)) fill(red, &m, p, step, 0), mark(red, p);
       OK(red, brg_reducer_finalize(red));
       for (size_t p = 0; p < 8; p++) {
-        if (p == 3) expect_const(red, &m, p, view ? 0.0f : 777.0f);
-        else if (p == 5) expect_partial(red, &m, p, step);
-        else expect_exact(red, &m, p, &step, 1, 0);
+        if (p == 3)
+          expect_const(red, &m, p, view ? 0.0f : 777.0f);
+        else if (p == 5)
+          expect_partial(red, &m, p, step);
+        else
+          expect_exact(red, &m, p, &step, 1, 0);
       }
     }
     /* micro-step 10 uses everything it uses normally; synced step 11 skips 6 */
@@ -418,8 +443,8 @@ static void scn_static(brg_comm *comm) {
   model m;
   model_init(&m, 8, small_count, NULL, 0);
   brg_reducer *red;
-  brg_reducer_config cfg = {.first_bucket_cap_bytes = 1024, .bucket_cap_bytes = 8192,
-                            .flags = BRG_REDUCER_STATIC_GRAPH};
+  brg_reducer_config cfg = {
+      .first_bucket_cap_bytes = 1024, .bucket_cap_bytes = 8192, .flags = BRG_REDUCER_STATIC_GRAPH};
   OK(NULL, brg_reducer_create(&red, comm, m.p, m.n, &cfg));
   uint64_t sent[4];
   for (int step = 0; step < 4; step++) {
@@ -431,9 +456,12 @@ static void scn_static(brg_comm *comm) {
     OK(red, brg_reducer_finalize(red));
     sent[step] = bytes_sent(comm) - b0;
     for (size_t p = 0; p < 8; p++) {
-      if (p == 3) expect_const(red, &m, p, 777.0f);
-      else if (p == 5) expect_partial(red, &m, p, step);
-      else expect_exact(red, &m, p, &step, 1, 0);
+      if (p == 3)
+        expect_const(red, &m, p, 777.0f);
+      else if (p == 5)
+        expect_partial(red, &m, p, step);
+      else
+        expect_exact(red, &m, p, &step, 1, 0);
     }
   }
   CHECK(sent[2] == sent[3] && sent[1] == sent[2] && sent[1] < sent[0],
@@ -481,7 +509,8 @@ static void scn_rebuild(brg_comm *comm) {
     model m;
     model_init(&m, NUNEVEN, uneven_count, NULL, view);
     brg_reducer *red;
-    brg_reducer_config cfg = {.first_bucket_cap_bytes = 4096, .bucket_cap_bytes = 65536,
+    brg_reducer_config cfg = {.first_bucket_cap_bytes = 4096,
+                              .bucket_cap_bytes = 65536,
                               .flags = view ? BRG_REDUCER_GRAD_AS_VIEW : 0};
     OK(NULL, brg_reducer_create(&red, comm, m.p, m.n, &cfg));
 
@@ -540,7 +569,8 @@ static brg_status double_finish(void *arg, brg_comm *comm, brg_reducer_bucket *b
 /* float16 / bfloat16 compression against the float32 average, and a custom
  * hook. */
 static void scn_hooks(brg_comm *comm) {
-  static const brg_dtype dts[6] = {BRG_FLOAT32, BRG_FLOAT64, BRG_FLOAT32, BRG_FLOAT32, BRG_FLOAT64, BRG_FLOAT32};
+  static const brg_dtype dts[6] = {BRG_FLOAT32, BRG_FLOAT64, BRG_FLOAT32,
+                                   BRG_FLOAT32, BRG_FLOAT64, BRG_FLOAT32};
   static const size_t cnt[6] = {5000, 777, 70000, 3, 20000, 12345};
   uint64_t plain_bytes = 0;
   for (int hook = 0; hook < 3; hook++) {
@@ -548,9 +578,10 @@ static void scn_hooks(brg_comm *comm) {
       model m;
       model_init(&m, 6, cnt, dts, view);
       brg_reducer *red;
-      brg_reducer_config cfg = {.first_bucket_cap_bytes = 4096, .bucket_cap_bytes = 65536,
+      brg_reducer_config cfg = {.first_bucket_cap_bytes = 4096,
+                                .bucket_cap_bytes = 65536,
                                 .flags = view ? BRG_REDUCER_GRAD_AS_VIEW : 0,
-                                .hook = hook == 1 ? BRG_REDUCER_HOOK_FP16
+                                .hook = hook == 1   ? BRG_REDUCER_HOOK_FP16
                                         : hook == 2 ? BRG_REDUCER_HOOK_BF16
                                                     : BRG_REDUCER_HOOK_ALLREDUCE};
       OK(NULL, brg_reducer_create(&red, comm, m.p, m.n, &cfg));
@@ -569,17 +600,20 @@ static void scn_hooks(brg_comm *comm) {
         if (step == 2 && hook > 0) { /* 2 bytes an element on the wire instead of 4 or 8 */
           double payload = 0, half_payload = 0;
           for (size_t p = 0; p < m.n; p++)
-            payload += (double)(m.count[p] * brg_dtype_size(m.dt[p])), half_payload += 2.0 * (double)m.count[p];
+            payload += (double)(m.count[p] * brg_dtype_size(m.dt[p])),
+                half_payload += 2.0 * (double)m.count[p];
           double want = (double)plain_bytes * half_payload / payload;
-          CHECK(fabs((double)sent - want) <= 0.01 * want, "compressed step sent %llu bytes, want %.0f",
-                (unsigned long long)sent, want);
+          CHECK(fabs((double)sent - want) <= 0.01 * want,
+                "compressed step sent %llu bytes, want %.0f", (unsigned long long)sent, want);
         }
         double maxerr = 0;
         for (size_t p = 0; p < m.n; p++) {
           const void *g = gradp(red, p);
           for (size_t i = 0; i < m.count[p]; i++) {
             double want = 0;
-            for (int r = 0; r < g_n; r++) want += (m.dt[p] == BRG_FLOAT32 ? (double)(float)rnd_value(r, step, p, i) : rnd_value(r, step, p, i));
+            for (int r = 0; r < g_n; r++)
+              want += (m.dt[p] == BRG_FLOAT32 ? (double)(float)rnd_value(r, step, p, i)
+                                              : rnd_value(r, step, p, i));
             want /= g_n;
             double err = fabs(get(g, m.dt[p], i) - want);
             CHECK(err <= tol, "hook %d param %zu element %zu: got %.9g want %.9g", hook, p, i,
@@ -587,7 +621,8 @@ static void scn_hooks(brg_comm *comm) {
             if (err > maxerr) maxerr = err;
           }
         }
-        if (hook > 0) CHECK(maxerr > 1e-6, "hook %d: results exact, was anything compressed?", hook);
+        if (hook > 0)
+          CHECK(maxerr > 1e-6, "hook %d: results exact, was anything compressed?", hook);
       }
       OK(red, brg_reducer_destroy(red));
       model_free(&m);
@@ -599,9 +634,12 @@ static void scn_hooks(brg_comm *comm) {
   model_init(&m, NUNEVEN, uneven_count, NULL, 0);
   int launches = 0;
   brg_reducer *red;
-  brg_reducer_config cfg = {.first_bucket_cap_bytes = 4096, .bucket_cap_bytes = 65536,
-                            .hook = BRG_REDUCER_HOOK_CUSTOM, .hook_launch = max_launch,
-                            .hook_finish = double_finish, .hook_arg = &launches};
+  brg_reducer_config cfg = {.first_bucket_cap_bytes = 4096,
+                            .bucket_cap_bytes = 65536,
+                            .hook = BRG_REDUCER_HOOK_CUSTOM,
+                            .hook_launch = max_launch,
+                            .hook_finish = double_finish,
+                            .hook_arg = &launches};
   OK(NULL, brg_reducer_create(&red, comm, m.p, m.n, &cfg));
   size_t nb;
   for (int step = 0; step < 2; step++) {
@@ -612,8 +650,8 @@ static void scn_hooks(brg_comm *comm) {
     for (size_t p = 0; p < m.n; p++) {
       const float *g = gradp(red, p);
       for (size_t i = 0; i < m.count[p]; i++)
-        CHECK(g[i] == 2 * grad_value(g_n - 1, step, p, i), "custom hook: param %zu element %zu: %g", p,
-              i, g[i]);
+        CHECK(g[i] == 2 * grad_value(g_n - 1, step, p, i), "custom hook: param %zu element %zu: %g",
+              p, i, g[i]);
     }
   }
   OK(red, brg_reducer_destroy(red));
@@ -699,13 +737,14 @@ static void scn_broadcast(brg_comm *comm) {
   OK(NULL, brg_reducer_create(&red, comm, m.p, 8, NULL));
   for (int root = 0; root < g_n; root += g_n - 1) {
     for (size_t p = 0; p < 8; p++)
-      for (size_t i = 0; i < m.count[p]; i++) put(m.data[p], dt[p], i, grad_value(g_rank, (int)p, p, i));
+      for (size_t i = 0; i < m.count[p]; i++)
+        put(m.data[p], dt[p], i, grad_value(g_rank, (int)p, p, i));
     OK(red, brg_reducer_broadcast_params(red, root));
     for (size_t p = 0; p < 8; p++)
       for (size_t i = 0; i < m.count[p]; i++) {
         double want = grad_value(p == 6 ? g_rank : root, (int)p, p, i);
-        CHECK(get(m.data[p], dt[p], i) == want, "root %d param %zu element %zu: %g want %g", root, p,
-              i, get(m.data[p], dt[p], i), want);
+        CHECK(get(m.data[p], dt[p], i) == want, "root %d param %zu element %zu: %g want %g", root,
+              p, i, get(m.data[p], dt[p], i), want);
       }
     if (g_n == 1) break;
   }
@@ -717,10 +756,10 @@ static const struct {
   const char *name;
   void (*fn)(brg_comm *);
 } scenarios[] = {
-    {"uneven", scn_uneven},           {"dtypes", scn_dtypes},   {"threads", scn_threads},
-    {"nosync", scn_nosync},           {"unused", scn_unused_error}, {"find_unused", scn_find_unused},
-    {"static", scn_static},           {"rebuild", scn_rebuild}, {"hooks", scn_hooks},
-    {"mismatch", scn_mismatch},       {"usage", scn_usage},     {"broadcast", scn_broadcast},
+    {"uneven", scn_uneven},     {"dtypes", scn_dtypes},       {"threads", scn_threads},
+    {"nosync", scn_nosync},     {"unused", scn_unused_error}, {"find_unused", scn_find_unused},
+    {"static", scn_static},     {"rebuild", scn_rebuild},     {"hooks", scn_hooks},
+    {"mismatch", scn_mismatch}, {"usage", scn_usage},         {"broadcast", scn_broadcast},
 };
 #define NSCN (sizeof(scenarios) / sizeof(scenarios[0]))
 
@@ -741,7 +780,8 @@ static int rank_main(int rank, int n, int idfd, const char *only) {
   }
   brg_comm *comm;
   brg_status st = brg_comm_init(&comm, n, &id, rank);
-  CHECK(st == BRG_SUCCESS, "brg_comm_init: %s: %s", brg_status_string(st), brg_comm_last_error(NULL));
+  CHECK(st == BRG_SUCCESS, "brg_comm_init: %s: %s", brg_status_string(st),
+        brg_comm_last_error(NULL));
   for (size_t s = 0; s < NSCN; s++) {
     if (only && strcmp(only, scenarios[s].name) != 0) continue;
     g_scn = scenarios[s].name;
@@ -762,8 +802,10 @@ int main(int argc, char **argv) {
   int n = 2;
   const char *only = NULL;
   for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "-n") && i + 1 < argc) n = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "-s") && i + 1 < argc) only = argv[++i];
+    if (!strcmp(argv[i], "-n") && i + 1 < argc)
+      n = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "-s") && i + 1 < argc)
+      only = argv[++i];
     else {
       fprintf(stderr, "usage: %s [-n ranks] [-s scenario]\nscenarios:", argv[0]);
       for (size_t s = 0; s < NSCN; s++) fprintf(stderr, " %s", scenarios[s].name);

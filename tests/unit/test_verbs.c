@@ -86,9 +86,9 @@ static void soft_write_and_imm(void **state) {
   assert_int_equal(vb->post_recv(p.b, 77), BRG_SUCCESS);
   assert_int_equal(vb->post_recv(p.b, 78), BRG_SUCCESS);
   /* unsignalled write, then two signalled writes-with-immediate */
-  assert_int_equal(vb->post_write(p.a, 1, &p.mra, p.src, 4096, (uint64_t)(uintptr_t)p.dst,
-                                  p.mrb.rkey, 0, 0, 0),
-                   BRG_SUCCESS);
+  assert_int_equal(
+      vb->post_write(p.a, 1, &p.mra, p.src, 4096, (uint64_t)(uintptr_t)p.dst, p.mrb.rkey, 0, 0, 0),
+      BRG_SUCCESS);
   assert_int_equal(vb->post_write(p.a, 2, &p.mra, p.src + 4096, 100,
                                   (uint64_t)(uintptr_t)(p.dst + 4096), p.mrb.rkey, 1, 0xabcd, 1),
                    BRG_SUCCESS);
@@ -206,13 +206,16 @@ static void real_attr_init(void **state) {
 
 static void real_attr_rtr_infiniband(void **state) {
   (void)state;
-  brg__vb_qp_info r = {.qpn = 0x1234, .psn = 0xfabcdef, .lid = 17,
-                       .link_layer = IBV_LINK_LAYER_INFINIBAND, .mtu = IBV_MTU_2048};
+  brg__vb_qp_info r = {.qpn = 0x1234,
+                       .psn = 0xfabcdef,
+                       .lid = 17,
+                       .link_layer = IBV_LINK_LAYER_INFINIBAND,
+                       .mtu = IBV_MTU_2048};
   struct ibv_qp_attr a;
   int mask = brg__verbs_attr_rtr(&a, &r, 1, 0, IBV_MTU_4096);
   assert_int_equal(a.qp_state, IBV_QPS_RTR);
   assert_int_equal(a.dest_qp_num, 0x1234);
-  assert_int_equal(a.rq_psn, 0xabcdef); /* 24 bits */
+  assert_int_equal(a.rq_psn, 0xabcdef);       /* 24 bits */
   assert_int_equal(a.path_mtu, IBV_MTU_2048); /* the smaller end */
   assert_int_equal(a.ah_attr.is_global, 0);
   assert_int_equal(a.ah_attr.dlid, 17);
