@@ -218,6 +218,13 @@ static brg_status connect_ring(brg_comm *c, const uint8_t *secret, brg__errbuf *
 static void *worker_main(void *arg);
 
 static void comm_free(brg_comm *c) {
+  /* A neighbour still finishing the last collective must not take our
+   * hang-up for a crash: say goodbye first. */
+  if (c->ready && c->bs && c->nranks > 1) {
+    pthread_mutex_lock(&c->ring_lock);
+    for (int dir = 0; dir < 2; dir++) brg__bootstrap_send(c->bs, dir, BRG__MSG_BYE, "", 0, NULL);
+    pthread_mutex_unlock(&c->ring_lock);
+  }
   if (c->worker_started) {
     pthread_mutex_lock(&c->qlock);
     c->stop = 1;
@@ -276,7 +283,10 @@ static brg_status comm_create(brg_comm **out, int nranks, const brg__boot_id *id
   me.pid = (int32_t)getpid();
   me.host_hash = host_hash(me.hostname, sizeof me.hostname);
   if ((s = brg__boot_local_addr(me.addr, sizeof me.addr, &err)) != BRG_SUCCESS) goto err_free;
-  s = brg__bootstrap_init(&c->bs, id, rank, nranks, &me, sizeof me, c->peers, c->timeout_ms, &err);
+  /* A little longer than the root waits, so that the root's list of the
+   * ranks that never came arrives before this rank gives up on its own. */
+  int boot_wait = c->timeout_ms + (c->timeout_ms / 10 < 2000 ? c->timeout_ms / 10 + 1000 : 2000);
+  s = brg__bootstrap_init(&c->bs, id, rank, nranks, &me, sizeof me, c->peers, boot_wait, &err);
   if (s != BRG_SUCCESS) goto err_free;
 
   for (int i = 0; i < nranks; i++) c->ring[i] = i;
@@ -320,7 +330,7 @@ static brg_status comm_create(brg_comm **out, int nranks, const brg__boot_id *id
 
 err_free:
   comm_free(c);
-  return fail_no_comm(s, "rank %d: %s", rank, err.msg);
+  return fail_no_comm(s, "%s", err.msg);
 }
 
 brg_status brg_comm_init(brg_comm **comm, int nranks, const brg_unique_id *id, int rank) {
@@ -461,7 +471,8 @@ static brg_status check_comm(const brg_comm *c, const char *fn) {
 brg_status brg_comm_rank(const brg_comm *comm, int *rank) {
   brg_status s = check_comm(comm, "brg_comm_rank");
   if (s != BRG_SUCCESS) return s;
-  if (!rank) return fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_comm_rank: rank is NULL");
+  if (!rank)
+    return brg__comm_error((brg_comm *)comm, BRG_ERR_INVALID_ARGUMENT, "brg_comm_rank: rank is NULL");
   *rank = comm->rank;
   return BRG_SUCCESS;
 }
@@ -469,7 +480,8 @@ brg_status brg_comm_rank(const brg_comm *comm, int *rank) {
 brg_status brg_comm_size(const brg_comm *comm, int *size) {
   brg_status s = check_comm(comm, "brg_comm_size");
   if (s != BRG_SUCCESS) return s;
-  if (!size) return fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_comm_size: size is NULL");
+  if (!size)
+    return brg__comm_error((brg_comm *)comm, BRG_ERR_INVALID_ARGUMENT, "brg_comm_size: size is NULL");
   *size = comm->nranks;
   return BRG_SUCCESS;
 }
@@ -477,7 +489,8 @@ brg_status brg_comm_size(const brg_comm *comm, int *size) {
 brg_status brg_comm_bytes_sent(const brg_comm *comm, uint64_t *bytes) {
   brg_status s = check_comm(comm, "brg_comm_bytes_sent");
   if (s != BRG_SUCCESS) return s;
-  if (!bytes) return fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_comm_bytes_sent: bytes is NULL");
+  if (!bytes)
+    return brg__comm_error((brg_comm *)comm, BRG_ERR_INVALID_ARGUMENT, "brg_comm_bytes_sent: bytes is NULL");
   *bytes = __atomic_load_n(&comm->bytes_sent, __ATOMIC_RELAXED);
   return BRG_SUCCESS;
 }
@@ -700,13 +713,14 @@ brg_status brg_barrier(brg_comm *comm) {
 
 brg_status brg_iallreduce(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype,
                           brg_op op, brg_comm *comm, brg_request *request) {
-  if (!request) return fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_iallreduce: request is NULL");
-  brg__req *r = (brg__req *)request;
-  if (r->magic == BRG__REQ_MAGIC && !__atomic_load_n(&r->done, __ATOMIC_ACQUIRE))
-    return fail_no_comm(BRG_ERR_INVALID_USAGE, "brg_iallreduce: request is still in flight");
   brg_status s = check_call(comm, "brg_iallreduce", sendbuf, recvbuf, count, count, count, dtype,
                             1, op, -1, NULL);
   if (s != BRG_SUCCESS) return s;
+  if (!request)
+    return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT, "brg_iallreduce: request is NULL");
+  brg__req *r = (brg__req *)request;
+  if (r->magic == BRG__REQ_MAGIC && !__atomic_load_n(&r->done, __ATOMIC_ACQUIRE))
+    return brg__comm_error(comm, BRG_ERR_INVALID_USAGE, "brg_iallreduce: request is still in flight");
   memset(r, 0, sizeof *r);
   brg__coll k = COLL(BRG__COLL_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, -1);
   r->coll = k;

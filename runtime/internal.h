@@ -45,7 +45,7 @@ typedef struct brg__req {
 _Static_assert(sizeof(brg__req) <= sizeof(brg_request), "brg_request too small");
 
 /* Ring-socket message types. */
-enum { BRG__MSG_CONN_INFO = 1, BRG__MSG_ATTACHED = 2, BRG__MSG_ABORT = 3 };
+enum { BRG__MSG_CONN_INFO = 1, BRG__MSG_ATTACHED = 2, BRG__MSG_ABORT = 3, BRG__MSG_BYE = 4 };
 
 struct brg_comm {
   uint32_t magic;
@@ -74,6 +74,8 @@ struct brg_comm {
   int cur_step;
   const char *wait_what;
   int wait_peer;
+  brg__conn *wait_conn;        /* the link the engine is blocked on */
+  int departed[2];             /* neighbour (by ring direction) destroyed its communicator */
   int64_t wait_start_ns;
 
   int ready;                   /* setup finished: ring sockets carry only aborts */

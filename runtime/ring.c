@@ -49,10 +49,10 @@ static void describe(char *out, size_t n, brg__coll_kind kind, uint64_t seq, uin
 }
 
 /* Reads what arrived on a ring socket while we were waiting: an abort
- * notice from a neighbour, or the hang-up of a neighbour that died. */
+ * notice from a neighbour, a goodbye, or the hang-up of one that died. */
 static brg_status check_ring_socket(brg_comm *c, int dir) {
   int fd = brg__bootstrap_fd(c->bs, dir);
-  if (fd < 0) return BRG_SUCCESS;
+  if (fd < 0 || c->departed[dir]) return BRG_SUCCESS;
   struct pollfd pfd = {.fd = fd, .events = POLLIN};
   if (poll(&pfd, 1, 0) <= 0) return BRG_SUCCESS;
   int peer = dir == BRG__RING_NEXT ? c->next : c->prev;
@@ -64,12 +64,23 @@ static brg_status check_ring_socket(brg_comm *c, int dir) {
   if (s != BRG_SUCCESS)
     return brg__comm_error(c, BRG_ERR_REMOTE, "rank %d (pid %d on %s) is gone: %s", peer,
                            c->peers[peer].pid, c->peers[peer].hostname, err.msg);
+  if (type == BRG__MSG_BYE) {
+    c->departed[dir] = 1;
+    return BRG_SUCCESS;
+  }
   if (type == BRG__MSG_ABORT && len >= 4) {
     brg_status rs;
     memcpy(&rs, buf, 4);
     buf[len] = 0;
     if (rs <= BRG_IN_PROGRESS || rs > BRG_ERR_INTERNAL) rs = BRG_ERR_REMOTE;
     if (rs == BRG_ERR_ABORTED || rs == BRG_ERR_TIMEOUT) rs = BRG_ERR_REMOTE;
+    /* Say what this rank itself was waiting for: with cascading timeouts
+     * that names the rank that really stalled. */
+    if (c->wait_peer != peer && c->wait_start_ns)
+      return brg__comm_error(c, rs, "%s; rank %d was itself waiting %lld ms for rank %d to %s",
+                             buf + 4, c->rank,
+                             (long long)((brg__now_ns() - c->wait_start_ns) / 1000000),
+                             c->wait_peer, c->wait_what);
     return brg__comm_error(c, rs, "%s", buf + 4);
   }
   return brg__comm_error(c, BRG_ERR_REMOTE, "unexpected message type %u from rank %d", type,
@@ -80,20 +91,28 @@ static brg_status check_ring_socket(brg_comm *c, int dir) {
 static brg_status ring_check(void *arg) {
   brg_comm *c = arg;
   if (c->aborted) return brg__comm_error(c, BRG_ERR_ABORTED, "aborted by brg_comm_abort");
-  brg__conn *conns[2] = {&c->send, &c->recv};
-  for (int i = 0; i < 2; i++) {
-    brg__fifo_ctrl *ctrl = conns[i]->fifo.ctrl;
-    if (ctrl && ctrl->closed)
-      return brg__comm_error(c, (brg_status)ctrl->closed, "%s link with rank %d is broken",
-                             conns[i]->ops ? conns[i]->ops->name : "?", conns[i]->peer);
-  }
-  /* During setup the ring sockets carry the setup messages themselves. */
+  /* Notices first: they name the rank that failed, which a broken link
+   * further along the ring does not. During setup the ring sockets carry
+   * the setup messages themselves. */
   for (int dir = 0; c->ready && dir < 2; dir++) {
     brg_status s = check_ring_socket(c, dir);
     if (s != BRG_SUCCESS) return s;
   }
+  brg__conn *w = c->wait_conn;
+  if (w && w->fifo.ctrl && w->fifo.ctrl->closed)
+    return brg__comm_error(c, (brg_status)w->fifo.ctrl->closed,
+                           "%s link with rank %d closed while waiting for it to %s",
+                           w->ops ? w->ops->name : "?", w->peer, c->wait_what);
   int64_t now = brg__now_ns();
   if (!c->wait_start_ns) c->wait_start_ns = now;
+  int dir = c->wait_peer == c->next ? BRG__RING_NEXT : BRG__RING_PREV;
+  /* A neighbour that left cleanly sent all it had; allow a moment for data
+   * still on the wire, then say who left too early. */
+  if (c->ready && c->departed[dir] && now - c->wait_start_ns > 1000000000LL)
+    return brg__comm_error(c, BRG_ERR_REMOTE,
+                           "rank %d destroyed its communicator while rank %d was still waiting "
+                           "for it to %s (did the ranks call different numbers of collectives?)",
+                           c->wait_peer, c->rank, c->wait_what);
   if (now - c->wait_start_ns > (int64_t)c->timeout_ms * 1000000) {
     char what[160] = "setup";
     if (c->cur)
@@ -135,6 +154,7 @@ static brg_status send_acquire(ring_op *o, size_t bytes, char **slot) {
     if (c->send_pos + 1 > c->send_head + (uint64_t)f->nslots) {
       c->wait_what = "free a slot (it is not receiving)";
       c->wait_peer = c->next;
+      c->wait_conn = &c->send;
       c->wait_start_ns = 0;
       brg_status s = brg__wait_ge(&f->ctrl->head, &f->ctrl->head_waiters,
                                   c->send_pos + 1 - (uint64_t)f->nslots, &c->waiter);
@@ -173,6 +193,7 @@ static brg_status recv_acquire(ring_op *o, const char **slot, size_t bytes) {
   if (__atomic_load_n(&m->flag, __ATOMIC_ACQUIRE) != c->recv_pos + 1) {
     c->wait_what = "send data";
     c->wait_peer = c->prev;
+    c->wait_conn = &c->recv;
     c->wait_start_ns = 0;
     brg_status s = brg__wait_flag(&m->flag, c->recv_pos + 1, &f->ctrl->tail,
                                   &f->ctrl->tail_waiters, &c->waiter);
