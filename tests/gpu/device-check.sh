@@ -38,14 +38,14 @@ step() {
   t0=$(date +%s)
   left=$((BUDGET - (t0 - START)))
   if [ "$left" -lt 15 ]; then
-    note "$(printf '%-34s skipped: the 8-minute budget is spent' "$name")"
+    note "$(printf '%-40s skipped: the 8-minute budget is spent' "$name")"
     return 124
   fi
   [ "$limit" -gt "$left" ] && limit=$left
   echo "=== $name: $* (limit ${limit}s)" >>"$log"
   timeout -k 10 "$limit" "$@" >>"$log" 2>&1
   rc=$?
-  note "$(printf '%-34s rc=%-3s %4ss' "$name" "$rc" $(($(date +%s) - t0)))"
+  note "$(printf '%-40s rc=%-3s %4ss' "$name" "$rc" $(($(date +%s) - t0)))"
   return $rc
 }
 

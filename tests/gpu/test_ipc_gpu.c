@@ -160,11 +160,32 @@ static int fake_stream_create(void **st) { *st = (void *)1; return 0; }
 static int fake_uuid(unsigned char u[16]) { memset(u, 0, 16); return 0; }
 
 static const brg__cuda_api fake_api = {
-    BRG__CUDA_ABI, fake_probe, fake_describe, fake_error_string, fake_pointer_is_device,
-    fake_reduce, fake_copy, fake_divide, fake_alloc, fake_free, fake_mem_copy, fake_mem_set,
-    fake_nop1, fake_last_error, fake_mem_export, fake_mem_open, fake_mem_close,
-    fake_event_export, fake_event_open, fake_nop1, fake_nop2, fake_nop2, fake_nop1,
-    fake_stream_create, fake_nop1, fake_uuid,
+    .abi = BRG__CUDA_ABI,
+    .probe = fake_probe,
+    .describe = fake_describe,
+    .error_string = fake_error_string,
+    .pointer_is_device = fake_pointer_is_device,
+    .reduce = fake_reduce,
+    .copy = fake_copy,
+    .divide = fake_divide,
+    .mem_alloc = fake_alloc,
+    .mem_free = fake_free,
+    .mem_copy = fake_mem_copy,
+    .mem_set = fake_mem_set,
+    .stream_sync = fake_nop1,
+    .last_error = fake_last_error,
+    .ipc_mem_export = fake_mem_export,
+    .ipc_mem_open = fake_mem_open,
+    .ipc_mem_close = fake_mem_close,
+    .ipc_event_export = fake_event_export,
+    .ipc_event_open = fake_event_open,
+    .event_destroy = fake_nop1,
+    .event_record = fake_nop2,
+    .stream_wait_event = fake_nop2,
+    .event_sync = fake_nop1,
+    .stream_create = fake_stream_create,
+    .stream_destroy = fake_nop1,
+    .device_uuid = fake_uuid,
 };
 
 static void xfer(int fd, void *buf, size_t n, int out) {
