@@ -11,9 +11,11 @@
  *             |   <-- RDMA write: CTS entry n -----  (slot n is free: head + nslots > n)
  *             |       into the sender's CTS FIFO
  *             +-- RDMA write: payload of n ------->  data slot n
- *             +-- RDMA write-with-imm(n): meta --->  meta slot n, receive completes,
- *                 (signalled: its completion                imm == n, tail = n + 1
- *                  gives send slot n back: head)
+ *             +-- RDMA write-with-imm(n): header ->  slot n's header, receive completes:
+ *                 without its flag (signalled:       the proxy sets the header's flag
+ *                 the completion gives send slot     and tail = n + 1, so the engine
+ *                 n back: head)                      sees the slot only once all of it
+ *                                                    has landed
  *
  * A clear-to-send entry names the receiver's slot (meta and data address,
  * rkey, size) and ends with seq = n + 1, so the sender sees the entry of the
@@ -21,7 +23,9 @@
  * only after reading entry n, so it never overruns a slot the engine still
  * reads. Payload writes are unsignalled (the signalled write-with-immediate
  * behind them covers them); the receiver signals one clear-to-send write in
- * nslots so its send queue drains.
+ * nslots so its send queue drains. With several queue pairs per link
+ * (BRIGADE_IB_QPS_PER_LINK) slot n travels on queue pair n % nqps and the
+ * clear-to-send entries on queue pair 0.
  *
  * Beside the queue pair each link keeps the TCP connection it was set up on
  * (the control connection): it carries the sender's hello {secret, rank,
@@ -275,7 +279,8 @@ static void *send_proxy(void *arg) {
   brg__fifo_ctrl *ctrl = f->ctrl;
   uint64_t ns = (uint64_t)f->nslots, nq = (uint64_t)t->nqps, sent = 0, done = 0;
   uint8_t written[BRG__MAX_SLOTS] = {0}; /* completed, maybe ahead of `done` */
-  int64_t grace_end = 0;
+  int64_t grace_end = 0, gone_at = 0;
+  int gone = 0; /* the receiver closed its end: 1 with a goodbye, -1 without */
   int rounds = 0;
   brg__vb_wc wc[16];
   for (;;) {
@@ -323,8 +328,8 @@ static void *send_proxy(void *arg) {
         s = t->vb->post_write(qp, UINT64_MAX, &t->fifo_mr, brg__fifo_slot(f, sent), m->bytes,
                               e->data_addr, e->rkey, 0, 0, 0);
       if (s == BRG_SUCCESS)
-        s = t->vb->post_write(qp, sent, &t->fifo_mr, m, sizeof *m, e->meta_addr, e->rkey, 1,
-                              (uint32_t)sent, 1);
+        s = t->vb->post_write(qp, sent, &t->fifo_mr, m, offsetof(brg__slot_meta, flag),
+                              e->meta_addr, e->rkey, 1, (uint32_t)sent, 1);
       if (s != BRG_SUCCESS) {
         link_fail(t, "posting the write of slot %llu: %s", (unsigned long long)sent,
                   brg_status_string(s));
@@ -333,13 +338,20 @@ static void *send_proxy(void *arg) {
       sent++;
       progress = 1;
     }
-    int c = ctrl_poll(t, 0);
-    if (c != 0) {
-      link_fail(t, "the peer %s",
-                c > 0 ? "closed its link" : "went away (control connection ended)");
+    /* A receiver that leaves is only an error while this end still owes it
+     * slices: one that got everything may destroy its communicator before
+     * the last completions reach this end. Completions still on their way
+     * get a moment; a slice it never cleared to send does not. */
+    if (!gone && (gone = ctrl_poll(t, 0)) != 0) gone_at = now_ms();
+    if (gone && __atomic_load_n(&ctrl->tail, __ATOMIC_ACQUIRE) > done &&
+        (sent < __atomic_load_n(&ctrl->tail, __ATOMIC_ACQUIRE) || now_ms() - gone_at > 500)) {
+      link_fail(t, "the peer %s with slot %llu still to deliver",
+                gone > 0 ? "closed its link" : "went away (control connection ended)",
+                (unsigned long long)done);
       return NULL;
     }
     if (__atomic_load_n(&t->stopping, __ATOMIC_ACQUIRE)) {
+      if (gone) return NULL;
       if (!grace_end) grace_end = now_ms() + IB_CLOSE_GRACE_MS;
       if (done == __atomic_load_n(&ctrl->tail, __ATOMIC_ACQUIRE) && done == sent) {
         char bye = IB_BYE;
@@ -371,20 +383,22 @@ static brg_status cts_post(ib_conn *t, uint64_t pos) {
                            pos % ns == ns - 1);
 }
 
-/* What the receive proxy knows: slots up to `tail` went to the engine;
- * arrived[] marks later ones already in (queue pairs finish independently). */
+/* What the receive proxy knows: queue pair q carries slots q, q + nqps, ...
+ * in order, and next[q] is the next one it must deliver; every slot below
+ * tail = min(next[]) has been handed to the engine. */
 typedef struct recv_state {
   uint64_t tail;
-  uint8_t arrived[BRG__MAX_SLOTS];
+  uint64_t next[IB_MAX_QPS];
 } recv_state;
 
-/* Takes the completions of queue pair q and hands the engine every slot that
- * is complete in order. 1 when something happened, 0 when nothing, 2 when a
- * failed completion follows the peer's goodbye, -1 when the link failed
- * (marked, unless `quiet`). */
+/* Takes the completions of queue pair q. A completion makes its slot
+ * visible to the engine: the sender writes the header without its `flag`,
+ * and the flag is set here, so the engine never reads a slot before the
+ * completion says that all of it has landed. 1 when something happened, 0
+ * when nothing, 2 when a failed completion follows the peer's goodbye, -1
+ * when the link failed (marked, unless `quiet`). */
 static int recv_take(ib_conn *t, int q, recv_state *rs, int quiet) {
   brg__fifo *f = &t->fifo;
-  uint64_t ns = (uint64_t)f->nslots, nq = (uint64_t)t->nqps;
   brg__vb_wc wc[16];
   int n = t->vb->poll(t->qp[q], wc, 16);
   if (n < 0) {
@@ -401,23 +415,26 @@ static int recv_take(ib_conn *t, int q, recv_state *rs, int quiet) {
       return -1;
     }
     if (wc[i].opcode != BRG__VB_OP_RECV_IMM) continue;
-    uint64_t slot = rs->tail + (uint32_t)(wc[i].imm - (uint32_t)rs->tail);
-    if (slot >= rs->tail + ns || slot % nq != (uint64_t)q || rs->arrived[slot % ns] ||
-        brg__fifo_meta(f, slot)->bytes > f->slot_bytes) {
+    uint64_t slot = rs->next[q];
+    if (wc[i].imm != (uint32_t)slot) {
       if (!quiet)
-        link_fail(t, "immediate %u on queue pair %d (%u bytes) is no slot expected after %llu",
-                  wc[i].imm, q, brg__fifo_meta(f, slot)->bytes, (unsigned long long)rs->tail);
+        link_fail(t, "immediate %u on queue pair %d, expected slot %llu", wc[i].imm, q,
+                  (unsigned long long)slot);
       return -1;
     }
-    rs->arrived[slot % ns] = 1;
+    rs->next[q] += (uint64_t)t->nqps;
+    __atomic_store_n(&brg__fifo_meta(f, slot)->flag, slot + 1, __ATOMIC_RELEASE);
     if (t->vb->post_recv(t->qp[q], slot) != BRG_SUCCESS) {
       if (!quiet) link_fail(t, "posting a receive failed");
       return -1;
     }
   }
-  if (!rs->arrived[rs->tail % ns]) return n > 0;
-  while (rs->arrived[rs->tail % ns]) rs->arrived[rs->tail++ % ns] = 0;
-  brg__publish(&f->ctrl->tail, &f->ctrl->tail_waiters, rs->tail);
+  uint64_t tail = rs->next[0];
+  for (int k = 1; k < t->nqps; k++)
+    if (rs->next[k] < tail) tail = rs->next[k];
+  if (tail == rs->tail) return n > 0;
+  rs->tail = tail;
+  brg__publish(&f->ctrl->tail, &f->ctrl->tail_waiters, tail);
   return 1;
 }
 
@@ -427,6 +444,7 @@ static void *recv_proxy(void *arg) {
   brg__fifo_ctrl *ctrl = f->ctrl;
   uint64_t ns = (uint64_t)f->nslots, cts = 0;
   recv_state rs = {0};
+  for (int q = 0; q < t->nqps; q++) rs.next[q] = (uint64_t)q;
   int rounds = 0, bye = 0;
   while (!__atomic_load_n(&t->stopping, __ATOMIC_ACQUIRE)) {
     int progress = 0;
@@ -437,7 +455,24 @@ static void *recv_proxy(void *arg) {
       if (r == 2) bye = 1;
       if (r == 1) progress = 1;
     }
-    if (bye) break;
+    int c = bye ? 1 : ctrl_poll(t, 0);
+    if (c != 0) {
+      /* The sender left. Whatever it delivered was acknowledged before it
+       * went, so take the completions still queued on every queue pair
+       * (they finish independently), then stop. */
+      int64_t until = now_ms() + 20;
+      while (now_ms() < until) {
+        int got = 0;
+        for (int q = 0; q < t->nqps; q++) got |= recv_take(t, q, &rs, 1) > 0;
+        if (!got) usleep(1000);
+      }
+      if (c < 0) {
+        link_fail(t, "the peer went away (control connection ended)");
+        return NULL;
+      }
+      bye = 1;
+      break;
+    }
     uint64_t head = __atomic_load_n(&ctrl->head, __ATOMIC_ACQUIRE);
     for (; cts < head + ns; cts++) {
       if (cts_post(t, cts) != BRG_SUCCESS) {
@@ -445,23 +480,6 @@ static void *recv_proxy(void *arg) {
         return NULL;
       }
       progress = 1;
-    }
-    int c = ctrl_poll(t, 0);
-    if (c < 0) {
-      link_fail(t, "the peer went away (control connection ended)");
-      return NULL;
-    }
-    if (c > 0) {
-      /* Everything the sender published was acknowledged before its goodbye;
-       * take the completions still queued, then stop. */
-      int64_t until = now_ms() + 20;
-      while (now_ms() < until) {
-        int got = 0;
-        for (int q = 0; q < t->nqps; q++) got |= recv_take(t, q, &rs, 1) > 0;
-        if (!got) usleep(1000);
-      }
-      bye = 1;
-      break;
     }
     if (__atomic_load_n(&ctrl->closed, __ATOMIC_ACQUIRE)) return NULL;
     if (progress)
@@ -790,6 +808,12 @@ static void ib_close(brg__conn *c) {
   if (t->thread_started) {
     brg__fifo_wake_all(&t->fifo);
     pthread_join(t->thread, NULL);
+  }
+  if (!t->sender && t->ctrl_fd >= 0) {
+    char bye = IB_BYE; /* so the sender can tell a finished receiver from a dead one */
+    if (send(t->ctrl_fd, &bye, 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1) {
+      /* a peer that is gone already needs no goodbye */
+    }
   }
   for (int q = 0; q < IB_MAX_QPS; q++) /* a failed qp_create may leave one past nqps */
     if (t->qp[q]) t->vb->qp_destroy(t->qp[q]);
