@@ -587,7 +587,9 @@ static brg_status run_blocking(brg_comm *c, brg__coll *k) {
     brg_status s = run_one(c, k);
     pthread_mutex_lock(&c->qlock);
     c->busy = 0;
-    pthread_cond_signal(&c->qcond);
+    /* Wake the worker only when work queued up meanwhile: a wake-up per
+     * call would cost a context switch on a rank pinned to one core. */
+    if (c->qhead) pthread_cond_signal(&c->qcond);
     pthread_mutex_unlock(&c->qlock);
     return s;
   }

@@ -57,6 +57,12 @@ void brg__fifo_free(brg__fifo *f) {
   memset(f, 0, sizeof *f);
 }
 
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -83,9 +89,13 @@ brg_status brg__wait_ge(volatile uint64_t *word, volatile uint32_t *waiters, uin
     cpu_relax();
     if (__atomic_load_n(word, __ATOMIC_ACQUIRE) >= target) return BRG_SUCCESS;
   }
-  for (int i = 0; i < 32; i++) {
+  /* Yield for up to ~200 us before sleeping: when ranks outnumber cores,
+   * the peer we wait for is often runnable and this hands it the core. */
+  int64_t t0 = now_ns();
+  for (int i = 1;; i++) {
     sched_yield();
     if (__atomic_load_n(word, __ATOMIC_ACQUIRE) >= target) return BRG_SUCCESS;
+    if (i % 16 == 0 && now_ns() - t0 > 200000) break;
   }
   for (;;) {
     if (w && w->check) {
