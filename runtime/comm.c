@@ -240,6 +240,7 @@ static void comm_free(brg_comm *c) {
   pthread_mutex_destroy(&c->qlock);
   pthread_cond_destroy(&c->qcond);
   pthread_cond_destroy(&c->donecond);
+  free(c->scratch);
   free(c->ring);
   free(c->peers);
   c->magic = 0;
@@ -315,6 +316,13 @@ static brg_status comm_create(brg_comm **out, int nranks, const brg__boot_id *id
       brg__comm_notify_abort(c, s, err.msg);
       goto err_free;
     }
+  }
+  c->small_bytes = (size_t)brg__config_int(BRG__CFG_SMALL_BYTES);
+  if (c->small_bytes > c->slot_bytes) c->small_bytes = c->slot_bytes;
+  if (nranks > 1 && c->small_bytes > 0) {
+    c->scratch = malloc((size_t)nranks * c->small_bytes);
+    if (c->scratch) memset(c->scratch, 0, (size_t)nranks * c->small_bytes); /* touch it now */
+    else c->small_bytes = 0;
   }
   if (pthread_create(&c->worker, NULL, worker_main, c) != 0) {
     s = BRG_ERR_SYSTEM;

@@ -54,6 +54,9 @@ const brg__cfg_entry brg__cfg_table[BRG__CFG_COUNT] = {
     [BRG__CFG_IB_ALLOW_LOCAL] = {"BRIGADE_IB_ALLOW_LOCAL", BRG__CFG_KIND_INT, "0", 0, 1,
                                  "1: ibverbs may also link ranks on one host (for tests; "
                                  "shm is faster there)"},
+    [BRG__CFG_SMALL_BYTES] = {"BRIGADE_SMALL_BYTES", BRG__CFG_KIND_SIZE, "4K", 0, 64 * KiB,
+                              "allreduce of at most this many bytes gathers every input around "
+                              "the ring (N-1 steps instead of 2N-2) and reduces locally; 0: off"},
 };
 
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;

@@ -66,6 +66,8 @@ struct brg_comm {
   int timeout_ms;
   brg__waiter waiter;
 
+  char *scratch;               /* nranks * small_bytes, for small allreduces */
+  size_t small_bytes;
   uint64_t seq;                /* collectives run so far */
   uint64_t bytes_sent;
 

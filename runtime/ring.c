@@ -340,6 +340,38 @@ static brg_status run_chain(ring_op *o) {
   return BRG_SUCCESS;
 }
 
+/* Small allreduce: latency is the number of hops, so gather every rank's
+ * input around the ring (N-1 hops instead of 2N-2) and let each rank reduce
+ * locally, in rank order, so that every rank computes bit-identical results.
+ *
+ *   step 0:          own input -> scratch[rank], next
+ *   step 1..N-2:     prev -> scratch[r'], next      (r' = origin of the block)
+ *   step N-1:        prev -> scratch[r']
+ *   then:            out = scratch[0] (+) scratch[1] (+) ... (+) scratch[N-1]
+ */
+static brg_status run_small_allreduce(ring_op *o) {
+  brg_comm *c = o->c;
+  const brg__coll *k = o->coll;
+  int n = c->nranks;
+  size_t m = k->count, bytes = m * o->esize;
+  for (int t = 0; t < n; t++) {
+    int origin = c->ring[brg__mod((long)c->pos - t, n)];
+    char *block = c->scratch + (size_t)origin * bytes;
+    brg__prim prim = t == 0 ? BRG__PRIM_SEND : t < n - 1 ? BRG__PRIM_RECV_COPY_SEND : BRG__PRIM_RECV;
+    c->cur_step = t;
+    brg_status s = run_prim(o, prim, k->sendbuf, block, m);
+    if (s != BRG_SUCCESS) return s;
+  }
+  brg_op mid = k->op == BRG_AVG ? BRG_SUM : k->op;
+  const char *acc = c->scratch;
+  for (int r = 1; r < n; r++) {
+    const char *next = c->scratch + (size_t)r * bytes;
+    brg__reduce(k->recvbuf, NULL, acc, next, m, k->dtype, r == n - 1 ? k->op : mid, n);
+    acc = k->recvbuf;
+  }
+  return BRG_SUCCESS;
+}
+
 /* One rank: the result is the input (divided by 1 for avg). */
 static void run_single(const brg__coll *k, size_t esize) {
   size_t elems = k->count;
@@ -360,6 +392,11 @@ brg_status brg__coll_execute(brg_comm *c, brg__coll *k) {
   } else {
     switch (k->kind) {
     case BRG__COLL_ALLREDUCE:
+      if (k->count > 0 && k->count * o.esize <= c->small_bytes) {
+        s = run_small_allreduce(&o);
+        break;
+      }
+      /* fall through */
     case BRG__COLL_BARRIER: s = run_ring(&o, 0, 2 * n - 2); break;
     case BRG__COLL_REDUCE_SCATTER: s = run_ring(&o, 0, n - 1); break;
     case BRG__COLL_ALL_GATHER: s = run_ring(&o, n - 1, 2 * n - 2); break;
