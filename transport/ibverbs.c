@@ -27,11 +27,13 @@
  * (BRIGADE_IB_QPS_PER_LINK) slot n travels on queue pair n % nqps and the
  * clear-to-send entries on queue pair 0.
  *
- * Beside the queue pair each link keeps the TCP connection it was set up on
+ * Beside the queue pairs each link keeps the TCP connection it was set up on
  * (the control connection): it carries the sender's hello {secret, rank,
- * queue pair, CTS FIFO address and rkey} and, at an orderly close, a goodbye
- * byte; its end without a goodbye is how either side learns quickly that the
- * other died, which a real queue pair only reports after its retries run out.
+ * queue pairs, CTS FIFO address and rkey} and, at an orderly close, a
+ * goodbye byte from either end; its end is how either side learns quickly
+ * that the other left or died, which a real queue pair only reports after
+ * its retries run out. A receiver that leaves is an error only while the
+ * sender still owes it slices.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -62,7 +64,8 @@
 #define IB_BYE 0x42
 #define IB_CLOSE_GRACE_MS 1000 /* how long close() lets the send proxy flush */
 #define IB_MAX_PENDING 8
-#define IB_MAX_QPS 12 /* queue pairs per link: what fits the connection-info blob */
+#define IB_PROXY_SPIN 64 /* most idle polls before a proxy yields */
+#define IB_MAX_QPS 12    /* queue pairs per link: what fits the connection-info blob */
 
 /* One clear-to-send entry, written by the receiver into the sender's memory. */
 typedef struct ib_cts {
@@ -271,6 +274,12 @@ static int ctrl_poll(ib_conn *t, int wait_ms) {
   return -1;
 }
 
+/* Whether to look at the control connection now: a system call, so not on
+ * every round of a spin, but on every round once the proxy sleeps. */
+static int ctrl_due(const ib_conn *t, int rounds) {
+  return (rounds & 127) == 0 || rounds >= t->spin;
+}
+
 /* ---- the proxies -------------------------------------------------------------- */
 
 static void *send_proxy(void *arg) {
@@ -342,7 +351,7 @@ static void *send_proxy(void *arg) {
      * slices: one that got everything may destroy its communicator before
      * the last completions reach this end. Completions still on their way
      * get a moment; a slice it never cleared to send does not. */
-    if (!gone && (gone = ctrl_poll(t, 0)) != 0) gone_at = now_ms();
+    if (!gone && ctrl_due(t, rounds) && (gone = ctrl_poll(t, 0)) != 0) gone_at = now_ms();
     if (gone && __atomic_load_n(&ctrl->tail, __ATOMIC_ACQUIRE) > done &&
         (sent < __atomic_load_n(&ctrl->tail, __ATOMIC_ACQUIRE) || now_ms() - gone_at > 500)) {
       link_fail(t, "the peer %s with slot %llu still to deliver",
@@ -455,7 +464,7 @@ static void *recv_proxy(void *arg) {
       if (r == 2) bye = 1;
       if (r == 1) progress = 1;
     }
-    int c = bye ? 1 : ctrl_poll(t, 0);
+    int c = bye ? 1 : ctrl_due(t, rounds) ? ctrl_poll(t, 0) : 0;
     if (c != 0) {
       /* The sender left. Whatever it delivered was acknowledged before it
        * went, so take the completions still queued on every queue pair
@@ -532,7 +541,12 @@ static brg_status conn_open(brg__conn *c, const brg__conn_params *p, int sender,
   t->peer = p->peer;
   t->vb = vb;
   t->listen_fd = t->ctrl_fd = -1;
+  /* Where the backend wakes the proxy (soft), the proxy spins less than the
+   * engine: each round polls the completion queues, and a spinning proxy
+   * takes a core from the ranks it serves. Real verbs report nothing, so
+   * there the proxy polls as long as the engine spins. */
   t->spin = p->waiter ? p->waiter->spin : 1000;
+  if (vb->qp_notify && t->spin > IB_PROXY_SPIN) t->spin = IB_PROXY_SPIN;
   snprintf(t->peer_addr, sizeof t->peer_addr, "%s", p->peer_info ? p->peer_info->addr : "?");
   c->priv = t;
   c->peer = p->peer;

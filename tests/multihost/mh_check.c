@@ -178,11 +178,6 @@ int main(int argc, char **argv) {
   brg_comm_rank(comm, &rank);
   brg_comm_size(comm, &nranks);
   int rc = strcmp(mode, "loop") == 0 ? run_loop(comm) : run_check(comm);
-  /* A rank that leaves right after the last collective can make a neighbour
-   * that is still waiting for its own last slice (from another rank) take the
-   * closed bootstrap socket for a death, on any transport. Until the runtime
-   * closes communicators with a goodbye, give the others a moment. */
-  if (rc == 0) nanosleep(&(struct timespec){0, 300 * 1000 * 1000}, NULL);
   if (rc == 3) brg_comm_abort(comm);
   brg_comm_destroy(comm);
   return rc;
