@@ -508,3 +508,35 @@ void brg__copy(void *dst0, void *dst1, const void *src, size_t bytes) {
     memcpy(d1 + off, s + off, n);
   }
 }
+
+/* Copy with non-temporal stores: for outputs of large collectives that the
+ * caller will not read soon, this skips the read-for-ownership of every
+ * destination line, a third of the memory traffic of a plain copy. */
+void brg__copy_stream(void *dst, const void *src, size_t bytes) {
+  if (dst == src || bytes == 0) return;
+#if BRG__X86
+  char *d = (char *)dst;
+  const char *s = (const char *)src;
+  size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+  if (head > bytes) head = bytes;
+  memcpy(d, s, head);
+  d += head;
+  s += head;
+  bytes -= head;
+  size_t body = bytes & ~(size_t)63;
+  for (size_t i = 0; i < body; i += 64) {
+    __m128i a = _mm_loadu_si128((const __m128i *)(s + i));
+    __m128i b = _mm_loadu_si128((const __m128i *)(s + i + 16));
+    __m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32));
+    __m128i e = _mm_loadu_si128((const __m128i *)(s + i + 48));
+    _mm_stream_si128((__m128i *)(d + i), a);
+    _mm_stream_si128((__m128i *)(d + i + 16), b);
+    _mm_stream_si128((__m128i *)(d + i + 32), c);
+    _mm_stream_si128((__m128i *)(d + i + 48), e);
+  }
+  _mm_sfence();
+  memcpy(d + body, s + body, bytes - body);
+#else
+  memcpy(dst, src, bytes);
+#endif
+}

@@ -317,6 +317,7 @@ static brg_status comm_create(brg_comm **out, int nranks, const brg__boot_id *id
       goto err_free;
     }
   }
+  c->stream_bytes = (size_t)brg__config_int(BRG__CFG_STREAM_BYTES);
   c->small_bytes = (size_t)brg__config_int(BRG__CFG_SMALL_BYTES);
   if (c->small_bytes > c->slot_bytes) c->small_bytes = c->slot_bytes;
   if (nranks > 1 && c->small_bytes > 0) {

@@ -57,6 +57,10 @@ const brg__cfg_entry brg__cfg_table[BRG__CFG_COUNT] = {
     [BRG__CFG_SMALL_BYTES] = {"BRIGADE_SMALL_BYTES", BRG__CFG_KIND_SIZE, "4K", 0, 64 * KiB,
                               "allreduce of at most this many bytes gathers every input around "
                               "the ring (N-1 steps instead of 2N-2) and reduces locally; 0: off"},
+    [BRG__CFG_STREAM_BYTES] = {"BRIGADE_STREAM_BYTES", BRG__CFG_KIND_SIZE, "32M", 0,
+                               1LL << 50,
+                               "collectives of at least this many bytes write their output with "
+                               "non-temporal stores (it would not stay in cache anyway); 0: never"},
 };
 
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;

@@ -68,6 +68,7 @@ struct brg_comm {
 
   char *scratch;               /* nranks * small_bytes, for small allreduces */
   size_t small_bytes;
+  size_t stream_bytes;         /* collectives this large stream their output */
   uint64_t seq;                /* collectives run so far */
   uint64_t bytes_sent;
 

@@ -141,6 +141,7 @@ typedef struct ring_op {
   const brg__coll *coll;
   size_t esize;
   size_t slice_elems;
+  int stream; /* write outputs with non-temporal stores */
 } ring_op;
 
 /* Waits for a free slot in the FIFO to the next rank; small slices go in
@@ -239,6 +240,20 @@ static brg_status run_prim(ring_op *o, brg__prim prim, const char *in, char *out
   if (recvs && (s = recv_acquire(o, &r, bytes)) != BRG_SUCCESS) return s;
   if (sends && (s = send_acquire(o, bytes, &slot)) != BRG_SUCCESS) return s;
   if (m == 0) goto done;
+  if (o->stream && out) {
+    /* Large collective: the slot (in cache) takes the result, and the output
+     * is streamed from it, skipping the read-for-ownership of the output. */
+    switch (prim) {
+    case BRG__PRIM_SEND: brg__copy(slot, NULL, in, bytes); brg__copy_stream(out, in, bytes); goto done;
+    case BRG__PRIM_RECV_REDUCE_COPY_SEND:
+      brg__reduce(slot, NULL, r, in, m, k->dtype, k->op, n);
+      brg__copy_stream(out, slot, bytes);
+      goto done;
+    case BRG__PRIM_RECV_COPY_SEND: brg__copy(slot, NULL, r, bytes); brg__copy_stream(out, r, bytes); goto done;
+    case BRG__PRIM_RECV: brg__copy_stream(out, r, bytes); goto done;
+    default: break;
+    }
+  }
   switch (prim) {
   case BRG__PRIM_SEND: brg__copy(slot, out, in, bytes); break;
   case BRG__PRIM_RECV_REDUCE_SEND: brg__reduce(slot, NULL, r, in, m, k->dtype, mid, 1); break;
@@ -385,6 +400,12 @@ brg_status brg__coll_execute(brg_comm *c, brg__coll *k) {
   c->cur_step = 0;
   ring_op o = {.c = c, .coll = k, .esize = brg_dtype_size(k->dtype)};
   o.slice_elems = c->slot_bytes / o.esize;
+  size_t total = k->count * o.esize;
+  if (k->kind == BRG__COLL_ALL_GATHER || k->kind == BRG__COLL_REDUCE_SCATTER)
+    total *= (size_t)c->nranks;
+  /* In place the output lines are already cached by the read of the input,
+   * so only out-of-place outputs gain from streaming. */
+  o.stream = c->stream_bytes > 0 && total >= c->stream_bytes && k->sendbuf != k->recvbuf;
   brg_status s = BRG_SUCCESS;
   int n = c->nranks;
   if (n == 1) {
