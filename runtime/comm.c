@@ -299,14 +299,14 @@ static brg_status comm_create(brg_comm **out, int nranks, const brg__boot_id *id
   if (rank == 0) log_ring(c);
 
   /* Ranks that outnumber the cores must not burn each other's time slices:
-   * spin briefly, then yield and sleep (unless BRIGADE_SPIN says otherwise). */
+   * a waiter yields at once (the rank it waits for may be the one it would
+   * delay), then sleeps (unless BRIGADE_SPIN says otherwise). */
   int local = 0;
   for (int i = 0; i < nranks; i++) local += c->peers[i].host_hash == me.host_hash;
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  if (local > cores && !brg__config_is_set(BRG__CFG_SPIN) && c->waiter.spin > 50) {
-    c->waiter.spin = 50;
-    BRG__INFO("init", "%d ranks share %ld cores on this host: short spins before yielding", local,
-              cores);
+  if (local > cores && !brg__config_is_set(BRG__CFG_SPIN)) {
+    c->waiter.spin = 0;
+    BRG__INFO("init", "%d ranks share %ld cores on this host: waits yield at once", local, cores);
   }
 
   if (nranks > 1) {
