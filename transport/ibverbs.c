@@ -789,7 +789,7 @@ static brg_status ib_recv_connect(brg__conn *c, const brg__conn_params *p, brg__
                 from, h.nslots, h.nqps, t->fifo.nslots, t->nqps);
     } else {
       t->ctrl_fd = fd;
-      snprintf(t->peer_addr, sizeof t->peer_addr, "%s", from);
+      snprintf(t->peer_addr, sizeof t->peer_addr, "%.79s", from);
       break;
     }
     close(fd);
