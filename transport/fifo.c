@@ -7,6 +7,7 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <sched.h>
+#include <stddef.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
@@ -16,6 +17,7 @@
 #include "transport.h"
 
 _Static_assert(sizeof(brg__slot_meta) == 64, "slot meta is one cache line");
+_Static_assert(offsetof(brg__slot_meta, inline_data) % 8 == 0, "inline data is 8-byte aligned");
 
 #define PAGE 4096
 

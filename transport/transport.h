@@ -35,7 +35,7 @@
  * position + 1: a receiver on a memory transport polls this one line and
  * finds header, flag and, for slices of up to BRG__INLINE_BYTES, the data
  * itself, so a small step costs a single cache-line transfer. */
-#define BRG__INLINE_BYTES 20
+#define BRG__INLINE_BYTES 16
 typedef struct brg__slot_meta {
   uint64_t seq;      /* collective number on this communicator, from 1 */
   uint64_t count;    /* the collective's count argument */
@@ -45,7 +45,9 @@ typedef struct brg__slot_meta {
   uint16_t op;
   int32_t root;
   uint32_t step;     /* schedule step, for error messages */
-  char inline_data[BRG__INLINE_BYTES]; /* the payload when bytes <= BRG__INLINE_BYTES */
+  uint32_t pad;
+  /* The payload when bytes <= BRG__INLINE_BYTES; 8-byte aligned for every dtype. */
+  _Alignas(8) char inline_data[BRG__INLINE_BYTES];
   volatile uint64_t flag;              /* slot position + 1 once the slot is complete */
 } brg__slot_meta;
 

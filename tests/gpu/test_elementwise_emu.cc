@@ -103,7 +103,7 @@ int main() {
   static const size_t esz[] = {1, 1, 4, 4, 8, 8, 2, 2, 4, 8};
   static const size_t counts[] = {0, 1, 2, 5, 7, 8, 9, 15, 16, 17, 31, 33, 64, 100, 1000, 4099};
   static const size_t grids[] = {1, 3, 32, 257};
-  const size_t cap = 4099 * 8 + 64;
+  const size_t cap = (4099 * 8 + 64 + 63) / 64 * 64; /* aligned_alloc wants a multiple */
   unsigned char *buf[6];
   for (auto &p : buf) p = static_cast<unsigned char *>(aligned_alloc(64, cap));
   unsigned char *a = buf[0], *b = buf[1], *want = buf[2], *d0 = buf[3], *d1 = buf[4],
