@@ -153,7 +153,7 @@ static void model_init(model *m, size_t n, const size_t *count, const brg_dtype 
   for (size_t p = 0; p < n; p++) {
     m->count[p] = count[p];
     m->dt[p] = dt ? dt[p] : BRG_FLOAT32;
-    snprintf(m->name[p], sizeof(m->name[p]), "p%zu", p);
+    snprintf(m->name[p], sizeof(m->name[p]), "p%u", (unsigned)p);
     size_t bytes = count[p] * brg_dtype_size(m->dt[p]) + 8;
     m->grad[p] = view ? NULL : calloc(1, bytes);
     m->data[p] = calloc(1, bytes);
