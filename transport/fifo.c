@@ -7,6 +7,7 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <sched.h>
+#include <signal.h>
 #include <stddef.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -138,4 +139,18 @@ void brg__fifo_wake_all(brg__fifo *f) {
   if (!f->ctrl) return;
   futex_wake(&f->ctrl->tail);
   futex_wake(&f->ctrl->head);
+}
+
+brg_status brg__proxy_start(pthread_t *thread, void *(*fn)(void *), void *arg, const char *name,
+                            brg__errbuf *err) {
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  int rc = pthread_create(thread, NULL, fn, arg);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (rc != 0)
+    return brg__error(err, BRG_ERR_SYSTEM, "init", "starting the %s proxy thread: %s", name,
+                      strerror(rc));
+  pthread_setname_np(*thread, name);
+  return BRG_SUCCESS;
 }

@@ -506,17 +506,10 @@ static void *recv_proxy(void *arg) {
 }
 
 static brg_status proxy_start(ib_conn *t, brg__errbuf *err) {
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  int rc = pthread_create(&t->thread, NULL, t->sender ? send_proxy : recv_proxy, t);
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
-  if (rc != 0)
-    return brg__error(err, BRG_ERR_SYSTEM, "ib", "starting the ibverbs proxy thread: %s",
-                      strerror(rc));
-  pthread_setname_np(t->thread, t->sender ? "brg-ib-send" : "brg-ib-recv");
-  t->thread_started = 1;
-  return BRG_SUCCESS;
+  brg_status s = brg__proxy_start(&t->thread, t->sender ? send_proxy : recv_proxy, t,
+                                  t->sender ? "brg-ib-send" : "brg-ib-recv", err);
+  if (s == BRG_SUCCESS) t->thread_started = 1;
+  return s;
 }
 
 /* ---- setup -------------------------------------------------------------------- */

@@ -297,18 +297,10 @@ static void *recv_proxy(void *arg) {
 }
 
 static brg_status proxy_start(tcp_conn *t, brg__errbuf *err) {
-  /* Signals belong to the application's threads, not ours. */
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  int rc = pthread_create(&t->thread, NULL, t->sender ? send_proxy : recv_proxy, t);
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
-  if (rc != 0)
-    return brg__error(err, BRG_ERR_SYSTEM, "tcp", "starting the tcp proxy thread: %s",
-                      strerror(rc));
-  pthread_setname_np(t->thread, t->sender ? "brg-tcp-send" : "brg-tcp-recv");
-  t->thread_started = 1;
-  return BRG_SUCCESS;
+  brg_status s = brg__proxy_start(&t->thread, t->sender ? send_proxy : recv_proxy, t,
+                                  t->sender ? "brg-tcp-send" : "brg-tcp-recv", err);
+  if (s == BRG_SUCCESS) t->thread_started = 1;
+  return s;
 }
 
 /* Creates the private state and the local FIFO; c->priv is set first so that

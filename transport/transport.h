@@ -20,6 +20,7 @@
 #ifndef BRG_TRANSPORT_H
 #define BRG_TRANSPORT_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "brigade.h"
@@ -111,6 +112,11 @@ brg_status brg__wait_flag(volatile uint64_t *flag, uint64_t expect, volatile uin
 void brg__publish(volatile uint64_t *word, volatile uint32_t *waiters, uint64_t value);
 /* Wakes every sleeper of a FIFO (used on close/abort so nobody sleeps on). */
 void brg__fifo_wake_all(brg__fifo *f);
+
+/* Starts a network transport's proxy thread with every signal blocked
+ * (signals belong to the application's threads) and names it. */
+brg_status brg__proxy_start(pthread_t *thread, void *(*fn)(void *), void *arg, const char *name,
+                            brg__errbuf *err);
 
 /* What each rank tells every other rank at bootstrap. */
 typedef struct brg__peer_info {
