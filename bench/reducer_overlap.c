@@ -464,7 +464,9 @@ static void backward(bench *b, int with_reducer) {
   }
 }
 
-static void step(bench *b, int mode) {
+/* One step; returns the seconds the reducer's finalize waited (0 otherwise). */
+static double step(bench *b, int mode) {
+  double t0;
   switch (mode) {
   case MODE_COMM:
     BRG_OK(brg_allreduce(b->flat, b->flat, b->m.total, b->o.dtype, BRG_AVG, b->comm, NULL));
@@ -479,26 +481,34 @@ static void step(bench *b, int mode) {
   case MODE_REDUCER:
     BRG_OK(brg_reducer_prepare(b->red, 0));
     backward(b, 1);
+    t0 = now_s();
     BRG_OK(brg_reducer_finalize(b->red));
-    break;
+    return now_s() - t0;
   }
+  return 0;
 }
 
-/* Median over steps of the slowest rank's time, in seconds. */
-static double time_mode(bench *b, int mode) {
+static double median(double *t, int n) {
+  qsort(t, (size_t)n, sizeof(double), cmp_double);
+  return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+/* Median over steps of the slowest rank's step time, in seconds; *fin gets
+ * the same for the time spent in finalize. */
+static double time_mode(bench *b, int mode, double *fin) {
   int n = b->o.iters;
-  double *t = calloc((size_t)n, sizeof(double));
+  double *t = calloc(2 * (size_t)n, sizeof(double));
   if (t == NULL) die("out of memory");
   for (int i = 0; i < b->o.warmup + n; i++) {
     BRG_OK(brg_barrier(b->comm));
     double t0 = now_s();
-    step(b, mode);
+    double f = step(b, mode);
     double dt = now_s() - t0;
-    if (i >= b->o.warmup) t[i - b->o.warmup] = dt;
+    if (i >= b->o.warmup) t[i - b->o.warmup] = dt, t[n + i - b->o.warmup] = f;
   }
-  BRG_OK(brg_allreduce(t, t, (size_t)n, BRG_FLOAT64, BRG_MAX, b->comm, NULL));
-  qsort(t, (size_t)n, sizeof(double), cmp_double);
-  double med = n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+  BRG_OK(brg_allreduce(t, t, 2 * (size_t)n, BRG_FLOAT64, BRG_MAX, b->comm, NULL));
+  double med = median(t, n);
+  if (fin) *fin = median(t + n, n);
   free(t);
   return med;
 }
@@ -547,19 +557,20 @@ static int run_rank(opts *o, brg_comm *comm) {
   free(prm);
 
   double res[NMODES];
-  res[MODE_COMM] = time_mode(b, MODE_COMM);
+  res[MODE_COMM] = time_mode(b, MODE_COMM, NULL);
   double compute_s = o->compute_ms >= 0 ? o->compute_ms * 1e-3 : res[MODE_COMM];
   BRG_OK(brg_broadcast(&compute_s, &compute_s, 1, BRG_FLOAT64, 0, comm, NULL));
   set_compute(b, compute_s);
-  res[MODE_COMPUTE] = time_mode(b, MODE_COMPUTE);
-  res[MODE_NAIVE] = time_mode(b, MODE_NAIVE);
+  res[MODE_COMPUTE] = time_mode(b, MODE_COMPUTE, NULL);
+  res[MODE_NAIVE] = time_mode(b, MODE_NAIVE, NULL);
   /* The first reducer step rebuilds the buckets (views move): warm up, then
    * point the backward at the gradients' new homes. */
   BRG_OK(brg_barrier(comm));
   step(b, MODE_REDUCER);
   if (o->view)
     for (size_t t = 0; t < b->m.ntensors; t++) BRG_OK(brg_reducer_grad(b->red, t, &b->grad[t]));
-  res[MODE_REDUCER] = time_mode(b, MODE_REDUCER);
+  double fin_s;
+  res[MODE_REDUCER] = time_mode(b, MODE_REDUCER, &fin_s);
   size_t nbuckets;
   BRG_OK(brg_reducer_num_buckets(b->red, &nbuckets));
 
@@ -588,6 +599,8 @@ static int run_rank(opts *o, brg_comm *comm) {
     static const int order[NMODES] = {MODE_COMPUTE, MODE_COMM, MODE_NAIVE, MODE_REDUCER};
     for (int k = 0; k < NMODES; k++)
       printf("   %-34s %10.2f\n", mode_name[order[k]], res[order[k]] * 1e3);
+    printf("#  of the reducer's step: backward %.2f ms, then finalize %.2f ms\n",
+           (red - fin_s) * 1e3, fin_s * 1e3);
     printf("#\n# communication hidden: %.1f %%   speedup over naive: %.2fx   "
            "reducer / max(compute, comm): %.3f\n",
            hidden * 100, res[MODE_NAIVE] / red, ratio);
@@ -596,11 +609,11 @@ static int run_rank(opts *o, brg_comm *comm) {
              "\"%s\", "
              "\"compute\": \"%s\", \"compute_ms\": %.3f, \"buckets\": %zu, \"view\": %d, "
              "\"hook\": \"%s\", \"compute_only_ms\": %.3f, \"comm_only_ms\": %.3f, "
-             "\"naive_ms\": %.3f, \"reducer_ms\": %.3f, \"hidden\": %.4f, \"speedup\": %.4f, "
-             "\"ratio\": %.4f}\n",
+             "\"naive_ms\": %.3f, \"reducer_ms\": %.3f, \"finalize_ms\": %.3f, "
+             "\"hidden\": %.4f, \"speedup\": %.4f, \"ratio\": %.4f}\n",
              b->m.name, b->nranks, b->m.ntensors, b->m.total, brg_dtype_name(o->dtype),
              o->spin ? "spin" : "sleep", compute_s * 1e3, nbuckets, o->view, hooks[o->hook],
-             comp * 1e3, comm_s * 1e3, res[MODE_NAIVE] * 1e3, red * 1e3, hidden,
+             comp * 1e3, comm_s * 1e3, res[MODE_NAIVE] * 1e3, red * 1e3, fin_s * 1e3, hidden,
              res[MODE_NAIVE] / red, ratio);
     fflush(stdout);
   }
