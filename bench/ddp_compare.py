@@ -168,10 +168,24 @@ def run_ddp(args, layers, layer_s):
              for r in range(args.ranks)]
     for p in procs:
         p.start()
+    # A rank that dies leaves the others blocked in Gloo: stop them too.
+    failed = None
+    while any(p.is_alive() for p in procs):
+        for r, p in enumerate(procs):
+            p.join(timeout=0.2)
+            if p.exitcode not in (None, 0) and failed is None:
+                failed = (r, p.exitcode)
+                for q in procs:
+                    if q.is_alive():
+                        q.terminate()
     for p in procs:
         p.join()
-    if any(p.exitcode != 0 for p in procs):
-        sys.exit("ddp_compare: a PyTorch rank failed")
+    if failed is None:
+        failed = next(((r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0), None)
+    if failed is not None:
+        r, code = failed
+        why = f"signal {-code}" if code < 0 else f"exit status {code}"
+        sys.exit(f"ddp_compare: PyTorch rank {r} failed ({why})")
     return queue.get()
 
 
