@@ -135,6 +135,12 @@ void brg__publish(volatile uint64_t *word, volatile uint32_t *waiters, uint64_t 
   if (__atomic_load_n(waiters, __ATOMIC_SEQ_CST)) futex_wake(word);
 }
 
+int brg__fifo_mark_closed(brg__fifo *f, brg_status s) {
+  uint32_t zero = 0;
+  return __atomic_compare_exchange_n(&f->ctrl->closed, &zero, (uint32_t)s, 0, __ATOMIC_SEQ_CST,
+                                     __ATOMIC_SEQ_CST);
+}
+
 void brg__fifo_wake_all(brg__fifo *f) {
   if (!f->ctrl) return;
   futex_wake(&f->ctrl->tail);

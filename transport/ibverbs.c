@@ -248,10 +248,8 @@ static void idle(ib_conn *t, int *rounds, uint64_t word_seen, uint32_t ev_seen) 
 /* The link breaks: the engine sees `closed` through its wait check. */
 static void link_fail(ib_conn *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void link_fail(ib_conn *t, const char *fmt, ...) {
-  uint32_t zero = 0;
   if (!__atomic_load_n(&t->stopping, __ATOMIC_ACQUIRE) &&
-      __atomic_compare_exchange_n(&t->fifo.ctrl->closed, &zero, (uint32_t)BRG_ERR_REMOTE, 0,
-                                  __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+      brg__fifo_mark_closed(&t->fifo, BRG_ERR_REMOTE)) {
     char why[256];
     va_list ap;
     va_start(ap, fmt);
@@ -497,9 +495,7 @@ static void *recv_proxy(void *arg) {
       idle(t, &rounds, head, ev);
   }
   if (!bye || __atomic_load_n(&t->stopping, __ATOMIC_ACQUIRE)) return NULL;
-  uint32_t zero = 0;
-  __atomic_compare_exchange_n(&ctrl->closed, &zero, (uint32_t)BRG_ERR_REMOTE, 0, __ATOMIC_SEQ_CST,
-                              __ATOMIC_SEQ_CST);
+  brg__fifo_mark_closed(f, BRG_ERR_REMOTE);
   BRG__INFO("ib", "rank %d (%s) closed its link", t->peer, t->peer_addr);
   brg__fifo_wake_all(f);
   return NULL;

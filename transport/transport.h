@@ -110,6 +110,9 @@ brg_status brg__wait_flag(volatile uint64_t *flag, uint64_t expect, volatile uin
                           volatile uint32_t *waiters, const brg__waiter *w);
 /* Stores value into *word (release) and wakes sleepers on it. */
 void brg__publish(volatile uint64_t *word, volatile uint32_t *waiters, uint64_t value);
+/* Marks the link broken with status s unless it already is; 1 when this call
+ * did it. Whoever waits on the FIFO sees it through its check. */
+int brg__fifo_mark_closed(brg__fifo *f, brg_status s);
 /* Wakes every sleeper of a FIFO (used on close/abort so nobody sleeps on). */
 void brg__fifo_wake_all(brg__fifo *f);
 
