@@ -101,8 +101,9 @@ static brg_status ring_check(void *arg) {
   brg__conn *w = c->wait_conn;
   if (w && w->fifo.ctrl && w->fifo.ctrl->closed)
     return brg__comm_error(c, (brg_status)w->fifo.ctrl->closed,
-                           "%s link with rank %d closed while waiting for it to %s",
-                           w->ops ? w->ops->name : "?", w->peer, c->wait_what);
+                           "%s link with rank %d closed while waiting for it to %s: %s",
+                           w->ops ? w->ops->name : "?", w->peer, c->wait_what,
+                           w->fifo.ctrl->closed_why[0] ? w->fifo.ctrl->closed_why : "no reason given");
   int64_t now = brg__now_ns();
   if (!c->wait_start_ns) c->wait_start_ns = now;
   int dir = c->wait_peer == c->next ? BRG__RING_NEXT : BRG__RING_PREV;

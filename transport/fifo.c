@@ -3,6 +3,8 @@
  * backs off from spinning to yielding to sleeping on a futex, so that ranks
  * oversubscribing the cores do not starve each other.
  */
+#include <stdarg.h>
+#include <stdio.h>
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
@@ -135,7 +137,12 @@ void brg__publish(volatile uint64_t *word, volatile uint32_t *waiters, uint64_t 
   if (__atomic_load_n(waiters, __ATOMIC_SEQ_CST)) futex_wake(word);
 }
 
-int brg__fifo_mark_closed(brg__fifo *f, brg_status s) {
+int brg__fifo_mark_closed(brg__fifo *f, brg_status s, const char *fmt, ...) {
+  if (__atomic_load_n(&f->ctrl->closed, __ATOMIC_ACQUIRE)) return 0;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(f->ctrl->closed_why, sizeof f->ctrl->closed_why, fmt, ap);
+  va_end(ap);
   uint32_t zero = 0;
   return __atomic_compare_exchange_n(&f->ctrl->closed, &zero, (uint32_t)s, 0, __ATOMIC_SEQ_CST,
                                      __ATOMIC_SEQ_CST);

@@ -248,13 +248,13 @@ static void idle(ib_conn *t, int *rounds, uint64_t word_seen, uint32_t ev_seen) 
 /* The link breaks: the engine sees `closed` through its wait check. */
 static void link_fail(ib_conn *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void link_fail(ib_conn *t, const char *fmt, ...) {
+  char why[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, sizeof why, fmt, ap);
+  va_end(ap);
   if (!__atomic_load_n(&t->stopping, __ATOMIC_ACQUIRE) &&
-      brg__fifo_mark_closed(&t->fifo, BRG_ERR_REMOTE)) {
-    char why[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, sizeof why, fmt, ap);
-    va_end(ap);
+      brg__fifo_mark_closed(&t->fifo, BRG_ERR_REMOTE, "%s backend: %s", t->vb->name, why)) {
     BRG__WARN("ib", "link %s rank %d (%s, %s backend) broke: %s", t->sender ? "to" : "from",
               t->peer, t->peer_addr, t->vb->name, why);
   }
@@ -495,7 +495,7 @@ static void *recv_proxy(void *arg) {
       idle(t, &rounds, head, ev);
   }
   if (!bye || __atomic_load_n(&t->stopping, __ATOMIC_ACQUIRE)) return NULL;
-  brg__fifo_mark_closed(f, BRG_ERR_REMOTE);
+  brg__fifo_mark_closed(f, BRG_ERR_REMOTE, "rank %d closed its link", t->peer);
   BRG__INFO("ib", "rank %d (%s) closed its link", t->peer, t->peer_addr);
   brg__fifo_wake_all(f);
   return NULL;

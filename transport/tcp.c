@@ -185,7 +185,7 @@ static int recv_all(int fd, void *buf, size_t len) {
 /* A proxy gives up: the engine sees `closed` through its wait check. */
 static void proxy_fail(tcp_conn *t, const char *what, const char *why) {
   if (!__atomic_load_n(&t->stopping, __ATOMIC_ACQUIRE)) {
-    brg__fifo_mark_closed(&t->fifo, BRG_ERR_REMOTE);
+    brg__fifo_mark_closed(&t->fifo, BRG_ERR_REMOTE, "%s: %s", what, why);
     BRG__WARN("tcp", "link %s rank %d (%s) broke: %s: %s", t->sender ? "to" : "from", t->peer,
               t->peer_addr, what, why);
   }
@@ -282,7 +282,7 @@ static void *recv_proxy(void *arg) {
    * link is gone, so a peer that sent everything and then left costs nothing. */
   if (brg__wait_ge(&ctrl->head, &ctrl->head_waiters, tail, &t->waiter) != BRG_SUCCESS) return NULL;
   if (bye) {
-    brg__fifo_mark_closed(&t->fifo, BRG_ERR_REMOTE);
+    brg__fifo_mark_closed(&t->fifo, BRG_ERR_REMOTE, "rank %d closed its link", t->peer);
     BRG__INFO("tcp", "rank %d (%s) closed its link", t->peer, t->peer_addr);
     brg__fifo_wake_all(f);
   } else {

@@ -62,6 +62,7 @@ typedef struct brg__fifo_ctrl {
   _Alignas(BRG__CACHELINE) volatile uint64_t head;
   volatile uint32_t head_waiters;
   _Alignas(BRG__CACHELINE) volatile uint32_t closed; /* nonzero brg_status: this link is broken */
+  char closed_why[192];                 /* what broke it, written before `closed` */
 } brg__fifo_ctrl;
 
 typedef struct brg__fifo {
@@ -111,8 +112,11 @@ brg_status brg__wait_flag(volatile uint64_t *flag, uint64_t expect, volatile uin
 /* Stores value into *word (release) and wakes sleepers on it. */
 void brg__publish(volatile uint64_t *word, volatile uint32_t *waiters, uint64_t value);
 /* Marks the link broken with status s unless it already is; 1 when this call
- * did it. Whoever waits on the FIFO sees it through its check. */
-int brg__fifo_mark_closed(brg__fifo *f, brg_status s);
+ * did it. Whoever waits on the FIFO sees it through its check, and the text
+ * (printf format) in ctrl->closed_why, which the engine puts into the
+ * communicator's last error. */
+int brg__fifo_mark_closed(brg__fifo *f, brg_status s, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /* Wakes every sleeper of a FIFO (used on close/abort so nobody sleeps on). */
 void brg__fifo_wake_all(brg__fifo *f);
 
