@@ -232,6 +232,7 @@ static void comm_free(brg_comm *c) {
     pthread_mutex_unlock(&c->qlock);
     pthread_join(c->worker, NULL);
   }
+  brg__device_ring_free(c);
   if (c->send_open && c->send.ops) c->send.ops->close(&c->send);
   if (c->recv_open && c->recv.ops) c->recv.ops->close(&c->recv);
   if (c->bs) brg__bootstrap_destroy(c->bs);
@@ -634,7 +635,9 @@ static brg_status check_call(brg_comm *c, const char *fn, const void *sendbuf, c
   if (recv_elems && !recvbuf)
     return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT, "%s: recvbuf is NULL with count %zu", fn,
                            count);
-  if (stream) return brg__device_check_call(c, fn, sendbuf, recvbuf, stream);
+  s = stream ? brg__device_check_call(c, fn, sendbuf, recvbuf, stream)
+             : brg__device_check_host_call(c, fn, sendbuf, recvbuf);
+  if (s != BRG_SUCCESS) return s;
   if (send_elems && recv_elems && sendbuf != recvbuf) {
     const char *a = sendbuf, *b = recvbuf;
     size_t sa = send_elems * esize, sb = recv_elems * esize;
@@ -660,6 +663,7 @@ brg_status brg_allreduce(const void *sendbuf, void *recvbuf, size_t count, brg_d
                             op, -1, stream);
   if (s != BRG_SUCCESS) return s;
   brg__coll k = COLL(BRG__COLL_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, -1);
+  k.stream = stream;
   return run_blocking(comm, &k);
 }
 
@@ -670,6 +674,7 @@ brg_status brg_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcou
                             recvcount * n, recvcount, dtype, 1, op, -1, stream);
   if (s != BRG_SUCCESS) return s;
   brg__coll k = COLL(BRG__COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, -1);
+  k.stream = stream;
   return run_blocking(comm, &k);
 }
 
@@ -680,6 +685,7 @@ brg_status brg_all_gather(const void *sendbuf, void *recvbuf, size_t sendcount, 
                             sendcount * n, dtype, 0, BRG_SUM, -1, stream);
   if (s != BRG_SUCCESS) return s;
   brg__coll k = COLL(BRG__COLL_ALL_GATHER, sendbuf, recvbuf, sendcount, dtype, BRG_SUM, -1);
+  k.stream = stream;
   return run_blocking(comm, &k);
 }
 
@@ -695,6 +701,7 @@ brg_status brg_broadcast(const void *sendbuf, void *recvbuf, size_t count, brg_d
                  is_root ? count : 0, count, dtype, 0, BRG_SUM, root, stream);
   if (s != BRG_SUCCESS) return s;
   brg__coll k = COLL(BRG__COLL_BROADCAST, is_root ? sendbuf : NULL, recvbuf, count, dtype, BRG_SUM, root);
+  k.stream = stream;
   return run_blocking(comm, &k);
 }
 
@@ -710,6 +717,7 @@ brg_status brg_reduce(const void *sendbuf, void *recvbuf, size_t count, brg_dtyp
                  is_root ? count : 0, dtype, 1, op, root, stream);
   if (s != BRG_SUCCESS) return s;
   brg__coll k = COLL(BRG__COLL_REDUCE, sendbuf, is_root ? recvbuf : NULL, count, dtype, op, root);
+  k.stream = stream;
   return run_blocking(comm, &k);
 }
 

@@ -61,6 +61,13 @@ const brg__cfg_entry brg__cfg_table[BRG__CFG_COUNT] = {
                                1LL << 50,
                                "collectives of at least this many bytes write their output with "
                                "non-temporal stores (it would not stay in cache anyway); 0: never"},
+    [BRG__CFG_DEVICE_SLICE_BYTES] = {"BRIGADE_DEVICE_SLICE_BYTES", BRG__CFG_KIND_SIZE, "4M",
+                                     4 * KiB, 1 * GiB,
+                                     "pipeline unit of device collectives: bytes per slot of the "
+                                     "GPU FIFO (BRIGADE_STEPS slots per rank)"},
+    [BRG__CFG_CUDA_MODULE] = {"BRIGADE_CUDA_MODULE", BRG__CFG_KIND_STRING, "", 0, 0,
+                              "path of the CUDA module to open (libbrigade_cuda.so or a "
+                              "stand-in with the same table); empty: beside the library"},
 };
 
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;

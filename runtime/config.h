@@ -34,6 +34,8 @@ typedef enum {
   BRG__CFG_IB_ALLOW_LOCAL,   /* int 0|1, let ibverbs link ranks of one host (tests) */
   BRG__CFG_SMALL_BYTES,      /* size: allreduce at or below this gathers then reduces */
   BRG__CFG_STREAM_BYTES,     /* size: collectives this large write outputs with NT stores */
+  BRG__CFG_DEVICE_SLICE_BYTES, /* size: bytes per slot of a device (GPU) FIFO */
+  BRG__CFG_CUDA_MODULE,      /* path of the CUDA module; empty = search */
   BRG__CFG_COUNT
 } brg__cfg_id;
 

@@ -19,6 +19,7 @@
 
 #include "device.h"
 #include "device_config.h"
+#include "config.h"
 #include "internal.h"
 
 #define MODULE_NAME "libbrigade_cuda.so"
@@ -31,6 +32,13 @@ static void *open_module(char *tried, size_t n) {
   char path[4096];
   size_t o = 0;
   Dl_info info;
+  /* 0. BRIGADE_CUDA_MODULE names it. */
+  const char *forced = brg__config_str(BRG__CFG_CUDA_MODULE);
+  if (forced && forced[0]) {
+    void *h = dlopen(forced, RTLD_NOW | RTLD_LOCAL);
+    if (!h) snprintf(tried, n, "BRIGADE_CUDA_MODULE=%s: %s", forced, dlerror());
+    return h;
+  }
   /* 1. Beside the library (or executable) this code was linked into. */
   if (dladdr((void *)&brg__device_api, &info) && info.dli_fname && strchr(info.dli_fname, '/')) {
     snprintf(path, sizeof path, "%s", info.dli_fname);
@@ -56,7 +64,8 @@ static void *open_module(char *tried, size_t n) {
 
 static void load(void) {
   brg__log_init();
-  if (BRG_CUDA_NOT_BUILT[0]) {
+  const char *forced = brg__config_str(BRG__CFG_CUDA_MODULE);
+  if (BRG_CUDA_NOT_BUILT[0] && !(forced && forced[0])) {
     snprintf(load_why, sizeof load_why, "brigade was built without CUDA (%s)", BRG_CUDA_NOT_BUILT);
     return;
   }
@@ -99,6 +108,7 @@ const brg__cuda_api *brg__device_api(const char **why) {
 brg_status brg__device_check_call(brg_comm *c, const char *fn, const void *sendbuf,
                                   const void *recvbuf, brg_stream stream) {
   (void)stream;
+  c->cuda_seen = 1;
   const char *why = "";
   const brg__cuda_api *api = brg__device_api(&why);
   if (!api)
@@ -121,7 +131,38 @@ brg_status brg__device_check_call(brg_comm *c, const char *fn, const void *sendb
                              "%s: device buffers with ranks on several hosts (rank %d is on %s) "
                              "need a network transport for GPU memory, which is not built yet",
                              fn, r, c->peers[r].hostname);
-  return brg__comm_error(c, BRG_ERR_UNAVAILABLE,
-                         "%s: device collectives (the cuda_ipc ring) are not implemented in this "
-                         "build yet; the CUDA module and the GPU are fine", fn);
+  return BRG_SUCCESS;
+}
+
+/* Whether the process has the CUDA driver loaded, looked at no more than
+ * once a second until it is: host calls then check their pointers, since a
+ * GPU pointer given without a stream would otherwise crash in a memcpy. */
+static int driver_loaded(brg_comm *c) {
+  if (c->cuda_seen) return 1;
+  static __thread int64_t last_probe_ns;
+  int64_t now = brg__now_ns();
+  if (last_probe_ns && now - last_probe_ns < 1000000000) return 0;
+  last_probe_ns = now;
+  void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (!h) return 0;
+  dlclose(h);
+  c->cuda_seen = 1;
+  return 1;
+}
+
+brg_status brg__device_check_host_call(brg_comm *c, const char *fn, const void *sendbuf,
+                                       const void *recvbuf) {
+  if (!driver_loaded(c)) return BRG_SUCCESS;
+  const brg__cuda_api *api = brg__device_api(NULL);
+  if (!api) return BRG_SUCCESS;
+  const void *bufs[2] = {sendbuf, recvbuf};
+  const char *names[2] = {"sendbuf", "recvbuf"};
+  for (int i = 0; i < 2; i++) {
+    int dev = -1;
+    if (bufs[i] && api->pointer_is_device(bufs[i], &dev))
+      return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT,
+                             "%s: %s %p is GPU memory (device %d) but no stream was given: "
+                             "device buffers need a CUDA stream", fn, names[i], bufs[i], dev);
+  }
+  return BRG_SUCCESS;
 }

@@ -9,6 +9,7 @@
 #define BRG_DEVICE_H
 
 #include "brigade.h"
+#include "internal.h"
 #include "cuda/brg_cuda.h"
 
 /* The module's table, loaded once per process; NULL when there is no usable
@@ -22,5 +23,29 @@ const brg__cuda_api *brg__device_api(const char **why);
  * recorded on the communicator. */
 brg_status brg__device_check_call(brg_comm *c, const char *fn, const void *sendbuf,
                                   const void *recvbuf, brg_stream stream);
+
+/* The same for a call without a stream: once the process has the CUDA
+ * driver loaded, buffers given without a stream must not be GPU memory. */
+brg_status brg__device_check_host_call(brg_comm *c, const char *fn, const void *sendbuf,
+                                       const void *recvbuf);
+
+/*
+ * Device collectives (device_ring.c). The ring runs in step mode: per slice
+ * and step one copy or reduce kernel on the caller's stream, writing the
+ * next rank's FIFO slot in its GPU memory (mapped by CUDA IPC), ordered by
+ * interprocess events. No kernel ever waits for another process's kernel.
+ */
+struct ring_op;
+struct brg__dev_ring;
+/* Builds the device ring at the first device collective: every rank takes
+ * part (it is a collective itself, over the host ring). */
+brg_status brg__device_ring_setup(brg_comm *c);
+size_t brg__device_ring_slot_bytes(const struct brg__dev_ring *d);
+/* One primitive on one slice whose buffers are in GPU memory. */
+brg_status brg__device_prim(struct ring_op *o, int prim, const char *in, char *out, size_t m);
+/* One rank: recvbuf = sendbuf, on the stream. */
+brg_status brg__device_single(brg_comm *c, const brg__coll *k);
+/* Waits for the device work this rank enqueued, then frees the ring. */
+void brg__device_ring_free(brg_comm *c);
 
 #endif

@@ -30,6 +30,7 @@ typedef struct brg__coll {
   const void *sendbuf;
   void *recvbuf;
   size_t count;        /* the call's count argument */
+  void *stream;        /* device collective: buffers in GPU memory, work on this CUDA stream */
   uint64_t seq;        /* set when it runs */
 } brg__coll;
 
@@ -80,6 +81,9 @@ struct brg_comm {
   brg__conn *wait_conn;        /* the link the engine is blocked on */
   int departed[2];             /* neighbour (by ring direction) destroyed its communicator */
   int64_t wait_start_ns;
+
+  struct brg__dev_ring *dev;   /* device collectives' state (device_ring.c), made at first use */
+  int cuda_seen;               /* the CUDA driver is loaded: host calls check for GPU pointers */
 
   int ready;                   /* setup finished: ring sockets carry only aborts */
   volatile int aborted;        /* brg_comm_abort was called */

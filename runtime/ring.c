@@ -21,6 +21,8 @@
 #include "internal.h"
 #include "kernels.h"
 #include "schedule.h"
+#include "ring.h"
+#include "device.h"
 
 const char *brg__coll_name(brg__coll_kind kind) {
   switch (kind) {
@@ -41,11 +43,11 @@ int64_t brg__now_ns(void) {
 }
 
 static void describe(char *out, size_t n, brg__coll_kind kind, uint64_t seq, uint64_t count,
-                     int dtype, int op, int root) {
+                     int dtype, int op, int root, int device) {
   const char *dn = brg_dtype_name((brg_dtype)dtype), *on = brg_op_name((brg_op)op);
-  snprintf(out, n, "%s #%llu (count %llu, %s, %s, root %d)", brg__coll_name(kind),
+  snprintf(out, n, "%s #%llu (count %llu, %s, %s, root %d%s)", brg__coll_name(kind),
            (unsigned long long)seq, (unsigned long long)count, dn ? dn : "?", on ? on : "-",
-           root);
+           root, device ? ", GPU buffers" : "");
 }
 
 /* Reads what arrived on a ring socket while we were waiting: an abort
@@ -118,7 +120,7 @@ static brg_status ring_check(void *arg) {
     char what[160] = "setup";
     if (c->cur)
       describe(what, sizeof what, c->cur->kind, c->cur->seq, c->cur->count, c->cur->dtype,
-               c->cur->op, c->cur->root);
+               c->cur->op, c->cur->root, c->cur->stream != NULL);
     return brg__comm_error(c, BRG_ERR_TIMEOUT,
                            "timeout: no progress for %d ms in %s at step %d, waiting for rank "
                            "%d (pid %d on %s) to %s",
@@ -137,18 +139,11 @@ void brg__ring_waiter_init(brg_comm *c) {
 
 /* ---- the five primitives' building blocks ---- */
 
-typedef struct ring_op {
-  brg_comm *c;
-  const brg__coll *coll;
-  size_t esize;
-  size_t slice_elems;
-  int stream; /* write outputs with non-temporal stores */
-} ring_op;
 
 /* Waits for a free slot in the FIFO to the next rank; small slices go in
  * the slot header itself. The receiver's head is re-read only when the
  * last value seen says the FIFO is full. */
-static brg_status send_acquire(ring_op *o, size_t bytes, char **slot) {
+brg_status brg__ring_send_acquire(ring_op *o, size_t bytes, char **slot) {
   brg_comm *c = o->c;
   brg__fifo *f = &c->send.fifo;
   if (c->send_pos + 1 > c->send_head + (uint64_t)f->nslots) {
@@ -169,7 +164,7 @@ static brg_status send_acquire(ring_op *o, size_t bytes, char **slot) {
   return BRG_SUCCESS;
 }
 
-static void send_post(ring_op *o, size_t bytes) {
+void brg__ring_send_post(ring_op *o, size_t bytes) {
   brg_comm *c = o->c;
   brg__fifo *f = &c->send.fifo;
   brg__slot_meta *m = brg__fifo_meta(f, c->send_pos);
@@ -181,6 +176,7 @@ static void send_post(ring_op *o, size_t bytes) {
   m->op = (uint16_t)o->coll->op;
   m->root = o->coll->root;
   m->step = (uint32_t)c->cur_step;
+  m->device = o->dev != NULL;
   c->send_pos++;
   c->bytes_sent += bytes;
   __atomic_store_n(&m->flag, c->send_pos, __ATOMIC_RELEASE);
@@ -188,7 +184,7 @@ static void send_post(ring_op *o, size_t bytes) {
 }
 
 /* Waits for the next slot from the previous rank and checks its header. */
-static brg_status recv_acquire(ring_op *o, const char **slot, size_t bytes) {
+brg_status brg__ring_recv_acquire(ring_op *o, const char **slot, size_t bytes) {
   brg_comm *c = o->c;
   brg__fifo *f = &c->recv.fifo;
   brg__slot_meta *m = brg__fifo_meta(f, c->recv_pos);
@@ -204,11 +200,12 @@ static brg_status recv_acquire(ring_op *o, const char **slot, size_t bytes) {
   const brg__coll *k = o->coll;
   if (m->seq != k->seq || m->kind != (uint32_t)k->kind || m->count != k->count ||
       m->dtype != (uint16_t)k->dtype || m->op != (uint16_t)k->op || m->root != k->root ||
-      m->bytes != bytes) {
+      m->bytes != bytes || m->device != (o->dev != NULL)) {
     char mine[160], theirs[160];
-    describe(mine, sizeof mine, k->kind, k->seq, k->count, k->dtype, k->op, k->root);
+    describe(mine, sizeof mine, k->kind, k->seq, k->count, k->dtype, k->op, k->root,
+             o->dev != NULL);
     describe(theirs, sizeof theirs, (brg__coll_kind)m->kind, m->seq, m->count, m->dtype, m->op,
-             m->root);
+             m->root, (int)m->device);
     return brg__comm_error(c, BRG_ERR_MISMATCH,
                            "collective mismatch: rank %d called %s but rank %d called %s", c->rank,
                            mine, c->prev, theirs);
@@ -217,7 +214,7 @@ static brg_status recv_acquire(ring_op *o, const char **slot, size_t bytes) {
   return BRG_SUCCESS;
 }
 
-static void recv_release(ring_op *o) {
+void brg__ring_recv_release(ring_op *o) {
   brg_comm *c = o->c;
   brg__fifo *f = &c->recv.fifo;
   c->recv_pos++;
@@ -235,11 +232,10 @@ static brg_status run_prim(ring_op *o, brg__prim prim, const char *in, char *out
   const char *r = NULL;
   char *slot = NULL;
   brg_status s;
-  int recvs = prim != BRG__PRIM_SEND && prim != BRG__PRIM_COPY;
-  int sends = prim == BRG__PRIM_SEND || prim == BRG__PRIM_RECV_REDUCE_SEND ||
-              prim == BRG__PRIM_RECV_REDUCE_COPY_SEND || prim == BRG__PRIM_RECV_COPY_SEND;
-  if (recvs && (s = recv_acquire(o, &r, bytes)) != BRG_SUCCESS) return s;
-  if (sends && (s = send_acquire(o, bytes, &slot)) != BRG_SUCCESS) return s;
+  int recvs = brg__prim_recvs(prim), sends = brg__prim_sends(prim);
+  if (o->dev) return brg__device_prim(o, prim, in, out, m);
+  if (recvs && (s = brg__ring_recv_acquire(o, &r, bytes)) != BRG_SUCCESS) return s;
+  if (sends && (s = brg__ring_send_acquire(o, bytes, &slot)) != BRG_SUCCESS) return s;
   if (m == 0) goto done;
   if (o->stream && out) {
     /* Large collective: the slot (in cache) takes the result, and the output
@@ -267,8 +263,8 @@ static brg_status run_prim(ring_op *o, brg__prim prim, const char *in, char *out
   case BRG__PRIM_COPY: brg__copy(out, NULL, in, bytes); break;
   }
 done:
-  if (sends) send_post(o, bytes);
-  if (recvs) recv_release(o);
+  if (sends) brg__ring_send_post(o, bytes);
+  if (recvs) brg__ring_recv_release(o);
   return BRG_SUCCESS;
 }
 
@@ -396,17 +392,30 @@ static void run_single(const brg__coll *k, size_t esize) {
 }
 
 brg_status brg__coll_execute(brg_comm *c, brg__coll *k) {
+  if (k->stream && c->nranks == 1) {
+    k->seq = ++c->seq;
+    return brg__device_single(c, k);
+  }
+  /* The first device collective sets up the device ring on every rank. */
+  if (k->stream && !c->dev) {
+    brg_status s = brg__device_ring_setup(c);
+    if (s != BRG_SUCCESS) return s;
+  }
   k->seq = ++c->seq;
   c->cur = k;
   c->cur_step = 0;
   ring_op o = {.c = c, .coll = k, .esize = brg_dtype_size(k->dtype)};
   o.slice_elems = c->slot_bytes / o.esize;
+  if (k->stream) {
+    o.dev = c->dev;
+    o.slice_elems = brg__device_ring_slot_bytes(c->dev) / o.esize;
+  }
   size_t total = k->count * o.esize;
   if (k->kind == BRG__COLL_ALL_GATHER || k->kind == BRG__COLL_REDUCE_SCATTER)
     total *= (size_t)c->nranks;
   /* In place the output lines are already cached by the read of the input,
    * so only out-of-place outputs gain from streaming. */
-  o.stream = c->stream_bytes > 0 && total >= c->stream_bytes && k->sendbuf != k->recvbuf;
+  o.stream = !o.dev && c->stream_bytes > 0 && total >= c->stream_bytes && k->sendbuf != k->recvbuf;
   brg_status s = BRG_SUCCESS;
   int n = c->nranks;
   if (n == 1) {
@@ -414,7 +423,7 @@ brg_status brg__coll_execute(brg_comm *c, brg__coll *k) {
   } else {
     switch (k->kind) {
     case BRG__COLL_ALLREDUCE:
-      if (k->count > 0 && k->count * o.esize <= c->small_bytes) {
+      if (!o.dev && k->count > 0 && k->count * o.esize <= c->small_bytes) {
         s = run_small_allreduce(&o);
         break;
       }

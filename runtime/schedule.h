@@ -47,6 +47,15 @@ typedef enum {
   BRG__PRIM_COPY,                   /* own input -> output, no traffic */
 } brg__prim;
 
+/* Whether a primitive takes a slice from the previous rank / gives one to the next. */
+static inline BRG_HD int brg__prim_recvs(brg__prim p) {
+  return p != BRG__PRIM_SEND && p != BRG__PRIM_COPY;
+}
+static inline BRG_HD int brg__prim_sends(brg__prim p) {
+  return p == BRG__PRIM_SEND || p == BRG__PRIM_RECV_REDUCE_SEND ||
+         p == BRG__PRIM_RECV_REDUCE_COPY_SEND || p == BRG__PRIM_RECV_COPY_SEND;
+}
+
 static inline BRG_HD int brg__mod(long a, int n) {
   long m = a % n;
   return (int)(m < 0 ? m + n : m);

@@ -25,13 +25,16 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <dlfcn.h>
 #include <math.h>
+#include <sys/wait.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "harness.h"
+#include "../../kernels/cuda/brg_cuda.h"
 
 #define PERIOD 65521u /* prime, so shifted chunks do not line up with the table */
 #define GUARD 256     /* bytes checked on both sides of every output */
@@ -296,6 +299,11 @@ typedef struct run {
   num *vals;
   int broken; /* a call failed: the ranks are out of step, stop */
   int64_t t_parts[16];
+  /* MP_DEVICE=1: device mirrors of sbase/rbase and the stream */
+  const brg__cuda_api *dapi;
+  unsigned char *dsbase, *drbase;
+  size_t region;
+  void *stream;
 } run;
 
 static void *xmalloc(size_t n) {
@@ -380,6 +388,66 @@ static int call_ok(run *R, const char *what, brg_status st) {
   return 0;
 }
 
+/* ---- device mode ---- */
+
+/* The CUDA module the library will open (the same file, so one instance). */
+static const brg__cuda_api *device_api(char *why, size_t cap) {
+  const char *path = getenv("BRIGADE_CUDA_MODULE");
+  if (!path || !*path) {
+    snprintf(why, cap, "MP_DEVICE=1 needs BRIGADE_CUDA_MODULE");
+    return NULL;
+  }
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    snprintf(why, cap, "%s", dlerror());
+    return NULL;
+  }
+  brg__cuda_entry_fn entry;
+  void *sym = dlsym(h, BRG__CUDA_ENTRY);
+  memcpy(&entry, &sym, sizeof entry);
+  const brg__cuda_api *api = entry ? entry() : NULL;
+  if (!api || api->abi != BRG__CUDA_ABI) {
+    snprintf(why, cap, "%s is not a brigade CUDA module of this version", path);
+    return NULL;
+  }
+  if (api->probe(why, cap) <= 0) return NULL;
+  return api;
+}
+
+/* Where a host pointer into sbase/rbase lives in the device mirror. */
+static void *dptr(run *R, const void *p) {
+  const unsigned char *c = p;
+  if (!R->dapi || !c) return (void *)c;
+  if (c >= R->sbase && c < R->sbase + R->region) return R->dsbase + (c - R->sbase);
+  if (c >= R->rbase && c < R->rbase + R->region) return R->drbase + (c - R->rbase);
+  return (void *)c;
+}
+
+/* Copies the first GUARD + ext + GUARD bytes of both regions to the device. */
+static void dev_up(run *R, size_t sext, size_t rext) {
+  if (!R->dapi) return;
+  R->dapi->mem_copy(R->dsbase, R->sbase, sext + 2 * GUARD);
+  R->dapi->mem_copy(R->drbase, R->rbase, rext + 2 * GUARD);
+}
+
+/* After a device call: wait for the stream and copy both regions back. */
+static brg_status dev_down(run *R, brg_status st, size_t sext, size_t rext) {
+  if (!R->dapi || st != BRG_SUCCESS) return st;
+  int e = R->dapi->stream_sync(R->stream);
+  if (e) {
+    mp_fail("stream synchronize: %s", R->dapi->error_string(e));
+    return BRG_ERR_SYSTEM;
+  }
+  R->dapi->mem_copy(R->sbase, R->dsbase, sext + 2 * GUARD);
+  R->dapi->mem_copy(R->rbase, R->drbase, rext + 2 * GUARD);
+  return st;
+}
+
+/* CALL runs on the device mirrors when MP_DEVICE=1 (S and RB: the pointers
+ * it is given; SE, RE: bytes used past the start of each region). */
+#define ON_DEVICE(R, SE, RE, CALL) (dev_up(R, SE, RE), dev_down(R, (CALL), SE, RE))
+#define D(p) dptr(R, p)
+
 static void label(char *buf, size_t cap, const char *coll, const dinfo *di, int op, size_t count,
                   int inplace, int root) {
   int l = snprintf(buf, cap, "%s %s", coll, di->name);
@@ -425,7 +493,7 @@ static void do_allreduce(run *R, const dinfo *di, int op, size_t count, int inpl
   fill_pattern(s, count, di->size, R->own, P, 0);
   if (!inplace) memset(r, 0xcd, bytes);
   set_guards(r, bytes);
-  if (!call_ok(R, what, brg_allreduce(s, r, count, di->dt, OPV[op], R->comm, NULL))) return;
+  if (!call_ok(R, what, ON_DEVICE(R, bytes, bytes, brg_allreduce(D(s), D(r), count, di->dt, OPV[op], R->comm, R->stream)))) return;
   check_pattern(what, di, r, count, R->ref, P, 0, 0);
   check_guards(what, r, bytes);
   if (!inplace) check_pattern("allreduce changed its sendbuf", di, s, count, R->own, P, 0, 1);
@@ -444,7 +512,7 @@ static void do_reduce(run *R, const dinfo *di, int op, size_t count, int inplace
   fill_pattern(s, count, di->size, R->own, P, 0);
   if (!inplace) memset(r, 0xcd, bytes);
   set_guards(r, bytes);
-  if (!call_ok(R, what, brg_reduce(s, r, count, di->dt, OPV[op], root, R->comm, NULL))) return;
+  if (!call_ok(R, what, ON_DEVICE(R, bytes, bytes, brg_reduce(D(s), D(r), count, di->dt, OPV[op], root, R->comm, R->stream)))) return;
   if (R->rank == root) check_pattern(what, di, r, count, R->ref, P, 0, 0);
   check_guards(what, r, bytes);
   if (!inplace) check_pattern("reduce changed its sendbuf", di, s, count, R->own, P, 0, 1);
@@ -466,7 +534,7 @@ static void do_reduce_scatter(run *R, const dinfo *di, int op, size_t rc, int in
     memset(r, 0xcd, rc * esz);
     set_guards(r, rc * esz);
   }
-  if (!call_ok(R, what, brg_reduce_scatter(s, r, rc, di->dt, OPV[op], R->comm, NULL))) return;
+  if (!call_ok(R, what, ON_DEVICE(R, total * esz, rc * esz, brg_reduce_scatter(D(s), D(r), rc, di->dt, OPV[op], R->comm, R->stream)))) return;
   check_pattern(what, di, r, rc, R->ref, P, (size_t)R->rank * rc, 0);
   if (inplace) {
     check_guards(what, s, total * esz);
@@ -490,7 +558,7 @@ static void do_all_gather(run *R, const dinfo *di, size_t sc, int inplace) {
   memset(r, 0xcd, total * esz);
   fill_pattern(s, sc, esz, mine, P, 0);
   set_guards(r, total * esz);
-  if (!call_ok(R, what, brg_all_gather(s, r, sc, di->dt, R->comm, NULL))) return;
+  if (!call_ok(R, what, ON_DEVICE(R, sc * esz, total * esz, brg_all_gather(D(s), D(r), sc, di->dt, R->comm, R->stream)))) return;
   for (int q = 0; q < R->n; q++) {
     char w2[200];
     snprintf(w2, sizeof w2, "%s, block from rank %d", what, q);
@@ -516,7 +584,7 @@ static void do_broadcast(run *R, const dinfo *di, size_t count, int inplace, int
   if (!inplace) memset(r, 0xcd, bytes);
   if (inplace && R->rank != root) memset(r, 0xcd, bytes);
   set_guards(r, bytes);
-  if (!call_ok(R, what, brg_broadcast(s, r, count, di->dt, root, R->comm, NULL))) return;
+  if (!call_ok(R, what, ON_DEVICE(R, bytes, bytes, brg_broadcast(D(s), D(r), count, di->dt, root, R->comm, R->stream)))) return;
   check_pattern(what, di, r, count, R->own, P, 0, 1);
   check_guards(what, r, bytes);
   if (!inplace && R->rank == root)
@@ -902,6 +970,22 @@ static int body(mp_ctx *ctx) {
   size_t region = MAX_ELEMS * 8 + 2 * GUARD;
   R.sbase = xmalloc(region);
   R.rbase = xmalloc(region);
+  R.region = region;
+  if (getenv("MP_DEVICE") && atoi(getenv("MP_DEVICE"))) {
+    char why[256] = "";
+    int e = 0;
+    R.dapi = device_api(why, sizeof why);
+    if (!R.dapi) {
+      mp_fail("no GPU in the rank although the parent found one: %s", why);
+      return 1;
+    }
+    if ((e = R.dapi->mem_alloc((void **)&R.dsbase, region)) != 0 ||
+        (e = R.dapi->mem_alloc((void **)&R.drbase, region)) != 0 ||
+        (e = R.dapi->stream_create(&R.stream)) != 0) {
+      mp_fail("device buffers: %s", R.dapi->error_string(e));
+      return 1;
+    }
+  }
   R.own = xmalloc(PERIOD * 8);
   R.ref = xmalloc(PERIOD * 8);
   R.tabs = xmalloc((size_t)R.n * PERIOD * 8);
@@ -916,6 +1000,11 @@ static int body(mp_ctx *ctx) {
               (double)(mp_now_ns() - t) / 1e9);
   }
   if (!R.broken) call_ok(&R, "final barrier", brg_barrier(R.comm));
+  if (R.dapi) {
+    R.dapi->stream_destroy(R.stream);
+    R.dapi->mem_free(R.dsbase);
+    R.dapi->mem_free(R.drbase);
+  }
   free(R.sbase);
   free(R.rbase);
   free(R.own);
@@ -978,8 +1067,32 @@ int main(int argc, char **argv) {
     pl.want[p] = 1;
   }
   if (self_test()) return 1;
+  int device = getenv("MP_DEVICE") && atoi(getenv("MP_DEVICE"));
+  if (device) {
+    /* Only the copy and reduce collectives take GPU buffers. */
+    static const char *const dev_parts[] = {"allreduce", "reduce_scatter", "all_gather",
+                                            "broadcast", "reduce"};
+    for (size_t p = 0; p < NPARTS; p++) {
+      int ok = 0;
+      for (size_t q = 0; q < sizeof dev_parts / sizeof *dev_parts; q++)
+        ok |= strcmp(PARTS[p].name, dev_parts[q]) == 0;
+      if (!ok) pl.want[p] = 0;
+    }
+    /* Look for a GPU in a child: CUDA must not start in the parent, whose
+     * ranks are forked later. */
+    pid_t pid = fork();
+    if (pid == 0) {
+      char why[256] = "";
+      if (device_api(why, sizeof why)) _exit(0);
+      printf("no GPU for the device collectives: %s\n", why);
+      _exit(77);
+    }
+    int st = 0;
+    if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) return 1;
+    if (WEXITSTATUS(st) != 0) return WEXITSTATUS(st);
+  }
   char name[64];
-  snprintf(name, sizeof name, "collectives N=%d %s", n, mp_transport());
+  snprintf(name, sizeof name, "collectives N=%d %s%s", n, mp_transport(), device ? " device" : "");
   const char *tr = getenv("BRIGADE_TRANSPORTS");
   mp_opts o = {
       .name = name,

@@ -1,0 +1,301 @@
+/*
+ * Device collectives: the ring of ring.c with its payloads in GPU memory.
+ *
+ * The schedule, the slices and the host FIFOs are the host engine's; what
+ * changes is where the bytes go. Each rank owns a receive FIFO of
+ * BRIGADE_STEPS slots in its own GPU memory, exported with CUDA IPC and
+ * mapped by the previous rank. Per slice and step a rank enqueues one copy
+ * or reduce kernel on the caller's stream that reads its own slot and
+ * writes the next rank's slot, exactly as the host primitive would:
+ *
+ *   prev rank                         this rank
+ *   kernel writes my slot k  ---+
+ *   record send_ev[k]           |
+ *   host header for slot k  ----+-->  wait for the header (host)
+ *                                     stream waits for prev's send_ev[k]
+ *                                     kernel reads slot k (+ input) -> next
+ *                                     record rel_ev[k]
+ *   (slot k again, one lap on:) <---  host head++ (slot k is free)
+ *   stream waits for rel_ev[k]
+ *
+ * So the only waiting is on the host (for headers, which come as soon as a
+ * peer has enqueued its work) and in the streams (for events). No kernel
+ * spins on another process's kernel, which matters on a GPU shared by
+ * several processes without MPS: there the processes' kernels run in
+ * turns, and a kernel spinning for another one would stall for a whole
+ * time slice or forever. The call returns once its work is enqueued.
+ *
+ * Two ranks in one process use each other's pointers and events directly.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "device.h"
+#include "internal.h"
+#include "ring.h"
+
+#define HB BRG__CUDA_IPC_HANDLE_BYTES
+
+struct brg__dev_ring {
+  const brg__cuda_api *api;
+  int nslots;
+  size_t slot_bytes;
+  char *fifo;                             /* own receive FIFO (device memory) */
+  char *next_fifo;                        /* the next rank's, mapped */
+  int next_mapped;                        /* next_fifo came from ipc_mem_open */
+  void *send_ev[BRG__MAX_SLOTS];          /* recorded after writing next's slot k */
+  void *rel_ev[BRG__MAX_SLOTS];           /* recorded after consuming own slot k */
+  void *prev_send_ev[BRG__MAX_SLOTS];     /* the previous rank's send_ev */
+  void *next_rel_ev[BRG__MAX_SLOTS];      /* the next rank's rel_ev */
+  int prev_opened, next_opened;           /* those came from ipc_event_open */
+};
+
+/* What each rank tells every other one at setup. */
+typedef struct dev_blob {
+  int32_t ok;                             /* 1: this rank's side is ready */
+  int32_t pid;
+  int32_t nslots;
+  int32_t pad;
+  uint64_t slot_bytes;
+  unsigned char uuid[16];                 /* of the GPU */
+  char why[192];                          /* when not ok */
+  uint64_t fifo_ptr;                      /* for a rank in the same process */
+  uint64_t send_ev_ptr[BRG__MAX_SLOTS], rel_ev_ptr[BRG__MAX_SLOTS];
+  unsigned char fifo_handle[HB];
+  unsigned char send_ev[BRG__MAX_SLOTS][HB];
+  unsigned char rel_ev[BRG__MAX_SLOTS][HB];
+} dev_blob;
+
+static brg_status cuda_fail(brg_comm *c, const brg__cuda_api *api, int e, const char *what) {
+  return brg__comm_error(c, BRG_ERR_SYSTEM, "rank %d: CUDA %s failed: %s", c->rank, what,
+                         api->error_string(e));
+}
+
+size_t brg__device_ring_slot_bytes(const struct brg__dev_ring *d) { return d->slot_bytes; }
+
+static void ring_release(struct brg__dev_ring *d) {
+  const brg__cuda_api *api = d->api;
+  for (int k = 0; k < d->nslots; k++) {
+    if (d->prev_opened && d->prev_send_ev[k]) api->event_destroy(d->prev_send_ev[k]);
+    if (d->next_opened && d->next_rel_ev[k]) api->event_destroy(d->next_rel_ev[k]);
+  }
+  if (d->next_mapped && d->next_fifo) api->ipc_mem_close(d->next_fifo);
+  /* Everything this rank enqueued is behind its own last events. */
+  for (int k = 0; k < d->nslots; k++) {
+    if (d->send_ev[k]) api->event_sync(d->send_ev[k]);
+    if (d->rel_ev[k]) api->event_sync(d->rel_ev[k]);
+  }
+  for (int k = 0; k < d->nslots; k++) {
+    if (d->send_ev[k]) api->event_destroy(d->send_ev[k]);
+    if (d->rel_ev[k]) api->event_destroy(d->rel_ev[k]);
+  }
+  if (d->fifo) api->mem_free(d->fifo);
+  free(d);
+}
+
+void brg__device_ring_free(brg_comm *c) {
+  if (!c->dev) return;
+  ring_release(c->dev);
+  c->dev = NULL;
+}
+
+/* This rank's own half: FIFO and events, described in `b`. */
+static void setup_local(struct brg__dev_ring *d, dev_blob *b) {
+  const brg__cuda_api *api = d->api;
+  int e = api->device_uuid(b->uuid);
+  const char *what = "cudaGetDeviceProperties";
+  if (!e) {
+    what = "cudaMalloc + cudaIpcGetMemHandle of the receive FIFO";
+    e = api->ipc_mem_export((void **)&d->fifo, (size_t)d->nslots * d->slot_bytes, b->fifo_handle);
+  }
+  for (int k = 0; !e && k < d->nslots; k++) {
+    what = "creating interprocess events";
+    e = api->ipc_event_export(&d->send_ev[k], b->send_ev[k]);
+    if (!e) e = api->ipc_event_export(&d->rel_ev[k], b->rel_ev[k]);
+    b->send_ev_ptr[k] = (uint64_t)(uintptr_t)d->send_ev[k];
+    b->rel_ev_ptr[k] = (uint64_t)(uintptr_t)d->rel_ev[k];
+  }
+  b->fifo_ptr = (uint64_t)(uintptr_t)d->fifo;
+  if (e) {
+    snprintf(b->why, sizeof b->why, "%s: %s (%zu bytes of GPU FIFO)", what, api->error_string(e),
+             (size_t)d->nslots * d->slot_bytes);
+    return;
+  }
+  b->ok = 1;
+}
+
+/* The links to the neighbours, from their blobs. */
+static brg_status setup_links(brg_comm *c, struct brg__dev_ring *d, const dev_blob *self,
+                              const dev_blob *next, const dev_blob *prev) {
+  const brg__cuda_api *api = d->api;
+  int e;
+  if (next->pid == self->pid) {
+    d->next_fifo = (char *)(uintptr_t)next->fifo_ptr;
+    for (int k = 0; k < d->nslots; k++) d->next_rel_ev[k] = (void *)(uintptr_t)next->rel_ev_ptr[k];
+  } else {
+    if ((e = api->ipc_mem_open((void **)&d->next_fifo, next->fifo_handle)) != 0)
+      return brg__comm_error(c, BRG_ERR_SYSTEM,
+                             "rank %d: mapping the GPU FIFO of rank %d (pid %d) with "
+                             "cudaIpcOpenMemHandle failed: %s", c->rank, c->next, next->pid,
+                             api->error_string(e));
+    d->next_mapped = 1;
+    d->next_opened = 1;
+    for (int k = 0; k < d->nslots; k++)
+      if ((e = api->ipc_event_open(&d->next_rel_ev[k], next->rel_ev[k])) != 0)
+        return cuda_fail(c, api, e, "cudaIpcOpenEventHandle (next rank's events)");
+  }
+  if (prev->pid == self->pid) {
+    for (int k = 0; k < d->nslots; k++) d->prev_send_ev[k] = (void *)(uintptr_t)prev->send_ev_ptr[k];
+  } else {
+    d->prev_opened = 1;
+    for (int k = 0; k < d->nslots; k++)
+      if ((e = api->ipc_event_open(&d->prev_send_ev[k], prev->send_ev[k])) != 0)
+        return cuda_fail(c, api, e, "cudaIpcOpenEventHandle (previous rank's events)");
+  }
+  return BRG_SUCCESS;
+}
+
+/* Whether the MPS control daemon serves this process's GPU work. */
+static int mps_running(void) {
+  const char *dir = getenv("CUDA_MPS_PIPE_DIRECTORY");
+  char path[512];
+  snprintf(path, sizeof path, "%s/control", dir && dir[0] ? dir : "/tmp/nvidia-mps");
+  return access(path, F_OK) == 0;
+}
+
+brg_status brg__device_ring_setup(brg_comm *c) {
+  const char *why = "";
+  const brg__cuda_api *api = brg__device_api(&why);
+  if (!api) return brg__comm_error(c, BRG_ERR_UNAVAILABLE, "device collectives: %s", why);
+  struct brg__dev_ring *d = calloc(1, sizeof *d);
+  dev_blob *all = calloc((size_t)c->nranks, sizeof *all), *mine = calloc(1, sizeof *mine);
+  if (!d || !all || !mine) {
+    free(d);
+    free(all);
+    free(mine);
+    return brg__comm_error(c, BRG_ERR_NO_MEMORY, "device collectives: out of host memory");
+  }
+  d->api = api;
+  d->nslots = c->nslots;
+  d->slot_bytes = (size_t)brg__config_int(BRG__CFG_DEVICE_SLICE_BYTES) & ~(size_t)255;
+  mine->pid = (int32_t)getpid();
+  mine->nslots = d->nslots;
+  mine->slot_bytes = d->slot_bytes;
+  setup_local(d, mine);
+
+  /* Every rank takes part even when its own half failed, so that all of
+   * them learn which rank could not and why, instead of timing out. */
+  brg__coll g = {.kind = BRG__COLL_ALL_GATHER, .dtype = BRG_UINT8, .op = BRG_SUM, .root = -1,
+                 .sendbuf = mine, .recvbuf = all, .count = sizeof *mine};
+  brg_status s = brg__coll_execute(c, &g);
+  for (int r = 0; s == BRG_SUCCESS && r < c->nranks; r++) {
+    if (!all[r].ok)
+      s = brg__comm_error(c, BRG_ERR_SYSTEM, "device collectives: rank %d could not set up its "
+                          "GPU side: %s", r, all[r].why);
+    else if (all[r].nslots != mine->nslots || all[r].slot_bytes != mine->slot_bytes)
+      s = brg__comm_error(c, BRG_ERR_INVALID_USAGE,
+                          "device collectives: rank %d has %d GPU slots of %llu bytes, rank %d "
+                          "%d of %llu (set BRIGADE_STEPS and BRIGADE_DEVICE_SLICE_BYTES alike "
+                          "on every rank)", r, all[r].nslots,
+                          (unsigned long long)all[r].slot_bytes, c->rank, mine->nslots,
+                          (unsigned long long)mine->slot_bytes);
+  }
+  if (s == BRG_SUCCESS) s = setup_links(c, d, mine, &all[c->next], &all[c->prev]);
+  if (s == BRG_SUCCESS) {
+    int share = 0;
+    for (int r = 0; r < c->nranks; r++) share += !memcmp(all[r].uuid, mine->uuid, 16);
+    char desc[256];
+    api->describe(desc, sizeof desc);
+    BRG__INFO("init", "device ring: step mode (a copy or reduce kernel per slice and step, "
+              "ordered by interprocess events; no kernel waits for another process), "
+              "%d slots of %zu bytes in GPU memory; %d of %d ranks on this GPU%s; %s",
+              d->nslots, d->slot_bytes, share, c->nranks,
+              share > 1 ? (mps_running() ? ", MPS running"
+                                         : ", no MPS: their kernels take turns on the GPU")
+                        : "",
+              desc);
+    c->dev = d;
+  } else {
+    ring_release(d);
+  }
+  free(all);
+  free(mine);
+  return s;
+}
+
+brg_status brg__device_single(brg_comm *c, const brg__coll *k) {
+  const brg__cuda_api *api = brg__device_api(NULL);
+  size_t esize = brg_dtype_size(k->dtype);
+  if (!k->recvbuf || k->recvbuf == k->sendbuf || k->count == 0) return BRG_SUCCESS;
+  size_t elems = k->count;
+  int e = api->copy(k->recvbuf, NULL, k->sendbuf, elems * esize, k->stream);
+  return e ? cuda_fail(c, api, e, "copy kernel") : BRG_SUCCESS;
+}
+
+brg_status brg__device_prim(struct ring_op *o, int prim_, const char *in, char *out, size_t m) {
+  brg__prim prim = (brg__prim)prim_;
+  brg_comm *c = o->c;
+  struct brg__dev_ring *d = o->dev;
+  const brg__cuda_api *api = d->api;
+  const brg__coll *k = o->coll;
+  void *st = k->stream;
+  uint64_t bytes = (uint64_t)m * o->esize;
+  int recvs = brg__prim_recvs(prim), sends = brg__prim_sends(prim);
+  int rk = (int)(c->recv_pos % (uint64_t)d->nslots), sk = (int)(c->send_pos % (uint64_t)d->nslots);
+  int e = 0;
+  brg_status s;
+  const char *hdr;
+  char *hslot;
+  if (recvs) {
+    if ((s = brg__ring_recv_acquire(o, &hdr, 0)) != BRG_SUCCESS) return s;
+    uint64_t theirs;
+    memcpy(&theirs, hdr, sizeof theirs);
+    if (theirs != bytes)
+      return brg__comm_error(c, BRG_ERR_MISMATCH,
+                             "collective mismatch: rank %d sent %llu bytes of GPU data at step %d "
+                             "of %s #%llu, rank %d expected %llu", c->prev,
+                             (unsigned long long)theirs, c->cur_step, brg__coll_name(k->kind),
+                             (unsigned long long)k->seq, c->rank, (unsigned long long)bytes);
+    e = api->stream_wait_event(st, d->prev_send_ev[rk]);
+    if (e) return cuda_fail(c, api, e, "cudaStreamWaitEvent (previous rank's slot)");
+  }
+  if (sends) {
+    if ((s = brg__ring_send_acquire(o, 0, &hslot)) != BRG_SUCCESS) return s;
+    /* One lap on, the slot is free once the next rank's kernel that read
+     * it has run. */
+    if (c->send_pos >= (uint64_t)d->nslots &&
+        (e = api->stream_wait_event(st, d->next_rel_ev[sk])) != 0)
+      return cuda_fail(c, api, e, "cudaStreamWaitEvent (next rank's slot)");
+  }
+  const char *r = d->fifo + (size_t)rk * d->slot_bytes;
+  char *slot = d->next_fifo + (size_t)sk * d->slot_bytes;
+  int n = c->nranks;
+  brg_op mid = k->op == BRG_AVG ? BRG_SUM : k->op;
+  if (m > 0) {
+    switch (prim) {
+    case BRG__PRIM_SEND: e = api->copy(slot, out, in, bytes, st); break;
+    case BRG__PRIM_RECV_REDUCE_SEND: e = api->reduce(slot, NULL, r, in, m, k->dtype, mid, 1, st); break;
+    case BRG__PRIM_RECV_REDUCE_COPY_SEND:
+      e = api->reduce(out, slot, r, in, m, k->dtype, k->op, n, st);
+      break;
+    case BRG__PRIM_RECV_REDUCE_COPY: e = api->reduce(out, NULL, r, in, m, k->dtype, k->op, n, st); break;
+    case BRG__PRIM_RECV_COPY_SEND: e = api->copy(out, slot, r, bytes, st); break;
+    case BRG__PRIM_RECV: e = api->copy(out, NULL, r, bytes, st); break;
+    case BRG__PRIM_COPY: e = api->copy(out, NULL, in, bytes, st); break;
+    }
+    if (e) return cuda_fail(c, api, e, "reduce/copy kernel launch");
+  }
+  if (sends) {
+    memcpy(hslot, &bytes, sizeof bytes);
+    if ((e = api->event_record(d->send_ev[sk], st)) != 0) return cuda_fail(c, api, e, "cudaEventRecord");
+    brg__ring_send_post(o, 0);
+  }
+  if (recvs) {
+    if ((e = api->event_record(d->rel_ev[rk], st)) != 0) return cuda_fail(c, api, e, "cudaEventRecord");
+    brg__ring_recv_release(o);
+  }
+  return BRG_SUCCESS;
+}

@@ -1,0 +1,506 @@
+/*
+ * libbrigade_cuda_emu.so: a stand-in for the CUDA module (brg_cuda.h) that
+ * runs on the CPU, so that the device data path of the runtime (the device
+ * ring, its IPC setup, its event ordering) runs in CI, on machines without
+ * a GPU. Select it with BRIGADE_CUDA_MODULE=/path/libbrigade_cuda_emu.so.
+ *
+ * It keeps CUDA's semantics where the runtime depends on them:
+ *
+ *  - "Device memory" is host memory that this module handed out; pointer
+ *    queries say device only for that memory.
+ *  - Streams are asynchronous: each is a thread that runs its queue in
+ *    order. A call returns once the work is queued, and the work runs
+ *    later, with random small delays, so that work ordered only by luck
+ *    shows up as wrong data.
+ *  - IPC memory is a memfd shared between processes (the handle names the
+ *    owner's pid and descriptor, opened through /proc).
+ *  - Events live in shared memory. Recording one queues "completed = n" on
+ *    the stream; waiting on one waits for the record that was the most
+ *    recent when the wait was queued (never recorded: no wait).
+ *
+ * Error codes are small integers; error_string() names them.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "brg_cuda.h"
+#include "kernels.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define HB BRG__CUDA_IPC_HANDLE_BYTES
+#define MAGIC 0x42524745u /* "BRGE" */
+
+enum { E_OK, E_ALLOC, E_HANDLE, E_ARG, E_SYS };
+
+static const char *error_string(int e) {
+  switch (e) {
+  case E_OK: return "no error (emulated GPU)";
+  case E_ALLOC: return "out of memory (emulated GPU)";
+  case E_HANDLE: return "invalid IPC handle (emulated GPU)";
+  case E_ARG: return "invalid argument (emulated GPU)";
+  default: return "system call failed (emulated GPU)";
+  }
+}
+
+/* ---- memory the module handed out ---- */
+
+typedef struct region {
+  char *p;
+  size_t bytes;
+  int fd;     /* exported: the memfd, kept open so peers can open it */
+  int mapped; /* opened from a peer's handle */
+} region;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static region *regions;
+static int nregions, capregions;
+
+static int add_region(char *p, size_t bytes, int fd, int mapped) {
+  pthread_mutex_lock(&lock);
+  if (nregions == capregions) {
+    int cap = capregions ? 2 * capregions : 64;
+    region *r = realloc(regions, (size_t)cap * sizeof *r);
+    if (!r) {
+      pthread_mutex_unlock(&lock);
+      return E_ALLOC;
+    }
+    regions = r;
+    capregions = cap;
+  }
+  regions[nregions++] = (region){p, bytes, fd, mapped};
+  pthread_mutex_unlock(&lock);
+  return E_OK;
+}
+
+static int find_region(const void *p, region *out, int remove) {
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < nregions; i++) {
+    const char *c = p;
+    if (c >= regions[i].p && c < regions[i].p + (regions[i].bytes ? regions[i].bytes : 1)) {
+      if (out) *out = regions[i];
+      if (remove) regions[i] = regions[--nregions];
+      pthread_mutex_unlock(&lock);
+      return 1;
+    }
+  }
+  pthread_mutex_unlock(&lock);
+  return 0;
+}
+
+static int map_new(size_t bytes, int *fd_out, char **p) {
+  int fd = memfd_create("brigade-emu-gpu", MFD_CLOEXEC);
+  if (fd < 0) return E_SYS;
+  if (ftruncate(fd, (off_t)(bytes ? bytes : 1)) != 0) {
+    close(fd);
+    return E_SYS;
+  }
+  void *m = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) {
+    close(fd);
+    return E_ALLOC;
+  }
+  *fd_out = fd;
+  *p = m;
+  return E_OK;
+}
+
+typedef struct handle {
+  uint32_t magic;
+  int32_t pid, fd;
+  uint32_t pad;
+  uint64_t bytes;
+} handle;
+
+static int map_handle(const void *h, char **p, size_t *bytes) {
+  handle hd;
+  memcpy(&hd, h, sizeof hd);
+  if (hd.magic != MAGIC) return E_HANDLE;
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/fd/%d", hd.pid, hd.fd);
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) return E_HANDLE;
+  void *m = mmap(NULL, hd.bytes ? hd.bytes : 1, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (m == MAP_FAILED) return E_ALLOC;
+  *p = m;
+  *bytes = hd.bytes;
+  return E_OK;
+}
+
+static int mem_alloc(void **p, size_t bytes) {
+  void *m = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                 -1, 0);
+  if (m == MAP_FAILED) return E_ALLOC;
+  if (add_region(m, bytes, -1, 0)) {
+    munmap(m, bytes ? bytes : 1);
+    return E_ALLOC;
+  }
+  *p = m;
+  return E_OK;
+}
+
+static int mem_free(void *p) {
+  region r;
+  if (!p) return E_OK;
+  if (!find_region(p, &r, 1) || r.p != p || r.mapped) return E_ARG;
+  munmap(r.p, r.bytes ? r.bytes : 1);
+  if (r.fd >= 0) close(r.fd);
+  return E_OK;
+}
+
+static int ipc_mem_export(void **p, size_t bytes, void *h) {
+  int fd;
+  char *m;
+  int e = map_new(bytes, &fd, &m);
+  if (e) return e;
+  if ((e = add_region(m, bytes, fd, 0)) != 0) {
+    munmap(m, bytes ? bytes : 1);
+    close(fd);
+    return e;
+  }
+  handle hd = {MAGIC, (int32_t)getpid(), fd, 0, bytes};
+  memset(h, 0, HB);
+  memcpy(h, &hd, sizeof hd);
+  *p = m;
+  return E_OK;
+}
+
+static int ipc_mem_open(void **p, const void *h) {
+  char *m;
+  size_t bytes;
+  int e = map_handle(h, &m, &bytes);
+  if (e) return e;
+  if ((e = add_region(m, bytes, -1, 1)) != 0) {
+    munmap(m, bytes ? bytes : 1);
+    return e;
+  }
+  *p = m;
+  return E_OK;
+}
+
+static int ipc_mem_close(void *p) {
+  region r;
+  if (!find_region(p, &r, 1) || r.p != p || !r.mapped) return E_ARG;
+  munmap(r.p, r.bytes ? r.bytes : 1);
+  return E_OK;
+}
+
+static int pointer_is_device(const void *p, int *device) {
+  if (!p || !find_region(p, NULL, 0)) return 0;
+  if (device) *device = 0;
+  return 1;
+}
+
+/* ---- events ---- */
+
+typedef struct ev_shared {
+  volatile uint64_t issued;    /* records queued so far (by the owner) */
+  volatile uint64_t completed; /* the last record that ran */
+} ev_shared;
+
+typedef struct event {
+  ev_shared *s;
+  int fd;    /* owner: the memfd; -1 for an opened one */
+} event;
+
+static int ipc_event_export(void **out, void *h) {
+  event *ev = calloc(1, sizeof *ev);
+  char *m;
+  if (!ev) return E_ALLOC;
+  int e = map_new(sizeof(ev_shared), &ev->fd, &m);
+  if (e) {
+    free(ev);
+    return e;
+  }
+  ev->s = (ev_shared *)m;
+  handle hd = {MAGIC, (int32_t)getpid(), ev->fd, 0, sizeof(ev_shared)};
+  memset(h, 0, HB);
+  memcpy(h, &hd, sizeof hd);
+  *out = ev;
+  return E_OK;
+}
+
+static int ipc_event_open(void **out, const void *h) {
+  event *ev = calloc(1, sizeof *ev);
+  char *m;
+  size_t bytes;
+  if (!ev) return E_ALLOC;
+  int e = map_handle(h, &m, &bytes);
+  if (e) {
+    free(ev);
+    return e;
+  }
+  ev->s = (ev_shared *)m;
+  ev->fd = -1;
+  *out = ev;
+  return E_OK;
+}
+
+static int event_destroy(void *p) {
+  event *ev = p;
+  if (!ev) return E_ARG;
+  munmap(ev->s, sizeof(ev_shared));
+  if (ev->fd >= 0) close(ev->fd);
+  free(ev);
+  return E_OK;
+}
+
+static void pause_a_little(void) {
+  struct timespec ts = {0, 20000};
+  nanosleep(&ts, NULL);
+}
+
+static void wait_completed(ev_shared *s, uint64_t target) {
+  for (int i = 0; __atomic_load_n(&s->completed, __ATOMIC_ACQUIRE) < target; i++) {
+    if (i < 100) sched_yield();
+    else pause_a_little();
+  }
+}
+
+/* ---- streams ---- */
+
+enum { OP_REDUCE, OP_COPY, OP_DIVIDE, OP_RECORD, OP_WAIT };
+
+typedef struct op {
+  int kind;
+  void *d0, *d1;
+  const void *a, *b;
+  size_t n;
+  int dtype, rop, div;
+  ev_shared *ev;
+  uint64_t ticket;
+} op;
+
+typedef struct stream {
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  op *q;
+  size_t head, tail, cap; /* queue of ops [head, tail) in a ring of cap */
+  int busy;
+  unsigned seed;
+} stream;
+
+static stream *default_stream;
+static pthread_once_t default_once = PTHREAD_ONCE_INIT;
+
+static void run_op(stream *s, const op *o) {
+  /* Now and then a delay, so that work ordered by luck shows. */
+  if (o->kind != OP_WAIT && rand_r(&s->seed) % 4 == 0) {
+    struct timespec ts = {0, (long)(rand_r(&s->seed) % 200) * 1000};
+    nanosleep(&ts, NULL);
+  }
+  switch (o->kind) {
+  case OP_REDUCE:
+    brg__reduce(o->d0, o->d1, o->a, o->b, o->n, (brg_dtype)o->dtype, (brg_op)o->rop, o->div);
+    break;
+  case OP_COPY: brg__copy(o->d0, o->d1, o->a, o->n); break;
+  case OP_DIVIDE: brg__divide(o->d0, o->a, o->n, (brg_dtype)o->dtype, o->div); break;
+  case OP_RECORD: {
+    uint64_t cur = __atomic_load_n(&o->ev->completed, __ATOMIC_ACQUIRE);
+    while (cur < o->ticket &&
+           !__atomic_compare_exchange_n(&o->ev->completed, &cur, o->ticket, 0, __ATOMIC_RELEASE,
+                                        __ATOMIC_ACQUIRE)) {
+    }
+    break;
+  }
+  case OP_WAIT: wait_completed(o->ev, o->ticket); break;
+  }
+}
+
+static void *stream_main(void *arg) {
+  stream *s = arg;
+  pthread_mutex_lock(&s->mu);
+  for (;;) {
+    while (s->head == s->tail) pthread_cond_wait(&s->cv, &s->mu);
+    op o = s->q[s->head % s->cap];
+    s->busy = 1;
+    pthread_mutex_unlock(&s->mu);
+    run_op(s, &o);
+    pthread_mutex_lock(&s->mu);
+    s->head++;
+    s->busy = 0;
+    pthread_cond_broadcast(&s->cv);
+  }
+  return NULL;
+}
+
+static stream *stream_new(void) {
+  stream *s = calloc(1, sizeof *s);
+  if (!s) return NULL;
+  s->cap = 1024;
+  s->q = calloc(s->cap, sizeof *s->q);
+  s->seed = (unsigned)getpid() ^ (unsigned)(uintptr_t)s;
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->cv, NULL);
+  if (!s->q || pthread_create(&s->thread, NULL, stream_main, s) != 0) {
+    free(s->q);
+    free(s);
+    return NULL;
+  }
+  pthread_detach(s->thread);
+  return s;
+}
+
+static void make_default(void) { default_stream = stream_new(); }
+
+static stream *get_stream(void *p) {
+  if (p) return p;
+  pthread_once(&default_once, make_default);
+  return default_stream;
+}
+
+static int enqueue(void *st, const op *o) {
+  stream *s = get_stream(st);
+  if (!s) return E_ALLOC;
+  pthread_mutex_lock(&s->mu);
+  if (s->tail - s->head == s->cap) {
+    size_t cap = 2 * s->cap;
+    op *q = malloc(cap * sizeof *q);
+    if (!q) {
+      pthread_mutex_unlock(&s->mu);
+      return E_ALLOC;
+    }
+    for (size_t i = s->head; i < s->tail; i++) q[i % cap] = s->q[i % s->cap];
+    free(s->q);
+    s->q = q;
+    s->cap = cap;
+  }
+  s->q[s->tail % s->cap] = *o;
+  s->tail++;
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+  return E_OK;
+}
+
+static int stream_sync(void *st) {
+  stream *s = get_stream(st);
+  if (!s) return E_ALLOC;
+  pthread_mutex_lock(&s->mu);
+  while (s->head != s->tail || s->busy) pthread_cond_wait(&s->cv, &s->mu);
+  pthread_mutex_unlock(&s->mu);
+  return E_OK;
+}
+
+static int stream_create(void **out) {
+  stream *s = stream_new();
+  if (!s) return E_ALLOC;
+  *out = s;
+  return E_OK;
+}
+
+/* Streams are left running: their threads are detached and idle once empty. */
+static int stream_destroy(void *st) { return stream_sync(st); }
+
+static int reduce(void *d0, void *d1, const void *a, const void *b, size_t n, int dtype, int rop,
+                  int div, void *st) {
+  op o = {.kind = OP_REDUCE, .d0 = d0, .d1 = d1, .a = a, .b = b, .n = n, .dtype = dtype,
+          .rop = rop, .div = div};
+  return enqueue(st, &o);
+}
+
+static int copy(void *d0, void *d1, const void *src, size_t bytes, void *st) {
+  op o = {.kind = OP_COPY, .d0 = d0, .d1 = d1, .a = src, .n = bytes};
+  return enqueue(st, &o);
+}
+
+static int divide(void *d, const void *src, size_t n, int dtype, int div, void *st) {
+  op o = {.kind = OP_DIVIDE, .d0 = d, .a = src, .n = n, .dtype = dtype, .div = div};
+  return enqueue(st, &o);
+}
+
+static int event_record(void *p, void *st) {
+  event *ev = p;
+  uint64_t t = __atomic_add_fetch(&ev->s->issued, 1, __ATOMIC_ACQ_REL);
+  op o = {.kind = OP_RECORD, .ev = ev->s, .ticket = t};
+  return enqueue(st, &o);
+}
+
+static int stream_wait_event(void *st, void *p) {
+  event *ev = p;
+  uint64_t t = __atomic_load_n(&ev->s->issued, __ATOMIC_ACQUIRE);
+  if (t == 0) return E_OK;
+  op o = {.kind = OP_WAIT, .ev = ev->s, .ticket = t};
+  return enqueue(st, &o);
+}
+
+static int event_sync(void *p) {
+  event *ev = p;
+  wait_completed(ev->s, __atomic_load_n(&ev->s->issued, __ATOMIC_ACQUIRE));
+  return E_OK;
+}
+
+/* ---- the rest of the table ---- */
+
+static int probe(char *why, size_t n) {
+  (void)why;
+  (void)n;
+  return 1;
+}
+
+static void describe(char *out, size_t n) {
+  snprintf(out, n, "emulated GPU (host memory, streams run by threads; tests only)");
+}
+
+/* Synchronous copies run behind the default stream's work, as CUDA's do. */
+static int mem_copy(void *dst, const void *src, size_t bytes) {
+  stream_sync(NULL);
+  memmove(dst, src, bytes);
+  return E_OK;
+}
+
+static int mem_set(void *p, int value, size_t bytes) {
+  stream_sync(NULL);
+  memset(p, value, bytes);
+  return E_OK;
+}
+
+static int last_error(void) { return E_OK; }
+
+static int device_uuid(unsigned char uuid[16]) {
+  memcpy(uuid, "brigade-emu-gpu0", 16);
+  return E_OK;
+}
+
+static const brg__cuda_api api = {
+    .abi = BRG__CUDA_ABI,
+    .probe = probe,
+    .describe = describe,
+    .error_string = error_string,
+    .pointer_is_device = pointer_is_device,
+    .reduce = reduce,
+    .copy = copy,
+    .divide = divide,
+    .mem_alloc = mem_alloc,
+    .mem_free = mem_free,
+    .mem_copy = mem_copy,
+    .mem_set = mem_set,
+    .stream_sync = stream_sync,
+    .last_error = last_error,
+    .ipc_mem_export = ipc_mem_export,
+    .ipc_mem_open = ipc_mem_open,
+    .ipc_mem_close = ipc_mem_close,
+    .ipc_event_export = ipc_event_export,
+    .ipc_event_open = ipc_event_open,
+    .event_destroy = event_destroy,
+    .event_record = event_record,
+    .stream_wait_event = stream_wait_event,
+    .event_sync = event_sync,
+    .stream_create = stream_create,
+    .stream_destroy = stream_destroy,
+    .device_uuid = device_uuid,
+};
+
+EXPORT const brg__cuda_api *brg__cuda_module_api(void) { return &api; }
