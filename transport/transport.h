@@ -46,7 +46,7 @@ typedef struct brg__slot_meta {
   uint16_t op;
   int32_t root;
   uint32_t step;     /* schedule step, for error messages */
-  uint32_t pad;
+  uint32_t device;   /* 1: a device collective; the payload (`bytes` of it) is in GPU memory */
   /* The payload when bytes <= BRG__INLINE_BYTES; 8-byte aligned for every dtype. */
   _Alignas(8) char inline_data[BRG__INLINE_BYTES];
   volatile uint64_t flag;              /* slot position + 1 once the slot is complete */
