@@ -2,7 +2,7 @@
 #include "common.h"
 
 static brg_status run(const bench_call *c) {
-  return brg_all_gather(c->send, c->recv, c->count, c->dtype, c->comm, NULL);
+  return brg_all_gather(c->send, c->recv, c->count, c->dtype, c->comm, c->stream);
 }
 
 int main(int argc, char **argv) {

@@ -24,10 +24,19 @@
  * same way through a peer library (peer.h), and the row gains the peer's
  * columns and the ratio of bus bandwidths. all_reduce_perf starts by
  * measuring the machine's copy rate, the memory roofline (see roofline()).
+ *
+ * With -G (--device) the buffers are GPU memory and every call goes on a
+ * CUDA stream; inputs are built on the host as above and copied up, outputs
+ * copied down for the check, and the timed loop is measured with CUDA
+ * events. The GPU is reached through brigade's CUDA module
+ * (libbrigade_cuda.so, opened with dlopen like the library does), so the
+ * programs never link against CUDA.
  */
 #include "common.h"
 #include "peer.h"
+#include "../kernels/cuda/brg_cuda.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -76,6 +85,9 @@ static const bench_peer *const peers[] = {
 #ifdef BENCH_HAVE_GLOO
     &bench_peer_gloo,
 #endif
+#ifdef BENCH_HAVE_NCCL
+    &bench_peer_nccl,
+#endif
     NULL,
 };
 
@@ -101,6 +113,7 @@ typedef struct bench_opts {
   size_t step_factor;
   int iters, warmup, check, blocking, root;
   int roofline;         /* -1: default (on for all_reduce) */
+  int device;           /* -G: GPU buffers on a CUDA stream */
   const char *peer;     /* --peer NAME, or NULL */
   const char *csv;      /* --csv PATH, or NULL */
   int ndtypes, nops;
@@ -183,6 +196,9 @@ static void usage(FILE *f, const bench_coll *coll) {
           "  -R, --roofline 0|1       measure the two-thread copy rate first and print\n"
           "                           the memory roofline (default 1 for all_reduce)\n"
           "  -C, --csv PATH           rank 0 also writes every result to PATH as CSV\n"
+          "  -G, --device             GPU buffers, calls on a CUDA stream, CUDA-event\n"
+          "                           timing; the roofline is then the GPU's\n"
+          "                           device-to-device copy rate\n"
           "  -h, --help               this text\n"
           "\n"
           "SIZE is the total payload in bytes: per rank for all_reduce, broadcast and\n"
@@ -211,6 +227,7 @@ static int parse_args(int argc, char **argv, const bench_coll *coll, bench_opts 
       {"peer", required_argument, NULL, 'p'},
       {"roofline", required_argument, NULL, 'R'},
       {"csv", required_argument, NULL, 'C'},
+      {"device", no_argument, NULL, 'G'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
   };
@@ -231,7 +248,7 @@ static int parse_args(int argc, char **argv, const bench_coll *coll, bench_opts 
       .ops = {BRG_SUM},
   };
   int c;
-  while ((c = getopt_long(argc, argv, "b:e:i:f:n:w:c:o:d:r:z:p:R:C:h", longopts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "b:e:i:f:n:w:c:o:d:r:z:p:R:C:Gh", longopts, NULL)) != -1) {
     size_t sz;
     int v;
     switch (c) {
@@ -289,6 +306,9 @@ static int parse_args(int argc, char **argv, const bench_coll *coll, bench_opts 
       break;
     case 'C':
       o->csv = optarg;
+      break;
+    case 'G':
+      o->device = 1;
       break;
     case 'r':
       if (parse_int(optarg, 0, &o->root) != 0) {
@@ -684,7 +704,19 @@ typedef struct bench {
   double last_peer[2];  /* the peer's, 0 when n/a */
   size_t last_bytes;
   FILE *csv;
+  /* -G */
+  const brg__cuda_api *gpu;
+  char *dsend, *drecv;  /* device mirrors of sendreg and recvreg */
+  void *stream, *ev_start, *ev_end;
+  int gpu_share;        /* ranks on this rank's GPU */
+  char gpu_desc[256];
 } bench;
+
+static bench *current; /* for bench_device_mode() */
+
+int bench_device_mode(void) {
+  return current != NULL && current->gpu != NULL;
+}
 
 /* Geometry of one row. `count` is the collective's argument; `total` the
  * elements the size column and the bandwidth count. */
@@ -770,6 +802,38 @@ static void call_buffers(const bench *b, const row_geom *g, size_t es, int in_pl
   }
 }
 
+/* The device mirror of a pointer into sendreg or recvreg (-G). */
+static char *on_device(const bench *b, char *host) {
+  if (b->gpu == NULL || host == NULL) return host;
+  if (host >= b->sendreg && host < b->sendreg + b->reg_bytes) return b->dsend + (host - b->sendreg);
+  return b->drecv + (host - b->recvreg);
+}
+
+/* Bytes of each region a row uses. */
+static size_t row_extent(const row_geom *g, size_t es) {
+  size_t e = g->total > g->send_elems ? g->total : g->send_elems;
+  if (g->recv_elems > e) e = g->recv_elems;
+  return e * es;
+}
+
+static void gpu_check(bench *b, const char *what, int e) {
+  if (e == 0) return;
+  fprintf(stderr, "%s: rank %d: %s failed: %s\n", prog, b->rank, what, b->gpu->error_string(e));
+  if (b->comm) brg_comm_abort(b->comm);
+  exit(1);
+}
+
+/* -G: host regions -> device (up) or back (down, after the stream is done). */
+static void gpu_move(bench *b, const row_geom *g, size_t es, int up) {
+  if (b->gpu == NULL) return;
+  size_t n = row_extent(g, es);
+  if (!up) gpu_check(b, "cudaStreamSynchronize", b->gpu->stream_sync(b->stream));
+  gpu_check(b, "cudaMemcpy", up ? b->gpu->mem_copy(b->dsend, b->sendreg, n)
+                                : b->gpu->mem_copy(b->sendreg, b->dsend, n));
+  gpu_check(b, "cudaMemcpy", up ? b->gpu->mem_copy(b->drecv, b->recvreg, n)
+                                : b->gpu->mem_copy(b->recvreg, b->drecv, n));
+}
+
 /* Poisons the output, then writes this rank's input (in place the input
  * overwrites the part of the output it shares). */
 static void init_data(bench *b, const row_geom *g, brg_dtype dt, int in_place) {
@@ -786,8 +850,9 @@ static void init_data(bench *b, const row_geom *g, brg_dtype dt, int in_place) {
     size_t start = b->coll->kind == BENCH_REDUCE_SCATTER ? (size_t)b->rank * g->count : 0;
     pattern_fill(recv, b->pat_poison, es, start, g->recv_elems);
   }
-  if (b->coll->kind == BENCH_BROADCAST && in_place && b->rank != b->o.root) return;
-  pattern_fill(send, b->pat_in, es, 0, g->send_elems);
+  if (!(b->coll->kind == BENCH_BROADCAST && in_place && b->rank != b->o.root))
+    pattern_fill(send, b->pat_in, es, 0, g->send_elems);
+  gpu_move(b, g, es, 1);
 }
 
 /* Wrong elements on this rank after one call on init_data's buffers. */
@@ -796,6 +861,7 @@ static uint64_t check_data(bench *b, const row_geom *g, brg_dtype dt, int in_pla
   char *send, *recv;
   uint64_t wrong = 0;
   call_buffers(b, g, es, in_place, &send, &recv);
+  gpu_move(b, g, es, 0);
   switch (b->coll->kind) {
   case BENCH_ALL_GATHER:
     for (int r = 0; r < b->nranks; r++) {
@@ -822,13 +888,14 @@ static uint64_t check_data(bench *b, const row_geom *g, brg_dtype dt, int in_pla
 static void run_call(bench *b, const row_geom *g, brg_dtype dt, brg_op op, int in_place, int alg) {
   char *send, *recv;
   call_buffers(b, g, dt_size(dt), in_place, &send, &recv);
-  bench_call c = {.send = send,
-                  .recv = recv,
+  bench_call c = {.send = on_device(b, send),
+                  .recv = on_device(b, recv),
                   .count = g->count,
                   .dtype = dt,
                   .op = op,
                   .root = b->o.root,
-                  .comm = b->comm};
+                  .comm = b->comm,
+                  .stream = b->stream};
   if (alg >= 0) {
     bench_peer_call pc = {.c = c, .kind = b->coll->kind, .in_place = in_place, .alg = alg};
     if (b->peer->run(&pc) != 0) {
@@ -861,8 +928,8 @@ static timing time_calls(bench *b, const row_geom *g, brg_dtype dt, brg_op op, i
     char *send, *recv;
     call_buffers(b, g, dt_size(dt), in_place, &send, &recv);
     bench_peer_call pc = {
-        .c = {.send = send, .recv = recv, .count = g->count, .dtype = dt, .op = op,
-              .root = b->o.root, .comm = b->comm},
+        .c = {.send = on_device(b, send), .recv = on_device(b, recv), .count = g->count,
+              .dtype = dt, .op = op, .root = b->o.root, .comm = b->comm, .stream = b->stream},
         .kind = b->coll->kind, .in_place = in_place, .alg = alg};
     if (b->peer->prepare(&pc) != 0) {
       fprintf(stderr, "%s: rank %d: peer %s: set-up failed\n", prog, b->rank, b->peer->name);
@@ -871,10 +938,20 @@ static timing time_calls(bench *b, const row_geom *g, brg_dtype dt, brg_op op, i
     }
   }
   for (int i = 0; i < b->o.warmup; i++) run_call(b, g, dt, op, in_place, alg);
+  if (b->gpu) gpu_check(b, "cudaStreamSynchronize", b->gpu->stream_sync(b->stream));
   if ((st = brg_barrier(b->comm)) != BRG_SUCCESS) die_status(b, "brg_barrier", st);
   double t0 = now_s();
+  if (b->gpu) gpu_check(b, "cudaEventRecord", b->gpu->event_record(b->ev_start, b->stream));
   for (int i = 0; i < b->o.iters; i++) run_call(b, g, dt, op, in_place, alg);
-  t.usec = (now_s() - t0) * 1e6 / b->o.iters;
+  if (b->gpu) {
+    float ms = 0;
+    gpu_check(b, "cudaEventRecord", b->gpu->event_record(b->ev_end, b->stream));
+    gpu_check(b, "cudaStreamSynchronize", b->gpu->stream_sync(b->stream));
+    gpu_check(b, "cudaEventElapsedTime", b->gpu->event_elapsed_ms(&ms, b->ev_start, b->ev_end));
+    t.usec = (double)ms * 1e3 / b->o.iters;
+  } else {
+    t.usec = (now_s() - t0) * 1e6 / b->o.iters;
+  }
   if ((st = brg_allreduce(&t.usec, &t.usec, 1, BRG_FLOAT64, BRG_MAX, b->comm, NULL)) !=
       BRG_SUCCESS)
     die_status(b, "brg_allreduce (time)", st);
@@ -1084,9 +1161,60 @@ out:
   return best > 0 ? 2.0 * (double)COPY_BYTES / best : 0;
 }
 
+/*
+ * The GPU roofline (-G): cudaMemcpy device to device of 256 MiB, bytes read
+ * plus written per second, the best of a few. The ring in step mode moves,
+ * per rank and allreduce of S bytes, (6N-4)/N x S bytes through HBM: the
+ * first step reads and writes a chunk (2), N-2 reduce steps read two and
+ * write one (3 each), the middle step reads two and writes two (4), N-2
+ * copy steps read one and write two (3 each), the last reads and writes one
+ * (2), in chunks of S/N. With G ranks on one GPU its HBM carries G times
+ * that, so busbw <= copy rate / (G (6N-4)/N) x 2(N-1)/N.
+ */
+#define GPU_COPY_BYTES ((size_t)256 << 20)
+
+static double measure_gpu_copy_rate(bench *b) {
+  void *src = NULL, *dst = NULL;
+  double best = 0;
+  if (b->gpu->mem_alloc(&src, GPU_COPY_BYTES) || b->gpu->mem_alloc(&dst, GPU_COPY_BYTES)) {
+    fprintf(stderr, "%s: no room for the 2 x 256 MiB copy of the roofline\n", prog);
+  } else {
+    b->gpu->mem_set(src, 1, GPU_COPY_BYTES);
+    b->gpu->mem_copy(dst, src, GPU_COPY_BYTES);
+    for (int i = 0; i < 10; i++) {
+      double t0 = now_s();
+      gpu_check(b, "cudaMemcpy", b->gpu->mem_copy(dst, src, GPU_COPY_BYTES));
+      double dt = now_s() - t0;
+      if (best == 0 || dt < best) best = dt;
+    }
+  }
+  if (src) b->gpu->mem_free(src);
+  if (dst) b->gpu->mem_free(dst);
+  return best > 0 ? 2.0 * (double)GPU_COPY_BYTES / best : 0;
+}
+
 static void roofline(bench *b) {
   brg_status st;
   if ((st = brg_barrier(b->comm)) != BRG_SUCCESS) die_status(b, "brg_barrier", st);
+  if (b->gpu) {
+    double rate = b->rank == 0 ? measure_gpu_copy_rate(b) : 0;
+    if ((st = brg_broadcast(&rate, &rate, 1, BRG_FLOAT64, 0, b->comm, NULL)) != BRG_SUCCESS)
+      die_status(b, "brg_broadcast (copy rate)", st);
+    double n = b->nranks;
+    b->copy_rate = rate;
+    if (b->nranks > 1 && b->coll->kind == BENCH_ALLREDUCE)
+      b->roof_busbw = rate / 1e9 / (b->gpu_share * (6 * n - 4) / n) * 2 * (n - 1) / n;
+    if (b->rank != 0) return;
+    printf("# GPU roofline: cudaMemcpy device to device %.1f GB/s (read + write, 256 MiB)\n",
+           rate / 1e9);
+    if (b->roof_busbw > 0)
+      printf("#   the ring moves (6N-4)/N x size through HBM per rank, %d rank(s) per GPU: "
+             "%%roof = HBM bytes per second / copy rate (busbw <= %.2f GB/s)\n",
+             b->gpu_share, b->roof_busbw);
+    if (b->csv) fprintf(b->csv, "#gpu_copy_rate_GBps,%.3f\n#roof_busbw_GBps,%.4f\n", rate / 1e9,
+                        b->roof_busbw);
+    return;
+  }
   double rate = b->rank == 0 ? measure_copy_rate() : 0;
   if ((st = brg_broadcast(&rate, &rate, 1, BRG_FLOAT64, 0, b->comm, NULL)) != BRG_SUCCESS)
     die_status(b, "brg_broadcast (copy rate)", st);
@@ -1242,9 +1370,71 @@ static void print_footer(const bench *b) {
   printf("#\n");
 }
 
+/* -G: brigade's CUDA module, the file the library itself opens: named by
+ * BRIGADE_CUDA_MODULE, else beside libbrigade.so, else in its build tree. */
+static const brg__cuda_api *gpu_module(char *why, size_t cap) {
+  char path[4096] = "";
+  const char *env = getenv("BRIGADE_CUDA_MODULE");
+  Dl_info info;
+  if (env && *env) {
+    snprintf(path, sizeof path, "%s", env);
+  } else if (dladdr((void *)&brg_allreduce, &info) && info.dli_fname &&
+             strrchr(info.dli_fname, '/')) {
+    char dir[3800];
+    snprintf(dir, sizeof dir, "%s", info.dli_fname);
+    *strrchr(dir, '/') = 0;
+    snprintf(path, sizeof path, "%s/libbrigade_cuda.so", dir);
+    if (access(path, F_OK) != 0) snprintf(path, sizeof path, "%s/kernels/cuda/libbrigade_cuda.so", dir);
+    if (access(path, F_OK) != 0) snprintf(path, sizeof path, "libbrigade_cuda.so");
+  } else {
+    snprintf(path, sizeof path, "libbrigade_cuda.so");
+  }
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    snprintf(why, cap, "%s", dlerror());
+    return NULL;
+  }
+  brg__cuda_entry_fn entry;
+  void *sym = dlsym(h, BRG__CUDA_ENTRY);
+  memcpy(&entry, &sym, sizeof entry);
+  const brg__cuda_api *api = entry ? entry() : NULL;
+  if (!api || api->abi != BRG__CUDA_ABI) {
+    snprintf(why, cap, "%s is not a CUDA module of this brigade", path);
+    return NULL;
+  }
+  if (api->probe(why, cap) <= 0) return NULL;
+  return api;
+}
+
+static void gpu_open(bench *b) {
+  char why[512] = "";
+  b->gpu = gpu_module(why, sizeof why);
+  if (b->gpu == NULL) {
+    fprintf(stderr, "%s: rank %d: -G: no usable GPU: %s\n", prog, b->rank, why);
+    brg_comm_abort(b->comm);
+    exit(2);
+  }
+  gpu_check(b, "cudaMalloc", b->gpu->mem_alloc((void **)&b->dsend, b->reg_bytes));
+  gpu_check(b, "cudaMalloc", b->gpu->mem_alloc((void **)&b->drecv, b->reg_bytes));
+  gpu_check(b, "cudaStreamCreate", b->gpu->stream_create(&b->stream));
+  gpu_check(b, "cudaEventCreate", b->gpu->event_create_timing(&b->ev_start));
+  gpu_check(b, "cudaEventCreate", b->gpu->event_create_timing(&b->ev_end));
+  /* Which ranks share this GPU: the roofline counts their HBM traffic. */
+  unsigned char *uuids = calloc((size_t)b->nranks, 16), mine[16] = {0};
+  if (!uuids) exit(1);
+  gpu_check(b, "cudaGetDeviceProperties", b->gpu->device_uuid(mine));
+  brg_status st = brg_all_gather(mine, uuids, 16, BRG_UINT8, b->comm, NULL);
+  if (st != BRG_SUCCESS) die_status(b, "brg_all_gather (GPU ids)", st);
+  b->gpu_share = 0;
+  for (int r = 0; r < b->nranks; r++) b->gpu_share += memcmp(uuids + 16 * r, mine, 16) == 0;
+  free(uuids);
+  b->gpu->describe(b->gpu_desc, sizeof b->gpu_desc);
+}
+
 int bench_main(int argc, char **argv, const bench_coll *coll) {
   bench b = {.coll = coll};
   brg_status st;
+  current = &b;
   if (argc > 0 && argv[0] != NULL) {
     const char *slash = strrchr(argv[0], '/');
     prog = slash ? slash + 1 : argv[0];
@@ -1264,6 +1454,16 @@ int bench_main(int argc, char **argv, const bench_coll *coll) {
     if (b.peer && b.peer->finalize) b.peer->finalize();
     return 2;
   }
+  if (b.o.device && b.peer != NULL && strcmp(b.peer->name, "nccl") != 0) {
+    if (b.rank == 0)
+      fprintf(stderr, "%s: --peer %s takes host buffers; with -G only --peer nccl\n", prog,
+              b.peer->name);
+    brg_comm_destroy(b.comm);
+    if (b.peer->finalize) b.peer->finalize();
+    return 2;
+  }
+  b.reg_bytes = b.o.max_bytes < 64 ? 64 : b.o.max_bytes;
+  if (b.o.device) gpu_open(&b);
   if (b.peer != NULL && b.peer->open(b.comm, b.rank, b.nranks) != 0) {
     fprintf(stderr, "%s: rank %d: cannot start peer %s (run it under %s)\n", prog, b.rank,
             b.peer->name, b.peer->launcher);
@@ -1284,7 +1484,9 @@ int bench_main(int argc, char **argv, const bench_coll *coll) {
   if (b.rank == 0) print_header(&b);
   print_ranks(&b);
 
-  b.reg_bytes = b.o.max_bytes < 64 ? 64 : b.o.max_bytes;
+  if (b.gpu && b.rank == 0)
+    printf("# GPU buffers (-G): %s; %d of %d ranks on this GPU; CUDA-event timing\n",
+           b.gpu_desc, b.gpu_share, b.nranks);
   b.sendreg = alloc_touched(b.reg_bytes);
   b.recvreg = alloc_touched(b.reg_bytes);
   b.pat_in = alloc_touched(PERIOD * 8);
@@ -1311,6 +1513,13 @@ int bench_main(int argc, char **argv, const bench_coll *coll) {
   b.comm = NULL;
   if (st != BRG_SUCCESS) die_status(&b, "brg_comm_destroy", st);
   if (b.peer != NULL && b.peer->finalize != NULL) b.peer->finalize();
+  if (b.gpu) {
+    b.gpu->event_destroy(b.ev_start);
+    b.gpu->event_destroy(b.ev_end);
+    b.gpu->stream_destroy(b.stream);
+    b.gpu->mem_free(b.dsend);
+    b.gpu->mem_free(b.drecv);
+  }
   free(b.sendreg);
   free(b.recvreg);
   free(b.pat_in);

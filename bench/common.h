@@ -31,6 +31,7 @@ typedef struct bench_call {
   brg_op op;
   int root;
   brg_comm *comm;
+  void *stream; /* -G: a CUDA stream, and send/recv are GPU memory; else NULL */
 } bench_call;
 
 typedef struct bench_coll {
@@ -39,6 +40,9 @@ typedef struct bench_coll {
   brg_status (*run)(const bench_call *c);
   const char *call_name; /* "brg_allreduce", for error messages */
 } bench_coll;
+
+/* 1 when the run uses GPU buffers (-G / --device). */
+int bench_device_mode(void);
 
 /* Parses argv, runs the sweep, prints the table; returns the exit status. */
 int bench_main(int argc, char **argv, const bench_coll *coll);

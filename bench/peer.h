@@ -55,6 +55,7 @@ typedef struct bench_peer {
 
 extern const bench_peer bench_peer_mpi;
 extern const bench_peer bench_peer_gloo;
+extern const bench_peer bench_peer_nccl;
 
 #ifdef __cplusplus
 }

@@ -20,7 +20,7 @@ extern "C" {
 #endif
 
 /* Raised whenever the table changes shape; the loader refuses other values. */
-#define BRG__CUDA_ABI 1
+#define BRG__CUDA_ABI 2
 
 /* Name of the one symbol the module exports. */
 #define BRG__CUDA_ENTRY "brg__cuda_module_api"
@@ -86,6 +86,11 @@ typedef struct brg__cuda_api {
   int (*stream_destroy)(void *stream);
   /* UUID of the current device, so ranks can tell that they share one. */
   int (*device_uuid)(unsigned char uuid[16]);
+
+  /* Timing, for benchmarks: an event that records time, and the
+   * milliseconds between two recorded ones (after both completed). */
+  int (*event_create_timing)(void **event);
+  int (*event_elapsed_ms)(float *ms, void *start, void *end);
 } brg__cuda_api;
 
 #define BRG__CUDA_IPC_HANDLE_BYTES 64

@@ -105,6 +105,16 @@ int device_uuid(unsigned char uuid[16]) {
   return e;
 }
 
+int event_create_timing(void **event) {
+  cudaEvent_t ev;
+  cudaError_t e = cudaEventCreate(&ev);
+  if (e == cudaSuccess) *event = ev;
+  return e;
+}
+int event_elapsed_ms(float *ms, void *start, void *end) {
+  return cudaEventElapsedTime(ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end));
+}
+
 const brg__cuda_api api = {
     .abi = BRG__CUDA_ABI,
     .probe = probe,
@@ -132,6 +142,8 @@ const brg__cuda_api api = {
     .stream_create = stream_create,
     .stream_destroy = stream_destroy,
     .device_uuid = device_uuid,
+    .event_create_timing = event_create_timing,
+    .event_elapsed_ms = event_elapsed_ms,
 };
 
 } // namespace

@@ -208,6 +208,7 @@ static int pointer_is_device(const void *p, int *device) {
 typedef struct ev_shared {
   volatile uint64_t issued;    /* records queued so far (by the owner) */
   volatile uint64_t completed; /* the last record that ran */
+  volatile int64_t when_ns;    /* CLOCK_MONOTONIC when it ran (timing events) */
 } ev_shared;
 
 typedef struct event {
@@ -309,6 +310,9 @@ static void run_op(stream *s, const op *o) {
   case OP_COPY: brg__copy(o->d0, o->d1, o->a, o->n); break;
   case OP_DIVIDE: brg__divide(o->d0, o->a, o->n, (brg_dtype)o->dtype, o->div); break;
   case OP_RECORD: {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    o->ev->when_ns = (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
     uint64_t cur = __atomic_load_n(&o->ev->completed, __ATOMIC_ACQUIRE);
     while (cur < o->ticket &&
            !__atomic_compare_exchange_n(&o->ev->completed, &cur, o->ticket, 0, __ATOMIC_RELEASE,
@@ -442,6 +446,23 @@ static int event_sync(void *p) {
   return E_OK;
 }
 
+static int event_create_timing(void **out) {
+  void *h = malloc(HB);
+  if (!h) return E_ALLOC;
+  int e = ipc_event_export(out, h);
+  free(h);
+  return e;
+}
+
+static int event_elapsed_ms(float *ms, void *a, void *b) {
+  event *s = a, *t = b;
+  if (s->s->completed < s->s->issued || t->s->completed < t->s->issued || !s->s->issued ||
+      !t->s->issued)
+    return E_ARG;
+  *ms = (float)((double)(t->s->when_ns - s->s->when_ns) / 1e6);
+  return E_OK;
+}
+
 /* ---- the rest of the table ---- */
 
 static int probe(char *why, size_t n) {
@@ -501,6 +522,8 @@ static const brg__cuda_api api = {
     .stream_create = stream_create,
     .stream_destroy = stream_destroy,
     .device_uuid = device_uuid,
+    .event_create_timing = event_create_timing,
+    .event_elapsed_ms = event_elapsed_ms,
 };
 
 EXPORT const brg__cuda_api *brg__cuda_module_api(void) { return &api; }
