@@ -8,9 +8,12 @@
 #   summary.txt   one line per step with its exit status and time
 #   env.log       nvidia-smi, tool versions, meson setup
 #   build.log     ninja
-#   nomps.log     GPU tests, kernel benchmark, step-mode ring benchmark
-#                 (tests/gpu/test_ipc_gpu N bench), all_reduce_perf, no MPS
-#   mps.log       the same under MPS (or why it was not run)
+#   nomps.log     GPU tests (kernels, device calls, device collectives
+#                 N = 1..4 through the public API), kernel benchmark,
+#                 all_reduce_perf -G for N = 2 and 4 on the one GPU, and
+#                 --peer nccl, without MPS
+#   mps.log       device collectives N=2 and all_reduce_perf -G N=2 under
+#                 MPS (or why it was not run)
 #
 # Usage: tests/gpu/device-check.sh RESULTS_DIR   (from the repository root)
 # nvcc, meson and ninja may be Python packages; cmocka is not needed (the
@@ -87,43 +90,37 @@ step "meson setup" "$OUT/env.log" 120 "${MESON[@]}" setup "$BUILD" "$SRC" \
 step "ninja" "$OUT/build.log" 240 ninja -C "$BUILD" || { note "build failed: see build.log"; exit 1; }
 
 # ---- one round of GPU runs, into one log ----
-# all_reduce_perf runs on GPU buffers only when it knows a GPU flag; until
-# then the round says so instead of running host buffers.
-perf_gpu_flag() {
-  local help
-  help=$("$BUILD/bench/all_reduce_perf" --help 2>&1)
-  if echo "$help" | grep -q -- '--device'; then echo --device
-  elif echo "$help" | grep -qE '(^|[[:space:]])-G'; then echo -G
-  fi
-}
-
+PERF="$BUILD/bench/all_reduce_perf"
 round() {
-  local tag=$1 log=$2
-  step "$tag: meson test --suite gpu" "$log" 120 \
-    "${MESON[@]}" test -C "$BUILD" --no-rebuild --suite gpu --print-errorlogs --num-processes 1
-  cat "$BUILD/meson-logs/testlog.txt" >>"$log" 2>/dev/null
-  step "$tag: gpu_kernel_bench" "$log" 60 \
-    "$BUILD/kernels/cuda/gpu_kernel_bench" -b 1M -e 1G -n 20 -w 5
-  for cfg in "2 1" "2 16" "4 16"; do
-    set -- $cfg
-    step "$tag: step-mode ring N=$1 slot $2 MiB" "$log" 40 \
-      "$BUILD/tests/gpu/test_ipc_gpu" "$1" bench $((256 << 20)) $(($2 << 20))
-  done
-  local flag
-  flag=$(perf_gpu_flag)
-  if [ -n "$flag" ]; then
-    for n in 2 4; do
-      step "$tag: all_reduce_perf N=$n $flag" "$log" 90 \
-        "$BUILD/tools/brigade-run" -n $n "$BUILD/bench/all_reduce_perf" "$flag" -b 8 -e 1G -f 4
-    done
+  local tag=$1 log=$2 full=$3
+  if [ "$full" = full ]; then
+    step "$tag: meson test --suite gpu" "$log" 200 \
+      "${MESON[@]}" test -C "$BUILD" --no-rebuild --suite gpu --print-errorlogs --num-processes 1
+    cat "$BUILD/meson-logs/testlog.txt" >>"$log" 2>/dev/null
+    step "$tag: gpu_kernel_bench" "$log" 60 \
+      "$BUILD/kernels/cuda/gpu_kernel_bench" -b 1M -e 1G -n 20 -w 5
   else
-    note "$tag: all_reduce_perf has no GPU flag yet (-G/--device): skipped"
+    step "$tag: device_collectives N=2" "$log" 90 \
+      "${MESON[@]}" test -C "$BUILD" --no-rebuild --print-errorlogs device_collectives-N2
   fi
-  # The headline numbers, into the summary: 256 MiB kernel rows, ring rows.
-  grep -E '^# device|^ +268435456 |^step-mode' "$log" | sed "s/^/$tag: /" >>"$SUMMARY"
+  # all_reduce_perf on GPU buffers, N ranks on this one GPU.
+  local ns="2 4"
+  [ "$full" = full ] || ns=2
+  for n in $ns; do
+    step "$tag: all_reduce_perf -G N=$n" "$log" 100 \
+      "$BUILD/tools/brigade-run" -n $n "$PERF" -G -b 8 -e 1G -f 4 -n 10 -w 3
+  done
+  # NCCL beside it (NCCL refuses two ranks on one GPU; then it says so).
+  if [ "$full" = full ] && "$PERF" --help 2>&1 | grep -q nccl; then
+    step "$tag: all_reduce_perf -G N=2 --peer nccl" "$log" 60 \
+      "$BUILD/tools/brigade-run" -n 2 "$PERF" -G -b 1M -e 256M -f 16 -n 10 -w 3 --peer nccl
+  fi
+  # The headline numbers, into the summary.
+  grep -E '^# device|^# GPU|^ +268435456 |^# Roofline|^step|NCCL|nccl' "$log" | head -40 |
+    sed "s/^/$tag: /" >>"$SUMMARY"
 }
 
-round "no MPS" "$OUT/nomps.log"
+round "no MPS" "$OUT/nomps.log" full
 
 # ---- the same under MPS ----
 if command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
@@ -131,7 +128,7 @@ if command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
   if nvidia-cuda-mps-control -d >>"$OUT/mps.log" 2>&1; then
     note "MPS control daemon started"
-    round "MPS" "$OUT/mps.log"
+    round "MPS" "$OUT/mps.log" short
     echo quit | timeout 20 nvidia-cuda-mps-control >>"$OUT/mps.log" 2>&1
     cat "$CUDA_MPS_LOG_DIRECTORY"/*.log >>"$OUT/mps.log" 2>/dev/null
   else
