@@ -50,18 +50,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "config.h"
+#include "regcache.h"
 #include "transport.h"
 #include "verbs_api.h"
 
 #define IB_INFO_MAGIC 0x42524749u  /* "BRGI" */
 #define IB_HELLO_MAGIC 0x42524948u /* "BRIH" */
 #define IB_BYE 0x42
+#define IB_FAIL 0x46           /* then a length byte and that many bytes of why */
 #define IB_CLOSE_GRACE_MS 1000 /* how long close() lets the send proxy flush */
 #define IB_MAX_PENDING 8
 #define IB_PROXY_SPIN 64 /* most idle polls before a proxy yields */
@@ -112,18 +115,32 @@ typedef struct ib_hello {
   brg__vb_qp_info qps[IB_MAX_QPS];
 } ib_hello;
 
+/* A device context (soft: the address its queue pairs listen on) with its
+ * registration cache, shared by every link of the process that uses the same
+ * backend and address, and closed with the last of them. */
+typedef struct ib_dev {
+  struct ib_dev *next;
+  const brg__vb_ops *vb;
+  char addr[64];
+  brg__vb_ctx *ctx;
+  brg__regcache *cache;
+  int refs; /* under dev_lock */
+} ib_dev;
+
 typedef struct ib_conn {
   int sender;
   int peer;
   const brg__vb_ops *vb;
-  brg__vb_ctx *ctx;
+  ib_dev *dev;
+  brg__vb_ctx *ctx; /* dev->ctx */
   int nqps;
   brg__vb_qp *qp[IB_MAX_QPS]; /* slot n travels on qp[n % nqps]; CTS on qp[0] */
   brg__fifo fifo;
   size_t fifo_bytes;
-  brg__vb_mr fifo_mr;
-  ib_cts *cts; /* sender: the CTS FIFO written by the peer; receiver: staging */
-  brg__vb_mr cts_mr;
+  const brg__vb_mr *fifo_mr; /* from dev->cache, as is cts_mr */
+  ib_cts *cts;               /* sender: the CTS FIFO written by the peer; receiver: staging */
+  size_t cts_bytes;          /* whole pages: its registration exposes nothing else */
+  const brg__vb_mr *cts_mr;
   uint64_t peer_cts_addr; /* receiver: where the sender's CTS FIFO is */
   uint32_t peer_cts_rkey;
   int listen_fd, ctrl_fd;
@@ -138,6 +155,7 @@ typedef struct ib_conn {
   volatile uint32_t *sleep_waiters;
   uint32_t ev_seq;
   char peer_addr[80];
+  char peer_why[256]; /* the peer's failure notice (proxy thread only) */
 } ib_conn;
 
 /* ---- which backend -------------------------------------------------------- */
@@ -185,6 +203,66 @@ static int ib_available(char *why, size_t why_bytes) {
 static int ib_can_connect(const brg__peer_info *self, const brg__peer_info *peer) {
   if (!backend()) return 0;
   return self->host_hash != peer->host_hash || brg__config_int(BRG__CFG_IB_ALLOW_LOCAL) != 0;
+}
+
+/* ---- the shared device context and its registration cache ------------------- */
+
+static pthread_mutex_t dev_lock = PTHREAD_MUTEX_INITIALIZER;
+static ib_dev *devs;
+
+static brg_status dev_get(const brg__vb_ops *vb, const char *addr, ib_dev **out, brg__errbuf *err) {
+  if (!addr || strlen(addr) >= sizeof devs->addr)
+    return brg__error(err, BRG_ERR_INVALID_ARGUMENT, "ib", "ibverbs: no usable local address");
+  brg_status s = BRG_SUCCESS;
+  pthread_mutex_lock(&dev_lock);
+  ib_dev *d = devs;
+  while (d && (d->vb != vb || strcmp(d->addr, addr) != 0)) d = d->next;
+  if (!d) {
+    d = calloc(1, sizeof *d);
+    if (!d) {
+      s = brg__error(err, BRG_ERR_NO_MEMORY, "ib", "ibverbs: out of memory");
+      goto out;
+    }
+    d->vb = vb;
+    snprintf(d->addr, sizeof d->addr, "%s", addr);
+    if ((s = vb->ctx_open(&d->ctx, addr, err)) != BRG_SUCCESS) goto err_free;
+    if ((s = brg__regcache_create(&d->cache, vb, d->ctx, 0, 0, err)) != BRG_SUCCESS) goto err_ctx;
+    d->next = devs;
+    devs = d;
+  }
+  d->refs++;
+  *out = d;
+  goto out;
+err_ctx:
+  vb->ctx_close(d->ctx);
+err_free:
+  free(d);
+out:
+  pthread_mutex_unlock(&dev_lock);
+  return s;
+}
+
+static void dev_put(ib_dev *d) {
+  pthread_mutex_lock(&dev_lock);
+  if (--d->refs > 0) {
+    pthread_mutex_unlock(&dev_lock);
+    return;
+  }
+  ib_dev **pp = &devs;
+  while (*pp != d) pp = &(*pp)->next;
+  *pp = d->next;
+  pthread_mutex_unlock(&dev_lock);
+  brg__regcache_stats st;
+  brg__regcache_stats_get(d->cache, &st);
+  BRG__INFO("ib",
+            "registration cache of the %s backend at %s: %llu hits, %llu misses, %llu evicted, "
+            "%llu invalidated; %zu registration%s (%zu bytes) left to deregister",
+            d->vb->name, d->addr, (unsigned long long)st.hits, (unsigned long long)st.misses,
+            (unsigned long long)st.evictions, (unsigned long long)st.invalidations, st.entries,
+            st.entries == 1 ? "" : "s", st.bytes);
+  brg__regcache_destroy(d->cache);
+  d->vb->ctx_close(d->ctx);
+  free(d);
 }
 
 /* ---- small helpers ---------------------------------------------------------- */
@@ -245,7 +323,9 @@ static void idle(ib_conn *t, int *rounds, uint64_t word_seen, uint32_t ev_seen) 
   }
 }
 
-/* The link breaks: the engine sees `closed` through its wait check. */
+/* The link breaks: the engine sees `closed` through its wait check, and
+ * closed_why says what broke first and whom it was with, so a truncated
+ * text loses the address, not the reason. */
 static void link_fail(ib_conn *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void link_fail(ib_conn *t, const char *fmt, ...) {
   char why[256];
@@ -254,22 +334,66 @@ static void link_fail(ib_conn *t, const char *fmt, ...) {
   vsnprintf(why, sizeof why, fmt, ap);
   va_end(ap);
   if (!__atomic_load_n(&t->stopping, __ATOMIC_ACQUIRE) &&
-      brg__fifo_mark_closed(&t->fifo, BRG_ERR_REMOTE, "%s backend: %s", t->vb->name, why)) {
+      brg__fifo_mark_closed(&t->fifo, BRG_ERR_REMOTE, "%s (%s rank %d at %s, %s verbs backend)",
+                            why, t->sender ? "to" : "from", t->peer, t->peer_addr, t->vb->name)) {
     BRG__WARN("ib", "link %s rank %d (%s, %s backend) broke: %s", t->sender ? "to" : "from",
               t->peer, t->peer_addr, t->vb->name, why);
+    /* The peer's end sees only the consequence (its receives flushed, a
+     * write that never completes): tell it the cause, best effort. */
+    if (t->ctrl_fd >= 0) {
+      unsigned char msg[2 + 255];
+      size_t n = strlen(why);
+      if (n > 255) n = 255;
+      msg[0] = IB_FAIL;
+      msg[1] = (unsigned char)n;
+      memcpy(msg + 2, why, n);
+      if (send(t->ctrl_fd, msg, 2 + n, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
+        /* a peer that is gone hears nothing */
+      }
+    }
   }
   brg__fifo_wake_all(&t->fifo);
 }
 
-/* Control connection: 1 goodbye, -1 ended without one, 0 nothing yet. */
+/* What a failed completion says: the backend's words for its status
+ * (ibv_wc_status_str, or the software backend's equivalent). */
+static const char *wc_why(const brg__vb_wc *wc) {
+  return wc->status_text && wc->status_text[0] ? wc->status_text : "unknown completion error";
+}
+
+/* Reads exactly len bytes from fd within wait_ms: 0, or -1. */
+static int read_within(int fd, void *buf, size_t len, int wait_ms) {
+  int64_t deadline = now_ms() + wait_ms;
+  size_t got = 0;
+  while (got < len) {
+    int64_t left = deadline - now_ms();
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    if (left <= 0 || poll(&pfd, 1, (int)left) < 0) return -1;
+    if (!pfd.revents) continue;
+    ssize_t n = recv(fd, (char *)buf + got, len - got, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    if (n <= 0) return -1;
+    got += (size_t)n;
+  }
+  return 0;
+}
+
+/* Control connection: 1 goodbye, 2 the peer's failure notice (its text in
+ * t->peer_why), -1 ended without either, 0 nothing yet. */
 static int ctrl_poll(ib_conn *t, int wait_ms) {
   struct pollfd pfd = {.fd = t->ctrl_fd, .events = POLLIN};
   if (poll(&pfd, 1, wait_ms) <= 0) return 0;
-  char b;
+  unsigned char b, len;
   ssize_t n = recv(t->ctrl_fd, &b, 1, MSG_DONTWAIT);
-  if (n == 1) return b == IB_BYE ? 1 : -1;
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return 0;
-  return -1;
+  if (n != 1) return -1;
+  if (b == IB_BYE) return 1;
+  if (b != IB_FAIL) return -1;
+  if (read_within(t->ctrl_fd, &len, 1, 100) != 0 ||
+      read_within(t->ctrl_fd, t->peer_why, len, 100) != 0)
+    len = (unsigned char)snprintf(t->peer_why, sizeof t->peer_why, "no reason received");
+  t->peer_why[len] = 0;
+  return 2;
 }
 
 /* Whether to look at the control connection now: a system call, so not on
@@ -287,7 +411,7 @@ static void *send_proxy(void *arg) {
   uint64_t ns = (uint64_t)f->nslots, nq = (uint64_t)t->nqps, sent = 0, done = 0;
   uint8_t written[BRG__MAX_SLOTS] = {0}; /* completed, maybe ahead of `done` */
   int64_t grace_end = 0, gone_at = 0;
-  int gone = 0; /* the receiver closed its end: 1 with a goodbye, -1 without */
+  int gone = 0; /* the receiver closed its end: 1 with a goodbye, 2 failed, -1 went away */
   int rounds = 0;
   brg__vb_wc wc[16];
   for (;;) {
@@ -301,8 +425,13 @@ static void *send_proxy(void *arg) {
       }
       for (int i = 0; i < n; i++) {
         if (wc[i].status != BRG__VB_WC_SUCCESS) {
-          link_fail(t, "write of slot %llu failed: %s", (unsigned long long)wc[i].wr_id,
-                    wc[i].status_text);
+          /* Payload writes are unsignalled and carry no slot; a failure
+           * still completes them. */
+          if (wc[i].wr_id == UINT64_MAX)
+            link_fail(t, "RDMA write of a payload failed: %s", wc_why(&wc[i]));
+          else
+            link_fail(t, "RDMA write of slot %llu failed: %s", (unsigned long long)wc[i].wr_id,
+                      wc_why(&wc[i]));
           return NULL;
         }
         if (wc[i].wr_id < done || wc[i].wr_id >= sent) {
@@ -332,11 +461,11 @@ static void *send_proxy(void *arg) {
       brg_status s = BRG_SUCCESS;
       brg__vb_qp *qp = t->qp[sent % nq];
       if (m->bytes)
-        s = t->vb->post_write(qp, UINT64_MAX, &t->fifo_mr, brg__fifo_slot(f, sent), m->bytes,
+        s = t->vb->post_write(qp, UINT64_MAX, t->fifo_mr, brg__fifo_slot(f, sent), m->bytes,
                               e->data_addr, e->rkey, 0, 0, 0);
       if (s == BRG_SUCCESS)
-        s = t->vb->post_write(qp, sent, &t->fifo_mr, m, offsetof(brg__slot_meta, flag),
-                              e->meta_addr, e->rkey, 1, (uint32_t)sent, 1);
+        s = t->vb->post_write(qp, sent, t->fifo_mr, m, offsetof(brg__slot_meta, flag), e->meta_addr,
+                              e->rkey, 1, (uint32_t)sent, 1);
       if (s != BRG_SUCCESS) {
         link_fail(t, "posting the write of slot %llu: %s", (unsigned long long)sent,
                   brg_status_string(s));
@@ -352,9 +481,13 @@ static void *send_proxy(void *arg) {
     if (!gone && ctrl_due(t, rounds) && (gone = ctrl_poll(t, 0)) != 0) gone_at = now_ms();
     if (gone && __atomic_load_n(&ctrl->tail, __ATOMIC_ACQUIRE) > done &&
         (sent < __atomic_load_n(&ctrl->tail, __ATOMIC_ACQUIRE) || now_ms() - gone_at > 500)) {
-      link_fail(t, "the peer %s with slot %llu still to deliver",
-                gone > 0 ? "closed its link" : "went away (control connection ended)",
-                (unsigned long long)done);
+      if (gone == 2)
+        link_fail(t, "rank %d broke its end with slot %llu still to deliver: %s", t->peer,
+                  (unsigned long long)done, t->peer_why);
+      else
+        link_fail(t, "the peer %s with slot %llu still to deliver",
+                  gone > 0 ? "closed its link" : "went away (control connection ended)",
+                  (unsigned long long)done);
       return NULL;
     }
     if (__atomic_load_n(&t->stopping, __ATOMIC_ACQUIRE)) {
@@ -382,10 +515,10 @@ static brg_status cts_post(ib_conn *t, uint64_t pos) {
   ib_cts *e = &t->cts[pos % ns];
   e->meta_addr = (uint64_t)(uintptr_t)brg__fifo_meta(f, pos);
   e->data_addr = (uint64_t)(uintptr_t)brg__fifo_slot(f, pos);
-  e->rkey = t->fifo_mr.rkey;
+  e->rkey = t->fifo_mr->rkey;
   e->size = (uint32_t)f->slot_bytes;
   e->seq = pos + 1;
-  return t->vb->post_write(t->qp[0], UINT64_MAX, &t->cts_mr, e, sizeof *e,
+  return t->vb->post_write(t->qp[0], UINT64_MAX, t->cts_mr, e, sizeof *e,
                            t->peer_cts_addr + (pos % ns) * sizeof *e, t->peer_cts_rkey, 0, 0,
                            pos % ns == ns - 1);
 }
@@ -415,10 +548,18 @@ static int recv_take(ib_conn *t, int q, recv_state *rs, int quiet) {
   for (int i = 0; i < n; i++) {
     if (wc[i].status != BRG__VB_WC_SUCCESS) {
       if (quiet) return -1;
-      /* An orderly close tears the queue pairs down right after its goodbye. */
-      if (ctrl_poll(t, 50) > 0) return 2;
-      link_fail(t, "%s failed: %s", wc[i].opcode == BRG__VB_OP_RECV_IMM ? "receive" : "write",
-                wc[i].status_text);
+      /* An orderly close tears the queue pairs down right after its
+       * goodbye; a sender whose write failed says why. */
+      int c = ctrl_poll(t, 50);
+      if (c == 1) return 2;
+      /* A failed completion's opcode is undefined; the wr_id tells (CTS
+       * writes carry UINT64_MAX, receives their slot). */
+      const char *what = wc[i].wr_id == UINT64_MAX ? "clear-to-send write" : "receive";
+      if (c == 2)
+        link_fail(t, "%s failed: %s; rank %d reported: %s", what, wc_why(&wc[i]), t->peer,
+                  t->peer_why);
+      else
+        link_fail(t, "%s failed: %s", what, wc_why(&wc[i]));
       return -1;
     }
     if (wc[i].opcode != BRG__VB_OP_RECV_IMM) continue;
@@ -475,6 +616,10 @@ static void *recv_proxy(void *arg) {
       }
       if (c < 0) {
         link_fail(t, "the peer went away (control connection ended)");
+        return NULL;
+      }
+      if (c == 2) {
+        link_fail(t, "rank %d broke its end: %s", t->peer, t->peer_why);
         return NULL;
       }
       bye = 1;
@@ -543,13 +688,21 @@ static brg_status conn_open(brg__conn *c, const brg__conn_params *p, int sender,
   if (s != BRG_SUCCESS) return s;
   c->fifo = t->fifo;
   t->fifo_bytes = brg__fifo_region_bytes(p->nslots, p->slot_bytes);
-  t->cts = calloc((size_t)p->nslots, sizeof *t->cts);
-  if (!t->cts) return brg__error(err, BRG_ERR_NO_MEMORY, "ib", "ibverbs: out of memory");
-  if ((s = vb->ctx_open(&t->ctx, p->self_info->addr, err)) != BRG_SUCCESS) return s;
-  if ((s = vb->mr_reg(t->ctx, t->fifo.ctrl, t->fifo_bytes, &t->fifo_mr, err)) != BRG_SUCCESS)
-    return s;
-  if ((s = vb->mr_reg(t->ctx, t->cts, (size_t)p->nslots * sizeof *t->cts, &t->cts_mr, err)) !=
+  /* The cache registers whole pages, so the CTS array gets pages of its own
+   * (as the FIFO has): a peer's key to it reaches nothing else. */
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  t->cts_bytes = ((size_t)p->nslots * sizeof *t->cts + page - 1) & ~(page - 1);
+  void *cts = mmap(NULL, t->cts_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (cts == MAP_FAILED)
+    return brg__error(err, BRG_ERR_NO_MEMORY, "ib", "ibverbs: mmap of the CTS FIFO: %s",
+                      strerror(errno));
+  t->cts = cts;
+  if ((s = dev_get(vb, p->self_info->addr, &t->dev, err)) != BRG_SUCCESS) return s;
+  t->ctx = t->dev->ctx;
+  if ((s = brg__regcache_get(t->dev->cache, t->fifo.ctrl, t->fifo_bytes, &t->fifo_mr, err)) !=
       BRG_SUCCESS)
+    return s;
+  if ((s = brg__regcache_get(t->dev->cache, t->cts, t->cts_bytes, &t->cts_mr, err)) != BRG_SUCCESS)
     return s;
   t->sleep_word = sender ? &t->fifo.ctrl->tail : &t->fifo.ctrl->head;
   t->sleep_waiters = sender ? &t->fifo.ctrl->tail_waiters : &t->fifo.ctrl->head_waiters;
@@ -695,7 +848,7 @@ static brg_status ib_send_connect(brg__conn *c, const brg__conn_params *p, const
   if ((s = ctrl_dial(t, p, &ci, err)) != BRG_SUCCESS) return s;
   memcpy(h.secret, p->secret, BRG__SECRET_BYTES);
   h.cts_addr = (uint64_t)(uintptr_t)t->cts;
-  h.cts_rkey = t->cts_mr.rkey;
+  h.cts_rkey = t->cts_mr->rkey;
   h.nslots = (uint32_t)p->nslots;
   if (send_full(t->ctrl_fd, &h, sizeof h) != 0)
     return brg__error(err, BRG_ERR_SYSTEM, "ib", "hello to rank %d at %s: %s", p->peer,
@@ -820,14 +973,17 @@ static void ib_close(brg__conn *c) {
   }
   for (int q = 0; q < IB_MAX_QPS; q++) /* a failed qp_create may leave one past nqps */
     if (t->qp[q]) t->vb->qp_destroy(t->qp[q]);
-  if (t->ctx) {
-    t->vb->mr_dereg(t->ctx, &t->cts_mr);
-    t->vb->mr_dereg(t->ctx, &t->fifo_mr);
-    t->vb->ctx_close(t->ctx);
+  if (t->dev) {
+    /* The memory goes back to the system next: no registration may outlive it. */
+    brg__regcache_put(t->dev->cache, t->cts_mr);
+    brg__regcache_put(t->dev->cache, t->fifo_mr);
+    if (t->cts) brg__regcache_invalidate(t->dev->cache, t->cts, t->cts_bytes);
+    if (t->fifo.ctrl) brg__regcache_invalidate(t->dev->cache, t->fifo.ctrl, t->fifo_bytes);
+    dev_put(t->dev);
   }
   if (t->ctrl_fd >= 0) close(t->ctrl_fd);
   if (t->listen_fd >= 0) close(t->listen_fd);
-  free(t->cts);
+  if (t->cts) munmap(t->cts, t->cts_bytes);
   brg__fifo_free(&t->fifo);
   memset(&c->fifo, 0, sizeof c->fifo);
   free(t);

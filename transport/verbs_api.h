@@ -105,6 +105,11 @@ typedef struct brg__vb_ops {
 } brg__vb_ops;
 
 extern const brg__vb_ops brg__vb_soft;
+/* For tests: the next `n` write-with-immediates posted on any software queue
+ * pair of this process carry a wrong rkey, so the peer rejects them as an RC
+ * responder does (a remote access error at the requester; the responder's
+ * queue pair flushes). 0 turns it off. */
+void brg__vb_soft_test_bad_rkey(int n);
 /* NULL where the build found no libibverbs headers. */
 extern const brg__vb_ops *const brg__vb_real;
 

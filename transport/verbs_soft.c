@@ -41,7 +41,7 @@
 #include "verbs_api.h"
 
 #define SOFT_HELLO_MAGIC 0x42525651u /* "BRVQ" */
-#define SOFT_MAX_MRS 64
+#define SOFT_MAX_MRS 1024            /* a power of two; one context serves all links of a process */
 #define SOFT_DISCARD_BYTES 65536
 
 enum { SOFT_WRITE = 1, SOFT_WRITE_IMM = 2, SOFT_ACK = 3 };
@@ -141,6 +141,13 @@ static const char *wc_text(int status) {
   default:
     return "error";
   }
+}
+
+/* Test hook (brg__vb_soft_test_bad_rkey): write-with-immediates still to spoil. */
+static int test_bad_rkey;
+
+void brg__vb_soft_test_bad_rkey(int n) {
+  __atomic_store_n(&test_bad_rkey, n, __ATOMIC_SEQ_CST);
 }
 
 static int64_t now_ms(void) {
@@ -624,6 +631,9 @@ static brg_status soft_post_write(brg__vb_qp *q, uint64_t wr_id, const brg__vb_m
   const char *l = laddr, *base = lmr->addr;
   if (len && (l < base || (size_t)(l - base) > lmr->len || len > lmr->len - (size_t)(l - base)))
     return BRG_ERR_INVALID_ARGUMENT; /* a local protection error, caught at post time */
+  if (with_imm && __atomic_load_n(&test_bad_rkey, __ATOMIC_RELAXED) > 0 &&
+      __atomic_sub_fetch(&test_bad_rkey, 1, __ATOMIC_SEQ_CST) >= 0)
+    rkey ^= ~(uint32_t)(SOFT_MAX_MRS - 1); /* same table slot, another key: never valid */
   pthread_mutex_lock(&q->lock);
   if (q->sq_tail - q->sq_done >= (uint64_t)q->max_send) {
     pthread_mutex_unlock(&q->lock);
