@@ -207,7 +207,8 @@ static void usage(FILE *f, const bench_coll *coll) {
           "2(N-1)/N for all_reduce, (N-1)/N for all_gather and reduce_scatter, 1 for\n"
           "broadcast and reduce. Select transports with BRIGADE_TRANSPORTS=shm|tcp.\n"
           "--peer mpi needs the program started by mpirun (mpirun -np N %s ...);\n"
-          "--peer gloo runs under brigade-run.\n",
+          "--peer gloo runs under brigade-run; --peer nccl too, with -G (one GPU per rank:\n"
+          "NCCL refuses two ranks on one GPU).\n",
           prog, coll->name, peers_built(), prog);
 }
 
@@ -1465,8 +1466,8 @@ int bench_main(int argc, char **argv, const bench_coll *coll) {
   b.reg_bytes = b.o.max_bytes < 64 ? 64 : b.o.max_bytes;
   if (b.o.device) gpu_open(&b);
   if (b.peer != NULL && b.peer->open(b.comm, b.rank, b.nranks) != 0) {
-    fprintf(stderr, "%s: rank %d: cannot start peer %s (run it under %s)\n", prog, b.rank,
-            b.peer->name, b.peer->launcher);
+    fprintf(stderr, "%s: rank %d: cannot start peer %s (the reason is above; it runs under %s)\n",
+            prog, b.rank, b.peer->name, b.peer->launcher);
     brg_comm_abort(b.comm);
     return 1;
   }
