@@ -125,12 +125,6 @@ brg_status brg__device_check_call(brg_comm *c, const char *fn, const void *sendb
                              "take stream = NULL, device buffers a stream)", fn, names[i],
                              bufs[i]);
   }
-  for (int r = 0; r < c->nranks; r++)
-    if (c->peers[r].host_hash != c->peers[c->rank].host_hash)
-      return brg__comm_error(c, BRG_ERR_UNAVAILABLE,
-                             "%s: device buffers with ranks on several hosts (rank %d is on %s) "
-                             "need a network transport for GPU memory, which is not built yet",
-                             fn, r, c->peers[r].hostname);
   return BRG_SUCCESS;
 }
 

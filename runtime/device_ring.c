@@ -26,6 +26,15 @@
  * time slice or forever. The call returns once its work is enqueued.
  *
  * Two ranks in one process use each other's pointers and events directly.
+ *
+ * A link between hosts has no CUDA IPC: there the slots are the network
+ * transport's own host FIFO (tcp or ibverbs), pinned and mapped for
+ * kernels. The sender's kernel writes the slot in host memory, the host
+ * waits for it and posts the slot for the transport to carry; the
+ * receiver's kernel reads the slot that arrived, and the host waits for it
+ * before handing the slot back. Those waits make the call return only when
+ * the collective is done on ranks with such a link (staging through pinned
+ * host memory; GPU memory registered with the NIC would skip it).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +60,10 @@ struct brg__dev_ring {
   void *prev_send_ev[BRG__MAX_SLOTS];     /* the previous rank's send_ev */
   void *next_rel_ev[BRG__MAX_SLOTS];      /* the next rank's rel_ev */
   int prev_opened, next_opened;           /* those came from ipc_event_open */
+  /* Links to other hosts: the transport's host FIFO regions, mapped. */
+  int send_staged, recv_staged;
+  char *send_region, *recv_region;        /* host addresses (NULL: not registered) */
+  char *send_region_dev, *recv_region_dev;
 };
 
 /* What each rank tells every other one at setup. */
@@ -83,6 +96,8 @@ static void ring_release(struct brg__dev_ring *d) {
     if (d->next_opened && d->next_rel_ev[k]) api->event_destroy(d->next_rel_ev[k]);
   }
   if (d->next_mapped && d->next_fifo) api->ipc_mem_close(d->next_fifo);
+  if (d->send_region) api->host_unregister(d->send_region);
+  if (d->recv_region) api->host_unregister(d->recv_region);
   /* Everything this rank enqueued is behind its own last events. */
   for (int k = 0; k < d->nslots; k++) {
     if (d->send_ev[k]) api->event_sync(d->send_ev[k]);
@@ -102,11 +117,30 @@ void brg__device_ring_free(brg_comm *c) {
   c->dev = NULL;
 }
 
-/* This rank's own half: FIFO and events, described in `b`. */
-static void setup_local(struct brg__dev_ring *d, dev_blob *b) {
+/* Pins and maps the host FIFO of a network link for kernels. */
+static int map_host_fifo(const brg__cuda_api *api, const brg__fifo *f, char **region, char **dev) {
+  char *base = (char *)f->ctrl;
+  void *dp = NULL;
+  int e = api->host_register(base, brg__fifo_region_bytes(f->nslots, f->slot_bytes), &dp);
+  if (e) return e;
+  *region = base;
+  *dev = dp;
+  return 0;
+}
+
+/* This rank's own half: FIFO, events and mapped host FIFOs, described in `b`. */
+static void setup_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b) {
   const brg__cuda_api *api = d->api;
   int e = api->device_uuid(b->uuid);
   const char *what = "cudaGetDeviceProperties";
+  if (!e && d->send_staged) {
+    what = "cudaHostRegister of the send FIFO (link to another host)";
+    e = map_host_fifo(api, &c->send.fifo, &d->send_region, &d->send_region_dev);
+  }
+  if (!e && d->recv_staged) {
+    what = "cudaHostRegister of the receive FIFO (link from another host)";
+    e = map_host_fifo(api, &c->recv.fifo, &d->recv_region, &d->recv_region_dev);
+  }
   if (!e) {
     what = "cudaMalloc + cudaIpcGetMemHandle of the receive FIFO";
     e = api->ipc_mem_export((void **)&d->fifo, (size_t)d->nslots * d->slot_bytes, b->fifo_handle);
@@ -132,7 +166,9 @@ static brg_status setup_links(brg_comm *c, struct brg__dev_ring *d, const dev_bl
                               const dev_blob *next, const dev_blob *prev) {
   const brg__cuda_api *api = d->api;
   int e;
-  if (next->pid == self->pid) {
+  if (d->send_staged) {
+    /* slots are the transport's host FIFO */
+  } else if (next->pid == self->pid) {
     d->next_fifo = (char *)(uintptr_t)next->fifo_ptr;
     for (int k = 0; k < d->nslots; k++) d->next_rel_ev[k] = (void *)(uintptr_t)next->rel_ev_ptr[k];
   } else {
@@ -147,7 +183,9 @@ static brg_status setup_links(brg_comm *c, struct brg__dev_ring *d, const dev_bl
       if ((e = api->ipc_event_open(&d->next_rel_ev[k], next->rel_ev[k])) != 0)
         return cuda_fail(c, api, e, "cudaIpcOpenEventHandle (next rank's events)");
   }
-  if (prev->pid == self->pid) {
+  if (d->recv_staged) {
+    /* slots are the transport's host FIFO */
+  } else if (prev->pid == self->pid) {
     for (int k = 0; k < d->nslots; k++) d->prev_send_ev[k] = (void *)(uintptr_t)prev->send_ev_ptr[k];
   } else {
     d->prev_opened = 1;
@@ -181,10 +219,17 @@ brg_status brg__device_ring_setup(brg_comm *c) {
   d->api = api;
   d->nslots = c->nslots;
   d->slot_bytes = (size_t)brg__config_int(BRG__CFG_DEVICE_SLICE_BYTES) & ~(size_t)255;
+  uint64_t here = c->peers[c->rank].host_hash;
+  d->send_staged = c->peers[c->next].host_hash != here;
+  d->recv_staged = c->peers[c->prev].host_hash != here;
+  /* Every rank slices alike: with any link between hosts, slices are the
+   * host FIFOs' slots. */
+  for (int r = 0; r < c->nranks; r++)
+    if (c->peers[r].host_hash != c->peers[0].host_hash) d->slot_bytes = c->slot_bytes;
   mine->pid = (int32_t)getpid();
   mine->nslots = d->nslots;
   mine->slot_bytes = d->slot_bytes;
-  setup_local(d, mine);
+  setup_local(c, d, mine);
 
   /* Every rank takes part even when its own half failed, so that all of
    * them learn which rank could not and why, instead of timing out. */
@@ -211,12 +256,13 @@ brg_status brg__device_ring_setup(brg_comm *c) {
     api->describe(desc, sizeof desc);
     BRG__INFO("init", "device ring: step mode (a copy or reduce kernel per slice and step, "
               "ordered by interprocess events; no kernel waits for another process), "
-              "%d slots of %zu bytes in GPU memory; %d of %d ranks on this GPU%s; %s",
+              "%d slots of %zu bytes in GPU memory; %d of %d ranks on this GPU%s; %s%s%s",
               d->nslots, d->slot_bytes, share, c->nranks,
               share > 1 ? (mps_running() ? ", MPS running"
                                          : ", no MPS: their kernels take turns on the GPU")
                         : "",
-              desc);
+              desc, d->send_staged ? "; to the next host through pinned host memory" : "",
+              d->recv_staged ? "; from the previous host through pinned host memory" : "");
     c->dev = d;
   } else {
     ring_release(d);
@@ -249,7 +295,12 @@ brg_status brg__device_prim(struct ring_op *o, int prim_, const char *in, char *
   brg_status s;
   const char *hdr;
   char *hslot;
-  if (recvs) {
+  const char *r = d->fifo + (size_t)rk * d->slot_bytes;
+  char *slot = d->next_fifo + (size_t)sk * d->slot_bytes;
+  if (recvs && d->recv_staged) {
+    if ((s = brg__ring_recv_acquire(o, &hdr, bytes)) != BRG_SUCCESS) return s;
+    r = d->recv_region_dev + (hdr - d->recv_region);
+  } else if (recvs) {
     if ((s = brg__ring_recv_acquire(o, &hdr, 0)) != BRG_SUCCESS) return s;
     uint64_t theirs;
     memcpy(&theirs, hdr, sizeof theirs);
@@ -262,7 +313,10 @@ brg_status brg__device_prim(struct ring_op *o, int prim_, const char *in, char *
     e = api->stream_wait_event(st, d->prev_send_ev[rk]);
     if (e) return cuda_fail(c, api, e, "cudaStreamWaitEvent (previous rank's slot)");
   }
-  if (sends) {
+  if (sends && d->send_staged) {
+    if ((s = brg__ring_send_acquire(o, bytes, &hslot)) != BRG_SUCCESS) return s;
+    slot = d->send_region_dev + (hslot - d->send_region);
+  } else if (sends) {
     if ((s = brg__ring_send_acquire(o, 0, &hslot)) != BRG_SUCCESS) return s;
     /* One lap on, the slot is free once the next rank's kernel that read
      * it has run. */
@@ -270,8 +324,6 @@ brg_status brg__device_prim(struct ring_op *o, int prim_, const char *in, char *
         (e = api->stream_wait_event(st, d->next_rel_ev[sk])) != 0)
       return cuda_fail(c, api, e, "cudaStreamWaitEvent (next rank's slot)");
   }
-  const char *r = d->fifo + (size_t)rk * d->slot_bytes;
-  char *slot = d->next_fifo + (size_t)sk * d->slot_bytes;
   int n = c->nranks;
   brg_op mid = k->op == BRG_AVG ? BRG_SUM : k->op;
   if (m > 0) {
@@ -289,12 +341,17 @@ brg_status brg__device_prim(struct ring_op *o, int prim_, const char *in, char *
     if (e) return cuda_fail(c, api, e, "reduce/copy kernel launch");
   }
   if (sends) {
-    memcpy(hslot, &bytes, sizeof bytes);
+    if (!d->send_staged) memcpy(hslot, &bytes, sizeof bytes);
     if ((e = api->event_record(d->send_ev[sk], st)) != 0) return cuda_fail(c, api, e, "cudaEventRecord");
-    brg__ring_send_post(o, 0);
+    /* The transport reads the slot from host memory: it must be written. */
+    if (d->send_staged && (e = api->event_sync(d->send_ev[sk])) != 0)
+      return cuda_fail(c, api, e, "cudaEventSynchronize (slot for the next host)");
+    brg__ring_send_post(o, d->send_staged ? bytes : 0);
   }
   if (recvs) {
     if ((e = api->event_record(d->rel_ev[rk], st)) != 0) return cuda_fail(c, api, e, "cudaEventRecord");
+    if (d->recv_staged && (e = api->event_sync(d->rel_ev[rk])) != 0)
+      return cuda_fail(c, api, e, "cudaEventSynchronize (slot from the previous host)");
     brg__ring_recv_release(o);
   }
   return BRG_SUCCESS;

@@ -20,7 +20,7 @@ extern "C" {
 #endif
 
 /* Raised whenever the table changes shape; the loader refuses other values. */
-#define BRG__CUDA_ABI 2
+#define BRG__CUDA_ABI 3
 
 /* Name of the one symbol the module exports. */
 #define BRG__CUDA_ENTRY "brg__cuda_module_api"
@@ -91,6 +91,12 @@ typedef struct brg__cuda_api {
    * milliseconds between two recorded ones (after both completed). */
   int (*event_create_timing)(void **event);
   int (*event_elapsed_ms)(float *ms, void *start, void *end);
+
+  /* Pins host memory and maps it for kernels (cudaHostRegister, mapped and
+   * portable); *dev is the address kernels use. For links between hosts,
+   * whose FIFOs are host memory the network transport moves. */
+  int (*host_register)(void *p, size_t bytes, void **dev);
+  int (*host_unregister)(void *p);
 } brg__cuda_api;
 
 #define BRG__CUDA_IPC_HANDLE_BYTES 64

@@ -115,6 +115,15 @@ int event_elapsed_ms(float *ms, void *start, void *end) {
   return cudaEventElapsedTime(ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end));
 }
 
+int host_register(void *p, size_t bytes, void **dev) {
+  cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
+  if (e != cudaSuccess) return e;
+  e = cudaHostGetDevicePointer(dev, p, 0);
+  if (e != cudaSuccess) cudaHostUnregister(p);
+  return e;
+}
+int host_unregister(void *p) { return cudaHostUnregister(p); }
+
 const brg__cuda_api api = {
     .abi = BRG__CUDA_ABI,
     .probe = probe,
@@ -144,6 +153,8 @@ const brg__cuda_api api = {
     .device_uuid = device_uuid,
     .event_create_timing = event_create_timing,
     .event_elapsed_ms = event_elapsed_ms,
+    .host_register = host_register,
+    .host_unregister = host_unregister,
 };
 
 } // namespace

@@ -463,6 +463,18 @@ static int event_elapsed_ms(float *ms, void *a, void *b) {
   return E_OK;
 }
 
+/* Host memory is what kernels use already here; mapping it changes nothing. */
+static int host_register(void *p, size_t bytes, void **dev) {
+  (void)bytes;
+  *dev = p;
+  return E_OK;
+}
+
+static int host_unregister(void *p) {
+  (void)p;
+  return E_OK;
+}
+
 /* ---- the rest of the table ---- */
 
 static int probe(char *why, size_t n) {
@@ -524,6 +536,8 @@ static const brg__cuda_api api = {
     .device_uuid = device_uuid,
     .event_create_timing = event_create_timing,
     .event_elapsed_ms = event_elapsed_ms,
+    .host_register = host_register,
+    .host_unregister = host_unregister,
 };
 
 EXPORT const brg__cuda_api *brg__cuda_module_api(void) { return &api; }
