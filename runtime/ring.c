@@ -13,6 +13,7 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -224,8 +225,32 @@ void brg__ring_recv_release(ring_op *o) {
 /* One primitive on one slice of m elements. `in` is this rank's input for
  * the slice, `out` its output (either may be NULL when the primitive does
  * not use it). */
+static const char *prim_name(brg__prim p) {
+  switch (p) {
+  case BRG__PRIM_SEND: return "send";
+  case BRG__PRIM_RECV_REDUCE_SEND: return "recv_reduce_send";
+  case BRG__PRIM_RECV_REDUCE_COPY_SEND: return "recv_reduce_copy_send";
+  case BRG__PRIM_RECV_REDUCE_COPY: return "recv_reduce_copy";
+  case BRG__PRIM_RECV_COPY_SEND: return "recv_copy_send";
+  case BRG__PRIM_RECV: return "recv";
+  case BRG__PRIM_COPY: return "copy";
+  }
+  return "?";
+}
+
+/* Element offset of p in buffer base, or -1 (for the trace). */
+static long elem_off(const void *p, const void *base, size_t esize) {
+  return p && base ? (long)(((const char *)p - (const char *)base) / (ptrdiff_t)esize) : -1;
+}
+
 static brg_status run_prim(ring_op *o, brg__prim prim, const char *in, char *out, size_t m) {
   const brg__coll *k = o->coll;
+  /* One line per primitive: the slice order, the same for host and GPU
+   * buffers (tests/gpu/test_device_schedule compares the two). */
+  BRG__TRACE("ring", "%s #%llu (%s) step %d %s: %zu elements, in +%ld, out +%ld",
+             brg__coll_name(k->kind), (unsigned long long)k->seq, o->dev ? "GPU" : "host",
+             o->c->cur_step, prim_name(prim), m, elem_off(in, k->sendbuf, o->esize),
+             elem_off(out, k->recvbuf, o->esize));
   size_t bytes = m * o->esize;
   brg_op mid = k->op == BRG_AVG ? BRG_SUM : k->op;
   int n = o->c->nranks;
