@@ -100,13 +100,13 @@ round() {
       "$BUILD/kernels/cuda/gpu_kernel_bench" -b 1M -e 1G -n 20 -w 5
   fi
   step "$tag: all_reduce_perf -G N=2" "$log" 90 \
-    "$BUILD/tools/brigade-run" -n 2 "$PERF" -G -b 8 -e 1G -f 4 -n 10 -w 3
+    "$BUILD/tools/brigade-run" -n 2 "$PERF" -G -b 16 -e 1G -f 4 -n 10 -w 3
   if [ "$full" = full ]; then
     step "$tag: meson test --suite gpu" "$log" 200 \
       "${MESON[@]}" test -C "$BUILD" --no-rebuild --suite gpu --print-errorlogs --num-processes 1
     cat "$BUILD/meson-logs/testlog.txt" >>"$log" 2>/dev/null
     step "$tag: all_reduce_perf -G N=4" "$log" 90 \
-      "$BUILD/tools/brigade-run" -n 4 "$PERF" -G -b 8 -e 1G -f 4 -n 10 -w 3
+      "$BUILD/tools/brigade-run" -n 4 "$PERF" -G -b 16 -e 1G -f 4 -n 10 -w 3
     # NCCL beside it (NCCL refuses two ranks on one GPU; then it says so).
     if "$PERF" --help 2>&1 | grep -q nccl; then
       step "$tag: all_reduce_perf -G N=2 --peer nccl" "$log" 45 \
