@@ -571,7 +571,7 @@ static int recv_take(ib_conn *t, int q, recv_state *rs, int quiet) {
       return -1;
     }
     rs->next[q] += (uint64_t)t->nqps;
-    __atomic_store_n(&brg__fifo_meta(f, slot)->flag, slot + 1, __ATOMIC_RELEASE);
+    brg__fifo_slot_complete(f, slot);
     if (t->vb->post_recv(t->qp[q], slot) != BRG_SUCCESS) {
       if (!quiet) link_fail(t, "posting a receive failed");
       return -1;

@@ -269,11 +269,9 @@ static void *recv_proxy(void *arg) {
                      : "the peer closed the connection in the middle of a slot";
       break;
     }
-    brg__slot_meta *dst = brg__fifo_meta(f, tail);
-    uint64_t flag = hdr.flag;
     hdr.flag = 0;
-    memcpy(dst, &hdr, sizeof hdr);
-    __atomic_store_n(&dst->flag, flag, __ATOMIC_RELEASE);
+    memcpy(brg__fifo_meta(f, tail), &hdr, sizeof hdr);
+    brg__fifo_slot_complete(f, tail);
     tail++;
     brg__publish(&ctrl->tail, &ctrl->tail_waiters, tail);
   }

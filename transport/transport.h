@@ -90,6 +90,14 @@ static inline brg__slot_meta *brg__fifo_meta(const brg__fifo *f, uint64_t pos) {
   return &f->meta[pos % (uint64_t)f->nslots];
 }
 
+/* A network transport's receive side calls this once slot `pos` has fully
+ * landed in its local FIFO (payload and header, the header's flag still
+ * 0): the flag, stored last with release order, is what hands the slot to
+ * the engine. */
+static inline void brg__fifo_slot_complete(const brg__fifo *f, uint64_t pos) {
+  __atomic_store_n(&brg__fifo_meta(f, pos)->flag, pos + 1, __ATOMIC_RELEASE);
+}
+
 /*
  * Waiting. A waiter spins `spin` polls, then yields, then sleeps on a futex
  * in slices of at most 1 ms; between sleeps it calls `check` (when set),
