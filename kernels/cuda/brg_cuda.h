@@ -54,8 +54,10 @@ typedef struct brg__cuda_api {
   /* Plain helpers for tests and tools that must not include CUDA headers. */
   int (*mem_alloc)(void **p, size_t bytes);
   int (*mem_free)(void *p);
-  int (*mem_copy)(void *dst, const void *src, size_t bytes); /* any direction, synchronous */
-  int (*mem_set)(void *p, int value, size_t bytes);          /* synchronous */
+  /* Synchronous: the work is done on return. They do not wait for work on
+   * other streams (synchronize those first). */
+  int (*mem_copy)(void *dst, const void *src, size_t bytes); /* any direction */
+  int (*mem_set)(void *p, int value, size_t bytes);
   int (*stream_sync)(void *stream);
   int (*last_error)(void);      /* pops the sticky launch error, as cudaGetLastError */
 

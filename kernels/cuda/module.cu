@@ -74,10 +74,17 @@ int pointer_is_device(const void *p, int *device) {
 
 int mem_alloc(void **p, size_t bytes) { return cudaMalloc(p, bytes); }
 int mem_free(void *p) { return cudaFree(p); }
+/* Synchronous in full: cudaMemcpy from pageable memory and device to device,
+ * and cudaMemset, may return before the legacy stream has done the work,
+ * and the collectives run on non-blocking streams that do not wait for it. */
 int mem_copy(void *dst, const void *src, size_t bytes) {
-  return cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
+  cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
+  return e != cudaSuccess ? e : cudaStreamSynchronize(cudaStreamLegacy);
 }
-int mem_set(void *p, int value, size_t bytes) { return cudaMemset(p, value, bytes); }
+int mem_set(void *p, int value, size_t bytes) {
+  cudaError_t e = cudaMemset(p, value, bytes);
+  return e != cudaSuccess ? e : cudaStreamSynchronize(cudaStreamLegacy);
+}
 int stream_sync(void *stream) { return cudaStreamSynchronize(static_cast<cudaStream_t>(stream)); }
 int last_error(void) { return cudaGetLastError(); }
 
