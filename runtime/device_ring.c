@@ -48,10 +48,17 @@
 
 #define HB BRG__CUDA_IPC_HANDLE_BYTES
 
+/* A payload sits in its GPU slot at the same offset from a 16-byte boundary
+ * as its elements in the caller's buffers (counted from the start of the
+ * collective, so every rank agrees), which keeps the kernels on their
+ * 16-byte vector path when chunks start at odd elements. */
+#define SLOT_SHIFT_ROOM 256
+
 struct brg__dev_ring {
   const brg__cuda_api *api;
   int nslots;
   size_t slot_bytes;
+  size_t stride;                          /* slot_bytes + room to shift a payload */
   char *fifo;                             /* own receive FIFO (device memory) */
   char *next_fifo;                        /* the next rank's, mapped */
   int next_mapped;                        /* next_fifo came from ipc_mem_open */
@@ -143,7 +150,7 @@ static void setup_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b) {
   }
   if (!e) {
     what = "cudaMalloc + cudaIpcGetMemHandle of the receive FIFO";
-    e = api->ipc_mem_export((void **)&d->fifo, (size_t)d->nslots * d->slot_bytes, b->fifo_handle);
+    e = api->ipc_mem_export((void **)&d->fifo, (size_t)d->nslots * d->stride, b->fifo_handle);
   }
   for (int k = 0; !e && k < d->nslots; k++) {
     what = "creating interprocess events";
@@ -155,7 +162,7 @@ static void setup_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b) {
   b->fifo_ptr = (uint64_t)(uintptr_t)d->fifo;
   if (e) {
     snprintf(b->why, sizeof b->why, "%s: %s (%zu bytes of GPU FIFO)", what, api->error_string(e),
-             (size_t)d->nslots * d->slot_bytes);
+             (size_t)d->nslots * d->stride);
     return;
   }
   b->ok = 1;
@@ -229,6 +236,7 @@ brg_status brg__device_ring_setup(brg_comm *c) {
   mine->pid = (int32_t)getpid();
   mine->nslots = d->nslots;
   mine->slot_bytes = d->slot_bytes;
+  d->stride = d->slot_bytes + SLOT_SHIFT_ROOM;
   setup_local(c, d, mine);
 
   /* Every rank takes part even when its own half failed, so that all of
@@ -295,8 +303,9 @@ brg_status brg__device_prim(struct ring_op *o, int prim_, const char *in, char *
   brg_status s;
   const char *hdr;
   char *hslot;
-  const char *r = d->fifo + (size_t)rk * d->slot_bytes;
-  char *slot = d->next_fifo + (size_t)sk * d->slot_bytes;
+  size_t shift = (o->elem * o->esize) % 16;
+  const char *r = d->fifo + (size_t)rk * d->stride + shift;
+  char *slot = d->next_fifo ? d->next_fifo + (size_t)sk * d->stride + shift : NULL;
   if (recvs && d->recv_staged) {
     if ((s = brg__ring_recv_acquire(o, &hdr, bytes)) != BRG_SUCCESS) return s;
     r = d->recv_region_dev + (hdr - d->recv_region);

@@ -338,6 +338,7 @@ static brg_status run_ring(ring_op *o, int t0, int t1) {
       }
       if (prim == BRG__PRIM_SEND && !ag) out = NULL;
       c->cur_step = t;
+      o->elem = e;
       brg_status s = run_prim(o, prim, in, out, m);
       if (s != BRG_SUCCESS) return s;
     }
@@ -371,6 +372,7 @@ static brg_status run_chain(ring_op *o) {
     if (!bcast && prim != BRG__PRIM_RECV_REDUCE_COPY) out = NULL;
     if (bcast && hop != 0) in = NULL;
     c->cur_step = hop;
+    o->elem = e;
     brg_status s = run_prim(o, prim, in, out, m);
     if (s != BRG_SUCCESS) return s;
   }

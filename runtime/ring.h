@@ -19,6 +19,8 @@ typedef struct ring_op {
   size_t slice_elems;
   int stream;                 /* write outputs with non-temporal stores (host) */
   struct brg__dev_ring *dev;  /* device collective: payloads in GPU memory */
+  size_t elem;                /* the current slice's first element in the whole
+                                 collective, the same on every rank */
 } ring_op;
 
 /* Waits for a free slot towards the next rank; *slot is where `bytes` of
