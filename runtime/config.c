@@ -68,6 +68,10 @@ const brg__cfg_entry brg__cfg_table[BRG__CFG_COUNT] = {
     [BRG__CFG_CUDA_MODULE] = {"BRIGADE_CUDA_MODULE", BRG__CFG_KIND_STRING, "", 0, 0,
                               "path of the CUDA module to open (libbrigade_cuda.so or a "
                               "stand-in with the same table); empty: beside the library"},
+    [BRG__CFG_IB_GDR] = {"BRIGADE_IB_GDR", BRG__CFG_KIND_INT, "1", 0, 1,
+                         "1: device collectives between hosts send GPU memory over ibverbs "
+                         "directly (GPUDirect RDMA, dmabuf) where it works; 0: always stage "
+                         "through pinned host memory"},
 };
 
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;

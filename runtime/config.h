@@ -36,6 +36,7 @@ typedef enum {
   BRG__CFG_STREAM_BYTES,     /* size: collectives this large write outputs with NT stores */
   BRG__CFG_DEVICE_SLICE_BYTES, /* size: bytes per slot of a device (GPU) FIFO */
   BRG__CFG_CUDA_MODULE,      /* path of the CUDA module; empty = search */
+  BRG__CFG_IB_GDR,           /* int 0|1: GPU memory straight on the network (GPUDirect RDMA) */
   BRG__CFG_COUNT
 } brg__cfg_id;
 

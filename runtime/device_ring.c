@@ -69,6 +69,11 @@ struct brg__dev_ring {
   int prev_opened, next_opened;           /* those came from ipc_event_open */
   /* Links to other hosts: the transport's host FIFO regions, mapped. */
   int send_staged, recv_staged;
+  /* ...or GPU memory straight on the network (GPUDirect RDMA): */
+  int send_gdr, recv_gdr;                 /* the link runs that way */
+  int send_reg, recv_reg;                 /* registered with the link */
+  char *gdr_send;                         /* device slots the sender's kernels write */
+  brg__conn *link_send, *link_recv;       /* the communicator's links */
   char *send_region, *recv_region;        /* host addresses (NULL: not registered) */
   char *send_region_dev, *recv_region_dev;
 };
@@ -82,7 +87,11 @@ typedef struct dev_blob {
   uint64_t slot_bytes;
   unsigned char uuid[16];                 /* of the GPU */
   char why[192];                          /* when not ok */
-  uint64_t fifo_ptr;                      /* for a rank in the same process */
+  uint64_t fifo_ptr;                      /* for a rank in the same process, and GDR */
+  int32_t gdr_send_ok, gdr_recv_ok;       /* GPU memory registered with the network link */
+  uint32_t gdr_rkey;                      /* of fifo_ptr's slots, on the link from prev */
+  int32_t pad2;
+  char gdr_why[128];                      /* why not, for the log */
   uint64_t send_ev_ptr[BRG__MAX_SLOTS], rel_ev_ptr[BRG__MAX_SLOTS];
   unsigned char fifo_handle[HB];
   unsigned char send_ev[BRG__MAX_SLOTS][HB];
@@ -103,6 +112,8 @@ static void ring_release(struct brg__dev_ring *d) {
     if (d->next_opened && d->next_rel_ev[k]) api->event_destroy(d->next_rel_ev[k]);
   }
   if (d->next_mapped && d->next_fifo) api->ipc_mem_close(d->next_fifo);
+  if (d->send_reg) d->link_send->ops->dev_register(d->link_send, NULL, 0, -1, 0, NULL, NULL);
+  if (d->recv_reg) d->link_recv->ops->dev_register(d->link_recv, NULL, 0, -1, 0, NULL, NULL);
   if (d->send_region) api->host_unregister(d->send_region);
   if (d->recv_region) api->host_unregister(d->recv_region);
   /* Everything this rank enqueued is behind its own last events. */
@@ -115,6 +126,7 @@ static void ring_release(struct brg__dev_ring *d) {
     if (d->rel_ev[k]) api->event_destroy(d->rel_ev[k]);
   }
   if (d->fifo) api->mem_free(d->fifo);
+  if (d->gdr_send) api->mem_free(d->gdr_send);
   free(d);
 }
 
@@ -133,6 +145,53 @@ static int map_host_fifo(const brg__cuda_api *api, const brg__fifo *f, char **re
   *region = base;
   *dev = dp;
   return 0;
+}
+
+/* Registers GPU memory with a network link; 0 or the reason in why. */
+static int gdr_register(struct brg__dev_ring *d, brg__conn *link, void *p, size_t bytes,
+                        uint32_t *rkey, char *why, size_t cap) {
+  if (!link->ops->dev_register) {
+    snprintf(why, cap, "the %s transport cannot carry GPU memory", link->ops->name);
+    return -1;
+  }
+  int fd = -1;
+  unsigned long long off = 0;
+  int e = d->api->dmabuf_export(p, bytes, &fd, &off);
+  if (e) {
+    snprintf(why, cap, "no dmabuf for GPU memory: %s", d->api->error_string(e));
+    return -1;
+  }
+  brg__errbuf err;
+  brg_status s = link->ops->dev_register(link, p, bytes, fd, off, rkey, &err);
+  close(fd);
+  if (s != BRG_SUCCESS) {
+    size_t n = strlen(err.msg) < cap - 1 ? strlen(err.msg) : cap - 1;
+    memcpy(why, err.msg, n);
+    why[n] = 0;
+    return -1;
+  }
+  return 0;
+}
+
+/* GPUDirect RDMA on the links to and from other hosts, where the transport
+ * and the GPU allow it; whether it then runs is decided with the neighbour. */
+static void setup_gdr(struct brg__dev_ring *d, dev_blob *b) {
+  size_t bytes = (size_t)d->nslots * d->stride;
+  if (!brg__config_int(BRG__CFG_IB_GDR)) {
+    snprintf(b->gdr_why, sizeof b->gdr_why, "off (BRIGADE_IB_GDR=0)");
+    return;
+  }
+  if (d->recv_staged &&
+      gdr_register(d, d->link_recv, d->fifo, bytes, &b->gdr_rkey, b->gdr_why, sizeof b->gdr_why) == 0)
+    d->recv_reg = b->gdr_recv_ok = 1;
+  if (d->send_staged) {
+    unsigned char unused[HB];
+    int e = d->api->ipc_mem_export((void **)&d->gdr_send, bytes, unused);
+    if (e) snprintf(b->gdr_why, sizeof b->gdr_why, "cudaMalloc: %s", d->api->error_string(e));
+    else if (gdr_register(d, d->link_send, d->gdr_send, bytes, NULL, b->gdr_why,
+                          sizeof b->gdr_why) == 0)
+      d->send_reg = b->gdr_send_ok = 1;
+  }
 }
 
 /* This rank's own half: FIFO, events and mapped host FIFOs, described in `b`. */
@@ -160,6 +219,7 @@ static void setup_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b) {
     b->rel_ev_ptr[k] = (uint64_t)(uintptr_t)d->rel_ev[k];
   }
   b->fifo_ptr = (uint64_t)(uintptr_t)d->fifo;
+  if (!e) setup_gdr(d, b);
   if (e) {
     snprintf(b->why, sizeof b->why, "%s: %s (%zu bytes of GPU FIFO)", what, api->error_string(e),
              (size_t)d->nslots * d->stride);
@@ -226,6 +286,8 @@ brg_status brg__device_ring_setup(brg_comm *c) {
   d->api = api;
   d->nslots = c->nslots;
   d->slot_bytes = (size_t)brg__config_int(BRG__CFG_DEVICE_SLICE_BYTES) & ~(size_t)255;
+  d->link_send = &c->send;
+  d->link_recv = &c->recv;
   uint64_t here = c->peers[c->rank].host_hash;
   d->send_staged = c->peers[c->next].host_hash != here;
   d->recv_staged = c->peers[c->prev].host_hash != here;
@@ -258,6 +320,18 @@ brg_status brg__device_ring_setup(brg_comm *c) {
   }
   if (s == BRG_SUCCESS) s = setup_links(c, d, mine, &all[c->next], &all[c->prev]);
   if (s == BRG_SUCCESS) {
+    /* GPUDirect runs on a link when both of its ends registered. */
+    d->send_gdr = d->send_staged && mine->gdr_send_ok && all[c->next].gdr_recv_ok;
+    d->recv_gdr = d->recv_staged && all[c->prev].gdr_send_ok && mine->gdr_recv_ok;
+    if (d->send_gdr)
+      c->send.ops->dev_remote(&c->send, all[c->next].fifo_ptr, all[c->next].gdr_rkey, d->stride);
+    if ((d->send_staged && !d->send_gdr) || (d->recv_staged && !d->recv_gdr))
+      BRG__INFO("init", "GPUDirect RDMA not used between hosts: %s",
+                mine->gdr_why[0] ? mine->gdr_why
+                : d->send_staged && !d->send_gdr ? all[c->next].gdr_why
+                                                  : all[c->prev].gdr_why);
+  }
+  if (s == BRG_SUCCESS) {
     int share = 0;
     for (int r = 0; r < c->nranks; r++) share += !memcmp(all[r].uuid, mine->uuid, 16);
     char desc[256];
@@ -269,8 +343,13 @@ brg_status brg__device_ring_setup(brg_comm *c) {
               share > 1 ? (mps_running() ? ", MPS running"
                                          : ", no MPS: their kernels take turns on the GPU")
                         : "",
-              desc, d->send_staged ? "; to the next host through pinned host memory" : "",
-              d->recv_staged ? "; from the previous host through pinned host memory" : "");
+              desc,
+              d->send_gdr      ? "; to the next host GPU to GPU (GPUDirect RDMA)"
+              : d->send_staged ? "; to the next host through pinned host memory"
+                               : "",
+              d->recv_gdr      ? "; from the previous host GPU to GPU (GPUDirect RDMA)"
+              : d->recv_staged ? "; from the previous host through pinned host memory"
+                               : "");
     c->dev = d;
   } else {
     ring_release(d);
@@ -306,7 +385,11 @@ brg_status brg__device_prim(struct ring_op *o, int prim_, const char *in, char *
   size_t shift = (o->elem * o->esize) % 16;
   const char *r = d->fifo + (size_t)rk * d->stride + shift;
   char *slot = d->next_fifo ? d->next_fifo + (size_t)sk * d->stride + shift : NULL;
-  if (recvs && d->recv_staged) {
+  if (recvs && d->recv_gdr) {
+    /* the payload landed in the GPU slot itself (at shift 0) */
+    if ((s = brg__ring_recv_acquire(o, &hdr, bytes)) != BRG_SUCCESS) return s;
+    r = d->fifo + (size_t)rk * d->stride;
+  } else if (recvs && d->recv_staged) {
     if ((s = brg__ring_recv_acquire(o, &hdr, bytes)) != BRG_SUCCESS) return s;
     r = d->recv_region_dev + (hdr - d->recv_region);
   } else if (recvs) {
@@ -322,7 +405,10 @@ brg_status brg__device_prim(struct ring_op *o, int prim_, const char *in, char *
     e = api->stream_wait_event(st, d->prev_send_ev[rk]);
     if (e) return cuda_fail(c, api, e, "cudaStreamWaitEvent (previous rank's slot)");
   }
-  if (sends && d->send_staged) {
+  if (sends && d->send_gdr) {
+    if ((s = brg__ring_send_acquire(o, bytes, &hslot)) != BRG_SUCCESS) return s;
+    slot = d->gdr_send + (size_t)sk * d->stride;
+  } else if (sends && d->send_staged) {
     if ((s = brg__ring_send_acquire(o, bytes, &hslot)) != BRG_SUCCESS) return s;
     slot = d->send_region_dev + (hslot - d->send_region);
   } else if (sends) {

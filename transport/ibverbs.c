@@ -156,6 +156,13 @@ typedef struct ib_conn {
   uint32_t ev_seq;
   char peer_addr[80];
   char peer_why[256]; /* the peer's failure notice (proxy thread only) */
+  /* GPUDirect RDMA (dev_register / dev_remote) */
+  brg__vb_mr gdr_mr;     /* registered device memory; rkey 0: none */
+  char *gdr_local;       /* sender: where device slots are read from */
+  uint64_t gdr_remote;   /* sender: the receiver's device slots */
+  uint32_t gdr_rkey;
+  size_t gdr_stride;
+  int gdr_on;            /* sender: device slots go GPU to GPU (set last, read by the proxy) */
 } ib_conn;
 
 /* ---- which backend -------------------------------------------------------- */
@@ -460,9 +467,15 @@ static void *send_proxy(void *arg) {
       }
       brg_status s = BRG_SUCCESS;
       brg__vb_qp *qp = t->qp[sent % nq];
-      if (m->bytes)
+      if (m->bytes && m->device && __atomic_load_n(&t->gdr_on, __ATOMIC_ACQUIRE)) {
+        /* A device slot: GPU memory to GPU memory (GPUDirect RDMA). */
+        size_t at = (size_t)(sent % ns) * t->gdr_stride;
+        s = t->vb->post_write(qp, UINT64_MAX, &t->gdr_mr, t->gdr_local + at, m->bytes,
+                              t->gdr_remote + at, t->gdr_rkey, 0, 0, 0);
+      } else if (m->bytes) {
         s = t->vb->post_write(qp, UINT64_MAX, t->fifo_mr, brg__fifo_slot(f, sent), m->bytes,
                               e->data_addr, e->rkey, 0, 0, 0);
+      }
       if (s == BRG_SUCCESS)
         s = t->vb->post_write(qp, sent, t->fifo_mr, m, offsetof(brg__slot_meta, flag), e->meta_addr,
                               e->rkey, 1, (uint32_t)sent, 1);
@@ -975,6 +988,7 @@ static void ib_close(brg__conn *c) {
     if (t->qp[q]) t->vb->qp_destroy(t->qp[q]);
   if (t->dev) {
     /* The memory goes back to the system next: no registration may outlive it. */
+    if (t->gdr_mr.rkey) t->vb->mr_dereg(t->ctx, &t->gdr_mr);
     brg__regcache_put(t->dev->cache, t->cts_mr);
     brg__regcache_put(t->dev->cache, t->fifo_mr);
     if (t->cts) brg__regcache_invalidate(t->dev->cache, t->cts, t->cts_bytes);
@@ -990,6 +1004,35 @@ static void ib_close(brg__conn *c) {
   c->priv = NULL;
 }
 
+static brg_status ib_dev_register(brg__conn *c, void *p, size_t bytes, int fd, uint64_t offset,
+                                  uint32_t *rkey, brg__errbuf *err) {
+  ib_conn *t = c->priv;
+  if (!t) return brg__error(err, BRG_ERR_INVALID_USAGE, "ib", "link is not set up");
+  if (t->gdr_mr.rkey) {
+    __atomic_store_n(&t->gdr_on, 0, __ATOMIC_RELEASE);
+    t->vb->mr_dereg(t->ctx, &t->gdr_mr);
+    t->gdr_local = NULL;
+  }
+  if (!p) return BRG_SUCCESS;
+  if (!t->vb->mr_reg_dmabuf)
+    return brg__error(err, BRG_ERR_UNAVAILABLE, "ib", "the %s backend cannot register dmabufs",
+                      t->vb->name);
+  brg_status s = t->vb->mr_reg_dmabuf(t->ctx, fd, offset, bytes, p, &t->gdr_mr, err);
+  if (s != BRG_SUCCESS) return s;
+  t->gdr_local = p;
+  if (rkey) *rkey = t->gdr_mr.rkey;
+  return BRG_SUCCESS;
+}
+
+static void ib_dev_remote(brg__conn *c, uint64_t base, uint32_t rkey, size_t stride) {
+  ib_conn *t = c->priv;
+  if (!t || !t->gdr_mr.rkey) return;
+  t->gdr_remote = base;
+  t->gdr_rkey = rkey;
+  t->gdr_stride = stride;
+  __atomic_store_n(&t->gdr_on, 1, __ATOMIC_RELEASE);
+}
+
 const brg__transport_ops brg__transport_ibverbs = {
     .name = "ibverbs",
     .can_connect = ib_can_connect,
@@ -998,4 +1041,6 @@ const brg__transport_ops brg__transport_ibverbs = {
     .send_connect = ib_send_connect,
     .recv_connect = ib_recv_connect,
     .close = ib_close,
+    .dev_register = ib_dev_register,
+    .dev_remote = ib_dev_remote,
 };

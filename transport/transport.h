@@ -184,6 +184,19 @@ struct brg__transport_ops {
                              brg__errbuf *err);
   brg_status (*recv_connect)(brg__conn *c, const brg__conn_params *p, brg__errbuf *err);
   void (*close)(brg__conn *c);
+
+  /* Optional (NULL where the transport cannot): GPU memory on the link
+   * (GPUDirect RDMA), for device collectives between hosts.
+   * dev_register registers `bytes` of device memory at p (a dmabuf: `fd`,
+   * p at `offset` into it) with the link, giving its rkey: on the receiving
+   * end it is where payloads of device slots land, on the sending end where
+   * they are read from; p = NULL unregisters. dev_remote, on the sending end
+   * once both ends registered, says where the receiver's slots are: from
+   * then on a slot whose header has `device` set travels from local slot
+   * n % nslots to remote slot n % nslots, `stride` bytes apart. */
+  brg_status (*dev_register)(brg__conn *c, void *p, size_t bytes, int fd, uint64_t offset,
+                             uint32_t *rkey, brg__errbuf *err);
+  void (*dev_remote)(brg__conn *c, uint64_t base, uint32_t rkey, size_t stride);
 };
 
 /* The transports in order of preference (transport.c), NULL-terminated. */

@@ -79,6 +79,12 @@ typedef struct brg__vb_ops {
   /* Registration for local writes and remote writes. */
   brg_status (*mr_reg)(brg__vb_ctx *ctx, void *addr, size_t len, brg__vb_mr *out, brg__errbuf *err);
   void (*mr_dereg)(brg__vb_ctx *ctx, brg__vb_mr *mr);
+  /* Registration of device memory given as a dmabuf (GPUDirect RDMA):
+   * `len` bytes at `offset` into `fd`, addressed as `iova` in work requests.
+   * The software backend needs the memory mapped at iova in this process
+   * (the emulated CUDA module's is). */
+  brg_status (*mr_reg_dmabuf)(brg__vb_ctx *ctx, int fd, uint64_t offset, size_t len, void *iova,
+                              brg__vb_mr *out, brg__errbuf *err);
   /* A queue pair with room for max_send outstanding sends and max_recv
    * receives; `info` is what the peer needs to connect to it. */
   brg_status (*qp_create)(brg__vb_ctx *ctx, int max_send, int max_recv, brg__vb_qp **out,

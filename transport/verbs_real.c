@@ -144,6 +144,8 @@ static struct {
   int (*destroy_qp)(struct ibv_qp *);
   int (*modify_qp)(struct ibv_qp *, struct ibv_qp_attr *, int);
   const char *(*wc_status_str)(enum ibv_wc_status);
+  /* optional: rdma-core 34 and later */
+  struct ibv_mr *(*reg_dmabuf_mr)(struct ibv_pd *, uint64_t, size_t, uint64_t, int, int);
 } ibv;
 
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
@@ -190,6 +192,8 @@ static void lib_load(void) {
       return;
     }
   }
+  void *dm = dlsym(ibv.lib, "ibv_reg_dmabuf_mr");
+  memcpy(&ibv.reg_dmabuf_mr, &dm, sizeof dm);
 }
 
 /* What the inline ibv_query_port of the header does, with the resolved
@@ -339,6 +343,20 @@ static brg_status real_mr_reg(brg__vb_ctx *c, void *addr, size_t len, brg__vb_mr
   return BRG_SUCCESS;
 }
 
+static brg_status real_mr_reg_dmabuf(brg__vb_ctx *c, int fd, uint64_t offset, size_t len,
+                                     void *iova, brg__vb_mr *out, brg__errbuf *err) {
+  if (!ibv.reg_dmabuf_mr)
+    return brg__error(err, BRG_ERR_UNAVAILABLE, "ib",
+                      "libibverbs has no ibv_reg_dmabuf_mr (rdma-core 34 or later needed)");
+  struct ibv_mr *mr = ibv.reg_dmabuf_mr(c->pd, offset, len, (uint64_t)(uintptr_t)iova, fd,
+                                        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  if (!mr)
+    return brg__error(err, BRG_ERR_SYSTEM, "ib", "ibv_reg_dmabuf_mr of %zu bytes on %s: %s", len,
+                      c->name, strerror(errno));
+  *out = (brg__vb_mr){.addr = iova, .len = len, .lkey = mr->lkey, .rkey = mr->rkey, .impl = mr};
+  return BRG_SUCCESS;
+}
+
 static void real_mr_dereg(brg__vb_ctx *c, brg__vb_mr *mr) {
   (void)c;
   if (mr->impl) ibv.dereg_mr(mr->impl);
@@ -464,6 +482,7 @@ static const brg__vb_ops real_ops = {
     .ctx_close = real_ctx_close,
     .mr_reg = real_mr_reg,
     .mr_dereg = real_mr_dereg,
+    .mr_reg_dmabuf = real_mr_reg_dmabuf,
     .qp_create = real_qp_create,
     .qp_connect = real_qp_connect,
     .qp_destroy = real_qp_destroy,

@@ -34,6 +34,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -201,6 +202,21 @@ static brg_status soft_mr_reg(brg__vb_ctx *c, void *addr, size_t len, brg__vb_mr
   pthread_mutex_unlock(&c->lock);
   *out = (brg__vb_mr){.addr = addr, .len = len, .lkey = key, .rkey = key, .impl = NULL};
   return BRG_SUCCESS;
+}
+
+/* The memory behind the dmabuf must already be mapped at iova here: writes
+ * land through that mapping. */
+static brg_status soft_mr_reg_dmabuf(brg__vb_ctx *c, int fd, uint64_t offset, size_t len,
+                                     void *iova, brg__vb_mr *out, brg__errbuf *err) {
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0)
+    return brg__error(err, BRG_ERR_INVALID_ARGUMENT, "ib", "soft verbs: dmabuf fd %d: %s", fd,
+                      strerror(errno));
+  if ((uint64_t)st.st_size < offset + len)
+    return brg__error(err, BRG_ERR_INVALID_ARGUMENT, "ib",
+                      "soft verbs: dmabuf of %lld bytes has no %zu bytes at offset %llu",
+                      (long long)st.st_size, len, (unsigned long long)offset);
+  return soft_mr_reg(c, iova, len, out, err);
 }
 
 static void soft_mr_dereg(brg__vb_ctx *c, brg__vb_mr *mr) {
@@ -698,6 +714,7 @@ const brg__vb_ops brg__vb_soft = {
     .ctx_close = soft_ctx_close,
     .mr_reg = soft_mr_reg,
     .mr_dereg = soft_mr_dereg,
+    .mr_reg_dmabuf = soft_mr_reg_dmabuf,
     .qp_create = soft_qp_create,
     .qp_connect = soft_qp_connect,
     .qp_destroy = soft_qp_destroy,

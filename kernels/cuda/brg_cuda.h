@@ -20,7 +20,7 @@ extern "C" {
 #endif
 
 /* Raised whenever the table changes shape; the loader refuses other values. */
-#define BRG__CUDA_ABI 3
+#define BRG__CUDA_ABI 4
 
 /* Name of the one symbol the module exports. */
 #define BRG__CUDA_ENTRY "brg__cuda_module_api"
@@ -99,6 +99,11 @@ typedef struct brg__cuda_api {
    * whose FIFOs are host memory the network transport moves. */
   int (*host_register)(void *p, size_t bytes, void **dev);
   int (*host_unregister)(void *p);
+
+  /* A dmabuf file descriptor for [p, p + bytes) of device memory, for RDMA
+   * registration (GPUDirect RDMA): *fd covers whole pages and p lies *offset
+   * bytes into it. The caller closes *fd. */
+  int (*dmabuf_export)(void *p, size_t bytes, int *fd, unsigned long long *offset);
 } brg__cuda_api;
 
 #define BRG__CUDA_IPC_HANDLE_BYTES 64

@@ -131,6 +131,33 @@ int host_register(void *p, size_t bytes, void **dev) {
 }
 int host_unregister(void *p) { return cudaHostUnregister(p); }
 
+/* cuMemGetHandleForAddressRange, reached through the runtime so the module
+ * does not link against libcuda. */
+typedef int (*get_handle_fn)(void *handle, unsigned long long dptr, size_t size, int type,
+                             unsigned long long flags);
+
+int dmabuf_export(void *p, size_t bytes, int *fd, unsigned long long *offset) {
+  static get_handle_fn fn;
+  if (!fn) {
+    void *sym = NULL;
+    cudaDriverEntryPointQueryResult q;
+    cudaError_t e = cudaGetDriverEntryPointByVersion("cuMemGetHandleForAddressRange", &sym, 11070,
+                                                     cudaEnableDefault, &q);
+    if (e != cudaSuccess) return e;
+    if (q != cudaDriverEntryPointSuccess || !sym) return cudaErrorNotSupported;
+    fn = reinterpret_cast<get_handle_fn>(sym);
+  }
+  const unsigned long long page = 4096;
+  unsigned long long a = reinterpret_cast<unsigned long long>(p);
+  unsigned long long base = a & ~(page - 1), end = (a + bytes + page - 1) & ~(page - 1);
+  int h = -1;
+  /* 1 = CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD */
+  if (fn(&h, base, end - base, 1, 0) != 0 || h < 0) return cudaErrorNotSupported;
+  *fd = h;
+  *offset = a - base;
+  return cudaSuccess;
+}
+
 const brg__cuda_api api = {
     .abi = BRG__CUDA_ABI,
     .probe = probe,
@@ -162,6 +189,7 @@ const brg__cuda_api api = {
     .event_elapsed_ms = event_elapsed_ms,
     .host_register = host_register,
     .host_unregister = host_unregister,
+    .dmabuf_export = dmabuf_export,
 };
 
 } // namespace

@@ -475,6 +475,17 @@ static int host_unregister(void *p) {
   return E_OK;
 }
 
+/* The memfd behind exported memory stands in for a dmabuf. */
+static int dmabuf_export(void *p, size_t bytes, int *fd, unsigned long long *offset) {
+  region r;
+  if (!find_region(p, &r, 0) || r.fd < 0 || (char *)p + bytes > r.p + r.bytes) return E_ARG;
+  int d = dup(r.fd);
+  if (d < 0) return E_SYS;
+  *fd = d;
+  *offset = (unsigned long long)((char *)p - r.p);
+  return E_OK;
+}
+
 /* ---- the rest of the table ---- */
 
 static int probe(char *why, size_t n) {
@@ -538,6 +549,7 @@ static const brg__cuda_api api = {
     .event_elapsed_ms = event_elapsed_ms,
     .host_register = host_register,
     .host_unregister = host_unregister,
+    .dmabuf_export = dmabuf_export,
 };
 
 EXPORT const brg__cuda_api *brg__cuda_module_api(void) { return &api; }

@@ -188,6 +188,14 @@ exec)
     [ $st = 0 ] || fail "rank $r exited with status $st"
   done
   cat "$WORK/out.0"
+  # MH_EXPECT_LOG: a text every rank's INFO log must hold (what ran).
+  if [ -n "${MH_EXPECT_LOG:-}" ]; then
+    for r in $(seq 0 $((NRANKS - 1))); do
+      grep -q -- "$MH_EXPECT_LOG" "$WORK/log.$r" ||
+        fail "rank $r's log lacks '$MH_EXPECT_LOG': $(grep -h 'device ring\|GPUDirect' "$WORK/log.$r")"
+    done
+    echo "every rank logged: $MH_EXPECT_LOG"
+  fi
   ;;
 *)
   echo "usage: run.sh MH_CHECK collectives|kill|linkdown|exec tcp|ibverbs [args for exec]"
