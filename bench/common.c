@@ -1202,12 +1202,12 @@ static double measure_gpu_copy_rate(bench *b) {
 static void roofline(bench *b) {
   brg_status st;
   if ((st = brg_barrier(b->comm)) != BRG_SUCCESS) die_status(b, "brg_barrier", st);
+  double rate = b->rank != 0 ? 0 : b->gpu ? measure_gpu_copy_rate(b) : measure_copy_rate();
+  if ((st = brg_broadcast(&rate, &rate, 1, BRG_FLOAT64, 0, b->comm, NULL)) != BRG_SUCCESS)
+    die_status(b, "brg_broadcast (copy rate)", st);
+  b->copy_rate = rate;
+  double n = b->nranks;
   if (b->gpu) {
-    double rate = b->rank == 0 ? measure_gpu_copy_rate(b) : 0;
-    if ((st = brg_broadcast(&rate, &rate, 1, BRG_FLOAT64, 0, b->comm, NULL)) != BRG_SUCCESS)
-      die_status(b, "brg_broadcast (copy rate)", st);
-    double n = b->nranks;
-    b->copy_rate = rate;
     if (b->nranks > 1 && b->coll->kind == BENCH_ALLREDUCE)
       b->roof_busbw = rate / 1e9 / (b->gpu_share * (6 * n - 4) / n) * 2 * (n - 1) / n;
     if (b->rank != 0) return;
@@ -1221,11 +1221,6 @@ static void roofline(bench *b) {
                         b->roof_busbw);
     return;
   }
-  double rate = b->rank == 0 ? measure_copy_rate() : 0;
-  if ((st = brg_broadcast(&rate, &rate, 1, BRG_FLOAT64, 0, b->comm, NULL)) != BRG_SUCCESS)
-    die_status(b, "brg_broadcast (copy rate)", st);
-  b->copy_rate = rate;
-  double n = b->nranks;
   if (b->nranks > 1) b->roof_busbw = rate / 1e9 * (n - 1) / (n * n);
   if (b->rank != 0) return;
   printf("# Memory roofline: two-thread copy %.1f GB/s (read + write, 2 x 512 MiB buffers)\n",
@@ -1395,21 +1390,7 @@ static const brg__cuda_api *gpu_module(char *why, size_t cap) {
   } else {
     snprintf(path, sizeof path, "libbrigade_cuda.so");
   }
-  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (!h) {
-    snprintf(why, cap, "%s", dlerror());
-    return NULL;
-  }
-  brg__cuda_entry_fn entry;
-  void *sym = dlsym(h, BRG__CUDA_ENTRY);
-  memcpy(&entry, &sym, sizeof entry);
-  const brg__cuda_api *api = entry ? entry() : NULL;
-  if (!api || api->abi != BRG__CUDA_ABI) {
-    snprintf(why, cap, "%s is not a CUDA module of this brigade", path);
-    return NULL;
-  }
-  if (api->probe(why, cap) <= 0) return NULL;
-  return api;
+  return brg__cuda_open(path, why, cap);
 }
 
 static void gpu_open(bench *b) {

@@ -76,10 +76,7 @@ static void load(void) {
     snprintf(load_why, sizeof load_why, "the CUDA module could not be loaded: %s", tried);
     return;
   }
-  brg__cuda_entry_fn entry;
-  void *sym = dlsym(h, BRG__CUDA_ENTRY);
-  memcpy(&entry, &sym, sizeof entry);
-  const brg__cuda_api *api = entry ? entry() : NULL;
+  const brg__cuda_api *api = brg__cuda_table(h);
   if (!api || api->abi != BRG__CUDA_ABI) {
     snprintf(load_why, sizeof load_why,
              "the CUDA module does not match this library (interface %d, expected %d)",

@@ -13,7 +13,10 @@
 #ifndef BRG_CUDA_H
 #define BRG_CUDA_H
 
+#include <dlfcn.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -114,6 +117,34 @@ typedef const brg__cuda_api *(*brg__cuda_entry_fn)(void);
  * with dlsym(); programs linked with the module's objects (the kernel
  * benchmark) call it directly. */
 const brg__cuda_api *brg__cuda_module_api(void);
+
+/* The table of a module opened with dlopen(): what its entry point returns,
+ * or NULL when it has none. The caller compares abi with BRG__CUDA_ABI. */
+static inline const brg__cuda_api *brg__cuda_table(void *dl) {
+  void *sym = dlsym(dl, BRG__CUDA_ENTRY);
+  brg__cuda_entry_fn entry;
+  memcpy(&entry, &sym, sizeof entry);
+  return entry ? entry() : NULL;
+}
+
+/* For programs that see only the public API (tests, benchmarks): opens the
+ * module at `path` (the file the library opens too, so one instance) and
+ * returns its table once it has found a GPU; else NULL, with why. */
+static inline const brg__cuda_api *brg__cuda_open(const char *path, char *why, size_t cap) {
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    snprintf(why, cap, "%s", dlerror());
+    return NULL;
+  }
+  const brg__cuda_api *api = brg__cuda_table(h);
+  if (!api || api->abi != BRG__CUDA_ABI) {
+    snprintf(why, cap, "%s is not a CUDA module of this brigade (interface %d, expected %d)", path,
+             api ? api->abi : -1, BRG__CUDA_ABI);
+    return NULL;
+  }
+  if (api->probe(why, cap) <= 0) return NULL;
+  return api;
+}
 
 #ifdef __cplusplus
 }

@@ -25,7 +25,6 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include <dlfcn.h>
 #include <math.h>
 #include <sys/wait.h>
 #include <stdio.h>
@@ -397,21 +396,7 @@ static const brg__cuda_api *device_api(char *why, size_t cap) {
     snprintf(why, cap, "MP_DEVICE=1 needs BRIGADE_CUDA_MODULE");
     return NULL;
   }
-  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (!h) {
-    snprintf(why, cap, "%s", dlerror());
-    return NULL;
-  }
-  brg__cuda_entry_fn entry;
-  void *sym = dlsym(h, BRG__CUDA_ENTRY);
-  memcpy(&entry, &sym, sizeof entry);
-  const brg__cuda_api *api = entry ? entry() : NULL;
-  if (!api || api->abi != BRG__CUDA_ABI) {
-    snprintf(why, cap, "%s is not a brigade CUDA module of this version", path);
-    return NULL;
-  }
-  if (api->probe(why, cap) <= 0) return NULL;
-  return api;
+  return brg__cuda_open(path, why, cap);
 }
 
 /* Where a host pointer into sbase/rbase lives in the device mirror. */
