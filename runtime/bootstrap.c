@@ -44,7 +44,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "config.h"
+#include "clock.h"
+#include "settings.h"
+#include "hash.h"
+#include "sock.h"
 
 #define BOOT_SUBSYS "bootstrap"
 #define BOOT_VERSION 1u
@@ -68,7 +71,7 @@
 #define BOOT_RETRY_MS 50          /* between connection attempts while nobody listens */
 #define BOOT_MAX_PENDING 256      /* accepted connections that have not said who they are */
 #define BOOT_BACKLOG 4096         /* the kernel caps it at somaxconn */
-#define BOOT_PEER_LEN 96          /* "[ipv6]:port" */
+#define BOOT_PEER_LEN BRG__HOSTPORT_LEN
 
 _Static_assert(sizeof(brg__boot_id) <= sizeof(brg_unique_id),
                "the bootstrap id must fit in brg_unique_id");
@@ -78,7 +81,6 @@ _Static_assert(sizeof(((brg__boot_id *)0)->addr) == BOOT_ADDR_BYTES, "addr size"
 _Static_assert(sizeof(((brg__boot_hello *)0)->addr) == BOOT_ADDR_BYTES, "addr size");
 _Static_assert(sizeof(((brg__boot_id *)0)->secret) == BOOT_SECRET_BYTES, "secret size");
 
-enum { BOOT_IO_OK, BOOT_IO_EOF, BOOT_IO_TIMEOUT, BOOT_IO_ERR };
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -110,253 +112,6 @@ static brg_status boot_quiet(brg__errbuf *eb, brg_status st, const char *fmt, ..
   return st;
 }
 
-static int64_t boot_now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-/* A deadline of -1 never comes. Setup calls treat timeout_ms <= 0 as "no
- * limit"; brg__bootstrap_recv treats 0 as "only what is already there". */
-static int64_t boot_deadline(int timeout_ms) {
-  return timeout_ms > 0 ? boot_now_ms() + timeout_ms : -1;
-}
-
-static int boot_left_ms(int64_t deadline) {
-  if (deadline < 0) return -1;
-  int64_t left = deadline - boot_now_ms();
-  if (left <= 0) return 0;
-  return left > INT_MAX ? INT_MAX : (int)left;
-}
-
-static int boot_passed(int64_t deadline) {
-  return deadline >= 0 && boot_now_ms() >= deadline;
-}
-
-static void boot_sleep_ms(int ms) {
-  struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
-  while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
-  }
-}
-
-/* Waits for `events` on fd. Error and hang-up count as ready: the next
- * send/recv reports them with the right errno. */
-static int boot_wait(int fd, short events, int64_t deadline) {
-  for (;;) {
-    struct pollfd p = {.fd = fd, .events = events};
-    int n = poll(&p, 1, boot_left_ms(deadline));
-    if (n > 0) return BOOT_IO_OK;
-    if (n == 0) {
-      if (boot_passed(deadline)) return BOOT_IO_TIMEOUT;
-      continue;
-    }
-    if (errno != EINTR) return BOOT_IO_ERR;
-  }
-}
-
-/* Sends all of buf before `deadline`. `sent` (may be NULL) tells how far it
- * got, so a caller can tell a clean failure from one that cut a frame. */
-static int boot_send_all(int fd, const void *buf, size_t len, int64_t deadline, size_t *sent) {
-  const uint8_t *p = buf;
-  size_t done = 0;
-  int rc = BOOT_IO_OK;
-  while (done < len) {
-    ssize_t n = send(fd, p + done, len - done, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n > 0) {
-      done += (size_t)n;
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      rc = boot_wait(fd, POLLOUT, deadline);
-      if (rc != BOOT_IO_OK) break;
-      continue;
-    }
-    if (n == 0) errno = EIO;
-    rc = (errno == EPIPE || errno == ECONNRESET) ? BOOT_IO_EOF : BOOT_IO_ERR;
-    break;
-  }
-  if (sent) *sent = done;
-  return rc;
-}
-
-/* Receives exactly len bytes before `deadline`. A reset counts as EOF: either
- * way the peer is gone. */
-static int boot_recv_all(int fd, void *buf, size_t len, int64_t deadline) {
-  uint8_t *p = buf;
-  size_t done = 0;
-  while (done < len) {
-    ssize_t n = recv(fd, p + done, len - done, MSG_DONTWAIT);
-    if (n > 0) {
-      done += (size_t)n;
-      continue;
-    }
-    if (n == 0) return BOOT_IO_EOF;
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      int rc = boot_wait(fd, POLLIN, deadline);
-      if (rc != BOOT_IO_OK) return rc;
-      continue;
-    }
-    return errno == ECONNRESET ? BOOT_IO_EOF : BOOT_IO_ERR;
-  }
-  return BOOT_IO_OK;
-}
-
-/* Parses a numeric IPv4/IPv6 address (no name lookup). Returns 0 or a
- * getaddrinfo error code. */
-static int boot_sockaddr(const char *addr, uint16_t port, struct sockaddr_storage *ss,
-                         socklen_t *sslen) {
-  struct addrinfo hints, *res = NULL;
-  char portstr[8];
-  memset(&hints, 0, sizeof hints);
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
-  snprintf(portstr, sizeof portstr, "%u", (unsigned)port);
-  int rc = getaddrinfo(addr, portstr, &hints, &res);
-  if (rc != 0) return rc;
-  if (!res || res->ai_addrlen > sizeof *ss) {
-    freeaddrinfo(res);
-    return EAI_FAMILY;
-  }
-  memset(ss, 0, sizeof *ss);
-  memcpy(ss, res->ai_addr, res->ai_addrlen);
-  *sslen = res->ai_addrlen;
-  freeaddrinfo(res);
-  return 0;
-}
-
-static int boot_addr_is_numeric(const char *addr) {
-  struct sockaddr_storage ss;
-  socklen_t len;
-  return addr[0] != '\0' && boot_sockaddr(addr, 1, &ss, &len) == 0;
-}
-
-/* "1.2.3.4:5" or "[::1]:5" */
-static void boot_hostport(char *out, size_t out_bytes, const char *addr, unsigned port) {
-  if (strchr(addr, ':'))
-    snprintf(out, out_bytes, "[%.63s]:%u", addr, port);
-  else
-    snprintf(out, out_bytes, "%.63s:%u", addr, port);
-}
-
-static void boot_peer_str(const struct sockaddr_storage *ss, socklen_t len, char *out,
-                          size_t out_bytes) {
-  char host[BOOT_ADDR_BYTES], serv[NI_MAXSERV];
-  if (getnameinfo((const struct sockaddr *)ss, len, host, sizeof host, serv, sizeof serv,
-                  NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
-    snprintf(out, out_bytes, "(unknown peer)");
-    return;
-  }
-  boot_hostport(out, out_bytes, host, (unsigned)atoi(serv));
-}
-
-static void boot_fd_peer(int fd, char *out, size_t out_bytes) {
-  struct sockaddr_storage ss;
-  socklen_t len = sizeof ss;
-  if (getpeername(fd, (struct sockaddr *)&ss, &len) < 0)
-    snprintf(out, out_bytes, "(unknown peer)");
-  else
-    boot_peer_str(&ss, len, out, out_bytes);
-}
-
-static void boot_close(int *fd) {
-  if (*fd >= 0) close(*fd);
-  *fd = -1;
-}
-
-/* Creates a non-blocking listener on addr:port and reports the port it got. */
-static brg_status boot_listen(const char *addr, uint16_t port, const char *what, int *fd_out,
-                              uint16_t *port_out, brg__errbuf *err) {
-  struct sockaddr_storage ss;
-  socklen_t sslen;
-  char where[BOOT_PEER_LEN];
-  int gai = boot_sockaddr(addr, port, &ss, &sslen);
-  if (gai != 0)
-    return brg__error(err, BRG_ERR_INVALID_ARGUMENT, BOOT_SUBSYS,
-                      "%s: '%s' is not a numeric IPv4 or IPv6 address (%s)", what, addr,
-                      gai_strerror(gai));
-  boot_hostport(where, sizeof where, addr, port);
-  int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0)
-    return brg__error(err, BRG_ERR_SYSTEM, BOOT_SUBSYS, "%s: socket: %s", what, strerror(errno));
-  int one = 1;
-  if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0) goto err_close;
-  if (bind(fd, (struct sockaddr *)&ss, sslen) < 0) goto err_close;
-  if (listen(fd, BOOT_BACKLOG) < 0) goto err_close;
-  struct sockaddr_storage bound;
-  socklen_t blen = sizeof bound;
-  if (getsockname(fd, (struct sockaddr *)&bound, &blen) < 0) goto err_close;
-  uint16_t p = bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
-                                           : ((struct sockaddr_in *)&bound)->sin_port;
-  *port_out = ntohs(p);
-  *fd_out = fd;
-  return BRG_SUCCESS;
-
-err_close:;
-  int e = errno;
-  close(fd);
-  return brg__error(err, BRG_ERR_SYSTEM, BOOT_SUBSYS, "%s: cannot listen on %s: %s", what, where,
-                    strerror(e));
-}
-
-static int boot_retryable(int e) {
-  return e == ECONNREFUSED || e == ETIMEDOUT || e == EHOSTUNREACH || e == ENETUNREACH ||
-         e == ECONNRESET || e == ECONNABORTED || e == EAGAIN || e == EADDRNOTAVAIL || e == EINTR;
-}
-
-/* Connects to addr:port, trying again while nobody listens there yet, until
- * the deadline. Returns a BOOT_IO code; *last_errno says what went wrong. */
-static int boot_connect(const char *addr, uint16_t port, int64_t deadline, int *fd_out,
-                        int *last_errno) {
-  struct sockaddr_storage ss;
-  socklen_t sslen;
-  if (boot_sockaddr(addr, port, &ss, &sslen) != 0) {
-    *last_errno = EINVAL;
-    return BOOT_IO_ERR;
-  }
-  *last_errno = 0;
-  for (;;) {
-    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-      *last_errno = errno;
-      return BOOT_IO_ERR;
-    }
-    int e = 0;
-    if (connect(fd, (struct sockaddr *)&ss, sslen) < 0) {
-      e = errno;
-      if (e == EINPROGRESS) {
-        int rc = boot_wait(fd, POLLOUT, deadline);
-        if (rc != BOOT_IO_OK) {
-          e = rc == BOOT_IO_TIMEOUT ? ETIMEDOUT : errno;
-          close(fd);
-          if (!*last_errno || rc != BOOT_IO_TIMEOUT) *last_errno = e;
-          return rc;
-        }
-        socklen_t elen = sizeof e;
-        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &elen) < 0) e = errno;
-      }
-    }
-    if (e == 0) {
-      *fd_out = fd;
-      return BOOT_IO_OK;
-    }
-    close(fd);
-    *last_errno = e;
-    if (!boot_retryable(e)) return BOOT_IO_ERR;
-    int left = boot_left_ms(deadline);
-    if (left == 0) return BOOT_IO_TIMEOUT;
-    boot_sleep_ms(left < 0 || left > BOOT_RETRY_MS ? BOOT_RETRY_MS : left);
-  }
-}
-
-static void boot_nodelay(int fd) {
-  int one = 1;
-  /* Best effort: only latency depends on it. */
-  (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-}
-
 static brg_status boot_random(uint8_t *out, size_t len, brg__errbuf *err) {
   size_t done = 0;
   while (done < len) {
@@ -370,18 +125,6 @@ static brg_status boot_random(uint8_t *out, size_t len, brg__errbuf *err) {
   return BRG_SUCCESS;
 }
 
-/* FNV-1a, 32 bits: catches the truncations and stray writes an id suffers
- * on its way between processes; the secret, not the checksum, keeps
- * strangers out. */
-static uint32_t boot_fnv1a(const void *data, size_t len) {
-  const uint8_t *p = data;
-  uint32_t h = 2166136261u;
-  for (size_t i = 0; i < len; i++) {
-    h ^= p[i];
-    h *= 16777619u;
-  }
-  return h;
-}
 
 /* --------------------------------------------------------------------- id */
 
@@ -390,7 +133,7 @@ brg_status brg__boot_id_make(brg__boot_id *id, const char *addr, uint16_t port,
   if (!id || !addr)
     return brg__error(err, BRG_ERR_INVALID_ARGUMENT, BOOT_SUBSYS, "unique id: NULL argument");
   size_t n = strnlen(addr, BOOT_ADDR_BYTES);
-  if (n == 0 || n >= BOOT_ADDR_BYTES || !boot_addr_is_numeric(addr))
+  if (n == 0 || n >= BOOT_ADDR_BYTES || !brg__sock_addr_is_numeric(addr))
     return brg__error(err, BRG_ERR_INVALID_ARGUMENT, BOOT_SUBSYS,
                       "unique id: root address '%.63s' is not a numeric IPv4 or IPv6 address",
                       addr);
@@ -409,7 +152,7 @@ brg_status brg__boot_id_make(brg__boot_id *id, const char *addr, uint16_t port,
   }
   memcpy(tmp.addr, addr, n);
   tmp.port = port;
-  tmp.checksum = boot_fnv1a(&tmp, offsetof(brg__boot_id, checksum));
+  tmp.checksum = brg__fnv1a32(&tmp, offsetof(brg__boot_id, checksum));
   *id = tmp;
   return BRG_SUCCESS;
 }
@@ -424,14 +167,14 @@ brg_status brg__boot_id_check(const brg__boot_id *id, brg__errbuf *err) {
     return brg__error(err, BRG_ERR_INVALID_ARGUMENT, BOOT_SUBSYS,
                       "%s (version %u; this library reads version %u)", bad, id->version,
                       BOOT_VERSION);
-  uint32_t sum = boot_fnv1a(id, offsetof(brg__boot_id, checksum));
+  uint32_t sum = brg__fnv1a32(id, offsetof(brg__boot_id, checksum));
   if (sum != id->checksum)
     return brg__error(err, BRG_ERR_INVALID_ARGUMENT, BOOT_SUBSYS,
                       "%s (checksum 0x%08x, computed 0x%08x)", bad, id->checksum, sum);
   if (!memchr(id->addr, '\0', sizeof id->addr))
     return brg__error(err, BRG_ERR_INVALID_ARGUMENT, BOOT_SUBSYS,
                       "%s (root address not terminated)", bad);
-  if (!boot_addr_is_numeric(id->addr))
+  if (!brg__sock_addr_is_numeric(id->addr))
     return brg__error(err, BRG_ERR_INVALID_ARGUMENT, BOOT_SUBSYS,
                       "%s (root address '%s' is not numeric)", bad, id->addr);
   if (id->port == 0)
@@ -499,7 +242,7 @@ static brg_status boot_hello_parse(const void *buf, size_t len, brg__boot_hello 
   if (!memchr(t.addr, '\0', BOOT_ADDR_BYTES))
     return boot_quiet(why, BRG_ERR_REMOTE, "rank %d's hello has an unterminated address",
                       (int)t.rank);
-  if (!boot_addr_is_numeric(t.addr))
+  if (!brg__sock_addr_is_numeric(t.addr))
     return boot_quiet(why, BRG_ERR_REMOTE, "rank %d's hello has a bad address '%s'", (int)t.rank,
                       t.addr);
   if (t.port == 0)
@@ -572,7 +315,7 @@ static uint8_t *boot_root_entry(boot_root *r, int rank) {
 }
 
 static void boot_conn_drop(boot_root *r, int i) {
-  boot_close(&r->conns[i]->fd);
+  brg__sock_close(&r->conns[i]->fd);
   free(r->conns[i]);
   r->conns[i] = NULL; /* compacted after the pass, so accept order is kept */
 }
@@ -592,10 +335,10 @@ static void boot_conn_refuse(boot_root *r, int i, const char *fmt, ...) {
   BRG__WARN(BOOT_SUBSYS, "bootstrap root %s: refused the connection from %s: %s", r->where, c->peer,
             text);
   size_t n = boot_reply_error(buf, r->secret, BRG_ERR_REMOTE, text);
-  (void)boot_send_all(c->fd, buf, n, boot_now_ms() + BOOT_REPLY_SEND_MS, NULL);
+  (void)brg__sock_send_all(c->fd, buf, n, brg__now_ms() + BOOT_REPLY_SEND_MS, NULL);
   shutdown(c->fd, SHUT_WR);
   c->draining = 1;
-  c->deadline = boot_now_ms() + BOOT_DRAIN_MS;
+  c->deadline = brg__now_ms() + BOOT_DRAIN_MS;
 }
 
 /* Whether a rank's held connection is still there (it has nothing to send
@@ -611,10 +354,10 @@ static int boot_fd_alive(int fd) {
 
 static void boot_root_forget(boot_root *r, int rank, const char *why) {
   char peer[BOOT_PEER_LEN];
-  boot_fd_peer(r->rank_fd[rank], peer, sizeof peer);
+  brg__sock_peer_str(r->rank_fd[rank], peer, sizeof peer);
   BRG__WARN(BOOT_SUBSYS, "bootstrap root %s: rank %d (%s) %s; waiting for it to join again",
             r->where, rank, peer, why);
-  boot_close(&r->rank_fd[rank]);
+  brg__sock_close(&r->rank_fd[rank]);
   r->arrived--;
 }
 
@@ -757,7 +500,7 @@ static void boot_root_accept(boot_root *r) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
       BRG__WARN(BOOT_SUBSYS, "bootstrap root %s: accept: %s", r->where, strerror(errno));
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
-        boot_sleep_ms(100); /* the backlog keeps them; do not spin */
+        brg__sleep_ms(100); /* the backlog keeps them; do not spin */
       return;
     }
     boot_conn *c = calloc(1, sizeof *c);
@@ -768,8 +511,8 @@ static void boot_root_accept(boot_root *r) {
     }
     c->fd = fd;
     c->want = BOOT_HELLO_HDR;
-    c->deadline = boot_now_ms() + BOOT_CONN_TIMEOUT_MS;
-    boot_peer_str(&ss, sslen, c->peer, sizeof c->peer);
+    c->deadline = brg__now_ms() + BOOT_CONN_TIMEOUT_MS;
+    brg__sock_addr_str((struct sockaddr *)&ss, sslen, c->peer, sizeof c->peer);
     r->conns[r->nconns++] = c;
   }
 }
@@ -821,24 +564,24 @@ static void boot_root_give_up(boot_root *r) {
   size_t n = boot_reply_error(buf, r->secret, BRG_ERR_TIMEOUT, text);
   for (int k = 0; k < r->nranks; k++) {
     if (r->rank_fd[k] < 0) continue;
-    (void)boot_send_all(r->rank_fd[k], buf, n, boot_now_ms() + BOOT_REPLY_SEND_MS, NULL);
-    boot_close(&r->rank_fd[k]);
+    (void)brg__sock_send_all(r->rank_fd[k], buf, n, brg__now_ms() + BOOT_REPLY_SEND_MS, NULL);
+    brg__sock_close(&r->rank_fd[k]);
   }
 }
 
 static void boot_root_send_tables(boot_root *r) {
   /* Nobody else may join this communicator now. */
-  boot_close(&r->lfd);
+  brg__sock_close(&r->lfd);
   for (int k = 0; k < r->nranks; k++) {
-    int rc = boot_send_all(r->rank_fd[k], r->table, r->table_bytes,
-                           boot_now_ms() + BOOT_TABLE_SEND_MS, NULL);
-    if (rc != BOOT_IO_OK)
+    int rc = brg__sock_send_all(r->rank_fd[k], r->table, r->table_bytes,
+                           brg__now_ms() + BOOT_TABLE_SEND_MS, NULL);
+    if (rc != BRG__IO_OK)
       BRG__WARN(BOOT_SUBSYS, "bootstrap root %s: could not send the table to rank %d: %s", r->where,
                 k,
-                rc == BOOT_IO_TIMEOUT ? "it stopped reading"
-                : rc == BOOT_IO_EOF   ? "it hung up"
+                rc == BRG__IO_TIMEOUT ? "it stopped reading"
+                : rc == BRG__IO_EOF   ? "it hung up"
                                       : strerror(errno));
-    boot_close(&r->rank_fd[k]);
+    brg__sock_close(&r->rank_fd[k]);
   }
   BRG__INFO(BOOT_SUBSYS, "bootstrap root %s: all %d ranks arrived; table sent", r->where,
             (int)r->nranks);
@@ -848,8 +591,8 @@ static void boot_root_free(boot_root *r) {
   for (int i = 0; i < r->nconns; i++)
     if (r->conns[i]) boot_conn_drop(r, i);
   if (r->rank_fd)
-    for (int k = 0; k < r->nranks; k++) boot_close(&r->rank_fd[k]);
-  boot_close(&r->lfd);
+    for (int k = 0; k < r->nranks; k++) brg__sock_close(&r->rank_fd[k]);
+  brg__sock_close(&r->lfd);
   free(r->rank_fd);
   free(r->table);
   free(r);
@@ -860,7 +603,7 @@ static void *boot_root_main(void *arg) {
   struct pollfd pfd[BOOT_MAX_PENDING + 1];
   for (;;) {
     if (r->nranks > 0 && r->arrived == r->nranks && boot_root_prune(r) == 0) break;
-    int64_t now = boot_now_ms();
+    int64_t now = brg__now_ms();
     if (r->deadline >= 0 && now >= r->deadline) {
       boot_root_give_up(r);
       goto out;
@@ -878,11 +621,11 @@ static void *boot_root_main(void *arg) {
     if (poll(pfd, (nfds_t)n, timeout) < 0) {
       if (errno != EINTR) {
         BRG__WARN(BOOT_SUBSYS, "bootstrap root %s: poll: %s", r->where, strerror(errno));
-        boot_sleep_ms(10);
+        brg__sleep_ms(10);
       }
       continue;
     }
-    now = boot_now_ms();
+    now = brg__now_ms();
     int base = listening ? 1 : 0;
     for (int i = 0; i < r->nconns; i++) {
       if (pfd[base + i].revents && boot_conn_service(r, i)) continue;
@@ -915,16 +658,16 @@ brg_status brg__boot_root_start(const char *addr, uint16_t port, const uint8_t *
   r->lfd = -1;
   uint16_t bound = 0;
   brg__boot_id tmp;
-  brg_status st = boot_listen(addr, port, "bootstrap root", &r->lfd, &bound, err);
+  brg_status st = brg__sock_listen(addr, port, BOOT_BACKLOG, BOOT_SUBSYS, "bootstrap root", &r->lfd, &bound, err);
   if (st != BRG_SUCCESS) goto err_free;
   st = brg__boot_id_make(&tmp, addr, bound, secret, err);
   if (st != BRG_SUCCESS) goto err_free;
   memcpy(r->secret, tmp.secret, sizeof r->secret);
   char where[BOOT_PEER_LEN];
-  boot_hostport(where, sizeof where, addr, bound);
+  brg__sock_hostport(where, sizeof where, addr, bound);
   memcpy(r->where, where, sizeof where);
   r->timeout_ms = timeout_ms;
-  r->deadline = boot_deadline(timeout_ms);
+  r->deadline = brg__deadline_ms(timeout_ms);
 
   pthread_attr_t attr;
   pthread_t thread;
@@ -945,7 +688,7 @@ brg_status brg__boot_root_start(const char *addr, uint16_t port, const uint8_t *
   return BRG_SUCCESS;
 
 err_free:
-  boot_close(&r->lfd);
+  brg__sock_close(&r->lfd);
   free(r);
   return st;
 }
@@ -999,7 +742,7 @@ brg_status brg__boot_local_addr(char *addr, size_t addr_bytes, brg__errbuf *err)
   if (!addr || addr_bytes == 0)
     return brg__error(err, BRG_ERR_INVALID_ARGUMENT, BOOT_SUBSYS, "local address: no buffer");
   char out[NI_MAXHOST];
-  const char *want = brg__config_str(BRG__CFG_BOOTSTRAP_ADDR);
+  const char *want = brg__core_str(BRG__CORE_BOOTSTRAP_ADDR);
   if (want && want[0]) {
     /* A name or a numeric address; IPv4 preferred when a name has both. */
     struct addrinfo hints, *res = NULL;
@@ -1020,7 +763,7 @@ brg_status brg__boot_local_addr(char *addr, size_t addr_bytes, brg__errbuf *err)
       return brg__error(err, BRG_ERR_INVALID_ARGUMENT, BOOT_SUBSYS, "BRIGADE_BOOTSTRAP_ADDR=%s: %s",
                         want, gai_strerror(rc));
   } else {
-    brg_status st = boot_if_addr(brg__config_str(BRG__CFG_SOCKET_IFNAME), out, sizeof out, err);
+    brg_status st = boot_if_addr(brg__core_str(BRG__CORE_SOCKET_IFNAME), out, sizeof out, err);
     if (st != BRG_SUCCESS) return st;
   }
   size_t n = strlen(out);
@@ -1057,18 +800,18 @@ struct brg__bootstrap {
 static brg_status boot_read_table(brg__bootstrap *bs, int fd, const char *root, size_t blob_bytes,
                                   void *all_blobs, int64_t deadline, brg__errbuf *err) {
   uint8_t hdr[BOOT_REPLY_HDR];
-  int rc = boot_recv_all(fd, hdr, sizeof hdr, deadline);
-  if (rc == BOOT_IO_EOF)
+  int rc = brg__sock_recv_all(fd, hdr, sizeof hdr, deadline);
+  if (rc == BRG__IO_EOF)
     return brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
                       "rank %d: the bootstrap root at %s closed the connection without an "
                       "answer (wrong secret, or it already served its communicator?)",
                       bs->rank, root);
-  if (rc == BOOT_IO_TIMEOUT)
+  if (rc == BRG__IO_TIMEOUT)
     return brg__error(err, BRG_ERR_TIMEOUT, BOOT_SUBSYS,
                       "rank %d: no answer from the bootstrap root at %s within %d ms (the other "
                       "ranks did not all arrive?)",
                       bs->rank, root, bs->timeout_ms);
-  if (rc != BOOT_IO_OK)
+  if (rc != BRG__IO_OK)
     return brg__error(err, BRG_ERR_SYSTEM, BOOT_SUBSYS,
                       "rank %d: receiving from the bootstrap root at %s: %s", bs->rank, root,
                       strerror(errno));
@@ -1086,8 +829,8 @@ static brg_status boot_read_table(brg__bootstrap *bs, int fd, const char *root, 
                         "rank %d: malformed answer from the bootstrap root at %s (error text "
                         "of %u bytes)",
                         bs->rank, root, len);
-    rc = boot_recv_all(fd, text, len, deadline);
-    if (rc != BOOT_IO_OK) len = 0;
+    rc = brg__sock_recv_all(fd, text, len, deadline);
+    if (rc != BRG__IO_OK) len = 0;
     text[len] = '\0';
     for (uint32_t k = 0; k < len; k++)
       if (text[k] < 0x20 || text[k] > 0x7e) text[k] = '?';
@@ -1110,9 +853,9 @@ static brg_status boot_read_table(brg__bootstrap *bs, int fd, const char *root, 
     return brg__error(err, BRG_ERR_NO_MEMORY, BOOT_SUBSYS,
                       "rank %d: no memory for a bootstrap table of %zu bytes", bs->rank, expect);
   brg_status st = BRG_SUCCESS;
-  rc = boot_recv_all(fd, t, expect, deadline);
-  if (rc != BOOT_IO_OK) {
-    st = brg__error(err, rc == BOOT_IO_TIMEOUT ? BRG_ERR_TIMEOUT : BRG_ERR_REMOTE, BOOT_SUBSYS,
+  rc = brg__sock_recv_all(fd, t, expect, deadline);
+  if (rc != BRG__IO_OK) {
+    st = brg__error(err, rc == BRG__IO_TIMEOUT ? BRG_ERR_TIMEOUT : BRG_ERR_REMOTE, BOOT_SUBSYS,
                     "rank %d: the table from the bootstrap root at %s was cut short", bs->rank,
                     root);
     goto out;
@@ -1129,7 +872,7 @@ static brg_status boot_read_table(brg__bootstrap *bs, int fd, const char *root, 
     boot_peer *p = &bs->peers[k];
     memcpy(p->addr, e, BOOT_ADDR_BYTES);
     p->port = get_u16(e + 64);
-    if (!memchr(p->addr, '\0', BOOT_ADDR_BYTES) || !boot_addr_is_numeric(p->addr) || p->port == 0 ||
+    if (!memchr(p->addr, '\0', BOOT_ADDR_BYTES) || !brg__sock_addr_is_numeric(p->addr) || p->port == 0 ||
         get_u16(e + 66) != 0) {
       st = brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
                       "rank %d: malformed bootstrap table entry for rank %d", bs->rank, k);
@@ -1172,8 +915,8 @@ brg_status brg__bootstrap_init(brg__bootstrap **bs_out, const brg__boot_id *id, 
   if (st != BRG_SUCCESS) return st;
 
   char root[BOOT_PEER_LEN];
-  boot_hostport(root, sizeof root, id->addr, id->port);
-  int64_t deadline = boot_deadline(timeout_ms);
+  brg__sock_hostport(root, sizeof root, id->addr, id->port);
+  int64_t deadline = brg__deadline_ms(timeout_ms);
   int fd = -1;
   brg__bootstrap *bs = calloc(1, sizeof *bs);
   if (!bs) return brg__error(err, BRG_ERR_NO_MEMORY, BOOT_SUBSYS, "bootstrap: out of memory");
@@ -1191,19 +934,19 @@ brg_status brg__bootstrap_init(brg__bootstrap **bs_out, const brg__boot_id *id, 
 
   st = brg__boot_local_addr(bs->listen_addr, sizeof bs->listen_addr, err);
   if (st != BRG_SUCCESS) goto err_free;
-  st = boot_listen(bs->listen_addr, 0, "ring listener", &bs->listen_fd, &bs->listen_port, err);
+  st = brg__sock_listen(bs->listen_addr, 0, BOOT_BACKLOG, BOOT_SUBSYS, "ring listener", &bs->listen_fd, &bs->listen_port, err);
   if (st != BRG_SUCCESS) goto err_free;
 
   int e = 0;
-  int rc = boot_connect(id->addr, id->port, deadline, &fd, &e);
-  if (rc == BOOT_IO_TIMEOUT) {
+  int rc = brg__sock_connect(id->addr, id->port, deadline, BOOT_RETRY_MS, &fd, &e);
+  if (rc == BRG__IO_TIMEOUT) {
     st = brg__error(err, BRG_ERR_TIMEOUT, BOOT_SUBSYS,
                     "rank %d could not reach the bootstrap root at %s within %d ms (last "
                     "error: %s)",
                     rank, root, timeout_ms, e ? strerror(e) : "none");
     goto err_free;
   }
-  if (rc != BOOT_IO_OK) {
+  if (rc != BRG__IO_OK) {
     st = brg__error(err, BRG_ERR_SYSTEM, BOOT_SUBSYS,
                     "rank %d: connecting to the bootstrap root at %s: %s", rank, root, strerror(e));
     goto err_free;
@@ -1225,16 +968,16 @@ brg_status brg__bootstrap_init(brg__bootstrap **bs_out, const brg__boot_id *id, 
     st = brg__error(err, BRG_ERR_INTERNAL, BOOT_SUBSYS, "rank %d: cannot encode hello", rank);
     goto err_close;
   }
-  rc = boot_send_all(fd, hello_buf, n, deadline, NULL);
-  if (rc != BOOT_IO_OK) {
+  rc = brg__sock_send_all(fd, hello_buf, n, deadline, NULL);
+  if (rc != BRG__IO_OK) {
     st = brg__error(err,
-                    rc == BOOT_IO_TIMEOUT ? BRG_ERR_TIMEOUT
-                    : rc == BOOT_IO_EOF   ? BRG_ERR_REMOTE
+                    rc == BRG__IO_TIMEOUT ? BRG_ERR_TIMEOUT
+                    : rc == BRG__IO_EOF   ? BRG_ERR_REMOTE
                                           : BRG_ERR_SYSTEM,
                     BOOT_SUBSYS, "rank %d: sending the hello to the bootstrap root at %s: %s", rank,
                     root,
-                    rc == BOOT_IO_TIMEOUT ? "timed out"
-                    : rc == BOOT_IO_EOF   ? "the root closed the connection"
+                    rc == BRG__IO_TIMEOUT ? "timed out"
+                    : rc == BRG__IO_EOF   ? "the root closed the connection"
                                           : strerror(errno));
     goto err_close;
   }
@@ -1257,14 +1000,14 @@ err_free:
 static brg_status boot_ring_accept(brg__bootstrap *bs, int prev, int64_t deadline, int *fd_out,
                                    brg__errbuf *err) {
   char where[BOOT_PEER_LEN];
-  boot_hostport(where, sizeof where, bs->peers[prev].addr, bs->peers[prev].port);
+  brg__sock_hostport(where, sizeof where, bs->peers[prev].addr, bs->peers[prev].port);
   for (;;) {
-    int rc = boot_wait(bs->listen_fd, POLLIN, deadline);
-    if (rc == BOOT_IO_TIMEOUT)
+    int rc = brg__sock_wait(bs->listen_fd, POLLIN, deadline);
+    if (rc == BRG__IO_TIMEOUT)
       return brg__error(err, BRG_ERR_TIMEOUT, BOOT_SUBSYS,
                         "rank %d: ring predecessor rank %d (%s) did not connect within %d ms",
                         bs->rank, prev, where, bs->timeout_ms);
-    if (rc != BOOT_IO_OK)
+    if (rc != BRG__IO_OK)
       return brg__error(err, BRG_ERR_SYSTEM, BOOT_SUBSYS, "rank %d: poll on ring listener: %s",
                         bs->rank, strerror(errno));
     struct sockaddr_storage ss;
@@ -1277,15 +1020,15 @@ static brg_status boot_ring_accept(brg__bootstrap *bs, int prev, int64_t deadlin
                         bs->rank, strerror(errno));
     }
     char peer[BOOT_PEER_LEN];
-    boot_peer_str(&ss, sslen, peer, sizeof peer);
-    int64_t conn_deadline = boot_now_ms() + BOOT_CONN_TIMEOUT_MS;
+    brg__sock_addr_str((struct sockaddr *)&ss, sslen, peer, sizeof peer);
+    int64_t conn_deadline = brg__now_ms() + BOOT_CONN_TIMEOUT_MS;
     if (deadline >= 0 && deadline < conn_deadline) conn_deadline = deadline;
     uint8_t m[BOOT_RING_HELLO];
-    rc = boot_recv_all(fd, m, sizeof m, conn_deadline);
+    rc = brg__sock_recv_all(fd, m, sizeof m, conn_deadline);
     const char *why = NULL;
     char whybuf[96];
-    if (rc != BOOT_IO_OK) {
-      why = rc == BOOT_IO_TIMEOUT ? "it did not introduce itself in time" : "it hung up";
+    if (rc != BRG__IO_OK) {
+      why = rc == BRG__IO_TIMEOUT ? "it did not introduce itself in time" : "it hung up";
     } else if (get_u32(m) != BOOT_RING_MAGIC) {
       why = "not a brigade ring connection";
     } else if (memcmp(m + 4, bs->secret, BOOT_SECRET_BYTES) != 0) {
@@ -1310,7 +1053,7 @@ brg_status brg__bootstrap_ring_connect(brg__bootstrap *bs, int next, int prev, b
   if (!bs)
     return brg__error(err, BRG_ERR_INVALID_ARGUMENT, BOOT_SUBSYS, "ring connect: NULL bootstrap");
   if (bs->nranks == 1) {
-    boot_close(&bs->listen_fd);
+    brg__sock_close(&bs->listen_fd);
     return BRG_SUCCESS;
   }
   if (next < 0 || next >= bs->nranks || prev < 0 || prev >= bs->nranks || next == bs->rank ||
@@ -1322,19 +1065,19 @@ brg_status brg__bootstrap_ring_connect(brg__bootstrap *bs, int next, int prev, b
     return brg__error(err, BRG_ERR_INVALID_USAGE, BOOT_SUBSYS,
                       "ring connect: rank %d already opened its ring sockets", bs->rank);
 
-  int64_t deadline = boot_deadline(bs->timeout_ms);
+  int64_t deadline = brg__deadline_ms(bs->timeout_ms);
   const boot_peer *pn = &bs->peers[next];
   char where[BOOT_PEER_LEN];
-  boot_hostport(where, sizeof where, pn->addr, pn->port);
+  brg__sock_hostport(where, sizeof where, pn->addr, pn->port);
   int nfd = -1, pfd = -1, e = 0;
   brg_status st;
 
   /* Connect first, then accept: the listen backlog completes our connection
    * while `next` is still busy with its own connect, so no order of arrival
    * deadlocks. */
-  int rc = boot_connect(pn->addr, pn->port, deadline, &nfd, &e);
-  if (rc != BOOT_IO_OK)
-    return brg__error(err, rc == BOOT_IO_TIMEOUT ? BRG_ERR_TIMEOUT : BRG_ERR_SYSTEM, BOOT_SUBSYS,
+  int rc = brg__sock_connect(pn->addr, pn->port, deadline, BOOT_RETRY_MS, &nfd, &e);
+  if (rc != BRG__IO_OK)
+    return brg__error(err, rc == BRG__IO_TIMEOUT ? BRG_ERR_TIMEOUT : BRG_ERR_SYSTEM, BOOT_SUBSYS,
                       "rank %d could not connect to its ring successor rank %d at %s within %d "
                       "ms: %s",
                       bs->rank, next, where, bs->timeout_ms, e ? strerror(e) : "timed out");
@@ -1343,9 +1086,9 @@ brg_status brg__bootstrap_ring_connect(brg__bootstrap *bs, int next, int prev, b
   memcpy(m + 4, bs->secret, BOOT_SECRET_BYTES);
   put_u32(m + 20, (uint32_t)bs->rank);
   put_u32(m + 24, (uint32_t)next);
-  rc = boot_send_all(nfd, m, sizeof m, deadline, NULL);
-  if (rc != BOOT_IO_OK) {
-    st = brg__error(err, rc == BOOT_IO_TIMEOUT ? BRG_ERR_TIMEOUT : BRG_ERR_REMOTE, BOOT_SUBSYS,
+  rc = brg__sock_send_all(nfd, m, sizeof m, deadline, NULL);
+  if (rc != BRG__IO_OK) {
+    st = brg__error(err, rc == BRG__IO_TIMEOUT ? BRG_ERR_TIMEOUT : BRG_ERR_REMOTE, BOOT_SUBSYS,
                     "rank %d: ring successor rank %d at %s closed the connection (process "
                     "died?)",
                     bs->rank, next, where);
@@ -1354,9 +1097,9 @@ brg_status brg__bootstrap_ring_connect(brg__bootstrap *bs, int next, int prev, b
   st = boot_ring_accept(bs, prev, deadline, &pfd, err);
   if (st != BRG_SUCCESS) goto err_close;
 
-  boot_nodelay(nfd);
-  boot_nodelay(pfd);
-  boot_close(&bs->listen_fd);
+  brg__sock_nodelay(nfd);
+  brg__sock_nodelay(pfd);
+  brg__sock_close(&bs->listen_fd);
   bs->fd[BRG__RING_NEXT] = nfd;
   bs->fd[BRG__RING_PREV] = pfd;
   bs->peer_rank[BRG__RING_NEXT] = next;
@@ -1366,7 +1109,7 @@ brg_status brg__bootstrap_ring_connect(brg__bootstrap *bs, int next, int prev, b
   return BRG_SUCCESS;
 
 err_close:
-  boot_close(&nfd);
+  brg__sock_close(&nfd);
   return st;
 }
 
@@ -1407,11 +1150,11 @@ brg_status brg__bootstrap_send(brg__bootstrap *bs, int dir, uint32_t type, const
   put_u32(frame + 4, len);
   if (len) memcpy(frame + BOOT_FRAME_HDR, data, len);
   size_t total = BOOT_FRAME_HDR + (size_t)len, sent = 0;
-  int rc = boot_send_all(bs->fd[dir], frame, total, boot_deadline(bs->timeout_ms), &sent);
-  if (rc == BOOT_IO_OK) return BRG_SUCCESS;
+  int rc = brg__sock_send_all(bs->fd[dir], frame, total, brg__deadline_ms(bs->timeout_ms), &sent);
+  if (rc == BRG__IO_OK) return BRG_SUCCESS;
   if (sent > 0) bs->broken[dir] = 1;
-  if (rc == BOOT_IO_EOF) return boot_ring_gone(bs, dir, err);
-  if (rc == BOOT_IO_TIMEOUT)
+  if (rc == BRG__IO_EOF) return boot_ring_gone(bs, dir, err);
+  if (rc == BRG__IO_TIMEOUT)
     return brg__error(err, BRG_ERR_TIMEOUT, BOOT_SUBSYS,
                       "rank %d: sending to ring neighbour rank %d made no progress within %d ms",
                       bs->rank, bs->peer_rank[dir], bs->timeout_ms);
@@ -1427,7 +1170,7 @@ brg_status brg__bootstrap_recv(brg__bootstrap *bs, int dir, uint32_t *type, void
     return brg__error(err, BRG_ERR_INVALID_ARGUMENT, BOOT_SUBSYS, "ring recv: no buffer");
   /* A message that arrives in pieces is kept between calls, so a timeout
    * never loses the stream's framing. */
-  int64_t deadline = timeout_ms < 0 ? -1 : boot_now_ms() + timeout_ms;
+  int64_t deadline = timeout_ms < 0 ? -1 : brg__now_ms() + timeout_ms;
   uint8_t *b = bs->rx_buf[dir];
   uint32_t *have = &bs->rx_have[dir];
   int peer = bs->peer_rank[dir];
@@ -1467,8 +1210,8 @@ brg_status brg__bootstrap_recv(brg__bootstrap *bs, int dir, uint32_t *type, void
       return brg__error(err, BRG_ERR_SYSTEM, BOOT_SUBSYS,
                         "rank %d: recv from ring neighbour rank %d: %s", bs->rank, peer,
                         strerror(errno));
-    int rc = boot_wait(bs->fd[dir], POLLIN, deadline);
-    if (rc == BOOT_IO_TIMEOUT) {
+    int rc = brg__sock_wait(bs->fd[dir], POLLIN, deadline);
+    if (rc == BRG__IO_TIMEOUT) {
       /* A zero timeout is a question, not a failure: answer it quietly. */
       if (timeout_ms == 0)
         return boot_quiet(err, BRG_ERR_TIMEOUT, "rank %d: no message from ring neighbour rank %d",
@@ -1477,7 +1220,7 @@ brg_status brg__bootstrap_recv(brg__bootstrap *bs, int dir, uint32_t *type, void
                         "rank %d: no message from ring neighbour rank %d within %d ms", bs->rank,
                         peer, timeout_ms);
     }
-    if (rc != BOOT_IO_OK)
+    if (rc != BRG__IO_OK)
       return brg__error(err, BRG_ERR_SYSTEM, BOOT_SUBSYS,
                         "rank %d: poll on the ring socket to rank %d: %s", bs->rank, peer,
                         strerror(errno));
@@ -1501,9 +1244,9 @@ const uint8_t *brg__bootstrap_secret(const brg__bootstrap *bs) {
 
 void brg__bootstrap_destroy(brg__bootstrap *bs) {
   if (!bs) return;
-  boot_close(&bs->fd[BRG__RING_NEXT]);
-  boot_close(&bs->fd[BRG__RING_PREV]);
-  boot_close(&bs->listen_fd);
+  brg__sock_close(&bs->fd[BRG__RING_NEXT]);
+  brg__sock_close(&bs->fd[BRG__RING_PREV]);
+  brg__sock_close(&bs->listen_fd);
   free(bs->peers);
   free(bs);
 }

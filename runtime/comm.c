@@ -14,7 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "config.h"
+#include "settings.h"
 #include "device.h"
 #include "internal.h"
 #include "kernels.h"
@@ -99,14 +99,14 @@ static uint64_t host_hash(char *hostname, size_t n) {
 brg_status brg_get_unique_id(brg_unique_id *id) {
   if (!id) return fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_get_unique_id: id is NULL");
   brg__errbuf err;
-  brg_status s = brg__config_load(&err);
+  brg_status s = brg__settings_load(&err);
   if (s != BRG_SUCCESS) return fail_no_comm(s, "%s", err.msg);
   brg__log_init();
   char addr[64];
   if ((s = brg__boot_local_addr(addr, sizeof addr, &err)) != BRG_SUCCESS)
     return fail_no_comm(s, "%s", err.msg);
   brg__boot_id bid;
-  s = brg__boot_root_start(addr, 0, NULL, (int)brg__config_int(BRG__CFG_TIMEOUT_MS), &bid, &err);
+  s = brg__boot_root_start(addr, 0, NULL, (int)brg__core_int(BRG__CORE_TIMEOUT_MS), &bid, &err);
   if (s != BRG_SUCCESS) return fail_no_comm(s, "%s", err.msg);
   memset(id, 0, sizeof *id);
   memcpy(id->internal, &bid, sizeof bid);
@@ -164,7 +164,7 @@ static brg_status exchange(brg_comm *c, int send_dir, const void *msg, uint32_t 
 
 /* Sets up the two links of this rank: from prev (receive) and to next (send). */
 static brg_status connect_ring(brg_comm *c, const uint8_t *secret, brg__errbuf *err) {
-  const char *allow = brg__config_str(BRG__CFG_TRANSPORTS);
+  const char *allow = brg__core_str(BRG__CORE_TRANSPORTS);
   const brg__transport_ops *tsend = brg__transport_pick(&c->peers[c->rank], &c->peers[c->next], allow);
   const brg__transport_ops *trecv = brg__transport_pick(&c->peers[c->prev], &c->peers[c->rank], allow);
   if (!tsend || !trecv)
@@ -250,7 +250,7 @@ static void comm_free(brg_comm *c) {
 
 static brg_status comm_create(brg_comm **out, int nranks, const brg__boot_id *id, int rank) {
   brg__errbuf err;
-  brg_status s = brg__config_load(&err);
+  brg_status s = brg__settings_load(&err);
   if (s != BRG_SUCCESS) return fail_no_comm(s, "%s", err.msg);
   brg__log_init();
   if ((s = brg__boot_id_check(id, &err)) != BRG_SUCCESS) return fail_no_comm(s, "%s", err.msg);
@@ -265,9 +265,9 @@ static brg_status comm_create(brg_comm **out, int nranks, const brg__boot_id *id
   pthread_mutex_init(&c->qlock, NULL);
   pthread_cond_init(&c->qcond, NULL);
   pthread_cond_init(&c->donecond, NULL);
-  c->timeout_ms = (int)brg__config_int(BRG__CFG_TIMEOUT_MS);
-  c->nslots = (int)brg__config_int(BRG__CFG_STEPS);
-  c->slot_bytes = (size_t)brg__config_int(BRG__CFG_SLICE_BYTES) & ~(size_t)63;
+  c->timeout_ms = (int)brg__core_int(BRG__CORE_TIMEOUT_MS);
+  c->nslots = (int)brg__core_int(BRG__CORE_STEPS);
+  c->slot_bytes = (size_t)brg__core_int(BRG__CORE_SLICE_BYTES) & ~(size_t)63;
   c->comm_id = fnv1a(14695981039346656037ull, id, sizeof *id);
   brg__ring_waiter_init(c);
   brg__log_set_rank(rank);
@@ -305,7 +305,7 @@ static brg_status comm_create(brg_comm **out, int nranks, const brg__boot_id *id
   int local = 0;
   for (int i = 0; i < nranks; i++) local += c->peers[i].host_hash == me.host_hash;
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  if (local > cores && !brg__config_is_set(BRG__CFG_SPIN)) {
+  if (local > cores && !brg__config_is_set(&brg__core_config, BRG__CORE_SPIN)) {
     c->waiter.spin = 0;
     BRG__INFO("init", "%d ranks share %ld cores on this host: waits yield at once", local, cores);
   }
@@ -318,8 +318,8 @@ static brg_status comm_create(brg_comm **out, int nranks, const brg__boot_id *id
       goto err_free;
     }
   }
-  c->stream_bytes = (size_t)brg__config_int(BRG__CFG_STREAM_BYTES);
-  c->small_bytes = (size_t)brg__config_int(BRG__CFG_SMALL_BYTES);
+  c->stream_bytes = (size_t)brg__core_int(BRG__CORE_STREAM_BYTES);
+  c->small_bytes = (size_t)brg__core_int(BRG__CORE_SMALL_BYTES);
   if (c->small_bytes > c->slot_bytes) c->small_bytes = c->slot_bytes;
   if (nranks > 1 && c->small_bytes > 0) {
     c->scratch = malloc((size_t)nranks * c->small_bytes);
@@ -385,7 +385,7 @@ static int hexval(char ch) {
 brg_status brg_comm_init_env(brg_comm **comm) {
   if (!comm) return fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_comm_init_env: comm is NULL");
   brg__errbuf err;
-  brg_status s = brg__config_load(&err);
+  brg_status s = brg__settings_load(&err);
   if (s != BRG_SUCCESS) return fail_no_comm(s, "%s", err.msg);
   brg__log_init();
   static const char *const rank_vars[] = {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", NULL};
@@ -426,7 +426,7 @@ brg_status brg_comm_init_env(brg_comm **comm) {
   /* The job secret: BRIGADE_SECRET (brigade-run sets a random one), else
    * derived from the rendezvous itself, which only keeps strays out. */
   uint8_t secret[16];
-  const char *hex = brg__config_str(BRG__CFG_SECRET);
+  const char *hex = brg__core_str(BRG__CORE_SECRET);
   if (hex[0]) {
     size_t n = strlen(hex);
     if (n < 2 || n % 2)
@@ -460,7 +460,7 @@ brg_status brg_comm_init_env(brg_comm **comm) {
 
   brg__boot_id bid;
   if (rank == 0) {
-    s = brg__boot_root_start(numeric, (uint16_t)port, secret, (int)brg__config_int(BRG__CFG_TIMEOUT_MS),
+    s = brg__boot_root_start(numeric, (uint16_t)port, secret, (int)brg__core_int(BRG__CORE_TIMEOUT_MS),
                              &bid, &err);
     if (s != BRG_SUCCESS) return fail_no_comm(s, "rank 0: %s", err.msg);
   }

@@ -19,7 +19,7 @@
 
 #include "device.h"
 #include "device_config.h"
-#include "config.h"
+#include "settings.h"
 #include "internal.h"
 
 #define MODULE_NAME "libbrigade_cuda.so"
@@ -33,7 +33,7 @@ static void *open_module(char *tried, size_t n) {
   size_t o = 0;
   Dl_info info;
   /* 0. BRIGADE_CUDA_MODULE names it. */
-  const char *forced = brg__config_str(BRG__CFG_CUDA_MODULE);
+  const char *forced = brg__device_str(BRG__DEVICE_CUDA_MODULE);
   if (forced && forced[0]) {
     void *h = dlopen(forced, RTLD_NOW | RTLD_LOCAL);
     if (!h) snprintf(tried, n, "BRIGADE_CUDA_MODULE=%s: %s", forced, dlerror());
@@ -64,7 +64,7 @@ static void *open_module(char *tried, size_t n) {
 
 static void load(void) {
   brg__log_init();
-  const char *forced = brg__config_str(BRG__CFG_CUDA_MODULE);
+  const char *forced = brg__device_str(BRG__DEVICE_CUDA_MODULE);
   if (BRG_CUDA_NOT_BUILT[0] && !(forced && forced[0])) {
     snprintf(load_why, sizeof load_why, "brigade was built without CUDA (%s)", BRG_CUDA_NOT_BUILT);
     return;

@@ -41,7 +41,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "config.h"
+#include "settings.h"
 #include "device.h"
 #include "internal.h"
 #include "ring.h"
@@ -177,7 +177,7 @@ static int gdr_register(struct brg__dev_ring *d, brg__conn *link, void *p, size_
  * and the GPU allow it; whether it then runs is decided with the neighbour. */
 static void setup_gdr(struct brg__dev_ring *d, dev_blob *b) {
   size_t bytes = (size_t)d->nslots * d->stride;
-  if (!brg__config_int(BRG__CFG_IB_GDR)) {
+  if (!brg__device_int(BRG__DEVICE_IB_GDR)) {
     snprintf(b->gdr_why, sizeof b->gdr_why, "off (BRIGADE_IB_GDR=0)");
     return;
   }
@@ -285,7 +285,7 @@ brg_status brg__device_ring_setup(brg_comm *c) {
   }
   d->api = api;
   d->nslots = c->nslots;
-  d->slot_bytes = (size_t)brg__config_int(BRG__CFG_DEVICE_SLICE_BYTES) & ~(size_t)255;
+  d->slot_bytes = (size_t)brg__device_int(BRG__DEVICE_SLICE_BYTES) & ~(size_t)255;
   d->link_send = &c->send;
   d->link_recv = &c->recv;
   uint64_t here = c->peers[c->rank].host_hash;

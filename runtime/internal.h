@@ -8,7 +8,7 @@
 #include "bootstrap.h"
 #include "brigade.h"
 #include "log.h"
-#include "../transport/transport.h"
+#include "transport.h"
 
 typedef enum {
   BRG__COLL_ALLREDUCE = 1,

@@ -18,7 +18,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "config.h"
+#include "settings.h"
 #include "internal.h"
 #include "kernels.h"
 #include "schedule.h"
@@ -133,7 +133,7 @@ static brg_status ring_check(void *arg) {
 }
 
 void brg__ring_waiter_init(brg_comm *c) {
-  c->waiter.spin = (int)brg__config_int(BRG__CFG_SPIN);
+  c->waiter.spin = (int)brg__core_int(BRG__CORE_SPIN);
   c->waiter.check = ring_check;
   c->waiter.arg = c;
 }

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "brigade.h"
-#include "config.h"
+#include "settings.h"
 #include "kernels.h"
 #include "transport.h"
 
@@ -45,12 +45,12 @@ int main(int argc, char **argv) {
   printf("kernels: %s\n", brg__kernels_isa());
 
   brg__errbuf err = {{0}};
-  brg_status st = brg__config_load(&err);
+  brg_status st = brg__settings_load(&err);
   printf("\nsettings:\n");
-  brg__config_print(stdout);
+  brg__settings_print(stdout);
   if (st != BRG_SUCCESS) printf("  error: %s (the library would refuse to start)\n", err.msg);
 
-  const char *allow = brg__config_str(BRG__CFG_TRANSPORTS);
+  const char *allow = brg__core_str(BRG__CORE_TRANSPORTS);
   printf("\ntransports:\n");
   for (int i = 0; brg__transports[i] != NULL; i++) {
     const brg__transport_ops *t = brg__transports[i];

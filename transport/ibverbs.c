@@ -56,7 +56,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "config.h"
 #include "regcache.h"
 #include "transport.h"
 #include "verbs_api.h"
@@ -69,6 +68,26 @@
 #define IB_MAX_PENDING 8
 #define IB_PROXY_SPIN 64 /* most idle polls before a proxy yields */
 #define IB_MAX_QPS 12    /* queue pairs per link: what fits the connection-info blob */
+
+static brg__cfg_entry ib_entries[BRG__IB_CFG_COUNT] = {
+    [BRG__IB_CFG_BACKEND] = {"BRIGADE_IB_BACKEND", BRG__CFG_KIND_STRING, "auto", 0, 0,
+                             "verbs backend: auto, verbs or soft (software, over sockets)"},
+    [BRG__IB_CFG_HCA] = {"BRIGADE_IB_HCA", BRG__CFG_KIND_STRING, "", 0, 0,
+                         "RDMA device and port, e.g. mlx5_0:1; empty: first active port"},
+    [BRG__IB_CFG_GID_INDEX] = {"BRIGADE_IB_GID_INDEX", BRG__CFG_KIND_INT, "-1", -1, 255,
+                               "GID index for RoCE; -1: automatic"},
+    [BRG__IB_CFG_QPS_PER_LINK] = {"BRIGADE_IB_QPS_PER_LINK", BRG__CFG_KIND_INT, "1", 1, 16,
+                                  "queue pairs per ring link"},
+    [BRG__IB_CFG_TIMEOUT] = {"BRIGADE_IB_TIMEOUT", BRG__CFG_KIND_INT, "18", 1, 31,
+                             "verbs QP local ack timeout exponent"},
+    [BRG__IB_CFG_RETRY_CNT] = {"BRIGADE_IB_RETRY_CNT", BRG__CFG_KIND_INT, "7", 0, 7,
+                               "verbs QP retry count"},
+    [BRG__IB_CFG_ALLOW_LOCAL] = {"BRIGADE_IB_ALLOW_LOCAL", BRG__CFG_KIND_INT, "0", 0, 1,
+                                 "1: ibverbs may also link ranks on one host (for tests; "
+                                 "shm is faster there)"},
+};
+
+brg__cfg_section brg__ib_config = BRG__CFG_SECTION("ibverbs", ib_entries);
 
 /* One clear-to-send entry, written by the receiver into the sender's memory. */
 typedef struct ib_cts {
@@ -172,7 +191,7 @@ static const brg__vb_ops *picked;
 static char pick_why[200];
 
 static void backend_pick(void) {
-  const char *want = brg__config_str(BRG__CFG_IB_BACKEND);
+  const char *want = brg__config_str(&brg__ib_config, BRG__IB_CFG_BACKEND);
   if (!want || !*want) want = "auto";
   if (!strcmp(want, "soft")) {
     picked = &brg__vb_soft;
@@ -209,7 +228,7 @@ static int ib_available(char *why, size_t why_bytes) {
 
 static int ib_can_connect(const brg__peer_info *self, const brg__peer_info *peer) {
   if (!backend()) return 0;
-  return self->host_hash != peer->host_hash || brg__config_int(BRG__CFG_IB_ALLOW_LOCAL) != 0;
+  return self->host_hash != peer->host_hash || brg__config_int(&brg__ib_config, BRG__IB_CFG_ALLOW_LOCAL) != 0;
 }
 
 /* ---- the shared device context and its registration cache ------------------- */
@@ -732,7 +751,7 @@ static brg_status conn_open(brg__conn *c, const brg__conn_params *p, int sender,
 static brg_status ib_recv_setup(brg__conn *c, const brg__conn_params *p, void *info,
                                 brg__errbuf *err) {
   ib_conn_info ci = {.magic = htonl(IB_INFO_MAGIC)};
-  int nqps = (int)brg__config_int(BRG__CFG_IB_QPS_PER_LINK);
+  int nqps = (int)brg__config_int(&brg__ib_config, BRG__IB_CFG_QPS_PER_LINK);
   if (nqps < 1) nqps = 1;
   if (nqps > IB_MAX_QPS) {
     BRG__WARN("ib", "BRIGADE_IB_QPS_PER_LINK=%d: using %d queue pairs, the most a link has", nqps,
@@ -1035,6 +1054,7 @@ static void ib_dev_remote(brg__conn *c, uint64_t base, uint32_t rkey, size_t str
 
 const brg__transport_ops brg__transport_ibverbs = {
     .name = "ibverbs",
+    .config = &brg__ib_config,
     .can_connect = ib_can_connect,
     .available = ib_available,
     .recv_setup = ib_recv_setup,

@@ -40,7 +40,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "config.h"
 #include "transport.h"
 
 #define TCP_INFO_MAGIC 0x42524754u  /* "BRGT" */
@@ -50,6 +49,17 @@
 #define TCP_MAX_PENDING 8      /* unauthenticated connections held at once */
 #define TCP_CLOSE_GRACE_MS 500 /* how long close() lets the send proxy flush */
 #define TCP_ADDR_BYTES 64
+
+enum { TCP_CFG_SOCKBUF, TCP_CFG_NSOCKS, TCP_CFG_COUNT };
+
+static brg__cfg_entry tcp_entries[TCP_CFG_COUNT] = {
+    [TCP_CFG_SOCKBUF] = {"BRIGADE_TCP_SOCKBUF", BRG__CFG_KIND_SIZE, "4M", 0, 1 * BRG__GiB,
+                         "socket buffer size for tcp links (0: kernel default)"},
+    [TCP_CFG_NSOCKS] = {"BRIGADE_TCP_NSOCKS", BRG__CFG_KIND_INT, "1", 1, TCP_MAX_SOCKS,
+                        "sockets per tcp link"},
+};
+
+static brg__cfg_section tcp_config = BRG__CFG_SECTION("tcp", tcp_entries);
 
 /* What the receiver tells the sender (inside the BRG__CONN_INFO_BYTES blob).
  * Integers in network byte order. */
@@ -127,7 +137,7 @@ static void sockaddr_text(const struct sockaddr *sa, socklen_t len, char *out, s
 /* Options every socket gets before it connects or listens (buffer sizes must
  * be set before the handshake to affect the window scale). */
 static void socket_tune(int fd) {
-  int64_t buf = brg__config_int(BRG__CFG_TCP_SOCKBUF);
+  int64_t buf = brg__config_int(&tcp_config, TCP_CFG_SOCKBUF);
   if (buf > 0) {
     int v = buf > INT_MAX / 2 ? INT_MAX / 2 : (int)buf;
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof v);
@@ -342,7 +352,7 @@ static brg_status addr_resolve(const char *addr, uint16_t port, int passive, str
 
 static brg_status tcp_recv_setup(brg__conn *c, const brg__conn_params *p, void *info,
                                  brg__errbuf *err) {
-  int64_t nsocks = brg__config_int(BRG__CFG_TCP_NSOCKS);
+  int64_t nsocks = brg__config_int(&tcp_config, TCP_CFG_NSOCKS);
   if (nsocks < 1) nsocks = 1;
   if (nsocks > TCP_MAX_SOCKS) nsocks = TCP_MAX_SOCKS;
   brg_status s = conn_open(c, p, 0, (int)nsocks, err);
@@ -651,6 +661,7 @@ static int tcp_available(char *why, size_t why_bytes) {
 
 const brg__transport_ops brg__transport_tcp = {
     .name = "tcp",
+    .config = &tcp_config,
     .can_connect = tcp_can_connect,
     .available = tcp_available,
     .recv_setup = tcp_recv_setup,

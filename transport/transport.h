@@ -24,7 +24,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "brigade.h"
-#include "../runtime/log.h"
+#include "config.h"
+#include "log.h"
 
 #define BRG__CACHELINE 64
 #define BRG__MAX_SLOTS 64
@@ -174,6 +175,9 @@ typedef struct brg__conn {
  */
 struct brg__transport_ops {
   const char *name;
+  /* The transport's settings (BRIGADE_<NAME>_*), a section of the one
+   * settings table; NULL when it has none. */
+  brg__cfg_section *config;
   /* 1 when the transport can carry data between these two ranks. */
   int (*can_connect)(const brg__peer_info *self, const brg__peer_info *peer);
   /* Whether it can work on this machine at all; on 0, `why` says why. */

@@ -27,7 +27,6 @@ const brg__vb_ops *const brg__vb_real = NULL;
 #include <string.h>
 #include <sys/random.h>
 
-#include "config.h"
 
 /* ---- parameter building (pure) ------------------------------------------- */
 
@@ -253,7 +252,7 @@ static int gid_type(const char *dev, int port, int index) {
 }
 
 static brg_status gid_choose(brg__vb_ctx *c, brg__errbuf *err) {
-  int wanted = (int)brg__config_int(BRG__CFG_IB_GID_INDEX);
+  int wanted = (int)brg__config_int(&brg__ib_config, BRG__IB_CFG_GID_INDEX);
   if (c->attr.link_layer == IBV_LINK_LAYER_INFINIBAND && wanted < 0) {
     c->gid_index = 0;
     if (ibv.query_gid(c->ctx, c->port, 0, &c->gid) != 0) memset(&c->gid, 0, sizeof c->gid);
@@ -287,7 +286,7 @@ static brg_status real_ctx_open(brg__vb_ctx **out, const char *addr, brg__errbuf
   (void)addr;
   char want[64];
   int want_port;
-  const char *spec = brg__config_str(BRG__CFG_IB_HCA);
+  const char *spec = brg__config_str(&brg__ib_config, BRG__IB_CFG_HCA);
   if (brg__verbs_parse_hca(spec, want, sizeof want, &want_port) != 0)
     return brg__error(err, BRG_ERR_INVALID_ARGUMENT, "ib",
                       "BRIGADE_IB_HCA=\"%s\" is not DEVICE or DEVICE:PORT", spec);
@@ -413,8 +412,8 @@ static brg_status real_qp_connect(brg__vb_qp *q, const brg__vb_qp_info *r, int a
   if ((errno = ibv.modify_qp(q->qp, &a, mask)) != 0)
     return brg__error(err, BRG_ERR_SYSTEM, "ib", "queue pair to RTR (peer qpn %u): %s", r->qpn,
                       strerror(errno));
-  mask = brg__verbs_attr_rts(&a, q->psn, (int)brg__config_int(BRG__CFG_IB_TIMEOUT),
-                             (int)brg__config_int(BRG__CFG_IB_RETRY_CNT));
+  mask = brg__verbs_attr_rts(&a, q->psn, (int)brg__config_int(&brg__ib_config, BRG__IB_CFG_TIMEOUT),
+                             (int)brg__config_int(&brg__ib_config, BRG__IB_CFG_RETRY_CNT));
   if ((errno = ibv.modify_qp(q->qp, &a, mask)) != 0)
     return brg__error(err, BRG_ERR_SYSTEM, "ib", "queue pair to RTS: %s", strerror(errno));
   return BRG_SUCCESS;

@@ -97,7 +97,7 @@ round() {
   # the kernel benchmark, the ring at N = 2, then the test suite, N = 4, NCCL.
   if [ "$full" = full ]; then
     step "$tag: gpu_kernel_bench" "$log" 60 \
-      "$BUILD/kernels/cuda/gpu_kernel_bench" -b 1M -e 1G -n 20 -w 5
+      "$BUILD/bench/gpu_kernel_bench" -b 1M -e 1G -n 20 -w 5
   fi
   step "$tag: all_reduce_perf -G N=2" "$log" 90 \
     "$BUILD/tools/brigade-run" -n 2 "$PERF" -G -b 16 -e 1G -f 4 -n 10 -w 3

@@ -31,7 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "config.h"
+#include "settings.h"
 #include "transport.h"
 
 #define SETUP_TIMEOUT_MS 10000
@@ -597,7 +597,7 @@ static void case_tcp_auth(const test_link *l) {
     _exit(0);
   }
   /* Catch the receiver's log to see that it says why it refused. */
-  int capture = brg__log_level >= BRG__LOG_WARN && !brg__config_str(BRG__CFG_DEBUG_FILE)[0];
+  int capture = brg__log_level >= BRG__LOG_WARN && !brg__settings_find("BRIGADE_DEBUG_FILE")->value[0];
   char logpath[] = "/tmp/brigade-conformance-XXXXXX";
   int logfd = -1;
   if (capture) {
@@ -713,7 +713,7 @@ int main(int argc, char **argv) {
   const char *only = argc > 1 ? argv[1] : NULL;
   setenv("BRIGADE_DEBUG", "WARN", 0);
   brg__errbuf err = {{0}};
-  if (brg__config_load(&err) != BRG_SUCCESS) {
+  if (brg__settings_load(&err) != BRG_SUCCESS) {
     fprintf(stderr, "FAIL: configuration: %s\n", err.msg);
     return 1;
   }
@@ -749,7 +749,7 @@ int main(int argc, char **argv) {
     }
     ran++;
     printf("transport %s (tcp sockets per link: %lld)\n", ops->name,
-           (long long)brg__config_int(BRG__CFG_TCP_NSOCKS));
+           (long long)brg__settings_find("BRIGADE_TCP_NSOCKS")->ival);
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
       link_init(&l, ops, shapes[k].nslots, shapes[k].slot_bytes);
       snprintf(where, sizeof where, "%s, %d slots of %zu bytes, stream", ops->name, l.nslots,

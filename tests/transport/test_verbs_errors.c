@@ -29,7 +29,7 @@
 #include <unistd.h>
 
 #include "../multiproc/harness.h"
-#include "config.h"
+#include "settings.h"
 #include "transport.h"
 #include "verbs_api.h"
 
@@ -312,7 +312,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   brg__errbuf err = {{0}};
-  if (brg__config_load(&err) != BRG_SUCCESS) {
+  if (brg__settings_load(&err) != BRG_SUCCESS) {
     fprintf(stderr, "FAIL: configuration: %s\n", err.msg);
     return 1;
   }

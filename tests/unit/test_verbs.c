@@ -20,7 +20,7 @@
 
 #include <cmocka.h>
 
-#include "config.h"
+#include "settings.h"
 #include "transport.h"
 #include "verbs_api.h"
 
@@ -305,7 +305,7 @@ static void real_probe_no_device(void **state) {
 int main(void) {
   unsetenv("BRIGADE_IB_BACKEND");
   brg__errbuf err;
-  if (brg__config_load(&err) != BRG_SUCCESS) return 1;
+  if (brg__settings_load(&err) != BRG_SUCCESS) return 1;
   brg__log_init();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(soft_write_and_imm),

@@ -9,6 +9,20 @@
 #include "config.h"
 #include "log.h"
 
+enum { LOG_CFG_DEBUG, LOG_CFG_DEBUG_SUBSYS, LOG_CFG_DEBUG_FILE, LOG_CFG_COUNT };
+
+static brg__cfg_entry log_entries[LOG_CFG_COUNT] = {
+    [LOG_CFG_DEBUG] = {"BRIGADE_DEBUG", BRG__CFG_KIND_STRING, "", 0, 0,
+                       "log level: WARN, INFO or TRACE (empty: silent)"},
+    [LOG_CFG_DEBUG_SUBSYS] = {"BRIGADE_DEBUG_SUBSYS", BRG__CFG_KIND_STRING, "", 0, 0,
+                              "comma-separated subsystems to log (" BRG__LOG_SUBSYSTEMS
+                              "); empty: all"},
+    [LOG_CFG_DEBUG_FILE] = {"BRIGADE_DEBUG_FILE", BRG__CFG_KIND_STRING, "", 0, 0,
+                            "log file instead of stderr; %r rank, %h host, %p pid"},
+};
+
+brg__cfg_section brg__log_config = BRG__CFG_SECTION("log", log_entries);
+
 int brg__log_level = BRG__LOG_NONE;
 
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
@@ -19,12 +33,12 @@ static char log_host[64];
 static char log_subsys[256]; /* ",ring,shm," or "" for all */
 
 static void log_setup(void) {
-  const char *lvl = brg__config_str(BRG__CFG_DEBUG);
+  const char *lvl = brg__config_str(&brg__log_config, LOG_CFG_DEBUG);
   if (!strcasecmp(lvl, "WARN")) brg__log_level = BRG__LOG_WARN;
   else if (!strcasecmp(lvl, "INFO")) brg__log_level = BRG__LOG_INFO;
   else if (!strcasecmp(lvl, "TRACE")) brg__log_level = BRG__LOG_TRACE;
   else brg__log_level = BRG__LOG_NONE;
-  const char *sub = brg__config_str(BRG__CFG_DEBUG_SUBSYS);
+  const char *sub = brg__config_str(&brg__log_config, LOG_CFG_DEBUG_SUBSYS);
   if (sub[0] && strcasecmp(sub, "ALL") != 0) snprintf(log_subsys, sizeof log_subsys, ",%s,", sub);
   gethostname(log_host, sizeof log_host - 1);
   char *dot = strchr(log_host, '.');
@@ -33,7 +47,7 @@ static void log_setup(void) {
 
 void brg__log_init(void) {
   brg__errbuf err;
-  brg__config_load(&err); /* a bad value is reported by the call that needs it */
+  brg__config_load(&brg__log_config, &err); /* a bad value is reported at init */
   pthread_once(&log_once, log_setup);
 }
 
@@ -76,7 +90,7 @@ static void log_path(char *out, size_t n, const char *pattern) {
 
 static FILE *log_stream(void) {
   if (log_file) return log_file;
-  const char *pattern = brg__config_str(BRG__CFG_DEBUG_FILE);
+  const char *pattern = brg__config_str(&brg__log_config, LOG_CFG_DEBUG_FILE);
   if (pattern[0]) {
     char path[512];
     log_path(path, sizeof path, pattern);

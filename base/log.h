@@ -14,11 +14,16 @@
 #include <stddef.h>
 #include "brigade.h"
 
+/* The subsystems lines are logged under. */
+#define BRG__LOG_SUBSYSTEMS "init,bootstrap,ring,coll,shm,tcp,ib,verbs"
+
 enum { BRG__LOG_NONE = 0, BRG__LOG_WARN = 1, BRG__LOG_INFO = 2, BRG__LOG_TRACE = 3 };
 
 extern int brg__log_level; /* set from BRIGADE_DEBUG on first use; NONE until then */
 
-void brg__log_init(void); /* idempotent; reads the config table */
+void brg__log_init(void); /* idempotent; reads the log's settings */
+/* The log's settings (BRIGADE_DEBUG*), a section of the one settings table. */
+extern struct brg__cfg_section brg__log_config;
 void brg__log_set_rank(int rank);
 int brg__log_enabled(int level, const char *subsys);
 void brg__log(int level, const char *subsys, const char *fmt, ...)

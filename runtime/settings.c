@@ -1,0 +1,86 @@
+#include "settings.h"
+
+#include <limits.h>
+#include <string.h>
+
+#include "transport.h"
+
+static brg__cfg_entry core_entries[BRG__CORE_COUNT] = {
+    [BRG__CORE_TIMEOUT_MS] = {"BRIGADE_TIMEOUT_MS", BRG__CFG_KIND_INT, "600000", 100, INT_MAX,
+                              "how long a rank waits for a peer (bootstrap or collective) "
+                              "before failing with a timeout"},
+    [BRG__CORE_SLICE_BYTES] = {"BRIGADE_SLICE_BYTES", BRG__CFG_KIND_SIZE, "128K", 4 * BRG__KiB,
+                               64 * BRG__MiB, "pipeline unit: bytes per FIFO slot"},
+    [BRG__CORE_STEPS] = {"BRIGADE_STEPS", BRG__CFG_KIND_INT, "8", 1, 64,
+                         "FIFO slots per connection"},
+    [BRG__CORE_TRANSPORTS] = {"BRIGADE_TRANSPORTS", BRG__CFG_KIND_STRING, "", 0, 0,
+                              "comma-separated transports allowed (shm,tcp,ibverbs); empty: all"},
+    [BRG__CORE_BOOTSTRAP_ADDR] = {"BRIGADE_BOOTSTRAP_ADDR", BRG__CFG_KIND_STRING, "", 0, 0,
+                                  "numeric address this rank advertises; empty: automatic"},
+    [BRG__CORE_SOCKET_IFNAME] = {"BRIGADE_SOCKET_IFNAME", BRG__CFG_KIND_STRING, "", 0, 0,
+                                 "network interface to take the address from"},
+    [BRG__CORE_SPIN] = {"BRIGADE_SPIN", BRG__CFG_KIND_INT, "2000", 0, 100000000,
+                        "busy polls before a waiting rank yields the core"},
+    [BRG__CORE_SECRET] = {"BRIGADE_SECRET", BRG__CFG_KIND_STRING, "", 0, 0,
+                          "job secret (hex) for brg_comm_init_env; brigade-run sets it"},
+    [BRG__CORE_SMALL_BYTES] = {"BRIGADE_SMALL_BYTES", BRG__CFG_KIND_SIZE, "4K", 0, 64 * BRG__KiB,
+                               "allreduce of at most this many bytes gathers every input around "
+                               "the ring (N-1 steps instead of 2N-2) and reduces locally; 0: off"},
+    [BRG__CORE_STREAM_BYTES] = {"BRIGADE_STREAM_BYTES", BRG__CFG_KIND_SIZE, "32M", 0, 1LL << 50,
+                                "collectives of at least this many bytes write their output with "
+                                "non-temporal stores (it would not stay in cache anyway); 0: never"},
+};
+
+static brg__cfg_entry device_entries[BRG__DEVICE_COUNT] = {
+    [BRG__DEVICE_SLICE_BYTES] = {"BRIGADE_DEVICE_SLICE_BYTES", BRG__CFG_KIND_SIZE, "4M",
+                                 4 * BRG__KiB, 1 * BRG__GiB,
+                                 "pipeline unit of device collectives: bytes per slot of the "
+                                 "GPU FIFO (BRIGADE_STEPS slots per rank)"},
+    [BRG__DEVICE_CUDA_MODULE] = {"BRIGADE_CUDA_MODULE", BRG__CFG_KIND_STRING, "", 0, 0,
+                                 "path of the CUDA module to open (libbrigade_cuda.so or a "
+                                 "stand-in with the same table); empty: beside the library"},
+    [BRG__DEVICE_IB_GDR] = {"BRIGADE_IB_GDR", BRG__CFG_KIND_INT, "1", 0, 1,
+                            "1: device collectives between hosts send GPU memory over ibverbs "
+                            "directly (GPUDirect RDMA, dmabuf) where it works; 0: always stage "
+                            "through pinned host memory"},
+};
+
+brg__cfg_section brg__core_config = BRG__CFG_SECTION("core", core_entries);
+brg__cfg_section brg__device_config = BRG__CFG_SECTION("device", device_entries);
+
+int brg__settings_sections(brg__cfg_section **out, int max) {
+  brg__cfg_section *own[] = {&brg__log_config, &brg__core_config, &brg__device_config};
+  int n = 0;
+  for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
+    if (n < max) out[n++] = own[i];
+  for (int i = 0; brg__transports[i]; i++)
+    if (brg__transports[i]->config && n < max) out[n++] = brg__transports[i]->config;
+  return n;
+}
+
+brg_status brg__settings_load(brg__errbuf *err) {
+  brg__cfg_section *all[BRG__SETTINGS_MAX_SECTIONS];
+  int n = brg__settings_sections(all, BRG__SETTINGS_MAX_SECTIONS);
+  for (int i = 0; i < n; i++) {
+    brg_status s = brg__config_load(all[i], err);
+    if (s != BRG_SUCCESS) return s;
+  }
+  return BRG_SUCCESS;
+}
+
+const brg__cfg_entry *brg__settings_find(const char *name) {
+  brg__cfg_section *all[BRG__SETTINGS_MAX_SECTIONS];
+  int n = brg__settings_sections(all, BRG__SETTINGS_MAX_SECTIONS);
+  for (int i = 0; i < n; i++) {
+    brg__config_load(all[i], NULL);
+    for (int j = 0; j < all[i]->count; j++)
+      if (!strcmp(all[i]->entries[j].name, name)) return &all[i]->entries[j];
+  }
+  return NULL;
+}
+
+void brg__settings_print(FILE *f) {
+  brg__cfg_section *all[BRG__SETTINGS_MAX_SECTIONS];
+  int n = brg__settings_sections(all, BRG__SETTINGS_MAX_SECTIONS);
+  for (int i = 0; i < n; i++) brg__config_print(all[i], f);
+}

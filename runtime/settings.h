@@ -1,0 +1,67 @@
+/*
+ * The runtime's settings, and the one table of every section.
+ *
+ * The runtime owns two sections, "core" (the ring and its communicator) and
+ * "device" (device collectives); the log and each transport own theirs. The
+ * table is those sections in a fixed order: log, core, device, then one per
+ * transport of brg__transports[] that has settings.
+ */
+#ifndef BRG_SETTINGS_H
+#define BRG_SETTINGS_H
+
+#include <stdio.h>
+
+#include "config.h"
+
+typedef enum {
+  BRG__CORE_TIMEOUT_MS,     /* int */
+  BRG__CORE_SLICE_BYTES,    /* size: the pipeline unit, bytes per FIFO slot */
+  BRG__CORE_STEPS,          /* int, FIFO slots per connection */
+  BRG__CORE_TRANSPORTS,     /* comma list of transport names, empty = all */
+  BRG__CORE_BOOTSTRAP_ADDR, /* address this rank advertises; empty = auto */
+  BRG__CORE_SOCKET_IFNAME,  /* interface to take the address from; empty = auto */
+  BRG__CORE_SPIN,           /* int, busy polls before yielding */
+  BRG__CORE_SECRET,         /* job secret for brg_comm_init_env (hex); empty = derived */
+  BRG__CORE_SMALL_BYTES,    /* size: allreduce at or below this gathers then reduces */
+  BRG__CORE_STREAM_BYTES,   /* size: collectives this large write outputs with NT stores */
+  BRG__CORE_COUNT
+} brg__core_cfg_id;
+
+typedef enum {
+  BRG__DEVICE_SLICE_BYTES, /* size: the pipeline unit of device collectives */
+  BRG__DEVICE_CUDA_MODULE, /* path of the CUDA module; empty = search */
+  BRG__DEVICE_IB_GDR,      /* int 0|1: GPU memory straight on the network (GPUDirect RDMA) */
+  BRG__DEVICE_COUNT
+} brg__device_cfg_id;
+
+extern brg__cfg_section brg__core_config;
+extern brg__cfg_section brg__device_config;
+
+static inline int64_t brg__core_int(brg__core_cfg_id id) {
+  return brg__config_int(&brg__core_config, id);
+}
+static inline const char *brg__core_str(brg__core_cfg_id id) {
+  return brg__config_str(&brg__core_config, id);
+}
+static inline int64_t brg__device_int(brg__device_cfg_id id) {
+  return brg__config_int(&brg__device_config, id);
+}
+static inline const char *brg__device_str(brg__device_cfg_id id) {
+  return brg__config_str(&brg__device_config, id);
+}
+
+#define BRG__SETTINGS_MAX_SECTIONS 16
+
+/* The sections of the table, in order; returns how many (at most max). */
+int brg__settings_sections(brg__cfg_section **out, int max);
+
+/* The entry of a variable in any section (loaded), or NULL. */
+const brg__cfg_entry *brg__settings_find(const char *name);
+
+/* Loads every section; the first bad value is the error. */
+brg_status brg__settings_load(brg__errbuf *err);
+
+/* Prints every section as one table: name, value, default, help. */
+void brg__settings_print(FILE *f);
+
+#endif
