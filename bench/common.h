@@ -3,8 +3,9 @@
  * timing loop, the nccl-tests-style table and the data check.
  *
  * A benchmark program only says which collective it times and how to call
- * it; everything else lives in common.c. Only the public header is used, so
- * these programs see brigade exactly as an application does.
+ * it; everything else lives in common.c and the files it names. Only the
+ * public header is used, so these programs see brigade exactly as an
+ * application does.
  */
 #ifndef BRG_BENCH_COMMON_H
 #define BRG_BENCH_COMMON_H
