@@ -48,18 +48,12 @@ static brg_status parse_entry(const brg__cfg_entry *e, const char *v, int64_t *o
   brg_status s = e->kind == BRG__CFG_KIND_INT ? brg__config_parse_int(v, out)
                                               : brg__config_parse_size(v, out);
   /* No logging here: the logger itself reads a section. */
-  if (s != BRG_SUCCESS) {
-    if (err)
-      snprintf(err->msg, sizeof err->msg, "%s=\"%s\" is not %s", e->name, v,
-               e->kind == BRG__CFG_KIND_INT ? "an integer" : "a size (like 64K or 4M)");
-    return BRG_ERR_INVALID_ARGUMENT;
-  }
-  if (*out < e->min || *out > e->max) {
-    if (err)
-      snprintf(err->msg, sizeof err->msg, "%s=%s is out of range [%lld, %lld]", e->name, v,
-               (long long)e->min, (long long)e->max);
-    return BRG_ERR_INVALID_ARGUMENT;
-  }
+  if (s != BRG_SUCCESS)
+    return brg__error_quiet(err, BRG_ERR_INVALID_ARGUMENT, "%s=\"%s\" is not %s", e->name, v,
+                            e->kind == BRG__CFG_KIND_INT ? "an integer" : "a size (like 64K or 4M)");
+  if (*out < e->min || *out > e->max)
+    return brg__error_quiet(err, BRG_ERR_INVALID_ARGUMENT, "%s=%s is out of range [%lld, %lld]",
+                            e->name, v, (long long)e->min, (long long)e->max);
   return BRG_SUCCESS;
 }
 

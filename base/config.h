@@ -16,7 +16,7 @@
 #include <stdio.h>
 
 #include "brigade.h"
-#include "log.h"
+#include "status.h"
 
 typedef enum { BRG__CFG_KIND_STRING, BRG__CFG_KIND_INT, BRG__CFG_KIND_SIZE } brg__cfg_kind;
 

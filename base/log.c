@@ -126,11 +126,15 @@ brg_status brg__error(brg__errbuf *eb, brg_status status, const char *subsys, co
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  if (eb) memcpy(eb->msg, msg, sizeof msg);
+  if (eb) {
+    memcpy(eb->msg, msg, sizeof msg);
+    eb->logged = 1;
+  }
   brg__log_init();
   BRG__WARN(subsys, "%s", msg);
   return status;
 }
+
 
 static __thread char thread_error[BRG__ERRLEN];
 

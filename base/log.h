@@ -13,6 +13,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include "brigade.h"
+#include "status.h"
 
 /* The subsystems lines are logged under. */
 #define BRG__LOG_SUBSYSTEMS "init,bootstrap,ring,coll,shm,tcp,ib,verbs"
@@ -37,12 +38,6 @@ void brg__log(int level, const char *subsys, const char *fmt, ...)
 #define BRG__WARN(subsys, ...) BRG__LOG_AT(BRG__LOG_WARN, subsys, __VA_ARGS__)
 #define BRG__INFO(subsys, ...) BRG__LOG_AT(BRG__LOG_INFO, subsys, __VA_ARGS__)
 #define BRG__TRACE(subsys, ...) BRG__LOG_AT(BRG__LOG_TRACE, subsys, __VA_ARGS__)
-
-/* A detailed error message travelling with a brg_status. */
-#define BRG__ERRLEN 512
-typedef struct brg__errbuf {
-  char msg[BRG__ERRLEN];
-} brg__errbuf;
 
 /* Formats the message into `eb` (when not NULL), logs it at WARN under
  * `subsys`, and returns `status`, so error paths read

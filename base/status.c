@@ -1,4 +1,7 @@
-#include "brigade.h"
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "status.h"
 
 const char *brg_status_string(brg_status s) {
   switch (s) {
@@ -29,3 +32,14 @@ const char *brg_dtype_name(brg_dtype d) {
 }
 size_t brg_dtype_size(brg_dtype d) { return (unsigned)d < BRG_NUM_DTYPES ? dtype_sizes[d] : 0; }
 const char *brg_op_name(brg_op op) { return (unsigned)op < BRG_NUM_OPS ? op_names[op] : NULL; }
+
+brg_status brg__error_quiet(brg__errbuf *eb, brg_status status, const char *fmt, ...) {
+  if (eb) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(eb->msg, sizeof eb->msg, fmt, ap);
+    va_end(ap);
+    eb->logged = 0;
+  }
+  return status;
+}

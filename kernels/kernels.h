@@ -23,7 +23,7 @@ void brg__copy(void *dst0, void *dst1, const void *src, size_t bytes);
 
 /* dst = src (bytes) with non-temporal stores, for large outputs that should
  * not displace the cache. dst may equal src (nothing to do). */
-void brg__copy_stream(void *dst, const void *src, size_t bytes);
+void brg__copy_nt(void *dst, const void *src, size_t bytes);
 
 /* dst[i] = src[i] / divisor in dtype arithmetic (BRG_AVG on one rank or the
  * root of a reduce that has no peers). dst may equal src. */

@@ -512,7 +512,7 @@ void brg__copy(void *dst0, void *dst1, const void *src, size_t bytes) {
 /* Copy with non-temporal stores: for outputs of large collectives that the
  * caller will not read soon, this skips the read-for-ownership of every
  * destination line, a third of the memory traffic of a plain copy. */
-void brg__copy_stream(void *dst, const void *src, size_t bytes) {
+void brg__copy_nt(void *dst, const void *src, size_t bytes) {
   if (dst == src || bytes == 0) return;
 #if BRG__X86
   char *d = (char *)dst;

@@ -98,20 +98,6 @@ static uint32_t get_u32(const uint8_t *p) {
   return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-/* Formats a message into `eb` without logging it: for checks whose caller
- * decides whether and how to report. */
-static brg_status boot_quiet(brg__errbuf *eb, brg_status st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static brg_status boot_quiet(brg__errbuf *eb, brg_status st, const char *fmt, ...) {
-  if (eb) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(eb->msg, sizeof eb->msg, fmt, ap);
-    va_end(ap);
-  }
-  return st;
-}
-
 static brg_status boot_random(uint8_t *out, size_t len, brg__errbuf *err) {
   size_t done = 0;
   while (done < len) {
@@ -209,13 +195,13 @@ static brg_status boot_hello_parse(const void *buf, size_t len, brg__boot_hello 
                                    brg__errbuf *why) {
   const uint8_t *p = buf;
   if (len < BOOT_HELLO_HDR)
-    return boot_quiet(why, BRG_ERR_REMOTE, "hello of %zu bytes is shorter than its %d-byte header",
+    return brg__error_quiet(why, BRG_ERR_REMOTE, "hello of %zu bytes is shorter than its %d-byte header",
                       len, BOOT_HELLO_HDR);
   brg__boot_hello t;
   memset(&t, 0, sizeof t);
   t.magic = get_u32(p);
   if (t.magic != BRG__BOOT_MAGIC)
-    return boot_quiet(why, BRG_ERR_REMOTE, "not a brigade hello (magic 0x%08x)", t.magic);
+    return brg__error_quiet(why, BRG_ERR_REMOTE, "not a brigade hello (magic 0x%08x)", t.magic);
   memcpy(t.secret, p + 4, BOOT_SECRET_BYTES);
   t.rank = (int32_t)get_u32(p + 20);
   t.nranks = (int32_t)get_u32(p + 24);
@@ -224,29 +210,29 @@ static brg_status boot_hello_parse(const void *buf, size_t len, brg__boot_hello 
   uint16_t zero = get_u16(p + 94);
   t.blob_bytes = get_u32(p + 96);
   if (t.blob_bytes > BRG__BOOT_MAX_BLOB)
-    return boot_quiet(why, BRG_ERR_REMOTE, "hello carries a %u-byte blob (at most %d)",
+    return brg__error_quiet(why, BRG_ERR_REMOTE, "hello carries a %u-byte blob (at most %d)",
                       t.blob_bytes, BRG__BOOT_MAX_BLOB);
   if (len != BOOT_HELLO_HDR + (size_t)t.blob_bytes)
-    return boot_quiet(why, BRG_ERR_REMOTE,
+    return brg__error_quiet(why, BRG_ERR_REMOTE,
                       "hello of %zu bytes does not match its header (%d) plus blob (%u)", len,
                       BOOT_HELLO_HDR, t.blob_bytes);
   if (t.nranks < 1 || t.nranks > BRG__BOOT_MAX_RANKS)
-    return boot_quiet(why, BRG_ERR_REMOTE, "hello says nranks=%d (must be 1..%d)", (int)t.nranks,
+    return brg__error_quiet(why, BRG_ERR_REMOTE, "hello says nranks=%d (must be 1..%d)", (int)t.nranks,
                       BRG__BOOT_MAX_RANKS);
   if (t.rank < 0 || t.rank >= t.nranks)
-    return boot_quiet(why, BRG_ERR_REMOTE, "hello says rank %d of nranks=%d", (int)t.rank,
+    return brg__error_quiet(why, BRG_ERR_REMOTE, "hello says rank %d of nranks=%d", (int)t.rank,
                       (int)t.nranks);
   if (zero != 0)
-    return boot_quiet(why, BRG_ERR_REMOTE, "rank %d's hello has a nonzero reserved field",
+    return brg__error_quiet(why, BRG_ERR_REMOTE, "rank %d's hello has a nonzero reserved field",
                       (int)t.rank);
   if (!memchr(t.addr, '\0', BOOT_ADDR_BYTES))
-    return boot_quiet(why, BRG_ERR_REMOTE, "rank %d's hello has an unterminated address",
+    return brg__error_quiet(why, BRG_ERR_REMOTE, "rank %d's hello has an unterminated address",
                       (int)t.rank);
   if (!brg__sock_addr_is_numeric(t.addr))
-    return boot_quiet(why, BRG_ERR_REMOTE, "rank %d's hello has a bad address '%s'", (int)t.rank,
+    return brg__error_quiet(why, BRG_ERR_REMOTE, "rank %d's hello has a bad address '%s'", (int)t.rank,
                       t.addr);
   if (t.port == 0)
-    return boot_quiet(why, BRG_ERR_REMOTE, "rank %d's hello has port 0", (int)t.rank);
+    return brg__error_quiet(why, BRG_ERR_REMOTE, "rank %d's hello has port 0", (int)t.rank);
   t.blob = t.blob_bytes ? p + BOOT_HELLO_HDR : NULL;
   *h = t;
   return BRG_SUCCESS;
@@ -1214,7 +1200,7 @@ brg_status brg__bootstrap_recv(brg__bootstrap *bs, int dir, uint32_t *type, void
     if (rc == BRG__IO_TIMEOUT) {
       /* A zero timeout is a question, not a failure: answer it quietly. */
       if (timeout_ms == 0)
-        return boot_quiet(err, BRG_ERR_TIMEOUT, "rank %d: no message from ring neighbour rank %d",
+        return brg__error_quiet(err, BRG_ERR_TIMEOUT, "rank %d: no message from ring neighbour rank %d",
                           bs->rank, peer);
       return brg__error(err, BRG_ERR_TIMEOUT, BOOT_SUBSYS,
                         "rank %d: no message from ring neighbour rank %d within %d ms", bs->rank,

@@ -35,14 +35,25 @@ brg_status brg__device_check_host_call(brg_comm *c, const char *fn, const void *
  * next rank's FIFO slot in its GPU memory (mapped by CUDA IPC), ordered by
  * interprocess events. No kernel ever waits for another process's kernel.
  */
-struct ring_op;
+struct brg__ring_op;
 struct brg__dev_ring;
-/* Builds the device ring at the first device collective: every rank takes
- * part (it is a collective itself, over the host ring). */
-brg_status brg__device_ring_setup(brg_comm *c);
-size_t brg__device_ring_slot_bytes(const struct brg__dev_ring *d);
+/* Building the device ring at the first device collective, in two halves
+ * around an all-gather over the host ring that the progress layer runs:
+ * prepare sets up this rank's own half and describes it in `mine`
+ * (blob_bytes, with room for every rank's in `all`); finish checks every
+ * rank's description, connects to the neighbours and frees the
+ * descriptions, given the all-gather's status. */
+typedef struct brg__dev_setup {
+  struct brg__dev_ring *d;
+  void *mine, *all;
+  size_t blob_bytes;
+} brg__dev_setup;
+brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st);
+brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status gathered);
+size_t brg__device_ring_slice_bytes(const struct brg__dev_ring *d);
 /* One primitive on one slice whose buffers are in GPU memory. */
-brg_status brg__device_prim(struct ring_op *o, int prim, const char *in, char *out, size_t m);
+brg_status brg__device_prim(struct brg__ring_op *o, int prim, const char *in, char *out,
+                            size_t m);
 /* One rank: recvbuf = sendbuf, on the stream. */
 brg_status brg__device_single(brg_comm *c, const brg__coll *k);
 /* Waits for the device work this rank enqueued, then frees the ring. */

@@ -41,10 +41,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "settings.h"
 #include "device.h"
 #include "internal.h"
-#include "ring.h"
+#include "settings.h"
+#include "ring_link.h"
 
 #define HB BRG__CUDA_IPC_HANDLE_BYTES
 
@@ -57,8 +57,8 @@
 struct brg__dev_ring {
   const brg__cuda_api *api;
   int nslots;
-  size_t slot_bytes;
-  size_t stride;                          /* slot_bytes + room to shift a payload */
+  size_t slice_bytes;                     /* the pipeline unit: one slice per GPU slot */
+  size_t stride;                          /* slice_bytes + room to shift a payload */
   char *fifo;                             /* own receive FIFO (device memory) */
   char *next_fifo;                        /* the next rank's, mapped */
   int next_mapped;                        /* next_fifo came from ipc_mem_open */
@@ -84,7 +84,7 @@ typedef struct dev_blob {
   int32_t pid;
   int32_t nslots;
   int32_t pad;
-  uint64_t slot_bytes;
+  uint64_t slice_bytes;
   unsigned char uuid[16];                 /* of the GPU */
   char why[192];                          /* when not ok */
   uint64_t fifo_ptr;                      /* for a rank in the same process, and GDR */
@@ -103,7 +103,7 @@ static brg_status cuda_fail(brg_comm *c, const brg__cuda_api *api, int e, const 
                          api->error_string(e));
 }
 
-size_t brg__device_ring_slot_bytes(const struct brg__dev_ring *d) { return d->slot_bytes; }
+size_t brg__device_ring_slice_bytes(const struct brg__dev_ring *d) { return d->slice_bytes; }
 
 static void ring_release(struct brg__dev_ring *d) {
   const brg__cuda_api *api = d->api;
@@ -271,7 +271,7 @@ static int mps_running(void) {
   return access(path, F_OK) == 0;
 }
 
-brg_status brg__device_ring_setup(brg_comm *c) {
+brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st) {
   const char *why = "";
   const brg__cuda_api *api = brg__device_api(&why);
   if (!api) return brg__comm_error(c, BRG_ERR_UNAVAILABLE, "device collectives: %s", why);
@@ -285,7 +285,7 @@ brg_status brg__device_ring_setup(brg_comm *c) {
   }
   d->api = api;
   d->nslots = c->nslots;
-  d->slot_bytes = (size_t)brg__device_int(BRG__DEVICE_SLICE_BYTES) & ~(size_t)255;
+  d->slice_bytes = (size_t)brg__device_int(BRG__DEVICE_SLICE_BYTES) & ~(size_t)255;
   d->link_send = &c->send;
   d->link_recv = &c->recv;
   uint64_t here = c->peers[c->rank].host_hash;
@@ -294,29 +294,37 @@ brg_status brg__device_ring_setup(brg_comm *c) {
   /* Every rank slices alike: with any link between hosts, slices are the
    * host FIFOs' slots. */
   for (int r = 0; r < c->nranks; r++)
-    if (c->peers[r].host_hash != c->peers[0].host_hash) d->slot_bytes = c->slot_bytes;
+    if (c->peers[r].host_hash != c->peers[0].host_hash) d->slice_bytes = c->slice_bytes;
   mine->pid = (int32_t)getpid();
   mine->nslots = d->nslots;
-  mine->slot_bytes = d->slot_bytes;
-  d->stride = d->slot_bytes + SLOT_SHIFT_ROOM;
+  mine->slice_bytes = d->slice_bytes;
+  d->stride = d->slice_bytes + SLOT_SHIFT_ROOM;
   setup_local(c, d, mine);
+  /* A failed half is described in `mine` (ok = 0, why): the all-gather
+   * still runs, so every rank learns it. */
+  st->d = d;
+  st->mine = mine;
+  st->all = all;
+  st->blob_bytes = sizeof *mine;
+  return BRG_SUCCESS;
+}
 
-  /* Every rank takes part even when its own half failed, so that all of
-   * them learn which rank could not and why, instead of timing out. */
-  brg__coll g = {.kind = BRG__COLL_ALL_GATHER, .dtype = BRG_UINT8, .op = BRG_SUM, .root = -1,
-                 .sendbuf = mine, .recvbuf = all, .count = sizeof *mine};
-  brg_status s = brg__coll_execute(c, &g);
+brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status gathered) {
+  struct brg__dev_ring *d = st->d;
+  const brg__cuda_api *api = d->api;
+  dev_blob *mine = st->mine, *all = st->all;
+  brg_status s = gathered;
   for (int r = 0; s == BRG_SUCCESS && r < c->nranks; r++) {
     if (!all[r].ok)
       s = brg__comm_error(c, BRG_ERR_SYSTEM, "device collectives: rank %d could not set up its "
                           "GPU side: %s", r, all[r].why);
-    else if (all[r].nslots != mine->nslots || all[r].slot_bytes != mine->slot_bytes)
+    else if (all[r].nslots != mine->nslots || all[r].slice_bytes != mine->slice_bytes)
       s = brg__comm_error(c, BRG_ERR_INVALID_USAGE,
                           "device collectives: rank %d has %d GPU slots of %llu bytes, rank %d "
                           "%d of %llu (set BRIGADE_STEPS and BRIGADE_DEVICE_SLICE_BYTES alike "
                           "on every rank)", r, all[r].nslots,
-                          (unsigned long long)all[r].slot_bytes, c->rank, mine->nslots,
-                          (unsigned long long)mine->slot_bytes);
+                          (unsigned long long)all[r].slice_bytes, c->rank, mine->nslots,
+                          (unsigned long long)mine->slice_bytes);
   }
   if (s == BRG_SUCCESS) s = setup_links(c, d, mine, &all[c->next], &all[c->prev]);
   if (s == BRG_SUCCESS) {
@@ -339,7 +347,7 @@ brg_status brg__device_ring_setup(brg_comm *c) {
     BRG__INFO("init", "device ring: step mode (a copy or reduce kernel per slice and step, "
               "ordered by interprocess events; no kernel waits for another process), "
               "%d slots of %zu bytes in GPU memory; %d of %d ranks on this GPU%s; %s%s%s",
-              d->nslots, d->slot_bytes, share, c->nranks,
+              d->nslots, d->slice_bytes, share, c->nranks,
               share > 1 ? (mps_running() ? ", MPS running"
                                          : ", no MPS: their kernels take turns on the GPU")
                         : "",
@@ -368,7 +376,7 @@ brg_status brg__device_single(brg_comm *c, const brg__coll *k) {
   return e ? cuda_fail(c, api, e, "copy kernel") : BRG_SUCCESS;
 }
 
-brg_status brg__device_prim(struct ring_op *o, int prim_, const char *in, char *out, size_t m) {
+brg_status brg__device_prim(struct brg__ring_op *o, int prim_, const char *in, char *out, size_t m) {
   brg__prim prim = (brg__prim)prim_;
   brg_comm *c = o->c;
   struct brg__dev_ring *d = o->dev;

@@ -7,6 +7,7 @@
 
 #include "bootstrap.h"
 #include "brigade.h"
+#include "clock.h"
 #include "log.h"
 #include "transport.h"
 
@@ -62,14 +63,14 @@ struct brg_comm {
   int send_open, recv_open;    /* setup started: close() owed */
   uint64_t send_pos, recv_pos; /* slots posted to next / consumed from prev */
   uint64_t send_head;          /* next's head as last read */
-  int nslots;
-  size_t slot_bytes;
+  int nslots;                  /* FIFO slots per link (BRIGADE_STEPS) */
+  size_t slice_bytes;          /* the pipeline unit (BRIGADE_SLICE_BYTES): one slice per slot */
   int timeout_ms;
   brg__waiter waiter;
 
   char *scratch;               /* nranks * small_bytes, for small allreduces */
   size_t small_bytes;
-  size_t stream_bytes;         /* collectives this large stream their output */
+  size_t nt_bytes;             /* collectives this large write outputs with non-temporal stores */
   uint64_t seq;                /* collectives run so far */
   uint64_t bytes_sent;
 
@@ -107,16 +108,59 @@ struct brg_comm {
 #define BRG__COMM_MAGIC 0x62726763u
 #define BRG__REQ_MAGIC 0x62726772u
 
-/* Records an error on the communicator (last_error, WARN log) and returns s. */
+/*
+ * Who does what in runtime/ (each file calls only files listed after it):
+ *   rendezvous.c  brg_comm_init_env: the launcher's variables -> comm.c
+ *   coll.c        the collectives' entry points and argument checks
+ *   comm.c        create (bootstrap, topology, links), accessors, destroy
+ *   progress.c    issue order: the worker thread, device setup
+ *   ring.c        the five primitives and the ring and chain schedules
+ *   device_ring.c the same primitives on GPU buffers (step mode)
+ *   device.c      the CUDA module, opened at first use
+ *   ring_link.c   slots to and from the neighbours, the waiter's checks
+ *   topology.c    hosts and ring order
+ *   bootstrap*.c  ids, the root, the ring sockets
+ *   errors.c      last errors, abort notices, how collectives are named
+ *   settings.c    the runtime's settings and the one table of all sections
+ */
+
+/* errors.c: records an error on the communicator (last_error, WARN log)
+ * and returns s. */
 brg_status brg__comm_error(brg_comm *c, brg_status s, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-
-/* Runs one collective to completion on the calling thread (ring.c). */
-brg_status brg__coll_execute(brg_comm *c, brg__coll *coll);
-
+/* For calls without a communicator: logs the message and keeps it as the
+ * thread's error (brg_comm_last_error(NULL)); returns s. */
+brg_status brg__fail_no_comm(brg_status s, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* The same for a message in an errbuf, logged unless it already was. */
+brg_status brg__fail_no_comm_err(brg_status s, const brg__errbuf *err, const char *prefix);
+/* BRG_SUCCESS for a live communicator, else the error (fn names the call). */
+brg_status brg__check_comm(const brg_comm *c, const char *fn);
 /* Tells both ring neighbours that this rank failed, once. */
 void brg__comm_notify_abort(brg_comm *c, brg_status s, const char *text);
+/* "allreduce #3 (count 7, float32, sum, root -1)" */
+void brg__coll_describe(char *out, size_t n, brg__coll_kind kind, uint64_t seq, uint64_t count,
+                        int dtype, int op, int root, int device);
 
-int64_t brg__now_ns(void);
+/* topology.c: the identity of this host (equal on ranks that share memory),
+ * and the ring order with c->pos, c->next, c->prev. */
+uint64_t brg__topology_host_hash(char *hostname, size_t n);
+void brg__topology_order(brg_comm *c);
+
+/* comm.c: a communicator from a bootstrap id (rendezvous.c, brg_comm_init). */
+brg_status brg__comm_create(brg_comm **out, int nranks, const brg__boot_id *id, int rank);
+
+/* progress.c: runs a collective in issue order on the caller's thread and
+ * returns its status (inline when nothing is queued ahead of it). */
+brg_status brg__progress_run(brg_comm *c, brg__coll *k);
+/* Queues a request for the worker thread; brg__progress_wait waits for it. */
+brg_status brg__progress_enqueue(brg_comm *c, brg__req *r);
+brg_status brg__progress_wait(brg__req *r);
+brg_status brg__progress_start(brg_comm *c, brg__errbuf *err);
+void brg__progress_stop(brg_comm *c);
+
+/* ring.c: runs one collective to completion on the calling thread; a
+ * device collective needs the device ring (progress.c builds it). */
+brg_status brg__coll_execute(brg_comm *c, brg__coll *coll);
 
 #endif

@@ -9,218 +9,17 @@
  *          +----- pos 3 <-----+
  *
  * Every slot carries a header naming the collective; the receiver checks it
- * against its own call, so ranks that disagree stop with BRG_ERR_MISMATCH.
+ * against its own call, so ranks that disagree stop with BRG_ERR_MISMATCH
+ * (ring_link.c, which also holds the waits on the two links).
  */
-#include <errno.h>
-#include <poll.h>
 #include <stddef.h>
-#include <stdio.h>
 #include <string.h>
-#include <time.h>
 
-#include "settings.h"
+#include "device.h"
 #include "internal.h"
 #include "kernels.h"
+#include "ring_link.h"
 #include "schedule.h"
-#include "ring.h"
-#include "device.h"
-
-const char *brg__coll_name(brg__coll_kind kind) {
-  switch (kind) {
-  case BRG__COLL_ALLREDUCE: return "allreduce";
-  case BRG__COLL_REDUCE_SCATTER: return "reduce_scatter";
-  case BRG__COLL_ALL_GATHER: return "all_gather";
-  case BRG__COLL_BROADCAST: return "broadcast";
-  case BRG__COLL_REDUCE: return "reduce";
-  case BRG__COLL_BARRIER: return "barrier";
-  }
-  return "unknown";
-}
-
-int64_t brg__now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-static void describe(char *out, size_t n, brg__coll_kind kind, uint64_t seq, uint64_t count,
-                     int dtype, int op, int root, int device) {
-  const char *dn = brg_dtype_name((brg_dtype)dtype), *on = brg_op_name((brg_op)op);
-  snprintf(out, n, "%s #%llu (count %llu, %s, %s, root %d%s)", brg__coll_name(kind),
-           (unsigned long long)seq, (unsigned long long)count, dn ? dn : "?", on ? on : "-",
-           root, device ? ", GPU buffers" : "");
-}
-
-/* Reads what arrived on a ring socket while we were waiting: an abort
- * notice from a neighbour, a goodbye, or the hang-up of one that died. */
-static brg_status check_ring_socket(brg_comm *c, int dir) {
-  int fd = brg__bootstrap_fd(c->bs, dir);
-  if (fd < 0 || c->departed[dir]) return BRG_SUCCESS;
-  struct pollfd pfd = {.fd = fd, .events = POLLIN};
-  if (poll(&pfd, 1, 0) <= 0) return BRG_SUCCESS;
-  int peer = dir == BRG__RING_NEXT ? c->next : c->prev;
-  char buf[BRG__BOOT_MAX_MSG + 1];
-  uint32_t type = 0, len = 0;
-  brg__errbuf err;
-  brg_status s = brg__bootstrap_recv(c->bs, dir, &type, buf, BRG__BOOT_MAX_MSG, &len, 0, &err);
-  if (s == BRG_ERR_TIMEOUT) return BRG_SUCCESS;
-  if (s != BRG_SUCCESS)
-    return brg__comm_error(c, BRG_ERR_REMOTE, "rank %d (pid %d on %s) is gone: %s", peer,
-                           c->peers[peer].pid, c->peers[peer].hostname, err.msg);
-  if (type == BRG__MSG_BYE) {
-    c->departed[dir] = 1;
-    return BRG_SUCCESS;
-  }
-  if (type == BRG__MSG_ABORT && len >= 4) {
-    brg_status rs;
-    memcpy(&rs, buf, 4);
-    buf[len] = 0;
-    if (rs <= BRG_IN_PROGRESS || rs > BRG_ERR_INTERNAL) rs = BRG_ERR_REMOTE;
-    if (rs == BRG_ERR_ABORTED || rs == BRG_ERR_TIMEOUT) rs = BRG_ERR_REMOTE;
-    /* Say what this rank itself was waiting for: with cascading timeouts
-     * that names the rank that really stalled. */
-    if (c->wait_peer != peer && c->wait_start_ns)
-      return brg__comm_error(c, rs, "%s; rank %d was itself waiting %lld ms for rank %d to %s",
-                             buf + 4, c->rank,
-                             (long long)((brg__now_ns() - c->wait_start_ns) / 1000000),
-                             c->wait_peer, c->wait_what);
-    return brg__comm_error(c, rs, "%s", buf + 4);
-  }
-  return brg__comm_error(c, BRG_ERR_REMOTE, "unexpected message type %u from rank %d", type,
-                         peer);
-}
-
-/* The waiter's check: called about every millisecond while a wait sleeps. */
-static brg_status ring_check(void *arg) {
-  brg_comm *c = arg;
-  if (c->aborted) return brg__comm_error(c, BRG_ERR_ABORTED, "aborted by brg_comm_abort");
-  /* Notices first: they name the rank that failed, which a broken link
-   * further along the ring does not. During setup the ring sockets carry
-   * the setup messages themselves. */
-  for (int dir = 0; c->ready && dir < 2; dir++) {
-    brg_status s = check_ring_socket(c, dir);
-    if (s != BRG_SUCCESS) return s;
-  }
-  brg__conn *w = c->wait_conn;
-  if (w && w->fifo.ctrl && w->fifo.ctrl->closed)
-    return brg__comm_error(c, (brg_status)w->fifo.ctrl->closed,
-                           "%s link with rank %d closed while waiting for it to %s: %s",
-                           w->ops ? w->ops->name : "?", w->peer, c->wait_what,
-                           w->fifo.ctrl->closed_why[0] ? w->fifo.ctrl->closed_why : "no reason given");
-  int64_t now = brg__now_ns();
-  if (!c->wait_start_ns) c->wait_start_ns = now;
-  int dir = c->wait_peer == c->next ? BRG__RING_NEXT : BRG__RING_PREV;
-  /* A neighbour that left cleanly sent all it had; allow a moment for data
-   * still on the wire, then say who left too early. */
-  if (c->ready && c->departed[dir] && now - c->wait_start_ns > 1000000000LL)
-    return brg__comm_error(c, BRG_ERR_REMOTE,
-                           "rank %d destroyed its communicator while rank %d was still waiting "
-                           "for it to %s (did the ranks call different numbers of collectives?)",
-                           c->wait_peer, c->rank, c->wait_what);
-  if (now - c->wait_start_ns > (int64_t)c->timeout_ms * 1000000) {
-    char what[160] = "setup";
-    if (c->cur)
-      describe(what, sizeof what, c->cur->kind, c->cur->seq, c->cur->count, c->cur->dtype,
-               c->cur->op, c->cur->root, c->cur->stream != NULL);
-    return brg__comm_error(c, BRG_ERR_TIMEOUT,
-                           "timeout: no progress for %d ms in %s at step %d, waiting for rank "
-                           "%d (pid %d on %s) to %s",
-                           c->timeout_ms, what, c->cur_step, c->wait_peer,
-                           c->peers[c->wait_peer].pid, c->peers[c->wait_peer].hostname,
-                           c->wait_what);
-  }
-  return BRG_SUCCESS;
-}
-
-void brg__ring_waiter_init(brg_comm *c) {
-  c->waiter.spin = (int)brg__core_int(BRG__CORE_SPIN);
-  c->waiter.check = ring_check;
-  c->waiter.arg = c;
-}
-
-/* ---- the five primitives' building blocks ---- */
-
-
-/* Waits for a free slot in the FIFO to the next rank; small slices go in
- * the slot header itself. The receiver's head is re-read only when the
- * last value seen says the FIFO is full. */
-brg_status brg__ring_send_acquire(ring_op *o, size_t bytes, char **slot) {
-  brg_comm *c = o->c;
-  brg__fifo *f = &c->send.fifo;
-  if (c->send_pos + 1 > c->send_head + (uint64_t)f->nslots) {
-    c->send_head = __atomic_load_n(&f->ctrl->head, __ATOMIC_ACQUIRE);
-    if (c->send_pos + 1 > c->send_head + (uint64_t)f->nslots) {
-      c->wait_what = "free a slot (it is not receiving)";
-      c->wait_peer = c->next;
-      c->wait_conn = &c->send;
-      c->wait_start_ns = 0;
-      brg_status s = brg__wait_ge(&f->ctrl->head, &f->ctrl->head_waiters,
-                                  c->send_pos + 1 - (uint64_t)f->nslots, &c->waiter);
-      if (s != BRG_SUCCESS) return s;
-      c->send_head = __atomic_load_n(&f->ctrl->head, __ATOMIC_ACQUIRE);
-    }
-  }
-  *slot = bytes <= BRG__INLINE_BYTES ? brg__fifo_meta(f, c->send_pos)->inline_data
-                                     : brg__fifo_slot(f, c->send_pos);
-  return BRG_SUCCESS;
-}
-
-void brg__ring_send_post(ring_op *o, size_t bytes) {
-  brg_comm *c = o->c;
-  brg__fifo *f = &c->send.fifo;
-  brg__slot_meta *m = brg__fifo_meta(f, c->send_pos);
-  m->seq = o->coll->seq;
-  m->count = o->coll->count;
-  m->kind = (uint32_t)o->coll->kind;
-  m->bytes = (uint32_t)bytes;
-  m->dtype = (uint16_t)o->coll->dtype;
-  m->op = (uint16_t)o->coll->op;
-  m->root = o->coll->root;
-  m->step = (uint32_t)c->cur_step;
-  m->device = o->dev != NULL;
-  c->send_pos++;
-  c->bytes_sent += bytes;
-  __atomic_store_n(&m->flag, c->send_pos, __ATOMIC_RELEASE);
-  brg__publish(&f->ctrl->tail, &f->ctrl->tail_waiters, c->send_pos);
-}
-
-/* Waits for the next slot from the previous rank and checks its header. */
-brg_status brg__ring_recv_acquire(ring_op *o, const char **slot, size_t bytes) {
-  brg_comm *c = o->c;
-  brg__fifo *f = &c->recv.fifo;
-  brg__slot_meta *m = brg__fifo_meta(f, c->recv_pos);
-  if (__atomic_load_n(&m->flag, __ATOMIC_ACQUIRE) != c->recv_pos + 1) {
-    c->wait_what = "send data";
-    c->wait_peer = c->prev;
-    c->wait_conn = &c->recv;
-    c->wait_start_ns = 0;
-    brg_status s = brg__wait_flag(&m->flag, c->recv_pos + 1, &f->ctrl->tail,
-                                  &f->ctrl->tail_waiters, &c->waiter);
-    if (s != BRG_SUCCESS) return s;
-  }
-  const brg__coll *k = o->coll;
-  if (m->seq != k->seq || m->kind != (uint32_t)k->kind || m->count != k->count ||
-      m->dtype != (uint16_t)k->dtype || m->op != (uint16_t)k->op || m->root != k->root ||
-      m->bytes != bytes || m->device != (o->dev != NULL)) {
-    char mine[160], theirs[160];
-    describe(mine, sizeof mine, k->kind, k->seq, k->count, k->dtype, k->op, k->root,
-             o->dev != NULL);
-    describe(theirs, sizeof theirs, (brg__coll_kind)m->kind, m->seq, m->count, m->dtype, m->op,
-             m->root, (int)m->device);
-    return brg__comm_error(c, BRG_ERR_MISMATCH,
-                           "collective mismatch: rank %d called %s but rank %d called %s", c->rank,
-                           mine, c->prev, theirs);
-  }
-  *slot = bytes <= BRG__INLINE_BYTES ? m->inline_data : brg__fifo_slot(f, c->recv_pos);
-  return BRG_SUCCESS;
-}
-
-void brg__ring_recv_release(ring_op *o) {
-  brg_comm *c = o->c;
-  brg__fifo *f = &c->recv.fifo;
-  c->recv_pos++;
-  brg__publish(&f->ctrl->head, &f->ctrl->head_waiters, c->recv_pos);
-}
 
 /* One primitive on one slice of m elements. `in` is this rank's input for
  * the slice, `out` its output (either may be NULL when the primitive does
@@ -243,7 +42,7 @@ static long elem_off(const void *p, const void *base, size_t esize) {
   return p && base ? (long)(((const char *)p - (const char *)base) / (ptrdiff_t)esize) : -1;
 }
 
-static brg_status run_prim(ring_op *o, brg__prim prim, const char *in, char *out, size_t m) {
+static brg_status run_prim(brg__ring_op *o, brg__prim prim, const char *in, char *out, size_t m) {
   const brg__coll *k = o->coll;
   /* One line per primitive: the slice order, the same for host and GPU
    * buffers (tests/gpu/test_device_schedule compares the two). */
@@ -262,17 +61,17 @@ static brg_status run_prim(ring_op *o, brg__prim prim, const char *in, char *out
   if (recvs && (s = brg__ring_recv_acquire(o, &r, bytes)) != BRG_SUCCESS) return s;
   if (sends && (s = brg__ring_send_acquire(o, bytes, &slot)) != BRG_SUCCESS) return s;
   if (m == 0) goto done;
-  if (o->stream && out) {
+  if (o->nt && out) {
     /* Large collective: the slot (in cache) takes the result, and the output
      * is streamed from it, skipping the read-for-ownership of the output. */
     switch (prim) {
-    case BRG__PRIM_SEND: brg__copy(slot, NULL, in, bytes); brg__copy_stream(out, in, bytes); goto done;
+    case BRG__PRIM_SEND: brg__copy(slot, NULL, in, bytes); brg__copy_nt(out, in, bytes); goto done;
     case BRG__PRIM_RECV_REDUCE_COPY_SEND:
       brg__reduce(slot, NULL, r, in, m, k->dtype, k->op, n);
-      brg__copy_stream(out, slot, bytes);
+      brg__copy_nt(out, slot, bytes);
       goto done;
-    case BRG__PRIM_RECV_COPY_SEND: brg__copy(slot, NULL, r, bytes); brg__copy_stream(out, r, bytes); goto done;
-    case BRG__PRIM_RECV: brg__copy_stream(out, r, bytes); goto done;
+    case BRG__PRIM_RECV_COPY_SEND: brg__copy(slot, NULL, r, bytes); brg__copy_nt(out, r, bytes); goto done;
+    case BRG__PRIM_RECV: brg__copy_nt(out, r, bytes); goto done;
     default: break;
     }
   }
@@ -296,7 +95,7 @@ done:
 /* Allreduce, reduce-scatter and all-gather: steps [t0, t1] of the ring
  * schedule. `stride` is the element distance between chunks in the
  * full-size buffer (0: balanced split of count). */
-static brg_status run_ring(ring_op *o, int t0, int t1) {
+static brg_status run_ring(brg__ring_op *o, int t0, int t1) {
   brg_comm *c = o->c;
   const brg__coll *k = o->coll;
   int n = c->nranks, p = c->pos;
@@ -347,7 +146,7 @@ static brg_status run_ring(ring_op *o, int t0, int t1) {
 }
 
 /* Broadcast and reduce: a pipelined chain of N-1 hops along the ring. */
-static brg_status run_chain(ring_op *o) {
+static brg_status run_chain(brg__ring_op *o) {
   brg_comm *c = o->c;
   const brg__coll *k = o->coll;
   int n = c->nranks;
@@ -388,7 +187,7 @@ static brg_status run_chain(ring_op *o) {
  *   step N-1:        prev -> scratch[r']
  *   then:            out = scratch[0] (+) scratch[1] (+) ... (+) scratch[N-1]
  */
-static brg_status run_small_allreduce(ring_op *o) {
+static brg_status run_small_allreduce(brg__ring_op *o) {
   brg_comm *c = o->c;
   const brg__coll *k = o->coll;
   int n = c->nranks;
@@ -423,26 +222,21 @@ brg_status brg__coll_execute(brg_comm *c, brg__coll *k) {
     k->seq = ++c->seq;
     return brg__device_single(c, k);
   }
-  /* The first device collective sets up the device ring on every rank. */
-  if (k->stream && !c->dev) {
-    brg_status s = brg__device_ring_setup(c);
-    if (s != BRG_SUCCESS) return s;
-  }
   k->seq = ++c->seq;
   c->cur = k;
   c->cur_step = 0;
-  ring_op o = {.c = c, .coll = k, .esize = brg_dtype_size(k->dtype)};
-  o.slice_elems = c->slot_bytes / o.esize;
+  brg__ring_op o = {.c = c, .coll = k, .esize = brg_dtype_size(k->dtype)};
+  o.slice_elems = c->slice_bytes / o.esize;
   if (k->stream) {
     o.dev = c->dev;
-    o.slice_elems = brg__device_ring_slot_bytes(c->dev) / o.esize;
+    o.slice_elems = brg__device_ring_slice_bytes(c->dev) / o.esize;
   }
   size_t total = k->count * o.esize;
   if (k->kind == BRG__COLL_ALL_GATHER || k->kind == BRG__COLL_REDUCE_SCATTER)
     total *= (size_t)c->nranks;
   /* In place the output lines are already cached by the read of the input,
    * so only out-of-place outputs gain from streaming. */
-  o.stream = !o.dev && c->stream_bytes > 0 && total >= c->stream_bytes && k->sendbuf != k->recvbuf;
+  o.nt = !o.dev && c->nt_bytes > 0 && total >= c->nt_bytes && k->sendbuf != k->recvbuf;
   brg_status s = BRG_SUCCESS;
   int n = c->nranks;
   if (n == 1) {

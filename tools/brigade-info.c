@@ -44,7 +44,7 @@ int main(int argc, char **argv) {
   printf("brigade %d.%d.%d\n", BRG_VERSION_MAJOR, BRG_VERSION_MINOR, BRG_VERSION_PATCH);
   printf("kernels: %s\n", brg__kernels_isa());
 
-  brg__errbuf err = {{0}};
+  brg__errbuf err = {0};
   brg_status st = brg__settings_load(&err);
   printf("\nsettings:\n");
   brg__settings_print(stdout);

@@ -164,7 +164,7 @@ brg_status brg__regcache_get(brg__regcache *rc, const void *addr, size_t len,
   }
   /* Registration happens under the lock: two threads asking for the same
    * range must not both register it, and this is setup, not the data path. */
-  brg__errbuf first = {{0}};
+  brg__errbuf first = {0};
   brg_status s = rc->vb->mr_reg(rc->ctx, (void *)start, end - start, &e->mr, &first);
   if (s != BRG_SUCCESS && rc->st.idle > 0) {
     /* The backend may be out of registrations: give back the idle ones. */
@@ -174,7 +174,7 @@ brg_status brg__regcache_get(brg__regcache *rc, const void *addr, size_t len,
   if (s != BRG_SUCCESS) {
     pthread_mutex_unlock(&rc->lock);
     free(e);
-    if (err) snprintf(err->msg, sizeof err->msg, "%s", first.msg);
+    if (err) *err = first;
     return s;
   }
   e->start = start;

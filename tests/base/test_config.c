@@ -81,7 +81,7 @@ static int load_in_child(const char *name, const char *value, int64_t expect) {
   pid_t pid = fork();
   if (pid == 0) {
     setenv(name, value, 1);
-    brg__errbuf err = {{0}};
+    brg__errbuf err = {0};
     brg_status s = brg__settings_load(&err);
     const brg__cfg_entry *e = brg__settings_find(name);
     if (s == BRG_SUCCESS) _exit(e && e->ival == expect && e->is_set ? 0 : 3);

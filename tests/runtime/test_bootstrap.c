@@ -119,7 +119,7 @@ static int closed_by_peer(int fd) {
 }
 
 static brg_status start_root(int timeout_ms, brg__boot_id *id) {
-  brg__errbuf err = {{0}};
+  brg__errbuf err = {0};
   brg_status st = brg__boot_root_start("127.0.0.1", 0, NULL, timeout_ms, id, &err);
   if (st != BRG_SUCCESS) fail_msg("root start: %s", err.msg);
   return st;
@@ -243,7 +243,7 @@ static void expect_root_gone(uint16_t port) {
 
 static void test_id_round_trip(void **state) {
   (void)state;
-  brg__errbuf err = {{0}};
+  brg__errbuf err = {0};
   uint8_t secret[16];
   for (int i = 0; i < 16; i++) secret[i] = (uint8_t)(i * 7 + 3);
   brg__boot_id id;
@@ -284,14 +284,14 @@ static void test_id_round_trip(void **state) {
 }
 
 static void expect_bad_id(const brg__boot_id *id) {
-  brg__errbuf err = {{0}};
+  brg__errbuf err = {0};
   assert_int_equal(brg__boot_id_check(id, &err), BRG_ERR_INVALID_ARGUMENT);
   expect_msg(&err, "corrupted or not a brigade id");
 }
 
 static void test_id_corruption(void **state) {
   (void)state;
-  brg__errbuf err = {{0}};
+  brg__errbuf err = {0};
   brg__boot_id good;
   assert_int_equal(brg__boot_id_make(&good, "192.168.7.9", 31337, NULL, &err), BRG_SUCCESS);
 
@@ -362,7 +362,7 @@ static brg__boot_hello sample_hello(uint8_t *blob, uint32_t blob_bytes) {
 static void test_hello_round_trip(void **state) {
   (void)state;
   static uint8_t blob[BRG__BOOT_MAX_BLOB], buf[2 * BRG__BOOT_MAX_BLOB];
-  brg__errbuf err = {{0}};
+  brg__errbuf err = {0};
   const uint32_t sizes[] = {0, 1, 77, BRG__BOOT_MAX_BLOB};
   for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
     brg__boot_hello h = sample_hello(blob, sizes[s]), d;
@@ -404,7 +404,7 @@ static void test_hello_round_trip(void **state) {
 }
 
 static void expect_bad_hello(const uint8_t *buf, size_t len, const char *needle) {
-  brg__errbuf err = {{0}};
+  brg__errbuf err = {0};
   brg__boot_hello d;
   brg_status st = brg__boot_hello_decode(buf, len, &d, &err);
   if (st == BRG_SUCCESS) fail_msg("garbage hello accepted (%s)", needle ? needle : "truncated");
@@ -650,7 +650,7 @@ static void test_root_refusals(void **state) {
   (void)state;
   brg__boot_id id;
   start_root(20000, &id);
-  brg__errbuf err = {{0}};
+  brg__errbuf err = {0};
   uint8_t buf[2048], blob[16] = {0}, all[64];
   brg__bootstrap *bs = NULL;
 
@@ -721,7 +721,7 @@ static void test_root_unreachable(void **state) {
   assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
   assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
   close(fd);
-  brg__errbuf err = {{0}};
+  brg__errbuf err = {0};
   brg__boot_id id;
   assert_int_equal(brg__boot_id_make(&id, "127.0.0.1", ntohs(sa.sin_port), NULL, &err),
                    BRG_SUCCESS);
@@ -739,7 +739,7 @@ static void test_root_unreachable(void **state) {
 
 static void test_bad_arguments(void **state) {
   (void)state;
-  brg__errbuf err = {{0}};
+  brg__errbuf err = {0};
   brg__boot_id id;
   brg__bootstrap *bs = NULL;
   uint8_t blob[8] = {0}, all[16];
@@ -775,7 +775,7 @@ static void test_ring_failures(void **state) {
   runs_go(r, NULL, 2);
   expect_success(r, 2);
   brg__bootstrap *b0 = r[0].bs, *b1 = r[1].bs;
-  brg__errbuf err = {{0}};
+  brg__errbuf err = {0};
   uint8_t data[BRG__BOOT_MAX_MSG + 1];
   uint32_t type, len;
 

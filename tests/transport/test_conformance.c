@@ -344,7 +344,7 @@ static void receiver_setup(const test_link *l, brg__conn *c, int sock) {
   memset(c, 0, sizeof *c);
   c->ops = l->ops;
   brg__conn_params p = params(l, 1);
-  brg__errbuf err = {{0}};
+  brg__errbuf err = {0};
   char info[BRG__CONN_INFO_BYTES];
   brg_status s = l->ops->recv_setup(c, &p, info, &err);
   if (s != BRG_SUCCESS) fail("recv_setup: %s: %s", brg_status_string(s), err.msg);
@@ -362,7 +362,7 @@ static void sender_connect(const test_link *l, brg__conn *c, const void *info,
   brg__conn_params p = params(l, 0);
   p.rank = rank;
   p.secret = secret;
-  brg__errbuf err = {{0}};
+  brg__errbuf err = {0};
   brg_status s = l->ops->send_connect(c, &p, info, &err);
   if (s != BRG_SUCCESS) fail("send_connect: %s: %s", brg_status_string(s), err.msg);
 }
@@ -644,7 +644,7 @@ static void case_tcp_auth(const test_link *l) {
  * bounded time when the other end is missing. */
 static void case_half_setup(const test_link *l) {
   resources before = resources_now();
-  brg__errbuf err = {{0}};
+  brg__errbuf err = {0};
   char info[BRG__CONN_INFO_BYTES];
   brg__conn rc = {.ops = l->ops}, sc = {.ops = l->ops};
 
@@ -712,7 +712,7 @@ static void *nothing(void *arg) {
 int main(int argc, char **argv) {
   const char *only = argc > 1 ? argv[1] : NULL;
   setenv("BRIGADE_DEBUG", "WARN", 0);
-  brg__errbuf err = {{0}};
+  brg__errbuf err = {0};
   if (brg__settings_load(&err) != BRG_SUCCESS) {
     fprintf(stderr, "FAIL: configuration: %s\n", err.msg);
     return 1;

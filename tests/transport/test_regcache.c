@@ -130,7 +130,7 @@ static void bad_arguments(void **state) {
   (void)state;
   brg__regcache *rc = cache_new(0, 0);
   const brg__vb_mr *mr = (const brg__vb_mr *)(uintptr_t)0x1; /* must stay untouched */
-  brg__errbuf err = {{0}};
+  brg__errbuf err = {0};
   assert_int_equal(brg__regcache_get(rc, NULL, 100, &mr, &err), BRG_ERR_INVALID_ARGUMENT);
   assert_non_null(strstr(err.msg, "NULL address"));
   assert_int_equal(brg__regcache_get(rc, pg(0), 0, &mr, &err), BRG_ERR_INVALID_ARGUMENT);
@@ -348,7 +348,7 @@ static void full_backend_evicts_idle(void **state) {
   assert_int_equal(fake.live, 3);
   /* nothing idle to give back: the backend's error comes through */
   const brg__vb_mr *e = NULL;
-  brg__errbuf err = {{0}};
+  brg__errbuf err = {0};
   assert_int_equal(brg__regcache_get(rc, pg(8), 1, &e, &err), BRG_ERR_NO_MEMORY);
   assert_non_null(strstr(err.msg, "out of registrations"));
   assert_null(e);

@@ -164,7 +164,7 @@ static int case_link(void) {
   for (int i = 0; i < BRG__SECRET_BYTES; i++) secret[i] = (uint8_t)(i * 37 + 11);
 
   brg__conn rc = {.ops = ops}, sc = {.ops = ops};
-  brg__errbuf err = {{0}};
+  brg__errbuf err = {0};
   sender_arg sa = {.c = &sc};
   brg__conn_params p = params(1);
   brg_status s = ops->recv_setup(&rc, &p, sa.info, &err);
@@ -311,7 +311,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: %s link|comm\n", argv[0]);
     return 2;
   }
-  brg__errbuf err = {{0}};
+  brg__errbuf err = {0};
   if (brg__settings_load(&err) != BRG_SUCCESS) {
     fprintf(stderr, "FAIL: configuration: %s\n", err.msg);
     return 1;

@@ -1,0 +1,163 @@
+/*
+ * The collectives of the public API: argument checks, then the call is
+ * handed to the progress layer (inline or queued, in issue order).
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "device.h"
+#include "internal.h"
+
+static brg_status check_call(brg_comm *c, const char *fn, const void *sendbuf, const void *recvbuf,
+                             size_t count, size_t send_elems, size_t recv_elems, brg_dtype dtype,
+                             int check_op, brg_op op, int root, brg_stream stream) {
+  brg_status s = brg__check_comm(c, fn);
+  if (s != BRG_SUCCESS) return s;
+  if ((unsigned)dtype >= BRG_NUM_DTYPES)
+    return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT, "%s: unknown dtype %d", fn, (int)dtype);
+  if (check_op && (unsigned)op >= BRG_NUM_OPS)
+    return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT, "%s: unknown op %d", fn, (int)op);
+  if (root != -1 && (root < 0 || root >= c->nranks))
+    return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT, "%s: root %d is not in [0, %d)", fn, root,
+                           c->nranks);
+  size_t esize = brg_dtype_size(dtype);
+  size_t limit = (SIZE_MAX / 4) / esize / (size_t)c->nranks;
+  if (count > limit)
+    return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT, "%s: count %zu is too large", fn, count);
+  if (send_elems && !sendbuf)
+    return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT, "%s: sendbuf is NULL with count %zu", fn,
+                           count);
+  if (recv_elems && !recvbuf)
+    return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT, "%s: recvbuf is NULL with count %zu", fn,
+                           count);
+  s = stream ? brg__device_check_call(c, fn, sendbuf, recvbuf, stream)
+             : brg__device_check_host_call(c, fn, sendbuf, recvbuf);
+  if (s != BRG_SUCCESS) return s;
+  if (send_elems && recv_elems && sendbuf != recvbuf) {
+    const char *a = sendbuf, *b = recvbuf;
+    size_t sa = send_elems * esize, sb = recv_elems * esize;
+    int overlap = a < b + sb && b < a + sa;
+    /* In place in NCCL's sense: one buffer lies exactly at this rank's block of the other. */
+    int nccl_inplace = (b == a + (size_t)c->rank * sb && sb * (size_t)c->nranks == sa) ||
+                       (a == b + (size_t)c->rank * sa && sa * (size_t)c->nranks == sb);
+    if (overlap && !nccl_inplace)
+      return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT,
+                             "%s: sendbuf and recvbuf overlap without being in place", fn);
+  }
+  if (c->aborted) return brg__comm_error(c, BRG_ERR_ABORTED, "%s: communicator was aborted", fn);
+  if (c->broken) return c->broken;
+  return BRG_SUCCESS;
+}
+
+#define COLL(KIND, SB, RB, CNT, DT, OP, ROOT) \
+  {.kind = (KIND), .dtype = (DT), .op = (OP), .root = (ROOT), .sendbuf = (SB), .recvbuf = (RB), .count = (CNT)}
+
+brg_status brg_allreduce(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype,
+                         brg_op op, brg_comm *comm, brg_stream stream) {
+  brg_status s = check_call(comm, "brg_allreduce", sendbuf, recvbuf, count, count, count, dtype, 1,
+                            op, -1, stream);
+  if (s != BRG_SUCCESS) return s;
+  brg__coll k = COLL(BRG__COLL_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, -1);
+  k.stream = stream;
+  return brg__progress_run(comm, &k);
+}
+
+brg_status brg_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                              brg_dtype dtype, brg_op op, brg_comm *comm, brg_stream stream) {
+  size_t n = comm && comm->magic == BRG__COMM_MAGIC ? (size_t)comm->nranks : 1;
+  brg_status s = check_call(comm, "brg_reduce_scatter", sendbuf, recvbuf, recvcount,
+                            recvcount * n, recvcount, dtype, 1, op, -1, stream);
+  if (s != BRG_SUCCESS) return s;
+  brg__coll k = COLL(BRG__COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, -1);
+  k.stream = stream;
+  return brg__progress_run(comm, &k);
+}
+
+brg_status brg_all_gather(const void *sendbuf, void *recvbuf, size_t sendcount, brg_dtype dtype,
+                          brg_comm *comm, brg_stream stream) {
+  size_t n = comm && comm->magic == BRG__COMM_MAGIC ? (size_t)comm->nranks : 1;
+  brg_status s = check_call(comm, "brg_all_gather", sendbuf, recvbuf, sendcount, sendcount,
+                            sendcount * n, dtype, 0, BRG_SUM, -1, stream);
+  if (s != BRG_SUCCESS) return s;
+  brg__coll k = COLL(BRG__COLL_ALL_GATHER, sendbuf, recvbuf, sendcount, dtype, BRG_SUM, -1);
+  k.stream = stream;
+  return brg__progress_run(comm, &k);
+}
+
+brg_status brg_broadcast(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype,
+                         int root, brg_comm *comm, brg_stream stream) {
+  brg_status s = brg__check_comm(comm, "brg_broadcast");
+  if (s != BRG_SUCCESS) return s;
+  if (root < 0 || root >= comm->nranks)
+    return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT, "brg_broadcast: root %d is not in [0, %d)",
+                           root, comm->nranks);
+  int is_root = comm->rank == root;
+  s = check_call(comm, "brg_broadcast", is_root ? sendbuf : NULL, recvbuf, count,
+                 is_root ? count : 0, count, dtype, 0, BRG_SUM, root, stream);
+  if (s != BRG_SUCCESS) return s;
+  brg__coll k = COLL(BRG__COLL_BROADCAST, is_root ? sendbuf : NULL, recvbuf, count, dtype, BRG_SUM, root);
+  k.stream = stream;
+  return brg__progress_run(comm, &k);
+}
+
+brg_status brg_reduce(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype, brg_op op,
+                      int root, brg_comm *comm, brg_stream stream) {
+  brg_status s = brg__check_comm(comm, "brg_reduce");
+  if (s != BRG_SUCCESS) return s;
+  if (root < 0 || root >= comm->nranks)
+    return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT, "brg_reduce: root %d is not in [0, %d)",
+                           root, comm->nranks);
+  int is_root = comm->rank == root;
+  s = check_call(comm, "brg_reduce", sendbuf, is_root ? recvbuf : NULL, count, count,
+                 is_root ? count : 0, dtype, 1, op, root, stream);
+  if (s != BRG_SUCCESS) return s;
+  brg__coll k = COLL(BRG__COLL_REDUCE, sendbuf, is_root ? recvbuf : NULL, count, dtype, op, root);
+  k.stream = stream;
+  return brg__progress_run(comm, &k);
+}
+
+brg_status brg_barrier(brg_comm *comm) {
+  brg_status s = check_call(comm, "brg_barrier", NULL, NULL, 0, 0, 0, BRG_INT8, 1, BRG_SUM, -1, NULL);
+  if (s != BRG_SUCCESS) return s;
+  brg__coll k = COLL(BRG__COLL_BARRIER, NULL, NULL, 0, BRG_INT8, BRG_SUM, -1);
+  return brg__progress_run(comm, &k);
+}
+
+/* ---- asynchronous allreduce ---- */
+
+brg_status brg_iallreduce(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype,
+                          brg_op op, brg_comm *comm, brg_request *request) {
+  brg_status s = check_call(comm, "brg_iallreduce", sendbuf, recvbuf, count, count, count, dtype,
+                            1, op, -1, NULL);
+  if (s != BRG_SUCCESS) return s;
+  if (!request)
+    return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT, "brg_iallreduce: request is NULL");
+  brg__req *r = (brg__req *)request;
+  if (r->magic == BRG__REQ_MAGIC && !__atomic_load_n(&r->done, __ATOMIC_ACQUIRE))
+    return brg__comm_error(comm, BRG_ERR_INVALID_USAGE, "brg_iallreduce: request is still in flight");
+  memset(r, 0, sizeof *r);
+  brg__coll k = COLL(BRG__COLL_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, -1);
+  r->coll = k;
+  return brg__progress_enqueue(comm, r);
+}
+
+brg_status brg_test(brg_request *request, int *done) {
+  if (!request || !done) return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_test: NULL argument");
+  brg__req *r = (brg__req *)request;
+  if (r->magic != BRG__REQ_MAGIC)
+    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_test: request was never issued");
+  if (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) {
+    *done = 0;
+    return BRG_IN_PROGRESS;
+  }
+  *done = 1;
+  return r->status;
+}
+
+brg_status brg_wait(brg_request *request) {
+  if (!request) return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_wait: request is NULL");
+  brg__req *r = (brg__req *)request;
+  if (r->magic != BRG__REQ_MAGIC)
+    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_wait: request was never issued");
+  return brg__progress_wait(r);
+}

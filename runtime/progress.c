@@ -1,0 +1,131 @@
+/*
+ * Progress: collectives run one at a time, in issue order, on the
+ * communicator's worker thread or inline on the caller's thread when
+ * nothing is queued ahead of them.
+ */
+#include <pthread.h>
+#include <string.h>
+
+#include "device.h"
+#include "internal.h"
+
+/* The first device collective builds the device ring on every rank, over
+ * the host ring: each rank describes its own half, the descriptions are
+ * all-gathered, and each rank connects to its neighbours'. Every rank takes
+ * part even when its own half failed, so that all of them learn which rank
+ * could not and why, instead of timing out. */
+static brg_status device_setup(brg_comm *c) {
+  brg__dev_setup st;
+  brg_status s = brg__device_ring_prepare(c, &st);
+  if (s != BRG_SUCCESS) return s;
+  brg__coll g = {.kind = BRG__COLL_ALL_GATHER, .dtype = BRG_UINT8, .op = BRG_SUM, .root = -1,
+                 .sendbuf = st.mine, .recvbuf = st.all, .count = st.blob_bytes};
+  s = brg__coll_execute(c, &g);
+  return brg__device_ring_finish(c, &st, s);
+}
+
+static brg_status run_one(brg_comm *c, brg__coll *k) {
+  if (c->aborted) return brg__comm_error(c, BRG_ERR_ABORTED, "communicator was aborted");
+  if (c->broken)
+    return c->broken; /* last_error still holds the first failure */
+  brg_status s = BRG_SUCCESS;
+  if (k->stream && c->nranks > 1 && !c->dev) s = device_setup(c);
+  if (s == BRG_SUCCESS) s = brg__coll_execute(c, k);
+  if (s != BRG_SUCCESS) {
+    c->broken = s;
+    if (s != BRG_ERR_ABORTED) brg__comm_notify_abort(c, s, c->last_error);
+  }
+  return s;
+}
+
+static void *worker_main(void *arg) {
+  brg_comm *c = arg;
+  pthread_mutex_lock(&c->qlock);
+  for (;;) {
+    while (!c->stop && (c->busy || !c->qhead)) pthread_cond_wait(&c->qcond, &c->qlock);
+    if (!c->qhead && c->stop) break;
+    if (!c->qhead) continue;
+    brg__req *r = c->qhead;
+    c->qhead = r->next;
+    if (!c->qhead) c->qtail = NULL;
+    c->busy = 1;
+    pthread_mutex_unlock(&c->qlock);
+    brg_status s = c->stop ? BRG_ERR_ABORTED : run_one(c, &r->coll);
+    pthread_mutex_lock(&c->qlock);
+    c->busy = 0;
+    r->status = s;
+    __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&c->donecond);
+  }
+  pthread_mutex_unlock(&c->qlock);
+  return NULL;
+}
+
+/* Queues r; the caller holds qlock. */
+static void enqueue(brg_comm *c, brg__req *r) {
+  r->next = NULL;
+  r->done = 0;
+  r->comm = c;
+  r->magic = BRG__REQ_MAGIC;
+  if (c->qtail) c->qtail->next = r;
+  else c->qhead = r;
+  c->qtail = r;
+  pthread_cond_signal(&c->qcond);
+}
+
+brg_status brg__progress_wait(brg__req *r) {
+  brg_comm *c = r->comm;
+  if (__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) return r->status;
+  pthread_mutex_lock(&c->qlock);
+  while (!r->done) pthread_cond_wait(&c->donecond, &c->qlock);
+  pthread_mutex_unlock(&c->qlock);
+  return r->status;
+}
+
+/* A blocking call runs on the caller's thread when nothing is queued ahead
+ * of it (no hand-off latency), otherwise it queues behind and waits. */
+brg_status brg__progress_run(brg_comm *c, brg__coll *k) {
+  pthread_mutex_lock(&c->qlock);
+  if (!c->busy && !c->qhead) {
+    c->busy = 1;
+    pthread_mutex_unlock(&c->qlock);
+    brg_status s = run_one(c, k);
+    pthread_mutex_lock(&c->qlock);
+    c->busy = 0;
+    /* Wake the worker only when work queued up meanwhile: a wake-up per
+     * call would cost a context switch on a rank pinned to one core. */
+    if (c->qhead) pthread_cond_signal(&c->qcond);
+    pthread_mutex_unlock(&c->qlock);
+    return s;
+  }
+  brg__req r;
+  memset(&r, 0, sizeof r);
+  r.coll = *k;
+  enqueue(c, &r);
+  pthread_mutex_unlock(&c->qlock);
+  return brg__progress_wait(&r);
+}
+
+brg_status brg__progress_enqueue(brg_comm *c, brg__req *r) {
+  pthread_mutex_lock(&c->qlock);
+  enqueue(c, r);
+  pthread_mutex_unlock(&c->qlock);
+  return BRG_SUCCESS;
+}
+
+brg_status brg__progress_start(brg_comm *c, brg__errbuf *err) {
+  if (pthread_create(&c->worker, NULL, worker_main, c) != 0)
+    return brg__error_quiet(err, BRG_ERR_SYSTEM, "pthread_create for the progress thread failed");
+  c->worker_started = 1;
+  return BRG_SUCCESS;
+}
+
+void brg__progress_stop(brg_comm *c) {
+  if (!c->worker_started) return;
+  pthread_mutex_lock(&c->qlock);
+  c->stop = 1;
+  pthread_cond_broadcast(&c->qcond);
+  pthread_mutex_unlock(&c->qlock);
+  pthread_join(c->worker, NULL);
+  c->worker_started = 0;
+}

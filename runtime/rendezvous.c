@@ -1,0 +1,124 @@
+/*
+ * Rendezvous from the environment, as launchers set it: torchrun
+ * (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), brigade-run, mpirun
+ * (OMPI_COMM_WORLD_*), PMI and srun (SLURM_*).
+ */
+#include <errno.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hash.h"
+#include "internal.h"
+#include "settings.h"
+
+static brg_status env_int(const char *const *names, int *out, const char **found) {
+  for (int i = 0; names[i]; i++) {
+    const char *v = getenv(names[i]);
+    if (!v || !*v) continue;
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || *end || x < 0 || x > 1 << 30)
+      return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "%s=\"%s\" is not a valid number", names[i], v);
+    *out = (int)x;
+    *found = names[i];
+    return BRG_SUCCESS;
+  }
+  return BRG_ERR_INVALID_ARGUMENT;
+}
+
+static int hexval(char ch) {
+  if (ch >= '0' && ch <= '9') return ch - '0';
+  if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+  if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+  return -1;
+}
+
+brg_status brg_comm_init_env(brg_comm **comm) {
+  if (!comm) return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_comm_init_env: comm is NULL");
+  brg__errbuf err = {0};
+  brg_status s = brg__settings_load(&err);
+  if (s != BRG_SUCCESS) return brg__fail_no_comm_err(s, &err, NULL);
+  brg__log_init();
+  static const char *const rank_vars[] = {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", NULL};
+  static const char *const size_vars[] = {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", NULL};
+  int rank = -1, size = -1;
+  const char *rank_name = NULL, *size_name = NULL;
+  if (env_int(rank_vars, &rank, &rank_name) != BRG_SUCCESS) {
+    if (rank_name) return BRG_ERR_INVALID_ARGUMENT;
+    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT,
+                        "brg_comm_init_env: RANK is not set (nor OMPI_COMM_WORLD_RANK, "
+                        "PMI_RANK or SLURM_PROCID); start the program with brigade-run, "
+                        "torchrun, mpirun or srun");
+  }
+  if (env_int(size_vars, &size, &size_name) != BRG_SUCCESS) {
+    if (size_name) return BRG_ERR_INVALID_ARGUMENT;
+    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT,
+                        "brg_comm_init_env: WORLD_SIZE is not set (nor OMPI_COMM_WORLD_SIZE, "
+                        "PMI_SIZE or SLURM_NTASKS)");
+  }
+  if (size < 1 || rank >= size)
+    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_comm_init_env: %s=%d but %s=%d", rank_name,
+                        rank, size_name, size);
+  const char *maddr = getenv("MASTER_ADDR"), *mport = getenv("MASTER_PORT");
+  if (!maddr || !*maddr)
+    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT,
+                        "brg_comm_init_env: MASTER_ADDR is not set (the host of rank 0)");
+  if (!mport || !*mport)
+    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT,
+                        "brg_comm_init_env: MASTER_PORT is not set (a free TCP port on rank 0's host)");
+  char *end;
+  long port = strtol(mport, &end, 10);
+  if (*end || port < 1 || port > 65535)
+    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "MASTER_PORT=\"%s\" is not a port number", mport);
+  /* Under torchrun the elastic agent's own store holds MASTER_PORT. */
+  const char *elastic = getenv("TORCHELASTIC_RUN_ID");
+  if (elastic && *elastic) port = port == 65535 ? 65534 : port + 1;
+
+  /* The job secret: BRIGADE_SECRET (brigade-run sets a random one), else
+   * derived from the rendezvous itself, which only keeps strays out. */
+  uint8_t secret[16];
+  const char *hex = brg__core_str(BRG__CORE_SECRET);
+  if (hex[0]) {
+    size_t n = strlen(hex);
+    if (n < 2 || n % 2)
+      return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "BRIGADE_SECRET must be an even number of hex digits");
+    memset(secret, 0, sizeof secret);
+    for (size_t i = 0; i < n; i++) {
+      int v = hexval(hex[i]);
+      if (v < 0) return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "BRIGADE_SECRET is not hexadecimal");
+      secret[(i / 2) % 16] ^= (uint8_t)(v << (i % 2 ? 0 : 4));
+    }
+  } else {
+    char seed[256];
+    int n = snprintf(seed, sizeof seed, "brigade:%s:%ld:%d", maddr, port, size);
+    uint64_t h1 = brg__fnv1a64(BRG__FNV64_INIT, seed, (size_t)n);
+    uint64_t h2 = brg__fnv1a64(h1 ^ 0x9e3779b97f4a7c15ull, seed, (size_t)n);
+    memcpy(secret, &h1, 8);
+    memcpy(secret + 8, &h2, 8);
+  }
+
+  /* MASTER_ADDR may be a name: resolve it to the numeric address in the id. */
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
+  int g = getaddrinfo(maddr, NULL, &hints, &res);
+  if (g != 0 || !res)
+    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "MASTER_ADDR=\"%s\" does not resolve: %s", maddr,
+                        gai_strerror(g));
+  char numeric[64];
+  g = getnameinfo(res->ai_addr, res->ai_addrlen, numeric, sizeof numeric, NULL, 0, NI_NUMERICHOST);
+  freeaddrinfo(res);
+  if (g != 0)
+    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "MASTER_ADDR=\"%s\": %s", maddr, gai_strerror(g));
+
+  brg__boot_id bid;
+  if (rank == 0) {
+    s = brg__boot_root_start(numeric, (uint16_t)port, secret, (int)brg__core_int(BRG__CORE_TIMEOUT_MS),
+                             &bid, &err);
+    if (s != BRG_SUCCESS) return brg__fail_no_comm_err(s, &err, "rank 0: ");
+  }
+  if ((s = brg__boot_id_make(&bid, numeric, (uint16_t)port, secret, &err)) != BRG_SUCCESS)
+    return brg__fail_no_comm_err(s, &err, NULL);
+  return brg__comm_create(comm, size, &bid, rank);
+}

@@ -1,0 +1,184 @@
+/*
+ * The two links of a ring rank, as the engine uses them: a slot towards
+ * the next rank is acquired and posted, a slot from the previous rank is
+ * acquired (its header checked against this rank's own call) and
+ * released. While a wait sleeps, ring_check looks for what should stop
+ * it: an abort, a neighbour's notice or hang-up, a broken link, the
+ * deadline. The host data path (ring.c) and the device data path
+ * (device_ring.c) both hand slots over through these functions.
+ */
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "clock.h"
+#include "ring_link.h"
+#include "settings.h"
+
+/* Reads what arrived on a ring socket while we were waiting: an abort
+ * notice from a neighbour, a goodbye, or the hang-up of one that died. */
+static brg_status check_ring_socket(brg_comm *c, int dir) {
+  int fd = brg__bootstrap_fd(c->bs, dir);
+  if (fd < 0 || c->departed[dir]) return BRG_SUCCESS;
+  struct pollfd pfd = {.fd = fd, .events = POLLIN};
+  if (poll(&pfd, 1, 0) <= 0) return BRG_SUCCESS;
+  int peer = dir == BRG__RING_NEXT ? c->next : c->prev;
+  char buf[BRG__BOOT_MAX_MSG + 1];
+  uint32_t type = 0, len = 0;
+  brg__errbuf err;
+  brg_status s = brg__bootstrap_recv(c->bs, dir, &type, buf, BRG__BOOT_MAX_MSG, &len, 0, &err);
+  if (s == BRG_ERR_TIMEOUT) return BRG_SUCCESS;
+  if (s != BRG_SUCCESS)
+    return brg__comm_error(c, BRG_ERR_REMOTE, "rank %d (pid %d on %s) is gone: %s", peer,
+                           c->peers[peer].pid, c->peers[peer].hostname, err.msg);
+  if (type == BRG__MSG_BYE) {
+    c->departed[dir] = 1;
+    return BRG_SUCCESS;
+  }
+  if (type == BRG__MSG_ABORT && len >= 4) {
+    brg_status rs;
+    memcpy(&rs, buf, 4);
+    buf[len] = 0;
+    if (rs <= BRG_IN_PROGRESS || rs > BRG_ERR_INTERNAL) rs = BRG_ERR_REMOTE;
+    if (rs == BRG_ERR_ABORTED || rs == BRG_ERR_TIMEOUT) rs = BRG_ERR_REMOTE;
+    /* Say what this rank itself was waiting for: with cascading timeouts
+     * that names the rank that really stalled. */
+    if (c->wait_peer != peer && c->wait_start_ns)
+      return brg__comm_error(c, rs, "%s; rank %d was itself waiting %lld ms for rank %d to %s",
+                             buf + 4, c->rank,
+                             (long long)((brg__now_ns() - c->wait_start_ns) / 1000000),
+                             c->wait_peer, c->wait_what);
+    return brg__comm_error(c, rs, "%s", buf + 4);
+  }
+  return brg__comm_error(c, BRG_ERR_REMOTE, "unexpected message type %u from rank %d", type,
+                         peer);
+}
+
+/* The waiter's check: called about every millisecond while a wait sleeps. */
+static brg_status ring_check(void *arg) {
+  brg_comm *c = arg;
+  if (c->aborted) return brg__comm_error(c, BRG_ERR_ABORTED, "aborted by brg_comm_abort");
+  /* Notices first: they name the rank that failed, which a broken link
+   * further along the ring does not. During setup the ring sockets carry
+   * the setup messages themselves. */
+  for (int dir = 0; c->ready && dir < 2; dir++) {
+    brg_status s = check_ring_socket(c, dir);
+    if (s != BRG_SUCCESS) return s;
+  }
+  brg__conn *w = c->wait_conn;
+  if (w && w->fifo.ctrl && w->fifo.ctrl->closed)
+    return brg__comm_error(c, (brg_status)w->fifo.ctrl->closed,
+                           "%s link with rank %d closed while waiting for it to %s: %s",
+                           w->ops ? w->ops->name : "?", w->peer, c->wait_what,
+                           w->fifo.ctrl->closed_why[0] ? w->fifo.ctrl->closed_why : "no reason given");
+  int64_t now = brg__now_ns();
+  if (!c->wait_start_ns) c->wait_start_ns = now;
+  int dir = c->wait_peer == c->next ? BRG__RING_NEXT : BRG__RING_PREV;
+  /* A neighbour that left cleanly sent all it had; allow a moment for data
+   * still on the wire, then say who left too early. */
+  if (c->ready && c->departed[dir] && now - c->wait_start_ns > 1000000000LL)
+    return brg__comm_error(c, BRG_ERR_REMOTE,
+                           "rank %d destroyed its communicator while rank %d was still waiting "
+                           "for it to %s (did the ranks call different numbers of collectives?)",
+                           c->wait_peer, c->rank, c->wait_what);
+  if (now - c->wait_start_ns > (int64_t)c->timeout_ms * 1000000) {
+    char what[160] = "setup";
+    if (c->cur)
+      brg__coll_describe(what, sizeof what, c->cur->kind, c->cur->seq, c->cur->count, c->cur->dtype,
+               c->cur->op, c->cur->root, c->cur->stream != NULL);
+    return brg__comm_error(c, BRG_ERR_TIMEOUT,
+                           "timeout: no progress for %d ms in %s at step %d, waiting for rank "
+                           "%d (pid %d on %s) to %s",
+                           c->timeout_ms, what, c->cur_step, c->wait_peer,
+                           c->peers[c->wait_peer].pid, c->peers[c->wait_peer].hostname,
+                           c->wait_what);
+  }
+  return BRG_SUCCESS;
+}
+
+void brg__ring_waiter_init(brg_comm *c) {
+  c->waiter.spin = (int)brg__core_int(BRG__CORE_SPIN);
+  c->waiter.check = ring_check;
+  c->waiter.arg = c;
+}
+
+/* Waits for a free slot in the FIFO to the next rank; small slices go in
+ * the slot header itself. The receiver's head is re-read only when the
+ * last value seen says the FIFO is full. */
+brg_status brg__ring_send_acquire(brg__ring_op *o, size_t bytes, char **slot) {
+  brg_comm *c = o->c;
+  brg__fifo *f = &c->send.fifo;
+  if (c->send_pos + 1 > c->send_head + (uint64_t)f->nslots) {
+    c->send_head = __atomic_load_n(&f->ctrl->head, __ATOMIC_ACQUIRE);
+    if (c->send_pos + 1 > c->send_head + (uint64_t)f->nslots) {
+      c->wait_what = "free a slot (it is not receiving)";
+      c->wait_peer = c->next;
+      c->wait_conn = &c->send;
+      c->wait_start_ns = 0;
+      brg_status s = brg__wait_ge(&f->ctrl->head, &f->ctrl->head_waiters,
+                                  c->send_pos + 1 - (uint64_t)f->nslots, &c->waiter);
+      if (s != BRG_SUCCESS) return s;
+      c->send_head = __atomic_load_n(&f->ctrl->head, __ATOMIC_ACQUIRE);
+    }
+  }
+  *slot = bytes <= BRG__INLINE_BYTES ? brg__fifo_meta(f, c->send_pos)->inline_data
+                                     : brg__fifo_slot(f, c->send_pos);
+  return BRG_SUCCESS;
+}
+
+void brg__ring_send_post(brg__ring_op *o, size_t bytes) {
+  brg_comm *c = o->c;
+  brg__fifo *f = &c->send.fifo;
+  brg__slot_meta *m = brg__fifo_meta(f, c->send_pos);
+  m->seq = o->coll->seq;
+  m->count = o->coll->count;
+  m->kind = (uint32_t)o->coll->kind;
+  m->bytes = (uint32_t)bytes;
+  m->dtype = (uint16_t)o->coll->dtype;
+  m->op = (uint16_t)o->coll->op;
+  m->root = o->coll->root;
+  m->step = (uint32_t)c->cur_step;
+  m->device = o->dev != NULL;
+  c->send_pos++;
+  c->bytes_sent += bytes;
+  __atomic_store_n(&m->flag, c->send_pos, __ATOMIC_RELEASE);
+  brg__publish(&f->ctrl->tail, &f->ctrl->tail_waiters, c->send_pos);
+}
+
+/* Waits for the next slot from the previous rank and checks its header. */
+brg_status brg__ring_recv_acquire(brg__ring_op *o, const char **slot, size_t bytes) {
+  brg_comm *c = o->c;
+  brg__fifo *f = &c->recv.fifo;
+  brg__slot_meta *m = brg__fifo_meta(f, c->recv_pos);
+  if (__atomic_load_n(&m->flag, __ATOMIC_ACQUIRE) != c->recv_pos + 1) {
+    c->wait_what = "send data";
+    c->wait_peer = c->prev;
+    c->wait_conn = &c->recv;
+    c->wait_start_ns = 0;
+    brg_status s = brg__wait_flag(&m->flag, c->recv_pos + 1, &f->ctrl->tail,
+                                  &f->ctrl->tail_waiters, &c->waiter);
+    if (s != BRG_SUCCESS) return s;
+  }
+  const brg__coll *k = o->coll;
+  if (m->seq != k->seq || m->kind != (uint32_t)k->kind || m->count != k->count ||
+      m->dtype != (uint16_t)k->dtype || m->op != (uint16_t)k->op || m->root != k->root ||
+      m->bytes != bytes || m->device != (o->dev != NULL)) {
+    char mine[160], theirs[160];
+    brg__coll_describe(mine, sizeof mine, k->kind, k->seq, k->count, k->dtype, k->op, k->root,
+             o->dev != NULL);
+    brg__coll_describe(theirs, sizeof theirs, (brg__coll_kind)m->kind, m->seq, m->count, m->dtype, m->op,
+             m->root, (int)m->device);
+    return brg__comm_error(c, BRG_ERR_MISMATCH,
+                           "collective mismatch: rank %d called %s but rank %d called %s", c->rank,
+                           mine, c->prev, theirs);
+  }
+  *slot = bytes <= BRG__INLINE_BYTES ? m->inline_data : brg__fifo_slot(f, c->recv_pos);
+  return BRG_SUCCESS;
+}
+
+void brg__ring_recv_release(brg__ring_op *o) {
+  brg_comm *c = o->c;
+  brg__fifo *f = &c->recv.fifo;
+  c->recv_pos++;
+  brg__publish(&f->ctrl->head, &f->ctrl->head_waiters, c->recv_pos);
+}

@@ -1,0 +1,79 @@
+/*
+ * Topology: which ranks share a host, and the ring order, in which ranks
+ * of one host are neighbours so that only one link per host boundary
+ * crosses the network.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "hash.h"
+#include "internal.h"
+#include "settings.h"
+
+/* Ranks with equal hashes share memory: same kernel boot, same host name,
+ * same network namespace (namespaces stand for hosts in the multi-host tests). */
+uint64_t brg__topology_host_hash(char *hostname, size_t n) {
+  uint64_t h = BRG__FNV64_INIT;
+  gethostname(hostname, n - 1);
+  hostname[n - 1] = 0;
+  h = brg__fnv1a64(h, hostname, strlen(hostname));
+  char boot[64] = "";
+  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+  if (f) {
+    if (!fgets(boot, sizeof boot, f)) boot[0] = 0;
+    fclose(f);
+  }
+  h = brg__fnv1a64(h, boot, strlen(boot));
+  struct stat st;
+  if (stat("/proc/self/ns/net", &st) == 0) h = brg__fnv1a64(h, &st.st_ino, sizeof st.st_ino);
+  return h;
+}
+
+static int cmp_host_then_rank(const void *a, const void *b, void *arg) {
+  const brg__peer_info *p = arg;
+  int x = *(const int *)a, y = *(const int *)b;
+  /* Hosts in the order of their lowest rank, ranks in order within a host. */
+  int fx = x, fy = y;
+  for (int i = 0; i < x; i++)
+    if (p[i].host_hash == p[x].host_hash) { fx = i; break; }
+  for (int i = 0; i < y; i++)
+    if (p[i].host_hash == p[y].host_hash) { fy = i; break; }
+  if (fx != fy) return fx - fy;
+  return x - y;
+}
+
+static void log_ring(brg_comm *c) {
+  if (!brg__log_enabled(BRG__LOG_INFO, "init")) return;
+  char line[1024];
+  size_t o = 0;
+  for (int i = 0; i < c->nranks && o + 32 < sizeof line; i++) {
+    int r = c->ring[i];
+    int boundary = i > 0 && c->peers[r].host_hash != c->peers[c->ring[i - 1]].host_hash;
+    o += (size_t)snprintf(line + o, sizeof line - o, "%s%d", boundary ? " | " : (i ? " " : ""), r);
+  }
+  BRG__INFO("init", "ring order (| separates hosts): %s", line);
+}
+
+void brg__topology_order(brg_comm *c) {
+  for (int i = 0; i < c->nranks; i++) c->ring[i] = i;
+  qsort_r(c->ring, (size_t)c->nranks, sizeof *c->ring, cmp_host_then_rank, c->peers);
+  for (int i = 0; i < c->nranks; i++)
+    if (c->ring[i] == c->rank) c->pos = i;
+  c->next = c->ring[(c->pos + 1) % c->nranks];
+  c->prev = c->ring[(c->pos + c->nranks - 1) % c->nranks];
+  if (c->rank == 0) log_ring(c);
+
+  /* Ranks that outnumber the cores must not burn each other's time slices:
+   * a waiter yields at once (the rank it waits for may be the one it would
+   * delay), then sleeps (unless BRIGADE_SPIN says otherwise). */
+  int local = 0;
+  for (int i = 0; i < c->nranks; i++) local += c->peers[i].host_hash == c->peers[c->rank].host_hash;
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  if (local > cores && !brg__config_is_set(&brg__core_config, BRG__CORE_SPIN)) {
+    c->waiter.spin = 0;
+    BRG__INFO("init", "%d ranks share %ld cores on this host: waits yield at once", local, cores);
+  }
+}
