@@ -86,6 +86,8 @@ typedef struct timing {
 
 /* common.c */
 const char *bench_peers_built(void);
+/* The peer called `name` among those built, or NULL. */
+const bench_peer *bench_peer_find(const char *name);
 void bench_die_status(bench *b, const char *what, brg_status st);
 void bench_gpu_check(bench *b, const char *what, int e);
 

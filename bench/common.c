@@ -32,10 +32,12 @@
  * (libbrigade_cuda.so, opened with dlopen like the library does), so the
  * programs never link against CUDA.
  *
- * One file per concern: args.c reads the command line, reference.c holds
- * the expected values and the check of every element, sweep.c times the
- * calls, roofline.c measures the copy rate, report.c prints the table and
- * the CSV. This file opens the communicator and the GPU and runs the rest.
+ * One file per concern: main.c opens the communicator and the GPU and runs
+ * the rest; args.c reads the command line, reference.c holds the expected
+ * values and the check of every element, sweep.c times the calls,
+ * roofline.c measures the copy rate, report.c prints the table and the CSV.
+ * This file holds what they all use: the program's name, the peers that
+ * were built, and how a rank dies.
  */
 #include "bench_internal.h"
 
@@ -72,18 +74,10 @@ const char *bench_peers_built(void) {
   return buf[0] ? buf : "none in this build";
 }
 
-static const bench_peer *peer_find(const char *name) {
+const bench_peer *bench_peer_find(const char *name) {
   for (size_t i = 0; peers[i] != NULL; i++)
     if (strcmp(peers[i]->name, name) == 0) return peers[i];
   return NULL;
-}
-
-/* ---------------------------------------------------------------- state */
-
-static bench *current; /* for bench_device_mode() */
-
-int bench_device_mode(void) {
-  return current != NULL && current->gpu != NULL;
 }
 
 void bench_die_status(bench *b, const char *what, brg_status st) {
@@ -95,201 +89,10 @@ void bench_die_status(bench *b, const char *what, brg_status st) {
   exit(1);
 }
 
-static void *alloc_touched(size_t bytes) {
-  bytes = (bytes + ALIGN - 1) / ALIGN * ALIGN; /* aligned_alloc wants a multiple */
-  void *p = aligned_alloc(ALIGN, bytes);
-  if (p == NULL) {
-    fprintf(stderr, "%s: cannot allocate %zu bytes\n", bench_prog, bytes);
-    exit(1);
-  }
-  memset(p, 0, bytes); /* fault every page in now, not inside the timed loop */
-  return p;
-}
-
 void bench_gpu_check(bench *b, const char *what, int e) {
   if (e == 0) return;
   fprintf(stderr, "%s: rank %d: %s failed: %s\n", bench_prog, b->rank, what,
           b->gpu->error_string(e));
   if (b->comm) brg_comm_abort(b->comm);
   exit(1);
-}
-
-/* ----------------------------------------------------------- communicator */
-
-/* Whether a launcher told us our rank. Without one we run alone. */
-static int rank_env_present(void) {
-  static const char *const vars[] = {"RANK",     "WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
-                                     "PMI_RANK", "PMIX_RANK",  "SLURM_PROCID"};
-  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
-    if (getenv(vars[i]) != NULL) return 1;
-  return 0;
-}
-
-static void comm_open(bench *b, int *argc, char ***argv) {
-  brg_status st;
-  if (b->peer != NULL && b->peer->launch != NULL) {
-    if (b->peer->launch(argc, argv, &b->comm) != 0) exit(1);
-  } else if (rank_env_present()) {
-    if ((st = brg_comm_init_env(&b->comm)) != BRG_SUCCESS) {
-      b->comm = NULL;
-      bench_die_status(b, "brg_comm_init_env", st);
-    }
-  } else {
-    brg_unique_id id;
-    if ((st = brg_get_unique_id(&id)) != BRG_SUCCESS) bench_die_status(b, "brg_get_unique_id", st);
-    if ((st = brg_comm_init(&b->comm, 1, &id, 0)) != BRG_SUCCESS) {
-      b->comm = NULL;
-      bench_die_status(b, "brg_comm_init", st);
-    }
-  }
-  if ((st = brg_comm_rank(b->comm, &b->rank)) != BRG_SUCCESS)
-    bench_die_status(b, "brg_comm_rank", st);
-  if ((st = brg_comm_size(b->comm, &b->nranks)) != BRG_SUCCESS)
-    bench_die_status(b, "brg_comm_size", st);
-}
-
-/* -G: brigade's CUDA module, the file the library itself opens: named by
- * BRIGADE_CUDA_MODULE, else beside libbrigade.so, else in its build tree. */
-static const brg__cuda_api *gpu_module(char *why, size_t cap) {
-  char path[4096] = "";
-  const char *env = getenv("BRIGADE_CUDA_MODULE");
-  Dl_info info;
-  if (env && *env) {
-    snprintf(path, sizeof path, "%s", env);
-  } else if (dladdr((void *)&brg_allreduce, &info) && info.dli_fname &&
-             strrchr(info.dli_fname, '/')) {
-    char dir[3800];
-    snprintf(dir, sizeof dir, "%s", info.dli_fname);
-    *strrchr(dir, '/') = 0;
-    snprintf(path, sizeof path, "%s/libbrigade_cuda.so", dir);
-    if (access(path, F_OK) != 0) snprintf(path, sizeof path, "%s/kernels/cuda/libbrigade_cuda.so", dir);
-    if (access(path, F_OK) != 0) snprintf(path, sizeof path, "libbrigade_cuda.so");
-  } else {
-    snprintf(path, sizeof path, "libbrigade_cuda.so");
-  }
-  return brg__cuda_open(path, why, cap);
-}
-
-static void gpu_open(bench *b) {
-  char why[512] = "";
-  b->gpu = gpu_module(why, sizeof why);
-  if (b->gpu == NULL) {
-    fprintf(stderr, "%s: rank %d: -G: no usable GPU: %s\n", bench_prog, b->rank, why);
-    brg_comm_abort(b->comm);
-    exit(2);
-  }
-  bench_gpu_check(b, "cudaMalloc", b->gpu->mem_alloc((void **)&b->dsend, b->reg_bytes));
-  bench_gpu_check(b, "cudaMalloc", b->gpu->mem_alloc((void **)&b->drecv, b->reg_bytes));
-  bench_gpu_check(b, "cudaStreamCreate", b->gpu->stream_create(&b->stream));
-  bench_gpu_check(b, "cudaEventCreate", b->gpu->event_create_timing(&b->ev_start));
-  bench_gpu_check(b, "cudaEventCreate", b->gpu->event_create_timing(&b->ev_end));
-  /* Which ranks share this GPU: the roofline counts their HBM traffic. */
-  unsigned char *uuids = calloc((size_t)b->nranks, 16), mine[16] = {0};
-  if (!uuids) exit(1);
-  bench_gpu_check(b, "cudaGetDeviceProperties", b->gpu->device_uuid(mine));
-  brg_status st = brg_all_gather(mine, uuids, 16, BRG_UINT8, b->comm, NULL);
-  if (st != BRG_SUCCESS) bench_die_status(b, "brg_all_gather (GPU ids)", st);
-  b->gpu_share = 0;
-  for (int r = 0; r < b->nranks; r++) b->gpu_share += memcmp(uuids + 16 * r, mine, 16) == 0;
-  free(uuids);
-  b->gpu->describe(b->gpu_desc, sizeof b->gpu_desc);
-}
-
-int bench_main(int argc, char **argv, const bench_coll *coll) {
-  bench b = {.coll = coll};
-  brg_status st;
-  current = &b;
-  if (argc > 0 && argv[0] != NULL) {
-    const char *slash = strrchr(argv[0], '/');
-    bench_prog = slash ? slash + 1 : argv[0];
-  }
-  setvbuf(stdout, NULL, _IOLBF, 0); /* rows appear as they finish, also through a pipe */
-  if (bench_parse_args(argc, argv, coll, &b.o) != 0) return 2;
-  if (b.o.peer != NULL && (b.peer = peer_find(b.o.peer)) == NULL) {
-    fprintf(stderr, "%s: --peer %s: not in this build (built: %s)\n", bench_prog, b.o.peer,
-            bench_peers_built());
-    return 2;
-  }
-  if (b.o.roofline < 0) b.o.roofline = coll->kind == BENCH_ALLREDUCE;
-
-  comm_open(&b, &argc, &argv);
-  if (bench_has_root(coll->kind) && b.o.root >= b.nranks) {
-    if (b.rank == 0) fprintf(stderr, "%s: -r %d: only %d ranks\n", bench_prog, b.o.root, b.nranks);
-    brg_comm_destroy(b.comm);
-    if (b.peer && b.peer->finalize) b.peer->finalize();
-    return 2;
-  }
-  if (b.o.device && b.peer != NULL && strcmp(b.peer->name, "nccl") != 0) {
-    if (b.rank == 0)
-      fprintf(stderr, "%s: --peer %s takes host buffers; with -G only --peer nccl\n", bench_prog,
-              b.peer->name);
-    brg_comm_destroy(b.comm);
-    if (b.peer->finalize) b.peer->finalize();
-    return 2;
-  }
-  b.reg_bytes = b.o.max_bytes < 64 ? 64 : b.o.max_bytes;
-  if (b.o.device) gpu_open(&b);
-  if (b.peer != NULL && b.peer->open(b.comm, b.rank, b.nranks) != 0) {
-    fprintf(stderr, "%s: rank %d: cannot start peer %s (the reason is above; it runs under %s)\n",
-            bench_prog, b.rank, b.peer->name, b.peer->launcher);
-    brg_comm_abort(b.comm);
-    return 1;
-  }
-  if (b.rank == 0 && b.o.csv != NULL) {
-    b.csv = fopen(b.o.csv, "w");
-    if (b.csv == NULL) {
-      fprintf(stderr, "%s: cannot write %s: %s\n", bench_prog, b.o.csv, strerror(errno));
-      brg_comm_abort(b.comm);
-      return 1;
-    }
-    fprintf(b.csv, "collective,library,alg,nranks,placement,bytes,count,dtype,op,time_us,"
-                   "algbw_GBps,busbw_GBps,wrong\n");
-  }
-
-  if (b.rank == 0) bench_print_header(&b);
-  bench_print_ranks(&b);
-
-  if (b.gpu && b.rank == 0)
-    printf("# GPU buffers (-G): %s; %d of %d ranks on this GPU; CUDA-event timing\n",
-           b.gpu_desc, b.gpu_share, b.nranks);
-  b.sendreg = alloc_touched(b.reg_bytes);
-  b.recvreg = alloc_touched(b.reg_bytes);
-  b.pat_in = alloc_touched(PERIOD * 8);
-  b.pat_expect = alloc_touched(PERIOD * 8);
-  b.pat_poison = alloc_touched(PERIOD * 8);
-  b.pat_tmp = alloc_touched(PERIOD * 8);
-  if (b.o.roofline) bench_roofline(&b);
-
-  if (b.rank == 0) bench_print_columns(&b);
-  int nops = bench_is_reduction(coll->kind) ? b.o.nops : 1;
-  for (int d = 0; d < b.o.ndtypes; d++)
-    for (int k = 0; k < nops; k++)
-      bench_sweep(&b, b.o.dtypes[d], bench_is_reduction(coll->kind) ? (int)b.o.ops[k] : PLAIN_DATA);
-
-  if (b.rank == 0) bench_print_footer(&b);
-  if (b.csv != NULL) fclose(b.csv);
-
-  /* No rank may tear down while a neighbour is still finishing the last
-   * collective: line up on brigade, then (where there is one) on the peer,
-   * which does not go through brigade. */
-  if ((st = brg_barrier(b.comm)) != BRG_SUCCESS) bench_die_status(&b, "brg_barrier", st);
-  if (b.peer != NULL && b.peer->close != NULL) b.peer->close();
-  st = brg_comm_destroy(b.comm);
-  b.comm = NULL;
-  if (st != BRG_SUCCESS) bench_die_status(&b, "brg_comm_destroy", st);
-  if (b.peer != NULL && b.peer->finalize != NULL) b.peer->finalize();
-  if (b.gpu) {
-    b.gpu->event_destroy(b.ev_start);
-    b.gpu->event_destroy(b.ev_end);
-    b.gpu->stream_destroy(b.stream);
-    b.gpu->mem_free(b.dsend);
-    b.gpu->mem_free(b.drecv);
-  }
-  free(b.sendreg);
-  free(b.recvreg);
-  free(b.pat_in);
-  free(b.pat_expect);
-  free(b.pat_poison);
-  free(b.pat_tmp);
-  return b.wrong_total ? 1 : 0;
 }
