@@ -1,0 +1,445 @@
+/*
+ * The bootstrap root: a thread on rank 0 (or the caller of
+ * brg_get_unique_id) that gathers one hello per rank and answers every rank
+ * with the table of all. Connections that do not present the job's secret
+ * are refused; none of them can hold the root longer than its deadline.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <ifaddrs.h>
+#include <limits.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bootstrap_wire.h"
+#include "clock.h"
+#include "hash.h"
+#include "settings.h"
+
+/*
+ * One thread, one poll loop. Connections that have not yet sent a complete
+ * hello sit in `conns` with a deadline; a complete, accepted hello moves its
+ * socket to rank_fd[rank] and its fields into the reply table, which is
+ * built in place so that sending it at the end is one write per rank.
+ */
+typedef struct boot_conn {
+  int fd;
+  int draining;     /* refused: read and discard until the peer hangs up */
+  int64_t deadline; /* dropped when it passes */
+  uint32_t have, want;
+  char peer[BOOT_PEER_LEN];
+  uint8_t buf[BOOT_HELLO_HDR + BRG__BOOT_MAX_BLOB];
+} boot_conn;
+
+typedef struct boot_root {
+  int lfd;
+  uint8_t secret[BOOT_SECRET_BYTES];
+  char where[BOOT_PEER_LEN];
+  int timeout_ms;
+  int64_t deadline;
+  boot_conn *conns[BOOT_MAX_PENDING];
+  int nconns;
+  int32_t nranks; /* 0 until the first accepted hello sets it */
+  int32_t first_rank;
+  uint32_t blob_bytes;
+  int32_t arrived;
+  int *rank_fd;
+  uint8_t *table;
+  size_t table_bytes;
+} boot_root;
+
+static uint8_t *boot_root_entry(boot_root *r, int rank) {
+  size_t entry = BOOT_ENTRY_HDR + (size_t)r->blob_bytes;
+  return r->table + BOOT_REPLY_HDR + BOOT_TABLE_HDR + (size_t)rank * entry;
+}
+
+static void boot_conn_drop(boot_root *r, int i) {
+  brg__sock_close(&r->conns[i]->fd);
+  free(r->conns[i]);
+  r->conns[i] = NULL; /* compacted after the pass, so accept order is kept */
+}
+
+/* Tells a peer that proved it belongs to this job why it was refused, then
+ * waits for it to hang up, so that closing does not reset the answer away. */
+static void boot_conn_refuse(boot_root *r, int i, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void boot_conn_refuse(boot_root *r, int i, const char *fmt, ...) {
+  boot_conn *c = r->conns[i];
+  char text[BOOT_MAX_ERRTEXT];
+  uint8_t buf[BOOT_REPLY_HDR + BOOT_MAX_ERRTEXT];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(text, sizeof text, fmt, ap);
+  va_end(ap);
+  BRG__WARN(BOOT_SUBSYS, "bootstrap root %s: refused the connection from %s: %s", r->where, c->peer,
+            text);
+  size_t n = brg__boot_reply_error(buf, r->secret, BRG_ERR_REMOTE, text);
+  (void)brg__sock_send_all(c->fd, buf, n, brg__now_ms() + BOOT_REPLY_SEND_MS, NULL);
+  shutdown(c->fd, SHUT_WR);
+  c->draining = 1;
+  c->deadline = brg__now_ms() + BOOT_DRAIN_MS;
+}
+
+/* Whether a rank's held connection is still there (it has nothing to send
+ * us, so readability means hang-up or a protocol violation). */
+static int boot_fd_alive(int fd) {
+  struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
+  if (poll(&p, 1, 0) <= 0) return 1;
+  if (p.revents & (POLLHUP | POLLERR | POLLRDHUP | POLLNVAL)) return 0;
+  uint8_t b;
+  ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR));
+}
+
+static void boot_root_forget(boot_root *r, int rank, const char *why) {
+  char peer[BOOT_PEER_LEN];
+  brg__sock_peer_str(r->rank_fd[rank], peer, sizeof peer);
+  BRG__WARN(BOOT_SUBSYS, "bootstrap root %s: rank %d (%s) %s; waiting for it to join again",
+            r->where, rank, peer, why);
+  brg__sock_close(&r->rank_fd[rank]);
+  r->arrived--;
+}
+
+/* Takes a well-formed hello with the right secret, or refuses it. Returns 1
+ * when the connection left the pending list. */
+static int boot_root_admit(boot_root *r, int i, const brg__boot_hello *h) {
+  boot_conn *c = r->conns[i];
+  if (r->nranks == 0) {
+    size_t entry = BOOT_ENTRY_HDR + (size_t)h->blob_bytes;
+    size_t bytes = BOOT_REPLY_HDR + BOOT_TABLE_HDR + (size_t)h->nranks * entry;
+    uint8_t *table = calloc(1, bytes);
+    int *rank_fd = malloc((size_t)h->nranks * sizeof *rank_fd);
+    if (!table || !rank_fd) {
+      free(table);
+      free(rank_fd);
+      boot_conn_refuse(r, i, "the bootstrap root has no memory for a table of %d ranks",
+                       (int)h->nranks);
+      return 0;
+    }
+    for (int k = 0; k < h->nranks; k++) rank_fd[k] = -1;
+    boot_put_u32(table, BOOT_TABLE_MAGIC);
+    memcpy(table + 4, r->secret, BOOT_SECRET_BYTES);
+    boot_put_u32(table + 20, BRG_SUCCESS);
+    boot_put_u32(table + 24, (uint32_t)(bytes - BOOT_REPLY_HDR));
+    boot_put_u32(table + BOOT_REPLY_HDR, (uint32_t)h->nranks);
+    boot_put_u32(table + BOOT_REPLY_HDR + 4, h->blob_bytes);
+    r->table = table;
+    r->table_bytes = bytes;
+    r->rank_fd = rank_fd;
+    r->nranks = h->nranks;
+    r->blob_bytes = h->blob_bytes;
+    r->first_rank = h->rank;
+  } else if (h->nranks != r->nranks) {
+    boot_conn_refuse(r, i, "rank %d says nranks=%d but rank %d said %d", (int)h->rank,
+                     (int)h->nranks, (int)r->first_rank, (int)r->nranks);
+    return 0;
+  } else if (h->blob_bytes != r->blob_bytes) {
+    boot_conn_refuse(r, i,
+                     "rank %d sent a %u-byte blob but rank %d sent %u bytes (all ranks must "
+                     "send the same size)",
+                     (int)h->rank, h->blob_bytes, (int)r->first_rank, r->blob_bytes);
+    return 0;
+  } else if (r->rank_fd[h->rank] >= 0) {
+    if (boot_fd_alive(r->rank_fd[h->rank])) {
+      boot_conn_refuse(r, i, "rank %d joined twice (first from %s, again from %s)", (int)h->rank,
+                       (const char *)boot_root_entry(r, h->rank), c->peer);
+      return 0;
+    }
+    boot_root_forget(r, h->rank, "hung up");
+  }
+
+  uint8_t *e = boot_root_entry(r, h->rank);
+  memset(e, 0, BOOT_ADDR_BYTES);
+  memcpy(e, h->addr, strnlen(h->addr, BOOT_ADDR_BYTES - 1));
+  boot_put_u16(e + 64, h->port);
+  boot_put_u16(e + 66, 0);
+  if (h->blob_bytes) memcpy(e + BOOT_ENTRY_HDR, h->blob, h->blob_bytes);
+  r->rank_fd[h->rank] = c->fd;
+  r->arrived++;
+  BRG__TRACE(BOOT_SUBSYS, "bootstrap root %s: rank %d of %d arrived from %s (%d/%d)", r->where,
+             (int)h->rank, (int)r->nranks, c->peer, (int)r->arrived, (int)r->nranks);
+  free(c);
+  r->conns[i] = NULL;
+  return 1;
+}
+
+/* Reads what a pending connection has for us. Returns 1 when it left the
+ * pending list. */
+static int boot_conn_service(boot_root *r, int i) {
+  boot_conn *c = r->conns[i];
+  if (c->draining) {
+    uint8_t junk[512];
+    for (int k = 0; k < 16; k++) { /* bounded: a flood cannot starve the others */
+      ssize_t n = recv(c->fd, junk, sizeof junk, MSG_DONTWAIT);
+      if (n > 0) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+      boot_conn_drop(r, i);
+      return 1;
+    }
+    return 0;
+  }
+
+  ssize_t n = recv(c->fd, c->buf + c->have, c->want - c->have, MSG_DONTWAIT);
+  if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+    BRG__WARN(BOOT_SUBSYS,
+              "bootstrap root %s: the connection from %s ended after %u bytes, before a "
+              "complete hello%s%s",
+              r->where, c->peer, c->have, n < 0 ? ": " : "", n < 0 ? strerror(errno) : "");
+    boot_conn_drop(r, i);
+    return 1;
+  }
+  if (n < 0) return 0;
+  c->have += (uint32_t)n;
+  if (c->have < c->want) return 0;
+
+  if (c->want == BOOT_HELLO_HDR) {
+    uint32_t magic = boot_get_u32(c->buf);
+    if (magic != BRG__BOOT_MAGIC) {
+      BRG__WARN(BOOT_SUBSYS,
+                "bootstrap root %s: dropped the connection from %s: not a brigade rank "
+                "(magic 0x%08x)",
+                r->where, c->peer, magic);
+      boot_conn_drop(r, i);
+      return 1;
+    }
+    if (memcmp(c->buf + 4, r->secret, BOOT_SECRET_BYTES) != 0) {
+      BRG__WARN(BOOT_SUBSYS,
+                "bootstrap root %s: dropped the connection from %s: wrong secret (a rank of "
+                "another job, or a stale unique id?)",
+                r->where, c->peer);
+      boot_conn_drop(r, i);
+      return 1;
+    }
+    uint32_t blob_bytes = boot_get_u32(c->buf + 96);
+    if (blob_bytes > BRG__BOOT_MAX_BLOB) {
+      boot_conn_refuse(r, i, "hello carries a %u-byte blob (at most %d)", blob_bytes,
+                       BRG__BOOT_MAX_BLOB);
+      return 0;
+    }
+    c->want = BOOT_HELLO_HDR + blob_bytes;
+    if (c->have < c->want) return 0;
+  }
+
+  brg__boot_hello h;
+  brg__errbuf why;
+  if (brg__boot_hello_parse(c->buf, c->have, &h, &why) != BRG_SUCCESS) {
+    boot_conn_refuse(r, i, "%s", why.msg);
+    return 0;
+  }
+  return boot_root_admit(r, i, &h);
+}
+
+static void boot_root_accept(boot_root *r) {
+  while (r->nconns < BOOT_MAX_PENDING) {
+    struct sockaddr_storage ss;
+    socklen_t sslen = sizeof ss;
+    int fd = accept4(r->lfd, (struct sockaddr *)&ss, &sslen, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      BRG__WARN(BOOT_SUBSYS, "bootstrap root %s: accept: %s", r->where, strerror(errno));
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+        brg__sleep_ms(100); /* the backlog keeps them; do not spin */
+      return;
+    }
+    boot_conn *c = calloc(1, sizeof *c);
+    if (!c) {
+      close(fd);
+      BRG__WARN(BOOT_SUBSYS, "bootstrap root %s: out of memory accepting a connection", r->where);
+      return;
+    }
+    c->fd = fd;
+    c->want = BOOT_HELLO_HDR;
+    c->deadline = brg__now_ms() + BOOT_CONN_TIMEOUT_MS;
+    brg__sock_addr_str((struct sockaddr *)&ss, sslen, c->peer, sizeof c->peer);
+    r->conns[r->nconns++] = c;
+  }
+}
+
+static void boot_root_compact(boot_root *r) {
+  int k = 0;
+  for (int i = 0; i < r->nconns; i++)
+    if (r->conns[i]) r->conns[k++] = r->conns[i];
+  r->nconns = k;
+}
+
+/* Ranks that hung up after their hello are taken out again, so the table
+ * never names a rank that is known to be gone. Returns how many. */
+static int boot_root_prune(boot_root *r) {
+  int gone = 0;
+  for (int k = 0; k < r->nranks; k++) {
+    if (r->rank_fd[k] >= 0 && !boot_fd_alive(r->rank_fd[k])) {
+      boot_root_forget(r, k, "hung up before every rank had arrived");
+      gone++;
+    }
+  }
+  return gone;
+}
+
+static void boot_root_give_up(boot_root *r) {
+  if (r->nranks == 0) {
+    BRG__WARN(BOOT_SUBSYS, "bootstrap root %s: no rank arrived within %d ms; closing", r->where,
+              r->timeout_ms);
+    return;
+  }
+  char list[512];
+  size_t used = 0;
+  int missing = 0, listed = 0;
+  list[0] = '\0';
+  for (int k = 0; k < r->nranks; k++) {
+    if (r->rank_fd[k] >= 0) continue;
+    missing++;
+    if (used + 16 < sizeof list - 32) {
+      used += (size_t)snprintf(list + used, sizeof list - used, "%s%d", listed ? "," : "", k);
+      listed++;
+    }
+  }
+  if (listed < missing) snprintf(list + used, sizeof list - used, ",... (%d in all)", missing);
+  char text[BOOT_MAX_ERRTEXT];
+  snprintf(text, sizeof text, "%s %s never reached the bootstrap root at %s within %d ms",
+           missing == 1 ? "rank" : "ranks", list, r->where, r->timeout_ms);
+  BRG__WARN(BOOT_SUBSYS, "%s", text);
+  uint8_t buf[BOOT_REPLY_HDR + BOOT_MAX_ERRTEXT];
+  size_t n = brg__boot_reply_error(buf, r->secret, BRG_ERR_TIMEOUT, text);
+  for (int k = 0; k < r->nranks; k++) {
+    if (r->rank_fd[k] < 0) continue;
+    (void)brg__sock_send_all(r->rank_fd[k], buf, n, brg__now_ms() + BOOT_REPLY_SEND_MS, NULL);
+    brg__sock_close(&r->rank_fd[k]);
+  }
+}
+
+static void boot_root_send_tables(boot_root *r) {
+  /* Nobody else may join this communicator now. */
+  brg__sock_close(&r->lfd);
+  for (int k = 0; k < r->nranks; k++) {
+    int rc = brg__sock_send_all(r->rank_fd[k], r->table, r->table_bytes,
+                           brg__now_ms() + BOOT_TABLE_SEND_MS, NULL);
+    if (rc != BRG__IO_OK)
+      BRG__WARN(BOOT_SUBSYS, "bootstrap root %s: could not send the table to rank %d: %s", r->where,
+                k,
+                rc == BRG__IO_TIMEOUT ? "it stopped reading"
+                : rc == BRG__IO_EOF   ? "it hung up"
+                                      : strerror(errno));
+    brg__sock_close(&r->rank_fd[k]);
+  }
+  BRG__INFO(BOOT_SUBSYS, "bootstrap root %s: all %d ranks arrived; table sent", r->where,
+            (int)r->nranks);
+}
+
+static void boot_root_free(boot_root *r) {
+  for (int i = 0; i < r->nconns; i++)
+    if (r->conns[i]) boot_conn_drop(r, i);
+  if (r->rank_fd)
+    for (int k = 0; k < r->nranks; k++) brg__sock_close(&r->rank_fd[k]);
+  brg__sock_close(&r->lfd);
+  free(r->rank_fd);
+  free(r->table);
+  free(r);
+}
+
+static void *boot_root_main(void *arg) {
+  boot_root *r = arg;
+  struct pollfd pfd[BOOT_MAX_PENDING + 1];
+  for (;;) {
+    if (r->nranks > 0 && r->arrived == r->nranks && boot_root_prune(r) == 0) break;
+    int64_t now = brg__now_ms();
+    if (r->deadline >= 0 && now >= r->deadline) {
+      boot_root_give_up(r);
+      goto out;
+    }
+    int64_t wake = r->deadline;
+    int n = 0;
+    int listening = r->nconns < BOOT_MAX_PENDING;
+    if (listening) pfd[n++] = (struct pollfd){.fd = r->lfd, .events = POLLIN};
+    for (int i = 0; i < r->nconns; i++) {
+      pfd[n++] = (struct pollfd){.fd = r->conns[i]->fd, .events = POLLIN};
+      if (wake < 0 || r->conns[i]->deadline < wake) wake = r->conns[i]->deadline;
+    }
+    int timeout = -1;
+    if (wake >= 0) timeout = wake <= now ? 0 : (int)(wake - now > INT_MAX ? INT_MAX : wake - now);
+    if (poll(pfd, (nfds_t)n, timeout) < 0) {
+      if (errno != EINTR) {
+        BRG__WARN(BOOT_SUBSYS, "bootstrap root %s: poll: %s", r->where, strerror(errno));
+        brg__sleep_ms(10);
+      }
+      continue;
+    }
+    now = brg__now_ms();
+    int base = listening ? 1 : 0;
+    for (int i = 0; i < r->nconns; i++) {
+      if (pfd[base + i].revents && boot_conn_service(r, i)) continue;
+      boot_conn *c = r->conns[i];
+      if (c && now >= c->deadline) {
+        if (!c->draining)
+          BRG__WARN(BOOT_SUBSYS,
+                    "bootstrap root %s: dropped the connection from %s: no complete hello "
+                    "within %d ms",
+                    r->where, c->peer, BOOT_CONN_TIMEOUT_MS);
+        boot_conn_drop(r, i);
+      }
+    }
+    boot_root_compact(r);
+    if (listening && (pfd[0].revents & POLLIN)) boot_root_accept(r);
+  }
+  boot_root_send_tables(r);
+out:
+  boot_root_free(r);
+  return NULL;
+}
+
+brg_status brg__boot_root_start(const char *addr, uint16_t port, const uint8_t *secret,
+                                int timeout_ms, brg__boot_id *id, brg__errbuf *err) {
+  brg__log_init();
+  if (!addr || !id)
+    return brg__error(err, BRG_ERR_INVALID_ARGUMENT, BOOT_SUBSYS, "bootstrap root: NULL argument");
+  boot_root *r = calloc(1, sizeof *r);
+  if (!r) return brg__error(err, BRG_ERR_NO_MEMORY, BOOT_SUBSYS, "bootstrap root: out of memory");
+  r->lfd = -1;
+  uint16_t bound = 0;
+  brg__boot_id tmp;
+  brg_status st = brg__sock_listen(addr, port, BOOT_BACKLOG, BOOT_SUBSYS, "bootstrap root", &r->lfd, &bound, err);
+  if (st != BRG_SUCCESS) goto err_free;
+  st = brg__boot_id_make(&tmp, addr, bound, secret, err);
+  if (st != BRG_SUCCESS) goto err_free;
+  memcpy(r->secret, tmp.secret, sizeof r->secret);
+  char where[BOOT_PEER_LEN];
+  brg__sock_hostport(where, sizeof where, addr, bound);
+  memcpy(r->where, where, sizeof where);
+  r->timeout_ms = timeout_ms;
+  r->deadline = brg__deadline_ms(timeout_ms);
+
+  pthread_attr_t attr;
+  pthread_t thread;
+  int rc = pthread_attr_init(&attr);
+  if (rc == 0) {
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    rc = pthread_create(&thread, &attr, boot_root_main, r);
+    pthread_attr_destroy(&attr);
+  }
+  if (rc != 0) {
+    st = brg__error(err, BRG_ERR_SYSTEM, BOOT_SUBSYS, "bootstrap root: pthread_create: %s",
+                    strerror(rc));
+    goto err_free;
+  }
+  /* The thread owns r from here on. */
+  BRG__INFO(BOOT_SUBSYS, "bootstrap root listening at %s (waiting up to %d ms)", where, timeout_ms);
+  *id = tmp;
+  return BRG_SUCCESS;
+
+err_free:
+  brg__sock_close(&r->lfd);
+  free(r);
+  return st;
+}

@@ -1,0 +1,92 @@
+/*
+ * Bootstrap messages on the wire, shared by the root (bootstrap_root.c)
+ * and the ranks (bootstrap.c).
+ *
+ * Wire layouts (all integers little-endian, offsets in bytes):
+ *
+ *   hello, rank -> root: 100 bytes, then the blob
+ *     0 u32 magic   4 secret[16]   20 i32 rank   24 i32 nranks   28 addr[64]
+ *     92 u16 port   94 u16 zero    96 u32 blob_bytes             100 blob
+ *
+ *   reply, root -> rank: 28 bytes, then the payload
+ *     0 u32 magic "BRGT"   4 secret[16]   20 u32 status   24 u32 payload bytes
+ *     status 0: u32 nranks, u32 blob_bytes, then per rank in rank order
+ *               addr[64], u16 port, u16 zero, blob
+ *     else:     the error text (no NUL), at most BOOT_MAX_ERRTEXT bytes
+ *
+ *   ring hello, connector -> acceptor: 28 bytes
+ *     0 u32 magic "BRGR"   4 secret[16]   20 i32 from_rank   24 i32 to_rank
+ *
+ *   ring message: u32 type, u32 len (<= BRG__BOOT_MAX_MSG), payload
+ *
+ * Every socket is non-blocking and every wait is a poll() with a deadline, so
+ * no peer (dead, silent or hostile) can hold a thread forever. Every send uses
+ * MSG_NOSIGNAL so a vanished peer is an error code, never a SIGPIPE.
+ */
+#ifndef BRG_BOOTSTRAP_WIRE_H
+#define BRG_BOOTSTRAP_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bootstrap.h"
+#include "sock.h"
+
+#define BOOT_SUBSYS "bootstrap"
+#define BOOT_VERSION 1u
+#define BOOT_TABLE_MAGIC 0x42524754u /* "BRGT" */
+#define BOOT_RING_MAGIC 0x42524752u  /* "BRGR" */
+
+#define BOOT_SECRET_BYTES 16
+#define BOOT_ADDR_BYTES 64
+#define BOOT_HELLO_HDR 100
+#define BOOT_REPLY_HDR 28
+#define BOOT_TABLE_HDR 8  /* nranks, blob_bytes */
+#define BOOT_ENTRY_HDR 68 /* addr, port, zero */
+#define BOOT_RING_HELLO 28
+#define BOOT_FRAME_HDR 8
+#define BOOT_MAX_ERRTEXT 1024
+
+#define BOOT_CONN_TIMEOUT_MS 2000 /* an accepted connection has this long to say who it is */
+#define BOOT_DRAIN_MS 1000        /* a refused one this long to read our answer and hang up */
+#define BOOT_REPLY_SEND_MS 500    /* sending a short error answer */
+#define BOOT_TABLE_SEND_MS 10000  /* sending the table to one rank */
+#define BOOT_RETRY_MS 50          /* between connection attempts while nobody listens */
+#define BOOT_MAX_PENDING 256      /* accepted connections that have not said who they are */
+#define BOOT_BACKLOG 4096         /* the kernel caps it at somaxconn */
+#define BOOT_PEER_LEN BRG__HOSTPORT_LEN
+
+_Static_assert(sizeof(brg__boot_id) <= sizeof(brg_unique_id),
+               "the bootstrap id must fit in brg_unique_id");
+_Static_assert(offsetof(brg__boot_id, checksum) + sizeof(uint32_t) == sizeof(brg__boot_id),
+               "the checksum must be the last field of the id");
+_Static_assert(sizeof(((brg__boot_id *)0)->addr) == BOOT_ADDR_BYTES, "addr size");
+_Static_assert(sizeof(((brg__boot_hello *)0)->addr) == BOOT_ADDR_BYTES, "addr size");
+_Static_assert(sizeof(((brg__boot_id *)0)->secret) == BOOT_SECRET_BYTES, "secret size");
+
+/* Little-endian integers in wire buffers. */
+static inline void boot_put_u16(uint8_t *p, uint16_t v) {
+  p[0] = (uint8_t)v;
+  p[1] = (uint8_t)(v >> 8);
+}
+static inline void boot_put_u32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint16_t boot_get_u16(const uint8_t *p) {
+  return (uint16_t)(p[0] | (p[1] << 8));
+}
+static inline uint32_t boot_get_u32(const uint8_t *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* Fills out with len random bytes (getrandom). */
+brg_status brg__boot_random(uint8_t *out, size_t len, brg__errbuf *err);
+/* Decodes without logging; the root reports refusals its own way. */
+brg_status brg__boot_hello_parse(const void *buf, size_t len, brg__boot_hello *h,
+                                   brg__errbuf *why);
+/* Builds the root's error answer into buf (BOOT_REPLY_HDR + BOOT_MAX_ERRTEXT
+ * bytes) and returns its length. */
+size_t brg__boot_reply_error(uint8_t *buf, const uint8_t *secret, brg_status st,
+                               const char *text);
+
+#endif
