@@ -28,7 +28,8 @@ int brg__log_level = BRG__LOG_NONE;
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static FILE *log_file; /* NULL until the first line: stderr or the opened file */
-static int log_rank = -1;
+static int log_rank = -1;            /* the process's, for threads that set none */
+static __thread int thread_rank = -1; /* the calling thread's: ranks may be threads */
 static char log_host[64];
 static char log_subsys[256]; /* ",ring,shm," or "" for all */
 
@@ -53,10 +54,15 @@ void brg__log_init(void) {
 
 void brg__log_set_rank(int rank) {
   brg__log_init();
+  thread_rank = rank;
   pthread_mutex_lock(&log_lock);
   log_rank = rank;
   pthread_mutex_unlock(&log_lock);
 }
+
+void brg__log_set_thread_rank(int rank) { thread_rank = rank; }
+
+int brg__log_thread_rank(void) { return thread_rank; }
 
 int brg__log_enabled(int level, const char *subsys) {
   if (level > brg__log_level) return 0;
@@ -110,8 +116,9 @@ void brg__log(int level, const char *subsys, const char *fmt, ...) {
   va_end(ap);
   pthread_mutex_lock(&log_lock);
   FILE *f = log_stream();
-  if (log_rank >= 0)
-    fprintf(f, "%s:%d:%d brigade %s [%s] %s\n", log_host, (int)getpid(), log_rank, names[level],
+  int rank = thread_rank >= 0 ? thread_rank : log_rank;
+  if (rank >= 0)
+    fprintf(f, "%s:%d:%d brigade %s [%s] %s\n", log_host, (int)getpid(), rank, names[level],
             subsys, line);
   else
     fprintf(f, "%s:%d brigade %s [%s] %s\n", log_host, (int)getpid(), names[level], subsys, line);

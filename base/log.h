@@ -16,7 +16,7 @@
 #include "status.h"
 
 /* The subsystems lines are logged under. */
-#define BRG__LOG_SUBSYSTEMS "init,bootstrap,ring,coll,shm,tcp,ib,verbs"
+#define BRG__LOG_SUBSYSTEMS "init,bootstrap,ring,coll,shm,tcp,ib"
 
 enum { BRG__LOG_NONE = 0, BRG__LOG_WARN = 1, BRG__LOG_INFO = 2, BRG__LOG_TRACE = 3 };
 
@@ -25,7 +25,12 @@ extern int brg__log_level; /* set from BRIGADE_DEBUG on first use; NONE until th
 void brg__log_init(void); /* idempotent; reads the log's settings */
 /* The log's settings (BRIGADE_DEBUG*), a section of the one settings table. */
 extern struct brg__cfg_section brg__log_config;
+/* The rank lines are labelled with: this thread's, else the process's
+ * (the last rank created in it). set_rank sets both; a thread that works
+ * for one rank (a progress or proxy thread) sets its own. */
 void brg__log_set_rank(int rank);
+void brg__log_set_thread_rank(int rank);
+int brg__log_thread_rank(void);
 int brg__log_enabled(int level, const char *subsys);
 void brg__log(int level, const char *subsys, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -40,6 +40,7 @@ static brg_status run_one(brg_comm *c, brg__coll *k) {
 
 static void *worker_main(void *arg) {
   brg_comm *c = arg;
+  brg__log_set_thread_rank(c->rank);
   pthread_mutex_lock(&c->qlock);
   for (;;) {
     while (!c->stop && (c->busy || !c->qhead)) pthread_cond_wait(&c->qcond, &c->qlock);

@@ -13,17 +13,21 @@
 #include "internal.h"
 #include "settings.h"
 
+/* The first of `names` that is set: its value in *out and its name in
+ * *found. A value that is not a number is reported here, with *found set,
+ * so the caller keeps this message rather than saying "not set". */
 static brg_status env_int(const char *const *names, int *out, const char **found) {
   for (int i = 0; names[i]; i++) {
     const char *v = getenv(names[i]);
     if (!v || !*v) continue;
+    *found = names[i];
     char *end;
     errno = 0;
     long x = strtol(v, &end, 10);
     if (errno || *end || x < 0 || x > 1 << 30)
-      return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "%s=\"%s\" is not a valid number", names[i], v);
+      return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT,
+                               "brg_comm_init_env: %s=\"%s\" is not a valid number", names[i], v);
     *out = (int)x;
-    *found = names[i];
     return BRG_SUCCESS;
   }
   return BRG_ERR_INVALID_ARGUMENT;

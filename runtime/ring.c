@@ -21,9 +21,7 @@
 #include "ring_link.h"
 #include "schedule.h"
 
-/* One primitive on one slice of m elements. `in` is this rank's input for
- * the slice, `out` its output (either may be NULL when the primitive does
- * not use it). */
+/* The primitive's name, for the trace. */
 static const char *prim_name(brg__prim p) {
   switch (p) {
   case BRG__PRIM_SEND: return "send";
@@ -42,6 +40,9 @@ static long elem_off(const void *p, const void *base, size_t esize) {
   return p && base ? (long)(((const char *)p - (const char *)base) / (ptrdiff_t)esize) : -1;
 }
 
+/* One primitive on one slice of m elements. `in` is this rank's input for
+ * the slice, `out` its output (either may be NULL when the primitive does
+ * not use it). */
 static brg_status run_prim(brg__ring_op *o, brg__prim prim, const char *in, char *out, size_t m) {
   const brg__coll *k = o->coll;
   /* One line per primitive: the slice order, the same for host and GPU
@@ -93,8 +94,9 @@ done:
 }
 
 /* Allreduce, reduce-scatter and all-gather: steps [t0, t1] of the ring
- * schedule. `stride` is the element distance between chunks in the
- * full-size buffer (0: balanced split of count). */
+ * schedule, slice by slice. Allreduce splits its count into N balanced
+ * chunks; reduce-scatter and all-gather have chunks of `count` elements
+ * each, chunk i at element count * i of the full-size buffer. */
 static brg_status run_ring(brg__ring_op *o, int t0, int t1) {
   brg_comm *c = o->c;
   const brg__coll *k = o->coll;

@@ -7,7 +7,7 @@
  *
  *   test_errors CASE [N]
  *
- * CASE: args garbage garbage_open absent kill stop abort mismatch env.
+ * CASE: args garbage garbage_open absent kill stop abort mismatch env log.
  * The transport comes from BRIGADE_TRANSPORTS, the library timeout from
  * BRIGADE_TIMEOUT_MS (both set per test by meson).
  */
@@ -759,6 +759,7 @@ typedef struct env_case {
   const char *addr, *port, *rank, *size; /* NULL: unset; "$PORT": a free port */
   const char *must_name;                 /* variable the message must name; NULL: any of them */
   int ok;                                /* expected to succeed */
+  const char *exact;                     /* the whole message, where it is the point */
 } env_case;
 
 static void clear_launcher_env(void) {
@@ -820,6 +821,9 @@ static int body_env(mp_ctx *ctx) {
   MP_CHECK(c == SENTINEL, "%s: brg_comm_init_env failed but wrote *comm", ec->what);
   MP_CHECK(ms_since(t0) < 5000, "%s: brg_comm_init_env took %.0f ms to fail", ec->what,
            ms_since(t0));
+  if (ec->exact)
+    MP_CHECK(strcmp(m, ec->exact) == 0, "%s: the message is \"%s\", expected \"%s\"", ec->what, m,
+             ec->exact);
   if (ec->must_name) {
     MP_CHECK(strstr(m, ec->must_name) != NULL, "%s: the message does not name %s: \"%s\"", ec->what,
              ec->must_name, m);
@@ -833,16 +837,19 @@ static int body_env(mp_ctx *ctx) {
 
 static int case_env(void) {
   static const env_case cases[] = {
-      {"nothing set", NULL, NULL, NULL, NULL, NULL, 0},
-      {"MASTER_ADDR missing", NULL, "$PORT", "0", "1", "MASTER_ADDR", 0},
-      {"MASTER_PORT missing", "127.0.0.1", NULL, "0", "1", "MASTER_PORT", 0},
-      {"RANK missing", "127.0.0.1", "$PORT", NULL, "1", "RANK", 0},
-      {"WORLD_SIZE missing", "127.0.0.1", "$PORT", "0", NULL, "WORLD_SIZE", 0},
-      {"RANK not a number", "127.0.0.1", "$PORT", "abc", "1", "RANK", 0},
-      {"WORLD_SIZE zero", "127.0.0.1", "$PORT", "0", "0", "WORLD_SIZE", 0},
-      {"RANK >= WORLD_SIZE", "127.0.0.1", "$PORT", "1", "1", "RANK", 0},
-      {"MASTER_PORT out of range", "127.0.0.1", "99999", "0", "1", "MASTER_PORT", 0},
-      {"everything set", "127.0.0.1", "$PORT", "0", "1", NULL, 1},
+      {"nothing set", NULL, NULL, NULL, NULL, NULL, 0, NULL},
+      {"MASTER_ADDR missing", NULL, "$PORT", "0", "1", "MASTER_ADDR", 0, NULL},
+      {"MASTER_PORT missing", "127.0.0.1", NULL, "0", "1", "MASTER_PORT", 0, NULL},
+      {"RANK missing", "127.0.0.1", "$PORT", NULL, "1", "RANK", 0, NULL},
+      {"WORLD_SIZE missing", "127.0.0.1", "$PORT", "0", NULL, "WORLD_SIZE", 0, NULL},
+      {"RANK not a number", "127.0.0.1", "$PORT", "abc", "1", "RANK", 0,
+       "brg_comm_init_env: RANK=\"abc\" is not a valid number"},
+      {"WORLD_SIZE not a number", "127.0.0.1", "$PORT", "0", "2x", "WORLD_SIZE", 0,
+       "brg_comm_init_env: WORLD_SIZE=\"2x\" is not a valid number"},
+      {"WORLD_SIZE zero", "127.0.0.1", "$PORT", "0", "0", "WORLD_SIZE", 0, NULL},
+      {"RANK >= WORLD_SIZE", "127.0.0.1", "$PORT", "1", "1", "RANK", 0, NULL},
+      {"MASTER_PORT out of range", "127.0.0.1", "99999", "0", "1", "MASTER_PORT", 0, NULL},
+      {"everything set", "127.0.0.1", "$PORT", "0", "1", NULL, 1, NULL},
   };
   int bad = 0;
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
@@ -854,11 +861,145 @@ static int case_env(void) {
   return bad;
 }
 
+/* ================================================================== log */
+
+/* Reads a whole file into buf (NUL-terminated); returns its length. */
+static size_t read_file(const char *path, char *buf, size_t cap) {
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  size_t n = fread(buf, 1, cap - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  return n;
+}
+
+static int count_of(const char *hay, const char *needle) {
+  int n = 0;
+  for (const char *p = hay; (p = strstr(p, needle)) != NULL; p += strlen(needle)) n++;
+  return n;
+}
+
+/* A failure without a communicator is logged once, by the function that saw
+ * it, and brg_comm_last_error(NULL) holds the whole sentence: rank 0 cannot
+ * listen on MASTER_PORT because another socket holds it. */
+static int body_log_once(mp_ctx *ctx) {
+  (void)ctx;
+  char path[128];
+  snprintf(path, sizeof path, "/tmp/brigade-test-log-once.%d", (int)getpid());
+  unlink(path);
+  clear_launcher_env();
+  setenv("BRIGADE_DEBUG", "WARN", 1);
+  setenv("BRIGADE_DEBUG_FILE", path, 1);
+  int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t slen = sizeof sa;
+  if (lfd < 0 || bind(lfd, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(lfd, 1) < 0 ||
+      getsockname(lfd, (struct sockaddr *)&sa, &slen) < 0) {
+    mp_fail("cannot hold a port for the test: %s", strerror(errno));
+    return 1;
+  }
+  char port[16];
+  snprintf(port, sizeof port, "%d", ntohs(sa.sin_port));
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", port, 1);
+  setenv("RANK", "0", 1);
+  setenv("WORLD_SIZE", "1", 1);
+  brg_comm *c = NULL;
+  brg_status st = brg_comm_init_env(&c);
+  close(lfd);
+  MP_CHECK(st == BRG_ERR_SYSTEM, "brg_comm_init_env on a held port returned %s",
+           brg_status_string(st));
+  char want[256];
+  snprintf(want, sizeof want,
+           "rank 0: bootstrap root: cannot listen on 127.0.0.1:%s: Address already in use", port);
+  const char *m = errmsg(NULL);
+  MP_CHECK(strcmp(m, want) == 0, "the message is \"%s\", expected \"%s\"", m, want);
+  char log[16384];
+  read_file(path, log, sizeof log);
+  unlink(path);
+  int n = count_of(log, "cannot listen on");
+  MP_CHECK(n == 1, "the failure was logged %d times, not once:\n%s", n, log);
+  return 0;
+}
+
+/* Ranks that are threads of one process each get their own rank on their
+ * log lines: every "rank R of N ready" line is labelled with R. */
+typedef struct log_thread {
+  const brg_unique_id *id;
+  int rank, nranks;
+  brg_status st;
+} log_thread;
+
+static void *log_thread_main(void *arg) {
+  log_thread *t = arg;
+  brg_comm *c = NULL;
+  t->st = brg_comm_init(&c, t->nranks, t->id, t->rank);
+  if (t->st != BRG_SUCCESS) return NULL;
+  int32_t x = t->rank, y = 0;
+  t->st = brg_allreduce(&x, &y, 1, BRG_INT32, BRG_SUM, c, NULL);
+  brg_comm_destroy(c);
+  return NULL;
+}
+
+static int body_log_rank(mp_ctx *ctx) {
+  (void)ctx;
+  enum { N = 3 };
+  char path[128];
+  snprintf(path, sizeof path, "/tmp/brigade-test-log-rank.%d", (int)getpid());
+  unlink(path);
+  setenv("BRIGADE_DEBUG", "INFO", 1);
+  setenv("BRIGADE_DEBUG_SUBSYS", "init", 1);
+  setenv("BRIGADE_DEBUG_FILE", path, 1);
+  brg_unique_id id;
+  brg_status st = brg_get_unique_id(&id);
+  MP_CHECK(st == BRG_SUCCESS, "brg_get_unique_id: %s", errmsg(NULL));
+  if (st != BRG_SUCCESS) return 1;
+  pthread_t th[N];
+  log_thread t[N];
+  for (int r = 0; r < N; r++) {
+    t[r] = (log_thread){.id = &id, .rank = r, .nranks = N};
+    pthread_create(&th[r], NULL, log_thread_main, &t[r]);
+  }
+  for (int r = 0; r < N; r++) {
+    pthread_join(th[r], NULL);
+    MP_CHECK(t[r].st == BRG_SUCCESS, "rank %d (a thread): %s", r, brg_status_string(t[r].st));
+  }
+  char log[65536];
+  read_file(path, log, sizeof log);
+  unlink(path);
+  int ready = 0;
+  for (char *line = strtok(log, "\n"); line; line = strtok(NULL, "\n")) {
+    const char *p = strstr(line, "] rank ");
+    int labelled = -1, said = -1, of = 0;
+    if (!p || sscanf(p, "] rank %d of %d ready", &said, &of) != 2) continue;
+    /* host:pid:rank brigade INFO [init] ... */
+    const char *sp = strchr(line, ' ');
+    const char *colon = sp ? sp : line;
+    while (colon > line && colon[-1] != ':') colon--;
+    labelled = atoi(colon);
+    ready++;
+    MP_CHECK(labelled == said, "a line of rank %d is labelled rank %d: %s", said, labelled, line);
+  }
+  MP_CHECK(ready == N, "%d \"ready\" lines in the log, expected %d", ready, N);
+  return 0;
+}
+
+static int case_log(void) {
+  int bad = 0;
+  mp_opts o = {.name = "log: an error without a communicator is logged once", .nranks = 1,
+               .deadline_ms = 20000, .init = MP_INIT_BARE};
+  bad |= mp_run(&o, body_log_once, NULL);
+  mp_opts o2 = {.name = "log: ranks as threads label their own lines", .nranks = 1,
+                .deadline_ms = 60000, .init = MP_INIT_BARE};
+  bad |= mp_run(&o2, body_log_rank, NULL);
+  return bad;
+}
+
 /* ================================================================= main */
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: %s args|garbage|garbage_open|absent|kill|stop|abort|mismatch|env [N]\n",
+    fprintf(stderr, "usage: %s args|garbage|garbage_open|absent|kill|stop|abort|mismatch|env|log [N]\n",
             argv[0]);
     return 2;
   }
@@ -878,6 +1019,7 @@ int main(int argc, char **argv) {
   if (!strcmp(c, "abort")) return case_abort(n);
   if (!strcmp(c, "mismatch")) return case_mismatch(n);
   if (!strcmp(c, "env")) return case_env();
+  if (!strcmp(c, "log")) return case_log();
   fprintf(stderr, "unknown case %s\n", c);
   return 2;
 }
