@@ -33,8 +33,10 @@
  * waits for it and posts the slot for the transport to carry; the
  * receiver's kernel reads the slot that arrived, and the host waits for it
  * before handing the slot back. Those waits make the call return only when
- * the collective is done on ranks with such a link (staging through pinned
- * host memory; GPU memory registered with the NIC would skip it).
+ * the collective is done on ranks with such a link. Where both ends can
+ * register GPU memory with an ibverbs link (GPUDirect RDMA: the
+ * transport's dev_register and dev_remote), the slots stay in GPU memory
+ * and the link moves them GPU to GPU instead (BRIGADE_IB_GDR).
  */
 #include <stdio.h>
 #include <stdlib.h>

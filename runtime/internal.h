@@ -119,8 +119,8 @@ struct brg_comm {
  *   device.c      the CUDA module, opened at first use
  *   ring_link.c   slots to and from the neighbours, the waiter's checks
  *   topology.c    hosts and ring order
- *   bootstrap*.c  ids, the root, the ring sockets
  *   errors.c      last errors, abort notices, how collectives are named
+ *   bootstrap*.c  ids, the root, the ring sockets
  *   settings.c    the runtime's settings and the one table of all sections
  */
 
