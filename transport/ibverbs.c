@@ -56,6 +56,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "regcache.h"
 #include "transport.h"
 #include "verbs_api.h"
@@ -293,12 +294,6 @@ static void dev_put(ib_dev *d) {
 
 /* ---- small helpers ---------------------------------------------------------- */
 
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static brg_status setup_check(const brg__conn_params *p) {
   if (p->waiter && p->waiter->check) return p->waiter->check(p->waiter->arg);
   return BRG_SUCCESS;
@@ -389,12 +384,12 @@ static const char *wc_why(const brg__vb_wc *wc) {
 
 /* Reads exactly len bytes from fd within wait_ms: 0, or -1. */
 static int read_within(int fd, void *buf, size_t len, int wait_ms) {
-  int64_t deadline = now_ms() + wait_ms;
+  int64_t deadline = brg__now_ms() + wait_ms;
   size_t got = 0;
   while (got < len) {
-    int64_t left = deadline - now_ms();
+    int left = brg__ms_left(deadline);
     struct pollfd pfd = {.fd = fd, .events = POLLIN};
-    if (left <= 0 || poll(&pfd, 1, (int)left) < 0) return -1;
+    if (left == 0 || poll(&pfd, 1, left) < 0) return -1;
     if (!pfd.revents) continue;
     ssize_t n = recv(fd, (char *)buf + got, len - got, MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
@@ -510,9 +505,9 @@ static void *send_proxy(void *arg) {
      * slices: one that got everything may destroy its communicator before
      * the last completions reach this end. Completions still on their way
      * get a moment; a slice it never cleared to send does not. */
-    if (!gone && ctrl_due(t, rounds) && (gone = ctrl_poll(t, 0)) != 0) gone_at = now_ms();
+    if (!gone && ctrl_due(t, rounds) && (gone = ctrl_poll(t, 0)) != 0) gone_at = brg__now_ms();
     if (gone && __atomic_load_n(&ctrl->tail, __ATOMIC_ACQUIRE) > done &&
-        (sent < __atomic_load_n(&ctrl->tail, __ATOMIC_ACQUIRE) || now_ms() - gone_at > 500)) {
+        (sent < __atomic_load_n(&ctrl->tail, __ATOMIC_ACQUIRE) || brg__now_ms() - gone_at > 500)) {
       if (gone == 2)
         link_fail(t, "rank %d broke its end with slot %llu still to deliver: %s", t->peer,
                   (unsigned long long)done, t->peer_why);
@@ -524,13 +519,13 @@ static void *send_proxy(void *arg) {
     }
     if (__atomic_load_n(&t->stopping, __ATOMIC_ACQUIRE)) {
       if (gone) return NULL;
-      if (!grace_end) grace_end = now_ms() + IB_CLOSE_GRACE_MS;
+      if (!grace_end) grace_end = brg__now_ms() + IB_CLOSE_GRACE_MS;
       if (done == __atomic_load_n(&ctrl->tail, __ATOMIC_ACQUIRE) && done == sent) {
         char bye = IB_BYE;
         send(t->ctrl_fd, &bye, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
         return NULL;
       }
-      if (now_ms() > grace_end) return NULL;
+      if (brg__now_ms() > grace_end) return NULL;
     } else if (__atomic_load_n(&ctrl->closed, __ATOMIC_ACQUIRE)) {
       return NULL;
     }
@@ -640,11 +635,11 @@ static void *recv_proxy(void *arg) {
       /* The sender left. Whatever it delivered was acknowledged before it
        * went, so take the completions still queued on every queue pair
        * (they finish independently), then stop. */
-      int64_t until = now_ms() + 20;
-      while (now_ms() < until) {
+      int64_t until = brg__now_ms() + 20;
+      while (brg__now_ms() < until) {
         int got = 0;
         for (int q = 0; q < t->nqps; q++) got |= recv_take(t, q, &rs, 1) > 0;
-        if (!got) usleep(1000);
+        if (!got) brg__sleep_ms(1);
       }
       if (c < 0) {
         link_fail(t, "the peer went away (control connection ended)");
@@ -809,7 +804,7 @@ static brg_status ctrl_dial(ib_conn *t, const brg__conn_params *p, const ib_conn
   if (getaddrinfo(ci->ctrl_addr, serv, &hints, &ai) != 0)
     return brg__error(err, BRG_ERR_INVALID_ARGUMENT, "ib", "bad ibverbs address from rank %d",
                       p->peer);
-  int64_t deadline = now_ms() + (p->timeout_ms > 0 ? p->timeout_ms : INT_MAX);
+  int64_t deadline = brg__deadline_ms(p->timeout_ms);
   int e = 0, refused = 0;
   brg_status s = BRG_SUCCESS;
   while (t->ctrl_fd < 0) {
@@ -821,13 +816,13 @@ static brg_status ctrl_dial(ib_conn *t, const brg__conn_params *p, const ib_conn
     }
     e = connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 ? 0 : errno;
     while (e == EINPROGRESS) {
-      int64_t left = deadline - now_ms();
-      if (left <= 0) {
+      int left = brg__ms_left_capped(deadline, 100);
+      if (left == 0) {
         e = ETIMEDOUT;
         break;
       }
       struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-      if (poll(&pfd, 1, left > 100 ? 100 : (int)left) > 0) {
+      if (poll(&pfd, 1, left) > 0) {
         socklen_t l = sizeof e;
         getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &l);
       }
@@ -840,8 +835,8 @@ static brg_status ctrl_dial(ib_conn *t, const brg__conn_params *p, const ib_conn
     close(fd);
     if (e == ECONNREFUSED) refused = 1;
     if (e == ETIMEDOUT && refused) e = ECONNREFUSED; /* the more useful of the two */
-    if (e != ECONNREFUSED || now_ms() >= deadline) break;
-    usleep(10000);
+    if (e != ECONNREFUSED || brg__deadline_passed(deadline)) break;
+    brg__sleep_ms(10);
   }
   freeaddrinfo(ai);
   if (s != BRG_SUCCESS)
@@ -906,9 +901,9 @@ static brg_status ib_send_connect(brg__conn *c, const brg__conn_params *p, const
 static int hello_read(int fd, ib_hello *h, int64_t deadline) {
   size_t got = 0;
   while (got < sizeof *h) {
-    int64_t left = deadline - now_ms();
+    int left = brg__ms_left_capped(deadline, 100);
     struct pollfd pfd = {.fd = fd, .events = POLLIN};
-    if (left <= 0 || poll(&pfd, 1, left > 100 ? 100 : (int)left) < 0) return -1;
+    if (left == 0 || poll(&pfd, 1, left) < 0) return -1;
     if (!pfd.revents) continue;
     ssize_t n = recv(fd, (char *)h + got, sizeof *h - got, MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
@@ -928,19 +923,19 @@ static brg_status ib_recv_connect(brg__conn *c, const brg__conn_params *p, brg__
   ib_conn *t = c->priv;
   if (!t || t->listen_fd < 0)
     return brg__error(err, BRG_ERR_INTERNAL, "ib", "ibverbs recv_connect without recv_setup");
-  int64_t deadline = now_ms() + (p->timeout_ms > 0 ? p->timeout_ms : INT_MAX);
+  int64_t deadline = brg__deadline_ms(p->timeout_ms);
   ib_hello h;
   while (t->ctrl_fd < 0) {
     brg_status s = setup_check(p);
     if (s != BRG_SUCCESS)
       return brg__error(err, s, "ib", "waiting for rank %d to connect: %s", p->peer,
                         brg_status_string(s));
-    int64_t left = deadline - now_ms();
-    if (left <= 0)
+    int left = brg__ms_left_capped(deadline, 100);
+    if (left == 0)
       return brg__error(err, BRG_ERR_TIMEOUT, "ib", "rank %d did not connect within %d ms", p->peer,
                         p->timeout_ms);
     struct pollfd pfd = {.fd = t->listen_fd, .events = POLLIN};
-    if (poll(&pfd, 1, left > 100 ? 100 : (int)left) <= 0) continue;
+    if (poll(&pfd, 1, left) <= 0) continue;
     struct sockaddr_storage ss;
     socklen_t len = sizeof ss;
     int fd = accept4(t->listen_fd, (struct sockaddr *)&ss, &len, SOCK_CLOEXEC);
@@ -948,7 +943,7 @@ static brg_status ib_recv_connect(brg__conn *c, const brg__conn_params *p, brg__
     char from[NI_MAXHOST] = "?";
     getnameinfo((struct sockaddr *)&ss, len, from, sizeof from, NULL, 0, NI_NUMERICHOST);
     /* A slow or silent connection may hold us up to a second, not forever. */
-    int64_t hd = now_ms() + 1000 < deadline ? now_ms() + 1000 : deadline;
+    int64_t hd = brg__deadline_min(brg__now_ms() + 1000, deadline);
     if (hello_read(fd, &h, hd) != 0) {
       BRG__WARN("ib", "refused connection from %s: no hello", from);
     } else if (ntohl(h.magic) != IB_HELLO_MAGIC) {
@@ -977,9 +972,11 @@ static brg_status ib_recv_connect(brg__conn *c, const brg__conn_params *p, brg__
   brg_status s = BRG_SUCCESS;
   for (int q = 0; q < t->nqps; q++) {
     h.qps[q].addr[sizeof h.qps[q].addr - 1] = 0;
-    int left = (int)(deadline - now_ms());
-    if ((s = t->vb->qp_connect(t->qp[q], &h.qps[q], 0, left > 0 ? left : 1, err)) != BRG_SUCCESS)
-      return s;
+    /* What is left of the deadline: none left is the shortest wait, and no
+     * deadline (-1) is no limit (0) for qp_connect. */
+    int left = brg__ms_left(deadline);
+    left = left < 0 ? 0 : left > 0 ? left : 1;
+    if ((s = t->vb->qp_connect(t->qp[q], &h.qps[q], 0, left, err)) != BRG_SUCCESS) return s;
     for (int i = 0; i < t->fifo.nslots; i++)
       if ((s = t->vb->post_recv(t->qp[q], (uint64_t)i)) != BRG_SUCCESS)
         return brg__error(err, s, "ib", "posting receives for rank %d", p->peer);

@@ -40,6 +40,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "transport.h"
 
 #define TCP_INFO_MAGIC 0x42524754u  /* "BRGT" */
@@ -94,22 +95,6 @@ typedef struct tcp_conn {
   brg__waiter waiter; /* the proxy's: stops on `stopping` or ctrl->closed */
   char peer_addr[TCP_ADDR_BYTES + 8];
 } tcp_conn;
-
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static int64_t deadline_of(int timeout_ms) {
-  return timeout_ms > 0 ? now_ms() + timeout_ms : INT64_MAX;
-}
-
-static int ms_left(int64_t deadline) {
-  int64_t left = deadline - now_ms();
-  if (left < 0) return 0;
-  return left > INT_MAX ? INT_MAX : (int)left;
-}
 
 /* The caller's waiter check during setup: an abort stops connecting too. */
 static brg_status setup_check(const brg__conn_params *p) {
@@ -414,12 +399,12 @@ static brg_status connect_one(const brg__conn_params *p, const struct addrinfo *
     if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) e = errno;
     while (e == EINPROGRESS || e == EINTR) {
       struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-      int left = ms_left(deadline);
+      int left = brg__ms_left_capped(deadline, 100);
       if (left == 0) {
         e = ETIMEDOUT;
         break;
       }
-      int n = poll(&pfd, 1, left < 100 ? left : 100);
+      int n = poll(&pfd, 1, left);
       if (n < 0 && errno != EINTR) {
         e = errno;
         break;
@@ -442,9 +427,8 @@ static brg_status connect_one(const brg__conn_params *p, const struct addrinfo *
     close(fd);
     if (e == ECONNREFUSED) refused = 1;
     if (e == ETIMEDOUT && refused) e = ECONNREFUSED; /* the more useful of the two */
-    if (e == ECONNREFUSED && ms_left(deadline) > 0) {
-      int left = ms_left(deadline);
-      usleep(1000u * (unsigned)(backoff_ms < left ? backoff_ms : left));
+    if (e == ECONNREFUSED && !brg__deadline_passed(deadline)) {
+      brg__sleep_ms(brg__ms_left_capped(deadline, backoff_ms));
       if (backoff_ms < 100) backoff_ms *= 2;
       continue;
     }
@@ -475,7 +459,7 @@ static brg_status tcp_send_connect(brg__conn *c, const brg__conn_params *p, cons
   struct addrinfo *ai;
   s = addr_resolve(ti.addr, ntohs(ti.port), 0, &ai, err);
   if (s != BRG_SUCCESS) return s;
-  int64_t deadline = deadline_of(p->timeout_ms);
+  int64_t deadline = brg__deadline_ms(p->timeout_ms);
   for (int i = 0; i < nsocks && s == BRG_SUCCESS; i++) {
     s = connect_one(p, ai, t->peer_addr, deadline, &t->fds[i], err);
     if (s != BRG_SUCCESS) break;
@@ -540,7 +524,7 @@ static brg_status tcp_recv_connect(brg__conn *c, const brg__conn_params *p, brg_
     return brg__error(err, BRG_ERR_INTERNAL, "tcp", "tcp recv_connect without recv_setup");
   pending q[TCP_MAX_PENDING];
   int npending = 0, connected = 0;
-  int64_t deadline = deadline_of(p->timeout_ms);
+  int64_t deadline = brg__deadline_ms(p->timeout_ms);
   brg_status s = BRG_SUCCESS;
   while (connected < t->nsocks) {
     if ((s = setup_check(p)) != BRG_SUCCESS) {
@@ -548,7 +532,7 @@ static brg_status tcp_recv_connect(brg__conn *c, const brg__conn_params *p, brg_
                  brg_status_string(s));
       break;
     }
-    int left = ms_left(deadline);
+    int left = brg__ms_left_capped(deadline, 100);
     if (left == 0) {
       s = brg__error(err, BRG_ERR_TIMEOUT, "tcp",
                      "rank %d did not connect within %d ms (%d of %d sockets)", p->peer,
@@ -559,7 +543,7 @@ static brg_status tcp_recv_connect(brg__conn *c, const brg__conn_params *p, brg_
     pfd[0] = (struct pollfd){.fd = t->listen_fd, .events = POLLIN};
     for (int i = 0; i < npending; i++)
       pfd[1 + i] = (struct pollfd){.fd = q[i].fd, .events = POLLIN};
-    int n = poll(pfd, (nfds_t)(1 + npending), left < 100 ? left : 100);
+    int n = poll(pfd, (nfds_t)(1 + npending), left);
     if (n < 0) {
       if (errno == EINTR) continue;
       s = brg__error(err, BRG_ERR_SYSTEM, "tcp", "poll: %s", strerror(errno));

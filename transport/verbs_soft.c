@@ -39,6 +39,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "verbs_api.h"
 
 #define SOFT_HELLO_MAGIC 0x42525651u /* "BRVQ" */
@@ -151,12 +152,6 @@ void brg__vb_soft_test_bad_rkey(int n) {
   __atomic_store_n(&test_bad_rkey, n, __ATOMIC_SEQ_CST);
 }
 
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static int soft_probe(char *why, size_t why_bytes) {
   (void)why;
   (void)why_bytes;
@@ -171,7 +166,7 @@ static brg_status soft_ctx_open(brg__vb_ctx **out, const char *addr, brg__errbuf
   snprintf(c->addr, sizeof c->addr, "%s", addr);
   pthread_mutex_init(&c->lock, NULL);
   if (getrandom(&c->key_seed, sizeof c->key_seed, 0) != sizeof c->key_seed)
-    c->key_seed = (uint32_t)now_ms() ^ (uint32_t)getpid();
+    c->key_seed = (uint32_t)brg__now_ms() ^ (uint32_t)getpid();
   *out = c;
   return BRG_SUCCESS;
 }
@@ -491,7 +486,7 @@ static brg_status soft_qp_create(brg__vb_ctx *ctx, int max_send, int max_recv, b
   if (pipe2(q->wake, O_CLOEXEC | O_NONBLOCK) != 0)
     return brg__error(err, BRG_ERR_SYSTEM, "ib", "soft verbs: pipe: %s", strerror(errno));
   if (getrandom(&q->token, sizeof q->token, 0) != sizeof q->token)
-    q->token = (uint32_t)now_ms() * 2654435761u;
+    q->token = (uint32_t)brg__now_ms() * 2654435761u;
 
   struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICHOST | AI_PASSIVE},
                   *ai;
@@ -521,10 +516,10 @@ static brg_status soft_qp_create(brg__vb_ctx *ctx, int max_send, int max_recv, b
 }
 
 static int poll_one(int fd, short events, int64_t deadline) {
-  int64_t left = deadline - now_ms();
-  if (left <= 0) return 0;
+  int left = brg__ms_left_capped(deadline, 100);
+  if (left == 0) return 0;
   struct pollfd pfd = {.fd = fd, .events = events};
-  int n = poll(&pfd, 1, left > 100 ? 100 : (int)left);
+  int n = poll(&pfd, 1, left);
   return n < 0 && errno == EINTR ? 0 : n;
 }
 
@@ -537,7 +532,7 @@ static brg_status dial(brg__vb_qp *q, const brg__vb_qp_info *r, int64_t deadline
   if (!memchr(r->addr, 0, sizeof r->addr) || getaddrinfo(r->addr, serv, &hints, &ai) != 0)
     return brg__error(err, BRG_ERR_INVALID_ARGUMENT, "ib", "soft verbs: bad peer address");
   int e = ECONNREFUSED;
-  while (now_ms() < deadline) {
+  while (!brg__deadline_passed(deadline)) {
     int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) break;
     e = connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 ? 0 : errno;
@@ -545,7 +540,7 @@ static brg_status dial(brg__vb_qp *q, const brg__vb_qp_info *r, int64_t deadline
       if (poll_one(fd, POLLOUT, deadline) > 0) {
         socklen_t len = sizeof e;
         getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len);
-      } else if (now_ms() >= deadline) {
+      } else if (brg__deadline_passed(deadline)) {
         e = ETIMEDOUT;
       }
     }
@@ -555,7 +550,7 @@ static brg_status dial(brg__vb_qp *q, const brg__vb_qp_info *r, int64_t deadline
     }
     close(fd);
     if (e != ECONNREFUSED) break;
-    usleep(10000);
+    brg__sleep_ms(10);
   }
   freeaddrinfo(ai);
   if (q->fd < 0)
@@ -572,7 +567,7 @@ static brg_status dial(brg__vb_qp *q, const brg__vb_qp_info *r, int64_t deadline
 static brg_status answer(brg__vb_qp *q, const brg__vb_qp_info *r, int64_t deadline, int timeout_ms,
                          brg__errbuf *err) {
   while (q->fd < 0) {
-    if (now_ms() >= deadline)
+    if (brg__deadline_passed(deadline))
       return brg__error(err, BRG_ERR_TIMEOUT, "ib",
                         "soft verbs: the peer queue pair did not connect within %d ms", timeout_ms);
     if (poll_one(q->listen_fd, POLLIN, deadline) <= 0) continue;
@@ -598,7 +593,7 @@ static brg_status answer(brg__vb_qp *q, const brg__vb_qp_info *r, int64_t deadli
 
 static brg_status soft_qp_connect(brg__vb_qp *q, const brg__vb_qp_info *r, int active,
                                   int timeout_ms, brg__errbuf *err) {
-  int64_t deadline = now_ms() + (timeout_ms > 0 ? timeout_ms : INT_MAX);
+  int64_t deadline = brg__deadline_ms(timeout_ms);
   brg_status s =
       active ? dial(q, r, deadline, timeout_ms, err) : answer(q, r, deadline, timeout_ms, err);
   if (s != BRG_SUCCESS) return s;
