@@ -41,6 +41,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "net.h"
 #include "transport.h"
 
 #define TCP_INFO_MAGIC 0x42524754u  /* "BRGT" */
@@ -83,29 +84,16 @@ typedef struct tcp_hello {
 } tcp_hello;
 
 typedef struct tcp_conn {
-  int sender; /* 1 on the send end of the link */
-  int peer;
+  brg__net_link l; /* first: c->priv points at both */
   int nsocks;
   int fds[TCP_MAX_SOCKS];
-  int listen_fd;
-  brg__fifo fifo; /* the local FIFO; c->fifo is a copy of it */
-  int thread_started;
-  pthread_t thread;
-  int stopping;       /* set by close(), read by the proxy */
   brg__waiter waiter; /* the proxy's: stops on `stopping` or ctrl->closed */
-  char peer_addr[TCP_ADDR_BYTES + 8];
 } tcp_conn;
-
-/* The caller's waiter check during setup: an abort stops connecting too. */
-static brg_status setup_check(const brg__conn_params *p) {
-  if (p->waiter && p->waiter->check) return p->waiter->check(p->waiter->arg);
-  return BRG_SUCCESS;
-}
 
 static brg_status tcp_proxy_check(void *arg) {
   tcp_conn *t = arg;
-  if (__atomic_load_n(&t->stopping, __ATOMIC_ACQUIRE)) return BRG_ERR_ABORTED;
-  uint32_t closed = __atomic_load_n(&t->fifo.ctrl->closed, __ATOMIC_ACQUIRE);
+  if (__atomic_load_n(&t->l.stopping, __ATOMIC_ACQUIRE)) return BRG_ERR_ABORTED;
+  uint32_t closed = __atomic_load_n(&t->l.fifo.ctrl->closed, __ATOMIC_ACQUIRE);
   return closed ? (brg_status)closed : BRG_SUCCESS;
 }
 
@@ -179,12 +167,12 @@ static int recv_all(int fd, void *buf, size_t len) {
 
 /* A proxy gives up: the engine sees `closed` through its wait check. */
 static void proxy_fail(tcp_conn *t, const char *what, const char *why) {
-  if (!__atomic_load_n(&t->stopping, __ATOMIC_ACQUIRE)) {
-    brg__fifo_mark_closed(&t->fifo, BRG_ERR_REMOTE, "%s: %s", what, why);
-    BRG__WARN("tcp", "link %s rank %d (%s) broke: %s: %s", t->sender ? "to" : "from", t->peer,
-              t->peer_addr, what, why);
+  if (!__atomic_load_n(&t->l.stopping, __ATOMIC_ACQUIRE)) {
+    brg__fifo_mark_closed(&t->l.fifo, BRG_ERR_REMOTE, "%s: %s", what, why);
+    BRG__WARN("tcp", "link %s rank %d (%s) broke: %s: %s", t->l.sender ? "to" : "from", t->l.peer,
+              t->l.peer_addr, what, why);
   }
-  brg__fifo_wake_all(&t->fifo);
+  brg__fifo_wake_all(&t->l.fifo);
 }
 
 static int is_bye(const brg__slot_meta *m) {
@@ -193,7 +181,7 @@ static int is_bye(const brg__slot_meta *m) {
 
 static void *send_proxy(void *arg) {
   tcp_conn *t = arg;
-  brg__fifo *f = &t->fifo;
+  brg__fifo *f = &t->l.fifo;
   brg__fifo_ctrl *ctrl = f->ctrl;
   uint64_t sent = __atomic_load_n(&ctrl->head, __ATOMIC_ACQUIRE);
   for (;;) {
@@ -214,7 +202,7 @@ static void *send_proxy(void *arg) {
       }
       brg__publish(&ctrl->head, &ctrl->head_waiters, sent + 1);
     }
-    if (__atomic_load_n(&t->stopping, __ATOMIC_ACQUIRE)) {
+    if (__atomic_load_n(&t->l.stopping, __ATOMIC_ACQUIRE)) {
       /* Flush what the engine published before close, then say goodbye
        * (best effort: a peer that does not read just sees the end). */
       if (__atomic_load_n(&ctrl->tail, __ATOMIC_ACQUIRE) > sent) continue;
@@ -224,14 +212,14 @@ static void *send_proxy(void *arg) {
       return NULL;
     }
     brg_status s = brg__wait_ge(&ctrl->tail, &ctrl->tail_waiters, sent + 1, &t->waiter);
-    if (s != BRG_SUCCESS && !__atomic_load_n(&t->stopping, __ATOMIC_ACQUIRE))
+    if (s != BRG_SUCCESS && !__atomic_load_n(&t->l.stopping, __ATOMIC_ACQUIRE))
       return NULL; /* someone else marked the link closed */
   }
 }
 
 static void *recv_proxy(void *arg) {
   tcp_conn *t = arg;
-  brg__fifo *f = &t->fifo;
+  brg__fifo *f = &t->l.fifo;
   brg__fifo_ctrl *ctrl = f->ctrl;
   uint64_t nslots = (uint64_t)f->nslots;
   uint64_t tail = __atomic_load_n(&ctrl->tail, __ATOMIC_ACQUIRE);
@@ -270,13 +258,13 @@ static void *recv_proxy(void *arg) {
     tail++;
     brg__publish(&ctrl->tail, &ctrl->tail_waiters, tail);
   }
-  if (__atomic_load_n(&t->stopping, __ATOMIC_ACQUIRE)) return NULL;
+  if (__atomic_load_n(&t->l.stopping, __ATOMIC_ACQUIRE)) return NULL;
   /* Let the engine consume every slot that did arrive before it learns the
    * link is gone, so a peer that sent everything and then left costs nothing. */
   if (brg__wait_ge(&ctrl->head, &ctrl->head_waiters, tail, &t->waiter) != BRG_SUCCESS) return NULL;
   if (bye) {
-    brg__fifo_mark_closed(&t->fifo, BRG_ERR_REMOTE, "rank %d closed its link", t->peer);
-    BRG__INFO("tcp", "rank %d (%s) closed its link", t->peer, t->peer_addr);
+    brg__fifo_mark_closed(&t->l.fifo, BRG_ERR_REMOTE, "rank %d closed its link", t->l.peer);
+    BRG__INFO("tcp", "rank %d (%s) closed its link", t->l.peer, t->l.peer_addr);
     brg__fifo_wake_all(f);
   } else {
     proxy_fail(t, what, why);
@@ -285,39 +273,20 @@ static void *recv_proxy(void *arg) {
 }
 
 static brg_status proxy_start(tcp_conn *t, brg__errbuf *err) {
-  brg_status s = brg__proxy_start(&t->thread, t->sender ? send_proxy : recv_proxy, t,
-                                  t->sender ? "brg-tcp-send" : "brg-tcp-recv", err);
-  if (s == BRG_SUCCESS) t->thread_started = 1;
-  return s;
+  return brg__net_start(&t->l, t->l.sender ? send_proxy : recv_proxy, t, "tcp", err);
 }
 
-/* Creates the private state and the local FIFO; c->priv is set first so that
- * close() cleans up whatever a failed setup left. */
+/* The private state and the local FIFO; close() cleans up after either. */
 static brg_status conn_open(brg__conn *c, const brg__conn_params *p, int sender, int nsocks,
                             brg__errbuf *err) {
-  if (p->nslots < 1 || p->nslots > BRG__MAX_SLOTS || p->slot_bytes == 0 ||
-      p->slot_bytes > UINT32_MAX)
-    return brg__error(err, BRG_ERR_INVALID_ARGUMENT, "tcp",
-                      "tcp link with rank %d: bad FIFO shape (%d slots of %zu bytes)", p->peer,
-                      p->nslots, p->slot_bytes);
-  tcp_conn *t = calloc(1, sizeof *t);
-  if (!t)
-    return brg__error(err, BRG_ERR_NO_MEMORY, "tcp", "tcp link with rank %d: out of memory",
-                      p->peer);
-  t->sender = sender;
-  t->peer = p->peer;
+  brg_status s = brg__net_open(c, p, sender, sizeof(tcp_conn), "tcp", "tcp", err);
+  if (s != BRG_SUCCESS) return s;
+  tcp_conn *t = c->priv;
   t->nsocks = nsocks;
-  t->listen_fd = -1;
   for (int i = 0; i < TCP_MAX_SOCKS; i++) t->fds[i] = -1;
   t->waiter.spin = p->waiter ? p->waiter->spin : 1000;
   t->waiter.check = tcp_proxy_check;
   t->waiter.arg = t;
-  snprintf(t->peer_addr, sizeof t->peer_addr, "%s", p->peer_info ? p->peer_info->addr : "?");
-  c->priv = t;
-  c->peer = p->peer;
-  brg_status s = brg__fifo_alloc(&t->fifo, p->nslots, p->slot_bytes, err);
-  if (s != BRG_SUCCESS) return s;
-  c->fifo = t->fifo;
   return BRG_SUCCESS;
 }
 
@@ -357,7 +326,7 @@ static brg_status tcp_recv_setup(brg__conn *c, const brg__conn_params *p, void *
     freeaddrinfo(ai);
     return s;
   }
-  t->listen_fd = fd;
+  t->l.listen_fd = fd;
   socket_tune(fd); /* accepted sockets inherit the buffer sizes */
   if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, TCP_MAX_PENDING + t->nsocks) != 0) {
     s = brg__error(err, BRG_ERR_SYSTEM, "tcp", "tcp listener on %s: %s", addr, strerror(errno));
@@ -388,7 +357,7 @@ static brg_status connect_one(const brg__conn_params *p, const struct addrinfo *
                               const char *where, int64_t deadline, int *out, brg__errbuf *err) {
   int backoff_ms = 1, refused = 0;
   for (;;) {
-    brg_status s = setup_check(p);
+    brg_status s = brg__net_check(p);
     if (s != BRG_SUCCESS)
       return brg__error(err, s, "tcp", "connecting to rank %d at %s: %s", p->peer, where,
                         brg_status_string(s));
@@ -414,7 +383,7 @@ static brg_status connect_one(const brg__conn_params *p, const struct addrinfo *
         if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) != 0) e = errno;
         break;
       }
-      if ((s = setup_check(p)) != BRG_SUCCESS) {
+      if ((s = brg__net_check(p)) != BRG_SUCCESS) {
         close(fd);
         return brg__error(err, s, "tcp", "connecting to rank %d at %s: %s", p->peer, where,
                           brg_status_string(s));
@@ -453,7 +422,7 @@ static brg_status tcp_send_connect(brg__conn *c, const brg__conn_params *p, cons
   brg_status s = conn_open(c, p, 1, nsocks, err);
   if (s != BRG_SUCCESS) return s;
   tcp_conn *t = c->priv;
-  snprintf(t->peer_addr, sizeof t->peer_addr, strchr(ti.addr, ':') ? "[%s]:%u" : "%s:%u", ti.addr,
+  snprintf(t->l.peer_addr, sizeof t->l.peer_addr, strchr(ti.addr, ':') ? "[%s]:%u" : "%s:%u", ti.addr,
            (unsigned)ntohs(ti.port));
 
   struct addrinfo *ai;
@@ -461,7 +430,7 @@ static brg_status tcp_send_connect(brg__conn *c, const brg__conn_params *p, cons
   if (s != BRG_SUCCESS) return s;
   int64_t deadline = brg__deadline_ms(p->timeout_ms);
   for (int i = 0; i < nsocks && s == BRG_SUCCESS; i++) {
-    s = connect_one(p, ai, t->peer_addr, deadline, &t->fds[i], err);
+    s = connect_one(p, ai, t->l.peer_addr, deadline, &t->fds[i], err);
     if (s != BRG_SUCCESS) break;
     tcp_hello h = {.magic = htonl(TCP_HELLO_MAGIC),
                    .rank = (int32_t)htonl((uint32_t)p->rank),
@@ -471,11 +440,11 @@ static brg_status tcp_send_connect(brg__conn *c, const brg__conn_params *p, cons
     struct iovec iov = {&h, sizeof h};
     if (send_all(t->fds[i], &iov, 1, 0) != 0)
       s = brg__error(err, BRG_ERR_SYSTEM, "tcp", "hello to rank %d at %s: %s", p->peer,
-                     t->peer_addr, strerror(errno));
+                     t->l.peer_addr, strerror(errno));
   }
   freeaddrinfo(ai);
   if (s != BRG_SUCCESS) return s;
-  BRG__TRACE("tcp", "connected to rank %d at %s (%d sockets)", p->peer, t->peer_addr, nsocks);
+  BRG__TRACE("tcp", "connected to rank %d at %s (%d sockets)", p->peer, t->l.peer_addr, nsocks);
   return proxy_start(t, err);
 }
 
@@ -512,7 +481,7 @@ static int hello_accept(tcp_conn *t, const brg__conn_params *p, pending *q) {
     BRG__WARN("tcp", "dropped connection from %s: fcntl: %s", q->addr, strerror(errno));
   } else {
     t->fds[index] = q->fd;
-    snprintf(t->peer_addr, sizeof t->peer_addr, "%s", q->addr);
+    snprintf(t->l.peer_addr, sizeof t->l.peer_addr, "%s", q->addr);
     return 1;
   }
   return 0;
@@ -520,14 +489,14 @@ static int hello_accept(tcp_conn *t, const brg__conn_params *p, pending *q) {
 
 static brg_status tcp_recv_connect(brg__conn *c, const brg__conn_params *p, brg__errbuf *err) {
   tcp_conn *t = c->priv;
-  if (!t || t->listen_fd < 0)
+  if (!t || t->l.listen_fd < 0)
     return brg__error(err, BRG_ERR_INTERNAL, "tcp", "tcp recv_connect without recv_setup");
   pending q[TCP_MAX_PENDING];
   int npending = 0, connected = 0;
   int64_t deadline = brg__deadline_ms(p->timeout_ms);
   brg_status s = BRG_SUCCESS;
   while (connected < t->nsocks) {
-    if ((s = setup_check(p)) != BRG_SUCCESS) {
+    if ((s = brg__net_check(p)) != BRG_SUCCESS) {
       brg__error(err, s, "tcp", "waiting for rank %d to connect: %s", p->peer,
                  brg_status_string(s));
       break;
@@ -540,7 +509,7 @@ static brg_status tcp_recv_connect(brg__conn *c, const brg__conn_params *p, brg_
       break;
     }
     struct pollfd pfd[1 + TCP_MAX_PENDING];
-    pfd[0] = (struct pollfd){.fd = t->listen_fd, .events = POLLIN};
+    pfd[0] = (struct pollfd){.fd = t->l.listen_fd, .events = POLLIN};
     for (int i = 0; i < npending; i++)
       pfd[1 + i] = (struct pollfd){.fd = q[i].fd, .events = POLLIN};
     int n = poll(pfd, (nfds_t)(1 + npending), left);
@@ -572,7 +541,7 @@ static brg_status tcp_recv_connect(brg__conn *c, const brg__conn_params *p, brg_
     if (pfd[0].revents) {
       struct sockaddr_storage ss;
       socklen_t len = sizeof ss;
-      int fd = accept4(t->listen_fd, (struct sockaddr *)&ss, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      int fd = accept4(t->l.listen_fd, (struct sockaddr *)&ss, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
         if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) continue;
         s = brg__error(err, BRG_ERR_SYSTEM, "tcp", "accept: %s", strerror(errno));
@@ -592,43 +561,25 @@ static brg_status tcp_recv_connect(brg__conn *c, const brg__conn_params *p, brg_
   }
   while (npending > 0) pending_drop(q, &npending, npending - 1);
   if (s != BRG_SUCCESS) return s;
-  close(t->listen_fd);
-  t->listen_fd = -1;
-  BRG__TRACE("tcp", "rank %d connected from %s (%d sockets)", p->peer, t->peer_addr, t->nsocks);
+  close(t->l.listen_fd);
+  t->l.listen_fd = -1;
+  BRG__TRACE("tcp", "rank %d connected from %s (%d sockets)", p->peer, t->l.peer_addr, t->nsocks);
   return proxy_start(t, err);
 }
 
 static void tcp_close(brg__conn *c) {
   tcp_conn *t = c->priv;
   if (!t) return;
-  __atomic_store_n(&t->stopping, 1, __ATOMIC_RELEASE);
-  if (t->thread_started) {
-    brg__fifo_wake_all(&t->fifo);
-    int joined = 0;
-    if (t->sender) {
-      /* Give the send proxy a moment to flush and say goodbye; a peer that
-       * does not read must not hold us up longer than that. */
-      struct timespec ts;
-      clock_gettime(CLOCK_REALTIME, &ts);
-      ts.tv_nsec += (long)TCP_CLOSE_GRACE_MS * 1000000L;
-      ts.tv_sec += ts.tv_nsec / 1000000000L;
-      ts.tv_nsec %= 1000000000L;
-      joined = pthread_timedjoin_np(t->thread, NULL, &ts) == 0;
-    }
-    if (!joined) {
-      for (int i = 0; i < t->nsocks; i++)
-        if (t->fds[i] >= 0) shutdown(t->fds[i], SHUT_RDWR);
-      brg__fifo_wake_all(&t->fifo);
-      pthread_join(t->thread, NULL);
-    }
+  /* Give the send proxy a moment to flush and say goodbye; a peer that does
+   * not read must not hold us up longer than that, and a receive proxy
+   * blocked in recv() needs its sockets shut down. */
+  if (!brg__net_stop(&t->l, t->l.sender ? TCP_CLOSE_GRACE_MS : 0)) {
+    for (int i = 0; i < t->nsocks; i++)
+      if (t->fds[i] >= 0) shutdown(t->fds[i], SHUT_RDWR);
+    brg__net_stop(&t->l, -1);
   }
-  for (int i = 0; i < TCP_MAX_SOCKS; i++)
-    if (t->fds[i] >= 0) close(t->fds[i]);
-  if (t->listen_fd >= 0) close(t->listen_fd);
-  brg__fifo_free(&t->fifo);
-  memset(&c->fifo, 0, sizeof c->fifo);
-  free(t);
-  c->priv = NULL;
+  for (int i = 0; i < TCP_MAX_SOCKS; i++) brg__sock_close(&t->fds[i]);
+  brg__net_close(c);
 }
 
 static int tcp_can_connect(const brg__peer_info *self, const brg__peer_info *peer) {
