@@ -35,17 +35,13 @@
  * its retries run out. A receiver that leaves is an error only while the
  * sender still owes it slices.
  */
+#include <arpa/inet.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,7 +63,6 @@
 #define IB_BYE 0x42
 #define IB_FAIL 0x46           /* then a length byte and that many bytes of why */
 #define IB_CLOSE_GRACE_MS 1000 /* how long close() lets the send proxy flush */
-#define IB_MAX_PENDING 8
 #define IB_PROXY_SPIN 64 /* most idle polls before a proxy yields */
 #define IB_MAX_QPS 12    /* queue pairs per link: what fits the connection-info blob */
 
@@ -135,6 +130,7 @@ typedef struct ib_hello {
   uint32_t pad;
   brg__vb_qp_info qps[IB_MAX_QPS];
 } ib_hello;
+_Static_assert(sizeof(ib_hello) <= BRG__NET_HELLO_MAX, "the ib hello fits a pending connection");
 
 /* A device context (soft: the address its queue pairs listen on) with its
  * registration cache, shared by every link of the process that uses the same
@@ -289,18 +285,6 @@ static void dev_put(ib_dev *d) {
 
 /* ---- small helpers ---------------------------------------------------------- */
 
-static int send_full(int fd, const void *buf, size_t len) {
-  const char *b = buf;
-  while (len > 0) {
-    ssize_t n = send(fd, b, len, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return -1;
-    b += n;
-    len -= (size_t)n;
-  }
-  return 0;
-}
-
 /* A backend event: wake the proxy if it sleeps. */
 static void on_event(void *arg) {
   ib_conn *t = arg;
@@ -372,23 +356,6 @@ static const char *wc_why(const brg__vb_wc *wc) {
   return wc->status_text && wc->status_text[0] ? wc->status_text : "unknown completion error";
 }
 
-/* Reads exactly len bytes from fd within wait_ms: 0, or -1. */
-static int read_within(int fd, void *buf, size_t len, int wait_ms) {
-  int64_t deadline = brg__now_ms() + wait_ms;
-  size_t got = 0;
-  while (got < len) {
-    int left = brg__ms_left(deadline);
-    struct pollfd pfd = {.fd = fd, .events = POLLIN};
-    if (left == 0 || poll(&pfd, 1, left) < 0) return -1;
-    if (!pfd.revents) continue;
-    ssize_t n = recv(fd, (char *)buf + got, len - got, MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-    if (n <= 0) return -1;
-    got += (size_t)n;
-  }
-  return 0;
-}
-
 /* Control connection: 1 goodbye, 2 the peer's failure notice (its text in
  * t->peer_why), -1 ended without either, 0 nothing yet. */
 static int ctrl_poll(ib_conn *t, int wait_ms) {
@@ -400,11 +367,21 @@ static int ctrl_poll(ib_conn *t, int wait_ms) {
   if (n != 1) return -1;
   if (b == IB_BYE) return 1;
   if (b != IB_FAIL) return -1;
-  if (read_within(t->ctrl_fd, &len, 1, 100) != 0 ||
-      read_within(t->ctrl_fd, t->peer_why, len, 100) != 0)
+  /* The rest of a notice is on its way: 100 ms for each part. */
+  if (brg__sock_recv_all(t->ctrl_fd, &len, 1, brg__now_ms() + 100) != BRG__IO_OK ||
+      brg__sock_recv_all(t->ctrl_fd, t->peer_why, len, brg__now_ms() + 100) != BRG__IO_OK)
     len = (unsigned char)snprintf(t->peer_why, sizeof t->peer_why, "no reason received");
   t->peer_why[len] = 0;
   return 2;
+}
+
+/* A goodbye on the control connection, best effort: a peer that is gone
+ * needs none. */
+static void ctrl_bye(ib_conn *t) {
+  char bye = IB_BYE;
+  if (send(t->ctrl_fd, &bye, 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1) {
+    /* nobody to tell */
+  }
 }
 
 /* Whether to look at the control connection now: a system call, so not on
@@ -511,8 +488,7 @@ static void *send_proxy(void *arg) {
       if (gone) return NULL;
       if (!grace_end) grace_end = brg__now_ms() + IB_CLOSE_GRACE_MS;
       if (done == __atomic_load_n(&ctrl->tail, __ATOMIC_ACQUIRE) && done == sent) {
-        char bye = IB_BYE;
-        send(t->ctrl_fd, &bye, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ctrl_bye(t);
         return NULL;
       }
       if (brg__now_ms() > grace_end) return NULL;
@@ -740,87 +716,18 @@ static brg_status ib_recv_setup(brg__conn *c, const brg__conn_params *p, void *i
     ci.qps[q] = (ib_qp_wire){.qpn = qi[q].qpn, .psn = qi[q].psn, .port = qi[q].port};
 
   const char *addr = p->self_info->addr;
-  struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICHOST | AI_PASSIVE},
-                  *ai;
-  if (!addr[0] || strlen(addr) >= sizeof ci.ctrl_addr || getaddrinfo(addr, "0", &hints, &ai) != 0)
+  if (!addr[0] || strlen(addr) >= sizeof ci.ctrl_addr)
     return brg__error(err, BRG_ERR_INVALID_ARGUMENT, "ib",
                       "ibverbs link from rank %d: this rank has no usable address", p->peer);
-  t->l.listen_fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (t->l.listen_fd < 0 || bind(t->l.listen_fd, ai->ai_addr, ai->ai_addrlen) != 0 ||
-      listen(t->l.listen_fd, IB_MAX_PENDING) != 0) {
-    s = brg__error(err, BRG_ERR_SYSTEM, "ib", "ibverbs control listener on %s: %s", addr,
-                   strerror(errno));
-    freeaddrinfo(ai);
-    return s;
-  }
-  freeaddrinfo(ai);
-  struct sockaddr_storage ss;
-  socklen_t len = sizeof ss;
-  if (getsockname(t->l.listen_fd, (struct sockaddr *)&ss, &len) != 0)
-    return brg__error(err, BRG_ERR_SYSTEM, "ib", "getsockname: %s", strerror(errno));
-  ci.ctrl_port = ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                          : ((struct sockaddr_in *)&ss)->sin_port;
+  uint16_t port;
+  s = brg__sock_listen(addr, 0, BRG__NET_MAX_PENDING, "ib", "ibverbs control listener",
+                       &t->l.listen_fd, &port, err);
+  if (s != BRG_SUCCESS) return s;
+  ci.ctrl_port = htons(port);
   snprintf(ci.backend, sizeof ci.backend, "%s", t->vb->name);
   snprintf(ci.ctrl_addr, sizeof ci.ctrl_addr, "%s", addr);
   memset(info, 0, BRG__CONN_INFO_BYTES);
   memcpy(info, &ci, sizeof ci);
-  return BRG_SUCCESS;
-}
-
-/* Dials the receiver's control listener, retrying while it refuses. */
-static brg_status ctrl_dial(ib_conn *t, const brg__conn_params *p, const ib_conn_info *ci,
-                            brg__errbuf *err) {
-  char serv[8];
-  snprintf(serv, sizeof serv, "%u", (unsigned)ntohs(ci->ctrl_port));
-  struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICHOST | AI_NUMERICSERV},
-                  *ai;
-  if (getaddrinfo(ci->ctrl_addr, serv, &hints, &ai) != 0)
-    return brg__error(err, BRG_ERR_INVALID_ARGUMENT, "ib", "bad ibverbs address from rank %d",
-                      p->peer);
-  int64_t deadline = brg__deadline_ms(p->timeout_ms);
-  int e = 0, refused = 0;
-  brg_status s = BRG_SUCCESS;
-  while (t->ctrl_fd < 0) {
-    if ((s = brg__net_check(p)) != BRG_SUCCESS) break;
-    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) {
-      e = errno;
-      break;
-    }
-    e = connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 ? 0 : errno;
-    while (e == EINPROGRESS) {
-      int left = brg__ms_left_capped(deadline, 100);
-      if (left == 0) {
-        e = ETIMEDOUT;
-        break;
-      }
-      struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-      if (poll(&pfd, 1, left) > 0) {
-        socklen_t l = sizeof e;
-        getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &l);
-      }
-    }
-    if (e == 0) {
-      fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-      t->ctrl_fd = fd;
-      break;
-    }
-    close(fd);
-    if (e == ECONNREFUSED) refused = 1;
-    if (e == ETIMEDOUT && refused) e = ECONNREFUSED; /* the more useful of the two */
-    if (e != ECONNREFUSED || brg__deadline_passed(deadline)) break;
-    brg__sleep_ms(10);
-  }
-  freeaddrinfo(ai);
-  if (s != BRG_SUCCESS)
-    return brg__error(err, s, "ib", "connecting to rank %d at %s: %s", p->peer, t->l.peer_addr,
-                      brg_status_string(s));
-  if (t->ctrl_fd < 0)
-    return brg__error(err, e == ECONNREFUSED || e == ETIMEDOUT ? BRG_ERR_TIMEOUT : BRG_ERR_SYSTEM,
-                      "ib", "connecting to rank %d at %s: no connection within %d ms (%s)", p->peer,
-                      t->l.peer_addr, p->timeout_ms, strerror(e));
-  int one = 1;
-  setsockopt(t->ctrl_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   return BRG_SUCCESS;
 }
 
@@ -844,15 +751,18 @@ static brg_status ib_send_connect(brg__conn *c, const brg__conn_params *p, const
                       "rank %d uses the %s verbs backend, this rank %s (set BRIGADE_IB_BACKEND "
                       "alike on every rank)",
                       p->peer, ci.backend, t->vb->name);
-  snprintf(t->l.peer_addr, sizeof t->l.peer_addr, "%s:%u", ci.ctrl_addr, (unsigned)ntohs(ci.ctrl_port));
-  if ((s = ctrl_dial(t, p, &ci, err)) != BRG_SUCCESS) return s;
+  brg__sock_hostport(t->l.peer_addr, sizeof t->l.peer_addr, ci.ctrl_addr, ntohs(ci.ctrl_port));
+  int64_t deadline = brg__deadline_ms(p->timeout_ms);
+  brg__sock_dialer d = {.retry_ms = 10, .retry_max_ms = 10};
+  s = brg__net_dial(p, "ib", ci.ctrl_addr, ntohs(ci.ctrl_port), t->l.peer_addr, deadline, &d,
+                    &t->ctrl_fd, err);
+  if (s != BRG_SUCCESS) return s;
   memcpy(h.secret, p->secret, BRG__SECRET_BYTES);
   h.cts_addr = (uint64_t)(uintptr_t)t->cts;
   h.cts_rkey = t->cts_mr->rkey;
   h.nslots = (uint32_t)p->nslots;
-  if (send_full(t->ctrl_fd, &h, sizeof h) != 0)
-    return brg__error(err, BRG_ERR_SYSTEM, "ib", "hello to rank %d at %s: %s", p->peer,
-                      t->l.peer_addr, strerror(errno));
+  s = brg__net_hello_send(p, "ib", t->ctrl_fd, &h, sizeof h, t->l.peer_addr, deadline, err);
+  if (s != BRG_SUCCESS) return s;
   for (int q = 0; q < nqps; q++) {
     brg__vb_qp_info r = {.qpn = ci.qps[q].qpn,
                          .psn = ci.qps[q].psn,
@@ -870,26 +780,29 @@ static brg_status ib_send_connect(brg__conn *c, const brg__conn_params *p, const
   return proxy_start(t, err);
 }
 
-/* Reads one hello from a fresh control connection within the deadline. */
-static int hello_read(int fd, ib_hello *h, int64_t deadline) {
-  size_t got = 0;
-  while (got < sizeof *h) {
-    int left = brg__ms_left_capped(deadline, 100);
-    struct pollfd pfd = {.fd = fd, .events = POLLIN};
-    if (left == 0 || poll(&pfd, 1, left) < 0) return -1;
-    if (!pfd.revents) continue;
-    ssize_t n = recv(fd, (char *)h + got, sizeof *h - got, MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-    if (n <= 0) return -1;
-    got += (size_t)n;
-  }
-  return 0;
-}
+/* Where hello_take puts what it kept. */
+typedef struct ib_door {
+  ib_conn *t;
+  ib_hello *h;
+} ib_door;
 
-static int secret_equal(const uint8_t *a, const uint8_t *b) {
-  uint8_t diff = 0;
-  for (int i = 0; i < BRG__SECRET_BYTES; i++) diff |= a[i] ^ b[i];
-  return diff == 0;
+/* Checks a complete hello; on success the socket becomes the control
+ * connection. */
+static int hello_take(void *arg, const brg__conn_params *p, int fd, const void *hello,
+                      const char *from) {
+  ib_door *d = arg;
+  ib_hello *h = d->h;
+  memcpy(h, hello, sizeof *h);
+  if (!brg__net_hello_ok(p, "ib", from, "ibverbs", ntohl(h->magic) == IB_HELLO_MAGIC, h->secret,
+                         (int32_t)ntohl((uint32_t)h->rank)))
+    return 0;
+  if (h->nslots != (uint32_t)d->t->l.fifo.nslots || h->nqps != (uint32_t)d->t->nqps) {
+    BRG__WARN("ib", "refused connection from %s: %u slots and %u queue pairs, expected %d and %d",
+              from, h->nslots, h->nqps, d->t->l.fifo.nslots, d->t->nqps);
+    return 0;
+  }
+  d->t->ctrl_fd = fd;
+  return 1;
 }
 
 static brg_status ib_recv_connect(brg__conn *c, const brg__conn_params *p, brg__errbuf *err) {
@@ -898,51 +811,12 @@ static brg_status ib_recv_connect(brg__conn *c, const brg__conn_params *p, brg__
     return brg__error(err, BRG_ERR_INTERNAL, "ib", "ibverbs recv_connect without recv_setup");
   int64_t deadline = brg__deadline_ms(p->timeout_ms);
   ib_hello h;
-  while (t->ctrl_fd < 0) {
-    brg_status s = brg__net_check(p);
-    if (s != BRG_SUCCESS)
-      return brg__error(err, s, "ib", "waiting for rank %d to connect: %s", p->peer,
-                        brg_status_string(s));
-    int left = brg__ms_left_capped(deadline, 100);
-    if (left == 0)
-      return brg__error(err, BRG_ERR_TIMEOUT, "ib", "rank %d did not connect within %d ms", p->peer,
-                        p->timeout_ms);
-    struct pollfd pfd = {.fd = t->l.listen_fd, .events = POLLIN};
-    if (poll(&pfd, 1, left) <= 0) continue;
-    struct sockaddr_storage ss;
-    socklen_t len = sizeof ss;
-    int fd = accept4(t->l.listen_fd, (struct sockaddr *)&ss, &len, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    char from[NI_MAXHOST] = "?";
-    getnameinfo((struct sockaddr *)&ss, len, from, sizeof from, NULL, 0, NI_NUMERICHOST);
-    /* A slow or silent connection may hold us up to a second, not forever. */
-    int64_t hd = brg__deadline_min(brg__now_ms() + 1000, deadline);
-    if (hello_read(fd, &h, hd) != 0) {
-      BRG__WARN("ib", "refused connection from %s: no hello", from);
-    } else if (ntohl(h.magic) != IB_HELLO_MAGIC) {
-      BRG__WARN("ib", "refused connection from %s: not a brigade ibverbs hello", from);
-    } else if (!secret_equal(h.secret, p->secret)) {
-      BRG__WARN("ib", "refused connection from %s: bad secret", from);
-    } else if ((int32_t)ntohl((uint32_t)h.rank) != p->peer) {
-      BRG__WARN("ib", "refused connection from %s: rank %d, expected rank %d", from,
-                (int32_t)ntohl((uint32_t)h.rank), p->peer);
-    } else if (h.nslots != (uint32_t)t->l.fifo.nslots || h.nqps != (uint32_t)t->nqps) {
-      BRG__WARN("ib", "refused connection from %s: %u slots and %u queue pairs, expected %d and %d",
-                from, h.nslots, h.nqps, t->l.fifo.nslots, t->nqps);
-    } else {
-      t->ctrl_fd = fd;
-      snprintf(t->l.peer_addr, sizeof t->l.peer_addr, "%s", from);
-      break;
-    }
-    close(fd);
-  }
-  int one = 1;
-  setsockopt(t->ctrl_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  close(t->l.listen_fd);
-  t->l.listen_fd = -1;
+  ib_door door = {.t = t, .h = &h};
+  brg_status s =
+      brg__net_accept(&t->l, p, "ib", sizeof h, 1, hello_take, &door, deadline, err);
+  if (s != BRG_SUCCESS) return s;
   t->peer_cts_addr = h.cts_addr;
   t->peer_cts_rkey = h.cts_rkey;
-  brg_status s = BRG_SUCCESS;
   for (int q = 0; q < t->nqps; q++) {
     h.qps[q].addr[sizeof h.qps[q].addr - 1] = 0;
     /* What is left of the deadline: none left is the shortest wait, and no
@@ -963,12 +837,8 @@ static void ib_close(brg__conn *c) {
   ib_conn *t = c->priv;
   if (!t) return;
   brg__net_stop(&t->l, -1); /* the send proxy has its own grace to flush */
-  if (!t->l.sender && t->ctrl_fd >= 0) {
-    char bye = IB_BYE; /* so the sender can tell a finished receiver from a dead one */
-    if (send(t->ctrl_fd, &bye, 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1) {
-      /* a peer that is gone already needs no goodbye */
-    }
-  }
+  /* So the sender can tell a finished receiver from a dead one. */
+  if (!t->l.sender && t->ctrl_fd >= 0) ctrl_bye(t);
   for (int q = 0; q < IB_MAX_QPS; q++) /* a failed qp_create may leave one past nqps */
     if (t->qp[q]) t->vb->qp_destroy(t->qp[q]);
   if (t->dev) {

@@ -23,22 +23,13 @@
  * orderly close() of the send side ends the stream with a goodbye slot, so
  * the receiver can tell a finished peer from a dead one.
  */
+#include <arpa/inet.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
-#include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "clock.h"
 #include "net.h"
@@ -48,7 +39,6 @@
 #define TCP_HELLO_MAGIC 0x42524748u /* "BRGH" */
 #define TCP_BYE_MAGIC 0x6279652062726721ull
 #define TCP_MAX_SOCKS 16
-#define TCP_MAX_PENDING 8      /* unauthenticated connections held at once */
 #define TCP_CLOSE_GRACE_MS 500 /* how long close() lets the send proxy flush */
 #define TCP_ADDR_BYTES 64
 
@@ -97,37 +87,16 @@ static brg_status tcp_proxy_check(void *arg) {
   return closed ? (brg_status)closed : BRG_SUCCESS;
 }
 
-static void sockaddr_text(const struct sockaddr *sa, socklen_t len, char *out, size_t n) {
-  char host[NI_MAXHOST], serv[NI_MAXSERV];
-  if (getnameinfo(sa, len, host, sizeof host, serv, sizeof serv, NI_NUMERICHOST | NI_NUMERICSERV) !=
-      0) {
-    snprintf(out, n, "?");
-    return;
-  }
-  snprintf(out, n, sa->sa_family == AF_INET6 ? "[%s]:%s" : "%s:%s", host, serv);
-}
-
-/* Options every socket gets before it connects or listens (buffer sizes must
- * be set before the handshake to affect the window scale). */
-static void socket_tune(int fd) {
+/* Socket buffer bytes for every tcp socket (0: the kernel's); set before
+ * the handshake, they decide the window scale. */
+static int tcp_sockbuf(void) {
   int64_t buf = brg__config_int(&tcp_config, TCP_CFG_SOCKBUF);
-  if (buf > 0) {
-    int v = buf > INT_MAX / 2 ? INT_MAX / 2 : (int)buf;
-    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof v);
-    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, sizeof v);
-  }
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return buf > INT_MAX / 2 ? INT_MAX / 2 : (int)buf;
 }
 
-static int set_blocking(int fd, int blocking) {
-  int fl = fcntl(fd, F_GETFL);
-  if (fl < 0) return -1;
-  fl = blocking ? fl & ~O_NONBLOCK : fl | O_NONBLOCK;
-  return fcntl(fd, F_SETFL, fl);
-}
-
-/* Sends the whole iovec (modified in place). 0, or -1 with errno. */
+/* Sends the whole iovec (modified in place). 0, or -1 with errno. The data
+ * path's own I/O, not base/sock.c's: a slot's header and payload in one
+ * sendmsg() on a blocking socket, with no poll() per call. */
 static int send_all(int fd, struct iovec *iov, int iovcnt, int flags) {
   while (iovcnt > 0) {
     struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)iovcnt};
@@ -290,20 +259,6 @@ static brg_status conn_open(brg__conn *c, const brg__conn_params *p, int sender,
   return BRG_SUCCESS;
 }
 
-static brg_status addr_resolve(const char *addr, uint16_t port, int passive, struct addrinfo **res,
-                               brg__errbuf *err) {
-  char serv[8];
-  snprintf(serv, sizeof serv, "%u", (unsigned)port);
-  struct addrinfo hints = {.ai_socktype = SOCK_STREAM,
-                           .ai_flags =
-                               AI_NUMERICHOST | AI_NUMERICSERV | (passive ? AI_PASSIVE : 0)};
-  int rc = getaddrinfo(addr, serv, &hints, res);
-  if (rc != 0)
-    return brg__error(err, BRG_ERR_INVALID_ARGUMENT, "tcp", "tcp address '%s': %s", addr,
-                      gai_strerror(rc));
-  return BRG_SUCCESS;
-}
-
 static brg_status tcp_recv_setup(brg__conn *c, const brg__conn_params *p, void *info,
                                  brg__errbuf *err) {
   int64_t nsocks = brg__config_int(&tcp_config, TCP_CFG_NSOCKS);
@@ -317,97 +272,21 @@ static brg_status tcp_recv_setup(brg__conn *c, const brg__conn_params *p, void *
   if (!addr[0] || strnlen(addr, sizeof p->self_info->addr) >= TCP_ADDR_BYTES)
     return brg__error(err, BRG_ERR_INVALID_ARGUMENT, "tcp",
                       "tcp link from rank %d: this rank has no usable address", p->peer);
-  struct addrinfo *ai;
-  s = addr_resolve(addr, 0, 1, &ai, err);
+  /* Accepted sockets inherit the listener's buffer sizes. */
+  uint16_t port;
+  s = brg__sock_listen_buf(addr, 0, BRG__NET_MAX_PENDING + t->nsocks, tcp_sockbuf(), "tcp",
+                           "tcp listener", &t->l.listen_fd, &port, err);
   if (s != BRG_SUCCESS) return s;
-  int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    s = brg__error(err, BRG_ERR_SYSTEM, "tcp", "tcp listener socket: %s", strerror(errno));
-    freeaddrinfo(ai);
-    return s;
-  }
-  t->l.listen_fd = fd;
-  socket_tune(fd); /* accepted sockets inherit the buffer sizes */
-  if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, TCP_MAX_PENDING + t->nsocks) != 0) {
-    s = brg__error(err, BRG_ERR_SYSTEM, "tcp", "tcp listener on %s: %s", addr, strerror(errno));
-    freeaddrinfo(ai);
-    return s;
-  }
-  freeaddrinfo(ai);
-  struct sockaddr_storage ss;
-  socklen_t len = sizeof ss;
-  if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0)
-    return brg__error(err, BRG_ERR_SYSTEM, "tcp", "getsockname: %s", strerror(errno));
-  uint16_t port = ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                           : ((struct sockaddr_in *)&ss)->sin_port;
 
-  tcp_conn_info ti = {
-      .magic = htonl(TCP_INFO_MAGIC), .port = port, .nsocks = htons((uint16_t)t->nsocks)};
+  tcp_conn_info ti = {.magic = htonl(TCP_INFO_MAGIC),
+                      .port = htons(port),
+                      .nsocks = htons((uint16_t)t->nsocks)};
   snprintf(ti.addr, sizeof ti.addr, "%s", addr);
   memset(info, 0, BRG__CONN_INFO_BYTES);
   memcpy(info, &ti, sizeof ti);
   BRG__TRACE("tcp", "listening for rank %d on %s port %u (%d sockets)", p->peer, addr,
-             (unsigned)ntohs(port), t->nsocks);
+             (unsigned)port, t->nsocks);
   return BRG_SUCCESS;
-}
-
-/* One connection to the receiver's listener, retried while it refuses (it
- * may be busy) until the deadline. */
-static brg_status connect_one(const brg__conn_params *p, const struct addrinfo *ai,
-                              const char *where, int64_t deadline, int *out, brg__errbuf *err) {
-  int backoff_ms = 1, refused = 0;
-  for (;;) {
-    brg_status s = brg__net_check(p);
-    if (s != BRG_SUCCESS)
-      return brg__error(err, s, "tcp", "connecting to rank %d at %s: %s", p->peer, where,
-                        brg_status_string(s));
-    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) return brg__error(err, BRG_ERR_SYSTEM, "tcp", "tcp socket: %s", strerror(errno));
-    socket_tune(fd);
-    int e = 0;
-    if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) e = errno;
-    while (e == EINPROGRESS || e == EINTR) {
-      struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-      int left = brg__ms_left_capped(deadline, 100);
-      if (left == 0) {
-        e = ETIMEDOUT;
-        break;
-      }
-      int n = poll(&pfd, 1, left);
-      if (n < 0 && errno != EINTR) {
-        e = errno;
-        break;
-      }
-      if (n > 0) {
-        socklen_t len = sizeof e;
-        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) != 0) e = errno;
-        break;
-      }
-      if ((s = brg__net_check(p)) != BRG_SUCCESS) {
-        close(fd);
-        return brg__error(err, s, "tcp", "connecting to rank %d at %s: %s", p->peer, where,
-                          brg_status_string(s));
-      }
-    }
-    if (e == 0 && set_blocking(fd, 1) == 0) {
-      *out = fd;
-      return BRG_SUCCESS;
-    }
-    close(fd);
-    if (e == ECONNREFUSED) refused = 1;
-    if (e == ETIMEDOUT && refused) e = ECONNREFUSED; /* the more useful of the two */
-    if (e == ECONNREFUSED && !brg__deadline_passed(deadline)) {
-      brg__sleep_ms(brg__ms_left_capped(deadline, backoff_ms));
-      if (backoff_ms < 100) backoff_ms *= 2;
-      continue;
-    }
-    if (e == ETIMEDOUT || e == ECONNREFUSED)
-      return brg__error(err, BRG_ERR_TIMEOUT, "tcp",
-                        "connecting to rank %d at %s: no connection within %d ms (%s)", p->peer,
-                        where, p->timeout_ms, strerror(e));
-    return brg__error(err, BRG_ERR_SYSTEM, "tcp", "connecting to rank %d at %s: %s", p->peer, where,
-                      strerror(e ? e : errno));
-  }
 }
 
 static brg_status tcp_send_connect(brg__conn *c, const brg__conn_params *p, const void *info,
@@ -422,147 +301,53 @@ static brg_status tcp_send_connect(brg__conn *c, const brg__conn_params *p, cons
   brg_status s = conn_open(c, p, 1, nsocks, err);
   if (s != BRG_SUCCESS) return s;
   tcp_conn *t = c->priv;
-  snprintf(t->l.peer_addr, sizeof t->l.peer_addr, strchr(ti.addr, ':') ? "[%s]:%u" : "%s:%u", ti.addr,
-           (unsigned)ntohs(ti.port));
+  brg__sock_hostport(t->l.peer_addr, sizeof t->l.peer_addr, ti.addr, ntohs(ti.port));
 
-  struct addrinfo *ai;
-  s = addr_resolve(ti.addr, ntohs(ti.port), 0, &ai, err);
-  if (s != BRG_SUCCESS) return s;
+  /* The listener may be busy: retry soon, then less often. */
+  brg__sock_dialer d = {.retry_ms = 1, .retry_max_ms = 100, .sockbuf = tcp_sockbuf()};
   int64_t deadline = brg__deadline_ms(p->timeout_ms);
-  for (int i = 0; i < nsocks && s == BRG_SUCCESS; i++) {
-    s = connect_one(p, ai, t->l.peer_addr, deadline, &t->fds[i], err);
-    if (s != BRG_SUCCESS) break;
+  for (int i = 0; i < nsocks; i++) {
+    s = brg__net_dial(p, "tcp", ti.addr, ntohs(ti.port), t->l.peer_addr, deadline, &d, &t->fds[i],
+                      err);
+    if (s != BRG_SUCCESS) return s;
     tcp_hello h = {.magic = htonl(TCP_HELLO_MAGIC),
                    .rank = (int32_t)htonl((uint32_t)p->rank),
                    .index = htons((uint16_t)i),
                    .nsocks = htons((uint16_t)nsocks)};
     memcpy(h.secret, p->secret, BRG__SECRET_BYTES);
-    struct iovec iov = {&h, sizeof h};
-    if (send_all(t->fds[i], &iov, 1, 0) != 0)
-      s = brg__error(err, BRG_ERR_SYSTEM, "tcp", "hello to rank %d at %s: %s", p->peer,
-                     t->l.peer_addr, strerror(errno));
+    s = brg__net_hello_send(p, "tcp", t->fds[i], &h, sizeof h, t->l.peer_addr, deadline, err);
+    if (s != BRG_SUCCESS) return s;
   }
-  freeaddrinfo(ai);
-  if (s != BRG_SUCCESS) return s;
   BRG__TRACE("tcp", "connected to rank %d at %s (%d sockets)", p->peer, t->l.peer_addr, nsocks);
   return proxy_start(t, err);
 }
 
-typedef struct pending {
-  int fd;
-  size_t got;
-  tcp_hello hello;
-  char addr[TCP_ADDR_BYTES + 8];
-} pending;
-
-static void pending_drop(pending *q, int *npending, int i) {
-  close(q[i].fd);
-  q[i] = q[--*npending];
-}
-
 /* Checks a complete hello; on success the socket becomes link socket `index`. */
-static int hello_accept(tcp_conn *t, const brg__conn_params *p, pending *q) {
-  const tcp_hello *h = &q->hello;
-  uint8_t diff = 0;
-  for (int i = 0; i < BRG__SECRET_BYTES; i++) diff |= h->secret[i] ^ p->secret[i];
-  int rank = (int32_t)ntohl((uint32_t)h->rank);
-  int index = ntohs(h->index);
-  if (ntohl(h->magic) != TCP_HELLO_MAGIC) {
-    BRG__WARN("tcp", "refused connection from %s: not a brigade tcp hello", q->addr);
-  } else if (diff) {
-    BRG__WARN("tcp", "refused connection from %s: bad secret", q->addr);
-  } else if (rank != p->peer) {
-    BRG__WARN("tcp", "refused connection from %s: rank %d, expected rank %d", q->addr, rank,
-              p->peer);
-  } else if (ntohs(h->nsocks) != t->nsocks || index >= t->nsocks || t->fds[index] >= 0) {
-    BRG__WARN("tcp", "refused connection from %s: socket %d of %d, expected one of %d", q->addr,
-              index, ntohs(h->nsocks), t->nsocks);
-  } else if (set_blocking(q->fd, 1) != 0) {
-    BRG__WARN("tcp", "dropped connection from %s: fcntl: %s", q->addr, strerror(errno));
-  } else {
-    t->fds[index] = q->fd;
-    snprintf(t->l.peer_addr, sizeof t->l.peer_addr, "%s", q->addr);
-    return 1;
+static int hello_take(void *arg, const brg__conn_params *p, int fd, const void *hello,
+                      const char *from) {
+  tcp_conn *t = arg;
+  tcp_hello h;
+  memcpy(&h, hello, sizeof h);
+  int index = ntohs(h.index);
+  if (!brg__net_hello_ok(p, "tcp", from, "tcp", ntohl(h.magic) == TCP_HELLO_MAGIC, h.secret,
+                         (int32_t)ntohl((uint32_t)h.rank)))
+    return 0;
+  if (ntohs(h.nsocks) != t->nsocks || index >= t->nsocks || t->fds[index] >= 0) {
+    BRG__WARN("tcp", "refused connection from %s: socket %d of %d, expected one of %d", from,
+              index, ntohs(h.nsocks), t->nsocks);
+    return 0;
   }
-  return 0;
+  t->fds[index] = fd;
+  return 1;
 }
 
 static brg_status tcp_recv_connect(brg__conn *c, const brg__conn_params *p, brg__errbuf *err) {
   tcp_conn *t = c->priv;
   if (!t || t->l.listen_fd < 0)
     return brg__error(err, BRG_ERR_INTERNAL, "tcp", "tcp recv_connect without recv_setup");
-  pending q[TCP_MAX_PENDING];
-  int npending = 0, connected = 0;
-  int64_t deadline = brg__deadline_ms(p->timeout_ms);
-  brg_status s = BRG_SUCCESS;
-  while (connected < t->nsocks) {
-    if ((s = brg__net_check(p)) != BRG_SUCCESS) {
-      brg__error(err, s, "tcp", "waiting for rank %d to connect: %s", p->peer,
-                 brg_status_string(s));
-      break;
-    }
-    int left = brg__ms_left_capped(deadline, 100);
-    if (left == 0) {
-      s = brg__error(err, BRG_ERR_TIMEOUT, "tcp",
-                     "rank %d did not connect within %d ms (%d of %d sockets)", p->peer,
-                     p->timeout_ms, connected, t->nsocks);
-      break;
-    }
-    struct pollfd pfd[1 + TCP_MAX_PENDING];
-    pfd[0] = (struct pollfd){.fd = t->l.listen_fd, .events = POLLIN};
-    for (int i = 0; i < npending; i++)
-      pfd[1 + i] = (struct pollfd){.fd = q[i].fd, .events = POLLIN};
-    int n = poll(pfd, (nfds_t)(1 + npending), left);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      s = brg__error(err, BRG_ERR_SYSTEM, "tcp", "poll: %s", strerror(errno));
-      break;
-    }
-    /* Pending connections first (indices shift as they are dropped). */
-    for (int i = npending - 1; i >= 0; i--) {
-      if (!pfd[1 + i].revents) continue;
-      ssize_t r =
-          recv(q[i].fd, (char *)&q[i].hello + q[i].got, sizeof q[i].hello - q[i].got, MSG_DONTWAIT);
-      if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
-      if (r <= 0) {
-        BRG__WARN("tcp", "refused connection from %s: closed before its hello", q[i].addr);
-        pending_drop(q, &npending, i);
-        continue;
-      }
-      q[i].got += (size_t)r;
-      if (q[i].got < sizeof q[i].hello) continue;
-      if (hello_accept(t, p, &q[i])) {
-        connected++;
-        q[i] = q[--npending];
-      } else {
-        pending_drop(q, &npending, i);
-      }
-    }
-    if (pfd[0].revents) {
-      struct sockaddr_storage ss;
-      socklen_t len = sizeof ss;
-      int fd = accept4(t->l.listen_fd, (struct sockaddr *)&ss, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) {
-        if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) continue;
-        s = brg__error(err, BRG_ERR_SYSTEM, "tcp", "accept: %s", strerror(errno));
-        break;
-      }
-      if (npending == TCP_MAX_PENDING) {
-        BRG__WARN("tcp", "refused connection from %s: no hello in time", q[0].addr);
-        pending_drop(q, &npending, 0);
-      }
-      pending *e = &q[npending++];
-      e->fd = fd;
-      e->got = 0;
-      sockaddr_text((struct sockaddr *)&ss, len, e->addr, sizeof e->addr);
-      int one = 1;
-      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    }
-  }
-  while (npending > 0) pending_drop(q, &npending, npending - 1);
+  brg_status s = brg__net_accept(&t->l, p, "tcp", sizeof(tcp_hello), t->nsocks, hello_take, t,
+                                 brg__deadline_ms(p->timeout_ms), err);
   if (s != BRG_SUCCESS) return s;
-  close(t->l.listen_fd);
-  t->l.listen_fd = -1;
   BRG__TRACE("tcp", "rank %d connected from %s (%d sockets)", p->peer, t->l.peer_addr, t->nsocks);
   return proxy_start(t, err);
 }
