@@ -157,8 +157,7 @@ brg_status brg__proxy_start(pthread_t *thread, void *(*fn)(void *), void *arg, c
   int rc = pthread_create(thread, NULL, fn, arg);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (rc != 0)
-    return brg__error(err, BRG_ERR_SYSTEM, "init", "starting the %s proxy thread: %s", name,
-                      strerror(rc));
+    return brg__error(err, BRG_ERR_SYSTEM, "init", "starting thread %s: %s", name, strerror(rc));
   pthread_setname_np(*thread, name);
   return BRG_SUCCESS;
 }
