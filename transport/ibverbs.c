@@ -632,15 +632,8 @@ static void *recv_proxy(void *arg) {
     else
       idle(t, &rounds, head, ev);
   }
-  if (!bye || __atomic_load_n(&t->l.stopping, __ATOMIC_ACQUIRE)) return NULL;
-  brg__fifo_mark_closed(f, BRG_ERR_REMOTE, "rank %d closed its link", t->l.peer);
-  BRG__INFO("ib", "rank %d (%s) closed its link", t->l.peer, t->l.peer_addr);
-  brg__fifo_wake_all(f);
+  if (bye && !__atomic_load_n(&t->l.stopping, __ATOMIC_ACQUIRE)) brg__net_peer_left(&t->l, "ib");
   return NULL;
-}
-
-static brg_status proxy_start(ib_conn *t, brg__errbuf *err) {
-  return brg__net_start(&t->l, t->l.sender ? send_proxy : recv_proxy, t, "ib", err);
 }
 
 /* ---- setup -------------------------------------------------------------------- */
@@ -777,7 +770,7 @@ static brg_status ib_send_connect(brg__conn *c, const brg__conn_params *p, const
   }
   BRG__INFO("ib", "link to rank %d at %s over the %s verbs backend, %d queue pair%s", p->peer,
             t->l.peer_addr, t->vb->name, nqps, nqps > 1 ? "s" : "");
-  return proxy_start(t, err);
+  return brg__net_start(&t->l, send_proxy, recv_proxy, t, "ib", err);
 }
 
 /* Where hello_take puts what it kept. */
@@ -830,7 +823,7 @@ static brg_status ib_recv_connect(brg__conn *c, const brg__conn_params *p, brg__
   }
   BRG__INFO("ib", "link from rank %d at %s over the %s verbs backend, %d queue pair%s", p->peer,
             t->l.peer_addr, t->vb->name, t->nqps, t->nqps > 1 ? "s" : "");
-  return proxy_start(t, err);
+  return brg__net_start(&t->l, send_proxy, recv_proxy, t, "ib", err);
 }
 
 static void ib_close(brg__conn *c) {

@@ -234,13 +234,19 @@ int brg__net_hello_ok(const brg__conn_params *p, const char *subsys, const char 
   return 0;
 }
 
-brg_status brg__net_start(brg__net_link *l, void *(*fn)(void *), void *arg, const char *tag,
-                          brg__errbuf *err) {
+brg_status brg__net_start(brg__net_link *l, void *(*send_fn)(void *), void *(*recv_fn)(void *),
+                          void *arg, const char *tag, brg__errbuf *err) {
   char name[16];
   snprintf(name, sizeof name, "brg-%s-%s", tag, l->sender ? "send" : "recv");
-  brg_status s = brg__proxy_start(&l->thread, fn, arg, name, err);
+  brg_status s = brg__proxy_start(&l->thread, l->sender ? send_fn : recv_fn, arg, name, err);
   if (s == BRG_SUCCESS) l->thread_started = 1;
   return s;
+}
+
+void brg__net_peer_left(brg__net_link *l, const char *subsys) {
+  brg__fifo_mark_closed(&l->fifo, BRG_ERR_REMOTE, "rank %d closed its link", l->peer);
+  BRG__INFO(subsys, "rank %d (%s) closed its link", l->peer, l->peer_addr);
+  brg__fifo_wake_all(&l->fifo);
 }
 
 int brg__net_stop(brg__net_link *l, int wait_ms) {

@@ -87,9 +87,15 @@ brg_status brg__net_accept(brg__net_link *l, const brg__conn_params *p, const ch
 int brg__net_hello_ok(const brg__conn_params *p, const char *subsys, const char *from,
                       const char *what, int magic_ok, const uint8_t *secret, int rank);
 
-/* Starts the proxy fn(arg), named brg-<tag>-send or brg-<tag>-recv. */
-brg_status brg__net_start(brg__net_link *l, void *(*fn)(void *), void *arg, const char *tag,
-                          brg__errbuf *err);
+/* Starts the proxy: send_fn(arg) named brg-<tag>-send on the send end,
+ * recv_fn(arg) named brg-<tag>-recv on the receive end. */
+brg_status brg__net_start(brg__net_link *l, void *(*send_fn)(void *), void *(*recv_fn)(void *),
+                          void *arg, const char *tag, brg__errbuf *err);
+
+/* The receive proxy's peer said goodbye: the link is closed for the engine,
+ * which learns it once it has consumed what arrived, and that is no
+ * failure. */
+void brg__net_peer_left(brg__net_link *l, const char *subsys);
 
 /* Raises `stopping`, wakes the proxy and waits up to wait_ms (-1: as long as
  * it takes) for it to end. 1 when it has ended or never started. */

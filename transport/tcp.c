@@ -231,18 +231,11 @@ static void *recv_proxy(void *arg) {
   /* Let the engine consume every slot that did arrive before it learns the
    * link is gone, so a peer that sent everything and then left costs nothing. */
   if (brg__wait_ge(&ctrl->head, &ctrl->head_waiters, tail, &t->waiter) != BRG_SUCCESS) return NULL;
-  if (bye) {
-    brg__fifo_mark_closed(&t->l.fifo, BRG_ERR_REMOTE, "rank %d closed its link", t->l.peer);
-    BRG__INFO("tcp", "rank %d (%s) closed its link", t->l.peer, t->l.peer_addr);
-    brg__fifo_wake_all(f);
-  } else {
+  if (bye)
+    brg__net_peer_left(&t->l, "tcp");
+  else
     proxy_fail(t, what, why);
-  }
   return NULL;
-}
-
-static brg_status proxy_start(tcp_conn *t, brg__errbuf *err) {
-  return brg__net_start(&t->l, t->l.sender ? send_proxy : recv_proxy, t, "tcp", err);
 }
 
 /* The private state and the local FIFO; close() cleans up after either. */
@@ -319,7 +312,7 @@ static brg_status tcp_send_connect(brg__conn *c, const brg__conn_params *p, cons
     if (s != BRG_SUCCESS) return s;
   }
   BRG__TRACE("tcp", "connected to rank %d at %s (%d sockets)", p->peer, t->l.peer_addr, nsocks);
-  return proxy_start(t, err);
+  return brg__net_start(&t->l, send_proxy, recv_proxy, t, "tcp", err);
 }
 
 /* Checks a complete hello; on success the socket becomes link socket `index`. */
@@ -349,7 +342,7 @@ static brg_status tcp_recv_connect(brg__conn *c, const brg__conn_params *p, brg_
                                  brg__deadline_ms(p->timeout_ms), err);
   if (s != BRG_SUCCESS) return s;
   BRG__TRACE("tcp", "rank %d connected from %s (%d sockets)", p->peer, t->l.peer_addr, t->nsocks);
-  return proxy_start(t, err);
+  return brg__net_start(&t->l, send_proxy, recv_proxy, t, "tcp", err);
 }
 
 static void tcp_close(brg__conn *c) {
