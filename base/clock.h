@@ -34,6 +34,20 @@ static inline int brg__ms_left(int64_t deadline) {
   return left > INT_MAX ? INT_MAX : (int)left;
 }
 
+/* brg__ms_left(), but at most `most`: for a wait that wakes now and then to
+ * look around (an abort, a second connection). */
+static inline int brg__ms_left_capped(int64_t deadline, int most) {
+  int left = brg__ms_left(deadline);
+  return left < 0 || left > most ? most : left;
+}
+
+/* The earlier of two deadlines. */
+static inline int64_t brg__deadline_min(int64_t a, int64_t b) {
+  if (a < 0) return b;
+  if (b < 0) return a;
+  return a < b ? a : b;
+}
+
 static inline int brg__deadline_passed(int64_t deadline) {
   return deadline >= 0 && brg__now_ms() >= deadline;
 }

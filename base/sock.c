@@ -14,6 +14,21 @@
 
 #include "clock.h"
 
+const char *brg__sock_io_why(int rc) {
+  switch (rc) {
+  case BRG__IO_OK:
+    return "no error";
+  case BRG__IO_EOF:
+    return "the peer closed the connection";
+  case BRG__IO_TIMEOUT:
+    return "timed out";
+  case BRG__IO_STOPPED:
+    return "stopped";
+  default:
+    return strerror(errno);
+  }
+}
+
 /* Waits for `events` on fd. Error and hang-up count as ready: the next
  * send/recv reports them with the right errno. */
 int brg__sock_wait(int fd, short events, int64_t deadline) {
@@ -143,6 +158,12 @@ void brg__sock_close(int *fd) {
 /* Creates a non-blocking listener on addr:port and reports the port it got. */
 brg_status brg__sock_listen(const char *addr, uint16_t port, int backlog, const char *subsys,
                             const char *what, int *fd_out, uint16_t *port_out, brg__errbuf *err) {
+  return brg__sock_listen_buf(addr, port, backlog, 0, subsys, what, fd_out, port_out, err);
+}
+
+brg_status brg__sock_listen_buf(const char *addr, uint16_t port, int backlog, int sockbuf,
+                                const char *subsys, const char *what, int *fd_out,
+                                uint16_t *port_out, brg__errbuf *err) {
   struct sockaddr_storage ss;
   socklen_t sslen;
   char where[BRG__HOSTPORT_LEN];
@@ -155,6 +176,7 @@ brg_status brg__sock_listen(const char *addr, uint16_t port, int backlog, const 
   int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0)
     return brg__error(err, BRG_ERR_SYSTEM, subsys, "%s: socket: %s", what, strerror(errno));
+  if (sockbuf > 0) brg__sock_bufsize(fd, sockbuf);
   int one = 1;
   if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0) goto err_close;
   if (bind(fd, (struct sockaddr *)&ss, sslen) < 0) goto err_close;
@@ -180,10 +202,19 @@ static int sock_retryable(int e) {
          e == ECONNRESET || e == ECONNABORTED || e == EAGAIN || e == EADDRNOTAVAIL || e == EINTR;
 }
 
-/* Connects to addr:port, trying again while nobody listens there yet, until
- * the deadline. Returns a BRG__IO code; *last_errno says what went wrong. */
-int brg__sock_connect(const char *addr, uint16_t port, int64_t deadline, int retry_ms,
-                      int *fd_out, int *last_errno) {
+/* Waits for a connect() to finish; with a stop(), in slices of 100 ms
+ * between which it is asked. */
+static int dial_wait(int fd, int64_t deadline, const brg__sock_dialer *d) {
+  if (!d->stop) return brg__sock_wait(fd, POLLOUT, deadline);
+  for (;;) {
+    int rc = brg__sock_wait(fd, POLLOUT, brg__deadline_min(deadline, brg__now_ms() + 100));
+    if (rc != BRG__IO_TIMEOUT || brg__deadline_passed(deadline)) return rc;
+    if (d->stop(d->arg)) return BRG__IO_STOPPED;
+  }
+}
+
+int brg__sock_dial(const char *addr, uint16_t port, int64_t deadline, const brg__sock_dialer *d,
+                   int *fd_out, int *last_errno) {
   struct sockaddr_storage ss;
   socklen_t sslen;
   if (brg__sock_addr(addr, port, &ss, &sslen) != 0) {
@@ -191,19 +222,23 @@ int brg__sock_connect(const char *addr, uint16_t port, int64_t deadline, int ret
     return BRG__IO_ERR;
   }
   *last_errno = 0;
+  int pause = d->retry_ms;
   for (;;) {
+    if (d->stop && d->stop(d->arg)) return BRG__IO_STOPPED;
     int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
       *last_errno = errno;
       return BRG__IO_ERR;
     }
+    if (d->sockbuf > 0) brg__sock_bufsize(fd, d->sockbuf);
     int e = 0;
     if (connect(fd, (struct sockaddr *)&ss, sslen) < 0) {
       e = errno;
-      if (e == EINPROGRESS) {
-        int rc = brg__sock_wait(fd, POLLOUT, deadline);
+      /* Interrupted, the connection still goes on (POSIX). */
+      if (e == EINPROGRESS || e == EINTR) {
+        int rc = dial_wait(fd, deadline, d);
         if (rc != BRG__IO_OK) {
-          e = rc == BRG__IO_TIMEOUT ? ETIMEDOUT : errno;
+          e = rc == BRG__IO_TIMEOUT ? ETIMEDOUT : rc == BRG__IO_STOPPED ? ECANCELED : errno;
           close(fd);
           if (!*last_errno || rc != BRG__IO_TIMEOUT) *last_errno = e;
           return rc;
@@ -218,17 +253,28 @@ int brg__sock_connect(const char *addr, uint16_t port, int64_t deadline, int ret
     }
     close(fd);
     *last_errno = e;
-    if (!sock_retryable(e)) return BRG__IO_ERR;
-    int left = brg__ms_left(deadline);
-    if (left == 0) return BRG__IO_TIMEOUT;
-    brg__sleep_ms(left < 0 || left > retry_ms ? retry_ms : left);
+    if (d->refused_only ? e != ECONNREFUSED : !sock_retryable(e)) return BRG__IO_ERR;
+    if (brg__deadline_passed(deadline)) return BRG__IO_TIMEOUT;
+    brg__sleep_ms(brg__ms_left_capped(deadline, pause));
+    if (pause < d->retry_max_ms) pause *= 2;
   }
+}
+
+int brg__sock_connect(const char *addr, uint16_t port, int64_t deadline, int retry_ms,
+                      int *fd_out, int *last_errno) {
+  brg__sock_dialer d = {.retry_ms = retry_ms, .retry_max_ms = retry_ms};
+  return brg__sock_dial(addr, port, deadline, &d, fd_out, last_errno);
 }
 
 void brg__sock_nodelay(int fd) {
   int one = 1;
   /* Best effort: only latency depends on it. */
   (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+void brg__sock_bufsize(int fd, int bytes) {
+  (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
+  (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
 }
 
 

@@ -18,8 +18,12 @@
 #include "brigade.h"
 #include "log.h"
 
-/* What an I/O helper returns. */
-enum { BRG__IO_OK, BRG__IO_EOF, BRG__IO_TIMEOUT, BRG__IO_ERR };
+/* What an I/O helper returns. BRG__IO_STOPPED: a dialer's stop() said so. */
+enum { BRG__IO_OK, BRG__IO_EOF, BRG__IO_TIMEOUT, BRG__IO_ERR, BRG__IO_STOPPED };
+
+/* For an error message: what a BRG__IO code means; BRG__IO_ERR reads errno,
+ * so call it before anything else can change that. */
+const char *brg__sock_io_why(int rc);
 
 /* Room for "[ipv6]:port". */
 #define BRG__HOSTPORT_LEN 96
@@ -56,15 +60,43 @@ void brg__sock_close(int *fd);
  * Errors are logged under `subsys`, prefixed by `what`. */
 brg_status brg__sock_listen(const char *addr, uint16_t port, int backlog, const char *subsys,
                             const char *what, int *fd_out, uint16_t *port_out, brg__errbuf *err);
+/* The same with socket buffers of `sockbuf` bytes (0: the kernel's), set
+ * before listen() so that accepted connections start with a window that
+ * large. */
+brg_status brg__sock_listen_buf(const char *addr, uint16_t port, int backlog, int sockbuf,
+                                const char *subsys, const char *what, int *fd_out,
+                                uint16_t *port_out, brg__errbuf *err);
 
-/* Connects to addr:port, trying again every retry_ms while nobody listens
- * there yet, until the deadline. Returns a BRG__IO code; *last_errno says
- * what went wrong. */
+/* How brg__sock_dial connects. */
+typedef struct brg__sock_dialer {
+  int retry_ms;     /* pause before the next attempt */
+  int retry_max_ms; /* the pause doubles while below this */
+  int refused_only; /* 1: only a refusal (nobody listens yet) is worth another
+                       attempt; 0: every transient error is */
+  int sockbuf;      /* > 0: socket buffer bytes, set before the handshake */
+  /* NULL, or asked before each attempt and every 100 ms of a wait: nonzero
+   * stops dialing with BRG__IO_STOPPED. */
+  int (*stop)(void *arg);
+  void *arg;
+} brg__sock_dialer;
+
+/* Connects to addr:port (numeric), trying again as `d` says until the
+ * deadline. Returns a BRG__IO code and on BRG__IO_OK a non-blocking fd;
+ * *last_errno says what went wrong (a refusal outlives a later timeout: it
+ * says more). */
+int brg__sock_dial(const char *addr, uint16_t port, int64_t deadline, const brg__sock_dialer *d,
+                   int *fd_out, int *last_errno);
+
+/* brg__sock_dial() retrying every retry_ms after any transient error. */
 int brg__sock_connect(const char *addr, uint16_t port, int64_t deadline, int retry_ms,
                       int *fd_out, int *last_errno);
 
 /* TCP_NODELAY, best effort: only latency depends on it. */
 void brg__sock_nodelay(int fd);
+
+/* SO_SNDBUF and SO_RCVBUF of `bytes`, best effort; on a connection they
+ * count only when set before its handshake. */
+void brg__sock_bufsize(int fd, int bytes);
 
 /* Switches O_NONBLOCK; 0 or -1 with errno. */
 int brg__sock_set_blocking(int fd, int blocking);

@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "transport.h"
 
 _Static_assert(sizeof(brg__slot_meta) == 64, "slot meta is one cache line");
@@ -62,12 +63,6 @@ void brg__fifo_free(brg__fifo *f) {
   memset(f, 0, sizeof *f);
 }
 
-static int64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -96,11 +91,11 @@ brg_status brg__wait_ge(volatile uint64_t *word, volatile uint32_t *waiters, uin
   }
   /* Yield for up to ~200 us before sleeping: when ranks outnumber cores,
    * the peer we wait for is often runnable and this hands it the core. */
-  int64_t t0 = now_ns();
+  int64_t t0 = brg__now_ns();
   for (int i = 1;; i++) {
     sched_yield();
     if (__atomic_load_n(word, __ATOMIC_ACQUIRE) >= target) return BRG_SUCCESS;
-    if (i % 16 == 0 && now_ns() - t0 > 200000) break;
+    if (i % 16 == 0 && brg__now_ns() - t0 > 200000) break;
   }
   for (;;) {
     if (w && w->check) {
@@ -162,8 +157,7 @@ brg_status brg__proxy_start(pthread_t *thread, void *(*fn)(void *), void *arg, c
   int rc = pthread_create(thread, NULL, fn, arg);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (rc != 0)
-    return brg__error(err, BRG_ERR_SYSTEM, "init", "starting the %s proxy thread: %s", name,
-                      strerror(rc));
+    return brg__error(err, BRG_ERR_SYSTEM, "init", "starting thread %s: %s", name, strerror(rc));
   pthread_setname_np(*thread, name);
   return BRG_SUCCESS;
 }

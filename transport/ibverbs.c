@@ -35,17 +35,13 @@
  * its retries run out. A receiver that leaves is an error only while the
  * sender still owes it slices.
  */
+#include <arpa/inet.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,6 +52,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
+#include "net.h"
 #include "regcache.h"
 #include "transport.h"
 #include "verbs_api.h"
@@ -65,7 +63,6 @@
 #define IB_BYE 0x42
 #define IB_FAIL 0x46           /* then a length byte and that many bytes of why */
 #define IB_CLOSE_GRACE_MS 1000 /* how long close() lets the send proxy flush */
-#define IB_MAX_PENDING 8
 #define IB_PROXY_SPIN 64 /* most idle polls before a proxy yields */
 #define IB_MAX_QPS 12    /* queue pairs per link: what fits the connection-info blob */
 
@@ -133,6 +130,7 @@ typedef struct ib_hello {
   uint32_t pad;
   brg__vb_qp_info qps[IB_MAX_QPS];
 } ib_hello;
+_Static_assert(sizeof(ib_hello) <= BRG__NET_HELLO_MAX, "the ib hello fits a pending connection");
 
 /* A device context (soft: the address its queue pairs listen on) with its
  * registration cache, shared by every link of the process that uses the same
@@ -147,14 +145,12 @@ typedef struct ib_dev {
 } ib_dev;
 
 typedef struct ib_conn {
-  int sender;
-  int peer;
+  brg__net_link l; /* first: c->priv points at both */
   const brg__vb_ops *vb;
   ib_dev *dev;
   brg__vb_ctx *ctx; /* dev->ctx */
   int nqps;
   brg__vb_qp *qp[IB_MAX_QPS]; /* slot n travels on qp[n % nqps]; CTS on qp[0] */
-  brg__fifo fifo;
   size_t fifo_bytes;
   const brg__vb_mr *fifo_mr; /* from dev->cache, as is cts_mr */
   ib_cts *cts;               /* sender: the CTS FIFO written by the peer; receiver: staging */
@@ -162,18 +158,14 @@ typedef struct ib_conn {
   const brg__vb_mr *cts_mr;
   uint64_t peer_cts_addr; /* receiver: where the sender's CTS FIFO is */
   uint32_t peer_cts_rkey;
-  int listen_fd, ctrl_fd;
+  int ctrl_fd;
   int spin;
-  int thread_started;
-  pthread_t thread;
-  int stopping; /* set by close(), read by the proxy (atomically) */
   /* Where the proxy sleeps: the FIFO counter the engine publishes to it
    * (sender: tail, receiver: head), and a count of backend events (a
    * completion queued, a peer's write landed) that also wakes it there. */
   volatile uint64_t *sleep_word;
   volatile uint32_t *sleep_waiters;
   uint32_t ev_seq;
-  char peer_addr[80];
   char peer_why[256]; /* the peer's failure notice (proxy thread only) */
   /* GPUDirect RDMA (dev_register / dev_remote) */
   brg__vb_mr gdr_mr;     /* registered device memory; rkey 0: none */
@@ -293,29 +285,6 @@ static void dev_put(ib_dev *d) {
 
 /* ---- small helpers ---------------------------------------------------------- */
 
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static brg_status setup_check(const brg__conn_params *p) {
-  if (p->waiter && p->waiter->check) return p->waiter->check(p->waiter->arg);
-  return BRG_SUCCESS;
-}
-
-static int send_full(int fd, const void *buf, size_t len) {
-  const char *b = buf;
-  while (len > 0) {
-    ssize_t n = send(fd, b, len, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return -1;
-    b += n;
-    len -= (size_t)n;
-  }
-  return 0;
-}
-
 /* A backend event: wake the proxy if it sleeps. */
 static void on_event(void *arg) {
   ib_conn *t = arg;
@@ -343,7 +312,7 @@ static void idle(ib_conn *t, int *rounds, uint64_t word_seen, uint32_t ev_seen) 
     __atomic_fetch_add(t->sleep_waiters, 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(t->sleep_word, __ATOMIC_SEQ_CST) == word_seen &&
         __atomic_load_n(&t->ev_seq, __ATOMIC_SEQ_CST) == ev_seen &&
-        !__atomic_load_n(&t->stopping, __ATOMIC_SEQ_CST))
+        !__atomic_load_n(&t->l.stopping, __ATOMIC_SEQ_CST))
       syscall(SYS_futex, (uint32_t *)t->sleep_word, FUTEX_WAIT, (uint32_t)word_seen, &ts, NULL, 0);
     __atomic_fetch_sub(t->sleep_waiters, 1, __ATOMIC_SEQ_CST);
   }
@@ -359,11 +328,11 @@ static void link_fail(ib_conn *t, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(why, sizeof why, fmt, ap);
   va_end(ap);
-  if (!__atomic_load_n(&t->stopping, __ATOMIC_ACQUIRE) &&
-      brg__fifo_mark_closed(&t->fifo, BRG_ERR_REMOTE, "%s (%s rank %d at %s, %s verbs backend)",
-                            why, t->sender ? "to" : "from", t->peer, t->peer_addr, t->vb->name)) {
-    BRG__WARN("ib", "link %s rank %d (%s, %s backend) broke: %s", t->sender ? "to" : "from",
-              t->peer, t->peer_addr, t->vb->name, why);
+  if (!__atomic_load_n(&t->l.stopping, __ATOMIC_ACQUIRE) &&
+      brg__fifo_mark_closed(&t->l.fifo, BRG_ERR_REMOTE, "%s (%s rank %d at %s, %s verbs backend)",
+                            why, t->l.sender ? "to" : "from", t->l.peer, t->l.peer_addr, t->vb->name)) {
+    BRG__WARN("ib", "link %s rank %d (%s, %s backend) broke: %s", t->l.sender ? "to" : "from",
+              t->l.peer, t->l.peer_addr, t->vb->name, why);
     /* The peer's end sees only the consequence (its receives flushed, a
      * write that never completes): tell it the cause, best effort. */
     if (t->ctrl_fd >= 0) {
@@ -378,30 +347,13 @@ static void link_fail(ib_conn *t, const char *fmt, ...) {
       }
     }
   }
-  brg__fifo_wake_all(&t->fifo);
+  brg__fifo_wake_all(&t->l.fifo);
 }
 
 /* What a failed completion says: the backend's words for its status
  * (ibv_wc_status_str, or the software backend's equivalent). */
 static const char *wc_why(const brg__vb_wc *wc) {
   return wc->status_text && wc->status_text[0] ? wc->status_text : "unknown completion error";
-}
-
-/* Reads exactly len bytes from fd within wait_ms: 0, or -1. */
-static int read_within(int fd, void *buf, size_t len, int wait_ms) {
-  int64_t deadline = now_ms() + wait_ms;
-  size_t got = 0;
-  while (got < len) {
-    int64_t left = deadline - now_ms();
-    struct pollfd pfd = {.fd = fd, .events = POLLIN};
-    if (left <= 0 || poll(&pfd, 1, (int)left) < 0) return -1;
-    if (!pfd.revents) continue;
-    ssize_t n = recv(fd, (char *)buf + got, len - got, MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-    if (n <= 0) return -1;
-    got += (size_t)n;
-  }
-  return 0;
 }
 
 /* Control connection: 1 goodbye, 2 the peer's failure notice (its text in
@@ -415,11 +367,21 @@ static int ctrl_poll(ib_conn *t, int wait_ms) {
   if (n != 1) return -1;
   if (b == IB_BYE) return 1;
   if (b != IB_FAIL) return -1;
-  if (read_within(t->ctrl_fd, &len, 1, 100) != 0 ||
-      read_within(t->ctrl_fd, t->peer_why, len, 100) != 0)
+  /* The rest of a notice is on its way: 100 ms for each part. */
+  if (brg__sock_recv_all(t->ctrl_fd, &len, 1, brg__now_ms() + 100) != BRG__IO_OK ||
+      brg__sock_recv_all(t->ctrl_fd, t->peer_why, len, brg__now_ms() + 100) != BRG__IO_OK)
     len = (unsigned char)snprintf(t->peer_why, sizeof t->peer_why, "no reason received");
   t->peer_why[len] = 0;
   return 2;
+}
+
+/* A goodbye on the control connection, best effort: a peer that is gone
+ * needs none. */
+static void ctrl_bye(ib_conn *t) {
+  char bye = IB_BYE;
+  if (send(t->ctrl_fd, &bye, 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1) {
+    /* nobody to tell */
+  }
 }
 
 /* Whether to look at the control connection now: a system call, so not on
@@ -432,7 +394,7 @@ static int ctrl_due(const ib_conn *t, int rounds) {
 
 static void *send_proxy(void *arg) {
   ib_conn *t = arg;
-  brg__fifo *f = &t->fifo;
+  brg__fifo *f = &t->l.fifo;
   brg__fifo_ctrl *ctrl = f->ctrl;
   uint64_t ns = (uint64_t)f->nslots, nq = (uint64_t)t->nqps, sent = 0, done = 0;
   uint8_t written[BRG__MAX_SLOTS] = {0}; /* completed, maybe ahead of `done` */
@@ -510,11 +472,11 @@ static void *send_proxy(void *arg) {
      * slices: one that got everything may destroy its communicator before
      * the last completions reach this end. Completions still on their way
      * get a moment; a slice it never cleared to send does not. */
-    if (!gone && ctrl_due(t, rounds) && (gone = ctrl_poll(t, 0)) != 0) gone_at = now_ms();
+    if (!gone && ctrl_due(t, rounds) && (gone = ctrl_poll(t, 0)) != 0) gone_at = brg__now_ms();
     if (gone && __atomic_load_n(&ctrl->tail, __ATOMIC_ACQUIRE) > done &&
-        (sent < __atomic_load_n(&ctrl->tail, __ATOMIC_ACQUIRE) || now_ms() - gone_at > 500)) {
+        (sent < __atomic_load_n(&ctrl->tail, __ATOMIC_ACQUIRE) || brg__now_ms() - gone_at > 500)) {
       if (gone == 2)
-        link_fail(t, "rank %d broke its end with slot %llu still to deliver: %s", t->peer,
+        link_fail(t, "rank %d broke its end with slot %llu still to deliver: %s", t->l.peer,
                   (unsigned long long)done, t->peer_why);
       else
         link_fail(t, "the peer %s with slot %llu still to deliver",
@@ -522,15 +484,14 @@ static void *send_proxy(void *arg) {
                   (unsigned long long)done);
       return NULL;
     }
-    if (__atomic_load_n(&t->stopping, __ATOMIC_ACQUIRE)) {
+    if (__atomic_load_n(&t->l.stopping, __ATOMIC_ACQUIRE)) {
       if (gone) return NULL;
-      if (!grace_end) grace_end = now_ms() + IB_CLOSE_GRACE_MS;
+      if (!grace_end) grace_end = brg__now_ms() + IB_CLOSE_GRACE_MS;
       if (done == __atomic_load_n(&ctrl->tail, __ATOMIC_ACQUIRE) && done == sent) {
-        char bye = IB_BYE;
-        send(t->ctrl_fd, &bye, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ctrl_bye(t);
         return NULL;
       }
-      if (now_ms() > grace_end) return NULL;
+      if (brg__now_ms() > grace_end) return NULL;
     } else if (__atomic_load_n(&ctrl->closed, __ATOMIC_ACQUIRE)) {
       return NULL;
     }
@@ -542,7 +503,7 @@ static void *send_proxy(void *arg) {
 }
 
 static brg_status cts_post(ib_conn *t, uint64_t pos) {
-  brg__fifo *f = &t->fifo;
+  brg__fifo *f = &t->l.fifo;
   uint64_t ns = (uint64_t)f->nslots;
   ib_cts *e = &t->cts[pos % ns];
   e->meta_addr = (uint64_t)(uintptr_t)brg__fifo_meta(f, pos);
@@ -570,7 +531,7 @@ typedef struct recv_state {
  * when nothing, 2 when a failed completion follows the peer's goodbye, -1
  * when the link failed (marked, unless `quiet`). */
 static int recv_take(ib_conn *t, int q, recv_state *rs, int quiet) {
-  brg__fifo *f = &t->fifo;
+  brg__fifo *f = &t->l.fifo;
   brg__vb_wc wc[16];
   int n = t->vb->poll(t->qp[q], wc, 16);
   if (n < 0) {
@@ -588,7 +549,7 @@ static int recv_take(ib_conn *t, int q, recv_state *rs, int quiet) {
        * writes carry UINT64_MAX, receives their slot). */
       const char *what = wc[i].wr_id == UINT64_MAX ? "clear-to-send write" : "receive";
       if (c == 2)
-        link_fail(t, "%s failed: %s; rank %d reported: %s", what, wc_why(&wc[i]), t->peer,
+        link_fail(t, "%s failed: %s; rank %d reported: %s", what, wc_why(&wc[i]), t->l.peer,
                   t->peer_why);
       else
         link_fail(t, "%s failed: %s", what, wc_why(&wc[i]));
@@ -620,13 +581,13 @@ static int recv_take(ib_conn *t, int q, recv_state *rs, int quiet) {
 
 static void *recv_proxy(void *arg) {
   ib_conn *t = arg;
-  brg__fifo *f = &t->fifo;
+  brg__fifo *f = &t->l.fifo;
   brg__fifo_ctrl *ctrl = f->ctrl;
   uint64_t ns = (uint64_t)f->nslots, cts = 0;
   recv_state rs = {0};
   for (int q = 0; q < t->nqps; q++) rs.next[q] = (uint64_t)q;
   int rounds = 0, bye = 0;
-  while (!__atomic_load_n(&t->stopping, __ATOMIC_ACQUIRE)) {
+  while (!__atomic_load_n(&t->l.stopping, __ATOMIC_ACQUIRE)) {
     int progress = 0;
     uint32_t ev = __atomic_load_n(&t->ev_seq, __ATOMIC_SEQ_CST);
     for (int q = 0; q < t->nqps && !bye; q++) {
@@ -640,18 +601,18 @@ static void *recv_proxy(void *arg) {
       /* The sender left. Whatever it delivered was acknowledged before it
        * went, so take the completions still queued on every queue pair
        * (they finish independently), then stop. */
-      int64_t until = now_ms() + 20;
-      while (now_ms() < until) {
+      int64_t until = brg__now_ms() + 20;
+      while (brg__now_ms() < until) {
         int got = 0;
         for (int q = 0; q < t->nqps; q++) got |= recv_take(t, q, &rs, 1) > 0;
-        if (!got) usleep(1000);
+        if (!got) brg__sleep_ms(1);
       }
       if (c < 0) {
         link_fail(t, "the peer went away (control connection ended)");
         return NULL;
       }
       if (c == 2) {
-        link_fail(t, "rank %d broke its end: %s", t->peer, t->peer_why);
+        link_fail(t, "rank %d broke its end: %s", t->l.peer, t->peer_why);
         return NULL;
       }
       bye = 1;
@@ -671,54 +632,30 @@ static void *recv_proxy(void *arg) {
     else
       idle(t, &rounds, head, ev);
   }
-  if (!bye || __atomic_load_n(&t->stopping, __ATOMIC_ACQUIRE)) return NULL;
-  brg__fifo_mark_closed(f, BRG_ERR_REMOTE, "rank %d closed its link", t->peer);
-  BRG__INFO("ib", "rank %d (%s) closed its link", t->peer, t->peer_addr);
-  brg__fifo_wake_all(f);
+  if (bye && !__atomic_load_n(&t->l.stopping, __ATOMIC_ACQUIRE)) brg__net_peer_left(&t->l, "ib");
   return NULL;
-}
-
-static brg_status proxy_start(ib_conn *t, brg__errbuf *err) {
-  brg_status s = brg__proxy_start(&t->thread, t->sender ? send_proxy : recv_proxy, t,
-                                  t->sender ? "brg-ib-send" : "brg-ib-recv", err);
-  if (s == BRG_SUCCESS) t->thread_started = 1;
-  return s;
 }
 
 /* ---- setup -------------------------------------------------------------------- */
 
 /* The local FIFO, the CTS array, the context and `nqps` queue pairs (their
- * connection info in qp_info[]); c->priv is set first so close() cleans up
+ * connection info in qp_info[]); once the FIFO is there, close() cleans up
  * whatever a failed setup left. */
 static brg_status conn_open(brg__conn *c, const brg__conn_params *p, int sender, int nqps,
                             brg__vb_qp_info *qp_info, brg__errbuf *err) {
   const brg__vb_ops *vb = backend();
   if (!vb) return brg__error(err, BRG_ERR_UNAVAILABLE, "ib", "ibverbs unavailable: %s", pick_why);
-  if (p->nslots < 1 || p->nslots > BRG__MAX_SLOTS || p->slot_bytes == 0 ||
-      p->slot_bytes > UINT32_MAX)
-    return brg__error(err, BRG_ERR_INVALID_ARGUMENT, "ib",
-                      "ibverbs link with rank %d: bad FIFO shape (%d slots of %zu bytes)", p->peer,
-                      p->nslots, p->slot_bytes);
-  ib_conn *t = calloc(1, sizeof *t);
-  if (!t)
-    return brg__error(err, BRG_ERR_NO_MEMORY, "ib", "ibverbs link with rank %d: out of memory",
-                      p->peer);
-  t->sender = sender;
-  t->peer = p->peer;
+  brg_status s = brg__net_open(c, p, sender, sizeof(ib_conn), "ibverbs", "ib", err);
+  if (s != BRG_SUCCESS) return s;
+  ib_conn *t = c->priv;
   t->vb = vb;
-  t->listen_fd = t->ctrl_fd = -1;
+  t->ctrl_fd = -1;
   /* Where the backend wakes the proxy (soft), the proxy spins less than the
    * engine: each round polls the completion queues, and a spinning proxy
    * takes a core from the ranks it serves. Real verbs report nothing, so
    * there the proxy polls as long as the engine spins. */
   t->spin = p->waiter ? p->waiter->spin : 1000;
   if (vb->qp_notify && t->spin > IB_PROXY_SPIN) t->spin = IB_PROXY_SPIN;
-  snprintf(t->peer_addr, sizeof t->peer_addr, "%s", p->peer_info ? p->peer_info->addr : "?");
-  c->priv = t;
-  c->peer = p->peer;
-  brg_status s = brg__fifo_alloc(&t->fifo, p->nslots, p->slot_bytes, err);
-  if (s != BRG_SUCCESS) return s;
-  c->fifo = t->fifo;
   t->fifo_bytes = brg__fifo_region_bytes(p->nslots, p->slot_bytes);
   /* The cache registers whole pages, so the CTS array gets pages of its own
    * (as the FIFO has): a peer's key to it reaches nothing else. */
@@ -731,13 +668,13 @@ static brg_status conn_open(brg__conn *c, const brg__conn_params *p, int sender,
   t->cts = cts;
   if ((s = dev_get(vb, p->self_info->addr, &t->dev, err)) != BRG_SUCCESS) return s;
   t->ctx = t->dev->ctx;
-  if ((s = brg__regcache_get(t->dev->cache, t->fifo.ctrl, t->fifo_bytes, &t->fifo_mr, err)) !=
+  if ((s = brg__regcache_get(t->dev->cache, t->l.fifo.ctrl, t->fifo_bytes, &t->fifo_mr, err)) !=
       BRG_SUCCESS)
     return s;
   if ((s = brg__regcache_get(t->dev->cache, t->cts, t->cts_bytes, &t->cts_mr, err)) != BRG_SUCCESS)
     return s;
-  t->sleep_word = sender ? &t->fifo.ctrl->tail : &t->fifo.ctrl->head;
-  t->sleep_waiters = sender ? &t->fifo.ctrl->tail_waiters : &t->fifo.ctrl->head_waiters;
+  t->sleep_word = sender ? &t->l.fifo.ctrl->tail : &t->l.fifo.ctrl->head;
+  t->sleep_waiters = sender ? &t->l.fifo.ctrl->tail_waiters : &t->l.fifo.ctrl->head_waiters;
   for (; t->nqps < nqps; t->nqps++) {
     /* Room for a payload write and a write-with-immediate per slot. */
     s = vb->qp_create(t->ctx, 2 * p->nslots + 4, p->nslots, &t->qp[t->nqps], &qp_info[t->nqps],
@@ -772,87 +709,18 @@ static brg_status ib_recv_setup(brg__conn *c, const brg__conn_params *p, void *i
     ci.qps[q] = (ib_qp_wire){.qpn = qi[q].qpn, .psn = qi[q].psn, .port = qi[q].port};
 
   const char *addr = p->self_info->addr;
-  struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICHOST | AI_PASSIVE},
-                  *ai;
-  if (!addr[0] || strlen(addr) >= sizeof ci.ctrl_addr || getaddrinfo(addr, "0", &hints, &ai) != 0)
+  if (!addr[0] || strlen(addr) >= sizeof ci.ctrl_addr)
     return brg__error(err, BRG_ERR_INVALID_ARGUMENT, "ib",
                       "ibverbs link from rank %d: this rank has no usable address", p->peer);
-  t->listen_fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (t->listen_fd < 0 || bind(t->listen_fd, ai->ai_addr, ai->ai_addrlen) != 0 ||
-      listen(t->listen_fd, IB_MAX_PENDING) != 0) {
-    s = brg__error(err, BRG_ERR_SYSTEM, "ib", "ibverbs control listener on %s: %s", addr,
-                   strerror(errno));
-    freeaddrinfo(ai);
-    return s;
-  }
-  freeaddrinfo(ai);
-  struct sockaddr_storage ss;
-  socklen_t len = sizeof ss;
-  if (getsockname(t->listen_fd, (struct sockaddr *)&ss, &len) != 0)
-    return brg__error(err, BRG_ERR_SYSTEM, "ib", "getsockname: %s", strerror(errno));
-  ci.ctrl_port = ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                          : ((struct sockaddr_in *)&ss)->sin_port;
+  uint16_t port;
+  s = brg__sock_listen(addr, 0, BRG__NET_MAX_PENDING, "ib", "ibverbs control listener",
+                       &t->l.listen_fd, &port, err);
+  if (s != BRG_SUCCESS) return s;
+  ci.ctrl_port = htons(port);
   snprintf(ci.backend, sizeof ci.backend, "%s", t->vb->name);
   snprintf(ci.ctrl_addr, sizeof ci.ctrl_addr, "%s", addr);
   memset(info, 0, BRG__CONN_INFO_BYTES);
   memcpy(info, &ci, sizeof ci);
-  return BRG_SUCCESS;
-}
-
-/* Dials the receiver's control listener, retrying while it refuses. */
-static brg_status ctrl_dial(ib_conn *t, const brg__conn_params *p, const ib_conn_info *ci,
-                            brg__errbuf *err) {
-  char serv[8];
-  snprintf(serv, sizeof serv, "%u", (unsigned)ntohs(ci->ctrl_port));
-  struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICHOST | AI_NUMERICSERV},
-                  *ai;
-  if (getaddrinfo(ci->ctrl_addr, serv, &hints, &ai) != 0)
-    return brg__error(err, BRG_ERR_INVALID_ARGUMENT, "ib", "bad ibverbs address from rank %d",
-                      p->peer);
-  int64_t deadline = now_ms() + (p->timeout_ms > 0 ? p->timeout_ms : INT_MAX);
-  int e = 0, refused = 0;
-  brg_status s = BRG_SUCCESS;
-  while (t->ctrl_fd < 0) {
-    if ((s = setup_check(p)) != BRG_SUCCESS) break;
-    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) {
-      e = errno;
-      break;
-    }
-    e = connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 ? 0 : errno;
-    while (e == EINPROGRESS) {
-      int64_t left = deadline - now_ms();
-      if (left <= 0) {
-        e = ETIMEDOUT;
-        break;
-      }
-      struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-      if (poll(&pfd, 1, left > 100 ? 100 : (int)left) > 0) {
-        socklen_t l = sizeof e;
-        getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &l);
-      }
-    }
-    if (e == 0) {
-      fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-      t->ctrl_fd = fd;
-      break;
-    }
-    close(fd);
-    if (e == ECONNREFUSED) refused = 1;
-    if (e == ETIMEDOUT && refused) e = ECONNREFUSED; /* the more useful of the two */
-    if (e != ECONNREFUSED || now_ms() >= deadline) break;
-    usleep(10000);
-  }
-  freeaddrinfo(ai);
-  if (s != BRG_SUCCESS)
-    return brg__error(err, s, "ib", "connecting to rank %d at %s: %s", p->peer, t->peer_addr,
-                      brg_status_string(s));
-  if (t->ctrl_fd < 0)
-    return brg__error(err, e == ECONNREFUSED || e == ETIMEDOUT ? BRG_ERR_TIMEOUT : BRG_ERR_SYSTEM,
-                      "ib", "connecting to rank %d at %s: no connection within %d ms (%s)", p->peer,
-                      t->peer_addr, p->timeout_ms, strerror(e));
-  int one = 1;
-  setsockopt(t->ctrl_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   return BRG_SUCCESS;
 }
 
@@ -876,15 +744,18 @@ static brg_status ib_send_connect(brg__conn *c, const brg__conn_params *p, const
                       "rank %d uses the %s verbs backend, this rank %s (set BRIGADE_IB_BACKEND "
                       "alike on every rank)",
                       p->peer, ci.backend, t->vb->name);
-  snprintf(t->peer_addr, sizeof t->peer_addr, "%s:%u", ci.ctrl_addr, (unsigned)ntohs(ci.ctrl_port));
-  if ((s = ctrl_dial(t, p, &ci, err)) != BRG_SUCCESS) return s;
+  brg__sock_hostport(t->l.peer_addr, sizeof t->l.peer_addr, ci.ctrl_addr, ntohs(ci.ctrl_port));
+  int64_t deadline = brg__deadline_ms(p->timeout_ms);
+  brg__sock_dialer d = {.retry_ms = 10, .retry_max_ms = 10};
+  s = brg__net_dial(p, "ib", ci.ctrl_addr, ntohs(ci.ctrl_port), t->l.peer_addr, deadline, &d,
+                    &t->ctrl_fd, err);
+  if (s != BRG_SUCCESS) return s;
   memcpy(h.secret, p->secret, BRG__SECRET_BYTES);
   h.cts_addr = (uint64_t)(uintptr_t)t->cts;
   h.cts_rkey = t->cts_mr->rkey;
   h.nslots = (uint32_t)p->nslots;
-  if (send_full(t->ctrl_fd, &h, sizeof h) != 0)
-    return brg__error(err, BRG_ERR_SYSTEM, "ib", "hello to rank %d at %s: %s", p->peer,
-                      t->peer_addr, strerror(errno));
+  s = brg__net_hello_send(p, "ib", t->ctrl_fd, &h, sizeof h, t->l.peer_addr, deadline, err);
+  if (s != BRG_SUCCESS) return s;
   for (int q = 0; q < nqps; q++) {
     brg__vb_qp_info r = {.qpn = ci.qps[q].qpn,
                          .psn = ci.qps[q].psn,
@@ -898,111 +769,69 @@ static brg_status ib_send_connect(brg__conn *c, const brg__conn_params *p, const
     if ((s = t->vb->qp_connect(t->qp[q], &r, 1, p->timeout_ms, err)) != BRG_SUCCESS) return s;
   }
   BRG__INFO("ib", "link to rank %d at %s over the %s verbs backend, %d queue pair%s", p->peer,
-            t->peer_addr, t->vb->name, nqps, nqps > 1 ? "s" : "");
-  return proxy_start(t, err);
+            t->l.peer_addr, t->vb->name, nqps, nqps > 1 ? "s" : "");
+  return brg__net_start(&t->l, send_proxy, recv_proxy, t, "ib", err);
 }
 
-/* Reads one hello from a fresh control connection within the deadline. */
-static int hello_read(int fd, ib_hello *h, int64_t deadline) {
-  size_t got = 0;
-  while (got < sizeof *h) {
-    int64_t left = deadline - now_ms();
-    struct pollfd pfd = {.fd = fd, .events = POLLIN};
-    if (left <= 0 || poll(&pfd, 1, left > 100 ? 100 : (int)left) < 0) return -1;
-    if (!pfd.revents) continue;
-    ssize_t n = recv(fd, (char *)h + got, sizeof *h - got, MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-    if (n <= 0) return -1;
-    got += (size_t)n;
+/* Where hello_take puts what it kept. */
+typedef struct ib_door {
+  ib_conn *t;
+  ib_hello *h;
+} ib_door;
+
+/* Checks a complete hello; on success the socket becomes the control
+ * connection. */
+static int hello_take(void *arg, const brg__conn_params *p, int fd, const void *hello,
+                      const char *from) {
+  ib_door *d = arg;
+  ib_hello *h = d->h;
+  memcpy(h, hello, sizeof *h);
+  if (!brg__net_hello_ok(p, "ib", from, "ibverbs", ntohl(h->magic) == IB_HELLO_MAGIC, h->secret,
+                         (int32_t)ntohl((uint32_t)h->rank)))
+    return 0;
+  if (h->nslots != (uint32_t)d->t->l.fifo.nslots || h->nqps != (uint32_t)d->t->nqps) {
+    BRG__WARN("ib", "refused connection from %s: %u slots and %u queue pairs, expected %d and %d",
+              from, h->nslots, h->nqps, d->t->l.fifo.nslots, d->t->nqps);
+    return 0;
   }
-  return 0;
-}
-
-static int secret_equal(const uint8_t *a, const uint8_t *b) {
-  uint8_t diff = 0;
-  for (int i = 0; i < BRG__SECRET_BYTES; i++) diff |= a[i] ^ b[i];
-  return diff == 0;
+  d->t->ctrl_fd = fd;
+  return 1;
 }
 
 static brg_status ib_recv_connect(brg__conn *c, const brg__conn_params *p, brg__errbuf *err) {
   ib_conn *t = c->priv;
-  if (!t || t->listen_fd < 0)
+  if (!t || t->l.listen_fd < 0)
     return brg__error(err, BRG_ERR_INTERNAL, "ib", "ibverbs recv_connect without recv_setup");
-  int64_t deadline = now_ms() + (p->timeout_ms > 0 ? p->timeout_ms : INT_MAX);
+  int64_t deadline = brg__deadline_ms(p->timeout_ms);
   ib_hello h;
-  while (t->ctrl_fd < 0) {
-    brg_status s = setup_check(p);
-    if (s != BRG_SUCCESS)
-      return brg__error(err, s, "ib", "waiting for rank %d to connect: %s", p->peer,
-                        brg_status_string(s));
-    int64_t left = deadline - now_ms();
-    if (left <= 0)
-      return brg__error(err, BRG_ERR_TIMEOUT, "ib", "rank %d did not connect within %d ms", p->peer,
-                        p->timeout_ms);
-    struct pollfd pfd = {.fd = t->listen_fd, .events = POLLIN};
-    if (poll(&pfd, 1, left > 100 ? 100 : (int)left) <= 0) continue;
-    struct sockaddr_storage ss;
-    socklen_t len = sizeof ss;
-    int fd = accept4(t->listen_fd, (struct sockaddr *)&ss, &len, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    char from[NI_MAXHOST] = "?";
-    getnameinfo((struct sockaddr *)&ss, len, from, sizeof from, NULL, 0, NI_NUMERICHOST);
-    /* A slow or silent connection may hold us up to a second, not forever. */
-    int64_t hd = now_ms() + 1000 < deadline ? now_ms() + 1000 : deadline;
-    if (hello_read(fd, &h, hd) != 0) {
-      BRG__WARN("ib", "refused connection from %s: no hello", from);
-    } else if (ntohl(h.magic) != IB_HELLO_MAGIC) {
-      BRG__WARN("ib", "refused connection from %s: not a brigade ibverbs hello", from);
-    } else if (!secret_equal(h.secret, p->secret)) {
-      BRG__WARN("ib", "refused connection from %s: bad secret", from);
-    } else if ((int32_t)ntohl((uint32_t)h.rank) != p->peer) {
-      BRG__WARN("ib", "refused connection from %s: rank %d, expected rank %d", from,
-                (int32_t)ntohl((uint32_t)h.rank), p->peer);
-    } else if (h.nslots != (uint32_t)t->fifo.nslots || h.nqps != (uint32_t)t->nqps) {
-      BRG__WARN("ib", "refused connection from %s: %u slots and %u queue pairs, expected %d and %d",
-                from, h.nslots, h.nqps, t->fifo.nslots, t->nqps);
-    } else {
-      t->ctrl_fd = fd;
-      snprintf(t->peer_addr, sizeof t->peer_addr, "%.79s", from);
-      break;
-    }
-    close(fd);
-  }
-  int one = 1;
-  setsockopt(t->ctrl_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  close(t->listen_fd);
-  t->listen_fd = -1;
+  ib_door door = {.t = t, .h = &h};
+  brg_status s =
+      brg__net_accept(&t->l, p, "ib", sizeof h, 1, hello_take, &door, deadline, err);
+  if (s != BRG_SUCCESS) return s;
   t->peer_cts_addr = h.cts_addr;
   t->peer_cts_rkey = h.cts_rkey;
-  brg_status s = BRG_SUCCESS;
   for (int q = 0; q < t->nqps; q++) {
     h.qps[q].addr[sizeof h.qps[q].addr - 1] = 0;
-    int left = (int)(deadline - now_ms());
-    if ((s = t->vb->qp_connect(t->qp[q], &h.qps[q], 0, left > 0 ? left : 1, err)) != BRG_SUCCESS)
-      return s;
-    for (int i = 0; i < t->fifo.nslots; i++)
+    /* What is left of the deadline: none left is the shortest wait, and no
+     * deadline (-1) is no limit (0) for qp_connect. */
+    int left = brg__ms_left(deadline);
+    left = left < 0 ? 0 : left > 0 ? left : 1;
+    if ((s = t->vb->qp_connect(t->qp[q], &h.qps[q], 0, left, err)) != BRG_SUCCESS) return s;
+    for (int i = 0; i < t->l.fifo.nslots; i++)
       if ((s = t->vb->post_recv(t->qp[q], (uint64_t)i)) != BRG_SUCCESS)
         return brg__error(err, s, "ib", "posting receives for rank %d", p->peer);
   }
   BRG__INFO("ib", "link from rank %d at %s over the %s verbs backend, %d queue pair%s", p->peer,
-            t->peer_addr, t->vb->name, t->nqps, t->nqps > 1 ? "s" : "");
-  return proxy_start(t, err);
+            t->l.peer_addr, t->vb->name, t->nqps, t->nqps > 1 ? "s" : "");
+  return brg__net_start(&t->l, send_proxy, recv_proxy, t, "ib", err);
 }
 
 static void ib_close(brg__conn *c) {
   ib_conn *t = c->priv;
   if (!t) return;
-  __atomic_store_n(&t->stopping, 1, __ATOMIC_RELEASE);
-  if (t->thread_started) {
-    brg__fifo_wake_all(&t->fifo);
-    pthread_join(t->thread, NULL);
-  }
-  if (!t->sender && t->ctrl_fd >= 0) {
-    char bye = IB_BYE; /* so the sender can tell a finished receiver from a dead one */
-    if (send(t->ctrl_fd, &bye, 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1) {
-      /* a peer that is gone already needs no goodbye */
-    }
-  }
+  brg__net_stop(&t->l, -1); /* the send proxy has its own grace to flush */
+  /* So the sender can tell a finished receiver from a dead one. */
+  if (!t->l.sender && t->ctrl_fd >= 0) ctrl_bye(t);
   for (int q = 0; q < IB_MAX_QPS; q++) /* a failed qp_create may leave one past nqps */
     if (t->qp[q]) t->vb->qp_destroy(t->qp[q]);
   if (t->dev) {
@@ -1011,16 +840,12 @@ static void ib_close(brg__conn *c) {
     brg__regcache_put(t->dev->cache, t->cts_mr);
     brg__regcache_put(t->dev->cache, t->fifo_mr);
     if (t->cts) brg__regcache_invalidate(t->dev->cache, t->cts, t->cts_bytes);
-    if (t->fifo.ctrl) brg__regcache_invalidate(t->dev->cache, t->fifo.ctrl, t->fifo_bytes);
+    if (t->l.fifo.ctrl) brg__regcache_invalidate(t->dev->cache, t->l.fifo.ctrl, t->fifo_bytes);
     dev_put(t->dev);
   }
-  if (t->ctrl_fd >= 0) close(t->ctrl_fd);
-  if (t->listen_fd >= 0) close(t->listen_fd);
+  brg__sock_close(&t->ctrl_fd);
   if (t->cts) munmap(t->cts, t->cts_bytes);
-  brg__fifo_free(&t->fifo);
-  memset(&c->fifo, 0, sizeof c->fifo);
-  free(t);
-  c->priv = NULL;
+  brg__net_close(c);
 }
 
 static brg_status ib_dev_register(brg__conn *c, void *p, size_t bytes, int fd, uint64_t offset,

@@ -23,30 +23,22 @@
  * orderly close() of the send side ends the stream with a goodbye slot, so
  * the receiver can tell a finished peer from a dead one.
  */
+#include <arpa/inet.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
-#include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
-#include <time.h>
-#include <unistd.h>
 
+#include "clock.h"
+#include "net.h"
 #include "transport.h"
 
 #define TCP_INFO_MAGIC 0x42524754u  /* "BRGT" */
 #define TCP_HELLO_MAGIC 0x42524748u /* "BRGH" */
 #define TCP_BYE_MAGIC 0x6279652062726721ull
 #define TCP_MAX_SOCKS 16
-#define TCP_MAX_PENDING 8      /* unauthenticated connections held at once */
 #define TCP_CLOSE_GRACE_MS 500 /* how long close() lets the send proxy flush */
 #define TCP_ADDR_BYTES 64
 
@@ -82,79 +74,29 @@ typedef struct tcp_hello {
 } tcp_hello;
 
 typedef struct tcp_conn {
-  int sender; /* 1 on the send end of the link */
-  int peer;
+  brg__net_link l; /* first: c->priv points at both */
   int nsocks;
   int fds[TCP_MAX_SOCKS];
-  int listen_fd;
-  brg__fifo fifo; /* the local FIFO; c->fifo is a copy of it */
-  int thread_started;
-  pthread_t thread;
-  int stopping;       /* set by close(), read by the proxy */
   brg__waiter waiter; /* the proxy's: stops on `stopping` or ctrl->closed */
-  char peer_addr[TCP_ADDR_BYTES + 8];
 } tcp_conn;
-
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static int64_t deadline_of(int timeout_ms) {
-  return timeout_ms > 0 ? now_ms() + timeout_ms : INT64_MAX;
-}
-
-static int ms_left(int64_t deadline) {
-  int64_t left = deadline - now_ms();
-  if (left < 0) return 0;
-  return left > INT_MAX ? INT_MAX : (int)left;
-}
-
-/* The caller's waiter check during setup: an abort stops connecting too. */
-static brg_status setup_check(const brg__conn_params *p) {
-  if (p->waiter && p->waiter->check) return p->waiter->check(p->waiter->arg);
-  return BRG_SUCCESS;
-}
 
 static brg_status tcp_proxy_check(void *arg) {
   tcp_conn *t = arg;
-  if (__atomic_load_n(&t->stopping, __ATOMIC_ACQUIRE)) return BRG_ERR_ABORTED;
-  uint32_t closed = __atomic_load_n(&t->fifo.ctrl->closed, __ATOMIC_ACQUIRE);
+  if (__atomic_load_n(&t->l.stopping, __ATOMIC_ACQUIRE)) return BRG_ERR_ABORTED;
+  uint32_t closed = __atomic_load_n(&t->l.fifo.ctrl->closed, __ATOMIC_ACQUIRE);
   return closed ? (brg_status)closed : BRG_SUCCESS;
 }
 
-static void sockaddr_text(const struct sockaddr *sa, socklen_t len, char *out, size_t n) {
-  char host[NI_MAXHOST], serv[NI_MAXSERV];
-  if (getnameinfo(sa, len, host, sizeof host, serv, sizeof serv, NI_NUMERICHOST | NI_NUMERICSERV) !=
-      0) {
-    snprintf(out, n, "?");
-    return;
-  }
-  snprintf(out, n, sa->sa_family == AF_INET6 ? "[%s]:%s" : "%s:%s", host, serv);
-}
-
-/* Options every socket gets before it connects or listens (buffer sizes must
- * be set before the handshake to affect the window scale). */
-static void socket_tune(int fd) {
+/* Socket buffer bytes for every tcp socket (0: the kernel's); set before
+ * the handshake, they decide the window scale. */
+static int tcp_sockbuf(void) {
   int64_t buf = brg__config_int(&tcp_config, TCP_CFG_SOCKBUF);
-  if (buf > 0) {
-    int v = buf > INT_MAX / 2 ? INT_MAX / 2 : (int)buf;
-    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof v);
-    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, sizeof v);
-  }
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return buf > INT_MAX / 2 ? INT_MAX / 2 : (int)buf;
 }
 
-static int set_blocking(int fd, int blocking) {
-  int fl = fcntl(fd, F_GETFL);
-  if (fl < 0) return -1;
-  fl = blocking ? fl & ~O_NONBLOCK : fl | O_NONBLOCK;
-  return fcntl(fd, F_SETFL, fl);
-}
-
-/* Sends the whole iovec (modified in place). 0, or -1 with errno. */
+/* Sends the whole iovec (modified in place). 0, or -1 with errno. The data
+ * path's own I/O, not base/sock.c's: a slot's header and payload in one
+ * sendmsg() on a blocking socket, with no poll() per call. */
 static int send_all(int fd, struct iovec *iov, int iovcnt, int flags) {
   while (iovcnt > 0) {
     struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)iovcnt};
@@ -194,12 +136,12 @@ static int recv_all(int fd, void *buf, size_t len) {
 
 /* A proxy gives up: the engine sees `closed` through its wait check. */
 static void proxy_fail(tcp_conn *t, const char *what, const char *why) {
-  if (!__atomic_load_n(&t->stopping, __ATOMIC_ACQUIRE)) {
-    brg__fifo_mark_closed(&t->fifo, BRG_ERR_REMOTE, "%s: %s", what, why);
-    BRG__WARN("tcp", "link %s rank %d (%s) broke: %s: %s", t->sender ? "to" : "from", t->peer,
-              t->peer_addr, what, why);
+  if (!__atomic_load_n(&t->l.stopping, __ATOMIC_ACQUIRE)) {
+    brg__fifo_mark_closed(&t->l.fifo, BRG_ERR_REMOTE, "%s: %s", what, why);
+    BRG__WARN("tcp", "link %s rank %d (%s) broke: %s: %s", t->l.sender ? "to" : "from", t->l.peer,
+              t->l.peer_addr, what, why);
   }
-  brg__fifo_wake_all(&t->fifo);
+  brg__fifo_wake_all(&t->l.fifo);
 }
 
 static int is_bye(const brg__slot_meta *m) {
@@ -208,7 +150,7 @@ static int is_bye(const brg__slot_meta *m) {
 
 static void *send_proxy(void *arg) {
   tcp_conn *t = arg;
-  brg__fifo *f = &t->fifo;
+  brg__fifo *f = &t->l.fifo;
   brg__fifo_ctrl *ctrl = f->ctrl;
   uint64_t sent = __atomic_load_n(&ctrl->head, __ATOMIC_ACQUIRE);
   for (;;) {
@@ -229,7 +171,7 @@ static void *send_proxy(void *arg) {
       }
       brg__publish(&ctrl->head, &ctrl->head_waiters, sent + 1);
     }
-    if (__atomic_load_n(&t->stopping, __ATOMIC_ACQUIRE)) {
+    if (__atomic_load_n(&t->l.stopping, __ATOMIC_ACQUIRE)) {
       /* Flush what the engine published before close, then say goodbye
        * (best effort: a peer that does not read just sees the end). */
       if (__atomic_load_n(&ctrl->tail, __ATOMIC_ACQUIRE) > sent) continue;
@@ -239,14 +181,14 @@ static void *send_proxy(void *arg) {
       return NULL;
     }
     brg_status s = brg__wait_ge(&ctrl->tail, &ctrl->tail_waiters, sent + 1, &t->waiter);
-    if (s != BRG_SUCCESS && !__atomic_load_n(&t->stopping, __ATOMIC_ACQUIRE))
+    if (s != BRG_SUCCESS && !__atomic_load_n(&t->l.stopping, __ATOMIC_ACQUIRE))
       return NULL; /* someone else marked the link closed */
   }
 }
 
 static void *recv_proxy(void *arg) {
   tcp_conn *t = arg;
-  brg__fifo *f = &t->fifo;
+  brg__fifo *f = &t->l.fifo;
   brg__fifo_ctrl *ctrl = f->ctrl;
   uint64_t nslots = (uint64_t)f->nslots;
   uint64_t tail = __atomic_load_n(&ctrl->tail, __ATOMIC_ACQUIRE);
@@ -285,68 +227,28 @@ static void *recv_proxy(void *arg) {
     tail++;
     brg__publish(&ctrl->tail, &ctrl->tail_waiters, tail);
   }
-  if (__atomic_load_n(&t->stopping, __ATOMIC_ACQUIRE)) return NULL;
+  if (__atomic_load_n(&t->l.stopping, __ATOMIC_ACQUIRE)) return NULL;
   /* Let the engine consume every slot that did arrive before it learns the
    * link is gone, so a peer that sent everything and then left costs nothing. */
   if (brg__wait_ge(&ctrl->head, &ctrl->head_waiters, tail, &t->waiter) != BRG_SUCCESS) return NULL;
-  if (bye) {
-    brg__fifo_mark_closed(&t->fifo, BRG_ERR_REMOTE, "rank %d closed its link", t->peer);
-    BRG__INFO("tcp", "rank %d (%s) closed its link", t->peer, t->peer_addr);
-    brg__fifo_wake_all(f);
-  } else {
+  if (bye)
+    brg__net_peer_left(&t->l, "tcp");
+  else
     proxy_fail(t, what, why);
-  }
   return NULL;
 }
 
-static brg_status proxy_start(tcp_conn *t, brg__errbuf *err) {
-  brg_status s = brg__proxy_start(&t->thread, t->sender ? send_proxy : recv_proxy, t,
-                                  t->sender ? "brg-tcp-send" : "brg-tcp-recv", err);
-  if (s == BRG_SUCCESS) t->thread_started = 1;
-  return s;
-}
-
-/* Creates the private state and the local FIFO; c->priv is set first so that
- * close() cleans up whatever a failed setup left. */
+/* The private state and the local FIFO; close() cleans up after either. */
 static brg_status conn_open(brg__conn *c, const brg__conn_params *p, int sender, int nsocks,
                             brg__errbuf *err) {
-  if (p->nslots < 1 || p->nslots > BRG__MAX_SLOTS || p->slot_bytes == 0 ||
-      p->slot_bytes > UINT32_MAX)
-    return brg__error(err, BRG_ERR_INVALID_ARGUMENT, "tcp",
-                      "tcp link with rank %d: bad FIFO shape (%d slots of %zu bytes)", p->peer,
-                      p->nslots, p->slot_bytes);
-  tcp_conn *t = calloc(1, sizeof *t);
-  if (!t)
-    return brg__error(err, BRG_ERR_NO_MEMORY, "tcp", "tcp link with rank %d: out of memory",
-                      p->peer);
-  t->sender = sender;
-  t->peer = p->peer;
+  brg_status s = brg__net_open(c, p, sender, sizeof(tcp_conn), "tcp", "tcp", err);
+  if (s != BRG_SUCCESS) return s;
+  tcp_conn *t = c->priv;
   t->nsocks = nsocks;
-  t->listen_fd = -1;
   for (int i = 0; i < TCP_MAX_SOCKS; i++) t->fds[i] = -1;
   t->waiter.spin = p->waiter ? p->waiter->spin : 1000;
   t->waiter.check = tcp_proxy_check;
   t->waiter.arg = t;
-  snprintf(t->peer_addr, sizeof t->peer_addr, "%s", p->peer_info ? p->peer_info->addr : "?");
-  c->priv = t;
-  c->peer = p->peer;
-  brg_status s = brg__fifo_alloc(&t->fifo, p->nslots, p->slot_bytes, err);
-  if (s != BRG_SUCCESS) return s;
-  c->fifo = t->fifo;
-  return BRG_SUCCESS;
-}
-
-static brg_status addr_resolve(const char *addr, uint16_t port, int passive, struct addrinfo **res,
-                               brg__errbuf *err) {
-  char serv[8];
-  snprintf(serv, sizeof serv, "%u", (unsigned)port);
-  struct addrinfo hints = {.ai_socktype = SOCK_STREAM,
-                           .ai_flags =
-                               AI_NUMERICHOST | AI_NUMERICSERV | (passive ? AI_PASSIVE : 0)};
-  int rc = getaddrinfo(addr, serv, &hints, res);
-  if (rc != 0)
-    return brg__error(err, BRG_ERR_INVALID_ARGUMENT, "tcp", "tcp address '%s': %s", addr,
-                      gai_strerror(rc));
   return BRG_SUCCESS;
 }
 
@@ -363,98 +265,21 @@ static brg_status tcp_recv_setup(brg__conn *c, const brg__conn_params *p, void *
   if (!addr[0] || strnlen(addr, sizeof p->self_info->addr) >= TCP_ADDR_BYTES)
     return brg__error(err, BRG_ERR_INVALID_ARGUMENT, "tcp",
                       "tcp link from rank %d: this rank has no usable address", p->peer);
-  struct addrinfo *ai;
-  s = addr_resolve(addr, 0, 1, &ai, err);
+  /* Accepted sockets inherit the listener's buffer sizes. */
+  uint16_t port;
+  s = brg__sock_listen_buf(addr, 0, BRG__NET_MAX_PENDING + t->nsocks, tcp_sockbuf(), "tcp",
+                           "tcp listener", &t->l.listen_fd, &port, err);
   if (s != BRG_SUCCESS) return s;
-  int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    s = brg__error(err, BRG_ERR_SYSTEM, "tcp", "tcp listener socket: %s", strerror(errno));
-    freeaddrinfo(ai);
-    return s;
-  }
-  t->listen_fd = fd;
-  socket_tune(fd); /* accepted sockets inherit the buffer sizes */
-  if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, TCP_MAX_PENDING + t->nsocks) != 0) {
-    s = brg__error(err, BRG_ERR_SYSTEM, "tcp", "tcp listener on %s: %s", addr, strerror(errno));
-    freeaddrinfo(ai);
-    return s;
-  }
-  freeaddrinfo(ai);
-  struct sockaddr_storage ss;
-  socklen_t len = sizeof ss;
-  if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0)
-    return brg__error(err, BRG_ERR_SYSTEM, "tcp", "getsockname: %s", strerror(errno));
-  uint16_t port = ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                           : ((struct sockaddr_in *)&ss)->sin_port;
 
-  tcp_conn_info ti = {
-      .magic = htonl(TCP_INFO_MAGIC), .port = port, .nsocks = htons((uint16_t)t->nsocks)};
+  tcp_conn_info ti = {.magic = htonl(TCP_INFO_MAGIC),
+                      .port = htons(port),
+                      .nsocks = htons((uint16_t)t->nsocks)};
   snprintf(ti.addr, sizeof ti.addr, "%s", addr);
   memset(info, 0, BRG__CONN_INFO_BYTES);
   memcpy(info, &ti, sizeof ti);
   BRG__TRACE("tcp", "listening for rank %d on %s port %u (%d sockets)", p->peer, addr,
-             (unsigned)ntohs(port), t->nsocks);
+             (unsigned)port, t->nsocks);
   return BRG_SUCCESS;
-}
-
-/* One connection to the receiver's listener, retried while it refuses (it
- * may be busy) until the deadline. */
-static brg_status connect_one(const brg__conn_params *p, const struct addrinfo *ai,
-                              const char *where, int64_t deadline, int *out, brg__errbuf *err) {
-  int backoff_ms = 1, refused = 0;
-  for (;;) {
-    brg_status s = setup_check(p);
-    if (s != BRG_SUCCESS)
-      return brg__error(err, s, "tcp", "connecting to rank %d at %s: %s", p->peer, where,
-                        brg_status_string(s));
-    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) return brg__error(err, BRG_ERR_SYSTEM, "tcp", "tcp socket: %s", strerror(errno));
-    socket_tune(fd);
-    int e = 0;
-    if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) e = errno;
-    while (e == EINPROGRESS || e == EINTR) {
-      struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-      int left = ms_left(deadline);
-      if (left == 0) {
-        e = ETIMEDOUT;
-        break;
-      }
-      int n = poll(&pfd, 1, left < 100 ? left : 100);
-      if (n < 0 && errno != EINTR) {
-        e = errno;
-        break;
-      }
-      if (n > 0) {
-        socklen_t len = sizeof e;
-        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) != 0) e = errno;
-        break;
-      }
-      if ((s = setup_check(p)) != BRG_SUCCESS) {
-        close(fd);
-        return brg__error(err, s, "tcp", "connecting to rank %d at %s: %s", p->peer, where,
-                          brg_status_string(s));
-      }
-    }
-    if (e == 0 && set_blocking(fd, 1) == 0) {
-      *out = fd;
-      return BRG_SUCCESS;
-    }
-    close(fd);
-    if (e == ECONNREFUSED) refused = 1;
-    if (e == ETIMEDOUT && refused) e = ECONNREFUSED; /* the more useful of the two */
-    if (e == ECONNREFUSED && ms_left(deadline) > 0) {
-      int left = ms_left(deadline);
-      usleep(1000u * (unsigned)(backoff_ms < left ? backoff_ms : left));
-      if (backoff_ms < 100) backoff_ms *= 2;
-      continue;
-    }
-    if (e == ETIMEDOUT || e == ECONNREFUSED)
-      return brg__error(err, BRG_ERR_TIMEOUT, "tcp",
-                        "connecting to rank %d at %s: no connection within %d ms (%s)", p->peer,
-                        where, p->timeout_ms, strerror(e));
-    return brg__error(err, BRG_ERR_SYSTEM, "tcp", "connecting to rank %d at %s: %s", p->peer, where,
-                      strerror(e ? e : errno));
-  }
 }
 
 static brg_status tcp_send_connect(brg__conn *c, const brg__conn_params *p, const void *info,
@@ -469,182 +294,70 @@ static brg_status tcp_send_connect(brg__conn *c, const brg__conn_params *p, cons
   brg_status s = conn_open(c, p, 1, nsocks, err);
   if (s != BRG_SUCCESS) return s;
   tcp_conn *t = c->priv;
-  snprintf(t->peer_addr, sizeof t->peer_addr, strchr(ti.addr, ':') ? "[%s]:%u" : "%s:%u", ti.addr,
-           (unsigned)ntohs(ti.port));
+  brg__sock_hostport(t->l.peer_addr, sizeof t->l.peer_addr, ti.addr, ntohs(ti.port));
 
-  struct addrinfo *ai;
-  s = addr_resolve(ti.addr, ntohs(ti.port), 0, &ai, err);
-  if (s != BRG_SUCCESS) return s;
-  int64_t deadline = deadline_of(p->timeout_ms);
-  for (int i = 0; i < nsocks && s == BRG_SUCCESS; i++) {
-    s = connect_one(p, ai, t->peer_addr, deadline, &t->fds[i], err);
-    if (s != BRG_SUCCESS) break;
+  /* The listener may be busy: retry soon, then less often. */
+  brg__sock_dialer d = {.retry_ms = 1, .retry_max_ms = 100, .sockbuf = tcp_sockbuf()};
+  int64_t deadline = brg__deadline_ms(p->timeout_ms);
+  for (int i = 0; i < nsocks; i++) {
+    s = brg__net_dial(p, "tcp", ti.addr, ntohs(ti.port), t->l.peer_addr, deadline, &d, &t->fds[i],
+                      err);
+    if (s != BRG_SUCCESS) return s;
     tcp_hello h = {.magic = htonl(TCP_HELLO_MAGIC),
                    .rank = (int32_t)htonl((uint32_t)p->rank),
                    .index = htons((uint16_t)i),
                    .nsocks = htons((uint16_t)nsocks)};
     memcpy(h.secret, p->secret, BRG__SECRET_BYTES);
-    struct iovec iov = {&h, sizeof h};
-    if (send_all(t->fds[i], &iov, 1, 0) != 0)
-      s = brg__error(err, BRG_ERR_SYSTEM, "tcp", "hello to rank %d at %s: %s", p->peer,
-                     t->peer_addr, strerror(errno));
+    s = brg__net_hello_send(p, "tcp", t->fds[i], &h, sizeof h, t->l.peer_addr, deadline, err);
+    if (s != BRG_SUCCESS) return s;
   }
-  freeaddrinfo(ai);
-  if (s != BRG_SUCCESS) return s;
-  BRG__TRACE("tcp", "connected to rank %d at %s (%d sockets)", p->peer, t->peer_addr, nsocks);
-  return proxy_start(t, err);
-}
-
-typedef struct pending {
-  int fd;
-  size_t got;
-  tcp_hello hello;
-  char addr[TCP_ADDR_BYTES + 8];
-} pending;
-
-static void pending_drop(pending *q, int *npending, int i) {
-  close(q[i].fd);
-  q[i] = q[--*npending];
+  BRG__TRACE("tcp", "connected to rank %d at %s (%d sockets)", p->peer, t->l.peer_addr, nsocks);
+  return brg__net_start(&t->l, send_proxy, recv_proxy, t, "tcp", err);
 }
 
 /* Checks a complete hello; on success the socket becomes link socket `index`. */
-static int hello_accept(tcp_conn *t, const brg__conn_params *p, pending *q) {
-  const tcp_hello *h = &q->hello;
-  uint8_t diff = 0;
-  for (int i = 0; i < BRG__SECRET_BYTES; i++) diff |= h->secret[i] ^ p->secret[i];
-  int rank = (int32_t)ntohl((uint32_t)h->rank);
-  int index = ntohs(h->index);
-  if (ntohl(h->magic) != TCP_HELLO_MAGIC) {
-    BRG__WARN("tcp", "refused connection from %s: not a brigade tcp hello", q->addr);
-  } else if (diff) {
-    BRG__WARN("tcp", "refused connection from %s: bad secret", q->addr);
-  } else if (rank != p->peer) {
-    BRG__WARN("tcp", "refused connection from %s: rank %d, expected rank %d", q->addr, rank,
-              p->peer);
-  } else if (ntohs(h->nsocks) != t->nsocks || index >= t->nsocks || t->fds[index] >= 0) {
-    BRG__WARN("tcp", "refused connection from %s: socket %d of %d, expected one of %d", q->addr,
-              index, ntohs(h->nsocks), t->nsocks);
-  } else if (set_blocking(q->fd, 1) != 0) {
-    BRG__WARN("tcp", "dropped connection from %s: fcntl: %s", q->addr, strerror(errno));
-  } else {
-    t->fds[index] = q->fd;
-    snprintf(t->peer_addr, sizeof t->peer_addr, "%s", q->addr);
-    return 1;
+static int hello_take(void *arg, const brg__conn_params *p, int fd, const void *hello,
+                      const char *from) {
+  tcp_conn *t = arg;
+  tcp_hello h;
+  memcpy(&h, hello, sizeof h);
+  int index = ntohs(h.index);
+  if (!brg__net_hello_ok(p, "tcp", from, "tcp", ntohl(h.magic) == TCP_HELLO_MAGIC, h.secret,
+                         (int32_t)ntohl((uint32_t)h.rank)))
+    return 0;
+  if (ntohs(h.nsocks) != t->nsocks || index >= t->nsocks || t->fds[index] >= 0) {
+    BRG__WARN("tcp", "refused connection from %s: socket %d of %d, expected one of %d", from,
+              index, ntohs(h.nsocks), t->nsocks);
+    return 0;
   }
-  return 0;
+  t->fds[index] = fd;
+  return 1;
 }
 
 static brg_status tcp_recv_connect(brg__conn *c, const brg__conn_params *p, brg__errbuf *err) {
   tcp_conn *t = c->priv;
-  if (!t || t->listen_fd < 0)
+  if (!t || t->l.listen_fd < 0)
     return brg__error(err, BRG_ERR_INTERNAL, "tcp", "tcp recv_connect without recv_setup");
-  pending q[TCP_MAX_PENDING];
-  int npending = 0, connected = 0;
-  int64_t deadline = deadline_of(p->timeout_ms);
-  brg_status s = BRG_SUCCESS;
-  while (connected < t->nsocks) {
-    if ((s = setup_check(p)) != BRG_SUCCESS) {
-      brg__error(err, s, "tcp", "waiting for rank %d to connect: %s", p->peer,
-                 brg_status_string(s));
-      break;
-    }
-    int left = ms_left(deadline);
-    if (left == 0) {
-      s = brg__error(err, BRG_ERR_TIMEOUT, "tcp",
-                     "rank %d did not connect within %d ms (%d of %d sockets)", p->peer,
-                     p->timeout_ms, connected, t->nsocks);
-      break;
-    }
-    struct pollfd pfd[1 + TCP_MAX_PENDING];
-    pfd[0] = (struct pollfd){.fd = t->listen_fd, .events = POLLIN};
-    for (int i = 0; i < npending; i++)
-      pfd[1 + i] = (struct pollfd){.fd = q[i].fd, .events = POLLIN};
-    int n = poll(pfd, (nfds_t)(1 + npending), left < 100 ? left : 100);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      s = brg__error(err, BRG_ERR_SYSTEM, "tcp", "poll: %s", strerror(errno));
-      break;
-    }
-    /* Pending connections first (indices shift as they are dropped). */
-    for (int i = npending - 1; i >= 0; i--) {
-      if (!pfd[1 + i].revents) continue;
-      ssize_t r =
-          recv(q[i].fd, (char *)&q[i].hello + q[i].got, sizeof q[i].hello - q[i].got, MSG_DONTWAIT);
-      if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
-      if (r <= 0) {
-        BRG__WARN("tcp", "refused connection from %s: closed before its hello", q[i].addr);
-        pending_drop(q, &npending, i);
-        continue;
-      }
-      q[i].got += (size_t)r;
-      if (q[i].got < sizeof q[i].hello) continue;
-      if (hello_accept(t, p, &q[i])) {
-        connected++;
-        q[i] = q[--npending];
-      } else {
-        pending_drop(q, &npending, i);
-      }
-    }
-    if (pfd[0].revents) {
-      struct sockaddr_storage ss;
-      socklen_t len = sizeof ss;
-      int fd = accept4(t->listen_fd, (struct sockaddr *)&ss, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) {
-        if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) continue;
-        s = brg__error(err, BRG_ERR_SYSTEM, "tcp", "accept: %s", strerror(errno));
-        break;
-      }
-      if (npending == TCP_MAX_PENDING) {
-        BRG__WARN("tcp", "refused connection from %s: no hello in time", q[0].addr);
-        pending_drop(q, &npending, 0);
-      }
-      pending *e = &q[npending++];
-      e->fd = fd;
-      e->got = 0;
-      sockaddr_text((struct sockaddr *)&ss, len, e->addr, sizeof e->addr);
-      int one = 1;
-      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    }
-  }
-  while (npending > 0) pending_drop(q, &npending, npending - 1);
+  brg_status s = brg__net_accept(&t->l, p, "tcp", sizeof(tcp_hello), t->nsocks, hello_take, t,
+                                 brg__deadline_ms(p->timeout_ms), err);
   if (s != BRG_SUCCESS) return s;
-  close(t->listen_fd);
-  t->listen_fd = -1;
-  BRG__TRACE("tcp", "rank %d connected from %s (%d sockets)", p->peer, t->peer_addr, t->nsocks);
-  return proxy_start(t, err);
+  BRG__TRACE("tcp", "rank %d connected from %s (%d sockets)", p->peer, t->l.peer_addr, t->nsocks);
+  return brg__net_start(&t->l, send_proxy, recv_proxy, t, "tcp", err);
 }
 
 static void tcp_close(brg__conn *c) {
   tcp_conn *t = c->priv;
   if (!t) return;
-  __atomic_store_n(&t->stopping, 1, __ATOMIC_RELEASE);
-  if (t->thread_started) {
-    brg__fifo_wake_all(&t->fifo);
-    int joined = 0;
-    if (t->sender) {
-      /* Give the send proxy a moment to flush and say goodbye; a peer that
-       * does not read must not hold us up longer than that. */
-      struct timespec ts;
-      clock_gettime(CLOCK_REALTIME, &ts);
-      ts.tv_nsec += (long)TCP_CLOSE_GRACE_MS * 1000000L;
-      ts.tv_sec += ts.tv_nsec / 1000000000L;
-      ts.tv_nsec %= 1000000000L;
-      joined = pthread_timedjoin_np(t->thread, NULL, &ts) == 0;
-    }
-    if (!joined) {
-      for (int i = 0; i < t->nsocks; i++)
-        if (t->fds[i] >= 0) shutdown(t->fds[i], SHUT_RDWR);
-      brg__fifo_wake_all(&t->fifo);
-      pthread_join(t->thread, NULL);
-    }
+  /* Give the send proxy a moment to flush and say goodbye; a peer that does
+   * not read must not hold us up longer than that, and a receive proxy
+   * blocked in recv() needs its sockets shut down. */
+  if (!brg__net_stop(&t->l, t->l.sender ? TCP_CLOSE_GRACE_MS : 0)) {
+    for (int i = 0; i < t->nsocks; i++)
+      if (t->fds[i] >= 0) shutdown(t->fds[i], SHUT_RDWR);
+    brg__net_stop(&t->l, -1);
   }
-  for (int i = 0; i < TCP_MAX_SOCKS; i++)
-    if (t->fds[i] >= 0) close(t->fds[i]);
-  if (t->listen_fd >= 0) close(t->listen_fd);
-  brg__fifo_free(&t->fifo);
-  memset(&c->fifo, 0, sizeof c->fifo);
-  free(t);
-  c->priv = NULL;
+  for (int i = 0; i < TCP_MAX_SOCKS; i++) brg__sock_close(&t->fds[i]);
+  brg__net_close(c);
 }
 
 static int tcp_can_connect(const brg__peer_info *self, const brg__peer_info *peer) {

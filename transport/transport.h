@@ -129,8 +129,9 @@ int brg__fifo_mark_closed(brg__fifo *f, brg_status s, const char *fmt, ...)
 /* Wakes every sleeper of a FIFO (used on close/abort so nobody sleeps on). */
 void brg__fifo_wake_all(brg__fifo *f);
 
-/* Starts a network transport's proxy thread with every signal blocked
- * (signals belong to the application's threads) and names it. */
+/* Starts a network transport's proxy thread (or a verbs backend's progress
+ * thread) with every signal blocked (signals belong to the application's
+ * threads) and names it. */
 brg_status brg__proxy_start(pthread_t *thread, void *(*fn)(void *), void *arg, const char *name,
                             brg__errbuf *err);
 

@@ -104,7 +104,8 @@ typedef struct brg__vb_ops {
   brg_status (*qp_create)(brg__vb_ctx *ctx, int max_send, int max_recv, brg__vb_qp **out,
                           brg__vb_qp_info *info, brg__errbuf *err);
   /* Connects to the peer's queue pair (real: INIT -> RTR -> RTS). `active`
-   * is 1 on exactly one end of the pair (soft: that end dials). */
+   * is 1 on exactly one end of the pair (soft: that end dials);
+   * timeout_ms <= 0: no limit. */
   brg_status (*qp_connect)(brg__vb_qp *qp, const brg__vb_qp_info *remote, int active,
                            int timeout_ms, brg__errbuf *err);
   void (*qp_destroy)(brg__vb_qp *qp);

@@ -22,13 +22,8 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,9 +31,11 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
+#include "sock.h"
+#include "transport.h"
 #include "verbs_api.h"
 
 #define SOFT_HELLO_MAGIC 0x42525651u /* "BRVQ" */
@@ -151,12 +148,6 @@ void brg__vb_soft_test_bad_rkey(int n) {
   __atomic_store_n(&test_bad_rkey, n, __ATOMIC_SEQ_CST);
 }
 
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static int soft_probe(char *why, size_t why_bytes) {
   (void)why;
   (void)why_bytes;
@@ -171,7 +162,7 @@ static brg_status soft_ctx_open(brg__vb_ctx **out, const char *addr, brg__errbuf
   snprintf(c->addr, sizeof c->addr, "%s", addr);
   pthread_mutex_init(&c->lock, NULL);
   if (getrandom(&c->key_seed, sizeof c->key_seed, 0) != sizeof c->key_seed)
-    c->key_seed = (uint32_t)now_ms() ^ (uint32_t)getpid();
+    c->key_seed = (uint32_t)brg__now_ms() ^ (uint32_t)getpid();
   *out = c;
   return BRG_SUCCESS;
 }
@@ -491,102 +482,55 @@ static brg_status soft_qp_create(brg__vb_ctx *ctx, int max_send, int max_recv, b
   if (pipe2(q->wake, O_CLOEXEC | O_NONBLOCK) != 0)
     return brg__error(err, BRG_ERR_SYSTEM, "ib", "soft verbs: pipe: %s", strerror(errno));
   if (getrandom(&q->token, sizeof q->token, 0) != sizeof q->token)
-    q->token = (uint32_t)now_ms() * 2654435761u;
+    q->token = (uint32_t)brg__now_ms() * 2654435761u;
 
-  struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICHOST | AI_PASSIVE},
-                  *ai;
-  int rc = getaddrinfo(ctx->addr, "0", &hints, &ai);
-  if (rc != 0)
-    return brg__error(err, BRG_ERR_INVALID_ARGUMENT, "ib", "soft verbs: address '%s': %s",
-                      ctx->addr, gai_strerror(rc));
-  q->listen_fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (q->listen_fd < 0 || bind(q->listen_fd, ai->ai_addr, ai->ai_addrlen) != 0 ||
-      listen(q->listen_fd, 4) != 0) {
-    brg_status s = brg__error(err, BRG_ERR_SYSTEM, "ib", "soft verbs: listener on %s: %s",
-                              ctx->addr, strerror(errno));
-    freeaddrinfo(ai);
-    return s;
-  }
-  freeaddrinfo(ai);
-  struct sockaddr_storage ss;
-  socklen_t len = sizeof ss;
-  if (getsockname(q->listen_fd, (struct sockaddr *)&ss, &len) != 0)
-    return brg__error(err, BRG_ERR_SYSTEM, "ib", "soft verbs: getsockname: %s", strerror(errno));
+  uint16_t port;
+  brg_status s = brg__sock_listen(ctx->addr, 0, 4, "ib", "soft verbs: queue pair listener",
+                                  &q->listen_fd, &port, err);
+  if (s != BRG_SUCCESS) return s;
   memset(info, 0, sizeof *info);
   info->qpn = q->token;
-  info->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                              : ((struct sockaddr_in *)&ss)->sin_port);
+  info->port = port;
   snprintf(info->addr, sizeof info->addr, "%s", ctx->addr);
   return BRG_SUCCESS;
 }
 
-static int poll_one(int fd, short events, int64_t deadline) {
-  int64_t left = deadline - now_ms();
-  if (left <= 0) return 0;
-  struct pollfd pfd = {.fd = fd, .events = events};
-  int n = poll(&pfd, 1, left > 100 ? 100 : (int)left);
-  return n < 0 && errno == EINTR ? 0 : n;
-}
-
+/* The active end connects to the passive end's listener and names both
+ * queue pairs. */
 static brg_status dial(brg__vb_qp *q, const brg__vb_qp_info *r, int64_t deadline, int timeout_ms,
                        brg__errbuf *err) {
-  char serv[8];
-  snprintf(serv, sizeof serv, "%u", (unsigned)r->port);
-  struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICHOST | AI_NUMERICSERV},
-                  *ai;
-  if (!memchr(r->addr, 0, sizeof r->addr) || getaddrinfo(r->addr, serv, &hints, &ai) != 0)
+  if (!memchr(r->addr, 0, sizeof r->addr) || !brg__sock_addr_is_numeric(r->addr))
     return brg__error(err, BRG_ERR_INVALID_ARGUMENT, "ib", "soft verbs: bad peer address");
-  int e = ECONNREFUSED;
-  while (now_ms() < deadline) {
-    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) break;
-    e = connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 ? 0 : errno;
-    while (e == EINPROGRESS) {
-      if (poll_one(fd, POLLOUT, deadline) > 0) {
-        socklen_t len = sizeof e;
-        getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len);
-      } else if (now_ms() >= deadline) {
-        e = ETIMEDOUT;
-      }
-    }
-    if (e == 0) {
-      q->fd = fd;
-      break;
-    }
-    close(fd);
-    if (e != ECONNREFUSED) break;
-    usleep(10000);
-  }
-  freeaddrinfo(ai);
-  if (q->fd < 0)
-    return brg__error(err, e == ECONNREFUSED || e == ETIMEDOUT ? BRG_ERR_TIMEOUT : BRG_ERR_SYSTEM,
+  brg__sock_dialer d = {.retry_ms = 10, .retry_max_ms = 10, .refused_only = 1};
+  int e = 0;
+  int rc = brg__sock_dial(r->addr, r->port, deadline, &d, &q->fd, &e);
+  if (rc != BRG__IO_OK)
+    return brg__error(err, rc == BRG__IO_TIMEOUT || e == ETIMEDOUT ? BRG_ERR_TIMEOUT : BRG_ERR_SYSTEM,
                       "ib", "soft verbs: connecting the queue pair to %s port %u within %d ms: %s",
                       r->addr, (unsigned)r->port, timeout_ms, strerror(e));
   soft_hello h = {.magic = SOFT_HELLO_MAGIC, .to_qpn = r->qpn, .from_qpn = q->token};
-  if (send(q->fd, &h, sizeof h, MSG_NOSIGNAL) != (ssize_t)sizeof h)
+  rc = brg__sock_send_all(q->fd, &h, sizeof h, deadline, NULL);
+  if (rc != BRG__IO_OK)
     return brg__error(err, BRG_ERR_SYSTEM, "ib", "soft verbs: queue pair hello: %s",
-                      strerror(errno));
+                      brg__sock_io_why(rc));
   return BRG_SUCCESS;
 }
 
+/* The passive end takes the connection whose hello names both queue pairs. */
 static brg_status answer(brg__vb_qp *q, const brg__vb_qp_info *r, int64_t deadline, int timeout_ms,
                          brg__errbuf *err) {
   while (q->fd < 0) {
-    if (now_ms() >= deadline)
+    int rc = brg__sock_wait(q->listen_fd, POLLIN, deadline);
+    if (rc == BRG__IO_TIMEOUT)
       return brg__error(err, BRG_ERR_TIMEOUT, "ib",
                         "soft verbs: the peer queue pair did not connect within %d ms", timeout_ms);
-    if (poll_one(q->listen_fd, POLLIN, deadline) <= 0) continue;
+    if (rc != BRG__IO_OK)
+      return brg__error(err, BRG_ERR_SYSTEM, "ib", "soft verbs: poll: %s", strerror(errno));
     int fd = accept4(q->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) continue;
     soft_hello h;
-    size_t got = 0;
-    while (got < sizeof h && poll_one(fd, POLLIN, deadline) > 0) {
-      ssize_t n = recv(fd, (char *)&h + got, sizeof h - got, 0);
-      if (n <= 0) break;
-      got += (size_t)n;
-    }
-    if (got == sizeof h && h.magic == SOFT_HELLO_MAGIC && h.to_qpn == q->token &&
-        h.from_qpn == r->qpn) {
+    if (brg__sock_recv_all(fd, &h, sizeof h, deadline) == BRG__IO_OK &&
+        h.magic == SOFT_HELLO_MAGIC && h.to_qpn == q->token && h.from_qpn == r->qpn) {
       q->fd = fd;
     } else {
       BRG__WARN("ib", "soft verbs: dropped a connection that is not our peer queue pair");
@@ -598,23 +542,17 @@ static brg_status answer(brg__vb_qp *q, const brg__vb_qp_info *r, int64_t deadli
 
 static brg_status soft_qp_connect(brg__vb_qp *q, const brg__vb_qp_info *r, int active,
                                   int timeout_ms, brg__errbuf *err) {
-  int64_t deadline = now_ms() + (timeout_ms > 0 ? timeout_ms : INT_MAX);
+  int64_t deadline = brg__deadline_ms(timeout_ms);
   brg_status s =
       active ? dial(q, r, deadline, timeout_ms, err) : answer(q, r, deadline, timeout_ms, err);
   if (s != BRG_SUCCESS) return s;
-  close(q->listen_fd);
-  q->listen_fd = -1;
-  int one = 1;
-  setsockopt(q->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  fcntl(q->fd, F_SETFL, fcntl(q->fd, F_GETFL) | O_NONBLOCK);
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  int rc = pthread_create(&q->thread, NULL, soft_progress, q);
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
-  if (rc != 0)
-    return brg__error(err, BRG_ERR_SYSTEM, "ib", "soft verbs: progress thread: %s", strerror(rc));
-  pthread_setname_np(q->thread, "brg-ib-soft");
+  brg__sock_close(&q->listen_fd);
+  brg__sock_nodelay(q->fd);
+  /* All its I/O is the progress thread's, which must never block in it. */
+  if (brg__sock_set_blocking(q->fd, 0) != 0)
+    return brg__error(err, BRG_ERR_SYSTEM, "ib", "soft verbs: fcntl: %s", strerror(errno));
+  s = brg__proxy_start(&q->thread, soft_progress, q, "brg-ib-soft", err);
+  if (s != BRG_SUCCESS) return s;
   q->thread_started = 1;
   return BRG_SUCCESS;
 }
@@ -626,10 +564,10 @@ static void soft_qp_destroy(brg__vb_qp *q) {
     qp_wake(q);
     pthread_join(q->thread, NULL);
   }
-  if (q->fd >= 0) close(q->fd);
-  if (q->listen_fd >= 0) close(q->listen_fd);
-  if (q->wake[0] >= 0) close(q->wake[0]);
-  if (q->wake[1] >= 0) close(q->wake[1]);
+  brg__sock_close(&q->fd);
+  brg__sock_close(&q->listen_fd);
+  brg__sock_close(&q->wake[0]);
+  brg__sock_close(&q->wake[1]);
   pthread_mutex_destroy(&q->lock);
   pthread_mutex_destroy(&q->out_lock);
   free(q->sq);

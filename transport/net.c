@@ -1,0 +1,280 @@
+/* What the network transports share: see net.h. */
+#include "net.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "clock.h"
+
+brg_status brg__net_check(const brg__conn_params *p) {
+  if (p->waiter && p->waiter->check) return p->waiter->check(p->waiter->arg);
+  return BRG_SUCCESS;
+}
+
+brg_status brg__net_open(brg__conn *c, const brg__conn_params *p, int sender, size_t bytes,
+                         const char *name, const char *subsys, brg__errbuf *err) {
+  if (p->nslots < 1 || p->nslots > BRG__MAX_SLOTS || p->slot_bytes == 0 ||
+      p->slot_bytes > UINT32_MAX)
+    return brg__error(err, BRG_ERR_INVALID_ARGUMENT, subsys,
+                      "%s link with rank %d: bad FIFO shape (%d slots of %zu bytes)", name,
+                      p->peer, p->nslots, p->slot_bytes);
+  brg__net_link *l = calloc(1, bytes);
+  if (!l)
+    return brg__error(err, BRG_ERR_NO_MEMORY, subsys, "%s link with rank %d: out of memory", name,
+                      p->peer);
+  l->sender = sender;
+  l->peer = p->peer;
+  l->listen_fd = -1;
+  snprintf(l->peer_addr, sizeof l->peer_addr, "%s", p->peer_info ? p->peer_info->addr : "?");
+  brg_status s = brg__fifo_alloc(&l->fifo, p->nslots, p->slot_bytes, err);
+  if (s != BRG_SUCCESS) {
+    free(l);
+    return s;
+  }
+  c->priv = l;
+  c->peer = p->peer;
+  c->fifo = l->fifo;
+  return BRG_SUCCESS;
+}
+
+/* The dialer's stop(): p's waiter check, whose status the error reports. */
+typedef struct net_stop {
+  const brg__conn_params *p;
+  brg_status s;
+} net_stop;
+
+static int net_stopped(void *arg) {
+  net_stop *n = arg;
+  n->s = brg__net_check(n->p);
+  return n->s != BRG_SUCCESS;
+}
+
+brg_status brg__net_dial(const brg__conn_params *p, const char *subsys, const char *addr,
+                         uint16_t port, const char *where, int64_t deadline,
+                         const brg__sock_dialer *d, int *fd_out, brg__errbuf *err) {
+  if (!brg__sock_addr_is_numeric(addr))
+    return brg__error(err, BRG_ERR_INVALID_ARGUMENT, subsys,
+                      "rank %d is at '%s', not a numeric IPv4 or IPv6 address", p->peer, addr);
+  net_stop stop = {.p = p};
+  brg__sock_dialer how = *d;
+  how.refused_only = 1; /* anything else will not mend before the deadline */
+  how.stop = net_stopped;
+  how.arg = &stop;
+  int fd = -1, e = 0;
+  int rc = brg__sock_dial(addr, port, deadline, &how, &fd, &e);
+  if (rc == BRG__IO_OK && brg__sock_set_blocking(fd, 1) != 0) {
+    e = errno;
+    close(fd);
+    rc = BRG__IO_ERR;
+  }
+  if (rc == BRG__IO_STOPPED)
+    return brg__error(err, stop.s, subsys, "connecting to rank %d at %s: %s", p->peer, where,
+                      brg_status_string(stop.s));
+  if (rc == BRG__IO_TIMEOUT || (rc != BRG__IO_OK && e == ETIMEDOUT))
+    return brg__error(err, BRG_ERR_TIMEOUT, subsys,
+                      "connecting to rank %d at %s: no connection within %d ms (%s)", p->peer,
+                      where, p->timeout_ms, strerror(e));
+  if (rc != BRG__IO_OK)
+    return brg__error(err, BRG_ERR_SYSTEM, subsys, "connecting to rank %d at %s: %s", p->peer,
+                      where, strerror(e));
+  brg__sock_nodelay(fd);
+  *fd_out = fd;
+  return BRG_SUCCESS;
+}
+
+brg_status brg__net_hello_send(const brg__conn_params *p, const char *subsys, int fd,
+                               const void *hello, size_t bytes, const char *where,
+                               int64_t deadline, brg__errbuf *err) {
+  int rc = brg__sock_send_all(fd, hello, bytes, deadline, NULL);
+  if (rc == BRG__IO_OK) return BRG_SUCCESS;
+  return brg__error(err, rc == BRG__IO_TIMEOUT ? BRG_ERR_TIMEOUT : BRG_ERR_SYSTEM, subsys,
+                    "hello to rank %d at %s: %s", p->peer, where, brg__sock_io_why(rc));
+}
+
+/* A connection that has not finished its hello yet. */
+typedef struct net_pending {
+  int fd;
+  size_t got;
+  char from[BRG__HOSTPORT_LEN];
+  unsigned char hello[BRG__NET_HELLO_MAX];
+} net_pending;
+
+/* What brg__net_accept works with. */
+typedef struct net_door {
+  brg__net_link *l;
+  const brg__conn_params *p;
+  const char *subsys;
+  size_t hello_bytes;
+  brg__net_take_fn take;
+  void *arg;
+  int npending;
+  net_pending q[BRG__NET_MAX_PENDING];
+} net_door;
+
+/* Forgets q[i] (the last one moves into its place), closing it unless it
+ * was kept. */
+static void pending_remove(net_door *d, int i, int kept) {
+  if (!kept) close(d->q[i].fd);
+  d->q[i] = d->q[--d->npending];
+}
+
+/* Reads more of q[i]'s hello; once it is complete, take() judges it.
+ * 1 when the connection was kept. */
+static int pending_read(net_door *d, int i) {
+  net_pending *e = &d->q[i];
+  ssize_t r = recv(e->fd, e->hello + e->got, d->hello_bytes - e->got, MSG_DONTWAIT);
+  if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+  if (r <= 0) {
+    BRG__WARN(d->subsys, "refused connection from %s: closed before its hello", e->from);
+    pending_remove(d, i, 0);
+    return 0;
+  }
+  e->got += (size_t)r;
+  if (e->got < d->hello_bytes) return 0;
+  int kept = 0;
+  if (brg__sock_set_blocking(e->fd, 1) != 0)
+    BRG__WARN(d->subsys, "dropped connection from %s: fcntl: %s", e->from, strerror(errno));
+  else
+    kept = d->take(d->arg, d->p, e->fd, e->hello, e->from);
+  if (kept) snprintf(d->l->peer_addr, sizeof d->l->peer_addr, "%s", e->from);
+  pending_remove(d, i, kept);
+  return kept;
+}
+
+/* A new connection joins the pending ones. 0, or -1 with errno. */
+static int pending_add(net_door *d) {
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof ss;
+  int fd = accept4(d->l->listen_fd, (struct sockaddr *)&ss, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+  if (fd < 0)
+    return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED
+               ? 0
+               : -1;
+  if (d->npending == BRG__NET_MAX_PENDING) {
+    BRG__WARN(d->subsys, "refused connection from %s: no hello in time", d->q[0].from);
+    pending_remove(d, 0, 0);
+  }
+  net_pending *e = &d->q[d->npending++];
+  e->fd = fd;
+  e->got = 0;
+  brg__sock_addr_str((struct sockaddr *)&ss, len, e->from, sizeof e->from);
+  brg__sock_nodelay(fd);
+  return 0;
+}
+
+brg_status brg__net_accept(brg__net_link *l, const brg__conn_params *p, const char *subsys,
+                           size_t hello_bytes, int want, brg__net_take_fn take, void *arg,
+                           int64_t deadline, brg__errbuf *err) {
+  if (hello_bytes == 0 || hello_bytes > BRG__NET_HELLO_MAX)
+    return brg__error(err, BRG_ERR_INTERNAL, subsys, "a hello of %zu bytes", hello_bytes);
+  net_door d = {
+      .l = l, .p = p, .subsys = subsys, .hello_bytes = hello_bytes, .take = take, .arg = arg};
+  int kept = 0;
+  brg_status s = BRG_SUCCESS;
+  while (kept < want) {
+    if ((s = brg__net_check(p)) != BRG_SUCCESS) {
+      brg__error(err, s, subsys, "waiting for rank %d to connect: %s", p->peer,
+                 brg_status_string(s));
+      break;
+    }
+    int left = brg__ms_left_capped(deadline, 100);
+    if (left == 0) {
+      if (want > 1)
+        s = brg__error(err, BRG_ERR_TIMEOUT, subsys,
+                       "rank %d did not connect within %d ms (%d of %d connections)", p->peer,
+                       p->timeout_ms, kept, want);
+      else
+        s = brg__error(err, BRG_ERR_TIMEOUT, subsys, "rank %d did not connect within %d ms",
+                       p->peer, p->timeout_ms);
+      break;
+    }
+    struct pollfd pfd[1 + BRG__NET_MAX_PENDING];
+    pfd[0] = (struct pollfd){.fd = l->listen_fd, .events = POLLIN};
+    for (int i = 0; i < d.npending; i++)
+      pfd[1 + i] = (struct pollfd){.fd = d.q[i].fd, .events = POLLIN};
+    if (poll(pfd, (nfds_t)(1 + d.npending), left) < 0) {
+      if (errno == EINTR) continue;
+      s = brg__error(err, BRG_ERR_SYSTEM, subsys, "poll: %s", strerror(errno));
+      break;
+    }
+    /* Pending connections first, from the last: removing one moves the
+     * last into its place. */
+    for (int i = d.npending - 1; i >= 0 && kept < want; i--)
+      if (pfd[1 + i].revents) kept += pending_read(&d, i);
+    if (kept < want && pfd[0].revents && pending_add(&d) != 0) {
+      s = brg__error(err, BRG_ERR_SYSTEM, subsys, "accept: %s", strerror(errno));
+      break;
+    }
+  }
+  while (d.npending > 0) pending_remove(&d, d.npending - 1, 0);
+  if (s != BRG_SUCCESS) return s;
+  brg__sock_close(&l->listen_fd);
+  return BRG_SUCCESS;
+}
+
+int brg__net_hello_ok(const brg__conn_params *p, const char *subsys, const char *from,
+                      const char *what, int magic_ok, const uint8_t *secret, int rank) {
+  uint8_t diff = 0; /* every byte, whatever the first differs in */
+  for (int i = 0; i < BRG__SECRET_BYTES; i++) diff |= secret[i] ^ p->secret[i];
+  if (!magic_ok)
+    BRG__WARN(subsys, "refused connection from %s: not a brigade %s hello", from, what);
+  else if (diff)
+    BRG__WARN(subsys, "refused connection from %s: bad secret", from);
+  else if (rank != p->peer)
+    BRG__WARN(subsys, "refused connection from %s: rank %d, expected rank %d", from, rank,
+              p->peer);
+  else
+    return 1;
+  return 0;
+}
+
+brg_status brg__net_start(brg__net_link *l, void *(*send_fn)(void *), void *(*recv_fn)(void *),
+                          void *arg, const char *tag, brg__errbuf *err) {
+  char name[16];
+  snprintf(name, sizeof name, "brg-%s-%s", tag, l->sender ? "send" : "recv");
+  brg_status s = brg__proxy_start(&l->thread, l->sender ? send_fn : recv_fn, arg, name, err);
+  if (s == BRG_SUCCESS) l->thread_started = 1;
+  return s;
+}
+
+void brg__net_peer_left(brg__net_link *l, const char *subsys) {
+  brg__fifo_mark_closed(&l->fifo, BRG_ERR_REMOTE, "rank %d closed its link", l->peer);
+  BRG__INFO(subsys, "rank %d (%s) closed its link", l->peer, l->peer_addr);
+  brg__fifo_wake_all(&l->fifo);
+}
+
+int brg__net_stop(brg__net_link *l, int wait_ms) {
+  __atomic_store_n(&l->stopping, 1, __ATOMIC_RELEASE);
+  if (!l->thread_started) return 1;
+  brg__fifo_wake_all(&l->fifo);
+  if (wait_ms == 0) return 0;
+  if (wait_ms > 0) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += wait_ms / 1000;
+    ts.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
+    ts.tv_sec += ts.tv_nsec / 1000000000L;
+    ts.tv_nsec %= 1000000000L;
+    if (pthread_timedjoin_np(l->thread, NULL, &ts) != 0) return 0;
+  } else {
+    pthread_join(l->thread, NULL);
+  }
+  l->thread_started = 0;
+  return 1;
+}
+
+void brg__net_close(brg__conn *c) {
+  brg__net_link *l = c->priv;
+  if (!l) return;
+  brg__sock_close(&l->listen_fd);
+  brg__fifo_free(&l->fifo);
+  memset(&c->fifo, 0, sizeof c->fifo);
+  free(l);
+  c->priv = NULL;
+}
