@@ -11,6 +11,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
@@ -149,13 +150,32 @@ void brg__fifo_wake_all(brg__fifo *f) {
   futex_wake(&f->ctrl->head);
 }
 
+/* What a proxy thread starts with: its function, and the rank its lines are
+ * logged under (the rank of the thread that started it). */
+typedef struct proxy_start {
+  void *(*fn)(void *);
+  void *arg;
+  int rank;
+} proxy_start;
+
+static void *proxy_main(void *p) {
+  proxy_start s = *(proxy_start *)p;
+  free(p);
+  brg__log_set_thread_rank(s.rank);
+  return s.fn(s.arg);
+}
+
 brg_status brg__proxy_start(pthread_t *thread, void *(*fn)(void *), void *arg, const char *name,
                             brg__errbuf *err) {
+  proxy_start *s = malloc(sizeof *s);
+  if (!s) return brg__error(err, BRG_ERR_NO_MEMORY, "init", "starting thread %s: out of memory", name);
+  *s = (proxy_start){.fn = fn, .arg = arg, .rank = brg__log_thread_rank()};
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
-  int rc = pthread_create(thread, NULL, fn, arg);
+  int rc = pthread_create(thread, NULL, proxy_main, s);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (rc != 0) free(s);
   if (rc != 0)
     return brg__error(err, BRG_ERR_SYSTEM, "init", "starting thread %s: %s", name, strerror(rc));
   pthread_setname_np(*thread, name);
