@@ -23,7 +23,7 @@ extern "C" {
 #endif
 
 /* Raised whenever the table changes shape; the loader refuses other values. */
-#define BRG__CUDA_ABI 4
+#define BRG__CUDA_ABI 5
 
 /* Name of the one symbol the module exports. */
 #define BRG__CUDA_ENTRY "brg__cuda_module_api"
@@ -107,6 +107,21 @@ typedef struct brg__cuda_api {
    * registration (GPUDirect RDMA): *fd covers whole pages and p lies *offset
    * bytes into it. The caller closes *fd. */
   int (*dmabuf_export)(void *p, size_t bytes, int *fd, unsigned long long *offset);
+
+  /* 0 once the event's last record has run, -1 while it has not, else an
+   * error: for waits with a deadline (a dead peer's event never comes). */
+  int (*event_query)(void *event);
+
+  /* The calling thread's current device: memory, streams and events
+   * belong to the device current when they are made, and kernels go into
+   * streams of the current device. */
+  int (*set_device)(int device);
+  int (*get_device)(int *device);
+  /* Whether kernels of `device` can reach memory of `peer`, and letting
+   * them (from the current device to `peer`; already enabled counts as
+   * done: the call returns 0). */
+  int (*can_access_peer)(int *can, int device, int peer);
+  int (*enable_peer_access)(int peer);
 } brg__cuda_api;
 
 #define BRG__CUDA_IPC_HANDLE_BYTES 64

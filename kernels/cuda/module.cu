@@ -122,6 +122,28 @@ int event_elapsed_ms(float *ms, void *start, void *end) {
   return cudaEventElapsedTime(ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end));
 }
 
+int event_query(void *ev) {
+  cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(ev));
+  if (e == cudaErrorNotReady) {
+    cudaGetLastError();
+    return -1;
+  }
+  return e;
+}
+int set_device(int device) { return cudaSetDevice(device); }
+int get_device(int *device) { return cudaGetDevice(device); }
+int can_access_peer(int *can, int device, int peer) {
+  return cudaDeviceCanAccessPeer(can, device, peer);
+}
+int enable_peer_access(int peer) {
+  cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+  if (e == cudaErrorPeerAccessAlreadyEnabled) {
+    cudaGetLastError();
+    return cudaSuccess;
+  }
+  return e;
+}
+
 int host_register(void *p, size_t bytes, void **dev) {
   cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
   if (e != cudaSuccess) return e;
@@ -190,6 +212,11 @@ const brg__cuda_api api = {
     .host_register = host_register,
     .host_unregister = host_unregister,
     .dmabuf_export = dmabuf_export,
+    .event_query = event_query,
+    .set_device = set_device,
+    .get_device = get_device,
+    .can_access_peer = can_access_peer,
+    .enable_peer_access = enable_peer_access,
 };
 
 } // namespace

@@ -17,6 +17,18 @@
  *  - Events live in shared memory. Recording one queues "completed = n" on
  *    the stream; waiting on one waits for the record that was the most
  *    recent when the wait was queued (never recorded: no wait).
+ *  - Several devices (BRIGADE_EMU_DEVICES, default 2), with a current
+ *    device per thread. Memory, streams and events belong to the device
+ *    that was current when they were made. A kernel launched into a stream
+ *    of another device than the current one fails (invalid resource
+ *    handle), and so does an event recorded into another device's stream.
+ *    A kernel that touches memory of another device without peer access
+ *    (cudaDeviceEnablePeerAccess), or host memory that was not registered,
+ *    fails with an illegal address, as a GPU would; BRIGADE_EMU_NO_PEER=1
+ *    makes every pair of devices unable to reach each other.
+ *  - IPC memory that is closed is unmapped for real: a kernel that still
+ *    uses it crashes the process. A process cannot open its own IPC
+ *    handles (CUDA refuses them too).
  *
  * Error codes are small integers; error_string() names them.
  */
@@ -42,7 +54,7 @@
 #define HB BRG__CUDA_IPC_HANDLE_BYTES
 #define MAGIC 0x42524745u /* "BRGE" */
 
-enum { E_OK, E_ALLOC, E_HANDLE, E_ARG, E_SYS };
+enum { E_OK, E_ALLOC, E_HANDLE, E_ARG, E_SYS, E_RESOURCE, E_ILLEGAL, E_DEVICE, E_PEER_UNSUPPORTED };
 
 static const char *error_string(int e) {
   switch (e) {
@@ -50,8 +62,58 @@ static const char *error_string(int e) {
   case E_ALLOC: return "out of memory (emulated GPU)";
   case E_HANDLE: return "invalid IPC handle (emulated GPU)";
   case E_ARG: return "invalid argument (emulated GPU)";
+  case E_RESOURCE:
+    return "invalid resource handle (emulated GPU: a stream or event of another device than the "
+           "current one)";
+  case E_ILLEGAL:
+    return "an illegal memory access was encountered (emulated GPU: a kernel touched memory its "
+           "device cannot reach)";
+  case E_DEVICE: return "invalid device ordinal (emulated GPU)";
+  case E_PEER_UNSUPPORTED: return "peer access is not supported between these devices (emulated GPU)";
   default: return "system call failed (emulated GPU)";
   }
+}
+
+/* ---- devices ---- */
+
+#define MAX_DEV 8
+static int ndev = -1;
+static int no_peer;
+static __thread int cur_dev;
+static int peer_on[MAX_DEV][MAX_DEV]; /* [from][to]: kernels of `from` may touch `to` */
+
+static int devices(void) {
+  if (ndev < 0) {
+    const char *v = getenv("BRIGADE_EMU_DEVICES");
+    int n = v && *v ? atoi(v) : 2;
+    no_peer = getenv("BRIGADE_EMU_NO_PEER") && atoi(getenv("BRIGADE_EMU_NO_PEER"));
+    ndev = n < 1 ? 1 : n > MAX_DEV ? MAX_DEV : n;
+  }
+  return ndev;
+}
+
+static int set_device(int dev) {
+  if (dev < 0 || dev >= devices()) return E_DEVICE;
+  cur_dev = dev;
+  return E_OK;
+}
+
+static int get_device(int *dev) {
+  *dev = cur_dev;
+  return E_OK;
+}
+
+static int can_access_peer(int *can, int dev, int peer) {
+  if (dev < 0 || peer < 0 || dev >= devices() || peer >= devices()) return E_DEVICE;
+  *can = dev != peer && !no_peer;
+  return E_OK;
+}
+
+static int enable_peer_access(int peer) {
+  if (peer < 0 || peer >= devices() || peer == cur_dev) return E_DEVICE;
+  if (no_peer) return E_PEER_UNSUPPORTED;
+  __atomic_store_n(&peer_on[cur_dev][peer], 1, __ATOMIC_RELEASE);
+  return E_OK;
 }
 
 /* ---- memory the module handed out ---- */
@@ -61,6 +123,7 @@ typedef struct region {
   size_t bytes;
   int fd;     /* exported: the memfd, kept open so peers can open it */
   int mapped; /* opened from a peer's handle */
+  int dev;    /* the device it belongs to; -1: registered host memory */
 } region;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -79,7 +142,7 @@ static int add_region(char *p, size_t bytes, int fd, int mapped) {
     regions = r;
     capregions = cap;
   }
-  regions[nregions++] = (region){p, bytes, fd, mapped};
+  regions[nregions++] = (region){p, bytes, fd, mapped > 0, mapped < 0 ? -1 : cur_dev};
   pthread_mutex_unlock(&lock);
   return E_OK;
 }
@@ -127,6 +190,7 @@ static int map_handle(const void *h, char **p, size_t *bytes) {
   handle hd;
   memcpy(&hd, h, sizeof hd);
   if (hd.magic != MAGIC) return E_HANDLE;
+  if (hd.pid == (int32_t)getpid()) return E_HANDLE; /* CUDA refuses a process's own handles */
   char path[64];
   snprintf(path, sizeof path, "/proc/%d/fd/%d", hd.pid, hd.fd);
   int fd = open(path, O_RDWR | O_CLOEXEC);
@@ -198,9 +262,20 @@ static int ipc_mem_close(void *p) {
 }
 
 static int pointer_is_device(const void *p, int *device) {
-  if (!p || !find_region(p, NULL, 0)) return 0;
-  if (device) *device = 0;
+  region r;
+  if (!p || !find_region(p, &r, 0) || r.dev < 0) return 0;
+  if (device) *device = r.dev;
   return 1;
+}
+
+/* Whether a kernel of `dev` may touch [p, p + bytes): memory of its own
+ * device, of a device it has peer access to, or registered host memory. */
+static int reachable(int dev, const void *p, size_t bytes) {
+  region r;
+  if (!p || bytes == 0) return 1;
+  if (!find_region(p, &r, 0)) return 0;
+  if ((const char *)p + bytes > r.p + (r.bytes ? r.bytes : 1)) return 0;
+  return r.dev < 0 || r.dev == dev || peer_on[dev][r.dev];
 }
 
 /* ---- events ---- */
@@ -214,6 +289,7 @@ typedef struct ev_shared {
 typedef struct event {
   ev_shared *s;
   int fd;    /* owner: the memfd; -1 for an opened one */
+  int dev;   /* the device current when it was made or opened */
 } event;
 
 static int ipc_event_export(void **out, void *h) {
@@ -226,6 +302,7 @@ static int ipc_event_export(void **out, void *h) {
     return e;
   }
   ev->s = (ev_shared *)m;
+  ev->dev = cur_dev;
   handle hd = {MAGIC, (int32_t)getpid(), ev->fd, 0, sizeof(ev_shared)};
   memset(h, 0, HB);
   memcpy(h, &hd, sizeof hd);
@@ -245,6 +322,7 @@ static int ipc_event_open(void **out, const void *h) {
   }
   ev->s = (ev_shared *)m;
   ev->fd = -1;
+  ev->dev = cur_dev;
   *out = ev;
   return E_OK;
 }
@@ -285,6 +363,7 @@ typedef struct op {
 } op;
 
 typedef struct stream {
+  int dev; /* the device current when it was made */
   pthread_t thread;
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -294,8 +373,7 @@ typedef struct stream {
   unsigned seed;
 } stream;
 
-static stream *default_stream;
-static pthread_once_t default_once = PTHREAD_ONCE_INIT;
+static stream *default_stream[MAX_DEV]; /* each device's legacy stream */
 
 static void run_op(stream *s, const op *o) {
   /* Now and then a delay, so that work ordered by luck shows. */
@@ -344,6 +422,7 @@ static void *stream_main(void *arg) {
 static stream *stream_new(void) {
   stream *s = calloc(1, sizeof *s);
   if (!s) return NULL;
+  s->dev = cur_dev;
   s->cap = 1024;
   s->q = calloc(s->cap, sizeof *s->q);
   s->seed = (unsigned)getpid() ^ (unsigned)(uintptr_t)s;
@@ -358,12 +437,33 @@ static stream *stream_new(void) {
   return s;
 }
 
-static void make_default(void) { default_stream = stream_new(); }
-
+/* NULL is the current device's legacy default stream. */
 static stream *get_stream(void *p) {
   if (p) return p;
-  pthread_once(&default_once, make_default);
-  return default_stream;
+  devices();
+  pthread_mutex_lock(&lock);
+  if (!default_stream[cur_dev]) default_stream[cur_dev] = stream_new();
+  stream *s = default_stream[cur_dev];
+  pthread_mutex_unlock(&lock);
+  return s;
+}
+
+static size_t elem_size(int dtype) {
+  static const size_t sizes[BRG_NUM_DTYPES] = {1, 1, 4, 4, 8, 8, 2, 2, 4, 8};
+  return (unsigned)dtype < BRG_NUM_DTYPES ? sizes[dtype] : 0;
+}
+
+/* A kernel goes into a stream of the current device, and touches only
+ * memory that device can reach. */
+static int launch_check(void *st, const void *d0, const void *d1, const void *a, const void *b,
+                        size_t bytes) {
+  stream *s = get_stream(st);
+  if (!s) return E_ALLOC;
+  if (s->dev != cur_dev) return E_RESOURCE;
+  if (!reachable(s->dev, d0, bytes) || !reachable(s->dev, d1, bytes) ||
+      !reachable(s->dev, a, bytes) || !reachable(s->dev, b, bytes))
+    return E_ILLEGAL;
+  return E_OK;
 }
 
 static int enqueue(void *st, const op *o) {
@@ -410,23 +510,32 @@ static int stream_destroy(void *st) { return stream_sync(st); }
 
 static int reduce(void *d0, void *d1, const void *a, const void *b, size_t n, int dtype, int rop,
                   int div, void *st) {
+  int e = launch_check(st, d0, d1, a, b, n * elem_size(dtype));
+  if (e) return e;
   op o = {.kind = OP_REDUCE, .d0 = d0, .d1 = d1, .a = a, .b = b, .n = n, .dtype = dtype,
           .rop = rop, .div = div};
   return enqueue(st, &o);
 }
 
 static int copy(void *d0, void *d1, const void *src, size_t bytes, void *st) {
+  int e = launch_check(st, d0, d1, src, NULL, bytes);
+  if (e) return e;
   op o = {.kind = OP_COPY, .d0 = d0, .d1 = d1, .a = src, .n = bytes};
   return enqueue(st, &o);
 }
 
 static int divide(void *d, const void *src, size_t n, int dtype, int div, void *st) {
+  int e = launch_check(st, d, NULL, src, NULL, n * elem_size(dtype));
+  if (e) return e;
   op o = {.kind = OP_DIVIDE, .d0 = d, .a = src, .n = n, .dtype = dtype, .div = div};
   return enqueue(st, &o);
 }
 
 static int event_record(void *p, void *st) {
   event *ev = p;
+  stream *s = get_stream(st);
+  if (!s) return E_ALLOC;
+  if (s->dev != ev->dev) return E_RESOURCE;
   uint64_t t = __atomic_add_fetch(&ev->s->issued, 1, __ATOMIC_ACQ_REL);
   op o = {.kind = OP_RECORD, .ev = ev->s, .ticket = t};
   return enqueue(st, &o);
@@ -438,6 +547,15 @@ static int stream_wait_event(void *st, void *p) {
   if (t == 0) return E_OK;
   op o = {.kind = OP_WAIT, .ev = ev->s, .ticket = t};
   return enqueue(st, &o);
+}
+
+/* 0 when the event's last record has run, -1 while it has not. */
+static int event_query(void *p) {
+  event *ev = p;
+  return __atomic_load_n(&ev->s->completed, __ATOMIC_ACQUIRE) >=
+                 __atomic_load_n(&ev->s->issued, __ATOMIC_ACQUIRE)
+             ? E_OK
+             : -1;
 }
 
 static int event_sync(void *p) {
@@ -463,15 +581,17 @@ static int event_elapsed_ms(float *ms, void *a, void *b) {
   return E_OK;
 }
 
-/* Host memory is what kernels use already here; mapping it changes nothing. */
+/* Registered host memory keeps its address for kernels of every device. */
 static int host_register(void *p, size_t bytes, void **dev) {
-  (void)bytes;
+  int e = add_region(p, bytes, -1, -1);
+  if (e) return e;
   *dev = p;
   return E_OK;
 }
 
 static int host_unregister(void *p) {
-  (void)p;
+  region r;
+  if (!find_region(p, &r, 1) || r.p != p || r.dev >= 0) return E_ARG;
   return E_OK;
 }
 
@@ -491,11 +611,12 @@ static int dmabuf_export(void *p, size_t bytes, int *fd, unsigned long long *off
 static int probe(char *why, size_t n) {
   (void)why;
   (void)n;
-  return 1;
+  return devices();
 }
 
 static void describe(char *out, size_t n) {
-  snprintf(out, n, "emulated GPU (host memory, streams run by threads; tests only)");
+  snprintf(out, n, "device %d of %d: emulated GPU (host memory, streams run by threads; tests only)",
+           cur_dev, devices());
 }
 
 /* Synchronous copies run behind the default stream's work, as CUDA's do. */
@@ -514,7 +635,9 @@ static int mem_set(void *p, int value, size_t bytes) {
 static int last_error(void) { return E_OK; }
 
 static int device_uuid(unsigned char uuid[16]) {
-  memcpy(uuid, "brigade-emu-gpu0", 16);
+  char u[17];
+  snprintf(u, sizeof u, "brigade-emu-gpu%d", cur_dev);
+  memcpy(uuid, u, 16);
   return E_OK;
 }
 
@@ -550,6 +673,11 @@ static const brg__cuda_api api = {
     .host_register = host_register,
     .host_unregister = host_unregister,
     .dmabuf_export = dmabuf_export,
+    .event_query = event_query,
+    .set_device = set_device,
+    .get_device = get_device,
+    .can_access_peer = can_access_peer,
+    .enable_peer_access = enable_peer_access,
 };
 
 EXPORT const brg__cuda_api *brg__cuda_module_api(void) { return &api; }

@@ -1070,7 +1070,7 @@ int main(int argc, char **argv) {
       char why[256] = "";
       if (device_api(why, sizeof why)) _exit(0);
       printf("no GPU for the device collectives: %s\n", why);
-      _exit(77);
+      _exit(getenv("BRIGADE_TEST_NO_SKIP") ? 1 : 77);
     }
     int st = 0;
     if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) return 1;
