@@ -10,7 +10,8 @@
 
 static brg_status check_call(brg_comm *c, const char *fn, const void *sendbuf, const void *recvbuf,
                              size_t count, size_t send_elems, size_t recv_elems, brg_dtype dtype,
-                             int check_op, brg_op op, int root, brg_stream stream) {
+                             int check_op, brg_op op, int root, brg_stream stream,
+                             brg__coll *k) {
   brg_status s = brg__check_comm(c, fn);
   if (s != BRG_SUCCESS) return s;
   if ((unsigned)dtype >= BRG_NUM_DTYPES)
@@ -30,9 +31,9 @@ static brg_status check_call(brg_comm *c, const char *fn, const void *sendbuf, c
   if (recv_elems && !recvbuf)
     return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT, "%s: recvbuf is NULL with count %zu", fn,
                            count);
-  s = stream ? brg__device_check_call(c, fn, sendbuf, recvbuf, stream)
-             : brg__device_check_host_call(c, fn, sendbuf, recvbuf);
+  s = brg__device_classify(c, fn, sendbuf, recvbuf, stream, &k->device, &k->gpu);
   if (s != BRG_SUCCESS) return s;
+  k->stream = stream;
   if (send_elems && recv_elems && sendbuf != recvbuf) {
     const char *a = sendbuf, *b = recvbuf;
     size_t sa = send_elems * esize, sb = recv_elems * esize;
@@ -50,37 +51,34 @@ static brg_status check_call(brg_comm *c, const char *fn, const void *sendbuf, c
 }
 
 #define COLL(KIND, SB, RB, CNT, DT, OP, ROOT) \
-  {.kind = (KIND), .dtype = (DT), .op = (OP), .root = (ROOT), .sendbuf = (SB), .recvbuf = (RB), .count = (CNT)}
+  (brg__coll) {.kind = (KIND), .dtype = (DT), .op = (OP), .root = (ROOT), .sendbuf = (SB), .recvbuf = (RB), .count = (CNT)}
 
 brg_status brg_allreduce(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype,
                          brg_op op, brg_comm *comm, brg_stream stream) {
-  brg_status s = check_call(comm, "brg_allreduce", sendbuf, recvbuf, count, count, count, dtype, 1,
-                            op, -1, stream);
-  if (s != BRG_SUCCESS) return s;
   brg__coll k = COLL(BRG__COLL_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, -1);
-  k.stream = stream;
+  brg_status s = check_call(comm, "brg_allreduce", sendbuf, recvbuf, count, count, count, dtype, 1,
+                            op, -1, stream, &k);
+  if (s != BRG_SUCCESS) return s;
   return brg__progress_run(comm, &k);
 }
 
 brg_status brg_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
                               brg_dtype dtype, brg_op op, brg_comm *comm, brg_stream stream) {
   size_t n = comm && comm->magic == BRG__COMM_MAGIC ? (size_t)comm->nranks : 1;
-  brg_status s = check_call(comm, "brg_reduce_scatter", sendbuf, recvbuf, recvcount,
-                            recvcount * n, recvcount, dtype, 1, op, -1, stream);
-  if (s != BRG_SUCCESS) return s;
   brg__coll k = COLL(BRG__COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, -1);
-  k.stream = stream;
+  brg_status s = check_call(comm, "brg_reduce_scatter", sendbuf, recvbuf, recvcount,
+                            recvcount * n, recvcount, dtype, 1, op, -1, stream, &k);
+  if (s != BRG_SUCCESS) return s;
   return brg__progress_run(comm, &k);
 }
 
 brg_status brg_all_gather(const void *sendbuf, void *recvbuf, size_t sendcount, brg_dtype dtype,
                           brg_comm *comm, brg_stream stream) {
   size_t n = comm && comm->magic == BRG__COMM_MAGIC ? (size_t)comm->nranks : 1;
-  brg_status s = check_call(comm, "brg_all_gather", sendbuf, recvbuf, sendcount, sendcount,
-                            sendcount * n, dtype, 0, BRG_SUM, -1, stream);
-  if (s != BRG_SUCCESS) return s;
   brg__coll k = COLL(BRG__COLL_ALL_GATHER, sendbuf, recvbuf, sendcount, dtype, BRG_SUM, -1);
-  k.stream = stream;
+  brg_status s = check_call(comm, "brg_all_gather", sendbuf, recvbuf, sendcount, sendcount,
+                            sendcount * n, dtype, 0, BRG_SUM, -1, stream, &k);
+  if (s != BRG_SUCCESS) return s;
   return brg__progress_run(comm, &k);
 }
 
@@ -92,11 +90,10 @@ brg_status brg_broadcast(const void *sendbuf, void *recvbuf, size_t count, brg_d
     return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT, "brg_broadcast: root %d is not in [0, %d)",
                            root, comm->nranks);
   int is_root = comm->rank == root;
-  s = check_call(comm, "brg_broadcast", is_root ? sendbuf : NULL, recvbuf, count,
-                 is_root ? count : 0, count, dtype, 0, BRG_SUM, root, stream);
-  if (s != BRG_SUCCESS) return s;
   brg__coll k = COLL(BRG__COLL_BROADCAST, is_root ? sendbuf : NULL, recvbuf, count, dtype, BRG_SUM, root);
-  k.stream = stream;
+  s = check_call(comm, "brg_broadcast", is_root ? sendbuf : NULL, recvbuf, count,
+                 is_root ? count : 0, count, dtype, 0, BRG_SUM, root, stream, &k);
+  if (s != BRG_SUCCESS) return s;
   return brg__progress_run(comm, &k);
 }
 
@@ -108,18 +105,18 @@ brg_status brg_reduce(const void *sendbuf, void *recvbuf, size_t count, brg_dtyp
     return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT, "brg_reduce: root %d is not in [0, %d)",
                            root, comm->nranks);
   int is_root = comm->rank == root;
-  s = check_call(comm, "brg_reduce", sendbuf, is_root ? recvbuf : NULL, count, count,
-                 is_root ? count : 0, dtype, 1, op, root, stream);
-  if (s != BRG_SUCCESS) return s;
   brg__coll k = COLL(BRG__COLL_REDUCE, sendbuf, is_root ? recvbuf : NULL, count, dtype, op, root);
-  k.stream = stream;
+  s = check_call(comm, "brg_reduce", sendbuf, is_root ? recvbuf : NULL, count, count,
+                 is_root ? count : 0, dtype, 1, op, root, stream, &k);
+  if (s != BRG_SUCCESS) return s;
   return brg__progress_run(comm, &k);
 }
 
 brg_status brg_barrier(brg_comm *comm) {
-  brg_status s = check_call(comm, "brg_barrier", NULL, NULL, 0, 0, 0, BRG_INT8, 1, BRG_SUM, -1, NULL);
-  if (s != BRG_SUCCESS) return s;
   brg__coll k = COLL(BRG__COLL_BARRIER, NULL, NULL, 0, BRG_INT8, BRG_SUM, -1);
+  brg_status s =
+      check_call(comm, "brg_barrier", NULL, NULL, 0, 0, 0, BRG_INT8, 1, BRG_SUM, -1, NULL, &k);
+  if (s != BRG_SUCCESS) return s;
   return brg__progress_run(comm, &k);
 }
 
@@ -127,16 +124,20 @@ brg_status brg_barrier(brg_comm *comm) {
 
 brg_status brg_iallreduce(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype,
                           brg_op op, brg_comm *comm, brg_request *request) {
+  brg__coll k = COLL(BRG__COLL_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, -1);
   brg_status s = check_call(comm, "brg_iallreduce", sendbuf, recvbuf, count, count, count, dtype,
-                            1, op, -1, NULL);
+                            1, op, -1, NULL, &k);
   if (s != BRG_SUCCESS) return s;
+  if (k.device)
+    return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT,
+                           "brg_iallreduce: the buffers are GPU memory: device collectives are "
+                           "asynchronous on their stream already (brg_allreduce with a stream)");
   if (!request)
     return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT, "brg_iallreduce: request is NULL");
   brg__req *r = (brg__req *)request;
   if (r->magic == BRG__REQ_MAGIC && !__atomic_load_n(&r->done, __ATOMIC_ACQUIRE))
     return brg__comm_error(comm, BRG_ERR_INVALID_USAGE, "brg_iallreduce: request is still in flight");
   memset(r, 0, sizeof *r);
-  brg__coll k = COLL(BRG__COLL_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, -1);
   r->coll = k;
   return brg__progress_enqueue(comm, r);
 }

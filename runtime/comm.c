@@ -107,15 +107,50 @@ static brg_status connect_ring(brg_comm *c, const uint8_t *secret, brg__errbuf *
   return BRG_SUCCESS;
 }
 
-static void comm_free(brg_comm *c) {
-  /* A neighbour still finishing the last collective must not take our
-   * hang-up for a crash: say goodbye first. */
-  if (c->ready && c->bs && c->nranks > 1) {
-    pthread_mutex_lock(&c->ring_lock);
-    for (int dir = 0; dir < 2; dir++) brg__bootstrap_send(c->bs, dir, BRG__MSG_BYE, "", 0, NULL);
-    pthread_mutex_unlock(&c->ring_lock);
+static void say_goodbye(brg_comm *c) {
+  pthread_mutex_lock(&c->ring_lock);
+  for (int dir = 0; dir < 2; dir++) brg__bootstrap_send(c->bs, dir, BRG__MSG_BYE, "", 0, NULL);
+  pthread_mutex_unlock(&c->ring_lock);
+}
+
+/* Waits, up to the timeout, for both neighbours' goodbyes (or hang-ups). */
+static void await_goodbyes(brg_comm *c) {
+  int64_t deadline = brg__deadline_ms(c->timeout_ms);
+  for (int dir = 0; dir < 2; dir++) {
+    while (!c->departed[dir]) {
+      char buf[BRG__BOOT_MAX_MSG];
+      uint32_t type = 0, len = 0;
+      int left = brg__ms_left(deadline);
+      if (left == 0) return;
+      if (brg__bootstrap_recv(c->bs, dir, &type, buf, sizeof buf, &len, left, NULL) != BRG_SUCCESS)
+        break; /* gone (or the deadline): nothing more will come */
+      if (type == BRG__MSG_BYE) c->departed[dir] = 1;
+    }
   }
-  brg__progress_stop(c);
+}
+
+/* Frees everything create made. Device collectives end with a barrier:
+ * this rank's own GPU work drains, then it waits for both neighbours to say
+ * theirs has, since their streams use this rank's FIFO and events and its
+ * stream theirs; only then is anything freed. Returns the drain's status
+ * (the message is then the thread's last error). */
+static brg_status comm_free(brg_comm *c) {
+  brg_status s = BRG_SUCCESS;
+  int ring = c->ready && c->bs && c->nranks > 1;
+  if (c->dev) {
+    brg__progress_stop(c);
+    s = brg__device_ring_drain(c);
+    if (ring) {
+      say_goodbye(c);
+      await_goodbyes(c);
+    }
+  } else {
+    /* A neighbour still finishing the last collective must not take our
+     * hang-up for a crash: say goodbye first. */
+    if (ring) say_goodbye(c);
+    brg__progress_stop(c);
+  }
+  if (s != BRG_SUCCESS) brg__set_thread_error(c->last_error);
   brg__device_ring_free(c);
   if (c->send_open && c->send.ops) c->send.ops->close(&c->send);
   if (c->recv_open && c->recv.ops) c->recv.ops->close(&c->recv);
@@ -130,6 +165,7 @@ static void comm_free(brg_comm *c) {
   free(c->peers);
   c->magic = 0;
   free(c);
+  return s;
 }
 
 brg_status brg__comm_create(brg_comm **out, int nranks, const brg__boot_id *id, int rank) {
@@ -266,6 +302,5 @@ brg_status brg_comm_destroy(brg_comm *comm) {
   pthread_mutex_unlock(&comm->qlock);
   /* Collectives still queued cannot finish once this rank is gone. */
   if (pending) brg_comm_abort(comm);
-  comm_free(comm);
-  return BRG_SUCCESS;
+  return comm_free(comm);
 }

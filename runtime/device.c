@@ -102,58 +102,98 @@ const brg__cuda_api *brg__device_api(const char **why) {
   return loaded_api;
 }
 
-brg_status brg__device_check_call(brg_comm *c, const char *fn, const void *sendbuf,
-                                  const void *recvbuf, brg_stream stream) {
-  (void)stream;
-  c->cuda_seen = 1;
-  const char *why = "";
-  const brg__cuda_api *api = brg__device_api(&why);
-  if (!api)
-    return brg__comm_error(c, BRG_ERR_UNAVAILABLE,
-                           "%s: a stream was given, but device collectives are unavailable: %s "
-                           "(host buffers take stream = NULL)", fn, why);
-  const void *bufs[2] = {sendbuf, recvbuf};
-  const char *names[2] = {"sendbuf", "recvbuf"};
-  for (int i = 0; i < 2; i++) {
-    int dev = -1;
-    if (bufs[i] && !api->pointer_is_device(bufs[i], &dev))
-      return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT,
-                             "%s: a stream was given, but %s %p is host memory (host buffers "
-                             "take stream = NULL, device buffers a stream)", fn, names[i],
-                             bufs[i]);
-  }
-  return BRG_SUCCESS;
-}
-
-/* Whether the process has the CUDA driver loaded, looked at no more than
- * once a second until it is: host calls then check their pointers, since a
- * GPU pointer given without a stream would otherwise crash in a memcpy. */
+/* Whether the process has the CUDA driver or the configured CUDA module
+ * loaded, looked at no more than once a second until it is: only then can
+ * a buffer be GPU memory, and host calls look at their pointers. */
 static int driver_loaded(brg_comm *c) {
-  if (c->cuda_seen) return 1;
+  if (__atomic_load_n(&c->cuda_seen, __ATOMIC_RELAXED)) return 1;
   static __thread int64_t last_probe_ns;
   int64_t now = brg__now_ns();
   if (last_probe_ns && now - last_probe_ns < 1000000000) return 0;
   last_probe_ns = now;
+  const char *forced = brg__device_str(BRG__DEVICE_CUDA_MODULE);
   void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (!h && forced && forced[0]) h = dlopen(forced, RTLD_NOW | RTLD_NOLOAD);
   if (!h) return 0;
   dlclose(h);
-  c->cuda_seen = 1;
+  __atomic_store_n(&c->cuda_seen, 1, __ATOMIC_RELAXED);
   return 1;
 }
 
-brg_status brg__device_check_host_call(brg_comm *c, const char *fn, const void *sendbuf,
-                                       const void *recvbuf) {
-  if (!driver_loaded(c)) return BRG_SUCCESS;
-  const brg__cuda_api *api = brg__device_api(NULL);
-  if (!api) return BRG_SUCCESS;
+brg_status brg__device_classify(brg_comm *c, const char *fn, const void *sendbuf,
+                                const void *recvbuf, brg_stream stream, int *device, int *gpu) {
+  *device = 0;
+  *gpu = -1;
+  if (!stream && !driver_loaded(c)) return BRG_SUCCESS;
+  const char *why = "";
+  const brg__cuda_api *api = brg__device_api(&why);
+  if (!api) {
+    if (!stream) return BRG_SUCCESS; /* no GPU: every buffer is host memory */
+    return brg__comm_error(c, BRG_ERR_UNAVAILABLE,
+                           "%s: a stream was given, but device collectives are unavailable: %s "
+                           "(host buffers take stream = NULL)", fn, why);
+  }
+  __atomic_store_n(&c->cuda_seen, 1, __ATOMIC_RELAXED);
   const void *bufs[2] = {sendbuf, recvbuf};
   const char *names[2] = {"sendbuf", "recvbuf"};
+  int dev[2] = {-1, -1}, on_gpu[2] = {0, 0}, nbuf = 0, ngpu = 0;
   for (int i = 0; i < 2; i++) {
-    int dev = -1;
-    if (bufs[i] && api->pointer_is_device(bufs[i], &dev))
-      return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT,
-                             "%s: %s %p is GPU memory (device %d) but no stream was given: "
-                             "device buffers need a CUDA stream", fn, names[i], bufs[i], dev);
+    if (!bufs[i]) continue;
+    nbuf++;
+    on_gpu[i] = api->pointer_is_device(bufs[i], &dev[i]);
+    ngpu += on_gpu[i];
   }
+  if (ngpu == 0) {
+    if (!stream) return BRG_SUCCESS;
+    for (int i = 0; i < 2; i++)
+      if (bufs[i])
+        return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT,
+                               "%s: a stream was given, but %s %p is host memory (host buffers "
+                               "take stream = NULL, device buffers a stream or NULL)", fn,
+                               names[i], bufs[i]);
+    /* no buffer at all (count 0): a device collective on the stream */
+  }
+  if (ngpu < nbuf) {
+    int h = on_gpu[0] ? 1 : 0, g = 1 - h;
+    return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT,
+                           "%s: %s %p is GPU memory (device %d) but %s %p is host memory: both "
+                           "buffers must be on the GPU (with a stream, or NULL for the legacy "
+                           "default stream) or both in host memory (stream NULL)", fn, names[g],
+                           bufs[g], dev[g], names[h], bufs[h]);
+  }
+  if (ngpu == 2 && dev[0] != dev[1])
+    return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT,
+                           "%s: sendbuf %p is on GPU %d but recvbuf %p on GPU %d: a collective's "
+                           "buffers must be on one GPU", fn, sendbuf, dev[0], recvbuf, dev[1]);
+  int d = ngpu ? (on_gpu[0] ? dev[0] : dev[1]) : -1;
+  if (d < 0 && api->get_device(&d) != 0) d = 0; /* no buffer: the current device */
+  int expect = -1;
+  if (!__atomic_compare_exchange_n(&c->gpu, &expect, d, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE) &&
+      expect != d)
+    return brg__comm_error(c, BRG_ERR_INVALID_USAGE,
+                           "%s: this communicator runs its device collectives on GPU %d, but "
+                           "%s %p is on GPU %d: use one communicator per GPU", fn, expect,
+                           ngpu ? (on_gpu[0] ? "sendbuf" : "recvbuf") : "the current device",
+                           ngpu ? (on_gpu[0] ? sendbuf : recvbuf) : NULL, d);
+  *device = 1;
+  *gpu = d;
   return BRG_SUCCESS;
+}
+
+brg_status brg__device_enter(brg_comm *c, int gpu, int *prev) {
+  const brg__cuda_api *api = brg__device_api(NULL);
+  *prev = -1;
+  int cur = -1;
+  int e = api->get_device(&cur);
+  if (!e && cur == gpu) return BRG_SUCCESS;
+  if (!e) e = api->set_device(gpu);
+  if (e)
+    return brg__comm_error(c, BRG_ERR_SYSTEM, "rank %d: cudaSetDevice(%d) failed: %s", c->rank, gpu,
+                           api->error_string(e));
+  *prev = cur;
+  return BRG_SUCCESS;
+}
+
+void brg__device_leave(int prev) {
+  if (prev >= 0) brg__device_api(NULL)->set_device(prev);
 }

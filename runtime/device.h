@@ -17,17 +17,25 @@
  * is missing. Thread-safe. */
 const brg__cuda_api *brg__device_api(const char **why);
 
-/* Argument check of a collective called with a stream (the `if (stream)`
- * branch of comm.c's check_call). Buffers given with a stream must be
- * device memory. Returns the status the call must end with, the message
- * recorded on the communicator. */
-brg_status brg__device_check_call(brg_comm *c, const char *fn, const void *sendbuf,
-                                  const void *recvbuf, brg_stream stream);
+/* Which memory a collective's buffers are in, and so where it runs:
+ *  - host buffers and stream NULL: a host collective (*device = 0);
+ *  - device buffers, all on one GPU, with a stream or with NULL (the legacy
+ *    default stream, as NCCL takes stream 0): a device collective on that
+ *    GPU (*device = 1, *gpu);
+ *  - host buffers with a stream, host and device buffers mixed, or buffers
+ *    on two GPUs: BRG_ERR_INVALID_ARGUMENT naming the buffers;
+ *  - a communicator used with buffers on two different GPUs over time:
+ *    BRG_ERR_INVALID_USAGE naming both.
+ * Buffers given without a stream are looked at only once the process has
+ * the CUDA driver (or the configured module) loaded, so host-only
+ * processes pay nothing. The message is recorded on the communicator. */
+brg_status brg__device_classify(brg_comm *c, const char *fn, const void *sendbuf,
+                                const void *recvbuf, brg_stream stream, int *device, int *gpu);
 
-/* The same for a call without a stream: once the process has the CUDA
- * driver loaded, buffers given without a stream must not be GPU memory. */
-brg_status brg__device_check_host_call(brg_comm *c, const char *fn, const void *sendbuf,
-                                       const void *recvbuf);
+/* Makes `gpu` the calling thread's current device, keeping the one it
+ * replaces in *prev (restore it with brg__device_leave). */
+brg_status brg__device_enter(brg_comm *c, int gpu, int *prev);
+void brg__device_leave(int prev);
 
 /*
  * Device collectives (device_ring.c). The ring runs in step mode: per slice
@@ -56,7 +64,12 @@ brg_status brg__device_prim(struct brg__ring_op *o, int prim, const char *in, ch
                             size_t m);
 /* One rank: recvbuf = sendbuf, on the stream. */
 brg_status brg__device_single(brg_comm *c, const brg__coll *k);
-/* Waits for the device work this rank enqueued, then frees the ring. */
+/* Teardown, in two halves around a barrier with the ring neighbours
+ * (comm.c): drain waits, up to the communicator's timeout, for the device
+ * work this rank enqueued, and says which stream and peers it waits for
+ * when it cannot finish; free then frees the ring, unless the work could
+ * not drain (then nothing the stream may still touch is freed). */
+brg_status brg__device_ring_drain(brg_comm *c);
 void brg__device_ring_free(brg_comm *c);
 
 #endif

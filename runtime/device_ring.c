@@ -38,9 +38,11 @@
  * transport's dev_register and dev_remote), the slots stay in GPU memory
  * and the link moves them GPU to GPU instead (BRIGADE_IB_GDR).
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "device.h"
@@ -78,12 +80,17 @@ struct brg__dev_ring {
   brg__conn *link_send, *link_recv;       /* the communicator's links */
   char *send_region, *recv_region;        /* host addresses (NULL: not registered) */
   char *send_region_dev, *recv_region_dev;
+  void *last_stream;                      /* the stream of the latest device collective */
+  int stuck;                              /* own work could not drain: nothing may be freed */
 };
 
 /* What each rank tells every other one at setup. */
 typedef struct dev_blob {
   int32_t ok;                             /* 1: this rank's side is ready */
   int32_t pid;
+  uint64_t process;                       /* random per process: ranks in one process */
+  int32_t gpu;                            /* the device index in this rank's process */
+  int32_t pad0;
   int32_t nslots;
   int32_t pad;
   uint64_t slice_bytes;
@@ -107,6 +114,9 @@ static brg_status cuda_fail(brg_comm *c, const brg__cuda_api *api, int e, const 
 
 size_t brg__device_ring_slice_bytes(const struct brg__dev_ring *d) { return d->slice_bytes; }
 
+/* Frees the device ring. Only once this rank's own work has drained and
+ * both neighbours said theirs has (comm.c): their streams wait on this
+ * rank's events and write its FIFO, and its stream waits on theirs. */
 static void ring_release(struct brg__dev_ring *d) {
   const brg__cuda_api *api = d->api;
   for (int k = 0; k < d->nslots; k++) {
@@ -118,11 +128,6 @@ static void ring_release(struct brg__dev_ring *d) {
   if (d->recv_reg) d->link_recv->ops->dev_register(d->link_recv, NULL, 0, -1, 0, NULL, NULL);
   if (d->send_region) api->host_unregister(d->send_region);
   if (d->recv_region) api->host_unregister(d->recv_region);
-  /* Everything this rank enqueued is behind its own last events. */
-  for (int k = 0; k < d->nslots; k++) {
-    if (d->send_ev[k]) api->event_sync(d->send_ev[k]);
-    if (d->rel_ev[k]) api->event_sync(d->rel_ev[k]);
-  }
   for (int k = 0; k < d->nslots; k++) {
     if (d->send_ev[k]) api->event_destroy(d->send_ev[k]);
     if (d->rel_ev[k]) api->event_destroy(d->rel_ev[k]);
@@ -132,10 +137,63 @@ static void ring_release(struct brg__dev_ring *d) {
   free(d);
 }
 
+/* Waits for an event with the communicator's checks (abort, a neighbour
+ * gone, the deadline) between polls, so that a dead peer's work that never
+ * comes cannot hold the calling thread. */
+static brg_status event_wait(brg_comm *c, struct brg__dev_ring *d, void *ev, const char *what) {
+  const brg__cuda_api *api = d->api;
+  c->wait_start_ns = 0;
+  for (int i = 0;; i++) {
+    int e = api->event_query(ev);
+    if (e == 0) return BRG_SUCCESS;
+    if (e != -1) return cuda_fail(c, api, e, what);
+    if (i < 100) continue;
+    brg_status s = c->waiter.check ? c->waiter.check(c->waiter.arg) : BRG_SUCCESS;
+    if (s != BRG_SUCCESS) return s;
+    brg__sleep_ms(i < 1000 ? 0 : 1);
+  }
+}
+
+/* Whether every event this rank recorded has run, polled until the
+ * deadline (ms, -1 never). */
+static int own_work_drained(struct brg__dev_ring *d, int64_t deadline) {
+  const brg__cuda_api *api = d->api;
+  for (int i = 0;; i++) {
+    int pending = 0;
+    for (int k = 0; k < d->nslots && !pending; k++) {
+      if (d->send_ev[k] && api->event_query(d->send_ev[k]) == -1) pending = 1;
+      if (d->rel_ev[k] && api->event_query(d->rel_ev[k]) == -1) pending = 1;
+    }
+    if (!pending) return 1;
+    if (brg__deadline_passed(deadline)) return 0;
+    brg__sleep_ms(i < 100 ? 0 : 1);
+  }
+}
+
+brg_status brg__device_ring_drain(brg_comm *c) {
+  struct brg__dev_ring *d = c->dev;
+  if (!d) return BRG_SUCCESS;
+  if (own_work_drained(d, brg__deadline_ms(c->timeout_ms))) return BRG_SUCCESS;
+  d->stuck = 1;
+  char stream[64];
+  if (d->last_stream) snprintf(stream, sizeof stream, "stream %p", d->last_stream);
+  else snprintf(stream, sizeof stream, "the legacy default stream");
+  return brg__comm_error(c, BRG_ERR_REMOTE,
+                         "rank %d: device work on %s did not finish within %d ms: it waits for "
+                         "rank %d (pid %d on %s) or rank %d (pid %d on %s), gone or stalled; the "
+                         "GPU FIFO and events stay allocated, since that stream may still use "
+                         "them",
+                         c->rank, stream, c->timeout_ms, c->prev, c->peers[c->prev].pid,
+                         c->peers[c->prev].hostname, c->next, c->peers[c->next].pid,
+                         c->peers[c->next].hostname);
+}
+
 void brg__device_ring_free(brg_comm *c) {
-  if (!c->dev) return;
-  ring_release(c->dev);
+  struct brg__dev_ring *d = c->dev;
+  if (!d) return;
   c->dev = NULL;
+  if (d->stuck) return; /* left to the stream that still waits: freeing it would crash */
+  ring_release(d);
 }
 
 /* Pins and maps the host FIFO of a network link for kernels. */
@@ -230,6 +288,43 @@ static void setup_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b) {
   b->ok = 1;
 }
 
+/* A random number per process, so that ranks can tell that they share one
+ * (pids repeat across PID namespaces). */
+static pthread_mutex_t token_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t token;
+static pid_t token_pid; /* a forked child makes its own */
+
+static uint64_t process_token(void) {
+  pthread_mutex_lock(&token_lock);
+  if (token == 0 || token_pid != getpid()) {
+    if (getrandom(&token, sizeof token, 0) != (ssize_t)sizeof token)
+      token = (uint64_t)brg__now_ns() ^ ((uint64_t)getpid() << 32);
+    token |= 1;
+    token_pid = getpid();
+  }
+  uint64_t t = token;
+  pthread_mutex_unlock(&token_lock);
+  return t;
+}
+
+/* Lets this rank's kernels (on the current device) reach the next rank's
+ * FIFO on device `peer` of the same process. */
+static brg_status reach_peer(brg_comm *c, struct brg__dev_ring *d, int self_gpu, int peer) {
+  const brg__cuda_api *api = d->api;
+  if (peer == self_gpu) return BRG_SUCCESS;
+  int can = 0;
+  int e = api->can_access_peer(&can, self_gpu, peer);
+  if (e) return cuda_fail(c, api, e, "cudaDeviceCanAccessPeer");
+  if (!can)
+    return brg__comm_error(c, BRG_ERR_UNAVAILABLE,
+                           "rank %d on GPU %d cannot reach the memory of rank %d on GPU %d (no "
+                           "peer access between them)", c->rank, self_gpu, c->next, peer);
+  if ((e = api->enable_peer_access(peer)) != 0) return cuda_fail(c, api, e, "cudaDeviceEnablePeerAccess");
+  BRG__INFO("init", "rank %d: peer access from GPU %d to GPU %d (rank %d)", c->rank, self_gpu, peer,
+            c->next);
+  return BRG_SUCCESS;
+}
+
 /* The links to the neighbours, from their blobs. */
 static brg_status setup_links(brg_comm *c, struct brg__dev_ring *d, const dev_blob *self,
                               const dev_blob *next, const dev_blob *prev) {
@@ -237,7 +332,9 @@ static brg_status setup_links(brg_comm *c, struct brg__dev_ring *d, const dev_bl
   int e;
   if (d->send_staged) {
     /* slots are the transport's host FIFO */
-  } else if (next->pid == self->pid) {
+  } else if (next->process == self->process) {
+    brg_status s = reach_peer(c, d, self->gpu, next->gpu);
+    if (s != BRG_SUCCESS) return s;
     d->next_fifo = (char *)(uintptr_t)next->fifo_ptr;
     for (int k = 0; k < d->nslots; k++) d->next_rel_ev[k] = (void *)(uintptr_t)next->rel_ev_ptr[k];
   } else {
@@ -254,7 +351,7 @@ static brg_status setup_links(brg_comm *c, struct brg__dev_ring *d, const dev_bl
   }
   if (d->recv_staged) {
     /* slots are the transport's host FIFO */
-  } else if (prev->pid == self->pid) {
+  } else if (prev->process == self->process) {
     for (int k = 0; k < d->nslots; k++) d->prev_send_ev[k] = (void *)(uintptr_t)prev->send_ev_ptr[k];
   } else {
     d->prev_opened = 1;
@@ -298,6 +395,8 @@ brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st) {
   for (int r = 0; r < c->nranks; r++)
     if (c->peers[r].host_hash != c->peers[0].host_hash) d->slice_bytes = c->slice_bytes;
   mine->pid = (int32_t)getpid();
+  mine->process = process_token();
+  if (api->get_device(&mine->gpu) != 0) mine->gpu = 0;
   mine->nslots = d->nslots;
   mine->slice_bytes = d->slice_bytes;
   d->stride = d->slice_bytes + SLOT_SHIFT_ROOM;
@@ -385,6 +484,7 @@ brg_status brg__device_prim(struct brg__ring_op *o, int prim_, const char *in, c
   const brg__cuda_api *api = d->api;
   const brg__coll *k = o->coll;
   void *st = k->stream;
+  d->last_stream = st;
   uint64_t bytes = (uint64_t)m * o->esize;
   int recvs = brg__prim_recvs(prim), sends = brg__prim_sends(prim);
   int rk = (int)(c->recv_pos % (uint64_t)d->nslots), sk = (int)(c->send_pos % (uint64_t)d->nslots);
@@ -449,14 +549,18 @@ brg_status brg__device_prim(struct brg__ring_op *o, int prim_, const char *in, c
     if (!d->send_staged) memcpy(hslot, &bytes, sizeof bytes);
     if ((e = api->event_record(d->send_ev[sk], st)) != 0) return cuda_fail(c, api, e, "cudaEventRecord");
     /* The transport reads the slot from host memory: it must be written. */
-    if (d->send_staged && (e = api->event_sync(d->send_ev[sk])) != 0)
-      return cuda_fail(c, api, e, "cudaEventSynchronize (slot for the next host)");
+    if (d->send_staged &&
+        (s = event_wait(c, d, d->send_ev[sk], "cudaEventQuery (slot for the next host)")) !=
+            BRG_SUCCESS)
+      return s;
     brg__ring_send_post(o, d->send_staged ? bytes : 0);
   }
   if (recvs) {
     if ((e = api->event_record(d->rel_ev[rk], st)) != 0) return cuda_fail(c, api, e, "cudaEventRecord");
-    if (d->recv_staged && (e = api->event_sync(d->rel_ev[rk])) != 0)
-      return cuda_fail(c, api, e, "cudaEventSynchronize (slot from the previous host)");
+    if (d->recv_staged &&
+        (s = event_wait(c, d, d->rel_ev[rk], "cudaEventQuery (slot from the previous host)")) !=
+            BRG_SUCCESS)
+      return s;
     brg__ring_recv_release(o);
   }
   return BRG_SUCCESS;

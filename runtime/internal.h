@@ -31,7 +31,9 @@ typedef struct brg__coll {
   const void *sendbuf;
   void *recvbuf;
   size_t count;        /* the call's count argument */
-  void *stream;        /* device collective: buffers in GPU memory, work on this CUDA stream */
+  int device;          /* 1: a device collective, buffers in GPU memory */
+  int gpu;             /* the device of its buffers */
+  void *stream;        /* its CUDA stream (NULL: the legacy default stream) */
   uint64_t seq;        /* set when it runs */
 } brg__coll;
 
@@ -85,6 +87,7 @@ struct brg_comm {
 
   struct brg__dev_ring *dev;   /* device collectives' state (device_ring.c), made at first use */
   int cuda_seen;               /* the CUDA driver is loaded: host calls check for GPU pointers */
+  int gpu;                     /* the device of its device collectives; -1 before the first */
 
   int ready;                   /* setup finished: ring sockets carry only aborts */
   volatile int aborted;        /* brg_comm_abort was called */

@@ -28,9 +28,13 @@ static brg_status run_one(brg_comm *c, brg__coll *k) {
   if (c->aborted) return brg__comm_error(c, BRG_ERR_ABORTED, "communicator was aborted");
   if (c->broken)
     return c->broken; /* last_error still holds the first failure */
-  brg_status s = BRG_SUCCESS;
-  if (k->stream && c->nranks > 1 && !c->dev) s = device_setup(c);
+  /* Whichever thread runs a device collective (the caller's, or the worker
+   * when it was queued behind others) works on the GPU of its buffers. */
+  int prev_gpu = -1;
+  brg_status s = k->device ? brg__device_enter(c, k->gpu, &prev_gpu) : BRG_SUCCESS;
+  if (s == BRG_SUCCESS && k->device && c->nranks > 1 && !c->dev) s = device_setup(c);
   if (s == BRG_SUCCESS) s = brg__coll_execute(c, k);
+  if (k->device) brg__device_leave(prev_gpu);
   if (s != BRG_SUCCESS) {
     c->broken = s;
     if (s != BRG_ERR_ABORTED) brg__comm_notify_abort(c, s, c->last_error);

@@ -220,7 +220,7 @@ static void run_single(const brg__coll *k, size_t esize) {
 }
 
 brg_status brg__coll_execute(brg_comm *c, brg__coll *k) {
-  if (k->stream && c->nranks == 1) {
+  if (k->device && c->nranks == 1) {
     k->seq = ++c->seq;
     return brg__device_single(c, k);
   }
@@ -229,7 +229,7 @@ brg_status brg__coll_execute(brg_comm *c, brg__coll *k) {
   c->cur_step = 0;
   brg__ring_op o = {.c = c, .coll = k, .esize = brg_dtype_size(k->dtype)};
   o.slice_elems = c->slice_bytes / o.esize;
-  if (k->stream) {
+  if (k->device) {
     o.dev = c->dev;
     o.slice_elems = brg__device_ring_slice_bytes(c->dev) / o.esize;
   }

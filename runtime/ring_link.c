@@ -85,7 +85,7 @@ static brg_status ring_check(void *arg) {
     char what[160] = "setup";
     if (c->cur)
       brg__coll_describe(what, sizeof what, c->cur->kind, c->cur->seq, c->cur->count, c->cur->dtype,
-               c->cur->op, c->cur->root, c->cur->stream != NULL);
+               c->cur->op, c->cur->root, c->cur->device);
     return brg__comm_error(c, BRG_ERR_TIMEOUT,
                            "timeout: no progress for %d ms in %s at step %d, waiting for rank "
                            "%d (pid %d on %s) to %s",

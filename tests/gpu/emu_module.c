@@ -130,7 +130,7 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static region *regions;
 static int nregions, capregions;
 
-static int add_region(char *p, size_t bytes, int fd, int mapped) {
+static int add_region(char *p, size_t bytes, int fd, int mapped, int dev) {
   pthread_mutex_lock(&lock);
   if (nregions == capregions) {
     int cap = capregions ? 2 * capregions : 64;
@@ -142,7 +142,7 @@ static int add_region(char *p, size_t bytes, int fd, int mapped) {
     regions = r;
     capregions = cap;
   }
-  regions[nregions++] = (region){p, bytes, fd, mapped > 0, mapped < 0 ? -1 : cur_dev};
+  regions[nregions++] = (region){p, bytes, fd, mapped, dev};
   pthread_mutex_unlock(&lock);
   return E_OK;
 }
@@ -182,11 +182,11 @@ static int map_new(size_t bytes, int *fd_out, char **p) {
 typedef struct handle {
   uint32_t magic;
   int32_t pid, fd;
-  uint32_t pad;
+  int32_t dev; /* the exporter's device */
   uint64_t bytes;
 } handle;
 
-static int map_handle(const void *h, char **p, size_t *bytes) {
+static int map_handle(const void *h, char **p, size_t *bytes, int *dev) {
   handle hd;
   memcpy(&hd, h, sizeof hd);
   if (hd.magic != MAGIC) return E_HANDLE;
@@ -200,6 +200,7 @@ static int map_handle(const void *h, char **p, size_t *bytes) {
   if (m == MAP_FAILED) return E_ALLOC;
   *p = m;
   *bytes = hd.bytes;
+  if (dev) *dev = hd.dev;
   return E_OK;
 }
 
@@ -207,7 +208,7 @@ static int mem_alloc(void **p, size_t bytes) {
   void *m = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                  -1, 0);
   if (m == MAP_FAILED) return E_ALLOC;
-  if (add_region(m, bytes, -1, 0)) {
+  if (add_region(m, bytes, -1, 0, cur_dev)) {
     munmap(m, bytes ? bytes : 1);
     return E_ALLOC;
   }
@@ -229,24 +230,34 @@ static int ipc_mem_export(void **p, size_t bytes, void *h) {
   char *m;
   int e = map_new(bytes, &fd, &m);
   if (e) return e;
-  if ((e = add_region(m, bytes, fd, 0)) != 0) {
+  if ((e = add_region(m, bytes, fd, 0, cur_dev)) != 0) {
     munmap(m, bytes ? bytes : 1);
     close(fd);
     return e;
   }
-  handle hd = {MAGIC, (int32_t)getpid(), fd, 0, bytes};
+  handle hd = {MAGIC, (int32_t)getpid(), fd, cur_dev, bytes};
   memset(h, 0, HB);
   memcpy(h, &hd, sizeof hd);
   *p = m;
   return E_OK;
 }
 
+/* As cudaIpcOpenMemHandle with cudaIpcMemLazyEnablePeerAccess: memory of
+ * another device is mapped with peer access to it, where there is any. */
 static int ipc_mem_open(void **p, const void *h) {
   char *m;
   size_t bytes;
-  int e = map_handle(h, &m, &bytes);
+  int dev = 0;
+  int e = map_handle(h, &m, &bytes, &dev);
   if (e) return e;
-  if ((e = add_region(m, bytes, -1, 1)) != 0) {
+  if (dev != cur_dev) {
+    if (no_peer || dev < 0 || dev >= devices()) {
+      munmap(m, bytes ? bytes : 1);
+      return E_PEER_UNSUPPORTED;
+    }
+    __atomic_store_n(&peer_on[cur_dev][dev], 1, __ATOMIC_RELEASE);
+  }
+  if ((e = add_region(m, bytes, -1, 1, dev)) != 0) {
     munmap(m, bytes ? bytes : 1);
     return e;
   }
@@ -303,7 +314,7 @@ static int ipc_event_export(void **out, void *h) {
   }
   ev->s = (ev_shared *)m;
   ev->dev = cur_dev;
-  handle hd = {MAGIC, (int32_t)getpid(), ev->fd, 0, sizeof(ev_shared)};
+  handle hd = {MAGIC, (int32_t)getpid(), ev->fd, cur_dev, sizeof(ev_shared)};
   memset(h, 0, HB);
   memcpy(h, &hd, sizeof hd);
   *out = ev;
@@ -315,7 +326,7 @@ static int ipc_event_open(void **out, const void *h) {
   char *m;
   size_t bytes;
   if (!ev) return E_ALLOC;
-  int e = map_handle(h, &m, &bytes);
+  int e = map_handle(h, &m, &bytes, NULL);
   if (e) {
     free(ev);
     return e;
@@ -583,7 +594,7 @@ static int event_elapsed_ms(float *ms, void *a, void *b) {
 
 /* Registered host memory keeps its address for kernels of every device. */
 static int host_register(void *p, size_t bytes, void **dev) {
-  int e = add_region(p, bytes, -1, -1);
+  int e = add_region(p, bytes, -1, 0, -1);
   if (e) return e;
   *dev = p;
   return E_OK;

@@ -4,9 +4,12 @@
  * - without a usable GPU (no module, no driver, no device): every
  *   collective returns BRG_ERR_UNAVAILABLE and the last error names the
  *   missing piece, while host collectives on the same communicator work;
- * - with a GPU: host buffers with a stream, device buffers without one
- *   and a mix of the two are BRG_ERR_INVALID_ARGUMENT; device buffers with
- *   a stream run (one rank: recvbuf = sendbuf, on the stream).
+ * - with a GPU: host buffers with a stream and a mix of host and device
+ *   buffers are BRG_ERR_INVALID_ARGUMENT; device buffers run on their
+ *   stream, or with stream NULL on the legacy default stream (as NCCL takes
+ *   stream 0); buffers on two GPUs are BRG_ERR_INVALID_ARGUMENT, and a
+ *   communicator used on a second GPU is BRG_ERR_INVALID_USAGE naming both
+ *   (with two GPUs, which the emulated module has).
  *
  * This test runs everywhere (it never skips); with BRIGADE_CUDA_MODULE
  * naming the emulated module it takes the GPU branch without a GPU.
@@ -74,9 +77,14 @@ int main(void) {
     if (api->mem_alloc(&da, 256) || api->mem_alloc(&db, 256) || api->stream_create(&st)) {
       EXPECT(0, "cudaMalloc or cudaStreamCreate failed");
     } else {
-      expect_status(c, "brg_allreduce(device, no stream)",
-                    brg_allreduce(da, db, 64, BRG_FLOAT32, BRG_SUM, c, NULL),
-                    BRG_ERR_INVALID_ARGUMENT, "no stream was given");
+      char want[512];
+      snprintf(want, sizeof want,
+               "brg_allreduce: recvbuf %p is GPU memory (device 0) but sendbuf %p is host memory: "
+               "both buffers must be on the GPU (with a stream, or NULL for the legacy default "
+               "stream) or both in host memory (stream NULL)", db, (void *)host_a);
+      expect_status(c, "brg_allreduce(host send, device recv, no stream)",
+                    brg_allreduce(host_a, db, 64, BRG_FLOAT32, BRG_SUM, c, NULL),
+                    BRG_ERR_INVALID_ARGUMENT, want);
       expect_status(c, "brg_allreduce(host send, device recv)",
                     brg_allreduce(host_a, db, 64, BRG_FLOAT32, BRG_SUM, c, st),
                     BRG_ERR_INVALID_ARGUMENT, "host memory");
@@ -91,6 +99,42 @@ int main(void) {
       memset(host_b, 0, sizeof host_b);
       api->mem_copy(host_b, db, sizeof host_b);
       for (int i = 0; i < 64; i++) EXPECT(host_b[i] == (float)i, "device allreduce element %d", i);
+
+      /* Stream 0: device buffers on the legacy default stream. */
+      for (int i = 0; i < 64; i++) host_a[i] = (float)(3 * i);
+      api->mem_copy(da, host_a, sizeof host_a);
+      api->mem_set(db, 0, sizeof host_b);
+      expect_status(c, "brg_allreduce(device, stream 0)",
+                    brg_allreduce(da, db, 64, BRG_FLOAT32, BRG_SUM, c, NULL), BRG_SUCCESS, NULL);
+      EXPECT(api->stream_sync(NULL) == 0, "legacy stream synchronize");
+      memset(host_b, 0, sizeof host_b);
+      api->mem_copy(host_b, db, sizeof host_b);
+      for (int i = 0; i < 64; i++)
+        EXPECT(host_b[i] == (float)(3 * i), "stream-0 allreduce element %d", i);
+
+      /* A second GPU: buffers split across two GPUs, then a communicator
+       * that has run on GPU 0 given buffers on GPU 1. */
+      int ndev = api->probe(NULL, 0);
+      void *d1 = NULL;
+      if (ndev >= 2 && api->set_device(1) == 0 && api->mem_alloc(&d1, 256) == 0) {
+        api->set_device(0);
+        snprintf(want, sizeof want,
+                 "brg_allreduce: sendbuf %p is on GPU 0 but recvbuf %p on GPU 1: a collective's "
+                 "buffers must be on one GPU", da, d1);
+        expect_status(c, "brg_allreduce(GPU 0 send, GPU 1 recv)",
+                      brg_allreduce(da, d1, 64, BRG_FLOAT32, BRG_SUM, c, st),
+                      BRG_ERR_INVALID_ARGUMENT, want);
+        snprintf(want, sizeof want,
+                 "brg_allreduce: this communicator runs its device collectives on GPU 0, but "
+                 "sendbuf %p is on GPU 1: use one communicator per GPU", d1);
+        expect_status(c, "brg_allreduce(GPU 1 buffers)",
+                      brg_allreduce(d1, d1, 64, BRG_FLOAT32, BRG_SUM, c, NULL),
+                      BRG_ERR_INVALID_USAGE, want);
+        api->mem_free(d1);
+      } else {
+        api->set_device(0);
+        printf("one GPU: the two-GPU cases are not run\n");
+      }
       api->stream_destroy(st);
     }
     api->mem_free(da);
@@ -101,7 +145,7 @@ int main(void) {
   expect_status(c, "brg_allreduce(host)",
                 brg_allreduce(host_a, host_b, 64, BRG_FLOAT32, BRG_SUM, c, NULL), BRG_SUCCESS,
                 NULL);
-  for (int i = 0; i < 64; i++) EXPECT(host_b[i] == (float)i, "host allreduce element %d", i);
+  for (int i = 0; i < 64; i++) EXPECT(host_b[i] == host_a[i], "host allreduce element %d", i);
   brg_comm_destroy(c);
   if (failures) return 1;
   printf("test_device_calls: ok\n");
