@@ -179,6 +179,7 @@ brg_status brg__comm_create(brg_comm **out, int nranks, const brg__boot_id *id, 
   if (!c) return brg__fail_no_comm(BRG_ERR_NO_MEMORY, "out of memory creating a communicator");
   c->magic = BRG__COMM_MAGIC;
   c->rank = rank;
+  c->gpu = -1;
   c->nranks = nranks;
   pthread_mutex_init(&c->err_lock, NULL);
   pthread_mutex_init(&c->ring_lock, NULL);

@@ -1,0 +1,286 @@
+/*
+ * Device collectives in the situations a multi-GPU machine makes ordinary,
+ * through the public API, on the CUDA module BRIGADE_CUDA_MODULE names (the
+ * emulated one in CI: several devices, peer access, real unmapping):
+ *
+ *   queued   buffers on GPU 1, a device allreduce queued behind a host
+ *            iallreduce, so the progress thread (current device 0) runs it
+ *   threads  ranks as threads of one process, on GPUs 0 and 1
+ *   destroy  brg_comm_destroy right after an asynchronous device allreduce,
+ *            then the stream drains and every element is checked
+ *   kill     a rank SIGKILLed mid-collective: every survivor's call and
+ *            destroy return within BRIGADE_TIMEOUT_MS + 5 s, naming it
+ *
+ *   test_device_cases CASE [N]    exits 77 without a GPU (1 with
+ *                                 BRIGADE_TEST_NO_SKIP set)
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../../kernels/cuda/brg_cuda.h"
+#include "../multiproc/harness.h"
+
+static int g_timeout_ms;
+
+static const brg__cuda_api *open_api(char *why, size_t cap) {
+  const char *path = getenv("BRIGADE_CUDA_MODULE");
+  if (!path || !*path) {
+    snprintf(why, cap, "BRIGADE_CUDA_MODULE is not set");
+    return NULL;
+  }
+  return brg__cuda_open(path, why, cap);
+}
+
+static double ms_since(int64_t t0) { return (double)(mp_now_ns() - t0) / 1e6; }
+
+/* in[i] = (i % 1000) + rank: the sum over N ranks is N (i % 1000) + N(N-1)/2. */
+static float *host_input(size_t n, int rank) {
+  float *h = malloc(n * sizeof *h);
+  if (h)
+    for (size_t i = 0; i < n; i++) h[i] = (float)(i % 1000) + (float)rank;
+  return h;
+}
+
+static size_t first_wrong(const float *h, size_t n, int nranks) {
+  for (size_t i = 0; i < n; i++)
+    if (h[i] != (float)(nranks * (int)(i % 1000) + nranks * (nranks - 1) / 2)) return i;
+  return n;
+}
+
+/* A device buffer on the current device holding host_input(n, rank). */
+static void *device_input(const brg__cuda_api *api, size_t n, int rank) {
+  void *d = NULL;
+  float *h = host_input(n, rank);
+  if (!h || api->mem_alloc(&d, n * sizeof(float)) != 0) {
+    free(h);
+    return NULL;
+  }
+  api->mem_copy(d, h, n * sizeof(float));
+  free(h);
+  return d;
+}
+
+static int check_device(const brg__cuda_api *api, const void *d, size_t n, int nranks,
+                        const char *what) {
+  float *h = malloc(n * sizeof *h);
+  if (!h) return 0;
+  api->mem_copy(h, d, n * sizeof(float));
+  size_t i = first_wrong(h, n, nranks);
+  if (i < n) mp_fail("%s: element %zu is %g", what, i, h[i]);
+  free(h);
+  return i == n;
+}
+
+/* ================================================================ queued */
+
+#define QUEUED_HOST (1u << 22)
+#define QUEUED_DEV 1000003u
+
+static int body_queued(mp_ctx *ctx) {
+  char why[256];
+  const brg__cuda_api *api = open_api(why, sizeof why);
+  if (!api) return mp_fail("no GPU: %s", why), 1;
+  if (api->probe(NULL, 0) < 2) return mp_info("one GPU: nothing to check"), 0;
+  if (api->set_device(1) != 0) return mp_fail("cudaSetDevice(1) failed"), 1;
+  void *d = device_input(api, QUEUED_DEV, ctx->rank), *st = NULL;
+  float *h = host_input(QUEUED_HOST, ctx->rank);
+  if (!d || !h || api->stream_create(&st) != 0) return mp_fail("setup failed"), 1;
+  brg_request req;
+  brg_status s = brg_iallreduce(h, h, QUEUED_HOST, BRG_FLOAT32, BRG_SUM, ctx->comm, &req);
+  MP_CHECK(s == BRG_SUCCESS, "brg_iallreduce: %s", brg_comm_last_error(ctx->comm));
+  /* Queued behind the iallreduce: the progress thread runs it. */
+  s = brg_allreduce(d, d, QUEUED_DEV, BRG_FLOAT32, BRG_SUM, ctx->comm, st);
+  MP_CHECK(s == BRG_SUCCESS, "device allreduce on GPU 1 behind a host iallreduce: %s: %s",
+           brg_status_string(s), brg_comm_last_error(ctx->comm));
+  s = brg_wait(&req);
+  MP_CHECK(s == BRG_SUCCESS, "brg_wait: %s", brg_comm_last_error(ctx->comm));
+  size_t i = first_wrong(h, QUEUED_HOST, ctx->nranks);
+  MP_CHECK(i == QUEUED_HOST, "host iallreduce: element %zu is %g", i, i < QUEUED_HOST ? h[i] : 0);
+  api->stream_sync(st);
+  check_device(api, d, QUEUED_DEV, ctx->nranks, "device allreduce on GPU 1");
+  int cur = -1;
+  api->get_device(&cur);
+  MP_CHECK(cur == 1, "the caller's current device changed to %d", cur);
+  api->stream_destroy(st);
+  api->mem_free(d);
+  free(h);
+  return 0;
+}
+
+/* =============================================================== threads */
+
+#define THREADS_COUNT 1000003u
+
+typedef struct thread_rank {
+  const brg__cuda_api *api;
+  const brg_unique_id *id;
+  int rank, nranks, gpu;
+} thread_rank;
+
+static void *thread_main(void *arg) {
+  thread_rank *t = arg;
+  const brg__cuda_api *api = t->api;
+  brg_comm *c = NULL;
+  void *d = NULL, *st = NULL;
+  if (api->set_device(t->gpu) != 0 || !(d = device_input(api, THREADS_COUNT, t->rank)) ||
+      api->stream_create(&st) != 0) {
+    mp_fail("rank %d: setup on GPU %d failed", t->rank, t->gpu);
+    return NULL;
+  }
+  brg_status s = brg_comm_init(&c, t->nranks, t->id, t->rank);
+  if (s == BRG_SUCCESS) s = brg_allreduce(d, d, THREADS_COUNT, BRG_FLOAT32, BRG_SUM, c, st);
+  if (s == BRG_SUCCESS) s = brg_broadcast(d, d, 7, BRG_FLOAT32, t->nranks - 1, c, st);
+  if (s != BRG_SUCCESS) {
+    mp_fail("rank %d on GPU %d: %s: %s", t->rank, t->gpu, brg_status_string(s),
+            brg_comm_last_error(c));
+  } else {
+    api->stream_sync(st);
+    char what[64];
+    snprintf(what, sizeof what, "rank %d on GPU %d", t->rank, t->gpu);
+    check_device(api, d, THREADS_COUNT, t->nranks, what);
+  }
+  if (c) brg_comm_destroy(c);
+  api->stream_destroy(st);
+  api->mem_free(d);
+  return NULL;
+}
+
+static int body_threads(mp_ctx *ctx) {
+  char why[256];
+  const brg__cuda_api *api = open_api(why, sizeof why);
+  if (!api) return mp_fail("no GPU: %s", why), 1;
+  int ngpu = api->probe(NULL, 0);
+  if (ngpu < 2) return mp_info("one GPU: nothing to check"), 0;
+  int n = *(const int *)ctx->arg;
+  brg_unique_id id;
+  if (brg_get_unique_id(&id) != BRG_SUCCESS) return mp_fail("brg_get_unique_id"), 1;
+  pthread_t th[8];
+  thread_rank t[8];
+  for (int r = 0; r < n; r++) {
+    t[r] = (thread_rank){.api = api, .id = &id, .rank = r, .nranks = n, .gpu = r % ngpu};
+    pthread_create(&th[r], NULL, thread_main, &t[r]);
+  }
+  for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
+  return 0;
+}
+
+/* =============================================================== destroy */
+
+#define DESTROY_COUNT (1u << 22)
+
+static int body_destroy(mp_ctx *ctx) {
+  char why[256];
+  const brg__cuda_api *api = open_api(why, sizeof why);
+  if (!api) return mp_fail("no GPU: %s", why), 1;
+  void *d = device_input(api, DESTROY_COUNT, ctx->rank), *st = NULL;
+  if (!d || api->stream_create(&st) != 0) return mp_fail("setup failed"), 1;
+  brg_status s = brg_allreduce(d, d, DESTROY_COUNT, BRG_FLOAT32, BRG_SUM, ctx->comm, st);
+  MP_CHECK(s == BRG_SUCCESS, "device allreduce: %s", brg_comm_last_error(ctx->comm));
+  /* At once: the collective is only enqueued, and may still run on this
+   * rank's stream and its neighbours'. */
+  s = brg_comm_destroy(ctx->comm);
+  ctx->comm = NULL;
+  MP_CHECK(s == BRG_SUCCESS, "brg_comm_destroy: %s: %s", brg_status_string(s),
+           brg_comm_last_error(NULL));
+  api->stream_sync(st);
+  check_device(api, d, DESTROY_COUNT, ctx->nranks, "allreduce finished after destroy");
+  api->stream_destroy(st);
+  api->mem_free(d);
+  return 0;
+}
+
+/* ================================================================== kill */
+
+#define KILL_COUNT (1u << 20)
+#define VICTIM 1
+
+static int body_kill(mp_ctx *ctx) {
+  char why[256];
+  const brg__cuda_api *api = open_api(why, sizeof why);
+  if (!api) return mp_fail("no GPU: %s", why), 1;
+  mp_shared *sh = ctx->shared;
+  void *d = device_input(api, KILL_COUNT, 0), *st = NULL;
+  if (!d || api->stream_create(&st) != 0) return mp_fail("setup failed"), 1;
+  brg_status s = BRG_SUCCESS;
+  int iter = 0;
+  int64_t start = mp_now_ns();
+  while ((s = brg_allreduce(d, d, KILL_COUNT, BRG_FLOAT32, BRG_MAX, ctx->comm, st)) ==
+         BRG_SUCCESS) {
+    __atomic_store_n(&sh->progress[ctx->rank], ++iter, __ATOMIC_RELEASE);
+    if (ms_since(start) > 60000) {
+      mp_fail("still no error 60 s after the loop started");
+      break;
+    }
+  }
+  int64_t t_sig = __atomic_load_n(&sh->signal_ns, __ATOMIC_ACQUIRE);
+  const char *m = brg_comm_last_error(ctx->comm);
+  if (s != BRG_SUCCESS) {
+    MP_CHECK(t_sig != 0, "the allreduce failed before rank %d was killed: %s", VICTIM, m);
+    double el = t_sig ? (double)(mp_now_ns() - t_sig) / 1e6 : 0;
+    MP_CHECK(el <= g_timeout_ms + 5000.0, "the error came %.0f ms after the kill", el);
+    MP_CHECK(mp_names_rank(m, VICTIM), "the error does not name rank %d: \"%s\"", VICTIM, m);
+  }
+  int64_t t0 = mp_now_ns();
+  s = brg_comm_destroy(ctx->comm);
+  ctx->comm = NULL;
+  double el = ms_since(t0);
+  MP_CHECK(el <= g_timeout_ms + 5000.0, "brg_comm_destroy took %.0f ms", el);
+  if (s != BRG_SUCCESS) {
+    /* The stream could not drain: the message says which and why. */
+    const char *dm = brg_comm_last_error(NULL);
+    mp_info("destroy: %s: %s", brg_status_string(s), dm);
+    MP_CHECK(mp_names_rank(dm, VICTIM), "destroy's error does not name rank %d: \"%s\"", VICTIM,
+             dm);
+    MP_CHECK(strstr(dm, "stream") != NULL, "destroy's error does not name the stream: \"%s\"", dm);
+  }
+  /* The stream is left to the module; the process ends here. */
+  return 0;
+}
+
+/* ================================================================== main */
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: %s queued|threads|destroy|kill [N]\n", argv[0]);
+    return 2;
+  }
+  const char *cs = argv[1];
+  int n = argc > 2 ? atoi(argv[2]) : 2;
+  g_timeout_ms = mp_env_int("BRIGADE_TIMEOUT_MS", 60000);
+  /* Look for a GPU in a child: CUDA must not start in the parent, whose
+   * ranks are forked later. */
+  pid_t pid = fork();
+  if (pid == 0) {
+    char why[256] = "";
+    if (open_api(why, sizeof why)) _exit(0);
+    printf("no GPU: %s\n", why);
+    _exit(getenv("BRIGADE_TEST_NO_SKIP") ? 1 : 77);
+  }
+  int wst = 0;
+  if (pid < 0 || waitpid(pid, &wst, 0) != pid || !WIFEXITED(wst)) return 1;
+  if (WEXITSTATUS(wst) != 0) return WEXITSTATUS(wst);
+
+  mp_opts o = {.name = cs, .nranks = n, .deadline_ms = 240000, .init = MP_INIT_ID, .victim = -1};
+  if (!strcmp(cs, "queued")) return mp_run(&o, body_queued, NULL);
+  if (!strcmp(cs, "destroy")) return mp_run(&o, body_destroy, NULL);
+  if (!strcmp(cs, "threads")) {
+    o.nranks = 1;
+    o.init = MP_INIT_BARE;
+    return mp_run(&o, body_threads, &n);
+  }
+  if (!strcmp(cs, "kill")) {
+    o.victim = VICTIM;
+    o.victim_signal = SIGKILL;
+    o.victim_after = 2;
+    o.victim_delay_ms = 3;
+    o.deadline_ms = 3 * g_timeout_ms + 60000;
+    return mp_run(&o, body_kill, NULL);
+  }
+  fprintf(stderr, "unknown case %s\n", cs);
+  return 2;
+}
