@@ -108,6 +108,9 @@ static void usage(FILE *f, const bench_coll *coll) {
           "  -G, --device             GPU buffers, calls on a CUDA stream, CUDA-event\n"
           "                           timing; the roofline is then the GPU's\n"
           "                           device-to-device copy rate\n"
+          "  -g, --gpu N              with -G: the GPU this rank uses (default: the\n"
+          "                           rank's place on its host, LOCAL_RANK when the\n"
+          "                           launcher sets it, modulo the GPUs it sees)\n"
           "  -h, --help               this text\n"
           "\n"
           "SIZE is the total payload in bytes: per rank for all_reduce, broadcast and\n"
@@ -138,6 +141,7 @@ int bench_parse_args(int argc, char **argv, const bench_coll *coll, bench_opts *
       {"roofline", required_argument, NULL, 'R'},
       {"csv", required_argument, NULL, 'C'},
       {"device", no_argument, NULL, 'G'},
+      {"gpu", required_argument, NULL, 'g'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
   };
@@ -152,13 +156,14 @@ int bench_parse_args(int argc, char **argv, const bench_coll *coll, bench_opts *
       .blocking = 1,
       .root = 0,
       .roofline = -1,
+      .gpu = -1,
       .ndtypes = 1,
       .dtypes = {BRG_FLOAT32},
       .nops = 1,
       .ops = {BRG_SUM},
   };
   int c;
-  while ((c = getopt_long(argc, argv, "b:e:i:f:n:w:c:o:d:r:z:p:R:C:Gh", longopts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "b:e:i:f:n:w:c:o:d:r:z:p:R:C:Gg:h", longopts, NULL)) != -1) {
     size_t sz;
     int v;
     switch (c) {
@@ -219,6 +224,12 @@ int bench_parse_args(int argc, char **argv, const bench_coll *coll, bench_opts *
       break;
     case 'G':
       o->device = 1;
+      break;
+    case 'g':
+      if (parse_int(optarg, 0, &o->gpu) != 0) {
+        fprintf(stderr, "%s: -g: need a GPU index >= 0, got '%s'\n", bench_prog, optarg);
+        return -1;
+      }
       break;
     case 'r':
       if (parse_int(optarg, 0, &o->root) != 0) {

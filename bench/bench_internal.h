@@ -33,6 +33,7 @@ typedef struct bench_opts {
   int iters, warmup, check, blocking, root;
   int roofline;         /* -1: default (on for all_reduce) */
   int device;           /* -G: GPU buffers on a CUDA stream */
+  int gpu;              /* -g: the GPU to use; -1: LOCAL_RANK modulo the GPUs seen */
   const char *peer;     /* --peer NAME, or NULL */
   const char *csv;      /* --csv PATH, or NULL */
   int ndtypes, nops;

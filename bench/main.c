@@ -86,6 +86,18 @@ static const brg__cuda_api *gpu_module(char *why, size_t cap) {
   return brg__cuda_open(path, why, cap);
 }
 
+/* This rank's place among the ranks of its host: LOCAL_RANK (torchrun,
+ * brigade-run), OMPI_COMM_WORLD_LOCAL_RANK (mpirun), SLURM_LOCALID (srun);
+ * 0 when no launcher says. */
+static int local_rank(void) {
+  static const char *const vars[] = {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    const char *v = getenv(vars[i]);
+    if (v && *v) return atoi(v);
+  }
+  return 0;
+}
+
 static void gpu_open(bench *b) {
   char why[512] = "";
   b->gpu = gpu_module(why, sizeof why);
@@ -94,6 +106,16 @@ static void gpu_open(bench *b) {
     brg_comm_abort(b->comm);
     exit(2);
   }
+  /* One GPU per local rank, as torchrun users do: LOCAL_RANK modulo the
+   * GPUs this process sees, unless -g says which. */
+  int ngpu = b->gpu->probe(NULL, 0), want = b->o.gpu >= 0 ? b->o.gpu : local_rank() % ngpu;
+  if (want >= ngpu) {
+    fprintf(stderr, "%s: rank %d: -g %d: this process sees %d GPU(s)\n", bench_prog, b->rank,
+            want, ngpu);
+    brg_comm_abort(b->comm);
+    exit(2);
+  }
+  bench_gpu_check(b, "cudaSetDevice", b->gpu->set_device(want));
   bench_gpu_check(b, "cudaMalloc", b->gpu->mem_alloc((void **)&b->dsend, b->reg_bytes));
   bench_gpu_check(b, "cudaMalloc", b->gpu->mem_alloc((void **)&b->drecv, b->reg_bytes));
   bench_gpu_check(b, "cudaStreamCreate", b->gpu->stream_create(&b->stream));

@@ -964,6 +964,13 @@ static int body(mp_ctx *ctx) {
       mp_fail("no GPU in the rank although the parent found one: %s", why);
       return 1;
     }
+    /* One GPU per rank where there are several (all ranks of a run are on
+     * one host): rank modulo the GPUs, as LOCAL_RANK would give. */
+    int ngpu = R.dapi->probe(NULL, 0);
+    if (ngpu > 1 && (e = R.dapi->set_device(ctx->rank % ngpu)) != 0) {
+      mp_fail("cudaSetDevice(%d): %s", ctx->rank % ngpu, R.dapi->error_string(e));
+      return 1;
+    }
     if ((e = R.dapi->mem_alloc((void **)&R.dsbase, region)) != 0 ||
         (e = R.dapi->mem_alloc((void **)&R.drbase, region)) != 0 ||
         (e = R.dapi->stream_create(&R.stream)) != 0) {
