@@ -45,18 +45,21 @@ void brg__device_leave(int prev);
  */
 struct brg__ring_op;
 struct brg__dev_ring;
-/* Building the device ring at the first device collective, in two halves
- * around an all-gather over the host ring that the progress layer runs:
- * prepare sets up this rank's own half and describes it in `mine`
- * (blob_bytes, with room for every rank's in `all`); finish checks every
- * rank's description, connects to the neighbours and frees the
- * descriptions, given the all-gather's status. */
+/* Building the device ring at the first device collective, in three steps
+ * around two all-gathers over the host ring that the progress layer runs
+ * (of `mine` into `all`, blob_bytes each): prepare says which GPU this
+ * rank has; local, given every rank's GPU, sets up this rank's own half
+ * (its receive FIFO in GPU memory, or in pinned host memory where the
+ * previous rank's GPU cannot reach it) and describes it; finish checks
+ * every rank's description, connects to the neighbours and frees the
+ * descriptions. Each step takes the status of the all-gather before it. */
 typedef struct brg__dev_setup {
   struct brg__dev_ring *d;
   void *mine, *all;
   size_t blob_bytes;
 } brg__dev_setup;
 brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st);
+brg_status brg__device_ring_local(brg_comm *c, brg__dev_setup *st, brg_status gathered);
 brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status gathered);
 size_t brg__device_ring_slice_bytes(const struct brg__dev_ring *d);
 /* One primitive on one slice whose buffers are in GPU memory. */

@@ -42,7 +42,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <errno.h>
+#include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "device.h"
@@ -81,6 +85,13 @@ struct brg__dev_ring {
   char *send_region, *recv_region;        /* host addresses (NULL: not registered) */
   char *send_region_dev, *recv_region_dev;
   void *last_stream;                      /* the stream of the latest device collective */
+  /* Where the previous rank's kernels cannot reach this rank's GPU (no peer
+   * access between the two GPUs), the receive FIFO is pinned host memory
+   * that both GPUs reach: shared memory between processes. */
+  char *fifo_host;                        /* the mapping (NULL: the FIFO is GPU memory) */
+  size_t fifo_host_bytes;
+  char fifo_shm[64];                      /* its shared-memory name ("": none) */
+  char *next_host;                        /* the next rank's host FIFO, mapped here */
   int stuck;                              /* own work could not drain: nothing may be freed */
 };
 
@@ -90,7 +101,8 @@ typedef struct dev_blob {
   int32_t pid;
   uint64_t process;                       /* random per process: ranks in one process */
   int32_t gpu;                            /* the device index in this rank's process */
-  int32_t pad0;
+  int32_t fifo_on_host;                   /* 1: the receive FIFO is pinned host memory */
+  char fifo_shm[64];                      /* ...shared under this name (other processes) */
   int32_t nslots;
   int32_t pad;
   uint64_t slice_bytes;
@@ -124,6 +136,10 @@ static void ring_release(struct brg__dev_ring *d) {
     if (d->next_opened && d->next_rel_ev[k]) api->event_destroy(d->next_rel_ev[k]);
   }
   if (d->next_mapped && d->next_fifo) api->ipc_mem_close(d->next_fifo);
+  if (d->next_host) {
+    api->host_unregister(d->next_host);
+    munmap(d->next_host, (size_t)d->nslots * d->stride);
+  }
   if (d->send_reg) d->link_send->ops->dev_register(d->link_send, NULL, 0, -1, 0, NULL, NULL);
   if (d->recv_reg) d->link_recv->ops->dev_register(d->link_recv, NULL, 0, -1, 0, NULL, NULL);
   if (d->send_region) api->host_unregister(d->send_region);
@@ -132,7 +148,13 @@ static void ring_release(struct brg__dev_ring *d) {
     if (d->send_ev[k]) api->event_destroy(d->send_ev[k]);
     if (d->rel_ev[k]) api->event_destroy(d->rel_ev[k]);
   }
-  if (d->fifo) api->mem_free(d->fifo);
+  if (d->fifo_host) {
+    api->host_unregister(d->fifo_host);
+    munmap(d->fifo_host, d->fifo_host_bytes);
+  } else if (d->fifo) {
+    api->mem_free(d->fifo);
+  }
+  if (d->fifo_shm[0]) shm_unlink(d->fifo_shm);
   if (d->gdr_send) api->mem_free(d->gdr_send);
   free(d);
 }
@@ -254,10 +276,62 @@ static void setup_gdr(struct brg__dev_ring *d, dev_blob *b) {
   }
 }
 
+/* Whether kernels of the previous rank's GPU can reach this rank's GPU
+ * memory: the same GPU, or peer access between the two (a GPU of another
+ * process is found among this process's GPUs by its UUID). */
+static int prev_reaches(const brg__cuda_api *api, const dev_blob *self, const dev_blob *prev) {
+  if (!memcmp(prev->uuid, self->uuid, 16)) return 1;
+  int dev = -1;
+  if (prev->process == self->process) {
+    dev = prev->gpu;
+  } else {
+    int n = api->probe(NULL, 0), cur = self->gpu;
+    for (int i = 0; i < n && dev < 0; i++) {
+      unsigned char u[16];
+      if (api->set_device(i) == 0 && api->device_uuid(u) == 0 && !memcmp(u, prev->uuid, 16)) dev = i;
+    }
+    api->set_device(cur);
+  }
+  int can = 0;
+  return dev >= 0 && api->can_access_peer(&can, dev, self->gpu) == 0 && can;
+}
+
+/* A receive FIFO in pinned host memory, shared with other processes under a
+ * name when `shared`; 0 or a CUDA error (-1: a system call failed). */
+static int host_fifo_alloc(brg_comm *c, struct brg__dev_ring *d, size_t bytes, int shared,
+                           dev_blob *b) {
+  void *m = MAP_FAILED;
+  if (shared) {
+    snprintf(d->fifo_shm, sizeof d->fifo_shm, "/brigade-gpufifo-%016llx-%d",
+             (unsigned long long)b->process, c->rank);
+    int fd = shm_open(d->fifo_shm, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) {
+      d->fifo_shm[0] = 0;
+      return -1;
+    }
+    if (ftruncate(fd, (off_t)bytes) == 0)
+      m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    snprintf(b->fifo_shm, sizeof b->fifo_shm, "%s", d->fifo_shm);
+  } else {
+    m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  }
+  if (m == MAP_FAILED) return -1;
+  memset(m, 0, bytes); /* touched now, not on the hot path */
+  d->fifo_host = m;
+  d->fifo_host_bytes = bytes;
+  void *dev = NULL;
+  int e = d->api->host_register(m, bytes, &dev);
+  if (e) return e;
+  d->fifo = dev;
+  b->fifo_on_host = 1;
+  return 0;
+}
+
 /* This rank's own half: FIFO, events and mapped host FIFOs, described in `b`. */
-static void setup_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b) {
+static void setup_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b, const dev_blob *prev) {
   const brg__cuda_api *api = d->api;
-  int e = api->device_uuid(b->uuid);
+  int e = 0;
   const char *what = "cudaGetDeviceProperties";
   if (!e && d->send_staged) {
     what = "cudaHostRegister of the send FIFO (link to another host)";
@@ -267,7 +341,15 @@ static void setup_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b) {
     what = "cudaHostRegister of the receive FIFO (link from another host)";
     e = map_host_fifo(api, &c->recv.fifo, &d->recv_region, &d->recv_region_dev);
   }
-  if (!e) {
+  if (!e && !d->recv_staged && !prev_reaches(api, b, prev)) {
+    /* The previous rank's kernels write this FIFO: where they cannot
+     * reach this GPU, it is pinned host memory that both GPUs reach. */
+    what = "a receive FIFO in pinned host memory (no peer access from the previous rank's GPU)";
+    e = host_fifo_alloc(c, d, (size_t)d->nslots * d->stride, prev->process != b->process, b);
+    if (!e)
+      BRG__INFO("init", "rank %d: GPU %d cannot be reached from rank %d's GPU %d: the FIFO between "
+                "them is pinned host memory", c->rank, b->gpu, c->prev, prev->gpu);
+  } else if (!e) {
     what = "cudaMalloc + cudaIpcGetMemHandle of the receive FIFO";
     e = api->ipc_mem_export((void **)&d->fifo, (size_t)d->nslots * d->stride, b->fifo_handle);
   }
@@ -281,8 +363,8 @@ static void setup_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b) {
   b->fifo_ptr = (uint64_t)(uintptr_t)d->fifo;
   if (!e) setup_gdr(d, b);
   if (e) {
-    snprintf(b->why, sizeof b->why, "%s: %s (%zu bytes of GPU FIFO)", what, api->error_string(e),
-             (size_t)d->nslots * d->stride);
+    snprintf(b->why, sizeof b->why, "%s: %s (%zu bytes of FIFO)", what,
+             e == -1 ? strerror(errno) : api->error_string(e), (size_t)d->nslots * d->stride);
     return;
   }
   b->ok = 1;
@@ -332,6 +414,27 @@ static brg_status setup_links(brg_comm *c, struct brg__dev_ring *d, const dev_bl
   int e;
   if (d->send_staged) {
     /* slots are the transport's host FIFO */
+  } else if (next->fifo_on_host && next->process == self->process) {
+    /* pinned host memory of this process: every GPU reaches it */
+    d->next_fifo = (char *)(uintptr_t)next->fifo_ptr;
+    for (int k = 0; k < d->nslots; k++) d->next_rel_ev[k] = (void *)(uintptr_t)next->rel_ev_ptr[k];
+  } else if (next->fifo_on_host) {
+    size_t bytes = (size_t)d->nslots * d->stride;
+    int fd = shm_open(next->fifo_shm, O_RDWR, 0);
+    void *m = fd < 0 ? MAP_FAILED : mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (fd >= 0) close(fd);
+    if (m == MAP_FAILED)
+      return brg__comm_error(c, BRG_ERR_SYSTEM, "rank %d: mapping the host FIFO %s of rank %d: %s",
+                             c->rank, next->fifo_shm, c->next, strerror(errno));
+    d->next_host = m;
+    void *dev = NULL;
+    if ((e = api->host_register(m, bytes, &dev)) != 0)
+      return cuda_fail(c, api, e, "cudaHostRegister of the next rank's host FIFO");
+    d->next_fifo = dev;
+    d->next_opened = 1;
+    for (int k = 0; k < d->nslots; k++)
+      if ((e = api->ipc_event_open(&d->next_rel_ev[k], next->rel_ev[k])) != 0)
+        return cuda_fail(c, api, e, "cudaIpcOpenEventHandle (next rank's events)");
   } else if (next->process == self->process) {
     brg_status s = reach_peer(c, d, self->gpu, next->gpu);
     if (s != BRG_SUCCESS) return s;
@@ -399,14 +502,21 @@ brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st) {
   if (api->get_device(&mine->gpu) != 0) mine->gpu = 0;
   mine->nslots = d->nslots;
   mine->slice_bytes = d->slice_bytes;
+  if (api->device_uuid(mine->uuid) != 0) memset(mine->uuid, 0, sizeof mine->uuid);
   d->stride = d->slice_bytes + SLOT_SHIFT_ROOM;
-  setup_local(c, d, mine);
-  /* A failed half is described in `mine` (ok = 0, why): the all-gather
-   * still runs, so every rank learns it. */
   st->d = d;
   st->mine = mine;
   st->all = all;
   st->blob_bytes = sizeof *mine;
+  return BRG_SUCCESS;
+}
+
+brg_status brg__device_ring_local(brg_comm *c, brg__dev_setup *st, brg_status gathered) {
+  dev_blob *mine = st->mine, *all = st->all;
+  if (gathered != BRG_SUCCESS) return gathered;
+  setup_local(c, st->d, mine, &all[c->prev]);
+  /* A failed half is described in `mine` (ok = 0, why): the second
+   * all-gather still runs, so every rank learns it. */
   return BRG_SUCCESS;
 }
 

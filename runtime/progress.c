@@ -10,10 +10,10 @@
 #include "internal.h"
 
 /* The first device collective builds the device ring on every rank, over
- * the host ring: each rank describes its own half, the descriptions are
- * all-gathered, and each rank connects to its neighbours'. Every rank takes
- * part even when its own half failed, so that all of them learn which rank
- * could not and why, instead of timing out. */
+ * the host ring: each rank says which GPU it has, then sets up its own half
+ * and describes it, and each rank connects to its neighbours'. Every rank
+ * takes part in both all-gathers even when its own half failed, so that
+ * all of them learn which rank could not and why, instead of timing out. */
 static brg_status device_setup(brg_comm *c) {
   brg__dev_setup st;
   brg_status s = brg__device_ring_prepare(c, &st);
@@ -21,6 +21,11 @@ static brg_status device_setup(brg_comm *c) {
   brg__coll g = {.kind = BRG__COLL_ALL_GATHER, .dtype = BRG_UINT8, .op = BRG_SUM, .root = -1,
                  .sendbuf = st.mine, .recvbuf = st.all, .count = st.blob_bytes};
   s = brg__coll_execute(c, &g);
+  s = brg__device_ring_local(c, &st, s);
+  if (s == BRG_SUCCESS) {
+    brg__coll g2 = g;
+    s = brg__coll_execute(c, &g2);
+  }
   return brg__device_ring_finish(c, &st, s);
 }
 

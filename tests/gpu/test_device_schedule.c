@@ -86,7 +86,7 @@ static int rank_main(int rank, int n) {
   }
   api->mem_set(ds, 0, bytes);
   api->mem_set(dr, 0, bytes);
-  /* First a device call, so the device ring's set-up (a host all_gather)
+  /* First a device call, so the device ring's set-up (two host all_gathers)
    * comes before the pairs. */
   if (brg_allreduce(ds, dr, 1, BRG_FLOAT32, BRG_SUM, c, st) != BRG_SUCCESS) goto fail;
   for (int kind = AR; kind <= RD; kind++)
@@ -140,9 +140,9 @@ static int take(const line *v, int nv, int *i, unsigned long long seq) {
 
 static int compare(int rank, const line *v, int nv) {
   int i = 0, pairs = 0, bad = 0;
-  /* seq 1: the set-up all_gather, seq 2: the first device call */
-  while (i < nv && v[i].seq <= 2) i++;
-  for (unsigned long long seq = 3; i < nv && !bad; seq += 2) {
+  /* seq 1 and 2: the set-up all_gathers, seq 3: the first device call */
+  while (i < nv && v[i].seq <= 3) i++;
+  for (unsigned long long seq = 4; i < nv && !bad; seq += 2) {
     int h0 = i, nh = take(v, nv, &i, seq);
     int d0 = i, nd = take(v, nv, &i, seq + 1);
     if (nh == 0 || nd == 0) {
