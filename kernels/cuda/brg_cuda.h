@@ -23,7 +23,7 @@ extern "C" {
 #endif
 
 /* Raised whenever the table changes shape; the loader refuses other values. */
-#define BRG__CUDA_ABI 4
+#define BRG__CUDA_ABI 5
 
 /* Name of the one symbol the module exports. */
 #define BRG__CUDA_ENTRY "brg__cuda_module_api"
@@ -107,6 +107,12 @@ typedef struct brg__cuda_api {
    * registration (GPUDirect RDMA): *fd covers whole pages and p lies *offset
    * bytes into it. The caller closes *fd. */
   int (*dmabuf_export)(void *p, size_t bytes, int *fd, unsigned long long *offset);
+
+  /* The most thread blocks one reduce, copy or divide launch may use, 1 to
+   * 1024 (BRIGADE_DEVICE_BLOCKS; 32 until set): a collective runs beside
+   * the training computation and must not take every SM. A launch uses
+   * the fewest of this, what the size needs and what fits on the GPU. */
+  int (*set_max_blocks)(int blocks);
 } brg__cuda_api;
 
 #define BRG__CUDA_IPC_HANDLE_BYTES 64

@@ -16,6 +16,7 @@ extern "C" int brg__cuda_reduce(void *d0, void *d1, const void *a, const void *b
 extern "C" int brg__cuda_divide(void *d, const void *s, size_t n, int dtype, int div,
                                 void *stream);
 extern "C" int brg__cuda_copy(void *d0, void *d1, const void *s, size_t bytes, void *stream);
+extern "C" int brg__cuda_set_max_blocks(int blocks);
 extern "C" int brg__cuda_ipc_mem_export(void **p, size_t bytes, void *handle);
 extern "C" int brg__cuda_ipc_mem_open(void **p, const void *handle);
 extern "C" int brg__cuda_ipc_mem_close(void *p);
@@ -190,6 +191,7 @@ const brg__cuda_api api = {
     .host_register = host_register,
     .host_unregister = host_unregister,
     .dmabuf_export = dmabuf_export,
+    .set_max_blocks = brg__cuda_set_max_blocks,
 };
 
 } // namespace
