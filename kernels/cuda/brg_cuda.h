@@ -104,8 +104,9 @@ typedef struct brg__cuda_api {
   int (*host_unregister)(void *p);
 
   /* A dmabuf file descriptor for [p, p + bytes) of device memory, for RDMA
-   * registration (GPUDirect RDMA): *fd covers whole pages and p lies *offset
-   * bytes into it. The caller closes *fd. */
+   * registration (GPUDirect RDMA): *fd covers whole host pages and p lies
+   * *offset bytes into it. The caller closes *fd. BRG__CUDA_ERR_NO_DMABUF
+   * where the device or driver has no dmabuf support. */
   int (*dmabuf_export)(void *p, size_t bytes, int *fd, unsigned long long *offset);
 
   /* The most thread blocks one reduce, copy or divide launch may use, 1 to
@@ -116,6 +117,9 @@ typedef struct brg__cuda_api {
 } brg__cuda_api;
 
 #define BRG__CUDA_IPC_HANDLE_BYTES 64
+
+/* The module's own error codes, above CUDA's; error_string() explains them. */
+#define BRG__CUDA_ERR_NO_DMABUF 100001 /* dmabuf_export: the device or driver cannot */
 
 typedef const brg__cuda_api *(*brg__cuda_entry_fn)(void);
 
