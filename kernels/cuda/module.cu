@@ -32,11 +32,22 @@ int probe(char *why, size_t n) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess) {
-    /* cudart reports a missing driver as an old one; say which it is. */
+    /* cudart reports a missing driver and an old one alike (insufficient
+     * driver); say which it is, and for an old one which versions. */
+    int version = 0; /* the CUDA version the driver supports; 0: no driver */
+    cudaDriverGetVersion(&version);
     void *drv = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
-    snprintf(why, n, "cudaGetDeviceCount failed: %s (%s)%s", cudaGetErrorName(e),
-             cudaGetErrorString(e),
-             drv ? "" : "; the NVIDIA driver library libcuda.so.1 is not installed");
+    if (drv && version > 0 && version < CUDART_VERSION)
+      snprintf(why, n,
+               "the NVIDIA driver supports CUDA %d.%d, this module was built with CUDA %d.%d: "
+               "install an NVIDIA driver for CUDA %d.%d or newer (cudaGetDeviceCount: %s)",
+               version / 1000, version % 1000 / 10, CUDART_VERSION / 1000,
+               CUDART_VERSION % 1000 / 10, CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10,
+               cudaGetErrorName(e));
+    else
+      snprintf(why, n, "cudaGetDeviceCount failed: %s (%s)%s", cudaGetErrorName(e),
+               cudaGetErrorString(e),
+               drv ? "" : "; the NVIDIA driver library libcuda.so.1 is not installed");
     if (drv) dlclose(drv);
     cudaGetLastError();
     return -1;
