@@ -17,6 +17,13 @@
  *   float16, 0x7fc0 for bfloat16), so CPU, AVX and GPU paths agree bit for
  *   bit even though hardware NaN payloads differ. The plain conversions keep
  *   sign and payload (quietened), as F16C hardware does.
+ * - On the device (__CUDA_ARCH__) the half <-> float32 conversions are the
+ *   hardware's cvt instructions (round to nearest even, subnormals kept,
+ *   overflow to Inf, as the code below does in software). NaN keeps its
+ *   explicit path, so the NaN rules above hold whatever payload the
+ *   hardware would give. tests/kernels/test_half_convert.c checks the
+ *   software conversions against independent references, and
+ *   tests/gpu/test_convert_gpu.cu the device ones against the software.
  * - min/max propagate NaN: when either input is NaN the result is NaN (for
  *   float32/float64 the first NaN input, a before b). -0 is below +0, so
  *   min(-0, +0) = -0 and max(-0, +0) = +0 in either order.
@@ -26,6 +33,11 @@
 
 #include <stdint.h>
 #include <string.h>
+
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#endif
 
 #ifndef BRG_HD
 #if defined(__CUDACC__)
@@ -82,28 +94,51 @@ static inline BRG_HD double brg__bits_f64(uint64_t u) {
 
 /* ---- float16 <-> float32 ------------------------------------------------ */
 
-static inline BRG_HD float brg__f16_to_f32(uint16_t h) {
+/* The quiet NaN a conversion makes of a NaN input: sign and the top payload
+ * bits kept, the quiet bit set. */
+static inline BRG_HD float brg__f16_nan_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  return brg__bits_f32(sign | 0x7fc00000u | ((uint32_t)(h & 0x3ffu) << 13));
+}
+static inline BRG_HD uint16_t brg__f32_nan_to_f16(uint32_t x) {
+  return (uint16_t)(((x >> 16) & 0x8000u) | 0x7e00u | ((x >> 13) & 0x3ffu));
+}
+
+/* Widening for the ops below: exact for every number; a NaN stays a NaN
+ * with any payload (each op's result is rounded by brg__f16_round, which
+ * makes every NaN the canonical one). */
+static inline BRG_HD float brg__f16_widen(uint16_t h) {
+#if defined(__CUDA_ARCH__)
+  return __half2float(__ushort_as_half(h));
+#else
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
   uint32_t em = h & 0x7fffu;
   uint32_t bits;
-  if (em >= 0x7c00u) { /* Inf, or NaN made quiet */
-    bits = 0x7f800000u | ((em & 0x3ffu) << 13);
-    if (em > 0x7c00u) bits |= 0x00400000u;
+  if (em > 0x7c00u) return brg__f16_nan_to_f32(h);
+  if (em == 0x7c00u) { /* Inf */
+    bits = 0x7f800000u;
   } else if (em >= 0x0400u) { /* normal: rebias the exponent */
     bits = (em << 13) + ((uint32_t)(127 - 15) << 23);
   } else { /* zero or subnormal: em * 2^-24, exact */
     bits = brg__f32_bits((float)em * 5.9604644775390625e-08f);
   }
   return brg__bits_f32(sign | bits);
+#endif
 }
 
-static inline BRG_HD uint16_t brg__f32_to_f16(float f) {
+static inline BRG_HD float brg__f16_to_f32(uint16_t h) {
+  return (h & 0x7fffu) > 0x7c00u ? brg__f16_nan_to_f32(h) : brg__f16_widen(h);
+}
+
+/* Rounding of a number; NaN is the callers' to handle first. */
+static inline BRG_HD uint16_t brg__f32_to_f16_number(float f) {
+#if defined(__CUDA_ARCH__)
+  return __half_as_ushort(__float2half_rn(f));
+#else
   uint32_t x = brg__f32_bits(f);
   uint32_t sign = (x >> 16) & 0x8000u;
   uint32_t ax = x & 0x7fffffffu;
-  if (ax > 0x7f800000u) /* NaN: quiet, top payload bits kept */
-    return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
-  if (ax >= 0x477ff000u) /* >= 65520 (incl. Inf) rounds to Inf */
+  if (ax >= 0x477ff000u) /* >= 65520 (incl. Inf and NaN) rounds to Inf */
     return (uint16_t)(sign | 0x7c00u);
   if (ax >= 0x38800000u) { /* >= 2^-14: normal result */
     ax -= (uint32_t)(127 - 15) << 23;
@@ -121,32 +156,56 @@ static inline BRG_HD uint16_t brg__f32_to_f16(float f) {
     r += (rem > half) | ((rem == half) & r); /* may carry into the lowest normal */
     return (uint16_t)(sign | r);
   }
+#endif
+}
+
+static inline BRG_HD uint16_t brg__f32_to_f16(float f) {
+  uint32_t x = brg__f32_bits(f);
+  return (x & 0x7fffffffu) > 0x7f800000u ? brg__f32_nan_to_f16(x) : brg__f32_to_f16_number(f);
 }
 
 /* ---- bfloat16 <-> float32 ----------------------------------------------- */
 
+static inline BRG_HD float brg__bf16_widen(uint16_t h) {
+#if defined(__CUDA_ARCH__)
+  return __bfloat162float(__ushort_as_bfloat16(h));
+#else
+  return brg__bits_f32((uint32_t)h << 16);
+#endif
+}
+
 static inline BRG_HD float brg__bf16_to_f32(uint16_t h) {
-  uint32_t bits = (uint32_t)h << 16;
-  if ((h & 0x7fffu) > 0x7f80u) bits |= 0x00400000u; /* NaN made quiet */
-  return brg__bits_f32(bits);
+  float f = brg__bf16_widen(h);
+  if ((h & 0x7fffu) > 0x7f80u) /* NaN made quiet */
+    f = brg__bits_f32(((uint32_t)h << 16) | 0x00400000u);
+  return f;
+}
+
+static inline BRG_HD uint16_t brg__f32_to_bf16_number(float f) {
+#if defined(__CUDA_ARCH__)
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+#else
+  /* Round to nearest even on the low half; a carry walks into the exponent
+   * and past the largest finite value into Inf, as it should. */
+  uint32_t x = brg__f32_bits(f);
+  return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+#endif
 }
 
 static inline BRG_HD uint16_t brg__f32_to_bf16(float f) {
   uint32_t x = brg__f32_bits(f);
   if ((x & 0x7fffffffu) > 0x7f800000u) /* NaN: quiet, top payload bits kept */
     return (uint16_t)((x >> 16) | 0x0040u);
-  /* Round to nearest even on the low half; a carry walks into the exponent
-   * and past the largest finite value into Inf, as it should. */
-  return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+  return brg__f32_to_bf16_number(f);
 }
 
 /* Rounding of an op result: like the conversions, but any NaN becomes the
  * canonical NaN. */
 static inline BRG_HD uint16_t brg__f16_round(float f) {
-  return f != f ? BRG_F16_CANONICAL_NAN : brg__f32_to_f16(f);
+  return f != f ? BRG_F16_CANONICAL_NAN : brg__f32_to_f16_number(f);
 }
 static inline BRG_HD uint16_t brg__bf16_round(float f) {
-  return f != f ? BRG_BF16_CANONICAL_NAN : brg__f32_to_bf16(f);
+  return f != f ? BRG_BF16_CANONICAL_NAN : brg__f32_to_bf16_number(f);
 }
 
 /* ---- float min / max ---------------------------------------------------- */
@@ -211,19 +270,19 @@ static inline BRG_HD double brg__f64_avg(double a, double b, int d) {
 
 #define BRG__HALF_OPS(t)                                                                           \
   static inline BRG_HD uint16_t brg__##t##_sum(uint16_t a, uint16_t b) {                           \
-    return brg__##t##_round(brg__##t##_to_f32(a) + brg__##t##_to_f32(b));                          \
+    return brg__##t##_round(brg__##t##_widen(a) + brg__##t##_widen(b));                            \
   }                                                                                                \
   static inline BRG_HD uint16_t brg__##t##_prod(uint16_t a, uint16_t b) {                          \
-    return brg__##t##_round(brg__##t##_to_f32(a) * brg__##t##_to_f32(b));                          \
+    return brg__##t##_round(brg__##t##_widen(a) * brg__##t##_widen(b));                            \
   }                                                                                                \
   static inline BRG_HD uint16_t brg__##t##_min(uint16_t a, uint16_t b) {                           \
-    return brg__##t##_round(brg__f32_min(brg__##t##_to_f32(a), brg__##t##_to_f32(b)));             \
+    return brg__##t##_round(brg__f32_min(brg__##t##_widen(a), brg__##t##_widen(b)));               \
   }                                                                                                \
   static inline BRG_HD uint16_t brg__##t##_max(uint16_t a, uint16_t b) {                           \
-    return brg__##t##_round(brg__f32_max(brg__##t##_to_f32(a), brg__##t##_to_f32(b)));             \
+    return brg__##t##_round(brg__f32_max(brg__##t##_widen(a), brg__##t##_widen(b)));               \
   }                                                                                                \
   static inline BRG_HD uint16_t brg__##t##_div(uint16_t x, int d) {                                \
-    return brg__##t##_round(brg__##t##_to_f32(x) / (float)d);                                      \
+    return brg__##t##_round(brg__##t##_widen(x) / (float)d);                                       \
   }                                                                                                \
   static inline BRG_HD uint16_t brg__##t##_avg(uint16_t a, uint16_t b, int d) {                    \
     return brg__##t##_div(brg__##t##_sum(a, b), d);                                                \

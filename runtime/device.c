@@ -84,6 +84,7 @@ static void load(void) {
     dlclose(h);
     return;
   }
+  api->set_max_blocks((int)brg__device_int(BRG__DEVICE_BLOCKS)); /* 1..1024, as the module takes */
   char why[256] = "";
   if (api->probe(why, sizeof why) <= 0) {
     snprintf(load_why, sizeof load_why, "no usable GPU: %s", why);

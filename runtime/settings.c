@@ -43,6 +43,11 @@ static brg__cfg_entry device_entries[BRG__DEVICE_COUNT] = {
                             "1: device collectives between hosts send GPU memory over ibverbs "
                             "directly (GPUDirect RDMA, dmabuf) where it works; 0: always stage "
                             "through pinned host memory"},
+    [BRG__DEVICE_BLOCKS] = {"BRIGADE_DEVICE_BLOCKS", BRG__CFG_KIND_INT, "32", 1, 1024,
+                            "most thread blocks (256 threads each) of one reduce or copy kernel "
+                            "of a device collective, so that it leaves most SMs to the "
+                            "computation beside it (NCCL uses 16 to 32); more can be faster "
+                            "on an idle GPU"},
 };
 
 brg__cfg_section brg__core_config = BRG__CFG_SECTION("core", core_entries);

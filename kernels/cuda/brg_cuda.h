@@ -23,7 +23,7 @@ extern "C" {
 #endif
 
 /* Raised whenever the table changes shape; the loader refuses other values. */
-#define BRG__CUDA_ABI 5
+#define BRG__CUDA_ABI 6
 
 /* Name of the one symbol the module exports. */
 #define BRG__CUDA_ENTRY "brg__cuda_module_api"
@@ -104,8 +104,9 @@ typedef struct brg__cuda_api {
   int (*host_unregister)(void *p);
 
   /* A dmabuf file descriptor for [p, p + bytes) of device memory, for RDMA
-   * registration (GPUDirect RDMA): *fd covers whole pages and p lies *offset
-   * bytes into it. The caller closes *fd. */
+   * registration (GPUDirect RDMA): *fd covers whole host pages and p lies
+   * *offset bytes into it. The caller closes *fd. BRG__CUDA_ERR_NO_DMABUF
+   * where the device or driver has no dmabuf support. */
   int (*dmabuf_export)(void *p, size_t bytes, int *fd, unsigned long long *offset);
 
   /* 0 once the event's last record has run, -1 while it has not, else an
@@ -122,9 +123,18 @@ typedef struct brg__cuda_api {
    * done: the call returns 0). */
   int (*can_access_peer)(int *can, int device, int peer);
   int (*enable_peer_access)(int peer);
+
+  /* The most thread blocks one reduce, copy or divide launch may use, 1 to
+   * 1024 (BRIGADE_DEVICE_BLOCKS; 32 until set): a collective runs beside
+   * the training computation and must not take every SM. A launch uses
+   * the fewest of this, what the size needs and what fits on the GPU. */
+  int (*set_max_blocks)(int blocks);
 } brg__cuda_api;
 
 #define BRG__CUDA_IPC_HANDLE_BYTES 64
+
+/* The module's own error codes, above CUDA's; error_string() explains them. */
+#define BRG__CUDA_ERR_NO_DMABUF 100001 /* dmabuf_export: the device or driver cannot */
 
 typedef const brg__cuda_api *(*brg__cuda_entry_fn)(void);
 

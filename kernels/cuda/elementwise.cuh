@@ -119,6 +119,17 @@ BRG__EW_HD plan make_plan(const void *d0, const void *d1, const void *a, const v
   return p;
 }
 
+/* Blocks of `threads` for one call: one round of UNROLL vectors (or one
+ * element, on the scalar path) per thread, but at most `fit`, the blocks
+ * the device runs at once, and at most `bound` (set_max_blocks). */
+BRG__EW_HD size_t grid_blocks(plan p, size_t n, size_t threads, size_t fit, size_t bound) {
+  size_t work = p.nvec ? (p.nvec + UNROLL - 1) / UNROLL : n;
+  size_t blocks = (work + threads - 1) / threads;
+  if (blocks > fit) blocks = fit;
+  if (blocks > bound) blocks = bound;
+  return blocks ? blocks : 1;
+}
+
 /* x = x (op) y on every element of a vector (y unused for unary F). */
 template <class F>
 BRG__EW_HD void apply_vec(vec16<typename F::T> &x, const vec16<typename F::T> &y, int div) {

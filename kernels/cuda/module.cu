@@ -1,13 +1,16 @@
 /*
  * The table libbrigade_cuda.so hands to the core library (brg_cuda.h).
  * Only brg__cuda_module_api is exported; cudart is linked statically and
- * reaches the driver (libcuda.so.1) itself, at first use.
+ * reaches the driver (libcuda.so.1) itself, at first use. The few driver
+ * functions used here come through cudart too (driver_fn).
  */
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "brg_cuda.h"
 
@@ -16,6 +19,7 @@ extern "C" int brg__cuda_reduce(void *d0, void *d1, const void *a, const void *b
 extern "C" int brg__cuda_divide(void *d, const void *s, size_t n, int dtype, int div,
                                 void *stream);
 extern "C" int brg__cuda_copy(void *d0, void *d1, const void *s, size_t bytes, void *stream);
+extern "C" int brg__cuda_set_max_blocks(int blocks);
 extern "C" int brg__cuda_ipc_mem_export(void **p, size_t bytes, void *handle);
 extern "C" int brg__cuda_ipc_mem_open(void **p, const void *handle);
 extern "C" int brg__cuda_ipc_mem_close(void *p);
@@ -28,11 +32,22 @@ int probe(char *why, size_t n) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess) {
-    /* cudart reports a missing driver as an old one; say which it is. */
+    /* cudart reports a missing driver and an old one alike (insufficient
+     * driver); say which it is, and for an old one which versions. */
+    int version = 0; /* the CUDA version the driver supports; 0: no driver */
+    cudaDriverGetVersion(&version);
     void *drv = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
-    snprintf(why, n, "cudaGetDeviceCount failed: %s (%s)%s", cudaGetErrorName(e),
-             cudaGetErrorString(e),
-             drv ? "" : "; the NVIDIA driver library libcuda.so.1 is not installed");
+    if (drv && version > 0 && version < CUDART_VERSION)
+      snprintf(why, n,
+               "the NVIDIA driver supports CUDA %d.%d, this module was built with CUDA %d.%d: "
+               "install an NVIDIA driver for CUDA %d.%d or newer (cudaGetDeviceCount: %s)",
+               version / 1000, version % 1000 / 10, CUDART_VERSION / 1000,
+               CUDART_VERSION % 1000 / 10, CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10,
+               cudaGetErrorName(e));
+    else
+      snprintf(why, n, "cudaGetDeviceCount failed: %s (%s)%s", cudaGetErrorName(e),
+               cudaGetErrorString(e),
+               drv ? "" : "; the NVIDIA driver library libcuda.so.1 is not installed");
     if (drv) dlclose(drv);
     cudaGetLastError();
     return -1;
@@ -59,7 +74,13 @@ void describe(char *out, size_t n) {
            p.major, p.minor, p.multiProcessorCount, (double)p.totalGlobalMem / (1 << 30), drv, rt);
 }
 
-const char *error_string(int err) { return cudaGetErrorString(static_cast<cudaError_t>(err)); }
+const char *error_string(int err) {
+  if (err == BRG__CUDA_ERR_NO_DMABUF)
+    /* Short: the runtime logs it after a prefix in a 128-byte buffer. */
+    return "dmabuf export is not supported on this device/driver "
+           "(CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED is 0)";
+  return cudaGetErrorString(static_cast<cudaError_t>(err));
+}
 
 int pointer_is_device(const void *p, int *device) {
   cudaPointerAttributes a;
@@ -153,28 +174,53 @@ int host_register(void *p, size_t bytes, void **dev) {
 }
 int host_unregister(void *p) { return cudaHostUnregister(p); }
 
-/* cuMemGetHandleForAddressRange, reached through the runtime so the module
- * does not link against libcuda. */
-typedef int (*get_handle_fn)(void *handle, unsigned long long dptr, size_t size, int type,
-                             unsigned long long flags);
+/* Driver functions, reached through the runtime so that the module does not
+ * link against libcuda (cuda.h gives only their types). NULL where the
+ * driver has none. */
+void *driver_fn(const char *name, int cuda_version) {
+  void *sym = NULL;
+  cudaDriverEntryPointQueryResult q;
+  if (cudaGetDriverEntryPointByVersion(name, &sym, cuda_version, cudaEnableDefault, &q) !=
+          cudaSuccess ||
+      q != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();
+    return NULL;
+  }
+  return sym;
+}
+
+/* CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED of the current device. The runtime
+ * API has no name for it (cudaDevAttrReserved124 in CUDA 13), so this asks
+ * the driver; a driver too old to know it cannot export either. */
+bool dmabuf_supported(void) {
+  typedef CUresult (*device_get_fn)(CUdevice *, int);
+  typedef CUresult (*attribute_fn)(int *, CUdevice_attribute, CUdevice);
+  device_get_fn get = reinterpret_cast<device_get_fn>(driver_fn("cuDeviceGet", 2000));
+  attribute_fn attr = reinterpret_cast<attribute_fn>(driver_fn("cuDeviceGetAttribute", 2000));
+  int ordinal = 0, supported = 0;
+  CUdevice dev;
+  if (!get || !attr || cudaGetDevice(&ordinal) != cudaSuccess) return false;
+  return get(&dev, ordinal) == CUDA_SUCCESS &&
+         attr(&supported, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, dev) == CUDA_SUCCESS && supported;
+}
 
 int dmabuf_export(void *p, size_t bytes, int *fd, unsigned long long *offset) {
-  static get_handle_fn fn;
-  if (!fn) {
-    void *sym = NULL;
-    cudaDriverEntryPointQueryResult q;
-    cudaError_t e = cudaGetDriverEntryPointByVersion("cuMemGetHandleForAddressRange", &sym, 11070,
-                                                     cudaEnableDefault, &q);
-    if (e != cudaSuccess) return e;
-    if (q != cudaDriverEntryPointSuccess || !sym) return cudaErrorNotSupported;
-    fn = reinterpret_cast<get_handle_fn>(sym);
-  }
-  const unsigned long long page = 4096;
+  typedef CUresult (*get_handle_fn)(void *handle, CUdeviceptr dptr, size_t size,
+                                    CUmemRangeHandleType type, unsigned long long flags);
+  if (!dmabuf_supported()) return BRG__CUDA_ERR_NO_DMABUF;
+  get_handle_fn get_handle =
+      reinterpret_cast<get_handle_fn>(driver_fn("cuMemGetHandleForAddressRange", 11070));
+  if (!get_handle) return BRG__CUDA_ERR_NO_DMABUF;
+  /* The range must cover whole host pages (the driver's rule): 4 KiB on
+   * x86-64, 64 KiB on many aarch64 machines such as GH200. */
+  long host_page = sysconf(_SC_PAGESIZE);
+  const unsigned long long page = host_page > 0 ? (unsigned long long)host_page : 4096;
   unsigned long long a = reinterpret_cast<unsigned long long>(p);
   unsigned long long base = a & ~(page - 1), end = (a + bytes + page - 1) & ~(page - 1);
   int h = -1;
-  /* 1 = CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD */
-  if (fn(&h, base, end - base, 1, 0) != 0 || h < 0) return cudaErrorNotSupported;
+  if (get_handle(&h, base, end - base, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0) != CUDA_SUCCESS ||
+      h < 0)
+    return cudaErrorNotSupported;
   *fd = h;
   *offset = a - base;
   return cudaSuccess;
@@ -217,6 +263,7 @@ const brg__cuda_api api = {
     .get_device = get_device,
     .can_access_peer = can_access_peer,
     .enable_peer_access = enable_peer_access,
+    .set_max_blocks = brg__cuda_set_max_blocks,
 };
 
 } // namespace

@@ -31,6 +31,9 @@ using namespace brg_ew;
 constexpr int THREADS = 256;
 constexpr int MAX_BLOCKS_PER_SM = 8;
 
+/* set_max_blocks (BRIGADE_DEVICE_BLOCKS): the bound on every grid. */
+int max_grid = 32;
+
 template <class F>
 __global__ void __launch_bounds__(THREADS)
 elementwise(typename F::T *d0, typename F::T *d1, const typename F::T *a,
@@ -63,8 +66,9 @@ int launch(void *dst0, void *dst1, const void *src0, const void *src1, size_t n,
   const T *b = F::binary ? static_cast<const T *>(src1) : a;
 
   plan p = make_plan<T>(d0, d1, a, b, n);
-  /* A grid of exactly the blocks that fit on the device at once: a partial
-   * second wave would leave the device mostly idle while it runs. */
+  /* At most the blocks that fit on the device at once (a partial second
+   * wave would leave the device mostly idle while it runs), and at most
+   * max_grid: the training computation beside a collective needs the rest. */
   static int per_sm;
   int fit = __atomic_load_n(&per_sm, __ATOMIC_RELAXED);
   if (fit == 0) {
@@ -74,11 +78,8 @@ int launch(void *dst0, void *dst1, const void *src0, const void *src1, size_t n,
     if (fit > MAX_BLOCKS_PER_SM) fit = MAX_BLOCKS_PER_SM;
     __atomic_store_n(&per_sm, fit, __ATOMIC_RELAXED);
   }
-  size_t work = p.nvec ? (p.nvec + UNROLL - 1) / UNROLL : n;
-  size_t blocks = (work + THREADS - 1) / THREADS;
-  size_t max_blocks = (size_t)sm_count() * (size_t)fit;
-  if (blocks > max_blocks) blocks = max_blocks;
-  if (blocks == 0) blocks = 1;
+  size_t blocks = grid_blocks(p, n, THREADS, (size_t)sm_count() * (size_t)fit,
+                              (size_t)__atomic_load_n(&max_grid, __ATOMIC_RELAXED));
   elementwise<F><<<(unsigned)blocks, THREADS, 0, static_cast<cudaStream_t>(stream)>>>(
       d0, d1, a, b, n, p, div);
   return cudaGetLastError();
@@ -133,6 +134,12 @@ extern "C" int brg__cuda_divide(void *d, const void *s, size_t n, int dtype, int
   case BRG_FLOAT64: return launch<divide_fn<tag_f64>>(d, NULL, s, NULL, n, div, stream);
   }
   return cudaErrorInvalidValue;
+}
+
+extern "C" int brg__cuda_set_max_blocks(int blocks) {
+  if (blocks < 1 || blocks > 1024) return cudaErrorInvalidValue;
+  __atomic_store_n(&max_grid, blocks, __ATOMIC_RELAXED);
+  return cudaSuccess;
 }
 
 /* One destination is what the copy engine does best; two take the kernel,

@@ -619,6 +619,14 @@ static int dmabuf_export(void *p, size_t bytes, int *fd, unsigned long long *off
 
 /* ---- the rest of the table ---- */
 
+/* Checked and kept like the real module's bound, though these streams have no grid. */
+static int max_blocks = 32;
+static int set_max_blocks(int blocks) {
+  if (blocks < 1 || blocks > 1024) return E_ARG;
+  max_blocks = blocks;
+  return E_OK;
+}
+
 static int probe(char *why, size_t n) {
   (void)why;
   (void)n;
@@ -689,6 +697,7 @@ static const brg__cuda_api api = {
     .get_device = get_device,
     .can_access_peer = can_access_peer,
     .enable_peer_access = enable_peer_access,
+    .set_max_blocks = set_max_blocks,
 };
 
 EXPORT const brg__cuda_api *brg__cuda_module_api(void) { return &api; }

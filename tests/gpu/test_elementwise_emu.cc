@@ -158,6 +158,29 @@ int main() {
       expect(what, d0 + (o & 1), a + o, n, 1, BRG_UINT8, -1);
       expect(what, d1 + (o & 1), a + o, n, 1, BRG_UINT8, -1);
     }
+  /* The grid: enough blocks for the work, bounded by what fits and by
+   * set_max_blocks, at least one. */
+  struct {
+    size_t nvec, n, fit, bound, want;
+  } grids_cases[] = {
+      {0, 0, 528, 32, 1},                           /* nothing to do: still one block */
+      {0, 100, 528, 32, 1},                         /* scalar path: one element per thread */
+      {0, 1000, 528, 32, 4},                        /* ... over 1000 / 256 blocks */
+      {1 << 20, 1 << 23, 528, 32, 32},              /* large: the bound */
+      {1 << 20, 1 << 23, 528, 1024, 528},           /* large, loose bound: what fits */
+      {1 << 20, 1 << 23, 528, 1, 1},                /* the smallest bound */
+      {4 * 256 * 5, 8 * 4 * 256 * 5, 528, 32, 5},   /* UNROLL vectors per thread */
+      {4 * 256 * 5 + 1, 8 * 4 * 256 * 5 + 8, 528, 32, 6},
+  };
+  for (auto &g : grids_cases) {
+    size_t got = grid_blocks(plan{0, g.nvec}, g.n, 256, g.fit, g.bound);
+    cases++;
+    if (got != g.want) {
+      fprintf(stderr, "FAIL grid_blocks(nvec %zu, n %zu, fit %zu, bound %zu) = %zu, want %zu\n",
+              g.nvec, g.n, g.fit, g.bound, got, g.want);
+      failures++;
+    }
+  }
   for (auto &p : buf) free(p);
   if (failures) {
     fprintf(stderr, "test_elementwise_emu: %d of %d checks failed\n", failures, cases);
