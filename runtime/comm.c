@@ -533,7 +533,8 @@ brg_status brg_comm_destroy(brg_comm *comm) {
 /* ---- progress: running collectives in issue order ---- */
 
 static brg_status run_one(brg_comm *c, brg__coll *k) {
-  if (c->aborted) return brg__comm_error(c, BRG_ERR_ABORTED, "communicator was aborted");
+  if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
+    return brg__comm_error(c, BRG_ERR_ABORTED, "communicator was aborted");
   if (c->broken)
     return c->broken; /* last_error still holds the first failure */
   brg_status s = brg__coll_execute(c, k);
@@ -649,7 +650,8 @@ static brg_status check_call(brg_comm *c, const char *fn, const void *sendbuf, c
       return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT,
                              "%s: sendbuf and recvbuf overlap without being in place", fn);
   }
-  if (c->aborted) return brg__comm_error(c, BRG_ERR_ABORTED, "%s: communicator was aborted", fn);
+  if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
+    return brg__comm_error(c, BRG_ERR_ABORTED, "%s: communicator was aborted", fn);
   if (c->broken) return c->broken;
   return BRG_SUCCESS;
 }

@@ -93,7 +93,8 @@ static brg_status check_ring_socket(brg_comm *c, int dir) {
 /* The waiter's check: called about every millisecond while a wait sleeps. */
 static brg_status ring_check(void *arg) {
   brg_comm *c = arg;
-  if (c->aborted) return brg__comm_error(c, BRG_ERR_ABORTED, "aborted by brg_comm_abort");
+  if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
+    return brg__comm_error(c, BRG_ERR_ABORTED, "aborted by brg_comm_abort");
   /* Notices first: they name the rank that failed, which a broken link
    * further along the ring does not. During setup the ring sockets carry
    * the setup messages themselves. */
