@@ -103,8 +103,10 @@ static brg_status ring_check(void *arg) {
     if (s != BRG_SUCCESS) return s;
   }
   brg__conn *w = c->wait_conn;
-  if (w && w->fifo.ctrl && w->fifo.ctrl->closed)
-    return brg__comm_error(c, (brg_status)w->fifo.ctrl->closed,
+  uint32_t closed =
+      w && w->fifo.ctrl ? __atomic_load_n(&w->fifo.ctrl->closed, __ATOMIC_ACQUIRE) : 0;
+  if (closed)
+    return brg__comm_error(c, (brg_status)closed,
                            "%s link with rank %d closed while waiting for it to %s: %s",
                            w->ops ? w->ops->name : "?", w->peer, c->wait_what,
                            w->fifo.ctrl->closed_why[0] ? w->fifo.ctrl->closed_why : "no reason given");
