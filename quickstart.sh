@@ -37,7 +37,12 @@ case "${1:-}" in
     exec ./build/tools/brigade-run -n 4 ./build/bench/all_reduce_perf -b 8 -e 256M -f 2 "$@"
     ;;
   test)
-    need_pkgs "${base_pkgs[@]}" iproute2
+    # Everything the suites build and run on a fresh Debian 12: the real
+    # verbs backend's headers (so -Werror covers it), a C++ compiler (the
+    # CUDA kernel body run on the CPU), ip for the multi-host namespaces,
+    # clang-format to check the code against .clang-format. Only CUDA and
+    # the optional bench peers (Open MPI, Gloo) stay unbuilt.
+    need_pkgs "${base_pkgs[@]}" libibverbs-dev g++ iproute2 clang-format
     [ -d build-test ] || meson setup build-test --buildtype=debugoptimized --werror
     ninja -C build-test
     meson test -C build-test --print-errorlogs --num-processes "$jobs"
