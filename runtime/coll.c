@@ -45,7 +45,8 @@ static brg_status check_call(brg_comm *c, const char *fn, const void *sendbuf, c
       return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT,
                              "%s: sendbuf and recvbuf overlap without being in place", fn);
   }
-  if (c->aborted) return brg__comm_error(c, BRG_ERR_ABORTED, "%s: communicator was aborted", fn);
+  if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
+    return brg__comm_error(c, BRG_ERR_ABORTED, "%s: communicator was aborted", fn);
   if (c->broken) return c->broken;
   return BRG_SUCCESS;
 }

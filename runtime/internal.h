@@ -90,7 +90,7 @@ struct brg_comm {
   int gpu;                     /* the device of its device collectives; -1 before the first */
 
   int ready;                   /* setup finished: ring sockets carry only aborts */
-  volatile int aborted;        /* brg_comm_abort was called */
+  volatile int aborted;        /* brg_comm_abort was called (from any thread): atomic access */
   brg_status broken;           /* sticky: first error of a collective */
   pthread_mutex_t err_lock;
   pthread_mutex_t ring_lock;   /* writes to ring sockets */

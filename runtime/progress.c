@@ -30,7 +30,8 @@ static brg_status device_setup(brg_comm *c) {
 }
 
 static brg_status run_one(brg_comm *c, brg__coll *k) {
-  if (c->aborted) return brg__comm_error(c, BRG_ERR_ABORTED, "communicator was aborted");
+  if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
+    return brg__comm_error(c, BRG_ERR_ABORTED, "communicator was aborted");
   if (c->broken)
     return c->broken; /* last_error still holds the first failure */
   /* Whichever thread runs a device collective (the caller's, or the worker

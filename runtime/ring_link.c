@@ -57,7 +57,8 @@ static brg_status check_ring_socket(brg_comm *c, int dir) {
 /* The waiter's check: called about every millisecond while a wait sleeps. */
 static brg_status ring_check(void *arg) {
   brg_comm *c = arg;
-  if (c->aborted) return brg__comm_error(c, BRG_ERR_ABORTED, "aborted by brg_comm_abort");
+  if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
+    return brg__comm_error(c, BRG_ERR_ABORTED, "aborted by brg_comm_abort");
   /* Notices first: they name the rank that failed, which a broken link
    * further along the ring does not. During setup the ring sockets carry
    * the setup messages themselves. */
@@ -66,8 +67,10 @@ static brg_status ring_check(void *arg) {
     if (s != BRG_SUCCESS) return s;
   }
   brg__conn *w = c->wait_conn;
-  if (w && w->fifo.ctrl && w->fifo.ctrl->closed)
-    return brg__comm_error(c, (brg_status)w->fifo.ctrl->closed,
+  uint32_t closed =
+      w && w->fifo.ctrl ? __atomic_load_n(&w->fifo.ctrl->closed, __ATOMIC_ACQUIRE) : 0;
+  if (closed)
+    return brg__comm_error(c, (brg_status)closed,
                            "%s link with rank %d closed while waiting for it to %s: %s",
                            w->ops ? w->ops->name : "?", w->peer, c->wait_what,
                            w->fifo.ctrl->closed_why[0] ? w->fifo.ctrl->closed_why : "no reason given");

@@ -134,14 +134,18 @@ void brg__publish(volatile uint64_t *word, volatile uint32_t *waiters, uint64_t 
 }
 
 int brg__fifo_mark_closed(brg__fifo *f, brg_status s, const char *fmt, ...) {
-  if (__atomic_load_n(&f->ctrl->closed, __ATOMIC_ACQUIRE)) return 0;
+  /* Only the winner of the claim writes closed_why, so two closers cannot
+   * interleave their texts; readers acquire `closed` before reading it. */
+  uint32_t zero = 0;
+  if (!__atomic_compare_exchange_n(&f->ctrl->closing, &zero, 1, 0, __ATOMIC_ACQ_REL,
+                                   __ATOMIC_RELAXED))
+    return 0;
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(f->ctrl->closed_why, sizeof f->ctrl->closed_why, fmt, ap);
   va_end(ap);
-  uint32_t zero = 0;
-  return __atomic_compare_exchange_n(&f->ctrl->closed, &zero, (uint32_t)s, 0, __ATOMIC_SEQ_CST,
-                                     __ATOMIC_SEQ_CST);
+  __atomic_store_n(&f->ctrl->closed, (uint32_t)s, __ATOMIC_RELEASE);
+  return 1;
 }
 
 void brg__fifo_wake_all(brg__fifo *f) {

@@ -63,7 +63,8 @@ typedef struct brg__fifo_ctrl {
   _Alignas(BRG__CACHELINE) volatile uint64_t head;
   volatile uint32_t head_waiters;
   _Alignas(BRG__CACHELINE) volatile uint32_t closed; /* nonzero brg_status: this link is broken */
-  char closed_why[192];                 /* what broke it, written before `closed` */
+  uint32_t closing;                     /* claimed by the one closer that writes closed_why */
+  char closed_why[192];                 /* what broke it, written before `closed` (release) */
 } brg__fifo_ctrl;
 
 typedef struct brg__fifo {

@@ -314,6 +314,16 @@ static void in_done(brg__vb_qp *q) {
   q->in_payload = 0;
 }
 
+/* The NIC's DMA, played by this thread: a peer's write landing in
+ * registered memory that the application polls without a lock, and a
+ * write's payload read out of registered memory that the application
+ * rewrites once the peer has it. As with hardware, what orders these
+ * accesses runs through the peer; tests/tsan.supp names both functions. */
+static ssize_t dma_in(int fd, char *dst, size_t len) { return recv(fd, dst, len, MSG_DONTWAIT); }
+static ssize_t dma_out(int fd, const struct msghdr *msg) {
+  return sendmsg(fd, msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
 /* Reads what the socket has. 0 to go on, -1 when the connection ended. */
 static int progress_in(brg__vb_qp *q) {
   for (;;) {
@@ -333,7 +343,7 @@ static int progress_in(brg__vb_qp *q) {
       char *dst = q->in_dst ? q->in_dst : q->discard;
       size_t want = q->in_left;
       if (!q->in_dst && want > SOFT_DISCARD_BYTES) want = SOFT_DISCARD_BYTES;
-      n = recv(q->fd, dst, want, MSG_DONTWAIT);
+      n = dma_in(q->fd, dst, want);
       if (n > 0) {
         if (q->in_dst) q->in_dst += n;
         q->in_left -= (size_t)n;
@@ -399,7 +409,7 @@ static int progress_out(brg__vb_qp *q) {
       iov[n++] = (struct iovec){(char *)q->out_payload + off, q->out_hdr.len - off};
     }
     struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n};
-    ssize_t r = sendmsg(q->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    ssize_t r = dma_out(q->fd, &msg);
     if (r < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
