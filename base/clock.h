@@ -18,7 +18,9 @@ static inline int64_t brg__now_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-static inline int64_t brg__now_ms(void) { return brg__now_ns() / 1000000; }
+static inline int64_t brg__now_ms(void) {
+  return brg__now_ns() / 1000000;
+}
 
 /* The deadline timeout_ms from now, or -1 (never) for timeout_ms <= 0. */
 static inline int64_t brg__deadline_ms(int timeout_ms) {
@@ -55,8 +57,7 @@ static inline int brg__deadline_passed(int64_t deadline) {
 /* Sleeps ms milliseconds, resuming after signals. */
 static inline void brg__sleep_ms(int ms) {
   struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
-  while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
-  }
+  while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {}
 }
 
 #endif

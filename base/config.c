@@ -27,13 +27,16 @@ brg_status brg__config_parse_size(const char *s, int64_t *out) {
   unsigned long long mult = 1;
   if (*end) {
     switch (*end) {
-    case 'k': case 'K': mult = BRG__KiB; break;
-    case 'm': case 'M': mult = BRG__MiB; break;
-    case 'g': case 'G': mult = BRG__GiB; break;
+    case 'k':
+    case 'K': mult = BRG__KiB; break;
+    case 'm':
+    case 'M': mult = BRG__MiB; break;
+    case 'g':
+    case 'G': mult = BRG__GiB; break;
     default: return BRG_ERR_INVALID_ARGUMENT;
     }
     end++;
-    if (*end == 'i') end++;              /* KiB */
+    if (*end == 'i') end++; /* KiB */
     if (*end == 'B' || *end == 'b') end++;
     if (*end) return BRG_ERR_INVALID_ARGUMENT;
   }
@@ -45,12 +48,13 @@ brg_status brg__config_parse_size(const char *s, int64_t *out) {
 static brg_status parse_entry(const brg__cfg_entry *e, const char *v, int64_t *out,
                               brg__errbuf *err) {
   if (e->kind == BRG__CFG_KIND_STRING) return BRG_SUCCESS;
-  brg_status s = e->kind == BRG__CFG_KIND_INT ? brg__config_parse_int(v, out)
-                                              : brg__config_parse_size(v, out);
+  brg_status s =
+      e->kind == BRG__CFG_KIND_INT ? brg__config_parse_int(v, out) : brg__config_parse_size(v, out);
   /* No logging here: the logger itself reads a section. */
   if (s != BRG_SUCCESS)
     return brg__error_quiet(err, BRG_ERR_INVALID_ARGUMENT, "%s=\"%s\" is not %s", e->name, v,
-                            e->kind == BRG__CFG_KIND_INT ? "an integer" : "a size (like 64K or 4M)");
+                            e->kind == BRG__CFG_KIND_INT ? "an integer"
+                                                         : "a size (like 64K or 4M)");
   if (*out < e->min || *out > e->max)
     return brg__error_quiet(err, BRG_ERR_INVALID_ARGUMENT, "%s=%s is out of range [%lld, %lld]",
                             e->name, v, (long long)e->min, (long long)e->max);

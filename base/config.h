@@ -42,7 +42,7 @@ typedef struct brg__cfg_section {
 } brg__cfg_section;
 
 /* A section over a table of entries indexed by the owner's enum. */
-#define BRG__CFG_SECTION(sname, table)                                                     \
+#define BRG__CFG_SECTION(sname, table)                                                             \
   { .name = (sname), .entries = (table), .count = (int)(sizeof(table) / sizeof((table)[0])) }
 
 #define BRG__KiB (1LL << 10)

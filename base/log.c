@@ -27,18 +27,22 @@ int brg__log_level = BRG__LOG_NONE;
 
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
-static FILE *log_file; /* NULL until the first line: stderr or the opened file */
-static int log_rank = -1;            /* the process's, for threads that set none */
+static FILE *log_file;                /* NULL until the first line: stderr or the opened file */
+static int log_rank = -1;             /* the process's, for threads that set none */
 static __thread int thread_rank = -1; /* the calling thread's: ranks may be threads */
 static char log_host[64];
 static char log_subsys[256]; /* ",ring,shm," or "" for all */
 
 static void log_setup(void) {
   const char *lvl = brg__config_str(&brg__log_config, LOG_CFG_DEBUG);
-  if (!strcasecmp(lvl, "WARN")) brg__log_level = BRG__LOG_WARN;
-  else if (!strcasecmp(lvl, "INFO")) brg__log_level = BRG__LOG_INFO;
-  else if (!strcasecmp(lvl, "TRACE")) brg__log_level = BRG__LOG_TRACE;
-  else brg__log_level = BRG__LOG_NONE;
+  if (!strcasecmp(lvl, "WARN"))
+    brg__log_level = BRG__LOG_WARN;
+  else if (!strcasecmp(lvl, "INFO"))
+    brg__log_level = BRG__LOG_INFO;
+  else if (!strcasecmp(lvl, "TRACE"))
+    brg__log_level = BRG__LOG_TRACE;
+  else
+    brg__log_level = BRG__LOG_NONE;
   const char *sub = brg__config_str(&brg__log_config, LOG_CFG_DEBUG_SUBSYS);
   if (sub[0] && strcasecmp(sub, "ALL") != 0) snprintf(log_subsys, sizeof log_subsys, ",%s,", sub);
   gethostname(log_host, sizeof log_host - 1);
@@ -60,9 +64,13 @@ void brg__log_set_rank(int rank) {
   pthread_mutex_unlock(&log_lock);
 }
 
-void brg__log_set_thread_rank(int rank) { thread_rank = rank; }
+void brg__log_set_thread_rank(int rank) {
+  thread_rank = rank;
+}
 
-int brg__log_thread_rank(void) { return thread_rank; }
+int brg__log_thread_rank(void) {
+  return thread_rank;
+}
 
 int brg__log_enabled(int level, const char *subsys) {
   if (level > brg__log_level) return 0;
@@ -118,8 +126,8 @@ void brg__log(int level, const char *subsys, const char *fmt, ...) {
   FILE *f = log_stream();
   int rank = thread_rank >= 0 ? thread_rank : log_rank;
   if (rank >= 0)
-    fprintf(f, "%s:%d:%d brigade %s [%s] %s\n", log_host, (int)getpid(), rank, names[level],
-            subsys, line);
+    fprintf(f, "%s:%d:%d brigade %s [%s] %s\n", log_host, (int)getpid(), rank, names[level], subsys,
+            line);
   else
     fprintf(f, "%s:%d brigade %s [%s] %s\n", log_host, (int)getpid(), names[level], subsys, line);
   fflush(f);
@@ -142,11 +150,12 @@ brg_status brg__error(brg__errbuf *eb, brg_status status, const char *subsys, co
   return status;
 }
 
-
 static __thread char thread_error[BRG__ERRLEN];
 
 void brg__set_thread_error(const char *msg) {
   snprintf(thread_error, sizeof thread_error, "%s", msg ? msg : "");
 }
 
-const char *brg__thread_error(void) { return thread_error; }
+const char *brg__thread_error(void) {
+  return thread_error;
+}

@@ -35,10 +35,10 @@ int brg__log_enabled(int level, const char *subsys);
 void brg__log(int level, const char *subsys, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-#define BRG__LOG_AT(level, subsys, ...)                                    \
-  do {                                                                     \
-    if (brg__log_level >= (level) && brg__log_enabled((level), (subsys))) \
-      brg__log((level), (subsys), __VA_ARGS__);                            \
+#define BRG__LOG_AT(level, subsys, ...)                                                            \
+  do {                                                                                             \
+    if (brg__log_level >= (level) && brg__log_enabled((level), (subsys)))                          \
+      brg__log((level), (subsys), __VA_ARGS__);                                                    \
   } while (0)
 #define BRG__WARN(subsys, ...) BRG__LOG_AT(BRG__LOG_WARN, subsys, __VA_ARGS__)
 #define BRG__INFO(subsys, ...) BRG__LOG_AT(BRG__LOG_INFO, subsys, __VA_ARGS__)

@@ -16,16 +16,11 @@
 
 const char *brg__sock_io_why(int rc) {
   switch (rc) {
-  case BRG__IO_OK:
-    return "no error";
-  case BRG__IO_EOF:
-    return "the peer closed the connection";
-  case BRG__IO_TIMEOUT:
-    return "timed out";
-  case BRG__IO_STOPPED:
-    return "stopped";
-  default:
-    return strerror(errno);
+  case BRG__IO_OK: return "no error";
+  case BRG__IO_EOF: return "the peer closed the connection";
+  case BRG__IO_TIMEOUT: return "timed out";
+  case BRG__IO_STOPPED: return "stopped";
+  default: return strerror(errno);
   }
 }
 
@@ -95,8 +90,7 @@ int brg__sock_recv_all(int fd, void *buf, size_t len, int64_t deadline) {
 
 /* Parses a numeric IPv4/IPv6 address (no name lookup). Returns 0 or a
  * getaddrinfo error code. */
-int brg__sock_addr(const char *addr, uint16_t port, struct sockaddr_storage *ss,
-                         socklen_t *sslen) {
+int brg__sock_addr(const char *addr, uint16_t port, struct sockaddr_storage *ss, socklen_t *sslen) {
   struct addrinfo hints, *res = NULL;
   char portstr[8];
   memset(&hints, 0, sizeof hints);
@@ -133,8 +127,8 @@ void brg__sock_hostport(char *out, size_t out_bytes, const char *addr, unsigned 
 
 void brg__sock_addr_str(const struct sockaddr *sa, socklen_t len, char *out, size_t out_bytes) {
   char host[NI_MAXHOST], serv[NI_MAXSERV];
-  if (getnameinfo(sa, len, host, sizeof host, serv, sizeof serv,
-                  NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+  if (getnameinfo(sa, len, host, sizeof host, serv, sizeof serv, NI_NUMERICHOST | NI_NUMERICSERV) !=
+      0) {
     snprintf(out, out_bytes, "(unknown peer)");
     return;
   }
@@ -260,8 +254,8 @@ int brg__sock_dial(const char *addr, uint16_t port, int64_t deadline, const brg_
   }
 }
 
-int brg__sock_connect(const char *addr, uint16_t port, int64_t deadline, int retry_ms,
-                      int *fd_out, int *last_errno) {
+int brg__sock_connect(const char *addr, uint16_t port, int64_t deadline, int retry_ms, int *fd_out,
+                      int *last_errno) {
   brg__sock_dialer d = {.retry_ms = retry_ms, .retry_max_ms = retry_ms};
   return brg__sock_dial(addr, port, deadline, &d, fd_out, last_errno);
 }
@@ -276,7 +270,6 @@ void brg__sock_bufsize(int fd, int bytes) {
   (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
   (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
 }
-
 
 int brg__sock_set_blocking(int fd, int blocking) {
   int fl = fcntl(fd, F_GETFL);

@@ -42,8 +42,7 @@ int brg__sock_recv_all(int fd, void *buf, size_t len, int64_t deadline);
 
 /* Parses a numeric IPv4/IPv6 address (no name lookup). Returns 0 or a
  * getaddrinfo error code. */
-int brg__sock_addr(const char *addr, uint16_t port, struct sockaddr_storage *ss,
-                   socklen_t *sslen);
+int brg__sock_addr(const char *addr, uint16_t port, struct sockaddr_storage *ss, socklen_t *sslen);
 int brg__sock_addr_is_numeric(const char *addr);
 
 /* "1.2.3.4:5" or "[::1]:5" */
@@ -88,8 +87,8 @@ int brg__sock_dial(const char *addr, uint16_t port, int64_t deadline, const brg_
                    int *fd_out, int *last_errno);
 
 /* brg__sock_dial() retrying every retry_ms after any transient error. */
-int brg__sock_connect(const char *addr, uint16_t port, int64_t deadline, int retry_ms,
-                      int *fd_out, int *last_errno);
+int brg__sock_connect(const char *addr, uint16_t port, int64_t deadline, int retry_ms, int *fd_out,
+                      int *last_errno);
 
 /* TCP_NODELAY, best effort: only latency depends on it. */
 void brg__sock_nodelay(int fd);

@@ -21,17 +21,21 @@ const char *brg_status_string(brg_status s) {
   return "unknown status";
 }
 
-static const char *const dtype_names[BRG_NUM_DTYPES] = {
-    "int8", "uint8", "int32", "uint32", "int64", "uint64",
-    "float16", "bfloat16", "float32", "float64"};
+static const char *const dtype_names[BRG_NUM_DTYPES] = {"int8",    "uint8",  "int32",   "uint32",
+                                                        "int64",   "uint64", "float16", "bfloat16",
+                                                        "float32", "float64"};
 static const size_t dtype_sizes[BRG_NUM_DTYPES] = {1, 1, 4, 4, 8, 8, 2, 2, 4, 8};
 static const char *const op_names[BRG_NUM_OPS] = {"sum", "prod", "min", "max", "avg"};
 
 const char *brg_dtype_name(brg_dtype d) {
   return (unsigned)d < BRG_NUM_DTYPES ? dtype_names[d] : NULL;
 }
-size_t brg_dtype_size(brg_dtype d) { return (unsigned)d < BRG_NUM_DTYPES ? dtype_sizes[d] : 0; }
-const char *brg_op_name(brg_op op) { return (unsigned)op < BRG_NUM_OPS ? op_names[op] : NULL; }
+size_t brg_dtype_size(brg_dtype d) {
+  return (unsigned)d < BRG_NUM_DTYPES ? dtype_sizes[d] : 0;
+}
+const char *brg_op_name(brg_op op) {
+  return (unsigned)op < BRG_NUM_OPS ? op_names[op] : NULL;
+}
 
 brg_status brg__error_quiet(brg__errbuf *eb, brg_status status, const char *fmt, ...) {
   if (eb) {

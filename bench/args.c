@@ -59,8 +59,7 @@ static int parse_size(const char *s, size_t *out) {
     shift = 40;
     end++;
     break;
-  default:
-    break;
+  default: break;
   }
   if (*end == 'B' || *end == 'b') end++;
   if (*end != '\0') return -1;
@@ -216,15 +215,9 @@ int bench_parse_args(int argc, char **argv, const bench_coll *coll, bench_opts *
       else
         o->roofline = v;
       break;
-    case 'p':
-      o->peer = optarg;
-      break;
-    case 'C':
-      o->csv = optarg;
-      break;
-    case 'G':
-      o->device = 1;
-      break;
+    case 'p': o->peer = optarg; break;
+    case 'C': o->csv = optarg; break;
+    case 'G': o->device = 1; break;
     case 'g':
       if (parse_int(optarg, 0, &o->gpu) != 0) {
         fprintf(stderr, "%s: -g: need a GPU index >= 0, got '%s'\n", bench_prog, optarg);
@@ -271,12 +264,8 @@ int bench_parse_args(int argc, char **argv, const bench_coll *coll, bench_opts *
         return -1;
       }
       break;
-    case 'h':
-      usage(stdout, coll);
-      exit(0);
-    default:
-      usage(stderr, coll);
-      return -1;
+    case 'h': usage(stdout, coll); exit(0);
+    default: usage(stderr, coll); return -1;
     }
   }
   if (optind < argc) {

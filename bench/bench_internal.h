@@ -31,11 +31,11 @@ typedef struct bench_opts {
   size_t step_bytes; /* used when step_factor <= 1 */
   size_t step_factor;
   int iters, warmup, check, blocking, root;
-  int roofline;         /* -1: default (on for all_reduce) */
-  int device;           /* -G: GPU buffers on a CUDA stream */
-  int gpu;              /* -g: the GPU to use; -1: LOCAL_RANK modulo the GPUs seen */
-  const char *peer;     /* --peer NAME, or NULL */
-  const char *csv;      /* --csv PATH, or NULL */
+  int roofline;     /* -1: default (on for all_reduce) */
+  int device;       /* -G: GPU buffers on a CUDA stream */
+  int gpu;          /* -g: the GPU to use; -1: LOCAL_RANK modulo the GPUs seen */
+  const char *peer; /* --peer NAME, or NULL */
+  const char *csv;  /* --csv PATH, or NULL */
   int ndtypes, nops;
   brg_dtype dtypes[BRG_NUM_DTYPES];
   brg_op ops[BRG_NUM_OPS];
@@ -67,9 +67,9 @@ typedef struct bench {
   FILE *csv;
   /* -G */
   const brg__cuda_api *gpu;
-  char *dsend, *drecv;  /* device mirrors of sendreg and recvreg */
+  char *dsend, *drecv; /* device mirrors of sendreg and recvreg */
   void *stream, *ev_start, *ev_end;
-  int gpu_share;        /* ranks on this rank's GPU */
+  int gpu_share; /* ranks on this rank's GPU */
   char gpu_desc[256];
 } bench;
 

@@ -26,22 +26,25 @@
 #include "brigade.h"
 #include "brg_cuda.h"
 
-#define CHECK(x)                                                                        \
-  do {                                                                                  \
-    cudaError_t e_ = (x);                                                               \
-    if (e_ != cudaSuccess) {                                                            \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(1);                                                                          \
-    }                                                                                   \
+#define CHECK(x)                                                                                   \
+  do {                                                                                             \
+    cudaError_t e_ = (x);                                                                          \
+    if (e_ != cudaSuccess) {                                                                       \
+      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));          \
+      exit(1);                                                                                     \
+    }                                                                                              \
   } while (0)
 
 static size_t parse_size(const char *s) {
   char *end;
   double v = strtod(s, &end);
   switch (*end) {
-  case 'G': case 'g': v *= 1 << 30; break;
-  case 'M': case 'm': v *= 1 << 20; break;
-  case 'K': case 'k': v *= 1 << 10; break;
+  case 'G':
+  case 'g': v *= 1 << 30; break;
+  case 'M':
+  case 'm': v *= 1 << 20; break;
+  case 'K':
+  case 'k': v *= 1 << 10; break;
   }
   return (size_t)v;
 }
@@ -51,8 +54,7 @@ struct timer {
 };
 
 /* Average seconds per call of fn over iters calls. */
-template <class Fn>
-static double time_it(timer &t, int warmup, int iters, Fn fn) {
+template <class Fn> static double time_it(timer &t, int warmup, int iters, Fn fn) {
   for (int i = 0; i < warmup; i++) CHECK((cudaError_t)fn());
   CHECK(cudaEventRecord(t.start, 0));
   for (int i = 0; i < iters; i++) CHECK((cudaError_t)fn());
@@ -71,11 +73,16 @@ int main(int argc, char **argv) {
   size_t min_bytes = 1 << 20, max_bytes = (size_t)256 << 20;
   int iters = 20, warmup = 5, blocks = DEFAULT_BLOCKS;
   for (int i = 1; i < argc; i += 2) {
-    if (i + 1 < argc && !strcmp(argv[i], "-b")) min_bytes = parse_size(argv[i + 1]);
-    else if (i + 1 < argc && !strcmp(argv[i], "-e")) max_bytes = parse_size(argv[i + 1]);
-    else if (i + 1 < argc && !strcmp(argv[i], "-n")) iters = atoi(argv[i + 1]);
-    else if (i + 1 < argc && !strcmp(argv[i], "-w")) warmup = atoi(argv[i + 1]);
-    else if (i + 1 < argc && !strcmp(argv[i], "-B")) blocks = atoi(argv[i + 1]);
+    if (i + 1 < argc && !strcmp(argv[i], "-b"))
+      min_bytes = parse_size(argv[i + 1]);
+    else if (i + 1 < argc && !strcmp(argv[i], "-e"))
+      max_bytes = parse_size(argv[i + 1]);
+    else if (i + 1 < argc && !strcmp(argv[i], "-n"))
+      iters = atoi(argv[i + 1]);
+    else if (i + 1 < argc && !strcmp(argv[i], "-w"))
+      warmup = atoi(argv[i + 1]);
+    else if (i + 1 < argc && !strcmp(argv[i], "-B"))
+      blocks = atoi(argv[i + 1]);
     else {
       fprintf(stderr,
               "usage: %s [-b min_bytes] [-e max_bytes] [-n iters] [-w warmup] [-B blocks]\n",
@@ -119,13 +126,13 @@ int main(int argc, char **argv) {
   printf("# grids: B = at most %d blocks of 256 threads (-B; BRIGADE_DEVICE_BLOCKS), "
          "full = every block that fits on the %d SMs (at most %d)\n",
          blocks, sms, FULL_BLOCKS);
-  printf("%12s %10s %10s %10s %10s %8s %12s %8s %10s %8s\n", "bytes", "memcpy", "dtype",
-         "time(us)", "reduce B", "vs copy", "reduce2out B", "vs copy", "reduce full", "vs copy");
+  printf("%12s %10s %10s %10s %10s %8s %12s %8s %10s %8s\n", "bytes", "memcpy", "dtype", "time(us)",
+         "reduce B", "vs copy", "reduce2out B", "vs copy", "reduce full", "vs copy");
   struct {
     brg_dtype dtype;
     const char *name;
     size_t size;
-    double target; /* share of the copy rate the sum must reach at 256 MiB */
+    double target;       /* share of the copy rate the sum must reach at 256 MiB */
     double at_target[2]; /* measured there: grid B, full grid; < 0: not measured */
   } dts[] = {{BRG_FLOAT32, "float32", 4, 90, {-1, -1}},
              {BRG_BFLOAT16, "bfloat16", 2, 90, {-1, -1}},
@@ -160,8 +167,10 @@ int main(int argc, char **argv) {
   for (int g = 0; g < 2; g++) {
     if (dts[0].at_target[g] < 0) break;
     char grid[32];
-    if (g == 0) snprintf(grid, sizeof grid, "%d blocks", blocks);
-    else snprintf(grid, sizeof grid, "full grid");
+    if (g == 0)
+      snprintf(grid, sizeof grid, "%d blocks", blocks);
+    else
+      snprintf(grid, sizeof grid, "full grid");
     printf("# GPU sum vs copy at %zu bytes, %s:", TARGET_BYTES, grid);
     for (auto &d : dts)
       printf(" %s %.1f%% (target %.0f%%) %s;", d.name, d.at_target[g], d.target,

@@ -78,7 +78,8 @@ static const brg__cuda_api *gpu_module(char *why, size_t cap) {
     snprintf(dir, sizeof dir, "%s", info.dli_fname);
     *strrchr(dir, '/') = 0;
     snprintf(path, sizeof path, "%s/libbrigade_cuda.so", dir);
-    if (access(path, F_OK) != 0) snprintf(path, sizeof path, "%s/kernels/cuda/libbrigade_cuda.so", dir);
+    if (access(path, F_OK) != 0)
+      snprintf(path, sizeof path, "%s/kernels/cuda/libbrigade_cuda.so", dir);
     if (access(path, F_OK) != 0) snprintf(path, sizeof path, "libbrigade_cuda.so");
   } else {
     snprintf(path, sizeof path, "libbrigade_cuda.so");
@@ -110,8 +111,8 @@ static void gpu_open(bench *b) {
    * GPUs this process sees, unless -g says which. */
   int ngpu = b->gpu->probe(NULL, 0), want = b->o.gpu >= 0 ? b->o.gpu : local_rank() % ngpu;
   if (want >= ngpu) {
-    fprintf(stderr, "%s: rank %d: -g %d: this process sees %d GPU(s)\n", bench_prog, b->rank,
-            want, ngpu);
+    fprintf(stderr, "%s: rank %d: -g %d: this process sees %d GPU(s)\n", bench_prog, b->rank, want,
+            ngpu);
     brg_comm_abort(b->comm);
     exit(2);
   }
@@ -188,8 +189,8 @@ int bench_main(int argc, char **argv, const bench_coll *coll) {
   bench_print_ranks(&b);
 
   if (b.gpu && b.rank == 0)
-    printf("# GPU buffers (-G): %s; %d of %d ranks on this GPU; CUDA-event timing\n",
-           b.gpu_desc, b.gpu_share, b.nranks);
+    printf("# GPU buffers (-G): %s; %d of %d ranks on this GPU; CUDA-event timing\n", b.gpu_desc,
+           b.gpu_share, b.nranks);
   b.sendreg = alloc_touched(b.reg_bytes);
   b.recvreg = alloc_touched(b.reg_bytes);
   b.pat_in = alloc_touched(PERIOD * 8);

@@ -49,19 +49,13 @@ state *g;
 
 const char *const alg_names[] = {"ring", "chunked"};
 
-template <typename T>
-const gloo::ReductionFunction<T> *gloo_fn(brg_op op) {
+template <typename T> const gloo::ReductionFunction<T> *gloo_fn(brg_op op) {
   switch (op) {
-  case BRG_SUM:
-    return gloo::ReductionFunction<T>::sum;
-  case BRG_PROD:
-    return gloo::ReductionFunction<T>::product;
-  case BRG_MIN:
-    return gloo::ReductionFunction<T>::min;
-  case BRG_MAX:
-    return gloo::ReductionFunction<T>::max;
-  default:
-    return nullptr;
+  case BRG_SUM: return gloo::ReductionFunction<T>::sum;
+  case BRG_PROD: return gloo::ReductionFunction<T>::product;
+  case BRG_MIN: return gloo::ReductionFunction<T>::min;
+  case BRG_MAX: return gloo::ReductionFunction<T>::max;
+  default: return nullptr;
   }
 }
 
@@ -77,26 +71,16 @@ std::unique_ptr<gloo::Algorithm> make_alg(int which, void *buf, size_t count, br
 
 std::unique_ptr<gloo::Algorithm> make_typed(int which, const bench_call &c) {
   switch (c.dtype) {
-  case BRG_INT8:
-    return make_alg<int8_t>(which, c.recv, c.count, c.op);
-  case BRG_UINT8:
-    return make_alg<uint8_t>(which, c.recv, c.count, c.op);
-  case BRG_INT32:
-    return make_alg<int32_t>(which, c.recv, c.count, c.op);
-  case BRG_UINT32:
-    return make_alg<uint32_t>(which, c.recv, c.count, c.op);
-  case BRG_INT64:
-    return make_alg<int64_t>(which, c.recv, c.count, c.op);
-  case BRG_UINT64:
-    return make_alg<uint64_t>(which, c.recv, c.count, c.op);
-  case BRG_FLOAT16:
-    return make_alg<gloo::float16>(which, c.recv, c.count, c.op);
-  case BRG_FLOAT32:
-    return make_alg<float>(which, c.recv, c.count, c.op);
-  case BRG_FLOAT64:
-    return make_alg<double>(which, c.recv, c.count, c.op);
-  default:
-    return nullptr;
+  case BRG_INT8: return make_alg<int8_t>(which, c.recv, c.count, c.op);
+  case BRG_UINT8: return make_alg<uint8_t>(which, c.recv, c.count, c.op);
+  case BRG_INT32: return make_alg<int32_t>(which, c.recv, c.count, c.op);
+  case BRG_UINT32: return make_alg<uint32_t>(which, c.recv, c.count, c.op);
+  case BRG_INT64: return make_alg<int64_t>(which, c.recv, c.count, c.op);
+  case BRG_UINT64: return make_alg<uint64_t>(which, c.recv, c.count, c.op);
+  case BRG_FLOAT16: return make_alg<gloo::float16>(which, c.recv, c.count, c.op);
+  case BRG_FLOAT32: return make_alg<float>(which, c.recv, c.count, c.op);
+  case BRG_FLOAT64: return make_alg<double>(which, c.recv, c.count, c.op);
+  default: return nullptr;
   }
 }
 

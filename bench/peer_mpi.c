@@ -17,39 +17,25 @@ static char describe_buf[MPI_MAX_LIBRARY_VERSION_STRING + 16];
 
 static MPI_Datatype mpi_type(brg_dtype dt) {
   switch (dt) {
-  case BRG_INT8:
-    return MPI_INT8_T;
-  case BRG_UINT8:
-    return MPI_UINT8_T;
-  case BRG_INT32:
-    return MPI_INT32_T;
-  case BRG_UINT32:
-    return MPI_UINT32_T;
-  case BRG_INT64:
-    return MPI_INT64_T;
-  case BRG_UINT64:
-    return MPI_UINT64_T;
-  case BRG_FLOAT32:
-    return MPI_FLOAT;
-  case BRG_FLOAT64:
-    return MPI_DOUBLE;
-  default:
-    return MPI_DATATYPE_NULL;
+  case BRG_INT8: return MPI_INT8_T;
+  case BRG_UINT8: return MPI_UINT8_T;
+  case BRG_INT32: return MPI_INT32_T;
+  case BRG_UINT32: return MPI_UINT32_T;
+  case BRG_INT64: return MPI_INT64_T;
+  case BRG_UINT64: return MPI_UINT64_T;
+  case BRG_FLOAT32: return MPI_FLOAT;
+  case BRG_FLOAT64: return MPI_DOUBLE;
+  default: return MPI_DATATYPE_NULL;
   }
 }
 
 static MPI_Op mpi_op(brg_op op) {
   switch (op) {
-  case BRG_SUM:
-    return MPI_SUM;
-  case BRG_PROD:
-    return MPI_PROD;
-  case BRG_MIN:
-    return MPI_MIN;
-  case BRG_MAX:
-    return MPI_MAX;
-  default:
-    return MPI_OP_NULL;
+  case BRG_SUM: return MPI_SUM;
+  case BRG_PROD: return MPI_PROD;
+  case BRG_MIN: return MPI_MIN;
+  case BRG_MAX: return MPI_MAX;
+  default: return MPI_OP_NULL;
   }
 }
 
@@ -70,8 +56,10 @@ static int launch(int *argc, char ***argv, brg_comm **comm) {
   const char *ws = getenv("WORLD_SIZE");
   if (size == 1 && ws != NULL && atoi(ws) > 1) {
     /* under brigade-run or torchrun every process is its own MPI world */
-    fprintf(stderr, "peer mpi: MPI sees 1 rank but WORLD_SIZE is %s: start the program with "
-                    "mpirun -np N, not another launcher\n", ws);
+    fprintf(stderr,
+            "peer mpi: MPI sees 1 rank but WORLD_SIZE is %s: start the program with "
+            "mpirun -np N, not another launcher\n",
+            ws);
     MPI_Finalize();
     return -1;
   }
@@ -146,25 +134,18 @@ static int run(const bench_peer_call *pc) {
   }
   const void *send = pc->in_place ? MPI_IN_PLACE : c->send;
   switch (pc->kind) {
-  case BENCH_ALLREDUCE:
-    rc = MPI_Allreduce(send, c->recv, n, t, op, MPI_COMM_WORLD);
-    break;
+  case BENCH_ALLREDUCE: rc = MPI_Allreduce(send, c->recv, n, t, op, MPI_COMM_WORLD); break;
   case BENCH_REDUCE_SCATTER:
     rc = MPI_Reduce_scatter_block(c->send, c->recv, n, t, op, MPI_COMM_WORLD);
     break;
-  case BENCH_ALL_GATHER:
-    rc = MPI_Allgather(send, n, t, c->recv, n, t, MPI_COMM_WORLD);
-    break;
-  case BENCH_BROADCAST:
-    rc = MPI_Bcast(c->recv, n, t, c->root, MPI_COMM_WORLD);
-    break;
+  case BENCH_ALL_GATHER: rc = MPI_Allgather(send, n, t, c->recv, n, t, MPI_COMM_WORLD); break;
+  case BENCH_BROADCAST: rc = MPI_Bcast(c->recv, n, t, c->root, MPI_COMM_WORLD); break;
   case BENCH_REDUCE:
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     if (pc->in_place && rank != c->root) send = c->send;
     rc = MPI_Reduce(send, c->recv, n, t, op, c->root, MPI_COMM_WORLD);
     break;
-  default:
-    return -1;
+  default: return -1;
   }
   return rc == MPI_SUCCESS ? 0 : mpi_fail("the MPI collective", rc);
 }

@@ -51,45 +51,28 @@ static struct {
 
 static ncclDataType_t nccl_type(brg_dtype dt) {
   switch (dt) {
-  case BRG_INT8:
-    return ncclInt8;
-  case BRG_UINT8:
-    return ncclUint8;
-  case BRG_INT32:
-    return ncclInt32;
-  case BRG_UINT32:
-    return ncclUint32;
-  case BRG_INT64:
-    return ncclInt64;
-  case BRG_UINT64:
-    return ncclUint64;
-  case BRG_FLOAT16:
-    return ncclFloat16;
-  case BRG_BFLOAT16:
-    return ncclBfloat16;
-  case BRG_FLOAT32:
-    return ncclFloat32;
-  case BRG_FLOAT64:
-    return ncclFloat64;
-  default:
-    return ncclNumTypes;
+  case BRG_INT8: return ncclInt8;
+  case BRG_UINT8: return ncclUint8;
+  case BRG_INT32: return ncclInt32;
+  case BRG_UINT32: return ncclUint32;
+  case BRG_INT64: return ncclInt64;
+  case BRG_UINT64: return ncclUint64;
+  case BRG_FLOAT16: return ncclFloat16;
+  case BRG_BFLOAT16: return ncclBfloat16;
+  case BRG_FLOAT32: return ncclFloat32;
+  case BRG_FLOAT64: return ncclFloat64;
+  default: return ncclNumTypes;
   }
 }
 
 static ncclRedOp_t nccl_op(brg_op op) {
   switch (op) {
-  case BRG_SUM:
-    return ncclSum;
-  case BRG_PROD:
-    return ncclProd;
-  case BRG_MIN:
-    return ncclMin;
-  case BRG_MAX:
-    return ncclMax;
-  case BRG_AVG:
-    return ncclAvg;
-  default:
-    return ncclNumOps;
+  case BRG_SUM: return ncclSum;
+  case BRG_PROD: return ncclProd;
+  case BRG_MIN: return ncclMin;
+  case BRG_MAX: return ncclMax;
+  case BRG_AVG: return ncclAvg;
+  default: return ncclNumOps;
   }
 }
 
@@ -243,8 +226,7 @@ static int run(const bench_peer_call *pc) {
     what = "ncclReduce";
     rc = g.reduce(c->send, c->recv, c->count, t, op, c->root, g.comm, s);
     break;
-  default:
-    return -1;
+  default: return -1;
   }
   return rc == ncclSuccess ? 0 : nccl_fail(what, rc);
 }

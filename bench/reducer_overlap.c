@@ -312,12 +312,8 @@ static void parse_opts(int argc, char **argv, opts *o) {
   int c;
   while ((c = getopt_long(argc, argv, "n:m:c:t:l:b:f:d:k:v:gi:w:jh", lo, NULL)) != -1) {
     switch (c) {
-    case 'n':
-      o->nranks = (int)parse_num(optarg, "rank count");
-      break;
-    case 'm':
-      o->model = optarg;
-      break;
+    case 'n': o->nranks = (int)parse_num(optarg, "rank count"); break;
+    case 'm': o->model = optarg; break;
     case 'c':
       if (!strcmp(optarg, "sleep"))
         o->spin = 0;
@@ -337,12 +333,8 @@ static void parse_opts(int argc, char **argv, opts *o) {
       else
         die("--layer-time is uniform or params");
       break;
-    case 'b':
-      o->cap_mb = parse_num(optarg, "bucket cap");
-      break;
-    case 'f':
-      o->first_cap_mb = parse_num(optarg, "first bucket cap");
-      break;
+    case 'b': o->cap_mb = parse_num(optarg, "bucket cap"); break;
+    case 'f': o->first_cap_mb = parse_num(optarg, "first bucket cap"); break;
     case 'd':
       if (!strcmp(optarg, "float32") || !strcmp(optarg, "float"))
         o->dtype = BRG_FLOAT32;
@@ -365,30 +357,14 @@ static void parse_opts(int argc, char **argv, opts *o) {
       else
         die("--hook is none, fp16 or bf16");
       break;
-    case 'v':
-      o->view = (int)parse_num(optarg, "view") != 0;
-      break;
-    case 'g':
-      o->write_grads = 1;
-      break;
-    case 'i':
-      o->iters = (int)parse_num(optarg, "iters");
-      break;
-    case 'w':
-      o->warmup = (int)parse_num(optarg, "warmup");
-      break;
-    case 'j':
-      o->json = 1;
-      break;
-    case 'D':
-      o->dump = 1;
-      break;
-    case 'h':
-      usage(stdout);
-      exit(0);
-    default:
-      usage(stderr);
-      exit(2);
+    case 'v': o->view = (int)parse_num(optarg, "view") != 0; break;
+    case 'g': o->write_grads = 1; break;
+    case 'i': o->iters = (int)parse_num(optarg, "iters"); break;
+    case 'w': o->warmup = (int)parse_num(optarg, "warmup"); break;
+    case 'j': o->json = 1; break;
+    case 'D': o->dump = 1; break;
+    case 'h': usage(stdout); exit(0);
+    default: usage(stderr); exit(2);
     }
   }
   if (optind < argc) die("unexpected argument '%s'", argv[optind]);
@@ -418,8 +394,7 @@ static void compute(double seconds, int spin) {
   long ns = t.tv_nsec + (long)(seconds * 1e9);
   t.tv_sec += ns / 1000000000L;
   t.tv_nsec = ns % 1000000000L;
-  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &t, NULL) == EINTR) {
-  }
+  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &t, NULL) == EINTR) {}
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -471,9 +446,7 @@ static double step(bench *b, int mode) {
   case MODE_COMM:
     BRG_OK(brg_allreduce(b->flat, b->flat, b->m.total, b->o.dtype, BRG_AVG, b->comm, NULL));
     break;
-  case MODE_COMPUTE:
-    backward(b, 0);
-    break;
+  case MODE_COMPUTE: backward(b, 0); break;
   case MODE_NAIVE:
     backward(b, 0);
     BRG_OK(brg_allreduce(b->flat, b->flat, b->m.total, b->o.dtype, BRG_AVG, b->comm, NULL));

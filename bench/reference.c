@@ -116,9 +116,7 @@ static void store_f(brg_dtype dt, void *p, double v) {
     memcpy(p, &f, 4);
     break;
   }
-  default:
-    memcpy(p, &v, 8);
-    break;
+  default: memcpy(p, &v, 8); break;
   }
 }
 
@@ -197,8 +195,7 @@ static double input_value(int op, brg_dtype dt, int nranks, int r, uint32_t j) {
     int s = ((j + (uint32_t)(r / 2)) & 1) ? 1 : -1;
     return c + 1 + ((r & 1) ? -s : s);
   }
-  default:
-    return (double)((int)(h % 61) - 30);
+  default: return (double)((int)(h % 61) - 30);
   }
 }
 
@@ -233,18 +230,10 @@ void bench_make_reduced(unsigned char *pat, brg_dtype dt, brg_op op, int nranks)
         }
         switch (op) {
         case BRG_SUM:
-        case BRG_AVG:
-          acc += v;
-          break;
-        case BRG_PROD:
-          acc *= v;
-          break;
-        case BRG_MIN:
-          acc = v < acc ? v : acc;
-          break;
-        case BRG_MAX:
-          acc = v > acc ? v : acc;
-          break;
+        case BRG_AVG: acc += v; break;
+        case BRG_PROD: acc *= v; break;
+        case BRG_MIN: acc = v < acc ? v : acc; break;
+        case BRG_MAX: acc = v > acc ? v : acc; break;
         }
       }
       if (op == BRG_AVG) acc /= nranks;
@@ -261,12 +250,8 @@ void bench_make_reduced(unsigned char *pat, brg_dtype dt, brg_op op, int nranks)
         int less = dt_is_signed(dt) ? int_sext(dt, v) < int_sext(dt, acc) : v < acc;
         switch (op) {
         case BRG_SUM:
-        case BRG_AVG:
-          acc = int_trunc(dt, acc + v);
-          break;
-        case BRG_PROD:
-          acc = int_trunc(dt, acc * v);
-          break;
+        case BRG_AVG: acc = int_trunc(dt, acc + v); break;
+        case BRG_PROD: acc = int_trunc(dt, acc * v); break;
         case BRG_MIN:
           if (less) acc = v;
           break;

@@ -77,7 +77,8 @@ void bench_print_header(const bench *b) {
   const char *tr = getenv("BRIGADE_TRANSPORTS");
   printf("# transports: %s\n", tr && *tr ? tr : "default (BRIGADE_TRANSPORTS unset)");
   if (b->peer != NULL) {
-    printf("# peer: %s; ratio = brigade busbw / peer busbw (> 1: brigade is faster)", b->peer->describe());
+    printf("# peer: %s; ratio = brigade busbw / peer busbw (> 1: brigade is faster)",
+           b->peer->describe());
     if (b->peer->nalgs > 1) {
       printf("; peer algorithms:");
       for (int a = 0; a < b->peer->nalgs; a++) printf(" %s", b->peer->algs[a]);
@@ -106,7 +107,8 @@ void bench_print_columns(const bench *b) {
   int group = 2 + 2 + 8 + 8 + 7 + (b->roof_busbw > 0 ? 7 : 0);
   if (b->peer != NULL) group += 9 + 8 + 7 + 8 + (b->peer->nalgs > 1 ? 9 : 0);
   char left[64], right[64];
-  snprintf(left, sizeof left, "out-of-place%s%s", b->peer ? " / " : "", b->peer ? b->peer->name : "");
+  snprintf(left, sizeof left, "out-of-place%s%s", b->peer ? " / " : "",
+           b->peer ? b->peer->name : "");
   snprintf(right, sizeof right, "in-place%s%s", b->peer ? " / " : "", b->peer ? b->peer->name : "");
   printf("#%51s%-*s%s\n", "", group, left, right);
   printf("#%11s  %12s  %8s  %6s  %6s", "size", "count", "type", "redop", "root");

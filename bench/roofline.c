@@ -54,8 +54,12 @@ static double measure_copy_rate(void) {
   pthread_barrier_init(&bar, NULL, COPY_THREADS);
   for (int i = 0; i < COPY_THREADS; i++) {
     size_t part = COPY_BYTES / COPY_THREADS;
-    args[i] = (copy_arg){.dst = dst + i * part, .src = src + i * part, .bytes = part,
-                         .bar = &bar, .pass_s = pass_s, .id = i};
+    args[i] = (copy_arg){.dst = dst + i * part,
+                         .src = src + i * part,
+                         .bytes = part,
+                         .bar = &bar,
+                         .pass_s = pass_s,
+                         .id = i};
     if (pthread_create(&th[i], NULL, copy_thread, &args[i]) != 0) break;
     started++;
   }
@@ -130,8 +134,9 @@ void bench_roofline(bench *b) {
       printf("#   the ring moves (6N-4)/N x size through HBM per rank, %d rank(s) per GPU: "
              "%%roof = HBM bytes per second / copy rate (busbw <= %.2f GB/s)\n",
              b->gpu_share, b->roof_busbw);
-    if (b->csv) fprintf(b->csv, "#gpu_copy_rate_GBps,%.3f\n#roof_busbw_GBps,%.4f\n", rate / 1e9,
-                        b->roof_busbw);
+    if (b->csv)
+      fprintf(b->csv, "#gpu_copy_rate_GBps,%.3f\n#roof_busbw_GBps,%.4f\n", rate / 1e9,
+              b->roof_busbw);
     return;
   }
   if (b->nranks > 1) b->roof_busbw = rate / 1e9 * (n - 1) / (n * n);
@@ -142,6 +147,6 @@ void bench_roofline(bench *b) {
     printf("#   allreduce reads N inputs and writes N outputs: busbw <= B (N-1)/N^2 = %.2f GB/s "
            "for N = %d (%%roof column)\n",
            b->roof_busbw, b->nranks);
-  if (b->csv) fprintf(b->csv, "#copy_rate_GBps,%.3f\n#roof_busbw_GBps,%.4f\n", rate / 1e9,
-                      b->roof_busbw);
+  if (b->csv)
+    fprintf(b->csv, "#copy_rate_GBps,%.3f\n#roof_busbw_GBps,%.4f\n", rate / 1e9, b->roof_busbw);
 }

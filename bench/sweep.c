@@ -25,13 +25,10 @@ int bench_has_root(bench_kind k) {
 
 static double bus_factor(bench_kind k, int n) {
   switch (k) {
-  case BENCH_ALLREDUCE:
-    return 2.0 * (n - 1) / n;
+  case BENCH_ALLREDUCE: return 2.0 * (n - 1) / n;
   case BENCH_REDUCE_SCATTER:
-  case BENCH_ALL_GATHER:
-    return (double)(n - 1) / n;
-  default:
-    return 1.0;
+  case BENCH_ALL_GATHER: return (double)(n - 1) / n;
+  default: return 1.0;
   }
 }
 
@@ -50,9 +47,7 @@ static row_geom geometry(const bench *b, size_t bytes, brg_dtype dt) {
     g.total = g.recv_elems = g.count * n;
     g.send_off = (size_t)b->rank * g.count;
     break;
-  default:
-    g.count = g.total = g.send_elems = g.recv_elems = elems;
-    break;
+  default: g.count = g.total = g.send_elems = g.recv_elems = elems; break;
   }
   return g;
 }
@@ -87,10 +82,12 @@ static void gpu_move(bench *b, const row_geom *g, size_t es, int up) {
   if (b->gpu == NULL) return;
   size_t n = row_extent(g, es);
   if (!up) bench_gpu_check(b, "cudaStreamSynchronize", b->gpu->stream_sync(b->stream));
-  bench_gpu_check(b, "cudaMemcpy", up ? b->gpu->mem_copy(b->dsend, b->sendreg, n)
-                                      : b->gpu->mem_copy(b->sendreg, b->dsend, n));
-  bench_gpu_check(b, "cudaMemcpy", up ? b->gpu->mem_copy(b->drecv, b->recvreg, n)
-                                      : b->gpu->mem_copy(b->recvreg, b->drecv, n));
+  bench_gpu_check(b, "cudaMemcpy",
+                  up ? b->gpu->mem_copy(b->dsend, b->sendreg, n)
+                     : b->gpu->mem_copy(b->sendreg, b->dsend, n));
+  bench_gpu_check(b, "cudaMemcpy",
+                  up ? b->gpu->mem_copy(b->drecv, b->recvreg, n)
+                     : b->gpu->mem_copy(b->recvreg, b->drecv, n));
 }
 
 /* Poisons the output, then writes this rank's input (in place the input
@@ -135,9 +132,7 @@ static uint64_t check_data(bench *b, const row_geom *g, brg_dtype dt, int in_pla
     if (b->rank == b->o.root)
       wrong += bench_pattern_wrong(recv, b->pat_expect, dt, 0, g->recv_elems);
     break;
-  default:
-    wrong += bench_pattern_wrong(recv, b->pat_expect, dt, 0, g->recv_elems);
-    break;
+  default: wrong += bench_pattern_wrong(recv, b->pat_expect, dt, 0, g->recv_elems); break;
   }
   /* The send buffer is const: out of place it must come back untouched. */
   if (!in_place) wrong += bench_pattern_wrong(send, b->pat_in, dt, 0, g->send_elems);
@@ -182,10 +177,17 @@ static timing time_calls(bench *b, const row_geom *g, brg_dtype dt, brg_op op, i
   if (alg >= 0) {
     char *send, *recv;
     call_buffers(b, g, bench_dt_size(dt), in_place, &send, &recv);
-    bench_peer_call pc = {
-        .c = {.send = on_device(b, send), .recv = on_device(b, recv), .count = g->count,
-              .dtype = dt, .op = op, .root = b->o.root, .comm = b->comm, .stream = b->stream},
-        .kind = b->coll->kind, .in_place = in_place, .alg = alg};
+    bench_peer_call pc = {.c = {.send = on_device(b, send),
+                                .recv = on_device(b, recv),
+                                .count = g->count,
+                                .dtype = dt,
+                                .op = op,
+                                .root = b->o.root,
+                                .comm = b->comm,
+                                .stream = b->stream},
+                          .kind = b->coll->kind,
+                          .in_place = in_place,
+                          .alg = alg};
     if (b->peer->prepare(&pc) != 0) {
       fprintf(stderr, "%s: rank %d: peer %s: set-up failed\n", bench_prog, b->rank, b->peer->name);
       brg_comm_abort(b->comm);
@@ -208,8 +210,7 @@ static timing time_calls(bench *b, const row_geom *g, brg_dtype dt, brg_op op, i
   } else {
     t.usec = (bench_now_s() - t0) * 1e6 / b->o.iters;
   }
-  if ((st = brg_allreduce(&t.usec, &t.usec, 1, BRG_FLOAT64, BRG_MAX, b->comm, NULL)) !=
-      BRG_SUCCESS)
+  if ((st = brg_allreduce(&t.usec, &t.usec, 1, BRG_FLOAT64, BRG_MAX, b->comm, NULL)) != BRG_SUCCESS)
     bench_die_status(b, "brg_allreduce (time)", st);
 
   if (b->o.check) {

@@ -26,30 +26,51 @@ extern "C" {
 #define BRG_VERSION_PATCH 0
 
 #define BRG_UNIQUE_ID_BYTES 128
-typedef struct { char internal[BRG_UNIQUE_ID_BYTES]; } brg_unique_id;
+typedef struct {
+  char internal[BRG_UNIQUE_ID_BYTES];
+} brg_unique_id;
 typedef struct brg_comm brg_comm;
-typedef void *brg_stream;              /* NULL: host buffers, call blocks until done */
+typedef void *brg_stream; /* NULL: host buffers, call blocks until done */
 
 typedef enum {
-  BRG_SUCCESS = 0, BRG_IN_PROGRESS, BRG_ERR_INVALID_ARGUMENT, BRG_ERR_INVALID_USAGE,
-  BRG_ERR_SYSTEM, BRG_ERR_TIMEOUT, BRG_ERR_REMOTE, BRG_ERR_MISMATCH,
-  BRG_ERR_UNAVAILABLE, BRG_ERR_ABORTED, BRG_ERR_NO_MEMORY, BRG_ERR_INTERNAL
+  BRG_SUCCESS = 0,
+  BRG_IN_PROGRESS,
+  BRG_ERR_INVALID_ARGUMENT,
+  BRG_ERR_INVALID_USAGE,
+  BRG_ERR_SYSTEM,
+  BRG_ERR_TIMEOUT,
+  BRG_ERR_REMOTE,
+  BRG_ERR_MISMATCH,
+  BRG_ERR_UNAVAILABLE,
+  BRG_ERR_ABORTED,
+  BRG_ERR_NO_MEMORY,
+  BRG_ERR_INTERNAL
 } brg_status;
-typedef enum { BRG_INT8, BRG_UINT8, BRG_INT32, BRG_UINT32, BRG_INT64, BRG_UINT64,
-               BRG_FLOAT16, BRG_BFLOAT16, BRG_FLOAT32, BRG_FLOAT64 } brg_dtype;
+typedef enum {
+  BRG_INT8,
+  BRG_UINT8,
+  BRG_INT32,
+  BRG_UINT32,
+  BRG_INT64,
+  BRG_UINT64,
+  BRG_FLOAT16,
+  BRG_BFLOAT16,
+  BRG_FLOAT32,
+  BRG_FLOAT64
+} brg_dtype;
 typedef enum { BRG_SUM, BRG_PROD, BRG_MIN, BRG_MAX, BRG_AVG } brg_op;
 
 #define BRG_NUM_DTYPES 10
 #define BRG_NUM_OPS 5
 
 const char *brg_status_string(brg_status s);
-const char *brg_dtype_name(brg_dtype dtype);   /* "float32"…, or NULL when out of range */
-const char *brg_op_name(brg_op op);            /* "sum"…, or NULL when out of range */
-size_t brg_dtype_size(brg_dtype dtype);        /* bytes per element, 0 when out of range */
+const char *brg_dtype_name(brg_dtype dtype); /* "float32"…, or NULL when out of range */
+const char *brg_op_name(brg_op op);          /* "sum"…, or NULL when out of range */
+size_t brg_dtype_size(brg_dtype dtype);      /* bytes per element, 0 when out of range */
 
 brg_status brg_get_unique_id(brg_unique_id *id);
 brg_status brg_comm_init(brg_comm **comm, int nranks, const brg_unique_id *id, int rank);
-brg_status brg_comm_init_env(brg_comm **comm);   /* torchrun / mpirun / srun / brigade-run env */
+brg_status brg_comm_init_env(brg_comm **comm); /* torchrun / mpirun / srun / brigade-run env */
 brg_status brg_comm_rank(const brg_comm *comm, int *rank);
 brg_status brg_comm_size(const brg_comm *comm, int *size);
 const char *brg_comm_last_error(const brg_comm *comm);
@@ -68,8 +89,8 @@ brg_status brg_all_gather(const void *sendbuf, void *recvbuf, size_t sendcount, 
                           brg_comm *comm, brg_stream stream);
 brg_status brg_broadcast(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype,
                          int root, brg_comm *comm, brg_stream stream);
-brg_status brg_reduce(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype,
-                      brg_op op, int root, brg_comm *comm, brg_stream stream);
+brg_status brg_reduce(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype, brg_op op,
+                      int root, brg_comm *comm, brg_stream stream);
 brg_status brg_barrier(brg_comm *comm);
 
 /*

@@ -137,16 +137,11 @@ BRG__REDUCE_FNS(generic, , bf16, uint16_t)
 static inline __attribute__((always_inline)) uint16_t half_scalar(int bf, brg_op op, uint16_t a,
                                                                   uint16_t b, int div) {
   switch (op) {
-  case BRG_SUM:
-    return bf ? brg__bf16_sum(a, b) : brg__f16_sum(a, b);
-  case BRG_PROD:
-    return bf ? brg__bf16_prod(a, b) : brg__f16_prod(a, b);
-  case BRG_MIN:
-    return bf ? brg__bf16_min(a, b) : brg__f16_min(a, b);
-  case BRG_MAX:
-    return bf ? brg__bf16_max(a, b) : brg__f16_max(a, b);
-  default:
-    return bf ? brg__bf16_avg(a, b, div) : brg__f16_avg(a, b, div);
+  case BRG_SUM: return bf ? brg__bf16_sum(a, b) : brg__f16_sum(a, b);
+  case BRG_PROD: return bf ? brg__bf16_prod(a, b) : brg__f16_prod(a, b);
+  case BRG_MIN: return bf ? brg__bf16_min(a, b) : brg__f16_min(a, b);
+  case BRG_MAX: return bf ? brg__bf16_max(a, b) : brg__f16_max(a, b);
+  default: return bf ? brg__bf16_avg(a, b, div) : brg__f16_avg(a, b, div);
   }
 }
 
@@ -201,10 +196,8 @@ BRG__AVX2_INLINE __m256i avx2_bf16_narrow2(__m256 lo, __m256 hi) {
 BRG__AVX2_INLINE __m256 avx2_op(int bf, brg_op op, __m256 a, __m256 b, __m256 div) {
   __m256 r, eq, nan;
   switch (op) {
-  case BRG_SUM:
-    return _mm256_add_ps(a, b);
-  case BRG_PROD:
-    return _mm256_mul_ps(a, b);
+  case BRG_SUM: return _mm256_add_ps(a, b);
+  case BRG_PROD: return _mm256_mul_ps(a, b);
   case BRG_MIN:
   case BRG_MAX:
     eq = _mm256_cmp_ps(a, b, _CMP_EQ_OQ);
@@ -306,10 +299,8 @@ BRG__AVX512_INLINE __m512 avx512_op(int bf, brg_op op, __m512 a, __m512 b, __m51
   __m512 r;
   __mmask16 eq, nan;
   switch (op) {
-  case BRG_SUM:
-    return _mm512_add_ps(a, b);
-  case BRG_PROD:
-    return _mm512_mul_ps(a, b);
+  case BRG_SUM: return _mm512_add_ps(a, b);
+  case BRG_PROD: return _mm512_mul_ps(a, b);
   case BRG_MIN:
   case BRG_MAX:
     eq = _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ);
@@ -322,8 +313,7 @@ BRG__AVX512_INLINE __m512 avx512_op(int bf, brg_op op, __m512 a, __m512 b, __m51
       r = _mm512_mask_mov_ps(r, eq, _mm512_and_ps(a, b));
     }
     return _mm512_mask_mov_ps(r, nan, _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000)));
-  default:
-    return _mm512_div_ps(avx512_round_trip(bf, _mm512_add_ps(a, b)), div);
+  default: return _mm512_div_ps(avx512_round_trip(bf, _mm512_add_ps(a, b)), div);
   }
 }
 
@@ -421,15 +411,12 @@ static int isa_supported(int isa) {
 #if BRG__X86
   __builtin_cpu_init();
   switch (isa) {
-  case ISA_GENERIC:
-    return 1;
-  case ISA_AVX2:
-    return __builtin_cpu_supports("avx2") && cpu_has_f16c();
+  case ISA_GENERIC: return 1;
+  case ISA_AVX2: return __builtin_cpu_supports("avx2") && cpu_has_f16c();
   case ISA_AVX512:
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  default:
-    return 0;
+  default: return 0;
   }
 #else
   return isa == ISA_GENERIC;

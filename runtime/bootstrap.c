@@ -207,8 +207,8 @@ static brg_status boot_read_table(brg__bootstrap *bs, int fd, const char *root, 
     boot_peer *p = &bs->peers[k];
     memcpy(p->addr, e, BOOT_ADDR_BYTES);
     p->port = boot_get_u16(e + 64);
-    if (!memchr(p->addr, '\0', BOOT_ADDR_BYTES) || !brg__sock_addr_is_numeric(p->addr) || p->port == 0 ||
-        boot_get_u16(e + 66) != 0) {
+    if (!memchr(p->addr, '\0', BOOT_ADDR_BYTES) || !brg__sock_addr_is_numeric(p->addr) ||
+        p->port == 0 || boot_get_u16(e + 66) != 0) {
       st = brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
                       "rank %d: malformed bootstrap table entry for rank %d", bs->rank, k);
       goto out;
@@ -269,7 +269,8 @@ brg_status brg__bootstrap_init(brg__bootstrap **bs_out, const brg__boot_id *id, 
 
   st = brg__boot_local_addr(bs->listen_addr, sizeof bs->listen_addr, err);
   if (st != BRG_SUCCESS) goto err_free;
-  st = brg__sock_listen(bs->listen_addr, 0, BOOT_BACKLOG, BOOT_SUBSYS, "ring listener", &bs->listen_fd, &bs->listen_port, err);
+  st = brg__sock_listen(bs->listen_addr, 0, BOOT_BACKLOG, BOOT_SUBSYS, "ring listener",
+                        &bs->listen_fd, &bs->listen_port, err);
   if (st != BRG_SUCCESS) goto err_free;
 
   int e = 0;
@@ -549,8 +550,8 @@ brg_status brg__bootstrap_recv(brg__bootstrap *bs, int dir, uint32_t *type, void
     if (rc == BRG__IO_TIMEOUT) {
       /* A zero timeout is a question, not a failure: answer it quietly. */
       if (timeout_ms == 0)
-        return brg__error_quiet(err, BRG_ERR_TIMEOUT, "rank %d: no message from ring neighbour rank %d",
-                          bs->rank, peer);
+        return brg__error_quiet(err, BRG_ERR_TIMEOUT,
+                                "rank %d: no message from ring neighbour rank %d", bs->rank, peer);
       return brg__error(err, BRG_ERR_TIMEOUT, BOOT_SUBSYS,
                         "rank %d: no message from ring neighbour rank %d within %d ms", bs->rank,
                         peer, timeout_ms);

@@ -21,20 +21,20 @@
 #include "brigade.h"
 #include "log.h"
 
-#define BRG__BOOT_MAGIC 0x42524731u  /* "BRG1" */
+#define BRG__BOOT_MAGIC 0x42524731u /* "BRG1" */
 #define BRG__BOOT_MAX_RANKS 65536
 #define BRG__BOOT_MAX_BLOB 1024
-#define BRG__BOOT_MAX_MSG 4096        /* largest ring-socket message payload */
+#define BRG__BOOT_MAX_MSG 4096 /* largest ring-socket message payload */
 
 /* The layout of brg_unique_id's bytes. */
 typedef struct brg__boot_id {
   uint32_t magic;
   uint32_t version;
   uint8_t secret[16];
-  char addr[64];         /* numeric IPv4 or IPv6 address of the root, NUL-terminated */
-  uint16_t port;         /* host byte order */
+  char addr[64]; /* numeric IPv4 or IPv6 address of the root, NUL-terminated */
+  uint16_t port; /* host byte order */
   uint16_t pad;
-  uint32_t checksum;     /* over all bytes before it */
+  uint32_t checksum; /* over all bytes before it */
 } brg__boot_id;
 
 /* Builds an id for a root listening at addr:port with a fresh secret from
@@ -64,14 +64,13 @@ typedef struct brg__bootstrap brg__bootstrap;
  * listening yet); timeout_ms <= 0 waits forever. The same timeout bounds
  * ring_connect and each send. A missing rank is BRG_ERR_TIMEOUT, a refusal
  * by the root BRG_ERR_REMOTE, both with the root's explanation. */
-brg_status brg__bootstrap_init(brg__bootstrap **bs, const brg__boot_id *id, int rank,
-                               int nranks, const void *blob, size_t blob_bytes,
-                               void *all_blobs, int timeout_ms, brg__errbuf *err);
+brg_status brg__bootstrap_init(brg__bootstrap **bs, const brg__boot_id *id, int rank, int nranks,
+                               const void *blob, size_t blob_bytes, void *all_blobs, int timeout_ms,
+                               brg__errbuf *err);
 
 /* Opens the ring sockets: connects to `next` and accepts from `prev` (both
  * may be the same rank when nranks == 2; nothing happens when nranks == 1). */
-brg_status brg__bootstrap_ring_connect(brg__bootstrap *bs, int next, int prev,
-                                       brg__errbuf *err);
+brg_status brg__bootstrap_ring_connect(brg__bootstrap *bs, int next, int prev, brg__errbuf *err);
 
 enum { BRG__RING_NEXT = 0, BRG__RING_PREV = 1 };
 
@@ -84,8 +83,7 @@ brg_status brg__bootstrap_send(brg__bootstrap *bs, int dir, uint32_t type, const
  * BRG_ERR_REMOTE. Calls on one direction must not overlap; the two
  * directions may be used from different threads. */
 brg_status brg__bootstrap_recv(brg__bootstrap *bs, int dir, uint32_t *type, void *data,
-                               uint32_t max_len, uint32_t *len, int timeout_ms,
-                               brg__errbuf *err);
+                               uint32_t max_len, uint32_t *len, int timeout_ms, brg__errbuf *err);
 /* Where rank `rank`'s ring listener was (numeric address; *port set when
  * not NULL), as the bootstrap table said: for logs and topology. NULL when
  * out of range. */
@@ -102,7 +100,7 @@ typedef struct brg__boot_hello {
   uint32_t magic;
   uint8_t secret[16];
   int32_t rank, nranks;
-  char addr[64];            /* ring listener of this rank */
+  char addr[64]; /* ring listener of this rank */
   uint16_t port;
   uint32_t blob_bytes;
   const void *blob;

@@ -325,7 +325,7 @@ static void boot_root_send_tables(boot_root *r) {
   brg__sock_close(&r->lfd);
   for (int k = 0; k < r->nranks; k++) {
     int rc = brg__sock_send_all(r->rank_fd[k], r->table, r->table_bytes,
-                           brg__now_ms() + BOOT_TABLE_SEND_MS, NULL);
+                                brg__now_ms() + BOOT_TABLE_SEND_MS, NULL);
     if (rc != BRG__IO_OK)
       BRG__WARN(BOOT_SUBSYS, "bootstrap root %s: could not send the table to rank %d: %s", r->where,
                 k,
@@ -409,7 +409,8 @@ brg_status brg__boot_root_start(const char *addr, uint16_t port, const uint8_t *
   r->lfd = -1;
   uint16_t bound = 0;
   brg__boot_id tmp;
-  brg_status st = brg__sock_listen(addr, port, BOOT_BACKLOG, BOOT_SUBSYS, "bootstrap root", &r->lfd, &bound, err);
+  brg_status st = brg__sock_listen(addr, port, BOOT_BACKLOG, BOOT_SUBSYS, "bootstrap root", &r->lfd,
+                                   &bound, err);
   if (st != BRG_SUCCESS) goto err_free;
   st = brg__boot_id_make(&tmp, addr, bound, secret, err);
   if (st != BRG_SUCCESS) goto err_free;

@@ -37,7 +37,6 @@ brg_status brg__boot_random(uint8_t *out, size_t len, brg__errbuf *err) {
   return BRG_SUCCESS;
 }
 
-
 /* --------------------------------------------------------------------- id */
 
 brg_status brg__boot_id_make(brg__boot_id *id, const char *addr, uint16_t port,
@@ -118,11 +117,12 @@ size_t brg__boot_hello_encode(const brg__boot_hello *h, void *buf, size_t cap) {
 
 /* Decodes without logging; the root reports refusals its own way. */
 brg_status brg__boot_hello_parse(const void *buf, size_t len, brg__boot_hello *h,
-                                   brg__errbuf *why) {
+                                 brg__errbuf *why) {
   const uint8_t *p = buf;
   if (len < BOOT_HELLO_HDR)
-    return brg__error_quiet(why, BRG_ERR_REMOTE, "hello of %zu bytes is shorter than its %d-byte header",
-                      len, BOOT_HELLO_HDR);
+    return brg__error_quiet(why, BRG_ERR_REMOTE,
+                            "hello of %zu bytes is shorter than its %d-byte header", len,
+                            BOOT_HELLO_HDR);
   brg__boot_hello t;
   memset(&t, 0, sizeof t);
   t.magic = boot_get_u32(p);
@@ -137,26 +137,26 @@ brg_status brg__boot_hello_parse(const void *buf, size_t len, brg__boot_hello *h
   t.blob_bytes = boot_get_u32(p + 96);
   if (t.blob_bytes > BRG__BOOT_MAX_BLOB)
     return brg__error_quiet(why, BRG_ERR_REMOTE, "hello carries a %u-byte blob (at most %d)",
-                      t.blob_bytes, BRG__BOOT_MAX_BLOB);
+                            t.blob_bytes, BRG__BOOT_MAX_BLOB);
   if (len != BOOT_HELLO_HDR + (size_t)t.blob_bytes)
     return brg__error_quiet(why, BRG_ERR_REMOTE,
-                      "hello of %zu bytes does not match its header (%d) plus blob (%u)", len,
-                      BOOT_HELLO_HDR, t.blob_bytes);
+                            "hello of %zu bytes does not match its header (%d) plus blob (%u)", len,
+                            BOOT_HELLO_HDR, t.blob_bytes);
   if (t.nranks < 1 || t.nranks > BRG__BOOT_MAX_RANKS)
-    return brg__error_quiet(why, BRG_ERR_REMOTE, "hello says nranks=%d (must be 1..%d)", (int)t.nranks,
-                      BRG__BOOT_MAX_RANKS);
+    return brg__error_quiet(why, BRG_ERR_REMOTE, "hello says nranks=%d (must be 1..%d)",
+                            (int)t.nranks, BRG__BOOT_MAX_RANKS);
   if (t.rank < 0 || t.rank >= t.nranks)
     return brg__error_quiet(why, BRG_ERR_REMOTE, "hello says rank %d of nranks=%d", (int)t.rank,
-                      (int)t.nranks);
+                            (int)t.nranks);
   if (zero != 0)
     return brg__error_quiet(why, BRG_ERR_REMOTE, "rank %d's hello has a nonzero reserved field",
-                      (int)t.rank);
+                            (int)t.rank);
   if (!memchr(t.addr, '\0', BOOT_ADDR_BYTES))
     return brg__error_quiet(why, BRG_ERR_REMOTE, "rank %d's hello has an unterminated address",
-                      (int)t.rank);
+                            (int)t.rank);
   if (!brg__sock_addr_is_numeric(t.addr))
-    return brg__error_quiet(why, BRG_ERR_REMOTE, "rank %d's hello has a bad address '%s'", (int)t.rank,
-                      t.addr);
+    return brg__error_quiet(why, BRG_ERR_REMOTE, "rank %d's hello has a bad address '%s'",
+                            (int)t.rank, t.addr);
   if (t.port == 0)
     return brg__error_quiet(why, BRG_ERR_REMOTE, "rank %d's hello has port 0", (int)t.rank);
   t.blob = t.blob_bytes ? p + BOOT_HELLO_HDR : NULL;
@@ -176,8 +176,7 @@ brg_status brg__boot_hello_decode(const void *buf, size_t len, brg__boot_hello *
 
 /* Builds the root's error answer into buf (BOOT_REPLY_HDR + BOOT_MAX_ERRTEXT
  * bytes) and returns its length. */
-size_t brg__boot_reply_error(uint8_t *buf, const uint8_t *secret, brg_status st,
-                               const char *text) {
+size_t brg__boot_reply_error(uint8_t *buf, const uint8_t *secret, brg_status st, const char *text) {
   size_t n = strnlen(text, BOOT_MAX_ERRTEXT);
   boot_put_u32(buf, BOOT_TABLE_MAGIC);
   memcpy(buf + 4, secret, BOOT_SECRET_BYTES);

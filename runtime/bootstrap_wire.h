@@ -82,11 +82,9 @@ static inline uint32_t boot_get_u32(const uint8_t *p) {
 /* Fills out with len random bytes (getrandom). */
 brg_status brg__boot_random(uint8_t *out, size_t len, brg__errbuf *err);
 /* Decodes without logging; the root reports refusals its own way. */
-brg_status brg__boot_hello_parse(const void *buf, size_t len, brg__boot_hello *h,
-                                   brg__errbuf *why);
+brg_status brg__boot_hello_parse(const void *buf, size_t len, brg__boot_hello *h, brg__errbuf *why);
 /* Builds the root's error answer into buf (BOOT_REPLY_HDR + BOOT_MAX_ERRTEXT
  * bytes) and returns its length. */
-size_t brg__boot_reply_error(uint8_t *buf, const uint8_t *secret, brg_status st,
-                               const char *text);
+size_t brg__boot_reply_error(uint8_t *buf, const uint8_t *secret, brg_status st, const char *text);
 
 #endif

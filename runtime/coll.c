@@ -10,8 +10,7 @@
 
 static brg_status check_call(brg_comm *c, const char *fn, const void *sendbuf, const void *recvbuf,
                              size_t count, size_t send_elems, size_t recv_elems, brg_dtype dtype,
-                             int check_op, brg_op op, int root, brg_stream stream,
-                             brg__coll *k) {
+                             int check_op, brg_op op, int root, brg_stream stream, brg__coll *k) {
   brg_status s = brg__check_comm(c, fn);
   if (s != BRG_SUCCESS) return s;
   if ((unsigned)dtype >= BRG_NUM_DTYPES)
@@ -51,8 +50,11 @@ static brg_status check_call(brg_comm *c, const char *fn, const void *sendbuf, c
   return BRG_SUCCESS;
 }
 
-#define COLL(KIND, SB, RB, CNT, DT, OP, ROOT) \
-  (brg__coll) {.kind = (KIND), .dtype = (DT), .op = (OP), .root = (ROOT), .sendbuf = (SB), .recvbuf = (RB), .count = (CNT)}
+#define COLL(KIND, SB, RB, CNT, DT, OP, ROOT)                                                      \
+  (brg__coll) {                                                                                    \
+    .kind = (KIND), .dtype = (DT), .op = (OP), .root = (ROOT), .sendbuf = (SB), .recvbuf = (RB),   \
+    .count = (CNT)                                                                                 \
+  }
 
 brg_status brg_allreduce(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype,
                          brg_op op, brg_comm *comm, brg_stream stream) {
@@ -63,12 +65,12 @@ brg_status brg_allreduce(const void *sendbuf, void *recvbuf, size_t count, brg_d
   return brg__progress_run(comm, &k);
 }
 
-brg_status brg_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
-                              brg_dtype dtype, brg_op op, brg_comm *comm, brg_stream stream) {
+brg_status brg_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount, brg_dtype dtype,
+                              brg_op op, brg_comm *comm, brg_stream stream) {
   size_t n = comm && comm->magic == BRG__COMM_MAGIC ? (size_t)comm->nranks : 1;
   brg__coll k = COLL(BRG__COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, -1);
-  brg_status s = check_call(comm, "brg_reduce_scatter", sendbuf, recvbuf, recvcount,
-                            recvcount * n, recvcount, dtype, 1, op, -1, stream, &k);
+  brg_status s = check_call(comm, "brg_reduce_scatter", sendbuf, recvbuf, recvcount, recvcount * n,
+                            recvcount, dtype, 1, op, -1, stream, &k);
   if (s != BRG_SUCCESS) return s;
   return brg__progress_run(comm, &k);
 }
@@ -88,10 +90,11 @@ brg_status brg_broadcast(const void *sendbuf, void *recvbuf, size_t count, brg_d
   brg_status s = brg__check_comm(comm, "brg_broadcast");
   if (s != BRG_SUCCESS) return s;
   if (root < 0 || root >= comm->nranks)
-    return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT, "brg_broadcast: root %d is not in [0, %d)",
-                           root, comm->nranks);
+    return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT,
+                           "brg_broadcast: root %d is not in [0, %d)", root, comm->nranks);
   int is_root = comm->rank == root;
-  brg__coll k = COLL(BRG__COLL_BROADCAST, is_root ? sendbuf : NULL, recvbuf, count, dtype, BRG_SUM, root);
+  brg__coll k =
+      COLL(BRG__COLL_BROADCAST, is_root ? sendbuf : NULL, recvbuf, count, dtype, BRG_SUM, root);
   s = check_call(comm, "brg_broadcast", is_root ? sendbuf : NULL, recvbuf, count,
                  is_root ? count : 0, count, dtype, 0, BRG_SUM, root, stream, &k);
   if (s != BRG_SUCCESS) return s;
@@ -126,8 +129,8 @@ brg_status brg_barrier(brg_comm *comm) {
 brg_status brg_iallreduce(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype,
                           brg_op op, brg_comm *comm, brg_request *request) {
   brg__coll k = COLL(BRG__COLL_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, -1);
-  brg_status s = check_call(comm, "brg_iallreduce", sendbuf, recvbuf, count, count, count, dtype,
-                            1, op, -1, NULL, &k);
+  brg_status s = check_call(comm, "brg_iallreduce", sendbuf, recvbuf, count, count, count, dtype, 1,
+                            op, -1, NULL, &k);
   if (s != BRG_SUCCESS) return s;
   if (k.device)
     return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT,
@@ -137,14 +140,16 @@ brg_status brg_iallreduce(const void *sendbuf, void *recvbuf, size_t count, brg_
     return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT, "brg_iallreduce: request is NULL");
   brg__req *r = (brg__req *)request;
   if (r->magic == BRG__REQ_MAGIC && !__atomic_load_n(&r->done, __ATOMIC_ACQUIRE))
-    return brg__comm_error(comm, BRG_ERR_INVALID_USAGE, "brg_iallreduce: request is still in flight");
+    return brg__comm_error(comm, BRG_ERR_INVALID_USAGE,
+                           "brg_iallreduce: request is still in flight");
   memset(r, 0, sizeof *r);
   r->coll = k;
   return brg__progress_enqueue(comm, r);
 }
 
 brg_status brg_test(brg_request *request, int *done) {
-  if (!request || !done) return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_test: NULL argument");
+  if (!request || !done)
+    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_test: NULL argument");
   brg__req *r = (brg__req *)request;
   if (r->magic != BRG__REQ_MAGIC)
     return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_test: request was never issued");

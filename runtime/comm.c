@@ -57,16 +57,25 @@ static brg_status exchange(brg_comm *c, int send_dir, const void *msg, uint32_t 
 /* Sets up the two links of this rank: from prev (receive) and to next (send). */
 static brg_status connect_ring(brg_comm *c, const uint8_t *secret, brg__errbuf *err) {
   const char *allow = brg__core_str(BRG__CORE_TRANSPORTS);
-  const brg__transport_ops *tsend = brg__transport_pick(&c->peers[c->rank], &c->peers[c->next], allow);
-  const brg__transport_ops *trecv = brg__transport_pick(&c->peers[c->prev], &c->peers[c->rank], allow);
+  const brg__transport_ops *tsend =
+      brg__transport_pick(&c->peers[c->rank], &c->peers[c->next], allow);
+  const brg__transport_ops *trecv =
+      brg__transport_pick(&c->peers[c->prev], &c->peers[c->rank], allow);
   if (!tsend || !trecv)
     return brg__error(err, BRG_ERR_UNAVAILABLE, "init",
                       "no transport can link rank %d and rank %d (BRIGADE_TRANSPORTS=\"%s\")",
                       c->rank, tsend ? c->prev : c->next, allow);
-  brg__conn_params ps = {.rank = c->rank, .peer = c->next, .nranks = c->nranks,
-                         .self_info = &c->peers[c->rank], .peer_info = &c->peers[c->next],
-                         .nslots = c->nslots, .slot_bytes = c->slice_bytes, .comm_id = c->comm_id,
-                         .secret = secret, .timeout_ms = c->timeout_ms, .waiter = &c->waiter};
+  brg__conn_params ps = {.rank = c->rank,
+                         .peer = c->next,
+                         .nranks = c->nranks,
+                         .self_info = &c->peers[c->rank],
+                         .peer_info = &c->peers[c->next],
+                         .nslots = c->nslots,
+                         .slot_bytes = c->slice_bytes,
+                         .comm_id = c->comm_id,
+                         .secret = secret,
+                         .timeout_ms = c->timeout_ms,
+                         .waiter = &c->waiter};
   brg__conn_params pr = ps;
   pr.peer = c->prev;
   pr.peer_info = &c->peers[c->prev];
@@ -102,7 +111,8 @@ static brg_status connect_ring(brg_comm *c, const uint8_t *secret, brg__errbuf *
   if (s != BRG_SUCCESS) return s;
   s = trecv->recv_connect(&c->recv, &pr, err);
   if (s != BRG_SUCCESS) return s;
-  BRG__INFO("init", "link to rank %d (next) via %s, from rank %d (prev) via %s; %d slots x %zu bytes",
+  BRG__INFO("init",
+            "link to rank %d (next) via %s, from rank %d (prev) via %s; %d slots x %zu bytes",
             c->next, tsend->name, c->prev, trecv->name, c->nslots, c->slice_bytes);
   return BRG_SUCCESS;
 }
@@ -173,7 +183,8 @@ brg_status brg__comm_create(brg_comm **out, int nranks, const brg__boot_id *id, 
   brg_status s = brg__settings_load(&err);
   if (s != BRG_SUCCESS) return brg__fail_no_comm_err(s, &err, NULL);
   brg__log_init();
-  if ((s = brg__boot_id_check(id, &err)) != BRG_SUCCESS) return brg__fail_no_comm_err(s, &err, NULL);
+  if ((s = brg__boot_id_check(id, &err)) != BRG_SUCCESS)
+    return brg__fail_no_comm_err(s, &err, NULL);
 
   brg_comm *c = calloc(1, sizeof *c);
   if (!c) return brg__fail_no_comm(BRG_ERR_NO_MEMORY, "out of memory creating a communicator");
@@ -226,8 +237,10 @@ brg_status brg__comm_create(brg_comm **out, int nranks, const brg__boot_id *id, 
   if (c->small_bytes > c->slice_bytes) c->small_bytes = c->slice_bytes;
   if (nranks > 1 && c->small_bytes > 0) {
     c->scratch = malloc((size_t)nranks * c->small_bytes);
-    if (c->scratch) memset(c->scratch, 0, (size_t)nranks * c->small_bytes); /* touch it now */
-    else c->small_bytes = 0;
+    if (c->scratch)
+      memset(c->scratch, 0, (size_t)nranks * c->small_bytes); /* touch it now */
+    else
+      c->small_bytes = 0;
   }
   if ((s = brg__progress_start(c, &err)) != BRG_SUCCESS) goto err_free;
   c->ready = 1;
@@ -246,10 +259,10 @@ brg_status brg_comm_init(brg_comm **comm, int nranks, const brg_unique_id *id, i
   if (!id) return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_comm_init: id is NULL");
   if (nranks < 1 || nranks > BRG__BOOT_MAX_RANKS)
     return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_comm_init: nranks=%d is not in [1, %d]",
-                        nranks, BRG__BOOT_MAX_RANKS);
+                             nranks, BRG__BOOT_MAX_RANKS);
   if (rank < 0 || rank >= nranks)
     return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_comm_init: rank=%d is not in [0, %d)",
-                        rank, nranks);
+                             rank, nranks);
   brg__boot_id bid;
   memcpy(&bid, id->internal, sizeof bid);
   return brg__comm_create(comm, nranks, &bid, rank);
@@ -259,7 +272,8 @@ brg_status brg_comm_rank(const brg_comm *comm, int *rank) {
   brg_status s = brg__check_comm(comm, "brg_comm_rank");
   if (s != BRG_SUCCESS) return s;
   if (!rank)
-    return brg__comm_error((brg_comm *)comm, BRG_ERR_INVALID_ARGUMENT, "brg_comm_rank: rank is NULL");
+    return brg__comm_error((brg_comm *)comm, BRG_ERR_INVALID_ARGUMENT,
+                           "brg_comm_rank: rank is NULL");
   *rank = comm->rank;
   return BRG_SUCCESS;
 }
@@ -268,7 +282,8 @@ brg_status brg_comm_size(const brg_comm *comm, int *size) {
   brg_status s = brg__check_comm(comm, "brg_comm_size");
   if (s != BRG_SUCCESS) return s;
   if (!size)
-    return brg__comm_error((brg_comm *)comm, BRG_ERR_INVALID_ARGUMENT, "brg_comm_size: size is NULL");
+    return brg__comm_error((brg_comm *)comm, BRG_ERR_INVALID_ARGUMENT,
+                           "brg_comm_size: size is NULL");
   *size = comm->nranks;
   return BRG_SUCCESS;
 }
@@ -277,7 +292,8 @@ brg_status brg_comm_bytes_sent(const brg_comm *comm, uint64_t *bytes) {
   brg_status s = brg__check_comm(comm, "brg_comm_bytes_sent");
   if (s != BRG_SUCCESS) return s;
   if (!bytes)
-    return brg__comm_error((brg_comm *)comm, BRG_ERR_INVALID_ARGUMENT, "brg_comm_bytes_sent: bytes is NULL");
+    return brg__comm_error((brg_comm *)comm, BRG_ERR_INVALID_ARGUMENT,
+                           "brg_comm_bytes_sent: bytes is NULL");
   *bytes = __atomic_load_n(&comm->bytes_sent, __ATOMIC_RELAXED);
   return BRG_SUCCESS;
 }

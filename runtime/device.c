@@ -53,7 +53,8 @@ static void *open_module(char *tried, size_t n) {
   if (BRG_CUDA_MODULE_BUILD[0] && access(BRG_CUDA_MODULE_BUILD, F_OK) == 0) {
     void *h = dlopen(BRG_CUDA_MODULE_BUILD, RTLD_NOW | RTLD_LOCAL);
     if (h) return h;
-    if (o < n) o += (size_t)snprintf(tried + o, n - o, "%s: %s; ", BRG_CUDA_MODULE_BUILD, dlerror());
+    if (o < n)
+      o += (size_t)snprintf(tried + o, n - o, "%s: %s; ", BRG_CUDA_MODULE_BUILD, dlerror());
   }
   /* 3. The loader's search path. */
   void *h = dlopen(MODULE_NAME, RTLD_NOW | RTLD_LOCAL);
@@ -132,7 +133,8 @@ brg_status brg__device_classify(brg_comm *c, const char *fn, const void *sendbuf
     if (!stream) return BRG_SUCCESS; /* no GPU: every buffer is host memory */
     return brg__comm_error(c, BRG_ERR_UNAVAILABLE,
                            "%s: a stream was given, but device collectives are unavailable: %s "
-                           "(host buffers take stream = NULL)", fn, why);
+                           "(host buffers take stream = NULL)",
+                           fn, why);
   }
   __atomic_store_n(&c->cuda_seen, 1, __ATOMIC_RELAXED);
   const void *bufs[2] = {sendbuf, recvbuf};
@@ -150,8 +152,8 @@ brg_status brg__device_classify(brg_comm *c, const char *fn, const void *sendbuf
       if (bufs[i])
         return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT,
                                "%s: a stream was given, but %s %p is host memory (host buffers "
-                               "take stream = NULL, device buffers a stream or NULL)", fn,
-                               names[i], bufs[i]);
+                               "take stream = NULL, device buffers a stream or NULL)",
+                               fn, names[i], bufs[i]);
     /* no buffer at all (count 0): a device collective on the stream */
   }
   if (ngpu < nbuf) {
@@ -159,13 +161,14 @@ brg_status brg__device_classify(brg_comm *c, const char *fn, const void *sendbuf
     return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT,
                            "%s: %s %p is GPU memory (device %d) but %s %p is host memory: both "
                            "buffers must be on the GPU (with a stream, or NULL for the legacy "
-                           "default stream) or both in host memory (stream NULL)", fn, names[g],
-                           bufs[g], dev[g], names[h], bufs[h]);
+                           "default stream) or both in host memory (stream NULL)",
+                           fn, names[g], bufs[g], dev[g], names[h], bufs[h]);
   }
   if (ngpu == 2 && dev[0] != dev[1])
     return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT,
                            "%s: sendbuf %p is on GPU %d but recvbuf %p on GPU %d: a collective's "
-                           "buffers must be on one GPU", fn, sendbuf, dev[0], recvbuf, dev[1]);
+                           "buffers must be on one GPU",
+                           fn, sendbuf, dev[0], recvbuf, dev[1]);
   int d = ngpu ? (on_gpu[0] ? dev[0] : dev[1]) : -1;
   if (d < 0 && api->get_device(&d) != 0) d = 0; /* no buffer: the current device */
   int expect = -1;
@@ -173,7 +176,8 @@ brg_status brg__device_classify(brg_comm *c, const char *fn, const void *sendbuf
       expect != d)
     return brg__comm_error(c, BRG_ERR_INVALID_USAGE,
                            "%s: this communicator runs its device collectives on GPU %d, but "
-                           "%s %p is on GPU %d: use one communicator per GPU", fn, expect,
+                           "%s %p is on GPU %d: use one communicator per GPU",
+                           fn, expect,
                            ngpu ? (on_gpu[0] ? "sendbuf" : "recvbuf") : "the current device",
                            ngpu ? (on_gpu[0] ? sendbuf : recvbuf) : NULL, d);
   *device = 1;

@@ -63,8 +63,7 @@ brg_status brg__device_ring_local(brg_comm *c, brg__dev_setup *st, brg_status ga
 brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status gathered);
 size_t brg__device_ring_slice_bytes(const struct brg__dev_ring *d);
 /* One primitive on one slice whose buffers are in GPU memory. */
-brg_status brg__device_prim(struct brg__ring_op *o, int prim, const char *in, char *out,
-                            size_t m);
+brg_status brg__device_prim(struct brg__ring_op *o, int prim, const char *in, char *out, size_t m);
 /* One rank: recvbuf = sendbuf, on the stream. */
 brg_status brg__device_single(brg_comm *c, const brg__coll *k);
 /* Teardown, in two halves around a barrier with the ring neighbours

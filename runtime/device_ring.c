@@ -65,54 +65,54 @@
 struct brg__dev_ring {
   const brg__cuda_api *api;
   int nslots;
-  size_t slice_bytes;                     /* the pipeline unit: one slice per GPU slot */
-  size_t stride;                          /* slice_bytes + room to shift a payload */
-  char *fifo;                             /* own receive FIFO (device memory) */
-  char *next_fifo;                        /* the next rank's, mapped */
-  int next_mapped;                        /* next_fifo came from ipc_mem_open */
-  void *send_ev[BRG__MAX_SLOTS];          /* recorded after writing next's slot k */
-  void *rel_ev[BRG__MAX_SLOTS];           /* recorded after consuming own slot k */
-  void *prev_send_ev[BRG__MAX_SLOTS];     /* the previous rank's send_ev */
-  void *next_rel_ev[BRG__MAX_SLOTS];      /* the next rank's rel_ev */
-  int prev_opened, next_opened;           /* those came from ipc_event_open */
+  size_t slice_bytes;                 /* the pipeline unit: one slice per GPU slot */
+  size_t stride;                      /* slice_bytes + room to shift a payload */
+  char *fifo;                         /* own receive FIFO (device memory) */
+  char *next_fifo;                    /* the next rank's, mapped */
+  int next_mapped;                    /* next_fifo came from ipc_mem_open */
+  void *send_ev[BRG__MAX_SLOTS];      /* recorded after writing next's slot k */
+  void *rel_ev[BRG__MAX_SLOTS];       /* recorded after consuming own slot k */
+  void *prev_send_ev[BRG__MAX_SLOTS]; /* the previous rank's send_ev */
+  void *next_rel_ev[BRG__MAX_SLOTS];  /* the next rank's rel_ev */
+  int prev_opened, next_opened;       /* those came from ipc_event_open */
   /* Links to other hosts: the transport's host FIFO regions, mapped. */
   int send_staged, recv_staged;
   /* ...or GPU memory straight on the network (GPUDirect RDMA): */
-  int send_gdr, recv_gdr;                 /* the link runs that way */
-  int send_reg, recv_reg;                 /* registered with the link */
-  char *gdr_send;                         /* device slots the sender's kernels write */
-  brg__conn *link_send, *link_recv;       /* the communicator's links */
-  char *send_region, *recv_region;        /* host addresses (NULL: not registered) */
+  int send_gdr, recv_gdr;           /* the link runs that way */
+  int send_reg, recv_reg;           /* registered with the link */
+  char *gdr_send;                   /* device slots the sender's kernels write */
+  brg__conn *link_send, *link_recv; /* the communicator's links */
+  char *send_region, *recv_region;  /* host addresses (NULL: not registered) */
   char *send_region_dev, *recv_region_dev;
-  void *last_stream;                      /* the stream of the latest device collective */
+  void *last_stream; /* the stream of the latest device collective */
   /* Where the previous rank's kernels cannot reach this rank's GPU (no peer
    * access between the two GPUs), the receive FIFO is pinned host memory
    * that both GPUs reach: shared memory between processes. */
-  char *fifo_host;                        /* the mapping (NULL: the FIFO is GPU memory) */
+  char *fifo_host; /* the mapping (NULL: the FIFO is GPU memory) */
   size_t fifo_host_bytes;
-  char fifo_shm[64];                      /* its shared-memory name ("": none) */
-  char *next_host;                        /* the next rank's host FIFO, mapped here */
-  int stuck;                              /* own work could not drain: nothing may be freed */
+  char fifo_shm[64]; /* its shared-memory name ("": none) */
+  char *next_host;   /* the next rank's host FIFO, mapped here */
+  int stuck;         /* own work could not drain: nothing may be freed */
 };
 
 /* What each rank tells every other one at setup. */
 typedef struct dev_blob {
-  int32_t ok;                             /* 1: this rank's side is ready */
+  int32_t ok; /* 1: this rank's side is ready */
   int32_t pid;
-  uint64_t process;                       /* random per process: ranks in one process */
-  int32_t gpu;                            /* the device index in this rank's process */
-  int32_t fifo_on_host;                   /* 1: the receive FIFO is pinned host memory */
-  char fifo_shm[64];                      /* ...shared under this name (other processes) */
+  uint64_t process;     /* random per process: ranks in one process */
+  int32_t gpu;          /* the device index in this rank's process */
+  int32_t fifo_on_host; /* 1: the receive FIFO is pinned host memory */
+  char fifo_shm[64];    /* ...shared under this name (other processes) */
   int32_t nslots;
   int32_t pad;
   uint64_t slice_bytes;
-  unsigned char uuid[16];                 /* of the GPU */
-  char why[192];                          /* when not ok */
-  uint64_t fifo_ptr;                      /* for a rank in the same process, and GDR */
-  int32_t gdr_send_ok, gdr_recv_ok;       /* GPU memory registered with the network link */
-  uint32_t gdr_rkey;                      /* of fifo_ptr's slots, on the link from prev */
+  unsigned char uuid[16];           /* of the GPU */
+  char why[192];                    /* when not ok */
+  uint64_t fifo_ptr;                /* for a rank in the same process, and GDR */
+  int32_t gdr_send_ok, gdr_recv_ok; /* GPU memory registered with the network link */
+  uint32_t gdr_rkey;                /* of fifo_ptr's slots, on the link from prev */
   int32_t pad2;
-  char gdr_why[128];                      /* why not, for the log */
+  char gdr_why[128]; /* why not, for the log */
   uint64_t send_ev_ptr[BRG__MAX_SLOTS], rel_ev_ptr[BRG__MAX_SLOTS];
   unsigned char fifo_handle[HB];
   unsigned char send_ev[BRG__MAX_SLOTS][HB];
@@ -124,7 +124,9 @@ static brg_status cuda_fail(brg_comm *c, const brg__cuda_api *api, int e, const 
                          api->error_string(e));
 }
 
-size_t brg__device_ring_slice_bytes(const struct brg__dev_ring *d) { return d->slice_bytes; }
+size_t brg__device_ring_slice_bytes(const struct brg__dev_ring *d) {
+  return d->slice_bytes;
+}
 
 /* Frees the device ring. Only once this rank's own work has drained and
  * both neighbours said theirs has (comm.c): their streams wait on this
@@ -198,8 +200,10 @@ brg_status brg__device_ring_drain(brg_comm *c) {
   if (own_work_drained(d, brg__deadline_ms(c->timeout_ms))) return BRG_SUCCESS;
   d->stuck = 1;
   char stream[64];
-  if (d->last_stream) snprintf(stream, sizeof stream, "stream %p", d->last_stream);
-  else snprintf(stream, sizeof stream, "the legacy default stream");
+  if (d->last_stream)
+    snprintf(stream, sizeof stream, "stream %p", d->last_stream);
+  else
+    snprintf(stream, sizeof stream, "the legacy default stream");
   return brg__comm_error(c, BRG_ERR_REMOTE,
                          "rank %d: device work on %s did not finish within %d ms: it waits for "
                          "rank %d (pid %d on %s) or rank %d (pid %d on %s), gone or stalled; the "
@@ -263,13 +267,14 @@ static void setup_gdr(struct brg__dev_ring *d, dev_blob *b) {
     snprintf(b->gdr_why, sizeof b->gdr_why, "off (BRIGADE_IB_GDR=0)");
     return;
   }
-  if (d->recv_staged &&
-      gdr_register(d, d->link_recv, d->fifo, bytes, &b->gdr_rkey, b->gdr_why, sizeof b->gdr_why) == 0)
+  if (d->recv_staged && gdr_register(d, d->link_recv, d->fifo, bytes, &b->gdr_rkey, b->gdr_why,
+                                     sizeof b->gdr_why) == 0)
     d->recv_reg = b->gdr_recv_ok = 1;
   if (d->send_staged) {
     unsigned char unused[HB];
     int e = d->api->ipc_mem_export((void **)&d->gdr_send, bytes, unused);
-    if (e) snprintf(b->gdr_why, sizeof b->gdr_why, "cudaMalloc: %s", d->api->error_string(e));
+    if (e)
+      snprintf(b->gdr_why, sizeof b->gdr_why, "cudaMalloc: %s", d->api->error_string(e));
     else if (gdr_register(d, d->link_send, d->gdr_send, bytes, NULL, b->gdr_why,
                           sizeof b->gdr_why) == 0)
       d->send_reg = b->gdr_send_ok = 1;
@@ -288,7 +293,8 @@ static int prev_reaches(const brg__cuda_api *api, const dev_blob *self, const de
     int n = api->probe(NULL, 0), cur = self->gpu;
     for (int i = 0; i < n && dev < 0; i++) {
       unsigned char u[16];
-      if (api->set_device(i) == 0 && api->device_uuid(u) == 0 && !memcmp(u, prev->uuid, 16)) dev = i;
+      if (api->set_device(i) == 0 && api->device_uuid(u) == 0 && !memcmp(u, prev->uuid, 16))
+        dev = i;
     }
     api->set_device(cur);
   }
@@ -347,8 +353,10 @@ static void setup_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b, const
     what = "a receive FIFO in pinned host memory (no peer access from the previous rank's GPU)";
     e = host_fifo_alloc(c, d, (size_t)d->nslots * d->stride, prev->process != b->process, b);
     if (!e)
-      BRG__INFO("init", "rank %d: GPU %d cannot be reached from rank %d's GPU %d: the FIFO between "
-                "them is pinned host memory", c->rank, b->gpu, c->prev, prev->gpu);
+      BRG__INFO("init",
+                "rank %d: GPU %d cannot be reached from rank %d's GPU %d: the FIFO between "
+                "them is pinned host memory",
+                c->rank, b->gpu, c->prev, prev->gpu);
   } else if (!e) {
     what = "cudaMalloc + cudaIpcGetMemHandle of the receive FIFO";
     e = api->ipc_mem_export((void **)&d->fifo, (size_t)d->nslots * d->stride, b->fifo_handle);
@@ -400,8 +408,10 @@ static brg_status reach_peer(brg_comm *c, struct brg__dev_ring *d, int self_gpu,
   if (!can)
     return brg__comm_error(c, BRG_ERR_UNAVAILABLE,
                            "rank %d on GPU %d cannot reach the memory of rank %d on GPU %d (no "
-                           "peer access between them)", c->rank, self_gpu, c->next, peer);
-  if ((e = api->enable_peer_access(peer)) != 0) return cuda_fail(c, api, e, "cudaDeviceEnablePeerAccess");
+                           "peer access between them)",
+                           c->rank, self_gpu, c->next, peer);
+  if ((e = api->enable_peer_access(peer)) != 0)
+    return cuda_fail(c, api, e, "cudaDeviceEnablePeerAccess");
   BRG__INFO("init", "rank %d: peer access from GPU %d to GPU %d (rank %d)", c->rank, self_gpu, peer,
             c->next);
   return BRG_SUCCESS;
@@ -444,8 +454,8 @@ static brg_status setup_links(brg_comm *c, struct brg__dev_ring *d, const dev_bl
     if ((e = api->ipc_mem_open((void **)&d->next_fifo, next->fifo_handle)) != 0)
       return brg__comm_error(c, BRG_ERR_SYSTEM,
                              "rank %d: mapping the GPU FIFO of rank %d (pid %d) with "
-                             "cudaIpcOpenMemHandle failed: %s", c->rank, c->next, next->pid,
-                             api->error_string(e));
+                             "cudaIpcOpenMemHandle failed: %s",
+                             c->rank, c->next, next->pid, api->error_string(e));
     d->next_mapped = 1;
     d->next_opened = 1;
     for (int k = 0; k < d->nslots; k++)
@@ -455,7 +465,8 @@ static brg_status setup_links(brg_comm *c, struct brg__dev_ring *d, const dev_bl
   if (d->recv_staged) {
     /* slots are the transport's host FIFO */
   } else if (prev->process == self->process) {
-    for (int k = 0; k < d->nslots; k++) d->prev_send_ev[k] = (void *)(uintptr_t)prev->send_ev_ptr[k];
+    for (int k = 0; k < d->nslots; k++)
+      d->prev_send_ev[k] = (void *)(uintptr_t)prev->send_ev_ptr[k];
   } else {
     d->prev_opened = 1;
     for (int k = 0; k < d->nslots; k++)
@@ -527,15 +538,17 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
   brg_status s = gathered;
   for (int r = 0; s == BRG_SUCCESS && r < c->nranks; r++) {
     if (!all[r].ok)
-      s = brg__comm_error(c, BRG_ERR_SYSTEM, "device collectives: rank %d could not set up its "
-                          "GPU side: %s", r, all[r].why);
+      s = brg__comm_error(c, BRG_ERR_SYSTEM,
+                          "device collectives: rank %d could not set up its "
+                          "GPU side: %s",
+                          r, all[r].why);
     else if (all[r].nslots != mine->nslots || all[r].slice_bytes != mine->slice_bytes)
       s = brg__comm_error(c, BRG_ERR_INVALID_USAGE,
                           "device collectives: rank %d has %d GPU slots of %llu bytes, rank %d "
                           "%d of %llu (set BRIGADE_STEPS and BRIGADE_DEVICE_SLICE_BYTES alike "
-                          "on every rank)", r, all[r].nslots,
-                          (unsigned long long)all[r].slice_bytes, c->rank, mine->nslots,
-                          (unsigned long long)mine->slice_bytes);
+                          "on every rank)",
+                          r, all[r].nslots, (unsigned long long)all[r].slice_bytes, c->rank,
+                          mine->nslots, (unsigned long long)mine->slice_bytes);
   }
   if (s == BRG_SUCCESS) s = setup_links(c, d, mine, &all[c->next], &all[c->prev]);
   if (s == BRG_SUCCESS) {
@@ -546,16 +559,17 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
       c->send.ops->dev_remote(&c->send, all[c->next].fifo_ptr, all[c->next].gdr_rkey, d->stride);
     if ((d->send_staged && !d->send_gdr) || (d->recv_staged && !d->recv_gdr))
       BRG__INFO("init", "GPUDirect RDMA not used between hosts: %s",
-                mine->gdr_why[0] ? mine->gdr_why
+                mine->gdr_why[0]                 ? mine->gdr_why
                 : d->send_staged && !d->send_gdr ? all[c->next].gdr_why
-                                                  : all[c->prev].gdr_why);
+                                                 : all[c->prev].gdr_why);
   }
   if (s == BRG_SUCCESS) {
     int share = 0;
     for (int r = 0; r < c->nranks; r++) share += !memcmp(all[r].uuid, mine->uuid, 16);
     char desc[256];
     api->describe(desc, sizeof desc);
-    BRG__INFO("init", "device ring: step mode (a copy or reduce kernel per slice and step, "
+    BRG__INFO("init",
+              "device ring: step mode (a copy or reduce kernel per slice and step, "
               "ordered by interprocess events; no kernel waits for another process), "
               "%d slots of %zu bytes in GPU memory; %d of %d ranks on this GPU%s; %s%s%s",
               d->nslots, d->slice_bytes, share, c->nranks,
@@ -587,7 +601,8 @@ brg_status brg__device_single(brg_comm *c, const brg__coll *k) {
   return e ? cuda_fail(c, api, e, "copy kernel") : BRG_SUCCESS;
 }
 
-brg_status brg__device_prim(struct brg__ring_op *o, int prim_, const char *in, char *out, size_t m) {
+brg_status brg__device_prim(struct brg__ring_op *o, int prim_, const char *in, char *out,
+                            size_t m) {
   brg__prim prim = (brg__prim)prim_;
   brg_comm *c = o->c;
   struct brg__dev_ring *d = o->dev;
@@ -619,9 +634,10 @@ brg_status brg__device_prim(struct brg__ring_op *o, int prim_, const char *in, c
     if (theirs != bytes)
       return brg__comm_error(c, BRG_ERR_MISMATCH,
                              "collective mismatch: rank %d sent %llu bytes of GPU data at step %d "
-                             "of %s #%llu, rank %d expected %llu", c->prev,
-                             (unsigned long long)theirs, c->cur_step, brg__coll_name(k->kind),
-                             (unsigned long long)k->seq, c->rank, (unsigned long long)bytes);
+                             "of %s #%llu, rank %d expected %llu",
+                             c->prev, (unsigned long long)theirs, c->cur_step,
+                             brg__coll_name(k->kind), (unsigned long long)k->seq, c->rank,
+                             (unsigned long long)bytes);
     e = api->stream_wait_event(st, d->prev_send_ev[rk]);
     if (e) return cuda_fail(c, api, e, "cudaStreamWaitEvent (previous rank's slot)");
   }
@@ -644,11 +660,15 @@ brg_status brg__device_prim(struct brg__ring_op *o, int prim_, const char *in, c
   if (m > 0) {
     switch (prim) {
     case BRG__PRIM_SEND: e = api->copy(slot, out, in, bytes, st); break;
-    case BRG__PRIM_RECV_REDUCE_SEND: e = api->reduce(slot, NULL, r, in, m, k->dtype, mid, 1, st); break;
+    case BRG__PRIM_RECV_REDUCE_SEND:
+      e = api->reduce(slot, NULL, r, in, m, k->dtype, mid, 1, st);
+      break;
     case BRG__PRIM_RECV_REDUCE_COPY_SEND:
       e = api->reduce(out, slot, r, in, m, k->dtype, k->op, n, st);
       break;
-    case BRG__PRIM_RECV_REDUCE_COPY: e = api->reduce(out, NULL, r, in, m, k->dtype, k->op, n, st); break;
+    case BRG__PRIM_RECV_REDUCE_COPY:
+      e = api->reduce(out, NULL, r, in, m, k->dtype, k->op, n, st);
+      break;
     case BRG__PRIM_RECV_COPY_SEND: e = api->copy(out, slot, r, bytes, st); break;
     case BRG__PRIM_RECV: e = api->copy(out, NULL, r, bytes, st); break;
     case BRG__PRIM_COPY: e = api->copy(out, NULL, in, bytes, st); break;
@@ -657,7 +677,8 @@ brg_status brg__device_prim(struct brg__ring_op *o, int prim_, const char *in, c
   }
   if (sends) {
     if (!d->send_staged) memcpy(hslot, &bytes, sizeof bytes);
-    if ((e = api->event_record(d->send_ev[sk], st)) != 0) return cuda_fail(c, api, e, "cudaEventRecord");
+    if ((e = api->event_record(d->send_ev[sk], st)) != 0)
+      return cuda_fail(c, api, e, "cudaEventRecord");
     /* The transport reads the slot from host memory: it must be written. */
     if (d->send_staged &&
         (s = event_wait(c, d, d->send_ev[sk], "cudaEventQuery (slot for the next host)")) !=
@@ -666,7 +687,8 @@ brg_status brg__device_prim(struct brg__ring_op *o, int prim_, const char *in, c
     brg__ring_send_post(o, d->send_staged ? bytes : 0);
   }
   if (recvs) {
-    if ((e = api->event_record(d->rel_ev[rk], st)) != 0) return cuda_fail(c, api, e, "cudaEventRecord");
+    if ((e = api->event_record(d->rel_ev[rk], st)) != 0)
+      return cuda_fail(c, api, e, "cudaEventRecord");
     if (d->recv_staged &&
         (s = event_wait(c, d, d->rel_ev[rk], "cudaEventQuery (slot from the previous host)")) !=
             BRG_SUCCESS)

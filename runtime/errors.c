@@ -65,7 +65,8 @@ void brg__comm_notify_abort(brg_comm *c, brg_status s, const char *text) {
 brg_status brg__check_comm(const brg_comm *c, const char *fn) {
   if (!c) return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "%s: comm is NULL", fn);
   if (c->magic != BRG__COMM_MAGIC)
-    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "%s: not a valid communicator (destroyed?)", fn);
+    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "%s: not a valid communicator (destroyed?)",
+                             fn);
   return BRG_SUCCESS;
 }
 
@@ -82,9 +83,9 @@ const char *brg__coll_name(brg__coll_kind kind) {
 }
 
 void brg__coll_describe(char *out, size_t n, brg__coll_kind kind, uint64_t seq, uint64_t count,
-                     int dtype, int op, int root, int device) {
+                        int dtype, int op, int root, int device) {
   const char *dn = brg_dtype_name((brg_dtype)dtype), *on = brg_op_name((brg_op)op);
   snprintf(out, n, "%s #%llu (count %llu, %s, %s, root %d%s)", brg__coll_name(kind),
-           (unsigned long long)seq, (unsigned long long)count, dn ? dn : "?", on ? on : "-",
-           root, device ? ", GPU buffers" : "");
+           (unsigned long long)seq, (unsigned long long)count, dn ? dn : "?", on ? on : "-", root,
+           device ? ", GPU buffers" : "");
 }

@@ -27,14 +27,14 @@ typedef struct brg__coll {
   brg__coll_kind kind;
   brg_dtype dtype;
   brg_op op;
-  int root;            /* rank, or -1 */
+  int root; /* rank, or -1 */
   const void *sendbuf;
   void *recvbuf;
-  size_t count;        /* the call's count argument */
-  int device;          /* 1: a device collective, buffers in GPU memory */
-  int gpu;             /* the device of its buffers */
-  void *stream;        /* its CUDA stream (NULL: the legacy default stream) */
-  uint64_t seq;        /* set when it runs */
+  size_t count; /* the call's count argument */
+  int device;   /* 1: a device collective, buffers in GPU memory */
+  int gpu;      /* the device of its buffers */
+  void *stream; /* its CUDA stream (NULL: the legacy default stream) */
+  uint64_t seq; /* set when it runs */
 } brg__coll;
 
 /* The layout behind brg_request. */
@@ -54,10 +54,10 @@ enum { BRG__MSG_CONN_INFO = 1, BRG__MSG_ATTACHED = 2, BRG__MSG_ABORT = 3, BRG__M
 struct brg_comm {
   uint32_t magic;
   int rank, nranks;
-  int pos;                     /* this rank's place on the ring */
-  int *ring;                   /* position -> rank */
-  int next, prev;              /* ranks of the ring neighbours */
-  brg__peer_info *peers;       /* by rank */
+  int pos;               /* this rank's place on the ring */
+  int *ring;             /* position -> rank */
+  int next, prev;        /* ranks of the ring neighbours */
+  brg__peer_info *peers; /* by rank */
   brg__bootstrap *bs;
   uint64_t comm_id;
 
@@ -70,10 +70,10 @@ struct brg_comm {
   int timeout_ms;
   brg__waiter waiter;
 
-  char *scratch;               /* nranks * small_bytes, for small allreduces */
+  char *scratch; /* nranks * small_bytes, for small allreduces */
   size_t small_bytes;
-  size_t nt_bytes;             /* collectives this large write outputs with non-temporal stores */
-  uint64_t seq;                /* collectives run so far */
+  size_t nt_bytes; /* collectives this large write outputs with non-temporal stores */
+  uint64_t seq;    /* collectives run so far */
   uint64_t bytes_sent;
 
   /* What the engine is waiting for, for error messages and the deadline. */
@@ -81,19 +81,19 @@ struct brg_comm {
   int cur_step;
   const char *wait_what;
   int wait_peer;
-  brg__conn *wait_conn;        /* the link the engine is blocked on */
-  int departed[2];             /* neighbour (by ring direction) destroyed its communicator */
+  brg__conn *wait_conn; /* the link the engine is blocked on */
+  int departed[2];      /* neighbour (by ring direction) destroyed its communicator */
   int64_t wait_start_ns;
 
-  struct brg__dev_ring *dev;   /* device collectives' state (device_ring.c), made at first use */
-  int cuda_seen;               /* the CUDA driver is loaded: host calls check for GPU pointers */
-  int gpu;                     /* the device of its device collectives; -1 before the first */
+  struct brg__dev_ring *dev; /* device collectives' state (device_ring.c), made at first use */
+  int cuda_seen;             /* the CUDA driver is loaded: host calls check for GPU pointers */
+  int gpu;                   /* the device of its device collectives; -1 before the first */
 
-  int ready;                   /* setup finished: ring sockets carry only aborts */
-  volatile int aborted;        /* brg_comm_abort was called (from any thread): atomic access */
-  brg_status broken;           /* sticky: first error of a collective */
+  int ready;            /* setup finished: ring sockets carry only aborts */
+  volatile int aborted; /* brg_comm_abort was called (from any thread): atomic access */
+  brg_status broken;    /* sticky: first error of a collective */
   pthread_mutex_t err_lock;
-  pthread_mutex_t ring_lock;   /* writes to ring sockets */
+  pthread_mutex_t ring_lock; /* writes to ring sockets */
   char last_error[BRG__ERRLEN];
 
   /* Progress: collectives run in issue order, on the worker thread or
@@ -101,8 +101,8 @@ struct brg_comm {
   pthread_t worker;
   int worker_started;
   pthread_mutex_t qlock;
-  pthread_cond_t qcond;        /* worker: work queued or busy cleared */
-  pthread_cond_t donecond;     /* callers: a request finished */
+  pthread_cond_t qcond;    /* worker: work queued or busy cleared */
+  pthread_cond_t donecond; /* callers: a request finished */
   brg__req *qhead, *qtail;
   int busy;
   int stop;

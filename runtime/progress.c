@@ -18,8 +18,13 @@ static brg_status device_setup(brg_comm *c) {
   brg__dev_setup st;
   brg_status s = brg__device_ring_prepare(c, &st);
   if (s != BRG_SUCCESS) return s;
-  brg__coll g = {.kind = BRG__COLL_ALL_GATHER, .dtype = BRG_UINT8, .op = BRG_SUM, .root = -1,
-                 .sendbuf = st.mine, .recvbuf = st.all, .count = st.blob_bytes};
+  brg__coll g = {.kind = BRG__COLL_ALL_GATHER,
+                 .dtype = BRG_UINT8,
+                 .op = BRG_SUM,
+                 .root = -1,
+                 .sendbuf = st.mine,
+                 .recvbuf = st.all,
+                 .count = st.blob_bytes};
   s = brg__coll_execute(c, &g);
   s = brg__device_ring_local(c, &st, s);
   if (s == BRG_SUCCESS) {
@@ -32,8 +37,7 @@ static brg_status device_setup(brg_comm *c) {
 static brg_status run_one(brg_comm *c, brg__coll *k) {
   if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
     return brg__comm_error(c, BRG_ERR_ABORTED, "communicator was aborted");
-  if (c->broken)
-    return c->broken; /* last_error still holds the first failure */
+  if (c->broken) return c->broken; /* last_error still holds the first failure */
   /* Whichever thread runs a device collective (the caller's, or the worker
    * when it was queued behind others) works on the GPU of its buffers. */
   int prev_gpu = -1;
@@ -78,8 +82,10 @@ static void enqueue(brg_comm *c, brg__req *r) {
   r->done = 0;
   r->comm = c;
   r->magic = BRG__REQ_MAGIC;
-  if (c->qtail) c->qtail->next = r;
-  else c->qhead = r;
+  if (c->qtail)
+    c->qtail->next = r;
+  else
+    c->qhead = r;
   c->qtail = r;
   pthread_cond_signal(&c->qcond);
 }

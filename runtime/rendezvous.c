@@ -46,37 +46,41 @@ brg_status brg_comm_init_env(brg_comm **comm) {
   brg_status s = brg__settings_load(&err);
   if (s != BRG_SUCCESS) return brg__fail_no_comm_err(s, &err, NULL);
   brg__log_init();
-  static const char *const rank_vars[] = {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", NULL};
-  static const char *const size_vars[] = {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", NULL};
+  static const char *const rank_vars[] = {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
+                                          "SLURM_PROCID", NULL};
+  static const char *const size_vars[] = {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
+                                          "SLURM_NTASKS", NULL};
   int rank = -1, size = -1;
   const char *rank_name = NULL, *size_name = NULL;
   if (env_int(rank_vars, &rank, &rank_name) != BRG_SUCCESS) {
     if (rank_name) return BRG_ERR_INVALID_ARGUMENT;
     return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT,
-                        "brg_comm_init_env: RANK is not set (nor OMPI_COMM_WORLD_RANK, "
-                        "PMI_RANK or SLURM_PROCID); start the program with brigade-run, "
-                        "torchrun, mpirun or srun");
+                             "brg_comm_init_env: RANK is not set (nor OMPI_COMM_WORLD_RANK, "
+                             "PMI_RANK or SLURM_PROCID); start the program with brigade-run, "
+                             "torchrun, mpirun or srun");
   }
   if (env_int(size_vars, &size, &size_name) != BRG_SUCCESS) {
     if (size_name) return BRG_ERR_INVALID_ARGUMENT;
     return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT,
-                        "brg_comm_init_env: WORLD_SIZE is not set (nor OMPI_COMM_WORLD_SIZE, "
-                        "PMI_SIZE or SLURM_NTASKS)");
+                             "brg_comm_init_env: WORLD_SIZE is not set (nor OMPI_COMM_WORLD_SIZE, "
+                             "PMI_SIZE or SLURM_NTASKS)");
   }
   if (size < 1 || rank >= size)
-    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_comm_init_env: %s=%d but %s=%d", rank_name,
-                        rank, size_name, size);
+    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_comm_init_env: %s=%d but %s=%d",
+                             rank_name, rank, size_name, size);
   const char *maddr = getenv("MASTER_ADDR"), *mport = getenv("MASTER_PORT");
   if (!maddr || !*maddr)
     return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT,
-                        "brg_comm_init_env: MASTER_ADDR is not set (the host of rank 0)");
+                             "brg_comm_init_env: MASTER_ADDR is not set (the host of rank 0)");
   if (!mport || !*mport)
-    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT,
-                        "brg_comm_init_env: MASTER_PORT is not set (a free TCP port on rank 0's host)");
+    return brg__fail_no_comm(
+        BRG_ERR_INVALID_ARGUMENT,
+        "brg_comm_init_env: MASTER_PORT is not set (a free TCP port on rank 0's host)");
   char *end;
   long port = strtol(mport, &end, 10);
   if (*end || port < 1 || port > 65535)
-    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "MASTER_PORT=\"%s\" is not a port number", mport);
+    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "MASTER_PORT=\"%s\" is not a port number",
+                             mport);
   /* Under torchrun the elastic agent's own store holds MASTER_PORT. */
   const char *elastic = getenv("TORCHELASTIC_RUN_ID");
   if (elastic && *elastic) port = port == 65535 ? 65534 : port + 1;
@@ -88,11 +92,13 @@ brg_status brg_comm_init_env(brg_comm **comm) {
   if (hex[0]) {
     size_t n = strlen(hex);
     if (n < 2 || n % 2)
-      return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "BRIGADE_SECRET must be an even number of hex digits");
+      return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT,
+                               "BRIGADE_SECRET must be an even number of hex digits");
     memset(secret, 0, sizeof secret);
     for (size_t i = 0; i < n; i++) {
       int v = hexval(hex[i]);
-      if (v < 0) return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "BRIGADE_SECRET is not hexadecimal");
+      if (v < 0)
+        return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "BRIGADE_SECRET is not hexadecimal");
       secret[(i / 2) % 16] ^= (uint8_t)(v << (i % 2 ? 0 : 4));
     }
   } else {
@@ -108,18 +114,19 @@ brg_status brg_comm_init_env(brg_comm **comm) {
   struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
   int g = getaddrinfo(maddr, NULL, &hints, &res);
   if (g != 0 || !res)
-    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "MASTER_ADDR=\"%s\" does not resolve: %s", maddr,
-                        gai_strerror(g));
+    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "MASTER_ADDR=\"%s\" does not resolve: %s",
+                             maddr, gai_strerror(g));
   char numeric[64];
   g = getnameinfo(res->ai_addr, res->ai_addrlen, numeric, sizeof numeric, NULL, 0, NI_NUMERICHOST);
   freeaddrinfo(res);
   if (g != 0)
-    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "MASTER_ADDR=\"%s\": %s", maddr, gai_strerror(g));
+    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "MASTER_ADDR=\"%s\": %s", maddr,
+                             gai_strerror(g));
 
   brg__boot_id bid;
   if (rank == 0) {
-    s = brg__boot_root_start(numeric, (uint16_t)port, secret, (int)brg__core_int(BRG__CORE_TIMEOUT_MS),
-                             &bid, &err);
+    s = brg__boot_root_start(numeric, (uint16_t)port, secret,
+                             (int)brg__core_int(BRG__CORE_TIMEOUT_MS), &bid, &err);
     if (s != BRG_SUCCESS) return brg__fail_no_comm_err(s, &err, "rank 0: ");
   }
   if ((s = brg__boot_id_make(&bid, numeric, (uint16_t)port, secret, &err)) != BRG_SUCCESS)

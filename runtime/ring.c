@@ -66,12 +66,18 @@ static brg_status run_prim(brg__ring_op *o, brg__prim prim, const char *in, char
     /* Large collective: the slot (in cache) takes the result, and the output
      * is streamed from it, skipping the read-for-ownership of the output. */
     switch (prim) {
-    case BRG__PRIM_SEND: brg__copy(slot, NULL, in, bytes); brg__copy_nt(out, in, bytes); goto done;
+    case BRG__PRIM_SEND:
+      brg__copy(slot, NULL, in, bytes);
+      brg__copy_nt(out, in, bytes);
+      goto done;
     case BRG__PRIM_RECV_REDUCE_COPY_SEND:
       brg__reduce(slot, NULL, r, in, m, k->dtype, k->op, n);
       brg__copy_nt(out, slot, bytes);
       goto done;
-    case BRG__PRIM_RECV_COPY_SEND: brg__copy(slot, NULL, r, bytes); brg__copy_nt(out, r, bytes); goto done;
+    case BRG__PRIM_RECV_COPY_SEND:
+      brg__copy(slot, NULL, r, bytes);
+      brg__copy_nt(out, r, bytes);
+      goto done;
     case BRG__PRIM_RECV: brg__copy_nt(out, r, bytes); goto done;
     default: break;
     }
@@ -79,9 +85,7 @@ static brg_status run_prim(brg__ring_op *o, brg__prim prim, const char *in, char
   switch (prim) {
   case BRG__PRIM_SEND: brg__copy(slot, out, in, bytes); break;
   case BRG__PRIM_RECV_REDUCE_SEND: brg__reduce(slot, NULL, r, in, m, k->dtype, mid, 1); break;
-  case BRG__PRIM_RECV_REDUCE_COPY_SEND:
-    brg__reduce(out, slot, r, in, m, k->dtype, k->op, n);
-    break;
+  case BRG__PRIM_RECV_REDUCE_COPY_SEND: brg__reduce(out, slot, r, in, m, k->dtype, k->op, n); break;
   case BRG__PRIM_RECV_REDUCE_COPY: brg__reduce(out, NULL, r, in, m, k->dtype, k->op, n); break;
   case BRG__PRIM_RECV_COPY_SEND: brg__copy(out, slot, r, bytes); break;
   case BRG__PRIM_RECV: brg__copy(out, NULL, r, bytes); break;
@@ -159,9 +163,12 @@ static brg_status run_chain(brg__ring_op *o) {
   int first = bcast ? root_pos : (root_pos + 1) % n;
   int hop = brg__chain_hop(c->pos, first, n);
   brg__prim prim;
-  if (hop == 0) prim = BRG__PRIM_SEND;
-  else if (hop < n - 1) prim = bcast ? BRG__PRIM_RECV_COPY_SEND : BRG__PRIM_RECV_REDUCE_SEND;
-  else prim = bcast ? BRG__PRIM_RECV : BRG__PRIM_RECV_REDUCE_COPY;
+  if (hop == 0)
+    prim = BRG__PRIM_SEND;
+  else if (hop < n - 1)
+    prim = bcast ? BRG__PRIM_RECV_COPY_SEND : BRG__PRIM_RECV_REDUCE_SEND;
+  else
+    prim = bcast ? BRG__PRIM_RECV : BRG__PRIM_RECV_REDUCE_COPY;
   size_t slices = brg__slice_total(k->count, o->slice_elems);
   for (size_t sl = 0; sl < slices; sl++) {
     size_t e = brg__slice_offset(sl, o->slice_elems);
@@ -197,7 +204,9 @@ static brg_status run_small_allreduce(brg__ring_op *o) {
   for (int t = 0; t < n; t++) {
     int origin = c->ring[brg__mod((long)c->pos - t, n)];
     char *block = c->scratch + (size_t)origin * bytes;
-    brg__prim prim = t == 0 ? BRG__PRIM_SEND : t < n - 1 ? BRG__PRIM_RECV_COPY_SEND : BRG__PRIM_RECV;
+    brg__prim prim = t == 0      ? BRG__PRIM_SEND
+                     : t < n - 1 ? BRG__PRIM_RECV_COPY_SEND
+                                 : BRG__PRIM_RECV;
     c->cur_step = t;
     brg_status s = run_prim(o, prim, k->sendbuf, block, m);
     if (s != BRG_SUCCESS) return s;

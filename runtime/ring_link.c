@@ -44,14 +44,12 @@ static brg_status check_ring_socket(brg_comm *c, int dir) {
     /* Say what this rank itself was waiting for: with cascading timeouts
      * that names the rank that really stalled. */
     if (c->wait_peer != peer && c->wait_start_ns)
-      return brg__comm_error(c, rs, "%s; rank %d was itself waiting %lld ms for rank %d to %s",
-                             buf + 4, c->rank,
-                             (long long)((brg__now_ns() - c->wait_start_ns) / 1000000),
-                             c->wait_peer, c->wait_what);
+      return brg__comm_error(
+          c, rs, "%s; rank %d was itself waiting %lld ms for rank %d to %s", buf + 4, c->rank,
+          (long long)((brg__now_ns() - c->wait_start_ns) / 1000000), c->wait_peer, c->wait_what);
     return brg__comm_error(c, rs, "%s", buf + 4);
   }
-  return brg__comm_error(c, BRG_ERR_REMOTE, "unexpected message type %u from rank %d", type,
-                         peer);
+  return brg__comm_error(c, BRG_ERR_REMOTE, "unexpected message type %u from rank %d", type, peer);
 }
 
 /* The waiter's check: called about every millisecond while a wait sleeps. */
@@ -70,10 +68,10 @@ static brg_status ring_check(void *arg) {
   uint32_t closed =
       w && w->fifo.ctrl ? __atomic_load_n(&w->fifo.ctrl->closed, __ATOMIC_ACQUIRE) : 0;
   if (closed)
-    return brg__comm_error(c, (brg_status)closed,
-                           "%s link with rank %d closed while waiting for it to %s: %s",
-                           w->ops ? w->ops->name : "?", w->peer, c->wait_what,
-                           w->fifo.ctrl->closed_why[0] ? w->fifo.ctrl->closed_why : "no reason given");
+    return brg__comm_error(
+        c, (brg_status)closed, "%s link with rank %d closed while waiting for it to %s: %s",
+        w->ops ? w->ops->name : "?", w->peer, c->wait_what,
+        w->fifo.ctrl->closed_why[0] ? w->fifo.ctrl->closed_why : "no reason given");
   int64_t now = brg__now_ns();
   if (!c->wait_start_ns) c->wait_start_ns = now;
   int dir = c->wait_peer == c->next ? BRG__RING_NEXT : BRG__RING_PREV;
@@ -88,7 +86,7 @@ static brg_status ring_check(void *arg) {
     char what[160] = "setup";
     if (c->cur)
       brg__coll_describe(what, sizeof what, c->cur->kind, c->cur->seq, c->cur->count, c->cur->dtype,
-               c->cur->op, c->cur->root, c->cur->device);
+                         c->cur->op, c->cur->root, c->cur->device);
     return brg__comm_error(c, BRG_ERR_TIMEOUT,
                            "timeout: no progress for %d ms in %s at step %d, waiting for rank "
                            "%d (pid %d on %s) to %s",
@@ -158,8 +156,8 @@ brg_status brg__ring_recv_acquire(brg__ring_op *o, const char **slot, size_t byt
     c->wait_peer = c->prev;
     c->wait_conn = &c->recv;
     c->wait_start_ns = 0;
-    brg_status s = brg__wait_flag(&m->flag, c->recv_pos + 1, &f->ctrl->tail,
-                                  &f->ctrl->tail_waiters, &c->waiter);
+    brg_status s = brg__wait_flag(&m->flag, c->recv_pos + 1, &f->ctrl->tail, &f->ctrl->tail_waiters,
+                                  &c->waiter);
     if (s != BRG_SUCCESS) return s;
   }
   const brg__coll *k = o->coll;
@@ -168,9 +166,9 @@ brg_status brg__ring_recv_acquire(brg__ring_op *o, const char **slot, size_t byt
       m->bytes != bytes || m->device != (o->dev != NULL)) {
     char mine[160], theirs[160];
     brg__coll_describe(mine, sizeof mine, k->kind, k->seq, k->count, k->dtype, k->op, k->root,
-             o->dev != NULL);
-    brg__coll_describe(theirs, sizeof theirs, (brg__coll_kind)m->kind, m->seq, m->count, m->dtype, m->op,
-             m->root, (int)m->device);
+                       o->dev != NULL);
+    brg__coll_describe(theirs, sizeof theirs, (brg__coll_kind)m->kind, m->seq, m->count, m->dtype,
+                       m->op, m->root, (int)m->device);
     return brg__comm_error(c, BRG_ERR_MISMATCH,
                            "collective mismatch: rank %d called %s but rank %d called %s", c->rank,
                            mine, c->prev, theirs);

@@ -18,9 +18,9 @@ typedef struct brg__ring_op {
   const brg__coll *coll;
   size_t esize;
   size_t slice_elems;
-  int nt;                     /* write outputs with non-temporal stores (host) */
-  struct brg__dev_ring *dev;  /* device collective: payloads in GPU memory */
-  size_t elem;                /* the current slice's first element in the whole
+  int nt;                    /* write outputs with non-temporal stores (host) */
+  struct brg__dev_ring *dev; /* device collective: payloads in GPU memory */
+  size_t elem;               /* the current slice's first element in the whole
                                  collective, the same on every rank */
 } brg__ring_op;
 

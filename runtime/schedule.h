@@ -38,13 +38,13 @@
 #endif
 
 typedef enum {
-  BRG__PRIM_SEND = 0,               /* own input -> next */
-  BRG__PRIM_RECV_REDUCE_SEND,       /* incoming (+) own input -> next */
-  BRG__PRIM_RECV_REDUCE_COPY_SEND,  /* incoming (+) own input -> output and next */
-  BRG__PRIM_RECV_COPY_SEND,         /* incoming -> output and next */
-  BRG__PRIM_RECV,                   /* incoming -> output */
-  BRG__PRIM_RECV_REDUCE_COPY,       /* incoming (+) own input -> output (end of a chain) */
-  BRG__PRIM_COPY,                   /* own input -> output, no traffic */
+  BRG__PRIM_SEND = 0,              /* own input -> next */
+  BRG__PRIM_RECV_REDUCE_SEND,      /* incoming (+) own input -> next */
+  BRG__PRIM_RECV_REDUCE_COPY_SEND, /* incoming (+) own input -> output and next */
+  BRG__PRIM_RECV_COPY_SEND,        /* incoming -> output and next */
+  BRG__PRIM_RECV,                  /* incoming -> output */
+  BRG__PRIM_RECV_REDUCE_COPY,      /* incoming (+) own input -> output (end of a chain) */
+  BRG__PRIM_COPY,                  /* own input -> output, no traffic */
 } brg__prim;
 
 /* Whether a primitive takes a slice from the previous rank / gives one to the next. */
@@ -63,7 +63,9 @@ static inline BRG_HD int brg__mod(long a, int n) {
 
 /* Number of allreduce steps for N ranks: N-1 of reduce-scatter plus N-1 of
  * all-gather, counting the fused middle step once per direction. */
-static inline BRG_HD int brg__ring_steps(int nranks) { return 2 * nranks - 1; }
+static inline BRG_HD int brg__ring_steps(int nranks) {
+  return 2 * nranks - 1;
+}
 
 /* Chunk (a position index) that position `pos` works on at allreduce step t. */
 static inline BRG_HD int brg__ring_chunk(int pos, int nranks, int t) {

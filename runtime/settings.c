@@ -26,9 +26,10 @@ static brg__cfg_entry core_entries[BRG__CORE_COUNT] = {
     [BRG__CORE_SMALL_BYTES] = {"BRIGADE_SMALL_BYTES", BRG__CFG_KIND_SIZE, "4K", 0, 64 * BRG__KiB,
                                "allreduce of at most this many bytes gathers every input around "
                                "the ring (N-1 steps instead of 2N-2) and reduces locally; 0: off"},
-    [BRG__CORE_STREAM_BYTES] = {"BRIGADE_STREAM_BYTES", BRG__CFG_KIND_SIZE, "32M", 0, 1LL << 50,
-                                "collectives of at least this many bytes write their output with "
-                                "non-temporal stores (it would not stay in cache anyway); 0: never"},
+    [BRG__CORE_STREAM_BYTES] =
+        {"BRIGADE_STREAM_BYTES", BRG__CFG_KIND_SIZE, "32M", 0, 1LL << 50,
+         "collectives of at least this many bytes write their output with "
+         "non-temporal stores (it would not stay in cache anyway); 0: never"},
 };
 
 static brg__cfg_entry device_entries[BRG__DEVICE_COUNT] = {

@@ -38,9 +38,15 @@ static int cmp_host_then_rank(const void *a, const void *b, void *arg) {
   /* Hosts in the order of their lowest rank, ranks in order within a host. */
   int fx = x, fy = y;
   for (int i = 0; i < x; i++)
-    if (p[i].host_hash == p[x].host_hash) { fx = i; break; }
+    if (p[i].host_hash == p[x].host_hash) {
+      fx = i;
+      break;
+    }
   for (int i = 0; i < y; i++)
-    if (p[i].host_hash == p[y].host_hash) { fy = i; break; }
+    if (p[i].host_hash == p[y].host_hash) {
+      fy = i;
+      break;
+    }
   if (fx != fy) return fx - fy;
   return x - y;
 }

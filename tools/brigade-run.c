@@ -294,15 +294,9 @@ int main(int argc, char **argv) {
       j.n = (int)v;
       break;
     }
-    case 't':
-      j.tag = 1;
-      break;
-    case 'h':
-      usage(stdout);
-      return 0;
-    default:
-      usage(stderr);
-      return 2;
+    case 't': j.tag = 1; break;
+    case 'h': usage(stdout); return 0;
+    default: usage(stderr); return 2;
     }
   }
   if (j.n == 0 || optind >= argc) {

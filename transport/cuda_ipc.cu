@@ -39,7 +39,9 @@ extern "C" int brg__cuda_ipc_mem_open(void **p, const void *handle) {
   return cudaIpcOpenMemHandle(p, h, cudaIpcMemLazyEnablePeerAccess);
 }
 
-extern "C" int brg__cuda_ipc_mem_close(void *p) { return cudaIpcCloseMemHandle(p); }
+extern "C" int brg__cuda_ipc_mem_close(void *p) {
+  return cudaIpcCloseMemHandle(p);
+}
 
 extern "C" int brg__cuda_ipc_event_export(void **event, void *handle) {
   cudaEvent_t ev;

@@ -26,7 +26,9 @@ _Static_assert(offsetof(brg__slot_meta, inline_data) % 8 == 0, "inline data is 8
 
 #define PAGE 4096
 
-static size_t meta_offset(void) { return (sizeof(brg__fifo_ctrl) + 63) & ~(size_t)63; }
+static size_t meta_offset(void) {
+  return (sizeof(brg__fifo_ctrl) + 63) & ~(size_t)63;
+}
 static size_t data_offset(int nslots) {
   size_t end = meta_offset() + (size_t)nslots * sizeof(brg__slot_meta);
   return (end + PAGE - 1) & ~(size_t)(PAGE - 1);
@@ -172,7 +174,8 @@ static void *proxy_main(void *p) {
 brg_status brg__proxy_start(pthread_t *thread, void *(*fn)(void *), void *arg, const char *name,
                             brg__errbuf *err) {
   proxy_start *s = malloc(sizeof *s);
-  if (!s) return brg__error(err, BRG_ERR_NO_MEMORY, "init", "starting thread %s: out of memory", name);
+  if (!s)
+    return brg__error(err, BRG_ERR_NO_MEMORY, "init", "starting thread %s: out of memory", name);
   *s = (proxy_start){.fn = fn, .arg = arg, .rank = brg__log_thread_rank()};
   sigset_t all, old;
   sigfillset(&all);

@@ -63,8 +63,8 @@
 #define IB_BYE 0x42
 #define IB_FAIL 0x46           /* then a length byte and that many bytes of why */
 #define IB_CLOSE_GRACE_MS 1000 /* how long close() lets the send proxy flush */
-#define IB_PROXY_SPIN 64 /* most idle polls before a proxy yields */
-#define IB_MAX_QPS 12    /* queue pairs per link: what fits the connection-info blob */
+#define IB_PROXY_SPIN 64       /* most idle polls before a proxy yields */
+#define IB_MAX_QPS 12          /* queue pairs per link: what fits the connection-info blob */
 
 static brg__cfg_entry ib_entries[BRG__IB_CFG_COUNT] = {
     [BRG__IB_CFG_BACKEND] = {"BRIGADE_IB_BACKEND", BRG__CFG_KIND_STRING, "auto", 0, 0,
@@ -168,12 +168,12 @@ typedef struct ib_conn {
   uint32_t ev_seq;
   char peer_why[256]; /* the peer's failure notice (proxy thread only) */
   /* GPUDirect RDMA (dev_register / dev_remote) */
-  brg__vb_mr gdr_mr;     /* registered device memory; rkey 0: none */
-  char *gdr_local;       /* sender: where device slots are read from */
-  uint64_t gdr_remote;   /* sender: the receiver's device slots */
+  brg__vb_mr gdr_mr;   /* registered device memory; rkey 0: none */
+  char *gdr_local;     /* sender: where device slots are read from */
+  uint64_t gdr_remote; /* sender: the receiver's device slots */
   uint32_t gdr_rkey;
   size_t gdr_stride;
-  int gdr_on;            /* sender: device slots go GPU to GPU (set last, read by the proxy) */
+  int gdr_on; /* sender: device slots go GPU to GPU (set last, read by the proxy) */
 } ib_conn;
 
 /* ---- which backend -------------------------------------------------------- */
@@ -220,7 +220,8 @@ static int ib_available(char *why, size_t why_bytes) {
 
 static int ib_can_connect(const brg__peer_info *self, const brg__peer_info *peer) {
   if (!backend()) return 0;
-  return self->host_hash != peer->host_hash || brg__config_int(&brg__ib_config, BRG__IB_CFG_ALLOW_LOCAL) != 0;
+  return self->host_hash != peer->host_hash ||
+         brg__config_int(&brg__ib_config, BRG__IB_CFG_ALLOW_LOCAL) != 0;
 }
 
 /* ---- the shared device context and its registration cache ------------------- */
@@ -330,7 +331,8 @@ static void link_fail(ib_conn *t, const char *fmt, ...) {
   va_end(ap);
   if (!__atomic_load_n(&t->l.stopping, __ATOMIC_ACQUIRE) &&
       brg__fifo_mark_closed(&t->l.fifo, BRG_ERR_REMOTE, "%s (%s rank %d at %s, %s verbs backend)",
-                            why, t->l.sender ? "to" : "from", t->l.peer, t->l.peer_addr, t->vb->name)) {
+                            why, t->l.sender ? "to" : "from", t->l.peer, t->l.peer_addr,
+                            t->vb->name)) {
     BRG__WARN("ib", "link %s rank %d (%s, %s backend) broke: %s", t->l.sender ? "to" : "from",
               t->l.peer, t->l.peer_addr, t->vb->name, why);
     /* The peer's end sees only the consequence (its receives flushed, a
@@ -805,8 +807,7 @@ static brg_status ib_recv_connect(brg__conn *c, const brg__conn_params *p, brg__
   int64_t deadline = brg__deadline_ms(p->timeout_ms);
   ib_hello h;
   ib_door door = {.t = t, .h = &h};
-  brg_status s =
-      brg__net_accept(&t->l, p, "ib", sizeof h, 1, hello_take, &door, deadline, err);
+  brg_status s = brg__net_accept(&t->l, p, "ib", sizeof h, 1, hello_take, &door, deadline, err);
   if (s != BRG_SUCCESS) return s;
   t->peer_cts_addr = h.cts_addr;
   t->peer_cts_rkey = h.cts_rkey;

@@ -22,8 +22,8 @@ brg_status brg__net_open(brg__conn *c, const brg__conn_params *p, int sender, si
   if (p->nslots < 1 || p->nslots > BRG__MAX_SLOTS || p->slot_bytes == 0 ||
       p->slot_bytes > UINT32_MAX)
     return brg__error(err, BRG_ERR_INVALID_ARGUMENT, subsys,
-                      "%s link with rank %d: bad FIFO shape (%d slots of %zu bytes)", name,
-                      p->peer, p->nslots, p->slot_bytes);
+                      "%s link with rank %d: bad FIFO shape (%d slots of %zu bytes)", name, p->peer,
+                      p->nslots, p->slot_bytes);
   brg__net_link *l = calloc(1, bytes);
   if (!l)
     return brg__error(err, BRG_ERR_NO_MEMORY, subsys, "%s link with rank %d: out of memory", name,
@@ -89,8 +89,8 @@ brg_status brg__net_dial(const brg__conn_params *p, const char *subsys, const ch
 }
 
 brg_status brg__net_hello_send(const brg__conn_params *p, const char *subsys, int fd,
-                               const void *hello, size_t bytes, const char *where,
-                               int64_t deadline, brg__errbuf *err) {
+                               const void *hello, size_t bytes, const char *where, int64_t deadline,
+                               brg__errbuf *err) {
   int rc = brg__sock_send_all(fd, hello, bytes, deadline, NULL);
   if (rc == BRG__IO_OK) return BRG_SUCCESS;
   return brg__error(err, rc == BRG__IO_TIMEOUT ? BRG_ERR_TIMEOUT : BRG_ERR_SYSTEM, subsys,
@@ -153,9 +153,8 @@ static int pending_add(net_door *d) {
   socklen_t len = sizeof ss;
   int fd = accept4(d->l->listen_fd, (struct sockaddr *)&ss, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
   if (fd < 0)
-    return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED
-               ? 0
-               : -1;
+    return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED ? 0
+                                                                                              : -1;
   if (d->npending == BRG__NET_MAX_PENDING) {
     BRG__WARN(d->subsys, "refused connection from %s: no hello in time", d->q[0].from);
     pending_remove(d, 0, 0);
@@ -227,8 +226,7 @@ int brg__net_hello_ok(const brg__conn_params *p, const char *subsys, const char 
   else if (diff)
     BRG__WARN(subsys, "refused connection from %s: bad secret", from);
   else if (rank != p->peer)
-    BRG__WARN(subsys, "refused connection from %s: rank %d, expected rank %d", from, rank,
-              p->peer);
+    BRG__WARN(subsys, "refused connection from %s: rank %d, expected rank %d", from, rank, p->peer);
   else
     return 1;
   return 0;

@@ -59,8 +59,8 @@ brg_status brg__net_dial(const brg__conn_params *p, const char *subsys, const ch
 /* Sends a hello of `bytes` on a fresh connection to `where` before the
  * deadline. */
 brg_status brg__net_hello_send(const brg__conn_params *p, const char *subsys, int fd,
-                               const void *hello, size_t bytes, const char *where,
-                               int64_t deadline, brg__errbuf *err);
+                               const void *hello, size_t bytes, const char *where, int64_t deadline,
+                               brg__errbuf *err);
 
 #define BRG__NET_MAX_PENDING 8  /* connections part way through their hello */
 #define BRG__NET_HELLO_MAX 2048 /* the largest hello */

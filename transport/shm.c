@@ -60,8 +60,8 @@ static brg_status shm_recv_setup(brg__conn *c, const brg__conn_params *p, void *
   c->priv = sp;
   c->fifo.nslots = p->nslots;
   c->fifo.slot_bytes = p->slot_bytes;
-  snprintf(sp->name, sizeof sp->name, "/brigade-%016llx-%d-from-%d",
-           (unsigned long long)p->comm_id, p->rank, p->peer);
+  snprintf(sp->name, sizeof sp->name, "/brigade-%016llx-%d-from-%d", (unsigned long long)p->comm_id,
+           p->rank, p->peer);
   size_t bytes = brg__fifo_region_bytes(p->nslots, p->slot_bytes);
   int fd = shm_open(sp->name, O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0)
@@ -70,16 +70,16 @@ static brg_status shm_recv_setup(brg__conn *c, const brg__conn_params *p, void *
   if (ftruncate(fd, (off_t)bytes) != 0) {
     int e = errno;
     close(fd);
-    return brg__error(err, BRG_ERR_SYSTEM, "shm", "ftruncate %s to %zu bytes: %s", sp->name,
-                      bytes, strerror(e));
+    return brg__error(err, BRG_ERR_SYSTEM, "shm", "ftruncate %s to %zu bytes: %s", sp->name, bytes,
+                      strerror(e));
   }
   brg_status s = map_segment(c, sp, fd, bytes, 1, err);
   close(fd);
   if (s != BRG_SUCCESS) return s;
   memset(info, 0, BRG__CONN_INFO_BYTES);
   memcpy(info, sp->name, sizeof sp->name);
-  BRG__TRACE("shm", "receive FIFO %s from rank %d: %d x %zu bytes", sp->name, p->peer,
-             p->nslots, p->slot_bytes);
+  BRG__TRACE("shm", "receive FIFO %s from rank %d: %d x %zu bytes", sp->name, p->peer, p->nslots,
+             p->slot_bytes);
   return BRG_SUCCESS;
 }
 

@@ -271,9 +271,8 @@ static brg_status tcp_recv_setup(brg__conn *c, const brg__conn_params *p, void *
                            "tcp listener", &t->l.listen_fd, &port, err);
   if (s != BRG_SUCCESS) return s;
 
-  tcp_conn_info ti = {.magic = htonl(TCP_INFO_MAGIC),
-                      .port = htons(port),
-                      .nsocks = htons((uint16_t)t->nsocks)};
+  tcp_conn_info ti = {
+      .magic = htonl(TCP_INFO_MAGIC), .port = htons(port), .nsocks = htons((uint16_t)t->nsocks)};
   snprintf(ti.addr, sizeof ti.addr, "%s", addr);
   memset(info, 0, BRG__CONN_INFO_BYTES);
   memcpy(info, &ti, sizeof ti);
@@ -326,8 +325,8 @@ static int hello_take(void *arg, const brg__conn_params *p, int fd, const void *
                          (int32_t)ntohl((uint32_t)h.rank)))
     return 0;
   if (ntohs(h.nsocks) != t->nsocks || index >= t->nsocks || t->fds[index] >= 0) {
-    BRG__WARN("tcp", "refused connection from %s: socket %d of %d, expected one of %d", from,
-              index, ntohs(h.nsocks), t->nsocks);
+    BRG__WARN("tcp", "refused connection from %s: socket %d of %d, expected one of %d", from, index,
+              ntohs(h.nsocks), t->nsocks);
     return 0;
   }
   t->fds[index] = fd;

@@ -39,18 +39,18 @@
  * itself, so a small step costs a single cache-line transfer. */
 #define BRG__INLINE_BYTES 16
 typedef struct brg__slot_meta {
-  uint64_t seq;      /* collective number on this communicator, from 1 */
-  uint64_t count;    /* the collective's count argument */
-  uint32_t kind;     /* brg__coll_kind */
-  uint32_t bytes;    /* payload bytes in this slot */
+  uint64_t seq;   /* collective number on this communicator, from 1 */
+  uint64_t count; /* the collective's count argument */
+  uint32_t kind;  /* brg__coll_kind */
+  uint32_t bytes; /* payload bytes in this slot */
   uint16_t dtype;
   uint16_t op;
   int32_t root;
-  uint32_t step;     /* schedule step, for error messages */
-  uint32_t device;   /* 1: a device collective; the payload (`bytes` of it) is in GPU memory */
+  uint32_t step;   /* schedule step, for error messages */
+  uint32_t device; /* 1: a device collective; the payload (`bytes` of it) is in GPU memory */
   /* The payload when bytes <= BRG__INLINE_BYTES; 8-byte aligned for every dtype. */
   _Alignas(8) char inline_data[BRG__INLINE_BYTES];
-  volatile uint64_t flag;              /* slot position + 1 once the slot is complete */
+  volatile uint64_t flag; /* slot position + 1 once the slot is complete */
 } brg__slot_meta;
 
 /* Control words shared by the two ends of a FIFO, one cache line each. The
@@ -63,8 +63,8 @@ typedef struct brg__fifo_ctrl {
   _Alignas(BRG__CACHELINE) volatile uint64_t head;
   volatile uint32_t head_waiters;
   _Alignas(BRG__CACHELINE) volatile uint32_t closed; /* nonzero brg_status: this link is broken */
-  uint32_t closing;                     /* claimed by the one closer that writes closed_why */
-  char closed_why[192];                 /* what broke it, written before `closed` (release) */
+  uint32_t closing;     /* claimed by the one closer that writes closed_why */
+  char closed_why[192]; /* what broke it, written before `closed` (release) */
 } brg__fifo_ctrl;
 
 typedef struct brg__fifo {
@@ -140,21 +140,21 @@ brg_status brg__proxy_start(pthread_t *thread, void *(*fn)(void *), void *arg, c
 typedef struct brg__peer_info {
   int32_t rank;
   int32_t pid;
-  uint64_t host_hash;    /* equal for ranks on one host */
+  uint64_t host_hash; /* equal for ranks on one host */
   char hostname[64];
-  char addr[64];         /* numeric address other hosts reach this rank at */
+  char addr[64]; /* numeric address other hosts reach this rank at */
 } brg__peer_info;
 
 /* Everything a transport needs to set up one direction of a link. */
 typedef struct brg__conn_params {
-  int rank, peer, nranks;        /* this rank, the other end, communicator size */
+  int rank, peer, nranks; /* this rank, the other end, communicator size */
   const brg__peer_info *self_info, *peer_info;
   int nslots;
   size_t slot_bytes;
-  uint64_t comm_id;              /* unique per communicator (for names) */
-  const uint8_t *secret;         /* BRG__SECRET_BYTES, for authenticating data connections */
+  uint64_t comm_id;      /* unique per communicator (for names) */
+  const uint8_t *secret; /* BRG__SECRET_BYTES, for authenticating data connections */
   int timeout_ms;
-  const brg__waiter *waiter;     /* for blocking steps during setup and in proxies */
+  const brg__waiter *waiter; /* for blocking steps during setup and in proxies */
 } brg__conn_params;
 
 typedef struct brg__transport_ops brg__transport_ops;
@@ -162,9 +162,9 @@ typedef struct brg__transport_ops brg__transport_ops;
 /* One direction of a link, as seen from one end. */
 typedef struct brg__conn {
   const brg__transport_ops *ops;
-  brg__fifo fifo;                /* the view the ring engine uses */
+  brg__fifo fifo; /* the view the ring engine uses */
   int peer;
-  void *priv;                    /* the transport's own state */
+  void *priv; /* the transport's own state */
 } brg__conn;
 
 /*
@@ -184,8 +184,7 @@ struct brg__transport_ops {
   int (*can_connect)(const brg__peer_info *self, const brg__peer_info *peer);
   /* Whether it can work on this machine at all; on 0, `why` says why. */
   int (*available)(char *why, size_t why_bytes);
-  brg_status (*recv_setup)(brg__conn *c, const brg__conn_params *p, void *info,
-                           brg__errbuf *err);
+  brg_status (*recv_setup)(brg__conn *c, const brg__conn_params *p, void *info, brg__errbuf *err);
   brg_status (*send_connect)(brg__conn *c, const brg__conn_params *p, const void *info,
                              brg__errbuf *err);
   brg_status (*recv_connect)(brg__conn *c, const brg__conn_params *p, brg__errbuf *err);
@@ -211,8 +210,7 @@ extern const brg__transport_ops *const brg__transports[];
 /* First transport allowed by `allow` (comma list of names, NULL or "" for
  * any) whose can_connect accepts the pair, or NULL. */
 const brg__transport_ops *brg__transport_pick(const brg__peer_info *self,
-                                              const brg__peer_info *peer,
-                                              const char *allow);
+                                              const brg__peer_info *peer, const char *allow);
 
 extern const brg__transport_ops brg__transport_shm;
 extern const brg__transport_ops brg__transport_ibverbs;

@@ -26,13 +26,13 @@
 
 /* The ibverbs transport's settings (ibverbs.c), read by both backends. */
 typedef enum {
-  BRG__IB_CFG_BACKEND,      /* auto|verbs|soft */
+  BRG__IB_CFG_BACKEND, /* auto|verbs|soft */
   BRG__IB_CFG_HCA,
   BRG__IB_CFG_GID_INDEX,
   BRG__IB_CFG_QPS_PER_LINK,
   BRG__IB_CFG_TIMEOUT,
   BRG__IB_CFG_RETRY_CNT,
-  BRG__IB_CFG_ALLOW_LOCAL,  /* int 0|1, let ibverbs link ranks of one host (tests) */
+  BRG__IB_CFG_ALLOW_LOCAL, /* int 0|1, let ibverbs link ranks of one host (tests) */
   BRG__IB_CFG_COUNT
 } brg__ib_cfg_id;
 extern brg__cfg_section brg__ib_config;

@@ -27,7 +27,6 @@ const brg__vb_ops *const brg__vb_real = NULL;
 #include <string.h>
 #include <sys/random.h>
 
-
 /* ---- parameter building (pure) ------------------------------------------- */
 
 int brg__verbs_attr_init(struct ibv_qp_attr *a, uint8_t port) {
@@ -441,18 +440,12 @@ static brg_status real_post_recv(brg__vb_qp *q, uint64_t wr_id) {
 
 static int wc_status(enum ibv_wc_status s) {
   switch (s) {
-  case IBV_WC_SUCCESS:
-    return BRG__VB_WC_SUCCESS;
-  case IBV_WC_REM_ACCESS_ERR:
-    return BRG__VB_WC_REM_ACCESS;
-  case IBV_WC_RNR_RETRY_EXC_ERR:
-    return BRG__VB_WC_RNR;
-  case IBV_WC_WR_FLUSH_ERR:
-    return BRG__VB_WC_FLUSH;
-  case IBV_WC_RETRY_EXC_ERR:
-    return BRG__VB_WC_TRANSPORT;
-  default:
-    return BRG__VB_WC_OTHER;
+  case IBV_WC_SUCCESS: return BRG__VB_WC_SUCCESS;
+  case IBV_WC_REM_ACCESS_ERR: return BRG__VB_WC_REM_ACCESS;
+  case IBV_WC_RNR_RETRY_EXC_ERR: return BRG__VB_WC_RNR;
+  case IBV_WC_WR_FLUSH_ERR: return BRG__VB_WC_FLUSH;
+  case IBV_WC_RETRY_EXC_ERR: return BRG__VB_WC_TRANSPORT;
+  default: return BRG__VB_WC_OTHER;
   }
 }
 

@@ -126,18 +126,12 @@ struct brg__vb_qp {
 
 static const char *wc_text(int status) {
   switch (status) {
-  case BRG__VB_WC_SUCCESS:
-    return "success";
-  case BRG__VB_WC_REM_ACCESS:
-    return "remote access error (soft: bad rkey or out of bounds)";
-  case BRG__VB_WC_RNR:
-    return "receiver not ready (soft: no receive posted)";
-  case BRG__VB_WC_FLUSH:
-    return "work request flushed";
-  case BRG__VB_WC_TRANSPORT:
-    return "transport error (soft: connection lost)";
-  default:
-    return "error";
+  case BRG__VB_WC_SUCCESS: return "success";
+  case BRG__VB_WC_REM_ACCESS: return "remote access error (soft: bad rkey or out of bounds)";
+  case BRG__VB_WC_RNR: return "receiver not ready (soft: no receive posted)";
+  case BRG__VB_WC_FLUSH: return "work request flushed";
+  case BRG__VB_WC_TRANSPORT: return "transport error (soft: connection lost)";
+  default: return "error";
   }
 }
 
@@ -319,7 +313,9 @@ static void in_done(brg__vb_qp *q) {
  * write's payload read out of registered memory that the application
  * rewrites once the peer has it. As with hardware, what orders these
  * accesses runs through the peer; tests/tsan.supp names both functions. */
-static ssize_t dma_in(int fd, char *dst, size_t len) { return recv(fd, dst, len, MSG_DONTWAIT); }
+static ssize_t dma_in(int fd, char *dst, size_t len) {
+  return recv(fd, dst, len, MSG_DONTWAIT);
+}
 static ssize_t dma_out(int fd, const struct msghdr *msg) {
   return sendmsg(fd, msg, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
@@ -441,8 +437,7 @@ static void *soft_progress(void *arg) {
     if (n <= 0) continue;
     if (pfd[1].revents) {
       char buf[64];
-      while (read(q->wake[0], buf, sizeof buf) > 0) {
-      }
+      while (read(q->wake[0], buf, sizeof buf) > 0) {}
     }
     if (__atomic_load_n(&q->stopping, __ATOMIC_ACQUIRE)) break;
     int broken = 0;
@@ -515,7 +510,8 @@ static brg_status dial(brg__vb_qp *q, const brg__vb_qp_info *r, int64_t deadline
   int e = 0;
   int rc = brg__sock_dial(r->addr, r->port, deadline, &d, &q->fd, &e);
   if (rc != BRG__IO_OK)
-    return brg__error(err, rc == BRG__IO_TIMEOUT || e == ETIMEDOUT ? BRG_ERR_TIMEOUT : BRG_ERR_SYSTEM,
+    return brg__error(err,
+                      rc == BRG__IO_TIMEOUT || e == ETIMEDOUT ? BRG_ERR_TIMEOUT : BRG_ERR_SYSTEM,
                       "ib", "soft verbs: connecting the queue pair to %s port %u within %d ms: %s",
                       r->addr, (unsigned)r->port, timeout_ms, strerror(e));
   soft_hello h = {.magic = SOFT_HELLO_MAGIC, .to_qpn = r->qpn, .from_qpn = q->token};

@@ -29,7 +29,7 @@ extern "C" {
 #define BRG__CUDA_ENTRY "brg__cuda_module_api"
 
 typedef struct brg__cuda_api {
-  int abi;                        /* BRG__CUDA_ABI */
+  int abi; /* BRG__CUDA_ABI */
 
   /* Number of usable devices (> 0), or <= 0 with the reason written to why. */
   int (*probe)(char *why, size_t why_bytes);
@@ -49,8 +49,8 @@ typedef struct brg__cuda_api {
    * aligned to the element size; 16-byte alignment (the same offset from a
    * 16-byte boundary for every pointer) takes the vectorized path.
    */
-  int (*reduce)(void *dst0, void *dst1, const void *a, const void *b, size_t count,
-                int dtype, int op, int divisor, void *stream);
+  int (*reduce)(void *dst0, void *dst1, const void *a, const void *b, size_t count, int dtype,
+                int op, int divisor, void *stream);
   int (*copy)(void *dst0, void *dst1, const void *src, size_t bytes, void *stream);
   int (*divide)(void *dst, const void *src, size_t count, int dtype, int divisor, void *stream);
 
@@ -62,7 +62,7 @@ typedef struct brg__cuda_api {
   int (*mem_copy)(void *dst, const void *src, size_t bytes); /* any direction */
   int (*mem_set)(void *p, int value, size_t bytes);
   int (*stream_sync)(void *stream);
-  int (*last_error)(void);      /* pops the sticky launch error, as cudaGetLastError */
+  int (*last_error)(void); /* pops the sticky launch error, as cudaGetLastError */
 
   /*
    * CUDA IPC between processes of one host (transport/cuda_ipc.cu). Handles
@@ -78,16 +78,16 @@ typedef struct brg__cuda_api {
    * that event and runs its own kernel. The only waiting is in the streams
    * and on the host.
    */
-  int (*ipc_mem_export)(void **p, size_t bytes, void *handle);  /* cudaMalloc + handle */
-  int (*ipc_mem_open)(void **p, const void *handle);            /* map a peer's memory */
-  int (*ipc_mem_close)(void *p);                                /* unmap what open mapped */
-  int (*ipc_event_export)(void **event, void *handle);          /* interprocess event + handle */
+  int (*ipc_mem_export)(void **p, size_t bytes, void *handle); /* cudaMalloc + handle */
+  int (*ipc_mem_open)(void **p, const void *handle);           /* map a peer's memory */
+  int (*ipc_mem_close)(void *p);                               /* unmap what open mapped */
+  int (*ipc_event_export)(void **event, void *handle);         /* interprocess event + handle */
   int (*ipc_event_open)(void **event, const void *handle);
   int (*event_destroy)(void *event);
   int (*event_record)(void *event, void *stream);
   int (*stream_wait_event)(void *stream, void *event);
   int (*event_sync)(void *event);
-  int (*stream_create)(void **stream);                          /* non-blocking stream */
+  int (*stream_create)(void **stream); /* non-blocking stream */
   int (*stream_destroy)(void *stream);
   /* UUID of the current device, so ranks can tell that they share one. */
   int (*device_uuid)(unsigned char uuid[16]);

@@ -44,18 +44,22 @@ constexpr int UNROLL = 4; /* 16-byte vectors in flight per input and thread */
 
 /* ---- element functions, one tag per dtype ------------------------------- */
 
-#define BRG__TAG(t, Ty)                                                              \
-  struct tag_##t {                                                                   \
-    typedef Ty T;                                                                    \
-    template <int OP>                                                                \
-    static BRG__EW_HD T op(T a, T b, int d) {                                        \
-      if constexpr (OP == BRG_SUM) return brg__##t##_sum(a, b);                      \
-      else if constexpr (OP == BRG_PROD) return brg__##t##_prod(a, b);               \
-      else if constexpr (OP == BRG_MIN) return brg__##t##_min(a, b);                 \
-      else if constexpr (OP == BRG_MAX) return brg__##t##_max(a, b);                 \
-      else return brg__##t##_avg(a, b, d);                                           \
-    }                                                                                \
-    static BRG__EW_HD T div(T x, int d) { return brg__##t##_div(x, d); }             \
+#define BRG__TAG(t, Ty)                                                                            \
+  struct tag_##t {                                                                                 \
+    typedef Ty T;                                                                                  \
+    template <int OP> static BRG__EW_HD T op(T a, T b, int d) {                                    \
+      if constexpr (OP == BRG_SUM)                                                                 \
+        return brg__##t##_sum(a, b);                                                               \
+      else if constexpr (OP == BRG_PROD)                                                           \
+        return brg__##t##_prod(a, b);                                                              \
+      else if constexpr (OP == BRG_MIN)                                                            \
+        return brg__##t##_min(a, b);                                                               \
+      else if constexpr (OP == BRG_MAX)                                                            \
+        return brg__##t##_max(a, b);                                                               \
+      else                                                                                         \
+        return brg__##t##_avg(a, b, d);                                                            \
+    }                                                                                              \
+    static BRG__EW_HD T div(T x, int d) { return brg__##t##_div(x, d); }                           \
   };
 
 BRG__TAG(i8, int8_t)
@@ -71,14 +75,12 @@ BRG__TAG(f64, double)
 #undef BRG__TAG
 
 /* What the element-wise kernel computes: out = F::apply(a, b, d). */
-template <class D, int OP>
-struct reduce_fn {
+template <class D, int OP> struct reduce_fn {
   typedef typename D::T T;
   static constexpr bool binary = true;
   static BRG__EW_HD T apply(T a, T b, int d) { return D::template op<OP>(a, b, d); }
 };
-template <class D>
-struct divide_fn {
+template <class D> struct divide_fn {
   typedef typename D::T T;
   static constexpr bool binary = false;
   static BRG__EW_HD T apply(T a, T, int d) { return D::div(a, d); }
@@ -89,8 +91,7 @@ struct copy_fn {
   static BRG__EW_HD T apply(T a, T, int) { return a; }
 };
 
-template <typename T>
-union vec16 {
+template <typename T> union vec16 {
   brg__vec16_bits v;
   T e[16 / sizeof(T)];
 };
@@ -103,8 +104,7 @@ struct plan {
 };
 
 template <typename T>
-BRG__EW_HD plan make_plan(const void *d0, const void *d1, const void *a, const void *b,
-                          size_t n) {
+BRG__EW_HD plan make_plan(const void *d0, const void *d1, const void *a, const void *b, size_t n) {
   constexpr size_t V = 16 / sizeof(T);
   plan p = {0, 0};
   uintptr_t mis = reinterpret_cast<uintptr_t>(a) & 15;
@@ -136,8 +136,10 @@ BRG__EW_HD void apply_vec(vec16<typename F::T> &x, const vec16<typename F::T> &y
   constexpr int V = 16 / sizeof(typename F::T);
   BRG__EW_UNROLL
   for (int k = 0; k < V; k++) {
-    if constexpr (F::binary) x.e[k] = F::apply(x.e[k], y.e[k], div);
-    else x.e[k] = F::apply(x.e[k], x.e[k], div);
+    if constexpr (F::binary)
+      x.e[k] = F::apply(x.e[k], y.e[k], div);
+    else
+      x.e[k] = F::apply(x.e[k], x.e[k], div);
   }
 }
 
@@ -175,8 +177,10 @@ BRG__EW_HD void thread_body(size_t tid, size_t nthreads, typename F::T *d0, type
   for (; i < p.nvec; i += nthreads) {
     vec16<T> x, y;
     x.v = va[i];
-    if constexpr (F::binary) y.v = vb[i];
-    else y.v = x.v;
+    if constexpr (F::binary)
+      y.v = vb[i];
+    else
+      y.v = x.v;
     apply_vec<F>(x, y, div);
     v0[i] = x.v;
     if (v1) v1[i] = x.v;

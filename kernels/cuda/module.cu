@@ -16,8 +16,7 @@
 
 extern "C" int brg__cuda_reduce(void *d0, void *d1, const void *a, const void *b, size_t n,
                                 int dtype, int op, int div, void *stream);
-extern "C" int brg__cuda_divide(void *d, const void *s, size_t n, int dtype, int div,
-                                void *stream);
+extern "C" int brg__cuda_divide(void *d, const void *s, size_t n, int dtype, int div, void *stream);
 extern "C" int brg__cuda_copy(void *d0, void *d1, const void *s, size_t bytes, void *stream);
 extern "C" int brg__cuda_set_max_blocks(int blocks);
 extern "C" int brg__cuda_ipc_mem_export(void **p, size_t bytes, void *handle);
@@ -93,8 +92,12 @@ int pointer_is_device(const void *p, int *device) {
   return 1;
 }
 
-int mem_alloc(void **p, size_t bytes) { return cudaMalloc(p, bytes); }
-int mem_free(void *p) { return cudaFree(p); }
+int mem_alloc(void **p, size_t bytes) {
+  return cudaMalloc(p, bytes);
+}
+int mem_free(void *p) {
+  return cudaFree(p);
+}
 /* Synchronous in full: cudaMemcpy from pageable memory and device to device,
  * and cudaMemset, may return before the legacy stream has done the work,
  * and the collectives run on non-blocking streams that do not wait for it. */
@@ -106,24 +109,34 @@ int mem_set(void *p, int value, size_t bytes) {
   cudaError_t e = cudaMemset(p, value, bytes);
   return e != cudaSuccess ? e : cudaStreamSynchronize(cudaStreamLegacy);
 }
-int stream_sync(void *stream) { return cudaStreamSynchronize(static_cast<cudaStream_t>(stream)); }
-int last_error(void) { return cudaGetLastError(); }
+int stream_sync(void *stream) {
+  return cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+}
+int last_error(void) {
+  return cudaGetLastError();
+}
 
-int event_destroy(void *ev) { return cudaEventDestroy(static_cast<cudaEvent_t>(ev)); }
+int event_destroy(void *ev) {
+  return cudaEventDestroy(static_cast<cudaEvent_t>(ev));
+}
 int event_record(void *ev, void *stream) {
   return cudaEventRecord(static_cast<cudaEvent_t>(ev), static_cast<cudaStream_t>(stream));
 }
 int stream_wait_event(void *stream, void *ev) {
   return cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(ev), 0);
 }
-int event_sync(void *ev) { return cudaEventSynchronize(static_cast<cudaEvent_t>(ev)); }
+int event_sync(void *ev) {
+  return cudaEventSynchronize(static_cast<cudaEvent_t>(ev));
+}
 int stream_create(void **stream) {
   cudaStream_t s;
   cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
   if (e == cudaSuccess) *stream = s;
   return e;
 }
-int stream_destroy(void *stream) { return cudaStreamDestroy(static_cast<cudaStream_t>(stream)); }
+int stream_destroy(void *stream) {
+  return cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+}
 int device_uuid(unsigned char uuid[16]) {
   int dev = 0;
   cudaDeviceProp p;
@@ -151,8 +164,12 @@ int event_query(void *ev) {
   }
   return e;
 }
-int set_device(int device) { return cudaSetDevice(device); }
-int get_device(int *device) { return cudaGetDevice(device); }
+int set_device(int device) {
+  return cudaSetDevice(device);
+}
+int get_device(int *device) {
+  return cudaGetDevice(device);
+}
 int can_access_peer(int *can, int device, int peer) {
   return cudaDeviceCanAccessPeer(can, device, peer);
 }
@@ -172,7 +189,9 @@ int host_register(void *p, size_t bytes, void **dev) {
   if (e != cudaSuccess) cudaHostUnregister(p);
   return e;
 }
-int host_unregister(void *p) { return cudaHostUnregister(p); }
+int host_unregister(void *p) {
+  return cudaHostUnregister(p);
+}
 
 /* Driver functions, reached through the runtime so that the module does not
  * link against libcuda (cuda.h gives only their types). NULL where the

@@ -36,10 +36,10 @@ int max_grid = 32;
 
 template <class F>
 __global__ void __launch_bounds__(THREADS)
-elementwise(typename F::T *d0, typename F::T *d1, const typename F::T *a,
-            const typename F::T *b, size_t n, plan p, int div) {
-  thread_body<F>((size_t)blockIdx.x * blockDim.x + threadIdx.x, (size_t)gridDim.x * blockDim.x,
-                 d0, d1, a, b, n, p, div);
+    elementwise(typename F::T *d0, typename F::T *d1, const typename F::T *a,
+                const typename F::T *b, size_t n, plan p, int div) {
+  thread_body<F>((size_t)blockIdx.x * blockDim.x + threadIdx.x, (size_t)gridDim.x * blockDim.x, d0,
+                 d1, a, b, n, p, div);
 }
 
 /* Multiprocessors of each device, read once. */
@@ -73,15 +73,16 @@ int launch(void *dst0, void *dst1, const void *src0, const void *src1, size_t n,
   int fit = __atomic_load_n(&per_sm, __ATOMIC_RELAXED);
   if (fit == 0) {
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, elementwise<F>, THREADS, 0) !=
-            cudaSuccess || fit <= 0)
+            cudaSuccess ||
+        fit <= 0)
       fit = 1;
     if (fit > MAX_BLOCKS_PER_SM) fit = MAX_BLOCKS_PER_SM;
     __atomic_store_n(&per_sm, fit, __ATOMIC_RELAXED);
   }
   size_t blocks = grid_blocks(p, n, THREADS, (size_t)sm_count() * (size_t)fit,
                               (size_t)__atomic_load_n(&max_grid, __ATOMIC_RELAXED));
-  elementwise<F><<<(unsigned)blocks, THREADS, 0, static_cast<cudaStream_t>(stream)>>>(
-      d0, d1, a, b, n, p, div);
+  elementwise<F><<<(unsigned)blocks, THREADS, 0, static_cast<cudaStream_t>(stream)>>>(d0, d1, a, b,
+                                                                                      n, p, div);
   return cudaGetLastError();
 }
 

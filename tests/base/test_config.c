@@ -27,8 +27,8 @@ static void test_parse_size(void **state) {
   assert_int_equal(v, 2LL << 30);
   assert_int_equal(brg__config_parse_size("1MB", &v), BRG_SUCCESS);
   assert_int_equal(v, 1 << 20);
-  const char *bad[] = {"", "K", "-1", "+5", "12Q", "1K2", "1 K", "99999999999999999999",
-                       "9999999999999G", "0x10"};
+  const char *bad[] = {
+      "", "K", "-1", "+5", "12Q", "1K2", "1 K", "99999999999999999999", "9999999999999G", "0x10"};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     v = 12345;
     assert_int_equal(brg__config_parse_size(bad[i], &v), BRG_ERR_INVALID_ARGUMENT);
@@ -56,23 +56,23 @@ static void test_table(void **state) {
   const brg__cfg_entry *seen[256];
   int nseen = 0;
   for (int k = 0; k < nsec; k++)
-  for (int i = 0; i < all[k]->count; i++) {
-    const brg__cfg_entry *e = &all[k]->entries[i];
-    assert_non_null(e->name);
-    assert_int_equal(strncmp(e->name, "BRIGADE_", 8), 0);
-    assert_non_null(e->help);
-    assert_true(strlen(e->help) > 10);
-    if (e->kind != BRG__CFG_KIND_STRING) {
-      int64_t v;
-      brg_status s = e->kind == BRG__CFG_KIND_INT ? brg__config_parse_int(e->defval, &v)
-                                                  : brg__config_parse_size(e->defval, &v);
-      assert_int_equal(s, BRG_SUCCESS);
-      assert_true(v >= e->min && v <= e->max);
+    for (int i = 0; i < all[k]->count; i++) {
+      const brg__cfg_entry *e = &all[k]->entries[i];
+      assert_non_null(e->name);
+      assert_int_equal(strncmp(e->name, "BRIGADE_", 8), 0);
+      assert_non_null(e->help);
+      assert_true(strlen(e->help) > 10);
+      if (e->kind != BRG__CFG_KIND_STRING) {
+        int64_t v;
+        brg_status s = e->kind == BRG__CFG_KIND_INT ? brg__config_parse_int(e->defval, &v)
+                                                    : brg__config_parse_size(e->defval, &v);
+        assert_int_equal(s, BRG_SUCCESS);
+        assert_true(v >= e->min && v <= e->max);
+      }
+      for (int j = 0; j < nseen; j++) assert_string_not_equal(e->name, seen[j]->name);
+      assert_true(nseen < 256);
+      seen[nseen++] = e;
     }
-    for (int j = 0; j < nseen; j++) assert_string_not_equal(e->name, seen[j]->name);
-    assert_true(nseen < 256);
-    seen[nseen++] = e;
-  }
 }
 
 /* Runs a load in a child with one variable set; returns the child's verdict:
@@ -104,8 +104,10 @@ static void test_env(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_parse_size), cmocka_unit_test(test_parse_int),
-      cmocka_unit_test(test_table), cmocka_unit_test(test_env),
+      cmocka_unit_test(test_parse_size),
+      cmocka_unit_test(test_parse_int),
+      cmocka_unit_test(test_table),
+      cmocka_unit_test(test_env),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

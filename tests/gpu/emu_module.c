@@ -69,7 +69,8 @@ static const char *error_string(int e) {
     return "an illegal memory access was encountered (emulated GPU: a kernel touched memory its "
            "device cannot reach)";
   case E_DEVICE: return "invalid device ordinal (emulated GPU)";
-  case E_PEER_UNSUPPORTED: return "peer access is not supported between these devices (emulated GPU)";
+  case E_PEER_UNSUPPORTED:
+    return "peer access is not supported between these devices (emulated GPU)";
   default: return "system call failed (emulated GPU)";
   }
 }
@@ -205,8 +206,8 @@ static int map_handle(const void *h, char **p, size_t *bytes, int *dev) {
 }
 
 static int mem_alloc(void **p, size_t bytes) {
-  void *m = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                 -1, 0);
+  void *m =
+      mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (m == MAP_FAILED) return E_ALLOC;
   if (add_region(m, bytes, -1, 0, cur_dev)) {
     munmap(m, bytes ? bytes : 1);
@@ -299,8 +300,8 @@ typedef struct ev_shared {
 
 typedef struct event {
   ev_shared *s;
-  int fd;    /* owner: the memfd; -1 for an opened one */
-  int dev;   /* the device current when it was made or opened */
+  int fd;  /* owner: the memfd; -1 for an opened one */
+  int dev; /* the device current when it was made or opened */
 } event;
 
 static int ipc_event_export(void **out, void *h) {
@@ -354,8 +355,10 @@ static void pause_a_little(void) {
 
 static void wait_completed(ev_shared *s, uint64_t target) {
   for (int i = 0; __atomic_load_n(&s->completed, __ATOMIC_ACQUIRE) < target; i++) {
-    if (i < 100) sched_yield();
-    else pause_a_little();
+    if (i < 100)
+      sched_yield();
+    else
+      pause_a_little();
   }
 }
 
@@ -403,10 +406,8 @@ static void run_op(stream *s, const op *o) {
     clock_gettime(CLOCK_MONOTONIC, &now);
     o->ev->when_ns = (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
     uint64_t cur = __atomic_load_n(&o->ev->completed, __ATOMIC_ACQUIRE);
-    while (cur < o->ticket &&
-           !__atomic_compare_exchange_n(&o->ev->completed, &cur, o->ticket, 0, __ATOMIC_RELEASE,
-                                        __ATOMIC_ACQUIRE)) {
-    }
+    while (cur < o->ticket && !__atomic_compare_exchange_n(&o->ev->completed, &cur, o->ticket, 0,
+                                                           __ATOMIC_RELEASE, __ATOMIC_ACQUIRE)) {}
     break;
   }
   case OP_WAIT: wait_completed(o->ev, o->ticket); break;
@@ -517,14 +518,23 @@ static int stream_create(void **out) {
 }
 
 /* Streams are left running: their threads are detached and idle once empty. */
-static int stream_destroy(void *st) { return stream_sync(st); }
+static int stream_destroy(void *st) {
+  return stream_sync(st);
+}
 
 static int reduce(void *d0, void *d1, const void *a, const void *b, size_t n, int dtype, int rop,
                   int div, void *st) {
   int e = launch_check(st, d0, d1, a, b, n * elem_size(dtype));
   if (e) return e;
-  op o = {.kind = OP_REDUCE, .d0 = d0, .d1 = d1, .a = a, .b = b, .n = n, .dtype = dtype,
-          .rop = rop, .div = div};
+  op o = {.kind = OP_REDUCE,
+          .d0 = d0,
+          .d1 = d1,
+          .a = a,
+          .b = b,
+          .n = n,
+          .dtype = dtype,
+          .rop = rop,
+          .div = div};
   return enqueue(st, &o);
 }
 
@@ -634,7 +644,8 @@ static int probe(char *why, size_t n) {
 }
 
 static void describe(char *out, size_t n) {
-  snprintf(out, n, "device %d of %d: emulated GPU (host memory, streams run by threads; tests only)",
+  snprintf(out, n,
+           "device %d of %d: emulated GPU (host memory, streams run by threads; tests only)",
            cur_dev, devices());
 }
 
@@ -651,7 +662,9 @@ static int mem_set(void *p, int value, size_t bytes) {
   return E_OK;
 }
 
-static int last_error(void) { return E_OK; }
+static int last_error(void) {
+  return E_OK;
+}
 
 static int device_uuid(unsigned char uuid[16]) {
   char u[17];
@@ -700,4 +713,6 @@ static const brg__cuda_api api = {
     .set_max_blocks = set_max_blocks,
 };
 
-EXPORT const brg__cuda_api *brg__cuda_module_api(void) { return &api; }
+EXPORT const brg__cuda_api *brg__cuda_module_api(void) {
+  return &api;
+}

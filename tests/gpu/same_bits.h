@@ -18,8 +18,8 @@
 
 /* Index of the first of `count` elements of `es` bytes that differs, or count.
  * Pass op = -1 for copies and divisions (divide counts as avg). */
-static inline size_t brg_test_first_diff(const void *got, const void *want, size_t count,
-                                         size_t es, int dtype, int op) {
+static inline size_t brg_test_first_diff(const void *got, const void *want, size_t count, size_t es,
+                                         int dtype, int op) {
   const unsigned char *g = (const unsigned char *)got, *w = (const unsigned char *)want;
   int loose = (dtype == BRG_FLOAT32 || dtype == BRG_FLOAT64) &&
               (op == BRG_SUM || op == BRG_PROD || op == BRG_AVG);

@@ -29,13 +29,13 @@
 #include "half_cases.h"
 
 #define SKIP 77
-#define CK(x)                                                                           \
-  do {                                                                                  \
-    cudaError_t e_ = (x);                                                               \
-    if (e_ != cudaSuccess) {                                                            \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(1);                                                                          \
-    }                                                                                   \
+#define CK(x)                                                                                      \
+  do {                                                                                             \
+    cudaError_t e_ = (x);                                                                          \
+    if (e_ != cudaSuccess) {                                                                       \
+      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));          \
+      exit(1);                                                                                     \
+    }                                                                                              \
   } while (0)
 
 enum { NOPS = 6 }; /* sum, prod, min, max, avg, div */
@@ -103,7 +103,9 @@ static void tally(const char *what, unsigned long long checked, unsigned long lo
   if (bad) failures++;
 }
 
-static int is_nan_f32(uint32_t u) { return (u & 0x7fffffffu) > 0x7f800000u; }
+static int is_nan_f32(uint32_t u) {
+  return (u & 0x7fffffffu) > 0x7f800000u;
+}
 
 /* The intrinsics' host versions against elem.h's software, numbers only. */
 static void check_host_models(void) {

@@ -22,13 +22,13 @@
 
 static int failures;
 
-#define EXPECT(cond, ...)                 \
-  do {                                    \
-    if (!(cond)) {                        \
-      fprintf(stderr, "FAIL: " __VA_ARGS__); \
-      fprintf(stderr, "\n");              \
-      failures++;                         \
-    }                                     \
+#define EXPECT(cond, ...)                                                                          \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      fprintf(stderr, "FAIL: " __VA_ARGS__);                                                       \
+      fprintf(stderr, "\n");                                                                       \
+      failures++;                                                                                  \
+    }                                                                                              \
   } while (0)
 
 static void expect_status(brg_comm *c, const char *what, brg_status got, brg_status want,
@@ -37,7 +37,8 @@ static void expect_status(brg_comm *c, const char *what, brg_status got, brg_sta
   printf("%-40s -> %s: %s\n", what, brg_status_string(got), got == BRG_SUCCESS ? "" : msg);
   EXPECT(got == want, "%s returned %s, expected %s", what, brg_status_string(got),
          brg_status_string(want));
-  if (needle) EXPECT(strstr(msg, needle) != NULL, "%s: message \"%s\" lacks \"%s\"", what, msg, needle);
+  if (needle)
+    EXPECT(strstr(msg, needle) != NULL, "%s: message \"%s\" lacks \"%s\"", what, msg, needle);
 }
 
 /* Every collective with a stream on buffers a and b (count elements). */
@@ -52,8 +53,8 @@ static void all_collectives(brg_comm *c, void *a, void *b, size_t n, brg_status 
                 needle);
   expect_status(c, "brg_broadcast(stream)", brg_broadcast(a, b, n, BRG_FLOAT32, 0, c, st), want,
                 needle);
-  expect_status(c, "brg_reduce(stream)", brg_reduce(a, b, n, BRG_FLOAT32, BRG_MAX, 0, c, st),
-                want, needle);
+  expect_status(c, "brg_reduce(stream)", brg_reduce(a, b, n, BRG_FLOAT32, BRG_MAX, 0, c, st), want,
+                needle);
 }
 
 int main(void) {
@@ -81,7 +82,8 @@ int main(void) {
       snprintf(want, sizeof want,
                "brg_allreduce: recvbuf %p is GPU memory (device 0) but sendbuf %p is host memory: "
                "both buffers must be on the GPU (with a stream, or NULL for the legacy default "
-               "stream) or both in host memory (stream NULL)", db, (void *)host_a);
+               "stream) or both in host memory (stream NULL)",
+               db, (void *)host_a);
       expect_status(c, "brg_allreduce(host send, device recv, no stream)",
                     brg_allreduce(host_a, db, 64, BRG_FLOAT32, BRG_SUM, c, NULL),
                     BRG_ERR_INVALID_ARGUMENT, want);
@@ -89,8 +91,8 @@ int main(void) {
                     brg_allreduce(host_a, db, 64, BRG_FLOAT32, BRG_SUM, c, st),
                     BRG_ERR_INVALID_ARGUMENT, "host memory");
       expect_status(c, "brg_broadcast(device send, host recv)",
-                    brg_broadcast(da, host_b, 64, BRG_FLOAT32, 0, c, st),
-                    BRG_ERR_INVALID_ARGUMENT, "host memory");
+                    brg_broadcast(da, host_b, 64, BRG_FLOAT32, 0, c, st), BRG_ERR_INVALID_ARGUMENT,
+                    "host memory");
       api->mem_copy(da, host_a, sizeof host_a);
       api->mem_set(db, 0, sizeof host_b);
       expect_status(c, "brg_allreduce(device, stream)",
@@ -120,13 +122,15 @@ int main(void) {
         api->set_device(0);
         snprintf(want, sizeof want,
                  "brg_allreduce: sendbuf %p is on GPU 0 but recvbuf %p on GPU 1: a collective's "
-                 "buffers must be on one GPU", da, d1);
+                 "buffers must be on one GPU",
+                 da, d1);
         expect_status(c, "brg_allreduce(GPU 0 send, GPU 1 recv)",
                       brg_allreduce(da, d1, 64, BRG_FLOAT32, BRG_SUM, c, st),
                       BRG_ERR_INVALID_ARGUMENT, want);
         snprintf(want, sizeof want,
                  "brg_allreduce: this communicator runs its device collectives on GPU 0, but "
-                 "sendbuf %p is on GPU 1: use one communicator per GPU", d1);
+                 "sendbuf %p is on GPU 1: use one communicator per GPU",
+                 d1);
         expect_status(c, "brg_allreduce(GPU 1 buffers)",
                       brg_allreduce(d1, d1, 64, BRG_FLOAT32, BRG_SUM, c, NULL),
                       BRG_ERR_INVALID_USAGE, want);

@@ -36,7 +36,9 @@ static const brg__cuda_api *open_api(char *why, size_t cap) {
   return brg__cuda_open(path, why, cap);
 }
 
-static double ms_since(int64_t t0) { return (double)(mp_now_ns() - t0) / 1e6; }
+static double ms_since(int64_t t0) {
+  return (double)(mp_now_ns() - t0) / 1e6;
+}
 
 /* in[i] = (i % 1000) + rank: the sum over N ranks is N (i % 1000) + N(N-1)/2. */
 static float *host_input(size_t n, int rank) {

@@ -64,9 +64,12 @@ static void place(int kind, char *sb, char *rb, size_t count, int rank, int inpl
   *s = sb;
   *r = rb;
   if (!inplace) return;
-  if (kind == RS) *r = sb + (size_t)rank * count * 4;
-  else if (kind == AG) *s = rb + (size_t)rank * count * 4, *r = rb;
-  else *r = sb;
+  if (kind == RS)
+    *r = sb + (size_t)rank * count * 4;
+  else if (kind == AG)
+    *s = rb + (size_t)rank * count * 4, *r = rb;
+  else
+    *r = sb;
 }
 
 static int rank_main(int rank, int n) {
@@ -122,8 +125,8 @@ static int read_trace(const char *path, line *out) {
   while (fgets(buf, sizeof buf, f) && k < MAXLINES) {
     const char *p = strstr(buf, "[ring] ");
     line *l = &out[k];
-    if (!p || sscanf(p + 7, "%31s #%llu (%7[^)]) %199[^\n]", l->coll, &l->seq, l->where,
-                     l->rest) != 4)
+    if (!p ||
+        sscanf(p + 7, "%31s #%llu (%7[^)]) %199[^\n]", l->coll, &l->seq, l->where, l->rest) != 4)
       continue;
     k++;
   }
@@ -154,14 +157,14 @@ static int compare(int rank, const line *v, int nv) {
       return 1;
     }
     if (nh != nd || strcmp(v[h0].coll, v[d0].coll)) {
-      fprintf(stderr, "rank %d: %s #%llu ran %d primitives on host, %s #%llu %d on the GPU\n",
-              rank, v[h0].coll, seq, nh, v[d0].coll, seq + 1, nd);
+      fprintf(stderr, "rank %d: %s #%llu ran %d primitives on host, %s #%llu %d on the GPU\n", rank,
+              v[h0].coll, seq, nh, v[d0].coll, seq + 1, nd);
       return 1;
     }
     for (int k = 0; k < nh; k++)
       if (strcmp(v[h0 + k].rest, v[d0 + k].rest)) {
-        fprintf(stderr, "rank %d: %s #%llu primitive %d: host '%s', GPU '%s'\n", rank,
-                v[h0].coll, seq, k, v[h0 + k].rest, v[d0 + k].rest);
+        fprintf(stderr, "rank %d: %s #%llu primitive %d: host '%s', GPU '%s'\n", rank, v[h0].coll,
+                seq, k, v[h0 + k].rest, v[d0 + k].rest);
         bad = 1;
         break;
       }

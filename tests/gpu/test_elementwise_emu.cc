@@ -54,8 +54,8 @@ static void run_reduce(int op, size_t nthreads, void *d0, void *d1, const void *
   }
 }
 
-static void reduce_any(int dt, int op, size_t nt, void *d0, void *d1, const void *a,
-                       const void *b, size_t n, int div) {
+static void reduce_any(int dt, int op, size_t nt, void *d0, void *d1, const void *a, const void *b,
+                       size_t n, int div) {
   switch (dt) {
   case BRG_INT8: run_reduce<tag_i8>(op, nt, d0, d1, a, b, n, div); break;
   case BRG_UINT8: run_reduce<tag_u8>(op, nt, d0, d1, a, b, n, div); break;
@@ -86,8 +86,8 @@ static void divide_any(int dt, size_t nt, void *d, const void *s, size_t n, int 
 }
 
 /* got and want hold n elements of es bytes; op as brg_test_first_diff. */
-static void expect(const char *what, const void *got, const void *want, size_t n, size_t es,
-                   int dt, int op) {
+static void expect(const char *what, const void *got, const void *want, size_t n, size_t es, int dt,
+                   int op) {
   cases++;
   size_t i = brg_test_first_diff(got, want, n, es, dt, op);
   if (i == n) return;
@@ -163,13 +163,13 @@ int main() {
   struct {
     size_t nvec, n, fit, bound, want;
   } grids_cases[] = {
-      {0, 0, 528, 32, 1},                           /* nothing to do: still one block */
-      {0, 100, 528, 32, 1},                         /* scalar path: one element per thread */
-      {0, 1000, 528, 32, 4},                        /* ... over 1000 / 256 blocks */
-      {1 << 20, 1 << 23, 528, 32, 32},              /* large: the bound */
-      {1 << 20, 1 << 23, 528, 1024, 528},           /* large, loose bound: what fits */
-      {1 << 20, 1 << 23, 528, 1, 1},                /* the smallest bound */
-      {4 * 256 * 5, 8 * 4 * 256 * 5, 528, 32, 5},   /* UNROLL vectors per thread */
+      {0, 0, 528, 32, 1},                         /* nothing to do: still one block */
+      {0, 100, 528, 32, 1},                       /* scalar path: one element per thread */
+      {0, 1000, 528, 32, 4},                      /* ... over 1000 / 256 blocks */
+      {1 << 20, 1 << 23, 528, 32, 32},            /* large: the bound */
+      {1 << 20, 1 << 23, 528, 1024, 528},         /* large, loose bound: what fits */
+      {1 << 20, 1 << 23, 528, 1, 1},              /* the smallest bound */
+      {4 * 256 * 5, 8 * 4 * 256 * 5, 528, 32, 5}, /* UNROLL vectors per thread */
       {4 * 256 * 5 + 1, 8 * 4 * 256 * 5 + 8, 528, 32, 6},
   };
   for (auto &g : grids_cases) {

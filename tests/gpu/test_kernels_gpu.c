@@ -28,7 +28,7 @@
 static const brg__cuda_api *api;
 static int failures;
 
-static const char *const dt_names[] = {"int8", "uint8", "int32", "uint32", "int64",
+static const char *const dt_names[] = {"int8",   "uint8",   "int32",    "uint32",  "int64",
                                        "uint64", "float16", "bfloat16", "float32", "float64"};
 static const char *const op_names[] = {"sum", "prod", "min", "max", "avg"};
 static const size_t esizes[] = {1, 1, 4, 4, 8, 8, 2, 2, 4, 8};
@@ -50,20 +50,26 @@ static void fill(unsigned char *p, size_t n, size_t esize) {
   }
   for (size_t i = 0; i + esize <= n; i += esize) {
     uint64_t r = rnd() % 16;
-    if (r == 0) memset(p + i, 0, esize);                        /* +0 */
-    else if (r == 1) { memset(p + i, 0, esize); p[i + esize - 1] = 0x80; } /* -0 */
-    else if (r == 2) memset(p + i, 0xff, esize);                /* NaN / -1 */
-    else if (r == 3 && i >= esize) memcpy(p + i, p + i - esize, esize);
+    if (r == 0)
+      memset(p + i, 0, esize); /* +0 */
+    else if (r == 1) {
+      memset(p + i, 0, esize);
+      p[i + esize - 1] = 0x80;
+    } /* -0 */
+    else if (r == 2)
+      memset(p + i, 0xff, esize); /* NaN / -1 */
+    else if (r == 3 && i >= esize)
+      memcpy(p + i, p + i - esize, esize);
   }
 }
 
-#define CK(call)                                                                        \
-  do {                                                                                  \
-    int e_ = (call);                                                                    \
-    if (e_ != 0) {                                                                      \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, api->error_string(e_)); \
-      exit(1);                                                                          \
-    }                                                                                   \
+#define CK(call)                                                                                   \
+  do {                                                                                             \
+    int e_ = (call);                                                                               \
+    if (e_ != 0) {                                                                                 \
+      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, api->error_string(e_));        \
+      exit(1);                                                                                     \
+    }                                                                                              \
   } while (0)
 
 /* n elements of es bytes; op as brg_test_first_diff (-1: exact). */
@@ -86,8 +92,7 @@ static void test_reduce(brg_dtype dt, brg_op op, size_t n, size_t off_a, size_t 
                         unsigned char *dev[NBUF], unsigned char *host[6]) {
   size_t es = esizes[dt], bytes = n * es;
   int div = 3;
-  unsigned char *ha = host[0], *hb = host[1], *want0 = host[2], *got0 = host[3],
-                *got1 = host[4];
+  unsigned char *ha = host[0], *hb = host[1], *want0 = host[2], *got0 = host[3], *got1 = host[4];
   fill(ha, bytes, es);
   fill(hb, bytes, es);
   brg__reduce(want0, NULL, ha, hb, n, dt, op, div);
@@ -126,8 +131,8 @@ static void test_reduce(brg_dtype dt, brg_op op, size_t n, size_t off_a, size_t 
   CK(api->stream_sync(NULL));
   CK(api->mem_copy(got0, a, bytes));
   CK(api->mem_copy(got1, d1, bytes));
-  snprintf(what, sizeof what, "reduce in place %s %s n=%zu offset %zu", dt_names[dt],
-           op_names[op], n, off_a);
+  snprintf(what, sizeof what, "reduce in place %s %s n=%zu offset %zu", dt_names[dt], op_names[op],
+           n, off_a);
   expect_equal(what, got0, want0, n, es, dt, op);
   expect_equal(what, got1, want0, n, es, dt, op);
 }
@@ -194,17 +199,19 @@ int main(void) {
     size_t es = esizes[dt];
     /* Offsets in elements' bytes: aligned, equal misalignment (head peel),
      * different misalignment (scalar path). */
-    size_t offs[3][2] = {{0, 0}, {es * (16 / es > 1 ? 1 : 0), es * (16 / es > 1 ? 1 : 0)},
-                         {0, es < 8 ? es : 8}};
+    size_t offs[3][2] = {
+        {0, 0}, {es * (16 / es > 1 ? 1 : 0), es * (16 / es > 1 ? 1 : 0)}, {0, es < 8 ? es : 8}};
     for (int op = 0; op < BRG_NUM_OPS; op++)
       for (size_t c = 0; c < ncounts; c++)
         for (int o = 0; o < (c + 1 < ncounts ? 3 : 1); o++, cases++)
           test_reduce((brg_dtype)dt, (brg_op)op, counts[c], offs[o][0], offs[o][1], dev, host);
     for (size_t c = 0; c < ncounts; c++)
-      for (int o = 0; o < 2; o++, cases++) test_divide((brg_dtype)dt, counts[c], offs[o][0], dev, host);
+      for (int o = 0; o < 2; o++, cases++)
+        test_divide((brg_dtype)dt, counts[c], offs[o][0], dev, host);
   }
   for (size_t c = 0; c < ncounts; c++)
-    for (size_t o = 0; o < 3; o++, cases++) test_copy(counts[c], o * 3, o == 2 ? 0 : o * 3, dev, host);
+    for (size_t o = 0; o < 3; o++, cases++)
+      test_copy(counts[c], o * 3, o == 2 ? 0 : o * 3, dev, host);
 
   for (int i = 0; i < NBUF; i++) api->mem_free(dev[i]);
   for (int i = 0; i < 6; i++) free(host[i]);

@@ -88,8 +88,7 @@ static uint16_t ref_narrow(const struct fmt *f, uint32_t x) {
   uint16_t sign = (uint16_t)((x >> 16) & 0x8000u), inf = inf_of(f);
   float xf = float_of(x);
   if (isnan(xf))
-    return (uint16_t)(sign | inf | (1u << (f->mbits - 1)) |
-                      ((x & 0x7fffffu) >> (23 - f->mbits)));
+    return (uint16_t)(sign | inf | (1u << (f->mbits - 1)) | ((x & 0x7fffffu) >> (23 - f->mbits)));
   double a = fabs((double)xf);
   if (isinf(a)) return sign | inf;
   if (a == 0) return sign;
@@ -127,7 +126,9 @@ static uint16_t gcc_f16_narrow(uint32_t x) {
 #endif
 
 #if HAVE_X86
-static int have_f16c(void) { return __builtin_cpu_supports("f16c"); }
+static int have_f16c(void) {
+  return __builtin_cpu_supports("f16c");
+}
 __attribute__((target("f16c"))) static uint32_t hw_f16_widen(uint16_t h) {
   return bits_of(_cvtsh_ss(h));
 }
@@ -135,7 +136,9 @@ __attribute__((target("f16c"))) static uint16_t hw_f16_narrow(uint32_t x) {
   return (uint16_t)_cvtss_sh(float_of(x), _MM_FROUND_TO_NEAREST_INT);
 }
 #else
-static int have_f16c(void) { return 0; }
+static int have_f16c(void) {
+  return 0;
+}
 #endif
 
 /* ---- checks ------------------------------------------------------------- */
@@ -187,8 +190,10 @@ static void test_widen_exhaustive(void **state) {
 #else
   print_message("float16 -> float32 vs _Float16: no _Float16 in this compiler\n");
 #endif
-  if (hw) ok &= report("float16 -> float32 vs F16C", 65536, bad_hw);
-  else print_message("float16 -> float32 vs F16C: this CPU has no F16C\n");
+  if (hw)
+    ok &= report("float16 -> float32 vs F16C", 65536, bad_hw);
+  else
+    print_message("float16 -> float32 vs F16C: this CPU has no F16C\n");
   ok &= report("bfloat16 -> float32 vs double reference", 65536, bad_bf16);
   ok &= report("float16 / bfloat16 widening for ops", 2 * 65536, bad_widen);
   if (!ok) fail_msg("conversions to float32 differ (first ones above)");
@@ -260,7 +265,7 @@ static void test_reference_sanity(void **state) {
   assert_int_equal(ref_narrow(&F16, bits_of(65519.99f)), 0x7bff);
   assert_int_equal(ref_narrow(&F16, bits_of(65520.0f)), 0x7c00); /* the tie goes to Inf */
   assert_int_equal(ref_narrow(&F16, bits_of(0x1p-24f)), 0x0001);
-  assert_int_equal(ref_narrow(&F16, bits_of(0x1p-25f)), 0x0000); /* tie to even: 0 */
+  assert_int_equal(ref_narrow(&F16, bits_of(0x1p-25f)), 0x0000);   /* tie to even: 0 */
   assert_int_equal(ref_narrow(&F16, bits_of(0x1.8p-24f)), 0x0002); /* tie to even: 2 */
   assert_int_equal(ref_narrow(&F16, bits_of(-1.0f)), 0xbc00);
   assert_int_equal(ref_narrow(&F16, 0x7f800001u), 0x7e00);

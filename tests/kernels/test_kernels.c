@@ -141,17 +141,14 @@ static uint16_t ref_encode(const struct hfmt *f, double x) {
 static uint16_t ref_half_op(const struct hfmt *f, brg_op op, uint16_t a, uint16_t b, int div) {
   double da = ref_decode(f, a), db = ref_decode(f, b);
   switch (op) {
-  case BRG_SUM:
-    return ref_encode(f, da + db);
-  case BRG_PROD:
-    return ref_encode(f, da * db);
+  case BRG_SUM: return ref_encode(f, da + db);
+  case BRG_PROD: return ref_encode(f, da * db);
   case BRG_MIN:
   case BRG_MAX:
     if (isnan(da) || isnan(db)) return f->qnan;
     if (da != db) return (op == BRG_MIN) == (da < db) ? a : b;
     return op == BRG_MIN ? (a | b) : (a & b); /* equal: only zeros differ, by sign */
-  default:
-    return ref_encode(f, ref_decode(f, ref_encode(f, da + db)) / div);
+  default: return ref_encode(f, ref_decode(f, ref_encode(f, da + db)) / div);
   }
 }
 
@@ -177,14 +174,10 @@ static int64_t ref_sint(brg_op op, int64_t a, int64_t b, int bits, int div) {
     if (op == BRG_PROD) return wrap_s(a * b, bits);
   }
   switch (op) {
-  case BRG_SUM:
-    return s;
-  case BRG_MIN:
-    return a <= b ? a : b;
-  case BRG_MAX:
-    return a >= b ? a : b;
-  default:
-    return s / div;
+  case BRG_SUM: return s;
+  case BRG_MIN: return a <= b ? a : b;
+  case BRG_MAX: return a >= b ? a : b;
+  default: return s / div;
   }
 }
 
@@ -192,16 +185,11 @@ static uint64_t ref_uint(brg_op op, uint64_t a, uint64_t b, int bits, int div) {
   unsigned __int128 mask = bits == 64 ? ~(uint64_t)0 : (1ull << bits) - 1;
   uint64_t s = (uint64_t)(((unsigned __int128)a + b) & mask);
   switch (op) {
-  case BRG_SUM:
-    return s;
-  case BRG_PROD:
-    return (uint64_t)(((unsigned __int128)a * b) & mask);
-  case BRG_MIN:
-    return a <= b ? a : b;
-  case BRG_MAX:
-    return a >= b ? a : b;
-  default:
-    return s / (uint64_t)div;
+  case BRG_SUM: return s;
+  case BRG_PROD: return (uint64_t)(((unsigned __int128)a * b) & mask);
+  case BRG_MIN: return a <= b ? a : b;
+  case BRG_MAX: return a >= b ? a : b;
+  default: return s / (uint64_t)div;
   }
 }
 
@@ -221,29 +209,21 @@ typedef long double wide_t;
 
 static float ref_f32(brg_op op, float a, float b, int div) {
   switch (op) {
-  case BRG_SUM:
-    return (float)((double)a + (double)b);
-  case BRG_PROD:
-    return (float)((double)a * (double)b);
+  case BRG_SUM: return (float)((double)a + (double)b);
+  case BRG_PROD: return (float)((double)a * (double)b);
   case BRG_MIN:
-  case BRG_MAX:
-    return REF_FLOAT_MINMAX(op, a, b);
-  default:
-    return (float)((double)(float)((double)a + (double)b) / div);
+  case BRG_MAX: return REF_FLOAT_MINMAX(op, a, b);
+  default: return (float)((double)(float)((double)a + (double)b) / div);
   }
 }
 
 static double ref_f64(brg_op op, double a, double b, int div) {
   switch (op) {
-  case BRG_SUM:
-    return (double)((wide_t)a + (wide_t)b);
-  case BRG_PROD:
-    return (double)((wide_t)a * (wide_t)b);
+  case BRG_SUM: return (double)((wide_t)a + (wide_t)b);
+  case BRG_PROD: return (double)((wide_t)a * (wide_t)b);
   case BRG_MIN:
-  case BRG_MAX:
-    return REF_FLOAT_MINMAX(op, a, b);
-  default:
-    return (double)((wide_t)(double)((wide_t)a + (wide_t)b) / div);
+  case BRG_MAX: return REF_FLOAT_MINMAX(op, a, b);
+  default: return (double)((wide_t)(double)((wide_t)a + (wide_t)b) / div);
   }
 }
 
@@ -256,9 +236,7 @@ static void ref_elem(brg_dtype dt, brg_op op, const void *av, const void *bv, si
   case BRG_INT8:
     *(int8_t *)exp = (int8_t)ref_sint(op, *(const int8_t *)a, *(const int8_t *)b, 8, div);
     break;
-  case BRG_UINT8:
-    *(uint8_t *)exp = (uint8_t)ref_uint(op, *a, *b, 8, div);
-    break;
+  case BRG_UINT8: *(uint8_t *)exp = (uint8_t)ref_uint(op, *a, *b, 8, div); break;
   case BRG_INT32: {
     int32_t x, y;
     memcpy(&x, a, 4), memcpy(&y, b, 4);
@@ -451,25 +429,13 @@ static void check_one(brg_dtype dt, brg_op op, size_t n, int div, enum alias_mod
 
   void *dst0 = d0.p, *dst1 = NULL;
   switch (mode) {
-  case DST_NEW:
-    break;
-  case DST_NEW_DST1:
-    dst1 = d1.p;
-    break;
-  case DST_IS_A:
-    dst0 = a.p;
-    break;
-  case DST_IS_B_DST1:
-    dst0 = b.p, dst1 = d1.p;
-    break;
-  case DST1_IS_A:
-    dst1 = a.p;
-    break;
-  case BOTH_IN_PLACE:
-    dst0 = a.p, dst1 = b.p;
-    break;
-  default:
-    break;
+  case DST_NEW: break;
+  case DST_NEW_DST1: dst1 = d1.p; break;
+  case DST_IS_A: dst0 = a.p; break;
+  case DST_IS_B_DST1: dst0 = b.p, dst1 = d1.p; break;
+  case DST1_IS_A: dst1 = a.p; break;
+  case BOTH_IN_PLACE: dst0 = a.p, dst1 = b.p; break;
+  default: break;
   }
   brg__reduce(dst0, dst1, a.p, b.p, n, dt, op, div);
 

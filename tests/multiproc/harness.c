@@ -36,8 +36,7 @@ int64_t mp_now_ns(void) {
 
 void mp_sleep_ms(int ms) {
   struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-  }
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
 }
 
 int mp_env_int(const char *name, int defval) {

@@ -148,8 +148,7 @@ static void encode(const dinfo *di, num v, void *dst) {
     memcpy(dst, &f, 4);
     break;
   }
-  default:
-    memcpy(dst, &v.d, 8);
+  default: memcpy(dst, &v.d, 8);
   }
 }
 
@@ -158,18 +157,10 @@ static double decode_float(const dinfo *di, const void *src) {
   float f;
   double d;
   switch (di->dt) {
-  case BRG_FLOAT16:
-    memcpy(&h, src, 2);
-    return from_f16(h);
-  case BRG_BFLOAT16:
-    memcpy(&h, src, 2);
-    return from_bf16(h);
-  case BRG_FLOAT32:
-    memcpy(&f, src, 4);
-    return f;
-  default:
-    memcpy(&d, src, 8);
-    return d;
+  case BRG_FLOAT16: memcpy(&h, src, 2); return from_f16(h);
+  case BRG_BFLOAT16: memcpy(&h, src, 2); return from_bf16(h);
+  case BRG_FLOAT32: memcpy(&f, src, 4); return f;
+  default: memcpy(&d, src, 8); return d;
   }
 }
 
@@ -219,13 +210,9 @@ static void gen_reduce_vals(const dinfo *di, int op, int n, uint64_t seed, uint6
   for (int q = 0; q < n; q++) {
     uint64_t raw = raw_at(seed, q, j);
     switch (OPV[op]) {
-    case BRG_PROD:
-      v[q].d = prodset[raw % 6];
-      break;
+    case BRG_PROD: v[q].d = prodset[raw % 6]; break;
     case BRG_MIN:
-    case BRG_MAX:
-      v[q].d = (double)pick_k(raw, di->k_minmax) * di->scale;
-      break;
+    case BRG_MAX: v[q].d = (double)pick_k(raw, di->k_minmax) * di->scale; break;
     case BRG_AVG: {
       int64_t k = pick_k(raw, di->k_sum);
       if (q == n - 1) k -= (((S + k) % n) + n) % n; /* sum becomes a multiple of n */
@@ -233,8 +220,7 @@ static void gen_reduce_vals(const dinfo *di, int op, int n, uint64_t seed, uint6
       v[q].d = (double)k * di->scale;
       break;
     }
-    default:
-      v[q].d = (double)pick_k(raw, di->k_sum) * di->scale;
+    default: v[q].d = (double)pick_k(raw, di->k_sum) * di->scale;
     }
   }
 }
@@ -244,17 +230,14 @@ static num ref_reduce(const dinfo *di, int op, int n, const num *v) {
   if (!di->is_float) {
     for (int q = 1; q < n; q++) {
       switch (OPV[op]) {
-      case BRG_PROD:
-        r.u *= v[q].u;
-        break;
+      case BRG_PROD: r.u *= v[q].u; break;
       case BRG_MIN:
         if (di->is_signed ? v[q].i < r.i : v[q].u < r.u) r = v[q];
         break;
       case BRG_MAX:
         if (di->is_signed ? v[q].i > r.i : v[q].u > r.u) r = v[q];
         break;
-      default:
-        r.u += v[q].u;
+      default: r.u += v[q].u;
       }
     }
     r = int_norm(di, r.u);
@@ -269,17 +252,10 @@ static num ref_reduce(const dinfo *di, int op, int n, const num *v) {
   }
   for (int q = 1; q < n; q++) {
     switch (OPV[op]) {
-    case BRG_PROD:
-      r.d *= v[q].d;
-      break;
-    case BRG_MIN:
-      r.d = v[q].d < r.d ? v[q].d : r.d;
-      break;
-    case BRG_MAX:
-      r.d = v[q].d > r.d ? v[q].d : r.d;
-      break;
-    default:
-      r.d += v[q].d;
+    case BRG_PROD: r.d *= v[q].d; break;
+    case BRG_MIN: r.d = v[q].d < r.d ? v[q].d : r.d; break;
+    case BRG_MAX: r.d = v[q].d > r.d ? v[q].d : r.d; break;
+    default: r.d += v[q].d;
     }
   }
   if (OPV[op] == BRG_AVG) r.d /= n;
@@ -478,7 +454,10 @@ static void do_allreduce(run *R, const dinfo *di, int op, size_t count, int inpl
   fill_pattern(s, count, di->size, R->own, P, 0);
   if (!inplace) memset(r, 0xcd, bytes);
   set_guards(r, bytes);
-  if (!call_ok(R, what, ON_DEVICE(R, bytes, bytes, brg_allreduce(D(s), D(r), count, di->dt, OPV[op], R->comm, R->stream)))) return;
+  if (!call_ok(R, what,
+               ON_DEVICE(R, bytes, bytes,
+                         brg_allreduce(D(s), D(r), count, di->dt, OPV[op], R->comm, R->stream))))
+    return;
   check_pattern(what, di, r, count, R->ref, P, 0, 0);
   check_guards(what, r, bytes);
   if (!inplace) check_pattern("allreduce changed its sendbuf", di, s, count, R->own, P, 0, 1);
@@ -497,7 +476,10 @@ static void do_reduce(run *R, const dinfo *di, int op, size_t count, int inplace
   fill_pattern(s, count, di->size, R->own, P, 0);
   if (!inplace) memset(r, 0xcd, bytes);
   set_guards(r, bytes);
-  if (!call_ok(R, what, ON_DEVICE(R, bytes, bytes, brg_reduce(D(s), D(r), count, di->dt, OPV[op], root, R->comm, R->stream)))) return;
+  if (!call_ok(R, what,
+               ON_DEVICE(R, bytes, bytes,
+                         brg_reduce(D(s), D(r), count, di->dt, OPV[op], root, R->comm, R->stream))))
+    return;
   if (R->rank == root) check_pattern(what, di, r, count, R->ref, P, 0, 0);
   check_guards(what, r, bytes);
   if (!inplace) check_pattern("reduce changed its sendbuf", di, s, count, R->own, P, 0, 1);
@@ -519,7 +501,10 @@ static void do_reduce_scatter(run *R, const dinfo *di, int op, size_t rc, int in
     memset(r, 0xcd, rc * esz);
     set_guards(r, rc * esz);
   }
-  if (!call_ok(R, what, ON_DEVICE(R, total * esz, rc * esz, brg_reduce_scatter(D(s), D(r), rc, di->dt, OPV[op], R->comm, R->stream)))) return;
+  if (!call_ok(R, what,
+               ON_DEVICE(R, total * esz, rc * esz,
+                         brg_reduce_scatter(D(s), D(r), rc, di->dt, OPV[op], R->comm, R->stream))))
+    return;
   check_pattern(what, di, r, rc, R->ref, P, (size_t)R->rank * rc, 0);
   if (inplace) {
     check_guards(what, s, total * esz);
@@ -543,7 +528,10 @@ static void do_all_gather(run *R, const dinfo *di, size_t sc, int inplace) {
   memset(r, 0xcd, total * esz);
   fill_pattern(s, sc, esz, mine, P, 0);
   set_guards(r, total * esz);
-  if (!call_ok(R, what, ON_DEVICE(R, sc * esz, total * esz, brg_all_gather(D(s), D(r), sc, di->dt, R->comm, R->stream)))) return;
+  if (!call_ok(R, what,
+               ON_DEVICE(R, sc * esz, total * esz,
+                         brg_all_gather(D(s), D(r), sc, di->dt, R->comm, R->stream))))
+    return;
   for (int q = 0; q < R->n; q++) {
     char w2[200];
     snprintf(w2, sizeof w2, "%s, block from rank %d", what, q);
@@ -569,7 +557,10 @@ static void do_broadcast(run *R, const dinfo *di, size_t count, int inplace, int
   if (!inplace) memset(r, 0xcd, bytes);
   if (inplace && R->rank != root) memset(r, 0xcd, bytes);
   set_guards(r, bytes);
-  if (!call_ok(R, what, ON_DEVICE(R, bytes, bytes, brg_broadcast(D(s), D(r), count, di->dt, root, R->comm, R->stream)))) return;
+  if (!call_ok(R, what,
+               ON_DEVICE(R, bytes, bytes,
+                         brg_broadcast(D(s), D(r), count, di->dt, root, R->comm, R->stream))))
+    return;
   check_pattern(what, di, r, count, R->own, P, 0, 1);
   check_guards(what, r, bytes);
   if (!inplace && R->rank == root)

@@ -684,16 +684,13 @@ static const char *MM_NAMES[MM_N] = {"count 100 vs 200", "allreduce vs broadcast
 
 static int names_both(int kind, const char *m) {
   switch (kind) {
-  case MM_COUNT:
-    return mp_contains(m, "100") && mp_contains(m, "200");
+  case MM_COUNT: return mp_contains(m, "100") && mp_contains(m, "200");
   case MM_KIND:
     return (mp_contains(m, "allreduce") || mp_contains(m, "all_reduce") ||
             mp_contains(m, "all-reduce")) &&
            (mp_contains(m, "broadcast") || mp_contains(m, "bcast"));
-  case MM_DTYPE:
-    return mp_contains(m, "float32") && mp_contains(m, "int32");
-  default:
-    return mp_contains(m, "sum") && mp_contains(m, "max");
+  case MM_DTYPE: return mp_contains(m, "float32") && mp_contains(m, "int32");
+  default: return mp_contains(m, "sum") && mp_contains(m, "max");
   }
 }
 
@@ -706,9 +703,7 @@ static int body_mismatch(mp_ctx *ctx) {
   int first = ctx->rank == 0;
   brg_status st;
   switch (kind) {
-  case MM_COUNT:
-    st = brg_allreduce(s, r, first ? 100 : 200, BRG_FLOAT32, BRG_SUM, c, NULL);
-    break;
+  case MM_COUNT: st = brg_allreduce(s, r, first ? 100 : 200, BRG_FLOAT32, BRG_SUM, c, NULL); break;
   case MM_KIND:
     st = first ? brg_allreduce(s, r, 100, BRG_FLOAT32, BRG_SUM, c, NULL)
                : brg_broadcast(s, r, 100, BRG_FLOAT32, 0, c, NULL);
@@ -716,8 +711,7 @@ static int body_mismatch(mp_ctx *ctx) {
   case MM_DTYPE:
     st = brg_allreduce(s, r, 100, first ? BRG_FLOAT32 : BRG_INT32, BRG_SUM, c, NULL);
     break;
-  default:
-    st = brg_allreduce(s, r, 100, BRG_FLOAT32, first ? BRG_SUM : BRG_MAX, c, NULL);
+  default: st = brg_allreduce(s, r, 100, BRG_FLOAT32, first ? BRG_SUM : BRG_MAX, c, NULL);
   }
   const char *m = errmsg(c);
   MP_CHECK(st == BRG_ERR_MISMATCH || st == BRG_ERR_REMOTE,
@@ -986,11 +980,15 @@ static int body_log_rank(mp_ctx *ctx) {
 
 static int case_log(void) {
   int bad = 0;
-  mp_opts o = {.name = "log: an error without a communicator is logged once", .nranks = 1,
-               .deadline_ms = 20000, .init = MP_INIT_BARE};
+  mp_opts o = {.name = "log: an error without a communicator is logged once",
+               .nranks = 1,
+               .deadline_ms = 20000,
+               .init = MP_INIT_BARE};
   bad |= mp_run(&o, body_log_once, NULL);
-  mp_opts o2 = {.name = "log: ranks as threads label their own lines", .nranks = 1,
-                .deadline_ms = 60000, .init = MP_INIT_BARE};
+  mp_opts o2 = {.name = "log: ranks as threads label their own lines",
+                .nranks = 1,
+                .deadline_ms = 60000,
+                .init = MP_INIT_BARE};
   bad |= mp_run(&o2, body_log_rank, NULL);
   return bad;
 }
@@ -999,7 +997,8 @@ static int case_log(void) {
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: %s args|garbage|garbage_open|absent|kill|stop|abort|mismatch|env|log [N]\n",
+    fprintf(stderr,
+            "usage: %s args|garbage|garbage_open|absent|kill|stop|abort|mismatch|env|log [N]\n",
             argv[0]);
     return 2;
   }

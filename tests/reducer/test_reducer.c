@@ -60,12 +60,8 @@ static const char *g_scn = "setup";
 
 static void put(void *buf, brg_dtype dt, size_t i, double v) {
   switch (dt) {
-  case BRG_FLOAT32:
-    ((float *)buf)[i] = (float)v;
-    break;
-  case BRG_FLOAT64:
-    ((double *)buf)[i] = v;
-    break;
+  case BRG_FLOAT32: ((float *)buf)[i] = (float)v; break;
+  case BRG_FLOAT64: ((double *)buf)[i] = v; break;
   case BRG_FLOAT16: {
     _Float16 h = (_Float16)v;
     memcpy((uint16_t *)buf + i, &h, 2);
@@ -78,17 +74,14 @@ static void put(void *buf, brg_dtype dt, size_t i, double v) {
     ((uint16_t *)buf)[i] = (uint16_t)(u >> 16);
     break;
   }
-  default:
-    CHECK(0, "dtype %d", (int)dt);
+  default: CHECK(0, "dtype %d", (int)dt);
   }
 }
 
 static double get(const void *buf, brg_dtype dt, size_t i) {
   switch (dt) {
-  case BRG_FLOAT32:
-    return ((const float *)buf)[i];
-  case BRG_FLOAT64:
-    return ((const double *)buf)[i];
+  case BRG_FLOAT32: return ((const float *)buf)[i];
+  case BRG_FLOAT64: return ((const double *)buf)[i];
   case BRG_FLOAT16: {
     _Float16 h;
     memcpy(&h, (const uint16_t *)buf + i, 2);
@@ -100,8 +93,7 @@ static double get(const void *buf, brg_dtype dt, size_t i) {
     memcpy(&f, &u, 4);
     return f;
   }
-  default:
-    CHECK(0, "dtype %d", (int)dt);
+  default: CHECK(0, "dtype %d", (int)dt);
   }
   return 0;
 }

@@ -72,7 +72,10 @@ static void replay(int n) {
         assert_int_equal(sender_chunk, c);
       }
       switch (prim) {
-      case BRG__PRIM_SEND: msg[p] = have[p][c]; sends++; break;
+      case BRG__PRIM_SEND:
+        msg[p] = have[p][c];
+        sends++;
+        break;
       case BRG__PRIM_RECV_REDUCE_SEND:
         assert_int_equal(in[p] & have[p][c], 0); /* nothing counted twice */
         have[p][c] |= in[p];
@@ -142,8 +145,10 @@ static void test_chain(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_parts_cover),  cmocka_unit_test(test_slices_cover),
-      cmocka_unit_test(test_allreduce_replay), cmocka_unit_test(test_prims),
+      cmocka_unit_test(test_parts_cover),
+      cmocka_unit_test(test_slices_cover),
+      cmocka_unit_test(test_allreduce_replay),
+      cmocka_unit_test(test_prims),
       cmocka_unit_test(test_chain),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

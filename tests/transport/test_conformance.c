@@ -168,16 +168,11 @@ static uint64_t mix(uint64_t x) {
 /* Sizes cover the edges (empty, one byte, full, full-1) and random ones. */
 static uint32_t slice_bytes(uint64_t i, size_t slot_bytes) {
   switch (i % 7) {
-  case 0:
-    return 0;
-  case 1:
-    return 1;
-  case 2:
-    return (uint32_t)slot_bytes;
-  case 3:
-    return (uint32_t)slot_bytes - 1;
-  default:
-    return (uint32_t)(mix(i) % (slot_bytes + 1));
+  case 0: return 0;
+  case 1: return 1;
+  case 2: return (uint32_t)slot_bytes;
+  case 3: return (uint32_t)slot_bytes - 1;
+  default: return (uint32_t)(mix(i) % (slot_bytes + 1));
   }
 }
 
@@ -597,7 +592,8 @@ static void case_tcp_auth(const test_link *l) {
     _exit(0);
   }
   /* Catch the receiver's log to see that it says why it refused. */
-  int capture = brg__log_level >= BRG__LOG_WARN && !brg__settings_find("BRIGADE_DEBUG_FILE")->value[0];
+  int capture =
+      brg__log_level >= BRG__LOG_WARN && !brg__settings_find("BRIGADE_DEBUG_FILE")->value[0];
   char logpath[] = "/tmp/brigade-conformance-XXXXXX";
   int logfd = -1;
   if (capture) {
