@@ -26,6 +26,28 @@ need_pkgs() {
 }
 
 base_pkgs=(gcc libc6-dev meson ninja-build pkg-config libcmocka-dev)
+
+# Every C, C++ and CUDA file as .clang-format lays it out; the files that
+# differ are listed with the command that fixes them.
+check_format() {
+  local files bad=()
+  if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    files=$(git ls-files '*.c' '*.h' '*.cc' '*.cu' '*.cuh')
+  else
+    files=$(find base include kernels transport runtime reducer tools bench tests \
+              -name '*.c' -o -name '*.h' -o -name '*.cc' -o -name '*.cu' -o -name '*.cuh')
+  fi
+  for f in $files; do
+    clang-format --dry-run --Werror "$f" >/dev/null 2>&1 || bad+=("$f")
+  done
+  if [ ${#bad[@]} -gt 0 ]; then
+    echo "quickstart: ${#bad[@]} file(s) differ from .clang-format:" >&2
+    printf '  %s\n' "${bad[@]}" >&2
+    echo "quickstart: fix with: clang-format -i ${bad[*]}" >&2
+    exit 1
+  fi
+  echo "quickstart: formatting checked ($(echo "$files" | wc -w) files)"
+}
 jobs=$(nproc)
 
 case "${1:-}" in
@@ -43,6 +65,7 @@ case "${1:-}" in
     # clang-format to check the code against .clang-format. Only CUDA and
     # the optional bench peers (Open MPI, Gloo) stay unbuilt.
     need_pkgs "${base_pkgs[@]}" libibverbs-dev g++ iproute2 clang-format
+    check_format
     [ -d build-test ] || meson setup build-test --buildtype=debugoptimized --werror
     ninja -C build-test
     meson test -C build-test --print-errorlogs --num-processes "$jobs"
