@@ -131,7 +131,7 @@ int open_peer(brg_comm *comm, int rank, int nranks) {
   return 0;
 }
 
-const char *describe(void) {
+const char *gloo_describe(void) {
   static char buf[64];
   snprintf(buf, sizeof buf, "Gloo %d.%d.%d, tcp transport on 127.0.0.1", GLOO_VERSION_MAJOR,
            GLOO_VERSION_MINOR, GLOO_VERSION_PATCH);
@@ -196,7 +196,7 @@ extern "C" const bench_peer bench_peer_gloo = {
     /* .algs = */ alg_names,
     /* .launch = */ nullptr,
     /* .open = */ open_peer,
-    /* .describe = */ describe,
+    /* .describe = */ gloo_describe,
     /* .unsupported = */ unsupported,
     /* .prepare = */ prepare,
     /* .run = */ run,

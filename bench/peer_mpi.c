@@ -95,7 +95,7 @@ static int open_peer(brg_comm *comm, int rank, int nranks) {
   return 0;
 }
 
-static const char *describe(void) {
+static const char *mpi_describe(void) {
   char v[MPI_MAX_LIBRARY_VERSION_STRING];
   int len = 0;
   MPI_Get_library_version(v, &len);
@@ -167,7 +167,7 @@ const bench_peer bench_peer_mpi = {
     .algs = (const char *const[]){"mpi"},
     .launch = launch,
     .open = open_peer,
-    .describe = describe,
+    .describe = mpi_describe,
     .unsupported = unsupported,
     .prepare = prepare,
     .run = run,

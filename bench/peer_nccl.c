@@ -168,7 +168,7 @@ static int open_peer(brg_comm *comm, int rank, int nranks) {
   return 0;
 }
 
-static const char *describe(void) {
+static const char *nccl_describe(void) {
   static char buf[640];
   int v = g.version, major, minor, patch;
   if (v >= 10000) { /* NCCL_VERSION() after 2.8: X*10000 + Y*100 + Z */
@@ -249,7 +249,7 @@ const bench_peer bench_peer_nccl = {
     .algs = (const char *const[]){"auto"} /* NCCL picks ring, tree or NVLS itself */,
     .launch = NULL,
     .open = open_peer,
-    .describe = describe,
+    .describe = nccl_describe,
     .unsupported = unsupported,
     .prepare = prepare,
     .run = run,
