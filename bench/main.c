@@ -77,9 +77,7 @@ static const brg__cuda_api *gpu_module(char *why, size_t cap) {
     char dir[3800];
     snprintf(dir, sizeof dir, "%s", info.dli_fname);
     *strrchr(dir, '/') = 0;
-    snprintf(path, sizeof path, "%s/libbrigade_cuda.so", dir);
-    if (access(path, F_OK) != 0)
-      snprintf(path, sizeof path, "%s/kernels/cuda/libbrigade_cuda.so", dir);
+    snprintf(path, sizeof path, "%s/libbrigade_cuda.so", dir); /* installed and build trees */
     if (access(path, F_OK) != 0) snprintf(path, sizeof path, "libbrigade_cuda.so");
   } else {
     snprintf(path, sizeof path, "libbrigade_cuda.so");
