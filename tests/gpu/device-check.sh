@@ -101,6 +101,9 @@ round() {
   fi
   step "$tag: all_reduce_perf -G N=2" "$log" 90 \
     "$BUILD/tools/brigade-run" -n 2 "$PERF" -G -b 16 -e 1G -f 4 -n 10 -w 3
+  # The step mode's small-message latency: 8 B, many calls.
+  step "$tag: all_reduce_perf -G N=2, 8 B" "$log" 30 \
+    "$BUILD/tools/brigade-run" -n 2 "$PERF" -G -b 8 -e 8 -n 200 -w 20
   if [ "$full" = full ]; then
     step "$tag: meson test --suite gpu" "$log" 200 \
       "${MESON[@]}" test -C "$BUILD" --no-rebuild --suite gpu --print-errorlogs --num-processes 1
@@ -117,7 +120,7 @@ round() {
       "${MESON[@]}" test -C "$BUILD" --no-rebuild --print-errorlogs device_collectives-N2
   fi
   # The headline numbers, into the summary.
-  grep -E '^# device|^# GPU|^ +268435456 |^# Roofline|^step|NCCL|nccl' "$log" | head -40 |
+  grep -E '^# device|^# GPU|^ +268435456 |^ +8 |^# Roofline|^step|NCCL|nccl' "$log" | head -40 |
     sed "s/^/$tag: /" >>"$SUMMARY"
 }
 
