@@ -25,15 +25,7 @@
 
 #include "brigade.h"
 #include "brg_cuda.h"
-
-#define CHECK(x)                                                                                   \
-  do {                                                                                             \
-    cudaError_t e_ = (x);                                                                          \
-    if (e_ != cudaSuccess) {                                                                       \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));          \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
+#include "cuda_check.h"
 
 static size_t parse_size(const char *s) {
   char *end;
@@ -55,13 +47,13 @@ struct timer {
 
 /* Average seconds per call of fn over iters calls. */
 template <class Fn> static double time_it(timer &t, int warmup, int iters, Fn fn) {
-  for (int i = 0; i < warmup; i++) CHECK((cudaError_t)fn());
-  CHECK(cudaEventRecord(t.start, 0));
-  for (int i = 0; i < iters; i++) CHECK((cudaError_t)fn());
-  CHECK(cudaEventRecord(t.stop, 0));
-  CHECK(cudaEventSynchronize(t.stop));
+  for (int i = 0; i < warmup; i++) BRG_CUDA_CHECK((cudaError_t)fn());
+  BRG_CUDA_CHECK(cudaEventRecord(t.start, 0));
+  for (int i = 0; i < iters; i++) BRG_CUDA_CHECK((cudaError_t)fn());
+  BRG_CUDA_CHECK(cudaEventRecord(t.stop, 0));
+  BRG_CUDA_CHECK(cudaEventSynchronize(t.stop));
   float ms = 0;
-  CHECK(cudaEventElapsedTime(&ms, t.start, t.stop));
+  BRG_CUDA_CHECK(cudaEventElapsedTime(&ms, t.start, t.stop));
   return ms / 1e3 / iters;
 }
 
@@ -106,22 +98,22 @@ int main(int argc, char **argv) {
   printf("# %s\n", desc);
 
   char *a, *b, *d0, *d1;
-  CHECK(cudaMalloc(&a, max_bytes));
-  CHECK(cudaMalloc(&b, max_bytes));
-  CHECK(cudaMalloc(&d0, max_bytes));
-  CHECK(cudaMalloc(&d1, max_bytes));
+  BRG_CUDA_CHECK(cudaMalloc(&a, max_bytes));
+  BRG_CUDA_CHECK(cudaMalloc(&b, max_bytes));
+  BRG_CUDA_CHECK(cudaMalloc(&d0, max_bytes));
+  BRG_CUDA_CHECK(cudaMalloc(&d1, max_bytes));
   /* Small values (0x3c00 / 0x3f80 in the halves, about 1.0), so no op
    * turns into Inf or NaN handling along the way. */
-  CHECK(cudaMemset(a, 0x3c, max_bytes));
-  CHECK(cudaMemset(b, 0x3c, max_bytes));
-  CHECK(cudaDeviceSynchronize());
+  BRG_CUDA_CHECK(cudaMemset(a, 0x3c, max_bytes));
+  BRG_CUDA_CHECK(cudaMemset(b, 0x3c, max_bytes));
+  BRG_CUDA_CHECK(cudaDeviceSynchronize());
   timer t;
-  CHECK(cudaEventCreate(&t.start));
-  CHECK(cudaEventCreate(&t.stop));
+  BRG_CUDA_CHECK(cudaEventCreate(&t.start));
+  BRG_CUDA_CHECK(cudaEventCreate(&t.stop));
 
   int sms = 0, dev = 0;
-  CHECK(cudaGetDevice(&dev));
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  BRG_CUDA_CHECK(cudaGetDevice(&dev));
+  BRG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   printf("# GB/s = bytes read + written per second (1e9); vs copy = reduce GB/s / memcpy GB/s\n");
   printf("# grids: B = at most %d blocks of 256 threads (-B; BRIGADE_DEVICE_BLOCKS), "
          "full = every block that fits on the %d SMs (at most %d)\n",
@@ -145,11 +137,11 @@ int main(int argc, char **argv) {
       brg_dtype dt = d.dtype;
       size_t n = size / d.size;
       auto sum1 = [&] { return api->reduce(d0, NULL, a, b, n, dt, BRG_SUM, 1, NULL); };
-      CHECK((cudaError_t)api->set_max_blocks(blocks));
+      BRG_CUDA_CHECK((cudaError_t)api->set_max_blocks(blocks));
       double tr = time_it(t, warmup, iters, sum1);
       double tr2 = time_it(t, warmup, iters,
                            [&] { return api->reduce(d0, d1, a, b, n, dt, BRG_SUM, 1, NULL); });
-      CHECK((cudaError_t)api->set_max_blocks(FULL_BLOCKS));
+      BRG_CUDA_CHECK((cudaError_t)api->set_max_blocks(FULL_BLOCKS));
       double tf = time_it(t, warmup, iters, sum1);
       double r_gbs = 3.0 * size / tr / 1e9, r2_gbs = 4.0 * size / tr2 / 1e9;
       double f_gbs = 3.0 * size / tf / 1e9;

@@ -25,18 +25,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/cuda_check.h"
 #include "elem.h"
 #include "half_cases.h"
 
 #define SKIP 77
-#define CK(x)                                                                                      \
-  do {                                                                                             \
-    cudaError_t e_ = (x);                                                                          \
-    if (e_ != cudaSuccess) {                                                                       \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));          \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
 
 enum { NOPS = 6 }; /* sum, prod, min, max, avg, div */
 static const char *const op_names[NOPS] = {"sum", "prod", "min", "max", "avg", "div"};
@@ -162,17 +155,17 @@ int main(void) {
     return SKIP;
   }
   cudaDeviceProp prop;
-  CK(cudaGetDeviceProperties(&prop, 0));
+  BRG_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   printf("test_convert_gpu: %s, sm_%d%d\n", prop.name, prop.major, prop.minor);
 
   /* To float32: all patterns. */
   {
     uint32_t *d, *got = (uint32_t *)malloc(65536 * 4 * sizeof *got);
     if (!got) return 1;
-    CK(cudaMalloc(&d, 65536 * 4 * sizeof *d));
+    BRG_CUDA_CHECK(cudaMalloc(&d, 65536 * 4 * sizeof *d));
     widen_kernel<<<256, 256>>>(d);
-    CK(cudaGetLastError());
-    CK(cudaMemcpy(got, d, 65536 * 4 * sizeof *got, cudaMemcpyDeviceToHost));
+    BRG_CUDA_CHECK(cudaGetLastError());
+    BRG_CUDA_CHECK(cudaMemcpy(got, d, 65536 * 4 * sizeof *got, cudaMemcpyDeviceToHost));
     static const char *const what[4] = {"f16 -> f32", "bf16 -> f32", "f16 widen", "bf16 widen"};
     unsigned long long bad[4] = {0, 0, 0, 0};
     for (uint32_t i = 0; i < 65536; i++) {
@@ -190,7 +183,7 @@ int main(void) {
     tally("bfloat16 -> float32, every pattern", 65536, bad[1]);
     tally("float16 widening for ops, every pattern", 65536, bad[2]);
     tally("bfloat16 widening for ops, every pattern", 65536, bad[3]);
-    CK(cudaFree(d));
+    BRG_CUDA_CHECK(cudaFree(d));
     free(got);
   }
 
@@ -201,12 +194,12 @@ int main(void) {
     uint16_t *got = (uint16_t *)malloc(n * 4 * sizeof *got), *dout;
     if (!cases || !got) return 1;
     brg_test_half_cases(cases, n);
-    CK(cudaMalloc(&dx, n * sizeof *dx));
-    CK(cudaMalloc(&dout, n * 4 * sizeof *dout));
-    CK(cudaMemcpy(dx, cases, n * sizeof *dx, cudaMemcpyHostToDevice));
+    BRG_CUDA_CHECK(cudaMalloc(&dx, n * sizeof *dx));
+    BRG_CUDA_CHECK(cudaMalloc(&dout, n * 4 * sizeof *dout));
+    BRG_CUDA_CHECK(cudaMemcpy(dx, cases, n * sizeof *dx, cudaMemcpyHostToDevice));
     narrow_kernel<<<1024, 256>>>(dx, n, dout);
-    CK(cudaGetLastError());
-    CK(cudaMemcpy(got, dout, n * 4 * sizeof *got, cudaMemcpyDeviceToHost));
+    BRG_CUDA_CHECK(cudaGetLastError());
+    BRG_CUDA_CHECK(cudaMemcpy(got, dout, n * 4 * sizeof *got, cudaMemcpyDeviceToHost));
     static const char *const what[4] = {"float32 -> float16", "float16 rounding of op results",
                                         "float32 -> bfloat16", "bfloat16 rounding of op results"};
     unsigned long long bad[4] = {0, 0, 0, 0};
@@ -223,8 +216,8 @@ int main(void) {
       snprintf(label, sizeof label, "%s, boundary cases", what[k]);
       tally(label, n, bad[k]);
     }
-    CK(cudaFree(dx));
-    CK(cudaFree(dout));
+    BRG_CUDA_CHECK(cudaFree(dx));
+    BRG_CUDA_CHECK(cudaFree(dout));
     free(cases);
     free(got);
   }
@@ -244,12 +237,12 @@ int main(void) {
     size_t total = (size_t)2 * NOPS * NB * 65536;
     uint16_t *db, *dout, *got = (uint16_t *)malloc(total * sizeof *got);
     if (!got) return 1;
-    CK(cudaMalloc(&db, sizeof bs));
-    CK(cudaMalloc(&dout, total * sizeof *dout));
-    CK(cudaMemcpy(db, bs, sizeof bs, cudaMemcpyHostToDevice));
+    BRG_CUDA_CHECK(cudaMalloc(&db, sizeof bs));
+    BRG_CUDA_CHECK(cudaMalloc(&dout, total * sizeof *dout));
+    BRG_CUDA_CHECK(cudaMemcpy(db, bs, sizeof bs, cudaMemcpyHostToDevice));
     op_kernel<<<256, 256>>>(db, dout);
-    CK(cudaGetLastError());
-    CK(cudaMemcpy(got, dout, total * sizeof *got, cudaMemcpyDeviceToHost));
+    BRG_CUDA_CHECK(cudaGetLastError());
+    BRG_CUDA_CHECK(cudaMemcpy(got, dout, total * sizeof *got, cudaMemcpyDeviceToHost));
     for (int bf = 0; bf < 2; bf++)
       for (int op = 0; op < NOPS; op++) {
         unsigned long long bad = 0;
@@ -266,8 +259,8 @@ int main(void) {
                  op_names[op], NB);
         tally(label, (unsigned long long)NB * 65536, bad);
       }
-    CK(cudaFree(db));
-    CK(cudaFree(dout));
+    BRG_CUDA_CHECK(cudaFree(db));
+    BRG_CUDA_CHECK(cudaFree(dout));
     free(got);
   }
 
