@@ -10,15 +10,12 @@
 #include "internal.h"
 
 brg_status brg__fail_no_comm(brg_status s, const char *fmt, ...) {
-  char msg[BRG__ERRLEN];
+  brg__errbuf err = {0};
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
+  vsnprintf(err.msg, sizeof err.msg, fmt, ap);
   va_end(ap);
-  brg__log_init();
-  BRG__WARN("init", "%s", msg);
-  brg__set_thread_error(msg);
-  return s;
+  return brg__fail_no_comm_err(s, &err, NULL);
 }
 
 brg_status brg__fail_no_comm_err(brg_status s, const brg__errbuf *err, const char *prefix) {
