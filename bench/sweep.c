@@ -139,18 +139,23 @@ static uint64_t check_data(bench *b, const row_geom *g, brg_dtype dt, int in_pla
   return wrong;
 }
 
-/* One call: brigade's when alg < 0, else the peer's algorithm `alg`. */
-static void run_call(bench *b, const row_geom *g, brg_dtype dt, brg_op op, int in_place, int alg) {
+/* The call of one placement of one row, on the buffers it uses. */
+static bench_call make_call(bench *b, const row_geom *g, brg_dtype dt, brg_op op, int in_place) {
   char *send, *recv;
   call_buffers(b, g, bench_dt_size(dt), in_place, &send, &recv);
-  bench_call c = {.send = on_device(b, send),
-                  .recv = on_device(b, recv),
-                  .count = g->count,
-                  .dtype = dt,
-                  .op = op,
-                  .root = b->o.root,
-                  .comm = b->comm,
-                  .stream = b->stream};
+  return (bench_call){.send = on_device(b, send),
+                      .recv = on_device(b, recv),
+                      .count = g->count,
+                      .dtype = dt,
+                      .op = op,
+                      .root = b->o.root,
+                      .comm = b->comm,
+                      .stream = b->stream};
+}
+
+/* One call: brigade's when alg < 0, else the peer's algorithm `alg`. */
+static void run_call(bench *b, const row_geom *g, brg_dtype dt, brg_op op, int in_place, int alg) {
+  bench_call c = make_call(b, g, dt, op, in_place);
   if (alg >= 0) {
     bench_peer_call pc = {.c = c, .kind = b->coll->kind, .in_place = in_place, .alg = alg};
     if (b->peer->run(&pc) != 0) {
@@ -175,16 +180,7 @@ static timing time_calls(bench *b, const row_geom *g, brg_dtype dt, brg_op op, i
 
   init_data(b, g, dt, in_place);
   if (alg >= 0) {
-    char *send, *recv;
-    call_buffers(b, g, bench_dt_size(dt), in_place, &send, &recv);
-    bench_peer_call pc = {.c = {.send = on_device(b, send),
-                                .recv = on_device(b, recv),
-                                .count = g->count,
-                                .dtype = dt,
-                                .op = op,
-                                .root = b->o.root,
-                                .comm = b->comm,
-                                .stream = b->stream},
+    bench_peer_call pc = {.c = make_call(b, g, dt, op, in_place),
                           .kind = b->coll->kind,
                           .in_place = in_place,
                           .alg = alg};
