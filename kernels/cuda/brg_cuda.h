@@ -23,7 +23,7 @@ extern "C" {
 #endif
 
 /* Raised whenever the table changes shape; the loader refuses other values. */
-#define BRG__CUDA_ABI 6
+#define BRG__CUDA_ABI 7
 
 /* Name of the one symbol the module exports. */
 #define BRG__CUDA_ENTRY "brg__cuda_module_api"
@@ -129,12 +129,33 @@ typedef struct brg__cuda_api {
    * the training computation and must not take every SM. A launch uses
    * the fewest of this, what the size needs and what fits on the GPU. */
   int (*set_max_blocks)(int blocks);
+
+  /* An event for ordering only (no timing), cheap to record. */
+  int (*event_create)(void **event);
+  /*
+   * Stream memory operations on a 32-bit word of mapped host memory (`addr`
+   * is the address host_register gave kernels): wait_value holds `stream`
+   * until (int32_t)(*addr - value) >= 0, so a counter that wraps still
+   * compares right; write_value stores `value` once the stream's earlier
+   * work has run. A collective whose host side runs on another thread
+   * orders the caller's stream with them. BRG__CUDA_ERR_NO_MEMOPS where the
+   * driver has none.
+   */
+  int (*stream_wait_value)(void *stream, void *addr, unsigned value);
+  int (*stream_write_value)(void *stream, void *addr, unsigned value);
+  /* Makes the RDMA writes into the current device's memory that the host
+   * has seen complete visible to the work enqueued after this call
+   * (GPUDirect RDMA receive); 0 also where the device orders them itself.
+   * BRG__CUDA_ERR_NO_FLUSH where it can do neither. */
+  int (*flush_rdma_writes)(void);
 } brg__cuda_api;
 
 #define BRG__CUDA_IPC_HANDLE_BYTES 64
 
 /* The module's own error codes, above CUDA's; error_string() explains them. */
 #define BRG__CUDA_ERR_NO_DMABUF 100001 /* dmabuf_export: the device or driver cannot */
+#define BRG__CUDA_ERR_NO_MEMOPS 100002 /* stream_wait_value / stream_write_value */
+#define BRG__CUDA_ERR_NO_FLUSH 100003  /* flush_rdma_writes */
 
 typedef const brg__cuda_api *(*brg__cuda_entry_fn)(void);
 

@@ -78,6 +78,10 @@ const char *error_string(int err) {
     /* Short: the runtime logs it after a prefix in a 128-byte buffer. */
     return "dmabuf export is not supported on this device/driver "
            "(CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED is 0)";
+  if (err == BRG__CUDA_ERR_NO_MEMOPS)
+    return "the driver has no stream memory operations (cuStreamWaitValue32)";
+  if (err == BRG__CUDA_ERR_NO_FLUSH)
+    return "the device can neither order nor flush GPUDirect RDMA writes";
   return cudaGetErrorString(static_cast<cudaError_t>(err));
 }
 
@@ -245,6 +249,61 @@ int dmabuf_export(void *p, size_t bytes, int *fd, unsigned long long *offset) {
   return cudaSuccess;
 }
 
+int event_create(void **event) {
+  cudaEvent_t ev;
+  cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  if (e == cudaSuccess) *event = ev;
+  return e;
+}
+
+/* cuStreamWaitValue32 and cuStreamWriteValue32 (CUDA 12's forms, which
+ * every driver since has), looked up once. */
+typedef CUresult (*stream_value_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+stream_value_fn memop(int write) {
+  static stream_value_fn fns[2];
+  static int looked;
+  if (!__atomic_load_n(&looked, __ATOMIC_ACQUIRE)) {
+    stream_value_fn w = reinterpret_cast<stream_value_fn>(driver_fn("cuStreamWaitValue32", 12000));
+    stream_value_fn r = reinterpret_cast<stream_value_fn>(driver_fn("cuStreamWriteValue32", 12000));
+    __atomic_store_n(&fns[0], w, __ATOMIC_RELAXED);
+    __atomic_store_n(&fns[1], r, __ATOMIC_RELAXED);
+    __atomic_store_n(&looked, 1, __ATOMIC_RELEASE);
+  }
+  return __atomic_load_n(&fns[write], __ATOMIC_RELAXED);
+}
+
+int stream_value(int write, void *stream, void *addr, unsigned value) {
+  stream_value_fn fn = memop(write);
+  if (!fn) return BRG__CUDA_ERR_NO_MEMOPS;
+  CUresult r = fn(static_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(addr), value,
+                  write ? static_cast<unsigned>(CU_STREAM_WRITE_VALUE_DEFAULT)
+                        : static_cast<unsigned>(CU_STREAM_WAIT_VALUE_GEQ));
+  if (r == CUDA_ERROR_NOT_SUPPORTED) return BRG__CUDA_ERR_NO_MEMOPS;
+  /* CUresult and cudaError_t share the codes that matter here. */
+  return r == CUDA_SUCCESS ? 0 : static_cast<int>(cudaErrorUnknown);
+}
+int stream_wait_value(void *stream, void *addr, unsigned value) {
+  return stream_value(0, stream, addr, value);
+}
+int stream_write_value(void *stream, void *addr, unsigned value) {
+  return stream_value(1, stream, addr, value);
+}
+
+int flush_rdma_writes(void) {
+  int dev = 0, ordering = 0, options = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess)
+    e = cudaDeviceGetAttribute(&ordering, cudaDevAttrGPUDirectRDMAWritesOrdering, dev);
+  if (e == cudaSuccess)
+    e = cudaDeviceGetAttribute(&options, cudaDevAttrGPUDirectRDMAFlushWritesOptions, dev);
+  if (e != cudaSuccess) return e;
+  /* Writes ordered for the device's own work need no flush. */
+  if (ordering >= cudaGPUDirectRDMAWritesOrderingOwner) return cudaSuccess;
+  if (!(options & cudaFlushGPUDirectRDMAWritesOptionHost)) return BRG__CUDA_ERR_NO_FLUSH;
+  return cudaDeviceFlushGPUDirectRDMAWrites(cudaFlushGPUDirectRDMAWritesTargetCurrentDevice,
+                                            cudaFlushGPUDirectRDMAWritesToOwner);
+}
+
 const brg__cuda_api api = {
     .abi = BRG__CUDA_ABI,
     .probe = probe,
@@ -283,6 +342,10 @@ const brg__cuda_api api = {
     .can_access_peer = can_access_peer,
     .enable_peer_access = enable_peer_access,
     .set_max_blocks = brg__cuda_set_max_blocks,
+    .event_create = event_create,
+    .stream_wait_value = stream_wait_value,
+    .stream_write_value = stream_write_value,
+    .flush_rdma_writes = flush_rdma_writes,
 };
 
 } // namespace

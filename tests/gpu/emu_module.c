@@ -29,6 +29,13 @@
  *  - IPC memory that is closed is unmapped for real: a kernel that still
  *    uses it crashes the process. A process cannot open its own IPC
  *    handles (CUDA refuses them too).
+ *  - Memory exported as a dmabuf takes RDMA writes that a GPU may not show
+ *    to kernels until they are flushed (flush_rdma_writes). The emulation
+ *    cannot see the network's writes, so it asks what a consumer of RDMA
+ *    data must do anyway: a kernel that reads such memory fails (as its
+ *    launch) unless a flush was made since the last kernel that read it.
+ *  - Stream memory operations wait for and write 32-bit words of
+ *    registered host memory, in stream order.
  *
  * Error codes are small integers; error_string() names them.
  */
@@ -54,7 +61,18 @@
 #define HB BRG__CUDA_IPC_HANDLE_BYTES
 #define MAGIC 0x42524745u /* "BRGE" */
 
-enum { E_OK, E_ALLOC, E_HANDLE, E_ARG, E_SYS, E_RESOURCE, E_ILLEGAL, E_DEVICE, E_PEER_UNSUPPORTED };
+enum {
+  E_OK,
+  E_ALLOC,
+  E_HANDLE,
+  E_ARG,
+  E_SYS,
+  E_RESOURCE,
+  E_ILLEGAL,
+  E_DEVICE,
+  E_PEER_UNSUPPORTED,
+  E_UNFLUSHED
+};
 
 static const char *error_string(int e) {
   switch (e) {
@@ -71,6 +89,9 @@ static const char *error_string(int e) {
   case E_DEVICE: return "invalid device ordinal (emulated GPU)";
   case E_PEER_UNSUPPORTED:
     return "peer access is not supported between these devices (emulated GPU)";
+  case E_UNFLUSHED:
+    return "a kernel read GPUDirect RDMA memory with no flush since the last read (emulated GPU: "
+           "a GPU may show it stale data)";
   default: return "system call failed (emulated GPU)";
   }
 }
@@ -122,9 +143,11 @@ static int enable_peer_access(int peer) {
 typedef struct region {
   char *p;
   size_t bytes;
-  int fd;     /* exported: the memfd, kept open so peers can open it */
-  int mapped; /* opened from a peer's handle */
-  int dev;    /* the device it belongs to; -1: registered host memory */
+  int fd;              /* exported: the memfd, kept open so peers can open it */
+  int mapped;          /* opened from a peer's handle */
+  int dev;             /* the device it belongs to; -1: registered host memory */
+  int rdma;            /* exported as a dmabuf: RDMA writes land in it */
+  uint64_t seen_flush; /* the device's flush count at the last kernel that read it */
 } region;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -143,7 +166,7 @@ static int add_region(char *p, size_t bytes, int fd, int mapped, int dev) {
     regions = r;
     capregions = cap;
   }
-  regions[nregions++] = (region){p, bytes, fd, mapped, dev};
+  regions[nregions++] = (region){p, bytes, fd, mapped, dev, 0, 0};
   pthread_mutex_unlock(&lock);
   return E_OK;
 }
@@ -290,6 +313,46 @@ static int reachable(int dev, const void *p, size_t bytes) {
   return r.dev < 0 || r.dev == dev || peer_on[dev][r.dev];
 }
 
+/* ---- GPUDirect RDMA ---- */
+
+static uint64_t flushes[MAX_DEV]; /* flush_rdma_writes per device (under lock) */
+
+static int flush_rdma_writes(void) {
+  pthread_mutex_lock(&lock);
+  flushes[cur_dev]++;
+  pthread_mutex_unlock(&lock);
+  return E_OK;
+}
+
+/* Marks the region holding p as a target of RDMA writes. */
+static void mark_rdma(const void *p) {
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < nregions; i++)
+    if ((const char *)p >= regions[i].p && (const char *)p < regions[i].p + regions[i].bytes) {
+      regions[i].rdma = 1;
+      regions[i].seen_flush = flushes[regions[i].dev < 0 ? 0 : regions[i].dev];
+    }
+  pthread_mutex_unlock(&lock);
+}
+
+/* Whether a kernel of `dev` may read p now: memory that takes RDMA writes
+ * needs a flush since the last kernel that read it. */
+static int rdma_read_ok(int dev, const void *p) {
+  int ok = 1;
+  if (!p) return 1;
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < nregions; i++)
+    if (regions[i].rdma && (const char *)p >= regions[i].p &&
+        (const char *)p < regions[i].p + regions[i].bytes) {
+      if (flushes[dev] == regions[i].seen_flush)
+        ok = 0;
+      else
+        regions[i].seen_flush = flushes[dev];
+    }
+  pthread_mutex_unlock(&lock);
+  return ok;
+}
+
 /* ---- events ---- */
 
 typedef struct ev_shared {
@@ -364,7 +427,7 @@ static void wait_completed(ev_shared *s, uint64_t target) {
 
 /* ---- streams ---- */
 
-enum { OP_REDUCE, OP_COPY, OP_DIVIDE, OP_RECORD, OP_WAIT };
+enum { OP_REDUCE, OP_COPY, OP_DIVIDE, OP_RECORD, OP_WAIT, OP_WAIT_VALUE, OP_WRITE_VALUE };
 
 typedef struct op {
   int kind;
@@ -391,7 +454,7 @@ static stream *default_stream[MAX_DEV]; /* each device's legacy stream */
 
 static void run_op(stream *s, const op *o) {
   /* Now and then a delay, so that work ordered by luck shows. */
-  if (o->kind != OP_WAIT && rand_r(&s->seed) % 4 == 0) {
+  if (o->kind != OP_WAIT && o->kind != OP_WAIT_VALUE && rand_r(&s->seed) % 4 == 0) {
     struct timespec ts = {0, (long)(rand_r(&s->seed) % 200) * 1000};
     nanosleep(&ts, NULL);
   }
@@ -411,6 +474,17 @@ static void run_op(stream *s, const op *o) {
     break;
   }
   case OP_WAIT: wait_completed(o->ev, o->ticket); break;
+  case OP_WAIT_VALUE:
+    for (int i = 0;
+         (int32_t)(__atomic_load_n((uint32_t *)o->d0, __ATOMIC_ACQUIRE) - (uint32_t)o->n) < 0;
+         i++) {
+      if (i < 100)
+        sched_yield();
+      else
+        pause_a_little();
+    }
+    break;
+  case OP_WRITE_VALUE: __atomic_store_n((uint32_t *)o->d0, (uint32_t)o->n, __ATOMIC_RELEASE); break;
   }
 }
 
@@ -475,6 +549,7 @@ static int launch_check(void *st, const void *d0, const void *d1, const void *a,
   if (!reachable(s->dev, d0, bytes) || !reachable(s->dev, d1, bytes) ||
       !reachable(s->dev, a, bytes) || !reachable(s->dev, b, bytes))
     return E_ILLEGAL;
+  if (!rdma_read_ok(s->dev, a) || !rdma_read_ok(s->dev, b)) return E_UNFLUSHED;
   return E_OK;
 }
 
@@ -593,6 +668,26 @@ static int event_create_timing(void **out) {
   return e;
 }
 
+static int event_create(void **out) {
+  return event_create_timing(out);
+}
+
+/* Waits for and writes a word of registered host memory, in stream order. */
+static int stream_value(int kind, void *st, void *addr, unsigned value) {
+  stream *s = get_stream(st);
+  if (!s) return E_ALLOC;
+  if (s->dev != cur_dev) return E_RESOURCE;
+  if (((uintptr_t)addr & 3) || !reachable(s->dev, addr, 4)) return E_ILLEGAL;
+  op o = {.kind = kind, .d0 = addr, .n = value};
+  return enqueue(st, &o);
+}
+static int stream_wait_value(void *st, void *addr, unsigned value) {
+  return stream_value(OP_WAIT_VALUE, st, addr, value);
+}
+static int stream_write_value(void *st, void *addr, unsigned value) {
+  return stream_value(OP_WRITE_VALUE, st, addr, value);
+}
+
 static int event_elapsed_ms(float *ms, void *a, void *b) {
   event *s = a, *t = b;
   if (s->s->completed < s->s->issued || t->s->completed < t->s->issued || !s->s->issued ||
@@ -624,6 +719,7 @@ static int dmabuf_export(void *p, size_t bytes, int *fd, unsigned long long *off
   if (d < 0) return E_SYS;
   *fd = d;
   *offset = (unsigned long long)((char *)p - r.p);
+  mark_rdma(p);
   return E_OK;
 }
 
@@ -711,6 +807,10 @@ static const brg__cuda_api api = {
     .can_access_peer = can_access_peer,
     .enable_peer_access = enable_peer_access,
     .set_max_blocks = set_max_blocks,
+    .event_create = event_create,
+    .stream_wait_value = stream_wait_value,
+    .stream_write_value = stream_write_value,
+    .flush_rdma_writes = flush_rdma_writes,
 };
 
 EXPORT const brg__cuda_api *brg__cuda_module_api(void) {
