@@ -86,12 +86,17 @@ ip -n "$NS_B" link set veth-b up || fail "veth-b up"
 ns_of() { if [ $(($1 % 2)) = 0 ]; then echo "$NS_A"; else echo "$NS_B"; fi; }
 addr_of() { if [ $(($1 % 2)) = 0 ]; then echo 10.77.0.1; else echo 10.77.0.2; fi; }
 
+# Ports are private to the namespaces, but shared memory is not: a port of
+# its own gives each run its own job identity, so that two runs at once on
+# one machine never meet in /dev/shm.
+PORT=$((20000 + RANDOM % 20000))
+
 # start RANK ARGS...: one rank in its namespace, output in $WORK/out.R, log in $WORK/log.R
 start() {
   local r=$1 ns addr
   ns=$(ns_of "$r")
   addr=$(addr_of "$r")
-  ip netns exec "$ns" env MASTER_ADDR=10.77.0.1 MASTER_PORT=29577 RANK="$r" WORLD_SIZE=$NRANKS \
+  ip netns exec "$ns" env MASTER_ADDR=10.77.0.1 MASTER_PORT=$PORT RANK="$r" WORLD_SIZE=$NRANKS \
     LOCAL_RANK=$((r / 2)) BRIGADE_BOOTSTRAP_ADDR="$addr" BRIGADE_TRANSPORTS="shm,$NET" \
     BRIGADE_IB_BACKEND=soft BRIGADE_IB_QPS_PER_LINK="$QPS" BRIGADE_DEBUG=INFO \
     BRIGADE_TIMEOUT_MS="$TIMEOUT_MS" \
@@ -188,13 +193,17 @@ exec)
     [ $st = 0 ] || fail "rank $r exited with status $st"
   done
   cat "$WORK/out.0"
-  # MH_EXPECT_LOG: a text every rank's INFO log must hold (what ran).
+  # MH_EXPECT_LOG: texts, separated by ';', that every rank's INFO log must
+  # hold (what ran).
   if [ -n "${MH_EXPECT_LOG:-}" ]; then
-    for r in $(seq 0 $((NRANKS - 1))); do
-      grep -q -- "$MH_EXPECT_LOG" "$WORK/log.$r" ||
-        fail "rank $r's log lacks '$MH_EXPECT_LOG': $(grep -h 'device ring\|GPUDirect' "$WORK/log.$r")"
+    IFS=';' read -r -a expect <<<"$MH_EXPECT_LOG"
+    for text in "${expect[@]}"; do
+      for r in $(seq 0 $((NRANKS - 1))); do
+        grep -q -- "$text" "$WORK/log.$r" ||
+          fail "rank $r's log lacks '$text': $(grep -h 'device ring\|GPUDirect' "$WORK/log.$r")"
+      done
+      echo "every rank logged: $text"
     done
-    echo "every rank logged: $MH_EXPECT_LOG"
   fi
   ;;
 *)
