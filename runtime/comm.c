@@ -306,6 +306,7 @@ brg_status brg_comm_abort(brg_comm *comm) {
   brg__fifo_wake_all(&comm->recv.fifo);
   pthread_mutex_lock(&comm->qlock);
   pthread_cond_broadcast(&comm->qcond);
+  pthread_cond_broadcast(&comm->donecond);
   pthread_mutex_unlock(&comm->qlock);
   brg__comm_notify_abort(comm, BRG_ERR_REMOTE, "the communicator was aborted");
   return BRG_SUCCESS;
@@ -314,10 +315,9 @@ brg_status brg_comm_abort(brg_comm *comm) {
 brg_status brg_comm_destroy(brg_comm *comm) {
   brg_status s = brg__check_comm(comm, "brg_comm_destroy");
   if (s != BRG_SUCCESS) return s;
-  pthread_mutex_lock(&comm->qlock);
-  int pending = comm->busy || comm->qhead;
-  pthread_mutex_unlock(&comm->qlock);
-  /* Collectives still queued cannot finish once this rank is gone. */
-  if (pending) brg_comm_abort(comm);
+  /* Device collectives that returned at once are finished first, as on
+   * the ring within a host; other collectives still queued cannot finish
+   * once this rank is gone. */
+  if (!brg__progress_settle(comm)) brg_comm_abort(comm);
   return comm_free(comm);
 }

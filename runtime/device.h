@@ -64,6 +64,21 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
 size_t brg__device_ring_slice_bytes(const struct brg__dev_ring *d);
 /* One primitive on one slice whose buffers are in GPU memory. */
 brg_status brg__device_prim(struct brg__ring_op *o, int prim, const char *in, char *out, size_t m);
+/*
+ * Asynchronous mode (BRIGADE_DEVICE_PROXY; by default where the ring has a
+ * link between hosts, whose waits are on the host): the host side of a
+ * device collective runs on the communicator's thread, on the ring's own
+ * stream, and the call returns at once. begin, on the caller's thread with
+ * the communicator's qlock held (tickets follow the queue's order): the
+ * ring's stream will wait for the caller's stream, and the caller's stream
+ * for the collective, through a flag; k then names the ring's stream.
+ * start, on the thread that runs it, before it; end, after it, with its
+ * status (also when it never ran).
+ */
+int brg__device_ring_async(const struct brg__dev_ring *d);
+brg_status brg__device_async_begin(brg_comm *c, brg__coll *k);
+brg_status brg__device_async_start(brg_comm *c, brg__coll *k);
+void brg__device_async_end(brg_comm *c, brg__coll *k, brg_status s);
 /* One rank: recvbuf = sendbuf, on the stream. */
 brg_status brg__device_single(brg_comm *c, const brg__coll *k);
 /* Teardown, in two halves around a barrier with the ring neighbours

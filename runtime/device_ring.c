@@ -62,6 +62,9 @@
  * 16-byte vector path when chunks start at odd elements. */
 #define SLOT_SHIFT_ROOM 256
 
+/* The asynchronous mode's flag lives alone in a page of pinned memory. */
+#define FLAG_PAGE 4096
+
 struct brg__dev_ring {
   const brg__cuda_api *api;
   int nslots;
@@ -93,6 +96,29 @@ struct brg__dev_ring {
   char fifo_shm[64]; /* its shared-memory name ("": none) */
   char *next_host;   /* the next rank's host FIFO, mapped here */
   int stuck;         /* own work could not drain: nothing may be freed */
+  /* Bytes per slot on each link: the slice on CUDA IPC links, the network
+   * transport's slot on links between hosts (a slice crosses those in
+   * several pieces). GPU slots on a GPUDirect link are gdr_stride apart. */
+  size_t send_piece, recv_piece, gdr_stride;
+  /* Asynchronous mode: the host side of each collective runs on the
+   * communicator's thread on `proxy` (a stream of this ring's GPU); the
+   * caller's stream waits for *flag to reach the collective's ticket, which
+   * proxy writes once the collective has run. */
+  int async;
+  void *proxy;
+  uint32_t *flag_host; /* a page of pinned host memory */
+  void *flag_dev;
+  uint32_t issued; /* tickets handed out (under the communicator's qlock) */
+  void *proxy_ev;  /* recorded on proxy after each flag write */
+  pthread_mutex_t ev_lock;
+  void **spare_ev; /* start events not in use */
+  int nspare, capspare;
+  /* Each caller stream seen, with an event recorded after its latest wait
+   * on the flag: the flag page is freed only once all of them have run. */
+  struct {
+    void *stream, *ev;
+  } callers[16];
+  int ncallers;
 };
 
 /* What each rank tells every other one at setup. */
@@ -158,6 +184,16 @@ static void ring_release(struct brg__dev_ring *d) {
   }
   if (d->fifo_shm[0]) shm_unlink(d->fifo_shm);
   if (d->gdr_send) api->mem_free(d->gdr_send);
+  if (d->proxy) api->stream_destroy(d->proxy);
+  if (d->proxy_ev) api->event_destroy(d->proxy_ev);
+  for (int i = 0; i < d->nspare; i++) api->event_destroy(d->spare_ev[i]);
+  free(d->spare_ev);
+  for (int i = 0; i < d->ncallers; i++) api->event_destroy(d->callers[i].ev);
+  if (d->flag_host) {
+    api->host_unregister(d->flag_host);
+    munmap(d->flag_host, FLAG_PAGE);
+  }
+  pthread_mutex_destroy(&d->ev_lock);
   free(d);
 }
 
@@ -178,6 +214,146 @@ static brg_status event_wait(brg_comm *c, struct brg__dev_ring *d, void *ev, con
   }
 }
 
+/* ---- asynchronous mode ---- */
+
+/* Sets the flag from the host to `ticket` unless it is already there or
+ * beyond (in the flag's wrapping order). */
+static void flag_raise(struct brg__dev_ring *d, uint32_t ticket) {
+  uint32_t cur = __atomic_load_n(d->flag_host, __ATOMIC_ACQUIRE);
+  while ((int32_t)(ticket - cur) > 0 &&
+         !__atomic_compare_exchange_n(d->flag_host, &cur, ticket, 0, __ATOMIC_RELEASE,
+                                      __ATOMIC_ACQUIRE)) {}
+}
+
+/* The ring's stream, its flag and its events, on the ring's GPU. Where the
+ * driver cannot make a stream wait on a flag, collectives keep their host
+ * side on the calling thread; 0 or the reason in why. */
+static int setup_async(struct brg__dev_ring *d, char *why, size_t cap) {
+  const brg__cuda_api *api = d->api;
+  const char *what = "cudaStreamCreate";
+  int e = api->stream_create(&d->proxy);
+  if (!e) {
+    what = "cudaEventCreate";
+    e = api->event_create(&d->proxy_ev);
+  }
+  if (!e) {
+    what = "the flag page";
+    void *m = mmap(NULL, FLAG_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) {
+      snprintf(why, cap, "%s: %s", what, strerror(errno));
+      return -1;
+    }
+    memset(m, 0, FLAG_PAGE);
+    if ((e = api->host_register(m, FLAG_PAGE, &d->flag_dev)) != 0) {
+      munmap(m, FLAG_PAGE);
+    } else {
+      d->flag_host = m;
+      what = "cuStreamWaitValue32";
+      /* The flag is 0: this wait passes at once, and shows that the driver has them. */
+      e = api->stream_wait_value(d->proxy, d->flag_dev, 0);
+    }
+  }
+  if (e) snprintf(why, cap, "%s: %s", what, api->error_string(e));
+  return e;
+}
+
+/* A start event from the spares, or a new one; NULL when none can be made. */
+static void *start_event(struct brg__dev_ring *d) {
+  void *ev = NULL;
+  pthread_mutex_lock(&d->ev_lock);
+  if (d->nspare > 0) ev = d->spare_ev[--d->nspare];
+  pthread_mutex_unlock(&d->ev_lock);
+  if (!ev && d->api->event_create(&ev) != 0) ev = NULL;
+  return ev;
+}
+
+static void spare_event(struct brg__dev_ring *d, void *ev) {
+  pthread_mutex_lock(&d->ev_lock);
+  if (d->nspare == d->capspare) {
+    int cap = d->capspare ? 2 * d->capspare : 16;
+    void **a = realloc(d->spare_ev, (size_t)cap * sizeof *a);
+    if (a) {
+      d->spare_ev = a;
+      d->capspare = cap;
+    }
+  }
+  if (d->nspare < d->capspare) {
+    d->spare_ev[d->nspare++] = ev;
+    ev = NULL;
+  }
+  pthread_mutex_unlock(&d->ev_lock);
+  if (ev) d->api->event_destroy(ev);
+}
+
+/* The event recorded on a caller's stream after its waits on the flag. */
+static void *caller_event(struct brg__dev_ring *d, void *stream) {
+  for (int i = 0; i < d->ncallers; i++)
+    if (d->callers[i].stream == stream) return d->callers[i].ev;
+  int n = (int)(sizeof d->callers / sizeof d->callers[0]);
+  if (d->ncallers == n) return NULL;
+  void *ev = NULL;
+  if (d->api->event_create(&ev) != 0) return NULL;
+  d->callers[d->ncallers].stream = stream;
+  d->callers[d->ncallers].ev = ev;
+  d->ncallers++;
+  return ev;
+}
+
+int brg__device_ring_async(const struct brg__dev_ring *d) {
+  return d && d->async;
+}
+
+brg_status brg__device_async_begin(brg_comm *c, brg__coll *k) {
+  struct brg__dev_ring *d = c->dev;
+  const brg__cuda_api *api = d->api;
+  void *ev = start_event(d), *after = caller_event(d, k->stream);
+  if (!ev || !after) {
+    if (ev) spare_event(d, ev);
+    return brg__comm_error(c, BRG_ERR_SYSTEM,
+                           "rank %d: %s: no event for the caller's stream %p (more than %d "
+                           "streams, or cudaEventCreate failed)",
+                           c->rank, brg__coll_name(k->kind), k->stream,
+                           (int)(sizeof d->callers / sizeof d->callers[0]));
+  }
+  uint32_t ticket = d->issued + 1;
+  int e = api->event_record(ev, k->stream);
+  if (!e) e = api->stream_wait_value(k->stream, d->flag_dev, ticket);
+  if (!e) e = api->event_record(after, k->stream);
+  if (e) {
+    spare_event(d, ev);
+    return cuda_fail(c, api, e, "ordering the caller's stream after the collective");
+  }
+  d->issued = ticket;
+  k->async = 1;
+  k->ticket = ticket;
+  k->start_ev = ev;
+  k->stream = d->proxy;
+  return BRG_SUCCESS;
+}
+
+brg_status brg__device_async_start(brg_comm *c, brg__coll *k) {
+  struct brg__dev_ring *d = c->dev;
+  int e = d->api->stream_wait_event(d->proxy, k->start_ev);
+  spare_event(d, k->start_ev);
+  k->start_ev = NULL;
+  return e ? cuda_fail(c, d->api, e, "cudaStreamWaitEvent (the caller's stream)") : BRG_SUCCESS;
+}
+
+void brg__device_async_end(brg_comm *c, brg__coll *k, brg_status s) {
+  struct brg__dev_ring *d = c->dev;
+  const brg__cuda_api *api = d->api;
+  if (k->start_ev) {
+    spare_event(d, k->start_ev);
+    k->start_ev = NULL;
+  }
+  /* In stream order after the collective; and from the host at once when
+   * it failed, so that the caller's stream does not wait for work that may
+   * never run (the error reaches the caller at its next call). */
+  int e = api->stream_write_value(d->proxy, d->flag_dev, k->ticket);
+  if (!e) e = api->event_record(d->proxy_ev, d->proxy);
+  if (s != BRG_SUCCESS || e) flag_raise(d, k->ticket);
+}
+
 /* Whether every event this rank recorded has run, polled until the
  * deadline (ms, -1 never). */
 static int own_work_drained(struct brg__dev_ring *d, int64_t deadline) {
@@ -188,6 +364,9 @@ static int own_work_drained(struct brg__dev_ring *d, int64_t deadline) {
       if (d->send_ev[k] && api->event_query(d->send_ev[k]) == -1) pending = 1;
       if (d->rel_ev[k] && api->event_query(d->rel_ev[k]) == -1) pending = 1;
     }
+    if (d->proxy_ev && api->event_query(d->proxy_ev) == -1) pending = 1;
+    for (int k = 0; k < d->ncallers && !pending; k++)
+      if (api->event_query(d->callers[k].ev) == -1) pending = 1;
     if (!pending) return 1;
     if (brg__deadline_passed(deadline)) return 0;
     brg__sleep_ms(i < 100 ? 0 : 1);
@@ -199,8 +378,17 @@ brg_status brg__device_ring_drain(brg_comm *c) {
   if (!d) return BRG_SUCCESS;
   if (own_work_drained(d, brg__deadline_ms(c->timeout_ms))) return BRG_SUCCESS;
   d->stuck = 1;
-  char stream[64];
-  if (d->last_stream)
+  /* The callers' streams must not wait for the ring's own forever: its
+   * flag jumps to the last ticket (what they then read is not the
+   * collectives' result, which the error below says). */
+  if (d->flag_host) flag_raise(d, d->issued);
+  char stream[160];
+  if (d->async)
+    snprintf(stream, sizeof stream,
+             "its own stream %p (the callers' streams no longer wait for it, and what they read "
+             "is not a result)",
+             d->proxy);
+  else if (d->last_stream)
     snprintf(stream, sizeof stream, "stream %p", d->last_stream);
   else
     snprintf(stream, sizeof stream, "the legacy default stream");
@@ -262,17 +450,22 @@ static int gdr_register(struct brg__dev_ring *d, brg__conn *link, void *p, size_
 /* GPUDirect RDMA on the links to and from other hosts, where the transport
  * and the GPU allow it; whether it then runs is decided with the neighbour. */
 static void setup_gdr(struct brg__dev_ring *d, dev_blob *b) {
-  size_t bytes = (size_t)d->nslots * d->stride;
+  size_t bytes = (size_t)d->nslots * d->gdr_stride;
   if (!brg__device_int(BRG__DEVICE_IB_GDR)) {
     snprintf(b->gdr_why, sizeof b->gdr_why, "off (BRIGADE_IB_GDR=0)");
     return;
   }
-  if (d->recv_staged && gdr_register(d, d->link_recv, d->fifo, bytes, &b->gdr_rkey, b->gdr_why,
-                                     sizeof b->gdr_why) == 0)
+  /* Kernels may read what the network wrote only after a flush (or on a
+   * GPU that orders those writes itself). */
+  int e = d->recv_staged ? d->api->flush_rdma_writes() : 0;
+  if (e)
+    snprintf(b->gdr_why, sizeof b->gdr_why, "receive: %s", d->api->error_string(e));
+  else if (d->recv_staged && gdr_register(d, d->link_recv, d->fifo, bytes, &b->gdr_rkey, b->gdr_why,
+                                          sizeof b->gdr_why) == 0)
     d->recv_reg = b->gdr_recv_ok = 1;
   if (d->send_staged) {
     unsigned char unused[HB];
-    int e = d->api->ipc_mem_export((void **)&d->gdr_send, bytes, unused);
+    e = d->api->ipc_mem_export((void **)&d->gdr_send, bytes, unused);
     if (e)
       snprintf(b->gdr_why, sizeof b->gdr_why, "cudaMalloc: %s", d->api->error_string(e));
     else if (gdr_register(d, d->link_send, d->gdr_send, bytes, NULL, b->gdr_why,
@@ -334,6 +527,12 @@ static int host_fifo_alloc(brg_comm *c, struct brg__dev_ring *d, size_t bytes, i
   return 0;
 }
 
+/* The receive FIFO's size: GPU slots of a GPUDirect link from another
+ * host, or slices from a rank of this host. */
+static size_t fifo_bytes(const struct brg__dev_ring *d) {
+  return (size_t)d->nslots * (d->recv_staged ? d->gdr_stride : d->stride);
+}
+
 /* This rank's own half: FIFO, events and mapped host FIFOs, described in `b`. */
 static void setup_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b, const dev_blob *prev) {
   const brg__cuda_api *api = d->api;
@@ -359,7 +558,7 @@ static void setup_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b, const
                 c->rank, b->gpu, c->prev, prev->gpu);
   } else if (!e) {
     what = "cudaMalloc + cudaIpcGetMemHandle of the receive FIFO";
-    e = api->ipc_mem_export((void **)&d->fifo, (size_t)d->nslots * d->stride, b->fifo_handle);
+    e = api->ipc_mem_export((void **)&d->fifo, fifo_bytes(d), b->fifo_handle);
   }
   for (int k = 0; !e && k < d->nslots; k++) {
     what = "creating interprocess events";
@@ -372,7 +571,7 @@ static void setup_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b, const
   if (!e) setup_gdr(d, b);
   if (e) {
     snprintf(b->why, sizeof b->why, "%s: %s (%zu bytes of FIFO)", what,
-             e == -1 ? strerror(errno) : api->error_string(e), (size_t)d->nslots * d->stride);
+             e == -1 ? strerror(errno) : api->error_string(e), fifo_bytes(d));
     return;
   }
   b->ok = 1;
@@ -504,10 +703,16 @@ brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st) {
   uint64_t here = c->peers[c->rank].host_hash;
   d->send_staged = c->peers[c->next].host_hash != here;
   d->recv_staged = c->peers[c->prev].host_hash != here;
-  /* Every rank slices alike: with any link between hosts, slices are the
-   * host FIFOs' slots. */
-  for (int r = 0; r < c->nranks; r++)
-    if (c->peers[r].host_hash != c->peers[0].host_hash) d->slice_bytes = c->slice_bytes;
+  /* Every rank slices alike (the slice is the pipeline unit); each link
+   * carries a slice in slots of its own size. */
+  d->send_piece = d->send_staged ? c->slice_bytes : d->slice_bytes;
+  d->recv_piece = d->recv_staged ? c->slice_bytes : d->slice_bytes;
+  d->gdr_stride = c->slice_bytes + SLOT_SHIFT_ROOM;
+  int across = 0;
+  for (int r = 0; r < c->nranks; r++) across |= c->peers[r].host_hash != c->peers[0].host_hash;
+  int proxy = (int)brg__device_int(BRG__DEVICE_PROXY);
+  d->async = proxy < 0 ? across : proxy;
+  pthread_mutex_init(&d->ev_lock, NULL);
   mine->pid = (int32_t)getpid();
   mine->process = process_token();
   if (api->get_device(&mine->gpu) != 0) mine->gpu = 0;
@@ -556,12 +761,23 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
     d->send_gdr = d->send_staged && mine->gdr_send_ok && all[c->next].gdr_recv_ok;
     d->recv_gdr = d->recv_staged && all[c->prev].gdr_send_ok && mine->gdr_recv_ok;
     if (d->send_gdr)
-      c->send.ops->dev_remote(&c->send, all[c->next].fifo_ptr, all[c->next].gdr_rkey, d->stride);
+      c->send.ops->dev_remote(&c->send, all[c->next].fifo_ptr, all[c->next].gdr_rkey,
+                              d->gdr_stride);
     if ((d->send_staged && !d->send_gdr) || (d->recv_staged && !d->recv_gdr))
       BRG__INFO("init", "GPUDirect RDMA not used between hosts: %s",
                 mine->gdr_why[0]                 ? mine->gdr_why
                 : d->send_staged && !d->send_gdr ? all[c->next].gdr_why
                                                  : all[c->prev].gdr_why);
+  }
+  if (s == BRG_SUCCESS && d->async) {
+    char why[192];
+    if (setup_async(d, why, sizeof why) != 0) {
+      d->async = 0;
+      BRG__INFO("init",
+                "device collectives keep their host side on the calling thread (the call "
+                "returns when the collective is done on ranks with a link between hosts): %s",
+                why);
+    }
   }
   if (s == BRG_SUCCESS) {
     int share = 0;
@@ -571,7 +787,8 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
     BRG__INFO("init",
               "device ring: step mode (a copy or reduce kernel per slice and step, "
               "ordered by interprocess events; no kernel waits for another process), "
-              "%d slots of %zu bytes in GPU memory; %d of %d ranks on this GPU%s; %s%s%s",
+              "%d slots of %zu bytes (a slice) in GPU memory; %d of %d ranks on this GPU%s; "
+              "%s%s%s%s",
               d->nslots, d->slice_bytes, share, c->nranks,
               share > 1 ? (mps_running() ? ", MPS running"
                                          : ", no MPS: their kernels take turns on the GPU")
@@ -582,8 +799,14 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
                                : "",
               d->recv_gdr      ? "; from the previous host GPU to GPU (GPUDirect RDMA)"
               : d->recv_staged ? "; from the previous host through pinned host memory"
-                               : "");
-    c->dev = d;
+                               : "",
+              d->async ? "; host side on the communicator's thread, the call returns at once "
+                         "(the caller's stream waits on a flag)"
+                       : "");
+    if (d->send_staged || d->recv_staged)
+      BRG__INFO("init", "device ring: a slice crosses the network in slots of %zu bytes",
+                c->slice_bytes);
+    __atomic_store_n(&c->dev, d, __ATOMIC_RELEASE);
   } else {
     ring_release(d);
   }
@@ -601,99 +824,178 @@ brg_status brg__device_single(brg_comm *c, const brg__coll *k) {
   return e ? cuda_fail(c, api, e, "copy kernel") : BRG_SUCCESS;
 }
 
+/* The kernel of a primitive on one piece: m elements of input `in` and
+ * output `out`, reading received slot `r` and writing the next rank's slot
+ * `slot`. */
+static int launch(const brg__cuda_api *api, const brg__coll *k, int n, brg__prim prim,
+                  const char *in, char *out, const char *r, char *slot, size_t m, size_t esize) {
+  brg_op mid = k->op == BRG_AVG ? BRG_SUM : k->op;
+  size_t bytes = m * esize;
+  void *st = k->stream;
+  if (m == 0) return 0;
+  switch (prim) {
+  case BRG__PRIM_SEND: return api->copy(slot, out, in, bytes, st);
+  case BRG__PRIM_RECV_REDUCE_SEND: return api->reduce(slot, NULL, r, in, m, k->dtype, mid, 1, st);
+  case BRG__PRIM_RECV_REDUCE_COPY_SEND:
+    return api->reduce(out, slot, r, in, m, k->dtype, k->op, n, st);
+  case BRG__PRIM_RECV_REDUCE_COPY: return api->reduce(out, NULL, r, in, m, k->dtype, k->op, n, st);
+  case BRG__PRIM_RECV_COPY_SEND: return api->copy(out, slot, r, bytes, st);
+  case BRG__PRIM_RECV: return api->copy(out, NULL, r, bytes, st);
+  case BRG__PRIM_COPY: return api->copy(out, NULL, in, bytes, st);
+  }
+  return 0;
+}
+
+/* Receives from the previous rank: where piece `bytes` is to be read
+ * (*r), once its writer has run (the stream waits, or the host waited). */
+static brg_status recv_piece(struct brg__ring_op *o, size_t shift, uint64_t bytes, const char **r) {
+  brg_comm *c = o->c;
+  struct brg__dev_ring *d = o->dev;
+  const brg__cuda_api *api = d->api;
+  const brg__coll *k = o->coll;
+  int rk = (int)(c->recv_pos % (uint64_t)d->nslots), e;
+  const char *hdr;
+  brg_status s;
+  if (d->recv_gdr) {
+    /* the piece landed in the GPU slot itself (at shift 0) */
+    if ((s = brg__ring_recv_acquire(o, &hdr, bytes)) != BRG_SUCCESS) return s;
+    if ((e = api->flush_rdma_writes()) != 0)
+      return cuda_fail(c, api, e, "flushing GPUDirect RDMA writes");
+    *r = d->fifo + (size_t)rk * d->gdr_stride;
+    return BRG_SUCCESS;
+  }
+  if (d->recv_staged) {
+    if ((s = brg__ring_recv_acquire(o, &hdr, bytes)) != BRG_SUCCESS) return s;
+    *r = d->recv_region_dev + (hdr - d->recv_region);
+    return BRG_SUCCESS;
+  }
+  if ((s = brg__ring_recv_acquire(o, &hdr, 0)) != BRG_SUCCESS) return s;
+  uint64_t theirs;
+  memcpy(&theirs, hdr, sizeof theirs);
+  if (theirs != bytes)
+    return brg__comm_error(c, BRG_ERR_MISMATCH,
+                           "collective mismatch: rank %d sent %llu bytes of GPU data at step %d "
+                           "of %s #%llu, rank %d expected %llu",
+                           c->prev, (unsigned long long)theirs, c->cur_step,
+                           brg__coll_name(k->kind), (unsigned long long)k->seq, c->rank,
+                           (unsigned long long)bytes);
+  e = api->stream_wait_event(k->stream, d->prev_send_ev[rk]);
+  if (e) return cuda_fail(c, api, e, "cudaStreamWaitEvent (previous rank's slot)");
+  *r = d->fifo + (size_t)rk * d->stride + shift;
+  return BRG_SUCCESS;
+}
+
+/* Sends to the next rank: where piece `bytes` is to be written (*slot),
+ * once the slot is free. */
+static brg_status send_piece(struct brg__ring_op *o, size_t shift, uint64_t bytes, char **slot) {
+  brg_comm *c = o->c;
+  struct brg__dev_ring *d = o->dev;
+  const brg__cuda_api *api = d->api;
+  int sk = (int)(c->send_pos % (uint64_t)d->nslots), e;
+  char *hslot;
+  brg_status s;
+  if (d->send_gdr) {
+    if ((s = brg__ring_send_acquire(o, bytes, &hslot)) != BRG_SUCCESS) return s;
+    *slot = d->gdr_send + (size_t)sk * d->gdr_stride;
+    return BRG_SUCCESS;
+  }
+  if (d->send_staged) {
+    if ((s = brg__ring_send_acquire(o, bytes, &hslot)) != BRG_SUCCESS) return s;
+    *slot = d->send_region_dev + (hslot - d->send_region);
+    return BRG_SUCCESS;
+  }
+  if ((s = brg__ring_send_acquire(o, 0, &hslot)) != BRG_SUCCESS) return s;
+  /* One lap on, the slot is free once the next rank's kernel that read it
+   * has run. */
+  if (c->send_pos >= (uint64_t)d->nslots &&
+      (e = api->stream_wait_event(o->coll->stream, d->next_rel_ev[sk])) != 0)
+    return cuda_fail(c, api, e, "cudaStreamWaitEvent (next rank's slot)");
+  *slot = d->next_fifo + (size_t)sk * d->stride + shift;
+  memcpy(hslot, &bytes, sizeof bytes);
+  return BRG_SUCCESS;
+}
+
+/* Hands a written slot to the next rank: an event says when the kernel
+ * has written it; the network transport reads it from host memory, so for
+ * a link between hosts the host waits for that first. */
+static brg_status send_done(struct brg__ring_op *o, uint64_t bytes) {
+  brg_comm *c = o->c;
+  struct brg__dev_ring *d = o->dev;
+  int sk = (int)(c->send_pos % (uint64_t)d->nslots), e;
+  brg_status s;
+  if ((e = d->api->event_record(d->send_ev[sk], o->coll->stream)) != 0)
+    return cuda_fail(c, d->api, e, "cudaEventRecord");
+  if (d->send_staged && (s = event_wait(c, d, d->send_ev[sk],
+                                        "cudaEventQuery (slot for the next host)")) != BRG_SUCCESS)
+    return s;
+  brg__ring_send_post(o, d->send_staged ? bytes : 0);
+  return BRG_SUCCESS;
+}
+
+/* Hands a read slot back to the previous rank, once the kernel that read it
+ * has run (the previous rank's stream waits for the event; for a link
+ * between hosts the host waits before freeing the slot). */
+static brg_status recv_done(struct brg__ring_op *o) {
+  brg_comm *c = o->c;
+  struct brg__dev_ring *d = o->dev;
+  int rk = (int)(c->recv_pos % (uint64_t)d->nslots), e;
+  brg_status s;
+  if ((e = d->api->event_record(d->rel_ev[rk], o->coll->stream)) != 0)
+    return cuda_fail(c, d->api, e, "cudaEventRecord");
+  if (d->recv_staged &&
+      (s = event_wait(c, d, d->rel_ev[rk], "cudaEventQuery (slot from the previous host)")) !=
+          BRG_SUCCESS)
+    return s;
+  brg__ring_recv_release(o);
+  return BRG_SUCCESS;
+}
+
+/*
+ * One primitive on one slice of m elements. A link whose slots are smaller
+ * than the slice (a network link, whose slots are the transport's) takes
+ * the slice in pieces of its slot size, a slot and a kernel per piece; a
+ * link between two GPUs of this host takes the whole slice in one slot,
+ * which the pieces' kernels fill or read at their offsets. Both ends of a
+ * link cut alike, since both know the slice and the link's slot size.
+ */
 brg_status brg__device_prim(struct brg__ring_op *o, int prim_, const char *in, char *out,
                             size_t m) {
   brg__prim prim = (brg__prim)prim_;
   brg_comm *c = o->c;
   struct brg__dev_ring *d = o->dev;
-  const brg__cuda_api *api = d->api;
   const brg__coll *k = o->coll;
-  void *st = k->stream;
-  d->last_stream = st;
+  d->last_stream = k->stream;
   uint64_t bytes = (uint64_t)m * o->esize;
   int recvs = brg__prim_recvs(prim), sends = brg__prim_sends(prim);
-  int rk = (int)(c->recv_pos % (uint64_t)d->nslots), sk = (int)(c->send_pos % (uint64_t)d->nslots);
-  int e = 0;
-  brg_status s;
-  const char *hdr;
-  char *hslot;
   size_t shift = (o->elem * o->esize) % 16;
-  const char *r = d->fifo + (size_t)rk * d->stride + shift;
-  char *slot = d->next_fifo ? d->next_fifo + (size_t)sk * d->stride + shift : NULL;
-  if (recvs && d->recv_gdr) {
-    /* the payload landed in the GPU slot itself (at shift 0) */
-    if ((s = brg__ring_recv_acquire(o, &hdr, bytes)) != BRG_SUCCESS) return s;
-    r = d->fifo + (size_t)rk * d->stride;
-  } else if (recvs && d->recv_staged) {
-    if ((s = brg__ring_recv_acquire(o, &hdr, bytes)) != BRG_SUCCESS) return s;
-    r = d->recv_region_dev + (hdr - d->recv_region);
-  } else if (recvs) {
-    if ((s = brg__ring_recv_acquire(o, &hdr, 0)) != BRG_SUCCESS) return s;
-    uint64_t theirs;
-    memcpy(&theirs, hdr, sizeof theirs);
-    if (theirs != bytes)
-      return brg__comm_error(c, BRG_ERR_MISMATCH,
-                             "collective mismatch: rank %d sent %llu bytes of GPU data at step %d "
-                             "of %s #%llu, rank %d expected %llu",
-                             c->prev, (unsigned long long)theirs, c->cur_step,
-                             brg__coll_name(k->kind), (unsigned long long)k->seq, c->rank,
-                             (unsigned long long)bytes);
-    e = api->stream_wait_event(st, d->prev_send_ev[rk]);
-    if (e) return cuda_fail(c, api, e, "cudaStreamWaitEvent (previous rank's slot)");
-  }
-  if (sends && d->send_gdr) {
-    if ((s = brg__ring_send_acquire(o, bytes, &hslot)) != BRG_SUCCESS) return s;
-    slot = d->gdr_send + (size_t)sk * d->stride;
-  } else if (sends && d->send_staged) {
-    if ((s = brg__ring_send_acquire(o, bytes, &hslot)) != BRG_SUCCESS) return s;
-    slot = d->send_region_dev + (hslot - d->send_region);
-  } else if (sends) {
-    if ((s = brg__ring_send_acquire(o, 0, &hslot)) != BRG_SUCCESS) return s;
-    /* One lap on, the slot is free once the next rank's kernel that read
-     * it has run. */
-    if (c->send_pos >= (uint64_t)d->nslots &&
-        (e = api->stream_wait_event(st, d->next_rel_ev[sk])) != 0)
-      return cuda_fail(c, api, e, "cudaStreamWaitEvent (next rank's slot)");
-  }
-  int n = c->nranks;
-  brg_op mid = k->op == BRG_AVG ? BRG_SUM : k->op;
-  if (m > 0) {
-    switch (prim) {
-    case BRG__PRIM_SEND: e = api->copy(slot, out, in, bytes, st); break;
-    case BRG__PRIM_RECV_REDUCE_SEND:
-      e = api->reduce(slot, NULL, r, in, m, k->dtype, mid, 1, st);
-      break;
-    case BRG__PRIM_RECV_REDUCE_COPY_SEND:
-      e = api->reduce(out, slot, r, in, m, k->dtype, k->op, n, st);
-      break;
-    case BRG__PRIM_RECV_REDUCE_COPY:
-      e = api->reduce(out, NULL, r, in, m, k->dtype, k->op, n, st);
-      break;
-    case BRG__PRIM_RECV_COPY_SEND: e = api->copy(out, slot, r, bytes, st); break;
-    case BRG__PRIM_RECV: e = api->copy(out, NULL, r, bytes, st); break;
-    case BRG__PRIM_COPY: e = api->copy(out, NULL, in, bytes, st); break;
-    }
-    if (e) return cuda_fail(c, api, e, "reduce/copy kernel launch");
-  }
-  if (sends) {
-    if (!d->send_staged) memcpy(hslot, &bytes, sizeof bytes);
-    if ((e = api->event_record(d->send_ev[sk], st)) != 0)
-      return cuda_fail(c, api, e, "cudaEventRecord");
-    /* The transport reads the slot from host memory: it must be written. */
-    if (d->send_staged &&
-        (s = event_wait(c, d, d->send_ev[sk], "cudaEventQuery (slot for the next host)")) !=
-            BRG_SUCCESS)
+  /* split: the link takes this slice in pieces of `piece` bytes */
+  int rsplit = recvs && d->recv_piece < bytes, ssplit = sends && d->send_piece < bytes;
+  uint64_t piece = bytes;
+  if (rsplit) piece = d->recv_piece;
+  if (ssplit && d->send_piece < piece) piece = d->send_piece;
+  piece -= piece % o->esize;
+  const char *r = NULL;
+  char *slot = NULL;
+  brg_status s;
+  uint64_t off = 0;
+  do {
+    uint64_t pb = bytes - off < piece ? bytes - off : piece;
+    int first = off == 0, last = off + pb == bytes;
+    if (recvs && (rsplit || first) &&
+        (s = recv_piece(o, shift, rsplit ? pb : bytes, &r)) != BRG_SUCCESS)
       return s;
-    brg__ring_send_post(o, d->send_staged ? bytes : 0);
-  }
-  if (recvs) {
-    if ((e = api->event_record(d->rel_ev[rk], st)) != 0)
-      return cuda_fail(c, api, e, "cudaEventRecord");
-    if (d->recv_staged &&
-        (s = event_wait(c, d, d->rel_ev[rk], "cudaEventQuery (slot from the previous host)")) !=
-            BRG_SUCCESS)
+    if (sends && (ssplit || first) &&
+        (s = send_piece(o, shift, ssplit ? pb : bytes, &slot)) != BRG_SUCCESS)
       return s;
-    brg__ring_recv_release(o);
-  }
+    const char *rp = r ? r + (rsplit ? 0 : off) : NULL;
+    char *sp = slot ? slot + (ssplit ? 0 : off) : NULL;
+    int e = launch(d->api, k, c->nranks, prim, in ? in + off : NULL, out ? out + off : NULL, rp, sp,
+                   pb / o->esize, o->esize);
+    if (e) return cuda_fail(c, d->api, e, "reduce/copy kernel launch");
+    if (sends && (ssplit || last) && (s = send_done(o, ssplit ? pb : bytes)) != BRG_SUCCESS)
+      return s;
+    if (recvs && (rsplit || last) && (s = recv_done(o)) != BRG_SUCCESS) return s;
+    off += pb;
+  } while (off < bytes);
   return BRG_SUCCESS;
 }

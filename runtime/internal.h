@@ -35,6 +35,13 @@ typedef struct brg__coll {
   int gpu;      /* the device of its buffers */
   void *stream; /* its CUDA stream (NULL: the legacy default stream) */
   uint64_t seq; /* set when it runs */
+  /* A device collective whose host side runs on the communicator's thread
+   * (device_ring.c, brg__device_async_begin): `stream` is then the ring's
+   * own, which waits for start_ev, recorded on the caller's stream; the
+   * caller's stream waits for the ring's flag to reach `ticket`. */
+  int async;
+  uint32_t ticket;
+  void *start_ev;
 } brg__coll;
 
 /* The layout behind brg_request. */
@@ -45,6 +52,7 @@ typedef struct brg__req {
   uint32_t magic;
   volatile int done;
   brg_status status;
+  int detached; /* nobody waits for it: the worker frees it (device collectives) */
 } brg__req;
 _Static_assert(sizeof(brg__req) <= sizeof(brg_request), "brg_request too small");
 
@@ -106,6 +114,7 @@ struct brg_comm {
   brg__req *qhead, *qtail;
   int busy;
   int stop;
+  int ndetached; /* queued device collectives of the asynchronous mode */
 };
 
 #define BRG__COMM_MAGIC 0x62726763u
@@ -158,6 +167,11 @@ brg_status brg__comm_create(brg_comm **out, int nranks, const brg__boot_id *id, 
 brg_status brg__progress_run(brg_comm *c, brg__coll *k);
 /* Queues a request for the worker thread; brg__progress_wait waits for it. */
 brg_status brg__progress_enqueue(brg_comm *c, brg__req *r);
+/* Waits, up to the communicator's timeout, for queued device collectives
+ * of the asynchronous mode to finish (nobody else waits for them); returns
+ * 1 once nothing is queued or running, 0 when other work is queued or the
+ * time ran out. */
+int brg__progress_settle(brg_comm *c);
 brg_status brg__progress_wait(brg__req *r);
 brg_status brg__progress_start(brg_comm *c, brg__errbuf *err);
 void brg__progress_stop(brg_comm *c);

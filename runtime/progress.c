@@ -4,7 +4,9 @@
  * nothing is queued ahead of them.
  */
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "device.h"
 #include "internal.h"
@@ -35,21 +37,38 @@ static brg_status device_setup(brg_comm *c) {
 }
 
 static brg_status run_one(brg_comm *c, brg__coll *k) {
-  if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
-    return brg__comm_error(c, BRG_ERR_ABORTED, "communicator was aborted");
-  if (c->broken) return c->broken; /* last_error still holds the first failure */
   /* Whichever thread runs a device collective (the caller's, or the worker
    * when it was queued behind others) works on the GPU of its buffers. */
-  int prev_gpu = -1;
+  int prev_gpu = -1, ran = 0;
   brg_status s = k->device ? brg__device_enter(c, k->gpu, &prev_gpu) : BRG_SUCCESS;
-  if (s == BRG_SUCCESS && k->device && c->nranks > 1 && !c->dev) s = device_setup(c);
-  if (s == BRG_SUCCESS) s = brg__coll_execute(c, k);
-  if (k->device) brg__device_leave(prev_gpu);
+  int entered = k->device && s == BRG_SUCCESS;
   if (s != BRG_SUCCESS) {
+  } else if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE)) {
+    s = brg__comm_error(c, BRG_ERR_ABORTED, "communicator was aborted");
+  } else if (c->broken) {
+    s = c->broken; /* last_error still holds the first failure */
+  } else {
+    ran = 1;
+    if (k->device && c->nranks > 1 && !c->dev) s = device_setup(c);
+    if (s == BRG_SUCCESS && k->async) s = brg__device_async_start(c, k);
+    if (s == BRG_SUCCESS) s = brg__coll_execute(c, k);
+  }
+  if (k->async) brg__device_async_end(c, k, s);
+  if (entered) brg__device_leave(prev_gpu);
+  if (ran && s != BRG_SUCCESS) {
     c->broken = s;
     if (s != BRG_ERR_ABORTED) brg__comm_notify_abort(c, s, c->last_error);
   }
   return s;
+}
+
+/* A device collective that will not run (the communicator stops): its
+ * caller's stream must not wait for it. */
+static void abandon(brg_comm *c, brg__coll *k) {
+  int prev_gpu = -1;
+  if (!k->async || brg__device_enter(c, k->gpu, &prev_gpu) != BRG_SUCCESS) return;
+  brg__device_async_end(c, k, BRG_ERR_ABORTED);
+  brg__device_leave(prev_gpu);
 }
 
 static void *worker_main(void *arg) {
@@ -65,11 +84,20 @@ static void *worker_main(void *arg) {
     if (!c->qhead) c->qtail = NULL;
     c->busy = 1;
     pthread_mutex_unlock(&c->qlock);
-    brg_status s = c->stop ? BRG_ERR_ABORTED : run_one(c, &r->coll);
+    brg_status s = BRG_ERR_ABORTED;
+    if (c->stop)
+      abandon(c, &r->coll);
+    else
+      s = run_one(c, &r->coll);
+    int detached = r->detached;
+    if (detached) free(r);
     pthread_mutex_lock(&c->qlock);
     c->busy = 0;
-    r->status = s;
-    __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
+    c->ndetached -= detached;
+    if (!detached) {
+      r->status = s;
+      __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
+    }
     pthread_cond_broadcast(&c->donecond);
   }
   pthread_mutex_unlock(&c->qlock);
@@ -99,9 +127,53 @@ brg_status brg__progress_wait(brg__req *r) {
   return r->status;
 }
 
+/* The most device collectives of the asynchronous mode queued at once. */
+#define ASYNC_DEPTH 64
+
+/* A device collective in the device ring's asynchronous mode: queued for
+ * the worker, the caller's stream ordered around it; the call returns. */
+static brg_status run_async(brg_comm *c, brg__coll *k) {
+  if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
+    return brg__comm_error(c, BRG_ERR_ABORTED, "communicator was aborted");
+  brg_status s = __atomic_load_n(&c->broken, __ATOMIC_ACQUIRE);
+  if (s != BRG_SUCCESS) return s;
+  brg__req *r = calloc(1, sizeof *r);
+  if (!r) return brg__comm_error(c, BRG_ERR_NO_MEMORY, "out of memory queuing a collective");
+  r->coll = *k;
+  r->detached = 1;
+  int prev_gpu = -1;
+  if ((s = brg__device_enter(c, k->gpu, &prev_gpu)) != BRG_SUCCESS) {
+    free(r);
+    return s;
+  }
+  pthread_mutex_lock(&c->qlock);
+  /* A caller that issues faster than the ring runs waits here, as a CUDA
+   * launch waits when a stream's queue is full. */
+  while (c->ndetached >= ASYNC_DEPTH && !__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
+    pthread_cond_wait(&c->donecond, &c->qlock);
+  s = brg__device_async_begin(c, &r->coll);
+  if (s == BRG_SUCCESS) {
+    enqueue(c, r);
+    c->ndetached++;
+  }
+  pthread_mutex_unlock(&c->qlock);
+  brg__device_leave(prev_gpu);
+  if (s != BRG_SUCCESS) {
+    free(r);
+    /* The other ranks run this collective: they must hear that this one
+     * will not. */
+    __atomic_store_n(&c->broken, s, __ATOMIC_RELEASE);
+    brg__comm_notify_abort(c, s, c->last_error);
+  }
+  return s;
+}
+
 /* A blocking call runs on the caller's thread when nothing is queued ahead
  * of it (no hand-off latency), otherwise it queues behind and waits. */
 brg_status brg__progress_run(brg_comm *c, brg__coll *k) {
+  if (k->device && c->nranks > 1 &&
+      brg__device_ring_async(__atomic_load_n(&c->dev, __ATOMIC_ACQUIRE)))
+    return run_async(c, k);
   pthread_mutex_lock(&c->qlock);
   if (!c->busy && !c->qhead) {
     c->busy = 1;
@@ -128,6 +200,27 @@ brg_status brg__progress_enqueue(brg_comm *c, brg__req *r) {
   enqueue(c, r);
   pthread_mutex_unlock(&c->qlock);
   return BRG_SUCCESS;
+}
+
+int brg__progress_settle(brg_comm *c) {
+  int64_t deadline = brg__deadline_ms(c->timeout_ms);
+  pthread_mutex_lock(&c->qlock);
+  for (;;) {
+    int others = 0;
+    for (brg__req *r = c->qhead; r; r = r->next) others |= !r->detached;
+    if (others || (!c->busy && !c->qhead) || brg__deadline_passed(deadline)) break;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 10 * 1000 * 1000;
+    if (ts.tv_nsec >= 1000000000) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000;
+    }
+    pthread_cond_timedwait(&c->donecond, &c->qlock, &ts);
+  }
+  int idle = !c->busy && !c->qhead;
+  pthread_mutex_unlock(&c->qlock);
+  return idle;
 }
 
 brg_status brg__progress_start(brg_comm *c, brg__errbuf *err) {

@@ -49,6 +49,11 @@ static brg__cfg_entry device_entries[BRG__DEVICE_COUNT] = {
                             "of a device collective, so that it leaves most SMs to the "
                             "computation beside it (NCCL uses 16 to 32); more can be faster "
                             "on an idle GPU"},
+    [BRG__DEVICE_PROXY] = {"BRIGADE_DEVICE_PROXY", BRG__CFG_KIND_INT, "-1", -1, 1,
+                           "1: the host side of a device collective runs on the communicator's "
+                           "thread and the call returns at once, the caller's stream waiting on "
+                           "a flag; 0: on the calling thread; -1: 1 when the ring has a link "
+                           "between hosts"},
 };
 
 brg__cfg_section brg__core_config = BRG__CFG_SECTION("core", core_entries);

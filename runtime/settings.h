@@ -32,6 +32,7 @@ typedef enum {
   BRG__DEVICE_CUDA_MODULE, /* path of the CUDA module; empty = search */
   BRG__DEVICE_IB_GDR,      /* int 0|1: GPU memory straight on the network (GPUDirect RDMA) */
   BRG__DEVICE_BLOCKS,      /* int: most thread blocks of one kernel launch */
+  BRG__DEVICE_PROXY,       /* int -1|0|1: the host side on the communicator's thread */
   BRG__DEVICE_COUNT
 } brg__device_cfg_id;
 

@@ -10,6 +10,10 @@
  *            then the stream drains and every element is checked
  *   kill     a rank SIGKILLed mid-collective: every survivor's call and
  *            destroy return within BRIGADE_TIMEOUT_MS + 5 s, naming it
+ *   async    (run with BRIGADE_DEVICE_PROXY=1, as a ring between hosts
+ *            runs) the other ranks join a second late: rank 0's calls
+ *            return at once all the same, its stream waits for the
+ *            results, and a host collective after them is ordered too
  *
  *   test_device_cases CASE [N]    exits 77 without a GPU (1 with
  *                                 BRIGADE_TEST_NO_SKIP set)
@@ -221,6 +225,7 @@ static int body_kill(mp_ctx *ctx) {
   }
   int64_t t_sig = __atomic_load_n(&sh->signal_ns, __ATOMIC_ACQUIRE);
   const char *m = brg_comm_last_error(ctx->comm);
+  mp_info("rank %d: %s after %d calls: %s", ctx->rank, brg_status_string(s), iter, m);
   if (s != BRG_SUCCESS) {
     MP_CHECK(t_sig != 0, "the allreduce failed before rank %d was killed: %s", VICTIM, m);
     double el = t_sig ? (double)(mp_now_ns() - t_sig) / 1e6 : 0;
@@ -244,11 +249,59 @@ static int body_kill(mp_ctx *ctx) {
   return 0;
 }
 
+/* ================================================================= async */
+
+#define ASYNC_COUNT 1000003u
+#define ASYNC_LATE_MS 1000
+
+static int body_async(mp_ctx *ctx) {
+  char why[256];
+  const brg__cuda_api *api = open_api(why, sizeof why);
+  if (!api) return mp_fail("no GPU: %s", why), 1;
+  void *a = device_input(api, ASYNC_COUNT, ctx->rank), *st = NULL;
+  void *b = device_input(api, ASYNC_COUNT, ctx->rank);
+  if (!a || !b || api->stream_create(&st) != 0) return mp_fail("setup failed"), 1;
+  /* The first device collective builds the device ring: every rank waits
+   * for all, so it is not timed. */
+  brg_status s = brg_allreduce(a, a, 1, BRG_FLOAT32, BRG_SUM, ctx->comm, st);
+  MP_CHECK(s == BRG_SUCCESS, "first allreduce: %s", brg_comm_last_error(ctx->comm));
+  api->stream_sync(st);
+  api->mem_copy(a, b, sizeof(float)); /* element 0 back to its input */
+  float h[3] = {1, 2, 3};
+  s = brg_barrier(ctx->comm);
+  MP_CHECK(s == BRG_SUCCESS, "barrier: %s", brg_comm_last_error(ctx->comm));
+  if (ctx->rank != 0) usleep(ASYNC_LATE_MS * 1000);
+  int64_t t0 = mp_now_ns();
+  s = brg_allreduce(a, a, ASYNC_COUNT, BRG_FLOAT32, BRG_SUM, ctx->comm, st);
+  if (s == BRG_SUCCESS) s = brg_allreduce(b, b, ASYNC_COUNT, BRG_FLOAT32, BRG_SUM, ctx->comm, st);
+  double issue_ms = ms_since(t0);
+  MP_CHECK(s == BRG_SUCCESS, "device allreduce: %s", brg_comm_last_error(ctx->comm));
+  if (ctx->rank == 0)
+    MP_CHECK(issue_ms < ASYNC_LATE_MS / 2,
+             "rank 0's two device allreduces took %.0f ms to return while the other ranks "
+             "were %d ms late: the call waited for them",
+             issue_ms, ASYNC_LATE_MS);
+  /* A host collective is ordered after them on every rank. */
+  s = brg_allreduce(h, h, 3, BRG_FLOAT32, BRG_SUM, ctx->comm, NULL);
+  MP_CHECK(s == BRG_SUCCESS && h[0] == (float)ctx->nranks && h[2] == 3.0f * (float)ctx->nranks,
+           "host allreduce after them: %s, h = %g %g %g", brg_comm_last_error(ctx->comm),
+           (double)h[0], (double)h[1], (double)h[2]);
+  api->stream_sync(st);
+  mp_info("rank %d: the calls returned after %.1f ms, the stream finished after %.1f ms", ctx->rank,
+          issue_ms, ms_since(t0));
+  check_device(api, a, ASYNC_COUNT, ctx->nranks, "first async allreduce");
+  check_device(api, b, ASYNC_COUNT, ctx->nranks, "second async allreduce");
+  api->stream_destroy(st);
+  api->mem_free(a);
+  api->mem_free(b);
+  return 0;
+}
+
 /* ================================================================== main */
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: %s queued|threads|destroy|kill [N]\n", argv[0]);
+    fprintf(stderr, "usage: %s queued|threads|destroy|kill|async [N]\n", argv[0]);
     return 2;
   }
   const char *cs = argv[1];
@@ -270,6 +323,7 @@ int main(int argc, char **argv) {
   mp_opts o = {.name = cs, .nranks = n, .deadline_ms = 240000, .init = MP_INIT_ID, .victim = -1};
   if (!strcmp(cs, "queued")) return mp_run(&o, body_queued, NULL);
   if (!strcmp(cs, "destroy")) return mp_run(&o, body_destroy, NULL);
+  if (!strcmp(cs, "async")) return mp_run(&o, body_async, NULL);
   if (!strcmp(cs, "threads")) {
     o.nranks = 1;
     o.init = MP_INIT_BARE;
