@@ -46,7 +46,8 @@ static brg_status check_call(brg_comm *c, const char *fn, const void *sendbuf, c
   }
   if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
     return brg__comm_error(c, BRG_ERR_ABORTED, "%s: communicator was aborted", fn);
-  if (c->broken) return c->broken;
+  brg_status broken = __atomic_load_n(&c->broken, __ATOMIC_ACQUIRE);
+  if (broken != BRG_SUCCESS) return broken;
   return BRG_SUCCESS;
 }
 

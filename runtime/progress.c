@@ -45,8 +45,8 @@ static brg_status run_one(brg_comm *c, brg__coll *k) {
   if (s != BRG_SUCCESS) {
   } else if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE)) {
     s = brg__comm_error(c, BRG_ERR_ABORTED, "communicator was aborted");
-  } else if (c->broken) {
-    s = c->broken; /* last_error still holds the first failure */
+  } else if (__atomic_load_n(&c->broken, __ATOMIC_ACQUIRE) != BRG_SUCCESS) {
+    s = __atomic_load_n(&c->broken, __ATOMIC_ACQUIRE); /* last_error holds the first failure */
   } else {
     ran = 1;
     if (k->device && c->nranks > 1 && !c->dev) s = device_setup(c);
@@ -56,7 +56,7 @@ static brg_status run_one(brg_comm *c, brg__coll *k) {
   if (k->async) brg__device_async_end(c, k, s);
   if (entered) brg__device_leave(prev_gpu);
   if (ran && s != BRG_SUCCESS) {
-    c->broken = s;
+    __atomic_store_n(&c->broken, s, __ATOMIC_RELEASE);
     if (s != BRG_ERR_ABORTED) brg__comm_notify_abort(c, s, c->last_error);
   }
   return s;

@@ -148,6 +148,13 @@ typedef struct brg__cuda_api {
    * (GPUDirect RDMA receive); 0 also where the device orders them itself.
    * BRG__CUDA_ERR_NO_FLUSH where it can do neither. */
   int (*flush_rdma_writes)(void);
+  /* dst[i] = src[i] converted, on `stream`: float32/float64 to
+   * float16/bfloat16 scaled first (float64 times scale in double, rounded
+   * to float32, then to half), or float16/bfloat16 widened to
+   * float32/float64; rounding and NaN as elem.h's conversions. Other pairs:
+   * an invalid-value error. For the gradient reducer's compression hooks. */
+  int (*cast)(void *dst, int dst_dtype, const void *src, int src_dtype, size_t count, float scale,
+              void *stream);
 } brg__cuda_api;
 
 #define BRG__CUDA_IPC_HANDLE_BYTES 64

@@ -153,3 +153,52 @@ extern "C" int brg__cuda_copy(void *d0, void *d1, const void *s, size_t bytes, v
   if (d1 == s) return cudaMemcpyAsync(d0, s, bytes, cudaMemcpyDefault, st);
   return launch<copy_fn>(d0, d1, s, NULL, bytes, 0, stream);
 }
+
+/* ---- casts for the gradient reducer's compression hooks ---- */
+
+namespace {
+
+__device__ inline uint16_t to_half(float f, int half) {
+  return half == BRG_FLOAT16 ? brg__f32_to_f16(f) : brg__f32_to_bf16(f);
+}
+__device__ inline float from_half(uint16_t h, int half) {
+  return half == BRG_FLOAT16 ? brg__f16_to_f32(h) : brg__bf16_to_f32(h);
+}
+
+__global__ void __launch_bounds__(THREADS)
+    cast_kernel(void *dst, int dt, const void *src, int st, size_t n, float scale) {
+  size_t stride = (size_t)gridDim.x * blockDim.x;
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    if (st == BRG_FLOAT32)
+      static_cast<uint16_t *>(dst)[i] = to_half(static_cast<const float *>(src)[i] * scale, dt);
+    else if (st == BRG_FLOAT64)
+      static_cast<uint16_t *>(dst)[i] =
+          to_half((float)(static_cast<const double *>(src)[i] * (double)scale), dt);
+    else if (dt == BRG_FLOAT32)
+      static_cast<float *>(dst)[i] = from_half(static_cast<const uint16_t *>(src)[i], st);
+    else
+      static_cast<double *>(dst)[i] = from_half(static_cast<const uint16_t *>(src)[i], st);
+  }
+}
+
+bool is_half(int d) {
+  return d == BRG_FLOAT16 || d == BRG_BFLOAT16;
+}
+bool is_wide(int d) {
+  return d == BRG_FLOAT32 || d == BRG_FLOAT64;
+}
+
+} // namespace
+
+extern "C" int brg__cuda_cast(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n,
+                              float scale, void *stream) {
+  if (!((is_wide(src_dtype) && is_half(dst_dtype)) || (is_half(src_dtype) && is_wide(dst_dtype))))
+    return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  size_t blocks = (n + THREADS - 1) / THREADS,
+         cap = (size_t)__atomic_load_n(&max_grid, __ATOMIC_RELAXED);
+  if (blocks > cap) blocks = cap;
+  cast_kernel<<<(unsigned)blocks, THREADS, 0, static_cast<cudaStream_t>(stream)>>>(
+      dst, dst_dtype, src, src_dtype, n, scale);
+  return cudaGetLastError();
+}

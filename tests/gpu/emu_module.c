@@ -55,6 +55,7 @@
 #include <unistd.h>
 
 #include "brg_cuda.h"
+#include "elem.h"
 #include "kernels.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -427,7 +428,7 @@ static void wait_completed(ev_shared *s, uint64_t target) {
 
 /* ---- streams ---- */
 
-enum { OP_REDUCE, OP_COPY, OP_DIVIDE, OP_RECORD, OP_WAIT, OP_WAIT_VALUE, OP_WRITE_VALUE };
+enum { OP_REDUCE, OP_COPY, OP_DIVIDE, OP_RECORD, OP_WAIT, OP_WAIT_VALUE, OP_WRITE_VALUE, OP_CAST };
 
 typedef struct op {
   int kind;
@@ -451,6 +452,28 @@ typedef struct stream {
 } stream;
 
 static stream *default_stream[MAX_DEV]; /* each device's legacy stream */
+
+/* dst = src converted (brg_cuda.h's cast), with elem.h's conversions as
+ * the real kernel uses them; the scale travels in div's bits. */
+static void run_cast(const op *o) {
+  float scale;
+  memcpy(&scale, &o->div, sizeof scale);
+  int half = o->dtype == BRG_FLOAT16 || o->dtype == BRG_BFLOAT16 ? o->dtype : o->rop;
+  for (size_t i = 0; i < o->n; i++) {
+    if (o->rop == BRG_FLOAT32 || o->rop == BRG_FLOAT64) {
+      float f = o->rop == BRG_FLOAT32 ? ((const float *)o->a)[i] * scale
+                                      : (float)(((const double *)o->a)[i] * (double)scale);
+      ((uint16_t *)o->d0)[i] = half == BRG_FLOAT16 ? brg__f32_to_f16(f) : brg__f32_to_bf16(f);
+    } else {
+      uint16_t h = ((const uint16_t *)o->a)[i];
+      float f = half == BRG_FLOAT16 ? brg__f16_to_f32(h) : brg__bf16_to_f32(h);
+      if (o->dtype == BRG_FLOAT32)
+        ((float *)o->d0)[i] = f;
+      else
+        ((double *)o->d0)[i] = f;
+    }
+  }
+}
 
 static void run_op(stream *s, const op *o) {
   /* Now and then a delay, so that work ordered by luck shows. */
@@ -485,6 +508,7 @@ static void run_op(stream *s, const op *o) {
     }
     break;
   case OP_WRITE_VALUE: __atomic_store_n((uint32_t *)o->d0, (uint32_t)o->n, __ATOMIC_RELEASE); break;
+  case OP_CAST: run_cast(o); break;
   }
 }
 
@@ -625,6 +649,23 @@ static int divide(void *d, const void *src, size_t n, int dtype, int div, void *
   if (e) return e;
   op o = {.kind = OP_DIVIDE, .d0 = d, .a = src, .n = n, .dtype = dtype, .div = div};
   return enqueue(st, &o);
+}
+
+static int cast(void *dst, int dt, const void *src, int st, size_t n, float scale, void *stream) {
+  int half_src = st == BRG_FLOAT16 || st == BRG_BFLOAT16,
+      wide_src = st == BRG_FLOAT32 || st == BRG_FLOAT64;
+  int half_dst = dt == BRG_FLOAT16 || dt == BRG_BFLOAT16,
+      wide_dst = dt == BRG_FLOAT32 || dt == BRG_FLOAT64;
+  if (!((wide_src && half_dst) || (half_src && wide_dst))) return E_ARG;
+  int e = launch_check(stream, dst, NULL, src, NULL, 0);
+  if (!e && n > 0 &&
+      (!reachable(get_stream(stream)->dev, dst, n * elem_size(dt)) ||
+       !reachable(get_stream(stream)->dev, src, n * elem_size(st))))
+    e = E_ILLEGAL;
+  if (e) return e;
+  op o = {.kind = OP_CAST, .d0 = dst, .a = src, .n = n, .dtype = dt, .rop = st};
+  memcpy(&o.div, &scale, sizeof scale);
+  return enqueue(stream, &o);
 }
 
 static int event_record(void *p, void *st) {
@@ -811,6 +852,7 @@ static const brg__cuda_api api = {
     .stream_wait_value = stream_wait_value,
     .stream_write_value = stream_write_value,
     .flush_rdma_writes = flush_rdma_writes,
+    .cast = cast,
 };
 
 EXPORT const brg__cuda_api *brg__cuda_module_api(void) {
