@@ -28,7 +28,40 @@
  * also returned by the next brg_reducer_finalize. A failing finalize still
  * issues every collective of the step, so the other ranks never hang on it.
  *
- * Buffers are host memory; the `stream` field is reserved for device buffers.
+ * Buffers are host memory, or GPU memory with BRG_REDUCER_DEVICE (below).
+ *
+ * The device form (BRG_REDUCER_DEVICE): every parameter's grad (and data,
+ * where given) is memory of one GPU, and so are the buckets, allocated once.
+ * The reducer does all its GPU work on one communication stream
+ * (config.stream, or one of its own when that is NULL):
+ *
+ *   brg_reducer_prepare(red, 0);
+ *   ... backward; as each gradient is complete on stream s:
+ *   brg_reducer_mark_ready_on(red, i, s);    returns at once
+ *   brg_reducer_finalize_on(red, s2);        returns at once; work enqueued on
+ *                                            s2 afterwards sees the averages
+ *
+ * mark_ready_on records an event on s and makes the communication stream
+ * wait for it, then copies (or, with a compression hook, casts) the gradient
+ * into its bucket there; a full bucket is a device allreduce on the
+ * communication stream, launched in bucket order as on the host. Nothing
+ * waits on the host: the producer's later work on s may run before the copy,
+ * so s must not overwrite the gradient before finalize_on's stream has
+ * waited (as with any stream-ordered library). mark_ready (no stream) means
+ * the legacy default stream. finalize_on makes `caller` wait for the
+ * communication stream (DDP's current_stream().wait_stream(comm_stream));
+ * brg_reducer_finalize is the blocking form: on return the gradients are
+ * final for every stream and the host. Errors are as on the host; a device
+ * collective that fails after its call returned (see brigade.h's
+ * asynchronous device mode) shows at the next call. The unused-parameter
+ * agreement (find_unused, static graph) is a host collective over bitmaps
+ * the reducer keeps on the host. broadcast_params runs on the communication
+ * stream and waits for it. A custom hook gets the communication stream in
+ * bucket->stream and enqueues its collective(s) there (bucket->request is
+ * NULL); hook_finish is called at finalize without waiting for the
+ * collective, so it too must enqueue its work on bucket->stream. The
+ * calls make the parameters' GPU current while they run and restore the
+ * caller's current device.
  */
 #ifndef BRIGADE_REDUCER_H
 #define BRIGADE_REDUCER_H
@@ -57,6 +90,7 @@ typedef struct brg_reducer_param {
 #define BRG_REDUCER_STATIC_GRAPH 0x04u /* used set and ready order fixed after step one */
 #define BRG_REDUCER_GRAD_AS_VIEW 0x08u /* gradients live inside the bucket buffers */
 #define BRG_REDUCER_NO_REBUILD 0x10u   /* keep the registration-order buckets */
+#define BRG_REDUCER_DEVICE 0x20u       /* parameters, gradients and buckets in GPU memory */
 
 /* Flag of brg_reducer_prepare: this backward only accumulates locally. */
 #define BRG_REDUCER_NO_SYNC 0x01u
@@ -76,7 +110,8 @@ typedef struct brg_reducer_bucket {
   brg_dtype dtype;
   int nranks;
   int average;          /* 1 unless BRG_REDUCER_SUM: divide by nranks */
-  brg_request *request; /* the hook's (last) collective goes on this request */
+  brg_request *request; /* the hook's (last) collective goes on this request (host form) */
+  brg_stream stream;    /* device form: the communication stream, for the hook's work */
 } brg_reducer_bucket;
 
 /*
@@ -98,7 +133,9 @@ typedef struct brg_reducer_config {
   brg_reducer_hook_fn hook_launch;
   brg_reducer_hook_fn hook_finish;
   void *hook_arg;
-  brg_stream stream; /* reserved: must be NULL (host buffers) */
+  /* BRG_REDUCER_DEVICE: the communication stream (a stream of the
+   * parameters' GPU), or NULL for one the reducer creates. Host form: NULL. */
+  brg_stream stream;
 } brg_reducer_config;
 
 #define BRG_REDUCER_DEFAULT_BUCKET_CAP (25u << 20)
@@ -125,10 +162,16 @@ brg_status brg_reducer_prepare(brg_reducer *red, unsigned flags);
 /* The gradient of parameter `param` (its registration index) is final for
  * this backward. Thread-safe. */
 brg_status brg_reducer_mark_ready(brg_reducer *red, size_t param);
+/* Device form: the gradient is complete once the work enqueued so far on
+ * `producer` has run. Returns at once. */
+brg_status brg_reducer_mark_ready_on(brg_reducer *red, size_t param, brg_stream producer);
 
 /* Waits for every bucket and leaves each gradient equal to the average (or
  * sum) over ranks. After a NO_SYNC backward it only checks and returns. */
 brg_status brg_reducer_finalize(brg_reducer *red);
+/* Device form: as finalize, but returns once the work is enqueued; what is
+ * enqueued on `caller` afterwards sees the final gradients. */
+brg_status brg_reducer_finalize_on(brg_reducer *red, brg_stream caller);
 
 /*
  * Where parameter `param`'s gradient lives: the registered buffer, or with

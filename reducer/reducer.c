@@ -15,6 +15,16 @@
  * communicator's worker thread, and brigade runs collectives in issue order,
  * so launching in bucket order is what keeps the ranks in step.
  *
+ * The device form (BRG_REDUCER_DEVICE) keeps the buckets in GPU memory and
+ * does all its GPU work on one communication stream, through the CUDA
+ * module's table (the runtime's brg__device_api): mark_ready makes that
+ * stream wait for the gradient's producer (an event recorded on the
+ * producer's stream, waited for at once, so one event serves every mark),
+ * then copies or casts the gradient into its bucket there; a full bucket is
+ * a device allreduce on the same stream; finalize unpacks there too and
+ * makes the caller's stream wait for it. The host never waits for the GPU
+ * in a step, except in the blocking finalize and at the one rebuild.
+ *
  * All memory (bucket buffers, per-parameter flags, the used-parameter
  * bitmap) is allocated and touched at create or at the one rebuild; the
  * backward pass itself allocates nothing.
@@ -30,8 +40,10 @@
 
 #include "buckets.h"
 #include "convert.h"
+#include "device.h"
 
 #define ERRLEN 4096
+#define ZERO_BYTES (1u << 20) /* device zeros, copied from to clear a range */
 #define SLAB_ALIGN 4096
 #define BUCKET_ALIGN 64
 
@@ -67,8 +79,20 @@ typedef struct red_param {
   void *grad; /* the registered gradient; NULL with views */
 } red_param;
 
+/* The device form's GPU side. */
+typedef struct red_dev {
+  const brg__cuda_api *api; /* NULL: the host form */
+  int gpu;                  /* of every parameter */
+  void *stream;             /* the communication stream */
+  int own_stream;
+  void *mark_ev; /* recorded on a producer's stream, waited for by `stream` at once */
+  void *done_ev; /* recorded on `stream` at finalize, for the caller's stream */
+  void *zeros;   /* ZERO_BYTES of zeros in GPU memory */
+} red_dev;
+
 struct brg_reducer {
   brg_comm *comm;
+  red_dev dev;
   int rank, nranks;
   brg_reducer_config cfg;
   int view, average, find_unused, static_graph, rebuild;
@@ -165,13 +189,16 @@ static size_t align_up(size_t x, size_t a) {
   return (x + a - 1) / a * a;
 }
 
-static void layout_free(red_layout *lay) {
+static void layout_free(const brg_reducer *red, red_layout *lay) {
   free(lay->buckets);
   free(lay->members);
   free(lay->bucket_start);
   free(lay->bucket_of);
   free(lay->offset);
-  free(lay->slab);
+  if (red->dev.api && lay->slab)
+    red->dev.api->mem_free(lay->slab);
+  else
+    free(lay->slab);
   memset(lay, 0, sizeof(*lay));
 }
 
@@ -228,7 +255,14 @@ static brg_status layout_build(brg_reducer *red, const size_t *fill_order, red_l
     half_at[b] = cmp ? slab_bytes : (size_t)-1;
     if (cmp) slab_bytes = align_up(slab_bytes + bk->count * 2, BUCKET_ALIGN);
   }
-  if (slab_bytes > 0) {
+  if (slab_bytes > 0 && red->dev.api) {
+    /* GPU memory, zeroed now (nothing else uses it yet) */
+    if (red->dev.api->mem_alloc(&lay->slab, slab_bytes) != 0) {
+      lay->slab = NULL;
+      goto err;
+    }
+    red->dev.api->mem_set(lay->slab, 0, slab_bytes);
+  } else if (slab_bytes > 0) {
     if (posix_memalign(&lay->slab, SLAB_ALIGN, slab_bytes) != 0) {
       lay->slab = NULL;
       goto err;
@@ -252,7 +286,7 @@ err:
   free(half_at);
   free(count);
   free(dtype);
-  layout_free(lay);
+  layout_free(red, lay);
   return st;
 }
 
@@ -263,6 +297,77 @@ static inline char *grad_in_bucket(const red_layout *lay, const red_param *prm, 
 
 /* ---- moving one gradient in and out of its bucket -------------------- */
 
+/* ---- the device form's GPU work, on the communication stream ---------- */
+
+static void dev_check(brg_reducer *red, int e, const char *what) {
+  if (e)
+    fail_pass(red, BRG_ERR_SYSTEM, "device reducer: %s failed: %s", what,
+              red->dev.api->error_string(e));
+}
+
+/* Clears [p, p + bytes) in stream order. */
+static void dev_zero(brg_reducer *red, void *p, size_t bytes) {
+  for (size_t off = 0; off < bytes; off += ZERO_BYTES) {
+    size_t n = bytes - off < ZERO_BYTES ? bytes - off : ZERO_BYTES;
+    dev_check(red, red->dev.api->copy((char *)p + off, NULL, red->dev.zeros, n, red->dev.stream),
+              "clearing a gradient");
+  }
+}
+
+/* Makes the parameters' GPU current on this thread; *prev to restore. */
+static void dev_enter(const brg_reducer *red, int *prev) {
+  *prev = -1;
+  if (!red->dev.api || red->dev.api->get_device(prev) != 0 || *prev == red->dev.gpu) return;
+  red->dev.api->set_device(red->dev.gpu);
+}
+static void dev_leave(const brg_reducer *red, int prev) {
+  if (red->dev.api && prev >= 0 && prev != red->dev.gpu) red->dev.api->set_device(prev);
+}
+
+static void param_pack_device(brg_reducer *red, size_t p, int zero) {
+  const brg__cuda_api *api = red->dev.api;
+  red_layout *lay = &red->lay;
+  red_param *prm = &red->params[p];
+  red_bucket *bk = &lay->buckets[lay->bucket_of[p]];
+  size_t bytes = prm->count * brg_dtype_size(prm->dtype);
+  if (bk->half != NULL) {
+    uint16_t *dst = bk->half + lay->offset[p];
+    if (zero) {
+      dev_zero(red, dst, prm->count * 2);
+      if (red->view) dev_zero(red, grad_in_bucket(lay, prm, p), bytes);
+    } else {
+      const void *src = red->view ? grad_in_bucket(lay, prm, p) : prm->grad;
+      float scale = red->average ? 1.0f / (float)red->nranks : 1.0f;
+      dev_check(red, api->cast(dst, red->half, src, prm->dtype, prm->count, scale, red->dev.stream),
+                "the compression hook's cast");
+    }
+  } else if (zero) {
+    dev_zero(red, grad_in_bucket(lay, prm, p), bytes);
+  } else if (!red->view) {
+    dev_check(red, api->copy(grad_in_bucket(lay, prm, p), NULL, prm->grad, bytes, red->dev.stream),
+              "copying a gradient into its bucket");
+  }
+}
+
+static void param_unpack_device(brg_reducer *red, size_t p) {
+  const brg__cuda_api *api = red->dev.api;
+  red_layout *lay = &red->lay;
+  red_param *prm = &red->params[p];
+  red_bucket *bk = &lay->buckets[lay->bucket_of[p]];
+  if (bk->half != NULL) {
+    void *dst = red->view ? grad_in_bucket(lay, prm, p) : prm->grad;
+    dev_check(red,
+              api->cast(dst, prm->dtype, bk->half + lay->offset[p], red->half, prm->count, 1.0f,
+                        red->dev.stream),
+              "the compression hook's cast back");
+  } else if (!red->view) {
+    dev_check(red,
+              api->copy(prm->grad, NULL, grad_in_bucket(lay, prm, p),
+                        prm->count * brg_dtype_size(prm->dtype), red->dev.stream),
+              "copying a gradient out of its bucket");
+  }
+}
+
 /* Puts parameter p's contribution into its bucket: its gradient, or zero. */
 static void param_pack(brg_reducer *red, size_t p, int zero) {
   red_layout *lay = &red->lay;
@@ -270,6 +375,10 @@ static void param_pack(brg_reducer *red, size_t p, int zero) {
   red_bucket *bk = &lay->buckets[lay->bucket_of[p]];
   size_t bytes = prm->count * brg_dtype_size(prm->dtype);
   if (prm->count == 0) return;
+  if (red->dev.api) {
+    param_pack_device(red, p, zero);
+    return;
+  }
 
   if (bk->half != NULL) {
     uint16_t *dst = bk->half + lay->offset[p];
@@ -294,6 +403,10 @@ static void param_unpack(brg_reducer *red, size_t p) {
   red_param *prm = &red->params[p];
   red_bucket *bk = &lay->buckets[lay->bucket_of[p]];
   if (prm->count == 0) return;
+  if (red->dev.api) {
+    param_unpack_device(red, p);
+    return;
+  }
 
   if (bk->half != NULL) {
     void *dst = red->view ? grad_in_bucket(lay, prm, p) : prm->grad;
@@ -313,7 +426,8 @@ static void hook_bucket(brg_reducer *red, size_t b, brg_reducer_bucket *v) {
   v->dtype = bk->dtype;
   v->nranks = red->nranks;
   v->average = red->average;
-  v->request = &bk->req;
+  v->request = red->dev.api ? NULL : &bk->req;
+  v->stream = red->dev.api ? red->dev.stream : NULL;
 }
 
 /* Issues bucket b's collective. Lock held. */
@@ -326,6 +440,14 @@ static void bucket_launch(brg_reducer *red, size_t b) {
     brg_reducer_bucket v;
     hook_bucket(red, b, &v);
     st = red->cfg.hook_launch(red->cfg.hook_arg, red->comm, &v);
+  } else if (red->dev.api) {
+    /* On the communication stream, after the packing there. */
+    if (bk->half != NULL)
+      st = brg_allreduce(bk->half, bk->half, bk->count, red->half, BRG_SUM, red->comm,
+                         red->dev.stream);
+    else
+      st = brg_allreduce(bk->flat, bk->flat, bk->count, bk->dtype, red->average ? BRG_AVG : BRG_SUM,
+                         red->comm, red->dev.stream);
   } else if (bk->half != NULL) {
     /* Prescaled by 1/N when packed, so the half-precision sum cannot overflow
      * where the average would not. */
@@ -359,7 +481,8 @@ static int bucket_wait(brg_reducer *red, size_t b) {
   red_bucket *bk = &red->lay.buckets[b];
   if (!bk->inflight) return bk->count == 0;
   bk->inflight = 0;
-  brg_status st = brg_wait(&bk->req);
+  /* Device form: what follows goes on the stream, after the collective. */
+  brg_status st = red->dev.api ? BRG_SUCCESS : brg_wait(&bk->req);
   if (st != BRG_SUCCESS) {
     fail_pass(red, st, "bucket %zu (%zu elements of %s): allreduce failed: %s: %s", b, bk->count,
               brg_dtype_name(bk->dtype), brg_status_string(st), brg_comm_last_error(red->comm));
@@ -384,9 +507,10 @@ static void wait_all(brg_reducer *red) {
     red_bucket *bk = &red->lay.buckets[b];
     if (bk->inflight) {
       bk->inflight = 0;
-      brg_wait(&bk->req);
+      if (!red->dev.api) brg_wait(&bk->req);
     }
   }
+  if (red->dev.api && red->dev.stream) red->dev.api->stream_sync(red->dev.stream);
   if (red->used_inflight) {
     red->used_inflight = 0;
     brg_wait(&red->used_req);
@@ -454,10 +578,80 @@ static brg_status check_ranks_agree(brg_reducer *red) {
   return BRG_SUCCESS;
 }
 
+/* The device form's stream, events and zeros, on the parameters' GPU. */
+static brg_status dev_open(brg_reducer *red) {
+  const brg__cuda_api *api = red->dev.api;
+  int e = 0;
+  const char *what = "cudaStreamCreate";
+  if (red->cfg.stream) {
+    red->dev.stream = red->cfg.stream;
+  } else {
+    e = api->stream_create(&red->dev.stream);
+    red->dev.own_stream = e == 0;
+  }
+  if (!e) {
+    what = "cudaEventCreate";
+    e = api->event_create(&red->dev.mark_ev);
+  }
+  if (!e) e = api->event_create(&red->dev.done_ev);
+  if (!e) {
+    what = "cudaMalloc of 1 MiB of zeros";
+    e = api->mem_alloc(&red->dev.zeros, ZERO_BYTES);
+  }
+  if (!e) e = api->mem_set(red->dev.zeros, 0, ZERO_BYTES);
+  if (e)
+    return fail(NULL, BRG_ERR_SYSTEM, "brg_reducer_create: device form: %s failed on GPU %d: %s",
+                what, red->dev.gpu, api->error_string(e));
+  return BRG_SUCCESS;
+}
+
+static void dev_close(brg_reducer *red) {
+  const brg__cuda_api *api = red->dev.api;
+  if (red->dev.own_stream) api->stream_destroy(red->dev.stream);
+  if (red->dev.mark_ev) api->event_destroy(red->dev.mark_ev);
+  if (red->dev.done_ev) api->event_destroy(red->dev.done_ev);
+  if (red->dev.zeros) api->mem_free(red->dev.zeros);
+}
+
+/* Every buffer of the device form must be memory of one GPU. */
+static brg_status dev_check_params(red_dev *dev, const brg_reducer_param *params, size_t n) {
+  const char *why = "";
+  dev->api = brg__device_api(&why);
+  if (!dev->api)
+    return fail(NULL, BRG_ERR_UNAVAILABLE, "brg_reducer_create: BRG_REDUCER_DEVICE: %s", why);
+  dev->gpu = -1;
+  for (size_t p = 0; p < n; p++) {
+    const brg_reducer_param *q = &params[p];
+    const void *buf[2] = {q->grad, q->data};
+    static const char *what[2] = {"grad", "data"};
+    for (int k = 0; k < 2; k++) {
+      int gpu = -1;
+      if (!buf[k] || q->count == 0) continue;
+      if (!dev->api->pointer_is_device(buf[k], &gpu))
+        return fail(NULL, BRG_ERR_INVALID_ARGUMENT,
+                    "brg_reducer_create: parameter #%zu %s: %s %p is host memory, but "
+                    "BRG_REDUCER_DEVICE needs GPU memory",
+                    p, q->name ? q->name : "", what[k], buf[k]);
+      if (dev->gpu >= 0 && gpu != dev->gpu)
+        return fail(NULL, BRG_ERR_INVALID_ARGUMENT,
+                    "brg_reducer_create: parameter #%zu %s: %s is on GPU %d, earlier "
+                    "parameters on GPU %d (one reducer, one GPU)",
+                    p, q->name ? q->name : "", what[k], gpu, dev->gpu);
+      dev->gpu = gpu;
+    }
+  }
+  if (dev->gpu < 0 && dev->api->get_device(&dev->gpu) != 0) dev->gpu = 0;
+  return BRG_SUCCESS;
+}
+
 brg_status brg_reducer_destroy(brg_reducer *red) {
   if (red == NULL) return BRG_SUCCESS;
+  int prev;
+  dev_enter(red, &prev);
   wait_all(red);
-  layout_free(&red->lay);
+  layout_free(red, &red->lay);
+  if (red->dev.api) dev_close(red);
+  dev_leave(red, prev);
   for (size_t p = 0; p < red->nparams; p++) free(red->params[p].name);
   free(red->params);
   free(red->marked);
@@ -486,15 +680,17 @@ brg_status brg_reducer_create(brg_reducer **out, brg_comm *comm, const brg_reduc
   if (c.bucket_cap_bytes == 0) c.bucket_cap_bytes = BRG_REDUCER_DEFAULT_BUCKET_CAP;
   if (c.first_bucket_cap_bytes == 0)
     c.first_bucket_cap_bytes = BRG_REDUCER_DEFAULT_FIRST_BUCKET_CAP;
-  if (c.stream != NULL)
-    return fail(NULL, BRG_ERR_UNAVAILABLE,
-                "brg_reducer_create: device buffers (a stream) are not supported yet");
+  int device = (c.flags & BRG_REDUCER_DEVICE) != 0;
+  if (c.stream != NULL && !device)
+    return fail(NULL, BRG_ERR_INVALID_ARGUMENT,
+                "brg_reducer_create: a stream was given for host buffers (set BRG_REDUCER_DEVICE "
+                "for GPU buffers)");
   if ((unsigned)c.hook > BRG_REDUCER_HOOK_CUSTOM)
     return fail(NULL, BRG_ERR_INVALID_ARGUMENT, "brg_reducer_create: unknown hook %d", (int)c.hook);
   if (c.hook == BRG_REDUCER_HOOK_CUSTOM && c.hook_launch == NULL)
     return fail(NULL, BRG_ERR_INVALID_ARGUMENT,
                 "brg_reducer_create: BRG_REDUCER_HOOK_CUSTOM needs hook_launch");
-  if (c.flags & ~(unsigned)0x1f)
+  if (c.flags & ~(unsigned)0x3f)
     return fail(NULL, BRG_ERR_INVALID_ARGUMENT, "brg_reducer_create: unknown flags 0x%x", c.flags);
   int view = (c.flags & BRG_REDUCER_GRAD_AS_VIEW) != 0;
   for (size_t p = 0; p < nparams; p++) {
@@ -513,8 +709,14 @@ brg_status brg_reducer_create(brg_reducer **out, brg_comm *comm, const brg_reduc
                   "brg_reducer_create: parameter #%zu %s has no grad buffer", p, nm);
   }
 
+  red_dev dev = {0};
+  if (device && (st = dev_check_params(&dev, params, nparams)) != BRG_SUCCESS) return st;
+
   brg_reducer *red = calloc(1, sizeof(*red));
   if (red == NULL) return fail(NULL, BRG_ERR_NO_MEMORY, "brg_reducer_create: out of memory");
+  red->dev = dev;
+  int prev_gpu;
+  dev_enter(red, &prev_gpu);
   pthread_mutex_init(&red->lock, NULL);
   pthread_cond_init(&red->marks_done, NULL);
   red->comm = comm;
@@ -565,6 +767,7 @@ brg_status brg_reducer_create(brg_reducer **out, brg_comm *comm, const brg_reduc
     memcpy(create_err, red->err, ERRLEN);
     goto err;
   }
+  if (device && (st = dev_open(red)) != BRG_SUCCESS) goto err;
 
   /* Reverse registration order approximates the order backward produces. */
   for (size_t k = 0; k < nparams; k++) red->order[k] = nparams - 1 - k;
@@ -574,10 +777,12 @@ brg_status brg_reducer_create(brg_reducer **out, brg_comm *comm, const brg_reduc
     goto err;
   }
   red->err[0] = '\0';
+  dev_leave(red, prev_gpu);
   *out = red;
   return BRG_SUCCESS;
 
 err:
+  dev_leave(red, prev_gpu);
   brg_reducer_destroy(red);
   return st;
 }
@@ -624,18 +829,29 @@ brg_status brg_reducer_broadcast_params(brg_reducer *red, int root) {
   if (state != STATE_IDLE)
     return fail(red, BRG_ERR_INVALID_USAGE,
                 "brg_reducer_broadcast_params: called during a backward pass");
-  for (size_t p = 0; p < red->nparams; p++) {
+  int prev;
+  dev_enter(red, &prev);
+  brg_status st = BRG_SUCCESS;
+  for (size_t p = 0; p < red->nparams && st == BRG_SUCCESS; p++) {
     red_param *prm = &red->params[p];
     if (prm->data == NULL || prm->count == 0) continue;
-    brg_status st =
-        brg_broadcast(prm->data, prm->data, prm->count, prm->dtype, root, red->comm, NULL);
+    /* Device form: on the communication stream, which is then waited for. */
+    st = brg_broadcast(prm->data, prm->data, prm->count, prm->dtype, root, red->comm,
+                       red->dev.api ? red->dev.stream : NULL);
     if (st != BRG_SUCCESS) {
       char nb[256];
-      return fail(red, st, "brg_reducer_broadcast_params: parameter %s: %s",
-                  pname(red, p, nb, sizeof(nb)), brg_comm_last_error(red->comm));
+      fail(red, st, "brg_reducer_broadcast_params: parameter %s: %s", pname(red, p, nb, sizeof(nb)),
+           brg_comm_last_error(red->comm));
     }
   }
-  return BRG_SUCCESS;
+  if (red->dev.api) {
+    int e = red->dev.api->stream_sync(red->dev.stream);
+    if (e && st == BRG_SUCCESS)
+      st = fail(red, BRG_ERR_SYSTEM, "brg_reducer_broadcast_params: the stream failed: %s",
+                red->dev.api->error_string(e));
+  }
+  dev_leave(red, prev);
+  return st;
 }
 
 brg_status brg_reducer_prepare(brg_reducer *red, unsigned flags) {
@@ -649,6 +865,8 @@ brg_status brg_reducer_prepare(brg_reducer *red, unsigned flags) {
                 "brg_reducer_prepare: a new backward started before brg_reducer_finalize ended "
                 "the previous one");
   }
+  int prev;
+  dev_enter(red, &prev);
   red->state = STATE_BACKWARD;
   red->sync = !(flags & BRG_REDUCER_NO_SYNC);
   red->pass_status = BRG_SUCCESS;
@@ -669,14 +887,23 @@ brg_status brg_reducer_prepare(brg_reducer *red, unsigned flags) {
         }
     launch_ready(red);
   }
+  dev_leave(red, prev);
   pthread_mutex_unlock(&red->lock);
   return BRG_SUCCESS;
 }
 
 brg_status brg_reducer_mark_ready(brg_reducer *red, size_t p) {
+  return brg_reducer_mark_ready_on(red, p, NULL);
+}
+
+brg_status brg_reducer_mark_ready_on(brg_reducer *red, size_t p, brg_stream producer) {
   char nb[256];
   brg_status st;
   if (red == NULL) return BRG_ERR_INVALID_ARGUMENT;
+  if (producer != NULL && !red->dev.api)
+    return fail(red, BRG_ERR_INVALID_ARGUMENT,
+                "brg_reducer_mark_ready_on: a stream was given, but this reducer is for host "
+                "buffers");
   pthread_mutex_lock(&red->lock);
   if (p >= red->nparams) {
     st = red->state == STATE_BACKWARD
@@ -718,6 +945,23 @@ brg_status brg_reducer_mark_ready(brg_reducer *red, size_t p) {
   red->order[red->norder++] = p;
   st = BRG_SUCCESS;
   if (!red->sync) goto out;
+  if (red->dev.api) {
+    /* All on the communication stream, in mark order, under the lock: it
+     * waits for the producer's work so far, then packs and maybe launches. */
+    int prev, e;
+    dev_enter(red, &prev);
+    e = red->dev.api->event_record(red->dev.mark_ev, producer);
+    if (!e) e = red->dev.api->stream_wait_event(red->dev.stream, red->dev.mark_ev);
+    if (e)
+      st = fail_pass(red, BRG_ERR_SYSTEM,
+                     "brg_reducer_mark_ready(%s): ordering after the producer stream %p failed: "
+                     "%s",
+                     pname(red, p, nb, sizeof(nb)), producer, red->dev.api->error_string(e));
+    param_pack(red, p, 0);
+    param_settled(red, p);
+    dev_leave(red, prev);
+    goto out;
+  }
   red->marks_inflight++;
   pthread_mutex_unlock(&red->lock);
 
@@ -798,20 +1042,50 @@ static void first_step_done(brg_reducer *red) {
       memcmp(nl.members, red->lay.members, n * sizeof(size_t)) == 0 &&
       memcmp(nl.bucket_start, red->lay.bucket_start, (nl.nbuckets + 1) * sizeof(size_t)) == 0;
   if (same) {
-    layout_free(&nl);
+    layout_free(red, &nl);
     return;
   }
-  if (red->view) /* the gradients live in the buckets: carry them over */
+  if (red->dev.api) {
+    /* The old buckets are freed below: the stream must be done with them. */
+    const brg__cuda_api *api = red->dev.api;
+    if (red->view)
+      for (size_t p = 0; p < n; p++)
+        if (red->params[p].count > 0)
+          dev_check(red,
+                    api->copy(grad_in_bucket(&nl, &red->params[p], p), NULL,
+                              grad_in_bucket(&red->lay, &red->params[p], p),
+                              red->params[p].count * brg_dtype_size(red->params[p].dtype),
+                              red->dev.stream),
+                    "carrying gradients into the rebuilt buckets");
+    dev_check(red, api->stream_sync(red->dev.stream), "waiting for the stream at the rebuild");
+  } else if (red->view) { /* the gradients live in the buckets: carry them over */
     for (size_t p = 0; p < n; p++)
       if (red->params[p].count > 0)
         memcpy(grad_in_bucket(&nl, &red->params[p], p),
                grad_in_bucket(&red->lay, &red->params[p], p),
                red->params[p].count * brg_dtype_size(red->params[p].dtype));
-  layout_free(&red->lay);
+  }
+  layout_free(red, &red->lay);
   red->lay = nl;
 }
 
+/* The end of a pass. Device form: the caller's stream waits for the
+ * communication stream (finalize_on), or the host does (blocking). */
+static brg_status finalize(brg_reducer *red, brg_stream caller, int blocking);
+
 brg_status brg_reducer_finalize(brg_reducer *red) {
+  return finalize(red, NULL, 1);
+}
+
+brg_status brg_reducer_finalize_on(brg_reducer *red, brg_stream caller) {
+  if (red != NULL && !red->dev.api)
+    return fail(red, BRG_ERR_INVALID_ARGUMENT,
+                "brg_reducer_finalize_on: this reducer is for host buffers (use "
+                "brg_reducer_finalize)");
+  return finalize(red, caller, 0);
+}
+
+static brg_status finalize(brg_reducer *red, brg_stream caller, int blocking) {
   char nb[256];
   if (red == NULL) return BRG_ERR_INVALID_ARGUMENT;
   pthread_mutex_lock(&red->lock);
@@ -826,6 +1100,8 @@ brg_status brg_reducer_finalize(brg_reducer *red) {
   while (red->marks_inflight > 0) pthread_cond_wait(&red->marks_done, &red->lock);
   pthread_mutex_unlock(&red->lock);
   /* From here on no other thread touches the pass: mark_ready refuses. */
+  int prev_gpu;
+  dev_enter(red, &prev_gpu);
 
   if (!red->sync) goto done;
 
@@ -913,6 +1189,18 @@ brg_status brg_reducer_finalize(brg_reducer *red) {
   memset(red->used_local, 0, n);
 
 done:
+  if (red->dev.api) {
+    const brg__cuda_api *api = red->dev.api;
+    int e = blocking ? api->stream_sync(red->dev.stream)
+                     : api->event_record(red->dev.done_ev, red->dev.stream);
+    if (!e && !blocking) e = api->stream_wait_event(caller, red->dev.done_ev);
+    if (e)
+      fail_pass(red, BRG_ERR_SYSTEM, "brg_reducer_finalize: %s failed: %s",
+                blocking ? "waiting for the communication stream"
+                         : "ordering the caller's stream after the communication stream",
+                api->error_string(e));
+  }
+  dev_leave(red, prev_gpu);
   pthread_mutex_lock(&red->lock);
   red->state = STATE_IDLE;
   brg_status st = red->pass_status;

@@ -14,9 +14,10 @@
  *    shows up as wrong data.
  *  - IPC memory is a memfd shared between processes (the handle names the
  *    owner's pid and descriptor, opened through /proc).
- *  - Events live in shared memory. Recording one queues "completed = n" on
+ *  - Events live in shared memory. Recording one queues "record n ran" on
  *    the stream; waiting on one waits for the record that was the most
- *    recent when the wait was queued (never recorded: no wait).
+ *    recent when the wait was queued (never recorded: no wait), even when
+ *    the event is recorded again meanwhile, on another stream.
  *  - Several devices (BRIGADE_EMU_DEVICES, default 2), with a current
  *    device per thread. Memory, streams and events belong to the device
  *    that was current when they were made. A kernel launched into a stream
@@ -356,10 +357,15 @@ static int rdma_read_ok(int dev, const void *p) {
 
 /* ---- events ---- */
 
+#define EV_RING 256
+
 typedef struct ev_shared {
-  volatile uint64_t issued;    /* records queued so far (by the owner) */
-  volatile uint64_t completed; /* the last record that ran */
-  volatile int64_t when_ns;    /* CLOCK_MONOTONIC when it ran (timing events) */
+  volatile uint64_t issued; /* records queued so far (by the owner) */
+  /* done[t % EV_RING] = t once record t ran: records queued on different
+   * streams run in any order, and a wait is for one record, not the
+   * latest (CUDA's rule: the record current when the wait was issued). */
+  volatile uint64_t done[EV_RING];
+  volatile int64_t when_ns; /* CLOCK_MONOTONIC when it ran (timing events) */
 } ev_shared;
 
 typedef struct event {
@@ -417,8 +423,15 @@ static void pause_a_little(void) {
   nanosleep(&ts, NULL);
 }
 
+/* Whether record t has run (0: never recorded). A slot overwritten by a
+ * later record counts as done: EV_RING records later, this one is long
+ * past in any run here. */
+static int ticket_done(ev_shared *s, uint64_t t) {
+  return t == 0 || __atomic_load_n(&s->done[t % EV_RING], __ATOMIC_ACQUIRE) >= t;
+}
+
 static void wait_completed(ev_shared *s, uint64_t target) {
-  for (int i = 0; __atomic_load_n(&s->completed, __ATOMIC_ACQUIRE) < target; i++) {
+  for (int i = 0; !ticket_done(s, target); i++) {
     if (i < 100)
       sched_yield();
     else
@@ -491,8 +504,9 @@ static void run_op(stream *s, const op *o) {
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
     o->ev->when_ns = (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
-    uint64_t cur = __atomic_load_n(&o->ev->completed, __ATOMIC_ACQUIRE);
-    while (cur < o->ticket && !__atomic_compare_exchange_n(&o->ev->completed, &cur, o->ticket, 0,
+    volatile uint64_t *slot = &o->ev->done[o->ticket % EV_RING];
+    uint64_t cur = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+    while (cur < o->ticket && !__atomic_compare_exchange_n(slot, &cur, o->ticket, 0,
                                                            __ATOMIC_RELEASE, __ATOMIC_ACQUIRE)) {}
     break;
   }
@@ -689,10 +703,7 @@ static int stream_wait_event(void *st, void *p) {
 /* 0 when the event's last record has run, -1 while it has not. */
 static int event_query(void *p) {
   event *ev = p;
-  return __atomic_load_n(&ev->s->completed, __ATOMIC_ACQUIRE) >=
-                 __atomic_load_n(&ev->s->issued, __ATOMIC_ACQUIRE)
-             ? E_OK
-             : -1;
+  return ticket_done(ev->s, __atomic_load_n(&ev->s->issued, __ATOMIC_ACQUIRE)) ? E_OK : -1;
 }
 
 static int event_sync(void *p) {
@@ -731,7 +742,7 @@ static int stream_write_value(void *st, void *addr, unsigned value) {
 
 static int event_elapsed_ms(float *ms, void *a, void *b) {
   event *s = a, *t = b;
-  if (s->s->completed < s->s->issued || t->s->completed < t->s->issued || !s->s->issued ||
+  if (!ticket_done(s->s, s->s->issued) || !ticket_done(t->s, t->s->issued) || !s->s->issued ||
       !t->s->issued)
     return E_ARG;
   *ms = (float)((double)(t->s->when_ns - s->s->when_ns) / 1e6);
