@@ -64,27 +64,6 @@ static void comm_open(bench *b, int *argc, char ***argv) {
     bench_die_status(b, "brg_comm_size", st);
 }
 
-/* -G: brigade's CUDA module, the file the library itself opens: named by
- * BRIGADE_CUDA_MODULE, else beside libbrigade.so, else in its build tree. */
-static const brg__cuda_api *gpu_module(char *why, size_t cap) {
-  char path[4096] = "";
-  const char *env = getenv("BRIGADE_CUDA_MODULE");
-  Dl_info info;
-  if (env && *env) {
-    snprintf(path, sizeof path, "%s", env);
-  } else if (dladdr((void *)&brg_allreduce, &info) && info.dli_fname &&
-             strrchr(info.dli_fname, '/')) {
-    char dir[3800];
-    snprintf(dir, sizeof dir, "%s", info.dli_fname);
-    *strrchr(dir, '/') = 0;
-    snprintf(path, sizeof path, "%s/libbrigade_cuda.so", dir); /* installed and build trees */
-    if (access(path, F_OK) != 0) snprintf(path, sizeof path, "libbrigade_cuda.so");
-  } else {
-    snprintf(path, sizeof path, "libbrigade_cuda.so");
-  }
-  return brg__cuda_open(path, why, cap);
-}
-
 /* This rank's place among the ranks of its host: LOCAL_RANK (torchrun,
  * brigade-run), OMPI_COMM_WORLD_LOCAL_RANK (mpirun), SLURM_LOCALID (srun);
  * 0 when no launcher says. */
@@ -99,7 +78,7 @@ static int local_rank(void) {
 
 static void gpu_open(bench *b) {
   char why[512] = "";
-  b->gpu = gpu_module(why, sizeof why);
+  b->gpu = brg__cuda_open_beside((const void *)&brg_allreduce, why, sizeof why);
   if (b->gpu == NULL) {
     fprintf(stderr, "%s: rank %d: -G: no usable GPU: %s\n", bench_prog, b->rank, why);
     brg_comm_abort(b->comm);

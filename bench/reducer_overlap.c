@@ -13,6 +13,14 @@
  *   naive          backward, then that one allreduce
  *   reducer        backward with the reducer: buckets overlap the compute
  *
+ * With -G the gradients, the buckets and the flat buffer are GPU memory:
+ * each layer's compute is a kernel that stays busy for its time on a
+ * compute stream, the reducer (device form) is told each gradient is ready
+ * on that stream, and a step ends when the compute stream has waited for
+ * the reducer (finalize_on) and the host for the compute stream. On the
+ * emulated CUDA module (BRIGADE_CUDA_MODULE) the "kernels" are sleeps of
+ * a stream thread: those figures are not GPU figures.
+ *
  * Ranks: forked here (-n), or taken from a launcher's environment
  * (brigade-run, torchrun: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
  * Times are per step, the slowest rank's, median over the timed steps.
@@ -33,6 +41,7 @@
 
 #include "brigade.h"
 #include "brigade_reducer.h"
+#include "cuda/brg_cuda.h"
 
 /* ---- models ------------------------------------------------------------ */
 
@@ -247,6 +256,7 @@ typedef struct opts {
   int write_grads;
   int iters, warmup;
   int json, dump;
+  int device; /* -G */
 } opts;
 
 static void usage(FILE *f) {
@@ -269,6 +279,8 @@ static void usage(FILE *f) {
           "  -g, --write-grads        backward writes every gradient before marking it ready\n"
           "  -i, --iters N            timed steps per mode (default 10)\n"
           "  -w, --warmup N           untimed steps per mode (default 3)\n"
+          "  -G, --device             GPU buffers, the reducer's device form, compute as GPU\n"
+          "                           kernels (GPU LOCAL_RANK or rank modulo the GPUs seen)\n"
           "  -j, --json               also print one JSON line of the results\n"
           "      --dump-model         print the model as a sizes file and exit\n"
           "  -h, --help\n");
@@ -296,6 +308,7 @@ static void parse_opts(int argc, char **argv, opts *o) {
                                      {"iters", 1, 0, 'i'},
                                      {"warmup", 1, 0, 'w'},
                                      {"json", 0, 0, 'j'},
+                                     {"device", 0, 0, 'G'},
                                      {"dump-model", 0, 0, 'D'},
                                      {"help", 0, 0, 'h'},
                                      {0, 0, 0, 0}};
@@ -310,7 +323,7 @@ static void parse_opts(int argc, char **argv, opts *o) {
               .iters = 10,
               .warmup = 3};
   int c;
-  while ((c = getopt_long(argc, argv, "n:m:c:t:l:b:f:d:k:v:gi:w:jh", lo, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "n:m:c:t:l:b:f:d:k:v:gi:w:jGh", lo, NULL)) != -1) {
     switch (c) {
     case 'n': o->nranks = (int)parse_num(optarg, "rank count"); break;
     case 'm': o->model = optarg; break;
@@ -362,6 +375,7 @@ static void parse_opts(int argc, char **argv, opts *o) {
     case 'i': o->iters = (int)parse_num(optarg, "iters"); break;
     case 'w': o->warmup = (int)parse_num(optarg, "warmup"); break;
     case 'j': o->json = 1; break;
+    case 'G': o->device = 1; break;
     case 'D': o->dump = 1; break;
     case 'h': usage(stdout); exit(0);
     default: usage(stderr); exit(2);
@@ -414,9 +428,11 @@ typedef struct bench {
   brg_comm *comm;
   int rank, nranks;
   brg_reducer *red;
-  void *flat;      /* every gradient, contiguous: the naive allreduce's buffer */
-  void **grad;     /* per tensor: where backward writes its gradient */
-  double *layer_s; /* compute seconds per layer */
+  void *flat;               /* every gradient, contiguous: the naive allreduce's buffer */
+  const brg__cuda_api *gpu; /* -G */
+  void *cstream;            /* -G: the compute stream */
+  void **grad;              /* per tensor: where backward writes its gradient */
+  double *layer_s;          /* compute seconds per layer */
   size_t esize;
 } bench;
 
@@ -428,13 +444,25 @@ typedef struct bench {
           b->red ? brg_reducer_last_error(b->red) : brg_comm_last_error(b->comm));                 \
   } while (0)
 
+#define GPU_OK(call)                                                                               \
+  do {                                                                                             \
+    int e_ = (call);                                                                               \
+    if (e_) die("rank %d: %s: %s", b->rank, #call, b->gpu->error_string(e_));                      \
+  } while (0)
+
 static void backward(bench *b, int with_reducer) {
   for (size_t l = b->m.nlayers; l-- > 0;) {
     const layer *ly = &b->m.layers[l];
-    compute(b->layer_s[l], b->o.spin);
+    if (b->gpu)
+      GPU_OK(b->gpu->busy((unsigned)(b->layer_s[l] * 1e6), b->cstream));
+    else
+      compute(b->layer_s[l], b->o.spin);
     for (size_t t = ly->first + ly->n; t-- > ly->first;) {
       if (b->o.write_grads) memset(b->grad[t], (int)(l & 0x3f), b->m.count[t] * b->esize);
-      if (with_reducer) BRG_OK(brg_reducer_mark_ready(b->red, t));
+      if (with_reducer && b->gpu)
+        BRG_OK(brg_reducer_mark_ready_on(b->red, t, b->cstream));
+      else if (with_reducer)
+        BRG_OK(brg_reducer_mark_ready(b->red, t));
     }
   }
 }
@@ -442,22 +470,29 @@ static void backward(bench *b, int with_reducer) {
 /* One step; returns the seconds the reducer's finalize waited (0 otherwise). */
 static double step(bench *b, int mode) {
   double t0;
+  void *st = b->cstream; /* NULL: host buffers */
   switch (mode) {
   case MODE_COMM:
-    BRG_OK(brg_allreduce(b->flat, b->flat, b->m.total, b->o.dtype, BRG_AVG, b->comm, NULL));
+    BRG_OK(brg_allreduce(b->flat, b->flat, b->m.total, b->o.dtype, BRG_AVG, b->comm, st));
     break;
   case MODE_COMPUTE: backward(b, 0); break;
   case MODE_NAIVE:
     backward(b, 0);
-    BRG_OK(brg_allreduce(b->flat, b->flat, b->m.total, b->o.dtype, BRG_AVG, b->comm, NULL));
+    BRG_OK(brg_allreduce(b->flat, b->flat, b->m.total, b->o.dtype, BRG_AVG, b->comm, st));
     break;
   case MODE_REDUCER:
     BRG_OK(brg_reducer_prepare(b->red, 0));
     backward(b, 1);
     t0 = now_s();
-    BRG_OK(brg_reducer_finalize(b->red));
+    if (b->gpu) {
+      BRG_OK(brg_reducer_finalize_on(b->red, st));
+      GPU_OK(b->gpu->stream_sync(st));
+    } else {
+      BRG_OK(brg_reducer_finalize(b->red));
+    }
     return now_s() - t0;
   }
+  if (b->gpu) GPU_OK(b->gpu->stream_sync(st));
   return 0;
 }
 
@@ -507,8 +542,20 @@ static int run_rank(opts *o, brg_comm *comm) {
 
   /* Everything allocated and touched before any clock starts. */
   size_t bytes = b->m.total * b->esize;
-  if (posix_memalign(&b->flat, 4096, bytes) != 0) die("out of memory for %zu bytes", bytes);
-  memset(b->flat, 0, bytes);
+  if (o->device) {
+    char why[512] = "";
+    b->gpu = brg__cuda_open_beside((const void *)&brg_allreduce, why, sizeof why);
+    if (!b->gpu) die("rank %d: -G: no usable GPU: %s", b->rank, why);
+    if (o->write_grads) die("-g (backward writes gradients on the host) does not go with -G");
+    const char *lr = getenv("LOCAL_RANK");
+    GPU_OK(b->gpu->set_device((lr && *lr ? atoi(lr) : b->rank) % b->gpu->probe(NULL, 0)));
+    GPU_OK(b->gpu->mem_alloc(&b->flat, bytes));
+    GPU_OK(b->gpu->mem_set(b->flat, 0, bytes));
+    GPU_OK(b->gpu->stream_create(&b->cstream));
+  } else {
+    if (posix_memalign(&b->flat, 4096, bytes) != 0) die("out of memory for %zu bytes", bytes);
+    memset(b->flat, 0, bytes);
+  }
   b->grad = calloc(b->m.ntensors, sizeof(void *));
   b->layer_s = calloc(b->m.nlayers, sizeof(double));
   brg_reducer_param *prm = calloc(b->m.ntensors, sizeof(*prm));
@@ -524,7 +571,8 @@ static int run_rank(opts *o, brg_comm *comm) {
   }
   brg_reducer_config cfg = {.bucket_cap_bytes = (size_t)(o->cap_mb * 1048576.0),
                             .first_bucket_cap_bytes = (size_t)(o->first_cap_mb * 1048576.0),
-                            .flags = o->view ? BRG_REDUCER_GRAD_AS_VIEW : 0,
+                            .flags = (o->view ? BRG_REDUCER_GRAD_AS_VIEW : 0) |
+                                     (o->device ? BRG_REDUCER_DEVICE : 0),
                             .hook = o->hook};
   BRG_OK(brg_reducer_create(&b->red, comm, prm, b->m.ntensors, &cfg));
   free(prm);
@@ -557,10 +605,19 @@ static int run_rank(opts *o, brg_comm *comm) {
     static const char *hooks[3] = {"none", "fp16", "bf16"};
     printf("# reducer_overlap: brigade %d.%d.%d, %d ranks\n", BRG_VERSION_MAJOR, BRG_VERSION_MINOR,
            BRG_VERSION_PATCH, b->nranks);
+    if (b->gpu) {
+      char desc[256];
+      b->gpu->describe(desc, sizeof desc);
+      printf("# GPU buffers (-G): %s; compute: a busy kernel per layer on a compute stream\n",
+             desc);
+    }
     printf("# model %s: %zu tensors in %zu layers, %.2f M parameters, %.1f MB of %s gradients\n",
            b->m.name, b->m.ntensors, b->m.nlayers, (double)b->m.total * 1e-6, (double)bytes * 1e-6,
            brg_dtype_name(o->dtype));
-    printf("# backward: %s, %.1f ms per step (%s over layers)%s\n", o->spin ? "spin" : "sleep",
+    printf("# backward: %s, %.1f ms per step (%s over layers)%s\n",
+           b->gpu    ? "GPU kernels"
+           : o->spin ? "spin"
+                     : "sleep",
            compute_s * 1e3, by_params ? "by parameter count" : "uniform",
            o->compute_ms < 0 ? ", set to the comm-only time" : "");
     printf("# reducer: %zu buckets (first %.3g MiB, then %.3g MiB), %s, hook %s%s\n", nbuckets,
@@ -592,7 +649,12 @@ static int run_rank(opts *o, brg_comm *comm) {
   }
   BRG_OK(brg_reducer_destroy(b->red));
   b->red = NULL;
-  free(b->flat);
+  if (b->gpu) {
+    b->gpu->stream_destroy(b->cstream);
+    b->gpu->mem_free(b->flat);
+  } else {
+    free(b->flat);
+  }
   free(b->grad);
   free(b->layer_s);
   model_free(&b->m);

@@ -16,7 +16,9 @@
 #include <dlfcn.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -155,6 +157,9 @@ typedef struct brg__cuda_api {
    * an invalid-value error. For the gradient reducer's compression hooks. */
   int (*cast)(void *dst, int dst_dtype, const void *src, int src_dtype, size_t count, float scale,
               void *stream);
+  /* A kernel of one thread block that stays busy for `us` microseconds on
+   * `stream`: computation stood in for by benchmarks. */
+  int (*busy)(unsigned us, void *stream);
 } brg__cuda_api;
 
 #define BRG__CUDA_IPC_HANDLE_BYTES 64
@@ -198,6 +203,28 @@ static inline const brg__cuda_api *brg__cuda_open(const char *path, char *why, s
   if (api->probe(why, cap) <= 0) return NULL;
   return api;
 }
+
+/* The module the library itself opens, for such programs: the file named
+ * by BRIGADE_CUDA_MODULE, else libbrigade_cuda.so beside the shared object
+ * that holds `anchor` (pass a function of libbrigade.so: the installed and
+ * the build tree keep the two side by side), else the loader's search.
+ * Needs _GNU_SOURCE (dladdr). */
+#ifdef _GNU_SOURCE
+static inline const brg__cuda_api *brg__cuda_open_beside(const void *anchor, char *why,
+                                                         size_t cap) {
+  char path[4096] = "libbrigade_cuda.so";
+  const char *env = getenv("BRIGADE_CUDA_MODULE");
+  Dl_info info;
+  if (env && *env) {
+    snprintf(path, sizeof path, "%s", env);
+  } else if (dladdr(anchor, &info) && info.dli_fname && strrchr(info.dli_fname, '/')) {
+    int dir = (int)(strrchr(info.dli_fname, '/') - info.dli_fname);
+    snprintf(path, sizeof path, "%.*s/libbrigade_cuda.so", dir, info.dli_fname);
+    if (access(path, F_OK) != 0) snprintf(path, sizeof path, "libbrigade_cuda.so");
+  }
+  return brg__cuda_open(path, why, cap);
+}
+#endif
 
 #ifdef __cplusplus
 }

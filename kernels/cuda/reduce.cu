@@ -202,3 +202,20 @@ extern "C" int brg__cuda_cast(void *dst, int dst_dtype, const void *src, int src
       dst, dst_dtype, src, src_dtype, n, scale);
   return cudaGetLastError();
 }
+
+namespace {
+
+__global__ void busy_kernel(unsigned long long ns) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
+
+} // namespace
+
+extern "C" int brg__cuda_busy(unsigned us, void *stream) {
+  busy_kernel<<<1, 32, 0, static_cast<cudaStream_t>(stream)>>>(1000ull * us);
+  return cudaGetLastError();
+}

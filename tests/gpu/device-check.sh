@@ -110,6 +110,9 @@ round() {
     cat "$BUILD/meson-logs/testlog.txt" >>"$log" 2>/dev/null
     step "$tag: all_reduce_perf -G N=4" "$log" 90 \
       "$BUILD/tools/brigade-run" -n 4 "$PERF" -G -b 16 -e 1G -f 4 -n 10 -w 3
+    # The reducer on the GPU: ResNet-50 shapes, compute kernels on a stream.
+    step "$tag: reducer_overlap -G N=2 resnet50" "$log" 60 \
+      env BRIGADE_DEVICE_PROXY=1 "$BUILD/bench/reducer_overlap" -G -n 2 -m resnet50 -i 10 -w 3
     # NCCL beside it (NCCL refuses two ranks on one GPU; then it says so).
     if "$PERF" --help 2>&1 | grep -q nccl; then
       step "$tag: all_reduce_perf -G N=2 --peer nccl" "$log" 45 \
@@ -120,7 +123,8 @@ round() {
       "${MESON[@]}" test -C "$BUILD" --no-rebuild --print-errorlogs device_collectives-N2
   fi
   # The headline numbers, into the summary.
-  grep -E '^# device|^# GPU|^ +268435456 |^ +8 |^# Roofline|^step|NCCL|nccl' "$log" | head -40 |
+  grep -E '^# device|^# GPU|^ +268435456 |^ +8 |^# Roofline|^step|NCCL|nccl|reducer /' "$log" |
+    head -40 |
     sed "s/^/$tag: /" >>"$SUMMARY"
 }
 

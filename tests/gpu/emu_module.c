@@ -441,7 +441,17 @@ static void wait_completed(ev_shared *s, uint64_t target) {
 
 /* ---- streams ---- */
 
-enum { OP_REDUCE, OP_COPY, OP_DIVIDE, OP_RECORD, OP_WAIT, OP_WAIT_VALUE, OP_WRITE_VALUE, OP_CAST };
+enum {
+  OP_REDUCE,
+  OP_COPY,
+  OP_DIVIDE,
+  OP_RECORD,
+  OP_WAIT,
+  OP_WAIT_VALUE,
+  OP_WRITE_VALUE,
+  OP_CAST,
+  OP_BUSY
+};
 
 typedef struct op {
   int kind;
@@ -490,7 +500,8 @@ static void run_cast(const op *o) {
 
 static void run_op(stream *s, const op *o) {
   /* Now and then a delay, so that work ordered by luck shows. */
-  if (o->kind != OP_WAIT && o->kind != OP_WAIT_VALUE && rand_r(&s->seed) % 4 == 0) {
+  if (o->kind != OP_WAIT && o->kind != OP_WAIT_VALUE && o->kind != OP_BUSY &&
+      rand_r(&s->seed) % 4 == 0) {
     struct timespec ts = {0, (long)(rand_r(&s->seed) % 200) * 1000};
     nanosleep(&ts, NULL);
   }
@@ -523,6 +534,11 @@ static void run_op(stream *s, const op *o) {
     break;
   case OP_WRITE_VALUE: __atomic_store_n((uint32_t *)o->d0, (uint32_t)o->n, __ATOMIC_RELEASE); break;
   case OP_CAST: run_cast(o); break;
+  case OP_BUSY: {
+    struct timespec ts = {(time_t)(o->n / 1000000), (long)(o->n % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+    break;
+  }
   }
 }
 
@@ -679,6 +695,14 @@ static int cast(void *dst, int dt, const void *src, int st, size_t n, float scal
   if (e) return e;
   op o = {.kind = OP_CAST, .d0 = dst, .a = src, .n = n, .dtype = dt, .rop = st};
   memcpy(&o.div, &scale, sizeof scale);
+  return enqueue(stream, &o);
+}
+
+/* The stream's thread sleeps: the CPU stays free, as under a GPU kernel. */
+static int busy(unsigned us, void *stream) {
+  int e = launch_check(stream, NULL, NULL, NULL, NULL, 0);
+  if (e) return e;
+  op o = {.kind = OP_BUSY, .n = us};
   return enqueue(stream, &o);
 }
 
@@ -864,6 +888,7 @@ static const brg__cuda_api api = {
     .stream_write_value = stream_write_value,
     .flush_rdma_writes = flush_rdma_writes,
     .cast = cast,
+    .busy = busy,
 };
 
 EXPORT const brg__cuda_api *brg__cuda_module_api(void) {
