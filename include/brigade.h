@@ -81,6 +81,12 @@ brg_status brg_comm_destroy(brg_comm *comm);
  * communicator was created: an allreduce of S bytes adds 2(N-1)/N * S. */
 brg_status brg_comm_bytes_sent(const brg_comm *comm, uint64_t *bytes);
 
+/* The error that stopped the communicator, or BRG_SUCCESS while it works:
+ * a collective that failed after its call returned (the device collectives'
+ * asynchronous mode, a queued brg_iallreduce) shows here at once, as with
+ * NCCL's ncclCommGetAsyncError; brg_comm_last_error says why. */
+brg_status brg_comm_get_async_error(const brg_comm *comm, brg_status *status);
+
 brg_status brg_allreduce(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype,
                          brg_op op, brg_comm *comm, brg_stream stream);
 brg_status brg_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount, brg_dtype dtype,

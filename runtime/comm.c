@@ -298,6 +298,18 @@ brg_status brg_comm_bytes_sent(const brg_comm *comm, uint64_t *bytes) {
   return BRG_SUCCESS;
 }
 
+brg_status brg_comm_get_async_error(const brg_comm *comm, brg_status *status) {
+  brg_status s = brg__check_comm(comm, "brg_comm_get_async_error");
+  if (s != BRG_SUCCESS) return s;
+  if (!status)
+    return brg__comm_error((brg_comm *)comm, BRG_ERR_INVALID_ARGUMENT,
+                           "brg_comm_get_async_error: status is NULL");
+  *status = __atomic_load_n(&comm->broken, __ATOMIC_ACQUIRE);
+  if (*status == BRG_SUCCESS && __atomic_load_n(&comm->aborted, __ATOMIC_ACQUIRE))
+    *status = BRG_ERR_ABORTED;
+  return BRG_SUCCESS;
+}
+
 brg_status brg_comm_abort(brg_comm *comm) {
   brg_status s = brg__check_comm(comm, "brg_comm_abort");
   if (s != BRG_SUCCESS) return s;

@@ -14,6 +14,8 @@
 #                 --peer nccl, without MPS
 #   mps.log       device collectives N=2 and all_reduce_perf -G N=2 under
 #                 MPS (or why it was not run)
+#   nccl-tests.log  NVIDIA's nccl-tests built against libbrigade_nccl.so and
+#                 run with -c 1 (all_reduce, all_gather, reduce_scatter)
 #
 # Usage: tests/gpu/device-check.sh RESULTS_DIR   (from the repository root)
 # nvcc, meson and ninja may be Python packages; cmocka is not needed (the
@@ -129,6 +131,46 @@ round() {
 }
 
 round "no MPS" "$OUT/nomps.log" full
+
+# ---- nccl-tests on libbrigade_nccl.so ----
+# NVIDIA's nccl-tests (the untouched tarball in the peers folder beside the
+# repository), built against the NCCL-compatible library and run with its
+# own check (-c 1). Two ranks on one GPU need two processes (MPI) and
+# NCCL_TESTS_DEVICE=0; without MPI only one rank runs.
+NCCL_LOG=$OUT/nccl-tests.log
+TARBALL=$(ls "$SRC"/../shared/peers/nccl-tests-*.tar.gz "$SRC"/shared/peers/nccl-tests-*.tar.gz \
+  2>/dev/null | head -1)
+if [ -z "$TARBALL" ] || [ ! -e "$BUILD/compat/libnccl.so.2" ]; then
+  note "nccl-tests: skipped (tarball: ${TARBALL:-not found}; libbrigade_nccl.so built: \
+$([ -e "$BUILD/compat/libnccl.so.2" ] && echo yes || echo no))"
+else
+  NT=/tmp/brigade-nccl-tests
+  rm -rf "$NT" && mkdir -p "$NT/home/lib" "$NT/home/include"
+  tar xzf "$TARBALL" -C "$NT"
+  cp "$(dirname "$(command -v nvcc)")/../include/nccl.h" "$NT/home/include/" 2>/dev/null ||
+    cp /usr/local/cuda/include/nccl.h "$NT/home/include/"
+  ln -sf "$BUILD/compat/libbrigade_nccl.so" "$NT/home/lib/libnccl.so"
+  MPIFLAG=MPI=0
+  command -v mpicc >/dev/null && command -v mpirun >/dev/null && MPIFLAG="MPI=1 MPI_HOME=$(dirname "$(dirname "$(command -v mpicc)")")"
+  # shellcheck disable=SC2086
+  step "nccl-tests: build ($MPIFLAG)" "$NCCL_LOG" 120 make -C "$NT"/nccl-tests-*/src -j "$(nproc)" \
+    NCCL_HOME="$NT/home" $MPIFLAG NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" \
+    BUILDDIR="$NT/bin" "$NT/bin/all_reduce_perf" "$NT/bin/all_gather_perf" \
+    "$NT/bin/reduce_scatter_perf"
+  export LD_LIBRARY_PATH="$BUILD/compat:$BUILD${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  for t in all_reduce all_gather reduce_scatter; do
+    if [ "$MPIFLAG" != MPI=0 ]; then
+      step "nccl-tests: ${t}_perf -c 1, 2 ranks (mpirun)" "$NCCL_LOG" 60 \
+        mpirun --allow-run-as-root -np 2 -x NCCL_TESTS_DEVICE=0 -x LD_LIBRARY_PATH \
+        "$NT/bin/${t}_perf" -b 8 -e 256M -f 8 -c 1 -n 5 -w 2
+    else
+      step "nccl-tests: ${t}_perf -c 1, 1 rank (no MPI here)" "$NCCL_LOG" 60 \
+        "$NT/bin/${t}_perf" -b 8 -e 256M -f 8 -c 1 -n 5 -w 2
+    fi
+  done
+  grep -E '^# Avg bus|Out of bounds|wrong|^step|Error|error' "$NCCL_LOG" | head -20 |
+    sed 's/^/nccl-tests: /' >>"$SUMMARY"
+fi
 
 # ---- the same under MPS ----
 if command -v nvidia-cuda-mps-control >/dev/null 2>&1; then

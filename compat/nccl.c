@@ -1,0 +1,648 @@
+/*
+ * libbrigade_nccl.so: brigade under NCCL's API (soname libnccl.so.2), so
+ * that code written for NCCL (nccl-tests, frameworks that dlopen
+ * libnccl.so.2) runs on brigade with LD_LIBRARY_PATH alone.
+ *
+ * It uses the public brigade.h, the toolkit's nccl.h for the types, and the
+ * CUDA module's table (brg_cuda.h) for the little CUDA it needs: the
+ * current device, ncclMemAlloc, and a first tiny collective at init.
+ *
+ * What maps how:
+ *  - a communicator is a brg_comm; ncclCommInitAll makes its ranks as
+ *    threads of this process, one per device;
+ *  - collectives run on the stream given, as brigade's device collectives
+ *    do; their host side runs on the communicator's progress thread
+ *    (BRIGADE_DEVICE_PROXY=1 unless the environment says otherwise), so a
+ *    call returns at once and one thread may drive several communicators
+ *    inside ncclGroupStart/End, as NCCL allows;
+ *  - the device ring is built at init by a one-element allreduce, so that
+ *    no later call has to wait for the other ranks to set up theirs;
+ *  - ncclGroupStart/End nest. Collectives need nothing from them (every
+ *    call is already asynchronous); a communicator initialised inside a
+ *    group (as nccl-tests does, one thread for several GPUs) is created at
+ *    the outermost ncclGroupEnd, all of them at once, one thread each;
+ *  - destroying a communicator waits for its ring neighbours to finish; one
+ *    made together with others of this process (ncclCommInitAll, or
+ *    several in one group) is destroyed on a thread of its own, so that one
+ *    thread can destroy them in turn; the library waits for those threads
+ *    when it is unloaded (at exit);
+ *  - calls brigade does not have (point-to-point, all-to-all, gather,
+ *    scatter, split, shrink, custom reduction ops, float8) return
+ *    ncclInvalidUsage (ncclInvalidArgument for a float8 type), and
+ *    ncclGetLastError says which; buffer registration is accepted and does
+ *    nothing.
+ */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <nccl.h>
+
+#include "brigade.h"
+#include "cuda/brg_cuda.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+struct ncclComm {
+  brg_comm *c;
+  int device;
+  int rank, nranks;
+  int siblings; /* made with other communicators of this process at once */
+};
+
+/* Calls return at once, as NCCL's do, unless the user chose otherwise:
+ * set when the library is loaded, before brigade reads its settings. */
+__attribute__((constructor)) static void proxy_by_default(void) {
+  setenv("BRIGADE_DEVICE_PROXY", "1", 0);
+}
+
+/* ---- errors ---------------------------------------------------------- */
+
+static __thread char last_error[1024];
+
+static ncclResult_t fail(ncclResult_t r, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static ncclResult_t fail(ncclResult_t r, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  va_end(ap);
+  return r;
+}
+
+static ncclResult_t result_of(brg_status s) {
+  switch (s) {
+  case BRG_SUCCESS: return ncclSuccess;
+  case BRG_IN_PROGRESS: return ncclInProgress;
+  case BRG_ERR_INVALID_ARGUMENT: return ncclInvalidArgument;
+  case BRG_ERR_INVALID_USAGE:
+  case BRG_ERR_MISMATCH: return ncclInvalidUsage;
+  case BRG_ERR_REMOTE:
+  case BRG_ERR_TIMEOUT:
+  case BRG_ERR_ABORTED: return ncclRemoteError;
+  case BRG_ERR_INTERNAL: return ncclInternalError;
+  default: return ncclSystemError;
+  }
+}
+
+/* A brigade call's status, with its sentence kept for ncclGetLastError. */
+static ncclResult_t check(const struct ncclComm *comm, brg_status s, const char *fn) {
+  if (s == BRG_SUCCESS) return ncclSuccess;
+  return fail(result_of(s), "%s: %s: %s", fn, brg_status_string(s),
+              brg_comm_last_error(comm ? comm->c : NULL));
+}
+
+static ncclResult_t unsupported(const char *fn, const char *what) {
+  return fail(ncclInvalidUsage, "%s: brigade has no %s (libbrigade_nccl.so)", fn, what);
+}
+
+EXPORT const char *ncclGetErrorString(ncclResult_t r) {
+  switch (r) {
+  case ncclSuccess: return "no error";
+  case ncclUnhandledCudaError: return "unhandled cuda error";
+  case ncclSystemError: return "unhandled system error";
+  case ncclInternalError: return "internal error";
+  case ncclInvalidArgument: return "invalid argument";
+  case ncclInvalidUsage: return "invalid usage";
+  case ncclRemoteError: return "remote process exited or there was a network error";
+  case ncclInProgress: return "NCCL operation in progress";
+  default: return "unknown result code";
+  }
+}
+
+EXPORT const char *ncclGetLastError(ncclComm_t comm) {
+  (void)comm;
+  return last_error;
+}
+
+EXPORT ncclResult_t ncclGetVersion(int *version) {
+  if (!version) return fail(ncclInvalidArgument, "ncclGetVersion: version is NULL");
+  *version = NCCL_VERSION_CODE; /* the API this library implements */
+  return ncclSuccess;
+}
+
+/* ---- the CUDA module ------------------------------------------------- */
+
+static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
+static const brg__cuda_api *cuda_api;
+static char cuda_why[512];
+
+static void cuda_open(void) {
+  cuda_api = brg__cuda_open_beside((const void *)&brg_allreduce, cuda_why, sizeof cuda_why);
+}
+
+/* The module libbrigade.so opens too (one instance), or NULL. */
+static const brg__cuda_api *cuda(void) {
+  pthread_once(&cuda_once, cuda_open);
+  if (!cuda_api) fail(ncclUnhandledCudaError, "no usable CUDA module: %s", cuda_why);
+  return cuda_api;
+}
+
+/* ---- dtypes and ops -------------------------------------------------- */
+
+static int dtype_of(ncclDataType_t t, brg_dtype *out, const char *fn, ncclResult_t *r) {
+  static const brg_dtype map[] = {
+      [ncclInt8] = BRG_INT8,        [ncclUint8] = BRG_UINT8,     [ncclInt32] = BRG_INT32,
+      [ncclUint32] = BRG_UINT32,    [ncclInt64] = BRG_INT64,     [ncclUint64] = BRG_UINT64,
+      [ncclFloat16] = BRG_FLOAT16,  [ncclFloat32] = BRG_FLOAT32, [ncclFloat64] = BRG_FLOAT64,
+      [ncclBfloat16] = BRG_BFLOAT16};
+  if ((unsigned)t < sizeof map / sizeof map[0]) {
+    *out = map[t];
+    return 1;
+  }
+  if (t == ncclFloat8e4m3 || t == ncclFloat8e5m2)
+    *r = fail(ncclInvalidArgument, "%s: brigade has no float8 types (datatype %d)", fn, (int)t);
+  else
+    *r = fail(ncclInvalidArgument, "%s: unknown datatype %d", fn, (int)t);
+  return 0;
+}
+
+static int op_of(ncclRedOp_t op, brg_op *out, const char *fn, ncclResult_t *r) {
+  switch (op) {
+  case ncclSum: *out = BRG_SUM; return 1;
+  case ncclProd: *out = BRG_PROD; return 1;
+  case ncclMax: *out = BRG_MAX; return 1;
+  case ncclMin: *out = BRG_MIN; return 1;
+  case ncclAvg: *out = BRG_AVG; return 1;
+  default:
+    *r = (int)op >= ncclNumOps
+             ? unsupported(fn, "custom reduction ops (ncclRedOpCreatePreMulSum)")
+             : fail(ncclInvalidArgument, "%s: unknown reduction op %d", fn, (int)op);
+    return 0;
+  }
+}
+
+static ncclResult_t comm_ok(const struct ncclComm *comm, const char *fn) {
+  return comm && comm->c ? ncclSuccess
+                         : fail(ncclInvalidArgument, "%s: comm is NULL or destroyed", fn);
+}
+
+/* ---- communicators --------------------------------------------------- */
+
+EXPORT ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
+  if (!id) return fail(ncclInvalidArgument, "ncclGetUniqueId: uniqueId is NULL");
+  _Static_assert(sizeof(ncclUniqueId) >= sizeof(brg_unique_id), "unique id too small");
+  brg_unique_id b;
+  brg_status s = brg_get_unique_id(&b);
+  if (s != BRG_SUCCESS) return check(NULL, s, "ncclGetUniqueId");
+  memset(id, 0, sizeof *id);
+  memcpy(id->internal, b.internal, sizeof b.internal);
+  return ncclSuccess;
+}
+
+/* Communicators initialised inside a group, created at its end. */
+typedef struct pending_init {
+  struct ncclComm *comm;
+  int nranks, rank;
+  ncclUniqueId id;
+  ncclResult_t r;
+  char err[1024];
+  struct pending_init *next;
+} pending_init;
+
+static __thread int group_depth;
+static __thread pending_init *pending;
+
+/* Fills `comm` (its device set): a brg_comm, its device ring built. */
+static ncclResult_t init_now(struct ncclComm *comm, int nranks, const ncclUniqueId *id, int rank) {
+  const brg__cuda_api *api = cuda();
+  if (!api) return ncclUnhandledCudaError;
+  if (api->set_device(comm->device) != 0)
+    return fail(ncclUnhandledCudaError, "ncclCommInitRank: cudaSetDevice(%d) failed", comm->device);
+  brg_unique_id b;
+  memcpy(b.internal, id->internal, sizeof b.internal);
+  brg_status s = brg_comm_init(&comm->c, nranks, &b, rank);
+  if (s != BRG_SUCCESS) return check(NULL, s, "ncclCommInitRank");
+  comm->rank = rank;
+  comm->nranks = nranks;
+  /* The device ring, now: every rank is here, and no later call (maybe in a
+   * group driving several communicators from one thread) waits for it. */
+  void *one = NULL;
+  if (nranks > 1 && api->mem_alloc(&one, 8) == 0) {
+    api->mem_set(one, 0, 8);
+    s = brg_allreduce(one, one, 1, BRG_FLOAT32, BRG_SUM, comm->c, NULL);
+    api->stream_sync(NULL);
+    api->mem_free(one);
+    if (s != BRG_SUCCESS) {
+      ncclResult_t r = check(comm, s, "ncclCommInitRank (building the device ring)");
+      brg_comm_destroy(comm->c);
+      comm->c = NULL;
+      return r;
+    }
+  }
+  return ncclSuccess;
+}
+
+/* A communicator on the current device: now, or at the group's end. */
+static ncclResult_t init_rank(ncclComm_t *out, int nranks, const ncclUniqueId *id, int rank) {
+  const brg__cuda_api *api = cuda();
+  if (!out) return fail(ncclInvalidArgument, "ncclCommInitRank: comm is NULL");
+  if (!id) return fail(ncclInvalidArgument, "ncclCommInitRank: commId is NULL");
+  if (!api) return ncclUnhandledCudaError;
+  struct ncclComm *comm = calloc(1, sizeof *comm);
+  if (!comm) return fail(ncclSystemError, "ncclCommInitRank: out of memory");
+  if (api->get_device(&comm->device) != 0) comm->device = 0;
+  if (group_depth > 0) {
+    pending_init *p = calloc(1, sizeof *p);
+    if (!p) {
+      free(comm);
+      return fail(ncclSystemError, "ncclCommInitRank: out of memory");
+    }
+    *p = (pending_init){.comm = comm, .nranks = nranks, .rank = rank, .id = *id, .next = pending};
+    pending = p;
+    *out = comm;
+    return ncclSuccess;
+  }
+  ncclResult_t r = init_now(comm, nranks, id, rank);
+  if (r != ncclSuccess) {
+    free(comm);
+    return r;
+  }
+  *out = comm;
+  return ncclSuccess;
+}
+
+static int count_pending(void) {
+  int n = 0;
+  for (pending_init *p = pending; p; p = p->next) n++;
+  return n;
+}
+
+static void *pending_main(void *arg) {
+  pending_init *p = arg;
+  p->r = init_now(p->comm, p->nranks, &p->id, p->rank);
+  snprintf(p->err, sizeof p->err, "%s", last_error);
+  return NULL;
+}
+
+/* The group's communicators, each on a thread of its own (each init waits
+ * for the others); the first error is returned. */
+static ncclResult_t run_pending(void) {
+  ncclResult_t r = ncclSuccess;
+  int n = count_pending();
+  for (pending_init *p = pending; p; p = p->next) p->comm->siblings = n > 1;
+  pthread_t *th = calloc((size_t)n + 1, sizeof *th);
+  int *started = calloc((size_t)n + 1, sizeof *started);
+  int i = 0;
+  for (pending_init *p = pending; p; p = p->next, i++)
+    started[i] = th && started && pthread_create(&th[i], NULL, pending_main, p) == 0;
+  i = 0;
+  for (pending_init *p = pending; p; p = p->next, i++) {
+    if (started && started[i])
+      pthread_join(th[i], NULL);
+    else
+      pending_main(p); /* alone it waits for the others until the timeout */
+    if (p->r != ncclSuccess && r == ncclSuccess) {
+      r = p->r;
+      snprintf(last_error, sizeof last_error, "%s", p->err);
+    }
+  }
+  free(th);
+  free(started);
+  while (pending) {
+    pending_init *p = pending;
+    pending = p->next;
+    free(p);
+  }
+  return r;
+}
+
+EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank) {
+  return init_rank(comm, nranks, &commId, rank);
+}
+
+EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId,
+                                           int rank, ncclConfig_t *config) {
+  (void)config; /* its tuning fields have no brigade meaning; calls block as blocking=1 */
+  return init_rank(comm, nranks, &commId, rank);
+}
+
+typedef struct init_all_arg {
+  ncclComm_t *out;
+  int ndev, dev, rank;
+  const ncclUniqueId *id;
+  ncclResult_t r;
+  char err[1024];
+} init_all_arg;
+
+static void *init_all_main(void *p) {
+  init_all_arg *a = p;
+  struct ncclComm *comm = calloc(1, sizeof *comm);
+  a->r = comm ? ncclSuccess : fail(ncclSystemError, "ncclCommInitAll: out of memory");
+  if (comm) {
+    comm->device = a->dev;
+    comm->siblings = a->ndev > 1;
+    a->r = init_now(comm, a->ndev, a->id, a->rank);
+    if (a->r == ncclSuccess)
+      *a->out = comm;
+    else
+      free(comm);
+  }
+  snprintf(a->err, sizeof a->err, "%s", last_error);
+  return NULL;
+}
+
+EXPORT ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist) {
+  if (!comms || ndev < 1)
+    return fail(ncclInvalidArgument, "ncclCommInitAll: comms is NULL or ndev %d < 1", ndev);
+  const brg__cuda_api *api = cuda();
+  if (!api) return ncclUnhandledCudaError;
+  int ngpu = api->probe(NULL, 0);
+  for (int i = 0; i < ndev; i++) {
+    int dev = devlist ? devlist[i] : i;
+    if (dev < 0 || dev >= ngpu)
+      return fail(ncclInvalidArgument, "ncclCommInitAll: device %d of %d visible", dev, ngpu);
+  }
+  ncclUniqueId id;
+  ncclResult_t r = ncclGetUniqueId(&id);
+  if (r != ncclSuccess) return r;
+  init_all_arg *a = calloc((size_t)ndev, sizeof *a);
+  pthread_t *th = calloc((size_t)ndev, sizeof *th);
+  if (!a || !th) {
+    free(a);
+    free(th);
+    return fail(ncclSystemError, "ncclCommInitAll: out of memory");
+  }
+  /* One thread per rank: each waits in init for all the others. */
+  for (int i = 0; i < ndev; i++) {
+    a[i] = (init_all_arg){.out = &comms[i], .ndev = ndev, .rank = i, .id = &id};
+    a[i].dev = devlist ? devlist[i] : i;
+    comms[i] = NULL;
+    if (pthread_create(&th[i], NULL, init_all_main, &a[i]) != 0) {
+      a[i].r = fail(ncclSystemError, "ncclCommInitAll: pthread_create failed");
+      ndev = i; /* the ones started fail at the timeout; wait for them */
+    }
+  }
+  r = ncclSuccess;
+  for (int i = 0; i < ndev; i++) {
+    pthread_join(th[i], NULL);
+    if (a[i].r != ncclSuccess && r == ncclSuccess) {
+      r = a[i].r;
+      snprintf(last_error, sizeof last_error, "%s", a[i].err);
+    }
+  }
+  if (r != ncclSuccess)
+    for (int i = 0; i < ndev; i++)
+      if (comms[i]) {
+        brg_comm_destroy(comms[i]->c);
+        free(comms[i]);
+        comms[i] = NULL;
+      }
+  free(a);
+  free(th);
+  return r;
+}
+
+EXPORT ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+  return comm_ok(comm, "ncclCommFinalize"); /* destroy does the rest */
+}
+
+/* Destroys running on threads of their own (siblings), joined at unload. */
+static pthread_mutex_t reaper_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t reaper_done = PTHREAD_COND_INITIALIZER;
+static int reapers;
+
+static void *reaper_main(void *arg) {
+  brg_comm_destroy(arg);
+  pthread_mutex_lock(&reaper_lock);
+  reapers--;
+  pthread_cond_broadcast(&reaper_done);
+  pthread_mutex_unlock(&reaper_lock);
+  return NULL;
+}
+
+__attribute__((destructor)) static void wait_reapers(void) {
+  pthread_mutex_lock(&reaper_lock);
+  while (reapers > 0) pthread_cond_wait(&reaper_done, &reaper_lock);
+  pthread_mutex_unlock(&reaper_lock);
+}
+
+EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  if (!comm) return ncclSuccess;
+  brg_status s = BRG_SUCCESS;
+  pthread_t th;
+  if (comm->c && comm->siblings) {
+    pthread_mutex_lock(&reaper_lock);
+    int started = pthread_create(&th, NULL, reaper_main, comm->c) == 0;
+    if (started) {
+      reapers++;
+      pthread_detach(th);
+    }
+    pthread_mutex_unlock(&reaper_lock);
+    if (!started) s = brg_comm_destroy(comm->c);
+  } else if (comm->c) {
+    s = brg_comm_destroy(comm->c);
+  }
+  comm->c = NULL;
+  free(comm);
+  return check(NULL, s, "ncclCommDestroy");
+}
+
+EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  if (!comm) return ncclSuccess;
+  if (comm->c) brg_comm_abort(comm->c);
+  return ncclCommDestroy(comm);
+}
+
+EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError) {
+  ncclResult_t r = comm_ok(comm, "ncclCommGetAsyncError");
+  if (r != ncclSuccess) return r;
+  if (!asyncError) return fail(ncclInvalidArgument, "ncclCommGetAsyncError: asyncError is NULL");
+  brg_status s = BRG_SUCCESS;
+  brg_comm_get_async_error(comm->c, &s);
+  *asyncError = result_of(s);
+  if (s != BRG_SUCCESS) check(comm, s, "a collective");
+  return ncclSuccess;
+}
+
+EXPORT ncclResult_t ncclCommCount(const ncclComm_t comm, int *count) {
+  ncclResult_t r = comm_ok(comm, "ncclCommCount");
+  if (r == ncclSuccess && !count) r = fail(ncclInvalidArgument, "ncclCommCount: count is NULL");
+  if (r == ncclSuccess) *count = comm->nranks;
+  return r;
+}
+
+EXPORT ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int *device) {
+  ncclResult_t r = comm_ok(comm, "ncclCommCuDevice");
+  if (r == ncclSuccess && !device)
+    r = fail(ncclInvalidArgument, "ncclCommCuDevice: device is NULL");
+  if (r == ncclSuccess) *device = comm->device;
+  return r;
+}
+
+EXPORT ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank) {
+  ncclResult_t r = comm_ok(comm, "ncclCommUserRank");
+  if (r == ncclSuccess && !rank) r = fail(ncclInvalidArgument, "ncclCommUserRank: rank is NULL");
+  if (r == ncclSuccess) *rank = comm->rank;
+  return r;
+}
+
+/* ---- memory ---------------------------------------------------------- */
+
+EXPORT ncclResult_t ncclMemAlloc(void **ptr, size_t size) {
+  const brg__cuda_api *api = cuda();
+  if (!ptr) return fail(ncclInvalidArgument, "ncclMemAlloc: ptr is NULL");
+  if (!api) return ncclUnhandledCudaError;
+  int e = api->mem_alloc(ptr, size);
+  return e ? fail(ncclUnhandledCudaError, "ncclMemAlloc: cudaMalloc(%zu): %s", size,
+                  api->error_string(e))
+           : ncclSuccess;
+}
+
+EXPORT ncclResult_t ncclMemFree(void *ptr) {
+  const brg__cuda_api *api = cuda();
+  if (!api) return ncclUnhandledCudaError;
+  int e = api->mem_free(ptr);
+  return e ? fail(ncclUnhandledCudaError, "ncclMemFree: %s", api->error_string(e)) : ncclSuccess;
+}
+
+EXPORT ncclResult_t ncclCommRegister(const ncclComm_t comm, void *buff, size_t size,
+                                     void **handle) {
+  (void)buff, (void)size;
+  ncclResult_t r = comm_ok(comm, "ncclCommRegister");
+  if (r == ncclSuccess && handle) *handle = NULL; /* nothing to register: accepted */
+  return r;
+}
+
+EXPORT ncclResult_t ncclCommDeregister(const ncclComm_t comm, void *handle) {
+  (void)handle;
+  return comm_ok(comm, "ncclCommDeregister");
+}
+
+/* ---- groups ---------------------------------------------------------- */
+
+EXPORT ncclResult_t ncclGroupStart(void) {
+  group_depth++;
+  return ncclSuccess;
+}
+
+EXPORT ncclResult_t ncclGroupEnd(void) {
+  if (group_depth == 0) return fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
+  if (--group_depth > 0 || !pending) return ncclSuccess;
+  return run_pending();
+}
+
+/* ---- collectives ----------------------------------------------------- */
+
+/* The common checks; 1 when the call may go on. */
+static int prologue(const struct ncclComm *comm, ncclDataType_t t, brg_dtype *dt, const char *fn,
+                    ncclResult_t *r) {
+  if ((*r = comm_ok(comm, fn)) != ncclSuccess) return 0;
+  return dtype_of(t, dt, fn, r);
+}
+
+EXPORT ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
+                                  ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                  cudaStream_t stream) {
+  brg_dtype dt;
+  brg_op bop;
+  ncclResult_t r;
+  if (!prologue(comm, datatype, &dt, "ncclAllReduce", &r) || !op_of(op, &bop, "ncclAllReduce", &r))
+    return r;
+  return check(comm, brg_allreduce(sendbuff, recvbuff, count, dt, bop, comm->c, stream),
+               "ncclAllReduce");
+}
+
+EXPORT ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount,
+                                      ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                      cudaStream_t stream) {
+  brg_dtype dt;
+  brg_op bop;
+  ncclResult_t r;
+  if (!prologue(comm, datatype, &dt, "ncclReduceScatter", &r) ||
+      !op_of(op, &bop, "ncclReduceScatter", &r))
+    return r;
+  return check(comm, brg_reduce_scatter(sendbuff, recvbuff, recvcount, dt, bop, comm->c, stream),
+               "ncclReduceScatter");
+}
+
+EXPORT ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
+                                  ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
+  brg_dtype dt;
+  ncclResult_t r;
+  if (!prologue(comm, datatype, &dt, "ncclAllGather", &r)) return r;
+  return check(comm, brg_all_gather(sendbuff, recvbuff, sendcount, dt, comm->c, stream),
+               "ncclAllGather");
+}
+
+EXPORT ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count,
+                                  ncclDataType_t datatype, int root, ncclComm_t comm,
+                                  cudaStream_t stream) {
+  brg_dtype dt;
+  ncclResult_t r;
+  if (!prologue(comm, datatype, &dt, "ncclBroadcast", &r)) return r;
+  return check(comm, brg_broadcast(sendbuff, recvbuff, count, dt, root, comm->c, stream),
+               "ncclBroadcast");
+}
+
+EXPORT ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatype, int root,
+                              ncclComm_t comm, cudaStream_t stream) {
+  return ncclBroadcast(buff, buff, count, datatype, root, comm, stream);
+}
+
+EXPORT ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count,
+                               ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
+                               cudaStream_t stream) {
+  brg_dtype dt;
+  brg_op bop;
+  ncclResult_t r;
+  if (!prologue(comm, datatype, &dt, "ncclReduce", &r) || !op_of(op, &bop, "ncclReduce", &r))
+    return r;
+  return check(comm, brg_reduce(sendbuff, recvbuff, count, dt, bop, root, comm->c, stream),
+               "ncclReduce");
+}
+
+/* ---- what brigade does not have -------------------------------------- */
+
+EXPORT ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                             ncclComm_t comm, cudaStream_t stream) {
+  (void)sendbuff, (void)count, (void)datatype, (void)peer, (void)comm, (void)stream;
+  return unsupported("ncclSend", "point-to-point calls");
+}
+
+EXPORT ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
+                             ncclComm_t comm, cudaStream_t stream) {
+  (void)recvbuff, (void)count, (void)datatype, (void)peer, (void)comm, (void)stream;
+  return unsupported("ncclRecv", "point-to-point calls");
+}
+
+EXPORT ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count,
+                                 ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
+  (void)sendbuff, (void)recvbuff, (void)count, (void)datatype, (void)comm, (void)stream;
+  return unsupported("ncclAlltoAll", "all-to-all");
+}
+
+EXPORT ncclResult_t ncclGather(const void *sendbuff, void *recvbuff, size_t count,
+                               ncclDataType_t datatype, int root, ncclComm_t comm,
+                               cudaStream_t stream) {
+  (void)sendbuff, (void)recvbuff, (void)count, (void)datatype, (void)root, (void)comm, (void)stream;
+  return unsupported("ncclGather", "gather");
+}
+
+EXPORT ncclResult_t ncclScatter(const void *sendbuff, void *recvbuff, size_t count,
+                                ncclDataType_t datatype, int root, ncclComm_t comm,
+                                cudaStream_t stream) {
+  (void)sendbuff, (void)recvbuff, (void)count, (void)datatype, (void)root, (void)comm, (void)stream;
+  return unsupported("ncclScatter", "scatter");
+}
+
+EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
+                                  ncclConfig_t *config) {
+  (void)comm, (void)color, (void)key, (void)config;
+  if (newcomm) *newcomm = NULL;
+  return unsupported("ncclCommSplit", "communicator split");
+}
+
+EXPORT ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataType_t datatype,
+                                             ncclScalarResidence_t residence, ncclComm_t comm) {
+  (void)op, (void)scalar, (void)datatype, (void)residence, (void)comm;
+  return unsupported("ncclRedOpCreatePreMulSum", "custom reduction ops");
+}
+
+EXPORT ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
+  (void)op, (void)comm;
+  return unsupported("ncclRedOpDestroy", "custom reduction ops");
+}

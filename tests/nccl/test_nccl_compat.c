@@ -1,0 +1,422 @@
+/*
+ * libbrigade_nccl.so through nccl.h alone, as a program written for NCCL
+ * would use it (the CUDA module's table only moves test data and waits for
+ * streams, which such a program does with the CUDA runtime).
+ *
+ *   test_nccl_compat ranks N   N processes, each one communicator made with
+ *                              ncclGetUniqueId + ncclCommInitRank inside a
+ *                              group (as nccl-tests does); every collective
+ *                              nccl.h has x every dtype brigade has x every
+ *                              op, counts 0, 1, 7, 4099, 65537, in place and
+ *                              out of place, every element checked; then
+ *                              the calls brigade lacks and bad arguments
+ *   test_nccl_compat all N     ncclCommInitAll: N communicators in this
+ *                              process, one per device, driven from one
+ *                              thread inside ncclGroupStart/End
+ *
+ * Inputs are small integers chosen so that every result is exact in every
+ * dtype: rank r's element i is (i % 20) + 1 + 2r (sum N((i % 20) + N), so
+ * the average is exact too), and (i % 3) + 1 + r % 2 for products.
+ * Exits 77 without a GPU (1 with BRIGADE_TEST_NO_SKIP set).
+ */
+#include <math.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <nccl.h>
+
+#include "../../kernels/cuda/brg_cuda.h"
+
+static const brg__cuda_api *api;
+static int g_rank = -1, g_failures;
+static long g_checked; /* elements compared */
+
+#define FAIL(...)                                                                                  \
+  do {                                                                                             \
+    fprintf(stderr, "rank %d: FAIL: ", g_rank);                                                    \
+    fprintf(stderr, __VA_ARGS__);                                                                  \
+    fputc('\n', stderr);                                                                           \
+    if (++g_failures > 20) exit(1);                                                                \
+  } while (0)
+
+#define NCCL_OK(call)                                                                              \
+  do {                                                                                             \
+    ncclResult_t r_ = (call);                                                                      \
+    if (r_ != ncclSuccess) {                                                                       \
+      FAIL("%s: %s: %s", #call, ncclGetErrorString(r_), ncclGetLastError(NULL));                   \
+      exit(1);                                                                                     \
+    }                                                                                              \
+  } while (0)
+
+static const ncclDataType_t types[] = {ncclInt8,    ncclUint8,   ncclInt32,   ncclUint32,
+                                       ncclInt64,   ncclUint64,  ncclFloat16, ncclFloat32,
+                                       ncclFloat64, ncclBfloat16};
+static const char *type_names[] = {"int8",   "uint8",   "int32",   "uint32",  "int64",
+                                   "uint64", "float16", "float32", "float64", "bfloat16"};
+static const size_t type_bytes[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2};
+static const ncclRedOp_t ops[] = {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg};
+static const char *op_names[] = {"sum", "prod", "max", "min", "avg"};
+static const size_t counts[] = {0, 1, 7, 4099, 65537};
+
+/* Element i of `buf` (type index t) set to / read as a double. */
+static void put(void *buf, int t, size_t i, double v) {
+  switch (types[t]) {
+  case ncclInt8: ((int8_t *)buf)[i] = (int8_t)v; break;
+  case ncclUint8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+  case ncclInt32: ((int32_t *)buf)[i] = (int32_t)v; break;
+  case ncclUint32: ((uint32_t *)buf)[i] = (uint32_t)v; break;
+  case ncclInt64: ((int64_t *)buf)[i] = (int64_t)v; break;
+  case ncclUint64: ((uint64_t *)buf)[i] = (uint64_t)v; break;
+  case ncclFloat16: {
+    _Float16 h = (_Float16)v;
+    memcpy((char *)buf + 2 * i, &h, 2);
+    break;
+  }
+  case ncclFloat32: ((float *)buf)[i] = (float)v; break;
+  case ncclFloat64: ((double *)buf)[i] = v; break;
+  default: { /* bfloat16: small integers are exact in the top half of a float */
+    float f = (float)v;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    ((uint16_t *)buf)[i] = (uint16_t)(u >> 16);
+  }
+  }
+}
+
+static double get(const void *buf, int t, size_t i) {
+  switch (types[t]) {
+  case ncclInt8: return ((const int8_t *)buf)[i];
+  case ncclUint8: return ((const uint8_t *)buf)[i];
+  case ncclInt32: return ((const int32_t *)buf)[i];
+  case ncclUint32: return ((const uint32_t *)buf)[i];
+  case ncclInt64: return (double)((const int64_t *)buf)[i];
+  case ncclUint64: return (double)((const uint64_t *)buf)[i];
+  case ncclFloat16: {
+    _Float16 h;
+    memcpy(&h, (const char *)buf + 2 * i, 2);
+    return (double)h;
+  }
+  case ncclFloat32: return ((const float *)buf)[i];
+  case ncclFloat64: return ((const double *)buf)[i];
+  default: {
+    uint32_t u = (uint32_t)((const uint16_t *)buf)[i] << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+  }
+  }
+}
+
+static double input(int op, size_t i, int r) {
+  return ops[op] == ncclProd ? (double)(i % 3 + 1 + (size_t)(r % 2))
+                             : (double)(i % 20 + 1 + 2 * (size_t)r);
+}
+
+/* The reduction over ranks 0..n-1 of element i. */
+static double expect(int op, size_t i, int n) {
+  double acc = input(op, i, 0);
+  for (int r = 1; r < n; r++) {
+    double x = input(op, i, r);
+    switch (ops[op]) {
+    case ncclProd: acc *= x; break;
+    case ncclMax: acc = x > acc ? x : acc; break;
+    case ncclMin: acc = x < acc ? x : acc; break;
+    default: acc += x;
+    }
+  }
+  return ops[op] == ncclAvg ? acc / n : acc;
+}
+
+/* One communicator's view: device buffers and a host mirror. */
+typedef struct bufs {
+  void *dsend, *drecv, *host;
+  size_t bytes;
+  cudaStream_t stream;
+} bufs;
+
+static void to_dev(void *d, const void *h, size_t bytes) {
+  if (bytes && api->mem_copy(d, h, bytes)) {
+    FAIL("mem_copy to the GPU failed");
+    exit(1);
+  }
+}
+static void from_dev(void *h, const void *d, size_t bytes) {
+  api->stream_sync(NULL);
+  if (bytes && api->mem_copy(h, d, bytes)) {
+    FAIL("mem_copy from the GPU failed");
+    exit(1);
+  }
+}
+
+static void check_elems(const char *what, int t, const void *got, size_t n,
+                        double (*want)(size_t, void *), void *arg) {
+  g_checked += (long)n;
+  for (size_t i = 0; i < n; i++) {
+    double w = want(i, arg), g = get(got, t, i);
+    if (g != w) {
+      FAIL("%s %s: element %zu of %zu is %g, expected %g", what, type_names[t], i, n, g, w);
+      return;
+    }
+  }
+}
+
+typedef struct ctx {
+  int op, n, rank, root, nranks;
+  size_t count;
+} ctx;
+
+static double want_reduce(size_t i, void *a) {
+  ctx *c = a;
+  return expect(c->op, i, c->nranks);
+}
+static double want_rs(size_t i, void *a) {
+  ctx *c = a;
+  return expect(c->op, (size_t)c->rank * c->count + i, c->nranks);
+}
+static double want_ag(size_t i, void *a) {
+  ctx *c = a;
+  return input(0, i % c->count, (int)(i / c->count));
+}
+static double want_bcast(size_t i, void *a) {
+  ctx *c = a;
+  return input(0, i, c->root);
+}
+
+/* Every collective, dtype, op, count, in place and out of place. */
+static void collectives(ncclComm_t comm, int rank, int n, bufs *b) {
+  char *h = b->host;
+  for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
+    size_t cnt = counts[ci];
+    for (int t = 0; t < (int)(sizeof types / sizeof types[0]); t++) {
+      size_t es = type_bytes[t];
+      for (int inplace = 0; inplace < 2; inplace++) {
+        char what[160];
+        /* allreduce and reduce, every op */
+        for (int op = 0; op < 5; op++) {
+          ctx c = {.op = op, .rank = rank, .nranks = n, .count = cnt};
+          for (size_t i = 0; i < cnt; i++) put(h, t, i, input(op, i, rank));
+          to_dev(b->dsend, h, cnt * es);
+          void *out = inplace ? b->dsend : b->drecv;
+          NCCL_OK(ncclAllReduce(b->dsend, out, cnt, types[t], ops[op], comm, b->stream));
+          from_dev(h, out, cnt * es);
+          snprintf(what, sizeof what, "ncclAllReduce %s count %zu %s", op_names[op], cnt,
+                   inplace ? "in place" : "out of place");
+          check_elems(what, t, h, cnt, want_reduce, &c);
+          int root = n - 1;
+          for (size_t i = 0; i < cnt; i++) put(h, t, i, input(op, i, rank));
+          to_dev(b->dsend, h, cnt * es);
+          NCCL_OK(ncclReduce(b->dsend, out, cnt, types[t], ops[op], root, comm, b->stream));
+          from_dev(h, out, cnt * es);
+          snprintf(what, sizeof what, "ncclReduce %s root %d count %zu %s", op_names[op], root, cnt,
+                   inplace ? "in place" : "out of place");
+          if (rank == root) check_elems(what, t, h, cnt, want_reduce, &c);
+          /* reduce-scatter: N chunks of cnt in, this rank's chunk out */
+          for (size_t i = 0; i < cnt * (size_t)n; i++) put(h, t, i, input(op, i, rank));
+          to_dev(b->dsend, h, cnt * (size_t)n * es);
+          void *rs_out = inplace ? (char *)b->dsend + (size_t)rank * cnt * es : b->drecv;
+          NCCL_OK(ncclReduceScatter(b->dsend, rs_out, cnt, types[t], ops[op], comm, b->stream));
+          from_dev(h, rs_out, cnt * es);
+          snprintf(what, sizeof what, "ncclReduceScatter %s count %zu %s", op_names[op], cnt,
+                   inplace ? "in place" : "out of place");
+          check_elems(what, t, h, cnt, want_rs, &c);
+        }
+        /* all-gather: cnt in, N chunks out */
+        ctx c = {.rank = rank, .nranks = n, .count = cnt, .root = n - 1};
+        for (size_t i = 0; i < cnt; i++) put(h, t, i, input(0, i, rank));
+        void *ag_in = inplace ? (char *)b->drecv + (size_t)rank * cnt * es : b->dsend;
+        to_dev(ag_in, h, cnt * es);
+        NCCL_OK(ncclAllGather(ag_in, b->drecv, cnt, types[t], comm, b->stream));
+        from_dev(h, b->drecv, cnt * (size_t)n * es);
+        snprintf(what, sizeof what, "ncclAllGather count %zu %s", cnt,
+                 inplace ? "in place" : "out of place");
+        if (cnt) check_elems(what, t, h, cnt * (size_t)n, want_ag, &c);
+        /* broadcast from the last rank (ncclBcast is always in place) */
+        for (size_t i = 0; i < cnt; i++) put(h, t, i, input(0, i, rank));
+        to_dev(b->dsend, h, cnt * es);
+        if (inplace)
+          NCCL_OK(ncclBcast(b->dsend, cnt, types[t], c.root, comm, b->stream));
+        else
+          NCCL_OK(ncclBroadcast(b->dsend, b->drecv, cnt, types[t], c.root, comm, b->stream));
+        from_dev(h, inplace ? b->dsend : b->drecv, cnt * es);
+        snprintf(what, sizeof what, "%s root %d count %zu", inplace ? "ncclBcast" : "ncclBroadcast",
+                 c.root, cnt);
+        check_elems(what, t, h, cnt, want_bcast, &c);
+      }
+    }
+  }
+}
+
+/* The calls brigade lacks and bad arguments: the right code, and
+ * ncclGetLastError naming the call. */
+static void refused(ncclComm_t comm, ncclResult_t got, ncclResult_t want, const char *text,
+                    const char *call) {
+  const char *m = ncclGetLastError(comm);
+  if (got != want || !strstr(m, text))
+    FAIL("%s: %s \"%s\", expected %s with \"%s\"", call, ncclGetErrorString(got), m,
+         ncclGetErrorString(want), text);
+}
+#define REFUSED(call, want, text) refused(comm, (call), (want), (text), #call)
+
+static void refusals(ncclComm_t comm, bufs *b) {
+  REFUSED(ncclSend(b->dsend, 1, ncclFloat32, 0, comm, b->stream), ncclInvalidUsage, "ncclSend");
+  REFUSED(ncclRecv(b->drecv, 1, ncclFloat32, 0, comm, b->stream), ncclInvalidUsage, "ncclRecv");
+  REFUSED(ncclAllReduce(b->dsend, b->drecv, 1, ncclFloat8e4m3, ncclSum, comm, b->stream),
+          ncclInvalidArgument, "float8");
+  REFUSED(ncclAllReduce(b->dsend, b->drecv, 1, (ncclDataType_t)99, ncclSum, comm, b->stream),
+          ncclInvalidArgument, "datatype 99");
+  REFUSED(
+      ncclAllReduce(b->dsend, b->drecv, 1, ncclFloat32, (ncclRedOp_t)ncclNumOps, comm, b->stream),
+      ncclInvalidUsage, "custom reduction");
+  REFUSED(ncclAllReduce(b->dsend, b->drecv, 1, ncclFloat32, ncclSum, NULL, b->stream),
+          ncclInvalidArgument, "comm is NULL");
+  REFUSED(ncclAlltoAll(b->dsend, b->drecv, 1, ncclFloat32, comm, b->stream), ncclInvalidUsage,
+          "ncclAlltoAll");
+  REFUSED(ncclCommSplit(comm, 0, 0, NULL, NULL), ncclInvalidUsage, "ncclCommSplit");
+  REFUSED(ncclGroupEnd(), ncclInvalidUsage, "without ncclGroupStart");
+  int v = 0, cnt = 0, rk = -1, dev = -1;
+  NCCL_OK(ncclGetVersion(&v));
+  if (v != NCCL_VERSION_CODE) FAIL("ncclGetVersion: %d, expected %d", v, NCCL_VERSION_CODE);
+  NCCL_OK(ncclCommCount(comm, &cnt));
+  NCCL_OK(ncclCommUserRank(comm, &rk));
+  NCCL_OK(ncclCommCuDevice(comm, &dev));
+  ncclResult_t async = ncclInternalError;
+  NCCL_OK(ncclCommGetAsyncError(comm, &async));
+  if (rk != g_rank || async != ncclSuccess)
+    FAIL("ncclCommUserRank %d (rank %d), async error %s", rk, g_rank, ncclGetErrorString(async));
+}
+
+static void alloc_bufs(bufs *b, int n) {
+  b->bytes = counts[sizeof counts / sizeof counts[0] - 1] * 8 * (size_t)n;
+  NCCL_OK(ncclMemAlloc(&b->dsend, b->bytes));
+  NCCL_OK(ncclMemAlloc(&b->drecv, b->bytes));
+  b->host = malloc(b->bytes);
+  b->stream = NULL; /* the legacy default stream, as nccl-tests' -y 1 */
+  if (!b->host) exit(1);
+}
+
+static void free_bufs(bufs *b) {
+  ncclMemFree(b->dsend);
+  ncclMemFree(b->drecv);
+  free(b->host);
+}
+
+static int open_api(void) {
+  char why[256];
+  api = brg__cuda_open(getenv("BRIGADE_CUDA_MODULE") ? getenv("BRIGADE_CUDA_MODULE") : "", why,
+                       sizeof why);
+  if (!api) fprintf(stderr, "no GPU: %s\n", why);
+  return api != NULL;
+}
+
+static int rank_main(int rank, int n, const ncclUniqueId *id) {
+  g_rank = rank;
+  if (!open_api()) return 1;
+  api->set_device(rank % api->probe(NULL, 0));
+  ncclComm_t comm;
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclCommInitRank(&comm, n, *id, rank));
+  NCCL_OK(ncclGroupEnd());
+  bufs b;
+  alloc_bufs(&b, n);
+  collectives(comm, rank, n, &b);
+  refusals(comm, &b);
+  free_bufs(&b);
+  NCCL_OK(ncclCommDestroy(comm));
+  printf("rank %d: %ld elements checked, %d failures\n", rank, g_checked, g_failures);
+  return g_failures ? 1 : 0;
+}
+
+/* ncclCommInitAll, and one thread driving every communicator in a group. */
+static int init_all(int n) {
+  g_rank = 0;
+  if (!open_api()) return 1;
+  ncclComm_t comms[8];
+  int devs[8];
+  int ngpu = api->probe(NULL, 0);
+  for (int i = 0; i < n; i++) devs[i] = i % ngpu;
+  NCCL_OK(ncclCommInitAll(comms, n, devs));
+  size_t cnt = 4099;
+  void *d[8];
+  float *h = malloc(cnt * sizeof *h);
+  for (int i = 0; i < n; i++) {
+    api->set_device(devs[i]);
+    NCCL_OK(ncclMemAlloc(&d[i], cnt * sizeof(float)));
+    for (size_t k = 0; k < cnt; k++) h[k] = (float)input(0, k, i);
+    api->mem_copy(d[i], h, cnt * sizeof(float));
+  }
+  NCCL_OK(ncclGroupStart());
+  for (int i = 0; i < n; i++) {
+    api->set_device(devs[i]);
+    NCCL_OK(ncclAllReduce(d[i], d[i], cnt, ncclFloat32, ncclSum, comms[i], NULL));
+  }
+  NCCL_OK(ncclGroupEnd());
+  for (int i = 0; i < n; i++) {
+    api->set_device(devs[i]);
+    api->stream_sync(NULL);
+    api->mem_copy(h, d[i], cnt * sizeof(float));
+    for (size_t k = 0; k < cnt; k++)
+      if (h[k] != (float)expect(0, k, n)) {
+        FAIL("ncclCommInitAll: communicator %d element %zu is %g, expected %g", i, k, h[k],
+             expect(0, k, n));
+        break;
+      }
+    ncclMemFree(d[i]);
+    NCCL_OK(ncclCommDestroy(comms[i]));
+  }
+  free(h);
+  printf("%s all (%d communicators, one thread)\n", g_failures ? "FAIL" : "ok", n);
+  return g_failures ? 1 : 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 3) {
+    fprintf(stderr, "usage: %s ranks|all N\n", argv[0]);
+    return 2;
+  }
+  int n = atoi(argv[2]);
+  if (n < 1 || n > 8) return fprintf(stderr, "N must be 1..8\n"), 2;
+  /* Look for a GPU in a child: CUDA must not start in this process before
+   * the ranks are forked. */
+  pid_t pid = fork();
+  if (pid == 0) _exit(open_api() ? 0 : getenv("BRIGADE_TEST_NO_SKIP") ? 1 : 77);
+  int st = 0;
+  if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) return 1;
+  if (WEXITSTATUS(st)) return WEXITSTATUS(st);
+  if (!strcmp(argv[1], "all")) return init_all(n);
+
+  /* The ranks are forked first; the id reaches them through shared memory. */
+  struct shared {
+    volatile int ready;
+    ncclUniqueId id;
+  } *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (sh == MAP_FAILED) return 1;
+  pid_t kids[8];
+  for (int r = 0; r < n; r++) {
+    kids[r] = fork();
+    if (kids[r] == 0) {
+      while (!__atomic_load_n(&sh->ready, __ATOMIC_ACQUIRE)) usleep(1000);
+      _exit(rank_main(r, n, &sh->id));
+    }
+  }
+  if (ncclGetUniqueId(&sh->id) != ncclSuccess) {
+    fprintf(stderr, "ncclGetUniqueId: %s\n", ncclGetLastError(NULL));
+    for (int r = 0; r < n; r++) kill(kids[r], SIGKILL);
+    return 1;
+  }
+  __atomic_store_n(&sh->ready, 1, __ATOMIC_RELEASE);
+  int rc = 0;
+  for (int r = 0; r < n; r++) {
+    if (waitpid(kids[r], &st, 0) != kids[r] || !WIFEXITED(st) || WEXITSTATUS(st)) {
+      fprintf(stderr, "rank %d failed (status %d)\n", r, st);
+      rc = 1;
+    }
+  }
+  printf("%s %s (%d ranks)\n", rc ? "FAIL" : "ok", argv[1], n);
+  return rc;
+}
