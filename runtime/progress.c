@@ -8,6 +8,7 @@
 
 #include "device.h"
 #include "internal.h"
+#include "trace.h"
 
 /* The first device collective builds the device ring on every rank, over
  * the host ring: each rank says which GPU it has, then sets up its own half
@@ -48,6 +49,7 @@ static brg_status run_one(brg_comm *c, brg__coll *k) {
   if (s != BRG_SUCCESS) {
     c->broken = s;
     if (s != BRG_ERR_ABORTED) brg__comm_notify_abort(c, s, c->last_error);
+    brg__trace_flush(c); /* what led here, even if the process dies next */
   }
   return s;
 }
