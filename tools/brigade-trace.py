@@ -46,6 +46,9 @@ META_KEYS = {"brigade_trace": int, "rank": int, "nranks": int, "host": str,
              "comm_id": str, "ring": list}
 
 
+TYPE_NAMES = {int: "an integer", str: "a string", dict: "an object", list: "a list"}
+
+
 def _typed(v, t):
     # bool is an int in Python; a JSON true is not a number here
     return isinstance(v, t) and not isinstance(v, bool)
@@ -57,7 +60,7 @@ def check_fields(path, where, obj, spec):
             raise TraceError(f"{path}: {where} has no \"{key}\"")
         if not _typed(obj[key], t):
             raise TraceError(f"{path}: {where}: \"{key}\" is {json.dumps(obj[key])[:40]}, "
-                             f"not a {t.__name__ if isinstance(t, type) else 'number'}")
+                             f"not {TYPE_NAMES.get(t, 'a number')}")
 
 
 class Rank:
@@ -88,7 +91,8 @@ def load(path):
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
-        hint = " (the file ends early: truncated?)" if e.pos >= len(text.rstrip()) else ""
+        at_end = e.pos >= len(text.rstrip()) - 1 or e.msg.startswith("Unterminated string")
+        hint = " (the file ends early: truncated?)" if at_end else ""
         raise TraceError(f"{path}: not valid JSON at line {e.lineno}, column {e.colno}: "
                          f"{e.msg}{hint}")
     except RecursionError:
