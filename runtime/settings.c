@@ -57,7 +57,7 @@ static brg__cfg_entry trace_entries[BRG__TRACE_COUNT] = {
                          "this file at destroy and on error; %r rank, %h host, %p pid; empty: "
                          "off (brigade-trace merges and draws the files)"},
     [BRG__TRACE_EVENTS] = {"BRIGADE_TRACE_EVENTS", BRG__CFG_KIND_INT, "65536", 64, 1 << 24,
-                           "events a traced rank keeps (64 bytes each, allocated at init); "
+                           "events a traced rank keeps (80 bytes each, allocated at init); "
                            "when full the newest replace the oldest"},
 };
 

@@ -14,6 +14,12 @@ stall: rank 1 of 3 stops itself (SIGSTOP) for 200 ms before the second
 allreduce; brigade-trace's summary must blame it for the others' waiting.
 bad: malformed and truncated files give one clear line from brigade-trace
 and exit status 2, never a traceback.
+hosts: 4 ranks on two network namespaces (tests/multihost/run.sh, tcp
+between them): the ranks of the second "host" measure their clock offset at
+init; the namespaces share one kernel clock, so the true offset is 0 and
+the estimate must lie within the error bound it reports.
+
+    test_trace.py hosts RUN_SH TRACE_RING BRIGADE_TRACE
 """
 
 import json
@@ -297,6 +303,38 @@ def test_bad(run, prog, tool, tmp):
             print(f"ok: {lines[0]}")
 
 
+def test_hosts(run_sh, prog, tool, tmp):
+    env = dict(os.environ, BRIGADE_TRACE_FILE=os.path.join(tmp, "trace.%r.json"))
+    p = subprocess.run([run_sh, prog, "exec", "tcp", "70000", "2"], env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240)
+    print(p.stdout)
+    if p.returncode == 77:
+        return "network namespaces unavailable"
+    if not check(p.returncode == 0, f"run.sh exited {p.returncode}"):
+        return None
+    files = [os.path.join(tmp, f"trace.{r}.json") for r in range(4)]
+    metas = []
+    for path in files:
+        with open(path) as f:
+            metas.append(json.load(f)["metadata"])
+    for m in metas:
+        r, off, err = m["rank"], m["clock_offset_ns"], m["clock_offset_err_ns"]
+        print(f"rank {r} on {m['host_hash']}: clock offset {off} ns +- {err} ns")
+        check(m["ring"] == [0, 2, 1, 3], f"ring {m['ring']}")
+        if r % 2 == 0:
+            check(off == 0 and err == 0, f"rank {r} on the reference host: {off} +- {err}")
+        else:
+            check(0 < err < 50_000_000 and abs(off) <= err,
+                  f"rank {r}: offset {off} ns outside its bound {err} ns (true offset 0)")
+    check(metas[1]["clock_offset_ns"] == metas[3]["clock_offset_ns"],
+          "ranks 1 and 3 share a host but not an offset")
+    q = subprocess.run([tool] + files, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, timeout=60)
+    print(q.stdout, q.stderr)
+    check(q.returncode == 0, f"brigade-trace exited {q.returncode}")
+    return None
+
+
 def main():
     mode = sys.argv[1]
     rest = sys.argv[2:]
@@ -312,6 +350,8 @@ def main():
             test_stall(run, prog, tool, tmp)
         elif mode == "bad":
             test_bad(run, prog, tool, tmp)
+        elif mode == "hosts":
+            note = test_hosts(run, prog, tool, tmp)
         else:
             sys.exit(f"unknown mode {mode}")
     if failures:
