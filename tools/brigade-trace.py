@@ -172,7 +172,14 @@ def select(ranks, seqs):
         r.waits = [w for w in r.waits if any(lo <= w[0] <= hi for lo, hi in lo_hi)]
 
 
-def parse_seqs(text):
+def parse_seqs(text, ranks):
+    if text == "largest":
+        # The first of the collectives that moved the most bytes.
+        colls = [c for r in ranks for c in r.colls]
+        if not colls:
+            return set()
+        most = max(c[2]["bytes"] for c in colls)
+        return {min(c[2]["seq"] for c in colls if c[2]["bytes"] == most)}
     out = set()
     try:
         for part in text.split(","):
@@ -182,7 +189,7 @@ def parse_seqs(text):
             else:
                 out.add(int(part))
     except ValueError:
-        fail(f"--seq {text!r}: expected numbers like 3, 2-5 or 1,4")
+        fail(f"--seq {text!r}: expected numbers like 3, 2-5 or 1,4, or largest")
     return out
 
 
@@ -360,7 +367,8 @@ def main(argv=None):
     ap.add_argument("-o", "--output", metavar="TIMELINE.png",
                     help="draw the timeline (PNG, and SVG beside it)")
     ap.add_argument("--seq", metavar="N[-M][,..]",
-                    help="only these collectives (numbers as in the trace: 1 is the first)")
+                    help="only these collectives (numbers as in the trace: 1 is the first), "
+                    "or 'largest': the first of those that moved the most bytes")
     ap.add_argument("-q", "--quiet", action="store_true", help="no summary")
     args = ap.parse_args(argv)
     try:
@@ -369,7 +377,7 @@ def main(argv=None):
         fail(str(e))
     if args.merge:
         merge(ranks, args.merge)
-    select(ranks, parse_seqs(args.seq) if args.seq else None)
+    select(ranks, parse_seqs(args.seq, ranks) if args.seq else None)
     if not args.quiet:
         summarize(ranks)
     if args.output:
