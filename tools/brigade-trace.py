@@ -10,7 +10,9 @@ The inputs are the per-rank files BRIGADE_TRACE_FILE=trace.%r.json writes
 rank at ring position 0's), so merging is a concatenation. The summary says,
 per rank, how long it worked and how long it waited and for whom: "waits on"
 is the neighbour it waited for, "stalled by" follows that neighbour's own
-waits around the ring to the rank that was really late. Then per link the
+waits around the ring to the rank that was really late ("self" when the
+chain comes back round: no rank was working, the data was on its way or
+the ranks were not scheduled). Then per link the
 bytes, the achieved bandwidth and the waits, and the slowest link.
 
 Drawing needs matplotlib (Debian: python3-matplotlib); the summary and
@@ -245,9 +247,12 @@ def summarize(ranks):
                 stalled_others[p] = stalled_others.get(p, 0.0) + t
         rows.append((r, coll, busy - wait, wait, direct, root))
 
-    def who(d):
+    def who(d, me):
+        # "self": the chain of waits came back round to this rank, so no
+        # rank was working: data in flight, or ranks not scheduled.
         items = sorted(((t, p) for p, t in d.items() if t >= 0.5), reverse=True)
-        return ", ".join(f"{p}: {t / 1000:.2f}" for t, p in items[:3]) or "-"
+        return ", ".join(f"{'self' if p == me else p}: {t / 1000:.2f}"
+                         for t, p in items[:3]) or "-"
 
     ncoll = max((len(r.colls) for r in ranks), default=0)
     print(f"brigade trace: {len(ranks)} rank(s) of {ranks[0].meta['nranks']}, "
@@ -257,7 +262,7 @@ def summarize(ranks):
     for r, coll, work, wait, direct, root in rows:
         pct = 100.0 * wait / coll if coll > 0 else 0.0
         print(f"{r.rank:>4} {r.host[:12]:<12} {coll / 1000:>9.3f} {work / 1000:>9.3f} "
-              f"{wait / 1000:>9.3f} {pct:>5.1f}%  {who(direct):<24} {who(root)}")
+              f"{wait / 1000:>9.3f} {pct:>5.1f}%  {who(direct, -1):<24} {who(root, r.rank)}")
     if stalled_others:
         worst = max(stalled_others.items(), key=lambda kv: kv[1])
         total_wait = sum(row[3] for row in rows)
