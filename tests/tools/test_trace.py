@@ -53,7 +53,12 @@ def run_ranks(run, prog, n, args, tmp, env_extra=None, timeout=120):
     if p.returncode != 0:
         print(p.stdout, file=sys.stderr)
         sys.exit(f"FAIL: {n} ranks of {prog} exited with {p.returncode}")
-    return p.stdout, [os.path.join(tmp, f"trace.{r}.json") for r in range(n)]
+    files = [os.path.join(tmp, f"trace.{r}.json") for r in range(n)]
+    for f in files:
+        if not os.path.exists(f):
+            print(p.stdout, file=sys.stderr)
+            sys.exit(f"FAIL: no trace file {f} (BRIGADE_TRACE_FILE={env['BRIGADE_TRACE_FILE']})")
+    return p.stdout, files
 
 
 # ---------------------------------------------------------- the schedule
