@@ -28,8 +28,8 @@ echo "# best of $rounds runs; alpha = T(8 B) / 2(N-1), beta = T(64 MiB) / (2(N-1
 printf "%-5s %3s %12s %10s %14s %12s\n" transport N "T(8B) us" "alpha us" "T(64MiB) us" "1/beta GB/s"
 for tr in $transports; do
   for n in $ranks; do
-    small=$(best "$tr" "$n" 8 500)
-    large=$(best "$tr" "$n" 64M 5)
+    small=$(best "$tr" "$n" 8 200)
+    large=$(best "$tr" "$n" 64M 3)
     awk -v tr="$tr" -v n="$n" -v s="$small" -v l="$large" 'BEGIN {
       a = s / (2 * (n - 1)); bytes = 2 * (n - 1) / n * 67108864
       printf "%-5s %3d %12.2f %10.2f %14.0f %12.2f\n", tr, n, s, a, l, bytes / (l * 1e3) }'

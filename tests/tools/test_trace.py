@@ -14,6 +14,9 @@ stall: rank 1 of 3 stops itself (SIGSTOP) for 200 ms before the second
 allreduce; brigade-trace's summary must blame it for the others' waiting.
 bad: malformed and truncated files give one clear line from brigade-trace
 and exit status 2, never a traceback.
+error: 3 ranks, the last allreduce mismatched (one rank passes another
+count); every rank fails and exits without brg_comm_destroy: the traces
+written when the collective failed must hold it, with its error.
 hosts: 4 ranks on two network namespaces (tests/multihost/run.sh, tcp
 between them): the ranks of the second "host" measure their clock offset at
 init; the namespaces share one kernel clock, so the true offset is 0 and
@@ -308,6 +311,27 @@ def test_bad(run, prog, tool, tmp):
             print(f"ok: {lines[0]}")
 
 
+def test_error(run, prog, tool, tmp):
+    n, count, calls = 3, 5000, 3
+    out, files = run_ranks(run, prog, n, [count, calls, "mismatch", 1], tmp)
+    print(out)
+    for r, path in enumerate(files):
+        with open(path) as f:
+            evs = json.load(f)["traceEvents"]
+        colls = sorted((e for e in evs if e.get("cat") == "collective"), key=lambda e: e["ts"])
+        got = [(c["args"]["seq"], c["args"]["status"]) for c in colls]
+        want_ok = [(s, "success") for s in range(1, calls)]
+        check(got[:-1] == want_ok and len(got) == calls and got[-1][0] == calls and
+              got[-1][1] != "success", f"rank {r}: collectives {got}, expected {want_ok} and "
+              f"#{calls} failed")
+        last = [s for s in evs if s.get("cat") == "slice" and s["args"]["seq"] == calls]
+        check(any(s["args"]["status"] != "success" for s in last),
+              f"rank {r}: no failed slice in #{calls}")
+    p = subprocess.run([tool] + files, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, timeout=60)
+    check(p.returncode == 0, f"brigade-trace on the traces of a failed run: {p.stderr}")
+
+
 def test_hosts(run_sh, prog, tool, tmp):
     env = dict(os.environ, BRIGADE_TRACE_FILE=os.path.join(tmp, "trace.%r.json"))
     p = subprocess.run([run_sh, prog, "exec", "tcp", "70000", "2"], env=env,
@@ -355,6 +379,8 @@ def main():
             test_stall(run, prog, tool, tmp)
         elif mode == "bad":
             test_bad(run, prog, tool, tmp)
+        elif mode == "error":
+            test_error(run, prog, tool, tmp)
         elif mode == "hosts":
             note = test_hosts(run, prog, tool, tmp)
         else:

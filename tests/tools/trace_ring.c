@@ -4,14 +4,18 @@
  * BRIGADE_TRACE_FILE).
  *
  *   trace_ring COUNT CALLS [STOP_RANK STOP_MS]
+ *   trace_ring COUNT CALLS mismatch RANK
  *
  * With STOP_RANK, that rank stops itself with SIGSTOP for STOP_MS before
  * its last call (a child it forked sends SIGCONT), so the others wait for
- * it inside that call.
+ * it inside that call. With mismatch, RANK passes COUNT+1 to its last call;
+ * every rank must then fail, and exits at once without destroying its
+ * communicator, so only the trace written at the error remains.
  */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -48,7 +52,10 @@ int main(int argc, char **argv) {
   }
   size_t count = strtoull(argv[1], NULL, 10);
   int calls = atoi(argv[2]);
-  int stop_rank = argc == 5 ? atoi(argv[3]) : -1, stop_ms = argc == 5 ? atoi(argv[4]) : 0;
+  int mismatch = argc == 5 && !strcmp(argv[3], "mismatch");
+  int stop_rank = argc == 5 && !mismatch ? atoi(argv[3]) : -1;
+  int stop_ms = argc == 5 && !mismatch ? atoi(argv[4]) : 0;
+  int odd_rank = mismatch ? atoi(argv[4]) : -1;
   brg_comm *comm;
   brg_status s = brg_comm_init_env(&comm);
   if (s != BRG_SUCCESS) {
@@ -58,15 +65,22 @@ int main(int argc, char **argv) {
   int rank, n;
   brg_comm_rank(comm, &rank);
   brg_comm_size(comm, &n);
-  float *buf = malloc(count * sizeof *buf);
+  float *buf = malloc((count + 1) * sizeof *buf);
   if (!buf && count) return 1;
   int bad = 0;
   for (int call = 0; call < calls && !bad; call++) {
     /* Small integers: every sum is exact in float32, in any order. */
-    for (size_t i = 0; i < count; i++) buf[i] = (float)((rank + 1) * (int)(i % 13) + call);
+    size_t cnt = rank == odd_rank && call == calls - 1 ? count + 1 : count;
+    for (size_t i = 0; i < cnt; i++) buf[i] = (float)((rank + 1) * (int)(i % 13) + call);
     if (rank == stop_rank && call == calls - 1)
       printf("rank %d stopped for %.1f ms\n", rank, stop_self(stop_ms));
-    if ((s = brg_allreduce(buf, buf, count, BRG_FLOAT32, BRG_SUM, comm, NULL)) != BRG_SUCCESS) {
+    s = brg_allreduce(buf, buf, cnt, BRG_FLOAT32, BRG_SUM, comm, NULL);
+    if (mismatch && call == calls - 1) {
+      printf("rank %d: last call: %s\n", rank, brg_status_string(s));
+      fflush(stdout);
+      _exit(s == BRG_SUCCESS ? 1 : 0);
+    }
+    if (s != BRG_SUCCESS) {
       fprintf(stderr, "rank %d: allreduce: %s: %s\n", rank, brg_status_string(s),
               brg_comm_last_error(comm));
       return 1;
