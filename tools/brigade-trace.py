@@ -228,7 +228,7 @@ def blame(ranks_by_id, peer, a, b, depth, acc):
     acc[peer] = acc.get(peer, 0.0) + (b - a) - covered
 
 
-def summarize(ranks):
+def summarize(ranks, show=True):
     by_id = {r.rank: r for r in ranks}
     for r in ranks:
         r.wait_starts = [w[0] for w in r.waits]
@@ -254,6 +254,8 @@ def summarize(ranks):
         return ", ".join(f"{'self' if p == me else p}: {t / 1000:.2f}"
                          for t, p in items[:3]) or "-"
 
+    if not show:
+        return rows, stalled_others
     ncoll = max((len(r.colls) for r in ranks), default=0)
     print(f"brigade trace: {len(ranks)} rank(s) of {ranks[0].meta['nranks']}, "
           f"{ncoll} collective(s); times in ms")
@@ -304,7 +306,7 @@ def summarize(ranks):
 
 # ------------------------------------------------------------------ drawing
 
-def draw(ranks, out):
+def draw(ranks, out, stalled):
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -341,15 +343,25 @@ def draw(ranks, out):
     ax.set_ylim(-0.6, n - 0.4)
     ax.set_yticks(range(n))
     ax.set_yticklabels([f"rank {r.rank}\n{r.host[:12]}" for r in reversed(ranks)])
+    # The rank the others waited for most, if that is a good part of the
+    # time, in red with the figure.
+    if stalled:
+        worst, t = max(stalled.items(), key=lambda kv: kv[1])
+        total = sum(c[1] - c[0] for r in ranks for c in r.colls)
+        if worst in [r.rank for r in ranks] and total > 0 and t >= 0.1 * total:
+            row = [r.rank for r in ranks].index(worst)
+            ax.get_yticklabels()[n - 1 - row].set_color("red")
+            ax.set_title(f"others waited {t / 1000:.2f} ms for rank {worst}", loc="right",
+                         color="red", fontsize=9)
     ax.set_xlabel(f"time ({unit}) from the first span")
     kinds = sorted({c[2]["kind"] for r in ranks for c in r.colls})
     ax.set_title(f"brigade: {', '.join(kinds) or 'collectives'} over {n} ranks "
-                 f"(grey bar: collective; colour: chunk; hatched: waiting for a neighbour)",
+                 f"(grey bar: collective; colour: chunk; hatched: waiting)", loc="left",
                  fontsize=10)
     handles = [Patch(facecolor=cmap(c % 10), label=f"chunk {c}") for c in sorted(chunks)[:10]]
     handles.append(Patch(facecolor="white", edgecolor="0.15", hatch="////", label="waiting"))
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16 - 0.1 / n),
-              ncol=min(len(handles), 11), fontsize=8, frameon=False)
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8,
+              frameon=False)
     fig.tight_layout()
     base, ext = os.path.splitext(out)
     outs = [out] if ext.lower() in (".png", ".svg") else [out + ".png"]
@@ -383,10 +395,9 @@ def main(argv=None):
     if args.merge:
         merge(ranks, args.merge)
     select(ranks, parse_seqs(args.seq, ranks) if args.seq else None)
-    if not args.quiet:
-        summarize(ranks)
+    _, stalled = summarize(ranks, show=not args.quiet)
     if args.output:
-        draw(ranks, args.output)
+        draw(ranks, args.output, stalled)
     return 0
 
 
