@@ -148,18 +148,27 @@ brg_status brg__trace_open(brg_comm *c, int any, brg__errbuf *err) {
                       (unsigned long long)brg__config_int(&brg__trace_config, BRG__TRACE_EVENTS));
   }
   memset(t->ev, 0, t->cap * sizeof *t->ev); /* touch it now, not while tracing */
-  brg__log_expand_path(t->path, sizeof t->path,
-                       brg__config_str(&brg__trace_config, BRG__TRACE_FILE), c->rank);
+  const char *pattern = brg__config_str(&brg__trace_config, BRG__TRACE_FILE);
+  brg__log_expand_path(t->path, sizeof t->path, pattern, c->rank);
+  /* Ranks writing one file would overwrite each other's traces. */
+  if (c->nranks > 1 && !strstr(pattern, "%r") && !strstr(pattern, "%p")) {
+    size_t len = strlen(t->path);
+    snprintf(t->path + len, sizeof t->path - len, ".%d", c->rank);
+    BRG__WARN("init", "BRIGADE_TRACE_FILE=%s names no rank (%%r) or pid (%%p): rank %d writes %s",
+              pattern, c->rank, t->path);
+  }
   /* Fail now, not at the end of the job, on a path that cannot be written. */
   FILE *f = fopen(t->path, "w");
   if (!f) {
     int e = errno;
+    char path[sizeof t->path];
+    memcpy(path, t->path, sizeof path);
     free(t->ev);
     free(t->steps);
     free(t);
     return brg__error(err, BRG_ERR_INVALID_ARGUMENT, "init",
-                      "BRIGADE_TRACE_FILE: cannot write %s: %s",
-                      brg__config_str(&brg__trace_config, BRG__TRACE_FILE), strerror(e));
+                      "cannot write the trace %s (BRIGADE_TRACE_FILE=%s): %s", path, pattern,
+                      strerror(e));
   }
   fclose(f);
   t->offset_ns = off;

@@ -13,7 +13,9 @@ waits nested in their slices adding up to the slices' wait times.
 stall: rank 1 of 3 stops itself (SIGSTOP) for 200 ms before the second
 allreduce; brigade-trace's summary must blame it for the others' waiting.
 bad: malformed and truncated files give one clear line from brigade-trace
-and exit status 2, never a traceback.
+and exit status 2, never a traceback; a BRIGADE_TRACE_FILE without %r
+still gives one file per rank, and one that cannot be written fails at init
+naming the path.
 error: 3 ranks, the last allreduce mismatched (one rank passes another
 count); every rank fails and exits without brg_comm_destroy: the traces
 written when the collective failed must hold it, with its error.
@@ -243,7 +245,25 @@ def test_stall(run, prog, tool, tmp):
               f"rank {r} is not shown stalled by rank 1: {row.group(5)}")
 
 
+def bad_settings(run, prog, tmp):
+    """BRIGADE_TRACE_FILE without %r still gives one file per rank; one that
+    cannot be written fails brg_comm_init_env with the path named."""
+    env = dict(os.environ, BRIGADE_TRACE_FILE=os.path.join(tmp, "one.json"))
+    p = subprocess.run([run, "-n", "2", prog, "300", "1"], env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=120)
+    check(p.returncode == 0, f"ranks with BRIGADE_TRACE_FILE without %r: {p.stdout}")
+    for r in range(2):
+        check(os.path.getsize(os.path.join(tmp, f"one.json.{r}")) > 0,
+              f"no one.json.{r} for rank {r}")
+    env["BRIGADE_TRACE_FILE"] = os.path.join(tmp, "no", "such", "dir", "t.%r.json")
+    p = subprocess.run([run, "-n", "2", prog, "300", "1"], env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=120)
+    check(p.returncode != 0 and "cannot write the trace " + os.path.join(tmp, "no") in p.stdout,
+          f"an unwritable BRIGADE_TRACE_FILE: exit {p.returncode}: {p.stdout}")
+
+
 def test_bad(run, prog, tool, tmp):
+    bad_settings(run, prog, tmp)
     _, files = run_ranks(run, prog, 2, [300, 1], tmp)
     good = files[0]
     with open(good, "rb") as f:
