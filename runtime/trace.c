@@ -101,7 +101,7 @@ static brg_status clock_sync(brg_comm *c, int64_t *off, int64_t *off_err, brg__e
       } else if (t1 - t0 < best) {
         best = t1 - t0;
         *off = m.mono_ns + m.offset_ns - (t0 + (t1 - t0) / 2);
-        *off_err = m.err_ns + best / 2;
+        *off_err = m.err_ns + (best + 1) / 2;
       }
     }
   }
