@@ -9,6 +9,8 @@
  * BRIGADE_TRACE_EVENTS entries made and touched at init (the newest win
  * when it is full); the file is written at destroy and when a collective
  * fails. With tracing off, the engine's only cost is a test of c->trace.
+ * Device collectives are traced from the host: a slice's span is the time
+ * its slots were handed over and its kernel enqueued, not when it ran.
  *
  * Timestamps are CLOCK_MONOTONIC, which every process of one host shares,
  * plus an offset to the clock of the rank at ring position 0, measured at
