@@ -72,11 +72,6 @@ int brg__log_thread_rank(void) {
   return thread_rank;
 }
 
-const char *brg__log_host(void) {
-  brg__log_init();
-  return log_host;
-}
-
 int brg__log_enabled(int level, const char *subsys) {
   if (level > brg__log_level) return 0;
   if (level == BRG__LOG_WARN || !log_subsys[0]) return 1;

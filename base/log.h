@@ -35,8 +35,6 @@ int brg__log_enabled(int level, const char *subsys);
 /* Expands %r (rank), %h (host) and %p (pid) in a file name pattern, as for
  * BRIGADE_DEBUG_FILE (also BRIGADE_TRACE_FILE). */
 void brg__log_expand_path(char *out, size_t n, const char *pattern, int rank);
-/* The host name lines are labelled with (up to the first dot). */
-const char *brg__log_host(void);
 void brg__log(int level, const char *subsys, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
