@@ -255,6 +255,20 @@ def bad_settings(run, prog, tmp):
     for r in range(2):
         check(os.path.getsize(os.path.join(tmp, f"one.json.{r}")) > 0,
               f"no one.json.{r} for rank {r}")
+    # A small ring buffer keeps the newest events and says how many it dropped.
+    env["BRIGADE_TRACE_FILE"] = os.path.join(tmp, "small.%r.json")
+    p = subprocess.run([run, "-n", "2", prog, "300", "20"], env=dict(env, BRIGADE_TRACE_EVENTS="64"),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    check(p.returncode == 0, f"ranks with BRIGADE_TRACE_EVENTS=64: {p.stdout}")
+    with open(os.path.join(tmp, "small.0.json")) as f:
+        d = json.load(f)
+    m = d["metadata"]
+    names = {e["name"] for e in d["traceEvents"] if e.get("cat") == "collective"}
+    check(m["events_kept"] == 64 and m["events_dropped"] == m["events"] - 64 > 0 and
+          sum(1 for e in d["traceEvents"] if e["ph"] in "Xb") == 64,
+          f"BRIGADE_TRACE_EVENTS=64: metadata {m}")
+    check("allreduce #20" in names and "allreduce #1" not in names,
+          f"BRIGADE_TRACE_EVENTS=64 kept {sorted(names)}, not the newest")
     env["BRIGADE_TRACE_FILE"] = os.path.join(tmp, "no", "such", "dir", "t.%r.json")
     p = subprocess.run([run, "-n", "2", prog, "300", "1"], env=env, stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True, timeout=120)
