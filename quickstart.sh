@@ -62,9 +62,10 @@ case "${1:-}" in
     # Everything the suites build and run on a fresh Debian 12: the real
     # verbs backend's headers (so -Werror covers it), a C++ compiler (the
     # CUDA kernel body run on the CPU), ip for the multi-host namespaces,
-    # clang-format to check the code against .clang-format. Only CUDA and
+    # clang-format to check the code against .clang-format, matplotlib for
+    # brigade-trace's timeline (its test draws one). Only CUDA and
     # the optional bench peers (Open MPI, Gloo) stay unbuilt.
-    need_pkgs "${base_pkgs[@]}" libibverbs-dev g++ iproute2 clang-format
+    need_pkgs "${base_pkgs[@]}" libibverbs-dev g++ iproute2 clang-format python3-matplotlib
     check_format
     [ -d build-test ] || meson setup build-test --buildtype=debugoptimized --werror
     ninja -C build-test

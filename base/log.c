@@ -80,14 +80,14 @@ int brg__log_enabled(int level, const char *subsys) {
   return strstr(log_subsys, key) != NULL;
 }
 
-/* Expands %r (rank), %h (host) and %p (pid) in BRIGADE_DEBUG_FILE. */
-static void log_path(char *out, size_t n, const char *pattern) {
+void brg__log_expand_path(char *out, size_t n, const char *pattern, int rank) {
+  brg__log_init();
   size_t o = 0;
   for (const char *s = pattern; *s && o + 1 < n; s++) {
     if (s[0] == '%' && s[1]) {
       char tmp[80];
       switch (s[1]) {
-      case 'r': snprintf(tmp, sizeof tmp, "%d", log_rank); break;
+      case 'r': snprintf(tmp, sizeof tmp, "%d", rank); break;
       case 'h': snprintf(tmp, sizeof tmp, "%s", log_host); break;
       case 'p': snprintf(tmp, sizeof tmp, "%d", (int)getpid()); break;
       default: snprintf(tmp, sizeof tmp, "%%%c", s[1]); break;
@@ -107,7 +107,7 @@ static FILE *log_stream(void) {
   const char *pattern = brg__config_str(&brg__log_config, LOG_CFG_DEBUG_FILE);
   if (pattern[0]) {
     char path[512];
-    log_path(path, sizeof path, pattern);
+    brg__log_expand_path(path, sizeof path, pattern, log_rank);
     log_file = fopen(path, "a");
     if (log_file) setvbuf(log_file, NULL, _IOLBF, 0);
   }

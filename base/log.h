@@ -32,6 +32,9 @@ void brg__log_set_rank(int rank);
 void brg__log_set_thread_rank(int rank);
 int brg__log_thread_rank(void);
 int brg__log_enabled(int level, const char *subsys);
+/* Expands %r (rank), %h (host) and %p (pid) in a file name pattern, as for
+ * BRIGADE_DEBUG_FILE (also BRIGADE_TRACE_FILE). */
+void brg__log_expand_path(char *out, size_t n, const char *pattern, int rank);
 void brg__log(int level, const char *subsys, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 

@@ -14,6 +14,7 @@
 #include "kernels.h"
 #include "ring_link.h"
 #include "settings.h"
+#include "trace.h"
 
 brg_status brg_get_unique_id(brg_unique_id *id) {
   if (!id) return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_get_unique_id: id is NULL");
@@ -161,6 +162,7 @@ static brg_status comm_free(brg_comm *c) {
     brg__progress_stop(c);
   }
   if (s != BRG_SUCCESS) brg__set_thread_error(c->last_error);
+  brg__trace_close(c);
   brg__device_ring_free(c);
   if (c->send_open && c->send.ops) c->send.ops->close(&c->send);
   if (c->recv_open && c->recv.ops) c->recv.ops->close(&c->recv);
@@ -215,6 +217,7 @@ brg_status brg__comm_create(brg_comm **out, int nranks, const brg__boot_id *id, 
   me.rank = rank;
   me.pid = (int32_t)getpid();
   me.host_hash = brg__topology_host_hash(me.hostname, sizeof me.hostname);
+  me.flags = brg__trace_wanted() ? BRG__PEER_TRACING : 0;
   if ((s = brg__boot_local_addr(me.addr, sizeof me.addr, &err)) != BRG_SUCCESS) goto err_free;
   /* A little longer than the root waits, so that the root's list of the
    * ranks that never came arrives before this rank gives up on its own. */
@@ -231,6 +234,12 @@ brg_status brg__comm_create(brg_comm **out, int nranks, const brg__boot_id *id, 
       brg__comm_notify_abort(c, s, err.msg);
       goto err_free;
     }
+  }
+  int tracing = 0;
+  for (int i = 0; i < nranks; i++) tracing |= (c->peers[i].flags & BRG__PEER_TRACING) != 0;
+  if ((s = brg__trace_open(c, tracing, &err)) != BRG_SUCCESS) {
+    brg__comm_notify_abort(c, s, err.msg);
+    goto err_free;
   }
   c->nt_bytes = (size_t)brg__core_int(BRG__CORE_STREAM_BYTES);
   c->small_bytes = (size_t)brg__core_int(BRG__CORE_SMALL_BYTES);

@@ -57,7 +57,13 @@ typedef struct brg__req {
 _Static_assert(sizeof(brg__req) <= sizeof(brg_request), "brg_request too small");
 
 /* Ring-socket message types. */
-enum { BRG__MSG_CONN_INFO = 1, BRG__MSG_ATTACHED = 2, BRG__MSG_ABORT = 3, BRG__MSG_BYE = 4 };
+enum {
+  BRG__MSG_CONN_INFO = 1,
+  BRG__MSG_ATTACHED = 2,
+  BRG__MSG_ABORT = 3,
+  BRG__MSG_BYE = 4,
+  BRG__MSG_CLOCK = 5, /* trace clock offsets at init (trace.c) */
+};
 
 struct brg_comm {
   uint32_t magic;
@@ -92,6 +98,8 @@ struct brg_comm {
   brg__conn *wait_conn; /* the link the engine is blocked on */
   int departed[2];      /* neighbour (by ring direction) destroyed its communicator */
   int64_t wait_start_ns;
+
+  struct brg__trace *trace; /* BRIGADE_TRACE_FILE's recorder (trace.c), NULL when off */
 
   struct brg__dev_ring *dev; /* device collectives' state (device_ring.c), made at first use */
   int cuda_seen;             /* the CUDA driver is loaded: host calls check for GPU pointers */
@@ -130,6 +138,7 @@ struct brg_comm {
  *   device_ring.c the same primitives on GPU buffers (step mode)
  *   device.c      the CUDA module, opened at first use
  *   ring_link.c   slots to and from the neighbours, the waiter's checks
+ *   trace.c       BRIGADE_TRACE_FILE: spans of collectives, steps, slices, waits
  *   topology.c    hosts and ring order
  *   errors.c      last errors, abort notices, how collectives are named
  *   bootstrap*.c  ids, the root, the ring sockets

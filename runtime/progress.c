@@ -10,6 +10,7 @@
 
 #include "device.h"
 #include "internal.h"
+#include "trace.h"
 
 /* The first device collective builds the device ring on every rank, over
  * the host ring: each rank says which GPU it has, then sets up its own half
@@ -58,6 +59,7 @@ static brg_status run_one(brg_comm *c, brg__coll *k) {
   if (ran && s != BRG_SUCCESS) {
     __atomic_store_n(&c->broken, s, __ATOMIC_RELEASE);
     if (s != BRG_ERR_ABORTED) brg__comm_notify_abort(c, s, c->last_error);
+    brg__trace_flush(c); /* what led here, even if the process dies next */
   }
   return s;
 }

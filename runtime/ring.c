@@ -20,6 +20,7 @@
 #include "kernels.h"
 #include "ring_link.h"
 #include "schedule.h"
+#include "trace.h"
 
 /* The primitive's name, for the trace. */
 static const char *prim_name(brg__prim p) {
@@ -43,7 +44,7 @@ static long elem_off(const void *p, const void *base, size_t esize) {
 /* One primitive on one slice of m elements. `in` is this rank's input for
  * the slice, `out` its output (either may be NULL when the primitive does
  * not use it). */
-static brg_status run_prim(brg__ring_op *o, brg__prim prim, const char *in, char *out, size_t m) {
+static brg_status prim_body(brg__ring_op *o, brg__prim prim, const char *in, char *out, size_t m) {
   const brg__coll *k = o->coll;
   /* One line per primitive: the slice order, the same for host and GPU
    * buffers (tests/gpu/test_device_schedule compares the two). */
@@ -97,6 +98,15 @@ done:
   return BRG_SUCCESS;
 }
 
+/* prim_body, as a span of the trace when tracing is on. */
+static brg_status run_prim(brg__ring_op *o, brg__prim prim, const char *in, char *out, size_t m) {
+  if (__builtin_expect(o->c->trace == NULL, 1)) return prim_body(o, prim, in, out, m);
+  int64_t t0 = brg__trace_slice_begin(o->c->trace);
+  brg_status s = prim_body(o, prim, in, out, m);
+  brg__trace_slice_end(o, prim, m * o->esize, t0, s);
+  return s;
+}
+
 /* Allreduce, reduce-scatter and all-gather: steps [t0, t1] of the ring
  * schedule, slice by slice. Allreduce splits its count into N balanced
  * chunks; reduce-scatter and all-gather have chunks of `count` elements
@@ -144,6 +154,8 @@ static brg_status run_ring(brg__ring_op *o, int t0, int t1) {
       if (prim == BRG__PRIM_SEND && !ag) out = NULL;
       c->cur_step = t;
       o->elem = e;
+      o->chunk = id;
+      o->slice = sl;
       brg_status s = run_prim(o, prim, in, out, m);
       if (s != BRG_SUCCESS) return s;
     }
@@ -181,6 +193,7 @@ static brg_status run_chain(brg__ring_op *o) {
     if (bcast && hop != 0) in = NULL;
     c->cur_step = hop;
     o->elem = e;
+    o->slice = sl;
     brg_status s = run_prim(o, prim, in, out, m);
     if (s != BRG_SUCCESS) return s;
   }
@@ -208,6 +221,7 @@ static brg_status run_small_allreduce(brg__ring_op *o) {
                      : t < n - 1 ? BRG__PRIM_RECV_COPY_SEND
                                  : BRG__PRIM_RECV;
     c->cur_step = t;
+    o->chunk = origin;
     brg_status s = run_prim(o, prim, k->sendbuf, block, m);
     if (s != BRG_SUCCESS) return s;
   }
@@ -228,7 +242,7 @@ static void run_single(const brg__coll *k, size_t esize) {
   if (k->recvbuf != k->sendbuf) brg__copy(k->recvbuf, NULL, k->sendbuf, elems * esize);
 }
 
-brg_status brg__coll_execute(brg_comm *c, brg__coll *k) {
+static brg_status coll_body(brg_comm *c, brg__coll *k) {
   if (k->device && c->nranks == 1) {
     k->seq = ++c->seq;
     return brg__device_single(c, k);
@@ -268,5 +282,13 @@ brg_status brg__coll_execute(brg_comm *c, brg__coll *k) {
     }
   }
   c->cur = NULL;
+  return s;
+}
+
+brg_status brg__coll_execute(brg_comm *c, brg__coll *k) {
+  if (__builtin_expect(c->trace == NULL, 1)) return coll_body(c, k);
+  int64_t t0 = brg__trace_coll_begin(c->trace);
+  brg_status s = coll_body(c, k);
+  brg__trace_coll_end(c, k, t0, s);
   return s;
 }

@@ -14,6 +14,7 @@
 #include "clock.h"
 #include "ring_link.h"
 #include "settings.h"
+#include "trace.h"
 
 /* Reads what arrived on a ring socket while we were waiting: an abort
  * notice from a neighbour, a goodbye, or the hang-up of one that died. */
@@ -116,8 +117,10 @@ brg_status brg__ring_send_acquire(brg__ring_op *o, size_t bytes, char **slot) {
       c->wait_peer = c->next;
       c->wait_conn = &c->send;
       c->wait_start_ns = 0;
+      int64_t w0 = c->trace ? brg__now_ns() : 0;
       brg_status s = brg__wait_ge(&f->ctrl->head, &f->ctrl->head_waiters,
                                   c->send_pos + 1 - (uint64_t)f->nslots, &c->waiter);
+      if (c->trace) brg__trace_wait(c, c->next, 1, w0);
       if (s != BRG_SUCCESS) return s;
       c->send_head = __atomic_load_n(&f->ctrl->head, __ATOMIC_ACQUIRE);
     }
@@ -156,8 +159,10 @@ brg_status brg__ring_recv_acquire(brg__ring_op *o, const char **slot, size_t byt
     c->wait_peer = c->prev;
     c->wait_conn = &c->recv;
     c->wait_start_ns = 0;
+    int64_t w0 = c->trace ? brg__now_ns() : 0;
     brg_status s = brg__wait_flag(&m->flag, c->recv_pos + 1, &f->ctrl->tail, &f->ctrl->tail_waiters,
                                   &c->waiter);
+    if (c->trace) brg__trace_wait(c, c->prev, 0, w0);
     if (s != BRG_SUCCESS) return s;
   }
   const brg__coll *k = o->coll;

@@ -22,6 +22,8 @@ typedef struct brg__ring_op {
   struct brg__dev_ring *dev; /* device collective: payloads in GPU memory */
   size_t elem;               /* the current slice's first element in the whole
                                  collective, the same on every rank */
+  int chunk;                 /* the current slice's chunk (for the trace) */
+  size_t slice;              /* and its index in the chunk */
 } brg__ring_op;
 
 /* The communicator's waiter: its check stops waits on abort, a

@@ -56,11 +56,23 @@ static brg__cfg_entry device_entries[BRG__DEVICE_COUNT] = {
                            "between hosts"},
 };
 
+static brg__cfg_entry trace_entries[BRG__TRACE_COUNT] = {
+    [BRG__TRACE_FILE] = {"BRIGADE_TRACE_FILE", BRG__CFG_KIND_STRING, "", 0, 0,
+                         "write a Chrome trace (Perfetto) of every collective, step and slice to "
+                         "this file at destroy and on error; %r rank, %h host, %p pid; empty: "
+                         "off (brigade-trace merges and draws the files)"},
+    [BRG__TRACE_EVENTS] = {"BRIGADE_TRACE_EVENTS", BRG__CFG_KIND_INT, "65536", 64, 1 << 24,
+                           "events a traced rank keeps (80 bytes each, allocated at init); "
+                           "when full the newest replace the oldest"},
+};
+
 brg__cfg_section brg__core_config = BRG__CFG_SECTION("core", core_entries);
 brg__cfg_section brg__device_config = BRG__CFG_SECTION("device", device_entries);
+brg__cfg_section brg__trace_config = BRG__CFG_SECTION("trace", trace_entries);
 
 int brg__settings_sections(brg__cfg_section **out, int max) {
-  brg__cfg_section *own[] = {&brg__log_config, &brg__core_config, &brg__device_config};
+  brg__cfg_section *own[] = {&brg__log_config, &brg__core_config, &brg__device_config,
+                             &brg__trace_config};
   int n = 0;
   for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
     if (n < max) out[n++] = own[i];

@@ -1,10 +1,11 @@
 /*
  * The runtime's settings, and the one table of every section.
  *
- * The runtime owns two sections, "core" (the ring and its communicator) and
- * "device" (device collectives); the log and each transport own theirs. The
- * table is those sections in a fixed order: log, core, device, then one per
- * transport of brg__transports[] that has settings.
+ * The runtime owns three sections, "core" (the ring and its communicator),
+ * "device" (device collectives) and "trace" (trace.c); the log and each
+ * transport own theirs. The table is those sections in a fixed order: log,
+ * core, device, trace, then one per transport of brg__transports[] that has
+ * settings.
  */
 #ifndef BRG_SETTINGS_H
 #define BRG_SETTINGS_H
@@ -36,8 +37,15 @@ typedef enum {
   BRG__DEVICE_COUNT
 } brg__device_cfg_id;
 
+typedef enum {
+  BRG__TRACE_FILE,   /* path pattern of the per-rank trace; empty = off */
+  BRG__TRACE_EVENTS, /* int: events kept per rank (a ring buffer) */
+  BRG__TRACE_COUNT
+} brg__trace_cfg_id;
+
 extern brg__cfg_section brg__core_config;
 extern brg__cfg_section brg__device_config;
+extern brg__cfg_section brg__trace_config;
 
 static inline int64_t brg__core_int(brg__core_cfg_id id) {
   return brg__config_int(&brg__core_config, id);

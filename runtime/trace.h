@@ -1,0 +1,53 @@
+/*
+ * Traces: what every rank did in time, as Chrome trace event JSON (the
+ * format Perfetto and chrome://tracing open), one file per rank.
+ *
+ * BRIGADE_TRACE_FILE names the file (%r rank, %h host, %p pid, as in
+ * BRIGADE_DEBUG_FILE). The engine records one span per collective, per
+ * step and per slice, and the time a slice spent waiting for a neighbour
+ * as a span of its own inside the slice. Events go into a ring buffer of
+ * BRIGADE_TRACE_EVENTS entries made and touched at init (the newest win
+ * when it is full); the file is written at destroy and when a collective
+ * fails. With tracing off, the engine's only cost is a test of c->trace.
+ * Device collectives are traced from the host: a slice's span is the time
+ * its slots were handed over and its kernel enqueued, not when it ran.
+ *
+ * Timestamps are CLOCK_MONOTONIC, which every process of one host shares,
+ * plus an offset to the clock of the rank at ring position 0, measured at
+ * init by a ping-pong over the ring sockets between neighbours on
+ * different hosts (0 on one host). Each file's metadata holds the offset,
+ * its error bound, the host, and a CLOCK_REALTIME base.
+ */
+#ifndef BRG_TRACE_H
+#define BRG_TRACE_H
+
+#include <stdint.h>
+
+#include "internal.h"
+#include "ring_link.h"
+
+typedef struct brg__trace brg__trace;
+
+/* 1 when BRIGADE_TRACE_FILE is set for this process. */
+int brg__trace_wanted(void);
+
+/* After the ring is connected: measures this rank's clock offset (every rank
+ * takes part when any rank traces, `any`), then, when this rank traces,
+ * makes c->trace. */
+brg_status brg__trace_open(brg_comm *c, int any, brg__errbuf *err);
+/* Writes the file (again: the newest events win) and keeps recording. */
+void brg__trace_flush(brg_comm *c);
+/* Writes the file and frees the trace. */
+void brg__trace_close(brg_comm *c);
+
+/* The engine's hooks, called only when c->trace is set. */
+int64_t brg__trace_coll_begin(brg__trace *t);
+void brg__trace_coll_end(brg_comm *c, const brg__coll *k, int64_t t0, brg_status s);
+int64_t brg__trace_slice_begin(brg__trace *t);
+void brg__trace_slice_end(const brg__ring_op *o, brg__prim prim, uint64_t bytes, int64_t t0,
+                          brg_status s);
+/* A wait that began at t0 and ends now: for a slot from `peer` (send 0)
+ * or for a free slot at `peer` (send 1). */
+void brg__trace_wait(brg_comm *c, int peer, int send, int64_t t0);
+
+#endif

@@ -1,0 +1,431 @@
+#!/usr/bin/env python3
+"""Tests of BRIGADE_TRACE_FILE and brigade-trace, on real ranks.
+
+    test_trace.py spans N  BRIGADE_RUN TRACE_RING BRIGADE_TRACE
+    test_trace.py stall    BRIGADE_RUN TRACE_RING BRIGADE_TRACE
+    test_trace.py bad      BRIGADE_RUN TRACE_RING BRIGADE_TRACE
+
+spans: N ranks run two allreduces; each rank's trace must hold exactly the
+spans the ring schedule (as docs/ring-allreduce.md states it, written out
+again here) predicts: the collectives, every slice in order with its
+primitive, step, chunk, bytes and neighbours, one step span per step, and
+waits nested in their slices adding up to the slices' wait times.
+stall: rank 1 of 3 stops itself (SIGSTOP) for 200 ms before the second
+allreduce; brigade-trace's summary must blame it for the others' waiting.
+bad: malformed and truncated files give one clear line from brigade-trace
+and exit status 2, never a traceback; a BRIGADE_TRACE_FILE without %r
+still gives one file per rank, and one that cannot be written fails at init
+naming the path.
+error: 3 ranks, the last allreduce mismatched (one rank passes another
+count); every rank fails and exits without brg_comm_destroy: the traces
+written when the collective failed must hold it, with its error.
+hosts: 4 ranks on two network namespaces (tests/multihost/run.sh, tcp
+between them): the ranks of the second "host" measure their clock offset at
+init; the namespaces share one kernel clock, so the true offset is 0 and
+the estimate must lie within the error bound it reports.
+
+    test_trace.py hosts RUN_SH TRACE_RING BRIGADE_TRACE
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+FLOAT = 4
+SLICE_BYTES = 4096
+failures = []
+
+
+def check(cond, msg):
+    if not cond:
+        failures.append(msg)
+        print("FAIL:", msg, file=sys.stderr)
+    return cond
+
+
+def run_ranks(run, prog, n, args, tmp, env_extra=None, timeout=120):
+    env = dict(os.environ)
+    env.update({"BRIGADE_TRACE_FILE": os.path.join(tmp, "trace.%r.json"),
+                "BRIGADE_SLICE_BYTES": str(SLICE_BYTES), "BRIGADE_SMALL_BYTES": "0",
+                "BRIGADE_TIMEOUT_MS": env.get("BRIGADE_TIMEOUT_MS", "30000")})
+    env.update(env_extra or {})
+    p = subprocess.run([run, "-n", str(n), prog] + [str(a) for a in args], env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=timeout)
+    if p.returncode != 0:
+        print(p.stdout, file=sys.stderr)
+        sys.exit(f"FAIL: {n} ranks of {prog} exited with {p.returncode}")
+    files = [os.path.join(tmp, f"trace.{r}.json") for r in range(n)]
+    for f in files:
+        if not os.path.exists(f):
+            print(p.stdout, file=sys.stderr)
+            sys.exit(f"FAIL: no trace file {f} (BRIGADE_TRACE_FILE={env['BRIGADE_TRACE_FILE']})")
+    return p.stdout, files
+
+
+# ---------------------------------------------------------- the schedule
+# Chunk c of `count` elements over n ranks: balanced, the first count % n
+# chunks one element longer. At step t the rank at position p works on
+# chunk (p - 1 - t) mod n; slices of SLICE_BYTES run slice by slice, each
+# slice through every step.
+
+def part_count(count, n, i):
+    return count // n + (1 if i < count % n else 0)
+
+
+def part_offset(count, n, i):
+    base, extra = divmod(count, n)
+    return base * i + min(i, extra)
+
+
+def prim_at(n, t):
+    if t == 0:
+        return "send"
+    if t < n - 1:
+        return "recv_reduce_send"
+    if t == n - 1:
+        return "recv_reduce_copy_send"
+    if t < 2 * n - 2:
+        return "recv_copy_send"
+    return "recv"
+
+
+def expected_slices(p, n, count):
+    se = SLICE_BYTES // FLOAT
+    nslices = lambda cnt: 1 if cnt == 0 else -(-cnt // se)
+    most = max(nslices(part_count(count, n, c)) for c in range(n))
+    out = []
+    for sl in range(most):
+        for t in range(2 * n - 1):
+            c = (p - 1 - t) % n
+            cnt = part_count(count, n, c)
+            if sl >= nslices(cnt):
+                continue
+            m = min(se, cnt - sl * se)
+            prim = prim_at(n, t)
+            out.append({"prim": prim, "step": t, "chunk": c, "slice": sl, "bytes": m * FLOAT,
+                        "elem": part_offset(count, n, c) + sl * se,
+                        "recv_from": -1 if prim == "send" else (p - 1) % n,
+                        "send_to": -1 if prim == "recv" else (p + 1) % n})
+    return out
+
+
+def near(a, b, tol=0.005):
+    return abs(a - b) <= tol
+
+
+def test_spans(run, prog, tool, n, tmp):
+    count, calls = 5 * 1024 + 3, 2
+    _, files = run_ranks(run, prog, n, [count, calls], tmp)
+    for r, path in enumerate(files):
+        with open(path) as f:
+            doc = json.load(f)
+        meta, evs = doc["metadata"], doc["traceEvents"]
+        tag = f"N={n} rank {r}"
+        check(meta["rank"] == r and meta["nranks"] == n, f"{tag}: metadata {meta}")
+        check(meta["ring"] == list(range(n)), f"{tag}: ring {meta['ring']} on one host")
+        check(meta["clock_offset_ns"] == 0, f"{tag}: clock offset {meta['clock_offset_ns']} "
+              "between ranks of one host")
+        check(meta["events_dropped"] == 0, f"{tag}: events dropped")
+        check(all(e["pid"] == r for e in evs), f"{tag}: an event of another pid")
+        colls = sorted((e for e in evs if e.get("cat") == "collective"), key=lambda e: e["ts"])
+        slices = sorted((e for e in evs if e.get("cat") == "slice"), key=lambda e: e["ts"])
+        waits = [e for e in evs if e.get("cat") == "wait"]
+        steps = [e for e in evs if e.get("cat") == "step"]
+        check([c["name"] for c in colls] == [f"allreduce #{s}" for s in range(1, calls + 1)],
+              f"{tag}: collectives {[c['name'] for c in colls]}")
+        for c in colls:
+            a = c["args"]
+            check(a["count"] == count and a["bytes"] == count * FLOAT and a["dtype"] == "float32"
+                  and a["op"] == "sum" and a["status"] == "success", f"{tag}: collective {a}")
+        want = expected_slices(r, n, count)
+        for seq, c in enumerate(colls, 1):
+            got = [s for s in slices if s["args"]["seq"] == seq]
+            keys = list(want[0].keys())
+            got_rows = [{k: s["args"][k] for k in keys} for s in got]
+            if not check(got_rows == want, f"{tag} #{seq}: {len(got_rows)} slices, expected "
+                         f"{len(want)}; first difference: " +
+                         str(next(((g, w) for g, w in zip(got_rows, want) if g != w),
+                                  (len(got_rows), len(want))))):
+                continue
+            check(all(s["name"] == s["args"]["prim"] for s in got), f"{tag}: slice names")
+            c0, c1 = c["ts"], c["ts"] + c["dur"]
+            check(all(c0 - 0.002 <= s["ts"] and s["ts"] + s["dur"] <= c1 + 0.002 for s in got),
+                  f"{tag} #{seq}: a slice outside its collective")
+            sent = sum(s["args"]["bytes"] for s in got if s["args"]["send_to"] >= 0)
+            ideal = 2 * (n - 1) / n * count * FLOAT
+            check(abs(sent - ideal) <= 2 * n * FLOAT,
+                  f"{tag} #{seq}: sent {sent} bytes, 2(N-1)/N S = {ideal:.0f}")
+            # Waits: inside a slice of this collective, for the right neighbour,
+            # adding up to the slice's own wait times.
+            for s in got:
+                s0, s1 = s["ts"], s["ts"] + s["dur"]
+                inside = [w for w in waits
+                          if w["args"]["seq"] == seq and s0 - 0.002 <= w["ts"] and
+                          w["ts"] + w["dur"] <= s1 + 0.002]
+                wr = sum(w["dur"] for w in inside if w["args"]["for"] == "data")
+                ws = sum(w["dur"] for w in inside if w["args"]["for"] == "free slot")
+                a = s["args"]
+                check(near(wr, a["wait_recv_us"], 0.01) and near(ws, a["wait_send_us"], 0.01),
+                      f"{tag} #{seq}: slice at {s0} waits {wr}/{ws} us, args say "
+                      f"{a['wait_recv_us']}/{a['wait_send_us']}")
+                check(all(w["args"]["peer"] == (a["recv_from"] if w["args"]["for"] == "data"
+                                                else a["send_to"]) for w in inside),
+                      f"{tag} #{seq}: a wait names the wrong neighbour")
+            # One step span per step, from its first slice to its last.
+            for t in range(2 * n - 1):
+                mine = [s for s in got if s["args"]["step"] == t]
+                b = [e for e in steps if e["ph"] == "b" and e["id"] == f"{seq}.{t}"]
+                e_ = [e for e in steps if e["ph"] == "e" and e["id"] == f"{seq}.{t}"]
+                if not check(len(b) == 1 and len(e_) == 1, f"{tag} #{seq}: step {t} has "
+                             f"{len(b)} begins and {len(e_)} ends"):
+                    continue
+                ba = b[0]["args"]
+                check(ba["slices"] == len(mine) and ba["bytes"] ==
+                      sum(s["args"]["bytes"] for s in mine) and ba["prim"] == prim_at(n, t),
+                      f"{tag} #{seq}: step {t} args {ba}")
+                check(near(b[0]["ts"], mine[0]["ts"]) and
+                      near(e_[0]["ts"], mine[-1]["ts"] + mine[-1]["dur"]),
+                      f"{tag} #{seq}: step {t} span is not its slices'")
+        check(len(steps) == 2 * calls * (2 * n - 1), f"{tag}: {len(steps)} step events")
+        check(len(waits) + len(slices) + len(colls) + len(steps) ==
+              sum(1 for e in evs if e["ph"] != "M"), f"{tag}: events of unknown kinds")
+
+    merged = os.path.join(tmp, "merged.json")
+    png = os.path.join(tmp, "timeline.png")
+    p = subprocess.run([tool] + files + ["--merge", merged, "-o", png], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, timeout=120)
+    no_mpl = "needs matplotlib" in p.stderr
+    check(p.returncode == 0 or no_mpl, f"brigade-trace failed: {p.stderr}")
+    print(p.stdout)
+    with open(merged) as f:
+        m = json.load(f)
+    total = 0
+    for path in files:
+        with open(path) as f:
+            total += len(json.load(f)["traceEvents"])
+    check(len(m["traceEvents"]) == total, f"merged {len(m['traceEvents'])} events of {total}")
+    check(sorted({e["pid"] for e in m["traceEvents"]}) == list(range(n)), "merged pids")
+    check(re.search(r"^\s+0 -> 1\s", p.stdout, re.M) is not None, "no link 0 -> 1 in the summary")
+    if no_mpl:
+        return "no matplotlib: the timeline was not drawn"
+    with open(png, "rb") as f:
+        check(f.read(8) == b"\x89PNG\r\n\x1a\n", "timeline.png is not a PNG")
+    with open(os.path.join(tmp, "timeline.svg")) as f:
+        check("<svg" in f.read(4096), "timeline.svg is not an SVG")
+    return None
+
+
+def test_stall(run, prog, tool, tmp):
+    n, stop_ms = 3, 200
+    out, files = run_ranks(run, prog, n, [256 * 1024, 2, 1, stop_ms], tmp)
+    m = re.search(r"rank 1 stopped for ([0-9.]+) ms", out)
+    check(m and float(m.group(1)) >= stop_ms - 5, f"rank 1 did not stop for {stop_ms} ms: {out}")
+    p = subprocess.run([tool, "--seq", "2"] + files, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, timeout=60)
+    print(p.stdout, p.stderr)
+    check(p.returncode == 0, f"brigade-trace exited {p.returncode}")
+    m = re.search(r"most waited for: rank (\d+) \(the others waited ([0-9.]+) ms", p.stdout)
+    if check(m is not None, "no 'most waited for' line"):
+        check(m.group(1) == "1", f"most waited for is rank {m.group(1)}, not the stopped rank 1")
+        # Ranks 0 and 2 both wait about stop_ms, directly or through each other.
+        check(float(m.group(2)) >= 2 * 0.75 * stop_ms, f"the others waited {m.group(2)} ms")
+    for r in (0, 2):
+        row = re.search(rf"^\s+{r} \S+\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+[0-9.]+%\s+(\S.*?)"
+                        rf"\s{{2,}}(\S.*)$", p.stdout, re.M)
+        if not check(row is not None, f"no summary row for rank {r}"):
+            continue
+        waited = float(row.group(3))
+        check(waited >= 0.75 * stop_ms, f"rank {r} waited only {waited} ms")
+        first = re.match(r"(\d+): ([0-9.]+)", row.group(5))
+        check(first and first.group(1) == "1" and float(first.group(2)) >= 0.75 * stop_ms,
+              f"rank {r} is not shown stalled by rank 1: {row.group(5)}")
+
+
+def bad_settings(run, prog, tmp):
+    """BRIGADE_TRACE_FILE without %r still gives one file per rank; one that
+    cannot be written fails brg_comm_init_env with the path named."""
+    env = dict(os.environ, BRIGADE_TRACE_FILE=os.path.join(tmp, "one.json"))
+    p = subprocess.run([run, "-n", "2", prog, "300", "1"], env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=120)
+    check(p.returncode == 0, f"ranks with BRIGADE_TRACE_FILE without %r: {p.stdout}")
+    for r in range(2):
+        check(os.path.getsize(os.path.join(tmp, f"one.json.{r}")) > 0,
+              f"no one.json.{r} for rank {r}")
+    # A small ring buffer keeps the newest events and says how many it dropped.
+    env["BRIGADE_TRACE_FILE"] = os.path.join(tmp, "small.%r.json")
+    p = subprocess.run([run, "-n", "2", prog, "300", "20"], env=dict(env, BRIGADE_TRACE_EVENTS="64"),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    check(p.returncode == 0, f"ranks with BRIGADE_TRACE_EVENTS=64: {p.stdout}")
+    with open(os.path.join(tmp, "small.0.json")) as f:
+        d = json.load(f)
+    m = d["metadata"]
+    names = {e["name"] for e in d["traceEvents"] if e.get("cat") == "collective"}
+    check(m["events_kept"] == 64 and m["events_dropped"] == m["events"] - 64 > 0 and
+          sum(1 for e in d["traceEvents"] if e["ph"] in "Xb") == 64,
+          f"BRIGADE_TRACE_EVENTS=64: metadata {m}")
+    check("allreduce #20" in names and "allreduce #1" not in names,
+          f"BRIGADE_TRACE_EVENTS=64 kept {sorted(names)}, not the newest")
+    env["BRIGADE_TRACE_FILE"] = os.path.join(tmp, "no", "such", "dir", "t.%r.json")
+    p = subprocess.run([run, "-n", "2", prog, "300", "1"], env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=120)
+    check(p.returncode != 0 and "cannot write the trace " + os.path.join(tmp, "no") in p.stdout,
+          f"an unwritable BRIGADE_TRACE_FILE: exit {p.returncode}: {p.stdout}")
+
+
+def test_bad(run, prog, tool, tmp):
+    bad_settings(run, prog, tmp)
+    _, files = run_ranks(run, prog, 2, [300, 1], tmp)
+    good = files[0]
+    with open(good, "rb") as f:
+        raw = f.read()
+    doc = json.loads(raw)
+
+    def variant(name, data):
+        path = os.path.join(tmp, name)
+        with open(path, "wb") as f:
+            f.write(data if isinstance(data, bytes) else json.dumps(data).encode())
+        return path
+
+    def edited(fn):
+        d = json.loads(raw)
+        fn(d)
+        return d
+
+    def first(d, cat):
+        return next(e for e in d["traceEvents"] if e.get("cat") == cat)
+
+    other = json.loads(raw)
+    other["metadata"]["comm_id"] = "0123456789abcdef"
+    other["metadata"]["rank"] = 1
+    for e in other["traceEvents"]:
+        e["pid"] = 1
+    merged = os.path.join(tmp, "m.json")
+    subprocess.run([tool, "-q", "--merge", merged] + files, check=True, timeout=60)
+    cases = [
+        ([variant("empty.json", b"")], "empty file"),
+        ([variant("half.json", raw[:len(raw) // 2])], "truncated"),
+        ([variant("cut.json", raw[:raw.rfind(b"\n],")])], "truncated"),
+        ([variant("garbage.json", bytes(range(256)) * 4)], "not UTF-8"),
+        ([variant("text.json", b"allreduce #1 took 3 ms\n")], "not valid JSON"),
+        ([variant("list.json", [])], "traceEvents"),
+        ([variant("nometa.json", edited(lambda d: d.pop("metadata")))], "metadata"),
+        ([merged], "merged"),
+        ([variant("nobytes.json", edited(lambda d: first(d, "slice")["args"].pop("bytes")))],
+         "\"bytes\""),
+        ([variant("strbytes.json",
+                  edited(lambda d: first(d, "slice")["args"].update(bytes="64")))], "\"bytes\""),
+        ([variant("negdur.json", edited(lambda d: first(d, "slice").update(dur=-1)))],
+         "negative duration"),
+        ([variant("rank9.json", edited(lambda d: d["metadata"].update(rank=9)))], "rank 9"),
+        ([variant("nots.json", edited(lambda d: first(d, "wait" if any(
+            e.get("cat") == "wait" for e in d["traceEvents"]) else "slice").pop("ts")))],
+         "\"ts\""),
+        ([good, good], "rank 0 again"),
+        ([good, variant("other.json", other)], "not one communicator"),
+        ([os.path.join(tmp, "absent.json")], "cannot read"),
+    ]
+    p = subprocess.run([tool] + files, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, timeout=60)
+    check(p.returncode == 0, f"brigade-trace on good files: {p.returncode} {p.stderr}")
+    for paths, word in cases:
+        p = subprocess.run([tool] + paths, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, timeout=60)
+        lines = p.stderr.strip().splitlines()
+        bad = paths[-1] if word != "rank 0 again" else paths[0]
+        ok = (p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr and
+              lines[0].startswith("brigade-trace: error: ") and word in lines[0] and
+              os.path.basename(bad) in lines[0])
+        check(ok, f"{os.path.basename(paths[-1])}: exit {p.returncode}, expected 2 and one "
+              f"line naming the file with '{word}': {p.stderr.strip()!r}")
+        if ok:
+            print(f"ok: {lines[0]}")
+
+
+def test_error(run, prog, tool, tmp):
+    n, count, calls = 3, 5000, 3
+    out, files = run_ranks(run, prog, n, [count, calls, "mismatch", 1], tmp)
+    print(out)
+    for r, path in enumerate(files):
+        with open(path) as f:
+            evs = json.load(f)["traceEvents"]
+        colls = sorted((e for e in evs if e.get("cat") == "collective"), key=lambda e: e["ts"])
+        got = [(c["args"]["seq"], c["args"]["status"]) for c in colls]
+        want_ok = [(s, "success") for s in range(1, calls)]
+        check(got[:-1] == want_ok and len(got) == calls and got[-1][0] == calls and
+              got[-1][1] != "success", f"rank {r}: collectives {got}, expected {want_ok} and "
+              f"#{calls} failed")
+        last = [s for s in evs if s.get("cat") == "slice" and s["args"]["seq"] == calls]
+        check(any(s["args"]["status"] != "success" for s in last),
+              f"rank {r}: no failed slice in #{calls}")
+    p = subprocess.run([tool] + files, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, timeout=60)
+    check(p.returncode == 0, f"brigade-trace on the traces of a failed run: {p.stderr}")
+
+
+def test_hosts(run_sh, prog, tool, tmp):
+    env = dict(os.environ, BRIGADE_TRACE_FILE=os.path.join(tmp, "trace.%r.json"))
+    p = subprocess.run([run_sh, prog, "exec", "tcp", "70000", "2"], env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240)
+    print(p.stdout)
+    if p.returncode == 77:
+        return "network namespaces unavailable"
+    if not check(p.returncode == 0, f"run.sh exited {p.returncode}"):
+        return None
+    files = [os.path.join(tmp, f"trace.{r}.json") for r in range(4)]
+    metas = []
+    for path in files:
+        with open(path) as f:
+            metas.append(json.load(f)["metadata"])
+    for m in metas:
+        r, off, err = m["rank"], m["clock_offset_ns"], m["clock_offset_err_ns"]
+        print(f"rank {r} on {m['host_hash']}: clock offset {off} ns +- {err} ns")
+        check(m["ring"] == [0, 2, 1, 3], f"ring {m['ring']}")
+        if r % 2 == 0:
+            check(off == 0 and err == 0, f"rank {r} on the reference host: {off} +- {err}")
+        else:
+            check(0 < err < 50_000_000 and abs(off) <= err,
+                  f"rank {r}: offset {off} ns outside its bound {err} ns (true offset 0)")
+    check(metas[1]["clock_offset_ns"] == metas[3]["clock_offset_ns"],
+          "ranks 1 and 3 share a host but not an offset")
+    q = subprocess.run([tool] + files, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, timeout=60)
+    print(q.stdout, q.stderr)
+    check(q.returncode == 0, f"brigade-trace exited {q.returncode}")
+    return None
+
+
+def main():
+    mode = sys.argv[1]
+    rest = sys.argv[2:]
+    if mode == "spans":
+        n, (run, prog, tool) = int(rest[0]), rest[1:4]
+    else:
+        run, prog, tool = rest[0:3]
+    note = None
+    with tempfile.TemporaryDirectory(prefix="brigade-trace-") as tmp:
+        if mode == "spans":
+            note = test_spans(run, prog, tool, n, tmp)
+        elif mode == "stall":
+            test_stall(run, prog, tool, tmp)
+        elif mode == "bad":
+            test_bad(run, prog, tool, tmp)
+        elif mode == "error":
+            test_error(run, prog, tool, tmp)
+        elif mode == "hosts":
+            note = test_hosts(run, prog, tool, tmp)
+        else:
+            sys.exit(f"unknown mode {mode}")
+    if failures:
+        sys.exit(f"{len(failures)} check(s) failed")
+    if note:
+        print("SKIP:", note)
+        sys.exit(77)
+    print("all checks passed")
+
+
+if __name__ == "__main__":
+    main()
