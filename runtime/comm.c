@@ -3,6 +3,7 @@
  * transport per ring link, the progress thread), accessors, abort and
  * destruction.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +55,36 @@ static brg_status exchange(brg_comm *c, int send_dir, const void *msg, uint32_t 
                     recv_dir == BRG__RING_NEXT ? c->next : c->prev, type, *got);
 }
 
+/* The link from prev, accepted on a thread of its own for transports that
+ * listen: strangers on the listener are taken and dropped from the moment
+ * it opens, whatever this rank's own connect to next is waiting for. */
+typedef struct recv_side {
+  brg_comm *c;
+  brg__conn_params p;
+  brg__waiter waiter;
+  int64_t deadline;
+  int cancel; /* atomic: the other half of the setup failed */
+  pthread_t thread;
+  brg_status s;
+  brg__errbuf err;
+} recv_side;
+
+/* The accept thread's waiter check: it must not share ring_check's state
+ * with the thread that connects to next. */
+static brg_status recv_side_check(void *arg) {
+  recv_side *r = arg;
+  if (__atomic_load_n(&r->c->aborted, __ATOMIC_ACQUIRE) ||
+      __atomic_load_n(&r->cancel, __ATOMIC_ACQUIRE))
+    return BRG_ERR_ABORTED;
+  return brg__deadline_passed(r->deadline) ? BRG_ERR_TIMEOUT : BRG_SUCCESS;
+}
+
+static void *recv_side_main(void *arg) {
+  recv_side *r = arg;
+  r->s = r->c->recv.ops->recv_connect(&r->c->recv, &r->p, &r->err);
+  return NULL;
+}
+
 /* Sets up the two links of this rank: from prev (receive) and to next (send). */
 static brg_status connect_ring(brg_comm *c, const uint8_t *secret, brg__errbuf *err) {
   const char *allow = brg__core_str(BRG__CORE_TRANSPORTS);
@@ -76,9 +107,9 @@ static brg_status connect_ring(brg_comm *c, const uint8_t *secret, brg__errbuf *
                          .secret = secret,
                          .timeout_ms = c->timeout_ms,
                          .waiter = &c->waiter};
-  brg__conn_params pr = ps;
-  pr.peer = c->prev;
-  pr.peer_info = &c->peers[c->prev];
+  recv_side rs = {.c = c, .p = ps};
+  rs.p.peer = c->prev;
+  rs.p.peer_info = &c->peers[c->prev];
 
   /* Receiver side first: its info travels to prev, whose sender connects. */
   char info[BRG__CONN_INFO_BYTES + 32], peer_info[BRG__CONN_INFO_BYTES + 32];
@@ -87,29 +118,51 @@ static brg_status connect_ring(brg_comm *c, const uint8_t *secret, brg__errbuf *
   c->recv.ops = trecv;
   c->recv.peer = c->prev;
   c->recv_open = 1;
-  brg_status s = trecv->recv_setup(&c->recv, &pr, info + 32, err);
+  brg_status s = trecv->recv_setup(&c->recv, &rs.p, info + 32, err);
   if (s != BRG_SUCCESS) return s;
+  int threaded = 0;
+  if (trecv->listens) {
+    rs.waiter = (brg__waiter){.spin = c->waiter.spin, .check = recv_side_check, .arg = &rs};
+    rs.p.waiter = &rs.waiter;
+    rs.deadline = brg__deadline_ms(c->timeout_ms);
+    s = brg__proxy_start(&rs.thread, recv_side_main, &rs, "brg-accept", err);
+    if (s != BRG_SUCCESS) return s;
+    threaded = 1;
+  }
   uint32_t got = 0;
   s = exchange(c, BRG__RING_PREV, info, sizeof info, BRG__RING_NEXT, BRG__MSG_CONN_INFO, peer_info,
                sizeof peer_info, &got, err);
-  if (s != BRG_SUCCESS) return s;
+  if (s != BRG_SUCCESS) goto out;
   if (got != sizeof peer_info || strncmp(peer_info, tsend->name, 32) != 0) {
     peer_info[31] = 0;
-    return brg__error(err, BRG_ERR_MISMATCH, "init",
-                      "rank %d chose transport \"%s\" for the link from rank %d, which chose "
-                      "\"%s\" (is BRIGADE_TRANSPORTS the same on every rank?)",
-                      c->next, got == sizeof peer_info ? peer_info : "?", c->rank, tsend->name);
+    s = brg__error(err, BRG_ERR_MISMATCH, "init",
+                   "rank %d chose transport \"%s\" for the link from rank %d, which chose "
+                   "\"%s\" (is BRIGADE_TRANSPORTS the same on every rank?)",
+                   c->next, got == sizeof peer_info ? peer_info : "?", c->rank, tsend->name);
+    goto out;
   }
   c->send.ops = tsend;
   c->send.peer = c->next;
   c->send_open = 1;
   s = tsend->send_connect(&c->send, &ps, peer_info + 32, err);
-  if (s != BRG_SUCCESS) return s;
+  if (s != BRG_SUCCESS) goto out;
   char ack = 1, ack_in;
   s = exchange(c, BRG__RING_NEXT, &ack, 1, BRG__RING_PREV, BRG__MSG_ATTACHED, &ack_in, 1, &got,
                err);
-  if (s != BRG_SUCCESS) return s;
-  s = trecv->recv_connect(&c->recv, &pr, err);
+  if (s != BRG_SUCCESS) goto out;
+  if (!threaded) {
+    s = trecv->recv_connect(&c->recv, &rs.p, err);
+    if (s != BRG_SUCCESS) return s;
+  }
+out:
+  if (threaded) {
+    if (s != BRG_SUCCESS) __atomic_store_n(&rs.cancel, 1, __ATOMIC_RELEASE);
+    pthread_join(rs.thread, NULL);
+    if (s == BRG_SUCCESS && rs.s != BRG_SUCCESS) {
+      s = rs.s;
+      if (err) *err = rs.err;
+    }
+  }
   if (s != BRG_SUCCESS) return s;
   BRG__INFO("init",
             "link to rank %d (next) via %s, from rank %d (prev) via %s; %d slots x %zu bytes",
