@@ -38,6 +38,11 @@
 #include "transport.h"
 #include "verbs_api.h"
 
+/* A queue pair listener. */
+#define SOFT_PENDING 16   /* connections part way through their hello */
+#define SOFT_HELLO_MS 500 /* a connection has this long to send it */
+#define SOFT_BACKLOG 4096 /* the kernel caps it at somaxconn */
+
 #define SOFT_HELLO_MAGIC 0x42525651u /* "BRVQ" */
 #define SOFT_MAX_MRS 1024            /* a power of two; one context serves all links of a process */
 #define SOFT_DISCARD_BYTES 65536
@@ -490,8 +495,8 @@ static brg_status soft_qp_create(brg__vb_ctx *ctx, int max_send, int max_recv, b
     q->token = (uint32_t)brg__now_ms() * 2654435761u;
 
   uint16_t port;
-  brg_status s = brg__sock_listen(ctx->addr, 0, 4, "ib", "soft verbs: queue pair listener",
-                                  &q->listen_fd, &port, err);
+  brg_status s = brg__sock_listen(ctx->addr, 0, SOFT_BACKLOG, "ib",
+                                  "soft verbs: queue pair listener", &q->listen_fd, &port, err);
   if (s != BRG_SUCCESS) return s;
   memset(info, 0, sizeof *info);
   info->qpn = q->token;
@@ -522,28 +527,81 @@ static brg_status dial(brg__vb_qp *q, const brg__vb_qp_info *r, int64_t deadline
   return BRG_SUCCESS;
 }
 
-/* The passive end takes the connection whose hello names both queue pairs. */
+typedef struct soft_pending {
+  int fd;
+  uint32_t got;
+  int64_t deadline;
+  soft_hello h;
+} soft_pending;
+
+static void soft_pending_drop(soft_pending *q, int *n, int i, const char *why) {
+  BRG__WARN("ib", "soft verbs: dropped a connection to a queue pair listener: %s", why);
+  close(q[i].fd);
+  memmove(&q[i], &q[i + 1], (size_t)(*n - i - 1) * sizeof q[0]);
+  (*n)--;
+}
+
+/* The passive end takes the connection whose hello names both queue pairs.
+ * Every pending connection is read side by side, each for at most
+ * SOFT_HELLO_MS, the oldest making room for a newcomer, so no stranger on
+ * the listener holds the peer's connection up. */
 static brg_status answer(brg__vb_qp *q, const brg__vb_qp_info *r, int64_t deadline, int timeout_ms,
                          brg__errbuf *err) {
+  soft_pending p[SOFT_PENDING];
+  int np = 0;
+  brg_status s = BRG_SUCCESS;
   while (q->fd < 0) {
-    int rc = brg__sock_wait(q->listen_fd, POLLIN, deadline);
-    if (rc == BRG__IO_TIMEOUT)
-      return brg__error(err, BRG_ERR_TIMEOUT, "ib",
-                        "soft verbs: the peer queue pair did not connect within %d ms", timeout_ms);
-    if (rc != BRG__IO_OK)
-      return brg__error(err, BRG_ERR_SYSTEM, "ib", "soft verbs: poll: %s", strerror(errno));
-    int fd = accept4(q->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) continue;
-    soft_hello h;
-    if (brg__sock_recv_all(fd, &h, sizeof h, deadline) == BRG__IO_OK &&
-        h.magic == SOFT_HELLO_MAGIC && h.to_qpn == q->token && h.from_qpn == r->qpn) {
-      q->fd = fd;
-    } else {
-      BRG__WARN("ib", "soft verbs: dropped a connection that is not our peer queue pair");
-      close(fd);
+    int64_t now = brg__now_ms(), wake = deadline;
+    if (brg__deadline_passed(deadline)) {
+      s = brg__error(err, BRG_ERR_TIMEOUT, "ib",
+                     "soft verbs: the peer queue pair did not connect within %d ms", timeout_ms);
+      break;
+    }
+    for (int i = np - 1; i >= 0; i--)
+      if (now >= p[i].deadline) soft_pending_drop(p, &np, i, "no hello in time");
+    struct pollfd pfd[1 + SOFT_PENDING];
+    pfd[0] = (struct pollfd){.fd = q->listen_fd, .events = POLLIN};
+    for (int i = 0; i < np; i++) {
+      pfd[1 + i] = (struct pollfd){.fd = p[i].fd, .events = POLLIN};
+      wake = brg__deadline_min(wake, p[i].deadline);
+    }
+    int left = brg__ms_left(wake);
+    if (poll(pfd, (nfds_t)(1 + np), left) < 0) {
+      if (errno == EINTR) continue;
+      s = brg__error(err, BRG_ERR_SYSTEM, "ib", "soft verbs: poll: %s", strerror(errno));
+      break;
+    }
+    /* Oldest first; a removal moves those after it down. */
+    for (int i = 0, k = 0, n = np; k < n && q->fd < 0; k++) {
+      int before = np;
+      soft_pending *e = &p[i];
+      if (pfd[1 + k].revents) {
+        ssize_t got = recv(e->fd, (char *)&e->h + e->got, sizeof e->h - e->got, MSG_DONTWAIT);
+        if (got > 0) e->got += (uint32_t)got;
+        if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+          soft_pending_drop(p, &np, i, "it hung up");
+        } else if (e->got == sizeof e->h) {
+          if (e->h.magic == SOFT_HELLO_MAGIC && e->h.to_qpn == q->token &&
+              e->h.from_qpn == r->qpn) {
+            q->fd = e->fd;
+            memmove(&p[i], &p[i + 1], (size_t)(np - i - 1) * sizeof p[0]);
+            np--;
+          } else {
+            soft_pending_drop(p, &np, i, "not our peer queue pair");
+          }
+        }
+      }
+      if (np == before) i++;
+    }
+    for (int k = 0; k < SOFT_PENDING / 4 && q->fd < 0 && (pfd[0].revents & POLLIN); k++) {
+      int fd = accept4(q->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) break;
+      if (np == SOFT_PENDING) soft_pending_drop(p, &np, 0, "newer connections wait");
+      p[np++] = (soft_pending){.fd = fd, .deadline = brg__now_ms() + SOFT_HELLO_MS};
     }
   }
-  return BRG_SUCCESS;
+  for (int i = 0; i < np; i++) close(p[i].fd);
+  return s;
 }
 
 static brg_status soft_qp_connect(brg__vb_qp *q, const brg__vb_qp_info *r, int active,
