@@ -64,8 +64,9 @@ static void *worker_main(void *arg) {
     c->qhead = r->next;
     if (!c->qhead) c->qtail = NULL;
     c->busy = 1;
+    int stopping = c->stop; /* written under qlock by brg__progress_stop */
     pthread_mutex_unlock(&c->qlock);
-    brg_status s = c->stop ? BRG_ERR_ABORTED : run_one(c, &r->coll);
+    brg_status s = stopping ? BRG_ERR_ABORTED : run_one(c, &r->coll);
     pthread_mutex_lock(&c->qlock);
     c->busy = 0;
     r->status = s;
