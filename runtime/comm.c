@@ -85,6 +85,21 @@ static void *recv_side_main(void *arg) {
   return NULL;
 }
 
+/* The link to next failed to attach. Where next gave up first, its notice
+ * is already on the ring socket: that says what really happened. */
+static brg_status next_gave_up(brg_comm *c, brg_status s, brg__errbuf *err) {
+  uint32_t type = 0, got = 0;
+  char buf[BRG__BOOT_MAX_MSG + 1];
+  brg__errbuf quiet = {0};
+  brg_status r =
+      brg__bootstrap_recv(c->bs, BRG__RING_NEXT, &type, buf, BRG__BOOT_MAX_MSG, &got, 0, &quiet);
+  if (r != BRG_SUCCESS || type != BRG__MSG_ABORT || got <= 4) return s;
+  buf[got] = 0;
+  return brg__error(err, BRG_ERR_REMOTE, "init",
+                    "rank %d gave up during setup, before rank %d could attach to it: %s", c->next,
+                    c->rank, buf + 4);
+}
+
 /* Sets up the two links of this rank: from prev (receive) and to next (send). */
 static brg_status connect_ring(brg_comm *c, const uint8_t *secret, brg__errbuf *err) {
   const char *allow = brg__core_str(BRG__CORE_TRANSPORTS);
@@ -145,7 +160,10 @@ static brg_status connect_ring(brg_comm *c, const uint8_t *secret, brg__errbuf *
   c->send.peer = c->next;
   c->send_open = 1;
   s = tsend->send_connect(&c->send, &ps, peer_info + 32, err);
-  if (s != BRG_SUCCESS) goto out;
+  if (s != BRG_SUCCESS) {
+    s = next_gave_up(c, s, err);
+    goto out;
+  }
   char ack = 1, ack_in;
   s = exchange(c, BRG__RING_NEXT, &ack, 1, BRG__RING_PREV, BRG__MSG_ATTACHED, &ack_in, 1, &got,
                err);
