@@ -292,6 +292,7 @@ brg_status brg__comm_create(brg_comm **out, int nranks, const brg__boot_id *id, 
   int boot_wait = c->timeout_ms + (c->timeout_ms / 10 < 2000 ? c->timeout_ms / 10 + 1000 : 2000);
   s = brg__bootstrap_init(&c->bs, id, rank, nranks, &me, sizeof me, c->peers, boot_wait, &err);
   if (s != BRG_SUCCESS) goto err_free;
+  if ((s = brg__topology_check_peers(c->peers, nranks, &err)) != BRG_SUCCESS) goto err_free;
 
   brg__topology_order(c);
 

@@ -149,6 +149,10 @@ void brg__coll_describe(char *out, size_t n, brg__coll_kind kind, uint64_t seq, 
  * and the ring order with c->pos, c->next, c->prev. */
 uint64_t brg__topology_host_hash(char *hostname, size_t n);
 void brg__topology_order(brg_comm *c);
+/* Checks the identities the bootstrap table brought (rank number, pid,
+ * host name and address terminated and printable) before anything prints
+ * them; BRG_ERR_REMOTE names the rank whose identity is malformed. */
+brg_status brg__topology_check_peers(const brg__peer_info *peers, int n, brg__errbuf *err);
 
 /* comm.c: a communicator from a bootstrap id (rendezvous.c, brg_comm_init). */
 brg_status brg__comm_create(brg_comm **out, int nranks, const brg__boot_id *id, int rank);
