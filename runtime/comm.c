@@ -40,7 +40,11 @@ static brg_status exchange(brg_comm *c, int send_dir, const void *msg, uint32_t 
   if (s != BRG_SUCCESS) return s;
   uint32_t type = 0;
   char buf[BRG__BOOT_MAX_MSG + 1];
-  s = brg__bootstrap_recv(c->bs, recv_dir, &type, buf, BRG__BOOT_MAX_MSG, got, c->timeout_ms, err);
+  /* A neighbour that is ready already beats: its heartbeats are skipped. */
+  do
+    s = brg__bootstrap_recv(c->bs, recv_dir, &type, buf, BRG__BOOT_MAX_MSG, got, c->timeout_ms,
+                            err);
+  while (s == BRG_SUCCESS && type == BRG__MSG_BEAT);
   if (s != BRG_SUCCESS) return s;
   if (type == want && *got <= max) {
     memcpy(out, buf, *got);
@@ -91,8 +95,9 @@ static brg_status next_gave_up(brg_comm *c, brg_status s, brg__errbuf *err) {
   uint32_t type = 0, got = 0;
   char buf[BRG__BOOT_MAX_MSG + 1];
   brg__errbuf quiet = {0};
-  brg_status r =
-      brg__bootstrap_recv(c->bs, BRG__RING_NEXT, &type, buf, BRG__BOOT_MAX_MSG, &got, 0, &quiet);
+  brg_status r;
+  do r = brg__bootstrap_recv(c->bs, BRG__RING_NEXT, &type, buf, BRG__BOOT_MAX_MSG, &got, 0, &quiet);
+  while (r == BRG_SUCCESS && type == BRG__MSG_BEAT);
   if (r != BRG_SUCCESS || type != BRG__MSG_ABORT || got <= 4) return s;
   buf[got] = 0;
   return brg__error(err, BRG_ERR_REMOTE, "init",
@@ -198,9 +203,15 @@ static void say_goodbye(brg_comm *c) {
 static void await_goodbyes(brg_comm *c) {
   int64_t deadline = brg__deadline_ms(c->timeout_ms);
   for (int dir = 0; dir < 2; dir++) {
+    /* What the liveness thread read before it stopped comes first. */
+    char buf[BRG__BOOT_MAX_MSG + 1], text[BRG__ERRLEN];
+    uint32_t type = 0, len = 0;
+    brg_status s;
+    if (brg__live_take(c, dir, &s, &type, buf, &len, text, sizeof text) == 1) {
+      if (s != BRG_SUCCESS) continue;
+      if (type == BRG__MSG_BYE) c->departed[dir] = 1;
+    }
     while (!c->departed[dir]) {
-      char buf[BRG__BOOT_MAX_MSG];
-      uint32_t type = 0, len = 0;
       int left = brg__ms_left(deadline);
       if (left == 0) return;
       if (brg__bootstrap_recv(c->bs, dir, &type, buf, sizeof buf, &len, left, NULL) != BRG_SUCCESS)
@@ -218,6 +229,7 @@ static void await_goodbyes(brg_comm *c) {
 static brg_status comm_free(brg_comm *c) {
   brg_status s = BRG_SUCCESS;
   int ring = c->ready && c->bs && c->nranks > 1;
+  brg__live_stop(c); /* this thread and the engine's checks read the ring sockets now */
   if (c->dev) {
     brg__progress_stop(c);
     s = brg__device_ring_drain(c);
@@ -233,6 +245,7 @@ static brg_status comm_free(brg_comm *c) {
   }
   if (s != BRG_SUCCESS) brg__set_thread_error(c->last_error);
   brg__device_ring_free(c);
+  brg__live_free(c);
   if (c->send_open && c->send.ops) c->send.ops->close(&c->send);
   if (c->recv_open && c->recv.ops) c->recv.ops->close(&c->recv);
   if (c->bs) brg__bootstrap_destroy(c->bs);
@@ -315,6 +328,7 @@ brg_status brg__comm_create(brg_comm **out, int nranks, const brg__boot_id *id, 
       c->small_bytes = 0;
   }
   if ((s = brg__progress_start(c, &err)) != BRG_SUCCESS) goto err_free;
+  if ((s = brg__live_start(c, &err)) != BRG_SUCCESS) goto err_free;
   c->ready = 1;
   BRG__INFO("init", "rank %d of %d ready (pid %d on %s, kernels %s)", rank, nranks, me.pid,
             me.hostname, brg__kernels_isa());

@@ -537,15 +537,16 @@ static int body_victim_loop(mp_ctx *ctx) {
                "the error came %.0f ms after rank %d was signalled (timeout %d ms)", el, VICTIM,
                g_timeout_ms);
       /* A killed rank is named by every survivor (its neighbours see it die
-       * and say so to the others). A stopped one is named at least by the
-       * rank that waited on it; a rank further along may only know which
-       * neighbour went quiet (checked by rank 0 below). */
+       * and say so to the others). So is a stopped one: it stops beating on
+       * the ring sockets, and every survivor's timeout (or the notice of a
+       * neighbour's) names the rank silent the longest, and for how long. */
       int named = mp_names_rank(m, VICTIM);
       sh->vals[MP_MAX_RANKS + ctx->rank] = named;
-      if (sig == SIGKILL)
-        MP_CHECK(named, "the error message does not name rank %d: \"%s\"", VICTIM, m);
-      else if (!named)
-        mp_info("note: the message does not name rank %d: \"%s\"", VICTIM, m);
+      MP_CHECK(named, "the error message does not name rank %d: \"%s\"", VICTIM, m);
+      if (sig == SIGSTOP)
+        MP_CHECK(mp_contains(m, "silent for"),
+                 "the error message does not say how long rank %d has been silent: \"%s\"", VICTIM,
+                 m);
     }
     sh->vals[ctx->rank] = st;
     /* A broken communicator answers further calls with an error, promptly. */

@@ -12,7 +12,8 @@
  * listener, fewer only where the file limit forbids) and then keeps
  * sending garbage connections (random bytes, cut-off brigade magics) to
  * every listener it knows, 50 a second each, through init and the
- * collectives that follow. The rank waits in listen() until the silent
+ * collectives that follow (FLOOD_SILENT=n sets another count of silent
+ * connections, for measurements by hand). The rank waits in listen() until the silent
  * connections are in the listen queue (that wait is not counted), so every
  * listener meets them before anyone could connect to it.
  *
@@ -256,7 +257,8 @@ static int64_t run_once(int n, int attacked, attacker *a) {
   g_board->master_port = mp_free_port();
   g_board->nranks = n;
   g_board->silent_per_listener = a ? a->cap / (1 + 2 * n) : 0;
-  if (g_board->silent_per_listener > SILENT_MAX) g_board->silent_per_listener = SILENT_MAX;
+  int most = mp_env_int("FLOOD_SILENT", SILENT_MAX); /* to measure other counts by hand */
+  if (g_board->silent_per_listener > most) g_board->silent_per_listener = most;
   __atomic_store_n(&g_board->attack, attacked, __ATOMIC_RELEASE);
   char name[64];
   snprintf(name, sizeof name, "flood-N%d-%s%s", n, mp_transport(), attacked ? "" : "-quiet");
