@@ -126,7 +126,8 @@ struct brg__bootstrap {
   boot_peer *peers;
   int fd[2]; /* BRG__RING_NEXT, BRG__RING_PREV */
   int peer_rank[2];
-  int broken[2]; /* a frame was cut or garbled: the stream cannot be trusted */
+  int broken[2]; /* a frame was cut or garbled: the stream cannot be trusted (atomic: a
+                  * direction's sender and its reader may be different threads) */
   uint32_t rx_have[2];
   uint8_t rx_buf[2][BOOT_FRAME_HDR + BRG__BOOT_MAX_MSG];
 };
@@ -623,7 +624,7 @@ static brg_status boot_ring_check(const brg__bootstrap *bs, int dir, const char 
     return brg__error(err, BRG_ERR_INVALID_USAGE, BOOT_SUBSYS,
                       "%s: rank %d has no ring socket to its %s", what, bs->rank,
                       dir == BRG__RING_NEXT ? "successor" : "predecessor");
-  if (bs->broken[dir])
+  if (__atomic_load_n(&bs->broken[dir], __ATOMIC_RELAXED))
     return brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
                       "%s: the ring socket of rank %d to rank %d is unusable after an earlier "
                       "error",
@@ -653,7 +654,7 @@ brg_status brg__bootstrap_send(brg__bootstrap *bs, int dir, uint32_t type, const
   size_t total = BOOT_FRAME_HDR + (size_t)len, sent = 0;
   int rc = brg__sock_send_all(bs->fd[dir], frame, total, brg__deadline_ms(bs->timeout_ms), &sent);
   if (rc == BRG__IO_OK) return BRG_SUCCESS;
-  if (sent > 0) bs->broken[dir] = 1;
+  if (sent > 0) __atomic_store_n(&bs->broken[dir], 1, __ATOMIC_RELAXED);
   if (rc == BRG__IO_EOF) return boot_ring_gone(bs, dir, err);
   if (rc == BRG__IO_TIMEOUT)
     return brg__error(err, BRG_ERR_TIMEOUT, BOOT_SUBSYS,
@@ -680,7 +681,7 @@ brg_status brg__bootstrap_recv(brg__bootstrap *bs, int dir, uint32_t *type, void
     if (*have >= BOOT_FRAME_HDR) {
       uint32_t mlen = boot_get_u32(b + 4);
       if (mlen > BRG__BOOT_MAX_MSG) {
-        bs->broken[dir] = 1;
+        __atomic_store_n(&bs->broken[dir], 1, __ATOMIC_RELAXED);
         return brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
                           "rank %d: malformed message from ring neighbour rank %d (length %u, "
                           "at most %d)",
