@@ -300,6 +300,7 @@ int main(int argc, char **argv) {
 
   int64_t quiet = run_once(n, 0, NULL);
   if (quiet < 0) {
+    free(a.silent);
     fprintf(stderr, "FAIL: the undisturbed run failed\n");
     return 1;
   }
@@ -308,6 +309,7 @@ int main(int argc, char **argv) {
   int64_t attack_ms = (mp_now_ns() - t_attack0) / 1000000;
   int listeners = g_board->n;
   for (int i = 0; i < a.nsilent; i++) close(a.silent[i]);
+  free(a.silent);
   printf("N=%d %s: init %lld ms undisturbed, %lld ms with %d listeners attacked (%d silent "
          "connections each, %ld garbage connections in %lld ms)\n",
          n, mp_transport(), (long long)quiet, (long long)loud, listeners,
