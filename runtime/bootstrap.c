@@ -126,7 +126,8 @@ struct brg__bootstrap {
   boot_peer *peers;
   int fd[2]; /* BRG__RING_NEXT, BRG__RING_PREV */
   int peer_rank[2];
-  int broken[2]; /* a frame was cut or garbled: the stream cannot be trusted */
+  int broken[2]; /* a frame was cut or garbled: the stream cannot be trusted (atomic: a
+                  * direction's sender and its reader may be different threads) */
   uint32_t rx_have[2];
   uint8_t rx_buf[2][BOOT_FRAME_HDR + BRG__BOOT_MAX_MSG];
 };
@@ -332,57 +333,227 @@ err_free:
   return st;
 }
 
-/* Accepts connections on the ring listener until one proves to be `prev`. */
-static brg_status boot_ring_accept(brg__bootstrap *bs, int prev, int64_t deadline, int *fd_out,
-                                   brg__errbuf *err) {
-  char where[BOOT_PEER_LEN];
-  brg__sock_hostport(where, sizeof where, bs->peers[prev].addr, bs->peers[prev].port);
-  for (;;) {
-    int rc = brg__sock_wait(bs->listen_fd, POLLIN, deadline);
-    if (rc == BRG__IO_TIMEOUT)
-      return brg__error(err, BRG_ERR_TIMEOUT, BOOT_SUBSYS,
-                        "rank %d: ring predecessor rank %d (%s) did not connect within %d ms",
-                        bs->rank, prev, where, bs->timeout_ms);
-    if (rc != BRG__IO_OK)
-      return brg__error(err, BRG_ERR_SYSTEM, BOOT_SUBSYS, "rank %d: poll on ring listener: %s",
-                        bs->rank, strerror(errno));
+/* A connection to the ring listener that has not yet said who it is. */
+typedef struct boot_ring_pending {
+  int fd;
+  uint32_t got;
+  int64_t deadline;
+  char peer[BOOT_PEER_LEN];
+  uint8_t m[BOOT_RING_HELLO];
+} boot_ring_pending;
+
+/* The ring sockets' setup: the connection to `next` (dialled, then sent
+ * our hello) and the one from `prev` (picked among everything that
+ * connects to the listener) progress together in one poll loop, so neither
+ * a neighbour busy with its own connect nor any number of strangers on the
+ * listener can hold the other up. */
+typedef struct boot_ring_setup {
+  brg__bootstrap *bs;
+  int next, prev;
+  int64_t deadline;
+  struct sockaddr_storage next_ss;
+  socklen_t next_sslen;
+  int out_fd;        /* to next: -1 between attempts */
+  int out_connected; /* the handshake finished; sending the hello */
+  uint32_t out_sent;
+  int out_done;
+  int out_errno; /* what the last failed attempt said */
+  int64_t out_retry_at;
+  uint8_t out_m[BOOT_RING_HELLO];
+  int in_fd; /* from prev, once proven */
+  int npending;
+  boot_ring_pending q[BOOT_RING_MAX_PENDING];
+} boot_ring_setup;
+
+static void ring_pending_drop(boot_ring_setup *r, int i, const char *why) {
+  boot_ring_pending *e = &r->q[i];
+  BRG__WARN(BOOT_SUBSYS,
+            "rank %d: dropped a connection to the ring listener from %s (expected rank %d): %s",
+            r->bs->rank, e->peer, r->prev, why);
+  close(e->fd);
+  memmove(&r->q[i], &r->q[i + 1], (size_t)(r->npending - i - 1) * sizeof r->q[0]);
+  r->npending--;
+}
+
+/* Reads what q[i] has sent; a complete hello from `prev` with the secret
+ * becomes the incoming ring socket, anything else is dropped. */
+static void ring_pending_read(boot_ring_setup *r, int i) {
+  boot_ring_pending *e = &r->q[i];
+  ssize_t n = recv(e->fd, e->m + e->got, sizeof e->m - e->got, MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+  if (n <= 0) {
+    ring_pending_drop(r, i, "it hung up");
+    return;
+  }
+  e->got += (uint32_t)n;
+  if (e->got < sizeof e->m) return;
+  const brg__bootstrap *bs = r->bs;
+  char whybuf[96];
+  const char *why = NULL;
+  if (boot_get_u32(e->m) != BOOT_RING_MAGIC) {
+    why = "not a brigade ring connection";
+  } else if (memcmp(e->m + 4, bs->secret, BOOT_SECRET_BYTES) != 0) {
+    why = "wrong secret";
+  } else if ((int32_t)boot_get_u32(e->m + 20) != r->prev ||
+             (int32_t)boot_get_u32(e->m + 24) != bs->rank) {
+    snprintf(whybuf, sizeof whybuf, "it says it is rank %d connecting to rank %d",
+             (int)(int32_t)boot_get_u32(e->m + 20), (int)(int32_t)boot_get_u32(e->m + 24));
+    why = whybuf;
+  }
+  if (why) {
+    ring_pending_drop(r, i, why);
+    return;
+  }
+  r->in_fd = e->fd;
+  memmove(&r->q[i], &r->q[i + 1], (size_t)(r->npending - i - 1) * sizeof r->q[0]);
+  r->npending--;
+}
+
+/* Takes what waits in the listen queue, at most a batch per round so that
+ * the connections already taken get read before the oldest are dropped.
+ * 0, or -1 with errno on a failure other than running out of descriptors. */
+static int ring_accept_some(boot_ring_setup *r) {
+  for (int k = 0; k < BOOT_RING_MAX_PENDING / 4; k++) {
     struct sockaddr_storage ss;
     socklen_t sslen = sizeof ss;
-    int fd = accept4(bs->listen_fd, (struct sockaddr *)&ss, &sslen, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int fd =
+        accept4(r->bs->listen_fd, (struct sockaddr *)&ss, &sslen, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED)
-        continue;
-      return brg__error(err, BRG_ERR_SYSTEM, BOOT_SUBSYS, "rank %d: accept on ring listener: %s",
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        /* Make room: the oldest stranger goes, and the backlog keeps the rest. */
+        if (r->npending > 0) ring_pending_drop(r, 0, "out of file descriptors");
+        return 0;
+      }
+      return -1;
+    }
+    if (r->npending == BOOT_RING_MAX_PENDING)
+      ring_pending_drop(r, 0, "too many connections that have not introduced themselves");
+    boot_ring_pending *e = &r->q[r->npending++];
+    e->fd = fd;
+    e->got = 0;
+    e->deadline = brg__now_ms() + BOOT_RING_CONN_TIMEOUT_MS;
+    brg__sock_addr_str((struct sockaddr *)&ss, sslen, e->peer, sizeof e->peer);
+  }
+  return 0;
+}
+
+/* One step of the connection to `next`. 0 to go on, -1 on an error that
+ * will not mend (errno). */
+static int ring_out_step(boot_ring_setup *r, short revents) {
+  if (r->out_fd < 0) {
+    if (brg__now_ms() < r->out_retry_at) return 0;
+    r->out_fd = socket(r->next_ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (r->out_fd < 0) return -1;
+    r->out_connected = 0;
+    r->out_sent = 0;
+    if (connect(r->out_fd, (struct sockaddr *)&r->next_ss, r->next_sslen) == 0)
+      r->out_connected = 1;
+    else if (errno != EINPROGRESS && errno != EINTR)
+      goto retry;
+    revents = 0;
+  }
+  if (!r->out_connected) {
+    if (!revents) return 0;
+    int e = 0;
+    socklen_t elen = sizeof e;
+    if (getsockopt(r->out_fd, SOL_SOCKET, SO_ERROR, &e, &elen) < 0) e = errno;
+    if (e) {
+      errno = e;
+      goto retry;
+    }
+    r->out_connected = 1;
+  }
+  while (r->out_sent < sizeof r->out_m) {
+    ssize_t n = send(r->out_fd, r->out_m + r->out_sent, sizeof r->out_m - r->out_sent,
+                     MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) {
+      r->out_sent += (uint32_t)n;
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+    return -1; /* the successor accepted and then went away */
+  }
+  r->out_done = 1;
+  return 0;
+
+retry:;
+  int e = errno;
+  r->out_errno = e;
+  brg__sock_close(&r->out_fd);
+  if (e != ECONNREFUSED && e != ETIMEDOUT && e != EHOSTUNREACH && e != ENETUNREACH &&
+      e != ECONNRESET && e != ECONNABORTED && e != EAGAIN) {
+    errno = e;
+    return -1;
+  }
+  r->out_retry_at = brg__now_ms() + BOOT_RETRY_MS;
+  return 0;
+}
+
+static brg_status ring_setup_run(boot_ring_setup *r, brg__errbuf *err) {
+  brg__bootstrap *bs = r->bs;
+  char where_next[BOOT_PEER_LEN], where_prev[BOOT_PEER_LEN];
+  brg__sock_hostport(where_next, sizeof where_next, bs->peers[r->next].addr,
+                     bs->peers[r->next].port);
+  brg__sock_hostport(where_prev, sizeof where_prev, bs->peers[r->prev].addr,
+                     bs->peers[r->prev].port);
+  while (!r->out_done || r->in_fd < 0) {
+    int64_t now = brg__now_ms();
+    if (r->deadline >= 0 && now >= r->deadline) {
+      if (!r->out_done)
+        return brg__error(err, BRG_ERR_TIMEOUT, BOOT_SUBSYS,
+                          "rank %d could not connect to its ring successor rank %d at %s within "
+                          "%d ms: %s",
+                          bs->rank, r->next, where_next, bs->timeout_ms,
+                          r->out_errno ? strerror(r->out_errno) : "timed out");
+      return brg__error(err, BRG_ERR_TIMEOUT, BOOT_SUBSYS,
+                        "rank %d: ring predecessor rank %d (%s) did not connect within %d ms",
+                        bs->rank, r->prev, where_prev, bs->timeout_ms);
+    }
+    /* Strangers that have not said who they are in time go first. */
+    for (int i = r->npending - 1; i >= 0; i--)
+      if (now >= r->q[i].deadline) ring_pending_drop(r, i, "it did not introduce itself in time");
+
+    struct pollfd pfd[2 + BOOT_RING_MAX_PENDING];
+    int np = 0, lsn = -1, out = -1;
+    int64_t wake = r->deadline;
+    if (r->in_fd < 0) {
+      lsn = np;
+      pfd[np++] = (struct pollfd){.fd = bs->listen_fd, .events = POLLIN};
+      for (int i = 0; i < r->npending; i++) {
+        pfd[np++] = (struct pollfd){.fd = r->q[i].fd, .events = POLLIN};
+        wake = brg__deadline_min(wake, r->q[i].deadline);
+      }
+    }
+    if (!r->out_done) {
+      if (r->out_fd >= 0) {
+        out = np;
+        pfd[np++] = (struct pollfd){.fd = r->out_fd, .events = POLLOUT};
+      } else {
+        wake = brg__deadline_min(wake, r->out_retry_at);
+      }
+    }
+    int left = wake < 0 ? -1 : wake <= now ? 0 : (int)(wake - now);
+    if (poll(pfd, (nfds_t)np, left) < 0) {
+      if (errno == EINTR) continue;
+      return brg__error(err, BRG_ERR_SYSTEM, BOOT_SUBSYS, "rank %d: poll on ring sockets: %s",
                         bs->rank, strerror(errno));
     }
-    char peer[BOOT_PEER_LEN];
-    brg__sock_addr_str((struct sockaddr *)&ss, sslen, peer, sizeof peer);
-    int64_t conn_deadline = brg__now_ms() + BOOT_CONN_TIMEOUT_MS;
-    if (deadline >= 0 && deadline < conn_deadline) conn_deadline = deadline;
-    uint8_t m[BOOT_RING_HELLO];
-    rc = brg__sock_recv_all(fd, m, sizeof m, conn_deadline);
-    const char *why = NULL;
-    char whybuf[96];
-    if (rc != BRG__IO_OK) {
-      why = rc == BRG__IO_TIMEOUT ? "it did not introduce itself in time" : "it hung up";
-    } else if (boot_get_u32(m) != BOOT_RING_MAGIC) {
-      why = "not a brigade ring connection";
-    } else if (memcmp(m + 4, bs->secret, BOOT_SECRET_BYTES) != 0) {
-      why = "wrong secret";
-    } else if ((int32_t)boot_get_u32(m + 20) != prev || (int32_t)boot_get_u32(m + 24) != bs->rank) {
-      snprintf(whybuf, sizeof whybuf, "it says it is rank %d connecting to rank %d",
-               (int)(int32_t)boot_get_u32(m + 20), (int)(int32_t)boot_get_u32(m + 24));
-      why = whybuf;
-    }
-    if (!why) {
-      *fd_out = fd;
-      return BRG_SUCCESS;
-    }
-    BRG__WARN(BOOT_SUBSYS,
-              "rank %d: dropped a connection to the ring listener from %s (expected rank %d): %s",
-              bs->rank, peer, prev, why);
-    close(fd);
+    if (!r->out_done && ring_out_step(r, out >= 0 ? pfd[out].revents : 0) != 0)
+      return brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
+                        "rank %d: connecting to its ring successor rank %d at %s: %s (process "
+                        "died?)",
+                        bs->rank, r->next, where_next, strerror(errno));
+    if (lsn < 0) continue;
+    /* Pending connections from the last: a dropped one moves those after it. */
+    for (int i = r->npending - 1; i >= 0 && r->in_fd < 0; i--)
+      if (pfd[lsn + 1 + i].revents) ring_pending_read(r, i);
+    if (r->in_fd < 0 && (pfd[lsn].revents & POLLIN) && ring_accept_some(r) != 0)
+      return brg__error(err, BRG_ERR_SYSTEM, BOOT_SUBSYS, "rank %d: accept on ring listener: %s",
+                        bs->rank, strerror(errno));
   }
+  return BRG_SUCCESS;
 }
 
 brg_status brg__bootstrap_ring_connect(brg__bootstrap *bs, int next, int prev, brg__errbuf *err) {
@@ -401,38 +572,37 @@ brg_status brg__bootstrap_ring_connect(brg__bootstrap *bs, int next, int prev, b
     return brg__error(err, BRG_ERR_INVALID_USAGE, BOOT_SUBSYS,
                       "ring connect: rank %d already opened its ring sockets", bs->rank);
 
-  int64_t deadline = brg__deadline_ms(bs->timeout_ms);
   const boot_peer *pn = &bs->peers[next];
   char where[BOOT_PEER_LEN];
   brg__sock_hostport(where, sizeof where, pn->addr, pn->port);
-  int nfd = -1, pfd = -1, e = 0;
-  brg_status st;
-
-  /* Connect first, then accept: the listen backlog completes our connection
-   * while `next` is still busy with its own connect, so no order of arrival
-   * deadlocks. */
-  int rc = brg__sock_connect(pn->addr, pn->port, deadline, BOOT_RETRY_MS, &nfd, &e);
-  if (rc != BRG__IO_OK)
-    return brg__error(err, rc == BRG__IO_TIMEOUT ? BRG_ERR_TIMEOUT : BRG_ERR_SYSTEM, BOOT_SUBSYS,
-                      "rank %d could not connect to its ring successor rank %d at %s within %d "
-                      "ms: %s",
-                      bs->rank, next, where, bs->timeout_ms, e ? strerror(e) : "timed out");
-  uint8_t m[BOOT_RING_HELLO];
-  boot_put_u32(m, BOOT_RING_MAGIC);
-  memcpy(m + 4, bs->secret, BOOT_SECRET_BYTES);
-  boot_put_u32(m + 20, (uint32_t)bs->rank);
-  boot_put_u32(m + 24, (uint32_t)next);
-  rc = brg__sock_send_all(nfd, m, sizeof m, deadline, NULL);
-  if (rc != BRG__IO_OK) {
-    st = brg__error(err, rc == BRG__IO_TIMEOUT ? BRG_ERR_TIMEOUT : BRG_ERR_REMOTE, BOOT_SUBSYS,
-                    "rank %d: ring successor rank %d at %s closed the connection (process "
-                    "died?)",
-                    bs->rank, next, where);
-    goto err_close;
+  boot_ring_setup *r = calloc(1, sizeof *r);
+  if (!r) return brg__error(err, BRG_ERR_NO_MEMORY, BOOT_SUBSYS, "ring connect: out of memory");
+  r->bs = bs;
+  r->next = next;
+  r->prev = prev;
+  r->deadline = brg__deadline_ms(bs->timeout_ms);
+  r->out_fd = r->in_fd = -1;
+  brg_status st = BRG_SUCCESS;
+  if (brg__sock_addr(pn->addr, pn->port, &r->next_ss, &r->next_sslen) != 0) {
+    st = brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
+                    "rank %d: ring successor rank %d is at '%s', not a numeric address", bs->rank,
+                    next, pn->addr);
+    goto out;
   }
-  st = boot_ring_accept(bs, prev, deadline, &pfd, err);
-  if (st != BRG_SUCCESS) goto err_close;
-
+  boot_put_u32(r->out_m, BOOT_RING_MAGIC);
+  memcpy(r->out_m + 4, bs->secret, BOOT_SECRET_BYTES);
+  boot_put_u32(r->out_m + 20, (uint32_t)bs->rank);
+  boot_put_u32(r->out_m + 24, (uint32_t)next);
+  st = ring_setup_run(r, err);
+out:
+  for (int i = r->npending - 1; i >= 0; i--) close(r->q[i].fd);
+  int nfd = r->out_fd, pfd = r->in_fd;
+  free(r);
+  if (st != BRG_SUCCESS) {
+    brg__sock_close(&nfd);
+    brg__sock_close(&pfd);
+    return st;
+  }
   brg__sock_nodelay(nfd);
   brg__sock_nodelay(pfd);
   brg__sock_close(&bs->listen_fd);
@@ -443,10 +613,6 @@ brg_status brg__bootstrap_ring_connect(brg__bootstrap *bs, int next, int prev, b
   BRG__INFO(BOOT_SUBSYS, "rank %d: ring sockets open (next rank %d at %s, prev rank %d)", bs->rank,
             next, where, prev);
   return BRG_SUCCESS;
-
-err_close:
-  brg__sock_close(&nfd);
-  return st;
 }
 
 static brg_status boot_ring_check(const brg__bootstrap *bs, int dir, const char *what,
@@ -458,7 +624,7 @@ static brg_status boot_ring_check(const brg__bootstrap *bs, int dir, const char 
     return brg__error(err, BRG_ERR_INVALID_USAGE, BOOT_SUBSYS,
                       "%s: rank %d has no ring socket to its %s", what, bs->rank,
                       dir == BRG__RING_NEXT ? "successor" : "predecessor");
-  if (bs->broken[dir])
+  if (__atomic_load_n(&bs->broken[dir], __ATOMIC_RELAXED))
     return brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
                       "%s: the ring socket of rank %d to rank %d is unusable after an earlier "
                       "error",
@@ -488,7 +654,7 @@ brg_status brg__bootstrap_send(brg__bootstrap *bs, int dir, uint32_t type, const
   size_t total = BOOT_FRAME_HDR + (size_t)len, sent = 0;
   int rc = brg__sock_send_all(bs->fd[dir], frame, total, brg__deadline_ms(bs->timeout_ms), &sent);
   if (rc == BRG__IO_OK) return BRG_SUCCESS;
-  if (sent > 0) bs->broken[dir] = 1;
+  if (sent > 0) __atomic_store_n(&bs->broken[dir], 1, __ATOMIC_RELAXED);
   if (rc == BRG__IO_EOF) return boot_ring_gone(bs, dir, err);
   if (rc == BRG__IO_TIMEOUT)
     return brg__error(err, BRG_ERR_TIMEOUT, BOOT_SUBSYS,
@@ -515,7 +681,7 @@ brg_status brg__bootstrap_recv(brg__bootstrap *bs, int dir, uint32_t *type, void
     if (*have >= BOOT_FRAME_HDR) {
       uint32_t mlen = boot_get_u32(b + 4);
       if (mlen > BRG__BOOT_MAX_MSG) {
-        bs->broken[dir] = 1;
+        __atomic_store_n(&bs->broken[dir], 1, __ATOMIC_RELAXED);
         return brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
                           "rank %d: malformed message from ring neighbour rank %d (length %u, "
                           "at most %d)",

@@ -241,8 +241,22 @@ static int boot_conn_service(boot_root *r, int i) {
   return boot_root_admit(r, i, &h);
 }
 
+/* Takes what waits in the listen queue, a batch per round so that the
+ * connections already taken get read before the oldest are dropped; with
+ * every pending place taken, the oldest stranger makes room. */
 static void boot_root_accept(boot_root *r) {
-  while (r->nconns < BOOT_MAX_PENDING) {
+  for (int k = 0; k < BOOT_MAX_PENDING / 4; k++) {
+    if (r->nconns == BOOT_MAX_PENDING) {
+      boot_conn *old = r->conns[0];
+      if (!old->draining)
+        BRG__WARN(BOOT_SUBSYS,
+                  "bootstrap root %s: dropped the connection from %s: no complete hello yet, and "
+                  "%d newer connections wait",
+                  r->where, old->peer, BOOT_MAX_PENDING);
+      boot_conn_drop(r, 0);
+      memmove(&r->conns[0], &r->conns[1], (size_t)(r->nconns - 1) * sizeof r->conns[0]);
+      r->nconns--;
+    }
     struct sockaddr_storage ss;
     socklen_t sslen = sizeof ss;
     int fd = accept4(r->lfd, (struct sockaddr *)&ss, &sslen, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -361,8 +375,8 @@ static void *boot_root_main(void *arg) {
     }
     int64_t wake = r->deadline;
     int n = 0;
-    int listening = r->nconns < BOOT_MAX_PENDING;
-    if (listening) pfd[n++] = (struct pollfd){.fd = r->lfd, .events = POLLIN};
+    int listening = 1; /* a full pending list drops its oldest to take more */
+    pfd[n++] = (struct pollfd){.fd = r->lfd, .events = POLLIN};
     for (int i = 0; i < r->nconns; i++) {
       pfd[n++] = (struct pollfd){.fd = r->conns[i]->fd, .events = POLLIN};
       if (wake < 0 || r->conns[i]->deadline < wake) wake = r->conns[i]->deadline;

@@ -54,6 +54,11 @@
 #define BOOT_RETRY_MS 50          /* between connection attempts while nobody listens */
 #define BOOT_MAX_PENDING 256      /* accepted connections that have not said who they are */
 #define BOOT_BACKLOG 4096         /* the kernel caps it at somaxconn */
+/* The ring listener: a neighbour sends its 28-byte hello right after it
+ * connects, so a stranger gets far less time than at the root, and the
+ * oldest of too many strangers makes room for the next. */
+#define BOOT_RING_CONN_TIMEOUT_MS 500
+#define BOOT_RING_MAX_PENDING 64
 #define BOOT_PEER_LEN BRG__HOSTPORT_LEN
 
 _Static_assert(sizeof(brg__boot_id) <= sizeof(brg_unique_id),

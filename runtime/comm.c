@@ -3,6 +3,7 @@
  * transport per ring link, the progress thread), accessors, abort and
  * destruction.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,7 +41,11 @@ static brg_status exchange(brg_comm *c, int send_dir, const void *msg, uint32_t 
   if (s != BRG_SUCCESS) return s;
   uint32_t type = 0;
   char buf[BRG__BOOT_MAX_MSG + 1];
-  s = brg__bootstrap_recv(c->bs, recv_dir, &type, buf, BRG__BOOT_MAX_MSG, got, c->timeout_ms, err);
+  /* A neighbour that is ready already beats: its heartbeats are skipped. */
+  do
+    s = brg__bootstrap_recv(c->bs, recv_dir, &type, buf, BRG__BOOT_MAX_MSG, got, c->timeout_ms,
+                            err);
+  while (s == BRG_SUCCESS && type == BRG__MSG_BEAT);
   if (s != BRG_SUCCESS) return s;
   if (type == want && *got <= max) {
     memcpy(out, buf, *got);
@@ -53,6 +58,52 @@ static brg_status exchange(brg_comm *c, int send_dir, const void *msg, uint32_t 
   return brg__error(err, BRG_ERR_REMOTE, "init",
                     "expected message %u from rank %d, got type %u of %u bytes", want,
                     recv_dir == BRG__RING_NEXT ? c->next : c->prev, type, *got);
+}
+
+/* The link from prev, accepted on a thread of its own for transports that
+ * listen: strangers on the listener are taken and dropped from the moment
+ * it opens, whatever this rank's own connect to next is waiting for. */
+typedef struct recv_side {
+  brg_comm *c;
+  brg__conn_params p;
+  brg__waiter waiter;
+  int64_t deadline;
+  int cancel; /* atomic: the other half of the setup failed */
+  pthread_t thread;
+  brg_status s;
+  brg__errbuf err;
+} recv_side;
+
+/* The accept thread's waiter check: it must not share ring_check's state
+ * with the thread that connects to next. */
+static brg_status recv_side_check(void *arg) {
+  recv_side *r = arg;
+  if (__atomic_load_n(&r->c->aborted, __ATOMIC_ACQUIRE) ||
+      __atomic_load_n(&r->cancel, __ATOMIC_ACQUIRE))
+    return BRG_ERR_ABORTED;
+  return brg__deadline_passed(r->deadline) ? BRG_ERR_TIMEOUT : BRG_SUCCESS;
+}
+
+static void *recv_side_main(void *arg) {
+  recv_side *r = arg;
+  r->s = r->c->recv.ops->recv_connect(&r->c->recv, &r->p, &r->err);
+  return NULL;
+}
+
+/* The link to next failed to attach. Where next gave up first, its notice
+ * is already on the ring socket: that says what really happened. */
+static brg_status next_gave_up(brg_comm *c, brg_status s, brg__errbuf *err) {
+  uint32_t type = 0, got = 0;
+  char buf[BRG__BOOT_MAX_MSG + 1];
+  brg__errbuf quiet = {0};
+  brg_status r;
+  do r = brg__bootstrap_recv(c->bs, BRG__RING_NEXT, &type, buf, BRG__BOOT_MAX_MSG, &got, 0, &quiet);
+  while (r == BRG_SUCCESS && type == BRG__MSG_BEAT);
+  if (r != BRG_SUCCESS || type != BRG__MSG_ABORT || got <= 4) return s;
+  buf[got] = 0;
+  return brg__error(err, BRG_ERR_REMOTE, "init",
+                    "rank %d gave up during setup, before rank %d could attach to it: %s", c->next,
+                    c->rank, buf + 4);
 }
 
 /* Sets up the two links of this rank: from prev (receive) and to next (send). */
@@ -77,9 +128,9 @@ static brg_status connect_ring(brg_comm *c, const uint8_t *secret, brg__errbuf *
                          .secret = secret,
                          .timeout_ms = c->timeout_ms,
                          .waiter = &c->waiter};
-  brg__conn_params pr = ps;
-  pr.peer = c->prev;
-  pr.peer_info = &c->peers[c->prev];
+  recv_side rs = {.c = c, .p = ps};
+  rs.p.peer = c->prev;
+  rs.p.peer_info = &c->peers[c->prev];
 
   /* Receiver side first: its info travels to prev, whose sender connects. */
   char info[BRG__CONN_INFO_BYTES + 32], peer_info[BRG__CONN_INFO_BYTES + 32];
@@ -88,29 +139,54 @@ static brg_status connect_ring(brg_comm *c, const uint8_t *secret, brg__errbuf *
   c->recv.ops = trecv;
   c->recv.peer = c->prev;
   c->recv_open = 1;
-  brg_status s = trecv->recv_setup(&c->recv, &pr, info + 32, err);
+  brg_status s = trecv->recv_setup(&c->recv, &rs.p, info + 32, err);
   if (s != BRG_SUCCESS) return s;
+  int threaded = 0;
+  if (trecv->listens) {
+    rs.waiter = (brg__waiter){.spin = c->waiter.spin, .check = recv_side_check, .arg = &rs};
+    rs.p.waiter = &rs.waiter;
+    rs.deadline = brg__deadline_ms(c->timeout_ms);
+    s = brg__proxy_start(&rs.thread, recv_side_main, &rs, "brg-accept", err);
+    if (s != BRG_SUCCESS) return s;
+    threaded = 1;
+  }
   uint32_t got = 0;
   s = exchange(c, BRG__RING_PREV, info, sizeof info, BRG__RING_NEXT, BRG__MSG_CONN_INFO, peer_info,
                sizeof peer_info, &got, err);
-  if (s != BRG_SUCCESS) return s;
+  if (s != BRG_SUCCESS) goto out;
   if (got != sizeof peer_info || strncmp(peer_info, tsend->name, 32) != 0) {
     peer_info[31] = 0;
-    return brg__error(err, BRG_ERR_MISMATCH, "init",
-                      "rank %d chose transport \"%s\" for the link from rank %d, which chose "
-                      "\"%s\" (is BRIGADE_TRANSPORTS the same on every rank?)",
-                      c->next, got == sizeof peer_info ? peer_info : "?", c->rank, tsend->name);
+    s = brg__error(err, BRG_ERR_MISMATCH, "init",
+                   "rank %d chose transport \"%s\" for the link from rank %d, which chose "
+                   "\"%s\" (is BRIGADE_TRANSPORTS the same on every rank?)",
+                   c->next, got == sizeof peer_info ? peer_info : "?", c->rank, tsend->name);
+    goto out;
   }
   c->send.ops = tsend;
   c->send.peer = c->next;
   c->send_open = 1;
   s = tsend->send_connect(&c->send, &ps, peer_info + 32, err);
-  if (s != BRG_SUCCESS) return s;
+  if (s != BRG_SUCCESS) {
+    s = next_gave_up(c, s, err);
+    goto out;
+  }
   char ack = 1, ack_in;
   s = exchange(c, BRG__RING_NEXT, &ack, 1, BRG__RING_PREV, BRG__MSG_ATTACHED, &ack_in, 1, &got,
                err);
-  if (s != BRG_SUCCESS) return s;
-  s = trecv->recv_connect(&c->recv, &pr, err);
+  if (s != BRG_SUCCESS) goto out;
+  if (!threaded) {
+    s = trecv->recv_connect(&c->recv, &rs.p, err);
+    if (s != BRG_SUCCESS) return s;
+  }
+out:
+  if (threaded) {
+    if (s != BRG_SUCCESS) __atomic_store_n(&rs.cancel, 1, __ATOMIC_RELEASE);
+    pthread_join(rs.thread, NULL);
+    if (s == BRG_SUCCESS && rs.s != BRG_SUCCESS) {
+      s = rs.s;
+      if (err) *err = rs.err;
+    }
+  }
   if (s != BRG_SUCCESS) return s;
   BRG__INFO("init",
             "link to rank %d (next) via %s, from rank %d (prev) via %s; %d slots x %zu bytes",
@@ -128,9 +204,15 @@ static void say_goodbye(brg_comm *c) {
 static void await_goodbyes(brg_comm *c) {
   int64_t deadline = brg__deadline_ms(c->timeout_ms);
   for (int dir = 0; dir < 2; dir++) {
+    /* What the liveness thread read before it stopped comes first. */
+    char buf[BRG__BOOT_MAX_MSG + 1], text[BRG__ERRLEN];
+    uint32_t type = 0, len = 0;
+    brg_status s;
+    if (brg__live_take(c, dir, &s, &type, buf, &len, text, sizeof text) == 1) {
+      if (s != BRG_SUCCESS) continue;
+      if (type == BRG__MSG_BYE) c->departed[dir] = 1;
+    }
     while (!c->departed[dir]) {
-      char buf[BRG__BOOT_MAX_MSG];
-      uint32_t type = 0, len = 0;
       int left = brg__ms_left(deadline);
       if (left == 0) return;
       if (brg__bootstrap_recv(c->bs, dir, &type, buf, sizeof buf, &len, left, NULL) != BRG_SUCCESS)
@@ -148,6 +230,7 @@ static void await_goodbyes(brg_comm *c) {
 static brg_status comm_free(brg_comm *c) {
   brg_status s = BRG_SUCCESS;
   int ring = c->ready && c->bs && c->nranks > 1;
+  brg__live_stop(c); /* this thread and the engine's checks read the ring sockets now */
   if (c->dev) {
     brg__progress_stop(c);
     s = brg__device_ring_drain(c);
@@ -164,6 +247,7 @@ static brg_status comm_free(brg_comm *c) {
   if (s != BRG_SUCCESS) brg__set_thread_error(c->last_error);
   brg__trace_close(c);
   brg__device_ring_free(c);
+  brg__live_free(c);
   if (c->send_open && c->send.ops) c->send.ops->close(&c->send);
   if (c->recv_open && c->recv.ops) c->recv.ops->close(&c->recv);
   if (c->bs) brg__bootstrap_destroy(c->bs);
@@ -224,6 +308,7 @@ brg_status brg__comm_create(brg_comm **out, int nranks, const brg__boot_id *id, 
   int boot_wait = c->timeout_ms + (c->timeout_ms / 10 < 2000 ? c->timeout_ms / 10 + 1000 : 2000);
   s = brg__bootstrap_init(&c->bs, id, rank, nranks, &me, sizeof me, c->peers, boot_wait, &err);
   if (s != BRG_SUCCESS) goto err_free;
+  if ((s = brg__topology_check_peers(c->peers, nranks, &err)) != BRG_SUCCESS) goto err_free;
 
   brg__topology_order(c);
 
@@ -252,6 +337,7 @@ brg_status brg__comm_create(brg_comm **out, int nranks, const brg__boot_id *id, 
       c->small_bytes = 0;
   }
   if ((s = brg__progress_start(c, &err)) != BRG_SUCCESS) goto err_free;
+  if ((s = brg__live_start(c, &err)) != BRG_SUCCESS) goto err_free;
   c->ready = 1;
   BRG__INFO("init", "rank %d of %d ready (pid %d on %s, kernels %s)", rank, nranks, me.pid,
             me.hostname, brg__kernels_isa());

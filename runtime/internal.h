@@ -63,6 +63,7 @@ enum {
   BRG__MSG_ABORT = 3,
   BRG__MSG_BYE = 4,
   BRG__MSG_CLOCK = 5, /* trace clock offsets at init (trace.c) */
+  BRG__MSG_BEAT = 6,  /* liveness.c */
 };
 
 struct brg_comm {
@@ -105,9 +106,10 @@ struct brg_comm {
   int cuda_seen;             /* the CUDA driver is loaded: host calls check for GPU pointers */
   int gpu;                   /* the device of its device collectives; -1 before the first */
 
-  int ready;            /* setup finished: ring sockets carry only aborts */
-  volatile int aborted; /* brg_comm_abort was called (from any thread): atomic access */
-  brg_status broken;    /* sticky: first error of a collective */
+  struct brg__live *live; /* liveness.c: heartbeats, the ring sockets' reader once ready */
+  int ready;              /* setup finished: ring sockets carry only aborts, beats, goodbyes */
+  volatile int aborted;   /* brg_comm_abort was called (from any thread): atomic access */
+  brg_status broken;      /* sticky: first error of a collective */
   pthread_mutex_t err_lock;
   pthread_mutex_t ring_lock; /* writes to ring sockets */
   char last_error[BRG__ERRLEN];
@@ -138,6 +140,7 @@ struct brg_comm {
  *   device_ring.c the same primitives on GPU buffers (step mode)
  *   device.c      the CUDA module, opened at first use
  *   ring_link.c   slots to and from the neighbours, the waiter's checks
+ *   liveness.c    heartbeats on the ring sockets: which rank went silent
  *   trace.c       BRIGADE_TRACE_FILE: spans of collectives, steps, slices, waits
  *   topology.c    hosts and ring order
  *   errors.c      last errors, abort notices, how collectives are named
@@ -163,10 +166,30 @@ void brg__comm_notify_abort(brg_comm *c, brg_status s, const char *text);
 void brg__coll_describe(char *out, size_t n, brg__coll_kind kind, uint64_t seq, uint64_t count,
                         int dtype, int op, int root, int device);
 
+/* liveness.c: a thread per communicator beats on both ring sockets every
+ * BRG__BEAT_MS and reads them; a rank unheard of for BRG__SILENT_MS is
+ * silent. start/stop/free around the communicator's ready life. */
+#define BRG__BEAT_MS 100
+#define BRG__SILENT_MS 1000
+brg_status brg__live_start(brg_comm *c, brg__errbuf *err);
+void brg__live_stop(brg_comm *c); /* the caller reads the ring sockets from then on */
+void brg__live_free(brg_comm *c);
+/* What the thread read from `dir` other than heartbeats: 1 and the message
+ * (s == BRG_SUCCESS: type, data, len) or the socket's failure (s, text);
+ * 0 when nothing waits; -1 when no thread reads (the caller reads itself). */
+int brg__live_take(brg_comm *c, int dir, brg_status *s, uint32_t *type, char *data, uint32_t *len,
+                   char *text, size_t text_bytes);
+/* The rank silent the longest and for how long (*silent_ms), -1: none. */
+int brg__live_silent(brg_comm *c, int64_t *silent_ms);
+
 /* topology.c: the identity of this host (equal on ranks that share memory),
  * and the ring order with c->pos, c->next, c->prev. */
 uint64_t brg__topology_host_hash(char *hostname, size_t n);
 void brg__topology_order(brg_comm *c);
+/* Checks the identities the bootstrap table brought (rank number, pid,
+ * host name and address terminated and printable) before anything prints
+ * them; BRG_ERR_REMOTE names the rank whose identity is malformed. */
+brg_status brg__topology_check_peers(const brg__peer_info *peers, int n, brg__errbuf *err);
 
 /* comm.c: a communicator from a bootstrap id (rendezvous.c, brg_comm_init). */
 brg_status brg__comm_create(brg_comm **out, int nranks, const brg__boot_id *id, int rank);

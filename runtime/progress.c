@@ -85,9 +85,10 @@ static void *worker_main(void *arg) {
     c->qhead = r->next;
     if (!c->qhead) c->qtail = NULL;
     c->busy = 1;
+    int stopping = c->stop; /* written under qlock by brg__progress_stop */
     pthread_mutex_unlock(&c->qlock);
     brg_status s = BRG_ERR_ABORTED;
-    if (c->stop)
+    if (stopping)
       abandon(c, &r->coll);
     else
       s = run_one(c, &r->coll);

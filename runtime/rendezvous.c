@@ -123,6 +123,17 @@ brg_status brg_comm_init_env(brg_comm **comm) {
     return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "MASTER_ADDR=\"%s\": %s", maddr,
                              gai_strerror(g));
 
+  /* A derived secret is known to anyone who can reach the rendezvous. */
+  int loopback = strncmp(numeric, "127.", 4) == 0 || strcmp(numeric, "::1") == 0;
+  if (!hex[0] && !loopback && rank == 0)
+    BRG__WARN("init",
+              "BRIGADE_SECRET is not set: the job secret is derived from MASTER_ADDR, "
+              "MASTER_PORT and WORLD_SIZE, which anyone who can reach %s can compute and use to "
+              "join this job; set BRIGADE_SECRET to the same random hex string on every rank "
+              "(e.g. export BRIGADE_SECRET=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \\n') "
+              "before torchrun, mpirun -x BRIGADE_SECRET, srun --export=ALL)",
+              numeric);
+
   brg__boot_id bid;
   if (rank == 0) {
     s = brg__boot_root_start(numeric, (uint16_t)port, secret,

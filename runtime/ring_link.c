@@ -21,17 +21,24 @@
 static brg_status check_ring_socket(brg_comm *c, int dir) {
   int fd = brg__bootstrap_fd(c->bs, dir);
   if (fd < 0 || c->departed[dir]) return BRG_SUCCESS;
-  struct pollfd pfd = {.fd = fd, .events = POLLIN};
-  if (poll(&pfd, 1, 0) <= 0) return BRG_SUCCESS;
   int peer = dir == BRG__RING_NEXT ? c->next : c->prev;
   char buf[BRG__BOOT_MAX_MSG + 1];
   uint32_t type = 0, len = 0;
-  brg__errbuf err;
-  brg_status s = brg__bootstrap_recv(c->bs, dir, &type, buf, BRG__BOOT_MAX_MSG, &len, 0, &err);
-  if (s == BRG_ERR_TIMEOUT) return BRG_SUCCESS;
+  brg__errbuf err = {0};
+  brg_status s = BRG_SUCCESS;
+  /* Once ready, the liveness thread reads the socket and keeps the rest. */
+  int got = brg__live_take(c, dir, &s, &type, buf, &len, err.msg, sizeof err.msg);
+  if (got == 0) return BRG_SUCCESS;
+  if (got < 0) {
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    if (poll(&pfd, 1, 0) <= 0) return BRG_SUCCESS;
+    s = brg__bootstrap_recv(c->bs, dir, &type, buf, BRG__BOOT_MAX_MSG, &len, 0, &err);
+    if (s == BRG_ERR_TIMEOUT) return BRG_SUCCESS;
+  }
   if (s != BRG_SUCCESS)
     return brg__comm_error(c, BRG_ERR_REMOTE, "rank %d (pid %d on %s) is gone: %s", peer,
                            c->peers[peer].pid, c->peers[peer].hostname, err.msg);
+  if (type == BRG__MSG_BEAT) return BRG_SUCCESS;
   if (type == BRG__MSG_BYE) {
     c->departed[dir] = 1;
     return BRG_SUCCESS;
@@ -88,12 +95,20 @@ static brg_status ring_check(void *arg) {
     if (c->cur)
       brg__coll_describe(what, sizeof what, c->cur->kind, c->cur->seq, c->cur->count, c->cur->dtype,
                          c->cur->op, c->cur->root, c->cur->device);
+    /* The rank that went silent, whether or not it is the one waited for. */
+    char silent[192] = "";
+    int64_t silent_ms = 0;
+    int quiet = brg__live_silent(c, &silent_ms);
+    if (quiet >= 0)
+      snprintf(silent, sizeof silent,
+               "; rank %d (pid %d on %s) has been silent for %lld ms (stopped, hung or cut off)",
+               quiet, c->peers[quiet].pid, c->peers[quiet].hostname, (long long)silent_ms);
     return brg__comm_error(c, BRG_ERR_TIMEOUT,
                            "timeout: no progress for %d ms in %s at step %d, waiting for rank "
-                           "%d (pid %d on %s) to %s",
+                           "%d (pid %d on %s) to %s%s",
                            c->timeout_ms, what, c->cur_step, c->wait_peer,
                            c->peers[c->wait_peer].pid, c->peers[c->wait_peer].hostname,
-                           c->wait_what);
+                           c->wait_what, silent);
   }
   return BRG_SUCCESS;
 }

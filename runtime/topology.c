@@ -83,3 +83,29 @@ void brg__topology_order(brg_comm *c) {
     BRG__INFO("init", "%d ranks share %ld cores on this host: waits yield at once", local, cores);
   }
 }
+
+/* Every string in a peer's identity must end within its field and be
+ * printable before it is ever printed: the blob came over the network. */
+static int field_ok(const char *s, size_t n) {
+  const char *end = memchr(s, '\0', n);
+  if (!end) return 0;
+  for (const char *p = s; p < end; p++)
+    if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e) return 0;
+  return 1;
+}
+
+brg_status brg__topology_check_peers(const brg__peer_info *peers, int n, brg__errbuf *err) {
+  for (int k = 0; k < n; k++) {
+    const brg__peer_info *p = &peers[k];
+    const char *bad = p->rank != k                                        ? "rank number"
+                      : p->pid <= 0                                       ? "pid"
+                      : !field_ok(p->hostname, sizeof p->hostname)        ? "host name"
+                      : !field_ok(p->addr, sizeof p->addr) || !p->addr[0] ? "address"
+                                                                          : NULL;
+    if (bad)
+      return brg__error(err, BRG_ERR_REMOTE, "init",
+                        "rank %d sent a malformed identity in the bootstrap table (its %s)", k,
+                        bad);
+  }
+  return BRG_SUCCESS;
+}

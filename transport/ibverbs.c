@@ -715,8 +715,8 @@ static brg_status ib_recv_setup(brg__conn *c, const brg__conn_params *p, void *i
     return brg__error(err, BRG_ERR_INVALID_ARGUMENT, "ib",
                       "ibverbs link from rank %d: this rank has no usable address", p->peer);
   uint16_t port;
-  s = brg__sock_listen(addr, 0, BRG__NET_MAX_PENDING, "ib", "ibverbs control listener",
-                       &t->l.listen_fd, &port, err);
+  s = brg__sock_listen(addr, 0, BRG__NET_BACKLOG, "ib", "ibverbs control listener", &t->l.listen_fd,
+                       &port, err);
   if (s != BRG_SUCCESS) return s;
   ci.ctrl_port = htons(port);
   snprintf(ci.backend, sizeof ci.backend, "%s", t->vb->name);
@@ -880,6 +880,7 @@ static void ib_dev_remote(brg__conn *c, uint64_t base, uint32_t rkey, size_t str
 
 const brg__transport_ops brg__transport_ibverbs = {
     .name = "ibverbs",
+    .listens = 1,
     .config = &brg__ib_config,
     .can_connect = ib_can_connect,
     .available = ib_available,

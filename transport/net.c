@@ -101,6 +101,7 @@ brg_status brg__net_hello_send(const brg__conn_params *p, const char *subsys, in
 typedef struct net_pending {
   int fd;
   size_t got;
+  int64_t deadline;
   char from[BRG__HOSTPORT_LEN];
   unsigned char hello[BRG__NET_HELLO_MAX];
 } net_pending;
@@ -117,11 +118,32 @@ typedef struct net_door {
   net_pending q[BRG__NET_MAX_PENDING];
 } net_door;
 
-/* Forgets q[i] (the last one moves into its place), closing it unless it
- * was kept. */
+/* Forgets q[i], closing it unless it was kept; the others keep their
+ * order (oldest first). */
 static void pending_remove(net_door *d, int i, int kept) {
   if (!kept) close(d->q[i].fd);
-  d->q[i] = d->q[--d->npending];
+  memmove(&d->q[i], &d->q[i + 1], (size_t)(d->npending - i - 1) * sizeof d->q[0]);
+  d->npending--;
+}
+
+static void pending_drop_oldest(net_door *d, const char *why) {
+  BRG__WARN(d->subsys, "refused connection from %s: %s", d->q[0].from, why);
+  pending_remove(d, 0, 0);
+}
+
+/* Drops the connections whose hello is overdue; returns the earliest
+ * deadline of those left (-1: none). */
+static int64_t pending_expire(net_door *d) {
+  int64_t now = brg__now_ms(), next = -1;
+  for (int i = d->npending - 1; i >= 0; i--) {
+    if (now >= d->q[i].deadline) {
+      BRG__WARN(d->subsys, "refused connection from %s: no hello within %d ms", d->q[i].from,
+                BRG__NET_HELLO_MS);
+      pending_remove(d, i, 0);
+    }
+  }
+  for (int i = 0; i < d->npending; i++) next = brg__deadline_min(next, d->q[i].deadline);
+  return next;
 }
 
 /* Reads more of q[i]'s hello; once it is complete, take() judges it.
@@ -147,23 +169,32 @@ static int pending_read(net_door *d, int i) {
   return kept;
 }
 
-/* A new connection joins the pending ones. 0, or -1 with errno. */
+/* New connections join the pending ones, a batch per round so that those
+ * already taken get read before the oldest make room. 0, or -1 with errno. */
 static int pending_add(net_door *d) {
-  struct sockaddr_storage ss;
-  socklen_t len = sizeof ss;
-  int fd = accept4(d->l->listen_fd, (struct sockaddr *)&ss, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-  if (fd < 0)
-    return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED ? 0
-                                                                                              : -1;
-  if (d->npending == BRG__NET_MAX_PENDING) {
-    BRG__WARN(d->subsys, "refused connection from %s: no hello in time", d->q[0].from);
-    pending_remove(d, 0, 0);
+  for (int k = 0; k < BRG__NET_MAX_PENDING / 4; k++) {
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    int fd = accept4(d->l->listen_fd, (struct sockaddr *)&ss, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        /* The listen queue keeps the rest; the oldest stranger makes room. */
+        if (d->npending > 0) pending_drop_oldest(d, "out of file descriptors");
+        return 0;
+      }
+      return -1;
+    }
+    if (d->npending == BRG__NET_MAX_PENDING)
+      pending_drop_oldest(d, "no hello yet, and newer connections wait");
+    net_pending *e = &d->q[d->npending++];
+    e->fd = fd;
+    e->got = 0;
+    e->deadline = brg__now_ms() + BRG__NET_HELLO_MS;
+    brg__sock_addr_str((struct sockaddr *)&ss, len, e->from, sizeof e->from);
+    brg__sock_nodelay(fd);
   }
-  net_pending *e = &d->q[d->npending++];
-  e->fd = fd;
-  e->got = 0;
-  brg__sock_addr_str((struct sockaddr *)&ss, len, e->from, sizeof e->from);
-  brg__sock_nodelay(fd);
   return 0;
 }
 
@@ -182,6 +213,7 @@ brg_status brg__net_accept(brg__net_link *l, const brg__conn_params *p, const ch
                  brg_status_string(s));
       break;
     }
+    int64_t soonest = pending_expire(&d);
     int left = brg__ms_left_capped(deadline, 100);
     if (left == 0) {
       if (want > 1)
@@ -193,6 +225,8 @@ brg_status brg__net_accept(brg__net_link *l, const brg__conn_params *p, const ch
                        p->peer, p->timeout_ms);
       break;
     }
+    int until_expiry = brg__ms_left(soonest);
+    if (until_expiry >= 0 && until_expiry < left) left = until_expiry;
     struct pollfd pfd[1 + BRG__NET_MAX_PENDING];
     pfd[0] = (struct pollfd){.fd = l->listen_fd, .events = POLLIN};
     for (int i = 0; i < d.npending; i++)
@@ -202,10 +236,13 @@ brg_status brg__net_accept(brg__net_link *l, const brg__conn_params *p, const ch
       s = brg__error(err, BRG_ERR_SYSTEM, subsys, "poll: %s", strerror(errno));
       break;
     }
-    /* Pending connections first, from the last: removing one moves the
-     * last into its place. */
-    for (int i = d.npending - 1; i >= 0 && kept < want; i--)
-      if (pfd[1 + i].revents) kept += pending_read(&d, i);
+    /* Pending connections first, oldest first; a removal moves those after
+     * it down, so `i` counts what stays and `k` walks the poll array. */
+    for (int i = 0, k = 0, n = d.npending; k < n && kept < want; k++) {
+      int before = d.npending;
+      if (pfd[1 + k].revents) kept += pending_read(&d, i);
+      if (d.npending == before) i++;
+    }
     if (kept < want && pfd[0].revents && pending_add(&d) != 0) {
       s = brg__error(err, BRG_ERR_SYSTEM, subsys, "accept: %s", strerror(errno));
       break;

@@ -62,8 +62,10 @@ brg_status brg__net_hello_send(const brg__conn_params *p, const char *subsys, in
                                const void *hello, size_t bytes, const char *where, int64_t deadline,
                                brg__errbuf *err);
 
-#define BRG__NET_MAX_PENDING 8  /* connections part way through their hello */
+#define BRG__NET_MAX_PENDING 32 /* connections part way through their hello */
 #define BRG__NET_HELLO_MAX 2048 /* the largest hello */
+#define BRG__NET_HELLO_MS 500   /* a connection has this long to send its hello */
+#define BRG__NET_BACKLOG 4096   /* listen queue; the kernel caps it at somaxconn */
 
 /* Judges a complete hello from `from` that came on fd (now blocking, with
  * TCP_NODELAY): 1 keeps the connection (fd is the callee's now), 0 refuses
@@ -75,8 +77,8 @@ typedef int (*brg__net_take_fn)(void *arg, const brg__conn_params *p, int fd, co
  * them, then closes the listener; l->peer_addr names the last one kept.
  * Each must first send a hello of hello_bytes (at most BRG__NET_HELLO_MAX).
  * Up to BRG__NET_MAX_PENDING may be part way through theirs at once, the
- * oldest making way for a newcomer, so a silent or slow stranger holds up
- * nobody. Fails at the deadline or when p's waiter check says so. */
+ * oldest making way for a newcomer, and each is dropped once it has taken
+ * BRG__NET_HELLO_MS, so a silent or slow stranger holds up nobody. Fails at the deadline or when p's waiter check says so. */
 brg_status brg__net_accept(brg__net_link *l, const brg__conn_params *p, const char *subsys,
                            size_t hello_bytes, int want, brg__net_take_fn take, void *arg,
                            int64_t deadline, brg__errbuf *err);

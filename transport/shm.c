@@ -96,6 +96,13 @@ static brg_status shm_send_connect(brg__conn *c, const brg__conn_params *p, cons
     return brg__error(err, BRG_ERR_REMOTE, "shm", "rank %d sent a malformed shm name", p->peer);
   size_t bytes = brg__fifo_region_bytes(p->nslots, p->slot_bytes);
   int fd = shm_open(sp->name, O_RDWR, 0);
+  /* The receiver unlinks its FIFO only once attached to, or when it gives
+   * up on the link: missing, it is gone. */
+  if (fd < 0 && errno == ENOENT)
+    return brg__error(err, BRG_ERR_REMOTE, "shm",
+                      "rank %d is gone: it gave up on the link from rank %d (or exited) before "
+                      "this rank could attach to its FIFO %s",
+                      p->peer, p->rank, sp->name);
   if (fd < 0)
     return brg__error(err, BRG_ERR_SYSTEM, "shm", "shm_open %s (FIFO of rank %d): %s", sp->name,
                       p->peer, strerror(errno));

@@ -267,8 +267,8 @@ static brg_status tcp_recv_setup(brg__conn *c, const brg__conn_params *p, void *
                       "tcp link from rank %d: this rank has no usable address", p->peer);
   /* Accepted sockets inherit the listener's buffer sizes. */
   uint16_t port;
-  s = brg__sock_listen_buf(addr, 0, BRG__NET_MAX_PENDING + t->nsocks, tcp_sockbuf(), "tcp",
-                           "tcp listener", &t->l.listen_fd, &port, err);
+  s = brg__sock_listen_buf(addr, 0, BRG__NET_BACKLOG, tcp_sockbuf(), "tcp", "tcp listener",
+                           &t->l.listen_fd, &port, err);
   if (s != BRG_SUCCESS) return s;
 
   tcp_conn_info ti = {
@@ -373,6 +373,7 @@ static int tcp_available(char *why, size_t why_bytes) {
 
 const brg__transport_ops brg__transport_tcp = {
     .name = "tcp",
+    .listens = 1,
     .config = &tcp_config,
     .can_connect = tcp_can_connect,
     .available = tcp_available,

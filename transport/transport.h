@@ -177,9 +177,14 @@ typedef struct brg__conn {
  *   receiver: recv_connect()
  * close() is called on every conn whose setup started, on both ends, also
  * after a failed setup or an abort; it must not block on the peer.
+ * A transport that sets `listens` accepts its sender on a listener opened by
+ * recv_setup; its recv_connect may then run on a thread of its own from the
+ * moment recv_setup returns, while send_connect runs, so that strangers
+ * queued on the listener never wait on this rank's own connect.
  */
 struct brg__transport_ops {
   const char *name;
+  int listens;
   /* The transport's settings (BRIGADE_<NAME>_*), a section of the one
    * settings table; NULL when it has none. */
   brg__cfg_section *config;

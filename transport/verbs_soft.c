@@ -38,9 +38,15 @@
 #include "transport.h"
 #include "verbs_api.h"
 
+/* A queue pair listener. */
+#define SOFT_PENDING 16   /* connections part way through their hello */
+#define SOFT_HELLO_MS 500 /* a connection has this long to send it */
+#define SOFT_BACKLOG 4096 /* the kernel caps it at somaxconn */
+
 #define SOFT_HELLO_MAGIC 0x42525651u /* "BRVQ" */
 #define SOFT_MAX_MRS 1024            /* a power of two; one context serves all links of a process */
-#define SOFT_DISCARD_BYTES 65536
+#define SOFT_STAGE_BYTES 65536       /* payload staged per step, each way */
+#define SOFT_ATOMIC_BYTES 64         /* writes this small are placed word by word */
 
 enum { SOFT_WRITE = 1, SOFT_WRITE_IMM = 2, SOFT_ACK = 3 };
 
@@ -112,8 +118,8 @@ struct brg__vb_qp {
   size_t in_got;
   int in_payload, in_bad;
   char *in_dst;
-  size_t in_left;
-  char *discard;
+  size_t in_left, in_staged;
+  char *in_stage; /* payload received, not yet placed (or thrown away) */
   /* The message going out, under out_lock: the progress thread sends, and so
    * does post_write when the socket is free, which saves a thread hop. */
   pthread_mutex_t out_lock;
@@ -121,6 +127,8 @@ struct brg__vb_qp {
   soft_hdr out_hdr;
   const char *out_payload;
   size_t out_len, out_off;
+  char *out_stage; /* payload bytes [stage_at, stage_at + stage_len) */
+  size_t stage_at, stage_len;
   int out_busy, out_is_write;
 };
 
@@ -308,16 +316,63 @@ static void in_done(brg__vb_qp *q) {
   q->in_payload = 0;
 }
 
-/* The NIC's DMA, played by this thread: a peer's write landing in
+/*
+ * The NIC's DMA, played by this thread: a peer's write landing in
  * registered memory that the application polls without a lock, and a
  * write's payload read out of registered memory that the application
- * rewrites once the peer has it. As with hardware, what orders these
- * accesses runs through the peer; tests/tsan.supp names both functions. */
-static ssize_t dma_in(int fd, char *dst, size_t len) {
-  return recv(fd, dst, len, MSG_DONTWAIT);
+ * rewrites once the peer has it. What orders these accesses runs through
+ * the peer, so the payload is staged: read out of registered memory before
+ * it is sent, and placed into it after it arrived. The wire (every queue
+ * pair of a context leads to the same peer process) is then a
+ * happens-before edge from each staging to each later placement, which is
+ * how ThreadSanitizer models a pipe or a socket within one process; the
+ * soft_wire_* annotations say so to it, and are empty in other builds.
+ * A write of at most SOFT_ATOMIC_BYTES (a clear-to-send entry) is placed a
+ * word at a time in address order with release stores, so an application
+ * that acquires its last word sees the words before it, as it expects of a
+ * NIC that places data in order.
+ */
+#if defined(__SANITIZE_THREAD__)
+#define SOFT_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define SOFT_TSAN 1
+#endif
+#endif
+#ifdef SOFT_TSAN
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+static void soft_wire_release(brg__vb_ctx *ctx) {
+  __tsan_release(ctx);
 }
-static ssize_t dma_out(int fd, const struct msghdr *msg) {
-  return sendmsg(fd, msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+static void soft_wire_acquire(brg__vb_ctx *ctx) {
+  __tsan_acquire(ctx);
+}
+#else
+static void soft_wire_release(brg__vb_ctx *ctx) {
+  (void)ctx;
+}
+static void soft_wire_acquire(brg__vb_ctx *ctx) {
+  (void)ctx;
+}
+#endif
+
+/* Places what was staged of the write coming in. */
+static void in_place(brg__vb_qp *q) {
+  soft_wire_acquire(q->ctx);
+  char *dst = q->in_dst;
+  size_t n = q->in_staged;
+  if (n == q->in_hdr.len && n <= SOFT_ATOMIC_BYTES && n % 8 == 0 && (uintptr_t)dst % 8 == 0) {
+    for (size_t k = 0; k < n; k += 8) {
+      uint64_t w;
+      memcpy(&w, q->in_stage + k, 8);
+      __atomic_store_n((uint64_t *)(void *)(dst + k), w, __ATOMIC_RELEASE);
+    }
+  } else {
+    memcpy(dst, q->in_stage, n);
+  }
+  q->in_dst += n;
+  q->in_staged = 0;
 }
 
 /* Reads what the socket has. 0 to go on, -1 when the connection ended. */
@@ -336,13 +391,16 @@ static int progress_in(brg__vb_qp *q) {
         continue;
       }
     } else {
-      char *dst = q->in_dst ? q->in_dst : q->discard;
-      size_t want = q->in_left;
-      if (!q->in_dst && want > SOFT_DISCARD_BYTES) want = SOFT_DISCARD_BYTES;
-      n = dma_in(q->fd, dst, want);
+      /* Without a destination, the stage takes it and forgets it. */
+      size_t want = q->in_left, room = SOFT_STAGE_BYTES - q->in_staged;
+      if (want > room) want = room;
+      n = recv(q->fd, q->in_stage + q->in_staged, want, MSG_DONTWAIT);
       if (n > 0) {
-        if (q->in_dst) q->in_dst += n;
         q->in_left -= (size_t)n;
+        if (q->in_dst) {
+          q->in_staged += (size_t)n;
+          if (q->in_staged == SOFT_STAGE_BYTES || q->in_left == 0) in_place(q);
+        }
         if (q->in_left == 0) in_done(q);
         continue;
       }
@@ -383,6 +441,7 @@ static int out_next(brg__vb_qp *q) {
   }
   q->out_len = sizeof q->out_hdr + (q->out_is_write ? q->out_hdr.len : 0);
   q->out_off = 0;
+  q->stage_at = q->stage_len = 0;
   q->out_busy = 1;
   return 1;
 }
@@ -402,10 +461,19 @@ static int progress_out(brg__vb_qp *q) {
       iov[n++] = (struct iovec){(char *)&q->out_hdr + q->out_off, sizeof q->out_hdr - q->out_off};
     if (q->out_is_write && q->out_hdr.len) {
       size_t off = q->out_off > sizeof q->out_hdr ? q->out_off - sizeof q->out_hdr : 0;
-      iov[n++] = (struct iovec){(char *)q->out_payload + off, q->out_hdr.len - off};
+      if (off == q->stage_at + q->stage_len) {
+        /* The next piece of the payload leaves registered memory here. */
+        size_t left = q->out_hdr.len - off;
+        q->stage_at = off;
+        q->stage_len = left < SOFT_STAGE_BYTES ? left : SOFT_STAGE_BYTES;
+        memcpy(q->out_stage, q->out_payload + off, q->stage_len);
+        soft_wire_release(q->ctx);
+      }
+      iov[n++] =
+          (struct iovec){q->out_stage + (off - q->stage_at), q->stage_at + q->stage_len - off};
     }
     struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n};
-    ssize_t r = dma_out(q->fd, &msg);
+    ssize_t r = sendmsg(q->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (r < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
@@ -480,9 +548,10 @@ static brg_status soft_qp_create(brg__vb_ctx *ctx, int max_send, int max_recv, b
   q->sq = calloc((size_t)max_send, sizeof *q->sq);
   q->rq = calloc((size_t)max_recv, sizeof *q->rq);
   q->cq = calloc((size_t)q->cq_cap, sizeof *q->cq);
-  q->discard = malloc(SOFT_DISCARD_BYTES);
+  q->in_stage = malloc(SOFT_STAGE_BYTES);
+  q->out_stage = malloc(SOFT_STAGE_BYTES);
   *out = q; /* from here on qp_destroy cleans up */
-  if (!q->sq || !q->rq || !q->cq || !q->discard)
+  if (!q->sq || !q->rq || !q->cq || !q->in_stage || !q->out_stage)
     return brg__error(err, BRG_ERR_NO_MEMORY, "ib", "soft verbs: out of memory");
   if (pipe2(q->wake, O_CLOEXEC | O_NONBLOCK) != 0)
     return brg__error(err, BRG_ERR_SYSTEM, "ib", "soft verbs: pipe: %s", strerror(errno));
@@ -490,8 +559,8 @@ static brg_status soft_qp_create(brg__vb_ctx *ctx, int max_send, int max_recv, b
     q->token = (uint32_t)brg__now_ms() * 2654435761u;
 
   uint16_t port;
-  brg_status s = brg__sock_listen(ctx->addr, 0, 4, "ib", "soft verbs: queue pair listener",
-                                  &q->listen_fd, &port, err);
+  brg_status s = brg__sock_listen(ctx->addr, 0, SOFT_BACKLOG, "ib",
+                                  "soft verbs: queue pair listener", &q->listen_fd, &port, err);
   if (s != BRG_SUCCESS) return s;
   memset(info, 0, sizeof *info);
   info->qpn = q->token;
@@ -522,28 +591,81 @@ static brg_status dial(brg__vb_qp *q, const brg__vb_qp_info *r, int64_t deadline
   return BRG_SUCCESS;
 }
 
-/* The passive end takes the connection whose hello names both queue pairs. */
+typedef struct soft_pending {
+  int fd;
+  uint32_t got;
+  int64_t deadline;
+  soft_hello h;
+} soft_pending;
+
+static void soft_pending_drop(soft_pending *q, int *n, int i, const char *why) {
+  BRG__WARN("ib", "soft verbs: dropped a connection to a queue pair listener: %s", why);
+  close(q[i].fd);
+  memmove(&q[i], &q[i + 1], (size_t)(*n - i - 1) * sizeof q[0]);
+  (*n)--;
+}
+
+/* The passive end takes the connection whose hello names both queue pairs.
+ * Every pending connection is read side by side, each for at most
+ * SOFT_HELLO_MS, the oldest making room for a newcomer, so no stranger on
+ * the listener holds the peer's connection up. */
 static brg_status answer(brg__vb_qp *q, const brg__vb_qp_info *r, int64_t deadline, int timeout_ms,
                          brg__errbuf *err) {
+  soft_pending p[SOFT_PENDING];
+  int np = 0;
+  brg_status s = BRG_SUCCESS;
   while (q->fd < 0) {
-    int rc = brg__sock_wait(q->listen_fd, POLLIN, deadline);
-    if (rc == BRG__IO_TIMEOUT)
-      return brg__error(err, BRG_ERR_TIMEOUT, "ib",
-                        "soft verbs: the peer queue pair did not connect within %d ms", timeout_ms);
-    if (rc != BRG__IO_OK)
-      return brg__error(err, BRG_ERR_SYSTEM, "ib", "soft verbs: poll: %s", strerror(errno));
-    int fd = accept4(q->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) continue;
-    soft_hello h;
-    if (brg__sock_recv_all(fd, &h, sizeof h, deadline) == BRG__IO_OK &&
-        h.magic == SOFT_HELLO_MAGIC && h.to_qpn == q->token && h.from_qpn == r->qpn) {
-      q->fd = fd;
-    } else {
-      BRG__WARN("ib", "soft verbs: dropped a connection that is not our peer queue pair");
-      close(fd);
+    int64_t now = brg__now_ms(), wake = deadline;
+    if (brg__deadline_passed(deadline)) {
+      s = brg__error(err, BRG_ERR_TIMEOUT, "ib",
+                     "soft verbs: the peer queue pair did not connect within %d ms", timeout_ms);
+      break;
+    }
+    for (int i = np - 1; i >= 0; i--)
+      if (now >= p[i].deadline) soft_pending_drop(p, &np, i, "no hello in time");
+    struct pollfd pfd[1 + SOFT_PENDING];
+    pfd[0] = (struct pollfd){.fd = q->listen_fd, .events = POLLIN};
+    for (int i = 0; i < np; i++) {
+      pfd[1 + i] = (struct pollfd){.fd = p[i].fd, .events = POLLIN};
+      wake = brg__deadline_min(wake, p[i].deadline);
+    }
+    int left = brg__ms_left(wake);
+    if (poll(pfd, (nfds_t)(1 + np), left) < 0) {
+      if (errno == EINTR) continue;
+      s = brg__error(err, BRG_ERR_SYSTEM, "ib", "soft verbs: poll: %s", strerror(errno));
+      break;
+    }
+    /* Oldest first; a removal moves those after it down. */
+    for (int i = 0, k = 0, n = np; k < n && q->fd < 0; k++) {
+      int before = np;
+      soft_pending *e = &p[i];
+      if (pfd[1 + k].revents) {
+        ssize_t got = recv(e->fd, (char *)&e->h + e->got, sizeof e->h - e->got, MSG_DONTWAIT);
+        if (got > 0) e->got += (uint32_t)got;
+        if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+          soft_pending_drop(p, &np, i, "it hung up");
+        } else if (e->got == sizeof e->h) {
+          if (e->h.magic == SOFT_HELLO_MAGIC && e->h.to_qpn == q->token &&
+              e->h.from_qpn == r->qpn) {
+            q->fd = e->fd;
+            memmove(&p[i], &p[i + 1], (size_t)(np - i - 1) * sizeof p[0]);
+            np--;
+          } else {
+            soft_pending_drop(p, &np, i, "not our peer queue pair");
+          }
+        }
+      }
+      if (np == before) i++;
+    }
+    for (int k = 0; k < SOFT_PENDING / 4 && q->fd < 0 && (pfd[0].revents & POLLIN); k++) {
+      int fd = accept4(q->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) break;
+      if (np == SOFT_PENDING) soft_pending_drop(p, &np, 0, "newer connections wait");
+      p[np++] = (soft_pending){.fd = fd, .deadline = brg__now_ms() + SOFT_HELLO_MS};
     }
   }
-  return BRG_SUCCESS;
+  for (int i = 0; i < np; i++) close(p[i].fd);
+  return s;
 }
 
 static brg_status soft_qp_connect(brg__vb_qp *q, const brg__vb_qp_info *r, int active,
@@ -579,7 +701,8 @@ static void soft_qp_destroy(brg__vb_qp *q) {
   free(q->sq);
   free(q->rq);
   free(q->cq);
-  free(q->discard);
+  free(q->in_stage);
+  free(q->out_stage);
   free(q);
 }
 

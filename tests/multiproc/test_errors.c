@@ -16,6 +16,8 @@
 #endif
 #include <arpa/inet.h>
 #include <errno.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
@@ -537,15 +539,16 @@ static int body_victim_loop(mp_ctx *ctx) {
                "the error came %.0f ms after rank %d was signalled (timeout %d ms)", el, VICTIM,
                g_timeout_ms);
       /* A killed rank is named by every survivor (its neighbours see it die
-       * and say so to the others). A stopped one is named at least by the
-       * rank that waited on it; a rank further along may only know which
-       * neighbour went quiet (checked by rank 0 below). */
+       * and say so to the others). So is a stopped one: it stops beating on
+       * the ring sockets, and every survivor's timeout (or the notice of a
+       * neighbour's) names the rank silent the longest, and for how long. */
       int named = mp_names_rank(m, VICTIM);
       sh->vals[MP_MAX_RANKS + ctx->rank] = named;
-      if (sig == SIGKILL)
-        MP_CHECK(named, "the error message does not name rank %d: \"%s\"", VICTIM, m);
-      else if (!named)
-        mp_info("note: the message does not name rank %d: \"%s\"", VICTIM, m);
+      MP_CHECK(named, "the error message does not name rank %d: \"%s\"", VICTIM, m);
+      if (sig == SIGSTOP)
+        MP_CHECK(mp_contains(m, "silent for"),
+                 "the error message does not say how long rank %d has been silent: \"%s\"", VICTIM,
+                 m);
     }
     sh->vals[ctx->rank] = st;
     /* A broken communicator answers further calls with an error, promptly. */
@@ -993,12 +996,87 @@ static int case_log(void) {
   return bad;
 }
 
+/* ======================================================== derived secret */
+
+/* A secret derived from the rendezvous on a non-loopback address draws a
+ * warning that says how to set a real one; on loopback, or with
+ * BRIGADE_SECRET set, there is none. */
+typedef struct secret_case {
+  const char *what;
+  int loopback, secret, warn;
+} secret_case;
+
+static int body_secret(mp_ctx *ctx) {
+  const secret_case *sc = ctx->arg;
+  char addr[64] = "127.0.0.1";
+  if (!sc->loopback) {
+    struct ifaddrs *ifs = NULL, *a;
+    int found = 0;
+    if (getifaddrs(&ifs) == 0)
+      for (a = ifs; a && !found; a = a->ifa_next)
+        if (a->ifa_addr && a->ifa_addr->sa_family == AF_INET && !(a->ifa_flags & IFF_LOOPBACK) &&
+            (a->ifa_flags & IFF_UP))
+          found = inet_ntop(AF_INET, &((struct sockaddr_in *)a->ifa_addr)->sin_addr, addr,
+                            sizeof addr) != NULL;
+    if (ifs) freeifaddrs(ifs);
+    if (!found) {
+      mp_info("%s: no non-loopback IPv4 address here; nothing to check", sc->what);
+      return 0;
+    }
+  }
+  char path[128], port[16];
+  snprintf(path, sizeof path, "/tmp/brigade-test-secret.%d", (int)getpid());
+  unlink(path);
+  snprintf(port, sizeof port, "%d", mp_free_port());
+  clear_launcher_env();
+  setenv("BRIGADE_DEBUG", "WARN", 1);
+  setenv("BRIGADE_DEBUG_FILE", path, 1);
+  setenv("MASTER_ADDR", addr, 1);
+  setenv("MASTER_PORT", port, 1);
+  setenv("RANK", "0", 1);
+  setenv("WORLD_SIZE", "1", 1);
+  if (sc->secret)
+    setenv("BRIGADE_SECRET", "00112233445566778899aabbccddeeff", 1);
+  else
+    unsetenv("BRIGADE_SECRET");
+  brg_comm *c = NULL;
+  brg_status st = brg_comm_init_env(&c);
+  if (st != BRG_SUCCESS) {
+    mp_fail("%s: brg_comm_init_env at %s: %s: %s", sc->what, addr, brg_status_string(st),
+            errmsg(NULL));
+    return 1;
+  }
+  brg_comm_destroy(c);
+  char text[8192];
+  read_file(path, text, sizeof text);
+  unlink(path);
+  int warned = strstr(text, "BRIGADE_SECRET is not set") != NULL;
+  MP_CHECK(warned == sc->warn, "%s (MASTER_ADDR=%s): %s: \"%s\"", sc->what, addr,
+           sc->warn ? "no warning about the derived secret" : "an unexpected warning", text);
+  return 0;
+}
+
+static int case_secret(void) {
+  static const secret_case cases[] = {
+      {"derived secret, non-loopback address", 0, 0, 1},
+      {"derived secret, loopback address", 1, 0, 0},
+      {"BRIGADE_SECRET set, non-loopback address", 0, 1, 0},
+  };
+  int bad = 0;
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    mp_opts o = {.name = cases[k].what, .nranks = 1, .deadline_ms = 20000, .init = MP_INIT_BARE};
+    bad |= mp_run(&o, body_secret, (void *)&cases[k]);
+  }
+  return bad;
+}
+
 /* ================================================================= main */
 
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr,
-            "usage: %s args|garbage|garbage_open|absent|kill|stop|abort|mismatch|env|log [N]\n",
+            "usage: %s args|garbage|garbage_open|absent|kill|stop|abort|mismatch|env|log|secret "
+            "[N]\n",
             argv[0]);
     return 2;
   }
@@ -1019,6 +1097,7 @@ int main(int argc, char **argv) {
   if (!strcmp(c, "mismatch")) return case_mismatch(n);
   if (!strcmp(c, "env")) return case_env();
   if (!strcmp(c, "log")) return case_log();
+  if (!strcmp(c, "secret")) return case_secret();
   fprintf(stderr, "unknown case %s\n", c);
   return 2;
 }
