@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import enum
+import glob
 import os
 
 UNIQUE_ID_BYTES = 128
@@ -141,7 +142,8 @@ def _candidates() -> list[str]:
     if env:
         return [env]
     here = os.path.dirname(os.path.abspath(__file__))
-    out = [os.path.join(here, n) for n in ("libbrigade.so.0", "libbrigade.so")]
+    # A wheel holds the versioned file only (wheels carry no symlinks).
+    out = sorted(glob.glob(os.path.join(here, "libbrigade.so*")))
     found = ctypes.util.find_library("brigade")
     out += [found] if found else []
     out.append("libbrigade.so.0")
