@@ -17,15 +17,13 @@ For users who keep Gloo or NCCL as the backend and want brigade only for
 DDP's gradient allreduce, :func:`allreduce_hook` is a DDP communication
 hook::
 
-    comm = brigade.Communicator.from_env()  # or brigade.torch.communicator(pg)
+    comm = brigade.torch.communicator()  # over the default (e.g. Gloo) group
     ddp.register_comm_hook(comm, brigade.torch.allreduce_hook)
 
 Tested with Debian 12's python3-torch 1.13 (CPU). Its torchrun crashes under
 Python 3.11 in ``to_map`` unless given ``--redirects 2 --tee 2`` (a torch
 bug, fixed in later releases).
 """
-from __future__ import annotations
-
 import queue
 import threading
 from datetime import timedelta
@@ -85,7 +83,7 @@ class _Completer:
             except BaseException as e:  # noqa: BLE001 - handed to the future
                 fut.set_exception(e)
 
-    def submit(self, req: brigade.Request, result: Any) -> torch.futures.Future:
+    def submit(self, req: brigade.Request, result: Any) -> "torch.futures.Future[Any]":
         fut: torch.futures.Future = torch.futures.Future()
         self._q.put((req, fut, result))
         return fut
@@ -231,16 +229,30 @@ def register() -> None:
 register()
 
 
+_group_comms: "dict[int, brigade.Communicator]" = {}
+
+
 def communicator(group: Any = None) -> brigade.Communicator:
-    """The brigade communicator behind a "brigade" process group (default: the
-    default group)."""
+    """A brigade communicator over the ranks of a process group (default: the
+    default group). For a "brigade" group, its own; for any other backend
+    (Gloo, NCCL), one built once per group, its unique id broadcast through
+    the group itself, so no port is needed. Call it on every rank of the group.
+    """
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    if not isinstance(pg, ProcessGroupBrigade):
-        raise TypeError(f"brigade: {pg!r} is not a \"brigade\" process group")
-    return pg.comm
+    if isinstance(pg, ProcessGroupBrigade):
+        return pg.comm
+    c = _group_comms.get(id(pg))
+    if c is None:
+        rank, size = dist.get_rank(pg), dist.get_world_size(pg)
+        box = [bytes(brigade.get_unique_id()) if rank == 0 else None]
+        src = dist.distributed_c10d._get_global_rank(pg, 0) if group is not None else 0
+        dist.broadcast_object_list(box, src=src, group=group)
+        c = _group_comms[id(pg)] = brigade.Communicator(size, box[0], rank)
+    return c
 
 
-def allreduce_hook(state: brigade.Communicator, bucket: Any) -> torch.futures.Future:
+def allreduce_hook(state: brigade.Communicator,
+                   bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: the bucket's gradients averaged over ranks by a
     brigade allreduce, started at once and finished on a helper thread so that
     backward goes on meanwhile. Divides by the number of ranks, then sums, as
