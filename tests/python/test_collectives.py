@@ -182,6 +182,21 @@ def body_other_buffers(comm):
     assert dst == bytearray([sum(range(1, n + 1))] * 3)
     assert comm.bytes_sent > 0
 
+    class Plain:
+        """Only __array_interface__, over memory of its own (no NumPy array)."""
+
+        def __init__(self, values):
+            import ctypes
+
+            self.mem = (ctypes.c_int64 * len(values))(*values)
+            self.__array_interface__ = {"shape": (len(values),), "typestr": "<i8",
+                                        "data": (ctypes.addressof(self.mem), False),
+                                        "version": 3}
+
+    p = Plain([r, 10 * r, -r])
+    comm.allreduce(p)
+    assert list(p.mem) == [sum(range(n)), 10 * sum(range(n)), -sum(range(n))]
+
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_allreduce(n):

@@ -179,6 +179,33 @@ def body_backend_calls(rank, n):
     dist.destroy_process_group()
 
 
+def body_tensors(comm):
+    """brigade.Communicator on CPU tensors directly (data_ptr)."""
+    n, r = comm.size, comm.rank
+    for dt in (torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.uint8):
+        t = torch.arange(1, 101).to(dt) + r  # exact in bfloat16 (< 256)
+        comm.allreduce(t)
+        assert torch.equal(t, (torch.arange(1, 101) * n + sum(range(n))).to(dt)), dt
+        g = comm.all_gather(torch.full((7,), r, dtype=dt))
+        assert torch.equal(g, torch.arange(n).repeat_interleave(7).to(dt)), dt
+    try:
+        comm.allreduce(torch.ones(4, 4)[:, 0])
+    except ValueError as e:
+        assert "non-contiguous" in str(e)
+    else:
+        raise AssertionError("a non-contiguous tensor was accepted")
+    try:
+        comm.allreduce(torch.ones(3, dtype=torch.int16))
+    except TypeError as e:
+        assert "int16" in str(e)
+    else:
+        raise AssertionError("an int16 tensor was accepted")
+
+
+def test_tensors():
+    ranks.run(2, body_tensors)
+
+
 def port_env():
     return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(ranks.free_port()),
             "BRIGADE_PORT": str(ranks.free_port())}
