@@ -37,7 +37,9 @@ static brg_status device_setup(brg_comm *c) {
 static brg_status run_one(brg_comm *c, brg__coll *k) {
   if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
     return brg__comm_error(c, BRG_ERR_ABORTED, "communicator was aborted");
-  if (c->broken) return c->broken; /* last_error still holds the first failure */
+  /* last_error still holds the first failure */
+  brg_status broken = __atomic_load_n(&c->broken, __ATOMIC_ACQUIRE);
+  if (broken) return broken;
   /* Whichever thread runs a device collective (the caller's, or the worker
    * when it was queued behind others) works on the GPU of its buffers. */
   int prev_gpu = -1;
@@ -46,7 +48,7 @@ static brg_status run_one(brg_comm *c, brg__coll *k) {
   if (s == BRG_SUCCESS) s = brg__coll_execute(c, k);
   if (k->device) brg__device_leave(prev_gpu);
   if (s != BRG_SUCCESS) {
-    c->broken = s;
+    __atomic_store_n(&c->broken, s, __ATOMIC_RELEASE); /* check_call reads it unlocked */
     if (s != BRG_ERR_ABORTED) brg__comm_notify_abort(c, s, c->last_error);
   }
   return s;
