@@ -181,7 +181,15 @@ def rank_main(rank, args, port, results):
                      "compute_ms": med["compute only"] * 1e3,
                      "equal": equal, "maxdiff": diff, "biggest": biggest,
                      "grad_rel": grad_rel})
-    dist.destroy_process_group()
+    dist.barrier()
+    if rank == 0:
+        results.close()
+        results.join_thread()
+    # Skip the interpreter's teardown: torch 1.13 can deadlock there (the
+    # main thread, holding the GIL, joins a Gloo worker that waits for the
+    # GIL to free a tensor).
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def main(argv=None):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import socket
+import sys
 import traceback
 from typing import Any, Callable
 
@@ -42,10 +43,18 @@ def _rank_main(fn: Callable, rank: int, n: int, init: Any, uid: Any, env: dict, 
                 fn(comm, *args)
             finally:
                 comm.close()
-        q.put((rank, None))
+        result = None
     except BaseException:  # noqa: BLE001 - reported to the parent
-        q.put((rank, traceback.format_exc()))
-        raise SystemExit(1)
+        result = traceback.format_exc()
+    q.put((rank, result))
+    q.close()
+    q.join_thread()
+    # Skip the interpreter's teardown: torch 1.13 can deadlock there (the
+    # main thread, holding the GIL, joins a Gloo worker that waits for the
+    # GIL to free a tensor), which would hold the test until its deadline.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if result is None else 1)
 
 
 def run(n: int, fn: Callable, *args: Any, timeout: float = 60, init: Any = "id",
