@@ -2,7 +2,8 @@
 # brigade quick start on Debian 12 (run as root, or with sudo available).
 #
 #   ./quickstart.sh bench   build, then run all_reduce_perf on 4 local ranks
-#   ./quickstart.sh test    build with -Werror, run the whole test suite, then
+#   ./quickstart.sh test    build with -Werror, run the whole test suite (the
+#                           Python package's pytest files included), then
 #                           run it again under AddressSanitizer + UBSan, then
 #                           run the threaded and multi-process tests (suite
 #                           tsan) under ThreadSanitizer
@@ -65,7 +66,11 @@ case "${1:-}" in
     # clang-format to check the code against .clang-format, matplotlib for
     # brigade-trace's timeline (its test draws one). Only CUDA and
     # the optional bench peers (Open MPI, Gloo) stay unbuilt.
-    need_pkgs "${base_pkgs[@]}" libibverbs-dev g++ iproute2 clang-format python3-matplotlib
+    # brigade-trace draws with matplotlib; the Python package's tests
+    # (suite python) need pytest and NumPy; python3-torch (1.13, CPU) adds
+    # the torch.distributed backend's tests.
+    need_pkgs "${base_pkgs[@]}" libibverbs-dev g++ iproute2 clang-format python3-matplotlib \
+      python3-pytest python3-numpy python3-torch
     check_format
     [ -d build-test ] || meson setup build-test --buildtype=debugoptimized --werror
     ninja -C build-test

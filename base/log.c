@@ -1,3 +1,4 @@
+#include <ctype.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,10 +45,42 @@ static void log_setup(void) {
   else
     brg__log_level = BRG__LOG_NONE;
   const char *sub = brg__config_str(&brg__log_config, LOG_CFG_DEBUG_SUBSYS);
-  if (sub[0] && strcasecmp(sub, "ALL") != 0) snprintf(log_subsys, sizeof log_subsys, ",%s,", sub);
+  if (sub[0] && strcasecmp(sub, "ALL") != 0) {
+    snprintf(log_subsys, sizeof log_subsys, ",%s,", sub);
+    for (char *p = log_subsys; *p; p++) *p = (char)tolower((unsigned char)*p);
+  }
   gethostname(log_host, sizeof log_host - 1);
   char *dot = strchr(log_host, '.');
   if (dot) *dot = 0;
+}
+
+brg_status brg__log_check(brg__errbuf *err) {
+  brg__config_load(&brg__log_config, NULL);
+  const char *sub = brg__config_str(&brg__log_config, LOG_CFG_DEBUG_SUBSYS);
+  if (!sub[0] || !strcasecmp(sub, "ALL")) return BRG_SUCCESS;
+  static const char valid[] = "," BRG__LOG_SUBSYSTEMS ",";
+  for (const char *p = sub;;) {
+    size_t len = strcspn(p, ",");
+    char key[64];
+    int ok = len > 0 && len + 2 < sizeof key;
+    if (ok) {
+      snprintf(key, sizeof key, ",%.*s,", (int)len, p);
+      for (char *k = key; *k; k++) *k = (char)tolower((unsigned char)*k);
+      ok = strstr(valid, key) != NULL;
+    }
+    if (!ok) {
+      if (err) {
+        snprintf(err->msg, sizeof err->msg,
+                 "BRIGADE_DEBUG_SUBSYS=\"%s\": \"%.*s\" is not a subsystem; the subsystems "
+                 "are " BRG__LOG_SUBSYSTEMS " (or all)",
+                 sub, (int)(len < 64 ? len : 64), p);
+        err->logged = 0;
+      }
+      return BRG_ERR_INVALID_ARGUMENT;
+    }
+    if (!p[len]) return BRG_SUCCESS;
+    p += len + 1;
+  }
 }
 
 void brg__log_init(void) {

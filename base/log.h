@@ -23,6 +23,8 @@ enum { BRG__LOG_NONE = 0, BRG__LOG_WARN = 1, BRG__LOG_INFO = 2, BRG__LOG_TRACE =
 extern int brg__log_level; /* set from BRIGADE_DEBUG on first use; NONE until then */
 
 void brg__log_init(void); /* idempotent; reads the log's settings */
+/* Checks BRIGADE_DEBUG_SUBSYS: every name one of BRG__LOG_SUBSYSTEMS. */
+brg_status brg__log_check(brg__errbuf *err);
 /* The log's settings (BRIGADE_DEBUG*), a section of the one settings table. */
 extern struct brg__cfg_section brg__log_config;
 /* The rank lines are labelled with: this thread's, else the process's

@@ -32,31 +32,14 @@ static void *alloc_touched(size_t bytes) {
 
 /* ----------------------------------------------------------- communicator */
 
-/* Whether a launcher told us our rank. Without one we run alone. */
-static int rank_env_present(void) {
-  static const char *const vars[] = {"RANK",     "WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
-                                     "PMI_RANK", "PMIX_RANK",  "SLURM_PROCID"};
-  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
-    if (getenv(vars[i]) != NULL) return 1;
-  return 0;
-}
-
+/* Under a launcher, its rank; without one, brg_comm_init_env runs alone. */
 static void comm_open(bench *b, int *argc, char ***argv) {
   brg_status st;
   if (b->peer != NULL && b->peer->launch != NULL) {
     if (b->peer->launch(argc, argv, &b->comm) != 0) exit(1);
-  } else if (rank_env_present()) {
-    if ((st = brg_comm_init_env(&b->comm)) != BRG_SUCCESS) {
-      b->comm = NULL;
-      bench_die_status(b, "brg_comm_init_env", st);
-    }
-  } else {
-    brg_unique_id id;
-    if ((st = brg_get_unique_id(&id)) != BRG_SUCCESS) bench_die_status(b, "brg_get_unique_id", st);
-    if ((st = brg_comm_init(&b->comm, 1, &id, 0)) != BRG_SUCCESS) {
-      b->comm = NULL;
-      bench_die_status(b, "brg_comm_init", st);
-    }
+  } else if ((st = brg_comm_init_env(&b->comm)) != BRG_SUCCESS) {
+    b->comm = NULL;
+    bench_die_status(b, "brg_comm_init_env", st);
   }
   if ((st = brg_comm_rank(b->comm, &b->rank)) != BRG_SUCCESS)
     bench_die_status(b, "brg_comm_rank", st);

@@ -139,13 +139,17 @@ static brg_status boot_read_table(brg__bootstrap *bs, int fd, const char *root, 
   int rc = brg__sock_recv_all(fd, hdr, sizeof hdr, deadline);
   if (rc == BRG__IO_EOF)
     return brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
-                      "rank %d: the bootstrap root at %s closed the connection without an "
-                      "answer (wrong secret, or it already served its communicator?)",
+                      "rank %d: %s closed the connection without an answer: either the "
+                      "program listening there is not this job's rank 0 (rank 0 could not "
+                      "listen on that port: see its error; if another program holds the port, "
+                      "set BRIGADE_PORT), or rank 0 refused this rank (a different "
+                      "BRIGADE_SECRET, or its communicator was already complete)",
                       bs->rank, root);
   if (rc == BRG__IO_TIMEOUT)
     return brg__error(err, BRG_ERR_TIMEOUT, BOOT_SUBSYS,
                       "rank %d: no answer from the bootstrap root at %s within %d ms (the other "
-                      "ranks did not all arrive?)",
+                      "ranks did not all arrive, or the program listening there is not this "
+                      "job's rank 0?)",
                       bs->rank, root, bs->timeout_ms);
   if (rc != BRG__IO_OK)
     return brg__error(err, BRG_ERR_SYSTEM, BOOT_SUBSYS,

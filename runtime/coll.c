@@ -46,6 +46,8 @@ static brg_status check_call(brg_comm *c, const char *fn, const void *sendbuf, c
   }
   if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
     return brg__comm_error(c, BRG_ERR_ABORTED, "%s: communicator was aborted", fn);
+  /* Written by whichever thread ran the failed call (the communicator may
+   * be shared by threads, or the progress thread): read atomically. */
   brg_status broken = __atomic_load_n(&c->broken, __ATOMIC_ACQUIRE);
   if (broken != BRG_SUCCESS) return broken;
   return BRG_SUCCESS;

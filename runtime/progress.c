@@ -57,7 +57,7 @@ static brg_status run_one(brg_comm *c, brg__coll *k) {
   if (k->async) brg__device_async_end(c, k, s);
   if (entered) brg__device_leave(prev_gpu);
   if (ran && s != BRG_SUCCESS) {
-    __atomic_store_n(&c->broken, s, __ATOMIC_RELEASE);
+    __atomic_store_n(&c->broken, s, __ATOMIC_RELEASE); /* check_call reads it unlocked */
     if (s != BRG_ERR_ABORTED) brg__comm_notify_abort(c, s, c->last_error);
     brg__trace_flush(c); /* what led here, even if the process dies next */
   }

@@ -40,6 +40,27 @@ static int hexval(char ch) {
   return -1;
 }
 
+/* Whether any of `names` is set (to anything). */
+static int launcher_present(const char *const *names) {
+  for (int i = 0; names[i]; i++) {
+    const char *v = getenv(names[i]);
+    if (v && *v) return 1;
+  }
+  return 0;
+}
+
+/* No launcher at all: a communicator of one rank, as `./prog` alone means. */
+static brg_status init_alone(brg_comm **comm) {
+  BRG__INFO("init", "brg_comm_init_env: no launcher variables (RANK, WORLD_SIZE, MASTER_ADDR, "
+                    "MASTER_PORT, OMPI_COMM_WORLD_*, PMI_*, SLURM_*): running as a single rank");
+  brg__errbuf err = {0};
+  brg__boot_id bid;
+  brg_status s = brg__boot_root_start("127.0.0.1", 0, NULL,
+                                      (int)brg__core_int(BRG__CORE_TIMEOUT_MS), &bid, &err);
+  if (s != BRG_SUCCESS) return brg__fail_no_comm_err(s, &err, NULL);
+  return brg__comm_create(comm, 1, &bid, 0);
+}
+
 brg_status brg_comm_init_env(brg_comm **comm) {
   if (!comm) return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_comm_init_env: comm is NULL");
   brg__errbuf err = {0};
@@ -50,6 +71,10 @@ brg_status brg_comm_init_env(brg_comm **comm) {
                                           "SLURM_PROCID", NULL};
   static const char *const size_vars[] = {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
                                           "SLURM_NTASKS", NULL};
+  if (!launcher_present(rank_vars) && !launcher_present(size_vars)) {
+    const char *maddr = getenv("MASTER_ADDR"), *mport = getenv("MASTER_PORT");
+    if ((!maddr || !*maddr) && (!mport || !*mport)) return init_alone(comm);
+  }
   int rank = -1, size = -1;
   const char *rank_name = NULL, *size_name = NULL;
   if (env_int(rank_vars, &rank, &rank_name) != BRG_SUCCESS) {
@@ -72,18 +97,27 @@ brg_status brg_comm_init_env(brg_comm **comm) {
   if (!maddr || !*maddr)
     return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT,
                              "brg_comm_init_env: MASTER_ADDR is not set (the host of rank 0)");
-  if (!mport || !*mport)
-    return brg__fail_no_comm(
-        BRG_ERR_INVALID_ARGUMENT,
-        "brg_comm_init_env: MASTER_PORT is not set (a free TCP port on rank 0's host)");
-  char *end;
-  long port = strtol(mport, &end, 10);
-  if (*end || port < 1 || port > 65535)
-    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "MASTER_PORT=\"%s\" is not a port number",
-                             mport);
-  /* Under torchrun the elastic agent's own store holds MASTER_PORT. */
-  const char *elastic = getenv("TORCHELASTIC_RUN_ID");
-  if (elastic && *elastic) port = port == 65535 ? 65534 : port + 1;
+  /* BRIGADE_PORT, when set, is the port; otherwise MASTER_PORT, which
+   * under torchrun the elastic agent's own store holds: then the next one. */
+  long port = (long)brg__core_int(BRG__CORE_PORT);
+  const char *port_from = "BRIGADE_PORT";
+  if (port == 0) {
+    port_from = "MASTER_PORT";
+    if (!mport || !*mport)
+      return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT,
+                               "brg_comm_init_env: MASTER_PORT is not set (a free TCP port on "
+                               "rank 0's host; or set BRIGADE_PORT)");
+    char *end;
+    port = strtol(mport, &end, 10);
+    if (*end || port < 1 || port > 65535)
+      return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "MASTER_PORT=\"%s\" is not a port number",
+                               mport);
+    const char *elastic = getenv("TORCHELASTIC_RUN_ID");
+    if (elastic && *elastic) {
+      port = port == 65535 ? 65534 : port + 1;
+      port_from = "MASTER_PORT + 1";
+    }
+  }
 
   /* The job secret: BRIGADE_SECRET (brigade-run sets a random one), else
    * derived from the rendezvous itself, which only keeps strays out. */
@@ -138,7 +172,18 @@ brg_status brg_comm_init_env(brg_comm **comm) {
   if (rank == 0) {
     s = brg__boot_root_start(numeric, (uint16_t)port, secret,
                              (int)brg__core_int(BRG__CORE_TIMEOUT_MS), &bid, &err);
-    if (s != BRG_SUCCESS) return brg__fail_no_comm_err(s, &err, "rank 0: ");
+    if (s != BRG_SUCCESS) {
+      /* The usual cause: another program (torch's store, under mp.spawn)
+       * holds the port. The other ranks cannot tell; say it here. */
+      if (s == BRG_ERR_SYSTEM && strstr(err.msg, "cannot listen on")) {
+        size_t n = strlen(err.msg);
+        snprintf(err.msg + n, sizeof err.msg - n,
+                 " (the port of %s; if another program, such as torch's store, holds it, set "
+                 "BRIGADE_PORT to a free port)",
+                 port_from);
+      }
+      return brg__fail_no_comm_err(s, &err, "rank 0: ");
+    }
   }
   if ((s = brg__boot_id_make(&bid, numeric, (uint16_t)port, secret, &err)) != BRG_SUCCESS)
     return brg__fail_no_comm_err(s, &err, NULL);

@@ -30,6 +30,10 @@ static brg__cfg_entry core_entries[BRG__CORE_COUNT] = {
         {"BRIGADE_STREAM_BYTES", BRG__CFG_KIND_SIZE, "32M", 0, 1LL << 50,
          "collectives of at least this many bytes write their output with "
          "non-temporal stores (it would not stay in cache anyway); 0: never"},
+    [BRG__CORE_PORT] = {"BRIGADE_PORT", BRG__CFG_KIND_INT, "0", 0, 65535,
+                        "TCP port rank 0 serves brg_comm_init_env's rendezvous on, for when "
+                        "MASTER_PORT is taken by another store (torch's under mp.spawn); "
+                        "0: MASTER_PORT (MASTER_PORT + 1 under torchrun)"},
 };
 
 static brg__cfg_entry device_entries[BRG__DEVICE_COUNT] = {
@@ -88,7 +92,7 @@ brg_status brg__settings_load(brg__errbuf *err) {
     brg_status s = brg__config_load(all[i], err);
     if (s != BRG_SUCCESS) return s;
   }
-  return BRG_SUCCESS;
+  return brg__log_check(err);
 }
 
 const brg__cfg_entry *brg__settings_find(const char *name) {

@@ -7,7 +7,8 @@
  *
  *   test_errors CASE [N]
  *
- * CASE: args garbage garbage_open absent kill stop abort mismatch env log.
+ * CASE: args garbage garbage_open absent kill stop abort mismatch env log launch
+ * threads.
  * The transport comes from BRIGADE_TRANSPORTS, the library timeout from
  * BRIGADE_TIMEOUT_MS (both set per test by meson).
  */
@@ -19,6 +20,7 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -834,7 +836,7 @@ static int body_env(mp_ctx *ctx) {
 
 static int case_env(void) {
   static const env_case cases[] = {
-      {"nothing set", NULL, NULL, NULL, NULL, NULL, 0, NULL},
+      {"nothing set (one rank)", NULL, NULL, NULL, NULL, NULL, 1, NULL},
       {"MASTER_ADDR missing", NULL, "$PORT", "0", "1", "MASTER_ADDR", 0, NULL},
       {"MASTER_PORT missing", "127.0.0.1", NULL, "0", "1", "MASTER_PORT", 0, NULL},
       {"RANK missing", "127.0.0.1", "$PORT", NULL, "1", "RANK", 0, NULL},
@@ -906,9 +908,12 @@ static int body_log_once(mp_ctx *ctx) {
   close(lfd);
   MP_CHECK(st == BRG_ERR_SYSTEM, "brg_comm_init_env on a held port returned %s",
            brg_status_string(st));
-  char want[256];
+  char want[512];
   snprintf(want, sizeof want,
-           "rank 0: bootstrap root: cannot listen on 127.0.0.1:%s: Address already in use", port);
+           "rank 0: bootstrap root: cannot listen on 127.0.0.1:%s: Address already in use (the "
+           "port of MASTER_PORT; if another program, such as torch's store, holds it, set "
+           "BRIGADE_PORT to a free port)",
+           port);
   const char *m = errmsg(NULL);
   MP_CHECK(strcmp(m, want) == 0, "the message is \"%s\", expected \"%s\"", m, want);
   char log[16384];
@@ -1070,13 +1075,332 @@ static int case_secret(void) {
   return bad;
 }
 
+/* =============================================================== launch */
+
+/* What a launcher's environment leads to: no launcher at all (one rank, said
+ * at INFO), MASTER_PORT held by another program (torch's store under
+ * mp.spawn) with and without BRIGADE_PORT, and BRIGADE_DEBUG_SUBSYS with a
+ * name that is not a subsystem. */
+
+typedef struct store_arg {
+  int lfd;  /* listening on MASTER_PORT, as another program's store */
+  int port; /* that port */
+  int brigade_port;
+  int nranks;
+} store_arg;
+
+/* Accepts and hangs up on every connection, as a store that does not speak
+ * brigade's protocol does, until every rank is through. */
+static void *foreign_store_thread(void *argp) {
+  store_arg *a = argp;
+  mp_shared *sh = mp_shared_area();
+  int64_t end = mp_now_ns() + 30 * 1000000000LL;
+  while (__atomic_load_n(&sh->flags[1], __ATOMIC_ACQUIRE) < a->nranks && mp_now_ns() < end) {
+    struct pollfd p = {.fd = a->lfd, .events = POLLIN};
+    if (poll(&p, 1, 20) == 1) {
+      int fd = accept(a->lfd, NULL, NULL);
+      if (fd >= 0) close(fd);
+    }
+  }
+  return NULL;
+}
+
+static int hold_port(int *port_out) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t slen = sizeof sa;
+  if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(fd, 16) < 0 ||
+      getsockname(fd, (struct sockaddr *)&sa, &slen) < 0) {
+    fprintf(stderr, "cannot hold a port for the test: %s\n", strerror(errno));
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  *port_out = ntohs(sa.sin_port);
+  return fd;
+}
+
+static void set_launcher_env(int master_port, int brigade_port, int rank, int nranks) {
+  char buf[32];
+  clear_launcher_env();
+  unsetenv("BRIGADE_PORT");
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  snprintf(buf, sizeof buf, "%d", master_port);
+  setenv("MASTER_PORT", buf, 1);
+  if (brigade_port > 0) {
+    snprintf(buf, sizeof buf, "%d", brigade_port);
+    setenv("BRIGADE_PORT", buf, 1);
+  }
+  snprintf(buf, sizeof buf, "%d", rank);
+  setenv("RANK", buf, 1);
+  snprintf(buf, sizeof buf, "%d", nranks);
+  setenv("WORLD_SIZE", buf, 1);
+}
+
+/* MASTER_PORT is another program's; BRIGADE_PORT moves brigade aside. */
+static int body_port(mp_ctx *ctx) {
+  const store_arg *a = ctx->arg;
+  set_launcher_env(a->port, a->brigade_port, ctx->rank, ctx->nranks);
+  brg_comm *c = NULL;
+  brg_status st = brg_comm_init_env(&c);
+  if (st != BRG_SUCCESS) {
+    mp_fail("brg_comm_init_env with BRIGADE_PORT=%d beside a held MASTER_PORT=%d: %s: %s",
+            a->brigade_port, a->port, brg_status_string(st), errmsg(NULL));
+    __atomic_fetch_add(&ctx->shared->flags[1], 1, __ATOMIC_ACQ_REL);
+    return 1;
+  }
+  small_allreduce_ok(c, ctx->rank, ctx->nranks, "allreduce on a BRIGADE_PORT communicator");
+  st = brg_comm_destroy(c);
+  MP_CHECK(st == BRG_SUCCESS, "brg_comm_destroy: %s", brg_status_string(st));
+  __atomic_fetch_add(&ctx->shared->flags[1], 1, __ATOMIC_ACQ_REL);
+  return 0;
+}
+
+/* MASTER_PORT is another program's and nothing moves brigade aside: rank 0
+ * cannot listen and says so with the way out; the others, who can only see
+ * that whoever answers at that port hangs up, name both possible causes. */
+static int body_port_held(mp_ctx *ctx) {
+  const store_arg *a = ctx->arg;
+  set_launcher_env(a->port, 0, ctx->rank, ctx->nranks);
+  brg_comm *c = NULL;
+  int64_t t0 = mp_now_ns();
+  brg_status st = brg_comm_init_env(&c);
+  const char *m = errmsg(NULL);
+  __atomic_fetch_add(&ctx->shared->flags[1], 1, __ATOMIC_ACQ_REL);
+  if (st == BRG_SUCCESS) {
+    mp_fail("brg_comm_init_env succeeded although MASTER_PORT is another program's");
+    brg_comm_destroy(c);
+    return 1;
+  }
+  MP_CHECK(ms_since(t0) < 5000, "brg_comm_init_env took %.0f ms to fail", ms_since(t0));
+  if (ctx->rank == 0) {
+    MP_CHECK(st == BRG_ERR_SYSTEM, "rank 0: %s, expected BRG_ERR_SYSTEM", brg_status_string(st));
+    MP_CHECK(strstr(m, "cannot listen on") && strstr(m, "Address already in use") &&
+                 strstr(m, "MASTER_PORT") && strstr(m, "set BRIGADE_PORT"),
+             "rank 0's message does not name the held port and BRIGADE_PORT: \"%s\"", m);
+  } else {
+    MP_CHECK(st == BRG_ERR_REMOTE, "rank %d: %s, expected BRG_ERR_REMOTE", ctx->rank,
+             brg_status_string(st));
+    MP_CHECK(strstr(m, "not this job's rank 0") && strstr(m, "could not listen") &&
+                 strstr(m, "BRIGADE_PORT") && strstr(m, "BRIGADE_SECRET"),
+             "rank %d's message does not name both causes: \"%s\"", ctx->rank, m);
+  }
+  return 0;
+}
+
+/* No launcher variables at all: one rank, and an INFO line that says so. */
+static int body_alone(mp_ctx *ctx) {
+  (void)ctx;
+  char path[128];
+  snprintf(path, sizeof path, "/tmp/brigade-test-alone.%d", (int)getpid());
+  unlink(path);
+  clear_launcher_env();
+  setenv("BRIGADE_DEBUG", "INFO", 1);
+  setenv("BRIGADE_DEBUG_FILE", path, 1);
+  brg_comm *c = NULL;
+  brg_status st = brg_comm_init_env(&c);
+  char log[16384];
+  read_file(path, log, sizeof log);
+  unlink(path);
+  if (st != BRG_SUCCESS) {
+    mp_fail("brg_comm_init_env without a launcher: %s: %s", brg_status_string(st), errmsg(NULL));
+    return 1;
+  }
+  int rank = -1, size = -1;
+  brg_comm_rank(c, &rank);
+  brg_comm_size(c, &size);
+  MP_CHECK(rank == 0 && size == 1, "without a launcher: rank %d of %d, expected 0 of 1", rank,
+           size);
+  MP_CHECK(strstr(log, "INFO [init] brg_comm_init_env: no launcher variables") &&
+               strstr(log, "running as a single rank"),
+           "no INFO line says the rank runs alone:\n%s", log);
+  small_allreduce_ok(c, 0, 1, "allreduce on a communicator of one");
+  st = brg_comm_destroy(c);
+  MP_CHECK(st == BRG_SUCCESS, "brg_comm_destroy: %s", brg_status_string(st));
+  return 0;
+}
+
+/* BRIGADE_DEBUG_SUBSYS: every name must be a subsystem. */
+typedef struct subsys_case {
+  const char *value;
+  const char *bad; /* the name the message must quote; NULL: accepted */
+} subsys_case;
+
+static int body_subsys(mp_ctx *ctx) {
+  const subsys_case *sc = ctx->arg;
+  clear_launcher_env();
+  setenv("BRIGADE_DEBUG_SUBSYS", sc->value, 1);
+  brg_unique_id id;
+  brg_status st = brg_get_unique_id(&id);
+  const char *m = errmsg(NULL);
+  if (!sc->bad) {
+    MP_CHECK(st == BRG_SUCCESS, "BRIGADE_DEBUG_SUBSYS=%s refused: %s", sc->value, m);
+    if (st != BRG_SUCCESS) return 1;
+    brg_comm *c = NULL;
+    st = brg_comm_init(&c, 1, &id, 0);
+    MP_CHECK(st == BRG_SUCCESS, "brg_comm_init with BRIGADE_DEBUG_SUBSYS=%s: %s", sc->value,
+             errmsg(NULL));
+    if (st == BRG_SUCCESS) brg_comm_destroy(c);
+    return 0;
+  }
+  MP_CHECK(st == BRG_ERR_INVALID_ARGUMENT, "BRIGADE_DEBUG_SUBSYS=%s: %s, expected refusal",
+           sc->value, brg_status_string(st));
+  char want[256];
+  snprintf(want, sizeof want,
+           "BRIGADE_DEBUG_SUBSYS=\"%s\": \"%s\" is not a subsystem; the subsystems are "
+           "init,bootstrap,ring,coll,shm,tcp,ib (or all)",
+           sc->value, sc->bad);
+  MP_CHECK(strcmp(m, want) == 0, "the message is \"%s\", expected \"%s\"", m, want);
+  brg_comm *c = NULL;
+  st = brg_comm_init_env(&c);
+  MP_CHECK(st == BRG_ERR_INVALID_ARGUMENT && strstr(errmsg(NULL), "is not a subsystem"),
+           "brg_comm_init_env with BRIGADE_DEBUG_SUBSYS=%s: %s: %s", sc->value,
+           brg_status_string(st), errmsg(NULL));
+  return 0;
+}
+
+static int case_launch(void) {
+  int bad = 0;
+  mp_opts o = {.name = "launch: no launcher runs as one rank",
+               .nranks = 1,
+               .deadline_ms = 20000,
+               .init = MP_INIT_BARE};
+  bad |= mp_run(&o, body_alone, NULL);
+
+  static const subsys_case subsys[] = {{"boot", "boot"},   {"init,boot,ring", "boot"},
+                                       {"init,", ""},      {"init,bootstrap,ring,coll", NULL},
+                                       {"INIT,Tcp", NULL}, {"all", NULL}};
+  for (size_t k = 0; k < sizeof subsys / sizeof subsys[0]; k++) {
+    char name[96];
+    snprintf(name, sizeof name, "launch: BRIGADE_DEBUG_SUBSYS=%s", subsys[k].value);
+    mp_opts so = {.name = name, .nranks = 1, .deadline_ms = 20000, .init = MP_INIT_BARE};
+    bad |= mp_run(&so, body_subsys, (void *)&subsys[k]);
+  }
+
+  for (int held = 0; held < 2; held++) {
+    for (int n = 2; n <= 3; n++) {
+      store_arg a = {.nranks = n};
+      a.lfd = hold_port(&a.port);
+      if (a.lfd < 0) return 1;
+      a.brigade_port = held ? 0 : mp_free_port();
+      char name[96];
+      snprintf(name, sizeof name, "launch: MASTER_PORT held by another program, %s, N=%d",
+               held ? "no BRIGADE_PORT" : "BRIGADE_PORT set", n);
+      mp_opts po = {.name = name,
+                    .nranks = n,
+                    .deadline_ms = 30000,
+                    .init = MP_INIT_BARE,
+                    .parent_thread = foreign_store_thread,
+                    .parent_arg = &a};
+      bad |= mp_run(&po, held ? body_port_held : body_port, &a);
+      close(a.lfd);
+    }
+  }
+  return bad;
+}
+
+/* ============================================================== threads */
+
+/* What the README's "Threads" section promises for one communicator used by
+ * several threads at once: the calls are serialized (memory-safe, each
+ * either right to the last element or an error), and since nothing orders
+ * the threads the same way on every rank, calls that pair up differently
+ * across ranks are caught as BRG_ERR_MISMATCH (here their counts differ),
+ * never wrong numbers or a hang. Then, with one lock per rank taken around
+ * each call in the same agreed order, the same calls all succeed. */
+
+#define TH_THREADS 2
+#define TH_ITERS 200
+
+typedef struct th_arg {
+  mp_ctx *ctx;
+  int t;                  /* thread index: count 64 * (t + 1) */
+  pthread_mutex_t *order; /* NULL: race; else taken in turn (t = iteration parity) */
+  int *turn;
+  pthread_cond_t *cond;
+  brg_status st;
+  int done, wrong;
+} th_arg;
+
+static void *th_main(void *argp) {
+  th_arg *a = argp;
+  int n = a->ctx->nranks, r = a->ctx->rank;
+  size_t count = 64u * (size_t)(a->t + 1);
+  float in[128], out[128];
+  for (int it = 0; it < TH_ITERS; it++) {
+    for (size_t i = 0; i < count; i++) in[i] = (float)(r + 1 + (int)i % 3);
+    if (a->order) {
+      pthread_mutex_lock(a->order);
+      while (*a->turn != a->t) pthread_cond_wait(a->cond, a->order);
+    }
+    brg_status st = brg_allreduce(in, out, count, BRG_FLOAT32, BRG_SUM, a->ctx->comm, NULL);
+    if (a->order) {
+      *a->turn = (a->t + 1) % TH_THREADS;
+      pthread_cond_broadcast(a->cond);
+      pthread_mutex_unlock(a->order);
+    }
+    if (st != BRG_SUCCESS) {
+      a->st = st;
+      break;
+    }
+    for (size_t i = 0; i < count; i++)
+      if (out[i] != (float)(n * (n + 1) / 2 + n * ((int)i % 3))) a->wrong++;
+    a->done++;
+  }
+  return NULL;
+}
+
+static int body_threads(mp_ctx *ctx) {
+  int ordered = *(const int *)ctx->arg;
+  pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+  pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
+  int turn = 0;
+  pthread_t th[TH_THREADS];
+  th_arg a[TH_THREADS];
+  for (int t = 0; t < TH_THREADS; t++) {
+    a[t] = (th_arg){.ctx = ctx, .t = t, .st = BRG_SUCCESS};
+    if (ordered) a[t].order = &lock, a[t].turn = &turn, a[t].cond = &cond;
+    pthread_create(&th[t], NULL, th_main, &a[t]);
+  }
+  for (int t = 0; t < TH_THREADS; t++) pthread_join(th[t], NULL);
+  for (int t = 0; t < TH_THREADS; t++) {
+    MP_CHECK(a[t].wrong == 0, "thread %d: %d wrong elements in %d calls that succeeded", t,
+             a[t].wrong, a[t].done);
+    if (ordered)
+      MP_CHECK(a[t].st == BRG_SUCCESS && a[t].done == TH_ITERS,
+               "thread %d, calls in an agreed order: %s after %d calls: %s", t,
+               brg_status_string(a[t].st), a[t].done, errmsg(ctx->comm));
+    else
+      MP_CHECK(a[t].st == BRG_SUCCESS || a[t].st == BRG_ERR_MISMATCH || a[t].st == BRG_ERR_REMOTE,
+               "thread %d, racing calls: %s (expected success, BRG_ERR_MISMATCH or, when the "
+               "other rank saw it first, BRG_ERR_REMOTE): %s",
+               t, brg_status_string(a[t].st), errmsg(ctx->comm));
+  }
+  if (!ordered)
+    mp_info("racing threads: %d and %d calls succeeded, then %s", a[0].done, a[1].done,
+            brg_status_string(a[0].st != BRG_SUCCESS ? a[0].st : a[1].st));
+  return 0;
+}
+
+static int case_threads(int n) {
+  int bad = 0;
+  for (int ordered = 0; ordered < 2; ordered++) {
+    char name[96];
+    snprintf(name, sizeof name, "threads: two threads on one communicator, %s",
+             ordered ? "in an agreed order" : "racing");
+    mp_opts o = {.name = name, .nranks = n, .deadline_ms = 60000, .init = MP_INIT_ID};
+    bad |= mp_run(&o, body_threads, &ordered);
+  }
+  return bad;
+}
+
 /* ================================================================= main */
 
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr,
-            "usage: %s args|garbage|garbage_open|absent|kill|stop|abort|mismatch|env|log|secret "
-            "[N]\n",
+            "usage: %s "
+            "args|garbage|garbage_open|absent|kill|stop|abort|mismatch|env|log|secret|launch|"
+            "threads [N]\n",
             argv[0]);
     return 2;
   }
@@ -1098,6 +1422,8 @@ int main(int argc, char **argv) {
   if (!strcmp(c, "env")) return case_env();
   if (!strcmp(c, "log")) return case_log();
   if (!strcmp(c, "secret")) return case_secret();
+  if (!strcmp(c, "launch")) return case_launch();
+  if (!strcmp(c, "threads")) return case_threads(n);
   fprintf(stderr, "unknown case %s\n", c);
   return 2;
 }

@@ -1,0 +1,219 @@
+#!/usr/bin/python3
+"""Real PyTorch DDP with backend "brigade" against "gloo", in the same run.
+
+Each rank (a spawned process) builds one Gloo process group and one brigade
+group (brigade's unique id goes through c10d's store), then trains two
+copies of the same model from the same weights on the same batches: one
+under DDP over Gloo, one under DDP over brigade, alternating step by step
+so both see the same machine load. It reports the median step time of the
+slowest rank for each, their ratio, and how far the parameters drifted
+apart (bitwise equal at 2 ranks, where every sum has two terms), and the
+largest relative difference of the first step's averaged gradients. At
+more ranks the two libraries add in different orders: the gradients then
+differ in the last bits (about 1e-7 relative), and training with large
+gradients (ResNets on random data, BatchNorm over 2 images) can amplify
+that into visible parameter differences within a few steps, as any change
+of summation order would.
+
+Models: ResNet-18 and ResNet-50 (torchvision's when it is installed, else
+the same layer shapes defined here), or a small CNN. CPU only; needs
+Debian's python3-torch (run with /usr/bin/python3) and the brigade package
+(pip install ., or PYTHONPATH=python BRIGADE_LIBRARY=build/libbrigade.so).
+
+    /usr/bin/python3 bench/ddp_torch.py -m resnet18 -n 2 -i 20 -w 3
+"""
+import argparse
+import os
+import socket
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-m", "--model", default="resnet18", choices=["resnet18", "resnet50", "cnn"])
+    ap.add_argument("-n", "--ranks", type=int, default=2)
+    ap.add_argument("-i", "--iters", type=int, default=20, help="timed steps per backend")
+    ap.add_argument("-w", "--warmup", type=int, default=3)
+    ap.add_argument("-b", "--batch", type=int, default=8, help="images per rank per step")
+    ap.add_argument("--image", type=int, default=32, help="image side (pixels)")
+    ap.add_argument("--bucket-cap", type=float, default=25.0, help="MiB (DDP's bucket_cap_mb)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch threads per rank; 0: cores / ranks, at least 1")
+    return ap.parse_args(argv)
+
+
+# ------------------------------------------------------- models (shapes as torchvision's)
+class Basic(nn.Module):
+    expansion = 1
+
+    def __init__(self, cin, c, stride):
+        super().__init__()
+        self.c1 = nn.Conv2d(cin, c, 3, stride, 1, bias=False)
+        self.b1 = nn.BatchNorm2d(c)
+        self.c2 = nn.Conv2d(c, c, 3, 1, 1, bias=False)
+        self.b2 = nn.BatchNorm2d(c)
+        self.down = None
+        if stride != 1 or cin != c:
+            self.down = nn.Sequential(nn.Conv2d(cin, c, 1, stride, bias=False),
+                                      nn.BatchNorm2d(c))
+
+    def forward(self, x):
+        y = torch.relu(self.b1(self.c1(x)))
+        y = self.b2(self.c2(y))
+        return torch.relu(y + (x if self.down is None else self.down(x)))
+
+
+class Bottleneck(nn.Module):
+    expansion = 4
+
+    def __init__(self, cin, c, stride):
+        super().__init__()
+        self.c1 = nn.Conv2d(cin, c, 1, bias=False)
+        self.b1 = nn.BatchNorm2d(c)
+        self.c2 = nn.Conv2d(c, c, 3, stride, 1, bias=False)
+        self.b2 = nn.BatchNorm2d(c)
+        self.c3 = nn.Conv2d(c, c * 4, 1, bias=False)
+        self.b3 = nn.BatchNorm2d(c * 4)
+        self.down = None
+        if stride != 1 or cin != c * 4:
+            self.down = nn.Sequential(nn.Conv2d(cin, c * 4, 1, stride, bias=False),
+                                      nn.BatchNorm2d(c * 4))
+
+    def forward(self, x):
+        y = torch.relu(self.b1(self.c1(x)))
+        y = torch.relu(self.b2(self.c2(y)))
+        y = self.b3(self.c3(y))
+        return torch.relu(y + (x if self.down is None else self.down(x)))
+
+
+def resnet(block, layers, classes=1000):
+    mods = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+            nn.MaxPool2d(3, 2, 1)]
+    cin = 64
+    for i, (c, n) in enumerate(zip((64, 128, 256, 512), layers)):
+        for k in range(n):
+            mods.append(block(cin, c, 2 if (k == 0 and i > 0) else 1))
+            cin = c * block.expansion
+    mods += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, classes)]
+    return nn.Sequential(*mods)
+
+
+def make_model(name):
+    try:
+        import torchvision.models as tvm
+
+        if name in ("resnet18", "resnet50"):
+            return getattr(tvm, name)(), "torchvision"
+    except ImportError:
+        pass
+    if name == "resnet18":
+        return resnet(Basic, (2, 2, 2, 2)), "shapes of torchvision's"
+    if name == "resnet50":
+        return resnet(Bottleneck, (3, 4, 6, 3)), "shapes of torchvision's"
+    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4),
+                         nn.Flatten(), nn.Linear(512, 10)), "small CNN"
+
+
+# ------------------------------------------------------------------------- a rank
+def rank_main(rank, args, port, results):
+    import brigade.torch  # noqa: F401  (registers "brigade")
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.ranks)
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
+    bpg = dist.new_group(backend="brigade")
+    torch.manual_seed(0)
+    ref, how = make_model(args.model)
+    ours, _ = make_model(args.model)
+    ours.load_state_dict(ref.state_dict())
+    alone, _ = make_model(args.model)  # no DDP: the compute of a step
+    alone.load_state_dict(ref.state_dict())
+    nparams = sum(p.numel() for p in ref.parameters())
+    ddp = {
+        "gloo": nn.parallel.DistributedDataParallel(ref, bucket_cap_mb=args.bucket_cap,
+                                                    broadcast_buffers=False),
+        "brigade": nn.parallel.DistributedDataParallel(ours, process_group=bpg,
+                                                       bucket_cap_mb=args.bucket_cap,
+                                                       broadcast_buffers=False),
+    }
+    ddp["compute only"] = alone
+    opt = {k: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for k, m in ddp.items()}
+    gen = torch.Generator().manual_seed(1000 + rank)
+    classes = 10 if args.model == "cnn" else 1000
+    times = {k: [] for k in ddp}
+    for step in range(args.warmup + args.iters):
+        x = torch.randn(args.batch, 3, args.image, args.image, generator=gen)
+        y = torch.randint(0, classes, (args.batch,), generator=gen)
+        order = ("gloo", "brigade", "compute only")
+        for k in order if step % 2 == 0 else reversed(order):
+            dist.barrier()
+            t0 = time.perf_counter()
+            opt[k].zero_grad()
+            nn.functional.cross_entropy(ddp[k](x), y).backward()
+            opt[k].step()
+            if step >= args.warmup:
+                times[k].append(time.perf_counter() - t0)
+        if step == 0:  # the first step's averaged gradients, before any drift
+            grad_rel = max(((a.grad - b.grad).abs().max() / (a.grad.abs().max() + 1e-30)).item()
+                           for a, b in zip(ref.parameters(), ours.parameters()))
+    # step time of the slowest rank: max over ranks of each step, then the median
+    med = {}
+    for k in order:
+        t = torch.tensor(times[k], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        med[k] = statistics.median(t.tolist())
+    diff = max((a - b).abs().max().item() for a, b in zip(ref.parameters(), ours.parameters()))
+    biggest = max(p.abs().max().item() for p in ref.parameters())
+    equal = all(torch.equal(a, b) for a, b in zip(ref.parameters(), ours.parameters()))
+    if rank == 0:
+        results.put({"model": args.model, "how": how, "params": nparams, "threads": threads,
+                     "gloo_ms": med["gloo"] * 1e3, "brigade_ms": med["brigade"] * 1e3,
+                     "compute_ms": med["compute only"] * 1e3,
+                     "equal": equal, "maxdiff": diff, "biggest": biggest,
+                     "grad_rel": grad_rel})
+    dist.barrier()
+    if rank == 0:
+        results.close()
+        results.join_thread()
+    # Skip the interpreter's teardown: torch 1.13 can deadlock there (the
+    # main thread, holding the GIL, joins a Gloo worker that waits for the
+    # GIL to free a tensor).
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    mp.start_processes(rank_main, args=(args, port, results), nprocs=args.ranks,
+                       start_method="spawn")
+    r = results.get(timeout=5)
+    print(f"# DDP {r['model']} ({r['how']}, {r['params'] / 1e6:.1f} M parameters), "
+          f"N = {args.ranks}, batch {args.batch} x {args.image}x{args.image}, "
+          f"{r['threads']} torch thread(s) per rank, {args.iters} steps after {args.warmup}")
+    print(f"   step without DDP (compute)  {r['compute_ms']:9.2f} ms (median, slowest rank)")
+    print(f"   DDP step, backend gloo      {r['gloo_ms']:9.2f} ms")
+    print(f"   DDP step, backend brigade   {r['brigade_ms']:9.2f} ms")
+    print(f"# first step's gradients: max relative difference {r['grad_rel']:.3g}")
+    print(f"# brigade / gloo: {r['brigade_ms'] / r['gloo_ms']:.3f}   parameters: "
+          + ("bitwise equal" if r["equal"] else f"max |difference| {r['maxdiff']:.3g} "
+             f"(largest |parameter| {r['biggest']:.3g})"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""Turning Python objects into (address, element count, brigade dtype).
+
+Accepted, in this order of preference:
+
+- torch tensors (CPU): ``data_ptr()``, ``numel()``, ``dtype``; they must be
+  contiguous.
+- objects with ``__array_interface__`` (NumPy arrays and anything that
+  mimics them): the data pointer, typestr, shape and strides.
+- objects with the buffer protocol (``bytearray``, ``array.array``,
+  ``memoryview``, ...), through ``PyObject_GetBuffer`` asking for a
+  C-contiguous buffer with its format.
+
+``__cuda_array_interface__`` and CUDA tensors are refused with a message:
+device buffers need a stream, which this package does not pass yet.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+from ._capi import DType
+
+DTypeLike = Union[DType, str, None]
+
+_NAMES = {
+    "int8": DType.INT8, "uint8": DType.UINT8, "int32": DType.INT32, "uint32": DType.UINT32,
+    "int64": DType.INT64, "uint64": DType.UINT64, "float16": DType.FLOAT16, "half": DType.FLOAT16,
+    "bfloat16": DType.BFLOAT16, "float32": DType.FLOAT32, "float": DType.FLOAT32,
+    "float64": DType.FLOAT64, "double": DType.FLOAT64,
+}
+_SIZES = {DType.INT8: 1, DType.UINT8: 1, DType.INT32: 4, DType.UINT32: 4, DType.INT64: 8,
+          DType.UINT64: 8, DType.FLOAT16: 2, DType.BFLOAT16: 2, DType.FLOAT32: 4, DType.FLOAT64: 8}
+# __array_interface__ typestr kind + size -> dtype
+_TYPESTR = {("i", 1): DType.INT8, ("u", 1): DType.UINT8, ("i", 4): DType.INT32,
+            ("u", 4): DType.UINT32, ("i", 8): DType.INT64, ("u", 8): DType.UINT64,
+            ("f", 2): DType.FLOAT16, ("f", 4): DType.FLOAT32, ("f", 8): DType.FLOAT64}
+# struct-module format codes (native sizes on Linux x86-64/aarch64)
+_FORMAT = {"b": DType.INT8, "B": DType.UINT8, "c": DType.UINT8, "i": DType.INT32,
+           "I": DType.UINT32, "l": DType.INT64, "L": DType.UINT64, "q": DType.INT64,
+           "Q": DType.UINT64, "n": DType.INT64, "N": DType.UINT64, "e": DType.FLOAT16,
+           "f": DType.FLOAT32, "d": DType.FLOAT64}
+
+
+def dtype_of(x: DTypeLike) -> Optional[DType]:
+    """A brigade dtype from a DType, a name ("float32", "bfloat16", ...), or None."""
+    if x is None or isinstance(x, DType):
+        return x
+    if isinstance(x, str) and x.lower() in _NAMES:
+        return _NAMES[x.lower()]
+    raise TypeError(f"brigade: unknown dtype {x!r}; brigade has "
+                    + ", ".join(d.name.lower() for d in DType))
+
+
+def dtype_size(d: DType) -> int:
+    return _SIZES[d]
+
+
+@dataclass
+class View:
+    """A contiguous buffer as the C API sees it."""
+
+    ptr: int
+    count: int  # elements
+    dtype: Optional[DType]  # None: the object's type is not one brigade has
+    nbytes: int
+    readonly: bool
+    what: str  # the object's type and element type, for messages
+    keep: Any = None  # whatever must stay alive while the pointer is used
+
+    def release(self) -> None:
+        if isinstance(self.keep, _PyBuffer):
+            self.keep.release()
+        self.keep = None
+
+
+class _Py_buffer(ctypes.Structure):
+    _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.py_object), ("len", ctypes.c_ssize_t),
+                ("itemsize", ctypes.c_ssize_t), ("readonly", ctypes.c_int),
+                ("ndim", ctypes.c_int), ("format", ctypes.c_char_p),
+                ("shape", ctypes.POINTER(ctypes.c_ssize_t)),
+                ("strides", ctypes.POINTER(ctypes.c_ssize_t)),
+                ("suboffsets", ctypes.POINTER(ctypes.c_ssize_t)), ("internal", ctypes.c_void_p)]
+
+
+_PyBUF_WRITABLE, _PyBUF_FORMAT, _PyBUF_C_CONTIGUOUS = 0x1, 0x4, 0x38
+_get_buffer = ctypes.pythonapi.PyObject_GetBuffer
+_get_buffer.argtypes = [ctypes.py_object, ctypes.POINTER(_Py_buffer), ctypes.c_int]
+_get_buffer.restype = ctypes.c_int
+_release_buffer = ctypes.pythonapi.PyBuffer_Release
+_release_buffer.argtypes = [ctypes.POINTER(_Py_buffer)]
+_release_buffer.restype = None
+
+
+class _PyBuffer:
+    """A held Py_buffer, released once."""
+
+    def __init__(self, obj: Any, writable: bool):
+        self.view = _Py_buffer()
+        flags = _PyBUF_FORMAT | _PyBUF_C_CONTIGUOUS | (_PyBUF_WRITABLE if writable else 0)
+        _get_buffer(obj, ctypes.byref(self.view), flags)  # raises BufferError itself
+        self.held = True
+
+    def release(self) -> None:
+        if self.held:
+            _release_buffer(ctypes.byref(self.view))
+            self.held = False
+
+    def __del__(self) -> None:
+        self.release()
+
+
+def _is_torch(obj: Any) -> bool:
+    t = type(obj)
+    return t.__module__.startswith("torch") and hasattr(obj, "data_ptr") and hasattr(obj, "dtype")
+
+
+def _torch_view(t: Any, writable: bool, name: str) -> View:
+    import torch
+
+    if t.device.type != "cpu":
+        raise TypeError(f"brigade: {name} is a {t.device.type} tensor; this package passes only "
+                        "host (CPU) buffers to brigade so far")
+    if not t.is_contiguous():
+        raise ValueError(f"brigade: {name} is a non-contiguous tensor (shape {tuple(t.shape)}, "
+                         f"strides {t.stride()}); call .contiguous() first")
+    table = {torch.int8: DType.INT8, torch.uint8: DType.UINT8, torch.int32: DType.INT32,
+             torch.int64: DType.INT64, torch.float16: DType.FLOAT16,
+             torch.bfloat16: DType.BFLOAT16, torch.float32: DType.FLOAT32,
+             torch.float64: DType.FLOAT64}
+    d = table.get(t.dtype)
+    n = t.numel()
+    return View(ptr=t.data_ptr(), count=n, dtype=d, nbytes=n * t.element_size(),
+                readonly=False, what=f"a tensor of {t.dtype}", keep=t)
+
+
+def _array_interface_view(obj: Any, ai: dict, writable: bool, name: str) -> View:
+    ptr, ro = ai["data"] if ai.get("data") is not None else (0, False)
+    typestr = ai["typestr"]
+    shape = tuple(ai["shape"])
+    kind, size = typestr[1], int(typestr[2:])
+    if typestr[0] == ">" and size > 1:
+        raise TypeError(f"brigade: {name} is big-endian ({typestr}); brigade works on this "
+                        "machine's byte order")
+    n = 1
+    for s in shape:
+        n *= s
+    strides = ai.get("strides")
+    if strides is not None and n > 1:
+        expect, want = size, []
+        for s in reversed(shape):
+            want.append(expect)
+            expect *= s
+        if any(st != w for st, w, dim in zip(strides, reversed(want), shape) if dim > 1):
+            raise ValueError(f"brigade: {name} is not contiguous (shape {shape}, strides "
+                             f"{tuple(strides)}); pass a contiguous copy "
+                             "(numpy.ascontiguousarray)")
+    d = _TYPESTR.get((kind, size))
+    return View(ptr=ptr or 0, count=n, dtype=d, nbytes=n * size, readonly=bool(ro),
+                what=f"an array of {_describe_typestr(obj, typestr)}", keep=obj)
+
+
+def _describe_typestr(obj: Any, typestr: str) -> str:
+    dt = getattr(obj, "dtype", None)
+    return str(dt) if dt is not None else typestr
+
+
+def as_view(obj: Any, writable: bool, name: str) -> View:
+    """A View of obj; raises TypeError/ValueError naming `name` when it cannot be one."""
+    if _is_torch(obj):
+        return _torch_view(obj, writable, name)
+    if hasattr(obj, "__cuda_array_interface__"):
+        raise TypeError(f"brigade: {name} is a GPU buffer (__cuda_array_interface__); this "
+                        "package passes only host buffers to brigade so far")
+    ai = getattr(obj, "__array_interface__", None)
+    if ai is not None:
+        v = _array_interface_view(obj, ai, writable, name)
+        if writable and v.readonly:
+            raise ValueError(f"brigade: {name} is read-only")
+        return v
+    try:
+        pb = _PyBuffer(obj, writable)
+    except BufferError as e:
+        raise ValueError(f"brigade: {name}: {e}") from None
+    except TypeError:
+        raise TypeError(f"brigade: {name} ({type(obj).__name__}) has no buffer protocol, "
+                        "__array_interface__ or tensor interface") from None
+    v = pb.view
+    fmt = (v.format or b"B").decode()
+    code = fmt.lstrip("@=<")
+    d = _FORMAT.get(code) if len(code) == 1 else None
+    if d is not None and _SIZES[d] != v.itemsize:
+        d = None
+    return View(ptr=v.buf or 0, count=v.len // max(v.itemsize, 1), dtype=d, nbytes=v.len,
+                readonly=bool(v.readonly), what=f"a {type(obj).__name__} of format {fmt!r}",
+                keep=pb)

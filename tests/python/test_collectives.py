@@ -1,0 +1,249 @@
+"""brigade's collectives from Python, on real processes: every dtype brigade
+shares with NumPy (bfloat16 as raw uint16 with dtype="bfloat16"), every op,
+odd sizes, in place and out of place, at 2 and 3 ranks; every element is
+checked against a reference computed here with NumPy from the same inputs.
+"""
+import array
+
+import numpy as np
+import pytest
+
+import brigade
+import ranks
+
+NP_TYPES = ["int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32",
+            "float64", "bfloat16"]
+OPS = ["sum", "prod", "min", "max", "avg"]
+SIZES = [1, 13, 4099, 70001]
+
+
+def bf16_encode(x):
+    """float32 values -> raw bfloat16, rounded to nearest even (no NaNs here)."""
+    u = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return u.astype(np.uint16)
+
+
+def bf16_decode(u):
+    return (np.asarray(u, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def values(rank, count, op):
+    """Rank `rank`'s input as small positive integers (exact in every dtype):
+    1..4 for products (4^3 fits int8), 1..11 otherwise."""
+    i = np.arange(count, dtype=np.int64)
+    top = 4 if op == "prod" else 11
+    return (i * 7 + rank * 3 + (i // 5)) % top + 1
+
+
+def make(dt, v):
+    if dt == "bfloat16":
+        return bf16_encode(v.astype(np.float32))
+    return v.astype(dt)
+
+
+def expect(dt, n, count, op):
+    """The reduction over ranks, computed in int64/float64 from the exact inputs."""
+    vs = [values(r, count, op) for r in range(n)]
+    if op == "sum":
+        e = sum(vs)
+    elif op == "prod":
+        e = np.prod(vs, axis=0)
+    elif op == "min":
+        e = np.min(vs, axis=0)
+    elif op == "max":
+        e = np.max(vs, axis=0)
+    else:
+        s = sum(vs)
+        e = (s // n) if dt not in ("float16", "float32", "float64", "bfloat16") else s / n
+    if dt == "bfloat16":
+        return e.astype(np.float64)
+    return e.astype(dt)
+
+
+def decoded(dt, a):
+    return bf16_decode(a).astype(np.float64) if dt == "bfloat16" else a
+
+
+def check(what, dt, got, want, op, n):
+    got = decoded(dt, got)
+    if dt == "bfloat16" and want.dtype == np.uint16:
+        want = bf16_decode(want)
+    if op == "avg" and dt in ("float16", "bfloat16", "float32", "float64"):
+        # sum then one division: for float32/64 numpy's s / n rounds once as the library
+        # does; float16/bfloat16 hold the exact sum and round the quotient once.
+        if dt == "bfloat16":
+            want = bf16_decode(bf16_encode(want.astype(np.float32))).astype(np.float64)
+            tol = 2.0 ** -8 * np.abs(want)
+        elif dt == "float16":
+            tol = 2.0 ** -11 * np.abs(want.astype(np.float64))
+        else:
+            tol = 0
+        bad = np.nonzero(np.abs(got.astype(np.float64) - want.astype(np.float64)) > tol)[0]
+    else:
+        bad = np.nonzero(got != want)[0]
+    if len(bad):
+        i = bad[0]
+        raise AssertionError(f"{what} {dt} {op} n={n}: {len(bad)} of {len(got)} elements wrong; "
+                             f"first at {i}: got {got[i]!r}, expected {want[i]!r}")
+
+
+# ---------------------------------------------------------------- rank bodies
+def body_allreduce(comm):
+    n, r = comm.size, comm.rank
+    for dt in NP_TYPES:
+        kw = {"dtype": "bfloat16"} if dt == "bfloat16" else {}
+        for op in OPS:
+            for count in SIZES:
+                want = expect(dt, n, count, op)
+                x = make(dt, values(r, count, op))
+                out = np.full_like(x, 0x5A)
+                comm.allreduce(x, out=out, op=op, **kw)
+                check("allreduce out of place", dt, out, want, op, n)
+                check("allreduce input untouched", dt, x, make(dt, values(r, count, op)),
+                      "none", n)
+                comm.allreduce(x, op=op, **kw)
+                check("allreduce in place", dt, x, want, op, n)
+                req = comm.iallreduce(make(dt, values(r, count, op)), out=out, op=op, **kw)
+                req.wait()
+                assert req.test()
+                check("iallreduce", dt, out, want, op, n)
+
+
+def body_reduce_scatter_all_gather(comm):
+    n, r = comm.size, comm.rank
+    for dt in NP_TYPES:
+        kw = {"dtype": "bfloat16"} if dt == "bfloat16" else {}
+        for op in ("sum", "max"):
+            for count in SIZES[:3]:
+                want = expect(dt, n, count * n, op)[r * count:(r + 1) * count]
+                x = make(dt, values(r, count * n, op))
+                out = comm.reduce_scatter(x, op=op, **kw) if not kw else \
+                    comm.reduce_scatter(x, out=np.empty(count, np.uint16), op=op, **kw)
+                check("reduce_scatter out of place", dt, out, want, op, n)
+                block = x[r * count:(r + 1) * count]  # NCCL's in place: my block of the input
+                comm.reduce_scatter(x, out=block, op=op, **kw)
+                check("reduce_scatter in place", dt, block, want, op, n)
+        for count in SIZES[:3]:
+            mine = make(dt, values(r, count, "sum"))
+            want = np.concatenate([make(dt, values(k, count, "sum")) for k in range(n)])
+            out = np.empty(count * n, dtype=mine.dtype)
+            comm.all_gather(mine, out=out, **kw)
+            check("all_gather out of place", dt, out, decoded(dt, want), "none", n)
+            buf = np.zeros(count * n, dtype=mine.dtype)
+            buf[r * count:(r + 1) * count] = mine
+            comm.all_gather(buf[r * count:(r + 1) * count], out=buf, **kw)
+            check("all_gather in place", dt, buf, decoded(dt, want), "none", n)
+
+
+def body_broadcast_reduce_barrier(comm):
+    n, r = comm.size, comm.rank
+    for dt in NP_TYPES:
+        kw = {"dtype": "bfloat16"} if dt == "bfloat16" else {}
+        for root in range(n):
+            for count in SIZES[:3]:
+                src = make(dt, values(root, count, "sum"))
+                x = make(dt, values(r, count, "sum"))
+                out = np.zeros_like(x)
+                comm.broadcast(x, root=root, out=out, **kw)
+                check("broadcast out of place", dt, out, decoded(dt, src), "none", n)
+                comm.broadcast(x, root=root, **kw)
+                check("broadcast in place", dt, x, decoded(dt, src), "none", n)
+                for op in ("sum", "min"):
+                    x = make(dt, values(r, count, op))
+                    before = np.full_like(x, 3)
+                    out = before.copy()
+                    comm.reduce(x, root=root, out=out, op=op, **kw)
+                    if r == root:
+                        check("reduce at the root", dt, out, expect(dt, n, count, op), op, n)
+                    else:
+                        check("reduce elsewhere leaves out", dt, out, decoded(dt, before),
+                              "none", n)
+    for _ in range(5):
+        comm.barrier()
+
+
+def body_other_buffers(comm):
+    """Buffer-protocol objects that are not NumPy arrays."""
+    n, r = comm.size, comm.rank
+    a = array.array("d", [r + 0.5, -r, 3.0])
+    comm.allreduce(a)
+    assert list(a) == [sum(k + 0.5 for k in range(n)), -sum(range(n)), 3.0 * n]
+    b = bytearray([r + 1] * 7)
+    comm.allreduce(b, op="max")
+    assert b == bytearray([n] * 7)
+    m = memoryview(array.array("i", [r] * 5))
+    out = array.array("i", [0] * 5)
+    comm.allreduce(m, out=out)
+    assert list(out) == [sum(range(n))] * 5
+    ro = bytes([r + 1] * 3)
+    dst = bytearray(3)
+    comm.allreduce(ro, out=dst)  # a read-only input is fine out of place
+    assert dst == bytearray([sum(range(1, n + 1))] * 3)
+    assert comm.bytes_sent > 0
+
+    class Plain:
+        """Only __array_interface__, over memory of its own (no NumPy array)."""
+
+        def __init__(self, values):
+            import ctypes
+
+            self.mem = (ctypes.c_int64 * len(values))(*values)
+            self.__array_interface__ = {"shape": (len(values),), "typestr": "<i8",
+                                        "data": (ctypes.addressof(self.mem), False),
+                                        "version": 3}
+
+    p = Plain([r, 10 * r, -r])
+    comm.allreduce(p)
+    assert list(p.mem) == [sum(range(n)), 10 * sum(range(n)), -sum(range(n))]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_allreduce(n):
+    ranks.run(n, body_allreduce, timeout=120)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_reduce_scatter_all_gather(n):
+    ranks.run(n, body_reduce_scatter_all_gather, timeout=120)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_broadcast_reduce_barrier(n):
+    ranks.run(n, body_broadcast_reduce_barrier, timeout=120)
+
+
+def test_other_buffers():
+    ranks.run(2, body_other_buffers)
+
+
+def body_env(comm, n):
+    assert comm.size == n
+    x = np.full(10, comm.rank, dtype=np.int32)
+    comm.allreduce(x)
+    assert (x == sum(range(n))).all()
+
+
+def test_from_env():
+    """Communicator.from_env under torchrun-style variables."""
+    ranks.run(2, body_env, 2, init="env")
+
+
+def test_alone_without_launcher(monkeypatch):
+    for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
+        monkeypatch.delenv(v, raising=False)
+    ranks.run(1, _alone, init=None)
+
+
+def _alone(rank, n):
+    import os
+
+    for v in list(os.environ):
+        if v.startswith(("OMPI_", "PMI_", "SLURM_")) or v in ("RANK", "WORLD_SIZE",
+                                                              "MASTER_ADDR", "MASTER_PORT"):
+            del os.environ[v]
+    with brigade.Communicator.from_env() as comm:
+        assert (comm.rank, comm.size) == (0, 1)
+        x = np.arange(5.0)
+        comm.allreduce(x)
+        assert (x == np.arange(5.0)).all()
