@@ -68,6 +68,7 @@ REDUCER_FIND_UNUSED = 0x02
 REDUCER_STATIC_GRAPH = 0x04
 REDUCER_GRAD_AS_VIEW = 0x08
 REDUCER_NO_REBUILD = 0x10
+REDUCER_DEVICE = 0x20  # GPU buffers (not offered by this package yet)
 REDUCER_NO_SYNC = 0x01
 
 
@@ -115,6 +116,7 @@ class ReducerBucket(ctypes.Structure):
         ("nranks", ctypes.c_int),
         ("average", ctypes.c_int),
         ("request", ctypes.POINTER(RequestStruct)),
+        ("stream", ctypes.c_void_p),  # device form: the communication stream
     ]
 
 

@@ -27,6 +27,7 @@ int main(void) {
   NUM(BRG_REDUCER_STATIC_GRAPH);
   NUM(BRG_REDUCER_GRAD_AS_VIEW);
   NUM(BRG_REDUCER_NO_REBUILD);
+  NUM(BRG_REDUCER_DEVICE);
   NUM(BRG_REDUCER_NO_SYNC);
   printf("  \"end\": 0\n },\n \"status\": {\n");
   NUM(BRG_SUCCESS);
@@ -85,6 +86,7 @@ int main(void) {
   FIELD(brg_reducer_bucket, nranks);
   FIELD(brg_reducer_bucket, average);
   FIELD(brg_reducer_bucket, request);
+  FIELD(brg_reducer_bucket, stream);
   printf("    \"end\": [0, 0]}},\n");
   printf("  \"brg_reducer_config\": {\"size\": %zu, \"fields\": {\n", sizeof(brg_reducer_config));
   FIELD(brg_reducer_config, bucket_cap_bytes);
