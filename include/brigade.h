@@ -63,6 +63,10 @@ typedef enum { BRG_SUM, BRG_PROD, BRG_MIN, BRG_MAX, BRG_AVG } brg_op;
 #define BRG_NUM_DTYPES 10
 #define BRG_NUM_OPS 5
 
+/* The version of the library that runs (the macros above are the version of
+ * the header a program was built against). No argument may be NULL. */
+brg_status brg_get_version(int *major, int *minor, int *patch);
+
 const char *brg_status_string(brg_status s);
 const char *brg_dtype_name(brg_dtype dtype); /* "float32"…, or NULL when out of range */
 const char *brg_op_name(brg_op op);          /* "sum"…, or NULL when out of range */
@@ -100,19 +104,29 @@ brg_status brg_reduce(const void *sendbuf, void *recvbuf, size_t count, brg_dtyp
 brg_status brg_barrier(brg_comm *comm);
 
 /*
- * Asynchronous host allreduce.
+ * Non-blocking host collectives.
  *
  * The request is caller-owned storage (embed it in your own struct; brigade
- * never allocates one). brg_iallreduce queues the collective on the
- * communicator's worker thread and returns at once; the buffers must stay
- * valid and untouched until brg_test reports completion or brg_wait returns.
- * Collectives run in the order they were issued, blocking calls included.
+ * never allocates one). brg_i<collective> checks its arguments as the
+ * blocking form does, queues the collective on the communicator's worker
+ * thread and returns at once; the buffers must stay valid and untouched
+ * until brg_test reports completion or brg_wait returns. Collectives run in
+ * the order they were issued, blocking calls included, and every rank must
+ * issue the same sequence, as with the blocking forms. Any number of
+ * requests may be outstanding, and they may be tested or waited on in any
+ * order.
+ *
+ * These calls take host buffers only (GPU buffers are refused with
+ * BRG_ERR_INVALID_ARGUMENT: the blocking forms with a stream are
+ * asynchronous on that stream already). The arguments mean what they mean
+ * for the blocking form of the same name.
  *
  * brg_test sets *done to 1 once the collective has finished and then returns
  * its final status (BRG_SUCCESS or the error it ended with); while it runs,
  * *done is 0 and the return value is BRG_IN_PROGRESS. brg_wait blocks until
  * the collective has finished and returns its final status. After completion
- * the request may be reused for a new call.
+ * the request may be reused for a new call; reusing one still in flight is
+ * BRG_ERR_INVALID_USAGE.
  */
 typedef struct brg_request {
   uint64_t internal[16];
@@ -120,6 +134,15 @@ typedef struct brg_request {
 
 brg_status brg_iallreduce(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype,
                           brg_op op, brg_comm *comm, brg_request *request);
+brg_status brg_ireduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                               brg_dtype dtype, brg_op op, brg_comm *comm, brg_request *request);
+brg_status brg_iall_gather(const void *sendbuf, void *recvbuf, size_t sendcount, brg_dtype dtype,
+                           brg_comm *comm, brg_request *request);
+brg_status brg_ibroadcast(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype,
+                          int root, brg_comm *comm, brg_request *request);
+brg_status brg_ireduce(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype, brg_op op,
+                       int root, brg_comm *comm, brg_request *request);
+brg_status brg_ibarrier(brg_comm *comm, brg_request *request);
 brg_status brg_test(brg_request *request, int *done);
 brg_status brg_wait(brg_request *request);
 

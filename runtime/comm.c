@@ -17,6 +17,18 @@
 #include "settings.h"
 #include "trace.h"
 
+/* The version of the library that runs, which may differ from the header
+ * a program was built against. */
+brg_status brg_get_version(int *major, int *minor, int *patch) {
+  if (!major || !minor || !patch)
+    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT,
+                             "brg_get_version: major, minor and patch must not be NULL");
+  *major = BRG_VERSION_MAJOR;
+  *minor = BRG_VERSION_MINOR;
+  *patch = BRG_VERSION_PATCH;
+  return BRG_SUCCESS;
+}
+
 brg_status brg_get_unique_id(brg_unique_id *id) {
   if (!id) return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_get_unique_id: id is NULL");
   brg__errbuf err = {0};
