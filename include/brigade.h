@@ -75,6 +75,42 @@ size_t brg_dtype_size(brg_dtype dtype);      /* bytes per element, 0 when out of
 brg_status brg_get_unique_id(brg_unique_id *id);
 brg_status brg_comm_init(brg_comm **comm, int nranks, const brg_unique_id *id, int rank);
 brg_status brg_comm_init_env(brg_comm **comm); /* torchrun / mpirun / srun / brigade-run env */
+
+/*
+ * Per-communicator settings (as NCCL's ncclConfig_t). Start from
+ * BRG_COMM_CONFIG_INIT, which leaves every field unset, and set the ones you
+ * want; an unset field takes its value from the environment, as brg_comm_init
+ * does for all of them. size and version come first so that the struct can
+ * grow: a library refuses a config larger or of a later version than it
+ * knows, with BRG_ERR_INVALID_ARGUMENT.
+ *
+ *   timeout_ms   how long a rank waits for a peer during init and in
+ *                collectives before BRG_ERR_TIMEOUT; in [100, INT_MAX], or
+ *                BRG_CONFIG_UNSET for BRIGADE_TIMEOUT_MS. (The bootstrap root
+ *                that brg_get_unique_id starts waits BRIGADE_TIMEOUT_MS for
+ *                the ranks: the id is made before any config.)
+ *   transports   the transports the ring may use, comma-separated names
+ *                ("shm", "tcp", "ibverbs"), "" for all, or NULL for
+ *                BRIGADE_TRANSPORTS; an unknown name is refused. Every rank
+ *                must allow the same ones. The string is copied.
+ *
+ * brg_comm_init_config with cfg NULL is brg_comm_init. A bad field makes it
+ * return BRG_ERR_INVALID_ARGUMENT before it contacts anyone, and
+ * brg_comm_last_error(NULL) names the field.
+ */
+#define BRG_COMM_CONFIG_VERSION 1
+#define BRG_CONFIG_UNSET (-1)
+typedef struct brg_comm_config {
+  size_t size;      /* sizeof(brg_comm_config) */
+  unsigned version; /* BRG_COMM_CONFIG_VERSION */
+  int timeout_ms;
+  const char *transports;
+} brg_comm_config;
+#define BRG_COMM_CONFIG_INIT                                                                       \
+  { sizeof(brg_comm_config), BRG_COMM_CONFIG_VERSION, BRG_CONFIG_UNSET, NULL }
+
+brg_status brg_comm_init_config(brg_comm **comm, int nranks, const brg_unique_id *id, int rank,
+                                const brg_comm_config *cfg);
 brg_status brg_comm_rank(const brg_comm *comm, int *rank);
 brg_status brg_comm_size(const brg_comm *comm, int *size);
 const char *brg_comm_last_error(const brg_comm *comm);
