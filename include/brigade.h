@@ -111,6 +111,20 @@ typedef struct brg_comm_config {
 
 brg_status brg_comm_init_config(brg_comm **comm, int nranks, const brg_unique_id *id, int rank,
                                 const brg_comm_config *cfg);
+/*
+ * A collective over comm (every rank calls it, in order with its other
+ * collectives): ranks that pass the same color form a new communicator,
+ * ranked by (key, rank in comm); a rank that passes BRG_SPLIT_NOCOLOR
+ * takes part but gets *newcomm = NULL. As NCCL's ncclCommSplit and torch's
+ * new_group. The new communicator has comm's timeout and transports, is
+ * independent of comm once made (either may be destroyed first), and
+ * is destroyed with brg_comm_destroy. A negative color other than
+ * BRG_SPLIT_NOCOLOR is BRG_ERR_INVALID_ARGUMENT. On failure *newcomm is
+ * left alone and brg_comm_last_error(NULL) says why.
+ */
+#define BRG_SPLIT_NOCOLOR (-1)
+brg_status brg_comm_split(brg_comm *comm, int color, int key, brg_comm **newcomm);
+
 brg_status brg_comm_rank(const brg_comm *comm, int *rank);
 brg_status brg_comm_size(const brg_comm *comm, int *size);
 const char *brg_comm_last_error(const brg_comm *comm);

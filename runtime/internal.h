@@ -138,6 +138,7 @@ struct brg_comm {
 /*
  * Who does what in runtime/ (each file calls only files listed after it):
  *   rendezvous.c  brg_comm_init_env: the launcher's variables -> comm.c
+ *   split.c       brg_comm_split: two all-gathers over the parent -> comm.c
  *   coll.c        the collectives' entry points and argument checks
  *   comm.c        create (bootstrap, topology, links), accessors, destroy
  *   progress.c    issue order: the worker thread, device setup
