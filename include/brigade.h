@@ -111,6 +111,7 @@ typedef struct brg_comm_config {
 
 brg_status brg_comm_init_config(brg_comm **comm, int nranks, const brg_unique_id *id, int rank,
                                 const brg_comm_config *cfg);
+
 /*
  * A collective over comm (every rank calls it, in order with its other
  * collectives): ranks that pass the same color form a new communicator,

@@ -7,6 +7,8 @@
  *                          the environment's BRIGADE_TRANSPORTS=tcp and
  *                          BRIGADE_TIMEOUT_MS=3000, which meson sets)
  *
+ * B is also split, and its child must take B's transports.
+ *
  * Which transport a communicator took shows in /proc/self/maps (shm maps
  * /dev/shm/brigade-* files, tcp none); which timeout it took shows in how
  * long a collective waits for a rank that does not come.
@@ -236,6 +238,18 @@ static int body_multi(mp_ctx *ctx) {
 
   if (!allreduce_ok(a, ctx, "A") || !allreduce_ok(b, ctx, "B") || !allreduce_ok(c, ctx, "C"))
     return 1;
+
+  /* A split keeps its parent's transports: B's child maps shm FIFOs of
+   * its own, although the environment says tcp. */
+  brg_comm *bs = NULL;
+  if ((st = brg_comm_split(b, 0, rank, &bs)) != BRG_SUCCESS || !bs) {
+    mp_fail("split of B: %s: %s", brg_status_string(st), brg_comm_last_error(NULL));
+    return 1;
+  }
+  int m4 = shm_maps();
+  if (n > 1) MP_CHECK(m4 > m3, "the split of B (transports \"shm\") mapped no shm FIFO");
+  if (!allreduce_ok(bs, ctx, "B's split")) return 1;
+  MP_CHECK(brg_comm_destroy(bs) == BRG_SUCCESS, "destroy B's split");
 
   if (n > 1) {
     /* B waits 60 s: rank 0 coming 4 s late (past the environment's 3 s) is fine. */
