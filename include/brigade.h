@@ -63,6 +63,10 @@ typedef enum { BRG_SUM, BRG_PROD, BRG_MIN, BRG_MAX, BRG_AVG } brg_op;
 #define BRG_NUM_DTYPES 10
 #define BRG_NUM_OPS 5
 
+/* The version of the library that runs (the macros above are the version of
+ * the header a program was built against). No argument may be NULL. */
+brg_status brg_get_version(int *major, int *minor, int *patch);
+
 const char *brg_status_string(brg_status s);
 const char *brg_dtype_name(brg_dtype dtype); /* "float32"…, or NULL when out of range */
 const char *brg_op_name(brg_op op);          /* "sum"…, or NULL when out of range */
@@ -71,6 +75,57 @@ size_t brg_dtype_size(brg_dtype dtype);      /* bytes per element, 0 when out of
 brg_status brg_get_unique_id(brg_unique_id *id);
 brg_status brg_comm_init(brg_comm **comm, int nranks, const brg_unique_id *id, int rank);
 brg_status brg_comm_init_env(brg_comm **comm); /* torchrun / mpirun / srun / brigade-run env */
+
+/*
+ * Per-communicator settings (as NCCL's ncclConfig_t). Start from
+ * BRG_COMM_CONFIG_INIT, which leaves every field unset, and set the ones you
+ * want; an unset field takes its value from the environment, as brg_comm_init
+ * does for all of them. size and version come first so that the struct can
+ * grow: a library refuses a config larger or of a later version than it
+ * knows, with BRG_ERR_INVALID_ARGUMENT.
+ *
+ *   timeout_ms   how long a rank waits for a peer during init and in
+ *                collectives before BRG_ERR_TIMEOUT; in [100, INT_MAX], or
+ *                BRG_CONFIG_UNSET for BRIGADE_TIMEOUT_MS. (The bootstrap root
+ *                that brg_get_unique_id starts waits BRIGADE_TIMEOUT_MS for
+ *                the ranks: the id is made before any config.)
+ *   transports   the transports the ring may use, comma-separated names
+ *                ("shm", "tcp", "ibverbs"), "" for all, or NULL for
+ *                BRIGADE_TRANSPORTS; an unknown name is refused. Every rank
+ *                must allow the same ones. The string is copied.
+ *
+ * brg_comm_init_config with cfg NULL is brg_comm_init. A bad field makes it
+ * return BRG_ERR_INVALID_ARGUMENT before it contacts anyone, and
+ * brg_comm_last_error(NULL) names the field.
+ */
+#define BRG_COMM_CONFIG_VERSION 1
+#define BRG_CONFIG_UNSET (-1)
+typedef struct brg_comm_config {
+  size_t size;      /* sizeof(brg_comm_config) */
+  unsigned version; /* BRG_COMM_CONFIG_VERSION */
+  int timeout_ms;
+  const char *transports;
+} brg_comm_config;
+#define BRG_COMM_CONFIG_INIT                                                                       \
+  { sizeof(brg_comm_config), BRG_COMM_CONFIG_VERSION, BRG_CONFIG_UNSET, NULL }
+
+brg_status brg_comm_init_config(brg_comm **comm, int nranks, const brg_unique_id *id, int rank,
+                                const brg_comm_config *cfg);
+
+/*
+ * A collective over comm (every rank calls it, in order with its other
+ * collectives): ranks that pass the same color form a new communicator,
+ * ranked by (key, rank in comm); a rank that passes BRG_SPLIT_NOCOLOR
+ * takes part but gets *newcomm = NULL. As NCCL's ncclCommSplit and torch's
+ * new_group. The new communicator has comm's timeout and transports, is
+ * independent of comm once made (either may be destroyed first), and
+ * is destroyed with brg_comm_destroy. A negative color other than
+ * BRG_SPLIT_NOCOLOR is BRG_ERR_INVALID_ARGUMENT. On failure *newcomm is
+ * left alone and brg_comm_last_error(NULL) says why.
+ */
+#define BRG_SPLIT_NOCOLOR (-1)
+brg_status brg_comm_split(brg_comm *comm, int color, int key, brg_comm **newcomm);
+
 brg_status brg_comm_rank(const brg_comm *comm, int *rank);
 brg_status brg_comm_size(const brg_comm *comm, int *size);
 const char *brg_comm_last_error(const brg_comm *comm);
@@ -100,19 +155,29 @@ brg_status brg_reduce(const void *sendbuf, void *recvbuf, size_t count, brg_dtyp
 brg_status brg_barrier(brg_comm *comm);
 
 /*
- * Asynchronous host allreduce.
+ * Non-blocking host collectives.
  *
  * The request is caller-owned storage (embed it in your own struct; brigade
- * never allocates one). brg_iallreduce queues the collective on the
- * communicator's worker thread and returns at once; the buffers must stay
- * valid and untouched until brg_test reports completion or brg_wait returns.
- * Collectives run in the order they were issued, blocking calls included.
+ * never allocates one). brg_i<collective> checks its arguments as the
+ * blocking form does, queues the collective on the communicator's worker
+ * thread and returns at once; the buffers must stay valid and untouched
+ * until brg_test reports completion or brg_wait returns. Collectives run in
+ * the order they were issued, blocking calls included, and every rank must
+ * issue the same sequence, as with the blocking forms. Any number of
+ * requests may be outstanding, and they may be tested or waited on in any
+ * order.
+ *
+ * These calls take host buffers only (GPU buffers are refused with
+ * BRG_ERR_INVALID_ARGUMENT: the blocking forms with a stream are
+ * asynchronous on that stream already). The arguments mean what they mean
+ * for the blocking form of the same name.
  *
  * brg_test sets *done to 1 once the collective has finished and then returns
  * its final status (BRG_SUCCESS or the error it ended with); while it runs,
  * *done is 0 and the return value is BRG_IN_PROGRESS. brg_wait blocks until
  * the collective has finished and returns its final status. After completion
- * the request may be reused for a new call.
+ * the request may be reused for a new call; reusing one still in flight is
+ * BRG_ERR_INVALID_USAGE.
  */
 typedef struct brg_request {
   uint64_t internal[16];
@@ -120,6 +185,15 @@ typedef struct brg_request {
 
 brg_status brg_iallreduce(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype,
                           brg_op op, brg_comm *comm, brg_request *request);
+brg_status brg_ireduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                               brg_dtype dtype, brg_op op, brg_comm *comm, brg_request *request);
+brg_status brg_iall_gather(const void *sendbuf, void *recvbuf, size_t sendcount, brg_dtype dtype,
+                           brg_comm *comm, brg_request *request);
+brg_status brg_ibroadcast(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype,
+                          int root, brg_comm *comm, brg_request *request);
+brg_status brg_ireduce(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype, brg_op op,
+                       int root, brg_comm *comm, brg_request *request);
+brg_status brg_ibarrier(brg_comm *comm, brg_request *request);
 brg_status brg_test(brg_request *request, int *done);
 brg_status brg_wait(brg_request *request);
 

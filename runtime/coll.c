@@ -59,95 +59,175 @@ static brg_status check_call(brg_comm *c, const char *fn, const void *sendbuf, c
     .count = (CNT)                                                                                 \
   }
 
+/* Each collective's checks fill k; the blocking form runs it, the
+ * non-blocking form (stream NULL, host buffers) queues it on a request. */
+
+static brg_status prep_allreduce(const char *fn, const void *sendbuf, void *recvbuf, size_t count,
+                                 brg_dtype dtype, brg_op op, brg_comm *comm, brg_stream stream,
+                                 brg__coll *k) {
+  *k = COLL(BRG__COLL_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, -1);
+  return check_call(comm, fn, sendbuf, recvbuf, count, count, count, dtype, 1, op, -1, stream, k);
+}
+
+static brg_status prep_reduce_scatter(const char *fn, const void *sendbuf, void *recvbuf,
+                                      size_t recvcount, brg_dtype dtype, brg_op op, brg_comm *comm,
+                                      brg_stream stream, brg__coll *k) {
+  size_t n = comm && comm->magic == BRG__COMM_MAGIC ? (size_t)comm->nranks : 1;
+  *k = COLL(BRG__COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, -1);
+  return check_call(comm, fn, sendbuf, recvbuf, recvcount, recvcount * n, recvcount, dtype, 1, op,
+                    -1, stream, k);
+}
+
+static brg_status prep_all_gather(const char *fn, const void *sendbuf, void *recvbuf,
+                                  size_t sendcount, brg_dtype dtype, brg_comm *comm,
+                                  brg_stream stream, brg__coll *k) {
+  size_t n = comm && comm->magic == BRG__COMM_MAGIC ? (size_t)comm->nranks : 1;
+  *k = COLL(BRG__COLL_ALL_GATHER, sendbuf, recvbuf, sendcount, dtype, BRG_SUM, -1);
+  return check_call(comm, fn, sendbuf, recvbuf, sendcount, sendcount, sendcount * n, dtype, 0,
+                    BRG_SUM, -1, stream, k);
+}
+
+static brg_status prep_broadcast(const char *fn, const void *sendbuf, void *recvbuf, size_t count,
+                                 brg_dtype dtype, int root, brg_comm *comm, brg_stream stream,
+                                 brg__coll *k) {
+  brg_status s = brg__check_comm(comm, fn);
+  if (s != BRG_SUCCESS) return s;
+  if (root < 0 || root >= comm->nranks)
+    return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT, "%s: root %d is not in [0, %d)", fn,
+                           root, comm->nranks);
+  int is_root = comm->rank == root;
+  *k = COLL(BRG__COLL_BROADCAST, is_root ? sendbuf : NULL, recvbuf, count, dtype, BRG_SUM, root);
+  return check_call(comm, fn, is_root ? sendbuf : NULL, recvbuf, count, is_root ? count : 0, count,
+                    dtype, 0, BRG_SUM, root, stream, k);
+}
+
+static brg_status prep_reduce(const char *fn, const void *sendbuf, void *recvbuf, size_t count,
+                              brg_dtype dtype, brg_op op, int root, brg_comm *comm,
+                              brg_stream stream, brg__coll *k) {
+  brg_status s = brg__check_comm(comm, fn);
+  if (s != BRG_SUCCESS) return s;
+  if (root < 0 || root >= comm->nranks)
+    return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT, "%s: root %d is not in [0, %d)", fn,
+                           root, comm->nranks);
+  int is_root = comm->rank == root;
+  *k = COLL(BRG__COLL_REDUCE, sendbuf, is_root ? recvbuf : NULL, count, dtype, op, root);
+  return check_call(comm, fn, sendbuf, is_root ? recvbuf : NULL, count, count, is_root ? count : 0,
+                    dtype, 1, op, root, stream, k);
+}
+
+static brg_status prep_barrier(const char *fn, brg_comm *comm, brg__coll *k) {
+  *k = COLL(BRG__COLL_BARRIER, NULL, NULL, 0, BRG_INT8, BRG_SUM, -1);
+  return check_call(comm, fn, NULL, NULL, 0, 0, 0, BRG_INT8, 1, BRG_SUM, -1, NULL, k);
+}
+
+/* Queues a checked host collective on the caller's request. */
+static brg_status issue(brg_comm *comm, const char *fn, const brg__coll *k, brg_request *request) {
+  if (k->device)
+    return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT,
+                           "%s: the buffers are GPU memory: device collectives are asynchronous "
+                           "on their stream already (use the blocking form with a stream)",
+                           fn);
+  if (!request) return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT, "%s: request is NULL", fn);
+  brg__req *r = (brg__req *)request;
+  if (r->magic == BRG__REQ_MAGIC && !__atomic_load_n(&r->done, __ATOMIC_ACQUIRE))
+    return brg__comm_error(comm, BRG_ERR_INVALID_USAGE, "%s: request is still in flight", fn);
+  memset(r, 0, sizeof *r);
+  r->coll = *k;
+  return brg__progress_enqueue(comm, r);
+}
+
 brg_status brg_allreduce(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype,
                          brg_op op, brg_comm *comm, brg_stream stream) {
-  brg__coll k = COLL(BRG__COLL_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, -1);
-  brg_status s = check_call(comm, "brg_allreduce", sendbuf, recvbuf, count, count, count, dtype, 1,
-                            op, -1, stream, &k);
-  if (s != BRG_SUCCESS) return s;
-  return brg__progress_run(comm, &k);
+  brg__coll k;
+  brg_status s =
+      prep_allreduce("brg_allreduce", sendbuf, recvbuf, count, dtype, op, comm, stream, &k);
+  return s != BRG_SUCCESS ? s : brg__progress_run(comm, &k);
 }
 
 brg_status brg_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount, brg_dtype dtype,
                               brg_op op, brg_comm *comm, brg_stream stream) {
-  size_t n = comm && comm->magic == BRG__COMM_MAGIC ? (size_t)comm->nranks : 1;
-  brg__coll k = COLL(BRG__COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, -1);
-  brg_status s = check_call(comm, "brg_reduce_scatter", sendbuf, recvbuf, recvcount, recvcount * n,
-                            recvcount, dtype, 1, op, -1, stream, &k);
-  if (s != BRG_SUCCESS) return s;
-  return brg__progress_run(comm, &k);
+  brg__coll k;
+  brg_status s = prep_reduce_scatter("brg_reduce_scatter", sendbuf, recvbuf, recvcount, dtype, op,
+                                     comm, stream, &k);
+  return s != BRG_SUCCESS ? s : brg__progress_run(comm, &k);
 }
 
 brg_status brg_all_gather(const void *sendbuf, void *recvbuf, size_t sendcount, brg_dtype dtype,
                           brg_comm *comm, brg_stream stream) {
-  size_t n = comm && comm->magic == BRG__COMM_MAGIC ? (size_t)comm->nranks : 1;
-  brg__coll k = COLL(BRG__COLL_ALL_GATHER, sendbuf, recvbuf, sendcount, dtype, BRG_SUM, -1);
-  brg_status s = check_call(comm, "brg_all_gather", sendbuf, recvbuf, sendcount, sendcount,
-                            sendcount * n, dtype, 0, BRG_SUM, -1, stream, &k);
-  if (s != BRG_SUCCESS) return s;
-  return brg__progress_run(comm, &k);
+  brg__coll k;
+  brg_status s =
+      prep_all_gather("brg_all_gather", sendbuf, recvbuf, sendcount, dtype, comm, stream, &k);
+  return s != BRG_SUCCESS ? s : brg__progress_run(comm, &k);
 }
 
 brg_status brg_broadcast(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype,
                          int root, brg_comm *comm, brg_stream stream) {
-  brg_status s = brg__check_comm(comm, "brg_broadcast");
-  if (s != BRG_SUCCESS) return s;
-  if (root < 0 || root >= comm->nranks)
-    return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT,
-                           "brg_broadcast: root %d is not in [0, %d)", root, comm->nranks);
-  int is_root = comm->rank == root;
-  brg__coll k =
-      COLL(BRG__COLL_BROADCAST, is_root ? sendbuf : NULL, recvbuf, count, dtype, BRG_SUM, root);
-  s = check_call(comm, "brg_broadcast", is_root ? sendbuf : NULL, recvbuf, count,
-                 is_root ? count : 0, count, dtype, 0, BRG_SUM, root, stream, &k);
-  if (s != BRG_SUCCESS) return s;
-  return brg__progress_run(comm, &k);
+  brg__coll k;
+  brg_status s =
+      prep_broadcast("brg_broadcast", sendbuf, recvbuf, count, dtype, root, comm, stream, &k);
+  return s != BRG_SUCCESS ? s : brg__progress_run(comm, &k);
 }
 
 brg_status brg_reduce(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype, brg_op op,
                       int root, brg_comm *comm, brg_stream stream) {
-  brg_status s = brg__check_comm(comm, "brg_reduce");
-  if (s != BRG_SUCCESS) return s;
-  if (root < 0 || root >= comm->nranks)
-    return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT, "brg_reduce: root %d is not in [0, %d)",
-                           root, comm->nranks);
-  int is_root = comm->rank == root;
-  brg__coll k = COLL(BRG__COLL_REDUCE, sendbuf, is_root ? recvbuf : NULL, count, dtype, op, root);
-  s = check_call(comm, "brg_reduce", sendbuf, is_root ? recvbuf : NULL, count, count,
-                 is_root ? count : 0, dtype, 1, op, root, stream, &k);
-  if (s != BRG_SUCCESS) return s;
-  return brg__progress_run(comm, &k);
+  brg__coll k;
+  brg_status s =
+      prep_reduce("brg_reduce", sendbuf, recvbuf, count, dtype, op, root, comm, stream, &k);
+  return s != BRG_SUCCESS ? s : brg__progress_run(comm, &k);
 }
 
 brg_status brg_barrier(brg_comm *comm) {
-  brg__coll k = COLL(BRG__COLL_BARRIER, NULL, NULL, 0, BRG_INT8, BRG_SUM, -1);
-  brg_status s =
-      check_call(comm, "brg_barrier", NULL, NULL, 0, 0, 0, BRG_INT8, 1, BRG_SUM, -1, NULL, &k);
-  if (s != BRG_SUCCESS) return s;
-  return brg__progress_run(comm, &k);
+  brg__coll k;
+  brg_status s = prep_barrier("brg_barrier", comm, &k);
+  return s != BRG_SUCCESS ? s : brg__progress_run(comm, &k);
 }
 
-/* ---- asynchronous allreduce ---- */
+/* ---- non-blocking forms ---- */
 
 brg_status brg_iallreduce(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype,
                           brg_op op, brg_comm *comm, brg_request *request) {
-  brg__coll k = COLL(BRG__COLL_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, -1);
-  brg_status s = check_call(comm, "brg_iallreduce", sendbuf, recvbuf, count, count, count, dtype, 1,
-                            op, -1, NULL, &k);
-  if (s != BRG_SUCCESS) return s;
-  if (k.device)
-    return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT,
-                           "brg_iallreduce: the buffers are GPU memory: device collectives are "
-                           "asynchronous on their stream already (brg_allreduce with a stream)");
-  if (!request)
-    return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT, "brg_iallreduce: request is NULL");
-  brg__req *r = (brg__req *)request;
-  if (r->magic == BRG__REQ_MAGIC && !__atomic_load_n(&r->done, __ATOMIC_ACQUIRE))
-    return brg__comm_error(comm, BRG_ERR_INVALID_USAGE,
-                           "brg_iallreduce: request is still in flight");
-  memset(r, 0, sizeof *r);
-  r->coll = k;
-  return brg__progress_enqueue(comm, r);
+  brg__coll k;
+  brg_status s =
+      prep_allreduce("brg_iallreduce", sendbuf, recvbuf, count, dtype, op, comm, NULL, &k);
+  return s != BRG_SUCCESS ? s : issue(comm, "brg_iallreduce", &k, request);
+}
+
+brg_status brg_ireduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                               brg_dtype dtype, brg_op op, brg_comm *comm, brg_request *request) {
+  brg__coll k;
+  brg_status s = prep_reduce_scatter("brg_ireduce_scatter", sendbuf, recvbuf, recvcount, dtype, op,
+                                     comm, NULL, &k);
+  return s != BRG_SUCCESS ? s : issue(comm, "brg_ireduce_scatter", &k, request);
+}
+
+brg_status brg_iall_gather(const void *sendbuf, void *recvbuf, size_t sendcount, brg_dtype dtype,
+                           brg_comm *comm, brg_request *request) {
+  brg__coll k;
+  brg_status s =
+      prep_all_gather("brg_iall_gather", sendbuf, recvbuf, sendcount, dtype, comm, NULL, &k);
+  return s != BRG_SUCCESS ? s : issue(comm, "brg_iall_gather", &k, request);
+}
+
+brg_status brg_ibroadcast(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype,
+                          int root, brg_comm *comm, brg_request *request) {
+  brg__coll k;
+  brg_status s =
+      prep_broadcast("brg_ibroadcast", sendbuf, recvbuf, count, dtype, root, comm, NULL, &k);
+  return s != BRG_SUCCESS ? s : issue(comm, "brg_ibroadcast", &k, request);
+}
+
+brg_status brg_ireduce(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype, brg_op op,
+                       int root, brg_comm *comm, brg_request *request) {
+  brg__coll k;
+  brg_status s =
+      prep_reduce("brg_ireduce", sendbuf, recvbuf, count, dtype, op, root, comm, NULL, &k);
+  return s != BRG_SUCCESS ? s : issue(comm, "brg_ireduce", &k, request);
+}
+
+brg_status brg_ibarrier(brg_comm *comm, brg_request *request) {
+  brg__coll k;
+  brg_status s = prep_barrier("brg_ibarrier", comm, &k);
+  return s != BRG_SUCCESS ? s : issue(comm, "brg_ibarrier", &k, request);
 }
 
 brg_status brg_test(brg_request *request, int *done) {

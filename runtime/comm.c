@@ -4,6 +4,7 @@
  * destruction.
  */
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,18 @@
 #include "ring_link.h"
 #include "settings.h"
 #include "trace.h"
+
+/* The version of the library that runs, which may differ from the header
+ * a program was built against. */
+brg_status brg_get_version(int *major, int *minor, int *patch) {
+  if (!major || !minor || !patch)
+    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT,
+                             "brg_get_version: major, minor and patch must not be NULL");
+  *major = BRG_VERSION_MAJOR;
+  *minor = BRG_VERSION_MINOR;
+  *patch = BRG_VERSION_PATCH;
+  return BRG_SUCCESS;
+}
 
 brg_status brg_get_unique_id(brg_unique_id *id) {
   if (!id) return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_get_unique_id: id is NULL");
@@ -108,15 +121,17 @@ static brg_status next_gave_up(brg_comm *c, brg_status s, brg__errbuf *err) {
 
 /* Sets up the two links of this rank: from prev (receive) and to next (send). */
 static brg_status connect_ring(brg_comm *c, const uint8_t *secret, brg__errbuf *err) {
-  const char *allow = brg__core_str(BRG__CORE_TRANSPORTS);
+  const char *allow = c->transports;
   const brg__transport_ops *tsend =
       brg__transport_pick(&c->peers[c->rank], &c->peers[c->next], allow);
   const brg__transport_ops *trecv =
       brg__transport_pick(&c->peers[c->prev], &c->peers[c->rank], allow);
   if (!tsend || !trecv)
     return brg__error(err, BRG_ERR_UNAVAILABLE, "init",
-                      "no transport can link rank %d and rank %d (BRIGADE_TRANSPORTS=\"%s\")",
-                      c->rank, tsend ? c->prev : c->next, allow);
+                      "no transport can link rank %d and rank %d (transports allowed: \"%s\", "
+                      "from %s)",
+                      c->rank, tsend ? c->prev : c->next, allow,
+                      c->transports_from_config ? "brg_comm_config" : "BRIGADE_TRANSPORTS");
   brg__conn_params ps = {.rank = c->rank,
                          .peer = c->next,
                          .nranks = c->nranks,
@@ -158,7 +173,7 @@ static brg_status connect_ring(brg_comm *c, const uint8_t *secret, brg__errbuf *
     peer_info[31] = 0;
     s = brg__error(err, BRG_ERR_MISMATCH, "init",
                    "rank %d chose transport \"%s\" for the link from rank %d, which chose "
-                   "\"%s\" (is BRIGADE_TRANSPORTS the same on every rank?)",
+                   "\"%s\" (are the transports allowed the same on every rank?)",
                    c->next, got == sizeof peer_info ? peer_info : "?", c->rank, tsend->name);
     goto out;
   }
@@ -265,6 +280,11 @@ static brg_status comm_free(brg_comm *c) {
 }
 
 brg_status brg__comm_create(brg_comm **out, int nranks, const brg__boot_id *id, int rank) {
+  return brg__comm_create_opts(out, nranks, id, rank, NULL);
+}
+
+brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id *id, int rank,
+                                 const brg__comm_opts *opts) {
   brg__errbuf err = {0};
   brg_status s = brg__settings_load(&err);
   if (s != BRG_SUCCESS) return brg__fail_no_comm_err(s, &err, NULL);
@@ -283,7 +303,11 @@ brg_status brg__comm_create(brg_comm **out, int nranks, const brg__boot_id *id, 
   pthread_mutex_init(&c->qlock, NULL);
   pthread_cond_init(&c->qcond, NULL);
   pthread_cond_init(&c->donecond, NULL);
-  c->timeout_ms = (int)brg__core_int(BRG__CORE_TIMEOUT_MS);
+  c->timeout_ms =
+      opts && opts->timeout_ms != -1 ? opts->timeout_ms : (int)brg__core_int(BRG__CORE_TIMEOUT_MS);
+  c->transports_from_config = opts && opts->transports;
+  snprintf(c->transports, sizeof c->transports, "%s",
+           c->transports_from_config ? opts->transports : brg__core_str(BRG__CORE_TRANSPORTS));
   c->nslots = (int)brg__core_int(BRG__CORE_STEPS);
   c->slice_bytes = (size_t)brg__core_int(BRG__CORE_SLICE_BYTES) & ~(size_t)63;
   c->comm_id = brg__fnv1a64(BRG__FNV64_INIT, id, sizeof *id);
@@ -361,6 +385,98 @@ brg_status brg_comm_init(brg_comm **comm, int nranks, const brg_unique_id *id, i
   brg__boot_id bid;
   memcpy(&bid, id->internal, sizeof bid);
   return brg__comm_create(comm, nranks, &bid, rank);
+}
+
+/* The known transport names, comma-separated, for messages. */
+static void transport_names(char *out, size_t cap) {
+  size_t len = 0;
+  out[0] = 0;
+  for (int i = 0; brg__transports[i] && len < cap; i++)
+    len += (size_t)snprintf(out + len, cap - len, "%s%s", i ? ", " : "", brg__transports[i]->name);
+}
+
+/* Every name of a comma-separated list is a transport; "" allows all. */
+static brg_status check_transports(const char *list, brg__errbuf *err) {
+  if (strlen(list) >= BRG__TRANSPORTS_MAX)
+    return brg__error_quiet(err, BRG_ERR_INVALID_ARGUMENT,
+                            "brg_comm_init_config: cfg->transports is %zu characters long "
+                            "(at most %d)",
+                            strlen(list), BRG__TRANSPORTS_MAX - 1);
+  for (const char *p = list; *p;) {
+    const char *end = strchr(p, ',');
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    int known = 0;
+    for (int i = 0; brg__transports[i] && !known; i++)
+      known =
+          len == strlen(brg__transports[i]->name) && strncmp(p, brg__transports[i]->name, len) == 0;
+    if (!known) {
+      char names[128];
+      transport_names(names, sizeof names);
+      return brg__error_quiet(err, BRG_ERR_INVALID_ARGUMENT,
+                              "brg_comm_init_config: cfg->transports=\"%s\": \"%.*s\" is not a "
+                              "transport (known: %s; \"\" allows all, NULL takes "
+                              "BRIGADE_TRANSPORTS)",
+                              list, (int)len, p, names);
+    }
+    if (!end) break;
+    p = end + 1;
+  }
+  return BRG_SUCCESS;
+}
+
+/* The fields a config of this size and version carries, checked. */
+static brg_status read_config(const brg_comm_config *cfg, brg__comm_opts *o, brg__errbuf *err) {
+  o->timeout_ms = -1;
+  o->transports = NULL;
+  if (!cfg) return BRG_SUCCESS;
+  size_t v1 = offsetof(brg_comm_config, transports) + sizeof cfg->transports;
+  if (cfg->size < v1 || cfg->size > sizeof *cfg)
+    return brg__error_quiet(err, BRG_ERR_INVALID_ARGUMENT,
+                            "brg_comm_init_config: cfg->size is %zu, expected %zu (initialize the "
+                            "config with BRG_COMM_CONFIG_INIT)",
+                            cfg->size, sizeof *cfg);
+  if (cfg->version < 1 || cfg->version > BRG_COMM_CONFIG_VERSION)
+    return brg__error_quiet(err, BRG_ERR_INVALID_ARGUMENT,
+                            "brg_comm_init_config: cfg->version is %u, this library knows 1 to %d "
+                            "(initialize the config with BRG_COMM_CONFIG_INIT)",
+                            cfg->version, BRG_COMM_CONFIG_VERSION);
+  if (cfg->timeout_ms != BRG_CONFIG_UNSET) {
+    const brg__cfg_entry *e = &brg__core_config.entries[BRG__CORE_TIMEOUT_MS];
+    if (cfg->timeout_ms < e->min || cfg->timeout_ms > e->max)
+      return brg__error_quiet(err, BRG_ERR_INVALID_ARGUMENT,
+                              "brg_comm_init_config: cfg->timeout_ms=%d is not in [%lld, %lld] "
+                              "(BRG_CONFIG_UNSET takes BRIGADE_TIMEOUT_MS)",
+                              cfg->timeout_ms, (long long)e->min, (long long)e->max);
+    o->timeout_ms = cfg->timeout_ms;
+  }
+  if (cfg->transports) {
+    brg_status s = check_transports(cfg->transports, err);
+    if (s != BRG_SUCCESS) return s;
+    o->transports = cfg->transports;
+  }
+  return BRG_SUCCESS;
+}
+
+brg_status brg_comm_init_config(brg_comm **comm, int nranks, const brg_unique_id *id, int rank,
+                                const brg_comm_config *cfg) {
+  if (!comm)
+    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_comm_init_config: comm is NULL");
+  if (!id) return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_comm_init_config: id is NULL");
+  if (nranks < 1 || nranks > BRG__BOOT_MAX_RANKS)
+    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT,
+                             "brg_comm_init_config: nranks=%d is not in [1, %d]", nranks,
+                             BRG__BOOT_MAX_RANKS);
+  if (rank < 0 || rank >= nranks)
+    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT,
+                             "brg_comm_init_config: rank=%d is not in [0, %d)", rank, nranks);
+  brg__errbuf err = {0};
+  brg__comm_opts o;
+  brg_status s = brg__settings_load(&err); /* the bounds of the settings table */
+  if (s == BRG_SUCCESS) s = read_config(cfg, &o, &err);
+  if (s != BRG_SUCCESS) return brg__fail_no_comm_err(s, &err, NULL);
+  brg__boot_id bid;
+  memcpy(&bid, id->internal, sizeof bid);
+  return brg__comm_create_opts(comm, nranks, &bid, rank, &o);
 }
 
 brg_status brg_comm_rank(const brg_comm *comm, int *rank) {

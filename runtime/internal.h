@@ -66,6 +66,8 @@ enum {
   BRG__MSG_BEAT = 6,  /* liveness.c */
 };
 
+#define BRG__TRANSPORTS_MAX 128
+
 struct brg_comm {
   uint32_t magic;
   int rank, nranks;
@@ -82,7 +84,10 @@ struct brg_comm {
   uint64_t send_head;          /* next's head as last read */
   int nslots;                  /* FIFO slots per link (BRIGADE_STEPS) */
   size_t slice_bytes;          /* the pipeline unit (BRIGADE_SLICE_BYTES): one slice per slot */
-  int timeout_ms;
+  int timeout_ms;              /* brg_comm_config's, or BRIGADE_TIMEOUT_MS */
+  char transports[BRG__TRANSPORTS_MAX]; /* allowed transports, "" = all (brg_comm_config's,
+                                           or BRIGADE_TRANSPORTS) */
+  int transports_from_config;
   brg__waiter waiter;
 
   char *scratch; /* nranks * small_bytes, for small allreduces */
@@ -133,6 +138,7 @@ struct brg_comm {
 /*
  * Who does what in runtime/ (each file calls only files listed after it):
  *   rendezvous.c  brg_comm_init_env: the launcher's variables -> comm.c
+ *   split.c       brg_comm_split: two all-gathers over the parent -> comm.c
  *   coll.c        the collectives' entry points and argument checks
  *   comm.c        create (bootstrap, topology, links), accessors, destroy
  *   progress.c    issue order: the worker thread, device setup
@@ -191,8 +197,16 @@ void brg__topology_order(brg_comm *c);
  * them; BRG_ERR_REMOTE names the rank whose identity is malformed. */
 brg_status brg__topology_check_peers(const brg__peer_info *peers, int n, brg__errbuf *err);
 
-/* comm.c: a communicator from a bootstrap id (rendezvous.c, brg_comm_init). */
+/* comm.c: a communicator from a bootstrap id (rendezvous.c, brg_comm_init),
+ * with the settings of the environment or, brg__comm_create_opts, these
+ * (a NULL transports or a timeout_ms of -1: the environment's). */
+typedef struct brg__comm_opts {
+  int timeout_ms;
+  const char *transports;
+} brg__comm_opts;
 brg_status brg__comm_create(brg_comm **out, int nranks, const brg__boot_id *id, int rank);
+brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id *id, int rank,
+                                 const brg__comm_opts *opts);
 
 /* progress.c: runs a collective in issue order on the caller's thread and
  * returns its status (inline when nothing is queued ahead of it). */

@@ -114,6 +114,25 @@ int main(void) {
       for (int i = 0; i < 64; i++)
         EXPECT(host_b[i] == (float)(3 * i), "stream-0 allreduce element %d", i);
 
+      /* The non-blocking forms take host buffers only. */
+      brg_request rq;
+      expect_status(c, "brg_iallreduce(device)",
+                    brg_iallreduce(da, db, 64, BRG_FLOAT32, BRG_SUM, c, &rq),
+                    BRG_ERR_INVALID_ARGUMENT, "brg_iallreduce: the buffers are GPU memory");
+      expect_status(c, "brg_ireduce_scatter(device)",
+                    brg_ireduce_scatter(da, db, 64, BRG_FLOAT32, BRG_SUM, c, &rq),
+                    BRG_ERR_INVALID_ARGUMENT, "brg_ireduce_scatter: the buffers are GPU memory");
+      expect_status(c, "brg_iall_gather(device)", brg_iall_gather(da, db, 64, BRG_FLOAT32, c, &rq),
+                    BRG_ERR_INVALID_ARGUMENT, "brg_iall_gather: the buffers are GPU memory");
+      expect_status(c, "brg_ibroadcast(device)", brg_ibroadcast(da, db, 64, BRG_FLOAT32, 0, c, &rq),
+                    BRG_ERR_INVALID_ARGUMENT, "brg_ibroadcast: the buffers are GPU memory");
+      expect_status(c, "brg_ireduce(device)",
+                    brg_ireduce(da, db, 64, BRG_FLOAT32, BRG_SUM, 0, c, &rq),
+                    BRG_ERR_INVALID_ARGUMENT, "brg_ireduce: the buffers are GPU memory");
+      expect_status(c, "brg_ireduce(host send, device recv)",
+                    brg_ireduce(host_a, db, 64, BRG_FLOAT32, BRG_SUM, 0, c, &rq),
+                    BRG_ERR_INVALID_ARGUMENT, "host memory");
+
       /* A second GPU: buffers split across two GPUs, then a communicator
        * that has run on GPU 0 given buffers on GPU 1. */
       int ndev = api->probe(NULL, 0);

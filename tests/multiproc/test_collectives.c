@@ -5,7 +5,12 @@
  *
  *   test_collectives N [part...]     parts: barrier allreduce reduce_scatter
  *                                    all_gather broadcast reduce bytes async
- *                                    lifecycle
+ *                                    lifecycle; the non-blocking forms:
+ *                                    ibarrier iallreduce ireduce_scatter
+ *                                    iall_gather ibroadcast ireduce imulti
+ *
+ * With no part named, all blocking parts run (the i* parts are named by
+ * the tests that want them).
  *
  * The transport comes from BRIGADE_TRANSPORTS (set per test by meson).
  *
@@ -273,6 +278,8 @@ typedef struct run {
   unsigned char *tabs;                  /* MP_MAX_RANKS tables of PERIOD elements */
   num *vals;
   int broken; /* a call failed: the ranks are out of step, stop */
+  int nb;     /* the non-blocking forms (brg_i*) and brg_test/brg_wait instead */
+  brg_request req;
   int64_t t_parts[16];
   /* MP_DEVICE=1: device mirrors of sbase/rbase and the stream */
   const brg__cuda_api *dapi;
@@ -409,6 +416,26 @@ static brg_status dev_down(run *R, brg_status st, size_t sext, size_t rext) {
 #define ON_DEVICE(R, SE, RE, CALL) (dev_up(R, SE, RE), dev_down(R, (CALL), SE, RE))
 #define D(p) dptr(R, p)
 
+/* Completes a non-blocking call: a few brg_test polls, then brg_wait. */
+static brg_status nb_finish(run *R, brg_status st) {
+  if (st != BRG_SUCCESS) return st;
+  for (int k = 0; k < 3; k++) {
+    int done = -1;
+    st = brg_test(&R->req, &done);
+    if (done == 1) return st;
+    if (done != 0 || st != BRG_IN_PROGRESS) {
+      mp_fail("brg_test on a running request: %s, done=%d", brg_status_string(st), done);
+      return st == BRG_SUCCESS ? BRG_ERR_INTERNAL : st;
+    }
+  }
+  return brg_wait(&R->req);
+}
+
+/* The blocking call (on the device mirrors when MP_DEVICE=1), or with
+ * R->nb its non-blocking form on R->req, completed. */
+#define COLL_CALL(R, SE, RE, BLOCKING, NB)                                                         \
+  ((R)->nb ? nb_finish(R, (NB)) : ON_DEVICE(R, SE, RE, BLOCKING))
+
 static void label(char *buf, size_t cap, const char *coll, const dinfo *di, int op, size_t count,
                   int inplace, int root) {
   int l = snprintf(buf, cap, "%s %s", coll, di->name);
@@ -455,8 +482,9 @@ static void do_allreduce(run *R, const dinfo *di, int op, size_t count, int inpl
   if (!inplace) memset(r, 0xcd, bytes);
   set_guards(r, bytes);
   if (!call_ok(R, what,
-               ON_DEVICE(R, bytes, bytes,
-                         brg_allreduce(D(s), D(r), count, di->dt, OPV[op], R->comm, R->stream))))
+               COLL_CALL(R, bytes, bytes,
+                         brg_allreduce(D(s), D(r), count, di->dt, OPV[op], R->comm, R->stream),
+                         brg_iallreduce(s, r, count, di->dt, OPV[op], R->comm, &R->req))))
     return;
   check_pattern(what, di, r, count, R->ref, P, 0, 0);
   check_guards(what, r, bytes);
@@ -477,8 +505,9 @@ static void do_reduce(run *R, const dinfo *di, int op, size_t count, int inplace
   if (!inplace) memset(r, 0xcd, bytes);
   set_guards(r, bytes);
   if (!call_ok(R, what,
-               ON_DEVICE(R, bytes, bytes,
-                         brg_reduce(D(s), D(r), count, di->dt, OPV[op], root, R->comm, R->stream))))
+               COLL_CALL(R, bytes, bytes,
+                         brg_reduce(D(s), D(r), count, di->dt, OPV[op], root, R->comm, R->stream),
+                         brg_ireduce(s, r, count, di->dt, OPV[op], root, R->comm, &R->req))))
     return;
   if (R->rank == root) check_pattern(what, di, r, count, R->ref, P, 0, 0);
   check_guards(what, r, bytes);
@@ -502,8 +531,9 @@ static void do_reduce_scatter(run *R, const dinfo *di, int op, size_t rc, int in
     set_guards(r, rc * esz);
   }
   if (!call_ok(R, what,
-               ON_DEVICE(R, total * esz, rc * esz,
-                         brg_reduce_scatter(D(s), D(r), rc, di->dt, OPV[op], R->comm, R->stream))))
+               COLL_CALL(R, total * esz, rc * esz,
+                         brg_reduce_scatter(D(s), D(r), rc, di->dt, OPV[op], R->comm, R->stream),
+                         brg_ireduce_scatter(s, r, rc, di->dt, OPV[op], R->comm, &R->req))))
     return;
   check_pattern(what, di, r, rc, R->ref, P, (size_t)R->rank * rc, 0);
   if (inplace) {
@@ -529,8 +559,9 @@ static void do_all_gather(run *R, const dinfo *di, size_t sc, int inplace) {
   fill_pattern(s, sc, esz, mine, P, 0);
   set_guards(r, total * esz);
   if (!call_ok(R, what,
-               ON_DEVICE(R, sc * esz, total * esz,
-                         brg_all_gather(D(s), D(r), sc, di->dt, R->comm, R->stream))))
+               COLL_CALL(R, sc * esz, total * esz,
+                         brg_all_gather(D(s), D(r), sc, di->dt, R->comm, R->stream),
+                         brg_iall_gather(s, r, sc, di->dt, R->comm, &R->req))))
     return;
   for (int q = 0; q < R->n; q++) {
     char w2[200];
@@ -558,8 +589,9 @@ static void do_broadcast(run *R, const dinfo *di, size_t count, int inplace, int
   if (inplace && R->rank != root) memset(r, 0xcd, bytes);
   set_guards(r, bytes);
   if (!call_ok(R, what,
-               ON_DEVICE(R, bytes, bytes,
-                         brg_broadcast(D(s), D(r), count, di->dt, root, R->comm, R->stream))))
+               COLL_CALL(R, bytes, bytes,
+                         brg_broadcast(D(s), D(r), count, di->dt, root, R->comm, R->stream),
+                         brg_ibroadcast(s, r, count, di->dt, root, R->comm, &R->req))))
     return;
   check_pattern(what, di, r, count, R->own, P, 0, 1);
   check_guards(what, r, bytes);
@@ -591,13 +623,14 @@ static size_t per_rank_count(size_t c, int n) {
 }
 
 static void part_allreduce(run *R) {
-  for (size_t ci = 0; ci < NCOUNTS; ci++)
+  for (size_t ci = 0; ci < NCOUNTS; ci++) {
     for (int d = 0; d < BRG_NUM_DTYPES; d++)
       for (int op = 0; op < BRG_NUM_OPS; op++)
         for (int ip = 0; ip < 2; ip++) {
           if (R->broken) return;
           do_allreduce(R, &DTYPES[d], op, COUNTS[ci], ip);
         }
+  }
 }
 
 static void part_reduce_scatter(run *R) {
@@ -627,7 +660,7 @@ static void part_all_gather(run *R) {
 
 static void part_broadcast(run *R) {
   int roots[MP_MAX_RANKS], nr = roots_for(R->n, roots);
-  for (size_t ci = 0; ci < NCOUNTS; ci++)
+  for (size_t ci = 0; ci < NCOUNTS; ci++) {
     for (int d = 0; d < BRG_NUM_DTYPES; d++)
       for (int ip = 0; ip < 2; ip++) {
         if (COUNTS[ci] == BIG) { /* one root per large call, rotating */
@@ -640,11 +673,12 @@ static void part_broadcast(run *R) {
           do_broadcast(R, &DTYPES[d], COUNTS[ci], ip, roots[k]);
         }
       }
+  }
 }
 
 static void part_reduce(run *R) {
   int roots[MP_MAX_RANKS], nr = roots_for(R->n, roots);
-  for (size_t ci = 0; ci < NCOUNTS; ci++)
+  for (size_t ci = 0; ci < NCOUNTS; ci++) {
     for (int d = 0; d < BRG_NUM_DTYPES; d++)
       for (int op = 0; op < BRG_NUM_OPS; op++)
         for (int ip = 0; ip < 2; ip++) {
@@ -658,12 +692,17 @@ static void part_reduce(run *R) {
             do_reduce(R, &DTYPES[d], op, COUNTS[ci], ip, roots[k], k == 0);
           }
         }
+  }
+}
+
+static brg_status barrier_call(run *R) {
+  return R->nb ? nb_finish(R, brg_ibarrier(R->comm, &R->req)) : brg_barrier(R->comm);
 }
 
 /* A barrier returns on no rank before the last rank has entered it. */
 static void part_barrier(run *R) {
   mp_shared *sh = mp_shared_area();
-  if (!call_ok(R, "barrier", brg_barrier(R->comm))) return;
+  if (!call_ok(R, "barrier", barrier_call(R))) return;
   if (R->n == 1) return;
   for (int round = 0; round < 3 && !R->broken; round++) {
     int late = (round * 5 + 1) % R->n;
@@ -671,14 +710,14 @@ static void part_barrier(run *R) {
       mp_sleep_ms(200);
       __atomic_store_n(&sh->vals[0], mp_now_ns(), __ATOMIC_RELEASE);
     }
-    if (!call_ok(R, "barrier", brg_barrier(R->comm))) return;
+    if (!call_ok(R, "barrier", barrier_call(R))) return;
     int64_t out = mp_now_ns(), in = __atomic_load_n(&sh->vals[0], __ATOMIC_ACQUIRE);
     MP_CHECK(in != 0 && out >= in,
              "barrier round %d returned before rank %d entered it (%.1f ms early)", round, late,
              in ? (double)(in - out) / 1e6 : 200.0);
-    if (!call_ok(R, "barrier", brg_barrier(R->comm))) return;
+    if (!call_ok(R, "barrier", barrier_call(R))) return;
     if (R->rank == late) __atomic_store_n(&sh->vals[0], 0, __ATOMIC_RELEASE);
-    if (!call_ok(R, "barrier", brg_barrier(R->comm))) return;
+    if (!call_ok(R, "barrier", barrier_call(R))) return;
   }
 }
 
@@ -846,6 +885,236 @@ out:
   }
 }
 
+/* The non-blocking forms through the same element-by-element checks as the
+ * blocking ones: every dtype, op, count, root, in and out of place. */
+static void with_nb(run *R, void (*fn)(run *)) {
+  R->nb = 1;
+  fn(R);
+  R->nb = 0;
+}
+static void part_ibarrier(run *R) {
+  with_nb(R, part_barrier);
+}
+static void part_iallreduce(run *R) {
+  with_nb(R, part_allreduce);
+}
+static void part_ireduce_scatter(run *R) {
+  with_nb(R, part_reduce_scatter);
+}
+static void part_iall_gather(run *R) {
+  with_nb(R, part_all_gather);
+}
+static void part_ibroadcast(run *R) {
+  with_nb(R, part_broadcast);
+}
+static void part_ireduce(run *R) {
+  with_nb(R, part_reduce);
+}
+
+/* Every kind of non-blocking collective outstanding at once, each on its
+ * own buffers, completed in an order that changes every round (some by
+ * polling brg_test, some by brg_wait), then every element checked. */
+enum {
+  IK_ALLREDUCE,
+  IK_REDUCE_SCATTER,
+  IK_ALL_GATHER,
+  IK_BROADCAST,
+  IK_REDUCE,
+  IK_BARRIER,
+  IK_NUM
+};
+static const char *const IK_NAMES[IK_NUM] = {"iallreduce", "ireduce_scatter", "iall_gather",
+                                             "ibroadcast", "ireduce",         "ibarrier"};
+
+typedef struct icase {
+  int kind, d, op, root, inplace;
+  size_t count; /* per rank for reduce_scatter and all_gather */
+  size_t P;
+  unsigned char *s, *r, *own, *ref, *tabs, *out;
+  brg_request req;
+} icase;
+
+static void icase_prepare(run *R, icase *c, uint64_t seed) {
+  const dinfo *di = &DTYPES[c->d];
+  size_t esz = di->size, n = (size_t)R->n, cnt = c->count;
+  switch (c->kind) {
+  case IK_ALLREDUCE:
+  case IK_REDUCE:
+  case IK_REDUCE_SCATTER: {
+    size_t total = c->kind == IK_REDUCE_SCATTER ? cnt * n : cnt;
+    c->P = period_of(total);
+    for (size_t j = 0; j < c->P; j++) {
+      gen_reduce_vals(di, c->op, R->n, seed, j, R->vals);
+      encode(di, R->vals[R->rank], c->own + j * esz);
+      encode(di, ref_reduce(di, c->op, R->n, R->vals), c->ref + j * esz);
+    }
+    fill_pattern(c->s, total, esz, c->own, c->P, 0);
+    if (c->kind == IK_REDUCE_SCATTER) {
+      c->out = c->inplace ? c->s + (size_t)R->rank * cnt * esz : c->r;
+      if (c->inplace)
+        set_guards(c->s, total * esz);
+      else {
+        memset(c->r, 0xcd, cnt * esz);
+        set_guards(c->r, cnt * esz);
+      }
+    } else {
+      c->out = c->inplace ? c->s : c->r;
+      if (!c->inplace) memset(c->r, 0xcd, cnt * esz);
+      set_guards(c->out, cnt * esz);
+    }
+    break;
+  }
+  case IK_ALL_GATHER:
+    c->P = period_of(cnt);
+    for (int q = 0; q < R->n; q++) build_copy_table(di, q, c->P, seed, c->tabs + q * c->P * esz);
+    c->out = c->r;
+    memset(c->r, 0xcd, cnt * n * esz);
+    if (c->inplace) c->s = c->r + (size_t)R->rank * cnt * esz;
+    fill_pattern(c->s, cnt, esz, c->tabs + (size_t)R->rank * c->P * esz, c->P, 0);
+    set_guards(c->r, cnt * n * esz);
+    break;
+  case IK_BROADCAST:
+    c->P = period_of(cnt);
+    build_copy_table(di, c->root, c->P, seed, c->own);
+    if (R->rank == c->root)
+      fill_pattern(c->s, cnt, esz, c->own, c->P, 0);
+    else
+      memset(c->s, 0x3c, cnt * esz);
+    c->out = c->inplace ? c->s : c->r;
+    if (!c->inplace || R->rank != c->root) memset(c->out, 0xcd, cnt * esz);
+    set_guards(c->out, cnt * esz);
+    break;
+  default: break;
+  }
+}
+
+static brg_status icase_issue(run *R, icase *c) {
+  brg_dtype dt = DTYPES[c->d].dt;
+  brg_op op = OPV[c->op];
+  switch (c->kind) {
+  case IK_ALLREDUCE: return brg_iallreduce(c->s, c->out, c->count, dt, op, R->comm, &c->req);
+  case IK_REDUCE_SCATTER:
+    return brg_ireduce_scatter(c->s, c->out, c->count, dt, op, R->comm, &c->req);
+  case IK_ALL_GATHER: return brg_iall_gather(c->s, c->r, c->count, dt, R->comm, &c->req);
+  case IK_BROADCAST: return brg_ibroadcast(c->s, c->out, c->count, dt, c->root, R->comm, &c->req);
+  case IK_REDUCE: return brg_ireduce(c->s, c->out, c->count, dt, op, c->root, R->comm, &c->req);
+  default: return brg_ibarrier(R->comm, &c->req);
+  }
+}
+
+static void icase_check(run *R, icase *c, int round) {
+  const dinfo *di = &DTYPES[c->d];
+  size_t esz = di->size, cnt = c->count, n = (size_t)R->n;
+  char what[200];
+  snprintf(what, sizeof what, "outstanding round %d: %s %s %s count=%zu %s root=%d", round,
+           IK_NAMES[c->kind], di->name, OPS[c->op], cnt, c->inplace ? "in-place" : "out-of-place",
+           c->root);
+  switch (c->kind) {
+  case IK_ALLREDUCE:
+  case IK_REDUCE:
+    if (c->kind == IK_ALLREDUCE || R->rank == c->root)
+      check_pattern(what, di, c->out, cnt, c->ref, c->P, 0, 0);
+    check_guards(what, c->out, cnt * esz);
+    break;
+  case IK_REDUCE_SCATTER:
+    check_pattern(what, di, c->out, cnt, c->ref, c->P, (size_t)R->rank * cnt, 0);
+    check_guards(what, c->inplace ? c->s : c->r, (c->inplace ? cnt * n : cnt) * esz);
+    break;
+  case IK_ALL_GATHER:
+    for (int q = 0; q < R->n; q++) {
+      char w2[240];
+      snprintf(w2, sizeof w2, "%s, block from rank %d", what, q);
+      check_pattern(w2, di, c->r + (size_t)q * cnt * esz, cnt, c->tabs + (size_t)q * c->P * esz,
+                    c->P, 0, 1);
+    }
+    check_guards(what, c->r, cnt * n * esz);
+    break;
+  case IK_BROADCAST:
+    check_pattern(what, di, c->out, cnt, c->own, c->P, 0, 1);
+    check_guards(what, c->out, cnt * esz);
+    break;
+  default: break;
+  }
+}
+
+static void part_imulti(run *R) {
+  /* Two of each kind in flight per round. */
+  enum { PER = 2 * IK_NUM, ROUNDS = BRG_NUM_DTYPES };
+  static const size_t counts[] = {0, 1, 13, 4099, 65537, 262147};
+  icase cs[PER];
+  size_t maxc = 262147 + 64, n = (size_t)R->n;
+  for (int k = 0; k < PER; k++) {
+    memset(&cs[k], 0, sizeof cs[k]);
+    size_t area = maxc * n * 8 + 2 * GUARD;
+    cs[k].s = (unsigned char *)xmalloc(area) + GUARD;
+    cs[k].r = (unsigned char *)xmalloc(area) + GUARD;
+    cs[k].own = xmalloc(PERIOD * 8);
+    cs[k].ref = xmalloc(PERIOD * 8);
+    cs[k].tabs = xmalloc(n * PERIOD * 8);
+  }
+  unsigned char *sbase[PER];
+  for (int k = 0; k < PER; k++) sbase[k] = cs[k].s;
+  for (int round = 0; round < ROUNDS && !R->broken; round++) {
+    for (int k = 0; k < PER; k++) {
+      icase *c = &cs[k];
+      c->s = sbase[k];
+      c->kind = k % IK_NUM;
+      c->d = (round + k) % BRG_NUM_DTYPES;
+      c->op = (round + k / IK_NUM + c->kind) % BRG_NUM_OPS;
+      c->inplace = (round + k) & 1;
+      c->root = (round + k) % R->n;
+      c->count = counts[(size_t)(round * 5 + k) % (sizeof counts / sizeof counts[0])];
+      if (c->kind == IK_REDUCE_SCATTER || c->kind == IK_ALL_GATHER)
+        c->count = c->count / n + (c->count > 0); /* per rank, total near count */
+      icase_prepare(R, c, ++R->call);
+    }
+    int issued = 0;
+    for (; issued < PER; issued++) {
+      memset(&cs[issued].req, 0xee, sizeof cs[issued].req); /* garbage: must not matter */
+      brg_status st = icase_issue(R, &cs[issued]);
+      if (!call_ok(R, IK_NAMES[cs[issued].kind], st)) break;
+    }
+    /* Completion order: a rotation of the reverse, different every round. */
+    for (int j = 0; j < issued; j++) {
+      int k = (issued - 1 - j + round) % issued;
+      icase *c = &cs[k];
+      brg_status st;
+      if ((j + round) % 3 == 0) {
+        int done = 0;
+        int64_t end = mp_now_ns() + 120 * 1000000000LL;
+        do {
+          st = brg_test(&c->req, &done);
+          if (!done && st != BRG_IN_PROGRESS) {
+            mp_fail("brg_test on a running %s: %s", IK_NAMES[c->kind], brg_status_string(st));
+            break;
+          }
+          if (!done) usleep(50);
+        } while (!done && mp_now_ns() < end);
+        if (!done) {
+          mp_fail("round %d: %s never completed by brg_test", round, IK_NAMES[c->kind]);
+          st = brg_wait(&c->req);
+        }
+      } else {
+        st = brg_wait(&c->req);
+      }
+      if (!call_ok(R, IK_NAMES[c->kind], st)) continue;
+      int done = -1;
+      st = brg_test(&c->req, &done);
+      MP_CHECK(done == 1 && st == BRG_SUCCESS, "brg_test after completion of %s: %s, done=%d",
+               IK_NAMES[c->kind], brg_status_string(st), done);
+    }
+    if (R->broken) break;
+    for (int k = 0; k < PER; k++) icase_check(R, &cs[k], round);
+  }
+  for (int k = 0; k < PER; k++) {
+    free(sbase[k] - GUARD);
+    free(cs[k].r - GUARD);
+    free(cs[k].own);
+    free(cs[k].ref);
+    free(cs[k].tabs);
+  }
+}
+
 /* Communicators come and go: build one, use it, destroy it, again and
  * again. A rank that finishes its last call and destroys its communicator
  * must not break the call its neighbours are still finishing. Rank 0 makes
@@ -933,6 +1202,13 @@ static const part PARTS[] = {
     {"bytes", part_bytes},
     {"async", part_async},
     {"lifecycle", part_lifecycle},
+    {"ibarrier", part_ibarrier},
+    {"iallreduce", part_iallreduce},
+    {"ireduce_scatter", part_ireduce_scatter},
+    {"iall_gather", part_iall_gather},
+    {"ibroadcast", part_ibroadcast},
+    {"ireduce", part_ireduce},
+    {"imulti", part_imulti},
 };
 #define NPARTS (sizeof PARTS / sizeof PARTS[0])
 
@@ -1039,7 +1315,7 @@ int main(int argc, char **argv) {
   }
   int n = atoi(argv[1]);
   plan pl;
-  for (size_t p = 0; p < NPARTS; p++) pl.want[p] = argc == 2;
+  for (size_t p = 0; p < NPARTS; p++) pl.want[p] = argc == 2 && PARTS[p].name[0] != 'i';
   for (int a = 2; a < argc; a++) {
     size_t p = 0;
     while (p < NPARTS && strcmp(argv[a], PARTS[p].name) != 0) p++;

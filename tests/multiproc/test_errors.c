@@ -128,6 +128,20 @@ static int body_args_precomm(mp_ctx *ctx) {
   for (int s = BRG_SUCCESS; s <= BRG_ERR_INTERNAL; s++)
     MP_CHECK(nonempty(brg_status_string((brg_status)s)), "brg_status_string(%d) is empty", s);
 
+  /* The library's version: the header's, and the project's (meson). */
+  int vmaj = -1, vmin = -1, vpat = -1;
+  brg_status vs = brg_get_version(&vmaj, &vmin, &vpat);
+  char vtext[64];
+  snprintf(vtext, sizeof vtext, "%d.%d.%d", vmaj, vmin, vpat);
+  MP_CHECK(vs == BRG_SUCCESS && vmaj == BRG_VERSION_MAJOR && vmin == BRG_VERSION_MINOR &&
+               vpat == BRG_VERSION_PATCH && strcmp(vtext, MP_PROJECT_VERSION) == 0,
+           "brg_get_version: %s, %s; the header says %d.%d.%d, meson.build %s",
+           brg_status_string(vs), vtext, BRG_VERSION_MAJOR, BRG_VERSION_MINOR, BRG_VERSION_PATCH,
+           MP_PROJECT_VERSION);
+  EXPECT_INVALID_R(brg_comm_init_env(NULL), brg_get_version(NULL, &vmin, &vpat), NULL);
+  EXPECT_INVALID_R(brg_comm_init_env(NULL), brg_get_version(&vmaj, NULL, &vpat), NULL);
+  EXPECT_INVALID_R(brg_comm_init_env(NULL), brg_get_version(&vmaj, &vmin, NULL), NULL);
+
   EXPECT_INVALID_R(brg_comm_init_env(NULL), brg_get_unique_id(NULL), NULL);
   EXPECT_INVALID_R(brg_get_unique_id(NULL), brg_comm_init(NULL, 1, id, 0), NULL);
   EXPECT_INVALID_R(brg_get_unique_id(NULL), brg_comm_init_env(NULL), NULL);
@@ -257,6 +271,32 @@ static int body_args_comm(mp_ctx *ctx) {
   EXPECT_INVALID(brg_iallreduce(s, r, 10, BRG_FLOAT32, BADO, c, &req), c);
   EXPECT_INVALID(brg_iallreduce(s, r, 10, BRG_FLOAT32, BRG_SUM, c, NULL), c);
   EXPECT_INVALID(brg_iallreduce(s, r, 10, BRG_FLOAT32, BRG_SUM, NULL, &req), NULL);
+  EXPECT_INVALID(brg_ireduce_scatter(NULL, r, 10, BRG_FLOAT32, BRG_SUM, c, &req), c);
+  EXPECT_INVALID(brg_ireduce_scatter(s, NULL, 10, BRG_FLOAT32, BRG_SUM, c, &req), c);
+  EXPECT_INVALID(brg_ireduce_scatter(s, r, 10, BADT, BRG_SUM, c, &req), c);
+  EXPECT_INVALID(brg_ireduce_scatter(s, r, 10, BRG_FLOAT32, BADO, c, &req), c);
+  EXPECT_INVALID(brg_ireduce_scatter(s, r, 10, BRG_FLOAT32, BRG_SUM, c, NULL), c);
+  EXPECT_INVALID(brg_ireduce_scatter(s, r, 10, BRG_FLOAT32, BRG_SUM, NULL, &req), NULL);
+  EXPECT_INVALID(brg_iall_gather(NULL, r, 10, BRG_FLOAT32, c, &req), c);
+  EXPECT_INVALID(brg_iall_gather(s, NULL, 10, BRG_FLOAT32, c, &req), c);
+  EXPECT_INVALID(brg_iall_gather(s, r, 10, BADT, c, &req), c);
+  EXPECT_INVALID(brg_iall_gather(s, r, 10, BRG_FLOAT32, c, NULL), c);
+  EXPECT_INVALID(brg_iall_gather(s, r, 10, BRG_FLOAT32, NULL, &req), NULL);
+  EXPECT_INVALID(brg_ibroadcast(s, NULL, 10, BRG_FLOAT32, 0, c, &req), c);
+  EXPECT_INVALID(brg_ibroadcast(s, r, 10, BADT, 0, c, &req), c);
+  EXPECT_INVALID_R(RESET_ROOT, brg_ibroadcast(s, r, 10, BRG_FLOAT32, -1, c, &req), c);
+  EXPECT_INVALID_R(RESET_ROOT, brg_ibroadcast(s, r, 10, BRG_FLOAT32, n, c, &req), c);
+  EXPECT_INVALID(brg_ibroadcast(s, r, 10, BRG_FLOAT32, 0, c, NULL), c);
+  EXPECT_INVALID(brg_ibroadcast(s, r, 10, BRG_FLOAT32, 0, NULL, &req), NULL);
+  EXPECT_INVALID(brg_ireduce(NULL, r, 10, BRG_FLOAT32, BRG_SUM, 0, c, &req), c);
+  EXPECT_INVALID(brg_ireduce(s, r, 10, BADT, BRG_SUM, 0, c, &req), c);
+  EXPECT_INVALID(brg_ireduce(s, r, 10, BRG_FLOAT32, BADO, 0, c, &req), c);
+  EXPECT_INVALID_R(RESET_ROOT, brg_ireduce(s, r, 10, BRG_FLOAT32, BRG_SUM, -1, c, &req), c);
+  EXPECT_INVALID_R(RESET_ROOT, brg_ireduce(s, r, 10, BRG_FLOAT32, BRG_SUM, n, c, &req), c);
+  EXPECT_INVALID(brg_ireduce(s, r, 10, BRG_FLOAT32, BRG_SUM, 0, c, NULL), c);
+  EXPECT_INVALID(brg_ireduce(s, r, 10, BRG_FLOAT32, BRG_SUM, 0, NULL, &req), NULL);
+  EXPECT_INVALID(brg_ibarrier(c, NULL), c);
+  EXPECT_INVALID(brg_ibarrier(NULL, &req), NULL);
   int done = 0;
   EXPECT_INVALID(brg_test(NULL, &done), NULL);
   EXPECT_INVALID(brg_wait(NULL), NULL);

@@ -1,0 +1,138 @@
+/*
+ * brg_comm_split: new communicators from groups of an existing one, built
+ * on the existing pieces. Every rank all-gathers (color, key) over the
+ * parent; the first rank of each group (in (key, old rank) order) makes a
+ * unique id, and a second all-gather hands it to the group; then each
+ * group forms as brg_comm_init would, with the parent's settings.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+typedef struct split_entry {
+  int32_t color, key;
+} split_entry;
+
+/* What each rank contributes to the second exchange: its group's id when
+ * it leads one, or why it could not make it. */
+typedef struct split_id {
+  int32_t status; /* BRG_SUCCESS: id is valid (leaders only) */
+  int32_t leader; /* 1 when this rank leads its group */
+  brg_unique_id id;
+  char why[192];
+} split_id;
+
+/* A failure of the exchange over the parent: in the parent's last error
+ * (where the collective put it) and in the thread's, which the caller of a
+ * failed split reads. */
+static brg_status exchange_failed(brg_comm *comm, brg_status s, const char *what) {
+  char msg[BRG__ERRLEN];
+  snprintf(msg, sizeof msg, "%s", brg_comm_last_error(comm));
+  return brg__fail_no_comm(s, "brg_comm_split: %s over the parent communicator failed: %s", what,
+                           msg);
+}
+
+brg_status brg_comm_split(brg_comm *comm, int color, int key, brg_comm **newcomm) {
+  brg_status s = brg__check_comm(comm, "brg_comm_split");
+  if (s != BRG_SUCCESS) {
+    brg__fail_no_comm(s, "brg_comm_split: %s", brg_comm_last_error(comm));
+    return s;
+  }
+  if (!newcomm) {
+    brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_comm_split: newcomm is NULL");
+    return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT, "brg_comm_split: newcomm is NULL");
+  }
+  if (color < 0 && color != BRG_SPLIT_NOCOLOR) {
+    brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT,
+                      "brg_comm_split: color %d is negative (a color is >= 0, or "
+                      "BRG_SPLIT_NOCOLOR for no new communicator)",
+                      color);
+    return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT,
+                           "brg_comm_split: color %d is negative (a color is >= 0, or "
+                           "BRG_SPLIT_NOCOLOR for no new communicator)",
+                           color);
+  }
+  int n = comm->nranks, me = comm->rank;
+  split_entry mine = {color, key};
+  split_entry *all = calloc((size_t)n, sizeof *all);
+  split_id *ids = calloc((size_t)n, sizeof *ids);
+  int *members = calloc((size_t)n, sizeof *members);
+  if (!all || !ids || !members) {
+    s = brg__fail_no_comm(BRG_ERR_NO_MEMORY, "brg_comm_split: out of memory for %d ranks", n);
+    goto out;
+  }
+  s = brg_all_gather(&mine, all, sizeof mine, BRG_UINT8, comm, NULL);
+  if (s != BRG_SUCCESS) {
+    s = exchange_failed(comm, s, "exchanging colors and keys");
+    goto out;
+  }
+
+  /* This rank's group in (key, old rank) order: insertion sort, n is small. */
+  int size = 0, newrank = -1;
+  if (color != BRG_SPLIT_NOCOLOR) {
+    for (int r = 0; r < n; r++) {
+      if (all[r].color != color) continue;
+      int at = size++;
+      while (at > 0 && all[members[at - 1]].key > all[r].key) {
+        members[at] = members[at - 1];
+        at--;
+      }
+      members[at] = r; /* r rises, so equal keys stay in old-rank order */
+    }
+    for (int i = 0; i < size; i++)
+      if (members[i] == me) newrank = i;
+  }
+
+  split_id out;
+  memset(&out, 0, sizeof out);
+  if (newrank == 0) {
+    out.leader = 1;
+    out.status = brg_get_unique_id(&out.id);
+    if (out.status != BRG_SUCCESS)
+      snprintf(out.why, sizeof out.why, "%s", brg_comm_last_error(NULL));
+  }
+  /* Every rank takes part, even one whose id failed: its group learns why. */
+  s = brg_all_gather(&out, ids, sizeof out, BRG_UINT8, comm, NULL);
+  if (s != BRG_SUCCESS) {
+    s = exchange_failed(comm, s, "handing out the new communicators' ids");
+    goto out;
+  }
+  if (color == BRG_SPLIT_NOCOLOR) {
+    *newcomm = NULL;
+    s = BRG_SUCCESS;
+    goto out;
+  }
+  const split_id *lead = &ids[members[0]];
+  if (!lead->leader) {
+    s = brg__fail_no_comm(BRG_ERR_INTERNAL, "brg_comm_split: rank %d did not lead its group",
+                          members[0]);
+    goto out;
+  }
+  if (lead->status != BRG_SUCCESS) {
+    char why[sizeof lead->why + 1];
+    memcpy(why, lead->why, sizeof lead->why);
+    why[sizeof lead->why] = 0;
+    s = brg__fail_no_comm(BRG_ERR_REMOTE,
+                          "brg_comm_split: rank %d could not make the id of color %d's "
+                          "communicator: %s",
+                          members[0], color, why);
+    goto out;
+  }
+  brg__boot_id bid;
+  memcpy(&bid, lead->id.internal, sizeof bid);
+  brg__comm_opts opts = {.timeout_ms = comm->timeout_ms,
+                         .transports = comm->transports_from_config ? comm->transports : NULL};
+  brg_comm *nc = NULL;
+  s = brg__comm_create_opts(&nc, size, &bid, newrank, &opts);
+  if (s == BRG_SUCCESS) {
+    BRG__INFO("init", "split: rank %d of %d is rank %d of %d (color %d, key %d)", me, n, newrank,
+              size, color, key);
+    *newcomm = nc;
+  }
+out:
+  free(all);
+  free(ids);
+  free(members);
+  return s;
+}
