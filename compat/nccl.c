@@ -26,8 +26,10 @@
  *    several in one group) is destroyed on a thread of its own, so that one
  *    thread can destroy them in turn; the library waits for those threads
  *    when it is unloaded (at exit);
+ *  - ncclCommSplit is brg_comm_split (the new communicator builds its
+ *    device ring at its first collective);
  *  - calls brigade does not have (point-to-point, all-to-all, gather,
- *    scatter, split, shrink, custom reduction ops, float8) return
+ *    scatter, shrink, custom reduction ops, float8) return
  *    ncclInvalidUsage (ncclInvalidArgument for a float8 type), and
  *    ncclGetLastError says which; buffer registration is accepted and does
  *    nothing.
@@ -631,9 +633,24 @@ EXPORT ncclResult_t ncclScatter(const void *sendbuff, void *recvbuff, size_t cou
 
 EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
                                   ncclConfig_t *config) {
-  (void)comm, (void)color, (void)key, (void)config;
-  if (newcomm) *newcomm = NULL;
-  return unsupported("ncclCommSplit", "communicator split");
+  (void)config; /* its tuning fields have no brigade meaning */
+  ncclResult_t r = comm_ok(comm, "ncclCommSplit");
+  if (r != ncclSuccess) return r;
+  if (!newcomm) return fail(ncclInvalidArgument, "ncclCommSplit: newcomm is NULL");
+  *newcomm = NULL;
+  struct ncclComm *nc = calloc(1, sizeof *nc);
+  if (!nc) return fail(ncclSystemError, "ncclCommSplit: out of memory");
+  brg_status s =
+      brg_comm_split(comm->c, color == NCCL_SPLIT_NOCOLOR ? BRG_SPLIT_NOCOLOR : color, key, &nc->c);
+  if (s != BRG_SUCCESS || !nc->c) {
+    free(nc);
+    return check(comm, s, "ncclCommSplit");
+  }
+  nc->device = comm->device;
+  brg_comm_rank(nc->c, &nc->rank);
+  brg_comm_size(nc->c, &nc->nranks);
+  *newcomm = nc;
+  return ncclSuccess;
 }
 
 EXPORT ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataType_t datatype,

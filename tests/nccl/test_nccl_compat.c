@@ -277,7 +277,7 @@ static void refusals(ncclComm_t comm, bufs *b) {
           ncclInvalidArgument, "comm is NULL");
   REFUSED(ncclAlltoAll(b->dsend, b->drecv, 1, ncclFloat32, comm, b->stream), ncclInvalidUsage,
           "ncclAlltoAll");
-  REFUSED(ncclCommSplit(comm, 0, 0, NULL, NULL), ncclInvalidUsage, "ncclCommSplit");
+  REFUSED(ncclCommSplit(comm, 0, 0, NULL, NULL), ncclInvalidArgument, "newcomm is NULL");
   REFUSED(ncclGroupEnd(), ncclInvalidUsage, "without ncclGroupStart");
   int v = 0, cnt = 0, rk = -1, dev = -1;
   NCCL_OK(ncclGetVersion(&v));
@@ -289,6 +289,27 @@ static void refusals(ncclComm_t comm, bufs *b) {
   NCCL_OK(ncclCommGetAsyncError(comm, &async));
   if (rk != g_rank || async != ncclSuccess)
     FAIL("ncclCommUserRank %d (rank %d), async error %s", rk, g_rank, ncclGetErrorString(async));
+}
+
+/* ncclCommSplit: even and odd ranks, each group ordered backwards by key;
+ * an allreduce on the new communicator sums its members' ranks. */
+static void split(ncclComm_t comm, int rank, int n, bufs *b) {
+  ncclComm_t sub = NULL;
+  NCCL_OK(ncclCommSplit(comm, rank % 2, n - rank, &sub, NULL));
+  int cnt = 0, rk = -1, want_cnt = (n - rank % 2 + 1) / 2, want_rk = 0;
+  for (int r = rank + 2; r < n; r += 2) want_rk++; /* higher old ranks come first */
+  NCCL_OK(ncclCommCount(sub, &cnt));
+  NCCL_OK(ncclCommUserRank(sub, &rk));
+  if (cnt != want_cnt || rk != want_rk)
+    FAIL("ncclCommSplit: rank %d of %d in the new communicator, expected %d of %d", rk, cnt,
+         want_rk, want_cnt);
+  float x = (float)rank, sum = 0;
+  for (int r = rank % 2; r < n; r += 2) sum += (float)r;
+  to_dev(b->dsend, &x, sizeof x);
+  NCCL_OK(ncclAllReduce(b->dsend, b->drecv, 1, ncclFloat32, ncclSum, sub, b->stream));
+  from_dev(&x, b->drecv, sizeof x);
+  if (x != sum) FAIL("allreduce on the split communicator: %g, expected %g", x, sum);
+  NCCL_OK(ncclCommDestroy(sub));
 }
 
 static void alloc_bufs(bufs *b, int n) {
@@ -326,6 +347,7 @@ static int rank_main(int rank, int n, const ncclUniqueId *id) {
   alloc_bufs(&b, n);
   collectives(comm, rank, n, &b);
   refusals(comm, &b);
+  split(comm, rank, n, &b);
   free_bufs(&b);
   NCCL_OK(ncclCommDestroy(comm));
   printf("rank %d: %ld elements checked, %d failures\n", rank, g_checked, g_failures);
