@@ -733,6 +733,41 @@ brg_status brg__bootstrap_recv(brg__bootstrap *bs, int dir, uint32_t *type, void
   }
 }
 
+brg_status brg__bootstrap_wrap(brg__bootstrap **bs_out, int rank, int nranks, const uint8_t *secret,
+                               uint16_t listen_port, int fd_next, int fd_prev, int timeout_ms,
+                               brg__errbuf *err) {
+  *bs_out = NULL;
+  if (nranks < 1 || nranks > BRG__BOOT_MAX_RANKS || rank < 0 || rank >= nranks || !secret)
+    return brg__error(err, BRG_ERR_INVALID_ARGUMENT, BOOT_SUBSYS, "bootstrap wrap: rank %d of %d",
+                      rank, nranks);
+  brg__bootstrap *bs = calloc(1, sizeof *bs);
+  boot_peer *peers = bs ? calloc((size_t)nranks, sizeof *peers) : NULL;
+  if (!peers) {
+    free(bs);
+    return brg__error(err, BRG_ERR_NO_MEMORY, BOOT_SUBSYS, "bootstrap wrap: out of memory");
+  }
+  bs->rank = rank;
+  bs->nranks = nranks;
+  bs->timeout_ms = timeout_ms;
+  memcpy(bs->secret, secret, BOOT_SECRET_BYTES);
+  bs->listen_fd = -1;
+  snprintf(bs->listen_addr, sizeof bs->listen_addr, "127.0.0.1");
+  bs->listen_port = listen_port;
+  bs->peers = peers;
+  bs->fd[BRG__RING_NEXT] = fd_next;
+  bs->fd[BRG__RING_PREV] = fd_prev;
+  bs->peer_rank[BRG__RING_NEXT] = (rank + 1) % nranks;
+  bs->peer_rank[BRG__RING_PREV] = (rank + nranks - 1) % nranks;
+  *bs_out = bs;
+  return BRG_SUCCESS;
+}
+
+brg_status brg__bootstrap_read_table(brg__bootstrap *bs, int fd, size_t blob_bytes, void *all_blobs,
+                                     brg__errbuf *err) {
+  return boot_read_table(bs, fd, "(the given socket)", blob_bytes, all_blobs,
+                         brg__deadline_ms(bs->timeout_ms), err);
+}
+
 const char *brg__bootstrap_peer_addr(const brg__bootstrap *bs, int rank, uint16_t *port) {
   if (!bs || rank < 0 || rank >= bs->nranks) return NULL;
   if (port) *port = bs->peers[rank].port;

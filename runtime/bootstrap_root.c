@@ -413,6 +413,37 @@ out:
   return NULL;
 }
 
+/* The root's whole judgement of connections, without its listener or its
+ * thread: each fd (non-blocking, already connected) is served as an accepted
+ * connection, a few rounds, in order; when every rank of a table arrived
+ * and the table is small, it is sent as the root would. For the fuzzer. */
+void brg__boot_root_serve(const uint8_t *secret, const int *fds, int nfds, int rounds) {
+  boot_root *r = calloc(1, sizeof *r);
+  if (!r) return;
+  r->lfd = -1;
+  r->deadline = -1;
+  memcpy(r->secret, secret, BOOT_SECRET_BYTES);
+  snprintf(r->where, sizeof r->where, "(served fds)");
+  for (int i = 0; i < nfds && r->nconns < BOOT_MAX_PENDING; i++) {
+    boot_conn *c = calloc(1, sizeof *c);
+    if (!c) break;
+    c->fd = fds[i];
+    c->want = BOOT_HELLO_HDR;
+    c->deadline = brg__now_ms() + BOOT_CONN_TIMEOUT_MS;
+    snprintf(c->peer, sizeof c->peer, "fd %d", fds[i]);
+    r->conns[r->nconns++] = c;
+  }
+  for (int round = 0; round < rounds; round++) {
+    for (int i = 0; i < r->nconns; i++)
+      if (r->conns[i]) boot_conn_service(r, i);
+    boot_root_compact(r);
+  }
+  if (r->nranks > 0 && r->arrived == r->nranks && boot_root_prune(r) == 0 &&
+      r->table_bytes <= 65536)
+    boot_root_send_tables(r);
+  boot_root_free(r);
+}
+
 brg_status brg__boot_root_start(const char *addr, uint16_t port, const uint8_t *secret,
                                 int timeout_ms, brg__boot_id *id, brg__errbuf *err) {
   brg__log_init();

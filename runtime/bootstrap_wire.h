@@ -92,4 +92,19 @@ brg_status brg__boot_hello_parse(const void *buf, size_t len, brg__boot_hello *h
  * bytes) and returns its length. */
 size_t brg__boot_reply_error(uint8_t *buf, const uint8_t *secret, brg_status st, const char *text);
 
+/* The root's judgement of connections (service, admission, the table)
+ * without its listener or thread: each of the nfds non-blocking sockets is
+ * served as an accepted connection for `rounds` rounds, and the table sent
+ * when every rank arrived. Takes the fds (closes them all). For the fuzzer. */
+void brg__boot_root_serve(const uint8_t *secret, const int *fds, int nfds, int rounds);
+/* A rank's bootstrap around sockets already open (fd_next, fd_prev may be
+ * -1), listening nowhere but advertised at 127.0.0.1:listen_port; it takes
+ * the fds. For the fuzzer and tests of the ring messages and the table. */
+brg_status brg__bootstrap_wrap(brg__bootstrap **bs, int rank, int nranks, const uint8_t *secret,
+                               uint16_t listen_port, int fd_next, int fd_prev, int timeout_ms,
+                               brg__errbuf *err);
+/* Reads and checks the root's answer on fd as brg__bootstrap_init does. */
+brg_status brg__bootstrap_read_table(brg__bootstrap *bs, int fd, size_t blob_bytes, void *all_blobs,
+                                     brg__errbuf *err);
+
 #endif
