@@ -121,6 +121,8 @@ struct brg__bootstrap {
   int timeout_ms;
   uint8_t secret[BOOT_SECRET_BYTES];
   int listen_fd;
+  int root_fd; /* to the root, from the hello until brg__bootstrap_confirm */
+  char root[BOOT_PEER_LEN];
   char listen_addr[BOOT_ADDR_BYTES];
   uint16_t listen_port;
   boot_peer *peers;
@@ -263,7 +265,7 @@ brg_status brg__bootstrap_init(brg__bootstrap **bs_out, const brg__boot_id *id, 
   bs->rank = rank;
   bs->nranks = nranks;
   bs->timeout_ms = timeout_ms;
-  bs->listen_fd = bs->fd[0] = bs->fd[1] = -1;
+  bs->listen_fd = bs->root_fd = bs->fd[0] = bs->fd[1] = -1;
   bs->peer_rank[0] = bs->peer_rank[1] = -1;
   memcpy(bs->secret, id->secret, BOOT_SECRET_BYTES);
   bs->peers = calloc((size_t)nranks, sizeof *bs->peers);
@@ -303,6 +305,9 @@ brg_status brg__bootstrap_init(brg__bootstrap **bs_out, const brg__boot_id *id, 
   memcpy(h.addr, bs->listen_addr, sizeof h.addr);
   h.port = bs->listen_port;
   h.blob_bytes = (uint32_t)blob_bytes;
+  h.pid = (int32_t)getpid();
+  if (gethostname(h.host, sizeof h.host - 1) != 0) snprintf(h.host, sizeof h.host, "?");
+  h.host[sizeof h.host - 1] = '\0';
   h.blob = blob;
   size_t n = brg__boot_hello_encode(&h, hello_buf, sizeof hello_buf);
   if (n == 0) {
@@ -324,7 +329,10 @@ brg_status brg__bootstrap_init(brg__bootstrap **bs_out, const brg__boot_id *id, 
   }
   st = boot_read_table(bs, fd, root, blob_bytes, all_blobs, deadline, err);
   if (st != BRG_SUCCESS) goto err_close;
-  close(fd);
+  /* Kept until brg__bootstrap_confirm: the root releases nobody before
+   * every rank has confirmed. */
+  bs->root_fd = fd;
+  snprintf(bs->root, sizeof bs->root, "%s", root);
   BRG__TRACE(BOOT_SUBSYS, "rank %d: bootstrap table from %s received (%d ranks)", rank, root,
              nranks);
   *bs_out = bs;
@@ -336,6 +344,8 @@ err_free:
   brg__bootstrap_destroy(bs);
   return st;
 }
+
+static brg_status boot_root_answer(brg__bootstrap *bs, int64_t deadline, brg__errbuf *err);
 
 /* A connection to the ring listener that has not yet said who it is. */
 typedef struct boot_ring_pending {
@@ -519,9 +529,15 @@ static brg_status ring_setup_run(boot_ring_setup *r, brg__errbuf *err) {
     for (int i = r->npending - 1; i >= 0; i--)
       if (now >= r->q[i].deadline) ring_pending_drop(r, i, "it did not introduce itself in time");
 
-    struct pollfd pfd[2 + BOOT_RING_MAX_PENDING];
-    int np = 0, lsn = -1, out = -1;
+    struct pollfd pfd[3 + BOOT_RING_MAX_PENDING];
+    int np = 0, lsn = -1, out = -1, root = -1;
     int64_t wake = r->deadline;
+    /* The root says nothing before the release unless the job failed (a
+     * rank claimed twice): then that is this rank's error too. */
+    if (bs->root_fd >= 0) {
+      root = np;
+      pfd[np++] = (struct pollfd){.fd = bs->root_fd, .events = POLLIN};
+    }
     if (r->in_fd < 0) {
       lsn = np;
       pfd[np++] = (struct pollfd){.fd = bs->listen_fd, .events = POLLIN};
@@ -543,6 +559,14 @@ static brg_status ring_setup_run(boot_ring_setup *r, brg__errbuf *err) {
       if (errno == EINTR) continue;
       return brg__error(err, BRG_ERR_SYSTEM, BOOT_SUBSYS, "rank %d: poll on ring sockets: %s",
                         bs->rank, strerror(errno));
+    }
+    if (root >= 0 && pfd[root].revents) {
+      brg_status st = boot_root_answer(bs, brg__now_ms() + 1000, err);
+      if (st != BRG_SUCCESS) return st;
+      return brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
+                        "rank %d: the bootstrap root released the job before this rank had "
+                        "confirmed",
+                        bs->rank);
     }
     if (!r->out_done && ring_out_step(r, out >= 0 ? pfd[out].revents : 0) != 0)
       return brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
@@ -751,6 +775,7 @@ brg_status brg__bootstrap_wrap(brg__bootstrap **bs_out, int rank, int nranks, co
   bs->timeout_ms = timeout_ms;
   memcpy(bs->secret, secret, BOOT_SECRET_BYTES);
   bs->listen_fd = -1;
+  bs->root_fd = -1;
   snprintf(bs->listen_addr, sizeof bs->listen_addr, "127.0.0.1");
   bs->listen_port = listen_port;
   bs->peers = peers;
@@ -766,6 +791,61 @@ brg_status brg__bootstrap_read_table(brg__bootstrap *bs, int fd, size_t blob_byt
                                      brg__errbuf *err) {
   return boot_read_table(bs, fd, "(the given socket)", blob_bytes, all_blobs,
                          brg__deadline_ms(bs->timeout_ms), err);
+}
+
+/* Reads the root's answer on root_fd (a release, or why the job failed)
+ * and closes the connection. */
+static brg_status boot_root_answer(brg__bootstrap *bs, int64_t deadline, brg__errbuf *err) {
+  uint8_t hdr[BOOT_REPLY_HDR];
+  brg_status st = BRG_SUCCESS;
+  int rc = brg__sock_recv_all(bs->root_fd, hdr, sizeof hdr, deadline);
+  if (rc == BRG__IO_TIMEOUT) {
+    st = brg__error(err, BRG_ERR_TIMEOUT, BOOT_SUBSYS,
+                    "rank %d: the bootstrap root at %s did not release the job within %d ms "
+                    "(a rank did not finish setting up)",
+                    bs->rank, bs->root, bs->timeout_ms);
+  } else if (rc != BRG__IO_OK) {
+    st = brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
+                    "rank %d: the bootstrap root at %s closed the connection before every rank "
+                    "had confirmed (rank 0 died?)",
+                    bs->rank, bs->root);
+  } else if (boot_get_u32(hdr) != BOOT_TABLE_MAGIC ||
+             memcmp(hdr + 4, bs->secret, BOOT_SECRET_BYTES) != 0) {
+    st = brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
+                    "rank %d: %s answered with something that is not from this job's bootstrap "
+                    "root",
+                    bs->rank, bs->root);
+  } else if (boot_get_u32(hdr + 20) != BRG_SUCCESS) {
+    uint32_t len = boot_get_u32(hdr + 24);
+    char text[BOOT_MAX_ERRTEXT + 1];
+    if (len > BOOT_MAX_ERRTEXT ||
+        brg__sock_recv_all(bs->root_fd, text, len, brg__now_ms() + BOOT_DRAIN_MS) != BRG__IO_OK)
+      len = (uint32_t)snprintf(text, sizeof text, "(no reason received)");
+    text[len] = '\0';
+    for (uint32_t k = 0; k < len; k++)
+      if (text[k] < 0x20 || text[k] > 0x7e) text[k] = '?';
+    st = brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS, "rank %d: the bootstrap root at %s: %s",
+                    bs->rank, bs->root, text);
+  } else if (boot_get_u32(hdr + 24) != 0) {
+    st = brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
+                    "rank %d: malformed release from the bootstrap root at %s", bs->rank, bs->root);
+  }
+  brg__sock_close(&bs->root_fd);
+  return st;
+}
+
+brg_status brg__bootstrap_confirm(brg__bootstrap *bs, brg__errbuf *err) {
+  if (!bs || bs->root_fd < 0)
+    return brg__error(err, BRG_ERR_INTERNAL, BOOT_SUBSYS,
+                      "bootstrap confirm without a connection to the root");
+  int64_t deadline = brg__deadline_ms(bs->timeout_ms);
+  uint8_t m[BOOT_CONFIRM_BYTES];
+  boot_put_u32(m, BOOT_CONFIRM_MAGIC);
+  boot_put_u32(m + 4, (uint32_t)bs->rank);
+  /* A root that already failed the job has said why: that answer wins
+   * over the send's error. */
+  (void)brg__sock_send_all(bs->root_fd, m, sizeof m, deadline, NULL);
+  return boot_root_answer(bs, deadline, err);
 }
 
 const char *brg__bootstrap_peer_addr(const brg__bootstrap *bs, int rank, uint16_t *port) {
@@ -788,6 +868,7 @@ void brg__bootstrap_destroy(brg__bootstrap *bs) {
   brg__sock_close(&bs->fd[BRG__RING_NEXT]);
   brg__sock_close(&bs->fd[BRG__RING_PREV]);
   brg__sock_close(&bs->listen_fd);
+  brg__sock_close(&bs->root_fd);
   free(bs->peers);
   free(bs);
 }

@@ -4,15 +4,24 @@
  *
  * Wire layouts (all integers little-endian, offsets in bytes):
  *
- *   hello, rank -> root: 100 bytes, then the blob
+ *   hello, rank -> root: 168 bytes, then the blob
  *     0 u32 magic   4 secret[16]   20 i32 rank   24 i32 nranks   28 addr[64]
- *     92 u16 port   94 u16 zero    96 u32 blob_bytes             100 blob
+ *     92 u16 port   94 u16 zero    96 u32 blob_bytes  100 i32 pid  104 host[64]
+ *     168 blob
  *
  *   reply, root -> rank: 28 bytes, then the payload
  *     0 u32 magic "BRGT"   4 secret[16]   20 u32 status   24 u32 payload bytes
  *     status 0: u32 nranks, u32 blob_bytes, then per rank in rank order
  *               addr[64], u16 port, u16 zero, blob
  *     else:     the error text (no NUL), at most BOOT_MAX_ERRTEXT bytes
+ *
+ *   confirm, rank -> root, once the rank's communicator is set up: 8 bytes
+ *     0 u32 magic "BRGC"   4 i32 rank
+ *   and the root's answer once every rank has confirmed: a reply with
+ *   status 0 and no payload (or, when the job failed, the error reply).
+ *   A rank claimed by two live processes fails the job: every rank that
+ *   holds a connection to the root, and every one that comes later, gets
+ *   the error reply naming both claimants.
  *
  *   ring hello, connector -> acceptor: 28 bytes
  *     0 u32 magic "BRGR"   4 secret[16]   20 i32 from_rank   24 i32 to_rank
@@ -34,12 +43,15 @@
 
 #define BOOT_SUBSYS "bootstrap"
 #define BOOT_VERSION 1u
-#define BOOT_TABLE_MAGIC 0x42524754u /* "BRGT" */
-#define BOOT_RING_MAGIC 0x42524752u  /* "BRGR" */
+#define BOOT_TABLE_MAGIC 0x42524754u   /* "BRGT" */
+#define BOOT_RING_MAGIC 0x42524752u    /* "BRGR" */
+#define BOOT_CONFIRM_MAGIC 0x42524743u /* "BRGC" */
+#define BOOT_CONFIRM_BYTES 8
 
 #define BOOT_SECRET_BYTES 16
 #define BOOT_ADDR_BYTES 64
-#define BOOT_HELLO_HDR 100
+#define BOOT_HELLO_HDR 168
+#define BOOT_HOST_BYTES 64
 #define BOOT_REPLY_HDR 28
 #define BOOT_TABLE_HDR 8  /* nranks, blob_bytes */
 #define BOOT_ENTRY_HDR 68 /* addr, port, zero */

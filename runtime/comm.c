@@ -320,6 +320,12 @@ brg_status brg__comm_create(brg_comm **out, int nranks, const brg__boot_id *id, 
       goto err_free;
     }
   }
+  /* Nobody is released before every rank has confirmed its own set-up, so
+   * a rank claimed by two processes fails the job on every rank. */
+  if ((s = brg__bootstrap_confirm(c->bs, &err)) != BRG_SUCCESS) {
+    brg__comm_notify_abort(c, s, err.msg);
+    goto err_free;
+  }
   int tracing = 0;
   for (int i = 0; i < nranks; i++) tracing |= (c->peers[i].flags & BRG__PEER_TRACING) != 0;
   if ((s = brg__trace_open(c, tracing, &err)) != BRG_SUCCESS) {

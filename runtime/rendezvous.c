@@ -187,5 +187,9 @@ brg_status brg_comm_init_env(brg_comm **comm) {
   }
   if ((s = brg__boot_id_make(&bid, numeric, (uint16_t)port, secret, &err)) != BRG_SUCCESS)
     return brg__fail_no_comm_err(s, &err, NULL);
-  return brg__comm_create(comm, size, &bid, rank);
+  s = brg__comm_create(comm, size, &bid, rank);
+  /* The root lives in this process: when the job failed, give it a moment
+   * to tell the ranks still on their way why, rather than vanish. */
+  if (s != BRG_SUCCESS && rank == 0) brg__boot_root_linger(5000);
+  return s;
 }

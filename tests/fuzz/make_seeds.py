@@ -14,10 +14,17 @@ def addr(a):
     return a.encode().ljust(64, b"\0")
 
 
-def hello(rank, nranks, blob=b"blobdata", secret=SECRET, port=None, magic=0x42524731):
+def hello(rank, nranks, blob=b"blobdata", secret=SECRET, port=None, magic=0x42524731, pid=None,
+          host="fuzz-host"):
     port = 20000 + rank if port is None else port
+    pid = 1000 + rank if pid is None else pid
     return (struct.pack("<I", magic) + secret + struct.pack("<ii", rank, nranks) +
-            addr("127.0.0.1") + struct.pack("<HHI", port, 0, len(blob)) + blob)
+            addr("127.0.0.1") + struct.pack("<HHIi", port, 0, len(blob), pid) +
+            host.encode().ljust(64, b"\0") + blob)
+
+
+def confirm(rank):
+    return struct.pack("<Ii", 0x42524743, rank)
 
 
 def pieces(*ps):
@@ -52,8 +59,10 @@ seeds = {
     "hello-noblob": b"\x00" + hello(3, 4, blob=b""),
     "id-ok": b"\x01\x01" + struct.pack("<II", 0x42524731, 1) + SECRET + addr("127.0.0.1") +
              struct.pack("<HHI", 29500, 0, 0),
-    "root-two-ranks": b"\x02\x03" + pieces(hello(0, 2), hello(1, 2)),
-    "root-same-rank-twice": b"\x02\x03" + pieces(hello(1, 3), hello(1, 3), hello(0, 3)),
+    "root-two-ranks": b"\x02\x03" + pieces(hello(0, 2) + confirm(0), hello(1, 2) + confirm(1)),
+    "root-unconfirmed": b"\x02\x03" + pieces(hello(0, 2) + confirm(0), hello(1, 2) + b"junk!!!!"),
+    "root-same-rank-twice": b"\x02\x03" + pieces(hello(1, 3), hello(1, 3, pid=666, host="rogue"),
+                                                  hello(0, 3)),
     "root-wrong-secret": b"\x02\x02" + pieces(hello(0, 2, secret=b"\x00" * 16)),
     "root-blob-mismatch": b"\x02\x03" + pieces(hello(0, 2), hello(1, 2, blob=b"x")),
     "root-nranks-mismatch": b"\x02\x03" + pieces(hello(0, 2), hello(1, 3)),
