@@ -728,14 +728,21 @@ static void run_claimed_twice(int when) {
     expect_msg(&r[k].err, "pid 4242 on rogue-host");
     expect_msg(&r[k].err, mine);
   }
-  /* The rogue is told too. */
+  /* The rogue is told too (after the table, when the table went out
+   * before the second claim). */
   uint8_t hdr[28];
-  char text[1025] = {0};
-  assert_int_equal(brg__sock_recv_all(rogue, hdr, sizeof hdr, now_ms() + 5000), BRG__IO_OK);
-  uint32_t len = (uint32_t)hdr[24] | (uint32_t)hdr[25] << 8 | (uint32_t)hdr[26] << 16 |
-                 (uint32_t)hdr[27] << 24;
+  static char text[1 << 16];
+  uint32_t len = 0;
+  for (int answers = 0; answers < 2; answers++) {
+    assert_int_equal(brg__sock_recv_all(rogue, hdr, sizeof hdr, now_ms() + 5000), BRG__IO_OK);
+    len = (uint32_t)hdr[24] | (uint32_t)hdr[25] << 8 | (uint32_t)hdr[26] << 16 |
+          (uint32_t)hdr[27] << 24;
+    assert_true(len < sizeof text);
+    assert_int_equal(brg__sock_recv_all(rogue, text, len, now_ms() + 5000), BRG__IO_OK);
+    if (hdr[20] != 0) break; /* the error, not the table */
+  }
   assert_true(hdr[20] != 0 && len > 0 && len <= 1024);
-  assert_int_equal(brg__sock_recv_all(rogue, text, len, now_ms() + 5000), BRG__IO_OK);
+  text[len] = '\0';
   if (!strstr(text, "rank 1 was claimed twice")) fail_msg("the rogue was told \"%s\"", text);
   close(rogue);
   runs_free(r, 3);
