@@ -123,6 +123,9 @@ struct brg__bootstrap {
   int listen_fd;
   int root_fd; /* to the root, from the hello until brg__bootstrap_confirm */
   char root[BOOT_PEER_LEN];
+  int heard;         /* the root's word: 1 released, -1 the job failed, 0 none yet */
+  int claimed_twice; /* the job failed because a rank was claimed twice */
+  char root_said[BOOT_MAX_ERRTEXT + BOOT_PEER_LEN + 64];
   char listen_addr[BOOT_ADDR_BYTES];
   uint16_t listen_port;
   boot_peer *peers;
@@ -345,7 +348,7 @@ err_free:
   return st;
 }
 
-static brg_status boot_root_answer(brg__bootstrap *bs, int64_t deadline, brg__errbuf *err);
+static int boot_root_hear(brg__bootstrap *bs, int64_t deadline);
 
 /* A connection to the ring listener that has not yet said who it is. */
 typedef struct boot_ring_pending {
@@ -560,13 +563,19 @@ static brg_status ring_setup_run(boot_ring_setup *r, brg__errbuf *err) {
       return brg__error(err, BRG_ERR_SYSTEM, BOOT_SUBSYS, "rank %d: poll on ring sockets: %s",
                         bs->rank, strerror(errno));
     }
+    /* The root's word before the release: the job failed. A second claim
+     * of a rank is this rank's error too; other reasons are the echo of a
+     * failure that this rank will see for itself. */
     if (root >= 0 && pfd[root].revents) {
-      brg_status st = boot_root_answer(bs, brg__now_ms() + 1000, err);
-      if (st != BRG_SUCCESS) return st;
-      return brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
-                        "rank %d: the bootstrap root released the job before this rank had "
-                        "confirmed",
-                        bs->rank);
+      boot_root_hear(bs, brg__now_ms() + BOOT_VERDICT_MS);
+      if (bs->heard < 0 && bs->claimed_twice)
+        return brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS, "rank %d: %s", bs->rank, bs->root_said);
+      if (bs->heard > 0)
+        return brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
+                          "rank %d: the bootstrap root released the job before this rank had "
+                          "confirmed",
+                          bs->rank);
+      brg__sock_close(&bs->root_fd); /* nothing more to hear; do not poll it again */
     }
     if (!r->out_done && ring_out_step(r, out >= 0 ? pfd[out].revents : 0) != 0)
       return brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
@@ -793,59 +802,89 @@ brg_status brg__bootstrap_read_table(brg__bootstrap *bs, int fd, size_t blob_byt
                          brg__deadline_ms(bs->timeout_ms), err);
 }
 
-/* Reads the root's answer on root_fd (a release, or why the job failed)
- * and closes the connection. */
-static brg_status boot_root_answer(brg__bootstrap *bs, int64_t deadline, brg__errbuf *err) {
+/* Reads the root's word on root_fd (a release, or why the job failed) into
+ * bs->heard / bs->root_said, and closes the connection: 1 released, -1 the
+ * job failed (bs->root_said says why), 0 timed out or nothing readable. */
+static int boot_root_hear(brg__bootstrap *bs, int64_t deadline) {
   uint8_t hdr[BOOT_REPLY_HDR];
-  brg_status st = BRG_SUCCESS;
   int rc = brg__sock_recv_all(bs->root_fd, hdr, sizeof hdr, deadline);
-  if (rc == BRG__IO_TIMEOUT) {
-    st = brg__error(err, BRG_ERR_TIMEOUT, BOOT_SUBSYS,
-                    "rank %d: the bootstrap root at %s did not release the job within %d ms "
-                    "(a rank did not finish setting up)",
-                    bs->rank, bs->root, bs->timeout_ms);
-  } else if (rc != BRG__IO_OK) {
-    st = brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
-                    "rank %d: the bootstrap root at %s closed the connection before every rank "
-                    "had confirmed (rank 0 died?)",
-                    bs->rank, bs->root);
+  if (rc == BRG__IO_TIMEOUT) return 0;
+  if (rc != BRG__IO_OK) {
+    snprintf(bs->root_said, sizeof bs->root_said,
+             "the bootstrap root at %s closed the connection before every rank had confirmed "
+             "(rank 0 died?)",
+             bs->root);
   } else if (boot_get_u32(hdr) != BOOT_TABLE_MAGIC ||
              memcmp(hdr + 4, bs->secret, BOOT_SECRET_BYTES) != 0) {
-    st = brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
-                    "rank %d: %s answered with something that is not from this job's bootstrap "
-                    "root",
-                    bs->rank, bs->root);
+    snprintf(bs->root_said, sizeof bs->root_said,
+             "%s answered with something that is not from this job's bootstrap root", bs->root);
   } else if (boot_get_u32(hdr + 20) != BRG_SUCCESS) {
     uint32_t len = boot_get_u32(hdr + 24);
     char text[BOOT_MAX_ERRTEXT + 1];
     if (len > BOOT_MAX_ERRTEXT ||
-        brg__sock_recv_all(bs->root_fd, text, len, brg__now_ms() + BOOT_DRAIN_MS) != BRG__IO_OK)
-      len = (uint32_t)snprintf(text, sizeof text, "(no reason received)");
+        brg__sock_recv_all(bs->root_fd, text, len, deadline) != BRG__IO_OK)
+      len = 0;
     text[len] = '\0';
     for (uint32_t k = 0; k < len; k++)
       if (text[k] < 0x20 || text[k] > 0x7e) text[k] = '?';
-    st = brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS, "rank %d: the bootstrap root at %s: %s",
-                    bs->rank, bs->root, text);
+    snprintf(bs->root_said, sizeof bs->root_said, "the bootstrap root at %s failed the job: %s",
+             bs->root, len ? text : "(no reason received)");
+    bs->claimed_twice = strstr(text, BOOT_CLAIMED_TWICE) != NULL;
   } else if (boot_get_u32(hdr + 24) != 0) {
-    st = brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
-                    "rank %d: malformed release from the bootstrap root at %s", bs->rank, bs->root);
+    snprintf(bs->root_said, sizeof bs->root_said, "malformed release from the bootstrap root at %s",
+             bs->root);
+  } else {
+    brg__sock_close(&bs->root_fd);
+    bs->heard = 1;
+    return 1;
   }
   brg__sock_close(&bs->root_fd);
-  return st;
+  bs->heard = -1;
+  return -1;
+}
+
+void brg__bootstrap_verdict(brg__bootstrap *bs, brg_status *st, brg__errbuf *err) {
+  if (!bs) return;
+  if (bs->root_fd >= 0) {
+    struct pollfd p = {.fd = bs->root_fd, .events = POLLIN};
+    if (poll(&p, 1, BOOT_VERDICT_MS) == 1) boot_root_hear(bs, brg__now_ms() + BOOT_VERDICT_MS);
+  }
+  /* Only a rank claimed twice overrides this rank's own reason: other
+   * failures the root reports are the consequence of one a rank saw. */
+  if (bs->heard >= 0 || !bs->claimed_twice) return;
+  char more[sizeof bs->root_said + 8];
+  int m = snprintf(more, sizeof more, "; %s", bs->root_said);
+  size_t n = strnlen(err->msg, sizeof err->msg), room = sizeof err->msg - 1 - n;
+  size_t take = m < 0 ? 0 : (size_t)m < room ? (size_t)m : room;
+  memcpy(err->msg + n, more, take); /* cut at the buffer's end, as messages are */
+  err->msg[n + take] = '\0';
+  BRG__WARN(BOOT_SUBSYS, "rank %d: %s", bs->rank, bs->root_said);
+  *st = BRG_ERR_REMOTE;
 }
 
 brg_status brg__bootstrap_confirm(brg__bootstrap *bs, brg__errbuf *err) {
-  if (!bs || bs->root_fd < 0)
-    return brg__error(err, BRG_ERR_INTERNAL, BOOT_SUBSYS,
-                      "bootstrap confirm without a connection to the root");
+  if (!bs) return brg__error(err, BRG_ERR_INTERNAL, BOOT_SUBSYS, "bootstrap confirm: NULL");
   int64_t deadline = brg__deadline_ms(bs->timeout_ms);
-  uint8_t m[BOOT_CONFIRM_BYTES];
-  boot_put_u32(m, BOOT_CONFIRM_MAGIC);
-  boot_put_u32(m + 4, (uint32_t)bs->rank);
-  /* A root that already failed the job has said why: that answer wins
-   * over the send's error. */
-  (void)brg__sock_send_all(bs->root_fd, m, sizeof m, deadline, NULL);
-  return boot_root_answer(bs, deadline, err);
+  if (bs->root_fd >= 0) {
+    uint8_t m[BOOT_CONFIRM_BYTES];
+    boot_put_u32(m, BOOT_CONFIRM_MAGIC);
+    boot_put_u32(m + 4, (uint32_t)bs->rank);
+    /* A root that already failed the job has said why: that answer wins
+     * over the send's error. */
+    (void)brg__sock_send_all(bs->root_fd, m, sizeof m, deadline, NULL);
+    if (boot_root_hear(bs, deadline) == 0) {
+      brg__sock_close(&bs->root_fd);
+      return brg__error(err, BRG_ERR_TIMEOUT, BOOT_SUBSYS,
+                        "rank %d: the bootstrap root at %s did not release the job within %d ms "
+                        "(a rank did not finish setting up)",
+                        bs->rank, bs->root, bs->timeout_ms);
+    }
+  }
+  if (bs->heard > 0) return BRG_SUCCESS;
+  if (bs->heard == 0)
+    return brg__error(err, BRG_ERR_INTERNAL, BOOT_SUBSYS,
+                      "rank %d: bootstrap confirm without a connection to the root", bs->rank);
+  return brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS, "rank %d: %s", bs->rank, bs->root_said);
 }
 
 const char *brg__bootstrap_peer_addr(const brg__bootstrap *bs, int rank, uint16_t *port) {

@@ -98,6 +98,11 @@ const char *brg__bootstrap_peer_addr(const brg__bootstrap *bs, int rank, uint16_
  * nobody before then, so a rank that two processes claimed fails the job
  * on every rank, with BRG_ERR_REMOTE and a message naming both claimants. */
 brg_status brg__bootstrap_confirm(brg__bootstrap *bs, brg__errbuf *err);
+/* After this rank's set-up failed (*st, err): when the root has failed the
+ * job (a rank claimed twice, another rank gone), its reason is appended to
+ * err and *st becomes BRG_ERR_REMOTE, so that every rank says what went
+ * wrong first. Waits a moment for the root's word; a no-op without one. */
+void brg__bootstrap_verdict(brg__bootstrap *bs, brg_status *st, brg__errbuf *err);
 /* File descriptor of a ring socket (for poll), -1 when absent. */
 int brg__bootstrap_fd(const brg__bootstrap *bs, int dir);
 const uint8_t *brg__bootstrap_secret(const brg__bootstrap *bs);

@@ -216,12 +216,12 @@ static int boot_root_admit(boot_root *r, int i, const brg__boot_hello *h) {
     } else {
       const boot_claim *first = &r->claims[h->rank];
       char text[BOOT_MAX_ERRTEXT];
-      snprintf(text, sizeof text,
-               "rank %d was claimed twice: first by pid %d on %s (%s), then by pid %d on %s (%s); "
-               "a process outside this job may hold its rank (a derived secret is no "
-               "protection: set BRIGADE_SECRET to a per-job random value)",
-               (int)h->rank, (int)first->pid, first->host, first->peer, (int)h->pid, h->host,
-               c->peer);
+      snprintf(
+          text, sizeof text,
+          "rank %d" BOOT_CLAIMED_TWICE ": first by pid %d on %s (%s), then by pid %d on %s (%s); "
+          "a process outside this job may hold its rank (a derived secret is no "
+          "protection: set BRIGADE_SECRET to a per-job random value)",
+          (int)h->rank, (int)first->pid, first->host, first->peer, (int)h->pid, h->host, c->peer);
       boot_root_fail_all(r, text);
       r->told[h->rank] = 1;
       boot_conn_refuse(r, i, "%s", text);
@@ -427,7 +427,10 @@ static void boot_root_send_tables(boot_root *r) {
     }
   }
   r->tables_sent = 1;
-  r->deadline = brg__deadline_ms(r->timeout_ms);
+  /* The ranks' own set-up (ring, transports) may take several of their
+   * timeouts, and each rank reports its own failure: the root's deadline
+   * for the confirmations only keeps it from waiting forever. */
+  r->deadline = r->timeout_ms > 0 ? brg__now_ms() + 4 * (int64_t)r->timeout_ms + 5000 : -1;
   BRG__INFO(BOOT_SUBSYS, "bootstrap root %s: all %d ranks arrived; table sent", r->where,
             (int)r->nranks);
 }
@@ -455,6 +458,11 @@ static void boot_root_confirm(boot_root *r, int k) {
 
 /* Every rank confirmed: releases them all. */
 static void boot_root_release(boot_root *r) {
+  /* Nobody else may join now; strangers go before the ranks are released. */
+  brg__sock_close(&r->lfd);
+  for (int i = 0; i < r->nconns; i++)
+    if (r->conns[i]) boot_conn_drop(r, i);
+  r->nconns = 0;
   uint8_t go[BOOT_REPLY_HDR];
   boot_put_u32(go, BOOT_TABLE_MAGIC);
   memcpy(go + 4, r->secret, BOOT_SECRET_BYTES);
@@ -479,7 +487,7 @@ static void boot_root_unconfirmed(boot_root *r) {
       used += (size_t)snprintf(list + used, sizeof list - used, "%s%d", used ? "," : "", k);
   char text[BOOT_MAX_ERRTEXT];
   snprintf(text, sizeof text, "rank(s) %s did not confirm their set-up within %d ms", list,
-           r->timeout_ms);
+           4 * r->timeout_ms + 5000);
   boot_root_fail_all(r, text);
 }
 

@@ -351,6 +351,7 @@ brg_status brg__comm_create(brg_comm **out, int nranks, const brg__boot_id *id, 
   return BRG_SUCCESS;
 
 err_free:
+  brg__bootstrap_verdict(c->bs, &s, &err); /* a job the root failed says why */
   comm_free(c);
   return brg__fail_no_comm_err(s, &err, NULL);
 }

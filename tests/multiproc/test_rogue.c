@@ -5,7 +5,11 @@
  * MASTER_PORT, WORLD_SIZE, RANK; no BRIGADE_SECRET, so the secret is
  * derived from what any local process can read). A fourth process, started
  * with rank 0 and before ranks 1 and 2, claims rank 2 with the same
- * variables and would contribute 1000 to every element instead of 3.
+ * variables and would contribute 1000 to every element instead of 3. The
+ * honest rank 2 comes next, rank 1 last, so that the second claim reaches
+ * the rendezvous while the job is still forming (a claim that comes after
+ * the release cannot be told from a stray late process: see the README's
+ * security section; test_bootstrap covers a claim during the ranks' set-up).
  *
  * Every honest rank must fail brg_comm_init_env with BRG_ERR_REMOTE and a
  * message that says rank 2 was claimed twice and names both claimants (pid
@@ -24,13 +28,15 @@
 #define COUNT 1000
 #define ROGUE 3     /* the harness's fourth process */
 #define CLAIMED 2   /* the rank it claims */
-#define LATE_MS 300 /* ranks 1 and 2 start this much after rank 0 and the rogue */
+#define LATE_MS 300 /* the honest rank 2 starts this much after rank 0 and the rogue, */
+#define LAST_MS 450 /* and rank 1 this much: the claim comes while the job forms */
 
 static int g_port;
 
 static int body(mp_ctx *ctx) {
   int me = ctx->rank == ROGUE ? CLAIMED : ctx->rank;
-  if (ctx->rank == 1 || ctx->rank == 2) mp_sleep_ms(LATE_MS);
+  if (ctx->rank == 2) mp_sleep_ms(LATE_MS);
+  if (ctx->rank == 1) mp_sleep_ms(LAST_MS);
   char port[16], rank[16];
   snprintf(port, sizeof port, "%d", g_port);
   snprintf(rank, sizeof rank, "%d", me);
