@@ -276,7 +276,7 @@ static int body_soak(mp_ctx *ctx) {
   brg_comm *c = ctx->comm;
   int n = ctx->nranks, me = ctx->rank;
   int seconds = mp_env_int("MP_SOAK_SECONDS", 20);
-  size_t cap = (size_t)(1024 * 1024 + 1024) * (size_t)n * 8;
+  size_t cap = (size_t)(1024 * 1024 + 64 * 1024) * (size_t)n * 8; /* soak_count's most, n times */
   uint8_t *s = malloc(cap), *r = malloc(cap), *s0 = malloc(cap);
   if (!s || !r || !s0) return 1;
   uint64_t rs = g_seed;
