@@ -7,7 +7,7 @@
  *                          survivor must fail with BRG_ERR_REMOTE or
  *                          BRG_ERR_TIMEOUT, a message that names the victim
  *                          (and, when it was stopped, how long it has been
- *                          silent), within BRIGADE_TIMEOUT_MS + 3 s of the
+ *                          silent), within BRIGADE_TIMEOUT_MS + 5 s of the
  *                          signal, and answer the next call with an error at
  *                          once. Every allreduce before the signal is checked
  *                          element by element.
@@ -31,7 +31,7 @@
 
 #include "harness.h"
 
-#define SLACK_MS 3000
+#define SLACK_MS 5000 /* as test_errors allows: the suite runs beside other tests on 2 cores */
 
 static int g_timeout_ms;
 static uint64_t g_seed;
