@@ -70,7 +70,7 @@ case "${1:-}" in
     # (suite python) need pytest and NumPy; python3-torch (1.13, CPU) adds
     # the torch.distributed backend's tests.
     need_pkgs "${base_pkgs[@]}" libibverbs-dev g++ iproute2 clang-format python3-matplotlib \
-      python3-pytest python3-numpy python3-torch
+      python3-pytest python3-numpy python3-torch clang libclang-rt-14-dev
     check_format
     [ -d build-test ] || meson setup build-test --buildtype=debugoptimized --werror
     ninja -C build-test
@@ -90,6 +90,21 @@ case "${1:-}" in
     TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
       meson test -C build-tsan --print-errorlogs --num-processes "$jobs" --timeout-multiplier 3 \
       --suite tsan
+    # libFuzzer over what brigade reads before it trusts a peer (bootstrap
+    # hello, unique id, the root's service and table, ring frames, the tcp
+    # and ibverbs hellos), 25 s from the committed corpus; new inputs go to a
+    # scratch folder. Any crash, sanitizer report, leak or failed check of
+    # the target fails the run; the input that did it is left in build-fuzz/.
+    [ -d build-fuzz ] || CC=clang meson setup build-fuzz --buildtype=debugoptimized -Dfuzz=enabled \
+      -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled -Dbench_peers=disabled \
+      -Dpython=disabled
+    ninja -C build-fuzz tests/fuzz/fuzz_bootstrap
+    fuzz_scratch=$(mktemp -d)
+    ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+      ./build-fuzz/tests/fuzz/fuzz_bootstrap -max_total_time=25 -max_len=4096 -timeout=10 \
+      -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix=build-fuzz/ \
+      "$fuzz_scratch" tests/fuzz/corpus
+    rm -rf "$fuzz_scratch"
     ;;
   *)
     echo "usage: $0 bench|test" >&2

@@ -121,6 +121,11 @@ struct brg__bootstrap {
   int timeout_ms;
   uint8_t secret[BOOT_SECRET_BYTES];
   int listen_fd;
+  int root_fd; /* to the root, from the hello until brg__bootstrap_confirm */
+  char root[BOOT_PEER_LEN];
+  int heard;         /* the root's word: 1 released, -1 the job failed, 0 none yet */
+  int claimed_twice; /* the job failed because a rank was claimed twice */
+  char root_said[BOOT_MAX_ERRTEXT + BOOT_PEER_LEN + 64];
   char listen_addr[BOOT_ADDR_BYTES];
   uint16_t listen_port;
   boot_peer *peers;
@@ -263,7 +268,7 @@ brg_status brg__bootstrap_init(brg__bootstrap **bs_out, const brg__boot_id *id, 
   bs->rank = rank;
   bs->nranks = nranks;
   bs->timeout_ms = timeout_ms;
-  bs->listen_fd = bs->fd[0] = bs->fd[1] = -1;
+  bs->listen_fd = bs->root_fd = bs->fd[0] = bs->fd[1] = -1;
   bs->peer_rank[0] = bs->peer_rank[1] = -1;
   memcpy(bs->secret, id->secret, BOOT_SECRET_BYTES);
   bs->peers = calloc((size_t)nranks, sizeof *bs->peers);
@@ -303,6 +308,9 @@ brg_status brg__bootstrap_init(brg__bootstrap **bs_out, const brg__boot_id *id, 
   memcpy(h.addr, bs->listen_addr, sizeof h.addr);
   h.port = bs->listen_port;
   h.blob_bytes = (uint32_t)blob_bytes;
+  h.pid = (int32_t)getpid();
+  if (gethostname(h.host, sizeof h.host - 1) != 0) snprintf(h.host, sizeof h.host, "?");
+  h.host[sizeof h.host - 1] = '\0';
   h.blob = blob;
   size_t n = brg__boot_hello_encode(&h, hello_buf, sizeof hello_buf);
   if (n == 0) {
@@ -324,7 +332,10 @@ brg_status brg__bootstrap_init(brg__bootstrap **bs_out, const brg__boot_id *id, 
   }
   st = boot_read_table(bs, fd, root, blob_bytes, all_blobs, deadline, err);
   if (st != BRG_SUCCESS) goto err_close;
-  close(fd);
+  /* Kept until brg__bootstrap_confirm: the root releases nobody before
+   * every rank has confirmed. */
+  bs->root_fd = fd;
+  snprintf(bs->root, sizeof bs->root, "%s", root);
   BRG__TRACE(BOOT_SUBSYS, "rank %d: bootstrap table from %s received (%d ranks)", rank, root,
              nranks);
   *bs_out = bs;
@@ -336,6 +347,8 @@ err_free:
   brg__bootstrap_destroy(bs);
   return st;
 }
+
+static int boot_root_hear(brg__bootstrap *bs, int64_t deadline);
 
 /* A connection to the ring listener that has not yet said who it is. */
 typedef struct boot_ring_pending {
@@ -519,9 +532,15 @@ static brg_status ring_setup_run(boot_ring_setup *r, brg__errbuf *err) {
     for (int i = r->npending - 1; i >= 0; i--)
       if (now >= r->q[i].deadline) ring_pending_drop(r, i, "it did not introduce itself in time");
 
-    struct pollfd pfd[2 + BOOT_RING_MAX_PENDING];
-    int np = 0, lsn = -1, out = -1;
+    struct pollfd pfd[3 + BOOT_RING_MAX_PENDING];
+    int np = 0, lsn = -1, out = -1, root = -1;
     int64_t wake = r->deadline;
+    /* The root says nothing before the release unless the job failed (a
+     * rank claimed twice): then that is this rank's error too. */
+    if (bs->root_fd >= 0) {
+      root = np;
+      pfd[np++] = (struct pollfd){.fd = bs->root_fd, .events = POLLIN};
+    }
     if (r->in_fd < 0) {
       lsn = np;
       pfd[np++] = (struct pollfd){.fd = bs->listen_fd, .events = POLLIN};
@@ -543,6 +562,20 @@ static brg_status ring_setup_run(boot_ring_setup *r, brg__errbuf *err) {
       if (errno == EINTR) continue;
       return brg__error(err, BRG_ERR_SYSTEM, BOOT_SUBSYS, "rank %d: poll on ring sockets: %s",
                         bs->rank, strerror(errno));
+    }
+    /* The root's word before the release: the job failed. A second claim
+     * of a rank is this rank's error too; other reasons are the echo of a
+     * failure that this rank will see for itself. */
+    if (root >= 0 && pfd[root].revents) {
+      boot_root_hear(bs, brg__now_ms() + BOOT_VERDICT_MS);
+      if (bs->heard < 0 && bs->claimed_twice)
+        return brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS, "rank %d: %s", bs->rank, bs->root_said);
+      if (bs->heard > 0)
+        return brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
+                          "rank %d: the bootstrap root released the job before this rank had "
+                          "confirmed",
+                          bs->rank);
+      brg__sock_close(&bs->root_fd); /* nothing more to hear; do not poll it again */
     }
     if (!r->out_done && ring_out_step(r, out >= 0 ? pfd[out].revents : 0) != 0)
       return brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
@@ -733,6 +766,127 @@ brg_status brg__bootstrap_recv(brg__bootstrap *bs, int dir, uint32_t *type, void
   }
 }
 
+brg_status brg__bootstrap_wrap(brg__bootstrap **bs_out, int rank, int nranks, const uint8_t *secret,
+                               uint16_t listen_port, int fd_next, int fd_prev, int timeout_ms,
+                               brg__errbuf *err) {
+  *bs_out = NULL;
+  if (nranks < 1 || nranks > BRG__BOOT_MAX_RANKS || rank < 0 || rank >= nranks || !secret)
+    return brg__error(err, BRG_ERR_INVALID_ARGUMENT, BOOT_SUBSYS, "bootstrap wrap: rank %d of %d",
+                      rank, nranks);
+  brg__bootstrap *bs = calloc(1, sizeof *bs);
+  boot_peer *peers = bs ? calloc((size_t)nranks, sizeof *peers) : NULL;
+  if (!peers) {
+    free(bs);
+    return brg__error(err, BRG_ERR_NO_MEMORY, BOOT_SUBSYS, "bootstrap wrap: out of memory");
+  }
+  bs->rank = rank;
+  bs->nranks = nranks;
+  bs->timeout_ms = timeout_ms;
+  memcpy(bs->secret, secret, BOOT_SECRET_BYTES);
+  bs->listen_fd = -1;
+  bs->root_fd = -1;
+  snprintf(bs->listen_addr, sizeof bs->listen_addr, "127.0.0.1");
+  bs->listen_port = listen_port;
+  bs->peers = peers;
+  bs->fd[BRG__RING_NEXT] = fd_next;
+  bs->fd[BRG__RING_PREV] = fd_prev;
+  bs->peer_rank[BRG__RING_NEXT] = (rank + 1) % nranks;
+  bs->peer_rank[BRG__RING_PREV] = (rank + nranks - 1) % nranks;
+  *bs_out = bs;
+  return BRG_SUCCESS;
+}
+
+brg_status brg__bootstrap_read_table(brg__bootstrap *bs, int fd, size_t blob_bytes, void *all_blobs,
+                                     brg__errbuf *err) {
+  return boot_read_table(bs, fd, "(the given socket)", blob_bytes, all_blobs,
+                         brg__deadline_ms(bs->timeout_ms), err);
+}
+
+/* Reads the root's word on root_fd (a release, or why the job failed) into
+ * bs->heard / bs->root_said, and closes the connection: 1 released, -1 the
+ * job failed (bs->root_said says why), 0 timed out or nothing readable. */
+static int boot_root_hear(brg__bootstrap *bs, int64_t deadline) {
+  uint8_t hdr[BOOT_REPLY_HDR];
+  int rc = brg__sock_recv_all(bs->root_fd, hdr, sizeof hdr, deadline);
+  if (rc == BRG__IO_TIMEOUT) return 0;
+  if (rc != BRG__IO_OK) {
+    snprintf(bs->root_said, sizeof bs->root_said,
+             "the bootstrap root at %s closed the connection before every rank had confirmed "
+             "(rank 0 died?)",
+             bs->root);
+  } else if (boot_get_u32(hdr) != BOOT_TABLE_MAGIC ||
+             memcmp(hdr + 4, bs->secret, BOOT_SECRET_BYTES) != 0) {
+    snprintf(bs->root_said, sizeof bs->root_said,
+             "%s answered with something that is not from this job's bootstrap root", bs->root);
+  } else if (boot_get_u32(hdr + 20) != BRG_SUCCESS) {
+    uint32_t len = boot_get_u32(hdr + 24);
+    char text[BOOT_MAX_ERRTEXT + 1];
+    if (len > BOOT_MAX_ERRTEXT ||
+        brg__sock_recv_all(bs->root_fd, text, len, deadline) != BRG__IO_OK)
+      len = 0;
+    text[len] = '\0';
+    for (uint32_t k = 0; k < len; k++)
+      if (text[k] < 0x20 || text[k] > 0x7e) text[k] = '?';
+    snprintf(bs->root_said, sizeof bs->root_said, "the bootstrap root at %s failed the job: %s",
+             bs->root, len ? text : "(no reason received)");
+    bs->claimed_twice = strstr(text, BOOT_CLAIMED_TWICE) != NULL;
+  } else if (boot_get_u32(hdr + 24) != 0) {
+    snprintf(bs->root_said, sizeof bs->root_said, "malformed release from the bootstrap root at %s",
+             bs->root);
+  } else {
+    brg__sock_close(&bs->root_fd);
+    bs->heard = 1;
+    return 1;
+  }
+  brg__sock_close(&bs->root_fd);
+  bs->heard = -1;
+  return -1;
+}
+
+void brg__bootstrap_verdict(brg__bootstrap *bs, brg_status *st, brg__errbuf *err) {
+  if (!bs) return;
+  if (bs->root_fd >= 0) {
+    struct pollfd p = {.fd = bs->root_fd, .events = POLLIN};
+    if (poll(&p, 1, BOOT_VERDICT_MS) == 1) boot_root_hear(bs, brg__now_ms() + BOOT_VERDICT_MS);
+  }
+  /* Only a rank claimed twice overrides this rank's own reason: other
+   * failures the root reports are the consequence of one a rank saw. */
+  if (bs->heard >= 0 || !bs->claimed_twice) return;
+  char more[sizeof bs->root_said + 8];
+  int m = snprintf(more, sizeof more, "; %s", bs->root_said);
+  size_t n = strnlen(err->msg, sizeof err->msg), room = sizeof err->msg - 1 - n;
+  size_t take = m < 0 ? 0 : (size_t)m < room ? (size_t)m : room;
+  memcpy(err->msg + n, more, take); /* cut at the buffer's end, as messages are */
+  err->msg[n + take] = '\0';
+  BRG__WARN(BOOT_SUBSYS, "rank %d: %s", bs->rank, bs->root_said);
+  *st = BRG_ERR_REMOTE;
+}
+
+brg_status brg__bootstrap_confirm(brg__bootstrap *bs, brg__errbuf *err) {
+  if (!bs) return brg__error(err, BRG_ERR_INTERNAL, BOOT_SUBSYS, "bootstrap confirm: NULL");
+  int64_t deadline = brg__deadline_ms(bs->timeout_ms);
+  if (bs->root_fd >= 0) {
+    uint8_t m[BOOT_CONFIRM_BYTES];
+    boot_put_u32(m, BOOT_CONFIRM_MAGIC);
+    boot_put_u32(m + 4, (uint32_t)bs->rank);
+    /* A root that already failed the job has said why: that answer wins
+     * over the send's error. */
+    (void)brg__sock_send_all(bs->root_fd, m, sizeof m, deadline, NULL);
+    if (boot_root_hear(bs, deadline) == 0) {
+      brg__sock_close(&bs->root_fd);
+      return brg__error(err, BRG_ERR_TIMEOUT, BOOT_SUBSYS,
+                        "rank %d: the bootstrap root at %s did not release the job within %d ms "
+                        "(a rank did not finish setting up)",
+                        bs->rank, bs->root, bs->timeout_ms);
+    }
+  }
+  if (bs->heard > 0) return BRG_SUCCESS;
+  if (bs->heard == 0)
+    return brg__error(err, BRG_ERR_INTERNAL, BOOT_SUBSYS,
+                      "rank %d: bootstrap confirm without a connection to the root", bs->rank);
+  return brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS, "rank %d: %s", bs->rank, bs->root_said);
+}
+
 const char *brg__bootstrap_peer_addr(const brg__bootstrap *bs, int rank, uint16_t *port) {
   if (!bs || rank < 0 || rank >= bs->nranks) return NULL;
   if (port) *port = bs->peers[rank].port;
@@ -753,6 +907,7 @@ void brg__bootstrap_destroy(brg__bootstrap *bs) {
   brg__sock_close(&bs->fd[BRG__RING_NEXT]);
   brg__sock_close(&bs->fd[BRG__RING_PREV]);
   brg__sock_close(&bs->listen_fd);
+  brg__sock_close(&bs->root_fd);
   free(bs->peers);
   free(bs);
 }

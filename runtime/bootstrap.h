@@ -51,6 +51,11 @@ brg_status brg__boot_id_check(const brg__boot_id *id, brg__errbuf *err);
 brg_status brg__boot_root_start(const char *addr, uint16_t port, const uint8_t *secret,
                                 int timeout_ms, brg__boot_id *id, brg__errbuf *err);
 
+/* Waits (up to max_ms) until the roots this process started have finished:
+ * a root whose job failed keeps telling the ranks that arrive late why,
+ * until every rank has been told or its deadline. */
+void brg__boot_root_linger(int max_ms);
+
 /* The address this process advertises: BRIGADE_BOOTSTRAP_ADDR, else the
  * first up non-loopback IPv4 address (of BRIGADE_SOCKET_IFNAME if set),
  * else 127.0.0.1. */
@@ -88,6 +93,16 @@ brg_status brg__bootstrap_recv(brg__bootstrap *bs, int dir, uint32_t *type, void
  * not NULL), as the bootstrap table said: for logs and topology. NULL when
  * out of range. */
 const char *brg__bootstrap_peer_addr(const brg__bootstrap *bs, int rank, uint16_t *port);
+/* Tells the root that this rank's communicator is set up and waits (up to
+ * the bootstrap's timeout) until every rank has said so. The root releases
+ * nobody before then, so a rank that two processes claimed fails the job
+ * on every rank, with BRG_ERR_REMOTE and a message naming both claimants. */
+brg_status brg__bootstrap_confirm(brg__bootstrap *bs, brg__errbuf *err);
+/* After this rank's set-up failed (*st, err): when the root has failed the
+ * job (a rank claimed twice, another rank gone), its reason is appended to
+ * err and *st becomes BRG_ERR_REMOTE, so that every rank says what went
+ * wrong first. Waits a moment for the root's word; a no-op without one. */
+void brg__bootstrap_verdict(brg__bootstrap *bs, brg_status *st, brg__errbuf *err);
 /* File descriptor of a ring socket (for poll), -1 when absent. */
 int brg__bootstrap_fd(const brg__bootstrap *bs, int dir);
 const uint8_t *brg__bootstrap_secret(const brg__bootstrap *bs);
@@ -103,6 +118,8 @@ typedef struct brg__boot_hello {
   char addr[64]; /* ring listener of this rank */
   uint16_t port;
   uint32_t blob_bytes;
+  int32_t pid;   /* of the process that claims the rank, for messages */
+  char host[64]; /* its host name, NUL-terminated, for messages */
   const void *blob;
 } brg__boot_hello;
 size_t brg__boot_hello_encode(const brg__boot_hello *h, void *buf, size_t cap);

@@ -43,6 +43,13 @@ typedef struct boot_conn {
   uint8_t buf[BOOT_HELLO_HDR + BRG__BOOT_MAX_BLOB];
 } boot_conn;
 
+/* Who claimed a rank, for the message when two processes claim one. */
+typedef struct boot_claim {
+  int32_t pid;
+  char host[BOOT_HOST_BYTES];
+  char peer[BOOT_PEER_LEN];
+} boot_claim;
+
 typedef struct boot_root {
   int lfd;
   uint8_t secret[BOOT_SECRET_BYTES];
@@ -58,6 +65,16 @@ typedef struct boot_root {
   int *rank_fd;
   uint8_t *table;
   size_t table_bytes;
+  /* After the table: every rank confirms before anyone is released, and a
+   * second live claim of a rank fails the job (`failed`, with the text
+   * every rank is told, here and to those that come later). */
+  int tables_sent;
+  int32_t nconfirmed;
+  uint8_t *confirmed; /* per rank */
+  uint8_t *told;      /* per rank: has had the failure */
+  boot_claim *claims; /* per rank: who claimed it */
+  int failed;
+  char fail_text[BOOT_MAX_ERRTEXT];
 } boot_root;
 
 static uint8_t *boot_root_entry(boot_root *r, int rank) {
@@ -112,6 +129,32 @@ static void boot_root_forget(boot_root *r, int rank, const char *why) {
   r->arrived--;
 }
 
+/* Fails the job: every rank that holds a connection gets `text` now, every
+ * rank that comes later gets it from boot_root_admit. */
+static void boot_root_fail_all(boot_root *r, const char *text) {
+  if (r->failed) return;
+  r->failed = 1;
+  snprintf(r->fail_text, sizeof r->fail_text, "%s", text);
+  BRG__WARN(BOOT_SUBSYS, "bootstrap root %s: failing the job: %s", r->where, text);
+  uint8_t buf[BOOT_REPLY_HDR + BOOT_MAX_ERRTEXT];
+  size_t n = brg__boot_reply_error(buf, r->secret, BRG_ERR_REMOTE, text);
+  for (int k = 0; k < r->nranks; k++) {
+    if (r->rank_fd[k] < 0) continue;
+    (void)brg__sock_send_all(r->rank_fd[k], buf, n, brg__now_ms() + BOOT_REPLY_SEND_MS, NULL);
+    brg__sock_close(&r->rank_fd[k]);
+    r->told[k] = 1;
+  }
+  /* Those still on their way are told until the deadline (or until every
+   * rank has been told). */
+  r->deadline = brg__now_ms() + (r->timeout_ms > 0 ? r->timeout_ms : 30000);
+}
+
+static int boot_root_all_told(const boot_root *r) {
+  for (int k = 0; k < r->nranks; k++)
+    if (!r->told[k]) return 0;
+  return 1;
+}
+
 /* Takes a well-formed hello with the right secret, or refuses it. Returns 1
  * when the connection left the pending list. */
 static int boot_root_admit(boot_root *r, int i, const brg__boot_hello *h) {
@@ -121,9 +164,14 @@ static int boot_root_admit(boot_root *r, int i, const brg__boot_hello *h) {
     size_t bytes = BOOT_REPLY_HDR + BOOT_TABLE_HDR + (size_t)h->nranks * entry;
     uint8_t *table = calloc(1, bytes);
     int *rank_fd = malloc((size_t)h->nranks * sizeof *rank_fd);
-    if (!table || !rank_fd) {
+    uint8_t *confirmed = calloc((size_t)h->nranks, 1), *told = calloc((size_t)h->nranks, 1);
+    boot_claim *claims = calloc((size_t)h->nranks, sizeof *claims);
+    if (!table || !rank_fd || !confirmed || !told || !claims) {
       free(table);
       free(rank_fd);
+      free(confirmed);
+      free(told);
+      free(claims);
       boot_conn_refuse(r, i, "the bootstrap root has no memory for a table of %d ranks",
                        (int)h->nranks);
       return 0;
@@ -138,6 +186,9 @@ static int boot_root_admit(boot_root *r, int i, const brg__boot_hello *h) {
     r->table = table;
     r->table_bytes = bytes;
     r->rank_fd = rank_fd;
+    r->confirmed = confirmed;
+    r->told = told;
+    r->claims = claims;
     r->nranks = h->nranks;
     r->blob_bytes = h->blob_bytes;
     r->first_rank = h->rank;
@@ -151,13 +202,31 @@ static int boot_root_admit(boot_root *r, int i, const brg__boot_hello *h) {
                      "send the same size)",
                      (int)h->rank, h->blob_bytes, (int)r->first_rank, r->blob_bytes);
     return 0;
-  } else if (r->rank_fd[h->rank] >= 0) {
-    if (boot_fd_alive(r->rank_fd[h->rank])) {
-      boot_conn_refuse(r, i, "rank %d joined twice (first from %s, again from %s)", (int)h->rank,
-                       (const char *)boot_root_entry(r, h->rank), c->peer);
+  } else if (r->failed) {
+    r->told[h->rank] = 1;
+    boot_conn_refuse(r, i, "%s", r->fail_text);
+    return 0;
+  } else if (r->rank_fd[h->rank] >= 0 || r->tables_sent) {
+    /* A rank claimed again: by a process that hung up and came back
+     * (forgotten, before the table only), or by a second live process,
+     * which fails the job on every rank rather than let either one in
+     * silently. */
+    if (r->rank_fd[h->rank] >= 0 && !r->tables_sent && !boot_fd_alive(r->rank_fd[h->rank])) {
+      boot_root_forget(r, h->rank, "hung up");
+    } else {
+      const boot_claim *first = &r->claims[h->rank];
+      char text[BOOT_MAX_ERRTEXT];
+      snprintf(
+          text, sizeof text,
+          "rank %d" BOOT_CLAIMED_TWICE ": first by pid %d on %s (%s), then by pid %d on %s (%s); "
+          "a process outside this job may hold its rank (a derived secret is no "
+          "protection: set BRIGADE_SECRET to a per-job random value)",
+          (int)h->rank, (int)first->pid, first->host, first->peer, (int)h->pid, h->host, c->peer);
+      boot_root_fail_all(r, text);
+      r->told[h->rank] = 1;
+      boot_conn_refuse(r, i, "%s", text);
       return 0;
     }
-    boot_root_forget(r, h->rank, "hung up");
   }
 
   uint8_t *e = boot_root_entry(r, h->rank);
@@ -167,6 +236,9 @@ static int boot_root_admit(boot_root *r, int i, const brg__boot_hello *h) {
   boot_put_u16(e + 66, 0);
   if (h->blob_bytes) memcpy(e + BOOT_ENTRY_HDR, h->blob, h->blob_bytes);
   r->rank_fd[h->rank] = c->fd;
+  r->claims[h->rank].pid = h->pid;
+  snprintf(r->claims[h->rank].host, sizeof r->claims[h->rank].host, "%s", h->host);
+  snprintf(r->claims[h->rank].peer, sizeof r->claims[h->rank].peer, "%s", c->peer);
   r->arrived++;
   BRG__TRACE(BOOT_SUBSYS, "bootstrap root %s: rank %d of %d arrived from %s (%d/%d)", r->where,
              (int)h->rank, (int)r->nranks, c->peer, (int)r->arrived, (int)r->nranks);
@@ -334,22 +406,89 @@ static void boot_root_give_up(boot_root *r) {
   }
 }
 
+/* Sends every rank the table; the connections stay, for the confirmations,
+ * and so does the listener, so that a second claim of a rank is still seen. */
 static void boot_root_send_tables(boot_root *r) {
-  /* Nobody else may join this communicator now. */
-  brg__sock_close(&r->lfd);
   for (int k = 0; k < r->nranks; k++) {
     int rc = brg__sock_send_all(r->rank_fd[k], r->table, r->table_bytes,
                                 brg__now_ms() + BOOT_TABLE_SEND_MS, NULL);
-    if (rc != BRG__IO_OK)
-      BRG__WARN(BOOT_SUBSYS, "bootstrap root %s: could not send the table to rank %d: %s", r->where,
-                k,
-                rc == BRG__IO_TIMEOUT ? "it stopped reading"
-                : rc == BRG__IO_EOF   ? "it hung up"
-                                      : strerror(errno));
-    brg__sock_close(&r->rank_fd[k]);
+    if (rc != BRG__IO_OK) {
+      char text[256];
+      snprintf(text, sizeof text,
+               "the bootstrap root could not send the table to rank %d (pid %d on %s): %s", k,
+               (int)r->claims[k].pid, r->claims[k].host,
+               rc == BRG__IO_TIMEOUT ? "it stopped reading"
+               : rc == BRG__IO_EOF   ? "it hung up"
+                                     : strerror(errno));
+      brg__sock_close(&r->rank_fd[k]);
+      r->told[k] = 1;
+      boot_root_fail_all(r, text);
+      return;
+    }
   }
+  r->tables_sent = 1;
+  /* The ranks' own set-up (ring, transports) may take several of their
+   * timeouts, and each rank reports its own failure: the root's deadline
+   * for the confirmations only keeps it from waiting forever. */
+  r->deadline = r->timeout_ms > 0 ? brg__now_ms() + 4 * (int64_t)r->timeout_ms + 5000 : -1;
   BRG__INFO(BOOT_SUBSYS, "bootstrap root %s: all %d ranks arrived; table sent", r->where,
             (int)r->nranks);
+}
+
+/* Reads rank k's confirmation (its connection was readable). */
+static void boot_root_confirm(boot_root *r, int k) {
+  uint8_t m[BOOT_CONFIRM_BYTES];
+  int rc = brg__sock_recv_all(r->rank_fd[k], m, sizeof m, brg__now_ms() + BOOT_REPLY_SEND_MS);
+  if (rc == BRG__IO_OK && boot_get_u32(m) == BOOT_CONFIRM_MAGIC &&
+      (int32_t)boot_get_u32(m + 4) == k) {
+    r->confirmed[k] = 1;
+    r->nconfirmed++;
+    return;
+  }
+  char text[256];
+  snprintf(text, sizeof text,
+           "rank %d (pid %d on %s) %s before it confirmed its set-up (its brg_comm_init "
+           "failed?)",
+           k, (int)r->claims[k].pid, r->claims[k].host,
+           rc == BRG__IO_OK ? "sent something else" : "hung up");
+  brg__sock_close(&r->rank_fd[k]);
+  r->told[k] = 1;
+  boot_root_fail_all(r, text);
+}
+
+/* Every rank confirmed: releases them all. */
+static void boot_root_release(boot_root *r) {
+  /* Nobody else may join now; strangers go before the ranks are released. */
+  brg__sock_close(&r->lfd);
+  for (int i = 0; i < r->nconns; i++)
+    if (r->conns[i]) boot_conn_drop(r, i);
+  r->nconns = 0;
+  uint8_t go[BOOT_REPLY_HDR];
+  boot_put_u32(go, BOOT_TABLE_MAGIC);
+  memcpy(go + 4, r->secret, BOOT_SECRET_BYTES);
+  boot_put_u32(go + 20, BRG_SUCCESS);
+  boot_put_u32(go + 24, 0);
+  for (int k = 0; k < r->nranks; k++) {
+    (void)brg__sock_send_all(r->rank_fd[k], go, sizeof go, brg__now_ms() + BOOT_REPLY_SEND_MS,
+                             NULL);
+    brg__sock_close(&r->rank_fd[k]);
+  }
+  BRG__INFO(BOOT_SUBSYS, "bootstrap root %s: all %d ranks confirmed; released", r->where,
+            (int)r->nranks);
+}
+
+/* The ranks that have not confirmed, for the message when time is up. */
+static void boot_root_unconfirmed(boot_root *r) {
+  char list[512];
+  size_t used = 0;
+  list[0] = '\0';
+  for (int k = 0; k < r->nranks && used + 16 < sizeof list; k++)
+    if (!r->confirmed[k])
+      used += (size_t)snprintf(list + used, sizeof list - used, "%s%d", used ? "," : "", k);
+  char text[BOOT_MAX_ERRTEXT];
+  snprintf(text, sizeof text, "rank(s) %s did not confirm their set-up within %d ms", list,
+           4 * r->timeout_ms + 5000);
+  boot_root_fail_all(r, text);
 }
 
 static void boot_root_free(boot_root *r) {
@@ -360,27 +499,97 @@ static void boot_root_free(boot_root *r) {
   brg__sock_close(&r->lfd);
   free(r->rank_fd);
   free(r->table);
+  free(r->confirmed);
+  free(r->told);
+  free(r->claims);
   free(r);
+}
+
+/* Reads and judges what the pending connections sent; drops the overdue. */
+static void boot_root_service_all(boot_root *r, const struct pollfd *pfd, int64_t now) {
+  for (int i = 0; i < r->nconns; i++) {
+    if (pfd[i].revents && boot_conn_service(r, i)) continue;
+    boot_conn *c = r->conns[i];
+    if (c && now >= c->deadline) {
+      if (!c->draining)
+        BRG__WARN(BOOT_SUBSYS,
+                  "bootstrap root %s: dropped the connection from %s: no complete hello "
+                  "within %d ms",
+                  r->where, c->peer, BOOT_CONN_TIMEOUT_MS);
+      boot_conn_drop(r, i);
+    }
+  }
+}
+
+/*
+ * Phases: gathering hellos until every rank has arrived; the table sent,
+ * gathering confirmations until every rank has confirmed, then the release;
+ * or, once the job has failed (a rank claimed twice, a rank gone before it
+ * confirmed, time up), telling every rank why, until each has been told or
+ * the deadline. The listener stays open until the end, so that a second
+ * claim of a rank is seen however late in the set-up it comes.
+ */
+static int boot_roots_running; /* atomic: root threads of this process */
+
+void brg__boot_root_linger(int max_ms) {
+  int64_t end = brg__now_ms() + max_ms;
+  while (__atomic_load_n(&boot_roots_running, __ATOMIC_ACQUIRE) > 0 && brg__now_ms() < end)
+    brg__sleep_ms(10);
 }
 
 static void *boot_root_main(void *arg) {
   boot_root *r = arg;
-  struct pollfd pfd[BOOT_MAX_PENDING + 1];
+  struct pollfd *pfd = NULL;
+  int *pfd_rank = NULL;
+  size_t cap = 0;
   for (;;) {
-    if (r->nranks > 0 && r->arrived == r->nranks && boot_root_prune(r) == 0) break;
+    if (r->failed) {
+      if (boot_root_all_told(r)) break;
+    } else if (r->tables_sent) {
+      if (r->nconfirmed == r->nranks) {
+        boot_root_release(r);
+        break;
+      }
+    } else if (r->nranks > 0 && r->arrived == r->nranks && boot_root_prune(r) == 0) {
+      boot_root_send_tables(r);
+      continue;
+    }
     int64_t now = brg__now_ms();
     if (r->deadline >= 0 && now >= r->deadline) {
+      if (r->failed) break;
+      if (r->tables_sent) {
+        boot_root_unconfirmed(r);
+        continue;
+      }
       boot_root_give_up(r);
-      goto out;
+      break;
+    }
+    size_t need = 1 + BOOT_MAX_PENDING + (size_t)r->nranks;
+    if (need > cap) {
+      struct pollfd *np = realloc(pfd, need * sizeof *pfd);
+      if (np) pfd = np;
+      int *nr = realloc(pfd_rank, need * sizeof *pfd_rank);
+      if (nr) pfd_rank = nr;
+      if (!np || !nr) {
+        boot_root_fail_all(r, "the bootstrap root ran out of memory");
+        break;
+      }
+      cap = need;
     }
     int64_t wake = r->deadline;
     int n = 0;
-    int listening = 1; /* a full pending list drops its oldest to take more */
     pfd[n++] = (struct pollfd){.fd = r->lfd, .events = POLLIN};
     for (int i = 0; i < r->nconns; i++) {
       pfd[n++] = (struct pollfd){.fd = r->conns[i]->fd, .events = POLLIN};
       if (wake < 0 || r->conns[i]->deadline < wake) wake = r->conns[i]->deadline;
     }
+    int ranks_at = n;
+    if (r->tables_sent && !r->failed)
+      for (int k = 0; k < r->nranks; k++)
+        if (r->rank_fd[k] >= 0 && !r->confirmed[k]) {
+          pfd_rank[n] = k;
+          pfd[n++] = (struct pollfd){.fd = r->rank_fd[k], .events = POLLIN};
+        }
     int timeout = -1;
     if (wake >= 0) timeout = wake <= now ? 0 : (int)(wake - now > INT_MAX ? INT_MAX : wake - now);
     if (poll(pfd, (nfds_t)n, timeout) < 0) {
@@ -391,26 +600,56 @@ static void *boot_root_main(void *arg) {
       continue;
     }
     now = brg__now_ms();
-    int base = listening ? 1 : 0;
-    for (int i = 0; i < r->nconns; i++) {
-      if (pfd[base + i].revents && boot_conn_service(r, i)) continue;
-      boot_conn *c = r->conns[i];
-      if (c && now >= c->deadline) {
-        if (!c->draining)
-          BRG__WARN(BOOT_SUBSYS,
-                    "bootstrap root %s: dropped the connection from %s: no complete hello "
-                    "within %d ms",
-                    r->where, c->peer, BOOT_CONN_TIMEOUT_MS);
-        boot_conn_drop(r, i);
-      }
-    }
+    boot_root_service_all(r, pfd + 1, now);
+    for (int j = ranks_at; j < n && !r->failed; j++)
+      if (pfd[j].revents) boot_root_confirm(r, pfd_rank[j]);
     boot_root_compact(r);
-    if (listening && (pfd[0].revents & POLLIN)) boot_root_accept(r);
+    if (pfd[0].revents & POLLIN) boot_root_accept(r);
   }
-  boot_root_send_tables(r);
-out:
+  free(pfd);
+  free(pfd_rank);
   boot_root_free(r);
+  __atomic_fetch_sub(&boot_roots_running, 1, __ATOMIC_ACQ_REL);
   return NULL;
+}
+
+/* The root's whole judgement of connections, without its listener or its
+ * thread: each fd (non-blocking, already connected) is served as an accepted
+ * connection, a few rounds, in order; when every rank of a table arrived
+ * and the table is small, it is sent as the root would, and confirmations
+ * already there are read (all of them: the release). For the fuzzer. */
+void brg__boot_root_serve(const uint8_t *secret, const int *fds, int nfds, int rounds) {
+  boot_root *r = calloc(1, sizeof *r);
+  if (!r) return;
+  r->lfd = -1;
+  r->deadline = -1;
+  memcpy(r->secret, secret, BOOT_SECRET_BYTES);
+  snprintf(r->where, sizeof r->where, "(served fds)");
+  for (int i = 0; i < nfds && r->nconns < BOOT_MAX_PENDING; i++) {
+    boot_conn *c = calloc(1, sizeof *c);
+    if (!c) break;
+    c->fd = fds[i];
+    c->want = BOOT_HELLO_HDR;
+    c->deadline = brg__now_ms() + BOOT_CONN_TIMEOUT_MS;
+    snprintf(c->peer, sizeof c->peer, "fd %d", fds[i]);
+    r->conns[r->nconns++] = c;
+  }
+  for (int round = 0; round < rounds; round++) {
+    for (int i = 0; i < r->nconns; i++)
+      if (r->conns[i]) boot_conn_service(r, i);
+    boot_root_compact(r);
+  }
+  if (r->nranks > 0 && r->arrived == r->nranks && boot_root_prune(r) == 0 &&
+      r->table_bytes <= 65536) {
+    boot_root_send_tables(r);
+    /* confirmations that are already there */
+    for (int k = 0; k < r->nranks && r->tables_sent && !r->failed; k++) {
+      struct pollfd p = {.fd = r->rank_fd[k], .events = POLLIN};
+      if (poll(&p, 1, 0) == 1) boot_root_confirm(r, k);
+    }
+    if (r->tables_sent && !r->failed && r->nconfirmed == r->nranks) boot_root_release(r);
+  }
+  boot_root_free(r);
 }
 
 brg_status brg__boot_root_start(const char *addr, uint16_t port, const uint8_t *secret,
@@ -440,7 +679,9 @@ brg_status brg__boot_root_start(const char *addr, uint16_t port, const uint8_t *
   int rc = pthread_attr_init(&attr);
   if (rc == 0) {
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    __atomic_fetch_add(&boot_roots_running, 1, __ATOMIC_ACQ_REL);
     rc = pthread_create(&thread, &attr, boot_root_main, r);
+    if (rc != 0) __atomic_fetch_sub(&boot_roots_running, 1, __ATOMIC_ACQ_REL);
     pthread_attr_destroy(&attr);
   }
   if (rc != 0) {

@@ -111,6 +111,9 @@ size_t brg__boot_hello_encode(const brg__boot_hello *h, void *buf, size_t cap) {
   boot_put_u16(p + 92, h->port);
   boot_put_u16(p + 94, 0);
   boot_put_u32(p + 96, h->blob_bytes);
+  boot_put_u32(p + 100, (uint32_t)h->pid);
+  memset(p + 104, 0, BOOT_HOST_BYTES);
+  memcpy(p + 104, h->host, strnlen(h->host, BOOT_HOST_BYTES - 1));
   if (h->blob_bytes) memcpy(p + BOOT_HELLO_HDR, h->blob, h->blob_bytes);
   return total;
 }
@@ -135,6 +138,8 @@ brg_status brg__boot_hello_parse(const void *buf, size_t len, brg__boot_hello *h
   t.port = boot_get_u16(p + 92);
   uint16_t zero = boot_get_u16(p + 94);
   t.blob_bytes = boot_get_u32(p + 96);
+  t.pid = (int32_t)boot_get_u32(p + 100);
+  memcpy(t.host, p + 104, BOOT_HOST_BYTES);
   if (t.blob_bytes > BRG__BOOT_MAX_BLOB)
     return brg__error_quiet(why, BRG_ERR_REMOTE, "hello carries a %u-byte blob (at most %d)",
                             t.blob_bytes, BRG__BOOT_MAX_BLOB);
@@ -159,6 +164,11 @@ brg_status brg__boot_hello_parse(const void *buf, size_t len, brg__boot_hello *h
                             (int)t.rank, t.addr);
   if (t.port == 0)
     return brg__error_quiet(why, BRG_ERR_REMOTE, "rank %d's hello has port 0", (int)t.rank);
+  if (!memchr(t.host, '\0', BOOT_HOST_BYTES))
+    return brg__error_quiet(why, BRG_ERR_REMOTE, "rank %d's hello has an unterminated host name",
+                            (int)t.rank);
+  for (char *c = t.host; *c; c++) /* printed in other ranks' messages */
+    if (*c < 0x21 || *c > 0x7e) *c = '?';
   t.blob = t.blob_bytes ? p + BOOT_HELLO_HDR : NULL;
   *h = t;
   return BRG_SUCCESS;

@@ -4,15 +4,24 @@
  *
  * Wire layouts (all integers little-endian, offsets in bytes):
  *
- *   hello, rank -> root: 100 bytes, then the blob
+ *   hello, rank -> root: 168 bytes, then the blob
  *     0 u32 magic   4 secret[16]   20 i32 rank   24 i32 nranks   28 addr[64]
- *     92 u16 port   94 u16 zero    96 u32 blob_bytes             100 blob
+ *     92 u16 port   94 u16 zero    96 u32 blob_bytes  100 i32 pid  104 host[64]
+ *     168 blob
  *
  *   reply, root -> rank: 28 bytes, then the payload
  *     0 u32 magic "BRGT"   4 secret[16]   20 u32 status   24 u32 payload bytes
  *     status 0: u32 nranks, u32 blob_bytes, then per rank in rank order
  *               addr[64], u16 port, u16 zero, blob
  *     else:     the error text (no NUL), at most BOOT_MAX_ERRTEXT bytes
+ *
+ *   confirm, rank -> root, once the rank's communicator is set up: 8 bytes
+ *     0 u32 magic "BRGC"   4 i32 rank
+ *   and the root's answer once every rank has confirmed: a reply with
+ *   status 0 and no payload (or, when the job failed, the error reply).
+ *   A rank claimed by two live processes fails the job: every rank that
+ *   holds a connection to the root, and every one that comes later, gets
+ *   the error reply naming both claimants.
  *
  *   ring hello, connector -> acceptor: 28 bytes
  *     0 u32 magic "BRGR"   4 secret[16]   20 i32 from_rank   24 i32 to_rank
@@ -34,12 +43,15 @@
 
 #define BOOT_SUBSYS "bootstrap"
 #define BOOT_VERSION 1u
-#define BOOT_TABLE_MAGIC 0x42524754u /* "BRGT" */
-#define BOOT_RING_MAGIC 0x42524752u  /* "BRGR" */
+#define BOOT_TABLE_MAGIC 0x42524754u   /* "BRGT" */
+#define BOOT_RING_MAGIC 0x42524752u    /* "BRGR" */
+#define BOOT_CONFIRM_MAGIC 0x42524743u /* "BRGC" */
+#define BOOT_CONFIRM_BYTES 8
 
 #define BOOT_SECRET_BYTES 16
 #define BOOT_ADDR_BYTES 64
-#define BOOT_HELLO_HDR 100
+#define BOOT_HELLO_HDR 168
+#define BOOT_HOST_BYTES 64
 #define BOOT_REPLY_HDR 28
 #define BOOT_TABLE_HDR 8  /* nranks, blob_bytes */
 #define BOOT_ENTRY_HDR 68 /* addr, port, zero */
@@ -51,9 +63,11 @@
 #define BOOT_DRAIN_MS 1000        /* a refused one this long to read our answer and hang up */
 #define BOOT_REPLY_SEND_MS 500    /* sending a short error answer */
 #define BOOT_TABLE_SEND_MS 10000  /* sending the table to one rank */
-#define BOOT_RETRY_MS 50          /* between connection attempts while nobody listens */
-#define BOOT_MAX_PENDING 256      /* accepted connections that have not said who they are */
-#define BOOT_BACKLOG 4096         /* the kernel caps it at somaxconn */
+#define BOOT_CLAIMED_TWICE " was claimed twice" /* in the root's text when that failed the job */
+#define BOOT_VERDICT_MS 100  /* a failed rank waits this long for the root's word on why */
+#define BOOT_RETRY_MS 50     /* between connection attempts while nobody listens */
+#define BOOT_MAX_PENDING 256 /* accepted connections that have not said who they are */
+#define BOOT_BACKLOG 4096    /* the kernel caps it at somaxconn */
 /* The ring listener: a neighbour sends its 28-byte hello right after it
  * connects, so a stranger gets far less time than at the root, and the
  * oldest of too many strangers makes room for the next. */
@@ -91,5 +105,20 @@ brg_status brg__boot_hello_parse(const void *buf, size_t len, brg__boot_hello *h
 /* Builds the root's error answer into buf (BOOT_REPLY_HDR + BOOT_MAX_ERRTEXT
  * bytes) and returns its length. */
 size_t brg__boot_reply_error(uint8_t *buf, const uint8_t *secret, brg_status st, const char *text);
+
+/* The root's judgement of connections (service, admission, the table)
+ * without its listener or thread: each of the nfds non-blocking sockets is
+ * served as an accepted connection for `rounds` rounds, and the table sent
+ * when every rank arrived. Takes the fds (closes them all). For the fuzzer. */
+void brg__boot_root_serve(const uint8_t *secret, const int *fds, int nfds, int rounds);
+/* A rank's bootstrap around sockets already open (fd_next, fd_prev may be
+ * -1), listening nowhere but advertised at 127.0.0.1:listen_port; it takes
+ * the fds. For the fuzzer and tests of the ring messages and the table. */
+brg_status brg__bootstrap_wrap(brg__bootstrap **bs, int rank, int nranks, const uint8_t *secret,
+                               uint16_t listen_port, int fd_next, int fd_prev, int timeout_ms,
+                               brg__errbuf *err);
+/* Reads and checks the root's answer on fd as brg__bootstrap_init does. */
+brg_status brg__bootstrap_read_table(brg__bootstrap *bs, int fd, size_t blob_bytes, void *all_blobs,
+                                     brg__errbuf *err);
 
 #endif

@@ -344,6 +344,12 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
       goto err_free;
     }
   }
+  /* Nobody is released before every rank has confirmed its own set-up, so
+   * a rank claimed by two processes fails the job on every rank. */
+  if ((s = brg__bootstrap_confirm(c->bs, &err)) != BRG_SUCCESS) {
+    brg__comm_notify_abort(c, s, err.msg);
+    goto err_free;
+  }
   int tracing = 0;
   for (int i = 0; i < nranks; i++) tracing |= (c->peers[i].flags & BRG__PEER_TRACING) != 0;
   if ((s = brg__trace_open(c, tracing, &err)) != BRG_SUCCESS) {
@@ -369,6 +375,7 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   return BRG_SUCCESS;
 
 err_free:
+  brg__bootstrap_verdict(c->bs, &s, &err); /* a job the root failed says why */
   comm_free(c);
   return brg__fail_no_comm_err(s, &err, NULL);
 }

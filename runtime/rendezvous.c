@@ -187,5 +187,10 @@ brg_status brg_comm_init_env(brg_comm **comm) {
   }
   if ((s = brg__boot_id_make(&bid, numeric, (uint16_t)port, secret, &err)) != BRG_SUCCESS)
     return brg__fail_no_comm_err(s, &err, NULL);
-  return brg__comm_create(comm, size, &bid, rank);
+  s = brg__comm_create(comm, size, &bid, rank);
+  /* The root lives in this process: when the job failed, give it a moment
+   * to tell the ranks still on their way why, rather than vanish; when it
+   * succeeded, the root is closing its last sockets after the release. */
+  if (rank == 0) brg__boot_root_linger(s != BRG_SUCCESS ? 5000 : 1000);
+  return s;
 }

@@ -781,21 +781,30 @@ typedef struct ib_door {
   ib_hello *h;
 } ib_door;
 
+const size_t brg__ib_hello_bytes = sizeof(ib_hello);
+
+int brg__ib_hello_check(const brg__conn_params *p, const char *from, const void *hello, int nslots,
+                        int nqps) {
+  ib_hello h;
+  memcpy(&h, hello, sizeof h);
+  if (!brg__net_hello_ok(p, "ib", from, "ibverbs", ntohl(h.magic) == IB_HELLO_MAGIC, h.secret,
+                         (int32_t)ntohl((uint32_t)h.rank)))
+    return 0;
+  if (h.nslots != (uint32_t)nslots || h.nqps != (uint32_t)nqps) {
+    BRG__WARN("ib", "refused connection from %s: %u slots and %u queue pairs, expected %d and %d",
+              from, h.nslots, h.nqps, nslots, nqps);
+    return 0;
+  }
+  return 1;
+}
+
 /* Checks a complete hello; on success the socket becomes the control
  * connection. */
 static int hello_take(void *arg, const brg__conn_params *p, int fd, const void *hello,
                       const char *from) {
   ib_door *d = arg;
-  ib_hello *h = d->h;
-  memcpy(h, hello, sizeof *h);
-  if (!brg__net_hello_ok(p, "ib", from, "ibverbs", ntohl(h->magic) == IB_HELLO_MAGIC, h->secret,
-                         (int32_t)ntohl((uint32_t)h->rank)))
-    return 0;
-  if (h->nslots != (uint32_t)d->t->l.fifo.nslots || h->nqps != (uint32_t)d->t->nqps) {
-    BRG__WARN("ib", "refused connection from %s: %u slots and %u queue pairs, expected %d and %d",
-              from, h->nslots, h->nqps, d->t->l.fifo.nslots, d->t->nqps);
-    return 0;
-  }
+  if (!brg__ib_hello_check(p, from, hello, d->t->l.fifo.nslots, d->t->nqps)) return 0;
+  memcpy(d->h, hello, sizeof *d->h);
   d->t->ctrl_fd = fd;
   return 1;
 }

@@ -83,6 +83,16 @@ brg_status brg__net_accept(brg__net_link *l, const brg__conn_params *p, const ch
                            size_t hello_bytes, int want, brg__net_take_fn take, void *arg,
                            int64_t deadline, brg__errbuf *err);
 
+/* The data-connection hellos of tcp and ibverbs, judged as their
+ * listeners judge them (exposed for the fuzzer). tcp: the socket index the
+ * hello claims, or -1 (after a warning) when it is refused; fds are the
+ * link's sockets so far (-1: not yet). ibverbs: 1 when taken, else 0. */
+extern const size_t brg__tcp_hello_bytes, brg__ib_hello_bytes;
+int brg__tcp_hello_check(const brg__conn_params *p, const char *from, const void *hello, int nsocks,
+                         const int *fds);
+int brg__ib_hello_check(const brg__conn_params *p, const char *from, const void *hello, int nslots,
+                        int nqps);
+
 /* What every hello must show: its magic (magic_ok), the job's secret and
  * the rank p expects. 1 when it does; else 0 and a warning about the
  * connection from `from` that says what was wrong with the `what` hello. */

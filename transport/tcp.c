@@ -314,21 +314,30 @@ static brg_status tcp_send_connect(brg__conn *c, const brg__conn_params *p, cons
   return brg__net_start(&t->l, send_proxy, recv_proxy, t, "tcp", err);
 }
 
-/* Checks a complete hello; on success the socket becomes link socket `index`. */
-static int hello_take(void *arg, const brg__conn_params *p, int fd, const void *hello,
-                      const char *from) {
-  tcp_conn *t = arg;
+const size_t brg__tcp_hello_bytes = sizeof(tcp_hello);
+
+int brg__tcp_hello_check(const brg__conn_params *p, const char *from, const void *hello, int nsocks,
+                         const int *fds) {
   tcp_hello h;
   memcpy(&h, hello, sizeof h);
   int index = ntohs(h.index);
   if (!brg__net_hello_ok(p, "tcp", from, "tcp", ntohl(h.magic) == TCP_HELLO_MAGIC, h.secret,
                          (int32_t)ntohl((uint32_t)h.rank)))
-    return 0;
-  if (ntohs(h.nsocks) != t->nsocks || index >= t->nsocks || t->fds[index] >= 0) {
+    return -1;
+  if (ntohs(h.nsocks) != nsocks || index >= nsocks || fds[index] >= 0) {
     BRG__WARN("tcp", "refused connection from %s: socket %d of %d, expected one of %d", from, index,
-              ntohs(h.nsocks), t->nsocks);
-    return 0;
+              ntohs(h.nsocks), nsocks);
+    return -1;
   }
+  return index;
+}
+
+/* Checks a complete hello; on success the socket becomes link socket `index`. */
+static int hello_take(void *arg, const brg__conn_params *p, int fd, const void *hello,
+                      const char *from) {
+  tcp_conn *t = arg;
+  int index = brg__tcp_hello_check(p, from, hello, t->nsocks, t->fds);
+  if (index < 0) return 0;
   t->fds[index] = fd;
   return 1;
 }

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "bootstrap.h"
+#include "sock.h"
 
 #define TEST_ALARM_S 60
 
@@ -102,6 +103,8 @@ static size_t make_hello(uint8_t *buf, size_t cap, const uint8_t *secret, int ra
   strcpy(h.addr, "127.0.0.1");
   h.port = 9;
   h.blob_bytes = blob_bytes;
+  h.pid = 4242;
+  strcpy(h.host, "rogue-host");
   h.blob = blob;
   return brg__boot_hello_encode(&h, buf, cap);
 }
@@ -133,6 +136,7 @@ typedef struct rank_run {
   size_t blob_bytes;
   int ring;     /* open ring sockets after init */
   int exchange; /* and pass a message both ways around the ring */
+  int setup_ms; /* then this long (the rest of a communicator's set-up) before confirming */
   brg_status st;
   brg__errbuf err;
   uint8_t *all;
@@ -178,6 +182,11 @@ static void *rank_main(void *arg) {
                    type, got);
       }
     }
+  }
+  /* The root releases nobody before every rank has confirmed. */
+  if (a->st == BRG_SUCCESS && a->ring) {
+    if (a->setup_ms) sleep_ms(a->setup_ms);
+    a->st = brg__bootstrap_confirm(a->bs, &a->err);
   }
   a->elapsed_ms = now_ms() - t0;
   return NULL;
@@ -421,14 +430,15 @@ static void test_hello_rejects_bad(void **state) {
   static uint8_t blob[64], buf[2048], bad[2048];
   brg__boot_hello h = sample_hello(blob, 40);
   size_t n = brg__boot_hello_encode(&h, buf, sizeof buf);
-  assert_int_equal(n, 140);
+  assert_int_equal(n, 208);
 
   for (size_t len = 0; len < n; len++) expect_bad_hello(buf, len, NULL); /* truncated */
   memcpy(bad, buf, n);
   expect_bad_hello(bad, n + 1, "does not match"); /* trailing bytes */
 
   /* Field by field, on a copy of a good hello. The layout is fixed:
-   * magic@0 secret@4 rank@20 nranks@24 addr@28 port@92 zero@94 blob_bytes@96. */
+   * magic@0 secret@4 rank@20 nranks@24 addr@28 port@92 zero@94 blob_bytes@96
+   * pid@100 host@104. */
   struct {
     size_t off;
     uint32_t val;
@@ -464,6 +474,9 @@ static void test_hello_rejects_bad(void **state) {
   memcpy(bad, buf, n);
   memcpy(bad + 28, "my-host\0", 8); /* names are not addresses */
   expect_bad_hello(bad, n, "bad address");
+  memcpy(bad, buf, n);
+  memset(bad + 104, 'h', 64); /* unterminated host name */
+  expect_bad_hello(bad, n, "unterminated host");
 
   brg__errbuf err;
   brg__boot_hello d;
@@ -502,7 +515,7 @@ static void test_hello_garbage(void **state) {
       assert_true(d.nranks >= 1 && d.nranks <= BRG__BOOT_MAX_RANKS);
       assert_true(d.rank >= 0 && d.rank < d.nranks);
       assert_true(d.blob_bytes <= BRG__BOOT_MAX_BLOB);
-      assert_int_equal(len, 100 + (size_t)d.blob_bytes);
+      assert_int_equal(len, 168 + (size_t)d.blob_bytes);
       assert_non_null(memchr(d.addr, 0, sizeof d.addr));
       assert_true(d.port != 0);
     }
@@ -660,9 +673,6 @@ static void test_root_refusals(void **state) {
   send_bytes(fake0, buf, n);
   sleep_ms(100);
 
-  assert_int_equal(brg__bootstrap_init(&bs, &id, 0, 2, blob, 8, all, 5000, &err), BRG_ERR_REMOTE);
-  expect_msg(&err, "rank 0 joined twice");
-  assert_null(bs);
   assert_int_equal(brg__bootstrap_init(&bs, &id, 1, 3, blob, 8, all, 5000, &err), BRG_ERR_REMOTE);
   expect_msg(&err, "rank 1 says nranks=3 but rank 0 said 2");
   assert_int_equal(brg__bootstrap_init(&bs, &id, 1, 2, blob, 16, all, 5000, &err), BRG_ERR_REMOTE);
@@ -677,6 +687,76 @@ static void test_root_refusals(void **state) {
   expect_success(r, 2);
   runs_free(r, 2);
   expect_root_gone(id.port);
+}
+
+/* A rank claimed by a second live process fails the whole job: every rank
+ * (the rogue that came first included) is told, with both claimants' pid
+ * and host, instead of the first claimant silently taking the rank.
+ * `when`: 0, the rogue claims rank 1 before anyone else; 1, the honest
+ * ranks have all arrived, the table is out, and the rogue comes during
+ * their set-up. */
+static void run_claimed_twice(int when) {
+  brg__boot_id id;
+  start_root(20000, &id);
+  uint8_t buf[2048];
+  int rogue = -1;
+  if (when == 0) {
+    rogue = tcp_connect_local(id.port);
+    size_t n = make_hello(buf, sizeof buf, id.secret, 1, 3, 8);
+    send_bytes(rogue, buf, n);
+    sleep_ms(100);
+  }
+  rank_run *r = runs_new(&id, 3, 8, 10000);
+  if (when == 1) /* the table is out; the ranks set up their transports */
+    for (int k = 0; k < 3; k++) r[k].setup_ms = 800;
+  pthread_t t[3];
+  for (int k = 0; k < 3; k++) assert_int_equal(pthread_create(&t[k], NULL, rank_main, &r[k]), 0);
+  if (when == 1) {
+    sleep_ms(300);
+    rogue = tcp_connect_local(id.port);
+    size_t n = make_hello(buf, sizeof buf, id.secret, 1, 3, 8);
+    send_bytes(rogue, buf, n);
+  }
+  for (int k = 0; k < 3; k++) pthread_join(t[k], NULL);
+  char mine[32];
+  snprintf(mine, sizeof mine, "pid %d on ", (int)getpid());
+  for (int k = 0; k < 3; k++) {
+    if (r[k].st != BRG_ERR_REMOTE)
+      fail_msg("rank %d: %s, expected BRG_ERR_REMOTE: %s", k, brg_status_string(r[k].st),
+               r[k].err.msg);
+    expect_msg(&r[k].err, "rank 1 was claimed twice");
+    expect_msg(&r[k].err, "pid 4242 on rogue-host");
+    expect_msg(&r[k].err, mine);
+  }
+  /* The rogue is told too (after the table, when the table went out
+   * before the second claim). */
+  uint8_t hdr[28];
+  static char text[1 << 16];
+  uint32_t len = 0;
+  for (int answers = 0; answers < 2; answers++) {
+    assert_int_equal(brg__sock_recv_all(rogue, hdr, sizeof hdr, now_ms() + 5000), BRG__IO_OK);
+    len = (uint32_t)hdr[24] | (uint32_t)hdr[25] << 8 | (uint32_t)hdr[26] << 16 |
+          (uint32_t)hdr[27] << 24;
+    assert_true(len < sizeof text);
+    assert_int_equal(brg__sock_recv_all(rogue, text, len, now_ms() + 5000), BRG__IO_OK);
+    if (hdr[20] != 0) break; /* the error, not the table */
+  }
+  assert_true(hdr[20] != 0 && len > 0 && len <= 1024);
+  text[len] = '\0';
+  if (!strstr(text, "rank 1 was claimed twice")) fail_msg("the rogue was told \"%s\"", text);
+  close(rogue);
+  runs_free(r, 3);
+  expect_root_gone(id.port);
+}
+
+static void test_claimed_twice_first(void **state) {
+  (void)state;
+  run_claimed_twice(0);
+}
+
+static void test_claimed_twice_late(void **state) {
+  (void)state;
+  run_claimed_twice(1);
 }
 
 static void run_missing(int nranks, const int *present, int npresent, const char *needle) {
@@ -968,6 +1048,8 @@ int main(void) {
       T(test_foreign_connections),
       T(test_silent_connection_dropped),
       T(test_root_refusals),
+      T(test_claimed_twice_first),
+      T(test_claimed_twice_late),
       T(test_missing_rank),
       T(test_missing_ranks),
       T(test_root_unreachable),
