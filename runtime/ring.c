@@ -22,20 +22,6 @@
 #include "schedule.h"
 #include "trace.h"
 
-/* The primitive's name, for the trace. */
-static const char *prim_name(brg__prim p) {
-  switch (p) {
-  case BRG__PRIM_SEND: return "send";
-  case BRG__PRIM_RECV_REDUCE_SEND: return "recv_reduce_send";
-  case BRG__PRIM_RECV_REDUCE_COPY_SEND: return "recv_reduce_copy_send";
-  case BRG__PRIM_RECV_REDUCE_COPY: return "recv_reduce_copy";
-  case BRG__PRIM_RECV_COPY_SEND: return "recv_copy_send";
-  case BRG__PRIM_RECV: return "recv";
-  case BRG__PRIM_COPY: return "copy";
-  }
-  return "?";
-}
-
 /* Element offset of p in buffer base, or -1 (for the trace). */
 static long elem_off(const void *p, const void *base, size_t esize) {
   return p && base ? (long)(((const char *)p - (const char *)base) / (ptrdiff_t)esize) : -1;
@@ -50,7 +36,7 @@ static brg_status prim_body(brg__ring_op *o, brg__prim prim, const char *in, cha
    * buffers (tests/gpu/test_device_schedule compares the two). */
   BRG__TRACE("ring", "%s #%llu (%s) step %d %s: %zu elements, in +%ld, out +%ld",
              brg__coll_name(k->kind), (unsigned long long)k->seq, o->dev ? "GPU" : "host",
-             o->c->cur_step, prim_name(prim), m, elem_off(in, k->sendbuf, o->esize),
+             o->c->cur_step, brg__prim_name(prim), m, elem_off(in, k->sendbuf, o->esize),
              elem_off(out, k->recvbuf, o->esize));
   size_t bytes = m * o->esize;
   brg_op mid = k->op == BRG_AVG ? BRG_SUM : k->op;

@@ -56,6 +56,20 @@ static inline BRG_HD int brg__prim_sends(brg__prim p) {
          p == BRG__PRIM_RECV_REDUCE_COPY_SEND || p == BRG__PRIM_RECV_COPY_SEND;
 }
 
+/* The primitive's name, for logs and traces. */
+static inline const char *brg__prim_name(brg__prim p) {
+  switch (p) {
+  case BRG__PRIM_SEND: return "send";
+  case BRG__PRIM_RECV_REDUCE_SEND: return "recv_reduce_send";
+  case BRG__PRIM_RECV_REDUCE_COPY_SEND: return "recv_reduce_copy_send";
+  case BRG__PRIM_RECV_REDUCE_COPY: return "recv_reduce_copy";
+  case BRG__PRIM_RECV_COPY_SEND: return "recv_copy_send";
+  case BRG__PRIM_RECV: return "recv";
+  case BRG__PRIM_COPY: return "copy";
+  }
+  return "?";
+}
+
 static inline BRG_HD int brg__mod(long a, int n) {
   long m = a % n;
   return (int)(m < 0 ? m + n : m);

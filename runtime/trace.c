@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "schedule.h"
 #include "settings.h"
 
 enum { EV_COLL = 1, EV_STEP, EV_SLICE, EV_WAIT };
@@ -293,19 +294,6 @@ void brg__trace_wait(brg_comm *c, int peer, int send, int64_t t0) {
                   .what = (uint8_t)send};
 }
 
-static const char *prim_name(int p) {
-  switch ((brg__prim)p) {
-  case BRG__PRIM_SEND: return "send";
-  case BRG__PRIM_RECV_REDUCE_SEND: return "recv_reduce_send";
-  case BRG__PRIM_RECV_REDUCE_COPY_SEND: return "recv_reduce_copy_send";
-  case BRG__PRIM_RECV_REDUCE_COPY: return "recv_reduce_copy";
-  case BRG__PRIM_RECV_COPY_SEND: return "recv_copy_send";
-  case BRG__PRIM_RECV: return "recv";
-  case BRG__PRIM_COPY: return "copy";
-  }
-  return "?";
-}
-
 /* Microseconds with nanosecond digits, on the reference clock. */
 static void put_us(FILE *f, const char *key, int64_t ns) {
   int neg = ns < 0;
@@ -344,12 +332,12 @@ static void put_event(FILE *f, const brg__trace *t, const trace_ev *e, const brg
     for (int end = 0; end < 2; end++) {
       put_span(f, t, end ? "e" : "b", r, 2, end ? e->t1 : e->t0, -1);
       fprintf(f, ",\"cat\":\"step\",\"id\":\"%llu.%d\",\"name\":\"step %d %s\"",
-              (unsigned long long)e->seq, e->step, e->step, prim_name(e->what));
+              (unsigned long long)e->seq, e->step, e->step, brg__prim_name((brg__prim)e->what));
       if (!end)
         fprintf(f,
                 ",\"args\":{\"seq\":%llu,\"step\":%d,\"chunk\":%d,\"prim\":\"%s\",\"bytes\":%llu,"
                 "\"slices\":%llu}",
-                (unsigned long long)e->seq, e->step, e->chunk, prim_name(e->what),
+                (unsigned long long)e->seq, e->step, e->chunk, brg__prim_name((brg__prim)e->what),
                 (unsigned long long)e->bytes, (unsigned long long)e->elem);
       fputs(end ? "}" : "},\n", f);
     }
@@ -361,8 +349,8 @@ static void put_event(FILE *f, const brg__trace *t, const trace_ev *e, const brg
             ",\"cat\":\"slice\",\"name\":\"%s\",\"args\":{\"seq\":%llu,\"step\":%d,\"chunk\":%d,"
             "\"slice\":%d,\"prim\":\"%s\",\"bytes\":%llu,\"elem\":%llu,\"recv_from\":%d,"
             "\"send_to\":%d,",
-            prim_name(p), (unsigned long long)e->seq, e->step, e->chunk, e->slice, prim_name(p),
-            (unsigned long long)e->bytes, (unsigned long long)e->elem,
+            brg__prim_name((brg__prim)p), (unsigned long long)e->seq, e->step, e->chunk, e->slice,
+            brg__prim_name((brg__prim)p), (unsigned long long)e->bytes, (unsigned long long)e->elem,
             brg__prim_recvs(p) ? c->prev : -1, brg__prim_sends(p) ? c->next : -1);
     put_us(f, "wait_recv_us", e->wait_ns);
     fputc(',', f);
