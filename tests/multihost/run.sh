@@ -18,6 +18,9 @@
 #                           every other rank must fail within the timeout
 #              linkdown     the veth goes down mid-allreduce: every rank must
 #                           fail within the timeout
+#              vanish       every packet between the hosts is dropped mid-allreduce
+#                           (no socket closes): every rank must fail within 10 s,
+#                           naming a rank of the other host
 #              exec         runs MH_CHECK with the remaining arguments on the
 #                           four ranks and prints rank 0's output, e.g.
 #                           run.sh build/bench/all_reduce_perf exec tcp -b 1M -e 64M -f 4
@@ -184,6 +187,39 @@ kill | linkdown)
   done
   echo "every rank failed within $(echo "$(date +%s.%N) - $t0" | bc 2>/dev/null || echo '?') s of the fault (limit: BRIGADE_TIMEOUT_MS=$TIMEOUT_MS + ${SLACK_S} s)"
   ;;
+vanish)
+  # Host B vanishes mid-allreduce without closing a socket: every packet
+  # between the hosts is dropped (netem loss 100% on both ends of the link;
+  # where the kernel has no netem, blackhole routes to the other host, which
+  # drop as silently). No FIN, no RST, no error on any socket: only the
+  # silence of the ring's heartbeats can tell. BRIGADE_TIMEOUT_MS is a
+  # minute, and every rank must fail within LIMIT_S naming a rank of the
+  # other host.
+  TIMEOUT_MS=60000 LIMIT_S=10
+  command -v tc >/dev/null || skip "tc (iproute2) is not installed"
+  for r in $(seq 0 $((NRANKS - 1))); do start "$r" loop; done
+  wait_looping
+  t0=$(date +%s.%N)
+  if tc -n "$NS_B" qdisc add dev veth-b root netem loss 100% 2>"$WORK/err"; then
+    tc -n "$NS_A" qdisc add dev veth-a root netem loss 100% || fail "netem on veth-a"
+    echo "dropping every packet between the hosts (netem loss 100% on veth-a and veth-b)"
+  else
+    ip -n "$NS_A" route add blackhole 10.77.0.2/32 || fail "blackhole route in $NS_A"
+    ip -n "$NS_B" route add blackhole 10.77.0.1/32 || fail "blackhole route in $NS_B"
+    echo "dropping every packet between the hosts (blackhole routes; no netem here: $(cat "$WORK/err"))"
+  fi
+  deadline=$(($(date +%s) + LIMIT_S))
+  for r in $(seq 0 $((NRANKS - 1))); do
+    wait_exit "$r" "$deadline"
+    st=$?
+    [ $st = 124 ] && fail "rank $r still running $LIMIT_S s after its host was cut off (BRIGADE_TIMEOUT_MS=$TIMEOUT_MS)"
+    [ $st = 3 ] || fail "rank $r exited with status $st, expected 3 (a failed allreduce)"
+    other="rank [$(((r + 1) % 2))$(((r + 1) % 2 + 2))] (pid [0-9]* on [^)]*) has been silent"
+    grep -q "error.*$other" "$WORK/out.$r" || fail "rank $r's error names no silent rank of the other host"
+    grep "error" "$WORK/out.$r"
+  done
+  echo "every rank failed within $(echo "$(date +%s.%N) - $t0" | bc) s of the cut (limit ${LIMIT_S} s, BRIGADE_TIMEOUT_MS=$TIMEOUT_MS)"
+  ;;
 exec)
   for r in $(seq 0 $((NRANKS - 1))); do start "$r" "${EXTRA[@]}"; done
   deadline=$(($(date +%s) + 3600))
@@ -207,7 +243,7 @@ exec)
   fi
   ;;
 *)
-  echo "usage: run.sh MH_CHECK collectives|kill|linkdown|exec tcp|ibverbs [args for exec]"
+  echo "usage: run.sh MH_CHECK collectives|kill|linkdown|vanish|exec tcp|ibverbs [args for exec]"
   exit 1
   ;;
 esac
