@@ -15,18 +15,18 @@
 #include "config.h"
 
 typedef enum {
-  BRG__CORE_TIMEOUT_MS,        /* int */
-  BRG__CORE_SLICE_BYTES,       /* size: the pipeline unit, bytes per FIFO slot */
-  BRG__CORE_STEPS,             /* int, FIFO slots per connection */
-  BRG__CORE_TRANSPORTS,        /* comma list of transport names, empty = all */
-  BRG__CORE_BOOTSTRAP_ADDR,    /* address this rank advertises; empty = auto */
-  BRG__CORE_SOCKET_IFNAME,     /* interface to take the address from; empty = auto */
-  BRG__CORE_SPIN,              /* int, busy polls before yielding */
-  BRG__CORE_SECRET,            /* job secret for brg_comm_init_env (hex); empty = derived */
-  BRG__CORE_SMALL_BYTES,       /* size: allreduce at or below this gathers then reduces */
-  BRG__CORE_STREAM_BYTES,      /* size: collectives this large write outputs with NT stores */
-  BRG__CORE_PORT,              /* int: rendezvous port of brg_comm_init_env; 0 = from MASTER_PORT */
-  BRG__CORE_SILENT_TIMEOUT_MS, /* int: a rank unheard of this long fails the wait; 0 = off */
+  BRG__CORE_TIMEOUT_MS,     /* int */
+  BRG__CORE_SLICE_BYTES,    /* size: the pipeline unit, bytes per FIFO slot */
+  BRG__CORE_STEPS,          /* int, FIFO slots per connection */
+  BRG__CORE_TRANSPORTS,     /* comma list of transport names, empty = all */
+  BRG__CORE_BOOTSTRAP_ADDR, /* address this rank advertises; empty = auto */
+  BRG__CORE_SOCKET_IFNAME,  /* interface to take the address from; empty = auto */
+  BRG__CORE_SPIN,           /* int, busy polls before yielding */
+  BRG__CORE_SECRET,         /* job secret for brg_comm_init_env (hex); empty = derived */
+  BRG__CORE_SMALL_BYTES,    /* size: allreduce at or below this gathers then reduces */
+  BRG__CORE_STREAM_BYTES,   /* size: collectives this large write outputs with NT stores */
+  BRG__CORE_PORT,           /* int: rendezvous port of brg_comm_init_env; 0 = from MASTER_PORT */
+  BRG__CORE_SILENT_MS,      /* int: BRIGADE_SILENT_TIMEOUT_MS; 0 = off */
   BRG__CORE_COUNT
 } brg__core_cfg_id;
 
