@@ -58,6 +58,15 @@ close("N=3 one host, 8 KiB", m.ring_time(8192, 1, 3, shm, net),
       4 * 1e-6 + 4 / 3 * 8192 / 10e9)
 close("2x2, 4 KiB", m.ring_time(4096, 2, 2, shm, net), 2 * 20e-6 + 1e-6 + 3 * 4096 / 1e9)
 
+# hosts of different sizes: ring 0 1 2 | 3 4 (3,2), links shm shm net shm
+# net; a chain of 8 hops is one lap (2 net, 3 shm) and 3 more, at worst
+# net shm net
+close("layout 2,2 = 2x2", m.ring_time_layout(S, [2, 2], shm, net), m.ring_time(S, 2, 2, shm, net))
+close("layout 3,2", m.ring_time_layout(S, [3, 2], shm, net),
+      4 * 20e-6 + 4 * 1e-6 + 2 * 4 / 5 * S / 1e9)
+close("layout 3,2, 4 KiB", m.ring_time_layout(4096, [3, 2], shm, net),
+      2 * 20e-6 + 2 * 1e-6 + 4 * 4096 / 1e9)
+
 # (b) R rings: 2 hosts x 4, 4 rings over 2 NICs: two rings share a NIC;
 # 14 hops: one lap (2 net + 6 shm) and 6 more (net shm shm shm net shm)
 close("2x4, 4 rings, 2 NICs", m.ring_time(S, 2, 4, shm, net, rings=4, nics=2),
