@@ -231,7 +231,7 @@ vanish)
       fail "rank $r's error does not name a rank of the vanished host ($gone) as silent"
     grep "error" "$WORK/out.$r"
   done
-  echo "every other rank failed within $(echo "$(date +%s.%N) - $t0" | bc) s of the cut (limit ${LIMIT_S} s, BRIGADE_TIMEOUT_MS=$TIMEOUT_MS)"
+  echo "every other rank failed within $(echo "$(date +%s.%N) - $t0" | bc 2>/dev/null || echo "?") s of the cut (limit ${LIMIT_S} s, BRIGADE_TIMEOUT_MS=$TIMEOUT_MS)"
   ;;
 exec)
   for r in $(seq 0 $((NRANKS - 1))); do start "$r" "${EXTRA[@]}"; done
