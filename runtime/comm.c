@@ -305,6 +305,7 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   pthread_cond_init(&c->donecond, NULL);
   c->timeout_ms =
       opts && opts->timeout_ms != -1 ? opts->timeout_ms : (int)brg__core_int(BRG__CORE_TIMEOUT_MS);
+  c->silent_fail_ms = (int)brg__core_int(BRG__CORE_SILENT_MS);
   c->transports_from_config = opts && opts->transports;
   snprintf(c->transports, sizeof c->transports, "%s",
            c->transports_from_config ? opts->transports : brg__core_str(BRG__CORE_TRANSPORTS));

@@ -85,6 +85,7 @@ struct brg_comm {
   int nslots;                  /* FIFO slots per link (BRIGADE_STEPS) */
   size_t slice_bytes;          /* the pipeline unit (BRIGADE_SLICE_BYTES): one slice per slot */
   int timeout_ms;              /* brg_comm_config's, or BRIGADE_TIMEOUT_MS */
+  int silent_fail_ms;          /* BRIGADE_SILENT_TIMEOUT_MS, 0: off */
   char transports[BRG__TRANSPORTS_MAX]; /* allowed transports, "" = all (brg_comm_config's,
                                            or BRIGADE_TRANSPORTS) */
   int transports_from_config;

@@ -90,6 +90,21 @@ static brg_status ring_check(void *arg) {
                            "rank %d destroyed its communicator while rank %d was still waiting "
                            "for it to %s (did the ranks call different numbers of collectives?)",
                            c->wait_peer, c->rank, c->wait_what);
+  /* A rank whose heartbeats stopped: its host vanished without closing a
+   * socket (the kernel's own retransmissions would take many minutes to
+   * give up), or it was stopped. Named long before the timeout. */
+  if (c->silent_fail_ms > 0 && c->silent_fail_ms < c->timeout_ms) {
+    int64_t silent_ms = 0;
+    int quiet = brg__live_silent(c, &silent_ms);
+    if (quiet >= 0 && silent_ms >= c->silent_fail_ms)
+      return brg__comm_error(c, BRG_ERR_REMOTE,
+                             "rank %d (pid %d on %s) has been silent for %lld ms (host gone, "
+                             "cut off or stopped; BRIGADE_SILENT_TIMEOUT_MS=%d) while rank %d "
+                             "waited for rank %d to %s",
+                             quiet, c->peers[quiet].pid, c->peers[quiet].hostname,
+                             (long long)silent_ms, c->silent_fail_ms, c->rank, c->wait_peer,
+                             c->wait_what);
+  }
   if (now - c->wait_start_ns > (int64_t)c->timeout_ms * 1000000) {
     char what[160] = "setup";
     if (c->cur)

@@ -34,6 +34,11 @@ static brg__cfg_entry core_entries[BRG__CORE_COUNT] = {
                         "TCP port rank 0 serves brg_comm_init_env's rendezvous on, for when "
                         "MASTER_PORT is taken by another store (torch's under mp.spawn); "
                         "0: MASTER_PORT (MASTER_PORT + 1 under torchrun)"},
+    [BRG__CORE_SILENT_MS] =
+        {"BRIGADE_SILENT_TIMEOUT_MS", BRG__CFG_KIND_INT, "5000", 0, INT_MAX,
+         "a waiting rank fails once another rank's heartbeats have been missing this long "
+         "(its host vanished or it stopped; a busy rank keeps beating), before "
+         "BRIGADE_TIMEOUT_MS; 0: off (at least 1000 in effect)"},
 };
 
 static brg__cfg_entry device_entries[BRG__DEVICE_COUNT] = {

@@ -18,6 +18,9 @@
 #                           every other rank must fail within the timeout
 #              linkdown     the veth goes down mid-allreduce: every rank must
 #                           fail within the timeout
+#              vanish       rank 1's host is cut off mid-allreduce, no socket
+#                           closes: every rank of the other hosts must fail
+#                           within 10 s, naming a silent rank of that host
 #              exec         runs MH_CHECK with the remaining arguments on the
 #                           four ranks and prints rank 0's output, e.g.
 #                           run.sh build/bench/all_reduce_perf exec tcp -b 1M -e 64M -f 4
@@ -184,6 +187,52 @@ kill | linkdown)
   done
   echo "every rank failed within $(echo "$(date +%s.%N) - $t0" | bc 2>/dev/null || echo '?') s of the fault (limit: BRIGADE_TIMEOUT_MS=$TIMEOUT_MS + ${SLACK_S} s)"
   ;;
+vanish)
+  # Rank 1's host vanishes mid-allreduce without closing a socket: every
+  # packet to and from it is dropped (netem loss 100% on its interface,
+  # where the kernel has netem, else a blackhole route; and blackhole routes
+  # to it on every other host). No FIN, no RST, no error on any socket: only
+  # the silence of the ring's heartbeats tells. BRIGADE_TIMEOUT_MS is a
+  # minute; every rank on the other hosts must fail within LIMIT_S, naming a
+  # rank of the vanished host as silent. Only the helpers every layout of
+  # this script has are used (ns_of, addr_of, start, wait_looping, wait_exit).
+  TIMEOUT_MS=60000 LIMIT_S=10
+  command -v tc >/dev/null || skip "tc (iproute2) is not installed"
+  gone_ns=$(ns_of 1) gone_addr=$(addr_of 1) survivors="" gone=""
+  for r in $(seq 0 $((NRANKS - 1))); do
+    if [ "$(ns_of "$r")" = "$gone_ns" ]; then gone="$gone|$r"; else survivors="$survivors $r"; fi
+  done
+  gone=${gone#|}
+  for r in $(seq 0 $((NRANKS - 1))); do start "$r" loop; done
+  wait_looping
+  dev=$(ip -n "$gone_ns" -o link show | awk -F': ' '$2 != "lo" {sub(/@.*/, "", $2); print $2; exit}')
+  t0=$(date +%s.%N)
+  if tc -n "$gone_ns" qdisc add dev "$dev" root netem loss 100% 2>"$WORK/err"; then
+    how="netem loss 100% on $dev"
+  else
+    how="blackhole routes (no netem here: $(cat "$WORK/err"))"
+  fi
+  for r in $survivors; do
+    ns=$(ns_of "$r")
+    ip -n "$ns" route replace blackhole "$gone_addr/32" || fail "blackhole route in $ns"
+    case $how in blackhole*)
+      ip -n "$gone_ns" route replace blackhole "$(addr_of "$r")/32" || fail "blackhole route in $gone_ns"
+      ;;
+    esac
+  done
+  echo "rank 1's host ($gone_ns: ranks ${gone//|/ }) cut off: $how, blackhole routes to $gone_addr"
+  deadline=$(($(date +%s) + LIMIT_S))
+  for r in $survivors; do
+    wait_exit "$r" "$deadline"
+    st=$?
+    [ $st = 124 ] && fail "rank $r still running $LIMIT_S s after rank 1's host vanished (BRIGADE_TIMEOUT_MS=$TIMEOUT_MS)"
+    [ $st = 3 ] || fail "rank $r exited with status $st, expected 3 (a failed allreduce)"
+    grep -Eq "error.*rank ($gone) \(pid [0-9]+ on [^)]*\) has been silent" "$WORK/out.$r" ||
+      fail "rank $r's error does not name a rank of the vanished host ($gone) as silent"
+    grep "error" "$WORK/out.$r"
+  done
+  echo "every other rank failed within $(echo "$(date +%s.%N) - $t0" | bc 2>/dev/null || echo "?") s of the cut (limit ${LIMIT_S} s, BRIGADE_TIMEOUT_MS=$TIMEOUT_MS)"
+  ;;
 exec)
   for r in $(seq 0 $((NRANKS - 1))); do start "$r" "${EXTRA[@]}"; done
   deadline=$(($(date +%s) + 3600))
@@ -207,7 +256,7 @@ exec)
   fi
   ;;
 *)
-  echo "usage: run.sh MH_CHECK collectives|kill|linkdown|exec tcp|ibverbs [args for exec]"
+  echo "usage: run.sh MH_CHECK collectives|kill|linkdown|vanish|exec tcp|ibverbs [args for exec]"
   exit 1
   ;;
 esac
