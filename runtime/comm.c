@@ -311,9 +311,16 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   c->nslots = (int)brg__core_int(BRG__CORE_STEPS);
   c->slice_bytes = (size_t)brg__core_int(BRG__CORE_SLICE_BYTES) & ~(size_t)63;
   c->comm_id = brg__fnv1a64(BRG__FNV64_INIT, id, sizeof *id);
+  c->algo = brg__algo_parse(brg__core_str(BRG__CORE_ALGO));
   brg__ring_waiter_init(c);
   brg__log_set_rank(rank);
 
+  if (c->algo < 0) {
+    s = brg__error(&err, BRG_ERR_INVALID_ARGUMENT, "init",
+                   "BRIGADE_ALGO=\"%s\" is not an allreduce algorithm (ring, hier or auto)",
+                   brg__core_str(BRG__CORE_ALGO));
+    goto err_free;
+  }
   c->peers = calloc((size_t)nranks, sizeof *c->peers);
   c->ring = calloc((size_t)nranks, sizeof *c->ring);
   if (!c->peers || !c->ring) {
@@ -326,6 +333,7 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   me.pid = (int32_t)getpid();
   me.host_hash = brg__topology_host_hash(me.hostname, sizeof me.hostname);
   me.flags = brg__trace_wanted() ? BRG__PEER_TRACING : 0;
+  me.algo = (uint32_t)c->algo;
   if ((s = brg__boot_local_addr(me.addr, sizeof me.addr, &err)) != BRG_SUCCESS) goto err_free;
   /* A little longer than the root waits, so that the root's list of the
    * ranks that never came arrives before this rank gives up on its own. */
@@ -333,6 +341,16 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   s = brg__bootstrap_init(&c->bs, id, rank, nranks, &me, sizeof me, c->peers, boot_wait, &err);
   if (s != BRG_SUCCESS) goto err_free;
   if ((s = brg__topology_check_peers(c->peers, nranks, &err)) != BRG_SUCCESS) goto err_free;
+  /* Ranks that disagree would split into a hierarchy at different calls:
+   * every rank sees the whole table, so all of them fail here at once. */
+  for (int i = 0; i < nranks; i++)
+    if (c->peers[i].algo != me.algo) {
+      s = brg__error(&err, BRG_ERR_MISMATCH, "init",
+                     "BRIGADE_ALGO is \"%s\" on rank %d but \"%s\" on rank %d: every rank "
+                     "must use the same allreduce algorithm",
+                     brg__algo_name(c->algo), rank, brg__algo_name((int)c->peers[i].algo), i);
+      goto err_free;
+    }
 
   brg__topology_order(c);
 
@@ -532,6 +550,7 @@ brg_status brg_comm_abort(brg_comm *comm) {
   brg_status s = brg__check_comm(comm, "brg_comm_abort");
   if (s != BRG_SUCCESS) return s;
   __atomic_store_n(&comm->aborted, 1, __ATOMIC_SEQ_CST);
+  brg__hier_abort(comm);
   brg__fifo_wake_all(&comm->send.fifo);
   brg__fifo_wake_all(&comm->recv.fifo);
   pthread_mutex_lock(&comm->qlock);
@@ -549,5 +568,6 @@ brg_status brg_comm_destroy(brg_comm *comm) {
    * the ring within a host; other collectives still queued cannot finish
    * once this rank is gone. */
   if (!brg__progress_settle(comm)) brg_comm_abort(comm);
+  brg__hier_free(comm); /* nothing runs on them any more */
   return comm_free(comm);
 }

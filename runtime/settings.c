@@ -34,6 +34,11 @@ static brg__cfg_entry core_entries[BRG__CORE_COUNT] = {
                         "TCP port rank 0 serves brg_comm_init_env's rendezvous on, for when "
                         "MASTER_PORT is taken by another store (torch's under mp.spawn); "
                         "0: MASTER_PORT (MASTER_PORT + 1 under torchrun)"},
+    [BRG__CORE_ALGO] = {"BRIGADE_ALGO", BRG__CFG_KIND_STRING, "auto", 0, 0,
+                        "allreduce of host buffers: ring (one ring over every rank), hier "
+                        "(reduce-scatter within each host, allreduce across hosts, all-gather "
+                        "within each host) or auto (hier where it is predicted faster); the same "
+                        "on every rank"},
 };
 
 static brg__cfg_entry device_entries[BRG__DEVICE_COUNT] = {
