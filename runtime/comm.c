@@ -332,7 +332,8 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   me.rank = rank;
   me.pid = (int32_t)getpid();
   me.host_hash = brg__topology_host_hash(me.hostname, sizeof me.hostname);
-  me.flags = brg__trace_wanted() ? BRG__PEER_TRACING : 0;
+  int no_trace = opts && opts->no_trace;
+  me.flags = brg__trace_wanted() && !no_trace ? BRG__PEER_TRACING : 0;
   me.algo = (uint32_t)c->algo;
   if ((s = brg__boot_local_addr(me.addr, sizeof me.addr, &err)) != BRG_SUCCESS) goto err_free;
   /* A little longer than the root waits, so that the root's list of the
@@ -370,7 +371,7 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   }
   int tracing = 0;
   for (int i = 0; i < nranks; i++) tracing |= (c->peers[i].flags & BRG__PEER_TRACING) != 0;
-  if ((s = brg__trace_open(c, tracing, &err)) != BRG_SUCCESS) {
+  if (!no_trace && (s = brg__trace_open(c, tracing, &err)) != BRG_SUCCESS) {
     brg__comm_notify_abort(c, s, err.msg);
     goto err_free;
   }

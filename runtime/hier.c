@@ -29,6 +29,7 @@
 #include "internal.h"
 #include "kernels.h"
 #include "schedule.h"
+#include "trace.h"
 
 static const char *const algo_names[] = {"auto", "ring", "hier"};
 
@@ -131,15 +132,15 @@ enum {
 };
 
 static int first_time(brg_comm *c, unsigned what) {
-  if (c->hier_logged & what) return 0;
-  c->hier_logged |= what;
-  return 1;
+  return !(__atomic_fetch_or(&c->hier_logged, what, __ATOMIC_RELAXED) & what);
 }
 
 static brg_status hier_make(brg_comm *c, const hier_shape *sh) {
   brg_comm *local = NULL, *cross = NULL;
-  brg_status s = brg_comm_split(c, sh->host, c->rank, &local);
-  if (s == BRG_SUCCESS) s = brg_comm_split(c, sh->local_rank, sh->host, &cross);
+  /* No traces of their own: they would take the parent's file names, and
+   * the parent's trace shows each hier allreduce as one collective. */
+  brg_status s = brg__comm_split_opts(c, sh->host, c->rank, 1, &local);
+  if (s == BRG_SUCCESS) s = brg__comm_split_opts(c, sh->local_rank, sh->host, 1, &cross);
   if (s != BRG_SUCCESS) {
     char why[BRG__ERRLEN];
     snprintf(why, sizeof why, "%s", brg_comm_last_error(NULL));
@@ -237,9 +238,8 @@ static brg_status phase(brg_comm *c, brg_comm *sub, brg__coll *p, const brg__col
   return brg__comm_error(c, s, "%s (hier): %s failed: %s", desc, what, why);
 }
 
-brg_status brg__hier_run(brg_comm *c, brg__coll *k) {
+static brg_status hier_body(brg_comm *c, brg__coll *k) {
   brg_comm *local = c->local, *cross = c->cross;
-  k->seq = ++c->seq;
   size_t esize = brg_dtype_size(k->dtype);
   uint64_t sent0 = __atomic_load_n(&local->bytes_sent, __ATOMIC_RELAXED) +
                    __atomic_load_n(&cross->bytes_sent, __ATOMIC_RELAXED);
@@ -282,6 +282,15 @@ brg_status brg__hier_run(brg_comm *c, brg__coll *k) {
                    __atomic_load_n(&cross->bytes_sent, __ATOMIC_RELAXED);
   __atomic_fetch_add(&c->bytes_sent, sent1 - sent0, __ATOMIC_RELAXED);
   return BRG_SUCCESS;
+}
+
+brg_status brg__hier_run(brg_comm *c, brg__coll *k) {
+  k->seq = ++c->seq;
+  if (__builtin_expect(c->trace == NULL, 1)) return hier_body(c, k);
+  int64_t t0 = brg__trace_coll_begin(c->trace);
+  brg_status s = hier_body(c, k);
+  brg__trace_coll_end(c, k, t0, s);
+  return s;
 }
 
 void brg__hier_abort(brg_comm *c) {

@@ -154,10 +154,11 @@ struct brg_comm {
  *   split.c       brg_comm_split: two all-gathers over the parent -> comm.c
  *   coll.c        the collectives' entry points and argument checks
  *   hier.c        hierarchical allreduce: picks the algorithm; its two
- *                 communicators come from brg_comm_split (the public call,
- *                 as an application would make them, before the first
- *                 hier allreduce is issued), its three phases run through
- *                 their own progress.c; progress.c runs it
+ *                 communicators come from split.c's brg_comm_split (made
+ *                 on the caller's thread before the first hier allreduce
+ *                 is issued, as an application would make them: the one
+ *                 call up the list), its three phases run through their
+ *                 own progress.c; progress.c runs it
  *   comm.c        create (bootstrap, topology, links), accessors, destroy
  *   progress.c    issue order: the worker thread, device setup
  *   ring.c        the five primitives and the ring and chain schedules
@@ -171,6 +172,11 @@ struct brg_comm {
  *   bootstrap*.c  ids, the root, the ring sockets
  *   settings.c    the runtime's settings and the one table of all sections
  */
+
+/* split.c: brg_comm_split, and with no_trace a communicator that writes no
+ * trace of its own (every rank of the new one must pass the same). */
+brg_status brg__comm_split_opts(brg_comm *comm, int color, int key, int no_trace,
+                                brg_comm **newcomm);
 
 /* hier.c: the allreduce algorithms of BRIGADE_ALGO. */
 typedef enum { BRG__ALGO_AUTO = 0, BRG__ALGO_RING = 1, BRG__ALGO_HIER = 2 } brg__algo;
@@ -237,6 +243,7 @@ brg_status brg__topology_check_peers(const brg__peer_info *peers, int n, brg__er
 typedef struct brg__comm_opts {
   int timeout_ms;
   const char *transports;
+  int no_trace; /* no BRIGADE_TRACE_FILE of its own (hier.c's: its parent's trace shows them) */
 } brg__comm_opts;
 brg_status brg__comm_create(brg_comm **out, int nranks, const brg__boot_id *id, int rank);
 brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id *id, int rank,
