@@ -99,26 +99,36 @@ static const struct {
     .shm_bytes_per_s = 2e9,
 };
 
-static double ring_seconds(int n, size_t bytes, size_t small_bytes, double alpha, double bw) {
-  if (n < 2) return 0;
-  if (bytes > 0 && bytes <= small_bytes) return (n - 1) * (alpha + (double)bytes / bw);
-  return 2.0 * (n - 1) * alpha + 2.0 * (n - 1) / n * (double)bytes / bw;
+/* A ring allreduce of n ranks: its steps' latency in *steps_s, the time
+ * of its bytes in *bytes_s. */
+static void ring_cost(int n, size_t bytes, size_t small_bytes, double alpha, double bw,
+                      double *steps_s, double *bytes_s) {
+  *steps_s = *bytes_s = 0;
+  if (n < 2) return;
+  int small = bytes > 0 && bytes <= small_bytes;
+  *steps_s = (small ? 1.0 : 2.0) * (n - 1) * alpha;
+  *bytes_s = (small ? (double)(n - 1) : 2.0 * (n - 1) / n) * (double)bytes / bw;
 }
 
 /* 1 when hier is predicted faster than the flat ring for `bytes` over
- * `hosts` hosts of `local` ranks; the two estimates in microseconds. */
+ * `hosts` hosts of `local` ranks and the flat ring's time is mostly
+ * latency (its steps' alpha at least its bytes' time): beyond that the
+ * flat ring is bandwidth-optimal and both move about as many bytes through
+ * a host's network link, so the estimate's small difference there is no
+ * reason to leave it. The two estimates in microseconds. */
 static int hier_predicted_faster(int hosts, int local, size_t bytes, size_t small_bytes,
                                  double *ring_us, double *hier_us) {
-  double ring = ring_seconds(hosts * local, bytes, small_bytes, hier_cost.net_alpha_s,
-                             hier_cost.net_bytes_per_s);
+  double ring_steps, ring_bytes, across_steps, across_bytes;
+  ring_cost(hosts * local, bytes, small_bytes, hier_cost.net_alpha_s, hier_cost.net_bytes_per_s,
+            &ring_steps, &ring_bytes);
   double within = 2.0 * (local - 1) * hier_cost.shm_alpha_s +
                   2.0 * (local - 1) / local * (double)bytes / hier_cost.shm_bytes_per_s;
   size_t shard = (bytes + (size_t)local - 1) / (size_t)local;
-  double across = ring_seconds(hosts, shard, small_bytes, hier_cost.net_alpha_s,
-                               hier_cost.net_bytes_per_s / local);
-  *ring_us = ring * 1e6;
-  *hier_us = (within + across) * 1e6;
-  return *hier_us < *ring_us;
+  ring_cost(hosts, shard, small_bytes, hier_cost.net_alpha_s, hier_cost.net_bytes_per_s / local,
+            &across_steps, &across_bytes);
+  *ring_us = (ring_steps + ring_bytes) * 1e6;
+  *hier_us = (within + across_steps + across_bytes) * 1e6;
+  return *hier_us < *ring_us && ring_steps >= ring_bytes;
 }
 
 /* INFO, once per communicator and kind of choice. */

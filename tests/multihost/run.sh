@@ -15,10 +15,13 @@
 # between the hosts, skipping full ones (2,2: hosts 0 1 0 1; 3,2: 0 1 0 1 0),
 # so the runtime has to reorder the ring host by host (2,2: ring 0 2 | 1 3).
 #
-# MH_SHAPE, when set, is a netem specification applied to every host's
-# interface ("tc qdisc add dev mhH root netem $MH_SHAPE"), e.g.
-# MH_SHAPE="delay 20us rate 2gbit": each packet between hosts then leaves
-# through one shaped interface, so the links have that latency and rate.
+# MH_SHAPE, when set, shapes every host's interface: a netem specification
+# ("tc qdisc add dev mhH root netem $MH_SHAPE"), e.g. MH_SHAPE="delay 20us
+# rate 2gbit", or a whole qdisc when it starts with the qdisc's name, e.g.
+# MH_SHAPE="tbf rate 2gbit burst 256kb latency 2ms" (kernels without
+# sch_netem have tbf: a rate, no added delay; the burst must hold a 64 KiB
+# GSO packet). Each packet between hosts leaves through one shaped
+# interface, so the links get that latency and rate.
 #
 # usage: run.sh MH_CHECK MODE TRANSPORT [args for exec]
 #   MODE       collectives  every element of allreduce / reduce_scatter /
@@ -130,9 +133,12 @@ for h in $(seq 0 $((NHOSTS - 1))); do
   ip -n "$ns" link set lo up || fail "lo up in $ns"
   ip -n "$ns" link set "mh$h" up || fail "mh$h up"
   if [ -n "${MH_SHAPE:-}" ]; then
-    # shellcheck disable=SC2086 # MH_SHAPE is a list of netem words
-    tc -n "$ns" qdisc add dev "mh$h" root netem $MH_SHAPE 2>"$WORK/err" ||
-      fail "tc qdisc add dev mh$h root netem $MH_SHAPE: $(cat "$WORK/err")"
+    qdisc="netem $MH_SHAPE"
+    case $MH_SHAPE in netem* | tbf* | htb* | pfifo*) qdisc=$MH_SHAPE ;; esac
+    # shellcheck disable=SC2086 # a list of tc words
+    tc -n "$ns" qdisc add dev "mh$h" root $qdisc 2>"$WORK/err" ||
+      fail "tc qdisc add dev mh$h root $qdisc: $(cat "$WORK/err")$(grep -q unknown "$WORK/err" &&
+        echo " (this kernel lacks that qdisc; without sch_netem, tbf shapes the rate: MH_SHAPE='tbf rate 2gbit burst 256kb latency 2ms')")"
   fi
 done
 
@@ -231,7 +237,7 @@ hosts_line=""
 for h in $(seq 0 $((NHOSTS - 1))); do
   hosts_line="$hosts_line${hosts_line:+; }host $h (10.77.0.$((h + 1))): ranks ${RANKS_ON[$h]}"
 done
-echo "$hosts_line; between hosts: $NET$([ "$NET" = ibverbs ] && echo ' (software verbs backend, not RDMA)')${MH_SHAPE:+; links shaped: netem $MH_SHAPE}"
+echo "$hosts_line; between hosts: $NET$([ "$NET" = ibverbs ] && echo ' (software verbs backend, not RDMA)')${MH_SHAPE:+; links shaped: $MH_SHAPE}"
 
 case $MODE in
 collectives)
