@@ -311,16 +311,10 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   c->nslots = (int)brg__core_int(BRG__CORE_STEPS);
   c->slice_bytes = (size_t)brg__core_int(BRG__CORE_SLICE_BYTES) & ~(size_t)63;
   c->comm_id = brg__fnv1a64(BRG__FNV64_INIT, id, sizeof *id);
-  c->algo = brg__algo_parse(brg__core_str(BRG__CORE_ALGO));
+  c->algo = brg__algo_parse(brg__core_str(BRG__CORE_ALGO)); /* checked by the load */
   brg__ring_waiter_init(c);
   brg__log_set_rank(rank);
 
-  if (c->algo < 0) {
-    s = brg__error(&err, BRG_ERR_INVALID_ARGUMENT, "init",
-                   "BRIGADE_ALGO=\"%s\" is not an allreduce algorithm (ring, hier or auto)",
-                   brg__core_str(BRG__CORE_ALGO));
-    goto err_free;
-  }
   c->peers = calloc((size_t)nranks, sizeof *c->peers);
   c->ring = calloc((size_t)nranks, sizeof *c->ring);
   if (!c->peers || !c->ring) {

@@ -97,6 +97,11 @@ brg_status brg__settings_load(brg__errbuf *err) {
     brg_status s = brg__config_load(all[i], err);
     if (s != BRG_SUCCESS) return s;
   }
+  const char *algo = brg__core_str(BRG__CORE_ALGO);
+  if (strcmp(algo, "ring") && strcmp(algo, "hier") && strcmp(algo, "auto"))
+    return brg__error_quiet(
+        err, BRG_ERR_INVALID_ARGUMENT,
+        "BRIGADE_ALGO=\"%s\" is not an allreduce algorithm (ring, hier or auto)", algo);
   return brg__log_check(err);
 }
 
