@@ -149,6 +149,12 @@ PORT=$((20000 + RANDOM % 20000))
 
 # RANK_ENV[r]: more VAR=value words for rank r (the mismatch test's).
 RANK_ENV=()
+# The "hosts" share this machine's cores, which each rank's runtime cannot
+# see (it counts only the ranks of its own namespace): where the ranks
+# outnumber the cores, waits yield at once, as the runtime itself decides
+# for ranks that outnumber a real host's cores (unless BRIGADE_SPIN is set).
+SPIN_ENV=""
+if [ -z "${BRIGADE_SPIN:-}" ] && [ "$NRANKS" -gt "$(nproc)" ]; then SPIN_ENV="BRIGADE_SPIN=0"; fi
 
 # start RANK ARGS...: one rank in its namespace, output in $WORK/out.R, log in $WORK/log.R
 start() {
@@ -159,7 +165,7 @@ start() {
   ip netns exec "$ns" env MASTER_ADDR=10.77.0.1 MASTER_PORT=$PORT RANK="$r" WORLD_SIZE=$NRANKS \
     LOCAL_RANK="${LOCAL_OF[$r]}" BRIGADE_BOOTSTRAP_ADDR="$addr" BRIGADE_TRANSPORTS="shm,$NET" \
     BRIGADE_IB_BACKEND=soft BRIGADE_IB_QPS_PER_LINK="$QPS" BRIGADE_DEBUG=INFO \
-    BRIGADE_TIMEOUT_MS="$TIMEOUT_MS" ${RANK_ENV[$r]:-} \
+    BRIGADE_TIMEOUT_MS="$TIMEOUT_MS" $SPIN_ENV ${RANK_ENV[$r]:-} \
     "$CHECK" "${@:2}" >"$WORK/out.$r" 2>"$WORK/log.$r" &
   PIDS[$r]=$!
 }
