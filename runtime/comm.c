@@ -259,6 +259,7 @@ static brg_status comm_free(brg_comm *c) {
     if (ring) say_goodbye(c);
     brg__progress_stop(c);
   }
+  brg__hier_free(c); /* after the worker, the one thread that may run on them, stopped */
   if (s != BRG_SUCCESS) brg__set_thread_error(c->last_error);
   brg__trace_close(c);
   brg__device_ring_free(c);
@@ -563,6 +564,5 @@ brg_status brg_comm_destroy(brg_comm *comm) {
    * the ring within a host; other collectives still queued cannot finish
    * once this rank is gone. */
   if (!brg__progress_settle(comm)) brg_comm_abort(comm);
-  brg__hier_free(comm); /* nothing runs on them any more */
   return comm_free(comm);
 }
