@@ -141,6 +141,7 @@ brg_status brg_allreduce(const void *sendbuf, void *recvbuf, size_t count, brg_d
   brg__coll k;
   brg_status s =
       prep_allreduce("brg_allreduce", sendbuf, recvbuf, count, dtype, op, comm, stream, &k);
+  if (s == BRG_SUCCESS) s = brg__hier_prepare(comm, &k);
   return s != BRG_SUCCESS ? s : brg__progress_run(comm, &k);
 }
 
@@ -189,6 +190,9 @@ brg_status brg_iallreduce(const void *sendbuf, void *recvbuf, size_t count, brg_
   brg__coll k;
   brg_status s =
       prep_allreduce("brg_iallreduce", sendbuf, recvbuf, count, dtype, op, comm, NULL, &k);
+  /* Host buffers only (issue refuses GPU ones): a hierarchy made here is
+   * made before the request is queued, at the same call on every rank. */
+  if (s == BRG_SUCCESS && !k.device) s = brg__hier_prepare(comm, &k);
   return s != BRG_SUCCESS ? s : issue(comm, "brg_iallreduce", &k, request);
 }
 

@@ -259,6 +259,7 @@ static brg_status comm_free(brg_comm *c) {
     if (ring) say_goodbye(c);
     brg__progress_stop(c);
   }
+  brg__hier_free(c); /* after the worker, the one thread that may run on them, stopped */
   if (s != BRG_SUCCESS) brg__set_thread_error(c->last_error);
   brg__trace_close(c);
   brg__device_ring_free(c);
@@ -312,6 +313,7 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   c->nslots = (int)brg__core_int(BRG__CORE_STEPS);
   c->slice_bytes = (size_t)brg__core_int(BRG__CORE_SLICE_BYTES) & ~(size_t)63;
   c->comm_id = brg__fnv1a64(BRG__FNV64_INIT, id, sizeof *id);
+  c->algo = brg__algo_parse(brg__core_str(BRG__CORE_ALGO)); /* checked by the load */
   brg__ring_waiter_init(c);
   brg__log_set_rank(rank);
 
@@ -326,7 +328,9 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   me.rank = rank;
   me.pid = (int32_t)getpid();
   me.host_hash = brg__topology_host_hash(me.hostname, sizeof me.hostname);
-  me.flags = brg__trace_wanted() ? BRG__PEER_TRACING : 0;
+  int no_trace = opts && opts->no_trace;
+  me.flags = brg__trace_wanted() && !no_trace ? BRG__PEER_TRACING : 0;
+  me.algo = (uint32_t)c->algo;
   if ((s = brg__boot_local_addr(me.addr, sizeof me.addr, &err)) != BRG_SUCCESS) goto err_free;
   /* A little longer than the root waits, so that the root's list of the
    * ranks that never came arrives before this rank gives up on its own. */
@@ -334,6 +338,16 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   s = brg__bootstrap_init(&c->bs, id, rank, nranks, &me, sizeof me, c->peers, boot_wait, &err);
   if (s != BRG_SUCCESS) goto err_free;
   if ((s = brg__topology_check_peers(c->peers, nranks, &err)) != BRG_SUCCESS) goto err_free;
+  /* Ranks that disagree would split into a hierarchy at different calls:
+   * every rank sees the whole table, so all of them fail here at once. */
+  for (int i = 0; i < nranks; i++)
+    if (c->peers[i].algo != me.algo) {
+      s = brg__error(&err, BRG_ERR_MISMATCH, "init",
+                     "BRIGADE_ALGO is \"%s\" on rank %d but \"%s\" on rank %d: every rank "
+                     "must use the same allreduce algorithm",
+                     brg__algo_name(c->algo), rank, brg__algo_name((int)c->peers[i].algo), i);
+      goto err_free;
+    }
 
   brg__topology_order(c);
 
@@ -353,7 +367,7 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   }
   int tracing = 0;
   for (int i = 0; i < nranks; i++) tracing |= (c->peers[i].flags & BRG__PEER_TRACING) != 0;
-  if ((s = brg__trace_open(c, tracing, &err)) != BRG_SUCCESS) {
+  if (!no_trace && (s = brg__trace_open(c, tracing, &err)) != BRG_SUCCESS) {
     brg__comm_notify_abort(c, s, err.msg);
     goto err_free;
   }
@@ -533,6 +547,7 @@ brg_status brg_comm_abort(brg_comm *comm) {
   brg_status s = brg__check_comm(comm, "brg_comm_abort");
   if (s != BRG_SUCCESS) return s;
   __atomic_store_n(&comm->aborted, 1, __ATOMIC_SEQ_CST);
+  brg__hier_abort(comm);
   brg__fifo_wake_all(&comm->send.fifo);
   brg__fifo_wake_all(&comm->recv.fifo);
   pthread_mutex_lock(&comm->qlock);

@@ -35,6 +35,11 @@ typedef struct brg__coll {
   int gpu;      /* the device of its buffers */
   void *stream; /* its CUDA stream (NULL: the legacy default stream) */
   uint64_t seq; /* set when it runs */
+  /* Reduce-scatter and all-gather over one full-size buffer of `count`
+   * elements cut into N balanced chunks as allreduce cuts it (chunk r,
+   * rank r's, at brg__part_offset): the phases of hier.c within a host. */
+  int whole;
+  int hier; /* an allreduce hier.c runs (brg__hier_prepare chose it) */
   /* A device collective whose host side runs on the communicator's thread
    * (device_ring.c, brg__device_async_begin): `stream` is then the ring's
    * own, which waits for start_ev, recorded on the caller's stream; the
@@ -112,6 +117,14 @@ struct brg_comm {
   int cuda_seen;             /* the CUDA driver is loaded: host calls check for GPU pointers */
   int gpu;                   /* the device of its device collectives; -1 before the first */
 
+  /* hier.c: the allreduce algorithm (BRIGADE_ALGO) and the two
+   * communicators of the hierarchical one, made at its first use. */
+  int algo;               /* brg__algo */
+  int hier_state;         /* 0: not made yet, 1: made, -1: cannot be made (flat ring) */
+  unsigned hier_logged;   /* which choices INFO has told already */
+  struct brg_comm *local; /* this host's ranks */
+  struct brg_comm *cross; /* the ranks of this local index on every host */
+
   struct brg__live *live; /* liveness.c: heartbeats, the ring sockets' reader once ready */
   int ready;              /* setup finished: ring sockets carry only aborts, beats, goodbyes */
   volatile int aborted;   /* brg_comm_abort was called (from any thread): atomic access */
@@ -141,6 +154,12 @@ struct brg_comm {
  *   rendezvous.c  brg_comm_init_env: the launcher's variables -> comm.c
  *   split.c       brg_comm_split: two all-gathers over the parent -> comm.c
  *   coll.c        the collectives' entry points and argument checks
+ *   hier.c        hierarchical allreduce: picks the algorithm; its two
+ *                 communicators come from split.c's brg_comm_split (made
+ *                 on the caller's thread before the first hier allreduce
+ *                 is issued, as an application would make them: the one
+ *                 call up the list), its three phases run through their
+ *                 own progress.c; progress.c runs it
  *   comm.c        create (bootstrap, topology, links), accessors, destroy
  *   progress.c    issue order: the worker thread, device setup
  *   ring.c        the five primitives and the ring and chain schedules
@@ -154,6 +173,27 @@ struct brg_comm {
  *   bootstrap*.c  ids, the root, the ring sockets
  *   settings.c    the runtime's settings and the one table of all sections
  */
+
+/* split.c: brg_comm_split, and with no_trace a communicator that writes no
+ * trace of its own (every rank of the new one must pass the same). */
+brg_status brg__comm_split_opts(brg_comm *comm, int color, int key, int no_trace,
+                                brg_comm **newcomm);
+
+/* hier.c: the allreduce algorithms of BRIGADE_ALGO. */
+typedef enum { BRG__ALGO_AUTO = 0, BRG__ALGO_RING = 1, BRG__ALGO_HIER = 2 } brg__algo;
+/* BRIGADE_ALGO's value as a brg__algo, or -1 when it names none. */
+int brg__algo_parse(const char *name);
+const char *brg__algo_name(int algo);
+/* Decides whether allreduce k runs hierarchically (sets k->hier), making
+ * the hierarchy's communicators at the first such call (a collective over
+ * c: every rank reaches it at the same allreduce, since the choice depends
+ * only on what every rank shares). */
+brg_status brg__hier_prepare(brg_comm *c, brg__coll *k);
+/* Runs allreduce k (k->hier) in three phases on the two communicators. */
+brg_status brg__hier_run(brg_comm *c, brg__coll *k);
+/* Aborts / destroys the hierarchy's communicators with their parent. */
+void brg__hier_abort(brg_comm *c);
+void brg__hier_free(brg_comm *c);
 
 /* errors.c: records an error on the communicator (last_error, WARN log)
  * and returns s. */
@@ -204,6 +244,7 @@ brg_status brg__topology_check_peers(const brg__peer_info *peers, int n, brg__er
 typedef struct brg__comm_opts {
   int timeout_ms;
   const char *transports;
+  int no_trace; /* no BRIGADE_TRACE_FILE of its own (hier.c's: its parent's trace shows them) */
 } brg__comm_opts;
 brg_status brg__comm_create(brg_comm **out, int nranks, const brg__boot_id *id, int rank);
 brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id *id, int rank,

@@ -52,7 +52,7 @@ static brg_status run_one(brg_comm *c, brg__coll *k) {
     ran = 1;
     if (k->device && c->nranks > 1 && !c->dev) s = device_setup(c);
     if (s == BRG_SUCCESS && k->async) s = brg__device_async_start(c, k);
-    if (s == BRG_SUCCESS) s = brg__coll_execute(c, k);
+    if (s == BRG_SUCCESS) s = k->hier ? brg__hier_run(c, k) : brg__coll_execute(c, k);
   }
   if (k->async) brg__device_async_end(c, k, s);
   if (entered) brg__device_leave(prev_gpu);

@@ -102,22 +102,27 @@ static brg_status run_ring(brg__ring_op *o, int t0, int t1) {
   const brg__coll *k = o->coll;
   int n = c->nranks, p = c->pos;
   int ag = k->kind == BRG__COLL_ALL_GATHER, rs = k->kind == BRG__COLL_REDUCE_SCATTER;
-  size_t per = k->count; /* elements per chunk for rs / ag */
-  size_t total = rs || ag ? per * (size_t)n : k->count;
+  /* Chunks of `count` each, or balanced ones of one whole buffer as allreduce's. */
+  int fixed = (rs || ag) && !k->whole;
+  size_t per = k->count; /* elements per chunk when fixed */
+  size_t total = fixed ? per * (size_t)n : k->count;
   size_t max_slices = 0;
   for (int i = 0; i < n; i++) {
-    size_t cnt = rs || ag ? per : brg__part_count(total, n, i);
+    size_t cnt = fixed ? per : brg__part_count(total, n, i);
     size_t ns = brg__slice_total(cnt, o->slice_elems);
     if (ns > max_slices) max_slices = ns;
   }
   for (size_t sl = 0; sl < max_slices; sl++) {
     for (int t = t0; t <= t1; t++) {
       int id = c->ring[brg__ring_chunk(p, n, t)];
-      size_t cnt = rs || ag ? per : brg__part_count(total, n, id);
-      size_t off = rs || ag ? per * (size_t)id : brg__part_offset(total, n, id);
+      size_t cnt = fixed ? per : brg__part_count(total, n, id);
+      size_t off = fixed ? per * (size_t)id : brg__part_offset(total, n, id);
       if (sl >= brg__slice_total(cnt, o->slice_elems)) continue;
       size_t m = brg__slice_count(cnt, o->slice_elems, sl);
       size_t e = off + brg__slice_offset(sl, o->slice_elems);
+      /* Where the slice lies in the rs output or ag input: a buffer of one
+       * chunk, or the whole buffer. */
+      size_t own = k->whole ? e : brg__slice_offset(sl, o->slice_elems);
       const char *in = NULL;
       char *out = NULL;
       brg__prim prim = brg__ring_prim(n, t);
@@ -125,13 +130,13 @@ static brg_status run_ring(brg__ring_op *o, int t0, int t1) {
         in = (const char *)k->sendbuf + e * o->esize;
         if (t == t1) {
           prim = BRG__PRIM_RECV_REDUCE_COPY;
-          out = (char *)k->recvbuf + brg__slice_offset(sl, o->slice_elems) * o->esize;
+          out = (char *)k->recvbuf + own * o->esize;
         }
       } else if (ag) {
         out = (char *)k->recvbuf + e * o->esize;
         if (t == t0) {
           prim = BRG__PRIM_SEND; /* own block: input -> output and next */
-          in = (const char *)k->sendbuf + brg__slice_offset(sl, o->slice_elems) * o->esize;
+          in = (const char *)k->sendbuf + own * o->esize;
         }
       } else {
         in = k->sendbuf ? (const char *)k->sendbuf + e * o->esize : NULL;
@@ -243,7 +248,7 @@ static brg_status coll_body(brg_comm *c, brg__coll *k) {
     o.slice_elems = brg__device_ring_slice_bytes(c->dev) / o.esize;
   }
   size_t total = k->count * o.esize;
-  if (k->kind == BRG__COLL_ALL_GATHER || k->kind == BRG__COLL_REDUCE_SCATTER)
+  if ((k->kind == BRG__COLL_ALL_GATHER || k->kind == BRG__COLL_REDUCE_SCATTER) && !k->whole)
     total *= (size_t)c->nranks;
   /* In place the output lines are already cached by the read of the input,
    * so only out-of-place outputs gain from streaming. */

@@ -39,6 +39,11 @@ static brg__cfg_entry core_entries[BRG__CORE_COUNT] = {
          "a waiting rank fails once another rank's heartbeats have been missing this long "
          "(its host vanished or it stopped; a busy rank keeps beating), before "
          "BRIGADE_TIMEOUT_MS; 0: off (at least 1000 in effect)"},
+    [BRG__CORE_ALGO] = {"BRIGADE_ALGO", BRG__CFG_KIND_STRING, "auto", 0, 0,
+                        "allreduce of host buffers: ring (one ring over every rank), hier "
+                        "(reduce-scatter within each host, allreduce across hosts, all-gather "
+                        "within each host) or auto (hier where it is predicted faster); the same "
+                        "on every rank"},
 };
 
 static brg__cfg_entry device_entries[BRG__DEVICE_COUNT] = {
@@ -97,6 +102,11 @@ brg_status brg__settings_load(brg__errbuf *err) {
     brg_status s = brg__config_load(all[i], err);
     if (s != BRG_SUCCESS) return s;
   }
+  const char *algo = brg__core_str(BRG__CORE_ALGO);
+  if (strcmp(algo, "ring") && strcmp(algo, "hier") && strcmp(algo, "auto"))
+    return brg__error_quiet(
+        err, BRG_ERR_INVALID_ARGUMENT,
+        "BRIGADE_ALGO=\"%s\" is not an allreduce algorithm (ring, hier or auto)", algo);
   return brg__log_check(err);
 }
 

@@ -27,6 +27,7 @@ typedef enum {
   BRG__CORE_STREAM_BYTES,   /* size: collectives this large write outputs with NT stores */
   BRG__CORE_PORT,           /* int: rendezvous port of brg_comm_init_env; 0 = from MASTER_PORT */
   BRG__CORE_SILENT_MS,      /* int: BRIGADE_SILENT_TIMEOUT_MS; 0 = off */
+  BRG__CORE_ALGO,           /* allreduce algorithm: ring | hier | auto (hier.c) */
   BRG__CORE_COUNT
 } brg__core_cfg_id;
 

@@ -6,6 +6,15 @@
  *   mh_check check   allreduce / reduce_scatter / all_gather / broadcast at
  *                    several sizes and types; every element of every result
  *                    is checked against values computed here independently
+ *   mh_check allreduce
+ *                    allreduce of every dtype and op (avg included) at
+ *                    counts 0, 1, 7, 1009, 65537 and 1048583 (some pairs
+ *                    only at the two large counts), in and out of place,
+ *                    every element against a reference computed here in
+ *                    the dtype's own arithmetic; then every rank checks
+ *                    that all ranks ended with the same bits (a hash of
+ *                    every result, all-gathered). Run with BRIGADE_ALGO
+ *                    ring or hier.
  *   mh_check loop    allreduce until it fails (for the fault tests): prints
  *                    "looping" once the first one succeeded, then, on the
  *                    first failure, "error <status> after <ms> ms: <detail>"
@@ -13,6 +22,7 @@
  * Exit 0 when every check passed, 1 on a wrong value or an unexpected error,
  * 3 when the loop ended in an error (what the fault tests want).
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -142,6 +152,195 @@ static int run_check(brg_comm *comm) {
   return 0;
 }
 
+/* ---- every dtype and op ---- */
+
+/* float32 <-> float16 / bfloat16 bits, round to nearest even; the values
+ * here are 0 or normal in both formats (at least 1/9 in magnitude, at most
+ * 256), which is all these need to handle. */
+static int half_range_bad;
+static uint16_t f16_from(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+  uint32_t a = x & 0x7fffffffu;
+  if (a == 0) return sign;
+  int e = (int)(a >> 23) - 127 + 15;
+  if (e < 1 || e > 30) half_range_bad = 1;
+  uint32_t m = a & 0x7fffff, h = ((uint32_t)e << 10) | (m >> 13), rest = m & 0x1fff;
+  if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) h++;
+  return (uint16_t)(sign | h);
+}
+static float f16_to(uint16_t h) {
+  int e = (h >> 10) & 0x1f;
+  float v = e == 0 ? 0.0f : ldexpf(1.0f + (float)(h & 0x3ff) / 1024.0f, e - 15);
+  if (e == 0 && (h & 0x3ff)) half_range_bad = 1;
+  return h & 0x8000 ? -v : v;
+}
+static uint16_t bf16_from(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  return (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
+}
+static float bf16_to(uint16_t b) {
+  uint32_t x = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &x, 4);
+  return f;
+}
+
+static int is_unsigned(brg_dtype d) {
+  return d == BRG_UINT8 || d == BRG_UINT32 || d == BRG_UINT64;
+}
+
+/* Rank r's input element i: small integers (-2..2, or 0..4 unsigned), so
+ * sums and products of up to 9 ranks are exact in every float type. */
+static int64_t input(brg_dtype d, brg_op op, int r, size_t i) {
+  int64_t v = (int64_t)(((size_t)r * 7 + i * 3 + (size_t)op) % 5);
+  return is_unsigned(d) ? v : v - 2;
+}
+
+static void store(brg_dtype d, void *buf, size_t i, int64_t v) {
+  switch (d) {
+  case BRG_INT8: ((int8_t *)buf)[i] = (int8_t)v; break;
+  case BRG_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+  case BRG_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
+  case BRG_UINT32: ((uint32_t *)buf)[i] = (uint32_t)v; break;
+  case BRG_INT64: ((int64_t *)buf)[i] = v; break;
+  case BRG_UINT64: ((uint64_t *)buf)[i] = (uint64_t)v; break;
+  case BRG_FLOAT16: ((uint16_t *)buf)[i] = f16_from((float)v); break;
+  case BRG_BFLOAT16: ((uint16_t *)buf)[i] = bf16_from((float)v); break;
+  case BRG_FLOAT32: ((float *)buf)[i] = (float)v; break;
+  case BRG_FLOAT64: ((double *)buf)[i] = (double)v; break;
+  }
+}
+
+/* Element i as a double (exact for every value these tests produce). */
+static double load(brg_dtype d, const void *buf, size_t i) {
+  switch (d) {
+  case BRG_INT8: return ((const int8_t *)buf)[i];
+  case BRG_UINT8: return ((const uint8_t *)buf)[i];
+  case BRG_INT32: return ((const int32_t *)buf)[i];
+  case BRG_UINT32: return ((const uint32_t *)buf)[i];
+  case BRG_INT64: return (double)((const int64_t *)buf)[i];
+  case BRG_UINT64: return (double)((const uint64_t *)buf)[i];
+  case BRG_FLOAT16: return f16_to(((const uint16_t *)buf)[i]);
+  case BRG_BFLOAT16: return bf16_to(((const uint16_t *)buf)[i]);
+  case BRG_FLOAT32: return ((const float *)buf)[i];
+  case BRG_FLOAT64: return ((const double *)buf)[i];
+  }
+  return 0;
+}
+
+/* Integer v wrapped to dtype d's width, as the dtype holds it. */
+static int64_t wrap(brg_dtype d, uint64_t v) {
+  switch (d) {
+  case BRG_INT8: return (int8_t)v;
+  case BRG_UINT8: return (uint8_t)v;
+  case BRG_INT32: return (int32_t)v;
+  case BRG_UINT32: return (uint32_t)v;
+  default: return (int64_t)v;
+  }
+}
+
+/* The expected element i: integers wrap on sum and product and avg
+ * truncates the wrapped sum toward zero; floats compute exactly here and
+ * avg rounds sum / N once in the dtype, as brigade.h defines them. */
+static double expect(brg_dtype d, brg_op op, size_t i) {
+  int isfloat = d == BRG_FLOAT16 || d == BRG_BFLOAT16 || d == BRG_FLOAT32 || d == BRG_FLOAT64;
+  uint64_t wsum = 0, wprod = 1;
+  int64_t lo = INT64_MAX, hi = INT64_MIN, sum = 0;
+  for (int r = 0; r < nranks; r++) {
+    int64_t v = input(d, op, r, i);
+    wsum += (uint64_t)v, wprod *= (uint64_t)v, sum += v;
+    if (v < lo) lo = v;
+    if (v > hi) hi = v;
+  }
+  switch (op) {
+  case BRG_MIN: return (double)lo;
+  case BRG_MAX: return (double)hi;
+  case BRG_SUM: return isfloat ? (double)sum : (double)wrap(d, wsum);
+  case BRG_PROD: return isfloat ? (double)(int64_t)wprod : (double)wrap(d, wprod);
+  case BRG_AVG: break;
+  }
+  switch (d) {
+  case BRG_FLOAT64: return (double)sum / (double)nranks;
+  case BRG_FLOAT32: return (float)sum / (float)nranks;
+  case BRG_FLOAT16: return f16_to(f16_from((float)sum / (float)nranks));
+  case BRG_BFLOAT16: return bf16_to(bf16_from((float)sum / (float)nranks));
+  case BRG_UINT32: return (double)((uint32_t)wsum / (uint32_t)nranks);
+  case BRG_UINT64: return (double)(wsum / (uint64_t)nranks);
+  case BRG_INT64: return (double)((int64_t)wsum / (int64_t)nranks);
+  default: return (double)((int)wrap(d, wsum) / nranks);
+  }
+}
+
+static uint64_t result_hash = 1469598103934665603ull;
+static void hash_bytes(const void *p, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    result_hash = (result_hash ^ ((const uint8_t *)p)[i]) * 1099511628211ull;
+}
+
+static void check_one(brg_comm *comm, brg_dtype d, brg_op op, size_t count, int in_place) {
+  size_t es = brg_dtype_size(d);
+  char *sb = malloc(count * es + 1), *rb = malloc(count * es + 1);
+  if (!sb || !rb) exit(1);
+  for (size_t i = 0; i < count; i++) store(d, sb, i, input(d, op, rank, i));
+  if (in_place) memcpy(rb, sb, count * es);
+  CHECK_OK(brg_allreduce(in_place ? rb : sb, rb, count, d, op, comm, NULL));
+  char what[96];
+  snprintf(what, sizeof what, "allreduce %s %s%s", brg_dtype_name(d), brg_op_name(op),
+           in_place ? " in place" : "");
+  for (size_t i = 0; i < count; i++) {
+    double got = load(d, rb, i), want = expect(d, op, i);
+    if (got != want) bad(what, count, i, got, want);
+  }
+  hash_bytes(rb, count * es);
+  free(sb), free(rb);
+}
+
+static int run_allreduce_matrix(brg_comm *comm) {
+  static const size_t small[] = {0, 1, 7, 1009};
+  int calls = 0;
+  for (size_t k = 0; k < sizeof small / sizeof small[0]; k++)
+    for (int d = 0; d < BRG_NUM_DTYPES; d++)
+      for (int op = 0; op < BRG_NUM_OPS; op++, calls++)
+        check_one(comm, (brg_dtype)d, (brg_op)op, small[k], (d + op) % 2);
+  /* Large and odd: chunks that split unevenly within and across hosts. */
+  static const struct {
+    size_t count;
+    brg_dtype d;
+    brg_op op;
+  } large[] = {
+      {65537, BRG_FLOAT32, BRG_SUM},   {65537, BRG_BFLOAT16, BRG_AVG},
+      {65537, BRG_INT64, BRG_MAX},     {65537, BRG_UINT8, BRG_PROD},
+      {1048583, BRG_FLOAT32, BRG_SUM}, {1048583, BRG_FLOAT64, BRG_AVG},
+  };
+  for (size_t k = 0; k < sizeof large / sizeof large[0]; k++, calls++)
+    check_one(comm, large[k].d, large[k].op, large[k].count, (int)k % 2);
+  if (half_range_bad) {
+    printf("rank %d: FAIL a half value outside the range this check handles\n", rank);
+    return 1;
+  }
+  uint64_t *all = malloc((size_t)nranks * sizeof *all);
+  if (!all) return 1;
+  CHECK_OK(brg_all_gather(&result_hash, all, 1, BRG_UINT64, comm, NULL));
+  for (int r = 0; r < nranks; r++)
+    if (all[r] != result_hash) {
+      printf("rank %d: FAIL rank %d's results differ in their bits from rank %d's\n", rank, r,
+             rank);
+      failures++;
+    }
+  free(all);
+  if (failures) {
+    printf("rank %d: FAIL %d wrong values\n", rank, failures);
+    return 1;
+  }
+  printf("rank %d of %d: OK (%d allreduces, every dtype and op, every element; the same bits on "
+         "every rank)\n",
+         rank, nranks, calls);
+  return 0;
+}
+
 static int run_loop(brg_comm *comm) {
   size_t count = 1 << 20;
   float *s = malloc(count * sizeof *s), *r = malloc(count * sizeof *r);
@@ -177,7 +376,9 @@ int main(int argc, char **argv) {
   }
   brg_comm_rank(comm, &rank);
   brg_comm_size(comm, &nranks);
-  int rc = strcmp(mode, "loop") == 0 ? run_loop(comm) : run_check(comm);
+  int rc = strcmp(mode, "loop") == 0        ? run_loop(comm)
+           : strcmp(mode, "allreduce") == 0 ? run_allreduce_matrix(comm)
+                                            : run_check(comm);
   if (rc == 3) brg_comm_abort(comm);
   brg_comm_destroy(comm);
   return rc;

@@ -1,28 +1,48 @@
 #!/bin/bash
-# Multi-host tests on one machine. Two network namespaces joined by a veth
-# pair are two "hosts" (10.77.0.1 and 10.77.0.2, addresses that exist only
-# inside them); two ranks run in each, so a ring uses shm inside a host and
-# the network transport between hosts:
+# Multi-host tests on one machine. Network namespaces are the "hosts", each
+# with one interface (mhH, address 10.77.0.<H+1>, an address that exists
+# only inside them) on a bridge that lives in a namespace of its own (the
+# "switch"); ranks inside a host reach each other over shm and the other
+# hosts over the network transport:
 #
-#     namespace A (10.77.0.1)            namespace B (10.77.0.2)
-#     rank 0, rank 2   ==== veth ====    rank 1, rank 3
+#     host 0 (10.77.0.1)     host 1 (10.77.0.2)     ... host H-1
+#     ranks 0 2              ranks 1 3
+#          \___ mh0              \___ mh1
+#               \____ br0 (switch namespace) ____/
 #
-# Ranks alternate between the hosts so the runtime has to reorder the ring
-# host by host (expected ring: 0 2 | 1 3, two network links in all).
+# MH_LAYOUT gives the ranks per host, comma-separated (default 2,2: two
+# hosts of two ranks; 3,3,3 or 3,2 for other shapes). Ranks alternate
+# between the hosts, skipping full ones (2,2: hosts 0 1 0 1; 3,2: 0 1 0 1 0),
+# so the runtime has to reorder the ring host by host (2,2: ring 0 2 | 1 3).
 #
-# usage: run.sh MH_CHECK MODE TRANSPORT
+# MH_SHAPE, when set, shapes every host's interface: a netem specification
+# ("tc qdisc add dev mhH root netem $MH_SHAPE"), e.g. MH_SHAPE="delay 20us
+# rate 2gbit", or a whole qdisc when it starts with the qdisc's name, e.g.
+# MH_SHAPE="tbf rate 2gbit burst 256kb latency 2ms" (kernels without
+# sch_netem have tbf: a rate, no added delay; the burst must hold a 64 KiB
+# GSO packet). Each packet between hosts leaves through one shaped
+# interface, so the links get that latency and rate.
+#
+# usage: run.sh MH_CHECK MODE TRANSPORT [args for exec]
 #   MODE       collectives  every element of allreduce / reduce_scatter /
 #                           all_gather / broadcast, and the INFO log: ring
 #                           order host by host, one network link per boundary
-#              kill         a rank in namespace B is killed mid-allreduce:
-#                           every other rank must fail within the timeout
-#              linkdown     the veth goes down mid-allreduce: every rank must
-#                           fail within the timeout
+#              allreduce    MH_CHECK allreduce: every dtype and op, every
+#                           element, the same bits on every rank; the INFO
+#                           log must hold MH_EXPECT_LOG (run it with
+#                           BRIGADE_ALGO=ring or hier)
+#              mismatch     BRIGADE_ALGO=hier on rank 0, ring on the others:
+#                           every rank must fail at init with a collective
+#                           mismatch that names BRIGADE_ALGO, none may hang
+#              kill         the last rank is killed mid-allreduce: every
+#                           other rank must fail within the timeout
+#              linkdown     host 1's interface goes down mid-allreduce:
+#                           every rank must fail within the timeout
 #              vanish       rank 1's host is cut off mid-allreduce, no socket
 #                           closes: every rank of the other hosts must fail
 #                           within 10 s, naming a silent rank of that host
-#              exec         runs MH_CHECK with the remaining arguments on the
-#                           four ranks and prints rank 0's output, e.g.
+#              exec         runs MH_CHECK with the remaining arguments on
+#                           every rank and prints rank 0's output, e.g.
 #                           run.sh build/bench/all_reduce_perf exec tcp -b 1M -e 64M -f 4
 #   TRANSPORT  tcp | ibverbs (ibverbs runs its software backend: these are
 #              not RDMA numbers or RDMA code paths below the verbs interface)
@@ -34,13 +54,37 @@ MODE=$2
 NET=$3
 shift 3
 EXTRA=("$@")
-NRANKS=4
 TIMEOUT_MS=5000 # BRIGADE_TIMEOUT_MS for the fault tests
 SLACK_S=10      # on top of it: process start-up, abort and teardown on 2 cores
 # ibverbs queue pairs per link: two for the collectives (slots striped over
-# them), one for the fault tests
+# them), one for the others
 QPS=1
 [ "$MODE" = collectives ] && QPS=2
+
+# ---- the layout: HOST_OF[rank], LOCAL_OF[rank], RANKS_ON[host] ----
+IFS=',' read -r -a PER_HOST <<<"${MH_LAYOUT:-2,2}"
+NHOSTS=${#PER_HOST[@]}
+NRANKS=0
+for n in "${PER_HOST[@]}"; do
+  [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "FAIL: MH_LAYOUT=$MH_LAYOUT: '$n' is not a rank count"; exit 1; }
+  NRANKS=$((NRANKS + n))
+done
+[ "$NHOSTS" -ge 2 ] || { echo "FAIL: MH_LAYOUT=$MH_LAYOUT: at least two hosts"; exit 1; }
+HOST_OF=() LOCAL_OF=() RANKS_ON=() FILLED=()
+for h in $(seq 0 $((NHOSTS - 1))); do FILLED[$h]=0 RANKS_ON[$h]=""; done
+h=0
+for r in $(seq 0 $((NRANKS - 1))); do
+  while [ "${FILLED[$h]}" -ge "${PER_HOST[$h]}" ]; do h=$(((h + 1) % NHOSTS)); done
+  HOST_OF[$r]=$h
+  LOCAL_OF[$r]=${FILLED[$h]}
+  FILLED[$h]=$((FILLED[$h] + 1))
+  RANKS_ON[$h]="${RANKS_ON[$h]:+${RANKS_ON[$h]} }$r"
+  h=$(((h + 1) % NHOSTS))
+done
+# The ring as the runtime orders it (hosts by their lowest rank, which is
+# host order here; ranks ascending within a host), as rank 0 logs it.
+RING=""
+for h in $(seq 0 $((NHOSTS - 1))); do RING="${RING:+$RING | }${RANKS_ON[$h]}"; done
 
 skip() {
   echo "SKIP: $*"
@@ -59,52 +103,79 @@ fail() {
 [ "$(id -u)" = 0 ] || skip "creating network namespaces needs root"
 command -v ip >/dev/null || skip "iproute2 (ip) is not installed"
 
-NS_A=brg-mh-$$-a
-NS_B=brg-mh-$$-b
+PFX=brg-mh-$$
+SW=$PFX-sw
+ns_of() { echo "$PFX-h${HOST_OF[$1]}"; }
+addr_of() { echo "10.77.0.$((HOST_OF[$1] + 1))"; }
 WORK=$(mktemp -d /tmp/brigade-mh.XXXXXX)
 PIDS=()
+MADE=()
 
 cleanup() {
   for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
   wait 2>/dev/null
-  ip netns del "$NS_A" 2>/dev/null
-  ip netns del "$NS_B" 2>/dev/null
+  for ns in "${MADE[@]}"; do ip netns del "$ns" 2>/dev/null; done
   rm -rf "$WORK"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-ip netns add "$NS_A" 2>"$WORK/err" || skip "ip netns add failed: $(cat "$WORK/err")"
-ip netns add "$NS_B" 2>"$WORK/err" || skip "ip netns add failed: $(cat "$WORK/err")"
-ip -n "$NS_A" link add veth-a type veth peer name veth-b netns "$NS_B" 2>"$WORK/err" ||
-  skip "cannot create a veth pair: $(cat "$WORK/err")"
-ip -n "$NS_A" addr add 10.77.0.1/24 dev veth-a || fail "address on veth-a"
-ip -n "$NS_B" addr add 10.77.0.2/24 dev veth-b || fail "address on veth-b"
-for ns in "$NS_A" "$NS_B"; do
+ip netns add "$SW" 2>"$WORK/err" || skip "ip netns add failed: $(cat "$WORK/err")"
+MADE+=("$SW")
+ip -n "$SW" link add br0 type bridge 2>"$WORK/err" || skip "cannot create a bridge: $(cat "$WORK/err")"
+ip -n "$SW" link set br0 up || fail "br0 up"
+for h in $(seq 0 $((NHOSTS - 1))); do
+  ns=$PFX-h$h
+  ip netns add "$ns" 2>"$WORK/err" || skip "ip netns add failed: $(cat "$WORK/err")"
+  MADE+=("$ns")
+  ip -n "$SW" link add "sw$h" type veth peer name "mh$h" netns "$ns" 2>"$WORK/err" ||
+    skip "cannot create a veth pair: $(cat "$WORK/err")"
+  ip -n "$SW" link set "sw$h" master br0 || fail "sw$h into br0"
+  ip -n "$SW" link set "sw$h" up || fail "sw$h up"
+  ip -n "$ns" addr add "10.77.0.$((h + 1))/24" dev "mh$h" || fail "address on mh$h"
   ip -n "$ns" link set lo up || fail "lo up in $ns"
+  ip -n "$ns" link set "mh$h" up || fail "mh$h up"
+  if [ -n "${MH_SHAPE:-}" ]; then
+    qdisc="netem $MH_SHAPE"
+    case $MH_SHAPE in netem* | tbf* | htb* | pfifo*) qdisc=$MH_SHAPE ;; esac
+    # shellcheck disable=SC2086 # a list of tc words
+    tc -n "$ns" qdisc add dev "mh$h" root $qdisc 2>"$WORK/err" ||
+      fail "tc qdisc add dev mh$h root $qdisc: $(cat "$WORK/err")$(grep -q unknown "$WORK/err" &&
+        echo " (this kernel lacks that qdisc; without sch_netem, tbf shapes the rate: MH_SHAPE='tbf rate 2gbit burst 256kb latency 2ms')")"
+  fi
 done
-ip -n "$NS_A" link set veth-a up || fail "veth-a up"
-ip -n "$NS_B" link set veth-b up || fail "veth-b up"
-
-ns_of() { if [ $(($1 % 2)) = 0 ]; then echo "$NS_A"; else echo "$NS_B"; fi; }
-addr_of() { if [ $(($1 % 2)) = 0 ]; then echo 10.77.0.1; else echo 10.77.0.2; fi; }
 
 # Ports are private to the namespaces, but shared memory is not: a port of
 # its own gives each run its own job identity, so that two runs at once on
 # one machine never meet in /dev/shm.
 PORT=$((20000 + RANDOM % 20000))
 
+# RANK_ENV[r]: more VAR=value words for rank r (the mismatch test's).
+RANK_ENV=()
+# The "hosts" share this machine's cores, which each rank's runtime cannot
+# see (it counts only the ranks of its own namespace): where the ranks
+# outnumber the cores, waits yield at once, as the runtime itself decides
+# for ranks that outnumber a real host's cores (unless BRIGADE_SPIN is set).
+SPIN_ENV=""
+if [ -z "${BRIGADE_SPIN:-}" ] && [ "$NRANKS" -gt "$(nproc)" ]; then SPIN_ENV="BRIGADE_SPIN=0"; fi
+
 # start RANK ARGS...: one rank in its namespace, output in $WORK/out.R, log in $WORK/log.R
 start() {
   local r=$1 ns addr
   ns=$(ns_of "$r")
   addr=$(addr_of "$r")
+  # shellcheck disable=SC2086 # RANK_ENV holds words
   ip netns exec "$ns" env MASTER_ADDR=10.77.0.1 MASTER_PORT=$PORT RANK="$r" WORLD_SIZE=$NRANKS \
-    LOCAL_RANK=$((r / 2)) BRIGADE_BOOTSTRAP_ADDR="$addr" BRIGADE_TRANSPORTS="shm,$NET" \
+    LOCAL_RANK="${LOCAL_OF[$r]}" BRIGADE_BOOTSTRAP_ADDR="$addr" BRIGADE_TRANSPORTS="shm,$NET" \
     BRIGADE_IB_BACKEND=soft BRIGADE_IB_QPS_PER_LINK="$QPS" BRIGADE_DEBUG=INFO \
-    BRIGADE_TIMEOUT_MS="$TIMEOUT_MS" \
+    BRIGADE_TIMEOUT_MS="$TIMEOUT_MS" $SPIN_ENV ${RANK_ENV[$r]:-} \
     "$CHECK" "${@:2}" >"$WORK/out.$r" 2>"$WORK/log.$r" &
   PIDS[$r]=$!
+}
+
+start_all() {
+  local r
+  for r in $(seq 0 $((NRANKS - 1))); do start "$r" "$@"; done
 }
 
 # wait_exit RANK DEADLINE(epoch s): the rank's exit status, or 124 at the deadline
@@ -115,6 +186,19 @@ wait_exit() {
     sleep 0.1
   done
   wait "$p"
+}
+
+# wait_all_ok SECONDS [MARK]: every rank exits 0 (and prints MARK) in time
+wait_all_ok() {
+  local deadline=$(($(date +%s) + $1)) r st
+  for r in $(seq 0 $((NRANKS - 1))); do
+    wait_exit "$r" "$deadline"
+    st=$?
+    [ $st = 0 ] || fail "rank $r exited with status $st"
+    if [ -n "${2:-}" ]; then
+      grep -q "$2" "$WORK/out.$r" || fail "rank $r did not report $2"
+    fi
+  done
 }
 
 # waits until every running rank printed "looping"
@@ -129,62 +213,104 @@ wait_looping() {
   done
 }
 
-echo "hosts: $NS_A (10.77.0.1: ranks 0 2), $NS_B (10.77.0.2: ranks 1 3); transport between hosts: $NET$([ "$NET" = ibverbs ] && echo ' (software verbs backend, not RDMA)')"
+# MH_EXPECT_LOG: texts, separated by ';', that every rank's INFO log must
+# hold (what ran).
+expect_log() {
+  [ -n "${MH_EXPECT_LOG:-}" ] || return 0
+  local expect text r
+  IFS=';' read -r -a expect <<<"$MH_EXPECT_LOG"
+  for text in "${expect[@]}"; do
+    for r in $(seq 0 $((NRANKS - 1))); do
+      grep -q -- "$text" "$WORK/log.$r" ||
+        fail "rank $r's log lacks '$text': $(grep -h 'device ring\|GPUDirect\|algorithm' "$WORK/log.$r")"
+    done
+    echo "every rank logged: $text"
+  done
+}
 
-case $MODE in
-collectives)
-  for r in $(seq 0 $((NRANKS - 1))); do start "$r" check; done
-  deadline=$(($(date +%s) + 240))
-  for r in $(seq 0 $((NRANKS - 1))); do
-    wait_exit "$r" "$deadline"
-    st=$?
-    [ $st = 0 ] || fail "rank $r exited with status $st"
-    grep -q "OK" "$WORK/out.$r" || fail "rank $r did not report OK"
-    cat "$WORK/out.$r"
-  done
-  # The ring, as rank 0 logs it: host by host.
-  grep -q "ring order (| separates hosts): 0 2 | 1 3$" "$WORK/log.0" ||
-    fail "rank 0 did not log the ring 0 2 | 1 3: $(grep 'ring order' "$WORK/log.0")"
-  echo "ring order (rank 0's INFO log): $(grep -o 'ring order.*' "$WORK/log.0")"
-  # One network link per host boundary (two hosts on a ring: two boundaries),
-  # shm for the links inside a host.
-  nnet=$(cat "$WORK"/log.* | grep -c "(next) via $NET,")
-  nshm=$(cat "$WORK"/log.* | grep -c "(next) via shm,")
-  [ "$nnet" = 2 ] || fail "$nnet links use $NET, expected 2 (one per host boundary)"
-  [ "$nshm" = 2 ] || fail "$nshm links use shm, expected 2"
-  for r in 2 3; do # the ranks whose next is on the other host
-    grep -q "link to rank [0-9]* (next) via $NET" "$WORK/log.$r" || fail "rank $r does not send via $NET"
-  done
-  echo "links: $nnet via $NET (ranks 2->1 and 3->0), $nshm via shm"
-  if [ "$NET" = ibverbs ]; then
-    grep -q "ibverbs backend: soft" "$WORK/log.2" || fail "the log does not say which verbs backend ran"
-    grep -q "over the soft verbs backend, 2 queue pairs" "$WORK/log.2" || fail "rank 2 does not use 2 queue pairs"
-    echo "verbs backend logged: $(grep -h -o 'ibverbs backend: .*' "$WORK/log.2" | head -1)"
-  fi
-  ;;
-kill | linkdown)
-  for r in $(seq 0 $((NRANKS - 1))); do start "$r" loop; done
-  wait_looping
-  t0=$(date +%s.%N)
-  if [ "$MODE" = kill ]; then
-    kill -9 "${PIDS[3]}"
-    wait "${PIDS[3]}" 2>/dev/null
-    echo "killed rank 3 in $NS_B"
-    ranks="0 1 2"
-  else
-    ip -n "$NS_B" link set veth-b down || fail "cannot take veth-b down"
-    echo "took veth-b down"
-    ranks="0 1 2 3"
-  fi
-  deadline=$(($(date +%s) + TIMEOUT_MS / 1000 + SLACK_S))
-  for r in $ranks; do
+# expect_failures RANKS STATUS: each rank exits with STATUS within the
+# fault timeout and printed an error
+expect_failures() {
+  local deadline=$(($(date +%s) + TIMEOUT_MS / 1000 + SLACK_S)) r st
+  for r in $1; do
     wait_exit "$r" "$deadline"
     st=$?
     [ $st = 124 ] && fail "rank $r still running $((TIMEOUT_MS / 1000 + SLACK_S)) s after the fault"
-    [ $st = 3 ] || fail "rank $r exited with status $st, expected 3 (a failed allreduce)"
-    grep -q "error" "$WORK/out.$r" || fail "rank $r did not report an error"
-    grep "error" "$WORK/out.$r"
+    [ $st = "$2" ] || fail "rank $r exited with status $st, expected $2"
+    grep -q -i "error\|FAIL" "$WORK/out.$r" || fail "rank $r did not report an error"
+    grep -i "error\|FAIL" "$WORK/out.$r"
   done
+}
+
+hosts_line=""
+for h in $(seq 0 $((NHOSTS - 1))); do
+  hosts_line="$hosts_line${hosts_line:+; }host $h (10.77.0.$((h + 1))): ranks ${RANKS_ON[$h]}"
+done
+echo "$hosts_line; between hosts: $NET$([ "$NET" = ibverbs ] && echo ' (software verbs backend, not RDMA)')${MH_SHAPE:+; links shaped: $MH_SHAPE}"
+
+case $MODE in
+collectives)
+  start_all check
+  wait_all_ok 240 OK
+  cat "$WORK"/out.*
+  # The ring, as rank 0 logs it: host by host.
+  grep -q "ring order (| separates hosts): $RING$" "$WORK/log.0" ||
+    fail "rank 0 did not log the ring $RING: $(grep 'ring order' "$WORK/log.0")"
+  echo "ring order (rank 0's INFO log): $(grep -m1 -o 'ring order.*' "$WORK/log.0")"
+  # One network link per host boundary (NHOSTS boundaries on a ring), shm
+  # for the links inside a host: each rank's first link line is its own
+  # (communicators of a hierarchical allreduce log theirs later).
+  firsts=$(for r in $(seq 0 $((NRANKS - 1))); do grep -m1 "(next) via" "$WORK/log.$r"; done)
+  nnet=$(grep -c "(next) via $NET," <<<"$firsts")
+  nshm=$(grep -c "(next) via shm," <<<"$firsts")
+  [ "$nnet" = "$NHOSTS" ] || fail "$nnet links use $NET, expected $NHOSTS (one per host boundary)"
+  [ "$nshm" = $((NRANKS - NHOSTS)) ] || fail "$nshm links use shm, expected $((NRANKS - NHOSTS))"
+  for h in $(seq 0 $((NHOSTS - 1))); do # the last rank of a host sends to the next host
+    r=${RANKS_ON[$h]##* }
+    grep -m1 "(next) via" "$WORK/log.$r" | grep -q "link to rank [0-9]* (next) via $NET" ||
+      fail "rank $r does not send via $NET"
+  done
+  echo "links: $nnet via $NET, $nshm via shm"
+  if [ "$NET" = ibverbs ]; then
+    r=${RANKS_ON[0]##* }
+    grep -q "ibverbs backend: soft" "$WORK/log.$r" || fail "the log does not say which verbs backend ran"
+    grep -q "over the soft verbs backend, 2 queue pairs" "$WORK/log.$r" || fail "rank $r does not use 2 queue pairs"
+    echo "verbs backend logged: $(grep -h -o 'ibverbs backend: .*' "$WORK/log.$r" | head -1)"
+  fi
+  ;;
+allreduce)
+  start_all allreduce
+  wait_all_ok 240 OK
+  cat "$WORK"/out.*
+  expect_log
+  ;;
+mismatch)
+  RANK_ENV[0]="BRIGADE_ALGO=hier"
+  for r in $(seq 1 $((NRANKS - 1))); do RANK_ENV[$r]="BRIGADE_ALGO=ring"; done
+  start_all check
+  expect_failures "$(seq 0 $((NRANKS - 1)))" 1
+  for r in $(seq 0 $((NRANKS - 1))); do
+    grep -q "collective mismatch (BRIGADE_ALGO is \"[a-z]*\" on rank [0-9]* but \"[a-z]*\" on rank" "$WORK/out.$r" ||
+      fail "rank $r did not fail with a mismatch naming BRIGADE_ALGO"
+  done
+  echo "every rank failed at init with BRG_ERR_MISMATCH naming BRIGADE_ALGO"
+  ;;
+kill | linkdown)
+  start_all loop
+  wait_looping
+  t0=$(date +%s.%N)
+  if [ "$MODE" = kill ]; then
+    victim=$((NRANKS - 1))
+    kill -9 "${PIDS[$victim]}"
+    wait "${PIDS[$victim]}" 2>/dev/null
+    echo "killed rank $victim on host ${HOST_OF[$victim]}"
+    ranks=$(seq 0 $((NRANKS - 2)))
+  else
+    ip -n "$PFX-h1" link set mh1 down || fail "cannot take mh1 down"
+    echo "took host 1's interface (mh1) down"
+    ranks=$(seq 0 $((NRANKS - 1)))
+  fi
+  expect_failures "$ranks" 3
   echo "every rank failed within $(echo "$(date +%s.%N) - $t0" | bc 2>/dev/null || echo '?') s of the fault (limit: BRIGADE_TIMEOUT_MS=$TIMEOUT_MS + ${SLACK_S} s)"
   ;;
 vanish)
@@ -234,29 +360,13 @@ vanish)
   echo "every other rank failed within $(echo "$(date +%s.%N) - $t0" | bc 2>/dev/null || echo "?") s of the cut (limit ${LIMIT_S} s, BRIGADE_TIMEOUT_MS=$TIMEOUT_MS)"
   ;;
 exec)
-  for r in $(seq 0 $((NRANKS - 1))); do start "$r" "${EXTRA[@]}"; done
-  deadline=$(($(date +%s) + 3600))
-  for r in $(seq 0 $((NRANKS - 1))); do
-    wait_exit "$r" "$deadline"
-    st=$?
-    [ $st = 0 ] || fail "rank $r exited with status $st"
-  done
+  start_all "${EXTRA[@]}"
+  wait_all_ok 3600
   cat "$WORK/out.0"
-  # MH_EXPECT_LOG: texts, separated by ';', that every rank's INFO log must
-  # hold (what ran).
-  if [ -n "${MH_EXPECT_LOG:-}" ]; then
-    IFS=';' read -r -a expect <<<"$MH_EXPECT_LOG"
-    for text in "${expect[@]}"; do
-      for r in $(seq 0 $((NRANKS - 1))); do
-        grep -q -- "$text" "$WORK/log.$r" ||
-          fail "rank $r's log lacks '$text': $(grep -h 'device ring\|GPUDirect' "$WORK/log.$r")"
-      done
-      echo "every rank logged: $text"
-    done
-  fi
+  expect_log
   ;;
 *)
-  echo "usage: run.sh MH_CHECK collectives|kill|linkdown|vanish|exec tcp|ibverbs [args for exec]"
+  echo "usage: run.sh MH_CHECK collectives|allreduce|mismatch|kill|linkdown|vanish|exec tcp|ibverbs [args for exec]"
   exit 1
   ;;
 esac

@@ -1298,6 +1298,25 @@ static int body_subsys(mp_ctx *ctx) {
   return 0;
 }
 
+/* BRIGADE_ALGO must name an algorithm: refused before anything starts. */
+static int body_bad_algo(mp_ctx *ctx) {
+  (void)ctx;
+  clear_launcher_env();
+  setenv("BRIGADE_ALGO", "fastest", 1);
+  brg_unique_id id;
+  brg_status st = brg_get_unique_id(&id);
+  const char *want = "BRIGADE_ALGO=\"fastest\" is not an allreduce algorithm (ring, hier or auto)";
+  MP_CHECK(st == BRG_ERR_INVALID_ARGUMENT && strcmp(errmsg(NULL), want) == 0,
+           "brg_get_unique_id with BRIGADE_ALGO=fastest: %s: \"%s\", expected \"%s\"",
+           brg_status_string(st), errmsg(NULL), want);
+  brg_comm *c = NULL;
+  st = brg_comm_init_env(&c);
+  MP_CHECK(st == BRG_ERR_INVALID_ARGUMENT && strstr(errmsg(NULL), "BRIGADE_ALGO=\"fastest\""),
+           "brg_comm_init_env with BRIGADE_ALGO=fastest: %s: %s", brg_status_string(st),
+           errmsg(NULL));
+  return 0;
+}
+
 static int case_launch(void) {
   int bad = 0;
   mp_opts o = {.name = "launch: no launcher runs as one rank",
@@ -1305,6 +1324,12 @@ static int case_launch(void) {
                .deadline_ms = 20000,
                .init = MP_INIT_BARE};
   bad |= mp_run(&o, body_alone, NULL);
+
+  mp_opts ao = {.name = "launch: BRIGADE_ALGO=fastest is refused",
+                .nranks = 1,
+                .deadline_ms = 20000,
+                .init = MP_INIT_BARE};
+  bad |= mp_run(&ao, body_bad_algo, NULL);
 
   static const subsys_case subsys[] = {{"boot", "boot"},   {"init,boot,ring", "boot"},
                                        {"init,", ""},      {"init,bootstrap,ring,coll", NULL},

@@ -1,0 +1,318 @@
+/*
+ * Hierarchical allreduce (BRIGADE_ALGO=hier, or auto where it is predicted
+ * faster): a flat ring pays one network latency at each of its 2(N-1)
+ * steps; this pays 2(H-1) across H hosts and 2(L-1) cheap ones within a
+ * host of L ranks.
+ *
+ *    host 0: ranks a0 a1        host 1: ranks b0 b1
+ *    1. reduce-scatter within each host: a0 holds chunk 0 of a0+a1,
+ *       a1 chunk 1 (likewise b0, b1)
+ *    2. allreduce of chunk l among the ranks of local index l on every
+ *       host (a0 with b0, a1 with b1): L rings at once, each over its own
+ *       links
+ *    3. all-gather within each host
+ *
+ * Every element ends with the same bits on every rank: phase 2 is a ring
+ * allreduce (bit-identical among its ranks) and phase 3 only copies.
+ * BRG_AVG sums throughout and divides once, after phase 2, by N.
+ *
+ * The two communicators (this host's ranks; the ranks of this local index)
+ * come from brg_comm_split at the first hier allreduce, issued before it;
+ * every rank gets there at the same collective because the choice depends
+ * only on what all ranks share (count, dtype, the host table, BRIGADE_ALGO,
+ * which comm.c checks is equal everywhere at init). Hosts with different
+ * numbers of ranks, one host, and GPU buffers run the flat ring.
+ */
+#include <limits.h>
+#include <string.h>
+
+#include "internal.h"
+#include "kernels.h"
+#include "schedule.h"
+#include "trace.h"
+
+static const char *const algo_names[] = {"auto", "ring", "hier"};
+
+int brg__algo_parse(const char *name) {
+  for (int i = 0; i < (int)(sizeof algo_names / sizeof algo_names[0]); i++)
+    if (!strcmp(name, algo_names[i])) return i;
+  return -1;
+}
+
+const char *brg__algo_name(int algo) {
+  return algo >= 0 && algo < (int)(sizeof algo_names / sizeof algo_names[0]) ? algo_names[algo]
+                                                                             : "?";
+}
+
+/* The hosts as the ring lists them (grouped, topology.c): how many, the
+ * fewest and most ranks on one, and this rank's host and index on it. */
+typedef struct hier_shape {
+  int hosts, min_local, max_local;
+  int host, local_rank;
+} hier_shape;
+
+static void hier_shape_of(const brg_comm *c, hier_shape *sh) {
+  memset(sh, 0, sizeof *sh);
+  sh->min_local = INT_MAX;
+  int run = 0;
+  for (int i = 0; i <= c->nranks; i++) {
+    int r = i < c->nranks ? c->ring[i] : -1;
+    if (i > 0 && (r < 0 || c->peers[r].host_hash != c->peers[c->ring[i - 1]].host_hash)) {
+      if (run < sh->min_local) sh->min_local = run;
+      if (run > sh->max_local) sh->max_local = run;
+      run = 0;
+    }
+    if (r < 0) break;
+    if (run == 0) sh->hosts++;
+    if (r == c->rank) {
+      sh->host = sh->hosts - 1;
+      sh->local_rank = run;
+    }
+    run++;
+  }
+}
+
+/*
+ * BRIGADE_ALGO=auto's rule, an alpha-beta estimate of both algorithms
+ * (bench/model holds the full cost model; this is the small part of it the
+ * runtime needs). A step costs alpha; b bytes through a link cost b / bw.
+ * The constants are those of the links the multi-host tests shape
+ * (tests/multihost/run.sh, MH_SHAPE="delay 20us rate 2gbit") on the CI
+ * machine; a network hop includes the transport's hand-off and the wake-up
+ * of the receiver, not only the wire's delay.
+ *
+ * Flat ring of N ranks (one link leaves each host): 2(N-1) steps, each
+ * waiting for a network hop, and 2(N-1)/N of the buffer through each link;
+ * at most BRIGADE_SMALL_BYTES it gathers instead: N-1 steps, (N-1) buffers.
+ * Hier, H hosts of L ranks: 2(L-1) shm steps moving 2(L-1)/L of the
+ * buffer, then a ring allreduce of 1/L of the buffer among H ranks (small
+ * or not by the same rule), whose L rings share the host's one network
+ * link, so the network carries L times one ring's bytes.
+ */
+static const struct {
+  double net_alpha_s, net_bytes_per_s; /* a hop between hosts */
+  double shm_alpha_s, shm_bytes_per_s; /* a hop within a host */
+} hier_cost = {
+    .net_alpha_s = 60e-6,
+    .net_bytes_per_s = 250e6,
+    .shm_alpha_s = 5e-6,
+    .shm_bytes_per_s = 2e9,
+};
+
+/* A ring allreduce of n ranks: its steps' latency in *steps_s, the time
+ * of its bytes in *bytes_s. */
+static void ring_cost(int n, size_t bytes, size_t small_bytes, double alpha, double bw,
+                      double *steps_s, double *bytes_s) {
+  *steps_s = *bytes_s = 0;
+  if (n < 2) return;
+  int small = bytes > 0 && bytes <= small_bytes;
+  *steps_s = (small ? 1.0 : 2.0) * (n - 1) * alpha;
+  *bytes_s = (small ? (double)(n - 1) : 2.0 * (n - 1) / n) * (double)bytes / bw;
+}
+
+/* 1 when hier is predicted faster than the flat ring for `bytes` over
+ * `hosts` hosts of `local` ranks and the flat ring's time is mostly
+ * latency (its steps' alpha at least its bytes' time): beyond that the
+ * flat ring is bandwidth-optimal and both move about as many bytes through
+ * a host's network link, so the estimate's small difference there is no
+ * reason to leave it. The two estimates in microseconds. */
+static int hier_predicted_faster(int hosts, int local, size_t bytes, size_t small_bytes,
+                                 double *ring_us, double *hier_us) {
+  double ring_steps, ring_bytes, across_steps, across_bytes;
+  ring_cost(hosts * local, bytes, small_bytes, hier_cost.net_alpha_s, hier_cost.net_bytes_per_s,
+            &ring_steps, &ring_bytes);
+  double within = 2.0 * (local - 1) * hier_cost.shm_alpha_s +
+                  2.0 * (local - 1) / local * (double)bytes / hier_cost.shm_bytes_per_s;
+  size_t shard = (bytes + (size_t)local - 1) / (size_t)local;
+  ring_cost(hosts, shard, small_bytes, hier_cost.net_alpha_s, hier_cost.net_bytes_per_s / local,
+            &across_steps, &across_bytes);
+  *ring_us = (ring_steps + ring_bytes) * 1e6;
+  *hier_us = (within + across_steps + across_bytes) * 1e6;
+  return *hier_us < *ring_us && ring_steps >= ring_bytes;
+}
+
+/* INFO, once per communicator and kind of choice. */
+enum {
+  LOGGED_FORCED_RING = 1,
+  LOGGED_AUTO_RING = 2,
+  LOGGED_AUTO_HIER = 4,
+  LOGGED_FORCED_HIER = 8,
+  LOGGED_SHAPE = 16,
+  LOGGED_DEVICE = 32,
+};
+
+static int first_time(brg_comm *c, unsigned what) {
+  return !(__atomic_fetch_or(&c->hier_logged, what, __ATOMIC_RELAXED) & what);
+}
+
+static brg_status hier_make(brg_comm *c, const hier_shape *sh) {
+  brg_comm *local = NULL, *cross = NULL;
+  /* No traces of their own: they would take the parent's file names, and
+   * the parent's trace shows each hier allreduce as one collective. */
+  brg_status s = brg__comm_split_opts(c, sh->host, c->rank, 1, &local);
+  if (s == BRG_SUCCESS) s = brg__comm_split_opts(c, sh->local_rank, sh->host, 1, &cross);
+  if (s != BRG_SUCCESS) {
+    char why[BRG__ERRLEN];
+    snprintf(why, sizeof why, "%s", brg_comm_last_error(NULL));
+    if (local) brg_comm_destroy(local);
+    c->hier_state = -1;
+    return brg__comm_error(c, s,
+                           "allreduce (BRIGADE_ALGO=%s): making the communicators of the "
+                           "hierarchical allreduce failed: %s",
+                           brg__algo_name(c->algo), why);
+  }
+  /* They never split further: their own allreduces take the flat ring. */
+  local->algo = cross->algo = BRG__ALGO_RING;
+  local->hier_state = cross->hier_state = -1;
+  local->hier_logged = cross->hier_logged = ~0u;
+  __atomic_store_n(&c->local, local, __ATOMIC_RELEASE);
+  __atomic_store_n(&c->cross, cross, __ATOMIC_RELEASE);
+  c->hier_state = 1;
+  BRG__INFO("coll",
+            "hierarchical allreduce: rank %d is rank %d of %d on host %d and rank %d of %d "
+            "across hosts",
+            c->rank, local->rank, local->nranks, sh->host, cross->rank, cross->nranks);
+  return BRG_SUCCESS;
+}
+
+brg_status brg__hier_prepare(brg_comm *c, brg__coll *k) {
+  k->hier = 0;
+  if (c->algo == BRG__ALGO_RING || c->nranks < 2) {
+    if (c->algo == BRG__ALGO_RING && first_time(c, LOGGED_FORCED_RING))
+      BRG__INFO("coll", "allreduce algorithm: ring (BRIGADE_ALGO=ring)");
+    return BRG_SUCCESS;
+  }
+  if (k->device) {
+    if (first_time(c, LOGGED_DEVICE))
+      BRG__INFO("coll",
+                "allreduce algorithm for GPU buffers: ring (BRIGADE_ALGO=%s: the hierarchical "
+                "allreduce takes host buffers only)",
+                brg__algo_name(c->algo));
+    return BRG_SUCCESS;
+  }
+  hier_shape sh;
+  hier_shape_of(c, &sh);
+  if (sh.hosts < 2 || sh.min_local != sh.max_local || sh.min_local < 2) {
+    if (first_time(c, LOGGED_SHAPE)) {
+      if (sh.hosts < 2)
+        BRG__INFO("coll", "allreduce algorithm: ring (BRIGADE_ALGO=%s: all %d ranks on one host)",
+                  brg__algo_name(c->algo), c->nranks);
+      else if (sh.min_local != sh.max_local)
+        BRG__INFO("coll",
+                  "allreduce algorithm: ring (BRIGADE_ALGO=%s: hosts differ in rank count, "
+                  "%d to %d ranks on %d hosts; hier needs the same number on every host)",
+                  brg__algo_name(c->algo), sh.min_local, sh.max_local, sh.hosts);
+      else
+        BRG__INFO("coll",
+                  "allreduce algorithm: ring (BRIGADE_ALGO=%s: one rank per host on %d hosts, "
+                  "nothing to gather within a host)",
+                  brg__algo_name(c->algo), sh.hosts);
+    }
+    return BRG_SUCCESS;
+  }
+  size_t bytes = k->count * brg_dtype_size(k->dtype);
+  if (c->algo == BRG__ALGO_AUTO) {
+    double ring_us, hier_us;
+    int hier =
+        hier_predicted_faster(sh.hosts, sh.min_local, bytes, c->small_bytes, &ring_us, &hier_us);
+    if (first_time(c, hier ? LOGGED_AUTO_HIER : LOGGED_AUTO_RING))
+      BRG__INFO("coll",
+                "allreduce algorithm: %s (BRIGADE_ALGO=auto, %d hosts x %d ranks, first at "
+                "%zu bytes: predicted hier %.0f us, ring %.0f us)",
+                hier ? "hier" : "ring", sh.hosts, sh.min_local, bytes, hier_us, ring_us);
+    if (!hier) return BRG_SUCCESS;
+  } else if (first_time(c, LOGGED_FORCED_HIER)) {
+    BRG__INFO("coll", "allreduce algorithm: hier (BRIGADE_ALGO=hier, %d hosts x %d ranks)",
+              sh.hosts, sh.min_local);
+  }
+  if (c->hier_state < 0) return BRG_SUCCESS; /* making them failed before: said so then */
+  if (c->hier_state == 0) {
+    brg_status s = hier_make(c, &sh);
+    if (s != BRG_SUCCESS) return s;
+  }
+  k->hier = 1;
+  return BRG_SUCCESS;
+}
+
+/* Runs one phase on a communicator of the hierarchy; a failure aborts both,
+ * so that the ranks waiting on this one in the other phase hear of it. */
+static brg_status phase(brg_comm *c, brg_comm *sub, brg__coll *p, const brg__coll *k,
+                        const char *what) {
+  brg_status s = brg__progress_run(sub, p);
+  if (s == BRG_SUCCESS) return s;
+  char why[BRG__ERRLEN];
+  snprintf(why, sizeof why, "%s", sub->last_error);
+  brg__hier_abort(c);
+  char desc[160];
+  brg__coll_describe(desc, sizeof desc, k->kind, k->seq, k->count, k->dtype, k->op, k->root, 0);
+  return brg__comm_error(c, s, "%s (hier): %s failed: %s", desc, what, why);
+}
+
+static brg_status hier_body(brg_comm *c, brg__coll *k) {
+  brg_comm *local = c->local, *cross = c->cross;
+  size_t esize = brg_dtype_size(k->dtype);
+  uint64_t sent0 = __atomic_load_n(&local->bytes_sent, __ATOMIC_RELAXED) +
+                   __atomic_load_n(&cross->bytes_sent, __ATOMIC_RELAXED);
+  brg_op sum = k->op == BRG_AVG ? BRG_SUM : k->op;
+  brg__coll rs = {.kind = BRG__COLL_REDUCE_SCATTER,
+                  .dtype = k->dtype,
+                  .op = sum,
+                  .root = -1,
+                  .sendbuf = k->sendbuf,
+                  .recvbuf = k->recvbuf,
+                  .count = k->count,
+                  .whole = 1};
+  brg_status s = phase(c, local, &rs, k, "the reduce-scatter within the host");
+  if (s != BRG_SUCCESS) return s;
+  /* This rank's chunk, as the reduce-scatter cut it. */
+  size_t off = brg__part_offset(k->count, local->nranks, local->rank);
+  size_t cnt = brg__part_count(k->count, local->nranks, local->rank);
+  char *shard = (char *)k->recvbuf + off * esize;
+  if (cnt > 0) { /* the same on every rank of cross: all of them skip it */
+    brg__coll ar = {.kind = BRG__COLL_ALLREDUCE,
+                    .dtype = k->dtype,
+                    .op = sum,
+                    .root = -1,
+                    .sendbuf = shard,
+                    .recvbuf = shard,
+                    .count = cnt};
+    if ((s = phase(c, cross, &ar, k, "the allreduce across hosts")) != BRG_SUCCESS) return s;
+    if (k->op == BRG_AVG) brg__divide(shard, shard, cnt, k->dtype, c->nranks);
+  }
+  brg__coll ag = {.kind = BRG__COLL_ALL_GATHER,
+                  .dtype = k->dtype,
+                  .op = BRG_SUM,
+                  .root = -1,
+                  .sendbuf = k->recvbuf,
+                  .recvbuf = k->recvbuf,
+                  .count = k->count,
+                  .whole = 1};
+  if ((s = phase(c, local, &ag, k, "the all-gather within the host")) != BRG_SUCCESS) return s;
+  uint64_t sent1 = __atomic_load_n(&local->bytes_sent, __ATOMIC_RELAXED) +
+                   __atomic_load_n(&cross->bytes_sent, __ATOMIC_RELAXED);
+  __atomic_fetch_add(&c->bytes_sent, sent1 - sent0, __ATOMIC_RELAXED);
+  return BRG_SUCCESS;
+}
+
+brg_status brg__hier_run(brg_comm *c, brg__coll *k) {
+  k->seq = ++c->seq;
+  if (__builtin_expect(c->trace == NULL, 1)) return hier_body(c, k);
+  int64_t t0 = brg__trace_coll_begin(c->trace);
+  brg_status s = hier_body(c, k);
+  brg__trace_coll_end(c, k, t0, s);
+  return s;
+}
+
+void brg__hier_abort(brg_comm *c) {
+  brg_comm *local = __atomic_load_n(&c->local, __ATOMIC_ACQUIRE);
+  brg_comm *cross = __atomic_load_n(&c->cross, __ATOMIC_ACQUIRE);
+  if (local) brg_comm_abort(local);
+  if (cross) brg_comm_abort(cross);
+}
+
+void brg__hier_free(brg_comm *c) {
+  brg_comm *local = __atomic_exchange_n(&c->local, NULL, __ATOMIC_ACQ_REL);
+  brg_comm *cross = __atomic_exchange_n(&c->cross, NULL, __ATOMIC_ACQ_REL);
+  if (local) brg_comm_destroy(local);
+  if (cross) brg_comm_destroy(cross);
+}
