@@ -111,6 +111,12 @@ struct brg_comm {
   int cuda_seen;             /* the CUDA driver is loaded: host calls check for GPU pointers */
   int gpu;                   /* the device of its device collectives; -1 before the first */
 
+  /* Rings 1..nrings-1 (init.c): communicators split from this one, each
+   * with its own links; ring 0 is this one's. nrings 0 or 1: one ring. */
+  brg_comm **rings;
+  int nrings;
+  int ring_rotate; /* this ring's turn inside each host (brg__comm_opts) */
+
   struct brg__live *live; /* liveness.c: heartbeats, the ring sockets' reader once ready */
   int ready;              /* setup finished: ring sockets carry only aborts, beats, goodbyes */
   volatile int aborted;   /* brg_comm_abort was called (from any thread): atomic access */
@@ -137,7 +143,8 @@ struct brg_comm {
 
 /*
  * Who does what in runtime/ (each file calls only files listed after it):
- *   rendezvous.c  brg_comm_init_env: the launcher's variables -> comm.c
+ *   rendezvous.c  brg_comm_init_env: the launcher's variables -> init.c
+ *   init.c        brg_comm_init, brg_comm_init_config, the extra rings -> split.c
  *   split.c       brg_comm_split: two all-gathers over the parent -> comm.c
  *   coll.c        the collectives' entry points and argument checks
  *   comm.c        create (bootstrap, topology, links), accessors, destroy
@@ -203,8 +210,15 @@ brg_status brg__topology_check_peers(const brg__peer_info *peers, int n, brg__er
 typedef struct brg__comm_opts {
   int timeout_ms;
   const char *transports;
+  int ring_rotate; /* each host's stretch of the ring turned by this many places (init.c) */
 } brg__comm_opts;
 brg_status brg__comm_create(brg_comm **out, int nranks, const brg__boot_id *id, int rank);
+/* init.c: brg__comm_create_opts, then the extra rings (BRIGADE_RINGS). */
+brg_status brg__comm_init_opts(brg_comm **out, int nranks, const brg__boot_id *id, int rank,
+                               const brg__comm_opts *opts);
+/* split.c: brg_comm_split, the new communicator made with ring_rotate. */
+brg_status brg__comm_split_rotated(brg_comm *comm, int color, int key, int ring_rotate,
+                                   brg_comm **newcomm);
 brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id *id, int rank,
                                  const brg__comm_opts *opts);
 

@@ -34,6 +34,10 @@ static brg__cfg_entry core_entries[BRG__CORE_COUNT] = {
                         "TCP port rank 0 serves brg_comm_init_env's rendezvous on, for when "
                         "MASTER_PORT is taken by another store (torch's under mp.spawn); "
                         "0: MASTER_PORT (MASTER_PORT + 1 under torchrun)"},
+    [BRG__CORE_RINGS] = {"BRIGADE_RINGS", BRG__CFG_KIND_INT, "0", 0, 64,
+                         "rings a large allreduce is cut over, each leaving every host through "
+                         "a different local rank; 0: one per network address a host's ranks "
+                         "advertise on a job of several hosts, else 1"},
 };
 
 static brg__cfg_entry device_entries[BRG__DEVICE_COUNT] = {

@@ -26,6 +26,7 @@ typedef enum {
   BRG__CORE_SMALL_BYTES,    /* size: allreduce at or below this gathers then reduces */
   BRG__CORE_STREAM_BYTES,   /* size: collectives this large write outputs with NT stores */
   BRG__CORE_PORT,           /* int: rendezvous port of brg_comm_init_env; 0 = from MASTER_PORT */
+  BRG__CORE_RINGS,          /* int: rings an allreduce is cut over; 0 = automatic */
   BRG__CORE_COUNT
 } brg__core_cfg_id;
 

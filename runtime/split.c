@@ -34,6 +34,11 @@ static brg_status exchange_failed(brg_comm *comm, brg_status s, const char *what
 }
 
 brg_status brg_comm_split(brg_comm *comm, int color, int key, brg_comm **newcomm) {
+  return brg__comm_split_rotated(comm, color, key, 0, newcomm);
+}
+
+brg_status brg__comm_split_rotated(brg_comm *comm, int color, int key, int ring_rotate,
+                                   brg_comm **newcomm) {
   brg_status s = brg__check_comm(comm, "brg_comm_split");
   if (s != BRG_SUCCESS) {
     brg__fail_no_comm(s, "brg_comm_split: %s", brg_comm_last_error(comm));
@@ -122,7 +127,8 @@ brg_status brg_comm_split(brg_comm *comm, int color, int key, brg_comm **newcomm
   brg__boot_id bid;
   memcpy(&bid, lead->id.internal, sizeof bid);
   brg__comm_opts opts = {.timeout_ms = comm->timeout_ms,
-                         .transports = comm->transports_from_config ? comm->transports : NULL};
+                         .transports = comm->transports_from_config ? comm->transports : NULL,
+                         .ring_rotate = ring_rotate};
   brg_comm *nc = NULL;
   s = brg__comm_create_opts(&nc, size, &bid, newrank, &opts);
   if (s == BRG_SUCCESS) {
