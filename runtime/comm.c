@@ -260,6 +260,13 @@ static brg_status comm_free(brg_comm *c) {
     brg__progress_stop(c);
   }
   brg__hier_free(c); /* after the worker, the one thread that may run on them, stopped */
+  /* The extra rings likewise; every rank tears them down in the same order,
+   * so their neighbours are there to say goodbye to. */
+  for (int r = 1; r < c->nrings; r++)
+    if (c->rings[r]) brg_comm_destroy(c->rings[r]);
+  free(c->rings);
+  c->rings = NULL;
+  c->nrings = 0;
   if (s != BRG_SUCCESS) brg__set_thread_error(c->last_error);
   brg__trace_close(c);
   brg__device_ring_free(c);
@@ -310,6 +317,7 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   c->transports_from_config = opts && opts->transports;
   snprintf(c->transports, sizeof c->transports, "%s",
            c->transports_from_config ? opts->transports : brg__core_str(BRG__CORE_TRANSPORTS));
+  c->ring_rotate = opts ? opts->ring_rotate : 0;
   c->nslots = (int)brg__core_int(BRG__CORE_STEPS);
   c->slice_bytes = (size_t)brg__core_int(BRG__CORE_SLICE_BYTES) & ~(size_t)63;
   c->comm_id = brg__fnv1a64(BRG__FNV64_INIT, id, sizeof *id);
@@ -395,112 +403,6 @@ err_free:
   return brg__fail_no_comm_err(s, &err, NULL);
 }
 
-brg_status brg_comm_init(brg_comm **comm, int nranks, const brg_unique_id *id, int rank) {
-  if (!comm) return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_comm_init: comm is NULL");
-  if (!id) return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_comm_init: id is NULL");
-  if (nranks < 1 || nranks > BRG__BOOT_MAX_RANKS)
-    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_comm_init: nranks=%d is not in [1, %d]",
-                             nranks, BRG__BOOT_MAX_RANKS);
-  if (rank < 0 || rank >= nranks)
-    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_comm_init: rank=%d is not in [0, %d)",
-                             rank, nranks);
-  brg__boot_id bid;
-  memcpy(&bid, id->internal, sizeof bid);
-  return brg__comm_create(comm, nranks, &bid, rank);
-}
-
-/* The known transport names, comma-separated, for messages. */
-static void transport_names(char *out, size_t cap) {
-  size_t len = 0;
-  out[0] = 0;
-  for (int i = 0; brg__transports[i] && len < cap; i++)
-    len += (size_t)snprintf(out + len, cap - len, "%s%s", i ? ", " : "", brg__transports[i]->name);
-}
-
-/* Every name of a comma-separated list is a transport; "" allows all. */
-static brg_status check_transports(const char *list, brg__errbuf *err) {
-  if (strlen(list) >= BRG__TRANSPORTS_MAX)
-    return brg__error_quiet(err, BRG_ERR_INVALID_ARGUMENT,
-                            "brg_comm_init_config: cfg->transports is %zu characters long "
-                            "(at most %d)",
-                            strlen(list), BRG__TRANSPORTS_MAX - 1);
-  for (const char *p = list; *p;) {
-    const char *end = strchr(p, ',');
-    size_t len = end ? (size_t)(end - p) : strlen(p);
-    int known = 0;
-    for (int i = 0; brg__transports[i] && !known; i++)
-      known =
-          len == strlen(brg__transports[i]->name) && strncmp(p, brg__transports[i]->name, len) == 0;
-    if (!known) {
-      char names[128];
-      transport_names(names, sizeof names);
-      return brg__error_quiet(err, BRG_ERR_INVALID_ARGUMENT,
-                              "brg_comm_init_config: cfg->transports=\"%s\": \"%.*s\" is not a "
-                              "transport (known: %s; \"\" allows all, NULL takes "
-                              "BRIGADE_TRANSPORTS)",
-                              list, (int)len, p, names);
-    }
-    if (!end) break;
-    p = end + 1;
-  }
-  return BRG_SUCCESS;
-}
-
-/* The fields a config of this size and version carries, checked. */
-static brg_status read_config(const brg_comm_config *cfg, brg__comm_opts *o, brg__errbuf *err) {
-  o->timeout_ms = -1;
-  o->transports = NULL;
-  if (!cfg) return BRG_SUCCESS;
-  size_t v1 = offsetof(brg_comm_config, transports) + sizeof cfg->transports;
-  if (cfg->size < v1 || cfg->size > sizeof *cfg)
-    return brg__error_quiet(err, BRG_ERR_INVALID_ARGUMENT,
-                            "brg_comm_init_config: cfg->size is %zu, expected %zu (initialize the "
-                            "config with BRG_COMM_CONFIG_INIT)",
-                            cfg->size, sizeof *cfg);
-  if (cfg->version < 1 || cfg->version > BRG_COMM_CONFIG_VERSION)
-    return brg__error_quiet(err, BRG_ERR_INVALID_ARGUMENT,
-                            "brg_comm_init_config: cfg->version is %u, this library knows 1 to %d "
-                            "(initialize the config with BRG_COMM_CONFIG_INIT)",
-                            cfg->version, BRG_COMM_CONFIG_VERSION);
-  if (cfg->timeout_ms != BRG_CONFIG_UNSET) {
-    const brg__cfg_entry *e = &brg__core_config.entries[BRG__CORE_TIMEOUT_MS];
-    if (cfg->timeout_ms < e->min || cfg->timeout_ms > e->max)
-      return brg__error_quiet(err, BRG_ERR_INVALID_ARGUMENT,
-                              "brg_comm_init_config: cfg->timeout_ms=%d is not in [%lld, %lld] "
-                              "(BRG_CONFIG_UNSET takes BRIGADE_TIMEOUT_MS)",
-                              cfg->timeout_ms, (long long)e->min, (long long)e->max);
-    o->timeout_ms = cfg->timeout_ms;
-  }
-  if (cfg->transports) {
-    brg_status s = check_transports(cfg->transports, err);
-    if (s != BRG_SUCCESS) return s;
-    o->transports = cfg->transports;
-  }
-  return BRG_SUCCESS;
-}
-
-brg_status brg_comm_init_config(brg_comm **comm, int nranks, const brg_unique_id *id, int rank,
-                                const brg_comm_config *cfg) {
-  if (!comm)
-    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_comm_init_config: comm is NULL");
-  if (!id) return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_comm_init_config: id is NULL");
-  if (nranks < 1 || nranks > BRG__BOOT_MAX_RANKS)
-    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT,
-                             "brg_comm_init_config: nranks=%d is not in [1, %d]", nranks,
-                             BRG__BOOT_MAX_RANKS);
-  if (rank < 0 || rank >= nranks)
-    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT,
-                             "brg_comm_init_config: rank=%d is not in [0, %d)", rank, nranks);
-  brg__errbuf err = {0};
-  brg__comm_opts o;
-  brg_status s = brg__settings_load(&err); /* the bounds of the settings table */
-  if (s == BRG_SUCCESS) s = read_config(cfg, &o, &err);
-  if (s != BRG_SUCCESS) return brg__fail_no_comm_err(s, &err, NULL);
-  brg__boot_id bid;
-  memcpy(&bid, id->internal, sizeof bid);
-  return brg__comm_create_opts(comm, nranks, &bid, rank, &o);
-}
-
 brg_status brg_comm_rank(const brg_comm *comm, int *rank) {
   brg_status s = brg__check_comm(comm, "brg_comm_rank");
   if (s != BRG_SUCCESS) return s;
@@ -528,6 +430,8 @@ brg_status brg_comm_bytes_sent(const brg_comm *comm, uint64_t *bytes) {
     return brg__comm_error((brg_comm *)comm, BRG_ERR_INVALID_ARGUMENT,
                            "brg_comm_bytes_sent: bytes is NULL");
   *bytes = __atomic_load_n(&comm->bytes_sent, __ATOMIC_RELAXED);
+  for (int r = 1; r < comm->nrings; r++)
+    *bytes += __atomic_load_n(&comm->rings[r]->bytes_sent, __ATOMIC_RELAXED);
   return BRG_SUCCESS;
 }
 
@@ -555,6 +459,7 @@ brg_status brg_comm_abort(brg_comm *comm) {
   pthread_cond_broadcast(&comm->donecond);
   pthread_mutex_unlock(&comm->qlock);
   brg__comm_notify_abort(comm, BRG_ERR_REMOTE, "the communicator was aborted");
+  for (int r = 1; r < comm->nrings; r++) brg_comm_abort(comm->rings[r]);
   return BRG_SUCCESS;
 }
 

@@ -149,8 +149,8 @@ static brg_status hier_make(brg_comm *c, const hier_shape *sh) {
   brg_comm *local = NULL, *cross = NULL;
   /* No traces of their own: they would take the parent's file names, and
    * the parent's trace shows each hier allreduce as one collective. */
-  brg_status s = brg__comm_split_opts(c, sh->host, c->rank, 1, &local);
-  if (s == BRG_SUCCESS) s = brg__comm_split_opts(c, sh->local_rank, sh->host, 1, &cross);
+  brg_status s = brg__comm_split_opts(c, sh->host, c->rank, 1, 0, &local);
+  if (s == BRG_SUCCESS) s = brg__comm_split_opts(c, sh->local_rank, sh->host, 1, 0, &cross);
   if (s != BRG_SUCCESS) {
     char why[BRG__ERRLEN];
     snprintf(why, sizeof why, "%s", brg_comm_last_error(NULL));

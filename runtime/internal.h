@@ -124,6 +124,11 @@ struct brg_comm {
   unsigned hier_logged;   /* which choices INFO has told already */
   struct brg_comm *local; /* this host's ranks */
   struct brg_comm *cross; /* the ranks of this local index on every host */
+  /* Rings 1..nrings-1 (init.c): communicators split from this one, each
+   * with its own links; ring 0 is this one's. nrings 0 or 1: one ring. */
+  brg_comm **rings;
+  int nrings;
+  int ring_rotate; /* this ring's turn inside each host (brg__comm_opts) */
 
   struct brg__live *live; /* liveness.c: heartbeats, the ring sockets' reader once ready */
   int ready;              /* setup finished: ring sockets carry only aborts, beats, goodbyes */
@@ -151,7 +156,8 @@ struct brg_comm {
 
 /*
  * Who does what in runtime/ (each file calls only files listed after it):
- *   rendezvous.c  brg_comm_init_env: the launcher's variables -> comm.c
+ *   rendezvous.c  brg_comm_init_env: the launcher's variables -> init.c
+ *   init.c        brg_comm_init, brg_comm_init_config, the extra rings -> split.c
  *   split.c       brg_comm_split: two all-gathers over the parent -> comm.c
  *   coll.c        the collectives' entry points and argument checks
  *   hier.c        hierarchical allreduce: picks the algorithm; its two
@@ -175,8 +181,9 @@ struct brg_comm {
  */
 
 /* split.c: brg_comm_split, and with no_trace a communicator that writes no
- * trace of its own (every rank of the new one must pass the same). */
-brg_status brg__comm_split_opts(brg_comm *comm, int color, int key, int no_trace,
+ * trace of its own, with ring_rotate one whose ring is turned inside each
+ * host (init.c's rings); every rank of the new one must pass the same. */
+brg_status brg__comm_split_opts(brg_comm *comm, int color, int key, int no_trace, int ring_rotate,
                                 brg_comm **newcomm);
 
 /* hier.c: the allreduce algorithms of BRIGADE_ALGO. */
@@ -244,9 +251,13 @@ brg_status brg__topology_check_peers(const brg__peer_info *peers, int n, brg__er
 typedef struct brg__comm_opts {
   int timeout_ms;
   const char *transports;
-  int no_trace; /* no BRIGADE_TRACE_FILE of its own (hier.c's: its parent's trace shows them) */
+  int no_trace;    /* no BRIGADE_TRACE_FILE of its own (hier.c's: its parent's trace shows them) */
+  int ring_rotate; /* each host's stretch of the ring turned by this many places (init.c) */
 } brg__comm_opts;
 brg_status brg__comm_create(brg_comm **out, int nranks, const brg__boot_id *id, int rank);
+/* init.c: brg__comm_create_opts, then the extra rings (BRIGADE_RINGS). */
+brg_status brg__comm_init_opts(brg_comm **out, int nranks, const brg__boot_id *id, int rank,
+                               const brg__comm_opts *opts);
 brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id *id, int rank,
                                  const brg__comm_opts *opts);
 

@@ -10,6 +10,7 @@
 
 #include "device.h"
 #include "internal.h"
+#include "schedule.h"
 #include "trace.h"
 
 /* The first device collective builds the device ring on every rank, over
@@ -37,6 +38,47 @@ static brg_status device_setup(brg_comm *c) {
   return brg__device_ring_finish(c, &st, s);
 }
 
+/* Whether k is cut over the communicator's rings: a host allreduce that
+ * gives every ring at least a slice. The count is the same on every rank,
+ * so every rank decides alike. */
+static int on_rings(const brg_comm *c, const brg__coll *k) {
+  return c->nrings > 1 && !k->device && k->kind == BRG__COLL_ALLREDUCE &&
+         k->count * brg_dtype_size(k->dtype) >= (size_t)c->nrings * c->slice_bytes;
+}
+
+/* The allreduce k cut into one part per ring: parts 1..R-1 queued on the
+ * rings' own communicators, whose threads run them, part 0 here on this
+ * one's ring. A part that fails stops the others (their peers hear it on
+ * each ring), and the first failure is the call's. */
+static brg_status run_rings(brg_comm *c, brg__coll *k) {
+  int rings = c->nrings;
+  size_t esize = brg_dtype_size(k->dtype);
+  brg__req *parts = calloc((size_t)rings, sizeof *parts);
+  if (!parts) return brg__comm_error(c, BRG_ERR_NO_MEMORY, "out of memory for %d rings", rings);
+  for (int r = 1; r < rings; r++) {
+    size_t off = brg__part_offset(k->count, rings, r) * esize;
+    parts[r].coll = *k;
+    parts[r].coll.count = brg__part_count(k->count, rings, r);
+    parts[r].coll.sendbuf = (const char *)k->sendbuf + off;
+    parts[r].coll.recvbuf = (char *)k->recvbuf + off;
+    brg__progress_enqueue(c->rings[r], &parts[r]);
+  }
+  brg__coll k0 = *k;
+  k0.count = brg__part_count(k->count, rings, 0);
+  brg_status s = brg__coll_execute(c, &k0);
+  k->seq = k0.seq;
+  if (s != BRG_SUCCESS)
+    for (int r = 1; r < rings; r++) brg_comm_abort(c->rings[r]);
+  for (int r = 1; r < rings; r++) {
+    brg_status p = brg__progress_wait(&parts[r]);
+    if (p == BRG_SUCCESS || s != BRG_SUCCESS) continue;
+    s = brg__comm_error(c, p, "%s (ring %d of %d)", brg_comm_last_error(c->rings[r]), r, rings);
+    for (int q = 1; q < rings; q++) brg_comm_abort(c->rings[q]);
+  }
+  free(parts);
+  return s;
+}
+
 static brg_status run_one(brg_comm *c, brg__coll *k) {
   /* Whichever thread runs a device collective (the caller's, or the worker
    * when it was queued behind others) works on the GPU of its buffers. */
@@ -52,7 +94,10 @@ static brg_status run_one(brg_comm *c, brg__coll *k) {
     ran = 1;
     if (k->device && c->nranks > 1 && !c->dev) s = device_setup(c);
     if (s == BRG_SUCCESS && k->async) s = brg__device_async_start(c, k);
-    if (s == BRG_SUCCESS) s = k->hier ? brg__hier_run(c, k) : brg__coll_execute(c, k);
+    if (s == BRG_SUCCESS)
+      s = k->hier          ? brg__hier_run(c, k)
+          : on_rings(c, k) ? run_rings(c, k)
+                           : brg__coll_execute(c, k);
   }
   if (k->async) brg__device_async_end(c, k, s);
   if (entered) brg__device_leave(prev_gpu);

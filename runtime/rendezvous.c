@@ -58,7 +58,7 @@ static brg_status init_alone(brg_comm **comm) {
   brg_status s = brg__boot_root_start("127.0.0.1", 0, NULL,
                                       (int)brg__core_int(BRG__CORE_TIMEOUT_MS), &bid, &err);
   if (s != BRG_SUCCESS) return brg__fail_no_comm_err(s, &err, NULL);
-  return brg__comm_create(comm, 1, &bid, 0);
+  return brg__comm_init_opts(comm, 1, &bid, 0, NULL);
 }
 
 brg_status brg_comm_init_env(brg_comm **comm) {
@@ -187,7 +187,7 @@ brg_status brg_comm_init_env(brg_comm **comm) {
   }
   if ((s = brg__boot_id_make(&bid, numeric, (uint16_t)port, secret, &err)) != BRG_SUCCESS)
     return brg__fail_no_comm_err(s, &err, NULL);
-  s = brg__comm_create(comm, size, &bid, rank);
+  s = brg__comm_init_opts(comm, size, &bid, rank, NULL);
   /* The root lives in this process: when the job failed, give it a moment
    * to tell the ranks still on their way why, rather than vanish; when it
    * succeeded, the root is closing its last sockets after the release. */

@@ -44,6 +44,10 @@ static brg__cfg_entry core_entries[BRG__CORE_COUNT] = {
                         "(reduce-scatter within each host, allreduce across hosts, all-gather "
                         "within each host) or auto (hier where it is predicted faster); the same "
                         "on every rank"},
+    [BRG__CORE_RINGS] = {"BRIGADE_RINGS", BRG__CFG_KIND_INT, "0", 0, 64,
+                         "rings a large allreduce is cut over, each leaving every host through "
+                         "a different local rank; 0: one per network address a host's ranks "
+                         "advertise on a job of several hosts, else 1"},
 };
 
 static brg__cfg_entry device_entries[BRG__DEVICE_COUNT] = {

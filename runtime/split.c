@@ -34,10 +34,10 @@ static brg_status exchange_failed(brg_comm *comm, brg_status s, const char *what
 }
 
 brg_status brg_comm_split(brg_comm *comm, int color, int key, brg_comm **newcomm) {
-  return brg__comm_split_opts(comm, color, key, 0, newcomm);
+  return brg__comm_split_opts(comm, color, key, 0, 0, newcomm);
 }
 
-brg_status brg__comm_split_opts(brg_comm *comm, int color, int key, int no_trace,
+brg_status brg__comm_split_opts(brg_comm *comm, int color, int key, int no_trace, int ring_rotate,
                                 brg_comm **newcomm) {
   brg_status s = brg__check_comm(comm, "brg_comm_split");
   if (s != BRG_SUCCESS) {
@@ -128,7 +128,8 @@ brg_status brg__comm_split_opts(brg_comm *comm, int color, int key, int no_trace
   memcpy(&bid, lead->id.internal, sizeof bid);
   brg__comm_opts opts = {.timeout_ms = comm->timeout_ms,
                          .transports = comm->transports_from_config ? comm->transports : NULL,
-                         .no_trace = no_trace};
+                         .no_trace = no_trace,
+                         .ring_rotate = ring_rotate};
   brg_comm *nc = NULL;
   s = brg__comm_create_opts(&nc, size, &bid, newrank, &opts);
   if (s == BRG_SUCCESS) {

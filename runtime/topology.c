@@ -66,6 +66,17 @@ static void log_ring(brg_comm *c) {
 void brg__topology_order(brg_comm *c) {
   for (int i = 0; i < c->nranks; i++) c->ring[i] = i;
   qsort_r(c->ring, (size_t)c->nranks, sizeof *c->ring, cmp_host_then_rank, c->peers);
+  /* An extra ring (init.c) turns each host's stretch of the ring by
+   * ring_rotate places, so that it leaves the host from another rank. */
+  int *host_run = c->ring_rotate > 0 ? malloc((size_t)c->nranks * sizeof *host_run) : NULL;
+  for (int a = 0, b; host_run && a < c->nranks; a = b) {
+    uint64_t h = c->peers[c->ring[a]].host_hash;
+    for (b = a; b < c->nranks && c->peers[c->ring[b]].host_hash == h; b++) {}
+    int len = b - a;
+    for (int i = 0; i < len; i++) host_run[i] = c->ring[a + (i + c->ring_rotate) % len];
+    memcpy(c->ring + a, host_run, (size_t)len * sizeof *host_run);
+  }
+  free(host_run);
   for (int i = 0; i < c->nranks; i++)
     if (c->ring[i] == c->rank) c->pos = i;
   c->next = c->ring[(c->pos + 1) % c->nranks];

@@ -791,6 +791,31 @@ static int case_mismatch(int n) {
   return bad;
 }
 
+/* ======================================================= rings mismatch */
+
+/* The last rank asks for two rings, the others for one (BRIGADE_RINGS is
+ * read at init): every rank's init must fail with BRG_ERR_MISMATCH naming
+ * the setting, at once rather than at the timeout. */
+static int body_rings_mismatch(mp_ctx *ctx) {
+  setenv("BRIGADE_RINGS", ctx->rank == ctx->nranks - 1 ? "2" : "1", 1);
+  brg_comm *c = NULL;
+  int64_t t0 = mp_now_ns();
+  brg_status st = brg_comm_init(&c, ctx->nranks, ctx->id, ctx->rank);
+  const char *m = brg_comm_last_error(NULL);
+  MP_CHECK(st == BRG_ERR_MISMATCH, "init with BRIGADE_RINGS differing between ranks: %s (%s)",
+           brg_status_string(st), m);
+  MP_CHECK(mp_contains(m, "BRIGADE_RINGS"), "the message does not name BRIGADE_RINGS: \"%s\"", m);
+  MP_CHECK(ms_since(t0) < g_timeout_ms / 2.0, "init took %.0f ms to fail (timeout %d ms)",
+           ms_since(t0), g_timeout_ms);
+  if (st == BRG_SUCCESS) brg_comm_destroy(c);
+  return 0;
+}
+
+static int case_rings_mismatch(int n) {
+  mp_opts o = {.name = "rings mismatch", .nranks = n, .deadline_ms = 60000, .init = MP_INIT_NONE};
+  return mp_run(&o, body_rings_mismatch, NULL);
+}
+
 /* ================================================================== env */
 
 typedef struct env_case {
@@ -1462,11 +1487,13 @@ static int case_threads(int n) {
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr,
-            "usage: %s "
-            "args|garbage|garbage_open|absent|kill|stop|abort|mismatch|env|log|secret|launch|"
-            "threads [N]\n",
-            argv[0]);
+    fprintf(
+        stderr,
+        "usage: %s "
+        "args|garbage|garbage_open|absent|kill|stop|abort|mismatch|rings_mismatch|env|log|secret|"
+        "launch|"
+        "threads [N]\n",
+        argv[0]);
     return 2;
   }
   const char *c = argv[1];
@@ -1484,6 +1511,7 @@ int main(int argc, char **argv) {
   if (!strcmp(c, "stop")) return case_victim(n, SIGSTOP);
   if (!strcmp(c, "abort")) return case_abort(n);
   if (!strcmp(c, "mismatch")) return case_mismatch(n);
+  if (!strcmp(c, "rings_mismatch")) return case_rings_mismatch(n);
   if (!strcmp(c, "env")) return case_env();
   if (!strcmp(c, "log")) return case_log();
   if (!strcmp(c, "secret")) return case_secret();
