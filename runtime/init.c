@@ -195,7 +195,7 @@ static brg_status agree_rings(brg_comm *c, int32_t want, char *why, size_t cap) 
 
 /* Each ring's order, in this communicator's ranks, for BRIGADE_DEBUG=INFO. */
 static void log_rings(const brg_comm *c, const int *host, const int *local, int per, int rings) {
-  if (c->rank != 0 || !brg__log_enabled(BRG__LOG_INFO, "init")) return;
+  if (!brg__log_enabled(BRG__LOG_INFO, "init")) return;
   int n = c->nranks;
   int *order = calloc((size_t)n, sizeof *order);
   if (!order) return;
