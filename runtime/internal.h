@@ -108,8 +108,9 @@ struct brg_comm {
   struct brg__trace *trace; /* BRIGADE_TRACE_FILE's recorder (trace.c), NULL when off */
 
   struct brg__dev_ring *dev; /* device collectives' state (device_ring.c), made at first use */
-  int cuda_seen;             /* the CUDA driver is loaded: host calls check for GPU pointers */
-  int gpu;                   /* the device of its device collectives; -1 before the first */
+  int *kabort;   /* kernel mode's abort word (host memory the kernels poll); NULL: none */
+  int cuda_seen; /* the CUDA driver is loaded: host calls check for GPU pointers */
+  int gpu;       /* the device of its device collectives; -1 before the first */
 
   struct brg__live *live; /* liveness.c: heartbeats, the ring sockets' reader once ready */
   int ready;              /* setup finished: ring sockets carry only aborts, beats, goodbyes */

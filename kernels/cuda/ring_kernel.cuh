@@ -44,45 +44,21 @@
 #include <stdint.h>
 
 #include "elementwise.cuh"
+#include "ring_args.h"
 #include "schedule.h"
 #include "simt.cuh"
 
 namespace brg_rk {
 
-constexpr int MAX_CHANNELS = 16;
+constexpr int MAX_CHANNELS = BRG__RK_MAX_CHANNELS;
 
 /* The collectives, numbered as the runtime numbers them. */
 enum kind { ALLREDUCE = 1, REDUCE_SCATTER = 2, ALL_GATHER = 3, BROADCAST = 4, REDUCE = 5 };
 
-/* What *status holds after a launch: OK, or why a channel stopped. */
-enum status { OK = 0, ABORTED = 1 };
+enum status { OK = BRG__RK_OK, ABORTED = BRG__RK_ABORTED };
 
-/* One channel's link to both neighbours (see the top of the file). */
-struct link {
-  char *send_slots;          /* next rank's receive slots of this channel */
-  uint64_t *send_tail;       /* next rank's tail: slots this rank posted */
-  const uint64_t *send_head; /* own: slots the next rank has taken */
-  const char *recv_slots;    /* own receive slots */
-  const uint64_t *recv_tail; /* own: slots the previous rank posted */
-  uint64_t *recv_head;       /* previous rank's head: slots this rank took */
-  uint64_t *counters;        /* own: [0] posted, [1] taken, across launches */
-};
-
-struct args {
-  int kind, dtype, op;
-  int nranks, pos; /* this rank's place on the ring */
-  int root;        /* broadcast and reduce: the root's rank */
-  const int *ring; /* position -> rank, nranks entries, readable by the kernel */
-  const void *sendbuf;
-  void *recvbuf;
-  size_t count; /* the call's count argument */
-  int nslots;
-  size_t slot_bytes;
-  int nchannels;
-  const int *abort_word; /* nonzero: stop */
-  int *status;           /* a channel that stops writes why */
-  link chan[MAX_CHANNELS];
-};
+typedef brg__rk_link link;
+typedef brg__rk_args args;
 
 template <class D, int OP> struct channel {
   typedef typename D::T T;

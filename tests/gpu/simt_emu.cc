@@ -9,17 +9,31 @@
 
 #include <vector>
 
+/* ThreadSanitizer must be told about fibers, or it takes the switches for
+ * one thread's accesses racing with themselves. */
+#if defined(__SANITIZE_THREAD__)
+#define BRG_SIMT_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define BRG_SIMT_TSAN 1
+#endif
+#endif
+#ifdef BRG_SIMT_TSAN
+#include <sanitizer/tsan_interface.h>
+#endif
+
 namespace {
 
 enum { RUN, BARRIER, DONE };
 
-constexpr size_t STACK_BYTES = 256 * 1024;
+constexpr size_t STACK_BYTES = 64 * 1024;
 
 struct fiber {
   ucontext_t ctx;
   unsigned tid;
   int state;
   void *stack;
+  void *tsan; /* ThreadSanitizer's fiber */
 };
 
 struct block_rt {
@@ -31,7 +45,22 @@ struct block_rt {
   bool paused = false;
   const std::function<void()> *body = nullptr;
   int failed = 0;
+  void *tsan_sched = nullptr; /* ThreadSanitizer's view of the scheduler */
 };
+
+/* From the scheduler to fiber t and back. */
+void switch_to_fiber(block_rt *b, unsigned t) {
+#ifdef BRG_SIMT_TSAN
+  __tsan_switch_to_fiber(b->f[t].tsan, 0);
+#endif
+  swapcontext(&b->sched, &b->f[t].ctx);
+}
+void switch_to_sched(block_rt *b) {
+#ifdef BRG_SIMT_TSAN
+  __tsan_switch_to_fiber(b->tsan_sched, 0);
+#endif
+  swapcontext(&b->f[b->cur].ctx, &b->sched);
+}
 
 thread_local block_rt *tl;
 
@@ -49,6 +78,9 @@ void fiber_main() {
   b->f[b->cur].state = DONE;
   b->live--;
   release_if_all_arrived(b); /* a thread that has exited no longer holds the others */
+#ifdef BRG_SIMT_TSAN
+  __tsan_switch_to_fiber(b->tsan_sched, 0);
+#endif
   /* returning resumes the scheduler (uc_link) */
 }
 
@@ -63,12 +95,18 @@ bool make_fiber(block_rt *b, unsigned t) {
   f.ctx.uc_stack.ss_size = STACK_BYTES;
   f.ctx.uc_link = &b->sched;
   makecontext(&f.ctx, fiber_main, 0);
+#ifdef BRG_SIMT_TSAN
+  f.tsan = __tsan_create_fiber(0);
+#endif
   return true;
 }
 
 void *block_main(void *arg) {
   block_rt *b = static_cast<block_rt *>(arg);
   tl = b;
+#ifdef BRG_SIMT_TSAN
+  b->tsan_sched = __tsan_get_current_fiber();
+#endif
   for (unsigned t = 0; t < b->nthreads; t++)
     if (!make_fiber(b, t)) {
       b->failed = 1;
@@ -83,7 +121,7 @@ void *block_main(void *arg) {
       if (b->f[t].state != RUN) continue;
       b->cur = t;
       b->paused = false;
-      swapcontext(&b->sched, &b->f[t].ctx);
+      switch_to_fiber(b, t);
       worked |= !b->paused;
     }
     if (worked) {
@@ -95,7 +133,12 @@ void *block_main(void *arg) {
       nanosleep(&ts, nullptr);
     }
   }
-  for (fiber &f : b->f) free(f.stack);
+  for (fiber &f : b->f) {
+#ifdef BRG_SIMT_TSAN
+    if (f.tsan) __tsan_destroy_fiber(f.tsan);
+#endif
+    free(f.stack);
+  }
   return nullptr;
 }
 
@@ -117,13 +160,13 @@ void brg_simt_emu_sync() {
   me.state = BARRIER;
   b->at_barrier++;
   release_if_all_arrived(b);
-  swapcontext(&me.ctx, &b->sched);
+  switch_to_sched(b);
 }
 
 void brg_simt_emu_pause() {
   block_rt *b = tl;
   b->paused = true;
-  swapcontext(&b->f[b->cur].ctx, &b->sched);
+  switch_to_sched(b);
 }
 
 void brg_simt_emu_published() {
