@@ -422,6 +422,38 @@ void brg__device_abort(brg_comm *c) {
   if (d) kernel_stop(d);
 }
 
+/* Kernel mode: waits for this rank's kernels with the communicator's
+ * checks (the ring sockets, the timeout), since no liveness thread runs
+ * any more; a neighbour gone or silent stops the kernels, and the stream
+ * drains. */
+static brg_status kernel_drain(brg_comm *c, struct brg__dev_ring *d) {
+  c->cur = NULL;
+  c->wait_conn = NULL;
+  c->wait_peer = c->next;
+  c->wait_what = "finish its device collectives";
+  c->wait_start_ns = 0;
+  for (int i = 0;; i++) {
+    if (own_work_drained(d, 0)) return BRG_SUCCESS;
+    brg_status s = c->waiter.check ? c->waiter.check(c->waiter.arg) : BRG_SUCCESS;
+    if (s != BRG_SUCCESS) {
+      kernel_stop(d);
+      int drained = own_work_drained(d, brg__deadline_ms(5000));
+      d->stuck = !drained;
+      char why[BRG__ERRLEN / 2];
+      snprintf(why, sizeof why, "%.*s", (int)sizeof why - 1, c->last_error);
+      return brg__comm_error(c, s,
+                             "rank %d: device work on stream %p was stopped before it finished "
+                             "(%s): %s",
+                             c->rank, d->last_stream,
+                             drained ? "the stream drained"
+                                     : "the stream did not drain within 5 s "
+                                       "and its FIFOs stay allocated",
+                             why);
+    }
+    brg__sleep_ms(i < 100 ? 0 : 1);
+  }
+}
+
 brg_status brg__device_ring_drain(brg_comm *c) {
   struct brg__dev_ring *d = c->dev;
   if (!d) return BRG_SUCCESS;
@@ -429,19 +461,8 @@ brg_status brg__device_ring_drain(brg_comm *c) {
   if (__atomic_load_n(&c->broken, __ATOMIC_ACQUIRE) != BRG_SUCCESS ||
       __atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
     kernel_stop(d);
+  if (d->kernel) return kernel_drain(c, d);
   if (own_work_drained(d, brg__deadline_ms(c->timeout_ms))) return BRG_SUCCESS;
-  if (d->kernel) {
-    /* Kernels still wait for a peer: stop them, and the stream drains. */
-    kernel_stop(d);
-    if (own_work_drained(d, brg__deadline_ms(5000)))
-      return brg__comm_error(c, BRG_ERR_REMOTE,
-                             "rank %d: device work on stream %p did not finish within %d ms: its "
-                             "kernels waited for rank %d (pid %d on %s) or rank %d (pid %d on "
-                             "%s), gone or stalled, and were stopped",
-                             c->rank, d->last_stream, c->timeout_ms, c->prev, c->peers[c->prev].pid,
-                             c->peers[c->prev].hostname, c->next, c->peers[c->next].pid,
-                             c->peers[c->next].hostname);
-  }
   d->stuck = 1;
   /* The callers' streams must not wait for the ring's own forever: its
    * flag jumps to the last ticket (what they then read is not the
