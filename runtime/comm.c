@@ -452,6 +452,7 @@ brg_status brg_comm_abort(brg_comm *comm) {
   if (s != BRG_SUCCESS) return s;
   __atomic_store_n(&comm->aborted, 1, __ATOMIC_SEQ_CST);
   brg__hier_abort(comm);
+  brg__device_abort(comm);
   brg__fifo_wake_all(&comm->send.fifo);
   brg__fifo_wake_all(&comm->recv.fifo);
   pthread_mutex_lock(&comm->qlock);

@@ -79,6 +79,12 @@ int brg__device_ring_async(const struct brg__dev_ring *d);
 brg_status brg__device_async_begin(brg_comm *c, brg__coll *k);
 brg_status brg__device_async_start(brg_comm *c, brg__coll *k);
 void brg__device_async_end(brg_comm *c, brg__coll *k, brg_status s);
+/* Kernel mode: the whole collective as one launch on its stream (the call
+ * returns at once). brg__device_abort makes this rank's kernels stop at
+ * their next wait (any thread). */
+int brg__device_kernel_mode(const struct brg__dev_ring *d);
+brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k);
+void brg__device_abort(brg_comm *c);
 /* One rank: recvbuf = sendbuf, on the stream. */
 brg_status brg__device_single(brg_comm *c, const brg__coll *k);
 /* Teardown, in two halves around a barrier with the ring neighbours

@@ -51,8 +51,9 @@
 
 #include "device.h"
 #include "internal.h"
-#include "settings.h"
+#include "cuda/ring_args.h"
 #include "ring_link.h"
+#include "settings.h"
 
 #define HB BRG__CUDA_IPC_HANDLE_BYTES
 
@@ -119,7 +120,26 @@ struct brg__dev_ring {
     void *stream, *ev;
   } callers[16];
   int ncallers;
+  /* Kernel mode (kernels/cuda/ring_kernel.cuh): a collective is one
+   * launch whose channels wait on the neighbours' flags. Each rank's
+   * region holds, per channel, its tail, head and counters and its
+   * receive slots; both neighbours write into it. */
+  int kmode_req;  /* BRIGADE_DEVICE_MODE: 0 auto, 1 kernel, 2 step */
+  int kernel;     /* collectives run in kernel mode */
+  int kchannels;  /* thread blocks per launch */
+  size_t kslot;   /* bytes per slot */
+  size_t kstride; /* bytes per channel in a region */
+  char *kregion;  /* own (GPU memory, exported) */
+  char *knext, *kprev;
+  int knext_mapped, kprev_mapped; /* came from ipc_mem_open */
+  int *kring;                     /* position -> rank, GPU memory */
+  int *kwords;                    /* a pinned page: [0] abort, [16] status */
+  int *kwords_dev;
+  void *kdone_ev; /* recorded after each launch */
 };
+
+#define KCTRL 256       /* per channel: tail at 0, head at 64, counters at 128 */
+#define KSTATUS_WORD 16 /* in kwords, a cache line after the abort word */
 
 /* What each rank tells every other one at setup. */
 typedef struct dev_blob {
@@ -139,6 +159,14 @@ typedef struct dev_blob {
   uint32_t gdr_rkey;                /* of fifo_ptr's slots, on the link from prev */
   int32_t pad2;
   char gdr_why[128]; /* why not, for the log */
+  int32_t kmode_req; /* BRIGADE_DEVICE_MODE of this rank */
+  int32_t kernel_ok; /* its kernel-mode region is ready */
+  int32_t kchannels;
+  int32_t pad3;
+  uint64_t kslot;
+  uint64_t kregion_ptr;
+  char kwhy[128]; /* why kernel mode cannot run here */
+  unsigned char kregion_handle[HB];
   uint64_t send_ev_ptr[BRG__MAX_SLOTS], rel_ev_ptr[BRG__MAX_SLOTS];
   unsigned char fifo_handle[HB];
   unsigned char send_ev[BRG__MAX_SLOTS][HB];
@@ -192,6 +220,15 @@ static void ring_release(struct brg__dev_ring *d) {
   if (d->flag_host) {
     api->host_unregister(d->flag_host);
     munmap(d->flag_host, FLAG_PAGE);
+  }
+  if (d->knext_mapped) api->ipc_mem_close(d->knext);
+  if (d->kprev_mapped && d->kprev != d->knext) api->ipc_mem_close(d->kprev);
+  if (d->kregion) api->mem_free(d->kregion);
+  if (d->kring) api->mem_free(d->kring);
+  if (d->kdone_ev) api->event_destroy(d->kdone_ev);
+  if (d->kwords) {
+    api->host_unregister(d->kwords);
+    munmap(d->kwords, FLAG_PAGE);
   }
   pthread_mutex_destroy(&d->ev_lock);
   free(d);
@@ -365,6 +402,7 @@ static int own_work_drained(struct brg__dev_ring *d, int64_t deadline) {
       if (d->rel_ev[k] && api->event_query(d->rel_ev[k]) == -1) pending = 1;
     }
     if (d->proxy_ev && api->event_query(d->proxy_ev) == -1) pending = 1;
+    if (d->kdone_ev && api->event_query(d->kdone_ev) == -1) pending = 1;
     for (int k = 0; k < d->ncallers && !pending; k++)
       if (api->event_query(d->callers[k].ev) == -1) pending = 1;
     if (!pending) return 1;
@@ -373,9 +411,57 @@ static int own_work_drained(struct brg__dev_ring *d, int64_t deadline) {
   }
 }
 
+/* Kernel mode: every channel of this rank's kernels stops at its next
+ * wait, writing ABORTED to the status word. */
+static void kernel_stop(struct brg__dev_ring *d) {
+  if (d->kwords) __atomic_store_n(&d->kwords[0], 1, __ATOMIC_RELEASE);
+}
+
+void brg__device_abort(brg_comm *c) {
+  struct brg__dev_ring *d = __atomic_load_n(&c->dev, __ATOMIC_ACQUIRE);
+  if (d) kernel_stop(d);
+}
+
+/* Kernel mode: waits for this rank's kernels with the communicator's
+ * checks (the ring sockets, the timeout), since no liveness thread runs
+ * any more; a neighbour gone or silent stops the kernels, and the stream
+ * drains. */
+static brg_status kernel_drain(brg_comm *c, struct brg__dev_ring *d) {
+  c->cur = NULL;
+  c->wait_conn = NULL;
+  c->wait_peer = c->next;
+  c->wait_what = "finish its device collectives";
+  c->wait_start_ns = 0;
+  for (int i = 0;; i++) {
+    if (own_work_drained(d, 0)) return BRG_SUCCESS;
+    brg_status s = c->waiter.check ? c->waiter.check(c->waiter.arg) : BRG_SUCCESS;
+    if (s != BRG_SUCCESS) {
+      kernel_stop(d);
+      int drained = own_work_drained(d, brg__deadline_ms(5000));
+      d->stuck = !drained;
+      char why[BRG__ERRLEN / 2];
+      snprintf(why, sizeof why, "%.*s", (int)sizeof why - 1, c->last_error);
+      return brg__comm_error(c, s,
+                             "rank %d: device work on stream %p was stopped before it finished "
+                             "(%s): %s",
+                             c->rank, d->last_stream,
+                             drained ? "the stream drained"
+                                     : "the stream did not drain within 5 s "
+                                       "and its FIFOs stay allocated",
+                             why);
+    }
+    brg__sleep_ms(i < 100 ? 0 : 1);
+  }
+}
+
 brg_status brg__device_ring_drain(brg_comm *c) {
   struct brg__dev_ring *d = c->dev;
   if (!d) return BRG_SUCCESS;
+  /* A communicator that failed will not see its kernels' peers again. */
+  if (__atomic_load_n(&c->broken, __ATOMIC_ACQUIRE) != BRG_SUCCESS ||
+      __atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
+    kernel_stop(d);
+  if (d->kernel) return kernel_drain(c, d);
   if (own_work_drained(d, brg__deadline_ms(c->timeout_ms))) return BRG_SUCCESS;
   d->stuck = 1;
   /* The callers' streams must not wait for the ring's own forever: its
@@ -493,6 +579,140 @@ static int prev_reaches(const brg__cuda_api *api, const dev_blob *self, const de
   }
   int can = 0;
   return dev >= 0 && api->can_access_peer(&can, dev, self->gpu) == 0 && can;
+}
+
+/* ---- kernel mode: setup ---- */
+
+static const char *kmode_name(int m) {
+  return m == 0 ? "auto" : m == 1 ? "kernel" : m == 2 ? "step" : "?";
+}
+
+static brg_status reach_peer(brg_comm *c, struct brg__dev_ring *d, int self_gpu, int peer);
+
+/* The region of one rank: per channel the control words and the slots. */
+static size_t kregion_bytes(const struct brg__dev_ring *d) {
+  return (size_t)d->kchannels * d->kstride;
+}
+
+/* This rank's kernel-mode half: its region (which both neighbours' kernels
+ * write), the ring order and the abort and status words; b->kernel_ok,
+ * or why not in b->kwhy. Links between hosts and neighbours whose GPUs
+ * cannot reach this one keep the ring in step mode. */
+static void setup_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b,
+                               const dev_blob *prev, const dev_blob *next, int across) {
+  const brg__cuda_api *api = d->api;
+  b->kmode_req = d->kmode_req;
+  b->kchannels = d->kchannels;
+  b->kslot = d->kslot;
+  if (d->kmode_req == 2) {
+    snprintf(b->kwhy, sizeof b->kwhy, "BRIGADE_DEVICE_MODE=step");
+    return;
+  }
+  if (across) {
+    snprintf(b->kwhy, sizeof b->kwhy,
+             "the ring has links between hosts (kernel mode runs within a host)");
+    return;
+  }
+  if (!prev_reaches(api, b, prev) || !prev_reaches(api, b, next)) {
+    snprintf(b->kwhy, sizeof b->kwhy,
+             "rank %d's GPU cannot reach the GPU of a neighbour (no peer access)", c->rank);
+    return;
+  }
+  int e = api->ipc_mem_export((void **)&d->kregion, kregion_bytes(d), b->kregion_handle);
+  const char *what = "cudaMalloc + cudaIpcGetMemHandle of the kernel-mode FIFOs";
+  if (!e) {
+    what = "clearing the kernel-mode FIFOs";
+    e = api->mem_set(d->kregion, 0, kregion_bytes(d));
+  }
+  if (!e) {
+    what = "cudaMalloc of the ring order";
+    e = api->mem_alloc((void **)&d->kring, (size_t)c->nranks * sizeof(int));
+  }
+  if (!e) {
+    what = "copying the ring order";
+    e = api->mem_copy(d->kring, c->ring, (size_t)c->nranks * sizeof(int));
+  }
+  if (!e) {
+    what = "cudaEventCreate";
+    e = api->event_create(&d->kdone_ev);
+  }
+  if (!e) {
+    what = "the abort and status words";
+    void *m = mmap(NULL, FLAG_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) {
+      e = -1;
+    } else {
+      memset(m, 0, FLAG_PAGE);
+      void *dev = NULL;
+      if ((e = api->host_register(m, FLAG_PAGE, &dev)) != 0) {
+        munmap(m, FLAG_PAGE);
+      } else {
+        d->kwords = m;
+        d->kwords_dev = dev;
+      }
+    }
+  }
+  if (e) {
+    snprintf(b->kwhy, sizeof b->kwhy, "%s: %s", what,
+             e == -1 ? strerror(errno) : api->error_string(e));
+    return;
+  }
+  b->kregion_ptr = (uint64_t)(uintptr_t)d->kregion;
+  b->kernel_ok = 1;
+}
+
+/* A neighbour's region: its pointer in this process, or mapped. */
+static brg_status kernel_map(brg_comm *c, struct brg__dev_ring *d, const dev_blob *self,
+                             const dev_blob *peer, int rank, char **out, int *mapped) {
+  const brg__cuda_api *api = d->api;
+  if (peer->process == self->process) {
+    *out = (char *)(uintptr_t)peer->kregion_ptr;
+    return BRG_SUCCESS;
+  }
+  int e = api->ipc_mem_open((void **)out, peer->kregion_handle);
+  if (e)
+    return brg__comm_error(c, BRG_ERR_SYSTEM,
+                           "rank %d: mapping the kernel-mode FIFOs of rank %d (pid %d) with "
+                           "cudaIpcOpenMemHandle failed: %s",
+                           c->rank, rank, peer->pid, api->error_string(e));
+  *mapped = 1;
+  return BRG_SUCCESS;
+}
+
+static brg_status setup_kernel_links(brg_comm *c, struct brg__dev_ring *d, const dev_blob *self,
+                                     const dev_blob *next, const dev_blob *prev) {
+  brg_status s = BRG_SUCCESS;
+  if (next->process == self->process) s = reach_peer(c, d, self->gpu, next->gpu);
+  if (s == BRG_SUCCESS && prev->process == self->process && prev->gpu != next->gpu)
+    s = reach_peer(c, d, self->gpu, prev->gpu);
+  if (s == BRG_SUCCESS) s = kernel_map(c, d, self, next, c->next, &d->knext, &d->knext_mapped);
+  if (s != BRG_SUCCESS) return s;
+  if (c->prev == c->next) {
+    d->kprev = d->knext; /* two ranks: one mapping serves both links */
+    return BRG_SUCCESS;
+  }
+  return kernel_map(c, d, self, prev, c->prev, &d->kprev, &d->kprev_mapped);
+}
+
+/* Why kernel mode does not run, from every rank's description; NULL when
+ * it can. Forced (BRIGADE_DEVICE_MODE=kernel), only a rank that cannot
+ * stops it; automatic, so do ranks of different processes on one GPU
+ * without MPS, whose kernels would take turns while spinning. */
+static const char *kernel_refused(const brg_comm *c, const dev_blob *all, int *who, int mps) {
+  for (int r = 0; r < c->nranks; r++)
+    if (!all[r].kernel_ok) {
+      *who = r;
+      return all[r].kwhy;
+    }
+  if (all[0].kmode_req == 0 && !mps)
+    for (int r = 0; r < c->nranks; r++)
+      for (int q = 0; q < r; q++)
+        if (!memcmp(all[r].uuid, all[q].uuid, 16) && all[r].process != all[q].process) {
+          *who = r;
+          return "ranks of different processes share a GPU and MPS is not running: their "
+                 "kernels would take turns on it (BRIGADE_DEVICE_MODE=kernel forces it)";
+        }
+  return NULL;
 }
 
 /* A receive FIFO in pinned host memory, shared with other processes under a
@@ -712,6 +932,24 @@ brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st) {
   for (int r = 0; r < c->nranks; r++) across |= c->peers[r].host_hash != c->peers[0].host_hash;
   int proxy = (int)brg__device_int(BRG__DEVICE_PROXY);
   d->async = proxy < 0 ? across : proxy;
+  const char *mode = brg__device_str(BRG__DEVICE_MODE);
+  d->kmode_req = !strcmp(mode, "auto")     ? 0
+                 : !strcmp(mode, "kernel") ? 1
+                 : !strcmp(mode, "step")   ? 2
+                                           : -1;
+  if (d->kmode_req < 0) {
+    free(d);
+    free(all);
+    free(mine);
+    return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT,
+                           "BRIGADE_DEVICE_MODE=\"%s\" is not a mode (auto, kernel or step)", mode);
+  }
+  int blocks = (int)brg__device_int(BRG__DEVICE_BLOCKS);
+  d->kchannels = (int)brg__device_int(BRG__DEVICE_CHANNELS);
+  if (d->kchannels == 0) d->kchannels = blocks < 8 ? blocks : 8;
+  if (d->kchannels > BRG__RK_MAX_CHANNELS) d->kchannels = BRG__RK_MAX_CHANNELS;
+  d->kslot = c->slice_bytes & ~(size_t)255;
+  d->kstride = KCTRL + (size_t)d->nslots * d->kslot;
   pthread_mutex_init(&d->ev_lock, NULL);
   mine->pid = (int32_t)getpid();
   mine->process = process_token();
@@ -730,6 +968,9 @@ brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st) {
 brg_status brg__device_ring_local(brg_comm *c, brg__dev_setup *st, brg_status gathered) {
   dev_blob *mine = st->mine, *all = st->all;
   if (gathered != BRG_SUCCESS) return gathered;
+  int across = 0;
+  for (int r = 0; r < c->nranks; r++) across |= c->peers[r].host_hash != c->peers[0].host_hash;
+  setup_kernel_local(c, st->d, mine, &all[c->prev], &all[c->next], across);
   setup_local(c, st->d, mine, &all[c->prev]);
   /* A failed half is described in `mine` (ok = 0, why): the second
    * all-gather still runs, so every rank learns it. */
@@ -755,8 +996,50 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
                           r, all[r].nslots, (unsigned long long)all[r].slice_bytes, c->rank,
                           mine->nslots, (unsigned long long)mine->slice_bytes);
   }
-  if (s == BRG_SUCCESS) s = setup_links(c, d, mine, &all[c->next], &all[c->prev]);
-  if (s == BRG_SUCCESS) {
+  for (int r = 0; s == BRG_SUCCESS && r < c->nranks; r++)
+    if (all[r].kmode_req != mine->kmode_req || all[r].kchannels != mine->kchannels ||
+        all[r].kslot != mine->kslot)
+      s = brg__comm_error(c, BRG_ERR_MISMATCH,
+                          "device collectives: rank %d has BRIGADE_DEVICE_MODE %s with %d "
+                          "channels of %llu-byte slots, rank %d %s with %d of %llu (set "
+                          "BRIGADE_DEVICE_MODE, BRIGADE_DEVICE_CHANNELS and BRIGADE_SLICE_BYTES "
+                          "alike on every rank)",
+                          r, kmode_name(all[r].kmode_req), all[r].kchannels,
+                          (unsigned long long)all[r].kslot, c->rank, kmode_name(mine->kmode_req),
+                          mine->kchannels, (unsigned long long)mine->kslot);
+  int kwho = -1;
+  const char *kwhy = s == BRG_SUCCESS ? kernel_refused(c, all, &kwho, mps_running()) : NULL;
+  if (s == BRG_SUCCESS && kwhy && d->kmode_req == 1)
+    s = brg__comm_error(c, BRG_ERR_INVALID_USAGE,
+                        "device collectives: BRIGADE_DEVICE_MODE=kernel, but rank %d cannot run "
+                        "them in kernel mode: %s",
+                        kwho, kwhy);
+  d->kernel = s == BRG_SUCCESS && !kwhy;
+  if (d->kernel) s = setup_kernel_links(c, d, mine, &all[c->next], &all[c->prev]);
+  if (s == BRG_SUCCESS && !d->kernel) s = setup_links(c, d, mine, &all[c->next], &all[c->prev]);
+  if (s == BRG_SUCCESS && d->kernel) {
+    d->async = 0; /* a launch returns at once by itself */
+    /* The step mode's FIFO and events go unused: nobody mapped them yet. */
+    if (d->fifo && !d->fifo_host) api->mem_free(d->fifo);
+    if (!d->fifo_host) d->fifo = NULL;
+    for (int k = 0; k < d->nslots; k++) {
+      if (d->send_ev[k]) api->event_destroy(d->send_ev[k]);
+      if (d->rel_ev[k]) api->event_destroy(d->rel_ev[k]);
+      d->send_ev[k] = d->rel_ev[k] = NULL;
+    }
+    char desc[256];
+    api->describe(desc, sizeof desc);
+    BRG__INFO("init",
+              "device ring: kernel mode (%s): one kernel per collective, %d channels (thread "
+              "blocks) with %d slots of %zu bytes each in GPU memory, waiting on the "
+              "neighbours' flags; %s",
+              d->kmode_req == 1 ? "BRIGADE_DEVICE_MODE=kernel"
+                                : "automatic: every link stays inside the host and no two "
+                                  "processes share a GPU without MPS",
+              d->kchannels, d->nslots, d->kslot, desc);
+    __atomic_store_n(&c->kabort, d->kwords, __ATOMIC_RELEASE);
+    __atomic_store_n(&c->dev, d, __ATOMIC_RELEASE);
+  } else if (s == BRG_SUCCESS) {
     /* GPUDirect runs on a link when both of its ends registered. */
     d->send_gdr = d->send_staged && mine->gdr_send_ok && all[c->next].gdr_recv_ok;
     d->recv_gdr = d->recv_staged && all[c->prev].gdr_send_ok && mine->gdr_recv_ok;
@@ -769,7 +1052,7 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
                 : d->send_staged && !d->send_gdr ? all[c->next].gdr_why
                                                  : all[c->prev].gdr_why);
   }
-  if (s == BRG_SUCCESS && d->async) {
+  if (s == BRG_SUCCESS && d->async && !d->kernel) {
     char why[192];
     if (setup_async(d, why, sizeof why) != 0) {
       d->async = 0;
@@ -779,11 +1062,12 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
                 why);
     }
   }
-  if (s == BRG_SUCCESS) {
+  if (s == BRG_SUCCESS && !d->kernel) {
     int share = 0;
     for (int r = 0; r < c->nranks; r++) share += !memcmp(all[r].uuid, mine->uuid, 16);
     char desc[256];
     api->describe(desc, sizeof desc);
+    BRG__INFO("init", "device ring: not kernel mode: rank %d: %s", kwho, kwhy ? kwhy : "?");
     BRG__INFO("init",
               "device ring: step mode (a copy or reduce kernel per slice and step, "
               "ordered by interprocess events; no kernel waits for another process), "
@@ -807,7 +1091,7 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
       BRG__INFO("init", "device ring: a slice crosses the network in slots of %zu bytes",
                 c->slice_bytes);
     __atomic_store_n(&c->dev, d, __ATOMIC_RELEASE);
-  } else {
+  } else if (s != BRG_SUCCESS) {
     ring_release(d);
   }
   free(all);
@@ -998,4 +1282,88 @@ brg_status brg__device_prim(struct brg__ring_op *o, int prim_, const char *in, c
     off += pb;
   } while (off < bytes);
   return BRG_SUCCESS;
+}
+
+/* ---- kernel mode: a collective ---- */
+
+int brg__device_kernel_mode(const struct brg__dev_ring *d) {
+  return d && d->kernel;
+}
+
+/* Why this rank's kernels were stopped, for the call after. */
+static brg_status kernel_stopped(brg_comm *c, struct brg__dev_ring *d) {
+  char why[BRG__ERRLEN / 2];
+  brg_status s = BRG_ERR_REMOTE;
+  snprintf(why, sizeof why, "the communicator was aborted");
+  for (int dir = 0; dir < 2; dir++) {
+    char buf[BRG__BOOT_MAX_MSG + 1], text[BRG__ERRLEN / 2];
+    uint32_t type = 0, len = 0;
+    brg_status ls;
+    if (brg__live_take(c, dir, &ls, &type, buf, &len, text, sizeof text) != 1) continue;
+    int peer = dir == BRG__RING_NEXT ? c->next : c->prev;
+    if (ls != BRG_SUCCESS) {
+      snprintf(why, sizeof why, "rank %d (pid %d on %.64s) is gone: %.150s", peer,
+               c->peers[peer].pid, c->peers[peer].hostname, text);
+      break;
+    }
+    if (type == BRG__MSG_ABORT && len > 4) {
+      buf[len] = 0;
+      snprintf(why, sizeof why, "%.*s", (int)(sizeof why - 1), buf + 4);
+      break;
+    }
+  }
+  int64_t silent_ms = 0;
+  int quiet = brg__live_silent(c, &silent_ms);
+  if (quiet >= 0 && silent_ms >= c->timeout_ms) {
+    s = BRG_ERR_TIMEOUT;
+    snprintf(why, sizeof why, "rank %d (pid %d on %s) has been silent for %lld ms", quiet,
+             c->peers[quiet].pid, c->peers[quiet].hostname, (long long)silent_ms);
+  }
+  if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE)) s = BRG_ERR_ABORTED;
+  (void)d;
+  return brg__comm_error(c, s,
+                         "rank %d: a device collective's kernel stopped waiting for its "
+                         "neighbours: %s",
+                         c->rank, why);
+}
+
+brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k) {
+  struct brg__dev_ring *d = c->dev;
+  const brg__cuda_api *api = d->api;
+  if (__atomic_load_n(&d->kwords[0], __ATOMIC_ACQUIRE) ||
+      __atomic_load_n(&d->kwords[KSTATUS_WORD], __ATOMIC_ACQUIRE) != BRG__RK_OK)
+    return kernel_stopped(c, d);
+  brg__rk_args a;
+  memset(&a, 0, sizeof a);
+  a.kind = (int)k->kind;
+  a.dtype = (int)k->dtype;
+  a.op = (int)k->op;
+  a.nranks = c->nranks;
+  a.pos = c->pos;
+  a.root = k->root;
+  a.ring = d->kring;
+  a.sendbuf = k->sendbuf;
+  a.recvbuf = k->recvbuf;
+  a.count = k->count;
+  a.nslots = d->nslots;
+  a.nchannels = d->kchannels;
+  a.slot_bytes = d->kslot;
+  a.abort_word = d->kwords_dev;
+  a.status = d->kwords_dev + KSTATUS_WORD;
+  for (int ch = 0; ch < d->kchannels; ch++) {
+    char *own = d->kregion + (size_t)ch * d->kstride;
+    char *next = d->knext + (size_t)ch * d->kstride, *prev = d->kprev + (size_t)ch * d->kstride;
+    brg__rk_link *l = &a.chan[ch];
+    l->send_slots = next + KCTRL;
+    l->send_tail = (uint64_t *)next;
+    l->send_head = (const uint64_t *)(own + 64);
+    l->recv_slots = own + KCTRL;
+    l->recv_tail = (const uint64_t *)own;
+    l->recv_head = (uint64_t *)(prev + 64);
+    l->counters = (uint64_t *)(own + 128);
+  }
+  int e = api->ring_launch(&a, sizeof a, d->kchannels, 512, k->stream);
+  if (!e) e = api->event_record(d->kdone_ev, k->stream);
+  d->last_stream = k->stream;
+  return e ? cuda_fail(c, api, e, "launching the kernel-mode collective") : BRG_SUCCESS;
 }

@@ -114,8 +114,9 @@ struct brg_comm {
   struct brg__trace *trace; /* BRIGADE_TRACE_FILE's recorder (trace.c), NULL when off */
 
   struct brg__dev_ring *dev; /* device collectives' state (device_ring.c), made at first use */
-  int cuda_seen;             /* the CUDA driver is loaded: host calls check for GPU pointers */
-  int gpu;                   /* the device of its device collectives; -1 before the first */
+  int *kabort;   /* kernel mode's abort word (host memory the kernels poll); NULL: none */
+  int cuda_seen; /* the CUDA driver is loaded: host calls check for GPU pointers */
+  int gpu;       /* the device of its device collectives; -1 before the first */
 
   /* hier.c: the allreduce algorithm (BRIGADE_ALGO) and the two
    * communicators of the hierarchical one, made at its first use. */

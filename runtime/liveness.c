@@ -52,6 +52,7 @@ struct brg__live {
   /* Reported by each direction: rank -> when it went silent (local clock), 0: not. */
   int64_t *learned[2];
   live_slot slot[2];
+  int kernels_stopped; /* kernel mode: this thread set the abort word */
 };
 
 static void put_u32(uint8_t *p, uint32_t v) {
@@ -154,6 +155,44 @@ static void live_read(brg__live *l, int dir) {
   pthread_mutex_unlock(&l->lock);
 }
 
+/* Kernel mode: no host thread waits during a device collective, so this
+ * one stops the kernels (their abort word) once a neighbour is gone, sent
+ * an abort, or a rank has been silent for the timeout; and tells the
+ * neighbours, so that the news goes round the ring to kernels whose own
+ * neighbours are alive. The next call says what happened. */
+static void kernels_watch(brg__live *l) {
+  brg_comm *c = l->c;
+  int *word = __atomic_load_n(&c->kabort, __ATOMIC_ACQUIRE);
+  if (!word || l->kernels_stopped) return;
+  int stop = 0;
+  char why[BRG__ERRLEN / 2] = "";
+  pthread_mutex_lock(&l->lock);
+  for (int dir = 0; dir < 2 && !stop; dir++) {
+    live_slot *sl = &l->slot[dir];
+    int peer = dir == BRG__RING_NEXT ? c->next : c->prev;
+    if (sl->full && sl->s != BRG_SUCCESS) {
+      stop = 1;
+      snprintf(why, sizeof why, "rank %d (pid %d on %s) is gone: %s", peer, c->peers[peer].pid,
+               c->peers[peer].hostname, sl->text);
+    } else if (sl->full && sl->type == BRG__MSG_ABORT) {
+      stop = 1;
+      snprintf(why, sizeof why, "%.*s", (int)(sl->len > 4 ? sl->len - 4 : 0), sl->data + 4);
+    }
+  }
+  pthread_mutex_unlock(&l->lock);
+  int64_t silent_ms = 0;
+  int quiet = stop ? -1 : brg__live_silent(c, &silent_ms);
+  if (quiet >= 0 && silent_ms >= c->timeout_ms) {
+    stop = 1;
+    snprintf(why, sizeof why, "rank %d (pid %d on %s) has been silent for %lld ms", quiet,
+             c->peers[quiet].pid, c->peers[quiet].hostname, (long long)silent_ms);
+  }
+  if (!stop) return;
+  l->kernels_stopped = 1;
+  __atomic_store_n(word, 1, __ATOMIC_RELEASE);
+  brg__comm_notify_abort(c, BRG_ERR_REMOTE, why);
+}
+
 static void *live_main(void *arg) {
   brg__live *l = arg;
   brg_comm *c = l->c;
@@ -178,9 +217,10 @@ static void *live_main(void *arg) {
     }
     pthread_mutex_unlock(&l->lock);
     int wait_ms = (int)((next_beat - now) / 1000000) + 1;
-    if (poll(pfd, (nfds_t)n, wait_ms < BRG__BEAT_MS ? wait_ms : BRG__BEAT_MS) <= 0) continue;
-    for (int i = 0; i < n; i++)
-      if (pfd[i].revents) live_read(l, dirs[i]);
+    if (poll(pfd, (nfds_t)n, wait_ms < BRG__BEAT_MS ? wait_ms : BRG__BEAT_MS) > 0)
+      for (int i = 0; i < n; i++)
+        if (pfd[i].revents) live_read(l, dirs[i]);
+    kernels_watch(l);
   }
   return NULL;
 }

@@ -238,6 +238,10 @@ static brg_status coll_body(brg_comm *c, brg__coll *k) {
     k->seq = ++c->seq;
     return brg__device_single(c, k);
   }
+  if (k->device && brg__device_kernel_mode(c->dev)) {
+    k->seq = ++c->seq;
+    return brg__device_kernel_run(c, k);
+  }
   k->seq = ++c->seq;
   c->cur = k;
   c->cur_step = 0;

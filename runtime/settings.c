@@ -72,6 +72,15 @@ static brg__cfg_entry device_entries[BRG__DEVICE_COUNT] = {
                            "thread and the call returns at once, the caller's stream waiting on "
                            "a flag; 0: on the calling thread; -1: 1 when the ring has a link "
                            "between hosts"},
+    [BRG__DEVICE_MODE] = {"BRIGADE_DEVICE_MODE", BRG__CFG_KIND_STRING, "auto", 0, 0,
+                          "kernel: a device collective is one kernel that waits on its "
+                          "neighbours' flags; step: a kernel per slice and step, ordered by "
+                          "events; auto: kernel where every link stays inside the host and no "
+                          "two processes share a GPU without MPS"},
+    [BRG__DEVICE_CHANNELS] = {"BRIGADE_DEVICE_CHANNELS", BRG__CFG_KIND_INT, "0", 0, 16,
+                              "kernel mode: thread blocks of a collective's kernel, each with "
+                              "its share of the data and its own FIFOs; 0: 8, at most "
+                              "BRIGADE_DEVICE_BLOCKS"},
 };
 
 static brg__cfg_entry trace_entries[BRG__TRACE_COUNT] = {

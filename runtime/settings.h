@@ -38,6 +38,8 @@ typedef enum {
   BRG__DEVICE_IB_GDR,      /* int 0|1: GPU memory straight on the network (GPUDirect RDMA) */
   BRG__DEVICE_BLOCKS,      /* int: most thread blocks of one kernel launch */
   BRG__DEVICE_PROXY,       /* int -1|0|1: the host side on the communicator's thread */
+  BRG__DEVICE_MODE,        /* string auto|kernel|step: one kernel per collective, or per step */
+  BRG__DEVICE_CHANNELS,    /* int: kernel mode's thread blocks (channels); 0 = automatic */
   BRG__DEVICE_COUNT
 } brg__device_cfg_id;
 

@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 /* Raised whenever the table changes shape; the loader refuses other values. */
-#define BRG__CUDA_ABI 7
+#define BRG__CUDA_ABI 8
 
 /* Name of the one symbol the module exports. */
 #define BRG__CUDA_ENTRY "brg__cuda_module_api"
@@ -160,6 +160,12 @@ typedef struct brg__cuda_api {
   /* A kernel of one thread block that stays busy for `us` microseconds on
    * `stream`: computation stood in for by benchmarks. */
   int (*busy)(unsigned us, void *stream);
+
+  /* Kernel mode: one launch of ring_kernel.cuh on `stream`, `channels`
+   * thread blocks of `threads` threads (a multiple of 32, at most 512);
+   * args is a brg__rk_args (ring_args.h) of args_bytes bytes, copied at
+   * the launch. */
+  int (*ring_launch)(const void *args, size_t args_bytes, int channels, int threads, void *stream);
 } brg__cuda_api;
 
 #define BRG__CUDA_IPC_HANDLE_BYTES 64

@@ -20,6 +20,8 @@ extern "C" int brg__cuda_divide(void *d, const void *s, size_t n, int dtype, int
 extern "C" int brg__cuda_copy(void *d0, void *d1, const void *s, size_t bytes, void *stream);
 extern "C" int brg__cuda_set_max_blocks(int blocks);
 extern "C" int brg__cuda_busy(unsigned us, void *stream);
+extern "C" int brg__cuda_ring_launch(const void *args, size_t args_bytes, int channels, int threads,
+                                     void *stream);
 extern "C" int brg__cuda_cast(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n,
                               float scale, void *stream);
 extern "C" int brg__cuda_ipc_mem_export(void **p, size_t bytes, void *handle);
@@ -351,6 +353,7 @@ const brg__cuda_api api = {
     .flush_rdma_writes = flush_rdma_writes,
     .cast = brg__cuda_cast,
     .busy = brg__cuda_busy,
+    .ring_launch = brg__cuda_ring_launch,
 };
 
 } // namespace

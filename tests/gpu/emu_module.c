@@ -56,8 +56,12 @@
 #include <unistd.h>
 
 #include "brg_cuda.h"
+#include "ring_args.h"
 #include "elem.h"
 #include "kernels.h"
+
+/* emu_ring.cc */
+int brg__emu_ring_run(const brg__rk_args *a, int channels, int threads);
 
 #define EXPORT __attribute__((visibility("default")))
 #define HB BRG__CUDA_IPC_HANDLE_BYTES
@@ -73,7 +77,8 @@ enum {
   E_ILLEGAL,
   E_DEVICE,
   E_PEER_UNSUPPORTED,
-  E_UNFLUSHED
+  E_UNFLUSHED,
+  E_NO_KERNEL_MODE
 };
 
 static const char *error_string(int e) {
@@ -91,6 +96,9 @@ static const char *error_string(int e) {
   case E_DEVICE: return "invalid device ordinal (emulated GPU)";
   case E_PEER_UNSUPPORTED:
     return "peer access is not supported between these devices (emulated GPU)";
+  case E_NO_KERNEL_MODE:
+    return "kernel mode needs the SIMT emulator, which this emulated module was built without (no "
+           "C++ compiler)";
   case E_UNFLUSHED:
     return "a kernel read GPUDirect RDMA memory with no flush since the last read (emulated GPU: "
            "a GPU may show it stale data)";
@@ -450,7 +458,8 @@ enum {
   OP_WAIT_VALUE,
   OP_WRITE_VALUE,
   OP_CAST,
-  OP_BUSY
+  OP_BUSY,
+  OP_RING
 };
 
 typedef struct op {
@@ -534,6 +543,12 @@ static void run_op(stream *s, const op *o) {
     break;
   case OP_WRITE_VALUE: __atomic_store_n((uint32_t *)o->d0, (uint32_t)o->n, __ATOMIC_RELEASE); break;
   case OP_CAST: run_cast(o); break;
+  case OP_RING:
+#ifndef BRG_EMU_NO_KERNEL_MODE
+    brg__emu_ring_run((const brg__rk_args *)o->a, o->div, o->rop);
+#endif
+    free((void *)o->a);
+    break;
   case OP_BUSY: {
     struct timespec ts = {(time_t)(o->n / 1000000), (long)(o->n % 1000000) * 1000};
     nanosleep(&ts, NULL);
@@ -845,6 +860,35 @@ static int device_uuid(unsigned char uuid[16]) {
   return E_OK;
 }
 
+/* Kernel mode: the real kernel on the stream's thread (emu_ring.cc). A
+ * channel's threads are fibers there: 8 of them, whatever the launch asks
+ * for (the kernel works with any block size), to keep the CPU's work
+ * small. */
+static int ring_launch(const void *args, size_t args_bytes, int channels, int threads, void *st) {
+#ifdef BRG_EMU_NO_KERNEL_MODE
+  (void)args;
+  (void)args_bytes;
+  (void)channels;
+  (void)threads;
+  (void)st;
+  return E_NO_KERNEL_MODE;
+#else
+  if (args_bytes != sizeof(brg__rk_args) || channels < 1 || channels > BRG__RK_MAX_CHANNELS ||
+      threads < 32 || threads > 512 || threads % 32 != 0)
+    return E_ARG;
+  stream *s = get_stream(st);
+  if (!s) return E_ALLOC;
+  if (s->dev != cur_dev) return E_RESOURCE;
+  brg__rk_args *copy = malloc(sizeof *copy);
+  if (!copy) return E_ALLOC;
+  memcpy(copy, args, sizeof *copy);
+  op o = {.kind = OP_RING, .a = copy, .div = channels, .rop = 8};
+  int e = enqueue(st, &o);
+  if (e) free(copy);
+  return e;
+#endif
+}
+
 static const brg__cuda_api api = {
     .abi = BRG__CUDA_ABI,
     .probe = probe,
@@ -889,6 +933,7 @@ static const brg__cuda_api api = {
     .flush_rdma_writes = flush_rdma_writes,
     .cast = cast,
     .busy = busy,
+    .ring_launch = ring_launch,
 };
 
 EXPORT const brg__cuda_api *brg__cuda_module_api(void) {

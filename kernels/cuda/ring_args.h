@@ -1,0 +1,46 @@
+/*
+ * What the host hands a kernel-mode launch (ring_kernel.cuh): plain C, so
+ * that the runtime fills it without CUDA headers and the CUDA module's
+ * table (brg_cuda.h, ring_launch) carries it as bytes.
+ */
+#ifndef BRG_RING_ARGS_H
+#define BRG_RING_ARGS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define BRG__RK_MAX_CHANNELS 16
+
+/* *status after a launch: 0, or why a channel stopped. */
+#define BRG__RK_OK 0
+#define BRG__RK_ABORTED 1
+
+/* One channel's link to both neighbours (ring_kernel.cuh draws it). */
+typedef struct brg__rk_link {
+  char *send_slots;          /* the next rank's receive slots of this channel */
+  uint64_t *send_tail;       /* the next rank's tail: slots this rank posted */
+  const uint64_t *send_head; /* own: slots the next rank has taken */
+  const char *recv_slots;    /* own receive slots */
+  const uint64_t *recv_tail; /* own: slots the previous rank posted */
+  uint64_t *recv_head;       /* the previous rank's head: slots this rank took */
+  uint64_t *counters;        /* own: [0] posted, [1] taken, across launches */
+} brg__rk_link;
+
+typedef struct brg__rk_args {
+  int kind; /* the runtime's brg__coll_kind: 1 allreduce .. 5 reduce */
+  int dtype, op;
+  int nranks, pos; /* this rank's place on the ring */
+  int root;        /* broadcast and reduce: the root's rank */
+  const int *ring; /* position -> rank, nranks entries, readable by the kernel */
+  const void *sendbuf;
+  void *recvbuf;
+  size_t count; /* the call's count argument */
+  int nslots;
+  int nchannels;
+  size_t slot_bytes;     /* a multiple of 16 */
+  const int *abort_word; /* nonzero: stop */
+  int *status;           /* a channel that stops writes why */
+  brg__rk_link chan[BRG__RK_MAX_CHANNELS];
+} brg__rk_args;
+
+#endif

@@ -1,0 +1,318 @@
+/*
+ * Kernel mode: a whole collective in one kernel launch.
+ *
+ * One thread block per channel. Channel ch owns a share of the data
+ * (brg__part_* over the channels) and its own FIFO to the next rank, and
+ * runs the ring schedule of schedule.h over that share, slice by slice,
+ * without the host: it waits on flags the neighbours write, reduces or
+ * copies with the element-wise body of elementwise.cuh, and writes flags
+ * the neighbours wait on.
+ *
+ * A channel's link, as rank p sees it (slots and words in the memory of the
+ * rank named; the others reach it by CUDA IPC):
+ *
+ *      rank p-1                    rank p                     rank p+1
+ *                       recv_slots[nslots]  <---- data ----  (p writes p+1's)
+ *   head (p wrote:  <-- recv_head           recv_tail   <-- tail: p-1 posted
+ *   slots p read)                           send_head   <-- p+1 consumed
+ *
+ *   sender:   wait until posted - consumed < nslots; write the slot; all
+ *             threads meet (__syncthreads); thread 0 fences and stores
+ *             posted + 1 into the receiver's tail with release.
+ *   receiver: thread 0 waits (acquire) until tail > taken; all threads
+ *             meet; they read the slot; all meet; thread 0 stores
+ *             taken + 1 into the sender's head with release.
+ *
+ * posted and taken count slots since the link was made and live in the
+ * rank's own GPU memory (counters[0], counters[1]): each launch starts from
+ * what the previous one left there, so a launch replayed from a CUDA graph
+ * continues the sequence instead of repeating it.
+ *
+ * Abort: thread 0 of every channel polls *abort_word (host memory mapped
+ * for the GPU) while it waits; once it is set, the channel writes ABORTED
+ * to *status and every thread of the channel returns, so no stream stays
+ * blocked by a peer that will never write.
+ *
+ * This file is host-and-device code: nvcc builds the kernel from it
+ * (ring_kernel.cu), and tests/gpu/simt_emu.cc runs the same source on the
+ * CPU, blocks as OS threads and threads as fibers (simt.cuh).
+ */
+#ifndef BRG_RING_KERNEL_CUH
+#define BRG_RING_KERNEL_CUH
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "elementwise.cuh"
+#include "ring_args.h"
+#include "schedule.h"
+#include "simt.cuh"
+
+namespace brg_rk {
+
+constexpr int MAX_CHANNELS = BRG__RK_MAX_CHANNELS;
+
+/* The collectives, numbered as the runtime numbers them. */
+enum kind { ALLREDUCE = 1, REDUCE_SCATTER = 2, ALL_GATHER = 3, BROADCAST = 4, REDUCE = 5 };
+
+enum status { OK = BRG__RK_OK, ABORTED = BRG__RK_ABORTED };
+
+typedef brg__rk_link link;
+typedef brg__rk_args args;
+
+template <class D, int OP> struct channel {
+  typedef typename D::T T;
+  static constexpr int MID = OP == BRG_AVG ? BRG_SUM : OP; /* before the last step */
+
+  const args &a;
+  const link &l;
+  uint64_t posted, taken; /* every thread keeps the same copy */
+  size_t slot_elems;
+
+  BRG_SIMT_DEV channel(const args &a_, const link &l_)
+      : a(a_), l(l_), posted(0), taken(0), slot_elems(a_.slot_bytes / sizeof(T)) {}
+
+  /* Thread 0 waits for the slot to read and the slot to write; false for
+   * every thread when the abort word stopped it. */
+  BRG_SIMT_DEV bool wait(int recvs, int sends) {
+    BRG_SIMT_SHARED int s_stop;
+    if (brg_simt_tid() == 0) {
+      int stop = 0;
+      while (!stop && recvs && brg_simt_load_acquire(l.recv_tail) <= taken) {
+        stop = brg_simt_load_word(a.abort_word) != 0;
+        if (!stop) brg_simt_pause();
+      }
+      while (!stop && sends && posted - brg_simt_load_acquire(l.send_head) >= (uint64_t)a.nslots) {
+        stop = brg_simt_load_word(a.abort_word) != 0;
+        if (!stop) brg_simt_pause();
+      }
+      if (stop) brg_simt_store_word(a.status, ABORTED);
+      s_stop = stop;
+    }
+#if BRG_RK_BREAK != 2 /* tests/gpu: a kernel that reads before the flag says so must fail */
+    brg_simt_sync();
+#endif
+    return !s_stop;
+  }
+
+  BRG_SIMT_DEV void copy(void *d0, void *d1, const void *src, size_t m) {
+    typedef uint8_t B;
+    size_t bytes = m * sizeof(T);
+    B *o0 = static_cast<B *>(d0), *o1 = static_cast<B *>(d1);
+    const B *s = static_cast<const B *>(src);
+    if (!o0) {
+      o0 = o1;
+      o1 = nullptr;
+    }
+    brg_ew::plan p = brg_ew::make_plan<B>(o0, o1, s, s, bytes);
+    brg_ew::thread_body<brg_ew::copy_fn>(brg_simt_tid(), brg_simt_nthreads(), o0, o1, s, nullptr,
+                                         bytes, p, 0);
+  }
+
+  template <int X>
+  BRG_SIMT_DEV void reduce(T *d0, T *d1, const T *x, const T *y, size_t m, int div) {
+    brg_ew::plan p = brg_ew::make_plan<T>(d0, d1, x, y, m);
+    brg_ew::thread_body<brg_ew::reduce_fn<D, X>>(brg_simt_tid(), brg_simt_nthreads(), d0, d1, x, y,
+                                                 m, p, div);
+  }
+
+  /* One primitive on one slice of m elements: in is this rank's input, out
+   * its output (NULL where the primitive writes none). */
+  BRG_SIMT_DEV bool prim(brg__prim pr, const T *in, T *out, size_t m) {
+    int recvs = brg__prim_recvs(pr), sends = brg__prim_sends(pr);
+    if ((recvs || sends) && !wait(recvs, sends)) return false;
+    const T *r = recvs ? reinterpret_cast<const T *>(l.recv_slots +
+                                                     (taken % (uint64_t)a.nslots) * a.slot_bytes)
+                       : nullptr;
+    T *slot =
+        sends ? reinterpret_cast<T *>(l.send_slots + (posted % (uint64_t)a.nslots) * a.slot_bytes)
+              : nullptr;
+#if BRG_RK_BREAK == 1 /* tests/gpu: a flag posted before the data must fail */
+    if (sends && brg_simt_tid() == 0) brg_simt_store_release(l.send_tail, posted + 1);
+#endif
+    if (m > 0) {
+      int n = a.nranks;
+      switch (pr) {
+      case BRG__PRIM_SEND: copy(slot, out, in, m); break;
+      case BRG__PRIM_RECV_REDUCE_SEND: reduce<MID>(slot, nullptr, r, in, m, 1); break;
+      case BRG__PRIM_RECV_REDUCE_COPY_SEND: reduce<OP>(out, slot, r, in, m, n); break;
+      case BRG__PRIM_RECV_REDUCE_COPY: reduce<OP>(out, nullptr, r, in, m, n); break;
+      case BRG__PRIM_RECV_COPY_SEND: copy(out, slot, r, m); break;
+      case BRG__PRIM_RECV: copy(out, nullptr, r, m); break;
+      case BRG__PRIM_COPY: copy(out, nullptr, in, m); break;
+      }
+    }
+    brg_simt_sync(); /* every thread's part of the slot is written (or read) */
+    if (brg_simt_tid() == 0) {
+#if BRG_RK_BREAK != 1
+      if (sends) {
+        brg_simt_fence();
+        brg_simt_store_release(l.send_tail, posted + 1);
+      }
+#endif
+      if (recvs) brg_simt_store_release(l.recv_head, taken + 1);
+    }
+    posted += sends;
+    taken += recvs;
+    return true;
+  }
+
+  /* Allreduce, reduce-scatter, all-gather: steps [t0, t1] of the ring
+   * schedule over this channel's share. Allreduce cuts its share into N
+   * balanced chunks; reduce-scatter and all-gather take this channel's
+   * share of every rank's block of count elements. */
+  BRG_SIMT_DEV bool ring(int t0, int t1) {
+    int n = a.nranks, p = a.pos, ch = (int)brg_simt_block(), nch = a.nchannels;
+    bool rs = a.kind == REDUCE_SCATTER, ag = a.kind == ALL_GATHER;
+    size_t per = a.count;
+    size_t share = brg__part_count(per, nch, ch), base = brg__part_offset(per, nch, ch);
+    const T *send = static_cast<const T *>(a.sendbuf);
+    T *recv = static_cast<T *>(a.recvbuf);
+    size_t max_slices = 0;
+    for (int i = 0; i < n; i++) {
+      size_t cnt = rs || ag ? share : brg__part_count(share, n, i);
+      size_t ns = brg__slice_total(cnt, slot_elems);
+      if (ns > max_slices) max_slices = ns;
+    }
+    for (size_t sl = 0; sl < max_slices; sl++) {
+      for (int t = t0; t <= t1; t++) {
+        int id = a.ring[brg__ring_chunk(p, n, t)];
+        size_t cnt = rs || ag ? share : brg__part_count(share, n, id);
+        size_t off = rs || ag ? per * (size_t)id + base : base + brg__part_offset(share, n, id);
+        if (sl >= brg__slice_total(cnt, slot_elems)) continue;
+        size_t m = brg__slice_count(cnt, slot_elems, sl);
+        size_t e = off + brg__slice_offset(sl, slot_elems);
+        const T *in = nullptr;
+        T *out = nullptr;
+        brg__prim pr = brg__ring_prim(n, t);
+        if (rs) {
+          in = send + e;
+          if (t == t1) {
+            pr = BRG__PRIM_RECV_REDUCE_COPY;
+            out = recv + base + brg__slice_offset(sl, slot_elems);
+          }
+        } else if (ag) {
+          out = recv + e;
+          if (t == t0) {
+            pr = BRG__PRIM_SEND;
+            in = send + base + brg__slice_offset(sl, slot_elems);
+          }
+        } else {
+          in = send + e;
+          out = recv + e;
+        }
+        if (pr == BRG__PRIM_SEND && !ag) out = nullptr;
+        if (!prim(pr, in, out, m)) return false;
+      }
+    }
+    return true;
+  }
+
+  /* Broadcast and reduce: a pipelined chain of N-1 hops along the ring. */
+  BRG_SIMT_DEV bool chain() {
+    int n = a.nranks, ch = (int)brg_simt_block(), nch = a.nchannels;
+    bool bcast = a.kind == BROADCAST;
+    int root_pos = 0;
+    for (int i = 0; i < n; i++)
+      if (a.ring[i] == a.root) root_pos = i;
+    int first = bcast ? root_pos : (root_pos + 1) % n;
+    int hop = brg__chain_hop(a.pos, first, n);
+    brg__prim pr;
+    if (hop == 0)
+      pr = BRG__PRIM_SEND;
+    else if (hop < n - 1)
+      pr = bcast ? BRG__PRIM_RECV_COPY_SEND : BRG__PRIM_RECV_REDUCE_SEND;
+    else
+      pr = bcast ? BRG__PRIM_RECV : BRG__PRIM_RECV_REDUCE_COPY;
+    size_t share = brg__part_count(a.count, nch, ch), base = brg__part_offset(a.count, nch, ch);
+    size_t slices = brg__slice_total(share, slot_elems);
+    for (size_t sl = 0; sl < slices; sl++) {
+      size_t e = base + brg__slice_offset(sl, slot_elems);
+      size_t m = brg__slice_count(share, slot_elems, sl);
+      const T *in = a.sendbuf ? static_cast<const T *>(a.sendbuf) + e : nullptr;
+      T *out = a.recvbuf ? static_cast<T *>(a.recvbuf) + e : nullptr;
+      /* The broadcast root also fills its own output; reduce senders do not. */
+      if (pr == BRG__PRIM_SEND && !(bcast && in != out)) out = nullptr;
+      if (!bcast && pr != BRG__PRIM_RECV_REDUCE_COPY) out = nullptr;
+      if (bcast && hop != 0) in = nullptr;
+      if (!prim(pr, in, out, m)) return false;
+    }
+    return true;
+  }
+
+  /* One rank: the output is the input. */
+  BRG_SIMT_DEV void single() {
+    int ch = (int)brg_simt_block(), nch = a.nchannels;
+    if (!a.recvbuf || a.sendbuf == a.recvbuf) return;
+    size_t share = brg__part_count(a.count, nch, ch), base = brg__part_offset(a.count, nch, ch);
+    copy(static_cast<T *>(a.recvbuf) + base, nullptr, static_cast<const T *>(a.sendbuf) + base,
+         share);
+  }
+
+  BRG_SIMT_DEV void run() {
+    BRG_SIMT_SHARED uint64_t s_start[2];
+    BRG_SIMT_SHARED int s_stopped;
+    if (brg_simt_tid() == 0) {
+      s_start[0] = l.counters[0];
+      s_start[1] = l.counters[1];
+      /* launches queued behind a stopped one end at once */
+      s_stopped = brg_simt_load_word(a.abort_word) != 0;
+      if (s_stopped) brg_simt_store_word(a.status, ABORTED);
+    }
+    brg_simt_sync();
+    if (s_stopped) return;
+    posted = s_start[0];
+    taken = s_start[1];
+    int n = a.nranks;
+    bool done;
+    if (n == 1) {
+      single();
+      done = true;
+    } else if (a.kind == BROADCAST || a.kind == REDUCE) {
+      done = chain();
+    } else {
+      int t0 = a.kind == ALL_GATHER ? n - 1 : 0, t1 = a.kind == REDUCE_SCATTER ? n - 1 : 2 * n - 2;
+      done = ring(t0, t1);
+    }
+    if (done && brg_simt_tid() == 0) {
+      l.counters[0] = posted;
+      l.counters[1] = taken;
+    }
+  }
+};
+
+template <class D, int OP> BRG_SIMT_DEV void run_op(const args &a) {
+  channel<D, OP> c(a, a.chan[brg_simt_block()]);
+  c.run();
+}
+
+template <class D> BRG_SIMT_DEV void run_dtype(const args &a) {
+  switch (a.op) {
+  case BRG_SUM: run_op<D, BRG_SUM>(a); break;
+  case BRG_PROD: run_op<D, BRG_PROD>(a); break;
+  case BRG_MIN: run_op<D, BRG_MIN>(a); break;
+  case BRG_MAX: run_op<D, BRG_MAX>(a); break;
+  case BRG_AVG: run_op<D, BRG_AVG>(a); break;
+  }
+}
+
+/* What every thread of the launch runs: blocks are channels. */
+BRG_SIMT_DEV void run(const args &a) {
+  using namespace brg_ew;
+  switch (a.dtype) {
+  case BRG_INT8: run_dtype<tag_i8>(a); break;
+  case BRG_UINT8: run_dtype<tag_u8>(a); break;
+  case BRG_INT32: run_dtype<tag_i32>(a); break;
+  case BRG_UINT32: run_dtype<tag_u32>(a); break;
+  case BRG_INT64: run_dtype<tag_i64>(a); break;
+  case BRG_UINT64: run_dtype<tag_u64>(a); break;
+  case BRG_FLOAT16: run_dtype<tag_f16>(a); break;
+  case BRG_BFLOAT16: run_dtype<tag_bf16>(a); break;
+  case BRG_FLOAT32: run_dtype<tag_f32>(a); break;
+  case BRG_FLOAT64: run_dtype<tag_f64>(a); break;
+  }
+}
+
+} // namespace brg_rk
+
+#endif /* BRG_RING_KERNEL_CUH */

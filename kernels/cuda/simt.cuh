@@ -1,0 +1,118 @@
+/*
+ * What a kernel of kernel mode (ring_kernel.cuh) may ask of the machine it
+ * runs on, in one place, so that the same kernel source compiles for a GPU
+ * with nvcc and for the CPU under the SIMT emulator of the tests
+ * (tests/gpu/simt_emu.h), where there is no GPU:
+ *
+ *   brg_simt_tid / _nthreads / _block   threadIdx.x, blockDim.x, blockIdx.x
+ *   brg_simt_sync                       __syncthreads
+ *   brg_simt_pause                      a spinning thread lets others run
+ *   brg_simt_load_acquire (u64)         a flag another GPU or the host wrote
+ *   brg_simt_store_release (u64)        a flag another GPU or the host reads
+ *   brg_simt_load_word (int)            a word the host writes (abort)
+ *   brg_simt_store_word (int)           a word the host reads (status)
+ *   brg_simt_fence                      orders this thread's writes before
+ *                                       its later ones for every observer
+ *   BRG_SIMT_SHARED                     __shared__: one per thread block
+ *
+ * Flags and words are at system scope: they may live in another process's
+ * GPU memory (CUDA IPC) or in host memory mapped for the GPU.
+ */
+#ifndef BRG_SIMT_CUH
+#define BRG_SIMT_CUH
+
+#include <stdint.h>
+
+#if defined(__CUDACC__)
+#include <cuda_runtime.h>
+
+#define BRG_SIMT_DEV __device__ __forceinline__
+#define BRG_SIMT_SHARED __shared__
+
+static BRG_SIMT_DEV unsigned brg_simt_tid() {
+  return threadIdx.x;
+}
+static BRG_SIMT_DEV unsigned brg_simt_nthreads() {
+  return blockDim.x;
+}
+static BRG_SIMT_DEV unsigned brg_simt_block() {
+  return blockIdx.x;
+}
+static BRG_SIMT_DEV void brg_simt_sync() {
+  __syncthreads();
+}
+static BRG_SIMT_DEV void brg_simt_pause() {
+  __nanosleep(64);
+}
+static BRG_SIMT_DEV uint64_t brg_simt_load_acquire(const uint64_t *p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+static BRG_SIMT_DEV void brg_simt_store_release(uint64_t *p, uint64_t v) {
+  asm volatile("st.release.sys.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+static BRG_SIMT_DEV int brg_simt_load_word(const int *p) {
+  int v;
+  asm volatile("ld.relaxed.sys.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+static BRG_SIMT_DEV void brg_simt_store_word(int *p, int v) {
+  asm volatile("st.relaxed.sys.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+static BRG_SIMT_DEV void brg_simt_fence() {
+  __threadfence_system();
+}
+
+#else /* the SIMT emulator */
+
+/* Provided by the emulator (tests/gpu/simt_emu.cc) for the calling fiber. */
+unsigned brg_simt_emu_tid();
+unsigned brg_simt_emu_nthreads();
+unsigned brg_simt_emu_block();
+void brg_simt_emu_sync();
+void brg_simt_emu_pause();
+void brg_simt_emu_published();
+
+#define BRG_SIMT_DEV inline
+/* Blocks are OS threads and a block's threads are fibers of its OS thread,
+ * so thread-local storage is exactly one copy per block. */
+#define BRG_SIMT_SHARED static thread_local
+
+static inline unsigned brg_simt_tid() {
+  return brg_simt_emu_tid();
+}
+static inline unsigned brg_simt_nthreads() {
+  return brg_simt_emu_nthreads();
+}
+static inline unsigned brg_simt_block() {
+  return brg_simt_emu_block();
+}
+static inline void brg_simt_sync() {
+  brg_simt_emu_sync();
+}
+static inline void brg_simt_pause() {
+  brg_simt_emu_pause();
+}
+static inline uint64_t brg_simt_load_acquire(const uint64_t *p) {
+  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+}
+static inline void brg_simt_store_release(uint64_t *p, uint64_t v) {
+  __atomic_store_n(p, v, __ATOMIC_RELEASE);
+  brg_simt_emu_published(); /* a window for a reader that should not look yet */
+}
+static inline int brg_simt_load_word(const int *p) {
+  return __atomic_load_n(p, __ATOMIC_RELAXED);
+}
+static inline void brg_simt_store_word(int *p, int v) {
+  __atomic_store_n(p, v, __ATOMIC_RELAXED);
+}
+/* A block's fibers share one OS thread, so the release store that always
+ * follows the fence orders every fiber's writes before the flag. */
+static inline void brg_simt_fence() {
+  __asm__ volatile("" ::: "memory");
+}
+
+#endif
+
+#endif /* BRG_SIMT_CUH */

@@ -1,0 +1,194 @@
+/* The SIMT emulator of simt_emu.h. */
+#include "simt_emu.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <time.h>
+#include <ucontext.h>
+
+#include <vector>
+
+/* ThreadSanitizer must be told about fibers, or it takes the switches for
+ * one thread's accesses racing with themselves. */
+#if defined(__SANITIZE_THREAD__)
+#define BRG_SIMT_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define BRG_SIMT_TSAN 1
+#endif
+#endif
+#ifdef BRG_SIMT_TSAN
+#include <sanitizer/tsan_interface.h>
+#endif
+
+namespace {
+
+enum { RUN, BARRIER, DONE };
+
+constexpr size_t STACK_BYTES = 64 * 1024;
+
+struct fiber {
+  ucontext_t ctx;
+  unsigned tid;
+  int state;
+  void *stack;
+  void *tsan; /* ThreadSanitizer's fiber */
+};
+
+struct block_rt {
+  unsigned block, nthreads;
+  std::vector<fiber> f;
+  ucontext_t sched;
+  unsigned cur = 0;
+  unsigned at_barrier = 0, live = 0;
+  bool paused = false;
+  const std::function<void()> *body = nullptr;
+  int failed = 0;
+  void *tsan_sched = nullptr; /* ThreadSanitizer's view of the scheduler */
+};
+
+/* From the scheduler to fiber t and back. */
+void switch_to_fiber(block_rt *b, unsigned t) {
+#ifdef BRG_SIMT_TSAN
+  __tsan_switch_to_fiber(b->f[t].tsan, 0);
+#endif
+  swapcontext(&b->sched, &b->f[t].ctx);
+}
+void switch_to_sched(block_rt *b) {
+#ifdef BRG_SIMT_TSAN
+  __tsan_switch_to_fiber(b->tsan_sched, 0);
+#endif
+  swapcontext(&b->f[b->cur].ctx, &b->sched);
+}
+
+thread_local block_rt *tl;
+
+/* Every live fiber is at the barrier: all of them go on. */
+void release_if_all_arrived(block_rt *b) {
+  if (b->at_barrier == 0 || b->at_barrier != b->live) return;
+  for (fiber &f : b->f)
+    if (f.state == BARRIER) f.state = RUN;
+  b->at_barrier = 0;
+}
+
+void fiber_main() {
+  block_rt *b = tl;
+  (*b->body)();
+  b->f[b->cur].state = DONE;
+  b->live--;
+  release_if_all_arrived(b); /* a thread that has exited no longer holds the others */
+#ifdef BRG_SIMT_TSAN
+  __tsan_switch_to_fiber(b->tsan_sched, 0);
+#endif
+  /* returning resumes the scheduler (uc_link) */
+}
+
+/* Thread t of the block, ready to start at the body. */
+bool make_fiber(block_rt *b, unsigned t) {
+  fiber &f = b->f[t];
+  f.tid = t;
+  f.state = RUN;
+  f.stack = malloc(STACK_BYTES);
+  if (!f.stack || getcontext(&f.ctx) != 0) return false;
+  f.ctx.uc_stack.ss_sp = f.stack;
+  f.ctx.uc_stack.ss_size = STACK_BYTES;
+  f.ctx.uc_link = &b->sched;
+  makecontext(&f.ctx, fiber_main, 0);
+#ifdef BRG_SIMT_TSAN
+  f.tsan = __tsan_create_fiber(0);
+#endif
+  return true;
+}
+
+void *block_main(void *arg) {
+  block_rt *b = static_cast<block_rt *>(arg);
+  tl = b;
+#ifdef BRG_SIMT_TSAN
+  b->tsan_sched = __tsan_get_current_fiber();
+#endif
+  for (unsigned t = 0; t < b->nthreads; t++)
+    if (!make_fiber(b, t)) {
+      b->failed = 1;
+      for (fiber &f : b->f) free(f.stack);
+      return nullptr;
+    }
+  b->live = b->nthreads;
+  unsigned idle_rounds = 0;
+  while (b->live > 0) {
+    bool worked = false;
+    for (unsigned t = 0; t < b->nthreads; t++) {
+      if (b->f[t].state != RUN) continue;
+      b->cur = t;
+      b->paused = false;
+      switch_to_fiber(b, t);
+      worked |= !b->paused;
+    }
+    if (worked) {
+      idle_rounds = 0;
+    } else if (++idle_rounds < 64) {
+      sched_yield(); /* only spinning threads: let the other blocks run */
+    } else {
+      struct timespec ts = {0, 20000};
+      nanosleep(&ts, nullptr);
+    }
+  }
+  for (fiber &f : b->f) {
+#ifdef BRG_SIMT_TSAN
+    if (f.tsan) __tsan_destroy_fiber(f.tsan);
+#endif
+    free(f.stack);
+  }
+  return nullptr;
+}
+
+} // namespace
+
+unsigned brg_simt_emu_tid() {
+  return tl->f[tl->cur].tid;
+}
+unsigned brg_simt_emu_nthreads() {
+  return tl->nthreads;
+}
+unsigned brg_simt_emu_block() {
+  return tl->block;
+}
+
+void brg_simt_emu_sync() {
+  block_rt *b = tl;
+  fiber &me = b->f[b->cur];
+  me.state = BARRIER;
+  b->at_barrier++;
+  release_if_all_arrived(b);
+  switch_to_sched(b);
+}
+
+void brg_simt_emu_pause() {
+  block_rt *b = tl;
+  b->paused = true;
+  switch_to_sched(b);
+}
+
+void brg_simt_emu_published() {
+  sched_yield();
+}
+
+int brg_simt_emu::launch(unsigned blocks, unsigned threads, const std::function<void()> &body) {
+  std::vector<block_rt> b(blocks);
+  std::vector<pthread_t> th(blocks);
+  std::vector<int> started(blocks, 0);
+  int bad = 0;
+  for (unsigned i = 0; i < blocks; i++) {
+    b[i].block = i;
+    b[i].nthreads = threads;
+    b[i].f.resize(threads);
+    b[i].body = &body;
+    started[i] = pthread_create(&th[i], nullptr, block_main, &b[i]) == 0;
+    bad |= !started[i];
+  }
+  for (unsigned i = 0; i < blocks; i++) {
+    if (started[i]) pthread_join(th[i], nullptr);
+    bad |= b[i].failed;
+  }
+  return bad ? -1 : 0;
+}

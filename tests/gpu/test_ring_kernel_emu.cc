@@ -1,0 +1,424 @@
+/*
+ * The kernel-mode ring kernel (kernels/cuda/ring_kernel.cuh), its real
+ * source, run on the CPU by the SIMT emulator (simt_emu.h): N ranks, each
+ * one launch per collective of C channel blocks, talking only through the
+ * FIFOs' slots and flags in shared memory, as GPUs do through CUDA IPC.
+ *
+ *   test_ring_kernel_emu threads|procs N CHANNELS BLOCK_THREADS [quick]
+ *   test_ring_kernel_emu abort N
+ *
+ * threads: the ranks are threads of this process; procs: forked
+ * processes, the FIFOs in a MAP_SHARED mapping made before the fork. Each
+ * rank runs the whole list of cases on its own, back to back, as a stream
+ * would: only the flags keep the ranks in step. Every collective x dtype x
+ * op x count (0, 1, 7, 4099, and a multi-slice one), in place and out of
+ * place, on a ring whose order is not the rank order; every element of
+ * every rank's output is checked against a fold of the inputs computed
+ * here, and the bytes around the outputs must be untouched. The inputs are
+ * small integers, so that any order of reduction gives the same bits.
+ *
+ * abort: rank N-1 never launches; the others' allreduce waits for it until
+ * another thread sets the abort word; every launch must then return with
+ * ABORTED in its status word.
+ *
+ * Built a second time with -DBRG_RK_BREAK=1 (the tail posted before the
+ * data is written) and =2 (no barrier after the wait for the tail), the
+ * same test must fail (meson: should_fail).
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <type_traits>
+#include <thread>
+#include <vector>
+
+#include "ring_kernel.cuh"
+#include "simt_emu.h"
+
+using namespace brg_rk;
+
+static const int NSLOTS = 4;
+static const size_t SLOT_BYTES = 4096; /* small: many slices, FIFO wrap-around */
+static const size_t GUARD = 64;
+
+static int g_n, g_channels, g_threads, g_quick;
+
+/* ------------------------------------------------------------ the FIFOs */
+
+/* Everything one (rank, channel) owns, in one shared mapping. */
+struct chan_mem {
+  alignas(64) uint64_t tail;
+  alignas(64) uint64_t head;
+  alignas(64) uint64_t counters[2];
+  alignas(64) char slots[NSLOTS * SLOT_BYTES];
+};
+static chan_mem *g_mem; /* [rank * MAX_CHANNELS + ch] */
+static int *g_abort;    /* one word, shared */
+static int *g_ring;     /* position -> rank */
+
+static chan_mem &cm(int rank, int ch) {
+  return g_mem[rank * MAX_CHANNELS + ch];
+}
+
+static int pos_of(int rank) {
+  for (int p = 0; p < g_n; p++)
+    if (g_ring[p] == rank) return p;
+  return -1;
+}
+
+static args make_args(int rank, int kind, int dtype, int op, int root, const void *s, void *r,
+                      size_t count, int *status) {
+  args a;
+  memset(&a, 0, sizeof a);
+  a.kind = kind;
+  a.dtype = dtype;
+  a.op = op;
+  a.nranks = g_n;
+  a.pos = pos_of(rank);
+  a.root = root;
+  a.ring = g_ring;
+  a.sendbuf = s;
+  a.recvbuf = r;
+  a.count = count;
+  a.nslots = NSLOTS;
+  a.slot_bytes = SLOT_BYTES;
+  a.nchannels = g_channels;
+  a.abort_word = g_abort;
+  a.status = status;
+  int next = g_ring[(a.pos + 1) % g_n], prev = g_ring[(a.pos + g_n - 1) % g_n];
+  for (int ch = 0; ch < g_channels; ch++) {
+    brg_rk::link &l = a.chan[ch];
+    l.send_slots = cm(next, ch).slots;
+    l.send_tail = &cm(next, ch).tail;
+    l.send_head = &cm(rank, ch).head;
+    l.recv_slots = cm(rank, ch).slots;
+    l.recv_tail = &cm(rank, ch).tail;
+    l.recv_head = &cm(prev, ch).head;
+    l.counters = cm(rank, ch).counters;
+  }
+  return a;
+}
+
+/* ------------------------------------------------------------ reference */
+
+static size_t esize(int dt) {
+  static const size_t es[] = {1, 1, 4, 4, 8, 8, 2, 2, 4, 8};
+  return es[dt];
+}
+
+/* Input element i of rank r in case c: a small integer. */
+static int value(int c, int r, size_t i, int op) {
+  int v = (int)((r * 5 + i * 3 + (size_t)c * 7) % 4);
+  return op == BRG_PROD ? 1 + v % 3 : v;
+}
+
+template <class D> static typename D::T encode(int v) {
+  typedef typename D::T T;
+  if constexpr (std::is_same<D, brg_ew::tag_f16>::value)
+    return brg__f32_to_f16((float)v);
+  else if constexpr (std::is_same<D, brg_ew::tag_bf16>::value)
+    return brg__f32_to_bf16((float)v);
+  else
+    return (T)v;
+}
+
+/* out[j] = the fold over ranks, in rank order, of element (off + j). */
+template <class D> static void fold(int c, int op, size_t off, size_t m, void *out) {
+  typedef typename D::T T;
+  T *o = static_cast<T *>(out);
+  for (size_t j = 0; j < m; j++) {
+    T acc = encode<D>(value(c, 0, off + j, op));
+    for (int r = 1; r < g_n; r++) {
+      T x = encode<D>(value(c, r, off + j, op));
+      switch (op) {
+      case BRG_SUM:
+      case BRG_AVG: acc = D::template op<BRG_SUM>(acc, x, 1); break;
+      case BRG_PROD: acc = D::template op<BRG_PROD>(acc, x, 1); break;
+      case BRG_MIN: acc = D::template op<BRG_MIN>(acc, x, 1); break;
+      case BRG_MAX: acc = D::template op<BRG_MAX>(acc, x, 1); break;
+      }
+    }
+    o[j] = op == BRG_AVG ? D::div(acc, g_n) : acc;
+  }
+}
+
+template <class D> static void fill(int c, int r, int op, size_t n, void *buf) {
+  typedef typename D::T T;
+  for (size_t i = 0; i < n; i++) static_cast<T *>(buf)[i] = encode<D>(value(c, r, i, op));
+}
+
+#define DISPATCH(dt, F, ...)                                                                       \
+  switch (dt) {                                                                                    \
+  case BRG_INT8: F<brg_ew::tag_i8>(__VA_ARGS__); break;                                            \
+  case BRG_UINT8: F<brg_ew::tag_u8>(__VA_ARGS__); break;                                           \
+  case BRG_INT32: F<brg_ew::tag_i32>(__VA_ARGS__); break;                                          \
+  case BRG_UINT32: F<brg_ew::tag_u32>(__VA_ARGS__); break;                                         \
+  case BRG_INT64: F<brg_ew::tag_i64>(__VA_ARGS__); break;                                          \
+  case BRG_UINT64: F<brg_ew::tag_u64>(__VA_ARGS__); break;                                         \
+  case BRG_FLOAT16: F<brg_ew::tag_f16>(__VA_ARGS__); break;                                        \
+  case BRG_BFLOAT16: F<brg_ew::tag_bf16>(__VA_ARGS__); break;                                      \
+  case BRG_FLOAT32: F<brg_ew::tag_f32>(__VA_ARGS__); break;                                        \
+  case BRG_FLOAT64: F<brg_ew::tag_f64>(__VA_ARGS__); break;                                        \
+  }
+
+/* ------------------------------------------------------------ the cases */
+
+struct tcase {
+  int kind, dtype, op;
+  size_t count;
+  int inplace, root;
+};
+
+static std::vector<tcase> make_cases() {
+  std::vector<tcase> v;
+  const size_t counts[] = {0, 1, 7, 4099, 20011};
+  for (int kind = ALLREDUCE; kind <= REDUCE; kind++)
+    for (int dt = 0; dt < BRG_NUM_DTYPES; dt++)
+      for (int op = 0; op < BRG_NUM_OPS; op++) {
+        bool reduces = kind == ALLREDUCE || kind == REDUCE_SCATTER || kind == REDUCE;
+        if (!reduces && op != BRG_SUM) continue;
+        for (size_t n : counts) {
+          /* quick: every op on small counts, the large count for sum */
+          if (g_quick && n > 4099 && op != BRG_SUM) continue;
+          for (int inplace = 0; inplace < 2; inplace++)
+            v.push_back({kind, dt, op, n, inplace, (int)((n + (size_t)dt) % (size_t)g_n)});
+        }
+      }
+  return v;
+}
+
+/* Buffer sizes (elements) of a case: input, output. */
+static void sizes(const tcase &t, size_t *in, size_t *out) {
+  size_t n = (size_t)g_n;
+  *in = t.kind == REDUCE_SCATTER ? t.count * n : t.count;
+  *out = t.kind == ALL_GATHER ? t.count * n : t.count;
+}
+
+static int g_fail_budget = 10;
+
+static int check_case(int ci, const tcase &t, int rank, const unsigned char *out,
+                      size_t out_elems) {
+  size_t es = esize(t.dtype);
+  std::vector<unsigned char> want(out_elems * es + 1);
+  bool has_out = !(t.kind == REDUCE && rank != t.root);
+  if (!has_out) return 0;
+  switch (t.kind) {
+  case ALLREDUCE:
+  case REDUCE: DISPATCH(t.dtype, fold, ci, t.op, 0, t.count, want.data()) break;
+  case REDUCE_SCATTER:
+    DISPATCH(t.dtype, fold, ci, t.op, (size_t)rank * t.count, t.count, want.data()) break;
+  case ALL_GATHER:
+    for (int q = 0; q < g_n; q++)
+      DISPATCH(t.dtype, fill, ci, q, BRG_SUM, t.count, want.data() + (size_t)q * t.count * es)
+    break;
+  case BROADCAST: DISPATCH(t.dtype, fill, ci, t.root, BRG_SUM, t.count, want.data()) break;
+  }
+  for (size_t i = 0; i < out_elems; i++)
+    if (memcmp(out + i * es, want.data() + i * es, es) != 0) {
+      if (g_fail_budget-- > 0) {
+        uint64_t g = 0, w = 0;
+        memcpy(&g, out + i * es, es);
+        memcpy(&w, want.data() + i * es, es);
+        fprintf(stderr,
+                "FAIL rank %d case %d: %s kind %d %s count %zu %s root %d: element %zu is 0x%llx, "
+                "expected 0x%llx\n",
+                rank, ci, brg_dtype_name((brg_dtype)t.dtype), t.kind, brg_op_name((brg_op)t.op),
+                t.count, t.inplace ? "in place" : "out of place", t.root, i, (unsigned long long)g,
+                (unsigned long long)w);
+      }
+      return 1;
+    }
+  for (size_t i = 0; i < GUARD; i++)
+    if (out[out_elems * es + i] != 0xee) {
+      if (g_fail_budget-- > 0)
+        fprintf(stderr, "FAIL rank %d case %d: byte %zu after the output was written\n", rank, ci,
+                i);
+      return 1;
+    }
+  return 0;
+}
+
+/* Every case, back to back, as rank `rank`. Returns the number of failures. */
+static int run_rank(int rank) {
+  std::vector<tcase> cases = make_cases();
+  int fails = 0;
+  int status = 0;
+  for (size_t ci = 0; ci < cases.size(); ci++) {
+    const tcase &t = cases[ci];
+    size_t es = esize(t.dtype), in_e, out_e;
+    sizes(t, &in_e, &out_e);
+    size_t cap = (in_e > out_e ? in_e : out_e) * es + GUARD;
+    std::vector<unsigned char> in(cap + 16), outb(cap + 16);
+    /* odd offsets from 16 bytes on some cases: the kernels' scalar paths */
+    size_t shift = (ci % 3 == 2) ? es : 0;
+    unsigned char *ip = in.data() + shift, *op = outb.data() + shift;
+    DISPATCH(t.dtype, fill, (int)ci, rank, t.op, in_e, ip)
+    memset(op, 0xee, out_e * es + GUARD);
+    const void *s = ip;
+    void *r = op;
+    if (t.inplace) {
+      /* in place: the output is the input (reduce-scatter and all-gather:
+       * this rank's block of the full buffer, as NCCL takes them) */
+      memset(op, 0xee, cap);
+      if (t.kind == ALL_GATHER) {
+        memcpy(op + (size_t)rank * t.count * es, ip, t.count * es);
+        s = op + (size_t)rank * t.count * es;
+      } else if (t.kind == REDUCE_SCATTER) {
+        memcpy(op, ip, in_e * es);
+        memset(op + in_e * es, 0xee, GUARD);
+        s = op;
+        r = op + (size_t)rank * t.count * es;
+      } else {
+        memcpy(op, ip, in_e * es);
+        s = op;
+      }
+    }
+    if (t.kind == REDUCE && rank != t.root && !t.inplace) r = nullptr;
+    args a = make_args(rank, t.kind, t.dtype, t.op, t.root, s, r, t.count, &status);
+    if (brg_simt_emu::launch((unsigned)g_channels, (unsigned)g_threads, [&] { run(a); }) != 0) {
+      fprintf(stderr, "FAIL rank %d: the emulator could not launch\n", rank);
+      return fails + 1;
+    }
+    if (status != OK) {
+      fprintf(stderr, "FAIL rank %d case %zu: status %d\n", rank, ci, status);
+      return fails + 1;
+    }
+    const unsigned char *got = static_cast<const unsigned char *>(r ? r : op);
+    if (t.inplace && t.kind == REDUCE_SCATTER) {
+      /* the guard after this rank's block is the next rank's input: skip it */
+      std::vector<unsigned char> copy(out_e * es + GUARD, 0xee);
+      memcpy(copy.data(), got, out_e * es);
+      fails += check_case((int)ci, t, rank, copy.data(), out_e);
+    } else if (r) {
+      fails += check_case((int)ci, t, rank, got, out_e);
+    }
+  }
+  return fails;
+}
+
+/* ------------------------------------------------------------ drivers */
+
+static void *shared_alloc(size_t bytes) {
+  void *p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    perror("mmap");
+    exit(1);
+  }
+  memset(p, 0, bytes);
+  return p;
+}
+
+static void setup_shared(int n) {
+  g_mem = static_cast<chan_mem *>(shared_alloc(sizeof(chan_mem) * (size_t)n * MAX_CHANNELS));
+  g_abort = static_cast<int *>(shared_alloc(4096));
+  g_ring = static_cast<int *>(shared_alloc(4096));
+  /* position p holds rank (p + 1) mod N: the ring is not the rank order */
+  for (int p = 0; p < n; p++) g_ring[p] = (p + 1) % n;
+}
+
+static int run_threads() {
+  std::vector<int> fails(g_n, 0);
+  std::vector<std::thread> th;
+  for (int r = 0; r < g_n; r++) th.emplace_back([&fails, r] { fails[r] = run_rank(r); });
+  for (auto &t : th) t.join();
+  int total = 0;
+  for (int f : fails) total += f;
+  return total;
+}
+
+static int run_procs() {
+  std::vector<pid_t> pids;
+  for (int r = 0; r < g_n; r++) {
+    pid_t p = fork();
+    if (p == 0) _exit(run_rank(r) ? 1 : 0);
+    pids.push_back(p);
+  }
+  int bad = 0;
+  for (pid_t p : pids) {
+    int st = 0;
+    waitpid(p, &st, 0);
+    bad += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  }
+  return bad;
+}
+
+/* Rank N-1 never comes; the others' allreduce must stop at the abort word. */
+static int run_abort() {
+  std::vector<int> status(g_n, 0);
+  std::vector<std::vector<float>> buf(g_n, std::vector<float>(100000, 1.0f));
+  std::atomic<int> returned{0};
+  std::vector<std::thread> th;
+  for (int r = 0; r < g_n - 1; r++)
+    th.emplace_back([&, r] {
+      args a = make_args(r, ALLREDUCE, BRG_FLOAT32, BRG_SUM, 0, buf[r].data(), buf[r].data(),
+                         buf[r].size(), &status[r]);
+      brg_simt_emu::launch((unsigned)g_channels, (unsigned)g_threads, [&] { run(a); });
+      returned++;
+    });
+  struct timespec ts = {0, 300 * 1000 * 1000};
+  nanosleep(&ts, nullptr);
+  int early = returned.load();
+  __atomic_store_n(g_abort, 1, __ATOMIC_RELEASE);
+  for (auto &t : th) t.join();
+  int bad = 0;
+  if (early) {
+    fprintf(stderr, "FAIL abort: %d launches returned before the abort word was set\n", early);
+    bad++;
+  }
+  for (int r = 0; r < g_n - 1; r++)
+    if (status[r] != ABORTED) {
+      fprintf(stderr, "FAIL abort: rank %d's status is %d, expected ABORTED (%d)\n", r, status[r],
+              ABORTED);
+      bad++;
+    }
+  return bad;
+}
+
+static void on_alarm(int) {
+  static const char msg[] = "FAIL: still running at the deadline (a wait that never ends?)\n";
+  ssize_t w = write(2, msg, sizeof msg - 1);
+  (void)w;
+  _exit(1);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 3) {
+    fprintf(stderr, "usage: %s threads|procs N CHANNELS BLOCK_THREADS [quick] | abort N\n",
+            argv[0]);
+    return 2;
+  }
+  const char *mode = argv[1];
+  g_n = atoi(argv[2]);
+  g_channels = argc > 3 ? atoi(argv[3]) : 2;
+  g_threads = argc > 4 ? atoi(argv[4]) : 32;
+  g_quick = argc > 5 && strcmp(argv[5], "quick") == 0;
+  if (g_n < 1 || g_n > 8 || g_channels < 1 || g_channels > MAX_CHANNELS || g_threads < 1 ||
+      g_threads > 1024) {
+    fprintf(stderr, "bad arguments\n");
+    return 2;
+  }
+  signal(SIGALRM, on_alarm);
+  alarm(240);
+  setup_shared(g_n);
+  int bad;
+  if (strcmp(mode, "threads") == 0)
+    bad = run_threads();
+  else if (strcmp(mode, "procs") == 0)
+    bad = run_procs();
+  else if (strcmp(mode, "abort") == 0)
+    bad = g_n < 2 ? 0 : run_abort();
+  else {
+    fprintf(stderr, "unknown mode %s\n", mode);
+    return 2;
+  }
+  printf("test_ring_kernel_emu %s N=%d channels=%d threads=%d%s: %s\n", mode, g_n, g_channels,
+         g_threads, g_quick ? " quick" : "", bad ? "FAILED" : "ok");
+  return bad ? 1 : 0;
+}
