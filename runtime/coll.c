@@ -176,30 +176,22 @@ brg_status brg_reduce(const void *sendbuf, void *recvbuf, size_t count, brg_dtyp
   return s != BRG_SUCCESS ? s : brg__progress_run(comm, &k);
 }
 
-static brg_status prep_all_to_all(const char *fn, const void *sendbuf, void *recvbuf, size_t count,
-                                  brg_dtype dtype, brg_comm *comm, brg_stream stream,
-                                  brg__coll *k) {
+/* No non-blocking form (yet): the checks and the run in one. */
+brg_status brg_all_to_all(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype,
+                          brg_comm *comm, brg_stream stream) {
+  const char *fn = "brg_all_to_all";
   brg_status s = brg__check_comm(comm, fn);
   if (s != BRG_SUCCESS) return s;
   if (stream)
     return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT,
                            "%s: host buffers only: stream must be NULL", fn);
   size_t n = (size_t)comm->nranks;
-  *k = COLL(BRG__COLL_ALL_TO_ALL, sendbuf, recvbuf, count, dtype, BRG_SUM, -1);
+  brg__coll k = COLL(BRG__COLL_ALL_TO_ALL, sendbuf, recvbuf, count, dtype, BRG_SUM, -1);
   s = check_call(comm, fn, sendbuf, recvbuf, count, count * n, count * n, dtype, 0, BRG_SUM, -1,
-                 NULL, k);
-  if (s == BRG_SUCCESS && k->device)
-    return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT,
-                           "%s: the buffers are GPU memory: all_to_all takes host buffers only",
-                           fn);
-  return s;
-}
-
-brg_status brg_all_to_all(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype,
-                          brg_comm *comm, brg_stream stream) {
-  brg__coll k;
-  brg_status s =
-      prep_all_to_all("brg_all_to_all", sendbuf, recvbuf, count, dtype, comm, stream, &k);
+                 NULL, &k);
+  if (s == BRG_SUCCESS && k.device)
+    s = brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT,
+                        "%s: the buffers are GPU memory: all_to_all takes host buffers only", fn);
   return s != BRG_SUCCESS ? s : brg__progress_run(comm, &k);
 }
 

@@ -707,13 +707,7 @@ brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
       op_finish(p, op, s);
       break;
     }
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += 50 * 1000 * 1000;
-    if (ts.tv_nsec >= 1000000000) {
-      ts.tv_sec++;
-      ts.tv_nsec -= 1000000000;
-    }
+    struct timespec ts = brg__realtime_in_ms(50);
     pthread_cond_timedwait(&p->cond, &p->lock, &ts);
   }
   s = op->status;
