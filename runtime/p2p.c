@@ -90,7 +90,7 @@ typedef struct p2p_peer {
   int out_fd;
   uint64_t sent; /* user messages sent to this peer */
   brg_status out_broken;
-  char out_why[200];
+  char out_why[256];
   /* Receiving side: the p2p lock. */
   int in_fd;
   int watch_out;  /* the thread polls out_fd for a hang-up */
@@ -566,7 +566,7 @@ static brg_status send_self(brg_comm *c, uint32_t chan, uint64_t num, const void
     if (begin_message(p, pr, &h) == 0) {
       uint64_t bytes = count * brg_dtype_size(dtype), room;
       char *dest = payload_dest(p, pr, &room);
-      if (pr->cur_op || pr->cur_unexp) memcpy(dest, buf, bytes);
+      if (bytes && (pr->cur_op || pr->cur_unexp)) memcpy(dest, buf, bytes);
       payload_landed(pr, bytes);
       end_message(p, pr);
       if (chan == BRG__P2P_USER) pr->sent++;
@@ -586,6 +586,14 @@ brg_status brg__p2p_send(brg_comm *c, const char *fn, uint32_t chan, uint64_t nu
   p2p_peer *pr = peer_locked(c, peer);
   if (!pr) return brg__comm_error(c, BRG_ERR_NO_MEMORY, "%s: out of memory", fn);
   pthread_mutex_lock(&pr->send_lock);
+  /* A peer whose hang-up the thread has seen takes nothing more: the
+   * kernel may still accept a write or two before it learns of it. */
+  pthread_mutex_lock(&c->p2p->lock);
+  if (!pr->out_broken && pr->gone) {
+    pr->out_broken = BRG_ERR_REMOTE;
+    snprintf(pr->out_why, sizeof pr->out_why, "%s", pr->gone_why);
+  }
+  pthread_mutex_unlock(&c->p2p->lock);
   brg_status s = pr->out_broken;
   if (s == BRG_SUCCESS) s = ensure_out(c, pr, peer, pr->out_why, sizeof pr->out_why);
   if (s == BRG_SUCCESS) {
@@ -703,7 +711,7 @@ static void watch_peer(brg_comm *c, brg__p2p_op *op) {
   p2p_peer *pr = peer_locked(c, op->peer);
   if (!pr) return;
   pthread_mutex_lock(&pr->send_lock);
-  char why[200];
+  char why[256];
   brg_status s = pr->out_broken ? BRG_SUCCESS : ensure_out(c, pr, op->peer, why, sizeof why);
   pthread_mutex_unlock(&pr->send_lock);
   if (s == BRG_SUCCESS) return;
