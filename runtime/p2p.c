@@ -723,13 +723,17 @@ static void watch_peer(brg_comm *c, brg__p2p_op *op) {
 brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
   brg__p2p *p = c->p2p;
   if (!__atomic_load_n(&op->done, __ATOMIC_ACQUIRE)) watch_peer(c, op);
+  /* The timeout runs from the later of the last progress and this wait:
+   * an irecv posted long before its brg_wait is not late for that. */
+  int64_t start = brg__now_ns();
   pthread_mutex_lock(&p->lock);
   p2p_peer *pr = p->peer[op->peer];
   brg_status s = BRG_SUCCESS;
   while (!op->done) {
+    int64_t since = op->last_ns > start ? op->last_ns : start;
     if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
       s = BRG_ERR_ABORTED;
-    else if (brg__now_ns() - op->last_ns > (int64_t)c->timeout_ms * 1000000)
+    else if (brg__now_ns() - since > (int64_t)c->timeout_ms * 1000000)
       s = BRG_ERR_TIMEOUT;
     if (s != BRG_SUCCESS) {
       withdraw(pr, op);
