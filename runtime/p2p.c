@@ -715,8 +715,9 @@ static void watch_peer(brg_comm *c, brg__p2p_op *op) {
   brg_status s = pr->out_broken ? BRG_SUCCESS : ensure_out(c, pr, op->peer, why, sizeof why);
   pthread_mutex_unlock(&pr->send_lock);
   if (s == BRG_SUCCESS) return;
+  /* Unreachable: gone, unless its own link to this rank still works. */
   pthread_mutex_lock(&c->p2p->lock);
-  peer_gone(c->p2p, pr, s, "%s", why);
+  if (pr->in_fd < 0) peer_gone(c->p2p, pr, s, "%s", why);
   pthread_mutex_unlock(&c->p2p->lock);
 }
 
