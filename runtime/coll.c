@@ -219,7 +219,7 @@ static brg_status check_p2p(brg_comm *c, const char *fn, const void *buf, size_t
   return s;
 }
 
-static brg_status p2p_request(brg_comm *c, const char *fn, brg_request *request, int kind,
+static brg_status p2p_request(brg_comm *c, const char *fn, brg_request *request, int is_send,
                               brg__req **out) {
   if (!request) return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT, "%s: request is NULL", fn);
   brg__req *r = (brg__req *)request;
@@ -227,9 +227,8 @@ static brg_status p2p_request(brg_comm *c, const char *fn, brg_request *request,
     return brg__comm_error(c, BRG_ERR_INVALID_USAGE, "%s: request is still in flight", fn);
   memset(r, 0, sizeof *r);
   r->comm = c;
-  r->is_p2p = kind;
-  r->done = 1; /* the collectives' flag: only p2p_op.done counts */
-  r->magic = BRG__REQ_MAGIC;
+  r->p2p_op.is_send = is_send;
+  r->magic = BRG__REQ_P2P_MAGIC;
   *out = r;
   return BRG_SUCCESS;
 }
@@ -256,7 +255,7 @@ brg_status brg_isend(const void *buf, size_t count, brg_dtype dtype, int peer, b
                      brg_request *request) {
   brg_status s = check_p2p(comm, "brg_isend", buf, count, dtype, peer, NULL, 1);
   brg__req *r;
-  if (s == BRG_SUCCESS) s = p2p_request(comm, "brg_isend", request, BRG__REQ_SEND, &r);
+  if (s == BRG_SUCCESS) s = p2p_request(comm, "brg_isend", request, 1, &r);
   if (s != BRG_SUCCESS) return s;
   r->p2p_op.peer = peer;
   r->p2p_op.dtype = (uint32_t)dtype;
@@ -271,7 +270,7 @@ brg_status brg_irecv(void *buf, size_t count, brg_dtype dtype, int peer, brg_com
                      brg_request *request) {
   brg_status s = check_p2p(comm, "brg_irecv", buf, count, dtype, peer, NULL, 0);
   brg__req *r;
-  if (s == BRG_SUCCESS) s = p2p_request(comm, "brg_irecv", request, BRG__REQ_RECV, &r);
+  if (s == BRG_SUCCESS) s = p2p_request(comm, "brg_irecv", request, 0, &r);
   if (s != BRG_SUCCESS) return s;
   r->p2p_op = (brg__p2p_op){
       .buf = buf, .count = count, .peer = peer, .dtype = (uint32_t)dtype, .chan = BRG__P2P_USER};
@@ -338,15 +337,15 @@ brg_status brg_test(brg_request *request, int *done) {
   if (!request || !done)
     return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_test: NULL argument");
   brg__req *r = (brg__req *)request;
-  if (r->magic != BRG__REQ_MAGIC)
-    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_test: request was never issued");
-  if (r->is_p2p) {
+  if (r->magic == BRG__REQ_P2P_MAGIC) {
     *done = __atomic_load_n(&r->p2p_op.done, __ATOMIC_ACQUIRE);
     if (!*done) return BRG_IN_PROGRESS;
-    return r->is_p2p == BRG__REQ_SEND || r->p2p_op.status == BRG_SUCCESS
+    return r->p2p_op.is_send || r->p2p_op.status == BRG_SUCCESS
                ? r->p2p_op.status
                : brg__p2p_wait(r->comm, "brg_test", &r->p2p_op); /* names the failure */
   }
+  if (r->magic != BRG__REQ_MAGIC)
+    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_test: request was never issued");
   if (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) {
     *done = 0;
     return BRG_IN_PROGRESS;
@@ -358,10 +357,9 @@ brg_status brg_test(brg_request *request, int *done) {
 brg_status brg_wait(brg_request *request) {
   if (!request) return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_wait: request is NULL");
   brg__req *r = (brg__req *)request;
+  if (r->magic == BRG__REQ_P2P_MAGIC)
+    return r->p2p_op.is_send ? r->p2p_op.status : brg__p2p_wait(r->comm, "brg_wait", &r->p2p_op);
   if (r->magic != BRG__REQ_MAGIC)
     return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_wait: request was never issued");
-  if (r->is_p2p)
-    return r->is_p2p == BRG__REQ_SEND ? r->p2p_op.status
-                                      : brg__p2p_wait(r->comm, "brg_wait", &r->p2p_op);
   return brg__progress_wait(r);
 }

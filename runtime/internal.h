@@ -62,13 +62,14 @@ typedef struct brg__p2p_op {
   /* What the sender said, for BRG_ERR_MISMATCH. */
   uint32_t peer_dtype;
   uint64_t peer_count, peer_num;
+  int is_send; /* a brg_isend's request: finished when the call returned */
 } brg__p2p_op;
 
 /* The layout behind brg_request. */
 typedef struct brg__req {
   union {
     brg__coll coll;
-    brg__p2p_op p2p_op; /* is_p2p */
+    brg__p2p_op p2p_op; /* magic BRG__REQ_P2P_MAGIC */
   };
   struct brg__req *next;
   brg_comm *comm;
@@ -76,18 +77,16 @@ typedef struct brg__req {
   volatile int done;
   brg_status status;
   int detached; /* nobody waits for it: the worker frees it (device collectives) */
-  int is_p2p;   /* BRG__REQ_SEND / BRG__REQ_RECV: p2p_op, completed by p2p.c */
 } brg__req;
-enum { BRG__REQ_SEND = 1, BRG__REQ_RECV = 2 };
 _Static_assert(sizeof(brg__req) <= sizeof(brg_request), "brg_request too small");
 
 #define BRG__REQ_MAGIC 0x62726772u
+#define BRG__REQ_P2P_MAGIC 0x62726770u /* brg_isend / brg_irecv: p2p_op, finished by p2p.c */
 
 /* A request issued and not yet finished: it must not be issued again. */
 static inline int brg__req_in_flight(brg__req *r) {
-  if (r->magic != BRG__REQ_MAGIC) return 0;
-  return r->is_p2p ? !__atomic_load_n(&r->p2p_op.done, __ATOMIC_ACQUIRE)
-                   : !__atomic_load_n(&r->done, __ATOMIC_ACQUIRE);
+  if (r->magic == BRG__REQ_P2P_MAGIC) return !__atomic_load_n(&r->p2p_op.done, __ATOMIC_ACQUIRE);
+  return r->magic == BRG__REQ_MAGIC && !__atomic_load_n(&r->done, __ATOMIC_ACQUIRE);
 }
 
 /* Ring-socket message types. */
@@ -140,12 +139,11 @@ struct brg_comm {
   int64_t wait_start_ns;
 
   struct brg__trace *trace; /* BRIGADE_TRACE_FILE's recorder (trace.c), NULL when off */
+  struct brg__p2p *p2p;     /* p2p.c: the listener, its thread, links to any rank */
 
   struct brg__dev_ring *dev; /* device collectives' state (device_ring.c), made at first use */
   int cuda_seen;             /* the CUDA driver is loaded: host calls check for GPU pointers */
   int gpu;                   /* the device of its device collectives; -1 before the first */
-
-  struct brg__p2p *p2p; /* p2p.c: links to any rank, opened at first use */
 
   struct brg__live *live; /* liveness.c: heartbeats, the ring sockets' reader once ready */
   int ready;              /* setup finished: ring sockets carry only aborts, beats, goodbyes */
@@ -169,7 +167,6 @@ struct brg_comm {
 };
 
 #define BRG__COMM_MAGIC 0x62726763u
-
 /*
  * Who does what in runtime/ (each file calls only files listed after it):
  *   rendezvous.c  brg_comm_init_env: the launcher's variables -> comm.c
