@@ -140,6 +140,8 @@ brg_status brg__proxy_start(pthread_t *thread, void *(*fn)(void *), void *arg, c
 typedef struct brg__peer_info {
   int32_t rank;
   int32_t pid;
+  uint32_t p2p_port; /* its point-to-point listener (runtime/p2p.c) */
+  uint32_t p2p_pad;
   uint64_t host_hash; /* equal for ranks on one host */
   char hostname[64];
   char addr[64];  /* numeric address other hosts reach this rank at */
