@@ -302,6 +302,20 @@ class ProcessGroupBrigade(dist.ProcessGroup):
         return self._work(self._exchange("all_to_all", list(input_tensors),
                                          list(output_tensors)), output_tensors)
 
+    # The names newer torch (2.x) calls the flat-tensor forms by.
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
+                          opts: Any = None) -> Any:
+        return self._allgather_base(output, input, opts)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
+                              opts: Any) -> Any:
+        return self._reduce_scatter_base(output, input, opts)
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
+                          output_split_sizes: List[int], input_split_sizes: List[int],
+                          opts: Any = None) -> Any:
+        return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+
     # ------------------------------------------------------------ the rest
     def _unsupported(name: str):  # type: ignore[misc]
         def call(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -313,6 +327,7 @@ class ProcessGroupBrigade(dist.ProcessGroup):
 
     recv_anysource = _unsupported("recv_anysource")
     gather = _unsupported("gather")
+    gather_single = _unsupported("gather")
     scatter = _unsupported("scatter")
     allreduce_coalesced = _unsupported("all_reduce_coalesced")
     allgather_coalesced = _unsupported("all_gather_coalesced")
@@ -327,7 +342,10 @@ def _create(store: Any, rank: int, size: int, timeout: Any) -> ProcessGroupBriga
 def register() -> None:
     """Registers the backend "brigade" with torch.distributed (done at import)."""
     if BACKEND_NAME.upper() not in dist.Backend._plugins:  # type: ignore[attr-defined]
-        dist.Backend.register_backend(BACKEND_NAME, _create)
+        try:  # torch >= 2.0 asks which devices the backend serves
+            dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu", "cuda"])
+        except TypeError:
+            dist.Backend.register_backend(BACKEND_NAME, _create)
 
 
 register()
