@@ -43,6 +43,18 @@ static inline int brg__ms_left_capped(int64_t deadline, int most) {
   return left < 0 || left > most ? most : left;
 }
 
+/* CLOCK_REALTIME ms from now, as pthread_cond_timedwait and
+ * pthread_timedjoin_np take it. */
+static inline struct timespec brg__realtime_in_ms(int ms) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_sec += ms / 1000;
+  ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+  ts.tv_sec += ts.tv_nsec / 1000000000L;
+  ts.tv_nsec %= 1000000000L;
+  return ts;
+}
+
 /* The earlier of two deadlines. */
 static inline int64_t brg__deadline_min(int64_t a, int64_t b) {
   if (a < 0) return b;

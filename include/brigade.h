@@ -197,6 +197,67 @@ brg_status brg_ibarrier(brg_comm *comm, brg_request *request);
 brg_status brg_test(brg_request *request, int *done);
 brg_status brg_wait(brg_request *request);
 
+/*
+ * Point-to-point and all-to-all (host buffers).
+ *
+ * brg_send sends count elements of dtype from buf to rank `peer`; brg_recv
+ * receives them from `peer` into buf. Messages between a pair of ranks are
+ * matched in order: the k-th send from A to B is B's k-th receive from A
+ * (brg_send and brg_isend count alike, as do brg_recv and brg_irecv). A
+ * receive whose count or dtype differs from its send fails with
+ * BRG_ERR_MISMATCH naming both, and the message is dropped. peer may be
+ * the calling rank (the message is copied); a peer outside [0, N) is
+ * BRG_ERR_INVALID_ARGUMENT.
+ *
+ * Sends are eager: brg_send returns once the data has left buf, whether
+ * or not the peer has posted its receive, so two ranks that both send to
+ * each other first and receive afterwards never deadlock, at any size (as
+ * torch.distributed users do). Each communicator keeps a thread that takes
+ * incoming messages into the receive posted for them or, when none is
+ * posted yet, into memory of its own, freed when the receive is posted: a
+ * rank holds as much memory as the messages sent to it and not yet
+ * received. Links to other ranks are made at the first message (a TCP
+ * connection from each sender to each receiver it uses, on the address the
+ * bootstrap exchanged); init opens only a listener.
+ *
+ * A receive waits up to the communicator's timeout for its message (while
+ * bytes keep arriving it keeps waiting) and then fails with
+ * BRG_ERR_TIMEOUT naming the peer; a peer that dies, aborts or destroys its
+ * communicator makes sends to it and receives from it fail with
+ * BRG_ERR_REMOTE naming it. Point-to-point calls do not take the
+ * collectives' queue: they may run beside collectives and beside each
+ * other on the same communicator from several threads; messages of one
+ * pair are matched in the order the calls reach the library.
+ *
+ * stream must be NULL: GPU buffers and streams are refused with
+ * BRG_ERR_INVALID_ARGUMENT.
+ *
+ * brg_isend / brg_irecv are the non-blocking forms on caller-owned
+ * requests (brg_test, brg_wait, as for the collectives): brg_isend
+ * completes once the data has left buf (it may do so before it returns);
+ * brg_irecv completes once its message has arrived. brg_wait on a receive
+ * fails with BRG_ERR_TIMEOUT when nothing of the message arrived for the
+ * communicator's timeout.
+ *
+ * brg_all_to_all is a collective (every rank calls it, in order with its
+ * other collectives), as MPI_Alltoall and torch's all_to_all_single with
+ * equal splits: sendbuf holds N blocks of count elements, block j goes to
+ * rank j; recvbuf holds N blocks, block j came from rank j. In place
+ * (sendbuf == recvbuf) is allowed; other overlaps are refused with
+ * BRG_ERR_INVALID_ARGUMENT. Its blocks travel on the point-to-point links,
+ * apart from the user's messages.
+ */
+brg_status brg_send(const void *buf, size_t count, brg_dtype dtype, int peer, brg_comm *comm,
+                    brg_stream stream);
+brg_status brg_recv(void *buf, size_t count, brg_dtype dtype, int peer, brg_comm *comm,
+                    brg_stream stream);
+brg_status brg_all_to_all(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype,
+                          brg_comm *comm, brg_stream stream);
+brg_status brg_isend(const void *buf, size_t count, brg_dtype dtype, int peer, brg_comm *comm,
+                     brg_request *request);
+brg_status brg_irecv(void *buf, size_t count, brg_dtype dtype, int peer, brg_comm *comm,
+                     brg_request *request);
+
 #ifdef __cplusplus
 }
 #endif

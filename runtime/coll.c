@@ -129,7 +129,7 @@ static brg_status issue(brg_comm *comm, const char *fn, const brg__coll *k, brg_
                            fn);
   if (!request) return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT, "%s: request is NULL", fn);
   brg__req *r = (brg__req *)request;
-  if (r->magic == BRG__REQ_MAGIC && !__atomic_load_n(&r->done, __ATOMIC_ACQUIRE))
+  if (brg__req_in_flight(r))
     return brg__comm_error(comm, BRG_ERR_INVALID_USAGE, "%s: request is still in flight", fn);
   memset(r, 0, sizeof *r);
   r->coll = *k;
@@ -174,6 +174,110 @@ brg_status brg_reduce(const void *sendbuf, void *recvbuf, size_t count, brg_dtyp
   brg_status s =
       prep_reduce("brg_reduce", sendbuf, recvbuf, count, dtype, op, root, comm, stream, &k);
   return s != BRG_SUCCESS ? s : brg__progress_run(comm, &k);
+}
+
+/* No non-blocking form (yet): the checks and the run in one. */
+brg_status brg_all_to_all(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype,
+                          brg_comm *comm, brg_stream stream) {
+  const char *fn = "brg_all_to_all";
+  brg_status s = brg__check_comm(comm, fn);
+  if (s != BRG_SUCCESS) return s;
+  if (stream)
+    return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT,
+                           "%s: host buffers only: stream must be NULL", fn);
+  size_t n = (size_t)comm->nranks;
+  brg__coll k = COLL(BRG__COLL_ALL_TO_ALL, sendbuf, recvbuf, count, dtype, BRG_SUM, -1);
+  s = check_call(comm, fn, sendbuf, recvbuf, count, count * n, count * n, dtype, 0, BRG_SUM, -1,
+                 NULL, &k);
+  if (s == BRG_SUCCESS && k.device)
+    s = brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT,
+                        "%s: the buffers are GPU memory: all_to_all takes host buffers only", fn);
+  return s != BRG_SUCCESS ? s : brg__progress_run(comm, &k);
+}
+
+/* ---- point-to-point ---- */
+
+/* The checks of a send or receive: the collectives' (dtype, count, NULL
+ * buffer, GPU memory, abort), and the peer's range. */
+static brg_status check_p2p(brg_comm *c, const char *fn, const void *buf, size_t count,
+                            brg_dtype dtype, int peer, brg_stream stream, int is_send) {
+  brg_status s = brg__check_comm(c, fn);
+  if (s != BRG_SUCCESS) return s;
+  if (peer < 0 || peer >= c->nranks)
+    return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT, "%s: peer %d is not in [0, %d)", fn, peer,
+                           c->nranks);
+  if (stream)
+    return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT,
+                           "%s: host buffers only: stream must be NULL", fn);
+  brg__coll k = COLL(BRG__COLL_ALL_TO_ALL, NULL, NULL, count, dtype, BRG_SUM, -1);
+  s = check_call(c, fn, is_send ? buf : NULL, is_send ? NULL : buf, count, is_send ? count : 0,
+                 is_send ? 0 : count, dtype, 0, BRG_SUM, -1, NULL, &k);
+  if (s == BRG_SUCCESS && k.device)
+    return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT,
+                           "%s: the buffer is GPU memory: point-to-point takes host buffers only",
+                           fn);
+  return s;
+}
+
+static brg_status p2p_request(brg_comm *c, const char *fn, brg_request *request, int kind,
+                              brg__req **out) {
+  if (!request) return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT, "%s: request is NULL", fn);
+  brg__req *r = (brg__req *)request;
+  if (brg__req_in_flight(r))
+    return brg__comm_error(c, BRG_ERR_INVALID_USAGE, "%s: request is still in flight", fn);
+  memset(r, 0, sizeof *r);
+  r->comm = c;
+  r->is_p2p = kind;
+  r->done = 1; /* the collectives' flag: only p2p_op.done counts */
+  r->magic = BRG__REQ_MAGIC;
+  *out = r;
+  return BRG_SUCCESS;
+}
+
+brg_status brg_send(const void *buf, size_t count, brg_dtype dtype, int peer, brg_comm *comm,
+                    brg_stream stream) {
+  brg_status s = check_p2p(comm, "brg_send", buf, count, dtype, peer, stream, 1);
+  if (s != BRG_SUCCESS) return s;
+  return brg__p2p_send(comm, "brg_send", BRG__P2P_USER, 0, buf, count, dtype, peer);
+}
+
+brg_status brg_recv(void *buf, size_t count, brg_dtype dtype, int peer, brg_comm *comm,
+                    brg_stream stream) {
+  brg_status s = check_p2p(comm, "brg_recv", buf, count, dtype, peer, stream, 0);
+  if (s != BRG_SUCCESS) return s;
+  brg__p2p_op op = {
+      .buf = buf, .count = count, .peer = peer, .dtype = (uint32_t)dtype, .chan = BRG__P2P_USER};
+  s = brg__p2p_post(comm, &op);
+  return s != BRG_SUCCESS ? s : brg__p2p_wait(comm, "brg_recv", &op);
+}
+
+/* A send is eager: it has finished when brg_isend returns. */
+brg_status brg_isend(const void *buf, size_t count, brg_dtype dtype, int peer, brg_comm *comm,
+                     brg_request *request) {
+  brg_status s = check_p2p(comm, "brg_isend", buf, count, dtype, peer, NULL, 1);
+  brg__req *r;
+  if (s == BRG_SUCCESS) s = p2p_request(comm, "brg_isend", request, BRG__REQ_SEND, &r);
+  if (s != BRG_SUCCESS) return s;
+  r->p2p_op.peer = peer;
+  r->p2p_op.dtype = (uint32_t)dtype;
+  r->p2p_op.count = count;
+  s = brg__p2p_send(comm, "brg_isend", BRG__P2P_USER, 0, buf, count, dtype, peer);
+  r->p2p_op.status = s;
+  __atomic_store_n(&r->p2p_op.done, 1, __ATOMIC_RELEASE);
+  return s;
+}
+
+brg_status brg_irecv(void *buf, size_t count, brg_dtype dtype, int peer, brg_comm *comm,
+                     brg_request *request) {
+  brg_status s = check_p2p(comm, "brg_irecv", buf, count, dtype, peer, NULL, 0);
+  brg__req *r;
+  if (s == BRG_SUCCESS) s = p2p_request(comm, "brg_irecv", request, BRG__REQ_RECV, &r);
+  if (s != BRG_SUCCESS) return s;
+  r->p2p_op = (brg__p2p_op){
+      .buf = buf, .count = count, .peer = peer, .dtype = (uint32_t)dtype, .chan = BRG__P2P_USER};
+  s = brg__p2p_post(comm, &r->p2p_op);
+  if (s != BRG_SUCCESS) r->magic = 0; /* never issued */
+  return s;
 }
 
 brg_status brg_barrier(brg_comm *comm) {
@@ -236,6 +340,13 @@ brg_status brg_test(brg_request *request, int *done) {
   brg__req *r = (brg__req *)request;
   if (r->magic != BRG__REQ_MAGIC)
     return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_test: request was never issued");
+  if (r->is_p2p) {
+    *done = __atomic_load_n(&r->p2p_op.done, __ATOMIC_ACQUIRE);
+    if (!*done) return BRG_IN_PROGRESS;
+    return r->is_p2p == BRG__REQ_SEND || r->p2p_op.status == BRG_SUCCESS
+               ? r->p2p_op.status
+               : brg__p2p_wait(r->comm, "brg_test", &r->p2p_op); /* names the failure */
+  }
   if (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) {
     *done = 0;
     return BRG_IN_PROGRESS;
@@ -249,5 +360,8 @@ brg_status brg_wait(brg_request *request) {
   brg__req *r = (brg__req *)request;
   if (r->magic != BRG__REQ_MAGIC)
     return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_wait: request was never issued");
+  if (r->is_p2p)
+    return r->is_p2p == BRG__REQ_SEND ? r->p2p_op.status
+                                      : brg__p2p_wait(r->comm, "brg_wait", &r->p2p_op);
   return brg__progress_wait(r);
 }

@@ -262,6 +262,7 @@ static brg_status comm_free(brg_comm *c) {
   if (s != BRG_SUCCESS) brg__set_thread_error(c->last_error);
   brg__trace_close(c);
   brg__device_ring_free(c);
+  brg__p2p_free(c); /* after the worker, which may be in an all_to_all */
   brg__live_free(c);
   if (c->send_open && c->send.ops) c->send.ops->close(&c->send);
   if (c->recv_open && c->recv.ops) c->recv.ops->close(&c->recv);
@@ -327,6 +328,7 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   me.host_hash = brg__topology_host_hash(me.hostname, sizeof me.hostname);
   me.flags = brg__trace_wanted() ? BRG__PEER_TRACING : 0;
   if ((s = brg__boot_local_addr(me.addr, sizeof me.addr, &err)) != BRG_SUCCESS) goto err_free;
+  if ((s = brg__p2p_open(c, me.addr, &me.p2p_port, &err)) != BRG_SUCCESS) goto err_free;
   /* A little longer than the root waits, so that the root's list of the
    * ranks that never came arrives before this rank gives up on its own. */
   int boot_wait = c->timeout_ms + (c->timeout_ms / 10 < 2000 ? c->timeout_ms / 10 + 1000 : 2000);
@@ -367,6 +369,7 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
       c->small_bytes = 0;
   }
   if ((s = brg__progress_start(c, &err)) != BRG_SUCCESS) goto err_free;
+  if ((s = brg__p2p_start(c, &err)) != BRG_SUCCESS) goto err_free;
   if ((s = brg__live_start(c, &err)) != BRG_SUCCESS) goto err_free;
   c->ready = 1;
   BRG__INFO("init", "rank %d of %d ready (pid %d on %s, kernels %s)", rank, nranks, me.pid,
@@ -534,6 +537,7 @@ brg_status brg_comm_abort(brg_comm *comm) {
   __atomic_store_n(&comm->aborted, 1, __ATOMIC_SEQ_CST);
   brg__fifo_wake_all(&comm->send.fifo);
   brg__fifo_wake_all(&comm->recv.fifo);
+  brg__p2p_wake(comm);
   pthread_mutex_lock(&comm->qlock);
   pthread_cond_broadcast(&comm->qcond);
   pthread_cond_broadcast(&comm->donecond);

@@ -18,6 +18,7 @@ typedef enum {
   BRG__COLL_BROADCAST,
   BRG__COLL_REDUCE,
   BRG__COLL_BARRIER,
+  BRG__COLL_ALL_TO_ALL,
 } brg__coll_kind;
 
 const char *brg__coll_name(brg__coll_kind kind);
@@ -44,17 +45,50 @@ typedef struct brg__coll {
   void *start_ev;
 } brg__coll;
 
+/* A point-to-point operation on a request (p2p.c): a receive waiting in
+ * its peer's queue, or a finished send. Guarded by the p2p lock. */
+typedef struct brg__p2p_op {
+  struct brg__p2p_op *next; /* the peer's queue of posted receives */
+  char *buf;
+  uint64_t count;
+  uint64_t got;    /* payload bytes landed */
+  int64_t last_ns; /* when it was posted or bytes last landed */
+  uint64_t num;    /* the message's number between the pair (a2a: the collective's) */
+  int32_t peer;
+  uint32_t dtype;
+  uint32_t chan; /* BRG__P2P_USER or BRG__P2P_A2A */
+  volatile int done;
+  brg_status status;
+  /* What the sender said, for BRG_ERR_MISMATCH. */
+  uint32_t peer_dtype;
+  uint64_t peer_count, peer_num;
+} brg__p2p_op;
+
 /* The layout behind brg_request. */
 typedef struct brg__req {
-  brg__coll coll;
+  union {
+    brg__coll coll;
+    brg__p2p_op p2p_op; /* is_p2p */
+  };
   struct brg__req *next;
   brg_comm *comm;
   uint32_t magic;
   volatile int done;
   brg_status status;
   int detached; /* nobody waits for it: the worker frees it (device collectives) */
+  int is_p2p;   /* BRG__REQ_SEND / BRG__REQ_RECV: p2p_op, completed by p2p.c */
 } brg__req;
+enum { BRG__REQ_SEND = 1, BRG__REQ_RECV = 2 };
 _Static_assert(sizeof(brg__req) <= sizeof(brg_request), "brg_request too small");
+
+#define BRG__REQ_MAGIC 0x62726772u
+
+/* A request issued and not yet finished: it must not be issued again. */
+static inline int brg__req_in_flight(brg__req *r) {
+  if (r->magic != BRG__REQ_MAGIC) return 0;
+  return r->is_p2p ? !__atomic_load_n(&r->p2p_op.done, __ATOMIC_ACQUIRE)
+                   : !__atomic_load_n(&r->done, __ATOMIC_ACQUIRE);
+}
 
 /* Ring-socket message types. */
 enum {
@@ -111,6 +145,8 @@ struct brg_comm {
   int cuda_seen;             /* the CUDA driver is loaded: host calls check for GPU pointers */
   int gpu;                   /* the device of its device collectives; -1 before the first */
 
+  struct brg__p2p *p2p; /* p2p.c: links to any rank, opened at first use */
+
   struct brg__live *live; /* liveness.c: heartbeats, the ring sockets' reader once ready */
   int ready;              /* setup finished: ring sockets carry only aborts, beats, goodbyes */
   volatile int aborted;   /* brg_comm_abort was called (from any thread): atomic access */
@@ -133,7 +169,6 @@ struct brg_comm {
 };
 
 #define BRG__COMM_MAGIC 0x62726763u
-#define BRG__REQ_MAGIC 0x62726772u
 
 /*
  * Who does what in runtime/ (each file calls only files listed after it):
@@ -146,6 +181,7 @@ struct brg_comm {
  *   device_ring.c the same primitives on GPU buffers (step mode)
  *   device.c      the CUDA module, opened at first use
  *   ring_link.c   slots to and from the neighbours, the waiter's checks
+ *   p2p.c         send, recv and all_to_all over links to any rank
  *   liveness.c    heartbeats on the ring sockets: which rank went silent
  *   trace.c       BRIGADE_TRACE_FILE: spans of collectives, steps, slices, waits
  *   topology.c    hosts and ring order
@@ -221,6 +257,30 @@ int brg__progress_settle(brg_comm *c);
 brg_status brg__progress_wait(brg__req *r);
 brg_status brg__progress_start(brg_comm *c, brg__errbuf *err);
 void brg__progress_stop(brg_comm *c);
+
+/* p2p.c: point-to-point messages between any two ranks, on a TCP
+ * connection from each sender to each receiver it uses, made at the first
+ * message; a thread per communicator takes in what arrives (into the
+ * posted receive, or memory of its own until one is posted). open makes
+ * the listener before the bootstrap (its port travels in the peer table),
+ * start runs the thread once the table is known, free undoes both. */
+enum { BRG__P2P_USER = 0, BRG__P2P_A2A = 1 };
+brg_status brg__p2p_open(brg_comm *c, const char *addr, uint32_t *port, brg__errbuf *err);
+brg_status brg__p2p_start(brg_comm *c, brg__errbuf *err);
+void brg__p2p_free(brg_comm *c);
+void brg__p2p_wake(brg_comm *c); /* abort: waiters look again */
+/* Blocking send; returns once the data has left buf. fn names the call. */
+brg_status brg__p2p_send(brg_comm *c, const char *fn, uint32_t chan, uint64_t num, const void *buf,
+                         uint64_t count, brg_dtype dtype, int peer);
+/* Posts a receive (op filled by the caller: buf, count, dtype, peer,
+ * chan, num); it completes on the p2p thread or at once. */
+brg_status brg__p2p_post(brg_comm *c, brg__p2p_op *op);
+/* Waits for a posted receive (up to the timeout without progress); on
+ * failure the receive is withdrawn and the communicator's last error says
+ * why. */
+brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op);
+/* The collective all_to_all, run by ring.c's engine in issue order. */
+brg_status brg__p2p_all_to_all(brg_comm *c, const brg__coll *k);
 
 /* ring.c: runs one collective to completion on the calling thread; a
  * device collective needs the device ring (progress.c builds it). */

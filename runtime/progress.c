@@ -212,13 +212,7 @@ int brg__progress_settle(brg_comm *c) {
     int others = 0;
     for (brg__req *r = c->qhead; r; r = r->next) others |= !r->detached;
     if (others || (!c->busy && !c->qhead) || brg__deadline_passed(deadline)) break;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += 10 * 1000 * 1000;
-    if (ts.tv_nsec >= 1000000000) {
-      ts.tv_sec++;
-      ts.tv_nsec -= 1000000000;
-    }
+    struct timespec ts = brg__realtime_in_ms(10);
     pthread_cond_timedwait(&c->donecond, &c->qlock, &ts);
   }
   int idle = !c->busy && !c->qhead;

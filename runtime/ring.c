@@ -265,6 +265,7 @@ static brg_status coll_body(brg_comm *c, brg__coll *k) {
     case BRG__COLL_ALL_GATHER: s = run_ring(&o, n - 1, 2 * n - 2); break;
     case BRG__COLL_BROADCAST:
     case BRG__COLL_REDUCE: s = run_chain(&o); break;
+    case BRG__COLL_ALL_TO_ALL: s = brg__p2p_all_to_all(c, k); break;
     }
   }
   c->cur = NULL;

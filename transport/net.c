@@ -290,12 +290,7 @@ int brg__net_stop(brg__net_link *l, int wait_ms) {
   brg__fifo_wake_all(&l->fifo);
   if (wait_ms == 0) return 0;
   if (wait_ms > 0) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += wait_ms / 1000;
-    ts.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
-    ts.tv_sec += ts.tv_nsec / 1000000000L;
-    ts.tv_nsec %= 1000000000L;
+    struct timespec ts = brg__realtime_in_ms(wait_ms);
     if (pthread_timedjoin_np(l->thread, NULL, &ts) != 0) return 0;
   } else {
     pthread_join(l->thread, NULL);

@@ -142,9 +142,9 @@ typedef struct brg__peer_info {
   int32_t pid;
   uint64_t host_hash; /* equal for ranks on one host */
   char hostname[64];
-  char addr[64];  /* numeric address other hosts reach this rank at */
-  uint32_t flags; /* BRG__PEER_* */
-  uint32_t reserved;
+  char addr[64];     /* numeric address other hosts reach this rank at */
+  uint32_t flags;    /* BRG__PEER_* */
+  uint32_t p2p_port; /* its point-to-point listener (runtime/p2p.c) */
 } brg__peer_info;
 #define BRG__PEER_TRACING 1u /* the rank writes a trace: clocks are measured at init */
 

@@ -1,0 +1,803 @@
+/*
+ * Point-to-point: messages between any two ranks, and all_to_all on them.
+ *
+ * Each rank listens on one TCP port, opened before the bootstrap so that
+ * the peer table carries it. The first message from A to B dials B's
+ * listener; that connection carries A's messages to B and nothing back
+ * (B's messages to A take B's own connection), so two ranks that dial each
+ * other at once need no tie-break, and order per pair is TCP's order.
+ *
+ * A thread per communicator ("brg-p2p") reads every incoming connection as
+ * bytes arrive. A message whose receive is posted lands in that receive's
+ * buffer; otherwise it lands in memory of its own ("unexpected") until its
+ * receive is posted, and is copied then. A send therefore waits only for
+ * the receiver's thread, never for the receiver's call: two ranks that both
+ * send first and receive afterwards cannot deadlock, at any size. The price
+ * is memory on the receiver, as much as was sent to it and not yet
+ * received.
+ *
+ *   A: send(B) --[hello, then frames]--> B's listener -> brg-p2p thread
+ *                                          -> posted receive, or unexpected
+ *
+ * Wire: a hello once per connection (magic, both ranks, the communicator's
+ * id and secret), then frames: a header (channel, number, count, dtype),
+ * then count * size(dtype) payload bytes. Channel BRG__P2P_A2A carries
+ * all_to_all's blocks (numbered by the collective), apart from the user's
+ * messages (numbered per pair).
+ *
+ * One lock guards the receiving side (queues, the thread's reads into
+ * posted buffers); each peer's send lock keeps frames of concurrent sends
+ * whole.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "kernels.h"
+#include "sock.h"
+
+#define P2P_MAGIC 0x70327062u /* "bp2p" */
+#define P2P_CHANS 2
+#define P2P_DISCARD_BYTES 65536
+#define P2P_READ_BUDGET (4u << 20) /* bytes read from one peer before the others get a turn */
+#define P2P_SEND_CHUNK (1u << 20)  /* each chunk has the full timeout to leave */
+#define P2P_DIAL_MS 3000           /* a listener that refuses this long is a dead rank */
+#define P2P_HELLO_MS 2000
+
+typedef struct p2p_hello {
+  uint32_t magic;
+  int32_t from, to;
+  uint32_t pad;
+  uint64_t comm_id;
+  uint8_t secret[BRG__SECRET_BYTES];
+} p2p_hello;
+
+typedef struct p2p_hdr {
+  uint32_t magic;
+  uint32_t chan;
+  uint64_t num;
+  uint64_t count;
+  uint32_t dtype;
+  uint32_t pad;
+} p2p_hdr;
+
+/* A message that arrived before its receive. */
+typedef struct p2p_unexp {
+  struct p2p_unexp *next;
+  p2p_hdr h;
+  char *data;
+  uint64_t got;
+  int complete;
+} p2p_unexp;
+
+typedef struct p2p_peer {
+  /* Sending side: send_lock. out_fd is set once, under both locks. */
+  pthread_mutex_t send_lock;
+  int out_fd;
+  uint64_t sent; /* user messages sent to this peer */
+  brg_status out_broken;
+  char out_why[200];
+  /* Receiving side: the p2p lock. */
+  int in_fd;
+  int watch_out;  /* the thread polls out_fd for a hang-up */
+  p2p_hdr hdr;    /* the header being read */
+  size_t hdr_got; /* its bytes read so far */
+  int in_payload; /* a header is in and `left` payload bytes follow */
+  uint64_t left;
+  brg__p2p_op *cur_op;  /* where the payload lands: a posted receive, */
+  p2p_unexp *cur_unexp; /* unexpected memory, or (neither) nowhere */
+  uint64_t arrived;     /* user messages whose header came */
+  brg__p2p_op *posted[P2P_CHANS], *posted_tail[P2P_CHANS];
+  p2p_unexp *unexp[P2P_CHANS], *unexp_tail[P2P_CHANS];
+  brg_status gone; /* the link from this peer is over */
+  char gone_why[256];
+} p2p_peer;
+
+typedef struct brg__p2p {
+  int listen_fd;
+  int wake_fd; /* eventfd: the thread looks again (new link, stop) */
+  pthread_t thread;
+  int started;
+  int stop;
+  pthread_mutex_t lock;
+  pthread_cond_t cond; /* an operation finished or a peer went */
+  p2p_peer **peer;     /* by rank, made at first use */
+  int *active;         /* ranks with a link for the thread to poll */
+  int nactive;
+  char discard[P2P_DISCARD_BYTES];
+} brg__p2p;
+
+static void wake_thread(brg__p2p *p) {
+  uint64_t one = 1;
+  ssize_t r = write(p->wake_fd, &one, sizeof one);
+  (void)r; /* the counter saturating still wakes the thread */
+}
+
+/* The peer's state, made at first use; the caller holds the p2p lock. */
+static p2p_peer *get_peer(brg_comm *c, int rank) {
+  brg__p2p *p = c->p2p;
+  if (p->peer[rank]) return p->peer[rank];
+  p2p_peer *pr = calloc(1, sizeof *pr);
+  if (!pr) return NULL;
+  pthread_mutex_init(&pr->send_lock, NULL);
+  pr->out_fd = -1;
+  pr->in_fd = -1;
+  p->peer[rank] = pr;
+  p->active[p->nactive++] = rank;
+  return pr;
+}
+
+static p2p_peer *peer_locked(brg_comm *c, int rank) {
+  pthread_mutex_lock(&c->p2p->lock);
+  p2p_peer *pr = get_peer(c, rank);
+  pthread_mutex_unlock(&c->p2p->lock);
+  return pr;
+}
+
+static void op_finish(brg__p2p *p, brg__p2p_op *op, brg_status s) {
+  op->status = s;
+  __atomic_store_n(&op->done, 1, __ATOMIC_RELEASE);
+  pthread_cond_broadcast(&p->cond);
+}
+
+/* Whether a message fits the receive: count and dtype, and for
+ * all_to_all the collective's number. */
+static int op_matches(const brg__p2p_op *op, const p2p_hdr *h) {
+  return op->count == h->count && op->dtype == h->dtype &&
+         (op->chan != BRG__P2P_A2A || op->num == h->num);
+}
+
+static void op_mismatch(brg__p2p *p, brg__p2p_op *op, const p2p_hdr *h) {
+  op->peer_count = h->count;
+  op->peer_dtype = h->dtype;
+  op->peer_num = h->num;
+  op_finish(p, op, BRG_ERR_MISMATCH);
+}
+
+static void push_op(p2p_peer *pr, brg__p2p_op *op) {
+  op->next = NULL;
+  if (pr->posted_tail[op->chan])
+    pr->posted_tail[op->chan]->next = op;
+  else
+    pr->posted[op->chan] = op;
+  pr->posted_tail[op->chan] = op;
+}
+
+static brg__p2p_op *pop_op(p2p_peer *pr, uint32_t chan) {
+  brg__p2p_op *op = pr->posted[chan];
+  if (!op) return NULL;
+  pr->posted[chan] = op->next;
+  if (!op->next) pr->posted_tail[chan] = NULL;
+  return op;
+}
+
+/* The link from this peer is over: what waits on it fails. Messages that
+ * arrived whole stay for their receives. */
+static void peer_gone(brg__p2p *p, p2p_peer *pr, brg_status s, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void peer_gone(brg__p2p *p, p2p_peer *pr, brg_status s, const char *fmt, ...) {
+  if (pr->gone) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(pr->gone_why, sizeof pr->gone_why, fmt, ap);
+  va_end(ap);
+  pr->gone = s;
+  pr->watch_out = 0;
+  brg__sock_close(&pr->in_fd);
+  if (pr->cur_op) op_finish(p, pr->cur_op, s);
+  pr->cur_op = NULL;
+  pr->cur_unexp = NULL; /* stays in the queue, incomplete: its receive fails */
+  pr->in_payload = 0;
+  for (uint32_t ch = 0; ch < P2P_CHANS; ch++)
+    for (brg__p2p_op *op; (op = pop_op(pr, ch));) op_finish(p, op, s);
+  pthread_cond_broadcast(&p->cond);
+}
+
+/* A header came (from the wire, or from this rank to itself): decides
+ * where its payload lands. 0, or -1 when no memory could take it. */
+static int begin_message(brg__p2p *p, p2p_peer *pr, const p2p_hdr *h) {
+  uint64_t bytes = h->count * brg_dtype_size((brg_dtype)h->dtype);
+  pr->cur_op = NULL;
+  pr->cur_unexp = NULL;
+  pr->left = bytes;
+  pr->in_payload = 1;
+  if (!pr->unexp[h->chan] && pr->posted[h->chan]) {
+    brg__p2p_op *op = pop_op(pr, h->chan);
+    op->num = op->chan == BRG__P2P_A2A ? op->num : h->num;
+    if (op_matches(op, h))
+      pr->cur_op = op;
+    else
+      op_mismatch(p, op, h); /* and the payload goes nowhere */
+    return 0;
+  }
+  p2p_unexp *u = calloc(1, sizeof *u);
+  if (!u || (bytes && !(u->data = malloc(bytes)))) {
+    free(u);
+    return -1;
+  }
+  u->h = *h;
+  if (pr->unexp_tail[h->chan])
+    pr->unexp_tail[h->chan]->next = u;
+  else
+    pr->unexp[h->chan] = u;
+  pr->unexp_tail[h->chan] = u;
+  pr->cur_unexp = u;
+  return 0;
+}
+
+static void end_message(brg__p2p *p, p2p_peer *pr) {
+  if (pr->cur_op) op_finish(p, pr->cur_op, BRG_SUCCESS);
+  if (pr->cur_unexp) {
+    pr->cur_unexp->complete = 1;
+    pthread_cond_broadcast(&p->cond);
+  }
+  pr->cur_op = NULL;
+  pr->cur_unexp = NULL;
+  pr->in_payload = 0;
+  pr->hdr_got = 0;
+}
+
+/* Where the next payload bytes of the current message land, and how many
+ * may land there at once. */
+static char *payload_dest(brg__p2p *p, p2p_peer *pr, uint64_t *room) {
+  if (pr->cur_op) {
+    *room = pr->left;
+    return pr->cur_op->buf + pr->cur_op->got;
+  }
+  if (pr->cur_unexp) {
+    *room = pr->left;
+    return pr->cur_unexp->data + pr->cur_unexp->got;
+  }
+  *room = pr->left < P2P_DISCARD_BYTES ? pr->left : P2P_DISCARD_BYTES;
+  return p->discard;
+}
+
+static void payload_landed(p2p_peer *pr, uint64_t n) {
+  pr->left -= n;
+  if (pr->cur_op) {
+    pr->cur_op->got += n;
+    pr->cur_op->last_ns = brg__now_ns();
+  } else if (pr->cur_unexp) {
+    pr->cur_unexp->got += n;
+  }
+}
+
+static int hdr_valid(const p2p_hdr *h) {
+  if (h->magic != P2P_MAGIC || h->chan >= P2P_CHANS || h->dtype >= BRG_NUM_DTYPES) return 0;
+  return h->count <= (UINT64_C(1) << 60) / brg_dtype_size((brg_dtype)h->dtype);
+}
+
+/* Reads what the peer sent, up to a budget; the caller holds the lock. */
+static void read_peer(brg_comm *c, p2p_peer *pr, int rank) {
+  brg__p2p *p = c->p2p;
+  size_t budget = P2P_READ_BUDGET;
+  while (budget > 0 && pr->in_fd >= 0) {
+    char *dest;
+    uint64_t want;
+    if (!pr->in_payload) {
+      dest = (char *)&pr->hdr + pr->hdr_got;
+      want = sizeof pr->hdr - pr->hdr_got;
+    } else {
+      dest = payload_dest(p, pr, &want);
+      if (want > budget) want = budget;
+    }
+    ssize_t n = recv(pr->in_fd, dest, want, MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (n <= 0) {
+      peer_gone(p, pr, BRG_ERR_REMOTE,
+                "rank %d (pid %d on %s) hung up (%s): it died or destroyed "
+                "its communicator",
+                rank, c->peers[rank].pid, c->peers[rank].hostname,
+                n == 0 ? "end of stream" : strerror(errno));
+      return;
+    }
+    budget -= (size_t)n;
+    if (!pr->in_payload) {
+      pr->hdr_got += (size_t)n;
+      if (pr->hdr_got < sizeof pr->hdr) continue;
+      if (!hdr_valid(&pr->hdr) || (pr->hdr.chan == BRG__P2P_USER && pr->hdr.num != pr->arrived)) {
+        peer_gone(p, pr, BRG_ERR_REMOTE, "rank %d sent a malformed message header", rank);
+        return;
+      }
+      if (pr->hdr.chan == BRG__P2P_USER) pr->arrived++;
+      if (begin_message(p, pr, &pr->hdr) != 0) {
+        peer_gone(p, pr, BRG_ERR_NO_MEMORY,
+                  "out of memory for a message of %llu x %s from rank %d, which arrived before "
+                  "its receive",
+                  (unsigned long long)pr->hdr.count, brg_dtype_name((brg_dtype)pr->hdr.dtype),
+                  rank);
+        return;
+      }
+    } else {
+      payload_landed(pr, (uint64_t)n);
+    }
+    if (pr->in_payload && pr->left == 0) end_message(p, pr);
+  }
+}
+
+/* A connection on the listener: its hello says who it is. The hello is
+ * read without the lock (a stranger may be slow to send it). */
+static void accept_links(brg_comm *c) {
+  brg__p2p *p = c->p2p;
+  for (;;) {
+    int fd = accept4(p->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return;
+    p2p_hello h;
+    int rc = brg__sock_recv_all(fd, &h, sizeof h, brg__deadline_ms(P2P_HELLO_MS));
+    int ok = rc == BRG__IO_OK && h.magic == P2P_MAGIC && h.to == c->rank && h.from >= 0 &&
+             h.from < c->nranks && h.from != c->rank && h.comm_id == c->comm_id &&
+             memcmp(h.secret, brg__bootstrap_secret(c->bs), BRG__SECRET_BYTES) == 0;
+    if (!ok) {
+      char who[BRG__HOSTPORT_LEN];
+      brg__sock_peer_str(fd, who, sizeof who);
+      BRG__WARN("p2p", "rank %d: refused a point-to-point connection from %s: %s", c->rank, who,
+                rc != BRG__IO_OK ? brg__sock_io_why(rc) : "not a rank of this communicator");
+      close(fd);
+      continue;
+    }
+    brg__sock_nodelay(fd);
+    pthread_mutex_lock(&p->lock);
+    p2p_peer *pr = get_peer(c, h.from);
+    if (!pr || pr->in_fd >= 0 || pr->gone) {
+      BRG__WARN("p2p", "rank %d: refused a second point-to-point connection from rank %d", c->rank,
+                h.from);
+      close(fd);
+    } else {
+      pr->in_fd = fd;
+      BRG__INFO("p2p", "rank %d: link from rank %d", c->rank, h.from);
+    }
+    pthread_mutex_unlock(&p->lock);
+  }
+}
+
+/* POLLIN on a connection this rank only writes: the peer hung up. The data
+ * it sent on its own connection is read first (TCP keeps that order), so
+ * only a peer that never linked to this rank is gone from this alone. */
+static void check_out(brg_comm *c, p2p_peer *pr, int rank) {
+  char b;
+  ssize_t n = recv(pr->out_fd, &b, 1, MSG_DONTWAIT | MSG_PEEK);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+  pr->watch_out = 0;
+  if (pr->in_fd < 0)
+    peer_gone(c->p2p, pr, BRG_ERR_REMOTE,
+              "rank %d (pid %d on %s) hung up: it died or destroyed its communicator", rank,
+              c->peers[rank].pid, c->peers[rank].hostname);
+}
+
+static void *p2p_main(void *arg) {
+  brg_comm *c = arg;
+  brg__p2p *p = c->p2p;
+  brg__log_set_thread_rank(c->rank);
+  struct pollfd *fds = calloc(2 + 2 * (size_t)c->nranks, sizeof *fds);
+  int *who = calloc(2 + 2 * (size_t)c->nranks, sizeof *who);
+  if (!fds || !who) {
+    BRG__WARN("p2p", "rank %d: out of memory for the point-to-point thread", c->rank);
+    free(fds);
+    free(who);
+    return NULL;
+  }
+  pthread_mutex_lock(&p->lock);
+  while (!p->stop) {
+    int n = 0;
+    fds[n++] = (struct pollfd){.fd = p->wake_fd, .events = POLLIN};
+    fds[n++] = (struct pollfd){.fd = p->listen_fd, .events = POLLIN};
+    for (int i = 0; i < p->nactive; i++) {
+      p2p_peer *pr = p->peer[p->active[i]];
+      if (pr->in_fd >= 0) {
+        who[n] = p->active[i];
+        fds[n++] = (struct pollfd){.fd = pr->in_fd, .events = POLLIN};
+      }
+      if (pr->watch_out) {
+        who[n] = -1 - p->active[i];
+        fds[n++] = (struct pollfd){.fd = pr->out_fd, .events = POLLIN};
+      }
+    }
+    pthread_mutex_unlock(&p->lock);
+    int r = poll(fds, (nfds_t)n, 1000);
+    if (r > 0 && fds[0].revents) {
+      uint64_t v;
+      ssize_t got = read(p->wake_fd, &v, sizeof v);
+      (void)got;
+    }
+    if (r > 0 && fds[1].revents) accept_links(c);
+    pthread_mutex_lock(&p->lock);
+    for (int i = 2; r > 0 && i < n; i++) {
+      if (!fds[i].revents || who[i] < 0) continue;
+      p2p_peer *pr = p->peer[who[i]];
+      if (pr->in_fd == fds[i].fd) read_peer(c, pr, who[i]);
+    }
+    for (int i = 2; r > 0 && i < n; i++) {
+      if (!fds[i].revents || who[i] >= 0) continue;
+      p2p_peer *pr = p->peer[-1 - who[i]];
+      if (pr->watch_out) check_out(c, pr, -1 - who[i]);
+    }
+  }
+  pthread_mutex_unlock(&p->lock);
+  free(fds);
+  free(who);
+  return NULL;
+}
+
+brg_status brg__p2p_open(brg_comm *c, const char *addr, uint32_t *port, brg__errbuf *err) {
+  brg__p2p *p = calloc(1, sizeof *p);
+  if (!p) return brg__error_quiet(err, BRG_ERR_NO_MEMORY, "out of memory for point-to-point");
+  p->listen_fd = -1;
+  p->wake_fd = -1;
+  pthread_mutex_init(&p->lock, NULL);
+  pthread_cond_init(&p->cond, NULL);
+  c->p2p = p;
+  p->peer = calloc((size_t)c->nranks, sizeof *p->peer);
+  p->active = calloc((size_t)c->nranks, sizeof *p->active);
+  if (!p->peer || !p->active)
+    return brg__error_quiet(err, BRG_ERR_NO_MEMORY, "out of memory for point-to-point");
+  p->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (p->wake_fd < 0) return brg__error(err, BRG_ERR_SYSTEM, "p2p", "eventfd: %s", strerror(errno));
+  uint16_t got = 0;
+  brg_status s =
+      brg__sock_listen(addr, 0, 128, "p2p", "point-to-point listener", &p->listen_fd, &got, err);
+  *port = got;
+  return s;
+}
+
+brg_status brg__p2p_start(brg_comm *c, brg__errbuf *err) {
+  brg_status s = brg__proxy_start(&c->p2p->thread, p2p_main, c, "brg-p2p", err);
+  if (s == BRG_SUCCESS) c->p2p->started = 1;
+  return s;
+}
+
+void brg__p2p_wake(brg_comm *c) {
+  if (!c->p2p) return;
+  pthread_mutex_lock(&c->p2p->lock);
+  pthread_cond_broadcast(&c->p2p->cond);
+  pthread_mutex_unlock(&c->p2p->lock);
+}
+
+void brg__p2p_free(brg_comm *c) {
+  brg__p2p *p = c->p2p;
+  if (!p) return;
+  if (p->started) {
+    pthread_mutex_lock(&p->lock);
+    p->stop = 1;
+    pthread_mutex_unlock(&p->lock);
+    wake_thread(p);
+    pthread_join(p->thread, NULL);
+  }
+  for (int i = 0; i < p->nactive; i++) {
+    p2p_peer *pr = p->peer[p->active[i]];
+    brg__sock_close(&pr->in_fd);
+    brg__sock_close(&pr->out_fd);
+    for (int ch = 0; ch < P2P_CHANS; ch++)
+      for (p2p_unexp *u = pr->unexp[ch], *next; u; u = next) {
+        next = u->next;
+        free(u->data);
+        free(u);
+      }
+    pthread_mutex_destroy(&pr->send_lock);
+    free(pr);
+  }
+  brg__sock_close(&p->listen_fd);
+  brg__sock_close(&p->wake_fd);
+  pthread_mutex_destroy(&p->lock);
+  pthread_cond_destroy(&p->cond);
+  free(p->peer);
+  free(p->active);
+  free(p);
+  c->p2p = NULL;
+}
+
+/* The connection to `rank`, dialed at the first use; the caller holds the
+ * peer's send lock. */
+static brg_status ensure_out(brg_comm *c, p2p_peer *pr, int rank, char *why, size_t why_bytes) {
+  if (pr->out_fd >= 0) return BRG_SUCCESS;
+  const brg__peer_info *pi = &c->peers[rank];
+  int64_t deadline = brg__deadline_ms(c->timeout_ms < P2P_DIAL_MS ? c->timeout_ms : P2P_DIAL_MS);
+  int fd = -1, e = 0;
+  int rc = brg__sock_connect(pi->addr, (uint16_t)pi->p2p_port, deadline, 50, &fd, &e);
+  if (rc != BRG__IO_OK) {
+    char hp[BRG__HOSTPORT_LEN];
+    brg__sock_hostport(hp, sizeof hp, pi->addr, pi->p2p_port);
+    snprintf(why, why_bytes, "cannot reach rank %d (pid %d on %s) at %s: %s", rank, pi->pid,
+             pi->hostname, hp, e ? strerror(e) : brg__sock_io_why(rc));
+    return BRG_ERR_REMOTE;
+  }
+  brg__sock_nodelay(fd);
+  p2p_hello h = {.magic = P2P_MAGIC, .from = c->rank, .to = rank, .comm_id = c->comm_id};
+  memcpy(h.secret, brg__bootstrap_secret(c->bs), BRG__SECRET_BYTES);
+  rc = brg__sock_send_all(fd, &h, sizeof h, brg__deadline_ms(c->timeout_ms), NULL);
+  if (rc != BRG__IO_OK) {
+    snprintf(why, why_bytes, "rank %d (pid %d on %s) dropped the connection: %s", rank, pi->pid,
+             pi->hostname, brg__sock_io_why(rc));
+    close(fd);
+    return BRG_ERR_REMOTE;
+  }
+  pthread_mutex_lock(&c->p2p->lock);
+  pr->out_fd = fd;
+  pr->watch_out = !pr->gone;
+  pthread_mutex_unlock(&c->p2p->lock);
+  wake_thread(c->p2p);
+  BRG__INFO("p2p", "rank %d: link to rank %d", c->rank, rank);
+  return BRG_SUCCESS;
+}
+
+/* A message to this rank itself: it arrives at once. */
+static brg_status send_self(brg_comm *c, uint32_t chan, uint64_t num, const void *buf,
+                            uint64_t count, brg_dtype dtype) {
+  brg__p2p *p = c->p2p;
+  pthread_mutex_lock(&p->lock);
+  p2p_peer *pr = get_peer(c, c->rank);
+  brg_status s = BRG_ERR_NO_MEMORY;
+  if (pr) {
+    p2p_hdr h = {.magic = P2P_MAGIC,
+                 .chan = chan,
+                 .num = chan == BRG__P2P_A2A ? num : pr->sent,
+                 .count = count,
+                 .dtype = (uint32_t)dtype};
+    if (begin_message(p, pr, &h) == 0) {
+      uint64_t bytes = count * brg_dtype_size(dtype), room;
+      char *dest = payload_dest(p, pr, &room);
+      if (pr->cur_op || pr->cur_unexp) memcpy(dest, buf, bytes);
+      payload_landed(pr, bytes);
+      end_message(p, pr);
+      if (chan == BRG__P2P_USER) pr->sent++;
+      s = BRG_SUCCESS;
+    }
+  }
+  pthread_mutex_unlock(&p->lock);
+  if (s != BRG_SUCCESS)
+    return brg__comm_error(c, s, "send to self: out of memory for %llu x %s",
+                           (unsigned long long)count, brg_dtype_name(dtype));
+  return s;
+}
+
+brg_status brg__p2p_send(brg_comm *c, const char *fn, uint32_t chan, uint64_t num, const void *buf,
+                         uint64_t count, brg_dtype dtype, int peer) {
+  if (peer == c->rank) return send_self(c, chan, num, buf, count, dtype);
+  p2p_peer *pr = peer_locked(c, peer);
+  if (!pr) return brg__comm_error(c, BRG_ERR_NO_MEMORY, "%s: out of memory", fn);
+  pthread_mutex_lock(&pr->send_lock);
+  brg_status s = pr->out_broken;
+  if (s == BRG_SUCCESS) s = ensure_out(c, pr, peer, pr->out_why, sizeof pr->out_why);
+  if (s == BRG_SUCCESS) {
+    p2p_hdr h = {.magic = P2P_MAGIC,
+                 .chan = chan,
+                 .num = chan == BRG__P2P_A2A ? num : pr->sent,
+                 .count = count,
+                 .dtype = (uint32_t)dtype};
+    const char *src = buf;
+    uint64_t bytes = count * brg_dtype_size(dtype), off = 0;
+    int rc = brg__sock_send_all(pr->out_fd, &h, sizeof h, brg__deadline_ms(c->timeout_ms), NULL);
+    while (rc == BRG__IO_OK && off < bytes) {
+      if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE)) {
+        rc = BRG__IO_STOPPED;
+        break;
+      }
+      uint64_t n = bytes - off < P2P_SEND_CHUNK ? bytes - off : P2P_SEND_CHUNK;
+      rc = brg__sock_send_all(pr->out_fd, src + off, n, brg__deadline_ms(c->timeout_ms), NULL);
+      off += n;
+    }
+    if (rc == BRG__IO_OK) {
+      if (chan == BRG__P2P_USER) pr->sent++;
+    } else {
+      /* A frame cut short leaves the stream unreadable: the link is over. */
+      const brg__peer_info *pi = &c->peers[peer];
+      s = rc == BRG__IO_TIMEOUT   ? BRG_ERR_TIMEOUT
+          : rc == BRG__IO_STOPPED ? BRG_ERR_ABORTED
+                                  : BRG_ERR_REMOTE;
+      snprintf(pr->out_why, sizeof pr->out_why,
+               rc == BRG__IO_TIMEOUT ? "rank %d (pid %d on %s) took nothing for %d ms"
+               : rc == BRG__IO_STOPPED
+                   ? "the communicator was aborted (rank %d, pid %d on %s; after %d ms)"
+                   : "rank %d (pid %d on %s) is gone (connection lost after %d ms)",
+               peer, pi->pid, pi->hostname, c->timeout_ms);
+      if (rc == BRG__IO_ERR || rc == BRG__IO_EOF)
+        snprintf(pr->out_why, sizeof pr->out_why, "rank %d (pid %d on %s) is gone: %s", peer,
+                 pi->pid, pi->hostname, brg__sock_io_why(rc));
+      pr->out_broken = s;
+    }
+  }
+  char why[sizeof pr->out_why];
+  memcpy(why, pr->out_why, sizeof why);
+  pthread_mutex_unlock(&pr->send_lock);
+  if (s != BRG_SUCCESS)
+    return brg__comm_error(c, s, "%s: send of %llu x %s to rank %d failed: %s", fn,
+                           (unsigned long long)count, brg_dtype_name(dtype), peer, why);
+  return BRG_SUCCESS;
+}
+
+brg_status brg__p2p_post(brg_comm *c, brg__p2p_op *op) {
+  brg__p2p *p = c->p2p;
+  op->done = 0;
+  op->got = 0;
+  op->status = BRG_IN_PROGRESS;
+  op->last_ns = brg__now_ns();
+  pthread_mutex_lock(&p->lock);
+  p2p_peer *pr = get_peer(c, op->peer);
+  if (!pr) {
+    pthread_mutex_unlock(&p->lock);
+    return brg__comm_error(c, BRG_ERR_NO_MEMORY, "out of memory posting a receive");
+  }
+  p2p_unexp *u = pr->unexp[op->chan];
+  if (u) {
+    /* The oldest message that came before its receive is this one's. */
+    pr->unexp[op->chan] = u->next;
+    if (!u->next) pr->unexp_tail[op->chan] = NULL;
+    if (!op_matches(op, &u->h)) {
+      op_mismatch(p, op, &u->h);
+      if (pr->cur_unexp == u) pr->cur_unexp = NULL; /* the rest goes nowhere */
+    } else {
+      if (op->chan == BRG__P2P_USER) op->num = u->h.num;
+      if (u->got) brg__copy(op->buf, NULL, u->data, u->got);
+      op->got = u->got;
+      if (u->complete) {
+        op_finish(p, op, BRG_SUCCESS);
+      } else if (pr->cur_unexp == u) {
+        pr->cur_unexp = NULL; /* the rest lands in the receive's buffer */
+        pr->cur_op = op;
+      } else {
+        op_finish(p, op, pr->gone ? pr->gone : BRG_ERR_REMOTE); /* cut off by a hang-up */
+      }
+    }
+    free(u->data);
+    free(u);
+  } else if (pr->gone) {
+    op_finish(p, op, pr->gone);
+  } else {
+    push_op(pr, op);
+  }
+  pthread_mutex_unlock(&p->lock);
+  return BRG_SUCCESS;
+}
+
+/* Takes a receive that will not finish out of its peer's hands; the
+ * caller holds the lock. */
+static void withdraw(p2p_peer *pr, brg__p2p_op *op) {
+  if (pr->cur_op == op) {
+    pr->cur_op = NULL; /* the rest of its message goes nowhere */
+    return;
+  }
+  brg__p2p_op **pp = &pr->posted[op->chan], *prev = NULL;
+  while (*pp && *pp != op) {
+    prev = *pp;
+    pp = &(*pp)->next;
+  }
+  if (!*pp) return;
+  *pp = op->next;
+  if (pr->posted_tail[op->chan] == op) pr->posted_tail[op->chan] = prev;
+}
+
+/* A receive from a rank that never linked to this one learns of its death
+ * through this rank's own link to it. */
+static void watch_peer(brg_comm *c, brg__p2p_op *op) {
+  if (op->peer == c->rank) return;
+  p2p_peer *pr = peer_locked(c, op->peer);
+  if (!pr) return;
+  pthread_mutex_lock(&pr->send_lock);
+  char why[200];
+  brg_status s = pr->out_broken ? BRG_SUCCESS : ensure_out(c, pr, op->peer, why, sizeof why);
+  pthread_mutex_unlock(&pr->send_lock);
+  if (s == BRG_SUCCESS) return;
+  pthread_mutex_lock(&c->p2p->lock);
+  peer_gone(c->p2p, pr, s, "%s", why);
+  pthread_mutex_unlock(&c->p2p->lock);
+}
+
+brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
+  brg__p2p *p = c->p2p;
+  if (!__atomic_load_n(&op->done, __ATOMIC_ACQUIRE)) watch_peer(c, op);
+  pthread_mutex_lock(&p->lock);
+  p2p_peer *pr = p->peer[op->peer];
+  brg_status s = BRG_SUCCESS;
+  while (!op->done) {
+    if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
+      s = BRG_ERR_ABORTED;
+    else if (brg__now_ns() - op->last_ns > (int64_t)c->timeout_ms * 1000000)
+      s = BRG_ERR_TIMEOUT;
+    if (s != BRG_SUCCESS) {
+      withdraw(pr, op);
+      op_finish(p, op, s);
+      break;
+    }
+    struct timespec ts = brg__realtime_in_ms(50);
+    pthread_cond_timedwait(&p->cond, &p->lock, &ts);
+  }
+  s = op->status;
+  char gone_why[sizeof pr->gone_why];
+  memcpy(gone_why, pr->gone_why, sizeof gone_why);
+  pthread_mutex_unlock(&p->lock);
+  if (s == BRG_SUCCESS) return s;
+  const brg__peer_info *pi = &c->peers[op->peer];
+  const char *dn = brg_dtype_name((brg_dtype)op->dtype);
+  switch (s) {
+  case BRG_ERR_MISMATCH: {
+    const char *pd = brg_dtype_name((brg_dtype)op->peer_dtype);
+    if (op->chan == BRG__P2P_A2A && op->num != op->peer_num)
+      return brg__comm_error(
+          c, s,
+          "%s: rank %d expects the block of collective #%llu (%llu x %s) "
+          "from rank %d, which sent one of its collective #%llu (%llu x %s)",
+          fn, c->rank, (unsigned long long)op->num, (unsigned long long)op->count, dn, op->peer,
+          (unsigned long long)op->peer_num, (unsigned long long)op->peer_count, pd ? pd : "?");
+    return brg__comm_error(c, s,
+                           "%s: rank %d receives %llu x %s from rank %d, which sent %llu x %s "
+                           "(message #%llu between them; the message is dropped)",
+                           fn, c->rank, (unsigned long long)op->count, dn, op->peer,
+                           (unsigned long long)op->peer_count, pd ? pd : "?",
+                           (unsigned long long)op->peer_num);
+  }
+  case BRG_ERR_TIMEOUT:
+    return brg__comm_error(c, s,
+                           "%s: receive of %llu x %s from rank %d (pid %d on %s) timed out: "
+                           "nothing arrived for %d ms (%llu of %llu bytes in)",
+                           fn, (unsigned long long)op->count, dn, op->peer, pi->pid, pi->hostname,
+                           c->timeout_ms, (unsigned long long)op->got,
+                           (unsigned long long)(op->count * brg_dtype_size((brg_dtype)op->dtype)));
+  case BRG_ERR_ABORTED:
+    return brg__comm_error(c, s, "%s: receive from rank %d: communicator was aborted", fn,
+                           op->peer);
+  default:
+    return brg__comm_error(c, s, "%s: receive of %llu x %s from rank %d failed: %s", fn,
+                           (unsigned long long)op->count, dn, op->peer, gone_why);
+  }
+}
+
+/* Out of place every receive is posted first, so blocks land straight in
+ * recvbuf; in place every block leaves before any arrives. Sends are eager
+ * either way, so no order of ranks can deadlock. */
+brg_status brg__p2p_all_to_all(brg_comm *c, const brg__coll *k) {
+  int n = c->nranks, r = c->rank;
+  size_t bytes = k->count * brg_dtype_size(k->dtype);
+  int inplace = k->sendbuf == k->recvbuf;
+  char fn[64];
+  snprintf(fn, sizeof fn, "all_to_all #%llu", (unsigned long long)k->seq);
+  brg__p2p_op *ops = calloc((size_t)n, sizeof *ops);
+  if (!ops) return brg__comm_error(c, BRG_ERR_NO_MEMORY, "%s: out of memory", fn);
+  const char *send = k->sendbuf;
+  char *recv = k->recvbuf;
+  brg_status s = BRG_SUCCESS;
+  int posted = 0;
+  for (int pass = 0; pass < 2 && s == BRG_SUCCESS; pass++) {
+    if (pass == (inplace ? 1 : 0)) {
+      for (int i = 1; i < n && s == BRG_SUCCESS; i++) {
+        int src = (r - i + n) % n;
+        ops[i] = (brg__p2p_op){.buf = recv + (size_t)src * bytes,
+                               .count = k->count,
+                               .num = k->seq,
+                               .peer = src,
+                               .dtype = (uint32_t)k->dtype,
+                               .chan = BRG__P2P_A2A};
+        s = brg__p2p_post(c, &ops[i]);
+        posted = i;
+      }
+    } else {
+      for (int i = 1; i < n && s == BRG_SUCCESS; i++) {
+        int dst = (r + i) % n;
+        s = brg__p2p_send(c, fn, BRG__P2P_A2A, k->seq, send + (size_t)dst * bytes, k->count,
+                          k->dtype, dst);
+      }
+    }
+  }
+  if (s == BRG_SUCCESS && !inplace && bytes)
+    brg__copy(recv + (size_t)r * bytes, NULL, send + (size_t)r * bytes, bytes);
+  for (int i = 1; i <= posted; i++) {
+    if (s == BRG_SUCCESS) {
+      s = brg__p2p_wait(c, fn, &ops[i]);
+      continue;
+    }
+    /* Failed already: the rest are taken back before their memory goes. */
+    pthread_mutex_lock(&c->p2p->lock);
+    if (!ops[i].done) withdraw(c->p2p->peer[ops[i].peer], &ops[i]);
+    pthread_mutex_unlock(&c->p2p->lock);
+  }
+  free(ops);
+  return s;
+}

@@ -1,0 +1,444 @@
+/*
+ * Point-to-point and all_to_all on forked ranks: brg_send, brg_recv,
+ * brg_isend, brg_irecv and brg_all_to_all, every byte of every message
+ * checked against a pattern the receiver computes itself from (sender,
+ * receiver, message tag, byte index).
+ *
+ *   test_p2p N case...   (the transport of the ring from BRIGADE_TRANSPORTS)
+ *
+ * Cases:
+ *   ring      every dtype and count: each rank sends to the next and
+ *             receives from the previous (even ranks send first, odd ranks
+ *             receive first), blocking and non-blocking
+ *   pairs     every rank to every rank, itself included, all sends before
+ *             any receive, counts differing per pair, in-order matching of
+ *             several messages per pair
+ *   crossed   pairs (0,1), (2,3) send 32 MiB to each other first and only
+ *             then receive: eager sends must not deadlock
+ *   a2a       all_to_all for every dtype and count, in and out of place,
+ *             between allreduces whose results are checked too
+ *   mismatch  a receive of the wrong count, then of the wrong dtype:
+ *             BRG_ERR_MISMATCH naming both; the next message still matches
+ *   args      bad peer, NULL buffer, a stream, unknown dtype, request reuse
+ *   timeout   rank 0 receives from a live rank that never sends:
+ *             BRG_ERR_TIMEOUT naming it, after the timeout and within 5 s more
+ *   dies      the last rank is killed while the others wait to receive from
+ *             it: an error naming it within the timeout + 5 s
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+static const brg_dtype DTYPES[BRG_NUM_DTYPES] = {BRG_INT8,    BRG_UINT8,  BRG_INT32,   BRG_UINT32,
+                                                 BRG_INT64,   BRG_UINT64, BRG_FLOAT16, BRG_BFLOAT16,
+                                                 BRG_FLOAT32, BRG_FLOAT64};
+static const size_t COUNTS[] = {0, 1, 7, 4099};
+#define BIG_COUNT 1000003
+
+/* Byte k of message `tag` from rank `src` to rank `dst`: a mix that no two
+ * (src, dst, tag) share at any k. */
+static unsigned char pat(int src, int dst, int tag, size_t k) {
+  uint64_t x =
+      ((uint64_t)(src + 1) << 48) ^ ((uint64_t)(dst + 1) << 32) ^ ((uint64_t)tag << 20) ^ k;
+  x ^= x >> 29;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 32;
+  return (unsigned char)x;
+}
+
+static void fill(unsigned char *b, size_t bytes, int src, int dst, int tag) {
+  for (size_t k = 0; k < bytes; k++) b[k] = pat(src, dst, tag, k);
+}
+
+/* Every byte against the pattern; the first wrong one is reported. */
+static int check(const unsigned char *b, size_t bytes, int src, int dst, int tag,
+                 const char *what) {
+  for (size_t k = 0; k < bytes; k++)
+    if (b[k] != pat(src, dst, tag, k)) {
+      mp_fail("%s: byte %zu of the message from rank %d to rank %d (tag %d) is 0x%02x, expected "
+              "0x%02x",
+              what, k, src, dst, tag, b[k], pat(src, dst, tag, k));
+      return 1;
+    }
+  return 0;
+}
+
+static void *xmalloc(size_t n) {
+  void *p = malloc(n ? n : 1);
+  if (!p) {
+    mp_fail("out of memory for %zu bytes", n);
+    exit(1);
+  }
+  return p;
+}
+
+#define OK(call)                                                                                   \
+  do {                                                                                             \
+    brg_status st_ = (call);                                                                       \
+    if (st_ != BRG_SUCCESS) {                                                                      \
+      mp_fail("%s: %s: %s", #call, brg_status_string(st_), brg_comm_last_error(c));                \
+      return 1;                                                                                    \
+    }                                                                                              \
+  } while (0)
+
+static int case_ring(mp_ctx *ctx) {
+  brg_comm *c = ctx->comm;
+  int n = ctx->nranks, r = ctx->rank, next = (r + 1) % n, prev = (r - 1 + n) % n;
+  int tag = 0;
+  for (int d = 0; d < BRG_NUM_DTYPES; d++) {
+    size_t es = brg_dtype_size(DTYPES[d]);
+    for (size_t ci = 0; ci <= sizeof COUNTS / sizeof *COUNTS; ci++) {
+      /* The large count for two dtypes only: time. */
+      if (ci == sizeof COUNTS / sizeof *COUNTS && d != 0 && d != 9) continue;
+      size_t count = ci < sizeof COUNTS / sizeof *COUNTS ? COUNTS[ci] : BIG_COUNT;
+      size_t bytes = count * es;
+      unsigned char *s = xmalloc(bytes), *g = xmalloc(bytes);
+      fill(s, bytes, r, next, tag);
+      memset(g, 0xee, bytes);
+      int nb = (tag & 1) != 0; /* every other message non-blocking */
+      if (!nb) {
+        if (r % 2 == 0) {
+          OK(brg_send(s, count, DTYPES[d], next, c, NULL));
+          OK(brg_recv(g, count, DTYPES[d], prev, c, NULL));
+        } else {
+          OK(brg_recv(g, count, DTYPES[d], prev, c, NULL));
+          OK(brg_send(s, count, DTYPES[d], next, c, NULL));
+        }
+      } else {
+        brg_request rs, rr;
+        OK(brg_irecv(g, count, DTYPES[d], prev, c, &rr));
+        OK(brg_isend(s, count, DTYPES[d], next, c, &rs));
+        OK(brg_wait(&rs));
+        int done = 0;
+        brg_status st;
+        while ((st = brg_test(&rr, &done)) == BRG_IN_PROGRESS && !done) mp_sleep_ms(0);
+        OK(st);
+      }
+      char what[96];
+      snprintf(what, sizeof what, "ring %s count %zu%s", brg_dtype_name(DTYPES[d]), count,
+               nb ? " (isend/irecv)" : "");
+      int bad = check(g, bytes, prev, r, tag, what);
+      free(s);
+      free(g);
+      if (bad) return 1;
+      tag++;
+    }
+  }
+  return 0;
+}
+
+/* Message m from src to dst has this count: every pair different, 0 too. */
+static size_t pair_count(int src, int dst, int m) {
+  return (size_t)((src * 7 + dst * 3 + m * 5) % 11) * 97 + (size_t)m;
+}
+
+static int case_pairs(mp_ctx *ctx) {
+  brg_comm *c = ctx->comm;
+  int n = ctx->nranks, r = ctx->rank;
+  enum { MSGS = 3 };
+  for (int d = 0; d < BRG_NUM_DTYPES; d++) {
+    brg_dtype dt = DTYPES[d];
+    size_t es = brg_dtype_size(dt);
+    /* Even dtypes: blocking sends to everyone, then blocking receives.
+     * Odd ones: every receive posted first (irecv), then isends. */
+    unsigned char *in[MP_MAX_RANKS][MSGS];
+    brg_request rq[MP_MAX_RANKS][MSGS];
+    for (int j = 0; j < n; j++)
+      for (int m = 0; m < MSGS; m++) {
+        in[j][m] = xmalloc(pair_count(j, r, m) * es);
+        memset(in[j][m], 0xee, pair_count(j, r, m) * es);
+        if (d % 2) OK(brg_irecv(in[j][m], pair_count(j, r, m), dt, j, c, &rq[j][m]));
+      }
+    for (int m = 0; m < MSGS; m++)
+      for (int i = 0; i < n; i++) {
+        int j = (r + i) % n;
+        size_t cnt = pair_count(r, j, m);
+        unsigned char *s = xmalloc(cnt * es);
+        fill(s, cnt * es, r, j, d * MSGS + m);
+        if (d % 2) {
+          brg_request sq;
+          OK(brg_isend(s, cnt, dt, j, c, &sq));
+          OK(brg_wait(&sq));
+        } else {
+          OK(brg_send(s, cnt, dt, j, c, NULL));
+        }
+        free(s);
+      }
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+      int j = (r - i + n) % n;
+      for (int m = 0; m < MSGS; m++) {
+        if (d % 2)
+          OK(brg_wait(&rq[j][m]));
+        else
+          OK(brg_recv(in[j][m], pair_count(j, r, m), dt, j, c, NULL));
+        char what[64];
+        snprintf(what, sizeof what, "pairs %s message %d", brg_dtype_name(dt), m);
+        bad |= check(in[j][m], pair_count(j, r, m) * es, j, r, d * MSGS + m, what);
+        free(in[j][m]);
+      }
+    }
+    if (bad) return 1;
+  }
+  return 0;
+}
+
+static int case_crossed(mp_ctx *ctx) {
+  brg_comm *c = ctx->comm;
+  int r = ctx->rank, peer = r ^ 1;
+  if (peer >= ctx->nranks) return 0;                 /* the odd one out */
+  size_t count = (size_t)8 << 20, bytes = count * 4; /* 32 MiB */
+  unsigned char *s = xmalloc(bytes), *g = xmalloc(bytes);
+  fill(s, bytes, r, peer, 77);
+  memset(g, 0xee, bytes);
+  int64_t t0 = mp_now_ns();
+  OK(brg_send(s, count, BRG_FLOAT32, peer, c, NULL));
+  OK(brg_recv(g, count, BRG_FLOAT32, peer, c, NULL));
+  mp_info("crossed: 32 MiB each way, send before recv, in %.0f ms", (mp_now_ns() - t0) / 1e6);
+  int bad = check(g, bytes, peer, r, 77, "crossed");
+  free(s);
+  free(g);
+  return bad;
+}
+
+/* An allreduce whose result is known: sum of (rank + 1) over the ranks. */
+static int allreduce_check(brg_comm *c, int n, int r) {
+  int32_t v[5];
+  for (int i = 0; i < 5; i++) v[i] = (r + 1) * (i + 1);
+  OK(brg_allreduce(v, v, 5, BRG_INT32, BRG_SUM, c, NULL));
+  for (int i = 0; i < 5; i++)
+    if (v[i] != n * (n + 1) / 2 * (i + 1)) {
+      mp_fail("allreduce between all_to_alls: element %d is %d, expected %d", i, v[i],
+              n * (n + 1) / 2 * (i + 1));
+      return 1;
+    }
+  return 0;
+}
+
+static int case_a2a(mp_ctx *ctx) {
+  brg_comm *c = ctx->comm;
+  int n = ctx->nranks, r = ctx->rank, tag = 1000;
+  for (int d = 0; d < BRG_NUM_DTYPES; d++) {
+    size_t es = brg_dtype_size(DTYPES[d]);
+    for (size_t ci = 0; ci <= sizeof COUNTS / sizeof *COUNTS; ci++) {
+      if (ci == sizeof COUNTS / sizeof *COUNTS && d != 4) continue;
+      size_t count = ci < sizeof COUNTS / sizeof *COUNTS ? COUNTS[ci] : BIG_COUNT;
+      size_t bb = count * es; /* one block */
+      for (int inplace = 0; inplace < 2; inplace++, tag++) {
+        unsigned char *s = xmalloc(bb * (size_t)n), *g = inplace ? s : xmalloc(bb * (size_t)n);
+        for (int j = 0; j < n; j++) fill(s + (size_t)j * bb, bb, r, j, tag);
+        if (!inplace) memset(g, 0xee, bb * (size_t)n);
+        OK(brg_all_to_all(s, g, count, DTYPES[d], c, NULL));
+        char what[96];
+        snprintf(what, sizeof what, "all_to_all %s count %zu %s", brg_dtype_name(DTYPES[d]), count,
+                 inplace ? "in place" : "out of place");
+        int bad = 0;
+        for (int j = 0; j < n && !bad; j++) bad = check(g + (size_t)j * bb, bb, j, r, tag, what);
+        /* Out of place the input stays as it was. */
+        for (int j = 0; j < n && !bad && !inplace; j++)
+          bad = check(s + (size_t)j * bb, bb, r, j, tag, "all_to_all's sendbuf afterwards");
+        if (!inplace) free(g);
+        free(s);
+        if (bad) return 1;
+      }
+      if (allreduce_check(c, n, r)) return 1;
+    }
+  }
+  return 0;
+}
+
+static int case_mismatch(mp_ctx *ctx) {
+  brg_comm *c = ctx->comm;
+  int r = ctx->rank;
+  if (r > 1 || ctx->nranks < 2) return 0;
+  float f[8] = {0};
+  int32_t k[8] = {0};
+  if (r == 0) {
+    for (int i = 0; i < 8; i++) f[i] = (float)i + 0.5f;
+    OK(brg_send(f, 7, BRG_FLOAT32, 1, c, NULL)); /* received as 8 */
+    OK(brg_send(f, 7, BRG_FLOAT32, 1, c, NULL)); /* received as int32 */
+    OK(brg_send(f, 8, BRG_FLOAT32, 1, c, NULL)); /* matches */
+    return 0;
+  }
+  brg_status st = brg_recv(f, 8, BRG_FLOAT32, 0, c, NULL);
+  const char *e = brg_comm_last_error(c);
+  MP_CHECK(st == BRG_ERR_MISMATCH && mp_names_rank(e, 0) && strstr(e, "7 x float32") &&
+               strstr(e, "8 x float32"),
+           "count mismatch: %s: %s (expected BRG_ERR_MISMATCH naming rank 0, 7 and 8 x float32)",
+           brg_status_string(st), e);
+  st = brg_recv(k, 7, BRG_INT32, 0, c, NULL);
+  e = brg_comm_last_error(c);
+  MP_CHECK(st == BRG_ERR_MISMATCH && strstr(e, "7 x int32") && strstr(e, "7 x float32"),
+           "dtype mismatch: %s: %s (expected BRG_ERR_MISMATCH naming int32 and float32)",
+           brg_status_string(st), e);
+  memset(f, 0, sizeof f);
+  OK(brg_recv(f, 8, BRG_FLOAT32, 0, c, NULL));
+  for (int i = 0; i < 8; i++)
+    MP_CHECK(f[i] == (float)i + 0.5f, "after the mismatches: element %d is %g, expected %g", i,
+             (double)f[i], (double)i + 0.5);
+  return 0;
+}
+
+static int expect_invalid(brg_comm *c, brg_status st, const char *what, const char *word) {
+  const char *e = brg_comm_last_error(c);
+  if (st != BRG_ERR_INVALID_ARGUMENT || !mp_contains(e, word)) {
+    mp_fail("%s: %s: %s (expected BRG_ERR_INVALID_ARGUMENT and \"%s\")", what,
+            brg_status_string(st), e, word);
+    return 1;
+  }
+  return 0;
+}
+
+static int case_args(mp_ctx *ctx) {
+  brg_comm *c = ctx->comm;
+  int n = ctx->nranks, bad = 0;
+  int32_t v[4] = {0};
+  int dummy_stream;
+  bad |= expect_invalid(c, brg_send(v, 4, BRG_INT32, n, c, NULL), "send to rank N", "peer");
+  bad |= expect_invalid(c, brg_send(v, 4, BRG_INT32, -1, c, NULL), "send to -1", "peer");
+  bad |= expect_invalid(c, brg_recv(v, 4, BRG_INT32, n + 3, c, NULL), "recv from N+3", "peer");
+  brg_request rq;
+  memset(&rq, 0, sizeof rq);
+  bad |= expect_invalid(c, brg_irecv(v, 4, BRG_INT32, n, c, &rq), "irecv from N", "peer");
+  bad |= expect_invalid(c, brg_isend(v, 4, BRG_INT32, -2, c, &rq), "isend to -2", "peer");
+  bad |= expect_invalid(c, brg_send(NULL, 4, BRG_INT32, 0, c, NULL), "send of NULL", "NULL");
+  bad |= expect_invalid(c, brg_recv(NULL, 4, BRG_INT32, 0, c, NULL), "recv into NULL", "NULL");
+  bad |= expect_invalid(c, brg_send(v, 4, (brg_dtype)42, 0, c, NULL), "unknown dtype", "dtype");
+  bad |= expect_invalid(c, brg_send(v, 4, BRG_INT32, 0, c, &dummy_stream), "stream", "stream");
+  bad |= expect_invalid(c, brg_all_to_all(v, v, 1, BRG_INT32, c, &dummy_stream), "a2a stream",
+                        "stream");
+  if (n >= 2) {
+    int32_t *big = xmalloc(sizeof(int32_t) * 4 * (size_t)n);
+    bad |= expect_invalid(c, brg_all_to_all(big, big + 1, 2, BRG_INT32, c, NULL), "a2a overlap",
+                          "overlap");
+    free(big);
+  }
+  /* A request still in flight is not reused (its message is sent after
+   * the barrier below). */
+  int32_t w[2];
+  int from = (ctx->rank + 1) % n;
+  OK(brg_irecv(w, 2, BRG_INT32, from, c, &rq));
+  brg_status st = brg_irecv(w, 2, BRG_INT32, from, c, &rq);
+  MP_CHECK(st == BRG_ERR_INVALID_USAGE, "irecv on a request in flight: %s (%s)",
+           brg_status_string(st), brg_comm_last_error(c));
+  OK(brg_barrier(c)); /* the message comes only now: the request was in flight above */
+  int32_t out[2] = {ctx->rank, 7};
+  OK(brg_send(out, 2, BRG_INT32, (ctx->rank - 1 + n) % n, c, NULL));
+  OK(brg_wait(&rq));
+  MP_CHECK(w[0] == from && w[1] == 7, "after the refusals: got %d %d, expected %d 7", w[0], w[1],
+           from);
+  /* The communicator still works for collectives. */
+  if (allreduce_check(c, n, ctx->rank)) return 1;
+  return bad;
+}
+
+static int case_timeout(mp_ctx *ctx) {
+  brg_comm *c = ctx->comm;
+  int tmo = mp_env_int("BRIGADE_TIMEOUT_MS", 0);
+  if (ctx->rank != 0) {
+    mp_wait_flag(0, tmo + 10000); /* alive, silent, until rank 0 is done */
+    return 0;
+  }
+  int32_t v[3];
+  int64_t t0 = mp_now_ns();
+  brg_status st = brg_recv(v, 3, BRG_INT32, 1, c, NULL);
+  double ms = (mp_now_ns() - t0) / 1e6;
+  const char *e = brg_comm_last_error(c);
+  MP_CHECK(st == BRG_ERR_TIMEOUT && mp_names_rank(e, 1) && ms >= tmo && ms <= tmo + 5000,
+           "recv from a silent rank 1: %s after %.0f ms (timeout %d ms): %s", brg_status_string(st),
+           ms, tmo, e);
+  mp_info("silent peer: %s after %.0f ms: %s", brg_status_string(st), ms, e);
+  __atomic_store_n(&ctx->shared->flags[0], 1, __ATOMIC_RELEASE);
+  return 0;
+}
+
+static int case_dies(mp_ctx *ctx) {
+  brg_comm *c = ctx->comm;
+  int n = ctx->nranks, victim = n - 1, tmo = mp_env_int("BRIGADE_TIMEOUT_MS", 0);
+  /* Everyone has a link to the victim first: a message from it. */
+  int32_t v[4] = {ctx->rank};
+  if (ctx->rank == victim) {
+    for (int j = 0; j < victim; j++) OK(brg_send(v, 1, BRG_INT32, j, c, NULL));
+    __atomic_store_n(&ctx->shared->progress[ctx->rank], 1, __ATOMIC_RELEASE);
+    for (;;) mp_sleep_ms(1000); /* killed by the harness */
+  }
+  OK(brg_recv(v, 1, BRG_INT32, victim, c, NULL));
+  MP_CHECK(v[0] == victim, "first message from the victim: %d", v[0]);
+  __atomic_store_n(&ctx->shared->progress[ctx->rank], 1, __ATOMIC_RELEASE);
+  int64_t t0 = mp_now_ns();
+  brg_status st = brg_recv(v, 4, BRG_INT32, victim, c, NULL);
+  double ms = (mp_now_ns() - t0) / 1e6;
+  const char *e = brg_comm_last_error(c);
+  MP_CHECK((st == BRG_ERR_REMOTE || st == BRG_ERR_TIMEOUT) && mp_names_rank(e, victim) &&
+               ms <= tmo + 5000,
+           "recv from rank %d, killed meanwhile: %s after %.0f ms (timeout %d ms): %s", victim,
+           brg_status_string(st), ms, tmo, e);
+  mp_info("dead peer: %s after %.0f ms: %s", brg_status_string(st), ms, e);
+  /* A send to it fails too, naming it. */
+  st = brg_send(v, 4, BRG_INT32, victim, c, NULL);
+  if (st == BRG_SUCCESS) st = brg_send(v, 4, BRG_INT32, victim, c, NULL); /* in flight once */
+  MP_CHECK(st != BRG_SUCCESS && mp_names_rank(brg_comm_last_error(c), victim),
+           "send to the dead rank %d: %s: %s", victim, brg_status_string(st),
+           brg_comm_last_error(c));
+  return 0;
+}
+
+typedef struct {
+  const char *name;
+  int (*fn)(mp_ctx *);
+} part;
+static const part PARTS[] = {{"ring", case_ring},         {"pairs", case_pairs},
+                             {"crossed", case_crossed},   {"a2a", case_a2a},
+                             {"mismatch", case_mismatch}, {"args", case_args},
+                             {"timeout", case_timeout},   {"dies", case_dies}};
+#define NPARTS (sizeof PARTS / sizeof *PARTS)
+
+static int want[NPARTS];
+
+static int body(mp_ctx *ctx) {
+  for (size_t p = 0; p < NPARTS; p++) {
+    if (!want[p]) continue;
+    int64_t t0 = mp_now_ns();
+    if (PARTS[p].fn(ctx) != 0 || mp_failures()) return 1;
+    if (ctx->rank == 0) mp_info("%s: %.0f ms", PARTS[p].name, (mp_now_ns() - t0) / 1e6);
+  }
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 3) {
+    fprintf(stderr, "usage: %s N case...\n", argv[0]);
+    return 2;
+  }
+  int n = atoi(argv[1]), dies = 0;
+  for (int a = 2; a < argc; a++) {
+    size_t p = 0;
+    while (p < NPARTS && strcmp(argv[a], PARTS[p].name) != 0) p++;
+    if (p == NPARTS) {
+      fprintf(stderr, "unknown case %s\n", argv[a]);
+      return 2;
+    }
+    want[p] = 1;
+    dies |= strcmp(argv[a], "dies") == 0;
+  }
+  char name[96];
+  snprintf(name, sizeof name, "p2p N=%d %s", n, mp_transport());
+  mp_opts o = {
+      .name = name,
+      .nranks = n,
+      .deadline_ms = mp_env_int("MP_DEADLINE_MS", 120000),
+      .init = MP_INIT_ID,
+      .victim = dies ? n - 1 : -1,
+      .victim_signal = SIGKILL,
+      .victim_after = 1,
+      .victim_delay_ms = 300,
+  };
+  return mp_run(&o, body, NULL) ? 1 : 0;
+}
