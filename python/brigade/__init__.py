@@ -608,14 +608,11 @@ class Communicator:
                    stream: Stream = None) -> Any:
         """Block j of `buf` (size × n elements) to rank j; block j of `out` from
         rank j (``brg_all_to_all``). `out` is allocated like `buf` when
-        omitted; it may not be `buf` itself."""
+        omitted; ``out=buf`` exchanges in place."""
         s = _stream_handle(stream)
         if out is None:
             out = self._alloc_like("all_to_all", buf, self._count(buf))
-        if out is buf:
-            raise ValueError("brigade: all_to_all: the output must be another buffer than "
-                             "the input")
-        sv, ov = self._views("all_to_all", buf, out, dtype, s)
+        sv, ov = self._views("all_to_all", buf, None if out is buf else out, dtype, s)
         if sv.count % self.size or ov.count != sv.count:
             self._release(sv, ov)
             raise ValueError(f"brigade: all_to_all: the input has {sv.count} elements and the "

@@ -10,8 +10,8 @@ Importing this module registers the backend "brigade"::
 The process group runs allreduce, reduce_scatter, all_gather, broadcast,
 reduce, barrier, send/recv (isend/irecv) and all_to_all (all_to_all_single
 with any splits, all_to_all on lists) through brigade, on CPU tensors and
-CUDA tensors (the latter on torch's current stream; unequal all-to-all
-splits on the CPU only); every other call (gather, scatter, ...) raises
+CUDA tensors (the latter on torch's current stream; point-to-point and
+all-to-all on the CPU only, as brigade's calls); every other call (gather, scatter, ...) raises
 NotImplementedError naming the call. Brigade's unique id goes through the c10d store the group
 is given, so brigade needs no port of its own (MASTER_PORT stays c10d's).
 
@@ -254,9 +254,8 @@ class ProcessGroupBrigade(dist.ProcessGroup):
         isend/irecv (the unequal and list forms of all-to-all)."""
         me = self.rank()
         if any(x.is_cuda for x in sends + recvs):
-            raise NotImplementedError(f"brigade: {call} on CUDA tensors with unequal splits "
-                                      "or lists (brigade has all_to_all_single with equal "
-                                      "splits on the GPU)")
+            raise NotImplementedError(f"brigade: {call} on CUDA tensors (brigade's "
+                                      "point-to-point calls take host memory)")
         for j, (a, b) in enumerate(zip(sends, recvs)):
             if a.dtype != b.dtype:
                 raise ValueError(f"brigade: {call}: block {j} is {a.dtype} to send and "

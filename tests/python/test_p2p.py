@@ -30,6 +30,12 @@ def body_send_recv(comm):
     for dt in NP_TYPES:
         kw = {"dtype": "bfloat16"} if dt == "bfloat16" else {}
         for count in (1, 4099, 70001):
+            mine = block(r, r, count, dt)  # to itself: copied
+            back = np.zeros_like(mine)
+            q = comm.irecv(back, r, **kw)
+            comm.send(mine, r, **kw)
+            q.wait()
+            assert np.array_equal(back, mine), (dt, count, "to itself")
             # blocking, around the ring: even ranks send first, odd receive first
             out = block(r, right, count, dt)
             got = np.zeros_like(out)
@@ -65,6 +71,9 @@ def body_all_to_all(comm):
             assert np.array_equal(out, want), (dt, count)
             assert np.array_equal(send, np.concatenate([block(r, j, count, dt)
                                                         for j in range(n)])), "input changed"
+            inplace = send.copy()
+            assert comm.all_to_all(inplace, out=inplace, **kw) is inplace
+            assert np.array_equal(inplace, want), (dt, count, "in place")
     with pytest.raises(ValueError, match="blocks"):
         comm.all_to_all(np.ones(n * 3 + 1), out=np.ones(n * 3 + 1))
 
