@@ -22,9 +22,9 @@ hook::
     comm = brigade.torch.communicator()  # over the default (e.g. Gloo) group
     ddp.register_comm_hook(comm, brigade.torch.allreduce_hook)
 
-Tested with Debian 12's python3-torch 1.13 (CPU). Its torchrun crashes under
-Python 3.11 in ``to_map`` unless given ``--redirects 2 --tee 2`` (a torch
-bug, fixed in later releases).
+Tested with Debian 12's python3-torch 1.13.1 and PyPI's torch 2.15.0, on the
+CPU. Debian's torchrun 1.13 crashes under Python 3.11 in ``to_map`` unless
+given ``--redirects 2 --tee 2`` (a torch bug, fixed in later releases).
 """
 import queue
 import threading
