@@ -28,8 +28,16 @@
  *    when it is unloaded (at exit);
  *  - ncclCommSplit is brg_comm_split (the new communicator builds its
  *    device ring at its first collective);
- *  - calls brigade does not have (point-to-point, all-to-all, gather,
- *    scatter, shrink, custom reduction ops, float8) return
+ *  - ncclSend and ncclRecv are brigade's host calls, staged:
+ *    the stream is synchronized, device data copied to host memory and
+ *    back. They block the calling thread (NCCL's return at once). Inside
+ *    a group they run at the outermost ncclGroupEnd, every send of the
+ *    group before any receive: brigade's sends are eager, so a group in
+ *    which two ranks send to and receive from each other cannot deadlock,
+ *    even when one thread drives several communicators. ncclAlltoAll is
+ *    such a group, as NCCL defines it;
+ *  - calls brigade does not have (gather, scatter, shrink, custom
+ *    reduction ops, float8) return
  *    ncclInvalidUsage (ncclInvalidArgument for a float8 type), and
  *    ncclGetLastError says which; buffer registration is accepted and does
  *    nothing.
@@ -207,6 +215,20 @@ typedef struct pending_init {
 
 static __thread int group_depth;
 static __thread pending_init *pending;
+
+/* Sends and receives issued inside a group, run at its end. */
+typedef struct pending_p2p {
+  int is_send;
+  void *buf; /* device memory */
+  size_t count;
+  brg_dtype dt;
+  int peer;
+  struct ncclComm *comm;
+  cudaStream_t stream;
+  struct pending_p2p *next;
+} pending_p2p;
+static __thread pending_p2p *p2p_head, *p2p_last;
+static ncclResult_t run_p2p(void);
 
 /* Fills `comm` (its device set): a brg_comm, its device ring built. */
 static ncclResult_t init_now(struct ncclComm *comm, int nranks, const ncclUniqueId *id, int rank) {
@@ -523,8 +545,10 @@ EXPORT ncclResult_t ncclGroupStart(void) {
 
 EXPORT ncclResult_t ncclGroupEnd(void) {
   if (group_depth == 0) return fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
-  if (--group_depth > 0 || !pending) return ncclSuccess;
-  return run_pending();
+  if (--group_depth > 0) return ncclSuccess;
+  ncclResult_t r = pending ? run_pending() : ncclSuccess;
+  ncclResult_t r2 = run_p2p(); /* runs (or drops, after a failed init) what was queued */
+  return r != ncclSuccess ? r : r2;
 }
 
 /* ---- collectives ----------------------------------------------------- */
@@ -597,25 +621,116 @@ EXPORT ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t coun
                "ncclReduce");
 }
 
-/* ---- what brigade does not have -------------------------------------- */
+/* ---- point-to-point and all-to-all, staged through host memory ------- */
+
+/* One send or receive of device data: the stream's earlier work first,
+ * then the data through a host buffer of the call's own. */
+static ncclResult_t p2p_now(const pending_p2p *op) {
+  const char *fn = op->is_send ? "ncclSend" : "ncclRecv";
+  const brg__cuda_api *api = cuda();
+  if (!api) return ncclUnhandledCudaError;
+  size_t bytes = op->count * brg_dtype_size(op->dt);
+  void *host = malloc(bytes ? bytes : 1);
+  if (!host) return fail(ncclSystemError, "%s: out of memory for %zu bytes", fn, bytes);
+  ncclResult_t r = ncclSuccess;
+  /* The stream is the communicator's device's (a group may hold several). */
+  int prev = -1;
+  if (api->get_device(&prev) != 0) prev = -1;
+  int e = api->set_device(op->comm->device);
+  if (!e) e = api->stream_sync(op->stream);
+  if (!e && op->is_send && bytes) e = api->mem_copy(host, op->buf, bytes);
+  if (e) {
+    r = fail(ncclUnhandledCudaError, "%s: %s", fn, api->error_string(e));
+  } else if (op->is_send) {
+    r = check(op->comm, brg_send(host, op->count, op->dt, op->peer, op->comm->c, NULL), fn);
+  } else {
+    r = check(op->comm, brg_recv(host, op->count, op->dt, op->peer, op->comm->c, NULL), fn);
+    if (r == ncclSuccess && bytes && (e = api->mem_copy(op->buf, host, bytes)) != 0)
+      r = fail(ncclUnhandledCudaError, "%s: %s", fn, api->error_string(e));
+  }
+  if (prev >= 0) api->set_device(prev);
+  free(host);
+  return r;
+}
+
+/* The group's sends, then its receives, each in issue order; the first
+ * error is returned, and what follows it still runs (its peers wait for
+ * it). */
+static ncclResult_t run_p2p(void) {
+  ncclResult_t r = ncclSuccess;
+  for (int sends = 1; sends >= 0; sends--)
+    for (pending_p2p *op = p2p_head; op; op = op->next) {
+      if (op->is_send != sends) continue;
+      char err[sizeof last_error];
+      snprintf(err, sizeof err, "%s", last_error);
+      ncclResult_t r1 = p2p_now(op);
+      if (r1 != ncclSuccess && r == ncclSuccess)
+        r = r1;
+      else if (r != ncclSuccess) /* keep the first error's sentence */
+        snprintf(last_error, sizeof last_error, "%s", err);
+    }
+  while (p2p_head) {
+    pending_p2p *op = p2p_head;
+    p2p_head = op->next;
+    free(op);
+  }
+  p2p_last = NULL;
+  return r;
+}
+
+static ncclResult_t p2p_call(int is_send, void *buf, size_t count, ncclDataType_t datatype,
+                             int peer, ncclComm_t comm, cudaStream_t stream) {
+  const char *fn = is_send ? "ncclSend" : "ncclRecv";
+  pending_p2p op = {
+      .is_send = is_send, .buf = buf, .count = count, .peer = peer, .comm = comm, .stream = stream};
+  ncclResult_t r;
+  if (!prologue(comm, datatype, &op.dt, fn, &r)) return r;
+  if (peer < 0 || peer >= comm->nranks)
+    return fail(ncclInvalidArgument, "%s: peer %d is not in [0, %d)", fn, peer, comm->nranks);
+  if (count && !buf)
+    return fail(ncclInvalidArgument, "%s: buffer is NULL with count %zu", fn, count);
+  if (group_depth == 0) return p2p_now(&op);
+  pending_p2p *q = malloc(sizeof *q);
+  if (!q) return fail(ncclSystemError, "%s: out of memory", fn);
+  *q = op;
+  q->next = NULL;
+  if (p2p_last)
+    p2p_last->next = q;
+  else
+    p2p_head = q;
+  p2p_last = q;
+  return ncclSuccess;
+}
 
 EXPORT ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
                              ncclComm_t comm, cudaStream_t stream) {
-  (void)sendbuff, (void)count, (void)datatype, (void)peer, (void)comm, (void)stream;
-  return unsupported("ncclSend", "point-to-point calls");
+  return p2p_call(1, (void *)sendbuff, count, datatype, peer, comm, stream);
 }
 
 EXPORT ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
                              ncclComm_t comm, cudaStream_t stream) {
-  (void)recvbuff, (void)count, (void)datatype, (void)peer, (void)comm, (void)stream;
-  return unsupported("ncclRecv", "point-to-point calls");
+  return p2p_call(0, recvbuff, count, datatype, peer, comm, stream);
 }
 
+/* As NCCL defines it: a group of a send to and a receive from every
+ * rank, so one thread may drive several communicators' all-to-alls in
+ * one group, and in place works (every send leaves before any receive). */
 EXPORT ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count,
                                  ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
-  (void)sendbuff, (void)recvbuff, (void)count, (void)datatype, (void)comm, (void)stream;
-  return unsupported("ncclAlltoAll", "all-to-all");
+  brg_dtype dt;
+  ncclResult_t r;
+  if (!prologue(comm, datatype, &dt, "ncclAlltoAll", &r)) return r;
+  size_t block = count * brg_dtype_size(dt);
+  ncclGroupStart();
+  for (int j = 0; j < comm->nranks && r == ncclSuccess; j++)
+    r = p2p_call(1, (char *)sendbuff + (size_t)j * block, count, datatype, j, comm, stream);
+  for (int j = 0; j < comm->nranks && r == ncclSuccess; j++)
+    r = p2p_call(0, (char *)recvbuff + (size_t)j * block, count, datatype, j, comm, stream);
+  ncclResult_t r2 = ncclGroupEnd();
+  return r != ncclSuccess ? r : r2;
 }
+
+/* ---- what brigade does not have -------------------------------------- */
 
 EXPORT ncclResult_t ncclGather(const void *sendbuff, void *recvbuff, size_t count,
                                ncclDataType_t datatype, int root, ncclComm_t comm,

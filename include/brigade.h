@@ -237,7 +237,8 @@ brg_status brg_wait(brg_request *request);
  * completes once the data has left buf (it may do so before it returns);
  * brg_irecv completes once its message has arrived. brg_wait on a receive
  * fails with BRG_ERR_TIMEOUT when nothing of the message arrived for the
- * communicator's timeout.
+ * communicator's timeout, counted from the brg_wait call; brg_test never
+ * times out.
  *
  * brg_all_to_all is a collective (every rank calls it, in order with its
  * other collectives), as MPI_Alltoall and torch's all_to_all_single with

@@ -30,6 +30,7 @@
  * whole.
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <poll.h>
 #include <pthread.h>
@@ -43,6 +44,7 @@
 
 #include "internal.h"
 #include "kernels.h"
+#include "net.h"
 #include "sock.h"
 
 #define P2P_MAGIC 0x70327062u /* "bp2p" */
@@ -51,7 +53,10 @@
 #define P2P_READ_BUDGET (4u << 20) /* bytes read from one peer before the others get a turn */
 #define P2P_SEND_CHUNK (1u << 20)  /* each chunk has the full timeout to leave */
 #define P2P_DIAL_MS 3000           /* a listener that refuses this long is a dead rank */
-#define P2P_HELLO_MS 2000
+/* The listener stays open for the communicator's life: strangers that
+ * never say hello may hold this many descriptors, each for
+ * BRG__NET_HELLO_MS (the ring's listeners close after init). */
+#define P2P_MAX_PENDING 8
 
 typedef struct p2p_hello {
   uint32_t magic;
@@ -85,7 +90,7 @@ typedef struct p2p_peer {
   int out_fd;
   uint64_t sent; /* user messages sent to this peer */
   brg_status out_broken;
-  char out_why[200];
+  char out_why[256];
   /* Receiving side: the p2p lock. */
   int in_fd;
   int watch_out;  /* the thread polls out_fd for a hang-up */
@@ -103,8 +108,8 @@ typedef struct p2p_peer {
 } p2p_peer;
 
 typedef struct brg__p2p {
-  int listen_fd;
-  int wake_fd; /* eventfd: the thread looks again (new link, stop) */
+  brg__net_door door; /* the listener and the connections still to say hello */
+  int wake_fd;        /* eventfd: the thread looks again (new link, stop) */
   pthread_t thread;
   int started;
   int stop;
@@ -325,39 +330,42 @@ static void read_peer(brg_comm *c, p2p_peer *pr, int rank) {
   }
 }
 
-/* A connection on the listener: its hello says who it is. The hello is
- * read without the lock (a stranger may be slow to send it). */
-static void accept_links(brg_comm *c) {
-  brg__p2p *p = c->p2p;
-  for (;;) {
-    int fd = accept4(p->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return;
-    p2p_hello h;
-    int rc = brg__sock_recv_all(fd, &h, sizeof h, brg__deadline_ms(P2P_HELLO_MS));
-    int ok = rc == BRG__IO_OK && h.magic == P2P_MAGIC && h.to == c->rank && h.from >= 0 &&
-             h.from < c->nranks && h.from != c->rank && h.comm_id == c->comm_id &&
-             memcmp(h.secret, brg__bootstrap_secret(c->bs), BRG__SECRET_BYTES) == 0;
-    if (!ok) {
-      char who[BRG__HOSTPORT_LEN];
-      brg__sock_peer_str(fd, who, sizeof who);
-      BRG__WARN("p2p", "rank %d: refused a point-to-point connection from %s: %s", c->rank, who,
-                rc != BRG__IO_OK ? brg__sock_io_why(rc) : "not a rank of this communicator");
-      close(fd);
-      continue;
-    }
-    brg__sock_nodelay(fd);
-    pthread_mutex_lock(&p->lock);
-    p2p_peer *pr = get_peer(c, h.from);
-    if (!pr || pr->in_fd >= 0 || pr->gone) {
-      BRG__WARN("p2p", "rank %d: refused a second point-to-point connection from rank %d", c->rank,
-                h.from);
-      close(fd);
-    } else {
-      pr->in_fd = fd;
-      BRG__INFO("p2p", "rank %d: link from rank %d", c->rank, h.from);
-    }
-    pthread_mutex_unlock(&p->lock);
+/* A complete hello on a connection the listener's door took in (fd is
+ * blocking now): kept when it names this rank and comes from another rank
+ * of this communicator that has no link to it yet. */
+static int hello_take(void *arg, const brg__conn_params *unused, int fd, const void *hello,
+                      const char *from) {
+  (void)unused;
+  brg_comm *c = arg;
+  p2p_hello h;
+  memcpy(&h, hello, sizeof h);
+  int ok = h.magic == P2P_MAGIC && h.to == c->rank && h.from >= 0 && h.from < c->nranks &&
+           h.from != c->rank && h.comm_id == c->comm_id &&
+           memcmp(h.secret, brg__bootstrap_secret(c->bs), BRG__SECRET_BYTES) == 0;
+  if (!ok) {
+    BRG__WARN("p2p",
+              "rank %d: refused a point-to-point connection from %s: not a rank of this "
+              "communicator",
+              c->rank, from);
+    return 0;
   }
+  if (brg__sock_set_blocking(fd, 0) != 0) {
+    BRG__WARN("p2p", "rank %d: dropped the link from rank %d: fcntl: %s", c->rank, h.from,
+              strerror(errno));
+    return 0;
+  }
+  brg__p2p *p = c->p2p;
+  pthread_mutex_lock(&p->lock);
+  p2p_peer *pr = get_peer(c, h.from);
+  int kept = pr && pr->in_fd < 0 && !pr->gone;
+  if (kept) pr->in_fd = fd;
+  pthread_mutex_unlock(&p->lock);
+  if (kept)
+    BRG__INFO("p2p", "rank %d: link from rank %d", c->rank, h.from);
+  else
+    BRG__WARN("p2p", "rank %d: refused a second point-to-point connection from rank %d (%s)",
+              c->rank, h.from, from);
+  return kept;
 }
 
 /* POLLIN on a connection this rank only writes: the peer hung up. The data
@@ -378,8 +386,9 @@ static void *p2p_main(void *arg) {
   brg_comm *c = arg;
   brg__p2p *p = c->p2p;
   brg__log_set_thread_rank(c->rank);
-  struct pollfd *fds = calloc(2 + 2 * (size_t)c->nranks, sizeof *fds);
-  int *who = calloc(2 + 2 * (size_t)c->nranks, sizeof *who);
+  size_t cap = 1 + BRG__NET_DOOR_FDS + 2 * (size_t)c->nranks;
+  struct pollfd *fds = calloc(cap, sizeof *fds);
+  int *who = calloc(cap, sizeof *who);
   if (!fds || !who) {
     BRG__WARN("p2p", "rank %d: out of memory for the point-to-point thread", c->rank);
     free(fds);
@@ -388,9 +397,12 @@ static void *p2p_main(void *arg) {
   }
   pthread_mutex_lock(&p->lock);
   while (!p->stop) {
-    int n = 0;
-    fds[n++] = (struct pollfd){.fd = p->wake_fd, .events = POLLIN};
-    fds[n++] = (struct pollfd){.fd = p->listen_fd, .events = POLLIN};
+    /* The door is the thread's own: served without the lock. */
+    pthread_mutex_unlock(&p->lock);
+    int wait_ms = brg__ms_left_capped(brg__net_door_expire(&p->door), 1000);
+    fds[0] = (struct pollfd){.fd = p->wake_fd, .events = POLLIN};
+    int door = brg__net_door_fds(&p->door, fds + 1), n = 1 + door;
+    pthread_mutex_lock(&p->lock);
     for (int i = 0; i < p->nactive; i++) {
       p2p_peer *pr = p->peer[p->active[i]];
       if (pr->in_fd >= 0) {
@@ -403,20 +415,23 @@ static void *p2p_main(void *arg) {
       }
     }
     pthread_mutex_unlock(&p->lock);
-    int r = poll(fds, (nfds_t)n, 1000);
+    int r = poll(fds, (nfds_t)n, wait_ms);
     if (r > 0 && fds[0].revents) {
       uint64_t v;
       ssize_t got = read(p->wake_fd, &v, sizeof v);
       (void)got;
     }
-    if (r > 0 && fds[1].revents) accept_links(c);
+    int kept = 0;
+    if (r > 0 && brg__net_door_serve(&p->door, fds + 1, INT_MAX, &kept) != 0)
+      BRG__WARN("p2p", "rank %d: accept on the point-to-point listener: %s", c->rank,
+                strerror(errno));
     pthread_mutex_lock(&p->lock);
-    for (int i = 2; r > 0 && i < n; i++) {
+    for (int i = 1 + door; r > 0 && i < n; i++) {
       if (!fds[i].revents || who[i] < 0) continue;
       p2p_peer *pr = p->peer[who[i]];
       if (pr->in_fd == fds[i].fd) read_peer(c, pr, who[i]);
     }
-    for (int i = 2; r > 0 && i < n; i++) {
+    for (int i = 1 + door; r > 0 && i < n; i++) {
       if (!fds[i].revents || who[i] >= 0) continue;
       p2p_peer *pr = p->peer[-1 - who[i]];
       if (pr->watch_out) check_out(c, pr, -1 - who[i]);
@@ -431,7 +446,12 @@ static void *p2p_main(void *arg) {
 brg_status brg__p2p_open(brg_comm *c, const char *addr, uint32_t *port, brg__errbuf *err) {
   brg__p2p *p = calloc(1, sizeof *p);
   if (!p) return brg__error_quiet(err, BRG_ERR_NO_MEMORY, "out of memory for point-to-point");
-  p->listen_fd = -1;
+  p->door = (brg__net_door){.listen_fd = -1,
+                            .subsys = "p2p",
+                            .hello_bytes = sizeof(p2p_hello),
+                            .take = hello_take,
+                            .arg = c,
+                            .max_pending = P2P_MAX_PENDING};
   p->wake_fd = -1;
   pthread_mutex_init(&p->lock, NULL);
   pthread_cond_init(&p->cond, NULL);
@@ -443,8 +463,8 @@ brg_status brg__p2p_open(brg_comm *c, const char *addr, uint32_t *port, brg__err
   p->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (p->wake_fd < 0) return brg__error(err, BRG_ERR_SYSTEM, "p2p", "eventfd: %s", strerror(errno));
   uint16_t got = 0;
-  brg_status s =
-      brg__sock_listen(addr, 0, 128, "p2p", "point-to-point listener", &p->listen_fd, &got, err);
+  brg_status s = brg__sock_listen(addr, 0, BRG__NET_BACKLOG, "p2p", "point-to-point listener",
+                                  &p->door.listen_fd, &got, err);
   *port = got;
   return s;
 }
@@ -485,7 +505,8 @@ void brg__p2p_free(brg_comm *c) {
     pthread_mutex_destroy(&pr->send_lock);
     free(pr);
   }
-  brg__sock_close(&p->listen_fd);
+  brg__net_door_drop(&p->door);
+  brg__sock_close(&p->door.listen_fd);
   brg__sock_close(&p->wake_fd);
   pthread_mutex_destroy(&p->lock);
   pthread_cond_destroy(&p->cond);
@@ -545,7 +566,7 @@ static brg_status send_self(brg_comm *c, uint32_t chan, uint64_t num, const void
     if (begin_message(p, pr, &h) == 0) {
       uint64_t bytes = count * brg_dtype_size(dtype), room;
       char *dest = payload_dest(p, pr, &room);
-      if (pr->cur_op || pr->cur_unexp) memcpy(dest, buf, bytes);
+      if (bytes && (pr->cur_op || pr->cur_unexp)) memcpy(dest, buf, bytes);
       payload_landed(pr, bytes);
       end_message(p, pr);
       if (chan == BRG__P2P_USER) pr->sent++;
@@ -565,6 +586,14 @@ brg_status brg__p2p_send(brg_comm *c, const char *fn, uint32_t chan, uint64_t nu
   p2p_peer *pr = peer_locked(c, peer);
   if (!pr) return brg__comm_error(c, BRG_ERR_NO_MEMORY, "%s: out of memory", fn);
   pthread_mutex_lock(&pr->send_lock);
+  /* A peer whose hang-up the thread has seen takes nothing more: the
+   * kernel may still accept a write or two before it learns of it. */
+  pthread_mutex_lock(&c->p2p->lock);
+  if (!pr->out_broken && pr->gone) {
+    pr->out_broken = BRG_ERR_REMOTE;
+    snprintf(pr->out_why, sizeof pr->out_why, "%s", pr->gone_why);
+  }
+  pthread_mutex_unlock(&c->p2p->lock);
   brg_status s = pr->out_broken;
   if (s == BRG_SUCCESS) s = ensure_out(c, pr, peer, pr->out_why, sizeof pr->out_why);
   if (s == BRG_SUCCESS) {
@@ -682,25 +711,30 @@ static void watch_peer(brg_comm *c, brg__p2p_op *op) {
   p2p_peer *pr = peer_locked(c, op->peer);
   if (!pr) return;
   pthread_mutex_lock(&pr->send_lock);
-  char why[200];
+  char why[256];
   brg_status s = pr->out_broken ? BRG_SUCCESS : ensure_out(c, pr, op->peer, why, sizeof why);
   pthread_mutex_unlock(&pr->send_lock);
   if (s == BRG_SUCCESS) return;
+  /* Unreachable: gone, unless its own link to this rank still works. */
   pthread_mutex_lock(&c->p2p->lock);
-  peer_gone(c->p2p, pr, s, "%s", why);
+  if (pr->in_fd < 0) peer_gone(c->p2p, pr, s, "%s", why);
   pthread_mutex_unlock(&c->p2p->lock);
 }
 
 brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
   brg__p2p *p = c->p2p;
   if (!__atomic_load_n(&op->done, __ATOMIC_ACQUIRE)) watch_peer(c, op);
+  /* The timeout runs from the later of the last progress and this wait:
+   * an irecv posted long before its brg_wait is not late for that. */
+  int64_t start = brg__now_ns();
   pthread_mutex_lock(&p->lock);
   p2p_peer *pr = p->peer[op->peer];
   brg_status s = BRG_SUCCESS;
   while (!op->done) {
+    int64_t since = op->last_ns > start ? op->last_ns : start;
     if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
       s = BRG_ERR_ABORTED;
-    else if (brg__now_ns() - op->last_ns > (int64_t)c->timeout_ms * 1000000)
+    else if (brg__now_ns() - since > (int64_t)c->timeout_ms * 1000000)
       s = BRG_ERR_TIMEOUT;
     if (s != BRG_SUCCESS) {
       withdraw(pr, op);

@@ -97,43 +97,20 @@ brg_status brg__net_hello_send(const brg__conn_params *p, const char *subsys, in
                     "hello to rank %d at %s: %s", p->peer, where, brg__sock_io_why(rc));
 }
 
-/* A connection that has not finished its hello yet. */
-typedef struct net_pending {
-  int fd;
-  size_t got;
-  int64_t deadline;
-  char from[BRG__HOSTPORT_LEN];
-  unsigned char hello[BRG__NET_HELLO_MAX];
-} net_pending;
-
-/* What brg__net_accept works with. */
-typedef struct net_door {
-  brg__net_link *l;
-  const brg__conn_params *p;
-  const char *subsys;
-  size_t hello_bytes;
-  brg__net_take_fn take;
-  void *arg;
-  int npending;
-  net_pending q[BRG__NET_MAX_PENDING];
-} net_door;
-
 /* Forgets q[i], closing it unless it was kept; the others keep their
  * order (oldest first). */
-static void pending_remove(net_door *d, int i, int kept) {
+static void pending_remove(brg__net_door *d, int i, int kept) {
   if (!kept) close(d->q[i].fd);
   memmove(&d->q[i], &d->q[i + 1], (size_t)(d->npending - i - 1) * sizeof d->q[0]);
   d->npending--;
 }
 
-static void pending_drop_oldest(net_door *d, const char *why) {
+static void pending_drop_oldest(brg__net_door *d, const char *why) {
   BRG__WARN(d->subsys, "refused connection from %s: %s", d->q[0].from, why);
   pending_remove(d, 0, 0);
 }
 
-/* Drops the connections whose hello is overdue; returns the earliest
- * deadline of those left (-1: none). */
-static int64_t pending_expire(net_door *d) {
+int64_t brg__net_door_expire(brg__net_door *d) {
   int64_t now = brg__now_ms(), next = -1;
   for (int i = d->npending - 1; i >= 0; i--) {
     if (now >= d->q[i].deadline) {
@@ -148,8 +125,8 @@ static int64_t pending_expire(net_door *d) {
 
 /* Reads more of q[i]'s hello; once it is complete, take() judges it.
  * 1 when the connection was kept. */
-static int pending_read(net_door *d, int i) {
-  net_pending *e = &d->q[i];
+static int pending_read(brg__net_door *d, int i) {
+  brg__net_pending *e = &d->q[i];
   ssize_t r = recv(e->fd, e->hello + e->got, d->hello_bytes - e->got, MSG_DONTWAIT);
   if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
   if (r <= 0) {
@@ -164,18 +141,20 @@ static int pending_read(net_door *d, int i) {
     BRG__WARN(d->subsys, "dropped connection from %s: fcntl: %s", e->from, strerror(errno));
   else
     kept = d->take(d->arg, d->p, e->fd, e->hello, e->from);
-  if (kept) snprintf(d->l->peer_addr, sizeof d->l->peer_addr, "%s", e->from);
+  if (kept && d->kept_from) snprintf(d->kept_from, BRG__HOSTPORT_LEN, "%s", e->from);
   pending_remove(d, i, kept);
   return kept;
 }
 
 /* New connections join the pending ones, a batch per round so that those
  * already taken get read before the oldest make room. 0, or -1 with errno. */
-static int pending_add(net_door *d) {
-  for (int k = 0; k < BRG__NET_MAX_PENDING / 4; k++) {
+static int pending_add(brg__net_door *d) {
+  int cap = d->max_pending > 0 && d->max_pending < BRG__NET_MAX_PENDING ? d->max_pending
+                                                                        : BRG__NET_MAX_PENDING;
+  for (int k = 0; k < (cap + 3) / 4; k++) {
     struct sockaddr_storage ss;
     socklen_t len = sizeof ss;
-    int fd = accept4(d->l->listen_fd, (struct sockaddr *)&ss, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int fd = accept4(d->listen_fd, (struct sockaddr *)&ss, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
@@ -186,9 +165,8 @@ static int pending_add(net_door *d) {
       }
       return -1;
     }
-    if (d->npending == BRG__NET_MAX_PENDING)
-      pending_drop_oldest(d, "no hello yet, and newer connections wait");
-    net_pending *e = &d->q[d->npending++];
+    if (d->npending >= cap) pending_drop_oldest(d, "no hello yet, and newer connections wait");
+    brg__net_pending *e = &d->q[d->npending++];
     e->fd = fd;
     e->got = 0;
     e->deadline = brg__now_ms() + BRG__NET_HELLO_MS;
@@ -198,13 +176,41 @@ static int pending_add(net_door *d) {
   return 0;
 }
 
+int brg__net_door_fds(const brg__net_door *d, struct pollfd *pfd) {
+  pfd[0] = (struct pollfd){.fd = d->listen_fd, .events = POLLIN};
+  for (int i = 0; i < d->npending; i++)
+    pfd[1 + i] = (struct pollfd){.fd = d->q[i].fd, .events = POLLIN};
+  return 1 + d->npending;
+}
+
+int brg__net_door_serve(brg__net_door *d, const struct pollfd *pfd, int want, int *kept) {
+  /* Pending connections first, oldest first; a removal moves those after
+   * it down, so `i` counts what stays and `k` walks the poll array. */
+  for (int i = 0, k = 0, n = d->npending; k < n && *kept < want; k++) {
+    int before = d->npending;
+    if (pfd[1 + k].revents) *kept += pending_read(d, i);
+    if (d->npending == before) i++;
+  }
+  if (*kept < want && pfd[0].revents) return pending_add(d);
+  return 0;
+}
+
+void brg__net_door_drop(brg__net_door *d) {
+  while (d->npending > 0) pending_remove(d, d->npending - 1, 0);
+}
+
 brg_status brg__net_accept(brg__net_link *l, const brg__conn_params *p, const char *subsys,
                            size_t hello_bytes, int want, brg__net_take_fn take, void *arg,
                            int64_t deadline, brg__errbuf *err) {
   if (hello_bytes == 0 || hello_bytes > BRG__NET_HELLO_MAX)
     return brg__error(err, BRG_ERR_INTERNAL, subsys, "a hello of %zu bytes", hello_bytes);
-  net_door d = {
-      .l = l, .p = p, .subsys = subsys, .hello_bytes = hello_bytes, .take = take, .arg = arg};
+  brg__net_door d = {.listen_fd = l->listen_fd,
+                     .p = p,
+                     .subsys = subsys,
+                     .hello_bytes = hello_bytes,
+                     .take = take,
+                     .arg = arg,
+                     .kept_from = l->peer_addr};
   int kept = 0;
   brg_status s = BRG_SUCCESS;
   while (kept < want) {
@@ -213,7 +219,7 @@ brg_status brg__net_accept(brg__net_link *l, const brg__conn_params *p, const ch
                  brg_status_string(s));
       break;
     }
-    int64_t soonest = pending_expire(&d);
+    int64_t soonest = brg__net_door_expire(&d);
     int left = brg__ms_left_capped(deadline, 100);
     if (left == 0) {
       if (want > 1)
@@ -227,28 +233,19 @@ brg_status brg__net_accept(brg__net_link *l, const brg__conn_params *p, const ch
     }
     int until_expiry = brg__ms_left(soonest);
     if (until_expiry >= 0 && until_expiry < left) left = until_expiry;
-    struct pollfd pfd[1 + BRG__NET_MAX_PENDING];
-    pfd[0] = (struct pollfd){.fd = l->listen_fd, .events = POLLIN};
-    for (int i = 0; i < d.npending; i++)
-      pfd[1 + i] = (struct pollfd){.fd = d.q[i].fd, .events = POLLIN};
-    if (poll(pfd, (nfds_t)(1 + d.npending), left) < 0) {
+    struct pollfd pfd[BRG__NET_DOOR_FDS];
+    int nfds = brg__net_door_fds(&d, pfd);
+    if (poll(pfd, (nfds_t)nfds, left) < 0) {
       if (errno == EINTR) continue;
       s = brg__error(err, BRG_ERR_SYSTEM, subsys, "poll: %s", strerror(errno));
       break;
     }
-    /* Pending connections first, oldest first; a removal moves those after
-     * it down, so `i` counts what stays and `k` walks the poll array. */
-    for (int i = 0, k = 0, n = d.npending; k < n && kept < want; k++) {
-      int before = d.npending;
-      if (pfd[1 + k].revents) kept += pending_read(&d, i);
-      if (d.npending == before) i++;
-    }
-    if (kept < want && pfd[0].revents && pending_add(&d) != 0) {
+    if (brg__net_door_serve(&d, pfd, want, &kept) != 0) {
       s = brg__error(err, BRG_ERR_SYSTEM, subsys, "accept: %s", strerror(errno));
       break;
     }
   }
-  while (d.npending > 0) pending_remove(&d, d.npending - 1, 0);
+  brg__net_door_drop(&d);
   if (s != BRG_SUCCESS) return s;
   brg__sock_close(&l->listen_fd);
   return BRG_SUCCESS;

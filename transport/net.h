@@ -20,6 +20,7 @@
 #ifndef BRG_NET_H
 #define BRG_NET_H
 
+#include <poll.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -72,6 +73,47 @@ brg_status brg__net_hello_send(const brg__conn_params *p, const char *subsys, in
  * it after a warning that says why. `hello` may be unaligned. */
 typedef int (*brg__net_take_fn)(void *arg, const brg__conn_params *p, int fd, const void *hello,
                                 const char *from);
+
+/* The door of a listener: the connections part way through their hello.
+ * Up to BRG__NET_MAX_PENDING may be at once, the oldest making way for a
+ * newcomer, and each is dropped once it has taken BRG__NET_HELLO_MS, so a
+ * silent or slow stranger holds up nobody. brg__net_accept runs one to
+ * completion; a thread that serves a listener for good (runtime/p2p.c)
+ * polls one among its other descriptors. */
+typedef struct brg__net_pending {
+  int fd;
+  size_t got;
+  int64_t deadline;
+  char from[BRG__HOSTPORT_LEN];
+  unsigned char hello[BRG__NET_HELLO_MAX];
+} brg__net_pending;
+
+typedef struct brg__net_door {
+  int listen_fd;
+  const brg__conn_params *p; /* passed to take (may be NULL) */
+  const char *subsys;
+  size_t hello_bytes; /* 1 to BRG__NET_HELLO_MAX */
+  brg__net_take_fn take;
+  void *arg;
+  char *kept_from; /* NULL, or BRG__HOSTPORT_LEN bytes: who was kept last */
+  int max_pending; /* fewer pending at once than BRG__NET_MAX_PENDING; 0: that many */
+  int npending;
+  brg__net_pending q[BRG__NET_MAX_PENDING];
+} brg__net_door;
+
+#define BRG__NET_DOOR_FDS (1 + BRG__NET_MAX_PENDING)
+/* Drops the connections whose hello is overdue; returns the earliest
+ * deadline of those left (-1: none). */
+int64_t brg__net_door_expire(brg__net_door *d);
+/* The listener, then the pending connections, for poll (at most
+ * BRG__NET_DOOR_FDS); returns how many. */
+int brg__net_door_fds(const brg__net_door *d, struct pollfd *pfd);
+/* After poll on what brg__net_door_fds gave: reads the hellos that came,
+ * adding the connections take() keeps to *kept (while below `want`), then
+ * accepts newcomers. 0, or -1 with errno when accept fails for good. */
+int brg__net_door_serve(brg__net_door *d, const struct pollfd *pfd, int want, int *kept);
+/* Closes every pending connection. */
+void brg__net_door_drop(brg__net_door *d);
 
 /* Accepts connections on l->listen_fd until take() has kept `want` of
  * them, then closes the listener; l->peer_addr names the last one kept.

@@ -24,10 +24,13 @@
  *             BRG_ERR_TIMEOUT naming it, after the timeout and within 5 s more
  *   dies      the last rank is killed while the others wait to receive from
  *             it: an error naming it within the timeout + 5 s
+ *   threads   a ring of messages on a second thread while the first runs
+ *             allreduces and all_to_alls on the same communicator
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -390,14 +393,62 @@ static int case_dies(mp_ctx *ctx) {
   return 0;
 }
 
+/* The other thread of case_threads: a checked ring of messages. */
+static void *ring_thread(void *arg) {
+  mp_ctx *ctx = arg;
+  brg_comm *c = ctx->comm;
+  int n = ctx->nranks, r = ctx->rank, next = (r + 1) % n, prev = (r - 1 + n) % n;
+  unsigned char s[3000], g[3000];
+  for (int m = 0; m < 40; m++) {
+    size_t bytes = (size_t)(m * 73) % sizeof s;
+    fill(s, bytes, r, next, 5000 + m);
+    brg_status st = brg_send(s, bytes, BRG_UINT8, next, c, NULL);
+    if (st == BRG_SUCCESS) st = brg_recv(g, bytes, BRG_UINT8, prev, c, NULL);
+    if (st != BRG_SUCCESS) {
+      mp_fail("ring thread, message %d: %s: %s", m, brg_status_string(st), brg_comm_last_error(c));
+      return NULL;
+    }
+    if (check(g, bytes, prev, r, 5000 + m, "ring thread")) return NULL;
+  }
+  return NULL;
+}
+
+/* Point-to-point on a second thread while this one runs collectives,
+ * all_to_all among them, on the same communicator. */
+static int case_threads(mp_ctx *ctx) {
+  brg_comm *c = ctx->comm;
+  int n = ctx->nranks, r = ctx->rank;
+  pthread_t t;
+  if (pthread_create(&t, NULL, ring_thread, ctx) != 0) {
+    mp_fail("pthread_create failed");
+    return 1;
+  }
+  int bad = 0;
+  for (int round = 0; round < 20 && !bad; round++) {
+    bad = allreduce_check(c, n, r);
+    unsigned char s[64 * MP_MAX_RANKS], g[64 * MP_MAX_RANKS];
+    for (int j = 0; j < n; j++) fill(s + 64 * j, 64, r, j, 6000 + round);
+    brg_status st = brg_all_to_all(s, g, 64, BRG_INT8, c, NULL);
+    if (st != BRG_SUCCESS) {
+      mp_fail("all_to_all beside the ring thread: %s: %s", brg_status_string(st),
+              brg_comm_last_error(c));
+      bad = 1;
+    }
+    for (int j = 0; j < n && !bad; j++)
+      bad = check(g + 64 * j, 64, j, r, 6000 + round, "all_to_all beside the ring thread");
+  }
+  pthread_join(t, NULL);
+  return bad;
+}
+
 typedef struct {
   const char *name;
   int (*fn)(mp_ctx *);
 } part;
-static const part PARTS[] = {{"ring", case_ring},         {"pairs", case_pairs},
-                             {"crossed", case_crossed},   {"a2a", case_a2a},
-                             {"mismatch", case_mismatch}, {"args", case_args},
-                             {"timeout", case_timeout},   {"dies", case_dies}};
+static const part PARTS[] = {
+    {"ring", case_ring},       {"pairs", case_pairs},       {"crossed", case_crossed},
+    {"a2a", case_a2a},         {"mismatch", case_mismatch}, {"args", case_args},
+    {"timeout", case_timeout}, {"dies", case_dies},         {"threads", case_threads}};
 #define NPARTS (sizeof PARTS / sizeof *PARTS)
 
 static int want[NPARTS];

@@ -8,11 +8,14 @@
  *                              group (as nccl-tests does); every collective
  *                              nccl.h has x every dtype brigade has x every
  *                              op, counts 0, 1, 7, 4099, 65537, in place and
- *                              out of place, every element checked; then
- *                              the calls brigade lacks and bad arguments
+ *                              out of place, every element checked;
+ *                              ncclSend/ncclRecv (grouped and not) and
+ *                              ncclAlltoAll; then the calls brigade lacks
+ *                              and bad arguments
  *   test_nccl_compat all N     ncclCommInitAll: N communicators in this
  *                              process, one per device, driven from one
- *                              thread inside ncclGroupStart/End
+ *                              thread inside ncclGroupStart/End (an
+ *                              allreduce, then a ring of ncclSend/ncclRecv)
  *
  * Inputs are small integers chosen so that every result is exact in every
  * dtype: rank r's element i is (i % 20) + 1 + 2r (sum N((i % 20) + N), so
@@ -264,8 +267,10 @@ static void refused(ncclComm_t comm, ncclResult_t got, ncclResult_t want, const 
 #define REFUSED(call, want, text) refused(comm, (call), (want), (text), #call)
 
 static void refusals(ncclComm_t comm, bufs *b) {
-  REFUSED(ncclSend(b->dsend, 1, ncclFloat32, 0, comm, b->stream), ncclInvalidUsage, "ncclSend");
-  REFUSED(ncclRecv(b->drecv, 1, ncclFloat32, 0, comm, b->stream), ncclInvalidUsage, "ncclRecv");
+  int nr = 0;
+  NCCL_OK(ncclCommCount(comm, &nr));
+  REFUSED(ncclSend(b->dsend, 1, ncclFloat32, nr, comm, b->stream), ncclInvalidArgument, "peer");
+  REFUSED(ncclRecv(b->drecv, 1, ncclFloat32, -1, comm, b->stream), ncclInvalidArgument, "peer");
   REFUSED(ncclAllReduce(b->dsend, b->drecv, 1, ncclFloat8e4m3, ncclSum, comm, b->stream),
           ncclInvalidArgument, "float8");
   REFUSED(ncclAllReduce(b->dsend, b->drecv, 1, (ncclDataType_t)99, ncclSum, comm, b->stream),
@@ -275,8 +280,6 @@ static void refusals(ncclComm_t comm, bufs *b) {
       ncclInvalidUsage, "custom reduction");
   REFUSED(ncclAllReduce(b->dsend, b->drecv, 1, ncclFloat32, ncclSum, NULL, b->stream),
           ncclInvalidArgument, "comm is NULL");
-  REFUSED(ncclAlltoAll(b->dsend, b->drecv, 1, ncclFloat32, comm, b->stream), ncclInvalidUsage,
-          "ncclAlltoAll");
   REFUSED(ncclCommSplit(comm, 0, 0, NULL, NULL), ncclInvalidArgument, "newcomm is NULL");
   REFUSED(ncclGroupEnd(), ncclInvalidUsage, "without ncclGroupStart");
   int v = 0, cnt = 0, rk = -1, dev = -1;
@@ -289,6 +292,81 @@ static void refusals(ncclComm_t comm, bufs *b) {
   NCCL_OK(ncclCommGetAsyncError(comm, &async));
   if (rk != g_rank || async != ncclSuccess)
     FAIL("ncclCommUserRank %d (rank %d), async error %s", rk, g_rank, ncclGetErrorString(async));
+}
+
+/* Element i of the message from rank src to rank dst: small integers,
+ * exact in every dtype. */
+static double p2p_val(size_t i, int src, int dst) {
+  return (double)((i * 7 + (size_t)src * 3 + (size_t)dst * 11) % 50 + 1);
+}
+
+typedef struct p2p_want {
+  int src, dst; /* src -1: block j (of `per` elements) came from rank j */
+  size_t per;
+} p2p_want;
+
+static double want_p2p(size_t i, void *a) {
+  p2p_want *w = a;
+  if (w->src >= 0) return p2p_val(i, w->src, w->dst);
+  return p2p_val(i % w->per, (int)(i / w->per), w->dst);
+}
+
+static void fill_p2p(char *h, int t, size_t cnt, int src, int dst) {
+  for (size_t i = 0; i < cnt; i++) put(h, t, i, p2p_val(i, src, dst));
+}
+
+/* ncclSend / ncclRecv in a group (the receive issued first) around the
+ * ring for every dtype and count; a crossed pair outside any group (both
+ * send first); ncclAlltoAll out of place and in place. */
+static void p2p(ncclComm_t comm, int rank, int n, bufs *b) {
+  char *h = b->host, what[160];
+  int next = (rank + 1) % n, prev = (rank - 1 + n) % n;
+  for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
+    size_t cnt = counts[ci];
+    for (int t = 0; t < (int)(sizeof types / sizeof types[0]); t++) {
+      fill_p2p(h, t, cnt, rank, next);
+      to_dev(b->dsend, h, cnt * type_bytes[t]);
+      api->mem_set(b->drecv, 0xee, cnt * type_bytes[t] + 1);
+      NCCL_OK(ncclGroupStart());
+      NCCL_OK(ncclRecv(b->drecv, cnt, types[t], prev, comm, b->stream));
+      NCCL_OK(ncclSend(b->dsend, cnt, types[t], next, comm, b->stream));
+      NCCL_OK(ncclGroupEnd());
+      from_dev(h, b->drecv, cnt * type_bytes[t]);
+      p2p_want w = {.src = prev, .dst = rank};
+      snprintf(what, sizeof what, "ncclRecv from rank %d (count %zu)", prev, cnt);
+      check_elems(what, t, h, cnt, want_p2p, &w);
+    }
+  }
+  int peer = rank ^ 1;
+  if (peer < n) {
+    size_t cnt = counts[sizeof counts / sizeof counts[0] - 1];
+    int t = 8; /* float64: the largest message */
+    fill_p2p(h, t, cnt, rank, peer);
+    to_dev(b->dsend, h, cnt * 8);
+    NCCL_OK(ncclSend(b->dsend, cnt, types[t], peer, comm, b->stream));
+    NCCL_OK(ncclRecv(b->drecv, cnt, types[t], peer, comm, b->stream));
+    from_dev(h, b->drecv, cnt * 8);
+    p2p_want w = {.src = peer, .dst = rank};
+    check_elems("ncclSend then ncclRecv, both ranks, no group", t, h, cnt, want_p2p, &w);
+  }
+  static const size_t a2a_counts[] = {1, 4099};
+  for (size_t ci = 0; ci < 2; ci++) {
+    size_t cnt = a2a_counts[ci];
+    for (int t = 0; t < (int)(sizeof types / sizeof types[0]); t++) {
+      for (int inplace = 0; inplace < 2; inplace++) {
+        size_t block = cnt * type_bytes[t];
+        for (int j = 0; j < n; j++) fill_p2p(h + (size_t)j * block, t, cnt, rank, j);
+        to_dev(b->dsend, h, block * (size_t)n);
+        void *out = inplace ? b->dsend : b->drecv;
+        NCCL_OK(ncclAlltoAll(b->dsend, out, cnt, types[t], comm, b->stream));
+        from_dev(h, out, block * (size_t)n);
+        p2p_want w = {.src = -1, .dst = rank, .per = cnt};
+        snprintf(what, sizeof what, "ncclAlltoAll count %zu %s", cnt,
+                 inplace ? "in place" : "out of place");
+        check_elems(what, t, h, cnt * (size_t)n, want_p2p, &w);
+      }
+    }
+  }
 }
 
 /* ncclCommSplit: even and odd ranks, each group ordered backwards by key;
@@ -346,6 +424,7 @@ static int rank_main(int rank, int n, const ncclUniqueId *id) {
   bufs b;
   alloc_bufs(&b, n);
   collectives(comm, rank, n, &b);
+  p2p(comm, rank, n, &b);
   refusals(comm, &b);
   split(comm, rank, n, &b);
   free_bufs(&b);
@@ -378,16 +457,32 @@ static int init_all(int n) {
     NCCL_OK(ncclAllReduce(d[i], d[i], cnt, ncclFloat32, ncclSum, comms[i], NULL));
   }
   NCCL_OK(ncclGroupEnd());
+  /* One thread, one group: communicator i sends its result to i + 1 and
+   * receives i - 1's (the receives issued first). */
+  void *e[8];
+  for (int i = 0; i < n; i++) {
+    api->set_device(devs[i]);
+    NCCL_OK(ncclMemAlloc(&e[i], cnt * sizeof(float)));
+  }
+  NCCL_OK(ncclGroupStart());
+  for (int i = 0; i < n; i++)
+    NCCL_OK(ncclRecv(e[i], cnt, ncclFloat32, (i - 1 + n) % n, comms[i], NULL));
+  for (int i = 0; i < n; i++)
+    NCCL_OK(ncclSend(d[i], cnt, ncclFloat32, (i + 1) % n, comms[i], NULL));
+  NCCL_OK(ncclGroupEnd());
   for (int i = 0; i < n; i++) {
     api->set_device(devs[i]);
     api->stream_sync(NULL);
-    api->mem_copy(h, d[i], cnt * sizeof(float));
-    for (size_t k = 0; k < cnt; k++)
-      if (h[k] != (float)expect(0, k, n)) {
-        FAIL("ncclCommInitAll: communicator %d element %zu is %g, expected %g", i, k, h[k],
-             expect(0, k, n));
-        break;
-      }
+    for (int pass = 0; pass < 2; pass++) {
+      api->mem_copy(h, pass ? e[i] : d[i], cnt * sizeof(float));
+      for (size_t k = 0; k < cnt; k++)
+        if (h[k] != (float)expect(0, k, n)) {
+          FAIL("ncclCommInitAll: communicator %d %s element %zu is %g, expected %g", i,
+               pass ? "(received in a group)" : "", k, h[k], expect(0, k, n));
+          break;
+        }
+    }
+    ncclMemFree(e[i]);
     ncclMemFree(d[i]);
     NCCL_OK(ncclCommDestroy(comms[i]));
   }
