@@ -45,6 +45,9 @@ def parse_args(argv=None):
     ap.add_argument("-b", "--batch", type=int, default=8, help="images per rank per step")
     ap.add_argument("--image", type=int, default=32, help="image side (pixels)")
     ap.add_argument("--bucket-cap", type=float, default=25.0, help="MiB (DDP's bucket_cap_mb)")
+    ap.add_argument("--grad-as-view", action="store_true",
+                    help="DDP's gradient_as_bucket_view=True for both backends (no copy of "
+                         "the gradients into and out of the buckets)")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch threads per rank; 0: cores / ranks, at least 1")
     return ap.parse_args(argv)
@@ -141,10 +144,12 @@ def rank_main(rank, args, port, results):
     nparams = sum(p.numel() for p in ref.parameters())
     ddp = {
         "gloo": nn.parallel.DistributedDataParallel(ref, bucket_cap_mb=args.bucket_cap,
-                                                    broadcast_buffers=False),
+                                                    broadcast_buffers=False,
+                                                    gradient_as_bucket_view=args.grad_as_view),
         "brigade": nn.parallel.DistributedDataParallel(ours, process_group=bpg,
                                                        bucket_cap_mb=args.bucket_cap,
-                                                       broadcast_buffers=False),
+                                                       broadcast_buffers=False,
+                                                       gradient_as_bucket_view=args.grad_as_view),
     }
     ddp["compute only"] = alone
     opt = {k: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for k, m in ddp.items()}
@@ -204,7 +209,8 @@ def main(argv=None):
     r = results.get(timeout=5)
     print(f"# DDP {r['model']} ({r['how']}, {r['params'] / 1e6:.1f} M parameters), "
           f"N = {args.ranks}, batch {args.batch} x {args.image}x{args.image}, "
-          f"{r['threads']} torch thread(s) per rank, {args.iters} steps after {args.warmup}")
+          f"{r['threads']} torch thread(s) per rank, {args.iters} steps after {args.warmup}"
+          + (", gradient_as_bucket_view" if args.grad_as_view else ""))
     print(f"   step without DDP (compute)  {r['compute_ms']:9.2f} ms (median, slowest rank)")
     print(f"   DDP step, backend gloo      {r['gloo_ms']:9.2f} ms")
     print(f"   DDP step, backend brigade   {r['brigade_ms']:9.2f} ms")

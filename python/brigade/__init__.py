@@ -19,7 +19,9 @@ Quick use (under ``brigade-run -n 2``, ``torchrun``, ``mpirun`` or ``srun``)::
         req.wait()
 
 Buffers are anything with the buffer protocol, ``__array_interface__``
-(NumPy), or CPU torch tensors; they must be C-contiguous. Every failure is a
+(NumPy), ``__cuda_array_interface__`` or DLPack, and torch tensors on the
+CPU or a CUDA device; they must be C-contiguous. GPU buffers run on a CUDA
+stream (``stream=``, or the one the buffer names). Every failure is a
 :class:`brigade.Error` carrying the C status and the library's sentence
 (``brg_comm_last_error``). ``brigade.torch`` adds a ``torch.distributed``
 backend and a DDP communication hook.
@@ -35,7 +37,7 @@ from ._buffers import DTypeLike, View, as_view, dtype_of, dtype_size
 from ._capi import DType, Op, Status
 
 __all__ = ["Communicator", "DType", "Error", "Op", "Reducer", "Request", "Status", "UniqueId",
-           "get_unique_id", "version", "library_path"]
+           "get_unique_id", "version", "library_version", "library_path"]
 
 __version__ = "%d.%d.%d" % _capi.VERSION
 
@@ -112,20 +114,40 @@ def get_unique_id() -> UniqueId:
     return UniqueId(bytes(ctypes.string_at(ctypes.addressof(uid), _capi.UNIQUE_ID_BYTES)))
 
 
+Stream = Any  # an int handle (cudaStream_t), torch.cuda.Stream, a CuPy or Numba stream, or None
+
+
+def _stream_handle(stream: Stream) -> Optional[int]:
+    """The cudaStream_t of a stream object (0: the legacy default stream)."""
+    if stream is None or isinstance(stream, int):
+        return stream
+    for attr in ("cuda_stream", "ptr", "handle"):  # torch, CuPy, Numba
+        h = getattr(stream, attr, None)
+        if h is not None:
+            h = getattr(h, "value", h)  # Numba's handle is a ctypes c_void_p
+            return int(h or 0)
+    raise TypeError(f"brigade: stream= takes a CUDA stream handle (int) or a torch, CuPy or "
+                    f"Numba stream, not {type(stream).__name__}")
+
+
 class Request:
-    """An asynchronous collective in flight (from :meth:`Communicator.iallreduce`).
+    """A collective in flight (from :meth:`Communicator.iallreduce` and the
+    other ``i`` forms).
 
     The buffers it was given must stay alive and untouched until
     :meth:`wait` returns or :meth:`test` returns True; the request keeps
-    references to them.
+    references to them. :meth:`wait` returns the call's output object.
     """
 
-    def __init__(self, comm: "Communicator", keep: Sequence[View]):
+    def __init__(self, comm: "Communicator", keep: Sequence[View], result: Any = None,
+                 then: Any = None):
         self._req = _capi.RequestStruct()
         self._comm = comm
         self._keep = list(keep)
         self._done = False
         self._status = Status.SUCCESS
+        self._result = result
+        self._then = then  # run once after success (copies out of a staging buffer)
 
     def _finish(self, s: int) -> None:
         self._done = True
@@ -134,6 +156,16 @@ class Request:
             v.release()
         self._keep = []
         _check(s, "brg_wait", self._comm._handle_or_none())
+        then, self._then = self._then, None
+        if then is not None:
+            then()
+
+    def _abandon(self) -> None:
+        """The call was refused: nothing is in flight."""
+        self._done = True
+        for v in self._keep:
+            v.release()
+        self._keep = []
 
     def test(self) -> bool:
         """True when the collective has finished (raising :class:`Error` if it failed)."""
@@ -146,11 +178,12 @@ class Request:
         self._finish(s)
         return True
 
-    def wait(self) -> None:
-        """Blocks until the collective has finished; raises :class:`Error` if it failed."""
-        if self._done:
-            return
-        self._finish(_capi.lib.brg_wait(ctypes.byref(self._req)))
+    def wait(self) -> Any:
+        """Blocks until the collective has finished and returns its output object;
+        raises :class:`Error` if it failed."""
+        if not self._done:
+            self._finish(_capi.lib.brg_wait(ctypes.byref(self._req)))
+        return self._result
 
     def __del__(self) -> None:
         # The library writes into self._req until the collective is over.
@@ -161,14 +194,39 @@ class Request:
                 pass
 
 
+def library_version() -> tuple:
+    """The version of the libbrigade.so that runs, as (major, minor, patch)
+    (``brg_get_version``); :func:`version` is this package's."""
+    v = [ctypes.c_int() for _ in range(3)]
+    _check(_capi.lib.brg_get_version(*(ctypes.byref(x) for x in v)), "brg_get_version")
+    return tuple(x.value for x in v)
+
+
+def _p2p(cname: str) -> Any:
+    if not _capi.has(cname):
+        raise NotImplementedError(f"brigade: {cname} is not in the loaded library "
+                                  f"({_capi.library_path()}); point-to-point and all-to-all "
+                                  "need a libbrigade.so that has them")
+    return getattr(_capi.lib, cname)
+
+
 class Communicator:
     """A group of ranks that run collectives together (``brg_comm``).
 
     Build it with :meth:`from_env` (under brigade-run, torchrun, mpirun,
-    srun; a single rank without any launcher) or with
-    ``Communicator(nranks, unique_id, rank)``. Collectives on one
-    communicator must be called in the same order on every rank; see the
-    README's "Threads" section for calls from several threads.
+    srun; a single rank without any launcher), with
+    ``Communicator(nranks, unique_id, rank)``, or with :meth:`split`.
+    Collectives on one communicator must be called in the same order on
+    every rank; see the README's "Threads" section for calls from several
+    threads.
+
+    GPU buffers (torch CUDA tensors, ``__cuda_array_interface__``, DLPack on
+    kDLCUDA) go to brigade's device collectives with a CUDA stream: the
+    ``stream=`` argument, else the stream the buffer names (its interface's
+    ``stream``; torch's current stream for a CUDA tensor), else the legacy
+    default stream. The call returns once the work is queued on that stream,
+    as NCCL's do; the buffers must live until the stream has run it. The
+    non-blocking ``i`` forms take host buffers only.
     """
 
     def __init__(self, nranks: int, unique_id: bytes, rank: int):
@@ -205,6 +263,26 @@ class Communicator:
                self._handle)
         self.rank: int = r.value
         self.size: int = n.value
+
+    def split(self, color: Optional[int], key: Optional[int] = None) -> Optional["Communicator"]:
+        """A collective over this communicator (``brg_comm_split``): the ranks that
+        pass the same `color` form a new communicator, ranked by (`key`, rank
+        here; `key` defaults to this rank). A rank passing ``None`` takes part
+        and gets ``None``. The new communicator is independent of this one
+        once made and has its timeout and transports."""
+        c = _capi.SPLIT_NOCOLOR if color is None else int(color)
+        k = self.rank if key is None else int(key)
+        h = self._h("brg_comm_split")
+        out = ctypes.c_void_p()
+        # brg_comm_split reports through the process-wide last error (comm NULL).
+        _check(_capi.lib.brg_comm_split(h, c, k, ctypes.byref(out)), "brg_comm_split")
+        if not out.value:
+            return None
+        new = Communicator.__new__(Communicator)
+        new._handle = None
+        new._lock = threading.Lock()
+        new._adopt(out)
+        return new
 
     # ------------------------------------------------------------ lifetime
     def _handle_or_none(self) -> Optional[int]:
@@ -249,6 +327,20 @@ class Communicator:
         return m.decode(errors="replace") if m else ""
 
     @property
+    def async_error(self) -> Status:
+        """The error that stopped the communicator (a queued collective that failed
+        after its call returned), or ``Status.SUCCESS`` while it works
+        (``brg_comm_get_async_error``); :attr:`last_error` says why."""
+        s = ctypes.c_int()
+        h = self._h("brg_comm_get_async_error")
+        _check(_capi.lib.brg_comm_get_async_error(h, ctypes.byref(s)),
+               "brg_comm_get_async_error", h)
+        try:
+            return Status(s.value)
+        except ValueError:
+            return s.value  # type: ignore[return-value]
+
+    @property
     def bytes_sent(self) -> int:
         """Payload bytes this rank has sent to its ring neighbour so far."""
         b = ctypes.c_uint64()
@@ -258,11 +350,23 @@ class Communicator:
 
     # ------------------------------------------------------------- buffers
     def _views(self, call: str, send: Any, out: Any, dtype: DTypeLike,
-               out_required: bool = True) -> tuple:
-        sv = as_view(send, False, "the input")
-        ov = sv if out is None or out is send else as_view(out, True, "the output")
-        if out is None and sv.readonly:
+               stream: Optional[int] = None, out_required: bool = True) -> tuple:
+        sv = as_view(send, False, "the input", stream)
+        try:
+            ov = sv if out is None or out is send else as_view(out, True, "the output", stream)
+        except BaseException:
             sv.release()
+            raise
+        try:
+            self._typecheck(call, sv, ov, dtype, out is None)
+        except BaseException:
+            self._release(sv, ov)
+            raise
+        return sv, ov
+
+    @staticmethod
+    def _typecheck(call: str, sv: View, ov: View, dtype: DTypeLike, in_place: bool) -> None:
+        if in_place and sv.readonly:
             raise ValueError(f"brigade: {call}: the input is read-only and no output was given")
         d = dtype_of(dtype)
         for v, nm in ((sv, "the input"), (ov, "the output")):
@@ -279,56 +383,79 @@ class Communicator:
         if sv.dtype != ov.dtype:
             raise TypeError(f"brigade: {call}: the input is {sv.dtype.name.lower()} and the "
                             f"output {ov.dtype.name.lower()}; they must match")
-        return sv, ov
 
     @staticmethod
     def _release(*views: View) -> None:
         for v in views:
             v.release()
 
+    @staticmethod
+    def _stream_of(views: Sequence[View], stream: Optional[int]) -> Optional[int]:
+        """The brg_stream to pass: the caller's, else the GPU buffer's own, else
+        NULL (host buffers; for GPU buffers the legacy default stream)."""
+        if stream is None and any(v.device for v in views):
+            stream = next((v.stream for v in views if v.stream is not None), None)
+        return stream or None
+
+    def _launch(self, cname: str, views: Sequence[View], args: tuple, nb: bool, result: Any,
+                stream: Optional[int], then: Any = None) -> Any:
+        """Runs the C call `cname`(*args, comm, stream) or, with nb, its
+        non-blocking form (*args, comm, request); releases the views when the
+        buffers are no longer used."""
+        h = self._h(cname)
+        fn = _p2p(cname) if cname in _capi.OPTIONAL else getattr(_capi.lib, cname)
+        if nb:
+            req = Request(self, views, result, then)
+            try:
+                _check(fn(*args, h, ctypes.byref(req._req)), cname, h)
+            except BaseException:
+                req._abandon()
+                raise
+            return req
+        try:
+            if cname == "brg_barrier":
+                _check(fn(h), cname, h)
+            else:
+                _check(fn(*args, h, self._stream_of(views, stream)), cname, h)
+        finally:
+            self._release(*views)
+        if then is not None:
+            then()
+        return result
+
     # --------------------------------------------------------- collectives
+    def _allreduce(self, nb: bool, buf: Any, out: Any, op: OpLike, dtype: DTypeLike,
+                   stream: Stream) -> Any:
+        call = "iallreduce" if nb else "allreduce"
+        o = _op_of(op)
+        s = _stream_handle(stream)
+        sv, ov = self._views(call, buf, out, dtype, s)
+        if ov.count != sv.count:
+            self._release(sv, ov)
+            raise ValueError(f"brigade: {call}: the input has {sv.count} elements and "
+                             f"the output {ov.count}; they must be equal")
+        return self._launch("brg_" + call, [sv, ov],
+                            (sv.ptr, ov.ptr, sv.count, int(sv.dtype), int(o)), nb,
+                            buf if out is None else out, s)
+
     def allreduce(self, buf: Any, out: Any = None, op: OpLike = "sum",
-                  dtype: DTypeLike = None) -> Any:
+                  dtype: DTypeLike = None, stream: Stream = None) -> Any:
         """Element-wise reduction over all ranks, into `out` (default: in place
         in `buf`). Returns the output object."""
-        o = _op_of(op)
-        sv, ov = self._views("allreduce", buf, out, dtype)
-        try:
-            if ov.count != sv.count:
-                raise ValueError(f"brigade: allreduce: the input has {sv.count} elements and "
-                                 f"the output {ov.count}; they must be equal")
-            h = self._h("brg_allreduce")
-            _check(_capi.lib.brg_allreduce(sv.ptr, ov.ptr, sv.count, int(sv.dtype), int(o), h,
-                                           None), "brg_allreduce", h)
-        finally:
-            self._release(sv, ov)
-        return buf if out is None else out
+        return self._allreduce(False, buf, out, op, dtype, stream)
 
     def iallreduce(self, buf: Any, out: Any = None, op: OpLike = "sum",
                    dtype: DTypeLike = None) -> Request:
         """Starts an allreduce on the communicator's progress thread and returns at
         once; :meth:`Request.wait` or :meth:`Request.test` finishes it."""
-        o = _op_of(op)
-        sv, ov = self._views("iallreduce", buf, out, dtype)
-        try:
-            if ov.count != sv.count:
-                raise ValueError(f"brigade: iallreduce: the input has {sv.count} elements and "
-                                 f"the output {ov.count}; they must be equal")
-            h = self._h("brg_iallreduce")
-            req = Request(self, [sv, ov])
-            _check(_capi.lib.brg_iallreduce(sv.ptr, ov.ptr, sv.count, int(sv.dtype), int(o), h,
-                                            ctypes.byref(req._req)), "brg_iallreduce", h)
-        except BaseException:
-            self._release(sv, ov)
-            raise
-        return req
+        return self._allreduce(True, buf, out, op, dtype, None)
 
     def _alloc_like(self, call: str, buf: Any, count: int) -> Any:
         mod = type(buf).__module__
-        if mod.startswith("torch"):
+        if mod.startswith("torch") and hasattr(buf, "device"):
             import torch
 
-            return torch.empty(count, dtype=buf.dtype)
+            return torch.empty(count, dtype=buf.dtype, device=buf.device)
         if mod.startswith("numpy"):
             import numpy
 
@@ -336,89 +463,164 @@ class Communicator:
         raise TypeError(f"brigade: {call}: pass out= (an output buffer) for a "
                         f"{type(buf).__name__} input")
 
+    def _count(self, buf: Any) -> int:
+        v = as_view(buf, False, "the input")
+        n = v.count
+        v.release()
+        return n
+
+    def _reduce_scatter(self, nb: bool, buf: Any, out: Any, op: OpLike, dtype: DTypeLike,
+                        stream: Stream) -> Any:
+        call = "ireduce_scatter" if nb else "reduce_scatter"
+        o = _op_of(op)
+        s = _stream_handle(stream)
+        if out is None:
+            total = self._count(buf)
+            if total % self.size:
+                raise ValueError(f"brigade: {call}: the input has {total} elements, "
+                                 f"not a multiple of the {self.size} ranks")
+            out = self._alloc_like(call, buf, total // self.size)
+        sv, ov = self._views(call, buf, out, dtype, s)
+        if sv.count != ov.count * self.size:
+            self._release(sv, ov)
+            raise ValueError(f"brigade: {call}: the input has {sv.count} elements; "
+                             f"with an output of {ov.count} it must have {self.size} x "
+                             f"{ov.count} = {ov.count * self.size}")
+        return self._launch("brg_" + call, [sv, ov],
+                            (sv.ptr, ov.ptr, ov.count, int(sv.dtype), int(o)), nb, out, s)
+
     def reduce_scatter(self, buf: Any, out: Any = None, op: OpLike = "sum",
-                       dtype: DTypeLike = None) -> Any:
+                       dtype: DTypeLike = None, stream: Stream = None) -> Any:
         """Reduces `buf` (size × n elements) over all ranks; rank r gets block r in
         `out` (n elements; allocated when `buf` is a NumPy array or tensor)."""
-        o = _op_of(op)
-        if out is None:
-            n = as_view(buf, False, "the input")
-            total = n.count
-            n.release()
-            if total % self.size:
-                raise ValueError(f"brigade: reduce_scatter: the input has {total} elements, "
-                                 f"not a multiple of the {self.size} ranks")
-            out = self._alloc_like("reduce_scatter", buf, total // self.size)
-        sv, ov = self._views("reduce_scatter", buf, out, dtype)
-        try:
-            if sv.count != ov.count * self.size:
-                raise ValueError(f"brigade: reduce_scatter: the input has {sv.count} elements; "
-                                 f"with an output of {ov.count} it must have {self.size} x "
-                                 f"{ov.count} = {ov.count * self.size}")
-            h = self._h("brg_reduce_scatter")
-            _check(_capi.lib.brg_reduce_scatter(sv.ptr, ov.ptr, ov.count, int(sv.dtype), int(o),
-                                                h, None), "brg_reduce_scatter", h)
-        finally:
-            self._release(sv, ov)
-        return out
+        return self._reduce_scatter(False, buf, out, op, dtype, stream)
 
-    def all_gather(self, buf: Any, out: Any = None, dtype: DTypeLike = None) -> Any:
+    def ireduce_scatter(self, buf: Any, out: Any = None, op: OpLike = "sum",
+                        dtype: DTypeLike = None) -> Request:
+        """:meth:`reduce_scatter`, started and returned at once (``brg_ireduce_scatter``)."""
+        return self._reduce_scatter(True, buf, out, op, dtype, None)
+
+    def _all_gather(self, nb: bool, buf: Any, out: Any, dtype: DTypeLike, stream: Stream) -> Any:
+        call = "iall_gather" if nb else "all_gather"
+        s = _stream_handle(stream)
+        if out is None:
+            out = self._alloc_like(call, buf, self._count(buf) * self.size)
+        sv, ov = self._views(call, buf, out, dtype, s)
+        if ov.count != sv.count * self.size:
+            self._release(sv, ov)
+            raise ValueError(f"brigade: {call}: the output has {ov.count} elements; "
+                             f"with an input of {sv.count} it must have {self.size} x "
+                             f"{sv.count} = {sv.count * self.size}")
+        return self._launch("brg_" + call, [sv, ov], (sv.ptr, ov.ptr, sv.count, int(sv.dtype)),
+                            nb, out, s)
+
+    def all_gather(self, buf: Any, out: Any = None, dtype: DTypeLike = None,
+                   stream: Stream = None) -> Any:
         """Every rank's `buf` (n elements each), in rank order, into `out`
         (size × n elements; allocated when `buf` is a NumPy array or tensor)."""
-        if out is None:
-            n = as_view(buf, False, "the input")
-            total = n.count
-            n.release()
-            out = self._alloc_like("all_gather", buf, total * self.size)
-        sv, ov = self._views("all_gather", buf, out, dtype)
-        try:
-            if ov.count != sv.count * self.size:
-                raise ValueError(f"brigade: all_gather: the output has {ov.count} elements; "
-                                 f"with an input of {sv.count} it must have {self.size} x "
-                                 f"{sv.count} = {sv.count * self.size}")
-            h = self._h("brg_all_gather")
-            _check(_capi.lib.brg_all_gather(sv.ptr, ov.ptr, sv.count, int(sv.dtype), h, None),
-                   "brg_all_gather", h)
-        finally:
+        return self._all_gather(False, buf, out, dtype, stream)
+
+    def iall_gather(self, buf: Any, out: Any = None, dtype: DTypeLike = None) -> Request:
+        """:meth:`all_gather`, started and returned at once (``brg_iall_gather``)."""
+        return self._all_gather(True, buf, out, dtype, None)
+
+    def _rooted(self, nb: bool, what: str, buf: Any, root: int, out: Any, op: Optional[OpLike],
+                dtype: DTypeLike, stream: Stream) -> Any:
+        call = ("i" if nb else "") + what
+        o = _op_of(op) if op is not None else None
+        s = _stream_handle(stream)
+        sv, ov = self._views(call, buf, out, dtype, s)
+        if ov.count != sv.count:
             self._release(sv, ov)
-        return out
+            raise ValueError(f"brigade: {call}: the input has {sv.count} elements and "
+                             f"the output {ov.count}; they must be equal")
+        args = (sv.ptr, ov.ptr, sv.count, int(sv.dtype)) + ((int(o),) if o is not None else ()) \
+            + (int(root),)
+        return self._launch("brg_" + call, [sv, ov], args, nb, buf if out is None else out, s)
 
     def broadcast(self, buf: Any, root: int = 0, out: Any = None,
-                  dtype: DTypeLike = None) -> Any:
+                  dtype: DTypeLike = None, stream: Stream = None) -> Any:
         """Rank `root`'s `buf` into every rank's `out` (default: in place)."""
-        sv, ov = self._views("broadcast", buf, out, dtype)
-        try:
-            if ov.count != sv.count:
-                raise ValueError(f"brigade: broadcast: the input has {sv.count} elements and "
-                                 f"the output {ov.count}; they must be equal")
-            h = self._h("brg_broadcast")
-            _check(_capi.lib.brg_broadcast(sv.ptr, ov.ptr, sv.count, int(sv.dtype), int(root), h,
-                                           None), "brg_broadcast", h)
-        finally:
-            self._release(sv, ov)
-        return buf if out is None else out
+        return self._rooted(False, "broadcast", buf, root, out, None, dtype, stream)
+
+    def ibroadcast(self, buf: Any, root: int = 0, out: Any = None,
+                   dtype: DTypeLike = None) -> Request:
+        """:meth:`broadcast`, started and returned at once (``brg_ibroadcast``)."""
+        return self._rooted(True, "broadcast", buf, root, out, None, dtype, None)
 
     def reduce(self, buf: Any, root: int = 0, out: Any = None, op: OpLike = "sum",
-               dtype: DTypeLike = None) -> Any:
+               dtype: DTypeLike = None, stream: Stream = None) -> Any:
         """The reduction over all ranks into rank `root`'s `out` (default: in place);
         other ranks' outputs are left as they were."""
-        o = _op_of(op)
-        sv, ov = self._views("reduce", buf, out, dtype)
-        try:
-            if ov.count != sv.count:
-                raise ValueError(f"brigade: reduce: the input has {sv.count} elements and "
-                                 f"the output {ov.count}; they must be equal")
-            h = self._h("brg_reduce")
-            _check(_capi.lib.brg_reduce(sv.ptr, ov.ptr, sv.count, int(sv.dtype), int(o),
-                                        int(root), h, None), "brg_reduce", h)
-        finally:
-            self._release(sv, ov)
-        return buf if out is None else out
+        return self._rooted(False, "reduce", buf, root, out, op, dtype, stream)
+
+    def ireduce(self, buf: Any, root: int = 0, out: Any = None, op: OpLike = "sum",
+                dtype: DTypeLike = None) -> Request:
+        """:meth:`reduce`, started and returned at once (``brg_ireduce``)."""
+        return self._rooted(True, "reduce", buf, root, out, op, dtype, None)
 
     def barrier(self) -> None:
         """Returns once every rank has called it."""
-        h = self._h("brg_barrier")
-        _check(_capi.lib.brg_barrier(h), "brg_barrier", h)
+        self._launch("brg_barrier", [], (), False, None, None)
+
+    def ibarrier(self) -> Request:
+        """A barrier that returns at once; the request completes once every rank
+        has called it (``brg_ibarrier``)."""
+        return self._launch("brg_ibarrier", [], (), True, None, None)
+
+    # --------------------------------------------- point-to-point, all-to-all
+    def _p2p_call(self, nb: bool, what: str, buf: Any, peer: int, dtype: DTypeLike,
+                  stream: Stream) -> Any:
+        call = ("i" if nb else "") + what
+        s = _stream_handle(stream)
+        v = as_view(buf, what == "recv", "the buffer", s)
+        try:
+            if what == "recv" and v.readonly:
+                raise ValueError(f"brigade: {call}: the buffer is read-only")
+            self._typecheck(call, v, v, dtype, False)
+            if not isinstance(peer, int) or not 0 <= peer < self.size:
+                raise ValueError(f"brigade: {call}: peer {peer!r} is not a rank of this "
+                                 f"communicator (0 to {self.size - 1})")
+        except BaseException:
+            v.release()
+            raise
+        return self._launch("brg_" + call, [v], (v.ptr, v.count, int(v.dtype), int(peer)), nb,
+                            buf, s)
+
+    def send(self, buf: Any, peer: int, dtype: DTypeLike = None, stream: Stream = None) -> None:
+        """Sends `buf` to rank `peer`, which calls :meth:`recv` with as many
+        elements (``brg_send``). Returns once `buf` may be reused."""
+        self._p2p_call(False, "send", buf, peer, dtype, stream)
+
+    def recv(self, buf: Any, peer: int, dtype: DTypeLike = None, stream: Stream = None) -> Any:
+        """Receives into `buf` what rank `peer` sends it (``brg_recv``); returns `buf`."""
+        return self._p2p_call(False, "recv", buf, peer, dtype, stream)
+
+    def isend(self, buf: Any, peer: int, dtype: DTypeLike = None) -> Request:
+        """:meth:`send`, started and returned at once (``brg_isend``)."""
+        return self._p2p_call(True, "send", buf, peer, dtype, None)
+
+    def irecv(self, buf: Any, peer: int, dtype: DTypeLike = None) -> Request:
+        """:meth:`recv`, started and returned at once (``brg_irecv``)."""
+        return self._p2p_call(True, "recv", buf, peer, dtype, None)
+
+    def all_to_all(self, buf: Any, out: Any = None, dtype: DTypeLike = None,
+                   stream: Stream = None) -> Any:
+        """Block j of `buf` (size × n elements) to rank j; block j of `out` from
+        rank j (``brg_all_to_all``). `out` is allocated like `buf` when
+        omitted; ``out=buf`` exchanges in place."""
+        s = _stream_handle(stream)
+        if out is None:
+            out = self._alloc_like("all_to_all", buf, self._count(buf))
+        sv, ov = self._views("all_to_all", buf, None if out is buf else out, dtype, s)
+        if sv.count % self.size or ov.count != sv.count:
+            self._release(sv, ov)
+            raise ValueError(f"brigade: all_to_all: the input has {sv.count} elements and the "
+                             f"output {ov.count}; both must be {self.size} blocks of n "
+                             "elements")
+        return self._launch("brg_all_to_all", [sv, ov],
+                            (sv.ptr, ov.ptr, sv.count // self.size, int(sv.dtype)), False, out,
+                            s)
 
 
 from .reducer import Reducer  # noqa: E402  (needs Communicator and Error)

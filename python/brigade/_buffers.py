@@ -10,8 +10,18 @@ Accepted, in this order of preference:
   ``memoryview``, ...), through ``PyObject_GetBuffer`` asking for a
   C-contiguous buffer with its format.
 
-``__cuda_array_interface__`` and CUDA tensors are refused with a message:
-device buffers need a stream, which this package does not pass yet.
+GPU buffers, passed to brigade's device collectives with a CUDA stream:
+
+- torch CUDA tensors: ``data_ptr()``; their stream is torch's current
+  stream on the tensor's device.
+- objects with ``__cuda_array_interface__`` (version 2 or 3: CuPy, Numba,
+  PyTorch, ...): the data pointer, typestr, shape, strides, and (v3) the
+  ``stream`` the producer's work is ordered on.
+- objects with DLPack (``__dlpack__`` and ``__dlpack_device__``) on kDLCUDA
+  (or kDLCPU / kDLCUDAHost, which are host memory): the capsule's
+  DLTensor. ``__dlpack__(stream=s)`` is called with the stream the
+  collective will run on, so the producer orders its work before it, as the
+  DLPack protocol says.
 """
 from __future__ import annotations
 
@@ -67,9 +77,11 @@ class View:
     readonly: bool
     what: str  # the object's type and element type, for messages
     keep: Any = None  # whatever must stay alive while the pointer is used
+    device: bool = False  # GPU memory: the collective needs a stream
+    stream: Optional[int] = None  # the producer's stream, where the object names one
 
     def release(self) -> None:
-        if isinstance(self.keep, _PyBuffer):
+        if isinstance(self.keep, (_PyBuffer, _DLPackHold)):
             self.keep.release()
         self.keep = None
 
@@ -118,9 +130,9 @@ def _is_torch(obj: Any) -> bool:
 def _torch_view(t: Any, writable: bool, name: str) -> View:
     import torch
 
-    if t.device.type != "cpu":
-        raise TypeError(f"brigade: {name} is a {t.device.type} tensor; this package passes only "
-                        "host (CPU) buffers to brigade so far")
+    if t.device.type not in ("cpu", "cuda"):
+        raise TypeError(f"brigade: {name} is a {t.device.type} tensor; brigade takes CPU and "
+                        "CUDA tensors")
     if not t.is_contiguous():
         raise ValueError(f"brigade: {name} is a non-contiguous tensor (shape {tuple(t.shape)}, "
                          f"strides {t.stride()}); call .contiguous() first")
@@ -130,12 +142,18 @@ def _torch_view(t: Any, writable: bool, name: str) -> View:
              torch.float64: DType.FLOAT64}
     d = table.get(t.dtype)
     n = t.numel()
-    return View(ptr=t.data_ptr(), count=n, dtype=d, nbytes=n * t.element_size(),
-                readonly=False, what=f"a tensor of {t.dtype}", keep=t)
+    v = View(ptr=t.data_ptr(), count=n, dtype=d, nbytes=n * t.element_size(),
+             readonly=False, what=f"a tensor of {t.dtype}", keep=t)
+    if t.device.type == "cuda":
+        v.device = True
+        v.stream = torch.cuda.current_stream(t.device).cuda_stream
+    return v
 
 
 def _array_interface_view(obj: Any, ai: dict, writable: bool, name: str) -> View:
     ptr, ro = ai["data"] if ai.get("data") is not None else (0, False)
+    if ai.get("mask") is not None:
+        raise ValueError(f"brigade: {name} is a masked array; pass its data")
     typestr = ai["typestr"]
     shape = tuple(ai["shape"])
     kind, size = typestr[1], int(typestr[2:])
@@ -165,13 +183,138 @@ def _describe_typestr(obj: Any, typestr: str) -> str:
     return str(dt) if dt is not None else typestr
 
 
-def as_view(obj: Any, writable: bool, name: str) -> View:
-    """A View of obj; raises TypeError/ValueError naming `name` when it cannot be one."""
+def _cuda_array_interface_view(obj: Any, cai: dict, name: str) -> View:
+    version = cai.get("version", 0)
+    if version < 2:
+        raise TypeError(f"brigade: {name}: __cuda_array_interface__ version {version}; brigade "
+                        "reads versions 2 and 3")
+    v = _array_interface_view(obj, cai, False, name)
+    v.device = True
+    # v3: None means the producer needs no ordering; 1 is the legacy default
+    # stream (handle 0 in CUDA's API), 2 the per-thread default stream (its
+    # handle is 2, cudaStreamPerThread); 0 is forbidden by the protocol.
+    st = cai.get("stream") if version >= 3 else None
+    if st is not None:
+        st = int(st)
+        if st == 0:
+            raise ValueError(f"brigade: {name}: __cuda_array_interface__ stream 0 is "
+                             "disallowed by the protocol (1 is the legacy default stream)")
+        v.stream = 0 if st == 1 else st
+    return v
+
+
+# DLPack (dlpack.h, the unversioned capsule "dltensor")
+_kDLCPU, _kDLCUDA, _kDLCUDAHost, _kDLCUDAManaged = 1, 2, 3, 13
+_DLPACK_DTYPE = {(0, 8): DType.INT8, (1, 8): DType.UINT8, (0, 32): DType.INT32,
+                 (1, 32): DType.UINT32, (0, 64): DType.INT64, (1, 64): DType.UINT64,
+                 (2, 16): DType.FLOAT16, (2, 32): DType.FLOAT32, (2, 64): DType.FLOAT64,
+                 (4, 16): DType.BFLOAT16}
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    pass
+
+
+_DLManagedTensor._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
+                             ("deleter", ctypes.CFUNCTYPE(None,
+                                                          ctypes.POINTER(_DLManagedTensor)))]
+
+_capsule_get = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_capsule_get.restype = ctypes.c_void_p
+_capsule_valid = ctypes.pythonapi.PyCapsule_IsValid
+_capsule_valid.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_capsule_valid.restype = ctypes.c_int
+_capsule_rename = ctypes.pythonapi.PyCapsule_SetName
+_capsule_rename.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_capsule_rename.restype = ctypes.c_int
+
+
+class _DLPackHold:
+    """A consumed DLPack capsule: the producer's memory stays ours until
+    release() calls its deleter (once)."""
+
+    def __init__(self, obj: Any, capsule: Any, managed: Any):
+        self.obj, self.capsule, self.managed = obj, capsule, managed
+
+    def release(self) -> None:
+        m, self.managed = self.managed, None
+        if m is not None and m.contents.deleter:
+            m.contents.deleter(m)
+
+    def __del__(self) -> None:
+        self.release()
+
+
+def _dlpack_view(obj: Any, name: str, stream: Optional[int]) -> View:
+    dev_type, dev_id = obj.__dlpack_device__()
+    dev_type = int(dev_type)
+    if dev_type not in (_kDLCPU, _kDLCUDA, _kDLCUDAHost, _kDLCUDAManaged):
+        raise TypeError(f"brigade: {name} is a DLPack tensor on device type {dev_type}; "
+                        "brigade takes kDLCPU, kDLCUDA, kDLCUDAHost and kDLCUDAManaged")
+    on_gpu = dev_type in (_kDLCUDA, _kDLCUDAManaged)
+    # The consumer's stream: 1 stands for the legacy default stream (handle 0).
+    capsule = obj.__dlpack__(stream=stream or 1) if on_gpu else obj.__dlpack__()
+    if not _capsule_valid(capsule, b"dltensor"):
+        raise TypeError(f"brigade: {name}: __dlpack__ returned no unconsumed \"dltensor\" "
+                        "capsule")
+    managed = ctypes.cast(_capsule_get(capsule, b"dltensor"), ctypes.POINTER(_DLManagedTensor))
+    _capsule_rename(capsule, b"used_dltensor")  # ours now: the capsule must not free it
+    hold = _DLPackHold(obj, capsule, managed)
+    try:
+        t = managed.contents.dl_tensor
+        shape = [t.shape[i] for i in range(t.ndim)]
+        n = 1
+        for s in shape:
+            n *= s
+        if t.strides and n > 1:
+            expect = 1
+            for i in reversed(range(t.ndim)):
+                if shape[i] > 1 and t.strides[i] != expect:
+                    raise ValueError(f"brigade: {name} is not contiguous (shape "
+                                     f"{tuple(shape)}, strides "
+                                     f"{tuple(t.strides[k] for k in range(t.ndim))}); pass a "
+                                     "contiguous copy")
+                expect *= shape[i]
+        code, bits, lanes = t.dtype.code, t.dtype.bits, t.dtype.lanes
+        d = _DLPACK_DTYPE.get((code, bits)) if lanes == 1 else None
+        size = bits // 8 * max(lanes, 1)
+        v = View(ptr=(t.data or 0) + t.byte_offset, count=n, dtype=d, nbytes=n * size,
+                 readonly=False, what=f"a DLPack tensor of type code {code}, {bits} bits"
+                 + (f" x {lanes} lanes" if lanes != 1 else ""), keep=hold)
+        v.device = on_gpu
+        return v
+    except BaseException:
+        hold.release()
+        raise
+
+
+def as_view(obj: Any, writable: bool, name: str, stream: Optional[int] = None) -> View:
+    """A View of obj; raises TypeError/ValueError naming `name` when it cannot be one.
+    `stream` is the CUDA stream the collective will run on (for DLPack's
+    __dlpack__(stream=)), when the caller chose one."""
     if _is_torch(obj):
         return _torch_view(obj, writable, name)
-    if hasattr(obj, "__cuda_array_interface__"):
-        raise TypeError(f"brigade: {name} is a GPU buffer (__cuda_array_interface__); this "
-                        "package passes only host buffers to brigade so far")
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        return _cuda_array_interface_view(obj, cai, name)
+    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__") \
+            and not hasattr(obj, "__array_interface__"):
+        return _dlpack_view(obj, name, stream)
     ai = getattr(obj, "__array_interface__", None)
     if ai is not None:
         v = _array_interface_view(obj, ai, writable, name)

@@ -201,8 +201,38 @@ _decl("brg_broadcast", _st, _vp, _vp, _sz, _int, _int, _comm, _vp)
 _decl("brg_reduce", _st, _vp, _vp, _sz, _int, _int, _int, _comm, _vp)
 _decl("brg_barrier", _st, _comm)
 _decl("brg_iallreduce", _st, _vp, _vp, _sz, _int, _int, _comm, ctypes.POINTER(RequestStruct))
+_req = ctypes.POINTER(RequestStruct)
+_decl("brg_ireduce_scatter", _st, _vp, _vp, _sz, _int, _int, _comm, _req)
+_decl("brg_iall_gather", _st, _vp, _vp, _sz, _int, _comm, _req)
+_decl("brg_ibroadcast", _st, _vp, _vp, _sz, _int, _int, _comm, _req)
+_decl("brg_ireduce", _st, _vp, _vp, _sz, _int, _int, _int, _comm, _req)
+_decl("brg_ibarrier", _st, _comm, _req)
+_decl("brg_get_version", _st, ctypes.POINTER(_int), ctypes.POINTER(_int), ctypes.POINTER(_int))
+_decl("brg_comm_split", _st, _comm, _int, _int, ctypes.POINTER(_comm))
+_decl("brg_comm_get_async_error", _st, _comm, ctypes.POINTER(_int))
 _decl("brg_test", _st, ctypes.POINTER(RequestStruct), ctypes.POINTER(_int))
 _decl("brg_wait", _st, ctypes.POINTER(RequestStruct))
+
+# Point-to-point and all-to-all: declared where the loaded library has them
+# (older libraries do not; the wrappers then raise naming the call).
+OPTIONAL = {
+    "brg_send": (_st, _vp, _sz, _int, _int, _comm, _vp),
+    "brg_recv": (_st, _vp, _sz, _int, _int, _comm, _vp),
+    "brg_all_to_all": (_st, _vp, _vp, _sz, _int, _comm, _vp),
+    "brg_isend": (_st, _vp, _sz, _int, _int, _comm, _req),
+    "brg_irecv": (_st, _vp, _sz, _int, _int, _comm, _req),
+}
+for _name, (_res, *_args) in OPTIONAL.items():
+    if hasattr(lib, _name):
+        _decl(_name, _res, *_args)
+
+
+def has(name: str) -> bool:
+    """Whether the loaded library exports the C function `name`."""
+    return hasattr(lib, name)
+
+
+SPLIT_NOCOLOR = -1  # BRG_SPLIT_NOCOLOR
 
 _red = ctypes.c_void_p
 _decl("brg_reducer_create", _st, ctypes.POINTER(_red), _comm, ctypes.POINTER(ReducerParam), _sz,

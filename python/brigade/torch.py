@@ -8,9 +8,11 @@ Importing this module registers the backend "brigade"::
     model = torch.nn.parallel.DistributedDataParallel(model)
 
 The process group runs allreduce, reduce_scatter, all_gather, broadcast,
-reduce and barrier on CPU tensors through brigade; every other call
-(send/recv, all_to_all, gather, scatter, ...) raises NotImplementedError
-naming the call. Brigade's unique id goes through the c10d store the group
+reduce, barrier, send/recv (isend/irecv) and all_to_all (all_to_all_single
+with any splits, all_to_all on lists) through brigade, on CPU tensors and
+CUDA tensors (the latter on torch's current stream; point-to-point and
+all-to-all on the CPU only, as brigade's calls); every other call (gather, scatter, ...) raises
+NotImplementedError naming the call. Brigade's unique id goes through the c10d store the group
 is given, so brigade needs no port of its own (MASTER_PORT stays c10d's).
 
 For users who keep Gloo or NCCL as the backend and want brigade only for
@@ -20,9 +22,9 @@ hook::
     comm = brigade.torch.communicator()  # over the default (e.g. Gloo) group
     ddp.register_comm_hook(comm, brigade.torch.allreduce_hook)
 
-Tested with Debian 12's python3-torch 1.13 (CPU). Its torchrun crashes under
-Python 3.11 in ``to_map`` unless given ``--redirects 2 --tee 2`` (a torch
-bug, fixed in later releases).
+Tested with Debian 12's python3-torch 1.13.1 and PyPI's torch 2.15.0, on the
+CPU. Debian's torchrun 1.13 crashes under Python 3.11 in ``to_map`` unless
+given ``--redirects 2 --tee 2`` (a torch bug, fixed in later releases).
 """
 import queue
 import threading
@@ -63,8 +65,8 @@ def _done(result: Any) -> Any:
 
 
 class _Completer:
-    """Finishes asynchronous collectives in issue order on one thread and
-    completes their futures (brigade runs them in that order anyway)."""
+    """Finishes asynchronous calls in issue order on one thread and completes
+    their futures (brigade runs a communicator's calls in that order anyway)."""
 
     def __init__(self) -> None:
         self._q: "queue.Queue[Any]" = queue.Queue()
@@ -76,16 +78,24 @@ class _Completer:
             item = self._q.get()
             if item is None:
                 return
-            req, fut, result = item
+            reqs, fut, result, then = item
             try:
-                req.wait()  # the GIL is released inside brg_wait
+                for req in reqs:
+                    req.wait()  # the GIL is released inside brg_wait
+                if then is not None:
+                    then()
                 fut.set_result(result)
             except BaseException as e:  # noqa: BLE001 - handed to the future
+                for req in reqs:  # none may still write into a tensor
+                    try:
+                        req.wait()
+                    except BaseException:  # noqa: BLE001 - the first error is reported
+                        pass
                 fut.set_exception(e)
 
-    def submit(self, req: brigade.Request, result: Any) -> "torch.futures.Future[Any]":
+    def submit(self, reqs: Any, result: Any, then: Any = None) -> "torch.futures.Future[Any]":
         fut: torch.futures.Future = torch.futures.Future()
-        self._q.put((req, fut, result))
+        self._q.put((reqs if isinstance(reqs, list) else [reqs], fut, result, then))
         return fut
 
     def close(self) -> None:
@@ -113,7 +123,14 @@ def _one(tensors: List[torch.Tensor], call: str) -> torch.Tensor:
 
 
 class ProcessGroupBrigade(dist.ProcessGroup):
-    """A torch.distributed process group whose collectives run on brigade."""
+    """A torch.distributed process group whose collectives run on brigade.
+
+    CPU tensors go through brigade's non-blocking calls: each call returns a
+    Work at once, completed on a helper thread when brigade has finished, so
+    ``async_op=True`` and DDP's bucket allreduces overlap with the caller.
+    CUDA tensors run on the device collectives on torch's current stream
+    (the Work is complete once the work is queued there, as NCCL's Work is
+    for the current stream)."""
 
     def __init__(self, store: Any, rank: int, size: int, timeout: Optional[timedelta] = None):
         super().__init__(rank, size)
@@ -131,6 +148,9 @@ class ProcessGroupBrigade(dist.ProcessGroup):
     def _get_backend_name(self) -> str:
         return BACKEND_NAME
 
+    def _work(self, reqs: Any, result: Any, then: Any = None) -> Any:
+        return _create_work_from_future(self._completer.submit(reqs, result, then))
+
     # --------------------------------------------------------- collectives
     def allreduce(self, tensors: Any, opts: Any = None) -> Any:
         if isinstance(tensors, torch.Tensor):
@@ -138,18 +158,25 @@ class ProcessGroupBrigade(dist.ProcessGroup):
         t = _one(tensors, "allreduce")
         op = _op(opts.reduceOp if opts is not None and hasattr(opts, "reduceOp")
                  else opts if opts is not None else dist.ReduceOp.SUM)
-        req = self.comm.iallreduce(t, op=op)
-        return _create_work_from_future(self._completer.submit(req, tensors))
+        if t.is_cuda:
+            self.comm.allreduce(t, op=op)
+            return _done(tensors)
+        return self._work(self.comm.iallreduce(t, op=op), tensors)
 
     def broadcast(self, tensors: Any, opts: Any) -> Any:
         t = _one(tensors, "broadcast")
-        self.comm.broadcast(t, root=opts.rootRank)
-        return _done(tensors)
+        if t.is_cuda:
+            self.comm.broadcast(t, root=opts.rootRank)
+            return _done(tensors)
+        return self._work(self.comm.ibroadcast(t, root=opts.rootRank), tensors)
 
     def reduce(self, tensors: Any, opts: Any) -> Any:
         t = _one(tensors, "reduce")
-        self.comm.reduce(t, root=opts.rootRank, op=_op(opts.reduceOp))
-        return _done(tensors)
+        if t.is_cuda:
+            self.comm.reduce(t, root=opts.rootRank, op=_op(opts.reduceOp))
+            return _done(tensors)
+        return self._work(self.comm.ireduce(t, root=opts.rootRank, op=_op(opts.reduceOp)),
+                          tensors)
 
     def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:
         t = _one(input_tensors, "all_gather")
@@ -161,16 +188,25 @@ class ProcessGroupBrigade(dist.ProcessGroup):
             if o.numel() != t.numel() or o.dtype != t.dtype:
                 raise ValueError(f"brigade: all_gather: an output tensor is {o.numel()} x "
                                  f"{o.dtype}, the input {t.numel()} x {t.dtype}")
-        flat = torch.empty(t.numel() * self.size(), dtype=t.dtype)
-        self.comm.all_gather(t.contiguous() if t.is_contiguous() else t, out=flat)
-        for r, o in enumerate(outs):
-            o.copy_(flat[r * t.numel():(r + 1) * t.numel()].view_as(o))
-        return _done(output_tensors)
+        flat = torch.empty(t.numel() * self.size(), dtype=t.dtype, device=t.device)
+        n = t.numel()
+
+        def unpack() -> None:
+            for r, o in enumerate(outs):
+                o.copy_(flat[r * n:(r + 1) * n].view_as(o))
+
+        if t.is_cuda:
+            self.comm.all_gather(t, out=flat)
+            unpack()
+            return _done(output_tensors)
+        return self._work(self.comm.iall_gather(t, out=flat), output_tensors, unpack)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor,
                         opts: Any = None) -> Any:
-        self.comm.all_gather(input, out=output)
-        return _done([output])
+        if input.is_cuda:
+            self.comm.all_gather(input, out=output)
+            return _done([output])
+        return self._work(self.comm.iall_gather(input, out=output), [output])
 
     def reduce_scatter(self, output_tensors: Any, input_tensors: Any, opts: Any) -> Any:
         out = _one(output_tensors, "reduce_scatter")
@@ -183,32 +219,114 @@ class ProcessGroupBrigade(dist.ProcessGroup):
                 raise ValueError(f"brigade: reduce_scatter: an input tensor is {i.numel()} x "
                                  f"{i.dtype}, the output {out.numel()} x {out.dtype}")
         flat = torch.cat([i.reshape(-1) for i in ins])
-        self.comm.reduce_scatter(flat, out=out, op=_op(opts.reduceOp))
-        return _done(output_tensors)
+        return self._reduce_scatter_base(out, flat, opts, output_tensors)
 
-    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Any:
-        self.comm.reduce_scatter(input, out=output, op=_op(opts.reduceOp))
-        return _done([output])
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any,
+                             result: Any = None) -> Any:
+        result = [output] if result is None else result
+        if input.is_cuda:
+            self.comm.reduce_scatter(input, out=output, op=_op(opts.reduceOp))
+            return _done(result)
+        return self._work(self.comm.ireduce_scatter(input, out=output, op=_op(opts.reduceOp)),
+                          result)
 
     def barrier(self, opts: Any = None) -> Any:
-        self.comm.barrier()
-        return _done([torch.empty(0)])
+        return self._work(self.comm.ibarrier(), [torch.empty(0)])
+
+    # ------------------------------------------ point-to-point, all-to-all
+    def send(self, tensors: Any, dstRank: int, tag: int = 0) -> Any:  # noqa: N803
+        t = _one(tensors, "send")
+        if t.is_cuda:
+            self.comm.send(t, dstRank)
+            return _done(tensors)
+        return self._work(self.comm.isend(t, dstRank), tensors)
+
+    def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> Any:  # noqa: N803
+        t = _one(tensors, "recv")
+        if t.is_cuda:
+            self.comm.recv(t, srcRank)
+            return _done(tensors)
+        return self._work(self.comm.irecv(t, srcRank), tensors)
+
+    def _exchange(self, call: str, sends: List[torch.Tensor],
+                  recvs: List[torch.Tensor]) -> List[Any]:
+        """Block j of sends to rank j, block j of recvs from rank j, over
+        isend/irecv (the unequal and list forms of all-to-all)."""
+        me = self.rank()
+        if any(x.is_cuda for x in sends + recvs):
+            raise NotImplementedError(f"brigade: {call} on CUDA tensors (brigade's "
+                                      "point-to-point calls take host memory)")
+        for j, (a, b) in enumerate(zip(sends, recvs)):
+            if a.dtype != b.dtype:
+                raise ValueError(f"brigade: {call}: block {j} is {a.dtype} to send and "
+                                 f"{b.dtype} to receive")
+        recvs[me].copy_(sends[me])
+        reqs = []
+        for j in range(self.size()):
+            if j != me:
+                reqs.append(self.comm.irecv(recvs[j], j))
+        for j in range(self.size()):
+            if j != me:
+                reqs.append(self.comm.isend(sends[j], j))
+        return reqs
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor,
+                      output_split_sizes: List[int], input_split_sizes: List[int],
+                      opts: Any = None) -> Any:
+        n = self.size()
+        outs, ins = list(output_split_sizes or []), list(input_split_sizes or [])
+        if (not outs or len(set(outs)) == 1) and (not ins or len(set(ins)) == 1):
+            if output.numel() != input.numel() or input.numel() % n:
+                raise ValueError(f"brigade: all_to_all_single: input {input.numel()} and "
+                                 f"output {output.numel()} elements must be equal and a "
+                                 f"multiple of the {n} ranks")
+            self.comm.all_to_all(input, out=output)
+            return _done([output])
+        if len(outs) != n or len(ins) != n:
+            raise ValueError(f"brigade: all_to_all_single: split sizes for {len(ins)} and "
+                             f"{len(outs)} ranks, the group has {n}")
+        sends = list(torch.split(input, ins)) if ins else list(torch.chunk(input, n))
+        recvs = list(torch.split(output, outs)) if outs else list(torch.chunk(output, n))
+        for j, (a, b) in enumerate(zip(sends, recvs)):
+            if not (a.is_contiguous() and b.is_contiguous()):
+                raise ValueError("brigade: all_to_all_single: the tensors must be contiguous")
+        return self._work(self._exchange("all_to_all_single", sends, recvs), [output])
+
+    def alltoall(self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor],
+                 opts: Any = None) -> Any:
+        n = self.size()
+        if len(output_tensors) != n or len(input_tensors) != n:
+            raise ValueError(f"brigade: all_to_all: {len(input_tensors)} inputs and "
+                             f"{len(output_tensors)} outputs for {n} ranks")
+        return self._work(self._exchange("all_to_all", list(input_tensors),
+                                         list(output_tensors)), output_tensors)
+
+    # The names newer torch (2.x) calls the flat-tensor forms by.
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
+                          opts: Any = None) -> Any:
+        return self._allgather_base(output, input, opts)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
+                              opts: Any) -> Any:
+        return self._reduce_scatter_base(output, input, opts)
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
+                          output_split_sizes: List[int], input_split_sizes: List[int],
+                          opts: Any = None) -> Any:
+        return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
 
     # ------------------------------------------------------------ the rest
     def _unsupported(name: str):  # type: ignore[misc]
         def call(self: Any, *args: Any, **kwargs: Any) -> Any:
             raise NotImplementedError(f"brigade: the torch.distributed backend \"brigade\" has no "
                                       f"{name} (it has allreduce, reduce_scatter, all_gather, "
-                                      "broadcast, reduce and barrier)")
+                                      "broadcast, reduce, barrier, send, recv and all_to_all)")
         call.__name__ = name
         return call
 
-    send = _unsupported("send")
-    recv = _unsupported("recv")
     recv_anysource = _unsupported("recv_anysource")
-    alltoall = _unsupported("all_to_all")
-    alltoall_base = _unsupported("all_to_all_single")
     gather = _unsupported("gather")
+    gather_single = _unsupported("gather")
     scatter = _unsupported("scatter")
     allreduce_coalesced = _unsupported("all_reduce_coalesced")
     allgather_coalesced = _unsupported("all_gather_coalesced")
@@ -223,7 +341,10 @@ def _create(store: Any, rank: int, size: int, timeout: Any) -> ProcessGroupBriga
 def register() -> None:
     """Registers the backend "brigade" with torch.distributed (done at import)."""
     if BACKEND_NAME.upper() not in dist.Backend._plugins:  # type: ignore[attr-defined]
-        dist.Backend.register_backend(BACKEND_NAME, _create)
+        try:  # torch >= 2.0 asks which devices the backend serves
+            dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu", "cuda"])
+        except TypeError:
+            dist.Backend.register_backend(BACKEND_NAME, _create)
 
 
 register()
@@ -266,5 +387,10 @@ def allreduce_hook(state: brigade.Communicator,
                         f"brigade.Communicator, not {type(state).__name__}")
     t = bucket.buffer()
     t.div_(state.size)
+    if t.is_cuda:
+        state.allreduce(t, op="sum")  # on the current stream
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_result(t)
+        return fut
     req = state.iallreduce(t, op="sum")
     return _completer(state).submit(req, t)

@@ -48,6 +48,7 @@ def test_constants(abi):
     assert c["BRG_UNIQUE_ID_BYTES"] == _capi.UNIQUE_ID_BYTES
     assert c["BRG_NUM_DTYPES"] == _capi.NUM_DTYPES == len(_capi.DType)
     assert c["BRG_NUM_OPS"] == _capi.NUM_OPS == len(_capi.Op)
+    assert c["BRG_SPLIT_NOCOLOR"] == _capi.SPLIT_NOCOLOR
     for name in ("SUM", "FIND_UNUSED", "STATIC_GRAPH", "GRAD_AS_VIEW", "NO_REBUILD", "DEVICE",
                  "NO_SYNC"):
         assert c["BRG_REDUCER_" + name] == getattr(_capi, "REDUCER_" + name), name

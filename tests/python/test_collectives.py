@@ -247,3 +247,86 @@ def _alone(rank, n):
         x = np.arange(5.0)
         comm.allreduce(x)
         assert (x == np.arange(5.0)).all()
+
+
+def body_nonblocking(comm):
+    """Every i-form, several in flight at once, finished in reverse order."""
+    n, r = comm.size, comm.rank
+    for dt in NP_TYPES:
+        kw = {"dtype": "bfloat16"} if dt == "bfloat16" else {}
+        for count in (1, 4099):
+            rs_in = make(dt, values(r, count * n, "sum"))
+            rs_out = np.full(count, 0x5A, dtype=rs_in.dtype)
+            ag_in = make(dt, values(r, count, "sum"))
+            ag_out = np.zeros(count * n, dtype=ag_in.dtype)
+            root = count % n
+            bc = make(dt, values(r, count, "sum"))
+            rd = make(dt, values(r, count, "min"))
+            rd_before = rd.copy()
+            reqs = [comm.ireduce_scatter(rs_in, out=rs_out, **kw),
+                    comm.iall_gather(ag_in, out=ag_out, **kw),
+                    comm.ibroadcast(bc, root=root, **kw),
+                    comm.ireduce(rd, root=root, op="min", **kw),
+                    comm.ibarrier()]
+            results = [q.wait() for q in reversed(reqs)]
+            assert results[-1] is rs_out and results[0] is None
+            assert all(q.test() for q in reqs)
+            check("ireduce_scatter", dt, rs_out,
+                  expect(dt, n, count * n, "sum")[r * count:(r + 1) * count], "sum", n)
+            want = np.concatenate([make(dt, values(k, count, "sum")) for k in range(n)])
+            check("iall_gather", dt, ag_out, decoded(dt, want), "none", n)
+            check("ibroadcast", dt, bc, decoded(dt, make(dt, values(root, count, "sum"))),
+                  "none", n)
+            if r == root:
+                check("ireduce at the root", dt, rd, expect(dt, n, count, "min"), "min", n)
+            else:
+                check("ireduce elsewhere", dt, rd, decoded(dt, rd_before), "none", n)
+    assert comm.async_error == brigade.Status.SUCCESS
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_nonblocking(n):
+    ranks.run(n, body_nonblocking, timeout=120)
+
+
+def body_split(comm):
+    """split(color, key): ranks of one color form a communicator ranked by key;
+    color None takes part and gets None; the new one outlives its parent."""
+    n, r = comm.size, comm.rank
+    color = None if (n > 2 and r == 1) else r % 2
+    sub = comm.split(color, key=-r)  # reversed order within each color
+    if color is None:
+        assert sub is None
+        comm.close()
+        return
+    members = [k for k in range(n) if k % 2 == color and not (n > 2 and k == 1)]
+    assert sub.size == len(members)
+    assert sub.rank == sorted(members, reverse=True).index(r), (sub.rank, members)
+    comm.close()  # the new communicator does not need its parent
+    x = np.full(7, r + 1, dtype=np.int64) * (np.arange(7) + 1)
+    sub.allreduce(x)
+    assert np.array_equal(x, sum(k + 1 for k in members) * (np.arange(7) + 1))
+    g = sub.all_gather(np.array([r], dtype=np.int32))
+    assert list(g) == sorted(members, reverse=True)
+    sub.close()
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_split(n):
+    ranks.run(n, body_split, timeout=60)
+
+
+def test_split_bad_color():
+    with brigade.Communicator(1, brigade.get_unique_id(), 0) as comm:
+        with pytest.raises(brigade.Error) as e:
+            comm.split(-5)
+        assert e.value.status == brigade.Status.ERR_INVALID_ARGUMENT
+        assert "color" in e.value.message, e.value.message
+        one = comm.split(3)
+        assert (one.rank, one.size) == (0, 1)
+        one.close()
+
+
+def test_library_version():
+    v = brigade.library_version()
+    assert v == brigade._capi.VERSION and brigade.version() == "%d.%d.%d" % v

@@ -86,6 +86,7 @@ def body_killed(comm):
             assert e.status in (brigade.Status.ERR_REMOTE, brigade.Status.ERR_TIMEOUT), e
             assert time.monotonic() - t0 < 15
             assert e.message, "no sentence with the error"
+            assert comm.async_error != brigade.Status.SUCCESS
             return
     raise AssertionError("the loop ended without an error")
 
@@ -98,9 +99,12 @@ def body_closed(comm):
 
 def body_iallreduce_error(comm):
     x = np.ones(50 + comm.rank, dtype=np.float64)
+    assert comm.async_error == brigade.Status.SUCCESS
     req = comm.iallreduce(x)
     e = expect_raise(brigade.Error, req.wait)
     assert e.status == brigade.Status.ERR_MISMATCH, e
+    # the queued collective's failure shows as the communicator's async error
+    assert comm.async_error == brigade.Status.ERR_MISMATCH, comm.async_error
 
 
 @pytest.mark.parametrize("n", [2, 3])

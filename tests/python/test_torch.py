@@ -20,6 +20,9 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
 import ranks  # noqa: E402
+from brigade import _capi  # noqa: E402
+
+HAVE_P2P = all(_capi.has(n) for n in _capi.OPTIONAL)
 
 STEPS = 20
 
@@ -154,18 +157,14 @@ def body_backend_calls(rank, n):
     work = dist.all_reduce(torch.ones(3), async_op=True)
     work.wait()
     dist.barrier()
-    for call, args in (("send", (torch.ones(1), (rank + 1) % n)),
-                       ("recv", (torch.ones(1), (rank + 1) % n)),
-                       ("all_to_all_single", (torch.ones(n), torch.ones(n))),
-                       ("gather", (torch.ones(1),)),
+    for call, args in (("gather", (torch.ones(1),)),
                        ("scatter", (torch.ones(1),))):
-        kwargs = {"dst": 0} if call == "gather" else {"src": 0} if call == "scatter" else {}
-        if call in ("gather", "scatter"):
-            kwargs[call + "_list"] = [torch.ones(1) for _ in range(n)] if rank == 0 else None
+        kwargs = {"dst": 0} if call == "gather" else {"src": 0}
+        kwargs[call + "_list"] = [torch.ones(1) for _ in range(n)] if rank == 0 else None
         try:
             getattr(dist, call)(*args, **kwargs)
         except NotImplementedError as e:
-            assert "brigade" in str(e), str(e)
+            assert "brigade" in str(e) and call in str(e), str(e)
         else:
             raise AssertionError(f"{call} did not raise NotImplementedError")
     t = torch.ones(4, 4)[:, 1]
@@ -224,3 +223,135 @@ def test_allreduce_hook(via_env):
 @pytest.mark.parametrize("n", [2, 3])
 def test_backend_calls(n):
     ranks.run(n, body_backend_calls, init=None, env=port_env(), timeout=180)
+
+
+def body_async_work(rank, n):
+    """Work objects of async_op=True calls return before the collective has
+    run: rank 0 issues each call while the last rank is still asleep."""
+    import time
+
+    import brigade.torch  # noqa: F401
+
+    dist.init_process_group("brigade", rank=rank, world_size=n)
+    t = torch.full((1000,), float(rank + 1))
+    outs = [torch.empty(1000) for _ in range(n)]
+    rs_out = torch.empty(1000)
+    calls = [("all_reduce", lambda: dist.all_reduce(t, async_op=True)),
+             ("broadcast", lambda: dist.broadcast(t, src=n - 1, async_op=True)),
+             ("reduce", lambda: dist.reduce(t, dst=0, async_op=True)),
+             ("all_gather", lambda: dist.all_gather(outs, t, async_op=True)),
+             ("reduce_scatter", lambda: dist.reduce_scatter(
+                 rs_out, [torch.full((1000,), float(rank + k)) for k in range(n)],
+                 async_op=True)),
+             ("barrier", lambda: dist.barrier(async_op=True))]
+    for name, call in calls:
+        dist.barrier()
+        t.fill_(float(rank + 1))
+        if rank == n - 1:
+            time.sleep(1.0)
+        t0 = time.monotonic()
+        work = call()
+        took = time.monotonic() - t0
+        done = work.is_completed()
+        work.wait()
+        if rank == 0:
+            assert took < 0.5 and not done, f"{name}: the call took {took:.2f} s, " \
+                f"completed {done}; it should return before the last rank arrives"
+    assert torch.equal(rs_out, torch.full((1000,), float(sum(range(n)) + n * rank)))
+    for r in range(n):  # t is rank + 1 again before each call
+        assert torch.equal(outs[r], torch.full((1000,), float(r + 1))), (r, outs[r][:3])
+    dist.destroy_process_group()
+
+
+def test_async_work():
+    ranks.run(2, body_async_work, init=None, env=port_env(), timeout=120)
+
+
+def body_new_group(rank, n):
+    """new_group on a "brigade" default group: members [0, 2] run on their own
+    communicator, rank 1 is not a member; the world group still works."""
+    import brigade.torch  # noqa: F401
+
+    dist.init_process_group("brigade", rank=rank, world_size=n)
+    g = dist.new_group([0, 2])
+    if rank == 1:
+        assert g == dist.GroupMember.NON_GROUP_MEMBER
+    else:
+        t = torch.arange(5, dtype=torch.float64) + rank
+        dist.all_reduce(t, group=g)
+        assert torch.equal(t, torch.arange(5, dtype=torch.float64) * 2 + 2)
+        assert dist.get_world_size(g) == 2 and dist.get_rank(g) == rank // 2
+        b = torch.full((3,), float(rank))
+        dist.broadcast(b, src=2, group=g)  # src is a global rank
+        assert torch.equal(b, torch.full((3,), 2.0))
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.full((4,), float(n)))
+    dist.destroy_process_group()
+
+
+def test_new_group():
+    ranks.run(3, body_new_group, init=None, env=port_env(), timeout=120)
+
+
+def body_p2p(rank, n):
+    """send/recv, isend/irecv and all_to_all (single with equal and unequal
+    splits, and on lists) through the backend, every element checked."""
+    import brigade.torch  # noqa: F401
+
+    dist.init_process_group("brigade", rank=rank, world_size=n)
+    right, left = (rank + 1) % n, (rank - 1) % n
+
+    def val(src, dst, k, dt=torch.float32):
+        return (torch.arange(k, dtype=torch.int64) * 3 + src * 10 + dst).to(dt)
+
+    if not HAVE_P2P:
+        for call in (lambda: dist.send(torch.ones(1), right),
+                     lambda: dist.all_to_all_single(torch.ones(n), torch.ones(n))):
+            try:
+                call()
+            except NotImplementedError as e:
+                assert "brg_send" in str(e) or "brg_all_to_all" in str(e) \
+                    or "brg_isend" in str(e), str(e)
+            else:
+                raise AssertionError("a point-to-point call ran without brg_send")
+        dist.destroy_process_group()
+        return
+    for dt in (torch.float32, torch.int64, torch.bfloat16, torch.uint8):
+        got = torch.zeros(33, dtype=dt)
+        if rank % 2 == 0:
+            dist.send(val(rank, right, 33, dt), right)
+            dist.recv(got, left)
+        else:
+            dist.recv(got, left)
+            dist.send(val(rank, right, 33, dt), right)
+        assert torch.equal(got, val(left, rank, 33, dt)), dt
+        a, b = torch.zeros(7, dtype=dt), torch.zeros(7, dtype=dt)
+        ws = [dist.irecv(a, left), dist.irecv(b, right), dist.isend(val(rank, left, 7, dt), left),
+              dist.isend(val(rank, right, 7, dt), right)]
+        for w in ws:
+            w.wait()
+        assert torch.equal(a, val(left, rank, 7, dt)) and torch.equal(b, val(right, rank, 7, dt))
+        # all_to_all_single, equal splits: brg_all_to_all
+        inp = torch.cat([val(rank, j, 5, dt) for j in range(n)])
+        out = torch.zeros(5 * n, dtype=dt)
+        dist.all_to_all_single(out, inp)
+        assert torch.equal(out, torch.cat([val(j, rank, 5, dt) for j in range(n)])), dt
+        # unequal splits: rank s sends s + j + 1 elements to rank j
+        ins = [rank + j + 1 for j in range(n)]
+        outs = [j + rank + 1 for j in range(n)]
+        inp = torch.cat([val(rank, j, ins[j], dt) for j in range(n)])
+        out = torch.zeros(sum(outs), dtype=dt)
+        dist.all_to_all_single(out, inp, output_split_sizes=outs, input_split_sizes=ins)
+        assert torch.equal(out, torch.cat([val(j, rank, outs[j], dt) for j in range(n)])), dt
+        # lists
+        outl = [torch.zeros(j + 2, dtype=dt) for j in range(n)]
+        dist.all_to_all(outl, [val(rank, j, rank + 2, dt) for j in range(n)])
+        for j in range(n):
+            assert torch.equal(outl[j], val(j, rank, j + 2, dt)), (dt, j)
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_p2p(n):
+    ranks.run(n, body_p2p, init=None, env=port_env(), timeout=120)
