@@ -340,6 +340,7 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   int no_trace = opts && opts->no_trace;
   me.flags = brg__trace_wanted() && !no_trace ? BRG__PEER_TRACING : 0;
   me.algo = (uint32_t)c->algo;
+  me.rings = (uint32_t)brg__core_int(BRG__CORE_RINGS);
   if ((s = brg__boot_local_addr(me.addr, sizeof me.addr, &err)) != BRG_SUCCESS) goto err_free;
   if ((s = brg__p2p_open(c, me.addr, &me.p2p_port, &err)) != BRG_SUCCESS) goto err_free;
   /* A little longer than the root waits, so that the root's list of the
@@ -356,6 +357,12 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
                      "BRIGADE_ALGO is \"%s\" on rank %d but \"%s\" on rank %d: every rank "
                      "must use the same allreduce algorithm",
                      brg__algo_name(c->algo), rank, brg__algo_name((int)c->peers[i].algo), i);
+      goto err_free;
+    } else if (c->peers[i].rings != me.rings) {
+      s = brg__error(&err, BRG_ERR_MISMATCH, "init",
+                     "BRIGADE_RINGS is %u on rank %d but %u on rank %d (0: automatic); every "
+                     "rank must set the same",
+                     me.rings, rank, c->peers[i].rings, i);
       goto err_free;
     }
 

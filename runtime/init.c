@@ -168,31 +168,6 @@ static int auto_rings(const brg_comm *c, const int *host, int nhosts, int per) {
   return fewest;
 }
 
-/* Every rank must ask for the same number of rings: one all-gather of what
- * each asked for, so a mismatch fails on every rank instead of hanging. */
-static brg_status agree_rings(brg_comm *c, int32_t want, char *why, size_t cap) {
-  int32_t *all = calloc((size_t)c->nranks, sizeof *all);
-  if (!all) {
-    snprintf(why, cap, "out of memory for %d ranks", c->nranks);
-    return BRG_ERR_NO_MEMORY;
-  }
-  brg_status s = brg_all_gather(&want, all, 1, BRG_INT32, c, NULL);
-  if (s != BRG_SUCCESS) {
-    snprintf(why, cap, "exchanging BRIGADE_RINGS failed: %s", brg_comm_last_error(c));
-  } else {
-    for (int i = 0; i < c->nranks && s == BRG_SUCCESS; i++)
-      if (all[i] != all[0]) {
-        s = BRG_ERR_MISMATCH;
-        snprintf(why, cap,
-                 "BRIGADE_RINGS is %d on rank 0 but %d on rank %d (0: automatic); every rank "
-                 "must set the same",
-                 all[0], all[i], i);
-      }
-  }
-  free(all);
-  return s;
-}
-
 /* Each ring's order, in this communicator's ranks, for BRIGADE_DEBUG=INFO. */
 static void log_rings(const brg_comm *c, const int *host, const int *local, int per, int rings) {
   if (!brg__log_enabled(BRG__LOG_INFO, "init")) return;
@@ -214,9 +189,9 @@ static void log_rings(const brg_comm *c, const int *host, const int *local, int 
 static brg_status rings_setup(brg_comm *c, char *why, size_t cap) {
   int n = c->nranks;
   if (n == 1) return BRG_SUCCESS;
+  /* the same on every rank: init compared it in the peer table */
   int32_t want = (int32_t)brg__core_int(BRG__CORE_RINGS);
-  brg_status s = agree_rings(c, want, why, cap);
-  if (s != BRG_SUCCESS) return s;
+  brg_status s = BRG_SUCCESS;
   int *host = calloc((size_t)n, sizeof *host), *local = calloc((size_t)n, sizeof *local);
   if (!host || !local) {
     free(host);

@@ -140,8 +140,8 @@ brg_status brg__proxy_start(pthread_t *thread, void *(*fn)(void *), void *arg, c
 typedef struct brg__peer_info {
   int32_t rank;
   int32_t pid;
-  uint32_t p2p_port; /* its point-to-point listener (runtime/p2p.c) */
-  uint32_t p2p_pad;
+  uint32_t p2p_port;  /* its point-to-point listener (runtime/p2p.c) */
+  uint32_t rings;     /* BRIGADE_RINGS, which every rank must share (runtime/init.c) */
   uint64_t host_hash; /* equal for ranks on one host */
   char hostname[64];
   char addr[64];  /* numeric address other hosts reach this rank at */
