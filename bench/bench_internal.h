@@ -59,10 +59,11 @@ typedef struct bench {
   uint64_t peer_wrong_total;
   const char *peer_skips[8]; /* distinct reasons for n/a peer columns */
   int npeer_skips;
-  double copy_rate;     /* bytes read + written per second, 0 when not measured */
-  double roof_busbw;    /* GB/s: the allreduce busbw the copy rate allows */
-  double last_busbw[2]; /* largest size so far: brigade out of place, in place */
-  double last_peer[2];  /* the peer's, 0 when n/a */
+  double copy_rate;         /* bytes read + written per second, 0 when not measured */
+  double roof_busbw;        /* GB/s: the allreduce busbw the copy rate allows */
+  double last_busbw[2];     /* largest size so far: brigade out of place, in place */
+  double last_host_usec[2]; /* -G: how long a call of that size held the calling thread */
+  double last_peer[2];      /* the peer's, 0 when n/a */
   size_t last_bytes;
   FILE *csv;
   /* -G */
@@ -83,6 +84,7 @@ typedef struct row_geom {
 typedef struct timing {
   double usec; /* per call, the slowest rank's */
   uint64_t wrong;
+  double host_usec; /* -G: per call, the time the calls held the calling thread (slowest rank) */
 } timing;
 
 /* common.c */

@@ -126,4 +126,12 @@ static inline BRG_HD int brg__chain_hop(int pos, int first, int nranks) {
   return brg__mod((long)pos - first, nranks);
 }
 
+/* The primitive at hop `hop` of a chain of N ranks (N >= 2): broadcast
+ * copies along, reduce adds its input on the way, the last hop keeps it. */
+static inline BRG_HD brg__prim brg__chain_prim(int hop, int nranks, int bcast) {
+  if (hop == 0) return BRG__PRIM_SEND;
+  if (hop < nranks - 1) return bcast ? BRG__PRIM_RECV_COPY_SEND : BRG__PRIM_RECV_REDUCE_SEND;
+  return bcast ? BRG__PRIM_RECV : BRG__PRIM_RECV_REDUCE_COPY;
+}
+
 #endif

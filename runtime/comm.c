@@ -259,7 +259,12 @@ static brg_status comm_free(brg_comm *c) {
     if (ring) say_goodbye(c);
     brg__progress_stop(c);
   }
-  brg__hier_free(c); /* after the worker, the one thread that may run on them, stopped */
+  /* The hierarchy's communicators (hier.c), after the worker, the one
+   * thread that may run on them, stopped. */
+  brg_comm *local = __atomic_exchange_n(&c->local, NULL, __ATOMIC_ACQ_REL);
+  brg_comm *cross = __atomic_exchange_n(&c->cross, NULL, __ATOMIC_ACQ_REL);
+  if (local) brg_comm_destroy(local);
+  if (cross) brg_comm_destroy(cross);
   /* The extra rings likewise; every rank tears them down in the same order,
    * so their neighbours are there to say goodbye to. */
   for (int r = 1; r < c->nrings; r++)
@@ -460,18 +465,7 @@ brg_status brg_comm_get_async_error(const brg_comm *comm, brg_status *status) {
 brg_status brg_comm_abort(brg_comm *comm) {
   brg_status s = brg__check_comm(comm, "brg_comm_abort");
   if (s != BRG_SUCCESS) return s;
-  __atomic_store_n(&comm->aborted, 1, __ATOMIC_SEQ_CST);
-  brg__hier_abort(comm);
-  brg__device_abort(comm);
-  brg__fifo_wake_all(&comm->send.fifo);
-  brg__fifo_wake_all(&comm->recv.fifo);
-  brg__p2p_wake(comm);
-  pthread_mutex_lock(&comm->qlock);
-  pthread_cond_broadcast(&comm->qcond);
-  pthread_cond_broadcast(&comm->donecond);
-  pthread_mutex_unlock(&comm->qlock);
-  brg__comm_notify_abort(comm, BRG_ERR_REMOTE, "the communicator was aborted");
-  for (int r = 1; r < comm->nrings; r++) brg_comm_abort(comm->rings[r]);
+  brg__comm_stop(comm);
   return BRG_SUCCESS;
 }
 

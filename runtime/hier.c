@@ -31,19 +31,6 @@
 #include "schedule.h"
 #include "trace.h"
 
-static const char *const algo_names[] = {"auto", "ring", "hier"};
-
-int brg__algo_parse(const char *name) {
-  for (int i = 0; i < (int)(sizeof algo_names / sizeof algo_names[0]); i++)
-    if (!strcmp(name, algo_names[i])) return i;
-  return -1;
-}
-
-const char *brg__algo_name(int algo) {
-  return algo >= 0 && algo < (int)(sizeof algo_names / sizeof algo_names[0]) ? algo_names[algo]
-                                                                             : "?";
-}
-
 /* The hosts as the ring lists them (grouped, topology.c): how many, the
  * fewest and most ranks on one, and this rank's host and index on it. */
 typedef struct hier_shape {
@@ -232,87 +219,4 @@ brg_status brg__hier_prepare(brg_comm *c, brg__coll *k) {
   }
   k->hier = 1;
   return BRG_SUCCESS;
-}
-
-/* Runs one phase on a communicator of the hierarchy; a failure aborts both,
- * so that the ranks waiting on this one in the other phase hear of it. */
-static brg_status phase(brg_comm *c, brg_comm *sub, brg__coll *p, const brg__coll *k,
-                        const char *what) {
-  brg_status s = brg__progress_run(sub, p);
-  if (s == BRG_SUCCESS) return s;
-  char why[BRG__ERRLEN];
-  snprintf(why, sizeof why, "%s", sub->last_error);
-  brg__hier_abort(c);
-  char desc[160];
-  brg__coll_describe(desc, sizeof desc, k->kind, k->seq, k->count, k->dtype, k->op, k->root, 0);
-  return brg__comm_error(c, s, "%s (hier): %s failed: %s", desc, what, why);
-}
-
-static brg_status hier_body(brg_comm *c, brg__coll *k) {
-  brg_comm *local = c->local, *cross = c->cross;
-  size_t esize = brg_dtype_size(k->dtype);
-  uint64_t sent0 = __atomic_load_n(&local->bytes_sent, __ATOMIC_RELAXED) +
-                   __atomic_load_n(&cross->bytes_sent, __ATOMIC_RELAXED);
-  brg_op sum = k->op == BRG_AVG ? BRG_SUM : k->op;
-  brg__coll rs = {.kind = BRG__COLL_REDUCE_SCATTER,
-                  .dtype = k->dtype,
-                  .op = sum,
-                  .root = -1,
-                  .sendbuf = k->sendbuf,
-                  .recvbuf = k->recvbuf,
-                  .count = k->count,
-                  .whole = 1};
-  brg_status s = phase(c, local, &rs, k, "the reduce-scatter within the host");
-  if (s != BRG_SUCCESS) return s;
-  /* This rank's chunk, as the reduce-scatter cut it. */
-  size_t off = brg__part_offset(k->count, local->nranks, local->rank);
-  size_t cnt = brg__part_count(k->count, local->nranks, local->rank);
-  char *shard = (char *)k->recvbuf + off * esize;
-  if (cnt > 0) { /* the same on every rank of cross: all of them skip it */
-    brg__coll ar = {.kind = BRG__COLL_ALLREDUCE,
-                    .dtype = k->dtype,
-                    .op = sum,
-                    .root = -1,
-                    .sendbuf = shard,
-                    .recvbuf = shard,
-                    .count = cnt};
-    if ((s = phase(c, cross, &ar, k, "the allreduce across hosts")) != BRG_SUCCESS) return s;
-    if (k->op == BRG_AVG) brg__divide(shard, shard, cnt, k->dtype, c->nranks);
-  }
-  brg__coll ag = {.kind = BRG__COLL_ALL_GATHER,
-                  .dtype = k->dtype,
-                  .op = BRG_SUM,
-                  .root = -1,
-                  .sendbuf = k->recvbuf,
-                  .recvbuf = k->recvbuf,
-                  .count = k->count,
-                  .whole = 1};
-  if ((s = phase(c, local, &ag, k, "the all-gather within the host")) != BRG_SUCCESS) return s;
-  uint64_t sent1 = __atomic_load_n(&local->bytes_sent, __ATOMIC_RELAXED) +
-                   __atomic_load_n(&cross->bytes_sent, __ATOMIC_RELAXED);
-  __atomic_fetch_add(&c->bytes_sent, sent1 - sent0, __ATOMIC_RELAXED);
-  return BRG_SUCCESS;
-}
-
-brg_status brg__hier_run(brg_comm *c, brg__coll *k) {
-  k->seq = ++c->seq;
-  if (__builtin_expect(c->trace == NULL, 1)) return hier_body(c, k);
-  int64_t t0 = brg__trace_coll_begin(c->trace);
-  brg_status s = hier_body(c, k);
-  brg__trace_coll_end(c, k, t0, s);
-  return s;
-}
-
-void brg__hier_abort(brg_comm *c) {
-  brg_comm *local = __atomic_load_n(&c->local, __ATOMIC_ACQUIRE);
-  brg_comm *cross = __atomic_load_n(&c->cross, __ATOMIC_ACQUIRE);
-  if (local) brg_comm_abort(local);
-  if (cross) brg_comm_abort(cross);
-}
-
-void brg__hier_free(brg_comm *c) {
-  brg_comm *local = __atomic_exchange_n(&c->local, NULL, __ATOMIC_ACQ_REL);
-  brg_comm *cross = __atomic_exchange_n(&c->cross, NULL, __ATOMIC_ACQ_REL);
-  if (local) brg_comm_destroy(local);
-  if (cross) brg_comm_destroy(cross);
 }

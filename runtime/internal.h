@@ -191,16 +191,17 @@ struct brg_comm {
  * Who does what in runtime/ (each file calls only files listed after it):
  *   rendezvous.c  brg_comm_init_env: the launcher's variables -> init.c
  *   init.c        brg_comm_init, brg_comm_init_config, the extra rings -> split.c
- *   split.c       brg_comm_split: two all-gathers over the parent -> comm.c
+ *   split.c       brg_comm_split: two all-gathers over the parent (progress.c)
+ *                 -> comm.c
  *   coll.c        the collectives' entry points and argument checks
  *   hier.c        hierarchical allreduce: picks the algorithm; its two
- *                 communicators come from split.c's brg_comm_split (made
- *                 on the caller's thread before the first hier allreduce
- *                 is issued, as an application would make them: the one
- *                 call up the list), its three phases run through their
- *                 own progress.c; progress.c runs it
+ *                 communicators come from split.c (made on the caller's
+ *                 thread before the first hier allreduce is issued, as an
+ *                 application would make them); progress.c runs its phases
  *   comm.c        create (bootstrap, topology, links), accessors, destroy
- *   progress.c    issue order: the worker thread, device setup
+ *   progress.c    issue order: the worker thread, device setup; the
+ *                 collectives that run on other communicators (the rings
+ *                 of init.c, hier.c's phases); brg__comm_stop
  *   ring.c        the five primitives and the ring and chain schedules
  *   device_ring.c the same primitives on GPU buffers (step mode)
  *   device.c      the CUDA module, opened at first use
@@ -220,9 +221,9 @@ struct brg_comm {
 brg_status brg__comm_split_opts(brg_comm *comm, int color, int key, int no_trace, int ring_rotate,
                                 brg_comm **newcomm);
 
-/* hier.c: the allreduce algorithms of BRIGADE_ALGO. */
+/* The allreduce algorithms of BRIGADE_ALGO (hier.c picks one). */
 typedef enum { BRG__ALGO_AUTO = 0, BRG__ALGO_RING = 1, BRG__ALGO_HIER = 2 } brg__algo;
-/* BRIGADE_ALGO's value as a brg__algo, or -1 when it names none. */
+/* settings.c: BRIGADE_ALGO's value as a brg__algo, or -1 when it names none. */
 int brg__algo_parse(const char *name);
 const char *brg__algo_name(int algo);
 /* Decides whether allreduce k runs hierarchically (sets k->hier), making
@@ -230,11 +231,8 @@ const char *brg__algo_name(int algo);
  * c: every rank reaches it at the same allreduce, since the choice depends
  * only on what every rank shares). */
 brg_status brg__hier_prepare(brg_comm *c, brg__coll *k);
-/* Runs allreduce k (k->hier) in three phases on the two communicators. */
-brg_status brg__hier_run(brg_comm *c, brg__coll *k);
-/* Aborts / destroys the hierarchy's communicators with their parent. */
-void brg__hier_abort(brg_comm *c);
-void brg__hier_free(brg_comm *c);
+/* (progress.c runs it in three phases on the two communicators; comm.c
+ * aborts and destroys them with their parent.) */
 
 /* errors.c: records an error on the communicator (last_error, WARN log)
  * and returns s. */
@@ -298,6 +296,9 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
 /* progress.c: runs a collective in issue order on the caller's thread and
  * returns its status (inline when nothing is queued ahead of it). */
 brg_status brg__progress_run(brg_comm *c, brg__coll *k);
+/* What brg_comm_abort does to c and the communicators it runs on (rings,
+ * hierarchy); NULL: nothing. Any thread. */
+void brg__comm_stop(brg_comm *c);
 /* Queues a request for the worker thread; brg__progress_wait waits for it. */
 brg_status brg__progress_enqueue(brg_comm *c, brg__req *r);
 /* Waits, up to the communicator's timeout, for queued device collectives

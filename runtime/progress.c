@@ -10,6 +10,7 @@
 
 #include "device.h"
 #include "internal.h"
+#include "kernels.h"
 #include "schedule.h"
 #include "trace.h"
 
@@ -36,6 +37,98 @@ static brg_status device_setup(brg_comm *c) {
     s = brg__coll_execute(c, &g2);
   }
   return brg__device_ring_finish(c, &st, s);
+}
+
+/* What brg_comm_abort does, below it: every wait of this communicator
+ * stops (its engine's, its queue's, its kernels', its point-to-point
+ * ones), its ring neighbours hear of it, and so do the communicators it
+ * runs its collectives on (rings, hierarchy). Any thread. */
+void brg__comm_stop(brg_comm *c) {
+  if (!c) return;
+  __atomic_store_n(&c->aborted, 1, __ATOMIC_SEQ_CST);
+  brg__device_abort(c);
+  brg__fifo_wake_all(&c->send.fifo);
+  brg__fifo_wake_all(&c->recv.fifo);
+  brg__p2p_wake(c);
+  pthread_mutex_lock(&c->qlock);
+  pthread_cond_broadcast(&c->qcond);
+  pthread_cond_broadcast(&c->donecond);
+  pthread_mutex_unlock(&c->qlock);
+  brg__comm_notify_abort(c, BRG_ERR_REMOTE, "the communicator was aborted");
+  brg__comm_stop(__atomic_load_n(&c->local, __ATOMIC_ACQUIRE));
+  brg__comm_stop(__atomic_load_n(&c->cross, __ATOMIC_ACQUIRE));
+  for (int r = 1; r < c->nrings; r++) brg__comm_stop(c->rings[r]);
+}
+
+/* Hierarchical allreduce (hier.c chose it and made its communicators):
+ * runs one phase on a communicator of the hierarchy; a failure aborts both,
+ * so that the ranks waiting on this one in the other phase hear of it. */
+static brg_status phase(brg_comm *c, brg_comm *sub, brg__coll *p, const brg__coll *k,
+                        const char *what) {
+  brg_status s = brg__progress_run(sub, p);
+  if (s == BRG_SUCCESS) return s;
+  char why[BRG__ERRLEN];
+  snprintf(why, sizeof why, "%s", sub->last_error);
+  brg__comm_stop(c->local);
+  brg__comm_stop(c->cross);
+  char desc[160];
+  brg__coll_describe(desc, sizeof desc, k->kind, k->seq, k->count, k->dtype, k->op, k->root, 0);
+  return brg__comm_error(c, s, "%s (hier): %s failed: %s", desc, what, why);
+}
+
+static brg_status hier_body(brg_comm *c, brg__coll *k) {
+  brg_comm *local = c->local, *cross = c->cross;
+  size_t esize = brg_dtype_size(k->dtype);
+  uint64_t sent0 = __atomic_load_n(&local->bytes_sent, __ATOMIC_RELAXED) +
+                   __atomic_load_n(&cross->bytes_sent, __ATOMIC_RELAXED);
+  brg_op sum = k->op == BRG_AVG ? BRG_SUM : k->op;
+  brg__coll rs = {.kind = BRG__COLL_REDUCE_SCATTER,
+                  .dtype = k->dtype,
+                  .op = sum,
+                  .root = -1,
+                  .sendbuf = k->sendbuf,
+                  .recvbuf = k->recvbuf,
+                  .count = k->count,
+                  .whole = 1};
+  brg_status s = phase(c, local, &rs, k, "the reduce-scatter within the host");
+  if (s != BRG_SUCCESS) return s;
+  /* This rank's chunk, as the reduce-scatter cut it. */
+  size_t off = brg__part_offset(k->count, local->nranks, local->rank);
+  size_t cnt = brg__part_count(k->count, local->nranks, local->rank);
+  char *shard = (char *)k->recvbuf + off * esize;
+  if (cnt > 0) { /* the same on every rank of cross: all of them skip it */
+    brg__coll ar = {.kind = BRG__COLL_ALLREDUCE,
+                    .dtype = k->dtype,
+                    .op = sum,
+                    .root = -1,
+                    .sendbuf = shard,
+                    .recvbuf = shard,
+                    .count = cnt};
+    if ((s = phase(c, cross, &ar, k, "the allreduce across hosts")) != BRG_SUCCESS) return s;
+    if (k->op == BRG_AVG) brg__divide(shard, shard, cnt, k->dtype, c->nranks);
+  }
+  brg__coll ag = {.kind = BRG__COLL_ALL_GATHER,
+                  .dtype = k->dtype,
+                  .op = BRG_SUM,
+                  .root = -1,
+                  .sendbuf = k->recvbuf,
+                  .recvbuf = k->recvbuf,
+                  .count = k->count,
+                  .whole = 1};
+  if ((s = phase(c, local, &ag, k, "the all-gather within the host")) != BRG_SUCCESS) return s;
+  uint64_t sent1 = __atomic_load_n(&local->bytes_sent, __ATOMIC_RELAXED) +
+                   __atomic_load_n(&cross->bytes_sent, __ATOMIC_RELAXED);
+  __atomic_fetch_add(&c->bytes_sent, sent1 - sent0, __ATOMIC_RELAXED);
+  return BRG_SUCCESS;
+}
+
+static brg_status hier_run(brg_comm *c, brg__coll *k) {
+  k->seq = ++c->seq;
+  if (__builtin_expect(c->trace == NULL, 1)) return hier_body(c, k);
+  int64_t t0 = brg__trace_coll_begin(c->trace);
+  brg_status s = hier_body(c, k);
+  brg__trace_coll_end(c, k, t0, s);
+  return s;
 }
 
 /* Whether k is cut over the communicator's rings: a host allreduce that
@@ -68,12 +161,12 @@ static brg_status run_rings(brg_comm *c, brg__coll *k) {
   brg_status s = brg__coll_execute(c, &k0);
   k->seq = k0.seq;
   if (s != BRG_SUCCESS)
-    for (int r = 1; r < rings; r++) brg_comm_abort(c->rings[r]);
+    for (int r = 1; r < rings; r++) brg__comm_stop(c->rings[r]);
   for (int r = 1; r < rings; r++) {
     brg_status p = brg__progress_wait(&parts[r]);
     if (p == BRG_SUCCESS || s != BRG_SUCCESS) continue;
     s = brg__comm_error(c, p, "%s (ring %d of %d)", brg_comm_last_error(c->rings[r]), r, rings);
-    for (int q = 1; q < rings; q++) brg_comm_abort(c->rings[q]);
+    for (int q = 1; q < rings; q++) brg__comm_stop(c->rings[q]);
   }
   free(parts);
   return s;
@@ -95,9 +188,7 @@ static brg_status run_one(brg_comm *c, brg__coll *k) {
     if (k->device && c->nranks > 1 && !c->dev) s = device_setup(c);
     if (s == BRG_SUCCESS && k->async) s = brg__device_async_start(c, k);
     if (s == BRG_SUCCESS)
-      s = k->hier          ? brg__hier_run(c, k)
-          : on_rings(c, k) ? run_rings(c, k)
-                           : brg__coll_execute(c, k);
+      s = k->hier ? hier_run(c, k) : on_rings(c, k) ? run_rings(c, k) : brg__coll_execute(c, k);
   }
   if (k->async) brg__device_async_end(c, k, s);
   if (entered) brg__device_leave(prev_gpu);

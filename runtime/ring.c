@@ -165,13 +165,7 @@ static brg_status run_chain(brg__ring_op *o) {
   int bcast = k->kind == BRG__COLL_BROADCAST;
   int first = bcast ? root_pos : (root_pos + 1) % n;
   int hop = brg__chain_hop(c->pos, first, n);
-  brg__prim prim;
-  if (hop == 0)
-    prim = BRG__PRIM_SEND;
-  else if (hop < n - 1)
-    prim = bcast ? BRG__PRIM_RECV_COPY_SEND : BRG__PRIM_RECV_REDUCE_SEND;
-  else
-    prim = bcast ? BRG__PRIM_RECV : BRG__PRIM_RECV_REDUCE_COPY;
+  brg__prim prim = brg__chain_prim(hop, n, bcast);
   size_t slices = brg__slice_total(k->count, o->slice_elems);
   for (size_t sl = 0; sl < slices; sl++) {
     size_t e = brg__slice_offset(sl, o->slice_elems);

@@ -139,3 +139,17 @@ void brg__settings_print(FILE *f) {
   int n = brg__settings_sections(all, BRG__SETTINGS_MAX_SECTIONS);
   for (int i = 0; i < n; i++) brg__config_print(all[i], f);
 }
+
+/* BRIGADE_ALGO's names (hier.c), in brg__algo order. */
+static const char *const algo_names[] = {"auto", "ring", "hier"};
+
+int brg__algo_parse(const char *name) {
+  for (int i = 0; i < (int)(sizeof algo_names / sizeof algo_names[0]); i++)
+    if (!strcmp(name, algo_names[i])) return i;
+  return -1;
+}
+
+const char *brg__algo_name(int algo) {
+  return algo >= 0 && algo < (int)(sizeof algo_names / sizeof algo_names[0]) ? algo_names[algo]
+                                                                             : "?";
+}

@@ -217,13 +217,7 @@ template <class D, int OP> struct channel {
       if (a.ring[i] == a.root) root_pos = i;
     int first = bcast ? root_pos : (root_pos + 1) % n;
     int hop = brg__chain_hop(a.pos, first, n);
-    brg__prim pr;
-    if (hop == 0)
-      pr = BRG__PRIM_SEND;
-    else if (hop < n - 1)
-      pr = bcast ? BRG__PRIM_RECV_COPY_SEND : BRG__PRIM_RECV_REDUCE_SEND;
-    else
-      pr = bcast ? BRG__PRIM_RECV : BRG__PRIM_RECV_REDUCE_COPY;
+    brg__prim pr = brg__chain_prim(hop, n, bcast);
     size_t share = brg__part_count(a.count, nch, ch), base = brg__part_offset(a.count, nch, ch);
     size_t slices = brg__slice_total(share, slot_elems);
     for (size_t sl = 0; sl < slices; sl++) {
