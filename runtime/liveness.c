@@ -172,11 +172,13 @@ static void kernels_watch(brg__live *l) {
     int peer = dir == BRG__RING_NEXT ? c->next : c->prev;
     if (sl->full && sl->s != BRG_SUCCESS) {
       stop = 1;
-      snprintf(why, sizeof why, "rank %d (pid %d on %s) is gone: %s", peer, c->peers[peer].pid,
-               c->peers[peer].hostname, sl->text);
+      snprintf(why, sizeof why, "rank %d (pid %d on %.64s) is gone: %.150s", peer,
+               c->peers[peer].pid, c->peers[peer].hostname, sl->text);
     } else if (sl->full && sl->type == BRG__MSG_ABORT) {
       stop = 1;
-      snprintf(why, sizeof why, "%.*s", (int)(sl->len > 4 ? sl->len - 4 : 0), sl->data + 4);
+      int len = (int)(sl->len > 4 ? sl->len - 4 : 0);
+      snprintf(why, sizeof why, "%.*s", len < (int)sizeof why ? len : (int)sizeof why - 1,
+               sl->data + 4);
     }
   }
   pthread_mutex_unlock(&l->lock);
