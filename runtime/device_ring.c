@@ -432,6 +432,10 @@ static brg_status kernel_drain(brg_comm *c, struct brg__dev_ring *d) {
   c->wait_peer = c->next;
   c->wait_what = "finish its device collectives";
   c->wait_start_ns = 0;
+  /* A neighbour that drained and left has taken every slot this rank's
+   * kernels posted to it and posted every slot they read: they finish
+   * without it. */
+  c->departed_ok = 1;
   for (int i = 0;; i++) {
     if (own_work_drained(d, 0)) return BRG_SUCCESS;
     brg_status s = c->waiter.check ? c->waiter.check(c->waiter.arg) : BRG_SUCCESS;

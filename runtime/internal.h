@@ -142,6 +142,7 @@ struct brg_comm {
   int wait_peer;
   brg__conn *wait_conn; /* the link the engine is blocked on */
   int departed[2];      /* neighbour (by ring direction) destroyed its communicator */
+  int departed_ok;      /* the wait does not need the neighbours (kernel mode's drain) */
   int64_t wait_start_ns;
 
   struct brg__trace *trace; /* BRIGADE_TRACE_FILE's recorder (trace.c), NULL when off */

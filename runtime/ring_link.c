@@ -85,7 +85,7 @@ static brg_status ring_check(void *arg) {
   int dir = c->wait_peer == c->next ? BRG__RING_NEXT : BRG__RING_PREV;
   /* A neighbour that left cleanly sent all it had; allow a moment for data
    * still on the wire, then say who left too early. */
-  if (c->ready && c->departed[dir] && now - c->wait_start_ns > 1000000000LL)
+  if (c->ready && !c->departed_ok && c->departed[dir] && now - c->wait_start_ns > 1000000000LL)
     return brg__comm_error(c, BRG_ERR_REMOTE,
                            "rank %d destroyed its communicator while rank %d was still waiting "
                            "for it to %s (did the ranks call different numbers of collectives?)",

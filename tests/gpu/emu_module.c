@@ -543,12 +543,21 @@ static void run_op(stream *s, const op *o) {
     break;
   case OP_WRITE_VALUE: __atomic_store_n((uint32_t *)o->d0, (uint32_t)o->n, __ATOMIC_RELEASE); break;
   case OP_CAST: run_cast(o); break;
-  case OP_RING:
+  case OP_RING: {
+    /* A launch whose abort word is already set ends at the kernel's first
+     * check (ring_kernel.cuh's run()): do just that, without making the
+     * blocks, so that thousands of launches queued behind a stopped one
+     * drain at once, as on a GPU. */
+    const brg__rk_args *ra = o->a;
+    if (__atomic_load_n(ra->abort_word, __ATOMIC_ACQUIRE))
+      __atomic_store_n(ra->status, BRG__RK_ABORTED, __ATOMIC_RELEASE);
 #ifndef BRG_EMU_NO_KERNEL_MODE
-    brg__emu_ring_run((const brg__rk_args *)o->a, o->div, o->rop);
+    else
+      brg__emu_ring_run(ra, o->div, o->rop);
 #endif
     free((void *)o->a);
     break;
+  }
   case OP_BUSY: {
     struct timespec ts = {(time_t)(o->n / 1000000), (long)(o->n % 1000000) * 1000};
     nanosleep(&ts, NULL);
