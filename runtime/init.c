@@ -168,22 +168,15 @@ static int auto_rings(const brg_comm *c, const int *host, int nhosts, int per) {
   return fewest;
 }
 
-/* Each ring's order, in this communicator's ranks, for BRIGADE_DEBUG=INFO. */
-static void log_rings(const brg_comm *c, const int *host, const int *local, int per, int rings) {
+/* Each ring's order as its communicator runs it (the same ranks as this
+ * one's), for BRIGADE_DEBUG=INFO. */
+static void log_rings(const brg_comm *c) {
   if (!brg__log_enabled(BRG__LOG_INFO, "init")) return;
-  int n = c->nranks;
-  int *order = calloc((size_t)n, sizeof *order);
-  if (!order) return;
-  for (int r = 0; r < rings; r++) {
-    for (int i = 0; i < n; i++) order[host[i] * per + (local[i] - r % per + per) % per] = i;
+  for (int r = 0; r < c->nrings; r++) {
     char line[1024];
-    size_t o = 0;
-    for (int p = 0; p < n && o + 32 < sizeof line; p++)
-      o += (size_t)snprintf(line + o, sizeof line - o, "%s%d",
-                            p == 0 ? "" : (p % per == 0 ? " | " : " "), order[p]);
-    BRG__INFO("init", "ring %d of %d (| separates hosts): %s", r, rings, line);
+    brg__topology_ring_line(r == 0 ? c : c->rings[r], line, sizeof line);
+    BRG__INFO("init", "ring %d of %d (| separates hosts): %s", r, c->nrings, line);
   }
-  free(order);
 }
 
 static brg_status rings_setup(brg_comm *c, char *why, size_t cap) {
@@ -229,7 +222,7 @@ static brg_status rings_setup(brg_comm *c, char *why, size_t cap) {
   }
   if (s == BRG_SUCCESS && rings > 1) {
     c->nrings = rings;
-    log_rings(c, host, local, per, rings);
+    log_rings(c);
     BRG__INFO("init",
               "%d rings (%s), %d host(s) x %d ranks: ring r leaves each host from its local "
               "rank r-1 (ring 0: the last); an allreduce of at least %d x %zu bytes is cut over "

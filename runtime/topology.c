@@ -51,15 +51,20 @@ static int cmp_host_then_rank(const void *a, const void *b, void *arg) {
   return x - y;
 }
 
+void brg__topology_ring_line(const brg_comm *c, char *line, size_t cap) {
+  size_t o = 0;
+  line[0] = 0;
+  for (int i = 0; i < c->nranks && o + 32 < cap; i++) {
+    int r = c->ring[i];
+    int boundary = i > 0 && c->peers[r].host_hash != c->peers[c->ring[i - 1]].host_hash;
+    o += (size_t)snprintf(line + o, cap - o, "%s%d", boundary ? " | " : (i ? " " : ""), r);
+  }
+}
+
 static void log_ring(brg_comm *c) {
   if (!brg__log_enabled(BRG__LOG_INFO, "init")) return;
   char line[1024];
-  size_t o = 0;
-  for (int i = 0; i < c->nranks && o + 32 < sizeof line; i++) {
-    int r = c->ring[i];
-    int boundary = i > 0 && c->peers[r].host_hash != c->peers[c->ring[i - 1]].host_hash;
-    o += (size_t)snprintf(line + o, sizeof line - o, "%s%d", boundary ? " | " : (i ? " " : ""), r);
-  }
+  brg__topology_ring_line(c, line, sizeof line);
   BRG__INFO("init", "ring order (| separates hosts): %s", line);
 }
 
