@@ -242,20 +242,15 @@ static ncclResult_t init_now(struct ncclComm *comm, int nranks, const ncclUnique
   if (s != BRG_SUCCESS) return check(NULL, s, "ncclCommInitRank");
   comm->rank = rank;
   comm->nranks = nranks;
-  /* The device ring, now: every rank is here, and no later call (maybe in a
-   * group driving several communicators from one thread) waits for it. */
-  void *one = NULL;
-  if (nranks > 1 && api->mem_alloc(&one, 8) == 0) {
-    api->mem_set(one, 0, 8);
-    s = brg_allreduce(one, one, 1, BRG_FLOAT32, BRG_SUM, comm->c, NULL);
-    api->stream_sync(NULL);
-    api->mem_free(one);
-    if (s != BRG_SUCCESS) {
-      ncclResult_t r = check(comm, s, "ncclCommInitRank (building the device ring)");
-      brg_comm_destroy(comm->c);
-      comm->c = NULL;
-      return r;
-    }
+  /* The device ring, now: every rank is here, no later call (maybe in a
+   * group driving several communicators from one thread) waits for it, and
+   * the first collective may be captured in a CUDA graph. */
+  s = brg_comm_device_setup(comm->c, comm->device);
+  if (s != BRG_SUCCESS) {
+    ncclResult_t r = check(comm, s, "ncclCommInitRank (building the device ring)");
+    brg_comm_destroy(comm->c);
+    comm->c = NULL;
+    return r;
   }
   return ncclSuccess;
 }

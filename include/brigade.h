@@ -155,6 +155,27 @@ brg_status brg_reduce(const void *sendbuf, void *recvbuf, size_t count, brg_dtyp
 brg_status brg_barrier(brg_comm *comm);
 
 /*
+ * Device collectives and CUDA graphs.
+ *
+ * A device collective (buffers in GPU memory) sets up the communicator's
+ * device path the first time one runs: GPU memory, IPC mappings with the
+ * ring neighbours, the choice of kernel or step mode. Every rank does it
+ * at the same call, as a collective. brg_comm_device_setup does only that,
+ * for GPU `device` (-1: the calling thread's current device), on every
+ * rank; BRG_SUCCESS at once when it ran already.
+ *
+ * In kernel mode a device collective issued on a stream that is capturing
+ * a CUDA graph is captured: each launch of the graph runs it again on what
+ * the buffers then hold, every rank launching its graphs in the same
+ * order, with its other device collectives, as it would issue the calls.
+ * The setup cannot run during a capture (it allocates): a captured call
+ * before it, or one in step mode, fails with BRG_ERR_INVALID_USAGE and
+ * changes nothing. Graphs must finish (synchronize their streams) before
+ * brg_comm_destroy, and must not be launched after it.
+ */
+brg_status brg_comm_device_setup(brg_comm *comm, int device);
+
+/*
  * Non-blocking host collectives.
  *
  * The request is caller-owned storage (embed it in your own struct; brigade

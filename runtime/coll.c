@@ -33,6 +33,7 @@ static brg_status check_call(brg_comm *c, const char *fn, const void *sendbuf, c
   s = brg__device_classify(c, fn, sendbuf, recvbuf, stream, &k->device, &k->gpu);
   if (s != BRG_SUCCESS) return s;
   k->stream = stream;
+  if (k->device && (s = brg__device_capture_check(c, fn, k)) != BRG_SUCCESS) return s;
   if (send_elems && recv_elems && sendbuf != recvbuf) {
     const char *a = sendbuf, *b = recvbuf;
     size_t sa = send_elems * esize, sb = recv_elems * esize;
@@ -284,6 +285,21 @@ brg_status brg_barrier(brg_comm *comm) {
   brg__coll k;
   brg_status s = prep_barrier("brg_barrier", comm, &k);
   return s != BRG_SUCCESS ? s : brg__progress_run(comm, &k);
+}
+
+brg_status brg_comm_device_setup(brg_comm *comm, int device) {
+  const char *fn = "brg_comm_device_setup";
+  brg_status s = brg__check_comm(comm, fn);
+  if (s != BRG_SUCCESS) return s;
+  brg__coll k = COLL(BRG__COLL_BARRIER, NULL, NULL, 0, BRG_INT8, BRG_SUM, -1);
+  if ((s = brg__device_choose(comm, fn, device, &k.gpu)) != BRG_SUCCESS) return s;
+  if (comm->nranks == 1 || __atomic_load_n(&comm->dev, __ATOMIC_ACQUIRE)) return BRG_SUCCESS;
+  if (__atomic_load_n(&comm->aborted, __ATOMIC_ACQUIRE))
+    return brg__comm_error(comm, BRG_ERR_ABORTED, "%s: communicator was aborted", fn);
+  if ((s = __atomic_load_n(&comm->broken, __ATOMIC_ACQUIRE)) != BRG_SUCCESS) return s;
+  k.device = 1;
+  k.setup_only = 1;
+  return brg__progress_run(comm, &k);
 }
 
 /* ---- non-blocking forms ---- */

@@ -122,6 +122,37 @@ static int driver_loaded(brg_comm *c) {
   return 1;
 }
 
+/* The communicator's GPU is the first one a device collective used. */
+static brg_status claim_gpu(brg_comm *c, const char *fn, int d, const char *whose) {
+  int expect = -1;
+  if (!__atomic_compare_exchange_n(&c->gpu, &expect, d, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE) &&
+      expect != d)
+    return brg__comm_error(c, BRG_ERR_INVALID_USAGE,
+                           "%s: this communicator runs its device collectives on GPU %d, but %s "
+                           "is on GPU %d: use one communicator per GPU",
+                           fn, expect, whose, d);
+  return BRG_SUCCESS;
+}
+
+brg_status brg__device_choose(brg_comm *c, const char *fn, int device, int *gpu) {
+  const char *why = "";
+  const brg__cuda_api *api = brg__device_api(&why);
+  if (!api)
+    return brg__comm_error(c, BRG_ERR_UNAVAILABLE, "%s: device collectives are unavailable: %s", fn,
+                           why);
+  int n = api->probe(NULL, 0);
+  if (device < 0 && api->get_device(&device) != 0) device = 0;
+  if (device >= n)
+    return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT, "%s: device %d is not in [0, %d)", fn,
+                           device, n);
+  __atomic_store_n(&c->cuda_seen, 1, __ATOMIC_RELAXED);
+  char whose[32];
+  snprintf(whose, sizeof whose, "device %d", device);
+  brg_status s = claim_gpu(c, fn, device, whose);
+  if (s == BRG_SUCCESS) *gpu = device;
+  return s;
+}
+
 brg_status brg__device_classify(brg_comm *c, const char *fn, const void *sendbuf,
                                 const void *recvbuf, brg_stream stream, int *device, int *gpu) {
   *device = 0;
@@ -171,15 +202,12 @@ brg_status brg__device_classify(brg_comm *c, const char *fn, const void *sendbuf
                            fn, sendbuf, dev[0], recvbuf, dev[1]);
   int d = ngpu ? (on_gpu[0] ? dev[0] : dev[1]) : -1;
   if (d < 0 && api->get_device(&d) != 0) d = 0; /* no buffer: the current device */
-  int expect = -1;
-  if (!__atomic_compare_exchange_n(&c->gpu, &expect, d, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE) &&
-      expect != d)
-    return brg__comm_error(c, BRG_ERR_INVALID_USAGE,
-                           "%s: this communicator runs its device collectives on GPU %d, but "
-                           "%s %p is on GPU %d: use one communicator per GPU",
-                           fn, expect,
-                           ngpu ? (on_gpu[0] ? "sendbuf" : "recvbuf") : "the current device",
-                           ngpu ? (on_gpu[0] ? sendbuf : recvbuf) : NULL, d);
+  char whose[64] = "the current device";
+  if (ngpu)
+    snprintf(whose, sizeof whose, "%s %p", on_gpu[0] ? "sendbuf" : "recvbuf",
+             on_gpu[0] ? sendbuf : recvbuf);
+  brg_status s = claim_gpu(c, fn, d, whose);
+  if (s != BRG_SUCCESS) return s;
   *device = 1;
   *gpu = d;
   return BRG_SUCCESS;

@@ -34,6 +34,9 @@ brg_status brg__device_classify(brg_comm *c, const char *fn, const void *sendbuf
 
 /* Makes `gpu` the calling thread's current device, keeping the one it
  * replaces in *prev (restore it with brg__device_leave). */
+/* brg_comm_device_setup's device (-1: the current one), checked and made
+ * the communicator's GPU. */
+brg_status brg__device_choose(brg_comm *c, const char *fn, int device, int *gpu);
 brg_status brg__device_enter(brg_comm *c, int gpu, int *prev);
 void brg__device_leave(int prev);
 
@@ -83,6 +86,10 @@ void brg__device_async_end(brg_comm *c, brg__coll *k, brg_status s);
  * returns at once). brg__device_abort makes this rank's kernels stop at
  * their next wait (any thread). */
 int brg__device_kernel_mode(const struct brg__dev_ring *d);
+/* A device collective issued on a stream that is capturing a CUDA graph:
+ * allowed in kernel mode once the device setup ran (k->captured set), else
+ * BRG_ERR_INVALID_USAGE saying how to fix it; nothing else changes. */
+brg_status brg__device_capture_check(brg_comm *c, const char *fn, brg__coll *k);
 brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k);
 void brg__device_abort(brg_comm *c);
 /* One rank: recvbuf = sendbuf, on the stream. */

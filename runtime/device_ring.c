@@ -135,7 +135,8 @@ struct brg__dev_ring {
   int *kring;                     /* position -> rank, GPU memory */
   int *kwords;                    /* a pinned page: [0] abort, [16] status */
   int *kwords_dev;
-  void *kdone_ev; /* recorded after each launch */
+  void *kdone_ev;     /* recorded after each launch outside a graph capture */
+  char step_why[160]; /* why collectives run in step mode, for a captured call */
 };
 
 #define KCTRL 256       /* per channel: tail at 0, head at 64, counters at 128 */
@@ -1019,6 +1020,10 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
                         "them in kernel mode: %s",
                         kwho, kwhy);
   d->kernel = s == BRG_SUCCESS && !kwhy;
+  snprintf(d->step_why, sizeof d->step_why, "%s",
+           d->kmode_req == 2 ? "BRIGADE_DEVICE_MODE=step"
+           : kwhy            ? kwhy
+                             : "");
   if (d->kernel) s = setup_kernel_links(c, d, mine, &all[c->next], &all[c->prev]);
   if (s == BRG_SUCCESS && !d->kernel) s = setup_links(c, d, mine, &all[c->next], &all[c->prev]);
   if (s == BRG_SUCCESS && d->kernel) {
@@ -1331,6 +1336,32 @@ static brg_status kernel_stopped(brg_comm *c, struct brg__dev_ring *d) {
                          c->rank, why);
 }
 
+brg_status brg__device_capture_check(brg_comm *c, const char *fn, brg__coll *k) {
+  const brg__cuda_api *api = brg__device_api(NULL);
+  int capturing = 0;
+  if (api->stream_capturing(k->stream, &capturing) != 0 || !capturing) {
+    api->last_error(); /* a query that failed leaves no error behind */
+    return BRG_SUCCESS;
+  }
+  struct brg__dev_ring *d = __atomic_load_n(&c->dev, __ATOMIC_ACQUIRE);
+  if (c->nranks > 1 && !d)
+    return brg__comm_error(c, BRG_ERR_INVALID_USAGE,
+                           "%s: stream %p is capturing a CUDA graph, but this communicator has "
+                           "not set up its device collectives yet (GPU memory and IPC with its "
+                           "neighbours, which cannot be made during a capture): call "
+                           "brg_comm_device_setup(comm, %d) on every rank before capturing, or "
+                           "run one device collective outside the capture first",
+                           fn, k->stream, k->gpu);
+  if (c->nranks > 1 && d && !d->kernel)
+    return brg__comm_error(c, BRG_ERR_INVALID_USAGE,
+                           "%s: stream %p is capturing a CUDA graph, but this communicator runs "
+                           "its device collectives in step mode (%s), driven slice by slice from "
+                           "the host, which a graph cannot hold: capture needs kernel mode",
+                           fn, k->stream, d->step_why);
+  k->captured = 1;
+  return BRG_SUCCESS;
+}
+
 brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k) {
   struct brg__dev_ring *d = c->dev;
   const brg__cuda_api *api = d->api;
@@ -1367,7 +1398,10 @@ brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k) {
     l->counters = (uint64_t *)(own + 128);
   }
   int e = api->ring_launch(&a, sizeof a, d->kchannels, 512, k->stream);
-  if (!e) e = api->event_record(d->kdone_ev, k->stream);
+  /* An event recorded into a capture cannot be waited for outside it: the
+   * drain at destroy waits for the launches made outside graphs, and the
+   * caller for its graphs' launches. */
+  if (!e && !k->captured) e = api->event_record(d->kdone_ev, k->stream);
   d->last_stream = k->stream;
   return e ? cuda_fail(c, api, e, "launching the kernel-mode collective") : BRG_SUCCESS;
 }

@@ -48,6 +48,8 @@ typedef struct brg__coll {
   int async;
   uint32_t ticket;
   void *start_ev;
+  int captured;   /* issued on a stream capturing a CUDA graph (kernel mode) */
+  int setup_only; /* brg_comm_device_setup: the device setup, no collective */
 } brg__coll;
 
 /* A point-to-point operation on a request (p2p.c): a receive waiting in

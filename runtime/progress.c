@@ -187,7 +187,7 @@ static brg_status run_one(brg_comm *c, brg__coll *k) {
     ran = 1;
     if (k->device && c->nranks > 1 && !c->dev) s = device_setup(c);
     if (s == BRG_SUCCESS && k->async) s = brg__device_async_start(c, k);
-    if (s == BRG_SUCCESS)
+    if (s == BRG_SUCCESS && !k->setup_only)
       s = k->hier ? hier_run(c, k) : on_rings(c, k) ? run_rings(c, k) : brg__coll_execute(c, k);
   }
   if (k->async) brg__device_async_end(c, k, s);
@@ -310,7 +310,7 @@ static brg_status run_async(brg_comm *c, brg__coll *k) {
 /* A blocking call runs on the caller's thread when nothing is queued ahead
  * of it (no hand-off latency), otherwise it queues behind and waits. */
 brg_status brg__progress_run(brg_comm *c, brg__coll *k) {
-  if (k->device && c->nranks > 1 &&
+  if (k->device && c->nranks > 1 && !k->setup_only &&
       brg__device_ring_async(__atomic_load_n(&c->dev, __ATOMIC_ACQUIRE)))
     return run_async(c, k);
   pthread_mutex_lock(&c->qlock);

@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 /* Raised whenever the table changes shape; the loader refuses other values. */
-#define BRG__CUDA_ABI 8
+#define BRG__CUDA_ABI 9
 
 /* Name of the one symbol the module exports. */
 #define BRG__CUDA_ENTRY "brg__cuda_module_api"
@@ -166,6 +166,23 @@ typedef struct brg__cuda_api {
    * args is a brg__rk_args (ring_args.h) of args_bytes bytes, copied at
    * the launch. */
   int (*ring_launch)(const void *args, size_t args_bytes, int channels, int threads, void *stream);
+
+  /*
+   * CUDA graphs. stream_capturing sets *capturing to 1 while `stream` is
+   * capturing (cudaStreamIsCapturing), else 0. The other four are for
+   * tests and tools: capture_begin starts capturing `stream`, in global
+   * mode (no thread of the process may make a potentially unsafe call,
+   * such as an allocation, meanwhile: torch's default) or, with global 0,
+   * in thread-local mode (only the capturing thread may not);
+   * capture_end ends it and instantiates what was captured as an
+   * executable graph; graph_launch runs one on a stream; graph_destroy
+   * frees it.
+   */
+  int (*stream_capturing)(void *stream, int *capturing);
+  int (*capture_begin)(void *stream, int global);
+  int (*capture_end)(void *stream, void **graph);
+  int (*graph_launch)(void *graph, void *stream);
+  int (*graph_destroy)(void *graph);
 } brg__cuda_api;
 
 #define BRG__CUDA_IPC_HANDLE_BYTES 64

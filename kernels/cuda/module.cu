@@ -309,6 +309,34 @@ int flush_rdma_writes(void) {
                                             cudaFlushGPUDirectRDMAWritesToOwner);
 }
 
+int stream_capturing(void *stream, int *capturing) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  cudaError_t e = cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &st);
+  *capturing = e == cudaSuccess && st != cudaStreamCaptureStatusNone;
+  return e;
+}
+int capture_begin(void *stream, int global) {
+  return cudaStreamBeginCapture(static_cast<cudaStream_t>(stream),
+                                global ? cudaStreamCaptureModeGlobal
+                                       : cudaStreamCaptureModeThreadLocal);
+}
+int capture_end(void *stream, void **graph) {
+  cudaGraph_t g = NULL;
+  cudaGraphExec_t x = NULL;
+  cudaError_t e = cudaStreamEndCapture(static_cast<cudaStream_t>(stream), &g);
+  if (e != cudaSuccess) return e;
+  e = cudaGraphInstantiate(&x, g, 0);
+  cudaGraphDestroy(g);
+  if (e == cudaSuccess) *graph = x;
+  return e;
+}
+int graph_launch(void *graph, void *stream) {
+  return cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph), static_cast<cudaStream_t>(stream));
+}
+int graph_destroy(void *graph) {
+  return cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph));
+}
+
 const brg__cuda_api api = {
     .abi = BRG__CUDA_ABI,
     .probe = probe,
@@ -354,6 +382,11 @@ const brg__cuda_api api = {
     .cast = brg__cuda_cast,
     .busy = brg__cuda_busy,
     .ring_launch = brg__cuda_ring_launch,
+    .stream_capturing = stream_capturing,
+    .capture_begin = capture_begin,
+    .capture_end = capture_end,
+    .graph_launch = graph_launch,
+    .graph_destroy = graph_destroy,
 };
 
 } // namespace

@@ -37,6 +37,15 @@
  *    launch) unless a flush was made since the last kernel that read it.
  *  - Stream memory operations wait for and write 32-bit words of
  *    registered host memory, in stream order.
+ *  - CUDA graphs: a capturing stream records its work instead of running
+ *    it, and a launched graph queues that work again. Capture fails the
+ *    way CUDA's does: the legacy stream cannot capture; synchronizing a
+ *    capturing stream, or waiting in it for work recorded outside the
+ *    capture, fails and invalidates the capture; allocating, mapping,
+ *    registering, freeing and synchronous copies fail while a capture in
+ *    global mode runs in any thread (or one in thread-local mode in this
+ *    thread), and invalidate it; an event last recorded in a capture
+ *    cannot be queried, synchronized or waited for outside one.
  *
  * Error codes are small integers; error_string() names them.
  */
@@ -78,7 +87,13 @@ enum {
   E_DEVICE,
   E_PEER_UNSUPPORTED,
   E_UNFLUSHED,
-  E_NO_KERNEL_MODE
+  E_NO_KERNEL_MODE,
+  E_CAPTURE_UNSUPPORTED,
+  E_CAPTURE_INVALIDATED,
+  E_CAPTURE_ISOLATION,
+  E_CAPTURED_EVENT,
+  E_CAPTURE_WRONG_THREAD,
+  E_ILLEGAL_STATE
 };
 
 static const char *error_string(int e) {
@@ -102,6 +117,20 @@ static const char *error_string(int e) {
   case E_UNFLUSHED:
     return "a kernel read GPUDirect RDMA memory with no flush since the last read (emulated GPU: "
            "a GPU may show it stale data)";
+  case E_CAPTURE_UNSUPPORTED:
+    return "operation not permitted when stream is capturing (emulated GPU)";
+  case E_CAPTURE_INVALIDATED:
+    return "operation failed due to a previous error during capture (emulated GPU)";
+  case E_CAPTURE_ISOLATION:
+    return "operation would make the legacy stream depend on a capturing blocking stream, or a "
+           "capture depend on work outside it (emulated GPU)";
+  case E_CAPTURED_EVENT:
+    return "operation not permitted on an event last recorded in a capturing stream (emulated "
+           "GPU)";
+  case E_CAPTURE_WRONG_THREAD:
+    return "a capture sequence not begun in relaxed mode was ended in another thread (emulated "
+           "GPU)";
+  case E_ILLEGAL_STATE: return "operation not valid in the stream's current state (emulated GPU)";
   default: return "system call failed (emulated GPU)";
   }
 }
@@ -147,6 +176,10 @@ static int enable_peer_access(int peer) {
   __atomic_store_n(&peer_on[cur_dev][peer], 1, __ATOMIC_RELEASE);
   return E_OK;
 }
+
+/* Graph capture (below): a potentially unsafe call while a capture
+ * forbids it fails and invalidates that capture. */
+static int capture_forbids(void);
 
 /* ---- memory the module handed out ---- */
 
@@ -239,6 +272,8 @@ static int map_handle(const void *h, char **p, size_t *bytes, int *dev) {
 }
 
 static int mem_alloc(void **p, size_t bytes) {
+  int e = capture_forbids();
+  if (e) return e;
   void *m =
       mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (m == MAP_FAILED) return E_ALLOC;
@@ -253,6 +288,8 @@ static int mem_alloc(void **p, size_t bytes) {
 static int mem_free(void *p) {
   region r;
   if (!p) return E_OK;
+  int e = capture_forbids();
+  if (e) return e;
   if (!find_region(p, &r, 1) || r.p != p || r.mapped) return E_ARG;
   munmap(r.p, r.bytes ? r.bytes : 1);
   if (r.fd >= 0) close(r.fd);
@@ -262,7 +299,8 @@ static int mem_free(void *p) {
 static int ipc_mem_export(void **p, size_t bytes, void *h) {
   int fd;
   char *m;
-  int e = map_new(bytes, &fd, &m);
+  int e = capture_forbids();
+  if (!e) e = map_new(bytes, &fd, &m);
   if (e) return e;
   if ((e = add_region(m, bytes, fd, 0, cur_dev)) != 0) {
     munmap(m, bytes ? bytes : 1);
@@ -282,7 +320,8 @@ static int ipc_mem_open(void **p, const void *h) {
   char *m;
   size_t bytes;
   int dev = 0;
-  int e = map_handle(h, &m, &bytes, &dev);
+  int e = capture_forbids();
+  if (!e) e = map_handle(h, &m, &bytes, &dev);
   if (e) return e;
   if (dev != cur_dev) {
     if (no_peer || dev < 0 || dev >= devices()) {
@@ -301,6 +340,8 @@ static int ipc_mem_open(void **p, const void *h) {
 
 static int ipc_mem_close(void *p) {
   region r;
+  int e = capture_forbids();
+  if (e) return e;
   if (!find_region(p, &r, 1) || r.p != p || !r.mapped) return E_ARG;
   munmap(r.p, r.bytes ? r.bytes : 1);
   return E_OK;
@@ -378,8 +419,9 @@ typedef struct ev_shared {
 
 typedef struct event {
   ev_shared *s;
-  int fd;  /* owner: the memfd; -1 for an opened one */
-  int dev; /* the device current when it was made or opened */
+  int fd;       /* owner: the memfd; -1 for an opened one */
+  int dev;      /* the device current when it was made or opened */
+  int captured; /* its last record was made into a capturing stream */
 } event;
 
 static int ipc_event_export(void **out, void *h) {
@@ -631,9 +673,17 @@ static int launch_check(void *st, const void *d0, const void *d1, const void *a,
   return E_OK;
 }
 
+/* Graph capture (below): op recorded into s's capture, or -1 when s is not
+ * capturing. */
+static int capture_record(stream *s, const op *o);
+static int capturing(stream *s);
+static void capture_invalidate(stream *s);
+
 static int enqueue(void *st, const op *o) {
   stream *s = get_stream(st);
   if (!s) return E_ALLOC;
+  int e = capture_record(s, o);
+  if (e >= 0) return e;
   pthread_mutex_lock(&s->mu);
   if (s->tail - s->head == s->cap) {
     size_t cap = 2 * s->cap;
@@ -657,6 +707,10 @@ static int enqueue(void *st, const op *o) {
 static int stream_sync(void *st) {
   stream *s = get_stream(st);
   if (!s) return E_ALLOC;
+  if (capturing(s)) {
+    capture_invalidate(s);
+    return E_CAPTURE_UNSUPPORTED;
+  }
   pthread_mutex_lock(&s->mu);
   while (s->head != s->tail || s->busy) pthread_cond_wait(&s->cv, &s->mu);
   pthread_mutex_unlock(&s->mu);
@@ -735,6 +789,10 @@ static int event_record(void *p, void *st) {
   stream *s = get_stream(st);
   if (!s) return E_ALLOC;
   if (s->dev != ev->dev) return E_RESOURCE;
+  /* Recorded in a capture: a node of the graph, for other captured work
+   * to wait on; nothing runs now. */
+  ev->captured = capturing(s);
+  if (ev->captured) return E_OK;
   uint64_t t = __atomic_add_fetch(&ev->s->issued, 1, __ATOMIC_ACQ_REL);
   op o = {.kind = OP_RECORD, .ev = ev->s, .ticket = t};
   return enqueue(st, &o);
@@ -742,8 +800,16 @@ static int event_record(void *p, void *st) {
 
 static int stream_wait_event(void *st, void *p) {
   event *ev = p;
+  stream *s = get_stream(st);
+  if (!s) return E_ALLOC;
+  int cap = capturing(s);
+  if (ev->captured) return cap ? E_OK : E_CAPTURED_EVENT; /* within the capture: ordered */
   uint64_t t = __atomic_load_n(&ev->s->issued, __ATOMIC_ACQUIRE);
   if (t == 0) return E_OK;
+  if (cap) { /* a graph cannot wait for work outside it */
+    capture_invalidate(s);
+    return E_CAPTURE_ISOLATION;
+  }
   op o = {.kind = OP_WAIT, .ev = ev->s, .ticket = t};
   return enqueue(st, &o);
 }
@@ -751,11 +817,13 @@ static int stream_wait_event(void *st, void *p) {
 /* 0 when the event's last record has run, -1 while it has not. */
 static int event_query(void *p) {
   event *ev = p;
+  if (ev->captured) return E_CAPTURED_EVENT;
   return ticket_done(ev->s, __atomic_load_n(&ev->s->issued, __ATOMIC_ACQUIRE)) ? E_OK : -1;
 }
 
 static int event_sync(void *p) {
   event *ev = p;
+  if (ev->captured) return E_CAPTURED_EVENT;
   wait_completed(ev->s, __atomic_load_n(&ev->s->issued, __ATOMIC_ACQUIRE));
   return E_OK;
 }
@@ -799,7 +867,8 @@ static int event_elapsed_ms(float *ms, void *a, void *b) {
 
 /* Registered host memory keeps its address for kernels of every device. */
 static int host_register(void *p, size_t bytes, void **dev) {
-  int e = add_region(p, bytes, -1, 0, -1);
+  int e = capture_forbids();
+  if (!e) e = add_region(p, bytes, -1, 0, -1);
   if (e) return e;
   *dev = p;
   return E_OK;
@@ -807,6 +876,8 @@ static int host_register(void *p, size_t bytes, void **dev) {
 
 static int host_unregister(void *p) {
   region r;
+  int e = capture_forbids();
+  if (e) return e;
   if (!find_region(p, &r, 1) || r.p != p || r.dev >= 0) return E_ARG;
   return E_OK;
 }
@@ -820,6 +891,180 @@ static int dmabuf_export(void *p, size_t bytes, int *fd, unsigned long long *off
   *fd = d;
   *offset = (unsigned long long)((char *)p - r.p);
   mark_rdma(p);
+  return E_OK;
+}
+
+/* ---- CUDA graphs ---- */
+
+/* A captured graph: the ops its stream recorded, queued again, in order,
+ * at each launch. It owns the kernel-mode arguments of its OP_RING ops. */
+typedef struct graph {
+  int dev;
+  op *ops;
+  size_t n, cap;
+} graph;
+
+#define MAX_CAPTURES 64
+
+/* The captures in progress. */
+static struct capture {
+  stream *s;
+  int global; /* global mode, else thread-local */
+  pthread_t thread;
+  int invalid; /* an error during capture: capture_end fails */
+  graph *g;
+} captures[MAX_CAPTURES];
+static int ncaptures; /* under cap_lock; read unlocked as a hint */
+static pthread_mutex_t cap_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static struct capture *find_capture(const stream *s) {
+  for (int i = 0; i < ncaptures; i++)
+    if (captures[i].s == s) return &captures[i];
+  return NULL;
+}
+
+static int capturing(stream *s) {
+  if (!__atomic_load_n(&ncaptures, __ATOMIC_ACQUIRE)) return 0;
+  pthread_mutex_lock(&cap_lock);
+  int yes = find_capture(s) != NULL;
+  pthread_mutex_unlock(&cap_lock);
+  return yes;
+}
+
+static void capture_invalidate(stream *s) {
+  pthread_mutex_lock(&cap_lock);
+  struct capture *c = find_capture(s);
+  if (c) c->invalid = 1;
+  pthread_mutex_unlock(&cap_lock);
+}
+
+static int capture_forbids(void) {
+  if (!__atomic_load_n(&ncaptures, __ATOMIC_ACQUIRE)) return E_OK;
+  int e = E_OK;
+  pthread_mutex_lock(&cap_lock);
+  for (int i = 0; i < ncaptures; i++)
+    if (captures[i].global || pthread_equal(captures[i].thread, pthread_self())) {
+      captures[i].invalid = 1;
+      e = E_CAPTURE_UNSUPPORTED;
+    }
+  pthread_mutex_unlock(&cap_lock);
+  return e;
+}
+
+static void graph_free(graph *g) {
+  if (!g) return;
+  for (size_t i = 0; i < g->n; i++)
+    if (g->ops[i].kind == OP_RING) free((void *)g->ops[i].a);
+  free(g->ops);
+  free(g);
+}
+
+static int capture_record(stream *s, const op *o) {
+  if (!__atomic_load_n(&ncaptures, __ATOMIC_ACQUIRE)) return -1;
+  pthread_mutex_lock(&cap_lock);
+  struct capture *c = find_capture(s);
+  int e = -1;
+  if (c) {
+    graph *g = c->g;
+    e = E_OK;
+    if (g->n == g->cap) {
+      size_t cap = g->cap ? 2 * g->cap : 16;
+      op *ops = realloc(g->ops, cap * sizeof *ops);
+      if (ops) {
+        g->ops = ops;
+        g->cap = cap;
+      }
+    }
+    if (g->n < g->cap)
+      g->ops[g->n++] = *o;
+    else
+      e = E_ALLOC;
+  }
+  pthread_mutex_unlock(&cap_lock);
+  return e;
+}
+
+static int stream_capturing(void *st, int *yes) {
+  stream *s = get_stream(st);
+  if (!s) return E_ALLOC;
+  *yes = capturing(s);
+  return E_OK;
+}
+
+static int capture_begin(void *st, int global) {
+  if (!st) return E_CAPTURE_UNSUPPORTED; /* the legacy stream cannot capture */
+  stream *s = st;
+  if (s->dev != cur_dev) return E_RESOURCE;
+  graph *g = calloc(1, sizeof *g);
+  if (!g) return E_ALLOC;
+  g->dev = s->dev;
+  int e = E_OK;
+  pthread_mutex_lock(&cap_lock);
+  if (find_capture(s))
+    e = E_ILLEGAL_STATE;
+  else if (ncaptures == MAX_CAPTURES)
+    e = E_ALLOC;
+  else
+    captures[ncaptures] = (struct capture){s, global, pthread_self(), 0, g};
+  if (!e) __atomic_store_n(&ncaptures, ncaptures + 1, __ATOMIC_RELEASE);
+  pthread_mutex_unlock(&cap_lock);
+  if (e) free(g);
+  return e;
+}
+
+static int capture_end(void *st, void **out) {
+  stream *s = get_stream(st);
+  if (!s) return E_ALLOC;
+  pthread_mutex_lock(&cap_lock);
+  struct capture *c = find_capture(s);
+  if (!c) {
+    pthread_mutex_unlock(&cap_lock);
+    return E_ILLEGAL_STATE;
+  }
+  if (!pthread_equal(c->thread, pthread_self())) {
+    pthread_mutex_unlock(&cap_lock);
+    return E_CAPTURE_WRONG_THREAD;
+  }
+  struct capture done = *c;
+  *c = captures[ncaptures - 1];
+  __atomic_store_n(&ncaptures, ncaptures - 1, __ATOMIC_RELEASE);
+  pthread_mutex_unlock(&cap_lock);
+  if (done.invalid) {
+    graph_free(done.g);
+    return E_CAPTURE_INVALIDATED;
+  }
+  *out = done.g;
+  return E_OK;
+}
+
+/* Queues the graph's work on the stream, as it was captured; a kernel-mode
+ * launch gets its own copy of its arguments, as each launch of a CUDA
+ * graph passes the captured ones. */
+static int graph_launch(void *p, void *st) {
+  graph *g = p;
+  stream *s = get_stream(st);
+  if (!g || !s) return E_ARG;
+  if (s->dev != cur_dev || s->dev != g->dev) return E_RESOURCE;
+  if (capturing(s)) return E_CAPTURE_UNSUPPORTED;
+  for (size_t i = 0; i < g->n; i++) {
+    op o = g->ops[i];
+    if (o.kind == OP_RING) {
+      void *a = malloc(sizeof(brg__rk_args));
+      if (!a) return E_ALLOC;
+      memcpy(a, o.a, sizeof(brg__rk_args));
+      o.a = a;
+    }
+    int e = enqueue(s, &o);
+    if (e) {
+      if (o.kind == OP_RING) free((void *)o.a);
+      return e;
+    }
+  }
+  return E_OK;
+}
+
+static int graph_destroy(void *p) {
+  graph_free(p);
   return E_OK;
 }
 
@@ -847,12 +1092,16 @@ static void describe(char *out, size_t n) {
 
 /* Synchronous copies run behind the default stream's work, as CUDA's do. */
 static int mem_copy(void *dst, const void *src, size_t bytes) {
+  int e = capture_forbids();
+  if (e) return e;
   stream_sync(NULL);
   memmove(dst, src, bytes);
   return E_OK;
 }
 
 static int mem_set(void *p, int value, size_t bytes) {
+  int e = capture_forbids();
+  if (e) return e;
   stream_sync(NULL);
   memset(p, value, bytes);
   return E_OK;
@@ -943,6 +1192,11 @@ static const brg__cuda_api api = {
     .cast = cast,
     .busy = busy,
     .ring_launch = ring_launch,
+    .stream_capturing = stream_capturing,
+    .capture_begin = capture_begin,
+    .capture_end = capture_end,
+    .graph_launch = graph_launch,
+    .graph_destroy = graph_destroy,
 };
 
 EXPORT const brg__cuda_api *brg__cuda_module_api(void) {

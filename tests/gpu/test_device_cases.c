@@ -14,6 +14,14 @@
  *            runs) the other ranks join a second late: rank 0's calls
  *            return at once all the same, its stream waits for the
  *            results, and a host collective after them is ordered too
+ *   graph    CUDA graphs: a captured call before the device setup is
+ *            refused and changes nothing; after brg_comm_device_setup an
+ *            allreduce and a reduce-scatter are captured (global mode, as
+ *            torch captures) and the graph launched four times on new
+ *            data, an uncaptured allreduce between two launches, every
+ *            element checked each time; in step mode
+ *            (BRIGADE_DEVICE_MODE=step) the captured call is refused and
+ *            the communicator still works
  *
  *   test_device_cases CASE [N]    exits 77 without a GPU (1 with
  *                                 BRIGADE_TEST_NO_SKIP set)
@@ -297,11 +305,143 @@ static int body_async(mp_ctx *ctx) {
   return 0;
 }
 
+/* ================================================================= graph */
+
+#define GRAPH_COUNT 262147u /* prime: several slices per channel */
+#define GRAPH_RS 4099u      /* reduce-scatter: elements per rank */
+#define GRAPH_LAUNCHES 4
+
+/* Launch `it` of rank r: in[i] = (i % 1000) + r + it, so every rank
+ * expects N (i % 1000) + N(N-1)/2 + N it at element i of the whole. */
+static void graph_fill(const brg__cuda_api *api, void *d, size_t n, int rank, int it) {
+  float *h = host_input(n, rank + it);
+  if (!h || api->mem_copy(d, h, n * sizeof(float)) != 0) mp_fail("filling the input failed");
+  free(h);
+}
+
+static int graph_check(const brg__cuda_api *api, const void *d, size_t n, size_t first, int nranks,
+                       int it, const char *what) {
+  float *h = malloc(n * sizeof *h);
+  if (!h || api->mem_copy(h, d, n * sizeof(float)) != 0) return mp_fail("%s: read back", what), 0;
+  for (size_t i = 0; i < n; i++) {
+    size_t g = first + i;
+    float want = (float)(nranks * (int)(g % 1000) + nranks * (nranks - 1) / 2 + nranks * it);
+    if (h[i] != want) {
+      mp_fail("%s, launch %d: element %zu is %g, expected %g", what, it, i, h[i], want);
+      free(h);
+      return 0;
+    }
+  }
+  free(h);
+  return 1;
+}
+
+/* A step the rest depends on: on failure the rank stops here. */
+#define REQUIRE(cond, ...)                                                                         \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      mp_fail(__VA_ARGS__);                                                                        \
+      return 1;                                                                                    \
+    }                                                                                              \
+  } while (0)
+
+static int body_graph(mp_ctx *ctx) {
+  char why[256];
+  const brg__cuda_api *api = open_api(why, sizeof why);
+  if (!api) return mp_fail("no GPU: %s", why), 1;
+  const char *mode = getenv("BRIGADE_DEVICE_MODE");
+  int step = mode && !strcmp(mode, "step");
+  int n = ctx->nranks, rank = ctx->rank;
+  if (api->set_device(rank % api->probe(NULL, 0)) != 0) return mp_fail("cudaSetDevice"), 1;
+  void *send = NULL, *recv = NULL, *rs = NULL, *x = NULL, *st = NULL, *g = NULL;
+  if (api->mem_alloc(&send, GRAPH_COUNT * sizeof(float)) ||
+      api->mem_alloc(&recv, GRAPH_COUNT * 4) || api->mem_alloc(&rs, GRAPH_RS * 4) ||
+      !(x = device_input(api, 7, rank)) || api->stream_create(&st))
+    return mp_fail("setup failed"), 1;
+  graph_fill(api, send, GRAPH_COUNT, rank, 0);
+
+  /* A captured call before the setup: refused, and the capture is intact. */
+  REQUIRE(api->capture_begin(st, 1) == 0, "capture_begin");
+  brg_status s = brg_allreduce(send, recv, GRAPH_COUNT, BRG_FLOAT32, BRG_SUM, ctx->comm, st);
+  REQUIRE(s == BRG_ERR_INVALID_USAGE &&
+              strstr(brg_comm_last_error(ctx->comm), "brg_comm_device_setup"),
+          "a captured allreduce before the setup: %s: %s", brg_status_string(s),
+          brg_comm_last_error(ctx->comm));
+  int e = api->capture_end(st, &g);
+  REQUIRE(e == 0, "capture_end after the refused call: %s", api->error_string(e));
+  api->graph_destroy(g);
+  g = NULL;
+
+  s = brg_comm_device_setup(ctx->comm, -1);
+  REQUIRE(s == BRG_SUCCESS, "brg_comm_device_setup: %s", brg_comm_last_error(ctx->comm));
+  s = brg_comm_device_setup(ctx->comm, -1);
+  REQUIRE(s == BRG_SUCCESS, "brg_comm_device_setup again: %s", brg_comm_last_error(ctx->comm));
+
+  if (step) {
+    REQUIRE(api->capture_begin(st, 1) == 0, "capture_begin");
+    s = brg_allreduce(send, recv, GRAPH_COUNT, BRG_FLOAT32, BRG_SUM, ctx->comm, st);
+    REQUIRE(s == BRG_ERR_INVALID_USAGE && strstr(brg_comm_last_error(ctx->comm), "step mode"),
+            "a captured allreduce in step mode: %s: %s", brg_status_string(s),
+            brg_comm_last_error(ctx->comm));
+    REQUIRE(api->capture_end(st, &g) == 0, "capture_end");
+    api->graph_destroy(g);
+    s = brg_allreduce(send, recv, GRAPH_COUNT, BRG_FLOAT32, BRG_SUM, ctx->comm, st);
+    REQUIRE(s == BRG_SUCCESS, "allreduce after the refused capture: %s",
+            brg_comm_last_error(ctx->comm));
+    api->stream_sync(st);
+    graph_check(api, recv, GRAPH_COUNT, 0, n, 0, "step mode, uncaptured");
+  } else {
+    REQUIRE(api->capture_begin(st, 1) == 0, "capture_begin");
+    s = brg_allreduce(send, recv, GRAPH_COUNT, BRG_FLOAT32, BRG_SUM, ctx->comm, st);
+    if (s == BRG_SUCCESS)
+      s = brg_reduce_scatter(send, rs, GRAPH_RS, BRG_FLOAT32, BRG_SUM, ctx->comm, st);
+    REQUIRE(s == BRG_SUCCESS, "captured collectives: %s: %s", brg_status_string(s),
+            brg_comm_last_error(ctx->comm));
+    e = api->capture_end(st, &g);
+    REQUIRE(e == 0, "capture_end: %s", api->error_string(e));
+    for (int it = 0; it < GRAPH_LAUNCHES; it++) {
+      graph_fill(api, send, GRAPH_COUNT, rank, it);
+      api->mem_set(recv, 0xff, GRAPH_COUNT * 4);
+      api->mem_set(rs, 0xff, GRAPH_RS * 4);
+      e = api->graph_launch(g, st);
+      REQUIRE(e == 0, "graph_launch %d: %s", it, api->error_string(e));
+      if (it == 2) {
+        s = brg_allreduce(x, x, 7, BRG_FLOAT32, BRG_SUM, ctx->comm, st);
+        REQUIRE(s == BRG_SUCCESS, "an uncaptured allreduce between launches: %s",
+                brg_comm_last_error(ctx->comm));
+      }
+      api->stream_sync(st);
+      graph_check(api, recv, GRAPH_COUNT, 0, n, it, "captured allreduce");
+      graph_check(api, rs, GRAPH_RS, (size_t)rank * GRAPH_RS, n, it, "captured reduce-scatter");
+    }
+    check_device(api, x, 7, n, "the uncaptured allreduce between launches");
+    api->graph_destroy(g);
+    /* A second graph, the communicator's last call captured: destroy
+     * must drain without waiting on anything recorded in a capture. */
+    api->mem_free(x);
+    REQUIRE((x = device_input(api, 7, rank)) != NULL, "device_input");
+    REQUIRE(api->capture_begin(st, 1) == 0, "capture_begin");
+    s = brg_allreduce(x, x, 7, BRG_FLOAT32, BRG_SUM, ctx->comm, st);
+    REQUIRE(s == BRG_SUCCESS, "captured in-place allreduce: %s", brg_comm_last_error(ctx->comm));
+    REQUIRE(api->capture_end(st, &g) == 0, "capture_end");
+    REQUIRE(api->graph_launch(g, st) == 0, "graph_launch");
+    api->stream_sync(st);
+    check_device(api, x, 7, n, "a captured in-place allreduce");
+    api->graph_destroy(g);
+  }
+  api->stream_destroy(st);
+  api->mem_free(send);
+  api->mem_free(recv);
+  api->mem_free(rs);
+  api->mem_free(x);
+  return 0;
+}
+
 /* ================================================================== main */
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: %s queued|threads|destroy|kill|async [N]\n", argv[0]);
+    fprintf(stderr, "usage: %s queued|threads|destroy|kill|async|graph [N]\n", argv[0]);
     return 2;
   }
   const char *cs = argv[1];
@@ -324,6 +464,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cs, "queued")) return mp_run(&o, body_queued, NULL);
   if (!strcmp(cs, "destroy")) return mp_run(&o, body_destroy, NULL);
   if (!strcmp(cs, "async")) return mp_run(&o, body_async, NULL);
+  if (!strcmp(cs, "graph")) return mp_run(&o, body_graph, NULL);
   if (!strcmp(cs, "threads")) {
     o.nranks = 1;
     o.init = MP_INIT_BARE;
