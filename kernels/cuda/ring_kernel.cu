@@ -1,5 +1,7 @@
-/* Kernel mode's launch: ring_kernel.cuh as a __global__ kernel, one thread
- * block per channel. */
+/* Kernel mode's launch: ring_kernel.cuh as __global__ kernels, one thread
+ * block per channel. Each dtype and op is a kernel of its own, picked on
+ * the host: each gets the registers its own path needs, and the compiler
+ * handles fifty small functions instead of one that holds them all. */
 #include <cuda_runtime.h>
 
 #include "brg_cuda.h"
@@ -9,8 +11,39 @@ namespace {
 
 constexpr int MAX_THREADS = 512;
 
+template <class D, int OP>
 __global__ void __launch_bounds__(MAX_THREADS) ring_kernel(const brg__rk_args a) {
-  brg_rk::run(a);
+  brg_rk::run_op<D, OP>(a);
+}
+
+typedef void (*kernel_fn)(const brg__rk_args);
+
+template <class D> struct ops {
+  static constexpr kernel_fn fn[BRG_NUM_OPS] = {ring_kernel<D, BRG_SUM>, ring_kernel<D, BRG_PROD>,
+                                                ring_kernel<D, BRG_MIN>, ring_kernel<D, BRG_MAX>,
+                                                ring_kernel<D, BRG_AVG>};
+};
+
+/* The kernel of (dtype, op), NULL for values out of range. */
+kernel_fn pick(int dtype, int op) {
+  using namespace brg_ew;
+  static_assert(BRG_SUM == 0 && BRG_PROD == 1 && BRG_MIN == 2 && BRG_MAX == 3 && BRG_AVG == 4 &&
+                    BRG_NUM_OPS == 5,
+                "ops::fn lists the ops in brg_op's order");
+  if (op < 0 || op >= BRG_NUM_OPS) return nullptr;
+  switch (dtype) {
+  case BRG_INT8: return ops<tag_i8>::fn[op];
+  case BRG_UINT8: return ops<tag_u8>::fn[op];
+  case BRG_INT32: return ops<tag_i32>::fn[op];
+  case BRG_UINT32: return ops<tag_u32>::fn[op];
+  case BRG_INT64: return ops<tag_i64>::fn[op];
+  case BRG_UINT64: return ops<tag_u64>::fn[op];
+  case BRG_FLOAT16: return ops<tag_f16>::fn[op];
+  case BRG_BFLOAT16: return ops<tag_bf16>::fn[op];
+  case BRG_FLOAT32: return ops<tag_f32>::fn[op];
+  case BRG_FLOAT64: return ops<tag_f64>::fn[op];
+  default: return nullptr;
+  }
 }
 
 } // namespace
@@ -21,6 +54,8 @@ extern "C" int brg__cuda_ring_launch(const void *args, size_t args_bytes, int ch
       threads < 32 || threads > MAX_THREADS || threads % 32 != 0)
     return static_cast<int>(cudaErrorInvalidValue);
   const brg__rk_args *a = static_cast<const brg__rk_args *>(args);
-  ring_kernel<<<channels, threads, 0, static_cast<cudaStream_t>(stream)>>>(*a);
+  kernel_fn k = pick(a->dtype, a->op);
+  if (!k) return static_cast<int>(cudaErrorInvalidValue);
+  k<<<channels, threads, 0, static_cast<cudaStream_t>(stream)>>>(*a);
   return static_cast<int>(cudaGetLastError());
 }
