@@ -348,6 +348,13 @@ class Communicator:
                "brg_comm_bytes_sent", self._handle)
         return b.value
 
+    def device_setup(self, device: int = -1) -> None:
+        """Sets up the device collectives on GPU ``device`` (-1: the current
+        one) now, on every rank, so that the first one may be captured in a
+        CUDA graph (``brg_comm_device_setup``)."""
+        _check(_capi.lib.brg_comm_device_setup(self._h("brg_comm_device_setup"), device),
+               "brg_comm_device_setup", self._handle)
+
     # ------------------------------------------------------------- buffers
     def _views(self, call: str, send: Any, out: Any, dtype: DTypeLike,
                stream: Optional[int] = None, out_required: bool = True) -> tuple:

@@ -210,6 +210,7 @@ _decl("brg_ibarrier", _st, _comm, _req)
 _decl("brg_get_version", _st, ctypes.POINTER(_int), ctypes.POINTER(_int), ctypes.POINTER(_int))
 _decl("brg_comm_split", _st, _comm, _int, _int, ctypes.POINTER(_comm))
 _decl("brg_comm_get_async_error", _st, _comm, ctypes.POINTER(_int))
+_decl("brg_comm_device_setup", _st, _comm, _int)
 _decl("brg_test", _st, ctypes.POINTER(RequestStruct), ctypes.POINTER(_int))
 _decl("brg_wait", _st, ctypes.POINTER(RequestStruct))
 

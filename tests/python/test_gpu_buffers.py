@@ -241,3 +241,25 @@ def _body_dlpack_cpu(comm):
         assert torch.equal(t, (torch.arange(300) % 50 * n + sum(range(n))).to(dt)), dt
     with pytest.raises(ValueError, match="not contiguous"):
         comm.allreduce(_OnlyDLPack(torch.ones(4, 4)[:, 1]))
+
+
+def body_device_setup(comm):
+    emu = Emu(EMU)
+    dev = comm.rank % emu.devices
+    emu.set_device(dev)
+    with pytest.raises(brigade.Error, match="device 99 is not in"):
+        comm.device_setup(99)
+    comm.device_setup()  # every rank: the device path is built here
+    comm.device_setup(dev)  # already built: returns at once
+    s = emu.stream()
+    host = np.arange(1001, dtype=np.float32) + comm.rank
+    a = DevArray(emu, host, stream=s)
+    comm.allreduce(a)
+    emu.sync(s)
+    want = sum(np.arange(1001, dtype=np.float32) + r for r in range(comm.size))
+    assert np.array_equal(a.host(), want)
+    a.free()
+
+
+def test_device_setup():
+    ranks.run(2, body_device_setup, timeout=120, env=rank_env())
