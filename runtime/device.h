@@ -32,11 +32,11 @@ const brg__cuda_api *brg__device_api(const char **why);
 brg_status brg__device_classify(brg_comm *c, const char *fn, const void *sendbuf,
                                 const void *recvbuf, brg_stream stream, int *device, int *gpu);
 
-/* Makes `gpu` the calling thread's current device, keeping the one it
- * replaces in *prev (restore it with brg__device_leave). */
 /* brg_comm_device_setup's device (-1: the current one), checked and made
  * the communicator's GPU. */
 brg_status brg__device_choose(brg_comm *c, const char *fn, int device, int *gpu);
+/* Makes `gpu` the calling thread's current device, keeping the one it
+ * replaces in *prev (restore it with brg__device_leave). */
 brg_status brg__device_enter(brg_comm *c, int gpu, int *prev);
 void brg__device_leave(int prev);
 

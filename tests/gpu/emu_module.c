@@ -421,7 +421,8 @@ typedef struct event {
   ev_shared *s;
   int fd;       /* owner: the memfd; -1 for an opened one */
   int dev;      /* the device current when it was made or opened */
-  int captured; /* its last record was made into a capturing stream */
+  int captured; /* its last record was made into a capturing stream (atomic:
+                 * recorded and queried from different threads) */
 } event;
 
 static int ipc_event_export(void **out, void *h) {
@@ -791,8 +792,9 @@ static int event_record(void *p, void *st) {
   if (s->dev != ev->dev) return E_RESOURCE;
   /* Recorded in a capture: a node of the graph, for other captured work
    * to wait on; nothing runs now. */
-  ev->captured = capturing(s);
-  if (ev->captured) return E_OK;
+  int cap = capturing(s);
+  __atomic_store_n(&ev->captured, cap, __ATOMIC_RELAXED);
+  if (cap) return E_OK;
   uint64_t t = __atomic_add_fetch(&ev->s->issued, 1, __ATOMIC_ACQ_REL);
   op o = {.kind = OP_RECORD, .ev = ev->s, .ticket = t};
   return enqueue(st, &o);
@@ -803,7 +805,8 @@ static int stream_wait_event(void *st, void *p) {
   stream *s = get_stream(st);
   if (!s) return E_ALLOC;
   int cap = capturing(s);
-  if (ev->captured) return cap ? E_OK : E_CAPTURED_EVENT; /* within the capture: ordered */
+  if (__atomic_load_n(&ev->captured, __ATOMIC_RELAXED))
+    return cap ? E_OK : E_CAPTURED_EVENT; /* within the capture: ordered */
   uint64_t t = __atomic_load_n(&ev->s->issued, __ATOMIC_ACQUIRE);
   if (t == 0) return E_OK;
   if (cap) { /* a graph cannot wait for work outside it */
@@ -817,13 +820,13 @@ static int stream_wait_event(void *st, void *p) {
 /* 0 when the event's last record has run, -1 while it has not. */
 static int event_query(void *p) {
   event *ev = p;
-  if (ev->captured) return E_CAPTURED_EVENT;
+  if (__atomic_load_n(&ev->captured, __ATOMIC_RELAXED)) return E_CAPTURED_EVENT;
   return ticket_done(ev->s, __atomic_load_n(&ev->s->issued, __ATOMIC_ACQUIRE)) ? E_OK : -1;
 }
 
 static int event_sync(void *p) {
   event *ev = p;
-  if (ev->captured) return E_CAPTURED_EVENT;
+  if (__atomic_load_n(&ev->captured, __ATOMIC_RELAXED)) return E_CAPTURED_EVENT;
   wait_completed(ev->s, __atomic_load_n(&ev->s->issued, __ATOMIC_ACQUIRE));
   return E_OK;
 }
