@@ -135,8 +135,15 @@ struct brg__dev_ring {
   int *kring;                     /* position -> rank, GPU memory */
   int *kwords;                    /* a pinned page: [0] abort, [16] status */
   int *kwords_dev;
-  void *kdone_ev;     /* recorded after each launch outside a graph capture */
-  char step_why[160]; /* why collectives run in step mode, for a captured call */
+  void *kdone_ev; /* recorded after each launch outside a graph capture */
+  /* The one-shot allreduce (ring_args.h): each rank's area follows the
+   * channels in its region, and every rank reaches every other's. */
+  size_t kos_limit;                  /* BRIGADE_DEVICE_SMALL_BYTES (0: none) */
+  size_t kos_slot, kos_bytes;        /* room per input; bytes of an area */
+  int oneshot;                       /* small allreduces take it */
+  char *kos_area[BRG__RK_MAX_PEERS]; /* rank r's area, as reached here */
+  char *kos_map[BRG__RK_MAX_PEERS];  /* regions this path mapped itself */
+  char step_why[160];                /* why collectives run in step mode, for a captured call */
 };
 
 #define KCTRL 256       /* per channel: tail at 0, head at 64, counters at 128 */
@@ -163,7 +170,8 @@ typedef struct dev_blob {
   int32_t kmode_req; /* BRIGADE_DEVICE_MODE of this rank */
   int32_t kernel_ok; /* its kernel-mode region is ready */
   int32_t kchannels;
-  int32_t pad3;
+  int32_t kos_ok; /* every rank's GPU reaches its one-shot area */
+  uint64_t kos_slot;
   uint64_t kslot;
   uint64_t kregion_ptr;
   char kwhy[128]; /* why kernel mode cannot run here */
@@ -222,6 +230,8 @@ static void ring_release(struct brg__dev_ring *d) {
     api->host_unregister(d->flag_host);
     munmap(d->flag_host, FLAG_PAGE);
   }
+  for (int r = 0; r < BRG__RK_MAX_PEERS; r++)
+    if (d->kos_map[r]) api->ipc_mem_close(d->kos_map[r]);
   if (d->knext_mapped) api->ipc_mem_close(d->knext);
   if (d->kprev_mapped && d->kprev != d->knext) api->ipc_mem_close(d->kprev);
   if (d->kregion) api->mem_free(d->kregion);
@@ -592,11 +602,12 @@ static const char *kmode_name(int m) {
   return m == 0 ? "auto" : m == 1 ? "kernel" : m == 2 ? "step" : "?";
 }
 
-static brg_status reach_peer(brg_comm *c, struct brg__dev_ring *d, int self_gpu, int peer);
+static brg_status reach_peer(brg_comm *c, struct brg__dev_ring *d, int self_gpu, int peer,
+                             int rank);
 
 /* The region of one rank: per channel the control words and the slots. */
 static size_t kregion_bytes(const struct brg__dev_ring *d) {
-  return (size_t)d->kchannels * d->kstride;
+  return (size_t)d->kchannels * d->kstride + d->kos_bytes;
 }
 
 /* This rank's kernel-mode half: its region (which both neighbours' kernels
@@ -604,11 +615,13 @@ static size_t kregion_bytes(const struct brg__dev_ring *d) {
  * or why not in b->kwhy. Links between hosts and neighbours whose GPUs
  * cannot reach this one keep the ring in step mode. */
 static void setup_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b,
-                               const dev_blob *prev, const dev_blob *next, int across) {
+                               const dev_blob *all, int across) {
   const brg__cuda_api *api = d->api;
+  const dev_blob *prev = &all[c->prev], *next = &all[c->next];
   b->kmode_req = d->kmode_req;
   b->kchannels = d->kchannels;
   b->kslot = d->kslot;
+  b->kos_slot = d->kos_slot;
   if (d->kmode_req == 2) {
     snprintf(b->kwhy, sizeof b->kwhy, "BRIGADE_DEVICE_MODE=step");
     return;
@@ -664,6 +677,8 @@ static void setup_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b
   }
   b->kregion_ptr = (uint64_t)(uintptr_t)d->kregion;
   b->kernel_ok = 1;
+  b->kos_ok = d->kos_slot > 0;
+  for (int r = 0; r < c->nranks; r++) b->kos_ok &= prev_reaches(api, b, &all[r]);
 }
 
 /* A neighbour's region: its pointer in this process, or mapped. */
@@ -687,9 +702,9 @@ static brg_status kernel_map(brg_comm *c, struct brg__dev_ring *d, const dev_blo
 static brg_status setup_kernel_links(brg_comm *c, struct brg__dev_ring *d, const dev_blob *self,
                                      const dev_blob *next, const dev_blob *prev) {
   brg_status s = BRG_SUCCESS;
-  if (next->process == self->process) s = reach_peer(c, d, self->gpu, next->gpu);
+  if (next->process == self->process) s = reach_peer(c, d, self->gpu, next->gpu, c->next);
   if (s == BRG_SUCCESS && prev->process == self->process && prev->gpu != next->gpu)
-    s = reach_peer(c, d, self->gpu, prev->gpu);
+    s = reach_peer(c, d, self->gpu, prev->gpu, c->prev);
   if (s == BRG_SUCCESS) s = kernel_map(c, d, self, next, c->next, &d->knext, &d->knext_mapped);
   if (s != BRG_SUCCESS) return s;
   if (c->prev == c->next) {
@@ -697,6 +712,41 @@ static brg_status setup_kernel_links(brg_comm *c, struct brg__dev_ring *d, const
     return BRG_SUCCESS;
   }
   return kernel_map(c, d, self, prev, c->prev, &d->kprev, &d->kprev_mapped);
+}
+
+/* The one-shot path, where every rank's GPU reaches every rank's area (all
+ * ranks decide alike, from the same blobs): every region mapped here. */
+static brg_status setup_oneshot(brg_comm *c, struct brg__dev_ring *d, const dev_blob *self,
+                                const dev_blob *all) {
+  int who = -1;
+  for (int r = 0; r < c->nranks; r++)
+    if (!all[r].kos_ok && who < 0) who = r;
+  if (!d->kos_slot) return BRG_SUCCESS;
+  if (who >= 0) {
+    BRG__INFO("init",
+              "device ring: no one-shot allreduce: a GPU cannot reach rank %d's (no peer access), "
+              "so small allreduces take the ring",
+              who);
+    return BRG_SUCCESS;
+  }
+  size_t off = (size_t)d->kchannels * d->kstride;
+  for (int r = 0; r < c->nranks; r++) {
+    char *base = r == c->rank   ? d->kregion
+                 : r == c->next ? d->knext
+                 : r == c->prev ? d->kprev
+                                : NULL;
+    if (!base) {
+      int mapped = 0;
+      brg_status s = BRG_SUCCESS;
+      if (all[r].process == self->process) s = reach_peer(c, d, self->gpu, all[r].gpu, r);
+      if (s == BRG_SUCCESS) s = kernel_map(c, d, self, &all[r], r, &base, &mapped);
+      if (s != BRG_SUCCESS) return s;
+      if (mapped) d->kos_map[r] = base;
+    }
+    d->kos_area[r] = base + off;
+  }
+  d->oneshot = 1;
+  return BRG_SUCCESS;
 }
 
 /* Why kernel mode does not run, from every rank's description; NULL when
@@ -821,9 +871,10 @@ static uint64_t process_token(void) {
   return t;
 }
 
-/* Lets this rank's kernels (on the current device) reach the next rank's
- * FIFO on device `peer` of the same process. */
-static brg_status reach_peer(brg_comm *c, struct brg__dev_ring *d, int self_gpu, int peer) {
+/* Lets this rank's kernels (on the current device) reach the memory of
+ * rank `rank` on device `peer` of the same process. */
+static brg_status reach_peer(brg_comm *c, struct brg__dev_ring *d, int self_gpu, int peer,
+                             int rank) {
   const brg__cuda_api *api = d->api;
   if (peer == self_gpu) return BRG_SUCCESS;
   int can = 0;
@@ -833,11 +884,11 @@ static brg_status reach_peer(brg_comm *c, struct brg__dev_ring *d, int self_gpu,
     return brg__comm_error(c, BRG_ERR_UNAVAILABLE,
                            "rank %d on GPU %d cannot reach the memory of rank %d on GPU %d (no "
                            "peer access between them)",
-                           c->rank, self_gpu, c->next, peer);
+                           c->rank, self_gpu, rank, peer);
   if ((e = api->enable_peer_access(peer)) != 0)
     return cuda_fail(c, api, e, "cudaDeviceEnablePeerAccess");
   BRG__INFO("init", "rank %d: peer access from GPU %d to GPU %d (rank %d)", c->rank, self_gpu, peer,
-            c->next);
+            rank);
   return BRG_SUCCESS;
 }
 
@@ -870,7 +921,7 @@ static brg_status setup_links(brg_comm *c, struct brg__dev_ring *d, const dev_bl
       if ((e = api->ipc_event_open(&d->next_rel_ev[k], next->rel_ev[k])) != 0)
         return cuda_fail(c, api, e, "cudaIpcOpenEventHandle (next rank's events)");
   } else if (next->process == self->process) {
-    brg_status s = reach_peer(c, d, self->gpu, next->gpu);
+    brg_status s = reach_peer(c, d, self->gpu, next->gpu, c->next);
     if (s != BRG_SUCCESS) return s;
     d->next_fifo = (char *)(uintptr_t)next->fifo_ptr;
     for (int k = 0; k < d->nslots; k++) d->next_rel_ev[k] = (void *)(uintptr_t)next->rel_ev_ptr[k];
@@ -955,6 +1006,11 @@ brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st) {
   if (d->kchannels > BRG__RK_MAX_CHANNELS) d->kchannels = BRG__RK_MAX_CHANNELS;
   d->kslot = c->slice_bytes & ~(size_t)255;
   d->kstride = KCTRL + (size_t)d->nslots * d->kslot;
+  d->kos_limit = (size_t)brg__device_int(BRG__DEVICE_SMALL_BYTES);
+  if (d->kos_limit && c->nranks >= 2 && c->nranks <= BRG__RK_MAX_PEERS) {
+    d->kos_slot = (d->kos_limit + 255) & ~(size_t)255;
+    d->kos_bytes = brg__rk_os_bytes(c->nranks, d->kos_slot);
+  }
   pthread_mutex_init(&d->ev_lock, NULL);
   mine->pid = (int32_t)getpid();
   mine->process = process_token();
@@ -975,7 +1031,7 @@ brg_status brg__device_ring_local(brg_comm *c, brg__dev_setup *st, brg_status ga
   if (gathered != BRG_SUCCESS) return gathered;
   int across = 0;
   for (int r = 0; r < c->nranks; r++) across |= c->peers[r].host_hash != c->peers[0].host_hash;
-  setup_kernel_local(c, st->d, mine, &all[c->prev], &all[c->next], across);
+  setup_kernel_local(c, st->d, mine, all, across);
   setup_local(c, st->d, mine, &all[c->prev]);
   /* A failed half is described in `mine` (ok = 0, why): the second
    * all-gather still runs, so every rank learns it. */
@@ -1012,6 +1068,13 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
                           r, kmode_name(all[r].kmode_req), all[r].kchannels,
                           (unsigned long long)all[r].kslot, c->rank, kmode_name(mine->kmode_req),
                           mine->kchannels, (unsigned long long)mine->kslot);
+  for (int r = 0; s == BRG_SUCCESS && r < c->nranks; r++)
+    if (all[r].kos_slot != mine->kos_slot)
+      s = brg__comm_error(c, BRG_ERR_MISMATCH,
+                          "device collectives: rank %d has one-shot slots of %llu bytes, rank %d "
+                          "of %llu (set BRIGADE_DEVICE_SMALL_BYTES alike on every rank)",
+                          r, (unsigned long long)all[r].kos_slot, c->rank,
+                          (unsigned long long)mine->kos_slot);
   int kwho = -1;
   const char *kwhy = s == BRG_SUCCESS ? kernel_refused(c, all, &kwho, mps_running()) : NULL;
   if (s == BRG_SUCCESS && kwhy && d->kmode_req == 1)
@@ -1025,6 +1088,7 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
            : kwhy            ? kwhy
                              : "");
   if (d->kernel) s = setup_kernel_links(c, d, mine, &all[c->next], &all[c->prev]);
+  if (s == BRG_SUCCESS && d->kernel) s = setup_oneshot(c, d, mine, all);
   if (s == BRG_SUCCESS && !d->kernel) s = setup_links(c, d, mine, &all[c->next], &all[c->prev]);
   if (s == BRG_SUCCESS && d->kernel) {
     d->async = 0; /* a launch returns at once by itself */
@@ -1046,6 +1110,11 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
                                 : "automatic: every link stays inside the host and no two "
                                   "processes share a GPU without MPS",
               d->kchannels, d->nslots, d->kslot, desc);
+    if (d->oneshot)
+      BRG__INFO("init",
+                "device ring: allreduces up to %zu bytes (BRIGADE_DEVICE_SMALL_BYTES) go in one "
+                "hop: each rank writes its input to all %d ranks, which sum them in rank order",
+                d->kos_limit, c->nranks);
     __atomic_store_n(&c->kabort, d->kwords, __ATOMIC_RELEASE);
     __atomic_store_n(&c->dev, d, __ATOMIC_RELEASE);
   } else if (s == BRG_SUCCESS) {
@@ -1397,7 +1466,15 @@ brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k) {
     l->recv_head = (uint64_t *)(prev + 64);
     l->counters = (uint64_t *)(own + 128);
   }
-  int e = api->ring_launch(&a, sizeof a, d->kchannels, 512, k->stream);
+  int one = d->oneshot && k->kind == BRG__COLL_ALLREDUCE && k->count > 0 &&
+            k->count <= d->kos_limit / brg_dtype_size(k->dtype);
+  if (one) {
+    a.oneshot = 1;
+    a.os.rank = c->rank;
+    a.os.slot_bytes = d->kos_slot;
+    memcpy(a.os.area, d->kos_area, sizeof a.os.area);
+  }
+  int e = api->ring_launch(&a, sizeof a, one ? 1 : d->kchannels, 512, k->stream);
   /* An event recorded into a capture cannot be waited for outside it: the
    * drain at destroy waits for the launches made outside graphs, and the
    * caller for its graphs' launches. */

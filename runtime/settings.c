@@ -81,6 +81,12 @@ static brg__cfg_entry device_entries[BRG__DEVICE_COUNT] = {
                               "kernel mode: thread blocks of a collective's kernel, each with "
                               "its share of the data and its own FIFOs; 0: 8, at most "
                               "BRIGADE_DEVICE_BLOCKS"},
+    [BRG__DEVICE_SMALL_BYTES] = {"BRIGADE_DEVICE_SMALL_BYTES", BRG__CFG_KIND_SIZE, "64K", 0,
+                                 4 * BRG__MiB,
+                                 "kernel mode, ranks of one host: an allreduce up to this many "
+                                 "bytes goes in one hop (each rank writes its input to every "
+                                 "rank, which sums the N inputs in rank order) instead of "
+                                 "around the ring; 0: always the ring"},
 };
 
 static brg__cfg_entry trace_entries[BRG__TRACE_COUNT] = {

@@ -40,6 +40,7 @@ typedef enum {
   BRG__DEVICE_PROXY,       /* int -1|0|1: the host side on the communicator's thread */
   BRG__DEVICE_MODE,        /* string auto|kernel|step: one kernel per collective, or per step */
   BRG__DEVICE_CHANNELS,    /* int: kernel mode's thread blocks (channels); 0 = automatic */
+  BRG__DEVICE_SMALL_BYTES, /* size: kernel mode's one-shot allreduce up to this; 0 = off */
   BRG__DEVICE_COUNT
 } brg__device_cfg_id;
 

@@ -11,6 +11,27 @@
 
 #define BRG__RK_MAX_CHANNELS 16
 
+/*
+ * The one-shot allreduce (ring_kernel.cuh, channel::oneshot) between the
+ * ranks of one host, at most BRG__RK_MAX_PEERS of them. Each rank owns an
+ * area in GPU memory that every other rank maps:
+ *
+ *   0                        its call counter (only it writes it)
+ *   FLAGS + 64 r             the last call whose input rank r has written
+ *   DATA + (b N + r) slot    rank r's input in buffer b (0 or 1)
+ *
+ * Calls alternate between the two buffers, so that a rank one call ahead
+ * writes into the other buffer.
+ */
+#define BRG__RK_MAX_PEERS 16
+#define BRG__RK_OS_FLAGS 64
+#define BRG__RK_OS_DATA 2048
+
+/* Bytes of one rank's one-shot area for inputs of up to slot_bytes. */
+static inline size_t brg__rk_os_bytes(int nranks, size_t slot_bytes) {
+  return BRG__RK_OS_DATA + 2 * (size_t)nranks * slot_bytes;
+}
+
 /* *status after a launch: 0, or why a channel stopped. */
 #define BRG__RK_OK 0
 #define BRG__RK_ABORTED 1
@@ -25,6 +46,13 @@ typedef struct brg__rk_link {
   uint64_t *recv_head;       /* the previous rank's head: slots this rank took */
   uint64_t *counters;        /* own: [0] posted, [1] taken, across launches */
 } brg__rk_link;
+
+/* What a one-shot launch needs beyond the call (args.oneshot set). */
+typedef struct brg__rk_oneshot {
+  char *area[BRG__RK_MAX_PEERS]; /* rank r's area, as this rank reaches it */
+  size_t slot_bytes;             /* room for one rank's input, a multiple of 256 */
+  int rank;                      /* this rank */
+} brg__rk_oneshot;
 
 typedef struct brg__rk_args {
   int kind; /* the runtime's brg__coll_kind: 1 allreduce .. 5 reduce */
@@ -41,6 +69,8 @@ typedef struct brg__rk_args {
   const int *abort_word; /* nonzero: stop */
   int *status;           /* a channel that stops writes why */
   brg__rk_link chan[BRG__RK_MAX_CHANNELS];
+  int oneshot; /* 1: an allreduce by the one-shot path, one channel */
+  brg__rk_oneshot os;
 } brg__rk_args;
 
 #endif

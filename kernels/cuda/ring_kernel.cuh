@@ -6,7 +6,9 @@
  * runs the ring schedule of schedule.h over that share, slice by slice,
  * without the host: it waits on flags the neighbours write, reduces or
  * copies with the element-wise body of elementwise.cuh, and writes flags
- * the neighbours wait on.
+ * the neighbours wait on. A small allreduce between the ranks of one host
+ * may instead take the one-shot path (channel::oneshot, one block): every
+ * rank's input goes straight to every rank, which sums them in rank order.
  *
  * A channel's link, as rank p sees it (slots and words in the memory of the
  * rank named; the others reach it by CUDA IPC):
@@ -234,6 +236,70 @@ template <class D, int OP> struct channel {
     return true;
   }
 
+  /* The flag rank r raises in the one-shot area `area`. */
+  BRG_SIMT_DEV static uint64_t *os_flag(char *area, int r) {
+    return reinterpret_cast<uint64_t *>(area + BRG__RK_OS_FLAGS + 64 * r);
+  }
+
+  /* Allreduce in one hop between the ranks of one host (args.oneshot, see
+   * ring_args.h): every rank writes its input into every rank's area, its
+   * own included, raises its flag there, waits for every rank's flag in
+   * its own area, and folds the N inputs in rank order, so that every
+   * rank gets the same bits. A rank one call ahead of another writes the
+   * other buffer; two calls ahead it cannot be, as in the call between it
+   * waited for the other's flag, raised only once the other had read the
+   * older inputs. */
+  BRG_SIMT_DEV bool oneshot() {
+    const brg__rk_oneshot &o = a.os;
+    int n = a.nranks, me = o.rank;
+    char *own = o.area[me];
+    BRG_SIMT_SHARED uint64_t s_call;
+    BRG_SIMT_SHARED int s_stop;
+    if (brg_simt_tid() == 0) s_call = *reinterpret_cast<const uint64_t *>(own) + 1;
+    brg_simt_sync();
+    uint64_t call = s_call;
+    size_t m = a.count, buf = BRG__RK_OS_DATA + (size_t)(call & 1) * (size_t)n * o.slot_bytes;
+#if BRG_RK_BREAK == 1 /* tests/gpu: flags raised before the data must fail */
+    if (brg_simt_tid() == 0)
+      for (int r = 0; r < n; r++) brg_simt_store_release(os_flag(o.area[r], me), call);
+#endif
+    for (int r = 0; r < n; r++)
+      copy(o.area[r] + buf + (size_t)me * o.slot_bytes, nullptr, a.sendbuf, m);
+    brg_simt_sync(); /* every thread's part of every copy is written */
+    if (brg_simt_tid() == 0) {
+#if BRG_RK_BREAK != 1
+      brg_simt_fence();
+      for (int r = 0; r < n; r++) brg_simt_store_release(os_flag(o.area[r], me), call);
+#endif
+      int stop = 0;
+      for (int r = 0; r < n && !stop; r++)
+        while (!stop && brg_simt_load_acquire(os_flag(own, r)) < call) {
+          stop = brg_simt_load_word(a.abort_word) != 0;
+          if (!stop) brg_simt_pause();
+        }
+      if (stop) brg_simt_store_word(a.status, ABORTED);
+      s_stop = stop;
+    }
+#if BRG_RK_BREAK != 2
+    brg_simt_sync();
+#endif
+    if (s_stop) return false;
+    const char *in = own + buf;
+    size_t slot = o.slot_bytes;
+    T *out = static_cast<T *>(a.recvbuf);
+    for (int r = 1; r < n; r++) {
+      const T *x = r == 1 ? reinterpret_cast<const T *>(in) : out;
+      const T *y = reinterpret_cast<const T *>(in + (size_t)r * slot);
+      if (r < n - 1)
+        reduce<MID>(out, nullptr, x, y, m, 1);
+      else
+        reduce<OP>(out, nullptr, x, y, m, n);
+      brg_simt_sync(); /* the next pass's threads may read other elements */
+    }
+    if (brg_simt_tid() == 0) *reinterpret_cast<uint64_t *>(own) = call;
+    return true;
+  }
+
   /* One rank: the output is the input. */
   BRG_SIMT_DEV void single() {
     int ch = (int)brg_simt_block(), nch = a.nchannels;
@@ -262,6 +328,8 @@ template <class D, int OP> struct channel {
     if (n == 1) {
       single();
       done = true;
+    } else if (a.oneshot) {
+      done = oneshot();
     } else if (a.kind == BROADCAST || a.kind == REDUCE) {
       done = chain();
     } else {

@@ -16,10 +16,12 @@
  *            results, and a host collective after them is ordered too
  *   graph    CUDA graphs: a captured call before the device setup is
  *            refused and changes nothing; after brg_comm_device_setup an
- *            allreduce and a reduce-scatter are captured (global mode, as
- *            torch captures) and the graph launched four times on new
- *            data, an uncaptured allreduce between two launches, every
- *            element checked each time; in step mode
+ *            allreduce, a reduce-scatter and a small allreduce (the
+ *            one-shot path, whose call counter lives on the device) are
+ *            captured (global mode, as torch captures) and the graph
+ *            launched four times on new data, an uncaptured small
+ *            allreduce between two launches, every element checked each
+ *            time; in step mode
  *            (BRIGADE_DEVICE_MODE=step) the captured call is refused and
  *            the communicator still works
  *
@@ -309,6 +311,7 @@ static int body_async(mp_ctx *ctx) {
 
 #define GRAPH_COUNT 262147u /* prime: several slices per channel */
 #define GRAPH_RS 4099u      /* reduce-scatter: elements per rank */
+#define GRAPH_SMALL 1031u   /* an allreduce the one-shot path takes */
 #define GRAPH_LAUNCHES 4
 
 /* Launch `it` of rank r: in[i] = (i % 1000) + r + it, so every rank
@@ -353,10 +356,11 @@ static int body_graph(mp_ctx *ctx) {
   int step = mode && !strcmp(mode, "step");
   int n = ctx->nranks, rank = ctx->rank;
   if (api->set_device(rank % api->probe(NULL, 0)) != 0) return mp_fail("cudaSetDevice"), 1;
-  void *send = NULL, *recv = NULL, *rs = NULL, *x = NULL, *st = NULL, *g = NULL;
+  void *send = NULL, *recv = NULL, *rs = NULL, *sm = NULL, *x = NULL, *st = NULL, *g = NULL;
   if (api->mem_alloc(&send, GRAPH_COUNT * sizeof(float)) ||
       api->mem_alloc(&recv, GRAPH_COUNT * 4) || api->mem_alloc(&rs, GRAPH_RS * 4) ||
-      !(x = device_input(api, 7, rank)) || api->stream_create(&st))
+      api->mem_alloc(&sm, GRAPH_SMALL * 4) || !(x = device_input(api, 7, rank)) ||
+      api->stream_create(&st))
     return mp_fail("setup failed"), 1;
   graph_fill(api, send, GRAPH_COUNT, rank, 0);
 
@@ -395,6 +399,8 @@ static int body_graph(mp_ctx *ctx) {
     s = brg_allreduce(send, recv, GRAPH_COUNT, BRG_FLOAT32, BRG_SUM, ctx->comm, st);
     if (s == BRG_SUCCESS)
       s = brg_reduce_scatter(send, rs, GRAPH_RS, BRG_FLOAT32, BRG_SUM, ctx->comm, st);
+    if (s == BRG_SUCCESS)
+      s = brg_allreduce(send, sm, GRAPH_SMALL, BRG_FLOAT32, BRG_SUM, ctx->comm, st);
     REQUIRE(s == BRG_SUCCESS, "captured collectives: %s: %s", brg_status_string(s),
             brg_comm_last_error(ctx->comm));
     e = api->capture_end(st, &g);
@@ -403,6 +409,7 @@ static int body_graph(mp_ctx *ctx) {
       graph_fill(api, send, GRAPH_COUNT, rank, it);
       api->mem_set(recv, 0xff, GRAPH_COUNT * 4);
       api->mem_set(rs, 0xff, GRAPH_RS * 4);
+      api->mem_set(sm, 0xff, GRAPH_SMALL * 4);
       e = api->graph_launch(g, st);
       REQUIRE(e == 0, "graph_launch %d: %s", it, api->error_string(e));
       if (it == 2) {
@@ -413,6 +420,7 @@ static int body_graph(mp_ctx *ctx) {
       api->stream_sync(st);
       graph_check(api, recv, GRAPH_COUNT, 0, n, it, "captured allreduce");
       graph_check(api, rs, GRAPH_RS, (size_t)rank * GRAPH_RS, n, it, "captured reduce-scatter");
+      graph_check(api, sm, GRAPH_SMALL, 0, n, it, "captured small allreduce");
     }
     check_device(api, x, 7, n, "the uncaptured allreduce between launches");
     api->graph_destroy(g);
@@ -433,6 +441,7 @@ static int body_graph(mp_ctx *ctx) {
   api->mem_free(send);
   api->mem_free(recv);
   api->mem_free(rs);
+  api->mem_free(sm);
   api->mem_free(x);
   return 0;
 }

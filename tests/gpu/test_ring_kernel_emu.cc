@@ -4,26 +4,30 @@
  * one launch per collective of C channel blocks, talking only through the
  * FIFOs' slots and flags in shared memory, as GPUs do through CUDA IPC.
  *
- *   test_ring_kernel_emu threads|procs N CHANNELS BLOCK_THREADS [quick]
- *   test_ring_kernel_emu abort N
+ *   test_ring_kernel_emu threads|procs N CHANNELS BLOCK_THREADS [quick|oneshot]
+ *   test_ring_kernel_emu abort N CHANNELS BLOCK_THREADS [oneshot]
  *
  * threads: the ranks are threads of this process; procs: forked
  * processes, the FIFOs in a MAP_SHARED mapping made before the fork. Each
  * rank runs the whole list of cases on its own, back to back, as a stream
  * would: only the flags keep the ranks in step. Every collective x dtype x
  * op x count (0, 1, 7, 4099, and a multi-slice one), in place and out of
- * place, on a ring whose order is not the rank order; every element of
+ * place, on a ring whose order is not the rank order, and every
+ * allreduce up to 4099 elements again by the one-shot path; every element of
  * every rank's output is checked against a fold of the inputs computed
  * here, and the bytes around the outputs must be untouched. The inputs are
  * small integers, so that any order of reduction gives the same bits.
+ * `oneshot` runs only the one-shot allreduces, back to back, so that a
+ * rank that runs ahead writes the other buffer of a slower one's area.
  *
- * abort: rank N-1 never launches; the others' allreduce waits for it until
- * another thread sets the abort word; every launch must then return with
- * ABORTED in its status word.
+ * abort: rank N-1 never launches; the others' allreduce (the one-shot one
+ * with `oneshot`) waits for it until another thread sets the abort word;
+ * every launch must then return with ABORTED in its status word.
  *
- * Built a second time with -DBRG_RK_BREAK=1 (the tail posted before the
- * data is written) and =2 (no barrier after the wait for the tail), the
- * same test must fail (meson: should_fail).
+ * Built a second time with -DBRG_RK_BREAK=1 (the tail, or the one-shot
+ * flags, posted before the data is written) and =2 (no barrier after the
+ * wait for them), the same test must fail (meson: should_fail), with all
+ * cases and with the one-shot ones alone.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -47,8 +51,9 @@ using namespace brg_rk;
 static const int NSLOTS = 4;
 static const size_t SLOT_BYTES = 4096; /* small: many slices, FIFO wrap-around */
 static const size_t GUARD = 64;
+static const size_t OS_SLOT = 36864; /* one-shot: room for 4099 elements of 8 bytes */
 
-static int g_n, g_channels, g_threads, g_quick;
+static int g_n, g_channels, g_threads, g_quick, g_only_oneshot;
 
 /* ------------------------------------------------------------ the FIFOs */
 
@@ -62,6 +67,11 @@ struct chan_mem {
 static chan_mem *g_mem; /* [rank * MAX_CHANNELS + ch] */
 static int *g_abort;    /* one word, shared */
 static int *g_ring;     /* position -> rank */
+static char *g_os;      /* the one-shot areas, one per rank */
+
+static char *os_area(int rank) {
+  return g_os + (size_t)rank * brg__rk_os_bytes(g_n, OS_SLOT);
+}
 
 static chan_mem &cm(int rank, int ch) {
   return g_mem[rank * MAX_CHANNELS + ch];
@@ -174,6 +184,7 @@ struct tcase {
   int kind, dtype, op;
   size_t count;
   int inplace, root;
+  int oneshot; /* an allreduce by the one-shot path */
 };
 
 static std::vector<tcase> make_cases() {
@@ -187,8 +198,12 @@ static std::vector<tcase> make_cases() {
         for (size_t n : counts) {
           /* quick: every op on small counts, the large count for sum */
           if (g_quick && n > 4099 && op != BRG_SUM) continue;
-          for (int inplace = 0; inplace < 2; inplace++)
-            v.push_back({kind, dt, op, n, inplace, (int)((n + (size_t)dt) % (size_t)g_n)});
+          for (int inplace = 0; inplace < 2; inplace++) {
+            int root = (int)((n + (size_t)dt) % (size_t)g_n);
+            if (!g_only_oneshot) v.push_back({kind, dt, op, n, inplace, root, 0});
+            if (kind == ALLREDUCE && n > 0 && n <= 4099)
+              v.push_back({kind, dt, op, n, inplace, root, 1});
+          }
         }
       }
   return v;
@@ -226,12 +241,13 @@ static int check_case(int ci, const tcase &t, int rank, const unsigned char *out
         uint64_t g = 0, w = 0;
         memcpy(&g, out + i * es, es);
         memcpy(&w, want.data() + i * es, es);
-        fprintf(stderr,
-                "FAIL rank %d case %d: %s kind %d %s count %zu %s root %d: element %zu is 0x%llx, "
-                "expected 0x%llx\n",
-                rank, ci, brg_dtype_name((brg_dtype)t.dtype), t.kind, brg_op_name((brg_op)t.op),
-                t.count, t.inplace ? "in place" : "out of place", t.root, i, (unsigned long long)g,
-                (unsigned long long)w);
+        fprintf(
+            stderr,
+            "FAIL rank %d case %d: %s kind %d%s %s count %zu %s root %d: element %zu is 0x%llx, "
+            "expected 0x%llx\n",
+            rank, ci, brg_dtype_name((brg_dtype)t.dtype), t.kind, t.oneshot ? " one-shot" : "",
+            brg_op_name((brg_op)t.op), t.count, t.inplace ? "in place" : "out of place", t.root, i,
+            (unsigned long long)g, (unsigned long long)w);
       }
       return 1;
     }
@@ -282,7 +298,15 @@ static int run_rank(int rank) {
     }
     if (t.kind == REDUCE && rank != t.root && !t.inplace) r = nullptr;
     args a = make_args(rank, t.kind, t.dtype, t.op, t.root, s, r, t.count, &status);
-    if (brg_simt_emu::launch((unsigned)g_channels, (unsigned)g_threads, [&] { run(a); }) != 0) {
+    unsigned blocks = (unsigned)g_channels;
+    if (t.oneshot) {
+      a.oneshot = 1;
+      a.os.rank = rank;
+      a.os.slot_bytes = OS_SLOT;
+      for (int q = 0; q < g_n; q++) a.os.area[q] = os_area(q);
+      blocks = 1;
+    }
+    if (brg_simt_emu::launch(blocks, (unsigned)g_threads, [&] { run(a); }) != 0) {
       fprintf(stderr, "FAIL rank %d: the emulator could not launch\n", rank);
       return fails + 1;
     }
@@ -319,6 +343,7 @@ static void setup_shared(int n) {
   g_mem = static_cast<chan_mem *>(shared_alloc(sizeof(chan_mem) * (size_t)n * MAX_CHANNELS));
   g_abort = static_cast<int *>(shared_alloc(4096));
   g_ring = static_cast<int *>(shared_alloc(4096));
+  g_os = static_cast<char *>(shared_alloc((size_t)n * brg__rk_os_bytes(n, OS_SLOT)));
   /* position p holds rank (p + 1) mod N: the ring is not the rank order */
   for (int p = 0; p < n; p++) g_ring[p] = (p + 1) % n;
 }
@@ -352,14 +377,22 @@ static int run_procs() {
 /* Rank N-1 never comes; the others' allreduce must stop at the abort word. */
 static int run_abort() {
   std::vector<int> status(g_n, 0);
-  std::vector<std::vector<float>> buf(g_n, std::vector<float>(100000, 1.0f));
+  size_t count = g_only_oneshot ? 4099 : 100000;
+  std::vector<std::vector<float>> buf(g_n, std::vector<float>(count, 1.0f));
   std::atomic<int> returned{0};
   std::vector<std::thread> th;
   for (int r = 0; r < g_n - 1; r++)
     th.emplace_back([&, r] {
       args a = make_args(r, ALLREDUCE, BRG_FLOAT32, BRG_SUM, 0, buf[r].data(), buf[r].data(),
                          buf[r].size(), &status[r]);
-      brg_simt_emu::launch((unsigned)g_channels, (unsigned)g_threads, [&] { run(a); });
+      if (g_only_oneshot) {
+        a.oneshot = 1;
+        a.os.rank = r;
+        a.os.slot_bytes = OS_SLOT;
+        for (int q = 0; q < g_n; q++) a.os.area[q] = os_area(q);
+      }
+      brg_simt_emu::launch(g_only_oneshot ? 1u : (unsigned)g_channels, (unsigned)g_threads,
+                           [&] { run(a); });
       returned++;
     });
   struct timespec ts = {0, 300 * 1000 * 1000};
@@ -390,7 +423,7 @@ static void on_alarm(int) {
 
 int main(int argc, char **argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: %s threads|procs N CHANNELS BLOCK_THREADS [quick] | abort N\n",
+    fprintf(stderr, "usage: %s threads|procs|abort N CHANNELS BLOCK_THREADS [quick|oneshot]\n",
             argv[0]);
     return 2;
   }
@@ -398,7 +431,8 @@ int main(int argc, char **argv) {
   g_n = atoi(argv[2]);
   g_channels = argc > 3 ? atoi(argv[3]) : 2;
   g_threads = argc > 4 ? atoi(argv[4]) : 32;
-  g_quick = argc > 5 && strcmp(argv[5], "quick") == 0;
+  g_only_oneshot = argc > 5 && strcmp(argv[5], "oneshot") == 0;
+  g_quick = g_only_oneshot || (argc > 5 && strcmp(argv[5], "quick") == 0);
   if (g_n < 1 || g_n > 8 || g_channels < 1 || g_channels > MAX_CHANNELS || g_threads < 1 ||
       g_threads > 1024) {
     fprintf(stderr, "bad arguments\n");
@@ -419,6 +453,10 @@ int main(int argc, char **argv) {
     return 2;
   }
   printf("test_ring_kernel_emu %s N=%d channels=%d threads=%d%s: %s\n", mode, g_n, g_channels,
-         g_threads, g_quick ? " quick" : "", bad ? "FAILED" : "ok");
+         g_threads,
+         g_only_oneshot ? " one-shot only"
+         : g_quick      ? " quick"
+                        : "",
+         bad ? "FAILED" : "ok");
   return bad ? 1 : 0;
 }
