@@ -92,7 +92,7 @@ void bench_die_status(bench *b, const char *what, brg_status st) {
 void bench_gpu_check(bench *b, const char *what, int e) {
   if (e == 0) return;
   fprintf(stderr, "%s: rank %d: %s failed: %s\n", bench_prog, b->rank, what,
-          b->gpu->error_string(e));
+          b->gpu->drv.error_string(e));
   if (b->comm) brg_comm_abort(b->comm);
   exit(1);
 }

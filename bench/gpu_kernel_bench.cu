@@ -83,18 +83,18 @@ int main(int argc, char **argv) {
     }
   }
   const brg__cuda_api *api = brg__cuda_module_api();
-  if (api->set_max_blocks(blocks) != 0) {
+  if (api->kern.set_max_blocks(blocks) != 0) {
     fprintf(stderr, "gpu_kernel_bench: -B %d: the grid bound is 1 to %d blocks\n", blocks,
             FULL_BLOCKS);
     return 2;
   }
   char why[256];
-  if (api->probe(why, sizeof why) <= 0) {
+  if (api->drv.probe(why, sizeof why) <= 0) {
     printf("gpu_kernel_bench: skipped: %s\n", why);
     return 77;
   }
   char desc[256];
-  api->describe(desc, sizeof desc);
+  api->drv.describe(desc, sizeof desc);
   printf("# %s\n", desc);
 
   char *a, *b, *d0, *d1;
@@ -136,12 +136,12 @@ int main(int argc, char **argv) {
     for (auto &d : dts) {
       brg_dtype dt = d.dtype;
       size_t n = size / d.size;
-      auto sum1 = [&] { return api->reduce(d0, NULL, a, b, n, dt, BRG_SUM, 1, NULL); };
-      BRG_CUDA_CHECK((cudaError_t)api->set_max_blocks(blocks));
+      auto sum1 = [&] { return api->kern.reduce(d0, NULL, a, b, n, dt, BRG_SUM, 1, NULL); };
+      BRG_CUDA_CHECK((cudaError_t)api->kern.set_max_blocks(blocks));
       double tr = time_it(t, warmup, iters, sum1);
       double tr2 = time_it(t, warmup, iters,
-                           [&] { return api->reduce(d0, d1, a, b, n, dt, BRG_SUM, 1, NULL); });
-      BRG_CUDA_CHECK((cudaError_t)api->set_max_blocks(FULL_BLOCKS));
+                           [&] { return api->kern.reduce(d0, d1, a, b, n, dt, BRG_SUM, 1, NULL); });
+      BRG_CUDA_CHECK((cudaError_t)api->kern.set_max_blocks(FULL_BLOCKS));
       double tf = time_it(t, warmup, iters, sum1);
       double r_gbs = 3.0 * size / tr / 1e9, r2_gbs = 4.0 * size / tr2 / 1e9;
       double f_gbs = 3.0 * size / tf / 1e9;

@@ -69,29 +69,29 @@ static void gpu_open(bench *b) {
   }
   /* One GPU per local rank, as torchrun users do: LOCAL_RANK modulo the
    * GPUs this process sees, unless -g says which. */
-  int ngpu = b->gpu->probe(NULL, 0), want = b->o.gpu >= 0 ? b->o.gpu : local_rank() % ngpu;
+  int ngpu = b->gpu->drv.probe(NULL, 0), want = b->o.gpu >= 0 ? b->o.gpu : local_rank() % ngpu;
   if (want >= ngpu) {
     fprintf(stderr, "%s: rank %d: -g %d: this process sees %d GPU(s)\n", bench_prog, b->rank, want,
             ngpu);
     brg_comm_abort(b->comm);
     exit(2);
   }
-  bench_gpu_check(b, "cudaSetDevice", b->gpu->set_device(want));
-  bench_gpu_check(b, "cudaMalloc", b->gpu->mem_alloc((void **)&b->dsend, b->reg_bytes));
-  bench_gpu_check(b, "cudaMalloc", b->gpu->mem_alloc((void **)&b->drecv, b->reg_bytes));
-  bench_gpu_check(b, "cudaStreamCreate", b->gpu->stream_create(&b->stream));
-  bench_gpu_check(b, "cudaEventCreate", b->gpu->event_create_timing(&b->ev_start));
-  bench_gpu_check(b, "cudaEventCreate", b->gpu->event_create_timing(&b->ev_end));
+  bench_gpu_check(b, "cudaSetDevice", b->gpu->drv.set_device(want));
+  bench_gpu_check(b, "cudaMalloc", b->gpu->drv.mem_alloc((void **)&b->dsend, b->reg_bytes));
+  bench_gpu_check(b, "cudaMalloc", b->gpu->drv.mem_alloc((void **)&b->drecv, b->reg_bytes));
+  bench_gpu_check(b, "cudaStreamCreate", b->gpu->drv.stream_create(&b->stream));
+  bench_gpu_check(b, "cudaEventCreate", b->gpu->drv.event_create_timing(&b->ev_start));
+  bench_gpu_check(b, "cudaEventCreate", b->gpu->drv.event_create_timing(&b->ev_end));
   /* Which ranks share this GPU: the roofline counts their HBM traffic. */
   unsigned char *uuids = calloc((size_t)b->nranks, 16), mine[16] = {0};
   if (!uuids) exit(1);
-  bench_gpu_check(b, "cudaGetDeviceProperties", b->gpu->device_uuid(mine));
+  bench_gpu_check(b, "cudaGetDeviceProperties", b->gpu->drv.device_uuid(mine));
   brg_status st = brg_all_gather(mine, uuids, 16, BRG_UINT8, b->comm, NULL);
   if (st != BRG_SUCCESS) bench_die_status(b, "brg_all_gather (GPU ids)", st);
   b->gpu_share = 0;
   for (int r = 0; r < b->nranks; r++) b->gpu_share += memcmp(uuids + 16 * r, mine, 16) == 0;
   free(uuids);
-  b->gpu->describe(b->gpu_desc, sizeof b->gpu_desc);
+  b->gpu->drv.describe(b->gpu_desc, sizeof b->gpu_desc);
 }
 
 int bench_main(int argc, char **argv, const bench_coll *coll) {
@@ -178,11 +178,11 @@ int bench_main(int argc, char **argv, const bench_coll *coll) {
   if (st != BRG_SUCCESS) bench_die_status(&b, "brg_comm_destroy", st);
   if (b.peer != NULL && b.peer->finalize != NULL) b.peer->finalize();
   if (b.gpu) {
-    b.gpu->event_destroy(b.ev_start);
-    b.gpu->event_destroy(b.ev_end);
-    b.gpu->stream_destroy(b.stream);
-    b.gpu->mem_free(b.dsend);
-    b.gpu->mem_free(b.drecv);
+    b.gpu->drv.event_destroy(b.ev_start);
+    b.gpu->drv.event_destroy(b.ev_end);
+    b.gpu->drv.stream_destroy(b.stream);
+    b.gpu->drv.mem_free(b.dsend);
+    b.gpu->drv.mem_free(b.drecv);
   }
   free(b.sendreg);
   free(b.recvreg);

@@ -447,14 +447,14 @@ typedef struct bench {
 #define GPU_OK(call)                                                                               \
   do {                                                                                             \
     int e_ = (call);                                                                               \
-    if (e_) die("rank %d: %s: %s", b->rank, #call, b->gpu->error_string(e_));                      \
+    if (e_) die("rank %d: %s: %s", b->rank, #call, b->gpu->drv.error_string(e_));                  \
   } while (0)
 
 static void backward(bench *b, int with_reducer) {
   for (size_t l = b->m.nlayers; l-- > 0;) {
     const layer *ly = &b->m.layers[l];
     if (b->gpu)
-      GPU_OK(b->gpu->busy((unsigned)(b->layer_s[l] * 1e6), b->cstream));
+      GPU_OK(b->gpu->kern.busy((unsigned)(b->layer_s[l] * 1e6), b->cstream));
     else
       compute(b->layer_s[l], b->o.spin);
     for (size_t t = ly->first + ly->n; t-- > ly->first;) {
@@ -486,13 +486,13 @@ static double step(bench *b, int mode) {
     t0 = now_s();
     if (b->gpu) {
       BRG_OK(brg_reducer_finalize_on(b->red, st));
-      GPU_OK(b->gpu->stream_sync(st));
+      GPU_OK(b->gpu->drv.stream_sync(st));
     } else {
       BRG_OK(brg_reducer_finalize(b->red));
     }
     return now_s() - t0;
   }
-  if (b->gpu) GPU_OK(b->gpu->stream_sync(st));
+  if (b->gpu) GPU_OK(b->gpu->drv.stream_sync(st));
   return 0;
 }
 
@@ -548,10 +548,10 @@ static int run_rank(opts *o, brg_comm *comm) {
     if (!b->gpu) die("rank %d: -G: no usable GPU: %s", b->rank, why);
     if (o->write_grads) die("-g (backward writes gradients on the host) does not go with -G");
     const char *lr = getenv("LOCAL_RANK");
-    GPU_OK(b->gpu->set_device((lr && *lr ? atoi(lr) : b->rank) % b->gpu->probe(NULL, 0)));
-    GPU_OK(b->gpu->mem_alloc(&b->flat, bytes));
-    GPU_OK(b->gpu->mem_set(b->flat, 0, bytes));
-    GPU_OK(b->gpu->stream_create(&b->cstream));
+    GPU_OK(b->gpu->drv.set_device((lr && *lr ? atoi(lr) : b->rank) % b->gpu->drv.probe(NULL, 0)));
+    GPU_OK(b->gpu->drv.mem_alloc(&b->flat, bytes));
+    GPU_OK(b->gpu->drv.mem_set(b->flat, 0, bytes));
+    GPU_OK(b->gpu->drv.stream_create(&b->cstream));
   } else {
     if (posix_memalign(&b->flat, 4096, bytes) != 0) die("out of memory for %zu bytes", bytes);
     memset(b->flat, 0, bytes);
@@ -607,7 +607,7 @@ static int run_rank(opts *o, brg_comm *comm) {
            BRG_VERSION_PATCH, b->nranks);
     if (b->gpu) {
       char desc[256];
-      b->gpu->describe(desc, sizeof desc);
+      b->gpu->drv.describe(desc, sizeof desc);
       printf("# GPU buffers (-G): %s; compute: a busy kernel per layer on a compute stream\n",
              desc);
     }
@@ -650,8 +650,8 @@ static int run_rank(opts *o, brg_comm *comm) {
   BRG_OK(brg_reducer_destroy(b->red));
   b->red = NULL;
   if (b->gpu) {
-    b->gpu->stream_destroy(b->cstream);
-    b->gpu->mem_free(b->flat);
+    b->gpu->drv.stream_destroy(b->cstream);
+    b->gpu->drv.mem_free(b->flat);
   } else {
     free(b->flat);
   }

@@ -93,26 +93,26 @@ out:
 static double measure_gpu_copy_rate(bench *b) {
   void *src = NULL, *dst = NULL;
   double best = 0;
-  if (b->gpu->mem_alloc(&src, GPU_COPY_BYTES) || b->gpu->mem_alloc(&dst, GPU_COPY_BYTES)) {
+  if (b->gpu->drv.mem_alloc(&src, GPU_COPY_BYTES) || b->gpu->drv.mem_alloc(&dst, GPU_COPY_BYTES)) {
     fprintf(stderr, "%s: no room for the 2 x 256 MiB copy of the roofline\n", bench_prog);
   } else {
-    b->gpu->mem_set(src, 1, GPU_COPY_BYTES);
-    b->gpu->mem_copy(dst, src, GPU_COPY_BYTES);
+    b->gpu->drv.mem_set(src, 1, GPU_COPY_BYTES);
+    b->gpu->drv.mem_copy(dst, src, GPU_COPY_BYTES);
     /* Timed by events on the legacy stream, where cudaMemcpy runs. */
     for (int i = 0; i < 10; i++) {
       float ms = 0;
-      bench_gpu_check(b, "cudaEventRecord", b->gpu->event_record(b->ev_start, NULL));
-      bench_gpu_check(b, "cudaMemcpy", b->gpu->mem_copy(dst, src, GPU_COPY_BYTES));
-      bench_gpu_check(b, "cudaEventRecord", b->gpu->event_record(b->ev_end, NULL));
-      bench_gpu_check(b, "cudaEventSynchronize", b->gpu->event_sync(b->ev_end));
+      bench_gpu_check(b, "cudaEventRecord", b->gpu->drv.event_record(b->ev_start, NULL));
+      bench_gpu_check(b, "cudaMemcpy", b->gpu->drv.mem_copy(dst, src, GPU_COPY_BYTES));
+      bench_gpu_check(b, "cudaEventRecord", b->gpu->drv.event_record(b->ev_end, NULL));
+      bench_gpu_check(b, "cudaEventSynchronize", b->gpu->drv.event_sync(b->ev_end));
       bench_gpu_check(b, "cudaEventElapsedTime",
-                      b->gpu->event_elapsed_ms(&ms, b->ev_start, b->ev_end));
+                      b->gpu->drv.event_elapsed_ms(&ms, b->ev_start, b->ev_end));
       double dt = (double)ms / 1e3;
       if (dt > 0 && (best == 0 || dt < best)) best = dt;
     }
   }
-  if (src) b->gpu->mem_free(src);
-  if (dst) b->gpu->mem_free(dst);
+  if (src) b->gpu->drv.mem_free(src);
+  if (dst) b->gpu->drv.mem_free(dst);
   return best > 0 ? 2.0 * (double)GPU_COPY_BYTES / best : 0;
 }
 

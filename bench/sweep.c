@@ -81,13 +81,13 @@ static size_t row_extent(const row_geom *g, size_t es) {
 static void gpu_move(bench *b, const row_geom *g, size_t es, int up) {
   if (b->gpu == NULL) return;
   size_t n = row_extent(g, es);
-  if (!up) bench_gpu_check(b, "cudaStreamSynchronize", b->gpu->stream_sync(b->stream));
+  if (!up) bench_gpu_check(b, "cudaStreamSynchronize", b->gpu->drv.stream_sync(b->stream));
   bench_gpu_check(b, "cudaMemcpy",
-                  up ? b->gpu->mem_copy(b->dsend, b->sendreg, n)
-                     : b->gpu->mem_copy(b->sendreg, b->dsend, n));
+                  up ? b->gpu->drv.mem_copy(b->dsend, b->sendreg, n)
+                     : b->gpu->drv.mem_copy(b->sendreg, b->dsend, n));
   bench_gpu_check(b, "cudaMemcpy",
-                  up ? b->gpu->mem_copy(b->drecv, b->recvreg, n)
-                     : b->gpu->mem_copy(b->recvreg, b->drecv, n));
+                  up ? b->gpu->drv.mem_copy(b->drecv, b->recvreg, n)
+                     : b->gpu->drv.mem_copy(b->recvreg, b->drecv, n));
 }
 
 /* Poisons the output, then writes this rank's input (in place the input
@@ -191,18 +191,19 @@ static timing time_calls(bench *b, const row_geom *g, brg_dtype dt, brg_op op, i
     }
   }
   for (int i = 0; i < b->o.warmup; i++) run_call(b, g, dt, op, in_place, alg);
-  if (b->gpu) bench_gpu_check(b, "cudaStreamSynchronize", b->gpu->stream_sync(b->stream));
+  if (b->gpu) bench_gpu_check(b, "cudaStreamSynchronize", b->gpu->drv.stream_sync(b->stream));
   if ((st = brg_barrier(b->comm)) != BRG_SUCCESS) bench_die_status(b, "brg_barrier", st);
   double t0 = bench_now_s();
-  if (b->gpu) bench_gpu_check(b, "cudaEventRecord", b->gpu->event_record(b->ev_start, b->stream));
+  if (b->gpu)
+    bench_gpu_check(b, "cudaEventRecord", b->gpu->drv.event_record(b->ev_start, b->stream));
   for (int i = 0; i < b->o.iters; i++) run_call(b, g, dt, op, in_place, alg);
   t.host_usec = (bench_now_s() - t0) * 1e6 / b->o.iters;
   if (b->gpu) {
     float ms = 0;
-    bench_gpu_check(b, "cudaEventRecord", b->gpu->event_record(b->ev_end, b->stream));
-    bench_gpu_check(b, "cudaStreamSynchronize", b->gpu->stream_sync(b->stream));
+    bench_gpu_check(b, "cudaEventRecord", b->gpu->drv.event_record(b->ev_end, b->stream));
+    bench_gpu_check(b, "cudaStreamSynchronize", b->gpu->drv.stream_sync(b->stream));
     bench_gpu_check(b, "cudaEventElapsedTime",
-                    b->gpu->event_elapsed_ms(&ms, b->ev_start, b->ev_end));
+                    b->gpu->drv.event_elapsed_ms(&ms, b->ev_start, b->ev_end));
     t.usec = (double)ms * 1e3 / b->o.iters;
   } else {
     t.usec = (bench_now_s() - t0) * 1e6 / b->o.iters;

@@ -234,7 +234,7 @@ static ncclResult_t run_p2p(void);
 static ncclResult_t init_now(struct ncclComm *comm, int nranks, const ncclUniqueId *id, int rank) {
   const brg__cuda_api *api = cuda();
   if (!api) return ncclUnhandledCudaError;
-  if (api->set_device(comm->device) != 0)
+  if (api->drv.set_device(comm->device) != 0)
     return fail(ncclUnhandledCudaError, "ncclCommInitRank: cudaSetDevice(%d) failed", comm->device);
   brg_unique_id b;
   memcpy(b.internal, id->internal, sizeof b.internal);
@@ -263,7 +263,7 @@ static ncclResult_t init_rank(ncclComm_t *out, int nranks, const ncclUniqueId *i
   if (!api) return ncclUnhandledCudaError;
   struct ncclComm *comm = calloc(1, sizeof *comm);
   if (!comm) return fail(ncclSystemError, "ncclCommInitRank: out of memory");
-  if (api->get_device(&comm->device) != 0) comm->device = 0;
+  if (api->drv.get_device(&comm->device) != 0) comm->device = 0;
   if (group_depth > 0) {
     pending_init *p = calloc(1, sizeof *p);
     if (!p) {
@@ -369,7 +369,7 @@ EXPORT ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devl
     return fail(ncclInvalidArgument, "ncclCommInitAll: comms is NULL or ndev %d < 1", ndev);
   const brg__cuda_api *api = cuda();
   if (!api) return ncclUnhandledCudaError;
-  int ngpu = api->probe(NULL, 0);
+  int ngpu = api->drv.probe(NULL, 0);
   for (int i = 0; i < ndev; i++) {
     int dev = devlist ? devlist[i] : i;
     if (dev < 0 || dev >= ngpu)
@@ -505,17 +505,18 @@ EXPORT ncclResult_t ncclMemAlloc(void **ptr, size_t size) {
   const brg__cuda_api *api = cuda();
   if (!ptr) return fail(ncclInvalidArgument, "ncclMemAlloc: ptr is NULL");
   if (!api) return ncclUnhandledCudaError;
-  int e = api->mem_alloc(ptr, size);
+  int e = api->drv.mem_alloc(ptr, size);
   return e ? fail(ncclUnhandledCudaError, "ncclMemAlloc: cudaMalloc(%zu): %s", size,
-                  api->error_string(e))
+                  api->drv.error_string(e))
            : ncclSuccess;
 }
 
 EXPORT ncclResult_t ncclMemFree(void *ptr) {
   const brg__cuda_api *api = cuda();
   if (!api) return ncclUnhandledCudaError;
-  int e = api->mem_free(ptr);
-  return e ? fail(ncclUnhandledCudaError, "ncclMemFree: %s", api->error_string(e)) : ncclSuccess;
+  int e = api->drv.mem_free(ptr);
+  return e ? fail(ncclUnhandledCudaError, "ncclMemFree: %s", api->drv.error_string(e))
+           : ncclSuccess;
 }
 
 EXPORT ncclResult_t ncclCommRegister(const ncclComm_t comm, void *buff, size_t size,
@@ -630,20 +631,20 @@ static ncclResult_t p2p_now(const pending_p2p *op) {
   ncclResult_t r = ncclSuccess;
   /* The stream is the communicator's device's (a group may hold several). */
   int prev = -1;
-  if (api->get_device(&prev) != 0) prev = -1;
-  int e = api->set_device(op->comm->device);
-  if (!e) e = api->stream_sync(op->stream);
-  if (!e && op->is_send && bytes) e = api->mem_copy(host, op->buf, bytes);
+  if (api->drv.get_device(&prev) != 0) prev = -1;
+  int e = api->drv.set_device(op->comm->device);
+  if (!e) e = api->drv.stream_sync(op->stream);
+  if (!e && op->is_send && bytes) e = api->drv.mem_copy(host, op->buf, bytes);
   if (e) {
-    r = fail(ncclUnhandledCudaError, "%s: %s", fn, api->error_string(e));
+    r = fail(ncclUnhandledCudaError, "%s: %s", fn, api->drv.error_string(e));
   } else if (op->is_send) {
     r = check(op->comm, brg_send(host, op->count, op->dt, op->peer, op->comm->c, NULL), fn);
   } else {
     r = check(op->comm, brg_recv(host, op->count, op->dt, op->peer, op->comm->c, NULL), fn);
-    if (r == ncclSuccess && bytes && (e = api->mem_copy(op->buf, host, bytes)) != 0)
-      r = fail(ncclUnhandledCudaError, "%s: %s", fn, api->error_string(e));
+    if (r == ncclSuccess && bytes && (e = api->drv.mem_copy(op->buf, host, bytes)) != 0)
+      r = fail(ncclUnhandledCudaError, "%s: %s", fn, api->drv.error_string(e));
   }
-  if (prev >= 0) api->set_device(prev);
+  if (prev >= 0) api->drv.set_device(prev);
   free(host);
   return r;
 }

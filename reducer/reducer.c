@@ -196,7 +196,7 @@ static void layout_free(const brg_reducer *red, red_layout *lay) {
   free(lay->bucket_of);
   free(lay->offset);
   if (red->dev.api && lay->slab)
-    red->dev.api->mem_free(lay->slab);
+    red->dev.api->drv.mem_free(lay->slab);
   else
     free(lay->slab);
   memset(lay, 0, sizeof(*lay));
@@ -257,11 +257,11 @@ static brg_status layout_build(brg_reducer *red, const size_t *fill_order, red_l
   }
   if (slab_bytes > 0 && red->dev.api) {
     /* GPU memory, zeroed now (nothing else uses it yet) */
-    if (red->dev.api->mem_alloc(&lay->slab, slab_bytes) != 0) {
+    if (red->dev.api->drv.mem_alloc(&lay->slab, slab_bytes) != 0) {
       lay->slab = NULL;
       goto err;
     }
-    red->dev.api->mem_set(lay->slab, 0, slab_bytes);
+    red->dev.api->drv.mem_set(lay->slab, 0, slab_bytes);
   } else if (slab_bytes > 0) {
     if (posix_memalign(&lay->slab, SLAB_ALIGN, slab_bytes) != 0) {
       lay->slab = NULL;
@@ -302,14 +302,15 @@ static inline char *grad_in_bucket(const red_layout *lay, const red_param *prm, 
 static void dev_check(brg_reducer *red, int e, const char *what) {
   if (e)
     fail_pass(red, BRG_ERR_SYSTEM, "device reducer: %s failed: %s", what,
-              red->dev.api->error_string(e));
+              red->dev.api->drv.error_string(e));
 }
 
 /* Clears [p, p + bytes) in stream order. */
 static void dev_zero(brg_reducer *red, void *p, size_t bytes) {
   for (size_t off = 0; off < bytes; off += ZERO_BYTES) {
     size_t n = bytes - off < ZERO_BYTES ? bytes - off : ZERO_BYTES;
-    dev_check(red, red->dev.api->copy((char *)p + off, NULL, red->dev.zeros, n, red->dev.stream),
+    dev_check(red,
+              red->dev.api->kern.copy((char *)p + off, NULL, red->dev.zeros, n, red->dev.stream),
               "clearing a gradient");
   }
 }
@@ -317,11 +318,11 @@ static void dev_zero(brg_reducer *red, void *p, size_t bytes) {
 /* Makes the parameters' GPU current on this thread; *prev to restore. */
 static void dev_enter(const brg_reducer *red, int *prev) {
   *prev = -1;
-  if (!red->dev.api || red->dev.api->get_device(prev) != 0 || *prev == red->dev.gpu) return;
-  red->dev.api->set_device(red->dev.gpu);
+  if (!red->dev.api || red->dev.api->drv.get_device(prev) != 0 || *prev == red->dev.gpu) return;
+  red->dev.api->drv.set_device(red->dev.gpu);
 }
 static void dev_leave(const brg_reducer *red, int prev) {
-  if (red->dev.api && prev >= 0 && prev != red->dev.gpu) red->dev.api->set_device(prev);
+  if (red->dev.api && prev >= 0 && prev != red->dev.gpu) red->dev.api->drv.set_device(prev);
 }
 
 static void param_pack_device(brg_reducer *red, size_t p, int zero) {
@@ -338,13 +339,15 @@ static void param_pack_device(brg_reducer *red, size_t p, int zero) {
     } else {
       const void *src = red->view ? grad_in_bucket(lay, prm, p) : prm->grad;
       float scale = red->average ? 1.0f / (float)red->nranks : 1.0f;
-      dev_check(red, api->cast(dst, red->half, src, prm->dtype, prm->count, scale, red->dev.stream),
+      dev_check(red,
+                api->kern.cast(dst, red->half, src, prm->dtype, prm->count, scale, red->dev.stream),
                 "the compression hook's cast");
     }
   } else if (zero) {
     dev_zero(red, grad_in_bucket(lay, prm, p), bytes);
   } else if (!red->view) {
-    dev_check(red, api->copy(grad_in_bucket(lay, prm, p), NULL, prm->grad, bytes, red->dev.stream),
+    dev_check(red,
+              api->kern.copy(grad_in_bucket(lay, prm, p), NULL, prm->grad, bytes, red->dev.stream),
               "copying a gradient into its bucket");
   }
 }
@@ -357,13 +360,13 @@ static void param_unpack_device(brg_reducer *red, size_t p) {
   if (bk->half != NULL) {
     void *dst = red->view ? grad_in_bucket(lay, prm, p) : prm->grad;
     dev_check(red,
-              api->cast(dst, prm->dtype, bk->half + lay->offset[p], red->half, prm->count, 1.0f,
-                        red->dev.stream),
+              api->kern.cast(dst, prm->dtype, bk->half + lay->offset[p], red->half, prm->count,
+                             1.0f, red->dev.stream),
               "the compression hook's cast back");
   } else if (!red->view) {
     dev_check(red,
-              api->copy(prm->grad, NULL, grad_in_bucket(lay, prm, p),
-                        prm->count * brg_dtype_size(prm->dtype), red->dev.stream),
+              api->kern.copy(prm->grad, NULL, grad_in_bucket(lay, prm, p),
+                             prm->count * brg_dtype_size(prm->dtype), red->dev.stream),
               "copying a gradient out of its bucket");
   }
 }
@@ -510,7 +513,7 @@ static void wait_all(brg_reducer *red) {
       if (!red->dev.api) brg_wait(&bk->req);
     }
   }
-  if (red->dev.api && red->dev.stream) red->dev.api->stream_sync(red->dev.stream);
+  if (red->dev.api && red->dev.stream) red->dev.api->drv.stream_sync(red->dev.stream);
   if (red->used_inflight) {
     red->used_inflight = 0;
     brg_wait(&red->used_req);
@@ -586,31 +589,31 @@ static brg_status dev_open(brg_reducer *red) {
   if (red->cfg.stream) {
     red->dev.stream = red->cfg.stream;
   } else {
-    e = api->stream_create(&red->dev.stream);
+    e = api->drv.stream_create(&red->dev.stream);
     red->dev.own_stream = e == 0;
   }
   if (!e) {
     what = "cudaEventCreate";
-    e = api->event_create(&red->dev.mark_ev);
+    e = api->drv.event_create(&red->dev.mark_ev);
   }
-  if (!e) e = api->event_create(&red->dev.done_ev);
+  if (!e) e = api->drv.event_create(&red->dev.done_ev);
   if (!e) {
     what = "cudaMalloc of 1 MiB of zeros";
-    e = api->mem_alloc(&red->dev.zeros, ZERO_BYTES);
+    e = api->drv.mem_alloc(&red->dev.zeros, ZERO_BYTES);
   }
-  if (!e) e = api->mem_set(red->dev.zeros, 0, ZERO_BYTES);
+  if (!e) e = api->drv.mem_set(red->dev.zeros, 0, ZERO_BYTES);
   if (e)
     return fail(NULL, BRG_ERR_SYSTEM, "brg_reducer_create: device form: %s failed on GPU %d: %s",
-                what, red->dev.gpu, api->error_string(e));
+                what, red->dev.gpu, api->drv.error_string(e));
   return BRG_SUCCESS;
 }
 
 static void dev_close(brg_reducer *red) {
   const brg__cuda_api *api = red->dev.api;
-  if (red->dev.own_stream) api->stream_destroy(red->dev.stream);
-  if (red->dev.mark_ev) api->event_destroy(red->dev.mark_ev);
-  if (red->dev.done_ev) api->event_destroy(red->dev.done_ev);
-  if (red->dev.zeros) api->mem_free(red->dev.zeros);
+  if (red->dev.own_stream) api->drv.stream_destroy(red->dev.stream);
+  if (red->dev.mark_ev) api->drv.event_destroy(red->dev.mark_ev);
+  if (red->dev.done_ev) api->drv.event_destroy(red->dev.done_ev);
+  if (red->dev.zeros) api->drv.mem_free(red->dev.zeros);
 }
 
 /* Every buffer of the device form must be memory of one GPU. */
@@ -627,7 +630,7 @@ static brg_status dev_check_params(red_dev *dev, const brg_reducer_param *params
     for (int k = 0; k < 2; k++) {
       int gpu = -1;
       if (!buf[k] || q->count == 0) continue;
-      if (!dev->api->pointer_is_device(buf[k], &gpu))
+      if (!dev->api->drv.pointer_is_device(buf[k], &gpu))
         return fail(NULL, BRG_ERR_INVALID_ARGUMENT,
                     "brg_reducer_create: parameter #%zu %s: %s %p is host memory, but "
                     "BRG_REDUCER_DEVICE needs GPU memory",
@@ -640,7 +643,7 @@ static brg_status dev_check_params(red_dev *dev, const brg_reducer_param *params
       dev->gpu = gpu;
     }
   }
-  if (dev->gpu < 0 && dev->api->get_device(&dev->gpu) != 0) dev->gpu = 0;
+  if (dev->gpu < 0 && dev->api->drv.get_device(&dev->gpu) != 0) dev->gpu = 0;
   return BRG_SUCCESS;
 }
 
@@ -845,10 +848,10 @@ brg_status brg_reducer_broadcast_params(brg_reducer *red, int root) {
     }
   }
   if (red->dev.api) {
-    int e = red->dev.api->stream_sync(red->dev.stream);
+    int e = red->dev.api->drv.stream_sync(red->dev.stream);
     if (e && st == BRG_SUCCESS)
       st = fail(red, BRG_ERR_SYSTEM, "brg_reducer_broadcast_params: the stream failed: %s",
-                red->dev.api->error_string(e));
+                red->dev.api->drv.error_string(e));
   }
   dev_leave(red, prev);
   return st;
@@ -950,13 +953,13 @@ brg_status brg_reducer_mark_ready_on(brg_reducer *red, size_t p, brg_stream prod
      * waits for the producer's work so far, then packs and maybe launches. */
     int prev, e;
     dev_enter(red, &prev);
-    e = red->dev.api->event_record(red->dev.mark_ev, producer);
-    if (!e) e = red->dev.api->stream_wait_event(red->dev.stream, red->dev.mark_ev);
+    e = red->dev.api->drv.event_record(red->dev.mark_ev, producer);
+    if (!e) e = red->dev.api->drv.stream_wait_event(red->dev.stream, red->dev.mark_ev);
     if (e)
       st = fail_pass(red, BRG_ERR_SYSTEM,
                      "brg_reducer_mark_ready(%s): ordering after the producer stream %p failed: "
                      "%s",
-                     pname(red, p, nb, sizeof(nb)), producer, red->dev.api->error_string(e));
+                     pname(red, p, nb, sizeof(nb)), producer, red->dev.api->drv.error_string(e));
     param_pack(red, p, 0);
     param_settled(red, p);
     dev_leave(red, prev);
@@ -1052,12 +1055,12 @@ static void first_step_done(brg_reducer *red) {
       for (size_t p = 0; p < n; p++)
         if (red->params[p].count > 0)
           dev_check(red,
-                    api->copy(grad_in_bucket(&nl, &red->params[p], p), NULL,
-                              grad_in_bucket(&red->lay, &red->params[p], p),
-                              red->params[p].count * brg_dtype_size(red->params[p].dtype),
-                              red->dev.stream),
+                    api->kern.copy(grad_in_bucket(&nl, &red->params[p], p), NULL,
+                                   grad_in_bucket(&red->lay, &red->params[p], p),
+                                   red->params[p].count * brg_dtype_size(red->params[p].dtype),
+                                   red->dev.stream),
                     "carrying gradients into the rebuilt buckets");
-    dev_check(red, api->stream_sync(red->dev.stream), "waiting for the stream at the rebuild");
+    dev_check(red, api->drv.stream_sync(red->dev.stream), "waiting for the stream at the rebuild");
   } else if (red->view) { /* the gradients live in the buckets: carry them over */
     for (size_t p = 0; p < n; p++)
       if (red->params[p].count > 0)
@@ -1191,14 +1194,14 @@ static brg_status finalize(brg_reducer *red, brg_stream caller, int blocking) {
 done:
   if (red->dev.api) {
     const brg__cuda_api *api = red->dev.api;
-    int e = blocking ? api->stream_sync(red->dev.stream)
-                     : api->event_record(red->dev.done_ev, red->dev.stream);
-    if (!e && !blocking) e = api->stream_wait_event(caller, red->dev.done_ev);
+    int e = blocking ? api->drv.stream_sync(red->dev.stream)
+                     : api->drv.event_record(red->dev.done_ev, red->dev.stream);
+    if (!e && !blocking) e = api->drv.stream_wait_event(caller, red->dev.done_ev);
     if (e)
       fail_pass(red, BRG_ERR_SYSTEM, "brg_reducer_finalize: %s failed: %s",
                 blocking ? "waiting for the communication stream"
                          : "ordering the caller's stream after the communication stream",
-                api->error_string(e));
+                api->drv.error_string(e));
   }
   dev_leave(red, prev_gpu);
   pthread_mutex_lock(&red->lock);

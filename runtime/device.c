@@ -85,15 +85,16 @@ static void load(void) {
     dlclose(h);
     return;
   }
-  api->set_max_blocks((int)brg__device_int(BRG__DEVICE_BLOCKS)); /* 1..1024, as the module takes */
+  api->kern.set_max_blocks(
+      (int)brg__device_int(BRG__DEVICE_BLOCKS)); /* 1..1024, as the module takes */
   char why[256] = "";
-  if (api->probe(why, sizeof why) <= 0) {
+  if (api->drv.probe(why, sizeof why) <= 0) {
     snprintf(load_why, sizeof load_why, "no usable GPU: %s", why);
     /* The module stays open: cudart cannot be unloaded cleanly once started. */
     return;
   }
   char desc[256];
-  api->describe(desc, sizeof desc);
+  api->drv.describe(desc, sizeof desc);
   BRG__INFO("init", "CUDA module loaded: %s", desc);
   loaded_api = api;
 }
@@ -140,8 +141,8 @@ brg_status brg__device_choose(brg_comm *c, const char *fn, int device, int *gpu)
   if (!api)
     return brg__comm_error(c, BRG_ERR_UNAVAILABLE, "%s: device collectives are unavailable: %s", fn,
                            why);
-  int n = api->probe(NULL, 0);
-  if (device < 0 && api->get_device(&device) != 0) device = 0;
+  int n = api->drv.probe(NULL, 0);
+  if (device < 0 && api->drv.get_device(&device) != 0) device = 0;
   if (device >= n)
     return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT, "%s: device %d is not in [0, %d)", fn,
                            device, n);
@@ -174,7 +175,7 @@ brg_status brg__device_classify(brg_comm *c, const char *fn, const void *sendbuf
   for (int i = 0; i < 2; i++) {
     if (!bufs[i]) continue;
     nbuf++;
-    on_gpu[i] = api->pointer_is_device(bufs[i], &dev[i]);
+    on_gpu[i] = api->drv.pointer_is_device(bufs[i], &dev[i]);
     ngpu += on_gpu[i];
   }
   if (ngpu == 0) {
@@ -201,7 +202,7 @@ brg_status brg__device_classify(brg_comm *c, const char *fn, const void *sendbuf
                            "buffers must be on one GPU",
                            fn, sendbuf, dev[0], recvbuf, dev[1]);
   int d = ngpu ? (on_gpu[0] ? dev[0] : dev[1]) : -1;
-  if (d < 0 && api->get_device(&d) != 0) d = 0; /* no buffer: the current device */
+  if (d < 0 && api->drv.get_device(&d) != 0) d = 0; /* no buffer: the current device */
   char whose[64] = "the current device";
   if (ngpu)
     snprintf(whose, sizeof whose, "%s %p", on_gpu[0] ? "sendbuf" : "recvbuf",
@@ -217,16 +218,16 @@ brg_status brg__device_enter(brg_comm *c, int gpu, int *prev) {
   const brg__cuda_api *api = brg__device_api(NULL);
   *prev = -1;
   int cur = -1;
-  int e = api->get_device(&cur);
+  int e = api->drv.get_device(&cur);
   if (!e && cur == gpu) return BRG_SUCCESS;
-  if (!e) e = api->set_device(gpu);
+  if (!e) e = api->drv.set_device(gpu);
   if (e)
     return brg__comm_error(c, BRG_ERR_SYSTEM, "rank %d: cudaSetDevice(%d) failed: %s", c->rank, gpu,
-                           api->error_string(e));
+                           api->drv.error_string(e));
   *prev = cur;
   return BRG_SUCCESS;
 }
 
 void brg__device_leave(int prev) {
-  if (prev >= 0) brg__device_api(NULL)->set_device(prev);
+  if (prev >= 0) brg__device_api(NULL)->drv.set_device(prev);
 }

@@ -184,7 +184,7 @@ typedef struct dev_blob {
 
 static brg_status cuda_fail(brg_comm *c, const brg__cuda_api *api, int e, const char *what) {
   return brg__comm_error(c, BRG_ERR_SYSTEM, "rank %d: CUDA %s failed: %s", c->rank, what,
-                         api->error_string(e));
+                         api->drv.error_string(e));
 }
 
 size_t brg__device_ring_slice_bytes(const struct brg__dev_ring *d) {
@@ -197,48 +197,48 @@ size_t brg__device_ring_slice_bytes(const struct brg__dev_ring *d) {
 static void ring_release(struct brg__dev_ring *d) {
   const brg__cuda_api *api = d->api;
   for (int k = 0; k < d->nslots; k++) {
-    if (d->prev_opened && d->prev_send_ev[k]) api->event_destroy(d->prev_send_ev[k]);
-    if (d->next_opened && d->next_rel_ev[k]) api->event_destroy(d->next_rel_ev[k]);
+    if (d->prev_opened && d->prev_send_ev[k]) api->drv.event_destroy(d->prev_send_ev[k]);
+    if (d->next_opened && d->next_rel_ev[k]) api->drv.event_destroy(d->next_rel_ev[k]);
   }
-  if (d->next_mapped && d->next_fifo) api->ipc_mem_close(d->next_fifo);
+  if (d->next_mapped && d->next_fifo) api->drv.ipc_mem_close(d->next_fifo);
   if (d->next_host) {
-    api->host_unregister(d->next_host);
+    api->drv.host_unregister(d->next_host);
     munmap(d->next_host, (size_t)d->nslots * d->stride);
   }
   if (d->send_reg) d->link_send->ops->dev_register(d->link_send, NULL, 0, -1, 0, NULL, NULL);
   if (d->recv_reg) d->link_recv->ops->dev_register(d->link_recv, NULL, 0, -1, 0, NULL, NULL);
-  if (d->send_region) api->host_unregister(d->send_region);
-  if (d->recv_region) api->host_unregister(d->recv_region);
+  if (d->send_region) api->drv.host_unregister(d->send_region);
+  if (d->recv_region) api->drv.host_unregister(d->recv_region);
   for (int k = 0; k < d->nslots; k++) {
-    if (d->send_ev[k]) api->event_destroy(d->send_ev[k]);
-    if (d->rel_ev[k]) api->event_destroy(d->rel_ev[k]);
+    if (d->send_ev[k]) api->drv.event_destroy(d->send_ev[k]);
+    if (d->rel_ev[k]) api->drv.event_destroy(d->rel_ev[k]);
   }
   if (d->fifo_host) {
-    api->host_unregister(d->fifo_host);
+    api->drv.host_unregister(d->fifo_host);
     munmap(d->fifo_host, d->fifo_host_bytes);
   } else if (d->fifo) {
-    api->mem_free(d->fifo);
+    api->drv.mem_free(d->fifo);
   }
   if (d->fifo_shm[0]) shm_unlink(d->fifo_shm);
-  if (d->gdr_send) api->mem_free(d->gdr_send);
-  if (d->proxy) api->stream_destroy(d->proxy);
-  if (d->proxy_ev) api->event_destroy(d->proxy_ev);
-  for (int i = 0; i < d->nspare; i++) api->event_destroy(d->spare_ev[i]);
+  if (d->gdr_send) api->drv.mem_free(d->gdr_send);
+  if (d->proxy) api->drv.stream_destroy(d->proxy);
+  if (d->proxy_ev) api->drv.event_destroy(d->proxy_ev);
+  for (int i = 0; i < d->nspare; i++) api->drv.event_destroy(d->spare_ev[i]);
   free(d->spare_ev);
-  for (int i = 0; i < d->ncallers; i++) api->event_destroy(d->callers[i].ev);
+  for (int i = 0; i < d->ncallers; i++) api->drv.event_destroy(d->callers[i].ev);
   if (d->flag_host) {
-    api->host_unregister(d->flag_host);
+    api->drv.host_unregister(d->flag_host);
     munmap(d->flag_host, FLAG_PAGE);
   }
   for (int r = 0; r < BRG__RK_MAX_PEERS; r++)
-    if (d->kos_map[r]) api->ipc_mem_close(d->kos_map[r]);
-  if (d->knext_mapped) api->ipc_mem_close(d->knext);
-  if (d->kprev_mapped && d->kprev != d->knext) api->ipc_mem_close(d->kprev);
-  if (d->kregion) api->mem_free(d->kregion);
-  if (d->kring) api->mem_free(d->kring);
-  if (d->kdone_ev) api->event_destroy(d->kdone_ev);
+    if (d->kos_map[r]) api->drv.ipc_mem_close(d->kos_map[r]);
+  if (d->knext_mapped) api->drv.ipc_mem_close(d->knext);
+  if (d->kprev_mapped && d->kprev != d->knext) api->drv.ipc_mem_close(d->kprev);
+  if (d->kregion) api->drv.mem_free(d->kregion);
+  if (d->kring) api->drv.mem_free(d->kring);
+  if (d->kdone_ev) api->drv.event_destroy(d->kdone_ev);
   if (d->kwords) {
-    api->host_unregister(d->kwords);
+    api->drv.host_unregister(d->kwords);
     munmap(d->kwords, FLAG_PAGE);
   }
   pthread_mutex_destroy(&d->ev_lock);
@@ -252,7 +252,7 @@ static brg_status event_wait(brg_comm *c, struct brg__dev_ring *d, void *ev, con
   const brg__cuda_api *api = d->api;
   c->wait_start_ns = 0;
   for (int i = 0;; i++) {
-    int e = api->event_query(ev);
+    int e = api->drv.event_query(ev);
     if (e == 0) return BRG_SUCCESS;
     if (e != -1) return cuda_fail(c, api, e, what);
     if (i < 100) continue;
@@ -279,10 +279,10 @@ static void flag_raise(struct brg__dev_ring *d, uint32_t ticket) {
 static int setup_async(struct brg__dev_ring *d, char *why, size_t cap) {
   const brg__cuda_api *api = d->api;
   const char *what = "cudaStreamCreate";
-  int e = api->stream_create(&d->proxy);
+  int e = api->drv.stream_create(&d->proxy);
   if (!e) {
     what = "cudaEventCreate";
-    e = api->event_create(&d->proxy_ev);
+    e = api->drv.event_create(&d->proxy_ev);
   }
   if (!e) {
     what = "the flag page";
@@ -292,16 +292,16 @@ static int setup_async(struct brg__dev_ring *d, char *why, size_t cap) {
       return -1;
     }
     memset(m, 0, FLAG_PAGE);
-    if ((e = api->host_register(m, FLAG_PAGE, &d->flag_dev)) != 0) {
+    if ((e = api->drv.host_register(m, FLAG_PAGE, &d->flag_dev)) != 0) {
       munmap(m, FLAG_PAGE);
     } else {
       d->flag_host = m;
       what = "cuStreamWaitValue32";
       /* The flag is 0: this wait passes at once, and shows that the driver has them. */
-      e = api->stream_wait_value(d->proxy, d->flag_dev, 0);
+      e = api->drv.stream_wait_value(d->proxy, d->flag_dev, 0);
     }
   }
-  if (e) snprintf(why, cap, "%s: %s", what, api->error_string(e));
+  if (e) snprintf(why, cap, "%s: %s", what, api->drv.error_string(e));
   return e;
 }
 
@@ -311,7 +311,7 @@ static void *start_event(struct brg__dev_ring *d) {
   pthread_mutex_lock(&d->ev_lock);
   if (d->nspare > 0) ev = d->spare_ev[--d->nspare];
   pthread_mutex_unlock(&d->ev_lock);
-  if (!ev && d->api->event_create(&ev) != 0) ev = NULL;
+  if (!ev && d->api->drv.event_create(&ev) != 0) ev = NULL;
   return ev;
 }
 
@@ -330,7 +330,7 @@ static void spare_event(struct brg__dev_ring *d, void *ev) {
     ev = NULL;
   }
   pthread_mutex_unlock(&d->ev_lock);
-  if (ev) d->api->event_destroy(ev);
+  if (ev) d->api->drv.event_destroy(ev);
 }
 
 /* The event recorded on a caller's stream after its waits on the flag. */
@@ -340,7 +340,7 @@ static void *caller_event(struct brg__dev_ring *d, void *stream) {
   int n = (int)(sizeof d->callers / sizeof d->callers[0]);
   if (d->ncallers == n) return NULL;
   void *ev = NULL;
-  if (d->api->event_create(&ev) != 0) return NULL;
+  if (d->api->drv.event_create(&ev) != 0) return NULL;
   d->callers[d->ncallers].stream = stream;
   d->callers[d->ncallers].ev = ev;
   d->ncallers++;
@@ -364,9 +364,9 @@ brg_status brg__device_async_begin(brg_comm *c, brg__coll *k) {
                            (int)(sizeof d->callers / sizeof d->callers[0]));
   }
   uint32_t ticket = d->issued + 1;
-  int e = api->event_record(ev, k->stream);
-  if (!e) e = api->stream_wait_value(k->stream, d->flag_dev, ticket);
-  if (!e) e = api->event_record(after, k->stream);
+  int e = api->drv.event_record(ev, k->stream);
+  if (!e) e = api->drv.stream_wait_value(k->stream, d->flag_dev, ticket);
+  if (!e) e = api->drv.event_record(after, k->stream);
   if (e) {
     spare_event(d, ev);
     return cuda_fail(c, api, e, "ordering the caller's stream after the collective");
@@ -381,7 +381,7 @@ brg_status brg__device_async_begin(brg_comm *c, brg__coll *k) {
 
 brg_status brg__device_async_start(brg_comm *c, brg__coll *k) {
   struct brg__dev_ring *d = c->dev;
-  int e = d->api->stream_wait_event(d->proxy, k->start_ev);
+  int e = d->api->drv.stream_wait_event(d->proxy, k->start_ev);
   spare_event(d, k->start_ev);
   k->start_ev = NULL;
   return e ? cuda_fail(c, d->api, e, "cudaStreamWaitEvent (the caller's stream)") : BRG_SUCCESS;
@@ -397,8 +397,8 @@ void brg__device_async_end(brg_comm *c, brg__coll *k, brg_status s) {
   /* In stream order after the collective; and from the host at once when
    * it failed, so that the caller's stream does not wait for work that may
    * never run (the error reaches the caller at its next call). */
-  int e = api->stream_write_value(d->proxy, d->flag_dev, k->ticket);
-  if (!e) e = api->event_record(d->proxy_ev, d->proxy);
+  int e = api->drv.stream_write_value(d->proxy, d->flag_dev, k->ticket);
+  if (!e) e = api->drv.event_record(d->proxy_ev, d->proxy);
   if (s != BRG_SUCCESS || e) flag_raise(d, k->ticket);
 }
 
@@ -409,13 +409,13 @@ static int own_work_drained(struct brg__dev_ring *d, int64_t deadline) {
   for (int i = 0;; i++) {
     int pending = 0;
     for (int k = 0; k < d->nslots && !pending; k++) {
-      if (d->send_ev[k] && api->event_query(d->send_ev[k]) == -1) pending = 1;
-      if (d->rel_ev[k] && api->event_query(d->rel_ev[k]) == -1) pending = 1;
+      if (d->send_ev[k] && api->drv.event_query(d->send_ev[k]) == -1) pending = 1;
+      if (d->rel_ev[k] && api->drv.event_query(d->rel_ev[k]) == -1) pending = 1;
     }
-    if (d->proxy_ev && api->event_query(d->proxy_ev) == -1) pending = 1;
-    if (d->kdone_ev && api->event_query(d->kdone_ev) == -1) pending = 1;
+    if (d->proxy_ev && api->drv.event_query(d->proxy_ev) == -1) pending = 1;
+    if (d->kdone_ev && api->drv.event_query(d->kdone_ev) == -1) pending = 1;
     for (int k = 0; k < d->ncallers && !pending; k++)
-      if (api->event_query(d->callers[k].ev) == -1) pending = 1;
+      if (api->drv.event_query(d->callers[k].ev) == -1) pending = 1;
     if (!pending) return 1;
     if (brg__deadline_passed(deadline)) return 0;
     brg__sleep_ms(i < 100 ? 0 : 1);
@@ -515,7 +515,7 @@ void brg__device_ring_free(brg_comm *c) {
 static int map_host_fifo(const brg__cuda_api *api, const brg__fifo *f, char **region, char **dev) {
   char *base = (char *)f->ctrl;
   void *dp = NULL;
-  int e = api->host_register(base, brg__fifo_region_bytes(f->nslots, f->slot_bytes), &dp);
+  int e = api->drv.host_register(base, brg__fifo_region_bytes(f->nslots, f->slot_bytes), &dp);
   if (e) return e;
   *region = base;
   *dev = dp;
@@ -531,9 +531,9 @@ static int gdr_register(struct brg__dev_ring *d, brg__conn *link, void *p, size_
   }
   int fd = -1;
   unsigned long long off = 0;
-  int e = d->api->dmabuf_export(p, bytes, &fd, &off);
+  int e = d->api->drv.dmabuf_export(p, bytes, &fd, &off);
   if (e) {
-    snprintf(why, cap, "no dmabuf for GPU memory: %s", d->api->error_string(e));
+    snprintf(why, cap, "no dmabuf for GPU memory: %s", d->api->drv.error_string(e));
     return -1;
   }
   brg__errbuf err;
@@ -558,17 +558,17 @@ static void setup_gdr(struct brg__dev_ring *d, dev_blob *b) {
   }
   /* Kernels may read what the network wrote only after a flush (or on a
    * GPU that orders those writes itself). */
-  int e = d->recv_staged ? d->api->flush_rdma_writes() : 0;
+  int e = d->recv_staged ? d->api->drv.flush_rdma_writes() : 0;
   if (e)
-    snprintf(b->gdr_why, sizeof b->gdr_why, "receive: %s", d->api->error_string(e));
+    snprintf(b->gdr_why, sizeof b->gdr_why, "receive: %s", d->api->drv.error_string(e));
   else if (d->recv_staged && gdr_register(d, d->link_recv, d->fifo, bytes, &b->gdr_rkey, b->gdr_why,
                                           sizeof b->gdr_why) == 0)
     d->recv_reg = b->gdr_recv_ok = 1;
   if (d->send_staged) {
     unsigned char unused[HB];
-    e = d->api->ipc_mem_export((void **)&d->gdr_send, bytes, unused);
+    e = d->api->drv.ipc_mem_export((void **)&d->gdr_send, bytes, unused);
     if (e)
-      snprintf(b->gdr_why, sizeof b->gdr_why, "cudaMalloc: %s", d->api->error_string(e));
+      snprintf(b->gdr_why, sizeof b->gdr_why, "cudaMalloc: %s", d->api->drv.error_string(e));
     else if (gdr_register(d, d->link_send, d->gdr_send, bytes, NULL, b->gdr_why,
                           sizeof b->gdr_why) == 0)
       d->send_reg = b->gdr_send_ok = 1;
@@ -584,16 +584,16 @@ static int prev_reaches(const brg__cuda_api *api, const dev_blob *self, const de
   if (prev->process == self->process) {
     dev = prev->gpu;
   } else {
-    int n = api->probe(NULL, 0), cur = self->gpu;
+    int n = api->drv.probe(NULL, 0), cur = self->gpu;
     for (int i = 0; i < n && dev < 0; i++) {
       unsigned char u[16];
-      if (api->set_device(i) == 0 && api->device_uuid(u) == 0 && !memcmp(u, prev->uuid, 16))
+      if (api->drv.set_device(i) == 0 && api->drv.device_uuid(u) == 0 && !memcmp(u, prev->uuid, 16))
         dev = i;
     }
-    api->set_device(cur);
+    api->drv.set_device(cur);
   }
   int can = 0;
-  return dev >= 0 && api->can_access_peer(&can, dev, self->gpu) == 0 && can;
+  return dev >= 0 && api->drv.can_access_peer(&can, dev, self->gpu) == 0 && can;
 }
 
 /* ---- kernel mode: setup ---- */
@@ -636,23 +636,23 @@ static void setup_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b
              "rank %d's GPU cannot reach the GPU of a neighbour (no peer access)", c->rank);
     return;
   }
-  int e = api->ipc_mem_export((void **)&d->kregion, kregion_bytes(d), b->kregion_handle);
+  int e = api->drv.ipc_mem_export((void **)&d->kregion, kregion_bytes(d), b->kregion_handle);
   const char *what = "cudaMalloc + cudaIpcGetMemHandle of the kernel-mode FIFOs";
   if (!e) {
     what = "clearing the kernel-mode FIFOs";
-    e = api->mem_set(d->kregion, 0, kregion_bytes(d));
+    e = api->drv.mem_set(d->kregion, 0, kregion_bytes(d));
   }
   if (!e) {
     what = "cudaMalloc of the ring order";
-    e = api->mem_alloc((void **)&d->kring, (size_t)c->nranks * sizeof(int));
+    e = api->drv.mem_alloc((void **)&d->kring, (size_t)c->nranks * sizeof(int));
   }
   if (!e) {
     what = "copying the ring order";
-    e = api->mem_copy(d->kring, c->ring, (size_t)c->nranks * sizeof(int));
+    e = api->drv.mem_copy(d->kring, c->ring, (size_t)c->nranks * sizeof(int));
   }
   if (!e) {
     what = "cudaEventCreate";
-    e = api->event_create(&d->kdone_ev);
+    e = api->drv.event_create(&d->kdone_ev);
   }
   if (!e) {
     what = "the abort and status words";
@@ -662,7 +662,7 @@ static void setup_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b
     } else {
       memset(m, 0, FLAG_PAGE);
       void *dev = NULL;
-      if ((e = api->host_register(m, FLAG_PAGE, &dev)) != 0) {
+      if ((e = api->drv.host_register(m, FLAG_PAGE, &dev)) != 0) {
         munmap(m, FLAG_PAGE);
       } else {
         d->kwords = m;
@@ -672,7 +672,7 @@ static void setup_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b
   }
   if (e) {
     snprintf(b->kwhy, sizeof b->kwhy, "%s: %s", what,
-             e == -1 ? strerror(errno) : api->error_string(e));
+             e == -1 ? strerror(errno) : api->drv.error_string(e));
     return;
   }
   b->kregion_ptr = (uint64_t)(uintptr_t)d->kregion;
@@ -689,12 +689,12 @@ static brg_status kernel_map(brg_comm *c, struct brg__dev_ring *d, const dev_blo
     *out = (char *)(uintptr_t)peer->kregion_ptr;
     return BRG_SUCCESS;
   }
-  int e = api->ipc_mem_open((void **)out, peer->kregion_handle);
+  int e = api->drv.ipc_mem_open((void **)out, peer->kregion_handle);
   if (e)
     return brg__comm_error(c, BRG_ERR_SYSTEM,
                            "rank %d: mapping the kernel-mode FIFOs of rank %d (pid %d) with "
                            "cudaIpcOpenMemHandle failed: %s",
-                           c->rank, rank, peer->pid, api->error_string(e));
+                           c->rank, rank, peer->pid, api->drv.error_string(e));
   *mapped = 1;
   return BRG_SUCCESS;
 }
@@ -795,7 +795,7 @@ static int host_fifo_alloc(brg_comm *c, struct brg__dev_ring *d, size_t bytes, i
   d->fifo_host = m;
   d->fifo_host_bytes = bytes;
   void *dev = NULL;
-  int e = d->api->host_register(m, bytes, &dev);
+  int e = d->api->drv.host_register(m, bytes, &dev);
   if (e) return e;
   d->fifo = dev;
   b->fifo_on_host = 1;
@@ -833,12 +833,12 @@ static void setup_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b, const
                 c->rank, b->gpu, c->prev, prev->gpu);
   } else if (!e) {
     what = "cudaMalloc + cudaIpcGetMemHandle of the receive FIFO";
-    e = api->ipc_mem_export((void **)&d->fifo, fifo_bytes(d), b->fifo_handle);
+    e = api->drv.ipc_mem_export((void **)&d->fifo, fifo_bytes(d), b->fifo_handle);
   }
   for (int k = 0; !e && k < d->nslots; k++) {
     what = "creating interprocess events";
-    e = api->ipc_event_export(&d->send_ev[k], b->send_ev[k]);
-    if (!e) e = api->ipc_event_export(&d->rel_ev[k], b->rel_ev[k]);
+    e = api->drv.ipc_event_export(&d->send_ev[k], b->send_ev[k]);
+    if (!e) e = api->drv.ipc_event_export(&d->rel_ev[k], b->rel_ev[k]);
     b->send_ev_ptr[k] = (uint64_t)(uintptr_t)d->send_ev[k];
     b->rel_ev_ptr[k] = (uint64_t)(uintptr_t)d->rel_ev[k];
   }
@@ -846,7 +846,7 @@ static void setup_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b, const
   if (!e) setup_gdr(d, b);
   if (e) {
     snprintf(b->why, sizeof b->why, "%s: %s (%zu bytes of FIFO)", what,
-             e == -1 ? strerror(errno) : api->error_string(e), fifo_bytes(d));
+             e == -1 ? strerror(errno) : api->drv.error_string(e), fifo_bytes(d));
     return;
   }
   b->ok = 1;
@@ -878,14 +878,14 @@ static brg_status reach_peer(brg_comm *c, struct brg__dev_ring *d, int self_gpu,
   const brg__cuda_api *api = d->api;
   if (peer == self_gpu) return BRG_SUCCESS;
   int can = 0;
-  int e = api->can_access_peer(&can, self_gpu, peer);
+  int e = api->drv.can_access_peer(&can, self_gpu, peer);
   if (e) return cuda_fail(c, api, e, "cudaDeviceCanAccessPeer");
   if (!can)
     return brg__comm_error(c, BRG_ERR_UNAVAILABLE,
                            "rank %d on GPU %d cannot reach the memory of rank %d on GPU %d (no "
                            "peer access between them)",
                            c->rank, self_gpu, rank, peer);
-  if ((e = api->enable_peer_access(peer)) != 0)
+  if ((e = api->drv.enable_peer_access(peer)) != 0)
     return cuda_fail(c, api, e, "cudaDeviceEnablePeerAccess");
   BRG__INFO("init", "rank %d: peer access from GPU %d to GPU %d (rank %d)", c->rank, self_gpu, peer,
             rank);
@@ -913,12 +913,12 @@ static brg_status setup_links(brg_comm *c, struct brg__dev_ring *d, const dev_bl
                              c->rank, next->fifo_shm, c->next, strerror(errno));
     d->next_host = m;
     void *dev = NULL;
-    if ((e = api->host_register(m, bytes, &dev)) != 0)
+    if ((e = api->drv.host_register(m, bytes, &dev)) != 0)
       return cuda_fail(c, api, e, "cudaHostRegister of the next rank's host FIFO");
     d->next_fifo = dev;
     d->next_opened = 1;
     for (int k = 0; k < d->nslots; k++)
-      if ((e = api->ipc_event_open(&d->next_rel_ev[k], next->rel_ev[k])) != 0)
+      if ((e = api->drv.ipc_event_open(&d->next_rel_ev[k], next->rel_ev[k])) != 0)
         return cuda_fail(c, api, e, "cudaIpcOpenEventHandle (next rank's events)");
   } else if (next->process == self->process) {
     brg_status s = reach_peer(c, d, self->gpu, next->gpu, c->next);
@@ -926,15 +926,15 @@ static brg_status setup_links(brg_comm *c, struct brg__dev_ring *d, const dev_bl
     d->next_fifo = (char *)(uintptr_t)next->fifo_ptr;
     for (int k = 0; k < d->nslots; k++) d->next_rel_ev[k] = (void *)(uintptr_t)next->rel_ev_ptr[k];
   } else {
-    if ((e = api->ipc_mem_open((void **)&d->next_fifo, next->fifo_handle)) != 0)
+    if ((e = api->drv.ipc_mem_open((void **)&d->next_fifo, next->fifo_handle)) != 0)
       return brg__comm_error(c, BRG_ERR_SYSTEM,
                              "rank %d: mapping the GPU FIFO of rank %d (pid %d) with "
                              "cudaIpcOpenMemHandle failed: %s",
-                             c->rank, c->next, next->pid, api->error_string(e));
+                             c->rank, c->next, next->pid, api->drv.error_string(e));
     d->next_mapped = 1;
     d->next_opened = 1;
     for (int k = 0; k < d->nslots; k++)
-      if ((e = api->ipc_event_open(&d->next_rel_ev[k], next->rel_ev[k])) != 0)
+      if ((e = api->drv.ipc_event_open(&d->next_rel_ev[k], next->rel_ev[k])) != 0)
         return cuda_fail(c, api, e, "cudaIpcOpenEventHandle (next rank's events)");
   }
   if (d->recv_staged) {
@@ -945,7 +945,7 @@ static brg_status setup_links(brg_comm *c, struct brg__dev_ring *d, const dev_bl
   } else {
     d->prev_opened = 1;
     for (int k = 0; k < d->nslots; k++)
-      if ((e = api->ipc_event_open(&d->prev_send_ev[k], prev->send_ev[k])) != 0)
+      if ((e = api->drv.ipc_event_open(&d->prev_send_ev[k], prev->send_ev[k])) != 0)
         return cuda_fail(c, api, e, "cudaIpcOpenEventHandle (previous rank's events)");
   }
   return BRG_SUCCESS;
@@ -1014,10 +1014,10 @@ brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st) {
   pthread_mutex_init(&d->ev_lock, NULL);
   mine->pid = (int32_t)getpid();
   mine->process = process_token();
-  if (api->get_device(&mine->gpu) != 0) mine->gpu = 0;
+  if (api->drv.get_device(&mine->gpu) != 0) mine->gpu = 0;
   mine->nslots = d->nslots;
   mine->slice_bytes = d->slice_bytes;
-  if (api->device_uuid(mine->uuid) != 0) memset(mine->uuid, 0, sizeof mine->uuid);
+  if (api->drv.device_uuid(mine->uuid) != 0) memset(mine->uuid, 0, sizeof mine->uuid);
   d->stride = d->slice_bytes + SLOT_SHIFT_ROOM;
   st->d = d;
   st->mine = mine;
@@ -1093,15 +1093,15 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
   if (s == BRG_SUCCESS && d->kernel) {
     d->async = 0; /* a launch returns at once by itself */
     /* The step mode's FIFO and events go unused: nobody mapped them yet. */
-    if (d->fifo && !d->fifo_host) api->mem_free(d->fifo);
+    if (d->fifo && !d->fifo_host) api->drv.mem_free(d->fifo);
     if (!d->fifo_host) d->fifo = NULL;
     for (int k = 0; k < d->nslots; k++) {
-      if (d->send_ev[k]) api->event_destroy(d->send_ev[k]);
-      if (d->rel_ev[k]) api->event_destroy(d->rel_ev[k]);
+      if (d->send_ev[k]) api->drv.event_destroy(d->send_ev[k]);
+      if (d->rel_ev[k]) api->drv.event_destroy(d->rel_ev[k]);
       d->send_ev[k] = d->rel_ev[k] = NULL;
     }
     char desc[256];
-    api->describe(desc, sizeof desc);
+    api->drv.describe(desc, sizeof desc);
     BRG__INFO("init",
               "device ring: kernel mode (%s): one kernel per collective, %d channels (thread "
               "blocks) with %d slots of %zu bytes each in GPU memory, waiting on the "
@@ -1144,7 +1144,7 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
     int share = 0;
     for (int r = 0; r < c->nranks; r++) share += !memcmp(all[r].uuid, mine->uuid, 16);
     char desc[256];
-    api->describe(desc, sizeof desc);
+    api->drv.describe(desc, sizeof desc);
     BRG__INFO("init", "device ring: not kernel mode: rank %d: %s", kwho, kwhy ? kwhy : "?");
     BRG__INFO("init",
               "device ring: step mode (a copy or reduce kernel per slice and step, "
@@ -1182,7 +1182,7 @@ brg_status brg__device_single(brg_comm *c, const brg__coll *k) {
   size_t esize = brg_dtype_size(k->dtype);
   if (!k->recvbuf || k->recvbuf == k->sendbuf || k->count == 0) return BRG_SUCCESS;
   size_t elems = k->count;
-  int e = api->copy(k->recvbuf, NULL, k->sendbuf, elems * esize, k->stream);
+  int e = api->kern.copy(k->recvbuf, NULL, k->sendbuf, elems * esize, k->stream);
   return e ? cuda_fail(c, api, e, "copy kernel") : BRG_SUCCESS;
 }
 
@@ -1196,14 +1196,16 @@ static int launch(const brg__cuda_api *api, const brg__coll *k, int n, brg__prim
   void *st = k->stream;
   if (m == 0) return 0;
   switch (prim) {
-  case BRG__PRIM_SEND: return api->copy(slot, out, in, bytes, st);
-  case BRG__PRIM_RECV_REDUCE_SEND: return api->reduce(slot, NULL, r, in, m, k->dtype, mid, 1, st);
+  case BRG__PRIM_SEND: return api->kern.copy(slot, out, in, bytes, st);
+  case BRG__PRIM_RECV_REDUCE_SEND:
+    return api->kern.reduce(slot, NULL, r, in, m, k->dtype, mid, 1, st);
   case BRG__PRIM_RECV_REDUCE_COPY_SEND:
-    return api->reduce(out, slot, r, in, m, k->dtype, k->op, n, st);
-  case BRG__PRIM_RECV_REDUCE_COPY: return api->reduce(out, NULL, r, in, m, k->dtype, k->op, n, st);
-  case BRG__PRIM_RECV_COPY_SEND: return api->copy(out, slot, r, bytes, st);
-  case BRG__PRIM_RECV: return api->copy(out, NULL, r, bytes, st);
-  case BRG__PRIM_COPY: return api->copy(out, NULL, in, bytes, st);
+    return api->kern.reduce(out, slot, r, in, m, k->dtype, k->op, n, st);
+  case BRG__PRIM_RECV_REDUCE_COPY:
+    return api->kern.reduce(out, NULL, r, in, m, k->dtype, k->op, n, st);
+  case BRG__PRIM_RECV_COPY_SEND: return api->kern.copy(out, slot, r, bytes, st);
+  case BRG__PRIM_RECV: return api->kern.copy(out, NULL, r, bytes, st);
+  case BRG__PRIM_COPY: return api->kern.copy(out, NULL, in, bytes, st);
   }
   return 0;
 }
@@ -1221,7 +1223,7 @@ static brg_status recv_piece(struct brg__ring_op *o, size_t shift, uint64_t byte
   if (d->recv_gdr) {
     /* the piece landed in the GPU slot itself (at shift 0) */
     if ((s = brg__ring_recv_acquire(o, &hdr, bytes)) != BRG_SUCCESS) return s;
-    if ((e = api->flush_rdma_writes()) != 0)
+    if ((e = api->drv.flush_rdma_writes()) != 0)
       return cuda_fail(c, api, e, "flushing GPUDirect RDMA writes");
     *r = d->fifo + (size_t)rk * d->gdr_stride;
     return BRG_SUCCESS;
@@ -1241,7 +1243,7 @@ static brg_status recv_piece(struct brg__ring_op *o, size_t shift, uint64_t byte
                            c->prev, (unsigned long long)theirs, c->cur_step,
                            brg__coll_name(k->kind), (unsigned long long)k->seq, c->rank,
                            (unsigned long long)bytes);
-  e = api->stream_wait_event(k->stream, d->prev_send_ev[rk]);
+  e = api->drv.stream_wait_event(k->stream, d->prev_send_ev[rk]);
   if (e) return cuda_fail(c, api, e, "cudaStreamWaitEvent (previous rank's slot)");
   *r = d->fifo + (size_t)rk * d->stride + shift;
   return BRG_SUCCESS;
@@ -1270,7 +1272,7 @@ static brg_status send_piece(struct brg__ring_op *o, size_t shift, uint64_t byte
   /* One lap on, the slot is free once the next rank's kernel that read it
    * has run. */
   if (c->send_pos >= (uint64_t)d->nslots &&
-      (e = api->stream_wait_event(o->coll->stream, d->next_rel_ev[sk])) != 0)
+      (e = api->drv.stream_wait_event(o->coll->stream, d->next_rel_ev[sk])) != 0)
     return cuda_fail(c, api, e, "cudaStreamWaitEvent (next rank's slot)");
   *slot = d->next_fifo + (size_t)sk * d->stride + shift;
   memcpy(hslot, &bytes, sizeof bytes);
@@ -1285,7 +1287,7 @@ static brg_status send_done(struct brg__ring_op *o, uint64_t bytes) {
   struct brg__dev_ring *d = o->dev;
   int sk = (int)(c->send_pos % (uint64_t)d->nslots), e;
   brg_status s;
-  if ((e = d->api->event_record(d->send_ev[sk], o->coll->stream)) != 0)
+  if ((e = d->api->drv.event_record(d->send_ev[sk], o->coll->stream)) != 0)
     return cuda_fail(c, d->api, e, "cudaEventRecord");
   if (d->send_staged && (s = event_wait(c, d, d->send_ev[sk],
                                         "cudaEventQuery (slot for the next host)")) != BRG_SUCCESS)
@@ -1302,7 +1304,7 @@ static brg_status recv_done(struct brg__ring_op *o) {
   struct brg__dev_ring *d = o->dev;
   int rk = (int)(c->recv_pos % (uint64_t)d->nslots), e;
   brg_status s;
-  if ((e = d->api->event_record(d->rel_ev[rk], o->coll->stream)) != 0)
+  if ((e = d->api->drv.event_record(d->rel_ev[rk], o->coll->stream)) != 0)
     return cuda_fail(c, d->api, e, "cudaEventRecord");
   if (d->recv_staged &&
       (s = event_wait(c, d, d->rel_ev[rk], "cudaEventQuery (slot from the previous host)")) !=
@@ -1408,8 +1410,8 @@ static brg_status kernel_stopped(brg_comm *c, struct brg__dev_ring *d) {
 brg_status brg__device_capture_check(brg_comm *c, const char *fn, brg__coll *k) {
   const brg__cuda_api *api = brg__device_api(NULL);
   int capturing = 0;
-  if (api->stream_capturing(k->stream, &capturing) != 0 || !capturing) {
-    api->last_error(); /* a query that failed leaves no error behind */
+  if (api->drv.stream_capturing(k->stream, &capturing) != 0 || !capturing) {
+    api->drv.last_error(); /* a query that failed leaves no error behind */
     return BRG_SUCCESS;
   }
   struct brg__dev_ring *d = __atomic_load_n(&c->dev, __ATOMIC_ACQUIRE);
@@ -1474,11 +1476,11 @@ brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k) {
     a.os.slot_bytes = d->kos_slot;
     memcpy(a.os.area, d->kos_area, sizeof a.os.area);
   }
-  int e = api->ring_launch(&a, sizeof a, one ? 1 : d->kchannels, 512, k->stream);
+  int e = api->kern.ring_launch(&a, sizeof a, one ? 1 : d->kchannels, 512, k->stream);
   /* An event recorded into a capture cannot be waited for outside it: the
    * drain at destroy waits for the launches made outside graphs, and the
    * caller for its graphs' launches. */
-  if (!e && !k->captured) e = api->event_record(d->kdone_ev, k->stream);
+  if (!e && !k->captured) e = api->drv.event_record(d->kdone_ev, k->stream);
   d->last_stream = k->stream;
   return e ? cuda_fail(c, api, e, "launching the kernel-mode collective") : BRG_SUCCESS;
 }

@@ -25,24 +25,17 @@ extern "C" {
 #endif
 
 /* Raised whenever the table changes shape; the loader refuses other values. */
-#define BRG__CUDA_ABI 9
+#define BRG__CUDA_ABI 10
 
 /* Name of the one symbol the module exports. */
 #define BRG__CUDA_ENTRY "brg__cuda_module_api"
 
-typedef struct brg__cuda_api {
-  int abi; /* BRG__CUDA_ABI */
-
-  /* Number of usable devices (> 0), or <= 0 with the reason written to why. */
-  int (*probe)(char *why, size_t why_bytes);
-  /* Name and compute capability of the current device, for logs. */
-  void (*describe)(char *out, size_t out_bytes);
-  const char *(*error_string)(int err);
-
-  /* 1 when p is device (or managed) memory, setting *device; 0 for host
-   * memory; a CUDA query that fails counts as host memory. */
-  int (*pointer_is_device)(const void *p, int *device);
-
+/*
+ * The module's table is two: the kernels, what runs on the GPU (the
+ * device forms of kernels.h and kernel mode's ring kernel), and the
+ * driver, what manages it (devices, memory, streams, events, IPC, graphs).
+ */
+typedef struct brg__cuda_kernels {
   /*
    * The device forms of kernels.h, enqueued on `stream` (NULL: the legacy
    * default stream). Same contract: dst0[i] = a[i] (op) b[i] and, when dst1
@@ -55,6 +48,41 @@ typedef struct brg__cuda_api {
                 int op, int divisor, void *stream);
   int (*copy)(void *dst0, void *dst1, const void *src, size_t bytes, void *stream);
   int (*divide)(void *dst, const void *src, size_t count, int dtype, int divisor, void *stream);
+
+  /* The most thread blocks one reduce, copy or divide launch may use, 1 to
+   * 1024 (BRIGADE_DEVICE_BLOCKS; 32 until set): a collective runs beside
+   * the training computation and must not take every SM. A launch uses
+   * the fewest of this, what the size needs and what fits on the GPU. */
+  int (*set_max_blocks)(int blocks);
+
+  /* dst[i] = src[i] converted, on `stream`: float32/float64 to
+   * float16/bfloat16 scaled first (float64 times scale in double, rounded
+   * to float32, then to half), or float16/bfloat16 widened to
+   * float32/float64; rounding and NaN as elem.h's conversions. Other pairs:
+   * an invalid-value error. For the gradient reducer's compression hooks. */
+  int (*cast)(void *dst, int dst_dtype, const void *src, int src_dtype, size_t count, float scale,
+              void *stream);
+  /* A kernel of one thread block that stays busy for `us` microseconds on
+   * `stream`: computation stood in for by benchmarks. */
+  int (*busy)(unsigned us, void *stream);
+
+  /* Kernel mode: one launch of ring_kernel.cuh on `stream`, `channels`
+   * thread blocks of `threads` threads (a multiple of 32, at most 512);
+   * args is a brg__rk_args (ring_args.h) of args_bytes bytes, copied at
+   * the launch. */
+  int (*ring_launch)(const void *args, size_t args_bytes, int channels, int threads, void *stream);
+} brg__cuda_kernels;
+
+typedef struct brg__cuda_driver {
+  /* Number of usable devices (> 0), or <= 0 with the reason written to why. */
+  int (*probe)(char *why, size_t why_bytes);
+  /* Name and compute capability of the current device, for logs. */
+  void (*describe)(char *out, size_t out_bytes);
+  const char *(*error_string)(int err);
+
+  /* 1 when p is device (or managed) memory, setting *device; 0 for host
+   * memory; a CUDA query that fails counts as host memory. */
+  int (*pointer_is_device)(const void *p, int *device);
 
   /* Plain helpers for tests and tools that must not include CUDA headers. */
   int (*mem_alloc)(void **p, size_t bytes);
@@ -126,12 +154,6 @@ typedef struct brg__cuda_api {
   int (*can_access_peer)(int *can, int device, int peer);
   int (*enable_peer_access)(int peer);
 
-  /* The most thread blocks one reduce, copy or divide launch may use, 1 to
-   * 1024 (BRIGADE_DEVICE_BLOCKS; 32 until set): a collective runs beside
-   * the training computation and must not take every SM. A launch uses
-   * the fewest of this, what the size needs and what fits on the GPU. */
-  int (*set_max_blocks)(int blocks);
-
   /* An event for ordering only (no timing), cheap to record. */
   int (*event_create)(void **event);
   /*
@@ -150,22 +172,6 @@ typedef struct brg__cuda_api {
    * (GPUDirect RDMA receive); 0 also where the device orders them itself.
    * BRG__CUDA_ERR_NO_FLUSH where it can do neither. */
   int (*flush_rdma_writes)(void);
-  /* dst[i] = src[i] converted, on `stream`: float32/float64 to
-   * float16/bfloat16 scaled first (float64 times scale in double, rounded
-   * to float32, then to half), or float16/bfloat16 widened to
-   * float32/float64; rounding and NaN as elem.h's conversions. Other pairs:
-   * an invalid-value error. For the gradient reducer's compression hooks. */
-  int (*cast)(void *dst, int dst_dtype, const void *src, int src_dtype, size_t count, float scale,
-              void *stream);
-  /* A kernel of one thread block that stays busy for `us` microseconds on
-   * `stream`: computation stood in for by benchmarks. */
-  int (*busy)(unsigned us, void *stream);
-
-  /* Kernel mode: one launch of ring_kernel.cuh on `stream`, `channels`
-   * thread blocks of `threads` threads (a multiple of 32, at most 512);
-   * args is a brg__rk_args (ring_args.h) of args_bytes bytes, copied at
-   * the launch. */
-  int (*ring_launch)(const void *args, size_t args_bytes, int channels, int threads, void *stream);
 
   /*
    * CUDA graphs. stream_capturing sets *capturing to 1 while `stream` is
@@ -183,6 +189,12 @@ typedef struct brg__cuda_api {
   int (*capture_end)(void *stream, void **graph);
   int (*graph_launch)(void *graph, void *stream);
   int (*graph_destroy)(void *graph);
+} brg__cuda_driver;
+
+typedef struct brg__cuda_api {
+  int abi; /* BRG__CUDA_ABI */
+  brg__cuda_driver drv;
+  brg__cuda_kernels kern;
 } brg__cuda_api;
 
 #define BRG__CUDA_IPC_HANDLE_BYTES 64
@@ -223,7 +235,7 @@ static inline const brg__cuda_api *brg__cuda_open(const char *path, char *why, s
              api ? api->abi : -1, BRG__CUDA_ABI);
     return NULL;
   }
-  if (api->probe(why, cap) <= 0) return NULL;
+  if (api->drv.probe(why, cap) <= 0) return NULL;
   return api;
 }
 

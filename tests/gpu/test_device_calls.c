@@ -75,7 +75,8 @@ int main(void) {
   } else {
     all_collectives(c, host_a, host_b, 64, BRG_ERR_INVALID_ARGUMENT, "host memory");
     void *da = NULL, *db = NULL, *st = NULL;
-    if (api->mem_alloc(&da, 256) || api->mem_alloc(&db, 256) || api->stream_create(&st)) {
+    if (api->drv.mem_alloc(&da, 256) || api->drv.mem_alloc(&db, 256) ||
+        api->drv.stream_create(&st)) {
       EXPECT(0, "cudaMalloc or cudaStreamCreate failed");
     } else {
       char want[512];
@@ -93,24 +94,24 @@ int main(void) {
       expect_status(c, "brg_broadcast(device send, host recv)",
                     brg_broadcast(da, host_b, 64, BRG_FLOAT32, 0, c, st), BRG_ERR_INVALID_ARGUMENT,
                     "host memory");
-      api->mem_copy(da, host_a, sizeof host_a);
-      api->mem_set(db, 0, sizeof host_b);
+      api->drv.mem_copy(da, host_a, sizeof host_a);
+      api->drv.mem_set(db, 0, sizeof host_b);
       expect_status(c, "brg_allreduce(device, stream)",
                     brg_allreduce(da, db, 64, BRG_FLOAT32, BRG_SUM, c, st), BRG_SUCCESS, NULL);
-      EXPECT(api->stream_sync(st) == 0, "stream synchronize");
+      EXPECT(api->drv.stream_sync(st) == 0, "stream synchronize");
       memset(host_b, 0, sizeof host_b);
-      api->mem_copy(host_b, db, sizeof host_b);
+      api->drv.mem_copy(host_b, db, sizeof host_b);
       for (int i = 0; i < 64; i++) EXPECT(host_b[i] == (float)i, "device allreduce element %d", i);
 
       /* Stream 0: device buffers on the legacy default stream. */
       for (int i = 0; i < 64; i++) host_a[i] = (float)(3 * i);
-      api->mem_copy(da, host_a, sizeof host_a);
-      api->mem_set(db, 0, sizeof host_b);
+      api->drv.mem_copy(da, host_a, sizeof host_a);
+      api->drv.mem_set(db, 0, sizeof host_b);
       expect_status(c, "brg_allreduce(device, stream 0)",
                     brg_allreduce(da, db, 64, BRG_FLOAT32, BRG_SUM, c, NULL), BRG_SUCCESS, NULL);
-      EXPECT(api->stream_sync(NULL) == 0, "legacy stream synchronize");
+      EXPECT(api->drv.stream_sync(NULL) == 0, "legacy stream synchronize");
       memset(host_b, 0, sizeof host_b);
-      api->mem_copy(host_b, db, sizeof host_b);
+      api->drv.mem_copy(host_b, db, sizeof host_b);
       for (int i = 0; i < 64; i++)
         EXPECT(host_b[i] == (float)(3 * i), "stream-0 allreduce element %d", i);
 
@@ -135,10 +136,10 @@ int main(void) {
 
       /* A second GPU: buffers split across two GPUs, then a communicator
        * that has run on GPU 0 given buffers on GPU 1. */
-      int ndev = api->probe(NULL, 0);
+      int ndev = api->drv.probe(NULL, 0);
       void *d1 = NULL;
-      if (ndev >= 2 && api->set_device(1) == 0 && api->mem_alloc(&d1, 256) == 0) {
-        api->set_device(0);
+      if (ndev >= 2 && api->drv.set_device(1) == 0 && api->drv.mem_alloc(&d1, 256) == 0) {
+        api->drv.set_device(0);
         snprintf(want, sizeof want,
                  "brg_allreduce: sendbuf %p is on GPU 0 but recvbuf %p on GPU 1: a collective's "
                  "buffers must be on one GPU",
@@ -153,15 +154,15 @@ int main(void) {
         expect_status(c, "brg_allreduce(GPU 1 buffers)",
                       brg_allreduce(d1, d1, 64, BRG_FLOAT32, BRG_SUM, c, NULL),
                       BRG_ERR_INVALID_USAGE, want);
-        api->mem_free(d1);
+        api->drv.mem_free(d1);
       } else {
-        api->set_device(0);
+        api->drv.set_device(0);
         printf("one GPU: the two-GPU cases are not run\n");
       }
-      api->stream_destroy(st);
+      api->drv.stream_destroy(st);
     }
-    api->mem_free(da);
-    api->mem_free(db);
+    api->drv.mem_free(da);
+    api->drv.mem_free(db);
   }
 
   /* The host path is untouched by the failed device calls. */

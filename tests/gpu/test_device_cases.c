@@ -72,11 +72,11 @@ static size_t first_wrong(const float *h, size_t n, int nranks) {
 static void *device_input(const brg__cuda_api *api, size_t n, int rank) {
   void *d = NULL;
   float *h = host_input(n, rank);
-  if (!h || api->mem_alloc(&d, n * sizeof(float)) != 0) {
+  if (!h || api->drv.mem_alloc(&d, n * sizeof(float)) != 0) {
     free(h);
     return NULL;
   }
-  api->mem_copy(d, h, n * sizeof(float));
+  api->drv.mem_copy(d, h, n * sizeof(float));
   free(h);
   return d;
 }
@@ -85,7 +85,7 @@ static int check_device(const brg__cuda_api *api, const void *d, size_t n, int n
                         const char *what) {
   float *h = malloc(n * sizeof *h);
   if (!h) return 0;
-  api->mem_copy(h, d, n * sizeof(float));
+  api->drv.mem_copy(h, d, n * sizeof(float));
   size_t i = first_wrong(h, n, nranks);
   if (i < n) mp_fail("%s: element %zu is %g", what, i, h[i]);
   free(h);
@@ -101,11 +101,11 @@ static int body_queued(mp_ctx *ctx) {
   char why[256];
   const brg__cuda_api *api = open_api(why, sizeof why);
   if (!api) return mp_fail("no GPU: %s", why), 1;
-  if (api->probe(NULL, 0) < 2) return mp_info("one GPU: nothing to check"), 0;
-  if (api->set_device(1) != 0) return mp_fail("cudaSetDevice(1) failed"), 1;
+  if (api->drv.probe(NULL, 0) < 2) return mp_info("one GPU: nothing to check"), 0;
+  if (api->drv.set_device(1) != 0) return mp_fail("cudaSetDevice(1) failed"), 1;
   void *d = device_input(api, QUEUED_DEV, ctx->rank), *st = NULL;
   float *h = host_input(QUEUED_HOST, ctx->rank);
-  if (!d || !h || api->stream_create(&st) != 0) return mp_fail("setup failed"), 1;
+  if (!d || !h || api->drv.stream_create(&st) != 0) return mp_fail("setup failed"), 1;
   brg_request req;
   brg_status s = brg_iallreduce(h, h, QUEUED_HOST, BRG_FLOAT32, BRG_SUM, ctx->comm, &req);
   MP_CHECK(s == BRG_SUCCESS, "brg_iallreduce: %s", brg_comm_last_error(ctx->comm));
@@ -117,13 +117,13 @@ static int body_queued(mp_ctx *ctx) {
   MP_CHECK(s == BRG_SUCCESS, "brg_wait: %s", brg_comm_last_error(ctx->comm));
   size_t i = first_wrong(h, QUEUED_HOST, ctx->nranks);
   MP_CHECK(i == QUEUED_HOST, "host iallreduce: element %zu is %g", i, i < QUEUED_HOST ? h[i] : 0);
-  api->stream_sync(st);
+  api->drv.stream_sync(st);
   check_device(api, d, QUEUED_DEV, ctx->nranks, "device allreduce on GPU 1");
   int cur = -1;
-  api->get_device(&cur);
+  api->drv.get_device(&cur);
   MP_CHECK(cur == 1, "the caller's current device changed to %d", cur);
-  api->stream_destroy(st);
-  api->mem_free(d);
+  api->drv.stream_destroy(st);
+  api->drv.mem_free(d);
   free(h);
   return 0;
 }
@@ -143,8 +143,8 @@ static void *thread_main(void *arg) {
   const brg__cuda_api *api = t->api;
   brg_comm *c = NULL;
   void *d = NULL, *st = NULL;
-  if (api->set_device(t->gpu) != 0 || !(d = device_input(api, THREADS_COUNT, t->rank)) ||
-      api->stream_create(&st) != 0) {
+  if (api->drv.set_device(t->gpu) != 0 || !(d = device_input(api, THREADS_COUNT, t->rank)) ||
+      api->drv.stream_create(&st) != 0) {
     mp_fail("rank %d: setup on GPU %d failed", t->rank, t->gpu);
     return NULL;
   }
@@ -155,14 +155,14 @@ static void *thread_main(void *arg) {
     mp_fail("rank %d on GPU %d: %s: %s", t->rank, t->gpu, brg_status_string(s),
             brg_comm_last_error(c));
   } else {
-    api->stream_sync(st);
+    api->drv.stream_sync(st);
     char what[64];
     snprintf(what, sizeof what, "rank %d on GPU %d", t->rank, t->gpu);
     check_device(api, d, THREADS_COUNT, t->nranks, what);
   }
   if (c) brg_comm_destroy(c);
-  api->stream_destroy(st);
-  api->mem_free(d);
+  api->drv.stream_destroy(st);
+  api->drv.mem_free(d);
   return NULL;
 }
 
@@ -170,7 +170,7 @@ static int body_threads(mp_ctx *ctx) {
   char why[256];
   const brg__cuda_api *api = open_api(why, sizeof why);
   if (!api) return mp_fail("no GPU: %s", why), 1;
-  int ngpu = api->probe(NULL, 0);
+  int ngpu = api->drv.probe(NULL, 0);
   if (ngpu < 2) return mp_info("one GPU: nothing to check"), 0;
   int n = *(const int *)ctx->arg;
   brg_unique_id id;
@@ -194,7 +194,7 @@ static int body_destroy(mp_ctx *ctx) {
   const brg__cuda_api *api = open_api(why, sizeof why);
   if (!api) return mp_fail("no GPU: %s", why), 1;
   void *d = device_input(api, DESTROY_COUNT, ctx->rank), *st = NULL;
-  if (!d || api->stream_create(&st) != 0) return mp_fail("setup failed"), 1;
+  if (!d || api->drv.stream_create(&st) != 0) return mp_fail("setup failed"), 1;
   brg_status s = brg_allreduce(d, d, DESTROY_COUNT, BRG_FLOAT32, BRG_SUM, ctx->comm, st);
   MP_CHECK(s == BRG_SUCCESS, "device allreduce: %s", brg_comm_last_error(ctx->comm));
   /* At once: the collective is only enqueued, and may still run on this
@@ -203,10 +203,10 @@ static int body_destroy(mp_ctx *ctx) {
   ctx->comm = NULL;
   MP_CHECK(s == BRG_SUCCESS, "brg_comm_destroy: %s: %s", brg_status_string(s),
            brg_comm_last_error(NULL));
-  api->stream_sync(st);
+  api->drv.stream_sync(st);
   check_device(api, d, DESTROY_COUNT, ctx->nranks, "allreduce finished after destroy");
-  api->stream_destroy(st);
-  api->mem_free(d);
+  api->drv.stream_destroy(st);
+  api->drv.mem_free(d);
   return 0;
 }
 
@@ -221,7 +221,7 @@ static int body_kill(mp_ctx *ctx) {
   if (!api) return mp_fail("no GPU: %s", why), 1;
   mp_shared *sh = ctx->shared;
   void *d = device_input(api, KILL_COUNT, 0), *st = NULL;
-  if (!d || api->stream_create(&st) != 0) return mp_fail("setup failed"), 1;
+  if (!d || api->drv.stream_create(&st) != 0) return mp_fail("setup failed"), 1;
   brg_status s = BRG_SUCCESS;
   int iter = 0;
   int64_t start = mp_now_ns();
@@ -270,13 +270,13 @@ static int body_async(mp_ctx *ctx) {
   if (!api) return mp_fail("no GPU: %s", why), 1;
   void *a = device_input(api, ASYNC_COUNT, ctx->rank), *st = NULL;
   void *b = device_input(api, ASYNC_COUNT, ctx->rank);
-  if (!a || !b || api->stream_create(&st) != 0) return mp_fail("setup failed"), 1;
+  if (!a || !b || api->drv.stream_create(&st) != 0) return mp_fail("setup failed"), 1;
   /* The first device collective builds the device ring: every rank waits
    * for all, so it is not timed. */
   brg_status s = brg_allreduce(a, a, 1, BRG_FLOAT32, BRG_SUM, ctx->comm, st);
   MP_CHECK(s == BRG_SUCCESS, "first allreduce: %s", brg_comm_last_error(ctx->comm));
-  api->stream_sync(st);
-  api->mem_copy(a, b, sizeof(float)); /* element 0 back to its input */
+  api->drv.stream_sync(st);
+  api->drv.mem_copy(a, b, sizeof(float)); /* element 0 back to its input */
   float h[3] = {1, 2, 3};
   s = brg_barrier(ctx->comm);
   MP_CHECK(s == BRG_SUCCESS, "barrier: %s", brg_comm_last_error(ctx->comm));
@@ -296,14 +296,14 @@ static int body_async(mp_ctx *ctx) {
   MP_CHECK(s == BRG_SUCCESS && h[0] == (float)ctx->nranks && h[2] == 3.0f * (float)ctx->nranks,
            "host allreduce after them: %s, h = %g %g %g", brg_comm_last_error(ctx->comm),
            (double)h[0], (double)h[1], (double)h[2]);
-  api->stream_sync(st);
+  api->drv.stream_sync(st);
   mp_info("rank %d: the calls returned after %.1f ms, the stream finished after %.1f ms", ctx->rank,
           issue_ms, ms_since(t0));
   check_device(api, a, ASYNC_COUNT, ctx->nranks, "first async allreduce");
   check_device(api, b, ASYNC_COUNT, ctx->nranks, "second async allreduce");
-  api->stream_destroy(st);
-  api->mem_free(a);
-  api->mem_free(b);
+  api->drv.stream_destroy(st);
+  api->drv.mem_free(a);
+  api->drv.mem_free(b);
   return 0;
 }
 
@@ -318,14 +318,15 @@ static int body_async(mp_ctx *ctx) {
  * expects N (i % 1000) + N(N-1)/2 + N it at element i of the whole. */
 static void graph_fill(const brg__cuda_api *api, void *d, size_t n, int rank, int it) {
   float *h = host_input(n, rank + it);
-  if (!h || api->mem_copy(d, h, n * sizeof(float)) != 0) mp_fail("filling the input failed");
+  if (!h || api->drv.mem_copy(d, h, n * sizeof(float)) != 0) mp_fail("filling the input failed");
   free(h);
 }
 
 static int graph_check(const brg__cuda_api *api, const void *d, size_t n, size_t first, int nranks,
                        int it, const char *what) {
   float *h = malloc(n * sizeof *h);
-  if (!h || api->mem_copy(h, d, n * sizeof(float)) != 0) return mp_fail("%s: read back", what), 0;
+  if (!h || api->drv.mem_copy(h, d, n * sizeof(float)) != 0)
+    return mp_fail("%s: read back", what), 0;
   for (size_t i = 0; i < n; i++) {
     size_t g = first + i;
     float want = (float)(nranks * (int)(g % 1000) + nranks * (nranks - 1) / 2 + nranks * it);
@@ -355,25 +356,25 @@ static int body_graph(mp_ctx *ctx) {
   const char *mode = getenv("BRIGADE_DEVICE_MODE");
   int step = mode && !strcmp(mode, "step");
   int n = ctx->nranks, rank = ctx->rank;
-  if (api->set_device(rank % api->probe(NULL, 0)) != 0) return mp_fail("cudaSetDevice"), 1;
+  if (api->drv.set_device(rank % api->drv.probe(NULL, 0)) != 0) return mp_fail("cudaSetDevice"), 1;
   void *send = NULL, *recv = NULL, *rs = NULL, *sm = NULL, *x = NULL, *st = NULL, *g = NULL;
-  if (api->mem_alloc(&send, GRAPH_COUNT * sizeof(float)) ||
-      api->mem_alloc(&recv, GRAPH_COUNT * 4) || api->mem_alloc(&rs, GRAPH_RS * 4) ||
-      api->mem_alloc(&sm, GRAPH_SMALL * 4) || !(x = device_input(api, 7, rank)) ||
-      api->stream_create(&st))
+  if (api->drv.mem_alloc(&send, GRAPH_COUNT * sizeof(float)) ||
+      api->drv.mem_alloc(&recv, GRAPH_COUNT * 4) || api->drv.mem_alloc(&rs, GRAPH_RS * 4) ||
+      api->drv.mem_alloc(&sm, GRAPH_SMALL * 4) || !(x = device_input(api, 7, rank)) ||
+      api->drv.stream_create(&st))
     return mp_fail("setup failed"), 1;
   graph_fill(api, send, GRAPH_COUNT, rank, 0);
 
   /* A captured call before the setup: refused, and the capture is intact. */
-  REQUIRE(api->capture_begin(st, 1) == 0, "capture_begin");
+  REQUIRE(api->drv.capture_begin(st, 1) == 0, "capture_begin");
   brg_status s = brg_allreduce(send, recv, GRAPH_COUNT, BRG_FLOAT32, BRG_SUM, ctx->comm, st);
   REQUIRE(s == BRG_ERR_INVALID_USAGE &&
               strstr(brg_comm_last_error(ctx->comm), "brg_comm_device_setup"),
           "a captured allreduce before the setup: %s: %s", brg_status_string(s),
           brg_comm_last_error(ctx->comm));
-  int e = api->capture_end(st, &g);
-  REQUIRE(e == 0, "capture_end after the refused call: %s", api->error_string(e));
-  api->graph_destroy(g);
+  int e = api->drv.capture_end(st, &g);
+  REQUIRE(e == 0, "capture_end after the refused call: %s", api->drv.error_string(e));
+  api->drv.graph_destroy(g);
   g = NULL;
 
   s = brg_comm_device_setup(ctx->comm, -1);
@@ -382,20 +383,20 @@ static int body_graph(mp_ctx *ctx) {
   REQUIRE(s == BRG_SUCCESS, "brg_comm_device_setup again: %s", brg_comm_last_error(ctx->comm));
 
   if (step) {
-    REQUIRE(api->capture_begin(st, 1) == 0, "capture_begin");
+    REQUIRE(api->drv.capture_begin(st, 1) == 0, "capture_begin");
     s = brg_allreduce(send, recv, GRAPH_COUNT, BRG_FLOAT32, BRG_SUM, ctx->comm, st);
     REQUIRE(s == BRG_ERR_INVALID_USAGE && strstr(brg_comm_last_error(ctx->comm), "step mode"),
             "a captured allreduce in step mode: %s: %s", brg_status_string(s),
             brg_comm_last_error(ctx->comm));
-    REQUIRE(api->capture_end(st, &g) == 0, "capture_end");
-    api->graph_destroy(g);
+    REQUIRE(api->drv.capture_end(st, &g) == 0, "capture_end");
+    api->drv.graph_destroy(g);
     s = brg_allreduce(send, recv, GRAPH_COUNT, BRG_FLOAT32, BRG_SUM, ctx->comm, st);
     REQUIRE(s == BRG_SUCCESS, "allreduce after the refused capture: %s",
             brg_comm_last_error(ctx->comm));
-    api->stream_sync(st);
+    api->drv.stream_sync(st);
     graph_check(api, recv, GRAPH_COUNT, 0, n, 0, "step mode, uncaptured");
   } else {
-    REQUIRE(api->capture_begin(st, 1) == 0, "capture_begin");
+    REQUIRE(api->drv.capture_begin(st, 1) == 0, "capture_begin");
     s = brg_allreduce(send, recv, GRAPH_COUNT, BRG_FLOAT32, BRG_SUM, ctx->comm, st);
     if (s == BRG_SUCCESS)
       s = brg_reduce_scatter(send, rs, GRAPH_RS, BRG_FLOAT32, BRG_SUM, ctx->comm, st);
@@ -403,46 +404,46 @@ static int body_graph(mp_ctx *ctx) {
       s = brg_allreduce(send, sm, GRAPH_SMALL, BRG_FLOAT32, BRG_SUM, ctx->comm, st);
     REQUIRE(s == BRG_SUCCESS, "captured collectives: %s: %s", brg_status_string(s),
             brg_comm_last_error(ctx->comm));
-    e = api->capture_end(st, &g);
-    REQUIRE(e == 0, "capture_end: %s", api->error_string(e));
+    e = api->drv.capture_end(st, &g);
+    REQUIRE(e == 0, "capture_end: %s", api->drv.error_string(e));
     for (int it = 0; it < GRAPH_LAUNCHES; it++) {
       graph_fill(api, send, GRAPH_COUNT, rank, it);
-      api->mem_set(recv, 0xff, GRAPH_COUNT * 4);
-      api->mem_set(rs, 0xff, GRAPH_RS * 4);
-      api->mem_set(sm, 0xff, GRAPH_SMALL * 4);
-      e = api->graph_launch(g, st);
-      REQUIRE(e == 0, "graph_launch %d: %s", it, api->error_string(e));
+      api->drv.mem_set(recv, 0xff, GRAPH_COUNT * 4);
+      api->drv.mem_set(rs, 0xff, GRAPH_RS * 4);
+      api->drv.mem_set(sm, 0xff, GRAPH_SMALL * 4);
+      e = api->drv.graph_launch(g, st);
+      REQUIRE(e == 0, "graph_launch %d: %s", it, api->drv.error_string(e));
       if (it == 2) {
         s = brg_allreduce(x, x, 7, BRG_FLOAT32, BRG_SUM, ctx->comm, st);
         REQUIRE(s == BRG_SUCCESS, "an uncaptured allreduce between launches: %s",
                 brg_comm_last_error(ctx->comm));
       }
-      api->stream_sync(st);
+      api->drv.stream_sync(st);
       graph_check(api, recv, GRAPH_COUNT, 0, n, it, "captured allreduce");
       graph_check(api, rs, GRAPH_RS, (size_t)rank * GRAPH_RS, n, it, "captured reduce-scatter");
       graph_check(api, sm, GRAPH_SMALL, 0, n, it, "captured small allreduce");
     }
     check_device(api, x, 7, n, "the uncaptured allreduce between launches");
-    api->graph_destroy(g);
+    api->drv.graph_destroy(g);
     /* A second graph, the communicator's last call captured: destroy
      * must drain without waiting on anything recorded in a capture. */
-    api->mem_free(x);
+    api->drv.mem_free(x);
     REQUIRE((x = device_input(api, 7, rank)) != NULL, "device_input");
-    REQUIRE(api->capture_begin(st, 1) == 0, "capture_begin");
+    REQUIRE(api->drv.capture_begin(st, 1) == 0, "capture_begin");
     s = brg_allreduce(x, x, 7, BRG_FLOAT32, BRG_SUM, ctx->comm, st);
     REQUIRE(s == BRG_SUCCESS, "captured in-place allreduce: %s", brg_comm_last_error(ctx->comm));
-    REQUIRE(api->capture_end(st, &g) == 0, "capture_end");
-    REQUIRE(api->graph_launch(g, st) == 0, "graph_launch");
-    api->stream_sync(st);
+    REQUIRE(api->drv.capture_end(st, &g) == 0, "capture_end");
+    REQUIRE(api->drv.graph_launch(g, st) == 0, "graph_launch");
+    api->drv.stream_sync(st);
     check_device(api, x, 7, n, "a captured in-place allreduce");
-    api->graph_destroy(g);
+    api->drv.graph_destroy(g);
   }
-  api->stream_destroy(st);
-  api->mem_free(send);
-  api->mem_free(recv);
-  api->mem_free(rs);
-  api->mem_free(sm);
-  api->mem_free(x);
+  api->drv.stream_destroy(st);
+  api->drv.mem_free(send);
+  api->drv.mem_free(recv);
+  api->drv.mem_free(rs);
+  api->drv.mem_free(sm);
+  api->drv.mem_free(x);
   return 0;
 }
 

@@ -82,13 +82,13 @@ static int rank_main(int rank, int n) {
   size_t bytes = (size_t)MAXCOUNT * (size_t)n * 4 + 64;
   char *hs = calloc(1, bytes), *hr = calloc(1, bytes);
   void *ds = NULL, *dr = NULL, *st = NULL;
-  if (!api || !hs || !hr || api->mem_alloc(&ds, bytes) || api->mem_alloc(&dr, bytes) ||
-      api->stream_create(&st)) {
+  if (!api || !hs || !hr || api->drv.mem_alloc(&ds, bytes) || api->drv.mem_alloc(&dr, bytes) ||
+      api->drv.stream_create(&st)) {
     fprintf(stderr, "rank %d: no buffers\n", rank);
     return 1;
   }
-  api->mem_set(ds, 0, bytes);
-  api->mem_set(dr, 0, bytes);
+  api->drv.mem_set(ds, 0, bytes);
+  api->drv.mem_set(dr, 0, bytes);
   /* First a device call, so the device ring's set-up (two host all_gathers)
    * comes before the pairs. */
   if (brg_allreduce(ds, dr, 1, BRG_FLOAT32, BRG_SUM, c, st) != BRG_SUCCESS) goto fail;
@@ -100,7 +100,7 @@ static int rank_main(int rank, int n) {
         if (call(kind, s, r, COUNTS[ci], c, NULL) != BRG_SUCCESS) goto fail;
         place(kind, ds, dr, COUNTS[ci], rank, ip, &s, &r);
         if (call(kind, s, r, COUNTS[ci], c, st) != BRG_SUCCESS) goto fail;
-        if (api->stream_sync(st)) goto fail;
+        if (api->drv.stream_sync(st)) goto fail;
       }
   brg_comm_destroy(c);
   return 0;

@@ -29,14 +29,14 @@ static void *rank_main(void *arg) {
   float *host = malloc(COUNT * sizeof *host);
   void *d = NULL, *st = NULL;
   brg_status s = brg_comm_init(&c, nranks, &id, rank);
-  if (s != BRG_SUCCESS || !host || api->mem_alloc(&d, COUNT * sizeof *host) ||
-      api->stream_create(&st)) {
+  if (s != BRG_SUCCESS || !host || api->drv.mem_alloc(&d, COUNT * sizeof *host) ||
+      api->drv.stream_create(&st)) {
     fprintf(stderr, "rank %d: setup failed: %s\n", rank, brg_comm_last_error(c));
     failures[rank]++;
     goto out;
   }
   for (int i = 0; i < COUNT; i++) host[i] = (float)((i % 1000) + rank);
-  api->mem_copy(d, host, COUNT * sizeof *host);
+  api->drv.mem_copy(d, host, COUNT * sizeof *host);
   s = brg_allreduce(d, d, COUNT, BRG_FLOAT32, BRG_SUM, c, st);
   if (s == BRG_SUCCESS) s = brg_broadcast(d, d, 7, BRG_FLOAT32, nranks - 1, c, st);
   if (s != BRG_SUCCESS) {
@@ -44,8 +44,8 @@ static void *rank_main(void *arg) {
     failures[rank]++;
     goto out;
   }
-  api->stream_sync(st);
-  api->mem_copy(host, d, COUNT * sizeof *host);
+  api->drv.stream_sync(st);
+  api->drv.mem_copy(host, d, COUNT * sizeof *host);
   /* sum over ranks of (i % 1000 + r) = N (i % 1000) + N(N-1)/2; the first 7
    * were then broadcast, which changes nothing (every rank has the sum). */
   for (int i = 0; i < COUNT; i++) {
@@ -57,8 +57,8 @@ static void *rank_main(void *arg) {
     }
   }
 out:
-  if (st) api->stream_destroy(st);
-  if (d) api->mem_free(d);
+  if (st) api->drv.stream_destroy(st);
+  if (d) api->drv.mem_free(d);
   free(host);
   if (c) brg_comm_destroy(c);
   return NULL;

@@ -67,7 +67,7 @@ static void fill(unsigned char *p, size_t n, size_t esize) {
   do {                                                                                             \
     int e_ = (call);                                                                               \
     if (e_ != 0) {                                                                                 \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, api->error_string(e_));        \
+      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, api->drv.error_string(e_));    \
       exit(1);                                                                                     \
     }                                                                                              \
   } while (0)
@@ -100,25 +100,25 @@ static void test_reduce(brg_dtype dt, brg_op op, size_t n, size_t off_a, size_t 
   unsigned char *a = dev[A] + off_a, *b = dev[B] + off_a, *d0 = dev[D0] + off_d,
                 *d1 = dev[D1] + off_d;
   char what[160];
-  CK(api->mem_copy(a, ha, bytes));
-  CK(api->mem_copy(b, hb, bytes));
+  CK(api->drv.mem_copy(a, ha, bytes));
+  CK(api->drv.mem_copy(b, hb, bytes));
 
   /* One output. */
-  CK(api->mem_set(dev[D0], 0xa5, bytes + 16));
-  CK(api->reduce(d0, NULL, a, b, n, dt, op, div, NULL));
-  CK(api->stream_sync(NULL));
-  CK(api->mem_copy(got0, d0, bytes));
+  CK(api->drv.mem_set(dev[D0], 0xa5, bytes + 16));
+  CK(api->kern.reduce(d0, NULL, a, b, n, dt, op, div, NULL));
+  CK(api->drv.stream_sync(NULL));
+  CK(api->drv.mem_copy(got0, d0, bytes));
   snprintf(what, sizeof what, "reduce %s %s n=%zu offsets %zu/%zu", dt_names[dt], op_names[op], n,
            off_a, off_d);
   expect_equal(what, got0, want0, n, es, dt, op);
 
   /* Two outputs. */
-  CK(api->mem_set(dev[D0], 0x5a, bytes + 16));
-  CK(api->mem_set(dev[D1], 0x3c, bytes + 16));
-  CK(api->reduce(d0, d1, a, b, n, dt, op, div, NULL));
-  CK(api->stream_sync(NULL));
-  CK(api->mem_copy(got0, d0, bytes));
-  CK(api->mem_copy(got1, d1, bytes));
+  CK(api->drv.mem_set(dev[D0], 0x5a, bytes + 16));
+  CK(api->drv.mem_set(dev[D1], 0x3c, bytes + 16));
+  CK(api->kern.reduce(d0, d1, a, b, n, dt, op, div, NULL));
+  CK(api->drv.stream_sync(NULL));
+  CK(api->drv.mem_copy(got0, d0, bytes));
+  CK(api->drv.mem_copy(got1, d1, bytes));
   snprintf(what, sizeof what, "reduce2 %s %s n=%zu offsets %zu/%zu (dst0)", dt_names[dt],
            op_names[op], n, off_a, off_d);
   expect_equal(what, got0, want0, n, es, dt, op);
@@ -127,10 +127,10 @@ static void test_reduce(brg_dtype dt, brg_op op, size_t n, size_t off_a, size_t 
   expect_equal(what, got1, want0, n, es, dt, op);
 
   /* In place into the first input, with a second output. */
-  CK(api->reduce(a, d1, a, b, n, dt, op, div, NULL));
-  CK(api->stream_sync(NULL));
-  CK(api->mem_copy(got0, a, bytes));
-  CK(api->mem_copy(got1, d1, bytes));
+  CK(api->kern.reduce(a, d1, a, b, n, dt, op, div, NULL));
+  CK(api->drv.stream_sync(NULL));
+  CK(api->drv.mem_copy(got0, a, bytes));
+  CK(api->drv.mem_copy(got1, d1, bytes));
   snprintf(what, sizeof what, "reduce in place %s %s n=%zu offset %zu", dt_names[dt], op_names[op],
            n, off_a);
   expect_equal(what, got0, want0, n, es, dt, op);
@@ -143,35 +143,35 @@ static void test_divide(brg_dtype dt, size_t n, size_t off, unsigned char *dev[N
   int div = 7;
   fill(host[0], bytes, es);
   brg__divide(host[2], host[0], n, dt, div);
-  CK(api->mem_copy(dev[A] + off, host[0], bytes));
-  CK(api->divide(dev[D0] + off, dev[A] + off, n, dt, div, NULL));
-  CK(api->divide(dev[A] + off, dev[A] + off, n, dt, div, NULL)); /* in place */
-  CK(api->stream_sync(NULL));
+  CK(api->drv.mem_copy(dev[A] + off, host[0], bytes));
+  CK(api->kern.divide(dev[D0] + off, dev[A] + off, n, dt, div, NULL));
+  CK(api->kern.divide(dev[A] + off, dev[A] + off, n, dt, div, NULL)); /* in place */
+  CK(api->drv.stream_sync(NULL));
   char what[96];
   snprintf(what, sizeof what, "divide %s n=%zu offset %zu", dt_names[dt], n, off);
-  CK(api->mem_copy(host[3], dev[D0] + off, bytes));
+  CK(api->drv.mem_copy(host[3], dev[D0] + off, bytes));
   expect_equal(what, host[3], host[2], n, es, dt, BRG_AVG);
-  CK(api->mem_copy(host[3], dev[A] + off, bytes));
+  CK(api->drv.mem_copy(host[3], dev[A] + off, bytes));
   expect_equal(what, host[3], host[2], n, es, dt, BRG_AVG);
 }
 
 static void test_copy(size_t bytes, size_t off_s, size_t off_d, unsigned char *dev[NBUF],
                       unsigned char *host[6]) {
   fill(host[0], bytes, 1);
-  CK(api->mem_copy(dev[A] + off_s, host[0], bytes));
-  CK(api->mem_set(dev[D0], 0, bytes + 16));
-  CK(api->mem_set(dev[D1], 0, bytes + 16));
-  CK(api->copy(dev[D0] + off_d, dev[D1] + off_d, dev[A] + off_s, bytes, NULL));
-  CK(api->stream_sync(NULL));
+  CK(api->drv.mem_copy(dev[A] + off_s, host[0], bytes));
+  CK(api->drv.mem_set(dev[D0], 0, bytes + 16));
+  CK(api->drv.mem_set(dev[D1], 0, bytes + 16));
+  CK(api->kern.copy(dev[D0] + off_d, dev[D1] + off_d, dev[A] + off_s, bytes, NULL));
+  CK(api->drv.stream_sync(NULL));
   char what[96];
   snprintf(what, sizeof what, "copy2 %zu bytes offsets %zu/%zu", bytes, off_s, off_d);
-  CK(api->mem_copy(host[3], dev[D0] + off_d, bytes));
+  CK(api->drv.mem_copy(host[3], dev[D0] + off_d, bytes));
   expect_equal(what, host[3], host[0], bytes, 1, BRG_UINT8, -1);
-  CK(api->mem_copy(host[3], dev[D1] + off_d, bytes));
+  CK(api->drv.mem_copy(host[3], dev[D1] + off_d, bytes));
   expect_equal(what, host[3], host[0], bytes, 1, BRG_UINT8, -1);
-  CK(api->copy(dev[B] + off_d, NULL, dev[A] + off_s, bytes, NULL));
-  CK(api->stream_sync(NULL));
-  CK(api->mem_copy(host[3], dev[B] + off_d, bytes));
+  CK(api->kern.copy(dev[B] + off_d, NULL, dev[A] + off_s, bytes, NULL));
+  CK(api->drv.stream_sync(NULL));
+  CK(api->drv.mem_copy(host[3], dev[B] + off_d, bytes));
   expect_equal(what, host[3], host[0], bytes, 1, BRG_UINT8, -1);
 }
 
@@ -188,7 +188,7 @@ int main(void) {
   const size_t ncounts = sizeof counts / sizeof counts[0];
   size_t max_bytes = (counts[ncounts - 1] + 16) * 8 + 16;
   unsigned char *dev[NBUF], *host[6];
-  for (int i = 0; i < NBUF; i++) CK(api->mem_alloc((void **)&dev[i], max_bytes));
+  for (int i = 0; i < NBUF; i++) CK(api->drv.mem_alloc((void **)&dev[i], max_bytes));
   for (int i = 0; i < 6; i++) {
     host[i] = malloc(max_bytes);
     if (!host[i]) return 1;
@@ -213,7 +213,7 @@ int main(void) {
     for (size_t o = 0; o < 3; o++, cases++)
       test_copy(counts[c], o * 3, o == 2 ? 0 : o * 3, dev, host);
 
-  for (int i = 0; i < NBUF; i++) api->mem_free(dev[i]);
+  for (int i = 0; i < NBUF; i++) api->drv.mem_free(dev[i]);
   for (int i = 0; i < 6; i++) free(host[i]);
   if (failures) {
     fprintf(stderr, "test_kernels_gpu: %d of %d cases failed\n", failures, cases);

@@ -47,12 +47,12 @@ int main(int argc, char **argv) {
     int blocks, ok;
   } bounds[] = {{0, 0}, {-1, 0}, {1, 1}, {32, 1}, {1024, 1}, {1025, 0}};
   for (size_t i = 0; i < sizeof bounds / sizeof bounds[0]; i++) {
-    int e = api->set_max_blocks(bounds[i].blocks);
+    int e = api->kern.set_max_blocks(bounds[i].blocks);
     snprintf(detail, sizeof detail, "set_max_blocks(%d) returned %d", bounds[i].blocks, e);
     expect((e == 0) == bounds[i].ok, "grid bound", detail);
   }
 
-  const char *s = api->error_string(BRG__CUDA_ERR_NO_DMABUF);
+  const char *s = api->drv.error_string(BRG__CUDA_ERR_NO_DMABUF);
   printf("error_string(BRG__CUDA_ERR_NO_DMABUF): %s\n", s);
   expect(s && strstr(s, "dmabuf") && strstr(s, "not supported"), "dmabuf error text",
          s ? s : "NULL");
@@ -60,7 +60,7 @@ int main(int argc, char **argv) {
   expect(s && strlen(s) < 128 - 27, "dmabuf error text", "too long for the runtime's log");
 
   char why[256] = "";
-  int n = api->probe(why, sizeof why);
+  int n = api->drv.probe(why, sizeof why);
   printf("probe with a driver for CUDA 12.2: %d: %s\n", n, why);
   expect(n <= 0, "old driver", "the probe found a device");
   expect(strstr(why, "driver supports CUDA 12.2") != NULL, "old driver", "no driver version");

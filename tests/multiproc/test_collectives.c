@@ -394,20 +394,20 @@ static void *dptr(run *R, const void *p) {
 /* Copies the first GUARD + ext + GUARD bytes of both regions to the device. */
 static void dev_up(run *R, size_t sext, size_t rext) {
   if (!R->dapi) return;
-  R->dapi->mem_copy(R->dsbase, R->sbase, sext + 2 * GUARD);
-  R->dapi->mem_copy(R->drbase, R->rbase, rext + 2 * GUARD);
+  R->dapi->drv.mem_copy(R->dsbase, R->sbase, sext + 2 * GUARD);
+  R->dapi->drv.mem_copy(R->drbase, R->rbase, rext + 2 * GUARD);
 }
 
 /* After a device call: wait for the stream and copy both regions back. */
 static brg_status dev_down(run *R, brg_status st, size_t sext, size_t rext) {
   if (!R->dapi || st != BRG_SUCCESS) return st;
-  int e = R->dapi->stream_sync(R->stream);
+  int e = R->dapi->drv.stream_sync(R->stream);
   if (e) {
-    mp_fail("stream synchronize: %s", R->dapi->error_string(e));
+    mp_fail("stream synchronize: %s", R->dapi->drv.error_string(e));
     return BRG_ERR_SYSTEM;
   }
-  R->dapi->mem_copy(R->sbase, R->dsbase, sext + 2 * GUARD);
-  R->dapi->mem_copy(R->rbase, R->drbase, rext + 2 * GUARD);
+  R->dapi->drv.mem_copy(R->sbase, R->dsbase, sext + 2 * GUARD);
+  R->dapi->drv.mem_copy(R->rbase, R->drbase, rext + 2 * GUARD);
   return st;
 }
 
@@ -1233,15 +1233,15 @@ static int body(mp_ctx *ctx) {
     }
     /* One GPU per rank where there are several (all ranks of a run are on
      * one host): rank modulo the GPUs, as LOCAL_RANK would give. */
-    int ngpu = R.dapi->probe(NULL, 0);
-    if (ngpu > 1 && (e = R.dapi->set_device(ctx->rank % ngpu)) != 0) {
-      mp_fail("cudaSetDevice(%d): %s", ctx->rank % ngpu, R.dapi->error_string(e));
+    int ngpu = R.dapi->drv.probe(NULL, 0);
+    if (ngpu > 1 && (e = R.dapi->drv.set_device(ctx->rank % ngpu)) != 0) {
+      mp_fail("cudaSetDevice(%d): %s", ctx->rank % ngpu, R.dapi->drv.error_string(e));
       return 1;
     }
-    if ((e = R.dapi->mem_alloc((void **)&R.dsbase, region)) != 0 ||
-        (e = R.dapi->mem_alloc((void **)&R.drbase, region)) != 0 ||
-        (e = R.dapi->stream_create(&R.stream)) != 0) {
-      mp_fail("device buffers: %s", R.dapi->error_string(e));
+    if ((e = R.dapi->drv.mem_alloc((void **)&R.dsbase, region)) != 0 ||
+        (e = R.dapi->drv.mem_alloc((void **)&R.drbase, region)) != 0 ||
+        (e = R.dapi->drv.stream_create(&R.stream)) != 0) {
+      mp_fail("device buffers: %s", R.dapi->drv.error_string(e));
       return 1;
     }
   }
@@ -1260,9 +1260,9 @@ static int body(mp_ctx *ctx) {
   }
   if (!R.broken) call_ok(&R, "final barrier", brg_barrier(R.comm));
   if (R.dapi) {
-    R.dapi->stream_destroy(R.stream);
-    R.dapi->mem_free(R.dsbase);
-    R.dapi->mem_free(R.drbase);
+    R.dapi->drv.stream_destroy(R.stream);
+    R.dapi->drv.mem_free(R.dsbase);
+    R.dapi->drv.mem_free(R.drbase);
   }
   free(R.sbase);
   free(R.rbase);

@@ -144,14 +144,14 @@ typedef struct bufs {
 } bufs;
 
 static void to_dev(void *d, const void *h, size_t bytes) {
-  if (bytes && api->mem_copy(d, h, bytes)) {
+  if (bytes && api->drv.mem_copy(d, h, bytes)) {
     FAIL("mem_copy to the GPU failed");
     exit(1);
   }
 }
 static void from_dev(void *h, const void *d, size_t bytes) {
-  api->stream_sync(NULL);
-  if (bytes && api->mem_copy(h, d, bytes)) {
+  api->drv.stream_sync(NULL);
+  if (bytes && api->drv.mem_copy(h, d, bytes)) {
     FAIL("mem_copy from the GPU failed");
     exit(1);
   }
@@ -326,7 +326,7 @@ static void p2p(ncclComm_t comm, int rank, int n, bufs *b) {
     for (int t = 0; t < (int)(sizeof types / sizeof types[0]); t++) {
       fill_p2p(h, t, cnt, rank, next);
       to_dev(b->dsend, h, cnt * type_bytes[t]);
-      api->mem_set(b->drecv, 0xee, cnt * type_bytes[t] + 1);
+      api->drv.mem_set(b->drecv, 0xee, cnt * type_bytes[t] + 1);
       NCCL_OK(ncclGroupStart());
       NCCL_OK(ncclRecv(b->drecv, cnt, types[t], prev, comm, b->stream));
       NCCL_OK(ncclSend(b->dsend, cnt, types[t], next, comm, b->stream));
@@ -416,7 +416,7 @@ static int open_api(void) {
 static int rank_main(int rank, int n, const ncclUniqueId *id) {
   g_rank = rank;
   if (!open_api()) return 1;
-  api->set_device(rank % api->probe(NULL, 0));
+  api->drv.set_device(rank % api->drv.probe(NULL, 0));
   ncclComm_t comm;
   NCCL_OK(ncclGroupStart());
   NCCL_OK(ncclCommInitRank(&comm, n, *id, rank));
@@ -439,21 +439,21 @@ static int init_all(int n) {
   if (!open_api()) return 1;
   ncclComm_t comms[8];
   int devs[8];
-  int ngpu = api->probe(NULL, 0);
+  int ngpu = api->drv.probe(NULL, 0);
   for (int i = 0; i < n; i++) devs[i] = i % ngpu;
   NCCL_OK(ncclCommInitAll(comms, n, devs));
   size_t cnt = 4099;
   void *d[8];
   float *h = malloc(cnt * sizeof *h);
   for (int i = 0; i < n; i++) {
-    api->set_device(devs[i]);
+    api->drv.set_device(devs[i]);
     NCCL_OK(ncclMemAlloc(&d[i], cnt * sizeof(float)));
     for (size_t k = 0; k < cnt; k++) h[k] = (float)input(0, k, i);
-    api->mem_copy(d[i], h, cnt * sizeof(float));
+    api->drv.mem_copy(d[i], h, cnt * sizeof(float));
   }
   NCCL_OK(ncclGroupStart());
   for (int i = 0; i < n; i++) {
-    api->set_device(devs[i]);
+    api->drv.set_device(devs[i]);
     NCCL_OK(ncclAllReduce(d[i], d[i], cnt, ncclFloat32, ncclSum, comms[i], NULL));
   }
   NCCL_OK(ncclGroupEnd());
@@ -461,7 +461,7 @@ static int init_all(int n) {
    * receives i - 1's (the receives issued first). */
   void *e[8];
   for (int i = 0; i < n; i++) {
-    api->set_device(devs[i]);
+    api->drv.set_device(devs[i]);
     NCCL_OK(ncclMemAlloc(&e[i], cnt * sizeof(float)));
   }
   NCCL_OK(ncclGroupStart());
@@ -471,10 +471,10 @@ static int init_all(int n) {
     NCCL_OK(ncclSend(d[i], cnt, ncclFloat32, (i + 1) % n, comms[i], NULL));
   NCCL_OK(ncclGroupEnd());
   for (int i = 0; i < n; i++) {
-    api->set_device(devs[i]);
-    api->stream_sync(NULL);
+    api->drv.set_device(devs[i]);
+    api->drv.stream_sync(NULL);
     for (int pass = 0; pass < 2; pass++) {
-      api->mem_copy(h, pass ? e[i] : d[i], cnt * sizeof(float));
+      api->drv.mem_copy(h, pass ? e[i] : d[i], cnt * sizeof(float));
       for (size_t k = 0; k < cnt; k++)
         if (h[k] != (float)expect(0, k, n)) {
           FAIL("ncclCommInitAll: communicator %d %s element %zu is %g, expected %g", i,

@@ -1,8 +1,9 @@
 """The emulated CUDA module (tests/gpu/emu_module.c) reached from Python.
 
 libbrigade_cuda_emu.so exports one symbol, brg__cuda_module_api, returning
-the table that kernels/cuda/brg_cuda.h declares. The ctypes struct below is
-built from that header's field names, so it follows the header; the
+the table that kernels/cuda/brg_cuda.h declares (abi, then the driver and
+the kernels tables). The ctypes struct below is built from that header's
+field names, flattened, so it follows the header; the
 table's abi field is checked against BRG__CUDA_ABI. A test loads the same
 file that BRIGADE_CUDA_MODULE names, so it and libbrigade.so share one
 instance of the module: memory allocated here is "device" memory to
@@ -22,10 +23,18 @@ def _table_type() -> tuple:
     with open(HEADER) as f:
         text = f.read()
     abi = int(re.search(r"#define BRG__CUDA_ABI (\d+)", text).group(1))
-    body = re.search(r"typedef struct brg__cuda_api \{(.*?)\} brg__cuda_api;", text, re.S).group(1)
-    body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
-    names = re.findall(r"\(\*(\w+)\)\s*\(", body)
-    assert body.strip().startswith("int abi;"), "brg_cuda.h: the table no longer starts with abi"
+    def body(name: str) -> str:
+        m = re.search(r"typedef struct %s \{(.*?)\} %s;" % (name, name), text, re.S)
+        return re.sub(r"/\*.*?\*/", "", m.group(1), flags=re.S)
+
+    top = body("brg__cuda_api").split()
+    assert top == ["int", "abi;", "brg__cuda_driver", "drv;", "brg__cuda_kernels", "kern;"], (
+        "brg_cuda.h: the table is no longer abi, drv, kern"
+    )
+    # the two tables of pointers follow abi with no padding between them
+    names = []
+    for sub in ("brg__cuda_driver", "brg__cuda_kernels"):
+        names += re.findall(r"\(\*(\w+)\)\s*\(", body(sub))
 
     class Table(ctypes.Structure):
         _fields_ = [("abi", ctypes.c_int)] + [(n, ctypes.c_void_p) for n in names]

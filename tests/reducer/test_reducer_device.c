@@ -127,7 +127,7 @@ static int passes(mp_ctx *ctx, const scenario *sc, int device, void *out[NSTEPS]
   for (size_t p = 0; p < NPARAMS; p++) {
     size_t b = bytes_of(p) ? bytes_of(p) : 1;
     if (device) {
-      if (api->mem_alloc(&src[p], b) || (!view && api->mem_alloc(&grad[p], b)))
+      if (api->drv.mem_alloc(&src[p], b) || (!view && api->drv.mem_alloc(&grad[p], b)))
         return mp_fail("cudaMalloc"), 1;
     } else if (!view) {
       grad[p] = calloc(1, b);
@@ -136,7 +136,7 @@ static int passes(mp_ctx *ctx, const scenario *sc, int device, void *out[NSTEPS]
         .name = NULL, .count = counts[p], .dtype = dtypes[p], .grad = view ? NULL : grad[p]};
   }
   for (int k = 0; device && k < NSTREAMS; k++)
-    if (api->stream_create(&st[k])) return mp_fail("cudaStreamCreate"), 1;
+    if (api->drv.stream_create(&st[k])) return mp_fail("cudaStreamCreate"), 1;
   brg_reducer_config cfg = {.flags = sc->flags | (device ? BRG_REDUCER_DEVICE : 0),
                             .hook = sc->hook,
                             .hook_launch = sc->hook == BRG_REDUCER_HOOK_CUSTOM ? hook_launch : NULL,
@@ -174,9 +174,9 @@ static int passes(mp_ctx *ctx, const scenario *sc, int device, void *out[NSTEPS]
         /* The value waits in src; a copy on stream p % 3 produces it. */
         void *ps = st[p % NSTREAMS];
         if (counts[p]) {
-          api->stream_sync(ps); /* src is rewritten synchronously below */
-          api->mem_copy(src[p], host, bytes_of(p));
-          api->copy(g, NULL, src[p], bytes_of(p), ps);
+          api->drv.stream_sync(ps); /* src is rewritten synchronously below */
+          api->drv.mem_copy(src[p], host, bytes_of(p));
+          api->kern.copy(g, NULL, src[p], bytes_of(p), ps);
         }
         s = brg_reducer_mark_ready_on(red, p, ps);
       }
@@ -186,13 +186,13 @@ static int passes(mp_ctx *ctx, const scenario *sc, int device, void *out[NSTEPS]
     MP_CHECK(s == BRG_SUCCESS, "finalize: %s", brg_reducer_last_error(red));
     /* st[0] waits for the reducer, which waited for the producers; a
      * no-sync pass orders nothing, so every producer stream is waited for. */
-    for (int k = 0; device && k < NSTREAMS; k++) api->stream_sync(st[k]);
+    for (int k = 0; device && k < NSTREAMS; k++) api->drv.stream_sync(st[k]);
     for (size_t p = 0; p < NPARAMS; p++) {
       void *g = NULL;
       brg_reducer_grad(red, p, &g);
       if (!counts[p]) continue;
       if (device)
-        api->mem_copy(out[step][p], g, bytes_of(p));
+        api->drv.mem_copy(out[step][p], g, bytes_of(p));
       else
         memcpy(out[step][p], g, bytes_of(p));
     }
@@ -201,13 +201,13 @@ static int passes(mp_ctx *ctx, const scenario *sc, int device, void *out[NSTEPS]
   free(host);
   for (size_t p = 0; p < NPARAMS; p++) {
     if (device) {
-      api->mem_free(src[p]);
-      if (grad[p]) api->mem_free(grad[p]);
+      api->drv.mem_free(src[p]);
+      if (grad[p]) api->drv.mem_free(grad[p]);
     } else {
       free(grad[p]);
     }
   }
-  for (int k = 0; device && k < NSTREAMS; k++) api->stream_destroy(st[k]);
+  for (int k = 0; device && k < NSTREAMS; k++) api->drv.stream_destroy(st[k]);
   return 0;
 }
 
@@ -255,17 +255,17 @@ static int body_scenario(mp_ctx *ctx) {
 static size_t held_pass(mp_ctx *ctx, int mark_on_producer) {
   void *g = NULL, *src = NULL, *prod = NULL, *other = NULL, *flag_dev = NULL;
   uint32_t *flag = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (flag == MAP_FAILED || api->host_register(flag, 4096, &flag_dev) ||
-      api->mem_alloc(&g, ORDER_COUNT * 4) || api->mem_alloc(&src, ORDER_COUNT * 4) ||
-      api->stream_create(&prod) || api->stream_create(&other)) {
+  if (flag == MAP_FAILED || api->drv.host_register(flag, 4096, &flag_dev) ||
+      api->drv.mem_alloc(&g, ORDER_COUNT * 4) || api->drv.mem_alloc(&src, ORDER_COUNT * 4) ||
+      api->drv.stream_create(&prod) || api->drv.stream_create(&other)) {
     mp_fail("setup");
     return 1;
   }
   float *h = malloc(ORDER_COUNT * 4);
   for (size_t i = 0; i < ORDER_COUNT; i++) h[i] = -1.0f; /* stale */
-  api->mem_copy(g, h, ORDER_COUNT * 4);
+  api->drv.mem_copy(g, h, ORDER_COUNT * 4);
   for (size_t i = 0; i < ORDER_COUNT; i++) h[i] = (float)(i % 1000 + (size_t)ctx->rank);
-  api->mem_copy(src, h, ORDER_COUNT * 4);
+  api->drv.mem_copy(src, h, ORDER_COUNT * 4);
   brg_reducer_param prm = {.count = ORDER_COUNT, .dtype = BRG_FLOAT32, .grad = g};
   brg_reducer_config cfg = {.flags = BRG_REDUCER_DEVICE | BRG_REDUCER_SUM};
   brg_reducer *red = NULL;
@@ -275,25 +275,25 @@ static size_t held_pass(mp_ctx *ctx, int mark_on_producer) {
   }
   brg_reducer_prepare(red, 0);
   /* The producer's copy waits for the flag, which the host raises later. */
-  api->stream_wait_value(prod, flag_dev, 1);
-  api->copy(g, NULL, src, ORDER_COUNT * 4, prod);
+  api->drv.stream_wait_value(prod, flag_dev, 1);
+  api->kern.copy(g, NULL, src, ORDER_COUNT * 4, prod);
   brg_reducer_mark_ready_on(red, 0, mark_on_producer ? prod : other);
   mp_sleep_ms(100);
   __atomic_store_n(flag, 1, __ATOMIC_RELEASE);
   brg_status s = brg_reducer_finalize(red);
   MP_CHECK(s == BRG_SUCCESS, "finalize: %s", brg_reducer_last_error(red));
-  api->stream_sync(prod);
-  api->mem_copy(h, g, ORDER_COUNT * 4);
+  api->drv.stream_sync(prod);
+  api->drv.mem_copy(h, g, ORDER_COUNT * 4);
   size_t wrong = 0;
   int n = ctx->nranks;
   for (size_t i = 0; i < ORDER_COUNT; i++)
     wrong += h[i] != (float)(n * (int)(i % 1000) + n * (n - 1) / 2);
   brg_reducer_destroy(red);
-  api->stream_destroy(prod);
-  api->stream_destroy(other);
-  api->mem_free(g);
-  api->mem_free(src);
-  api->host_unregister(flag);
+  api->drv.stream_destroy(prod);
+  api->drv.stream_destroy(other);
+  api->drv.mem_free(g);
+  api->drv.mem_free(src);
+  api->drv.host_unregister(flag);
   munmap(flag, 4096);
   free(h);
   return wrong;
@@ -325,7 +325,7 @@ static int body_errors(mp_ctx *ctx) {
   if (!open_api()) return 1;
   float host[4] = {0};
   void *g = NULL, *st = NULL;
-  if (api->mem_alloc(&g, 16) || api->stream_create(&st)) return mp_fail("setup"), 1;
+  if (api->drv.mem_alloc(&g, 16) || api->drv.stream_create(&st)) return mp_fail("setup"), 1;
   brg_reducer *red = NULL;
   /* GPU form, host gradient: the parameter is named. */
   brg_reducer_param prm[2] = {{.name = "w", .count = 4, .dtype = BRG_FLOAT32, .grad = g},
@@ -362,10 +362,10 @@ static int body_errors(mp_ctx *ctx) {
   brg_reducer_mark_ready_on(red, 1, st);
   expect(brg_reducer_finalize_on(red, st), BRG_ERR_INVALID_USAGE, brg_reducer_last_error(red),
          "'bias' (#1) was marked ready twice");
-  api->stream_sync(st);
+  api->drv.stream_sync(st);
   brg_reducer_destroy(red);
-  api->stream_destroy(st);
-  api->mem_free(g);
+  api->drv.stream_destroy(st);
+  api->drv.mem_free(g);
   return 0;
 }
 
