@@ -28,28 +28,32 @@ typedef struct brg__coll {
   brg__coll_kind kind;
   brg_dtype dtype;
   brg_op op;
-  int root; /* rank, or -1 */
-  const void *sendbuf;
-  void *recvbuf;
-  size_t count; /* the call's count argument */
-  int device;   /* 1: a device collective, buffers in GPU memory */
-  int gpu;      /* the device of its buffers */
-  void *stream; /* its CUDA stream (NULL: the legacy default stream) */
-  uint64_t seq; /* set when it runs */
-  /* Reduce-scatter and all-gather over one full-size buffer of `count`
-   * elements cut into N balanced chunks as allreduce cuts it (chunk r,
-   * rank r's, at brg__part_offset): the phases of hier.c within a host. */
-  int whole;
-  int hier; /* an allreduce hier.c runs (brg__hier_prepare chose it) */
+  int root;   /* rank, or -1 */
+  int device; /* 1: a device collective, buffers in GPU memory */
+  int gpu;    /* the device of its buffers */
   /* A device collective whose host side runs on the communicator's thread
    * (device_ring.c, brg__device_async_begin): `stream` is then the ring's
    * own, which waits for start_ev, recorded on the caller's stream; the
    * caller's stream waits for the ring's flag to reach `ticket`. */
   int async;
   uint32_t ticket;
+  /* Reduce-scatter and all-gather over one full-size buffer of `count`
+   * elements cut into N balanced chunks as allreduce cuts it (chunk r,
+   * rank r's, at brg__part_offset): the phases of hier.c within a host. */
+  unsigned char whole;
+  unsigned char hier;       /* an allreduce hier.c runs (brg__hier_prepare chose it) */
+  unsigned char captured;   /* issued on a stream capturing a CUDA graph (kernel mode) */
+  unsigned char setup_only; /* brg_comm_device_setup: the device setup, no collective */
+  const void *sendbuf;
+  void *recvbuf;
+  size_t count; /* the call's count argument */
+  void *stream; /* its CUDA stream (NULL: the legacy default stream) */
+  uint64_t seq; /* set when it runs */
   void *start_ev;
-  int captured;   /* issued on a stream capturing a CUDA graph (kernel mode) */
-  int setup_only; /* brg_comm_device_setup: the device setup, no collective */
+  /* Reduce-scatter and all-gather (not whole): elements from rank r's
+   * block of the full-size buffer to rank r+1's; 0: count. A part of the
+   * call on one of several rings has a count below the stride. */
+  size_t stride;
 } brg__coll;
 
 /* A point-to-point operation on a request (p2p.c): a receive waiting in

@@ -131,33 +131,48 @@ static brg_status hier_run(brg_comm *c, brg__coll *k) {
   return s;
 }
 
-/* Whether k is cut over the communicator's rings: a host allreduce that
- * gives every ring at least a slice. The count is the same on every rank,
- * so every rank decides alike. */
+/* Whether k is cut over the communicator's rings: a host allreduce,
+ * reduce-scatter, all-gather, broadcast or reduce that gives every ring at
+ * least a slice (of each rank's block, for reduce-scatter and all-gather).
+ * The count is the same on every rank, so every rank decides alike. */
 static int on_rings(const brg_comm *c, const brg__coll *k) {
-  return c->nrings > 1 && !k->device && k->kind == BRG__COLL_ALLREDUCE &&
+  int cut = k->kind == BRG__COLL_ALLREDUCE || k->kind == BRG__COLL_REDUCE_SCATTER ||
+            k->kind == BRG__COLL_ALL_GATHER || k->kind == BRG__COLL_BROADCAST ||
+            k->kind == BRG__COLL_REDUCE;
+  return c->nrings > 1 && !k->device && cut && !k->whole &&
          k->count * brg_dtype_size(k->dtype) >= (size_t)c->nrings * c->slice_bytes;
 }
 
-/* The allreduce k cut into one part per ring: parts 1..R-1 queued on the
+/* Part r of k's elements on ring r of `rings`: the same share of every
+ * rank's block for reduce-scatter and all-gather, whose blocks stay where
+ * they are in the full-size buffer (the part's stride is the call's
+ * count); a contiguous share of the buffers otherwise. */
+static brg__coll ring_part(const brg__coll *k, int rings, int r) {
+  size_t esize = brg_dtype_size(k->dtype);
+  size_t off = brg__part_offset(k->count, rings, r) * esize;
+  brg__coll p = *k;
+  p.count = brg__part_count(k->count, rings, r);
+  if (k->kind == BRG__COLL_REDUCE_SCATTER || k->kind == BRG__COLL_ALL_GATHER)
+    p.stride = k->stride ? k->stride : k->count;
+  /* a buffer a rank does not have (broadcast, reduce) stays NULL */
+  p.sendbuf = k->sendbuf ? (const char *)k->sendbuf + off : NULL;
+  p.recvbuf = k->recvbuf ? (char *)k->recvbuf + off : NULL;
+  return p;
+}
+
+/* The collective k cut into one part per ring: parts 1..R-1 queued on the
  * rings' own communicators, whose threads run them, part 0 here on this
  * one's ring. A part that fails stops the others (their peers hear it on
  * each ring), and the first failure is the call's. */
 static brg_status run_rings(brg_comm *c, brg__coll *k) {
   int rings = c->nrings;
-  size_t esize = brg_dtype_size(k->dtype);
   brg__req *parts = calloc((size_t)rings, sizeof *parts);
   if (!parts) return brg__comm_error(c, BRG_ERR_NO_MEMORY, "out of memory for %d rings", rings);
   for (int r = 1; r < rings; r++) {
-    size_t off = brg__part_offset(k->count, rings, r) * esize;
-    parts[r].coll = *k;
-    parts[r].coll.count = brg__part_count(k->count, rings, r);
-    parts[r].coll.sendbuf = (const char *)k->sendbuf + off;
-    parts[r].coll.recvbuf = (char *)k->recvbuf + off;
+    parts[r].coll = ring_part(k, rings, r);
     brg__progress_enqueue(c->rings[r], &parts[r]);
   }
-  brg__coll k0 = *k;
-  k0.count = brg__part_count(k->count, rings, 0);
+  brg__coll k0 = ring_part(k, rings, 0);
   brg_status s = brg__coll_execute(c, &k0);
   k->seq = k0.seq;
   if (s != BRG_SUCCESS)

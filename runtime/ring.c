@@ -96,7 +96,8 @@ static brg_status run_prim(brg__ring_op *o, brg__prim prim, const char *in, char
 /* Allreduce, reduce-scatter and all-gather: steps [t0, t1] of the ring
  * schedule, slice by slice. Allreduce splits its count into N balanced
  * chunks; reduce-scatter and all-gather have chunks of `count` elements
- * each, chunk i at element count * i of the full-size buffer. */
+ * each, chunk i at element stride * i of the full-size buffer (the
+ * stride is count unless the call is one ring's part of a larger one). */
 static brg_status run_ring(brg__ring_op *o, int t0, int t1) {
   brg_comm *c = o->c;
   const brg__coll *k = o->coll;
@@ -105,6 +106,7 @@ static brg_status run_ring(brg__ring_op *o, int t0, int t1) {
   /* Chunks of `count` each, or balanced ones of one whole buffer as allreduce's. */
   int fixed = (rs || ag) && !k->whole;
   size_t per = k->count; /* elements per chunk when fixed */
+  size_t stride = k->stride ? k->stride : per;
   size_t total = fixed ? per * (size_t)n : k->count;
   size_t max_slices = 0;
   for (int i = 0; i < n; i++) {
@@ -116,7 +118,7 @@ static brg_status run_ring(brg__ring_op *o, int t0, int t1) {
     for (int t = t0; t <= t1; t++) {
       int id = c->ring[brg__ring_chunk(p, n, t)];
       size_t cnt = fixed ? per : brg__part_count(total, n, id);
-      size_t off = fixed ? per * (size_t)id : brg__part_offset(total, n, id);
+      size_t off = fixed ? stride * (size_t)id : brg__part_offset(total, n, id);
       if (sl >= brg__slice_total(cnt, o->slice_elems)) continue;
       size_t m = brg__slice_count(cnt, o->slice_elems, sl);
       size_t e = off + brg__slice_offset(sl, o->slice_elems);
