@@ -15,6 +15,8 @@
  *                    that all ranks ended with the same bits (a hash of
  *                    every result, all-gathered). Run with BRIGADE_ALGO
  *                    ring or hier.
+ *   mh_check rings   both of the above, for several rings (BRIGADE_RINGS),
+ *                    which cut every collective but the barrier
  *   mh_check loop    allreduce until it fails (for the fault tests): prints
  *                    "looping" once the first one succeeded, then, on the
  *                    first failure, "error <status> after <ms> ms: <detail>"
@@ -378,6 +380,7 @@ int main(int argc, char **argv) {
   brg_comm_size(comm, &nranks);
   int rc = strcmp(mode, "loop") == 0        ? run_loop(comm)
            : strcmp(mode, "allreduce") == 0 ? run_allreduce_matrix(comm)
+           : strcmp(mode, "rings") == 0     ? (run_allreduce_matrix(comm) || run_check(comm))
                                             : run_check(comm);
   if (rc == 3) brg_comm_abort(comm);
   brg_comm_destroy(comm);

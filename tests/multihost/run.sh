@@ -31,6 +31,8 @@
 #                           element, the same bits on every rank; the INFO
 #                           log must hold MH_EXPECT_LOG (run it with
 #                           BRIGADE_ALGO=ring or hier)
+#              rings        the same, then MH_CHECK's collectives check:
+#                           for several rings (BRIGADE_RINGS)
 #              mismatch     BRIGADE_ALGO=hier on rank 0, ring on the others:
 #                           every rank must fail at init with a collective
 #                           mismatch that names BRIGADE_ALGO, none may hang
@@ -278,8 +280,8 @@ collectives)
     echo "verbs backend logged: $(grep -h -o 'ibverbs backend: .*' "$WORK/log.$r" | head -1)"
   fi
   ;;
-allreduce)
-  start_all allreduce
+allreduce | rings)
+  start_all "$MODE"
   wait_all_ok 240 OK
   cat "$WORK"/out.*
   expect_log
@@ -366,7 +368,7 @@ exec)
   expect_log
   ;;
 *)
-  echo "usage: run.sh MH_CHECK collectives|allreduce|mismatch|kill|linkdown|vanish|exec tcp|ibverbs [args for exec]"
+  echo "usage: run.sh MH_CHECK collectives|allreduce|rings|mismatch|kill|linkdown|vanish|exec tcp|ibverbs [args for exec]"
   exit 1
   ;;
 esac
