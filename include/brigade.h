@@ -230,14 +230,17 @@ brg_status brg_wait(brg_request *request);
  * the calling rank (the message is copied); a peer outside [0, N) is
  * BRG_ERR_INVALID_ARGUMENT.
  *
- * Sends are eager: brg_send returns once the data has left buf, whether
- * or not the peer has posted its receive, so two ranks that both send to
- * each other first and receive afterwards never deadlock, at any size (as
- * torch.distributed users do). Each communicator keeps a thread that takes
- * incoming messages into the receive posted for them or, when none is
- * posted yet, into memory of its own, freed when the receive is posted: a
- * rank holds as much memory as the messages sent to it and not yet
- * received. Links to other ranks are made at the first message (a TCP
+ * Sends are eager up to a cap: brg_send returns once the data has left
+ * buf, and each communicator keeps a thread that takes incoming messages
+ * into the receive posted for them or, when none is posted yet, into
+ * memory of its own, freed when the receive is posted. That memory is
+ * capped by BRIGADE_P2P_EARLY_BYTES (default 64 MiB) per communicator;
+ * beyond it the receiver stops reading and the sender is held back until
+ * receives are posted (a held brg_send fails with BRG_ERR_TIMEOUT once
+ * nothing moved for the communicator's timeout). One message of any size
+ * is always taken when no such memory is in use, so two ranks that each
+ * send one message to the other first and receive afterwards never
+ * deadlock (as torch.distributed users do). Links to other ranks are made at the first message (a TCP
  * connection from each sender to each receiver it uses, on the address the
  * bootstrap exchanged); init opens only a listener.
  *
@@ -255,7 +258,10 @@ brg_status brg_wait(brg_request *request);
  *
  * brg_isend / brg_irecv are the non-blocking forms on caller-owned
  * requests (brg_test, brg_wait, as for the collectives): brg_isend
- * completes once the data has left buf (it may do so before it returns);
+ * returns at once and completes once the data has left buf (it may do so
+ * before it returns; buf must stay untouched until then); brg_wait on a
+ * send fails with BRG_ERR_TIMEOUT when none of it left for the
+ * communicator's timeout;
  * brg_irecv completes once its message has arrived. brg_wait on a receive
  * fails with BRG_ERR_TIMEOUT when nothing of the message arrived for the
  * communicator's timeout, counted from the brg_wait call; brg_test never

@@ -252,20 +252,21 @@ brg_status brg_recv(void *buf, size_t count, brg_dtype dtype, int peer, brg_comm
   return s != BRG_SUCCESS ? s : brg__p2p_wait(comm, "brg_recv", &op);
 }
 
-/* A send is eager: it has finished when brg_isend returns. */
+/* A send joins its peer's send queue: it has finished once its bytes have
+ * all left buf, which the receiver's early-message cap may hold back. */
 brg_status brg_isend(const void *buf, size_t count, brg_dtype dtype, int peer, brg_comm *comm,
                      brg_request *request) {
   brg_status s = check_p2p(comm, "brg_isend", buf, count, dtype, peer, NULL, 1);
   brg__req *r;
   if (s == BRG_SUCCESS) s = p2p_request(comm, "brg_isend", request, 1, &r);
   if (s != BRG_SUCCESS) return s;
-  r->p2p_op.peer = peer;
-  r->p2p_op.dtype = (uint32_t)dtype;
-  r->p2p_op.count = count;
-  s = brg__p2p_send(comm, "brg_isend", BRG__P2P_USER, 0, buf, count, dtype, peer);
-  r->p2p_op.status = s;
-  __atomic_store_n(&r->p2p_op.done, 1, __ATOMIC_RELEASE);
-  return s;
+  r->p2p_op = (brg__p2p_op){.buf = (char *)buf,
+                            .count = count,
+                            .peer = peer,
+                            .dtype = (uint32_t)dtype,
+                            .chan = BRG__P2P_USER,
+                            .is_send = 1};
+  return brg__p2p_isend(comm, "brg_isend", &r->p2p_op); /* a failure finishes the request */
 }
 
 brg_status brg_irecv(void *buf, size_t count, brg_dtype dtype, int peer, brg_comm *comm,
@@ -360,7 +361,7 @@ brg_status brg_test(brg_request *request, int *done) {
   if (r->magic == BRG__REQ_P2P_MAGIC) {
     *done = __atomic_load_n(&r->p2p_op.done, __ATOMIC_ACQUIRE);
     if (!*done) return BRG_IN_PROGRESS;
-    return r->p2p_op.is_send || r->p2p_op.status == BRG_SUCCESS
+    return r->p2p_op.status == BRG_SUCCESS
                ? r->p2p_op.status
                : brg__p2p_wait(r->comm, "brg_test", &r->p2p_op); /* names the failure */
   }
@@ -377,8 +378,7 @@ brg_status brg_test(brg_request *request, int *done) {
 brg_status brg_wait(brg_request *request) {
   if (!request) return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_wait: request is NULL");
   brg__req *r = (brg__req *)request;
-  if (r->magic == BRG__REQ_P2P_MAGIC)
-    return r->p2p_op.is_send ? r->p2p_op.status : brg__p2p_wait(r->comm, "brg_wait", &r->p2p_op);
+  if (r->magic == BRG__REQ_P2P_MAGIC) return brg__p2p_wait(r->comm, "brg_wait", &r->p2p_op);
   if (r->magic != BRG__REQ_MAGIC)
     return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_wait: request was never issued");
   return brg__progress_wait(r);

@@ -57,13 +57,14 @@ typedef struct brg__coll {
 } brg__coll;
 
 /* A point-to-point operation on a request (p2p.c): a receive waiting in
- * its peer's queue, or a finished send. Guarded by the p2p lock. */
+ * its peer's queue of receives, or a send in its peer's send queue.
+ * Guarded by the p2p lock. */
 typedef struct brg__p2p_op {
-  struct brg__p2p_op *next; /* the peer's queue of posted receives */
-  char *buf;
+  struct brg__p2p_op *next; /* the peer's queue of posted receives, or of sends */
+  char *buf;                /* a send's data (never written) */
   uint64_t count;
-  uint64_t got;    /* payload bytes landed */
-  int64_t last_ns; /* when it was posted or bytes last landed */
+  uint64_t got;    /* payload bytes landed (a send: left) */
+  int64_t last_ns; /* when it was posted or bytes last moved */
   uint64_t num;    /* the message's number between the pair (a2a: the collective's) */
   int32_t peer;
   uint32_t dtype;
@@ -73,7 +74,7 @@ typedef struct brg__p2p_op {
   /* What the sender said, for BRG_ERR_MISMATCH. */
   uint32_t peer_dtype;
   uint64_t peer_count, peer_num;
-  int is_send; /* a brg_isend's request: finished when the call returned */
+  int is_send; /* a send: finished once its bytes have all left */
 } brg__p2p_op;
 
 /* The layout behind brg_request. */
@@ -330,15 +331,19 @@ brg_status brg__p2p_open(brg_comm *c, const char *addr, uint32_t *port, brg__err
 brg_status brg__p2p_start(brg_comm *c, brg__errbuf *err);
 void brg__p2p_free(brg_comm *c);
 void brg__p2p_wake(brg_comm *c); /* abort: waiters look again */
-/* Blocking send; returns once the data has left buf. fn names the call. */
+/* Queues a send (op filled by the caller: buf, count, dtype, peer, chan,
+ * num); it leaves from the p2p thread or at once, and completes once its
+ * bytes have all left buf. fn names the call. */
+brg_status brg__p2p_isend(brg_comm *c, const char *fn, brg__p2p_op *op);
+/* Blocking send: brg__p2p_isend, then brg__p2p_wait. */
 brg_status brg__p2p_send(brg_comm *c, const char *fn, uint32_t chan, uint64_t num, const void *buf,
                          uint64_t count, brg_dtype dtype, int peer);
 /* Posts a receive (op filled by the caller: buf, count, dtype, peer,
  * chan, num); it completes on the p2p thread or at once. */
 brg_status brg__p2p_post(brg_comm *c, brg__p2p_op *op);
-/* Waits for a posted receive (up to the timeout without progress); on
- * failure the receive is withdrawn and the communicator's last error says
- * why. */
+/* Waits for a posted receive or a queued send (up to the timeout without
+ * progress); on failure the operation is withdrawn and the communicator's
+ * last error says why. */
 brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op);
 /* The collective all_to_all, run by ring.c's engine in issue order. */
 brg_status brg__p2p_all_to_all(brg_comm *c, const brg__coll *k);

@@ -7,17 +7,27 @@
  * (B's messages to A take B's own connection), so two ranks that dial each
  * other at once need no tie-break, and order per pair is TCP's order.
  *
- * A thread per communicator ("brg-p2p") reads every incoming connection as
- * bytes arrive. A message whose receive is posted lands in that receive's
- * buffer; otherwise it lands in memory of its own ("unexpected") until its
- * receive is posted, and is copied then. A send therefore waits only for
- * the receiver's thread, never for the receiver's call: two ranks that both
- * send first and receive afterwards cannot deadlock, at any size. The price
- * is memory on the receiver, as much as was sent to it and not yet
- * received.
+ * A thread per communicator ("brg-p2p") is the progress engine of both
+ * directions. It reads every incoming connection as bytes arrive: a
+ * message whose receive is posted lands in that receive's buffer;
+ * otherwise it lands in memory of its own ("unexpected", or early) until
+ * its receive is posted, and is copied then. Early memory for the user's
+ * messages is capped per communicator (BRIGADE_P2P_EARLY_BYTES): a header
+ * whose message does not fit is held, the thread stops reading that
+ * connection, and TCP's flow control holds the sender back until a receive
+ * is posted or early memory is freed. One message always fits when no
+ * early memory is in use, so two ranks that each send one message first
+ * and receive afterwards never deadlock, at any size. all_to_all's blocks
+ * are not capped: a rank is at most one all_to_all ahead of another.
  *
- *   A: send(B) --[hello, then frames]--> B's listener -> brg-p2p thread
- *                                          -> posted receive, or unexpected
+ * Sends are queued per peer (brg__p2p_isend): the caller writes what the
+ * socket takes at once, the thread writes the rest as the socket drains
+ * (POLLOUT), and a send finishes once its last byte has left its buffer.
+ * brg_send is a queued send and a wait.
+ *
+ *   A: isend(B) -> A's send queue for B --[hello, then frames]-->
+ *        B's listener -> brg-p2p thread -> posted receive, early memory,
+ *                                          or held (B stops reading)
  *
  * Wire: a hello once per connection (magic, both ranks, the communicator's
  * id and secret), then frames: a header (channel, number, count, dtype),
@@ -25,9 +35,9 @@
  * all_to_all's blocks (numbered by the collective), apart from the user's
  * messages (numbered per pair).
  *
- * One lock guards the receiving side (queues, the thread's reads into
- * posted buffers); each peer's send lock keeps frames of concurrent sends
- * whole.
+ * One lock guards both sides (queues, the thread's reads into posted
+ * buffers and writes from queued sends); each peer's send lock serializes
+ * the dial of its connection.
  */
 #include <errno.h>
 #include <limits.h>
@@ -45,6 +55,7 @@
 #include "internal.h"
 #include "kernels.h"
 #include "net.h"
+#include "settings.h"
 #include "sock.h"
 
 #define P2P_MAGIC 0x70327062u /* "bp2p" */
@@ -81,18 +92,25 @@ typedef struct p2p_unexp {
   p2p_hdr h;
   char *data;
   uint64_t got;
+  uint64_t early; /* bytes it counts against the early cap */
   int complete;
 } p2p_unexp;
 
 typedef struct p2p_peer {
-  /* Sending side: send_lock. out_fd is set once, under both locks. */
+  /* Sending side. send_lock serializes the dial; out_fd is set once,
+   * under both locks; the rest is under the p2p lock. */
   pthread_mutex_t send_lock;
-  int out_fd;
-  uint64_t sent; /* user messages sent to this peer */
+  int out_fd;    /* non-blocking once the hello is out */
+  uint64_t sent; /* user messages whose frame started */
+  brg__p2p_op *sendq, *sendq_tail;
+  p2p_hdr out_hdr;  /* the frame at the head of sendq */
+  uint64_t out_off; /* its bytes written, header included */
   brg_status out_broken;
   char out_why[256];
   /* Receiving side: the p2p lock. */
   int in_fd;
+  int held;       /* hdr is in but its message fits nowhere yet: in_fd is not read */
+  int64_t hup_ns; /* it hung up out_fd before its own link came in */
   int watch_out;  /* the thread polls out_fd for a hang-up */
   p2p_hdr hdr;    /* the header being read */
   size_t hdr_got; /* its bytes read so far */
@@ -118,6 +136,8 @@ typedef struct brg__p2p {
   p2p_peer **peer;     /* by rank, made at first use */
   int *active;         /* ranks with a link for the thread to poll */
   int nactive;
+  uint64_t early_bytes; /* user messages in early memory, bytes */
+  uint64_t early_cap;   /* BRIGADE_P2P_EARLY_BYTES */
   char discard[P2P_DISCARD_BYTES];
 } brg__p2p;
 
@@ -152,6 +172,12 @@ static void op_finish(brg__p2p *p, brg__p2p_op *op, brg_status s) {
   op->status = s;
   __atomic_store_n(&op->done, 1, __ATOMIC_RELEASE);
   pthread_cond_broadcast(&p->cond);
+}
+
+/* An operation that never reached a queue: nobody else sees it. */
+static void op_finish_quiet(brg__p2p_op *op, brg_status s) {
+  op->status = s;
+  __atomic_store_n(&op->done, 1, __ATOMIC_RELEASE);
 }
 
 /* Whether a message fits the receive: count and dtype, and for
@@ -202,20 +228,32 @@ static void peer_gone(brg__p2p *p, p2p_peer *pr, brg_status s, const char *fmt, 
   pr->cur_op = NULL;
   pr->cur_unexp = NULL; /* stays in the queue, incomplete: its receive fails */
   pr->in_payload = 0;
+  pr->held = 0;
   for (uint32_t ch = 0; ch < P2P_CHANS; ch++)
     for (brg__p2p_op *op; (op = pop_op(pr, ch));) op_finish(p, op, s);
   pthread_cond_broadcast(&p->cond);
 }
 
+/* Whether a user message of `bytes` may wait in early memory: under the
+ * cap, or any size when none is in use. */
+static int early_fits(const brg__p2p *p, uint64_t bytes) {
+  return p->early_bytes == 0 ||
+         (p->early_bytes <= p->early_cap && bytes <= p->early_cap - p->early_bytes);
+}
+
 /* A header came (from the wire, or from this rank to itself): decides
- * where its payload lands. 0, or -1 when no memory could take it. */
-static int begin_message(brg__p2p *p, p2p_peer *pr, const p2p_hdr *h) {
+ * where its payload lands. 0; 1 when it may land nowhere yet (no receive,
+ * early memory full: the caller holds it and retries); -1 when no memory
+ * could take it. `force` (a message to this rank itself) skips the cap. */
+static int begin_message(brg__p2p *p, p2p_peer *pr, const p2p_hdr *h, int force) {
   uint64_t bytes = h->count * brg_dtype_size((brg_dtype)h->dtype);
+  int direct = !pr->unexp[h->chan] && pr->posted[h->chan];
+  if (!direct && h->chan == BRG__P2P_USER && !force && !early_fits(p, bytes)) return 1;
   pr->cur_op = NULL;
   pr->cur_unexp = NULL;
   pr->left = bytes;
   pr->in_payload = 1;
-  if (!pr->unexp[h->chan] && pr->posted[h->chan]) {
+  if (direct) {
     brg__p2p_op *op = pop_op(pr, h->chan);
     op->num = op->chan == BRG__P2P_A2A ? op->num : h->num;
     if (op_matches(op, h))
@@ -230,6 +268,8 @@ static int begin_message(brg__p2p *p, p2p_peer *pr, const p2p_hdr *h) {
     return -1;
   }
   u->h = *h;
+  u->early = h->chan == BRG__P2P_USER ? bytes : 0;
+  p->early_bytes += u->early;
   if (pr->unexp_tail[h->chan])
     pr->unexp_tail[h->chan]->next = u;
   else
@@ -281,6 +321,26 @@ static int hdr_valid(const p2p_hdr *h) {
   return h->count <= (UINT64_C(1) << 60) / brg_dtype_size((brg_dtype)h->dtype);
 }
 
+static void no_memory(brg_comm *c, p2p_peer *pr, int rank) {
+  peer_gone(c->p2p, pr, BRG_ERR_NO_MEMORY,
+            "out of memory for a message of %llu x %s from rank %d, which arrived before "
+            "its receive",
+            (unsigned long long)pr->hdr.count, brg_dtype_name((brg_dtype)pr->hdr.dtype), rank);
+}
+
+/* A held header tries again for a place to land; the caller holds the
+ * lock. */
+static void resume_held(brg_comm *c, p2p_peer *pr, int rank) {
+  brg__p2p *p = c->p2p;
+  int rc = begin_message(p, pr, &pr->hdr, 0);
+  if (rc == 1) return;
+  pr->held = 0;
+  if (rc != 0)
+    no_memory(c, pr, rank);
+  else if (pr->left == 0)
+    end_message(p, pr);
+}
+
 /* Reads what the peer sent, up to a budget; the caller holds the lock. */
 static void read_peer(brg_comm *c, p2p_peer *pr, int rank) {
   brg__p2p *p = c->p2p;
@@ -315,12 +375,21 @@ static void read_peer(brg_comm *c, p2p_peer *pr, int rank) {
         return;
       }
       if (pr->hdr.chan == BRG__P2P_USER) pr->arrived++;
-      if (begin_message(p, pr, &pr->hdr) != 0) {
-        peer_gone(p, pr, BRG_ERR_NO_MEMORY,
-                  "out of memory for a message of %llu x %s from rank %d, which arrived before "
-                  "its receive",
-                  (unsigned long long)pr->hdr.count, brg_dtype_name((brg_dtype)pr->hdr.dtype),
-                  rank);
+      int rc = begin_message(p, pr, &pr->hdr, 0);
+      if (rc == 1) {
+        /* No room: the rest stays in the socket until a receive is posted
+         * or early memory is freed (resume_held). */
+        pr->held = 1;
+        BRG__TRACE("p2p",
+                   "rank %d: holding a message of %llu x %s from rank %d: %llu bytes of early "
+                   "memory in use, BRIGADE_P2P_EARLY_BYTES is %llu",
+                   c->rank, (unsigned long long)pr->hdr.count,
+                   brg_dtype_name((brg_dtype)pr->hdr.dtype), rank,
+                   (unsigned long long)p->early_bytes, (unsigned long long)p->early_cap);
+        return;
+      }
+      if (rc != 0) {
+        no_memory(c, pr, rank);
         return;
       }
     } else {
@@ -328,6 +397,98 @@ static void read_peer(brg_comm *c, p2p_peer *pr, int rank) {
     }
     if (pr->in_payload && pr->left == 0) end_message(p, pr);
   }
+}
+
+/* The link to this peer is over: every queued send fails, and so does
+ * every later one. The caller holds the lock. */
+static void sendq_fail(brg__p2p *p, p2p_peer *pr, brg_status s, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void sendq_fail(brg__p2p *p, p2p_peer *pr, brg_status s, const char *fmt, ...) {
+  if (!pr->out_broken) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(pr->out_why, sizeof pr->out_why, fmt, ap);
+    va_end(ap);
+    pr->out_broken = s;
+  }
+  for (brg__p2p_op *op; (op = pr->sendq);) {
+    pr->sendq = op->next;
+    op_finish(p, op, pr->out_broken);
+  }
+  pr->sendq_tail = NULL;
+  pr->out_off = 0;
+}
+
+/* Writes the peer's queued sends until the socket takes no more, up to a
+ * budget; the caller holds the lock. Runs on the thread at POLLOUT and on
+ * the caller of brg__p2p_isend. */
+static void write_peer(brg_comm *c, p2p_peer *pr, int rank) {
+  brg__p2p *p = c->p2p;
+  size_t budget = P2P_READ_BUDGET;
+  while (pr->sendq && pr->out_fd >= 0 && !pr->out_broken && budget > 0) {
+    brg__p2p_op *op = pr->sendq;
+    uint64_t bytes = op->count * brg_dtype_size((brg_dtype)op->dtype);
+    if (pr->out_off == 0) {
+      /* A user message takes its number when its frame starts: a send
+       * withdrawn before that leaves no gap. */
+      if (op->chan == BRG__P2P_USER) op->num = pr->sent++;
+      pr->out_hdr = (p2p_hdr){.magic = P2P_MAGIC,
+                              .chan = op->chan,
+                              .num = op->num,
+                              .count = op->count,
+                              .dtype = op->dtype};
+    }
+    const char *src;
+    uint64_t want;
+    if (pr->out_off < sizeof pr->out_hdr) {
+      src = (const char *)&pr->out_hdr + pr->out_off;
+      want = sizeof pr->out_hdr - pr->out_off;
+    } else {
+      uint64_t done = pr->out_off - sizeof pr->out_hdr;
+      src = op->buf + done;
+      want = bytes - done;
+      if (want > budget) want = budget;
+    }
+    if (want > 0) {
+      ssize_t n = send(pr->out_fd, src, want, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      if (n <= 0) {
+        sendq_fail(p, pr, BRG_ERR_REMOTE, "rank %d (pid %d on %s) is gone: %s", rank,
+                   c->peers[rank].pid, c->peers[rank].hostname,
+                   n < 0 ? strerror(errno) : "the connection took nothing");
+        return;
+      }
+      pr->out_off += (uint64_t)n;
+      budget -= (size_t)n;
+      op->last_ns = brg__now_ns();
+    }
+    if (pr->out_off == sizeof pr->out_hdr + bytes) {
+      pr->sendq = op->next;
+      if (!pr->sendq) pr->sendq_tail = NULL;
+      pr->out_off = 0;
+      op->got = bytes;
+      op_finish(p, op, BRG_SUCCESS);
+    }
+  }
+}
+
+/* Takes a send that will not finish out of the queue; one cut short leaves
+ * the stream unreadable, so the link is over. The caller holds the lock. */
+static void withdraw_send(brg__p2p *p, p2p_peer *pr, brg__p2p_op *op, brg_status s) {
+  if (pr->sendq == op && pr->out_off > 0) {
+    sendq_fail(p, pr, s, "a send to this rank was cut short (%s) and left the link unreadable",
+               brg_status_string(s));
+    return;
+  }
+  brg__p2p_op **pp = &pr->sendq, *prev = NULL;
+  while (*pp && *pp != op) {
+    prev = *pp;
+    pp = &(*pp)->next;
+  }
+  if (!*pp) return;
+  *pp = op->next;
+  if (pr->sendq_tail == op) pr->sendq_tail = prev;
 }
 
 /* A complete hello on a connection the listener's door took in (fd is
@@ -370,16 +531,31 @@ static int hello_take(void *arg, const brg__conn_params *unused, int fd, const v
 
 /* POLLIN on a connection this rank only writes: the peer hung up. The data
  * it sent on its own connection is read first (TCP keeps that order), so
- * only a peer that never linked to this rank is gone from this alone. */
+ * only a peer that never linked to this rank is gone from this alone, and
+ * only once a connection it made just before could have said hello
+ * (hup_check). */
 static void check_out(brg_comm *c, p2p_peer *pr, int rank) {
   char b;
   ssize_t n = recv(pr->out_fd, &b, 1, MSG_DONTWAIT | MSG_PEEK);
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
   pr->watch_out = 0;
-  if (pr->in_fd < 0)
-    peer_gone(c->p2p, pr, BRG_ERR_REMOTE,
-              "rank %d (pid %d on %s) hung up: it died or destroyed its communicator", rank,
-              c->peers[rank].pid, c->peers[rank].hostname);
+  sendq_fail(c->p2p, pr, BRG_ERR_REMOTE,
+             "rank %d (pid %d on %s) hung up: it died or destroyed its communicator", rank,
+             c->peers[rank].pid, c->peers[rank].hostname);
+  if (pr->in_fd < 0) pr->hup_ns = brg__now_ns();
+}
+
+/* A peer that hung up without a link to this rank: gone once the door has
+ * had time to take a connection it made before. 1 while still waiting. */
+static int hup_check(brg__p2p *p, p2p_peer *pr) {
+  if (!pr->hup_ns || pr->gone) return 0;
+  if (pr->in_fd >= 0) {
+    pr->hup_ns = 0; /* its link came: its own end of stream tells */
+    return 0;
+  }
+  if (brg__now_ns() - pr->hup_ns < (int64_t)(BRG__NET_HELLO_MS + 100) * 1000000) return 1;
+  peer_gone(p, pr, BRG_ERR_REMOTE, "%s", pr->out_why);
+  return 0;
 }
 
 static void *p2p_main(void *arg) {
@@ -405,13 +581,17 @@ static void *p2p_main(void *arg) {
     pthread_mutex_lock(&p->lock);
     for (int i = 0; i < p->nactive; i++) {
       p2p_peer *pr = p->peer[p->active[i]];
-      if (pr->in_fd >= 0) {
+      if (hup_check(p, pr) && wait_ms > 50) wait_ms = 50;
+      if (pr->held) resume_held(c, pr, p->active[i]);
+      if (pr->in_fd >= 0 && !pr->held) {
         who[n] = p->active[i];
         fds[n++] = (struct pollfd){.fd = pr->in_fd, .events = POLLIN};
       }
-      if (pr->watch_out) {
+      short ev = (short)((pr->watch_out ? POLLIN : 0) |
+                         (pr->sendq && pr->out_fd >= 0 && !pr->out_broken ? POLLOUT : 0));
+      if (ev) {
         who[n] = -1 - p->active[i];
-        fds[n++] = (struct pollfd){.fd = pr->out_fd, .events = POLLIN};
+        fds[n++] = (struct pollfd){.fd = pr->out_fd, .events = ev};
       }
     }
     pthread_mutex_unlock(&p->lock);
@@ -434,7 +614,10 @@ static void *p2p_main(void *arg) {
     for (int i = 1 + door; r > 0 && i < n; i++) {
       if (!fds[i].revents || who[i] >= 0) continue;
       p2p_peer *pr = p->peer[-1 - who[i]];
-      if (pr->watch_out) check_out(c, pr, -1 - who[i]);
+      if (pr->out_fd != fds[i].fd) continue;
+      if (fds[i].revents & (POLLOUT | POLLERR | POLLHUP)) write_peer(c, pr, -1 - who[i]);
+      if ((fds[i].revents & (POLLIN | POLLERR | POLLHUP)) && pr->watch_out)
+        check_out(c, pr, -1 - who[i]);
     }
   }
   pthread_mutex_unlock(&p->lock);
@@ -453,6 +636,7 @@ brg_status brg__p2p_open(brg_comm *c, const char *addr, uint32_t *port, brg__err
                             .arg = c,
                             .max_pending = P2P_MAX_PENDING};
   p->wake_fd = -1;
+  p->early_cap = (uint64_t)brg__core_int(BRG__CORE_P2P_EARLY);
   pthread_mutex_init(&p->lock, NULL);
   pthread_cond_init(&p->cond, NULL);
   c->p2p = p;
@@ -541,6 +725,11 @@ static brg_status ensure_out(brg_comm *c, p2p_peer *pr, int rank, char *why, siz
     close(fd);
     return BRG_ERR_REMOTE;
   }
+  if (brg__sock_set_blocking(fd, 0) != 0) {
+    snprintf(why, why_bytes, "fcntl on the connection to rank %d: %s", rank, strerror(errno));
+    close(fd);
+    return BRG_ERR_SYSTEM;
+  }
   pthread_mutex_lock(&c->p2p->lock);
   pr->out_fd = fd;
   pr->watch_out = !pr->gone;
@@ -563,7 +752,7 @@ static brg_status send_self(brg_comm *c, uint32_t chan, uint64_t num, const void
                  .num = chan == BRG__P2P_A2A ? num : pr->sent,
                  .count = count,
                  .dtype = (uint32_t)dtype};
-    if (begin_message(p, pr, &h) == 0) {
+    if (begin_message(p, pr, &h, 1) == 0) {
       uint64_t bytes = count * brg_dtype_size(dtype), room;
       char *dest = payload_dest(p, pr, &room);
       if (bytes && (pr->cur_op || pr->cur_unexp)) memcpy(dest, buf, bytes);
@@ -580,71 +769,85 @@ static brg_status send_self(brg_comm *c, uint32_t chan, uint64_t num, const void
   return s;
 }
 
-brg_status brg__p2p_send(brg_comm *c, const char *fn, uint32_t chan, uint64_t num, const void *buf,
-                         uint64_t count, brg_dtype dtype, int peer) {
-  if (peer == c->rank) return send_self(c, chan, num, buf, count, dtype);
+brg_status brg__p2p_isend(brg_comm *c, const char *fn, brg__p2p_op *op) {
+  brg__p2p *p = c->p2p;
+  brg_dtype dtype = (brg_dtype)op->dtype;
+  op->next = NULL;
+  op->done = 0;
+  op->got = 0;
+  op->status = BRG_IN_PROGRESS;
+  op->last_ns = brg__now_ns();
+  op->is_send = 1;
+  int peer = op->peer;
+  brg_status s;
+  if (peer == c->rank) {
+    s = send_self(c, op->chan, op->num, op->buf, op->count, dtype);
+    op_finish_quiet(op, s);
+    return s;
+  }
   p2p_peer *pr = peer_locked(c, peer);
-  if (!pr) return brg__comm_error(c, BRG_ERR_NO_MEMORY, "%s: out of memory", fn);
+  if (!pr) {
+    op_finish_quiet(op, BRG_ERR_NO_MEMORY);
+    return brg__comm_error(c, BRG_ERR_NO_MEMORY, "%s: out of memory", fn);
+  }
+  char why[sizeof pr->out_why];
   pthread_mutex_lock(&pr->send_lock);
   /* A peer whose hang-up the thread has seen takes nothing more: the
    * kernel may still accept a write or two before it learns of it. */
-  pthread_mutex_lock(&c->p2p->lock);
+  pthread_mutex_lock(&p->lock);
   if (!pr->out_broken && pr->gone) {
     pr->out_broken = BRG_ERR_REMOTE;
     snprintf(pr->out_why, sizeof pr->out_why, "%s", pr->gone_why);
   }
-  pthread_mutex_unlock(&c->p2p->lock);
-  brg_status s = pr->out_broken;
-  if (s == BRG_SUCCESS) s = ensure_out(c, pr, peer, pr->out_why, sizeof pr->out_why);
-  if (s == BRG_SUCCESS) {
-    p2p_hdr h = {.magic = P2P_MAGIC,
-                 .chan = chan,
-                 .num = chan == BRG__P2P_A2A ? num : pr->sent,
-                 .count = count,
-                 .dtype = (uint32_t)dtype};
-    const char *src = buf;
-    uint64_t bytes = count * brg_dtype_size(dtype), off = 0;
-    int rc = brg__sock_send_all(pr->out_fd, &h, sizeof h, brg__deadline_ms(c->timeout_ms), NULL);
-    while (rc == BRG__IO_OK && off < bytes) {
-      if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE)) {
-        rc = BRG__IO_STOPPED;
-        break;
-      }
-      uint64_t n = bytes - off < P2P_SEND_CHUNK ? bytes - off : P2P_SEND_CHUNK;
-      rc = brg__sock_send_all(pr->out_fd, src + off, n, brg__deadline_ms(c->timeout_ms), NULL);
-      off += n;
-    }
-    if (rc == BRG__IO_OK) {
-      if (chan == BRG__P2P_USER) pr->sent++;
-    } else {
-      /* A frame cut short leaves the stream unreadable: the link is over. */
-      const brg__peer_info *pi = &c->peers[peer];
-      s = rc == BRG__IO_TIMEOUT   ? BRG_ERR_TIMEOUT
-          : rc == BRG__IO_STOPPED ? BRG_ERR_ABORTED
-                                  : BRG_ERR_REMOTE;
-      snprintf(pr->out_why, sizeof pr->out_why,
-               rc == BRG__IO_TIMEOUT ? "rank %d (pid %d on %s) took nothing for %d ms"
-               : rc == BRG__IO_STOPPED
-                   ? "the communicator was aborted (rank %d, pid %d on %s; after %d ms)"
-                   : "rank %d (pid %d on %s) is gone (connection lost after %d ms)",
-               peer, pi->pid, pi->hostname, c->timeout_ms);
-      if (rc == BRG__IO_ERR || rc == BRG__IO_EOF)
-        snprintf(pr->out_why, sizeof pr->out_why, "rank %d (pid %d on %s) is gone: %s", peer,
-                 pi->pid, pi->hostname, brg__sock_io_why(rc));
-      pr->out_broken = s;
-    }
-  }
-  char why[sizeof pr->out_why];
+  s = pr->out_broken;
   memcpy(why, pr->out_why, sizeof why);
+  pthread_mutex_unlock(&p->lock);
+  if (s == BRG_SUCCESS && (s = ensure_out(c, pr, peer, why, sizeof why)) != BRG_SUCCESS) {
+    pthread_mutex_lock(&p->lock); /* for brg_wait's message; a later send dials again */
+    memcpy(pr->out_why, why, sizeof why);
+    pthread_mutex_unlock(&p->lock);
+  }
   pthread_mutex_unlock(&pr->send_lock);
-  if (s != BRG_SUCCESS)
-    return brg__comm_error(c, s, "%s: send of %llu x %s to rank %d failed: %s", fn,
-                           (unsigned long long)count, brg_dtype_name(dtype), peer, why);
-  return BRG_SUCCESS;
+  int queued = 0;
+  if (s == BRG_SUCCESS) {
+    pthread_mutex_lock(&p->lock);
+    if (pr->out_broken) {
+      s = pr->out_broken;
+      memcpy(why, pr->out_why, sizeof why);
+    } else {
+      if (pr->sendq_tail)
+        pr->sendq_tail->next = op;
+      else
+        pr->sendq = op;
+      pr->sendq_tail = op;
+      write_peer(c, pr, peer); /* what the socket takes at once */
+      queued = !op->done;
+    }
+    pthread_mutex_unlock(&p->lock);
+  }
+  if (queued) wake_thread(p); /* to watch the socket drain */
+  if (s == BRG_SUCCESS) return s;
+  op_finish_quiet(op, s);
+  return brg__comm_error(c, s, "%s: send of %llu x %s to rank %d failed: %s", fn,
+                         (unsigned long long)op->count, brg_dtype_name(dtype), peer, why);
+}
+
+brg_status brg__p2p_send(brg_comm *c, const char *fn, uint32_t chan, uint64_t num, const void *buf,
+                         uint64_t count, brg_dtype dtype, int peer) {
+  brg__p2p_op op = {.buf = (char *)buf,
+                    .count = count,
+                    .num = num,
+                    .peer = peer,
+                    .dtype = (uint32_t)dtype,
+                    .chan = chan,
+                    .is_send = 1};
+  brg_status s = brg__p2p_isend(c, fn, &op);
+  return s != BRG_SUCCESS ? s : brg__p2p_wait(c, fn, &op);
 }
 
 brg_status brg__p2p_post(brg_comm *c, brg__p2p_op *op) {
   brg__p2p *p = c->p2p;
+  uint32_t chan = op->chan;
   op->done = 0;
   op->got = 0;
   op->status = BRG_IN_PROGRESS;
@@ -676,6 +879,7 @@ brg_status brg__p2p_post(brg_comm *c, brg__p2p_op *op) {
         op_finish(p, op, pr->gone ? pr->gone : BRG_ERR_REMOTE); /* cut off by a hang-up */
       }
     }
+    p->early_bytes -= u->early;
     free(u->data);
     free(u);
   } else if (pr->gone) {
@@ -684,6 +888,9 @@ brg_status brg__p2p_post(brg_comm *c, brg__p2p_op *op) {
     push_op(pr, op);
   }
   pthread_mutex_unlock(&p->lock);
+  /* A held message may land now: in this receive, or in the early memory
+   * it freed. */
+  if (chan == BRG__P2P_USER) wake_thread(p);
   return BRG_SUCCESS;
 }
 
@@ -721,9 +928,32 @@ static void watch_peer(brg_comm *c, brg__p2p_op *op) {
   pthread_mutex_unlock(&c->p2p->lock);
 }
 
+/* Why a send failed, for the caller. */
+static brg_status send_failed(brg_comm *c, const char *fn, const brg__p2p_op *op, brg_status s,
+                              const char *why) {
+  const brg__peer_info *pi = &c->peers[op->peer];
+  const char *dn = brg_dtype_name((brg_dtype)op->dtype);
+  uint64_t bytes = op->count * brg_dtype_size((brg_dtype)op->dtype);
+  switch (s) {
+  case BRG_ERR_TIMEOUT:
+    return brg__comm_error(
+        c, s,
+        "%s: send of %llu x %s to rank %d (pid %d on %s) timed out: it took nothing for %d ms "
+        "(its receives are not posted and its early memory, BRIGADE_P2P_EARLY_BYTES, is full, "
+        "or it is stuck)",
+        fn, (unsigned long long)op->count, dn, op->peer, pi->pid, pi->hostname, c->timeout_ms);
+  case BRG_ERR_ABORTED:
+    return brg__comm_error(c, s, "%s: send to rank %d: communicator was aborted", fn, op->peer);
+  default:
+    return brg__comm_error(c, s, "%s: send of %llu x %s (%llu bytes) to rank %d failed: %s", fn,
+                           (unsigned long long)op->count, dn, (unsigned long long)bytes, op->peer,
+                           why[0] ? why : brg_status_string(s));
+  }
+}
+
 brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
   brg__p2p *p = c->p2p;
-  if (!__atomic_load_n(&op->done, __ATOMIC_ACQUIRE)) watch_peer(c, op);
+  if (!op->is_send && !__atomic_load_n(&op->done, __ATOMIC_ACQUIRE)) watch_peer(c, op);
   /* The timeout runs from the later of the last progress and this wait:
    * an irecv posted long before its brg_wait is not late for that. */
   int64_t start = brg__now_ns();
@@ -737,7 +967,10 @@ brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
     else if (brg__now_ns() - since > (int64_t)c->timeout_ms * 1000000)
       s = BRG_ERR_TIMEOUT;
     if (s != BRG_SUCCESS) {
-      withdraw(pr, op);
+      if (op->is_send)
+        withdraw_send(p, pr, op, s);
+      else
+        withdraw(pr, op);
       op_finish(p, op, s);
       break;
     }
@@ -745,15 +978,23 @@ brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
     pthread_cond_timedwait(&p->cond, &p->lock, &ts);
   }
   s = op->status;
-  char gone_why[sizeof pr->gone_why];
-  memcpy(gone_why, pr->gone_why, sizeof gone_why);
+  char gone_why[256] = "";
+  if (pr) snprintf(gone_why, sizeof gone_why, "%s", op->is_send ? pr->out_why : pr->gone_why);
   pthread_mutex_unlock(&p->lock);
   if (s == BRG_SUCCESS) return s;
+  if (op->is_send) return send_failed(c, fn, op, s, gone_why);
   const brg__peer_info *pi = &c->peers[op->peer];
   const char *dn = brg_dtype_name((brg_dtype)op->dtype);
   switch (s) {
   case BRG_ERR_MISMATCH: {
     const char *pd = brg_dtype_name((brg_dtype)op->peer_dtype);
+    if (op->chan == BRG__P2P_A2A && op->num == op->peer_num)
+      return brg__comm_error(c, s,
+                             "%s: ranks disagree on the block: rank %d called it with %llu x %s "
+                             "per block, rank %d with %llu x %s (every rank must pass the same "
+                             "count and dtype; the block is dropped)",
+                             fn, c->rank, (unsigned long long)op->count, dn, op->peer,
+                             (unsigned long long)op->peer_count, pd ? pd : "?");
     if (op->chan == BRG__P2P_A2A && op->num != op->peer_num)
       return brg__comm_error(
           c, s,
@@ -784,24 +1025,42 @@ brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
   }
 }
 
+/* The call's failure so far: the first, except that a mismatch beats
+ * anything else (a rank that found one leaves, and its peers should hear
+ * why rather than that it went); `why` keeps its message. */
+static void a2a_keep(brg_comm *c, brg_status *s, char *why, size_t n, brg_status st) {
+  if (st == BRG_SUCCESS ||
+      (*s != BRG_SUCCESS && (*s == BRG_ERR_MISMATCH || st != BRG_ERR_MISMATCH)))
+    return;
+  *s = st;
+  snprintf(why, n, "%s", brg_comm_last_error(c));
+}
+
 /* Out of place every receive is posted first, so blocks land straight in
- * recvbuf; in place every block leaves before any arrives. Sends are eager
- * either way, so no order of ranks can deadlock. */
+ * recvbuf; in place every block has left before any receive is posted.
+ * The blocks' frames carry the collective's number, count and dtype, which
+ * every receive checks: ranks that pass different counts or dtypes all
+ * fail with BRG_ERR_MISMATCH (each rank receives from every other, so
+ * each meets a rank that differs from it), and a block that does not fit
+ * its receive is dropped, never written. So that every rank hears of a
+ * mismatch, a failed send does not stop the others, and every receive is
+ * waited for. ops[i] receives from rank r - i, ops[n + i] sends to
+ * rank r + i. */
 brg_status brg__p2p_all_to_all(brg_comm *c, const brg__coll *k) {
   int n = c->nranks, r = c->rank;
   size_t bytes = k->count * brg_dtype_size(k->dtype);
   int inplace = k->sendbuf == k->recvbuf;
-  char fn[64];
+  char fn[64], why[BRG__ERRLEN] = "";
   snprintf(fn, sizeof fn, "all_to_all #%llu", (unsigned long long)k->seq);
-  brg__p2p_op *ops = calloc((size_t)n, sizeof *ops);
+  brg__p2p_op *ops = calloc(2 * (size_t)n, sizeof *ops);
   if (!ops) return brg__comm_error(c, BRG_ERR_NO_MEMORY, "%s: out of memory", fn);
   const char *send = k->sendbuf;
   char *recv = k->recvbuf;
   brg_status s = BRG_SUCCESS;
   int posted = 0;
-  for (int pass = 0; pass < 2 && s == BRG_SUCCESS; pass++) {
+  for (int pass = 0; pass < 2; pass++) {
     if (pass == (inplace ? 1 : 0)) {
-      for (int i = 1; i < n && s == BRG_SUCCESS; i++) {
+      for (int i = 1; i < n; i++) {
         int src = (r - i + n) % n;
         ops[i] = (brg__p2p_op){.buf = recv + (size_t)src * bytes,
                                .count = k->count,
@@ -809,29 +1068,49 @@ brg_status brg__p2p_all_to_all(brg_comm *c, const brg__coll *k) {
                                .peer = src,
                                .dtype = (uint32_t)k->dtype,
                                .chan = BRG__P2P_A2A};
-        s = brg__p2p_post(c, &ops[i]);
+        brg_status st = brg__p2p_post(c, &ops[i]);
+        a2a_keep(c, &s, why, sizeof why, st);
+        if (st != BRG_SUCCESS) break;
         posted = i;
       }
     } else {
-      for (int i = 1; i < n && s == BRG_SUCCESS; i++) {
+      for (int i = 1; i < n; i++) {
         int dst = (r + i) % n;
-        s = brg__p2p_send(c, fn, BRG__P2P_A2A, k->seq, send + (size_t)dst * bytes, k->count,
-                          k->dtype, dst);
+        ops[n + i] = (brg__p2p_op){.buf = (char *)send + (size_t)dst * bytes,
+                                   .count = k->count,
+                                   .num = k->seq,
+                                   .peer = dst,
+                                   .dtype = (uint32_t)k->dtype,
+                                   .chan = BRG__P2P_A2A,
+                                   .is_send = 1};
+        a2a_keep(c, &s, why, sizeof why, brg__p2p_isend(c, fn, &ops[n + i]));
       }
+      /* In place the receives land where the blocks leave from. */
+      for (int i = 1; i < n && inplace; i++)
+        if (!__atomic_load_n(&ops[n + i].done, __ATOMIC_ACQUIRE) ||
+            ops[n + i].status == BRG_SUCCESS)
+          a2a_keep(c, &s, why, sizeof why, brg__p2p_wait(c, fn, &ops[n + i]));
     }
   }
-  if (s == BRG_SUCCESS && !inplace && bytes)
-    brg__copy(recv + (size_t)r * bytes, NULL, send + (size_t)r * bytes, bytes);
-  for (int i = 1; i <= posted; i++) {
+  for (int i = 1; i <= posted; i++) a2a_keep(c, &s, why, sizeof why, brg__p2p_wait(c, fn, &ops[i]));
+  for (int i = 1; i < n; i++) {
+    brg__p2p_op *op = &ops[n + i];
     if (s == BRG_SUCCESS) {
-      s = brg__p2p_wait(c, fn, &ops[i]);
+      a2a_keep(c, &s, why, sizeof why, brg__p2p_wait(c, fn, op));
       continue;
     }
-    /* Failed already: the rest are taken back before their memory goes. */
+    /* Failed: the rest are taken back before their memory goes. */
     pthread_mutex_lock(&c->p2p->lock);
-    if (!ops[i].done) withdraw(c->p2p->peer[ops[i].peer], &ops[i]);
+    if (!op->done) withdraw_send(c->p2p, c->p2p->peer[op->peer], op, s);
     pthread_mutex_unlock(&c->p2p->lock);
   }
   free(ops);
+  if (s == BRG_SUCCESS) {
+    if (!inplace && bytes)
+      brg__copy(recv + (size_t)r * bytes, NULL, send + (size_t)r * bytes, bytes);
+    return s;
+  }
+  /* The message of the failure kept, if a later one replaced it. */
+  if (strcmp(why, brg_comm_last_error(c)) != 0) brg__comm_error(c, s, "%s", why);
   return s;
 }

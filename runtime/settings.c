@@ -48,6 +48,10 @@ static brg__cfg_entry core_entries[BRG__CORE_COUNT] = {
                          "rings a large allreduce is cut over, each leaving every host through "
                          "a different local rank; 0: one per network address a host's ranks "
                          "advertise on a job of several hosts, else 1"},
+    [BRG__CORE_P2P_EARLY] =
+        {"BRIGADE_P2P_EARLY_BYTES", BRG__CFG_KIND_SIZE, "64M", 0, 1LL << 50,
+         "bytes of point-to-point messages a rank keeps for receives it has not posted yet "
+         "(one message always fits when none is kept); beyond it senders wait for receives"},
 };
 
 static brg__cfg_entry device_entries[BRG__DEVICE_COUNT] = {

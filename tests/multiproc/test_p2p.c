@@ -26,6 +26,16 @@
  *             it: an error naming it within the timeout + 5 s
  *   threads   a ring of messages on a second thread while the first runs
  *             allreduces and all_to_alls on the same communicator
+ *   a2a_mismatch
+ *             all_to_all with rank 0 passing count 8 and the others 9:
+ *             BRG_ERR_MISMATCH on every rank naming both counts, nothing
+ *             written past either buffer, the next collective fails at once
+ *   early     (BRIGADE_P2P_EARLY_BYTES small, 1 MiB) rank 0 isends far more
+ *             than the cap, and a message larger than it, before rank 1
+ *             posts any receive: every isend returns at once, the last ones
+ *             stay unfinished until rank 1 receives (the sender is held
+ *             back), then every byte arrives; a blocking send larger than
+ *             the cap goes through to a receive posted late
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -289,6 +299,120 @@ static int case_mismatch(mp_ctx *ctx) {
   return 0;
 }
 
+/* Bytes past a buffer that nothing may write. */
+#define GUARD 64
+
+static int case_a2a_mismatch(mp_ctx *ctx) {
+  brg_comm *c = ctx->comm;
+  int n = ctx->nranks, r = ctx->rank;
+  if (n < 2) return 0;
+  size_t count = r == 0 ? 8 : 9, bb = count * sizeof(int32_t);
+  for (int inplace = 0; inplace < 2; inplace++) {
+    unsigned char *s = xmalloc(bb * (size_t)n + GUARD);
+    unsigned char *g = inplace ? s : xmalloc(bb * (size_t)n + GUARD);
+    for (int j = 0; j < n; j++) fill(s + (size_t)j * bb, bb, r, j, 7000 + inplace);
+    memset(s + bb * (size_t)n, 0xa5, GUARD);
+    if (!inplace) memset(g, 0xee, bb * (size_t)n + GUARD);
+    brg_status st = brg_all_to_all(s, g, count, BRG_INT32, c, NULL);
+    const char *e = brg_comm_last_error(c);
+    if (inplace == 0) {
+      MP_CHECK(st == BRG_ERR_MISMATCH && mp_contains(e, "all_to_all") &&
+                   mp_contains(e, "8 x int32") && mp_contains(e, "9 x int32") &&
+                   (r == 0 ? mp_names_rank(e, 1) || mp_names_rank(e, n - 1) : mp_names_rank(e, 0)),
+               "all_to_all with counts 8 (rank 0) and 9 (the others): %s: \"%s\" (expected "
+               "BRG_ERR_MISMATCH naming all_to_all, 8 x int32, 9 x int32 and the other rank)",
+               brg_status_string(st), e);
+    } else {
+      /* The communicator failed with the first: the second fails at once. */
+      MP_CHECK(st != BRG_SUCCESS, "all_to_all after a mismatch succeeded");
+    }
+    for (size_t k = 0; k < GUARD; k++) {
+      if (s[bb * (size_t)n + k] != 0xa5 || (!inplace && g[bb * (size_t)n + k] != 0xee)) {
+        mp_fail("all_to_all mismatch wrote byte %zu past the end of a buffer", k);
+        break;
+      }
+    }
+    /* Out of place the input stays as it was. */
+    for (int j = 0; j < n && !inplace; j++)
+      if (check(s + (size_t)j * bb, bb, r, j, 7000, "sendbuf after the mismatch")) break;
+    if (!inplace) free(g);
+    free(s);
+  }
+  return 0;
+}
+
+/* The early case's messages: counts of int32 cycling through odd sizes,
+ * a quarter of them 1 MiB and a bit. */
+#define EARLY_MSGS 100
+static const size_t EARLY_COUNTS[] = {0, 1, 7, 4099, 262147};
+#define EARLY_BIG 2097157 /* int32: 8 MiB and a bit, larger than the cap */
+
+static int case_early(mp_ctx *ctx) {
+  brg_comm *c = ctx->comm;
+  int r = ctx->rank;
+  if (ctx->nranks < 2) return 0;
+  if (r > 1) return brg_barrier(c) != BRG_SUCCESS || brg_barrier(c) != BRG_SUCCESS;
+  size_t total = 0;
+  for (int i = 0; i <= EARLY_MSGS; i++)
+    total += (i < EARLY_MSGS ? EARLY_COUNTS[i % 5] : EARLY_BIG) * sizeof(int32_t);
+  unsigned char *buf = xmalloc(total);
+  unsigned char *p = buf;
+  if (r == 0) {
+    brg_request *rq = xmalloc(sizeof *rq * (EARLY_MSGS + 1));
+    int64_t t0 = mp_now_ns();
+    for (int i = 0; i <= EARLY_MSGS; i++) {
+      size_t count = i < EARLY_MSGS ? EARLY_COUNTS[i % 5] : EARLY_BIG;
+      fill(p, count * 4, 0, 1, 8000 + i);
+      OK(brg_isend(p, count, BRG_INT32, 1, c, &rq[i]));
+      p += count * 4;
+    }
+    double ms = (mp_now_ns() - t0) / 1e6;
+    MP_CHECK(ms < 5000,
+             "isend of %zu bytes to a rank that posted nothing took %.0f ms: isend "
+             "must not wait for the receiver",
+             total, ms);
+    OK(brg_barrier(c)); /* rank 1 posts nothing before it */
+    mp_sleep_ms(300);
+    int done = 0, alldone = 1;
+    for (int i = 0; i <= EARLY_MSGS; i++) {
+      int d = 0;
+      brg_status st = brg_test(&rq[i], &d);
+      MP_CHECK(st == BRG_SUCCESS || st == BRG_IN_PROGRESS, "brg_test of isend %d: %s: %s", i,
+               brg_status_string(st), brg_comm_last_error(c));
+      done += d;
+      alldone &= d;
+    }
+    MP_CHECK(!alldone,
+             "all %d isends (%zu bytes) finished before rank 1 posted a receive: "
+             "rank 1 took more than BRIGADE_P2P_EARLY_BYTES (1 MiB) plus socket buffers",
+             EARLY_MSGS + 1, total);
+    mp_info("early: %d of %d isends finished before rank 1 posted a receive", done, EARLY_MSGS + 1);
+    for (int i = 0; i <= EARLY_MSGS; i++) OK(brg_wait(&rq[i]));
+    free(rq);
+    /* A blocking send larger than the cap, to a receive posted later. */
+    fill(buf, EARLY_BIG * 4, 0, 1, 9000);
+    OK(brg_send(buf, EARLY_BIG, BRG_INT32, 1, c, NULL));
+    OK(brg_barrier(c));
+  } else {
+    OK(brg_barrier(c));
+    mp_sleep_ms(600);
+    for (int i = 0; i <= EARLY_MSGS; i++) {
+      size_t count = i < EARLY_MSGS ? EARLY_COUNTS[i % 5] : EARLY_BIG;
+      memset(p, 0xee, count * 4);
+      OK(brg_recv(p, count, BRG_INT32, 0, c, NULL));
+      if (check(p, count * 4, 0, 1, 8000 + i, "early message")) return 1;
+      p += count * 4;
+    }
+    mp_sleep_ms(300);
+    memset(buf, 0xee, EARLY_BIG * 4);
+    OK(brg_recv(buf, EARLY_BIG, BRG_INT32, 0, c, NULL));
+    if (check(buf, EARLY_BIG * 4, 0, 1, 9000, "send larger than the cap")) return 1;
+    OK(brg_barrier(c));
+  }
+  free(buf);
+  return 0;
+}
+
 static int expect_invalid(brg_comm *c, brg_status st, const char *what, const char *word) {
   const char *e = brg_comm_last_error(c);
   if (st != BRG_ERR_INVALID_ARGUMENT || !mp_contains(e, word)) {
@@ -445,10 +569,12 @@ typedef struct {
   const char *name;
   int (*fn)(mp_ctx *);
 } part;
-static const part PARTS[] = {
-    {"ring", case_ring},       {"pairs", case_pairs},       {"crossed", case_crossed},
-    {"a2a", case_a2a},         {"mismatch", case_mismatch}, {"args", case_args},
-    {"timeout", case_timeout}, {"dies", case_dies},         {"threads", case_threads}};
+static const part PARTS[] = {{"ring", case_ring},         {"pairs", case_pairs},
+                             {"crossed", case_crossed},   {"a2a", case_a2a},
+                             {"mismatch", case_mismatch}, {"args", case_args},
+                             {"timeout", case_timeout},   {"dies", case_dies},
+                             {"threads", case_threads},   {"a2a_mismatch", case_a2a_mismatch},
+                             {"early", case_early}};
 #define NPARTS (sizeof PARTS / sizeof *PARTS)
 
 static int want[NPARTS];
