@@ -28,8 +28,9 @@
  *             allreduces and all_to_alls on the same communicator
  *   a2a_mismatch
  *             all_to_all with rank 0 passing count 8 and the others 9:
- *             BRG_ERR_MISMATCH on every rank naming both counts, nothing
- *             written past either buffer, the next collective fails at once
+ *             BRG_ERR_MISMATCH on every rank naming both counts (the last
+ *             rank of 3 or more comes 300 ms late), nothing written past
+ *             either buffer, the next collective fails at once
  *   early     (BRIGADE_P2P_EARLY_BYTES small, 1 MiB) rank 0 isends far more
  *             than the cap, and a message larger than it, before rank 1
  *             posts any receive: every isend returns at once, the last ones
@@ -313,6 +314,9 @@ static int case_a2a_mismatch(mp_ctx *ctx) {
     for (int j = 0; j < n; j++) fill(s + (size_t)j * bb, bb, r, j, 7000 + inplace);
     memset(s + bb * (size_t)n, 0xa5, GUARD);
     if (!inplace) memset(g, 0xee, bb * (size_t)n + GUARD);
+    /* The last rank comes late: the others have found the mismatch by
+     * then, and it must still hear of it rather than of their leaving. */
+    if (r == n - 1 && n > 2 && !inplace) mp_sleep_ms(300);
     brg_status st = brg_all_to_all(s, g, count, BRG_INT32, c, NULL);
     const char *e = brg_comm_last_error(c);
     if (inplace == 0) {
