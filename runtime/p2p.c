@@ -462,6 +462,7 @@ static void write_peer(brg_comm *c, p2p_peer *pr, int rank) {
       pr->out_off += (uint64_t)n;
       budget -= (size_t)n;
       op->last_ns = brg__now_ns();
+      if (pr->out_off > sizeof pr->out_hdr) op->got = pr->out_off - sizeof pr->out_hdr;
     }
     if (pr->out_off == sizeof pr->out_hdr + bytes) {
       pr->sendq = op->next;
@@ -938,10 +939,11 @@ static brg_status send_failed(brg_comm *c, const char *fn, const brg__p2p_op *op
   case BRG_ERR_TIMEOUT:
     return brg__comm_error(
         c, s,
-        "%s: send of %llu x %s to rank %d (pid %d on %s) timed out: it took nothing for %d ms "
-        "(its receives are not posted and its early memory, BRIGADE_P2P_EARLY_BYTES, is full, "
-        "or it is stuck)",
-        fn, (unsigned long long)op->count, dn, op->peer, pi->pid, pi->hostname, c->timeout_ms);
+        "%s: send of %llu x %s to rank %d (pid %d on %s) timed out: it took no more for %d ms "
+        "(%llu of %llu bytes out; its receives are not posted and its early memory, "
+        "BRIGADE_P2P_EARLY_BYTES, is full, or it is stuck)",
+        fn, (unsigned long long)op->count, dn, op->peer, pi->pid, pi->hostname, c->timeout_ms,
+        (unsigned long long)op->got, (unsigned long long)bytes);
   case BRG_ERR_ABORTED:
     return brg__comm_error(c, s, "%s: send to rank %d: communicator was aborted", fn, op->peer);
   default:

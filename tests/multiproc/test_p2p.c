@@ -37,6 +37,10 @@
  *             stay unfinished until rank 1 receives (the sender is held
  *             back), then every byte arrives; a blocking send larger than
  *             the cap goes through to a receive posted late
+ *   held      (a 1 MiB cap, a short timeout) rank 0 sends 2 MiB, then 32 MiB
+ *             that rank 1 never receives: the second send fails with
+ *             BRG_ERR_TIMEOUT naming rank 1 and BRIGADE_P2P_EARLY_BYTES within
+ *             the timeout + 5 s; the first still arrives whole
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -417,6 +421,42 @@ static int case_early(mp_ctx *ctx) {
   return 0;
 }
 
+static int case_held(mp_ctx *ctx) {
+  brg_comm *c = ctx->comm;
+  int r = ctx->rank;
+  if (ctx->nranks < 2) return 0;
+  if (r > 1) return brg_barrier(c) != BRG_SUCCESS;
+  size_t small = 524289, big = 8388613; /* int32: 2 MiB and 32 MiB, and a bit */
+  unsigned char *buf = xmalloc(big * 4);
+  if (r == 0) {
+    fill(buf, small * 4, 0, 1, 9500);
+    OK(brg_send(buf, small, BRG_INT32, 1, c, NULL)); /* fits: nothing else is kept */
+    int64_t t0 = mp_now_ns();
+    brg_status st = brg_send(buf, big, BRG_INT32, 1, c, NULL);
+    double ms = (mp_now_ns() - t0) / 1e6;
+    const char *e = brg_comm_last_error(c);
+    int tmo = mp_env_int("BRIGADE_TIMEOUT_MS", 0);
+    MP_CHECK(st == BRG_ERR_TIMEOUT && mp_names_rank(e, 1) &&
+                 mp_contains(e, "BRIGADE_P2P_EARLY_BYTES"),
+             "a send held back by a receiver that never receives: %s: \"%s\" (expected "
+             "BRG_ERR_TIMEOUT naming rank 1 and BRIGADE_P2P_EARLY_BYTES)",
+             brg_status_string(st), e);
+    MP_CHECK(ms >= tmo - 100 && ms < tmo + 5000,
+             "the held send failed after %.0f ms (timeout %d ms)", ms, tmo);
+    __atomic_store_n(&mp_shared_area()->flags[0], 1, __ATOMIC_RELEASE);
+  } else {
+    /* The first message is kept early meanwhile (received, it would free
+     * room for the second). */
+    MP_CHECK(mp_wait_flag(0, 60000), "rank 0 never said its held send ended");
+    memset(buf, 0xee, small * 4);
+    OK(brg_recv(buf, small, BRG_INT32, 0, c, NULL));
+    if (check(buf, small * 4, 0, 1, 9500, "the message before the held one")) return 1;
+  }
+  free(buf);
+  OK(brg_barrier(c));
+  return 0;
+}
+
 static int expect_invalid(brg_comm *c, brg_status st, const char *what, const char *word) {
   const char *e = brg_comm_last_error(c);
   if (st != BRG_ERR_INVALID_ARGUMENT || !mp_contains(e, word)) {
@@ -578,7 +618,7 @@ static const part PARTS[] = {{"ring", case_ring},         {"pairs", case_pairs},
                              {"mismatch", case_mismatch}, {"args", case_args},
                              {"timeout", case_timeout},   {"dies", case_dies},
                              {"threads", case_threads},   {"a2a_mismatch", case_a2a_mismatch},
-                             {"early", case_early}};
+                             {"early", case_early},       {"held", case_held}};
 #define NPARTS (sizeof PARTS / sizeof *PARTS)
 
 static int want[NPARTS];
