@@ -61,9 +61,9 @@
 #define P2P_MAGIC 0x70327062u /* "bp2p" */
 #define P2P_CHANS 2
 #define P2P_DISCARD_BYTES 65536
-#define P2P_READ_BUDGET (4u << 20) /* bytes read from one peer before the others get a turn */
-#define P2P_SEND_CHUNK (1u << 20)  /* each chunk has the full timeout to leave */
-#define P2P_DIAL_MS 3000           /* a listener that refuses this long is a dead rank */
+/* Bytes read from or written to one peer before the others get a turn. */
+#define P2P_BUDGET (4u << 20)
+#define P2P_DIAL_MS 3000 /* a listener that refuses this long is a dead rank */
 /* The listener stays open for the communicator's life: strangers that
  * never say hello may hold this many descriptors, each for
  * BRG__NET_HELLO_MS (the ring's listeners close after init). */
@@ -344,7 +344,7 @@ static void resume_held(brg_comm *c, p2p_peer *pr, int rank) {
 /* Reads what the peer sent, up to a budget; the caller holds the lock. */
 static void read_peer(brg_comm *c, p2p_peer *pr, int rank) {
   brg__p2p *p = c->p2p;
-  size_t budget = P2P_READ_BUDGET;
+  size_t budget = P2P_BUDGET;
   while (budget > 0 && pr->in_fd >= 0) {
     char *dest;
     uint64_t want;
@@ -424,7 +424,7 @@ static void sendq_fail(brg__p2p *p, p2p_peer *pr, brg_status s, const char *fmt,
  * the caller of brg__p2p_isend. */
 static void write_peer(brg_comm *c, p2p_peer *pr, int rank) {
   brg__p2p *p = c->p2p;
-  size_t budget = P2P_READ_BUDGET;
+  size_t budget = P2P_BUDGET;
   while (pr->sendq && pr->out_fd >= 0 && !pr->out_broken && budget > 0) {
     brg__p2p_op *op = pr->sendq;
     uint64_t bytes = op->count * brg_dtype_size((brg_dtype)op->dtype);
