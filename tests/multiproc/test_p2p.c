@@ -30,7 +30,9 @@
  *             all_to_all with rank 0 passing count 8 and the others 9:
  *             BRG_ERR_MISMATCH on every rank naming both counts (the last
  *             rank of 3 or more comes 300 ms late), nothing written past
- *             either buffer, the next collective fails at once
+ *             either buffer, the next collective (in place) fails at once
+ *   a2a_mismatch_inplace
+ *             the same with the in-place call first
  *   early     (BRIGADE_P2P_EARLY_BYTES small, 1 MiB) rank 0 isends far more
  *             than the cap, and a message larger than it, before rank 1
  *             posts any receive: every isend returns at once, the last ones
@@ -307,12 +309,15 @@ static int case_mismatch(mp_ctx *ctx) {
 /* Bytes past a buffer that nothing may write. */
 #define GUARD 64
 
-static int case_a2a_mismatch(mp_ctx *ctx) {
+/* Two all_to_alls with the counts of a2a_mismatch, out of place and in
+ * place, the first of them as `first_inplace` says. */
+static int a2a_mismatch_run(mp_ctx *ctx, int first_inplace) {
   brg_comm *c = ctx->comm;
   int n = ctx->nranks, r = ctx->rank;
   if (n < 2) return 0;
   size_t count = r == 0 ? 8 : 9, bb = count * sizeof(int32_t);
-  for (int inplace = 0; inplace < 2; inplace++) {
+  for (int call = 0; call < 2; call++) {
+    int inplace = call ^ first_inplace;
     unsigned char *s = xmalloc(bb * (size_t)n + GUARD);
     unsigned char *g = inplace ? s : xmalloc(bb * (size_t)n + GUARD);
     for (int j = 0; j < n; j++) fill(s + (size_t)j * bb, bb, r, j, 7000 + inplace);
@@ -320,16 +325,16 @@ static int case_a2a_mismatch(mp_ctx *ctx) {
     if (!inplace) memset(g, 0xee, bb * (size_t)n + GUARD);
     /* The last rank comes late: the others have found the mismatch by
      * then, and it must still hear of it rather than of their leaving. */
-    if (r == n - 1 && n > 2 && !inplace) mp_sleep_ms(300);
+    if (r == n - 1 && n > 2 && call == 0) mp_sleep_ms(300);
     brg_status st = brg_all_to_all(s, g, count, BRG_INT32, c, NULL);
     const char *e = brg_comm_last_error(c);
-    if (inplace == 0) {
+    if (call == 0) {
       MP_CHECK(st == BRG_ERR_MISMATCH && mp_contains(e, "all_to_all") &&
                    mp_contains(e, "8 x int32") && mp_contains(e, "9 x int32") &&
                    (r == 0 ? mp_names_rank(e, 1) || mp_names_rank(e, n - 1) : mp_names_rank(e, 0)),
-               "all_to_all with counts 8 (rank 0) and 9 (the others): %s: \"%s\" (expected "
+               "all_to_all %s with counts 8 (rank 0) and 9 (the others): %s: \"%s\" (expected "
                "BRG_ERR_MISMATCH naming all_to_all, 8 x int32, 9 x int32 and the other rank)",
-               brg_status_string(st), e);
+               inplace ? "in place" : "out of place", brg_status_string(st), e);
     } else {
       /* The communicator failed with the first: the second fails at once. */
       MP_CHECK(st != BRG_SUCCESS, "all_to_all after a mismatch succeeded");
@@ -347,6 +352,13 @@ static int case_a2a_mismatch(mp_ctx *ctx) {
     free(s);
   }
   return 0;
+}
+
+static int case_a2a_mismatch(mp_ctx *ctx) {
+  return a2a_mismatch_run(ctx, 0);
+}
+static int case_a2a_mismatch_inplace(mp_ctx *ctx) {
+  return a2a_mismatch_run(ctx, 1);
 }
 
 /* The early case's messages: counts of int32 cycling through odd sizes,
@@ -613,12 +625,19 @@ typedef struct {
   const char *name;
   int (*fn)(mp_ctx *);
 } part;
-static const part PARTS[] = {{"ring", case_ring},         {"pairs", case_pairs},
-                             {"crossed", case_crossed},   {"a2a", case_a2a},
-                             {"mismatch", case_mismatch}, {"args", case_args},
-                             {"timeout", case_timeout},   {"dies", case_dies},
-                             {"threads", case_threads},   {"a2a_mismatch", case_a2a_mismatch},
-                             {"early", case_early},       {"held", case_held}};
+static const part PARTS[] = {{"ring", case_ring},
+                             {"pairs", case_pairs},
+                             {"crossed", case_crossed},
+                             {"a2a", case_a2a},
+                             {"mismatch", case_mismatch},
+                             {"args", case_args},
+                             {"timeout", case_timeout},
+                             {"dies", case_dies},
+                             {"threads", case_threads},
+                             {"a2a_mismatch", case_a2a_mismatch},
+                             {"early", case_early},
+                             {"held", case_held},
+                             {"a2a_mismatch_inplace", case_a2a_mismatch_inplace}};
 #define NPARTS (sizeof PARTS / sizeof *PARTS)
 
 static int want[NPARTS];
