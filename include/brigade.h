@@ -240,9 +240,10 @@ brg_status brg_wait(brg_request *request);
  * nothing moved for the communicator's timeout). One message of any size
  * is always taken when no such memory is in use, so two ranks that each
  * send one message to the other first and receive afterwards never
- * deadlock (as torch.distributed users do). Links to other ranks are made at the first message (a TCP
- * connection from each sender to each receiver it uses, on the address the
- * bootstrap exchanged); init opens only a listener.
+ * deadlock (as torch.distributed users do). Links to other ranks are made
+ * at the first message (a TCP connection from each sender to each
+ * receiver it uses, on the address the bootstrap exchanged); init opens
+ * only a listener.
  *
  * A receive waits up to the communicator's timeout for its message (while
  * bytes keep arriving it keeps waiting) and then fails with
@@ -258,10 +259,11 @@ brg_status brg_wait(brg_request *request);
  *
  * brg_isend / brg_irecv are the non-blocking forms on caller-owned
  * requests (brg_test, brg_wait, as for the collectives): brg_isend
- * returns at once and completes once the data has left buf (it may do so
- * before it returns; buf must stay untouched until then); brg_wait on a
- * send fails with BRG_ERR_TIMEOUT when none of it left for the
- * communicator's timeout;
+ * returns without waiting for the receiver (the first message to a peer
+ * makes the link first) and completes once the data has left buf (it may
+ * do so before it returns; buf must stay untouched until then); brg_wait
+ * on a send fails with BRG_ERR_TIMEOUT when nothing more of it left for
+ * the communicator's timeout;
  * brg_irecv completes once its message has arrived. brg_wait on a receive
  * fails with BRG_ERR_TIMEOUT when nothing of the message arrived for the
  * communicator's timeout, counted from the brg_wait call; brg_test never
