@@ -42,6 +42,7 @@
  *             arrives; a blocking send larger than the cap goes through to
  *             a receive posted late
  *   held      (a 1 MiB cap, a short timeout) rank 0 sends 2 MiB, then 32 MiB
+ *             (more where the socket buffers could hold that)
  *             that rank 1 never receives: the second send fails with
  *             BRG_ERR_TIMEOUT naming rank 1 and BRIGADE_P2P_EARLY_BYTES within
  *             the timeout + 5 s; the first still arrives whole
@@ -479,6 +480,9 @@ static int case_held(mp_ctx *ctx) {
   if (ctx->nranks < 2) return 0;
   if (r > 1) return brg_barrier(c) != BRG_SUCCESS;
   size_t small = 524289, big = 8388613; /* int32: 2 MiB and 32 MiB, and a bit */
+  /* More than the socket buffers could take while nobody reads. */
+  long bufs = sysctl_max("/proc/sys/net/ipv4/tcp_rmem") + sysctl_max("/proc/sys/net/ipv4/tcp_wmem");
+  if (bufs > 0 && (size_t)bufs / 4 + (2u << 20) > big) big = (size_t)bufs / 4 + (2u << 20);
   unsigned char *buf = xmalloc(big * 4);
   if (r == 0) {
     fill(buf, small * 4, 0, 1, 9500);
