@@ -9,7 +9,12 @@
  * Prints the best and the median GB/s (bytes moved one way per second)
  * of --reps runs of --bytes each.
  *
- *   build/bench/tcp_stream [--bytes 1G] [--block 1M] [--sockbuf 4M] [--reps 5]
+ * --bidir runs two such streams at once, in opposite directions, as the
+ * two links of a rank in a ring of two carry: each rank sends and receives
+ * at once. Its GB/s (per direction) is the ceiling for an N = 2
+ * allreduce's busbw, which is also bytes sent per rank per second.
+ *
+ *   build/bench/tcp_stream [--bytes 1G] [--block 1M] [--sockbuf 4M] [--reps 5] [--bidir]
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -121,7 +126,7 @@ static int cmp_double(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
   size_t total = 1024u * 1024 * 1024, block = 1024 * 1024, sockbuf = 4 * 1024 * 1024;
-  int reps = 5;
+  int reps = 5, bidir = 0;
   for (int i = 1; i < argc; i++) {
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(argv[i], "--bytes") && v)
@@ -132,8 +137,11 @@ int main(int argc, char **argv) {
       sockbuf = parse_size(v), i++;
     else if (!strcmp(argv[i], "--reps") && v)
       reps = atoi(v), i++;
+    else if (!strcmp(argv[i], "--bidir"))
+      bidir = 1;
     else {
-      fprintf(stderr, "usage: %s [--bytes 1G] [--block 1M] [--sockbuf 4M] [--reps 5]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--bytes 1G] [--block 1M] [--sockbuf 4M] [--reps 5] [--bidir]\n",
+              argv[0]);
       return 2;
     }
   }
@@ -141,34 +149,40 @@ int main(int argc, char **argv) {
     fprintf(stderr, "tcp_stream: --bytes and --block must be > 0, --reps 1 to 100\n");
     return 2;
   }
-  char *sbuf = malloc(block), *rbuf = malloc(block);
-  if (!sbuf || !rbuf) return 1;
-  memset(sbuf, 1, block); /* touched before the clock starts */
-  memset(rbuf, 0, block);
+  int nstreams = bidir ? 2 : 1;
+  char *bufs[4];
+  for (int i = 0; i < 2 * nstreams; i++) {
+    if (!(bufs[i] = malloc(block))) return 1;
+    memset(bufs[i], i, block); /* touched before the clock starts */
+  }
   double gbs[100];
   for (int r = 0; r < reps; r++) {
-    int tx, rx;
-    if (connect_pair((int)sockbuf, &tx, &rx) != 0) {
-      perror("tcp_stream: loopback connection");
-      return 1;
+    stream st[4];
+    pthread_t th[4];
+    for (int k = 0; k < nstreams; k++) {
+      int tx, rx;
+      if (connect_pair((int)sockbuf, &tx, &rx) != 0) {
+        perror("tcp_stream: loopback connection");
+        return 1;
+      }
+      st[2 * k] = (stream){.fd = tx, .buf = bufs[2 * k], .block = block, .total = total};
+      st[2 * k + 1] = (stream){.fd = rx, .buf = bufs[2 * k + 1], .block = block, .total = total};
     }
-    stream out = {.fd = tx, .buf = sbuf, .block = block, .total = total};
-    stream in = {.fd = rx, .buf = rbuf, .block = block, .total = total};
-    pthread_t ts, tr;
     double t0 = now_s();
-    pthread_create(&tr, NULL, receiver, &in);
-    pthread_create(&ts, NULL, sender, &out);
-    pthread_join(ts, NULL);
-    pthread_join(tr, NULL);
+    for (int i = 0; i < 2 * nstreams; i++)
+      pthread_create(&th[i], NULL, i % 2 ? receiver : sender, &st[i]);
+    for (int i = 0; i < 2 * nstreams; i++) pthread_join(th[i], NULL);
     double t = now_s() - t0;
-    close(tx);
-    close(rx);
-    if (out.failed || in.failed) return 1;
+    for (int i = 0; i < 2 * nstreams; i++) {
+      close(st[i].fd);
+      if (st[i].failed) return 1;
+    }
     gbs[r] = (double)total / t / 1e9;
   }
   qsort(gbs, (size_t)reps, sizeof gbs[0], cmp_double);
-  printf("tcp_stream: loopback, 1 stream, %zu bytes x %d, block %zu, sockbuf %zu\n", total, reps,
-         block, sockbuf);
-  printf("best %.2f GB/s  median %.2f GB/s\n", gbs[reps - 1], gbs[reps / 2]);
+  printf("tcp_stream: loopback, %s, %zu bytes x %d, block %zu, sockbuf %zu\n",
+         bidir ? "2 streams in opposite directions" : "1 stream", total, reps, block, sockbuf);
+  printf("best %.2f GB/s  median %.2f GB/s%s\n", gbs[reps - 1], gbs[reps / 2],
+         bidir ? " (per direction)" : "");
   return 0;
 }
