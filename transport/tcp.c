@@ -2,20 +2,36 @@
  * The tcp transport: the fallback that works between any two ranks that
  * reach each other over IP.
  *
- * Both ends of a link keep a FIFO of their own, and one proxy thread per end
- * moves slots across the wire between them:
+ * The data path, for one link (sender S, receiver R):
  *
- *   engine -> send FIFO -> send proxy ==socket(s)==> recv proxy -> recv FIFO -> engine
+ *   S engine --sendmsg()--> socket(s) --recv()--> R recv proxy --> R's output buffer
+ *   (input, output or slot)                                    \-> R's recv FIFO
  *
- * On the wire a slot is its brg__slot_meta followed by meta.bytes of payload.
- * With several sockets per link, slot n travels on socket n % nsocks and the
- * receiver reads slot n from that same socket, so the stream stays in order
- * with no sequence numbers on the wire.
+ * - No send proxy. The sending engine sends each slot itself as it posts
+ *   it (tcp_send_now), header and payload in one sendmsg(), the payload
+ *   from wherever it already is: the user's input, the output it has just
+ *   reduced into, or the receive slot it is forwarding. So a slice is not
+ *   copied into a send FIFO first and no thread has to be woken to send
+ *   it. The slot is free again as soon as the kernel holds the bytes.
+ * - One receive proxy per link, blocked in recv(). Where the engine has
+ *   offered a window for a slot (tcp_recv_window: the all-gather steps,
+ *   whose slices only need to reach the output) and the payload has the
+ *   offered size, the payload lands there; otherwise in the local receive
+ *   FIFO, where the reduce-scatter steps read it beside their own input.
+ *   c->landed tells the engine which.
+ * - Nothing spins: the engine sleeps on the FIFO (ops.sleeps), in poll()
+ *   while the socket is full, and the proxy in recv(). On a machine with
+ *   few cores a spinning thread takes the core the kernel needs to copy
+ *   the bytes. bench/tcp_stream measures one plain stream for comparison.
  *
- * The send proxy gives a slot back to the engine (head++) as soon as the
- * kernel has taken its bytes. The receive proxy only fills slots the engine
- * has released (tail < head + nslots), so TCP flow control is all the
- * back-pressure the wire needs.
+ * On the wire a slot is its brg__slot_meta followed by meta.bytes of
+ * payload. With several sockets per link (BRIGADE_TCP_NSOCKS), slot n
+ * travels on socket n % nsocks and the receiver reads slot n from that same
+ * socket, so the stream stays in order with no sequence numbers on the wire.
+ *
+ * The receive proxy only fills slots the engine has released
+ * (tail < head + nslots), so TCP flow control is all the back-pressure the
+ * wire needs.
  *
  * A data connection opens with a hello {magic, job secret, sender rank,
  * socket index}; the receiver drops connections whose hello is wrong and
