@@ -220,18 +220,28 @@ static int ring_plan_next(const brg__ring_op *o, ring_plan *pl, ring_step *st) {
  * output, so the link may land it there straight away. A second walk of
  * the plan runs ahead of the engine and offers the output of each such
  * step for the slot it will arrive in, as far ahead as the FIFO reaches
- * (the reduce-scatter steps need what arrives beside their own input, so
- * theirs lands in the FIFO). */
+ * but never past the slice the engine has just worked on: in place, the
+ * first step sends a slice from the very memory its last all-gather step
+ * receives into, and an offer made after that send orders the two for
+ * every thread (the peer cannot answer before it, but the proof runs
+ * through the other process). The reduce-scatter steps need what arrives
+ * beside their own input, so theirs lands in the FIFO. */
 typedef struct ring_ahead {
   ring_plan plan;
   uint64_t pos; /* the slot the next receiving step of the walk takes */
 } ring_ahead;
 
-static void ring_offer_windows(brg__ring_op *o, ring_ahead *a) {
+static void ring_offer_windows(brg__ring_op *o, ring_ahead *a, size_t last_sl) {
   brg_comm *c = o->c;
   uint64_t limit = c->recv_pos + (uint64_t)c->recv.fifo.nslots;
   ring_step st;
-  while (a->pos < limit && ring_plan_next(o, &a->plan, &st)) {
+  while (a->pos < limit) {
+    ring_plan before = a->plan;
+    if (!ring_plan_next(o, &a->plan, &st)) break;
+    if (st.sl > last_sl) {
+      a->plan = before;
+      break;
+    }
     if (!brg__prim_recvs(st.prim)) continue;
     size_t bytes = st.m * o->esize;
     if ((st.prim == BRG__PRIM_RECV || st.prim == BRG__PRIM_RECV_COPY_SEND) && st.out &&
@@ -249,13 +259,13 @@ static brg_status run_ring(brg__ring_op *o, int t0, int t1) {
   ahead.plan = plan;
   ring_step st;
   while (ring_plan_next(o, &plan, &st)) {
-    if (o->windows) ring_offer_windows(o, &ahead);
     c->cur_step = st.t;
     o->elem = st.e;
     o->chunk = st.id;
     o->slice = st.sl;
     brg_status s = run_prim(o, st.prim, st.in, st.out, st.m);
     if (s != BRG_SUCCESS) return s;
+    if (o->windows) ring_offer_windows(o, &ahead, st.sl);
   }
   return BRG_SUCCESS;
 }
