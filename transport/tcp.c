@@ -107,6 +107,7 @@ typedef struct tcp_conn {
   void *landed[BRG__MAX_SLOTS];
   int win_off;  /* offers withdrawn for good (seq_cst, against win_busy) */
   int win_busy; /* the proxy is receiving into an offered buffer */
+  int cut;      /* send end: a slot was cut off part way (engine's thread only) */
 } tcp_conn;
 
 static brg_status tcp_proxy_check(void *arg) {
@@ -205,6 +206,9 @@ static brg_status tcp_send_now(brg__conn *c, uint64_t pos, const void *payload,
       struct pollfd pfd = {.fd = fd, .events = POLLOUT};
       if (poll(&pfd, 1, 1) == 0 && w && w->check) {
         brg_status s = w->check(w->arg);
+        /* A slot cut off part way leaves the stream unreadable: no
+         * goodbye may follow it. */
+        if (s != BRG_SUCCESS && (v != iov || v->iov_len != sizeof *m)) t->cut = 1;
         if (s != BRG_SUCCESS) return s;
       }
       continue;
@@ -439,7 +443,7 @@ static void tcp_close(brg__conn *c) {
    * ends its stream with a goodbye (best effort: a peer that does not read
    * just sees the end). */
   brg__fifo_ctrl *ctrl = t->l.fifo.ctrl;
-  if (t->l.sender && ctrl && !__atomic_load_n(&ctrl->closed, __ATOMIC_ACQUIRE)) {
+  if (t->l.sender && ctrl && !t->cut && !__atomic_load_n(&ctrl->closed, __ATOMIC_ACQUIRE)) {
     uint64_t sent = __atomic_load_n(&ctrl->head, __ATOMIC_ACQUIRE);
     int fd = t->fds[sent % (uint64_t)t->nsocks];
     brg__slot_meta bye = {.seq = UINT64_MAX, .count = TCP_BYE_MAGIC};
