@@ -1292,8 +1292,7 @@ static brg_status send_done(struct brg__ring_op *o, uint64_t bytes) {
   if (d->send_staged && (s = event_wait(c, d, d->send_ev[sk],
                                         "cudaEventQuery (slot for the next host)")) != BRG_SUCCESS)
     return s;
-  brg__ring_send_post(o, d->send_staged ? bytes : 0);
-  return BRG_SUCCESS;
+  return brg__ring_send_post(o, d->send_staged ? bytes : 0, NULL);
 }
 
 /* Hands a read slot back to the previous rank, once the kernel that read it

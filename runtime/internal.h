@@ -135,6 +135,7 @@ struct brg_comm {
                                            or BRIGADE_TRANSPORTS) */
   int transports_from_config;
   brg__waiter waiter;
+  brg__waiter waiter_sleep; /* waiter's check, no spinning: for links whose ops->sleeps */
 
   char *scratch; /* nranks * small_bytes, for small allreduces */
   size_t small_bytes;

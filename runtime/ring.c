@@ -27,6 +27,14 @@ static long elem_off(const void *p, const void *base, size_t esize) {
   return p && base ? (long)(((const char *)p - (const char *)base) / (ptrdiff_t)esize) : -1;
 }
 
+/* A slice into the output, streamed past the cache for large collectives. */
+static void copy_out(const brg__ring_op *o, char *out, const void *src, size_t bytes) {
+  if (o->nt)
+    brg__copy_nt(out, src, bytes);
+  else
+    brg__copy(out, NULL, src, bytes);
+}
+
 /* One primitive on one slice of m elements. `in` is this rank's input for
  * the slice, `out` its output (either may be NULL when the primitive does
  * not use it). */
@@ -43,12 +51,34 @@ static brg_status prim_body(brg__ring_op *o, brg__prim prim, const char *in, cha
   int n = o->c->nranks;
   const char *r = NULL;
   char *slot = NULL;
+  const void *payload = NULL; /* what is sent, where not the slot */
   brg_status s;
   int recvs = brg__prim_recvs(prim), sends = brg__prim_sends(prim);
   if (o->dev) return brg__device_prim(o, prim, in, out, m);
   if (recvs && (s = brg__ring_recv_acquire(o, &r, bytes)) != BRG_SUCCESS) return s;
   if (sends && (s = brg__ring_send_acquire(o, bytes, &slot)) != BRG_SUCCESS) return s;
   if (m == 0) goto done;
+  if (sends && o->direct) {
+    /* The link sends from anywhere (tcp): what goes to the next rank is
+     * sent from where it already is, the input, the output or the slot it
+     * came in, instead of being copied into the send FIFO first. */
+    switch (prim) {
+    case BRG__PRIM_SEND:
+      payload = in;
+      if (out && out != in) copy_out(o, out, in, bytes);
+      goto done;
+    case BRG__PRIM_RECV_REDUCE_COPY_SEND:
+      if (o->nt || !out) break;
+      brg__reduce(out, NULL, r, in, m, k->dtype, k->op, n);
+      payload = out;
+      goto done;
+    case BRG__PRIM_RECV_COPY_SEND:
+      payload = r;
+      if (out != r) copy_out(o, out, r, bytes);
+      goto done;
+    default: break;
+    }
+  }
   if (o->nt && out) {
     /* Large collective: the slot (in cache) takes the result, and the output
      * is streamed from it, skipping the read-for-ownership of the output. */
@@ -65,7 +95,9 @@ static brg_status prim_body(brg__ring_op *o, brg__prim prim, const char *in, cha
       brg__copy(slot, NULL, r, bytes);
       brg__copy_nt(out, r, bytes);
       goto done;
-    case BRG__PRIM_RECV: brg__copy_nt(out, r, bytes); goto done;
+    case BRG__PRIM_RECV:
+      if (out != r) brg__copy_nt(out, r, bytes);
+      goto done;
     default: break;
     }
   }
@@ -75,11 +107,13 @@ static brg_status prim_body(brg__ring_op *o, brg__prim prim, const char *in, cha
   case BRG__PRIM_RECV_REDUCE_COPY_SEND: brg__reduce(out, slot, r, in, m, k->dtype, k->op, n); break;
   case BRG__PRIM_RECV_REDUCE_COPY: brg__reduce(out, NULL, r, in, m, k->dtype, k->op, n); break;
   case BRG__PRIM_RECV_COPY_SEND: brg__copy(out, slot, r, bytes); break;
-  case BRG__PRIM_RECV: brg__copy(out, NULL, r, bytes); break;
+  case BRG__PRIM_RECV:
+    if (out != r) brg__copy(out, NULL, r, bytes);
+    break;
   case BRG__PRIM_COPY: brg__copy(out, NULL, in, bytes); break;
   }
 done:
-  if (sends) brg__ring_send_post(o, bytes);
+  if (sends && (s = brg__ring_send_post(o, bytes, payload)) != BRG_SUCCESS) return s;
   if (recvs) brg__ring_recv_release(o);
   return BRG_SUCCESS;
 }
@@ -98,60 +132,140 @@ static brg_status run_prim(brg__ring_op *o, brg__prim prim, const char *in, char
  * chunks; reduce-scatter and all-gather have chunks of `count` elements
  * each, chunk i at element stride * i of the full-size buffer (the
  * stride is count unless the call is one ring's part of a larger one). */
-static brg_status run_ring(brg__ring_op *o, int t0, int t1) {
+typedef struct ring_plan {
+  int t0, t1;
+  int fixed; /* chunks of `per` each (rs, ag), else balanced parts of `total` */
+  size_t per, stride, total;
+  size_t max_slices; /* of the largest chunk */
+  size_t sl;         /* the walk: slice sl at step t comes next */
+  int t;
+} ring_plan;
+
+/* One step of the walk: primitive `prim` on m elements of chunk `id`,
+ * starting at element e of the whole collective. */
+typedef struct ring_step {
+  brg__prim prim;
+  const char *in;
+  char *out;
+  size_t m, e, sl;
+  int t, id;
+} ring_step;
+
+static void ring_plan_init(const brg__ring_op *o, int t0, int t1, ring_plan *pl) {
+  const brg__coll *k = o->coll;
+  int n = o->c->nranks;
+  int ag = k->kind == BRG__COLL_ALL_GATHER, rs = k->kind == BRG__COLL_REDUCE_SCATTER;
+  *pl = (ring_plan){.t0 = t0, .t1 = t1, .t = t0};
+  pl->fixed = (rs || ag) && !k->whole;
+  pl->per = k->count;
+  pl->stride = k->stride ? k->stride : pl->per;
+  pl->total = pl->fixed ? pl->per * (size_t)n : k->count;
+  for (int i = 0; i < n; i++) {
+    size_t cnt = pl->fixed ? pl->per : brg__part_count(pl->total, n, i);
+    size_t ns = brg__slice_total(cnt, o->slice_elems);
+    if (ns > pl->max_slices) pl->max_slices = ns;
+  }
+}
+
+/* The next step of the walk (slices outer, steps inner); 0 at the end. */
+static int ring_plan_next(const brg__ring_op *o, ring_plan *pl, ring_step *st) {
   brg_comm *c = o->c;
   const brg__coll *k = o->coll;
   int n = c->nranks, p = c->pos;
   int ag = k->kind == BRG__COLL_ALL_GATHER, rs = k->kind == BRG__COLL_REDUCE_SCATTER;
-  /* Chunks of `count` each, or balanced ones of one whole buffer as allreduce's. */
-  int fixed = (rs || ag) && !k->whole;
-  size_t per = k->count; /* elements per chunk when fixed */
-  size_t stride = k->stride ? k->stride : per;
-  size_t total = fixed ? per * (size_t)n : k->count;
-  size_t max_slices = 0;
-  for (int i = 0; i < n; i++) {
-    size_t cnt = fixed ? per : brg__part_count(total, n, i);
-    size_t ns = brg__slice_total(cnt, o->slice_elems);
-    if (ns > max_slices) max_slices = ns;
-  }
-  for (size_t sl = 0; sl < max_slices; sl++) {
-    for (int t = t0; t <= t1; t++) {
-      int id = c->ring[brg__ring_chunk(p, n, t)];
-      size_t cnt = fixed ? per : brg__part_count(total, n, id);
-      size_t off = fixed ? stride * (size_t)id : brg__part_offset(total, n, id);
-      if (sl >= brg__slice_total(cnt, o->slice_elems)) continue;
-      size_t m = brg__slice_count(cnt, o->slice_elems, sl);
-      size_t e = off + brg__slice_offset(sl, o->slice_elems);
-      /* Where the slice lies in the rs output or ag input: a buffer of one
-       * chunk, or the whole buffer. */
-      size_t own = k->whole ? e : brg__slice_offset(sl, o->slice_elems);
-      const char *in = NULL;
-      char *out = NULL;
-      brg__prim prim = brg__ring_prim(n, t);
-      if (rs) {
-        in = (const char *)k->sendbuf + e * o->esize;
-        if (t == t1) {
-          prim = BRG__PRIM_RECV_REDUCE_COPY;
-          out = (char *)k->recvbuf + own * o->esize;
-        }
-      } else if (ag) {
-        out = (char *)k->recvbuf + e * o->esize;
-        if (t == t0) {
-          prim = BRG__PRIM_SEND; /* own block: input -> output and next */
-          in = (const char *)k->sendbuf + own * o->esize;
-        }
-      } else {
-        in = k->sendbuf ? (const char *)k->sendbuf + e * o->esize : NULL;
-        out = k->recvbuf ? (char *)k->recvbuf + e * o->esize : NULL;
-      }
-      if (prim == BRG__PRIM_SEND && !ag) out = NULL;
-      c->cur_step = t;
-      o->elem = e;
-      o->chunk = id;
-      o->slice = sl;
-      brg_status s = run_prim(o, prim, in, out, m);
-      if (s != BRG_SUCCESS) return s;
+  while (pl->sl < pl->max_slices) {
+    size_t sl = pl->sl;
+    int t = pl->t;
+    if (++pl->t > pl->t1) {
+      pl->t = pl->t0;
+      pl->sl++;
     }
+    int id = c->ring[brg__ring_chunk(p, n, t)];
+    size_t cnt = pl->fixed ? pl->per : brg__part_count(pl->total, n, id);
+    size_t off = pl->fixed ? pl->stride * (size_t)id : brg__part_offset(pl->total, n, id);
+    if (sl >= brg__slice_total(cnt, o->slice_elems)) continue;
+    size_t m = brg__slice_count(cnt, o->slice_elems, sl);
+    size_t e = off + brg__slice_offset(sl, o->slice_elems);
+    /* Where the slice lies in the rs output or ag input: a buffer of one
+     * chunk, or the whole buffer. */
+    size_t own = k->whole ? e : brg__slice_offset(sl, o->slice_elems);
+    const char *in = NULL;
+    char *out = NULL;
+    brg__prim prim = brg__ring_prim(n, t);
+    if (rs) {
+      in = (const char *)k->sendbuf + e * o->esize;
+      if (t == pl->t1) {
+        prim = BRG__PRIM_RECV_REDUCE_COPY;
+        out = (char *)k->recvbuf + own * o->esize;
+      }
+    } else if (ag) {
+      out = (char *)k->recvbuf + e * o->esize;
+      if (t == pl->t0) {
+        prim = BRG__PRIM_SEND; /* own block: input -> output and next */
+        in = (const char *)k->sendbuf + own * o->esize;
+      }
+    } else {
+      in = k->sendbuf ? (const char *)k->sendbuf + e * o->esize : NULL;
+      out = k->recvbuf ? (char *)k->recvbuf + e * o->esize : NULL;
+    }
+    if (prim == BRG__PRIM_SEND && !ag) out = NULL;
+    *st =
+        (ring_step){.prim = prim, .in = in, .out = out, .m = m, .e = e, .sl = sl, .t = t, .id = id};
+    return 1;
+  }
+  return 0;
+}
+
+/* Receive windows: the all-gather steps only copy what arrives into the
+ * output, so the link may land it there straight away. A second walk of
+ * the plan runs ahead of the engine and offers the output of each such
+ * step for the slot it will arrive in, as far ahead as the FIFO reaches
+ * but never past the slice the engine has just worked on: in place, the
+ * first step sends a slice from the very memory its last all-gather step
+ * receives into, and an offer made after that send orders the two for
+ * every thread (the peer cannot answer before it, but the proof runs
+ * through the other process). The reduce-scatter steps need what arrives
+ * beside their own input, so theirs lands in the FIFO. */
+typedef struct ring_ahead {
+  ring_plan plan;
+  uint64_t pos; /* the slot the next receiving step of the walk takes */
+} ring_ahead;
+
+static void ring_offer_windows(brg__ring_op *o, ring_ahead *a, size_t last_sl) {
+  brg_comm *c = o->c;
+  uint64_t limit = c->recv_pos + (uint64_t)c->recv.fifo.nslots;
+  ring_step st;
+  while (a->pos < limit) {
+    ring_plan before = a->plan;
+    if (!ring_plan_next(o, &a->plan, &st)) break;
+    if (st.sl > last_sl) {
+      a->plan = before;
+      break;
+    }
+    if (!brg__prim_recvs(st.prim)) continue;
+    size_t bytes = st.m * o->esize;
+    if ((st.prim == BRG__PRIM_RECV || st.prim == BRG__PRIM_RECV_COPY_SEND) && st.out &&
+        bytes > BRG__INLINE_BYTES)
+      c->recv.ops->recv_window(&c->recv, a->pos, st.out, bytes);
+    a->pos++;
+  }
+}
+
+static brg_status run_ring(brg__ring_op *o, int t0, int t1) {
+  brg_comm *c = o->c;
+  ring_plan plan;
+  ring_ahead ahead = {.pos = c->recv_pos};
+  ring_plan_init(o, t0, t1, &plan);
+  ahead.plan = plan;
+  ring_step st;
+  while (ring_plan_next(o, &plan, &st)) {
+    c->cur_step = st.t;
+    o->elem = st.e;
+    o->chunk = st.id;
+    o->slice = st.sl;
+    brg_status s = run_prim(o, st.prim, st.in, st.out, st.m);
+    if (s != BRG_SUCCESS) return s;
+    if (o->windows) ring_offer_windows(o, &ahead, st.sl);
   }
   return BRG_SUCCESS;
 }
@@ -247,6 +361,10 @@ static brg_status coll_body(brg_comm *c, brg__coll *k) {
     o.dev = c->dev;
     o.slice_elems = brg__device_ring_slice_bytes(c->dev) / o.esize;
   }
+  o.direct = brg__ring_send_direct(&o);
+  /* Windows only where sends go from anywhere: an all-gather step whose
+   * slice landed in the output forwards it from there. */
+  o.windows = o.direct && brg__ring_recv_windows(&o);
   size_t total = k->count * o.esize;
   if ((k->kind == BRG__COLL_ALL_GATHER || k->kind == BRG__COLL_REDUCE_SCATTER) && !k->whole)
     total *= (size_t)c->nranks;
@@ -273,6 +391,9 @@ static brg_status coll_body(brg_comm *c, brg__coll *k) {
     case BRG__COLL_ALL_TO_ALL: s = brg__p2p_all_to_all(c, k); break;
     }
   }
+  /* An offer left behind by a failed call must not write into the
+   * caller's buffers after it returns. */
+  if (s != BRG_SUCCESS && o.windows) c->recv.ops->recv_window(&c->recv, 0, NULL, 0);
   c->cur = NULL;
   return s;
 }

@@ -132,6 +132,13 @@ void brg__ring_waiter_init(brg_comm *c) {
   c->waiter.spin = (int)brg__core_int(BRG__CORE_SPIN);
   c->waiter.check = ring_check;
   c->waiter.arg = c;
+  c->waiter_sleep = c->waiter;
+  c->waiter_sleep.spin = -1;
+}
+
+/* The waiter for waits on link `l`. */
+static const brg__waiter *link_waiter(brg_comm *c, const brg__conn *l) {
+  return l->ops && l->ops->sleeps ? &c->waiter_sleep : &c->waiter;
 }
 
 /* Waits for a free slot in the FIFO to the next rank; small slices go in
@@ -149,7 +156,7 @@ brg_status brg__ring_send_acquire(brg__ring_op *o, size_t bytes, char **slot) {
       c->wait_start_ns = 0;
       int64_t w0 = c->trace ? brg__now_ns() : 0;
       brg_status s = brg__wait_ge(&f->ctrl->head, &f->ctrl->head_waiters,
-                                  c->send_pos + 1 - (uint64_t)f->nslots, &c->waiter);
+                                  c->send_pos + 1 - (uint64_t)f->nslots, link_waiter(c, &c->send));
       if (c->trace) brg__trace_wait(c, c->next, 1, w0);
       if (s != BRG_SUCCESS) return s;
       c->send_head = __atomic_load_n(&f->ctrl->head, __ATOMIC_ACQUIRE);
@@ -160,10 +167,16 @@ brg_status brg__ring_send_acquire(brg__ring_op *o, size_t bytes, char **slot) {
   return BRG_SUCCESS;
 }
 
-void brg__ring_send_post(brg__ring_op *o, size_t bytes) {
+brg_status brg__ring_send_post(brg__ring_op *o, size_t bytes, const void *payload) {
   brg_comm *c = o->c;
   brg__fifo *f = &c->send.fifo;
-  brg__slot_meta *m = brg__fifo_meta(f, c->send_pos);
+  uint64_t pos = c->send_pos;
+  brg__slot_meta *m = brg__fifo_meta(f, pos);
+  /* Small payloads travel in the header, wherever they were. */
+  if (payload && bytes <= BRG__INLINE_BYTES) {
+    if (bytes) memcpy(m->inline_data, payload, bytes);
+    payload = NULL;
+  }
   m->seq = o->coll->seq;
   m->count = o->coll->count;
   m->kind = (uint32_t)o->coll->kind;
@@ -177,6 +190,20 @@ void brg__ring_send_post(brg__ring_op *o, size_t bytes) {
   c->bytes_sent += bytes;
   __atomic_store_n(&m->flag, c->send_pos, __ATOMIC_RELEASE);
   brg__publish(&f->ctrl->tail, &f->ctrl->tail_waiters, c->send_pos);
+  if (!c->send.ops || !c->send.ops->send_now) return BRG_SUCCESS;
+  c->wait_what = "take data (its link is full)";
+  c->wait_peer = c->next;
+  c->wait_conn = &c->send;
+  c->wait_start_ns = 0;
+  brg_status s = c->send.ops->send_now(&c->send, pos, payload, link_waiter(c, &c->send));
+  /* A link the transport found broken is reported as a wait on it would
+   * be (a neighbour's notice first: it names the rank that failed); a stop
+   * by the check was reported by the check. */
+  if (s != BRG_SUCCESS && __atomic_load_n(&f->ctrl->closed, __ATOMIC_ACQUIRE)) {
+    brg_status why = c->waiter.check(c->waiter.arg);
+    if (why != BRG_SUCCESS) return why;
+  }
+  return s;
 }
 
 /* Waits for the next slot from the previous rank and checks its header. */
@@ -191,7 +218,7 @@ brg_status brg__ring_recv_acquire(brg__ring_op *o, const char **slot, size_t byt
     c->wait_start_ns = 0;
     int64_t w0 = c->trace ? brg__now_ns() : 0;
     brg_status s = brg__wait_flag(&m->flag, c->recv_pos + 1, &f->ctrl->tail, &f->ctrl->tail_waiters,
-                                  &c->waiter);
+                                  link_waiter(c, &c->recv));
     if (c->trace) brg__trace_wait(c, c->prev, 0, w0);
     if (s != BRG_SUCCESS) return s;
   }
@@ -209,6 +236,9 @@ brg_status brg__ring_recv_acquire(brg__ring_op *o, const char **slot, size_t byt
                            mine, c->prev, theirs);
   }
   *slot = bytes <= BRG__INLINE_BYTES ? m->inline_data : brg__fifo_slot(f, c->recv_pos);
+  /* The payload may have gone straight to the buffer offered for it. */
+  if (c->recv.landed && c->recv.landed[c->recv_pos % (uint64_t)f->nslots])
+    *slot = c->recv.landed[c->recv_pos % (uint64_t)f->nslots];
   return BRG_SUCCESS;
 }
 

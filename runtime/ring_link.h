@@ -19,6 +19,8 @@ typedef struct brg__ring_op {
   size_t esize;
   size_t slice_elems;
   int nt;                    /* write outputs with non-temporal stores (host) */
+  int direct;                /* the next link sends host payloads from anywhere */
+  int windows;               /* offer the all-gather outputs to the previous link */
   struct brg__dev_ring *dev; /* device collective: payloads in GPU memory */
   size_t elem;               /* the current slice's first element in the whole
                                  collective, the same on every rank */
@@ -33,12 +35,24 @@ void brg__ring_waiter_init(brg_comm *c);
 /* Waits for a free slot towards the next rank; *slot is where `bytes` of
  * host payload go (the header's inline bytes when they fit). */
 brg_status brg__ring_send_acquire(brg__ring_op *o, size_t bytes, char **slot);
-/* Publishes the slot with its header. */
-void brg__ring_send_post(brg__ring_op *o, size_t bytes);
+/* Publishes the slot with its header. Where the link sends on the
+ * engine's thread (ops->send_now), the payload goes from `payload` when it
+ * is not NULL (the slot was left unwritten), and this returns once it is
+ * sent. */
+brg_status brg__ring_send_post(brg__ring_op *o, size_t bytes, const void *payload);
+/* 1 when the link to the next rank can send a host payload from anywhere. */
+static inline int brg__ring_send_direct(const brg__ring_op *o) {
+  return !o->dev && o->c->send.ops && o->c->send.ops->send_now;
+}
 /* Waits for the next slot from the previous rank and checks that its header
  * names this collective with `bytes` of payload. */
 brg_status brg__ring_recv_acquire(brg__ring_op *o, const char **slot, size_t bytes);
 /* Hands the slot back to the previous rank. */
 void brg__ring_recv_release(brg__ring_op *o);
+/* 1 when the link from the previous rank can land payloads in the
+ * engine's own buffers (ops->recv_window). */
+static inline int brg__ring_recv_windows(const brg__ring_op *o) {
+  return !o->dev && o->c->recv.ops && o->c->recv.ops->recv_window;
+}
 
 #endif

@@ -95,7 +95,7 @@ brg_status brg__wait_ge(volatile uint64_t *word, volatile uint32_t *waiters, uin
   /* Yield for up to ~200 us before sleeping: when ranks outnumber cores,
    * the peer we wait for is often runnable and this hands it the core. */
   int64_t t0 = brg__now_ns();
-  for (int i = 1;; i++) {
+  for (int i = 1; spin >= 0; i++) {
     sched_yield();
     if (__atomic_load_n(word, __ATOMIC_ACQUIRE) >= target) return BRG_SUCCESS;
     if (i % 16 == 0 && brg__now_ns() - t0 > 200000) break;

@@ -302,6 +302,7 @@ void brg__net_close(brg__conn *c) {
   brg__sock_close(&l->listen_fd);
   brg__fifo_free(&l->fifo);
   memset(&c->fifo, 0, sizeof c->fifo);
+  c->landed = NULL;
   free(l);
   c->priv = NULL;
 }

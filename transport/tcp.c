@@ -2,20 +2,36 @@
  * The tcp transport: the fallback that works between any two ranks that
  * reach each other over IP.
  *
- * Both ends of a link keep a FIFO of their own, and one proxy thread per end
- * moves slots across the wire between them:
+ * The data path, for one link (sender S, receiver R):
  *
- *   engine -> send FIFO -> send proxy ==socket(s)==> recv proxy -> recv FIFO -> engine
+ *   S engine --sendmsg()--> socket(s) --recv()--> R recv proxy --> R's output buffer
+ *   (input, output or slot)                                    \-> R's recv FIFO
  *
- * On the wire a slot is its brg__slot_meta followed by meta.bytes of payload.
- * With several sockets per link, slot n travels on socket n % nsocks and the
- * receiver reads slot n from that same socket, so the stream stays in order
- * with no sequence numbers on the wire.
+ * - No send proxy. The sending engine sends each slot itself as it posts
+ *   it (tcp_send_now), header and payload in one sendmsg(), the payload
+ *   from wherever it already is: the user's input, the output it has just
+ *   reduced into, or the receive slot it is forwarding. So a slice is not
+ *   copied into a send FIFO first and no thread has to be woken to send
+ *   it. The slot is free again as soon as the kernel holds the bytes.
+ * - One receive proxy per link, blocked in recv(). Where the engine has
+ *   offered a window for a slot (tcp_recv_window: the all-gather steps,
+ *   whose slices only need to reach the output) and the payload has the
+ *   offered size, the payload lands there; otherwise in the local receive
+ *   FIFO, where the reduce-scatter steps read it beside their own input.
+ *   c->landed tells the engine which.
+ * - Nothing spins: the engine sleeps on the FIFO (ops.sleeps), in poll()
+ *   while the socket is full, and the proxy in recv(). On a machine with
+ *   few cores a spinning thread takes the core the kernel needs to copy
+ *   the bytes. bench/tcp_stream measures one plain stream for comparison.
  *
- * The send proxy gives a slot back to the engine (head++) as soon as the
- * kernel has taken its bytes. The receive proxy only fills slots the engine
- * has released (tail < head + nslots), so TCP flow control is all the
- * back-pressure the wire needs.
+ * On the wire a slot is its brg__slot_meta followed by meta.bytes of
+ * payload. With several sockets per link (BRIGADE_TCP_NSOCKS), slot n
+ * travels on socket n % nsocks and the receiver reads slot n from that same
+ * socket, so the stream stays in order with no sequence numbers on the wire.
+ *
+ * The receive proxy only fills slots the engine has released
+ * (tail < head + nslots), so TCP flow control is all the back-pressure the
+ * wire needs.
  *
  * A data connection opens with a hello {magic, job secret, sender rank,
  * socket index}; the receiver drops connections whose hello is wrong and
@@ -26,10 +42,12 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <limits.h>
+#include <poll.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <time.h>
 
 #include "clock.h"
 #include "net.h"
@@ -39,7 +57,6 @@
 #define TCP_HELLO_MAGIC 0x42524748u /* "BRGH" */
 #define TCP_BYE_MAGIC 0x6279652062726721ull
 #define TCP_MAX_SOCKS 16
-#define TCP_CLOSE_GRACE_MS 500 /* how long close() lets the send proxy flush */
 #define TCP_ADDR_BYTES 64
 
 enum { TCP_CFG_SOCKBUF, TCP_CFG_NSOCKS, TCP_CFG_COUNT };
@@ -73,11 +90,24 @@ typedef struct tcp_hello {
   uint8_t secret[BRG__SECRET_BYTES];
 } tcp_hello;
 
+/* A receive window: where the engine wants slot `tag - 1`'s payload. */
+typedef struct tcp_window {
+  void *dst;
+  size_t bytes;
+  uint64_t tag; /* pos + 1, stored last (release) */
+} tcp_window;
+
 typedef struct tcp_conn {
   brg__net_link l; /* first: c->priv points at both */
   int nsocks;
   int fds[TCP_MAX_SOCKS];
   brg__waiter waiter; /* the proxy's: stops on `stopping` or ctrl->closed */
+  /* Receive end: the engine's offers, and where each slot landed (c->landed). */
+  tcp_window win[BRG__MAX_SLOTS];
+  void *landed[BRG__MAX_SLOTS];
+  int win_off;  /* offers withdrawn for good (seq_cst, against win_busy) */
+  int win_busy; /* the proxy is receiving into an offered buffer */
+  int cut;      /* send end: a slot was cut off part way (engine's thread only) */
 } tcp_conn;
 
 static brg_status tcp_proxy_check(void *arg) {
@@ -148,41 +178,80 @@ static int is_bye(const brg__slot_meta *m) {
   return m->seq == UINT64_MAX && m->count == TCP_BYE_MAGIC && m->bytes == 0;
 }
 
-static void *send_proxy(void *arg) {
-  tcp_conn *t = arg;
+/* The engine's own send (ops->send_now): no copy into the send FIFO when
+ * the payload is elsewhere, and no proxy to wake. The socket is blocking;
+ * MSG_DONTWAIT and poll() let the engine's check run while the wire is
+ * full, so a stopped peer ends in a timeout instead of a hang. */
+static brg_status tcp_send_now(brg__conn *c, uint64_t pos, const void *payload,
+                               const brg__waiter *w) {
+  tcp_conn *t = c->priv;
   brg__fifo *f = &t->l.fifo;
-  brg__fifo_ctrl *ctrl = f->ctrl;
-  uint64_t sent = __atomic_load_n(&ctrl->head, __ATOMIC_ACQUIRE);
-  for (;;) {
-    uint64_t tail = __atomic_load_n(&ctrl->tail, __ATOMIC_ACQUIRE);
-    for (; sent < tail; sent++) {
-      const brg__slot_meta *m = brg__fifo_meta(f, sent);
-      if (m->bytes > f->slot_bytes) {
-        char why[96];
-        snprintf(why, sizeof why, "slot of %u bytes in a FIFO of %zu-byte slots", m->bytes,
-                 f->slot_bytes);
-        proxy_fail(t, "send", why);
-        return NULL;
+  brg__slot_meta *m = brg__fifo_meta(f, pos);
+  if (m->bytes > f->slot_bytes) {
+    char why[96];
+    snprintf(why, sizeof why, "slot of %u bytes in a FIFO of %zu-byte slots", m->bytes,
+             f->slot_bytes);
+    proxy_fail(t, "send", why);
+    return BRG_ERR_INTERNAL;
+  }
+  int fd = t->fds[pos % (uint64_t)t->nsocks];
+  struct iovec iov[2] = {{m, sizeof *m},
+                         {payload ? (void *)payload : brg__fifo_slot(f, pos), m->bytes}};
+  struct iovec *v = iov;
+  int left = 2;
+  while (left > 0) {
+    struct msghdr msg = {.msg_iov = v, .msg_iovlen = (size_t)left};
+    ssize_t n = sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+      if (poll(&pfd, 1, 1) == 0 && w && w->check) {
+        brg_status s = w->check(w->arg);
+        /* A slot cut off part way leaves the stream unreadable: no
+         * goodbye may follow it. */
+        if (s != BRG_SUCCESS && (v != iov || v->iov_len != sizeof *m)) t->cut = 1;
+        if (s != BRG_SUCCESS) return s;
       }
-      struct iovec iov[2] = {{(void *)m, sizeof *m}, {brg__fifo_slot(f, sent), m->bytes}};
-      if (send_all(t->fds[sent % (uint64_t)t->nsocks], iov, 2, 0) != 0) {
-        proxy_fail(t, "send", strerror(errno));
-        return NULL;
-      }
-      brg__publish(&ctrl->head, &ctrl->head_waiters, sent + 1);
+      continue;
     }
-    if (__atomic_load_n(&t->l.stopping, __ATOMIC_ACQUIRE)) {
-      /* Flush what the engine published before close, then say goodbye
-       * (best effort: a peer that does not read just sees the end). */
-      if (__atomic_load_n(&ctrl->tail, __ATOMIC_ACQUIRE) > sent) continue;
-      brg__slot_meta bye = {.seq = UINT64_MAX, .count = TCP_BYE_MAGIC};
-      struct iovec iov = {&bye, sizeof bye};
-      send_all(t->fds[sent % (uint64_t)t->nsocks], &iov, 1, MSG_DONTWAIT);
-      return NULL;
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      proxy_fail(t, "send", strerror(errno));
+      return BRG_ERR_REMOTE;
     }
-    brg_status s = brg__wait_ge(&ctrl->tail, &ctrl->tail_waiters, sent + 1, &t->waiter);
-    if (s != BRG_SUCCESS && !__atomic_load_n(&t->l.stopping, __ATOMIC_ACQUIRE))
-      return NULL; /* someone else marked the link closed */
+    while (left > 0 && (size_t)n >= v->iov_len) {
+      n -= (ssize_t)v->iov_len;
+      v++;
+      left--;
+    }
+    if (left > 0) {
+      v->iov_base = (char *)v->iov_base + n;
+      v->iov_len -= (size_t)n;
+    }
+  }
+  brg__publish(&f->ctrl->head, &f->ctrl->head_waiters, pos + 1);
+  return BRG_SUCCESS;
+}
+
+static void tcp_recv_window(brg__conn *c, uint64_t pos, void *dst, size_t bytes) {
+  tcp_conn *t = c->priv;
+  if (dst) {
+    tcp_window *w = &t->win[pos % (uint64_t)t->l.fifo.nslots];
+    w->dst = dst;
+    w->bytes = bytes;
+    __atomic_store_n(&w->tag, pos + 1, __ATOMIC_RELEASE);
+    return;
+  }
+  /* Either the proxy sees win_off before it takes a window, or this sees
+   * it busy: then the link is broken (the communicator is, already) so that
+   * its recv() returns, and this waits until it has let go. */
+  __atomic_store_n(&t->win_off, 1, __ATOMIC_SEQ_CST);
+  if (!__atomic_load_n(&t->win_busy, __ATOMIC_SEQ_CST)) return;
+  brg__fifo_mark_closed(&t->l.fifo, BRG_ERR_ABORTED, "receive window withdrawn mid-slot");
+  for (int i = 0; i < t->nsocks; i++)
+    if (t->fds[i] >= 0) shutdown(t->fds[i], SHUT_RDWR);
+  while (__atomic_load_n(&t->win_busy, __ATOMIC_ACQUIRE)) {
+    struct timespec ts = {0, 100000};
+    nanosleep(&ts, NULL);
   }
 }
 
@@ -214,7 +283,20 @@ static void *recv_proxy(void *arg) {
       why = whybuf;
       break;
     }
-    if (r == 0) r = recv_all(fd, brg__fifo_slot(f, tail), m->bytes);
+    /* The engine's window for this slot, if it offered one of this size. */
+    void *dst = NULL;
+    const tcp_window *w = &t->win[tail % nslots];
+    if (r == 0 && m->bytes > 0 && __atomic_load_n(&w->tag, __ATOMIC_ACQUIRE) == tail + 1 &&
+        w->bytes == m->bytes) {
+      __atomic_store_n(&t->win_busy, 1, __ATOMIC_SEQ_CST);
+      if (!__atomic_load_n(&t->win_off, __ATOMIC_SEQ_CST))
+        dst = w->dst;
+      else
+        __atomic_store_n(&t->win_busy, 0, __ATOMIC_RELEASE);
+    }
+    if (r == 0) r = recv_all(fd, dst ? dst : brg__fifo_slot(f, tail), m->bytes);
+    if (dst) __atomic_store_n(&t->win_busy, 0, __ATOMIC_RELEASE);
+    t->landed[tail % nslots] = dst;
     if (r != 0) {
       why = r < 0    ? strerror(errno)
             : r == 1 ? "the peer closed the connection"
@@ -246,9 +328,10 @@ static brg_status conn_open(brg__conn *c, const brg__conn_params *p, int sender,
   tcp_conn *t = c->priv;
   t->nsocks = nsocks;
   for (int i = 0; i < TCP_MAX_SOCKS; i++) t->fds[i] = -1;
-  t->waiter.spin = p->waiter ? p->waiter->spin : 1000;
+  t->waiter.spin = -1; /* the proxy sleeps in recv() or on the FIFO, never spins */
   t->waiter.check = tcp_proxy_check;
   t->waiter.arg = t;
+  if (!sender) c->landed = t->landed;
   return BRG_SUCCESS;
 }
 
@@ -311,7 +394,7 @@ static brg_status tcp_send_connect(brg__conn *c, const brg__conn_params *p, cons
     if (s != BRG_SUCCESS) return s;
   }
   BRG__TRACE("tcp", "connected to rank %d at %s (%d sockets)", p->peer, t->l.peer_addr, nsocks);
-  return brg__net_start(&t->l, send_proxy, recv_proxy, t, "tcp", err);
+  return BRG_SUCCESS; /* no send proxy: the engine sends (tcp_send_now) */
 }
 
 const size_t brg__tcp_hello_bytes = sizeof(tcp_hello);
@@ -350,16 +433,25 @@ static brg_status tcp_recv_connect(brg__conn *c, const brg__conn_params *p, brg_
                                  brg__deadline_ms(p->timeout_ms), err);
   if (s != BRG_SUCCESS) return s;
   BRG__TRACE("tcp", "rank %d connected from %s (%d sockets)", p->peer, t->l.peer_addr, t->nsocks);
-  return brg__net_start(&t->l, send_proxy, recv_proxy, t, "tcp", err);
+  return brg__net_start(&t->l, NULL, recv_proxy, t, "tcp", err);
 }
 
 static void tcp_close(brg__conn *c) {
   tcp_conn *t = c->priv;
   if (!t) return;
-  /* Give the send proxy a moment to flush and say goodbye; a peer that does
-   * not read must not hold us up longer than that, and a receive proxy
-   * blocked in recv() needs its sockets shut down. */
-  if (!brg__net_stop(&t->l, t->l.sender ? TCP_CLOSE_GRACE_MS : 0)) {
+  /* The engine has sent every slot it posted; a link that is not broken
+   * ends its stream with a goodbye (best effort: a peer that does not read
+   * just sees the end). */
+  brg__fifo_ctrl *ctrl = t->l.fifo.ctrl;
+  if (t->l.sender && ctrl && !t->cut && !__atomic_load_n(&ctrl->closed, __ATOMIC_ACQUIRE)) {
+    uint64_t sent = __atomic_load_n(&ctrl->head, __ATOMIC_ACQUIRE);
+    int fd = t->fds[sent % (uint64_t)t->nsocks];
+    brg__slot_meta bye = {.seq = UINT64_MAX, .count = TCP_BYE_MAGIC};
+    struct iovec iov = {&bye, sizeof bye};
+    if (fd >= 0) send_all(fd, &iov, 1, MSG_DONTWAIT);
+  }
+  /* A receive proxy blocked in recv() needs its sockets shut down. */
+  if (!brg__net_stop(&t->l, 0)) {
     for (int i = 0; i < t->nsocks; i++)
       if (t->fds[i] >= 0) shutdown(t->fds[i], SHUT_RDWR);
     brg__net_stop(&t->l, -1);
@@ -390,4 +482,7 @@ const brg__transport_ops brg__transport_tcp = {
     .send_connect = tcp_send_connect,
     .recv_connect = tcp_recv_connect,
     .close = tcp_close,
+    .sleeps = 1,
+    .send_now = tcp_send_now,
+    .recv_window = tcp_recv_window,
 };

@@ -102,7 +102,8 @@ static inline void brg__fifo_slot_complete(const brg__fifo *f, uint64_t pos) {
 
 /*
  * Waiting. A waiter spins `spin` polls, then yields, then sleeps on a futex
- * in slices of at most 1 ms; between sleeps it calls `check` (when set),
+ * in slices of at most 1 ms (spin < 0: it sleeps at once, neither spinning
+ * nor yielding); between sleeps it calls `check` (when set),
  * which returns non-success to stop the wait with that status (peer gone,
  * communicator aborted, deadline passed).
  */
@@ -170,6 +171,11 @@ typedef struct brg__conn {
   brg__fifo fifo; /* the view the ring engine uses */
   int peer;
   void *priv; /* the transport's own state */
+  /* Receiving end of a transport with recv_window: nslots entries, where
+   * the payload of each complete slot landed: landed[pos % nslots] is the
+   * buffer offered for slot pos when it went there, NULL when it is in the
+   * slot. Read after the slot's flag. NULL elsewhere. */
+  void *const *landed;
 } brg__conn;
 
 /*
@@ -199,6 +205,28 @@ struct brg__transport_ops {
                              brg__errbuf *err);
   brg_status (*recv_connect)(brg__conn *c, const brg__conn_params *p, brg__errbuf *err);
   void (*close)(brg__conn *c);
+
+  /* 1: a rank waiting on this link sleeps at once instead of spinning or
+   * yielding: the kernel moves the link's bytes, and on a machine with few
+   * cores a spinning thread takes the core it needs. */
+  int sleeps;
+  /* Optional (NULL: a proxy thread sends). The sending engine sends slot
+   * `pos` itself, at once, on its own thread: the header from the local
+   * FIFO, the payload (meta.bytes of it) from `payload`, or from the slot
+   * when that is NULL. It returns once the kernel holds every byte, with
+   * the slot free again (head = pos + 1), so the payload may come straight
+   * from the caller's buffers. While the wire is full it sleeps, calling
+   * w's check about every millisecond and returning what that returns. On
+   * a broken link it marks the FIFO closed (ctrl->closed_why says why) and
+   * returns that status. */
+  brg_status (*send_now)(brg__conn *c, uint64_t pos, const void *payload, const brg__waiter *w);
+  /* Optional (NULL: payloads always land in the FIFO). The receiving engine
+   * offers `dst` as where the payload of slot `pos` may land instead of the
+   * slot, when it is `bytes` long, for a pos below head + nslots;
+   * c->landed says whether it did. dst NULL withdraws every offer: once it
+   * returns, nothing more is written to an offered buffer (a payload on
+   * its way into one is cut off by breaking the link). */
+  void (*recv_window)(brg__conn *c, uint64_t pos, void *dst, size_t bytes);
 
   /* Optional (NULL where the transport cannot): GPU memory on the link
    * (GPUDirect RDMA), for device collectives between hosts.

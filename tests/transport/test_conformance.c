@@ -11,7 +11,8 @@
  *             recv_connect <--- "attached" --/
  *
  * Both ends then drive the FIFO with brg__wait_ge / brg__publish like the
- * engine does, and the receiver checks every byte and every meta field.
+ * engine does (and the sender calls send_now where the transport has it),
+ * and the receiver checks every byte and every meta field.
  *
  * Usage: test_conformance [transport-name]   (default: every available one)
  * Exit 0 pass, 1 fail, 77 when no transport can run here.
@@ -241,6 +242,8 @@ static brg_status produce(brg__conn *c, uint64_t from, uint64_t to, test_wait *t
     slice_fill(brg__fifo_slot(f, i), i, bytes);
     meta_fill(brg__fifo_meta(f, i), i, bytes);
     brg__publish(&f->ctrl->tail, &f->ctrl->tail_waiters, i + 1);
+    /* A transport without a send proxy sends on the engine's thread. */
+    if (c->ops->send_now && (s = c->ops->send_now(c, i, NULL, &w)) != BRG_SUCCESS) break;
     if (tw->tick && i % 64 == 0) tw->tick();
   }
   if (next) *next = i;
