@@ -9,8 +9,9 @@ static brg__cfg_entry core_entries[BRG__CORE_COUNT] = {
     [BRG__CORE_TIMEOUT_MS] = {"BRIGADE_TIMEOUT_MS", BRG__CFG_KIND_INT, "600000", 100, INT_MAX,
                               "how long a rank waits for a peer (bootstrap or collective) "
                               "before failing with a timeout"},
-    [BRG__CORE_SLICE_BYTES] = {"BRIGADE_SLICE_BYTES", BRG__CFG_KIND_SIZE, "128K", 4 * BRG__KiB,
-                               64 * BRG__MiB, "pipeline unit: bytes per FIFO slot"},
+    [BRG__CORE_SLICE_BYTES] =
+        {"BRIGADE_SLICE_BYTES", BRG__CFG_KIND_SIZE, "128K", 4 * BRG__KiB, 64 * BRG__MiB,
+         "pipeline unit: bytes per FIFO slot (unset: 128K, or 512K on a ring with a tcp link)"},
     [BRG__CORE_STEPS] = {"BRIGADE_STEPS", BRG__CFG_KIND_INT, "8", 1, 64,
                          "FIFO slots per connection"},
     [BRG__CORE_TRANSPORTS] = {"BRIGADE_TRANSPORTS", BRG__CFG_KIND_STRING, "", 0, 0,

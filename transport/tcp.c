@@ -483,6 +483,7 @@ const brg__transport_ops brg__transport_tcp = {
     .recv_connect = tcp_recv_connect,
     .close = tcp_close,
     .sleeps = 1,
+    .slice_bytes = 512 * 1024,
     .send_now = tcp_send_now,
     .recv_window = tcp_recv_window,
 };

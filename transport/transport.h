@@ -210,6 +210,10 @@ struct brg__transport_ops {
    * yielding: the kernel moves the link's bytes, and on a machine with few
    * cores a spinning thread takes the core it needs. */
   int sleeps;
+  /* The slice size a ring with this link on it runs at when
+   * BRIGADE_SLICE_BYTES is not set (0: that setting's default). A link
+   * that costs a system call per slice wants fewer, larger slices. */
+  size_t slice_bytes;
   /* Optional (NULL: a proxy thread sends). The sending engine sends slot
    * `pos` itself, at once, on its own thread: the header from the local
    * FIFO, the payload (meta.bytes of it) from `payload`, or from the slot
