@@ -33,6 +33,7 @@ typedef struct stream {
   int fd;
   char *buf;
   size_t block, total;
+  int receives; /* 1: the receiving end */
   int failed;
 } stream;
 
@@ -58,30 +59,16 @@ static size_t parse_size(const char *s) {
   return (size_t)v;
 }
 
-static void *sender(void *arg) {
+/* Moves s->total bytes in blocks: sends from s->buf, or receives into it. */
+static void *pump(void *arg) {
   stream *s = arg;
   for (size_t done = 0; done < s->total;) {
     size_t len = s->total - done < s->block ? s->total - done : s->block;
-    ssize_t n = send(s->fd, s->buf, len, MSG_NOSIGNAL);
+    ssize_t n = s->receives ? recv(s->fd, s->buf, len, MSG_WAITALL)
+                            : send(s->fd, s->buf, len, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      perror("tcp_stream: send");
-      s->failed = 1;
-      return NULL;
-    }
-    done += (size_t)n;
-  }
-  return NULL;
-}
-
-static void *receiver(void *arg) {
-  stream *s = arg;
-  for (size_t done = 0; done < s->total;) {
-    size_t len = s->total - done < s->block ? s->total - done : s->block;
-    ssize_t n = recv(s->fd, s->buf, len, MSG_WAITALL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      perror("tcp_stream: recv");
+      perror(s->receives ? "tcp_stream: recv" : "tcp_stream: send");
       s->failed = 1;
       return NULL;
     }
@@ -166,11 +153,11 @@ int main(int argc, char **argv) {
         return 1;
       }
       st[2 * k] = (stream){.fd = tx, .buf = bufs[2 * k], .block = block, .total = total};
-      st[2 * k + 1] = (stream){.fd = rx, .buf = bufs[2 * k + 1], .block = block, .total = total};
+      st[2 * k + 1] =
+          (stream){.fd = rx, .buf = bufs[2 * k + 1], .block = block, .total = total, .receives = 1};
     }
     double t0 = now_s();
-    for (int i = 0; i < 2 * nstreams; i++)
-      pthread_create(&th[i], NULL, i % 2 ? receiver : sender, &st[i]);
+    for (int i = 0; i < 2 * nstreams; i++) pthread_create(&th[i], NULL, pump, &st[i]);
     for (int i = 0; i < 2 * nstreams; i++) pthread_join(th[i], NULL);
     double t = now_s() - t0;
     for (int i = 0; i < 2 * nstreams; i++) {

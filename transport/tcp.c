@@ -124,6 +124,20 @@ static int tcp_sockbuf(void) {
   return buf > INT_MAX / 2 ? INT_MAX / 2 : (int)buf;
 }
 
+/* Moves *iov past n bytes that went out, dropping spent entries from
+ * *iovcnt and trimming a partly sent one. */
+static void iov_advance(struct iovec **iov, int *iovcnt, size_t n) {
+  while (*iovcnt > 0 && n >= (*iov)->iov_len) {
+    n -= (*iov)->iov_len;
+    (*iov)++;
+    (*iovcnt)--;
+  }
+  if (*iovcnt > 0) {
+    (*iov)->iov_base = (char *)(*iov)->iov_base + n;
+    (*iov)->iov_len -= n;
+  }
+}
+
 /* Sends the whole iovec (modified in place). 0, or -1 with errno. The data
  * path's own I/O, not base/sock.c's: a slot's header and payload in one
  * sendmsg() on a blocking socket, with no poll() per call. */
@@ -135,15 +149,7 @@ static int send_all(int fd, struct iovec *iov, int iovcnt, int flags) {
       if (errno == EINTR) continue;
       return -1;
     }
-    while (iovcnt > 0 && (size_t)n >= iov->iov_len) {
-      n -= (ssize_t)iov->iov_len;
-      iov++;
-      iovcnt--;
-    }
-    if (iovcnt > 0) {
-      iov->iov_base = (char *)iov->iov_base + n;
-      iov->iov_len -= (size_t)n;
-    }
+    iov_advance(&iov, &iovcnt, (size_t)n);
   }
   return 0;
 }
@@ -218,15 +224,7 @@ static brg_status tcp_send_now(brg__conn *c, uint64_t pos, const void *payload,
       proxy_fail(t, "send", strerror(errno));
       return BRG_ERR_REMOTE;
     }
-    while (left > 0 && (size_t)n >= v->iov_len) {
-      n -= (ssize_t)v->iov_len;
-      v++;
-      left--;
-    }
-    if (left > 0) {
-      v->iov_base = (char *)v->iov_base + n;
-      v->iov_len -= (size_t)n;
-    }
+    iov_advance(&v, &left, (size_t)n);
   }
   brg__publish(&f->ctrl->head, &f->ctrl->head_waiters, pos + 1);
   return BRG_SUCCESS;
