@@ -343,6 +343,16 @@ static void run_single(const brg__coll *k, size_t esize) {
   if (k->recvbuf != k->sendbuf) brg__copy(k->recvbuf, NULL, k->sendbuf, elems * esize);
 }
 
+/* all_to_all moves its blocks over point-to-point links, not the ring. A
+ * header-only slot to the next rank first lets a neighbour that called
+ * another collective stop with BRG_ERR_MISMATCH at once, where both would
+ * otherwise wait out the timeout. Ranks of one all_to_all that differ in
+ * count or dtype pass it: the blocks' own headers name those (p2p.c). */
+static brg_status a2a_announce(brg__ring_op *o) {
+  brg_status s = run_prim(o, BRG__PRIM_SEND, NULL, NULL, 0);
+  return s != BRG_SUCCESS ? s : run_prim(o, BRG__PRIM_RECV, NULL, NULL, 0);
+}
+
 static brg_status coll_body(brg_comm *c, brg__coll *k) {
   if (k->device && c->nranks == 1) {
     k->seq = ++c->seq;
@@ -388,7 +398,9 @@ static brg_status coll_body(brg_comm *c, brg__coll *k) {
     case BRG__COLL_ALL_GATHER: s = run_ring(&o, n - 1, 2 * n - 2); break;
     case BRG__COLL_BROADCAST:
     case BRG__COLL_REDUCE: s = run_chain(&o); break;
-    case BRG__COLL_ALL_TO_ALL: s = brg__p2p_all_to_all(c, k); break;
+    case BRG__COLL_ALL_TO_ALL:
+      if ((s = a2a_announce(&o)) == BRG_SUCCESS) s = brg__p2p_all_to_all(c, k);
+      break;
     }
   }
   /* An offer left behind by a failed call must not write into the

@@ -223,9 +223,13 @@ brg_status brg__ring_recv_acquire(brg__ring_op *o, const char **slot, size_t byt
     if (s != BRG_SUCCESS) return s;
   }
   const brg__coll *k = o->coll;
-  if (m->seq != k->seq || m->kind != (uint32_t)k->kind || m->count != k->count ||
-      m->dtype != (uint16_t)k->dtype || m->op != (uint16_t)k->op || m->root != k->root ||
-      m->bytes != bytes || m->device != (o->dev != NULL)) {
+  /* Two all_to_alls compare only which call they are (ring.c's announce):
+   * their counts and dtypes are the blocks' to check. */
+  int a2a = k->kind == BRG__COLL_ALL_TO_ALL && m->kind == (uint32_t)k->kind;
+  if (m->seq != k->seq || m->kind != (uint32_t)k->kind || m->bytes != bytes ||
+      m->device != (o->dev != NULL) ||
+      (!a2a && (m->count != k->count || m->dtype != (uint16_t)k->dtype ||
+                m->op != (uint16_t)k->op || m->root != k->root))) {
     char mine[160], theirs[160];
     brg__coll_describe(mine, sizeof mine, k->kind, k->seq, k->count, k->dtype, k->op, k->root,
                        o->dev != NULL);

@@ -33,6 +33,8 @@
  *             either buffer, the next collective (in place) fails at once
  *   a2a_mismatch_inplace
  *             the same with the in-place call first
+ *   a2a_other rank 0 calls all_to_all, the others allreduce: BRG_ERR_MISMATCH
+ *             naming both on every rank within 8 s (the timeout is 30 s)
  *   early     (BRIGADE_P2P_EARLY_BYTES small, 1 MiB) rank 0 isends far more
  *             than the cap, and a message larger than it, before rank 1
  *             posts any receive: every isend returns at once, rank 1's
@@ -357,6 +359,35 @@ static int a2a_mismatch_run(mp_ctx *ctx, int first_inplace) {
   return 0;
 }
 
+/* Rank 0 calls all_to_all where the others call allreduce: every rank
+ * stops with BRG_ERR_MISMATCH naming all_to_all and allreduce, long
+ * before the timeout. */
+static int case_a2a_other(mp_ctx *ctx) {
+  brg_comm *c = ctx->comm;
+  int n = ctx->nranks, r = ctx->rank;
+  if (n < 2) return 0;
+  size_t count = 4099;
+  float *s = xmalloc(count * (size_t)n * sizeof(float) + GUARD);
+  float *g = xmalloc(count * (size_t)n * sizeof(float) + GUARD);
+  for (size_t i = 0; i < count * (size_t)n; i++) s[i] = (float)i;
+  int64_t t0 = mp_now_ns();
+  brg_status st = r == 0 ? brg_all_to_all(s, g, count, BRG_FLOAT32, c, NULL)
+                         : brg_allreduce(s, g, count, BRG_FLOAT32, BRG_SUM, c, NULL);
+  double ms = (mp_now_ns() - t0) / 1e6;
+  const char *e = brg_comm_last_error(c);
+  MP_CHECK(st != BRG_SUCCESS, "rank %d: %s against the others' %s succeeded", r,
+           r == 0 ? "all_to_all" : "allreduce", r == 0 ? "allreduce" : "all_to_all");
+  /* Ranks beside rank 0 find the mismatch; the others hear of it. */
+  MP_CHECK(st == BRG_ERR_MISMATCH && mp_contains(e, "all_to_all") && mp_contains(e, "allreduce"),
+           "rank %d: %s: \"%s\" (expected BRG_ERR_MISMATCH naming all_to_all and allreduce)", r,
+           brg_status_string(st), e);
+  MP_CHECK(ms < 8000, "rank %d failed after %.0f ms, expected well within the 30 s timeout: %s", r,
+           ms, e);
+  free(s);
+  free(g);
+  return 0;
+}
+
 static int case_a2a_mismatch(mp_ctx *ctx) {
   return a2a_mismatch_run(ctx, 0);
 }
@@ -669,19 +700,14 @@ typedef struct {
   const char *name;
   int (*fn)(mp_ctx *);
 } part;
-static const part PARTS[] = {{"ring", case_ring},
-                             {"pairs", case_pairs},
-                             {"crossed", case_crossed},
-                             {"a2a", case_a2a},
-                             {"mismatch", case_mismatch},
-                             {"args", case_args},
-                             {"timeout", case_timeout},
-                             {"dies", case_dies},
-                             {"threads", case_threads},
-                             {"a2a_mismatch", case_a2a_mismatch},
-                             {"early", case_early},
-                             {"held", case_held},
-                             {"a2a_mismatch_inplace", case_a2a_mismatch_inplace}};
+static const part PARTS[] = {
+    {"ring", case_ring},           {"pairs", case_pairs},
+    {"crossed", case_crossed},     {"a2a", case_a2a},
+    {"mismatch", case_mismatch},   {"args", case_args},
+    {"timeout", case_timeout},     {"dies", case_dies},
+    {"threads", case_threads},     {"a2a_mismatch", case_a2a_mismatch},
+    {"a2a_other", case_a2a_other}, {"early", case_early},
+    {"held", case_held},           {"a2a_mismatch_inplace", case_a2a_mismatch_inplace}};
 #define NPARTS (sizeof PARTS / sizeof *PARTS)
 
 static int want[NPARTS];
