@@ -136,21 +136,26 @@ int main(int argc, char **argv) {
     fprintf(stderr, "tcp_stream: --bytes and --block must be > 0, --reps 1 to 100\n");
     return 2;
   }
-  int nstreams = bidir ? 2 : 1;
-  char *bufs[4];
+  int nstreams = bidir ? 2 : 1, rc = 0;
+  char *bufs[4] = {NULL, NULL, NULL, NULL};
   for (int i = 0; i < 2 * nstreams; i++) {
-    if (!(bufs[i] = malloc(block))) return 1;
+    if (!(bufs[i] = malloc(block))) {
+      rc = 1;
+      goto out;
+    }
     memset(bufs[i], i, block); /* touched before the clock starts */
   }
   double gbs[100];
-  for (int r = 0; r < reps; r++) {
+  for (int r = 0; r < reps && rc == 0; r++) {
     stream st[4];
     pthread_t th[4];
     for (int k = 0; k < nstreams; k++) {
       int tx, rx;
       if (connect_pair((int)sockbuf, &tx, &rx) != 0) {
         perror("tcp_stream: loopback connection");
-        return 1;
+        for (int j = 0; j < 2 * k; j++) close(st[j].fd);
+        rc = 1;
+        goto out;
       }
       st[2 * k] = (stream){.fd = tx, .buf = bufs[2 * k], .block = block, .total = total};
       st[2 * k + 1] =
@@ -162,14 +167,17 @@ int main(int argc, char **argv) {
     double t = now_s() - t0;
     for (int i = 0; i < 2 * nstreams; i++) {
       close(st[i].fd);
-      if (st[i].failed) return 1;
+      if (st[i].failed) rc = 1;
     }
     gbs[r] = (double)total / t / 1e9;
   }
+  if (rc != 0) goto out;
   qsort(gbs, (size_t)reps, sizeof gbs[0], cmp_double);
   printf("tcp_stream: loopback, %s, %zu bytes x %d, block %zu, sockbuf %zu\n",
          bidir ? "2 streams in opposite directions" : "1 stream", total, reps, block, sockbuf);
   printf("best %.2f GB/s  median %.2f GB/s%s\n", gbs[reps - 1], gbs[reps / 2],
          bidir ? " (per direction)" : "");
-  return 0;
+out:
+  for (int i = 0; i < 4; i++) free(bufs[i]);
+  return rc;
 }
