@@ -51,6 +51,9 @@ static brg_status check_call(brg_comm *c, const char *fn, const void *sendbuf, c
    * be shared by threads, or the progress thread): read atomically. */
   brg_status broken = __atomic_load_n(&c->broken, __ATOMIC_ACQUIRE);
   if (broken != BRG_SUCCESS) return broken;
+  /* Kernel mode's links between hosts, before the device setup that uses them. */
+  if (k->device && c->devnet_state == 0 && !__atomic_load_n(&c->dev, __ATOMIC_ACQUIRE))
+    return brg__comm_devnet(c);
   return BRG_SUCCESS;
 }
 
@@ -298,6 +301,7 @@ brg_status brg_comm_device_setup(brg_comm *comm, int device) {
   if (__atomic_load_n(&comm->aborted, __ATOMIC_ACQUIRE))
     return brg__comm_error(comm, BRG_ERR_ABORTED, "%s: communicator was aborted", fn);
   if ((s = __atomic_load_n(&comm->broken, __ATOMIC_ACQUIRE)) != BRG_SUCCESS) return s;
+  if ((s = brg__comm_devnet(comm)) != BRG_SUCCESS) return s;
   k.device = 1;
   k.setup_only = 1;
   return brg__progress_run(comm, &k);

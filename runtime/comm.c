@@ -280,6 +280,11 @@ static brg_status comm_free(brg_comm *c) {
   brg_comm *cross = __atomic_exchange_n(&c->cross, NULL, __ATOMIC_ACQ_REL);
   if (local) brg_comm_destroy(local);
   if (cross) brg_comm_destroy(cross);
+  /* Kernel mode's links between hosts: its proxy stops first (the
+   * neighbours said goodbye above, so they have all its slots). */
+  brg__device_proxy_stop(c);
+  brg_comm *devnet = __atomic_exchange_n(&c->devnet, NULL, __ATOMIC_ACQ_REL);
+  if (devnet) brg_comm_destroy(devnet);
   /* The extra rings likewise; every rank tears them down in the same order,
    * so their neighbours are there to say goodbye to. */
   for (int r = 1; r < c->nrings; r++)

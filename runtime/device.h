@@ -100,6 +100,9 @@ brg_status brg__device_single(brg_comm *c, const brg__coll *k);
  * when it cannot finish; free then frees the ring, unless the work could
  * not drain (then nothing the stream may still touch is freed). */
 brg_status brg__device_ring_drain(brg_comm *c);
+/* Stops kernel mode's host proxy (its links between hosts), once the
+ * drain and the goodbyes are done; nothing when there is none. */
+void brg__device_proxy_stop(brg_comm *c);
 void brg__device_ring_free(brg_comm *c);
 
 #endif

@@ -39,6 +39,10 @@
  * and the link moves them GPU to GPU instead (BRIGADE_IB_GDR).
  */
 #include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,9 +148,27 @@ struct brg__dev_ring {
   char *kos_area[BRG__RK_MAX_PEERS]; /* rank r's area, as reached here */
   char *kos_map[BRG__RK_MAX_PEERS];  /* regions this path mapped itself */
   char step_why[160];                /* why collectives run in step mode, for a captured call */
+  /* Kernel mode's links between hosts: the same words and slots as a
+   * region's channel, in pinned host memory of this rank (PCTRL: tail at
+   * 0, head at 64, the posted slots' sizes at 128), and the host proxy's
+   * two threads in place of the neighbour: tx carries the slots this
+   * rank's kernels post to the network link to the next rank, rx writes
+   * what arrives from the previous rank into the slots its kernels read.
+   * Slots of all channels share the link; a slot's header names its
+   * channel. */
+  brg_comm *net;               /* c->devnet, whose links they use */
+  size_t pstride;              /* bytes per channel */
+  char *psend, *precv;         /* host addresses (NULL: the link stays in the host) */
+  char *psend_dev, *precv_dev; /* the same, as the kernels reach them */
+  pthread_t ptx, prx;          /* running when ptx_on, prx_on */
+  int ptx_on, prx_on;
+  int pstop;                            /* atomic: the threads return */
+  uint64_t psent[BRG__RK_MAX_CHANNELS]; /* atomic: slots tx has carried, per channel */
+  char perr[BRG__ERRLEN / 2];           /* what stopped the proxy ("": nothing) */
 };
 
 #define KCTRL 256       /* per channel: tail at 0, head at 64, counters at 128 */
+#define PCTRL 1024      /* per channel of a link between hosts: tail, head, sizes at 128 */
 #define KSTATUS_WORD 16 /* in kwords, a cache line after the abort word */
 
 /* What each rank tells every other one at setup. */
@@ -187,8 +209,44 @@ static brg_status cuda_fail(brg_comm *c, const brg__cuda_api *api, int e, const 
                          api->drv.error_string(e));
 }
 
+/* Zeroed host memory, pinned and mapped for kernels (*host, *dev); 0, a
+ * CUDA error, or -1 with errno. */
+static int pinned_alloc(const brg__cuda_api *api, size_t bytes, char **host, char **dev) {
+  void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return -1;
+  memset(m, 0, bytes);
+  void *dp = NULL;
+  int e = api->drv.host_register(m, bytes, &dp);
+  if (e) {
+    munmap(m, bytes);
+    return e;
+  }
+  *host = m;
+  *dev = dp;
+  return 0;
+}
+
+static void pinned_free(const brg__cuda_api *api, char *host, size_t bytes) {
+  if (!host) return;
+  api->drv.host_unregister(host);
+  munmap(host, bytes);
+}
+
+/* Bytes of a link's host region (every channel's words and slots). */
+static size_t pregion_bytes(const struct brg__dev_ring *d) {
+  return (size_t)d->kchannels * d->pstride;
+}
+
 size_t brg__device_ring_slice_bytes(const struct brg__dev_ring *d) {
   return d->slice_bytes;
+}
+
+/* Stops the host proxy's threads, if any run. */
+static void proxy_join(struct brg__dev_ring *d) {
+  __atomic_store_n(&d->pstop, 1, __ATOMIC_RELEASE);
+  if (d->ptx_on) pthread_join(d->ptx, NULL);
+  if (d->prx_on) pthread_join(d->prx, NULL);
+  d->ptx_on = d->prx_on = 0;
 }
 
 /* Frees the device ring. Only once this rank's own work has drained and
@@ -196,6 +254,7 @@ size_t brg__device_ring_slice_bytes(const struct brg__dev_ring *d) {
  * rank's events and write its FIFO, and its stream waits on theirs. */
 static void ring_release(struct brg__dev_ring *d) {
   const brg__cuda_api *api = d->api;
+  proxy_join(d);
   for (int k = 0; k < d->nslots; k++) {
     if (d->prev_opened && d->prev_send_ev[k]) api->drv.event_destroy(d->prev_send_ev[k]);
     if (d->next_opened && d->next_rel_ev[k]) api->drv.event_destroy(d->next_rel_ev[k]);
@@ -226,10 +285,7 @@ static void ring_release(struct brg__dev_ring *d) {
   for (int i = 0; i < d->nspare; i++) api->drv.event_destroy(d->spare_ev[i]);
   free(d->spare_ev);
   for (int i = 0; i < d->ncallers; i++) api->drv.event_destroy(d->callers[i].ev);
-  if (d->flag_host) {
-    api->drv.host_unregister(d->flag_host);
-    munmap(d->flag_host, FLAG_PAGE);
-  }
+  pinned_free(api, (char *)d->flag_host, FLAG_PAGE);
   for (int r = 0; r < BRG__RK_MAX_PEERS; r++)
     if (d->kos_map[r]) api->drv.ipc_mem_close(d->kos_map[r]);
   if (d->knext_mapped) api->drv.ipc_mem_close(d->knext);
@@ -237,10 +293,9 @@ static void ring_release(struct brg__dev_ring *d) {
   if (d->kregion) api->drv.mem_free(d->kregion);
   if (d->kring) api->drv.mem_free(d->kring);
   if (d->kdone_ev) api->drv.event_destroy(d->kdone_ev);
-  if (d->kwords) {
-    api->drv.host_unregister(d->kwords);
-    munmap(d->kwords, FLAG_PAGE);
-  }
+  pinned_free(api, (char *)d->kwords, FLAG_PAGE);
+  pinned_free(api, d->psend, pregion_bytes(d));
+  pinned_free(api, d->precv, pregion_bytes(d));
   pthread_mutex_destroy(&d->ev_lock);
   free(d);
 }
@@ -286,22 +341,14 @@ static int setup_async(struct brg__dev_ring *d, char *why, size_t cap) {
   }
   if (!e) {
     what = "the flag page";
-    void *m = mmap(NULL, FLAG_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED) {
-      snprintf(why, cap, "%s: %s", what, strerror(errno));
-      return -1;
-    }
-    memset(m, 0, FLAG_PAGE);
-    if ((e = api->drv.host_register(m, FLAG_PAGE, &d->flag_dev)) != 0) {
-      munmap(m, FLAG_PAGE);
-    } else {
-      d->flag_host = m;
-      what = "cuStreamWaitValue32";
-      /* The flag is 0: this wait passes at once, and shows that the driver has them. */
-      e = api->drv.stream_wait_value(d->proxy, d->flag_dev, 0);
-    }
+    e = pinned_alloc(api, FLAG_PAGE, (char **)&d->flag_host, (char **)&d->flag_dev);
   }
-  if (e) snprintf(why, cap, "%s: %s", what, api->drv.error_string(e));
+  if (!e) {
+    what = "cuStreamWaitValue32";
+    /* The flag is 0: this wait passes at once, and shows that the driver has them. */
+    e = api->drv.stream_wait_value(d->proxy, d->flag_dev, 0);
+  }
+  if (e) snprintf(why, cap, "%s: %s", what, e == -1 ? strerror(errno) : api->drv.error_string(e));
   return e;
 }
 
@@ -428,6 +475,197 @@ static void kernel_stop(struct brg__dev_ring *d) {
   if (d->kwords) __atomic_store_n(&d->kwords[0], 1, __ATOMIC_RELEASE);
 }
 
+/* ---- kernel mode: the host proxy of links between hosts ---- */
+
+/* A channel's words in a link's host region. */
+static uint64_t *pword(char *region, const struct brg__dev_ring *d, int ch, size_t at) {
+  return (uint64_t *)(region + (size_t)ch * d->pstride + at);
+}
+
+static int proxy_stopping(struct brg__dev_ring *d) {
+  return __atomic_load_n(&d->pstop, __ATOMIC_ACQUIRE) ||
+         __atomic_load_n(&d->kwords[0], __ATOMIC_ACQUIRE);
+}
+
+/* The proxy's waiter check: the proxy stops, or the kernels were stopped. */
+static brg_status proxy_check(void *arg) {
+  return proxy_stopping(arg) ? BRG_ERR_ABORTED : BRG_SUCCESS;
+}
+
+/* Nothing to do: yield at first, then sleep a little longer each time (at
+ * most 200 us), so an idle proxy costs little and a busy one reacts at once. */
+static void proxy_idle(int *idle) {
+  if (++*idle < 64) {
+    sched_yield();
+    return;
+  }
+  struct timespec ts = {0, *idle < 2000 ? 20000 : 200000};
+  nanosleep(&ts, NULL);
+}
+
+/* The proxy gives up: the kernels stop at their next wait, and the next
+ * call says why (with what the liveness thread learnt of the neighbours). */
+static void *proxy_fail(struct brg__dev_ring *d, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void *proxy_fail(struct brg__dev_ring *d, const char *fmt, ...) {
+  if (!__atomic_load_n(&d->pstop, __ATOMIC_ACQUIRE)) {
+    char text[sizeof d->perr];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&d->ev_lock);
+    if (!d->perr[0]) memcpy(d->perr, text, sizeof text);
+    pthread_mutex_unlock(&d->ev_lock);
+  }
+  kernel_stop(d);
+  return NULL;
+}
+
+static const char *link_why(const brg__conn *l) {
+  return l->fifo.ctrl->closed_why[0] ? l->fifo.ctrl->closed_why : "no reason given";
+}
+
+/* tx: every slot a channel's kernel posted to the next host goes into the
+ * network link's next slot, its header naming the channel and the bytes
+ * (the kernel wrote them beside the tail); once the link holds it, the
+ * channel's head says the slot is free. */
+static void *proxy_tx(void *arg) {
+  struct brg__dev_ring *d = arg;
+  brg__conn *l = &d->net->send;
+  brg__fifo *f = &l->fifo;
+  brg__waiter w = {.spin = -1, .check = proxy_check, .arg = d};
+  uint64_t pos = 0;
+  for (int idle = 0; !proxy_stopping(d);) {
+    int moved = 0;
+    for (int ch = 0; ch < d->kchannels && !proxy_stopping(d); ch++) {
+      uint64_t sent = d->psent[ch];
+      if (__atomic_load_n(pword(d->psend, d, ch, 0), __ATOMIC_ACQUIRE) <= sent) continue;
+      if (__atomic_load_n(&f->ctrl->closed, __ATOMIC_ACQUIRE))
+        return proxy_fail(d, "the %s link to rank %d broke: %s", l->ops->name, l->peer,
+                          link_why(l));
+      if (pos + 1 > __atomic_load_n(&f->ctrl->head, __ATOMIC_ACQUIRE) + (uint64_t)f->nslots)
+        break; /* the network link is full: its own proxy frees slots */
+      uint64_t k = sent % (uint64_t)d->nslots;
+      uint64_t bytes = *pword(d->psend, d, ch, 128 + 8 * k);
+      const char *payload = d->psend + (size_t)ch * d->pstride + PCTRL + k * d->kslot;
+      if (bytes > d->kslot)
+        return proxy_fail(d, "a kernel posted %llu bytes in a slot of %zu to rank %d",
+                          (unsigned long long)bytes, d->kslot, l->peer);
+      brg__slot_meta *m = brg__fifo_meta(f, pos);
+      memset(m, 0, offsetof(brg__slot_meta, inline_data));
+      m->seq = sent + 1;
+      m->bytes = (uint32_t)bytes;
+      m->root = ch;
+      if (bytes <= BRG__INLINE_BYTES) {
+        memcpy(m->inline_data, payload, bytes);
+        payload = NULL;
+      } else if (!l->ops->send_now) {
+        memcpy(brg__fifo_slot(f, pos), payload, bytes);
+      }
+      __atomic_store_n(&m->flag, pos + 1, __ATOMIC_RELEASE);
+      brg__publish(&f->ctrl->tail, &f->ctrl->tail_waiters, pos + 1);
+      if (l->ops->send_now) {
+        brg_status st = l->ops->send_now(l, pos, payload, &w);
+        if (st != BRG_SUCCESS && proxy_stopping(d)) return NULL;
+        if (st != BRG_SUCCESS)
+          return proxy_fail(d, "sending to rank %d on the %s link failed: %s", l->peer,
+                            l->ops->name, link_why(l));
+      }
+      pos++;
+      __atomic_store_n(&d->psent[ch], sent + 1, __ATOMIC_RELEASE);
+      __atomic_store_n(pword(d->psend, d, ch, 64), sent + 1, __ATOMIC_RELEASE);
+      moved = 1;
+    }
+    if (moved)
+      idle = 0;
+    else
+      proxy_idle(&idle);
+  }
+  return NULL;
+}
+
+/* rx: each slot that arrives from the previous host goes into the next
+ * slot of the channel its header names, once that channel's kernel has
+ * freed it, and the channel's tail says so. A channel whose slots are all
+ * taken holds back the ones behind it: its kernel frees them without
+ * waiting for any other channel (a ring step takes a slot in and puts one
+ * out, so the channel's slots around the ring never all fill). */
+static void *proxy_rx(void *arg) {
+  struct brg__dev_ring *d = arg;
+  brg__conn *l = &d->net->recv;
+  brg__fifo *f = &l->fifo;
+  uint64_t pos = 0, got[BRG__RK_MAX_CHANNELS] = {0};
+  for (int idle = 0; !proxy_stopping(d);) {
+    brg__slot_meta *m = brg__fifo_meta(f, pos);
+    if (__atomic_load_n(&m->flag, __ATOMIC_ACQUIRE) != pos + 1) {
+      if (__atomic_load_n(&f->ctrl->closed, __ATOMIC_ACQUIRE))
+        return proxy_fail(d, "the %s link from rank %d broke: %s", l->ops->name, l->peer,
+                          link_why(l));
+      proxy_idle(&idle);
+      continue;
+    }
+    int ch = m->root;
+    uint64_t bytes = m->bytes;
+    if (ch < 0 || ch >= d->kchannels || bytes > d->kslot || m->seq != got[ch] + 1)
+      return proxy_fail(d,
+                        "rank %d sent a kernel-mode slot this rank cannot place (channel %d of "
+                        "%d, %llu bytes of at most %zu, slot %llu where %llu was due)",
+                        l->peer, ch, d->kchannels, (unsigned long long)bytes, d->kslot,
+                        (unsigned long long)m->seq, (unsigned long long)(got[ch] + 1));
+    while (got[ch] - __atomic_load_n(pword(d->precv, d, ch, 64), __ATOMIC_ACQUIRE) >=
+           (uint64_t)d->nslots) {
+      if (proxy_stopping(d)) return NULL;
+      proxy_idle(&idle);
+    }
+    uint64_t k = got[ch] % (uint64_t)d->nslots;
+    const char *src = bytes <= BRG__INLINE_BYTES ? m->inline_data : brg__fifo_slot(f, pos);
+    if (l->landed && l->landed[pos % (uint64_t)f->nslots])
+      src = l->landed[pos % (uint64_t)f->nslots];
+    memcpy(d->precv + (size_t)ch * d->pstride + PCTRL + k * d->kslot, src, bytes);
+    got[ch]++;
+    __atomic_store_n(pword(d->precv, d, ch, 0), got[ch], __ATOMIC_RELEASE);
+    pos++;
+    brg__publish(&f->ctrl->head, &f->ctrl->head_waiters, pos);
+    idle = 0;
+  }
+  return NULL;
+}
+
+/* Starts the proxy on c->devnet's links, which must join the same
+ * neighbours as the ring's own. */
+static brg_status proxy_start(brg_comm *c, struct brg__dev_ring *d) {
+  brg_comm *n = c->devnet;
+  if (!n || n->nranks != c->nranks || n->next != c->next || n->prev != c->prev)
+    return brg__comm_error(c, BRG_ERR_INTERNAL,
+                           "rank %d: kernel mode's links between hosts do not join this ring's "
+                           "neighbours (%d and %d)",
+                           c->rank, c->prev, c->next);
+  d->net = n;
+  brg__errbuf err;
+  brg_status s = BRG_SUCCESS;
+  if (d->send_staged &&
+      (s = brg__proxy_start(&d->ptx, proxy_tx, d, "brg-kproxy-tx", &err)) == BRG_SUCCESS)
+    d->ptx_on = 1;
+  if (s == BRG_SUCCESS && d->recv_staged &&
+      (s = brg__proxy_start(&d->prx, proxy_rx, d, "brg-kproxy-rx", &err)) == BRG_SUCCESS)
+    d->prx_on = 1;
+  return s == BRG_SUCCESS ? s : brg__comm_error(c, s, "%s", err.msg);
+}
+
+/* Whether tx has carried every slot the kernels posted to the next host. */
+static int proxy_flushed(struct brg__dev_ring *d) {
+  for (int ch = 0; d->psend && ch < d->kchannels; ch++)
+    if (__atomic_load_n(pword(d->psend, d, ch, 0), __ATOMIC_ACQUIRE) >
+        __atomic_load_n(&d->psent[ch], __ATOMIC_ACQUIRE))
+      return 0;
+  return 1;
+}
+
+void brg__device_proxy_stop(brg_comm *c) {
+  if (c->dev) proxy_join(c->dev);
+}
+
 void brg__device_abort(brg_comm *c) {
   struct brg__dev_ring *d = __atomic_load_n(&c->dev, __ATOMIC_ACQUIRE);
   if (d) kernel_stop(d);
@@ -448,7 +686,7 @@ static brg_status kernel_drain(brg_comm *c, struct brg__dev_ring *d) {
    * without it. */
   c->departed_ok = 1;
   for (int i = 0;; i++) {
-    if (own_work_drained(d, 0)) return BRG_SUCCESS;
+    if (own_work_drained(d, 0) && proxy_flushed(d)) return BRG_SUCCESS;
     brg_status s = c->waiter.check ? c->waiter.check(c->waiter.arg) : BRG_SUCCESS;
     if (s != BRG_SUCCESS) {
       kernel_stop(d);
@@ -611,9 +849,10 @@ static size_t kregion_bytes(const struct brg__dev_ring *d) {
 }
 
 /* This rank's kernel-mode half: its region (which both neighbours' kernels
- * write), the ring order and the abort and status words; b->kernel_ok,
- * or why not in b->kwhy. Links between hosts and neighbours whose GPUs
- * cannot reach this one keep the ring in step mode. */
+ * write), the ring order and the abort and status words, and for a link
+ * to another host the host region the proxy serves; b->kernel_ok, or why
+ * not in b->kwhy. Neighbours of this host whose GPUs cannot reach this one
+ * keep the ring in step mode. */
 static void setup_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b,
                                const dev_blob *all, int across) {
   const brg__cuda_api *api = d->api;
@@ -626,12 +865,20 @@ static void setup_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b
     snprintf(b->kwhy, sizeof b->kwhy, "BRIGADE_DEVICE_MODE=step");
     return;
   }
-  if (across) {
+  if (across && !c->devnet) {
     snprintf(b->kwhy, sizeof b->kwhy,
-             "the ring has links between hosts (kernel mode runs within a host)");
+             "the ring has links between hosts and the proxy's communicator for them was not "
+             "made");
     return;
   }
-  if (!prev_reaches(api, b, prev) || !prev_reaches(api, b, next)) {
+  if (across && c->devnet->send.fifo.slot_bytes < d->kslot) {
+    snprintf(b->kwhy, sizeof b->kwhy,
+             "the network links' slots (%zu bytes) are smaller than kernel mode's (%zu)",
+             c->devnet->send.fifo.slot_bytes, d->kslot);
+    return;
+  }
+  if ((!d->recv_staged && !prev_reaches(api, b, prev)) ||
+      (!d->send_staged && !prev_reaches(api, b, next))) {
     snprintf(b->kwhy, sizeof b->kwhy,
              "rank %d's GPU cannot reach the GPU of a neighbour (no peer access)", c->rank);
     return;
@@ -656,19 +903,15 @@ static void setup_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b
   }
   if (!e) {
     what = "the abort and status words";
-    void *m = mmap(NULL, FLAG_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED) {
-      e = -1;
-    } else {
-      memset(m, 0, FLAG_PAGE);
-      void *dev = NULL;
-      if ((e = api->drv.host_register(m, FLAG_PAGE, &dev)) != 0) {
-        munmap(m, FLAG_PAGE);
-      } else {
-        d->kwords = m;
-        d->kwords_dev = dev;
-      }
-    }
+    e = pinned_alloc(api, FLAG_PAGE, (char **)&d->kwords, (char **)&d->kwords_dev);
+  }
+  if (!e && d->send_staged) {
+    what = "pinned host memory for the slots to the next host";
+    e = pinned_alloc(api, pregion_bytes(d), &d->psend, &d->psend_dev);
+  }
+  if (!e && d->recv_staged) {
+    what = "pinned host memory for the slots from the previous host";
+    e = pinned_alloc(api, pregion_bytes(d), &d->precv, &d->precv_dev);
   }
   if (e) {
     snprintf(b->kwhy, sizeof b->kwhy, "%s: %s", what,
@@ -677,8 +920,8 @@ static void setup_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b
   }
   b->kregion_ptr = (uint64_t)(uintptr_t)d->kregion;
   b->kernel_ok = 1;
-  b->kos_ok = d->kos_slot > 0;
-  for (int r = 0; r < c->nranks; r++) b->kos_ok &= prev_reaches(api, b, &all[r]);
+  b->kos_ok = d->kos_slot > 0 && !across; /* one hop reaches the ranks of this host only */
+  for (int r = 0; b->kos_ok && r < c->nranks; r++) b->kos_ok &= prev_reaches(api, b, &all[r]);
 }
 
 /* A neighbour's region: its pointer in this process, or mapped. */
@@ -699,14 +942,18 @@ static brg_status kernel_map(brg_comm *c, struct brg__dev_ring *d, const dev_blo
   return BRG_SUCCESS;
 }
 
+/* The neighbours' regions; a neighbour on another host is the proxy's. */
 static brg_status setup_kernel_links(brg_comm *c, struct brg__dev_ring *d, const dev_blob *self,
                                      const dev_blob *next, const dev_blob *prev) {
   brg_status s = BRG_SUCCESS;
-  if (next->process == self->process) s = reach_peer(c, d, self->gpu, next->gpu, c->next);
-  if (s == BRG_SUCCESS && prev->process == self->process && prev->gpu != next->gpu)
+  if (!d->send_staged && next->process == self->process)
+    s = reach_peer(c, d, self->gpu, next->gpu, c->next);
+  if (s == BRG_SUCCESS && !d->recv_staged && prev->process == self->process &&
+      (d->send_staged || prev->gpu != next->gpu))
     s = reach_peer(c, d, self->gpu, prev->gpu, c->prev);
-  if (s == BRG_SUCCESS) s = kernel_map(c, d, self, next, c->next, &d->knext, &d->knext_mapped);
-  if (s != BRG_SUCCESS) return s;
+  if (s == BRG_SUCCESS && !d->send_staged)
+    s = kernel_map(c, d, self, next, c->next, &d->knext, &d->knext_mapped);
+  if (s != BRG_SUCCESS || d->recv_staged) return s;
   if (c->prev == c->next) {
     d->kprev = d->knext; /* two ranks: one mapping serves both links */
     return BRG_SUCCESS;
@@ -762,7 +1009,8 @@ static const char *kernel_refused(const brg_comm *c, const dev_blob *all, int *w
   if (all[0].kmode_req == 0 && !mps)
     for (int r = 0; r < c->nranks; r++)
       for (int q = 0; q < r; q++)
-        if (!memcmp(all[r].uuid, all[q].uuid, 16) && all[r].process != all[q].process) {
+        if (!memcmp(all[r].uuid, all[q].uuid, 16) && all[r].process != all[q].process &&
+            c->peers[r].host_hash == c->peers[q].host_hash) {
           *who = r;
           return "ranks of different processes share a GPU and MPS is not running: their "
                  "kernels would take turns on it (BRIGADE_DEVICE_MODE=kernel forces it)";
@@ -1006,6 +1254,7 @@ brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st) {
   if (d->kchannels > BRG__RK_MAX_CHANNELS) d->kchannels = BRG__RK_MAX_CHANNELS;
   d->kslot = c->slice_bytes & ~(size_t)255;
   d->kstride = KCTRL + (size_t)d->nslots * d->kslot;
+  d->pstride = PCTRL + (size_t)d->nslots * d->kslot;
   d->kos_limit = (size_t)brg__device_int(BRG__DEVICE_SMALL_BYTES);
   if (d->kos_limit && c->nranks >= 2 && c->nranks <= BRG__RK_MAX_PEERS) {
     d->kos_slot = (d->kos_limit + 255) & ~(size_t)255;
@@ -1089,6 +1338,7 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
                              : "");
   if (d->kernel) s = setup_kernel_links(c, d, mine, &all[c->next], &all[c->prev]);
   if (s == BRG_SUCCESS && d->kernel) s = setup_oneshot(c, d, mine, all);
+  if (s == BRG_SUCCESS && d->kernel && (d->send_staged || d->recv_staged)) s = proxy_start(c, d);
   if (s == BRG_SUCCESS && !d->kernel) s = setup_links(c, d, mine, &all[c->next], &all[c->prev]);
   if (s == BRG_SUCCESS && d->kernel) {
     d->async = 0; /* a launch returns at once by itself */
@@ -1107,9 +1357,19 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
               "blocks) with %d slots of %zu bytes each in GPU memory, waiting on the "
               "neighbours' flags; %s",
               d->kmode_req == 1 ? "BRIGADE_DEVICE_MODE=kernel"
-                                : "automatic: every link stays inside the host and no two "
-                                  "processes share a GPU without MPS",
+                                : "automatic: the GPUs of neighbours in a host reach each other "
+                                  "and no two processes share a GPU without MPS",
               d->kchannels, d->nslots, d->kslot, desc);
+    if (d->send_staged || d->recv_staged)
+      BRG__INFO("init",
+                "device ring: kernel mode between hosts: %s%s%s through pinned host memory, "
+                "carried by the host proxy on %s links with slots of %zu bytes (the kernels "
+                "wait on its flags; the call still returns at once)",
+                d->send_staged ? "to the next host" : "",
+                d->send_staged && d->recv_staged ? " and " : "",
+                d->recv_staged ? "from the previous host" : "",
+                (d->send_staged ? &c->devnet->send : &c->devnet->recv)->ops->name,
+                c->devnet->send.fifo.slot_bytes);
     if (d->oneshot)
       BRG__INFO("init",
                 "device ring: allreduces up to %zu bytes (BRIGADE_DEVICE_SMALL_BYTES) go in one "
@@ -1374,6 +1634,9 @@ static brg_status kernel_stopped(brg_comm *c, struct brg__dev_ring *d) {
   char why[BRG__ERRLEN / 2];
   brg_status s = BRG_ERR_REMOTE;
   snprintf(why, sizeof why, "the communicator was aborted");
+  pthread_mutex_lock(&d->ev_lock);
+  if (d->perr[0]) snprintf(why, sizeof why, "%s", d->perr);
+  pthread_mutex_unlock(&d->ev_lock);
   for (int dir = 0; dir < 2; dir++) {
     char buf[BRG__BOOT_MAX_MSG + 1], text[BRG__ERRLEN / 2];
     uint32_t type = 0, len = 0;
@@ -1399,7 +1662,6 @@ static brg_status kernel_stopped(brg_comm *c, struct brg__dev_ring *d) {
              c->peers[quiet].pid, c->peers[quiet].hostname, (long long)silent_ms);
   }
   if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE)) s = BRG_ERR_ABORTED;
-  (void)d;
   return brg__comm_error(c, s,
                          "rank %d: a device collective's kernel stopped waiting for its "
                          "neighbours: %s",
@@ -1457,14 +1719,30 @@ brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k) {
   a.status = d->kwords_dev + KSTATUS_WORD;
   for (int ch = 0; ch < d->kchannels; ch++) {
     char *own = d->kregion + (size_t)ch * d->kstride;
-    char *next = d->knext + (size_t)ch * d->kstride, *prev = d->kprev + (size_t)ch * d->kstride;
     brg__rk_link *l = &a.chan[ch];
-    l->send_slots = next + KCTRL;
-    l->send_tail = (uint64_t *)next;
-    l->send_head = (const uint64_t *)(own + 64);
-    l->recv_slots = own + KCTRL;
-    l->recv_tail = (const uint64_t *)own;
-    l->recv_head = (uint64_t *)(prev + 64);
+    if (d->send_staged) { /* the proxy's region plays the next rank's and this rank's part */
+      char *p = d->psend_dev + (size_t)ch * d->pstride;
+      l->send_slots = p + PCTRL;
+      l->send_tail = (uint64_t *)p;
+      l->send_head = (const uint64_t *)(p + 64);
+      l->send_sizes = (uint64_t *)(p + 128);
+    } else {
+      char *next = d->knext + (size_t)ch * d->kstride;
+      l->send_slots = next + KCTRL;
+      l->send_tail = (uint64_t *)next;
+      l->send_head = (const uint64_t *)(own + 64);
+    }
+    if (d->recv_staged) {
+      char *p = d->precv_dev + (size_t)ch * d->pstride;
+      l->recv_slots = p + PCTRL;
+      l->recv_tail = (const uint64_t *)p;
+      l->recv_head = (uint64_t *)(p + 64);
+    } else {
+      char *prev = d->kprev + (size_t)ch * d->kstride;
+      l->recv_slots = own + KCTRL;
+      l->recv_tail = (const uint64_t *)own;
+      l->recv_head = (uint64_t *)(prev + 64);
+    }
     l->counters = (uint64_t *)(own + 128);
   }
   int one = d->oneshot && k->kind == BRG__COLL_ALLREDUCE && k->count > 0 &&

@@ -172,7 +172,12 @@ struct brg_comm {
    * with its own links; ring 0 is this one's. nrings 0 or 1: one ring. */
   brg_comm **rings;
   int nrings;
-  int ring_rotate; /* this ring's turn inside each host (brg__comm_opts) */
+  /* Kernel mode's links between hosts (device_ring.c's host proxy): a
+   * communicator split from this one with the same ring, made before the
+   * device setup where the ring leaves a host (brg__comm_devnet). */
+  struct brg_comm *devnet;
+  int devnet_state; /* 0: not made yet, 1: made or not needed, -1: making it failed */
+  int ring_rotate;  /* this ring's turn inside each host (brg__comm_opts) */
 
   struct brg__live *live; /* liveness.c: heartbeats, the ring sockets' reader once ready */
   int ready;              /* setup finished: ring sockets carry only aborts, beats, goodbyes */
@@ -229,6 +234,12 @@ struct brg_comm {
  * host (init.c's rings); every rank of the new one must pass the same. */
 brg_status brg__comm_split_opts(brg_comm *comm, int color, int key, int no_trace, int ring_rotate,
                                 brg_comm **newcomm);
+
+/* split.c: before the first device collective (on the caller's thread, at
+ * the same call on every rank), the communicator device_ring.c's host proxy
+ * carries kernel mode's slots between hosts on, where the ring leaves a
+ * host and BRIGADE_DEVICE_MODE is not step. */
+brg_status brg__comm_devnet(brg_comm *c);
 
 /* The allreduce algorithms of BRIGADE_ALGO (hier.c picks one). */
 typedef enum { BRG__ALGO_AUTO = 0, BRG__ALGO_RING = 1, BRG__ALGO_HIER = 2 } brg__algo;

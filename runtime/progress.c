@@ -57,6 +57,7 @@ void brg__comm_stop(brg_comm *c) {
   brg__comm_notify_abort(c, BRG_ERR_REMOTE, "the communicator was aborted");
   brg__comm_stop(__atomic_load_n(&c->local, __ATOMIC_ACQUIRE));
   brg__comm_stop(__atomic_load_n(&c->cross, __ATOMIC_ACQUIRE));
+  brg__comm_stop(__atomic_load_n(&c->devnet, __ATOMIC_ACQUIRE));
   for (int r = 1; r < c->nrings; r++) brg__comm_stop(c->rings[r]);
 }
 

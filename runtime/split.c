@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "settings.h"
 
 typedef struct split_entry {
   int32_t color, key;
@@ -156,4 +157,24 @@ out:
   free(ids);
   free(members);
   return s;
+}
+
+brg_status brg__comm_devnet(brg_comm *c) {
+  if (c->devnet_state != 0 || c->nranks < 2) return BRG_SUCCESS;
+  int across = 0;
+  for (int r = 0; r < c->nranks; r++) across |= c->peers[r].host_hash != c->peers[0].host_hash;
+  c->devnet_state = 1;
+  if (!across || !strcmp(brg__device_str(BRG__DEVICE_MODE), "step")) return BRG_SUCCESS;
+  /* Same members, same keys, no rotation: the same ring, links of its own. */
+  brg_comm *nc = NULL;
+  brg_status s = brg__comm_split_opts(c, 0, c->rank, 1, 0, &nc);
+  if (s != BRG_SUCCESS) {
+    c->devnet_state = -1;
+    return brg__comm_error(c, s,
+                           "device collectives: making the links of kernel mode between hosts "
+                           "(a communicator with this one's ring) failed: %s",
+                           brg_comm_last_error(NULL));
+  }
+  __atomic_store_n(&c->devnet, nc, __ATOMIC_RELEASE);
+  return BRG_SUCCESS;
 }

@@ -45,6 +45,11 @@ typedef struct brg__rk_link {
   const uint64_t *recv_tail; /* own: slots the previous rank posted */
   uint64_t *recv_head;       /* the previous rank's head: slots this rank took */
   uint64_t *counters;        /* own: [0] posted, [1] taken, across launches */
+  /* A link to another host, through the host proxy (runtime/device_ring.c):
+   * the bytes of each posted slot, nslots entries beside the send tail,
+   * which the proxy reads to know how much of the slot to put on the
+   * network. NULL on a link within the host. */
+  uint64_t *send_sizes;
 } brg__rk_link;
 
 /* What a one-shot launch needs beyond the call (args.oneshot set). */

@@ -25,6 +25,12 @@
  *             meet; they read the slot; all meet; thread 0 stores
  *             taken + 1 into the sender's head with release.
  *
+ * A link to another host has the same words and slots, in pinned host
+ * memory of this rank instead of the neighbour's GPU memory: the host
+ * proxy (runtime/device_ring.c) plays the neighbour, carrying posted slots
+ * (and their sizes, send_sizes) to the network and writing the tail of
+ * slots that arrived, so the kernel cannot tell the two links apart.
+ *
  * posted and taken count slots since the link was made and live in the
  * rank's own GPU memory (counters[0], counters[1]): each launch starts from
  * what the previous one left there, so a launch replayed from a CUDA graph
@@ -146,6 +152,7 @@ template <class D, int OP> struct channel {
     }
     brg_simt_sync(); /* every thread's part of the slot is written (or read) */
     if (brg_simt_tid() == 0) {
+      if (sends && l.send_sizes) l.send_sizes[posted % (uint64_t)a.nslots] = m * sizeof(T);
 #if BRG_RK_BREAK != 1
       if (sends) {
         brg_simt_fence();
