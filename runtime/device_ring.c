@@ -969,6 +969,12 @@ static brg_status setup_oneshot(brg_comm *c, struct brg__dev_ring *d, const dev_
   for (int r = 0; r < c->nranks; r++)
     if (!all[r].kos_ok && who < 0) who = r;
   if (!d->kos_slot) return BRG_SUCCESS;
+  int across = brg__topology_across(c);
+  if (across) {
+    BRG__INFO("init", "device ring: no one-shot allreduce: the ranks are on several hosts, so "
+                      "small allreduces take the ring");
+    return BRG_SUCCESS;
+  }
   if (who >= 0) {
     BRG__INFO("init",
               "device ring: no one-shot allreduce: a GPU cannot reach rank %d's (no peer access), "
@@ -1232,8 +1238,7 @@ brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st) {
   d->send_piece = d->send_staged ? c->slice_bytes : d->slice_bytes;
   d->recv_piece = d->recv_staged ? c->slice_bytes : d->slice_bytes;
   d->gdr_stride = c->slice_bytes + SLOT_SHIFT_ROOM;
-  int across = 0;
-  for (int r = 0; r < c->nranks; r++) across |= c->peers[r].host_hash != c->peers[0].host_hash;
+  int across = brg__topology_across(c);
   int proxy = (int)brg__device_int(BRG__DEVICE_PROXY);
   d->async = proxy < 0 ? across : proxy;
   const char *mode = brg__device_str(BRG__DEVICE_MODE);
@@ -1278,8 +1283,7 @@ brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st) {
 brg_status brg__device_ring_local(brg_comm *c, brg__dev_setup *st, brg_status gathered) {
   dev_blob *mine = st->mine, *all = st->all;
   if (gathered != BRG_SUCCESS) return gathered;
-  int across = 0;
-  for (int r = 0; r < c->nranks; r++) across |= c->peers[r].host_hash != c->peers[0].host_hash;
+  int across = brg__topology_across(c);
   setup_kernel_local(c, st->d, mine, all, across);
   setup_local(c, st->d, mine, &all[c->prev]);
   /* A failed half is described in `mine` (ok = 0, why): the second

@@ -292,6 +292,8 @@ int brg__live_silent(brg_comm *c, int64_t *silent_ms);
  * and the ring order with c->pos, c->next, c->prev. */
 uint64_t brg__topology_host_hash(char *hostname, size_t n);
 void brg__topology_order(brg_comm *c);
+/* 1 when c's ranks are on more than one host. */
+int brg__topology_across(const brg_comm *c);
 /* The ring's ranks in order, "|" between hosts ("0 2 | 1 3"), for logs. */
 void brg__topology_ring_line(const brg_comm *c, char *line, size_t cap);
 /* Checks the identities the bootstrap table brought (rank number, pid,

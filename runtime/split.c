@@ -161,8 +161,7 @@ out:
 
 brg_status brg__comm_devnet(brg_comm *c) {
   if (c->devnet_state != 0 || c->nranks < 2) return BRG_SUCCESS;
-  int across = 0;
-  for (int r = 0; r < c->nranks; r++) across |= c->peers[r].host_hash != c->peers[0].host_hash;
+  int across = brg__topology_across(c);
   c->devnet_state = 1;
   if (!across || !strcmp(brg__device_str(BRG__DEVICE_MODE), "step")) return BRG_SUCCESS;
   /* Same members, same keys, no rotation: the same ring, links of its own. */

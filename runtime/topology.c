@@ -32,6 +32,12 @@ uint64_t brg__topology_host_hash(char *hostname, size_t n) {
   return h;
 }
 
+int brg__topology_across(const brg_comm *c) {
+  for (int r = 1; r < c->nranks; r++)
+    if (c->peers[r].host_hash != c->peers[0].host_hash) return 1;
+  return 0;
+}
+
 static int cmp_host_then_rank(const void *a, const void *b, void *arg) {
   const brg__peer_info *p = arg;
   int x = *(const int *)a, y = *(const int *)b;
