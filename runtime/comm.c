@@ -230,10 +230,16 @@ static void say_goodbye(brg_comm *c) {
   pthread_mutex_unlock(&c->ring_lock);
 }
 
-/* Waits, up to the timeout, for both neighbours' goodbyes (or hang-ups). */
+/* Waits, up to the timeout, for both neighbours' goodbyes (or hang-ups).
+ * After a failure, not for a neighbour on another host: its streams never
+ * touch this rank's memory, and a host that vanished would never answer. */
 static void await_goodbyes(brg_comm *c) {
   int64_t deadline = brg__deadline_ms(c->timeout_ms);
+  int failed = __atomic_load_n(&c->broken, __ATOMIC_ACQUIRE) != BRG_SUCCESS ||
+               __atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE);
   for (int dir = 0; dir < 2; dir++) {
+    int peer = dir == BRG__RING_NEXT ? c->next : c->prev;
+    if (failed && c->peers[peer].host_hash != c->peers[c->rank].host_hash) continue;
     /* What the liveness thread read before it stopped comes first. */
     char buf[BRG__BOOT_MAX_MSG + 1], text[BRG__ERRLEN];
     uint32_t type = 0, len = 0;

@@ -1660,8 +1660,9 @@ static brg_status kernel_stopped(brg_comm *c, struct brg__dev_ring *d) {
   }
   int64_t silent_ms = 0;
   int quiet = brg__live_silent(c, &silent_ms);
-  if (quiet >= 0 && silent_ms >= c->timeout_ms) {
-    s = BRG_ERR_TIMEOUT;
+  int short_ms = c->silent_fail_ms > 0 && c->silent_fail_ms < c->timeout_ms;
+  if (quiet >= 0 && (silent_ms >= c->timeout_ms || (short_ms && silent_ms >= c->silent_fail_ms))) {
+    s = silent_ms >= c->timeout_ms ? BRG_ERR_TIMEOUT : BRG_ERR_REMOTE;
     snprintf(why, sizeof why, "rank %d (pid %d on %s) has been silent for %lld ms", quiet,
              c->peers[quiet].pid, c->peers[quiet].hostname, (long long)silent_ms);
   }

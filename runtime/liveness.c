@@ -184,7 +184,10 @@ static void kernels_watch(brg__live *l) {
   pthread_mutex_unlock(&l->lock);
   int64_t silent_ms = 0;
   int quiet = stop ? -1 : brg__live_silent(c, &silent_ms);
-  if (quiet >= 0 && silent_ms >= c->timeout_ms) {
+  /* As the engine's waits: BRIGADE_SILENT_TIMEOUT_MS, when shorter than the timeout. */
+  int limit = c->silent_fail_ms > 0 && c->silent_fail_ms < c->timeout_ms ? c->silent_fail_ms
+                                                                         : c->timeout_ms;
+  if (quiet >= 0 && silent_ms >= limit) {
     stop = 1;
     snprintf(why, sizeof why, "rank %d (pid %d on %s) has been silent for %lld ms", quiet,
              c->peers[quiet].pid, c->peers[quiet].hostname, (long long)silent_ms);

@@ -19,7 +19,12 @@
  *                    which cut every collective but the barrier
  *   mh_check loop    allreduce until it fails (for the fault tests): prints
  *                    "looping" once the first one succeeded, then, on the
- *                    first failure, "error <status> after <ms> ms: <detail>"
+ *                    first failure, "error <status> after <ms> ms: <detail>".
+ *                    With MH_DEVICE=1 the buffers are GPU memory of the CUDA
+ *                    module BRIGADE_CUDA_MODULE names (GPU LOCAL_RANK modulo
+ *                    the GPUs), and the stream is synchronized after every
+ *                    call: a stream left blocked by a dead peer hangs the
+ *                    rank, which the fault test counts as a failure.
  *
  * Exit 0 when every check passed, 1 on a wrong value or an unexpected error,
  * 3 when the loop ended in an error (what the fault tests want).
@@ -32,6 +37,7 @@
 #include <time.h>
 
 #include "brigade.h"
+#include "../../kernels/cuda/brg_cuda.h"
 
 static int rank = -1, nranks = 0;
 static int failures;
@@ -343,6 +349,13 @@ static int run_allreduce_matrix(brg_comm *comm) {
   return 0;
 }
 
+static int loop_failed(brg_comm *comm, brg_status st, int64_t t0, long iter, const char *what) {
+  printf("rank %d: error %s after %lld ms in iteration %ld: %s%s\n", rank, brg_status_string(st),
+         (long long)(now_ms() - t0), iter, what, brg_comm_last_error(comm));
+  fflush(stdout);
+  return 3;
+}
+
 static int run_loop(brg_comm *comm) {
   size_t count = 1 << 20;
   float *s = malloc(count * sizeof *s), *r = malloc(count * sizeof *r);
@@ -353,14 +366,45 @@ static int run_loop(brg_comm *comm) {
     t0 = now_ms();
     brg_status st = brg_allreduce(s, r, count, BRG_FLOAT32, BRG_SUM, comm, NULL);
     if (st != BRG_SUCCESS) {
-      printf("rank %d: error %s after %lld ms in iteration %ld: %s\n", rank, brg_status_string(st),
-             (long long)(now_ms() - t0), iter, brg_comm_last_error(comm));
-      fflush(stdout);
       free(s), free(r);
-      return 3;
+      return loop_failed(comm, st, t0, iter, "");
     }
     if (iter == 0) {
       printf("rank %d: looping\n", rank);
+      fflush(stdout);
+    }
+  }
+}
+
+static int run_loop_device(brg_comm *comm) {
+  size_t count = 1 << 20;
+  char why[256];
+  const char *path = getenv("BRIGADE_CUDA_MODULE");
+  const brg__cuda_api *api = path ? brg__cuda_open(path, why, sizeof why) : NULL;
+  if (!api) {
+    printf("rank %d: FAIL no CUDA module: %s\n", rank, path ? why : "BRIGADE_CUDA_MODULE unset");
+    return 1;
+  }
+  int ngpu = api->drv.probe(NULL, 0);
+  const char *lr = getenv("LOCAL_RANK");
+  if (ngpu > 0) api->drv.set_device((lr ? atoi(lr) : rank) % ngpu);
+  float *h = malloc(count * sizeof *h);
+  void *d = NULL, *st = NULL;
+  if (!h || api->drv.mem_alloc(&d, count * sizeof *h) || api->drv.stream_create(&st)) {
+    printf("rank %d: FAIL GPU buffers or stream\n", rank);
+    return 1;
+  }
+  for (size_t i = 0; i < count; i++) h[i] = fval(rank, i);
+  api->drv.mem_copy(d, h, count * sizeof *h);
+  free(h);
+  for (long iter = 0;; iter++) {
+    int64_t t0 = now_ms();
+    brg_status s = brg_allreduce(d, d, count, BRG_FLOAT32, BRG_MAX, comm, st);
+    if (s != BRG_SUCCESS) return loop_failed(comm, s, t0, iter, "");
+    int e = api->drv.stream_sync(st);
+    if (e) return loop_failed(comm, BRG_ERR_SYSTEM, t0, iter, api->drv.error_string(e));
+    if (iter == 0) {
+      printf("rank %d: looping (GPU buffers)\n", rank);
       fflush(stdout);
     }
   }
@@ -378,10 +422,12 @@ int main(int argc, char **argv) {
   }
   brg_comm_rank(comm, &rank);
   brg_comm_size(comm, &nranks);
-  int rc = strcmp(mode, "loop") == 0        ? run_loop(comm)
-           : strcmp(mode, "allreduce") == 0 ? run_allreduce_matrix(comm)
-           : strcmp(mode, "rings") == 0     ? (run_allreduce_matrix(comm) || run_check(comm))
-                                            : run_check(comm);
+  const char *dev = getenv("MH_DEVICE");
+  int rc = strcmp(mode, "loop") == 0 && dev && !strcmp(dev, "1") ? run_loop_device(comm)
+           : strcmp(mode, "loop") == 0                           ? run_loop(comm)
+           : strcmp(mode, "allreduce") == 0                      ? run_allreduce_matrix(comm)
+           : strcmp(mode, "rings") == 0 ? (run_allreduce_matrix(comm) || run_check(comm))
+                                        : run_check(comm);
   if (rc == 3) brg_comm_abort(comm);
   brg_comm_destroy(comm);
   return rc;

@@ -37,7 +37,9 @@
 #                           every rank must fail at init with a collective
 #                           mismatch that names BRIGADE_ALGO, none may hang
 #              kill         the last rank is killed mid-allreduce: every
-#                           other rank must fail within the timeout
+#                           other rank must fail within the timeout (with
+#                           MH_DEVICE=1, and in the next two, on GPU
+#                           buffers: mh_check's loop)
 #              linkdown     host 1's interface goes down mid-allreduce:
 #                           every rank must fail within the timeout
 #              vanish       rank 1's host is cut off mid-allreduce, no socket
@@ -314,6 +316,7 @@ kill | linkdown)
   fi
   expect_failures "$ranks" 3
   echo "every rank failed within $(echo "$(date +%s.%N) - $t0" | bc 2>/dev/null || echo '?') s of the fault (limit: BRIGADE_TIMEOUT_MS=$TIMEOUT_MS + ${SLACK_S} s)"
+  expect_log
   ;;
 vanish)
   # Rank 1's host vanishes mid-allreduce without closing a socket: every
@@ -360,6 +363,7 @@ vanish)
     grep "error" "$WORK/out.$r"
   done
   echo "every other rank failed within $(echo "$(date +%s.%N) - $t0" | bc 2>/dev/null || echo "?") s of the cut (limit ${LIMIT_S} s, BRIGADE_TIMEOUT_MS=$TIMEOUT_MS)"
+  expect_log
   ;;
 exec)
   start_all "${EXTRA[@]}"
