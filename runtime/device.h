@@ -92,6 +92,9 @@ int brg__device_kernel_mode(const struct brg__dev_ring *d);
 brg_status brg__device_capture_check(brg_comm *c, const char *fn, brg__coll *k);
 brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k);
 void brg__device_abort(brg_comm *c);
+/* buf[i] /= divisor on the stream (hier.c's BRG_AVG on GPU buffers). */
+brg_status brg__device_divide(brg_comm *c, void *buf, size_t count, brg_dtype dtype, int divisor,
+                              void *stream);
 /* One rank: recvbuf = sendbuf, on the stream. */
 brg_status brg__device_single(brg_comm *c, const brg__coll *k);
 /* Teardown, in two halves around a barrier with the ring neighbours

@@ -1450,6 +1450,13 @@ brg_status brg__device_single(brg_comm *c, const brg__coll *k) {
   return e ? cuda_fail(c, api, e, "copy kernel") : BRG_SUCCESS;
 }
 
+brg_status brg__device_divide(brg_comm *c, void *buf, size_t count, brg_dtype dtype, int divisor,
+                              void *stream) {
+  const brg__cuda_api *api = brg__device_api(NULL);
+  int e = count ? api->kern.divide(buf, buf, count, (int)dtype, divisor, stream) : 0;
+  return e ? cuda_fail(c, api, e, "divide kernel (BRG_AVG)") : BRG_SUCCESS;
+}
+
 /* The kernel of a primitive on one piece: m elements of input `in` and
  * output `out`, reading received slot `r` and writing the next rank's slot
  * `slot`. */
@@ -1717,6 +1724,7 @@ brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k) {
   a.sendbuf = k->sendbuf;
   a.recvbuf = k->recvbuf;
   a.count = k->count;
+  a.whole = k->whole;
   a.nslots = d->nslots;
   a.nchannels = d->kchannels;
   a.slot_bytes = d->kslot;

@@ -21,7 +21,14 @@
  * every rank gets there at the same collective because the choice depends
  * only on what all ranks share (count, dtype, the host table, BRIGADE_ALGO,
  * which comm.c checks is equal everywhere at init). Hosts with different
- * numbers of ranks, one host, and GPU buffers run the flat ring.
+ * numbers of ranks and one host run the flat ring.
+ *
+ * GPU buffers run hier when BRIGADE_ALGO=hier asks (auto keeps them on the
+ * flat ring: the cost model is the host links'): the three phases are
+ * device collectives on the caller's stream, one after the other, each on
+ * its communicator's own device ring (kernel mode within the host, and
+ * across hosts through kernel mode's host proxy), and BRG_AVG's division a
+ * divide kernel on the same stream.
  */
 #include <limits.h>
 #include <string.h>
@@ -169,12 +176,12 @@ brg_status brg__hier_prepare(brg_comm *c, brg__coll *k) {
       BRG__INFO("coll", "allreduce algorithm: ring (BRIGADE_ALGO=ring)");
     return BRG_SUCCESS;
   }
-  if (k->device) {
+  if (k->device && c->algo == BRG__ALGO_AUTO) {
     if (first_time(c, LOGGED_DEVICE))
       BRG__INFO("coll",
-                "allreduce algorithm for GPU buffers: ring (BRIGADE_ALGO=%s: the hierarchical "
-                "allreduce takes host buffers only)",
-                brg__algo_name(c->algo));
+                "allreduce algorithm for GPU buffers: ring (BRIGADE_ALGO=auto chooses from the "
+                "host links' costs, so GPU buffers take the ring; BRIGADE_ALGO=hier runs them "
+                "hierarchically)");
     return BRG_SUCCESS;
   }
   hier_shape sh;
@@ -208,15 +215,16 @@ brg_status brg__hier_prepare(brg_comm *c, brg__coll *k) {
                 "%zu bytes: predicted hier %.0f us, ring %.0f us)",
                 hier ? "hier" : "ring", sh.hosts, sh.min_local, bytes, hier_us, ring_us);
     if (!hier) return BRG_SUCCESS;
-  } else if (first_time(c, LOGGED_FORCED_HIER)) {
-    BRG__INFO("coll", "allreduce algorithm: hier (BRIGADE_ALGO=hier, %d hosts x %d ranks)",
-              sh.hosts, sh.min_local);
+  } else if (first_time(c, k->device ? LOGGED_DEVICE : LOGGED_FORCED_HIER)) {
+    BRG__INFO("coll", "allreduce algorithm%s: hier (BRIGADE_ALGO=hier, %d hosts x %d ranks)",
+              k->device ? " for GPU buffers" : "", sh.hosts, sh.min_local);
   }
   if (c->hier_state < 0) return BRG_SUCCESS; /* making them failed before: said so then */
-  if (c->hier_state == 0) {
-    brg_status s = hier_make(c, &sh);
-    if (s != BRG_SUCCESS) return s;
-  }
+  brg_status s = c->hier_state == 0 ? hier_make(c, &sh) : BRG_SUCCESS;
+  /* GPU buffers: the links kernel mode needs between hosts, made here as
+   * the communicators were (the device setup of each runs at its first phase). */
+  if (s == BRG_SUCCESS && k->device) s = brg__comm_devnet(c->cross);
+  if (s != BRG_SUCCESS) return s;
   k->hier = 1;
   return BRG_SUCCESS;
 }

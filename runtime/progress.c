@@ -83,14 +83,17 @@ static brg_status hier_body(brg_comm *c, brg__coll *k) {
   uint64_t sent0 = __atomic_load_n(&local->bytes_sent, __ATOMIC_RELAXED) +
                    __atomic_load_n(&cross->bytes_sent, __ATOMIC_RELAXED);
   brg_op sum = k->op == BRG_AVG ? BRG_SUM : k->op;
-  brg__coll rs = {.kind = BRG__COLL_REDUCE_SCATTER,
-                  .dtype = k->dtype,
-                  .op = sum,
-                  .root = -1,
-                  .sendbuf = k->sendbuf,
-                  .recvbuf = k->recvbuf,
-                  .count = k->count,
-                  .whole = 1};
+  /* GPU buffers: every phase a device collective on the caller's stream. */
+  brg__coll dev = {.device = k->device, .gpu = k->gpu, .stream = k->stream};
+  brg__coll rs = dev;
+  rs.kind = BRG__COLL_REDUCE_SCATTER;
+  rs.dtype = k->dtype;
+  rs.op = sum;
+  rs.root = -1;
+  rs.sendbuf = k->sendbuf;
+  rs.recvbuf = k->recvbuf;
+  rs.count = k->count;
+  rs.whole = 1;
   brg_status s = phase(c, local, &rs, k, "the reduce-scatter within the host");
   if (s != BRG_SUCCESS) return s;
   /* This rank's chunk, as the reduce-scatter cut it. */
@@ -98,24 +101,23 @@ static brg_status hier_body(brg_comm *c, brg__coll *k) {
   size_t cnt = brg__part_count(k->count, local->nranks, local->rank);
   char *shard = (char *)k->recvbuf + off * esize;
   if (cnt > 0) { /* the same on every rank of cross: all of them skip it */
-    brg__coll ar = {.kind = BRG__COLL_ALLREDUCE,
-                    .dtype = k->dtype,
-                    .op = sum,
-                    .root = -1,
-                    .sendbuf = shard,
-                    .recvbuf = shard,
-                    .count = cnt};
+    brg__coll ar = rs;
+    ar.kind = BRG__COLL_ALLREDUCE;
+    ar.sendbuf = shard;
+    ar.recvbuf = shard;
+    ar.count = cnt;
+    ar.whole = 0;
     if ((s = phase(c, cross, &ar, k, "the allreduce across hosts")) != BRG_SUCCESS) return s;
-    if (k->op == BRG_AVG) brg__divide(shard, shard, cnt, k->dtype, c->nranks);
+    if (k->op == BRG_AVG && k->device)
+      s = brg__device_divide(c, shard, cnt, k->dtype, c->nranks, k->stream);
+    else if (k->op == BRG_AVG)
+      brg__divide(shard, shard, cnt, k->dtype, c->nranks);
+    if (s != BRG_SUCCESS) return s;
   }
-  brg__coll ag = {.kind = BRG__COLL_ALL_GATHER,
-                  .dtype = k->dtype,
-                  .op = BRG_SUM,
-                  .root = -1,
-                  .sendbuf = k->recvbuf,
-                  .recvbuf = k->recvbuf,
-                  .count = k->count,
-                  .whole = 1};
+  brg__coll ag = rs;
+  ag.kind = BRG__COLL_ALL_GATHER;
+  ag.op = BRG_SUM;
+  ag.sendbuf = k->recvbuf;
   if ((s = phase(c, local, &ag, k, "the all-gather within the host")) != BRG_SUCCESS) return s;
   uint64_t sent1 = __atomic_load_n(&local->bytes_sent, __ATOMIC_RELAXED) +
                    __atomic_load_n(&cross->bytes_sent, __ATOMIC_RELAXED);

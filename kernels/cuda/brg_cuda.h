@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 /* Raised whenever the table changes shape; the loader refuses other values. */
-#define BRG__CUDA_ABI 10
+#define BRG__CUDA_ABI 11
 
 /* Name of the one symbol the module exports. */
 #define BRG__CUDA_ENTRY "brg__cuda_module_api"

@@ -68,6 +68,10 @@ typedef struct brg__rk_args {
   const void *sendbuf;
   void *recvbuf;
   size_t count; /* the call's count argument */
+  /* Reduce-scatter and all-gather over one buffer of count elements, rank
+   * r's block at brg__part_offset(count, N, r) as allreduce cuts it (the
+   * phases of a hierarchical allreduce within a host); 0: blocks of count. */
+  int whole;
   int nslots;
   int nchannels;
   size_t slot_bytes;     /* a multiple of 16 */

@@ -170,27 +170,46 @@ template <class D, int OP> struct channel {
    * schedule over this channel's share. Allreduce cuts its share into N
    * balanced chunks; reduce-scatter and all-gather take this channel's
    * share of every rank's block of count elements. */
+  /* Where this channel's share of chunk id lies (*off) and how long it is:
+   * allreduce cuts its share into N chunks; reduce-scatter and all-gather
+   * take their share of rank id's block (blocks of count, or with whole
+   * the chunks allreduce would cut the whole buffer into). */
+  BRG_SIMT_DEV size_t piece(int id, size_t share, size_t base, size_t *off) const {
+    int n = a.nranks, ch = (int)brg_simt_block(), nch = a.nchannels;
+    if (a.kind == ALLREDUCE) {
+      *off = base + brg__part_offset(share, n, id);
+      return brg__part_count(share, n, id);
+    }
+    if (!a.whole) {
+      *off = a.count * (size_t)id + base;
+      return share;
+    }
+    size_t blk = brg__part_count(a.count, n, id);
+    *off = brg__part_offset(a.count, n, id) + brg__part_offset(blk, nch, ch);
+    return brg__part_count(blk, nch, ch);
+  }
+
   BRG_SIMT_DEV bool ring(int t0, int t1) {
     int n = a.nranks, p = a.pos, ch = (int)brg_simt_block(), nch = a.nchannels;
     bool rs = a.kind == REDUCE_SCATTER, ag = a.kind == ALL_GATHER;
-    size_t per = a.count;
-    size_t share = brg__part_count(per, nch, ch), base = brg__part_offset(per, nch, ch);
+    size_t share = brg__part_count(a.count, nch, ch), base = brg__part_offset(a.count, nch, ch);
     const T *send = static_cast<const T *>(a.sendbuf);
     T *recv = static_cast<T *>(a.recvbuf);
-    size_t max_slices = 0;
+    size_t max_slices = 0, off;
     for (int i = 0; i < n; i++) {
-      size_t cnt = rs || ag ? share : brg__part_count(share, n, i);
-      size_t ns = brg__slice_total(cnt, slot_elems);
+      size_t ns = brg__slice_total(piece(i, share, base, &off), slot_elems);
       if (ns > max_slices) max_slices = ns;
     }
     for (size_t sl = 0; sl < max_slices; sl++) {
       for (int t = t0; t <= t1; t++) {
         int id = a.ring[brg__ring_chunk(p, n, t)];
-        size_t cnt = rs || ag ? share : brg__part_count(share, n, id);
-        size_t off = rs || ag ? per * (size_t)id + base : base + brg__part_offset(share, n, id);
+        size_t cnt = piece(id, share, base, &off);
         if (sl >= brg__slice_total(cnt, slot_elems)) continue;
         size_t m = brg__slice_count(cnt, slot_elems, sl);
         size_t e = off + brg__slice_offset(sl, slot_elems);
+        /* this rank's own block in the rs output or ag input: a buffer of
+         * one block, or the whole buffer */
+        size_t own = a.whole ? e : base + brg__slice_offset(sl, slot_elems);
         const T *in = nullptr;
         T *out = nullptr;
         brg__prim pr = brg__ring_prim(n, t);
@@ -198,13 +217,13 @@ template <class D, int OP> struct channel {
           in = send + e;
           if (t == t1) {
             pr = BRG__PRIM_RECV_REDUCE_COPY;
-            out = recv + base + brg__slice_offset(sl, slot_elems);
+            out = recv + own;
           }
         } else if (ag) {
           out = recv + e;
           if (t == t0) {
             pr = BRG__PRIM_SEND;
-            in = send + base + brg__slice_offset(sl, slot_elems);
+            in = send + own;
           }
         } else {
           in = send + e;

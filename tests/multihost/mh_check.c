@@ -14,7 +14,9 @@
  *                    the dtype's own arithmetic; then every rank checks
  *                    that all ranks ended with the same bits (a hash of
  *                    every result, all-gathered). Run with BRIGADE_ALGO
- *                    ring or hier.
+ *                    ring or hier; with MH_DEVICE=1 on GPU buffers (each
+ *                    input copied to the GPU, the result back, the stream
+ *                    synchronized in between).
  *   mh_check rings   both of the above, for several rings (BRIGADE_RINGS),
  *                    which cut every collective but the barrier
  *   mh_check loop    allreduce until it fails (for the fault tests): prints
@@ -288,13 +290,63 @@ static void hash_bytes(const void *p, size_t n) {
     result_hash = (result_hash ^ ((const uint8_t *)p)[i]) * 1099511628211ull;
 }
 
+/* MH_DEVICE=1: GPU buffers of the CUDA module BRIGADE_CUDA_MODULE names,
+ * on GPU LOCAL_RANK modulo the GPUs, and a stream of their own. */
+static const brg__cuda_api *g_api;
+static void *g_stream;
+
+static int device_open(void) {
+  char why[256];
+  const char *path = getenv("BRIGADE_CUDA_MODULE");
+  g_api = path ? brg__cuda_open(path, why, sizeof why) : NULL;
+  if (!g_api) {
+    printf("rank %d: FAIL no CUDA module: %s\n", rank, path ? why : "BRIGADE_CUDA_MODULE unset");
+    return 1;
+  }
+  int ngpu = g_api->drv.probe(NULL, 0);
+  const char *lr = getenv("LOCAL_RANK");
+  if (ngpu > 0) g_api->drv.set_device((lr ? atoi(lr) : rank) % ngpu);
+  if (g_api->drv.stream_create(&g_stream)) {
+    printf("rank %d: FAIL no stream\n", rank);
+    return 1;
+  }
+  return 0;
+}
+
+/* A GPU copy of n host bytes (at least 16 allocated). */
+static void *device_copy(const void *h, size_t n) {
+  void *d = NULL;
+  if (g_api->drv.mem_alloc(&d, n + 16) || (n && g_api->drv.mem_copy(d, h, n))) {
+    printf("rank %d: FAIL GPU buffer of %zu bytes\n", rank, n);
+    exit(1);
+  }
+  return d;
+}
+
+/* The allreduce on GPU buffers: host sb (rb in place) in, host rb out. */
+static brg_status device_allreduce(const char *sb, char *rb, size_t count, brg_dtype d, brg_op op,
+                                   int in_place, brg_comm *comm) {
+  size_t n = count * brg_dtype_size(d);
+  void *ds = device_copy(in_place ? rb : sb, n), *dr = in_place ? ds : device_copy(rb, n);
+  brg_status s = brg_allreduce(ds, dr, count, d, op, comm, g_stream);
+  if (s == BRG_SUCCESS &&
+      (g_api->drv.stream_sync(g_stream) || (n && g_api->drv.mem_copy(rb, dr, n))))
+    s = BRG_ERR_SYSTEM;
+  g_api->drv.mem_free(ds);
+  if (dr != ds) g_api->drv.mem_free(dr);
+  return s;
+}
+
 static void check_one(brg_comm *comm, brg_dtype d, brg_op op, size_t count, int in_place) {
   size_t es = brg_dtype_size(d);
   char *sb = malloc(count * es + 1), *rb = malloc(count * es + 1);
   if (!sb || !rb) exit(1);
   for (size_t i = 0; i < count; i++) store(d, sb, i, input(d, op, rank, i));
   if (in_place) memcpy(rb, sb, count * es);
-  CHECK_OK(brg_allreduce(in_place ? rb : sb, rb, count, d, op, comm, NULL));
+  if (g_api)
+    CHECK_OK(device_allreduce(sb, rb, count, d, op, in_place, comm));
+  else
+    CHECK_OK(brg_allreduce(in_place ? rb : sb, rb, count, d, op, comm, NULL));
   char what[96];
   snprintf(what, sizeof what, "allreduce %s %s%s", brg_dtype_name(d), brg_op_name(op),
            in_place ? " in place" : "");
@@ -378,31 +430,17 @@ static int run_loop(brg_comm *comm) {
 
 static int run_loop_device(brg_comm *comm) {
   size_t count = 1 << 20;
-  char why[256];
-  const char *path = getenv("BRIGADE_CUDA_MODULE");
-  const brg__cuda_api *api = path ? brg__cuda_open(path, why, sizeof why) : NULL;
-  if (!api) {
-    printf("rank %d: FAIL no CUDA module: %s\n", rank, path ? why : "BRIGADE_CUDA_MODULE unset");
-    return 1;
-  }
-  int ngpu = api->drv.probe(NULL, 0);
-  const char *lr = getenv("LOCAL_RANK");
-  if (ngpu > 0) api->drv.set_device((lr ? atoi(lr) : rank) % ngpu);
   float *h = malloc(count * sizeof *h);
-  void *d = NULL, *st = NULL;
-  if (!h || api->drv.mem_alloc(&d, count * sizeof *h) || api->drv.stream_create(&st)) {
-    printf("rank %d: FAIL GPU buffers or stream\n", rank);
-    return 1;
-  }
+  if (!h) return 1;
   for (size_t i = 0; i < count; i++) h[i] = fval(rank, i);
-  api->drv.mem_copy(d, h, count * sizeof *h);
+  void *d = device_copy(h, count * sizeof *h);
   free(h);
   for (long iter = 0;; iter++) {
     int64_t t0 = now_ms();
-    brg_status s = brg_allreduce(d, d, count, BRG_FLOAT32, BRG_MAX, comm, st);
+    brg_status s = brg_allreduce(d, d, count, BRG_FLOAT32, BRG_MAX, comm, g_stream);
     if (s != BRG_SUCCESS) return loop_failed(comm, s, t0, iter, "");
-    int e = api->drv.stream_sync(st);
-    if (e) return loop_failed(comm, BRG_ERR_SYSTEM, t0, iter, api->drv.error_string(e));
+    int e = g_api->drv.stream_sync(g_stream);
+    if (e) return loop_failed(comm, BRG_ERR_SYSTEM, t0, iter, g_api->drv.error_string(e));
     if (iter == 0) {
       printf("rank %d: looping (GPU buffers)\n", rank);
       fflush(stdout);
@@ -423,11 +461,12 @@ int main(int argc, char **argv) {
   brg_comm_rank(comm, &rank);
   brg_comm_size(comm, &nranks);
   const char *dev = getenv("MH_DEVICE");
-  int rc = strcmp(mode, "loop") == 0 && dev && !strcmp(dev, "1") ? run_loop_device(comm)
-           : strcmp(mode, "loop") == 0                           ? run_loop(comm)
-           : strcmp(mode, "allreduce") == 0                      ? run_allreduce_matrix(comm)
-           : strcmp(mode, "rings") == 0 ? (run_allreduce_matrix(comm) || run_check(comm))
-                                        : run_check(comm);
+  if (dev && !strcmp(dev, "1") && device_open()) return 1;
+  int rc = strcmp(mode, "loop") == 0 && g_api ? run_loop_device(comm)
+           : strcmp(mode, "loop") == 0        ? run_loop(comm)
+           : strcmp(mode, "allreduce") == 0   ? run_allreduce_matrix(comm)
+           : strcmp(mode, "rings") == 0       ? (run_allreduce_matrix(comm) || run_check(comm))
+                                              : run_check(comm);
   if (rc == 3) brg_comm_abort(comm);
   brg_comm_destroy(comm);
   return rc;
