@@ -8,6 +8,13 @@
 #include "device.h"
 #include "internal.h"
 
+/* Kernel mode's links between hosts for this communicator and its rings. */
+static brg_status devnet_all(brg_comm *c) {
+  brg_status s = brg__comm_devnet(c);
+  for (int r = 1; s == BRG_SUCCESS && r < c->nrings; r++) s = brg__comm_devnet(c->rings[r]);
+  return s;
+}
+
 static brg_status check_call(brg_comm *c, const char *fn, const void *sendbuf, const void *recvbuf,
                              size_t count, size_t send_elems, size_t recv_elems, brg_dtype dtype,
                              int check_op, brg_op op, int root, brg_stream stream, brg__coll *k) {
@@ -53,7 +60,7 @@ static brg_status check_call(brg_comm *c, const char *fn, const void *sendbuf, c
   if (broken != BRG_SUCCESS) return broken;
   /* Kernel mode's links between hosts, before the device setup that uses them. */
   if (k->device && c->devnet_state == 0 && !__atomic_load_n(&c->dev, __ATOMIC_ACQUIRE))
-    return brg__comm_devnet(c);
+    return devnet_all(c);
   return BRG_SUCCESS;
 }
 
@@ -301,7 +308,7 @@ brg_status brg_comm_device_setup(brg_comm *comm, int device) {
   if (__atomic_load_n(&comm->aborted, __ATOMIC_ACQUIRE))
     return brg__comm_error(comm, BRG_ERR_ABORTED, "%s: communicator was aborted", fn);
   if ((s = __atomic_load_n(&comm->broken, __ATOMIC_ACQUIRE)) != BRG_SUCCESS) return s;
-  if ((s = brg__comm_devnet(comm)) != BRG_SUCCESS) return s;
+  if ((s = devnet_all(comm)) != BRG_SUCCESS) return s;
   k.device = 1;
   k.setup_only = 1;
   return brg__progress_run(comm, &k);

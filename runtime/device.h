@@ -92,6 +92,13 @@ int brg__device_kernel_mode(const struct brg__dev_ring *d);
 brg_status brg__device_capture_check(brg_comm *c, const char *fn, brg__coll *k);
 brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k);
 void brg__device_abort(brg_comm *c);
+/* Several rings (progress.c): a device collective's parts 1..rings-1 run
+ * on streams of their own (streams[r]) that start after what `stream` holds
+ * now (fork), and `stream` continues after all of them (join). At most
+ * BRG__DEVICE_MAX_RINGS rings. */
+#define BRG__DEVICE_MAX_RINGS 16
+brg_status brg__device_fork(brg_comm *c, void *stream, int rings, void **streams);
+brg_status brg__device_join(brg_comm *c, void *stream, int rings);
 /* buf[i] /= divisor on the stream (hier.c's BRG_AVG on GPU buffers). */
 brg_status brg__device_divide(brg_comm *c, void *buf, size_t count, brg_dtype dtype, int divisor,
                               void *stream);

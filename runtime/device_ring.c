@@ -165,6 +165,11 @@ struct brg__dev_ring {
   int pstop;                            /* atomic: the threads return */
   uint64_t psent[BRG__RK_MAX_CHANNELS]; /* atomic: slots tx has carried, per channel */
   char perr[BRG__ERRLEN / 2];           /* what stopped the proxy ("": nothing) */
+  /* Several rings (progress.c): part r of a device collective runs on
+   * ring r's communicator on rstream[r], which waits for fork_ev on the
+   * caller's stream; the caller's stream waits for join_ev[r] after it. */
+  void *fork_ev;
+  void *rstream[BRG__DEVICE_MAX_RINGS], *join_ev[BRG__DEVICE_MAX_RINGS];
 };
 
 #define KCTRL 256       /* per channel: tail at 0, head at 64, counters at 128 */
@@ -294,6 +299,11 @@ static void ring_release(struct brg__dev_ring *d) {
   if (d->kring) api->drv.mem_free(d->kring);
   if (d->kdone_ev) api->drv.event_destroy(d->kdone_ev);
   pinned_free(api, (char *)d->kwords, FLAG_PAGE);
+  for (int r = 0; r < BRG__DEVICE_MAX_RINGS; r++) {
+    if (d->rstream[r]) api->drv.stream_destroy(d->rstream[r]);
+    if (d->join_ev[r]) api->drv.event_destroy(d->join_ev[r]);
+  }
+  if (d->fork_ev) api->drv.event_destroy(d->fork_ev);
   pinned_free(api, d->psend, pregion_bytes(d));
   pinned_free(api, d->precv, pregion_bytes(d));
   pthread_mutex_destroy(&d->ev_lock);
@@ -461,6 +471,8 @@ static int own_work_drained(struct brg__dev_ring *d, int64_t deadline) {
     }
     if (d->proxy_ev && api->drv.event_query(d->proxy_ev) == -1) pending = 1;
     if (d->kdone_ev && api->drv.event_query(d->kdone_ev) == -1) pending = 1;
+    for (int r = 0; r < BRG__DEVICE_MAX_RINGS && !pending; r++)
+      if (d->join_ev[r] && api->drv.event_query(d->join_ev[r]) == -1) pending = 1;
     for (int k = 0; k < d->ncallers && !pending; k++)
       if (api->drv.event_query(d->callers[k].ev) == -1) pending = 1;
     if (!pending) return 1;
@@ -1448,6 +1460,33 @@ brg_status brg__device_single(brg_comm *c, const brg__coll *k) {
   size_t elems = k->count;
   int e = api->kern.copy(k->recvbuf, NULL, k->sendbuf, elems * esize, k->stream);
   return e ? cuda_fail(c, api, e, "copy kernel") : BRG_SUCCESS;
+}
+
+brg_status brg__device_fork(brg_comm *c, void *stream, int rings, void **streams) {
+  struct brg__dev_ring *d = c->dev;
+  const brg__cuda_api *api = d->api;
+  int e = d->fork_ev ? 0 : api->drv.event_create(&d->fork_ev);
+  for (int r = 1; !e && r < rings; r++) {
+    if (!d->rstream[r]) e = api->drv.stream_create(&d->rstream[r]);
+    if (!e && !d->join_ev[r]) e = api->drv.event_create(&d->join_ev[r]);
+  }
+  if (!e) e = api->drv.event_record(d->fork_ev, stream);
+  for (int r = 1; !e && r < rings; r++) {
+    e = api->drv.stream_wait_event(d->rstream[r], d->fork_ev);
+    streams[r] = d->rstream[r];
+  }
+  return e ? cuda_fail(c, api, e, "forking the rings' streams from the caller's") : BRG_SUCCESS;
+}
+
+brg_status brg__device_join(brg_comm *c, void *stream, int rings) {
+  struct brg__dev_ring *d = c->dev;
+  const brg__cuda_api *api = d->api;
+  int e = 0;
+  for (int r = 1; !e && r < rings; r++) {
+    e = api->drv.event_record(d->join_ev[r], d->rstream[r]);
+    if (!e) e = api->drv.stream_wait_event(stream, d->join_ev[r]);
+  }
+  return e ? cuda_fail(c, api, e, "joining the rings' streams into the caller's") : BRG_SUCCESS;
 }
 
 brg_status brg__device_divide(brg_comm *c, void *buf, size_t count, brg_dtype dtype, int divisor,

@@ -142,7 +142,9 @@ static int on_rings(const brg_comm *c, const brg__coll *k) {
   int cut = k->kind == BRG__COLL_ALLREDUCE || k->kind == BRG__COLL_REDUCE_SCATTER ||
             k->kind == BRG__COLL_ALL_GATHER || k->kind == BRG__COLL_BROADCAST ||
             k->kind == BRG__COLL_REDUCE;
-  return c->nrings > 1 && !k->device && cut && !k->whole &&
+  /* GPU buffers too, outside a graph capture (whose forks this does not make). */
+  int dev_ok = !k->device || (!k->captured && c->nrings <= BRG__DEVICE_MAX_RINGS);
+  return c->nrings > 1 && dev_ok && cut && !k->whole &&
          k->count * brg_dtype_size(k->dtype) >= (size_t)c->nrings * c->slice_bytes;
 }
 
@@ -171,12 +173,21 @@ static brg_status run_rings(brg_comm *c, brg__coll *k) {
   int rings = c->nrings;
   brg__req *parts = calloc((size_t)rings, sizeof *parts);
   if (!parts) return brg__comm_error(c, BRG_ERR_NO_MEMORY, "out of memory for %d rings", rings);
+  /* GPU buffers: each ring's part on a stream of its own, forked from the
+   * caller's stream and joined back into it, so the rings run at once. */
+  void *streams[BRG__DEVICE_MAX_RINGS] = {0};
+  brg_status s = k->device ? brg__device_fork(c, k->stream, rings, streams) : BRG_SUCCESS;
+  if (s != BRG_SUCCESS) {
+    free(parts);
+    return s;
+  }
   for (int r = 1; r < rings; r++) {
     parts[r].coll = ring_part(k, rings, r);
+    if (k->device) parts[r].coll.stream = streams[r];
     brg__progress_enqueue(c->rings[r], &parts[r]);
   }
   brg__coll k0 = ring_part(k, rings, 0);
-  brg_status s = brg__coll_execute(c, &k0);
+  s = brg__coll_execute(c, &k0);
   k->seq = k0.seq;
   if (s != BRG_SUCCESS)
     for (int r = 1; r < rings; r++) brg__comm_stop(c->rings[r]);
@@ -187,6 +198,10 @@ static brg_status run_rings(brg_comm *c, brg__coll *k) {
     for (int q = 1; q < rings; q++) brg__comm_stop(c->rings[q]);
   }
   free(parts);
+  if (k->device) {
+    brg_status j = brg__device_join(c, k->stream, rings);
+    if (s == BRG_SUCCESS) s = j;
+  }
   return s;
 }
 

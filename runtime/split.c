@@ -164,9 +164,10 @@ brg_status brg__comm_devnet(brg_comm *c) {
   int across = brg__topology_across(c);
   c->devnet_state = 1;
   if (!across || !strcmp(brg__device_str(BRG__DEVICE_MODE), "step")) return BRG_SUCCESS;
-  /* Same members, same keys, no rotation: the same ring, links of its own. */
+  /* Same members, same keys, same rotation (a ring of init.c's has one):
+   * the same ring, links of its own. */
   brg_comm *nc = NULL;
-  brg_status s = brg__comm_split_opts(c, 0, c->rank, 1, 0, &nc);
+  brg_status s = brg__comm_split_opts(c, 0, c->rank, 1, c->ring_rotate, &nc);
   if (s != BRG_SUCCESS) {
     c->devnet_state = -1;
     return brg__comm_error(c, s,
