@@ -1764,6 +1764,7 @@ brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k) {
   a.recvbuf = k->recvbuf;
   a.count = k->count;
   a.whole = k->whole;
+  a.stride = k->stride;
   a.nslots = d->nslots;
   a.nchannels = d->kchannels;
   a.slot_bytes = d->kslot;

@@ -72,6 +72,10 @@ typedef struct brg__rk_args {
    * r's block at brg__part_offset(count, N, r) as allreduce cuts it (the
    * phases of a hierarchical allreduce within a host); 0: blocks of count. */
   int whole;
+  /* Reduce-scatter and all-gather (not whole): elements from rank r's
+   * block to rank r+1's (0: count), for a part of a call cut over several
+   * rings, whose count is below the stride. */
+  size_t stride;
   int nslots;
   int nchannels;
   size_t slot_bytes;     /* a multiple of 16 */

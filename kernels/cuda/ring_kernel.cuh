@@ -181,7 +181,7 @@ template <class D, int OP> struct channel {
       return brg__part_count(share, n, id);
     }
     if (!a.whole) {
-      *off = a.count * (size_t)id + base;
+      *off = (a.stride ? a.stride : a.count) * (size_t)id + base;
       return share;
     }
     size_t blk = brg__part_count(a.count, n, id);
