@@ -148,7 +148,7 @@ struct brg__dev_ring {
   int oneshot;                       /* small allreduces take it */
   char *kos_area[BRG__RK_MAX_PEERS]; /* rank r's area, as reached here */
   char *kos_map[BRG__RK_MAX_PEERS];  /* regions this path mapped itself */
-  char step_why[160];                /* why collectives run in step mode, for a captured call */
+  char step_why[256];                /* why collectives run in step mode, for a captured call */
   /* Kernel mode's links between hosts: the same words and slots as a
    * region's channel, in pinned host memory of this rank (PCTRL: tail at
    * 0, head at 64, the posted slots' sizes at 128), and the host proxy's
@@ -1033,6 +1033,17 @@ static const char *kernel_refused(const brg_comm *c, const dev_blob *all, int *w
       *who = r;
       return all[r].kwhy;
     }
+  /* Kernel mode carries slots between hosts through host memory; where
+   * GPUDirect RDMA would carry them GPU to GPU, step mode does that. */
+  for (int i = 0; all[0].kmode_req == 0 && i < c->nranks; i++) {
+    int r = c->ring[i], next = c->ring[(i + 1) % c->nranks];
+    if (all[r].gdr_send_ok && all[next].gdr_recv_ok) {
+      *who = r;
+      return "GPUDirect RDMA can carry GPU memory between hosts, which step mode uses and kernel "
+             "mode does not yet (BRIGADE_IB_GDR=0 or BRIGADE_DEVICE_MODE=kernel choose kernel "
+             "mode)";
+    }
+  }
   if (all[0].kmode_req == 0 && !mps)
     for (int r = 0; r < c->nranks; r++)
       for (int q = 0; q < r; q++)
