@@ -133,6 +133,7 @@ enum {
   LOGGED_FORCED_HIER = 8,
   LOGGED_SHAPE = 16,
   LOGGED_DEVICE = 32,
+  LOGGED_CAPTURED = 64,
 };
 
 static int first_time(brg_comm *c, unsigned what) {
@@ -174,6 +175,12 @@ brg_status brg__hier_prepare(brg_comm *c, brg__coll *k) {
   if (c->algo == BRG__ALGO_RING || c->nranks < 2) {
     if (c->algo == BRG__ALGO_RING && first_time(c, LOGGED_FORCED_RING))
       BRG__INFO("coll", "allreduce algorithm: ring (BRIGADE_ALGO=ring)");
+    return BRG_SUCCESS;
+  }
+  if (k->device && k->captured) {
+    if (first_time(c, LOGGED_CAPTURED))
+      BRG__INFO("coll", "allreduce algorithm for GPU buffers captured in a CUDA graph: ring "
+                        "(the hierarchy's device rings are not captured)");
     return BRG_SUCCESS;
   }
   if (k->device && c->algo == BRG__ALGO_AUTO) {
