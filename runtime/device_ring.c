@@ -641,8 +641,6 @@ static void *proxy_rx(void *arg) {
     }
     uint64_t k = got[ch] % (uint64_t)d->nslots;
     const char *src = bytes <= BRG__INLINE_BYTES ? m->inline_data : brg__fifo_slot(f, pos);
-    if (l->landed && l->landed[pos % (uint64_t)f->nslots])
-      src = l->landed[pos % (uint64_t)f->nslots];
     memcpy(d->precv + (size_t)ch * d->pstride + PCTRL + k * d->kslot, src, bytes);
     got[ch]++;
     __atomic_store_n(pword(d->precv, d, ch, 0), got[ch], __ATOMIC_RELEASE);
@@ -990,8 +988,7 @@ static brg_status setup_oneshot(brg_comm *c, struct brg__dev_ring *d, const dev_
   for (int r = 0; r < c->nranks; r++)
     if (!all[r].kos_ok && who < 0) who = r;
   if (!d->kos_slot) return BRG_SUCCESS;
-  int across = brg__topology_across(c);
-  if (across) {
+  if (brg__topology_across(c)) {
     BRG__INFO("init", "device ring: no one-shot allreduce: the ranks are on several hosts, so "
                       "small allreduces take the ring");
     return BRG_SUCCESS;
@@ -1726,8 +1723,7 @@ static brg_status kernel_stopped(brg_comm *c, struct brg__dev_ring *d) {
   }
   int64_t silent_ms = 0;
   int quiet = brg__live_silent(c, &silent_ms);
-  int short_ms = c->silent_fail_ms > 0 && c->silent_fail_ms < c->timeout_ms;
-  if (quiet >= 0 && (silent_ms >= c->timeout_ms || (short_ms && silent_ms >= c->silent_fail_ms))) {
+  if (quiet >= 0 && silent_ms >= brg__live_silent_limit_ms(c)) {
     s = silent_ms >= c->timeout_ms ? BRG_ERR_TIMEOUT : BRG_ERR_REMOTE;
     snprintf(why, sizeof why, "rank %d (pid %d on %s) has been silent for %lld ms", quiet,
              c->peers[quiet].pid, c->peers[quiet].hostname, (long long)silent_ms);

@@ -155,6 +155,12 @@ static void live_read(brg__live *l, int dir) {
   pthread_mutex_unlock(&l->lock);
 }
 
+int brg__live_silent_limit_ms(const brg_comm *c) {
+  /* As the engine's waits (ring_link.c's check) */
+  return c->silent_fail_ms > 0 && c->silent_fail_ms < c->timeout_ms ? c->silent_fail_ms
+                                                                    : c->timeout_ms;
+}
+
 /* Kernel mode: no host thread waits during a device collective, so this
  * one stops the kernels (their abort word) once a neighbour is gone, sent
  * an abort, or a rank has been silent for the timeout; and tells the
@@ -184,10 +190,7 @@ static void kernels_watch(brg__live *l) {
   pthread_mutex_unlock(&l->lock);
   int64_t silent_ms = 0;
   int quiet = stop ? -1 : brg__live_silent(c, &silent_ms);
-  /* As the engine's waits: BRIGADE_SILENT_TIMEOUT_MS, when shorter than the timeout. */
-  int limit = c->silent_fail_ms > 0 && c->silent_fail_ms < c->timeout_ms ? c->silent_fail_ms
-                                                                         : c->timeout_ms;
-  if (quiet >= 0 && silent_ms >= limit) {
+  if (quiet >= 0 && silent_ms >= brg__live_silent_limit_ms(c)) {
     stop = 1;
     snprintf(why, sizeof why, "rank %d (pid %d on %s) has been silent for %lld ms", quiet,
              c->peers[quiet].pid, c->peers[quiet].hostname, (long long)silent_ms);

@@ -166,10 +166,6 @@ template <class D, int OP> struct channel {
     return true;
   }
 
-  /* Allreduce, reduce-scatter, all-gather: steps [t0, t1] of the ring
-   * schedule over this channel's share. Allreduce cuts its share into N
-   * balanced chunks; reduce-scatter and all-gather take this channel's
-   * share of every rank's block of count elements. */
   /* Where this channel's share of chunk id lies (*off) and how long it is:
    * allreduce cuts its share into N chunks; reduce-scatter and all-gather
    * take their share of rank id's block (blocks of count, or with whole
@@ -189,6 +185,8 @@ template <class D, int OP> struct channel {
     return brg__part_count(blk, nch, ch);
   }
 
+  /* Allreduce, reduce-scatter, all-gather: steps [t0, t1] of the ring
+   * schedule over this channel's share, chunk by chunk as piece cuts it. */
   BRG_SIMT_DEV bool ring(int t0, int t1) {
     int n = a.nranks, p = a.pos, ch = (int)brg_simt_block(), nch = a.nchannels;
     bool rs = a.kind == REDUCE_SCATTER, ag = a.kind == ALL_GATHER;
