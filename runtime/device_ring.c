@@ -1286,6 +1286,11 @@ brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st) {
   d->kchannels = (int)brg__device_int(BRG__DEVICE_CHANNELS);
   if (d->kchannels == 0) d->kchannels = blocks < 8 ? blocks : 8;
   if (d->kchannels > BRG__RK_MAX_CHANNELS) d->kchannels = BRG__RK_MAX_CHANNELS;
+  /* Across hosts, one channel: channels sharing the proxy's link could
+   * block each other across launches (a launch's slots waiting behind the
+   * next launch's in a full channel), and the network link, not the
+   * channel count, bounds such a ring. Every rank sees `across` alike. */
+  if (across) d->kchannels = 1;
   d->kslot = c->slice_bytes & ~(size_t)255;
   d->kstride = KCTRL + (size_t)d->nslots * d->kslot;
   d->pstride = PCTRL + (size_t)d->nslots * d->kslot;
