@@ -46,7 +46,6 @@ void brg__device_leave(int prev);
  * next rank's FIFO slot in its GPU memory (mapped by CUDA IPC), ordered by
  * interprocess events. No kernel ever waits for another process's kernel.
  */
-struct brg__ring_op;
 struct brg__dev_ring;
 /* Building the device ring at the first device collective, in three steps
  * around two all-gathers over the host ring that the progress layer runs
@@ -65,8 +64,7 @@ brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st);
 brg_status brg__device_ring_local(brg_comm *c, brg__dev_setup *st, brg_status gathered);
 brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status gathered);
 size_t brg__device_ring_slice_bytes(const struct brg__dev_ring *d);
-/* One primitive on one slice whose buffers are in GPU memory. */
-brg_status brg__device_prim(struct brg__ring_op *o, int prim, const char *in, char *out, size_t m);
+/* Step mode's primitives run through brg__mem_device (ring_link.h). */
 /*
  * Asynchronous mode (BRIGADE_DEVICE_PROXY; by default where the ring has a
  * link between hosts, whose waits are on the host): the host side of a

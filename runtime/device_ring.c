@@ -1518,33 +1518,19 @@ brg_status brg__device_divide(brg_comm *c, void *buf, size_t count, brg_dtype dt
   return e ? cuda_fail(c, api, e, "divide kernel (BRG_AVG)") : BRG_SUCCESS;
 }
 
-/* The kernel of a primitive on one piece: m elements of input `in` and
- * output `out`, reading received slot `r` and writing the next rank's slot
- * `slot`. */
-static int launch(const brg__cuda_api *api, const brg__coll *k, int n, brg__prim prim,
-                  const char *in, char *out, const char *r, char *slot, size_t m, size_t esize) {
-  brg_op mid = k->op == BRG_AVG ? BRG_SUM : k->op;
-  size_t bytes = m * esize;
-  void *st = k->stream;
-  if (m == 0) return 0;
-  switch (prim) {
-  case BRG__PRIM_SEND: return api->kern.copy(slot, out, in, bytes, st);
-  case BRG__PRIM_RECV_REDUCE_SEND:
-    return api->kern.reduce(slot, NULL, r, in, m, k->dtype, mid, 1, st);
-  case BRG__PRIM_RECV_REDUCE_COPY_SEND:
-    return api->kern.reduce(out, slot, r, in, m, k->dtype, k->op, n, st);
-  case BRG__PRIM_RECV_REDUCE_COPY:
-    return api->kern.reduce(out, NULL, r, in, m, k->dtype, k->op, n, st);
-  case BRG__PRIM_RECV_COPY_SEND: return api->kern.copy(out, slot, r, bytes, st);
-  case BRG__PRIM_RECV: return api->kern.copy(out, NULL, r, bytes, st);
-  case BRG__PRIM_COPY: return api->kern.copy(out, NULL, in, bytes, st);
-  }
-  return 0;
+/* ---- step mode: the memory operations of ring.c's run_prim ---- */
+
+/* A link between hosts takes a slice in pieces of the network transport's
+ * slot; a link between two GPUs of this host takes the whole slice in one
+ * slot, which the pieces' kernels fill or read at their offsets. */
+static uint64_t dev_piece(const struct brg__ring_op *o, int send) {
+  const struct brg__dev_ring *d = o->dev;
+  return send ? d->send_piece : d->recv_piece;
 }
 
 /* Receives from the previous rank: where piece `bytes` is to be read
  * (*r), once its writer has run (the stream waits, or the host waited). */
-static brg_status recv_piece(struct brg__ring_op *o, size_t shift, uint64_t bytes, const char **r) {
+static brg_status dev_recv(struct brg__ring_op *o, size_t shift, uint64_t bytes, const char **r) {
   brg_comm *c = o->c;
   struct brg__dev_ring *d = o->dev;
   const brg__cuda_api *api = d->api;
@@ -1583,7 +1569,7 @@ static brg_status recv_piece(struct brg__ring_op *o, size_t shift, uint64_t byte
 
 /* Sends to the next rank: where piece `bytes` is to be written (*slot),
  * once the slot is free. */
-static brg_status send_piece(struct brg__ring_op *o, size_t shift, uint64_t bytes, char **slot) {
+static brg_status dev_send(struct brg__ring_op *o, size_t shift, uint64_t bytes, char **slot) {
   brg_comm *c = o->c;
   struct brg__dev_ring *d = o->dev;
   const brg__cuda_api *api = d->api;
@@ -1611,14 +1597,48 @@ static brg_status send_piece(struct brg__ring_op *o, size_t shift, uint64_t byte
   return BRG_SUCCESS;
 }
 
+/* The kernel of a primitive on one piece: m elements of input `in` and
+ * output `out`, reading received slot `r` and writing the next rank's slot
+ * `slot`, on the collective's stream. */
+static brg_status dev_apply(struct brg__ring_op *o, brg__prim prim, const char *in, char *out,
+                            const char *r, char *slot, size_t m, const void **payload) {
+  struct brg__dev_ring *d = o->dev;
+  const brg__cuda_api *api = d->api;
+  const brg__coll *k = o->coll;
+  brg_op mid = k->op == BRG_AVG ? BRG_SUM : k->op;
+  size_t bytes = m * o->esize;
+  int n = o->c->nranks, e = 0;
+  void *st = k->stream;
+  (void)payload; /* kernels always write the slot */
+  d->last_stream = st;
+  if (m == 0) return BRG_SUCCESS;
+  switch (prim) {
+  case BRG__PRIM_SEND: e = api->kern.copy(slot, out, in, bytes, st); break;
+  case BRG__PRIM_RECV_REDUCE_SEND:
+    e = api->kern.reduce(slot, NULL, r, in, m, k->dtype, mid, 1, st);
+    break;
+  case BRG__PRIM_RECV_REDUCE_COPY_SEND:
+    e = api->kern.reduce(out, slot, r, in, m, k->dtype, k->op, n, st);
+    break;
+  case BRG__PRIM_RECV_REDUCE_COPY:
+    e = api->kern.reduce(out, NULL, r, in, m, k->dtype, k->op, n, st);
+    break;
+  case BRG__PRIM_RECV_COPY_SEND: e = api->kern.copy(out, slot, r, bytes, st); break;
+  case BRG__PRIM_RECV: e = api->kern.copy(out, NULL, r, bytes, st); break;
+  case BRG__PRIM_COPY: e = api->kern.copy(out, NULL, in, bytes, st); break;
+  }
+  return e ? cuda_fail(o->c, api, e, "reduce/copy kernel launch") : BRG_SUCCESS;
+}
+
 /* Hands a written slot to the next rank: an event says when the kernel
  * has written it; the network transport reads it from host memory, so for
  * a link between hosts the host waits for that first. */
-static brg_status send_done(struct brg__ring_op *o, uint64_t bytes) {
+static brg_status dev_sent(struct brg__ring_op *o, uint64_t bytes, const void *payload) {
   brg_comm *c = o->c;
   struct brg__dev_ring *d = o->dev;
   int sk = (int)(c->send_pos % (uint64_t)d->nslots), e;
   brg_status s;
+  (void)payload;
   if ((e = d->api->drv.event_record(d->send_ev[sk], o->coll->stream)) != 0)
     return cuda_fail(c, d->api, e, "cudaEventRecord");
   if (d->send_staged && (s = event_wait(c, d, d->send_ev[sk],
@@ -1630,7 +1650,7 @@ static brg_status send_done(struct brg__ring_op *o, uint64_t bytes) {
 /* Hands a read slot back to the previous rank, once the kernel that read it
  * has run (the previous rank's stream waits for the event; for a link
  * between hosts the host waits before freeing the slot). */
-static brg_status recv_done(struct brg__ring_op *o) {
+static brg_status dev_received(struct brg__ring_op *o) {
   brg_comm *c = o->c;
   struct brg__dev_ring *d = o->dev;
   int rk = (int)(c->recv_pos % (uint64_t)d->nslots), e;
@@ -1645,55 +1665,15 @@ static brg_status recv_done(struct brg__ring_op *o) {
   return BRG_SUCCESS;
 }
 
-/*
- * One primitive on one slice of m elements. A link whose slots are smaller
- * than the slice (a network link, whose slots are the transport's) takes
- * the slice in pieces of its slot size, a slot and a kernel per piece; a
- * link between two GPUs of this host takes the whole slice in one slot,
- * which the pieces' kernels fill or read at their offsets. Both ends of a
- * link cut alike, since both know the slice and the link's slot size.
- */
-brg_status brg__device_prim(struct brg__ring_op *o, int prim_, const char *in, char *out,
-                            size_t m) {
-  brg__prim prim = (brg__prim)prim_;
-  brg_comm *c = o->c;
-  struct brg__dev_ring *d = o->dev;
-  const brg__coll *k = o->coll;
-  d->last_stream = k->stream;
-  uint64_t bytes = (uint64_t)m * o->esize;
-  int recvs = brg__prim_recvs(prim), sends = brg__prim_sends(prim);
-  size_t shift = (o->elem * o->esize) % 16;
-  /* split: the link takes this slice in pieces of `piece` bytes */
-  int rsplit = recvs && d->recv_piece < bytes, ssplit = sends && d->send_piece < bytes;
-  uint64_t piece = bytes;
-  if (rsplit) piece = d->recv_piece;
-  if (ssplit && d->send_piece < piece) piece = d->send_piece;
-  piece -= piece % o->esize;
-  const char *r = NULL;
-  char *slot = NULL;
-  brg_status s;
-  uint64_t off = 0;
-  do {
-    uint64_t pb = bytes - off < piece ? bytes - off : piece;
-    int first = off == 0, last = off + pb == bytes;
-    if (recvs && (rsplit || first) &&
-        (s = recv_piece(o, shift, rsplit ? pb : bytes, &r)) != BRG_SUCCESS)
-      return s;
-    if (sends && (ssplit || first) &&
-        (s = send_piece(o, shift, ssplit ? pb : bytes, &slot)) != BRG_SUCCESS)
-      return s;
-    const char *rp = r ? r + (rsplit ? 0 : off) : NULL;
-    char *sp = slot ? slot + (ssplit ? 0 : off) : NULL;
-    int e = launch(d->api, k, c->nranks, prim, in ? in + off : NULL, out ? out + off : NULL, rp, sp,
-                   pb / o->esize, o->esize);
-    if (e) return cuda_fail(c, d->api, e, "reduce/copy kernel launch");
-    if (sends && (ssplit || last) && (s = send_done(o, ssplit ? pb : bytes)) != BRG_SUCCESS)
-      return s;
-    if (recvs && (rsplit || last) && (s = recv_done(o)) != BRG_SUCCESS) return s;
-    off += pb;
-  } while (off < bytes);
-  return BRG_SUCCESS;
-}
+const brg__mem_ops brg__mem_device = {
+    .name = "GPU",
+    .piece = dev_piece,
+    .recv = dev_recv,
+    .send = dev_send,
+    .apply = dev_apply,
+    .sent = dev_sent,
+    .received = dev_received,
+};
 
 /* ---- kernel mode: a collective ---- */
 

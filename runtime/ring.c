@@ -35,47 +35,48 @@ static void copy_out(const brg__ring_op *o, char *out, const void *src, size_t b
     brg__copy(out, NULL, src, bytes);
 }
 
-/* One primitive on one slice of m elements. `in` is this rank's input for
- * the slice, `out` its output (either may be NULL when the primitive does
- * not use it). */
-static brg_status prim_body(brg__ring_op *o, brg__prim prim, const char *in, char *out, size_t m) {
+/* Host buffers: the CPU reads and writes the transports' slots. */
+
+static uint64_t host_piece(const brg__ring_op *o, int send) {
+  (void)o, (void)send;
+  return UINT64_MAX; /* a host slot takes a whole slice */
+}
+
+static brg_status host_recv(brg__ring_op *o, size_t shift, uint64_t bytes, const char **r) {
+  (void)shift;
+  return brg__ring_recv_acquire(o, r, bytes);
+}
+
+static brg_status host_send(brg__ring_op *o, size_t shift, uint64_t bytes, char **slot) {
+  (void)shift;
+  return brg__ring_send_acquire(o, bytes, slot);
+}
+
+static brg_status host_apply(brg__ring_op *o, brg__prim prim, const char *in, char *out,
+                             const char *r, char *slot, size_t m, const void **payload) {
   const brg__coll *k = o->coll;
-  /* One line per primitive: the slice order, the same for host and GPU
-   * buffers (tests/gpu/test_device_schedule compares the two). */
-  BRG__TRACE("ring", "%s #%llu (%s) step %d %s: %zu elements, in +%ld, out +%ld",
-             brg__coll_name(k->kind), (unsigned long long)k->seq, o->dev ? "GPU" : "host",
-             o->c->cur_step, brg__prim_name(prim), m, elem_off(in, k->sendbuf, o->esize),
-             elem_off(out, k->recvbuf, o->esize));
   size_t bytes = m * o->esize;
   brg_op mid = k->op == BRG_AVG ? BRG_SUM : k->op;
   int n = o->c->nranks;
-  const char *r = NULL;
-  char *slot = NULL;
-  const void *payload = NULL; /* what is sent, where not the slot */
-  brg_status s;
-  int recvs = brg__prim_recvs(prim), sends = brg__prim_sends(prim);
-  if (o->dev) return brg__device_prim(o, prim, in, out, m);
-  if (recvs && (s = brg__ring_recv_acquire(o, &r, bytes)) != BRG_SUCCESS) return s;
-  if (sends && (s = brg__ring_send_acquire(o, bytes, &slot)) != BRG_SUCCESS) return s;
-  if (m == 0) goto done;
-  if (sends && o->direct) {
+  if (m == 0) return BRG_SUCCESS;
+  if (brg__prim_sends(prim) && o->direct) {
     /* The link sends from anywhere (tcp): what goes to the next rank is
      * sent from where it already is, the input, the output or the slot it
      * came in, instead of being copied into the send FIFO first. */
     switch (prim) {
     case BRG__PRIM_SEND:
-      payload = in;
+      *payload = in;
       if (out && out != in) copy_out(o, out, in, bytes);
-      goto done;
+      return BRG_SUCCESS;
     case BRG__PRIM_RECV_REDUCE_COPY_SEND:
       if (o->nt || !out) break;
       brg__reduce(out, NULL, r, in, m, k->dtype, k->op, n);
-      payload = out;
-      goto done;
+      *payload = out;
+      return BRG_SUCCESS;
     case BRG__PRIM_RECV_COPY_SEND:
-      payload = r;
+      *payload = r;
       if (out != r) copy_out(o, out, r, bytes);
-      goto done;
+      return BRG_SUCCESS;
     default: break;
     }
   }
@@ -86,18 +87,18 @@ static brg_status prim_body(brg__ring_op *o, brg__prim prim, const char *in, cha
     case BRG__PRIM_SEND:
       brg__copy(slot, NULL, in, bytes);
       brg__copy_nt(out, in, bytes);
-      goto done;
+      return BRG_SUCCESS;
     case BRG__PRIM_RECV_REDUCE_COPY_SEND:
       brg__reduce(slot, NULL, r, in, m, k->dtype, k->op, n);
       brg__copy_nt(out, slot, bytes);
-      goto done;
+      return BRG_SUCCESS;
     case BRG__PRIM_RECV_COPY_SEND:
       brg__copy(slot, NULL, r, bytes);
       brg__copy_nt(out, r, bytes);
-      goto done;
+      return BRG_SUCCESS;
     case BRG__PRIM_RECV:
       if (out != r) brg__copy_nt(out, r, bytes);
-      goto done;
+      return BRG_SUCCESS;
     default: break;
     }
   }
@@ -112,9 +113,75 @@ static brg_status prim_body(brg__ring_op *o, brg__prim prim, const char *in, cha
     break;
   case BRG__PRIM_COPY: brg__copy(out, NULL, in, bytes); break;
   }
-done:
-  if (sends && (s = brg__ring_send_post(o, bytes, payload)) != BRG_SUCCESS) return s;
-  if (recvs) brg__ring_recv_release(o);
+  return BRG_SUCCESS;
+}
+
+static brg_status host_sent(brg__ring_op *o, uint64_t bytes, const void *payload) {
+  return brg__ring_send_post(o, bytes, payload);
+}
+
+static brg_status host_received(brg__ring_op *o) {
+  brg__ring_recv_release(o);
+  return BRG_SUCCESS;
+}
+
+const brg__mem_ops brg__mem_host = {
+    .name = "host",
+    .piece = host_piece,
+    .recv = host_recv,
+    .send = host_send,
+    .apply = host_apply,
+    .sent = host_sent,
+    .received = host_received,
+};
+
+/* One primitive on one slice of m elements, host or GPU buffers alike (see
+ * brg__mem_ops). `in` is this rank's input for the slice, `out` its output
+ * (either may be NULL when the primitive does not use it). */
+static brg_status prim_body(brg__ring_op *o, brg__prim prim, const char *in, char *out, size_t m) {
+  const brg__coll *k = o->coll;
+  const brg__mem_ops *mem = o->mem;
+  /* One line per primitive: the slice order, the same for host and GPU
+   * buffers (tests/gpu/test_device_schedule compares the two). */
+  BRG__TRACE("ring", "%s #%llu (%s) step %d %s: %zu elements, in +%ld, out +%ld",
+             brg__coll_name(k->kind), (unsigned long long)k->seq, mem->name, o->c->cur_step,
+             brg__prim_name(prim), m, elem_off(in, k->sendbuf, o->esize),
+             elem_off(out, k->recvbuf, o->esize));
+  uint64_t bytes = (uint64_t)m * o->esize;
+  int recvs = brg__prim_recvs(prim), sends = brg__prim_sends(prim);
+  uint64_t rmax = recvs ? mem->piece(o, 0) : UINT64_MAX;
+  uint64_t smax = sends ? mem->piece(o, 1) : UINT64_MAX;
+  int rsplit = rmax < bytes, ssplit = smax < bytes;
+  uint64_t piece = bytes;
+  if (rsplit) piece = rmax;
+  if (ssplit && smax < piece) piece = smax;
+  piece -= piece % o->esize;
+  size_t shift = (o->elem * o->esize) % 16;
+  const char *r = NULL;
+  char *slot = NULL;
+  brg_status s;
+  uint64_t off = 0;
+  do {
+    uint64_t pb = bytes - off < piece ? bytes - off : piece;
+    int first = off == 0, last = off + pb == bytes;
+    const void *payload = NULL; /* what is sent, where not the slot */
+    if (recvs && (rsplit || first) &&
+        (s = mem->recv(o, shift, rsplit ? pb : bytes, &r)) != BRG_SUCCESS)
+      return s;
+    if (sends && (ssplit || first) &&
+        (s = mem->send(o, shift, ssplit ? pb : bytes, &slot)) != BRG_SUCCESS)
+      return s;
+    const char *rp = r ? r + (rsplit ? 0 : off) : NULL;
+    char *sp = slot ? slot + (ssplit ? 0 : off) : NULL;
+    s = mem->apply(o, prim, in ? in + off : NULL, out ? out + off : NULL, rp, sp,
+                   (size_t)(pb / o->esize), &payload);
+    if (s != BRG_SUCCESS) return s;
+    if (sends && (ssplit || last) &&
+        (s = mem->sent(o, ssplit ? pb : bytes, payload)) != BRG_SUCCESS)
+      return s;
+    if (recvs && (rsplit || last) && (s = mem->received(o)) != BRG_SUCCESS) return s;
+    off += pb;
+  } while (off < bytes);
   return BRG_SUCCESS;
 }
 
@@ -367,7 +434,9 @@ static brg_status coll_body(brg_comm *c, brg__coll *k) {
   c->cur_step = 0;
   brg__ring_op o = {.c = c, .coll = k, .esize = brg_dtype_size(k->dtype)};
   o.slice_elems = c->slice_bytes / o.esize;
+  o.mem = &brg__mem_host;
   if (k->device) {
+    o.mem = &brg__mem_device;
     o.dev = c->dev;
     o.slice_elems = brg__device_ring_slice_bytes(c->dev) / o.esize;
   }

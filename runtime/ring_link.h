@@ -11,6 +11,7 @@
 #include "schedule.h"
 
 struct brg__dev_ring;
+struct brg__mem_ops;
 
 /* One collective as the engine runs it. */
 typedef struct brg__ring_op {
@@ -18,15 +19,52 @@ typedef struct brg__ring_op {
   const brg__coll *coll;
   size_t esize;
   size_t slice_elems;
-  int nt;                    /* write outputs with non-temporal stores (host) */
-  int direct;                /* the next link sends host payloads from anywhere */
-  int windows;               /* offer the all-gather outputs to the previous link */
-  struct brg__dev_ring *dev; /* device collective: payloads in GPU memory */
-  size_t elem;               /* the current slice's first element in the whole
+  int nt;                         /* write outputs with non-temporal stores (host) */
+  int direct;                     /* the next link sends host payloads from anywhere */
+  int windows;                    /* offer the all-gather outputs to the previous link */
+  const struct brg__mem_ops *mem; /* where the payloads live: brg__mem_host, brg__mem_device */
+  struct brg__dev_ring *dev;      /* device collective: payloads in GPU memory */
+  size_t elem;                    /* the current slice's first element in the whole
                                  collective, the same on every rank */
-  int chunk;                 /* the current slice's chunk (for the trace) */
-  size_t slice;              /* and its index in the chunk */
+  int chunk;                      /* the current slice's chunk (for the trace) */
+  size_t slice;                   /* and its index in the chunk */
 } brg__ring_op;
+
+/*
+ * What run_prim (ring.c) asks of the memory a collective's payloads live
+ * in, for each piece of a slice, in this order: recv (where the received
+ * piece is to be read, once it is there), send (where the piece for the
+ * next rank is to be written, once that slot is free), apply (the
+ * primitive's arithmetic), sent (hand the written slot to the next rank)
+ * and received (hand the read slot back). A link whose slots hold less
+ * than a slice (`piece`) takes the slice in pieces, a slot and an apply
+ * each; the other link takes the whole slice in one slot, whose pieces
+ * are written or read at their offsets. Both ends of a link cut alike,
+ * since both know the slice and the link's slot size.
+ *
+ * brg__mem_host (ring.c): the CPU reads and writes the transports' slots.
+ * brg__mem_device (device_ring.c): kernels on the collective's stream
+ * read and write slots in GPU memory (or pinned host memory), ordered by
+ * events; the host side only enqueues.
+ */
+typedef struct brg__mem_ops {
+  const char *name; /* "host", "GPU" (the trace) */
+  /* The most payload bytes a slot of the link to the next rank (send = 1)
+   * or from the previous one takes; UINT64_MAX: a whole slice. */
+  uint64_t (*piece)(const brg__ring_op *o, int send);
+  /* `shift`: the piece's offset from a 16-byte boundary in the caller's
+   * buffers, which a slot in GPU memory keeps. */
+  brg_status (*recv)(brg__ring_op *o, size_t shift, uint64_t bytes, const char **r);
+  brg_status (*send)(brg__ring_op *o, size_t shift, uint64_t bytes, char **slot);
+  /* The primitive on m elements of `in` and `out` (NULL where unused),
+   * reading received `r`, writing `slot`; *payload is where the link sends
+   * from when that is not the slot (NULL: the slot). */
+  brg_status (*apply)(brg__ring_op *o, brg__prim prim, const char *in, char *out, const char *r,
+                      char *slot, size_t m, const void **payload);
+  brg_status (*sent)(brg__ring_op *o, uint64_t bytes, const void *payload);
+  brg_status (*received)(brg__ring_op *o);
+} brg__mem_ops;
+extern const brg__mem_ops brg__mem_host, brg__mem_device;
 
 /* The communicator's waiter: its check stops waits on abort, a
  * neighbour's notice or hang-up, a broken link, or the deadline. */
