@@ -142,8 +142,13 @@ static int on_rings(const brg_comm *c, const brg__coll *k) {
   int cut = k->kind == BRG__COLL_ALLREDUCE || k->kind == BRG__COLL_REDUCE_SCATTER ||
             k->kind == BRG__COLL_ALL_GATHER || k->kind == BRG__COLL_BROADCAST ||
             k->kind == BRG__COLL_REDUCE;
-  /* GPU buffers too, outside a graph capture (whose forks this does not make). */
-  int dev_ok = !k->device || (!k->captured && c->nrings <= BRG__DEVICE_MAX_RINGS);
+  /* GPU buffers too, also captured in a CUDA graph when every ring runs
+   * kernel mode (the forks and joins of the rings' streams are captured
+   * with the parts). */
+  int dev_ok = !k->device || c->nrings <= BRG__DEVICE_MAX_RINGS;
+  for (int r = 0; k->device && k->captured && dev_ok && r < c->nrings; r++)
+    dev_ok =
+        brg__device_kernel_mode(__atomic_load_n(r ? &c->rings[r]->dev : &c->dev, __ATOMIC_ACQUIRE));
   return c->nrings > 1 && dev_ok && cut && !k->whole &&
          k->count * brg_dtype_size(k->dtype) >= (size_t)c->nrings * c->slice_bytes;
 }
@@ -219,6 +224,12 @@ static brg_status run_one(brg_comm *c, brg__coll *k) {
   } else {
     ran = 1;
     if (k->device && c->nranks > 1 && !c->dev) s = device_setup(c);
+    /* The rings' device rings with this one's, so that a call captured in a
+     * CUDA graph later finds them all made (their parts' threads are idle:
+     * only this communicator's calls give them work, and it waits for
+     * them). */
+    for (int r = 1; k->device && r < c->nrings && s == BRG_SUCCESS; r++)
+      if (!__atomic_load_n(&c->rings[r]->dev, __ATOMIC_ACQUIRE)) s = device_setup(c->rings[r]);
     if (s == BRG_SUCCESS && k->async) s = brg__device_async_start(c, k);
     if (s == BRG_SUCCESS && !k->setup_only)
       s = k->hier ? hier_run(c, k) : on_rings(c, k) ? run_rings(c, k) : brg__coll_execute(c, k);

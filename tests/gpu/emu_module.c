@@ -45,7 +45,11 @@
  *    registering, freeing and synchronous copies fail while a capture in
  *    global mode runs in any thread (or one in thread-local mode in this
  *    thread), and invalidate it; an event last recorded in a capture
- *    cannot be queried, synchronized or waited for outside one.
+ *    cannot be queried or synchronized. A stream that waits for an event
+ *    recorded in a capture joins it (a fork): its work goes into the same
+ *    graph, as a branch that runs beside the others at each launch, and
+ *    ending the capture fails, as CUDA's does, unless the capturing stream
+ *    has waited for an event recorded after each branch's last work.
  *
  * Error codes are small integers; error_string() names them.
  */
@@ -93,7 +97,8 @@ enum {
   E_CAPTURE_ISOLATION,
   E_CAPTURED_EVENT,
   E_CAPTURE_WRONG_THREAD,
-  E_ILLEGAL_STATE
+  E_ILLEGAL_STATE,
+  E_CAPTURE_UNJOINED
 };
 
 static const char *error_string(int e) {
@@ -131,6 +136,9 @@ static const char *error_string(int e) {
     return "a capture sequence not begun in relaxed mode was ended in another thread (emulated "
            "GPU)";
   case E_ILLEGAL_STATE: return "operation not valid in the stream's current state (emulated GPU)";
+  case E_CAPTURE_UNJOINED:
+    return "the capture sequence contains a fork that was not joined to the primary stream "
+           "(emulated GPU)";
   default: return "system call failed (emulated GPU)";
   }
 }
@@ -423,6 +431,12 @@ typedef struct event {
   int dev;      /* the device current when it was made or opened */
   int captured; /* its last record was made into a capturing stream (atomic:
                  * recorded and queried from different threads) */
+  /* That record, as a node of the capture's graph (under cap_lock): the
+   * capture's id, the node, the branch it was recorded in, and how many
+   * ops that branch had recorded then. */
+  uint64_t cap_id;
+  size_t cap_node, cap_ops;
+  int cap_branch;
 } event;
 
 static int ipc_event_export(void **out, void *h) {
@@ -502,7 +516,9 @@ enum {
   OP_WRITE_VALUE,
   OP_CAST,
   OP_BUSY,
-  OP_RING
+  OP_RING,
+  OP_GRAPH_RECORD, /* in a graph only: a record of node n, across branches */
+  OP_GRAPH_WAIT    /* in a graph only: a wait for node n */
 };
 
 typedef struct op {
@@ -679,6 +695,11 @@ static int launch_check(void *st, const void *d0, const void *d1, const void *a,
 static int capture_record(stream *s, const op *o);
 static int capturing(stream *s);
 static void capture_invalidate(stream *s);
+/* Events in a capture (below): the record, as a node of s's capture (-1
+ * when s is not capturing); a wait for a captured record, which makes s
+ * join that capture when it is not capturing. */
+static int capture_event_record(stream *s, event *ev);
+static int capture_event_wait(stream *s, event *ev);
 
 static int enqueue(void *st, const op *o) {
   stream *s = get_stream(st);
@@ -792,9 +813,9 @@ static int event_record(void *p, void *st) {
   if (s->dev != ev->dev) return E_RESOURCE;
   /* Recorded in a capture: a node of the graph, for other captured work
    * to wait on; nothing runs now. */
-  int cap = capturing(s);
-  __atomic_store_n(&ev->captured, cap, __ATOMIC_RELAXED);
-  if (cap) return E_OK;
+  int e = capture_event_record(s, ev);
+  __atomic_store_n(&ev->captured, e >= 0, __ATOMIC_RELAXED);
+  if (e >= 0) return e;
   uint64_t t = __atomic_add_fetch(&ev->s->issued, 1, __ATOMIC_ACQ_REL);
   op o = {.kind = OP_RECORD, .ev = ev->s, .ticket = t};
   return enqueue(st, &o);
@@ -804,9 +825,11 @@ static int stream_wait_event(void *st, void *p) {
   event *ev = p;
   stream *s = get_stream(st);
   if (!s) return E_ALLOC;
+  if (__atomic_load_n(&ev->captured, __ATOMIC_RELAXED)) {
+    if (st) return capture_event_wait(s, ev);
+    return E_CAPTURE_ISOLATION; /* the legacy stream cannot join a capture */
+  }
   int cap = capturing(s);
-  if (__atomic_load_n(&ev->captured, __ATOMIC_RELAXED))
-    return cap ? E_OK : E_CAPTURED_EVENT; /* within the capture: ordered */
   uint64_t t = __atomic_load_n(&ev->s->issued, __ATOMIC_ACQUIRE);
   if (t == 0) return E_OK;
   if (cap) { /* a graph cannot wait for work outside it */
@@ -899,26 +922,56 @@ static int dmabuf_export(void *p, size_t bytes, int *fd, unsigned long long *off
 
 /* ---- CUDA graphs ---- */
 
-/* A captured graph: the ops its stream recorded, queued again, in order,
- * at each launch. It owns the kernel-mode arguments of its OP_RING ops. */
+/* A captured graph: the ops its streams recorded, queued again at each
+ * launch. The capturing stream is branch 0; each stream that joined the
+ * capture is a branch of its own, which a launch runs on a stream of the
+ * graph's own beside the others. A record in one branch and a wait for it
+ * in another order the two: each launch turns them into a record and a
+ * wait of an event of the graph's own (a node). The graph owns the
+ * kernel-mode arguments of its OP_RING ops. */
+#define MAX_BRANCHES 32
+
+typedef struct graph_op {
+  op o;
+  int branch;
+} graph_op;
+
 typedef struct graph {
   int dev;
-  op *ops;
+  uint64_t id; /* its capture's, unique in the process */
+  graph_op *ops;
   size_t n, cap;
+  int invalid; /* an error during capture: capture_end fails */
+  int nbranches;
+  size_t branch_ops[MAX_BRANCHES]; /* ops each branch recorded */
+  int unjoined[MAX_BRANCHES];      /* branch b has work branch 0 has not waited for */
+  size_t nnodes;                   /* records that are nodes */
+  ev_shared *nodes;                /* at launch, one event per node (made at capture_end) */
+  uint64_t *tickets;               /* graph_launch's: each node's record of this launch */
+  stream *branch_stream[MAX_BRANCHES];
 } graph;
 
 #define MAX_CAPTURES 64
 
-/* The captures in progress. */
+/* The captures in progress: one entry per stream, branch 0 the one that
+ * began it. */
 static struct capture {
   stream *s;
   int global; /* global mode, else thread-local */
   pthread_t thread;
-  int invalid; /* an error during capture: capture_end fails */
+  int branch;
   graph *g;
 } captures[MAX_CAPTURES];
 static int ncaptures; /* under cap_lock; read unlocked as a hint */
+static uint64_t capture_ids;
 static pthread_mutex_t cap_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Node events of destroyed graphs: work a launch queued may still wait on
+ * them, so they stay. */
+static struct retired {
+  struct retired *next;
+  ev_shared *nodes;
+} * retired;
 
 static struct capture *find_capture(const stream *s) {
   for (int i = 0; i < ncaptures; i++)
@@ -937,7 +990,7 @@ static int capturing(stream *s) {
 static void capture_invalidate(stream *s) {
   pthread_mutex_lock(&cap_lock);
   struct capture *c = find_capture(s);
-  if (c) c->invalid = 1;
+  if (c) c->g->invalid = 1;
   pthread_mutex_unlock(&cap_lock);
 }
 
@@ -947,7 +1000,7 @@ static int capture_forbids(void) {
   pthread_mutex_lock(&cap_lock);
   for (int i = 0; i < ncaptures; i++)
     if (captures[i].global || pthread_equal(captures[i].thread, pthread_self())) {
-      captures[i].invalid = 1;
+      captures[i].g->invalid = 1;
       e = E_CAPTURE_UNSUPPORTED;
     }
   pthread_mutex_unlock(&cap_lock);
@@ -957,31 +1010,97 @@ static int capture_forbids(void) {
 static void graph_free(graph *g) {
   if (!g) return;
   for (size_t i = 0; i < g->n; i++)
-    if (g->ops[i].kind == OP_RING) free((void *)g->ops[i].a);
+    if (g->ops[i].o.kind == OP_RING) free((void *)g->ops[i].o.a);
+  struct retired *r = g->nodes ? malloc(sizeof *r) : NULL;
+  if (r) {
+    pthread_mutex_lock(&cap_lock);
+    *r = (struct retired){retired, g->nodes};
+    retired = r;
+    pthread_mutex_unlock(&cap_lock);
+  }
+  free(g->tickets);
   free(g->ops);
   free(g);
+}
+
+/* Appends o to branch b of g (under cap_lock). */
+static int graph_append(graph *g, const op *o, int b) {
+  if (g->n == g->cap) {
+    size_t cap = g->cap ? 2 * g->cap : 16;
+    graph_op *ops = realloc(g->ops, cap * sizeof *ops);
+    if (!ops) {
+      g->invalid = 1;
+      return E_ALLOC;
+    }
+    g->ops = ops;
+    g->cap = cap;
+  }
+  g->ops[g->n++] = (graph_op){*o, b};
+  g->branch_ops[b]++;
+  if (b > 0) g->unjoined[b] = 1;
+  return E_OK;
 }
 
 static int capture_record(stream *s, const op *o) {
   if (!__atomic_load_n(&ncaptures, __ATOMIC_ACQUIRE)) return -1;
   pthread_mutex_lock(&cap_lock);
   struct capture *c = find_capture(s);
+  int e = c ? graph_append(c->g, o, c->branch) : -1;
+  pthread_mutex_unlock(&cap_lock);
+  return e;
+}
+
+static int capture_event_record(stream *s, event *ev) {
+  if (!__atomic_load_n(&ncaptures, __ATOMIC_ACQUIRE)) return -1;
+  pthread_mutex_lock(&cap_lock);
+  struct capture *c = find_capture(s);
   int e = -1;
   if (c) {
     graph *g = c->g;
-    e = E_OK;
-    if (g->n == g->cap) {
-      size_t cap = g->cap ? 2 * g->cap : 16;
-      op *ops = realloc(g->ops, cap * sizeof *ops);
-      if (ops) {
-        g->ops = ops;
-        g->cap = cap;
-      }
+    op o = {.kind = OP_GRAPH_RECORD, .n = g->nnodes};
+    if ((e = graph_append(g, &o, c->branch)) == E_OK) {
+      ev->cap_id = g->id;
+      ev->cap_node = g->nnodes++;
+      ev->cap_branch = c->branch;
+      ev->cap_ops = g->branch_ops[c->branch];
     }
-    if (g->n < g->cap)
-      g->ops[g->n++] = *o;
-    else
+  }
+  pthread_mutex_unlock(&cap_lock);
+  return e;
+}
+
+static int capture_event_wait(stream *s, event *ev) {
+  pthread_mutex_lock(&cap_lock);
+  struct capture *origin = NULL, *c = find_capture(s);
+  for (int i = 0; i < ncaptures && !origin; i++)
+    if (captures[i].g->id == ev->cap_id && captures[i].branch == 0) origin = &captures[i];
+  int e = E_OK;
+  if (!origin) {
+    e = E_CAPTURED_EVENT; /* its capture has ended */
+  } else if (c && c->g != origin->g) {
+    c->g->invalid = origin->g->invalid = 1;
+    e = E_CAPTURE_ISOLATION;
+  } else if (!c) {
+    /* a fork: s joins the capture as a branch of its own */
+    graph *g = origin->g;
+    if (g->nbranches == MAX_BRANCHES || ncaptures == MAX_CAPTURES) {
+      g->invalid = 1;
       e = E_ALLOC;
+    } else {
+      captures[ncaptures] = (struct capture){s, origin->global, origin->thread, g->nbranches++, g};
+      c = &captures[ncaptures];
+      __atomic_store_n(&ncaptures, ncaptures + 1, __ATOMIC_RELEASE);
+      g->unjoined[c->branch] = 1;
+    }
+  }
+  if (e == E_OK) {
+    graph *g = c->g;
+    op o = {.kind = OP_GRAPH_WAIT, .n = ev->cap_node};
+    e = graph_append(g, &o, c->branch);
+    /* branch 0 waiting for all of a branch's work joins that branch back */
+    if (e == E_OK && c->branch == 0 && ev->cap_branch > 0 &&
+        ev->cap_ops == g->branch_ops[ev->cap_branch])
+      g->unjoined[ev->cap_branch] = 0;
   }
   pthread_mutex_unlock(&cap_lock);
   return e;
@@ -1001,8 +1120,10 @@ static int capture_begin(void *st, int global) {
   graph *g = calloc(1, sizeof *g);
   if (!g) return E_ALLOC;
   g->dev = s->dev;
+  g->nbranches = 1;
   int e = E_OK;
   pthread_mutex_lock(&cap_lock);
+  g->id = ++capture_ids;
   if (find_capture(s))
     e = E_ILLEGAL_STATE;
   else if (ncaptures == MAX_CAPTURES)
@@ -1020,7 +1141,7 @@ static int capture_end(void *st, void **out) {
   if (!s) return E_ALLOC;
   pthread_mutex_lock(&cap_lock);
   struct capture *c = find_capture(s);
-  if (!c) {
+  if (!c || c->branch != 0) { /* not capturing, or a branch: only branch 0 ends it */
     pthread_mutex_unlock(&cap_lock);
     return E_ILLEGAL_STATE;
   }
@@ -1028,36 +1149,59 @@ static int capture_end(void *st, void **out) {
     pthread_mutex_unlock(&cap_lock);
     return E_CAPTURE_WRONG_THREAD;
   }
-  struct capture done = *c;
-  *c = captures[ncaptures - 1];
-  __atomic_store_n(&ncaptures, ncaptures - 1, __ATOMIC_RELEASE);
+  graph *g = c->g;
+  int n = ncaptures;
+  for (int i = 0; i < n;)
+    if (captures[i].g == g)
+      captures[i] = captures[--n];
+    else
+      i++;
+  __atomic_store_n(&ncaptures, n, __ATOMIC_RELEASE);
   pthread_mutex_unlock(&cap_lock);
-  if (done.invalid) {
-    graph_free(done.g);
-    return E_CAPTURE_INVALIDATED;
+  int e = g->invalid ? E_CAPTURE_INVALIDATED : E_OK;
+  for (int b = 1; !e && b < g->nbranches; b++)
+    if (g->unjoined[b]) e = E_CAPTURE_UNJOINED;
+  if (!e) {
+    g->nodes = calloc(g->nnodes + 1, sizeof *g->nodes);
+    g->tickets = calloc(g->nnodes + 1, sizeof *g->tickets);
+    if (!g->nodes || !g->tickets) e = E_ALLOC;
   }
-  *out = done.g;
+  if (e) {
+    graph_free(g);
+    return e;
+  }
+  *out = g;
   return E_OK;
 }
 
-/* Queues the graph's work on the stream, as it was captured; a kernel-mode
- * launch gets its own copy of its arguments, as each launch of a CUDA
- * graph passes the captured ones. */
+/* Queues the graph's work, as it was captured: branch 0 on the stream,
+ * each other branch on a stream of the graph's own, the nodes as records
+ * and waits of this launch; a kernel-mode launch gets its own copy of its
+ * arguments, as each launch of a CUDA graph passes the captured ones. */
 static int graph_launch(void *p, void *st) {
   graph *g = p;
   stream *s = get_stream(st);
   if (!g || !s) return E_ARG;
   if (s->dev != cur_dev || s->dev != g->dev) return E_RESOURCE;
   if (capturing(s)) return E_CAPTURE_UNSUPPORTED;
+  for (int b = 1; b < g->nbranches; b++)
+    if (!g->branch_stream[b] && !(g->branch_stream[b] = stream_new())) return E_ALLOC;
   for (size_t i = 0; i < g->n; i++) {
-    op o = g->ops[i];
-    if (o.kind == OP_RING) {
+    op o = g->ops[i].o;
+    stream *to = g->ops[i].branch ? g->branch_stream[g->ops[i].branch] : s;
+    if (o.kind == OP_GRAPH_RECORD) {
+      ev_shared *node = &g->nodes[o.n];
+      g->tickets[o.n] = __atomic_add_fetch(&node->issued, 1, __ATOMIC_ACQ_REL);
+      o = (op){.kind = OP_RECORD, .ev = node, .ticket = g->tickets[o.n]};
+    } else if (o.kind == OP_GRAPH_WAIT) {
+      o = (op){.kind = OP_WAIT, .ev = &g->nodes[o.n], .ticket = g->tickets[o.n]};
+    } else if (o.kind == OP_RING) {
       void *a = malloc(sizeof(brg__rk_args));
       if (!a) return E_ALLOC;
       memcpy(a, o.a, sizeof(brg__rk_args));
       o.a = a;
     }
-    int e = enqueue(s, &o);
+    int e = enqueue(to, &o);
     if (e) {
       if (o.kind == OP_RING) free((void *)o.a);
       return e;
