@@ -22,6 +22,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -687,6 +688,134 @@ static void case_half_setup(const test_link *l) {
   printf("  close() after half a setup leaves nothing behind; missing peers fail in time\n");
 }
 
+/* Receive windows (transports with recv_window). Withdrawn while the link
+ * is idle: nothing breaks, and the next slot lands in the FIFO. Withdrawn
+ * while a payload is landing in the window (the sender stopped with SIGSTOP
+ * part way through it): the link is marked broken, the withdrawal returns,
+ * and the window is never written again, even once the sender goes on. */
+#define WINDOW_BYTES (32u << 20)
+
+static void window_sender(const test_link *l, int sock, char fill) {
+  brg__conn c;
+  sender_setup(l, &c, sock);
+  sock_expect(sock, 'G', "go");
+  brg__fifo *f = &c.fifo;
+  memset(brg__fifo_slot(f, 0), fill, WINDOW_BYTES);
+  meta_fill(brg__fifo_meta(f, 0), 0, WINDOW_BYTES);
+  brg__publish(&f->ctrl->tail, &f->ctrl->tail_waiters, 1);
+  test_wait tw = {.fifo = f, .deadline = now_ms() + PHASE_TIMEOUT_MS};
+  const brg__waiter w = {.spin = 100, .check = test_check, .arg = &tw};
+  if (c.ops->send_now) c.ops->send_now(&c, 0, NULL, &w);
+  /* the receiver ends this process */
+  sock_expect(sock, 'E', "end");
+  c.ops->close(&c);
+  _exit(0);
+}
+
+static void case_window_idle(const test_link *l) {
+  int sv[2], sock;
+  if (fork_child(sv, &sock) == 0) window_sender(l, sock, 0x5a);
+  brg__conn c;
+  receiver_setup(l, &c, sock);
+  char *win = calloc(1, WINDOW_BYTES);
+  if (!win) fail("out of memory");
+  l->ops->recv_window(&c, 0, win, WINDOW_BYTES);
+  l->ops->recv_window(&c, 0, NULL, 0);
+  if (c.fifo.ctrl->closed) fail("withdrawing windows from an idle link broke it");
+  sock_write(sock, "G", 1);
+  test_wait tw = {.fifo = &c.fifo, .deadline = now_ms() + PHASE_TIMEOUT_MS};
+  const brg__waiter w = {.spin = 100, .check = test_check, .arg = &tw};
+  brg_status s = brg__wait_ge(&c.fifo.ctrl->tail, &c.fifo.ctrl->tail_waiters, 1, &w);
+  if (s != BRG_SUCCESS) fail("the slot after the withdrawal: %s", brg_status_string(s));
+  if (c.landed && c.landed[0]) fail("the slot landed in a withdrawn window");
+  const char *slot = brg__fifo_slot(&c.fifo, 0);
+  for (size_t i = 0; i < WINDOW_BYTES; i++)
+    if (slot[i] != 0x5a || win[i] != 0)
+      fail("byte %zu: slot 0x%02x (expected 0x5a), window 0x%02x (expected 0)", i,
+           (unsigned char)slot[i], (unsigned char)win[i]);
+  sock_write(sock, "E", 1);
+  child_reap(PHASE_TIMEOUT_MS, 0);
+  c.ops->close(&c);
+  close(sock);
+  free(win);
+}
+
+/* SIGSTOP, returning once the child has stopped. */
+static void child_stop(void) {
+  int st;
+  kill(child_pid, SIGSTOP);
+  if (waitpid(child_pid, &st, WUNTRACED) != child_pid || !WIFSTOPPED(st))
+    fail("the sender did not stop");
+}
+
+/* 1 when the sender stopped part way through the window's payload, 0 when
+ * the whole slot got through first (try again). */
+static int window_mid_slot(const test_link *l, int attempt) {
+  int sv[2], sock;
+  if (fork_child(sv, &sock) == 0) window_sender(l, sock, 0x5a);
+  brg__conn c;
+  receiver_setup(l, &c, sock);
+  char *win = calloc(1, WINDOW_BYTES), *seen = malloc(WINDOW_BYTES);
+  if (!win || !seen) fail("out of memory");
+  l->ops->recv_window(&c, 0, win, WINDOW_BYTES);
+  sock_write(sock, "G", 1);
+  /* Let the sender run in bursts of a tenth of a millisecond until its
+   * payload has begun landing in the window. */
+  child_stop();
+  int64_t deadline = now_ms() + PHASE_TIMEOUT_MS;
+  while (!__atomic_load_n((volatile char *)win, __ATOMIC_ACQUIRE) &&
+         !__atomic_load_n(&c.fifo.ctrl->tail, __ATOMIC_ACQUIRE)) {
+    if (now_ms() > deadline) fail("the payload never reached the window");
+    kill(child_pid, SIGCONT);
+    usleep(100);
+    child_stop();
+    usleep(10000); /* what was on its way lands */
+  }
+  usleep(100000); /* the receiver now waits mid-slot */
+  if (__atomic_load_n(&c.fifo.ctrl->tail, __ATOMIC_ACQUIRE) != 0) {
+    printf("  attempt %d: the whole %u-byte slot arrived before the sender stopped\n", attempt,
+           WINDOW_BYTES);
+    kill(child_pid, SIGKILL);
+    child_reap(PHASE_TIMEOUT_MS, 1);
+    c.ops->close(&c);
+    close(sock);
+    free(win);
+    free(seen);
+    return 0;
+  }
+  int64_t t0 = now_ms();
+  l->ops->recv_window(&c, 0, NULL, 0);
+  int64_t took = now_ms() - t0;
+  uint32_t closed = __atomic_load_n(&c.fifo.ctrl->closed, __ATOMIC_ACQUIRE);
+  if (!closed || !strstr(c.fifo.ctrl->closed_why, "withdrawn"))
+    fail("withdrawing a window mid-slot left the link %s (%s)", closed ? "broken" : "open",
+         c.fifo.ctrl->closed_why);
+  if (took > 5000) fail("withdrawing a window mid-slot took %lld ms", (long long)took);
+  memcpy(seen, win, WINDOW_BYTES);
+  size_t landed = 0;
+  while (landed < WINDOW_BYTES && win[landed] == 0x5a) landed++;
+  kill(child_pid, SIGCONT);
+  usleep(200000); /* the sender goes on: nothing more may reach the window */
+  if (memcmp(seen, win, WINDOW_BYTES) != 0)
+    fail("the window was written after its withdrawal returned");
+  printf("  window withdrawn mid-slot (%zu of %u bytes landed): link broken in %lld ms, "
+         "window untouched after\n",
+         landed, WINDOW_BYTES, (long long)took);
+  kill(child_pid, SIGKILL);
+  child_reap(PHASE_TIMEOUT_MS, 1);
+  c.ops->close(&c);
+  close(sock);
+  free(win);
+  free(seen);
+  return 1;
+}
+
+static void case_window_mid_slot(const test_link *l) {
+  for (int attempt = 1; attempt <= 5; attempt++)
+    if (window_mid_slot(l, attempt)) return;
+  fail("the sender never stopped part way through a slot");
+}
+
 static void link_init(test_link *l, const brg__transport_ops *ops, int nslots, size_t slot_bytes) {
   static unsigned serial;
   memset(l, 0, sizeof *l);
@@ -772,6 +901,14 @@ int main(int argc, char **argv) {
       link_init(&l, ops, 4, 8192);
       snprintf(where, sizeof where, "%s, receiver killed", ops->name);
       case_receiver_dies(&l);
+    }
+    if (ops->recv_window) {
+      link_init(&l, ops, 1, WINDOW_BYTES);
+      snprintf(where, sizeof where, "%s, window withdrawn while idle", ops->name);
+      case_window_idle(&l);
+      link_init(&l, ops, 1, WINDOW_BYTES);
+      snprintf(where, sizeof where, "%s, window withdrawn mid-slot", ops->name);
+      case_window_mid_slot(&l);
     }
     if (!strcmp(ops->name, "tcp")) {
       link_init(&l, ops, 2, 4096);
