@@ -162,7 +162,9 @@ brg_status brg_barrier(brg_comm *comm);
  * ring neighbours, the choice of kernel or step mode. Every rank does it
  * at the same call, as a collective. brg_comm_device_setup does only that,
  * for GPU `device` (-1: the calling thread's current device), on every
- * rank; BRG_SUCCESS at once when it ran already.
+ * rank; BRG_SUCCESS at once when it ran already. It also makes the device
+ * paths of the communicators the collectives run on besides this one (the
+ * rings of BRIGADE_RINGS; under BRIGADE_ALGO=hier, the hierarchy's two).
  *
  * In kernel mode a device collective issued on a stream that is capturing
  * a CUDA graph is captured: each launch of the graph runs it again on what

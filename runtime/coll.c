@@ -304,14 +304,25 @@ brg_status brg_comm_device_setup(brg_comm *comm, int device) {
   if (s != BRG_SUCCESS) return s;
   brg__coll k = COLL(BRG__COLL_BARRIER, NULL, NULL, 0, BRG_INT8, BRG_SUM, -1);
   if ((s = brg__device_choose(comm, fn, device, &k.gpu)) != BRG_SUCCESS) return s;
-  if (comm->nranks == 1 || __atomic_load_n(&comm->dev, __ATOMIC_ACQUIRE)) return BRG_SUCCESS;
+  if (comm->nranks == 1) return BRG_SUCCESS;
   if (__atomic_load_n(&comm->aborted, __ATOMIC_ACQUIRE))
     return brg__comm_error(comm, BRG_ERR_ABORTED, "%s: communicator was aborted", fn);
   if ((s = __atomic_load_n(&comm->broken, __ATOMIC_ACQUIRE)) != BRG_SUCCESS) return s;
-  if ((s = devnet_all(comm)) != BRG_SUCCESS) return s;
-  k.device = 1;
-  k.setup_only = 1;
-  return brg__progress_run(comm, &k);
+  if (!__atomic_load_n(&comm->dev, __ATOMIC_ACQUIRE)) {
+    if ((s = devnet_all(comm)) != BRG_SUCCESS) return s;
+    k.device = 1;
+    k.setup_only = 1;
+    if ((s = brg__progress_run(comm, &k)) != BRG_SUCCESS) return s;
+  }
+  /* BRIGADE_ALGO=hier: the hierarchy's device rings too. */
+  brg_comm *parts[2];
+  if ((s = brg__hier_device_prepare(comm, &parts[0], &parts[1])) != BRG_SUCCESS) return s;
+  for (int i = 0; i < 2 && parts[i]; i++)
+    if ((s = brg_comm_device_setup(parts[i], k.gpu)) != BRG_SUCCESS)
+      return brg__comm_error(comm, s, "%s: the device setup of the hierarchical allreduce's %s: %s",
+                             fn, i ? "communicator across hosts" : "communicator within the host",
+                             brg_comm_last_error(parts[i]));
+  return BRG_SUCCESS;
 }
 
 /* ---- non-blocking forms ---- */

@@ -33,6 +33,7 @@
 #include <limits.h>
 #include <string.h>
 
+#include "device.h"
 #include "internal.h"
 #include "kernels.h"
 #include "schedule.h"
@@ -134,6 +135,7 @@ enum {
   LOGGED_SHAPE = 16,
   LOGGED_DEVICE = 32,
   LOGGED_CAPTURED = 64,
+  LOGGED_CAPTURED_HIER = 128,
 };
 
 static int first_time(brg_comm *c, unsigned what) {
@@ -170,17 +172,41 @@ static brg_status hier_make(brg_comm *c, const hier_shape *sh) {
   return BRG_SUCCESS;
 }
 
+/* Whether the hosts have the shape hier needs: two or more, each with the
+ * same number of ranks, two or more. */
+static int hier_fits(const hier_shape *sh) {
+  return sh->hosts >= 2 && sh->min_local == sh->max_local && sh->min_local >= 2;
+}
+
+/* Whether a GPU allreduce captured in a CUDA graph can run hier: the
+ * hierarchy's communicators exist and both run their device collectives in
+ * kernel mode (their device rings were made outside the capture). */
+static int hier_capturable(const brg_comm *c) {
+  if (c->hier_state <= 0) return 0;
+  brg_comm *local = __atomic_load_n(&c->local, __ATOMIC_ACQUIRE);
+  brg_comm *cross = __atomic_load_n(&c->cross, __ATOMIC_ACQUIRE);
+  return brg__device_kernel_mode(__atomic_load_n(&local->dev, __ATOMIC_ACQUIRE)) &&
+         brg__device_kernel_mode(__atomic_load_n(&cross->dev, __ATOMIC_ACQUIRE));
+}
+
+brg_status brg__hier_device_prepare(brg_comm *c, brg_comm **local, brg_comm **cross) {
+  *local = *cross = NULL;
+  if (c->algo != BRG__ALGO_HIER || c->hier_state < 0) return BRG_SUCCESS;
+  hier_shape sh;
+  hier_shape_of(c, &sh);
+  if (!hier_fits(&sh)) return BRG_SUCCESS;
+  brg_status s = c->hier_state == 0 ? hier_make(c, &sh) : BRG_SUCCESS;
+  if (s != BRG_SUCCESS) return s;
+  *local = c->local;
+  *cross = c->cross;
+  return BRG_SUCCESS;
+}
+
 brg_status brg__hier_prepare(brg_comm *c, brg__coll *k) {
   k->hier = 0;
   if (c->algo == BRG__ALGO_RING || c->nranks < 2) {
     if (c->algo == BRG__ALGO_RING && first_time(c, LOGGED_FORCED_RING))
       BRG__INFO("coll", "allreduce algorithm: ring (BRIGADE_ALGO=ring)");
-    return BRG_SUCCESS;
-  }
-  if (k->device && k->captured) {
-    if (first_time(c, LOGGED_CAPTURED))
-      BRG__INFO("coll", "allreduce algorithm for GPU buffers captured in a CUDA graph: ring "
-                        "(the hierarchy's device rings are not captured)");
     return BRG_SUCCESS;
   }
   if (k->device && c->algo == BRG__ALGO_AUTO) {
@@ -191,9 +217,17 @@ brg_status brg__hier_prepare(brg_comm *c, brg__coll *k) {
                 "hierarchically)");
     return BRG_SUCCESS;
   }
+  if (k->device && k->captured && !hier_capturable(c)) {
+    if (first_time(c, LOGGED_CAPTURED))
+      BRG__INFO("coll", "allreduce algorithm for GPU buffers captured in a CUDA graph: ring (the "
+                        "hierarchy's device rings cannot be made during a capture: call "
+                        "brg_comm_device_setup before capturing, or run one hier allreduce of GPU "
+                        "buffers outside the capture first)");
+    return BRG_SUCCESS;
+  }
   hier_shape sh;
   hier_shape_of(c, &sh);
-  if (sh.hosts < 2 || sh.min_local != sh.max_local || sh.min_local < 2) {
+  if (!hier_fits(&sh)) {
     if (first_time(c, LOGGED_SHAPE)) {
       if (sh.hosts < 2)
         BRG__INFO("coll", "allreduce algorithm: ring (BRIGADE_ALGO=%s: all %d ranks on one host)",
@@ -222,9 +256,14 @@ brg_status brg__hier_prepare(brg_comm *c, brg__coll *k) {
                 "%zu bytes: predicted hier %.0f us, ring %.0f us)",
                 hier ? "hier" : "ring", sh.hosts, sh.min_local, bytes, hier_us, ring_us);
     if (!hier) return BRG_SUCCESS;
-  } else if (first_time(c, k->device ? LOGGED_DEVICE : LOGGED_FORCED_HIER)) {
+  } else if (first_time(c, k->captured ? LOGGED_CAPTURED_HIER
+                           : k->device ? LOGGED_DEVICE
+                                       : LOGGED_FORCED_HIER)) {
     BRG__INFO("coll", "allreduce algorithm%s: hier (BRIGADE_ALGO=hier, %d hosts x %d ranks)",
-              k->device ? " for GPU buffers" : "", sh.hosts, sh.min_local);
+              k->captured ? " for GPU buffers captured in a CUDA graph"
+              : k->device ? " for GPU buffers"
+                          : "",
+              sh.hosts, sh.min_local);
   }
   if (c->hier_state < 0) return BRG_SUCCESS; /* making them failed before: said so then */
   brg_status s = c->hier_state == 0 ? hier_make(c, &sh) : BRG_SUCCESS;

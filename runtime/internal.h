@@ -251,6 +251,12 @@ const char *brg__algo_name(int algo);
  * c: every rank reaches it at the same allreduce, since the choice depends
  * only on what every rank shares). */
 brg_status brg__hier_prepare(brg_comm *c, brg__coll *k);
+/* brg_comm_device_setup under BRIGADE_ALGO=hier, where the hosts fit it:
+ * makes the hierarchy's communicators now (a collective, like the setup)
+ * and gives them in *local and *cross, whose device rings the setup then
+ * makes too, so that an allreduce captured in a CUDA graph can run hier;
+ * NULL where allreduces will not run hier. */
+brg_status brg__hier_device_prepare(brg_comm *c, brg_comm **local, brg_comm **cross);
 /* (progress.c runs it in three phases on the two communicators; comm.c
  * aborts and destroys them with their parent.) */
 

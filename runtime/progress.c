@@ -84,7 +84,8 @@ static brg_status hier_body(brg_comm *c, brg__coll *k) {
                    __atomic_load_n(&cross->bytes_sent, __ATOMIC_RELAXED);
   brg_op sum = k->op == BRG_AVG ? BRG_SUM : k->op;
   /* GPU buffers: every phase a device collective on the caller's stream. */
-  brg__coll dev = {.device = k->device, .gpu = k->gpu, .stream = k->stream};
+  brg__coll dev = {
+      .device = k->device, .gpu = k->gpu, .stream = k->stream, .captured = k->captured};
   brg__coll rs = dev;
   rs.kind = BRG__COLL_REDUCE_SCATTER;
   rs.dtype = k->dtype;

@@ -16,7 +16,9 @@
  *                    every result, all-gathered). Run with BRIGADE_ALGO
  *                    ring or hier; with MH_DEVICE=1 on GPU buffers (each
  *                    input copied to the GPU, the result back, the stream
- *                    synchronized in between).
+ *                    synchronized in between); with MH_CAPTURE=1 as well,
+ *                    each allreduce is captured in a CUDA graph (after
+ *                    brg_comm_device_setup) and the graph launched.
  *   mh_check rings   both of the above, for several rings (BRIGADE_RINGS),
  *                    which cut every collective but the barrier
  *   mh_check loop    allreduce until it fails (for the fault tests): prints
@@ -294,6 +296,7 @@ static void hash_bytes(const void *p, size_t n) {
  * on GPU LOCAL_RANK modulo the GPUs, and a stream of their own. */
 static const brg__cuda_api *g_api;
 static void *g_stream;
+static int g_capture; /* MH_CAPTURE=1 */
 
 static int device_open(void) {
   char why[256];
@@ -328,10 +331,27 @@ static brg_status device_allreduce(const char *sb, char *rb, size_t count, brg_d
                                    int in_place, brg_comm *comm) {
   size_t n = count * brg_dtype_size(d);
   void *ds = device_copy(in_place ? rb : sb, n), *dr = in_place ? ds : device_copy(rb, n);
+  void *graph = NULL;
+  if (g_capture && g_api->drv.capture_begin(g_stream, 1)) {
+    printf("rank %d: FAIL capture_begin\n", rank);
+    exit(1);
+  }
   brg_status s = brg_allreduce(ds, dr, count, d, op, comm, g_stream);
+  if (g_capture) {
+    int e = g_api->drv.capture_end(g_stream, &graph);
+    if (s == BRG_SUCCESS && e) {
+      printf("rank %d: FAIL capture_end: %s\n", rank, g_api->drv.error_string(e));
+      exit(1);
+    }
+    if (s == BRG_SUCCESS && (e = g_api->drv.graph_launch(graph, g_stream)) != 0) {
+      printf("rank %d: FAIL graph_launch: %s\n", rank, g_api->drv.error_string(e));
+      exit(1);
+    }
+  }
   if (s == BRG_SUCCESS &&
       (g_api->drv.stream_sync(g_stream) || (n && g_api->drv.mem_copy(rb, dr, n))))
     s = BRG_ERR_SYSTEM;
+  if (graph) g_api->drv.graph_destroy(graph);
   g_api->drv.mem_free(ds);
   if (dr != ds) g_api->drv.mem_free(dr);
   return s;
@@ -462,6 +482,11 @@ int main(int argc, char **argv) {
   brg_comm_size(comm, &nranks);
   const char *dev = getenv("MH_DEVICE");
   if (dev && !strcmp(dev, "1") && device_open()) return 1;
+  const char *cap = getenv("MH_CAPTURE");
+  if (g_api && cap && !strcmp(cap, "1")) {
+    g_capture = 1;
+    CHECK_OK(brg_comm_device_setup(comm, -1)); /* nothing of the setup can be captured */
+  }
   int rc = strcmp(mode, "loop") == 0 && g_api ? run_loop_device(comm)
            : strcmp(mode, "loop") == 0        ? run_loop(comm)
            : strcmp(mode, "allreduce") == 0   ? run_allreduce_matrix(comm)
