@@ -769,6 +769,16 @@ static void window_unmap(char *win, char *peek) {
   munmap(peek, WINDOW_BYTES);
 }
 
+/* Ends a window case: the sender killed, the link closed, the window freed. */
+static void window_end(brg__conn *c, int sock, char *win, char *peek, char *seen) {
+  kill(child_pid, SIGKILL);
+  child_reap(PHASE_TIMEOUT_MS, 1);
+  c->ops->close(c);
+  close(sock);
+  window_unmap(win, peek);
+  free(seen);
+}
+
 /* 1 when the sender stopped part way through the window's payload, 0 when
  * the whole slot got through first (try again). */
 static int window_mid_slot(const test_link *l, int attempt) {
@@ -796,12 +806,7 @@ static int window_mid_slot(const test_link *l, int attempt) {
   if (__atomic_load_n(&c.fifo.ctrl->tail, __ATOMIC_ACQUIRE) != 0) {
     printf("  attempt %d: the whole %u-byte slot arrived before the sender stopped\n", attempt,
            WINDOW_BYTES);
-    kill(child_pid, SIGKILL);
-    child_reap(PHASE_TIMEOUT_MS, 1);
-    c.ops->close(&c);
-    close(sock);
-    window_unmap(win, peek);
-    free(seen);
+    window_end(&c, sock, win, peek, seen);
     return 0;
   }
   int64_t t0 = now_ms();
@@ -822,12 +827,7 @@ static int window_mid_slot(const test_link *l, int attempt) {
   printf("  window withdrawn mid-slot (%zu of %u bytes landed): link broken in %lld ms, "
          "window untouched after\n",
          landed, WINDOW_BYTES, (long long)took);
-  kill(child_pid, SIGKILL);
-  child_reap(PHASE_TIMEOUT_MS, 1);
-  c.ops->close(&c);
-  close(sock);
-  window_unmap(win, peek);
-  free(seen);
+  window_end(&c, sock, win, peek, seen);
   return 1;
 }
 
