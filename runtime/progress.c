@@ -145,11 +145,10 @@ static int on_rings(const brg_comm *c, const brg__coll *k) {
             k->kind == BRG__COLL_REDUCE;
   /* GPU buffers too, also captured in a CUDA graph when every ring runs
    * kernel mode (the forks and joins of the rings' streams are captured
-   * with the parts). */
+   * with the parts; ring 0's own kernel mode the capture check required). */
   int dev_ok = !k->device || c->nrings <= BRG__DEVICE_MAX_RINGS;
-  for (int r = 0; k->device && k->captured && dev_ok && r < c->nrings; r++)
-    dev_ok =
-        brg__device_kernel_mode(__atomic_load_n(r ? &c->rings[r]->dev : &c->dev, __ATOMIC_ACQUIRE));
+  for (int r = 1; k->device && k->captured && dev_ok && r < c->nrings; r++)
+    dev_ok = brg__device_kernel_mode(__atomic_load_n(&c->rings[r]->dev, __ATOMIC_ACQUIRE));
   return c->nrings > 1 && dev_ok && cut && !k->whole &&
          k->count * brg_dtype_size(k->dtype) >= (size_t)c->nrings * c->slice_bytes;
 }
