@@ -128,7 +128,8 @@ static size_t ring_slice_bytes(const brg_comm *c) {
   int links = c->nranks > 1 && !brg__config_is_set(&brg__core_config, BRG__CORE_SLICE_BYTES);
   for (int i = 0; links && i < c->nranks; i++) {
     const brg__transport_ops *t = brg__transport_pick(
-        &c->peers[c->ring[i]], &c->peers[c->ring[(i + 1) % c->nranks]], c->transports);
+        &c->peers[c->ring[i]], &c->peers[c->ring[(i + 1) % c->nranks]], c->transports,
+        BRG__CARRIES_HOST);
     if (t && t->slice_bytes > bytes) bytes = t->slice_bytes;
   }
   return bytes & ~(size_t)63;
@@ -138,9 +139,9 @@ static size_t ring_slice_bytes(const brg_comm *c) {
 static brg_status connect_ring(brg_comm *c, const uint8_t *secret, brg__errbuf *err) {
   const char *allow = c->transports;
   const brg__transport_ops *tsend =
-      brg__transport_pick(&c->peers[c->rank], &c->peers[c->next], allow);
+      brg__transport_pick(&c->peers[c->rank], &c->peers[c->next], allow, BRG__CARRIES_HOST);
   const brg__transport_ops *trecv =
-      brg__transport_pick(&c->peers[c->prev], &c->peers[c->rank], allow);
+      brg__transport_pick(&c->peers[c->prev], &c->peers[c->rank], allow, BRG__CARRIES_HOST);
   if (!tsend || !trecv)
     return brg__error(err, BRG_ERR_UNAVAILABLE, "init",
                       "no transport can link rank %d and rank %d (transports allowed: \"%s\", "

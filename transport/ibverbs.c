@@ -889,6 +889,7 @@ static void ib_dev_remote(brg__conn *c, uint64_t base, uint32_t rkey, size_t str
 
 const brg__transport_ops brg__transport_ibverbs = {
     .name = "ibverbs",
+    .carries = BRG__CARRIES_HOST | BRG__CARRIES_DEVICE,
     .listens = 1,
     .config = &brg__ib_config,
     .can_connect = ib_can_connect,

@@ -140,6 +140,7 @@ static void shm_close(brg__conn *c) {
 
 const brg__transport_ops brg__transport_shm = {
     .name = "shm",
+    .carries = BRG__CARRIES_HOST | BRG__CARRIES_DEVICE,
     .can_connect = shm_can_connect,
     .available = shm_available,
     .recv_setup = shm_recv_setup,

@@ -472,6 +472,7 @@ static int tcp_available(char *why, size_t why_bytes) {
 
 const brg__transport_ops brg__transport_tcp = {
     .name = "tcp",
+    .carries = BRG__CARRIES_HOST | BRG__CARRIES_DEVICE,
     .listens = 1,
     .config = &tcp_config,
     .can_connect = tcp_can_connect,

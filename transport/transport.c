@@ -1,11 +1,13 @@
 /* The transports, in order of preference: the runtime takes, for each ring
- * link, the first one allowed by BRIGADE_TRANSPORTS whose can_connect
- * accepts the pair. */
+ * link, the first one allowed by BRIGADE_TRANSPORTS that carries the
+ * collective's memory and whose can_connect accepts the pair. cuda_ipc
+ * carries device collectives only, so host collectives start at shm. */
 #include <string.h>
 
 #include "transport.h"
 
 const brg__transport_ops *const brg__transports[] = {
+    &brg__transport_cuda_ipc,
     &brg__transport_shm,
     &brg__transport_ibverbs,
     &brg__transport_tcp,
@@ -26,10 +28,12 @@ static int allowed(const char *allow, const char *name) {
 }
 
 const brg__transport_ops *brg__transport_pick(const brg__peer_info *self,
-                                              const brg__peer_info *peer, const char *allow) {
+                                              const brg__peer_info *peer, const char *allow,
+                                              unsigned carries) {
   for (int i = 0; brg__transports[i]; i++) {
     const brg__transport_ops *t = brg__transports[i];
-    if (allowed(allow, t->name) && t->can_connect(self, peer)) return t;
+    if ((t->carries & carries) == carries && allowed(allow, t->name) && t->can_connect(self, peer))
+      return t;
   }
   return NULL;
 }

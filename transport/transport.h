@@ -13,6 +13,11 @@
  * local send FIFO and the receiver a local receive FIFO; a proxy thread moves
  * slots across the wire between them. The engine cannot tell the difference.
  *
+ * Device collectives take the same links (brg__transport_ops.carries): a
+ * transport whose links have `gpu_memory` (cuda_ipc) gives the sender's
+ * kernels a mapping of the receiver's GPU memory; the others stage GPU
+ * payloads through their host FIFO, pinned and mapped for kernels.
+ *
  * Each slot carries a small header (brg__slot_meta) that names the
  * collective it belongs to, so ranks that issue different collectives find
  * out at the first slice instead of hanging or computing garbage.
@@ -151,6 +156,27 @@ typedef struct brg__peer_info {
 } brg__peer_info;
 #define BRG__PEER_TRACING 1u /* the rank writes a trace: clocks are measured at init */
 
+/* A GPU as ranks describe it to each other when device collectives set up. */
+typedef struct brg__gpu_desc {
+  uint64_t process; /* random per process: equal for ranks of one process */
+  int32_t pid;
+  int32_t gpu;            /* the device index in that process */
+  unsigned char uuid[16]; /* of the GPU */
+} brg__gpu_desc;
+
+struct brg__cuda_api;
+
+/* What a link with `gpu_memory` needs besides brg__conn_params. */
+typedef struct brg__gpu_link_params {
+  const struct brg__cuda_api *api; /* the CUDA module */
+  brg__gpu_desc self, peer;        /* this end's GPU, the other end's */
+  size_t bytes;                    /* of the receiver's memory */
+  /* 1: where the sender's GPU cannot reach the receiver's (no peer
+   * access), the memory is pinned host memory that both GPUs reach. 0:
+   * recv_setup fails there. */
+  int host_fallback;
+} brg__gpu_link_params;
+
 /* Everything a transport needs to set up one direction of a link. */
 typedef struct brg__conn_params {
   int rank, peer, nranks; /* this rank, the other end, communicator size */
@@ -161,6 +187,7 @@ typedef struct brg__conn_params {
   const uint8_t *secret; /* BRG__SECRET_BYTES, for authenticating data connections */
   int timeout_ms;
   const brg__waiter *waiter; /* for blocking steps during setup and in proxies */
+  const brg__gpu_link_params *gpu; /* links with `gpu_memory`; NULL elsewhere */
 } brg__conn_params;
 
 typedef struct brg__transport_ops brg__transport_ops;
@@ -190,8 +217,20 @@ typedef struct brg__conn {
  * moment recv_setup returns, while send_connect runs, so that strangers
  * queued on the listener never wait on this rank's own connect.
  */
+/* What a transport's links carry (brg__transport_ops.carries). */
+#define BRG__CARRIES_HOST 1u   /* host collectives: payloads in host memory */
+#define BRG__CARRIES_DEVICE 2u /* device collectives: payloads in GPU memory */
+
 struct brg__transport_ops {
   const char *name;
+  unsigned carries; /* BRG__CARRIES_* */
+  /* 1: the link is memory that the sender's kernels write and the
+   * receiver's read, GPU memory or pinned host memory (cuda_ipc). Its
+   * conn's fifo.data is where, as this end's kernels reach it, and
+   * fifo.ctrl and fifo.meta are NULL: headers travel on the host link and
+   * kernel mode keeps its flags in that memory. A device link of a
+   * transport without it stages GPU payloads through the host FIFO. */
+  int gpu_memory;
   int listens;
   /* The transport's settings (BRIGADE_<NAME>_*), a section of the one
    * settings table; NULL when it has none. */
@@ -250,12 +289,24 @@ struct brg__transport_ops {
 extern const brg__transport_ops *const brg__transports[];
 
 /* First transport allowed by `allow` (comma list of names, NULL or "" for
- * any) whose can_connect accepts the pair, or NULL. */
+ * any) that carries `carries` (BRG__CARRIES_*) and whose can_connect
+ * accepts the pair (self sends, peer receives), or NULL. */
 const brg__transport_ops *brg__transport_pick(const brg__peer_info *self,
-                                              const brg__peer_info *peer, const char *allow);
+                                              const brg__peer_info *peer, const char *allow,
+                                              unsigned carries);
 
 extern const brg__transport_ops brg__transport_shm;
 extern const brg__transport_ops brg__transport_ibverbs;
 extern const brg__transport_ops brg__transport_tcp;
+extern const brg__transport_ops brg__transport_cuda_ipc;
+
+/* cuda_ipc (cuda_ipc.c): whether kernels of `peer`'s GPU reach GPU memory
+ * of `self`'s, asked in self's process: the same GPU, or peer access
+ * between the two (a GPU of another process is found among this
+ * process's GPUs by its UUID). */
+int brg__cuda_ipc_reaches(const struct brg__cuda_api *api, const brg__gpu_desc *self,
+                          const brg__gpu_desc *peer);
+/* Whether a cuda_ipc conn's memory is pinned host memory (host_fallback). */
+int brg__cuda_ipc_on_host(const brg__conn *c);
 
 #endif

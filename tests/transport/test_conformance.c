@@ -885,6 +885,12 @@ int main(int argc, char **argv) {
   for (int t = 0; brg__transports[t]; t++) {
     const brg__transport_ops *ops = brg__transports[t];
     if (only && strcmp(only, ops->name) != 0) continue;
+    if (!(ops->carries & BRG__CARRIES_HOST)) {
+      printf("transport %s: carries device collectives only (tests/gpu/test_cuda_ipc_link), "
+             "skipped\n",
+             ops->name);
+      continue;
+    }
     char why[256] = "";
     if (!ops->available(why, sizeof why)) {
       printf("transport %s: unavailable here (%s), skipped\n", ops->name, why);
