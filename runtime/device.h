@@ -47,6 +47,15 @@ void brg__device_leave(int prev);
  * interprocess events. No kernel ever waits for another process's kernel.
  */
 struct brg__dev_ring;
+/* The transport of the device link from rank `from` to rank `to`: the
+ * first of brg__transports[] allowed by the communicator's transports that
+ * carries device collectives between the two (cuda_ipc within a host,
+ * unless BRIGADE_TRANSPORTS leaves it out; else the host link's, which
+ * stages GPU payloads through its FIFO). NULL where none does. */
+const brg__transport_ops *brg__device_link(const brg_comm *c, int from, int to);
+/* 1 when a device link of the ring stages GPU payloads through a host
+ * link (one without gpu_memory): kernel mode then takes the host proxy. */
+int brg__device_staged_any(const brg_comm *c);
 /* Building the device ring at the first device collective, in three steps
  * around two all-gathers over the host ring that the progress layer runs
  * (of `mine` into `all`, blob_bytes each): prepare says which GPU this

@@ -74,11 +74,15 @@
 struct brg__dev_ring {
   const brg__cuda_api *api;
   int nslots;
-  size_t slice_bytes;                 /* the pipeline unit: one slice per GPU slot */
-  size_t stride;                      /* slice_bytes + room to shift a payload */
-  char *fifo;                         /* own receive FIFO (device memory) */
-  char *next_fifo;                    /* the next rank's, mapped */
-  int next_mapped;                    /* next_fifo came from ipc_mem_open */
+  size_t slice_bytes; /* the pipeline unit: one slice per GPU slot */
+  size_t stride;      /* slice_bytes + room to shift a payload */
+  /* The device links' transports (brg__device_link): cuda_ipc, where the
+   * next rank's kernels write this rank's memory, or the host link's, which
+   * stages GPU payloads through its FIFO in pinned host memory. */
+  const brg__transport_ops *send_t, *recv_t;
+  brg__conn fifo_in, fifo_out;        /* cuda_ipc: own receive FIFO, the next rank's */
+  char *fifo;                         /* own receive FIFO, as kernels reach it */
+  char *next_fifo;                    /* the next rank's */
   void *send_ev[BRG__MAX_SLOTS];      /* recorded after writing next's slot k */
   void *rel_ev[BRG__MAX_SLOTS];       /* recorded after consuming own slot k */
   void *prev_send_ev[BRG__MAX_SLOTS]; /* the previous rank's send_ev */
@@ -94,13 +98,6 @@ struct brg__dev_ring {
   char *send_region, *recv_region;  /* host addresses (NULL: not registered) */
   char *send_region_dev, *recv_region_dev;
   void *last_stream; /* the stream of the latest device collective */
-  /* Where the previous rank's kernels cannot reach this rank's GPU (no peer
-   * access between the two GPUs), the receive FIFO is pinned host memory
-   * that both GPUs reach: shared memory between processes. */
-  char *fifo_host; /* the mapping (NULL: the FIFO is GPU memory) */
-  size_t fifo_host_bytes;
-  char fifo_shm[64]; /* its shared-memory name ("": none) */
-  char *next_host;   /* the next rank's host FIFO, mapped here */
   int stuck;         /* own work could not drain: nothing may be freed */
   /* Bytes per slot on each link: the slice on CUDA IPC links, the network
    * transport's slot on links between hosts (a slice crosses those in
@@ -134,21 +131,21 @@ struct brg__dev_ring {
   int kchannels;  /* thread blocks per launch */
   size_t kslot;   /* bytes per slot */
   size_t kstride; /* bytes per channel in a region */
-  char *kregion;  /* own (GPU memory, exported) */
+  char *kregion;  /* own (GPU memory: kin, a cuda_ipc receive end) */
   char *knext, *kprev;
-  int knext_mapped, kprev_mapped; /* came from ipc_mem_open */
-  int *kring;                     /* position -> rank, GPU memory */
-  int *kwords;                    /* a pinned page: [0] abort, [16] status */
+  brg__conn kin, knext_c, kprev_c; /* own region; the neighbours', mapped (cuda_ipc) */
+  int *kring;                      /* position -> rank, GPU memory */
+  int *kwords;                     /* a pinned page: [0] abort, [16] status */
   int *kwords_dev;
   void *kdone_ev; /* recorded after each launch outside a graph capture */
   /* The one-shot allreduce (ring_args.h): each rank's area follows the
    * channels in its region, and every rank reaches every other's. */
-  size_t kos_limit;                  /* BRIGADE_DEVICE_SMALL_BYTES (0: none) */
-  size_t kos_slot, kos_bytes;        /* room per input; bytes of an area */
-  int oneshot;                       /* small allreduces take it */
-  char *kos_area[BRG__RK_MAX_PEERS]; /* rank r's area, as reached here */
-  char *kos_map[BRG__RK_MAX_PEERS];  /* regions this path mapped itself */
-  char step_why[256];                /* why collectives run in step mode, for a captured call */
+  size_t kos_limit;                   /* BRIGADE_DEVICE_SMALL_BYTES (0: none) */
+  size_t kos_slot, kos_bytes;         /* room per input; bytes of an area */
+  int oneshot;                        /* small allreduces take it */
+  char *kos_area[BRG__RK_MAX_PEERS];  /* rank r's area, as reached here */
+  brg__conn kos_c[BRG__RK_MAX_PEERS]; /* regions this path mapped itself */
+  char step_why[256];                 /* why collectives run in step mode, for a captured call */
   /* Kernel mode's links between hosts: the same words and slots as a
    * region's channel, in pinned host memory of this rank (PCTRL: tail at
    * 0, head at 64, the posted slots' sizes at 128), and the host proxy's
@@ -181,16 +178,14 @@ struct brg__dev_ring {
 typedef struct dev_blob {
   int32_t ok; /* 1: this rank's side is ready */
   int32_t pid;
-  uint64_t process;     /* random per process: ranks in one process */
-  int32_t gpu;          /* the device index in this rank's process */
-  int32_t fifo_on_host; /* 1: the receive FIFO is pinned host memory */
-  char fifo_shm[64];    /* ...shared under this name (other processes) */
+  uint64_t process; /* random per process: ranks in one process */
+  int32_t gpu;      /* the device index in this rank's process */
   int32_t nslots;
   int32_t pad;
   uint64_t slice_bytes;
   unsigned char uuid[16];           /* of the GPU */
   char why[192];                    /* when not ok */
-  uint64_t fifo_ptr;                /* for a rank in the same process, and GDR */
+  uint64_t fifo_ptr;                /* GPU slots of a GPUDirect link */
   int32_t gdr_send_ok, gdr_recv_ok; /* GPU memory registered with the network link */
   uint32_t gdr_rkey;                /* of fifo_ptr's slots, on the link from prev */
   int32_t pad2;
@@ -201,11 +196,11 @@ typedef struct dev_blob {
   int32_t kos_ok; /* every rank's GPU reaches its one-shot area */
   uint64_t kos_slot;
   uint64_t kslot;
-  uint64_t kregion_ptr;
-  char kwhy[128]; /* why kernel mode cannot run here */
-  unsigned char kregion_handle[HB];
+  char kwhy[128];                                   /* why kernel mode cannot run here */
+  char send_link[32], recv_link[32];                /* the device links' transports */
+  unsigned char kregion_info[BRG__CONN_INFO_BYTES]; /* cuda_ipc: the kernel-mode region */
+  unsigned char fifo_info[BRG__CONN_INFO_BYTES];    /* cuda_ipc: step mode's FIFO */
   uint64_t send_ev_ptr[BRG__MAX_SLOTS], rel_ev_ptr[BRG__MAX_SLOTS];
-  unsigned char fifo_handle[HB];
   unsigned char send_ev[BRG__MAX_SLOTS][HB];
   unsigned char rel_ev[BRG__MAX_SLOTS][HB];
 } dev_blob;
@@ -255,6 +250,82 @@ static void proxy_join(struct brg__dev_ring *d) {
   d->ptx_on = d->prx_on = 0;
 }
 
+/* ---- the device links of cuda_ipc ---- */
+
+static brg__gpu_desc gpu_desc(const dev_blob *b) {
+  brg__gpu_desc g = {.process = b->process, .pid = b->pid, .gpu = b->gpu};
+  memcpy(g.uuid, b->uuid, sizeof g.uuid);
+  return g;
+}
+
+/* A cuda_ipc link with rank `peer` (blob `other`) over `bytes` of memory:
+ * slots of `slot` bytes; the receiver's memory may be pinned host memory
+ * where `fallback`. */
+static void link_params(brg_comm *c, struct brg__dev_ring *d, int peer, const dev_blob *self,
+                        const dev_blob *other, size_t bytes, size_t slot, int fallback,
+                        brg__gpu_link_params *g, brg__conn_params *p) {
+  *g = (brg__gpu_link_params){.api = d->api,
+                              .self = gpu_desc(self),
+                              .peer = gpu_desc(other),
+                              .bytes = bytes,
+                              .host_fallback = fallback};
+  *p = (brg__conn_params){.rank = c->rank,
+                          .peer = peer,
+                          .nranks = c->nranks,
+                          .self_info = &c->peers[c->rank],
+                          .peer_info = &c->peers[peer],
+                          .nslots = d->nslots,
+                          .slot_bytes = slot,
+                          .comm_id = c->comm_id,
+                          .timeout_ms = c->timeout_ms,
+                          .waiter = &c->waiter,
+                          .gpu = g};
+}
+
+/* The receiving end: this rank's memory, described in `info` for the
+ * ranks that map it. */
+static brg_status link_export(brg_comm *c, struct brg__dev_ring *d, brg__conn *l, int peer,
+                              const dev_blob *self, const dev_blob *other, size_t bytes,
+                              size_t slot, int fallback, void *info, brg__errbuf *err) {
+  brg__gpu_link_params g;
+  brg__conn_params p;
+  link_params(c, d, peer, self, other, bytes, slot, fallback, &g, &p);
+  l->ops = &brg__transport_cuda_ipc;
+  l->peer = peer;
+  return l->ops->recv_setup(l, &p, info, err);
+}
+
+/* The sending end: rank `peer`'s memory, mapped here from its `info`. */
+static brg_status link_map(brg_comm *c, struct brg__dev_ring *d, brg__conn *l, int peer,
+                           const dev_blob *self, const dev_blob *other, size_t bytes, size_t slot,
+                           const void *info) {
+  brg__gpu_link_params g;
+  brg__conn_params p;
+  brg__errbuf err = {0};
+  link_params(c, d, peer, self, other, bytes, slot, 0, &g, &p);
+  l->ops = &brg__transport_cuda_ipc;
+  l->peer = peer;
+  brg_status s = l->ops->send_connect(l, &p, info, &err);
+  return s == BRG_SUCCESS ? s : brg__comm_error(c, s, "device collectives: %s", err.msg);
+}
+
+static void link_close(brg__conn *l) {
+  if (l->ops) l->ops->close(l);
+  l->ops = NULL;
+}
+
+const brg__transport_ops *brg__device_link(const brg_comm *c, int from, int to) {
+  return brg__transport_pick(&c->peers[from], &c->peers[to], c->transports, BRG__CARRIES_DEVICE);
+}
+
+int brg__device_staged_any(const brg_comm *c) {
+  for (int i = 0; c->nranks > 1 && i < c->nranks; i++) {
+    const brg__transport_ops *t = brg__device_link(c, c->ring[i], c->ring[(i + 1) % c->nranks]);
+    if (!t || !t->gpu_memory) return 1;
+  }
+  return 0;
+}
+
 /* Frees the device ring. Only once this rank's own work has drained and
  * both neighbours said theirs has (comm.c): their streams wait on this
  * rank's events and write its FIFO, and its stream waits on theirs. */
@@ -265,11 +336,7 @@ static void ring_release(struct brg__dev_ring *d) {
     if (d->prev_opened && d->prev_send_ev[k]) api->drv.event_destroy(d->prev_send_ev[k]);
     if (d->next_opened && d->next_rel_ev[k]) api->drv.event_destroy(d->next_rel_ev[k]);
   }
-  if (d->next_mapped && d->next_fifo) api->drv.ipc_mem_close(d->next_fifo);
-  if (d->next_host) {
-    api->drv.host_unregister(d->next_host);
-    munmap(d->next_host, (size_t)d->nslots * d->stride);
-  }
+  link_close(&d->fifo_out);
   if (d->send_reg) d->link_send->ops->dev_register(d->link_send, NULL, 0, -1, 0, NULL, NULL);
   if (d->recv_reg) d->link_recv->ops->dev_register(d->link_recv, NULL, 0, -1, 0, NULL, NULL);
   if (d->send_region) api->drv.host_unregister(d->send_region);
@@ -278,13 +345,10 @@ static void ring_release(struct brg__dev_ring *d) {
     if (d->send_ev[k]) api->drv.event_destroy(d->send_ev[k]);
     if (d->rel_ev[k]) api->drv.event_destroy(d->rel_ev[k]);
   }
-  if (d->fifo_host) {
-    api->drv.host_unregister(d->fifo_host);
-    munmap(d->fifo_host, d->fifo_host_bytes);
-  } else if (d->fifo) {
-    api->drv.mem_free(d->fifo);
-  }
-  if (d->fifo_shm[0]) shm_unlink(d->fifo_shm);
+  if (d->fifo_in.ops)
+    link_close(&d->fifo_in);
+  else if (d->fifo)
+    api->drv.mem_free(d->fifo); /* a GPUDirect link's slots */
   if (d->gdr_send) api->drv.mem_free(d->gdr_send);
   if (d->proxy) api->drv.stream_destroy(d->proxy);
   if (d->proxy_ev) api->drv.event_destroy(d->proxy_ev);
@@ -292,11 +356,10 @@ static void ring_release(struct brg__dev_ring *d) {
   free(d->spare_ev);
   for (int i = 0; i < d->ncallers; i++) api->drv.event_destroy(d->callers[i].ev);
   pinned_free(api, (char *)d->flag_host, FLAG_PAGE);
-  for (int r = 0; r < BRG__RK_MAX_PEERS; r++)
-    if (d->kos_map[r]) api->drv.ipc_mem_close(d->kos_map[r]);
-  if (d->knext_mapped) api->drv.ipc_mem_close(d->knext);
-  if (d->kprev_mapped && d->kprev != d->knext) api->drv.ipc_mem_close(d->kprev);
-  if (d->kregion) api->drv.mem_free(d->kregion);
+  for (int r = 0; r < BRG__RK_MAX_PEERS; r++) link_close(&d->kos_c[r]);
+  link_close(&d->knext_c);
+  link_close(&d->kprev_c);
+  link_close(&d->kin);
   if (d->kring) api->drv.mem_free(d->kring);
   if (d->kdone_ev) api->drv.event_destroy(d->kdone_ev);
   pinned_free(api, (char *)d->kwords, FLAG_PAGE);
@@ -832,25 +895,10 @@ static void setup_gdr(struct brg__dev_ring *d, dev_blob *b) {
   }
 }
 
-/* Whether kernels of the previous rank's GPU can reach this rank's GPU
- * memory: the same GPU, or peer access between the two (a GPU of another
- * process is found among this process's GPUs by its UUID). */
-static int prev_reaches(const brg__cuda_api *api, const dev_blob *self, const dev_blob *prev) {
-  if (!memcmp(prev->uuid, self->uuid, 16)) return 1;
-  int dev = -1;
-  if (prev->process == self->process) {
-    dev = prev->gpu;
-  } else {
-    int n = api->drv.probe(NULL, 0), cur = self->gpu;
-    for (int i = 0; i < n && dev < 0; i++) {
-      unsigned char u[16];
-      if (api->drv.set_device(i) == 0 && api->drv.device_uuid(u) == 0 && !memcmp(u, prev->uuid, 16))
-        dev = i;
-    }
-    api->drv.set_device(cur);
-  }
-  int can = 0;
-  return dev >= 0 && api->drv.can_access_peer(&can, dev, self->gpu) == 0 && can;
+/* Whether kernels of `peer`'s GPU reach this rank's GPU memory. */
+static int reaches(const struct brg__dev_ring *d, const dev_blob *self, const dev_blob *peer) {
+  brg__gpu_desc a = gpu_desc(self), b = gpu_desc(peer);
+  return brg__cuda_ipc_reaches(d->api, &a, &b);
 }
 
 /* ---- kernel mode: setup ---- */
@@ -858,9 +906,6 @@ static int prev_reaches(const brg__cuda_api *api, const dev_blob *self, const de
 static const char *kmode_name(int m) {
   return m == 0 ? "auto" : m == 1 ? "kernel" : m == 2 ? "step" : "?";
 }
-
-static brg_status reach_peer(brg_comm *c, struct brg__dev_ring *d, int self_gpu, int peer,
-                             int rank);
 
 /* The region of one rank: per channel the control words and the slots. */
 static size_t kregion_bytes(const struct brg__dev_ring *d) {
@@ -873,7 +918,7 @@ static size_t kregion_bytes(const struct brg__dev_ring *d) {
  * not in b->kwhy. Neighbours of this host whose GPUs cannot reach this one
  * keep the ring in step mode. */
 static void setup_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b,
-                               const dev_blob *all, int across) {
+                               const dev_blob *all, int staged) {
   const brg__cuda_api *api = d->api;
   const dev_blob *prev = &all[c->prev], *next = &all[c->next];
   b->kmode_req = d->kmode_req;
@@ -884,30 +929,36 @@ static void setup_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b
     snprintf(b->kwhy, sizeof b->kwhy, "BRIGADE_DEVICE_MODE=step");
     return;
   }
-  if (across && !c->devnet) {
+  if (staged && !c->devnet) {
     snprintf(b->kwhy, sizeof b->kwhy,
-             "the ring has links between hosts and the proxy's communicator for them was not "
-             "made");
+             "the ring has device links staged through host links and the proxy's "
+             "communicator for them was not made");
     return;
   }
-  if (across && c->devnet->send.fifo.slot_bytes < d->kslot) {
+  if (staged && c->devnet->send.fifo.slot_bytes < d->kslot) {
     snprintf(b->kwhy, sizeof b->kwhy,
-             "the network links' slots (%zu bytes) are smaller than kernel mode's (%zu)",
+             "the staged links' slots (%zu bytes) are smaller than kernel mode's (%zu)",
              c->devnet->send.fifo.slot_bytes, d->kslot);
     return;
   }
-  if ((!d->recv_staged && !prev_reaches(api, b, prev)) ||
-      (!d->send_staged && !prev_reaches(api, b, next))) {
+  if ((!d->recv_staged && !reaches(d, b, prev)) || (!d->send_staged && !reaches(d, b, next))) {
     snprintf(b->kwhy, sizeof b->kwhy,
              "rank %d's GPU cannot reach the GPU of a neighbour (no peer access)", c->rank);
     return;
   }
-  int e = api->drv.ipc_mem_export((void **)&d->kregion, kregion_bytes(d), b->kregion_handle);
-  const char *what = "cudaMalloc + cudaIpcGetMemHandle of the kernel-mode FIFOs";
-  if (!e) {
-    what = "clearing the kernel-mode FIFOs";
-    e = api->drv.mem_set(d->kregion, 0, kregion_bytes(d));
+  /* Both neighbours' kernels write the region: it is the receiving end of
+   * a cuda_ipc link that each of them maps (the previous rank's, or the
+   * next's where the link from the previous one is staged). */
+  brg__errbuf err = {0};
+  const dev_blob *writer = !d->recv_staged ? prev : !d->send_staged ? next : b;
+  if (link_export(c, d, &d->kin, !d->recv_staged ? c->prev : c->next, b, writer, kregion_bytes(d),
+                  d->kslot, 0, b->kregion_info, &err) != BRG_SUCCESS) {
+    snprintf(b->kwhy, sizeof b->kwhy, "%.127s", err.msg);
+    return;
   }
+  d->kregion = d->kin.fifo.data;
+  const char *what = "clearing the kernel-mode FIFOs";
+  int e = api->drv.mem_set(d->kregion, 0, kregion_bytes(d));
   if (!e) {
     what = "cudaMalloc of the ring order";
     e = api->drv.mem_alloc((void **)&d->kring, (size_t)c->nranks * sizeof(int));
@@ -925,11 +976,11 @@ static void setup_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b
     e = pinned_alloc(api, FLAG_PAGE, (char **)&d->kwords, (char **)&d->kwords_dev);
   }
   if (!e && d->send_staged) {
-    what = "pinned host memory for the slots to the next host";
+    what = "pinned host memory for the slots to the next rank (staged link)";
     e = pinned_alloc(api, pregion_bytes(d), &d->psend, &d->psend_dev);
   }
   if (!e && d->recv_staged) {
-    what = "pinned host memory for the slots from the previous host";
+    what = "pinned host memory for the slots from the previous rank (staged link)";
     e = pinned_alloc(api, pregion_bytes(d), &d->precv, &d->precv_dev);
   }
   if (e) {
@@ -937,47 +988,31 @@ static void setup_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b
              e == -1 ? strerror(errno) : api->drv.error_string(e));
     return;
   }
-  b->kregion_ptr = (uint64_t)(uintptr_t)d->kregion;
   b->kernel_ok = 1;
-  b->kos_ok = d->kos_slot > 0 && !across; /* one hop reaches the ranks of this host only */
-  for (int r = 0; b->kos_ok && r < c->nranks; r++) b->kos_ok &= prev_reaches(api, b, &all[r]);
+  b->kos_ok = d->kos_slot > 0 && !staged; /* one hop reaches the ranks of cuda_ipc links only */
+  for (int r = 0; b->kos_ok && r < c->nranks; r++) b->kos_ok &= reaches(d, b, &all[r]);
 }
 
-/* A neighbour's region: its pointer in this process, or mapped. */
+/* Rank `rank`'s region, mapped here (in one process, its pointer). */
 static brg_status kernel_map(brg_comm *c, struct brg__dev_ring *d, const dev_blob *self,
-                             const dev_blob *peer, int rank, char **out, int *mapped) {
-  const brg__cuda_api *api = d->api;
-  if (peer->process == self->process) {
-    *out = (char *)(uintptr_t)peer->kregion_ptr;
-    return BRG_SUCCESS;
-  }
-  int e = api->drv.ipc_mem_open((void **)out, peer->kregion_handle);
-  if (e)
-    return brg__comm_error(c, BRG_ERR_SYSTEM,
-                           "rank %d: mapping the kernel-mode FIFOs of rank %d (pid %d) with "
-                           "cudaIpcOpenMemHandle failed: %s",
-                           c->rank, rank, peer->pid, api->drv.error_string(e));
-  *mapped = 1;
-  return BRG_SUCCESS;
+                             const dev_blob *peer, int rank, brg__conn *l, char **out) {
+  brg_status s =
+      link_map(c, d, l, rank, self, peer, kregion_bytes(d), d->kslot, peer->kregion_info);
+  if (s == BRG_SUCCESS) *out = l->fifo.data;
+  return s;
 }
 
-/* The neighbours' regions; a neighbour on another host is the proxy's. */
+/* The neighbours' regions; a staged link's neighbour is the proxy's. */
 static brg_status setup_kernel_links(brg_comm *c, struct brg__dev_ring *d, const dev_blob *self,
                                      const dev_blob *next, const dev_blob *prev) {
   brg_status s = BRG_SUCCESS;
-  if (!d->send_staged && next->process == self->process)
-    s = reach_peer(c, d, self->gpu, next->gpu, c->next);
-  if (s == BRG_SUCCESS && !d->recv_staged && prev->process == self->process &&
-      (d->send_staged || prev->gpu != next->gpu))
-    s = reach_peer(c, d, self->gpu, prev->gpu, c->prev);
-  if (s == BRG_SUCCESS && !d->send_staged)
-    s = kernel_map(c, d, self, next, c->next, &d->knext, &d->knext_mapped);
+  if (!d->send_staged) s = kernel_map(c, d, self, next, c->next, &d->knext_c, &d->knext);
   if (s != BRG_SUCCESS || d->recv_staged) return s;
-  if (c->prev == c->next) {
+  if (c->prev == c->next && !d->send_staged) {
     d->kprev = d->knext; /* two ranks: one mapping serves both links */
     return BRG_SUCCESS;
   }
-  return kernel_map(c, d, self, prev, c->prev, &d->kprev, &d->kprev_mapped);
+  return kernel_map(c, d, self, prev, c->prev, &d->kprev_c, &d->kprev);
 }
 
 /* The one-shot path, where every rank's GPU reaches every rank's area (all
@@ -988,9 +1023,10 @@ static brg_status setup_oneshot(brg_comm *c, struct brg__dev_ring *d, const dev_
   for (int r = 0; r < c->nranks; r++)
     if (!all[r].kos_ok && who < 0) who = r;
   if (!d->kos_slot) return BRG_SUCCESS;
-  if (brg__topology_across(c)) {
-    BRG__INFO("init", "device ring: no one-shot allreduce: the ranks are on several hosts, so "
-                      "small allreduces take the ring");
+  if (brg__device_staged_any(c)) {
+    BRG__INFO("init", "device ring: no one-shot allreduce: device links of the ring are staged "
+                      "through host links (ranks on several hosts, or cuda_ipc not among "
+                      "BRIGADE_TRANSPORTS), so small allreduces take the ring");
     return BRG_SUCCESS;
   }
   if (who >= 0) {
@@ -1007,12 +1043,8 @@ static brg_status setup_oneshot(brg_comm *c, struct brg__dev_ring *d, const dev_
                  : r == c->prev ? d->kprev
                                 : NULL;
     if (!base) {
-      int mapped = 0;
-      brg_status s = BRG_SUCCESS;
-      if (all[r].process == self->process) s = reach_peer(c, d, self->gpu, all[r].gpu, r);
-      if (s == BRG_SUCCESS) s = kernel_map(c, d, self, &all[r], r, &base, &mapped);
+      brg_status s = kernel_map(c, d, self, &all[r], r, &d->kos_c[r], &base);
       if (s != BRG_SUCCESS) return s;
-      if (mapped) d->kos_map[r] = base;
     }
     d->kos_area[r] = base + off;
   }
@@ -1053,38 +1085,6 @@ static const char *kernel_refused(const brg_comm *c, const dev_blob *all, int *w
   return NULL;
 }
 
-/* A receive FIFO in pinned host memory, shared with other processes under a
- * name when `shared`; 0 or a CUDA error (-1: a system call failed). */
-static int host_fifo_alloc(brg_comm *c, struct brg__dev_ring *d, size_t bytes, int shared,
-                           dev_blob *b) {
-  void *m = MAP_FAILED;
-  if (shared) {
-    snprintf(d->fifo_shm, sizeof d->fifo_shm, "/brigade-gpufifo-%016llx-%d",
-             (unsigned long long)b->process, c->rank);
-    int fd = shm_open(d->fifo_shm, O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd < 0) {
-      d->fifo_shm[0] = 0;
-      return -1;
-    }
-    if (ftruncate(fd, (off_t)bytes) == 0)
-      m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    snprintf(b->fifo_shm, sizeof b->fifo_shm, "%s", d->fifo_shm);
-  } else {
-    m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  }
-  if (m == MAP_FAILED) return -1;
-  memset(m, 0, bytes); /* touched now, not on the hot path */
-  d->fifo_host = m;
-  d->fifo_host_bytes = bytes;
-  void *dev = NULL;
-  int e = d->api->drv.host_register(m, bytes, &dev);
-  if (e) return e;
-  d->fifo = dev;
-  b->fifo_on_host = 1;
-  return 0;
-}
-
 /* The receive FIFO's size: GPU slots of a GPUDirect link from another
  * host, or slices from a rank of this host. */
 static size_t fifo_bytes(const struct brg__dev_ring *d) {
@@ -1097,26 +1097,29 @@ static void setup_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b, const
   int e = 0;
   const char *what = "cudaGetDeviceProperties";
   if (!e && d->send_staged) {
-    what = "cudaHostRegister of the send FIFO (link to another host)";
+    what = "cudaHostRegister of the send FIFO (staged link)";
     e = map_host_fifo(api, &c->send.fifo, &d->send_region, &d->send_region_dev);
   }
   if (!e && d->recv_staged) {
-    what = "cudaHostRegister of the receive FIFO (link from another host)";
+    what = "cudaHostRegister of the receive FIFO (staged link)";
     e = map_host_fifo(api, &c->recv.fifo, &d->recv_region, &d->recv_region_dev);
   }
-  if (!e && !d->recv_staged && !prev_reaches(api, b, prev)) {
-    /* The previous rank's kernels write this FIFO: where they cannot
-     * reach this GPU, it is pinned host memory that both GPUs reach. */
-    what = "a receive FIFO in pinned host memory (no peer access from the previous rank's GPU)";
-    e = host_fifo_alloc(c, d, (size_t)d->nslots * d->stride, prev->process != b->process, b);
-    if (!e)
-      BRG__INFO("init",
-                "rank %d: GPU %d cannot be reached from rank %d's GPU %d: the FIFO between "
-                "them is pinned host memory",
-                c->rank, b->gpu, c->prev, prev->gpu);
+  if (!e && !d->recv_staged) {
+    /* The previous rank's kernels write this FIFO (a cuda_ipc link):
+     * where they cannot reach this GPU, it is pinned host memory that both
+     * GPUs reach. */
+    brg__errbuf err = {0};
+    if (link_export(c, d, &d->fifo_in, c->prev, b, prev, fifo_bytes(d), d->stride, 1, b->fifo_info,
+                    &err) != BRG_SUCCESS) {
+      snprintf(b->why, sizeof b->why, "%.191s", err.msg);
+      return;
+    }
+    d->fifo = d->fifo_in.fifo.data;
   } else if (!e) {
-    what = "cudaMalloc + cudaIpcGetMemHandle of the receive FIFO";
-    e = api->drv.ipc_mem_export((void **)&d->fifo, fifo_bytes(d), b->fifo_handle);
+    /* Exported memory, which the GPUDirect link can register. */
+    unsigned char handle[HB];
+    what = "cudaMalloc of the GPU slots of the staged link from the previous rank";
+    e = api->drv.ipc_mem_export((void **)&d->fifo, fifo_bytes(d), handle);
   }
   for (int k = 0; !e && k < d->nslots; k++) {
     what = "creating interprocess events";
@@ -1154,71 +1157,25 @@ static uint64_t process_token(void) {
   return t;
 }
 
-/* Lets this rank's kernels (on the current device) reach the memory of
- * rank `rank` on device `peer` of the same process. */
-static brg_status reach_peer(brg_comm *c, struct brg__dev_ring *d, int self_gpu, int peer,
-                             int rank) {
-  const brg__cuda_api *api = d->api;
-  if (peer == self_gpu) return BRG_SUCCESS;
-  int can = 0;
-  int e = api->drv.can_access_peer(&can, self_gpu, peer);
-  if (e) return cuda_fail(c, api, e, "cudaDeviceCanAccessPeer");
-  if (!can)
-    return brg__comm_error(c, BRG_ERR_UNAVAILABLE,
-                           "rank %d on GPU %d cannot reach the memory of rank %d on GPU %d (no "
-                           "peer access between them)",
-                           c->rank, self_gpu, rank, peer);
-  if ((e = api->drv.enable_peer_access(peer)) != 0)
-    return cuda_fail(c, api, e, "cudaDeviceEnablePeerAccess");
-  BRG__INFO("init", "rank %d: peer access from GPU %d to GPU %d (rank %d)", c->rank, self_gpu, peer,
-            rank);
-  return BRG_SUCCESS;
-}
-
 /* The links to the neighbours, from their blobs. */
 static brg_status setup_links(brg_comm *c, struct brg__dev_ring *d, const dev_blob *self,
                               const dev_blob *next, const dev_blob *prev) {
   const brg__cuda_api *api = d->api;
   int e;
-  if (d->send_staged) {
-    /* slots are the transport's host FIFO */
-  } else if (next->fifo_on_host && next->process == self->process) {
-    /* pinned host memory of this process: every GPU reaches it */
-    d->next_fifo = (char *)(uintptr_t)next->fifo_ptr;
-    for (int k = 0; k < d->nslots; k++) d->next_rel_ev[k] = (void *)(uintptr_t)next->rel_ev_ptr[k];
-  } else if (next->fifo_on_host) {
-    size_t bytes = (size_t)d->nslots * d->stride;
-    int fd = shm_open(next->fifo_shm, O_RDWR, 0);
-    void *m = fd < 0 ? MAP_FAILED : mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (fd >= 0) close(fd);
-    if (m == MAP_FAILED)
-      return brg__comm_error(c, BRG_ERR_SYSTEM, "rank %d: mapping the host FIFO %s of rank %d: %s",
-                             c->rank, next->fifo_shm, c->next, strerror(errno));
-    d->next_host = m;
-    void *dev = NULL;
-    if ((e = api->drv.host_register(m, bytes, &dev)) != 0)
-      return cuda_fail(c, api, e, "cudaHostRegister of the next rank's host FIFO");
-    d->next_fifo = dev;
-    d->next_opened = 1;
-    for (int k = 0; k < d->nslots; k++)
-      if ((e = api->drv.ipc_event_open(&d->next_rel_ev[k], next->rel_ev[k])) != 0)
-        return cuda_fail(c, api, e, "cudaIpcOpenEventHandle (next rank's events)");
-  } else if (next->process == self->process) {
-    brg_status s = reach_peer(c, d, self->gpu, next->gpu, c->next);
+  if (!d->send_staged) {
+    brg_status s = link_map(c, d, &d->fifo_out, c->next, self, next, fifo_bytes(d), d->stride,
+                            next->fifo_info);
     if (s != BRG_SUCCESS) return s;
-    d->next_fifo = (char *)(uintptr_t)next->fifo_ptr;
-    for (int k = 0; k < d->nslots; k++) d->next_rel_ev[k] = (void *)(uintptr_t)next->rel_ev_ptr[k];
-  } else {
-    if ((e = api->drv.ipc_mem_open((void **)&d->next_fifo, next->fifo_handle)) != 0)
-      return brg__comm_error(c, BRG_ERR_SYSTEM,
-                             "rank %d: mapping the GPU FIFO of rank %d (pid %d) with "
-                             "cudaIpcOpenMemHandle failed: %s",
-                             c->rank, c->next, next->pid, api->drv.error_string(e));
-    d->next_mapped = 1;
-    d->next_opened = 1;
-    for (int k = 0; k < d->nslots; k++)
-      if ((e = api->drv.ipc_event_open(&d->next_rel_ev[k], next->rel_ev[k])) != 0)
-        return cuda_fail(c, api, e, "cudaIpcOpenEventHandle (next rank's events)");
+    d->next_fifo = d->fifo_out.fifo.data;
+    if (next->process == self->process) {
+      for (int k = 0; k < d->nslots; k++)
+        d->next_rel_ev[k] = (void *)(uintptr_t)next->rel_ev_ptr[k];
+    } else {
+      d->next_opened = 1;
+      for (int k = 0; k < d->nslots; k++)
+        if ((e = api->drv.ipc_event_open(&d->next_rel_ev[k], next->rel_ev[k])) != 0)
+          return cuda_fail(c, api, e, "cudaIpcOpenEventHandle (next rank's events)");
+    }
   }
   if (d->recv_staged) {
     /* slots are the transport's host FIFO */
@@ -1259,17 +1216,39 @@ brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st) {
   d->slice_bytes = (size_t)brg__device_int(BRG__DEVICE_SLICE_BYTES) & ~(size_t)255;
   d->link_send = &c->send;
   d->link_recv = &c->recv;
-  uint64_t here = c->peers[c->rank].host_hash;
-  d->send_staged = c->peers[c->next].host_hash != here;
-  d->recv_staged = c->peers[c->prev].host_hash != here;
+  /* A device link without GPU memory of its own stages through the host
+   * link, which then is of the same transport (every transport that
+   * carries host collectives carries device ones this way). */
+  d->send_t = brg__device_link(c, c->rank, c->next);
+  d->recv_t = brg__device_link(c, c->prev, c->rank);
+  d->send_staged = !d->send_t || !d->send_t->gpu_memory;
+  d->recv_staged = !d->recv_t || !d->recv_t->gpu_memory;
+  if ((d->send_staged && c->nranks > 1 && d->send_t != c->send.ops) ||
+      (d->recv_staged && c->nranks > 1 && d->recv_t != c->recv.ops)) {
+    int from = d->send_staged ? c->rank : c->prev, to = d->send_staged ? c->next : c->rank;
+    free(d);
+    free(all);
+    free(mine);
+    return brg__comm_error(c, BRG_ERR_INTERNAL,
+                           "device collectives: no transport carries GPU memory from rank %d to "
+                           "rank %d, and the host link's transport is not the one chosen",
+                           from, to);
+  }
   /* Every rank slices alike (the slice is the pipeline unit); each link
    * carries a slice in slots of its own size. */
   d->send_piece = d->send_staged ? c->slice_bytes : d->slice_bytes;
   d->recv_piece = d->recv_staged ? c->slice_bytes : d->slice_bytes;
   d->gdr_stride = c->slice_bytes + SLOT_SHIFT_ROOM;
-  int across = brg__topology_across(c);
+  int staged = brg__device_staged_any(c);
+  /* A staged link takes a slice in pieces of the host link's slot. A step
+   * that only sends (the first) fills the link with a whole slice before
+   * the next rank reads any of it, and the next step holds a received
+   * piece while it waits for a free slot: a slice of more pieces than half
+   * the slots could fill the ring's links all around and stall it. */
+  size_t staged_cap = ((size_t)(d->nslots > 3 ? d->nslots / 2 : 1) * c->slice_bytes) & ~(size_t)255;
+  if (staged && staged_cap && d->slice_bytes > staged_cap) d->slice_bytes = staged_cap;
   int proxy = (int)brg__device_int(BRG__DEVICE_PROXY);
-  d->async = proxy < 0 ? across : proxy;
+  d->async = proxy < 0 ? staged : proxy;
   const char *mode = brg__device_str(BRG__DEVICE_MODE);
   d->kmode_req = !strcmp(mode, "auto")     ? 0
                  : !strcmp(mode, "kernel") ? 1
@@ -1286,11 +1265,11 @@ brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st) {
   d->kchannels = (int)brg__device_int(BRG__DEVICE_CHANNELS);
   if (d->kchannels == 0) d->kchannels = blocks < 8 ? blocks : 8;
   if (d->kchannels > BRG__RK_MAX_CHANNELS) d->kchannels = BRG__RK_MAX_CHANNELS;
-  /* Across hosts, one channel: channels sharing the proxy's link could
-   * block each other across launches (a launch's slots waiting behind the
-   * next launch's in a full channel), and the network link, not the
-   * channel count, bounds such a ring. Every rank sees `across` alike. */
-  if (across) d->kchannels = 1;
+  /* With staged links, one channel: channels sharing the proxy's link
+   * could block each other across launches (a launch's slots waiting
+   * behind the next launch's in a full channel), and the host link, not
+   * the channel count, bounds such a ring. Every rank sees `staged` alike. */
+  if (staged) d->kchannels = 1;
   d->kslot = c->slice_bytes & ~(size_t)255;
   d->kstride = KCTRL + (size_t)d->nslots * d->kslot;
   d->pstride = PCTRL + (size_t)d->nslots * d->kslot;
@@ -1306,6 +1285,8 @@ brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st) {
   mine->nslots = d->nslots;
   mine->slice_bytes = d->slice_bytes;
   if (api->drv.device_uuid(mine->uuid) != 0) memset(mine->uuid, 0, sizeof mine->uuid);
+  snprintf(mine->send_link, sizeof mine->send_link, "%s", d->send_t ? d->send_t->name : "none");
+  snprintf(mine->recv_link, sizeof mine->recv_link, "%s", d->recv_t ? d->recv_t->name : "none");
   d->stride = d->slice_bytes + SLOT_SHIFT_ROOM;
   st->d = d;
   st->mine = mine;
@@ -1317,8 +1298,7 @@ brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st) {
 brg_status brg__device_ring_local(brg_comm *c, brg__dev_setup *st, brg_status gathered) {
   dev_blob *mine = st->mine, *all = st->all;
   if (gathered != BRG_SUCCESS) return gathered;
-  int across = brg__topology_across(c);
-  setup_kernel_local(c, st->d, mine, all, across);
+  setup_kernel_local(c, st->d, mine, all, brg__device_staged_any(c));
   setup_local(c, st->d, mine, &all[c->prev]);
   /* A failed half is described in `mine` (ok = 0, why): the second
    * all-gather still runs, so every rank learns it. */
@@ -1343,6 +1323,15 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
                           "on every rank)",
                           r, all[r].nslots, (unsigned long long)all[r].slice_bytes, c->rank,
                           mine->nslots, (unsigned long long)mine->slice_bytes);
+  }
+  /* The two ends of a link chose its transport alike (BRIGADE_TRANSPORTS). */
+  for (int i = 0; s == BRG_SUCCESS && i < c->nranks; i++) {
+    int r = c->ring[i], n = c->ring[(i + 1) % c->nranks];
+    if (c->nranks > 1 && strncmp(all[r].send_link, all[n].recv_link, sizeof all[r].send_link))
+      s = brg__comm_error(c, BRG_ERR_MISMATCH,
+                          "device collectives: rank %d chose %.31s for its device link to rank "
+                          "%d, which chose %.31s (are BRIGADE_TRANSPORTS alike on every rank?)",
+                          r, all[r].send_link, n, all[n].recv_link);
   }
   for (int r = 0; s == BRG_SUCCESS && r < c->nranks; r++)
     if (all[r].kmode_req != mine->kmode_req || all[r].kchannels != mine->kchannels ||
@@ -1381,8 +1370,11 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
   if (s == BRG_SUCCESS && d->kernel) {
     d->async = 0; /* a launch returns at once by itself */
     /* The step mode's FIFO and events go unused: nobody mapped them yet. */
-    if (d->fifo && !d->fifo_host) api->drv.mem_free(d->fifo);
-    if (!d->fifo_host) d->fifo = NULL;
+    if (d->fifo_in.ops)
+      link_close(&d->fifo_in);
+    else if (d->fifo)
+      api->drv.mem_free(d->fifo);
+    d->fifo = NULL;
     for (int k = 0; k < d->nslots; k++) {
       if (d->send_ev[k]) api->drv.event_destroy(d->send_ev[k]);
       if (d->rel_ev[k]) api->drv.event_destroy(d->rel_ev[k]);
@@ -1400,12 +1392,12 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
               d->kchannels, d->nslots, d->kslot, desc);
     if (d->send_staged || d->recv_staged)
       BRG__INFO("init",
-                "device ring: kernel mode between hosts: %s%s%s through pinned host memory, "
+                "device ring: kernel mode over staged links: %s%s%s through pinned host memory, "
                 "carried by the host proxy on %s links with slots of %zu bytes (the kernels "
                 "wait on its flags; the call still returns at once)",
-                d->send_staged ? "to the next host" : "",
+                d->send_staged ? "to the next rank" : "",
                 d->send_staged && d->recv_staged ? " and " : "",
-                d->recv_staged ? "from the previous host" : "",
+                d->recv_staged ? "from the previous rank" : "",
                 (d->send_staged ? &c->devnet->send : &c->devnet->recv)->ops->name,
                 c->devnet->send.fifo.slot_bytes);
     if (d->oneshot)
@@ -1423,7 +1415,7 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
       c->send.ops->dev_remote(&c->send, all[c->next].fifo_ptr, all[c->next].gdr_rkey,
                               d->gdr_stride);
     if ((d->send_staged && !d->send_gdr) || (d->recv_staged && !d->recv_gdr))
-      BRG__INFO("init", "GPUDirect RDMA not used between hosts: %s",
+      BRG__INFO("init", "GPUDirect RDMA not used on the staged links: %s",
                 mine->gdr_why[0]                 ? mine->gdr_why
                 : d->send_staged && !d->send_gdr ? all[c->next].gdr_why
                                                  : all[c->prev].gdr_why);
@@ -1434,7 +1426,7 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
       d->async = 0;
       BRG__INFO("init",
                 "device collectives keep their host side on the calling thread (the call "
-                "returns when the collective is done on ranks with a link between hosts): %s",
+                "returns when the collective is done on ranks with a staged link): %s",
                 why);
     }
   }
@@ -1454,18 +1446,18 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
                                          : ", no MPS: their kernels take turns on the GPU")
                         : "",
               desc,
-              d->send_gdr      ? "; to the next host GPU to GPU (GPUDirect RDMA)"
-              : d->send_staged ? "; to the next host through pinned host memory"
+              d->send_gdr      ? "; to the next rank GPU to GPU (GPUDirect RDMA)"
+              : d->send_staged ? "; to the next rank through pinned host memory (staged link)"
                                : "",
-              d->recv_gdr      ? "; from the previous host GPU to GPU (GPUDirect RDMA)"
-              : d->recv_staged ? "; from the previous host through pinned host memory"
+              d->recv_gdr      ? "; from the previous rank GPU to GPU (GPUDirect RDMA)"
+              : d->recv_staged ? "; from the previous rank through pinned host memory (staged link)"
                                : "",
               d->async ? "; host side on the communicator's thread, the call returns at once "
                          "(the caller's stream waits on a flag)"
                        : "");
     if (d->send_staged || d->recv_staged)
-      BRG__INFO("init", "device ring: a slice crosses the network in slots of %zu bytes",
-                c->slice_bytes);
+      BRG__INFO("init", "device ring: a slice crosses a staged link (%s) in slots of %zu bytes",
+                (d->send_staged ? d->send_t : d->recv_t)->name, c->slice_bytes);
     __atomic_store_n(&c->dev, d, __ATOMIC_RELEASE);
   } else if (s != BRG_SUCCESS) {
     ring_release(d);
@@ -1641,8 +1633,9 @@ static brg_status dev_sent(struct brg__ring_op *o, uint64_t bytes, const void *p
   (void)payload;
   if ((e = d->api->drv.event_record(d->send_ev[sk], o->coll->stream)) != 0)
     return cuda_fail(c, d->api, e, "cudaEventRecord");
-  if (d->send_staged && (s = event_wait(c, d, d->send_ev[sk],
-                                        "cudaEventQuery (slot for the next host)")) != BRG_SUCCESS)
+  if (d->send_staged &&
+      (s = event_wait(c, d, d->send_ev[sk],
+                      "cudaEventQuery (slot of the staged link to the next rank)")) != BRG_SUCCESS)
     return s;
   return brg__ring_send_post(o, d->send_staged ? bytes : 0, NULL);
 }
@@ -1658,7 +1651,8 @@ static brg_status dev_received(struct brg__ring_op *o) {
   if ((e = d->api->drv.event_record(d->rel_ev[rk], o->coll->stream)) != 0)
     return cuda_fail(c, d->api, e, "cudaEventRecord");
   if (d->recv_staged &&
-      (s = event_wait(c, d, d->rel_ev[rk], "cudaEventQuery (slot from the previous host)")) !=
+      (s = event_wait(c, d, d->rel_ev[rk],
+                      "cudaEventQuery (slot of the staged link from the previous rank)")) !=
           BRG_SUCCESS)
     return s;
   brg__ring_recv_release(o);

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device.h"
 #include "internal.h"
 #include "settings.h"
 
@@ -161,9 +162,9 @@ out:
 
 brg_status brg__comm_devnet(brg_comm *c) {
   if (c->devnet_state != 0 || c->nranks < 2) return BRG_SUCCESS;
-  int across = brg__topology_across(c);
+  int staged = brg__device_staged_any(c);
   c->devnet_state = 1;
-  if (!across || !strcmp(brg__device_str(BRG__DEVICE_MODE), "step")) return BRG_SUCCESS;
+  if (!staged || !strcmp(brg__device_str(BRG__DEVICE_MODE), "step")) return BRG_SUCCESS;
   /* Same members, same keys, same rotation (a ring of init.c's has one):
    * the same ring, links of its own. */
   brg_comm *nc = NULL;

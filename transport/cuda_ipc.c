@@ -47,11 +47,12 @@ _Static_assert(sizeof(ipc_info) <= BRG__CONN_INFO_BYTES, "cuda_ipc info");
 
 typedef struct ipc_priv {
   const brg__cuda_api *api;
-  int recv;    /* this end owns the memory */
-  char *mem;   /* as this end's kernels reach it */
-  char *host;  /* pinned host memory: this end's mapping (NULL: GPU memory) */
+  int recv;   /* this end owns the memory */
+  char *mem;  /* as this end's kernels reach it */
+  char *host; /* pinned host memory: this end's mapping (NULL: GPU memory) */
   size_t bytes;
-  int opened;  /* mem came from ipc_mem_open */
+  int opened;   /* mem came from ipc_mem_open */
+  int on_host;  /* the memory is pinned host memory (mapped here or not) */
   char shm[64]; /* the receiver's name for host memory ("": none) */
 } ipc_priv;
 
@@ -69,9 +70,8 @@ static int ipc_available(char *why, size_t n) {
 
 static brg_status cuda_error(brg__errbuf *err, const brg__cuda_api *api, int e, const char *what,
                              const brg__conn_params *p) {
-  return brg__error(err, BRG_ERR_SYSTEM, "cuda_ipc",
-                    "rank %d, link with rank %d: %s failed: %s", p->rank, p->peer, what,
-                    e == -1 ? strerror(errno) : api->drv.error_string(e));
+  return brg__error(err, BRG_ERR_SYSTEM, "cuda_ipc", "rank %d, link with rank %d: %s failed: %s",
+                    p->rank, p->peer, what, e == -1 ? strerror(errno) : api->drv.error_string(e));
 }
 
 int brg__cuda_ipc_reaches(const struct brg__cuda_api *api, const brg__gpu_desc *self,
@@ -95,7 +95,7 @@ int brg__cuda_ipc_reaches(const struct brg__cuda_api *api, const brg__gpu_desc *
 
 int brg__cuda_ipc_on_host(const brg__conn *c) {
   const ipc_priv *v = c->priv;
-  return v && v->host != NULL;
+  return v && v->on_host;
 }
 
 static void view(brg__conn *c, const brg__conn_params *p, char *mem) {
@@ -141,11 +141,15 @@ static int host_alloc(ipc_priv *v, const brg__conn_params *p, int shared, ipc_in
   }
   if (m == MAP_FAILED) return -1;
   memset(m, 0, v->bytes); /* touched now, not on the hot path */
-  v->host = m;
   void *dev = NULL;
   int e = v->api->drv.host_register(m, v->bytes, &dev);
-  if (e) return e;
+  if (e) {
+    munmap(m, v->bytes);
+    return e;
+  }
+  v->host = m;
   v->mem = dev;
+  v->on_host = 1;
   info->on_host = 1;
   return 0;
 }
@@ -233,6 +237,7 @@ static brg_status ipc_send_connect(brg__conn *c, const brg__conn_params *p, cons
     /* One process: its pointer; GPU memory of another GPU wants peer access. */
     if (!info.on_host && (s = reach(api, p, info.gpu, err)) != BRG_SUCCESS) return s;
     v->mem = (char *)(uintptr_t)info.ptr;
+    v->on_host = (int)info.on_host;
   } else if (info.on_host) {
     int fd = shm_open(info.shm, O_RDWR, 0);
     void *m = fd < 0 ? MAP_FAILED : mmap(NULL, v->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -241,10 +246,13 @@ static brg_status ipc_send_connect(brg__conn *c, const brg__conn_params *p, cons
       return brg__error(err, BRG_ERR_SYSTEM, "cuda_ipc",
                         "rank %d: mapping the host FIFO %s of rank %d: %s", p->rank, info.shm,
                         p->peer, strerror(errno));
-    v->host = m;
     void *dev = NULL;
-    if ((e = api->drv.host_register(m, v->bytes, &dev)) != 0)
+    if ((e = api->drv.host_register(m, v->bytes, &dev)) != 0) {
+      munmap(m, v->bytes);
       return cuda_error(err, api, e, "cudaHostRegister of the receiver's host FIFO", p);
+    }
+    v->host = m;
+    v->on_host = 1;
     v->mem = dev;
   } else {
     if ((e = api->drv.ipc_mem_open((void **)&v->mem, info.handle)) != 0)

@@ -186,7 +186,7 @@ typedef struct brg__conn_params {
   uint64_t comm_id;      /* unique per communicator (for names) */
   const uint8_t *secret; /* BRG__SECRET_BYTES, for authenticating data connections */
   int timeout_ms;
-  const brg__waiter *waiter; /* for blocking steps during setup and in proxies */
+  const brg__waiter *waiter;       /* for blocking steps during setup and in proxies */
   const brg__gpu_link_params *gpu; /* links with `gpu_memory`; NULL elsewhere */
 } brg__conn_params;
 

@@ -170,7 +170,7 @@ start() {
   addr=$(addr_of "$r")
   # shellcheck disable=SC2086 # RANK_ENV holds words
   ip netns exec "$ns" env MASTER_ADDR=10.77.0.1 MASTER_PORT=$PORT RANK="$r" WORLD_SIZE=$NRANKS \
-    LOCAL_RANK="${LOCAL_OF[$r]}" BRIGADE_BOOTSTRAP_ADDR="$addr" BRIGADE_TRANSPORTS="shm,$NET" \
+    LOCAL_RANK="${LOCAL_OF[$r]}" BRIGADE_BOOTSTRAP_ADDR="$addr" BRIGADE_TRANSPORTS="cuda_ipc,shm,$NET" \
     BRIGADE_IB_BACKEND=soft BRIGADE_IB_QPS_PER_LINK="$QPS" BRIGADE_DEBUG=INFO \
     BRIGADE_TIMEOUT_MS="$TIMEOUT_MS" $SPIN_ENV ${RANK_ENV[$r]:-} \
     "$CHECK" "${@:2}" >"$WORK/out.$r" 2>"$WORK/log.$r" &

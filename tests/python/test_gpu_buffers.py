@@ -36,7 +36,7 @@ def need_emu():
 def rank_env():
     # BRIGADE_DEVICE_PROXY=1: the call returns once the work is queued, so a
     # result read after waiting for another stream than the one used is wrong.
-    return {"BRIGADE_CUDA_MODULE": EMU, "BRIGADE_TRANSPORTS": "shm", "BRIGADE_DEVICE_PROXY": "1"}
+    return {"BRIGADE_CUDA_MODULE": EMU, "BRIGADE_TRANSPORTS": "cuda_ipc,shm", "BRIGADE_DEVICE_PROXY": "1"}
 
 
 class DevArray:
