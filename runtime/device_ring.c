@@ -1163,8 +1163,8 @@ static brg_status setup_links(brg_comm *c, struct brg__dev_ring *d, const dev_bl
   const brg__cuda_api *api = d->api;
   int e;
   if (!d->send_staged) {
-    brg_status s = link_map(c, d, &d->fifo_out, c->next, self, next, fifo_bytes(d), d->stride,
-                            next->fifo_info);
+    brg_status s = link_map(c, d, &d->fifo_out, c->next, self, next, (size_t)d->nslots * d->stride,
+                            d->stride, next->fifo_info);
     if (s != BRG_SUCCESS) return s;
     d->next_fifo = d->fifo_out.fifo.data;
     if (next->process == self->process) {
