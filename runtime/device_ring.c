@@ -1157,38 +1157,40 @@ static uint64_t process_token(void) {
   return t;
 }
 
+/* A neighbour's events: its pointers in this process, or opened from its
+ * handles (`handles`: nslots of HB bytes). */
+static brg_status peer_events(brg_comm *c, struct brg__dev_ring *d, const dev_blob *self,
+                              const dev_blob *peer, const uint64_t *ptrs, const void *handles,
+                              void **out, int *opened, const char *what) {
+  if (peer->process == self->process) {
+    for (int k = 0; k < d->nslots; k++) out[k] = (void *)(uintptr_t)ptrs[k];
+    return BRG_SUCCESS;
+  }
+  *opened = 1;
+  for (int k = 0; k < d->nslots; k++) {
+    int e = d->api->drv.ipc_event_open(&out[k], (const unsigned char *)handles + (size_t)k * HB);
+    if (e) return cuda_fail(c, d->api, e, what);
+  }
+  return BRG_SUCCESS;
+}
+
 /* The links to the neighbours, from their blobs. */
 static brg_status setup_links(brg_comm *c, struct brg__dev_ring *d, const dev_blob *self,
                               const dev_blob *next, const dev_blob *prev) {
-  const brg__cuda_api *api = d->api;
-  int e;
+  brg_status s = BRG_SUCCESS;
   if (!d->send_staged) {
-    brg_status s = link_map(c, d, &d->fifo_out, c->next, self, next, (size_t)d->nslots * d->stride,
-                            d->stride, next->fifo_info);
-    if (s != BRG_SUCCESS) return s;
+    s = link_map(c, d, &d->fifo_out, c->next, self, next, (size_t)d->nslots * d->stride, d->stride,
+                 next->fifo_info);
     d->next_fifo = d->fifo_out.fifo.data;
-    if (next->process == self->process) {
-      for (int k = 0; k < d->nslots; k++)
-        d->next_rel_ev[k] = (void *)(uintptr_t)next->rel_ev_ptr[k];
-    } else {
-      d->next_opened = 1;
-      for (int k = 0; k < d->nslots; k++)
-        if ((e = api->drv.ipc_event_open(&d->next_rel_ev[k], next->rel_ev[k])) != 0)
-          return cuda_fail(c, api, e, "cudaIpcOpenEventHandle (next rank's events)");
-    }
+    if (s == BRG_SUCCESS)
+      s = peer_events(c, d, self, next, next->rel_ev_ptr, next->rel_ev, d->next_rel_ev,
+                      &d->next_opened, "cudaIpcOpenEventHandle (next rank's events)");
   }
-  if (d->recv_staged) {
-    /* slots are the transport's host FIFO */
-  } else if (prev->process == self->process) {
-    for (int k = 0; k < d->nslots; k++)
-      d->prev_send_ev[k] = (void *)(uintptr_t)prev->send_ev_ptr[k];
-  } else {
-    d->prev_opened = 1;
-    for (int k = 0; k < d->nslots; k++)
-      if ((e = api->drv.ipc_event_open(&d->prev_send_ev[k], prev->send_ev[k])) != 0)
-        return cuda_fail(c, api, e, "cudaIpcOpenEventHandle (previous rank's events)");
-  }
-  return BRG_SUCCESS;
+  /* (a staged link's slots are the host transport's FIFO) */
+  if (s == BRG_SUCCESS && !d->recv_staged)
+    s = peer_events(c, d, self, prev, prev->send_ev_ptr, prev->send_ev, d->prev_send_ev,
+                    &d->prev_opened, "cudaIpcOpenEventHandle (previous rank's events)");
+  return s;
 }
 
 /* Whether the MPS control daemon serves this process's GPU work. */

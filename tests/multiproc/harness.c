@@ -192,7 +192,8 @@ static void note_path(name_set *seen, int *memfd_seen, const char *path) {
     set_add(seen, name);
     return;
   }
-  if (strstr(path, "memfd:brigade")) *memfd_seen = 1;
+  /* (the emulated CUDA module's GPU memory is memfds too, not a transport's) */
+  if (strstr(path, "memfd:brigade") && !strstr(path, "memfd:brigade-emu-gpu")) *memfd_seen = 1;
 }
 
 static void shm_sample(pid_t pid, name_set *seen, int *memfd_seen) {
