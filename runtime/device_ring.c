@@ -158,6 +158,15 @@ struct brg__dev_ring {
   size_t pstride;              /* bytes per channel */
   char *psend, *precv;         /* host addresses (NULL: the link stays in the host) */
   char *psend_dev, *precv_dev; /* the same, as the kernels reach them */
+  /* GPUDirect RDMA on those links (kernel mode has one channel there):
+   * the channel's slots are GPU memory registered with the proxy's link,
+   * which carries slot n from kgdr_sbuf + (n % nslots) kslot here to the
+   * next rank's kgdr_rbuf at the same offset; the words stay in psend and
+   * precv. A slot is free again once the link says it went (tx), and the
+   * link's slot once the kernel took it (rx). */
+  int kgdr_send, kgdr_recv;    /* the links run that way */
+  char *kgdr_sbuf, *kgdr_rbuf; /* nslots * kslot of GPU memory each */
+  int gpu;                     /* this rank's device index (the proxy's flushes) */
   pthread_t ptx, prx;          /* running when ptx_on, prx_on */
   int ptx_on, prx_on;
   int pstop;                            /* atomic: the threads return */
@@ -196,7 +205,12 @@ typedef struct dev_blob {
   int32_t kos_ok; /* every rank's GPU reaches its one-shot area */
   uint64_t kos_slot;
   uint64_t kslot;
-  char kwhy[128];                                   /* why kernel mode cannot run here */
+  char kwhy[128];                     /* why kernel mode cannot run here */
+  int32_t kgdr_send_ok, kgdr_recv_ok; /* kernel mode's slots registered with the proxy's links */
+  uint32_t kgdr_rkey;                 /* of kgdr_rptr, on the link from prev */
+  int32_t pad3;
+  uint64_t kgdr_rptr;
+  char kgdr_why[128];                               /* why not, for the log */
   char send_link[32], recv_link[32];                /* the device links' transports */
   unsigned char kregion_info[BRG__CONN_INFO_BYTES]; /* cuda_ipc: the kernel-mode region */
   unsigned char fifo_info[BRG__CONN_INFO_BYTES];    /* cuda_ipc: step mode's FIFO */
@@ -368,6 +382,9 @@ static void ring_release(struct brg__dev_ring *d) {
     if (d->join_ev[r]) api->drv.event_destroy(d->join_ev[r]);
   }
   if (d->fork_ev) api->drv.event_destroy(d->fork_ev);
+  /* (the proxy's links deregistered these when they closed) */
+  if (d->kgdr_sbuf) api->drv.mem_free(d->kgdr_sbuf);
+  if (d->kgdr_rbuf) api->drv.mem_free(d->kgdr_rbuf);
   pinned_free(api, d->psend, pregion_bytes(d));
   pinned_free(api, d->precv, pregion_bytes(d));
   pthread_mutex_destroy(&d->ev_lock);
@@ -618,9 +635,18 @@ static void *proxy_tx(void *arg) {
   brg__conn *l = &d->net->send;
   brg__fifo *f = &l->fifo;
   brg__waiter w = {.spin = -1, .check = proxy_check, .arg = d};
-  uint64_t pos = 0;
+  uint64_t pos = 0, freed = 0;
   for (int idle = 0; !proxy_stopping(d);) {
     int moved = 0;
+    if (d->kgdr_send) {
+      /* The one channel's slot n is the link's: free once the link sent it. */
+      uint64_t h = __atomic_load_n(&f->ctrl->head, __ATOMIC_ACQUIRE);
+      if (h > freed) {
+        freed = h;
+        __atomic_store_n(pword(d->psend, d, 0, 64), h, __ATOMIC_RELEASE);
+        moved = 1;
+      }
+    }
     for (int ch = 0; ch < d->kchannels && !proxy_stopping(d); ch++) {
       uint64_t sent = d->psent[ch];
       if (__atomic_load_n(pword(d->psend, d, ch, 0), __ATOMIC_ACQUIRE) <= sent) continue;
@@ -640,7 +666,10 @@ static void *proxy_tx(void *arg) {
       m->seq = sent + 1;
       m->bytes = (uint32_t)bytes;
       m->root = ch;
-      if (bytes <= BRG__INLINE_BYTES) {
+      if (d->kgdr_send) {
+        m->device = 1; /* the link reads it from GPU slot pos % nslots */
+        payload = NULL;
+      } else if (bytes <= BRG__INLINE_BYTES) {
         memcpy(m->inline_data, payload, bytes);
         payload = NULL;
       } else if (!l->ops->send_now) {
@@ -657,7 +686,7 @@ static void *proxy_tx(void *arg) {
       }
       pos++;
       __atomic_store_n(&d->psent[ch], sent + 1, __ATOMIC_RELEASE);
-      __atomic_store_n(pword(d->psend, d, ch, 64), sent + 1, __ATOMIC_RELEASE);
+      if (!d->kgdr_send) __atomic_store_n(pword(d->psend, d, ch, 64), sent + 1, __ATOMIC_RELEASE);
       moved = 1;
     }
     if (moved)
@@ -679,8 +708,19 @@ static void *proxy_rx(void *arg) {
   proxy_nap_precise();
   brg__conn *l = &d->net->recv;
   brg__fifo *f = &l->fifo;
-  uint64_t pos = 0, got[BRG__RK_MAX_CHANNELS] = {0};
+  uint64_t pos = 0, got[BRG__RK_MAX_CHANNELS] = {0}, released = 0;
+  if (d->kgdr_recv) d->api->drv.set_device(d->gpu); /* its flushes are for this GPU */
   for (int idle = 0; !proxy_stopping(d);) {
+    if (d->kgdr_recv) {
+      /* The link's slot n is the one channel's: the previous rank may
+       * write it again once the kernel took it. */
+      uint64_t h = __atomic_load_n(pword(d->precv, d, 0, 64), __ATOMIC_ACQUIRE);
+      if (h > released) {
+        released = h;
+        brg__publish(&f->ctrl->head, &f->ctrl->head_waiters, h);
+        idle = 0;
+      }
+    }
     brg__slot_meta *m = brg__fifo_meta(f, pos);
     if (__atomic_load_n(&m->flag, __ATOMIC_ACQUIRE) != pos + 1) {
       if (__atomic_load_n(&f->ctrl->closed, __ATOMIC_ACQUIRE))
@@ -691,24 +731,37 @@ static void *proxy_rx(void *arg) {
     }
     int ch = m->root;
     uint64_t bytes = m->bytes;
-    if (ch < 0 || ch >= d->kchannels || bytes > d->kslot || m->seq != got[ch] + 1)
+    if (ch < 0 || ch >= d->kchannels || bytes > d->kslot || m->seq != got[ch] + 1 ||
+        (int)m->device != d->kgdr_recv)
       return proxy_fail(d,
                         "rank %d sent a kernel-mode slot this rank cannot place (channel %d of "
-                        "%d, %llu bytes of at most %zu, slot %llu where %llu was due)",
+                        "%d, %llu bytes of at most %zu, slot %llu where %llu was due, %s where "
+                        "%s was due)",
                         l->peer, ch, d->kchannels, (unsigned long long)bytes, d->kslot,
-                        (unsigned long long)m->seq, (unsigned long long)(got[ch] + 1));
+                        (unsigned long long)m->seq, (unsigned long long)(got[ch] + 1),
+                        m->device ? "GPU memory" : "host memory",
+                        d->kgdr_recv ? "GPU memory" : "host memory");
     while (got[ch] - __atomic_load_n(pword(d->precv, d, ch, 64), __ATOMIC_ACQUIRE) >=
            (uint64_t)d->nslots) {
       if (proxy_stopping(d)) return NULL;
       proxy_idle(&idle);
     }
     uint64_t k = got[ch] % (uint64_t)d->nslots;
-    const char *src = bytes <= BRG__INLINE_BYTES ? m->inline_data : brg__fifo_slot(f, pos);
-    memcpy(d->precv + (size_t)ch * d->pstride + PCTRL + k * d->kslot, src, bytes);
+    if (d->kgdr_recv) {
+      /* Landed in GPU slot pos % nslots (= k: one channel); the running
+       * kernel may read it once the writes are flushed to the GPU. */
+      int e = bytes ? d->api->drv.flush_rdma_writes() : 0;
+      if (e)
+        return proxy_fail(d, "flushing GPUDirect RDMA writes from rank %d: %s", l->peer,
+                          d->api->drv.error_string(e));
+    } else {
+      const char *src = bytes <= BRG__INLINE_BYTES ? m->inline_data : brg__fifo_slot(f, pos);
+      memcpy(d->precv + (size_t)ch * d->pstride + PCTRL + k * d->kslot, src, bytes);
+    }
     got[ch]++;
     __atomic_store_n(pword(d->precv, d, ch, 0), got[ch], __ATOMIC_RELEASE);
     pos++;
-    brg__publish(&f->ctrl->head, &f->ctrl->head_waiters, pos);
+    if (!d->kgdr_recv) brg__publish(&f->ctrl->head, &f->ctrl->head_waiters, pos);
     idle = 0;
   }
   return NULL;
@@ -903,6 +956,47 @@ static int reaches(const struct brg__dev_ring *d, const dev_blob *self, const de
 
 /* ---- kernel mode: setup ---- */
 
+/* GPUDirect RDMA on kernel mode's staged links (one channel there): GPU
+ * slots registered with the proxy's links, where the transport and the GPU
+ * allow it; whether it then runs is decided with the neighbour. */
+static void setup_kernel_gdr(brg_comm *c, struct brg__dev_ring *d, dev_blob *b) {
+  size_t bytes = (size_t)d->nslots * d->kslot;
+  unsigned char unused[HB];
+  if (!d->send_staged && !d->recv_staged) return;
+  if (!brg__device_int(BRG__DEVICE_IB_GDR)) {
+    snprintf(b->kgdr_why, sizeof b->kgdr_why, "off (BRIGADE_IB_GDR=0)");
+    return;
+  }
+  if (d->kchannels != 1 || c->devnet->nslots != d->nslots) {
+    snprintf(b->kgdr_why, sizeof b->kgdr_why, "%d channels, %d slots on the proxy's links",
+             d->kchannels, c->devnet->nslots);
+    return;
+  }
+  /* The proxy makes what the network wrote visible to the running kernel
+   * before it raises the tail (or the GPU orders those writes itself). */
+  int e = d->recv_staged ? d->api->drv.flush_rdma_writes() : 0;
+  if (e) {
+    snprintf(b->kgdr_why, sizeof b->kgdr_why, "receive: %s", d->api->drv.error_string(e));
+  } else if (d->recv_staged) {
+    /* Exported memory, of which every driver makes a dmabuf. */
+    e = d->api->drv.ipc_mem_export((void **)&d->kgdr_rbuf, bytes, unused);
+    if (e)
+      snprintf(b->kgdr_why, sizeof b->kgdr_why, "cudaMalloc: %s", d->api->drv.error_string(e));
+    else if (gdr_register(d, &c->devnet->recv, d->kgdr_rbuf, bytes, &b->kgdr_rkey, b->kgdr_why,
+                          sizeof b->kgdr_why) == 0)
+      b->kgdr_recv_ok = 1;
+    b->kgdr_rptr = (uint64_t)(uintptr_t)d->kgdr_rbuf;
+  }
+  if (d->send_staged) {
+    e = d->api->drv.ipc_mem_export((void **)&d->kgdr_sbuf, bytes, unused);
+    if (e)
+      snprintf(b->kgdr_why, sizeof b->kgdr_why, "cudaMalloc: %s", d->api->drv.error_string(e));
+    else if (gdr_register(d, &c->devnet->send, d->kgdr_sbuf, bytes, NULL, b->kgdr_why,
+                          sizeof b->kgdr_why) == 0)
+      b->kgdr_send_ok = 1;
+  }
+}
+
 static const char *kmode_name(int m) {
   return m == 0 ? "auto" : m == 1 ? "kernel" : m == 2 ? "step" : "?";
 }
@@ -988,6 +1082,7 @@ static void setup_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b
              e == -1 ? strerror(errno) : api->drv.error_string(e));
     return;
   }
+  setup_kernel_gdr(c, d, b);
   b->kernel_ok = 1;
   b->kos_ok = d->kos_slot > 0 && !staged; /* one hop reaches the ranks of cuda_ipc links only */
   for (int r = 0; b->kos_ok && r < c->nranks; r++) b->kos_ok &= reaches(d, b, &all[r]);
@@ -1062,17 +1157,6 @@ static const char *kernel_refused(const brg_comm *c, const dev_blob *all, int *w
       *who = r;
       return all[r].kwhy;
     }
-  /* Kernel mode carries slots between hosts through host memory; where
-   * GPUDirect RDMA would carry them GPU to GPU, step mode does that. */
-  for (int i = 0; all[0].kmode_req == 0 && i < c->nranks; i++) {
-    int r = c->ring[i], next = c->ring[(i + 1) % c->nranks];
-    if (all[r].gdr_send_ok && all[next].gdr_recv_ok) {
-      *who = r;
-      return "GPUDirect RDMA can carry GPU memory between hosts, which step mode uses and kernel "
-             "mode does not yet (BRIGADE_IB_GDR=0 or BRIGADE_DEVICE_MODE=kernel choose kernel "
-             "mode)";
-    }
-  }
   if (all[0].kmode_req == 0 && !mps)
     for (int r = 0; r < c->nranks; r++)
       for (int q = 0; q < r; q++)
@@ -1284,6 +1368,7 @@ brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st) {
   mine->pid = (int32_t)getpid();
   mine->process = process_token();
   if (api->drv.get_device(&mine->gpu) != 0) mine->gpu = 0;
+  d->gpu = mine->gpu;
   mine->nslots = d->nslots;
   mine->slice_bytes = d->slice_bytes;
   if (api->drv.device_uuid(mine->uuid) != 0) memset(mine->uuid, 0, sizeof mine->uuid);
@@ -1367,6 +1452,19 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
                              : "");
   if (d->kernel) s = setup_kernel_links(c, d, mine, &all[c->next], &all[c->prev]);
   if (s == BRG_SUCCESS && d->kernel) s = setup_oneshot(c, d, mine, all);
+  if (s == BRG_SUCCESS && d->kernel) {
+    /* GPUDirect runs on a staged link when both of its ends registered. */
+    d->kgdr_send = d->send_staged && mine->kgdr_send_ok && all[c->next].kgdr_recv_ok;
+    d->kgdr_recv = d->recv_staged && all[c->prev].kgdr_send_ok && mine->kgdr_recv_ok;
+    if (d->kgdr_send)
+      c->devnet->send.ops->dev_remote(&c->devnet->send, all[c->next].kgdr_rptr,
+                                      all[c->next].kgdr_rkey, d->kslot);
+    if ((d->send_staged && !d->kgdr_send) || (d->recv_staged && !d->kgdr_recv))
+      BRG__INFO("init", "device ring: kernel mode: GPUDirect RDMA not used on the staged links: %s",
+                mine->kgdr_why[0]                 ? mine->kgdr_why
+                : d->send_staged && !d->kgdr_send ? all[c->next].kgdr_why
+                                                  : all[c->prev].kgdr_why);
+  }
   if (s == BRG_SUCCESS && d->kernel && (d->send_staged || d->recv_staged)) s = proxy_start(c, d);
   if (s == BRG_SUCCESS && !d->kernel) s = setup_links(c, d, mine, &all[c->next], &all[c->prev]);
   if (s == BRG_SUCCESS && d->kernel) {
@@ -1394,12 +1492,18 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
               d->kchannels, d->nslots, d->kslot, desc);
     if (d->send_staged || d->recv_staged)
       BRG__INFO("init",
-                "device ring: kernel mode over staged links: %s%s%s through pinned host memory, "
-                "carried by the host proxy on %s links with slots of %zu bytes (the kernels "
-                "wait on its flags; the call still returns at once)",
-                d->send_staged ? "to the next rank" : "",
+                "device ring: kernel mode over staged links: %s%s%s%s%s, carried by the host "
+                "proxy on %s links with slots of %zu bytes (the kernels wait on its flags; the "
+                "call still returns at once)",
+                d->send_staged ? "to the next rank " : "",
+                !d->send_staged ? ""
+                : d->kgdr_send  ? "GPU to GPU (GPUDirect RDMA)"
+                                : "through pinned host memory",
                 d->send_staged && d->recv_staged ? " and " : "",
-                d->recv_staged ? "from the previous rank" : "",
+                d->recv_staged ? "from the previous rank " : "",
+                !d->recv_staged ? ""
+                : d->kgdr_recv  ? "GPU to GPU (GPUDirect RDMA)"
+                                : "through pinned host memory",
                 (d->send_staged ? &c->devnet->send : &c->devnet->recv)->ops->name,
                 c->devnet->send.fifo.slot_bytes);
     if (d->oneshot)
@@ -1772,7 +1876,7 @@ brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k) {
     brg__rk_link *l = &a.chan[ch];
     if (d->send_staged) { /* the proxy's region plays the next rank's and this rank's part */
       char *p = d->psend_dev + (size_t)ch * d->pstride;
-      l->send_slots = p + PCTRL;
+      l->send_slots = d->kgdr_send ? d->kgdr_sbuf : p + PCTRL;
       l->send_tail = (uint64_t *)p;
       l->send_head = (const uint64_t *)(p + 64);
       l->send_sizes = (uint64_t *)(p + 128);
@@ -1784,7 +1888,7 @@ brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k) {
     }
     if (d->recv_staged) {
       char *p = d->precv_dev + (size_t)ch * d->pstride;
-      l->recv_slots = p + PCTRL;
+      l->recv_slots = d->kgdr_recv ? d->kgdr_rbuf : p + PCTRL;
       l->recv_tail = (const uint64_t *)p;
       l->recv_head = (uint64_t *)(p + 64);
     } else {
