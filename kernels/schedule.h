@@ -70,6 +70,68 @@ static inline const char *brg__prim_name(brg__prim p) {
   return "?";
 }
 
+/*
+ * What a primitive computes on a slice, as one copy or one reduce:
+ *
+ *   copy:    dst0 = a            (and dst1 = a where dst1 is set)
+ *   reduce:  dst0 = a (op) b     (and dst1 = dst0 where dst1 is set)
+ *
+ * `last` marks the reduce that ends a chain: it takes the collective's op
+ * (BRG_AVG divides by N there); the others combine with that op's
+ * combining part (sum for BRG_AVG) and divide by nothing. The host engine,
+ * step mode's kernels and kernel mode's ring kernel map each primitive to
+ * its buffers through this one table.
+ */
+enum { BRG__BUF_NONE = 0, BRG__BUF_IN, BRG__BUF_RECV, BRG__BUF_OUT, BRG__BUF_SLOT };
+typedef struct brg__prim_math {
+  unsigned char reduce, last;
+  unsigned char a, b;       /* sources (BRG__BUF_*) */
+  unsigned char dst0, dst1; /* destinations */
+} brg__prim_math;
+
+static inline BRG_HD brg__prim_math brg__pm(int reduce, int last, int a, int b, int dst0,
+                                            int dst1) {
+  brg__prim_math w;
+  w.reduce = (unsigned char)reduce;
+  w.last = (unsigned char)last;
+  w.a = (unsigned char)a;
+  w.b = (unsigned char)b;
+  w.dst0 = (unsigned char)dst0;
+  w.dst1 = (unsigned char)dst1;
+  return w;
+}
+
+static inline BRG_HD brg__prim_math brg__prim_math_of(brg__prim p) {
+  switch (p) {
+  case BRG__PRIM_SEND: return brg__pm(0, 0, BRG__BUF_IN, 0, BRG__BUF_SLOT, BRG__BUF_OUT);
+  case BRG__PRIM_RECV_REDUCE_SEND:
+    return brg__pm(1, 0, BRG__BUF_RECV, BRG__BUF_IN, BRG__BUF_SLOT, 0);
+  case BRG__PRIM_RECV_REDUCE_COPY_SEND:
+    return brg__pm(1, 1, BRG__BUF_RECV, BRG__BUF_IN, BRG__BUF_OUT, BRG__BUF_SLOT);
+  case BRG__PRIM_RECV_REDUCE_COPY:
+    return brg__pm(1, 1, BRG__BUF_RECV, BRG__BUF_IN, BRG__BUF_OUT, 0);
+  case BRG__PRIM_RECV_COPY_SEND:
+    return brg__pm(0, 0, BRG__BUF_RECV, 0, BRG__BUF_OUT, BRG__BUF_SLOT);
+  case BRG__PRIM_RECV: return brg__pm(0, 0, BRG__BUF_RECV, 0, BRG__BUF_OUT, 0);
+  case BRG__PRIM_COPY: return brg__pm(0, 0, BRG__BUF_IN, 0, BRG__BUF_OUT, 0);
+  }
+  return brg__pm(0, 0, 0, 0, 0, 0);
+}
+
+/* The buffer a brg__prim_math names: own input, the received slot, own
+ * output, the slot for the next rank; NULL for BRG__BUF_NONE. Sources come
+ * back without const, for the destination's type. */
+static inline BRG_HD void *brg__prim_buf(int which, const void *in, const void *recv, void *out,
+                                         void *slot) {
+  switch (which) {
+  case BRG__BUF_IN: return (void *)(uintptr_t)in;
+  case BRG__BUF_RECV: return (void *)(uintptr_t)recv;
+  case BRG__BUF_OUT: return out;
+  case BRG__BUF_SLOT: return slot;
+  }
+  return NULL;
+}
+
 static inline BRG_HD int brg__mod(long a, int n) {
   long m = a % n;
   return (int)(m < 0 ? m + n : m);

@@ -1710,21 +1710,13 @@ static brg_status dev_apply(struct brg__ring_op *o, brg__prim prim, const char *
   (void)payload; /* kernels always write the slot */
   d->last_stream = st;
   if (m == 0) return BRG_SUCCESS;
-  switch (prim) {
-  case BRG__PRIM_SEND: e = api->kern.copy(slot, out, in, bytes, st); break;
-  case BRG__PRIM_RECV_REDUCE_SEND:
-    e = api->kern.reduce(slot, NULL, r, in, m, k->dtype, mid, 1, st);
-    break;
-  case BRG__PRIM_RECV_REDUCE_COPY_SEND:
-    e = api->kern.reduce(out, slot, r, in, m, k->dtype, k->op, n, st);
-    break;
-  case BRG__PRIM_RECV_REDUCE_COPY:
-    e = api->kern.reduce(out, NULL, r, in, m, k->dtype, k->op, n, st);
-    break;
-  case BRG__PRIM_RECV_COPY_SEND: e = api->kern.copy(out, slot, r, bytes, st); break;
-  case BRG__PRIM_RECV: e = api->kern.copy(out, NULL, r, bytes, st); break;
-  case BRG__PRIM_COPY: e = api->kern.copy(out, NULL, in, bytes, st); break;
-  }
+  brg__prim_math w = brg__prim_math_of(prim);
+  void *d0 = brg__prim_buf(w.dst0, in, r, out, slot), *d1 = brg__prim_buf(w.dst1, in, r, out, slot);
+  const void *x = brg__prim_buf(w.a, in, r, out, slot), *y = brg__prim_buf(w.b, in, r, out, slot);
+  if (w.reduce)
+    e = api->kern.reduce(d0, d1, x, y, m, k->dtype, w.last ? k->op : mid, w.last ? n : 1, st);
+  else
+    e = api->kern.copy(d0, d1, x, bytes, st);
   return e ? cuda_fail(o->c, api, e, "reduce/copy kernel launch") : BRG_SUCCESS;
 }
 

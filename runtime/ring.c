@@ -102,17 +102,13 @@ static brg_status host_apply(brg__ring_op *o, brg__prim prim, const char *in, ch
     default: break;
     }
   }
-  switch (prim) {
-  case BRG__PRIM_SEND: brg__copy(slot, out, in, bytes); break;
-  case BRG__PRIM_RECV_REDUCE_SEND: brg__reduce(slot, NULL, r, in, m, k->dtype, mid, 1); break;
-  case BRG__PRIM_RECV_REDUCE_COPY_SEND: brg__reduce(out, slot, r, in, m, k->dtype, k->op, n); break;
-  case BRG__PRIM_RECV_REDUCE_COPY: brg__reduce(out, NULL, r, in, m, k->dtype, k->op, n); break;
-  case BRG__PRIM_RECV_COPY_SEND: brg__copy(out, slot, r, bytes); break;
-  case BRG__PRIM_RECV:
-    if (out != r) brg__copy(out, NULL, r, bytes);
-    break;
-  case BRG__PRIM_COPY: brg__copy(out, NULL, in, bytes); break;
-  }
+  brg__prim_math w = brg__prim_math_of(prim);
+  void *d0 = brg__prim_buf(w.dst0, in, r, out, slot), *d1 = brg__prim_buf(w.dst1, in, r, out, slot);
+  const void *x = brg__prim_buf(w.a, in, r, out, slot), *y = brg__prim_buf(w.b, in, r, out, slot);
+  if (w.reduce)
+    brg__reduce(d0, d1, x, y, m, k->dtype, w.last ? k->op : mid, w.last ? n : 1);
+  else if (d0 != x || d1) /* (a received slice may already be in the output) */
+    brg__copy(d0, d1, x, bytes);
   return BRG_SUCCESS;
 }
 

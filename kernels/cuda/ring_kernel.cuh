@@ -139,16 +139,17 @@ template <class D, int OP> struct channel {
     if (sends && brg_simt_tid() == 0) brg_simt_store_release(l.send_tail, posted + 1);
 #endif
     if (m > 0) {
-      int n = a.nranks;
-      switch (pr) {
-      case BRG__PRIM_SEND: copy(slot, out, in, m); break;
-      case BRG__PRIM_RECV_REDUCE_SEND: reduce<MID>(slot, nullptr, r, in, m, 1); break;
-      case BRG__PRIM_RECV_REDUCE_COPY_SEND: reduce<OP>(out, slot, r, in, m, n); break;
-      case BRG__PRIM_RECV_REDUCE_COPY: reduce<OP>(out, nullptr, r, in, m, n); break;
-      case BRG__PRIM_RECV_COPY_SEND: copy(out, slot, r, m); break;
-      case BRG__PRIM_RECV: copy(out, nullptr, r, m); break;
-      case BRG__PRIM_COPY: copy(out, nullptr, in, m); break;
-      }
+      brg__prim_math w = brg__prim_math_of(pr);
+      T *d0 = static_cast<T *>(brg__prim_buf(w.dst0, in, r, out, slot));
+      T *d1 = static_cast<T *>(brg__prim_buf(w.dst1, in, r, out, slot));
+      const T *x = static_cast<const T *>(brg__prim_buf(w.a, in, r, out, slot));
+      const T *y = static_cast<const T *>(brg__prim_buf(w.b, in, r, out, slot));
+      if (!w.reduce)
+        copy(d0, d1, x, m);
+      else if (w.last)
+        reduce<OP>(d0, d1, x, y, m, a.nranks);
+      else
+        reduce<MID>(d0, d1, x, y, m, 1);
     }
     brg_simt_sync(); /* every thread's part of the slot is written (or read) */
     if (brg_simt_tid() == 0) {
