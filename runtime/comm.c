@@ -163,14 +163,22 @@ static brg_status connect_ring(brg_comm *c, const uint8_t *secret, brg__errbuf *
   rs.p.peer = c->prev;
   rs.p.peer_info = &c->peers[c->prev];
 
-  /* Receiver side first: its info travels to prev, whose sender connects. */
-  char info[BRG__CONN_INFO_BYTES + 32], peer_info[BRG__CONN_INFO_BYTES + 32];
+  /* Receiver side first: its info travels to prev, whose sender connects.
+   * Before it, the transport it chose for the link and the one for device
+   * collectives on it (brg__device_link's choice), which the sender checks. */
+  enum { HEAD = 64 };
+  char info[BRG__CONN_INFO_BYTES + HEAD], peer_info[BRG__CONN_INFO_BYTES + HEAD];
+  const brg__transport_ops *dsend = brg__transport_pick(&c->peers[c->rank], &c->peers[c->next],
+                                                        allow, BRG__CARRIES_DEVICE),
+                           *drecv = brg__transport_pick(&c->peers[c->prev], &c->peers[c->rank],
+                                                        allow, BRG__CARRIES_DEVICE);
   memset(info, 0, sizeof info);
   snprintf(info, 32, "%s", trecv->name);
+  snprintf(info + 32, 32, "%s", drecv ? drecv->name : "");
   c->recv.ops = trecv;
   c->recv.peer = c->prev;
   c->recv_open = 1;
-  brg_status s = trecv->recv_setup(&c->recv, &rs.p, info + 32, err);
+  brg_status s = trecv->recv_setup(&c->recv, &rs.p, info + HEAD, err);
   if (s != BRG_SUCCESS) return s;
   int threaded = 0;
   if (trecv->listens) {
@@ -193,10 +201,18 @@ static brg_status connect_ring(brg_comm *c, const uint8_t *secret, brg__errbuf *
                    c->next, got == sizeof peer_info ? peer_info : "?", c->rank, tsend->name);
     goto out;
   }
+  peer_info[63] = 0;
+  if (strncmp(peer_info + 32, dsend ? dsend->name : "", 32) != 0) {
+    s = brg__error(err, BRG_ERR_MISMATCH, "init",
+                   "rank %d chose transport \"%s\" for device collectives on the link from rank "
+                   "%d, which chose \"%s\" (are the transports allowed the same on every rank?)",
+                   c->next, peer_info + 32, c->rank, dsend ? dsend->name : "");
+    goto out;
+  }
   c->send.ops = tsend;
   c->send.peer = c->next;
   c->send_open = 1;
-  s = tsend->send_connect(&c->send, &ps, peer_info + 32, err);
+  s = tsend->send_connect(&c->send, &ps, peer_info + HEAD, err);
   if (s != BRG_SUCCESS) {
     s = next_gave_up(c, s, err);
     goto out;

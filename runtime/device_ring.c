@@ -211,7 +211,6 @@ typedef struct dev_blob {
   int32_t pad3;
   uint64_t kgdr_rptr;
   char kgdr_why[128];                               /* why not, for the log */
-  char send_link[32], recv_link[32];                /* the device links' transports */
   unsigned char kregion_info[BRG__CONN_INFO_BYTES]; /* cuda_ipc: the kernel-mode region */
   unsigned char fifo_info[BRG__CONN_INFO_BYTES];    /* cuda_ipc: step mode's FIFO */
   uint64_t send_ev_ptr[BRG__MAX_SLOTS], rel_ev_ptr[BRG__MAX_SLOTS];
@@ -1304,7 +1303,8 @@ brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st) {
   d->link_recv = &c->recv;
   /* A device link without GPU memory of its own stages through the host
    * link, which then is of the same transport (every transport that
-   * carries host collectives carries device ones this way). */
+   * carries host collectives carries device ones this way). Both ends of
+   * each link chose alike: init checked (comm.c). */
   d->send_t = brg__device_link(c, c->rank, c->next);
   d->recv_t = brg__device_link(c, c->prev, c->rank);
   d->send_staged = !d->send_t || !d->send_t->gpu_memory;
@@ -1372,8 +1372,6 @@ brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st) {
   mine->nslots = d->nslots;
   mine->slice_bytes = d->slice_bytes;
   if (api->drv.device_uuid(mine->uuid) != 0) memset(mine->uuid, 0, sizeof mine->uuid);
-  snprintf(mine->send_link, sizeof mine->send_link, "%s", d->send_t ? d->send_t->name : "none");
-  snprintf(mine->recv_link, sizeof mine->recv_link, "%s", d->recv_t ? d->recv_t->name : "none");
   d->stride = d->slice_bytes + SLOT_SHIFT_ROOM;
   st->d = d;
   st->mine = mine;
@@ -1410,15 +1408,6 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
                           "on every rank)",
                           r, all[r].nslots, (unsigned long long)all[r].slice_bytes, c->rank,
                           mine->nslots, (unsigned long long)mine->slice_bytes);
-  }
-  /* The two ends of a link chose its transport alike (BRIGADE_TRANSPORTS). */
-  for (int i = 0; s == BRG_SUCCESS && i < c->nranks; i++) {
-    int r = c->ring[i], n = c->ring[(i + 1) % c->nranks];
-    if (c->nranks > 1 && strncmp(all[r].send_link, all[n].recv_link, sizeof all[r].send_link))
-      s = brg__comm_error(c, BRG_ERR_MISMATCH,
-                          "device collectives: rank %d chose %.31s for its device link to rank "
-                          "%d, which chose %.31s (are BRIGADE_TRANSPORTS alike on every rank?)",
-                          r, all[r].send_link, n, all[n].recv_link);
   }
   for (int r = 0; s == BRG_SUCCESS && r < c->nranks; r++)
     if (all[r].kmode_req != mine->kmode_req || all[r].kchannels != mine->kchannels ||

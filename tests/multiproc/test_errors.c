@@ -816,6 +816,41 @@ static int case_rings_mismatch(int n) {
   return mp_run(&o, body_rings_mismatch, NULL);
 }
 
+/* ================================================== transports mismatch */
+
+/* The last rank leaves cuda_ipc out of its transports, the others allow
+ * it: the host links agree (shm), the device links would not (cuda_ipc
+ * against shm staging), so init must fail with BRG_ERR_MISMATCH naming
+ * the transports, at once, on the ranks of the links concerned; the
+ * others fail too, their neighbours gone, well before the timeout. */
+static int body_transports_mismatch(mp_ctx *ctx) {
+  int last = ctx->rank == ctx->nranks - 1;
+  setenv("BRIGADE_TRANSPORTS", last ? "shm" : "cuda_ipc,shm", 1);
+  brg_comm *c = NULL;
+  int64_t t0 = mp_now_ns();
+  brg_status st = brg_comm_init(&c, ctx->nranks, ctx->id, ctx->rank);
+  const char *m = brg_comm_last_error(NULL);
+  int ends = last || ctx->rank == 0 || ctx->rank == ctx->nranks - 2;
+  MP_CHECK(st != BRG_SUCCESS, "init with BRIGADE_TRANSPORTS differing in cuda_ipc succeeded");
+  if (ends) {
+    MP_CHECK(st == BRG_ERR_MISMATCH || st == BRG_ERR_REMOTE,
+             "init with BRIGADE_TRANSPORTS differing between ranks: %s (%s)",
+             brg_status_string(st), m);
+    MP_CHECK(mp_contains(m, "cuda_ipc") || st == BRG_ERR_REMOTE,
+             "the message does not name cuda_ipc: \"%s\"", m);
+  }
+  MP_CHECK(ms_since(t0) < g_timeout_ms / 2.0, "init took %.0f ms to fail (timeout %d ms)",
+           ms_since(t0), g_timeout_ms);
+  if (st == BRG_SUCCESS) brg_comm_destroy(c);
+  return 0;
+}
+
+static int case_transports_mismatch(int n) {
+  mp_opts o = {
+      .name = "transports mismatch", .nranks = n, .deadline_ms = 60000, .init = MP_INIT_NONE};
+  return mp_run(&o, body_transports_mismatch, NULL);
+}
+
 /* ================================================================== env */
 
 typedef struct env_case {
@@ -1490,7 +1525,8 @@ int main(int argc, char **argv) {
     fprintf(
         stderr,
         "usage: %s "
-        "args|garbage|garbage_open|absent|kill|stop|abort|mismatch|rings_mismatch|env|log|secret|"
+        "args|garbage|garbage_open|absent|kill|stop|abort|mismatch|rings_mismatch|transports_mismatch|"
+        "env|log|secret|"
         "launch|"
         "threads [N]\n",
         argv[0]);
@@ -1512,6 +1548,7 @@ int main(int argc, char **argv) {
   if (!strcmp(c, "abort")) return case_abort(n);
   if (!strcmp(c, "mismatch")) return case_mismatch(n);
   if (!strcmp(c, "rings_mismatch")) return case_rings_mismatch(n);
+  if (!strcmp(c, "transports_mismatch")) return case_transports_mismatch(n);
   if (!strcmp(c, "env")) return case_env();
   if (!strcmp(c, "log")) return case_log();
   if (!strcmp(c, "secret")) return case_secret();
