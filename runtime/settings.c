@@ -14,8 +14,9 @@ static brg__cfg_entry core_entries[BRG__CORE_COUNT] = {
          "pipeline unit: bytes per FIFO slot (unset: 128K, or 512K on a ring with a tcp link)"},
     [BRG__CORE_STEPS] = {"BRIGADE_STEPS", BRG__CFG_KIND_INT, "8", 1, 64,
                          "FIFO slots per connection"},
-    [BRG__CORE_TRANSPORTS] = {"BRIGADE_TRANSPORTS", BRG__CFG_KIND_STRING, "", 0, 0,
-                              "comma-separated transports allowed (shm,tcp,ibverbs); empty: all"},
+    [BRG__CORE_TRANSPORTS] =
+        {"BRIGADE_TRANSPORTS", BRG__CFG_KIND_STRING, "", 0, 0,
+         "comma-separated transports allowed (cuda_ipc,shm,ibverbs,tcp); empty: all"},
     [BRG__CORE_BOOTSTRAP_ADDR] = {"BRIGADE_BOOTSTRAP_ADDR", BRG__CFG_KIND_STRING, "", 0, 0,
                                   "numeric address this rank advertises; empty: automatic"},
     [BRG__CORE_SOCKET_IFNAME] = {"BRIGADE_SOCKET_IFNAME", BRG__CFG_KIND_STRING, "", 0, 0,

@@ -13,6 +13,7 @@
 #include "settings.h"
 #include "kernels.h"
 #include "transport.h"
+#include "device.h"
 
 #ifndef BRG_NOT_BUILT
 #define BRG_NOT_BUILT ""
@@ -55,10 +56,15 @@ int main(int argc, char **argv) {
   for (int i = 0; brg__transports[i] != NULL; i++) {
     const brg__transport_ops *t = brg__transports[i];
     char why[256] = "";
-    if (t->available(why, sizeof why))
+    const char *gpu_why = "";
+    int host = (t->carries & BRG__CARRIES_HOST) != 0;
+    if (!host && !brg__device_api(&gpu_why))
+      printf("  %s unavailable: %s", t->name, gpu_why);
+    else if (t->available(why, sizeof why))
       printf("  %s: available", t->name);
     else
       printf("  %s unavailable: %s", t->name, why[0] ? why : "no reason given");
+    if (!host) printf(" (device collectives only)");
     if (!allowed(allow, t->name)) printf(" (not allowed by BRIGADE_TRANSPORTS=%s)", allow);
     printf("\n");
   }

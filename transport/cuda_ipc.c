@@ -70,8 +70,9 @@ static int ipc_available(char *why, size_t n) {
 
 static brg_status cuda_error(brg__errbuf *err, const brg__cuda_api *api, int e, const char *what,
                              const brg__conn_params *p) {
-  return brg__error(err, BRG_ERR_SYSTEM, "cuda_ipc", "rank %d, link with rank %d: %s failed: %s",
-                    p->rank, p->peer, what, e == -1 ? strerror(errno) : api->drv.error_string(e));
+  return brg__error(err, BRG_ERR_SYSTEM, "init",
+                    "cuda_ipc: rank %d, link with rank %d: %s failed: %s", p->rank, p->peer, what,
+                    e == -1 ? strerror(errno) : api->drv.error_string(e));
 }
 
 int brg__cuda_ipc_reaches(const struct brg__cuda_api *api, const brg__gpu_desc *self,
@@ -105,12 +106,12 @@ static void view(brg__conn *c, const brg__conn_params *p, char *mem) {
 static brg_status ipc_priv_new(brg__conn *c, const brg__conn_params *p, int recv,
                                brg__errbuf *err) {
   if (!p->gpu || !p->gpu->api)
-    return brg__error(err, BRG_ERR_INVALID_USAGE, "cuda_ipc",
+    return brg__error(err, BRG_ERR_INVALID_USAGE, "init",
                       "rank %d, link with rank %d: cuda_ipc carries device collectives only "
                       "(no GPU parameters given)",
                       p->rank, p->peer);
   ipc_priv *v = calloc(1, sizeof *v);
-  if (!v) return brg__error(err, BRG_ERR_NO_MEMORY, "cuda_ipc", "out of host memory");
+  if (!v) return brg__error(err, BRG_ERR_NO_MEMORY, "init", "cuda_ipc: out of host memory");
   v->api = p->gpu->api;
   v->recv = recv;
   v->bytes = p->gpu->bytes;
@@ -169,7 +170,7 @@ static brg_status ipc_recv_setup(brg__conn *c, const brg__conn_params *p, void *
   const char *what;
   if (!brg__cuda_ipc_reaches(v->api, &g->self, &g->peer)) {
     if (!g->host_fallback)
-      return brg__error(err, BRG_ERR_UNAVAILABLE, "cuda_ipc",
+      return brg__error(err, BRG_ERR_UNAVAILABLE, "init",
                         "rank %d's GPU %d cannot be reached from rank %d's GPU %d (no peer "
                         "access between them)",
                         p->rank, g->self.gpu, p->peer, g->peer.gpu);
@@ -202,7 +203,7 @@ static brg_status reach(const brg__cuda_api *api, const brg__conn_params *p, int
   int e = api->drv.can_access_peer(&can, self, peer);
   if (e) return cuda_error(err, api, e, "cudaDeviceCanAccessPeer", p);
   if (!can)
-    return brg__error(err, BRG_ERR_UNAVAILABLE, "cuda_ipc",
+    return brg__error(err, BRG_ERR_UNAVAILABLE, "init",
                       "rank %d on GPU %d cannot reach the memory of rank %d on GPU %d (no peer "
                       "access between them)",
                       p->rank, self, p->peer, peer);
@@ -222,12 +223,12 @@ static brg_status ipc_send_connect(brg__conn *c, const brg__conn_params *p, cons
   memcpy(&info, info_in, sizeof info);
   info.shm[sizeof info.shm - 1] = 0;
   if (info.magic != IPC_MAGIC)
-    return brg__error(err, BRG_ERR_REMOTE, "cuda_ipc",
+    return brg__error(err, BRG_ERR_REMOTE, "init",
                       "rank %d: the link description from rank %d is not cuda_ipc's (magic "
                       "%08x)",
                       p->rank, p->peer, info.magic);
   if (info.bytes != v->bytes)
-    return brg__error(err, BRG_ERR_MISMATCH, "cuda_ipc",
+    return brg__error(err, BRG_ERR_MISMATCH, "init",
                       "rank %d's receive memory is %llu bytes, rank %d expects %zu (are the "
                       "device settings alike on every rank?)",
                       p->peer, (unsigned long long)info.bytes, p->rank, v->bytes);
@@ -243,7 +244,7 @@ static brg_status ipc_send_connect(brg__conn *c, const brg__conn_params *p, cons
     void *m = fd < 0 ? MAP_FAILED : mmap(NULL, v->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (fd >= 0) close(fd);
     if (m == MAP_FAILED)
-      return brg__error(err, BRG_ERR_SYSTEM, "cuda_ipc",
+      return brg__error(err, BRG_ERR_SYSTEM, "init",
                         "rank %d: mapping the host FIFO %s of rank %d: %s", p->rank, info.shm,
                         p->peer, strerror(errno));
     void *dev = NULL;
@@ -256,7 +257,7 @@ static brg_status ipc_send_connect(brg__conn *c, const brg__conn_params *p, cons
     v->mem = dev;
   } else {
     if ((e = api->drv.ipc_mem_open((void **)&v->mem, info.handle)) != 0)
-      return brg__error(err, BRG_ERR_SYSTEM, "cuda_ipc",
+      return brg__error(err, BRG_ERR_SYSTEM, "init",
                         "rank %d: mapping the GPU memory of rank %d (pid %d) with "
                         "cudaIpcOpenMemHandle failed: %s",
                         p->rank, p->peer, info.pid, api->drv.error_string(e));

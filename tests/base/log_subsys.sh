@@ -12,9 +12,9 @@ listed=$(BRIGADE_DEBUG= "$info" | sed -n 's/.*comma-separated subsystems to log 
 [ -n "$listed" ] || fail "brigade-info prints no list of subsystems"
 
 # Names passed to the log macros and brg__error, and *_SUBSYS constants.
-used=$(grep -rhoE 'BRG__(WARN|INFO|TRACE)\("[a-z]+"|brg__error\([^,]+, [^,]+, "[a-z]+"|_SUBSYS "[a-z]+"' \
+used=$(grep -rhoE 'BRG__(WARN|INFO|TRACE)\("[a-z_]+"|brg__error\([^,]+, [^,]+, "[a-z_]+"|_SUBSYS "[a-z_]+"' \
          "$src/base" "$src/kernels" "$src/transport" "$src/runtime" |
-       grep -oE '"[a-z]+"$' | tr -d '"' | sort -u)
+       grep -oE '"[a-z_]+"$' | tr -d '"' | sort -u)
 [ -n "$used" ] || fail "found no subsystem in the sources"
 
 missing=$(printf '%s\n' "$used" | grep -vxF "$listed" || true)
