@@ -236,12 +236,29 @@ typedef struct setup_msg {
   unsigned char info[BRG__CONN_INFO_BYTES];
 } setup_msg;
 
+/* An end on `gpu` tells the other its GPU and learns the other's. */
+static int meet(end *e, int gpu, uint64_t process, brg__gpu_desc *self, brg__gpu_desc *peer) {
+  if (!cuda_ok(e, e->api->drv.set_device(gpu), "set_device")) return 0;
+  desc_of(e, self, process, gpu);
+  return xwrite(e, self, sizeof *self) && xread(e, peer, sizeof *peer);
+}
+
+/* Closes an end's link (which must leave the conn clear) and frees its
+ * GPU buffer, stream and host buffers. */
+static void finish(end *e, brg__conn *c, void *dbuf, void *st, void *got, void *want, void *host) {
+  c->ops->close(c);
+  EXPECT(e, c->priv == NULL && c->fifo.data == NULL, "close left the conn set");
+  if (dbuf) e->api->drv.mem_free(dbuf);
+  if (st) e->api->drv.stream_destroy(st);
+  free(got);
+  free(want);
+  free(host);
+}
+
 static void receiver(end *e, const link_case *lc, uint64_t process) {
   const brg__cuda_api *api = e->api;
-  if (!cuda_ok(e, api->drv.set_device(lc->recv_gpu), "set_device")) return;
   brg__gpu_desc self, peer;
-  desc_of(e, &self, process, lc->recv_gpu);
-  if (!xwrite(e, &self, sizeof self) || !xread(e, &peer, sizeof peer)) return;
+  if (!meet(e, lc->recv_gpu, process, &self, &peer)) return;
   brg__gpu_link_params g = {.api = api, .self = self, .peer = peer, .bytes = REGION};
   brg__conn_params p = params_of(1, 0, &g);
   brg__errbuf err = {0};
@@ -311,21 +328,13 @@ static void receiver(end *e, const link_case *lc, uint64_t process) {
   /* The sender unmaps first; the owner frees after. */
   ack_wait(e, 200u);
 out:
-  c.ops->close(&c);
-  EXPECT(e, c.priv == NULL && c.fifo.data == NULL, "close left the conn set");
-  if (dsrc) api->drv.mem_free(dsrc);
-  if (st) api->drv.stream_destroy(st);
-  free(got);
-  free(want);
-  free(host);
+  finish(e, &c, dsrc, st, got, want, host);
 }
 
 static void sender(end *e, const link_case *lc, uint64_t process) {
   const brg__cuda_api *api = e->api;
-  if (!cuda_ok(e, api->drv.set_device(lc->send_gpu), "set_device")) return;
   brg__gpu_desc self, peer;
-  desc_of(e, &self, process, lc->send_gpu);
-  if (!xwrite(e, &self, sizeof self) || !xread(e, &peer, sizeof peer)) return;
+  if (!meet(e, lc->send_gpu, process, &self, &peer)) return;
   setup_msg m;
   if (!xread(e, &m, sizeof m) || m.status != BRG_SUCCESS) return;
   brg__gpu_link_params g = {
@@ -380,13 +389,7 @@ static void sender(end *e, const link_case *lc, uint64_t process) {
   c.ops->close(&c);
   ack_send(e, 200u);
 out:
-  c.ops->close(&c); /* a second close is a no-op */
-  EXPECT(e, c.priv == NULL && c.fifo.data == NULL, "close left the conn set");
-  if (dbuf) api->drv.mem_free(dbuf);
-  if (st) api->drv.stream_destroy(st);
-  free(got);
-  free(want);
-  free(host);
+  finish(e, &c, dbuf, st, got, want, host); /* a second close is a no-op */
 }
 
 /* ---- the two ends as processes ---- */
