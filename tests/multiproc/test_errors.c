@@ -834,8 +834,8 @@ static int body_transports_mismatch(mp_ctx *ctx) {
   MP_CHECK(st != BRG_SUCCESS, "init with BRIGADE_TRANSPORTS differing in cuda_ipc succeeded");
   if (ends) {
     MP_CHECK(st == BRG_ERR_MISMATCH || st == BRG_ERR_REMOTE,
-             "init with BRIGADE_TRANSPORTS differing between ranks: %s (%s)",
-             brg_status_string(st), m);
+             "init with BRIGADE_TRANSPORTS differing between ranks: %s (%s)", brg_status_string(st),
+             m);
     MP_CHECK(mp_contains(m, "cuda_ipc") || st == BRG_ERR_REMOTE,
              "the message does not name cuda_ipc: \"%s\"", m);
   }
@@ -1522,14 +1522,14 @@ static int case_threads(int n) {
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(
-        stderr,
-        "usage: %s "
-        "args|garbage|garbage_open|absent|kill|stop|abort|mismatch|rings_mismatch|transports_mismatch|"
-        "env|log|secret|"
-        "launch|"
-        "threads [N]\n",
-        argv[0]);
+    fprintf(stderr,
+            "usage: %s "
+            "args|garbage|garbage_open|absent|kill|stop|abort|mismatch|rings_mismatch|transports_"
+            "mismatch|"
+            "env|log|secret|"
+            "launch|"
+            "threads [N]\n",
+            argv[0]);
     return 2;
   }
   const char *c = argv[1];
