@@ -920,31 +920,54 @@ static int gdr_register(struct brg__dev_ring *d, brg__conn *link, void *p, size_
   return 0;
 }
 
-/* GPUDirect RDMA on the links to and from other hosts, where the transport
- * and the GPU allow it; whether it then runs is decided with the neighbour. */
+/* What one rank offers for GPUDirect RDMA on its staged links. */
+typedef struct gdr_offer {
+  int32_t *send_ok, *recv_ok; /* set where registered */
+  uint32_t *rkey;             /* of the receive slots */
+  char *why;                  /* why not, for the log */
+  size_t why_bytes;
+} gdr_offer;
+
+/* Registers GPU slots (`bytes` each way) with a staged send and receive
+ * link (NULL: that link is not staged): the receive slots at *rbuf (made
+ * here when NULL), the send slots made at *sbuf. */
+static void gdr_offer_slots(struct brg__dev_ring *d, brg__conn *send, brg__conn *recv, size_t bytes,
+                            char **rbuf, char **sbuf, const gdr_offer *o) {
+  unsigned char unused[HB];
+  /* Kernels may read what the network wrote only after a flush (or on a
+   * GPU that orders those writes itself). */
+  int e = recv ? d->api->drv.flush_rdma_writes() : 0;
+  if (e) {
+    snprintf(o->why, o->why_bytes, "receive: %s", d->api->drv.error_string(e));
+  } else if (recv) {
+    /* Exported memory, of which every driver makes a dmabuf. */
+    e = *rbuf ? 0 : d->api->drv.ipc_mem_export((void **)rbuf, bytes, unused);
+    if (e)
+      snprintf(o->why, o->why_bytes, "cudaMalloc: %s", d->api->drv.error_string(e));
+    else if (gdr_register(d, recv, *rbuf, bytes, o->rkey, o->why, o->why_bytes) == 0)
+      *o->recv_ok = 1;
+  }
+  if (send) {
+    e = d->api->drv.ipc_mem_export((void **)sbuf, bytes, unused);
+    if (e)
+      snprintf(o->why, o->why_bytes, "cudaMalloc: %s", d->api->drv.error_string(e));
+    else if (gdr_register(d, send, *sbuf, bytes, NULL, o->why, o->why_bytes) == 0)
+      *o->send_ok = 1;
+  }
+}
+
+/* GPUDirect RDMA on step mode's staged links, where the transport and the
+ * GPU allow it; whether it then runs is decided with the neighbour. */
 static void setup_gdr(struct brg__dev_ring *d, dev_blob *b) {
-  size_t bytes = (size_t)d->nslots * d->gdr_stride;
   if (!brg__device_int(BRG__DEVICE_IB_GDR)) {
     snprintf(b->gdr_why, sizeof b->gdr_why, "off (BRIGADE_IB_GDR=0)");
     return;
   }
-  /* Kernels may read what the network wrote only after a flush (or on a
-   * GPU that orders those writes itself). */
-  int e = d->recv_staged ? d->api->drv.flush_rdma_writes() : 0;
-  if (e)
-    snprintf(b->gdr_why, sizeof b->gdr_why, "receive: %s", d->api->drv.error_string(e));
-  else if (d->recv_staged && gdr_register(d, d->link_recv, d->fifo, bytes, &b->gdr_rkey, b->gdr_why,
-                                          sizeof b->gdr_why) == 0)
-    d->recv_reg = b->gdr_recv_ok = 1;
-  if (d->send_staged) {
-    unsigned char unused[HB];
-    e = d->api->drv.ipc_mem_export((void **)&d->gdr_send, bytes, unused);
-    if (e)
-      snprintf(b->gdr_why, sizeof b->gdr_why, "cudaMalloc: %s", d->api->drv.error_string(e));
-    else if (gdr_register(d, d->link_send, d->gdr_send, bytes, NULL, b->gdr_why,
-                          sizeof b->gdr_why) == 0)
-      d->send_reg = b->gdr_send_ok = 1;
-  }
+  gdr_offer o = {&b->gdr_send_ok, &b->gdr_recv_ok, &b->gdr_rkey, b->gdr_why, sizeof b->gdr_why};
+  gdr_offer_slots(d, d->send_staged ? d->link_send : NULL, d->recv_staged ? d->link_recv : NULL,
+                  (size_t)d->nslots * d->gdr_stride, &d->fifo, &d->gdr_send, &o);
+  d->send_reg = b->gdr_send_ok;
+  d->recv_reg = b->gdr_recv_ok;
 }
 
 /* Whether kernels of `peer`'s GPU reach this rank's GPU memory. */
@@ -959,8 +982,6 @@ static int reaches(const struct brg__dev_ring *d, const dev_blob *self, const de
  * slots registered with the proxy's links, where the transport and the GPU
  * allow it; whether it then runs is decided with the neighbour. */
 static void setup_kernel_gdr(brg_comm *c, struct brg__dev_ring *d, dev_blob *b) {
-  size_t bytes = (size_t)d->nslots * d->kslot;
-  unsigned char unused[HB];
   if (!d->send_staged && !d->recv_staged) return;
   if (!brg__device_int(BRG__DEVICE_IB_GDR)) {
     snprintf(b->kgdr_why, sizeof b->kgdr_why, "off (BRIGADE_IB_GDR=0)");
@@ -971,29 +992,13 @@ static void setup_kernel_gdr(brg_comm *c, struct brg__dev_ring *d, dev_blob *b) 
              d->kchannels, c->devnet->nslots);
     return;
   }
-  /* The proxy makes what the network wrote visible to the running kernel
-   * before it raises the tail (or the GPU orders those writes itself). */
-  int e = d->recv_staged ? d->api->drv.flush_rdma_writes() : 0;
-  if (e) {
-    snprintf(b->kgdr_why, sizeof b->kgdr_why, "receive: %s", d->api->drv.error_string(e));
-  } else if (d->recv_staged) {
-    /* Exported memory, of which every driver makes a dmabuf. */
-    e = d->api->drv.ipc_mem_export((void **)&d->kgdr_rbuf, bytes, unused);
-    if (e)
-      snprintf(b->kgdr_why, sizeof b->kgdr_why, "cudaMalloc: %s", d->api->drv.error_string(e));
-    else if (gdr_register(d, &c->devnet->recv, d->kgdr_rbuf, bytes, &b->kgdr_rkey, b->kgdr_why,
-                          sizeof b->kgdr_why) == 0)
-      b->kgdr_recv_ok = 1;
-    b->kgdr_rptr = (uint64_t)(uintptr_t)d->kgdr_rbuf;
-  }
-  if (d->send_staged) {
-    e = d->api->drv.ipc_mem_export((void **)&d->kgdr_sbuf, bytes, unused);
-    if (e)
-      snprintf(b->kgdr_why, sizeof b->kgdr_why, "cudaMalloc: %s", d->api->drv.error_string(e));
-    else if (gdr_register(d, &c->devnet->send, d->kgdr_sbuf, bytes, NULL, b->kgdr_why,
-                          sizeof b->kgdr_why) == 0)
-      b->kgdr_send_ok = 1;
-  }
+  /* The proxy flushes what the network wrote before it raises a tail. */
+  gdr_offer o = {&b->kgdr_send_ok, &b->kgdr_recv_ok, &b->kgdr_rkey, b->kgdr_why,
+                 sizeof b->kgdr_why};
+  gdr_offer_slots(d, d->send_staged ? &c->devnet->send : NULL,
+                  d->recv_staged ? &c->devnet->recv : NULL, (size_t)d->nslots * d->kslot,
+                  &d->kgdr_rbuf, &d->kgdr_sbuf, &o);
+  b->kgdr_rptr = (uint64_t)(uintptr_t)d->kgdr_rbuf;
 }
 
 static const char *kmode_name(int m) {
