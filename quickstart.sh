@@ -51,6 +51,26 @@ check_format() {
 }
 jobs=$(nproc)
 
+# The ten slowest tests of a tree and the phase's wall time, from meson's
+# test log, so that what a CI run costs is in its own output.
+phase_start=$SECONDS
+report_phase() {
+  local log="$1/meson-logs/testlog.json"
+  echo "quickstart: $1: $((SECONDS - phase_start)) s"
+  if [ -f "$log" ]; then
+    python3 - "$log" <<'PY' || true
+import json, sys
+runs = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+runs.sort(key=lambda r: -r.get("duration", 0))
+print("quickstart: slowest tests (%d run, %.0f s of test time):" %
+      (len(runs), sum(r.get("duration", 0) for r in runs)))
+for r in runs[:10]:
+    print("  %7.1f s  %s" % (r.get("duration", 0), r.get("name", "?")))
+PY
+  fi
+  phase_start=$SECONDS
+}
+
 case "${1:-}" in
   bench)
     need_pkgs "${base_pkgs[@]}"
@@ -72,24 +92,29 @@ case "${1:-}" in
     need_pkgs "${base_pkgs[@]}" libibverbs-dev g++ iproute2 clang-format python3-matplotlib \
       python3-pytest python3-numpy python3-torch clang libclang-rt-14-dev
     check_format
+    phase_start=$SECONDS
     [ -d build-test ] || meson setup build-test --buildtype=debugoptimized --werror
     ninja -C build-test
     meson test -C build-test --print-errorlogs --num-processes "$jobs"
+    report_phase build-test
+    # The sanitizer trees leave out what they cannot watch: the CUDA module
+    # (built by nvcc, never instrumented, and without a GPU only loaded to
+    # say so, which the first tree checks) and the bench peers. Their
+    # device tests run on the emulated module, which is instrumented.
     [ -d build-asan ] || meson setup build-asan --buildtype=debug --werror \
-      -Db_sanitize=address,undefined -Db_lundef=false
+      -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled -Dbench_peers=disabled
     ninja -C build-asan
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
       meson test -C build-asan --print-errorlogs --num-processes "$jobs" --timeout-multiplier 3
+    report_phase build-asan
     # ThreadSanitizer slows code 5-15x, so only suite tsan runs under it.
-    # The CUDA module (built by nvcc, so not instrumented) and the bench
-    # peers are left out of this tree; the device tests of suite tsan run
-    # on the emulated CUDA module, which is.
     [ -d build-tsan ] || meson setup build-tsan --buildtype=debugoptimized --werror \
       -Db_sanitize=thread -Db_lundef=false -Dcuda=disabled -Dbench_peers=disabled
     ninja -C build-tsan
     TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
       meson test -C build-tsan --print-errorlogs --num-processes "$jobs" --timeout-multiplier 3 \
       --suite tsan
+    report_phase build-tsan
     # libFuzzer over what brigade reads before it trusts a peer (bootstrap
     # hello, unique id, the root's service and table, ring frames, the tcp
     # and ibverbs hellos), 25 s from the committed corpus; new inputs go to a

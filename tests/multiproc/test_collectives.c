@@ -604,6 +604,22 @@ static void do_broadcast(run *R, const dinfo *di, size_t count, int inplace, int
 static const size_t COUNTS[] = {0, 1, 7, 31, 4099, 65537, 262147, BIG};
 #define NCOUNTS (sizeof COUNTS / sizeof COUNTS[0])
 
+/* MP_MATRIX=pairs: every pair of factors instead of their full product.
+ * Each count meets every dtype, each (count, dtype) both placements, and
+ * each op meets every count, every dtype and both placements, in a fifth
+ * of the calls (and half of them for the collectives without an op). The
+ * runs that repeat the code paths of a full run with another transport
+ * setting (slices, FIFO depth, more ranks, a sanitizer) take it. */
+static int pairs_only = 0;
+
+static int skip_op(size_t ci, int d, int op, int ip) {
+  return pairs_only && op != (int)((ci + (size_t)d + (size_t)ip) % BRG_NUM_OPS);
+}
+
+static int skip_place(size_t ci, int d, int ip) {
+  return pairs_only && ip != (int)((ci + (size_t)d) % 2);
+}
+
 /* Roots to try: all of them for small N, first/last/middle otherwise. */
 static int roots_for(int n, int *roots) {
   if (n <= 4) {
@@ -628,6 +644,7 @@ static void part_allreduce(run *R) {
       for (int op = 0; op < BRG_NUM_OPS; op++)
         for (int ip = 0; ip < 2; ip++) {
           if (R->broken) return;
+          if (skip_op(ci, d, op, ip)) continue;
           do_allreduce(R, &DTYPES[d], op, COUNTS[ci], ip);
         }
   }
@@ -641,6 +658,7 @@ static void part_reduce_scatter(run *R) {
       for (int op = 0; op < BRG_NUM_OPS; op++)
         for (int ip = 0; ip < 2; ip++) {
           if (R->broken) return;
+          if (skip_op(ci, d, op, ip)) continue;
           do_reduce_scatter(R, &DTYPES[d], op, rc, ip);
         }
   }
@@ -653,6 +671,7 @@ static void part_all_gather(run *R) {
     for (int d = 0; d < BRG_NUM_DTYPES; d++)
       for (int ip = 0; ip < 2; ip++) {
         if (R->broken) return;
+        if (skip_place(ci, d, ip)) continue;
         do_all_gather(R, &DTYPES[d], sc, ip);
       }
   }
@@ -663,6 +682,7 @@ static void part_broadcast(run *R) {
   for (size_t ci = 0; ci < NCOUNTS; ci++) {
     for (int d = 0; d < BRG_NUM_DTYPES; d++)
       for (int ip = 0; ip < 2; ip++) {
+        if (skip_place(ci, d, ip)) continue;
         if (COUNTS[ci] == BIG) { /* one root per large call, rotating */
           if (R->broken) return;
           do_broadcast(R, &DTYPES[d], COUNTS[ci], ip, (d * 2 + ip + 1) % R->n);
@@ -682,6 +702,7 @@ static void part_reduce(run *R) {
     for (int d = 0; d < BRG_NUM_DTYPES; d++)
       for (int op = 0; op < BRG_NUM_OPS; op++)
         for (int ip = 0; ip < 2; ip++) {
+          if (skip_op(ci, d, op, ip)) continue;
           if (COUNTS[ci] >= 262147) {
             if (R->broken) return;
             do_reduce(R, &DTYPES[d], op, COUNTS[ci], ip, (d * 10 + op * 2 + ip + 1) % R->n, 1);
@@ -1326,6 +1347,13 @@ int main(int argc, char **argv) {
     pl.want[p] = 1;
   }
   if (self_test()) return 1;
+  const char *matrix = getenv("MP_MATRIX");
+  if (matrix && strcmp(matrix, "pairs") == 0) {
+    pairs_only = 1;
+  } else if (matrix && *matrix && strcmp(matrix, "full") != 0) {
+    fprintf(stderr, "MP_MATRIX=%s: expected full or pairs\n", matrix);
+    return 2;
+  }
   int device = getenv("MP_DEVICE") && atoi(getenv("MP_DEVICE"));
   if (device) {
     /* Only the copy and reduce collectives take GPU buffers. */
@@ -1351,7 +1379,8 @@ int main(int argc, char **argv) {
     if (WEXITSTATUS(st) != 0) return WEXITSTATUS(st);
   }
   char name[64];
-  snprintf(name, sizeof name, "collectives N=%d %s%s", n, mp_transport(), device ? " device" : "");
+  snprintf(name, sizeof name, "collectives N=%d %s%s%s", n, mp_transport(), device ? " device" : "",
+           pairs_only ? " (pairs)" : "");
   const char *tr = getenv("BRIGADE_TRANSPORTS");
   mp_opts o = {
       .name = name,
