@@ -117,3 +117,25 @@ void brg__config_print(brg__cfg_section *s, FILE *f) {
             e->is_set ? "[set] " : "", e->defval, e->help);
   }
 }
+
+/* One cell of a Markdown table: '|' escaped, newlines as spaces. */
+static void md_cell(FILE *f, const char *text) {
+  for (const char *c = text; *c; c++) {
+    if (*c == '|')
+      fputs("\\|", f);
+    else
+      fputc(*c == '\n' ? ' ' : *c, f);
+  }
+}
+
+void brg__config_print_markdown(const brg__cfg_section *s, FILE *f) {
+  for (int i = 0; i < s->count; i++) {
+    const brg__cfg_entry *e = &s->entries[i];
+    fprintf(f, "| `%s` | %s | ", e->name, e->defval[0] ? e->defval : "(empty)");
+    md_cell(f, e->help);
+    if (e->kind != BRG__CFG_KIND_STRING)
+      fprintf(f, " (%s, %lld to %lld)", e->kind == BRG__CFG_KIND_SIZE ? "bytes" : "integer",
+              (long long)e->min, (long long)e->max);
+    fputs(" |\n", f);
+  }
+}

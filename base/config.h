@@ -68,5 +68,8 @@ brg_status brg__config_parse_int(const char *s, int64_t *out);
 
 /* Prints the section's entries: name, value, default, help. */
 void brg__config_print(brg__cfg_section *s, FILE *f);
+/* The same as rows of a Markdown table (name, default, help and bounds),
+ * from the table alone: the environment plays no part. */
+void brg__config_print_markdown(const brg__cfg_section *s, FILE *f);
 
 #endif

@@ -152,6 +152,13 @@ void brg__settings_print(FILE *f) {
   for (int i = 0; i < n; i++) brg__config_print(all[i], f);
 }
 
+void brg__settings_print_markdown(FILE *f) {
+  brg__cfg_section *all[BRG__SETTINGS_MAX_SECTIONS];
+  int n = brg__settings_sections(all, BRG__SETTINGS_MAX_SECTIONS);
+  fputs("| variable | default | meaning |\n|---|---|---|\n", f);
+  for (int i = 0; i < n; i++) brg__config_print_markdown(all[i], f);
+}
+
 /* BRIGADE_ALGO's names (hier.c), in brg__algo order. */
 static const char *const algo_names[] = {"auto", "ring", "hier"};
 

@@ -81,5 +81,7 @@ brg_status brg__settings_load(brg__errbuf *err);
 
 /* Prints every section as one table: name, value, default, help. */
 void brg__settings_print(FILE *f);
+/* Every setting as a Markdown table (docs/settings.md is this output). */
+void brg__settings_print_markdown(FILE *f);
 
 #endif

@@ -32,13 +32,27 @@ static int allowed(const char *allow, const char *name) {
   }
 }
 
+/* docs/settings.md: the settings table from the library's own tables, the
+ * same on every machine (a test compares the two). */
+static int print_markdown(void) {
+  printf("# Settings\n\n"
+         "Every `BRIGADE_*` environment variable brigade reads, with its default and\n"
+         "bounds. This page is the output of `brigade-info --markdown`; a test checks\n"
+         "that it matches the library. `brigade-info` with no argument prints the same\n"
+         "settings with the values in force on this machine.\n\n");
+  brg__settings_print_markdown(stdout);
+  return 0;
+}
+
 int main(int argc, char **argv) {
+  if (argc == 2 && strcmp(argv[1], "--markdown") == 0) return print_markdown();
   if (argc > 1) {
     int help = strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0;
     fprintf(help ? stdout : stderr,
-            "usage: brigade-info\n"
+            "usage: brigade-info [--markdown]\n"
             "Prints brigade's version, its settings (BRIGADE_* environment variables)\n"
-            "and the transports that can run on this machine.\n");
+            "and the transports that can run on this machine; --markdown prints the\n"
+            "settings as the Markdown table of docs/settings.md.\n");
     return help ? 0 : 2;
   }
 
