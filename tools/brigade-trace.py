@@ -503,6 +503,12 @@ def draw(ranks, out, stalled, max_arrows=400):
         for step, iv in ws.items():
             ax.broken_barh(iv, (row_y(r.rank, min(step, nsteps - 1)), row_h * 0.9),
                            facecolors="white", edgecolors="0.25", hatch="////", linewidth=0)
+    # Each row's step number, at the left edge of the lane.
+    if nsteps > 1:
+        for r in ranks:
+            for t in range(nsteps):
+                ax.text(0.002, row_y(r.rank, t) + row_h * 0.45, str(t), fontsize=5,
+                        color="0.45", ha="left", va="center", transform=ax.get_yaxis_transform())
     # Hand-offs: an arrow from where the sender finished a slice to where
     # its successor had it (the end of its wait for it).
     pairs = handoffs(ranks)
@@ -524,8 +530,8 @@ def draw(ranks, out, stalled, max_arrows=400):
             ax.get_yticklabels()[lane[worst]].set_color("red")
             ax.set_title(f"others waited {t / 1000:.2f} ms for rank {worst}", loc="right",
                          color="red", fontsize=9)
-    ax.set_xlabel(f"time ({unit}) from the first span; in each rank's lane one row per step, "
-                  f"step 0 on top")
+    ax.set_xlabel(f"time ({unit}) from the first span; in each rank's lane one row per step "
+                  f"(numbered at the left), step 0 on top")
     kinds = sorted({c[2]["kind"] for r in ranks for c in r.colls})
     note = "" if len(drawn) == len(pairs) else f"; arrows: first {len(drawn)} of {len(pairs)}"
     ax.set_title(f"brigade: {', '.join(kinds) or 'collectives'} over {n} ranks in ring order"
