@@ -125,6 +125,35 @@ def near(a, b, tol=0.005):
     return abs(a - b) <= tol
 
 
+def check_handoffs(tool, files, n):
+    """brigade-trace's matching of sent slices to received ones (its
+    timeline's arrows and its link figures): every slice a rank sent is
+    paired with one its successor received, of the same collective, chunk,
+    slice and size, one step later in the schedule."""
+    import importlib.machinery
+    import importlib.util
+    loader = importlib.machinery.SourceFileLoader("brigade_trace", tool)
+    spec = importlib.util.spec_from_loader("brigade_trace", loader)
+    bt = importlib.util.module_from_spec(spec)
+    loader.exec_module(bt)
+    ranks = bt.load_all(files)
+    pairs = bt.handoffs(ranks)
+    sent = sum(1 for r in ranks for s in r.slices if s[2]["send_to"] >= 0)
+    check(len(pairs) == sent, f"N={n}: {len(pairs)} hand-offs for {sent} slices sent")
+    for src, s_, dst, q in pairs:
+        a, b = s_[2], q[2]
+        ok = (dst == (src + 1) % n and a["send_to"] == dst and b["recv_from"] == src and
+              a["seq"] == b["seq"] and a["chunk"] == b["chunk"] and a["slice"] == b["slice"] and
+              a["bytes"] == b["bytes"] and b["step"] == a["step"] + 1)
+        if not check(ok, f"N={n}: rank {src} {a} handed to rank {dst} {b}"):
+            break
+    links = bt.link_table(ranks)
+    for (src, dst), (nbytes, flow, _, _) in links.items():
+        busy = sum(c[1] - c[0] for c in ranks[dst].colls)
+        check(0 < flow <= busy, f"N={n}: link {src} -> {dst} flowed {flow} us, outside the "
+              f"{busy} us its receiver spent in collectives")
+
+
 def test_spans(run, prog, tool, n, tmp):
     count, calls = 5 * 1024 + 3, 2
     _, files = run_ranks(run, prog, n, [count, calls], tmp)
@@ -205,6 +234,7 @@ def test_spans(run, prog, tool, n, tmp):
         check(len(waits) + len(slices) + len(colls) + len(steps) ==
               sum(1 for e in evs if e["ph"] != "M"), f"{tag}: events of unknown kinds")
 
+    check_handoffs(tool, files, n)
     merged = os.path.join(tmp, "merged.json")
     png = os.path.join(tmp, "timeline.png")
     p = subprocess.run([tool] + files + ["--merge", merged, "-o", png], stdout=subprocess.PIPE,
