@@ -343,13 +343,13 @@ def test_stall(run, prog, tool, tmp):
             continue
         in_coll, waited, late = float(row.group(1)), float(row.group(3)), float(row.group(5))
         check(late >= 0.75 * stop_ms, f"rank {r}: late call {late} ms, stopped {stop_ms} ms")
-        check(waited < 0.25 * stop_ms, f"rank {r}: {waited} ms of waiting on the ring, which "
+        check(waited < 0.5 * stop_ms, f"rank {r}: {waited} ms of waiting on the ring, which "
               "should leave out the wait for rank 1's late call")
         check(in_coll >= late, f"rank {r}: late call {late} ms beyond its {in_coll} ms in #2")
     # Links: measured while data flowed, so the stop does not show as a slow link.
     for m in re.finditer(r"^\s+(\d) -> (\d)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)", p.stdout,
                          re.M):
-        check(float(m.group(4)) < 0.25 * stop_ms, f"link {m.group(1)} -> {m.group(2)}: "
+        check(float(m.group(4)) < 0.5 * stop_ms, f"link {m.group(1)} -> {m.group(2)}: "
               f"{m.group(4)} ms of flow, counting the {stop_ms} ms stop")
 
 
