@@ -558,6 +558,7 @@ def draw(ranks, out, stalled, max_arrows=400):
     except OSError as e:
         fail(f"{e.filename}: cannot write: {e.strerror}")
     print(f"wrote {' and '.join(outs)}")
+    return fig
 
 
 def main(argv=None):

@@ -125,6 +125,40 @@ def near(a, b, tol=0.005):
     return abs(a - b) <= tol
 
 
+def check_drawing(bt, ranks, pairs, n):
+    """What the timeline draws: every slice on its step's row in its rank's
+    lane, reduce-scatter slices blue and all-gather ones orange, and one
+    arrow per hand-off. Skipped where matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+    except ImportError:
+        return
+    with tempfile.TemporaryDirectory(prefix="brigade-draw-") as d:
+        fig = bt.draw(ranks, os.path.join(d, "t.png"), {})
+    ax = fig.axes[0]
+    arrows = [t for t in ax.texts if getattr(t, "arrow_patch", None) is not None]
+    check(len(arrows) == min(len(pairs), 400), f"N={n}: {len(arrows)} arrows for "
+          f"{len(pairs)} hand-offs")
+    want_rs = sum(1 for r in ranks for s in r.slices
+                  if s[2]["prim"] in ("send", "recv_reduce_send", "recv_reduce_copy_send"))
+    want_ag = sum(1 for r in ranks for s in r.slices) - want_rs
+    rs = ag = 0
+    for coll in ax.collections:
+        for fc in coll.get_facecolors():
+            r_, g_, b_ = fc[:3]
+            if b_ > r_ + 0.1:
+                rs += 1
+            elif r_ > b_ + 0.1 and g_ < r_:
+                ag += 1
+    check(rs == want_rs and ag == want_ag, f"N={n}: {rs} blue and {ag} orange bars for "
+          f"{want_rs} reduce-scatter and {want_ag} all-gather slices")
+    rows = {round(y, 6) for coll in ax.collections for p in coll.get_paths()
+            for y in [p.vertices[:, 1].min()]}
+    check(len(rows) >= n * (2 * n - 1), f"N={n}: bars on {len(rows)} distinct rows, expected "
+          f"at least one per step and rank ({n * (2 * n - 1)})")
+
+
 def check_handoffs(tool, files, n):
     """brigade-trace's matching of sent slices to received ones (its
     timeline's arrows and its link figures): every slice a rank sent is
@@ -147,6 +181,7 @@ def check_handoffs(tool, files, n):
               a["bytes"] == b["bytes"] and b["step"] == a["step"] + 1)
         if not check(ok, f"N={n}: rank {src} {a} handed to rank {dst} {b}"):
             break
+    check_drawing(bt, ranks, pairs, n)
     links = bt.link_table(ranks)
     for (src, dst), (nbytes, flow, _, _) in links.items():
         busy = sum(c[1] - c[0] for c in ranks[dst].colls)
