@@ -3,10 +3,14 @@
  * engine's hooks, written out as Chrome trace event JSON.
  *
  * In the file, pid is the rank and tid a track: 0 collectives, 1 slices
- * (with their waits nested inside), 2 steps. A step of a pipelined
- * collective overlaps the steps around it (slices run step after step, one
- * slice at a time), so steps are async spans ("b"/"e"), which trace viewers
- * stack where they overlap.
+ * (with their waits nested inside). A step of a pipelined collective
+ * overlaps the steps around it (slices run step after step, one slice at a
+ * time), so steps are async spans ("b"/"e"), which trace viewers stack
+ * where they overlap. Their id is process-scoped ("id2": {"local": step}):
+ * a plain "id" is global, so in a merged file Perfetto would put every
+ * rank's step t on one track and pair one rank's begin with another's
+ * end. With a local id each rank has one row per step, which holds that
+ * step of every collective in turn.
  */
 #include "trace.h"
 
@@ -330,9 +334,9 @@ static void put_event(FILE *f, const brg__trace *t, const trace_ev *e, const brg
   }
   case EV_STEP:
     for (int end = 0; end < 2; end++) {
-      put_span(f, t, end ? "e" : "b", r, 2, end ? e->t1 : e->t0, -1);
-      fprintf(f, ",\"cat\":\"step\",\"id\":\"%llu.%d\",\"name\":\"step %d %s\"",
-              (unsigned long long)e->seq, e->step, e->step, brg__prim_name((brg__prim)e->what));
+      put_span(f, t, end ? "e" : "b", r, 0, end ? e->t1 : e->t0, -1);
+      fprintf(f, ",\"cat\":\"step\",\"id2\":{\"local\":\"step %d\"},\"name\":\"step %d %s\"",
+              e->step, e->step, brg__prim_name((brg__prim)e->what));
       if (!end)
         fprintf(f,
                 ",\"args\":{\"seq\":%llu,\"step\":%d,\"chunk\":%d,\"prim\":\"%s\",\"bytes\":%llu,"
@@ -390,8 +394,8 @@ static void trace_write(brg_comm *c) {
           "{\"ph\":\"M\",\"pid\":%d,\"name\":\"process_sort_index\",\"args\":{\"sort_index\":"
           "%d}},\n",
           r, r);
-  static const char *tracks[] = {"collectives", "slices", "steps"};
-  for (int i = 0; i < 3; i++)
+  static const char *tracks[] = {"collectives", "slices"};
+  for (int i = 0; i < 2; i++)
     fprintf(f,
             "{\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"name\":\"thread_name\",\"args\":{\"name\":"
             "\"%s\"}},\n",

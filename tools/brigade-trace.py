@@ -7,13 +7,23 @@
 
 The inputs are the per-rank files BRIGADE_TRACE_FILE=trace.%r.json writes
 (Chrome trace event JSON). Their timestamps are already on one clock (the
-rank at ring position 0's), so merging is a concatenation. The summary says,
-per rank, how long it worked and how long it waited and for whom: "waits on"
-is the neighbour it waited for, "stalled by" follows that neighbour's own
-waits around the ring to the rank that was really late ("self" when the
-chain comes back round: no rank was working, the data was on its way or
-the ranks were not scheduled). Then per link the
-bytes, the achieved bandwidth and the waits, and the slowest link.
+rank at ring position 0's), so merging is a concatenation.
+
+The summary counts only time inside collectives. Per rank: how long it
+worked and how long it waited and for whom: "waits on" is the neighbour it
+waited for, "stalled by" follows that neighbour's own waits around the ring
+to the rank that was really late ("self" when the chain comes back round:
+no rank was working, the data was on its way or the ranks were not
+scheduled). A wait for a rank that had not yet called the collective (a
+benchmark's pause between calls, a rank slow in its own work) is "late
+call", apart from the waiting on the ring. Per link: the bytes, the time
+data flowed (a slice between sender and receiver, both at it), the
+bandwidth over that time, and the waits; then the slowest link.
+
+The timeline (-o) has one lane per rank in ring order and one row per
+step in each lane: reduce-scatter slices in blue, all-gather in orange
+(the shade and "cN" give the chunk), waiting hatched, and an arrow from
+each slice a rank sent to where its successor received it.
 
 Drawing needs matplotlib (Debian: python3-matplotlib); the summary and
 --merge need only Python 3. Exit status: 0, or 2 for a bad input.
@@ -74,7 +84,8 @@ class Rank:
         self.events = []  # as read, for --merge
         self.colls = []   # (t0, t1, args, name)
         self.slices = []  # (t0, t1, args)
-        self.waits = []   # (t0, t1, peer, for)
+        self.waits = []   # (t0, t1, peer, for, seq)
+        self.wait_step = {}  # (t0, t1) of a wait: its step
 
 
 def load(path):
@@ -133,7 +144,8 @@ def load(path):
             r.slices.append((t0, t1, a))
         elif cat == "wait":
             check_fields(path, f"{where} (wait)", a, WAIT_ARGS)
-            r.waits.append((t0, t1, a["peer"], a["for"]))
+            r.waits.append((t0, t1, a["peer"], a["for"], a["seq"]))
+            r.wait_step[(t0, t1)] = a["step"]
         elif cat == "collective":
             check_fields(path, f"{where} (collective)", a, COLL_ARGS)
             r.colls.append((t0, t1, a, ev["name"]))
@@ -209,12 +221,85 @@ def merge(ranks, out):
         fail(f"{out}: cannot write: {e.strerror}")
 
 
+# ------------------------------------------------------------------ matching
+
+def handoffs(ranks):
+    """Each slice a rank sent, with the slice its successor received it as:
+    [(src, send slice, dst, recv slice)]. Within one collective both ends
+    walk the same schedule and the FIFO between them keeps order, so the
+    k-th slice that src sent to dst is the k-th that dst took from src."""
+    sends, recvs = {}, {}
+    for r in ranks:
+        for sl in r.slices:
+            a = sl[2]
+            if a["send_to"] >= 0:
+                sends.setdefault((a["seq"], r.rank, a["send_to"]), []).append(sl)
+            if a["recv_from"] >= 0:
+                recvs.setdefault((a["seq"], a["recv_from"], r.rank), []).append(sl)
+    out = []
+    for (seq, src, dst), ss in sorted(sends.items()):
+        for s_, q in zip(ss, recvs.get((seq, src, dst), [])):
+            out.append((src, s_, dst, q))
+    return out
+
+
+def write_start(sl):
+    """When a slice's data began to move: after the rank's waits for its
+    predecessor's data and for a free slot at its successor (prim_body
+    takes both before its one pass over the data)."""
+    t0, t1, a = sl
+    return min(t0 + a["wait_recv_us"] + a["wait_send_us"], t1)
+
+
+def data_in(sl):
+    """When the receiving slice had its data: the end of its wait for it."""
+    t0, t1, a = sl
+    return min(t0 + a["wait_recv_us"], t1)
+
+
+def union_len(intervals, minus=()):
+    """Length of the union of intervals, less what the union of `minus`
+    covers of it."""
+    def merged(iv):
+        out = []
+        for lo, hi in sorted(iv):
+            if hi <= lo:
+                continue
+            if out and lo <= out[-1][1]:
+                out[-1][1] = max(out[-1][1], hi)
+            else:
+                out.append([lo, hi])
+        return out
+    a, b = merged(intervals), merged(minus)
+    total, j = 0.0, 0
+    for lo, hi in a:
+        total += hi - lo
+        while j < len(b) and b[j][1] <= lo:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < hi:
+            total -= min(hi, b[k][1]) - max(lo, b[k][0])
+            k += 1
+    return total
+
+
 # ------------------------------------------------------------------ summary
 
-def blame(ranks_by_id, peer, a, b, depth, acc):
-    """Charges [a, b) of someone's wait for `peer`: the parts during which
-    peer itself waited go on to whom it waited for, the rest to peer."""
+def blame(ranks_by_id, peer, seq, a, b, depth, acc, late):
+    """Charges [a, b) of someone's wait for `peer` in collective `seq`: the
+    part before peer had called that collective goes to late[peer] (time
+    outside collectives: the caller's own work between calls); the parts
+    during which peer itself waited go on to whom it waited for, the rest
+    to peer."""
     r = ranks_by_id.get(peer)
+    if r is not None:
+        start = r.coll_start.get(seq)
+        if start is not None and a < start:
+            cut = min(b, start)
+            late[peer] = late.get(peer, 0.0) + cut - a
+            a = cut
+    if b <= a:
+        return
     covered = 0.0
     if r is not None and depth < len(ranks_by_id):
         starts = r.wait_starts
@@ -222,30 +307,57 @@ def blame(ranks_by_id, peer, a, b, depth, acc):
         while i < len(r.waits) and r.waits[i][0] < b:
             lo, hi = max(a, r.waits[i][0]), min(b, r.waits[i][1])
             if hi > lo:
-                blame(ranks_by_id, r.waits[i][2], lo, hi, depth + 1, acc)
+                blame(ranks_by_id, r.waits[i][2], r.waits[i][4], lo, hi, depth + 1, acc, late)
                 covered += hi - lo
             i += 1
     acc[peer] = acc.get(peer, 0.0) + (b - a) - covered
+
+
+def link_table(ranks):
+    """{(src, dst): [bytes, flow us, receiver's data waits us, sender's slot
+    waits us]}. Flow: the time a slice was on its way from src to dst, from
+    src starting to write it (or dst starting on it, if later) to dst
+    finishing with it, overlaps counted once, dst's own waits for a free
+    slot at its successor left out."""
+    flows, links = {}, {}
+    by_id = {r.rank: r for r in ranks}
+    for src, s_, dst, q in handoffs(ranks):
+        l = links.setdefault((src, dst), [0, 0.0, 0.0, 0.0])
+        l[0] += q[2]["bytes"]
+        l[2] += q[2]["wait_recv_us"]
+        l[3] += s_[2]["wait_send_us"]
+        # From when both ends were at it: data written before the receiver
+        # got to the slice sat in the FIFO, it did not flow.
+        flows.setdefault((src, dst), []).append((max(write_start(s_), q[0]), q[1]))
+    for key, iv in flows.items():
+        dst = by_id[key[1]]
+        slot_waits = [(w[0], w[1]) for w in dst.waits if w[3] == "free slot"]
+        links[key][1] = union_len(iv, slot_waits)
+    return links
 
 
 def summarize(ranks, show=True):
     by_id = {r.rank: r for r in ranks}
     for r in ranks:
         r.wait_starts = [w[0] for w in r.waits]
+        r.coll_start = {c[2]["seq"]: c[0] for c in r.colls}
     rows = []
-    stalled_others = {}
+    stalled_others, late_others = {}, {}
     for r in ranks:
         coll = sum(c[1] - c[0] for c in r.colls)
         busy = sum(s[1] - s[0] for s in r.slices)
         wait = sum(w[1] - w[0] for w in r.waits)
-        direct, root = {}, {}
-        for t0, t1, peer, _ in r.waits:
+        direct, root, late = {}, {}, {}
+        for t0, t1, peer, _, seq in r.waits:
             direct[peer] = direct.get(peer, 0.0) + t1 - t0
-            blame(by_id, peer, t0, t1, 1, root)
+            blame(by_id, peer, seq, t0, t1, 1, root, late)
         for p, t in root.items():
             if p != r.rank:
                 stalled_others[p] = stalled_others.get(p, 0.0) + t
-        rows.append((r, coll, busy - wait, wait, direct, root))
+        for p, t in late.items():
+            late_others[p] = late_others.get(p, 0.0) + t
+        lt = sum(late.values())
+        rows.append((r, coll, busy - wait, wait - lt, lt, direct, root))
 
     def who(d, me):
         # "self": the chain of waits came back round to this rank, so no
@@ -258,60 +370,74 @@ def summarize(ranks, show=True):
         return rows, stalled_others
     ncoll = max((len(r.colls) for r in ranks), default=0)
     print(f"brigade trace: {len(ranks)} rank(s) of {ranks[0].meta['nranks']}, "
-          f"{ncoll} collective(s); times in ms")
-    print(f"{'rank':>4} {'host':<12} {'in coll':>9} {'working':>9} {'waiting':>9} {'wait%':>6}"
-          f"  {'waits on (rank: ms)':<24} stalled by (rank: ms)")
-    for r, coll, work, wait, direct, root in rows:
-        pct = 100.0 * wait / coll if coll > 0 else 0.0
+          f"{ncoll} collective(s); times in ms, from each rank's collectives only")
+    print(f"{'rank':>4} {'host':<12} {'in coll':>9} {'working':>9} {'waiting':>9} {'wait%':>6} "
+          f"{'late call':>9}  {'waits on (rank: ms)':<24} stalled by (rank: ms)")
+    for r, coll, work, wait, lt, direct, root in rows:
+        ring_time = coll - lt
+        pct = 100.0 * wait / ring_time if ring_time > 0 else 0.0
         print(f"{r.rank:>4} {r.host[:12]:<12} {coll / 1000:>9.3f} {work / 1000:>9.3f} "
-              f"{wait / 1000:>9.3f} {pct:>5.1f}%  {who(direct, -1):<24} {who(root, r.rank)}")
+              f"{wait / 1000:>9.3f} {pct:>5.1f}% {lt / 1000:>9.3f}  {who(direct, -1):<24} "
+              f"{who(root, r.rank)}")
+    print("  working: in slices, less their waits; waiting: for a neighbour that was inside "
+          "the same collective; late call: for a rank that had not called it yet (its own work "
+          "between calls), left out of waiting and wait%")
+    total_wait = sum(row[3] for row in rows)
     if stalled_others:
         worst = max(stalled_others.items(), key=lambda kv: kv[1])
-        total_wait = sum(row[3] for row in rows)
         if worst[1] >= 1.0:
             share = 100.0 * worst[1] / total_wait if total_wait > 0 else 0.0
             print(f"most waited for: rank {worst[0]} (the others waited {worst[1] / 1000:.3f} ms "
-                  f"for it, {share:.0f}% of all waiting)")
+                  f"for it inside collectives, {share:.0f}% of that waiting)")
+    if late_others:
+        worst = max(late_others.items(), key=lambda kv: kv[1])
+        if worst[1] >= 1.0:
+            print(f"called late: rank {worst[0]} (the others waited {worst[1] / 1000:.3f} ms for "
+                  f"it to call collectives they had begun: time outside the collectives, not "
+                  f"counted above)")
 
-    # Links: bytes the receiver took from each sender, over the time the
-    # receiver spent on those slices, less its waits for the next rank.
-    links = {}
-    for r in ranks:
-        for t0, t1, a in r.slices:
-            if a["recv_from"] < 0:
-                continue
-            key = (a["recv_from"], r.rank)
-            l = links.setdefault(key, [0, 0.0, 0.0, 0.0])
-            l[0] += a["bytes"]
-            l[1] += max((t1 - t0) - a["wait_send_us"], 0.0)
-            l[2] += a["wait_recv_us"]
-        for t0, t1, peer, what in r.waits:
-            if what == "free slot":
-                l = links.setdefault((r.rank, peer), [0, 0.0, 0.0, 0.0])
-                l[3] += t1 - t0
+    links = link_table(ranks)
     if links:
-        print(f"{'link':>8} {'MB':>10} {'ms':>9} {'GB/s':>8} {'recv waits':>11} "
+        print(f"{'link':>8} {'MB':>10} {'flow ms':>9} {'GB/s':>8} {'recv waits':>11} "
               f"{'slot waits':>11}")
         for (src, dst), (nbytes, t, wr, ws) in sorted(links.items()):
             bw = nbytes / (t * 1e3) if t > 0 else float("inf")
             print(f"{src:>3} -> {dst:<2} {nbytes / 1e6:>10.3f} {t / 1000:>9.3f} {bw:>8.3f} "
                   f"{wr / 1000:>11.3f} {ws / 1000:>11.3f}")
+        print("  flow: time a slice was on its way on the link (from the later of the sender "
+              "starting to write it and the receiver starting on it, to the receiver done with "
+              "it; overlaps once; time outside collectives and the receiver's waits for its own "
+              "successor left out); GB/s = MB / flow")
         moving = {k: v for k, v in links.items() if v[0] > 0 and v[1] > 0}
         if moving:
             (src, dst), l = min(moving.items(), key=lambda kv: kv[1][0] / kv[1][1])
-            print(f"slowest link: {src} -> {dst} ({l[0] / (l[1] * 1e3):.3f} GB/s, receiver "
-                  f"waited {l[2] / 1000:.3f} ms for data)")
+            print(f"slowest link: {src} -> {dst} ({l[0] / (l[1] * 1e3):.3f} GB/s while data "
+                  f"flowed; receiver waited {l[2] / 1000:.3f} ms for data)")
     return rows, stalled_others
 
 
 # ------------------------------------------------------------------ drawing
 
-def draw(ranks, out, stalled):
+REDUCING = {"recv_reduce_send", "recv_reduce_copy_send", "recv_reduce_copy"}
+
+
+def phase_of(prim, kind, reduces):
+    """'rs' for the reduce-scatter half (and reduce), 'ag' for the
+    all-gather half (and broadcast, and the small allreduce's gather)."""
+    if prim in REDUCING:
+        return "rs"
+    if prim == "send":
+        return "rs" if reduces and kind in ("allreduce", "reduce_scatter", "reduce") else "ag"
+    return "ag"
+
+
+def draw(ranks, out, stalled, max_arrows=400):
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         from matplotlib.patches import Patch
+        from matplotlib.lines import Line2D
     except ImportError:
         fail("drawing needs matplotlib (Debian: apt-get install python3-matplotlib); "
              "the summary and --merge work without it")
@@ -322,49 +448,101 @@ def draw(ranks, out, stalled):
     t0 = min(starts)
     span = max(max(ends) - t0, 1e-3)
     scale, unit = (1000.0, "ms") if span >= 2000 else (1.0, "us")
+    # Lanes in ring order, so hand-offs run from one lane to the next.
+    ranks = sorted(ranks, key=lambda r: r.meta.get("pos", r.rank))
     n = len(ranks)
-    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.55 * n))
-    cmap = plt.get_cmap("tab10")
-    chunks = set()
-    # One collection per kind of span and rank: thousands of slices draw in
-    # a second, where a patch each takes minutes.
-    for row, r in enumerate(ranks):
-        y = n - 1 - row
+    nsteps = max([s[2]["step"] + 1 for r in ranks for s in r.slices] + [1])
+    lane = {r.rank: n - 1 - i for i, r in enumerate(ranks)}
+    row_h = 0.78 / nsteps
+
+    def row_y(rank, step):  # bottom of step's row; step 0 on top of the lane
+        return lane[rank] - 0.42 + (nsteps - 1 - step) * row_h
+
+    fig, ax = plt.subplots(figsize=(12, 1.0 + (0.5 + 0.12 * nsteps) * n))
+    blues, oranges = plt.get_cmap("Blues"), plt.get_cmap("Oranges")
+    nchunks = max([s[2]["chunk"] + 1 for r in ranks for s in r.slices] + [1])
+
+    def colour(ph, chunk):
+        shade = 0.45 + 0.4 * (chunk % nchunks) / max(nchunks - 1, 1)
+        return (blues if ph == "rs" else oranges)(shade)
+
+    kind_of = {}
+    reduces = {}
+    for r in ranks:
+        for c in r.colls:
+            kind_of[c[2]["seq"]] = c[2]["kind"]
+        for s in r.slices:
+            if s[2]["prim"] in REDUCING:
+                reduces[s[2]["seq"]] = True
+    px_per_unit = 12 * 100 / (span / scale)  # roughly: the axis is ~12 in at 100 dpi
+    for r in ranks:
+        y = lane[r.rank]
         if r.colls:
             ax.broken_barh([((c0 - t0) / scale, (c1 - c0) / scale) for c0, c1, _, _ in r.colls],
-                           (y + 0.30, 0.12), facecolors="0.8", edgecolors="0.45",
+                           (y + 0.38, 0.06), facecolors="0.75", edgecolors="0.45",
                            linewidth=0.5)
-        if r.slices:
-            chunks.update(a["chunk"] for _, _, a in r.slices)
-            ax.broken_barh([((s0 - t0) / scale, (s1 - s0) / scale) for s0, s1, _ in r.slices],
-                           (y - 0.35, 0.62),
-                           facecolors=[cmap(a["chunk"] % 10) for _, _, a in r.slices],
-                           edgecolors="none")
-        if r.waits:
-            ax.broken_barh([((w0 - t0) / scale, (w1 - w0) / scale) for w0, w1, _, _ in r.waits],
-                           (y - 0.35, 0.62), facecolors="white", edgecolors="0.3",
-                           hatch="////", linewidth=0)
+        bars = {}
+        for s0, s1, a in r.slices:
+            ph = phase_of(a["prim"], kind_of.get(a["seq"], ""), reduces.get(a["seq"], False))
+            work = (s1 - s0 - a["wait_recv_us"] - a["wait_send_us"]) / scale
+            bars.setdefault(a["step"], []).append(((s0 - t0) / scale, (s1 - s0) / scale,
+                                                   colour(ph, a["chunk"]), a["chunk"], work))
+        for step, bs in bars.items():
+            ax.broken_barh([(x, w) for x, w, _, _, _ in bs], (row_y(r.rank, step), row_h * 0.9),
+                           facecolors=[c for _, _, c, _, _ in bs], edgecolors="none")
+            # The chunk's number on the working end of a slice wide enough for it.
+            for x, w, _, ch, work in bs:
+                if work * px_per_unit > 14 and len(bs) * n < 600:
+                    ax.text(x + w - work / 2, row_y(r.rank, step) + row_h * 0.45, f"c{ch}",
+                            ha="center", va="center", fontsize=6, color="0.05", zorder=4)
+        # Waiting, on the row of the step it happened in.
+        ws = {}
+        for w0, w1, _, _, seq in r.waits:
+            step = r.wait_step.get((w0, w1), 0)
+            ws.setdefault(step, []).append(((w0 - t0) / scale, (w1 - w0) / scale))
+        for step, iv in ws.items():
+            ax.broken_barh(iv, (row_y(r.rank, min(step, nsteps - 1)), row_h * 0.9),
+                           facecolors="white", edgecolors="0.25", hatch="////", linewidth=0)
+    # Each row's step number, at the left edge of the lane.
+    if nsteps > 1:
+        for r in ranks:
+            for t in range(nsteps):
+                ax.text(0.002, row_y(r.rank, t) + row_h * 0.45, str(t), fontsize=5,
+                        color="0.45", ha="left", va="center", transform=ax.get_yaxis_transform())
+    # Hand-offs: an arrow from where the sender finished a slice to where
+    # its successor had it (the end of its wait for it).
+    pairs = handoffs(ranks)
+    drawn = pairs[:max_arrows]
+    for src, s_, dst, q in drawn:
+        x0, y0 = (s_[1] - t0) / scale, row_y(src, s_[2]["step"]) + row_h * 0.45
+        x1, y1 = (data_in(q) - t0) / scale, row_y(dst, q[2]["step"]) + row_h * 0.45
+        ax.annotate("", xy=(x1, y1), xytext=(x0, y0),
+                    arrowprops=dict(arrowstyle="-|>", color="0.15", lw=0.5, alpha=0.6,
+                                    shrinkA=0, shrinkB=0, mutation_scale=5))
     ax.set_xlim(0, span / scale * 1.01)
     ax.set_ylim(-0.6, n - 0.4)
     ax.set_yticks(range(n))
     ax.set_yticklabels([f"rank {r.rank}\n{r.host[:12]}" for r in reversed(ranks)])
-    # The rank the others waited for most, if that is a good part of the
-    # time, in red with the figure.
     if stalled:
         worst, t = max(stalled.items(), key=lambda kv: kv[1])
         total = sum(c[1] - c[0] for r in ranks for c in r.colls)
-        if worst in [r.rank for r in ranks] and total > 0 and t >= 0.1 * total:
-            row = [r.rank for r in ranks].index(worst)
-            ax.get_yticklabels()[n - 1 - row].set_color("red")
+        if worst in lane and total > 0 and t >= 0.1 * total:
+            ax.get_yticklabels()[lane[worst]].set_color("red")
             ax.set_title(f"others waited {t / 1000:.2f} ms for rank {worst}", loc="right",
                          color="red", fontsize=9)
-    ax.set_xlabel(f"time ({unit}) from the first span")
+    ax.set_xlabel(f"time ({unit}) from the first span; in each rank's lane one row per step "
+                  f"(numbered at the left), step 0 on top")
     kinds = sorted({c[2]["kind"] for r in ranks for c in r.colls})
-    ax.set_title(f"brigade: {', '.join(kinds) or 'collectives'} over {n} ranks "
-                 f"(grey bar: collective; colour: chunk; hatched: waiting)", loc="left",
-                 fontsize=10)
-    handles = [Patch(facecolor=cmap(c % 10), label=f"chunk {c}") for c in sorted(chunks)[:10]]
-    handles.append(Patch(facecolor="white", edgecolor="0.15", hatch="////", label="waiting"))
+    note = "" if len(drawn) == len(pairs) else f"; arrows: first {len(drawn)} of {len(pairs)}"
+    ax.set_title(f"brigade: {', '.join(kinds) or 'collectives'} over {n} ranks in ring order"
+                 f"{note}", loc="left", fontsize=10)
+    handles = [Patch(facecolor=blues(0.65), label="reduce-scatter\n(reduce, send on)"),
+               Patch(facecolor=oranges(0.65), label="all-gather\n(copy, send on)"),
+               Patch(facecolor="white", edgecolor="0.15", hatch="////", label="waiting"),
+               Patch(facecolor="0.75", edgecolor="0.45", label="collective"),
+               Line2D([0], [0], color="0.15", lw=0.8, marker=">", markersize=4,
+                      label="slice handed\nto next rank"),
+               Patch(facecolor="none", edgecolor="none", label="shade, cN: chunk")]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8,
               frameon=False)
     fig.tight_layout()
@@ -380,6 +558,7 @@ def draw(ranks, out, stalled):
     except OSError as e:
         fail(f"{e.filename}: cannot write: {e.strerror}")
     print(f"wrote {' and '.join(outs)}")
+    return fig
 
 
 def main(argv=None):

@@ -9,9 +9,15 @@
  *   receiver: wait tail > head;          read  slot[head % nslots]; head++
  *
  * Memory transports (shm) give both ends a view of one FIFO that lives in the
- * receiver's memory. Network transports (tcp, ibverbs) give the sender a
- * local send FIFO and the receiver a local receive FIFO; a proxy thread moves
- * slots across the wire between them. The engine cannot tell the difference.
+ * receiver's memory. ibverbs gives the sender a local send FIFO and the
+ * receiver a local receive FIFO, and proxy threads move slots across the wire
+ * between them. tcp has no send proxy: a transport with `send_now` sends each
+ * slot from the engine's own thread as it is posted, and the payload may come
+ * from anywhere (the input, the output, a received slot), not only the slot;
+ * one with `recv_window` lets the engine offer its output for a slot, and the
+ * receive proxy lands the payload there instead of in the FIFO. The engine
+ * asks for both (brg__ring_send_direct, brg__ring_recv_windows in
+ * runtime/ring_link.h) and keeps the FIFO's order and credits either way.
  *
  * Device collectives take the same links (brg__transport_ops.carries): a
  * transport whose links have `gpu_memory` (cuda_ipc) gives the sender's

@@ -11,7 +11,9 @@ again here) predicts: the collectives, every slice in order with its
 primitive, step, chunk, bytes and neighbours, one step span per step, and
 waits nested in their slices adding up to the slices' wait times.
 stall: rank 1 of 3 stops itself (SIGSTOP) for 200 ms before the second
-allreduce; brigade-trace's summary must blame it for the others' waiting.
+allreduce; brigade-trace's summary must name it as the late caller the
+others waited for, count that wait apart from the waiting on the ring,
+and leave the stop out of every link's flow time.
 bad: malformed and truncated files give one clear line from brigade-trace
 and exit status 2, never a traceback; a BRIGADE_TRACE_FILE without %r
 still gives one file per rank, and one that cannot be written fails at init
@@ -19,6 +21,12 @@ naming the path.
 error: 3 ranks, the last allreduce mismatched (one rank passes another
 count); every rank fails and exits without brg_comm_destroy: the traces
 written when the collective failed must hold it, with its error.
+perfetto: 4 ranks run three allreduces; their traces merged by brigade-trace
+are read as Perfetto's JSON importer reads async spans ("b"/"e"): a plain
+"id" names one track for the whole file, an "id2" {"local": ...} one track
+per process, and an "e" closes the innermost open span of its track. Every
+track must hold the steps of one rank only, each begin paired with its own
+end, one track per step and rank.
 hosts: 4 ranks on two network namespaces (tests/multihost/run.sh, tcp
 between them): the ranks of the second "host" measure their clock offset at
 init; the namespaces share one kernel clock, so the true offset is 0 and
@@ -117,6 +125,70 @@ def near(a, b, tol=0.005):
     return abs(a - b) <= tol
 
 
+def check_drawing(bt, ranks, pairs, n):
+    """What the timeline draws: every slice on its step's row in its rank's
+    lane, reduce-scatter slices blue and all-gather ones orange, and one
+    arrow per hand-off. Skipped where matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+    except ImportError:
+        return
+    with tempfile.TemporaryDirectory(prefix="brigade-draw-") as d:
+        fig = bt.draw(ranks, os.path.join(d, "t.png"), {})
+    ax = fig.axes[0]
+    arrows = [t for t in ax.texts if getattr(t, "arrow_patch", None) is not None]
+    check(len(arrows) == min(len(pairs), 400), f"N={n}: {len(arrows)} arrows for "
+          f"{len(pairs)} hand-offs")
+    want_rs = sum(1 for r in ranks for s in r.slices
+                  if s[2]["prim"] in ("send", "recv_reduce_send", "recv_reduce_copy_send"))
+    want_ag = sum(1 for r in ranks for s in r.slices) - want_rs
+    rs = ag = 0
+    for coll in ax.collections:
+        for fc in coll.get_facecolors():
+            r_, g_, b_ = fc[:3]
+            if b_ > r_ + 0.1:
+                rs += 1
+            elif r_ > b_ + 0.1 and g_ < r_:
+                ag += 1
+    check(rs == want_rs and ag == want_ag, f"N={n}: {rs} blue and {ag} orange bars for "
+          f"{want_rs} reduce-scatter and {want_ag} all-gather slices")
+    rows = {round(y, 6) for coll in ax.collections for p in coll.get_paths()
+            for y in [p.vertices[:, 1].min()]}
+    check(len(rows) >= n * (2 * n - 1), f"N={n}: bars on {len(rows)} distinct rows, expected "
+          f"at least one per step and rank ({n * (2 * n - 1)})")
+
+
+def check_handoffs(tool, files, n):
+    """brigade-trace's matching of sent slices to received ones (its
+    timeline's arrows and its link figures): every slice a rank sent is
+    paired with one its successor received, of the same collective, chunk,
+    slice and size, one step later in the schedule."""
+    import importlib.machinery
+    import importlib.util
+    loader = importlib.machinery.SourceFileLoader("brigade_trace", tool)
+    spec = importlib.util.spec_from_loader("brigade_trace", loader)
+    bt = importlib.util.module_from_spec(spec)
+    loader.exec_module(bt)
+    ranks = bt.load_all(files)
+    pairs = bt.handoffs(ranks)
+    sent = sum(1 for r in ranks for s in r.slices if s[2]["send_to"] >= 0)
+    check(len(pairs) == sent, f"N={n}: {len(pairs)} hand-offs for {sent} slices sent")
+    for src, s_, dst, q in pairs:
+        a, b = s_[2], q[2]
+        ok = (dst == (src + 1) % n and a["send_to"] == dst and b["recv_from"] == src and
+              a["seq"] == b["seq"] and a["chunk"] == b["chunk"] and a["slice"] == b["slice"] and
+              a["bytes"] == b["bytes"] and b["step"] == a["step"] + 1)
+        if not check(ok, f"N={n}: rank {src} {a} handed to rank {dst} {b}"):
+            break
+    check_drawing(bt, ranks, pairs, n)
+    links = bt.link_table(ranks)
+    for (src, dst), (nbytes, flow, _, _) in links.items():
+        busy = sum(c[1] - c[0] for c in ranks[dst].colls)
+        check(0 < flow <= busy, f"N={n}: link {src} -> {dst} flowed {flow} us, outside the "
+              f"{busy} us its receiver spent in collectives")
+
+
 def test_spans(run, prog, tool, n, tmp):
     count, calls = 5 * 1024 + 3, 2
     _, files = run_ranks(run, prog, n, [count, calls], tmp)
@@ -178,8 +250,11 @@ def test_spans(run, prog, tool, n, tmp):
             # One step span per step, from its first slice to its last.
             for t in range(2 * n - 1):
                 mine = [s for s in got if s["args"]["step"] == t]
-                b = [e for e in steps if e["ph"] == "b" and e["id"] == f"{seq}.{t}"]
-                e_ = [e for e in steps if e["ph"] == "e" and e["id"] == f"{seq}.{t}"]
+                mine_ts = (mine[0]["ts"] - 0.002, mine[-1]["ts"] + mine[-1]["dur"] + 0.002)
+                b = [e for e in steps if e["ph"] == "b" and e["args"]["seq"] == seq and
+                     e["args"]["step"] == t]
+                e_ = [e for e in steps if e["ph"] == "e" and e["id2"] == {"local": f"step {t}"}
+                      and mine_ts[0] <= e["ts"] <= mine_ts[1]]
                 if not check(len(b) == 1 and len(e_) == 1, f"{tag} #{seq}: step {t} has "
                              f"{len(b)} begins and {len(e_)} ends"):
                     continue
@@ -194,6 +269,7 @@ def test_spans(run, prog, tool, n, tmp):
         check(len(waits) + len(slices) + len(colls) + len(steps) ==
               sum(1 for e in evs if e["ph"] != "M"), f"{tag}: events of unknown kinds")
 
+    check_handoffs(tool, files, n)
     merged = os.path.join(tmp, "merged.json")
     png = os.path.join(tmp, "timeline.png")
     p = subprocess.run([tool] + files + ["--merge", merged, "-o", png], stdout=subprocess.PIPE,
@@ -219,6 +295,66 @@ def test_spans(run, prog, tool, n, tmp):
     return None
 
 
+def perfetto_tracks(events):
+    """The async spans of a trace as Perfetto's JSON importer builds them
+    (src/trace_processor/importers/json: phases "b"/"e"): events in time
+    order; the track of an event is (cat, id) for a plain "id" or an
+    "id2" {"global": ...}, for the whole trace, and (pid, cat, id) for an
+    "id2" {"local": ...}; an "e" ends the innermost open span of its track
+    (stack order). Returns ({track: [(begin, end)]}, problems)."""
+    tracks, open_, problems = {}, {}, []
+    asyncs = [e for e in events if e.get("ph") in ("b", "e")]
+    for e in sorted(asyncs, key=lambda e: e["ts"]):  # stable, as the importer's sort
+        id2 = e.get("id2") or {}
+        if "id" in e or "global" in id2:
+            key = ("global", e.get("cat"), str(e.get("id", id2.get("global"))))
+        elif "local" in id2:
+            key = ("process", e["pid"], e.get("cat"), str(id2["local"]))
+        else:
+            problems.append(f"an async event with no id: {e}")
+            continue
+        stack = open_.setdefault(key, [])
+        if e["ph"] == "b":
+            stack.append(e)
+        elif not stack:
+            problems.append(f"an end with no begin on track {key}")
+        else:
+            tracks.setdefault(key, []).append((stack.pop(), e))
+    problems += [f"{len(v)} span(s) never ended on track {k}" for k, v in open_.items() if v]
+    return tracks, problems
+
+
+def test_perfetto(run, prog, tool, tmp):
+    n, calls = 4, 3
+    _, files = run_ranks(run, prog, n, [3 * 1024 + 1, calls], tmp)
+    merged = os.path.join(tmp, "merged.json")
+    p = subprocess.run([tool, "-q", "--merge", merged] + files, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, timeout=60)
+    check(p.returncode == 0, f"brigade-trace --merge: {p.stderr}")
+    with open(merged) as f:
+        events = json.load(f)["traceEvents"]
+    tracks, problems = perfetto_tracks(events)
+    for msg in problems:
+        check(False, msg)
+    per_rank = {}
+    for key, spans in sorted(tracks.items(), key=str):
+        pids = sorted({ev["pid"] for pair in spans for ev in pair})
+        if not check(len(pids) == 1, f"track {key} holds the steps of ranks {pids}"):
+            continue
+        per_rank.setdefault(pids[0], []).append(key)
+        for b, e in spans:
+            check(b["name"] == e["name"], f"track {key}: {b['name']!r} ended by {e['name']!r}")
+        steps = {b["args"]["step"] for b, _ in spans}
+        seqs = sorted(b["args"]["seq"] for b, _ in spans)
+        check(len(steps) == 1 and seqs == list(range(1, calls + 1)),
+              f"track {key}: steps {sorted(steps)} of collectives {seqs}, expected one step "
+              f"of each of {calls} collectives")
+    for r in range(n):
+        got = len(per_rank.get(r, []))
+        check(got == 2 * n - 1, f"rank {r} has {got} step tracks, expected 2N-1 = {2 * n - 1}")
+    print(f"{len(tracks)} step tracks for {n} ranks, {sum(len(v) for v in tracks.values())} spans")
+
+
 def test_stall(run, prog, tool, tmp):
     n, stop_ms = 3, 200
     out, files = run_ranks(run, prog, n, [256 * 1024, 2, 1, stop_ms], tmp)
@@ -228,21 +364,28 @@ def test_stall(run, prog, tool, tmp):
                        stderr=subprocess.PIPE, text=True, timeout=60)
     print(p.stdout, p.stderr)
     check(p.returncode == 0, f"brigade-trace exited {p.returncode}")
-    m = re.search(r"most waited for: rank (\d+) \(the others waited ([0-9.]+) ms", p.stdout)
-    if check(m is not None, "no 'most waited for' line"):
-        check(m.group(1) == "1", f"most waited for is rank {m.group(1)}, not the stopped rank 1")
+    # Rank 1 stopped before it called #2: the others' waits for it are time
+    # outside the collective (a late call), not waiting on the ring.
+    m = re.search(r"called late: rank (\d+) \(the others waited ([0-9.]+) ms", p.stdout)
+    if check(m is not None, "no 'called late' line"):
+        check(m.group(1) == "1", f"called late: rank {m.group(1)}, not the stopped rank 1")
         # Ranks 0 and 2 both wait about stop_ms, directly or through each other.
         check(float(m.group(2)) >= 2 * 0.75 * stop_ms, f"the others waited {m.group(2)} ms")
     for r in (0, 2):
-        row = re.search(rf"^\s+{r} \S+\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+[0-9.]+%\s+(\S.*?)"
-                        rf"\s{{2,}}(\S.*)$", p.stdout, re.M)
+        row = re.search(rf"^\s+{r} \S+\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)%\s+"
+                        rf"([0-9.]+)\s", p.stdout, re.M)
         if not check(row is not None, f"no summary row for rank {r}"):
             continue
-        waited = float(row.group(3))
-        check(waited >= 0.75 * stop_ms, f"rank {r} waited only {waited} ms")
-        first = re.match(r"(\d+): ([0-9.]+)", row.group(5))
-        check(first and first.group(1) == "1" and float(first.group(2)) >= 0.75 * stop_ms,
-              f"rank {r} is not shown stalled by rank 1: {row.group(5)}")
+        in_coll, waited, late = float(row.group(1)), float(row.group(3)), float(row.group(5))
+        check(late >= 0.75 * stop_ms, f"rank {r}: late call {late} ms, stopped {stop_ms} ms")
+        check(waited < 0.5 * stop_ms, f"rank {r}: {waited} ms of waiting on the ring, which "
+              "should leave out the wait for rank 1's late call")
+        check(in_coll >= late, f"rank {r}: late call {late} ms beyond its {in_coll} ms in #2")
+    # Links: measured while data flowed, so the stop does not show as a slow link.
+    for m in re.finditer(r"^\s+(\d) -> (\d)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)", p.stdout,
+                         re.M):
+        check(float(m.group(4)) < 0.5 * stop_ms, f"link {m.group(1)} -> {m.group(2)}: "
+              f"{m.group(4)} ms of flow, counting the {stop_ms} ms stop")
 
 
 def bad_settings(run, prog, tmp):
@@ -415,6 +558,8 @@ def main():
             test_bad(run, prog, tool, tmp)
         elif mode == "error":
             test_error(run, prog, tool, tmp)
+        elif mode == "perfetto":
+            test_perfetto(run, prog, tool, tmp)
         elif mode == "hosts":
             note = test_hosts(run, prog, tool, tmp)
         else:

@@ -1,0 +1,342 @@
+#!/usr/bin/env python3
+"""Keeps docs/ honest about the code: every code reference in docs/*.md is
+checked against the tree, and every table the docs take from bench/model
+is made again and compared.
+
+    check_docs.py [--fix] [--root DIR] [DOC.md ...]
+
+What counts as a reference, and what is checked:
+
+  [text](../path)                 the file or folder exists
+  [`name`](../path#L10-L42)       name is defined in path (a C function,
+                                  struct, table or macro; a Python def or
+                                  class) and its definition runs exactly
+                                  from line 10 to line 42
+  `name` in [..](../path)         name is defined in path; so is every name
+  `a`, `b` and `c` in [..](..)    of a list that ends in " in [..](path)"
+  `name` in `path`                likewise, with the path in backticks
+  `dir/file.ext`                  a backticked path exists
+  `some_name`                     a backticked identifier with an
+                                  underscore occurs somewhere in the code
+                                  (a renamed function or setting shows up)
+
+  <!-- model: ARGS -->            the fenced block that follows is the
+  ```                             output of `bench/model ARGS`, made again
+  ...                             here and compared line by line
+  ```
+
+--fix rewrites what can be made again (line ranges, model blocks) in
+place; references to things that are gone it can only report. Exit status
+0 when every reference holds, 1 otherwise (each problem one line, with the
+doc's file and line).
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CODE_EXT = (".c", ".h", ".cu", ".cc", ".cpp", ".py", ".sh", ".build", ".txt", ".map", ".json",
+            ".toml", ".cfg", ".supp", ".options")
+C_EXT = (".c", ".h", ".cu", ".cc", ".cpp")
+IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+
+
+# ------------------------------------------------------------ definitions
+
+def c_definitions(text):
+    """{name: (first line, last line)} of the definitions in C source:
+    functions and tables (from the line that names them at column 0 to the
+    closing brace at column 0), structs and typedefs (to their closing
+    line), macros (their #define line and its continuations)."""
+    lines = text.split("\n")
+    defs = {}
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        m = re.match(r"#\s*define\s+(" + IDENT + ")", line)
+        if m:
+            j = i
+            while lines[j].endswith("\\") and j + 1 < len(lines):
+                j += 1
+            defs.setdefault(m.group(1), (i + 1, j + 1))
+            i = j + 1
+            continue
+        if not line or line[0] in " \t#/*}{" or line.startswith("extern \"C\""):
+            i += 1
+            continue
+        # A struct/union/enum body: `typedef struct name {` ... `} alias;`
+        m = re.match(r"(?:typedef\s+)?(?:struct|union|enum)\s*(" + IDENT + r")?\s*\{", line)
+        if m:
+            j = i
+            while j < len(lines) and not lines[j].startswith("}"):
+                j += 1
+            end = j + 1
+            if m.group(1):
+                defs.setdefault(m.group(1), (i + 1, end))
+            if j < len(lines):
+                t = re.match(r"\}\s*(" + IDENT + r")\s*;", lines[j])
+                if t:
+                    defs.setdefault(t.group(1), (i + 1, end))
+            i = j + 1
+            continue
+        # A function or a table: its header may run over several lines up
+        # to the `{`; a `;` first makes it a declaration.
+        j, header = i, line
+        while j < len(lines) and "{" not in lines[j] and ";" not in lines[j]:
+            j += 1
+            if j < len(lines):
+                header += " " + lines[j].strip()
+        if j >= len(lines) or ";" in lines[j].split("{")[0]:
+            i += 1
+            continue
+        head = header.split("{")[0]
+        m = re.search(r"(" + IDENT + r")\s*\(", head)
+        if m and "=" not in head[:m.start()]:
+            name = m.group(1)
+        else:
+            m = re.search(r"(" + IDENT + r")\s*(?:\[[^\]]*\])*\s*=\s*$", head.strip())
+            name = m.group(1) if m else None
+        k = j
+        while k < len(lines) and not lines[k].startswith("}"):
+            k += 1
+        if name and not re.match(r"(if|for|while|switch|return|sizeof)$", name):
+            defs.setdefault(name, (i + 1, k + 1))
+        i = k + 1
+    return defs
+
+
+def py_definitions(text):
+    """{name: (first line, last line)} of Python defs and classes at any
+    depth, each to its last line that is indented further."""
+    lines = text.split("\n")
+    defs = {}
+    for i, line in enumerate(lines):
+        m = re.match(r"(\s*)(?:def|class)\s+(" + IDENT + ")", line)
+        if not m:
+            continue
+        ind, last = len(m.group(1)), i
+        for j in range(i + 1, len(lines)):
+            s = lines[j]
+            if s.strip() and len(s) - len(s.lstrip()) <= ind:
+                break
+            if s.strip():
+                last = j
+        defs.setdefault(m.group(2), (i + 1, last + 1))
+    return defs
+
+
+class Tree:
+    def __init__(self, root):
+        self.root = root
+        self._defs = {}
+        self._words = None
+
+    def path(self, rel):
+        return os.path.normpath(os.path.join(self.root, rel))
+
+    def defs(self, rel):
+        if rel not in self._defs:
+            try:
+                with open(self.path(rel), encoding="utf-8") as f:
+                    text = f.read()
+            except (OSError, UnicodeDecodeError):
+                text = None
+            if text is None:
+                d = {}
+            elif rel.endswith(C_EXT):
+                d = c_definitions(text)
+            else:
+                first = text.split("\n", 1)[0]
+                d = py_definitions(text) if rel.endswith(".py") or "python" in first else {}
+            self._defs[rel] = d
+        return self._defs[rel]
+
+    def words(self):
+        """Every identifier in the code (not in docs/ and Markdown files)."""
+        if self._words is None:
+            self._words = set()
+            for dirpath, dirnames, files in os.walk(self.root):
+                dirnames[:] = [d for d in dirnames if not d.startswith(("build", "."))
+                               and d not in ("docs", "subprojects", "__pycache__")]
+                for fn in files:
+                    p = os.path.join(dirpath, fn)
+                    if fn.endswith(".md") or not (fn.endswith(CODE_EXT) or os.access(p, os.X_OK)):
+                        continue
+                    try:
+                        with open(p, encoding="utf-8") as f:
+                            self._words.update(re.findall(IDENT, f.read()))
+                    except (OSError, UnicodeDecodeError):
+                        pass
+        return self._words
+
+
+# ------------------------------------------------------------ checking
+
+LINK = re.compile(r"\[([^\]]*)\]\(([^)\s]+)\)")
+NAME_LIST = re.compile(r"((?:`" + IDENT + r"(?:\(\))?`(?:,\s*|\s+and\s+|\s*/\s*))*`" + IDENT +
+                       r"(?:\(\))?`)\s+in\s+(?:\[[^\]]*\]\(([^)\s#]+)[^)]*\)|`([\w./-]+)`)")
+MODEL = re.compile(r"<!--\s*model:\s*(.*?)\s*-->")
+
+
+def in_code_block(lines):
+    """For each line, whether it lies in a fenced block (``` ... ```)."""
+    out, inside = [], False
+    for line in lines:
+        if line.strip().startswith("```"):
+            out.append(True)
+            inside = not inside
+        else:
+            out.append(inside)
+    return out
+
+
+def resolve(doc, target):
+    """A link target relative to the doc, as a path from the repo root, or
+    None for a URL or an anchor within the page."""
+    if re.match(r"[a-z]+:", target) or target.startswith("#"):
+        return None
+    path = target.split("#")[0]
+    return os.path.normpath(os.path.join(os.path.dirname(doc), path))
+
+
+def run_model(tree, args):
+    cmd = [sys.executable, os.path.join(tree.root, "bench", "model")] + args.split()
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=60)
+    return p.returncode, p.stdout.rstrip("\n").split("\n")
+
+
+def check_doc(tree, doc, fix):
+    """Problems of one doc, as 'doc:line: what'; rewrites it under fix."""
+    with open(os.path.join(tree.root, doc), encoding="utf-8") as f:
+        text = f.read()
+    lines = text.split("\n")
+    code = in_code_block(lines)
+    problems = []
+    changed = False
+
+    def say(n, msg):
+        problems.append(f"{doc}:{n}: {msg}")
+
+    for n, line in enumerate(lines, 1):
+        if code[n - 1]:
+            continue
+        for m in LINK.finditer(line):
+            text_, target = m.group(1), m.group(2)
+            rel = resolve(doc, target)
+            if rel is None:
+                continue
+            if not os.path.exists(tree.path(rel)):
+                say(n, f"link to {rel}, which does not exist")
+                continue
+            r = re.search(r"#L(\d+)(?:-L(\d+))?$", target)
+            if not r:
+                continue
+            name = re.fullmatch(r"`(" + IDENT + r")(?:\(\))?`", text_)
+            if not name:
+                say(n, f"line range {target} on '{text_}', which names no function in backticks")
+                continue
+            d = tree.defs(rel).get(name.group(1))
+            if not d:
+                say(n, f"{name.group(1)} is not defined in {rel}")
+                continue
+            a, b = int(r.group(1)), int(r.group(2) or r.group(1))
+            if (a, b) != d:
+                if fix:
+                    new = target[:r.start()] + f"#L{d[0]}-L{d[1]}"
+                    lines[n - 1] = lines[n - 1].replace(f"({target})", f"({new})", 1)
+                    changed = True
+                else:
+                    say(n, f"{name.group(1)} is lines {d[0]}-{d[1]} of {rel}, the link says "
+                        f"{a}-{b} (check_docs.py --fix rewrites the range)")
+        # Names said to be in a file.
+        joined = line
+        if n < len(lines) and not code[n]:
+            joined = line + " " + lines[n]  # a list may wrap onto the next line
+        for m in NAME_LIST.finditer(joined):
+            if m.start() >= len(line):
+                continue
+            rel = resolve(doc, m.group(2)) if m.group(2) else m.group(3)
+            if rel is None or not os.path.isfile(tree.path(rel)):
+                if rel is not None:
+                    say(n, f"{rel} does not exist")
+                continue
+            for name in re.findall(r"`(" + IDENT + r")", m.group(1)):
+                defs = tree.defs(rel)
+                if defs and name not in defs:
+                    say(n, f"{name} is not defined in {rel}")
+                elif not defs and name not in open(tree.path(rel), encoding="utf-8").read():
+                    say(n, f"{name} does not occur in {rel}")
+        for m in re.finditer(r"`([^`\s]+)`", line):
+            tok = m.group(1)
+            if re.fullmatch(r"[\w.-]+(/[\w.-]+)+/?", tok) and not tok.startswith("/"):
+                if not os.path.exists(tree.path(tok)):
+                    say(n, f"`{tok}` does not exist")
+                continue
+            t = re.fullmatch(r"(" + IDENT + r")(?:\(\))?", tok)
+            if t and "_" in t.group(1).strip("_") and t.group(1) not in tree.words():
+                say(n, f"`{t.group(1)}` occurs nowhere in the code")
+
+    # Blocks made by bench/model.
+    n = 0
+    while n < len(lines):
+        m = MODEL.search(lines[n]) if not code[n] else None
+        if not m:
+            n += 1
+            continue
+        start = n + 1
+        if start >= len(lines) or not lines[start].strip().startswith("```"):
+            say(n + 1, "a model comment not followed by a ``` block")
+            n += 1
+            continue
+        end = start + 1
+        while end < len(lines) and not lines[end].strip().startswith("```"):
+            end += 1
+        rc, want = run_model(tree, m.group(1))
+        if rc != 0:
+            say(n + 1, f"bench/model {m.group(1)} failed ({rc}): {' '.join(want)[:200]}")
+        elif lines[start + 1:end] != want:
+            if fix:
+                lines[start + 1:end] = want
+                changed = True
+                code = in_code_block(lines)
+                end = start + 1 + len(want)
+            else:
+                got = lines[start + 1:end]
+                diff = next((i for i in range(max(len(got), len(want)))
+                             if i >= len(got) or i >= len(want) or got[i] != want[i]), 0)
+                say(start + 2 + diff, f"bench/model {m.group(1)} now prints "
+                    f"{(want[diff] if diff < len(want) else '(nothing)')!r}, the doc has "
+                    f"{(got[diff] if diff < len(got) else '(nothing)')!r} "
+                    "(check_docs.py --fix makes the block again)")
+        n = end + 1
+    if changed:
+        with open(os.path.join(tree.root, doc), "w", encoding="utf-8") as f:
+            f.write("\n".join(lines))
+    return problems
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("docs", nargs="*", help="Markdown files (default: docs/*.md)")
+    ap.add_argument("--root", default=os.path.normpath(os.path.join(HERE, "..", "..")),
+                    help="the repository (default: two levels above this script)")
+    ap.add_argument("--fix", action="store_true", help="rewrite line ranges and model blocks")
+    a = ap.parse_args(argv)
+    tree = Tree(a.root)
+    docs = a.docs or sorted(os.path.join("docs", f) for f in os.listdir(tree.path("docs"))
+                            if f.endswith(".md"))
+    docs = [os.path.relpath(os.path.abspath(d), a.root) if os.path.isabs(d) else d for d in docs]
+    problems = []
+    for d in docs:
+        problems += check_doc(tree, d, a.fix)
+    for p in problems:
+        print(p)
+    print(f"{len(docs)} doc(s), {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

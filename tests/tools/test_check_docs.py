@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""check_docs.py on a small tree made here: each kind of stale reference
+must be reported on its own line (with the doc's line number), a doc whose
+references hold must pass, and --fix must rewrite line ranges and model
+blocks so that a second check passes.
+
+    test_check_docs.py CHECK_DOCS
+"""
+import os
+import stat
+import subprocess
+import sys
+import tempfile
+
+CHECK = sys.argv[1]
+failures = []
+
+
+def check(cond, msg):
+    if not cond:
+        failures.append(msg)
+        print("FAIL:", msg)
+    return cond
+
+
+C_SRC = """\
+/* a file of the tree */
+#include <stddef.h>
+
+#define WIDTH 4
+
+typedef struct ring_plan {
+  int t0, t1;
+} ring_plan;
+
+static int helper(int a,
+                  int b) {
+  return a + b;
+}
+
+int walk_ring(int n) {
+  int s = 0;
+  for (int i = 0; i < n; i++) s = helper(s, i);
+  return s;
+}
+
+const int table_of_things[2] = {
+    1,
+    2,
+};
+"""
+# walk_ring: lines 15-19; helper: 10-13; ring_plan: 6-8; table_of_things: 21-24
+
+PY_SRC = """\
+#!/usr/bin/python3
+def outer(x):
+    def inner():
+        return x
+
+    return inner
+
+
+class Thing:
+    pass
+"""
+# outer: 2-6; inner: 3-4; Thing: 9-10
+
+MODEL = """\
+#!/usr/bin/python3
+import sys
+print("# model of", " ".join(sys.argv[1:]))
+print("    size   ring")
+print("      4K   %d us" % (len(sys.argv) * 10))
+"""
+
+GOOD = """\
+# A doc
+
+The walk is [`walk_ring`](../src/ring.c#L15-L19) and its
+[`helper`](../src/ring.c#L10-L13); `ring_plan`, `table_of_things` and
+`WIDTH` in [src/ring.c](../src/ring.c). `outer` and `inner` in
+`tools/tool.py`; [`Thing`](../tools/tool.py#L9-L10). See `src/ring.c` and
+[the folder](../src/).
+
+<!-- model: predict --hosts 2 -->
+```
+# model of predict --hosts 2
+    size   ring
+      4K   40 us
+```
+
+```
+`not_checked_here` inside a code block
+```
+"""
+
+
+def make_tree(root, doc):
+    for d in ("src", "tools", "docs", "bench"):
+        os.makedirs(os.path.join(root, d), exist_ok=True)
+    for path, text in (("src/ring.c", C_SRC), ("tools/tool.py", PY_SRC), ("bench/model", MODEL),
+                       ("docs/a.md", doc)):
+        with open(os.path.join(root, path), "w") as f:
+            f.write(text)
+    os.chmod(os.path.join(root, "bench/model"), stat.S_IRWXU)
+
+
+def run(root, *extra):
+    p = subprocess.run([sys.executable, CHECK, "--root", root] + list(extra),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    return p.returncode, p.stdout
+
+
+def main():
+    with tempfile.TemporaryDirectory(prefix="check-docs-") as root:
+        make_tree(root, GOOD)
+        rc, out = run(root)
+        print(out)
+        check(rc == 0 and "0 problem(s)" in out, f"a doc whose references hold: exit {rc}")
+
+        bad_lines = {
+            "range": (3, "[`walk_ring`](../src/ring.c#L14-L19)", "walk_ring is lines 15-19"),
+            "gone_fn": (4, "`no_such_fn` in [src/ring.c](../src/ring.c)",
+                        "no_such_fn is not defined in src/ring.c"),
+            "list": (5, "`outer`, `ghost` and `inner` in `tools/tool.py`",
+                     "ghost is not defined in tools/tool.py"),
+            "file": (6, "[gone](../src/gone.c)", "src/gone.c, which does not exist"),
+            "path": (7, "see `src/gone.h` here", "`src/gone.h` does not exist"),
+            "ident": (8, "the setting `BRIGADE_NO_SUCH_THING`",
+                      "`BRIGADE_NO_SUCH_THING` occurs nowhere"),
+            "wrong_file": (9, "[`Thing`](../src/ring.c#L9-L10)", "Thing is not defined in src/ring.c"),
+        }
+        for name, (n, text, want) in bad_lines.items():
+            lines = GOOD.split("\n")
+            lines[n - 1] = text
+            make_tree(root, "\n".join(lines))
+            rc, out = run(root)
+            got = [l for l in out.splitlines() if l.startswith("docs/a.md:")]
+            check(rc == 1 and any(l.startswith(f"docs/a.md:{n}: ") and want in l for l in got),
+                  f"{name}: expected 'docs/a.md:{n}: ...{want}...', got exit {rc}: {got}")
+
+        # A model block that no longer matches, and a range that moved.
+        stale = GOOD.replace("      4K   40 us", "      4K   99 us").replace("#L15-L19", "#L1-L3")
+        make_tree(root, stale)
+        rc, out = run(root)
+        check(rc == 1 and "now prints '      4K   40 us', the doc has '      4K   99 us'" in out
+              and "walk_ring is lines 15-19" in out, f"stale block and range: {out}")
+        rc, out = run(root, "--fix")
+        rc2, out2 = run(root)
+        with open(os.path.join(root, "docs/a.md")) as f:
+            fixed = f.read()
+        check(rc2 == 0 and fixed == GOOD, f"--fix then check: exit {rc2}: {out2}\n{fixed}")
+
+        # A model command that fails is a problem, not a traceback.
+        make_tree(root, GOOD)
+        with open(os.path.join(root, "bench/model"), "w") as f:
+            f.write("#!/usr/bin/python3\nimport sys\nsys.exit('bench/model: no constants')\n")
+        rc, out = run(root)
+        check(rc == 1 and "failed (1)" in out and "Traceback" not in out,
+              f"failing bench/model: {out}")
+    if failures:
+        sys.exit(f"{len(failures)} check(s) failed")
+    print("all checks passed")
+
+
+if __name__ == "__main__":
+    main()
