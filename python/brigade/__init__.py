@@ -217,7 +217,7 @@ class Communicator:
     srun; a single rank without any launcher), with
     ``Communicator(nranks, unique_id, rank)``, or with :meth:`split`.
     Collectives on one communicator must be called in the same order on
-    every rank; see the README's "Threads" section for calls from several
+    every rank; see docs/api.md, "Threads", for calls from several
     threads.
 
     GPU buffers (torch CUDA tensors, ``__cuda_array_interface__``, DLPack on

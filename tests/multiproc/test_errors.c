@@ -1425,7 +1425,7 @@ static int case_launch(void) {
 
 /* ============================================================== threads */
 
-/* What the README's "Threads" section promises for one communicator used by
+/* What docs/api.md ("Threads") promises for one communicator used by
  * several threads at once: the calls are serialized (memory-safe, each
  * either right to the last element or an error), and since nothing orders
  * the threads the same way on every rank, calls that pair up differently

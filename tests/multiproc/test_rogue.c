@@ -8,7 +8,7 @@
  * variables and would contribute 1000 to every element instead of 3. The
  * honest rank 2 comes next, rank 1 last, so that the second claim reaches
  * the rendezvous while the job is still forming (a claim that comes after
- * the release cannot be told from a stray late process: see the README's
+ * the release cannot be told from a stray late process: see docs/api.md's
  * security section; test_bootstrap covers a claim during the ranks' set-up).
  *
  * Every honest rank must fail brg_comm_init_env with BRG_ERR_REMOTE and a
