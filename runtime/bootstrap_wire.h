@@ -69,9 +69,10 @@
 #define BOOT_MAX_PENDING 256 /* accepted connections that have not said who they are */
 #define BOOT_BACKLOG 4096    /* the kernel caps it at somaxconn */
 /* The ring listener: a neighbour sends its 28-byte hello right after it
- * connects, so a stranger gets far less time than at the root, and the
- * oldest of too many strangers makes room for the next. */
-#define BOOT_RING_CONN_TIMEOUT_MS 500
+ * connects (a rank descheduled in between on a loaded host still makes
+ * it), and the oldest of too many strangers makes room for the next, so
+ * strangers delay nobody. */
+#define BOOT_RING_CONN_TIMEOUT_MS 2000
 #define BOOT_RING_MAX_PENDING 64
 #define BOOT_PEER_LEN BRG__HOSTPORT_LEN
 

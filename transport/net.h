@@ -65,8 +65,12 @@ brg_status brg__net_hello_send(const brg__conn_params *p, const char *subsys, in
 
 #define BRG__NET_MAX_PENDING 32 /* connections part way through their hello */
 #define BRG__NET_HELLO_MAX 2048 /* the largest hello */
-#define BRG__NET_HELLO_MS 500   /* a connection has this long to send its hello */
-#define BRG__NET_BACKLOG 4096   /* listen queue; the kernel caps it at somaxconn */
+/* A connection has this long to send its hello. Strangers cannot hold up
+ * a rank with it (the oldest pending makes way for a newcomer); a rank of
+ * the job descheduled between its connect and its hello on a loaded host
+ * must not be refused, and has been for more than 500 ms. */
+#define BRG__NET_HELLO_MS 2000
+#define BRG__NET_BACKLOG 4096 /* listen queue; the kernel caps it at somaxconn */
 
 /* Judges a complete hello from `from` that came on fd (now blocking, with
  * TCP_NODELAY): 1 keeps the connection (fd is the callee's now), 0 refuses

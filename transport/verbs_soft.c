@@ -39,9 +39,9 @@
 #include "verbs_api.h"
 
 /* A queue pair listener. */
-#define SOFT_PENDING 16   /* connections part way through their hello */
-#define SOFT_HELLO_MS 500 /* a connection has this long to send it */
-#define SOFT_BACKLOG 4096 /* the kernel caps it at somaxconn */
+#define SOFT_PENDING 16    /* connections part way through their hello */
+#define SOFT_HELLO_MS 2000 /* a connection has this long to send it (transport/net.h) */
+#define SOFT_BACKLOG 4096  /* the kernel caps it at somaxconn */
 
 #define SOFT_HELLO_MAGIC 0x42525651u /* "BRVQ" */
 #define SOFT_MAX_MRS 1024            /* a power of two; one context serves all links of a process */

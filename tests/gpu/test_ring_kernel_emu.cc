@@ -323,6 +323,16 @@ static int run_rank(int rank) {
     } else if (r) {
       fails += check_case((int)ci, t, rank, got, out_e);
     }
+#if BRG_RK_BREAK
+    /* A build broken on purpose has shown what it had to at its first
+     * wrong value: the run ends there (every rank with it). */
+    if (fails) {
+      fprintf(stderr, "rank %d: wrong values with BRG_RK_BREAK=%d, as expected\n", rank,
+              BRG_RK_BREAK);
+      fflush(stderr);
+      _exit(1);
+    }
+#endif
   }
   return fails;
 }
