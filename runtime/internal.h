@@ -211,6 +211,7 @@ struct brg_comm {
  *   split.c       brg_comm_split: two all-gathers over the parent (progress.c)
  *                 -> comm.c
  *   coll.c        the collectives' entry points and argument checks
+ *   model.c       the cost model auto chooses by (no calls)
  *   hier.c        hierarchical allreduce: picks the algorithm; its two
  *                 communicators come from split.c (made on the caller's
  *                 thread before the first hier allreduce is issued, as an
@@ -219,6 +220,7 @@ struct brg_comm {
  *   progress.c    issue order: the worker thread, device setup; the
  *                 collectives that run on other communicators (the rings
  *                 of init.c, hier.c's phases); brg__comm_stop
+ *   lat.c         tree and rhd allreduces over p2p.c's links
  *   ring.c        the five primitives and the ring and chain schedules
  *   device_ring.c the same primitives on GPU buffers (step mode)
  *   device.c      the CUDA module, opened at first use

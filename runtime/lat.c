@@ -108,7 +108,10 @@ static void run_tree(lat *l) {
     slices[t] = half_cnt(count, t) ? brg__slice_total(half_cnt(count, t), se) : 0;
     if (slices[t] > most) most = slices[t];
   }
-  size_t lag = (size_t)brg__dbtree_depth(n);
+  /* A slice's round trip to the root and back is 2(D-1) hops: the ups run
+   * that far ahead, and twice more, so that the links carry slices both
+   * ways while the first come back (every receive is posted already). */
+  size_t lag = 4 * (size_t)brg__dbtree_depth(n);
   if (lag > most) lag = most;
   /* the children's partial sums: scratch[t][child] holds half t */
   char *scratch = lat_scratch(l, 2 * (half_cnt(count, 0) + half_cnt(count, 1)) * es);
