@@ -216,18 +216,38 @@ brg_status brg__hier_prepare(brg_comm *c, brg__coll *k) {
   if (c->algo == BRG__ALGO_AUTO) {
     brg__model_shape ms;
     model_shape_of(c, &sh, &ms);
-    int plan, algo = brg__model_auto(&ms, &brg__model_default_links, bytes, &plan);
+    /* the model walks the schedules (O(N) at large N): the last size's
+     * choice is kept, as loops call one size again and again */
+    uint64_t last = __atomic_load_n(&c->auto_last, __ATOMIC_RELAXED);
+    int algo;
+    if (last && last >> 8 == bytes) {
+      algo = (int)(last & 0xff) - 1;
+    } else {
+      algo = brg__model_auto(&ms, &brg__model_default_links, bytes, NULL);
+      if (bytes < (1ull << 56))
+        __atomic_store_n(&c->auto_last, (uint64_t)bytes << 8 | (uint64_t)(algo + 1),
+                         __ATOMIC_RELAXED);
+    }
     if (first_time(c, auto_logged(algo))) {
-      double t[BRG__PLAN_COUNT];
-      for (int p = 0; p < BRG__PLAN_COUNT; p++)
-        t[p] = brg__model_time(p, &ms, &brg__model_default_links, bytes) * 1e6;
-      int flat = brg__model_flat_plan(&ms, bytes);
+      char shape[64], pred[160];
+      if (sh.min_local == sh.max_local || sh.hosts < 2)
+        snprintf(shape, sizeof shape, "%d hosts x %d ranks", ms.hosts, ms.local);
+      else
+        snprintf(shape, sizeof shape, "%d hosts of %d to %d ranks", sh.hosts, sh.min_local,
+                 sh.max_local);
+      int flat = brg__model_flat_plan(&ms, bytes),
+          shown[] = {flat, BRG__PLAN_HIER, BRG__PLAN_TREE, BRG__PLAN_RHD};
+      size_t at = 0;
+      for (int i = 0; i < 4; i++) {
+        double t = brg__model_time(shown[i], &ms, &brg__model_default_links, bytes);
+        if (t >= 0 && at < sizeof pred)
+          at += (size_t)snprintf(pred + at, sizeof pred - at, "%s%s %.0f us", at ? ", " : "",
+                                 brg__plan_name(shown[i]), t * 1e6);
+      }
       BRG__INFO("coll",
-                "allreduce algorithm: %s (BRIGADE_ALGO=auto, %d hosts x %d ranks, first at %zu "
-                "bytes: predicted %s %.0f us, hier %.0f us, tree %.0f us, rhd %.0f us; "
-                "brigade-info --model)",
-                brg__algo_name(algo), ms.hosts, ms.local, bytes, brg__plan_name(flat), t[flat],
-                t[BRG__PLAN_HIER], t[BRG__PLAN_TREE], t[BRG__PLAN_RHD]);
+                "allreduce algorithm: %s (BRIGADE_ALGO=auto, %s, first at %zu bytes: predicted "
+                "%s; brigade-info --model)",
+                brg__algo_name(algo), shape, bytes, pred);
     }
     if (algo == BRG__ALGO_TREE || algo == BRG__ALGO_RHD) k->lat = (unsigned char)algo;
     if (algo != BRG__ALGO_HIER) return BRG_SUCCESS;

@@ -169,6 +169,7 @@ struct brg_comm {
   int algo;               /* brg__algo */
   int hier_state;         /* 0: not made yet, 1: made, -1: cannot be made (flat ring) */
   unsigned hier_logged;   /* which choices INFO has told already */
+  uint64_t auto_last;     /* auto's last choice: bytes << 8 | (algo + 1); 0: none */
   struct brg_comm *local; /* this host's ranks */
   struct brg_comm *cross; /* the ranks of this local index on every host */
   /* Rings 1..nrings-1 (init.c): communicators split from this one, each

@@ -33,8 +33,10 @@
 #include "model.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 #include "internal.h"
+#include "schedule_lat.h"
 
 /* Calibrated on the CI machine (2 cores) from all_reduce_perf at 4 hosts x
  * 2 ranks over tcp with MH_SHAPE="delay 20us rate 2gbit" (docs/multihost.md
@@ -78,11 +80,6 @@ static double beta_max(int H, int M, const brg__model_links *ln, double net_shar
 static int ceil_div(int a, int b) {
   return (a + b - 1) / b;
 }
-static int log2_floor(int n) {
-  int k = 0;
-  while ((2 << k) <= n) k++;
-  return k;
-}
 
 int brg__model_flat_plan(const brg__model_shape *sh, size_t bytes) {
   if (bytes > 0 && bytes <= sh->small_bytes) return BRG__PLAN_SMALL;
@@ -104,33 +101,92 @@ static double p2p_alpha(const brg__model_links *ln, int cross) {
   return ln->p2p_alpha + (cross ? ln->net_alpha : 0);
 }
 
+static int host_of(int pos, int M) {
+  return pos / M;
+}
+
+/* The tree's and rhd's hops follow the schedules themselves
+ * (schedule_lat.h) on positions host by host: a hop crosses hosts where
+ * its two positions lie on different hosts, and a host's devices carry
+ * every crossing hop of its ranks at once. */
 static double tree_time(const brg__model_shape *sh, const brg__model_links *ln, double S) {
   int H = sh->hosts, M = sh->local, N = H * M;
-  int D = log2_floor(N) + 1;
-  int local_levels = H > 1 ? log2_floor(M) : D - 1; /* edges of distance < M */
-  if (local_levels > D - 1) local_levels = D - 1;
-  int cross = D - 1 - local_levels;
-  double lat = 2 * (cross * p2p_alpha(ln, 1) + local_levels * p2p_alpha(ln, 0));
-  double b = H > 1 ? fmax(ln->net_beta, ln->p2p_beta) : ln->p2p_beta;
+  int D = brg__dbtree_depth(N);
+  int *edges = calloc((size_t)H, sizeof *edges); /* crossing hops per host */
+  int *stack = malloc((size_t)N * sizeof *stack);
+  double *path = malloc((size_t)N * sizeof *path); /* alphas from the root down */
+  double lat = 0;
+  for (int t = 0; edges && stack && path && t < 2; t++) {
+    int top = 0;
+    stack[top++] = brg__dbtree_root(N, t);
+    path[stack[0]] = 0;
+    while (top > 0) {
+      int q = stack[--top];
+      brg__tree_node nd = brg__dbtree_node(N, t, q);
+      if (path[q] > lat) lat = path[q];
+      for (int i = 0; i < 2; i++) {
+        int ch = nd.child[i];
+        if (ch < 0) continue;
+        int cross = host_of(q, M) != host_of(ch, M);
+        path[ch] = path[q] + p2p_alpha(ln, cross);
+        if (cross) {
+          edges[host_of(q, M)]++;
+          edges[host_of(ch, M)]++;
+        }
+        stack[top++] = ch;
+      }
+    }
+  }
+  free(stack);
+  free(path);
+  int most = 0;
+  for (int h = 0; edges && h < H; h++)
+    if (edges[h] > most) most = edges[h];
+  free(edges);
+  /* each crossing hop moves half the buffer each way */
+  double nic = most * (S / 2) * ln->net_beta / (sh->nics > 0 ? sh->nics : 1);
+  double rank = 2 * S * ln->p2p_beta;
   double slice = fmin(S / 2, (double)sh->slice_bytes);
-  return lat + (2 * S + 2.0 * (D - 1) * slice) * b;
+  double b = fmax(ln->p2p_beta, H > 1 ? ln->net_beta : 0);
+  return 2 * lat + fmax(nic, rank) + 2.0 * (D - 1) * slice * b;
+}
+
+/* One exchange of `part` bytes between every rank and its partner
+ * (partner_of), the largest number of a host's ranks crossing at once. */
+static double rhd_round(const brg__model_shape *sh, const brg__model_links *ln, double part,
+                        int crossing, int any) {
+  double b = part * ln->p2p_beta;
+  if (any) b = fmax(b, part * crossing * ln->net_beta / (sh->nics > 0 ? sh->nics : 1));
+  return p2p_alpha(ln, any) + b;
 }
 
 static double rhd_time(const brg__model_shape *sh, const brg__model_links *ln, double S) {
   int H = sh->hosts, M = sh->local, N = H * M;
-  int P = 1 << log2_floor(N);
+  int P = brg__pow2_floor(N), E = N - P;
   double t = 0;
-  for (int d = P / 2; d >= 1; d /= 2) {
-    int cross = H > 1 && d >= M;
-    double part = S * d / P;
-    double bytes_time = cross ? part * fmax(ln->p2p_beta, ln->net_beta * ceil_div(M, sh->nics))
-                              : part * ln->p2p_beta;
-    t += 2 * (p2p_alpha(ln, cross) + bytes_time);
+  if (E > 0) { /* the fold and the unfold: 2i sends to 2i+1 */
+    int most = 0, run = 0, host = -1;
+    for (int i = 0; i < E; i++) {
+      if (host_of(2 * i, M) != host) {
+        host = host_of(2 * i, M);
+        run = 0;
+      }
+      if (host_of(2 * i, M) != host_of(2 * i + 1, M) && ++run > most) most = run;
+    }
+    t += 2 * rhd_round(sh, ln, S, most, most > 0);
   }
-  if (N > P) {
-    int cross = M < 2; /* positions 2i and 2i+1 share a host when M >= 2 */
-    double b = cross ? fmax(ln->p2p_beta, ln->net_beta) : ln->p2p_beta;
-    t += 2 * (p2p_alpha(ln, cross) + S * b);
+  for (int d = P / 2; d >= 1; d /= 2) {
+    /* virtual ranks lie on the positions in order, so a host's are a run */
+    int most = 0, run = 0, host = -1;
+    for (int v = 0; v < P; v++) {
+      int p = brg__rhd_pos(N, v), q = brg__rhd_pos(N, v ^ d);
+      if (host_of(p, M) != host) {
+        host = host_of(p, M);
+        run = 0;
+      }
+      if (host_of(p, M) != host_of(q, M) && ++run > most) most = run;
+    }
+    t += 2 * rhd_round(sh, ln, S * d / P, most, most > 0);
   }
   return t;
 }

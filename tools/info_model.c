@@ -5,6 +5,7 @@
  *
  *   brigade-info --model                       64..4096 ranks, 8 per host
  *   brigade-info --model --hosts 4 --per-host 2 [--sizes 4K,1M,64M]
+ *   --no-hier: hosts that differ in rank count (hier cannot run)
  *   links: --alpha-net S --beta-net S/B --gbit-net G --alpha-shm S --beta-shm S/B
  *          --alpha-p2p S --beta-p2p S/B; shape: --nics K --rings R --small B --slice B
  */
@@ -111,8 +112,9 @@ int brg__info_model(int argc, char **argv) {
   int nsizes = 5, tsv = 0, max_ranks = 4096, min_ranks = 64;
   for (int i = 0; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(a, "--tsv")) {
-      tsv = 1;
+    if (!strcmp(a, "--tsv") || !strcmp(a, "--no-hier")) {
+      tsv |= !strcmp(a, "--tsv");
+      sh.no_hier |= !strcmp(a, "--no-hier");
       continue;
     }
     if (!v) goto usage;
@@ -186,7 +188,7 @@ int brg__info_model(int argc, char **argv) {
 usage:
   fprintf(stderr, "usage: brigade-info --model [--hosts H --per-host M] [--sizes 8,4K,1M] "
                   "[--nics K] [--rings R] [--small B] [--slice B] [--min-ranks N] "
-                  "[--max-ranks N] [--alpha-net S] [--beta-net S/B | --gbit-net G] "
+                  "[--max-ranks N] [--no-hier] [--alpha-net S] [--beta-net S/B | --gbit-net G] "
                   "[--alpha-shm S] [--beta-shm S/B] [--alpha-p2p S] [--beta-p2p S/B] [--tsv]\n");
   return 2;
 }
