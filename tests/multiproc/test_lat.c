@@ -130,12 +130,31 @@ static int body(mp_ctx *ctx) {
   return 0;
 }
 
+/* Rank 2 passes one element more than the others: every rank must fail,
+ * and long before BRIGADE_TIMEOUT_MS; rank 2 with BRG_ERR_MISMATCH or the
+ * failure of a peer that found it. */
+static int body_mismatch(mp_ctx *ctx) {
+  float in[8] = {0}, out[8];
+  int64_t t0 = mp_now_ns();
+  brg_status st =
+      brg_allreduce(in, out, ctx->rank == 2 ? 8 : 7, BRG_FLOAT32, BRG_SUM, ctx->comm, NULL);
+  double s = (double)(mp_now_ns() - t0) / 1e9;
+  MP_CHECK(st != BRG_SUCCESS, "an allreduce whose ranks disagree on the count succeeded");
+  MP_CHECK(s < 10, "the mismatch took %.1f s to fail (%s): BRIGADE_TIMEOUT_MS ended it", s,
+           brg_comm_last_error(ctx->comm));
+  if (ctx->rank == 2)
+    MP_CHECK(st == BRG_ERR_MISMATCH || st == BRG_ERR_REMOTE, "rank 2: %s: %s",
+             brg_status_string(st), brg_comm_last_error(ctx->comm));
+  return 0;
+}
+
 int main(int argc, char **argv) {
   int n = argc > 1 ? atoi(argv[1]) : 17;
-  mp_opts o = {.name = "lat",
+  int mismatch = argc > 2 && !strcmp(argv[2], "mismatch");
+  mp_opts o = {.name = mismatch ? "lat-mismatch" : "lat",
                .nranks = n,
                .init = MP_INIT_ID,
                .victim = -1,
                .deadline_ms = mp_env_int("MP_DEADLINE_MS", 100000)};
-  return mp_run(&o, body, NULL);
+  return mp_run(&o, mismatch ? body_mismatch : body, NULL);
 }
