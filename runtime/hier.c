@@ -1,8 +1,9 @@
 /*
- * Hierarchical allreduce (BRIGADE_ALGO=hier, or auto where it is predicted
- * faster): a flat ring pays one network latency at each of its 2(N-1)
- * steps; this pays 2(H-1) across H hosts and 2(L-1) cheap ones within a
- * host of L ranks.
+ * The choice of allreduce algorithm (BRIGADE_ALGO: ring, hier, tree, rhd,
+ * or auto, the fastest by the cost model of model.c; tree and rhd run in
+ * lat.c), and the hierarchical allreduce: a flat ring's chain of 2(N-1)
+ * steps crosses the network about 2H times; this pays 2(H-1) network
+ * hops across H hosts and 2(L-1) cheap ones within a host of L ranks.
  *
  *    host 0: ranks a0 a1        host 1: ranks b0 b1
  *    1. reduce-scatter within each host: a0 holds chunk 0 of a0+a1,
