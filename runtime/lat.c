@@ -210,9 +210,12 @@ static void run_rhd(lat *l) {
     lat_wait(l, rx);
     return;
   }
-  /* a window of P/2 blocks may hold more than half the elements (count < P) */
-  char *scratch = lat_scratch(l, count * es);
+  /* The fold's buffer, then every halving round's half: the windows
+   * shrink by half, but a window of P/2 blocks may hold more than half
+   * the elements (count < P), so P more. */
+  char *scratch = lat_scratch(l, (2 * count + (size_t)r.p2) * es);
   if (!scratch) return;
+  char *halves = scratch + count * es;
   if (r.fold >= 0) {
     brg__p2p_op *rx = lat_op(l, r.fold, scratch, count, 0);
     lat_wait(l, rx);
@@ -221,6 +224,29 @@ static void run_rhd(lat *l) {
   } else if (out != k->sendbuf) {
     brg__copy(out, NULL, k->sendbuf, count * es);
   }
+  /* Every exchange's receive, posted now (each partner's halving one, then
+   * its doubling one), so that what comes early lands in place: a
+   * doubling round receives into the window this rank sent away in the
+   * halving round of the same partner, which the partner sends back only
+   * after it has all of it. */
+  brg__p2p_op *hrx[32] = {0}, *drx[32] = {0};
+  size_t hoff[32], at = 0;
+  for (int j = 0; j < r.rounds; j++) {
+    int w = brg__rhd_partner(r.p2, r.vrank, j), lo, hi;
+    size_t ko, km;
+    brg__rhd_window(r.p2, r.vrank, j, &lo, &hi);
+    rhd_range(count, r.p2, lo, hi, &ko, &km);
+    hoff[j] = at;
+    if (km) hrx[j] = lat_op(l, brg__rhd_pos(n, w), halves + at * es, km, 0);
+    at += km;
+  }
+  for (int j = r.rounds - 1; j >= 0; j--) {
+    int w = brg__rhd_partner(r.p2, r.vrank, j), plo, phi;
+    size_t po, pm;
+    brg__rhd_window(r.p2, w, j, &plo, &phi);
+    rhd_range(count, r.p2, plo, phi, &po, &pm);
+    if (pm) drx[j] = lat_op(l, brg__rhd_pos(n, w), out + po * es, pm, 0);
+  }
   for (int j = 0; j < r.rounds && l->s == BRG_SUCCESS; j++) {
     int w = brg__rhd_partner(r.p2, r.vrank, j), lo, hi, plo, phi;
     brg__rhd_window(r.p2, r.vrank, j, &lo, &hi);
@@ -228,27 +254,22 @@ static void run_rhd(lat *l) {
     size_t ko, km, so, sm;
     rhd_range(count, r.p2, lo, hi, &ko, &km);
     rhd_range(count, r.p2, plo, phi, &so, &sm);
-    int peer = brg__rhd_pos(n, w);
-    brg__p2p_op *rx = km ? lat_op(l, peer, scratch, km, 0) : NULL;
-    brg__p2p_op *tx = sm ? lat_op(l, peer, out + so * es, sm, 1) : NULL;
-    lat_wait(l, rx);
+    brg__p2p_op *tx = sm ? lat_op(l, brg__rhd_pos(n, w), out + so * es, sm, 1) : NULL;
+    lat_wait(l, hrx[j]);
     if (l->s != BRG_SUCCESS) break;
     int last = j == r.rounds - 1;
     if (km)
-      brg__reduce(out + ko * es, NULL, out + ko * es, scratch, km, k->dtype, last ? k->op : mid, n);
+      brg__reduce(out + ko * es, NULL, out + ko * es, halves + hoff[j] * es, km, k->dtype,
+                  last ? k->op : mid, n);
     lat_wait(l, tx);
   }
   for (int j = r.rounds - 1; j >= 0 && l->s == BRG_SUCCESS; j--) {
-    int w = brg__rhd_partner(r.p2, r.vrank, j), lo, hi, plo, phi;
+    int w = brg__rhd_partner(r.p2, r.vrank, j), lo, hi;
     brg__rhd_window(r.p2, r.vrank, j, &lo, &hi);
-    brg__rhd_window(r.p2, w, j, &plo, &phi);
-    size_t mo, mm, po, pm;
+    size_t mo, mm;
     rhd_range(count, r.p2, lo, hi, &mo, &mm);
-    rhd_range(count, r.p2, plo, phi, &po, &pm);
-    int peer = brg__rhd_pos(n, w);
-    brg__p2p_op *rx = pm ? lat_op(l, peer, out + po * es, pm, 0) : NULL;
-    brg__p2p_op *tx = mm ? lat_op(l, peer, out + mo * es, mm, 1) : NULL;
-    lat_wait(l, rx);
+    brg__p2p_op *tx = mm ? lat_op(l, brg__rhd_pos(n, w), out + mo * es, mm, 1) : NULL;
+    lat_wait(l, drx[j]);
     lat_wait(l, tx);
   }
   if (r.fold >= 0 && l->s == BRG_SUCCESS) lat_wait(l, lat_op(l, r.fold, out, count, 1));
