@@ -74,7 +74,7 @@ static void print_shape(const brg__model_shape *sh, const brg__model_links *ln, 
     for (int i = 0; i < nsizes; i++) {
       int plan, algo = brg__model_auto(sh, ln, sizes[i], &plan);
       for (int p = 0; p < BRG__PLAN_COUNT; p++)
-        printf("%d\t%d\t%zu\t%s\t%.9g\n", sh->hosts, sh->local, sizes[i], brg__plan_name(p),
+        printf("%d\t%d\t%zu\t%s\t%.17g\n", sh->hosts, sh->local, sizes[i], brg__plan_name(p),
                brg__model_time(p, sh, ln, sizes[i]));
       printf("%d\t%d\t%zu\tauto\t%s/%s\n", sh->hosts, sh->local, sizes[i], brg__algo_name(algo),
              brg__plan_name(plan));
