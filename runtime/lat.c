@@ -44,7 +44,12 @@ static void keep(lat *l, brg_status s) {
 /* A receive (is_send 0) or send of m elements at buf with the rank at
  * position pos; NULL once the call has failed. */
 static brg__p2p_op *lat_op(lat *l, int pos, void *buf, size_t m, int is_send) {
-  if (l->s != BRG_SUCCESS || l->used == l->nops) return NULL;
+  if (l->s != BRG_SUCCESS) return NULL;
+  if (l->used == l->nops) {
+    keep(l, brg__comm_error(l->c, BRG_ERR_INTERNAL, "%s: more than the %zu messages counted", l->fn,
+                            l->nops));
+    return NULL;
+  }
   brg__p2p_op *op = &l->ops[l->used++];
   *op = (brg__p2p_op){.buf = buf,
                       .count = m,
