@@ -329,6 +329,7 @@ static brg_status comm_free(brg_comm *c) {
   pthread_cond_destroy(&c->qcond);
   pthread_cond_destroy(&c->donecond);
   free(c->scratch);
+  free(c->lat_scratch);
   free(c->ring);
   free(c->peers);
   c->magic = 0;

@@ -1,8 +1,9 @@
 /*
- * Hierarchical allreduce (BRIGADE_ALGO=hier, or auto where it is predicted
- * faster): a flat ring pays one network latency at each of its 2(N-1)
- * steps; this pays 2(H-1) across H hosts and 2(L-1) cheap ones within a
- * host of L ranks.
+ * The choice of allreduce algorithm (BRIGADE_ALGO: ring, hier, tree, rhd,
+ * or auto, the fastest by the cost model of model.c; tree and rhd run in
+ * lat.c), and the hierarchical allreduce: a flat ring's chain of 2(N-1)
+ * steps crosses the network about 2H times; this pays 2(H-1) network
+ * hops across H hosts and 2(L-1) cheap ones within a host of L ranks.
  *
  *    host 0: ranks a0 a1        host 1: ranks b0 b1
  *    1. reduce-scatter within each host: a0 holds chunk 0 of a0+a1,
@@ -36,6 +37,7 @@
 #include "device.h"
 #include "internal.h"
 #include "kernels.h"
+#include "model.h"
 #include "schedule.h"
 #include "trace.h"
 
@@ -67,63 +69,19 @@ static void hier_shape_of(const brg_comm *c, hier_shape *sh) {
   }
 }
 
-/*
- * BRIGADE_ALGO=auto's rule, an alpha-beta estimate of both algorithms
- * (bench/model holds the full cost model; this is the small part of it the
- * runtime needs). A step costs alpha; b bytes through a link cost b / bw.
- * The constants are those of the links the multi-host tests shape
- * (tests/multihost/run.sh, MH_SHAPE="delay 20us rate 2gbit") on the CI
- * machine; a network hop includes the transport's hand-off and the wake-up
- * of the receiver, not only the wire's delay.
- *
- * Flat ring of N ranks (one link leaves each host): 2(N-1) steps, each
- * waiting for a network hop, and 2(N-1)/N of the buffer through each link;
- * at most BRIGADE_SMALL_BYTES it gathers instead: N-1 steps, (N-1) buffers.
- * Hier, H hosts of L ranks: 2(L-1) shm steps moving 2(L-1)/L of the
- * buffer, then a ring allreduce of 1/L of the buffer among H ranks (small
- * or not by the same rule), whose L rings share the host's one network
- * link, so the network carries L times one ring's bytes.
- */
-static const struct {
-  double net_alpha_s, net_bytes_per_s; /* a hop between hosts */
-  double shm_alpha_s, shm_bytes_per_s; /* a hop within a host */
-} hier_cost = {
-    .net_alpha_s = 60e-6,
-    .net_bytes_per_s = 250e6,
-    .shm_alpha_s = 5e-6,
-    .shm_bytes_per_s = 2e9,
-};
+static int hier_fits(const hier_shape *sh);
 
-/* A ring allreduce of n ranks: its steps' latency in *steps_s, the time
- * of its bytes in *bytes_s. */
-static void ring_cost(int n, size_t bytes, size_t small_bytes, double alpha, double bw,
-                      double *steps_s, double *bytes_s) {
-  *steps_s = *bytes_s = 0;
-  if (n < 2) return;
-  int small = bytes > 0 && bytes <= small_bytes;
-  *steps_s = (small ? 1.0 : 2.0) * (n - 1) * alpha;
-  *bytes_s = (small ? (double)(n - 1) : 2.0 * (n - 1) / n) * (double)bytes / bw;
-}
-
-/* 1 when hier is predicted faster than the flat ring for `bytes` over
- * `hosts` hosts of `local` ranks and the flat ring's time is mostly
- * latency (its steps' alpha at least its bytes' time): beyond that the
- * flat ring is bandwidth-optimal and both move about as many bytes through
- * a host's network link, so the estimate's small difference there is no
- * reason to leave it. The two estimates in microseconds. */
-static int hier_predicted_faster(int hosts, int local, size_t bytes, size_t small_bytes,
-                                 double *ring_us, double *hier_us) {
-  double ring_steps, ring_bytes, across_steps, across_bytes;
-  ring_cost(hosts * local, bytes, small_bytes, hier_cost.net_alpha_s, hier_cost.net_bytes_per_s,
-            &ring_steps, &ring_bytes);
-  double within = 2.0 * (local - 1) * hier_cost.shm_alpha_s +
-                  2.0 * (local - 1) / local * (double)bytes / hier_cost.shm_bytes_per_s;
-  size_t shard = (bytes + (size_t)local - 1) / (size_t)local;
-  ring_cost(hosts, shard, small_bytes, hier_cost.net_alpha_s, hier_cost.net_bytes_per_s / local,
-            &across_steps, &across_bytes);
-  *ring_us = (ring_steps + ring_bytes) * 1e6;
-  *hier_us = (within + across_steps + across_bytes) * 1e6;
-  return *hier_us < *ring_us && ring_steps >= ring_bytes;
+/* The cost model's view of this communicator (model.c): its hosts (ranks
+ * per host rounded up where they differ, and hier ruled out there), its
+ * rings and sizes; the links are the model's calibrated ones. */
+static void model_shape_of(const brg_comm *c, const hier_shape *sh, brg__model_shape *m) {
+  *m = (brg__model_shape){.hosts = sh->hosts > 0 ? sh->hosts : 1,
+                          .nics = 1,
+                          .rings = c->nrings > 1 ? c->nrings : 1,
+                          .small_bytes = c->small_bytes,
+                          .slice_bytes = c->slice_bytes};
+  m->local = (c->nranks + m->hosts - 1) / m->hosts;
+  m->no_hier = !hier_fits(sh);
 }
 
 /* INFO, once per communicator and kind of choice. */
@@ -136,6 +94,10 @@ enum {
   LOGGED_DEVICE = 32,
   LOGGED_CAPTURED = 64,
   LOGGED_CAPTURED_HIER = 128,
+  LOGGED_AUTO_TREE = 256,
+  LOGGED_AUTO_RHD = 512,
+  LOGGED_FORCED_LAT = 1024,
+  LOGGED_DEVICE_LAT = 2048,
 };
 
 static int first_time(brg_comm *c, unsigned what) {
@@ -202,8 +164,17 @@ brg_status brg__hier_device_prepare(brg_comm *c, brg_comm **local, brg_comm **cr
   return BRG_SUCCESS;
 }
 
+static unsigned auto_logged(int algo) {
+  return algo == BRG__ALGO_HIER   ? LOGGED_AUTO_HIER
+         : algo == BRG__ALGO_TREE ? LOGGED_AUTO_TREE
+         : algo == BRG__ALGO_RHD  ? LOGGED_AUTO_RHD
+                                  : LOGGED_AUTO_RING;
+}
+
 brg_status brg__hier_prepare(brg_comm *c, brg__coll *k) {
   k->hier = 0;
+  k->lat = 0;
+  int lat_algo = c->algo == BRG__ALGO_TREE || c->algo == BRG__ALGO_RHD;
   if (c->algo == BRG__ALGO_RING || c->nranks < 2) {
     if (c->algo == BRG__ALGO_RING && first_time(c, LOGGED_FORCED_RING))
       BRG__INFO("coll", "allreduce algorithm: ring (BRIGADE_ALGO=ring)");
@@ -217,6 +188,21 @@ brg_status brg__hier_prepare(brg_comm *c, brg__coll *k) {
                 "hierarchically)");
     return BRG_SUCCESS;
   }
+  if (k->device && lat_algo) {
+    if (first_time(c, LOGGED_DEVICE_LAT))
+      BRG__INFO("coll",
+                "allreduce algorithm for GPU buffers: ring (BRIGADE_ALGO=%s runs host buffers "
+                "only)",
+                brg__algo_name(c->algo));
+    return BRG_SUCCESS;
+  }
+  if (lat_algo) {
+    if (first_time(c, LOGGED_FORCED_LAT))
+      BRG__INFO("coll", "allreduce algorithm: %s (BRIGADE_ALGO=%s, %d ranks)",
+                brg__algo_name(c->algo), brg__algo_name(c->algo), c->nranks);
+    k->lat = (unsigned char)c->algo;
+    return BRG_SUCCESS;
+  }
   if (k->device && k->captured && !hier_capturable(c)) {
     if (first_time(c, LOGGED_CAPTURED))
       BRG__INFO("coll", "allreduce algorithm for GPU buffers captured in a CUDA graph: ring (the "
@@ -227,7 +213,46 @@ brg_status brg__hier_prepare(brg_comm *c, brg__coll *k) {
   }
   hier_shape sh;
   hier_shape_of(c, &sh);
-  if (!hier_fits(&sh)) {
+  size_t bytes = k->count * brg_dtype_size(k->dtype);
+  if (c->algo == BRG__ALGO_AUTO) {
+    brg__model_shape ms;
+    model_shape_of(c, &sh, &ms);
+    /* the model walks the schedules (O(N) at large N): the last size's
+     * choice is kept, as loops call one size again and again */
+    uint64_t last = __atomic_load_n(&c->auto_last, __ATOMIC_RELAXED);
+    int algo;
+    if (last && last >> 8 == bytes) {
+      algo = (int)(last & 0xff) - 1;
+    } else {
+      algo = brg__model_auto(&ms, &brg__model_default_links, bytes, NULL);
+      if (bytes < (1ull << 56))
+        __atomic_store_n(&c->auto_last, (uint64_t)bytes << 8 | (uint64_t)(algo + 1),
+                         __ATOMIC_RELAXED);
+    }
+    if (first_time(c, auto_logged(algo))) {
+      char shape[64], pred[160];
+      if (sh.min_local == sh.max_local || sh.hosts < 2)
+        snprintf(shape, sizeof shape, "%d hosts x %d ranks", ms.hosts, ms.local);
+      else
+        snprintf(shape, sizeof shape, "%d hosts of %d to %d ranks", sh.hosts, sh.min_local,
+                 sh.max_local);
+      int flat = brg__model_flat_plan(&ms, bytes),
+          shown[] = {flat, BRG__PLAN_HIER, BRG__PLAN_TREE, BRG__PLAN_RHD};
+      size_t at = 0;
+      for (int i = 0; i < 4; i++) {
+        double t = brg__model_time(shown[i], &ms, &brg__model_default_links, bytes);
+        if (t >= 0 && at < sizeof pred)
+          at += (size_t)snprintf(pred + at, sizeof pred - at, "%s%s %.0f us", at ? ", " : "",
+                                 brg__plan_name(shown[i]), t * 1e6);
+      }
+      BRG__INFO("coll",
+                "allreduce algorithm: %s (BRIGADE_ALGO=auto, %s, first at %zu bytes: predicted "
+                "%s; brigade-info --model)",
+                brg__algo_name(algo), shape, bytes, pred);
+    }
+    if (algo == BRG__ALGO_TREE || algo == BRG__ALGO_RHD) k->lat = (unsigned char)algo;
+    if (algo != BRG__ALGO_HIER) return BRG_SUCCESS;
+  } else if (!hier_fits(&sh)) {
     if (first_time(c, LOGGED_SHAPE)) {
       if (sh.hosts < 2)
         BRG__INFO("coll", "allreduce algorithm: ring (BRIGADE_ALGO=%s: all %d ranks on one host)",
@@ -244,18 +269,6 @@ brg_status brg__hier_prepare(brg_comm *c, brg__coll *k) {
                   brg__algo_name(c->algo), sh.hosts);
     }
     return BRG_SUCCESS;
-  }
-  size_t bytes = k->count * brg_dtype_size(k->dtype);
-  if (c->algo == BRG__ALGO_AUTO) {
-    double ring_us, hier_us;
-    int hier =
-        hier_predicted_faster(sh.hosts, sh.min_local, bytes, c->small_bytes, &ring_us, &hier_us);
-    if (first_time(c, hier ? LOGGED_AUTO_HIER : LOGGED_AUTO_RING))
-      BRG__INFO("coll",
-                "allreduce algorithm: %s (BRIGADE_ALGO=auto, %d hosts x %d ranks, first at "
-                "%zu bytes: predicted hier %.0f us, ring %.0f us)",
-                hier ? "hier" : "ring", sh.hosts, sh.min_local, bytes, hier_us, ring_us);
-    if (!hier) return BRG_SUCCESS;
   } else if (first_time(c, k->captured ? LOGGED_CAPTURED_HIER
                            : k->device ? LOGGED_DEVICE
                                        : LOGGED_FORCED_HIER)) {

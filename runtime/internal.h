@@ -42,6 +42,7 @@ typedef struct brg__coll {
    * rank r's, at brg__part_offset): the phases of hier.c within a host. */
   unsigned char whole;
   unsigned char hier;       /* an allreduce hier.c runs (brg__hier_prepare chose it) */
+  unsigned char lat;        /* BRG__ALGO_TREE or _RHD: an allreduce lat.c runs; 0: none */
   unsigned char captured;   /* issued on a stream capturing a CUDA graph (kernel mode) */
   unsigned char setup_only; /* brg_comm_device_setup: the device setup, no collective */
   const void *sendbuf;
@@ -137,7 +138,9 @@ struct brg_comm {
   brg__waiter waiter;
   brg__waiter waiter_sleep; /* waiter's check, no spinning: for links whose ops->sleeps */
 
-  char *scratch; /* nranks * small_bytes, for small allreduces */
+  char *scratch;     /* nranks * small_bytes, for small allreduces */
+  char *lat_scratch; /* lat.c's, grown to the largest call */
+  size_t lat_scratch_bytes;
   size_t small_bytes;
   size_t nt_bytes; /* collectives this large write outputs with non-temporal stores */
   uint64_t seq;    /* collectives run so far */
@@ -166,6 +169,7 @@ struct brg_comm {
   int algo;               /* brg__algo */
   int hier_state;         /* 0: not made yet, 1: made, -1: cannot be made (flat ring) */
   unsigned hier_logged;   /* which choices INFO has told already */
+  uint64_t auto_last;     /* auto's last choice: bytes << 8 | (algo + 1); 0: none */
   struct brg_comm *local; /* this host's ranks */
   struct brg_comm *cross; /* the ranks of this local index on every host */
   /* Rings 1..nrings-1 (init.c): communicators split from this one, each
@@ -208,6 +212,7 @@ struct brg_comm {
  *   split.c       brg_comm_split: two all-gathers over the parent (progress.c)
  *                 -> comm.c
  *   coll.c        the collectives' entry points and argument checks
+ *   model.c       the cost model auto chooses by (no calls)
  *   hier.c        hierarchical allreduce: picks the algorithm; its two
  *                 communicators come from split.c (made on the caller's
  *                 thread before the first hier allreduce is issued, as an
@@ -216,6 +221,7 @@ struct brg_comm {
  *   progress.c    issue order: the worker thread, device setup; the
  *                 collectives that run on other communicators (the rings
  *                 of init.c, hier.c's phases); brg__comm_stop
+ *   lat.c         tree and rhd allreduces over p2p.c's links
  *   ring.c        the five primitives and the ring and chain schedules
  *   device_ring.c the same primitives on GPU buffers (step mode)
  *   device.c      the CUDA module, opened at first use
@@ -242,7 +248,13 @@ brg_status brg__comm_split_opts(brg_comm *comm, int color, int key, int no_trace
 brg_status brg__comm_devnet(brg_comm *c);
 
 /* The allreduce algorithms of BRIGADE_ALGO (hier.c picks one). */
-typedef enum { BRG__ALGO_AUTO = 0, BRG__ALGO_RING = 1, BRG__ALGO_HIER = 2 } brg__algo;
+typedef enum {
+  BRG__ALGO_AUTO = 0,
+  BRG__ALGO_RING = 1,
+  BRG__ALGO_HIER = 2,
+  BRG__ALGO_TREE = 3,
+  BRG__ALGO_RHD = 4,
+} brg__algo;
 /* settings.c: BRIGADE_ALGO's value as a brg__algo, or -1 when it names none. */
 int brg__algo_parse(const char *name);
 const char *brg__algo_name(int algo);
@@ -370,6 +382,11 @@ brg_status brg__p2p_post(brg_comm *c, brg__p2p_op *op);
 brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op);
 /* The collective all_to_all, run by ring.c's engine in issue order. */
 brg_status brg__p2p_all_to_all(brg_comm *c, const brg__coll *k);
+
+/* lat.c: the latency-bound allreduces (k->lat: double binary tree or
+ * recursive halving and doubling) over point-to-point links, on the
+ * calling thread, host buffers. */
+brg_status brg__lat_run(brg_comm *c, brg__coll *k);
 
 /* ring.c: runs one collective to completion on the calling thread; a
  * device collective needs the device ring (progress.c builds it). */

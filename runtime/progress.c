@@ -232,7 +232,10 @@ static brg_status run_one(brg_comm *c, brg__coll *k) {
       if (!__atomic_load_n(&c->rings[r]->dev, __ATOMIC_ACQUIRE)) s = device_setup(c->rings[r]);
     if (s == BRG_SUCCESS && k->async) s = brg__device_async_start(c, k);
     if (s == BRG_SUCCESS && !k->setup_only)
-      s = k->hier ? hier_run(c, k) : on_rings(c, k) ? run_rings(c, k) : brg__coll_execute(c, k);
+      s = k->hier          ? hier_run(c, k)
+          : k->lat         ? brg__lat_run(c, k)
+          : on_rings(c, k) ? run_rings(c, k)
+                           : brg__coll_execute(c, k);
   }
   if (k->async) brg__device_async_end(c, k, s);
   if (entered) brg__device_leave(prev_gpu);

@@ -5,6 +5,8 @@
 
 #include "transport.h"
 
+int brg__algo_parse(const char *name); /* below; internal.h declares it */
+
 static brg__cfg_entry core_entries[BRG__CORE_COUNT] = {
     [BRG__CORE_TIMEOUT_MS] = {"BRIGADE_TIMEOUT_MS", BRG__CFG_KIND_INT, "600000", 100, INT_MAX,
                               "how long a rank waits for a peer (bootstrap or collective) "
@@ -44,8 +46,9 @@ static brg__cfg_entry core_entries[BRG__CORE_COUNT] = {
     [BRG__CORE_ALGO] = {"BRIGADE_ALGO", BRG__CFG_KIND_STRING, "auto", 0, 0,
                         "allreduce of host buffers: ring (one ring over every rank), hier "
                         "(reduce-scatter within each host, allreduce across hosts, all-gather "
-                        "within each host) or auto (hier where it is predicted faster); the same "
-                        "on every rank"},
+                        "within each host), tree (double binary tree), rhd (recursive halving "
+                        "and doubling) or auto (the fastest by the cost model, brigade-info "
+                        "--model); the same on every rank"},
     [BRG__CORE_RINGS] = {"BRIGADE_RINGS", BRG__CFG_KIND_INT, "0", 0, 64,
                          "rings a large allreduce is cut over, each leaving every host through "
                          "a different local rank; 0: one per network address a host's ranks "
@@ -128,10 +131,10 @@ brg_status brg__settings_load(brg__errbuf *err) {
     if (s != BRG_SUCCESS) return s;
   }
   const char *algo = brg__core_str(BRG__CORE_ALGO);
-  if (strcmp(algo, "ring") && strcmp(algo, "hier") && strcmp(algo, "auto"))
+  if (brg__algo_parse(algo) < 0)
     return brg__error_quiet(
         err, BRG_ERR_INVALID_ARGUMENT,
-        "BRIGADE_ALGO=\"%s\" is not an allreduce algorithm (ring, hier or auto)", algo);
+        "BRIGADE_ALGO=\"%s\" is not an allreduce algorithm (ring, hier, tree, rhd or auto)", algo);
   return brg__log_check(err);
 }
 
@@ -160,7 +163,7 @@ void brg__settings_print_markdown(FILE *f) {
 }
 
 /* BRIGADE_ALGO's names (hier.c), in brg__algo order. */
-static const char *const algo_names[] = {"auto", "ring", "hier"};
+static const char *const algo_names[] = {"auto", "ring", "hier", "tree", "rhd"};
 
 int brg__algo_parse(const char *name) {
   for (int i = 0; i < (int)(sizeof algo_names / sizeof algo_names[0]); i++)

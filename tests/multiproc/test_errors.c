@@ -1365,7 +1365,8 @@ static int body_bad_algo(mp_ctx *ctx) {
   setenv("BRIGADE_ALGO", "fastest", 1);
   brg_unique_id id;
   brg_status st = brg_get_unique_id(&id);
-  const char *want = "BRIGADE_ALGO=\"fastest\" is not an allreduce algorithm (ring, hier or auto)";
+  const char *want =
+      "BRIGADE_ALGO=\"fastest\" is not an allreduce algorithm (ring, hier, tree, rhd or auto)";
   MP_CHECK(st == BRG_ERR_INVALID_ARGUMENT && strcmp(errmsg(NULL), want) == 0,
            "brg_get_unique_id with BRIGADE_ALGO=fastest: %s: \"%s\", expected \"%s\"",
            brg_status_string(st), errmsg(NULL), want);

@@ -1,5 +1,7 @@
 #!/usr/bin/python3
-"""bench/model on cases worked by hand, and its calibration on synthetic
+"""bench/model on cases worked by hand (its formulas are runtime/model.c's,
+through brigade-info --model: BRIGADE_INFO names the build's), and its
+calibration on synthetic
 all_reduce_perf output made with known constants.
 
   test_model.py BENCH_MODEL
@@ -90,15 +92,17 @@ sh = m.shaped(m.Link(30 * us, 1 / 1.2e9), 20e-6, 2)
 close("shaped alpha", sh.alpha, 50e-6)
 close("shaped beta (2 Gbit/s is slower)", sh.beta, 8 / 2e9)
 
-# the latency chain against every window of the host-ordered ring
+# the latency chain against every window of the host-ordered ring: the
+# ring's 2(N-1) hops (T_ring at 0 bytes) and the small path's N-1 (T_small
+# at 1 byte, less its byte)
 for H, M in ((3, 4), (5, 2), (2, 7), (1, 5), (6, 1)):
     N = H * M
     alphas = [(net.alpha if (i % M == M - 1 and H > 1) else shm.alpha) for i in range(N)]
-    for L in (1, M - 1, M, N - 1, N, 2 * N - 2, 3 * N + 1):
-        if L <= 0:
-            continue
+    bmax = max([shm.beta] * (M > 1) + [net.beta] * (H > 1))
+    for L, got in ((2 * N - 2, m.ring_time(0, H, M, shm, net)),
+                   (N - 1, m.ring_time(1, H, M, shm, net) - (N - 1) * bmax)):
         brute = max(sum(alphas[(p + j) % N] for j in range(L)) for p in range(N))
-        close("chain H=%d M=%d L=%d" % (H, M, L), m.chain(L, H, M, shm, net), brute)
+        close("chain H=%d M=%d L=%d" % (H, M, L), got, brute, 1e-6)
 
 
 # calibration from synthetic all_reduce_perf output

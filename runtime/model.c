@@ -1,0 +1,246 @@
+/*
+ * The allreduce cost model. Every link is two numbers, alpha (s, one small
+ * message hop to hop: software, wake-up and wire) and beta (s/byte once it
+ * streams, reductions included). H hosts of M ranks, N = H*M, in ring
+ * order host by host; K network devices per host; S bytes.
+ *
+ * Ring latency is a chain of hops round the ring: L consecutive links pay
+ * A(L) = q*(H*a_net + (N-H)*a_shm) + k*a_net + (L mod N - k)*a_shm, with
+ * q = L div N and k = min(H, ceil((L mod N)/M)) (the worst window starts
+ * on a network link).
+ *
+ *   ring   A(2(N-1)) + 2(N-1)/N * S * b_max     (b_max: the slowest link kind)
+ *   small  A(N-1) + (N-1) * S * b_max            (S <= BRIGADE_SMALL_BYTES)
+ *   rings  A(2(N-1)) + 2(N-1)/N * S/R * max(b_shm, b_net*ceil(R/K))
+ *   hier   2*((M-1)*a_shm + (M-1)/M*S*b_shm)     (within the hosts, twice)
+ *          + 2(H-1)*a_net + 2(H-1)/H * S/M * b_net*ceil(M/K)
+ *            (or its small form, (H-1) hops of S/M, when S/M is small)
+ *   tree   D = floor(log2 N) + 1 levels; up and down 2(D-1) hops, of
+ *          which those whose distance in positions reaches M cross hosts
+ *          (all but the lowest log2(M) levels); every hop is a
+ *          point-to-point message (p2p_alpha, plus a_net between hosts).
+ *          Bytes: each half of S through one tree, pipelined in slices:
+ *          2S through a rank (or a host's devices) plus the pipeline's fill,
+ *          2(D-1) slices.
+ *   rhd    P = 2^floor(log2 N): log2(P) halving rounds and as many
+ *          doubling ones; the round of distance d moves S*d/P per rank,
+ *          between hosts (all M ranks of a host at once through its
+ *          devices) when d >= M; N > P adds a fold and an unfold of S.
+ *
+ * Left out: contention for cores when ranks outnumber them, and the
+ * overlap of hier's phases (it runs them one after another).
+ */
+#include "model.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "internal.h"
+#include "schedule_lat.h"
+
+/* Calibrated on the CI machine (2 cores) from all_reduce_perf at 4 hosts x
+ * 2 ranks over tcp with MH_SHAPE="delay 20us rate 2gbit" (docs/multihost.md
+ * has the runs): the network's hop includes the transport's hand-off and
+ * the receiver's wake-up; a point-to-point message adds the p2p thread's. */
+const brg__model_links brg__model_default_links = {
+    .net_alpha = 60e-6,
+    .net_beta = 1.0 / 250e6,
+    .shm_alpha = 5e-6,
+    .shm_beta = 1.0 / 2e9,
+    .p2p_alpha = 30e-6,
+    .p2p_beta = 1.0 / 1e9,
+};
+
+static const char *const plan_names[BRG__PLAN_COUNT] = {"ring", "rings", "small",
+                                                        "hier", "tree",  "rhd"};
+
+const char *brg__plan_name(int plan) {
+  return plan >= 0 && plan < BRG__PLAN_COUNT ? plan_names[plan] : "?";
+}
+
+static double chain(long L, int H, int M, const brg__model_links *ln) {
+  int N = H * M;
+  if (N < 2 || L <= 0) return 0;
+  if (H == 1) return (double)L * ln->shm_alpha;
+  if (M == 1) return (double)L * ln->net_alpha;
+  long q = L / N, r = L % N;
+  long k = (r + M - 1) / M;
+  if (k > H) k = H;
+  return (double)q * (H * ln->net_alpha + (N - H) * ln->shm_alpha) + (double)k * ln->net_alpha +
+         (double)(r - k) * ln->shm_alpha;
+}
+
+static double beta_max(int H, int M, const brg__model_links *ln, double net_share) {
+  double b = 0;
+  if (M > 1) b = ln->shm_beta;
+  if (H > 1 && ln->net_beta * net_share > b) b = ln->net_beta * net_share;
+  return b;
+}
+
+static int ceil_div(int a, int b) {
+  return (a + b - 1) / b;
+}
+
+int brg__model_flat_plan(const brg__model_shape *sh, size_t bytes) {
+  if (bytes > 0 && bytes <= sh->small_bytes) return BRG__PLAN_SMALL;
+  if (sh->rings > 1 && bytes >= (size_t)sh->rings * sh->slice_bytes) return BRG__PLAN_RINGS;
+  return BRG__PLAN_RING;
+}
+
+static double ring_time(const brg__model_shape *sh, const brg__model_links *ln, double S, int rings,
+                        int small) {
+  int H = sh->hosts, M = sh->local, N = H * M;
+  if (small) return chain(N - 1, H, M, ln) + (N - 1) * S * beta_max(H, M, ln, 1);
+  double share = rings > 1 ? (double)ceil_div(rings, sh->nics > 0 ? sh->nics : 1) : 1;
+  return chain(2L * (N - 1), H, M, ln) +
+         2.0 * (N - 1) / N * (S / rings) * beta_max(H, M, ln, share);
+}
+
+/* A point-to-point hop's alpha, within a host or between hosts. */
+static double p2p_alpha(const brg__model_links *ln, int cross) {
+  return ln->p2p_alpha + (cross ? ln->net_alpha : 0);
+}
+
+static int host_of(int pos, int M) {
+  return pos / M;
+}
+
+/* The tree's and rhd's hops follow the schedules themselves
+ * (schedule_lat.h) on positions host by host: a hop crosses hosts where
+ * its two positions lie on different hosts, and a host's devices carry
+ * every crossing hop of its ranks at once. */
+static double tree_time(const brg__model_shape *sh, const brg__model_links *ln, double S) {
+  int H = sh->hosts, M = sh->local, N = H * M;
+  int D = brg__dbtree_depth(N);
+  int *edges = calloc((size_t)H, sizeof *edges); /* crossing hops per host */
+  int *stack = malloc((size_t)N * sizeof *stack);
+  double *path = malloc((size_t)N * sizeof *path); /* alphas from the root down */
+  double lat = 0;
+  for (int t = 0; edges && stack && path && t < 2; t++) {
+    int top = 0;
+    stack[top++] = brg__dbtree_root(N, t);
+    path[stack[0]] = 0;
+    while (top > 0) {
+      int q = stack[--top];
+      brg__tree_node nd = brg__dbtree_node(N, t, q);
+      if (path[q] > lat) lat = path[q];
+      for (int i = 0; i < 2; i++) {
+        int ch = nd.child[i];
+        if (ch < 0) continue;
+        int cross = host_of(q, M) != host_of(ch, M);
+        path[ch] = path[q] + p2p_alpha(ln, cross);
+        if (cross) {
+          edges[host_of(q, M)]++;
+          edges[host_of(ch, M)]++;
+        }
+        stack[top++] = ch;
+      }
+    }
+  }
+  free(stack);
+  free(path);
+  int most = 0;
+  for (int h = 0; edges && h < H; h++)
+    if (edges[h] > most) most = edges[h];
+  free(edges);
+  /* each crossing hop moves half the buffer each way */
+  double nic = most * (S / 2) * ln->net_beta / (sh->nics > 0 ? sh->nics : 1);
+  double rank = 2 * S * ln->p2p_beta;
+  double slice = fmin(S / 2, (double)sh->slice_bytes);
+  double b = fmax(ln->p2p_beta, H > 1 ? ln->net_beta : 0);
+  return 2 * lat + fmax(nic, rank) + 2.0 * (D - 1) * slice * b;
+}
+
+/* One exchange of `part` bytes between every rank and its partner
+ * (partner_of), the largest number of a host's ranks crossing at once. */
+static double rhd_round(const brg__model_shape *sh, const brg__model_links *ln, double part,
+                        int crossing, int any) {
+  double b = part * ln->p2p_beta;
+  if (any) b = fmax(b, part * crossing * ln->net_beta / (sh->nics > 0 ? sh->nics : 1));
+  return p2p_alpha(ln, any) + b;
+}
+
+static double rhd_time(const brg__model_shape *sh, const brg__model_links *ln, double S) {
+  int H = sh->hosts, M = sh->local, N = H * M;
+  int P = brg__pow2_floor(N), E = N - P;
+  double t = 0;
+  if (E > 0) { /* the fold and the unfold: 2i sends to 2i+1 */
+    int most = 0, run = 0, host = -1;
+    for (int i = 0; i < E; i++) {
+      if (host_of(2 * i, M) != host) {
+        host = host_of(2 * i, M);
+        run = 0;
+      }
+      if (host_of(2 * i, M) != host_of(2 * i + 1, M) && ++run > most) most = run;
+    }
+    t += 2 * rhd_round(sh, ln, S, most, most > 0);
+  }
+  for (int d = P / 2; d >= 1; d /= 2) {
+    /* virtual ranks lie on the positions in order, so a host's are a run */
+    int most = 0, run = 0, host = -1;
+    for (int v = 0; v < P; v++) {
+      int p = brg__rhd_pos(N, v), q = brg__rhd_pos(N, v ^ d);
+      if (host_of(p, M) != host) {
+        host = host_of(p, M);
+        run = 0;
+      }
+      if (host_of(p, M) != host_of(q, M) && ++run > most) most = run;
+    }
+    t += 2 * rhd_round(sh, ln, S * d / P, most, most > 0);
+  }
+  return t;
+}
+
+static double hier_time(const brg__model_shape *sh, const brg__model_links *ln, double S) {
+  int H = sh->hosts, M = sh->local;
+  double local = (M - 1) * ln->shm_alpha + (double)(M - 1) / M * S * ln->shm_beta;
+  double shard = S / M, bn = ln->net_beta * ceil_div(M, sh->nics > 0 ? sh->nics : 1);
+  double cross = shard > 0 && shard <= (double)sh->small_bytes
+                     ? (H - 1) * ln->net_alpha + (H - 1) * shard * bn
+                     : 2 * (H - 1) * ln->net_alpha + 2.0 * (H - 1) / H * shard * bn;
+  return 2 * local + cross;
+}
+
+double brg__model_time(int plan, const brg__model_shape *sh, const brg__model_links *ln,
+                       size_t bytes) {
+  int H = sh->hosts, M = sh->local, N = H * M;
+  double S = (double)bytes;
+  if (N < 2) return 0;
+  switch (plan) {
+  case BRG__PLAN_RING: return ring_time(sh, ln, S, 1, 0);
+  case BRG__PLAN_RINGS:
+    if (sh->rings < 2 || bytes < (size_t)sh->rings * sh->slice_bytes) return -1;
+    return ring_time(sh, ln, S, sh->rings, 0);
+  case BRG__PLAN_SMALL:
+    if (bytes == 0 || bytes > sh->small_bytes) return -1;
+    return ring_time(sh, ln, S, 1, 1);
+  case BRG__PLAN_HIER:
+    if (H < 2 || M < 2 || sh->no_hier) return -1;
+    return hier_time(sh, ln, S);
+  case BRG__PLAN_TREE: return tree_time(sh, ln, S);
+  case BRG__PLAN_RHD: return rhd_time(sh, ln, S);
+  }
+  return -1;
+}
+
+int brg__model_auto(const brg__model_shape *sh, const brg__model_links *ln, size_t bytes,
+                    int *plan_out) {
+  static const struct {
+    int algo, plan;
+  } cand[] = {{BRG__ALGO_RING, -1},
+              {BRG__ALGO_HIER, BRG__PLAN_HIER},
+              {BRG__ALGO_TREE, BRG__PLAN_TREE},
+              {BRG__ALGO_RHD, BRG__PLAN_RHD}};
+  int best = BRG__ALGO_RING, best_plan = brg__model_flat_plan(sh, bytes);
+  double best_t = brg__model_time(best_plan, sh, ln, bytes);
+  for (size_t i = 1; i < sizeof cand / sizeof cand[0]; i++) {
+    double t = brg__model_time(cand[i].plan, sh, ln, bytes);
+    if (t >= 0 && t < best_t) {
+      best_t = t;
+      best = cand[i].algo;
+      best_plan = cand[i].plan;
+    }
+  }
+  if (plan_out) *plan_out = best_plan;
+  return best;
+}

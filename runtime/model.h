@@ -1,0 +1,54 @@
+/*
+ * The allreduce cost model (model.c): one set of alpha-beta formulas for
+ * every algorithm the runtime runs, which BRIGADE_ALGO=auto uses to
+ * choose (hier.c), `brigade-info --model` prints and bench/model calls.
+ */
+#ifndef BRG_MODEL_H
+#define BRG_MODEL_H
+
+#include <stddef.h>
+
+/* A link's alpha (s: a small message, hop to hop) and beta (s/byte). */
+typedef struct brg__model_links {
+  double net_alpha, net_beta; /* a ring hop between hosts */
+  double shm_alpha, shm_beta; /* a ring hop within a host */
+  double p2p_alpha, p2p_beta; /* a point-to-point message within a host (tcp); between
+                                 hosts it pays p2p_alpha on top of the network's alpha */
+} brg__model_links;
+
+/* H hosts of M ranks each, ordered host by host; K network devices per host. */
+typedef struct brg__model_shape {
+  int hosts, local, nics;
+  int rings;          /* BRIGADE_RINGS in effect (1: one ring) */
+  size_t small_bytes; /* BRIGADE_SMALL_BYTES */
+  size_t slice_bytes; /* BRIGADE_SLICE_BYTES */
+  int no_hier;        /* hosts differ in rank count (or one rank per host): no hier */
+} brg__model_shape;
+
+/* What the model times: the flat ring engine's three ways, and the others. */
+typedef enum {
+  BRG__PLAN_RING = 0, /* one ring, 2(N-1) steps */
+  BRG__PLAN_RINGS,    /* the buffer cut over shape->rings rings */
+  BRG__PLAN_SMALL,    /* the ring's gather of small buffers, N-1 steps */
+  BRG__PLAN_HIER,
+  BRG__PLAN_TREE,
+  BRG__PLAN_RHD,
+  BRG__PLAN_COUNT,
+} brg__plan;
+
+const char *brg__plan_name(int plan);
+/* The links of the multi-host tests' shaped links (2 Gbit/s, 20 us; CI machine). */
+extern const brg__model_links brg__model_default_links;
+/* Seconds plan takes for an allreduce of `bytes`; a negative number where
+ * the runtime does not run it on that shape or size. */
+double brg__model_time(int plan, const brg__model_shape *sh, const brg__model_links *ln,
+                       size_t bytes);
+/* The plan the flat ring engine runs for `bytes` (small, rings or ring). */
+int brg__model_flat_plan(const brg__model_shape *sh, size_t bytes);
+/* BRIGADE_ALGO=auto's choice: BRG__ALGO_RING (the flat engine), _HIER,
+ * _TREE or _RHD, the fastest of them by the model (ties: the earlier of
+ * ring, hier, tree, rhd); *plan_out (if not NULL) the plan it runs. */
+int brg__model_auto(const brg__model_shape *sh, const brg__model_links *ln, size_t bytes,
+                    int *plan_out);
+
+#endif

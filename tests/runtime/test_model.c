@@ -1,0 +1,95 @@
+/* The cost model (runtime/model.c): BRIGADE_ALGO=auto's choice is the
+ * fastest algorithm the model times, on a grid of shapes and sizes; and
+ * the formulas' known cases. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "internal.h"
+#include "model.h"
+
+static void test_auto_is_fastest(void **state) {
+  (void)state;
+  const brg__model_links *ln = &brg__model_default_links;
+  int hosts[] = {1, 2, 3, 4, 8, 16, 64, 128, 512};
+  int locals[] = {1, 2, 3, 4, 8};
+  size_t sizes[] = {0, 8, 4096, 4100, 65536, 1 << 20, 12 << 20, 64 << 20};
+  int checked = 0, seen[5] = {0};
+  for (size_t h = 0; h < sizeof hosts / sizeof *hosts; h++)
+    for (size_t l = 0; l < sizeof locals / sizeof *locals; l++)
+      for (int rings = 1; rings <= 4; rings *= 2)
+        for (int no_hier = 0; no_hier < 2; no_hier++)
+          for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
+            brg__model_shape sh = {.hosts = hosts[h],
+                                   .local = locals[l],
+                                   .nics = rings,
+                                   .rings = rings,
+                                   .small_bytes = 4096,
+                                   .slice_bytes = 128 * 1024,
+                                   .no_hier = no_hier};
+            if (sh.hosts * sh.local < 2) continue;
+            /* the candidates: the flat engine as it runs the size, hier, tree, rhd */
+            int flat = sizes[s] && sizes[s] <= 4096                   ? BRG__PLAN_SMALL
+                       : rings > 1 && sizes[s] >= rings * 128 * 1024u ? BRG__PLAN_RINGS
+                                                                      : BRG__PLAN_RING;
+            int cand[4] = {flat, BRG__PLAN_HIER, BRG__PLAN_TREE, BRG__PLAN_RHD};
+            int algos[4] = {BRG__ALGO_RING, BRG__ALGO_HIER, BRG__ALGO_TREE, BRG__ALGO_RHD};
+            int want = -1;
+            double best = 0;
+            for (int i = 0; i < 4; i++) {
+              double t = brg__model_time(cand[i], &sh, ln, sizes[s]);
+              if (i == 1 && (sh.hosts < 2 || sh.local < 2 || no_hier)) assert_true(t < 0);
+              if (t >= 0 && (want < 0 || t < best)) {
+                best = t;
+                want = i;
+              }
+            }
+            int plan, got = brg__model_auto(&sh, ln, sizes[s], &plan);
+            assert_int_equal(brg__model_flat_plan(&sh, sizes[s]), flat);
+            assert_int_equal(got, algos[want]);
+            assert_int_equal(plan, cand[want]);
+            seen[got]++;
+            checked++;
+          }
+  assert_true(checked > 2000);
+  /* every algorithm wins somewhere on the grid */
+  for (int a = BRG__ALGO_RING; a <= BRG__ALGO_RHD; a++) assert_true(seen[a] > 0);
+}
+
+static void test_known_cases(void **state) {
+  (void)state;
+  brg__model_links ln = brg__model_default_links;
+  brg__model_shape two = {.hosts = 2, .local = 1, .nics = 1, .rings = 1, .slice_bytes = 131072};
+  /* N = 2, one kind of link: 2 alpha + S beta */
+  double t = brg__model_time(BRG__PLAN_RING, &two, &ln, 1000000);
+  assert_true(t > 0.999 * (2 * ln.net_alpha + 1e6 * ln.net_beta) &&
+              t < 1.001 * (2 * ln.net_alpha + 1e6 * ln.net_beta));
+  /* 8 bytes at 1,024 ranks (128 hosts x 8): the fastest within 25 network alphas */
+  brg__model_shape big = {
+      .hosts = 128, .local = 8, .nics = 1, .rings = 1, .small_bytes = 4096, .slice_bytes = 131072};
+  int plan;
+  brg__model_auto(&big, &ln, 8, &plan);
+  assert_true(plan == BRG__PLAN_TREE || plan == BRG__PLAN_RHD);
+  assert_true(brg__model_time(plan, &big, &ln, 8) <= 25 * ln.net_alpha);
+  assert_true(brg__model_time(BRG__PLAN_RING, &big, &ln, 8) > 300 * ln.net_alpha);
+  /* a large buffer on a few hosts stays with the bandwidth-optimal ones */
+  brg__model_shape small = {
+      .hosts = 4, .local = 2, .nics = 1, .rings = 1, .small_bytes = 4096, .slice_bytes = 131072};
+  int a = brg__model_auto(&small, &ln, 64 << 20, NULL);
+  assert_true(a == BRG__ALGO_RING || a == BRG__ALGO_HIER);
+  /* the plans the runtime does not run there */
+  assert_true(brg__model_time(BRG__PLAN_RINGS, &small, &ln, 64 << 20) < 0);
+  assert_true(brg__model_time(BRG__PLAN_SMALL, &small, &ln, 8192) < 0);
+  assert_string_equal(brg__plan_name(BRG__PLAN_RHD), "rhd");
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_auto_is_fastest),
+      cmocka_unit_test(test_known_cases),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,194 @@
+/*
+ * brigade-info --model: the cost model of runtime/model.c, the one
+ * BRIGADE_ALGO=auto chooses by, as a table (bench/model calls it with
+ * --tsv for its predictions and plots).
+ *
+ *   brigade-info --model                       64..4096 ranks, 8 per host
+ *   brigade-info --model --hosts 4 --per-host 2 [--sizes 4K,1M,64M]
+ *   --no-hier: hosts that differ in rank count (hier cannot run)
+ *   links: --alpha-net S --beta-net S/B --gbit-net G --alpha-shm S --beta-shm S/B
+ *          --alpha-p2p S --beta-p2p S/B; shape: --nics K --rings R --small B --slice B
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "info_model.h"
+#include "internal.h"
+#include "model.h"
+
+#define MAX_SIZES 64
+
+static int parse_size(const char *s, size_t *out) {
+  char *end;
+  double v = strtod(s, &end);
+  if (end == s || v < 0) return -1;
+  double mul = 1;
+  switch (*end) {
+  case 'k':
+  case 'K':
+    mul = 1024;
+    end++;
+    break;
+  case 'm':
+  case 'M':
+    mul = 1024.0 * 1024;
+    end++;
+    break;
+  case 'g':
+  case 'G':
+    mul = 1024.0 * 1024 * 1024;
+    end++;
+    break;
+  default: break;
+  }
+  if (*end == 'B' || *end == 'b') end++;
+  if (*end) return -1;
+  *out = (size_t)(v * mul);
+  return 0;
+}
+
+static void size_name(size_t b, char *out, size_t cap) {
+  if (b >= (1u << 20) && b % (1u << 20) == 0)
+    snprintf(out, cap, "%zuM", b >> 20);
+  else if (b >= 1024 && b % 1024 == 0)
+    snprintf(out, cap, "%zuK", b >> 10);
+  else
+    snprintf(out, cap, "%zu", b);
+}
+
+static void time_cell(double t, char *out, size_t cap) {
+  if (t < 0)
+    snprintf(out, cap, "-");
+  else if (t < 1e-3)
+    snprintf(out, cap, "%.1fus", t * 1e6);
+  else if (t < 1)
+    snprintf(out, cap, "%.2fms", t * 1e3);
+  else
+    snprintf(out, cap, "%.2fs", t);
+}
+
+static void print_shape(const brg__model_shape *sh, const brg__model_links *ln, const size_t *sizes,
+                        int nsizes, int tsv, int header) {
+  if (tsv) {
+    for (int i = 0; i < nsizes; i++) {
+      int plan, algo = brg__model_auto(sh, ln, sizes[i], &plan);
+      for (int p = 0; p < BRG__PLAN_COUNT; p++)
+        printf("%d\t%d\t%zu\t%s\t%.17g\n", sh->hosts, sh->local, sizes[i], brg__plan_name(p),
+               brg__model_time(p, sh, ln, sizes[i]));
+      printf("%d\t%d\t%zu\tauto\t%s/%s\n", sh->hosts, sh->local, sizes[i], brg__algo_name(algo),
+             brg__plan_name(plan));
+    }
+    return;
+  }
+  if (header) {
+    printf("%6s %9s %8s", "ranks", "HxM", "size");
+    for (int p = 0; p < BRG__PLAN_COUNT; p++) printf(" %9s", brg__plan_name(p));
+    printf("  auto\n");
+  }
+  for (int i = 0; i < nsizes; i++) {
+    char hm[32], sz[32], cell[32];
+    snprintf(hm, sizeof hm, "%dx%d", sh->hosts, sh->local);
+    size_name(sizes[i], sz, sizeof sz);
+    printf("%6d %9s %8s", sh->hosts * sh->local, hm, sz);
+    for (int p = 0; p < BRG__PLAN_COUNT; p++) {
+      time_cell(brg__model_time(p, sh, ln, sizes[i]), cell, sizeof cell);
+      printf(" %9s", cell);
+    }
+    int plan, algo = brg__model_auto(sh, ln, sizes[i], &plan);
+    printf("  %s (%s)\n", brg__algo_name(algo), brg__plan_name(plan));
+  }
+}
+
+int brg__info_model(int argc, char **argv) {
+  brg__model_links ln = brg__model_default_links;
+  brg__model_shape sh = {.hosts = 0,
+                         .local = 8,
+                         .nics = 1,
+                         .rings = 1,
+                         .small_bytes = 4096,
+                         .slice_bytes = 128 * 1024};
+  size_t sizes[MAX_SIZES] = {8, 4096, 65536, 1 << 20, 64 << 20};
+  int nsizes = 5, tsv = 0, max_ranks = 4096, min_ranks = 64;
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "--tsv") || !strcmp(a, "--no-hier")) {
+      tsv |= !strcmp(a, "--tsv");
+      sh.no_hier |= !strcmp(a, "--no-hier");
+      continue;
+    }
+    if (!v) goto usage;
+    i++;
+    double d = atof(v);
+    size_t z;
+    if (!strcmp(a, "--hosts"))
+      sh.hosts = atoi(v);
+    else if (!strcmp(a, "--per-host"))
+      sh.local = atoi(v);
+    else if (!strcmp(a, "--nics"))
+      sh.nics = atoi(v);
+    else if (!strcmp(a, "--rings"))
+      sh.rings = atoi(v);
+    else if (!strcmp(a, "--min-ranks"))
+      min_ranks = atoi(v);
+    else if (!strcmp(a, "--max-ranks"))
+      max_ranks = atoi(v);
+    else if (!strcmp(a, "--small") && !parse_size(v, &z))
+      sh.small_bytes = z;
+    else if (!strcmp(a, "--slice") && !parse_size(v, &z))
+      sh.slice_bytes = z;
+    else if (!strcmp(a, "--alpha-net"))
+      ln.net_alpha = d;
+    else if (!strcmp(a, "--beta-net"))
+      ln.net_beta = d;
+    else if (!strcmp(a, "--gbit-net") && d > 0)
+      ln.net_beta = 8.0 / (d * 1e9);
+    else if (!strcmp(a, "--alpha-shm"))
+      ln.shm_alpha = d;
+    else if (!strcmp(a, "--beta-shm"))
+      ln.shm_beta = d;
+    else if (!strcmp(a, "--alpha-p2p"))
+      ln.p2p_alpha = d;
+    else if (!strcmp(a, "--beta-p2p"))
+      ln.p2p_beta = d;
+    else if (!strcmp(a, "--sizes")) {
+      nsizes = 0;
+      char buf[1024];
+      snprintf(buf, sizeof buf, "%s", v);
+      for (char *save, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (nsizes == MAX_SIZES || parse_size(t, &sizes[nsizes])) goto usage;
+        nsizes++;
+      }
+    } else
+      goto usage;
+  }
+  if (sh.local < 1 || sh.nics < 1 || sh.rings < 1 || sh.hosts < 0 || nsizes == 0) goto usage;
+  if (!tsv) {
+    printf("# brigade's allreduce cost model (runtime/model.c); BRIGADE_ALGO=auto takes the "
+           "fastest of the flat ring engine (ring, rings or small, as it would run), hier, tree "
+           "and rhd\n");
+    printf("# links: net alpha %.1f us, %.3f GB/s; shm alpha %.1f us, %.2f GB/s; p2p alpha %.1f "
+           "us, %.2f GB/s; %d NIC(s) per host, %d ring(s), small path up to %zu B, slices of "
+           "%zu B\n",
+           ln.net_alpha * 1e6, 1e-9 / ln.net_beta, ln.shm_alpha * 1e6, 1e-9 / ln.shm_beta,
+           ln.p2p_alpha * 1e6, 1e-9 / ln.p2p_beta, sh.nics, sh.rings, sh.small_bytes,
+           sh.slice_bytes);
+  }
+  if (sh.hosts > 0) {
+    print_shape(&sh, &ln, sizes, nsizes, tsv, 1);
+    return 0;
+  }
+  int per_host = sh.local;
+  for (int n = min_ranks; n <= max_ranks; n *= 2) {
+    sh.hosts = n <= per_host ? 1 : n / per_host;
+    sh.local = n <= per_host ? n : per_host;
+    print_shape(&sh, &ln, sizes, nsizes, tsv, n == min_ranks);
+  }
+  return 0;
+usage:
+  fprintf(stderr, "usage: brigade-info --model [--hosts H --per-host M] [--sizes 8,4K,1M] "
+                  "[--nics K] [--rings R] [--small B] [--slice B] [--min-ranks N] "
+                  "[--max-ranks N] [--no-hier] [--alpha-net S] [--beta-net S/B | --gbit-net G] "
+                  "[--alpha-shm S] [--beta-shm S/B] [--alpha-p2p S] [--beta-p2p S/B] [--tsv]\n");
+  return 2;
+}
