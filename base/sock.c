@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "clock.h"
@@ -142,6 +143,29 @@ void brg__sock_peer_str(int fd, char *out, size_t out_bytes) {
     snprintf(out, out_bytes, "(unknown peer)");
   else
     brg__sock_addr_str((const struct sockaddr *)&ss, len, out, out_bytes);
+}
+
+long brg__sock_raise_nofile(long want, const char *subsys) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return -1;
+  if (rl.rlim_cur == RLIM_INFINITY || (long)rl.rlim_cur >= want) return (long)rl.rlim_cur;
+  if (rl.rlim_max == rl.rlim_cur) {
+    BRG__WARN(subsys,
+              "this process may open %ld file descriptors and needs about %ld; the hard limit "
+              "is the same (raise ulimit -Hn)",
+              (long)rl.rlim_cur, want);
+    return (long)rl.rlim_cur;
+  }
+  rlim_t old = rl.rlim_cur;
+  rl.rlim_cur = rl.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+    BRG__WARN(subsys, "cannot raise RLIMIT_NOFILE from %ld to %ld: %s", (long)old,
+              (long)rl.rlim_max, strerror(errno));
+    return (long)old;
+  }
+  BRG__INFO(subsys, "raised RLIMIT_NOFILE from %ld to its hard limit %ld (about %ld needed)",
+            (long)old, (long)rl.rlim_cur, want);
+  return (long)rl.rlim_cur;
 }
 
 void brg__sock_close(int *fd) {

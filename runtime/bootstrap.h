@@ -51,6 +51,10 @@ brg_status brg__boot_id_check(const brg__boot_id *id, brg__errbuf *err);
 brg_status brg__boot_root_start(const char *addr, uint16_t port, const uint8_t *secret,
                                 int timeout_ms, brg__boot_id *id, brg__errbuf *err);
 
+/* The bytes every bootstrap root of this process has read and written on
+ * its sockets so far (for the init benchmark). */
+void brg__boot_root_stats(uint64_t *bytes_in, uint64_t *bytes_out);
+
 /* Waits (up to max_ms) until the roots this process started have finished:
  * a root whose job failed keeps telling the ranks that arrive late why,
  * until every rank has been told or its deadline. */
