@@ -45,7 +45,7 @@ typedef struct bi_shared {
   brg_unique_id id;
   int64_t t_start_ns, t_done_ns[BI_MAX_RANKS];
   int32_t status[BI_MAX_RANKS];
-  char error[BI_MAX_RANKS][256];
+  char error[BI_MAX_RANKS][512];
 } bi_shared;
 
 static long bi_soft = -1, bi_hard = -1; /* --root-nofile */
