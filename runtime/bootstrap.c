@@ -407,6 +407,14 @@ brg_status brg__bootstrap_init(brg__bootstrap **bs_out, const brg__boot_id *id, 
   size_t table_bytes = 0;
   int root_spoke = 0;
   st = brg__boot_tree_gather(&tree, &table, &table_bytes, &root_spoke, err);
+  if (st == BRG_ERR_REMOTE && !root_spoke) {
+    /* A tree neighbour that hung up has hung up on the root too, and the
+     * root tells every rank which rank that was: wait a moment for it (not
+     * after this rank's own timeout: the root hears of that when this rank
+     * hangs up). */
+    struct pollfd p = {.fd = bs->root_fd, .events = POLLIN};
+    root_spoke = poll(&p, 1, BOOT_TREE_VERDICT_MS) == 1;
+  }
   if (st != BRG_SUCCESS && root_spoke) {
     /* The root failed the job (a rank gone, or claimed twice): its reason. */
     boot_root_hear(bs, brg__now_ms() + BOOT_VERDICT_MS);

@@ -86,10 +86,11 @@
 #define BOOT_REPLY_SEND_MS 500    /* sending a short error answer */
 #define BOOT_TABLE_SEND_MS 10000  /* sending the table to one rank */
 #define BOOT_CLAIMED_TWICE " was claimed twice" /* in the root's text when that failed the job */
-#define BOOT_VERDICT_MS 100  /* a failed rank waits this long for the root's word on why */
-#define BOOT_RETRY_MS 50     /* between connection attempts while nobody listens */
-#define BOOT_MAX_PENDING 256 /* accepted connections that have not said who they are */
-#define BOOT_BACKLOG 4096    /* the kernel caps it at somaxconn */
+#define BOOT_VERDICT_MS 100       /* a failed rank waits this long for the root's word on why */
+#define BOOT_TREE_VERDICT_MS 1000 /* the same when its tree neighbour failed */
+#define BOOT_RETRY_MS 50          /* between connection attempts while nobody listens */
+#define BOOT_MAX_PENDING 256      /* accepted connections that have not said who they are */
+#define BOOT_BACKLOG 4096         /* the kernel caps it at somaxconn */
 /* The ring listener: a neighbour sends its 28-byte hello right after it
  * connects, so a stranger gets far less time than at the root, and the
  * oldest of too many strangers makes room for the next. */
