@@ -233,11 +233,18 @@ static int dial_wait(int fd, int64_t deadline, const brg__sock_dialer *d) {
 
 int brg__sock_dial(const char *addr, uint16_t port, int64_t deadline, const brg__sock_dialer *d,
                    int *fd_out, int *last_errno) {
-  struct sockaddr_storage ss;
-  socklen_t sslen;
+  struct sockaddr_storage ss, src;
+  socklen_t sslen, srclen = 0;
   if (brg__sock_addr(addr, port, &ss, &sslen) != 0) {
     *last_errno = EINVAL;
     return BRG__IO_ERR;
+  }
+  if (d->bind_addr && d->bind_addr[0]) {
+    if (brg__sock_addr(d->bind_addr, 0, &src, &srclen) != 0) {
+      *last_errno = EINVAL;
+      return BRG__IO_ERR;
+    }
+    if (src.ss_family != ss.ss_family) srclen = 0; /* another family: the kernel's choice */
   }
   *last_errno = 0;
   int pause = d->retry_ms;
@@ -249,6 +256,12 @@ int brg__sock_dial(const char *addr, uint16_t port, int64_t deadline, const brg_
       return BRG__IO_ERR;
     }
     if (d->sockbuf > 0) brg__sock_bufsize(fd, d->sockbuf);
+    /* The source address picks the NIC, not the routing table (rails). */
+    if (srclen && bind(fd, (struct sockaddr *)&src, srclen) < 0) {
+      *last_errno = errno;
+      close(fd);
+      return BRG__IO_ERR;
+    }
     int e = 0;
     if (connect(fd, (struct sockaddr *)&ss, sslen) < 0) {
       e = errno;

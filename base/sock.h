@@ -78,6 +78,10 @@ typedef struct brg__sock_dialer {
   int refused_only; /* 1: only a refusal (nobody listens yet) is worth another
                        attempt; 0: every transient error is */
   int sockbuf;      /* > 0: socket buffer bytes, set before the handshake */
+  /* NULL or "": the routing table picks the source address (and so the
+   * NIC); else a numeric address of this host that every attempt binds to
+   * first, when the destination has its family. */
+  const char *bind_addr;
   /* NULL, or asked before each attempt and every 100 ms of a wait: nonzero
    * stops dialing with BRG__IO_STOPPED. */
   int (*stop)(void *arg);
