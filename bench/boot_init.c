@@ -113,14 +113,23 @@ static int bi_run(bi_shared *sh, int nranks, double *init_ms, double *median_ms,
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
   sh->t_start_ns = bi_now_ns();
   close(gate[1]); /* the release */
-  int failed = st != BRG_SUCCESS;
+  int failed = st != BRG_SUCCESS, shown_cause = 0;
   for (int r = 0; r < nranks; r++) {
     int ws = 0;
     while (waitpid(pids[r], &ws, 0) < 0 && errno == EINTR) {}
     if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0) {
-      if (!failed)
-        fprintf(stderr, "boot_init: N=%d: rank %d failed (%s): %s\n", nranks, r,
-                brg_status_string((brg_status)sh->status[r]), sh->error[r]);
+      /* The first rank's error, and the first that is not the root's echo
+       * of another rank's failure (the cause). */
+      int echo = strstr(sh->error[r], "failed the job") != NULL;
+      if (!failed || (!echo && !shown_cause)) {
+        if (!WIFEXITED(ws))
+          fprintf(stderr, "boot_init: N=%d: rank %d died of signal %d\n", nranks, r,
+                  WIFSIGNALED(ws) ? WTERMSIG(ws) : 0);
+        else
+          fprintf(stderr, "boot_init: N=%d: rank %d failed (%s): %s\n", nranks, r,
+                  brg_status_string((brg_status)sh->status[r]), sh->error[r]);
+        shown_cause |= !echo;
+      }
       failed = 1;
     }
   }
