@@ -240,7 +240,7 @@ static brg_status tree_accept_children(tree_accept *a, int *root_spoke, brg__err
       if (a->npending == BOOT_RING_MAX_PENDING)
         tree_pending_drop(a, 0, "too many connections that have not introduced themselves");
       a->q[a->npending++] =
-          (tree_pending){.fd = fd, .got = 0, .deadline = now + BOOT_RING_CONN_TIMEOUT_MS};
+          (tree_pending){.fd = fd, .got = 0, .deadline = now + BOOT_TREE_CONN_TIMEOUT_MS};
     }
   }
 }

@@ -96,6 +96,10 @@
  * oldest of too many strangers makes room for the next. */
 #define BOOT_RING_CONN_TIMEOUT_MS 500
 #define BOOT_RING_MAX_PENDING 64
+/* A tree child's hello may lag its connect on a crowded host (hundreds of
+ * ranks on a few cores): it gets longer, and strangers still make room for
+ * each other through BOOT_RING_MAX_PENDING. */
+#define BOOT_TREE_CONN_TIMEOUT_MS 5000
 #define BOOT_PEER_LEN BRG__HOSTPORT_LEN
 
 _Static_assert(sizeof(brg__boot_id) <= sizeof(brg_unique_id),
