@@ -123,6 +123,7 @@ struct brg__bootstrap {
   int listen_fd;
   int root_fd; /* to the root, from the hello until brg__bootstrap_confirm */
   char root[BOOT_PEER_LEN];
+  int rootless;      /* brg__bootstrap_open: its caller confirms */
   int heard;         /* the root's word: 1 released, -1 the job failed, 0 none yet */
   int claimed_twice; /* the job failed because a rank was claimed twice */
   char root_said[BOOT_MAX_ERRTEXT + BOOT_PEER_LEN + 64];
@@ -897,6 +898,58 @@ brg_status brg__bootstrap_read_neigh(brg__bootstrap *bs, int fd, size_t blob_byt
                          brg__deadline_ms(bs->timeout_ms), err);
 }
 
+brg_status brg__bootstrap_open(brg__bootstrap **bs_out, int rank, int nranks, const uint8_t *secret,
+                               int timeout_ms, uint8_t *entry, brg__errbuf *err) {
+  brg__log_init();
+  *bs_out = NULL;
+  if (nranks < 1 || nranks > BRG__BOOT_MAX_RANKS || rank < 0 || rank >= nranks || !secret || !entry)
+    return brg__error(err, BRG_ERR_INVALID_ARGUMENT, BOOT_SUBSYS, "bootstrap open: rank %d of %d",
+                      rank, nranks);
+  brg__bootstrap *bs = calloc(1, sizeof *bs);
+  brg_status st = BRG_SUCCESS;
+  if (!bs || !(bs->peers = calloc((size_t)nranks, sizeof *bs->peers))) {
+    free(bs);
+    return brg__error(err, BRG_ERR_NO_MEMORY, BOOT_SUBSYS, "bootstrap: out of memory");
+  }
+  bs->rank = rank;
+  bs->nranks = nranks;
+  bs->timeout_ms = timeout_ms;
+  bs->rootless = 1;
+  bs->listen_fd = bs->root_fd = bs->fd[0] = bs->fd[1] = -1;
+  bs->peer_rank[0] = bs->peer_rank[1] = -1;
+  memcpy(bs->secret, secret, BOOT_SECRET_BYTES);
+  st = brg__boot_local_addr(bs->listen_addr, sizeof bs->listen_addr, err);
+  if (st == BRG_SUCCESS)
+    st = brg__sock_listen(bs->listen_addr, 0, BOOT_BACKLOG, BOOT_SUBSYS, "ring listener",
+                          &bs->listen_fd, &bs->listen_port, err);
+  if (st != BRG_SUCCESS) {
+    brg__bootstrap_destroy(bs);
+    return st;
+  }
+  memset(entry, 0, BOOT_ENTRY_HDR);
+  memcpy(entry, bs->listen_addr, strnlen(bs->listen_addr, BOOT_ADDR_BYTES - 1));
+  boot_put_u16(entry + 64, bs->listen_port);
+  *bs_out = bs;
+  return BRG_SUCCESS;
+}
+
+brg_status brg__bootstrap_set_table(brg__bootstrap *bs, const uint8_t *entries, size_t blob_bytes,
+                                    void *all_blobs, brg__errbuf *err) {
+  if (!bs || !entries || blob_bytes > BRG__BOOT_MAX_BLOB || (blob_bytes && !all_blobs))
+    return brg__error(err, BRG_ERR_INVALID_ARGUMENT, BOOT_SUBSYS, "bootstrap table: bad arguments");
+  size_t body = BOOT_TABLE_HDR + (size_t)bs->nranks * (BOOT_ENTRY_HDR + blob_bytes);
+  uint8_t *t = malloc(body);
+  if (!t)
+    return brg__error(err, BRG_ERR_NO_MEMORY, BOOT_SUBSYS, "rank %d: no memory for a table",
+                      bs->rank);
+  boot_put_u32(t, (uint32_t)bs->nranks);
+  boot_put_u32(t + 4, (uint32_t)blob_bytes);
+  memcpy(t + BOOT_TABLE_HDR, entries, body - BOOT_TABLE_HDR);
+  brg_status st = boot_parse_table(bs, t, "the parent communicator", blob_bytes, all_blobs, err);
+  free(t);
+  return st;
+}
+
 /* Reads the root's word on root_fd (a release, or why the job failed) into
  * bs->heard / bs->root_said, and closes the connection: 1 released, -1 the
  * job failed (bs->root_said says why), 0 timed out or nothing readable. */
@@ -959,6 +1012,7 @@ void brg__bootstrap_verdict(brg__bootstrap *bs, brg_status *st, brg__errbuf *err
 
 brg_status brg__bootstrap_confirm(brg__bootstrap *bs, brg__errbuf *err) {
   if (!bs) return brg__error(err, BRG_ERR_INTERNAL, BOOT_SUBSYS, "bootstrap confirm: NULL");
+  if (bs->rootless) return BRG_SUCCESS;
   int64_t deadline = brg__deadline_ms(bs->timeout_ms);
   if (bs->root_fd >= 0) {
     uint8_t m[BOOT_CONFIRM_BYTES];

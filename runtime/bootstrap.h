@@ -77,6 +77,20 @@ brg_status brg__bootstrap_init(brg__bootstrap **bs, const brg__boot_id *id, int 
                                const void *blob, size_t blob_bytes, void *all_blobs, int timeout_ms,
                                brg__errbuf *err);
 
+/* A communicator split from another needs no root: its members already
+ * know each other. brg__bootstrap_open opens this rank's ring listener and
+ * writes the head of its table entry (BRG__BOOT_ENTRY_HDR bytes: address,
+ * port) into `entry`; the caller gathers every member's entry (that head,
+ * then the blob) over the parent, in the new rank order, and hands the lot
+ * to brg__bootstrap_set_table, which checks it as a root's table is
+ * checked. brg__bootstrap_confirm is then a no-op: the caller confirms over
+ * the parent. */
+#define BRG__BOOT_ENTRY_HDR 68
+brg_status brg__bootstrap_open(brg__bootstrap **bs, int rank, int nranks, const uint8_t *secret,
+                               int timeout_ms, uint8_t *entry, brg__errbuf *err);
+brg_status brg__bootstrap_set_table(brg__bootstrap *bs, const uint8_t *entries, size_t blob_bytes,
+                                    void *all_blobs, brg__errbuf *err);
+
 /* Opens the ring sockets: connects to `next` and accepts from `prev` (both
  * may be the same rank when nranks == 2; nothing happens when nranks == 1). */
 brg_status brg__bootstrap_ring_connect(brg__bootstrap *bs, int next, int prev, brg__errbuf *err);
