@@ -2,8 +2,12 @@
  * brg_comm_split: new communicators from groups of an existing one, built
  * on the existing pieces. Every rank all-gathers (color, key) over the
  * parent; the first rank of each group (in (key, old rank) order) makes a
- * unique id, and a second all-gather hands it to the group; then each
- * group forms as brg_comm_init would, with the parent's settings.
+ * unique id (a fresh secret; no root), and a second all-gather hands it to
+ * the group; then each group forms as brg_comm_init would, with the
+ * parent's settings, except that its members meet over the parent: a
+ * third all-gather carries every rank's bootstrap table entry and a fourth
+ * its set-up status (comm.c), in which ranks outside every group take part
+ * with nothing to say.
  */
 #include <stdlib.h>
 #include <string.h>
