@@ -4,9 +4,10 @@
  * A unique id holds a magic, a random secret, the root's address and port,
  * and a checksum. The root (a thread started by brg_get_unique_id, or by
  * rank 0 under brg_comm_init_env) collects one hello per rank and answers
- * every rank with the table of all ranks' blobs. Connections that do not
- * present the secret are refused; every length read from a socket is
- * checked against a bound before use.
+ * every rank with its parent in a binary tree of the ranks; the table of
+ * all ranks' blobs then spreads over that tree (bootstrap_tree.c).
+ * Connections that do not present the secret are refused; every length
+ * read from a socket is checked against a bound before use.
  *
  * After the table, each rank opens a persistent "ring socket" to its ring
  * successor and accepts one from its predecessor. Ring sockets carry small

@@ -1,8 +1,9 @@
 /*
  * The bootstrap root: a thread on rank 0 (or the caller of
  * brg_get_unique_id) that gathers one hello per rank and answers every rank
- * with the table of all. Connections that do not present the job's secret
- * are refused; none of them can hold the root longer than its deadline.
+ * with its parent in the tree that spreads the table (bootstrap_tree.c), so
+ * its bytes are O(N). Connections that do not present the job's secret are
+ * refused; none of them can hold the root longer than its deadline.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -584,7 +585,8 @@ static void boot_root_service_all(boot_root *r, const struct pollfd *pfd, int64_
 }
 
 /*
- * Phases: gathering hellos until every rank has arrived; the table sent,
+ * Phases: gathering hellos until every rank has arrived; the tree parents
+ * sent,
  * gathering confirmations until every rank has confirmed, then the release;
  * or, once the job has failed (a rank claimed twice, a rank gone before it
  * confirmed, time up), telling every rank why, until each has been told or
@@ -677,8 +679,8 @@ static void *boot_root_main(void *arg) {
 
 /* The root's whole judgement of connections, without its listener or its
  * thread: each fd (non-blocking, already connected) is served as an accepted
- * connection, a few rounds, in order; when every rank of a table arrived
- * and the table is small, it is sent as the root would, and confirmations
+ * connection, a few rounds, in order; when every rank of a job arrived,
+ * the tree parents are sent as the root would, and confirmations
  * already there are read (all of them: the release). For the fuzzer. */
 void brg__boot_root_serve(const uint8_t *secret, const int *fds, int nfds, int rounds) {
   boot_root *r = calloc(1, sizeof *r);

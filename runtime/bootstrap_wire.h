@@ -133,10 +133,10 @@ brg_status brg__boot_hello_parse(const void *buf, size_t len, brg__boot_hello *h
  * bytes) and returns its length. */
 size_t brg__boot_reply_error(uint8_t *buf, const uint8_t *secret, brg_status st, const char *text);
 
-/* The root's judgement of connections (service, admission, the table)
- * without its listener or thread: each of the nfds non-blocking sockets is
- * served as an accepted connection for `rounds` rounds, and the table sent
- * when every rank arrived. Takes the fds (closes them all). For the fuzzer. */
+/* The root's judgement of connections (service, admission, the tree
+ * parents) without its listener or thread: each of the nfds non-blocking
+ * sockets is served as an accepted connection for `rounds` rounds, and the
+ * parents sent when every rank arrived. Takes the fds (closes them all). For the fuzzer. */
 void brg__boot_root_serve(const uint8_t *secret, const int *fds, int nfds, int rounds);
 /* A rank's bootstrap around sockets already open (fd_next, fd_prev may be
  * -1), listening nowhere but advertised at 127.0.0.1:listen_port; it takes
