@@ -68,7 +68,7 @@ brg_status brg__boot_local_addr(char *addr, size_t addr_bytes, brg__errbuf *err)
 
 typedef struct brg__bootstrap brg__bootstrap;
 
-/* Joins the root: sends this rank's blob, receives every rank's blob into
+/* Joins the root and the tree: sends this rank's blob, receives every rank's blob into
  * `all_blobs` (nranks * blob_bytes, in rank order; every rank must pass the
  * same blob_bytes). Retries connecting until timeout_ms (the root may not be
  * listening yet); timeout_ms <= 0 waits forever. The same timeout bounds
