@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "clock.h"
@@ -144,6 +145,29 @@ void brg__sock_peer_str(int fd, char *out, size_t out_bytes) {
     brg__sock_addr_str((const struct sockaddr *)&ss, len, out, out_bytes);
 }
 
+long brg__sock_raise_nofile(long want, const char *subsys) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return -1;
+  if (rl.rlim_cur == RLIM_INFINITY || (long)rl.rlim_cur >= want) return (long)rl.rlim_cur;
+  if (rl.rlim_max == rl.rlim_cur) {
+    BRG__WARN(subsys,
+              "this process may open %ld file descriptors and needs about %ld; the hard limit "
+              "is the same (raise ulimit -Hn)",
+              (long)rl.rlim_cur, want);
+    return (long)rl.rlim_cur;
+  }
+  rlim_t old = rl.rlim_cur;
+  rl.rlim_cur = rl.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+    BRG__WARN(subsys, "cannot raise RLIMIT_NOFILE from %ld to %ld: %s", (long)old,
+              (long)rl.rlim_max, strerror(errno));
+    return (long)old;
+  }
+  BRG__INFO(subsys, "raised RLIMIT_NOFILE from %ld to its hard limit %ld (about %ld needed)",
+            (long)old, (long)rl.rlim_cur, want);
+  return (long)rl.rlim_cur;
+}
+
 void brg__sock_close(int *fd) {
   if (*fd >= 0) close(*fd);
   *fd = -1;
@@ -209,11 +233,18 @@ static int dial_wait(int fd, int64_t deadline, const brg__sock_dialer *d) {
 
 int brg__sock_dial(const char *addr, uint16_t port, int64_t deadline, const brg__sock_dialer *d,
                    int *fd_out, int *last_errno) {
-  struct sockaddr_storage ss;
-  socklen_t sslen;
+  struct sockaddr_storage ss, src;
+  socklen_t sslen, srclen = 0;
   if (brg__sock_addr(addr, port, &ss, &sslen) != 0) {
     *last_errno = EINVAL;
     return BRG__IO_ERR;
+  }
+  if (d->bind_addr && d->bind_addr[0]) {
+    if (brg__sock_addr(d->bind_addr, 0, &src, &srclen) != 0) {
+      *last_errno = EINVAL;
+      return BRG__IO_ERR;
+    }
+    if (src.ss_family != ss.ss_family) srclen = 0; /* another family: the kernel's choice */
   }
   *last_errno = 0;
   int pause = d->retry_ms;
@@ -225,6 +256,12 @@ int brg__sock_dial(const char *addr, uint16_t port, int64_t deadline, const brg_
       return BRG__IO_ERR;
     }
     if (d->sockbuf > 0) brg__sock_bufsize(fd, d->sockbuf);
+    /* The source address picks the NIC, not the routing table (rails). */
+    if (srclen && bind(fd, (struct sockaddr *)&src, srclen) < 0) {
+      *last_errno = errno;
+      close(fd);
+      return BRG__IO_ERR;
+    }
     int e = 0;
     if (connect(fd, (struct sockaddr *)&ss, sslen) < 0) {
       e = errno;

@@ -52,6 +52,11 @@ void brg__sock_hostport(char *out, size_t out_bytes, const char *addr, unsigned 
 void brg__sock_addr_str(const struct sockaddr *sa, socklen_t len, char *out, size_t out_bytes);
 void brg__sock_peer_str(int fd, char *out, size_t out_bytes);
 
+/* Raises this process's soft RLIMIT_NOFILE to its hard limit when the soft
+ * one is below `want` descriptors (logged under `subsys`). Returns the soft
+ * limit in force afterwards (-1 when it cannot be read). */
+long brg__sock_raise_nofile(long want, const char *subsys);
+
 /* Closes *fd when open and marks it closed. */
 void brg__sock_close(int *fd);
 
@@ -73,6 +78,10 @@ typedef struct brg__sock_dialer {
   int refused_only; /* 1: only a refusal (nobody listens yet) is worth another
                        attempt; 0: every transient error is */
   int sockbuf;      /* > 0: socket buffer bytes, set before the handshake */
+  /* NULL or "": the routing table picks the source address (and so the
+   * NIC); else a numeric address of this host that every attempt binds to
+   * first, when the destination has its family. */
+  const char *bind_addr;
   /* NULL, or asked before each attempt and every 100 ms of a wait: nonzero
    * stops dialing with BRG__IO_STOPPED. */
   int (*stop)(void *arg);

@@ -123,6 +123,7 @@ struct brg__bootstrap {
   int listen_fd;
   int root_fd; /* to the root, from the hello until brg__bootstrap_confirm */
   char root[BOOT_PEER_LEN];
+  int rootless;      /* brg__bootstrap_open: its caller confirms */
   int heard;         /* the root's word: 1 released, -1 the job failed, 0 none yet */
   int claimed_twice; /* the job failed because a rank was claimed twice */
   char root_said[BOOT_MAX_ERRTEXT + BOOT_PEER_LEN + 64];
@@ -137,9 +138,11 @@ struct brg__bootstrap {
   uint8_t rx_buf[2][BOOT_FRAME_HDR + BRG__BOOT_MAX_MSG];
 };
 
-/* Reads and checks the root's answer; fills bs->peers and all_blobs. */
-static brg_status boot_read_table(brg__bootstrap *bs, int fd, const char *root, size_t blob_bytes,
-                                  void *all_blobs, int64_t deadline, brg__errbuf *err) {
+/* Reads the header of the root's (or a tree parent's) answer and, with
+ * status 0, a payload of exactly `expect` bytes into *payload (malloc'd);
+ * an error answer becomes this rank's error with the root's text. */
+static brg_status boot_read_reply(brg__bootstrap *bs, int fd, const char *root, size_t expect,
+                                  uint8_t **payload, int64_t deadline, brg__errbuf *err) {
   uint8_t hdr[BOOT_REPLY_HDR];
   int rc = brg__sock_recv_all(fd, hdr, sizeof hdr, deadline);
   if (rc == BRG__IO_EOF)
@@ -185,60 +188,104 @@ static brg_status boot_read_table(brg__bootstrap *bs, int fd, const char *root, 
                       "rank %d: the bootstrap root at %s refused this rank: %s", bs->rank, root,
                       text);
   }
-
-  size_t entry = BOOT_ENTRY_HDR + blob_bytes;
-  size_t expect = BOOT_TABLE_HDR + (size_t)bs->nranks * entry;
   if (len != expect)
     return brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
-                      "rank %d: malformed table from the bootstrap root at %s (%u bytes, "
-                      "expected %zu)",
-                      bs->rank, root, len, expect);
+                      "rank %d: malformed answer from %s (%u bytes, expected %zu)", bs->rank, root,
+                      len, expect);
   uint8_t *t = malloc(expect);
   if (!t)
     return brg__error(err, BRG_ERR_NO_MEMORY, BOOT_SUBSYS,
-                      "rank %d: no memory for a bootstrap table of %zu bytes", bs->rank, expect);
-  brg_status st = BRG_SUCCESS;
+                      "rank %d: no memory for a bootstrap answer of %zu bytes", bs->rank, expect);
   rc = brg__sock_recv_all(fd, t, expect, deadline);
   if (rc != BRG__IO_OK) {
-    st = brg__error(err, rc == BRG__IO_TIMEOUT ? BRG_ERR_TIMEOUT : BRG_ERR_REMOTE, BOOT_SUBSYS,
-                    "rank %d: the table from the bootstrap root at %s was cut short", bs->rank,
-                    root);
-    goto out;
+    free(t);
+    return brg__error(err, rc == BRG__IO_TIMEOUT ? BRG_ERR_TIMEOUT : BRG_ERR_REMOTE, BOOT_SUBSYS,
+                      "rank %d: the answer from %s was cut short", bs->rank, root);
   }
-  if (boot_get_u32(t) != (uint32_t)bs->nranks || boot_get_u32(t + 4) != blob_bytes) {
-    st = brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
-                    "rank %d: the bootstrap table is for %u ranks with %u-byte blobs, expected "
-                    "%d and %zu",
-                    bs->rank, boot_get_u32(t), boot_get_u32(t + 4), bs->nranks, blob_bytes);
-    goto out;
-  }
+  *payload = t;
+  return BRG_SUCCESS;
+}
+
+/* Checks a table's payload (nranks, blob_bytes, the entries); fills
+ * bs->peers and all_blobs. */
+static brg_status boot_parse_table(brg__bootstrap *bs, const uint8_t *t, const char *from,
+                                   size_t blob_bytes, void *all_blobs, brg__errbuf *err) {
+  size_t entry = BOOT_ENTRY_HDR + blob_bytes;
+  if (boot_get_u32(t) != (uint32_t)bs->nranks || boot_get_u32(t + 4) != blob_bytes)
+    return brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
+                      "rank %d: the bootstrap table from %s is for %u ranks with %u-byte blobs, "
+                      "expected %d and %zu",
+                      bs->rank, from, boot_get_u32(t), boot_get_u32(t + 4), bs->nranks, blob_bytes);
   for (int k = 0; k < bs->nranks; k++) {
     const uint8_t *e = t + BOOT_TABLE_HDR + (size_t)k * entry;
     boot_peer *p = &bs->peers[k];
     memcpy(p->addr, e, BOOT_ADDR_BYTES);
     p->port = boot_get_u16(e + 64);
     if (!memchr(p->addr, '\0', BOOT_ADDR_BYTES) || !brg__sock_addr_is_numeric(p->addr) ||
-        p->port == 0 || boot_get_u16(e + 66) != 0) {
-      st = brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
-                      "rank %d: malformed bootstrap table entry for rank %d", bs->rank, k);
-      goto out;
-    }
+        p->port == 0 || boot_get_u16(e + 66) != 0)
+      return brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
+                        "rank %d: malformed bootstrap table entry for rank %d (from %s)", bs->rank,
+                        k, from);
   }
   if (bs->peers[bs->rank].port != bs->listen_port ||
-      strcmp(bs->peers[bs->rank].addr, bs->listen_addr) != 0) {
-    st = brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
-                    "rank %d: the bootstrap table lists this rank at %s:%u, not at %s:%u", bs->rank,
-                    bs->peers[bs->rank].addr, bs->peers[bs->rank].port, bs->listen_addr,
-                    bs->listen_port);
-    goto out;
-  }
+      strcmp(bs->peers[bs->rank].addr, bs->listen_addr) != 0)
+    return brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
+                      "rank %d: the bootstrap table lists this rank at %s:%u, not at %s:%u",
+                      bs->rank, bs->peers[bs->rank].addr, bs->peers[bs->rank].port, bs->listen_addr,
+                      bs->listen_port);
   for (int k = 0; k < bs->nranks && blob_bytes; k++)
     memcpy((uint8_t *)all_blobs + (size_t)k * blob_bytes,
            t + BOOT_TABLE_HDR + (size_t)k * entry + BOOT_ENTRY_HDR, blob_bytes);
-out:
+  return BRG_SUCCESS;
+}
+
+/* Reads and checks a whole table on fd; fills bs->peers and all_blobs. */
+static brg_status boot_read_table(brg__bootstrap *bs, int fd, const char *root, size_t blob_bytes,
+                                  void *all_blobs, int64_t deadline, brg__errbuf *err) {
+  size_t expect = BOOT_TABLE_HDR + (size_t)bs->nranks * (BOOT_ENTRY_HDR + blob_bytes);
+  uint8_t *t = NULL;
+  brg_status st = boot_read_reply(bs, fd, root, expect, &t, deadline, err);
+  if (st != BRG_SUCCESS) return st;
+  st = boot_parse_table(bs, t, root, blob_bytes, all_blobs, err);
   free(t);
   return st;
 }
+
+/* Reads and checks the root's answer: nranks, blob_bytes and the tree
+ * parent's listener (rank 0: none). */
+static brg_status boot_read_neigh(brg__bootstrap *bs, int fd, const char *root, size_t blob_bytes,
+                                  char *parent_addr, uint16_t *parent_port, int64_t deadline,
+                                  brg__errbuf *err) {
+  uint8_t *t = NULL;
+  brg_status st = boot_read_reply(bs, fd, root, BOOT_NEIGH_BYTES, &t, deadline, err);
+  if (st != BRG_SUCCESS) return st;
+  const uint8_t *e = t + BOOT_TABLE_HDR;
+  if (boot_get_u32(t) != (uint32_t)bs->nranks || boot_get_u32(t + 4) != blob_bytes) {
+    st = brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
+                    "rank %d: the bootstrap root at %s answered for %u ranks with %u-byte blobs, "
+                    "expected %d and %zu",
+                    bs->rank, root, boot_get_u32(t), boot_get_u32(t + 4), bs->nranks, blob_bytes);
+  } else if (bs->rank == 0) {
+    static const uint8_t zero[BOOT_ENTRY_HDR];
+    if (memcmp(e, zero, BOOT_ENTRY_HDR) != 0)
+      st = brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
+                      "rank 0: the bootstrap root at %s named a tree parent", root);
+    parent_addr[0] = '\0';
+    *parent_port = 0;
+  } else if (!memchr(e, '\0', BOOT_ADDR_BYTES) || !brg__sock_addr_is_numeric((const char *)e) ||
+             boot_get_u16(e + 64) == 0 || boot_get_u16(e + 66) != 0) {
+    st = brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
+                    "rank %d: the bootstrap root at %s named a malformed tree parent", bs->rank,
+                    root);
+  } else {
+    memcpy(parent_addr, e, BOOT_ADDR_BYTES);
+    *parent_port = boot_get_u16(e + 64);
+  }
+  free(t);
+  return st;
+}
+
+static int boot_root_hear(brg__bootstrap *bs, int64_t deadline);
 
 brg_status brg__bootstrap_init(brg__bootstrap **bs_out, const brg__boot_id *id, int rank,
                                int nranks, const void *blob, size_t blob_bytes, void *all_blobs,
@@ -330,25 +377,68 @@ brg_status brg__bootstrap_init(brg__bootstrap **bs_out, const brg__boot_id *id, 
                                           : strerror(errno));
     goto err_close;
   }
-  st = boot_read_table(bs, fd, root, blob_bytes, all_blobs, deadline, err);
+  char parent_addr[BOOT_ADDR_BYTES];
+  uint16_t parent_port = 0;
+  st = boot_read_neigh(bs, fd, root, blob_bytes, parent_addr, &parent_port, deadline, err);
   if (st != BRG_SUCCESS) goto err_close;
   /* Kept until brg__bootstrap_confirm: the root releases nobody before
    * every rank has confirmed. */
   bs->root_fd = fd;
+  fd = -1;
   snprintf(bs->root, sizeof bs->root, "%s", root);
+
+  /* The table spreads over the tree; the root only watched. */
+  uint8_t entry[BOOT_ENTRY_HDR + BRG__BOOT_MAX_BLOB];
+  memset(entry, 0, BOOT_ENTRY_HDR);
+  memcpy(entry, bs->listen_addr, strnlen(bs->listen_addr, BOOT_ADDR_BYTES - 1));
+  boot_put_u16(entry + 64, bs->listen_port);
+  if (blob_bytes) memcpy(entry + BOOT_ENTRY_HDR, blob, blob_bytes);
+  brg__boot_tree tree = {.rank = rank,
+                         .nranks = nranks,
+                         .secret = bs->secret,
+                         .listen_fd = bs->listen_fd,
+                         .root_fd = bs->root_fd,
+                         .parent_addr = parent_addr,
+                         .parent_port = parent_port,
+                         .entry = entry,
+                         .blob_bytes = blob_bytes,
+                         .deadline = deadline,
+                         .timeout_ms = timeout_ms};
+  uint8_t *table = NULL;
+  size_t table_bytes = 0;
+  int root_spoke = 0;
+  st = brg__boot_tree_gather(&tree, &table, &table_bytes, &root_spoke, err);
+  if (st == BRG_ERR_REMOTE && !root_spoke) {
+    /* A tree neighbour that hung up has hung up on the root too, and the
+     * root tells every rank which rank that was: wait a moment for it (not
+     * after this rank's own timeout: the root hears of that when this rank
+     * hangs up). */
+    struct pollfd p = {.fd = bs->root_fd, .events = POLLIN};
+    root_spoke = poll(&p, 1, BOOT_TREE_VERDICT_MS) == 1;
+  }
+  if (st != BRG_SUCCESS && root_spoke) {
+    /* The root failed the job (a rank gone, or claimed twice): its reason. */
+    boot_root_hear(bs, brg__now_ms() + BOOT_VERDICT_MS);
+    st = brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS, "rank %d: %s", rank,
+                    bs->heard < 0 ? bs->root_said
+                                  : "the bootstrap root spoke before the table was complete");
+  }
+  if (st != BRG_SUCCESS) goto err_free;
+  st = boot_parse_table(bs, table + BOOT_REPLY_HDR, "the bootstrap tree", blob_bytes, all_blobs,
+                        err);
+  free(table);
+  if (st != BRG_SUCCESS) goto err_free;
   BRG__TRACE(BOOT_SUBSYS, "rank %d: bootstrap table from %s received (%d ranks)", rank, root,
              nranks);
   *bs_out = bs;
   return BRG_SUCCESS;
 
 err_close:
-  close(fd);
+  brg__sock_close(&fd);
 err_free:
   brg__bootstrap_destroy(bs);
   return st;
 }
-
-static int boot_root_hear(brg__bootstrap *bs, int64_t deadline);
 
 /* A connection to the ring listener that has not yet said who it is. */
 typedef struct boot_ring_pending {
@@ -802,6 +892,64 @@ brg_status brg__bootstrap_read_table(brg__bootstrap *bs, int fd, size_t blob_byt
                          brg__deadline_ms(bs->timeout_ms), err);
 }
 
+brg_status brg__bootstrap_read_neigh(brg__bootstrap *bs, int fd, size_t blob_bytes,
+                                     char *parent_addr, uint16_t *parent_port, brg__errbuf *err) {
+  return boot_read_neigh(bs, fd, "(the given socket)", blob_bytes, parent_addr, parent_port,
+                         brg__deadline_ms(bs->timeout_ms), err);
+}
+
+brg_status brg__bootstrap_open(brg__bootstrap **bs_out, int rank, int nranks, const uint8_t *secret,
+                               int timeout_ms, uint8_t *entry, brg__errbuf *err) {
+  brg__log_init();
+  *bs_out = NULL;
+  if (nranks < 1 || nranks > BRG__BOOT_MAX_RANKS || rank < 0 || rank >= nranks || !secret || !entry)
+    return brg__error(err, BRG_ERR_INVALID_ARGUMENT, BOOT_SUBSYS, "bootstrap open: rank %d of %d",
+                      rank, nranks);
+  brg__bootstrap *bs = calloc(1, sizeof *bs);
+  brg_status st = BRG_SUCCESS;
+  if (!bs || !(bs->peers = calloc((size_t)nranks, sizeof *bs->peers))) {
+    free(bs);
+    return brg__error(err, BRG_ERR_NO_MEMORY, BOOT_SUBSYS, "bootstrap: out of memory");
+  }
+  bs->rank = rank;
+  bs->nranks = nranks;
+  bs->timeout_ms = timeout_ms;
+  bs->rootless = 1;
+  bs->listen_fd = bs->root_fd = bs->fd[0] = bs->fd[1] = -1;
+  bs->peer_rank[0] = bs->peer_rank[1] = -1;
+  memcpy(bs->secret, secret, BOOT_SECRET_BYTES);
+  st = brg__boot_local_addr(bs->listen_addr, sizeof bs->listen_addr, err);
+  if (st == BRG_SUCCESS)
+    st = brg__sock_listen(bs->listen_addr, 0, BOOT_BACKLOG, BOOT_SUBSYS, "ring listener",
+                          &bs->listen_fd, &bs->listen_port, err);
+  if (st != BRG_SUCCESS) {
+    brg__bootstrap_destroy(bs);
+    return st;
+  }
+  memset(entry, 0, BOOT_ENTRY_HDR);
+  memcpy(entry, bs->listen_addr, strnlen(bs->listen_addr, BOOT_ADDR_BYTES - 1));
+  boot_put_u16(entry + 64, bs->listen_port);
+  *bs_out = bs;
+  return BRG_SUCCESS;
+}
+
+brg_status brg__bootstrap_set_table(brg__bootstrap *bs, const uint8_t *entries, size_t blob_bytes,
+                                    void *all_blobs, brg__errbuf *err) {
+  if (!bs || !entries || blob_bytes > BRG__BOOT_MAX_BLOB || (blob_bytes && !all_blobs))
+    return brg__error(err, BRG_ERR_INVALID_ARGUMENT, BOOT_SUBSYS, "bootstrap table: bad arguments");
+  size_t body = BOOT_TABLE_HDR + (size_t)bs->nranks * (BOOT_ENTRY_HDR + blob_bytes);
+  uint8_t *t = malloc(body);
+  if (!t)
+    return brg__error(err, BRG_ERR_NO_MEMORY, BOOT_SUBSYS, "rank %d: no memory for a table",
+                      bs->rank);
+  boot_put_u32(t, (uint32_t)bs->nranks);
+  boot_put_u32(t + 4, (uint32_t)blob_bytes);
+  memcpy(t + BOOT_TABLE_HDR, entries, body - BOOT_TABLE_HDR);
+  brg_status st = boot_parse_table(bs, t, "the parent communicator", blob_bytes, all_blobs, err);
+  free(t);
+  return st;
+}
+
 /* Reads the root's word on root_fd (a release, or why the job failed) into
  * bs->heard / bs->root_said, and closes the connection: 1 released, -1 the
  * job failed (bs->root_said says why), 0 timed out or nothing readable. */
@@ -864,6 +1012,7 @@ void brg__bootstrap_verdict(brg__bootstrap *bs, brg_status *st, brg__errbuf *err
 
 brg_status brg__bootstrap_confirm(brg__bootstrap *bs, brg__errbuf *err) {
   if (!bs) return brg__error(err, BRG_ERR_INTERNAL, BOOT_SUBSYS, "bootstrap confirm: NULL");
+  if (bs->rootless) return BRG_SUCCESS;
   int64_t deadline = brg__deadline_ms(bs->timeout_ms);
   if (bs->root_fd >= 0) {
     uint8_t m[BOOT_CONFIRM_BYTES];

@@ -4,9 +4,10 @@
  * A unique id holds a magic, a random secret, the root's address and port,
  * and a checksum. The root (a thread started by brg_get_unique_id, or by
  * rank 0 under brg_comm_init_env) collects one hello per rank and answers
- * every rank with the table of all ranks' blobs. Connections that do not
- * present the secret are refused; every length read from a socket is
- * checked against a bound before use.
+ * every rank with its parent in a binary tree of the ranks; the table of
+ * all ranks' blobs then spreads over that tree (bootstrap_tree.c).
+ * Connections that do not present the secret are refused; every length
+ * read from a socket is checked against a bound before use.
  *
  * After the table, each rank opens a persistent "ring socket" to its ring
  * successor and accepts one from its predecessor. Ring sockets carry small
@@ -51,6 +52,10 @@ brg_status brg__boot_id_check(const brg__boot_id *id, brg__errbuf *err);
 brg_status brg__boot_root_start(const char *addr, uint16_t port, const uint8_t *secret,
                                 int timeout_ms, brg__boot_id *id, brg__errbuf *err);
 
+/* The bytes every bootstrap root of this process has read and written on
+ * its sockets so far (for the init benchmark). */
+void brg__boot_root_stats(uint64_t *bytes_in, uint64_t *bytes_out);
+
 /* Waits (up to max_ms) until the roots this process started have finished:
  * a root whose job failed keeps telling the ranks that arrive late why,
  * until every rank has been told or its deadline. */
@@ -63,7 +68,7 @@ brg_status brg__boot_local_addr(char *addr, size_t addr_bytes, brg__errbuf *err)
 
 typedef struct brg__bootstrap brg__bootstrap;
 
-/* Joins the root: sends this rank's blob, receives every rank's blob into
+/* Joins the root and the tree: sends this rank's blob, receives every rank's blob into
  * `all_blobs` (nranks * blob_bytes, in rank order; every rank must pass the
  * same blob_bytes). Retries connecting until timeout_ms (the root may not be
  * listening yet); timeout_ms <= 0 waits forever. The same timeout bounds
@@ -72,6 +77,20 @@ typedef struct brg__bootstrap brg__bootstrap;
 brg_status brg__bootstrap_init(brg__bootstrap **bs, const brg__boot_id *id, int rank, int nranks,
                                const void *blob, size_t blob_bytes, void *all_blobs, int timeout_ms,
                                brg__errbuf *err);
+
+/* A communicator split from another needs no root: its members already
+ * know each other. brg__bootstrap_open opens this rank's ring listener and
+ * writes the head of its table entry (BRG__BOOT_ENTRY_HDR bytes: address,
+ * port) into `entry`; the caller gathers every member's entry (that head,
+ * then the blob) over the parent, in the new rank order, and hands the lot
+ * to brg__bootstrap_set_table, which checks it as a root's table is
+ * checked. brg__bootstrap_confirm is then a no-op: the caller confirms over
+ * the parent. */
+#define BRG__BOOT_ENTRY_HDR 68
+brg_status brg__bootstrap_open(brg__bootstrap **bs, int rank, int nranks, const uint8_t *secret,
+                               int timeout_ms, uint8_t *entry, brg__errbuf *err);
+brg_status brg__bootstrap_set_table(brg__bootstrap *bs, const uint8_t *entries, size_t blob_bytes,
+                                    void *all_blobs, brg__errbuf *err);
 
 /* Opens the ring sockets: connects to `next` and accepts from `prev` (both
  * may be the same rank when nranks == 2; nothing happens when nranks == 1). */

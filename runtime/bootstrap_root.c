@@ -1,8 +1,9 @@
 /*
  * The bootstrap root: a thread on rank 0 (or the caller of
  * brg_get_unique_id) that gathers one hello per rank and answers every rank
- * with the table of all. Connections that do not present the job's secret
- * are refused; none of them can hold the root longer than its deadline.
+ * with its parent in the tree that spreads the table (bootstrap_tree.c), so
+ * its bytes are O(N). Connections that do not present the job's secret are
+ * refused; none of them can hold the root longer than its deadline.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -19,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -77,9 +79,36 @@ typedef struct boot_root {
   char fail_text[BOOT_MAX_ERRTEXT];
 } boot_root;
 
+/* What every root of this process read and wrote on its sockets. */
+static uint64_t boot_bytes_in, boot_bytes_out;
+
+void brg__boot_root_stats(uint64_t *bytes_in, uint64_t *bytes_out) {
+  *bytes_in = __atomic_load_n(&boot_bytes_in, __ATOMIC_RELAXED);
+  *bytes_out = __atomic_load_n(&boot_bytes_out, __ATOMIC_RELAXED);
+}
+
+static void boot_count(uint64_t *counter, ssize_t n) {
+  if (n > 0) __atomic_fetch_add(counter, (uint64_t)n, __ATOMIC_RELAXED);
+}
+
+static int boot_send_all(int fd, const void *buf, size_t len, int64_t deadline, size_t *sent) {
+  size_t done = 0;
+  int rc = brg__sock_send_all(fd, buf, len, deadline, &done);
+  boot_count(&boot_bytes_out, (ssize_t)done);
+  if (sent) *sent = done;
+  return rc;
+}
+
+static int boot_recv_all(int fd, void *buf, size_t len, int64_t deadline) {
+  int rc = brg__sock_recv_all(fd, buf, len, deadline);
+  if (rc == BRG__IO_OK) boot_count(&boot_bytes_in, (ssize_t)len);
+  return rc;
+}
+
+/* Where each rank listens: all the root keeps of a hello (the blobs spread
+ * over the tree, not through the root). */
 static uint8_t *boot_root_entry(boot_root *r, int rank) {
-  size_t entry = BOOT_ENTRY_HDR + (size_t)r->blob_bytes;
-  return r->table + BOOT_REPLY_HDR + BOOT_TABLE_HDR + (size_t)rank * entry;
+  return r->table + (size_t)rank * BOOT_ENTRY_HDR;
 }
 
 static void boot_conn_drop(boot_root *r, int i) {
@@ -103,7 +132,7 @@ static void boot_conn_refuse(boot_root *r, int i, const char *fmt, ...) {
   BRG__WARN(BOOT_SUBSYS, "bootstrap root %s: refused the connection from %s: %s", r->where, c->peer,
             text);
   size_t n = brg__boot_reply_error(buf, r->secret, BRG_ERR_REMOTE, text);
-  (void)brg__sock_send_all(c->fd, buf, n, brg__now_ms() + BOOT_REPLY_SEND_MS, NULL);
+  (void)boot_send_all(c->fd, buf, n, brg__now_ms() + BOOT_REPLY_SEND_MS, NULL);
   shutdown(c->fd, SHUT_WR);
   c->draining = 1;
   c->deadline = brg__now_ms() + BOOT_DRAIN_MS;
@@ -140,7 +169,7 @@ static void boot_root_fail_all(boot_root *r, const char *text) {
   size_t n = brg__boot_reply_error(buf, r->secret, BRG_ERR_REMOTE, text);
   for (int k = 0; k < r->nranks; k++) {
     if (r->rank_fd[k] < 0) continue;
-    (void)brg__sock_send_all(r->rank_fd[k], buf, n, brg__now_ms() + BOOT_REPLY_SEND_MS, NULL);
+    (void)boot_send_all(r->rank_fd[k], buf, n, brg__now_ms() + BOOT_REPLY_SEND_MS, NULL);
     brg__sock_close(&r->rank_fd[k]);
     r->told[k] = 1;
   }
@@ -159,9 +188,14 @@ static int boot_root_all_told(const boot_root *r) {
  * when the connection left the pending list. */
 static int boot_root_admit(boot_root *r, int i, const brg__boot_hello *h) {
   boot_conn *c = r->conns[i];
+  if (r->failed && r->nranks == 0) {
+    boot_conn_refuse(r, i, "%s", r->fail_text);
+    return 0;
+  }
   if (r->nranks == 0) {
-    size_t entry = BOOT_ENTRY_HDR + (size_t)h->blob_bytes;
-    size_t bytes = BOOT_REPLY_HDR + BOOT_TABLE_HDR + (size_t)h->nranks * entry;
+    /* The root holds one connection per rank until the release. */
+    brg__sock_raise_nofile((long)h->nranks + 64, BOOT_SUBSYS);
+    size_t bytes = (size_t)h->nranks * BOOT_ENTRY_HDR;
     uint8_t *table = calloc(1, bytes);
     int *rank_fd = malloc((size_t)h->nranks * sizeof *rank_fd);
     uint8_t *confirmed = calloc((size_t)h->nranks, 1), *told = calloc((size_t)h->nranks, 1);
@@ -177,12 +211,6 @@ static int boot_root_admit(boot_root *r, int i, const brg__boot_hello *h) {
       return 0;
     }
     for (int k = 0; k < h->nranks; k++) rank_fd[k] = -1;
-    boot_put_u32(table, BOOT_TABLE_MAGIC);
-    memcpy(table + 4, r->secret, BOOT_SECRET_BYTES);
-    boot_put_u32(table + 20, BRG_SUCCESS);
-    boot_put_u32(table + 24, (uint32_t)(bytes - BOOT_REPLY_HDR));
-    boot_put_u32(table + BOOT_REPLY_HDR, (uint32_t)h->nranks);
-    boot_put_u32(table + BOOT_REPLY_HDR + 4, h->blob_bytes);
     r->table = table;
     r->table_bytes = bytes;
     r->rank_fd = rank_fd;
@@ -234,7 +262,6 @@ static int boot_root_admit(boot_root *r, int i, const brg__boot_hello *h) {
   memcpy(e, h->addr, strnlen(h->addr, BOOT_ADDR_BYTES - 1));
   boot_put_u16(e + 64, h->port);
   boot_put_u16(e + 66, 0);
-  if (h->blob_bytes) memcpy(e + BOOT_ENTRY_HDR, h->blob, h->blob_bytes);
   r->rank_fd[h->rank] = c->fd;
   r->claims[h->rank].pid = h->pid;
   snprintf(r->claims[h->rank].host, sizeof r->claims[h->rank].host, "%s", h->host);
@@ -255,6 +282,7 @@ static int boot_conn_service(boot_root *r, int i) {
     uint8_t junk[512];
     for (int k = 0; k < 16; k++) { /* bounded: a flood cannot starve the others */
       ssize_t n = recv(c->fd, junk, sizeof junk, MSG_DONTWAIT);
+      boot_count(&boot_bytes_in, n);
       if (n > 0) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
       boot_conn_drop(r, i);
@@ -264,6 +292,7 @@ static int boot_conn_service(boot_root *r, int i) {
   }
 
   ssize_t n = recv(c->fd, c->buf + c->have, c->want - c->have, MSG_DONTWAIT);
+  boot_count(&boot_bytes_in, n);
   if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
     BRG__WARN(BOOT_SUBSYS,
               "bootstrap root %s: the connection from %s ended after %u bytes, before a "
@@ -313,6 +342,26 @@ static int boot_conn_service(boot_root *r, int i) {
   return boot_root_admit(r, i, &h);
 }
 
+/* Out of descriptors: the job cannot gather its ranks, so it fails at once
+ * with that reason. Closing the ranks' connections frees descriptors, so
+ * those still in the listen queue are accepted after this and told too. */
+static void boot_root_out_of_fds(boot_root *r, int e) {
+  if (r->failed) {
+    brg__sleep_ms(10); /* the told ranks' descriptors are closing; do not spin */
+    return;
+  }
+  struct rlimit rl = {0, 0};
+  getrlimit(RLIMIT_NOFILE, &rl);
+  char text[BOOT_MAX_ERRTEXT];
+  snprintf(text, sizeof text,
+           "the bootstrap root at %s ran out of file descriptors (%s: %s) holding %d of %d ranks' "
+           "connections; RLIMIT_NOFILE is %ld (hard %ld): raise it (ulimit -n) above the number "
+           "of ranks",
+           r->where, e == EMFILE ? "EMFILE" : "ENFILE", strerror(e), (int)r->arrived,
+           (int)r->nranks, (long)rl.rlim_cur, (long)rl.rlim_max);
+  boot_root_fail_all(r, text);
+}
+
 /* Takes what waits in the listen queue, a batch per round so that the
  * connections already taken get read before the oldest are dropped; with
  * every pending place taken, the oldest stranger makes room. */
@@ -335,9 +384,12 @@ static void boot_root_accept(boot_root *r) {
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      if (errno == EMFILE || errno == ENFILE) {
+        boot_root_out_of_fds(r, errno);
+        return;
+      }
       BRG__WARN(BOOT_SUBSYS, "bootstrap root %s: accept: %s", r->where, strerror(errno));
-      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
-        brg__sleep_ms(100); /* the backlog keeps them; do not spin */
+      if (errno == ENOBUFS || errno == ENOMEM) brg__sleep_ms(100); /* the backlog keeps them */
       return;
     }
     boot_conn *c = calloc(1, sizeof *c);
@@ -401,17 +453,29 @@ static void boot_root_give_up(boot_root *r) {
   size_t n = brg__boot_reply_error(buf, r->secret, BRG_ERR_TIMEOUT, text);
   for (int k = 0; k < r->nranks; k++) {
     if (r->rank_fd[k] < 0) continue;
-    (void)brg__sock_send_all(r->rank_fd[k], buf, n, brg__now_ms() + BOOT_REPLY_SEND_MS, NULL);
+    (void)boot_send_all(r->rank_fd[k], buf, n, brg__now_ms() + BOOT_REPLY_SEND_MS, NULL);
     brg__sock_close(&r->rank_fd[k]);
   }
 }
 
-/* Sends every rank the table; the connections stay, for the confirmations,
- * and so does the listener, so that a second claim of a rank is still seen. */
+/* Sends every rank its tree parent (the table spreads over the tree); the
+ * connections stay, for the confirmations, and so does the listener, so
+ * that a second claim of a rank is still seen. */
 static void boot_root_send_tables(boot_root *r) {
+  uint8_t m[BOOT_REPLY_HDR + BOOT_NEIGH_BYTES];
+  boot_put_u32(m, BOOT_TABLE_MAGIC);
+  memcpy(m + 4, r->secret, BOOT_SECRET_BYTES);
+  boot_put_u32(m + 20, BRG_SUCCESS);
+  boot_put_u32(m + 24, BOOT_NEIGH_BYTES);
+  boot_put_u32(m + BOOT_REPLY_HDR, (uint32_t)r->nranks);
+  boot_put_u32(m + BOOT_REPLY_HDR + 4, r->blob_bytes);
   for (int k = 0; k < r->nranks; k++) {
-    int rc = brg__sock_send_all(r->rank_fd[k], r->table, r->table_bytes,
-                                brg__now_ms() + BOOT_TABLE_SEND_MS, NULL);
+    uint8_t *parent = m + BOOT_REPLY_HDR + BOOT_TABLE_HDR;
+    if (k == 0)
+      memset(parent, 0, BOOT_ENTRY_HDR);
+    else
+      memcpy(parent, boot_root_entry(r, (k - 1) / 2), BOOT_ENTRY_HDR);
+    int rc = boot_send_all(r->rank_fd[k], m, sizeof m, brg__now_ms() + BOOT_TABLE_SEND_MS, NULL);
     if (rc != BRG__IO_OK) {
       char text[256];
       snprintf(text, sizeof text,
@@ -431,14 +495,14 @@ static void boot_root_send_tables(boot_root *r) {
    * timeouts, and each rank reports its own failure: the root's deadline
    * for the confirmations only keeps it from waiting forever. */
   r->deadline = r->timeout_ms > 0 ? brg__now_ms() + 4 * (int64_t)r->timeout_ms + 5000 : -1;
-  BRG__INFO(BOOT_SUBSYS, "bootstrap root %s: all %d ranks arrived; table sent", r->where,
+  BRG__INFO(BOOT_SUBSYS, "bootstrap root %s: all %d ranks arrived; tree parents sent", r->where,
             (int)r->nranks);
 }
 
 /* Reads rank k's confirmation (its connection was readable). */
 static void boot_root_confirm(boot_root *r, int k) {
   uint8_t m[BOOT_CONFIRM_BYTES];
-  int rc = brg__sock_recv_all(r->rank_fd[k], m, sizeof m, brg__now_ms() + BOOT_REPLY_SEND_MS);
+  int rc = boot_recv_all(r->rank_fd[k], m, sizeof m, brg__now_ms() + BOOT_REPLY_SEND_MS);
   if (rc == BRG__IO_OK && boot_get_u32(m) == BOOT_CONFIRM_MAGIC &&
       (int32_t)boot_get_u32(m + 4) == k) {
     r->confirmed[k] = 1;
@@ -469,8 +533,7 @@ static void boot_root_release(boot_root *r) {
   boot_put_u32(go + 20, BRG_SUCCESS);
   boot_put_u32(go + 24, 0);
   for (int k = 0; k < r->nranks; k++) {
-    (void)brg__sock_send_all(r->rank_fd[k], go, sizeof go, brg__now_ms() + BOOT_REPLY_SEND_MS,
-                             NULL);
+    (void)boot_send_all(r->rank_fd[k], go, sizeof go, brg__now_ms() + BOOT_REPLY_SEND_MS, NULL);
     brg__sock_close(&r->rank_fd[k]);
   }
   BRG__INFO(BOOT_SUBSYS, "bootstrap root %s: all %d ranks confirmed; released", r->where,
@@ -522,7 +585,8 @@ static void boot_root_service_all(boot_root *r, const struct pollfd *pfd, int64_
 }
 
 /*
- * Phases: gathering hellos until every rank has arrived; the table sent,
+ * Phases: gathering hellos until every rank has arrived; the tree parents
+ * sent,
  * gathering confirmations until every rank has confirmed, then the release;
  * or, once the job has failed (a rank claimed twice, a rank gone before it
  * confirmed, time up), telling every rank why, until each has been told or
@@ -544,7 +608,7 @@ static void *boot_root_main(void *arg) {
   size_t cap = 0;
   for (;;) {
     if (r->failed) {
-      if (boot_root_all_told(r)) break;
+      if (r->nranks > 0 && boot_root_all_told(r)) break;
     } else if (r->tables_sent) {
       if (r->nconfirmed == r->nranks) {
         boot_root_release(r);
@@ -615,8 +679,8 @@ static void *boot_root_main(void *arg) {
 
 /* The root's whole judgement of connections, without its listener or its
  * thread: each fd (non-blocking, already connected) is served as an accepted
- * connection, a few rounds, in order; when every rank of a table arrived
- * and the table is small, it is sent as the root would, and confirmations
+ * connection, a few rounds, in order; when every rank of a job arrived,
+ * the tree parents are sent as the root would, and confirmations
  * already there are read (all of them: the release). For the fuzzer. */
 void brg__boot_root_serve(const uint8_t *secret, const int *fds, int nfds, int rounds) {
   boot_root *r = calloc(1, sizeof *r);
@@ -639,8 +703,7 @@ void brg__boot_root_serve(const uint8_t *secret, const int *fds, int nfds, int r
       if (r->conns[i]) boot_conn_service(r, i);
     boot_root_compact(r);
   }
-  if (r->nranks > 0 && r->arrived == r->nranks && boot_root_prune(r) == 0 &&
-      r->table_bytes <= 65536) {
+  if (r->nranks > 0 && r->arrived == r->nranks && boot_root_prune(r) == 0) {
     boot_root_send_tables(r);
     /* confirmations that are already there */
     for (int k = 0; k < r->nranks && r->tables_sent && !r->failed; k++) {

@@ -11,9 +11,27 @@
  *
  *   reply, root -> rank: 28 bytes, then the payload
  *     0 u32 magic "BRGT"   4 secret[16]   20 u32 status   24 u32 payload bytes
- *     status 0: u32 nranks, u32 blob_bytes, then per rank in rank order
- *               addr[64], u16 port, u16 zero, blob
+ *     status 0: u32 nranks, u32 blob_bytes, then the rank's tree parent
+ *               (rank (r-1)/2): addr[64], u16 port, u16 zero; all zero for
+ *               rank 0. The root holds no blob and sends O(1) bytes per rank.
  *     else:     the error text (no NUL), at most BOOT_MAX_ERRTEXT bytes
+ *
+ *   The table then spreads over a binary tree of the ranks (parent (r-1)/2,
+ *   children 2r+1 and 2r+2): each child dials its parent's ring listener and
+ *   says who it is, every rank gathers its subtree and sends it up, and
+ *   rank 0, which then holds every entry, sends the table down:
+ *
+ *   tree hello, child -> parent: 28 bytes
+ *     0 u32 magic "BRGA"   4 secret[16]   20 i32 from_rank   24 i32 to_rank
+ *   gather, child -> parent, once the child's subtree is complete:
+ *     0 u32 count (the size of the child's subtree), then count times
+ *     i32 rank, addr[64], u16 port, u16 zero, blob
+ *   table, parent -> child: a reply with status 0 whose payload is
+ *     u32 nranks, u32 blob_bytes, then per rank in rank order
+ *     addr[64], u16 port, u16 zero, blob
+ *
+ *   The table takes 2*ceil(log2(N+1)) hops, and no rank sends more than
+ *   three tables.
  *
  *   confirm, rank -> root, once the rank's communicator is set up: 8 bytes
  *     0 u32 magic "BRGC"   4 i32 rank
@@ -42,10 +60,11 @@
 #include "sock.h"
 
 #define BOOT_SUBSYS "bootstrap"
-#define BOOT_VERSION 1u
+#define BOOT_VERSION 2u /* 2: the root hands out tree parents, the tree spreads the table */
 #define BOOT_TABLE_MAGIC 0x42524754u   /* "BRGT" */
 #define BOOT_RING_MAGIC 0x42524752u    /* "BRGR" */
 #define BOOT_CONFIRM_MAGIC 0x42524743u /* "BRGC" */
+#define BOOT_TREE_MAGIC 0x42524741u    /* "BRGA" */
 #define BOOT_CONFIRM_BYTES 8
 
 #define BOOT_SECRET_BYTES 16
@@ -53,9 +72,12 @@
 #define BOOT_HELLO_HDR 168
 #define BOOT_HOST_BYTES 64
 #define BOOT_REPLY_HDR 28
-#define BOOT_TABLE_HDR 8  /* nranks, blob_bytes */
-#define BOOT_ENTRY_HDR 68 /* addr, port, zero */
-#define BOOT_RING_HELLO 28
+#define BOOT_TABLE_HDR 8                                   /* nranks, blob_bytes */
+#define BOOT_ENTRY_HDR 68                                  /* addr, port, zero */
+#define BOOT_RING_HELLO 28                                 /* and the tree hello */
+#define BOOT_NEIGH_BYTES (BOOT_TABLE_HDR + BOOT_ENTRY_HDR) /* the root's answer */
+#define BOOT_GATHER_HDR 4                                  /* count */
+#define BOOT_GATHER_RANK 4                                 /* before each entry */
 #define BOOT_FRAME_HDR 8
 #define BOOT_MAX_ERRTEXT 1024
 
@@ -64,16 +86,21 @@
 #define BOOT_REPLY_SEND_MS 500    /* sending a short error answer */
 #define BOOT_TABLE_SEND_MS 10000  /* sending the table to one rank */
 #define BOOT_CLAIMED_TWICE " was claimed twice" /* in the root's text when that failed the job */
-#define BOOT_VERDICT_MS 100  /* a failed rank waits this long for the root's word on why */
-#define BOOT_RETRY_MS 50     /* between connection attempts while nobody listens */
-#define BOOT_MAX_PENDING 256 /* accepted connections that have not said who they are */
-#define BOOT_BACKLOG 4096    /* the kernel caps it at somaxconn */
+#define BOOT_VERDICT_MS 100       /* a failed rank waits this long for the root's word on why */
+#define BOOT_TREE_VERDICT_MS 1000 /* the same when its tree neighbour failed */
+#define BOOT_RETRY_MS 50          /* between connection attempts while nobody listens */
+#define BOOT_MAX_PENDING 256      /* accepted connections that have not said who they are */
+#define BOOT_BACKLOG 4096         /* the kernel caps it at somaxconn */
 /* The ring listener: a neighbour sends its 28-byte hello right after it
  * connects (a rank descheduled in between on a loaded host still makes
  * it), and the oldest of too many strangers makes room for the next, so
  * strangers delay nobody. */
 #define BOOT_RING_CONN_TIMEOUT_MS 2000
 #define BOOT_RING_MAX_PENDING 64
+/* A tree child's hello may lag its connect on a crowded host (hundreds of
+ * ranks on a few cores): it gets longer, and strangers still make room for
+ * each other through BOOT_RING_MAX_PENDING. */
+#define BOOT_TREE_CONN_TIMEOUT_MS 5000
 #define BOOT_PEER_LEN BRG__HOSTPORT_LEN
 
 _Static_assert(sizeof(brg__boot_id) <= sizeof(brg_unique_id),
@@ -107,10 +134,10 @@ brg_status brg__boot_hello_parse(const void *buf, size_t len, brg__boot_hello *h
  * bytes) and returns its length. */
 size_t brg__boot_reply_error(uint8_t *buf, const uint8_t *secret, brg_status st, const char *text);
 
-/* The root's judgement of connections (service, admission, the table)
- * without its listener or thread: each of the nfds non-blocking sockets is
- * served as an accepted connection for `rounds` rounds, and the table sent
- * when every rank arrived. Takes the fds (closes them all). For the fuzzer. */
+/* The root's judgement of connections (service, admission, the tree
+ * parents) without its listener or thread: each of the nfds non-blocking
+ * sockets is served as an accepted connection for `rounds` rounds, and the
+ * parents sent when every rank arrived. Takes the fds (closes them all). For the fuzzer. */
 void brg__boot_root_serve(const uint8_t *secret, const int *fds, int nfds, int rounds);
 /* A rank's bootstrap around sockets already open (fd_next, fd_prev may be
  * -1), listening nowhere but advertised at 127.0.0.1:listen_port; it takes
@@ -118,8 +145,41 @@ void brg__boot_root_serve(const uint8_t *secret, const int *fds, int nfds, int r
 brg_status brg__bootstrap_wrap(brg__bootstrap **bs, int rank, int nranks, const uint8_t *secret,
                                uint16_t listen_port, int fd_next, int fd_prev, int timeout_ms,
                                brg__errbuf *err);
-/* Reads and checks the root's answer on fd as brg__bootstrap_init does. */
+/* Reads and checks a table (as a tree parent sends it) on fd as
+ * brg__bootstrap_init does. */
 brg_status brg__bootstrap_read_table(brg__bootstrap *bs, int fd, size_t blob_bytes, void *all_blobs,
                                      brg__errbuf *err);
+/* Reads and checks the root's answer (the tree parent) on fd as
+ * brg__bootstrap_init does; fills parent_addr (BOOT_ADDR_BYTES) and *port. */
+brg_status brg__bootstrap_read_neigh(brg__bootstrap *bs, int fd, size_t blob_bytes,
+                                     char *parent_addr, uint16_t *parent_port, brg__errbuf *err);
+
+/* The tree's all-gather (bootstrap_tree.c). */
+typedef struct brg__boot_tree {
+  int rank, nranks;
+  const uint8_t *secret;
+  int listen_fd; /* where children dial in */
+  int root_fd;   /* watched: the root speaks before the release only when the job failed */
+  const char *parent_addr; /* rank > 0 */
+  uint16_t parent_port;
+  const uint8_t *entry; /* this rank's: addr[64], u16 port, u16 zero, blob */
+  size_t blob_bytes;
+  int64_t deadline;
+  int timeout_ms;
+} brg__boot_tree;
+
+/* Runs this rank's part of the all-gather; on success *table (malloc'd,
+ * *table_bytes long) is the whole table as a parent sends it: the reply
+ * header, then the payload. *root_spoke set (and BRG_ERR_REMOTE) when the
+ * root said something first: the caller hears it. */
+brg_status brg__boot_tree_gather(const brg__boot_tree *t, uint8_t **table, size_t *table_bytes,
+                                 int *root_spoke, brg__errbuf *err);
+/* Whether rank r is in the subtree of rank c. */
+int brg__boot_tree_has(int c, int r);
+/* Reads one child's gather (after its hello) from fd into the table
+ * (filled[] per rank), checking every count, rank and entry; for the tree
+ * and the fuzzer. */
+brg_status brg__boot_tree_read_gather(const brg__boot_tree *t, int fd, int child, uint8_t *table,
+                                      uint8_t *filled, int *root_spoke, brg__errbuf *err);
 
 #endif

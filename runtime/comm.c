@@ -337,6 +337,85 @@ static brg_status comm_free(brg_comm *c) {
   return s;
 }
 
+/* A communicator split from another (opts->parent) meets over its parent,
+ * not at a root: each rank opens its ring listener, every rank of the
+ * parent all-gathers its table entry (a zero one when it failed before it
+ * had one), and each member picks its group's entries in the new rank
+ * order. *phase: 1 once this exchange took place, 2 when the parent broke
+ * (no further exchange). */
+static brg_status boot_over_parent(brg_comm *c, const brg__comm_opts *o, const brg__boot_id *id,
+                                   const brg__peer_info *me, brg_status before, int *phase,
+                                   brg__errbuf *err) {
+  size_t eb = BRG__BOOT_ENTRY_HDR + sizeof *me;
+  int pn = o->parent->nranks;
+  uint8_t *mine = calloc(1, eb), *all = calloc((size_t)pn, eb),
+          *entries = calloc((size_t)c->nranks, eb);
+  brg_status s = before;
+  if (!mine || !all || !entries) {
+    free(mine);
+    free(all);
+    free(entries);
+    *phase = 2; /* cannot take part: the others time out */
+    return brg__error(err, BRG_ERR_NO_MEMORY, "init", "out of memory for %d ranks", pn);
+  }
+  if (s == BRG_SUCCESS)
+    s = brg__bootstrap_open(&c->bs, c->rank, c->nranks, id->secret, c->timeout_ms, mine, err);
+  if (s == BRG_SUCCESS)
+    memcpy(mine + BRG__BOOT_ENTRY_HDR, me, sizeof *me);
+  else
+    memset(mine, 0, eb); /* port 0: the others learn this rank failed */
+  brg_status g = brg__split_gather(o->parent, mine, all, eb);
+  *phase = g == BRG_SUCCESS ? 1 : 2;
+  if (g != BRG_SUCCESS && s == BRG_SUCCESS)
+    s = brg__error(err, g, "init", "meeting over the parent communicator: %s",
+                   brg_comm_last_error(o->parent));
+  for (int k = 0; k < c->nranks && s == BRG_SUCCESS; k++) {
+    const uint8_t *e = all + (size_t)o->members[k] * eb;
+    if (e[64] == 0 && e[65] == 0)
+      s = brg__error(err, BRG_ERR_REMOTE, "init",
+                     "rank %d of the new communicator (rank %d of its parent) failed before it "
+                     "could join",
+                     k, o->members[k]);
+    memcpy(entries + (size_t)k * eb, e, eb);
+  }
+  if (s == BRG_SUCCESS) s = brg__bootstrap_set_table(c->bs, entries, sizeof *me, c->peers, err);
+  free(mine);
+  free(all);
+  free(entries);
+  return s;
+}
+
+/* The release of a split's members, over the parent: every rank of the
+ * parent says whether its set-up worked, and a member fails when one of
+ * its group's did (naming it). */
+static brg_status confirm_over_parent(brg_comm *c, const brg__comm_opts *o, brg_status mine,
+                                      int *phase, brg__errbuf *err) {
+  int pn = o->parent->nranks;
+  brg__split_confirm m = {.status = (int32_t)mine};
+  if (mine != BRG_SUCCESS) snprintf(m.why, sizeof m.why, "%.*s", (int)sizeof m.why - 1, err->msg);
+  brg__split_confirm *all = calloc((size_t)pn, sizeof *all);
+  if (!all) {
+    *phase = 2;
+    return mine != BRG_SUCCESS ? mine : brg__error(err, BRG_ERR_NO_MEMORY, "init", "out of memory");
+  }
+  brg_status g = brg__split_gather(o->parent, &m, all, sizeof m);
+  *phase = 2;
+  brg_status s = mine;
+  if (s == BRG_SUCCESS && g != BRG_SUCCESS)
+    s = brg__error(err, g, "init", "confirming over the parent communicator: %s",
+                   brg_comm_last_error(o->parent));
+  for (int k = 0; k < c->nranks && s == BRG_SUCCESS; k++) {
+    const brg__split_confirm *a = &all[o->members[k]];
+    if (a->status != BRG_SUCCESS)
+      s = brg__error(err, BRG_ERR_REMOTE, "init",
+                     "rank %d of the new communicator (rank %d of its parent) failed its set-up: "
+                     "%.*s",
+                     k, o->members[k], (int)sizeof a->why, a->why);
+  }
+  free(all);
+  return s;
+}
+
 brg_status brg__comm_create(brg_comm **out, int nranks, const brg__boot_id *id, int rank) {
   return brg__comm_create_opts(out, nranks, id, rank, NULL);
 }
@@ -352,6 +431,8 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
 
   brg_comm *c = calloc(1, sizeof *c);
   if (!c) return brg__fail_no_comm(BRG_ERR_NO_MEMORY, "out of memory creating a communicator");
+  const brg__comm_opts *split = opts && opts->parent ? opts : NULL;
+  int phase = 0; /* split: the exchanges over the parent done so far */
   c->magic = BRG__COMM_MAGIC;
   c->rank = rank;
   c->gpu = -1;
@@ -395,7 +476,10 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   /* A little longer than the root waits, so that the root's list of the
    * ranks that never came arrives before this rank gives up on its own. */
   int boot_wait = c->timeout_ms + (c->timeout_ms / 10 < 2000 ? c->timeout_ms / 10 + 1000 : 2000);
-  s = brg__bootstrap_init(&c->bs, id, rank, nranks, &me, sizeof me, c->peers, boot_wait, &err);
+  if (split)
+    s = boot_over_parent(c, split, id, &me, BRG_SUCCESS, &phase, &err);
+  else
+    s = brg__bootstrap_init(&c->bs, id, rank, nranks, &me, sizeof me, c->peers, boot_wait, &err);
   if (s != BRG_SUCCESS) goto err_free;
   if ((s = brg__topology_check_peers(c->peers, nranks, &err)) != BRG_SUCCESS) goto err_free;
   /* Ranks that disagree would split into a hierarchy at different calls:
@@ -428,7 +512,9 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   }
   /* Nobody is released before every rank has confirmed its own set-up, so
    * a rank claimed by two processes fails the job on every rank. */
-  if ((s = brg__bootstrap_confirm(c->bs, &err)) != BRG_SUCCESS) {
+  s = split ? confirm_over_parent(c, split, BRG_SUCCESS, &phase, &err)
+            : brg__bootstrap_confirm(c->bs, &err);
+  if (s != BRG_SUCCESS) {
     brg__comm_notify_abort(c, s, err.msg);
     goto err_free;
   }
@@ -458,6 +544,13 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   return BRG_SUCCESS;
 
 err_free:
+  /* A split's member that failed still takes part in the exchanges over
+   * the parent, so that the others hear why instead of waiting. */
+  if (split && phase == 0) {
+    brg__errbuf keep = err;
+    boot_over_parent(c, split, id, &me, s, &phase, &keep);
+  }
+  if (split && phase == 1) confirm_over_parent(c, split, s, &phase, &err);
   brg__bootstrap_verdict(c->bs, &s, &err); /* a job the root failed says why */
   comm_free(c);
   return brg__fail_no_comm_err(s, &err, NULL);

@@ -241,6 +241,19 @@ struct brg_comm {
 brg_status brg__comm_split_opts(brg_comm *comm, int color, int key, int no_trace, int ring_rotate,
                                 brg_comm **newcomm);
 
+/* split.c: an all-gather of `bytes` per rank over comm (in issue order
+ * with its collectives), and what a rank of the parent that joins no new
+ * communicator does in its place: both exchanges with nothing to say. */
+brg_status brg__split_gather(brg_comm *comm, const void *mine, void *all, size_t bytes);
+brg_status brg__split_stand_by(brg_comm *parent);
+
+/* What each rank says in the second exchange of a split: whether its
+ * set-up worked, and why not. */
+typedef struct brg__split_confirm {
+  int32_t status;
+  char why[188];
+} brg__split_confirm;
+
 /* split.c: before the first device collective (on the caller's thread, at
  * the same call on every rank), the communicator device_ring.c's host proxy
  * carries kernel mode's slots between hosts on, where the ring leaves a
@@ -330,6 +343,12 @@ typedef struct brg__comm_opts {
   const char *transports;
   int no_trace;    /* no BRIGADE_TRACE_FILE of its own (hier.c's: its parent's trace shows them) */
   int ring_rotate; /* each host's stretch of the ring turned by this many places (init.c) */
+  /* split.c: the members meet over this communicator instead of at a root
+   * (members[new rank] = rank in the parent); every rank of the parent
+   * takes part in the two exchanges, members through brg__comm_create_opts,
+   * the others through brg__split_stand_by. */
+  brg_comm *parent;
+  const int *members;
 } brg__comm_opts;
 brg_status brg__comm_create(brg_comm **out, int nranks, const brg__boot_id *id, int rank);
 /* init.c: brg__comm_create_opts, then the extra rings (BRIGADE_RINGS). */

@@ -2,12 +2,17 @@
  * brg_comm_split: new communicators from groups of an existing one, built
  * on the existing pieces. Every rank all-gathers (color, key) over the
  * parent; the first rank of each group (in (key, old rank) order) makes a
- * unique id, and a second all-gather hands it to the group; then each
- * group forms as brg_comm_init would, with the parent's settings.
+ * unique id (a fresh secret; no root), and a second all-gather hands it to
+ * the group; then each group forms as brg_comm_init would, with the
+ * parent's settings, except that its members meet over the parent: a
+ * third all-gather carries every rank's bootstrap table entry and a fourth
+ * its set-up status (comm.c), in which ranks outside every group take part
+ * with nothing to say.
  */
 #include <stdlib.h>
 #include <string.h>
 
+#include "bootstrap.h"
 #include "device.h"
 #include "internal.h"
 #include "settings.h"
@@ -28,7 +33,7 @@ typedef struct split_id {
 /* An all-gather of `bytes` host bytes per rank over comm, in issue order
  * with its other collectives (what brg_all_gather runs, without the checks
  * of arguments that are right by construction). */
-static brg_status gather(brg_comm *comm, const void *mine, void *all, size_t bytes) {
+brg_status brg__split_gather(brg_comm *comm, const void *mine, void *all, size_t bytes) {
   brg__coll k = {.kind = BRG__COLL_ALL_GATHER,
                  .dtype = BRG_UINT8,
                  .op = BRG_SUM,
@@ -83,7 +88,7 @@ brg_status brg__comm_split_opts(brg_comm *comm, int color, int key, int no_trace
     s = brg__fail_no_comm(BRG_ERR_NO_MEMORY, "brg_comm_split: out of memory for %d ranks", n);
     goto out;
   }
-  s = gather(comm, &mine, all, sizeof mine);
+  s = brg__split_gather(comm, &mine, all, sizeof mine);
   if (s != BRG_SUCCESS) {
     s = exchange_failed(comm, s, "exchanging colors and keys");
     goto out;
@@ -108,29 +113,37 @@ brg_status brg__comm_split_opts(brg_comm *comm, int color, int key, int no_trace
   split_id out;
   memset(&out, 0, sizeof out);
   if (newrank == 0) {
+    /* An id with a fresh secret and no root: the group meets over the
+     * parent (the address is never dialled). */
+    brg__errbuf e = {0};
+    brg__boot_id bid;
     out.leader = 1;
-    out.status = brg_get_unique_id(&out.id);
-    if (out.status != BRG_SUCCESS)
-      snprintf(out.why, sizeof out.why, "%s", brg_comm_last_error(NULL));
+    out.status = brg__boot_id_make(&bid, "127.0.0.1", 1, NULL, &e);
+    if (out.status == BRG_SUCCESS)
+      memcpy(out.id.internal, &bid, sizeof bid);
+    else
+      snprintf(out.why, sizeof out.why, "%.*s", (int)sizeof out.why - 1, e.msg);
   }
   /* Every rank takes part, even one whose id failed: its group learns why. */
-  s = gather(comm, &out, ids, sizeof out);
+  s = brg__split_gather(comm, &out, ids, sizeof out);
   if (s != BRG_SUCCESS) {
     s = exchange_failed(comm, s, "handing out the new communicators' ids");
     goto out;
   }
   if (color == BRG_SPLIT_NOCOLOR) {
     *newcomm = NULL;
-    s = BRG_SUCCESS;
+    s = brg__split_stand_by(comm);
     goto out;
   }
   const split_id *lead = &ids[members[0]];
   if (!lead->leader) {
+    brg__split_stand_by(comm);
     s = brg__fail_no_comm(BRG_ERR_INTERNAL, "brg_comm_split: rank %d did not lead its group",
                           members[0]);
     goto out;
   }
   if (lead->status != BRG_SUCCESS) {
+    brg__split_stand_by(comm);
     char why[sizeof lead->why + 1];
     memcpy(why, lead->why, sizeof lead->why);
     why[sizeof lead->why] = 0;
@@ -145,7 +158,9 @@ brg_status brg__comm_split_opts(brg_comm *comm, int color, int key, int no_trace
   brg__comm_opts opts = {.timeout_ms = comm->timeout_ms,
                          .transports = comm->transports_from_config ? comm->transports : NULL,
                          .no_trace = no_trace,
-                         .ring_rotate = ring_rotate};
+                         .ring_rotate = ring_rotate,
+                         .parent = comm,
+                         .members = members};
   brg_comm *nc = NULL;
   s = brg__comm_create_opts(&nc, size, &bid, newrank, &opts);
   if (s == BRG_SUCCESS) {
@@ -157,6 +172,23 @@ out:
   free(all);
   free(ids);
   free(members);
+  return s;
+}
+
+brg_status brg__split_stand_by(brg_comm *parent) {
+  size_t eb = BRG__BOOT_ENTRY_HDR + sizeof(brg__peer_info);
+  size_t n = (size_t)parent->nranks;
+  uint8_t *mine = calloc(1, eb), *all = calloc(n, eb);
+  brg__split_confirm ok = {.status = BRG_SUCCESS}, *oks = calloc(n, sizeof ok);
+  brg_status s = BRG_SUCCESS;
+  if (!mine || !all || !oks)
+    s = brg__fail_no_comm(BRG_ERR_NO_MEMORY, "brg_comm_split: out of memory for %zu ranks", n);
+  else if ((s = brg__split_gather(parent, mine, all, eb)) != BRG_SUCCESS ||
+           (s = brg__split_gather(parent, &ok, oks, sizeof ok)) != BRG_SUCCESS)
+    s = exchange_failed(parent, s, "standing by while the new communicators met");
+  free(mine);
+  free(all);
+  free(oks);
   return s;
 }
 

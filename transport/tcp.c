@@ -376,8 +376,13 @@ static brg_status tcp_send_connect(brg__conn *c, const brg__conn_params *p, cons
   tcp_conn *t = c->priv;
   brg__sock_hostport(t->l.peer_addr, sizeof t->l.peer_addr, ti.addr, ntohs(ti.port));
 
-  /* The listener may be busy: retry soon, then less often. */
-  brg__sock_dialer d = {.retry_ms = 1, .retry_max_ms = 100, .sockbuf = tcp_sockbuf()};
+  /* The listener may be busy: retry soon, then less often. The data leaves
+   * from the address this rank advertises (its NIC), not from wherever the
+   * routing table points. */
+  brg__sock_dialer d = {.retry_ms = 1,
+                        .retry_max_ms = 100,
+                        .sockbuf = tcp_sockbuf(),
+                        .bind_addr = p->self_info->addr};
   int64_t deadline = brg__deadline_ms(p->timeout_ms);
   for (int i = 0; i < nsocks; i++) {
     s = brg__net_dial(p, "tcp", ti.addr, ntohs(ti.port), t->l.peer_addr, deadline, &d, &t->fds[i],

@@ -2,11 +2,13 @@
  * libFuzzer target over everything brigade reads from a socket before it
  * trusts the peer: the bootstrap hello and unique id, the root's service of
  * pending connections (admission and the table it sends), the table a rank
- * reads from the root, the framed messages of the ring sockets, and the
+ * reads from the root, the framed messages of the ring sockets, the
  * data-connection hellos of the tcp and ibverbs transports (through the
- * transport's own listener loop, brg__net_accept).
+ * transport's own listener loop, brg__net_accept), and the two messages of
+ * the table's tree: the gather a child sends its parent and the root's
+ * answer naming a rank's tree parent.
  *
- * Input: byte 0 picks the target (modulo 6), the rest is that target's
+ * Input: byte 0 picks the target (modulo 8), the rest is that target's
  * bytes. The real code runs on real sockets: socket pairs filled with the
  * input, or loopback TCP connections for the transport listener. Every
  * target checks what it can about the answer (a decoded hello re-encodes to
@@ -281,6 +283,77 @@ static void fz_net(const uint8_t *d, size_t len) {
   for (int i = 0; i < n; i++) close(cl[i]);
 }
 
+/* 6: a tree child's gather (after its hello), read by its parent. */
+static void fz_gather(const uint8_t *d, size_t len) {
+  if (len < 3) return;
+  int nranks = 2 + d[0] % 15, rank = d[1] % (nranks / 2);
+  int child = 2 * rank + 1 + ((d[2] & 1) && 2 * rank + 2 < nranks);
+  size_t blob_bytes = (size_t)(d[2] >> 1) % 32, entry = BOOT_ENTRY_HDR + blob_bytes;
+  int pair[2];
+  fz_pair(pair);
+  fz_write(pair[1], d + 3, len - 3);
+  shutdown(pair[1], SHUT_WR);
+  brg__boot_tree t = {.rank = rank,
+                      .nranks = nranks,
+                      .secret = fz_secret,
+                      .listen_fd = -1,
+                      .root_fd = -1,
+                      .blob_bytes = blob_bytes,
+                      .deadline = brg__now_ms() + 100,
+                      .timeout_ms = 100};
+  size_t bytes = BOOT_REPLY_HDR + BOOT_TABLE_HDR + (size_t)nranks * entry;
+  uint8_t *table = calloc(1, bytes), *filled = calloc((size_t)nranks, 1);
+  if (!table || !filled) fz_die("calloc");
+  int spoke = 0;
+  brg__errbuf err;
+  brg_status st = brg__boot_tree_read_gather(&t, pair[0], child, table, filled, &spoke, &err);
+  if (st == BRG_SUCCESS) {
+    for (int r = 0; r < nranks; r++) {
+      if (filled[r] != brg__boot_tree_has(child, r))
+        fz_die("a gather passed that does not fill exactly the child's subtree");
+      const uint8_t *e = table + BOOT_REPLY_HDR + BOOT_TABLE_HDR + (size_t)r * entry;
+      if (filled[r] && (!memchr(e, '\0', BOOT_ADDR_BYTES) || boot_get_u16(e + 64) == 0))
+        fz_die("a gather passed with a bad entry");
+    }
+  } else if (err.msg[0] == '\0' || spoke) {
+    fz_die("a refused gather without a reason");
+  }
+  free(table);
+  free(filled);
+  close(pair[0]);
+  close(pair[1]);
+}
+
+/* 7: the root's answer naming a rank's tree parent. */
+static void fz_neigh(const uint8_t *d, size_t len) {
+  if (len < 3) return;
+  int nranks = 1 + d[0] % 8, rank = d[1] % nranks;
+  size_t blob_bytes = d[2] % 64;
+  int pair[2];
+  fz_pair(pair);
+  fz_write(pair[1], d + 3, len - 3);
+  shutdown(pair[1], SHUT_WR);
+  brg__bootstrap *bs;
+  brg__errbuf err;
+  if (brg__bootstrap_wrap(&bs, rank, nranks, fz_secret, (uint16_t)(20000 + rank), -1, -1, 100,
+                          &err) != BRG_SUCCESS)
+    fz_die("bootstrap wrap");
+  char addr[BOOT_ADDR_BYTES];
+  uint16_t port = 1;
+  brg_status st = brg__bootstrap_read_neigh(bs, pair[0], blob_bytes, addr, &port, &err);
+  if (st == BRG_SUCCESS) {
+    if (rank == 0
+            ? port != 0 || addr[0] != '\0'
+            : port == 0 || !memchr(addr, '\0', sizeof addr) || !brg__sock_addr_is_numeric(addr))
+      fz_die("an answer passed with a bad tree parent");
+  } else if (err.msg[0] == '\0') {
+    fz_die("a refused answer without a reason");
+  }
+  brg__bootstrap_destroy(bs);
+  close(pair[0]);
+  close(pair[1]);
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc;
@@ -298,12 +371,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 1 || size > 65536) return 0;
   const uint8_t *d = data + 1;
   size_t n = size - 1;
-  switch (data[0] % 6) {
+  switch (data[0] % 8) {
   case 0: fz_hello(d, n); break;
   case 1: fz_id(d, n); break;
   case 2: fz_root(d, n); break;
   case 3: fz_table(d, n); break;
   case 4: fz_ring(d, n); break;
+  case 6: fz_gather(d, n); break;
+  case 7: fz_neigh(d, n); break;
   default: fz_net(d, n); break;
   }
   return 0;

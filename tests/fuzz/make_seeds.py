@@ -40,6 +40,22 @@ def table(nranks, blob_bytes, status=0, text=b""):
     return struct.pack("<I", 0x42524754) + SECRET + struct.pack("<II", 0, len(body)) + body
 
 
+def entry(rank, blob_bytes, port=None):
+    port = 20000 + rank if port is None else port
+    return addr("127.0.0.1") + struct.pack("<HH", port, 0) + bytes([rank]) * blob_bytes
+
+
+def gather(ranks, blob_bytes):
+    return struct.pack("<I", len(ranks)) + b"".join(
+        struct.pack("<i", r) + entry(r, blob_bytes) for r in ranks)
+
+
+def neigh(nranks, blob_bytes, parent):
+    body = struct.pack("<II", nranks, blob_bytes)
+    body += entry(parent, 0) if parent is not None else b"\0" * 68
+    return struct.pack("<I", 0x42524754) + SECRET + struct.pack("<II", 0, len(body)) + body
+
+
 def frame(t, payload):
     return struct.pack("<II", t, len(payload)) + payload
 
@@ -57,7 +73,7 @@ def ib_hello(rank=0, nslots=4, nqps=2):
 seeds = {
     "hello-ok": b"\x00" + hello(0, 2),
     "hello-noblob": b"\x00" + hello(3, 4, blob=b""),
-    "id-ok": b"\x01\x01" + struct.pack("<II", 0x42524731, 1) + SECRET + addr("127.0.0.1") +
+    "id-ok": b"\x01\x01" + struct.pack("<II", 0x42524731, 2) + SECRET + addr("127.0.0.1") +
              struct.pack("<HHI", 29500, 0, 0),
     "root-two-ranks": b"\x02\x03" + pieces(hello(0, 2) + confirm(0), hello(1, 2) + confirm(1)),
     "root-unconfirmed": b"\x02\x03" + pieces(hello(0, 2) + confirm(0), hello(1, 2) + b"junk!!!!"),
@@ -75,6 +91,14 @@ seeds = {
     "net-tcp-dup-index": b"\x05\x02" + pieces(tcp_hello(0, 2), tcp_hello(0, 2)),
     "net-tcp-wrong-rank": b"\x05\x00" + pieces(tcp_hello(0, 1, rank=3)),
     "net-ib": b"\x05\x01" + pieces(ib_hello()),
+    # 7 ranks, parent 0, child 1 (subtree 1, 3, 4), 4-byte blobs
+    "gather-ok": b"\x06\x05\x00\x08" + gather([1, 3, 4], 4),
+    "gather-not-subtree": b"\x06\x05\x00\x08" + gather([1, 2, 4], 4),
+    "gather-twice": b"\x06\x05\x00\x08" + gather([1, 3, 3], 4),
+    "gather-short-count": b"\x06\x05\x00\x08" + gather([1, 3], 4),
+    "neigh-ok": b"\x07\x03\x02\x04" + neigh(4, 4, 0),
+    "neigh-rank0": b"\x07\x03\x00\x04" + neigh(4, 4, None),
+    "neigh-error": b"\x07\x03\x01\x00" + table(4, 0, status=5, text=b"out of file descriptors"),
 }
 
 os.makedirs(OUT, exist_ok=True)

@@ -15,6 +15,10 @@
  * Destroy order alternates between ranks and rounds (the child first, or
  * after more work on the parent); in the last round the parent goes first
  * and the child still works after it.
+ *
+ * First, a split in which the last rank cannot open a descriptor: it fails
+ * naming EMFILE, every other rank fails at once naming it (not after
+ * BRIGADE_TIMEOUT_MS), and the parent still works.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -22,6 +26,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -152,6 +158,38 @@ static int parent_ok(brg_comm *c, int n, const char *tag) {
   return 1;
 }
 
+/* The last rank's split fails for want of descriptors; the others hear
+ * which rank failed at once. */
+static int failed_member(brg_comm *parent, int n, int me) {
+  struct rlimit old, low;
+  if (me == n - 1) {
+    /* The next descriptor would be the lowest free number: none from it on. */
+    int probe = dup(0);
+    MP_CHECK(probe >= 0 && getrlimit(RLIMIT_NOFILE, &old) == 0, "probe the descriptors");
+    close(probe);
+    low = old;
+    low.rlim_cur = (rlim_t)probe;
+    MP_CHECK(setrlimit(RLIMIT_NOFILE, &low) == 0, "lower RLIMIT_NOFILE");
+  }
+  brg_comm *nc = NULL;
+  int64_t t0 = mp_now_ns();
+  brg_status st = brg_comm_split(parent, 0, me, &nc);
+  int64_t took = (mp_now_ns() - t0) / 1000000;
+  const char *m = brg_comm_last_error(NULL);
+  if (me == n - 1) MP_CHECK(setrlimit(RLIMIT_NOFILE, &old) == 0, "restore RLIMIT_NOFILE");
+  MP_CHECK(st != BRG_SUCCESS && nc == NULL, "a split with a failing member succeeded");
+  char want[96];
+  if (me == n - 1)
+    snprintf(want, sizeof want, "Too many open files");
+  else
+    snprintf(want, sizeof want, "rank %d of the new communicator (rank %d of its parent)", n - 1,
+             n - 1);
+  MP_CHECK(m && strstr(m, want), "failed split: \"%s\" does not name \"%s\"", m ? m : "(null)",
+           want);
+  MP_CHECK(took < 10000, "the failed split took %lld ms", (long long)took);
+  return parent_ok(parent, n, "after a failed split");
+}
+
 static int body(mp_ctx *ctx) {
   int n = ctx->nranks, me = ctx->rank;
   brg_comm *parent = ctx->comm;
@@ -166,6 +204,8 @@ static int body(mp_ctx *ctx) {
            m ? m : "(null)");
   MP_CHECK(brg_comm_split(NULL, 0, 0, &nc) == BRG_ERR_INVALID_ARGUMENT && nc == sentinel,
            "comm NULL is not refused");
+
+  if (!failed_member(parent, n, me)) return 1;
 
   for (int round = 0; round < 4; round++) {
     plan p;

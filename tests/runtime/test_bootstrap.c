@@ -573,6 +573,69 @@ static void test_ring_12(void **state) {
   run_ring(12, 8);
 }
 
+/* Every tree shape up to 17 ranks (full, one child short, one child
+ * missing at the last level) spreads every blob to every rank. */
+static void test_tree_sizes(void **state) {
+  (void)state;
+  for (int n = 4; n <= 17; n++)
+    if (n != 5 && n != 12) run_ring(n, 24);
+}
+
+/* Rank 2 of 3 (a leaf, child of rank 0) as a hand-made process: it sends
+ * its hello and reads the root's answer, then stays silent (gone = 0) or
+ * hangs up on the root (gone = 1). */
+static void run_tree_child_fails(int gone) {
+  brg__boot_id id;
+  start_root(20000, &id);
+  /* Only rank 0 (which waits for rank 2) has a short deadline. */
+  rank_run *r = runs_new(&id, 3, 8, 10000);
+  if (!gone) r[0].timeout_ms = 1500;
+  pthread_t t[2];
+  int64_t t0 = now_ms();
+  for (int k = 0; k < 2; k++) assert_int_equal(pthread_create(&t[k], NULL, rank_main, &r[k]), 0);
+  uint8_t buf[2048];
+  int fake = tcp_connect_local(id.port);
+  send_bytes(fake, buf, make_hello(buf, sizeof buf, id.secret, 2, 3, 8));
+  uint8_t hdr[28 + 76];
+  assert_int_equal(brg__sock_recv_all(fake, hdr, sizeof hdr, now_ms() + 5000), BRG__IO_OK);
+  assert_int_equal(hdr[20], 0); /* status 0: its parent, rank 0 */
+  if (gone) close(fake);
+  for (int k = 0; k < 2; k++) pthread_join(t[k], NULL);
+  int64_t took = now_ms() - t0;
+  if (!gone) {
+    /* Rank 0 names the child that never came; rank 1 hears why from the
+     * root, which saw rank 0 hang up. */
+    if (r[0].st != BRG_ERR_TIMEOUT)
+      fail_msg("rank 0: %s: %s", brg_status_string(r[0].st), r[0].err.msg);
+    expect_msg(&r[0].err, "tree child rank 2 did not connect within 1500 ms");
+    if (r[1].st != BRG_ERR_REMOTE)
+      fail_msg("rank 1: %s: %s", brg_status_string(r[1].st), r[1].err.msg);
+    expect_msg(&r[1].err, "rank 0 (pid ");
+    close(fake);
+  } else {
+    /* The root fails the job as soon as rank 2 hangs up. */
+    for (int k = 0; k < 2; k++) {
+      if (r[k].st != BRG_ERR_REMOTE)
+        fail_msg("rank %d: %s: %s", k, brg_status_string(r[k].st), r[k].err.msg);
+      expect_msg(&r[k].err, "rank 2 (pid 4242 on rogue-host) hung up");
+    }
+  }
+  if (took > 5000) fail_msg("the ranks were told after %lld ms", (long long)took);
+  for (int k = 0; k < 2; k++) assert_null(r[k].bs);
+  runs_free(r, 3);
+  expect_root_gone(id.port);
+}
+
+static void test_tree_child_silent(void **state) {
+  (void)state;
+  run_tree_child_fails(0);
+}
+
+static void test_tree_child_gone(void **state) {
+  (void)state;
+  run_tree_child_fails(1);
+}
+
 /* Strangers at the root's door while the real ranks join. */
 static void test_foreign_connections(void **state) {
   (void)state;
@@ -1045,6 +1108,9 @@ int main(void) {
       T(test_ring_3),
       T(test_ring_5),
       T(test_ring_12),
+      T(test_tree_sizes),
+      T(test_tree_child_silent),
+      T(test_tree_child_gone),
       T(test_foreign_connections),
       T(test_silent_connection_dropped),
       T(test_root_refusals),
