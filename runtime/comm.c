@@ -332,6 +332,7 @@ static brg_status comm_free(brg_comm *c) {
   free(c->ring);
   free(c->peers);
   c->magic = 0;
+  brg__comm_unregister(c);
   free(c);
   return s;
 }
@@ -352,6 +353,10 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   brg_comm *c = calloc(1, sizeof *c);
   if (!c) return brg__fail_no_comm(BRG_ERR_NO_MEMORY, "out of memory creating a communicator");
   c->magic = BRG__COMM_MAGIC;
+  if (!(c->serial = brg__comm_register(c))) {
+    free(c);
+    return brg__fail_no_comm(BRG_ERR_NO_MEMORY, "out of memory creating a communicator");
+  }
   c->rank = rank;
   c->gpu = -1;
   c->nranks = nranks;

@@ -660,10 +660,25 @@ brg_status brg__p2p_start(brg_comm *c, brg__errbuf *err) {
   return s;
 }
 
-void brg__p2p_wake(brg_comm *c) {
+/* Every receive posted and every send queued finishes as aborted: the
+ * rest of a message arriving goes nowhere, and a send cut short leaves the
+ * link unusable (sendq_fail). The caller holds the lock. */
+static void abort_all(brg__p2p *p) {
+  for (int i = 0; i < p->nactive; i++) {
+    p2p_peer *pr = p->peer[p->active[i]];
+    if (pr->cur_op) op_finish(p, pr->cur_op, BRG_ERR_ABORTED);
+    pr->cur_op = NULL;
+    for (uint32_t ch = 0; ch < P2P_CHANS; ch++)
+      for (brg__p2p_op *op; (op = pop_op(pr, ch));) op_finish(p, op, BRG_ERR_ABORTED);
+    if (pr->sendq) sendq_fail(p, pr, BRG_ERR_ABORTED, "the communicator was aborted");
+  }
+  pthread_cond_broadcast(&p->cond);
+}
+
+void brg__p2p_abort(brg_comm *c) {
   if (!c->p2p) return;
   pthread_mutex_lock(&c->p2p->lock);
-  pthread_cond_broadcast(&c->p2p->cond);
+  abort_all(c->p2p);
   pthread_mutex_unlock(&c->p2p->lock);
 }
 
@@ -677,6 +692,10 @@ void brg__p2p_free(brg_comm *c) {
     wake_thread(p);
     pthread_join(p->thread, NULL);
   }
+  /* What is still outstanding finishes now: its requests outlive p. */
+  pthread_mutex_lock(&p->lock);
+  abort_all(p);
+  pthread_mutex_unlock(&p->lock);
   for (int i = 0; i < p->nactive; i++) {
     p2p_peer *pr = p->peer[p->active[i]];
     brg__sock_close(&pr->in_fd);
@@ -812,7 +831,10 @@ brg_status brg__p2p_isend(brg_comm *c, const char *fn, brg__p2p_op *op) {
   int queued = 0;
   if (s == BRG_SUCCESS) {
     pthread_mutex_lock(&p->lock);
-    if (pr->out_broken) {
+    if (!pr->out_broken && __atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE)) {
+      s = BRG_ERR_ABORTED;
+      snprintf(why, sizeof why, "the communicator was aborted");
+    } else if (pr->out_broken) {
       s = pr->out_broken;
       memcpy(why, pr->out_why, sizeof why);
     } else {
@@ -885,6 +907,8 @@ brg_status brg__p2p_post(brg_comm *c, brg__p2p_op *op) {
     free(u);
   } else if (pr->gone) {
     op_finish(p, op, pr->gone);
+  } else if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE)) {
+    op_finish(p, op, BRG_ERR_ABORTED); /* abort_all has run, or is waiting for the lock */
   } else {
     push_op(pr, op);
   }

@@ -1,0 +1,127 @@
+/*
+ * Lifetimes through the C API: point-to-point requests outstanding when
+ * their communicator is aborted or destroyed (every posted receive and
+ * queued send finishes as aborted; brg_wait and brg_test on them afterwards
+ * touch nothing of the communicator), and a communicator destroyed twice.
+ * Forked ranks (tests/multiproc/harness.c); a rank that reads freed memory
+ * dies by a signal, which the harness reports.
+ *
+ *   test_lifetimes CASE   CASE: self, abort, peer, twice
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "brigade.h"
+#include "harness.h"
+
+/* A finished request's status and the message brg_wait leaves. */
+static void expect_ended(const char *what, brg_request *rq, brg_status want, const char *needle) {
+  int done = 0;
+  brg_status s = brg_test(rq, &done);
+  MP_CHECK(done == 1, "%s: brg_test says not done (status %s)", what, brg_status_string(s));
+  MP_CHECK(s == want, "%s: brg_test gave %s, expected %s", what, brg_status_string(s),
+           brg_status_string(want));
+  s = brg_wait(rq);
+  MP_CHECK(s == want, "%s: brg_wait gave %s, expected %s", what, brg_status_string(s),
+           brg_status_string(want));
+  const char *m = brg_comm_last_error(NULL);
+  MP_CHECK(!needle || mp_contains(m, needle), "%s: message \"%s\" lacks \"%s\"", what, m, needle);
+}
+
+/* One rank: receives from itself posted, then the communicator destroyed. */
+static int body_self(mp_ctx *x) {
+  float buf[4] = {0};
+  brg_request rq[3];
+  MP_CHECK(brg_irecv(buf, 4, BRG_FLOAT32, 0, x->comm, &rq[0]) == BRG_SUCCESS, "irecv");
+  MP_CHECK(brg_irecv(buf, 4, BRG_FLOAT32, 0, x->comm, &rq[1]) == BRG_SUCCESS, "irecv");
+  /* Finished before the destroy, with a mismatch: its message survives. */
+  double d[2] = {1, 2};
+  MP_CHECK(brg_send(d, 2, BRG_FLOAT64, 0, x->comm, NULL) == BRG_SUCCESS, "send to self");
+  MP_CHECK(brg_comm_destroy(x->comm) == BRG_SUCCESS, "destroy: %s", brg_comm_last_error(NULL));
+  x->comm = NULL;
+  expect_ended("receive matched by a mismatched send", &rq[0], BRG_ERR_MISMATCH, "rank 0");
+  expect_ended("receive outstanding at destroy", &rq[1], BRG_ERR_ABORTED, "destroyed");
+  /* And once more: the request stays finished. */
+  expect_ended("second wait", &rq[1], BRG_ERR_ABORTED, "destroyed");
+  memset(&rq[2], 0, sizeof rq[2]);
+  return mp_failures();
+}
+
+/* One rank: brg_comm_abort finishes what is outstanding, at once. */
+static int body_abort(mp_ctx *x) {
+  float buf[4] = {0};
+  brg_request rq;
+  MP_CHECK(brg_irecv(buf, 4, BRG_FLOAT32, 0, x->comm, &rq) == BRG_SUCCESS, "irecv");
+  MP_CHECK(brg_comm_abort(x->comm) == BRG_SUCCESS, "abort");
+  int done = 0;
+  brg_status s = brg_test(&rq, &done);
+  MP_CHECK(done == 1 && s == BRG_ERR_ABORTED, "after abort: brg_test gave done %d, %s", done,
+           brg_status_string(s));
+  s = brg_wait(&rq);
+  MP_CHECK(s == BRG_ERR_ABORTED, "after abort: brg_wait gave %s", brg_status_string(s));
+  MP_CHECK(mp_contains(brg_comm_last_error(x->comm), "aborted"), "message: %s",
+           brg_comm_last_error(x->comm));
+  return mp_failures();
+}
+
+/* Two ranks: rank 0 queues sends rank 1 never receives (more than the
+ * socket holds) and a receive rank 1 never sends, then destroys. */
+static int body_peer(mp_ctx *x) {
+  enum { N = 4 << 20 };
+  if (x->rank == 1) {
+    mp_wait_flag(0, 30000); /* rank 0 is done */
+    return mp_failures();
+  }
+  float *big = calloc(N, sizeof *big), in[8];
+  brg_request rq[4];
+  for (int i = 0; i < 3; i++)
+    MP_CHECK(brg_isend(big, N, BRG_FLOAT32, 1, x->comm, &rq[i]) == BRG_SUCCESS, "isend %d: %s", i,
+             brg_comm_last_error(x->comm));
+  MP_CHECK(brg_irecv(in, 8, BRG_FLOAT32, 1, x->comm, &rq[3]) == BRG_SUCCESS, "irecv");
+  int done = 0;
+  MP_CHECK(brg_test(&rq[2], &done) == BRG_IN_PROGRESS && !done, "the last send finished");
+  MP_CHECK(brg_comm_destroy(x->comm) == BRG_SUCCESS, "destroy: %s", brg_comm_last_error(NULL));
+  x->comm = NULL;
+  expect_ended("send queued at destroy", &rq[2], BRG_ERR_ABORTED, "rank 1");
+  expect_ended("receive posted at destroy", &rq[3], BRG_ERR_ABORTED, "rank 1");
+  __atomic_store_n(&x->shared->flags[0], 1, __ATOMIC_SEQ_CST);
+  free(big);
+  return mp_failures();
+}
+
+/* brg_comm_destroy twice, and calls on the destroyed communicator. */
+static int body_twice(mp_ctx *x) {
+  brg_comm *c = x->comm;
+  x->comm = NULL;
+  MP_CHECK(brg_comm_destroy(c) == BRG_SUCCESS, "destroy");
+  brg_status s = brg_comm_destroy(c);
+  MP_CHECK(s == BRG_ERR_INVALID_ARGUMENT, "second destroy gave %s", brg_status_string(s));
+  MP_CHECK(mp_contains(brg_comm_last_error(NULL), "destroyed"), "message: %s",
+           brg_comm_last_error(NULL));
+  float v = 1;
+  s = brg_allreduce(&v, &v, 1, BRG_FLOAT32, BRG_SUM, c, NULL);
+  MP_CHECK(s == BRG_ERR_INVALID_ARGUMENT, "allreduce on a destroyed comm gave %s",
+           brg_status_string(s));
+  MP_CHECK(mp_contains(brg_comm_last_error(c), "not a valid communicator"),
+           "last error of a destroyed comm: %s", brg_comm_last_error(c));
+  return mp_failures();
+}
+
+int main(int argc, char **argv) {
+  const char *which = argc > 1 ? argv[1] : "self";
+  mp_body_fn body = NULL;
+  int n = 1;
+  if (!strcmp(which, "self")) body = body_self;
+  if (!strcmp(which, "abort")) body = body_abort;
+  if (!strcmp(which, "twice")) body = body_twice;
+  if (!strcmp(which, "peer")) body = body_peer, n = 2;
+  if (!body) {
+    fprintf(stderr, "unknown case %s\n", which);
+    return 2;
+  }
+  char name[64];
+  snprintf(name, sizeof name, "lifetimes-%s", which);
+  mp_opts o = {.name = name, .nranks = n, .deadline_ms = 60000, .victim = -1};
+  return mp_run(&o, body, NULL);
+}
