@@ -395,7 +395,15 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   me.algo = (uint32_t)c->algo;
   me.rings = (uint32_t)brg__core_int(BRG__CORE_RINGS);
   if ((s = brg__boot_local_addr(me.addr, sizeof me.addr, &err)) != BRG_SUCCESS) goto err_free;
-  if ((s = brg__p2p_open(c, me.addr, &me.p2p_port, &err)) != BRG_SUCCESS) goto err_free;
+  if ((s = brg__p2p_open(c, me.addr, &me.p2p_port, &err)) != BRG_SUCCESS) {
+    /* An address that parses but is not this host's: say where it came from. */
+    const char *addr = brg__core_str(BRG__CORE_BOOTSTRAP_ADDR);
+    size_t len = strlen(err.msg);
+    if (addr[0] && len + 1 < sizeof err.msg)
+      snprintf(err.msg + len, sizeof err.msg - len, " (BRIGADE_BOOTSTRAP_ADDR=%.64s%s)", addr,
+               strlen(addr) > 64 ? "..." : "");
+    goto err_free;
+  }
   /* A little longer than the root waits, so that the root's list of the
    * ranks that never came arrives before this rank gives up on its own. */
   int boot_wait = c->timeout_ms + (c->timeout_ms / 10 < 2000 ? c->timeout_ms / 10 + 1000 : 2000);

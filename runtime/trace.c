@@ -183,7 +183,9 @@ brg_status brg__trace_open(brg_comm *c, int any, brg__errbuf *err) {
     free(t->steps);
     free(t);
     return brg__error(err, BRG_ERR_INVALID_ARGUMENT, "init",
-                      "cannot write the trace %s (BRIGADE_TRACE_FILE=%s): %s", path, pattern, why);
+                      "BRIGADE_TRACE_FILE=%.64s%s: cannot write the trace %.200s%s: %s", pattern,
+                      strlen(pattern) > 64 ? "..." : "", path, strlen(path) > 200 ? "..." : "",
+                      why);
   }
   t->offset_ns = off;
   t->offset_err_ns = off_err;
