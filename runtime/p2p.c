@@ -244,11 +244,11 @@ static int early_fits(const brg__p2p *p, uint64_t bytes) {
 /* A header came (from the wire, or from this rank to itself): decides
  * where its payload lands. 0; 1 when it may land nowhere yet (no receive,
  * early memory full: the caller holds it and retries); -1 when no memory
- * could take it. `force` (a message to this rank itself) skips the cap. */
-static int begin_message(brg__p2p *p, p2p_peer *pr, const p2p_hdr *h, int force) {
+ * could take it. */
+static int begin_message(brg__p2p *p, p2p_peer *pr, const p2p_hdr *h) {
   uint64_t bytes = h->count * brg_dtype_size((brg_dtype)h->dtype);
   int direct = !pr->unexp[h->chan] && pr->posted[h->chan];
-  if (!direct && h->chan == BRG__P2P_USER && !force && !early_fits(p, bytes)) return 1;
+  if (!direct && h->chan == BRG__P2P_USER && !early_fits(p, bytes)) return 1;
   pr->cur_op = NULL;
   pr->cur_unexp = NULL;
   pr->left = bytes;
@@ -332,7 +332,7 @@ static void no_memory(brg_comm *c, p2p_peer *pr, int rank) {
  * lock. */
 static void resume_held(brg_comm *c, p2p_peer *pr, int rank) {
   brg__p2p *p = c->p2p;
-  int rc = begin_message(p, pr, &pr->hdr, 0);
+  int rc = begin_message(p, pr, &pr->hdr);
   if (rc == 1) return;
   pr->held = 0;
   if (rc != 0)
@@ -375,7 +375,7 @@ static void read_peer(brg_comm *c, p2p_peer *pr, int rank) {
         return;
       }
       if (pr->hdr.chan == BRG__P2P_USER) pr->arrived++;
-      int rc = begin_message(p, pr, &pr->hdr, 0);
+      int rc = begin_message(p, pr, &pr->hdr);
       if (rc == 1) {
         /* No room: the rest stays in the socket until a receive is posted
          * or early memory is freed (resume_held). */
@@ -759,33 +759,71 @@ static brg_status ensure_out(brg_comm *c, p2p_peer *pr, int rank, char *why, siz
   return BRG_SUCCESS;
 }
 
-/* A message to this rank itself: it arrives at once. */
-static brg_status send_self(brg_comm *c, uint32_t chan, uint64_t num, const void *buf,
-                            uint64_t count, brg_dtype dtype) {
+/* A message to this rank itself, delivered now: 0; 1 when it cannot land
+ * yet (no receive posted and early memory full: it counts against
+ * BRIGADE_P2P_EARLY_BYTES as any other); -1 when out of memory. The caller
+ * holds the lock. */
+static int deliver_self(brg__p2p *p, p2p_peer *pr, brg__p2p_op *op) {
+  p2p_hdr h = {.magic = P2P_MAGIC,
+               .chan = op->chan,
+               .num = op->chan == BRG__P2P_A2A ? op->num : pr->sent,
+               .count = op->count,
+               .dtype = op->dtype};
+  int rc = begin_message(p, pr, &h);
+  if (rc != 0) return rc;
+  uint64_t bytes = op->count * brg_dtype_size((brg_dtype)op->dtype), room;
+  char *dest = payload_dest(p, pr, &room);
+  if (bytes && (pr->cur_op || pr->cur_unexp)) memcpy(dest, op->buf, bytes);
+  payload_landed(pr, bytes);
+  end_message(p, pr);
+  if (op->chan == BRG__P2P_USER) pr->sent++;
+  op->got = bytes;
+  return 0;
+}
+
+/* Sends to this rank itself that waited for room land, in order, once a
+ * receive is posted or early memory is freed. The caller holds the lock. */
+static void drain_self(brg_comm *c) {
+  brg__p2p *p = c->p2p;
+  p2p_peer *pr = p->peer[c->rank];
+  while (pr && pr->sendq) {
+    brg__p2p_op *op = pr->sendq;
+    int rc = deliver_self(p, pr, op);
+    if (rc == 1) return;
+    pr->sendq = op->next;
+    if (!pr->sendq) pr->sendq_tail = NULL;
+    op_finish(p, op, rc == 0 ? BRG_SUCCESS : BRG_ERR_NO_MEMORY);
+  }
+}
+
+/* A send to this rank itself: delivered at once when it fits, else queued
+ * (brg_wait waits for the receive, up to the timeout). */
+static brg_status send_self(brg_comm *c, const char *fn, brg__p2p_op *op) {
   brg__p2p *p = c->p2p;
   pthread_mutex_lock(&p->lock);
   p2p_peer *pr = get_peer(c, c->rank);
   brg_status s = BRG_ERR_NO_MEMORY;
-  if (pr) {
-    p2p_hdr h = {.magic = P2P_MAGIC,
-                 .chan = chan,
-                 .num = chan == BRG__P2P_A2A ? num : pr->sent,
-                 .count = count,
-                 .dtype = (uint32_t)dtype};
-    if (begin_message(p, pr, &h, 1) == 0) {
-      uint64_t bytes = count * brg_dtype_size(dtype), room;
-      char *dest = payload_dest(p, pr, &room);
-      if (bytes && (pr->cur_op || pr->cur_unexp)) memcpy(dest, buf, bytes);
-      payload_landed(pr, bytes);
-      end_message(p, pr);
-      if (chan == BRG__P2P_USER) pr->sent++;
-      s = BRG_SUCCESS;
-    }
+  int rc = -1;
+  if (pr && __atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE)) {
+    s = BRG_ERR_ABORTED;
+  } else if (pr && !pr->sendq && (rc = deliver_self(p, pr, op)) != 1) {
+    s = rc == 0 ? BRG_SUCCESS : BRG_ERR_NO_MEMORY;
+  } else if (pr) {
+    if (pr->sendq_tail)
+      pr->sendq_tail->next = op;
+    else
+      pr->sendq = op;
+    pr->sendq_tail = op;
+    pthread_mutex_unlock(&p->lock);
+    return BRG_SUCCESS; /* in flight until its receive is posted */
   }
   pthread_mutex_unlock(&p->lock);
+  op_finish_quiet(op, s);
+  if (s == BRG_ERR_ABORTED)
+    return brg__comm_error(c, s, "%s: send to rank %d: communicator was aborted", fn, c->rank);
   if (s != BRG_SUCCESS)
-    return brg__comm_error(c, s, "send to self: out of memory for %llu x %s",
-                           (unsigned long long)count, brg_dtype_name(dtype));
+    return brg__comm_error(c, s, "%s: send to self: out of memory for %llu x %s", fn,
+                           (unsigned long long)op->count, brg_dtype_name((brg_dtype)op->dtype));
   return s;
 }
 
@@ -800,11 +838,7 @@ brg_status brg__p2p_isend(brg_comm *c, const char *fn, brg__p2p_op *op) {
   op->is_send = 1;
   int peer = op->peer;
   brg_status s;
-  if (peer == c->rank) {
-    s = send_self(c, op->chan, op->num, op->buf, op->count, dtype);
-    op_finish_quiet(op, s);
-    return s;
-  }
+  if (peer == c->rank) return send_self(c, fn, op);
   p2p_peer *pr = peer_locked(c, peer);
   if (!pr) {
     op_finish_quiet(op, BRG_ERR_NO_MEMORY);
@@ -912,6 +946,7 @@ brg_status brg__p2p_post(brg_comm *c, brg__p2p_op *op) {
   } else {
     push_op(pr, op);
   }
+  drain_self(c); /* a send to itself may land now: here, or in early memory freed */
   pthread_mutex_unlock(&p->lock);
   /* A held message may land now: in this receive, or in the early memory
    * it freed. */

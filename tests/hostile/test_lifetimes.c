@@ -6,7 +6,10 @@
  * Forked ranks (tests/multiproc/harness.c); a rank that reads freed memory
  * dies by a signal, which the harness reports.
  *
- *   test_lifetimes CASE   CASE: self, abort, peer, twice
+ * Also: sends to this rank itself count against BRIGADE_P2P_EARLY_BYTES
+ * (selfcap): past the cap they wait for their receives.
+ *
+ *   test_lifetimes CASE   CASE: self, abort, peer, twice, selfcap
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -108,6 +111,42 @@ static int body_twice(mp_ctx *x) {
   return mp_failures();
 }
 
+/* One rank, BRIGADE_P2P_EARLY_BYTES=1M: eight isends of 1 MiB to itself;
+ * the first lands in early memory, the rest wait for receives, then every
+ * message arrives whole and in order. */
+static int body_selfcap(mp_ctx *x) {
+  enum { K = 8, N = 1 << 18 };
+  float *out = malloc((size_t)K * N * sizeof *out), *in = malloc((size_t)N * sizeof *in);
+  brg_request rq[K];
+  for (int k = 0; k < K; k++) {
+    for (int i = 0; i < N; i++) out[(size_t)k * N + i] = (float)(k * 1000 + i % 1000);
+    MP_CHECK(brg_isend(out + (size_t)k * N, N, BRG_FLOAT32, 0, x->comm, &rq[k]) == BRG_SUCCESS,
+             "isend %d: %s", k, brg_comm_last_error(x->comm));
+  }
+  int waiting = 0;
+  for (int k = 0; k < K; k++) {
+    int done = 0;
+    brg_test(&rq[k], &done);
+    waiting += !done;
+  }
+  MP_CHECK(waiting == K - 1,
+           "%d of %d sends to self wait for their receives, expected %d "
+           "(BRIGADE_P2P_EARLY_BYTES=1M holds one)",
+           waiting, K, K - 1);
+  for (int k = 0; k < K; k++) {
+    MP_CHECK(brg_recv(in, N, BRG_FLOAT32, 0, x->comm, NULL) == BRG_SUCCESS, "recv %d: %s", k,
+             brg_comm_last_error(x->comm));
+    int bad = 0;
+    for (int i = 0; i < N; i++) bad += in[i] != (float)(k * 1000 + i % 1000);
+    MP_CHECK(bad == 0, "message %d: %d wrong elements", k, bad);
+  }
+  for (int k = 0; k < K; k++)
+    MP_CHECK(brg_wait(&rq[k]) == BRG_SUCCESS, "send %d: %s", k, brg_comm_last_error(x->comm));
+  free(out);
+  free(in);
+  return mp_failures();
+}
+
 int main(int argc, char **argv) {
   const char *which = argc > 1 ? argv[1] : "self";
   mp_body_fn body = NULL;
@@ -115,6 +154,10 @@ int main(int argc, char **argv) {
   if (!strcmp(which, "self")) body = body_self;
   if (!strcmp(which, "abort")) body = body_abort;
   if (!strcmp(which, "twice")) body = body_twice;
+  if (!strcmp(which, "selfcap")) {
+    body = body_selfcap;
+    setenv("BRIGADE_P2P_EARLY_BYTES", "1M", 1);
+  }
   if (!strcmp(which, "peer")) body = body_peer, n = 2;
   if (!body) {
     fprintf(stderr, "unknown case %s\n", which);
