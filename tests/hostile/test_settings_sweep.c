@@ -120,8 +120,27 @@ int main(int argc, char **argv) {
         failed++;
       }
     }
+  /* Two settings each in range whose product is not: a FIFO of 4 GiB per
+   * link (about 12 GiB per rank) is refused at once, naming both. */
+  pid_t pid = fork();
+  if (pid == 0) {
+    setenv("BRIGADE_SLICE_BYTES", "64M", 1);
+    int rc = child("BRIGADE_STEPS", "64");
+    if (rc == 0 && !strstr(brg_comm_last_error(NULL), "BRIGADE_SLICE_BYTES")) {
+      printf("BRIGADE_SLICE_BYTES=64M x BRIGADE_STEPS=64: not refused naming both (%s)\n",
+             brg_comm_last_error(NULL));
+      rc = 1;
+    }
+    fflush(stdout);
+    _exit(rc);
+  }
+  int st = 0;
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+  runs++;
+  failed += !WIFEXITED(st) || WEXITSTATUS(st) != 0;
   /* Whatever the string settings made of their values, in the scratch directory. */
   if (system("rm -rf /tmp/brigade-sweep-??????") != 0) fprintf(stderr, "cleanup failed\n");
-  printf("%d settings x %d values: %d passed, %d failed\n", n, NVALUES, runs - failed, failed);
+  printf("%d settings x %d values and one pair: %d passed, %d failed\n", n, NVALUES, runs - failed,
+         failed);
   return failed ? 1 : 0;
 }
