@@ -305,6 +305,9 @@ int brg__live_take(brg_comm *c, int dir, brg_status *s, uint32_t *type, char *da
                    char *text, size_t text_bytes);
 /* The rank silent the longest and for how long (*silent_ms), -1: none. */
 int brg__live_silent(brg_comm *c, int64_t *silent_ms);
+/* How long rank `rank` has been silent, in ms; -1 when it is not (or
+ * liveness does not run). */
+int64_t brg__live_silent_rank(brg_comm *c, int rank);
 /* How long a rank may be silent before kernels are stopped for it:
  * BRIGADE_SILENT_TIMEOUT_MS where set and shorter than the timeout. */
 int brg__live_silent_limit_ms(const brg_comm *c);

@@ -1021,11 +1021,26 @@ brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
   pthread_mutex_lock(&p->lock);
   p2p_peer *pr = p->peer[op->peer];
   brg_status s = BRG_SUCCESS;
+  /* A peer whose heartbeats stopped (stopped, hung, its host gone) fails
+   * the wait at BRIGADE_SILENT_TIMEOUT_MS, as a collective's would. */
+  int silent_limit =
+      c->silent_fail_ms > 0 && c->silent_fail_ms < c->timeout_ms ? c->silent_fail_ms : 0;
+  int64_t silent_ms = -1, next_look = 0;
   while (!op->done) {
-    int64_t since = op->last_ns > start ? op->last_ns : start;
+    int64_t since = op->last_ns > start ? op->last_ns : start, now = brg__now_ns();
+    if (silent_limit && now >= next_look) {
+      /* Its lock is the liveness thread's: not taken under the p2p lock. */
+      pthread_mutex_unlock(&p->lock);
+      silent_ms = brg__live_silent_rank(c, op->peer);
+      pthread_mutex_lock(&p->lock);
+      next_look = now + 100 * 1000000LL;
+      if (op->done) break;
+    }
     if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
       s = BRG_ERR_ABORTED;
-    else if (brg__now_ns() - since > (int64_t)c->timeout_ms * 1000000)
+    else if (silent_limit && silent_ms >= silent_limit && now - since > 1000000LL * silent_limit)
+      s = BRG_ERR_REMOTE;
+    else if (now - since > (int64_t)c->timeout_ms * 1000000)
       s = BRG_ERR_TIMEOUT;
     if (s != BRG_SUCCESS) {
       if (op->is_send)
@@ -1038,9 +1053,17 @@ brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
     struct timespec ts = brg__realtime_in_ms(50);
     pthread_cond_timedwait(&p->cond, &p->lock, &ts);
   }
+  int silent = s == BRG_ERR_REMOTE && op->status == BRG_ERR_REMOTE;
   s = op->status;
   char gone_why[256] = "";
-  if (pr) snprintf(gone_why, sizeof gone_why, "%s", op->is_send ? pr->out_why : pr->gone_why);
+  if (silent)
+    snprintf(gone_why, sizeof gone_why,
+             "rank %d (pid %d on %s) has been silent for %lld ms (host gone, cut off or stopped; "
+             "BRIGADE_SILENT_TIMEOUT_MS=%d)",
+             op->peer, c->peers[op->peer].pid, c->peers[op->peer].hostname, (long long)silent_ms,
+             c->silent_fail_ms);
+  else if (pr)
+    snprintf(gone_why, sizeof gone_why, "%s", op->is_send ? pr->out_why : pr->gone_why);
   pthread_mutex_unlock(&p->lock);
   if (s == BRG_SUCCESS) return s;
   if (op->is_send) return send_failed(c, fn, op, s, gone_why);

@@ -9,8 +9,12 @@
  * Also: sends to this rank itself count against BRIGADE_P2P_EARLY_BYTES
  * (selfcap): past the cap they wait for their receives.
  *
- *   test_lifetimes CASE   CASE: self, abort, peer, twice, selfcap
+ * And: a stopped peer fails a point-to-point wait at
+ * BRIGADE_SILENT_TIMEOUT_MS, as it does a collective (stopped).
+ *
+ *   test_lifetimes CASE   CASE: self, abort, peer, twice, selfcap, stopped
  */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,6 +151,39 @@ static int body_selfcap(mp_ctx *x) {
   return mp_failures();
 }
 
+/* Two ranks, BRIGADE_SILENT_TIMEOUT_MS=1000 and BRIGADE_TIMEOUT_MS=30000:
+ * rank 1 is stopped (SIGSTOP) while rank 0 waits for a message from it,
+ * then while rank 0 sends it more than its socket holds. Both fail in a
+ * few seconds, naming rank 1 as silent. */
+static int body_stopped(mp_ctx *x) {
+  __atomic_store_n(&x->shared->progress[x->rank], 1, __ATOMIC_RELEASE);
+  if (x->rank == 1) {
+    for (int i = 0; i < 600; i++) mp_sleep_ms(100); /* stopped meanwhile, then killed */
+    return 0;
+  }
+  float v[4];
+  for (int k = 0; k < 2; k++) {
+    int64_t t0 = mp_now_ns();
+    brg_status s;
+    float *big = NULL;
+    if (k == 0) {
+      s = brg_recv(v, 4, BRG_FLOAT32, 1, x->comm, NULL);
+    } else {
+      big = calloc(16 << 20, sizeof *big);
+      s = brg_send(big, 16 << 20, BRG_FLOAT32, 1, x->comm, NULL);
+      free(big);
+    }
+    double ms = (mp_now_ns() - t0) / 1e6;
+    const char *e = brg_comm_last_error(x->comm);
+    MP_CHECK(s == BRG_ERR_REMOTE && mp_contains(e, "silent") && mp_names_rank(e, 1) && ms < 10000,
+             "%s a stopped rank 1: %s after %.0f ms (silent limit 1000 ms, timeout 30000 ms): %s",
+             k ? "send to" : "receive from", brg_status_string(s), ms, e);
+    mp_info("%s a stopped rank: %s after %.0f ms: %s", k ? "send to" : "receive from",
+            brg_status_string(s), ms, e);
+  }
+  return mp_failures();
+}
+
 int main(int argc, char **argv) {
   const char *which = argc > 1 ? argv[1] : "self";
   mp_body_fn body = NULL;
@@ -154,6 +191,16 @@ int main(int argc, char **argv) {
   if (!strcmp(which, "self")) body = body_self;
   if (!strcmp(which, "abort")) body = body_abort;
   if (!strcmp(which, "twice")) body = body_twice;
+  mp_opts o = {.name = NULL, .nranks = 1, .deadline_ms = 60000, .victim = -1};
+  if (!strcmp(which, "stopped")) {
+    body = body_stopped, n = 2;
+    setenv("BRIGADE_SILENT_TIMEOUT_MS", "1000", 1);
+    setenv("BRIGADE_TIMEOUT_MS", "30000", 1);
+    o.victim = 1;
+    o.victim_signal = SIGSTOP;
+    o.victim_after = 1;
+    o.victim_delay_ms = 200;
+  }
   if (!strcmp(which, "selfcap")) {
     body = body_selfcap;
     setenv("BRIGADE_P2P_EARLY_BYTES", "1M", 1);
@@ -165,6 +212,7 @@ int main(int argc, char **argv) {
   }
   char name[64];
   snprintf(name, sizeof name, "lifetimes-%s", which);
-  mp_opts o = {.name = name, .nranks = n, .deadline_ms = 60000, .victim = -1};
+  o.name = name;
+  o.nranks = n;
   return mp_run(&o, body, NULL);
 }
