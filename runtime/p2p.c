@@ -358,6 +358,17 @@ static void read_peer(brg_comm *c, p2p_peer *pr, int rank) {
     ssize_t n = recv(pr->in_fd, dest, want, MSG_DONTWAIT);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (n <= 0 && n == 0 && (pr->in_payload || pr->hdr_got > 0)) {
+      /* Mid-message: the sender cut its send short (withdraw_send closes
+       * its side), or it died; it may well be alive. */
+      peer_gone(p, pr, BRG_ERR_REMOTE,
+                "rank %d (pid %d on %s) closed its link in the middle of a message of %llu x %s: "
+                "it cut that send short (its wait timed out or was aborted), or it died or "
+                "destroyed its communicator",
+                rank, c->peers[rank].pid, c->peers[rank].hostname,
+                (unsigned long long)pr->hdr.count, brg_dtype_name((brg_dtype)pr->hdr.dtype));
+      return;
+    }
     if (n <= 0) {
       peer_gone(p, pr, BRG_ERR_REMOTE,
                 "rank %d (pid %d on %s) hung up (%s): it died or destroyed "
@@ -480,6 +491,9 @@ static void withdraw_send(brg__p2p *p, p2p_peer *pr, brg__p2p_op *op, brg_status
   if (pr->sendq == op && pr->out_off > 0) {
     sendq_fail(p, pr, s, "a send to this rank was cut short (%s) and left the link unreadable",
                brg_status_string(s));
+    /* The receiver learns it at once, mid-message, rather than at its
+     * own timeout or this rank's exit. */
+    if (pr->out_fd >= 0) shutdown(pr->out_fd, SHUT_WR);
     return;
   }
   brg__p2p_op **pp = &pr->sendq, *prev = NULL;

@@ -12,7 +12,10 @@
  * And: a stopped peer fails a point-to-point wait at
  * BRIGADE_SILENT_TIMEOUT_MS, as it does a collective (stopped).
  *
- *   test_lifetimes CASE   CASE: self, abort, peer, twice, selfcap, stopped
+ * And: a send cut short by its timeout (the receiver's early memory full)
+ * is told to the receiver as that, not as a death (cutshort).
+ *
+ *   test_lifetimes CASE   CASE: self, abort, peer, twice, selfcap, stopped, cutshort
  */
 #include <signal.h>
 #include <stdio.h>
@@ -184,6 +187,43 @@ static int body_stopped(mp_ctx *x) {
   return mp_failures();
 }
 
+/* Two ranks, BRIGADE_P2P_EARLY_BYTES=1M, BRIGADE_TIMEOUT_MS=1500: rank 1
+ * sends two messages of 16 MiB while rank 0 posts nothing for 3 s; the
+ * first lands in early memory, the second times out on rank 1 part way.
+ * Rank 0 then gets the first whole and a failure for the second that says
+ * the send was cut short, at once. Rank 1 stays alive throughout. */
+static int body_cutshort(mp_ctx *x) {
+  enum { N = 4 << 20 };
+  int32_t *buf = calloc(N, sizeof *buf);
+  if (x->rank == 1) {
+    for (int i = 0; i < N; i++) buf[i] = i;
+    MP_CHECK(brg_send(buf, N, BRG_INT32, 0, x->comm, NULL) == BRG_SUCCESS, "first send: %s",
+             brg_comm_last_error(x->comm));
+    brg_status s = brg_send(buf, N, BRG_INT32, 0, x->comm, NULL);
+    MP_CHECK(s == BRG_ERR_TIMEOUT, "second send: %s, expected a timeout: %s", brg_status_string(s),
+             brg_comm_last_error(x->comm));
+    mp_wait_flag(0, 30000); /* alive until rank 0 is done */
+    free(buf);
+    return mp_failures();
+  }
+  mp_sleep_ms(3000);
+  MP_CHECK(brg_recv(buf, N, BRG_INT32, 1, x->comm, NULL) == BRG_SUCCESS, "first recv: %s",
+           brg_comm_last_error(x->comm));
+  int bad = 0;
+  for (int i = 0; i < N; i++) bad += buf[i] != i;
+  MP_CHECK(bad == 0, "first message: %d wrong elements", bad);
+  int64_t t0 = mp_now_ns();
+  brg_status s = brg_recv(buf, N, BRG_INT32, 1, x->comm, NULL);
+  double ms = (mp_now_ns() - t0) / 1e6;
+  const char *e = brg_comm_last_error(x->comm);
+  MP_CHECK(s == BRG_ERR_REMOTE && mp_contains(e, "cut that send short") && ms < 1000,
+           "second recv: %s after %.0f ms: %s", brg_status_string(s), ms, e);
+  mp_info("second recv: %s after %.0f ms: %s", brg_status_string(s), ms, e);
+  __atomic_store_n(&x->shared->flags[0], 1, __ATOMIC_SEQ_CST);
+  free(buf);
+  return mp_failures();
+}
+
 int main(int argc, char **argv) {
   const char *which = argc > 1 ? argv[1] : "self";
   mp_body_fn body = NULL;
@@ -200,6 +240,11 @@ int main(int argc, char **argv) {
     o.victim_signal = SIGSTOP;
     o.victim_after = 1;
     o.victim_delay_ms = 200;
+  }
+  if (!strcmp(which, "cutshort")) {
+    body = body_cutshort, n = 2;
+    setenv("BRIGADE_P2P_EARLY_BYTES", "1M", 1);
+    setenv("BRIGADE_TIMEOUT_MS", "1500", 1);
   }
   if (!strcmp(which, "selfcap")) {
     body = body_selfcap;
