@@ -188,7 +188,7 @@ static int body_stopped(mp_ctx *x) {
 }
 
 /* Two ranks, BRIGADE_P2P_EARLY_BYTES=1M, BRIGADE_TIMEOUT_MS=1500: rank 1
- * sends two messages of 16 MiB while rank 0 posts nothing for 3 s; the
+ * sends two messages of 16 MiB while rank 0 posts nothing for 2.5 s; the
  * first lands in early memory, the second times out on rank 1 part way.
  * Rank 0 then gets the first whole and a failure for the second that says
  * the send was cut short, at once. Rank 1 stays alive throughout. */
@@ -206,7 +206,7 @@ static int body_cutshort(mp_ctx *x) {
     free(buf);
     return mp_failures();
   }
-  mp_sleep_ms(3000);
+  mp_sleep_ms(2500);
   MP_CHECK(brg_recv(buf, N, BRG_INT32, 1, x->comm, NULL) == BRG_SUCCESS, "first recv: %s",
            brg_comm_last_error(x->comm));
   int bad = 0;
