@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Python object lifetimes that must never crash the interpreter.
+"""Python object lifetimes that must never crash the interpreter (and the
+reducer's sentences for bad indices).
 
 Each case runs in a child interpreter of its own (one rank, no launcher), so
 that a crash is a failed case with its signal rather than the end of the
@@ -101,6 +102,14 @@ CASES = {
         gc.collect()
         v[:] = 2
         assert int(v.sum()) == 32
+    """,
+    # Bad indices get a sentence that names them as given.
+    "reducer_bad_index": """
+        red = brigade.Reducer(c, [None], [np.zeros(8, np.float32)])
+        expect_error(lambda: red.grad(7), "ERR_INVALID_ARGUMENT", "parameter 7 out of range")
+        red.prepare()
+        expect_error(lambda: red.mark_ready(-1), "ERR_INVALID_ARGUMENT", "parameter -1 out")
+        red.close()
     """,
     # Everything in a cycle, collected at once in whatever order.
     "cycle_collected": """
