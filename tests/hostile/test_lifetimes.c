@@ -15,9 +15,16 @@
  * And: a send cut short by its timeout (the receiver's early memory full)
  * is told to the receiver as that, not as a death (cutshort).
  *
- *   test_lifetimes CASE   CASE: self, abort, peer, twice, selfcap, stopped, cutshort
+ * And: a member whose part of brg_comm_split fails leaves the others an
+ * error that says brg_comm_split and which ranks of the parent the new
+ * communicator's rank numbers are (splitfail).
+ *
+ *   test_lifetimes CASE   CASE: self, abort, peer, twice, selfcap, stopped, cutshort,
+ *                               splitfail
  */
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -224,6 +231,46 @@ static int body_cutshort(mp_ctx *x) {
   return mp_failures();
 }
 
+/* Three ranks, BRIGADE_TIMEOUT_MS=2000: ranks 1 and 2 form color 0 (its
+ * ranks 0 and 1), rank 0 takes no part; rank 2 has no file descriptor
+ * left, so its side of the new communicator fails at once and rank 1 waits
+ * for it until the timeout. Both errors begin with brg_comm_split and map
+ * the new ranks to the parent's. */
+static int body_splitfail(mp_ctx *x) {
+  brg_comm *nc = NULL;
+  struct rlimit old;
+  getrlimit(RLIMIT_NOFILE, &old);
+  int held[4096], nheld = 0;
+  if (x->rank == 2) {
+    /* The descriptors open now, and the holes between them filled, are
+     * all it may have. */
+    int top = 0;
+    for (int fd = 0; fd < 4096; fd++)
+      if (fcntl(fd, F_GETFD) != -1) top = fd;
+    struct rlimit lim = {.rlim_cur = (rlim_t)top + 1, .rlim_max = old.rlim_max};
+    setrlimit(RLIMIT_NOFILE, &lim);
+    for (int fd; nheld < 4096 && (fd = dup(0)) >= 0;) held[nheld++] = fd;
+  }
+  brg_status s = brg_comm_split(x->comm, x->rank == 0 ? BRG_SPLIT_NOCOLOR : 0, x->rank, &nc);
+  if (x->rank == 2) {
+    while (nheld > 0) close(held[--nheld]);
+    setrlimit(RLIMIT_NOFILE, &old);
+  }
+  const char *e = brg_comm_last_error(NULL);
+  if (x->rank == 0) {
+    MP_CHECK(s == BRG_SUCCESS && !nc, "rank 0 (no color): %s: %s", brg_status_string(s), e);
+  } else {
+    MP_CHECK(s != BRG_SUCCESS && !strncmp(e, "brg_comm_split: ", 16) &&
+                 mp_contains(e, "are ranks 1, 2 here"),
+             "rank %d: %s: the message should begin with brg_comm_split and map the new ranks "
+             "to ranks 1, 2: %s",
+             x->rank, brg_status_string(s), e);
+    mp_info("rank %d: %s: %s", x->rank, brg_status_string(s), e);
+  }
+  if (nc) brg_comm_destroy(nc);
+  return mp_failures();
+}
+
 int main(int argc, char **argv) {
   const char *which = argc > 1 ? argv[1] : "self";
   mp_body_fn body = NULL;
@@ -245,6 +292,10 @@ int main(int argc, char **argv) {
     body = body_cutshort, n = 2;
     setenv("BRIGADE_P2P_EARLY_BYTES", "1M", 1);
     setenv("BRIGADE_TIMEOUT_MS", "1500", 1);
+  }
+  if (!strcmp(which, "splitfail")) {
+    body = body_splitfail, n = 3;
+    setenv("BRIGADE_TIMEOUT_MS", "2000", 1);
   }
   if (!strcmp(which, "selfcap")) {
     body = body_selfcap;
