@@ -86,7 +86,7 @@ static int body_abort(mp_ctx *x) {
  * early memory and the socket hold) and a receive rank 1 never sends, then
  * destroys. */
 static int body_peer(mp_ctx *x) {
-  enum { N = 4 << 20 };
+  enum { N = 16 << 20 }; /* 64 MiB: more than a loopback link's socket buffers take */
   if (x->rank == 1) {
     mp_wait_flag(0, 30000); /* rank 0 is done */
     return mp_failures();
@@ -195,13 +195,15 @@ static int body_stopped(mp_ctx *x) {
   return mp_failures();
 }
 
-/* Two ranks, BRIGADE_P2P_EARLY_BYTES=1M, BRIGADE_TIMEOUT_MS=1500: rank 1
- * sends two messages of 16 MiB while rank 0 posts nothing for 2.5 s; the
- * first lands in early memory, the second times out on rank 1 part way.
+/* Two ranks, BRIGADE_P2P_EARLY_BYTES=1M, BRIGADE_TIMEOUT_MS=2000: rank 1
+ * sends two messages of 64 MiB while rank 0 posts nothing until the
+ * second has timed out on rank 1 part way (the first lands in early memory).
  * Rank 0 then gets the first whole and a failure for the second that says
  * the send was cut short, at once. Rank 1 stays alive throughout. */
 static int body_cutshort(mp_ctx *x) {
-  enum { N = 4 << 20 };
+  /* 64 MiB: more than the socket buffers of a loopback link can take
+   * (tcp_rmem's ceiling is 32 MiB here, tcp_wmem's 4 MiB). */
+  enum { N = 16 << 20 };
   int32_t *buf = calloc(N, sizeof *buf);
   if (x->rank == 1) {
     for (int i = 0; i < N; i++) buf[i] = i;
@@ -210,11 +212,13 @@ static int body_cutshort(mp_ctx *x) {
     brg_status s = brg_send(buf, N, BRG_INT32, 0, x->comm, NULL);
     MP_CHECK(s == BRG_ERR_TIMEOUT, "second send: %s, expected a timeout: %s", brg_status_string(s),
              brg_comm_last_error(x->comm));
+    __atomic_store_n(&x->shared->flags[1], 1, __ATOMIC_SEQ_CST);
     mp_wait_flag(0, 30000); /* alive until rank 0 is done */
     free(buf);
     return mp_failures();
   }
-  mp_sleep_ms(2500);
+  /* Nothing posted until rank 1's second send has given up. */
+  MP_CHECK(mp_wait_flag(1, 30000), "rank 1's second send never ended");
   MP_CHECK(brg_recv(buf, N, BRG_INT32, 1, x->comm, NULL) == BRG_SUCCESS, "first recv: %s",
            brg_comm_last_error(x->comm));
   int bad = 0;
@@ -232,10 +236,10 @@ static int body_cutshort(mp_ctx *x) {
   return mp_failures();
 }
 
-/* Three ranks, BRIGADE_TIMEOUT_MS=2000: ranks 1 and 2 form color 0 (its
+/* Three ranks, BRIGADE_TIMEOUT_MS=3000: ranks 1 and 2 form color 0 (its
  * ranks 0 and 1), rank 0 takes no part; rank 2 has no file descriptor
  * left, so its side of the new communicator fails at once and rank 1 waits
- * for it until the timeout. Both errors begin with brg_comm_split and map
+ * for it until the timeout (3 s). Both errors begin with brg_comm_split and map
  * the new ranks to the parent's. */
 static int body_splitfail(mp_ctx *x) {
   brg_comm *nc = NULL;
@@ -292,11 +296,11 @@ int main(int argc, char **argv) {
   if (!strcmp(which, "cutshort")) {
     body = body_cutshort, n = 2;
     setenv("BRIGADE_P2P_EARLY_BYTES", "1M", 1);
-    setenv("BRIGADE_TIMEOUT_MS", "1500", 1);
+    setenv("BRIGADE_TIMEOUT_MS", "2000", 1);
   }
   if (!strcmp(which, "splitfail")) {
     body = body_splitfail, n = 3;
-    setenv("BRIGADE_TIMEOUT_MS", "2000", 1);
+    setenv("BRIGADE_TIMEOUT_MS", "3000", 1);
   }
   if (!strcmp(which, "selfcap")) {
     body = body_selfcap;
