@@ -42,7 +42,7 @@ def run(env_extra, d):
     pre = env.pop("BRIGADE_PRELOAD", "")
     if pre:
         env["LD_PRELOAD"] = pre
-        env.setdefault("ASAN_OPTIONS", "detect_leaks=0")
+        env["ASAN_OPTIONS"] = env.get("ASAN_OPTIONS", "") + ":detect_leaks=0"
     env.update(env_extra)
     p = subprocess.run([sys.executable, "-c", RUN], env=env, capture_output=True, text=True,
                        timeout=30, cwd=d)

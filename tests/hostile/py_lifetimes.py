@@ -164,7 +164,7 @@ def main() -> int:
     if pre:
         env["LD_PRELOAD"] = pre
         # CPython's own allocations are not ours to report.
-        env.setdefault("ASAN_OPTIONS", "detect_leaks=0")
+        env["ASAN_OPTIONS"] = env.get("ASAN_OPTIONS", "") + ":detect_leaks=0"
     failed = []
     for name in names:
         code = PRELUDE + textwrap.dedent(CASES[name]) + "\nprint('done')\n"
