@@ -19,8 +19,12 @@
  * error that says brg_comm_split and which ranks of the parent the new
  * communicator's rank numbers are (splitfail).
  *
+ * And: a rank killed while the others split communicators off their
+ * parent in a loop; each survivor's split (or a call after it) fails within
+ * the timeout, with a message that says brg_comm_split (splitkill).
+ *
  *   test_lifetimes CASE   CASE: self, abort, peer, twice, selfcap, stopped, cutshort,
- *                               splitfail
+ *                               splitfail, splitkill
  */
 #include <fcntl.h>
 #include <signal.h>
@@ -276,6 +280,37 @@ static int body_splitfail(mp_ctx *x) {
   return mp_failures();
 }
 
+/* Three ranks, BRIGADE_TIMEOUT_MS=3000: splits of the whole communicator
+ * in a loop, each new one used for an allreduce and destroyed; rank 2 is
+ * killed after the third, at some point of the loop. */
+static int body_splitkill(mp_ctx *x) {
+  for (int k = 0; k < 1000; k++) {
+    __atomic_store_n(&x->shared->progress[x->rank], k + 1, __ATOMIC_RELEASE);
+    brg_comm *nc = NULL;
+    int64_t t0 = mp_now_ns();
+    brg_status s = brg_comm_split(x->comm, 0, x->rank, &nc);
+    double ms = (mp_now_ns() - t0) / 1e6;
+    if (s != BRG_SUCCESS) {
+      const char *e = brg_comm_last_error(NULL);
+      MP_CHECK(!strncmp(e, "brg_comm_split: ", 16) && ms < 3000 + 2000,
+               "split %d after the kill: %s after %.0f ms (timeout 3000 ms): %s", k,
+               brg_status_string(s), ms, e);
+      mp_info("split %d: %s after %.0f ms: %s", k, brg_status_string(s), ms, e);
+      return mp_failures();
+    }
+    float v = 1;
+    s = brg_allreduce(&v, &v, 1, BRG_FLOAT32, BRG_SUM, nc, NULL);
+    brg_comm_destroy(nc);
+    if (s != BRG_SUCCESS) {
+      mp_info("the allreduce on split %d: %s (rank 2 went meanwhile)", k, brg_status_string(s));
+      return mp_failures(); /* the parent is broken for the next split too */
+    }
+    MP_CHECK(v == 3, "split %d: allreduce gave %g", k, v);
+  }
+  mp_fail("rank 2 was never killed");
+  return mp_failures();
+}
+
 int main(int argc, char **argv) {
   const char *which = argc > 1 ? argv[1] : "self";
   mp_body_fn body = NULL;
@@ -297,6 +332,14 @@ int main(int argc, char **argv) {
     body = body_cutshort, n = 2;
     setenv("BRIGADE_P2P_EARLY_BYTES", "1M", 1);
     setenv("BRIGADE_TIMEOUT_MS", "2000", 1);
+  }
+  if (!strcmp(which, "splitkill")) {
+    body = body_splitkill, n = 3;
+    setenv("BRIGADE_TIMEOUT_MS", "3000", 1);
+    o.victim = 2;
+    o.victim_signal = SIGKILL;
+    o.victim_after = 3;
+    o.victim_delay_ms = 5;
   }
   if (!strcmp(which, "splitfail")) {
     body = body_splitfail, n = 3;
