@@ -1,9 +1,13 @@
 #include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -56,6 +60,18 @@ static void log_setup(void) {
 
 brg_status brg__log_check(brg__errbuf *err) {
   brg__config_load(&brg__log_config, NULL);
+  const char *lvl = brg__config_str(&brg__log_config, LOG_CFG_DEBUG);
+  if (lvl[0] && strcasecmp(lvl, "NONE") != 0 && strcasecmp(lvl, "WARN") != 0 &&
+      strcasecmp(lvl, "INFO") != 0 && strcasecmp(lvl, "TRACE") != 0) {
+    if (err) {
+      snprintf(err->msg, sizeof err->msg,
+               "BRIGADE_DEBUG=\"%.64s%s\" is not a log level; the levels are WARN, INFO and "
+               "TRACE (NONE or empty: silent)",
+               lvl, strlen(lvl) > 64 ? "..." : "");
+      err->logged = 0;
+    }
+    return BRG_ERR_INVALID_ARGUMENT;
+  }
   const char *sub = brg__config_str(&brg__log_config, LOG_CFG_DEBUG_SUBSYS);
   if (!sub[0] || !strcasecmp(sub, "ALL")) return BRG_SUCCESS;
   static const char valid[] = "," BRG__LOG_SUBSYSTEMS ",";
@@ -71,9 +87,9 @@ brg_status brg__log_check(brg__errbuf *err) {
     if (!ok) {
       if (err) {
         snprintf(err->msg, sizeof err->msg,
-                 "BRIGADE_DEBUG_SUBSYS=\"%s\": \"%.*s\" is not a subsystem; the subsystems "
-                 "are " BRG__LOG_SUBSYSTEMS " (or all)",
-                 sub, (int)(len < 64 ? len : 64), p);
+                 "BRIGADE_DEBUG_SUBSYS=\"%.64s%s\": \"%.*s\" is not a subsystem; the "
+                 "subsystems are " BRG__LOG_SUBSYSTEMS " (or all)",
+                 sub, strlen(sub) > 64 ? "..." : "", (int)(len < 64 ? len : 64), p);
         err->logged = 0;
       }
       return BRG_ERR_INVALID_ARGUMENT;
@@ -135,14 +151,87 @@ void brg__log_expand_path(char *out, size_t n, const char *pattern, int rank) {
   out[o] = 0;
 }
 
+int brg__own_file_ok(int fd, char *why, size_t why_bytes) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    snprintf(why, why_bytes, "fstat: %s", strerror(errno));
+    return 0;
+  }
+  if (S_ISCHR(st.st_mode) && st.st_rdev == makedev(1, 3)) return 1; /* /dev/null */
+  if (!S_ISREG(st.st_mode)) {
+    snprintf(why, why_bytes, "it exists and is not a regular file (a %s)",
+             S_ISDIR(st.st_mode)    ? "directory"
+             : S_ISFIFO(st.st_mode) ? "FIFO"
+             : S_ISSOCK(st.st_mode) ? "socket"
+             : S_ISCHR(st.st_mode)  ? "character device"
+             : S_ISBLK(st.st_mode)  ? "block device"
+                                    : "special file");
+    return 0;
+  }
+  if (st.st_uid != geteuid()) {
+    snprintf(why, why_bytes, "it exists and belongs to uid %u, not to this user (uid %u)",
+             (unsigned)st.st_uid, (unsigned)geteuid());
+    return 0;
+  }
+  return 1;
+}
+
+int brg__open_own_file(const char *path, int append, char *why, size_t why_bytes) {
+  size_t len = strlen(path);
+  if (len == 0 || path[len - 1] == '/') {
+    snprintf(why, why_bytes, "%s", len ? "it names a directory, not a file" : "the path is empty");
+    return -1;
+  }
+  /* O_NONBLOCK: a FIFO planted at the path must not hang the open. */
+  int fd =
+      open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | (append ? O_APPEND : 0),
+           0644);
+  if (fd < 0) {
+    int e = errno;
+    if (e == ELOOP)
+      snprintf(why, why_bytes, "it is a symbolic link, which brigade does not follow");
+    else if (e == EISDIR)
+      snprintf(why, why_bytes, "it is a directory");
+    else if (e == ENXIO)
+      snprintf(why, why_bytes, "it is a FIFO or socket, not a regular file");
+    else
+      snprintf(why, why_bytes, "%s", strerror(e));
+    errno = e;
+    return -1;
+  }
+  if (!brg__own_file_ok(fd, why, why_bytes)) {
+    close(fd);
+    errno = EPERM;
+    return -1;
+  }
+  int fl = fcntl(fd, F_GETFL);
+  if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  return fd;
+}
+
 static FILE *log_stream(void) {
   if (log_file) return log_file;
   const char *pattern = brg__config_str(&brg__log_config, LOG_CFG_DEBUG_FILE);
+  int rank = thread_rank >= 0 ? thread_rank : log_rank;
+  /* A file named by rank waits for the rank: lines before it go to stderr. */
+  if (pattern[0] && rank < 0 && strstr(pattern, "%r")) return stderr;
   if (pattern[0]) {
-    char path[512];
-    brg__log_expand_path(path, sizeof path, pattern, log_rank);
-    log_file = fopen(path, "a");
-    if (log_file) setvbuf(log_file, NULL, _IOLBF, 0);
+    char path[512], why[160];
+    brg__log_expand_path(path, sizeof path, pattern, rank);
+    int fd = brg__open_own_file(path, 1, why, sizeof why);
+    if (fd >= 0 && !(log_file = fdopen(fd, "a"))) {
+      snprintf(why, sizeof why, "fdopen: %s", strerror(errno));
+      close(fd);
+    }
+    if (log_file) {
+      setvbuf(log_file, NULL, _IOLBF, 0);
+    } else {
+      log_file = stderr;
+      fprintf(stderr,
+              "%s:%d brigade WARN [init] cannot write the debug log %s (BRIGADE_DEBUG_FILE=%s): "
+              "%s; logging to stderr\n",
+              log_host, (int)getpid(), path, pattern, why);
+    }
   }
   if (!log_file) log_file = stderr;
   return log_file;

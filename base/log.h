@@ -37,6 +37,16 @@ int brg__log_enabled(int level, const char *subsys);
 /* Expands %r (rank), %h (host) and %p (pid) in a file name pattern, as for
  * BRIGADE_DEBUG_FILE (also BRIGADE_TRACE_FILE). */
 void brg__log_expand_path(char *out, size_t n, const char *pattern, int rank);
+/* Opens a file brigade writes on the user's behalf (the debug log, a
+ * trace) so that nobody else can turn it into an attack: a symbolic link
+ * is never followed (O_NOFOLLOW), a new file is made with mode 0644 less
+ * the umask, and an existing one is taken only when it is a regular file
+ * owned by this user (or the null device); a path ending in '/' is an
+ * error. Nothing is truncated. Returns the descriptor (O_CLOEXEC; O_APPEND
+ * with append), or -1 with the reason in why ("is a symbolic link"). */
+int brg__open_own_file(const char *path, int append, char *why, size_t why_bytes);
+/* Whether fd is a file brg__open_own_file would take (why as there). */
+int brg__own_file_ok(int fd, char *why, size_t why_bytes);
 void brg__log(int level, const char *subsys, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 

@@ -185,7 +185,65 @@ static int op_of(ncclRedOp_t op, brg_op *out, const char *fn, ncclResult_t *r) {
   }
 }
 
+/* The communicators handed out and not yet destroyed, so that one
+ * destroyed (twice, or used after) is told without reading its memory.
+ * (Its address may be handed out again to a new communicator; from then on
+ * the old handle names the new one: no API can tell those apart.) */
+static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
+static const struct ncclComm **live;
+static size_t nlive, live_cap;
+
+static struct ncclComm *comm_new(void) {
+  struct ncclComm *comm = calloc(1, sizeof *comm);
+  if (!comm) return NULL;
+  pthread_mutex_lock(&live_lock);
+  if (nlive == live_cap) {
+    size_t cap = live_cap ? 2 * live_cap : 16;
+    const struct ncclComm **grown = realloc(live, cap * sizeof *grown);
+    if (grown) {
+      live = grown;
+      live_cap = cap;
+    }
+  }
+  int ok = nlive < live_cap;
+  if (ok) live[nlive++] = comm;
+  pthread_mutex_unlock(&live_lock);
+  if (!ok) {
+    free(comm);
+    return NULL;
+  }
+  return comm;
+}
+
+/* Takes comm out of the table: 0 when it was not there (destroyed). */
+static int comm_forget(const struct ncclComm *comm) {
+  int found = 0;
+  pthread_mutex_lock(&live_lock);
+  for (size_t i = 0; i < nlive && !found; i++)
+    if (live[i] == comm) {
+      live[i] = live[--nlive];
+      found = 1;
+    }
+  pthread_mutex_unlock(&live_lock);
+  return found;
+}
+
+static int comm_live(const struct ncclComm *comm) {
+  int found = 0;
+  pthread_mutex_lock(&live_lock);
+  for (size_t i = 0; i < nlive && !found; i++) found = live[i] == comm;
+  pthread_mutex_unlock(&live_lock);
+  return found;
+}
+
+static void comm_drop(struct ncclComm *comm) {
+  comm_forget(comm);
+  free(comm);
+}
+
 static ncclResult_t comm_ok(const struct ncclComm *comm, const char *fn) {
+  if (comm && !comm_live(comm))
+    return fail(ncclInvalidArgument, "%s: comm was destroyed (or is not a communicator)", fn);
   return comm && comm->c ? ncclSuccess
                          : fail(ncclInvalidArgument, "%s: comm is NULL or destroyed", fn);
 }
@@ -261,13 +319,13 @@ static ncclResult_t init_rank(ncclComm_t *out, int nranks, const ncclUniqueId *i
   if (!out) return fail(ncclInvalidArgument, "ncclCommInitRank: comm is NULL");
   if (!id) return fail(ncclInvalidArgument, "ncclCommInitRank: commId is NULL");
   if (!api) return ncclUnhandledCudaError;
-  struct ncclComm *comm = calloc(1, sizeof *comm);
+  struct ncclComm *comm = comm_new();
   if (!comm) return fail(ncclSystemError, "ncclCommInitRank: out of memory");
   if (api->drv.get_device(&comm->device) != 0) comm->device = 0;
   if (group_depth > 0) {
     pending_init *p = calloc(1, sizeof *p);
     if (!p) {
-      free(comm);
+      comm_drop(comm);
       return fail(ncclSystemError, "ncclCommInitRank: out of memory");
     }
     *p = (pending_init){.comm = comm, .nranks = nranks, .rank = rank, .id = *id, .next = pending};
@@ -277,7 +335,7 @@ static ncclResult_t init_rank(ncclComm_t *out, int nranks, const ncclUniqueId *i
   }
   ncclResult_t r = init_now(comm, nranks, id, rank);
   if (r != ncclSuccess) {
-    free(comm);
+    comm_drop(comm);
     return r;
   }
   *out = comm;
@@ -349,7 +407,7 @@ typedef struct init_all_arg {
 
 static void *init_all_main(void *p) {
   init_all_arg *a = p;
-  struct ncclComm *comm = calloc(1, sizeof *comm);
+  struct ncclComm *comm = comm_new();
   a->r = comm ? ncclSuccess : fail(ncclSystemError, "ncclCommInitAll: out of memory");
   if (comm) {
     comm->device = a->dev;
@@ -358,7 +416,7 @@ static void *init_all_main(void *p) {
     if (a->r == ncclSuccess)
       *a->out = comm;
     else
-      free(comm);
+      comm_drop(comm);
   }
   snprintf(a->err, sizeof a->err, "%s", last_error);
   return NULL;
@@ -441,6 +499,9 @@ __attribute__((destructor)) static void wait_reapers(void) {
 
 EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (!comm) return ncclSuccess;
+  if (!comm_forget(comm))
+    return fail(ncclInvalidArgument,
+                "ncclCommDestroy: comm was already destroyed (or is not a communicator)");
   brg_status s = BRG_SUCCESS;
   pthread_t th;
   if (comm->c && comm->siblings) {
@@ -462,6 +523,9 @@ EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 
 EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
   if (!comm) return ncclSuccess;
+  if (!comm_live(comm))
+    return fail(ncclInvalidArgument,
+                "ncclCommAbort: comm was already destroyed (or is not a communicator)");
   if (comm->c) brg_comm_abort(comm->c);
   return ncclCommDestroy(comm);
 }
@@ -716,6 +780,11 @@ EXPORT ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t co
   brg_dtype dt;
   ncclResult_t r;
   if (!prologue(comm, datatype, &dt, "ncclAlltoAll", &r)) return r;
+  /* The buffers hold nranks blocks: their size must be a size_t. */
+  if (count > SIZE_MAX / 4 / brg_dtype_size(dt) / (size_t)comm->nranks)
+    return fail(ncclInvalidArgument,
+                "ncclAlltoAll: count %zu is too large (%d blocks of it, %zu bytes each element)",
+                count, comm->nranks, brg_dtype_size(dt));
   size_t block = count * brg_dtype_size(dt);
   ncclGroupStart();
   for (int j = 0; j < comm->nranks && r == ncclSuccess; j++)
@@ -749,12 +818,12 @@ EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_
   if (r != ncclSuccess) return r;
   if (!newcomm) return fail(ncclInvalidArgument, "ncclCommSplit: newcomm is NULL");
   *newcomm = NULL;
-  struct ncclComm *nc = calloc(1, sizeof *nc);
+  struct ncclComm *nc = comm_new();
   if (!nc) return fail(ncclSystemError, "ncclCommSplit: out of memory");
   brg_status s =
       brg_comm_split(comm->c, color == NCCL_SPLIT_NOCOLOR ? BRG_SPLIT_NOCOLOR : color, key, &nc->c);
   if (s != BRG_SUCCESS || !nc->c) {
-    free(nc);
+    comm_drop(nc);
     return check(comm, s, "ncclCommSplit");
   }
   nc->device = comm->device;

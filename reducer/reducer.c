@@ -793,7 +793,19 @@ err:
 /* ---- queries --------------------------------------------------------- */
 
 brg_status brg_reducer_grad(const brg_reducer *red, size_t p, void **grad) {
-  if (red == NULL || grad == NULL || p >= red->nparams) return BRG_ERR_INVALID_ARGUMENT;
+  if (red == NULL) return BRG_ERR_INVALID_ARGUMENT;
+  /* The reducer's last error is its own, not part of what const keeps. */
+  if (grad == NULL)
+    return fail((brg_reducer *)red, BRG_ERR_INVALID_ARGUMENT, "brg_reducer_grad: grad is NULL");
+  if (p >= red->nparams) {
+    char idx[64];
+    if (p > SIZE_MAX / 2)
+      snprintf(idx, sizeof idx, "%zd", (ssize_t)p);
+    else
+      snprintf(idx, sizeof idx, "%zu", p);
+    return fail((brg_reducer *)red, BRG_ERR_INVALID_ARGUMENT,
+                "brg_reducer_grad: parameter %s out of range (%zu registered)", idx, red->nparams);
+  }
   const red_param *prm = &red->params[p];
   if (!red->view)
     *grad = prm->grad;
@@ -909,12 +921,18 @@ brg_status brg_reducer_mark_ready_on(brg_reducer *red, size_t p, brg_stream prod
                 "buffers");
   pthread_mutex_lock(&red->lock);
   if (p >= red->nparams) {
+    /* A negative index from a caller that passed a signed one: shown as such. */
+    char idx[64];
+    if (p > SIZE_MAX / 2)
+      snprintf(idx, sizeof idx, "%zd", (ssize_t)p);
+    else
+      snprintf(idx, sizeof idx, "%zu", p);
     st = red->state == STATE_BACKWARD
              ? fail_pass(red, BRG_ERR_INVALID_ARGUMENT,
-                         "brg_reducer_mark_ready: parameter %zu out of range (%zu registered)", p,
+                         "brg_reducer_mark_ready: parameter %s out of range (%zu registered)", idx,
                          red->nparams)
              : fail(red, BRG_ERR_INVALID_ARGUMENT,
-                    "brg_reducer_mark_ready: parameter %zu out of range (%zu registered)", p,
+                    "brg_reducer_mark_ready: parameter %s out of range (%zu registered)", idx,
                     red->nparams);
     goto out;
   }

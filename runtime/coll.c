@@ -275,7 +275,8 @@ brg_status brg_isend(const void *buf, size_t count, brg_dtype dtype, int peer, b
                             .peer = peer,
                             .dtype = (uint32_t)dtype,
                             .chan = BRG__P2P_USER,
-                            .is_send = 1};
+                            .is_send = 1,
+                            .comm_serial = comm->serial};
   return brg__p2p_isend(comm, "brg_isend", &r->p2p_op); /* a failure finishes the request */
 }
 
@@ -285,8 +286,12 @@ brg_status brg_irecv(void *buf, size_t count, brg_dtype dtype, int peer, brg_com
   brg__req *r;
   if (s == BRG_SUCCESS) s = p2p_request(comm, "brg_irecv", request, 0, &r);
   if (s != BRG_SUCCESS) return s;
-  r->p2p_op = (brg__p2p_op){
-      .buf = buf, .count = count, .peer = peer, .dtype = (uint32_t)dtype, .chan = BRG__P2P_USER};
+  r->p2p_op = (brg__p2p_op){.buf = buf,
+                            .count = count,
+                            .peer = peer,
+                            .dtype = (uint32_t)dtype,
+                            .chan = BRG__P2P_USER,
+                            .comm_serial = comm->serial};
   s = brg__p2p_post(comm, &r->p2p_op);
   if (s != BRG_SUCCESS) r->magic = 0; /* never issued */
   return s;
@@ -376,11 +381,37 @@ brg_status brg_ibarrier(brg_comm *comm, brg_request *request) {
   return s != BRG_SUCCESS ? s : issue(comm, "brg_ibarrier", &k, request);
 }
 
+/* A point-to-point request whose communicator was destroyed: the destroy
+ * finished it (as aborted, if it was still outstanding), and what it says
+ * comes from the request alone. */
+static brg_status p2p_orphan(const char *fn, const brg__req *r) {
+  const brg__p2p_op *op = &r->p2p_op;
+  brg_status s = __atomic_load_n(&op->done, __ATOMIC_ACQUIRE) ? op->status : BRG_ERR_ABORTED;
+  if (s == BRG_SUCCESS) return s;
+  const char *dn = brg_dtype_name((brg_dtype)op->dtype);
+  if (s == BRG_ERR_ABORTED)
+    return brg__fail_no_comm(s,
+                             "%s: %s of %llu x %s %s rank %d: the communicator was aborted or "
+                             "destroyed before it finished",
+                             fn, op->is_send ? "send" : "receive", (unsigned long long)op->count,
+                             dn ? dn : "?", op->is_send ? "to" : "from", op->peer);
+  return brg__fail_no_comm(s,
+                           "%s: %s of %llu x %s %s rank %d failed (%s) before the communicator "
+                           "was destroyed",
+                           fn, op->is_send ? "send" : "receive", (unsigned long long)op->count,
+                           dn ? dn : "?", op->is_send ? "to" : "from", op->peer,
+                           brg_status_string(s));
+}
+
 brg_status brg_test(brg_request *request, int *done) {
   if (!request || !done)
     return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_test: NULL argument");
   brg__req *r = (brg__req *)request;
   if (r->magic == BRG__REQ_P2P_MAGIC) {
+    if (!brg__comm_live(r->comm, r->p2p_op.comm_serial)) {
+      *done = 1;
+      return p2p_orphan("brg_test", r);
+    }
     *done = __atomic_load_n(&r->p2p_op.done, __ATOMIC_ACQUIRE);
     if (!*done) return BRG_IN_PROGRESS;
     return r->p2p_op.status == BRG_SUCCESS
@@ -400,7 +431,10 @@ brg_status brg_test(brg_request *request, int *done) {
 brg_status brg_wait(brg_request *request) {
   if (!request) return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_wait: request is NULL");
   brg__req *r = (brg__req *)request;
-  if (r->magic == BRG__REQ_P2P_MAGIC) return brg__p2p_wait(r->comm, "brg_wait", &r->p2p_op);
+  if (r->magic == BRG__REQ_P2P_MAGIC)
+    return brg__comm_live(r->comm, r->p2p_op.comm_serial)
+               ? brg__p2p_wait(r->comm, "brg_wait", &r->p2p_op)
+               : p2p_orphan("brg_wait", r);
   if (r->magic != BRG__REQ_MAGIC)
     return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_wait: request was never issued");
   return brg__progress_wait(r);

@@ -333,6 +333,7 @@ static brg_status comm_free(brg_comm *c) {
   free(c->ring);
   free(c->peers);
   c->magic = 0;
+  brg__comm_unregister(c);
   free(c);
   return s;
 }
@@ -434,6 +435,10 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   const brg__comm_opts *split = opts && opts->parent ? opts : NULL;
   int phase = 0; /* split: the exchanges over the parent done so far */
   c->magic = BRG__COMM_MAGIC;
+  if (!(c->serial = brg__comm_register(c))) {
+    free(c);
+    return brg__fail_no_comm(BRG_ERR_NO_MEMORY, "out of memory creating a communicator");
+  }
   c->rank = rank;
   c->gpu = -1;
   c->nranks = nranks;
@@ -472,7 +477,15 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   me.algo = (uint32_t)c->algo;
   me.rings = (uint32_t)brg__core_int(BRG__CORE_RINGS);
   if ((s = brg__boot_local_addr(me.addr, sizeof me.addr, &err)) != BRG_SUCCESS) goto err_free;
-  if ((s = brg__p2p_open(c, me.addr, &me.p2p_port, &err)) != BRG_SUCCESS) goto err_free;
+  if ((s = brg__p2p_open(c, me.addr, &me.p2p_port, &err)) != BRG_SUCCESS) {
+    /* An address that parses but is not this host's: say where it came from. */
+    const char *addr = brg__core_str(BRG__CORE_BOOTSTRAP_ADDR);
+    size_t len = strlen(err.msg);
+    if (addr[0] && len + 1 < sizeof err.msg)
+      snprintf(err.msg + len, sizeof err.msg - len, " (BRIGADE_BOOTSTRAP_ADDR=%.64s%s)", addr,
+               strlen(addr) > 64 ? "..." : "");
+    goto err_free;
+  }
   /* A little longer than the root waits, so that the root's list of the
    * ranks that never came arrives before this rank gives up on its own. */
   int boot_wait = c->timeout_ms + (c->timeout_ms / 10 < 2000 ? c->timeout_ms / 10 + 1000 : 2000);

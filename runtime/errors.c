@@ -1,10 +1,12 @@
 /*
  * Errors: the communicator's last error, the thread's error for calls that
  * have no communicator, the abort notice to the ring neighbours, and how a
- * collective is named in messages.
+ * collective is named in messages; the table of live communicators.
  */
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
@@ -44,7 +46,8 @@ brg_status brg__comm_error(brg_comm *c, brg_status s, const char *fmt, ...) {
 
 const char *brg_comm_last_error(const brg_comm *comm) {
   if (!comm) return brg__thread_error();
-  if (comm->magic != BRG__COMM_MAGIC) return "not a valid communicator";
+  if (!brg__comm_live(comm, 0) || comm->magic != BRG__COMM_MAGIC)
+    return "not a valid communicator (destroyed?)";
   return comm->last_error;
 }
 
@@ -59,9 +62,59 @@ void brg__comm_notify_abort(brg_comm *c, brg_status s, const char *text) {
   pthread_mutex_unlock(&c->ring_lock);
 }
 
+/* Live communicators, so that a destroyed one is told without reading its
+ * memory: each has a serial number that is never reused, which requests
+ * keep to tell their communicator from a new one at the same address. */
+static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct live_entry {
+  const brg_comm *c;
+  uint32_t serial;
+} * live;
+static size_t nlive, live_cap;
+static uint32_t live_serial;
+
+uint32_t brg__comm_register(const brg_comm *c) {
+  uint32_t serial = 0;
+  pthread_mutex_lock(&live_lock);
+  if (nlive == live_cap) {
+    size_t cap = live_cap ? 2 * live_cap : 16;
+    struct live_entry *grown = realloc(live, cap * sizeof *grown);
+    if (grown) {
+      live = grown;
+      live_cap = cap;
+    }
+  }
+  if (nlive < live_cap) {
+    if (++live_serial == 0) live_serial = 1;
+    serial = live_serial;
+    live[nlive++] = (struct live_entry){c, serial};
+  }
+  pthread_mutex_unlock(&live_lock);
+  return serial;
+}
+
+void brg__comm_unregister(const brg_comm *c) {
+  pthread_mutex_lock(&live_lock);
+  for (size_t i = 0; i < nlive; i++)
+    if (live[i].c == c) {
+      live[i] = live[--nlive];
+      break;
+    }
+  pthread_mutex_unlock(&live_lock);
+}
+
+int brg__comm_live(const brg_comm *c, uint32_t serial) {
+  int found = 0;
+  pthread_mutex_lock(&live_lock);
+  for (size_t i = 0; i < nlive && !found; i++)
+    found = live[i].c == c && (serial == 0 || live[i].serial == serial);
+  pthread_mutex_unlock(&live_lock);
+  return found;
+}
+
 brg_status brg__check_comm(const brg_comm *c, const char *fn) {
   if (!c) return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "%s: comm is NULL", fn);
-  if (c->magic != BRG__COMM_MAGIC)
+  if (!brg__comm_live(c, 0) || c->magic != BRG__COMM_MAGIC)
     return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "%s: not a valid communicator (destroyed?)",
                              fn);
   return BRG_SUCCESS;

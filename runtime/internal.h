@@ -76,6 +76,9 @@ typedef struct brg__p2p_op {
   uint32_t peer_dtype;
   uint64_t peer_count, peer_num;
   int is_send; /* a send: finished once its bytes have all left */
+  /* A request's: its communicator's serial, so that brg_wait and brg_test
+   * on it never read a destroyed communicator (brg__comm_live). */
+  uint32_t comm_serial;
 } brg__p2p_op;
 
 /* The layout behind brg_request. */
@@ -123,6 +126,7 @@ struct brg_comm {
   brg__peer_info *peers; /* by rank */
   brg__bootstrap *bs;
   uint64_t comm_id;
+  uint32_t serial; /* in the table of live communicators (errors.c) */
 
   brg__conn send, recv;        /* to next, from prev */
   int send_open, recv_open;    /* setup started: close() owed */
@@ -295,8 +299,16 @@ brg_status brg__fail_no_comm(brg_status s, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* The same for a message in an errbuf, logged unless it already was. */
 brg_status brg__fail_no_comm_err(brg_status s, const brg__errbuf *err, const char *prefix);
-/* BRG_SUCCESS for a live communicator, else the error (fn names the call). */
+/* BRG_SUCCESS for a live communicator, else the error (fn names the call):
+ * a destroyed one is told by the table of live communicators, never by
+ * reading its memory (brg_comm_destroy twice is a clean error). */
 brg_status brg__check_comm(const brg_comm *c, const char *fn);
+/* That table: register at creation (the communicator's serial, never 0 nor
+ * reused; 0 when out of memory), unregister just before the memory goes;
+ * live: whether c is registered (with that serial, unless serial is 0). */
+uint32_t brg__comm_register(const brg_comm *c);
+void brg__comm_unregister(const brg_comm *c);
+int brg__comm_live(const brg_comm *c, uint32_t serial);
 /* Tells both ring neighbours that this rank failed, once. */
 void brg__comm_notify_abort(brg_comm *c, brg_status s, const char *text);
 /* "allreduce #3 (count 7, float32, sum, root -1)" */
@@ -318,6 +330,9 @@ int brg__live_take(brg_comm *c, int dir, brg_status *s, uint32_t *type, char *da
                    char *text, size_t text_bytes);
 /* The rank silent the longest and for how long (*silent_ms), -1: none. */
 int brg__live_silent(brg_comm *c, int64_t *silent_ms);
+/* How long rank `rank` has been silent, in ms; -1 when it is not (or
+ * liveness does not run). */
+int64_t brg__live_silent_rank(brg_comm *c, int rank);
 /* How long a rank may be silent before kernels are stopped for it:
  * BRIGADE_SILENT_TIMEOUT_MS where set and shorter than the timeout. */
 int brg__live_silent_limit_ms(const brg_comm *c);
@@ -384,7 +399,9 @@ enum { BRG__P2P_USER = 0, BRG__P2P_A2A = 1 };
 brg_status brg__p2p_open(brg_comm *c, const char *addr, uint32_t *port, brg__errbuf *err);
 brg_status brg__p2p_start(brg_comm *c, brg__errbuf *err);
 void brg__p2p_free(brg_comm *c);
-void brg__p2p_wake(brg_comm *c); /* abort: waiters look again */
+/* Abort: every posted receive and queued send finishes as aborted (and
+ * every later one at once); waiters look again. */
+void brg__p2p_abort(brg_comm *c);
 /* Queues a send (op filled by the caller: buf, count, dtype, peer, chan,
  * num); it leaves from the p2p thread or at once, and completes once its
  * bytes have all left buf. fn names the call. */

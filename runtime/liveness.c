@@ -301,6 +301,16 @@ int brg__live_take(brg_comm *c, int dir, brg_status *s, uint32_t *type, char *da
   return r;
 }
 
+int64_t brg__live_silent_rank(brg_comm *c, int rank) {
+  brg__live *l = c->live;
+  if (!l || rank == c->rank) return -1;
+  int64_t now = brg__now_ns(), since = 0;
+  pthread_mutex_lock(&l->lock);
+  if (__atomic_load_n(&l->running, __ATOMIC_ACQUIRE)) since = silent_since(l, rank, now);
+  pthread_mutex_unlock(&l->lock);
+  return since ? (now - since) / 1000000 : -1;
+}
+
 int brg__live_silent(brg_comm *c, int64_t *silent_ms) {
   brg__live *l = c->live;
   if (!l) return -1;

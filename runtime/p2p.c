@@ -244,11 +244,11 @@ static int early_fits(const brg__p2p *p, uint64_t bytes) {
 /* A header came (from the wire, or from this rank to itself): decides
  * where its payload lands. 0; 1 when it may land nowhere yet (no receive,
  * early memory full: the caller holds it and retries); -1 when no memory
- * could take it. `force` (a message to this rank itself) skips the cap. */
-static int begin_message(brg__p2p *p, p2p_peer *pr, const p2p_hdr *h, int force) {
+ * could take it. */
+static int begin_message(brg__p2p *p, p2p_peer *pr, const p2p_hdr *h) {
   uint64_t bytes = h->count * brg_dtype_size((brg_dtype)h->dtype);
   int direct = !pr->unexp[h->chan] && pr->posted[h->chan];
-  if (!direct && h->chan == BRG__P2P_USER && !force && !early_fits(p, bytes)) return 1;
+  if (!direct && h->chan == BRG__P2P_USER && !early_fits(p, bytes)) return 1;
   pr->cur_op = NULL;
   pr->cur_unexp = NULL;
   pr->left = bytes;
@@ -332,7 +332,7 @@ static void no_memory(brg_comm *c, p2p_peer *pr, int rank) {
  * lock. */
 static void resume_held(brg_comm *c, p2p_peer *pr, int rank) {
   brg__p2p *p = c->p2p;
-  int rc = begin_message(p, pr, &pr->hdr, 0);
+  int rc = begin_message(p, pr, &pr->hdr);
   if (rc == 1) return;
   pr->held = 0;
   if (rc != 0)
@@ -358,6 +358,17 @@ static void read_peer(brg_comm *c, p2p_peer *pr, int rank) {
     ssize_t n = recv(pr->in_fd, dest, want, MSG_DONTWAIT);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (n <= 0 && n == 0 && (pr->in_payload || pr->hdr_got > 0)) {
+      /* Mid-message: the sender cut its send short (withdraw_send closes
+       * its side), or it died; it may well be alive. */
+      peer_gone(p, pr, BRG_ERR_REMOTE,
+                "rank %d (pid %d on %s) closed its link in the middle of a message of %llu x %s: "
+                "it cut that send short (its wait timed out or was aborted), or it died or "
+                "destroyed its communicator",
+                rank, c->peers[rank].pid, c->peers[rank].hostname,
+                (unsigned long long)pr->hdr.count, brg_dtype_name((brg_dtype)pr->hdr.dtype));
+      return;
+    }
     if (n <= 0) {
       peer_gone(p, pr, BRG_ERR_REMOTE,
                 "rank %d (pid %d on %s) hung up (%s): it died or destroyed "
@@ -375,7 +386,7 @@ static void read_peer(brg_comm *c, p2p_peer *pr, int rank) {
         return;
       }
       if (pr->hdr.chan == BRG__P2P_USER) pr->arrived++;
-      int rc = begin_message(p, pr, &pr->hdr, 0);
+      int rc = begin_message(p, pr, &pr->hdr);
       if (rc == 1) {
         /* No room: the rest stays in the socket until a receive is posted
          * or early memory is freed (resume_held). */
@@ -480,6 +491,9 @@ static void withdraw_send(brg__p2p *p, p2p_peer *pr, brg__p2p_op *op, brg_status
   if (pr->sendq == op && pr->out_off > 0) {
     sendq_fail(p, pr, s, "a send to this rank was cut short (%s) and left the link unreadable",
                brg_status_string(s));
+    /* The receiver learns it at once, mid-message, rather than at its
+     * own timeout or this rank's exit. */
+    if (pr->out_fd >= 0) shutdown(pr->out_fd, SHUT_WR);
     return;
   }
   brg__p2p_op **pp = &pr->sendq, *prev = NULL;
@@ -660,10 +674,25 @@ brg_status brg__p2p_start(brg_comm *c, brg__errbuf *err) {
   return s;
 }
 
-void brg__p2p_wake(brg_comm *c) {
+/* Every receive posted and every send queued finishes as aborted: the
+ * rest of a message arriving goes nowhere, and a send cut short leaves the
+ * link unusable (sendq_fail). The caller holds the lock. */
+static void abort_all(brg__p2p *p) {
+  for (int i = 0; i < p->nactive; i++) {
+    p2p_peer *pr = p->peer[p->active[i]];
+    if (pr->cur_op) op_finish(p, pr->cur_op, BRG_ERR_ABORTED);
+    pr->cur_op = NULL;
+    for (uint32_t ch = 0; ch < P2P_CHANS; ch++)
+      for (brg__p2p_op *op; (op = pop_op(pr, ch));) op_finish(p, op, BRG_ERR_ABORTED);
+    if (pr->sendq) sendq_fail(p, pr, BRG_ERR_ABORTED, "the communicator was aborted");
+  }
+  pthread_cond_broadcast(&p->cond);
+}
+
+void brg__p2p_abort(brg_comm *c) {
   if (!c->p2p) return;
   pthread_mutex_lock(&c->p2p->lock);
-  pthread_cond_broadcast(&c->p2p->cond);
+  abort_all(c->p2p);
   pthread_mutex_unlock(&c->p2p->lock);
 }
 
@@ -677,6 +706,10 @@ void brg__p2p_free(brg_comm *c) {
     wake_thread(p);
     pthread_join(p->thread, NULL);
   }
+  /* What is still outstanding finishes now: its requests outlive p. */
+  pthread_mutex_lock(&p->lock);
+  abort_all(p);
+  pthread_mutex_unlock(&p->lock);
   for (int i = 0; i < p->nactive; i++) {
     p2p_peer *pr = p->peer[p->active[i]];
     brg__sock_close(&pr->in_fd);
@@ -740,33 +773,71 @@ static brg_status ensure_out(brg_comm *c, p2p_peer *pr, int rank, char *why, siz
   return BRG_SUCCESS;
 }
 
-/* A message to this rank itself: it arrives at once. */
-static brg_status send_self(brg_comm *c, uint32_t chan, uint64_t num, const void *buf,
-                            uint64_t count, brg_dtype dtype) {
+/* A message to this rank itself, delivered now: 0; 1 when it cannot land
+ * yet (no receive posted and early memory full: it counts against
+ * BRIGADE_P2P_EARLY_BYTES as any other); -1 when out of memory. The caller
+ * holds the lock. */
+static int deliver_self(brg__p2p *p, p2p_peer *pr, brg__p2p_op *op) {
+  p2p_hdr h = {.magic = P2P_MAGIC,
+               .chan = op->chan,
+               .num = op->chan == BRG__P2P_A2A ? op->num : pr->sent,
+               .count = op->count,
+               .dtype = op->dtype};
+  int rc = begin_message(p, pr, &h);
+  if (rc != 0) return rc;
+  uint64_t bytes = op->count * brg_dtype_size((brg_dtype)op->dtype), room;
+  char *dest = payload_dest(p, pr, &room);
+  if (bytes && (pr->cur_op || pr->cur_unexp)) memcpy(dest, op->buf, bytes);
+  payload_landed(pr, bytes);
+  end_message(p, pr);
+  if (op->chan == BRG__P2P_USER) pr->sent++;
+  op->got = bytes;
+  return 0;
+}
+
+/* Sends to this rank itself that waited for room land, in order, once a
+ * receive is posted or early memory is freed. The caller holds the lock. */
+static void drain_self(brg_comm *c) {
+  brg__p2p *p = c->p2p;
+  p2p_peer *pr = p->peer[c->rank];
+  while (pr && pr->sendq) {
+    brg__p2p_op *op = pr->sendq;
+    int rc = deliver_self(p, pr, op);
+    if (rc == 1) return;
+    pr->sendq = op->next;
+    if (!pr->sendq) pr->sendq_tail = NULL;
+    op_finish(p, op, rc == 0 ? BRG_SUCCESS : BRG_ERR_NO_MEMORY);
+  }
+}
+
+/* A send to this rank itself: delivered at once when it fits, else queued
+ * (brg_wait waits for the receive, up to the timeout). */
+static brg_status send_self(brg_comm *c, const char *fn, brg__p2p_op *op) {
   brg__p2p *p = c->p2p;
   pthread_mutex_lock(&p->lock);
   p2p_peer *pr = get_peer(c, c->rank);
   brg_status s = BRG_ERR_NO_MEMORY;
-  if (pr) {
-    p2p_hdr h = {.magic = P2P_MAGIC,
-                 .chan = chan,
-                 .num = chan == BRG__P2P_A2A ? num : pr->sent,
-                 .count = count,
-                 .dtype = (uint32_t)dtype};
-    if (begin_message(p, pr, &h, 1) == 0) {
-      uint64_t bytes = count * brg_dtype_size(dtype), room;
-      char *dest = payload_dest(p, pr, &room);
-      if (bytes && (pr->cur_op || pr->cur_unexp)) memcpy(dest, buf, bytes);
-      payload_landed(pr, bytes);
-      end_message(p, pr);
-      if (chan == BRG__P2P_USER) pr->sent++;
-      s = BRG_SUCCESS;
-    }
+  int rc = -1;
+  if (pr && __atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE)) {
+    s = BRG_ERR_ABORTED;
+  } else if (pr && !pr->sendq && (rc = deliver_self(p, pr, op)) != 1) {
+    s = rc == 0 ? BRG_SUCCESS : BRG_ERR_NO_MEMORY;
+  } else if (pr) {
+    if (pr->sendq_tail)
+      pr->sendq_tail->next = op;
+    else
+      pr->sendq = op;
+    pr->sendq_tail = op;
+    pthread_mutex_unlock(&p->lock);
+    return BRG_SUCCESS; /* in flight until its receive is posted */
   }
   pthread_mutex_unlock(&p->lock);
+  op_finish_quiet(op, s);
+  if (s == BRG_ERR_ABORTED)
+    return brg__comm_error(c, s, "%s: send to rank %d: communicator was aborted", fn, c->rank);
   if (s != BRG_SUCCESS)
-    return brg__comm_error(c, s, "send to self: out of memory for %llu x %s",
-                           (unsigned long long)count, brg_dtype_name(dtype));
+    return brg__comm_error(c, s, "%s: send to self: out of memory for %llu x %s", fn,
+                           (unsigned long long)op->count, brg_dtype_name((brg_dtype)op->dtype));
   return s;
 }
 
@@ -781,11 +852,7 @@ brg_status brg__p2p_isend(brg_comm *c, const char *fn, brg__p2p_op *op) {
   op->is_send = 1;
   int peer = op->peer;
   brg_status s;
-  if (peer == c->rank) {
-    s = send_self(c, op->chan, op->num, op->buf, op->count, dtype);
-    op_finish_quiet(op, s);
-    return s;
-  }
+  if (peer == c->rank) return send_self(c, fn, op);
   p2p_peer *pr = peer_locked(c, peer);
   if (!pr) {
     op_finish_quiet(op, BRG_ERR_NO_MEMORY);
@@ -812,7 +879,10 @@ brg_status brg__p2p_isend(brg_comm *c, const char *fn, brg__p2p_op *op) {
   int queued = 0;
   if (s == BRG_SUCCESS) {
     pthread_mutex_lock(&p->lock);
-    if (pr->out_broken) {
+    if (!pr->out_broken && __atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE)) {
+      s = BRG_ERR_ABORTED;
+      snprintf(why, sizeof why, "the communicator was aborted");
+    } else if (pr->out_broken) {
       s = pr->out_broken;
       memcpy(why, pr->out_why, sizeof why);
     } else {
@@ -885,9 +955,12 @@ brg_status brg__p2p_post(brg_comm *c, brg__p2p_op *op) {
     free(u);
   } else if (pr->gone) {
     op_finish(p, op, pr->gone);
+  } else if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE)) {
+    op_finish(p, op, BRG_ERR_ABORTED); /* abort_all has run, or is waiting for the lock */
   } else {
     push_op(pr, op);
   }
+  drain_self(c); /* a send to itself may land now: here, or in early memory freed */
   pthread_mutex_unlock(&p->lock);
   /* A held message may land now: in this receive, or in the early memory
    * it freed. */
@@ -962,11 +1035,26 @@ brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
   pthread_mutex_lock(&p->lock);
   p2p_peer *pr = p->peer[op->peer];
   brg_status s = BRG_SUCCESS;
+  /* A peer whose heartbeats stopped (stopped, hung, its host gone) fails
+   * the wait at BRIGADE_SILENT_TIMEOUT_MS, as a collective's would. */
+  int silent_limit =
+      c->silent_fail_ms > 0 && c->silent_fail_ms < c->timeout_ms ? c->silent_fail_ms : 0;
+  int64_t silent_ms = -1, next_look = 0;
   while (!op->done) {
-    int64_t since = op->last_ns > start ? op->last_ns : start;
+    int64_t since = op->last_ns > start ? op->last_ns : start, now = brg__now_ns();
+    if (silent_limit && now >= next_look) {
+      /* Its lock is the liveness thread's: not taken under the p2p lock. */
+      pthread_mutex_unlock(&p->lock);
+      silent_ms = brg__live_silent_rank(c, op->peer);
+      pthread_mutex_lock(&p->lock);
+      next_look = now + 100 * 1000000LL;
+      if (op->done) break;
+    }
     if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
       s = BRG_ERR_ABORTED;
-    else if (brg__now_ns() - since > (int64_t)c->timeout_ms * 1000000)
+    else if (silent_limit && silent_ms >= silent_limit && now - since > 1000000LL * silent_limit)
+      s = BRG_ERR_REMOTE;
+    else if (now - since > (int64_t)c->timeout_ms * 1000000)
       s = BRG_ERR_TIMEOUT;
     if (s != BRG_SUCCESS) {
       if (op->is_send)
@@ -979,9 +1067,17 @@ brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
     struct timespec ts = brg__realtime_in_ms(50);
     pthread_cond_timedwait(&p->cond, &p->lock, &ts);
   }
+  int silent = s == BRG_ERR_REMOTE && op->status == BRG_ERR_REMOTE;
   s = op->status;
   char gone_why[256] = "";
-  if (pr) snprintf(gone_why, sizeof gone_why, "%s", op->is_send ? pr->out_why : pr->gone_why);
+  if (silent)
+    snprintf(gone_why, sizeof gone_why,
+             "rank %d (pid %d on %s) has been silent for %lld ms (host gone, cut off or stopped; "
+             "BRIGADE_SILENT_TIMEOUT_MS=%d)",
+             op->peer, c->peers[op->peer].pid, c->peers[op->peer].hostname, (long long)silent_ms,
+             c->silent_fail_ms);
+  else if (pr)
+    snprintf(gone_why, sizeof gone_why, "%s", op->is_send ? pr->out_why : pr->gone_why);
   pthread_mutex_unlock(&p->lock);
   if (s == BRG_SUCCESS) return s;
   if (op->is_send) return send_failed(c, fn, op, s, gone_why);

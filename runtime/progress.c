@@ -49,7 +49,7 @@ void brg__comm_stop(brg_comm *c) {
   brg__device_abort(c);
   brg__fifo_wake_all(&c->send.fifo);
   brg__fifo_wake_all(&c->recv.fifo);
-  brg__p2p_wake(c);
+  brg__p2p_abort(c);
   pthread_mutex_lock(&c->qlock);
   pthread_cond_broadcast(&c->qcond);
   pthread_cond_broadcast(&c->donecond);

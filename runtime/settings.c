@@ -134,7 +134,19 @@ brg_status brg__settings_load(brg__errbuf *err) {
   if (brg__algo_parse(algo) < 0)
     return brg__error_quiet(
         err, BRG_ERR_INVALID_ARGUMENT,
-        "BRIGADE_ALGO=\"%s\" is not an allreduce algorithm (ring, hier, tree, rhd or auto)", algo);
+        "BRIGADE_ALGO=\"%.64s%s\" is not an allreduce algorithm (ring, hier, tree, rhd or auto)",
+        algo, strlen(algo) > 64 ? "..." : "");
+  /* Each in range, the two together may still ask for more memory than a
+   * host has: each ring link's FIFO is slice x steps, and a rank maps
+   * several (its own and its neighbours', per ring). */
+  int64_t slice = brg__core_int(BRG__CORE_SLICE_BYTES), steps = brg__core_int(BRG__CORE_STEPS);
+  if (slice * steps > BRG__FIFO_MAX_BYTES)
+    return brg__error_quiet(err, BRG_ERR_INVALID_ARGUMENT,
+                            "BRIGADE_SLICE_BYTES=%s with BRIGADE_STEPS=%lld makes each ring "
+                            "link's FIFO %lld MiB, over the %d MiB brigade allows (a rank maps "
+                            "several such FIFOs); lower one of them",
+                            brg__core_str(BRG__CORE_SLICE_BYTES), (long long)steps,
+                            (long long)((slice * steps) >> 20), (int)(BRG__FIFO_MAX_BYTES >> 20));
   return brg__log_check(err);
 }
 

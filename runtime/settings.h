@@ -14,6 +14,10 @@
 
 #include "config.h"
 
+/* The most bytes of one host FIFO (BRIGADE_SLICE_BYTES x BRIGADE_STEPS):
+ * 64M x 16, 16M x 64. */
+#define BRG__FIFO_MAX_BYTES ((int64_t)1 << 30)
+
 typedef enum {
   BRG__CORE_TIMEOUT_MS,     /* int */
   BRG__CORE_SLICE_BYTES,    /* size: the pipeline unit, bytes per FIFO slot */

@@ -163,6 +163,21 @@ brg_status brg__comm_split_opts(brg_comm *comm, int color, int key, int no_trace
                          .members = members};
   brg_comm *nc = NULL;
   s = brg__comm_create_opts(&nc, size, &bid, newrank, &opts);
+  if (s != BRG_SUCCESS) {
+    /* The sentence speaks of the new communicator's ranks: say which
+     * ranks of this one they are. */
+    char why[BRG__ERRLEN], map[200];
+    snprintf(why, sizeof why, "%s", brg_comm_last_error(NULL));
+    size_t o = 0;
+    for (int i = 0; i < size && o + 16 < sizeof map; i++)
+      o += (size_t)snprintf(map + o, sizeof map - o, "%s%d", i ? ", " : "", members[i]);
+    if (o + 16 >= sizeof map) snprintf(map + o, sizeof map - o, ", ...");
+    s = brg__fail_no_comm(s,
+                          "brg_comm_split: rank %d: forming color %d's communicator of %d ranks "
+                          "failed (in what follows rank i is the new communicator's: its ranks "
+                          "0, 1, ... are ranks %s here): %s",
+                          me, color, size, map, why);
+  }
   if (s == BRG_SUCCESS) {
     BRG__INFO("init", "split: rank %d of %d is rank %d of %d (color %d, key %d)", me, n, newrank,
               size, color, key);

@@ -15,9 +15,11 @@
 #include "trace.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -60,6 +62,7 @@ struct brg__trace {
   trace_step *steps;             /* of the collective in progress */
   int nsteps, max_steps;
   int writes_failed;
+  mode_t mode; /* the trace file's, as made at init (0644 less the umask) */
 };
 
 enum { CLOCK_ROUNDS = 8 };
@@ -155,27 +158,35 @@ brg_status brg__trace_open(brg_comm *c, int any, brg__errbuf *err) {
   memset(t->ev, 0, t->cap * sizeof *t->ev); /* touch it now, not while tracing */
   const char *pattern = brg__config_str(&brg__trace_config, BRG__TRACE_FILE);
   brg__log_expand_path(t->path, sizeof t->path, pattern, c->rank);
-  /* Ranks writing one file would overwrite each other's traces. */
-  if (c->nranks > 1 && !strstr(pattern, "%r") && !strstr(pattern, "%p")) {
+  /* Ranks writing one file would overwrite each other's traces. A path
+   * that names a directory stays one (the check below refuses it). */
+  size_t plen = strlen(t->path);
+  if (c->nranks > 1 && !strstr(pattern, "%r") && !strstr(pattern, "%p") && plen &&
+      t->path[plen - 1] != '/') {
     size_t len = strlen(t->path);
     snprintf(t->path + len, sizeof t->path - len, ".%d", c->rank);
     BRG__WARN("init", "BRIGADE_TRACE_FILE=%s names no rank (%%r) or pid (%%p): rank %d writes %s",
               pattern, c->rank, t->path);
   }
-  /* Fail now, not at the end of the job, on a path that cannot be written. */
-  FILE *f = fopen(t->path, "w");
-  if (!f) {
-    int e = errno;
+  /* Fail now, not at the end of the job, on a path that cannot be written
+   * or that someone else could have planted (brg__open_own_file). The
+   * file is not truncated: the trace replaces it at the end. */
+  char why[160];
+  int fd = brg__open_own_file(t->path, 0, why, sizeof why);
+  struct stat st;
+  if (fd >= 0 && fstat(fd, &st) == 0) t->mode = st.st_mode & 0777;
+  if (fd >= 0) close(fd);
+  if (fd < 0) {
     char path[sizeof t->path];
     memcpy(path, t->path, sizeof path);
     free(t->ev);
     free(t->steps);
     free(t);
     return brg__error(err, BRG_ERR_INVALID_ARGUMENT, "init",
-                      "cannot write the trace %s (BRIGADE_TRACE_FILE=%s): %s", path, pattern,
-                      strerror(e));
+                      "BRIGADE_TRACE_FILE=%.64s%s: cannot write the trace %.200s%s: %s", pattern,
+                      strlen(pattern) > 64 ? "..." : "", path, strlen(path) > 200 ? "..." : "",
+                      why);
   }
-  fclose(f);
   t->offset_ns = off;
   t->offset_err_ns = off_err;
   struct timespec rt;
@@ -373,15 +384,26 @@ static void put_event(FILE *f, const brg__trace *t, const trace_ev *e, const brg
   }
 }
 
-/* Writes the events kept, oldest first, to a temporary file renamed over
- * the trace, so that a reader never sees half a file. */
+/* Writes the events kept, oldest first, to a temporary file of a name
+ * nobody could guess (mkstemp, in the trace's directory) renamed over the
+ * trace, so that a reader never sees half a file and a planted link
+ * receives nothing. */
 static void trace_write(brg_comm *c) {
   brg__trace *t = c->trace;
   char tmp[sizeof t->path + 16];
-  snprintf(tmp, sizeof tmp, "%s.tmp", t->path);
-  FILE *f = fopen(tmp, "w");
+  snprintf(tmp, sizeof tmp, "%s.XXXXXX", t->path);
+  int fd = mkostemp(tmp, O_CLOEXEC);
+  FILE *f = NULL;
+  if (fd >= 0 && (fchmod(fd, t->mode ? t->mode : 0600) != 0 || !(f = fdopen(fd, "w")))) {
+    int e = errno;
+    close(fd);
+    unlink(tmp);
+    errno = e;
+  }
   if (!f) {
-    if (!t->writes_failed++) BRG__WARN("init", "trace: cannot write %s: %s", tmp, strerror(errno));
+    if (!t->writes_failed++)
+      BRG__WARN("init", "trace: cannot write a temporary file beside %s: %s", t->path,
+                strerror(errno));
     return;
   }
   int r = c->rank;
@@ -426,8 +448,16 @@ static void trace_write(brg_comm *c) {
   fprintf(f, "\"events\":%llu,\"events_kept\":%llu,\"events_dropped\":%llu}}\n",
           (unsigned long long)t->n, (unsigned long long)kept, (unsigned long long)(t->n - kept));
   int bad = ferror(f);
-  if (fclose(f) != 0 || bad || rename(tmp, t->path) != 0) {
-    if (!t->writes_failed++) BRG__WARN("init", "trace: writing %s failed", t->path);
+  /* What is at the path now must still be this user's own regular file (or
+   * nothing): rename replaces a link planted since init rather than
+   * following it, but a file of someone else's stays theirs. */
+  char why[160] = "";
+  int cur = open(t->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  int ok = cur < 0 ? errno == ENOENT || errno == ELOOP : brg__own_file_ok(cur, why, sizeof why);
+  if (cur >= 0) close(cur);
+  if (fclose(f) != 0 || bad || !ok || rename(tmp, t->path) != 0) {
+    if (!t->writes_failed++)
+      BRG__WARN("init", "trace: writing %s failed%s%s", t->path, why[0] ? ": " : "", why);
     unlink(tmp);
   }
 }

@@ -1,9 +1,11 @@
 /*
  * shm: ranks on one host. The receive FIFO of each link is a POSIX
  * shared-memory segment created by the receiver and mapped by the sender,
- * who writes slices straight into it. The name exists only between setup
- * and recv_connect: once both ends have it mapped it is unlinked, so a crash
- * at any later point leaves nothing behind in /dev/shm.
+ * who writes slices straight into it. The name exists only until both ends
+ * have it mapped: the sender unlinks it as soon as it has attached (the
+ * receiver mapped it at setup), and the receiver at recv_connect or close
+ * in case no sender came, so a rank killed at any later point (during the
+ * rest of the setup included) leaves nothing behind in /dev/shm.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -114,6 +116,8 @@ static brg_status shm_send_connect(brg__conn *c, const brg__conn_params *p, cons
   }
   brg_status s = map_segment(c, sp, fd, bytes, 0, err);
   close(fd);
+  /* Both ends have it mapped: the name has done its work. */
+  if (s == BRG_SUCCESS) shm_unlink(sp->name);
   return s;
 }
 

@@ -130,6 +130,92 @@ def _stream_handle(stream: Stream) -> Optional[int]:
                     f"Numba stream, not {type(stream).__name__}")
 
 
+_owned_lock = threading.RLock()
+
+
+class _Owned:
+    """A C object (a communicator, a reducer) and what depends on it.
+
+    Python never frees what something still uses: ``close`` closes the
+    children first (a communicator's reducers), and the C object is
+    destroyed once no child is left and nothing pins it (a NumPy view over
+    its memory holds a pin until the view and every slice of it are gone).
+    Requests dropped while in flight are kept here, buffers and all, until
+    they finish or the C object is destroyed (which finishes them).
+    """
+
+    def __init__(self, handle: int, destroy: Any, parent: Optional["_Owned"] = None):
+        self.handle: Optional[int] = handle
+        self._destroy = destroy
+        self.parent = parent
+        self.children: set = set()
+        self.pins = 0
+        self.orphans: list = []
+        self.closing = False
+        if parent is not None:
+            with _owned_lock:
+                parent.children.add(self)
+
+    def close(self) -> int:
+        """Python is done with it; returns the destroy's status (SUCCESS when
+        the destroy waits for children or pins)."""
+        with _owned_lock:
+            self.closing = True
+            children = list(self.children)
+        for ch in children:
+            ch.close()
+        return self._release()
+
+    def _release(self) -> int:
+        with _owned_lock:
+            if self.handle is None or self.pins or self.children or not self.closing:
+                return Status.SUCCESS
+            h, self.handle = self.handle, None
+        s = self._destroy(h)
+        self.orphans = []  # the destroy finished them
+        p = self.parent
+        if p is not None:
+            with _owned_lock:
+                p.children.discard(self)
+            p._release()
+        return s
+
+    def pin(self) -> "_Pin":
+        return _Pin(self)
+
+    def adopt_orphan(self, req: "Request") -> None:
+        """A request dropped in flight: its struct and buffers stay until it ends."""
+        with _owned_lock:
+            live = []
+            for o in self.orphans:  # the ones that have finished go now
+                done = ctypes.c_int(0)
+                _capi.lib.brg_test(ctypes.byref(o[0]), ctypes.byref(done))
+                if not done.value:
+                    live.append(o)
+            live.append((req._req, req._keep))
+            self.orphans = live
+
+
+class _Pin:
+    """Keeps an :class:`_Owned` from being destroyed while it lives."""
+
+    def __init__(self, owner: _Owned):
+        with _owned_lock:
+            owner.pins += 1
+        self._owner: Optional[_Owned] = owner
+
+    def __del__(self) -> None:
+        owner, self._owner = getattr(self, "_owner", None), None
+        if owner is None:
+            return
+        with _owned_lock:
+            owner.pins -= 1
+        try:
+            owner._release()
+        except Exception:
+            pass
+
+
 class Request:
     """A collective in flight (from :meth:`Communicator.iallreduce` and the
     other ``i`` forms).
@@ -186,12 +272,19 @@ class Request:
         return self._result
 
     def __del__(self) -> None:
-        # The library writes into self._req until the collective is over.
-        if not getattr(self, "_done", True):
-            try:
-                _capi.lib.brg_wait(ctypes.byref(self._req))
-            except Exception:
-                pass
+        # The library writes into self._req and the buffers until the call is
+        # over: one still in flight is kept by its communicator, without
+        # blocking here, until it ends or the communicator is destroyed.
+        if getattr(self, "_done", True):
+            return
+        try:
+            done = ctypes.c_int(0)
+            _capi.lib.brg_test(ctypes.byref(self._req), ctypes.byref(done))
+            core = self._comm._core
+            if not done.value and core is not None and core.handle is not None:
+                core.adopt_orphan(self)
+        except Exception:
+            pass
 
 
 def library_version() -> tuple:
@@ -231,6 +324,7 @@ class Communicator:
 
     def __init__(self, nranks: int, unique_id: bytes, rank: int):
         self._handle: Optional[int] = None
+        self._core: Optional[_Owned] = None
         self._lock = threading.Lock()
         uid = _capi.UniqueIdStruct()
         data = bytes(UniqueId(bytes(unique_id)))
@@ -248,6 +342,7 @@ class Communicator:
         MASTER_PORT. With no launcher variable at all: one rank."""
         self = cls.__new__(cls)
         self._handle = None
+        self._core = None
         self._lock = threading.Lock()
         h = ctypes.c_void_p()
         _check(_capi.lib.brg_comm_init_env(ctypes.byref(h)), "brg_comm_init_env")
@@ -256,6 +351,7 @@ class Communicator:
 
     def _adopt(self, h: ctypes.c_void_p) -> None:
         self._handle = h.value
+        self._core = _Owned(h.value, _capi.lib.brg_comm_destroy)
         r, n = ctypes.c_int(), ctypes.c_int()
         _check(_capi.lib.brg_comm_rank(self._handle, ctypes.byref(r)), "brg_comm_rank",
                self._handle)
@@ -280,6 +376,7 @@ class Communicator:
             return None
         new = Communicator.__new__(Communicator)
         new._handle = None
+        new._core = None
         new._lock = threading.Lock()
         new._adopt(out)
         return new
@@ -294,10 +391,16 @@ class Communicator:
         return self._handle
 
     def close(self) -> None:
-        """Destroys the communicator (``brg_comm_destroy``); idempotent."""
+        """Destroys the communicator (``brg_comm_destroy``); idempotent.
+
+        Its reducers are closed first, and every request still outstanding
+        finishes (as aborted). Later calls on it, and on its reducers, raise
+        :class:`Error`. While a NumPy view of a reducer's memory
+        (:meth:`Reducer.grad`) lives, the C objects stay until it goes."""
         h, self._handle = self._handle, None
-        if h is not None:
-            _check(_capi.lib.brg_comm_destroy(h), "brg_comm_destroy")
+        core = getattr(self, "_core", None)
+        if h is not None and core is not None:
+            _check(core.close(), "brg_comm_destroy")
 
     def abort(self) -> None:
         """Makes every call in progress return ERR_ABORTED, here and on the other ranks."""

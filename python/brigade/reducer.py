@@ -40,9 +40,9 @@ class Reducer:
                  find_unused: bool = False, static_graph: bool = False,
                  grad_as_view: bool = False, no_rebuild: bool = False, hook: str = "allreduce",
                  bucket_cap_bytes: int = 0, first_bucket_cap_bytes: int = 0):
-        from . import Error
+        from . import Error, _Owned
 
-        self._handle: Optional[int] = None
+        self._core: Optional[_Owned] = None
         self._comm = comm
         n = len(params)
         if grads is not None and len(grads) != n:
@@ -106,13 +106,29 @@ class Reducer:
             if s != Status.SUCCESS:
                 m = _capi.lib.brg_reducer_last_error(None)  # create's own failure
                 raise Error(s, m.decode(errors="replace") if m else "", "brg_reducer_create")
-            self._handle = h.value
             self._params = arr
+            views = self._views
+
+            def destroy(handle: int) -> int:
+                st = _capi.lib.brg_reducer_destroy(handle)
+                for v in views:  # the library is done with the buffers
+                    v.release()
+                views.clear()
+                return st
+
+            # A child of the communicator's: closing that closes this first.
+            self._core = _Owned(h.value, destroy, comm._core)
         except BaseException:
             for v in self._views:
                 v.release()
             raise
 
+
+    @property
+    def _handle(self) -> Optional[int]:
+        """The C reducer, None once this reducer or its communicator is closed."""
+        core = self._core
+        return None if core is None or core.closing else core.handle
 
     def _check(self, s: int, call: str) -> None:
         from . import Error
@@ -124,9 +140,13 @@ class Reducer:
     def _h(self) -> int:
         from . import Error
 
-        if self._handle is None:
-            raise Error(Status.ERR_INVALID_USAGE, "the reducer was closed", "brigade.Reducer")
-        return self._handle
+        h = self._handle
+        if h is None:
+            comm_closed = getattr(self._comm, "_handle", 0) is None
+            raise Error(Status.ERR_INVALID_USAGE,
+                        "the reducer was closed" + (" (its communicator was closed)"
+                                                    if comm_closed else ""), "brigade.Reducer")
+        return h
 
     def broadcast_params(self, root: int = 0) -> None:
         """Copies every parameter's values from rank `root` to all ranks."""
@@ -157,7 +177,9 @@ class Reducer:
 
     def grad(self, param: int) -> Any:
         """Parameter `param`'s gradient as a NumPy array over brigade's memory
-        (needs NumPy; float16 as numpy.float16, bfloat16 as raw uint16)."""
+        (needs NumPy; float16 as numpy.float16, bfloat16 as raw uint16). The
+        array, and every slice of it, keeps that memory alive: a reducer closed
+        meanwhile is destroyed once the last of them is gone."""
         import numpy as np
 
         table = {DType.INT8: np.int8, DType.UINT8: np.uint8, DType.INT32: np.int32,
@@ -168,6 +190,7 @@ class Reducer:
         dt = np.dtype(table[self._dtypes[param]])
         n = self._counts[param]
         buf = (ctypes.c_char * (n * dt.itemsize)).from_address(addr)
+        buf._pin = self._core.pin()  # type: ignore[attr-defined,union-attr]
         return np.frombuffer(buf, dtype=dt, count=n)
 
     @property
@@ -188,13 +211,12 @@ class Reducer:
         return DType(d.value), c.value, [idx[i] for i in range(npar.value)]
 
     def close(self) -> None:
-        """Destroys the reducer (``brg_reducer_destroy``); idempotent."""
-        h, self._handle = self._handle, None
-        if h is not None:
-            s = _capi.lib.brg_reducer_destroy(h)
-            for v in self._views:
-                v.release()
-            self._views = []
+        """Destroys the reducer (``brg_reducer_destroy``); idempotent. Later calls
+        raise :class:`brigade.Error`; while a view from :meth:`grad` lives, the
+        C reducer stays until it goes."""
+        core = self._core
+        if core is not None and not core.closing:
+            s = core.close()
             if s != Status.SUCCESS:
                 from . import Error
 
@@ -207,7 +229,7 @@ class Reducer:
         self.close()
 
     def __del__(self) -> None:
-        if getattr(self, "_handle", None) is not None:
+        if getattr(self, "_core", None) is not None and not self._core.closing:
             try:
                 self.close()
             except Exception:

@@ -282,6 +282,9 @@ static void refusals(ncclComm_t comm, bufs *b) {
           ncclInvalidArgument, "comm is NULL");
   REFUSED(ncclCommSplit(comm, 0, 0, NULL, NULL), ncclInvalidArgument, "newcomm is NULL");
   REFUSED(ncclGroupEnd(), ncclInvalidUsage, "without ncclGroupStart");
+  /* nranks blocks of SIZE_MAX / 8 elements: no buffer has that many bytes. */
+  REFUSED(ncclAlltoAll(b->dsend, b->drecv, SIZE_MAX / 8, ncclFloat64, comm, b->stream),
+          ncclInvalidArgument, "too large");
   int v = 0, cnt = 0, rk = -1, dev = -1;
   NCCL_OK(ncclGetVersion(&v));
   if (v != NCCL_VERSION_CODE) FAIL("ncclGetVersion: %d, expected %d", v, NCCL_VERSION_CODE);
@@ -429,6 +432,10 @@ static int rank_main(int rank, int n, const ncclUniqueId *id) {
   split(comm, rank, n, &b);
   free_bufs(&b);
   NCCL_OK(ncclCommDestroy(comm));
+  /* Destroyed twice: a clean error, not a use of freed memory (documented
+   * as undefined once the address may name a new communicator). */
+  REFUSED(ncclCommDestroy(comm), ncclInvalidArgument, "already destroyed");
+  REFUSED(ncclCommCount(comm, &n), ncclInvalidArgument, "destroyed");
   printf("rank %d: %ld elements checked, %d failures\n", rank, g_checked, g_failures);
   return g_failures ? 1 : 0;
 }

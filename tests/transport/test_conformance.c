@@ -670,6 +670,20 @@ static void case_half_setup(const test_link *l) {
   l->ops->close(&sc);
   resources_check(l, before, "close after a failed send_connect");
 
+  /* Both ends mapped, and the receiver killed before recv_connect: the
+   * sender's attach leaves no name behind for a dead receiver to own. */
+  p = params(l, 1);
+  s = l->ops->recv_setup(&rc, &p, info, &err);
+  if (s != BRG_SUCCESS) fail("recv_setup: %s: %s", brg_status_string(s), err.msg);
+  sender_connect(l, &sc, info, l->secret, 0);
+  if (count_link_names(l) != 0)
+    fail("both ends mapped the FIFO, and %d name(s) of it remain in /dev/shm: a receiver killed "
+         "now would leave them behind",
+         count_link_names(l));
+  l->ops->close(&sc);
+  l->ops->close(&rc);
+  resources_check(l, before, "close after setup and attach without recv_connect");
+
   if (sees_peer_death(l->ops)) {
     /* Nobody connects: recv_connect times out. */
     p = params(l, 1);

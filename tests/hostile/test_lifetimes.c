@@ -1,0 +1,367 @@
+/*
+ * Lifetimes through the C API: point-to-point requests outstanding when
+ * their communicator is aborted or destroyed (every posted receive and
+ * queued send finishes as aborted; brg_wait and brg_test on them afterwards
+ * touch nothing of the communicator), and a communicator destroyed twice.
+ * Forked ranks (tests/multiproc/harness.c); a rank that reads freed memory
+ * dies by a signal, which the harness reports.
+ *
+ * Also: sends to this rank itself count against BRIGADE_P2P_EARLY_BYTES
+ * (selfcap): past the cap they wait for their receives.
+ *
+ * And: a stopped peer fails a point-to-point wait at
+ * BRIGADE_SILENT_TIMEOUT_MS, as it does a collective (stopped).
+ *
+ * And: a send cut short by its timeout (the receiver's early memory full)
+ * is told to the receiver as that, not as a death (cutshort).
+ *
+ * And: a member whose part of brg_comm_split fails leaves the others an
+ * error that says brg_comm_split and which ranks of the parent the new
+ * communicator's rank numbers are (splitfail).
+ *
+ * And: a rank killed while the others split communicators off their
+ * parent in a loop; each survivor's split (or a call after it) fails within
+ * the timeout, with a message that says brg_comm_split (splitkill).
+ *
+ *   test_lifetimes CASE   CASE: self, abort, peer, twice, selfcap, stopped, cutshort,
+ *                               splitfail, splitkill
+ */
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "brigade.h"
+#include "harness.h"
+
+/* A finished request's status and the message brg_wait leaves. */
+static void expect_ended(const char *what, brg_request *rq, brg_status want, const char *needle) {
+  int done = 0;
+  brg_status s = brg_test(rq, &done);
+  MP_CHECK(done == 1, "%s: brg_test says not done (status %s)", what, brg_status_string(s));
+  MP_CHECK(s == want, "%s: brg_test gave %s, expected %s", what, brg_status_string(s),
+           brg_status_string(want));
+  s = brg_wait(rq);
+  MP_CHECK(s == want, "%s: brg_wait gave %s, expected %s", what, brg_status_string(s),
+           brg_status_string(want));
+  const char *m = brg_comm_last_error(NULL);
+  MP_CHECK(!needle || mp_contains(m, needle), "%s: message \"%s\" lacks \"%s\"", what, m, needle);
+}
+
+/* One rank: receives from itself posted, then the communicator destroyed. */
+static int body_self(mp_ctx *x) {
+  float buf[4] = {0};
+  brg_request rq[3];
+  MP_CHECK(brg_irecv(buf, 4, BRG_FLOAT32, 0, x->comm, &rq[0]) == BRG_SUCCESS, "irecv");
+  MP_CHECK(brg_irecv(buf, 4, BRG_FLOAT32, 0, x->comm, &rq[1]) == BRG_SUCCESS, "irecv");
+  /* Finished before the destroy, with a mismatch: its message survives. */
+  double d[2] = {1, 2};
+  MP_CHECK(brg_send(d, 2, BRG_FLOAT64, 0, x->comm, NULL) == BRG_SUCCESS, "send to self");
+  MP_CHECK(brg_comm_destroy(x->comm) == BRG_SUCCESS, "destroy: %s", brg_comm_last_error(NULL));
+  x->comm = NULL;
+  expect_ended("receive matched by a mismatched send", &rq[0], BRG_ERR_MISMATCH, "rank 0");
+  expect_ended("receive outstanding at destroy", &rq[1], BRG_ERR_ABORTED, "destroyed");
+  /* And once more: the request stays finished. */
+  expect_ended("second wait", &rq[1], BRG_ERR_ABORTED, "destroyed");
+  memset(&rq[2], 0, sizeof rq[2]);
+  return mp_failures();
+}
+
+/* One rank: brg_comm_abort finishes what is outstanding, at once. */
+static int body_abort(mp_ctx *x) {
+  float buf[4] = {0};
+  brg_request rq;
+  MP_CHECK(brg_irecv(buf, 4, BRG_FLOAT32, 0, x->comm, &rq) == BRG_SUCCESS, "irecv");
+  MP_CHECK(brg_comm_abort(x->comm) == BRG_SUCCESS, "abort");
+  int done = 0;
+  brg_status s = brg_test(&rq, &done);
+  MP_CHECK(done == 1 && s == BRG_ERR_ABORTED, "after abort: brg_test gave done %d, %s", done,
+           brg_status_string(s));
+  s = brg_wait(&rq);
+  MP_CHECK(s == BRG_ERR_ABORTED, "after abort: brg_wait gave %s", brg_status_string(s));
+  MP_CHECK(mp_contains(brg_comm_last_error(x->comm), "aborted"), "message: %s",
+           brg_comm_last_error(x->comm));
+  return mp_failures();
+}
+
+/* Two ranks: rank 0 queues sends rank 1 never receives (more than its
+ * early memory and the socket hold) and a receive rank 1 never sends, then
+ * destroys. */
+static int body_peer(mp_ctx *x) {
+  enum { N = 16 << 20 }; /* 64 MiB: more than a loopback link's socket buffers take */
+  if (x->rank == 1) {
+    mp_wait_flag(0, 30000); /* rank 0 is done */
+    return mp_failures();
+  }
+  float *big = calloc(N, sizeof *big), in[8];
+  brg_request rq[4];
+  for (int i = 0; i < 3; i++)
+    MP_CHECK(brg_isend(big, N, BRG_FLOAT32, 1, x->comm, &rq[i]) == BRG_SUCCESS, "isend %d: %s", i,
+             brg_comm_last_error(x->comm));
+  MP_CHECK(brg_irecv(in, 8, BRG_FLOAT32, 1, x->comm, &rq[3]) == BRG_SUCCESS, "irecv");
+  int done = 0;
+  MP_CHECK(brg_test(&rq[2], &done) == BRG_IN_PROGRESS && !done, "the last send finished");
+  MP_CHECK(brg_comm_destroy(x->comm) == BRG_SUCCESS, "destroy: %s", brg_comm_last_error(NULL));
+  x->comm = NULL;
+  expect_ended("send queued at destroy", &rq[2], BRG_ERR_ABORTED, "rank 1");
+  expect_ended("receive posted at destroy", &rq[3], BRG_ERR_ABORTED, "rank 1");
+  __atomic_store_n(&x->shared->flags[0], 1, __ATOMIC_SEQ_CST);
+  free(big);
+  return mp_failures();
+}
+
+/* brg_comm_destroy twice, and calls on the destroyed communicator. */
+static int body_twice(mp_ctx *x) {
+  brg_comm *c = x->comm;
+  x->comm = NULL;
+  MP_CHECK(brg_comm_destroy(c) == BRG_SUCCESS, "destroy");
+  brg_status s = brg_comm_destroy(c);
+  MP_CHECK(s == BRG_ERR_INVALID_ARGUMENT, "second destroy gave %s", brg_status_string(s));
+  MP_CHECK(mp_contains(brg_comm_last_error(NULL), "destroyed"), "message: %s",
+           brg_comm_last_error(NULL));
+  float v = 1;
+  s = brg_allreduce(&v, &v, 1, BRG_FLOAT32, BRG_SUM, c, NULL);
+  MP_CHECK(s == BRG_ERR_INVALID_ARGUMENT, "allreduce on a destroyed comm gave %s",
+           brg_status_string(s));
+  MP_CHECK(mp_contains(brg_comm_last_error(c), "not a valid communicator"),
+           "last error of a destroyed comm: %s", brg_comm_last_error(c));
+  return mp_failures();
+}
+
+/* One rank, BRIGADE_P2P_EARLY_BYTES=1M: eight isends of 1 MiB to itself;
+ * the first lands in early memory, the rest wait for receives, then every
+ * message arrives whole and in order. */
+static int body_selfcap(mp_ctx *x) {
+  enum { K = 8, N = 1 << 18 };
+  float *out = malloc((size_t)K * N * sizeof *out), *in = malloc((size_t)N * sizeof *in);
+  brg_request rq[K];
+  for (int k = 0; k < K; k++) {
+    for (int i = 0; i < N; i++) out[(size_t)k * N + i] = (float)(k * 1000 + i % 1000);
+    MP_CHECK(brg_isend(out + (size_t)k * N, N, BRG_FLOAT32, 0, x->comm, &rq[k]) == BRG_SUCCESS,
+             "isend %d: %s", k, brg_comm_last_error(x->comm));
+  }
+  int waiting = 0;
+  for (int k = 0; k < K; k++) {
+    int done = 0;
+    brg_test(&rq[k], &done);
+    waiting += !done;
+  }
+  MP_CHECK(waiting == K - 1,
+           "%d of %d sends to self wait for their receives, expected %d "
+           "(BRIGADE_P2P_EARLY_BYTES=1M holds one)",
+           waiting, K, K - 1);
+  for (int k = 0; k < K; k++) {
+    MP_CHECK(brg_recv(in, N, BRG_FLOAT32, 0, x->comm, NULL) == BRG_SUCCESS, "recv %d: %s", k,
+             brg_comm_last_error(x->comm));
+    int bad = 0;
+    for (int i = 0; i < N; i++) bad += in[i] != (float)(k * 1000 + i % 1000);
+    MP_CHECK(bad == 0, "message %d: %d wrong elements", k, bad);
+  }
+  for (int k = 0; k < K; k++)
+    MP_CHECK(brg_wait(&rq[k]) == BRG_SUCCESS, "send %d: %s", k, brg_comm_last_error(x->comm));
+  free(out);
+  free(in);
+  return mp_failures();
+}
+
+/* Two ranks, BRIGADE_SILENT_TIMEOUT_MS=1000 and BRIGADE_TIMEOUT_MS=30000:
+ * rank 1 is stopped (SIGSTOP) while rank 0 waits for a message from it,
+ * then while rank 0 sends it more than its socket holds. Both fail in a
+ * few seconds, naming rank 1 as silent. */
+static int body_stopped(mp_ctx *x) {
+  __atomic_store_n(&x->shared->progress[x->rank], 1, __ATOMIC_RELEASE);
+  if (x->rank == 1) {
+    for (int i = 0; i < 600; i++) mp_sleep_ms(100); /* stopped meanwhile, then killed */
+    return 0;
+  }
+  float v[4];
+  for (int k = 0; k < 2; k++) {
+    int64_t t0 = mp_now_ns();
+    brg_status s;
+    float *big = NULL;
+    if (k == 0) {
+      s = brg_recv(v, 4, BRG_FLOAT32, 1, x->comm, NULL);
+    } else {
+      big = calloc(16 << 20, sizeof *big);
+      s = brg_send(big, 16 << 20, BRG_FLOAT32, 1, x->comm, NULL);
+      free(big);
+    }
+    double ms = (mp_now_ns() - t0) / 1e6;
+    const char *e = brg_comm_last_error(x->comm);
+    MP_CHECK(s == BRG_ERR_REMOTE && mp_contains(e, "silent") && mp_names_rank(e, 1) && ms < 10000,
+             "%s a stopped rank 1: %s after %.0f ms (silent limit 1000 ms, timeout 30000 ms): %s",
+             k ? "send to" : "receive from", brg_status_string(s), ms, e);
+    mp_info("%s a stopped rank: %s after %.0f ms: %s", k ? "send to" : "receive from",
+            brg_status_string(s), ms, e);
+  }
+  return mp_failures();
+}
+
+/* Two ranks, BRIGADE_P2P_EARLY_BYTES=1M, BRIGADE_TIMEOUT_MS=2000: rank 1
+ * sends two messages of 64 MiB while rank 0 posts nothing until the
+ * second has timed out on rank 1 part way (the first lands in early memory).
+ * Rank 0 then gets the first whole and a failure for the second that says
+ * the send was cut short, at once. Rank 1 stays alive throughout. */
+static int body_cutshort(mp_ctx *x) {
+  /* 64 MiB: more than the socket buffers of a loopback link can take
+   * (tcp_rmem's ceiling is 32 MiB here, tcp_wmem's 4 MiB). */
+  enum { N = 16 << 20 };
+  int32_t *buf = calloc(N, sizeof *buf);
+  if (x->rank == 1) {
+    for (int i = 0; i < N; i++) buf[i] = i;
+    MP_CHECK(brg_send(buf, N, BRG_INT32, 0, x->comm, NULL) == BRG_SUCCESS, "first send: %s",
+             brg_comm_last_error(x->comm));
+    brg_status s = brg_send(buf, N, BRG_INT32, 0, x->comm, NULL);
+    MP_CHECK(s == BRG_ERR_TIMEOUT, "second send: %s, expected a timeout: %s", brg_status_string(s),
+             brg_comm_last_error(x->comm));
+    __atomic_store_n(&x->shared->flags[1], 1, __ATOMIC_SEQ_CST);
+    mp_wait_flag(0, 30000); /* alive until rank 0 is done */
+    free(buf);
+    return mp_failures();
+  }
+  /* Nothing posted until rank 1's second send has given up. */
+  MP_CHECK(mp_wait_flag(1, 30000), "rank 1's second send never ended");
+  MP_CHECK(brg_recv(buf, N, BRG_INT32, 1, x->comm, NULL) == BRG_SUCCESS, "first recv: %s",
+           brg_comm_last_error(x->comm));
+  int bad = 0;
+  for (int i = 0; i < N; i++) bad += buf[i] != i;
+  MP_CHECK(bad == 0, "first message: %d wrong elements", bad);
+  int64_t t0 = mp_now_ns();
+  brg_status s = brg_recv(buf, N, BRG_INT32, 1, x->comm, NULL);
+  double ms = (mp_now_ns() - t0) / 1e6;
+  const char *e = brg_comm_last_error(x->comm);
+  MP_CHECK(s == BRG_ERR_REMOTE && mp_contains(e, "cut that send short") && ms < 1000,
+           "second recv: %s after %.0f ms: %s", brg_status_string(s), ms, e);
+  mp_info("second recv: %s after %.0f ms: %s", brg_status_string(s), ms, e);
+  __atomic_store_n(&x->shared->flags[0], 1, __ATOMIC_SEQ_CST);
+  free(buf);
+  return mp_failures();
+}
+
+/* Three ranks, BRIGADE_TIMEOUT_MS=3000: ranks 1 and 2 form color 0 (its
+ * ranks 0 and 1), rank 0 takes no part; rank 2 has no file descriptor
+ * left, so its side of the new communicator fails at once and rank 1 waits
+ * for it until the timeout (3 s). Both errors begin with brg_comm_split and map
+ * the new ranks to the parent's. */
+static int body_splitfail(mp_ctx *x) {
+  brg_comm *nc = NULL;
+  struct rlimit old;
+  getrlimit(RLIMIT_NOFILE, &old);
+  int held[4096], nheld = 0;
+  if (x->rank == 2) {
+    /* The descriptors open now, and the holes between them filled, are
+     * all it may have. */
+    int top = 0;
+    for (int fd = 0; fd < 4096; fd++)
+      if (fcntl(fd, F_GETFD) != -1) top = fd;
+    struct rlimit lim = {.rlim_cur = (rlim_t)top + 1, .rlim_max = old.rlim_max};
+    setrlimit(RLIMIT_NOFILE, &lim);
+    for (int fd; nheld < 4096 && (fd = dup(0)) >= 0;) held[nheld++] = fd;
+  }
+  brg_status s = brg_comm_split(x->comm, x->rank == 0 ? BRG_SPLIT_NOCOLOR : 0, x->rank, &nc);
+  if (x->rank == 2) {
+    while (nheld > 0) close(held[--nheld]);
+    setrlimit(RLIMIT_NOFILE, &old);
+  }
+  const char *e = brg_comm_last_error(NULL);
+  if (x->rank == 0) {
+    MP_CHECK(s == BRG_SUCCESS && !nc, "rank 0 (no color): %s: %s", brg_status_string(s), e);
+  } else {
+    MP_CHECK(s != BRG_SUCCESS && !strncmp(e, "brg_comm_split: ", 16) &&
+                 mp_contains(e, "are ranks 1, 2 here"),
+             "rank %d: %s: the message should begin with brg_comm_split and map the new ranks "
+             "to ranks 1, 2: %s",
+             x->rank, brg_status_string(s), e);
+    mp_info("rank %d: %s: %s", x->rank, brg_status_string(s), e);
+  }
+  if (nc) brg_comm_destroy(nc);
+  return mp_failures();
+}
+
+/* Three ranks, BRIGADE_TIMEOUT_MS=3000: splits of the whole communicator
+ * in a loop, each new one used for an allreduce and destroyed; rank 2 is
+ * killed after the third, at some point of the loop. */
+static int body_splitkill(mp_ctx *x) {
+  for (int k = 0; k < 1000; k++) {
+    __atomic_store_n(&x->shared->progress[x->rank], k + 1, __ATOMIC_RELEASE);
+    brg_comm *nc = NULL;
+    int64_t t0 = mp_now_ns();
+    brg_status s = brg_comm_split(x->comm, 0, x->rank, &nc);
+    double ms = (mp_now_ns() - t0) / 1e6;
+    if (s != BRG_SUCCESS) {
+      const char *e = brg_comm_last_error(NULL);
+      MP_CHECK(!strncmp(e, "brg_comm_split: ", 16) && ms < 3000 + 2000,
+               "split %d after the kill: %s after %.0f ms (timeout 3000 ms): %s", k,
+               brg_status_string(s), ms, e);
+      mp_info("split %d: %s after %.0f ms: %s", k, brg_status_string(s), ms, e);
+      return mp_failures();
+    }
+    float v = 1;
+    s = brg_allreduce(&v, &v, 1, BRG_FLOAT32, BRG_SUM, nc, NULL);
+    brg_comm_destroy(nc);
+    if (s != BRG_SUCCESS) {
+      mp_info("the allreduce on split %d: %s (rank 2 went meanwhile)", k, brg_status_string(s));
+      return mp_failures(); /* the parent is broken for the next split too */
+    }
+    MP_CHECK(v == 3, "split %d: allreduce gave %g", k, v);
+  }
+  mp_fail("rank 2 was never killed");
+  return mp_failures();
+}
+
+int main(int argc, char **argv) {
+  const char *which = argc > 1 ? argv[1] : "self";
+  mp_body_fn body = NULL;
+  int n = 1;
+  if (!strcmp(which, "self")) body = body_self;
+  if (!strcmp(which, "abort")) body = body_abort;
+  if (!strcmp(which, "twice")) body = body_twice;
+  mp_opts o = {.name = NULL, .nranks = 1, .deadline_ms = 60000, .victim = -1};
+  if (!strcmp(which, "stopped")) {
+    body = body_stopped, n = 2;
+    setenv("BRIGADE_SILENT_TIMEOUT_MS", "1000", 1);
+    setenv("BRIGADE_TIMEOUT_MS", "30000", 1);
+    o.victim = 1;
+    o.victim_signal = SIGSTOP;
+    o.victim_after = 1;
+    o.victim_delay_ms = 200;
+  }
+  if (!strcmp(which, "cutshort")) {
+    body = body_cutshort, n = 2;
+    setenv("BRIGADE_P2P_EARLY_BYTES", "1M", 1);
+    setenv("BRIGADE_TIMEOUT_MS", "2000", 1);
+  }
+  if (!strcmp(which, "splitkill")) {
+    body = body_splitkill, n = 3;
+    setenv("BRIGADE_TIMEOUT_MS", "3000", 1);
+    o.victim = 2;
+    o.victim_signal = SIGKILL;
+    o.victim_after = 3;
+    o.victim_delay_ms = 5;
+  }
+  if (!strcmp(which, "splitfail")) {
+    body = body_splitfail, n = 3;
+    setenv("BRIGADE_TIMEOUT_MS", "3000", 1);
+  }
+  if (!strcmp(which, "selfcap")) {
+    body = body_selfcap;
+    setenv("BRIGADE_P2P_EARLY_BYTES", "1M", 1);
+  }
+  if (!strcmp(which, "peer")) {
+    body = body_peer, n = 2;
+    /* Rank 1 keeps the first message and holds the second: the third
+     * cannot leave, whatever the timing. */
+    setenv("BRIGADE_P2P_EARLY_BYTES", "1M", 1);
+  }
+  if (!body) {
+    fprintf(stderr, "unknown case %s\n", which);
+    return 2;
+  }
+  char name[64];
+  snprintf(name, sizeof name, "lifetimes-%s", which);
+  o.name = name;
+  o.nranks = n;
+  return mp_run(&o, body, NULL);
+}
