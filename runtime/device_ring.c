@@ -1843,10 +1843,11 @@ static brg_status kernel_fault(const brg_comm *c, const struct brg__dev_ring *d,
                c->rank, mine, from, (unsigned long long)w->found, (unsigned long long)w->expected);
     else
       snprintf(why, n,
-               "rank %d: kernel-mode %s, channel %d, step %d: a stale slot from rank %d: it holds "
-               "the slot posted at position %llu where %llu was due (FIFO positions out of step)",
-               c->rank, mine, ch, step, from, (unsigned long long)w->found - 1,
-               (unsigned long long)w->expected - 1);
+               "rank %d: kernel-mode %s, channel %d, step %d: a stale slot from rank %d: it is "
+               "marked as post %llu of the link where post %llu was due (FIFO positions out of "
+               "step)",
+               c->rank, mine, ch, step, from, (unsigned long long)w->found,
+               (unsigned long long)w->expected);
     return BRG_ERR_INTERNAL;
   }
   return BRG_SUCCESS;
