@@ -144,6 +144,7 @@ struct brg__dev_ring {
    * legacy stream (NULL) is theirs too, where kernels would queue behind
    * each other's spinning ones. */
   int kshared_gpu;
+  int kthreads; /* another rank of this communicator is in this process */
   /* The watchdog (brg__device_watch, on the liveness thread): per channel
    * the progress last seen and since when it stands still. */
   uint64_t wd_progress[BRG__RK_MAX_CHANNELS], wd_started[BRG__RK_MAX_CHANNELS];
@@ -363,8 +364,11 @@ int brg__device_staged_any(const brg_comm *c) {
 /* Frees the device ring. Only once this rank's own work has drained and
  * both neighbours said theirs has (comm.c): their streams wait on this
  * rank's events and write its FIFO, and its stream waits on theirs. */
+static void stream_user_drop(const struct brg__dev_ring *d);
+
 static void ring_release(struct brg__dev_ring *d) {
   const brg__cuda_api *api = d->api;
+  stream_user_drop(d);
   proxy_join(d);
   for (int k = 0; k < d->nslots; k++) {
     if (d->prev_opened && d->prev_send_ev[k]) api->drv.event_destroy(d->prev_send_ev[k]);
@@ -1469,8 +1473,10 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
            : kwhy            ? kwhy
                              : "");
   for (int r = 0; d->kernel && r < c->nranks; r++)
-    if (r != c->rank && all[r].process == mine->process && !memcmp(all[r].uuid, mine->uuid, 16))
-      d->kshared_gpu = 1;
+    if (r != c->rank && all[r].process == mine->process) {
+      d->kthreads = 1;
+      if (!memcmp(all[r].uuid, mine->uuid, 16)) d->kshared_gpu = 1;
+    }
   if (d->kernel) s = setup_kernel_links(c, d, mine, &all[c->next], &all[c->prev]);
   if (s == BRG_SUCCESS && d->kernel) s = setup_oneshot(c, d, mine, all);
   if (s == BRG_SUCCESS && d->kernel) {
@@ -1993,6 +1999,52 @@ brg_status brg__device_capture_check(brg_comm *c, const char *fn, brg__coll *k) 
   return BRG_SUCCESS;
 }
 
+/* Kernel mode's ranks in this process, with the stream each launched on
+ * last: a stream two ranks of one communicator share would queue one's
+ * kernel behind the other's, which waits for it. Only ranks that have
+ * another rank of their communicator in this process are listed (ranks as
+ * threads), so the lock is not on other processes' hot path. */
+#define STREAM_USERS 64
+static pthread_mutex_t stream_users_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+  const struct brg__dev_ring *d;
+  uint64_t comm_id;
+  int rank;
+  void *stream;
+} stream_users[STREAM_USERS];
+
+static void stream_user_drop(const struct brg__dev_ring *d) {
+  pthread_mutex_lock(&stream_users_lock);
+  for (int i = 0; i < STREAM_USERS; i++)
+    if (stream_users[i].d == d) stream_users[i].d = NULL;
+  pthread_mutex_unlock(&stream_users_lock);
+}
+
+/* -1, or the rank of c's communicator in this process that launched on
+ * `stream` last; this rank is recorded as its last user. */
+static int stream_taken(const brg_comm *c, const struct brg__dev_ring *d, void *stream) {
+  int who = -1, mine = -1, free_at = -1;
+  pthread_mutex_lock(&stream_users_lock);
+  for (int i = 0; i < STREAM_USERS; i++) {
+    if (!stream_users[i].d) {
+      if (free_at < 0) free_at = i;
+    } else if (stream_users[i].d == d) {
+      mine = i;
+    } else if (stream_users[i].comm_id == c->comm_id && stream_users[i].stream == stream) {
+      who = stream_users[i].rank;
+    }
+  }
+  if (mine < 0) mine = free_at;
+  if (mine >= 0 && who < 0) {
+    stream_users[mine].d = d;
+    stream_users[mine].comm_id = c->comm_id;
+    stream_users[mine].rank = c->rank;
+    stream_users[mine].stream = stream;
+  }
+  pthread_mutex_unlock(&stream_users_lock);
+  return who;
+}
+
 brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k) {
   struct brg__dev_ring *d = c->dev;
   const brg__cuda_api *api = d->api;
@@ -2012,6 +2064,15 @@ brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k) {
                            "BRIGADE_DEVICE_MODE=step",
                            c->rank, desc);
   }
+  int other = k->stream && d->kthreads ? stream_taken(c, d, k->stream) : -1;
+  if (other >= 0)
+    return brg__comm_error(c, BRG_ERR_INVALID_USAGE,
+                           "rank %d: %s on stream %p, which rank %d of this communicator, in "
+                           "this process, launched on too: a kernel-mode collective waits for "
+                           "its neighbours inside the kernel, so one rank's kernel would queue "
+                           "behind the other's, which waits for it. Give each rank a stream of "
+                           "its own, or set BRIGADE_DEVICE_MODE=step",
+                           c->rank, brg__coll_name(k->kind), k->stream, other);
   /* Launches of this communicator run one after another, whatever streams
    * they come on: each starts from the FIFO positions the last one left.
    * (A captured launch cannot wait for work outside its capture; a graph's

@@ -29,7 +29,9 @@
  *            ring sizes) alternating over 3 streams, every element checked
  *   shared   two ranks as threads of one process on one GPU, both on the
  *            legacy stream (NULL): refused with BRG_ERR_INVALID_USAGE
- *            naming the shared stream, never a hang
+ *            naming the shared stream, never a hang; then both on one
+ *            stream they made: the second is refused, the first's kernel
+ *            stopped
  *   mismatch kernel mode: ranks call different collectives (count on the
  *            one-shot path and on the ring, dtype, op, root, collective);
  *            the call after, brg_comm_last_error and
@@ -513,6 +515,7 @@ typedef struct shared_rank {
   const brg__cuda_api *api;
   const brg_unique_id *id;
   int rank, nranks;
+  void *stream; /* the one both ranks pass: NULL, or one made on GPU 0 */
   brg_status s;
   char msg[512];
 } shared_rank;
@@ -528,8 +531,16 @@ static void *shared_main(void *arg) {
     return NULL;
   }
   brg_status s = brg_comm_init(&c, t->nranks, t->id, t->rank);
-  if (s == BRG_SUCCESS) s = brg_allreduce(d, d, 4099, BRG_FLOAT32, BRG_SUM, c, NULL);
-  if (s == BRG_SUCCESS) api->drv.stream_sync(NULL);
+  if (s == BRG_SUCCESS) s = brg_allreduce(d, d, 4099, BRG_FLOAT32, BRG_SUM, c, t->stream);
+  if (s == BRG_SUCCESS) {
+    /* enqueued first: the other rank's refusal must stop this kernel */
+    api->drv.stream_sync(t->stream);
+    int64_t t0 = mp_now_ns();
+    while (s == BRG_SUCCESS && ms_since(t0) < g_timeout_ms + 5000.0) {
+      brg_comm_get_async_error(c, &s);
+      if (s == BRG_SUCCESS) mp_sleep_ms(5);
+    }
+  }
   t->s = s;
   snprintf(t->msg, sizeof t->msg, "%s", brg_comm_last_error(c));
   if (c) brg_comm_destroy(c);
@@ -553,6 +564,30 @@ static int body_shared(mp_ctx *ctx) {
   }
   for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
   mp_info("the ranks returned after %.0f ms", ms_since(t0));
+  /* One stream of GPU 0 passed by both ranks: the second to launch on it
+   * is refused, the first one's kernel is stopped. */
+  void *st = NULL;
+  brg_unique_id id2;
+  REQUIRE(api->drv.set_device(0) == 0 && api->drv.stream_create(&st) == 0, "stream_create");
+  REQUIRE(brg_get_unique_id(&id2) == BRG_SUCCESS, "brg_get_unique_id");
+  pthread_t th2[8];
+  shared_rank t2[8];
+  for (int r = 0; r < n; r++) {
+    t2[r] = (shared_rank){.api = api, .id = &id2, .rank = r, .nranks = n, .stream = st};
+    pthread_create(&th2[r], NULL, shared_main, &t2[r]);
+  }
+  for (int r = 0; r < n; r++) pthread_join(th2[r], NULL);
+  int refused = 0;
+  for (int r = 0; r < n; r++) {
+    mp_info("one stream: rank %d: %s: %s", r, brg_status_string(t2[r].s), t2[r].msg);
+    refused += t2[r].s == BRG_ERR_INVALID_USAGE && mp_contains(t2[r].msg, "stream");
+    MP_CHECK(t2[r].s == BRG_ERR_INVALID_USAGE || t2[r].s == BRG_ERR_REMOTE,
+             "rank %d: two ranks on one stream: %s, expected BRG_ERR_INVALID_USAGE (or "
+             "BRG_ERR_REMOTE, the other's refusal): %s",
+             r, brg_status_string(t2[r].s), t2[r].msg);
+  }
+  MP_CHECK(refused > 0, "no rank was refused the stream another rank launched on");
+  api->drv.stream_destroy(st);
   for (int r = 0; r < n; r++) {
     mp_info("rank %d: %s: %s", r, brg_status_string(t[r].s), t[r].msg);
     MP_CHECK(t[r].s == BRG_ERR_INVALID_USAGE,
