@@ -608,6 +608,16 @@ brg_status brg_comm_get_async_error(const brg_comm *comm, brg_status *status) {
     return brg__comm_error((brg_comm *)comm, BRG_ERR_INVALID_ARGUMENT,
                            "brg_comm_get_async_error: status is NULL");
   *status = __atomic_load_n(&comm->broken, __ATOMIC_ACQUIRE);
+  /* Kernel mode: a kernel that stopped after its call returned */
+  if (*status == BRG_SUCCESS && !__atomic_load_n(&comm->aborted, __ATOMIC_ACQUIRE)) {
+    brg_comm *c = (brg_comm *)comm;
+    brg_status k = brg__device_async_error(c);
+    if (k != BRG_SUCCESS) {
+      __atomic_store_n(&c->broken, k, __ATOMIC_RELEASE);
+      brg__comm_notify_abort(c, k, c->last_error);
+      *status = k;
+    }
+  }
   if (*status == BRG_SUCCESS && __atomic_load_n(&comm->aborted, __ATOMIC_ACQUIRE))
     *status = BRG_ERR_ABORTED;
   return BRG_SUCCESS;

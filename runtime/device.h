@@ -99,6 +99,10 @@ int brg__device_kernel_mode(const struct brg__dev_ring *d);
 brg_status brg__device_capture_check(brg_comm *c, const char *fn, brg__coll *k);
 brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k);
 void brg__device_abort(brg_comm *c);
+/* Kernel mode: why its kernels stopped since the last call (a fault they
+ * found, the watchdog, a neighbour), recorded as the communicator's error;
+ * BRG_SUCCESS while they run (brg_comm_get_async_error). */
+brg_status brg__device_async_error(brg_comm *c);
 /* Several rings (progress.c): a device collective's parts 1..rings-1 run
  * on streams of their own (streams[r]) that start after what `stream` holds
  * now (fork), and `stream` continues after all of them (join). At most

@@ -135,9 +135,22 @@ struct brg__dev_ring {
   char *knext, *kprev;
   brg__conn kin, knext_c, kprev_c; /* own region; the neighbours', mapped (cuda_ipc) */
   int *kring;                      /* position -> rank, GPU memory */
-  int *kwords;                     /* a pinned page: [0] abort, [16] status */
+  int *kwords;                     /* a pinned page: [0] abort, [16] status, watch records */
   int *kwords_dev;
+  size_t kctrl;   /* bytes per channel before its slots: words, then a meta per slot */
   void *kdone_ev; /* recorded after each launch outside a graph capture */
+  int kdone_set;  /* kdone_ev was recorded: the next launch waits for it */
+  /* Another rank of this communicator in this process has this GPU: its
+   * legacy stream (NULL) is theirs too, where kernels would queue behind
+   * each other's spinning ones. */
+  int kshared_gpu;
+  int kthreads; /* another rank of this communicator is in this process */
+  /* The watchdog (brg__device_watch, on the liveness thread): per channel
+   * the progress last seen and since when it stands still. */
+  uint64_t wd_progress[BRG__RK_MAX_CHANNELS], wd_started[BRG__RK_MAX_CHANNELS];
+  int64_t wd_since[BRG__RK_MAX_CHANNELS];
+  int wd_fired;         /* the watchdog stopped the kernels */
+  brg_status perr_code; /* with perr: the status the next call returns (0: BRG_ERR_REMOTE) */
   /* The one-shot allreduce (ring_args.h): each rank's area follows the
    * channels in its region, and every rank reaches every other's. */
   size_t kos_limit;                   /* BRIGADE_DEVICE_SMALL_BYTES (0: none) */
@@ -171,7 +184,7 @@ struct brg__dev_ring {
   int ptx_on, prx_on;
   int pstop;                            /* atomic: the threads return */
   uint64_t psent[BRG__RK_MAX_CHANNELS]; /* atomic: slots tx has carried, per channel */
-  char perr[BRG__ERRLEN / 2];           /* what stopped the proxy ("": nothing) */
+  char perr[BRG__ERRLEN];               /* what stopped the proxy or the watchdog ("": nothing) */
   /* Several rings (progress.c): part r of a device collective runs on
    * ring r's communicator on rstream[r], which waits for fork_ev on the
    * caller's stream; the caller's stream waits for join_ev[r] after it. */
@@ -179,9 +192,18 @@ struct brg__dev_ring {
   void *rstream[BRG__DEVICE_MAX_RINGS], *join_ev[BRG__DEVICE_MAX_RINGS];
 };
 
-#define KCTRL 256       /* per channel: tail at 0, head at 64, counters at 128 */
+/* Per channel of a region: tail at 0, head at 64, counters at 128 (posted,
+ * taken, the busy word, headers sent and checked), at 192 the headers the
+ * next rank checked; then from KMETA one brg__rk_meta per slot and from
+ * khdr(d) the mailbox of BRG__RK_HDRS headers, both written by the
+ * previous rank; the slots follow at d->kctrl. */
+#define KMETA 256
+#define KACK 192
 #define PCTRL 1024      /* per channel of a link between hosts: tail, head, sizes at 128 */
 #define KSTATUS_WORD 16 /* in kwords, a cache line after the abort word */
+#define KWATCH 1024     /* in kwords: a brg__rk_watch per channel */
+
+static int kernel_watch(brg_comm *c, char *why, size_t n);
 
 /* What each rank tells every other one at setup. */
 typedef struct dev_blob {
@@ -342,8 +364,11 @@ int brg__device_staged_any(const brg_comm *c) {
 /* Frees the device ring. Only once this rank's own work has drained and
  * both neighbours said theirs has (comm.c): their streams wait on this
  * rank's events and write its FIFO, and its stream waits on theirs. */
+static void stream_user_drop(const struct brg__dev_ring *d);
+
 static void ring_release(struct brg__dev_ring *d) {
   const brg__cuda_api *api = d->api;
+  stream_user_drop(d);
   proxy_join(d);
   for (int k = 0; k < d->nslots; k++) {
     if (d->prev_opened && d->prev_send_ev[k]) api->drv.event_destroy(d->prev_send_ev[k]);
@@ -1362,7 +1387,10 @@ brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st) {
    * the channel count, bounds such a ring. Every rank sees `staged` alike. */
   if (staged) d->kchannels = 1;
   d->kslot = c->slice_bytes & ~(size_t)255;
-  d->kstride = KCTRL + (size_t)d->nslots * d->kslot;
+  d->kctrl = (KMETA + (size_t)d->nslots * sizeof(brg__rk_meta) +
+              BRG__RK_HDRS * sizeof(brg__rk_hdr) + 255) &
+             ~(size_t)255;
+  d->kstride = d->kctrl + (size_t)d->nslots * d->kslot;
   d->pstride = PCTRL + (size_t)d->nslots * d->kslot;
   d->kos_limit = (size_t)brg__device_int(BRG__DEVICE_SMALL_BYTES);
   if (d->kos_limit && c->nranks >= 2 && c->nranks <= BRG__RK_MAX_PEERS) {
@@ -1444,6 +1472,11 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
            d->kmode_req == 2 ? "BRIGADE_DEVICE_MODE=step"
            : kwhy            ? kwhy
                              : "");
+  for (int r = 0; d->kernel && r < c->nranks; r++)
+    if (r != c->rank && all[r].process == mine->process) {
+      d->kthreads = 1;
+      if (!memcmp(all[r].uuid, mine->uuid, 16)) d->kshared_gpu = 1;
+    }
   if (d->kernel) s = setup_kernel_links(c, d, mine, &all[c->next], &all[c->prev]);
   if (s == BRG_SUCCESS && d->kernel) s = setup_oneshot(c, d, mine, all);
   if (s == BRG_SUCCESS && d->kernel) {
@@ -1505,6 +1538,7 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
                 "device ring: allreduces up to %zu bytes (BRIGADE_DEVICE_SMALL_BYTES) go in one "
                 "hop: each rank writes its input to all %d ranks, which sum them in rank order",
                 d->kos_limit, c->nranks);
+    c->kwatch = kernel_watch;
     __atomic_store_n(&c->kabort, d->kwords, __ATOMIC_RELEASE);
     __atomic_store_n(&c->dev, d, __ATOMIC_RELEASE);
   } else if (s == BRG_SUCCESS) {
@@ -1767,14 +1801,78 @@ int brg__device_kernel_mode(const struct brg__dev_ring *d) {
   return d && d->kernel;
 }
 
+/* Channel ch's watch record (ring_args.h), in the pinned page. */
+static brg__rk_watch *watch_rec(const struct brg__dev_ring *d, int ch) {
+  return (brg__rk_watch *)((char *)d->kwords + KWATCH) + ch;
+}
+
+/* A call from a watch record, "allreduce #3 (count 7, ...)". */
+static void watch_call(char *out, size_t n, const brg__rk_call *src) {
+  uint64_t v[3];
+  brg__rk_call x;
+  for (int i = 0; i < 3; i++) v[i] = __atomic_load_n((const uint64_t *)src + i, __ATOMIC_RELAXED);
+  memcpy(&x, v, sizeof x);
+  brg__coll_describe(out, n, (brg__coll_kind)x.kind, x.seq, x.count, x.dtype, x.op, x.root, 1);
+}
+
+/* What a channel that stopped on a fault found (ring_kernel.cuh's checks),
+ * in why; its status, or BRG_SUCCESS when none did. */
+static brg_status kernel_fault(const brg_comm *c, const struct brg__dev_ring *d, char *why,
+                               size_t n) {
+  for (int ch = 0; ch < d->kchannels; ch++) {
+    brg__rk_watch *w = watch_rec(d, ch);
+    int code = __atomic_load_n(&w->code, __ATOMIC_ACQUIRE);
+    if (code == BRG__RK_OK || code == BRG__RK_ABORTED) continue;
+    char mine[160], theirs[160];
+    int step = __atomic_load_n(&w->step, __ATOMIC_RELAXED);
+    int oneshot = __atomic_load_n(&w->wait, __ATOMIC_RELAXED) == BRG__RK_WAIT_ONESHOT;
+    int from = oneshot ? __atomic_load_n(&w->peer, __ATOMIC_RELAXED) : c->prev;
+    watch_call(mine, sizeof mine, &w->mine);
+    if (code == BRG__RK_MISMATCH) {
+      watch_call(theirs, sizeof theirs, &w->theirs);
+      snprintf(why, n, "collective mismatch: rank %d called %s but rank %d called %s", c->rank,
+               mine, from, theirs);
+      return BRG_ERR_MISMATCH;
+    }
+    if (code == BRG__RK_BUSY) {
+      snprintf(why, n,
+               "rank %d: a kernel-mode launch of %s found another launch of this communicator "
+               "running in channel %d (graph launches, or launches on streams, that nothing "
+               "orders): it stopped instead of taking the other one's slots",
+               c->rank, mine, ch);
+      return BRG_ERR_INVALID_USAGE;
+    }
+    if (oneshot)
+      snprintf(why, n,
+               "rank %d: kernel-mode %s found a stale one-shot flag of rank %d: call %llu where "
+               "call %llu was due (one-shot areas out of step)",
+               c->rank, mine, from, (unsigned long long)w->found, (unsigned long long)w->expected);
+    else
+      snprintf(why, n,
+               "rank %d: kernel-mode %s, channel %d, step %d: a stale slot from rank %d: it is "
+               "marked as post %llu of the link where post %llu was due (FIFO positions out of "
+               "step)",
+               c->rank, mine, ch, step, from, (unsigned long long)w->found,
+               (unsigned long long)w->expected);
+    return BRG_ERR_INTERNAL;
+  }
+  return BRG_SUCCESS;
+}
+
 /* Why this rank's kernels were stopped, for the call after. */
 static brg_status kernel_stopped(brg_comm *c, struct brg__dev_ring *d) {
-  char why[BRG__ERRLEN / 2];
-  brg_status s = BRG_ERR_REMOTE;
+  char why[BRG__ERRLEN];
+  brg_status s = kernel_fault(c, d, why, sizeof why);
+  if (s != BRG_SUCCESS) return brg__comm_error(c, s, "%s", why);
+  s = BRG_ERR_REMOTE;
   snprintf(why, sizeof why, "the communicator was aborted");
   pthread_mutex_lock(&d->ev_lock);
   if (d->perr[0]) snprintf(why, sizeof why, "%s", d->perr);
+  brg_status own = d->perr_code;
   pthread_mutex_unlock(&d->ev_lock);
+  /* The watchdog's own verdict (the neighbours' notices that follow it are
+   * its echo). */
+  if (own != BRG_SUCCESS) return brg__comm_error(c, own, "%s", why);
   for (int dir = 0; dir < 2; dir++) {
     char buf[BRG__BOOT_MAX_MSG + 1], text[BRG__ERRLEN / 2];
     uint32_t type = 0, len = 0;
@@ -1806,6 +1904,75 @@ static brg_status kernel_stopped(brg_comm *c, struct brg__dev_ring *d) {
                          c->rank, why);
 }
 
+/* The watchdog of kernel mode, on the liveness thread (c->kwatch), every
+ * beat: a channel that stopped on a fault, or a launch in flight whose
+ * progress has stood still for the timeout (a peer that never launches,
+ * calls that deadlock), stops this rank's kernels through the abort word;
+ * the reason waits for the next call and brg_comm_get_async_error. 1 and
+ * the reason in why when it stopped them now. */
+static int kernel_watch(brg_comm *c, char *why, size_t n) {
+  struct brg__dev_ring *d = __atomic_load_n(&c->dev, __ATOMIC_ACQUIRE);
+  if (!d || !d->kernel || d->wd_fired) return 0;
+  char text[BRG__ERRLEN];
+  brg_status s = kernel_fault(c, d, text, sizeof text);
+  int64_t now = brg__now_ns();
+  for (int ch = 0; s == BRG_SUCCESS && ch < d->kchannels; ch++) {
+    brg__rk_watch *w = watch_rec(d, ch);
+    uint64_t started = __atomic_load_n(&w->started, __ATOMIC_RELAXED);
+    uint64_t progress = __atomic_load_n(&w->progress, __ATOMIC_RELAXED);
+    if (started == __atomic_load_n(&w->finished, __ATOMIC_RELAXED)) {
+      d->wd_since[ch] = 0; /* nothing in flight */
+      continue;
+    }
+    if (!d->wd_since[ch] || started != d->wd_started[ch] || progress != d->wd_progress[ch]) {
+      d->wd_since[ch] = now;
+      d->wd_started[ch] = started;
+      d->wd_progress[ch] = progress;
+      continue;
+    }
+    int64_t still_ms = (now - d->wd_since[ch]) / 1000000;
+    if (still_ms < c->timeout_ms) continue;
+    int wait = __atomic_load_n(&w->wait, __ATOMIC_RELAXED);
+    int step = __atomic_load_n(&w->step, __ATOMIC_RELAXED);
+    int peer = wait == BRG__RK_WAIT_RECV   ? c->prev
+               : wait == BRG__RK_WAIT_SEND ? c->next
+                                           : __atomic_load_n(&w->peer, __ATOMIC_RELAXED);
+    if (peer < 0 || peer >= c->nranks) peer = c->prev;
+    char call[160];
+    watch_call(call, sizeof call, &w->mine);
+    snprintf(text, sizeof text,
+             "rank %d: kernel-mode %s made no progress for %lld ms (BRIGADE_TIMEOUT_MS %d): "
+             "channel %d waits at step %d for rank %d (pid %d on %s) %s; the kernels were "
+             "stopped",
+             c->rank, call, (long long)still_ms, c->timeout_ms, ch, step, peer, c->peers[peer].pid,
+             c->peers[peer].hostname,
+             wait == BRG__RK_WAIT_RECV   ? "to post a slot"
+             : wait == BRG__RK_WAIT_SEND ? "to free a slot"
+                                         : "to raise its one-shot flag");
+    s = BRG_ERR_TIMEOUT;
+  }
+  if (s == BRG_SUCCESS) return 0;
+  pthread_mutex_lock(&d->ev_lock);
+  if (!d->perr[0] || d->perr_code == BRG_SUCCESS) {
+    snprintf(d->perr, sizeof d->perr, "%s", text);
+    d->perr_code = s;
+  }
+  pthread_mutex_unlock(&d->ev_lock);
+  d->wd_fired = 1;
+  kernel_stop(d);
+  snprintf(why, n, "%s", text);
+  return 1;
+}
+
+brg_status brg__device_async_error(brg_comm *c) {
+  struct brg__dev_ring *d = __atomic_load_n(&c->dev, __ATOMIC_ACQUIRE);
+  if (!d || !d->kernel || !d->kwords) return BRG_SUCCESS;
+  if (!__atomic_load_n(&d->kwords[0], __ATOMIC_ACQUIRE) &&
+      __atomic_load_n(&d->kwords[KSTATUS_WORD], __ATOMIC_ACQUIRE) == BRG__RK_OK)
+    return BRG_SUCCESS;
+  return kernel_stopped(c, d);
+}
+
 brg_status brg__device_capture_check(brg_comm *c, const char *fn, brg__coll *k) {
   const brg__cuda_api *api = brg__device_api(NULL);
   int capturing = 0;
@@ -1832,12 +1999,89 @@ brg_status brg__device_capture_check(brg_comm *c, const char *fn, brg__coll *k) 
   return BRG_SUCCESS;
 }
 
+/* Kernel mode's ranks in this process, with the stream each launched on
+ * last: a stream two ranks of one communicator share would queue one's
+ * kernel behind the other's, which waits for it. Only ranks that have
+ * another rank of their communicator in this process are listed (ranks as
+ * threads), so the lock is not on other processes' hot path. */
+#define STREAM_USERS 64
+static pthread_mutex_t stream_users_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+  const struct brg__dev_ring *d;
+  uint64_t comm_id;
+  int rank;
+  void *stream;
+} stream_users[STREAM_USERS];
+
+static void stream_user_drop(const struct brg__dev_ring *d) {
+  pthread_mutex_lock(&stream_users_lock);
+  for (int i = 0; i < STREAM_USERS; i++)
+    if (stream_users[i].d == d) stream_users[i].d = NULL;
+  pthread_mutex_unlock(&stream_users_lock);
+}
+
+/* -1, or the rank of c's communicator in this process that launched on
+ * `stream` last; this rank is recorded as its last user. */
+static int stream_taken(const brg_comm *c, const struct brg__dev_ring *d, void *stream) {
+  int who = -1, mine = -1, free_at = -1;
+  pthread_mutex_lock(&stream_users_lock);
+  for (int i = 0; i < STREAM_USERS; i++) {
+    if (!stream_users[i].d) {
+      if (free_at < 0) free_at = i;
+    } else if (stream_users[i].d == d) {
+      mine = i;
+    } else if (stream_users[i].comm_id == c->comm_id && stream_users[i].stream == stream) {
+      who = stream_users[i].rank;
+    }
+  }
+  if (mine < 0) mine = free_at;
+  if (mine >= 0 && who < 0) {
+    stream_users[mine].d = d;
+    stream_users[mine].comm_id = c->comm_id;
+    stream_users[mine].rank = c->rank;
+    stream_users[mine].stream = stream;
+  }
+  pthread_mutex_unlock(&stream_users_lock);
+  return who;
+}
+
 brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k) {
   struct brg__dev_ring *d = c->dev;
   const brg__cuda_api *api = d->api;
   if (__atomic_load_n(&d->kwords[0], __ATOMIC_ACQUIRE) ||
       __atomic_load_n(&d->kwords[KSTATUS_WORD], __ATOMIC_ACQUIRE) != BRG__RK_OK)
     return kernel_stopped(c, d);
+  if (!k->stream && d->kshared_gpu) {
+    char desc[160];
+    brg__coll_describe(desc, sizeof desc, k->kind, k->seq, k->count, k->dtype, k->op, k->root, 1);
+    return brg__comm_error(c, BRG_ERR_INVALID_USAGE,
+                           "rank %d: %s on the legacy default stream (stream NULL), but another "
+                           "rank of this communicator in this process has the same GPU, whose "
+                           "legacy stream is theirs too: a kernel-mode collective waits for its "
+                           "neighbours inside the kernel, so the second rank's kernel would queue "
+                           "behind the first one's, which waits for it, for ever. Give each rank "
+                           "a stream of its own (cudaStreamCreate), or set "
+                           "BRIGADE_DEVICE_MODE=step",
+                           c->rank, desc);
+  }
+  int other = k->stream && d->kthreads ? stream_taken(c, d, k->stream) : -1;
+  if (other >= 0)
+    return brg__comm_error(c, BRG_ERR_INVALID_USAGE,
+                           "rank %d: %s on stream %p, which rank %d of this communicator, in "
+                           "this process, launched on too: a kernel-mode collective waits for "
+                           "its neighbours inside the kernel, so one rank's kernel would queue "
+                           "behind the other's, which waits for it. Give each rank a stream of "
+                           "its own, or set BRIGADE_DEVICE_MODE=step",
+                           c->rank, brg__coll_name(k->kind), k->stream, other);
+  /* Launches of this communicator run one after another, whatever streams
+   * they come on: each starts from the FIFO positions the last one left.
+   * (A captured launch cannot wait for work outside its capture; a graph's
+   * launches are ordered by the streams the caller launches them on, and
+   * the busy word catches two at once.) */
+  if (!k->captured && d->kdone_set) {
+    int e = api->drv.stream_wait_event(k->stream, d->kdone_ev);
+    if (e) return cuda_fail(c, api, e, "cudaStreamWaitEvent (the previous kernel-mode launch)");
+  }
   brg__rk_args a;
   memset(&a, 0, sizeof a);
   a.kind = (int)k->kind;
@@ -1857,6 +2101,13 @@ brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k) {
   a.slot_bytes = d->kslot;
   a.abort_word = d->kwords_dev;
   a.status = d->kwords_dev + KSTATUS_WORD;
+  a.watch = (brg__rk_watch *)((char *)d->kwords_dev + KWATCH);
+  a.call = (brg__rk_call){.seq = k->seq,
+                          .count = k->count,
+                          .root = k->root,
+                          .kind = (uint8_t)k->kind,
+                          .dtype = (uint8_t)k->dtype,
+                          .op = (uint8_t)k->op};
   for (int ch = 0; ch < d->kchannels; ch++) {
     char *own = d->kregion + (size_t)ch * d->kstride;
     brg__rk_link *l = &a.chan[ch];
@@ -1868,7 +2119,10 @@ brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k) {
       l->send_sizes = (uint64_t *)(p + 128);
     } else {
       char *next = d->knext + (size_t)ch * d->kstride;
-      l->send_slots = next + KCTRL;
+      l->send_slots = next + d->kctrl;
+      l->send_meta = (brg__rk_meta *)(next + KMETA);
+      l->send_hdr = (brg__rk_hdr *)(next + KMETA + (size_t)d->nslots * sizeof(brg__rk_meta));
+      l->hdr_acked = (const uint64_t *)(own + KACK);
       l->send_tail = (uint64_t *)next;
       l->send_head = (const uint64_t *)(own + 64);
     }
@@ -1879,7 +2133,10 @@ brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k) {
       l->recv_head = (uint64_t *)(p + 64);
     } else {
       char *prev = d->kprev + (size_t)ch * d->kstride;
-      l->recv_slots = own + KCTRL;
+      l->recv_slots = own + d->kctrl;
+      l->recv_meta = (const brg__rk_meta *)(own + KMETA);
+      l->recv_hdr = (const brg__rk_hdr *)(own + KMETA + (size_t)d->nslots * sizeof(brg__rk_meta));
+      l->hdr_ack = (uint64_t *)(prev + KACK);
       l->recv_tail = (const uint64_t *)own;
       l->recv_head = (uint64_t *)(prev + 64);
     }
@@ -1898,6 +2155,7 @@ brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k) {
    * drain at destroy waits for the launches made outside graphs, and the
    * caller for its graphs' launches. */
   if (!e && !k->captured) e = api->drv.event_record(d->kdone_ev, k->stream);
+  if (!e && !k->captured) d->kdone_set = 1;
   d->last_stream = k->stream;
   return e ? cuda_fail(c, api, e, "launching the kernel-mode collective") : BRG_SUCCESS;
 }

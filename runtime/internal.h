@@ -164,7 +164,10 @@ struct brg_comm {
   struct brg__p2p *p2p;     /* p2p.c: the listener, its thread, links to any rank */
 
   struct brg__dev_ring *dev; /* device collectives' state (device_ring.c), made at first use */
-  int *kabort;   /* kernel mode's abort word (host memory the kernels poll); NULL: none */
+  int *kabort; /* kernel mode's abort word (host memory the kernels poll); NULL: none */
+  /* Kernel mode's watchdog (device_ring.c), which the liveness thread runs
+   * every beat once kabort is set: 1 and why when it stopped the kernels. */
+  int (*kwatch)(brg_comm *c, char *why, size_t n);
   int cuda_seen; /* the CUDA driver is loaded: host calls check for GPU pointers */
   int gpu;       /* the device of its device collectives; -1 before the first */
 

@@ -172,6 +172,12 @@ static void kernels_watch(brg__live *l) {
   if (!word || l->kernels_stopped) return;
   int stop = 0;
   char why[BRG__ERRLEN / 2] = "";
+  if (c->kwatch && c->kwatch(c, why, sizeof why)) {
+    /* it stopped them: the neighbours' kernels may wait for this rank's */
+    l->kernels_stopped = 1;
+    brg__comm_notify_abort(c, BRG_ERR_REMOTE, why);
+    return;
+  }
   pthread_mutex_lock(&l->lock);
   for (int dir = 0; dir < 2 && !stop; dir++) {
     live_slot *sl = &l->slot[dir];

@@ -17,7 +17,9 @@
  * area in GPU memory that every other rank maps:
  *
  *   0                        its call counter (only it writes it)
- *   FLAGS + 64 r             the last call whose input rank r has written
+ *   FLAGS + 64 r             the last call whose input rank r has written,
+ *                            then rank r's calls (brg__rk_call) into buffer
+ *                            0 and buffer 1
  *   DATA + (b N + r) slot    rank r's input in buffer b (0 or 1)
  *
  * Calls alternate between the two buffers, so that a rank one call ahead
@@ -32,9 +34,62 @@ static inline size_t brg__rk_os_bytes(int nranks, size_t slot_bytes) {
   return BRG__RK_OS_DATA + 2 * (size_t)nranks * slot_bytes;
 }
 
-/* *status after a launch: 0, or why a channel stopped. */
+/* *status after a launch: 0, or why a channel stopped (the channel's
+ * watch record says more). */
 #define BRG__RK_OK 0
-#define BRG__RK_ABORTED 1
+#define BRG__RK_ABORTED 1  /* the abort word was set */
+#define BRG__RK_MISMATCH 2 /* a neighbour's call differs from this rank's */
+#define BRG__RK_STALE 3    /* a slot or one-shot flag not from the call expected */
+#define BRG__RK_BUSY 4     /* another launch of this communicator runs in the channel */
+
+/* A call as every rank's kernel compares it (24 bytes): the host's call
+ * number, the element count, the root, and the collective, dtype and op
+ * (brg__coll_kind, brg_dtype, brg_op). */
+typedef struct brg__rk_call {
+  uint64_t seq, count;
+  int32_t root;
+  uint8_t kind, dtype, op, pad;
+} brg__rk_call;
+
+/* What the sender writes beside each slot it posts (64 bytes, in the
+ * receiver's region): the slot's position on the link and the call. */
+typedef struct brg__rk_meta {
+  uint64_t post; /* posted + 1 when written: the receiver expects taken + 1 */
+  brg__rk_call call;
+  uint64_t pad[4];
+} brg__rk_meta;
+
+/* The call a channel announces to the next rank at each launch, into the
+ * next rank's mailbox of BRG__RK_HDRS entries (n: the entry's number, 1
+ * and up, written last). Every rank checks its previous rank's entry while
+ * it waits and before it ends, so that calls that differ are found even
+ * where no slot goes between them (two broadcast roots) or where they took
+ * different paths (one-shot and ring). */
+#define BRG__RK_HDRS 64
+typedef struct brg__rk_hdr {
+  brg__rk_call call;
+  uint64_t n;
+} brg__rk_hdr;
+
+/* What a channel tells the host while it runs, in pinned host memory
+ * (128 bytes each): the host's watchdog sees a launch in flight
+ * (started != finished) whose progress stands still, and reads why a
+ * channel stopped. Written by the channel's thread 0 only. */
+#define BRG__RK_WAIT_NONE 0
+#define BRG__RK_WAIT_RECV 1    /* a slot from the previous rank */
+#define BRG__RK_WAIT_SEND 2    /* a free slot of the next rank */
+#define BRG__RK_WAIT_ONESHOT 3 /* the one-shot flag of rank `peer` */
+typedef struct brg__rk_watch {
+  uint64_t progress;          /* bumped at every step passed */
+  uint64_t started, finished; /* launches begun and ended in this channel */
+  int32_t code;               /* BRG__RK_*: why the channel stopped */
+  int32_t step;               /* the ring step or chain hop it is at */
+  int32_t wait;               /* BRG__RK_WAIT_* */
+  int32_t peer;               /* one-shot: the rank waited for */
+  uint64_t expected, found;   /* STALE: the position expected and what was there */
+  brg__rk_call mine, theirs;  /* the calls compared (MISMATCH) */
+  uint64_t pad[3];
+} brg__rk_watch;
 
 /* One channel's link to both neighbours (ring_kernel.cuh draws it). */
 typedef struct brg__rk_link {
@@ -44,7 +99,15 @@ typedef struct brg__rk_link {
   const char *recv_slots;    /* own receive slots */
   const uint64_t *recv_tail; /* own: slots the previous rank posted */
   uint64_t *recv_head;       /* the previous rank's head: slots this rank took */
-  uint64_t *counters;        /* own: [0] posted, [1] taken, across launches */
+  /* own: [0] posted, [1] taken, across launches; [2] the busy word;
+   * [3] headers sent, [4] headers checked */
+  uint64_t *counters;
+  brg__rk_meta *send_meta;       /* the next rank's, one per slot (NULL: not checked) */
+  const brg__rk_meta *recv_meta; /* own, one per slot, the previous rank writes them */
+  brg__rk_hdr *send_hdr;         /* the next rank's mailbox (NULL: no headers) */
+  const brg__rk_hdr *recv_hdr;   /* own mailbox, the previous rank writes it */
+  const uint64_t *hdr_acked;     /* own: headers the next rank checked */
+  uint64_t *hdr_ack;             /* the previous rank's hdr_acked */
   /* A link to another host, through the host proxy (runtime/device_ring.c):
    * the bytes of each posted slot, nslots entries beside the send tail,
    * which the proxy reads to know how much of the slot to put on the
@@ -78,9 +141,11 @@ typedef struct brg__rk_args {
   size_t stride;
   int nslots;
   int nchannels;
-  size_t slot_bytes;     /* a multiple of 16 */
-  const int *abort_word; /* nonzero: stop */
-  int *status;           /* a channel that stops writes why */
+  size_t slot_bytes;    /* a multiple of 16 */
+  int *abort_word;      /* nonzero: stop (a channel that finds a fault sets it) */
+  int *status;          /* a channel that stops writes why */
+  brg__rk_watch *watch; /* one per channel, pinned host memory */
+  brg__rk_call call;    /* this rank's call, as its neighbours compare it */
   brg__rk_link chan[BRG__RK_MAX_CHANNELS];
   int oneshot; /* 1: an allreduce by the one-shot path, one channel */
   brg__rk_oneshot os;

@@ -41,6 +41,17 @@
  * to *status and every thread of the channel returns, so no stream stays
  * blocked by a peer that will never write.
  *
+ * Checks, so that a fault is named instead of hanging or reducing the
+ * wrong data: the sender writes, beside each slot, its position on the
+ * link and the call (brg__rk_meta; the one-shot flags carry the call too).
+ * The receiver compares them with its own: a different call is MISMATCH,
+ * a slot not at the position due is STALE; a launch that finds another
+ * one running in its channel (the busy word, counters[2]) is BUSY. The
+ * channel then records both calls in its watch record (host memory), sets
+ * the abort word, so that this rank's other channels stop too, and ends.
+ * The watch record also shows the host's watchdog each channel's progress
+ * and what it waits for (runtime/device_ring.c).
+ *
  * This file is host-and-device code: nvcc builds the kernel from it
  * (ring_kernel.cu), and tests/gpu/simt_emu.cc runs the same source on the
  * CPU, blocks as OS threads and threads as fibers (simt.cuh).
@@ -50,6 +61,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "elementwise.cuh"
 #include "ring_args.h"
@@ -63,7 +75,18 @@ constexpr int MAX_CHANNELS = BRG__RK_MAX_CHANNELS;
 /* The collectives, numbered as the runtime numbers them. */
 enum kind { ALLREDUCE = 1, REDUCE_SCATTER = 2, ALL_GATHER = 3, BROADCAST = 4, REDUCE = 5 };
 
-enum status { OK = BRG__RK_OK, ABORTED = BRG__RK_ABORTED };
+enum status {
+  OK = BRG__RK_OK,
+  ABORTED = BRG__RK_ABORTED,
+  MISMATCH = BRG__RK_MISMATCH,
+  STALE = BRG__RK_STALE,
+  BUSY = BRG__RK_BUSY
+};
+
+BRG_SIMT_DEV bool same_call(const brg__rk_call &x, const brg__rk_call &y) {
+  return x.seq == y.seq && x.count == y.count && x.root == y.root && x.kind == y.kind &&
+         x.dtype == y.dtype && x.op == y.op;
+}
 
 typedef brg__rk_link link;
 typedef brg__rk_args args;
@@ -74,27 +97,132 @@ template <class D, int OP> struct channel {
 
   const args &a;
   const link &l;
+  brg__rk_watch *wr;      /* this channel's watch record (NULL: none) */
   uint64_t posted, taken; /* every thread keeps the same copy */
   size_t slot_elems;
+  int step;         /* the ring step or chain hop, for the watch record */
+  bool hdr_checked; /* thread 0: the previous rank's header of this call matched */
 
   BRG_SIMT_DEV channel(const args &a_, const link &l_)
-      : a(a_), l(l_), posted(0), taken(0), slot_elems(a_.slot_bytes / sizeof(T)) {}
+      : a(a_), l(l_), wr(a_.watch ? a_.watch + brg_simt_block() : nullptr), posted(0), taken(0),
+        slot_elems(a_.slot_bytes / sizeof(T)), step(0), hdr_checked(false) {}
+
+  /* Thread 0: what the channel waits for now, for the watchdog. */
+  BRG_SIMT_DEV void waiting(int what, int peer) {
+    if (!wr) return;
+    brg_simt_store_word(&wr->step, step);
+    brg_simt_store_word(&wr->peer, peer);
+    brg_simt_store_word(&wr->wait, what);
+  }
+
+  /* A call into a watch record, which the host may read at any time. */
+  BRG_SIMT_DEV static void put_call(brg__rk_call *dst, const brg__rk_call &src) {
+    static_assert(sizeof(brg__rk_call) == 24, "three words");
+    uint64_t v[3];
+    memcpy(v, &src, sizeof v);
+    uint64_t *o = reinterpret_cast<uint64_t *>(dst);
+    for (int i = 0; i < 3; i++) brg_simt_store_u64(o + i, v[i]);
+  }
+
+  /* Thread 0 found a fault: its record, then every channel of this rank
+   * stops (the abort word). */
+  BRG_SIMT_DEV void fault(int code, const brg__rk_call *theirs, uint64_t expected, uint64_t found) {
+    if (wr) {
+      brg_simt_store_word(&wr->step, step);
+      wr->expected = expected;
+      wr->found = found;
+      put_call(&wr->mine, a.call);
+      if (theirs) put_call(&wr->theirs, *theirs);
+      brg_simt_store_word_release(&wr->code, code);
+    }
+    brg_simt_store_word(a.status, code);
+    brg_simt_store_word(a.abort_word, 1);
+  }
+
+  /* Thread 0: the previous rank's header of this call, once it is there:
+   * 1 when it matches (now or before), 0 while it has not come, -1 when
+   * it differs (a fault). */
+  BRG_SIMT_DEV int hdr_poll() {
+    if (!l.recv_hdr || hdr_checked) return 1;
+    uint64_t k = l.counters[4];
+    const brg__rk_hdr *h = l.recv_hdr + k % BRG__RK_HDRS;
+    if (brg_simt_load_acquire(&h->n) != k + 1) return 0;
+    brg__rk_call theirs = h->call;
+    if (!same_call(theirs, a.call)) {
+      fault(MISMATCH, &theirs, 0, 0);
+      return -1;
+    }
+    hdr_checked = true;
+    l.counters[4] = k + 1;
+    brg_simt_store_release(l.hdr_ack, k + 1);
+    return 1;
+  }
+
+  /* Thread 0, at the start: this call's header into the next rank's
+   * mailbox, once it has room; false when stopped. */
+  BRG_SIMT_DEV bool hdr_send() {
+    if (!l.send_hdr) return true;
+    uint64_t k = l.counters[3];
+    int stop = 0;
+    waiting(BRG__RK_WAIT_SEND, -1);
+    while (!stop && k - brg_simt_load_acquire(l.hdr_acked) >= BRG__RK_HDRS) {
+      stop = brg_simt_load_word(a.abort_word) != 0;
+      if (!stop) brg_simt_pause();
+    }
+    if (stop) return false;
+    brg__rk_hdr *h = l.send_hdr + k % BRG__RK_HDRS;
+    h->call = a.call;
+    brg_simt_fence();
+    brg_simt_store_release(&h->n, k + 1);
+    l.counters[3] = k + 1;
+    return true;
+  }
+
+  /* Thread 0 in a wait loop: whether to stop (the abort word, or a header
+   * that differs, *faulted then). */
+  BRG_SIMT_DEV bool stop_now(int *faulted) {
+    if (hdr_poll() < 0) {
+      *faulted = 1;
+      return true;
+    }
+    return brg_simt_load_word(a.abort_word) != 0;
+  }
+
+  /* Thread 0, once the previous rank posted slot `taken`: it must be that
+   * slot, of this call. */
+  BRG_SIMT_DEV bool slot_ok() {
+    if (!l.recv_meta) return true;
+    const brg__rk_meta *m = l.recv_meta + taken % (uint64_t)a.nslots;
+    if (m->post != taken + 1) {
+      fault(STALE, nullptr, taken + 1, m->post);
+      return false;
+    }
+    brg__rk_call theirs = m->call;
+    if (!same_call(theirs, a.call)) {
+      fault(MISMATCH, &theirs, 0, 0);
+      return false;
+    }
+    return true;
+  }
 
   /* Thread 0 waits for the slot to read and the slot to write; false for
    * every thread when the abort word stopped it. */
   BRG_SIMT_DEV bool wait(int recvs, int sends) {
     BRG_SIMT_SHARED int s_stop;
     if (brg_simt_tid() == 0) {
-      int stop = 0;
+      int stop = 0, faulted = 0;
+      if (recvs) waiting(BRG__RK_WAIT_RECV, -1);
       while (!stop && recvs && brg_simt_load_acquire(l.recv_tail) <= taken) {
-        stop = brg_simt_load_word(a.abort_word) != 0;
+        stop = stop_now(&faulted);
         if (!stop) brg_simt_pause();
       }
+      if (!stop && recvs && !slot_ok()) stop = faulted = 1;
+      if (sends) waiting(BRG__RK_WAIT_SEND, -1);
       while (!stop && sends && posted - brg_simt_load_acquire(l.send_head) >= (uint64_t)a.nslots) {
-        stop = brg_simt_load_word(a.abort_word) != 0;
+        stop = stop_now(&faulted);
         if (!stop) brg_simt_pause();
       }
-      if (stop) brg_simt_store_word(a.status, ABORTED);
+      if (stop && !faulted) brg_simt_store_word(a.status, ABORTED);
       s_stop = stop;
     }
 #if BRG_RK_BREAK != 2 /* tests/gpu: a kernel that reads before the flag says so must fail */
@@ -154,6 +282,12 @@ template <class D, int OP> struct channel {
     brg_simt_sync(); /* every thread's part of the slot is written (or read) */
     if (brg_simt_tid() == 0) {
       if (sends && l.send_sizes) l.send_sizes[posted % (uint64_t)a.nslots] = m * sizeof(T);
+      if (sends && l.send_meta) {
+        brg__rk_meta *sm = l.send_meta + posted % (uint64_t)a.nslots;
+        sm->call = a.call;
+        sm->post = posted + 1;
+      }
+      if (wr) brg_simt_store_u64(&wr->progress, brg_simt_load_u64(&wr->progress) + 1);
 #if BRG_RK_BREAK != 1
       if (sends) {
         brg_simt_fence();
@@ -229,6 +363,7 @@ template <class D, int OP> struct channel {
           out = recv + e;
         }
         if (pr == BRG__PRIM_SEND && !ag) out = nullptr;
+        step = t;
         if (!prim(pr, in, out, m)) return false;
       }
     }
@@ -256,6 +391,7 @@ template <class D, int OP> struct channel {
       if (pr == BRG__PRIM_SEND && !(bcast && in != out)) out = nullptr;
       if (!bcast && pr != BRG__PRIM_RECV_REDUCE_COPY) out = nullptr;
       if (bcast && hop != 0) in = nullptr;
+      step = hop;
       if (!prim(pr, in, out, m)) return false;
     }
     return true;
@@ -264,6 +400,11 @@ template <class D, int OP> struct channel {
   /* The flag rank r raises in the one-shot area `area`. */
   BRG_SIMT_DEV static uint64_t *os_flag(char *area, int r) {
     return reinterpret_cast<uint64_t *>(area + BRG__RK_OS_FLAGS + 64 * r);
+  }
+  /* The call rank r made into buffer b, beside its flag. */
+  BRG_SIMT_DEV static brg__rk_call *os_call(char *area, int r, uint64_t b) {
+    return reinterpret_cast<brg__rk_call *>(area + BRG__RK_OS_FLAGS + 64 * r + 8 +
+                                            sizeof(brg__rk_call) * (size_t)(b & 1));
   }
 
   /* Allreduce in one hop between the ranks of one host (args.oneshot, see
@@ -292,17 +433,31 @@ template <class D, int OP> struct channel {
       copy(o.area[r] + buf + (size_t)me * o.slot_bytes, nullptr, a.sendbuf, m);
     brg_simt_sync(); /* every thread's part of every copy is written */
     if (brg_simt_tid() == 0) {
+      for (int r = 0; r < n; r++) *os_call(o.area[r], me, call) = a.call;
 #if BRG_RK_BREAK != 1
       brg_simt_fence();
       for (int r = 0; r < n; r++) brg_simt_store_release(os_flag(o.area[r], me), call);
 #endif
-      int stop = 0;
-      for (int r = 0; r < n && !stop; r++)
-        while (!stop && brg_simt_load_acquire(os_flag(own, r)) < call) {
-          stop = brg_simt_load_word(a.abort_word) != 0;
+      int stop = 0, faulted = 0;
+      for (int r = 0; r < n && !stop; r++) {
+        waiting(BRG__RK_WAIT_ONESHOT, r);
+        uint64_t f = 0;
+        while (!stop && (f = brg_simt_load_acquire(os_flag(own, r))) < call) {
+          stop = stop_now(&faulted);
           if (!stop) brg_simt_pause();
         }
-      if (stop) brg_simt_store_word(a.status, ABORTED);
+        if (stop) break;
+        /* A rank may be one call ahead (it wrote the other buffer), never two. */
+        brg__rk_call theirs = *os_call(own, r, call);
+        if (f > call + 1)
+          fault(STALE, nullptr, call, f);
+        else if (!same_call(theirs, a.call))
+          fault(MISMATCH, &theirs, 0, 0);
+        else
+          continue;
+        stop = faulted = 1;
+      }
+      if (stop && !faulted) brg_simt_store_word(a.status, ABORTED);
       s_stop = stop;
     }
 #if BRG_RK_BREAK != 2
@@ -321,7 +476,10 @@ template <class D, int OP> struct channel {
         reduce<OP>(out, nullptr, x, y, m, n);
       brg_simt_sync(); /* the next pass's threads may read other elements */
     }
-    if (brg_simt_tid() == 0) *reinterpret_cast<uint64_t *>(own) = call;
+    if (brg_simt_tid() == 0) {
+      *reinterpret_cast<uint64_t *>(own) = call;
+      if (wr) brg_simt_store_u64(&wr->progress, brg_simt_load_u64(&wr->progress) + 1);
+    }
     return true;
   }
 
@@ -336,13 +494,27 @@ template <class D, int OP> struct channel {
 
   BRG_SIMT_DEV void run() {
     BRG_SIMT_SHARED uint64_t s_start[2];
-    BRG_SIMT_SHARED int s_stopped;
+    BRG_SIMT_SHARED int s_stopped, s_go;
+    int *busy = reinterpret_cast<int *>(&l.counters[2]);
     if (brg_simt_tid() == 0) {
       s_start[0] = l.counters[0];
       s_start[1] = l.counters[1];
       /* launches queued behind a stopped one end at once */
       s_stopped = brg_simt_load_word(a.abort_word) != 0;
-      if (s_stopped) brg_simt_store_word(a.status, ABORTED);
+      if (s_stopped) {
+        brg_simt_store_word(a.status, ABORTED);
+      } else if (wr && brg_simt_exchange_word(busy, 1) != 0) {
+        /* another launch runs in this channel: its slots and counters are
+         * not this one's to take (launches unordered by their streams) */
+        fault(BUSY, nullptr, 0, 0);
+        s_stopped = 1;
+      } else if (wr) {
+        brg_simt_store_word(&wr->wait, BRG__RK_WAIT_NONE);
+        put_call(&wr->mine, a.call);
+        brg_simt_store_u64(&wr->started, brg_simt_load_u64(&wr->started) + 1);
+      }
+      s_go = !s_stopped && hdr_send();
+      if (!s_stopped && !s_go) brg_simt_store_word(a.status, ABORTED);
     }
     brg_simt_sync();
     if (s_stopped) return;
@@ -350,7 +522,9 @@ template <class D, int OP> struct channel {
     taken = s_start[1];
     int n = a.nranks;
     bool done;
-    if (n == 1) {
+    if (!s_go) {
+      done = false;
+    } else if (n == 1) {
       single();
       done = true;
     } else if (a.oneshot) {
@@ -361,9 +535,30 @@ template <class D, int OP> struct channel {
       int t0 = a.kind == ALL_GATHER ? n - 1 : 0, t1 = a.kind == REDUCE_SCATTER ? n - 1 : 2 * n - 2;
       done = ring(t0, t1);
     }
-    if (done && brg_simt_tid() == 0) {
-      l.counters[0] = posted;
-      l.counters[1] = taken;
+    if (brg_simt_tid() == 0) {
+      /* the previous rank's header of this call, where nothing it sent
+       * was read in the wait loops (this rank only sent, or was quick) */
+      if (done) waiting(BRG__RK_WAIT_RECV, -1);
+      int h = done ? hdr_poll() : 1;
+      while (h == 0) {
+        if (brg_simt_load_word(a.abort_word) != 0) {
+          brg_simt_store_word(a.status, ABORTED);
+          break;
+        }
+        brg_simt_pause();
+        h = hdr_poll();
+      }
+      done = done && h == 1;
+      if (done) {
+        l.counters[0] = posted;
+        l.counters[1] = taken;
+      }
+      if (wr) {
+        brg_simt_store_word(&wr->wait, BRG__RK_WAIT_NONE);
+        brg_simt_store_u64(&wr->finished, brg_simt_load_u64(&wr->started));
+        brg_simt_fence();
+        brg_simt_store_word_release(busy, 0);
+      }
     }
   }
 };

@@ -11,6 +11,9 @@
  *   brg_simt_store_release (u64)        a flag another GPU or the host reads
  *   brg_simt_load_word (int)            a word the host writes (abort)
  *   brg_simt_store_word (int)           a word the host reads (status)
+ *   brg_simt_store_word_release (int)   the same, after this thread's writes
+ *   brg_simt_exchange_word (int)        swaps a word, returns the old one
+ *   brg_simt_load_u64 / _store_u64      a counter the host reads (relaxed)
  *   brg_simt_fence                      orders this thread's writes before
  *                                       its later ones for every observer
  *   BRG_SIMT_SHARED                     __shared__: one per thread block
@@ -60,6 +63,20 @@ static BRG_SIMT_DEV int brg_simt_load_word(const int *p) {
 static BRG_SIMT_DEV void brg_simt_store_word(int *p, int v) {
   asm volatile("st.relaxed.sys.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
+static BRG_SIMT_DEV void brg_simt_store_word_release(int *p, int v) {
+  asm volatile("st.release.sys.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+static BRG_SIMT_DEV int brg_simt_exchange_word(int *p, int v) {
+  return atomicExch_system(p, v);
+}
+static BRG_SIMT_DEV uint64_t brg_simt_load_u64(const uint64_t *p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.sys.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+static BRG_SIMT_DEV void brg_simt_store_u64(uint64_t *p, uint64_t v) {
+  asm volatile("st.relaxed.sys.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
 static BRG_SIMT_DEV void brg_simt_fence() {
   __threadfence_system();
 }
@@ -105,6 +122,18 @@ static inline int brg_simt_load_word(const int *p) {
   return __atomic_load_n(p, __ATOMIC_RELAXED);
 }
 static inline void brg_simt_store_word(int *p, int v) {
+  __atomic_store_n(p, v, __ATOMIC_RELAXED);
+}
+static inline void brg_simt_store_word_release(int *p, int v) {
+  __atomic_store_n(p, v, __ATOMIC_RELEASE);
+}
+static inline int brg_simt_exchange_word(int *p, int v) {
+  return __atomic_exchange_n(p, v, __ATOMIC_ACQ_REL);
+}
+static inline uint64_t brg_simt_load_u64(const uint64_t *p) {
+  return __atomic_load_n(p, __ATOMIC_RELAXED);
+}
+static inline void brg_simt_store_u64(uint64_t *p, uint64_t v) {
   __atomic_store_n(p, v, __ATOMIC_RELAXED);
 }
 /* A block's fibers share one OS thread, so the release store that always

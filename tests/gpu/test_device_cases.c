@@ -25,6 +25,25 @@
  *            (BRIGADE_DEVICE_MODE=step) the captured call is refused and
  *            the communicator still works
  *
+ *   streams  kernel mode: one communicator, 64 collectives (one-shot and
+ *            ring sizes) alternating over 3 streams, every element checked
+ *   shared   two ranks as threads of one process on one GPU, both on the
+ *            legacy stream (NULL): refused with BRG_ERR_INVALID_USAGE
+ *            naming the shared stream, never a hang; then both on one
+ *            stream they made: the second is refused, the first's kernel
+ *            stopped
+ *   mismatch kernel mode: ranks call different collectives (count on the
+ *            one-shot path and on the ring, dtype, op, root, collective);
+ *            the call after, brg_comm_last_error and
+ *            brg_comm_get_async_error report it within BRIGADE_TIMEOUT_MS
+ *            + 5 s, a BRG_ERR_MISMATCH naming both calls on some rank
+ *   stuck    kernel mode: rank 0 launches an allreduce that rank 1, alive,
+ *            never joins: its kernel is stopped within BRIGADE_TIMEOUT_MS +
+ *            5 s, the error naming the collective, channel, step and peer
+ *   stale    kernel mode: one captured graph launched on two streams with
+ *            nothing ordering them: a launch that finds another one in its
+ *            channels fails, naming it, rather than reduce stale data
+ *
  *   test_device_cases CASE [N]    exits 77 without a GPU (1 with
  *                                 BRIGADE_TEST_NO_SKIP set)
  */
@@ -447,11 +466,379 @@ static int body_graph(mp_ctx *ctx) {
   return 0;
 }
 
+/* =============================================================== streams */
+
+#define STREAMS_CALLS 64
+#define STREAMS_SMALL 1000u /* the one-shot path */
+#define STREAMS_RING 20011u /* the ring */
+
+static int body_streams(mp_ctx *ctx) {
+  char why[256];
+  const brg__cuda_api *api = open_api(why, sizeof why);
+  if (!api) return mp_fail("no GPU: %s", why), 1;
+  int n = ctx->nranks, rank = ctx->rank;
+  REQUIRE(api->drv.set_device(rank % api->drv.probe(NULL, 0)) == 0, "cudaSetDevice");
+  void *st[3] = {0}, *buf[STREAMS_CALLS] = {0};
+  size_t cnt[STREAMS_CALLS];
+  for (int s = 0; s < 3; s++) REQUIRE(api->drv.stream_create(&st[s]) == 0, "stream_create");
+  for (int i = 0; i < STREAMS_CALLS; i++) {
+    cnt[i] = i % 2 ? STREAMS_RING : STREAMS_SMALL;
+    REQUIRE(api->drv.mem_alloc(&buf[i], cnt[i] * sizeof(float)) == 0, "cudaMalloc");
+    graph_fill(api, buf[i], cnt[i], rank, i);
+  }
+  brg_status s = brg_comm_device_setup(ctx->comm, -1);
+  REQUIRE(s == BRG_SUCCESS, "brg_comm_device_setup: %s", brg_comm_last_error(ctx->comm));
+  for (int i = 0; i < STREAMS_CALLS && s == BRG_SUCCESS; i++)
+    s = brg_allreduce(buf[i], buf[i], cnt[i], BRG_FLOAT32, BRG_SUM, ctx->comm, st[i % 3]);
+  REQUIRE(s == BRG_SUCCESS, "allreduces on 3 streams: %s: %s", brg_status_string(s),
+          brg_comm_last_error(ctx->comm));
+  for (int i = 0; i < 3; i++) api->drv.stream_sync(st[i]);
+  int bad = 0;
+  for (int i = 0; i < STREAMS_CALLS; i++) {
+    char what[64];
+    snprintf(what, sizeof what, "allreduce %d of %zu on stream %d", i, cnt[i], i % 3);
+    bad += !graph_check(api, buf[i], cnt[i], 0, n, i, what);
+  }
+  MP_CHECK(bad == 0, "%d of %d allreduces on 3 streams were wrong", bad, STREAMS_CALLS);
+  brg_status a = BRG_SUCCESS;
+  brg_comm_get_async_error(ctx->comm, &a);
+  MP_CHECK(a == BRG_SUCCESS, "async error after them: %s: %s", brg_status_string(a),
+           brg_comm_last_error(ctx->comm));
+  for (int i = 0; i < STREAMS_CALLS; i++) api->drv.mem_free(buf[i]);
+  for (int i = 0; i < 3; i++) api->drv.stream_destroy(st[i]);
+  return 0;
+}
+
+/* ================================================================ shared */
+
+typedef struct shared_rank {
+  const brg__cuda_api *api;
+  const brg_unique_id *id;
+  int rank, nranks;
+  void *stream; /* the one both ranks pass: NULL, or one made on GPU 0 */
+  brg_status s;
+  char msg[512];
+} shared_rank;
+
+static void *shared_main(void *arg) {
+  shared_rank *t = arg;
+  const brg__cuda_api *api = t->api;
+  brg_comm *c = NULL;
+  void *d = NULL;
+  t->s = BRG_ERR_INTERNAL;
+  if (api->drv.set_device(0) != 0 || !(d = device_input(api, 4099, t->rank))) {
+    mp_fail("rank %d: setup on GPU 0 failed", t->rank);
+    return NULL;
+  }
+  brg_status s = brg_comm_init(&c, t->nranks, t->id, t->rank);
+  if (s == BRG_SUCCESS) s = brg_allreduce(d, d, 4099, BRG_FLOAT32, BRG_SUM, c, t->stream);
+  if (s == BRG_SUCCESS) {
+    /* enqueued first: the other rank's refusal must stop this kernel */
+    api->drv.stream_sync(t->stream);
+    int64_t t0 = mp_now_ns();
+    while (s == BRG_SUCCESS && ms_since(t0) < g_timeout_ms + 5000.0) {
+      brg_comm_get_async_error(c, &s);
+      if (s == BRG_SUCCESS) mp_sleep_ms(5);
+    }
+  }
+  t->s = s;
+  snprintf(t->msg, sizeof t->msg, "%s", brg_comm_last_error(c));
+  if (c) brg_comm_destroy(c);
+  api->drv.mem_free(d);
+  return NULL;
+}
+
+static int body_shared(mp_ctx *ctx) {
+  char why[256];
+  const brg__cuda_api *api = open_api(why, sizeof why);
+  if (!api) return mp_fail("no GPU: %s", why), 1;
+  int n = *(const int *)ctx->arg;
+  brg_unique_id id;
+  if (brg_get_unique_id(&id) != BRG_SUCCESS) return mp_fail("brg_get_unique_id"), 1;
+  pthread_t th[8];
+  shared_rank t[8];
+  int64_t t0 = mp_now_ns();
+  for (int r = 0; r < n; r++) {
+    t[r] = (shared_rank){.api = api, .id = &id, .rank = r, .nranks = n};
+    pthread_create(&th[r], NULL, shared_main, &t[r]);
+  }
+  for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
+  mp_info("the ranks returned after %.0f ms", ms_since(t0));
+  /* One stream of GPU 0 passed by both ranks: the second to launch on it
+   * is refused, the first one's kernel is stopped. */
+  void *st = NULL;
+  brg_unique_id id2;
+  REQUIRE(api->drv.set_device(0) == 0 && api->drv.stream_create(&st) == 0, "stream_create");
+  REQUIRE(brg_get_unique_id(&id2) == BRG_SUCCESS, "brg_get_unique_id");
+  pthread_t th2[8];
+  shared_rank t2[8];
+  for (int r = 0; r < n; r++) {
+    t2[r] = (shared_rank){.api = api, .id = &id2, .rank = r, .nranks = n, .stream = st};
+    pthread_create(&th2[r], NULL, shared_main, &t2[r]);
+  }
+  for (int r = 0; r < n; r++) pthread_join(th2[r], NULL);
+  int refused = 0;
+  for (int r = 0; r < n; r++) {
+    mp_info("one stream: rank %d: %s: %s", r, brg_status_string(t2[r].s), t2[r].msg);
+    refused += t2[r].s == BRG_ERR_INVALID_USAGE && mp_contains(t2[r].msg, "stream");
+    MP_CHECK(t2[r].s == BRG_ERR_INVALID_USAGE || t2[r].s == BRG_ERR_REMOTE,
+             "rank %d: two ranks on one stream: %s, expected BRG_ERR_INVALID_USAGE (or "
+             "BRG_ERR_REMOTE, the other's refusal): %s",
+             r, brg_status_string(t2[r].s), t2[r].msg);
+  }
+  MP_CHECK(refused > 0, "no rank was refused the stream another rank launched on");
+  api->drv.stream_destroy(st);
+  for (int r = 0; r < n; r++) {
+    mp_info("rank %d: %s: %s", r, brg_status_string(t[r].s), t[r].msg);
+    MP_CHECK(t[r].s == BRG_ERR_INVALID_USAGE,
+             "rank %d: a device allreduce on the stream another rank of this process uses on "
+             "the same GPU returned %s, expected BRG_ERR_INVALID_USAGE: %s",
+             r, brg_status_string(t[r].s), t[r].msg);
+    if (t[r].s == BRG_ERR_INVALID_USAGE)
+      MP_CHECK(mp_contains(t[r].msg, "stream") && mp_contains(t[r].msg, "same GPU"),
+               "rank %d: the message does not name the shared stream and GPU: %s", r, t[r].msg);
+  }
+  return 0;
+}
+
+/* ============================================================== mismatch */
+
+enum { KM_COUNT, KM_COUNT_RING, KM_DTYPE, KM_OP, KM_ROOT, KM_KIND, KM_N };
+static const char *KM_NAMES[KM_N] = {"count 1000 vs 1001 (one-shot)",
+                                     "count 70001 vs 70002 (ring)",
+                                     "float32 vs int32",
+                                     "sum vs max",
+                                     "broadcast root 0 vs 1",
+                                     "allreduce vs broadcast"};
+
+static int km_names_both(int kind, const char *m) {
+  switch (kind) {
+  case KM_COUNT: return mp_contains(m, "count 1000,") && mp_contains(m, "count 1001,");
+  case KM_COUNT_RING: return mp_contains(m, "count 70001,") && mp_contains(m, "count 70002,");
+  case KM_DTYPE: return mp_contains(m, "float32") && mp_contains(m, "int32");
+  case KM_OP: return mp_contains(m, "sum") && mp_contains(m, "max");
+  case KM_ROOT: return mp_contains(m, "root 0") && mp_contains(m, "root 1");
+  default: return mp_contains(m, "allreduce") && mp_contains(m, "broadcast");
+  }
+}
+
+static int body_mismatch(mp_ctx *ctx) {
+  char why[256];
+  const brg__cuda_api *api = open_api(why, sizeof why);
+  if (!api) return mp_fail("no GPU: %s", why), 1;
+  int kind = *(const int *)ctx->arg, rank = ctx->rank, odd = rank == 1;
+  mp_shared *sh = ctx->shared;
+  brg_comm *c = ctx->comm;
+  REQUIRE(api->drv.set_device(rank % api->drv.probe(NULL, 0)) == 0, "cudaSetDevice");
+  void *d = device_input(api, 70002, rank), *st = NULL;
+  REQUIRE(d && api->drv.stream_create(&st) == 0, "setup failed");
+  brg_status s = brg_comm_device_setup(c, -1);
+  REQUIRE(s == BRG_SUCCESS, "brg_comm_device_setup: %s", brg_comm_last_error(c));
+  /* one matched call first: the mismatch is the second */
+  s = brg_allreduce(d, d, 7, BRG_FLOAT32, BRG_MAX, c, st);
+  REQUIRE(s == BRG_SUCCESS, "matched allreduce: %s", brg_comm_last_error(c));
+  switch (kind) {
+  case KM_COUNT: s = brg_allreduce(d, d, odd ? 1001 : 1000, BRG_FLOAT32, BRG_SUM, c, st); break;
+  case KM_COUNT_RING:
+    s = brg_allreduce(d, d, odd ? 70002 : 70001, BRG_FLOAT32, BRG_SUM, c, st);
+    break;
+  case KM_DTYPE:
+    s = brg_allreduce(d, d, 4096, odd ? BRG_INT32 : BRG_FLOAT32, BRG_SUM, c, st);
+    break;
+  case KM_OP: s = brg_allreduce(d, d, 4096, BRG_FLOAT32, odd ? BRG_MAX : BRG_SUM, c, st); break;
+  case KM_ROOT: s = brg_broadcast(d, d, 4096, BRG_FLOAT32, odd ? 1 : 0, c, st); break;
+  default:
+    s = odd ? brg_broadcast(d, d, 4096, BRG_FLOAT32, 0, c, st)
+            : brg_allreduce(d, d, 4096, BRG_FLOAT32, BRG_SUM, c, st);
+  }
+  /* Enqueued: the kernels find the mismatch. */
+  int64_t t0 = mp_now_ns();
+  brg_status a = s;
+  while (a == BRG_SUCCESS && ms_since(t0) < g_timeout_ms + 5000.0) {
+    brg_comm_get_async_error(c, &a);
+    if (a == BRG_SUCCESS) mp_sleep_ms(5);
+  }
+  double el = ms_since(t0);
+  char async_msg[512];
+  snprintf(async_msg, sizeof async_msg, "%s", brg_comm_last_error(c));
+  brg_status next = brg_allreduce(d, d, 7, BRG_FLOAT32, BRG_SUM, c, st);
+  const char *m = brg_comm_last_error(c);
+  mp_info("%s: call %s, async %s after %.0f ms, next call %s: %s", KM_NAMES[kind],
+          brg_status_string(s), brg_status_string(a), el, brg_status_string(next), m);
+  MP_CHECK(a != BRG_SUCCESS,
+           "%s: no error from the call or brg_comm_get_async_error within %.0f ms", KM_NAMES[kind],
+           el);
+  MP_CHECK(next == BRG_ERR_MISMATCH || next == BRG_ERR_REMOTE,
+           "%s: the call after returned %s, expected BRG_ERR_MISMATCH or BRG_ERR_REMOTE: %s",
+           KM_NAMES[kind], brg_status_string(next), m);
+  MP_CHECK(a == next, "%s: brg_comm_get_async_error said %s, the next call %s", KM_NAMES[kind],
+           brg_status_string(a), brg_status_string(next));
+  if (next == BRG_ERR_MISMATCH) {
+    MP_CHECK(km_names_both(kind, m), "%s: the message does not name both calls: \"%s\"",
+             KM_NAMES[kind], m);
+    MP_CHECK(km_names_both(kind, async_msg),
+             "%s: brg_comm_last_error after brg_comm_get_async_error does not name both calls: "
+             "\"%s\"",
+             KM_NAMES[kind], async_msg);
+  }
+  sh->vals[rank] = next;
+  __atomic_fetch_add(&sh->flags[0], 1, __ATOMIC_ACQ_REL);
+  if (rank == 0) {
+    int64_t end = mp_now_ns() + (int64_t)(g_timeout_ms + 10000) * 1000000;
+    while (__atomic_load_n(&sh->flags[0], __ATOMIC_ACQUIRE) < ctx->nranks && mp_now_ns() < end)
+      mp_sleep_ms(5);
+    int mm = 0;
+    for (int q = 0; q < ctx->nranks; q++) mm += sh->vals[q] == BRG_ERR_MISMATCH;
+    MP_CHECK(mm > 0, "no rank reported BRG_ERR_MISMATCH (%s)", KM_NAMES[kind]);
+  }
+  t0 = mp_now_ns();
+  brg_comm_destroy(c);
+  ctx->comm = NULL;
+  MP_CHECK(ms_since(t0) <= g_timeout_ms + 5000.0, "brg_comm_destroy took %.0f ms", ms_since(t0));
+  api->drv.stream_destroy(st);
+  api->drv.mem_free(d);
+  return 0;
+}
+
+static int case_mismatch(int n) {
+  int bad = 0;
+  const char *only = getenv("KM_ONLY");
+  for (int k = 0; k < KM_N; k++) {
+    if (only && *only && atoi(only) != k) continue;
+    char name[96];
+    snprintf(name, sizeof name, "kernel-mode mismatch: %s", KM_NAMES[k]);
+    mp_opts o = {.name = name,
+                 .nranks = n,
+                 .deadline_ms = 2 * g_timeout_ms + 30000,
+                 .init = MP_INIT_ID,
+                 .victim = -1};
+    bad |= mp_run(&o, body_mismatch, &k);
+  }
+  return bad;
+}
+
+/* ================================================================= stuck */
+
+static int body_stuck(mp_ctx *ctx) {
+  char why[256];
+  const brg__cuda_api *api = open_api(why, sizeof why);
+  if (!api) return mp_fail("no GPU: %s", why), 1;
+  int rank = ctx->rank;
+  mp_shared *sh = ctx->shared;
+  REQUIRE(api->drv.set_device(rank % api->drv.probe(NULL, 0)) == 0, "cudaSetDevice");
+  void *d = device_input(api, 70001, rank), *st = NULL;
+  REQUIRE(d && api->drv.stream_create(&st) == 0, "setup failed");
+  brg_status s = brg_comm_device_setup(ctx->comm, -1);
+  REQUIRE(s == BRG_SUCCESS, "brg_comm_device_setup: %s", brg_comm_last_error(ctx->comm));
+  if (rank == 0) {
+    s = brg_allreduce(d, d, 70001, BRG_FLOAT32, BRG_SUM, ctx->comm, st);
+    REQUIRE(s == BRG_SUCCESS, "allreduce: %s", brg_comm_last_error(ctx->comm));
+    int64_t t0 = mp_now_ns();
+    brg_status a = BRG_SUCCESS;
+    while (a == BRG_SUCCESS && ms_since(t0) < g_timeout_ms + 20000.0) {
+      brg_comm_get_async_error(ctx->comm, &a);
+      if (a == BRG_SUCCESS) mp_sleep_ms(10);
+    }
+    double el = ms_since(t0);
+    const char *m = brg_comm_last_error(ctx->comm);
+    mp_info("%s after %.0f ms: %s", brg_status_string(a), el, m);
+    MP_CHECK(a == BRG_ERR_TIMEOUT,
+             "a kernel waiting for a live rank that never launches: %s "
+             "after %.0f ms, expected BRG_ERR_TIMEOUT: %s",
+             brg_status_string(a), el, m);
+    MP_CHECK(el <= g_timeout_ms + 5000.0, "the stuck kernel was stopped %.0f ms after the call",
+             el);
+    MP_CHECK(mp_contains(m, "allreduce") && mp_contains(m, "channel") && mp_contains(m, "step") &&
+                 mp_names_rank(m, 1),
+             "the error does not name the collective, channel, step and rank 1: \"%s\"", m);
+    s = brg_allreduce(d, d, 7, BRG_FLOAT32, BRG_SUM, ctx->comm, st);
+    MP_CHECK(s == a, "the call after returned %s", brg_status_string(s));
+    t0 = mp_now_ns();
+    MP_CHECK(api->drv.stream_sync(st) == 0, "the stream did not drain");
+    MP_CHECK(ms_since(t0) < 5000.0, "the stream drained after %.0f ms", ms_since(t0));
+    __atomic_store_n(&sh->flags[0], 1, __ATOMIC_RELEASE);
+  } else {
+    /* Alive (its liveness thread beats) but never launching. */
+    mp_wait_flag(0, g_timeout_ms + 30000);
+  }
+  brg_comm_destroy(ctx->comm);
+  ctx->comm = NULL;
+  api->drv.stream_destroy(st);
+  api->drv.mem_free(d);
+  return 0;
+}
+
+/* ================================================================= stale */
+
+#define STALE_COUNT 70001u
+
+static int body_stale(mp_ctx *ctx) {
+  char why[256];
+  const brg__cuda_api *api = open_api(why, sizeof why);
+  if (!api) return mp_fail("no GPU: %s", why), 1;
+  int n = ctx->nranks, rank = ctx->rank;
+  REQUIRE(api->drv.set_device(rank % api->drv.probe(NULL, 0)) == 0, "cudaSetDevice");
+  void *d = NULL, *st = NULL, *st2 = NULL, *g = NULL;
+  REQUIRE(api->drv.mem_alloc(&d, STALE_COUNT * sizeof(float)) == 0 &&
+              api->drv.stream_create(&st) == 0 && api->drv.stream_create(&st2) == 0,
+          "setup failed");
+  brg_status s = brg_comm_device_setup(ctx->comm, -1);
+  REQUIRE(s == BRG_SUCCESS, "brg_comm_device_setup: %s", brg_comm_last_error(ctx->comm));
+  REQUIRE(api->drv.capture_begin(st, 1) == 0, "capture_begin");
+  s = brg_allreduce(d, d, STALE_COUNT, BRG_FLOAT32, BRG_SUM, ctx->comm, st);
+  REQUIRE(s == BRG_SUCCESS, "captured allreduce: %s", brg_comm_last_error(ctx->comm));
+  REQUIRE(api->drv.capture_end(st, &g) == 0, "capture_end");
+  /* Two launches of the graph with nothing ordering them: in place, the
+   * second one's input is the first one's output on every rank. Rank 1
+   * comes late, so that rank 0's two launches both wait in their channels. */
+  graph_fill(api, d, STALE_COUNT, rank, 0);
+  if (rank == 1) mp_sleep_ms(300);
+  REQUIRE(api->drv.graph_launch(g, st) == 0 && api->drv.graph_launch(g, st2) == 0, "graph_launch");
+  api->drv.stream_sync(st);
+  api->drv.stream_sync(st2);
+  brg_status a = BRG_SUCCESS;
+  int64_t t0 = mp_now_ns();
+  while (a == BRG_SUCCESS && ms_since(t0) < 2000) {
+    brg_comm_get_async_error(ctx->comm, &a);
+    if (a == BRG_SUCCESS) mp_sleep_ms(5);
+  }
+  const char *m = brg_comm_last_error(ctx->comm);
+  mp_info("%s: %s", brg_status_string(a), m);
+  if (a == BRG_SUCCESS) {
+    /* Succeeded: only if the launches ran one after the other, on right data. */
+    float *h = malloc(STALE_COUNT * sizeof *h);
+    api->drv.mem_copy(h, d, STALE_COUNT * sizeof(float));
+    for (size_t i = 0; i < STALE_COUNT; i++) {
+      float once = (float)(n * (int)(i % 1000) + n * (n - 1) / 2);
+      if (h[i] != once * (float)n) {
+        mp_fail("two unordered launches returned no error and element %zu is %g (%g expected "
+                "from two allreduces in turn)",
+                i, h[i], (double)(once * (float)n));
+        break;
+      }
+    }
+    free(h);
+  } else if (a != BRG_ERR_REMOTE) {
+    MP_CHECK(mp_contains(m, "another launch") || mp_contains(m, "stale"),
+             "the error does not say another launch was running or what was stale: \"%s\"", m);
+  }
+  api->drv.graph_destroy(g);
+  brg_comm_destroy(ctx->comm);
+  ctx->comm = NULL;
+  api->drv.stream_destroy(st);
+  api->drv.stream_destroy(st2);
+  api->drv.mem_free(d);
+  return 0;
+}
+
 /* ================================================================== main */
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: %s queued|threads|destroy|kill|async|graph [N]\n", argv[0]);
+    fprintf(stderr,
+            "usage: %s queued|threads|destroy|kill|async|graph|streams|shared|mismatch|stuck|stale "
+            "[N]\n",
+            argv[0]);
     return 2;
   }
   const char *cs = argv[1];
@@ -487,6 +874,16 @@ int main(int argc, char **argv) {
     o.victim_delay_ms = 3;
     o.deadline_ms = 3 * g_timeout_ms + 60000;
     return mp_run(&o, body_kill, NULL);
+  }
+  if (!strcmp(cs, "streams")) return mp_run(&o, body_streams, NULL);
+  if (!strcmp(cs, "stuck")) return mp_run(&o, body_stuck, NULL);
+  if (!strcmp(cs, "stale")) return mp_run(&o, body_stale, NULL);
+  if (!strcmp(cs, "mismatch")) return case_mismatch(n);
+  if (!strcmp(cs, "shared")) {
+    o.nranks = 1;
+    o.init = MP_INIT_BARE;
+    o.deadline_ms = 3 * g_timeout_ms + 30000;
+    return mp_run(&o, body_shared, &n);
   }
   fprintf(stderr, "unknown case %s\n", cs);
   return 2;

@@ -440,6 +440,36 @@ static int rank_main(int rank, int n, const ncclUniqueId *id) {
   return g_failures ? 1 : 0;
 }
 
+/* Ranks that call allreduces of 1000 and 1001 elements (kernel mode: the
+ * call returns at once): ncclCommGetAsyncError reports the mismatch, and
+ * ncclGetLastError names both calls. */
+static int rank_mismatch(int rank, int n, const ncclUniqueId *id) {
+  g_rank = rank;
+  if (!open_api()) return 1;
+  api->drv.set_device(rank % api->drv.probe(NULL, 0));
+  ncclComm_t comm;
+  void *d = NULL;
+  NCCL_OK(ncclCommInitRank(&comm, n, *id, rank));
+  NCCL_OK(ncclMemAlloc(&d, 1001 * sizeof(float)));
+  NCCL_OK(ncclAllReduce(d, d, rank == 1 ? 1001 : 1000, ncclFloat32, ncclSum, comm, NULL));
+  ncclResult_t async = ncclSuccess;
+  for (int i = 0; i < 2000 && async == ncclSuccess; i++) {
+    NCCL_OK(ncclCommGetAsyncError(comm, &async));
+    if (async == ncclSuccess) usleep(5000);
+  }
+  const char *m = ncclGetLastError(comm);
+  printf("rank %d: mismatched allreduce: async error %s: %s\n", rank, ncclGetErrorString(async), m);
+  if (async != ncclInvalidUsage && async != ncclRemoteError)
+    FAIL("mismatched allreduce: ncclCommGetAsyncError said %s within 10 s",
+         ncclGetErrorString(async));
+  else if (async == ncclInvalidUsage && (!strstr(m, "count 1000,") || !strstr(m, "count 1001,")))
+    FAIL("ncclGetLastError does not name both calls: %s", m);
+  api->drv.stream_sync(NULL);
+  ncclCommDestroy(comm);
+  ncclMemFree(d);
+  return g_failures ? 1 : 0;
+}
+
 /* ncclCommInitAll, and one thread driving every communicator in a group. */
 static int init_all(int n) {
   g_rank = 0;
@@ -500,7 +530,7 @@ static int init_all(int n) {
 
 int main(int argc, char **argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: %s ranks|all N\n", argv[0]);
+    fprintf(stderr, "usage: %s ranks|all|mismatch N\n", argv[0]);
     return 2;
   }
   int n = atoi(argv[2]);
@@ -525,7 +555,7 @@ int main(int argc, char **argv) {
     kids[r] = fork();
     if (kids[r] == 0) {
       while (!__atomic_load_n(&sh->ready, __ATOMIC_ACQUIRE)) usleep(1000);
-      _exit(rank_main(r, n, &sh->id));
+      _exit(!strcmp(argv[1], "mismatch") ? rank_mismatch(r, n, &sh->id) : rank_main(r, n, &sh->id));
     }
   }
   if (ncclGetUniqueId(&sh->id) != ncclSuccess) {
