@@ -57,10 +57,13 @@ class Op(enum.IntEnum):
     MIN = 2
     MAX = 3
     AVG = 4
+    BAND = 5
+    BOR = 6
+    BXOR = 7
 
 
 NUM_DTYPES = 10
-NUM_OPS = 5
+NUM_OPS = 8
 
 # brg_reducer_config flags and brg_reducer_prepare's flag.
 REDUCER_SUM = 0x01
@@ -222,6 +225,10 @@ OPTIONAL = {
     "brg_all_to_all": (_st, _vp, _vp, _sz, _int, _comm, _vp),
     "brg_isend": (_st, _vp, _sz, _int, _int, _comm, _req),
     "brg_irecv": (_st, _vp, _sz, _int, _int, _comm, _req),
+    "brg_gather": (_st, _vp, _vp, _sz, _int, _int, _comm, _vp),
+    "brg_scatter": (_st, _vp, _vp, _sz, _int, _int, _comm, _vp),
+    "brg_igather": (_st, _vp, _vp, _sz, _int, _int, _comm, _req),
+    "brg_iscatter": (_st, _vp, _vp, _sz, _int, _int, _comm, _req),
 }
 for _name, (_res, *_args) in OPTIONAL.items():
     if hasattr(lib, _name):

@@ -60,6 +60,9 @@ int main(void) {
   NUM(BRG_MIN);
   NUM(BRG_MAX);
   NUM(BRG_AVG);
+  NUM(BRG_BAND);
+  NUM(BRG_BOR);
+  NUM(BRG_BXOR);
   printf("  \"end\": 0\n },\n \"hook\": {\n");
   NUM(BRG_REDUCER_HOOK_ALLREDUCE);
   NUM(BRG_REDUCER_HOOK_FP16);
