@@ -230,15 +230,22 @@ class Communicator:
     non-blocking ``i`` forms take host buffers only.
     """
 
-    def __init__(self, nranks: int, unique_id: bytes, rank: int):
+    def __init__(self, nranks: int, unique_id: bytes, rank: int,
+                 timeout_ms: Optional[int] = None, transports: Optional[str] = None):
+        """`timeout_ms` and `transports` are ``brg_comm_config``'s fields (None:
+        the environment's BRIGADE_TIMEOUT_MS / BRIGADE_TRANSPORTS)."""
         self._handle: Optional[int] = None
         self._lock = threading.Lock()
         uid = _capi.UniqueIdStruct()
         data = bytes(UniqueId(bytes(unique_id)))
         ctypes.memmove(ctypes.addressof(uid), data, len(data))
         h = ctypes.c_void_p()
-        _check(_capi.lib.brg_comm_init(ctypes.byref(h), int(nranks), ctypes.byref(uid), int(rank)),
-               "brg_comm_init")
+        cfg = _capi.CommConfig(ctypes.sizeof(_capi.CommConfig), _capi.COMM_CONFIG_VERSION,
+                               _capi.CONFIG_UNSET if timeout_ms is None else int(timeout_ms),
+                               None if transports is None else transports.encode())
+        _check(_capi.lib.brg_comm_init_config(ctypes.byref(h), int(nranks), ctypes.byref(uid),
+                                              int(rank), ctypes.byref(cfg)),
+               "brg_comm_init_config")
         self._adopt(h)
 
     @classmethod

@@ -96,6 +96,17 @@ class RequestStruct(ctypes.Structure):
     _fields_ = [("internal", ctypes.c_uint64 * 16)]
 
 
+class CommConfig(ctypes.Structure):
+    """brg_comm_config."""
+
+    _fields_ = [("size", ctypes.c_size_t), ("version", ctypes.c_uint),
+                ("timeout_ms", ctypes.c_int), ("transports", ctypes.c_char_p)]
+
+
+COMM_CONFIG_VERSION = 1
+CONFIG_UNSET = -1
+
+
 class ReducerParam(ctypes.Structure):
     """brg_reducer_param."""
 
@@ -191,6 +202,8 @@ _decl("brg_dtype_size", _sz, _int)
 _decl("brg_get_unique_id", _st, ctypes.POINTER(UniqueIdStruct))
 _decl("brg_comm_init", _st, ctypes.POINTER(_comm), _int, ctypes.POINTER(UniqueIdStruct), _int)
 _decl("brg_comm_init_env", _st, ctypes.POINTER(_comm))
+_decl("brg_comm_init_config", _st, ctypes.POINTER(_comm), _int, ctypes.POINTER(UniqueIdStruct),
+      _int, ctypes.POINTER(CommConfig))
 _decl("brg_comm_rank", _st, _comm, ctypes.POINTER(_int))
 _decl("brg_comm_size", _st, _comm, ctypes.POINTER(_int))
 _decl("brg_comm_last_error", ctypes.c_char_p, _comm)

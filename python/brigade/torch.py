@@ -185,7 +185,14 @@ class ProcessGroupBrigade(dist.ProcessGroup):
             store.set(_STORE_KEY, bytes(uid))
         else:
             uid = brigade.UniqueId(bytes(store.get(_STORE_KEY)))
-        self.comm = brigade.Communicator(size, uid, rank)
+        # The group's timeout (init_process_group(timeout=...)) is the
+        # communicator's: a rank that waits that long for a peer raises.
+        # torch's default (30 minutes) leaves BRIGADE_TIMEOUT_MS in charge.
+        ms = None
+        default = getattr(dist, "default_pg_timeout", None)
+        if timeout is not None and timeout != default:
+            ms = max(100, min(int(timeout.total_seconds() * 1000), 2**31 - 1))
+        self.comm = brigade.Communicator(size, uid, rank, timeout_ms=ms)
         self._completer = _completer(self.comm)
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name

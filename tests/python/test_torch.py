@@ -319,6 +319,37 @@ def body_gloo_ops(rank, n):
     dist.destroy_process_group()
 
 
+def body_timeout(rank, n):
+    """init_process_group(timeout=2 s) is the communicator's timeout: rank
+    0's allreduce fails after about 2 s, not after the peer's 5 s delay or
+    BRIGADE_TIMEOUT_MS (60 s here). The call goes to the group's
+    communicator directly: torch 1.13's Work.wait() on a Python backend's
+    Work does not raise the error its future holds."""
+    import time
+    from datetime import timedelta
+
+    import brigade.torch
+
+    dist.init_process_group("brigade", rank=rank, world_size=n, timeout=timedelta(seconds=2))
+    comm = brigade.torch.communicator()
+    t0 = time.monotonic()
+    if rank == 1:
+        time.sleep(5)
+    try:
+        comm.allreduce(torch.ones(5))
+    except brigade.Error as e:
+        took = time.monotonic() - t0
+        assert rank == 0 and 1.9 < took < 4.5 and "ERR_TIMEOUT" in str(e), (rank, took, str(e))
+    else:
+        assert rank == 1, "rank 0's allreduce with a late peer did not fail"
+    dist.destroy_process_group()
+
+
+def test_timeout():
+    env = dict(port_env(), BRIGADE_TIMEOUT_MS="60000")
+    ranks.run(2, body_timeout, init=None, env=env, timeout=60)
+
+
 def test_gloo_ops():
     ranks.run(3, body_gloo_ops, init=None, env=port_env(), timeout=120)
 
