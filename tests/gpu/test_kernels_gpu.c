@@ -201,7 +201,7 @@ int main(void) {
      * different misalignment (scalar path). */
     size_t offs[3][2] = {
         {0, 0}, {es * (16 / es > 1 ? 1 : 0), es * (16 / es > 1 ? 1 : 0)}, {0, es < 8 ? es : 8}};
-    for (int op = 0; op < BRG_NUM_OPS; op++)
+    for (int op = 0; op < (dt < BRG_FLOAT16 ? BRG_NUM_OPS : BRG_BAND); op++) /* bitwise: ints */
       for (size_t c = 0; c < ncounts; c++)
         for (int o = 0; o < (c + 1 < ncounts ? 3 : 1); o++, cases++)
           test_reduce((brg_dtype)dt, (brg_op)op, counts[c], offs[o][0], offs[o][1], dev, host);
