@@ -30,7 +30,7 @@ static int failures;
 
 static const char *const dt_names[] = {"int8",   "uint8",   "int32",    "uint32",  "int64",
                                        "uint64", "float16", "bfloat16", "float32", "float64"};
-static const char *const op_names[] = {"sum", "prod", "min", "max", "avg"};
+static const char *const op_names[] = {"sum", "prod", "min", "max", "avg", "band", "bor", "bxor"};
 static const size_t esizes[] = {1, 1, 4, 4, 8, 8, 2, 2, 4, 8};
 
 static uint64_t rng_state = 0x243f6a8885a308d3ull;
