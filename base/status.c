@@ -25,7 +25,8 @@ static const char *const dtype_names[BRG_NUM_DTYPES] = {"int8",    "uint8",  "in
                                                         "int64",   "uint64", "float16", "bfloat16",
                                                         "float32", "float64"};
 static const size_t dtype_sizes[BRG_NUM_DTYPES] = {1, 1, 4, 4, 8, 8, 2, 2, 4, 8};
-static const char *const op_names[BRG_NUM_OPS] = {"sum", "prod", "min", "max", "avg"};
+static const char *const op_names[BRG_NUM_OPS] = {"sum", "prod", "min", "max",
+                                                  "avg", "band", "bor", "bxor"};
 
 const char *brg_dtype_name(brg_dtype d) {
   return (unsigned)d < BRG_NUM_DTYPES ? dtype_names[d] : NULL;

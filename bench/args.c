@@ -26,7 +26,8 @@ static const struct {
 const char *const bench_dtype_print[BRG_NUM_DTYPES] = {
     "int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "bfloat16", "float", "double",
 };
-const char *const bench_op_print[BRG_NUM_OPS] = {"sum", "prod", "min", "max", "avg"};
+const char *const bench_op_print[BRG_NUM_OPS] = {"sum", "prod", "min", "max",
+                                                 "avg", "band", "bor", "bxor"};
 
 /* --------------------------------------------------------------- options */
 
@@ -96,7 +97,8 @@ static void usage(FILE *f, const bench_coll *coll) {
           "  -d, --datatype TYPE      int8 uint8 int32 uint32 int64 uint64 half|float16\n"
           "                           bfloat16 float|float32 double|float64, or all\n"
           "                           (default float)\n"
-          "  -o, --op OP              sum prod min max avg, or all (default sum)\n"
+          "  -o, --op OP              sum prod min max avg, band bor bxor (integer types), or all\n"
+          "                           (the first five; default sum)\n"
           "  -r, --root R             root rank of broadcast and reduce (default 0)\n"
           "  -z, --blocking 0|1       accepted for compatibility: host calls block\n"
           "  -p, --peer NAME          also time NAME on the same buffers and print the\n"
@@ -248,9 +250,9 @@ int bench_parse_args(int argc, char **argv, const bench_coll *coll, bench_opts *
       }
       break;
     case 'o':
-      if (strcmp(optarg, "all") == 0) {
-        o->nops = BRG_NUM_OPS;
-        for (int i = 0; i < BRG_NUM_OPS; i++) o->ops[i] = (brg_op)i;
+      if (strcmp(optarg, "all") == 0) { /* the ops every dtype takes (not the bitwise ones) */
+        o->nops = BRG_AVG + 1;
+        for (int i = 0; i <= BRG_AVG; i++) o->ops[i] = (brg_op)i;
         break;
       }
       o->nops = 0;
@@ -260,7 +262,8 @@ int bench_parse_args(int argc, char **argv, const bench_coll *coll, bench_opts *
           o->nops = 1;
         }
       if (o->nops == 0) {
-        fprintf(stderr, "%s: -o: unknown op '%s' (sum prod min max avg all)\n", bench_prog, optarg);
+        fprintf(stderr, "%s: -o: unknown op '%s' (sum prod min max avg band bor bxor all)\n",
+                bench_prog, optarg);
         return -1;
       }
       break;

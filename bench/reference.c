@@ -234,6 +234,7 @@ void bench_make_reduced(unsigned char *pat, brg_dtype dt, brg_op op, int nranks)
         case BRG_PROD: acc *= v; break;
         case BRG_MIN: acc = v < acc ? v : acc; break;
         case BRG_MAX: acc = v > acc ? v : acc; break;
+        default: break; /* the bitwise ops take integers only */
         }
       }
       if (op == BRG_AVG) acc /= nranks;
@@ -258,6 +259,9 @@ void bench_make_reduced(unsigned char *pat, brg_dtype dt, brg_op op, int nranks)
         case BRG_MAX:
           if (!less && v != acc) acc = v;
           break;
+        case BRG_BAND: acc &= v; break;
+        case BRG_BOR: acc |= v; break;
+        case BRG_BXOR: acc ^= v; break;
         }
       }
       if (op == BRG_AVG) {

@@ -58,10 +58,13 @@ typedef enum {
   BRG_FLOAT32,
   BRG_FLOAT64
 } brg_dtype;
-typedef enum { BRG_SUM, BRG_PROD, BRG_MIN, BRG_MAX, BRG_AVG } brg_op;
+/* BRG_BAND, BRG_BOR and BRG_BXOR (bitwise and, or, exclusive or) take the
+ * integer dtypes only; with a floating-point dtype a call fails with
+ * BRG_ERR_INVALID_ARGUMENT naming the op and the dtype. */
+typedef enum { BRG_SUM, BRG_PROD, BRG_MIN, BRG_MAX, BRG_AVG, BRG_BAND, BRG_BOR, BRG_BXOR } brg_op;
 
 #define BRG_NUM_DTYPES 10
-#define BRG_NUM_OPS 5
+#define BRG_NUM_OPS 8
 
 /* The version of the library that runs (the macros above are the version of
  * the header a program was built against). No argument may be NULL. */
@@ -289,6 +292,36 @@ brg_status brg_isend(const void *buf, size_t count, brg_dtype dtype, int peer, b
                      brg_request *request);
 brg_status brg_irecv(void *buf, size_t count, brg_dtype dtype, int peer, brg_comm *comm,
                      brg_request *request);
+
+/*
+ * Rooted collectives on the point-to-point links, as MPI_Gather and
+ * MPI_Scatter (and torch's gather and scatter): every rank calls them, in
+ * order with its other collectives, with the same count, dtype and root.
+ *
+ * brg_gather: every rank's sendbuf holds sendcount elements; the root's
+ * recvbuf receives N blocks of sendcount, block j from rank j. recvbuf is
+ * ignored (may be NULL) on the other ranks. In place: the root's sendbuf
+ * is its own block of recvbuf (recvbuf + root * sendcount elements).
+ *
+ * brg_scatter: the root's sendbuf holds N blocks of recvcount elements,
+ * block j for rank j; every rank's recvbuf receives its block. sendbuf is
+ * ignored (may be NULL) on the other ranks. In place: the root's recvbuf
+ * is its own block of sendbuf.
+ *
+ * Each block goes straight between the root and its rank (one step; the
+ * root's link carries N - 1 blocks, as a ring's would). Host buffers only:
+ * stream must be NULL. The non-blocking forms queue the call as the other
+ * collectives' do (brg_test, brg_wait). A rank that differs in count,
+ * dtype or root fails with BRG_ERR_MISMATCH.
+ */
+brg_status brg_gather(const void *sendbuf, void *recvbuf, size_t sendcount, brg_dtype dtype,
+                      int root, brg_comm *comm, brg_stream stream);
+brg_status brg_scatter(const void *sendbuf, void *recvbuf, size_t recvcount, brg_dtype dtype,
+                       int root, brg_comm *comm, brg_stream stream);
+brg_status brg_igather(const void *sendbuf, void *recvbuf, size_t sendcount, brg_dtype dtype,
+                       int root, brg_comm *comm, brg_request *request);
+brg_status brg_iscatter(const void *sendbuf, void *recvbuf, size_t recvcount, brg_dtype dtype,
+                        int root, brg_comm *comm, brg_request *request);
 
 #ifdef __cplusplus
 }

@@ -6,7 +6,8 @@
  *
  * - Integers wrap on sum and prod (done in unsigned arithmetic, so there is
  *   no undefined behaviour). AVG divides the wrapped sum with C division,
- *   which truncates toward zero.
+ *   which truncates toward zero. BAND, BOR and BXOR combine the bits; they
+ *   exist for integers only (the API refuses them with other dtypes).
  * - float16 and bfloat16 are stored as uint16_t bit patterns. Every op
  *   widens both inputs to float32, computes once in float32 and rounds once
  *   to nearest, ties to even. The double rounding is innocuous for + - * /
@@ -315,6 +316,15 @@ BRG__HALF_OPS(bf16)
   }                                                                                                \
   static inline BRG_HD T brg__##t##_avg(T a, T b, int d) {                                         \
     return brg__##t##_div(brg__##t##_sum(a, b), d);                                                \
+  }                                                                                                \
+  static inline BRG_HD T brg__##t##_band(T a, T b) {                                               \
+    return (T)((U)a & (U)b);                                                                       \
+  }                                                                                                \
+  static inline BRG_HD T brg__##t##_bor(T a, T b) {                                                \
+    return (T)((U)a | (U)b);                                                                       \
+  }                                                                                                \
+  static inline BRG_HD T brg__##t##_bxor(T a, T b) {                                               \
+    return (T)((U)a ^ (U)b);                                                                       \
   }
 
 BRG__INT_OPS(i8, int8_t, uint32_t, int)

@@ -13,7 +13,9 @@
  * dst1 is not NULL. With BRG_AVG the pair is summed and the sum is then
  * divided by `divisor` (integer types: C division, truncating toward zero);
  * other ops ignore `divisor`. Any of dst0/dst1 may alias a or b exactly;
- * partial overlaps are not allowed. dtype and op must be valid.
+ * partial overlaps are not allowed. dtype and op must be valid; the bitwise
+ * ops (BRG_BAND, BRG_BOR, BRG_BXOR) exist for integer dtypes only, and with
+ * another dtype the call writes nothing.
  */
 void brg__reduce(void *dst0, void *dst1, const void *a, const void *b, size_t count,
                  brg_dtype dtype, brg_op op, int divisor);

@@ -75,6 +75,13 @@ typedef void (*brg__divide_fn)(void *d, const void *s, size_t n, int div);
   BRG__REDUCE_FN(isa, attr, t, T, max, brg__##t##_max(a[i], b[i]))                                 \
   BRG__REDUCE_FN(isa, attr, t, T, avg, brg__##t##_avg(a[i], b[i], div))
 
+/* The integers' bitwise ops, on top of the arithmetic ones. */
+#define BRG__INT_REDUCE_FNS(isa, attr, t, T)                                                       \
+  BRG__REDUCE_FNS(isa, attr, t, T)                                                                 \
+  BRG__REDUCE_FN(isa, attr, t, T, band, brg__##t##_band(a[i], b[i]))                               \
+  BRG__REDUCE_FN(isa, attr, t, T, bor, brg__##t##_bor(a[i], b[i]))                                 \
+  BRG__REDUCE_FN(isa, attr, t, T, bxor, brg__##t##_bxor(a[i], b[i]))
+
 #define BRG__DIVIDE_FN(isa, attr, t, T)                                                            \
   attr static void divide_##isa##_##t(void *dv, const void *sv, size_t n, int div) {               \
     T *d = (T *)dv;                                                                                \
@@ -84,12 +91,12 @@ typedef void (*brg__divide_fn)(void *d, const void *s, size_t n, int div);
 
 /* Everything but the half-type reduce loops, which the x86 ISAs replace. */
 #define BRG__PLAIN_FNS(isa, attr)                                                                  \
-  BRG__REDUCE_FNS(isa, attr, i8, int8_t)                                                           \
-  BRG__REDUCE_FNS(isa, attr, u8, uint8_t)                                                          \
-  BRG__REDUCE_FNS(isa, attr, i32, int32_t)                                                         \
-  BRG__REDUCE_FNS(isa, attr, u32, uint32_t)                                                        \
-  BRG__REDUCE_FNS(isa, attr, i64, int64_t)                                                         \
-  BRG__REDUCE_FNS(isa, attr, u64, uint64_t)                                                        \
+  BRG__INT_REDUCE_FNS(isa, attr, i8, int8_t)                                                       \
+  BRG__INT_REDUCE_FNS(isa, attr, u8, uint8_t)                                                      \
+  BRG__INT_REDUCE_FNS(isa, attr, i32, int32_t)                                                     \
+  BRG__INT_REDUCE_FNS(isa, attr, u32, uint32_t)                                                    \
+  BRG__INT_REDUCE_FNS(isa, attr, i64, int64_t)                                                     \
+  BRG__INT_REDUCE_FNS(isa, attr, u64, uint64_t)                                                    \
   BRG__REDUCE_FNS(isa, attr, f32, float)                                                           \
   BRG__REDUCE_FNS(isa, attr, f64, double)                                                          \
   BRG__DIVIDE_FN(isa, attr, i8, int8_t)                                                            \
@@ -107,13 +114,18 @@ typedef void (*brg__divide_fn)(void *d, const void *s, size_t n, int div);
 #define BRG__ROW(isa, t)                                                                \
   { reduce_##isa##_##t##_sum, reduce_##isa##_##t##_prod, reduce_##isa##_##t##_min,      \
     reduce_##isa##_##t##_max, reduce_##isa##_##t##_avg }
+/* Integers add the bitwise ops; floating-point rows leave them NULL. */
+#define BRG__INT_ROW(isa, t)                                                            \
+  { reduce_##isa##_##t##_sum, reduce_##isa##_##t##_prod, reduce_##isa##_##t##_min,      \
+    reduce_##isa##_##t##_max, reduce_##isa##_##t##_avg, reduce_##isa##_##t##_band,      \
+    reduce_##isa##_##t##_bor, reduce_##isa##_##t##_bxor }
 
 /* Rows in brg_dtype order. */
-#define BRG__TABLE(isa, name)                                                           \
-  { name,                                                                               \
-    { BRG__ROW(isa, i8), BRG__ROW(isa, u8), BRG__ROW(isa, i32), BRG__ROW(isa, u32),     \
-      BRG__ROW(isa, i64), BRG__ROW(isa, u64), BRG__ROW(isa, f16), BRG__ROW(isa, bf16),  \
-      BRG__ROW(isa, f32), BRG__ROW(isa, f64) },                                         \
+#define BRG__TABLE(isa, name)                                                                   \
+  { name,                                                                                       \
+    { BRG__INT_ROW(isa, i8), BRG__INT_ROW(isa, u8), BRG__INT_ROW(isa, i32),                     \
+      BRG__INT_ROW(isa, u32), BRG__INT_ROW(isa, i64), BRG__INT_ROW(isa, u64),                   \
+      BRG__ROW(isa, f16), BRG__ROW(isa, bf16), BRG__ROW(isa, f32), BRG__ROW(isa, f64) },        \
     { divide_##isa##_i8, divide_##isa##_u8, divide_##isa##_i32, divide_##isa##_u32,     \
       divide_##isa##_i64, divide_##isa##_u64, divide_##isa##_f16, divide_##isa##_bf16,  \
       divide_##isa##_f32, divide_##isa##_f64 } }
@@ -466,7 +478,8 @@ void brg__reduce(void *dst0, void *dst1, const void *a, const void *b, size_t co
   if (count == 0 || (unsigned)dtype >= BRG_NUM_DTYPES || (unsigned)op >= BRG_NUM_OPS) return;
   if (dst1 == dst0) dst1 = NULL;
   if (divisor < 1) divisor = 1; /* callers divide by a rank count; never trap */
-  table()->reduce[dtype][op](dst0, dst1, a, b, count, divisor);
+  brg__reduce_fn fn = table()->reduce[dtype][op];
+  if (fn) fn(dst0, dst1, a, b, count, divisor); /* NULL: a bitwise op on floats */
 }
 
 void brg__divide(void *dst, const void *src, size_t count, brg_dtype dtype, int divisor) {

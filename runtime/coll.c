@@ -24,6 +24,10 @@ static brg_status check_call(brg_comm *c, const char *fn, const void *sendbuf, c
     return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT, "%s: unknown dtype %d", fn, (int)dtype);
   if (check_op && (unsigned)op >= BRG_NUM_OPS)
     return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT, "%s: unknown op %d", fn, (int)op);
+  if (check_op && op >= BRG_BAND && dtype >= BRG_FLOAT16)
+    return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT,
+                           "%s: op %s takes integer dtypes only, not %s", fn, brg_op_name(op),
+                           brg_dtype_name(dtype));
   if (root != -1 && (root < 0 || root >= c->nranks))
     return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT, "%s: root %d is not in [0, %d)", fn, root,
                            c->nranks);
@@ -205,6 +209,67 @@ brg_status brg_all_to_all(const void *sendbuf, void *recvbuf, size_t count, brg_
     s = brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT,
                         "%s: the buffers are GPU memory: all_to_all takes host buffers only", fn);
   return s != BRG_SUCCESS ? s : brg__progress_run(comm, &k);
+}
+
+/* gather and scatter (rooted.c): the root's side holds N blocks, the
+ * other ranks' one; host buffers only. */
+static brg_status prep_rooted(const char *fn, brg__coll_kind kind, const void *sendbuf,
+                              void *recvbuf, size_t count, brg_dtype dtype, int root,
+                              brg_comm *comm, brg_stream stream, brg__coll *k) {
+  brg_status s = brg__check_comm(comm, fn);
+  if (s != BRG_SUCCESS) return s;
+  if (root < 0 || root >= comm->nranks)
+    return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT, "%s: root %d is not in [0, %d)", fn,
+                           root, comm->nranks);
+  if (stream)
+    return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT,
+                           "%s: host buffers only: stream must be NULL", fn);
+  size_t n = (size_t)comm->nranks;
+  int is_root = comm->rank == root, gather = kind == BRG__COLL_GATHER;
+  if (gather && !is_root) recvbuf = NULL;
+  if (!gather && !is_root) sendbuf = NULL;
+  size_t send_elems = gather ? count : is_root ? count * n : 0;
+  size_t recv_elems = !gather ? count : is_root ? count * n : 0;
+  *k = COLL(kind, sendbuf, recvbuf, count, dtype, BRG_SUM, root);
+  s = check_call(comm, fn, sendbuf, recvbuf, count, send_elems, recv_elems, dtype, 0, BRG_SUM, root,
+                 NULL, k);
+  if (s == BRG_SUCCESS && k->device)
+    s = brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT,
+                        "%s: the buffers are GPU memory: %s takes host buffers only", fn,
+                        gather ? "gather" : "scatter");
+  return s;
+}
+
+brg_status brg_gather(const void *sendbuf, void *recvbuf, size_t sendcount, brg_dtype dtype,
+                      int root, brg_comm *comm, brg_stream stream) {
+  brg__coll k;
+  brg_status s = prep_rooted("brg_gather", BRG__COLL_GATHER, sendbuf, recvbuf, sendcount, dtype,
+                             root, comm, stream, &k);
+  return s != BRG_SUCCESS ? s : brg__progress_run(comm, &k);
+}
+
+brg_status brg_scatter(const void *sendbuf, void *recvbuf, size_t recvcount, brg_dtype dtype,
+                       int root, brg_comm *comm, brg_stream stream) {
+  brg__coll k;
+  brg_status s = prep_rooted("brg_scatter", BRG__COLL_SCATTER, sendbuf, recvbuf, recvcount, dtype,
+                             root, comm, stream, &k);
+  return s != BRG_SUCCESS ? s : brg__progress_run(comm, &k);
+}
+
+brg_status brg_igather(const void *sendbuf, void *recvbuf, size_t sendcount, brg_dtype dtype,
+                       int root, brg_comm *comm, brg_request *request) {
+  brg__coll k;
+  brg_status s = prep_rooted("brg_igather", BRG__COLL_GATHER, sendbuf, recvbuf, sendcount, dtype,
+                             root, comm, NULL, &k);
+  return s != BRG_SUCCESS ? s : issue(comm, "brg_igather", &k, request);
+}
+
+brg_status brg_iscatter(const void *sendbuf, void *recvbuf, size_t recvcount, brg_dtype dtype,
+                        int root, brg_comm *comm, brg_request *request) {
+  brg__coll k;
+  brg_status s = prep_rooted("brg_iscatter", BRG__COLL_SCATTER, sendbuf, recvbuf, recvcount, dtype,
+                             root, comm, NULL, &k);
+  return s != BRG_SUCCESS ? s : issue(comm, "brg_iscatter", &k, request);
 }
 
 /* ---- point-to-point ---- */

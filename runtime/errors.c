@@ -129,6 +129,8 @@ const char *brg__coll_name(brg__coll_kind kind) {
   case BRG__COLL_REDUCE: return "reduce";
   case BRG__COLL_BARRIER: return "barrier";
   case BRG__COLL_ALL_TO_ALL: return "all_to_all";
+  case BRG__COLL_GATHER: return "gather";
+  case BRG__COLL_SCATTER: return "scatter";
   }
   return "unknown";
 }

@@ -19,6 +19,8 @@ typedef enum {
   BRG__COLL_REDUCE,
   BRG__COLL_BARRIER,
   BRG__COLL_ALL_TO_ALL,
+  BRG__COLL_GATHER,
+  BRG__COLL_SCATTER,
 } brg__coll_kind;
 
 const char *brg__coll_name(brg__coll_kind kind);
@@ -234,6 +236,7 @@ struct brg_comm {
  *   device.c      the CUDA module, opened at first use
  *   ring_link.c   slots to and from the neighbours, the waiter's checks
  *   p2p.c         send, recv and all_to_all over links to any rank
+ *   rooted.c      gather and scatter over those links
  *   liveness.c    heartbeats on the ring sockets: which rank went silent
  *   trace.c       BRIGADE_TRACE_FILE: spans of collectives, steps, slices, waits
  *   topology.c    hosts and ring order
@@ -426,6 +429,10 @@ brg_status brg__p2p_all_to_all(brg_comm *c, const brg__coll *k);
  * recursive halving and doubling) over point-to-point links, on the
  * calling thread, host buffers. */
 brg_status brg__lat_run(brg_comm *c, brg__coll *k);
+
+/* rooted.c: gather and scatter on the point-to-point links, run by
+ * ring.c's engine in issue order. */
+brg_status brg__rooted_run(brg_comm *c, const brg__coll *k);
 
 /* ring.c: runs one collective to completion on the calling thread; a
  * device collective needs the device ring (progress.c builds it). */

@@ -466,6 +466,10 @@ static brg_status coll_body(brg_comm *c, brg__coll *k) {
     case BRG__COLL_ALL_TO_ALL:
       if ((s = a2a_announce(&o)) == BRG_SUCCESS) s = brg__p2p_all_to_all(c, k);
       break;
+    case BRG__COLL_GATHER:
+    case BRG__COLL_SCATTER:
+      if ((s = a2a_announce(&o)) == BRG_SUCCESS) s = brg__rooted_run(c, k);
+      break;
     }
   }
   /* An offer left behind by a failed call must not write into the

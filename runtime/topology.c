@@ -3,6 +3,7 @@
  * of one host are neighbours so that only one link per host boundary
  * crosses the network.
  */
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,6 +75,25 @@ static void log_ring(brg_comm *c) {
   BRG__INFO("init", "ring order (| separates hosts): %s", line);
 }
 
+/* The cores this process may run on: its affinity mask (taskset, cpusets,
+ * a container's cpuset), bounded by a cgroup v2 CPU quota (cpu.max) when
+ * there is one; the online count when neither can be read. */
+static long usable_cores(void) {
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) cores = CPU_COUNT(&set);
+  FILE *f = fopen("/sys/fs/cgroup/cpu.max", "r");
+  if (f) {
+    long quota, period;
+    if (fscanf(f, "%ld %ld", &quota, &period) == 2 && quota > 0 && period > 0) {
+      long q = (quota + period - 1) / period;
+      if (q < cores) cores = q;
+    }
+    fclose(f);
+  }
+  return cores < 1 ? 1 : cores;
+}
+
 void brg__topology_order(brg_comm *c) {
   for (int i = 0; i < c->nranks; i++) c->ring[i] = i;
   qsort_r(c->ring, (size_t)c->nranks, sizeof *c->ring, cmp_host_then_rank, c->peers);
@@ -99,7 +119,7 @@ void brg__topology_order(brg_comm *c) {
    * delay), then sleeps (unless BRIGADE_SPIN says otherwise). */
   int local = 0;
   for (int i = 0; i < c->nranks; i++) local += c->peers[i].host_hash == c->peers[c->rank].host_hash;
-  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  long cores = usable_cores();
   if (local > cores && !brg__config_is_set(&brg__core_config, BRG__CORE_SPIN)) {
     c->waiter.spin = 0;
     BRG__INFO("init", "%d ranks share %ld cores on this host: waits yield at once", local, cores);

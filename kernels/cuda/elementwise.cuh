@@ -44,9 +44,11 @@ constexpr int UNROLL = 4; /* 16-byte vectors in flight per input and thread */
 
 /* ---- element functions, one tag per dtype ------------------------------- */
 
-#define BRG__TAG(t, Ty)                                                                            \
+/* INT: whether the dtype has the bitwise ops (integers only). */
+#define BRG__TAG(t, Ty, INT)                                                                       \
   struct tag_##t {                                                                                 \
     typedef Ty T;                                                                                  \
+    static constexpr bool integer = INT;                                                           \
     template <int OP> static BRG__EW_HD T op(T a, T b, int d) {                                    \
       if constexpr (OP == BRG_SUM)                                                                 \
         return brg__##t##_sum(a, b);                                                               \
@@ -56,22 +58,35 @@ constexpr int UNROLL = 4; /* 16-byte vectors in flight per input and thread */
         return brg__##t##_min(a, b);                                                               \
       else if constexpr (OP == BRG_MAX)                                                            \
         return brg__##t##_max(a, b);                                                               \
-      else                                                                                         \
+      else if constexpr (OP == BRG_AVG)                                                            \
         return brg__##t##_avg(a, b, d);                                                            \
+      else                                                                                         \
+        return bitwise<OP>(a, b);                                                                  \
     }                                                                                              \
     static BRG__EW_HD T div(T x, int d) { return brg__##t##_div(x, d); }                           \
   };
 
-BRG__TAG(i8, int8_t)
-BRG__TAG(u8, uint8_t)
-BRG__TAG(i32, int32_t)
-BRG__TAG(u32, uint32_t)
-BRG__TAG(i64, int64_t)
-BRG__TAG(u64, uint64_t)
-BRG__TAG(f16, uint16_t)
-BRG__TAG(bf16, uint16_t)
-BRG__TAG(f32, float)
-BRG__TAG(f64, double)
+/* The bits of a and b combined; integer types only (the API refuses the
+ * bitwise ops with floating-point dtypes, and no kernel is made for them). */
+template <int OP, class T> static BRG__EW_HD T bitwise(T a, T b) {
+  if constexpr (OP == BRG_BAND)
+    return (T)(a & b);
+  else if constexpr (OP == BRG_BOR)
+    return (T)(a | b);
+  else
+    return (T)(a ^ b);
+}
+
+BRG__TAG(i8, int8_t, true)
+BRG__TAG(u8, uint8_t, true)
+BRG__TAG(i32, int32_t, true)
+BRG__TAG(u32, uint32_t, true)
+BRG__TAG(i64, int64_t, true)
+BRG__TAG(u64, uint64_t, true)
+BRG__TAG(f16, uint16_t, false)
+BRG__TAG(bf16, uint16_t, false)
+BRG__TAG(f32, float, false)
+BRG__TAG(f64, double, false)
 #undef BRG__TAG
 
 /* What the element-wise kernel computes: out = F::apply(a, b, d). */

@@ -96,6 +96,13 @@ int reduce_dtype(void *d0, void *d1, const void *a, const void *b, size_t n, int
   case BRG_MAX: return launch<reduce_fn<D, BRG_MAX>>(d0, d1, a, b, n, div, stream);
   case BRG_AVG: return launch<reduce_fn<D, BRG_AVG>>(d0, d1, a, b, n, div, stream);
   }
+  if constexpr (D::integer) {
+    switch (op) {
+    case BRG_BAND: return launch<reduce_fn<D, BRG_BAND>>(d0, d1, a, b, n, div, stream);
+    case BRG_BOR: return launch<reduce_fn<D, BRG_BOR>>(d0, d1, a, b, n, div, stream);
+    case BRG_BXOR: return launch<reduce_fn<D, BRG_BXOR>>(d0, d1, a, b, n, div, stream);
+    }
+  }
   return cudaErrorInvalidValue;
 }
 

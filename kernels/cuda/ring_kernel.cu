@@ -18,17 +18,26 @@ __global__ void __launch_bounds__(MAX_THREADS) ring_kernel(const brg__rk_args a)
 
 typedef void (*kernel_fn)(const brg__rk_args);
 
+/* The bitwise ops' kernels exist for integer dtypes only. */
+template <class D, int OP> constexpr kernel_fn bitwise_kernel() {
+  if constexpr (D::integer)
+    return ring_kernel<D, OP>;
+  else
+    return nullptr;
+}
+
 template <class D> struct ops {
-  static constexpr kernel_fn fn[BRG_NUM_OPS] = {ring_kernel<D, BRG_SUM>, ring_kernel<D, BRG_PROD>,
-                                                ring_kernel<D, BRG_MIN>, ring_kernel<D, BRG_MAX>,
-                                                ring_kernel<D, BRG_AVG>};
+  static constexpr kernel_fn fn[BRG_NUM_OPS] = {
+      ring_kernel<D, BRG_SUM>,      ring_kernel<D, BRG_PROD>,     ring_kernel<D, BRG_MIN>,
+      ring_kernel<D, BRG_MAX>,      ring_kernel<D, BRG_AVG>,      bitwise_kernel<D, BRG_BAND>(),
+      bitwise_kernel<D, BRG_BOR>(), bitwise_kernel<D, BRG_BXOR>()};
 };
 
 /* The kernel of (dtype, op), NULL for values out of range. */
 kernel_fn pick(int dtype, int op) {
   using namespace brg_ew;
   static_assert(BRG_SUM == 0 && BRG_PROD == 1 && BRG_MIN == 2 && BRG_MAX == 3 && BRG_AVG == 4 &&
-                    BRG_NUM_OPS == 5,
+                    BRG_BAND == 5 && BRG_BOR == 6 && BRG_BXOR == 7 && BRG_NUM_OPS == 8,
                 "ops::fn lists the ops in brg_op's order");
   if (op < 0 || op >= BRG_NUM_OPS) return nullptr;
   switch (dtype) {

@@ -576,6 +576,13 @@ template <class D> BRG_SIMT_DEV void run_dtype(const args &a) {
   case BRG_MAX: run_op<D, BRG_MAX>(a); break;
   case BRG_AVG: run_op<D, BRG_AVG>(a); break;
   }
+  if constexpr (D::integer) {
+    switch (a.op) {
+    case BRG_BAND: run_op<D, BRG_BAND>(a); break;
+    case BRG_BOR: run_op<D, BRG_BOR>(a); break;
+    case BRG_BXOR: run_op<D, BRG_BXOR>(a); break;
+    }
+  }
 }
 
 /* What every thread of the launch runs: blocks are channels. */

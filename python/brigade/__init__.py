@@ -92,7 +92,8 @@ def _op_of(op: OpLike) -> Op:
         return op
     if isinstance(op, str) and op.upper() in Op.__members__:
         return Op[op.upper()]
-    raise TypeError(f"brigade: unknown op {op!r}; brigade has sum, prod, min, max, avg")
+    raise TypeError(f"brigade: unknown op {op!r}; brigade has sum, prod, min, max, avg, and "
+                    "band, bor, bxor for integers")
 
 
 class UniqueId(bytes):
@@ -298,8 +299,8 @@ def library_version() -> tuple:
 def _p2p(cname: str) -> Any:
     if not _capi.has(cname):
         raise NotImplementedError(f"brigade: {cname} is not in the loaded library "
-                                  f"({_capi.library_path()}); point-to-point and all-to-all "
-                                  "need a libbrigade.so that has them")
+                                  f"({_capi.library_path()}); point-to-point, all-to-all, "
+                                  "gather and scatter need a libbrigade.so that has them")
     return getattr(_capi.lib, cname)
 
 
@@ -322,7 +323,10 @@ class Communicator:
     non-blocking ``i`` forms take host buffers only.
     """
 
-    def __init__(self, nranks: int, unique_id: bytes, rank: int):
+    def __init__(self, nranks: int, unique_id: bytes, rank: int,
+                 timeout_ms: Optional[int] = None, transports: Optional[str] = None):
+        """`timeout_ms` and `transports` are ``brg_comm_config``'s fields (None:
+        the environment's BRIGADE_TIMEOUT_MS / BRIGADE_TRANSPORTS)."""
         self._handle: Optional[int] = None
         self._core: Optional[_Owned] = None
         self._lock = threading.Lock()
@@ -330,8 +334,12 @@ class Communicator:
         data = bytes(UniqueId(bytes(unique_id)))
         ctypes.memmove(ctypes.addressof(uid), data, len(data))
         h = ctypes.c_void_p()
-        _check(_capi.lib.brg_comm_init(ctypes.byref(h), int(nranks), ctypes.byref(uid), int(rank)),
-               "brg_comm_init")
+        cfg = _capi.CommConfig(ctypes.sizeof(_capi.CommConfig), _capi.COMM_CONFIG_VERSION,
+                               _capi.CONFIG_UNSET if timeout_ms is None else int(timeout_ms),
+                               None if transports is None else transports.encode())
+        _check(_capi.lib.brg_comm_init_config(ctypes.byref(h), int(nranks), ctypes.byref(uid),
+                                              int(rank), ctypes.byref(cfg)),
+               "brg_comm_init_config")
         self._adopt(h)
 
     @classmethod
@@ -731,6 +739,94 @@ class Communicator:
         return self._launch("brg_all_to_all", [sv, ov],
                             (sv.ptr, ov.ptr, sv.count // self.size, int(sv.dtype)), False, out,
                             s)
+
+    # ------------------------------------------------------ gather, scatter
+    def _gather(self, nb: bool, buf: Any, root: int, out: Any, dtype: DTypeLike) -> Any:
+        call = "igather" if nb else "gather"
+        self._check_root(call, root)
+        is_root = self.rank == root
+        if not is_root:
+            sv = as_view(buf, False, "the input")
+            try:
+                self._typecheck(call, sv, sv, dtype, False)
+            except BaseException:
+                sv.release()
+                raise
+            return self._launch("brg_" + call, [sv], (sv.ptr, None, sv.count, int(sv.dtype),
+                                                      int(root)), nb, None, None)
+        if out is None:
+            out = self._alloc_like(call, buf, self._count(buf) * self.size)
+        sv, ov = self._views(call, buf, out, dtype, None)
+        if ov.count != sv.count * self.size:
+            self._release(sv, ov)
+            raise ValueError(f"brigade: {call}: the root's output has {ov.count} elements; "
+                             f"with an input of {sv.count} it must have {self.size} x "
+                             f"{sv.count} = {sv.count * self.size}")
+        return self._launch("brg_" + call, [sv, ov],
+                            (sv.ptr, ov.ptr, sv.count, int(sv.dtype), int(root)), nb, out, None)
+
+    def gather(self, buf: Any, root: int = 0, out: Any = None, dtype: DTypeLike = None) -> Any:
+        """Every rank's `buf` (n elements each), in rank order, into rank
+        `root`'s `out` (size × n elements; allocated when `buf` is a NumPy
+        array or tensor) (``brg_gather``). Returns `out` on the root, None on
+        the other ranks, whose `out` is not used."""
+        return self._gather(False, buf, root, out, dtype)
+
+    def igather(self, buf: Any, root: int = 0, out: Any = None,
+                dtype: DTypeLike = None) -> Request:
+        """:meth:`gather`, started and returned at once (``brg_igather``)."""
+        return self._gather(True, buf, root, out, dtype)
+
+    def _scatter(self, nb: bool, buf: Any, root: int, out: Any, dtype: DTypeLike) -> Any:
+        call = "iscatter" if nb else "scatter"
+        self._check_root(call, root)
+        if self.rank != root:
+            if out is None:
+                if buf is None:
+                    raise ValueError(f"brigade: {call}: pass out= (the block to receive) on "
+                                     "the ranks other than the root")
+                out = self._alloc_like(call, buf, self._count(buf) // self.size)
+            ov = as_view(out, True, "the output")
+            try:
+                if ov.readonly:
+                    raise ValueError(f"brigade: {call}: the output is read-only")
+                self._typecheck(call, ov, ov, dtype, False)
+            except BaseException:
+                ov.release()
+                raise
+            return self._launch("brg_" + call, [ov], (None, ov.ptr, ov.count, int(ov.dtype),
+                                                      int(root)), nb, out, None)
+        if out is None:
+            total = self._count(buf)
+            if total % self.size:
+                raise ValueError(f"brigade: {call}: the root's input has {total} elements, "
+                                 f"not a multiple of the {self.size} ranks")
+            out = self._alloc_like(call, buf, total // self.size)
+        sv, ov = self._views(call, buf, out, dtype, None)
+        if sv.count != ov.count * self.size:
+            self._release(sv, ov)
+            raise ValueError(f"brigade: {call}: the root's input has {sv.count} elements; "
+                             f"with an output of {ov.count} it must have {self.size} x "
+                             f"{ov.count} = {ov.count * self.size}")
+        return self._launch("brg_" + call, [sv, ov],
+                            (sv.ptr, ov.ptr, ov.count, int(sv.dtype), int(root)), nb, out, None)
+
+    def scatter(self, buf: Any, root: int = 0, out: Any = None, dtype: DTypeLike = None) -> Any:
+        """Block j of rank `root`'s `buf` (size × n elements) into rank j's
+        `out` (n elements; allocated like `buf` when omitted) (``brg_scatter``).
+        The other ranks' `buf` is not used (None is fine when `out` is given).
+        Returns `out`."""
+        return self._scatter(False, buf, root, out, dtype)
+
+    def iscatter(self, buf: Any, root: int = 0, out: Any = None,
+                 dtype: DTypeLike = None) -> Request:
+        """:meth:`scatter`, started and returned at once (``brg_iscatter``)."""
+        return self._scatter(True, buf, root, out, dtype)
+
+    def _check_root(self, call: str, root: int) -> None:
+        if not isinstance(root, int) or not 0 <= root < self.size:
+            raise ValueError(f"brigade: {call}: root {root!r} is not a rank of this "
+                             f"communicator (0 to {self.size - 1})")
 
 
 from .reducer import Reducer  # noqa: E402  (needs Communicator and Error)

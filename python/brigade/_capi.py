@@ -57,10 +57,13 @@ class Op(enum.IntEnum):
     MIN = 2
     MAX = 3
     AVG = 4
+    BAND = 5
+    BOR = 6
+    BXOR = 7
 
 
 NUM_DTYPES = 10
-NUM_OPS = 5
+NUM_OPS = 8
 
 # brg_reducer_config flags and brg_reducer_prepare's flag.
 REDUCER_SUM = 0x01
@@ -91,6 +94,17 @@ class RequestStruct(ctypes.Structure):
     """brg_request: caller-owned, opaque."""
 
     _fields_ = [("internal", ctypes.c_uint64 * 16)]
+
+
+class CommConfig(ctypes.Structure):
+    """brg_comm_config."""
+
+    _fields_ = [("size", ctypes.c_size_t), ("version", ctypes.c_uint),
+                ("timeout_ms", ctypes.c_int), ("transports", ctypes.c_char_p)]
+
+
+COMM_CONFIG_VERSION = 1
+CONFIG_UNSET = -1
 
 
 class ReducerParam(ctypes.Structure):
@@ -188,6 +202,8 @@ _decl("brg_dtype_size", _sz, _int)
 _decl("brg_get_unique_id", _st, ctypes.POINTER(UniqueIdStruct))
 _decl("brg_comm_init", _st, ctypes.POINTER(_comm), _int, ctypes.POINTER(UniqueIdStruct), _int)
 _decl("brg_comm_init_env", _st, ctypes.POINTER(_comm))
+_decl("brg_comm_init_config", _st, ctypes.POINTER(_comm), _int, ctypes.POINTER(UniqueIdStruct),
+      _int, ctypes.POINTER(CommConfig))
 _decl("brg_comm_rank", _st, _comm, ctypes.POINTER(_int))
 _decl("brg_comm_size", _st, _comm, ctypes.POINTER(_int))
 _decl("brg_comm_last_error", ctypes.c_char_p, _comm)
@@ -222,6 +238,10 @@ OPTIONAL = {
     "brg_all_to_all": (_st, _vp, _vp, _sz, _int, _comm, _vp),
     "brg_isend": (_st, _vp, _sz, _int, _int, _comm, _req),
     "brg_irecv": (_st, _vp, _sz, _int, _int, _comm, _req),
+    "brg_gather": (_st, _vp, _vp, _sz, _int, _int, _comm, _vp),
+    "brg_scatter": (_st, _vp, _vp, _sz, _int, _int, _comm, _vp),
+    "brg_igather": (_st, _vp, _vp, _sz, _int, _int, _comm, _req),
+    "brg_iscatter": (_st, _vp, _vp, _sz, _int, _int, _comm, _req),
 }
 for _name, (_res, *_args) in OPTIONAL.items():
     if hasattr(lib, _name):

@@ -7,12 +7,15 @@ Importing this module registers the backend "brigade"::
     dist.init_process_group("brigade")  # torchrun, or MASTER_ADDR/PORT, RANK, WORLD_SIZE
     model = torch.nn.parallel.DistributedDataParallel(model)
 
-The process group runs allreduce, reduce_scatter, all_gather, broadcast,
-reduce, barrier, send/recv (isend/irecv) and all_to_all (all_to_all_single
-with any splits, all_to_all on lists) through brigade, on CPU tensors and
-CUDA tensors (the latter on torch's current stream; point-to-point and
-all-to-all on the CPU only, as brigade's calls); every other call (gather, scatter, ...) raises
-NotImplementedError naming the call. Brigade's unique id goes through the c10d store the group
+The process group runs allreduce (and all_reduce_coalesced), reduce_scatter,
+all_gather, broadcast, reduce, barrier, gather, scatter, send/recv
+(isend/irecv) and all_to_all (all_to_all_single with any splits, all_to_all
+on lists) through brigade, on CPU tensors and CUDA tensors (the latter on
+torch's current stream; point-to-point, all-to-all, gather and scatter on
+the CPU only, as brigade's calls), contiguous or not (a non-contiguous
+tensor goes through a contiguous copy, as with Gloo). Reduce ops: SUM,
+PRODUCT, MIN, MAX, AVG, and BAND, BOR, BXOR on integer tensors. Every other
+call raises NotImplementedError naming the call. Brigade's unique id goes through the c10d store the group
 is given, so brigade needs no port of its own (MASTER_PORT stays c10d's).
 
 For users who keep Gloo or NCCL as the backend and want brigade only for
@@ -48,14 +51,57 @@ except ImportError as e:  # pragma: no cover - torch without c10d
                       "(torch >= 1.13)") from e
 
 
+_OPS = (("SUM", "sum"), ("PRODUCT", "prod"), ("MIN", "min"), ("MAX", "max"), ("AVG", "avg"),
+        ("BAND", "band"), ("BOR", "bor"), ("BXOR", "bxor"))
+
+
+def _op_name(reduce_op: Any) -> str:
+    """torch's name of a ReduceOp ("PREMUL_SUM"), whatever form it comes in."""
+    for x in (reduce_op, getattr(reduce_op, "op", None)):
+        name = getattr(x, "name", None)
+        if isinstance(name, str):
+            return name
+    R = dist.ReduceOp
+    for name in dir(R):
+        if name.isupper() and not name.startswith("_"):
+            try:
+                if reduce_op == getattr(R, name):
+                    return name
+            except (TypeError, RuntimeError):
+                pass
+    return type(reduce_op).__name__
+
+
 def _op(reduce_op: Any) -> str:
     R = dist.ReduceOp
-    for name, ours in (("SUM", "sum"), ("PRODUCT", "prod"), ("MIN", "min"), ("MAX", "max"),
-                       ("AVG", "avg")):
+    for name, ours in _OPS:
         if hasattr(R, name) and reduce_op == getattr(R, name):
             return ours
-    raise NotImplementedError(f"brigade: reduce op {reduce_op} (brigade has SUM, PRODUCT, MIN, "
-                              "MAX, AVG)")
+    name = _op_name(reduce_op)
+    why = (" (its factor is not visible to a backend written in Python)"
+           if name == "PREMUL_SUM" else "")
+    raise NotImplementedError(f"brigade: reduce op {name}{why}; brigade has SUM, PRODUCT, MIN, "
+                              "MAX, AVG, and BAND, BOR, BXOR on integer tensors")
+
+
+def _dense(t: torch.Tensor) -> Any:
+    """A contiguous tensor with t's values, and what copies it back into t
+    once a call has written it (None when t is contiguous already)."""
+    if t.is_contiguous():
+        return t, None
+    c = t.contiguous()
+    return c, lambda: t.copy_(c)
+
+
+def _then(*fns: Any) -> Any:
+    todo = [f for f in fns if f is not None]
+    if not todo:
+        return None
+
+    def run() -> None:
+        for f in todo:
+            f()
+    return run
 
 
 def _done(result: Any) -> Any:
@@ -139,7 +185,14 @@ class ProcessGroupBrigade(dist.ProcessGroup):
             store.set(_STORE_KEY, bytes(uid))
         else:
             uid = brigade.UniqueId(bytes(store.get(_STORE_KEY)))
-        self.comm = brigade.Communicator(size, uid, rank)
+        # The group's timeout (init_process_group(timeout=...)) is the
+        # communicator's: a rank that waits that long for a peer raises.
+        # torch's default (30 minutes) leaves BRIGADE_TIMEOUT_MS in charge.
+        ms = None
+        default = getattr(dist, "default_pg_timeout", None)
+        if timeout is not None and timeout != default:
+            ms = max(100, min(int(timeout.total_seconds() * 1000), 2**31 - 1))
+        self.comm = brigade.Communicator(size, uid, rank, timeout_ms=ms)
         self._completer = _completer(self.comm)
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
@@ -155,31 +208,62 @@ class ProcessGroupBrigade(dist.ProcessGroup):
     def allreduce(self, tensors: Any, opts: Any = None) -> Any:
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
-        t = _one(tensors, "allreduce")
+        t, back = _dense(_one(tensors, "allreduce"))
         op = _op(opts.reduceOp if opts is not None and hasattr(opts, "reduceOp")
                  else opts if opts is not None else dist.ReduceOp.SUM)
         if t.is_cuda:
             self.comm.allreduce(t, op=op)
+            if back is not None:
+                back()
             return _done(tensors)
-        return self._work(self.comm.iallreduce(t, op=op), tensors)
+        return self._work(self.comm.iallreduce(t, op=op), tensors, back)
+
+    def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
+        """One allreduce over the tensors laid end to end (one dtype, one device)."""
+        op = _op(opts.reduceOp if opts is not None and hasattr(opts, "reduceOp")
+                 else dist.ReduceOp.SUM)
+        if not tensors:
+            return _done(tensors)
+        for t in tensors:
+            if t.dtype != tensors[0].dtype or t.device != tensors[0].device:
+                raise ValueError(f"brigade: all_reduce_coalesced: the tensors must share one "
+                                 f"dtype and device ({tensors[0].dtype} on {tensors[0].device} "
+                                 f"and {t.dtype} on {t.device})")
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+
+        def unpack() -> None:
+            off = 0
+            for t in tensors:
+                t.copy_(flat[off:off + t.numel()].view_as(t))
+                off += t.numel()
+
+        if flat.is_cuda:
+            self.comm.allreduce(flat, op=op)
+            unpack()
+            return _done(tensors)
+        return self._work(self.comm.iallreduce(flat, op=op), tensors, unpack)
 
     def broadcast(self, tensors: Any, opts: Any) -> Any:
-        t = _one(tensors, "broadcast")
+        t, back = _dense(_one(tensors, "broadcast"))
         if t.is_cuda:
             self.comm.broadcast(t, root=opts.rootRank)
+            if back is not None:
+                back()
             return _done(tensors)
-        return self._work(self.comm.ibroadcast(t, root=opts.rootRank), tensors)
+        return self._work(self.comm.ibroadcast(t, root=opts.rootRank), tensors, back)
 
     def reduce(self, tensors: Any, opts: Any) -> Any:
-        t = _one(tensors, "reduce")
+        t, back = _dense(_one(tensors, "reduce"))
         if t.is_cuda:
             self.comm.reduce(t, root=opts.rootRank, op=_op(opts.reduceOp))
+            if back is not None:
+                back()
             return _done(tensors)
         return self._work(self.comm.ireduce(t, root=opts.rootRank, op=_op(opts.reduceOp)),
-                          tensors)
+                          tensors, back)
 
     def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:
-        t = _one(input_tensors, "all_gather")
+        t = _one(input_tensors, "all_gather").contiguous()
         outs = _one(output_tensors, "all_gather")
         if len(outs) != self.size():
             raise ValueError(f"brigade: all_gather: {len(outs)} output tensors for "
@@ -203,10 +287,14 @@ class ProcessGroupBrigade(dist.ProcessGroup):
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor,
                         opts: Any = None) -> Any:
+        out, back = _dense(output)
+        input = input.contiguous()
         if input.is_cuda:
-            self.comm.all_gather(input, out=output)
+            self.comm.all_gather(input, out=out)
+            if back is not None:
+                back()
             return _done([output])
-        return self._work(self.comm.iall_gather(input, out=output), [output])
+        return self._work(self.comm.iall_gather(input, out=out), [output], back)
 
     def reduce_scatter(self, output_tensors: Any, input_tensors: Any, opts: Any) -> Any:
         out = _one(output_tensors, "reduce_scatter")
@@ -224,34 +312,41 @@ class ProcessGroupBrigade(dist.ProcessGroup):
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any,
                              result: Any = None) -> Any:
         result = [output] if result is None else result
+        out, back = _dense(output)
+        input = input.contiguous()
         if input.is_cuda:
-            self.comm.reduce_scatter(input, out=output, op=_op(opts.reduceOp))
+            self.comm.reduce_scatter(input, out=out, op=_op(opts.reduceOp))
+            if back is not None:
+                back()
             return _done(result)
-        return self._work(self.comm.ireduce_scatter(input, out=output, op=_op(opts.reduceOp)),
-                          result)
+        return self._work(self.comm.ireduce_scatter(input, out=out, op=_op(opts.reduceOp)),
+                          result, back)
 
     def barrier(self, opts: Any = None) -> Any:
         return self._work(self.comm.ibarrier(), [torch.empty(0)])
 
     # ------------------------------------------ point-to-point, all-to-all
     def send(self, tensors: Any, dstRank: int, tag: int = 0) -> Any:  # noqa: N803
-        t = _one(tensors, "send")
+        t = _one(tensors, "send").contiguous()
         if t.is_cuda:
             self.comm.send(t, dstRank)
             return _done(tensors)
         return self._work(self.comm.isend(t, dstRank), tensors)
 
     def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> Any:  # noqa: N803
-        t = _one(tensors, "recv")
+        t, back = _dense(_one(tensors, "recv"))
         if t.is_cuda:
             self.comm.recv(t, srcRank)
+            if back is not None:
+                back()
             return _done(tensors)
-        return self._work(self.comm.irecv(t, srcRank), tensors)
+        return self._work(self.comm.irecv(t, srcRank), tensors, back)
 
     def _exchange(self, call: str, sends: List[torch.Tensor],
-                  recvs: List[torch.Tensor]) -> List[Any]:
+                  recvs: List[torch.Tensor]) -> Any:
         """Block j of sends to rank j, block j of recvs from rank j, over
-        isend/irecv (the unequal and list forms of all-to-all)."""
+        isend/irecv (the unequal and list forms of all-to-all). Returns the
+        requests and what copies non-contiguous outputs back."""
         me = self.rank()
         if any(x.is_cuda for x in sends + recvs):
             raise NotImplementedError(f"brigade: {call} on CUDA tensors (brigade's "
@@ -260,6 +355,9 @@ class ProcessGroupBrigade(dist.ProcessGroup):
             if a.dtype != b.dtype:
                 raise ValueError(f"brigade: {call}: block {j} is {a.dtype} to send and "
                                  f"{b.dtype} to receive")
+        sends = [x.contiguous() for x in sends]
+        dense = [_dense(x) for x in recvs]
+        recvs = [d[0] for d in dense]
         recvs[me].copy_(sends[me])
         reqs = []
         for j in range(self.size()):
@@ -268,29 +366,31 @@ class ProcessGroupBrigade(dist.ProcessGroup):
         for j in range(self.size()):
             if j != me:
                 reqs.append(self.comm.isend(sends[j], j))
-        return reqs
+        return reqs, _then(*(d[1] for d in dense))
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor,
                       output_split_sizes: List[int], input_split_sizes: List[int],
                       opts: Any = None) -> Any:
         n = self.size()
         outs, ins = list(output_split_sizes or []), list(input_split_sizes or [])
+        out, back = _dense(output)
+        input = input.contiguous()
         if (not outs or len(set(outs)) == 1) and (not ins or len(set(ins)) == 1):
             if output.numel() != input.numel() or input.numel() % n:
                 raise ValueError(f"brigade: all_to_all_single: input {input.numel()} and "
                                  f"output {output.numel()} elements must be equal and a "
                                  f"multiple of the {n} ranks")
-            self.comm.all_to_all(input, out=output)
+            self.comm.all_to_all(input, out=out)
+            if back is not None:
+                back()
             return _done([output])
         if len(outs) != n or len(ins) != n:
             raise ValueError(f"brigade: all_to_all_single: split sizes for {len(ins)} and "
                              f"{len(outs)} ranks, the group has {n}")
         sends = list(torch.split(input, ins)) if ins else list(torch.chunk(input, n))
-        recvs = list(torch.split(output, outs)) if outs else list(torch.chunk(output, n))
-        for j, (a, b) in enumerate(zip(sends, recvs)):
-            if not (a.is_contiguous() and b.is_contiguous()):
-                raise ValueError("brigade: all_to_all_single: the tensors must be contiguous")
-        return self._work(self._exchange("all_to_all_single", sends, recvs), [output])
+        recvs = list(torch.split(out, outs)) if outs else list(torch.chunk(out, n))
+        reqs, then = self._exchange("all_to_all_single", sends, recvs)
+        return self._work(reqs, [output], _then(then, back))
 
     def alltoall(self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor],
                  opts: Any = None) -> Any:
@@ -298,8 +398,54 @@ class ProcessGroupBrigade(dist.ProcessGroup):
         if len(output_tensors) != n or len(input_tensors) != n:
             raise ValueError(f"brigade: all_to_all: {len(input_tensors)} inputs and "
                              f"{len(output_tensors)} outputs for {n} ranks")
-        return self._work(self._exchange("all_to_all", list(input_tensors),
-                                         list(output_tensors)), output_tensors)
+        reqs, then = self._exchange("all_to_all", list(input_tensors), list(output_tensors))
+        return self._work(reqs, output_tensors, then)
+
+    # ------------------------------------------------------ gather, scatter
+    def _check_blocks(self, call: str, blocks: List[torch.Tensor], t: torch.Tensor,
+                      what: str) -> None:
+        if len(blocks) != self.size():
+            raise ValueError(f"brigade: {call}: {len(blocks)} {what} tensors on the root for "
+                             f"{self.size()} ranks")
+        for b in blocks:
+            if b.numel() != t.numel() or b.dtype != t.dtype:
+                raise ValueError(f"brigade: {call}: a {what} tensor is {b.numel()} x {b.dtype}, "
+                                 f"this rank's {t.numel()} x {t.dtype}")
+        if t.is_cuda or any(b.is_cuda for b in blocks):
+            raise NotImplementedError(f"brigade: {call} on CUDA tensors (brigade's {call} "
+                                      "takes host memory)")
+
+    def gather(self, output_tensors: Any, input_tensors: Any, opts: Any) -> Any:
+        t = _one(input_tensors, "gather").contiguous()
+        root = opts.rootRank
+        if self.rank() != root:
+            if t.is_cuda:
+                raise NotImplementedError("brigade: gather on CUDA tensors (brigade's gather "
+                                          "takes host memory)")
+            return self._work(self.comm.igather(t, root=root), output_tensors)
+        outs = _one(output_tensors, "gather")
+        self._check_blocks("gather", outs, t, "output")
+        flat = torch.empty(t.numel() * self.size(), dtype=t.dtype)
+        n = t.numel()
+
+        def unpack() -> None:
+            for r, o in enumerate(outs):
+                o.copy_(flat[r * n:(r + 1) * n].view_as(o))
+
+        return self._work(self.comm.igather(t, root=root, out=flat), output_tensors, unpack)
+
+    def scatter(self, output_tensors: Any, input_tensors: Any, opts: Any) -> Any:
+        out, back = _dense(_one(output_tensors, "scatter"))
+        root = opts.rootRank
+        if self.rank() != root:
+            if out.is_cuda:
+                raise NotImplementedError("brigade: scatter on CUDA tensors (brigade's scatter "
+                                          "takes host memory)")
+            return self._work(self.comm.iscatter(None, root=root, out=out), output_tensors, back)
+        ins = _one(input_tensors, "scatter")
+        self._check_blocks("scatter", ins, out, "input")
+        flat = torch.cat([i.reshape(-1) for i in ins]) if ins else torch.empty(0, dtype=out.dtype)
+        return self._work(self.comm.iscatter(flat, root=root, out=out), output_tensors, back)
 
     # The names newer torch (2.x) calls the flat-tensor forms by.
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
@@ -319,16 +465,13 @@ class ProcessGroupBrigade(dist.ProcessGroup):
     def _unsupported(name: str):  # type: ignore[misc]
         def call(self: Any, *args: Any, **kwargs: Any) -> Any:
             raise NotImplementedError(f"brigade: the torch.distributed backend \"brigade\" has no "
-                                      f"{name} (it has allreduce, reduce_scatter, all_gather, "
-                                      "broadcast, reduce, barrier, send, recv and all_to_all)")
+                                      f"{name} (it has allreduce, all_reduce_coalesced, "
+                                      "reduce_scatter, all_gather, broadcast, reduce, barrier, "
+                                      "gather, scatter, send, recv and all_to_all)")
         call.__name__ = name
         return call
 
     recv_anysource = _unsupported("recv_anysource")
-    gather = _unsupported("gather")
-    gather_single = _unsupported("gather")
-    scatter = _unsupported("scatter")
-    allreduce_coalesced = _unsupported("all_reduce_coalesced")
     allgather_coalesced = _unsupported("all_gather_coalesced")
     monitored_barrier = _unsupported("monitored_barrier")
     del _unsupported

@@ -52,6 +52,13 @@ static void run_reduce(int op, size_t nthreads, void *d0, void *d1, const void *
   case BRG_MAX: run_grid<reduce_fn<D, BRG_MAX>>(nthreads, d0, d1, a, b, n, div); break;
   case BRG_AVG: run_grid<reduce_fn<D, BRG_AVG>>(nthreads, d0, d1, a, b, n, div); break;
   }
+  if constexpr (D::integer) {
+    switch (op) {
+    case BRG_BAND: run_grid<reduce_fn<D, BRG_BAND>>(nthreads, d0, d1, a, b, n, div); break;
+    case BRG_BOR: run_grid<reduce_fn<D, BRG_BOR>>(nthreads, d0, d1, a, b, n, div); break;
+    case BRG_BXOR: run_grid<reduce_fn<D, BRG_BXOR>>(nthreads, d0, d1, a, b, n, div); break;
+    }
+  }
 }
 
 static void reduce_any(int dt, int op, size_t nt, void *d0, void *d1, const void *a, const void *b,
@@ -115,7 +122,7 @@ int main() {
     /* Offsets (bytes) of a/b and of the outputs: aligned, equal and
      * different distances from a 16-byte boundary. */
     size_t offs[3][2] = {{0, 0}, {es, es}, {0, es == 8 ? 8 : es}};
-    for (int op = 0; op < BRG_NUM_OPS; op++)
+    for (int op = 0; op < (dt < BRG_FLOAT16 ? BRG_NUM_OPS : BRG_BAND); op++)
       for (size_t n : counts)
         for (auto &o : offs)
           for (size_t nt : grids) {

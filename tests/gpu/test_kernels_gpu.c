@@ -30,7 +30,7 @@ static int failures;
 
 static const char *const dt_names[] = {"int8",   "uint8",   "int32",    "uint32",  "int64",
                                        "uint64", "float16", "bfloat16", "float32", "float64"};
-static const char *const op_names[] = {"sum", "prod", "min", "max", "avg"};
+static const char *const op_names[] = {"sum", "prod", "min", "max", "avg", "band", "bor", "bxor"};
 static const size_t esizes[] = {1, 1, 4, 4, 8, 8, 2, 2, 4, 8};
 
 static uint64_t rng_state = 0x243f6a8885a308d3ull;
@@ -201,7 +201,7 @@ int main(void) {
      * different misalignment (scalar path). */
     size_t offs[3][2] = {
         {0, 0}, {es * (16 / es > 1 ? 1 : 0), es * (16 / es > 1 ? 1 : 0)}, {0, es < 8 ? es : 8}};
-    for (int op = 0; op < BRG_NUM_OPS; op++)
+    for (int op = 0; op < (dt < BRG_FLOAT16 ? BRG_NUM_OPS : BRG_BAND); op++) /* bitwise: ints */
       for (size_t c = 0; c < ncounts; c++)
         for (int o = 0; o < (c + 1 < ncounts ? 3 : 1); o++, cases++)
           test_reduce((brg_dtype)dt, (brg_op)op, counts[c], offs[o][0], offs[o][1], dev, host);

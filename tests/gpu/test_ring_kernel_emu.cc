@@ -125,6 +125,8 @@ static size_t esize(int dt) {
 
 /* Input element i of rank r in case c: a small integer. */
 static int value(int c, int r, size_t i, int op) {
+  if (op >= BRG_BAND) /* every bit of a byte, and the sign bit */
+    return (int)(((uint32_t)r * 2654435761u + (uint32_t)i * 40503u + (uint32_t)c * 977u) >> 1);
   int v = (int)((r * 5 + i * 3 + (size_t)c * 7) % 4);
   return op == BRG_PROD ? 1 + v % 3 : v;
 }
@@ -153,6 +155,10 @@ template <class D> static void fold(int c, int op, size_t off, size_t m, void *o
       case BRG_PROD: acc = D::template op<BRG_PROD>(acc, x, 1); break;
       case BRG_MIN: acc = D::template op<BRG_MIN>(acc, x, 1); break;
       case BRG_MAX: acc = D::template op<BRG_MAX>(acc, x, 1); break;
+      default:
+        if constexpr (D::integer) /* the bitwise ops, by C's own operators */
+          acc = op == BRG_BAND ? (T)(acc & x) : op == BRG_BOR ? (T)(acc | x) : (T)(acc ^ x);
+        break;
       }
     }
     o[j] = op == BRG_AVG ? D::div(acc, g_n) : acc;
@@ -195,6 +201,16 @@ static std::vector<tcase> make_cases() {
       for (int op = 0; op < BRG_NUM_OPS; op++) {
         bool reduces = kind == ALLREDUCE || kind == REDUCE_SCATTER || kind == REDUCE;
         if (!reduces && op != BRG_SUM) continue;
+        if (op >= BRG_BAND) {
+          /* The bitwise ops: integers, allreduce, one count each (7 or 513,
+           * by turns), by both paths: the data path is the same for every op. */
+          if (dt >= BRG_FLOAT16 || kind != ALLREDUCE) continue;
+          size_t n = (dt + op) % 2 ? 7 : 513;
+          int root = (int)((n + (size_t)dt) % (size_t)g_n);
+          if (!g_only_oneshot) v.push_back({kind, dt, op, n, 0, root, 0});
+          v.push_back({kind, dt, op, n, 0, root, 1});
+          continue;
+        }
         for (size_t n : counts) {
           /* quick: every op on small counts, the large count for sum */
           if (g_quick && n > 4099 && op != BRG_SUM) continue;

@@ -45,7 +45,7 @@ static const char *dt_name(brg_dtype dt) {
   return n[dt];
 }
 static const char *op_name(brg_op op) {
-  static const char *const n[] = {"sum", "prod", "min", "max", "avg"};
+  static const char *const n[] = {"sum", "prod", "min", "max", "avg", "band", "bor", "bxor"};
   return n[op];
 }
 
@@ -177,6 +177,9 @@ static int64_t ref_sint(brg_op op, int64_t a, int64_t b, int bits, int div) {
   case BRG_SUM: return s;
   case BRG_MIN: return a <= b ? a : b;
   case BRG_MAX: return a >= b ? a : b;
+  case BRG_BAND: return a & b; /* sign-extended inputs give the sign-extended result */
+  case BRG_BOR: return a | b;
+  case BRG_BXOR: return a ^ b;
   default: return s / div;
   }
 }
@@ -189,6 +192,9 @@ static uint64_t ref_uint(brg_op op, uint64_t a, uint64_t b, int bits, int div) {
   case BRG_PROD: return (uint64_t)(((unsigned __int128)a * b) & mask);
   case BRG_MIN: return a <= b ? a : b;
   case BRG_MAX: return a >= b ? a : b;
+  case BRG_BAND: return a & b;
+  case BRG_BOR: return a | b;
+  case BRG_BXOR: return a ^ b;
   default: return s / (uint64_t)div;
   }
 }
@@ -466,6 +472,7 @@ static void run_all_ops(const char *isa) {
     for (int op = 0; op < BRG_NUM_OPS; op++)
       for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++)
         for (int mode = 0; mode < ALIAS_MODES; mode++) {
+          if (op >= BRG_BAND && dt >= BRG_FLOAT16) continue; /* integers only */
           if (op != BRG_AVG) {
             check_one((brg_dtype)dt, (brg_op)op, counts[c], 3, (enum alias_mode)mode, isa);
             continue;
@@ -489,6 +496,20 @@ static void test_reduce_every_isa(void **state) {
   }
   assert_int_equal(brg__kernels_force_isa(NULL), 0);
   assert_true(ran >= 1);
+}
+
+/* The bitwise ops have no floating-point kernels: such a call writes
+ * nothing (the API refuses it before it gets here). */
+static void test_bitwise_float_writes_nothing(void **state) {
+  (void)state;
+  unsigned char a[64], b[64], d[64], before[64];
+  memset(a, 0x5a, sizeof a), memset(b, 0xa5, sizeof b), memset(d, 0x77, sizeof d);
+  memcpy(before, d, sizeof d);
+  for (int dt = BRG_FLOAT16; dt <= BRG_FLOAT64; dt++)
+    for (int op = BRG_BAND; op <= BRG_BXOR; op++) {
+      brg__reduce(d, NULL, a, b, 64 / esize((brg_dtype)dt), (brg_dtype)dt, (brg_op)op, 1);
+      assert_memory_equal(d, before, sizeof d);
+    }
 }
 
 static void test_isa_detection(void **state) {
@@ -523,7 +544,7 @@ static void test_simd_matches_generic(void **state) {
       }
       size_t len = round < 20 ? n : 1 + rnd() % 64;
       for (int dt = BRG_FLOAT16; dt <= BRG_BFLOAT16; dt++)
-        for (int op = 0; op < BRG_NUM_OPS; op++) {
+        for (int op = 0; op <= BRG_AVG; op++) { /* the bitwise ops take integers only */
           int div = 1 + (int)(rnd() % 8);
           if (brg__kernels_force_isa("generic") != 0) fail_msg("generic ISA refused");
           brg__reduce(g, NULL, a, b, len, (brg_dtype)dt, (brg_op)op, div);
@@ -978,6 +999,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_reference_sanity),
       cmocka_unit_test(test_isa_detection),
+      cmocka_unit_test(test_bitwise_float_writes_nothing),
       cmocka_unit_test(test_f16_edge_cases),
       cmocka_unit_test(test_bf16_edge_cases),
       cmocka_unit_test(test_f16_roundtrip_exhaustive),

@@ -7,10 +7,11 @@
  *                                    all_gather broadcast reduce bytes async
  *                                    lifecycle; the non-blocking forms:
  *                                    ibarrier iallreduce ireduce_scatter
- *                                    iall_gather ibroadcast ireduce imulti
+ *                                    iall_gather ibroadcast ireduce imulti;
+ *                                    gather scatter igather iscatter bitwise
  *
- * With no part named, all blocking parts run (the i* parts are named by
- * the tests that want them).
+ * With no part named, the blocking parts of the first group run (the i*
+ * parts and the last group are named by the tests that want them).
  *
  * The transport comes from BRIGADE_TRANSPORTS (set per test by meson).
  *
@@ -69,8 +70,12 @@ static const dinfo DTYPES[BRG_NUM_DTYPES] = {
     {BRG_FLOAT32, "float32", 4, 1, 1, 32, 1.0 / 16, 1 << 20, 1 << 23},
     {BRG_FLOAT64, "float64", 8, 1, 1, 64, 1.0 / 1024, 1LL << 49, 1LL << 52},
 };
-static const char *OPS[BRG_NUM_OPS] = {"sum", "prod", "min", "max", "avg"};
-static const brg_op OPV[BRG_NUM_OPS] = {BRG_SUM, BRG_PROD, BRG_MIN, BRG_MAX, BRG_AVG};
+static const char *OPS[BRG_NUM_OPS] = {"sum", "prod", "min", "max", "avg", "band", "bor", "bxor"};
+static const brg_op OPV[BRG_NUM_OPS] = {BRG_SUM, BRG_PROD, BRG_MIN, BRG_MAX,
+                                        BRG_AVG, BRG_BAND, BRG_BOR, BRG_BXOR};
+/* The ops every dtype takes; the bitwise ones (integers only) follow and
+ * have a part of their own. */
+#define ARITH_OPS 5
 
 /* Half-precision conversions written here, independent of the library. */
 static uint16_t to_f16(double v) {
@@ -242,6 +247,9 @@ static num ref_reduce(const dinfo *di, int op, int n, const num *v) {
       case BRG_MAX:
         if (di->is_signed ? v[q].i > r.i : v[q].u > r.u) r = v[q];
         break;
+      case BRG_BAND: r.u &= v[q].u; break;
+      case BRG_BOR: r.u |= v[q].u; break;
+      case BRG_BXOR: r.u ^= v[q].u; break;
       default: r.u += v[q].u;
       }
     }
@@ -599,6 +607,77 @@ static void do_broadcast(run *R, const dinfo *di, size_t count, int inplace, int
     check_pattern("broadcast changed the root's sendbuf", di, s, count, R->own, P, 0, 1);
 }
 
+/* gather and scatter take host buffers only, also in device mode. */
+#define HOST_CALL(R, BLOCKING, NB) ((R)->nb ? nb_finish(R, (NB)) : (BLOCKING))
+
+/* sendcount per rank; in place means the root's sendbuf = recvbuf + root *
+ * sendcount. The other ranks pass recvbuf NULL. */
+static void do_gather(run *R, const dinfo *di, size_t sc, int inplace, int root) {
+  char what[160];
+  label(what, sizeof what, R->nb ? "igather" : "gather", di, -1, sc, inplace, root);
+  uint64_t seed = ++R->call;
+  size_t P = period_of(sc), esz = di->size, total = sc * (size_t)R->n;
+  for (int q = 0; q < R->n; q++)
+    build_copy_table(di, q, P, seed, R->tabs + (size_t)q * PERIOD * esz);
+  const unsigned char *mine = R->tabs + (size_t)R->rank * PERIOD * esz;
+  int is_root = R->rank == root;
+  unsigned char *r = is_root ? recvp(R) : NULL;
+  unsigned char *s = inplace && is_root ? r + (size_t)R->rank * sc * esz : sendp(R);
+  if (is_root) memset(r, 0xcd, total * esz);
+  fill_pattern(s, sc, esz, mine, P, 0);
+  if (is_root) set_guards(r, total * esz);
+  if (!call_ok(R, what,
+               HOST_CALL(R, brg_gather(s, r, sc, di->dt, root, R->comm, NULL),
+                         brg_igather(s, r, sc, di->dt, root, R->comm, &R->req))))
+    return;
+  if (!is_root) {
+    check_pattern("gather changed its sendbuf", di, s, sc, mine, P, 0, 1);
+    return;
+  }
+  for (int q = 0; q < R->n; q++) {
+    char w2[200];
+    snprintf(w2, sizeof w2, "%s, block from rank %d", what, q);
+    check_pattern(w2, di, r + (size_t)q * sc * esz, sc, R->tabs + (size_t)q * PERIOD * esz, P, 0,
+                  1);
+  }
+  check_guards(what, r, total * esz);
+  if (!inplace) check_pattern("gather changed the root's sendbuf", di, s, sc, mine, P, 0, 1);
+}
+
+/* recvcount per rank; in place means the root's recvbuf = sendbuf + root *
+ * recvcount. The other ranks pass sendbuf NULL. */
+static void do_scatter(run *R, const dinfo *di, size_t rc, int inplace, int root) {
+  char what[160];
+  label(what, sizeof what, R->nb ? "iscatter" : "scatter", di, -1, rc, inplace, root);
+  uint64_t seed = ++R->call;
+  size_t P = period_of(rc), esz = di->size, total = rc * (size_t)R->n;
+  for (int q = 0; q < R->n; q++)
+    build_copy_table(di, q, P, seed, R->tabs + (size_t)q * PERIOD * esz);
+  const unsigned char *mine = R->tabs + (size_t)R->rank * PERIOD * esz;
+  int is_root = R->rank == root;
+  unsigned char *s = is_root ? sendp(R) : NULL;
+  unsigned char *r = inplace && is_root ? s + (size_t)R->rank * rc * esz : recvp(R);
+  if (is_root) {
+    for (int q = 0; q < R->n; q++)
+      fill_pattern(s + (size_t)q * rc * esz, rc, esz, R->tabs + (size_t)q * PERIOD * esz, P, 0);
+    set_guards(s, total * esz);
+  }
+  if (!inplace || !is_root) {
+    memset(r, 0xcd, rc * esz);
+    set_guards(r, rc * esz);
+  }
+  if (!call_ok(R, what,
+               HOST_CALL(R, brg_scatter(s, r, rc, di->dt, root, R->comm, NULL),
+                         brg_iscatter(s, r, rc, di->dt, root, R->comm, &R->req))))
+    return;
+  check_pattern(what, di, r, rc, mine, P, 0, 1);
+  if (!inplace || !is_root) check_guards(what, r, rc * esz);
+  if (is_root)
+    for (int q = 0; q < R->n; q++)
+      check_pattern("scatter changed the root's sendbuf", di, s + (size_t)q * rc * esz, rc,
+                    R->tabs + (size_t)q * PERIOD * esz, P, 0, 1);
+}
+
 /* ------------------------------------------------------------- the plan */
 
 static const size_t COUNTS[] = {0, 1, 7, 31, 4099, 65537, 262147, BIG};
@@ -613,7 +692,7 @@ static const size_t COUNTS[] = {0, 1, 7, 31, 4099, 65537, 262147, BIG};
 static int pairs_only = 0;
 
 static int skip_op(size_t ci, int d, int op, int ip) {
-  return pairs_only && op != (int)((ci + (size_t)d + (size_t)ip) % BRG_NUM_OPS);
+  return pairs_only && op != (int)((ci + (size_t)d + (size_t)ip) % ARITH_OPS);
 }
 
 static int skip_place(size_t ci, int d, int ip) {
@@ -641,7 +720,7 @@ static size_t per_rank_count(size_t c, int n) {
 static void part_allreduce(run *R) {
   for (size_t ci = 0; ci < NCOUNTS; ci++) {
     for (int d = 0; d < BRG_NUM_DTYPES; d++)
-      for (int op = 0; op < BRG_NUM_OPS; op++)
+      for (int op = 0; op < ARITH_OPS; op++)
         for (int ip = 0; ip < 2; ip++) {
           if (R->broken) return;
           if (skip_op(ci, d, op, ip)) continue;
@@ -655,7 +734,7 @@ static void part_reduce_scatter(run *R) {
     if (COUNTS[ci] == 262147) continue; /* 65537 and BIG/N cover the mid and large range */
     size_t rc = per_rank_count(COUNTS[ci], R->n);
     for (int d = 0; d < BRG_NUM_DTYPES; d++)
-      for (int op = 0; op < BRG_NUM_OPS; op++)
+      for (int op = 0; op < ARITH_OPS; op++)
         for (int ip = 0; ip < 2; ip++) {
           if (R->broken) return;
           if (skip_op(ci, d, op, ip)) continue;
@@ -700,7 +779,7 @@ static void part_reduce(run *R) {
   int roots[MP_MAX_RANKS], nr = roots_for(R->n, roots);
   for (size_t ci = 0; ci < NCOUNTS; ci++) {
     for (int d = 0; d < BRG_NUM_DTYPES; d++)
-      for (int op = 0; op < BRG_NUM_OPS; op++)
+      for (int op = 0; op < ARITH_OPS; op++)
         for (int ip = 0; ip < 2; ip++) {
           if (skip_op(ci, d, op, ip)) continue;
           if (COUNTS[ci] >= 262147) {
@@ -1081,7 +1160,7 @@ static void part_imulti(run *R) {
       c->s = sbase[k];
       c->kind = k % IK_NUM;
       c->d = (round + k) % BRG_NUM_DTYPES;
-      c->op = (round + k / IK_NUM + c->kind) % BRG_NUM_OPS;
+      c->op = (round + k / IK_NUM + c->kind) % ARITH_OPS;
       c->inplace = (round + k) & 1;
       c->root = (round + k) % R->n;
       c->count = counts[(size_t)(round * 5 + k) % (sizeof counts / sizeof counts[0])];
@@ -1206,6 +1285,66 @@ static void part_lifecycle(run *R) {
   }
 }
 
+/* gather and scatter: every dtype, both placements, every root (first,
+ * last and middle from N = 5), counts to past the early-message cap. */
+static const size_t ROOTED_COUNTS[] = {0, 1, 7, 4099, 65537};
+
+static void part_rooted(run *R, int gather) {
+  int roots[MP_MAX_RANKS], nr = roots_for(R->n, roots);
+  for (size_t ci = 0; ci < sizeof ROOTED_COUNTS / sizeof *ROOTED_COUNTS; ci++)
+    for (int d = 0; d < BRG_NUM_DTYPES; d++)
+      for (int ip = 0; ip < 2; ip++)
+        for (int k = 0; k < nr; k++) {
+          if (R->broken) return;
+          if (skip_place(ci, d, ip)) continue;
+          if (gather)
+            do_gather(R, &DTYPES[d], ROOTED_COUNTS[ci], ip, roots[k]);
+          else
+            do_scatter(R, &DTYPES[d], ROOTED_COUNTS[ci], ip, roots[k]);
+        }
+}
+static void part_gather(run *R) {
+  part_rooted(R, 1);
+}
+static void part_scatter(run *R) {
+  part_rooted(R, 0);
+}
+
+/* The bitwise ops: every integer dtype with allreduce, reduce_scatter and
+ * reduce; floating-point dtypes are refused with a message that names the
+ * op and the dtype, before anything is sent. */
+static void part_bitwise(run *R) {
+  static const size_t counts[] = {1, 7, 4099, 65537};
+  for (size_t ci = 0; ci < sizeof counts / sizeof *counts; ci++)
+    for (int d = 0; d < BRG_NUM_DTYPES; d++)
+      for (int op = ARITH_OPS; op < BRG_NUM_OPS; op++)
+        for (int ip = 0; ip < 2; ip++) {
+          if (R->broken) return;
+          if (DTYPES[d].is_float) {
+            if (ci > 0 || ip > 0) continue;
+            float x[4] = {0};
+            brg_status st = brg_allreduce(x, x, 4, DTYPES[d].dt, OPV[op], R->comm, NULL);
+            const char *msg = brg_comm_last_error(R->comm);
+            char want[64];
+            snprintf(want, sizeof want, "op %s takes integer dtypes only, not %s", OPS[op],
+                     DTYPES[d].name);
+            if (st != BRG_ERR_INVALID_ARGUMENT || !strstr(msg, want))
+              mp_fail("allreduce %s %s: %s, \"%s\"; expected BRG_ERR_INVALID_ARGUMENT, \"%s\"",
+                      DTYPES[d].name, OPS[op], brg_status_string(st), msg, want);
+            continue;
+          }
+          do_allreduce(R, &DTYPES[d], op, counts[ci], ip);
+          do_reduce_scatter(R, &DTYPES[d], op, counts[ci], ip);
+          do_reduce(R, &DTYPES[d], op, counts[ci], ip, (int)(ci + (size_t)d) % R->n, 1);
+        }
+}
+static void part_igather(run *R) {
+  with_nb(R, part_gather);
+}
+static void part_iscatter(run *R) {
+  with_nb(R, part_scatter);
+}
+
 /* ------------------------------------------------------------------ main */
 
 typedef struct part {
@@ -1230,6 +1369,12 @@ static const part PARTS[] = {
     {"ibroadcast", part_ibroadcast},
     {"ireduce", part_ireduce},
     {"imulti", part_imulti},
+    /* Named only, as the i* parts. */
+    {"gather", part_gather},
+    {"scatter", part_scatter},
+    {"igather", part_igather},
+    {"iscatter", part_iscatter},
+    {"bitwise", part_bitwise},
 };
 #define NPARTS (sizeof PARTS / sizeof PARTS[0])
 
@@ -1336,7 +1481,12 @@ int main(int argc, char **argv) {
   }
   int n = atoi(argv[1]);
   plan pl;
-  for (size_t p = 0; p < NPARTS; p++) pl.want[p] = argc == 2 && PARTS[p].name[0] != 'i';
+  /* Every part before "gather" but the i* ones. */
+  int unnamed = 1;
+  for (size_t p = 0; p < NPARTS; p++) {
+    unnamed &= strcmp(PARTS[p].name, "gather") != 0;
+    pl.want[p] = argc == 2 && unnamed && PARTS[p].name[0] != 'i';
+  }
   for (int a = 2; a < argc; a++) {
     size_t p = 0;
     while (p < NPARTS && strcmp(argv[a], PARTS[p].name) != 0) p++;

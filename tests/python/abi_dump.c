@@ -23,6 +23,8 @@ int main(void) {
   NUM(BRG_NUM_DTYPES);
   NUM(BRG_NUM_OPS);
   NUM(BRG_SPLIT_NOCOLOR);
+  NUM(BRG_COMM_CONFIG_VERSION);
+  NUM(BRG_CONFIG_UNSET);
   NUM(BRG_REDUCER_SUM);
   NUM(BRG_REDUCER_FIND_UNUSED);
   NUM(BRG_REDUCER_STATIC_GRAPH);
@@ -60,6 +62,9 @@ int main(void) {
   NUM(BRG_MIN);
   NUM(BRG_MAX);
   NUM(BRG_AVG);
+  NUM(BRG_BAND);
+  NUM(BRG_BOR);
+  NUM(BRG_BXOR);
   printf("  \"end\": 0\n },\n \"hook\": {\n");
   NUM(BRG_REDUCER_HOOK_ALLREDUCE);
   NUM(BRG_REDUCER_HOOK_FP16);
@@ -71,6 +76,12 @@ int main(void) {
   printf("    \"end\": [0, 0]}},\n");
   printf("  \"brg_request\": {\"size\": %zu, \"fields\": {\n", sizeof(brg_request));
   FIELD(brg_request, internal);
+  printf("    \"end\": [0, 0]}},\n");
+  printf("  \"brg_comm_config\": {\"size\": %zu, \"fields\": {\n", sizeof(brg_comm_config));
+  FIELD(brg_comm_config, size);
+  FIELD(brg_comm_config, version);
+  FIELD(brg_comm_config, timeout_ms);
+  FIELD(brg_comm_config, transports);
   printf("    \"end\": [0, 0]}},\n");
   printf("  \"brg_reducer_param\": {\"size\": %zu, \"fields\": {\n", sizeof(brg_reducer_param));
   FIELD(brg_reducer_param, name);

@@ -49,12 +49,15 @@ def test_constants(abi):
     assert c["BRG_NUM_DTYPES"] == _capi.NUM_DTYPES == len(_capi.DType)
     assert c["BRG_NUM_OPS"] == _capi.NUM_OPS == len(_capi.Op)
     assert c["BRG_SPLIT_NOCOLOR"] == _capi.SPLIT_NOCOLOR
+    assert c["BRG_COMM_CONFIG_VERSION"] == _capi.COMM_CONFIG_VERSION
+    assert c["BRG_CONFIG_UNSET"] == _capi.CONFIG_UNSET
     for name in ("SUM", "FIND_UNUSED", "STATIC_GRAPH", "GRAD_AS_VIEW", "NO_REBUILD", "DEVICE",
                  "NO_SYNC"):
         assert c["BRG_REDUCER_" + name] == getattr(_capi, "REDUCER_" + name), name
 
 
 STRUCTS = {"brg_unique_id": _capi.UniqueIdStruct, "brg_request": _capi.RequestStruct,
+           "brg_comm_config": _capi.CommConfig,
            "brg_reducer_param": _capi.ReducerParam, "brg_reducer_bucket": _capi.ReducerBucket,
            "brg_reducer_config": _capi.ReducerConfig}
 

@@ -217,6 +217,45 @@ def test_other_buffers():
     ranks.run(2, body_other_buffers)
 
 
+def body_gather_scatter_bitwise(comm):
+    """gather/scatter (blocking and not) from every root, and the bitwise
+    ops on every integer dtype, each element against a local reference."""
+    n, r = comm.size, comm.rank
+    rng = np.random.default_rng(5)
+    blocks = [rng.integers(-1000, 1000, 13).astype(np.float64) for _ in range(n)]
+    for root in range(n):
+        for nb in (False, True):
+            call = comm.igather if nb else comm.gather
+            res = call(blocks[r], root=root)
+            res = res.wait() if nb else res
+            if r == root:
+                assert np.array_equal(res, np.concatenate(blocks)), (root, res)
+            else:
+                assert res is None
+            src = np.concatenate(blocks) + root if r == root else None
+            out = np.full(13, -1.0)
+            res = (comm.iscatter(src, root=root, out=out).wait() if nb
+                   else comm.scatter(src, root=root, out=out))
+            assert res is out and np.array_equal(out, blocks[r] + root), (root, out)
+    for dt in (np.int8, np.uint8, np.int32, np.uint32, np.int64, np.uint64):
+        info = np.iinfo(dt)
+        vals = [rng.integers(info.min, info.max, 29, dtype=dt, endpoint=True) for _ in range(n)]
+        for op, f in (("band", np.bitwise_and), ("bor", np.bitwise_or),
+                      ("bxor", np.bitwise_xor)):
+            got = comm.allreduce(vals[r].copy(), op=op)
+            want = vals[0]
+            for v in vals[1:]:
+                want = f(want, v)
+            assert np.array_equal(got, want), (dt, op)
+    with pytest.raises(brigade.Error, match="op bor takes integer dtypes only, not float64"):
+        comm.allreduce(np.ones(3), op="bor")
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_gather_scatter_bitwise(n):
+    ranks.run(n, body_gather_scatter_bitwise, timeout=120)
+
+
 def body_env(comm, n):
     assert comm.size == n
     x = np.full(10, comm.rank, dtype=np.int32)
