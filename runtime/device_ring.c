@@ -190,17 +190,17 @@ typedef struct dev_blob {
   uint64_t process; /* random per process: ranks in one process */
   int32_t gpu;      /* the device index in this rank's process */
   int32_t nslots;
-  int32_t pad;
+  int32_t mps; /* 1: MPS serves this rank's GPU work (mps_verdict) */
   uint64_t slice_bytes;
   unsigned char uuid[16];           /* of the GPU */
   char why[192];                    /* when not ok */
   uint64_t fifo_ptr;                /* GPU slots of a GPUDirect link */
   int32_t gdr_send_ok, gdr_recv_ok; /* GPU memory registered with the network link */
   uint32_t gdr_rkey;                /* of fifo_ptr's slots, on the link from prev */
-  int32_t pad2;
-  char gdr_why[128]; /* why not, for the log */
-  int32_t kmode_req; /* BRIGADE_DEVICE_MODE of this rank */
-  int32_t kernel_ok; /* its kernel-mode region is ready */
+  int32_t mps_driver;               /* 1: the driver told mps, 0: the control pipe did */
+  char gdr_why[128];                /* why not, for the log */
+  int32_t kmode_req;                /* BRIGADE_DEVICE_MODE of this rank */
+  int32_t kernel_ok;                /* its kernel-mode region is ready */
   int32_t kchannels;
   int32_t kos_ok; /* every rank's GPU reaches its one-shot area */
   uint64_t kos_slot;
@@ -1151,21 +1151,26 @@ static brg_status setup_oneshot(brg_comm *c, struct brg__dev_ring *d, const dev_
   return BRG_SUCCESS;
 }
 
+/* Whether ranks r and q are of different processes on one GPU. */
+static int shares_gpu(const brg_comm *c, const dev_blob *all, int r, int q) {
+  return !memcmp(all[r].uuid, all[q].uuid, 16) && all[r].process != all[q].process &&
+         c->peers[r].host_hash == c->peers[q].host_hash;
+}
+
 /* Why kernel mode does not run, from every rank's description; NULL when
  * it can. Forced (BRIGADE_DEVICE_MODE=kernel), only a rank that cannot
  * stops it; automatic, so do ranks of different processes on one GPU
  * without MPS, whose kernels would take turns while spinning. */
-static const char *kernel_refused(const brg_comm *c, const dev_blob *all, int *who, int mps) {
+static const char *kernel_refused(const brg_comm *c, const dev_blob *all, int *who) {
   for (int r = 0; r < c->nranks; r++)
     if (!all[r].kernel_ok) {
       *who = r;
       return all[r].kwhy;
     }
-  if (all[0].kmode_req == 0 && !mps)
+  if (all[0].kmode_req == 0)
     for (int r = 0; r < c->nranks; r++)
       for (int q = 0; q < r; q++)
-        if (!memcmp(all[r].uuid, all[q].uuid, 16) && all[r].process != all[q].process &&
-            c->peers[r].host_hash == c->peers[q].host_hash) {
+        if (shares_gpu(c, all, r, q) && !all[r].mps) {
           *who = r;
           return "ranks of different processes share a GPU and MPS is not running: their "
                  "kernels would take turns on it (BRIGADE_DEVICE_MODE=kernel forces it)";
@@ -1281,12 +1286,28 @@ static brg_status setup_links(brg_comm *c, struct brg__dev_ring *d, const dev_bl
   return s;
 }
 
-/* Whether the MPS control daemon serves this process's GPU work. */
-static int mps_running(void) {
+/* Whether MPS serves this process's work on `gpu`: the driver's answer
+ * where it has one (cudaDevAttrMpsEnabled), else whether the control
+ * daemon's pipe is there; *driver says which. Every rank puts its verdict
+ * in its blob, and ranks that share a GPU must agree (a rank that guessed
+ * alone could take kernel mode while the other took step mode). */
+static int mps_verdict(const brg__cuda_api *api, int gpu, int32_t *driver) {
+  int on = 0;
+  if (api->drv.mps_enabled(gpu, &on) == 0) {
+    *driver = 1;
+    return on;
+  }
+  *driver = 0;
   const char *dir = getenv("CUDA_MPS_PIPE_DIRECTORY");
   char path[512];
   snprintf(path, sizeof path, "%s/control", dir && dir[0] ? dir : "/tmp/nvidia-mps");
   return access(path, F_OK) == 0;
+}
+
+static const char *mps_words(const dev_blob *b) {
+  return b->mps ? (b->mps_driver ? "MPS running (the driver says)"
+                                 : "MPS running (its control pipe is there)")
+                : (b->mps_driver ? "no MPS (the driver says)" : "no MPS (no control pipe)");
 }
 
 brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st) {
@@ -1377,6 +1398,7 @@ brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st) {
   mine->nslots = d->nslots;
   mine->slice_bytes = d->slice_bytes;
   if (api->drv.device_uuid(mine->uuid) != 0) memset(mine->uuid, 0, sizeof mine->uuid);
+  mine->mps = mps_verdict(api, mine->gpu, &mine->mps_driver);
   d->stride = d->slice_bytes + SLOT_SHIFT_ROOM;
   st->d = d;
   st->mine = mine;
@@ -1432,8 +1454,17 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
                           "of %llu (set BRIGADE_DEVICE_SMALL_BYTES alike on every rank)",
                           r, (unsigned long long)all[r].kos_slot, c->rank,
                           (unsigned long long)mine->kos_slot);
+  for (int r = 0; s == BRG_SUCCESS && r < c->nranks; r++)
+    for (int q = 0; s == BRG_SUCCESS && q < r; q++)
+      if (shares_gpu(c, all, r, q) && all[r].mps != all[q].mps)
+        s = brg__comm_error(c, BRG_ERR_MISMATCH,
+                            "device collectives: ranks %d and %d share a GPU in different "
+                            "processes, but rank %d finds %s and rank %d %s (their kernels would "
+                            "take different modes; run every process of the GPU under the MPS "
+                            "daemon or none, with one CUDA_MPS_PIPE_DIRECTORY)",
+                            q, r, q, mps_words(&all[q]), r, mps_words(&all[r]));
   int kwho = -1;
-  const char *kwhy = s == BRG_SUCCESS ? kernel_refused(c, all, &kwho, mps_running()) : NULL;
+  const char *kwhy = s == BRG_SUCCESS ? kernel_refused(c, all, &kwho) : NULL;
   if (s == BRG_SUCCESS && kwhy && d->kmode_req == 1)
     s = brg__comm_error(c, BRG_ERR_INVALID_USAGE,
                         "device collectives: BRIGADE_DEVICE_MODE=kernel, but rank %d cannot run "
@@ -1542,9 +1573,9 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
               "%d slots of %zu bytes (a slice) in GPU memory; %d of %d ranks on this GPU%s; "
               "%s%s%s%s",
               d->nslots, d->slice_bytes, share, c->nranks,
-              share > 1 ? (mps_running() ? ", MPS running"
-                                         : ", no MPS: their kernels take turns on the GPU")
-                        : "",
+              share > 1
+                  ? (mine->mps ? ", MPS running" : ", no MPS: their kernels take turns on the GPU")
+                  : "",
               desc,
               d->send_gdr      ? "; to the next rank GPU to GPU (GPUDirect RDMA)"
               : d->send_staged ? "; to the next rank through pinned host memory (staged link)"

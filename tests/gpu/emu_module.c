@@ -74,8 +74,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
+#include <stddef.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -303,29 +305,37 @@ static int mps_enabled(int dev, int *on) {
  * process run side by side. A real GPU switches contexts every few
  * milliseconds, so there two spinning kernels of two processes crawl
  * rather than hang; either way a ring of them does not finish in time.
- * The turn is an flock on a file per physical GPU and test (meson runs
- * each test in a session of its own).
+ * The turn is a Unix socket bound to an abstract name per physical GPU
+ * and test (meson runs each test in a session of its own): bound by one
+ * process at a time, and let go when it closes or dies, leaving no file.
  */
+static void pause_a_little(void);
+
 static pthread_mutex_t slice_mu[MAX_DEV] = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER,
                                             PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER,
                                             PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER,
                                             PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER};
 static int slice_users[MAX_DEV];
 static int slice_fd[MAX_DEV];
-static pid_t slice_pid[MAX_DEV]; /* a forked child opens its own */
 
 static void slice_enter(int g) {
   if (mps_setting() != 0) return;
   pthread_mutex_lock(&slice_mu[g]);
   if (slice_users[g]++ == 0) {
-    if (slice_pid[g] != getpid()) {
-      char path[128];
-      snprintf(path, sizeof path, "/dev/shm/brigade-emu-gpu%d-%u-%d", g, (unsigned)getuid(),
-               (int)getsid(0));
-      slice_fd[g] = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-      slice_pid[g] = getpid();
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    int n = snprintf(a.sun_path + 1, sizeof a.sun_path - 1, "brigade-emu-gpu%d-%u-%d", g,
+                     (unsigned)getuid(), (int)getsid(0));
+    socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+    for (;;) {
+      int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd < 0) break; /* no turns then */
+      if (bind(fd, (struct sockaddr *)&a, len) == 0) {
+        slice_fd[g] = fd;
+        break;
+      }
+      close(fd);
+      pause_a_little();
     }
-    while (slice_fd[g] >= 0 && flock(slice_fd[g], LOCK_EX) != 0 && errno == EINTR) {}
   }
   pthread_mutex_unlock(&slice_mu[g]);
 }
@@ -333,7 +343,10 @@ static void slice_enter(int g) {
 static void slice_exit(int g) {
   if (mps_setting() != 0) return;
   pthread_mutex_lock(&slice_mu[g]);
-  if (--slice_users[g] == 0 && slice_fd[g] >= 0) flock(slice_fd[g], LOCK_UN);
+  if (--slice_users[g] == 0 && slice_fd[g] > 0) {
+    close(slice_fd[g]);
+    slice_fd[g] = 0;
+  }
   pthread_mutex_unlock(&slice_mu[g]);
 }
 

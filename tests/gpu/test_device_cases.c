@@ -24,15 +24,26 @@
  *            time; in step mode
  *            (BRIGADE_DEVICE_MODE=step) the captured call is refused and
  *            the communicator still works
+ *   mps      ranks of different processes on one GPU (BRIGADE_EMU_DEVICES=1)
+ *            with TEST_MPS=disagree: rank 0 finds the MPS daemon's pipe
+ *            and the others do not (CUDA_MPS_PIPE_DIRECTORY of their
+ *            own): brg_comm_device_setup must fail on every rank with
+ *            BRG_ERR_MISMATCH naming ranks 0 and 1, not pick two modes
+ *            that wait on each other forever; TEST_MPS=on or off (the
+ *            driver's answer, BRIGADE_EMU_MPS; off makes the emulated GPU
+ *            run one process's kernels at a time): setup and an
+ *            allreduce succeed, every element checked
  *
  *   test_device_cases CASE [N]    exits 77 without a GPU (1 with
  *                                 BRIGADE_TEST_NO_SKIP set)
  */
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -447,6 +458,50 @@ static int body_graph(mp_ctx *ctx) {
   return 0;
 }
 
+/* =================================================================== mps */
+
+#define MPS_COUNT 4099
+
+static int body_mps(mp_ctx *ctx) {
+  const char *how = getenv("TEST_MPS");
+  int disagree = how && !strcmp(how, "disagree");
+  char dir[128], ctl[160];
+  snprintf(dir, sizeof dir, "/tmp/brigade-test-mps-%d-%d", (int)getppid(), ctx->rank);
+  snprintf(ctl, sizeof ctl, "%s/control", dir);
+  if (disagree) {
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) return mp_fail("mkdir %s: %m", dir), 1;
+    FILE *f = ctx->rank == 0 ? fopen(ctl, "w") : NULL;
+    if (f) fclose(f);
+    setenv("CUDA_MPS_PIPE_DIRECTORY", dir, 1);
+  } else {
+    setenv("BRIGADE_EMU_MPS", how && !strcmp(how, "on") ? "1" : "0", 1);
+  }
+  char why[256];
+  const brg__cuda_api *api = open_api(why, sizeof why);
+  if (!api) return mp_fail("no GPU: %s", why), 1;
+  void *d = device_input(api, MPS_COUNT, ctx->rank), *st = NULL;
+  if (!d || api->drv.stream_create(&st) != 0) return mp_fail("setup failed"), 1;
+  brg_status s = brg_comm_device_setup(ctx->comm, 0);
+  const char *err = brg_comm_last_error(ctx->comm);
+  unlink(ctl);
+  rmdir(dir);
+  if (disagree) {
+    MP_CHECK(s == BRG_ERR_MISMATCH && strstr(err, "ranks 0 and 1") && strstr(err, "MPS"),
+             "device setup with ranks that disagree on MPS returned %s (%s), expected %s naming "
+             "ranks 0 and 1",
+             brg_status_string(s), err, brg_status_string(BRG_ERR_MISMATCH));
+  } else {
+    MP_CHECK(s == BRG_SUCCESS, "device setup: %s: %s", brg_status_string(s), err);
+    s = brg_allreduce(d, d, MPS_COUNT, BRG_FLOAT32, BRG_SUM, ctx->comm, st);
+    MP_CHECK(s == BRG_SUCCESS, "device allreduce: %s", brg_comm_last_error(ctx->comm));
+    MP_CHECK(api->drv.stream_sync(st) == 0, "stream_sync");
+    check_device(api, d, MPS_COUNT, ctx->nranks, "allreduce of ranks sharing a GPU");
+  }
+  api->drv.stream_destroy(st);
+  api->drv.mem_free(d);
+  return 0;
+}
+
 /* ================================================================== main */
 
 int main(int argc, char **argv) {
@@ -475,6 +530,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cs, "destroy")) return mp_run(&o, body_destroy, NULL);
   if (!strcmp(cs, "async")) return mp_run(&o, body_async, NULL);
   if (!strcmp(cs, "graph")) return mp_run(&o, body_graph, NULL);
+  if (!strcmp(cs, "mps")) return mp_run(&o, body_mps, NULL);
   if (!strcmp(cs, "threads")) {
     o.nranks = 1;
     o.init = MP_INIT_BARE;
