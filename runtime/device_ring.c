@@ -138,6 +138,12 @@ struct brg__dev_ring {
   int *kwords;                     /* a pinned page: [0] abort, [16] status */
   int *kwords_dev;
   void *kdone_ev; /* recorded after each launch outside a graph capture */
+  /* Streams that captured kernel-mode launches into graphs, with an event
+   * each that the drain at destroy records there: replays have no done
+   * event of their own. After a capture, the abort word's page outlives
+   * the communicator (a replay after destroy finds it set and ends). */
+  void *gstream[8], *gdone_ev[8];
+  int ngstreams, graphs;
   /* The one-shot allreduce (ring_args.h): each rank's area follows the
    * channels in its region, and every rank reaches every other's. */
   size_t kos_limit;                   /* BRIGADE_DEVICE_SMALL_BYTES (0: none) */
@@ -375,7 +381,12 @@ static void ring_release(struct brg__dev_ring *d) {
   link_close(&d->kin);
   if (d->kring) api->drv.mem_free(d->kring);
   if (d->kdone_ev) api->drv.event_destroy(d->kdone_ev);
-  pinned_free(api, (char *)d->kwords, FLAG_PAGE);
+  for (int i = 0; i < d->ngstreams; i++)
+    if (d->gdone_ev[i]) api->drv.event_destroy(d->gdone_ev[i]);
+  /* A graph that captured a launch may be replayed after this (the user's
+   * error, docs/device.md): its kernels read the abort word first, set by
+   * the drain, and end; so the page stays. */
+  if (!d->graphs) pinned_free(api, (char *)d->kwords, FLAG_PAGE);
   for (int r = 0; r < BRG__DEVICE_MAX_RINGS; r++) {
     if (d->rstream[r]) api->drv.stream_destroy(d->rstream[r]);
     if (d->join_ev[r]) api->drv.event_destroy(d->join_ev[r]);
@@ -551,6 +562,8 @@ static int own_work_drained(struct brg__dev_ring *d, int64_t deadline) {
     }
     if (d->proxy_ev && api->drv.event_query(d->proxy_ev) == -1) pending = 1;
     if (d->kdone_ev && api->drv.event_query(d->kdone_ev) == -1) pending = 1;
+    for (int g = 0; g < d->ngstreams && !pending; g++)
+      if (d->gdone_ev[g] && api->drv.event_query(d->gdone_ev[g]) == -1) pending = 1;
     for (int r = 0; r < BRG__DEVICE_MAX_RINGS && !pending; r++)
       if (d->join_ev[r] && api->drv.event_query(d->join_ev[r]) == -1) pending = 1;
     for (int k = 0; k < d->ncallers && !pending; k++)
@@ -809,7 +822,34 @@ void brg__device_abort(brg_comm *c) {
  * checks (the ring sockets, the timeout), since no liveness thread runs
  * any more; a neighbour gone or silent stops the kernels, and the stream
  * drains. */
+static brg_status kernel_drain_wait(brg_comm *c, struct brg__dev_ring *d);
+
+/* The streams that captured launches: an event after what they hold now
+ * (graph replays launched there), where they are not capturing again. */
+static void graph_streams_mark(struct brg__dev_ring *d) {
+  const brg__cuda_api *api = d->api;
+  for (int i = 0; i < d->ngstreams; i++) {
+    int capturing = 0;
+    if (api->drv.stream_capturing(d->gstream[i], &capturing) != 0 || capturing) {
+      api->drv.last_error();
+      continue;
+    }
+    if (!d->gdone_ev[i] && api->drv.event_create(&d->gdone_ev[i]) != 0) continue;
+    api->drv.event_record(d->gdone_ev[i], d->gstream[i]);
+  }
+}
+
+/* Kernel mode's drain. After graphs captured launches, their replays on
+ * the streams they were captured on are waited for too, and then the
+ * abort word is set for good: a replay that comes later ends at once. */
 static brg_status kernel_drain(brg_comm *c, struct brg__dev_ring *d) {
+  if (d->graphs) graph_streams_mark(d);
+  brg_status s = kernel_drain_wait(c, d);
+  if (d->graphs) kernel_stop(d);
+  return s;
+}
+
+static brg_status kernel_drain_wait(brg_comm *c, struct brg__dev_ring *d) {
   c->cur = NULL;
   c->wait_conn = NULL;
   c->wait_peer = c->next;
@@ -1863,6 +1903,15 @@ brg_status brg__device_capture_check(brg_comm *c, const char *fn, brg__coll *k) 
   return BRG_SUCCESS;
 }
 
+/* A stream that captured a launch, for the drain at destroy. */
+static void graph_stream_note(struct brg__dev_ring *d, void *stream) {
+  d->graphs = 1;
+  for (int i = 0; i < d->ngstreams; i++)
+    if (d->gstream[i] == stream) return;
+  if (d->ngstreams < (int)(sizeof d->gstream / sizeof d->gstream[0]))
+    d->gstream[d->ngstreams++] = stream;
+}
+
 brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k) {
   struct brg__dev_ring *d = c->dev;
   const brg__cuda_api *api = d->api;
@@ -1929,6 +1978,7 @@ brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k) {
    * drain at destroy waits for the launches made outside graphs, and the
    * caller for its graphs' launches. */
   if (!e && !k->captured) e = api->drv.event_record(d->kdone_ev, k->stream);
+  if (!e && k->captured) graph_stream_note(d, k->stream);
   d->last_stream = k->stream;
   return e ? cuda_fail(c, api, e, "launching the kernel-mode collective") : BRG_SUCCESS;
 }

@@ -338,11 +338,15 @@ template <class D, int OP> struct channel {
     BRG_SIMT_SHARED uint64_t s_start[2];
     BRG_SIMT_SHARED int s_stopped;
     if (brg_simt_tid() == 0) {
-      s_start[0] = l.counters[0];
-      s_start[1] = l.counters[1];
-      /* launches queued behind a stopped one end at once */
+      /* launches queued behind a stopped one end at once, before they
+       * touch the region (a graph replayed after destroy: device_ring.c) */
       s_stopped = brg_simt_load_word(a.abort_word) != 0;
-      if (s_stopped) brg_simt_store_word(a.status, ABORTED);
+      if (s_stopped) {
+        brg_simt_store_word(a.status, ABORTED);
+      } else {
+        s_start[0] = l.counters[0];
+        s_start[1] = l.counters[1];
+      }
     }
     brg_simt_sync();
     if (s_stopped) return;
