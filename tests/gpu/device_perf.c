@@ -224,7 +224,8 @@ int main(int argc, char **argv) {
            mode && *mode ? mode : "auto", nranks, sizes[k], us_of[k], alg, alg * f,
            copy > 0 ? 100.0 * alg * f / copy : 0);
   }
-  if (getenv("DEVICE_PERF_NCCL")) nccl_beside();
+  const char *nccl = getenv("DEVICE_PERF_NCCL");
+  if (nccl && *nccl) nccl_beside();
   printf("device_perf: %s\n", failures ? "FAILED (wrong elements or errors above)" : "ok");
   return failures ? 1 : 0;
 }
