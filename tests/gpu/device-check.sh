@@ -212,8 +212,8 @@ fi
     grep -h -E '^===|^ +268435456|^ +8 |Avg bus|wrong|Out of bounds' "$OUT"/*nccl-tests*N=1.log
   fi
   echo "-- tests"
-  grep -h -E '^(Ok|Expected Fail|Fail|Unexpected Pass|Skipped|Timeout): ' "$OUT"/*tests*.log
-  grep -h -E ' (FAIL|TIMEOUT) ' "$OUT"/*tests*.log | head -20
+  grep -h -E '^(Ok|Expected Fail|Fail|Unexpected Pass|Skipped|Timeout): ' "$OUT"/*tests*.log 2>/dev/null
+  grep -h -E ' (FAIL|TIMEOUT) ' "$OUT"/*tests*.log 2>/dev/null | head -20
   echo "-- total $(($(date +%s) - START))s of ${BUDGET}s"
 } >"$OUT/summary.txt"
 cat "$OUT/summary.txt"
