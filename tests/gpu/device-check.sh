@@ -12,6 +12,10 @@
 #                           set up afresh each time)
 #   DEVICE_CHECK_CUDA       meson's -Dcuda (default: enabled where a GPU and
 #                           nvcc are found, else disabled)
+#   DEVICE_CHECK_KEEP=1     keep a build folder that is there (a second call
+#                           on a warm machine goes on with ninja where the
+#                           first ran out of time: nvcc builds ring_kernel.cu
+#                           in one long compile)
 #
 # Stages, in order:
 #   env        nvidia-smi, the toolkit, whether a GPU is there
@@ -113,9 +117,13 @@ if [ -z "$CUDA" ]; then
 fi
 
 # ---- build ----
-rm -rf "$BUILD"
-stage setup 90 "${MESON[@]}" setup "$BUILD" "$SRC" --buildtype=release -Dcuda="$CUDA" \
-  -Dtests=auto -Dbench_peers=disabled -Dpython=disabled || true
+if [ "${DEVICE_CHECK_KEEP:-0}" = 1 ] && [ -f "$BUILD/build.ninja" ]; then
+  echo "setup                              kept $BUILD" | tee -a "$STAGES"
+else
+  rm -rf "$BUILD"
+  stage setup 90 "${MESON[@]}" setup "$BUILD" "$SRC" --buildtype=release -Dcuda="$CUDA" \
+    -Dtests=auto -Dbench_peers=disabled -Dpython=disabled || true
+fi
 EMU=$BUILD/tests/gpu/libbrigade_cuda_emu.so
 if [ $GPU = 1 ]; then
   stage build 200 ninja -C "$BUILD" || true
