@@ -1,7 +1,7 @@
 /*
  * A short figure of the device allreduce on ONE GPU, for device-check.sh:
  * N ranks as threads of one process, each on its own stream of the current
- * GPU, time an out-of-place float32 sum at a few sizes (the mode is
+ * GPU, time a float32 sum out of place and in place at a few sizes (the mode is
  * BRIGADE_DEVICE_MODE's: kernel or step), beside the GPU's own
  * device-to-device copy rate (the roofline of ranks that share one HBM: a
  * ring step reads two buffers and writes one) and, where libnccl.so.2
@@ -11,7 +11,7 @@
  *
  *   device_perf N SIZES ITERS     SIZES: bytes, comma-separated (K, M, G)
  *
- * One line per size: mode N bytes us algbw busbw (GB/s; busbw =
+ * Two lines per size (out of place, in place): mode N bytes us algbw busbw (GB/s; busbw =
  * algbw * 2(N-1)/N, as nccl-tests). Exits 77 without a GPU.
  */
 #include <dlfcn.h>
@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "brigade.h"
 #include "device.h"
@@ -31,7 +32,7 @@ static brg_unique_id id;
 static int nranks, iters, nsizes, failures;
 static size_t sizes[MAXSIZES];
 static pthread_barrier_t bar;
-static double us_of[MAXSIZES];
+static double us_of[MAXSIZES], us_in[MAXSIZES]; /* out of place, in place */
 
 static size_t parse_size(const char *s) {
   char *end;
@@ -53,6 +54,14 @@ static int check(const float *h, size_t n, int rank, size_t bytes) {
   return 0;
 }
 
+/* A rank whose call failed would leave the others at the next barrier:
+ * the whole run ends here (the error is printed already). */
+static void fail_now(void) {
+  printf("device_perf: FAILED (errors above)\n");
+  fflush(NULL);
+  _exit(1);
+}
+
 static void *rank_main(void *arg) {
   int rank = (int)(long)arg, bad = 0;
   size_t maxb = 0;
@@ -66,7 +75,7 @@ static void *rank_main(void *arg) {
       api->drv.stream_create(&st) || api->drv.event_create_timing(&ev0) ||
       api->drv.event_create_timing(&ev1)) {
     fprintf(stderr, "rank %d: setup failed: %s\n", rank, brg_comm_last_error(c));
-    bad = 1;
+    fail_now();
   }
   if (!bad) {
     for (size_t i = 0; i < maxn; i++) h[i] = (float)((int)(i % 251) + rank);
@@ -86,8 +95,7 @@ static void *rank_main(void *arg) {
     if (s != BRG_SUCCESS || api->drv.stream_sync(st) != 0) {
       fprintf(stderr, "rank %d: allreduce of %zu bytes: %s\n", rank, sizes[k],
               brg_comm_last_error(c));
-      bad = 1;
-      continue;
+      fail_now();
     }
     float ms = 0;
     api->drv.event_elapsed_ms(&ms, ev0, ev1);
@@ -95,6 +103,29 @@ static void *rank_main(void *arg) {
     api->drv.mem_copy(h, recv, n * 4);
     bad |= check(h, n, rank, sizes[k]);
     for (size_t i = 0; i < maxn; i++) h[i] = (float)((int)(i % 251) + rank);
+    /* In place: one call checked, then the timed ones (whose sums grow,
+     * still finite in float). */
+    api->drv.mem_copy(recv, h, n * 4);
+    pthread_barrier_wait(&bar);
+    s = brg_allreduce(recv, recv, n, BRG_FLOAT32, BRG_SUM, c, st);
+    if (s != BRG_SUCCESS || api->drv.stream_sync(st) != 0) {
+      fprintf(stderr, "rank %d: in-place allreduce of %zu bytes: %s\n", rank, sizes[k],
+              brg_comm_last_error(c));
+      fail_now();
+    }
+    api->drv.mem_copy(h, recv, n * 4);
+    bad |= check(h, n, rank, sizes[k]);
+    for (size_t i = 0; i < maxn; i++) h[i] = (float)((int)(i % 251) + rank);
+    pthread_barrier_wait(&bar);
+    api->drv.event_record(ev0, st);
+    for (int i = 0; s == BRG_SUCCESS && i < iters; i++)
+      s = brg_allreduce(recv, recv, n, BRG_FLOAT32, BRG_SUM, c, st);
+    api->drv.event_record(ev1, st);
+    if (s != BRG_SUCCESS || api->drv.stream_sync(st) != 0) {
+      fail_now();
+    }
+    api->drv.event_elapsed_ms(&ms, ev0, ev1);
+    if (rank == 0) us_in[k] = 1000.0 * ms / iters;
   }
   if (c) brg_comm_destroy(c);
   if (ev0) api->drv.event_destroy(ev0);
@@ -218,12 +249,14 @@ int main(int argc, char **argv) {
   for (int r = 0; r < nranks; r++) pthread_create(&th[r], NULL, rank_main, (void *)(long)r);
   for (int r = 0; r < nranks; r++) pthread_join(th[r], NULL);
   double f = nranks > 1 ? 2.0 * (nranks - 1) / nranks : 1.0;
-  for (int k = 0; k < nsizes; k++) {
-    double alg = us_of[k] > 0 ? (double)sizes[k] / (us_of[k] * 1e3) : 0;
-    printf("%-7s N=%d %12zu %10.2f us %8.2f GB/s algbw %8.2f GB/s busbw (%.0f%% of copy)\n",
-           mode && *mode ? mode : "auto", nranks, sizes[k], us_of[k], alg, alg * f,
-           copy > 0 ? 100.0 * alg * f / copy : 0);
-  }
+  for (int k = 0; k < nsizes; k++)
+    for (int ip = 0; ip < 2; ip++) {
+      double us = ip ? us_in[k] : us_of[k];
+      double alg = us > 0 ? (double)sizes[k] / (us * 1e3) : 0;
+      printf("%-7s N=%d %12zu %10.2f us %8.2f GB/s algbw %8.2f GB/s busbw (%.0f%% of copy)%s\n",
+             mode && *mode ? mode : "auto", nranks, sizes[k], us, alg, alg * f,
+             copy > 0 ? 100.0 * alg * f / copy : 0, ip ? " in place" : "");
+    }
   const char *nccl = getenv("DEVICE_PERF_NCCL");
   if (nccl && *nccl) nccl_beside();
   printf("device_perf: %s\n", failures ? "FAILED (wrong elements or errors above)" : "ok");
