@@ -818,10 +818,6 @@ void brg__device_abort(brg_comm *c) {
   if (d) kernel_stop(d);
 }
 
-/* Kernel mode: waits for this rank's kernels with the communicator's
- * checks (the ring sockets, the timeout), since no liveness thread runs
- * any more; a neighbour gone or silent stops the kernels, and the stream
- * drains. */
 static brg_status kernel_drain_wait(brg_comm *c, struct brg__dev_ring *d);
 
 /* The streams that captured launches: an event after what they hold now
@@ -849,6 +845,10 @@ static brg_status kernel_drain(brg_comm *c, struct brg__dev_ring *d) {
   return s;
 }
 
+/* Kernel mode: waits for this rank's kernels with the communicator's
+ * checks (the ring sockets, the timeout), since no liveness thread runs
+ * any more; a neighbour gone or silent stops the kernels, and the stream
+ * drains. */
 static brg_status kernel_drain_wait(brg_comm *c, struct brg__dev_ring *d) {
   c->cur = NULL;
   c->wait_conn = NULL;
