@@ -146,11 +146,16 @@ void fiber_entry() {
 #endif
 
 /* Fiber stacks outlive launches: a launch of 512-thread blocks would
- * otherwise allocate and fault in thousands of them. */
+ * otherwise allocate and fault in thousands of them. (Only with the fast
+ * switch: under the sanitizers, whose view of a fiber's stack ends with
+ * it, each launch makes its own.) */
 std::vector<void *> stack_pool;
 pthread_mutex_t stack_lock = PTHREAD_MUTEX_INITIALIZER;
 
 void *stack_get() {
+#ifndef BRG_SIMT_FAST_SWITCH
+  return malloc(STACK_BYTES);
+#endif
   void *p = nullptr;
   pthread_mutex_lock(&stack_lock);
   if (!stack_pool.empty()) {
@@ -162,6 +167,10 @@ void *stack_get() {
 }
 
 void stack_put(void *p) {
+#ifndef BRG_SIMT_FAST_SWITCH
+  free(p);
+  return;
+#endif
   if (!p) return;
   pthread_mutex_lock(&stack_lock);
   stack_pool.push_back(p);
