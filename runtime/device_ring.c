@@ -151,6 +151,12 @@ struct brg__dev_ring {
   int64_t wd_since[BRG__RK_MAX_CHANNELS];
   int wd_fired;         /* the watchdog stopped the kernels */
   brg_status perr_code; /* with perr: the status the next call returns (0: BRG_ERR_REMOTE) */
+  /* Streams that captured kernel-mode launches into graphs, with an event
+   * each that the drain at destroy records there: replays have no done
+   * event of their own. After a capture, the abort word's page outlives
+   * the communicator (a replay after destroy finds it set and ends). */
+  void *gstream[8], *gdone_ev[8];
+  int ngstreams, graphs;
   /* The one-shot allreduce (ring_args.h): each rank's area follows the
    * channels in its region, and every rank reaches every other's. */
   size_t kos_limit;                   /* BRIGADE_DEVICE_SMALL_BYTES (0: none) */
@@ -212,17 +218,17 @@ typedef struct dev_blob {
   uint64_t process; /* random per process: ranks in one process */
   int32_t gpu;      /* the device index in this rank's process */
   int32_t nslots;
-  int32_t pad;
+  int32_t mps; /* 1: MPS serves this rank's GPU work (mps_verdict) */
   uint64_t slice_bytes;
   unsigned char uuid[16];           /* of the GPU */
   char why[192];                    /* when not ok */
   uint64_t fifo_ptr;                /* GPU slots of a GPUDirect link */
   int32_t gdr_send_ok, gdr_recv_ok; /* GPU memory registered with the network link */
   uint32_t gdr_rkey;                /* of fifo_ptr's slots, on the link from prev */
-  int32_t pad2;
-  char gdr_why[128]; /* why not, for the log */
-  int32_t kmode_req; /* BRIGADE_DEVICE_MODE of this rank */
-  int32_t kernel_ok; /* its kernel-mode region is ready */
+  int32_t mps_driver;               /* 1: the driver told mps, 0: the control pipe did */
+  char gdr_why[128];                /* why not, for the log */
+  int32_t kmode_req;                /* BRIGADE_DEVICE_MODE of this rank */
+  int32_t kernel_ok;                /* its kernel-mode region is ready */
   int32_t kchannels;
   int32_t kos_ok; /* every rank's GPU reaches its one-shot area */
   uint64_t kos_slot;
@@ -400,7 +406,12 @@ static void ring_release(struct brg__dev_ring *d) {
   link_close(&d->kin);
   if (d->kring) api->drv.mem_free(d->kring);
   if (d->kdone_ev) api->drv.event_destroy(d->kdone_ev);
-  pinned_free(api, (char *)d->kwords, FLAG_PAGE);
+  for (int i = 0; i < d->ngstreams; i++)
+    if (d->gdone_ev[i]) api->drv.event_destroy(d->gdone_ev[i]);
+  /* A graph that captured a launch may be replayed after this (the user's
+   * error, docs/device.md): its kernels read the abort word first, set by
+   * the drain, and end; so the page stays. */
+  if (!d->graphs) pinned_free(api, (char *)d->kwords, FLAG_PAGE);
   for (int r = 0; r < BRG__DEVICE_MAX_RINGS; r++) {
     if (d->rstream[r]) api->drv.stream_destroy(d->rstream[r]);
     if (d->join_ev[r]) api->drv.event_destroy(d->join_ev[r]);
@@ -576,6 +587,8 @@ static int own_work_drained(struct brg__dev_ring *d, int64_t deadline) {
     }
     if (d->proxy_ev && api->drv.event_query(d->proxy_ev) == -1) pending = 1;
     if (d->kdone_ev && api->drv.event_query(d->kdone_ev) == -1) pending = 1;
+    for (int g = 0; g < d->ngstreams && !pending; g++)
+      if (d->gdone_ev[g] && api->drv.event_query(d->gdone_ev[g]) == -1) pending = 1;
     for (int r = 0; r < BRG__DEVICE_MAX_RINGS && !pending; r++)
       if (d->join_ev[r] && api->drv.event_query(d->join_ev[r]) == -1) pending = 1;
     for (int k = 0; k < d->ncallers && !pending; k++)
@@ -830,11 +843,38 @@ void brg__device_abort(brg_comm *c) {
   if (d) kernel_stop(d);
 }
 
+static brg_status kernel_drain_wait(brg_comm *c, struct brg__dev_ring *d);
+
+/* The streams that captured launches: an event after what they hold now
+ * (graph replays launched there), where they are not capturing again. */
+static void graph_streams_mark(struct brg__dev_ring *d) {
+  const brg__cuda_api *api = d->api;
+  for (int i = 0; i < d->ngstreams; i++) {
+    int capturing = 0;
+    if (api->drv.stream_capturing(d->gstream[i], &capturing) != 0 || capturing) {
+      api->drv.last_error();
+      continue;
+    }
+    if (!d->gdone_ev[i] && api->drv.event_create(&d->gdone_ev[i]) != 0) continue;
+    api->drv.event_record(d->gdone_ev[i], d->gstream[i]);
+  }
+}
+
+/* Kernel mode's drain. After graphs captured launches, their replays on
+ * the streams they were captured on are waited for too, and then the
+ * abort word is set for good: a replay that comes later ends at once. */
+static brg_status kernel_drain(brg_comm *c, struct brg__dev_ring *d) {
+  if (d->graphs) graph_streams_mark(d);
+  brg_status s = kernel_drain_wait(c, d);
+  if (d->graphs) kernel_stop(d);
+  return s;
+}
+
 /* Kernel mode: waits for this rank's kernels with the communicator's
  * checks (the ring sockets, the timeout), since no liveness thread runs
  * any more; a neighbour gone or silent stops the kernels, and the stream
  * drains. */
-static brg_status kernel_drain(brg_comm *c, struct brg__dev_ring *d) {
+static brg_status kernel_drain_wait(brg_comm *c, struct brg__dev_ring *d) {
   c->cur = NULL;
   c->wait_conn = NULL;
   c->wait_peer = c->next;
@@ -1176,21 +1216,26 @@ static brg_status setup_oneshot(brg_comm *c, struct brg__dev_ring *d, const dev_
   return BRG_SUCCESS;
 }
 
+/* Whether ranks r and q are of different processes on one GPU. */
+static int shares_gpu(const brg_comm *c, const dev_blob *all, int r, int q) {
+  return !memcmp(all[r].uuid, all[q].uuid, 16) && all[r].process != all[q].process &&
+         c->peers[r].host_hash == c->peers[q].host_hash;
+}
+
 /* Why kernel mode does not run, from every rank's description; NULL when
  * it can. Forced (BRIGADE_DEVICE_MODE=kernel), only a rank that cannot
  * stops it; automatic, so do ranks of different processes on one GPU
  * without MPS, whose kernels would take turns while spinning. */
-static const char *kernel_refused(const brg_comm *c, const dev_blob *all, int *who, int mps) {
+static const char *kernel_refused(const brg_comm *c, const dev_blob *all, int *who) {
   for (int r = 0; r < c->nranks; r++)
     if (!all[r].kernel_ok) {
       *who = r;
       return all[r].kwhy;
     }
-  if (all[0].kmode_req == 0 && !mps)
+  if (all[0].kmode_req == 0)
     for (int r = 0; r < c->nranks; r++)
       for (int q = 0; q < r; q++)
-        if (!memcmp(all[r].uuid, all[q].uuid, 16) && all[r].process != all[q].process &&
-            c->peers[r].host_hash == c->peers[q].host_hash) {
+        if (shares_gpu(c, all, r, q) && !all[r].mps) {
           *who = r;
           return "ranks of different processes share a GPU and MPS is not running: their "
                  "kernels would take turns on it (BRIGADE_DEVICE_MODE=kernel forces it)";
@@ -1306,12 +1351,28 @@ static brg_status setup_links(brg_comm *c, struct brg__dev_ring *d, const dev_bl
   return s;
 }
 
-/* Whether the MPS control daemon serves this process's GPU work. */
-static int mps_running(void) {
+/* Whether MPS serves this process's work on `gpu`: the driver's answer
+ * where it has one (cudaDevAttrMpsEnabled), else whether the control
+ * daemon's pipe is there; *driver says which. Every rank puts its verdict
+ * in its blob, and ranks that share a GPU must agree (a rank that guessed
+ * alone could take kernel mode while the other took step mode). */
+static int mps_verdict(const brg__cuda_api *api, int gpu, int32_t *driver) {
+  int on = 0;
+  if (api->drv.mps_enabled(gpu, &on) == 0) {
+    *driver = 1;
+    return on;
+  }
+  *driver = 0;
   const char *dir = getenv("CUDA_MPS_PIPE_DIRECTORY");
   char path[512];
   snprintf(path, sizeof path, "%s/control", dir && dir[0] ? dir : "/tmp/nvidia-mps");
   return access(path, F_OK) == 0;
+}
+
+static const char *mps_words(const dev_blob *b) {
+  return b->mps ? (b->mps_driver ? "MPS running (the driver says)"
+                                 : "MPS running (its control pipe is there)")
+                : (b->mps_driver ? "no MPS (the driver says)" : "no MPS (no control pipe)");
 }
 
 brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st) {
@@ -1405,6 +1466,7 @@ brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st) {
   mine->nslots = d->nslots;
   mine->slice_bytes = d->slice_bytes;
   if (api->drv.device_uuid(mine->uuid) != 0) memset(mine->uuid, 0, sizeof mine->uuid);
+  mine->mps = mps_verdict(api, mine->gpu, &mine->mps_driver);
   d->stride = d->slice_bytes + SLOT_SHIFT_ROOM;
   st->d = d;
   st->mine = mine;
@@ -1460,8 +1522,17 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
                           "of %llu (set BRIGADE_DEVICE_SMALL_BYTES alike on every rank)",
                           r, (unsigned long long)all[r].kos_slot, c->rank,
                           (unsigned long long)mine->kos_slot);
+  for (int r = 0; s == BRG_SUCCESS && r < c->nranks; r++)
+    for (int q = 0; s == BRG_SUCCESS && q < r; q++)
+      if (shares_gpu(c, all, r, q) && all[r].mps != all[q].mps)
+        s = brg__comm_error(c, BRG_ERR_MISMATCH,
+                            "device collectives: ranks %d and %d share a GPU in different "
+                            "processes, but rank %d finds %s and rank %d %s (their kernels would "
+                            "take different modes; run every process of the GPU under the MPS "
+                            "daemon or none, with one CUDA_MPS_PIPE_DIRECTORY)",
+                            q, r, q, mps_words(&all[q]), r, mps_words(&all[r]));
   int kwho = -1;
-  const char *kwhy = s == BRG_SUCCESS ? kernel_refused(c, all, &kwho, mps_running()) : NULL;
+  const char *kwhy = s == BRG_SUCCESS ? kernel_refused(c, all, &kwho) : NULL;
   if (s == BRG_SUCCESS && kwhy && d->kmode_req == 1)
     s = brg__comm_error(c, BRG_ERR_INVALID_USAGE,
                         "device collectives: BRIGADE_DEVICE_MODE=kernel, but rank %d cannot run "
@@ -1576,9 +1647,9 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
               "%d slots of %zu bytes (a slice) in GPU memory; %d of %d ranks on this GPU%s; "
               "%s%s%s%s",
               d->nslots, d->slice_bytes, share, c->nranks,
-              share > 1 ? (mps_running() ? ", MPS running"
-                                         : ", no MPS: their kernels take turns on the GPU")
-                        : "",
+              share > 1
+                  ? (mine->mps ? ", MPS running" : ", no MPS: their kernels take turns on the GPU")
+                  : "",
               desc,
               d->send_gdr      ? "; to the next rank GPU to GPU (GPUDirect RDMA)"
               : d->send_staged ? "; to the next rank through pinned host memory (staged link)"
@@ -2045,6 +2116,15 @@ static int stream_taken(const brg_comm *c, const struct brg__dev_ring *d, void *
   return who;
 }
 
+/* A stream that captured a launch, for the drain at destroy. */
+static void graph_stream_note(struct brg__dev_ring *d, void *stream) {
+  d->graphs = 1;
+  for (int i = 0; i < d->ngstreams; i++)
+    if (d->gstream[i] == stream) return;
+  if (d->ngstreams < (int)(sizeof d->gstream / sizeof d->gstream[0]))
+    d->gstream[d->ngstreams++] = stream;
+}
+
 brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k) {
   struct brg__dev_ring *d = c->dev;
   const brg__cuda_api *api = d->api;
@@ -2156,6 +2236,7 @@ brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k) {
    * caller for its graphs' launches. */
   if (!e && !k->captured) e = api->drv.event_record(d->kdone_ev, k->stream);
   if (!e && !k->captured) d->kdone_set = 1;
+  if (!e && k->captured) graph_stream_note(d, k->stream);
   d->last_stream = k->stream;
   return e ? cuda_fail(c, api, e, "launching the kernel-mode collective") : BRG_SUCCESS;
 }

@@ -75,23 +75,44 @@ static brg_status cuda_error(brg__errbuf *err, const brg__cuda_api *api, int e, 
                     e == -1 ? strerror(errno) : api->drv.error_string(e));
 }
 
+int brg__cuda_ipc_reach(const struct brg__cuda_api *api, const brg__gpu_desc *self,
+                        const brg__gpu_desc *peer, char *why, size_t n) {
+  int can = 0, how = -1, e = 0;
+  if (!memcmp(peer->uuid, self->uuid, 16)) {
+    can = 1;
+    how = BRG__CUDA_REACH_SAME;
+  } else if (peer->process == self->process) {
+    how = BRG__CUDA_REACH_PEER;
+    e = api->drv.can_access_peer(&can, peer->gpu, self->gpu);
+  } else {
+    /* Another process's GPU, by its UUID: no set_device on any device
+     * (each would make a context), and found even where this process
+     * does not see it (CUDA_VISIBLE_DEVICES per process). */
+    e = api->drv.uuid_reaches(peer->uuid, self->gpu, &can, &how);
+  }
+  if (e) {
+    snprintf(why, n, "the driver could not tell (%s): taken as unreachable",
+             api->drv.error_string(e));
+    return 0;
+  }
+  snprintf(why, n, "%s",
+           how == BRG__CUDA_REACH_SAME ? "the same GPU"
+           : how == BRG__CUDA_REACH_PEER
+               ? (can ? "peer access between them (cudaDeviceCanAccessPeer)"
+                      : "no peer access between them (cudaDeviceCanAccessPeer)")
+           : how == BRG__CUDA_REACH_NVML
+               ? (can ? "peer access between them (NVML; the sender's GPU is not visible here)"
+                      : "no peer access between them (NVML; the sender's GPU is not visible "
+                        "here)")
+               : "the sender's GPU is not visible here and NVML cannot tell: taken as "
+                 "reachable (CUDA IPC maps memory of GPUs a process does not see)");
+  return can;
+}
+
 int brg__cuda_ipc_reaches(const struct brg__cuda_api *api, const brg__gpu_desc *self,
                           const brg__gpu_desc *peer) {
-  if (!memcmp(peer->uuid, self->uuid, 16)) return 1;
-  int dev = -1;
-  if (peer->process == self->process) {
-    dev = peer->gpu;
-  } else {
-    int n = api->drv.probe(NULL, 0), cur = self->gpu;
-    for (int i = 0; i < n && dev < 0; i++) {
-      unsigned char u[16];
-      if (api->drv.set_device(i) == 0 && api->drv.device_uuid(u) == 0 && !memcmp(u, peer->uuid, 16))
-        dev = i;
-    }
-    api->drv.set_device(cur);
-  }
-  int can = 0;
-  return dev >= 0 && api->drv.can_access_peer(&can, dev, self->gpu) == 0 && can;
+  char why[160];
+  return brg__cuda_ipc_reach(api, self, peer, why, sizeof why);
 }
 
 int brg__cuda_ipc_on_host(const brg__conn *c) {
@@ -168,22 +189,27 @@ static brg_status ipc_recv_setup(brg__conn *c, const brg__conn_params *p, void *
                    .bytes = v->bytes};
   int e;
   const char *what;
-  if (!brg__cuda_ipc_reaches(v->api, &g->self, &g->peer)) {
+  char why[160];
+  if (!brg__cuda_ipc_reach(v->api, &g->self, &g->peer, why, sizeof why)) {
     if (!g->host_fallback)
       return brg__error(err, BRG_ERR_UNAVAILABLE, "init",
-                        "rank %d's GPU %d cannot be reached from rank %d's GPU %d (no peer "
-                        "access between them)",
-                        p->rank, g->self.gpu, p->peer, g->peer.gpu);
+                        "rank %d's GPU %d cannot be reached from rank %d's GPU %d (%s)", p->rank,
+                        g->self.gpu, p->peer, g->peer.gpu, why);
     what = "a receive FIFO in pinned host memory (no peer access from the sender's GPU)";
     e = host_alloc(v, p, g->peer.process != g->self.process, &info);
     if (!e)
       BRG__INFO("init",
-                "rank %d: GPU %d cannot be reached from rank %d's GPU %d: the FIFO between "
-                "them is pinned host memory",
-                p->rank, g->self.gpu, p->peer, g->peer.gpu);
+                "rank %d: link from rank %d: pinned host memory (PCIe): GPU %d cannot be reached "
+                "from rank %d's GPU %d: %s",
+                p->rank, p->peer, g->self.gpu, p->peer, g->peer.gpu, why);
   } else {
     what = "cudaMalloc + cudaIpcGetMemHandle of the receive memory";
     e = v->api->drv.ipc_mem_export((void **)&v->mem, v->bytes, info.handle);
+    if (!e)
+      BRG__INFO("init",
+                "rank %d: link from rank %d: GPU memory of GPU %d, written by rank %d's GPU %d: "
+                "%s",
+                p->rank, p->peer, g->self.gpu, p->peer, g->peer.gpu, why);
   }
   if (e) return cuda_error(err, v->api, e, what, p);
   info.ptr = (uint64_t)(uintptr_t)v->mem;

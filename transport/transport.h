@@ -307,11 +307,14 @@ extern const brg__transport_ops brg__transport_tcp;
 extern const brg__transport_ops brg__transport_cuda_ipc;
 
 /* cuda_ipc (cuda_ipc.c): whether kernels of `peer`'s GPU reach GPU memory
- * of `self`'s, asked in self's process: the same GPU, or peer access
- * between the two (a GPU of another process is found among this
- * process's GPUs by its UUID). */
+ * of `self`'s, asked in self's process without making a context on any
+ * GPU: the same GPU, or peer access between the two (a GPU of another
+ * process is found by its UUID, even where this process does not see it).
+ * brg__cuda_ipc_reach also says how it decided, in why. */
 int brg__cuda_ipc_reaches(const struct brg__cuda_api *api, const brg__gpu_desc *self,
                           const brg__gpu_desc *peer);
+int brg__cuda_ipc_reach(const struct brg__cuda_api *api, const brg__gpu_desc *self,
+                        const brg__gpu_desc *peer, char *why, size_t n);
 /* Whether a cuda_ipc conn's memory is pinned host memory (host_fallback). */
 int brg__cuda_ipc_on_host(const brg__conn *c);
 

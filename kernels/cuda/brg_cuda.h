@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 /* Raised whenever the table changes shape; the loader refuses other values. */
-#define BRG__CUDA_ABI 11
+#define BRG__CUDA_ABI 12
 
 /* Name of the one symbol the module exports. */
 #define BRG__CUDA_ENTRY "brg__cuda_module_api"
@@ -189,6 +189,22 @@ typedef struct brg__cuda_driver {
   int (*capture_end)(void *stream, void **graph);
   int (*graph_launch)(void *graph, void *stream);
   int (*graph_destroy)(void *graph);
+
+  /*
+   * Whether kernels of the GPU whose UUID is `uuid` (another rank's, from
+   * device_uuid) can reach memory of this process's device `device`,
+   * found without making a context on any device (no set_device): *can is
+   * 1 or 0 and *how says how it was decided (BRG__CUDA_REACH_*). A GPU
+   * this process does not see (CUDA_VISIBLE_DEVICES per process) is asked
+   * of NVML, which sees every GPU of the host; without NVML it is taken as
+   * reachable, as CUDA IPC maps memory of such GPUs (the sender's open is
+   * then the test). An error when no GPU of the host has that UUID.
+   */
+  int (*uuid_reaches)(const unsigned char uuid[16], int device, int *can, int *how);
+  /* Whether contexts on `device` are shared through MPS (the driver's
+   * cudaDevAttrMpsEnabled): *on 1 or 0. BRG__CUDA_ERR_NO_MPS_QUERY where
+   * the driver cannot tell. */
+  int (*mps_enabled)(int device, int *on);
 } brg__cuda_driver;
 
 typedef struct brg__cuda_api {
@@ -200,9 +216,16 @@ typedef struct brg__cuda_api {
 #define BRG__CUDA_IPC_HANDLE_BYTES 64
 
 /* The module's own error codes, above CUDA's; error_string() explains them. */
-#define BRG__CUDA_ERR_NO_DMABUF 100001 /* dmabuf_export: the device or driver cannot */
-#define BRG__CUDA_ERR_NO_MEMOPS 100002 /* stream_wait_value / stream_write_value */
-#define BRG__CUDA_ERR_NO_FLUSH 100003  /* flush_rdma_writes */
+#define BRG__CUDA_ERR_NO_DMABUF 100001    /* dmabuf_export: the device or driver cannot */
+#define BRG__CUDA_ERR_NO_MEMOPS 100002    /* stream_wait_value / stream_write_value */
+#define BRG__CUDA_ERR_NO_FLUSH 100003     /* flush_rdma_writes */
+#define BRG__CUDA_ERR_NO_MPS_QUERY 100004 /* mps_enabled */
+
+/* uuid_reaches' *how. */
+#define BRG__CUDA_REACH_SAME 0    /* the GPU is `device` itself */
+#define BRG__CUDA_REACH_PEER 1    /* visible here: cudaDeviceCanAccessPeer */
+#define BRG__CUDA_REACH_NVML 2    /* not visible here: NVML's P2P status */
+#define BRG__CUDA_REACH_ASSUMED 3 /* not visible here, no NVML: taken as reachable */
 
 typedef const brg__cuda_api *(*brg__cuda_entry_fn)(void);
 

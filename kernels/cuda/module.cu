@@ -7,6 +7,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,6 +88,8 @@ const char *error_string(int err) {
     return "the driver has no stream memory operations (cuStreamWaitValue32)";
   if (err == BRG__CUDA_ERR_NO_FLUSH)
     return "the device can neither order nor flush GPUDirect RDMA writes";
+  if (err == BRG__CUDA_ERR_NO_MPS_QUERY)
+    return "the driver cannot tell whether MPS serves this device (no cudaDevAttrMpsEnabled)";
   return cudaGetErrorString(static_cast<cudaError_t>(err));
 }
 
@@ -188,6 +191,92 @@ int enable_peer_access(int peer) {
     cudaGetLastError();
     return cudaSuccess;
   }
+  return e;
+}
+
+/* NVML, opened at run time (the toolkit ships no header for it here):
+ * only what uuid_reaches asks, declared as the library defines it. */
+typedef struct nvml_device *nvml_device_t;
+struct nvml_api {
+  int (*init)(void);
+  int (*by_uuid)(const char *uuid, nvml_device_t *dev);
+  int (*by_bus)(const char *bus, nvml_device_t *dev);
+  int (*p2p)(nvml_device_t a, nvml_device_t b, int index, int *status);
+};
+const nvml_api *nvml(void) {
+  static nvml_api n;
+  static int state; /* 0 not tried, 1 usable, -1 not */
+  static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  pthread_mutex_lock(&mu);
+  if (state == 0) {
+    void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    state = -1;
+    if (h) {
+      void *f[4] = {dlsym(h, "nvmlInit_v2"), dlsym(h, "nvmlDeviceGetHandleByUUID"),
+                    dlsym(h, "nvmlDeviceGetHandleByPciBusId_v2"),
+                    dlsym(h, "nvmlDeviceGetP2PStatus")};
+      if (f[0] && f[1] && f[2] && f[3]) {
+        memcpy(&n.init, &f[0], sizeof f[0]);
+        memcpy(&n.by_uuid, &f[1], sizeof f[1]);
+        memcpy(&n.by_bus, &f[2], sizeof f[2]);
+        memcpy(&n.p2p, &f[3], sizeof f[3]);
+        if (n.init() == 0) state = 1;
+      }
+    }
+  }
+  pthread_mutex_unlock(&mu);
+  return state == 1 ? &n : NULL;
+}
+
+/* Finds the GPU by UUID among the devices this process sees with
+ * cudaGetDeviceProperties, and asks cudaDeviceCanAccessPeer: neither
+ * makes a context (cudaSetDevice would, on every device it visits). */
+int uuid_reaches(const unsigned char uuid[16], int device, int *can, int *how) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) return e;
+  for (int i = 0; i < n; i++) {
+    cudaDeviceProp p;
+    if ((e = cudaGetDeviceProperties(&p, i)) != cudaSuccess) return e;
+    if (memcmp(p.uuid.bytes, uuid, 16)) continue;
+    if (i == device) {
+      *how = BRG__CUDA_REACH_SAME;
+      *can = 1;
+      return cudaSuccess;
+    }
+    *how = BRG__CUDA_REACH_PEER;
+    return cudaDeviceCanAccessPeer(can, i, device);
+  }
+  /* Not among this process's devices: NVML sees every GPU of the host. */
+  const nvml_api *nv = nvml();
+  char id[64], bus[32];
+  nvml_device_t a, b;
+  int status = 1;
+  if (nv && cudaDeviceGetPCIBusId(bus, sizeof bus, device) == cudaSuccess) {
+    snprintf(id, sizeof id,
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", uuid[0],
+             uuid[1], uuid[2], uuid[3], uuid[4], uuid[5], uuid[6], uuid[7], uuid[8], uuid[9],
+             uuid[10], uuid[11], uuid[12], uuid[13], uuid[14], uuid[15]);
+    /* index 1: NVML_P2P_CAPS_INDEX_WRITE; status 0: NVML_P2P_STATUS_OK */
+    if (nv->by_uuid(id, &a) == 0 && nv->by_bus(bus, &b) == 0 && nv->p2p(a, b, 1, &status) == 0) {
+      *how = BRG__CUDA_REACH_NVML;
+      *can = status == 0;
+      return cudaSuccess;
+    }
+  }
+  *how = BRG__CUDA_REACH_ASSUMED;
+  *can = 1;
+  return cudaSuccess;
+}
+
+int mps_enabled(int device, int *on) {
+  int v = 0;
+  cudaError_t e = cudaDeviceGetAttribute(&v, cudaDevAttrMpsEnabled, device);
+  if (e == cudaErrorInvalidValue) {
+    cudaGetLastError();
+    return BRG__CUDA_ERR_NO_MPS_QUERY;
+  }
+  if (e == cudaSuccess) *on = v != 0;
   return e;
 }
 
@@ -382,6 +471,8 @@ const brg__cuda_api api = {
             .capture_end = capture_end,
             .graph_launch = graph_launch,
             .graph_destroy = graph_destroy,
+            .uuid_reaches = uuid_reaches,
+            .mps_enabled = mps_enabled,
         },
     .kern =
         {

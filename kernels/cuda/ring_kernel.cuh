@@ -497,9 +497,8 @@ template <class D, int OP> struct channel {
     BRG_SIMT_SHARED int s_stopped, s_go;
     int *busy = reinterpret_cast<int *>(&l.counters[2]);
     if (brg_simt_tid() == 0) {
-      s_start[0] = l.counters[0];
-      s_start[1] = l.counters[1];
-      /* launches queued behind a stopped one end at once */
+      /* launches queued behind a stopped one end at once, before they
+       * touch the region (a graph replayed after destroy: device_ring.c) */
       s_stopped = brg_simt_load_word(a.abort_word) != 0;
       if (s_stopped) {
         brg_simt_store_word(a.status, ABORTED);
@@ -508,10 +507,14 @@ template <class D, int OP> struct channel {
          * not this one's to take (launches unordered by their streams) */
         fault(BUSY, nullptr, 0, 0);
         s_stopped = 1;
-      } else if (wr) {
-        brg_simt_store_word(&wr->wait, BRG__RK_WAIT_NONE);
-        put_call(&wr->mine, a.call);
-        brg_simt_store_u64(&wr->started, brg_simt_load_u64(&wr->started) + 1);
+      } else {
+        s_start[0] = l.counters[0];
+        s_start[1] = l.counters[1];
+        if (wr) {
+          brg_simt_store_word(&wr->wait, BRG__RK_WAIT_NONE);
+          put_call(&wr->mine, a.call);
+          brg_simt_store_u64(&wr->started, brg_simt_load_u64(&wr->started) + 1);
+        }
       }
       s_go = !s_stopped && hdr_send();
       if (!s_stopped && !s_go) brg_simt_store_word(a.status, ABORTED);

@@ -27,6 +27,16 @@
  *    (cudaDeviceEnablePeerAccess), or host memory that was not registered,
  *    fails with an illegal address, as a GPU would; BRIGADE_EMU_NO_PEER=1
  *    makes every pair of devices unable to reach each other.
+ *    BRIGADE_EMU_VISIBLE lists the GPUs this process sees, as a
+ *    CUDA_VISIBLE_DEVICES of its own; uuid_reaches finds a GPU it does not
+ *    see as NVML would. set_device and any memory, stream or event on a
+ *    device make a context there, which tests count (brg__emu_context).
+ *  - Kernel mode's ring kernel runs with the launch's block size, and a
+ *    launch whose FIFOs, flags or buffers its device cannot reach fails.
+ *  - MPS: BRIGADE_EMU_MPS=1 reports it running, 0 not running (and then
+ *    kernels of different processes on one GPU take turns, one process's
+ *    at a time, so a spinning kernel holds its GPU), unset that the driver
+ *    cannot tell.
  *  - IPC memory that is closed is unmapped for real: a kernel that still
  *    uses it crashes the process. A process cannot open its own IPC
  *    handles (CUDA refuses them too).
@@ -64,7 +74,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stddef.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -136,6 +149,9 @@ static const char *error_string(int e) {
     return "a capture sequence not begun in relaxed mode was ended in another thread (emulated "
            "GPU)";
   case E_ILLEGAL_STATE: return "operation not valid in the stream's current state (emulated GPU)";
+  case BRG__CUDA_ERR_NO_MPS_QUERY:
+    return "the driver cannot tell whether MPS serves this device (emulated GPU: BRIGADE_EMU_MPS "
+           "unset)";
   case E_CAPTURE_UNJOINED:
     return "the capture sequence contains a fork that was not joined to the primary stream "
            "(emulated GPU)";
@@ -145,25 +161,72 @@ static const char *error_string(int e) {
 
 /* ---- devices ---- */
 
+/* Devices as a process sees them: ordinals 0 .. ndev-1 (what set_device
+ * takes) name physical GPUs 0 .. nphys-1 (BRIGADE_EMU_DEVICES, default 2),
+ * all of them in order unless BRIGADE_EMU_VISIBLE lists some, as
+ * CUDA_VISIBLE_DEVICES does for one process ("1" shows GPU 1 as device 0;
+ * the list stops at the first entry that names no GPU). A UUID, IPC
+ * memory and peer access are of physical GPUs; another process's GPU that
+ * this one does not see still has a UUID, and its memory opens from a
+ * handle (as CUDA >= 10.1 maps memory of devices a process does not see). */
 #define MAX_DEV 8
-static int ndev = -1;
+static int ndev, nphys;
+static int vis[MAX_DEV]; /* ordinal -> physical */
 static int no_peer;
 static __thread int cur_dev;
-static int peer_on[MAX_DEV][MAX_DEV]; /* [from][to]: kernels of `from` may touch `to` */
+static int peer_on[MAX_DEV][MAX_DEV]; /* physical [from][to]: kernels of `from` may touch `to` */
+static int contexts[MAX_DEV];         /* ordinals this process made a context on */
+static pthread_once_t dev_once = PTHREAD_ONCE_INIT;
+
+static void devices_init(void) {
+  const char *v = getenv("BRIGADE_EMU_DEVICES");
+  int n = v && *v ? atoi(v) : 2;
+  no_peer = getenv("BRIGADE_EMU_NO_PEER") && atoi(getenv("BRIGADE_EMU_NO_PEER"));
+  nphys = n < 1 ? 1 : n > MAX_DEV ? MAX_DEV : n;
+  const char *list = getenv("BRIGADE_EMU_VISIBLE");
+  if (!list || !*list) {
+    for (ndev = 0; ndev < nphys; ndev++) vis[ndev] = ndev;
+    return;
+  }
+  for (const char *c = list; ndev < MAX_DEV;) {
+    char *end;
+    long g = strtol(c, &end, 10);
+    if (end == c || g < 0 || g >= nphys) break;
+    vis[ndev++] = (int)g;
+    if (*end != ',') break;
+    c = end + 1;
+  }
+}
 
 static int devices(void) {
-  if (ndev < 0) {
-    const char *v = getenv("BRIGADE_EMU_DEVICES");
-    int n = v && *v ? atoi(v) : 2;
-    no_peer = getenv("BRIGADE_EMU_NO_PEER") && atoi(getenv("BRIGADE_EMU_NO_PEER"));
-    ndev = n < 1 ? 1 : n > MAX_DEV ? MAX_DEV : n;
-  }
+  pthread_once(&dev_once, devices_init);
   return ndev;
+}
+
+/* The physical GPU of ordinal `dev` (a valid one). */
+static int phys(int dev) {
+  devices();
+  return vis[dev];
+}
+
+/* The ordinal of physical GPU g in this process, or -1: not visible. */
+static int ordinal(int g) {
+  for (int i = 0; i < devices(); i++)
+    if (vis[i] == g) return i;
+  return -1;
+}
+
+/* A context on the current device: made by set_device (as CUDA 12's
+ * cudaSetDevice makes the primary context) and by anything that puts
+ * memory, streams or events on it. Counted for tests (brg__emu_context). */
+static void context_on(int dev) {
+  __atomic_store_n(&contexts[dev], 1, __ATOMIC_RELAXED);
 }
 
 static int set_device(int dev) {
   if (dev < 0 || dev >= devices()) return E_DEVICE;
   cur_dev = dev;
+  context_on(dev);
   return E_OK;
 }
 
@@ -174,15 +237,117 @@ static int get_device(int *dev) {
 
 static int can_access_peer(int *can, int dev, int peer) {
   if (dev < 0 || peer < 0 || dev >= devices() || peer >= devices()) return E_DEVICE;
-  *can = dev != peer && !no_peer;
+  *can = phys(dev) != phys(peer) && !no_peer;
   return E_OK;
 }
 
 static int enable_peer_access(int peer) {
   if (peer < 0 || peer >= devices() || peer == cur_dev) return E_DEVICE;
   if (no_peer) return E_PEER_UNSUPPORTED;
-  __atomic_store_n(&peer_on[cur_dev][peer], 1, __ATOMIC_RELEASE);
+  context_on(cur_dev);
+  __atomic_store_n(&peer_on[phys(cur_dev)][phys(peer)], 1, __ATOMIC_RELEASE);
   return E_OK;
+}
+
+static void uuid_of(int g, unsigned char uuid[16]) {
+  char u[32];
+  snprintf(u, sizeof u, "brigade-emu-gpu%d", g);
+  memcpy(uuid, u, 16);
+}
+
+/* The physical GPU of a UUID (-1: none), from the UUIDs alone. */
+static int gpu_of_uuid(const unsigned char uuid[16]) {
+  devices();
+  for (int g = 0; g < nphys; g++) {
+    unsigned char u[16];
+    uuid_of(g, u);
+    if (!memcmp(u, uuid, 16)) return g;
+  }
+  return -1;
+}
+
+/* Reach by UUID without a context anywhere: a visible GPU is asked as
+ * cudaDeviceCanAccessPeer would be, one this process does not see as NVML
+ * would be (every GPU of the host, whatever the process sees). */
+static int uuid_reaches(const unsigned char uuid[16], int dev, int *can, int *how) {
+  if (dev < 0 || dev >= devices()) return E_DEVICE;
+  int g = gpu_of_uuid(uuid);
+  if (g < 0) return E_DEVICE;
+  int o = ordinal(g);
+  *how = g == phys(dev) ? BRG__CUDA_REACH_SAME
+         : o >= 0       ? BRG__CUDA_REACH_PEER
+                        : BRG__CUDA_REACH_NVML;
+  *can = g == phys(dev) || !no_peer;
+  return E_OK;
+}
+
+/* BRIGADE_EMU_MPS: 1, the MPS daemon serves this process (kernels of
+ * processes on one GPU run at once); 0, it does not, and kernels of
+ * different processes on one GPU take turns (below); unset, the driver
+ * cannot tell (as an old one), and kernels run at once. */
+static int mps_setting(void) {
+  const char *v = getenv("BRIGADE_EMU_MPS");
+  return v && *v ? atoi(v) != 0 : -1;
+}
+
+static int mps_enabled(int dev, int *on) {
+  if (dev < 0 || dev >= devices()) return E_DEVICE;
+  int m = mps_setting();
+  if (m < 0) return BRG__CUDA_ERR_NO_MPS_QUERY;
+  *on = m;
+  return E_OK;
+}
+
+/*
+ * Without MPS (BRIGADE_EMU_MPS=0), a GPU runs the kernels of one process
+ * (one context) at a time: a kernel waits until no other process has a
+ * kernel running on its GPU, then holds it to its end. Kernels of one
+ * process run side by side. A real GPU switches contexts every few
+ * milliseconds, so there two spinning kernels of two processes crawl
+ * rather than hang; either way a ring of them does not finish in time.
+ * The turn is a Unix socket bound to an abstract name per physical GPU
+ * and test (meson runs each test in a session of its own): bound by one
+ * process at a time, and let go when it closes or dies, leaving no file.
+ */
+static void pause_a_little(void);
+
+static pthread_mutex_t slice_mu[MAX_DEV] = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER,
+                                            PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER,
+                                            PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER,
+                                            PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER};
+static int slice_users[MAX_DEV];
+static int slice_fd[MAX_DEV];
+
+static void slice_enter(int g) {
+  if (mps_setting() != 0) return;
+  pthread_mutex_lock(&slice_mu[g]);
+  if (slice_users[g]++ == 0) {
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    int n = snprintf(a.sun_path + 1, sizeof a.sun_path - 1, "brigade-emu-gpu%d-%u-%d", g,
+                     (unsigned)getuid(), (int)getsid(0));
+    socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+    for (;;) {
+      int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd < 0) break; /* no turns then */
+      if (bind(fd, (struct sockaddr *)&a, len) == 0) {
+        slice_fd[g] = fd;
+        break;
+      }
+      close(fd);
+      pause_a_little();
+    }
+  }
+  pthread_mutex_unlock(&slice_mu[g]);
+}
+
+static void slice_exit(int g) {
+  if (mps_setting() != 0) return;
+  pthread_mutex_lock(&slice_mu[g]);
+  if (--slice_users[g] == 0 && slice_fd[g] > 0) {
+    close(slice_fd[g]);
+    slice_fd[g] = 0;
+  }
+  pthread_mutex_unlock(&slice_mu[g]);
 }
 
 /* Graph capture (below): a potentially unsafe call while a capture
@@ -285,7 +450,8 @@ static int mem_alloc(void **p, size_t bytes) {
   void *m =
       mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (m == MAP_FAILED) return E_ALLOC;
-  if (add_region(m, bytes, -1, 0, cur_dev)) {
+  context_on(cur_dev);
+  if (add_region(m, bytes, -1, 0, phys(cur_dev))) {
     munmap(m, bytes ? bytes : 1);
     return E_ALLOC;
   }
@@ -310,12 +476,13 @@ static int ipc_mem_export(void **p, size_t bytes, void *h) {
   int e = capture_forbids();
   if (!e) e = map_new(bytes, &fd, &m);
   if (e) return e;
-  if ((e = add_region(m, bytes, fd, 0, cur_dev)) != 0) {
+  context_on(cur_dev);
+  if ((e = add_region(m, bytes, fd, 0, phys(cur_dev))) != 0) {
     munmap(m, bytes ? bytes : 1);
     close(fd);
     return e;
   }
-  handle hd = {MAGIC, (int32_t)getpid(), fd, cur_dev, bytes};
+  handle hd = {MAGIC, (int32_t)getpid(), fd, phys(cur_dev), bytes};
   memset(h, 0, HB);
   memcpy(h, &hd, sizeof hd);
   *p = m;
@@ -331,12 +498,13 @@ static int ipc_mem_open(void **p, const void *h) {
   int e = capture_forbids();
   if (!e) e = map_handle(h, &m, &bytes, &dev);
   if (e) return e;
-  if (dev != cur_dev) {
-    if (no_peer || dev < 0 || dev >= devices()) {
+  context_on(cur_dev);
+  if (dev != phys(cur_dev)) {
+    if (no_peer || dev < 0 || dev >= nphys) {
       munmap(m, bytes ? bytes : 1);
       return E_PEER_UNSUPPORTED;
     }
-    __atomic_store_n(&peer_on[cur_dev][dev], 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&peer_on[phys(cur_dev)][dev], 1, __ATOMIC_RELEASE);
   }
   if ((e = add_region(m, bytes, -1, 1, dev)) != 0) {
     munmap(m, bytes ? bytes : 1);
@@ -358,7 +526,7 @@ static int ipc_mem_close(void *p) {
 static int pointer_is_device(const void *p, int *device) {
   region r;
   if (!p || !find_region(p, &r, 0) || r.dev < 0) return 0;
-  if (device) *device = r.dev;
+  if (device) *device = ordinal(r.dev); /* -1: a GPU this process does not see */
   return 1;
 }
 
@@ -369,16 +537,17 @@ static int reachable(int dev, const void *p, size_t bytes) {
   if (!p || bytes == 0) return 1;
   if (!find_region(p, &r, 0)) return 0;
   if ((const char *)p + bytes > r.p + (r.bytes ? r.bytes : 1)) return 0;
-  return r.dev < 0 || r.dev == dev || peer_on[dev][r.dev];
+  int g = phys(dev);
+  return r.dev < 0 || r.dev == g || __atomic_load_n(&peer_on[g][r.dev], __ATOMIC_ACQUIRE);
 }
 
 /* ---- GPUDirect RDMA ---- */
 
-static uint64_t flushes[MAX_DEV]; /* flush_rdma_writes per device (under lock) */
+static uint64_t flushes[MAX_DEV]; /* flush_rdma_writes per physical GPU (under lock) */
 
 static int flush_rdma_writes(void) {
   pthread_mutex_lock(&lock);
-  flushes[cur_dev]++;
+  flushes[phys(cur_dev)]++;
   pthread_mutex_unlock(&lock);
   return E_OK;
 }
@@ -399,6 +568,7 @@ static void mark_rdma(const void *p) {
 static int rdma_read_ok(int dev, const void *p) {
   int ok = 1;
   if (!p) return 1;
+  dev = phys(dev);
   pthread_mutex_lock(&lock);
   for (int i = 0; i < nregions; i++)
     if (regions[i].rdma && (const char *)p >= regions[i].p &&
@@ -450,6 +620,7 @@ static int ipc_event_export(void **out, void *h) {
   }
   ev->s = (ev_shared *)m;
   ev->dev = cur_dev;
+  context_on(cur_dev);
   handle hd = {MAGIC, (int32_t)getpid(), ev->fd, cur_dev, sizeof(ev_shared)};
   memset(h, 0, HB);
   memcpy(h, &hd, sizeof hd);
@@ -566,7 +737,19 @@ static void run_cast(const op *o) {
   }
 }
 
+static void run_kernel(stream *s, const op *o);
+
+/* Kernels take their GPU's turn (slice_enter) where processes share it
+ * without MPS; the rest of a stream's work needs none. */
 static void run_op(stream *s, const op *o) {
+  int kernel = o->kind == OP_REDUCE || o->kind == OP_COPY || o->kind == OP_DIVIDE ||
+               o->kind == OP_CAST || o->kind == OP_BUSY || o->kind == OP_RING;
+  if (kernel) slice_enter(phys(s->dev));
+  run_kernel(s, o);
+  if (kernel) slice_exit(phys(s->dev));
+}
+
+static void run_kernel(stream *s, const op *o) {
   /* Now and then a delay, so that work ordered by luck shows. */
   if (o->kind != OP_WAIT && o->kind != OP_WAIT_VALUE && o->kind != OP_BUSY &&
       rand_r(&s->seed) % 4 == 0) {
@@ -646,6 +829,7 @@ static stream *stream_new(void) {
   stream *s = calloc(1, sizeof *s);
   if (!s) return NULL;
   s->dev = cur_dev;
+  context_on(cur_dev);
   s->cap = 1024;
   s->q = calloc(s->cap, sizeof *s->q);
   s->seed = (unsigned)getpid() ^ (unsigned)(uintptr_t)s;
@@ -1219,6 +1403,8 @@ static int graph_destroy(void *p) {
 
 /* Checked and kept like the real module's bound, though these streams have no grid. */
 static int max_blocks = 32;
+static long ring_launches;
+static int ring_threads;
 static int set_max_blocks(int blocks) {
   if (blocks < 1 || blocks > 1024) return E_ARG;
   max_blocks = blocks;
@@ -1226,15 +1412,17 @@ static int set_max_blocks(int blocks) {
 }
 
 static int probe(char *why, size_t n) {
-  (void)why;
-  (void)n;
+  if (devices() == 0 && why)
+    snprintf(why, n, "no emulated GPU is visible (BRIGADE_EMU_VISIBLE=%s names none of the %d)",
+             getenv("BRIGADE_EMU_VISIBLE"), nphys);
   return devices();
 }
 
 static void describe(char *out, size_t n) {
   snprintf(out, n,
-           "device %d of %d: emulated GPU (host memory, streams run by threads; tests only)",
-           cur_dev, devices());
+           "device %d of %d (GPU %d of %d): emulated GPU (host memory, streams run by threads; "
+           "tests only)",
+           cur_dev, devices(), phys(cur_dev), nphys);
 }
 
 /* Synchronous copies run behind the default stream's work, as CUDA's do. */
@@ -1259,16 +1447,34 @@ static int last_error(void) {
 }
 
 static int device_uuid(unsigned char uuid[16]) {
-  char u[17];
-  snprintf(u, sizeof u, "brigade-emu-gpu%d", cur_dev);
-  memcpy(uuid, u, 16);
+  uuid_of(phys(cur_dev), uuid);
   return E_OK;
 }
 
-/* Kernel mode: the real kernel on the stream's thread (emu_ring.cc). A
- * channel's threads are fibers there: 8 of them, whatever the launch asks
- * for (the kernel works with any block size), to keep the CPU's work
- * small. */
+/* Kernel mode: the real kernel on the stream's thread (emu_ring.cc), with
+ * the block size the launch asks for, as on a GPU. Every pointer it
+ * hands the kernel must be reachable from the stream's device, as a GPU
+ * would fault on one that is not (checked here, at the launch, so the
+ * error names it instead of a kernel that dies). */
+static int ring_reachable(int dev, const brg__rk_args *a, int channels) {
+  size_t slots = (size_t)a->nslots * a->slot_bytes;
+  int ok = reachable(dev, a->abort_word, sizeof(int)) && reachable(dev, a->status, sizeof(int)) &&
+           reachable(dev, a->ring, (size_t)a->nranks * sizeof(int)) &&
+           reachable(dev, a->sendbuf, a->count ? 1 : 0) &&
+           reachable(dev, a->recvbuf, a->count ? 1 : 0);
+  for (int c = 0; ok && !a->oneshot && c < channels; c++) {
+    const brg__rk_link *l = &a->chan[c];
+    ok = reachable(dev, l->send_slots, slots) && reachable(dev, l->send_tail, 8) &&
+         reachable(dev, l->send_head, 8) && reachable(dev, l->recv_slots, slots) &&
+         reachable(dev, l->recv_tail, 8) && reachable(dev, l->recv_head, 8) &&
+         reachable(dev, l->counters, 16) &&
+         reachable(dev, l->send_sizes, (size_t)a->nslots * sizeof(uint64_t));
+  }
+  for (int r = 0; ok && a->oneshot && r < a->nranks && r < BRG__RK_MAX_PEERS; r++)
+    ok = reachable(dev, a->os.area[r], brg__rk_os_bytes(a->nranks, a->os.slot_bytes));
+  return ok;
+}
+
 static int ring_launch(const void *args, size_t args_bytes, int channels, int threads, void *st) {
 #ifdef BRG_EMU_NO_KERNEL_MODE
   (void)args;
@@ -1284,14 +1490,39 @@ static int ring_launch(const void *args, size_t args_bytes, int channels, int th
   stream *s = get_stream(st);
   if (!s) return E_ALLOC;
   if (s->dev != cur_dev) return E_RESOURCE;
+  if (!ring_reachable(s->dev, args, channels)) return E_ILLEGAL;
   brg__rk_args *copy = malloc(sizeof *copy);
   if (!copy) return E_ALLOC;
   memcpy(copy, args, sizeof *copy);
-  op o = {.kind = OP_RING, .a = copy, .div = channels, .rop = 8};
+#if defined(__SANITIZE_THREAD__)
+  /* ThreadSanitizer counts each fiber as a thread, and dies past 8128 of
+   * them at once (3 ranks x 8 channels x 512 would be 12288): its tree
+   * runs blocks of 64 (the kernel works with any multiple of 32). */
+  if (threads > 64) threads = 64;
+#endif
+  op o = {.kind = OP_RING, .a = copy, .div = channels, .rop = threads};
+  __atomic_add_fetch(&ring_launches, 1, __ATOMIC_RELAXED);
+  __atomic_store_n(&ring_threads, threads, __ATOMIC_RELAXED);
   int e = enqueue(st, &o);
   if (e) free(copy);
   return e;
 #endif
+}
+
+/* For tests (dlsym on this module): whether this process made a context
+ * on device `dev` (-1: the number of devices with one), and the ring
+ * kernel launches so far with the block size of the last. */
+EXPORT int brg__emu_context(int dev) {
+  if (dev < 0) {
+    int n = 0;
+    for (int i = 0; i < devices(); i++) n += __atomic_load_n(&contexts[i], __ATOMIC_RELAXED);
+    return n;
+  }
+  return dev < devices() ? __atomic_load_n(&contexts[dev], __ATOMIC_RELAXED) : 0;
+}
+EXPORT long brg__emu_ring_launches(int *threads) {
+  if (threads) *threads = __atomic_load_n(&ring_threads, __ATOMIC_RELAXED);
+  return __atomic_load_n(&ring_launches, __ATOMIC_RELAXED);
 }
 
 static const brg__cuda_api api = {
@@ -1339,6 +1570,8 @@ static const brg__cuda_api api = {
             .capture_end = capture_end,
             .graph_launch = graph_launch,
             .graph_destroy = graph_destroy,
+            .uuid_reaches = uuid_reaches,
+            .mps_enabled = mps_enabled,
         },
     .kern =
         {

@@ -3,6 +3,7 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <time.h>
 #include <ucontext.h>
@@ -22,6 +23,39 @@
 #include <sanitizer/tsan_interface.h>
 #endif
 
+/* A block runs as many fibers as the launch has threads (512 in kernel
+ * mode), and every __syncthreads switches to each of them and back:
+ * swapcontext's signal-mask system call on every switch made that the
+ * emulator's whole cost. On x86-64 without sanitizers (which watch
+ * swapcontext) a switch is a few instructions of our own instead. */
+#if defined(__x86_64__) && !defined(BRG_SIMT_TSAN) && !defined(__SANITIZE_ADDRESS__)
+#if defined(__has_feature)
+#if !__has_feature(address_sanitizer)
+#define BRG_SIMT_FAST_SWITCH 1
+#endif
+#else
+#define BRG_SIMT_FAST_SWITCH 1
+#endif
+#endif
+
+#ifdef BRG_SIMT_FAST_SWITCH
+/* Saves the callee-saved registers on this stack and its pointer in
+ * *from, then resumes the stack at `to` (made by brg_simt_switch itself,
+ * or by make_fiber). */
+extern "C" void brg_simt_switch(void **from, void *to);
+__asm__(".text\n"
+        ".globl brg_simt_switch\n"
+        ".hidden brg_simt_switch\n"
+        ".type brg_simt_switch,@function\n"
+        "brg_simt_switch:\n"
+        "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+        "  movq %rsp, (%rdi)\n"
+        "  movq %rsi, %rsp\n"
+        "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+        "  ret\n"
+        ".size brg_simt_switch, .-brg_simt_switch\n");
+#endif
+
 namespace {
 
 enum { RUN, BARRIER, DONE };
@@ -29,7 +63,11 @@ enum { RUN, BARRIER, DONE };
 constexpr size_t STACK_BYTES = 64 * 1024;
 
 struct fiber {
+#ifdef BRG_SIMT_FAST_SWITCH
+  void *sp;
+#else
   ucontext_t ctx;
+#endif
   unsigned tid;
   int state;
   void *stack;
@@ -39,7 +77,11 @@ struct fiber {
 struct block_rt {
   unsigned block, nthreads;
   std::vector<fiber> f;
+#ifdef BRG_SIMT_FAST_SWITCH
+  void *sched_sp;
+#else
   ucontext_t sched;
+#endif
   unsigned cur = 0;
   unsigned at_barrier = 0, live = 0;
   bool paused = false;
@@ -53,13 +95,21 @@ void switch_to_fiber(block_rt *b, unsigned t) {
 #ifdef BRG_SIMT_TSAN
   __tsan_switch_to_fiber(b->f[t].tsan, 0);
 #endif
+#ifdef BRG_SIMT_FAST_SWITCH
+  brg_simt_switch(&b->sched_sp, b->f[t].sp);
+#else
   swapcontext(&b->sched, &b->f[t].ctx);
+#endif
 }
 void switch_to_sched(block_rt *b) {
 #ifdef BRG_SIMT_TSAN
   __tsan_switch_to_fiber(b->tsan_sched, 0);
 #endif
+#ifdef BRG_SIMT_FAST_SWITCH
+  brg_simt_switch(&b->f[b->cur].sp, b->sched_sp);
+#else
   swapcontext(&b->f[b->cur].ctx, &b->sched);
+#endif
 }
 
 thread_local block_rt *tl;
@@ -84,17 +134,73 @@ void fiber_main() {
   /* returning resumes the scheduler (uc_link) */
 }
 
+#ifdef BRG_SIMT_FAST_SWITCH
+/* Where a fiber's first switch lands; it never returns. */
+void fiber_entry() {
+  fiber_main();
+  block_rt *b = tl;
+  void *dead;
+  brg_simt_switch(&dead, b->sched_sp);
+  abort();
+}
+#endif
+
+/* Fiber stacks outlive launches: a launch of 512-thread blocks would
+ * otherwise allocate and fault in thousands of them. (Only with the fast
+ * switch: under the sanitizers, whose view of a fiber's stack ends with
+ * it, each launch makes its own.) */
+std::vector<void *> stack_pool;
+pthread_mutex_t stack_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void *stack_get() {
+#ifndef BRG_SIMT_FAST_SWITCH
+  return malloc(STACK_BYTES);
+#endif
+  void *p = nullptr;
+  pthread_mutex_lock(&stack_lock);
+  if (!stack_pool.empty()) {
+    p = stack_pool.back();
+    stack_pool.pop_back();
+  }
+  pthread_mutex_unlock(&stack_lock);
+  return p ? p : malloc(STACK_BYTES);
+}
+
+void stack_put(void *p) {
+#ifndef BRG_SIMT_FAST_SWITCH
+  free(p);
+  return;
+#endif
+  if (!p) return;
+  pthread_mutex_lock(&stack_lock);
+  stack_pool.push_back(p);
+  pthread_mutex_unlock(&stack_lock);
+}
+
 /* Thread t of the block, ready to start at the body. */
 bool make_fiber(block_rt *b, unsigned t) {
   fiber &f = b->f[t];
   f.tid = t;
   f.state = RUN;
-  f.stack = malloc(STACK_BYTES);
-  if (!f.stack || getcontext(&f.ctx) != 0) return false;
+  f.stack = stack_get();
+  if (!f.stack) return false;
+#ifdef BRG_SIMT_FAST_SWITCH
+  /* What brg_simt_switch pops: six registers, then fiber_entry as the
+   * return address, above it a zero return address of fiber_entry's own
+   * so its frame is aligned as a call's (rsp + 8 a multiple of 16). */
+  uintptr_t top = ((uintptr_t)f.stack + STACK_BYTES) & ~(uintptr_t)15;
+  void **sp = reinterpret_cast<void **>(top) - 1;
+  *sp = nullptr;
+  *--sp = reinterpret_cast<void *>(&fiber_entry);
+  for (int i = 0; i < 6; i++) *--sp = nullptr;
+  f.sp = sp;
+#else
+  if (getcontext(&f.ctx) != 0) return false;
   f.ctx.uc_stack.ss_sp = f.stack;
   f.ctx.uc_stack.ss_size = STACK_BYTES;
   f.ctx.uc_link = &b->sched;
   makecontext(&f.ctx, fiber_main, 0);
+#endif
 #ifdef BRG_SIMT_TSAN
   f.tsan = __tsan_create_fiber(0);
 #endif
@@ -110,7 +216,7 @@ void *block_main(void *arg) {
   for (unsigned t = 0; t < b->nthreads; t++)
     if (!make_fiber(b, t)) {
       b->failed = 1;
-      for (fiber &f : b->f) free(f.stack);
+      for (fiber &f : b->f) stack_put(f.stack);
       return nullptr;
     }
   b->live = b->nthreads;
@@ -137,7 +243,7 @@ void *block_main(void *arg) {
 #ifdef BRG_SIMT_TSAN
     if (f.tsan) __tsan_destroy_fiber(f.tsan);
 #endif
-    free(f.stack);
+    stack_put(f.stack);
   }
   return nullptr;
 }

@@ -20,6 +20,12 @@
  * sender's kernel reads through its mapping. Afterwards no shared memory
  * name of this run's comm_id is left in /dev/shm.
  *
+ * Each process of a link makes a context on its own GPU only, and in the
+ * "visible" cases each process sees only its own GPU (as with a
+ * CUDA_VISIBLE_DEVICES per process; BRIGADE_EMU_VISIBLE on the emulated
+ * module): the peer's GPU, which it cannot name, must still be found
+ * reachable by its UUID, the link in GPU memory.
+ *
  *   test_cuda_ipc_link           exits 77 without a GPU
  *   test_cuda_ipc_link nopeer    BRIGADE_EMU_NO_PEER=1: GPUs 0 and 1 do not
  *                                reach each other; their links must fall
@@ -31,6 +37,7 @@
  * probes the GPUs for it.
  */
 #include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -226,6 +233,9 @@ typedef struct link_case {
   /* receiver first tries host_fallback 0, which must fail (no peer access) */
   int expect_no_fallback_fails;
   int threads; /* both ends in this process (one process token) */
+  /* each end's process sees its own GPU only (BRIGADE_EMU_VISIBLE, as a
+   * per-process CUDA_VISIBLE_DEVICES), as its device 0 */
+  int visible;
 } link_case;
 
 /* What the receiver sends after recv_setup. */
@@ -235,6 +245,27 @@ typedef struct setup_msg {
   uint64_t ptr; /* its fifo.data */
   unsigned char info[BRG__CONN_INFO_BYTES];
 } setup_msg;
+
+/* The emulated module's count of devices this process made a context on
+ * (brg__emu_context(-1)); -1 with another module. */
+static int contexts_made(void) {
+  const char *path = getenv("BRIGADE_CUDA_MODULE");
+  void *h = path ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : NULL;
+  void *sym = h ? dlsym(h, "brg__emu_context") : NULL;
+  int (*fn)(int);
+  memcpy(&fn, &sym, sizeof fn);
+  int n = fn ? fn(-1) : -1;
+  if (h) dlclose(h);
+  return n;
+}
+
+/* A process with one end makes a context on its own GPU only: finding the
+ * peer's GPU must not visit the others (a context costs memory and
+ * time on each, and every process would have one on every GPU). */
+static void check_contexts(end *e, const link_case *lc) {
+  int n = lc->threads ? -1 : contexts_made();
+  EXPECT(e, n < 0 || n == 1, "this process made contexts on %d devices, expected 1 (its own)", n);
+}
 
 /* An end on `gpu` tells the other its GPU and learns the other's. */
 static int meet(end *e, int gpu, uint64_t process, brg__gpu_desc *self, brg__gpu_desc *peer) {
@@ -258,7 +289,7 @@ static void finish(end *e, brg__conn *c, void *dbuf, void *st, void *got, void *
 static void receiver(end *e, const link_case *lc, uint64_t process) {
   const brg__cuda_api *api = e->api;
   brg__gpu_desc self, peer;
-  if (!meet(e, lc->recv_gpu, process, &self, &peer)) return;
+  if (!meet(e, lc->visible ? 0 : lc->recv_gpu, process, &self, &peer)) return;
   brg__gpu_link_params g = {.api = api, .self = self, .peer = peer, .bytes = REGION};
   brg__conn_params p = params_of(1, 0, &g);
   brg__errbuf err = {0};
@@ -286,6 +317,7 @@ static void receiver(end *e, const link_case *lc, uint64_t process) {
     s = BRG_ERR_NO_MEMORY;
   }
   if (s == BRG_SUCCESS) {
+    check_contexts(e, lc);
     m.on_host = brg__cuda_ipc_on_host(&c);
     m.ptr = (uint64_t)(uintptr_t)c.fifo.data;
     EXPECT(e, m.on_host == lc->expect_on_host, "on_host %d, expected %d", m.on_host,
@@ -334,7 +366,7 @@ out:
 static void sender(end *e, const link_case *lc, uint64_t process) {
   const brg__cuda_api *api = e->api;
   brg__gpu_desc self, peer;
-  if (!meet(e, lc->send_gpu, process, &self, &peer)) return;
+  if (!meet(e, lc->visible ? 0 : lc->send_gpu, process, &self, &peer)) return;
   setup_msg m;
   if (!xread(e, &m, sizeof m) || m.status != BRG_SUCCESS) return;
   brg__gpu_link_params g = {
@@ -351,6 +383,7 @@ static void sender(end *e, const link_case *lc, uint64_t process) {
     s = BRG_ERR_NO_MEMORY;
   }
   if (s == BRG_SUCCESS) {
+    check_contexts(e, lc);
     int on_host = brg__cuda_ipc_on_host(&c);
     EXPECT(e, on_host == lc->expect_on_host, "on_host %d, expected %d", on_host,
            lc->expect_on_host);
@@ -410,6 +443,11 @@ static pid_t spawn_end(const link_case *lc, int fd, int other_fd, int recv) {
   alarm(CHILD_ALARM_S);
   char who[96];
   snprintf(who, sizeof who, "%s %s", lc->name, recv ? "receiver" : "sender");
+  if (lc->visible) { /* before the module is first loaded here */
+    char g[16];
+    snprintf(g, sizeof g, "%d", recv ? lc->recv_gpu : lc->send_gpu);
+    setenv("BRIGADE_EMU_VISIBLE", g, 1);
+  }
   end e = {.api = child_api(), .who = who, .fd = fd};
   if (!e.api) _exit(1);
   if (recv)
@@ -678,12 +716,18 @@ int main(int argc, char **argv) {
    * a link of one GPU never does. */
   int cross_host = !peer10;
   link_case cases[] = {
-      {"procs 0<-1", 0, 1, 1, cross_host, nopeer, 0},
-      {"procs 1<-0", 1, 0, cross_host, cross_host, 0, 0},
-      {"procs 0<-0", 0, 0, 0, 0, 0, 0},
-      {"procs 0<-0 fallback allowed", 0, 0, 1, 0, 0, 0},
-      {"threads 0<-1", 0, 1, 1, cross_host, nopeer, 1},
-      {"threads 0<-0", 0, 0, 0, 0, 0, 1},
+      {"procs 0<-1", 0, 1, 1, cross_host, nopeer, 0, 0},
+      {"procs 1<-0", 1, 0, cross_host, cross_host, 0, 0, 0},
+      {"procs 0<-0", 0, 0, 0, 0, 0, 0, 0},
+      {"procs 0<-0 fallback allowed", 0, 0, 1, 0, 0, 0, 0},
+      /* a process per GPU that sees only its own: the peer's GPU is found
+       * by UUID, and peer access decides as before */
+      {"procs 0<-1 visible", 0, 1, 1, cross_host, 0, 0, 1},
+      {"procs 1<-0 visible", 1, 0, 1, cross_host, 0, 0, 1},
+      /* (threads last: the parent loads the module for them, and a
+       * process forked after that would inherit it) */
+      {"threads 0<-1", 0, 1, 1, cross_host, nopeer, 1, 0},
+      {"threads 0<-0", 0, 0, 0, 0, 0, 1, 0},
   };
   int failures = 0;
   const brg__cuda_api *api = NULL;

@@ -24,6 +24,21 @@
  *            time; in step mode
  *            (BRIGADE_DEVICE_MODE=step) the captured call is refused and
  *            the communicator still works
+ *   graphdestroy  (kernel mode) a captured allreduce's graph launched
+ *            twice and brg_comm_destroy at once, the replays still running:
+ *            destroy waits for them (on the stream they were captured on),
+ *            every element checked; the graph launched again after
+ *            destroy ends at once (the abort word stays mapped and set)
+ *            instead of touching freed memory, and leaves recvbuf alone
+ *   mps      ranks of different processes on one GPU (BRIGADE_EMU_DEVICES=1)
+ *            with TEST_MPS=disagree: rank 0 finds the MPS daemon's pipe
+ *            and the others do not (CUDA_MPS_PIPE_DIRECTORY of their
+ *            own): brg_comm_device_setup must fail on every rank with
+ *            BRG_ERR_MISMATCH naming ranks 0 and 1, not pick two modes
+ *            that wait on each other forever; TEST_MPS=on or off (the
+ *            driver's answer, BRIGADE_EMU_MPS; off makes the emulated GPU
+ *            run one process's kernels at a time): setup and an
+ *            allreduce succeed, every element checked
  *
  *   streams  kernel mode: one communicator, 64 collectives (one-shot and
  *            ring sizes) alternating over 3 streams, every element checked
@@ -47,11 +62,13 @@
  *   test_device_cases CASE [N]    exits 77 without a GPU (1 with
  *                                 BRIGADE_TEST_NO_SKIP set)
  */
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -831,6 +848,95 @@ static int body_stale(mp_ctx *ctx) {
   return 0;
 }
 
+/* ========================================================== graphdestroy */
+
+static int body_graphdestroy(mp_ctx *ctx) {
+  char why[256];
+  const brg__cuda_api *api = open_api(why, sizeof why);
+  if (!api) return mp_fail("no GPU: %s", why), 1;
+  int n = ctx->nranks, rank = ctx->rank;
+  if (api->drv.set_device(rank % api->drv.probe(NULL, 0)) != 0) return mp_fail("cudaSetDevice"), 1;
+  void *send = NULL, *recv = NULL, *st = NULL, *g = NULL;
+  if (api->drv.mem_alloc(&send, GRAPH_COUNT * 4) || api->drv.mem_alloc(&recv, GRAPH_COUNT * 4) ||
+      api->drv.stream_create(&st))
+    return mp_fail("setup failed"), 1;
+  graph_fill(api, send, GRAPH_COUNT, rank, 1);
+  brg_status s = brg_comm_device_setup(ctx->comm, -1);
+  REQUIRE(s == BRG_SUCCESS, "brg_comm_device_setup: %s", brg_comm_last_error(ctx->comm));
+  REQUIRE(api->drv.capture_begin(st, 1) == 0, "capture_begin");
+  s = brg_allreduce(send, recv, GRAPH_COUNT, BRG_FLOAT32, BRG_SUM, ctx->comm, st);
+  REQUIRE(s == BRG_SUCCESS, "captured allreduce: %s", brg_comm_last_error(ctx->comm));
+  REQUIRE(api->drv.capture_end(st, &g) == 0, "capture_end");
+  api->drv.mem_set(recv, 0xff, GRAPH_COUNT * 4);
+  for (int it = 0; it < 2; it++) REQUIRE(api->drv.graph_launch(g, st) == 0, "graph_launch %d", it);
+  /* At once: the replays are only queued. */
+  s = brg_comm_destroy(ctx->comm);
+  ctx->comm = NULL;
+  REQUIRE(s == BRG_SUCCESS, "brg_comm_destroy with replays in flight: %s: %s", brg_status_string(s),
+          brg_comm_last_error(NULL));
+  REQUIRE(api->drv.stream_sync(st) == 0, "stream_sync after destroy");
+  graph_check(api, recv, GRAPH_COUNT, 0, n, 1, "replays in flight at destroy");
+  /* A replay after destroy (the user's error): ends at once. */
+  api->drv.mem_set(recv, 0xff, GRAPH_COUNT * 4);
+  REQUIRE(api->drv.graph_launch(g, st) == 0, "graph_launch after destroy");
+  REQUIRE(api->drv.stream_sync(st) == 0, "stream_sync of a replay after destroy");
+  unsigned *h = malloc(GRAPH_COUNT * 4);
+  REQUIRE(h && api->drv.mem_copy(h, recv, GRAPH_COUNT * 4) == 0, "mem_copy");
+  size_t touched = 0;
+  for (size_t i = 0; i < GRAPH_COUNT; i++) touched += h[i] != 0xffffffffu;
+  free(h);
+  REQUIRE(touched == 0, "a replay after destroy wrote %zu elements of recvbuf", touched);
+  api->drv.graph_destroy(g);
+  api->drv.stream_destroy(st);
+  api->drv.mem_free(send);
+  api->drv.mem_free(recv);
+  return 0;
+}
+
+/* =================================================================== mps */
+
+#define MPS_COUNT 4099
+
+static int body_mps(mp_ctx *ctx) {
+  const char *how = getenv("TEST_MPS");
+  int disagree = how && !strcmp(how, "disagree");
+  char dir[128], ctl[160];
+  snprintf(dir, sizeof dir, "/tmp/brigade-test-mps-%d-%d", (int)getppid(), ctx->rank);
+  snprintf(ctl, sizeof ctl, "%s/control", dir);
+  if (disagree) {
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) return mp_fail("mkdir %s: %m", dir), 1;
+    FILE *f = ctx->rank == 0 ? fopen(ctl, "w") : NULL;
+    if (f) fclose(f);
+    setenv("CUDA_MPS_PIPE_DIRECTORY", dir, 1);
+  } else {
+    setenv("BRIGADE_EMU_MPS", how && !strcmp(how, "on") ? "1" : "0", 1);
+  }
+  char why[256];
+  const brg__cuda_api *api = open_api(why, sizeof why);
+  if (!api) return mp_fail("no GPU: %s", why), 1;
+  void *d = device_input(api, MPS_COUNT, ctx->rank), *st = NULL;
+  if (!d || api->drv.stream_create(&st) != 0) return mp_fail("setup failed"), 1;
+  brg_status s = brg_comm_device_setup(ctx->comm, 0);
+  const char *err = brg_comm_last_error(ctx->comm);
+  unlink(ctl);
+  rmdir(dir);
+  if (disagree) {
+    MP_CHECK(s == BRG_ERR_MISMATCH && strstr(err, "ranks 0 and 1") && strstr(err, "MPS"),
+             "device setup with ranks that disagree on MPS returned %s (%s), expected %s naming "
+             "ranks 0 and 1",
+             brg_status_string(s), err, brg_status_string(BRG_ERR_MISMATCH));
+  } else {
+    MP_CHECK(s == BRG_SUCCESS, "device setup: %s: %s", brg_status_string(s), err);
+    s = brg_allreduce(d, d, MPS_COUNT, BRG_FLOAT32, BRG_SUM, ctx->comm, st);
+    MP_CHECK(s == BRG_SUCCESS, "device allreduce: %s", brg_comm_last_error(ctx->comm));
+    MP_CHECK(api->drv.stream_sync(st) == 0, "stream_sync");
+    check_device(api, d, MPS_COUNT, ctx->nranks, "allreduce of ranks sharing a GPU");
+  }
+  api->drv.stream_destroy(st);
+  api->drv.mem_free(d);
+  return 0;
+}
+
 /* ================================================================== main */
 
 int main(int argc, char **argv) {
@@ -862,6 +968,8 @@ int main(int argc, char **argv) {
   if (!strcmp(cs, "destroy")) return mp_run(&o, body_destroy, NULL);
   if (!strcmp(cs, "async")) return mp_run(&o, body_async, NULL);
   if (!strcmp(cs, "graph")) return mp_run(&o, body_graph, NULL);
+  if (!strcmp(cs, "mps")) return mp_run(&o, body_mps, NULL);
+  if (!strcmp(cs, "graphdestroy")) return mp_run(&o, body_graphdestroy, NULL);
   if (!strcmp(cs, "threads")) {
     o.nranks = 1;
     o.init = MP_INIT_BARE;
