@@ -227,9 +227,11 @@ struct brg_comm {
  *                 thread before the first hier allreduce is issued, as an
  *                 application would make them); progress.c runs its phases
  *   comm.c        create (bootstrap, topology, links), accessors, destroy
+ *   stop.c        brg__comm_stop: what brg_comm_abort does below the API
  *   progress.c    issue order: the worker thread, device setup; the
  *                 collectives that run on other communicators (the rings
- *                 of init.c, hier.c's phases); brg__comm_stop
+ *                 of init.c, hier.c's phases); the all-gather that splits
+ *                 and sub-communicators exchange over their parent
  *   lat.c         tree and rhd allreduces over p2p.c's links
  *   ring.c        the five primitives and the ring and chain schedules
  *   device_ring.c the same primitives on GPU buffers (step mode)
@@ -251,9 +253,9 @@ struct brg_comm {
 brg_status brg__comm_split_opts(brg_comm *comm, int color, int key, int no_trace, int ring_rotate,
                                 brg_comm **newcomm);
 
-/* split.c: an all-gather of `bytes` per rank over comm (in issue order
- * with its collectives), and what a rank of the parent that joins no new
- * communicator does in its place: both exchanges with nothing to say. */
+/* progress.c: an all-gather of `bytes` per rank over comm (in issue order
+ * with its collectives); split.c: what a rank of the parent that joins no
+ * new communicator does in its place: both exchanges with nothing to say. */
 brg_status brg__split_gather(brg_comm *comm, const void *mine, void *all, size_t bytes);
 brg_status brg__split_stand_by(brg_comm *parent);
 
@@ -381,8 +383,8 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
 /* progress.c: runs a collective in issue order on the caller's thread and
  * returns its status (inline when nothing is queued ahead of it). */
 brg_status brg__progress_run(brg_comm *c, brg__coll *k);
-/* What brg_comm_abort does to c and the communicators it runs on (rings,
- * hierarchy); NULL: nothing. Any thread. */
+/* stop.c: what brg_comm_abort does to c and the communicators it runs on
+ * (rings, hierarchy); NULL: nothing. Any thread. */
 void brg__comm_stop(brg_comm *c);
 /* Queues a request for the worker thread; brg__progress_wait waits for it. */
 brg_status brg__progress_enqueue(brg_comm *c, brg__req *r);

@@ -39,28 +39,6 @@ static brg_status device_setup(brg_comm *c) {
   return brg__device_ring_finish(c, &st, s);
 }
 
-/* What brg_comm_abort does, below it: every wait of this communicator
- * stops (its engine's, its queue's, its kernels', its point-to-point
- * ones), its ring neighbours hear of it, and so do the communicators it
- * runs its collectives on (rings, hierarchy). Any thread. */
-void brg__comm_stop(brg_comm *c) {
-  if (!c) return;
-  __atomic_store_n(&c->aborted, 1, __ATOMIC_SEQ_CST);
-  brg__device_abort(c);
-  brg__fifo_wake_all(&c->send.fifo);
-  brg__fifo_wake_all(&c->recv.fifo);
-  brg__p2p_abort(c);
-  pthread_mutex_lock(&c->qlock);
-  pthread_cond_broadcast(&c->qcond);
-  pthread_cond_broadcast(&c->donecond);
-  pthread_mutex_unlock(&c->qlock);
-  brg__comm_notify_abort(c, BRG_ERR_REMOTE, "the communicator was aborted");
-  brg__comm_stop(__atomic_load_n(&c->local, __ATOMIC_ACQUIRE));
-  brg__comm_stop(__atomic_load_n(&c->cross, __ATOMIC_ACQUIRE));
-  brg__comm_stop(__atomic_load_n(&c->devnet, __ATOMIC_ACQUIRE));
-  for (int r = 1; r < c->nrings; r++) brg__comm_stop(c->rings[r]);
-}
-
 /* Hierarchical allreduce (hier.c chose it and made its communicators):
  * runs one phase on a communicator of the hierarchy; a failure aborts both,
  * so that the ranks waiting on this one in the other phase hear of it. */
@@ -418,4 +396,19 @@ void brg__progress_stop(brg_comm *c) {
   pthread_mutex_unlock(&c->qlock);
   pthread_join(c->worker, NULL);
   c->worker_started = 0;
+}
+
+/* An all-gather of `bytes` host bytes per rank over comm, in issue order
+ * with its other collectives (what brg_all_gather runs, without the checks
+ * of arguments that are right by construction): how a split and the
+ * sub-communicators that meet over their parent exchange what they say. */
+brg_status brg__split_gather(brg_comm *comm, const void *mine, void *all, size_t bytes) {
+  brg__coll k = {.kind = BRG__COLL_ALL_GATHER,
+                 .dtype = BRG_UINT8,
+                 .op = BRG_SUM,
+                 .root = -1,
+                 .sendbuf = mine,
+                 .recvbuf = all,
+                 .count = bytes};
+  return brg__progress_run(comm, &k);
 }

@@ -30,20 +30,6 @@ typedef struct split_id {
   char why[192];
 } split_id;
 
-/* An all-gather of `bytes` host bytes per rank over comm, in issue order
- * with its other collectives (what brg_all_gather runs, without the checks
- * of arguments that are right by construction). */
-brg_status brg__split_gather(brg_comm *comm, const void *mine, void *all, size_t bytes) {
-  brg__coll k = {.kind = BRG__COLL_ALL_GATHER,
-                 .dtype = BRG_UINT8,
-                 .op = BRG_SUM,
-                 .root = -1,
-                 .sendbuf = mine,
-                 .recvbuf = all,
-                 .count = bytes};
-  return brg__progress_run(comm, &k);
-}
-
 /* A failure of the exchange over the parent: in the parent's last error
  * (where the collective put it) and in the thread's, which the caller of a
  * failed split reads. */

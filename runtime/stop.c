@@ -1,0 +1,31 @@
+/*
+ * Stopping a communicator: what brg_comm_abort does below the API, and
+ * what the engines (progress.c, lat.c) and destroy (comm.c) call when a
+ * collective fails in a way its peers must hear of.
+ */
+#include <pthread.h>
+
+#include "device.h"
+#include "internal.h"
+
+/* What brg_comm_abort does, below it: every wait of this communicator
+ * stops (its engine's, its queue's, its kernels', its point-to-point
+ * ones), its ring neighbours hear of it, and so do the communicators it
+ * runs its collectives on (rings, hierarchy). Any thread. */
+void brg__comm_stop(brg_comm *c) {
+  if (!c) return;
+  __atomic_store_n(&c->aborted, 1, __ATOMIC_SEQ_CST);
+  brg__device_abort(c);
+  brg__fifo_wake_all(&c->send.fifo);
+  brg__fifo_wake_all(&c->recv.fifo);
+  brg__p2p_abort(c);
+  pthread_mutex_lock(&c->qlock);
+  pthread_cond_broadcast(&c->qcond);
+  pthread_cond_broadcast(&c->donecond);
+  pthread_mutex_unlock(&c->qlock);
+  brg__comm_notify_abort(c, BRG_ERR_REMOTE, "the communicator was aborted");
+  brg__comm_stop(__atomic_load_n(&c->local, __ATOMIC_ACQUIRE));
+  brg__comm_stop(__atomic_load_n(&c->cross, __ATOMIC_ACQUIRE));
+  brg__comm_stop(__atomic_load_n(&c->devnet, __ATOMIC_ACQUIRE));
+  for (int r = 1; r < c->nrings; r++) brg__comm_stop(c->rings[r]);
+}
