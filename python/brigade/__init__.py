@@ -587,23 +587,30 @@ class Communicator:
         v.release()
         return n
 
-    def _reduce_scatter(self, nb: bool, buf: Any, out: Any, op: OpLike, dtype: DTypeLike,
-                        stream: Stream) -> Any:
-        call = "ireduce_scatter" if nb else "reduce_scatter"
-        o = _op_of(op)
-        s = _stream_handle(stream)
+    def _split_views(self, call: str, what: str, buf: Any, out: Any, dtype: DTypeLike,
+                     s: Any) -> Any:
+        """Views of an input cut into one block per rank and of the output
+        that holds one block (made like the input when None): (sv, ov, out)."""
         if out is None:
             total = self._count(buf)
             if total % self.size:
-                raise ValueError(f"brigade: {call}: the input has {total} elements, "
+                raise ValueError(f"brigade: {call}: {what} has {total} elements, "
                                  f"not a multiple of the {self.size} ranks")
             out = self._alloc_like(call, buf, total // self.size)
         sv, ov = self._views(call, buf, out, dtype, s)
         if sv.count != ov.count * self.size:
             self._release(sv, ov)
-            raise ValueError(f"brigade: {call}: the input has {sv.count} elements; "
+            raise ValueError(f"brigade: {call}: {what} has {sv.count} elements; "
                              f"with an output of {ov.count} it must have {self.size} x "
                              f"{ov.count} = {ov.count * self.size}")
+        return sv, ov, out
+
+    def _reduce_scatter(self, nb: bool, buf: Any, out: Any, op: OpLike, dtype: DTypeLike,
+                        stream: Stream) -> Any:
+        call = "ireduce_scatter" if nb else "reduce_scatter"
+        o = _op_of(op)
+        s = _stream_handle(stream)
+        sv, ov, out = self._split_views(call, "the input", buf, out, dtype, s)
         return self._launch("brg_" + call, [sv, ov],
                             (sv.ptr, ov.ptr, ov.count, int(sv.dtype), int(o)), nb, out, s)
 
@@ -796,18 +803,7 @@ class Communicator:
                 raise
             return self._launch("brg_" + call, [ov], (None, ov.ptr, ov.count, int(ov.dtype),
                                                       int(root)), nb, out, None)
-        if out is None:
-            total = self._count(buf)
-            if total % self.size:
-                raise ValueError(f"brigade: {call}: the root's input has {total} elements, "
-                                 f"not a multiple of the {self.size} ranks")
-            out = self._alloc_like(call, buf, total // self.size)
-        sv, ov = self._views(call, buf, out, dtype, None)
-        if sv.count != ov.count * self.size:
-            self._release(sv, ov)
-            raise ValueError(f"brigade: {call}: the root's input has {sv.count} elements; "
-                             f"with an output of {ov.count} it must have {self.size} x "
-                             f"{ov.count} = {ov.count * self.size}")
+        sv, ov, out = self._split_views(call, "the root's input", buf, out, dtype, None)
         return self._launch("brg_" + call, [sv, ov],
                             (sv.ptr, ov.ptr, ov.count, int(sv.dtype), int(root)), nb, out, None)
 
