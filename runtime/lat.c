@@ -324,9 +324,5 @@ static brg_status lat_body(brg_comm *c, brg__coll *k) {
 
 brg_status brg__lat_run(brg_comm *c, brg__coll *k) {
   k->seq = ++c->seq;
-  if (__builtin_expect(c->trace == NULL, 1)) return lat_body(c, k);
-  int64_t t0 = brg__trace_coll_begin(c->trace);
-  brg_status s = lat_body(c, k);
-  brg__trace_coll_end(c, k, t0, s);
-  return s;
+  return brg__trace_run(c, k, lat_body);
 }

@@ -106,11 +106,7 @@ static brg_status hier_body(brg_comm *c, brg__coll *k) {
 
 static brg_status hier_run(brg_comm *c, brg__coll *k) {
   k->seq = ++c->seq;
-  if (__builtin_expect(c->trace == NULL, 1)) return hier_body(c, k);
-  int64_t t0 = brg__trace_coll_begin(c->trace);
-  brg_status s = hier_body(c, k);
-  brg__trace_coll_end(c, k, t0, s);
-  return s;
+  return brg__trace_run(c, k, hier_body);
 }
 
 /* Whether k is cut over the communicator's rings: a host allreduce,

@@ -480,9 +480,5 @@ static brg_status coll_body(brg_comm *c, brg__coll *k) {
 }
 
 brg_status brg__coll_execute(brg_comm *c, brg__coll *k) {
-  if (__builtin_expect(c->trace == NULL, 1)) return coll_body(c, k);
-  int64_t t0 = brg__trace_coll_begin(c->trace);
-  brg_status s = coll_body(c, k);
-  brg__trace_coll_end(c, k, t0, s);
-  return s;
+  return brg__trace_run(c, k, coll_body);
 }

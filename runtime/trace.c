@@ -205,6 +205,14 @@ static trace_ev *ev_new(brg__trace *t) {
   return e;
 }
 
+brg_status brg__trace_run(brg_comm *c, brg__coll *k, brg_status (*body)(brg_comm *, brg__coll *)) {
+  if (__builtin_expect(c->trace == NULL, 1)) return body(c, k);
+  int64_t t0 = brg__trace_coll_begin(c->trace);
+  brg_status s = body(c, k);
+  brg__trace_coll_end(c, k, t0, s);
+  return s;
+}
+
 int64_t brg__trace_coll_begin(brg__trace *t) {
   t->nsteps = t->max_steps;
   memset(t->steps, 0, (size_t)t->nsteps * sizeof *t->steps);

@@ -40,6 +40,9 @@ void brg__trace_flush(brg_comm *c);
 /* Writes the file and frees the trace. */
 void brg__trace_close(brg_comm *c);
 
+/* Runs body(c, k), as one collective in c's trace when c has one. */
+brg_status brg__trace_run(brg_comm *c, brg__coll *k, brg_status (*body)(brg_comm *, brg__coll *));
+
 /* The engine's hooks, called only when c->trace is set. */
 int64_t brg__trace_coll_begin(brg__trace *t);
 void brg__trace_coll_end(brg_comm *c, const brg__coll *k, int64_t t0, brg_status s);
