@@ -33,6 +33,9 @@
  *    device make a context there, which tests count (brg__emu_context).
  *  - Kernel mode's ring kernel runs with the launch's block size, and a
  *    launch whose FIFOs, flags or buffers its device cannot reach fails.
+ *    BRIGADE_EMU_BLOCK_THREADS (a multiple of 32) caps the block size, for
+ *    runs whose subject is not the kernel (the hosts' proxies between
+ *    namespaces) and that cannot afford 512 fibers per channel per rank.
  *  - MPS: BRIGADE_EMU_MPS=1 reports it running, 0 not running (and then
  *    kernels of different processes on one GPU take turns, one process's
  *    at a time, so a spinning kernel holds its GPU), unset that the driver
@@ -1494,6 +1497,15 @@ static int ring_launch(const void *args, size_t args_bytes, int channels, int th
   brg__rk_args *copy = malloc(sizeof *copy);
   if (!copy) return E_ALLOC;
   memcpy(copy, args, sizeof *copy);
+  static int cap_read = -1; /* streams of several ranks (threads) launch */
+  int cap = __atomic_load_n(&cap_read, __ATOMIC_RELAXED);
+  if (cap < 0) {
+    const char *v = getenv("BRIGADE_EMU_BLOCK_THREADS");
+    cap = v ? atoi(v) : 0;
+    if (cap < 32 || cap > 512 || cap % 32 != 0) cap = 0;
+    __atomic_store_n(&cap_read, cap, __ATOMIC_RELAXED);
+  }
+  if (cap && threads > cap) threads = cap;
 #if defined(__SANITIZE_THREAD__)
   /* ThreadSanitizer counts each fiber as a thread, and dies past 8128 of
    * them at once (3 ranks x 8 channels x 512 would be 12288): its tree

@@ -276,7 +276,9 @@ def check_doc(tree, doc, fix):
                 # built from bench/x.c
                 built = tok.split("/")[0].startswith("build") or any(
                     os.path.exists(tree.path(tok + ext)) for ext in (".c", ".cc", ".cu", ".py"))
-                if not built and not os.path.exists(tree.path(tok)):
+                if os.path.relpath(tree.path(tok), tree.root).startswith(".."):
+                    say(n, f"`{tok}` is outside the repository (a clone has no such path)")
+                elif not built and not os.path.exists(tree.path(tok)):
                     say(n, f"`{tok}` does not exist")
                 continue
             t = re.fullmatch(r"(" + IDENT + r")(?:\(\))?", tok)
