@@ -50,6 +50,11 @@ check_format() {
   echo "quickstart: formatting checked ($(echo "$files" | wc -w) files)"
 }
 jobs=$(nproc)
+# Most tests wait more than they compute (ranks meeting, timeouts met,
+# interpreters starting): one more test than cores keeps the cores busy.
+# Runs that measure time or failures are marked is_parallel: false and run
+# alone.
+test_jobs=$((jobs + 1))
 
 # The ten slowest tests of a tree and the phase's wall time, from meson's
 # test log, so that what a CI run costs is in its own output.
@@ -95,7 +100,7 @@ case "${1:-}" in
     phase_start=$SECONDS
     [ -d build-test ] || meson setup build-test --buildtype=debugoptimized --werror
     ninja -C build-test
-    meson test -C build-test --print-errorlogs --num-processes "$jobs"
+    meson test -C build-test --print-errorlogs --num-processes "$test_jobs"
     report_phase build-test
     # The sanitizer trees leave out what they cannot watch: the CUDA module
     # (built by nvcc, never instrumented, and without a GPU only loaded to
@@ -105,7 +110,7 @@ case "${1:-}" in
       -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled -Dbench_peers=disabled
     ninja -C build-asan
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-      meson test -C build-asan --print-errorlogs --num-processes "$jobs" --timeout-multiplier 3
+      meson test -C build-asan --print-errorlogs --num-processes "$test_jobs" --timeout-multiplier 3
     report_phase build-asan
     # ThreadSanitizer slows code 5-15x, so only suite tsan runs under it.
     [ -d build-tsan ] || meson setup build-tsan --buildtype=debugoptimized --werror \
