@@ -384,8 +384,12 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
  * returns its status (inline when nothing is queued ahead of it). */
 brg_status brg__progress_run(brg_comm *c, brg__coll *k);
 /* stop.c: what brg_comm_abort does to c and the communicators it runs on
- * (rings, hierarchy); NULL: nothing. Any thread. */
+ * (rings, hierarchy); NULL: nothing. Any thread. The _why form tells the
+ * ranks that hear of it why (a failure of another communicator that
+ * their waits on this one could not see), the plain one that it was
+ * aborted. */
 void brg__comm_stop(brg_comm *c);
+void brg__comm_stop_why(brg_comm *c, const char *why);
 /* Queues a request for the worker thread; brg__progress_wait waits for it. */
 brg_status brg__progress_enqueue(brg_comm *c, brg__req *r);
 /* Waits, up to the communicator's timeout, for queued device collectives

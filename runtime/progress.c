@@ -41,15 +41,17 @@ static brg_status device_setup(brg_comm *c) {
 
 /* Hierarchical allreduce (hier.c chose it and made its communicators):
  * runs one phase on a communicator of the hierarchy; a failure aborts both,
- * so that the ranks waiting on this one in the other phase hear of it. */
+ * so that the ranks waiting on this one in the other phase hear of it, and
+ * of why (a rank of another host gone silent, say, which a rank waiting
+ * within its host cannot see for itself). */
 static brg_status phase(brg_comm *c, brg_comm *sub, brg__coll *p, const brg__coll *k,
                         const char *what) {
   brg_status s = brg__progress_run(sub, p);
   if (s == BRG_SUCCESS) return s;
   char why[BRG__ERRLEN];
   snprintf(why, sizeof why, "%s", sub->last_error);
-  brg__comm_stop(c->local);
-  brg__comm_stop(c->cross);
+  brg__comm_stop_why(c->local, why);
+  brg__comm_stop_why(c->cross, why);
   char desc[160];
   brg__coll_describe(desc, sizeof desc, k->kind, k->seq, k->count, k->dtype, k->op, k->root, 0);
   return brg__comm_error(c, s, "%s (hier): %s failed: %s", desc, what, why);

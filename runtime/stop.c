@@ -11,8 +11,9 @@
 /* What brg_comm_abort does, below it: every wait of this communicator
  * stops (its engine's, its queue's, its kernels', its point-to-point
  * ones), its ring neighbours hear of it, and so do the communicators it
- * runs its collectives on (rings, hierarchy). Any thread. */
-void brg__comm_stop(brg_comm *c) {
+ * runs its collectives on (rings, hierarchy), each told `why`. Any
+ * thread. */
+void brg__comm_stop_why(brg_comm *c, const char *why) {
   if (!c) return;
   __atomic_store_n(&c->aborted, 1, __ATOMIC_SEQ_CST);
   brg__device_abort(c);
@@ -23,9 +24,13 @@ void brg__comm_stop(brg_comm *c) {
   pthread_cond_broadcast(&c->qcond);
   pthread_cond_broadcast(&c->donecond);
   pthread_mutex_unlock(&c->qlock);
-  brg__comm_notify_abort(c, BRG_ERR_REMOTE, "the communicator was aborted");
-  brg__comm_stop(__atomic_load_n(&c->local, __ATOMIC_ACQUIRE));
-  brg__comm_stop(__atomic_load_n(&c->cross, __ATOMIC_ACQUIRE));
-  brg__comm_stop(__atomic_load_n(&c->devnet, __ATOMIC_ACQUIRE));
-  for (int r = 1; r < c->nrings; r++) brg__comm_stop(c->rings[r]);
+  brg__comm_notify_abort(c, BRG_ERR_REMOTE, why);
+  brg__comm_stop_why(__atomic_load_n(&c->local, __ATOMIC_ACQUIRE), why);
+  brg__comm_stop_why(__atomic_load_n(&c->cross, __ATOMIC_ACQUIRE), why);
+  brg__comm_stop_why(__atomic_load_n(&c->devnet, __ATOMIC_ACQUIRE), why);
+  for (int r = 1; r < c->nrings; r++) brg__comm_stop_why(c->rings[r], why);
+}
+
+void brg__comm_stop(brg_comm *c) {
+  brg__comm_stop_why(c, "the communicator was aborted");
 }
