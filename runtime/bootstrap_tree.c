@@ -76,6 +76,14 @@ static int tree_recv(const brg__boot_tree *t, int fd, void *buf, size_t len) {
   return brg__sock_recv_all(fd, buf, len, t->deadline);
 }
 
+/* The dialer's stop check: the root spoke (it fails the job early). */
+static int root_spoke_now(void *arg) {
+  const brg__boot_tree *t = arg;
+  if (t->root_fd < 0) return 0;
+  struct pollfd p = {.fd = t->root_fd, .events = POLLIN};
+  return poll(&p, 1, 0) == 1;
+}
+
 static brg_status tree_io_error(const brg__boot_tree *t, int rc, int *root_spoke, brg__errbuf *err,
                                 const char *what, int peer) {
   if (rc == TREE_ROOT_SPOKE) {
@@ -296,10 +304,19 @@ brg_status brg__boot_tree_gather(const brg__boot_tree *t, uint8_t **table_out,
   for (int c = 2 * t->rank + 1; c <= 2 * t->rank + 2 && c < t->nranks; c++) a.child[a.nchild++] = c;
 
   /* The parent's listener was open before its hello reached the root, so
-   * the dial does not wait for it. */
+   * a refusal means the parent gave up: the job failed, and the root says
+   * why (the dial stops when it speaks). */
   if (parent >= 0) {
     int e = 0;
-    int rc = brg__sock_connect(t->parent_addr, t->parent_port, t->deadline, BOOT_RETRY_MS, &up, &e);
+    brg__sock_dialer d = {.retry_ms = BOOT_RETRY_MS,
+                          .retry_max_ms = BOOT_RETRY_MS,
+                          .stop = root_spoke_now,
+                          .arg = (void *)t};
+    int rc = brg__sock_dial(t->parent_addr, t->parent_port, t->deadline, &d, &up, &e);
+    if (rc == BRG__IO_STOPPED) {
+      st = tree_io_error(t, TREE_ROOT_SPOKE, root_spoke, err, "dialing", parent);
+      goto out;
+    }
     if (rc != BRG__IO_OK) {
       st = brg__error(
           err, rc == BRG__IO_TIMEOUT ? BRG_ERR_TIMEOUT : BRG_ERR_SYSTEM, BOOT_SUBSYS,
