@@ -110,9 +110,10 @@ static int bi_run(bi_shared *sh, int nranks, double *init_ms, double *median_ms,
   brg_status st = brg_get_unique_id(&sh->id);
   if (st != BRG_SUCCESS)
     fprintf(stderr, "boot_init: brg_get_unique_id: %s\n", brg_status_string(st));
-  __atomic_thread_fence(__ATOMIC_SEQ_CST);
   sh->t_start_ns = bi_now_ns();
-  close(gate[1]); /* the release */
+  /* the release: the ranks read the id and the start time after their
+   * read of the gate returns, which the close orders after these stores */
+  close(gate[1]);
   int failed = st != BRG_SUCCESS, shown_cause = 0;
   for (int r = 0; r < nranks; r++) {
     int ws = 0;
