@@ -605,6 +605,20 @@ class Communicator:
                              f"{ov.count} = {ov.count * self.size}")
         return sv, ov, out
 
+    def _join_views(self, call: str, what: str, buf: Any, out: Any, dtype: DTypeLike,
+                    s: Any) -> Any:
+        """Views of an input of one block and of the output that holds one
+        block per rank (made like the input when None): (sv, ov, out)."""
+        if out is None:
+            out = self._alloc_like(call, buf, self._count(buf) * self.size)
+        sv, ov = self._views(call, buf, out, dtype, s)
+        if ov.count != sv.count * self.size:
+            self._release(sv, ov)
+            raise ValueError(f"brigade: {call}: {what} has {ov.count} elements; "
+                             f"with an input of {sv.count} it must have {self.size} x "
+                             f"{sv.count} = {sv.count * self.size}")
+        return sv, ov, out
+
     def _reduce_scatter(self, nb: bool, buf: Any, out: Any, op: OpLike, dtype: DTypeLike,
                         stream: Stream) -> Any:
         call = "ireduce_scatter" if nb else "reduce_scatter"
@@ -628,14 +642,7 @@ class Communicator:
     def _all_gather(self, nb: bool, buf: Any, out: Any, dtype: DTypeLike, stream: Stream) -> Any:
         call = "iall_gather" if nb else "all_gather"
         s = _stream_handle(stream)
-        if out is None:
-            out = self._alloc_like(call, buf, self._count(buf) * self.size)
-        sv, ov = self._views(call, buf, out, dtype, s)
-        if ov.count != sv.count * self.size:
-            self._release(sv, ov)
-            raise ValueError(f"brigade: {call}: the output has {ov.count} elements; "
-                             f"with an input of {sv.count} it must have {self.size} x "
-                             f"{sv.count} = {sv.count * self.size}")
+        sv, ov, out = self._join_views(call, "the output", buf, out, dtype, s)
         return self._launch("brg_" + call, [sv, ov], (sv.ptr, ov.ptr, sv.count, int(sv.dtype)),
                             nb, out, s)
 
@@ -761,14 +768,7 @@ class Communicator:
                 raise
             return self._launch("brg_" + call, [sv], (sv.ptr, None, sv.count, int(sv.dtype),
                                                       int(root)), nb, None, None)
-        if out is None:
-            out = self._alloc_like(call, buf, self._count(buf) * self.size)
-        sv, ov = self._views(call, buf, out, dtype, None)
-        if ov.count != sv.count * self.size:
-            self._release(sv, ov)
-            raise ValueError(f"brigade: {call}: the root's output has {ov.count} elements; "
-                             f"with an input of {sv.count} it must have {self.size} x "
-                             f"{sv.count} = {sv.count * self.size}")
+        sv, ov, out = self._join_views(call, "the root's output", buf, out, dtype, None)
         return self._launch("brg_" + call, [sv, ov],
                             (sv.ptr, ov.ptr, sv.count, int(sv.dtype), int(root)), nb, out, None)
 
