@@ -553,6 +553,18 @@ static void do_reduce_scatter(run *R, const dinfo *di, int op, size_t rc, int in
 }
 
 /* sendcount per rank; in place means sendbuf = recvbuf + rank * sendcount (NCCL). */
+/* Block q of r (count elements each, n blocks) is rank q's copy pattern:
+ * its table at tabs + q * stride elements, of period P. */
+static void check_blocks(const char *what, const dinfo *di, const unsigned char *r, size_t count,
+                         int n, const unsigned char *tabs, size_t stride, size_t P) {
+  for (int q = 0; q < n; q++) {
+    char w2[240];
+    snprintf(w2, sizeof w2, "%s, block from rank %d", what, q);
+    check_pattern(w2, di, r + (size_t)q * count * di->size, count,
+                  tabs + (size_t)q * stride * di->size, P, 0, 1);
+  }
+}
+
 static void do_all_gather(run *R, const dinfo *di, size_t sc, int inplace) {
   char what[160];
   label(what, sizeof what, "all_gather", di, -1, sc, inplace, -1);
@@ -571,12 +583,7 @@ static void do_all_gather(run *R, const dinfo *di, size_t sc, int inplace) {
                          brg_all_gather(D(s), D(r), sc, di->dt, R->comm, R->stream),
                          brg_iall_gather(s, r, sc, di->dt, R->comm, &R->req))))
     return;
-  for (int q = 0; q < R->n; q++) {
-    char w2[200];
-    snprintf(w2, sizeof w2, "%s, block from rank %d", what, q);
-    check_pattern(w2, di, r + (size_t)q * sc * esz, sc, R->tabs + (size_t)q * PERIOD * esz, P, 0,
-                  1);
-  }
+  check_blocks(what, di, r, sc, R->n, R->tabs, PERIOD, P);
   check_guards(what, r, total * esz);
   if (!inplace) check_pattern("all_gather changed its sendbuf", di, s, sc, mine, P, 0, 1);
 }
@@ -634,12 +641,7 @@ static void do_gather(run *R, const dinfo *di, size_t sc, int inplace, int root)
     check_pattern("gather changed its sendbuf", di, s, sc, mine, P, 0, 1);
     return;
   }
-  for (int q = 0; q < R->n; q++) {
-    char w2[200];
-    snprintf(w2, sizeof w2, "%s, block from rank %d", what, q);
-    check_pattern(w2, di, r + (size_t)q * sc * esz, sc, R->tabs + (size_t)q * PERIOD * esz, P, 0,
-                  1);
-  }
+  check_blocks(what, di, r, sc, R->n, R->tabs, PERIOD, P);
   check_guards(what, r, total * esz);
   if (!inplace) check_pattern("gather changed the root's sendbuf", di, s, sc, mine, P, 0, 1);
 }
@@ -1121,12 +1123,7 @@ static void icase_check(run *R, icase *c, int round) {
     check_guards(what, c->inplace ? c->s : c->r, (c->inplace ? cnt * n : cnt) * esz);
     break;
   case IK_ALL_GATHER:
-    for (int q = 0; q < R->n; q++) {
-      char w2[240];
-      snprintf(w2, sizeof w2, "%s, block from rank %d", what, q);
-      check_pattern(w2, di, c->r + (size_t)q * cnt * esz, cnt, c->tabs + (size_t)q * c->P * esz,
-                    c->P, 0, 1);
-    }
+    check_blocks(what, di, c->r, cnt, R->n, c->tabs, c->P, c->P);
     check_guards(what, c->r, cnt * n * esz);
     break;
   case IK_BROADCAST:
