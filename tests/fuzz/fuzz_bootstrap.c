@@ -162,20 +162,32 @@ static void fz_root(const uint8_t *d, size_t len) {
   }
 }
 
-/* 3: the table a rank reads from the root. */
-static void fz_table(const uint8_t *d, size_t len) {
-  if (len < 3) return;
-  int nranks = 1 + d[0] % 8, rank = d[1] % nranks;
-  size_t blob_bytes = d[2] % 64;
-  int pair[2];
+/* What the table's and the tree parent's readers share: rank d[1] % N of
+ * N = 1 + d[0] % 8, blobs of d[2] % 64 bytes, a bootstrap around no
+ * sockets, and d[3..] waiting on pair[0] (the peer's end shut). */
+static brg__bootstrap *fz_reader(const uint8_t *d, size_t len, int pair[2], int *nranks, int *rank,
+                                 size_t *blob_bytes) {
+  *nranks = 1 + d[0] % 8;
+  *rank = d[1] % *nranks;
+  *blob_bytes = d[2] % 64;
   fz_pair(pair);
   fz_write(pair[1], d + 3, len - 3);
   shutdown(pair[1], SHUT_WR);
   brg__bootstrap *bs;
   brg__errbuf err;
-  if (brg__bootstrap_wrap(&bs, rank, nranks, fz_secret, (uint16_t)(20000 + rank), -1, -1, 100,
+  if (brg__bootstrap_wrap(&bs, *rank, *nranks, fz_secret, (uint16_t)(20000 + *rank), -1, -1, 100,
                           &err) != BRG_SUCCESS)
     fz_die("bootstrap wrap");
+  return bs;
+}
+
+/* 3: the table a rank reads from the root. */
+static void fz_table(const uint8_t *d, size_t len) {
+  if (len < 3) return;
+  int nranks, rank, pair[2];
+  size_t blob_bytes;
+  brg__bootstrap *bs = fz_reader(d, len, pair, &nranks, &rank, &blob_bytes);
+  brg__errbuf err;
   uint8_t *blobs = malloc((size_t)nranks * blob_bytes + 1);
   if (!blobs) fz_die("malloc");
   brg_status st = brg__bootstrap_read_table(bs, pair[0], blob_bytes, blobs, &err);
@@ -327,17 +339,10 @@ static void fz_gather(const uint8_t *d, size_t len) {
 /* 7: the root's answer naming a rank's tree parent. */
 static void fz_neigh(const uint8_t *d, size_t len) {
   if (len < 3) return;
-  int nranks = 1 + d[0] % 8, rank = d[1] % nranks;
-  size_t blob_bytes = d[2] % 64;
-  int pair[2];
-  fz_pair(pair);
-  fz_write(pair[1], d + 3, len - 3);
-  shutdown(pair[1], SHUT_WR);
-  brg__bootstrap *bs;
+  int nranks, rank, pair[2];
+  size_t blob_bytes;
+  brg__bootstrap *bs = fz_reader(d, len, pair, &nranks, &rank, &blob_bytes);
   brg__errbuf err;
-  if (brg__bootstrap_wrap(&bs, rank, nranks, fz_secret, (uint16_t)(20000 + rank), -1, -1, 100,
-                          &err) != BRG_SUCCESS)
-    fz_die("bootstrap wrap");
   char addr[BOOT_ADDR_BYTES];
   uint16_t port = 1;
   brg_status st = brg__bootstrap_read_neigh(bs, pair[0], blob_bytes, addr, &port, &err);
