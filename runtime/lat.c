@@ -310,8 +310,9 @@ static brg_status lat_body(brg_comm *c, brg__coll *k) {
     run_rhd(&l);
   if (l.s != BRG_SUCCESS) {
     /* What is still posted or queued points into the caller's buffers and
-     * the scratch: stopping the communicator makes every wait give it back. */
-    brg__comm_stop(c);
+     * the scratch: stopping the communicator makes every wait give it back,
+     * and its peers hear the cause. */
+    brg__comm_stop_why(c, l.why);
     for (size_t i = 0; i < l.used; i++)
       if (!__atomic_load_n(&l.ops[i].done, __ATOMIC_ACQUIRE))
         (void)brg__p2p_wait(c, l.fn, &l.ops[i]);

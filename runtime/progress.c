@@ -170,13 +170,15 @@ static brg_status run_rings(brg_comm *c, brg__coll *k) {
   brg__coll k0 = ring_part(k, rings, 0);
   s = brg__coll_execute(c, &k0);
   k->seq = k0.seq;
+  /* The others' peers hear why (the first failure names the rank that
+   * caused it), not just that this rank stopped. */
   if (s != BRG_SUCCESS)
-    for (int r = 1; r < rings; r++) brg__comm_stop(c->rings[r]);
+    for (int r = 1; r < rings; r++) brg__comm_stop_why(c->rings[r], brg_comm_last_error(c));
   for (int r = 1; r < rings; r++) {
     brg_status p = brg__progress_wait(&parts[r]);
     if (p == BRG_SUCCESS || s != BRG_SUCCESS) continue;
     s = brg__comm_error(c, p, "%s (ring %d of %d)", brg_comm_last_error(c->rings[r]), r, rings);
-    for (int q = 1; q < rings; q++) brg__comm_stop(c->rings[q]);
+    for (int q = 1; q < rings; q++) brg__comm_stop_why(c->rings[q], brg_comm_last_error(c));
   }
   free(parts);
   if (k->device) {
