@@ -337,3 +337,34 @@ int brg__live_silent(brg_comm *c, int64_t *silent_ms) {
   if (who >= 0) *silent_ms = best / 1000000;
   return who;
 }
+
+int brg__live_gone(brg_comm *c, const char *whose, char *why, size_t why_bytes) {
+  brg__live *l = c->live;
+  if (!l) return -1;
+  int who = -1;
+  pthread_mutex_lock(&l->lock);
+  for (int dir = 0; dir < 2 && who == -1; dir++) {
+    const live_slot *sl = &l->slot[dir];
+    int peer = neighbour(c, dir);
+    if (sl->full && sl->s != BRG_SUCCESS) {
+      who = peer;
+      snprintf(why, why_bytes, "rank %d of %s (pid %d on %.64s) is gone: %.200s", peer, whose,
+               c->peers[peer].pid, c->peers[peer].hostname, sl->text);
+    } else if (sl->full && sl->type == BRG__MSG_ABORT) {
+      who = peer;
+      int len = (int)(sl->len > 4 ? sl->len - 4 : 0);
+      snprintf(why, why_bytes, "%s was aborted, as rank %d of it says: %.*s", whose, peer,
+               len < 300 ? len : 300, sl->data + 4);
+    }
+  }
+  pthread_mutex_unlock(&l->lock);
+  if (who >= 0) return who;
+  int64_t silent_ms = 0;
+  who = brg__live_silent(c, &silent_ms);
+  if (who >= 0 && silent_ms >= brg__live_silent_limit_ms(c)) {
+    snprintf(why, why_bytes, "rank %d of %s (pid %d on %.64s) has been silent for %lld ms", who,
+             whose, c->peers[who].pid, c->peers[who].hostname, (long long)silent_ms);
+    return who;
+  }
+  return -1;
+}

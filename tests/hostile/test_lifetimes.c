@@ -23,11 +23,25 @@
  * parent in a loop; each survivor's split (or a call after it) fails within
  * the timeout, with a message that says brg_comm_split (splitkill).
  *
+ * And: a member that dies while the new communicator forms (after the
+ * members exchanged their addresses over the parent, at its first
+ * connection to another member) fails the others at the scale of
+ * BRIGADE_SILENT_TIMEOUT_MS, not of BRIGADE_TIMEOUT_MS, with a message
+ * that says brg_comm_split and names it by its rank in the parent
+ * (splitdies).
+ *
  *   test_lifetimes CASE   CASE: self, abort, peer, twice, selfcap, stopped, cutshort,
- *                               splitfail, splitkill
+ *                               splitfail, splitkill, splitdies
  */
 #include <fcntl.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <signal.h>
+#include <stddef.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -311,6 +325,73 @@ static int body_splitkill(mp_ctx *x) {
   return mp_failures();
 }
 
+/* The victim of splitdies: SIGKILL at its first connect(2) from now on
+ * (seccomp sends SIGSYS, whose handler kills the process), which in a
+ * split is the new communicator's first ring connection, made after the
+ * members have exchanged their addresses over the parent. */
+static void die_at_connect(int sig) {
+  (void)sig;
+  kill(getpid(), SIGKILL);
+}
+
+static int kill_at_connect(void) {
+#if defined(__x86_64__)
+  const unsigned arch = AUDIT_ARCH_X86_64;
+#elif defined(__aarch64__)
+  const unsigned arch = AUDIT_ARCH_AARCH64;
+#else
+  return -1;
+#endif
+  struct sock_filter f[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, arch, 1, 0),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_connect, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRAP),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  struct sock_fprog prog = {.len = sizeof f / sizeof f[0], .filter = f};
+  signal(SIGSYS, die_at_connect);
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return -1;
+  return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, &prog);
+}
+
+/* Four ranks, BRIGADE_TIMEOUT_MS=30000, BRIGADE_SILENT_TIMEOUT_MS=2000:
+ * one split of everyone in reverse order (parent rank r is new rank 3-r);
+ * rank 2 dies at its first connection of the new communicator. The others
+ * fail well within the timeout, each with a message that begins with
+ * brg_comm_split and says that rank 2 of the parent is gone. */
+static int body_splitdies(mp_ctx *x) {
+  if (x->rank == 2 && kill_at_connect() != 0) {
+    mp_info("no seccomp filter here (%m): rank 2 exits before the split instead");
+    kill(getpid(), SIGKILL);
+  }
+  brg_comm *nc = NULL;
+  int64_t t0 = mp_now_ns();
+  brg_status s = brg_comm_split(x->comm, 0, x->nranks - 1 - x->rank, &nc);
+  double ms = (mp_now_ns() - t0) / 1e6;
+  const char *e = brg_comm_last_error(NULL);
+  MP_CHECK(s != BRG_SUCCESS && !nc, "the split succeeded without rank 2");
+  /* Told by the parent's liveness, or by the parent's failure or abort
+   * (in the parent's words, which number its own ranks): rank 2 with the
+   * victim's pid either way. */
+  char direct[96], told[64];
+  snprintf(direct, sizeof direct, "rank 2 of the parent communicator (pid %d ",
+           (int)x->shared->pids[2]);
+  snprintf(told, sizeof told, "rank 2 (pid %d ", (int)x->shared->pids[2]);
+  int named =
+      mp_contains(e, direct) || (mp_contains(e, "the parent communicator") && mp_contains(e, told));
+  MP_CHECK(!strncmp(e, "brg_comm_split: ", 16) && named,
+           "%s: the message should begin with brg_comm_split and say that rank 2 of the "
+           "parent is gone: %s",
+           brg_status_string(s), e);
+  MP_CHECK(ms < 15000, "failed after %.0f ms (BRIGADE_SILENT_TIMEOUT_MS 2000, timeout 30000)", ms);
+  mp_info("%s after %.0f ms: %s", brg_status_string(s), ms, e);
+  if (nc) brg_comm_destroy(nc);
+  return mp_failures();
+}
+
 int main(int argc, char **argv) {
   const char *which = argc > 1 ? argv[1] : "self";
   mp_body_fn body = NULL;
@@ -340,6 +421,14 @@ int main(int argc, char **argv) {
     o.victim_signal = SIGKILL;
     o.victim_after = 3;
     o.victim_delay_ms = 5;
+  }
+  if (!strcmp(which, "splitdies")) {
+    body = body_splitdies, n = 4;
+    setenv("BRIGADE_TIMEOUT_MS", "30000", 1);
+    setenv("BRIGADE_SILENT_TIMEOUT_MS", "2000", 1);
+    o.victim = 2; /* it kills itself; the harness expects its SIGKILL */
+    o.victim_signal = SIGKILL;
+    o.victim_after = 1 << 30;
   }
   if (!strcmp(which, "splitfail")) {
     body = body_splitfail, n = 3;
