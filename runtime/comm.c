@@ -454,7 +454,8 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   brg_comm *c = calloc(1, sizeof *c);
   if (!c) return brg__fail_no_comm(BRG_ERR_NO_MEMORY, "out of memory creating a communicator");
   const brg__comm_opts *split = opts && opts->parent ? opts : NULL;
-  int phase = 0; /* split: the exchanges over the parent done so far */
+  int phase = 0;   /* split: the exchanges over the parent done so far */
+  int ordered = 0; /* c->next and c->prev are known */
   c->magic = BRG__COMM_MAGIC;
   if (!(c->serial = brg__comm_register(c))) {
     free(c);
@@ -535,6 +536,7 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
     }
 
   brg__topology_order(c);
+  ordered = 1;
   c->slice_bytes = ring_slice_bytes(c);
 
   if (nranks > 1) {
@@ -580,6 +582,12 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   return BRG_SUCCESS;
 
 err_free:
+  /* next may have died between making its shm FIFO from this rank and
+   * telling its name, which nobody else would unlink. */
+  if (ordered && nranks > 1 && !c->send.fifo.data &&
+      brg__transport_pick(&c->peers[c->rank], &c->peers[c->next], c->transports,
+                          BRG__CARRIES_HOST) == &brg__transport_shm)
+    brg__shm_forget(c->comm_id, c->next, c->rank);
   /* A split's member that failed still takes part in the exchanges over
    * the parent, so that the others hear why instead of waiting. */
   if (split && phase == 0) {
