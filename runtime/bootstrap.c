@@ -138,6 +138,7 @@ struct brg__bootstrap {
   uint8_t rx_buf[2][BOOT_FRAME_HDR + BRG__BOOT_MAX_MSG];
   brg__boot_watch_fn watch; /* brg__bootstrap_set_watch */
   void *watch_arg;
+  int64_t watch_ms; /* atomic: brg__bootstrap_watch's last question */
 };
 
 void brg__bootstrap_set_watch(brg__bootstrap *bs, brg__boot_watch_fn fn, void *arg) {
@@ -147,7 +148,12 @@ void brg__bootstrap_set_watch(brg__bootstrap *bs, brg__boot_watch_fn fn, void *a
 }
 
 int brg__bootstrap_watch(brg__bootstrap *bs, char *why, size_t why_bytes) {
-  return bs && bs->watch && bs->watch(bs->watch_arg, why, why_bytes);
+  if (!bs || !bs->watch) return 0;
+  /* Waiter checks come about every millisecond: ask every few. */
+  int64_t now = brg__now_ms(), last = __atomic_load_n(&bs->watch_ms, __ATOMIC_RELAXED);
+  if (now - last < 10) return 0;
+  __atomic_store_n(&bs->watch_ms, now, __ATOMIC_RELAXED);
+  return bs->watch(bs->watch_arg, why, why_bytes);
 }
 
 /* The watch's verdict: BRG_SUCCESS to wait on, else the error that ends

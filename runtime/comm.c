@@ -388,11 +388,19 @@ static brg_status boot_over_parent(brg_comm *c, const brg__comm_opts *o, const b
   return s;
 }
 
-/* The waits of a split's set-up watch the parent (bootstrap.h): a member
- * gone from it, or an abort of it, ends them at once. */
+/* The waits of a split's set-up watch the parent (bootstrap.h): one of
+ * the members gone from it, or an abort of it, ends them at once. Ranks
+ * of the parent outside the group may leave it meanwhile. */
+typedef struct parent_watch_arg {
+  const brg__comm_opts *o;
+  int n; /* members */
+} parent_watch_arg;
+
 static int parent_watch(void *arg, char *why, size_t why_bytes) {
-  brg_comm *p = ((const brg__comm_opts *)arg)->parent;
-  if (brg__live_gone(p, "the parent communicator", why, why_bytes) >= 0) return 1;
+  const parent_watch_arg *w = arg;
+  brg_comm *p = w->o->parent;
+  if (brg__live_gone(p, w->o->members, w->n, "the parent communicator", why, why_bytes) >= 0)
+    return 1;
   if (!__atomic_load_n(&p->aborted, __ATOMIC_ACQUIRE)) return 0;
   snprintf(why, why_bytes, "the parent communicator was aborted");
   return 1;
@@ -456,6 +464,7 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   const brg__comm_opts *split = opts && opts->parent ? opts : NULL;
   int phase = 0;   /* split: the exchanges over the parent done so far */
   int ordered = 0; /* c->next and c->prev are known */
+  parent_watch_arg watch = {.o = split, .n = nranks};
   c->magic = BRG__COMM_MAGIC;
   if (!(c->serial = brg__comm_register(c))) {
     free(c);
@@ -513,7 +522,7 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   int boot_wait = c->timeout_ms + (c->timeout_ms / 10 < 2000 ? c->timeout_ms / 10 + 1000 : 2000);
   if (split) {
     s = boot_over_parent(c, split, id, &me, BRG_SUCCESS, &phase, &err);
-    brg__bootstrap_set_watch(c->bs, parent_watch, (void *)split);
+    brg__bootstrap_set_watch(c->bs, parent_watch, &watch);
   } else
     s = brg__bootstrap_init(&c->bs, id, rank, nranks, &me, sizeof me, c->peers, boot_wait, &err);
   if (s != BRG_SUCCESS) goto err_free;
@@ -549,7 +558,7 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   }
   /* Nobody is released before every rank has confirmed its own set-up, so
    * a rank claimed by two processes fails the job on every rank. */
-  brg__bootstrap_set_watch(c->bs, NULL, NULL); /* `split` lives no longer than this call */
+  brg__bootstrap_set_watch(c->bs, NULL, NULL); /* `watch` lives no longer than this call */
   s = split ? confirm_over_parent(c, split, BRG_SUCCESS, &phase, &err)
             : brg__bootstrap_confirm(c->bs, &err);
   if (s != BRG_SUCCESS) {
@@ -598,7 +607,7 @@ err_free:
     /* A member gone from the parent is what went wrong first, whatever
      * this rank met on its way to noticing. */
     char gone[BRG__ERRLEN / 2];
-    if (parent_watch((void *)split, gone, sizeof gone) && !strstr(err.msg, gone)) {
+    if (parent_watch(&watch, gone, sizeof gone) && !strstr(err.msg, gone)) {
       char here[sizeof err.msg];
       snprintf(here, sizeof here, "%s", err.msg);
       int room = (int)sizeof err.msg - (int)strlen(gone) - 9;
