@@ -136,7 +136,43 @@ struct brg__bootstrap {
                   * direction's sender and its reader may be different threads) */
   uint32_t rx_have[2];
   uint8_t rx_buf[2][BOOT_FRAME_HDR + BRG__BOOT_MAX_MSG];
+  brg__boot_watch_fn watch; /* brg__bootstrap_set_watch */
+  void *watch_arg;
+  int64_t watch_ms; /* atomic: brg__bootstrap_watch's last question */
 };
+
+void brg__bootstrap_set_watch(brg__bootstrap *bs, brg__boot_watch_fn fn, void *arg) {
+  if (!bs) return;
+  bs->watch = fn;
+  bs->watch_arg = arg;
+}
+
+int brg__bootstrap_watch(brg__bootstrap *bs, char *why, size_t why_bytes) {
+  if (!bs || !bs->watch) return 0;
+  /* Waiter checks come about every millisecond: ask every few. */
+  int64_t now = brg__now_ms(), last = __atomic_load_n(&bs->watch_ms, __ATOMIC_RELAXED);
+  if (now - last < 10) return 0;
+  __atomic_store_n(&bs->watch_ms, now, __ATOMIC_RELAXED);
+  return bs->watch(bs->watch_arg, why, why_bytes);
+}
+
+/* The watch's verdict: BRG_SUCCESS to wait on, else the error that ends
+ * the wait (`doing` says which). */
+static brg_status boot_watched(brg__bootstrap *bs, const char *doing, brg__errbuf *err) {
+  char why[BRG__ERRLEN / 2];
+  why[0] = 0;
+  if (!bs->watch || !bs->watch(bs->watch_arg, why, sizeof why)) return BRG_SUCCESS;
+  return brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS, "%s (rank %d stopped %s)", why, bs->rank,
+                    doing);
+}
+
+/* How long a wait until `wake` may block before the watch looks again
+ * (poll's timeout: -1 forever). */
+static int boot_watch_slice(const brg__bootstrap *bs, int64_t wake, int64_t now) {
+  int left = wake < 0 ? -1 : wake <= now ? 0 : (int)(wake - now);
+  if (bs->watch && (left < 0 || left > BRG__BOOT_WATCH_MS)) left = BRG__BOOT_WATCH_MS;
+  return left;
+}
 
 /* Reads the header of the root's (or a tree parent's) answer and, with
  * status 0, a payload of exactly `expect` bytes into *payload (malloc'd);
@@ -600,6 +636,7 @@ retry:;
 
 static brg_status ring_setup_run(boot_ring_setup *r, brg__errbuf *err) {
   brg__bootstrap *bs = r->bs;
+  brg_status st;
   char where_next[BOOT_PEER_LEN], where_prev[BOOT_PEER_LEN];
   brg__sock_hostport(where_next, sizeof where_next, bs->peers[r->next].addr,
                      bs->peers[r->next].port);
@@ -647,8 +684,8 @@ static brg_status ring_setup_run(boot_ring_setup *r, brg__errbuf *err) {
         wake = brg__deadline_min(wake, r->out_retry_at);
       }
     }
-    int left = wake < 0 ? -1 : wake <= now ? 0 : (int)(wake - now);
-    if (poll(pfd, (nfds_t)np, left) < 0) {
+    if ((st = boot_watched(bs, "connecting its ring sockets", err)) != BRG_SUCCESS) return st;
+    if (poll(pfd, (nfds_t)np, boot_watch_slice(bs, wake, now)) < 0) {
       if (errno == EINTR) continue;
       return brg__error(err, BRG_ERR_SYSTEM, BOOT_SUBSYS, "rank %d: poll on ring sockets: %s",
                         bs->rank, strerror(errno));
@@ -839,7 +876,13 @@ brg_status brg__bootstrap_recv(brg__bootstrap *bs, int dir, uint32_t *type, void
       return brg__error(err, BRG_ERR_SYSTEM, BOOT_SUBSYS,
                         "rank %d: recv from ring neighbour rank %d: %s", bs->rank, peer,
                         strerror(errno));
-    int rc = brg__sock_wait(bs->fd[dir], POLLIN, deadline);
+    int64_t until = deadline;
+    if (bs->watch && timeout_ms != 0) {
+      if ((st = boot_watched(bs, "waiting for its ring neighbours", err)) != BRG_SUCCESS) return st;
+      until = brg__deadline_min(deadline, brg__now_ms() + BRG__BOOT_WATCH_MS);
+    }
+    int rc = brg__sock_wait(bs->fd[dir], POLLIN, until);
+    if (rc == BRG__IO_TIMEOUT && until != deadline) continue;
     if (rc == BRG__IO_TIMEOUT) {
       /* A zero timeout is a question, not a failure: answer it quietly. */
       if (timeout_ms == 0)

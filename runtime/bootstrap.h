@@ -92,6 +92,19 @@ brg_status brg__bootstrap_open(brg__bootstrap **bs, int rank, int nranks, const 
 brg_status brg__bootstrap_set_table(brg__bootstrap *bs, const uint8_t *entries, size_t blob_bytes,
                                     void *all_blobs, brg__errbuf *err);
 
+/* A check that the waits of the set-up (the ring sockets' connection,
+ * brg__bootstrap_recv with a timeout) make every BRG__BOOT_WATCH_MS:
+ * nonzero, with a reason in `why`, ends the wait at once with
+ * BRG_ERR_REMOTE and that reason. A split's members watch their parent's
+ * liveness this way, so a member that died while the new communicator
+ * formed does not hold the others up to the timeout. NULL: none. */
+#define BRG__BOOT_WATCH_MS 100
+typedef int (*brg__boot_watch_fn)(void *arg, char *why, size_t why_bytes);
+void brg__bootstrap_set_watch(brg__bootstrap *bs, brg__boot_watch_fn fn, void *arg);
+/* Asks the watch (for the waits of the transports' set-up): nonzero with
+ * its reason in `why` when the set-up should stop; 0 without a watch. */
+int brg__bootstrap_watch(brg__bootstrap *bs, char *why, size_t why_bytes);
+
 /* Opens the ring sockets: connects to `next` and accepts from `prev` (both
  * may be the same rank when nranks == 2; nothing happens when nranks == 1). */
 brg_status brg__bootstrap_ring_connect(brg__bootstrap *bs, int next, int prev, brg__errbuf *err);

@@ -94,6 +94,8 @@ static brg_status recv_side_check(void *arg) {
   if (__atomic_load_n(&r->c->aborted, __ATOMIC_ACQUIRE) ||
       __atomic_load_n(&r->cancel, __ATOMIC_ACQUIRE))
     return BRG_ERR_ABORTED;
+  char why[BRG__ERRLEN / 2];
+  if (brg__bootstrap_watch(r->c->bs, why, sizeof why)) return BRG_ERR_REMOTE;
   return brg__deadline_passed(r->deadline) ? BRG_ERR_TIMEOUT : BRG_SUCCESS;
 }
 
@@ -386,6 +388,24 @@ static brg_status boot_over_parent(brg_comm *c, const brg__comm_opts *o, const b
   return s;
 }
 
+/* The waits of a split's set-up watch the parent (bootstrap.h): one of
+ * the members gone from it, or an abort of it, ends them at once. Ranks
+ * of the parent outside the group may leave it meanwhile. */
+typedef struct parent_watch_arg {
+  const brg__comm_opts *o;
+  int n; /* members */
+} parent_watch_arg;
+
+static int parent_watch(void *arg, char *why, size_t why_bytes) {
+  const parent_watch_arg *w = arg;
+  brg_comm *p = w->o->parent;
+  if (brg__live_gone(p, w->o->members, w->n, "the parent communicator", why, why_bytes) >= 0)
+    return 1;
+  if (!__atomic_load_n(&p->aborted, __ATOMIC_ACQUIRE)) return 0;
+  snprintf(why, why_bytes, "the parent communicator was aborted");
+  return 1;
+}
+
 /* The release of a split's members, over the parent: every rank of the
  * parent says whether its set-up worked, and a member fails when one of
  * its group's did (naming it). */
@@ -405,6 +425,15 @@ static brg_status confirm_over_parent(brg_comm *c, const brg__comm_opts *o, brg_
   if (s == BRG_SUCCESS && g != BRG_SUCCESS)
     s = brg__error(err, g, "init", "confirming over the parent communicator: %s",
                    brg_comm_last_error(o->parent));
+  if (s != BRG_SUCCESS && g != BRG_SUCCESS && mine != BRG_SUCCESS &&
+      !strstr(err->msg, "the parent communicator")) {
+    /* The parent failed as well: a member gone from it is what went wrong
+     * first, whatever this rank met on its way to noticing. */
+    char here[sizeof err->msg];
+    snprintf(here, sizeof here, "%s", err->msg);
+    snprintf(err->msg, sizeof err->msg, "the parent communicator failed: %.290s; here: %.170s",
+             brg_comm_last_error(o->parent), here);
+  }
   for (int k = 0; k < c->nranks && s == BRG_SUCCESS; k++) {
     const brg__split_confirm *a = &all[o->members[k]];
     if (a->status != BRG_SUCCESS)
@@ -433,7 +462,9 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   brg_comm *c = calloc(1, sizeof *c);
   if (!c) return brg__fail_no_comm(BRG_ERR_NO_MEMORY, "out of memory creating a communicator");
   const brg__comm_opts *split = opts && opts->parent ? opts : NULL;
-  int phase = 0; /* split: the exchanges over the parent done so far */
+  int phase = 0;   /* split: the exchanges over the parent done so far */
+  int ordered = 0; /* c->next and c->prev are known */
+  parent_watch_arg watch = {.o = split, .n = nranks};
   c->magic = BRG__COMM_MAGIC;
   if (!(c->serial = brg__comm_register(c))) {
     free(c);
@@ -489,9 +520,10 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   /* A little longer than the root waits, so that the root's list of the
    * ranks that never came arrives before this rank gives up on its own. */
   int boot_wait = c->timeout_ms + (c->timeout_ms / 10 < 2000 ? c->timeout_ms / 10 + 1000 : 2000);
-  if (split)
+  if (split) {
     s = boot_over_parent(c, split, id, &me, BRG_SUCCESS, &phase, &err);
-  else
+    brg__bootstrap_set_watch(c->bs, parent_watch, &watch);
+  } else
     s = brg__bootstrap_init(&c->bs, id, rank, nranks, &me, sizeof me, c->peers, boot_wait, &err);
   if (s != BRG_SUCCESS) goto err_free;
   if ((s = brg__topology_check_peers(c->peers, nranks, &err)) != BRG_SUCCESS) goto err_free;
@@ -513,6 +545,7 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
     }
 
   brg__topology_order(c);
+  ordered = 1;
   c->slice_bytes = ring_slice_bytes(c);
 
   if (nranks > 1) {
@@ -525,6 +558,7 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   }
   /* Nobody is released before every rank has confirmed its own set-up, so
    * a rank claimed by two processes fails the job on every rank. */
+  brg__bootstrap_set_watch(c->bs, NULL, NULL); /* `watch` lives no longer than this call */
   s = split ? confirm_over_parent(c, split, BRG_SUCCESS, &phase, &err)
             : brg__bootstrap_confirm(c->bs, &err);
   if (s != BRG_SUCCESS) {
@@ -557,13 +591,30 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   return BRG_SUCCESS;
 
 err_free:
+  /* next may have died between making its shm FIFO from this rank and
+   * telling its name, which nobody else would unlink. */
+  if (ordered && nranks > 1 && !c->send.fifo.data &&
+      brg__transport_pick(&c->peers[c->rank], &c->peers[c->next], c->transports,
+                          BRG__CARRIES_HOST) == &brg__transport_shm)
+    brg__shm_forget(c->comm_id, c->next, c->rank);
   /* A split's member that failed still takes part in the exchanges over
    * the parent, so that the others hear why instead of waiting. */
   if (split && phase == 0) {
     brg__errbuf keep = err;
     boot_over_parent(c, split, id, &me, s, &phase, &keep);
   }
-  if (split && phase == 1) confirm_over_parent(c, split, s, &phase, &err);
+  if (split && phase == 1) {
+    /* A member gone from the parent is what went wrong first, whatever
+     * this rank met on its way to noticing. */
+    char gone[BRG__ERRLEN / 2];
+    if (parent_watch(&watch, gone, sizeof gone) && !strstr(err.msg, gone)) {
+      char here[sizeof err.msg];
+      snprintf(here, sizeof here, "%s", err.msg);
+      int room = (int)sizeof err.msg - (int)strlen(gone) - 9;
+      snprintf(err.msg, sizeof err.msg, "%s; here: %.*s", gone, room > 0 ? room : 0, here);
+    }
+    confirm_over_parent(c, split, s, &phase, &err);
+  }
   brg__bootstrap_verdict(c->bs, &s, &err); /* a job the root failed says why */
   comm_free(c);
   return brg__fail_no_comm_err(s, &err, NULL);

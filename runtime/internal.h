@@ -341,6 +341,14 @@ int brg__live_silent(brg_comm *c, int64_t *silent_ms);
 /* How long rank `rank` has been silent, in ms; -1 when it is not (or
  * liveness does not run). */
 int64_t brg__live_silent_rank(brg_comm *c, int rank);
+/* Whether one of `ranks` (n of them; NULL: any rank) of c is gone as far
+ * as liveness knows, without taking anything from it: a neighbour that
+ * hung up, or one silent for brg__live_silent_limit_ms; or whether a
+ * neighbour sent an abort notice. Returns that rank (the neighbour for a
+ * notice) with a sentence in `why` that calls c `whose` ("the parent
+ * communicator"), or -1. Any thread. */
+int brg__live_gone(brg_comm *c, const int *ranks, int n, const char *whose, char *why,
+                   size_t why_bytes);
 /* How long a rank may be silent before kernels are stopped for it:
  * BRIGADE_SILENT_TIMEOUT_MS where set and shorter than the timeout. */
 int brg__live_silent_limit_ms(const brg_comm *c);

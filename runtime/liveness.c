@@ -337,3 +337,49 @@ int brg__live_silent(brg_comm *c, int64_t *silent_ms) {
   if (who >= 0) *silent_ms = best / 1000000;
   return who;
 }
+
+/* Whether rank k is one of `ranks` (all of them when ranks is NULL). */
+static int among(int k, const int *ranks, int n) {
+  if (!ranks) return 1;
+  for (int i = 0; i < n; i++)
+    if (ranks[i] == k) return 1;
+  return 0;
+}
+
+int brg__live_gone(brg_comm *c, const int *ranks, int n, const char *whose, char *why,
+                   size_t why_bytes) {
+  brg__live *l = c->live;
+  if (!l) return -1;
+  int who = -1;
+  int64_t now = brg__now_ns(), since = 0;
+  pthread_mutex_lock(&l->lock);
+  for (int dir = 0; dir < 2 && who == -1; dir++) {
+    const live_slot *sl = &l->slot[dir];
+    int peer = neighbour(c, dir);
+    if (sl->full && sl->s != BRG_SUCCESS && among(peer, ranks, n)) {
+      who = peer;
+      snprintf(why, why_bytes, "rank %d of %s (pid %d on %.64s) is gone: %.200s", peer, whose,
+               c->peers[peer].pid, c->peers[peer].hostname, sl->text);
+    } else if (sl->full && sl->type == BRG__MSG_ABORT) {
+      who = peer;
+      int len = (int)(sl->len > 4 ? sl->len - 4 : 0);
+      snprintf(why, why_bytes, "%s was aborted, as rank %d of it says: %.*s", whose, peer,
+               len < 300 ? len : 300, sl->data + 4);
+    }
+  }
+  /* Silent: the longest of those that count (a rank that said goodbye,
+   * its slot full, goes silent too, but it is not one of them). */
+  for (int i = 0; who == -1 && i < (ranks ? n : c->nranks); i++) {
+    int k = ranks ? ranks[i] : i;
+    if (k < 0 || k >= c->nranks || k == c->rank) continue;
+    int64_t t = silent_since(l, k, now);
+    if (t && (!since || t < since)) since = t, who = -2 - k;
+  }
+  pthread_mutex_unlock(&l->lock);
+  if (who >= 0) return who;
+  if (who == -1 || (now - since) / 1000000 < brg__live_silent_limit_ms(c)) return -1;
+  who = -2 - who;
+  snprintf(why, why_bytes, "rank %d of %s (pid %d on %.64s) has been silent for %lld ms", who,
+           whose, c->peers[who].pid, c->peers[who].hostname, (long long)((now - since) / 1000000));
+  return who;
+}

@@ -72,6 +72,10 @@ static brg_status ring_check(void *arg) {
     brg_status s = check_ring_socket(c, dir);
     if (s != BRG_SUCCESS) return s;
   }
+  /* A split's set-up: a member gone from the parent never comes. */
+  char why[BRG__ERRLEN / 2];
+  if (!c->ready && brg__bootstrap_watch(c->bs, why, sizeof why))
+    return brg__comm_error(c, BRG_ERR_REMOTE, "%s", why);
   brg__conn *w = c->wait_conn;
   uint32_t closed =
       w && w->fifo.ctrl ? __atomic_load_n(&w->fifo.ctrl->closed, __ATOMIC_ACQUIRE) : 0;

@@ -159,10 +159,13 @@ brg_status brg__trace_open(brg_comm *c, int any, brg__errbuf *err) {
   const char *pattern = brg__config_str(&brg__trace_config, BRG__TRACE_FILE);
   brg__log_expand_path(t->path, sizeof t->path, pattern, c->rank);
   /* Ranks writing one file would overwrite each other's traces. A path
-   * that names a directory stays one (the check below refuses it). */
+   * that names a directory ("adir/", or an existing "adir") stays one:
+   * the check below refuses it, as it does with one rank. */
   size_t plen = strlen(t->path);
+  struct stat st;
+  int is_dir = plen && stat(t->path, &st) == 0 && S_ISDIR(st.st_mode);
   if (c->nranks > 1 && !strstr(pattern, "%r") && !strstr(pattern, "%p") && plen &&
-      t->path[plen - 1] != '/') {
+      t->path[plen - 1] != '/' && !is_dir) {
     size_t len = strlen(t->path);
     snprintf(t->path + len, sizeof t->path - len, ".%d", c->rank);
     BRG__WARN("init", "BRIGADE_TRACE_FILE=%s names no rank (%%r) or pid (%%p): rank %d writes %s",
@@ -173,7 +176,6 @@ brg_status brg__trace_open(brg_comm *c, int any, brg__errbuf *err) {
    * file is not truncated: the trace replaces it at the end. */
   char why[160];
   int fd = brg__open_own_file(t->path, 0, why, sizeof why);
-  struct stat st;
   if (fd >= 0 && fstat(fd, &st) == 0) t->mode = st.st_mode & 0777;
   if (fd >= 0) close(fd);
   if (fd < 0) {

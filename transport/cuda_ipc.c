@@ -281,6 +281,9 @@ static brg_status ipc_send_connect(brg__conn *c, const brg__conn_params *p, cons
     v->host = m;
     v->on_host = 1;
     v->mem = dev;
+    /* Both ends have it mapped (one sender per host FIFO): the name has
+     * done its work, and a rank killed from now on leaves nothing. */
+    shm_unlink(info.shm);
   } else {
     if ((e = api->drv.ipc_mem_open((void **)&v->mem, info.handle)) != 0)
       return brg__error(err, BRG_ERR_SYSTEM, "init",

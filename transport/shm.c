@@ -5,7 +5,10 @@
  * have it mapped: the sender unlinks it as soon as it has attached (the
  * receiver mapped it at setup), and the receiver at recv_connect or close
  * in case no sender came, so a rank killed at any later point (during the
- * rest of the setup included) leaves nothing behind in /dev/shm.
+ * rest of the setup included) leaves nothing behind in /dev/shm. A
+ * receiver killed between making the name and telling it: its sender,
+ * giving up on the link, unlinks it (brg__shm_forget; the name follows
+ * from the communicator and the two ranks).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -55,6 +58,16 @@ static brg_status map_segment(brg__conn *c, shm_priv *sp, int fd, size_t bytes, 
   return BRG_SUCCESS;
 }
 
+static void fifo_name(char *name, size_t n, uint64_t comm_id, int receiver, int sender) {
+  snprintf(name, n, "/brigade-%016llx-%d-from-%d", (unsigned long long)comm_id, receiver, sender);
+}
+
+void brg__shm_forget(uint64_t comm_id, int receiver, int sender) {
+  char name[64];
+  fifo_name(name, sizeof name, comm_id, receiver, sender);
+  shm_unlink(name);
+}
+
 static brg_status shm_recv_setup(brg__conn *c, const brg__conn_params *p, void *info,
                                  brg__errbuf *err) {
   shm_priv *sp = calloc(1, sizeof *sp);
@@ -62,8 +75,7 @@ static brg_status shm_recv_setup(brg__conn *c, const brg__conn_params *p, void *
   c->priv = sp;
   c->fifo.nslots = p->nslots;
   c->fifo.slot_bytes = p->slot_bytes;
-  snprintf(sp->name, sizeof sp->name, "/brigade-%016llx-%d-from-%d", (unsigned long long)p->comm_id,
-           p->rank, p->peer);
+  fifo_name(sp->name, sizeof sp->name, p->comm_id, p->rank, p->peer);
   size_t bytes = brg__fifo_region_bytes(p->nslots, p->slot_bytes);
   int fd = shm_open(sp->name, O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0)

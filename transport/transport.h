@@ -302,6 +302,11 @@ const brg__transport_ops *brg__transport_pick(const brg__peer_info *self,
                                               unsigned carries);
 
 extern const brg__transport_ops brg__transport_shm;
+/* The shm FIFO that rank `receiver` made for the link from `sender`
+ * loses its name: for a sender that gives up on the link before it
+ * attached (the receiver may have died between making it and telling
+ * its name, and nobody else would unlink it). */
+void brg__shm_forget(uint64_t comm_id, int receiver, int sender);
 extern const brg__transport_ops brg__transport_ibverbs;
 extern const brg__transport_ops brg__transport_tcp;
 extern const brg__transport_ops brg__transport_cuda_ipc;

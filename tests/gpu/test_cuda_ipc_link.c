@@ -384,6 +384,11 @@ static void sender(end *e, const link_case *lc, uint64_t process) {
   }
   if (s == BRG_SUCCESS) {
     check_contexts(e, lc);
+    /* Mapped by both ends: the name is gone already, so that a rank
+     * killed from now on leaves nothing in /dev/shm. */
+    int names = shm_names_left(0);
+    EXPECT(e, names == 0, "%d host FIFO names of this run in /dev/shm once the sender mapped it",
+           names);
     int on_host = brg__cuda_ipc_on_host(&c);
     EXPECT(e, on_host == lc->expect_on_host, "on_host %d, expected %d", on_host,
            lc->expect_on_host);

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The files brigade writes for the user (BRIGADE_TRACE_FILE, BRIGADE_DEBUG_FILE)
 cannot be turned against anyone: a planted symbolic link is never followed,
-a FIFO does not hang init, a directory is an error (also as "adir/"), a
+a FIFO does not hang init, a directory is an error (also as "adir/", and
+for two ranks, whose paths would otherwise take a rank suffix), a
 file of another user's is refused (checked when run as root), and the trace
 replaces its file with the mode it was made with.
 
@@ -47,6 +48,33 @@ def run(env_extra, d):
     p = subprocess.run([sys.executable, "-c", RUN], env=env, capture_output=True, text=True,
                        timeout=30, cwd=d)
     return p.returncode, p.stdout + p.stderr
+
+
+def run_ranks(env_extra, d, n=2):
+    """run() for n ranks of one job (torchrun's variables), all at once."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    for k in ("BRIGADE_TRACE_FILE", "BRIGADE_DEBUG_FILE", "BRIGADE_DEBUG"):
+        env.pop(k, None)
+    pre = env.pop("BRIGADE_PRELOAD", "")
+    if pre:
+        env["LD_PRELOAD"] = pre
+        env["ASAN_OPTIONS"] = env.get("ASAN_OPTIONS", "") + ":detect_leaks=0"
+    env.update(env_extra, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(n))
+    procs = [subprocess.Popen([sys.executable, "-c", RUN], env=dict(env, RANK=str(r)),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=d)
+             for r in range(n)]
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=60)[0])
+        except subprocess.TimeoutExpired:
+            p.kill()
+            outs.append(p.communicate()[0] + "\n(killed after 60 s)")
+    return outs
 
 
 def victim(d):
@@ -99,6 +127,22 @@ def case_trace_dir(d):
         rc, out = run({"BRIGADE_TRACE_FILE": os.path.join(d, path)}, d)
         assert "INIT FAILED" in out and "directory" in out, (path, out)
     assert os.listdir(os.path.join(d, "adir")) == [], os.listdir(os.path.join(d, "adir"))
+
+
+def case_dir_two_ranks(d):
+    """A directory as the path of two ranks' trace or log, "%r" or not: an
+    error for the trace, the log on stderr, and nothing written into it."""
+    adir = os.path.join(d, "adir")
+    os.mkdir(adir)
+    for path in ("adir", "adir/", "adir/%r/"):
+        outs = run_ranks({"BRIGADE_TRACE_FILE": os.path.join(d, path)}, d)
+        for r, out in enumerate(outs):
+            assert "INIT FAILED" in out and "directory" in out, (path, r, out)
+        outs = run_ranks({"BRIGADE_DEBUG": "INFO", "BRIGADE_DEBUG_FILE": os.path.join(d, path)},
+                         d)
+        for r, out in enumerate(outs):
+            assert "INIT OK" in out and "directory" in out, (path, r, out)
+        assert os.listdir(adir) == [], (path, os.listdir(adir))
 
 
 def case_trace_fifo(d):

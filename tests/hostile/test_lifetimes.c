@@ -23,11 +23,31 @@
  * parent in a loop; each survivor's split (or a call after it) fails within
  * the timeout, with a message that says brg_comm_split (splitkill).
  *
+ * And: a member that dies while the new communicator forms (after the
+ * members exchanged their addresses over the parent, at its first
+ * connection to another member) fails the others at the scale of
+ * BRIGADE_SILENT_TIMEOUT_MS, not of BRIGADE_TIMEOUT_MS, with a message
+ * that says brg_comm_split and names it by its rank in the parent
+ * (splitdies).
+ *
+ * And: a member that dies while it makes its shm FIFO of the new
+ * communicator (the name made, not yet told to its sender) leaves nothing
+ * in /dev/shm (splitshm).
+ *
  *   test_lifetimes CASE   CASE: self, abort, peer, twice, selfcap, stopped, cutshort,
- *                               splitfail, splitkill
+ *                               splitfail, splitkill, splitdies, splitshm
  */
+#include <dirent.h>
 #include <fcntl.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <signal.h>
+#include <stddef.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -311,6 +331,125 @@ static int body_splitkill(mp_ctx *x) {
   return mp_failures();
 }
 
+/* The victim of splitdies: SIGKILL at its first call of syscall nr
+ * (connect(2) there) from now on
+ * (seccomp sends SIGSYS, whose handler kills the process), which in a
+ * split is the new communicator's first ring connection, made after the
+ * members have exchanged their addresses over the parent. */
+static void die_at_connect(int sig) {
+  (void)sig;
+  kill(getpid(), SIGKILL);
+}
+
+static int kill_at(long nr) {
+#if defined(__x86_64__)
+  const unsigned arch = AUDIT_ARCH_X86_64;
+#elif defined(__aarch64__)
+  const unsigned arch = AUDIT_ARCH_AARCH64;
+#else
+  return -1;
+#endif
+  struct sock_filter f[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, arch, 1, 0),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (unsigned)nr, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRAP),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  struct sock_fprog prog = {.len = sizeof f / sizeof f[0], .filter = f};
+  signal(SIGSYS, die_at_connect);
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return -1;
+  return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, &prog);
+}
+
+/* Four ranks, BRIGADE_TIMEOUT_MS=30000, BRIGADE_SILENT_TIMEOUT_MS=2000:
+ * one split of everyone in reverse order (parent rank r is new rank 3-r);
+ * rank 2 dies at its first connection of the new communicator. The others
+ * fail well within the timeout, each with a message that begins with
+ * brg_comm_split and says that rank 2 of the parent is gone. */
+static int body_splitdies(mp_ctx *x) {
+  if (x->rank == 2 && kill_at(SYS_connect) != 0) {
+    mp_info("no seccomp filter here (%m): rank 2 exits before the split instead");
+    kill(getpid(), SIGKILL);
+  }
+  brg_comm *nc = NULL;
+  int64_t t0 = mp_now_ns();
+  brg_status s = brg_comm_split(x->comm, 0, x->nranks - 1 - x->rank, &nc);
+  double ms = (mp_now_ns() - t0) / 1e6;
+  const char *e = brg_comm_last_error(NULL);
+  MP_CHECK(s != BRG_SUCCESS && !nc, "the split succeeded without rank 2");
+  /* Told by the parent's liveness, or by the parent's failure or abort
+   * (in the parent's words, which number its own ranks): rank 2 with the
+   * victim's pid either way. */
+  char direct[96], told[64];
+  snprintf(direct, sizeof direct, "rank 2 of the parent communicator (pid %d ",
+           (int)x->shared->pids[2]);
+  snprintf(told, sizeof told, "rank 2 (pid %d ", (int)x->shared->pids[2]);
+  int named =
+      mp_contains(e, direct) || (mp_contains(e, "the parent communicator") && mp_contains(e, told));
+  MP_CHECK(!strncmp(e, "brg_comm_split: ", 16) && named,
+           "%s: the message should begin with brg_comm_split and say that rank 2 of the "
+           "parent is gone: %s",
+           brg_status_string(s), e);
+  MP_CHECK(ms < 15000, "failed after %.0f ms (BRIGADE_SILENT_TIMEOUT_MS 2000, timeout 30000)", ms);
+  mp_info("%s after %.0f ms: %s", brg_status_string(s), ms, e);
+  if (nc) brg_comm_destroy(nc);
+  return mp_failures();
+}
+
+/* The empty shm FIFOs from rank 1 to rank 2 (of any communicator: the
+ * split's id is not known here) in /dev/shm, their names in `names` (at
+ * most `cap` bytes); how many. Rank 2 died before it sized its FIFO, so
+ * the harness, which watches what ranks map, cannot see this one. */
+static int empty_fifos(char *names, size_t cap) {
+  static const char tail[] = "-2-from-1";
+  const size_t tlen = sizeof tail - 1;
+  DIR *d = opendir("/dev/shm");
+  int n = 0;
+  size_t o = 0;
+  names[0] = 0;
+  for (struct dirent *e; d && (e = readdir(d));) {
+    size_t len = strlen(e->d_name);
+    if (strncmp(e->d_name, "brigade-", 8) || len < 8 + tlen || strcmp(e->d_name + len - tlen, tail))
+      continue;
+    char path[300];
+    struct stat st;
+    snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
+    if (stat(path, &st) != 0 || st.st_size != 0) continue;
+    n++;
+    if (o + len + 2 < cap) o += (size_t)snprintf(names + o, cap - o, "%s ", e->d_name);
+  }
+  if (d) closedir(d);
+  return n;
+}
+
+/* Three ranks (shm): rank 2 dies at its first ftruncate(2) of a split,
+ * which sizes its receive FIFO from rank 1: the name exists, and rank 1
+ * has not heard it. The survivors fail, and the name is gone: rank 1,
+ * giving up on the link, unlinks the name it was never told. */
+static int body_splitshm(mp_ctx *x) {
+  if (x->rank == 2 && kill_at(SYS_ftruncate) != 0) {
+    mp_info("no seccomp filter here (%m): rank 2 exits before the split instead");
+    kill(getpid(), SIGKILL);
+  }
+  char before[4096], after[4096];
+  int nbefore = x->rank == 1 ? empty_fifos(before, sizeof before) : 0;
+  brg_comm *nc = NULL;
+  brg_status s = brg_comm_split(x->comm, 0, x->rank, &nc);
+  MP_CHECK(s != BRG_SUCCESS && !nc, "the split succeeded without rank 2");
+  if (x->rank == 1) {
+    int nafter = empty_fifos(after, sizeof after);
+    MP_CHECK(nafter <= nbefore,
+             "rank 2's FIFO was left in /dev/shm: before the split: [%s]; after: [%s]", before,
+             after);
+  }
+  mp_info("%s: %s", brg_status_string(s), brg_comm_last_error(NULL));
+  if (nc) brg_comm_destroy(nc);
+  return mp_failures();
+}
+
 int main(int argc, char **argv) {
   const char *which = argc > 1 ? argv[1] : "self";
   mp_body_fn body = NULL;
@@ -340,6 +479,22 @@ int main(int argc, char **argv) {
     o.victim_signal = SIGKILL;
     o.victim_after = 3;
     o.victim_delay_ms = 5;
+  }
+  if (!strcmp(which, "splitdies")) {
+    body = body_splitdies, n = 4;
+    setenv("BRIGADE_TIMEOUT_MS", "30000", 1);
+    setenv("BRIGADE_SILENT_TIMEOUT_MS", "2000", 1);
+    o.victim = 2; /* it kills itself; the harness expects its SIGKILL */
+    o.victim_signal = SIGKILL;
+    o.victim_after = 1 << 30;
+  }
+  if (!strcmp(which, "splitshm")) {
+    body = body_splitshm, n = 3;
+    setenv("BRIGADE_TRANSPORTS", "shm", 1);
+    setenv("BRIGADE_TIMEOUT_MS", "30000", 1);
+    o.victim = 2; /* it kills itself; the harness expects its SIGKILL */
+    o.victim_signal = SIGKILL;
+    o.victim_after = 1 << 30;
   }
   if (!strcmp(which, "splitfail")) {
     body = body_splitfail, n = 3;
