@@ -41,7 +41,7 @@ brg_status brg__device_enter(brg_comm *c, int gpu, int *prev);
 void brg__device_leave(int prev);
 
 /*
- * Device collectives (device_ring.c). The ring runs in step mode: per slice
+ * Device collectives (device_ring.c and the device_*.c files it lists). The ring runs in step mode: per slice
  * and step one copy or reduce kernel on the caller's stream, writing the
  * next rank's FIFO slot in its GPU memory (mapped by CUDA IPC), ordered by
  * interprocess events. No kernel ever waits for another process's kernel.

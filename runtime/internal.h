@@ -34,7 +34,7 @@ typedef struct brg__coll {
   int device; /* 1: a device collective, buffers in GPU memory */
   int gpu;    /* the device of its buffers */
   /* A device collective whose host side runs on the communicator's thread
-   * (device_ring.c, brg__device_async_begin): `stream` is then the ring's
+   * (device_async.c, brg__device_async_begin): `stream` is then the ring's
    * own, which waits for start_ev, recorded on the caller's stream; the
    * caller's stream waits for the ring's flag to reach `ticket`. */
   int async;
@@ -167,7 +167,7 @@ struct brg_comm {
 
   struct brg__dev_ring *dev; /* device collectives' state (device_ring.c), made at first use */
   int *kabort; /* kernel mode's abort word (host memory the kernels poll); NULL: none */
-  /* Kernel mode's watchdog (device_ring.c), which the liveness thread runs
+  /* Kernel mode's watchdog (device_watch.c), which the liveness thread runs
    * every beat once kabort is set: 1 and why when it stopped the kernels. */
   int (*kwatch)(brg_comm *c, char *why, size_t n);
   int cuda_seen; /* the CUDA driver is loaded: host calls check for GPU pointers */
@@ -185,7 +185,7 @@ struct brg_comm {
    * with its own links; ring 0 is this one's. nrings 0 or 1: one ring. */
   brg_comm **rings;
   int nrings;
-  /* Kernel mode's links between hosts (device_ring.c's host proxy): a
+  /* Kernel mode's links between hosts (device_proxy.c's host proxy): a
    * communicator split from this one with the same ring, made before the
    * device setup where the ring leaves a host (brg__comm_devnet). */
   struct brg_comm *devnet;
@@ -234,7 +234,11 @@ struct brg_comm {
  *                 and sub-communicators exchange over their parent
  *   lat.c         tree and rhd allreduces over p2p.c's links
  *   ring.c        the five primitives and the ring and chain schedules
- *   device_ring.c the same primitives on GPU buffers (step mode)
+ *   device_ring.c the device ring's state and links; device_setup.c builds
+ *                 it; device_step.c the same primitives on GPU buffers
+ *                 (step mode); device_kernel.c and device_watch.c kernel
+ *                 mode; device_async.c its asynchronous mode;
+ *                 device_proxy.c kernel mode's host proxy
  *   device.c      the CUDA module, opened at first use
  *   ring_link.c   slots to and from the neighbours, the waiter's checks
  *   p2p.c         send, recv and all_to_all over links to any rank
@@ -267,7 +271,7 @@ typedef struct brg__split_confirm {
 } brg__split_confirm;
 
 /* split.c: before the first device collective (on the caller's thread, at
- * the same call on every rank), the communicator device_ring.c's host proxy
+ * the same call on every rank), the communicator device_proxy.c's host proxy
  * carries kernel mode's slots between hosts on, where the ring leaves a
  * host and BRIGADE_DEVICE_MODE is not step. */
 brg_status brg__comm_devnet(brg_comm *c);

@@ -1,6 +1,6 @@
 /*
  * The ring engine's slot handshake (ring_link.c), shared by the host data
- * path (ring.c) and the device data path (device_ring.c). Both walk the
+ * path (ring.c) and the device data path (device_step.c). Both walk the
  * same schedule and the same host FIFOs; they differ only in where the
  * payload lives.
  */
@@ -43,7 +43,7 @@ typedef struct brg__ring_op {
  * since both know the slice and the link's slot size.
  *
  * brg__mem_host (ring.c): the CPU reads and writes the transports' slots.
- * brg__mem_device (device_ring.c): kernels on the collective's stream
+ * brg__mem_device (device_step.c): kernels on the collective's stream
  * read and write slots in GPU memory (or pinned host memory), ordered by
  * events; the host side only enqueues.
  */
