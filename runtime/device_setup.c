@@ -64,6 +64,19 @@ static const char *mps_words(const dev_blob *b) {
                 : (b->mps_driver ? "no MPS (the driver says)" : "no MPS (no control pipe)");
 }
 
+/* Building the device ring (brg__device_ring_setup), in three steps
+ * around two all-gathers over the host ring (of `mine` into `all`,
+ * blob_bytes each): prepare says which GPU this rank has; local, given every rank's GPU, sets up this rank's own half
+ * (its receive FIFO in GPU memory, or in pinned host memory where the
+ * previous rank's GPU cannot reach it) and describes it; finish checks
+ * every rank's description, connects to the neighbours and frees the
+ * descriptions. Each step takes the status of the all-gather before it. */
+typedef struct brg__dev_setup {
+  struct brg__dev_ring *d;
+  void *mine, *all;
+  size_t blob_bytes;
+} brg__dev_setup;
+
 /* The device links' transports and the step-mode slice. A device link
  * without GPU memory of its own stages through the host link, which then
  * is of the same transport (every transport that carries host collectives
@@ -130,7 +143,7 @@ static void describe_rank(const brg__cuda_api *api, struct brg__dev_ring *d, dev
   mine->mps = mps_verdict(api, mine->gpu, &mine->mps_driver);
 }
 
-brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st) {
+static brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st) {
   const char *why = "";
   const brg__cuda_api *api = brg__device_api(&why);
   if (!api) return brg__comm_error(c, BRG_ERR_UNAVAILABLE, "device collectives: %s", why);
@@ -161,7 +174,7 @@ brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st) {
   return BRG_SUCCESS;
 }
 
-brg_status brg__device_ring_local(brg_comm *c, brg__dev_setup *st, brg_status gathered) {
+static brg_status brg__device_ring_local(brg_comm *c, brg__dev_setup *st, brg_status gathered) {
   dev_blob *mine = st->mine, *all = st->all;
   if (gathered != BRG_SUCCESS) return gathered;
   brg__dev_kernel_local(c, st->d, mine, all, brg__device_staged_any(c));
@@ -219,7 +232,7 @@ static brg_status blobs_agree(brg_comm *c, const dev_blob *mine, const dev_blob 
   return s;
 }
 
-brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status gathered) {
+static brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status gathered) {
   struct brg__dev_ring *d = st->d;
   dev_blob *mine = st->mine, *all = st->all;
   brg_status s = gathered == BRG_SUCCESS ? blobs_agree(c, mine, all) : gathered;
@@ -243,4 +256,31 @@ brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status g
   free(all);
   free(mine);
   return s;
+}
+
+/* The first device collective builds the device ring on every rank, over
+ * the host ring: each rank says which GPU it has, then sets up its own half
+ * and describes it, and each rank connects to its neighbours'. Every rank
+ * takes part in both all-gathers even when its own half failed, so that
+ * all of them learn which rank could not and why, instead of timing out.
+ * The all-gathers run on the calling thread, in issue order (progress.c
+ * calls this before the collective that needed the ring). */
+brg_status brg__device_ring_setup(brg_comm *c) {
+  brg__dev_setup st = {0};
+  brg_status s = brg__device_ring_prepare(c, &st);
+  if (s != BRG_SUCCESS) return s;
+  brg__coll g = {.kind = BRG__COLL_ALL_GATHER,
+                 .dtype = BRG_UINT8,
+                 .op = BRG_SUM,
+                 .root = -1,
+                 .sendbuf = st.mine,
+                 .recvbuf = st.all,
+                 .count = st.blob_bytes};
+  s = brg__coll_execute(c, &g);
+  s = brg__device_ring_local(c, &st, s);
+  if (s == BRG_SUCCESS) {
+    brg__coll g2 = g;
+    s = brg__coll_execute(c, &g2);
+  }
+  return brg__device_ring_finish(c, &st, s);
 }

@@ -25,6 +25,15 @@ typedef enum {
 
 const char *brg__coll_name(brg__coll_kind kind);
 
+/* What runs a collective, chosen as it is issued (brg__hier_prepare, then
+ * brg__progress_run or _enqueue); progress.c calls it from its queue. */
+typedef enum {
+  BRG__RUN_RING = 0, /* the ring engine on this communicator (ring.c) */
+  BRG__RUN_HIER,     /* hier.c's hierarchical allreduce */
+  BRG__RUN_LAT,      /* lat.c's tree or rhd allreduce (k->lat says which) */
+  BRG__RUN_RINGS,    /* rings.c: cut over the communicator's rings */
+} brg__runner;
+
 /* One collective call, as the ring engine sees it. */
 typedef struct brg__coll {
   brg__coll_kind kind;
@@ -43,7 +52,7 @@ typedef struct brg__coll {
    * elements cut into N balanced chunks as allreduce cuts it (chunk r,
    * rank r's, at brg__part_offset): the phases of hier.c within a host. */
   unsigned char whole;
-  unsigned char hier;       /* an allreduce hier.c runs (brg__hier_prepare chose it) */
+  unsigned char run;        /* its runner (brg__runner), chosen as it is issued */
   unsigned char lat;        /* BRG__ALGO_TREE or _RHD: an allreduce lat.c runs; 0: none */
   unsigned char captured;   /* issued on a stream capturing a CUDA graph (kernel mode) */
   unsigned char setup_only; /* brg_comm_device_setup: the device setup, no collective */
@@ -225,13 +234,14 @@ struct brg_comm {
  *   hier.c        hierarchical allreduce: picks the algorithm; its two
  *                 communicators come from split.c (made on the caller's
  *                 thread before the first hier allreduce is issued, as an
- *                 application would make them); progress.c runs its phases
+ *                 application would make them); brg__hier_run runs its phases
  *   comm.c        create (bootstrap, topology, links), accessors, destroy
  *   stop.c        brg__comm_stop: what brg_comm_abort does below the API
- *   progress.c    issue order: the worker thread, device setup; the
- *                 collectives that run on other communicators (the rings
- *                 of init.c, hier.c's phases); the all-gather that splits
- *                 and sub-communicators exchange over their parent
+ *   rings.c       a collective cut over the rings of init.c
+ *   progress.c    issue order: the worker thread; the runner chosen at
+ *                 issue (ring.c, hier.c, lat.c or rings.c); the all-gather
+ *                 that splits and sub-communicators exchange over their
+ *                 parent
  *   lat.c         tree and rhd allreduces over p2p.c's links
  *   ring.c        the five primitives and the ring and chain schedules
  *   device_ring.c the device ring's state and links; device_setup.c builds
@@ -292,6 +302,13 @@ const char *brg__algo_name(int algo);
  * c: every rank reaches it at the same allreduce, since the choice depends
  * only on what every rank shares). */
 brg_status brg__hier_prepare(brg_comm *c, brg__coll *k);
+/* Runs allreduce k hierarchically: its three phases on the hierarchy's
+ * communicators, each through their progress (a failure stops both). */
+brg_status brg__hier_run(brg_comm *c, brg__coll *k);
+/* rings.c: whether k is cut over c's rings (every rank decides alike),
+ * and the run of such a k, one part per ring at once. */
+int brg__rings_take(const brg_comm *c, const brg__coll *k);
+brg_status brg__rings_run(brg_comm *c, brg__coll *k);
 /* brg_comm_device_setup under BRIGADE_ALGO=hier, where the hosts fit it:
  * makes the hierarchy's communicators now (a collective, like the setup)
  * and gives them in *local and *cross, whose device rings the setup then
