@@ -191,7 +191,7 @@ void brg__dev_kernel_sizes(brg_comm *c, struct brg__dev_ring *d, int staged) {
   if (d->kchannels == 0) d->kchannels = blocks < 8 ? blocks : 8;
   if (d->kchannels > BRG__RK_MAX_CHANNELS) d->kchannels = BRG__RK_MAX_CHANNELS;
   if (staged) d->kchannels = 1;
-  d->kslot = c->slice_bytes & ~(size_t)255;
+  d->kslot = brg__slice_bytes(c, BRG__SLICE_KERNEL);
   d->kctrl = (KMETA + (size_t)d->nslots * sizeof(brg__rk_meta) +
               BRG__RK_HDRS * sizeof(brg__rk_hdr) + 255) &
              ~(size_t)255;

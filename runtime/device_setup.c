@@ -82,9 +82,9 @@ typedef struct brg__dev_setup {
  * is of the same transport (every transport that carries host collectives
  * carries device ones this way). Both ends of each link chose alike: init
  * checked (comm.c). */
-static brg_status prepare_links(brg_comm *c, struct brg__dev_ring *d, int staged) {
+static brg_status prepare_links(brg_comm *c, struct brg__dev_ring *d) {
   d->nslots = c->nslots;
-  d->slice_bytes = (size_t)brg__device_int(BRG__DEVICE_SLICE_BYTES) & ~(size_t)255;
+  d->slice_bytes = brg__slice_bytes(c, BRG__SLICE_STEP);
   d->link_send = &c->send;
   d->link_recv = &c->recv;
   d->send_t = brg__device_link(c, c->rank, c->next);
@@ -104,13 +104,6 @@ static brg_status prepare_links(brg_comm *c, struct brg__dev_ring *d, int staged
   d->send_piece = d->send_staged ? c->slice_bytes : d->slice_bytes;
   d->recv_piece = d->recv_staged ? c->slice_bytes : d->slice_bytes;
   d->gdr_stride = c->slice_bytes + SLOT_SHIFT_ROOM;
-  /* A staged link takes a slice in pieces of the host link's slot. A step
-   * that only sends (the first) fills the link with a whole slice before
-   * the next rank reads any of it, and the next step holds a received
-   * piece while it waits for a free slot: a slice of more pieces than half
-   * the slots could fill the ring's links all around and stall it. */
-  size_t staged_cap = ((size_t)(d->nslots > 3 ? d->nslots / 2 : 1) * c->slice_bytes) & ~(size_t)255;
-  if (staged && staged_cap && d->slice_bytes > staged_cap) d->slice_bytes = staged_cap;
   return BRG_SUCCESS;
 }
 
@@ -155,7 +148,7 @@ static brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st) {
     s = brg__comm_error(c, BRG_ERR_NO_MEMORY, "device collectives: out of host memory");
   if (s == BRG_SUCCESS) {
     d->api = api;
-    s = prepare_links(c, d, staged);
+    s = prepare_links(c, d);
   }
   if (s == BRG_SUCCESS) s = prepare_modes(c, d, staged);
   if (s != BRG_SUCCESS) {

@@ -242,6 +242,7 @@ struct brg_comm {
  *                 issue (ring.c, hier.c, lat.c or rings.c); the all-gather
  *                 that splits and sub-communicators exchange over their
  *                 parent
+ *   slice.c       the slice policy: the pipeline unit's size, per path
  *   lat.c         tree and rhd allreduces over p2p.c's links
  *   ring.c        the five primitives and the ring and chain schedules
  *   device_ring.c the device ring's state and links; device_setup.c builds
@@ -451,6 +452,19 @@ brg_status brg__p2p_post(brg_comm *c, brg__p2p_op *op);
 brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op);
 /* The collective all_to_all, run by ring.c's engine in issue order. */
 brg_status brg__p2p_all_to_all(brg_comm *c, const brg__coll *k);
+
+/* slice.c: the slice policy, the one place that sizes the pipeline unit.
+ * brg__slice_bytes decides it for a path, once (comm.c for the host ring,
+ * at create; device_setup.c for the device ring); brg__slice_elems is
+ * what a collective's walk uses, in elements of its dtype (at least 1):
+ * the host ring's slice, or step mode's for GPU buffers. */
+typedef enum {
+  BRG__SLICE_HOST,   /* the host ring's: c->slice_bytes */
+  BRG__SLICE_STEP,   /* step mode's GPU slice */
+  BRG__SLICE_KERNEL, /* kernel mode's slot */
+} brg__slice_path;
+size_t brg__slice_bytes(const brg_comm *c, brg__slice_path path);
+size_t brg__slice_elems(const brg_comm *c, const brg__coll *k);
 
 /* lat.c: the latency-bound allreduces (k->lat: double binary tree or
  * recursive halving and doubling) over point-to-point links, on the
