@@ -1,10 +1,14 @@
 /*
  * The device ring's own state and the helpers its files share (device_ring.c
  * and the rooms it is split into). Only those files include this header;
- * the rest of the runtime sees device.h.
+ * the rest of the runtime sees device.h. The calls run one way: the
+ * lifetime (device_setup.c) calls the modes, the modes call the shared
+ * helpers (device_ring.c), never back.
  *
- *   device_ring.c    the struct's lifetime, the cuda_ipc links, drain/free
- *   device_setup.c   prepare, local, finish: the setup around the all-gathers
+ *   device_ring.c    what every mode uses: the cuda_ipc links, pinned
+ *                    memory, GPUDirect offers, the fork and join of rings
+ *   device_setup.c   the ring's lifetime: the setup around two all-gathers,
+ *                    the drain and the free
  *   device_step.c    step mode: its FIFO and events, brg__mem_device
  *   device_kernel.c  kernel mode: its regions, the one-shot path, a launch
  *   device_watch.c   kernel mode: faults, the watchdog, the drain
@@ -253,9 +257,8 @@ void brg__dev_gdr_offer_slots(struct brg__dev_ring *d, brg__conn *send, brg__con
 /* Whether every event this rank recorded has run, polled until the
  * deadline (ms, -1 never). */
 int brg__dev_own_work_drained(struct brg__dev_ring *d, int64_t deadline);
-/* Frees everything the ring holds (device_ring.c). */
-void brg__dev_ring_release(struct brg__dev_ring *d);
-/* Whether ranks r and q are of different processes on one GPU. */
+/* Whether ranks r and q are of different processes on one GPU
+ * (device_ring.c). */
 int brg__dev_shares_gpu(const brg_comm *c, const dev_blob *all, int r, int q);
 
 /* ---- step mode (device_step.c) ---- */

@@ -1,6 +1,8 @@
 /*
- * Building the device ring (device.h): prepare, local and finish around
- * the two all-gathers that the progress layer runs.
+ * The device ring's lifetime (device.h): built at the first device
+ * collective in three steps around two all-gathers (prepare, local,
+ * finish), each mode's part set up by its own file; drained and freed at
+ * destroy.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -11,14 +13,10 @@
 
 #include "device_ring_int.h"
 
+static void ring_release(struct brg__dev_ring *d);
+
 static const char *kmode_name(int m) {
   return m == 0 ? "auto" : m == 1 ? "kernel" : m == 2 ? "step" : "?";
-}
-
-/* Whether ranks r and q are of different processes on one GPU. */
-int brg__dev_shares_gpu(const brg_comm *c, const dev_blob *all, int r, int q) {
-  return !memcmp(all[r].uuid, all[q].uuid, 16) && all[r].process != all[q].process &&
-         c->peers[r].host_hash == c->peers[q].host_hash;
 }
 
 /* A random number per process, so that ranks can tell that they share one
@@ -245,7 +243,7 @@ static brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_s
     s = brg__dev_kernel_finish(c, d, mine, all);
   else if (s == BRG_SUCCESS)
     s = brg__dev_step_finish(c, d, mine, all, kwho, kwhy);
-  if (s != BRG_SUCCESS) brg__dev_ring_release(d);
+  if (s != BRG_SUCCESS) ring_release(d);
   free(all);
   free(mine);
   return s;
@@ -276,4 +274,105 @@ brg_status brg__device_ring_setup(brg_comm *c) {
     s = brg__coll_execute(c, &g2);
   }
   return brg__device_ring_finish(c, &st, s);
+}
+
+/* ---- teardown ---- */
+
+/* Frees the device ring. Only once this rank's own work has drained and
+ * both neighbours said theirs has (comm.c): their streams wait on this
+ * rank's events and write its FIFO, and its stream waits on theirs. */
+static void ring_release(struct brg__dev_ring *d) {
+  const brg__cuda_api *api = d->api;
+  brg__dev_stream_user_drop(d);
+  brg__dev_proxy_join(d);
+  for (int k = 0; k < d->nslots; k++) {
+    if (d->prev_opened && d->prev_send_ev[k]) api->drv.event_destroy(d->prev_send_ev[k]);
+    if (d->next_opened && d->next_rel_ev[k]) api->drv.event_destroy(d->next_rel_ev[k]);
+  }
+  brg__dev_link_close(&d->fifo_out);
+  if (d->send_reg) d->link_send->ops->dev_register(d->link_send, NULL, 0, -1, 0, NULL, NULL);
+  if (d->recv_reg) d->link_recv->ops->dev_register(d->link_recv, NULL, 0, -1, 0, NULL, NULL);
+  if (d->send_region) api->drv.host_unregister(d->send_region);
+  if (d->recv_region) api->drv.host_unregister(d->recv_region);
+  for (int k = 0; k < d->nslots; k++) {
+    if (d->send_ev[k]) api->drv.event_destroy(d->send_ev[k]);
+    if (d->rel_ev[k]) api->drv.event_destroy(d->rel_ev[k]);
+  }
+  if (d->fifo_in.ops)
+    brg__dev_link_close(&d->fifo_in);
+  else if (d->fifo)
+    api->drv.mem_free(d->fifo); /* a GPUDirect link's slots */
+  if (d->gdr_send) api->drv.mem_free(d->gdr_send);
+  if (d->proxy) api->drv.stream_destroy(d->proxy);
+  if (d->proxy_ev) api->drv.event_destroy(d->proxy_ev);
+  for (int i = 0; i < d->nspare; i++) api->drv.event_destroy(d->spare_ev[i]);
+  free(d->spare_ev);
+  for (int i = 0; i < d->ncallers; i++) api->drv.event_destroy(d->callers[i].ev);
+  brg__dev_pinned_free(api, (char *)d->flag_host, FLAG_PAGE);
+  for (int r = 0; r < BRG__RK_MAX_PEERS; r++) brg__dev_link_close(&d->kos_c[r]);
+  brg__dev_link_close(&d->knext_c);
+  brg__dev_link_close(&d->kprev_c);
+  brg__dev_link_close(&d->kin);
+  if (d->kring) api->drv.mem_free(d->kring);
+  if (d->kdone_ev) api->drv.event_destroy(d->kdone_ev);
+  for (int i = 0; i < d->ngstreams; i++)
+    if (d->gdone_ev[i]) api->drv.event_destroy(d->gdone_ev[i]);
+  /* A graph that captured a launch may be replayed after this (the user's
+   * error, docs/device.md): its kernels read the abort word first, set by
+   * the drain, and end; so the page stays. */
+  if (!d->graphs) brg__dev_pinned_free(api, (char *)d->kwords, FLAG_PAGE);
+  for (int r = 0; r < BRG__DEVICE_MAX_RINGS; r++) {
+    if (d->rstream[r]) api->drv.stream_destroy(d->rstream[r]);
+    if (d->join_ev[r]) api->drv.event_destroy(d->join_ev[r]);
+  }
+  if (d->fork_ev) api->drv.event_destroy(d->fork_ev);
+  /* (the proxy's links deregistered these when they closed) */
+  if (d->kgdr_sbuf) api->drv.mem_free(d->kgdr_sbuf);
+  if (d->kgdr_rbuf) api->drv.mem_free(d->kgdr_rbuf);
+  brg__dev_pinned_free(api, d->psend, brg__dev_pregion_bytes(d));
+  brg__dev_pinned_free(api, d->precv, brg__dev_pregion_bytes(d));
+  pthread_mutex_destroy(&d->ev_lock);
+  free(d);
+}
+
+brg_status brg__device_ring_drain(brg_comm *c) {
+  struct brg__dev_ring *d = c->dev;
+  if (!d) return BRG_SUCCESS;
+  /* A communicator that failed will not see its kernels' peers again. */
+  if (__atomic_load_n(&c->broken, __ATOMIC_ACQUIRE) != BRG_SUCCESS ||
+      __atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
+    brg__dev_kernel_stop(d);
+  if (d->kernel) return brg__dev_kernel_drain(c, d);
+  if (brg__dev_own_work_drained(d, brg__deadline_ms(c->timeout_ms))) return BRG_SUCCESS;
+  d->stuck = 1;
+  /* The callers' streams must not wait for the ring's own forever: its
+   * flag jumps to the last ticket (what they then read is not the
+   * collectives' result, which the error below says). */
+  if (d->flag_host) brg__dev_flag_raise(d, d->issued);
+  char stream[160];
+  if (d->async)
+    snprintf(stream, sizeof stream,
+             "its own stream %p (the callers' streams no longer wait for it, and what they read "
+             "is not a result)",
+             d->proxy);
+  else if (d->last_stream)
+    snprintf(stream, sizeof stream, "stream %p", d->last_stream);
+  else
+    snprintf(stream, sizeof stream, "the legacy default stream");
+  return brg__comm_error(c, BRG_ERR_REMOTE,
+                         "rank %d: device work on %s did not finish within %d ms: it waits for "
+                         "rank %d (pid %d on %s) or rank %d (pid %d on %s), gone or stalled; the "
+                         "GPU FIFO and events stay allocated, since that stream may still use "
+                         "them",
+                         c->rank, stream, c->timeout_ms, c->prev, c->peers[c->prev].pid,
+                         c->peers[c->prev].hostname, c->next, c->peers[c->next].pid,
+                         c->peers[c->next].hostname);
+}
+
+void brg__device_ring_free(brg_comm *c) {
+  struct brg__dev_ring *d = c->dev;
+  if (!d) return;
+  c->dev = NULL;
+  if (d->stuck) return; /* left to the stream that still waits: freeing it would crash */
+  ring_release(d);
 }

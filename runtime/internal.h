@@ -25,15 +25,6 @@ typedef enum {
 
 const char *brg__coll_name(brg__coll_kind kind);
 
-/* What runs a collective, chosen as it is issued (brg__hier_prepare, then
- * brg__progress_run or _enqueue); progress.c calls it from its queue. */
-typedef enum {
-  BRG__RUN_RING = 0, /* the ring engine on this communicator (ring.c) */
-  BRG__RUN_HIER,     /* hier.c's hierarchical allreduce */
-  BRG__RUN_LAT,      /* lat.c's tree or rhd allreduce (k->lat says which) */
-  BRG__RUN_RINGS,    /* rings.c: cut over the communicator's rings */
-} brg__runner;
-
 /* One collective call, as the ring engine sees it. */
 typedef struct brg__coll {
   brg__coll_kind kind;
@@ -46,16 +37,21 @@ typedef struct brg__coll {
    * (device_async.c, brg__device_async_begin): `stream` is then the ring's
    * own, which waits for start_ev, recorded on the caller's stream; the
    * caller's stream waits for the ring's flag to reach `ticket`. */
-  int async;
   uint32_t ticket;
+  unsigned char async : 1;
   /* Reduce-scatter and all-gather over one full-size buffer of `count`
    * elements cut into N balanced chunks as allreduce cuts it (chunk r,
    * rank r's, at brg__part_offset): the phases of hier.c within a host. */
-  unsigned char whole;
-  unsigned char run;        /* its runner (brg__runner), chosen as it is issued */
-  unsigned char lat;        /* BRG__ALGO_TREE or _RHD: an allreduce lat.c runs; 0: none */
-  unsigned char captured;   /* issued on a stream capturing a CUDA graph (kernel mode) */
-  unsigned char setup_only; /* brg_comm_device_setup: the device setup, no collective */
+  unsigned char whole : 1;
+  unsigned char captured : 1;   /* issued on a stream capturing a CUDA graph (kernel mode) */
+  unsigned char setup_only : 1; /* brg_comm_device_setup: the device setup, no collective */
+  unsigned char lat;            /* BRG__ALGO_TREE or _RHD: an allreduce lat.c runs; 0: none */
+  /* What runs it, chosen as it is issued (hier.c's brg__hier_prepare, then
+   * rings.c's brg__rings_choose): brg__hier_run, brg__lat_run or
+   * brg__rings_run; NULL: the ring engine on this communicator
+   * (brg__coll_execute). progress.c calls it from its queue. (The flags
+   * are bits so that a brg__req still fits a brg_request.) */
+  brg_status (*run)(brg_comm *c, struct brg__coll *k);
   const void *sendbuf;
   void *recvbuf;
   size_t count; /* the call's count argument */
@@ -298,7 +294,8 @@ typedef enum {
 /* settings.c: BRIGADE_ALGO's value as a brg__algo, or -1 when it names none. */
 int brg__algo_parse(const char *name);
 const char *brg__algo_name(int algo);
-/* Decides whether allreduce k runs hierarchically (sets k->hier), making
+/* Decides whether allreduce k runs hierarchically or in lat.c (sets
+ * k->run, and k->lat), making
  * the hierarchy's communicators at the first such call (a collective over
  * c: every rank reaches it at the same allreduce, since the choice depends
  * only on what every rank shares). */
@@ -306,9 +303,10 @@ brg_status brg__hier_prepare(brg_comm *c, brg__coll *k);
 /* Runs allreduce k hierarchically: its three phases on the hierarchy's
  * communicators, each through their progress (a failure stops both). */
 brg_status brg__hier_run(brg_comm *c, brg__coll *k);
-/* rings.c: whether k is cut over c's rings (every rank decides alike),
- * and the run of such a k, one part per ring at once. */
-int brg__rings_take(const brg_comm *c, const brg__coll *k);
+/* rings.c: at issue, k runs cut over c's rings (k->run) where k would
+ * take the ring engine and is large enough (every rank decides alike);
+ * the run of such a k, one part per ring at once. */
+void brg__rings_choose(const brg_comm *c, brg__coll *k);
 brg_status brg__rings_run(brg_comm *c, brg__coll *k);
 /* brg_comm_device_setup under BRIGADE_ALGO=hier, where the hosts fit it:
  * makes the hierarchy's communicators now (a collective, like the setup)

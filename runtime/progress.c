@@ -2,7 +2,7 @@
  * Progress: collectives run one at a time, in issue order, on the
  * communicator's worker thread or inline on the caller's thread when
  * nothing is queued ahead of them. Each runs through the runner chosen
- * as it was issued (brg__runner): the ring engine, hier.c's hierarchy,
+ * as it was issued (brg__coll.run): the ring engine, hier.c's hierarchy,
  * lat.c's tree or rhd, or rings.c's several rings.
  */
 #include <pthread.h>
@@ -13,19 +13,6 @@
 #include "device.h"
 #include "internal.h"
 #include "trace.h"
-
-static brg_status (*const runners[])(brg_comm *c, brg__coll *k) = {
-    [BRG__RUN_RING] = brg__coll_execute,
-    [BRG__RUN_HIER] = brg__hier_run,
-    [BRG__RUN_LAT] = brg__lat_run,
-    [BRG__RUN_RINGS] = brg__rings_run,
-};
-
-/* At issue: a collective the ring engine would run goes over the
- * communicator's rings where rings.c takes it. */
-static void choose_runner(const brg_comm *c, brg__coll *k) {
-  if (k->run == BRG__RUN_RING && brg__rings_take(c, k)) k->run = BRG__RUN_RINGS;
-}
 
 static brg_status run_one(brg_comm *c, brg__coll *k) {
   /* Whichever thread runs a device collective (the caller's, or the worker
@@ -49,7 +36,7 @@ static brg_status run_one(brg_comm *c, brg__coll *k) {
       if (!__atomic_load_n(&c->rings[r]->dev, __ATOMIC_ACQUIRE))
         s = brg__device_ring_setup(c->rings[r]);
     if (s == BRG_SUCCESS && k->async) s = brg__device_async_start(c, k);
-    if (s == BRG_SUCCESS && !k->setup_only) s = runners[k->run](c, k);
+    if (s == BRG_SUCCESS && !k->setup_only) s = k->run ? k->run(c, k) : brg__coll_execute(c, k);
   }
   if (k->async) brg__device_async_end(c, k, s);
   if (entered) brg__device_leave(prev_gpu);
@@ -171,7 +158,6 @@ static brg_status run_async(brg_comm *c, brg__coll *k) {
 /* A blocking call runs on the caller's thread when nothing is queued ahead
  * of it (no hand-off latency), otherwise it queues behind and waits. */
 brg_status brg__progress_run(brg_comm *c, brg__coll *k) {
-  choose_runner(c, k);
   if (k->device && c->nranks > 1 && !k->setup_only &&
       brg__device_ring_async(__atomic_load_n(&c->dev, __ATOMIC_ACQUIRE)))
     return run_async(c, k);
@@ -197,7 +183,6 @@ brg_status brg__progress_run(brg_comm *c, brg__coll *k) {
 }
 
 brg_status brg__progress_enqueue(brg_comm *c, brg__req *r) {
-  choose_runner(c, &r->coll);
   pthread_mutex_lock(&c->qlock);
   enqueue(c, r);
   pthread_mutex_unlock(&c->qlock);

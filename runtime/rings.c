@@ -14,7 +14,7 @@
  * reduce-scatter, all-gather, broadcast or reduce that gives every ring at
  * least a slice (of each rank's block, for reduce-scatter and all-gather).
  * The count is the same on every rank, so every rank decides alike. */
-int brg__rings_take(const brg_comm *c, const brg__coll *k) {
+static int rings_take(const brg_comm *c, const brg__coll *k) {
   int cut = k->kind == BRG__COLL_ALLREDUCE || k->kind == BRG__COLL_REDUCE_SCATTER ||
             k->kind == BRG__COLL_ALL_GATHER || k->kind == BRG__COLL_BROADCAST ||
             k->kind == BRG__COLL_REDUCE;
@@ -28,6 +28,10 @@ int brg__rings_take(const brg_comm *c, const brg__coll *k) {
          k->count * brg_dtype_size(k->dtype) >= (size_t)c->nrings * c->slice_bytes;
 }
 
+void brg__rings_choose(const brg_comm *c, brg__coll *k) {
+  if (!k->run && rings_take(c, k)) k->run = brg__rings_run;
+}
+
 /* Part r of k's elements on ring r of `rings`: the same share of every
  * rank's block for reduce-scatter and all-gather, whose blocks stay where
  * they are in the full-size buffer (the part's stride is the call's
@@ -36,7 +40,7 @@ static brg__coll ring_part(const brg__coll *k, int rings, int r) {
   size_t esize = brg_dtype_size(k->dtype);
   size_t off = brg__part_offset(k->count, rings, r) * esize;
   brg__coll p = *k;
-  p.run = BRG__RUN_RING; /* each part is one ring's */
+  p.run = NULL; /* each part is one ring's engine's */
   p.count = brg__part_count(k->count, rings, r);
   if (k->kind == BRG__COLL_REDUCE_SCATTER || k->kind == BRG__COLL_ALL_GATHER)
     p.stride = k->stride ? k->stride : k->count;
