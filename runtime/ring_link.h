@@ -9,6 +9,7 @@
 
 #include "internal.h"
 #include "schedule.h"
+#include "trace.h"
 
 struct brg__dev_ring;
 struct brg__mem_ops;
@@ -91,6 +92,13 @@ void brg__ring_recv_release(brg__ring_op *o);
  * engine's own buffers (ops->recv_window). */
 static inline int brg__ring_recv_windows(const brg__ring_op *o) {
   return !o->dev && o->c->recv.ops && o->c->recv.ops->recv_window;
+}
+
+/* The trace's record of a slice that ended (trace.c), from where the
+ * engine stands. */
+static inline void brg__trace_slice_end(const brg__ring_op *o, brg__prim prim, uint64_t bytes,
+                                        int64_t t0, brg_status s) {
+  brg__trace_slice(o->c, o->coll->seq, o->chunk, o->elem, o->slice, prim, bytes, t0, s);
 }
 
 #endif
