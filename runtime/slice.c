@@ -14,7 +14,7 @@
 /* The host ring's: BRIGADE_SLICE_BYTES where it is set, else the largest
  * any link of the ring prefers (the transport's slice_bytes), else that
  * setting's default; a multiple of 64 bytes. */
-static size_t host_bytes(const brg_comm *c) {
+static size_t host_slice(const brg_comm *c) {
   size_t bytes = (size_t)brg__core_int(BRG__CORE_SLICE_BYTES);
   int links = c->nranks > 1 && !brg__config_is_set(&brg__core_config, BRG__CORE_SLICE_BYTES);
   for (int i = 0; links && i < c->nranks; i++) {
@@ -33,7 +33,7 @@ static size_t host_bytes(const brg_comm *c) {
  * received piece while it waits for a free slot: a slice of more pieces
  * than half the slots could fill the ring's links all around and stall
  * it, so on a ring with a staged link the slice is at most that. */
-static size_t step_bytes(const brg_comm *c) {
+static size_t step_slice(const brg_comm *c) {
   size_t bytes = (size_t)brg__device_int(BRG__DEVICE_SLICE_BYTES) & ~(size_t)255;
   size_t staged_cap = ((size_t)(c->nslots > 3 ? c->nslots / 2 : 1) * c->slice_bytes) & ~(size_t)255;
   if (brg__device_staged_any(c) && staged_cap && bytes > staged_cap) bytes = staged_cap;
@@ -42,8 +42,8 @@ static size_t step_bytes(const brg_comm *c) {
 
 size_t brg__slice_bytes(const brg_comm *c, brg__slice_path path) {
   switch (path) {
-  case BRG__SLICE_HOST: return host_bytes(c);
-  case BRG__SLICE_STEP: return step_bytes(c);
+  case BRG__SLICE_HOST: return host_slice(c);
+  case BRG__SLICE_STEP: return step_slice(c);
   case BRG__SLICE_KERNEL:
     /* a slot of the host link carries one whole (the proxy's links) */
     return c->slice_bytes & ~(size_t)255;
