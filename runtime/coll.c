@@ -135,6 +135,13 @@ static brg_status prep_barrier(const char *fn, brg_comm *comm, brg__coll *k) {
   return check_call(comm, fn, NULL, NULL, 0, 0, 0, BRG_INT8, 1, BRG_SUM, -1, NULL, k);
 }
 
+/* Runs a checked collective: over the communicator's rings where rings.c
+ * takes it (hier.c chose allreduce's runner before). */
+static brg_status run_issued(brg_comm *comm, brg__coll *k) {
+  brg__rings_choose(comm, k);
+  return brg__progress_run(comm, k);
+}
+
 /* Queues a checked host collective on the caller's request. */
 static brg_status issue(brg_comm *comm, const char *fn, const brg__coll *k, brg_request *request) {
   if (k->device)
@@ -148,6 +155,7 @@ static brg_status issue(brg_comm *comm, const char *fn, const brg__coll *k, brg_
     return brg__comm_error(comm, BRG_ERR_INVALID_USAGE, "%s: request is still in flight", fn);
   memset(r, 0, sizeof *r);
   r->coll = *k;
+  brg__rings_choose(comm, &r->coll);
   return brg__progress_enqueue(comm, r);
 }
 
@@ -157,7 +165,7 @@ brg_status brg_allreduce(const void *sendbuf, void *recvbuf, size_t count, brg_d
   brg_status s =
       prep_allreduce("brg_allreduce", sendbuf, recvbuf, count, dtype, op, comm, stream, &k);
   if (s == BRG_SUCCESS) s = brg__hier_prepare(comm, &k);
-  return s != BRG_SUCCESS ? s : brg__progress_run(comm, &k);
+  return s != BRG_SUCCESS ? s : run_issued(comm, &k);
 }
 
 brg_status brg_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount, brg_dtype dtype,
@@ -165,7 +173,7 @@ brg_status brg_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcou
   brg__coll k;
   brg_status s = prep_reduce_scatter("brg_reduce_scatter", sendbuf, recvbuf, recvcount, dtype, op,
                                      comm, stream, &k);
-  return s != BRG_SUCCESS ? s : brg__progress_run(comm, &k);
+  return s != BRG_SUCCESS ? s : run_issued(comm, &k);
 }
 
 brg_status brg_all_gather(const void *sendbuf, void *recvbuf, size_t sendcount, brg_dtype dtype,
@@ -173,7 +181,7 @@ brg_status brg_all_gather(const void *sendbuf, void *recvbuf, size_t sendcount, 
   brg__coll k;
   brg_status s =
       prep_all_gather("brg_all_gather", sendbuf, recvbuf, sendcount, dtype, comm, stream, &k);
-  return s != BRG_SUCCESS ? s : brg__progress_run(comm, &k);
+  return s != BRG_SUCCESS ? s : run_issued(comm, &k);
 }
 
 brg_status brg_broadcast(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype,
@@ -181,7 +189,7 @@ brg_status brg_broadcast(const void *sendbuf, void *recvbuf, size_t count, brg_d
   brg__coll k;
   brg_status s =
       prep_broadcast("brg_broadcast", sendbuf, recvbuf, count, dtype, root, comm, stream, &k);
-  return s != BRG_SUCCESS ? s : brg__progress_run(comm, &k);
+  return s != BRG_SUCCESS ? s : run_issued(comm, &k);
 }
 
 brg_status brg_reduce(const void *sendbuf, void *recvbuf, size_t count, brg_dtype dtype, brg_op op,
@@ -189,7 +197,7 @@ brg_status brg_reduce(const void *sendbuf, void *recvbuf, size_t count, brg_dtyp
   brg__coll k;
   brg_status s =
       prep_reduce("brg_reduce", sendbuf, recvbuf, count, dtype, op, root, comm, stream, &k);
-  return s != BRG_SUCCESS ? s : brg__progress_run(comm, &k);
+  return s != BRG_SUCCESS ? s : run_issued(comm, &k);
 }
 
 /* No non-blocking form (yet): the checks and the run in one. */
@@ -208,7 +216,7 @@ brg_status brg_all_to_all(const void *sendbuf, void *recvbuf, size_t count, brg_
   if (s == BRG_SUCCESS && k.device)
     s = brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT,
                         "%s: the buffers are GPU memory: all_to_all takes host buffers only", fn);
-  return s != BRG_SUCCESS ? s : brg__progress_run(comm, &k);
+  return s != BRG_SUCCESS ? s : run_issued(comm, &k);
 }
 
 /* gather and scatter (rooted.c): the root's side holds N blocks, the
@@ -245,7 +253,7 @@ brg_status brg_gather(const void *sendbuf, void *recvbuf, size_t sendcount, brg_
   brg__coll k;
   brg_status s = prep_rooted("brg_gather", BRG__COLL_GATHER, sendbuf, recvbuf, sendcount, dtype,
                              root, comm, stream, &k);
-  return s != BRG_SUCCESS ? s : brg__progress_run(comm, &k);
+  return s != BRG_SUCCESS ? s : run_issued(comm, &k);
 }
 
 brg_status brg_scatter(const void *sendbuf, void *recvbuf, size_t recvcount, brg_dtype dtype,
@@ -253,7 +261,7 @@ brg_status brg_scatter(const void *sendbuf, void *recvbuf, size_t recvcount, brg
   brg__coll k;
   brg_status s = prep_rooted("brg_scatter", BRG__COLL_SCATTER, sendbuf, recvbuf, recvcount, dtype,
                              root, comm, stream, &k);
-  return s != BRG_SUCCESS ? s : brg__progress_run(comm, &k);
+  return s != BRG_SUCCESS ? s : run_issued(comm, &k);
 }
 
 brg_status brg_igather(const void *sendbuf, void *recvbuf, size_t sendcount, brg_dtype dtype,
@@ -365,7 +373,7 @@ brg_status brg_irecv(void *buf, size_t count, brg_dtype dtype, int peer, brg_com
 brg_status brg_barrier(brg_comm *comm) {
   brg__coll k;
   brg_status s = prep_barrier("brg_barrier", comm, &k);
-  return s != BRG_SUCCESS ? s : brg__progress_run(comm, &k);
+  return s != BRG_SUCCESS ? s : run_issued(comm, &k);
 }
 
 brg_status brg_comm_device_setup(brg_comm *comm, int device) {

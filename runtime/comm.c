@@ -121,22 +121,6 @@ static brg_status next_gave_up(brg_comm *c, brg_status s, brg__errbuf *err) {
                     c->rank, buf + 4);
 }
 
-/* The ring's slice size: BRIGADE_SLICE_BYTES where it is set, else the
- * largest any link of the ring prefers (transport's slice_bytes), else that
- * setting's default. Every rank holds the whole table and the ring order,
- * so all of them choose the same. */
-static size_t ring_slice_bytes(const brg_comm *c) {
-  size_t bytes = (size_t)brg__core_int(BRG__CORE_SLICE_BYTES);
-  int links = c->nranks > 1 && !brg__config_is_set(&brg__core_config, BRG__CORE_SLICE_BYTES);
-  for (int i = 0; links && i < c->nranks; i++) {
-    const brg__transport_ops *t =
-        brg__transport_pick(&c->peers[c->ring[i]], &c->peers[c->ring[(i + 1) % c->nranks]],
-                            c->transports, BRG__CARRIES_HOST);
-    if (t && t->slice_bytes > bytes) bytes = t->slice_bytes;
-  }
-  return bytes & ~(size_t)63;
-}
-
 /* Sets up the two links of this rank: from prev (receive) and to next (send). */
 static brg_status connect_ring(brg_comm *c, const uint8_t *secret, brg__errbuf *err) {
   const char *allow = c->transports;
@@ -486,7 +470,6 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
            c->transports_from_config ? opts->transports : brg__core_str(BRG__CORE_TRANSPORTS));
   c->ring_rotate = opts ? opts->ring_rotate : 0;
   c->nslots = (int)brg__core_int(BRG__CORE_STEPS);
-  c->slice_bytes = (size_t)brg__core_int(BRG__CORE_SLICE_BYTES) & ~(size_t)63;
   c->comm_id = brg__fnv1a64(BRG__FNV64_INIT, id, sizeof *id);
   c->algo = brg__algo_parse(brg__core_str(BRG__CORE_ALGO)); /* checked by the load */
   brg__ring_waiter_init(c);
@@ -546,7 +529,7 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
 
   brg__topology_order(c);
   ordered = 1;
-  c->slice_bytes = ring_slice_bytes(c);
+  c->slice_bytes = brg__slice_bytes(c, BRG__SLICE_HOST);
 
   if (nranks > 1) {
     if ((s = brg__bootstrap_ring_connect(c->bs, c->next, c->prev, &err)) != BRG_SUCCESS)

@@ -41,7 +41,7 @@ brg_status brg__device_enter(brg_comm *c, int gpu, int *prev);
 void brg__device_leave(int prev);
 
 /*
- * Device collectives (device_ring.c). The ring runs in step mode: per slice
+ * Device collectives (device_ring.c and the device_*.c files it lists). The ring runs in step mode: per slice
  * and step one copy or reduce kernel on the caller's stream, writing the
  * next rank's FIFO slot in its GPU memory (mapped by CUDA IPC), ordered by
  * interprocess events. No kernel ever waits for another process's kernel.
@@ -56,22 +56,10 @@ const brg__transport_ops *brg__device_link(const brg_comm *c, int from, int to);
 /* 1 when a device link of the ring stages GPU payloads through a host
  * link (one without gpu_memory): kernel mode then takes the host proxy. */
 int brg__device_staged_any(const brg_comm *c);
-/* Building the device ring at the first device collective, in three steps
- * around two all-gathers over the host ring that the progress layer runs
- * (of `mine` into `all`, blob_bytes each): prepare says which GPU this
- * rank has; local, given every rank's GPU, sets up this rank's own half
- * (its receive FIFO in GPU memory, or in pinned host memory where the
- * previous rank's GPU cannot reach it) and describes it; finish checks
- * every rank's description, connects to the neighbours and frees the
- * descriptions. Each step takes the status of the all-gather before it. */
-typedef struct brg__dev_setup {
-  struct brg__dev_ring *d;
-  void *mine, *all;
-  size_t blob_bytes;
-} brg__dev_setup;
-brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st);
-brg_status brg__device_ring_local(brg_comm *c, brg__dev_setup *st, brg_status gathered);
-brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_status gathered);
+/* Builds the device ring at the first device collective on c (every rank
+ * calls it at the same collective): two all-gathers over the host ring,
+ * on the calling thread (device_setup.c). */
+brg_status brg__device_ring_setup(brg_comm *c);
 size_t brg__device_ring_slice_bytes(const struct brg__dev_ring *d);
 /* Step mode's primitives run through brg__mem_device (ring_link.h). */
 /*

@@ -172,7 +172,7 @@ static unsigned auto_logged(int algo) {
 }
 
 brg_status brg__hier_prepare(brg_comm *c, brg__coll *k) {
-  k->hier = 0;
+  k->run = NULL;
   k->lat = 0;
   int lat_algo = c->algo == BRG__ALGO_TREE || c->algo == BRG__ALGO_RHD;
   if (c->algo == BRG__ALGO_RING || c->nranks < 2) {
@@ -200,6 +200,7 @@ brg_status brg__hier_prepare(brg_comm *c, brg__coll *k) {
     if (first_time(c, LOGGED_FORCED_LAT))
       BRG__INFO("coll", "allreduce algorithm: %s (BRIGADE_ALGO=%s, %d ranks)",
                 brg__algo_name(c->algo), brg__algo_name(c->algo), c->nranks);
+    k->run = brg__lat_run;
     k->lat = (unsigned char)c->algo;
     return BRG_SUCCESS;
   }
@@ -250,7 +251,10 @@ brg_status brg__hier_prepare(brg_comm *c, brg__coll *k) {
                 "%s; brigade-info --model)",
                 brg__algo_name(algo), shape, bytes, pred);
     }
-    if (algo == BRG__ALGO_TREE || algo == BRG__ALGO_RHD) k->lat = (unsigned char)algo;
+    if (algo == BRG__ALGO_TREE || algo == BRG__ALGO_RHD) {
+      k->run = brg__lat_run;
+      k->lat = (unsigned char)algo;
+    }
     if (algo != BRG__ALGO_HIER) return BRG_SUCCESS;
   } else if (!hier_fits(&sh)) {
     if (first_time(c, LOGGED_SHAPE)) {
@@ -284,6 +288,79 @@ brg_status brg__hier_prepare(brg_comm *c, brg__coll *k) {
    * the communicators were (the device setup of each runs at its first phase). */
   if (s == BRG_SUCCESS && k->device) s = brg__comm_devnet(c->cross);
   if (s != BRG_SUCCESS) return s;
-  k->hier = 1;
+  k->run = brg__hier_run;
   return BRG_SUCCESS;
+}
+
+/* The hierarchical allreduce (brg__hier_prepare chose it and made its
+ * communicators):
+ * runs one phase on a communicator of the hierarchy; a failure aborts both,
+ * so that the ranks waiting on this one in the other phase hear of it, and
+ * of why (a rank of another host gone silent, say, which a rank waiting
+ * within its host cannot see for itself). */
+static brg_status phase(brg_comm *c, brg_comm *sub, brg__coll *p, const brg__coll *k,
+                        const char *what) {
+  brg_status s = brg__progress_run(sub, p);
+  if (s == BRG_SUCCESS) return s;
+  char why[BRG__ERRLEN];
+  snprintf(why, sizeof why, "%s", sub->last_error);
+  brg__comm_stop_why(c->local, why);
+  brg__comm_stop_why(c->cross, why);
+  char desc[160];
+  brg__coll_describe(desc, sizeof desc, k->kind, k->seq, k->count, k->dtype, k->op, k->root, 0);
+  return brg__comm_error(c, s, "%s (hier): %s failed: %s", desc, what, why);
+}
+
+static brg_status hier_body(brg_comm *c, brg__coll *k) {
+  brg_comm *local = c->local, *cross = c->cross;
+  size_t esize = brg_dtype_size(k->dtype);
+  uint64_t sent0 = __atomic_load_n(&local->bytes_sent, __ATOMIC_RELAXED) +
+                   __atomic_load_n(&cross->bytes_sent, __ATOMIC_RELAXED);
+  brg_op sum = k->op == BRG_AVG ? BRG_SUM : k->op;
+  /* GPU buffers: every phase a device collective on the caller's stream. */
+  brg__coll dev = {
+      .device = k->device, .gpu = k->gpu, .stream = k->stream, .captured = k->captured};
+  brg__coll rs = dev;
+  rs.kind = BRG__COLL_REDUCE_SCATTER;
+  rs.dtype = k->dtype;
+  rs.op = sum;
+  rs.root = -1;
+  rs.sendbuf = k->sendbuf;
+  rs.recvbuf = k->recvbuf;
+  rs.count = k->count;
+  rs.whole = 1;
+  brg_status s = phase(c, local, &rs, k, "the reduce-scatter within the host");
+  if (s != BRG_SUCCESS) return s;
+  /* This rank's chunk, as the reduce-scatter cut it. */
+  size_t off = brg__part_offset(k->count, local->nranks, local->rank);
+  size_t cnt = brg__part_count(k->count, local->nranks, local->rank);
+  char *shard = (char *)k->recvbuf + off * esize;
+  if (cnt > 0) { /* the same on every rank of cross: all of them skip it */
+    brg__coll ar = rs;
+    ar.kind = BRG__COLL_ALLREDUCE;
+    ar.sendbuf = shard;
+    ar.recvbuf = shard;
+    ar.count = cnt;
+    ar.whole = 0;
+    if ((s = phase(c, cross, &ar, k, "the allreduce across hosts")) != BRG_SUCCESS) return s;
+    if (k->op == BRG_AVG && k->device)
+      s = brg__device_divide(c, shard, cnt, k->dtype, c->nranks, k->stream);
+    else if (k->op == BRG_AVG)
+      brg__divide(shard, shard, cnt, k->dtype, c->nranks);
+    if (s != BRG_SUCCESS) return s;
+  }
+  brg__coll ag = rs;
+  ag.kind = BRG__COLL_ALL_GATHER;
+  ag.op = BRG_SUM;
+  ag.sendbuf = k->recvbuf;
+  if ((s = phase(c, local, &ag, k, "the all-gather within the host")) != BRG_SUCCESS) return s;
+  uint64_t sent1 = __atomic_load_n(&local->bytes_sent, __ATOMIC_RELAXED) +
+                   __atomic_load_n(&cross->bytes_sent, __ATOMIC_RELAXED);
+  __atomic_fetch_add(&c->bytes_sent, sent1 - sent0, __ATOMIC_RELAXED);
+  return BRG_SUCCESS;
+}
+
+brg_status brg__hier_run(brg_comm *c, brg__coll *k) {
+  k->seq = ++c->seq;
+  return brg__trace_run(c, k, hier_body);
 }

@@ -34,19 +34,24 @@ typedef struct brg__coll {
   int device; /* 1: a device collective, buffers in GPU memory */
   int gpu;    /* the device of its buffers */
   /* A device collective whose host side runs on the communicator's thread
-   * (device_ring.c, brg__device_async_begin): `stream` is then the ring's
+   * (device_async.c, brg__device_async_begin): `stream` is then the ring's
    * own, which waits for start_ev, recorded on the caller's stream; the
    * caller's stream waits for the ring's flag to reach `ticket`. */
-  int async;
   uint32_t ticket;
+  unsigned char async : 1;
   /* Reduce-scatter and all-gather over one full-size buffer of `count`
    * elements cut into N balanced chunks as allreduce cuts it (chunk r,
    * rank r's, at brg__part_offset): the phases of hier.c within a host. */
-  unsigned char whole;
-  unsigned char hier;       /* an allreduce hier.c runs (brg__hier_prepare chose it) */
-  unsigned char lat;        /* BRG__ALGO_TREE or _RHD: an allreduce lat.c runs; 0: none */
-  unsigned char captured;   /* issued on a stream capturing a CUDA graph (kernel mode) */
-  unsigned char setup_only; /* brg_comm_device_setup: the device setup, no collective */
+  unsigned char whole : 1;
+  unsigned char captured : 1;   /* issued on a stream capturing a CUDA graph (kernel mode) */
+  unsigned char setup_only : 1; /* brg_comm_device_setup: the device setup, no collective */
+  unsigned char lat;            /* BRG__ALGO_TREE or _RHD: an allreduce lat.c runs; 0: none */
+  /* What runs it, chosen as it is issued (hier.c's brg__hier_prepare, then
+   * rings.c's brg__rings_choose): brg__hier_run, brg__lat_run or
+   * brg__rings_run; NULL: the ring engine on this communicator
+   * (brg__coll_execute). progress.c calls it from its queue. (The flags
+   * are bits so that a brg__req still fits a brg_request.) */
+  brg_status (*run)(brg_comm *c, struct brg__coll *k);
   const void *sendbuf;
   void *recvbuf;
   size_t count; /* the call's count argument */
@@ -167,7 +172,7 @@ struct brg_comm {
 
   struct brg__dev_ring *dev; /* device collectives' state (device_ring.c), made at first use */
   int *kabort; /* kernel mode's abort word (host memory the kernels poll); NULL: none */
-  /* Kernel mode's watchdog (device_ring.c), which the liveness thread runs
+  /* Kernel mode's watchdog (device_watch.c), which the liveness thread runs
    * every beat once kabort is set: 1 and why when it stopped the kernels. */
   int (*kwatch)(brg_comm *c, char *why, size_t n);
   int cuda_seen; /* the CUDA driver is loaded: host calls check for GPU pointers */
@@ -185,7 +190,7 @@ struct brg_comm {
    * with its own links; ring 0 is this one's. nrings 0 or 1: one ring. */
   brg_comm **rings;
   int nrings;
-  /* Kernel mode's links between hosts (device_ring.c's host proxy): a
+  /* Kernel mode's links between hosts (device_proxy.c's host proxy): a
    * communicator split from this one with the same ring, made before the
    * device setup where the ring leaves a host (brg__comm_devnet). */
   struct brg_comm *devnet;
@@ -225,16 +230,22 @@ struct brg_comm {
  *   hier.c        hierarchical allreduce: picks the algorithm; its two
  *                 communicators come from split.c (made on the caller's
  *                 thread before the first hier allreduce is issued, as an
- *                 application would make them); progress.c runs its phases
+ *                 application would make them); brg__hier_run runs its phases
  *   comm.c        create (bootstrap, topology, links), accessors, destroy
  *   stop.c        brg__comm_stop: what brg_comm_abort does below the API
- *   progress.c    issue order: the worker thread, device setup; the
- *                 collectives that run on other communicators (the rings
- *                 of init.c, hier.c's phases); the all-gather that splits
- *                 and sub-communicators exchange over their parent
+ *   rings.c       a collective cut over the rings of init.c
+ *   progress.c    issue order: the worker thread; the runner chosen at
+ *                 issue (ring.c, hier.c, lat.c or rings.c); the all-gather
+ *                 that splits and sub-communicators exchange over their
+ *                 parent
+ *   slice.c       the slice policy: the pipeline unit's size, per path
  *   lat.c         tree and rhd allreduces over p2p.c's links
  *   ring.c        the five primitives and the ring and chain schedules
- *   device_ring.c the same primitives on GPU buffers (step mode)
+ *   device_ring.c the device ring's state and links; device_setup.c builds
+ *                 it; device_step.c the same primitives on GPU buffers
+ *                 (step mode); device_kernel.c and device_watch.c kernel
+ *                 mode; device_async.c its asynchronous mode;
+ *                 device_proxy.c kernel mode's host proxy
  *   device.c      the CUDA module, opened at first use
  *   ring_link.c   slots to and from the neighbours, the waiter's checks
  *   p2p.c         send, recv and all_to_all over links to any rank
@@ -267,7 +278,7 @@ typedef struct brg__split_confirm {
 } brg__split_confirm;
 
 /* split.c: before the first device collective (on the caller's thread, at
- * the same call on every rank), the communicator device_ring.c's host proxy
+ * the same call on every rank), the communicator device_proxy.c's host proxy
  * carries kernel mode's slots between hosts on, where the ring leaves a
  * host and BRIGADE_DEVICE_MODE is not step. */
 brg_status brg__comm_devnet(brg_comm *c);
@@ -283,11 +294,20 @@ typedef enum {
 /* settings.c: BRIGADE_ALGO's value as a brg__algo, or -1 when it names none. */
 int brg__algo_parse(const char *name);
 const char *brg__algo_name(int algo);
-/* Decides whether allreduce k runs hierarchically (sets k->hier), making
+/* Decides whether allreduce k runs hierarchically or in lat.c (sets
+ * k->run, and k->lat), making
  * the hierarchy's communicators at the first such call (a collective over
  * c: every rank reaches it at the same allreduce, since the choice depends
  * only on what every rank shares). */
 brg_status brg__hier_prepare(brg_comm *c, brg__coll *k);
+/* Runs allreduce k hierarchically: its three phases on the hierarchy's
+ * communicators, each through their progress (a failure stops both). */
+brg_status brg__hier_run(brg_comm *c, brg__coll *k);
+/* rings.c: at issue, k runs cut over c's rings (k->run) where k would
+ * take the ring engine and is large enough (every rank decides alike);
+ * the run of such a k, one part per ring at once. */
+void brg__rings_choose(const brg_comm *c, brg__coll *k);
+brg_status brg__rings_run(brg_comm *c, brg__coll *k);
 /* brg_comm_device_setup under BRIGADE_ALGO=hier, where the hosts fit it:
  * makes the hierarchy's communicators now (a collective, like the setup)
  * and gives them in *local and *cross, whose device rings the setup then
@@ -438,6 +458,19 @@ brg_status brg__p2p_post(brg_comm *c, brg__p2p_op *op);
 brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op);
 /* The collective all_to_all, run by ring.c's engine in issue order. */
 brg_status brg__p2p_all_to_all(brg_comm *c, const brg__coll *k);
+
+/* slice.c: the slice policy, the one place that sizes the pipeline unit.
+ * brg__slice_bytes decides it for a path, once (comm.c for the host ring,
+ * at create; device_setup.c for the device ring); brg__slice_elems is
+ * what a collective's walk uses, in elements of its dtype (at least 1):
+ * the host ring's slice, or step mode's for GPU buffers. */
+typedef enum {
+  BRG__SLICE_HOST,   /* the host ring's: c->slice_bytes */
+  BRG__SLICE_STEP,   /* step mode's GPU slice */
+  BRG__SLICE_KERNEL, /* kernel mode's slot */
+} brg__slice_path;
+size_t brg__slice_bytes(const brg_comm *c, brg__slice_path path);
+size_t brg__slice_elems(const brg_comm *c, const brg__coll *k);
 
 /* lat.c: the latency-bound allreduces (k->lat: double binary tree or
  * recursive halving and doubling) over point-to-point links, on the

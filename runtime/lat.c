@@ -105,7 +105,7 @@ static void run_tree(lat *l) {
   const brg__coll *k = l->k;
   int n = c->nranks, pos = c->pos;
   size_t es = l->esize, count = k->count;
-  size_t se = c->slice_bytes / es ? c->slice_bytes / es : 1;
+  size_t se = brg__slice_elems(c, k);
   size_t slices[2], most = 0;
   brg__tree_node nd[2];
   for (int t = 0; t < 2; t++) {
@@ -281,9 +281,9 @@ static void run_rhd(lat *l) {
 }
 
 /* Operations a call may issue, at most. */
-static size_t lat_ops_needed(const brg_comm *c, const brg__coll *k, size_t esize) {
+static size_t lat_ops_needed(const brg_comm *c, const brg__coll *k) {
   if (k->lat == BRG__ALGO_RHD) return 4 * (size_t)brg__log2_exact(brg__pow2_floor(c->nranks)) + 4;
-  size_t se = c->slice_bytes / esize ? c->slice_bytes / esize : 1;
+  size_t se = brg__slice_elems(c, k);
   return 2 * 6 * (brg__slice_total(half_cnt(k->count, 0), se) + 1);
 }
 
@@ -298,7 +298,7 @@ static brg_status lat_body(brg_comm *c, brg__coll *k) {
     c->cur = NULL;
     return BRG_SUCCESS;
   }
-  l.nops = lat_ops_needed(c, k, l.esize);
+  l.nops = lat_ops_needed(c, k);
   l.ops = calloc(l.nops, sizeof *l.ops);
   if (!l.ops) {
     c->cur = NULL;

@@ -27,7 +27,6 @@
 
 #include "clock.h"
 #include "internal.h"
-#include "ring_link.h"
 
 #define BEAT_MAX_PAIRS ((BRG__BOOT_MAX_MSG - 4) / 8)
 #define BEAT_BACKLOG_BYTES 65536 /* a neighbour that leaves this much unread gets no beats */

@@ -1,7 +1,9 @@
 /*
  * Progress: collectives run one at a time, in issue order, on the
  * communicator's worker thread or inline on the caller's thread when
- * nothing is queued ahead of them.
+ * nothing is queued ahead of them. Each runs through the runner chosen
+ * as it was issued (brg__coll.run): the ring engine, hier.c's hierarchy,
+ * lat.c's tree or rhd, or rings.c's several rings.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -10,183 +12,7 @@
 
 #include "device.h"
 #include "internal.h"
-#include "kernels.h"
-#include "schedule.h"
 #include "trace.h"
-
-/* The first device collective builds the device ring on every rank, over
- * the host ring: each rank says which GPU it has, then sets up its own half
- * and describes it, and each rank connects to its neighbours'. Every rank
- * takes part in both all-gathers even when its own half failed, so that
- * all of them learn which rank could not and why, instead of timing out. */
-static brg_status device_setup(brg_comm *c) {
-  brg__dev_setup st;
-  brg_status s = brg__device_ring_prepare(c, &st);
-  if (s != BRG_SUCCESS) return s;
-  brg__coll g = {.kind = BRG__COLL_ALL_GATHER,
-                 .dtype = BRG_UINT8,
-                 .op = BRG_SUM,
-                 .root = -1,
-                 .sendbuf = st.mine,
-                 .recvbuf = st.all,
-                 .count = st.blob_bytes};
-  s = brg__coll_execute(c, &g);
-  s = brg__device_ring_local(c, &st, s);
-  if (s == BRG_SUCCESS) {
-    brg__coll g2 = g;
-    s = brg__coll_execute(c, &g2);
-  }
-  return brg__device_ring_finish(c, &st, s);
-}
-
-/* Hierarchical allreduce (hier.c chose it and made its communicators):
- * runs one phase on a communicator of the hierarchy; a failure aborts both,
- * so that the ranks waiting on this one in the other phase hear of it, and
- * of why (a rank of another host gone silent, say, which a rank waiting
- * within its host cannot see for itself). */
-static brg_status phase(brg_comm *c, brg_comm *sub, brg__coll *p, const brg__coll *k,
-                        const char *what) {
-  brg_status s = brg__progress_run(sub, p);
-  if (s == BRG_SUCCESS) return s;
-  char why[BRG__ERRLEN];
-  snprintf(why, sizeof why, "%s", sub->last_error);
-  brg__comm_stop_why(c->local, why);
-  brg__comm_stop_why(c->cross, why);
-  char desc[160];
-  brg__coll_describe(desc, sizeof desc, k->kind, k->seq, k->count, k->dtype, k->op, k->root, 0);
-  return brg__comm_error(c, s, "%s (hier): %s failed: %s", desc, what, why);
-}
-
-static brg_status hier_body(brg_comm *c, brg__coll *k) {
-  brg_comm *local = c->local, *cross = c->cross;
-  size_t esize = brg_dtype_size(k->dtype);
-  uint64_t sent0 = __atomic_load_n(&local->bytes_sent, __ATOMIC_RELAXED) +
-                   __atomic_load_n(&cross->bytes_sent, __ATOMIC_RELAXED);
-  brg_op sum = k->op == BRG_AVG ? BRG_SUM : k->op;
-  /* GPU buffers: every phase a device collective on the caller's stream. */
-  brg__coll dev = {
-      .device = k->device, .gpu = k->gpu, .stream = k->stream, .captured = k->captured};
-  brg__coll rs = dev;
-  rs.kind = BRG__COLL_REDUCE_SCATTER;
-  rs.dtype = k->dtype;
-  rs.op = sum;
-  rs.root = -1;
-  rs.sendbuf = k->sendbuf;
-  rs.recvbuf = k->recvbuf;
-  rs.count = k->count;
-  rs.whole = 1;
-  brg_status s = phase(c, local, &rs, k, "the reduce-scatter within the host");
-  if (s != BRG_SUCCESS) return s;
-  /* This rank's chunk, as the reduce-scatter cut it. */
-  size_t off = brg__part_offset(k->count, local->nranks, local->rank);
-  size_t cnt = brg__part_count(k->count, local->nranks, local->rank);
-  char *shard = (char *)k->recvbuf + off * esize;
-  if (cnt > 0) { /* the same on every rank of cross: all of them skip it */
-    brg__coll ar = rs;
-    ar.kind = BRG__COLL_ALLREDUCE;
-    ar.sendbuf = shard;
-    ar.recvbuf = shard;
-    ar.count = cnt;
-    ar.whole = 0;
-    if ((s = phase(c, cross, &ar, k, "the allreduce across hosts")) != BRG_SUCCESS) return s;
-    if (k->op == BRG_AVG && k->device)
-      s = brg__device_divide(c, shard, cnt, k->dtype, c->nranks, k->stream);
-    else if (k->op == BRG_AVG)
-      brg__divide(shard, shard, cnt, k->dtype, c->nranks);
-    if (s != BRG_SUCCESS) return s;
-  }
-  brg__coll ag = rs;
-  ag.kind = BRG__COLL_ALL_GATHER;
-  ag.op = BRG_SUM;
-  ag.sendbuf = k->recvbuf;
-  if ((s = phase(c, local, &ag, k, "the all-gather within the host")) != BRG_SUCCESS) return s;
-  uint64_t sent1 = __atomic_load_n(&local->bytes_sent, __ATOMIC_RELAXED) +
-                   __atomic_load_n(&cross->bytes_sent, __ATOMIC_RELAXED);
-  __atomic_fetch_add(&c->bytes_sent, sent1 - sent0, __ATOMIC_RELAXED);
-  return BRG_SUCCESS;
-}
-
-static brg_status hier_run(brg_comm *c, brg__coll *k) {
-  k->seq = ++c->seq;
-  return brg__trace_run(c, k, hier_body);
-}
-
-/* Whether k is cut over the communicator's rings: a host allreduce,
- * reduce-scatter, all-gather, broadcast or reduce that gives every ring at
- * least a slice (of each rank's block, for reduce-scatter and all-gather).
- * The count is the same on every rank, so every rank decides alike. */
-static int on_rings(const brg_comm *c, const brg__coll *k) {
-  int cut = k->kind == BRG__COLL_ALLREDUCE || k->kind == BRG__COLL_REDUCE_SCATTER ||
-            k->kind == BRG__COLL_ALL_GATHER || k->kind == BRG__COLL_BROADCAST ||
-            k->kind == BRG__COLL_REDUCE;
-  /* GPU buffers too, also captured in a CUDA graph when every ring runs
-   * kernel mode (the forks and joins of the rings' streams are captured
-   * with the parts; ring 0's own kernel mode the capture check required). */
-  int dev_ok = !k->device || c->nrings <= BRG__DEVICE_MAX_RINGS;
-  for (int r = 1; k->device && k->captured && dev_ok && r < c->nrings; r++)
-    dev_ok = brg__device_kernel_mode(__atomic_load_n(&c->rings[r]->dev, __ATOMIC_ACQUIRE));
-  return c->nrings > 1 && dev_ok && cut && !k->whole &&
-         k->count * brg_dtype_size(k->dtype) >= (size_t)c->nrings * c->slice_bytes;
-}
-
-/* Part r of k's elements on ring r of `rings`: the same share of every
- * rank's block for reduce-scatter and all-gather, whose blocks stay where
- * they are in the full-size buffer (the part's stride is the call's
- * count); a contiguous share of the buffers otherwise. */
-static brg__coll ring_part(const brg__coll *k, int rings, int r) {
-  size_t esize = brg_dtype_size(k->dtype);
-  size_t off = brg__part_offset(k->count, rings, r) * esize;
-  brg__coll p = *k;
-  p.count = brg__part_count(k->count, rings, r);
-  if (k->kind == BRG__COLL_REDUCE_SCATTER || k->kind == BRG__COLL_ALL_GATHER)
-    p.stride = k->stride ? k->stride : k->count;
-  /* a buffer a rank does not have (broadcast, reduce) stays NULL */
-  p.sendbuf = k->sendbuf ? (const char *)k->sendbuf + off : NULL;
-  p.recvbuf = k->recvbuf ? (char *)k->recvbuf + off : NULL;
-  return p;
-}
-
-/* The collective k cut into one part per ring: parts 1..R-1 queued on the
- * rings' own communicators, whose threads run them, part 0 here on this
- * one's ring. A part that fails stops the others (their peers hear it on
- * each ring), and the first failure is the call's. */
-static brg_status run_rings(brg_comm *c, brg__coll *k) {
-  int rings = c->nrings;
-  brg__req *parts = calloc((size_t)rings, sizeof *parts);
-  if (!parts) return brg__comm_error(c, BRG_ERR_NO_MEMORY, "out of memory for %d rings", rings);
-  /* GPU buffers: each ring's part on a stream of its own, forked from the
-   * caller's stream and joined back into it, so the rings run at once. */
-  void *streams[BRG__DEVICE_MAX_RINGS] = {0};
-  brg_status s = k->device ? brg__device_fork(c, k->stream, rings, streams) : BRG_SUCCESS;
-  if (s != BRG_SUCCESS) {
-    free(parts);
-    return s;
-  }
-  for (int r = 1; r < rings; r++) {
-    parts[r].coll = ring_part(k, rings, r);
-    if (k->device) parts[r].coll.stream = streams[r];
-    brg__progress_enqueue(c->rings[r], &parts[r]);
-  }
-  brg__coll k0 = ring_part(k, rings, 0);
-  s = brg__coll_execute(c, &k0);
-  k->seq = k0.seq;
-  /* The others' peers hear why (the first failure names the rank that
-   * caused it), not just that this rank stopped. */
-  if (s != BRG_SUCCESS)
-    for (int r = 1; r < rings; r++) brg__comm_stop_why(c->rings[r], brg_comm_last_error(c));
-  for (int r = 1; r < rings; r++) {
-    brg_status p = brg__progress_wait(&parts[r]);
-    if (p == BRG_SUCCESS || s != BRG_SUCCESS) continue;
-    s = brg__comm_error(c, p, "%s (ring %d of %d)", brg_comm_last_error(c->rings[r]), r, rings);
-    for (int q = 1; q < rings; q++) brg__comm_stop_why(c->rings[q], brg_comm_last_error(c));
-  }
-  free(parts);
-  if (k->device) {
-    brg_status j = brg__device_join(c, k->stream, rings);
-    if (s == BRG_SUCCESS) s = j;
-  }
-  return s;
-}
 
 static brg_status run_one(brg_comm *c, brg__coll *k) {
   /* Whichever thread runs a device collective (the caller's, or the worker
@@ -201,19 +27,16 @@ static brg_status run_one(brg_comm *c, brg__coll *k) {
     s = __atomic_load_n(&c->broken, __ATOMIC_ACQUIRE); /* last_error holds the first failure */
   } else {
     ran = 1;
-    if (k->device && c->nranks > 1 && !c->dev) s = device_setup(c);
+    if (k->device && c->nranks > 1 && !c->dev) s = brg__device_ring_setup(c);
     /* The rings' device rings with this one's, so that a call captured in a
      * CUDA graph later finds them all made (their parts' threads are idle:
      * only this communicator's calls give them work, and it waits for
      * them). */
     for (int r = 1; k->device && r < c->nrings && s == BRG_SUCCESS; r++)
-      if (!__atomic_load_n(&c->rings[r]->dev, __ATOMIC_ACQUIRE)) s = device_setup(c->rings[r]);
+      if (!__atomic_load_n(&c->rings[r]->dev, __ATOMIC_ACQUIRE))
+        s = brg__device_ring_setup(c->rings[r]);
     if (s == BRG_SUCCESS && k->async) s = brg__device_async_start(c, k);
-    if (s == BRG_SUCCESS && !k->setup_only)
-      s = k->hier          ? hier_run(c, k)
-          : k->lat         ? brg__lat_run(c, k)
-          : on_rings(c, k) ? run_rings(c, k)
-                           : brg__coll_execute(c, k);
+    if (s == BRG_SUCCESS && !k->setup_only) s = k->run ? k->run(c, k) : brg__coll_execute(c, k);
   }
   if (k->async) brg__device_async_end(c, k, s);
   if (entered) brg__device_leave(prev_gpu);

@@ -429,12 +429,11 @@ static brg_status coll_body(brg_comm *c, brg__coll *k) {
   c->cur = k;
   c->cur_step = 0;
   brg__ring_op o = {.c = c, .coll = k, .esize = brg_dtype_size(k->dtype)};
-  o.slice_elems = c->slice_bytes / o.esize;
+  o.slice_elems = brg__slice_elems(c, k);
   o.mem = &brg__mem_host;
   if (k->device) {
     o.mem = &brg__mem_device;
     o.dev = c->dev;
-    o.slice_elems = brg__device_ring_slice_bytes(c->dev) / o.esize;
   }
   o.direct = brg__ring_send_direct(&o);
   /* Windows only where sends go from anywhere: an all-gather step whose

@@ -5,7 +5,7 @@
  * released. While a wait sleeps, ring_check looks for what should stop
  * it: an abort, a neighbour's notice or hang-up, a broken link, the
  * deadline. The host data path (ring.c) and the device data path
- * (device_ring.c) both hand slots over through these functions.
+ * (device_step.c) both hand slots over through these functions.
  */
 #include <poll.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
 /*
  * The ring engine's slot handshake (ring_link.c), shared by the host data
- * path (ring.c) and the device data path (device_ring.c). Both walk the
+ * path (ring.c) and the device data path (device_step.c). Both walk the
  * same schedule and the same host FIFOs; they differ only in where the
  * payload lives.
  */
@@ -9,6 +9,7 @@
 
 #include "internal.h"
 #include "schedule.h"
+#include "trace.h"
 
 struct brg__dev_ring;
 struct brg__mem_ops;
@@ -43,7 +44,7 @@ typedef struct brg__ring_op {
  * since both know the slice and the link's slot size.
  *
  * brg__mem_host (ring.c): the CPU reads and writes the transports' slots.
- * brg__mem_device (device_ring.c): kernels on the collective's stream
+ * brg__mem_device (device_step.c): kernels on the collective's stream
  * read and write slots in GPU memory (or pinned host memory), ordered by
  * events; the host side only enqueues.
  */
@@ -91,6 +92,13 @@ void brg__ring_recv_release(brg__ring_op *o);
  * engine's own buffers (ops->recv_window). */
 static inline int brg__ring_recv_windows(const brg__ring_op *o) {
   return !o->dev && o->c->recv.ops && o->c->recv.ops->recv_window;
+}
+
+/* The trace's record of a slice that ended (trace.c), from where the
+ * engine stands. */
+static inline void brg__trace_slice_end(const brg__ring_op *o, brg__prim prim, uint64_t bytes,
+                                        int64_t t0, brg_status s) {
+  brg__trace_slice(o->c, o->coll->seq, o->chunk, o->elem, o->slice, prim, bytes, t0, s);
 }
 
 #endif

@@ -268,9 +268,8 @@ int64_t brg__trace_slice_begin(brg__trace *t) {
   return t->last_ns;
 }
 
-void brg__trace_slice_end(const brg__ring_op *o, brg__prim prim, uint64_t bytes, int64_t t0,
-                          brg_status s) {
-  brg_comm *c = o->c;
+void brg__trace_slice(brg_comm *c, uint64_t seq, int chunk, size_t elem, size_t slice,
+                      brg__prim prim, uint64_t bytes, int64_t t0, brg_status s) {
   brg__trace *t = c->trace;
   int64_t t1 = brg__now_ns();
   t->last_ns = t1;
@@ -279,7 +278,7 @@ void brg__trace_slice_end(const brg__ring_op *o, brg__prim prim, uint64_t bytes,
     trace_step *st = &t->steps[step];
     if (!st->slices) {
       st->t0 = t0;
-      st->chunk = o->chunk;
+      st->chunk = chunk;
       st->prim = prim;
     }
     st->t1 = t1;
@@ -290,14 +289,14 @@ void brg__trace_slice_end(const brg__ring_op *o, brg__prim prim, uint64_t bytes,
   *e = (trace_ev){.type = EV_SLICE,
                   .t0 = t0,
                   .t1 = t1,
-                  .seq = o->coll->seq,
+                  .seq = seq,
                   .bytes = bytes,
-                  .elem = o->elem,
+                  .elem = elem,
                   .wait_ns = t->wait_ns,
                   .wait_send_ns = t->wait_send_ns,
                   .step = step,
-                  .chunk = o->chunk,
-                  .slice = (int32_t)o->slice,
+                  .chunk = chunk,
+                  .slice = (int32_t)slice,
                   .what = (uint8_t)prim,
                   .status = (int16_t)s};
 }

@@ -24,7 +24,7 @@
 #include <stdint.h>
 
 #include "internal.h"
-#include "ring_link.h"
+#include "schedule.h"
 
 typedef struct brg__trace brg__trace;
 
@@ -47,8 +47,11 @@ brg_status brg__trace_run(brg_comm *c, brg__coll *k, brg_status (*body)(brg_comm
 int64_t brg__trace_coll_begin(brg__trace *t);
 void brg__trace_coll_end(brg_comm *c, const brg__coll *k, int64_t t0, brg_status s);
 int64_t brg__trace_slice_begin(brg__trace *t);
-void brg__trace_slice_end(const brg__ring_op *o, brg__prim prim, uint64_t bytes, int64_t t0,
-                          brg_status s);
+/* A slice of collective `seq` ended: its chunk, its first element and its
+ * index in the chunk, as the engine walks it (ring_link.h's
+ * brg__trace_slice_end hands them over). */
+void brg__trace_slice(brg_comm *c, uint64_t seq, int chunk, size_t elem, size_t slice,
+                      brg__prim prim, uint64_t bytes, int64_t t0, brg_status s);
 /* A wait that began at t0 and ends now: for a slot from `peer` (send 0)
  * or for a free slot at `peer` (send 1). */
 void brg__trace_wait(brg_comm *c, int peer, int send, int64_t t0);

@@ -56,7 +56,7 @@ int main(int argc, char **argv) {
   printf("error_string(BRG__CUDA_ERR_NO_DMABUF): %s\n", s);
   expect(s && strstr(s, "dmabuf") && strstr(s, "not supported"), "dmabuf error text",
          s ? s : "NULL");
-  /* device_ring.c logs it behind "no dmabuf for GPU memory: " in 128 bytes. */
+  /* device_ring.c's brg__dev_gdr_offer_slots logs it behind "no dmabuf for GPU memory: " in 128 bytes. */
   expect(s && strlen(s) < 128 - 27, "dmabuf error text", "too long for the runtime's log");
 
   char why[256] = "";

@@ -1,0 +1,482 @@
+/*
+ * Kernel mode (kernels/cuda/ring_kernel.cuh): a collective is one launch
+ * whose channels wait on the neighbours' flags. Its regions, the one-shot
+ * path, the choice of mode, and a launch.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device_ring_int.h"
+
+/* The region of one rank: per channel the control words and the slots. */
+static size_t kregion_bytes(const struct brg__dev_ring *d) {
+  return (size_t)d->kchannels * d->kstride + d->kos_bytes;
+}
+
+/* This rank's kernel-mode half: its region (which both neighbours' kernels
+ * write), the ring order and the abort and status words, and for a link
+ * to another host the host region the proxy serves; b->kernel_ok, or why
+ * not in b->kwhy. Neighbours of this host whose GPUs cannot reach this one
+ * keep the ring in step mode. */
+void brg__dev_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b, const dev_blob *all,
+                           int staged) {
+  const brg__cuda_api *api = d->api;
+  const dev_blob *prev = &all[c->prev], *next = &all[c->next];
+  b->kmode_req = d->kmode_req;
+  b->kchannels = d->kchannels;
+  b->kslot = d->kslot;
+  b->kos_slot = d->kos_slot;
+  if (d->kmode_req == 2) {
+    snprintf(b->kwhy, sizeof b->kwhy, "BRIGADE_DEVICE_MODE=step");
+    return;
+  }
+  if (staged && !c->devnet) {
+    snprintf(b->kwhy, sizeof b->kwhy,
+             "the ring has device links staged through host links and the proxy's "
+             "communicator for them was not made");
+    return;
+  }
+  if (staged && c->devnet->send.fifo.slot_bytes < d->kslot) {
+    snprintf(b->kwhy, sizeof b->kwhy,
+             "the staged links' slots (%zu bytes) are smaller than kernel mode's (%zu)",
+             c->devnet->send.fifo.slot_bytes, d->kslot);
+    return;
+  }
+  if ((!d->recv_staged && !brg__dev_reaches(d, b, prev)) ||
+      (!d->send_staged && !brg__dev_reaches(d, b, next))) {
+    snprintf(b->kwhy, sizeof b->kwhy,
+             "rank %d's GPU cannot reach the GPU of a neighbour (no peer access)", c->rank);
+    return;
+  }
+  /* Both neighbours' kernels write the region: it is the receiving end of
+   * a cuda_ipc link that each of them maps (the previous rank's, or the
+   * next's where the link from the previous one is staged). */
+  brg__errbuf err = {0};
+  const dev_blob *writer = !d->recv_staged ? prev : !d->send_staged ? next : b;
+  if (brg__dev_link_export(c, d, &d->kin, !d->recv_staged ? c->prev : c->next, b, writer,
+                           kregion_bytes(d), d->kslot, 0, b->kregion_info, &err) != BRG_SUCCESS) {
+    snprintf(b->kwhy, sizeof b->kwhy, "%.127s", err.msg);
+    return;
+  }
+  d->kregion = d->kin.fifo.data;
+  const char *what = "clearing the kernel-mode FIFOs";
+  int e = api->drv.mem_set(d->kregion, 0, kregion_bytes(d));
+  if (!e) {
+    what = "cudaMalloc of the ring order";
+    e = api->drv.mem_alloc((void **)&d->kring, (size_t)c->nranks * sizeof(int));
+  }
+  if (!e) {
+    what = "copying the ring order";
+    e = api->drv.mem_copy(d->kring, c->ring, (size_t)c->nranks * sizeof(int));
+  }
+  if (!e) {
+    what = "cudaEventCreate";
+    e = api->drv.event_create(&d->kdone_ev);
+  }
+  if (!e) {
+    what = "the abort and status words";
+    e = brg__dev_pinned_alloc(api, FLAG_PAGE, (char **)&d->kwords, (char **)&d->kwords_dev);
+  }
+  if (!e && d->send_staged) {
+    what = "pinned host memory for the slots to the next rank (staged link)";
+    e = brg__dev_pinned_alloc(api, brg__dev_pregion_bytes(d), &d->psend, &d->psend_dev);
+  }
+  if (!e && d->recv_staged) {
+    what = "pinned host memory for the slots from the previous rank (staged link)";
+    e = brg__dev_pinned_alloc(api, brg__dev_pregion_bytes(d), &d->precv, &d->precv_dev);
+  }
+  if (e) {
+    snprintf(b->kwhy, sizeof b->kwhy, "%s: %s", what,
+             e == -1 ? strerror(errno) : api->drv.error_string(e));
+    return;
+  }
+  brg__dev_proxy_gdr(c, d, b);
+  b->kernel_ok = 1;
+  b->kos_ok = d->kos_slot > 0 && !staged; /* one hop reaches the ranks of cuda_ipc links only */
+  for (int r = 0; b->kos_ok && r < c->nranks; r++) b->kos_ok &= brg__dev_reaches(d, b, &all[r]);
+}
+
+/* Rank `rank`'s region, mapped here (in one process, its pointer). */
+static brg_status kernel_map(brg_comm *c, struct brg__dev_ring *d, const dev_blob *self,
+                             const dev_blob *peer, int rank, brg__conn *l, char **out) {
+  brg_status s =
+      brg__dev_link_map(c, d, l, rank, self, peer, kregion_bytes(d), d->kslot, peer->kregion_info);
+  if (s == BRG_SUCCESS) *out = l->fifo.data;
+  return s;
+}
+
+/* The neighbours' regions; a staged link's neighbour is the proxy's. */
+static brg_status setup_kernel_links(brg_comm *c, struct brg__dev_ring *d, const dev_blob *self,
+                                     const dev_blob *next, const dev_blob *prev) {
+  brg_status s = BRG_SUCCESS;
+  if (!d->send_staged) s = kernel_map(c, d, self, next, c->next, &d->knext_c, &d->knext);
+  if (s != BRG_SUCCESS || d->recv_staged) return s;
+  if (c->prev == c->next && !d->send_staged) {
+    d->kprev = d->knext; /* two ranks: one mapping serves both links */
+    return BRG_SUCCESS;
+  }
+  return kernel_map(c, d, self, prev, c->prev, &d->kprev_c, &d->kprev);
+}
+
+/* The one-shot path, where every rank's GPU reaches every rank's area (all
+ * ranks decide alike, from the same blobs): every region mapped here. */
+static brg_status setup_oneshot(brg_comm *c, struct brg__dev_ring *d, const dev_blob *self,
+                                const dev_blob *all) {
+  int who = -1;
+  for (int r = 0; r < c->nranks; r++)
+    if (!all[r].kos_ok && who < 0) who = r;
+  if (!d->kos_slot) return BRG_SUCCESS;
+  if (brg__device_staged_any(c)) {
+    BRG__INFO("init", "device ring: no one-shot allreduce: device links of the ring are staged "
+                      "through host links (ranks on several hosts, or cuda_ipc not among "
+                      "BRIGADE_TRANSPORTS), so small allreduces take the ring");
+    return BRG_SUCCESS;
+  }
+  if (who >= 0) {
+    BRG__INFO("init",
+              "device ring: no one-shot allreduce: a GPU cannot reach rank %d's (no peer access), "
+              "so small allreduces take the ring",
+              who);
+    return BRG_SUCCESS;
+  }
+  size_t off = (size_t)d->kchannels * d->kstride;
+  for (int r = 0; r < c->nranks; r++) {
+    char *base = r == c->rank   ? d->kregion
+                 : r == c->next ? d->knext
+                 : r == c->prev ? d->kprev
+                                : NULL;
+    if (!base) {
+      brg_status s = kernel_map(c, d, self, &all[r], r, &d->kos_c[r], &base);
+      if (s != BRG_SUCCESS) return s;
+    }
+    d->kos_area[r] = base + off;
+  }
+  d->oneshot = 1;
+  return BRG_SUCCESS;
+}
+
+/* Why kernel mode does not run, from every rank's description; NULL when
+ * it can. Forced (BRIGADE_DEVICE_MODE=kernel), only a rank that cannot
+ * stops it; automatic, so do ranks of different processes on one GPU
+ * without MPS, whose kernels would take turns while spinning. */
+const char *brg__dev_kernel_refused(const brg_comm *c, const dev_blob *all, int *who) {
+  for (int r = 0; r < c->nranks; r++)
+    if (!all[r].kernel_ok) {
+      *who = r;
+      return all[r].kwhy;
+    }
+  if (all[0].kmode_req == 0)
+    for (int r = 0; r < c->nranks; r++)
+      for (int q = 0; q < r; q++)
+        if (brg__dev_shares_gpu(c, all, r, q) && !all[r].mps) {
+          *who = r;
+          return "ranks of different processes share a GPU and MPS is not running: their "
+                 "kernels would take turns on it (BRIGADE_DEVICE_MODE=kernel forces it)";
+        }
+  return NULL;
+}
+
+/* Kernel mode's sizes: channels, slots and the layout of a region's
+ * channel (KMETA). With staged links, one channel: channels sharing the
+ * proxy's link could block each other across launches (a launch's slots
+ * waiting behind the next launch's in a full channel), and the host link,
+ * not the channel count, bounds such a ring. Every rank sees `staged`
+ * alike. */
+void brg__dev_kernel_sizes(brg_comm *c, struct brg__dev_ring *d, int staged) {
+  int blocks = (int)brg__device_int(BRG__DEVICE_BLOCKS);
+  d->kchannels = (int)brg__device_int(BRG__DEVICE_CHANNELS);
+  if (d->kchannels == 0) d->kchannels = blocks < 8 ? blocks : 8;
+  if (d->kchannels > BRG__RK_MAX_CHANNELS) d->kchannels = BRG__RK_MAX_CHANNELS;
+  if (staged) d->kchannels = 1;
+  d->kslot = brg__slice_bytes(c, BRG__SLICE_KERNEL);
+  d->kctrl = (KMETA + (size_t)d->nslots * sizeof(brg__rk_meta) +
+              BRG__RK_HDRS * sizeof(brg__rk_hdr) + 255) &
+             ~(size_t)255;
+  d->kstride = d->kctrl + (size_t)d->nslots * d->kslot;
+  d->pstride = PCTRL + (size_t)d->nslots * d->kslot;
+  d->kos_limit = (size_t)brg__device_int(BRG__DEVICE_SMALL_BYTES);
+  if (d->kos_limit && c->nranks >= 2 && c->nranks <= BRG__RK_MAX_PEERS) {
+    d->kos_slot = (d->kos_limit + 255) & ~(size_t)255;
+    d->kos_bytes = brg__rk_os_bytes(c->nranks, d->kos_slot);
+  }
+}
+
+/* What kernel mode runs with, at INFO. */
+static void kernel_log(brg_comm *c, struct brg__dev_ring *d) {
+  char desc[256];
+  d->api->drv.describe(desc, sizeof desc);
+  BRG__INFO("init",
+            "device ring: kernel mode (%s): one kernel per collective, %d channels (thread "
+            "blocks) with %d slots of %zu bytes each in GPU memory, waiting on the "
+            "neighbours' flags; %s",
+            d->kmode_req == 1 ? "BRIGADE_DEVICE_MODE=kernel"
+                              : "automatic: the GPUs of neighbours in a host reach each other "
+                                "and no two processes share a GPU without MPS",
+            d->kchannels, d->nslots, d->kslot, desc);
+  if (d->send_staged || d->recv_staged)
+    BRG__INFO("init",
+              "device ring: kernel mode over staged links: %s%s%s%s%s, carried by the host "
+              "proxy on %s links with slots of %zu bytes (the kernels wait on its flags; the "
+              "call still returns at once)",
+              d->send_staged ? "to the next rank " : "",
+              !d->send_staged ? ""
+              : d->kgdr_send  ? "GPU to GPU (GPUDirect RDMA)"
+                              : "through pinned host memory",
+              d->send_staged && d->recv_staged ? " and " : "",
+              d->recv_staged ? "from the previous rank " : "",
+              !d->recv_staged ? ""
+              : d->kgdr_recv  ? "GPU to GPU (GPUDirect RDMA)"
+                              : "through pinned host memory",
+              (d->send_staged ? &c->devnet->send : &c->devnet->recv)->ops->name,
+              c->devnet->send.fifo.slot_bytes);
+  if (d->oneshot)
+    BRG__INFO("init",
+              "device ring: allreduces up to %zu bytes (BRIGADE_DEVICE_SMALL_BYTES) go in one "
+              "hop: each rank writes its input to all %d ranks, which sum them in rank order",
+              d->kos_limit, c->nranks);
+}
+
+/* Kernel mode chosen: the neighbours' regions, the one-shot path and the
+ * proxy of staged links; then the ring is published (c->dev). */
+brg_status brg__dev_kernel_finish(brg_comm *c, struct brg__dev_ring *d, const dev_blob *mine,
+                                  const dev_blob *all) {
+  for (int r = 0; r < c->nranks; r++)
+    if (r != c->rank && all[r].process == mine->process) {
+      d->kthreads = 1;
+      if (!memcmp(all[r].uuid, mine->uuid, 16)) d->kshared_gpu = 1;
+    }
+  brg_status s = setup_kernel_links(c, d, mine, &all[c->next], &all[c->prev]);
+  if (s == BRG_SUCCESS) s = setup_oneshot(c, d, mine, all);
+  if (s == BRG_SUCCESS) brg__dev_proxy_gdr_choose(c, d, mine, all);
+  if (s == BRG_SUCCESS && (d->send_staged || d->recv_staged)) s = brg__dev_proxy_start(c, d);
+  if (s != BRG_SUCCESS) return s;
+  d->async = 0; /* a launch returns at once by itself */
+  brg__dev_step_unused(d);
+  kernel_log(c, d);
+  c->kwatch = brg__dev_kernel_watch;
+  __atomic_store_n(&c->kabort, d->kwords, __ATOMIC_RELEASE);
+  __atomic_store_n(&c->dev, d, __ATOMIC_RELEASE);
+  return BRG_SUCCESS;
+}
+
+/* ---- kernel mode: a collective ---- */
+
+int brg__device_kernel_mode(const struct brg__dev_ring *d) {
+  return d && d->kernel;
+}
+
+brg_status brg__device_capture_check(brg_comm *c, const char *fn, brg__coll *k) {
+  const brg__cuda_api *api = brg__device_api(NULL);
+  int capturing = 0;
+  if (api->drv.stream_capturing(k->stream, &capturing) != 0 || !capturing) {
+    api->drv.last_error(); /* a query that failed leaves no error behind */
+    return BRG_SUCCESS;
+  }
+  struct brg__dev_ring *d = __atomic_load_n(&c->dev, __ATOMIC_ACQUIRE);
+  if (c->nranks > 1 && !d)
+    return brg__comm_error(c, BRG_ERR_INVALID_USAGE,
+                           "%s: stream %p is capturing a CUDA graph, but this communicator has "
+                           "not set up its device collectives yet (GPU memory and IPC with its "
+                           "neighbours, which cannot be made during a capture): call "
+                           "brg_comm_device_setup(comm, %d) on every rank before capturing, or "
+                           "run one device collective outside the capture first",
+                           fn, k->stream, k->gpu);
+  if (c->nranks > 1 && d && !d->kernel)
+    return brg__comm_error(c, BRG_ERR_INVALID_USAGE,
+                           "%s: stream %p is capturing a CUDA graph, but this communicator runs "
+                           "its device collectives in step mode (%s), driven slice by slice from "
+                           "the host, which a graph cannot hold: capture needs kernel mode",
+                           fn, k->stream, d->step_why);
+  k->captured = 1;
+  return BRG_SUCCESS;
+}
+
+/* Kernel mode's ranks in this process, with the stream each launched on
+ * last: a stream two ranks of one communicator share would queue one's
+ * kernel behind the other's, which waits for it. Only ranks that have
+ * another rank of their communicator in this process are listed (ranks as
+ * threads), so the lock is not on other processes' hot path. */
+#define STREAM_USERS 64
+static pthread_mutex_t stream_users_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+  const struct brg__dev_ring *d;
+  uint64_t comm_id;
+  int rank;
+  void *stream;
+} stream_users[STREAM_USERS];
+
+void brg__dev_stream_user_drop(const struct brg__dev_ring *d) {
+  pthread_mutex_lock(&stream_users_lock);
+  for (int i = 0; i < STREAM_USERS; i++)
+    if (stream_users[i].d == d) stream_users[i].d = NULL;
+  pthread_mutex_unlock(&stream_users_lock);
+}
+
+/* -1, or the rank of c's communicator in this process that launched on
+ * `stream` last; this rank is recorded as its last user. */
+static int stream_taken(const brg_comm *c, const struct brg__dev_ring *d, void *stream) {
+  int who = -1, mine = -1, free_at = -1;
+  pthread_mutex_lock(&stream_users_lock);
+  for (int i = 0; i < STREAM_USERS; i++) {
+    if (!stream_users[i].d) {
+      if (free_at < 0) free_at = i;
+    } else if (stream_users[i].d == d) {
+      mine = i;
+    } else if (stream_users[i].comm_id == c->comm_id && stream_users[i].stream == stream) {
+      who = stream_users[i].rank;
+    }
+  }
+  if (mine < 0) mine = free_at;
+  if (mine >= 0 && who < 0) {
+    stream_users[mine].d = d;
+    stream_users[mine].comm_id = c->comm_id;
+    stream_users[mine].rank = c->rank;
+    stream_users[mine].stream = stream;
+  }
+  pthread_mutex_unlock(&stream_users_lock);
+  return who;
+}
+
+/* A stream that captured a launch, for the drain at destroy. */
+static void graph_stream_note(struct brg__dev_ring *d, void *stream) {
+  d->graphs = 1;
+  for (int i = 0; i < d->ngstreams; i++)
+    if (d->gstream[i] == stream) return;
+  if (d->ngstreams < (int)(sizeof d->gstream / sizeof d->gstream[0]))
+    d->gstream[d->ngstreams++] = stream;
+}
+
+/* A launch on a stream where another rank of this communicator in this
+ * process would queue behind it (or it behind them) is refused. */
+static brg_status stream_refused(brg_comm *c, const struct brg__dev_ring *d, const brg__coll *k) {
+  if (!k->stream && d->kshared_gpu) {
+    char desc[160];
+    brg__coll_describe(desc, sizeof desc, k->kind, k->seq, k->count, k->dtype, k->op, k->root, 1);
+    return brg__comm_error(c, BRG_ERR_INVALID_USAGE,
+                           "rank %d: %s on the legacy default stream (stream NULL), but another "
+                           "rank of this communicator in this process has the same GPU, whose "
+                           "legacy stream is theirs too: a kernel-mode collective waits for its "
+                           "neighbours inside the kernel, so the second rank's kernel would queue "
+                           "behind the first one's, which waits for it, for ever. Give each rank "
+                           "a stream of its own (cudaStreamCreate), or set "
+                           "BRIGADE_DEVICE_MODE=step",
+                           c->rank, desc);
+  }
+  int other = k->stream && d->kthreads ? stream_taken(c, d, k->stream) : -1;
+  if (other >= 0)
+    return brg__comm_error(c, BRG_ERR_INVALID_USAGE,
+                           "rank %d: %s on stream %p, which rank %d of this communicator, in "
+                           "this process, launched on too: a kernel-mode collective waits for "
+                           "its neighbours inside the kernel, so one rank's kernel would queue "
+                           "behind the other's, which waits for it. Give each rank a stream of "
+                           "its own, or set BRIGADE_DEVICE_MODE=step",
+                           c->rank, brg__coll_name(k->kind), k->stream, other);
+  return BRG_SUCCESS;
+}
+
+/* Each channel's link words and slots, as the kernels reach them: the
+ * neighbours' regions, or a staged link's host region that the proxy
+ * serves. */
+static void kernel_chans(const struct brg__dev_ring *d, brg__rk_args *args) {
+  for (int ch = 0; ch < d->kchannels; ch++) {
+    char *own = d->kregion + (size_t)ch * d->kstride;
+    brg__rk_link *l = &args->chan[ch];
+    if (d->send_staged) { /* the proxy's region plays the next rank's and this rank's part */
+      char *p = d->psend_dev + (size_t)ch * d->pstride;
+      l->send_slots = d->kgdr_send ? d->kgdr_sbuf : p + PCTRL;
+      l->send_tail = (uint64_t *)p;
+      l->send_head = (const uint64_t *)(p + 64);
+      l->send_sizes = (uint64_t *)(p + 128);
+    } else {
+      char *next = d->knext + (size_t)ch * d->kstride;
+      l->send_slots = next + d->kctrl;
+      l->send_meta = (brg__rk_meta *)(next + KMETA);
+      l->send_hdr = (brg__rk_hdr *)(next + KMETA + (size_t)d->nslots * sizeof(brg__rk_meta));
+      l->hdr_acked = (const uint64_t *)(own + KACK);
+      l->send_tail = (uint64_t *)next;
+      l->send_head = (const uint64_t *)(own + 64);
+    }
+    if (d->recv_staged) {
+      char *p = d->precv_dev + (size_t)ch * d->pstride;
+      l->recv_slots = d->kgdr_recv ? d->kgdr_rbuf : p + PCTRL;
+      l->recv_tail = (const uint64_t *)p;
+      l->recv_head = (uint64_t *)(p + 64);
+    } else {
+      char *prev = d->kprev + (size_t)ch * d->kstride;
+      l->recv_slots = own + d->kctrl;
+      l->recv_meta = (const brg__rk_meta *)(own + KMETA);
+      l->recv_hdr = (const brg__rk_hdr *)(own + KMETA + (size_t)d->nslots * sizeof(brg__rk_meta));
+      l->hdr_ack = (uint64_t *)(prev + KACK);
+      l->recv_tail = (const uint64_t *)own;
+      l->recv_head = (uint64_t *)(prev + 64);
+    }
+    l->counters = (uint64_t *)(own + 128);
+  }
+}
+
+brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k) {
+  struct brg__dev_ring *d = c->dev;
+  const brg__cuda_api *api = d->api;
+  if (__atomic_load_n(&d->kwords[0], __ATOMIC_ACQUIRE) ||
+      __atomic_load_n(&d->kwords[KSTATUS_WORD], __ATOMIC_ACQUIRE) != BRG__RK_OK)
+    return brg__dev_kernel_stopped(c, d);
+  brg_status s = stream_refused(c, d, k);
+  if (s != BRG_SUCCESS) return s;
+  /* Launches of this communicator run one after another, whatever streams
+   * they come on: each starts from the FIFO positions the last one left.
+   * (A captured launch cannot wait for work outside its capture; a graph's
+   * launches are ordered by the streams the caller launches them on, and
+   * the busy word catches two at once.) */
+  if (!k->captured && d->kdone_set) {
+    int e = api->drv.stream_wait_event(k->stream, d->kdone_ev);
+    if (e)
+      return brg__dev_cuda_fail(c, api, e, "cudaStreamWaitEvent (the previous kernel-mode launch)");
+  }
+  brg__rk_args a;
+  memset(&a, 0, sizeof a);
+  a.kind = (int)k->kind;
+  a.dtype = (int)k->dtype;
+  a.op = (int)k->op;
+  a.nranks = c->nranks;
+  a.pos = c->pos;
+  a.root = k->root;
+  a.ring = d->kring;
+  a.sendbuf = k->sendbuf;
+  a.recvbuf = k->recvbuf;
+  a.count = k->count;
+  a.whole = k->whole;
+  a.stride = k->stride;
+  a.nslots = d->nslots;
+  a.nchannels = d->kchannels;
+  a.slot_bytes = d->kslot;
+  a.abort_word = d->kwords_dev;
+  a.status = d->kwords_dev + KSTATUS_WORD;
+  a.watch = (brg__rk_watch *)((char *)d->kwords_dev + KWATCH);
+  a.call = (brg__rk_call){.seq = k->seq,
+                          .count = k->count,
+                          .root = k->root,
+                          .kind = (uint8_t)k->kind,
+                          .dtype = (uint8_t)k->dtype,
+                          .op = (uint8_t)k->op};
+  kernel_chans(d, &a);
+  int one = d->oneshot && k->kind == BRG__COLL_ALLREDUCE && k->count > 0 &&
+            k->count <= d->kos_limit / brg_dtype_size(k->dtype);
+  if (one) {
+    a.oneshot = 1;
+    a.os.rank = c->rank;
+    a.os.slot_bytes = d->kos_slot;
+    memcpy(a.os.area, d->kos_area, sizeof a.os.area);
+  }
+  int e = api->kern.ring_launch(&a, sizeof a, one ? 1 : d->kchannels, 512, k->stream);
+  /* An event recorded into a capture cannot be waited for outside it: the
+   * drain at destroy waits for the launches made outside graphs, and the
+   * caller for its graphs' launches. */
+  if (!e && !k->captured) e = api->drv.event_record(d->kdone_ev, k->stream);
+  if (!e && !k->captured) d->kdone_set = 1;
+  if (!e && k->captured) graph_stream_note(d, k->stream);
+  d->last_stream = k->stream;
+  return e ? brg__dev_cuda_fail(c, api, e, "launching the kernel-mode collective") : BRG_SUCCESS;
+}

@@ -1,0 +1,293 @@
+/*
+ * Kernel mode's host proxy: on a link between hosts the neighbour's words
+ * and slots are in pinned host memory of this rank, and two threads play
+ * the neighbour, carrying what the kernels post over the network link.
+ */
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <time.h>
+
+#include "device_ring_int.h"
+
+/* Stops the host proxy's threads, if any run. */
+void brg__dev_proxy_join(struct brg__dev_ring *d) {
+  __atomic_store_n(&d->pstop, 1, __ATOMIC_RELEASE);
+  if (d->ptx_on) pthread_join(d->ptx, NULL);
+  if (d->prx_on) pthread_join(d->prx, NULL);
+  d->ptx_on = d->prx_on = 0;
+}
+
+/* A channel's words in a link's host region. */
+static uint64_t *pword(char *region, const struct brg__dev_ring *d, int ch, size_t at) {
+  return (uint64_t *)(region + (size_t)ch * d->pstride + at);
+}
+
+static int proxy_stopping(struct brg__dev_ring *d) {
+  return __atomic_load_n(&d->pstop, __ATOMIC_ACQUIRE) ||
+         __atomic_load_n(&d->kwords[0], __ATOMIC_ACQUIRE);
+}
+
+/* The proxy's waiter check: the proxy stops, or the kernels were stopped. */
+static brg_status proxy_check(void *arg) {
+  return proxy_stopping(arg) ? BRG_ERR_ABORTED : BRG_SUCCESS;
+}
+
+/* Nothing to do: yield at first, then sleep a little longer each time (at
+ * most 200 us), so an idle proxy costs little and a busy one reacts at once. */
+static void proxy_idle(int *idle) {
+  if (++*idle < 64) {
+    sched_yield();
+    return;
+  }
+  struct timespec ts = {0, *idle < 2000 ? 20000 : 200000};
+  nanosleep(&ts, NULL);
+}
+
+/* The proxy gives up: the kernels stop at their next wait, and the next
+ * call says why (with what the liveness thread learnt of the neighbours). */
+static void *proxy_fail(struct brg__dev_ring *d, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void *proxy_fail(struct brg__dev_ring *d, const char *fmt, ...) {
+  if (!__atomic_load_n(&d->pstop, __ATOMIC_ACQUIRE)) {
+    char text[sizeof d->perr];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&d->ev_lock);
+    if (!d->perr[0]) memcpy(d->perr, text, sizeof text);
+    pthread_mutex_unlock(&d->ev_lock);
+  }
+  brg__dev_kernel_stop(d);
+  return NULL;
+}
+
+static const char *link_why(const brg__conn *l) {
+  return l->fifo.ctrl->closed_why[0] ? l->fifo.ctrl->closed_why : "no reason given";
+}
+
+/* tx: every slot a channel's kernel posted to the next host goes into the
+ * network link's next slot, its header naming the channel and the bytes
+ * (the kernel wrote them beside the tail); once the link holds it, the
+ * channel's head says the slot is free. */
+/* Each proxy thread sleeps in short naps while idle: with the default
+ * timer slack (50 us) a 20 us nap would take 70. */
+static void proxy_nap_precise(void) {
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+}
+
+static void *proxy_tx(void *arg) {
+  struct brg__dev_ring *d = arg;
+  proxy_nap_precise();
+  brg__conn *l = &d->net->send;
+  brg__fifo *f = &l->fifo;
+  brg__waiter w = {.spin = -1, .check = proxy_check, .arg = d};
+  uint64_t pos = 0, freed = 0;
+  for (int idle = 0; !proxy_stopping(d);) {
+    int moved = 0;
+    if (d->kgdr_send) {
+      /* The one channel's slot n is the link's: free once the link sent it. */
+      uint64_t h = __atomic_load_n(&f->ctrl->head, __ATOMIC_ACQUIRE);
+      if (h > freed) {
+        freed = h;
+        __atomic_store_n(pword(d->psend, d, 0, 64), h, __ATOMIC_RELEASE);
+        moved = 1;
+      }
+    }
+    for (int ch = 0; ch < d->kchannels && !proxy_stopping(d); ch++) {
+      uint64_t sent = d->psent[ch];
+      if (__atomic_load_n(pword(d->psend, d, ch, 0), __ATOMIC_ACQUIRE) <= sent) continue;
+      if (__atomic_load_n(&f->ctrl->closed, __ATOMIC_ACQUIRE))
+        return proxy_fail(d, "the %s link to rank %d broke: %s", l->ops->name, l->peer,
+                          link_why(l));
+      if (pos + 1 > __atomic_load_n(&f->ctrl->head, __ATOMIC_ACQUIRE) + (uint64_t)f->nslots)
+        break; /* the network link is full: its own proxy frees slots */
+      uint64_t k = sent % (uint64_t)d->nslots;
+      uint64_t bytes = *pword(d->psend, d, ch, 128 + 8 * k);
+      const char *payload = d->psend + (size_t)ch * d->pstride + PCTRL + k * d->kslot;
+      if (bytes > d->kslot)
+        return proxy_fail(d, "a kernel posted %llu bytes in a slot of %zu to rank %d",
+                          (unsigned long long)bytes, d->kslot, l->peer);
+      brg__slot_meta *m = brg__fifo_meta(f, pos);
+      memset(m, 0, offsetof(brg__slot_meta, inline_data));
+      m->seq = sent + 1;
+      m->bytes = (uint32_t)bytes;
+      m->root = ch;
+      if (d->kgdr_send) {
+        m->device = 1; /* the link reads it from GPU slot pos % nslots */
+        payload = NULL;
+      } else if (bytes <= BRG__INLINE_BYTES) {
+        memcpy(m->inline_data, payload, bytes);
+        payload = NULL;
+      } else if (!l->ops->send_now) {
+        memcpy(brg__fifo_slot(f, pos), payload, bytes);
+      }
+      __atomic_store_n(&m->flag, pos + 1, __ATOMIC_RELEASE);
+      brg__publish(&f->ctrl->tail, &f->ctrl->tail_waiters, pos + 1);
+      if (l->ops->send_now) {
+        brg_status st = l->ops->send_now(l, pos, payload, &w);
+        if (st != BRG_SUCCESS && proxy_stopping(d)) return NULL;
+        if (st != BRG_SUCCESS)
+          return proxy_fail(d, "sending to rank %d on the %s link failed: %s", l->peer,
+                            l->ops->name, link_why(l));
+      }
+      pos++;
+      __atomic_store_n(&d->psent[ch], sent + 1, __ATOMIC_RELEASE);
+      if (!d->kgdr_send) __atomic_store_n(pword(d->psend, d, ch, 64), sent + 1, __ATOMIC_RELEASE);
+      moved = 1;
+    }
+    if (moved)
+      idle = 0;
+    else
+      proxy_idle(&idle);
+  }
+  return NULL;
+}
+
+/* rx: each slot that arrives from the previous host goes into the next
+ * slot of the channel its header names, once that channel's kernel has
+ * freed it, and the channel's tail says so. A channel whose slots are all
+ * taken holds back the ones behind it: its kernel frees them without
+ * waiting for any other channel (a ring step takes a slot in and puts one
+ * out, so the channel's slots around the ring never all fill). */
+static void *proxy_rx(void *arg) {
+  struct brg__dev_ring *d = arg;
+  proxy_nap_precise();
+  brg__conn *l = &d->net->recv;
+  brg__fifo *f = &l->fifo;
+  uint64_t pos = 0, got[BRG__RK_MAX_CHANNELS] = {0}, released = 0;
+  if (d->kgdr_recv) d->api->drv.set_device(d->gpu); /* its flushes are for this GPU */
+  for (int idle = 0; !proxy_stopping(d);) {
+    if (d->kgdr_recv) {
+      /* The link's slot n is the one channel's: the previous rank may
+       * write it again once the kernel took it. */
+      uint64_t h = __atomic_load_n(pword(d->precv, d, 0, 64), __ATOMIC_ACQUIRE);
+      if (h > released) {
+        released = h;
+        brg__publish(&f->ctrl->head, &f->ctrl->head_waiters, h);
+        idle = 0;
+      }
+    }
+    brg__slot_meta *m = brg__fifo_meta(f, pos);
+    if (__atomic_load_n(&m->flag, __ATOMIC_ACQUIRE) != pos + 1) {
+      if (__atomic_load_n(&f->ctrl->closed, __ATOMIC_ACQUIRE))
+        return proxy_fail(d, "the %s link from rank %d broke: %s", l->ops->name, l->peer,
+                          link_why(l));
+      proxy_idle(&idle);
+      continue;
+    }
+    int ch = m->root;
+    uint64_t bytes = m->bytes;
+    if (ch < 0 || ch >= d->kchannels || bytes > d->kslot || m->seq != got[ch] + 1 ||
+        (int)m->device != d->kgdr_recv)
+      return proxy_fail(d,
+                        "rank %d sent a kernel-mode slot this rank cannot place (channel %d of "
+                        "%d, %llu bytes of at most %zu, slot %llu where %llu was due, %s where "
+                        "%s was due)",
+                        l->peer, ch, d->kchannels, (unsigned long long)bytes, d->kslot,
+                        (unsigned long long)m->seq, (unsigned long long)(got[ch] + 1),
+                        m->device ? "GPU memory" : "host memory",
+                        d->kgdr_recv ? "GPU memory" : "host memory");
+    while (got[ch] - __atomic_load_n(pword(d->precv, d, ch, 64), __ATOMIC_ACQUIRE) >=
+           (uint64_t)d->nslots) {
+      if (proxy_stopping(d)) return NULL;
+      proxy_idle(&idle);
+    }
+    uint64_t k = got[ch] % (uint64_t)d->nslots;
+    if (d->kgdr_recv) {
+      /* Landed in GPU slot pos % nslots (= k: one channel); the running
+       * kernel may read it once the writes are flushed to the GPU. */
+      int e = bytes ? d->api->drv.flush_rdma_writes() : 0;
+      if (e)
+        return proxy_fail(d, "flushing GPUDirect RDMA writes from rank %d: %s", l->peer,
+                          d->api->drv.error_string(e));
+    } else {
+      const char *src = bytes <= BRG__INLINE_BYTES ? m->inline_data : brg__fifo_slot(f, pos);
+      memcpy(d->precv + (size_t)ch * d->pstride + PCTRL + k * d->kslot, src, bytes);
+    }
+    got[ch]++;
+    __atomic_store_n(pword(d->precv, d, ch, 0), got[ch], __ATOMIC_RELEASE);
+    pos++;
+    if (!d->kgdr_recv) brg__publish(&f->ctrl->head, &f->ctrl->head_waiters, pos);
+    idle = 0;
+  }
+  return NULL;
+}
+
+/* Starts the proxy on c->devnet's links, which must join the same
+ * neighbours as the ring's own. */
+brg_status brg__dev_proxy_start(brg_comm *c, struct brg__dev_ring *d) {
+  brg_comm *n = c->devnet;
+  if (!n || n->nranks != c->nranks || n->next != c->next || n->prev != c->prev)
+    return brg__comm_error(c, BRG_ERR_INTERNAL,
+                           "rank %d: kernel mode's links between hosts do not join this ring's "
+                           "neighbours (%d and %d)",
+                           c->rank, c->prev, c->next);
+  d->net = n;
+  brg__errbuf err;
+  brg_status s = BRG_SUCCESS;
+  if (d->send_staged &&
+      (s = brg__proxy_start(&d->ptx, proxy_tx, d, "brg-kproxy-tx", &err)) == BRG_SUCCESS)
+    d->ptx_on = 1;
+  if (s == BRG_SUCCESS && d->recv_staged &&
+      (s = brg__proxy_start(&d->prx, proxy_rx, d, "brg-kproxy-rx", &err)) == BRG_SUCCESS)
+    d->prx_on = 1;
+  return s == BRG_SUCCESS ? s : brg__comm_error(c, s, "%s", err.msg);
+}
+
+/* Whether tx has carried every slot the kernels posted to the next host. */
+int brg__dev_proxy_flushed(struct brg__dev_ring *d) {
+  for (int ch = 0; d->psend && ch < d->kchannels; ch++)
+    if (__atomic_load_n(pword(d->psend, d, ch, 0), __ATOMIC_ACQUIRE) >
+        __atomic_load_n(&d->psent[ch], __ATOMIC_ACQUIRE))
+      return 0;
+  return 1;
+}
+
+void brg__device_proxy_stop(brg_comm *c) {
+  if (c->dev) brg__dev_proxy_join(c->dev);
+}
+
+/* GPUDirect RDMA on kernel mode's staged links (one channel there): GPU
+ * slots registered with the proxy's links, where the transport and the GPU
+ * allow it; whether it then runs is decided with the neighbour. */
+void brg__dev_proxy_gdr(brg_comm *c, struct brg__dev_ring *d, dev_blob *b) {
+  if (!d->send_staged && !d->recv_staged) return;
+  if (!brg__device_int(BRG__DEVICE_IB_GDR)) {
+    snprintf(b->kgdr_why, sizeof b->kgdr_why, "off (BRIGADE_IB_GDR=0)");
+    return;
+  }
+  if (d->kchannels != 1 || c->devnet->nslots != d->nslots) {
+    snprintf(b->kgdr_why, sizeof b->kgdr_why, "%d channels, %d slots on the proxy's links",
+             d->kchannels, c->devnet->nslots);
+    return;
+  }
+  /* The proxy flushes what the network wrote before it raises a tail. */
+  brg__dev_gdr_offer o = {&b->kgdr_send_ok, &b->kgdr_recv_ok, &b->kgdr_rkey, b->kgdr_why,
+                          sizeof b->kgdr_why};
+  brg__dev_gdr_offer_slots(d, d->send_staged ? &c->devnet->send : NULL,
+                           d->recv_staged ? &c->devnet->recv : NULL, (size_t)d->nslots * d->kslot,
+                           &d->kgdr_rbuf, &d->kgdr_sbuf, &o);
+  b->kgdr_rptr = (uint64_t)(uintptr_t)d->kgdr_rbuf;
+}
+
+/* Kernel mode's staged links: GPUDirect runs on one when both of its ends
+ * registered (brg__dev_proxy_gdr). */
+void brg__dev_proxy_gdr_choose(brg_comm *c, struct brg__dev_ring *d, const dev_blob *mine,
+                               const dev_blob *all) {
+  d->kgdr_send = d->send_staged && mine->kgdr_send_ok && all[c->next].kgdr_recv_ok;
+  d->kgdr_recv = d->recv_staged && all[c->prev].kgdr_send_ok && mine->kgdr_recv_ok;
+  if (d->kgdr_send)
+    c->devnet->send.ops->dev_remote(&c->devnet->send, all[c->next].kgdr_rptr,
+                                    all[c->next].kgdr_rkey, d->kslot);
+  if ((d->send_staged && !d->kgdr_send) || (d->recv_staged && !d->kgdr_recv))
+    BRG__INFO("init", "device ring: kernel mode: GPUDirect RDMA not used on the staged links: %s",
+              mine->kgdr_why[0]                 ? mine->kgdr_why
+              : d->send_staged && !d->kgdr_send ? all[c->next].kgdr_why
+                                                : all[c->prev].kgdr_why);
+}

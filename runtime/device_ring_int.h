@@ -1,0 +1,295 @@
+/*
+ * The device ring's own state and the helpers its files share (device_ring.c
+ * and the rooms it is split into). Only those files include this header;
+ * the rest of the runtime sees device.h. The calls run one way: the
+ * lifetime (device_setup.c) calls the modes, the modes call the shared
+ * helpers (device_ring.c), never back.
+ *
+ *   device_ring.c    what every mode uses: the cuda_ipc links, pinned
+ *                    memory, GPUDirect offers, the fork and join of rings
+ *   device_setup.c   the ring's lifetime: the setup around two all-gathers,
+ *                    the drain and the free
+ *   device_step.c    step mode: its FIFO and events, brg__mem_device
+ *   device_kernel.c  kernel mode: its regions, the one-shot path, a launch
+ *   device_watch.c   kernel mode: faults, the watchdog, the drain
+ *   device_async.c   asynchronous mode: the ring's stream, flag and tickets
+ *   device_proxy.c   kernel mode's host proxy on the links between hosts
+ */
+#ifndef BRIGADE_DEVICE_RING_INT_H
+#define BRIGADE_DEVICE_RING_INT_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "device.h"
+#include "internal.h"
+#include "cuda/ring_args.h"
+#include "ring_link.h"
+#include "settings.h"
+
+#define HB BRG__CUDA_IPC_HANDLE_BYTES
+
+/* A payload sits in its GPU slot at the same offset from a 16-byte boundary
+ * as its elements in the caller's buffers (counted from the start of the
+ * collective, so every rank agrees), which keeps the kernels on their
+ * 16-byte vector path when chunks start at odd elements. */
+#define SLOT_SHIFT_ROOM 256
+
+/* The asynchronous mode's flag lives alone in a page of pinned memory. */
+#define FLAG_PAGE 4096
+
+struct brg__dev_ring {
+  const brg__cuda_api *api;
+  int nslots;
+  size_t slice_bytes; /* the pipeline unit: one slice per GPU slot */
+  size_t stride;      /* slice_bytes + room to shift a payload */
+  /* The device links' transports (brg__device_link): cuda_ipc, where the
+   * next rank's kernels write this rank's memory, or the host link's, which
+   * stages GPU payloads through its FIFO in pinned host memory. */
+  const brg__transport_ops *send_t, *recv_t;
+  brg__conn fifo_in, fifo_out;        /* cuda_ipc: own receive FIFO, the next rank's */
+  char *fifo;                         /* own receive FIFO, as kernels reach it */
+  char *next_fifo;                    /* the next rank's */
+  void *send_ev[BRG__MAX_SLOTS];      /* recorded after writing next's slot k */
+  void *rel_ev[BRG__MAX_SLOTS];       /* recorded after consuming own slot k */
+  void *prev_send_ev[BRG__MAX_SLOTS]; /* the previous rank's send_ev */
+  void *next_rel_ev[BRG__MAX_SLOTS];  /* the next rank's rel_ev */
+  int prev_opened, next_opened;       /* those came from ipc_event_open */
+  /* Links to other hosts: the transport's host FIFO regions, mapped. */
+  int send_staged, recv_staged;
+  /* ...or GPU memory straight on the network (GPUDirect RDMA): */
+  int send_gdr, recv_gdr;           /* the link runs that way */
+  int send_reg, recv_reg;           /* registered with the link */
+  char *gdr_send;                   /* device slots the sender's kernels write */
+  brg__conn *link_send, *link_recv; /* the communicator's links */
+  char *send_region, *recv_region;  /* host addresses (NULL: not registered) */
+  char *send_region_dev, *recv_region_dev;
+  void *last_stream; /* the stream of the latest device collective */
+  int stuck;         /* own work could not drain: nothing may be freed */
+  /* Bytes per slot on each link: the slice on CUDA IPC links, the network
+   * transport's slot on links between hosts (a slice crosses those in
+   * several pieces). GPU slots on a GPUDirect link are gdr_stride apart. */
+  size_t send_piece, recv_piece, gdr_stride;
+  /* Asynchronous mode: the host side of each collective runs on the
+   * communicator's thread on `proxy` (a stream of this ring's GPU); the
+   * caller's stream waits for *flag to reach the collective's ticket, which
+   * proxy writes once the collective has run. */
+  int async;
+  void *proxy;
+  uint32_t *flag_host; /* a page of pinned host memory */
+  void *flag_dev;
+  uint32_t issued; /* tickets handed out (under the communicator's qlock) */
+  void *proxy_ev;  /* recorded on proxy after each flag write */
+  pthread_mutex_t ev_lock;
+  void **spare_ev; /* start events not in use */
+  int nspare, capspare;
+  /* Each caller stream seen, with an event recorded after its latest wait
+   * on the flag: the flag page is freed only once all of them have run. */
+  struct {
+    void *stream, *ev;
+  } callers[16];
+  int ncallers;
+  /* Kernel mode (kernels/cuda/ring_kernel.cuh): a collective is one
+   * launch whose channels wait on the neighbours' flags. Each rank's
+   * region holds, per channel, its tail, head and counters and its
+   * receive slots; both neighbours write into it. */
+  int kmode_req;  /* BRIGADE_DEVICE_MODE: 0 auto, 1 kernel, 2 step */
+  int kernel;     /* collectives run in kernel mode */
+  int kchannels;  /* thread blocks per launch */
+  size_t kslot;   /* bytes per slot */
+  size_t kstride; /* bytes per channel in a region */
+  char *kregion;  /* own (GPU memory: kin, a cuda_ipc receive end) */
+  char *knext, *kprev;
+  brg__conn kin, knext_c, kprev_c; /* own region; the neighbours', mapped (cuda_ipc) */
+  int *kring;                      /* position -> rank, GPU memory */
+  int *kwords;                     /* a pinned page: [0] abort, [16] status, watch records */
+  int *kwords_dev;
+  size_t kctrl;   /* bytes per channel before its slots: words, then a meta per slot */
+  void *kdone_ev; /* recorded after each launch outside a graph capture */
+  int kdone_set;  /* kdone_ev was recorded: the next launch waits for it */
+  /* Another rank of this communicator in this process has this GPU: its
+   * legacy stream (NULL) is theirs too, where kernels would queue behind
+   * each other's spinning ones. */
+  int kshared_gpu;
+  int kthreads; /* another rank of this communicator is in this process */
+  /* The watchdog (brg__device_watch, on the liveness thread): per channel
+   * the progress last seen and since when it stands still. */
+  uint64_t wd_progress[BRG__RK_MAX_CHANNELS], wd_started[BRG__RK_MAX_CHANNELS];
+  int64_t wd_since[BRG__RK_MAX_CHANNELS];
+  int wd_fired;         /* the watchdog stopped the kernels */
+  brg_status perr_code; /* with perr: the status the next call returns (0: BRG_ERR_REMOTE) */
+  /* Streams that captured kernel-mode launches into graphs, with an event
+   * each that the drain at destroy records there: replays have no done
+   * event of their own. After a capture, the abort word's page outlives
+   * the communicator (a replay after destroy finds it set and ends). */
+  void *gstream[8], *gdone_ev[8];
+  int ngstreams, graphs;
+  /* The one-shot allreduce (ring_args.h): each rank's area follows the
+   * channels in its region, and every rank reaches every other's. */
+  size_t kos_limit;                   /* BRIGADE_DEVICE_SMALL_BYTES (0: none) */
+  size_t kos_slot, kos_bytes;         /* room per input; bytes of an area */
+  int oneshot;                        /* small allreduces take it */
+  char *kos_area[BRG__RK_MAX_PEERS];  /* rank r's area, as reached here */
+  brg__conn kos_c[BRG__RK_MAX_PEERS]; /* regions this path mapped itself */
+  char step_why[256];                 /* why collectives run in step mode, for a captured call */
+  /* Kernel mode's links between hosts: the same words and slots as a
+   * region's channel, in pinned host memory of this rank (PCTRL: tail at
+   * 0, head at 64, the posted slots' sizes at 128), and the host proxy's
+   * two threads in place of the neighbour: tx carries the slots this
+   * rank's kernels post to the network link to the next rank, rx writes
+   * what arrives from the previous rank into the slots its kernels read.
+   * Slots of all channels share the link; a slot's header names its
+   * channel. */
+  brg_comm *net;               /* c->devnet, whose links they use */
+  size_t pstride;              /* bytes per channel */
+  char *psend, *precv;         /* host addresses (NULL: the link stays in the host) */
+  char *psend_dev, *precv_dev; /* the same, as the kernels reach them */
+  /* GPUDirect RDMA on those links (kernel mode has one channel there):
+   * the channel's slots are GPU memory registered with the proxy's link,
+   * which carries slot n from kgdr_sbuf + (n % nslots) kslot here to the
+   * next rank's kgdr_rbuf at the same offset; the words stay in psend and
+   * precv. A slot is free again once the link says it went (tx), and the
+   * link's slot once the kernel took it (rx). */
+  int kgdr_send, kgdr_recv;    /* the links run that way */
+  char *kgdr_sbuf, *kgdr_rbuf; /* nslots * kslot of GPU memory each */
+  int gpu;                     /* this rank's device index (the proxy's flushes) */
+  pthread_t ptx, prx;          /* running when ptx_on, prx_on */
+  int ptx_on, prx_on;
+  int pstop;                            /* atomic: the threads return */
+  uint64_t psent[BRG__RK_MAX_CHANNELS]; /* atomic: slots tx has carried, per channel */
+  char perr[BRG__ERRLEN];               /* what stopped the proxy or the watchdog ("": nothing) */
+  /* Several rings (progress.c): part r of a device collective runs on
+   * ring r's communicator on rstream[r], which waits for fork_ev on the
+   * caller's stream; the caller's stream waits for join_ev[r] after it. */
+  void *fork_ev;
+  void *rstream[BRG__DEVICE_MAX_RINGS], *join_ev[BRG__DEVICE_MAX_RINGS];
+};
+
+/* Per channel of a region: tail at 0, head at 64, counters at 128 (posted,
+ * taken, the busy word, headers sent and checked), at 192 the headers the
+ * next rank checked; then from KMETA one brg__rk_meta per slot and from
+ * khdr(d) the mailbox of BRG__RK_HDRS headers, both written by the
+ * previous rank; the slots follow at d->kctrl. */
+#define KMETA 256
+#define KACK 192
+#define PCTRL 1024      /* per channel of a link between hosts: tail, head, sizes at 128 */
+#define KSTATUS_WORD 16 /* in kwords, a cache line after the abort word */
+#define KWATCH 1024     /* in kwords: a brg__rk_watch per channel */
+
+/* What each rank tells every other one at setup. */
+typedef struct dev_blob {
+  int32_t ok; /* 1: this rank's side is ready */
+  int32_t pid;
+  uint64_t process; /* random per process: ranks in one process */
+  int32_t gpu;      /* the device index in this rank's process */
+  int32_t nslots;
+  int32_t mps; /* 1: MPS serves this rank's GPU work (mps_verdict) */
+  uint64_t slice_bytes;
+  unsigned char uuid[16];           /* of the GPU */
+  char why[192];                    /* when not ok */
+  uint64_t fifo_ptr;                /* GPU slots of a GPUDirect link */
+  int32_t gdr_send_ok, gdr_recv_ok; /* GPU memory registered with the network link */
+  uint32_t gdr_rkey;                /* of fifo_ptr's slots, on the link from prev */
+  int32_t mps_driver;               /* 1: the driver told mps, 0: the control pipe did */
+  char gdr_why[128];                /* why not, for the log */
+  int32_t kmode_req;                /* BRIGADE_DEVICE_MODE of this rank */
+  int32_t kernel_ok;                /* its kernel-mode region is ready */
+  int32_t kchannels;
+  int32_t kos_ok; /* every rank's GPU reaches its one-shot area */
+  uint64_t kos_slot;
+  uint64_t kslot;
+  char kwhy[128];                     /* why kernel mode cannot run here */
+  int32_t kgdr_send_ok, kgdr_recv_ok; /* kernel mode's slots registered with the proxy's links */
+  uint32_t kgdr_rkey;                 /* of kgdr_rptr, on the link from prev */
+  int32_t pad3;
+  uint64_t kgdr_rptr;
+  char kgdr_why[128];                               /* why not, for the log */
+  unsigned char kregion_info[BRG__CONN_INFO_BYTES]; /* cuda_ipc: the kernel-mode region */
+  unsigned char fifo_info[BRG__CONN_INFO_BYTES];    /* cuda_ipc: step mode's FIFO */
+  uint64_t send_ev_ptr[BRG__MAX_SLOTS], rel_ev_ptr[BRG__MAX_SLOTS];
+  unsigned char send_ev[BRG__MAX_SLOTS][HB];
+  unsigned char rel_ev[BRG__MAX_SLOTS][HB];
+} dev_blob;
+
+/* What one rank offers for GPUDirect RDMA on its staged links. */
+typedef struct brg__dev_gdr_offer {
+  int32_t *send_ok, *recv_ok; /* set where registered */
+  uint32_t *rkey;             /* of the receive slots */
+  char *why;                  /* why not, for the log */
+  size_t why_bytes;
+} brg__dev_gdr_offer;
+
+/* ---- shared helpers ---- */
+
+/* A CUDA error as the communicator's error (device_ring.c). */
+brg_status brg__dev_cuda_fail(brg_comm *c, const brg__cuda_api *api, int e, const char *what);
+/* Zeroed host memory, pinned and mapped for kernels (*host, *dev); 0, a
+ * CUDA error, or -1 with errno. */
+int brg__dev_pinned_alloc(const brg__cuda_api *api, size_t bytes, char **host, char **dev);
+void brg__dev_pinned_free(const brg__cuda_api *api, char *host, size_t bytes);
+
+/* Bytes of a link's host region (every channel's words and slots). */
+static inline size_t brg__dev_pregion_bytes(const struct brg__dev_ring *d) {
+  return (size_t)d->kchannels * d->pstride;
+}
+
+/* Kernel mode: every channel of this rank's kernels stops at its next
+ * wait, writing ABORTED to the status word. */
+static inline void brg__dev_kernel_stop(struct brg__dev_ring *d) {
+  if (d->kwords) __atomic_store_n(&d->kwords[0], 1, __ATOMIC_RELEASE);
+}
+
+/* cuda_ipc links (device_ring.c): the receiving end, this rank's memory
+ * described in `info`; the sending end, rank `peer`'s memory mapped here. */
+brg_status brg__dev_link_export(brg_comm *c, struct brg__dev_ring *d, brg__conn *l, int peer,
+                                const dev_blob *self, const dev_blob *other, size_t bytes,
+                                size_t slot, int fallback, void *info, brg__errbuf *err);
+brg_status brg__dev_link_map(brg_comm *c, struct brg__dev_ring *d, brg__conn *l, int peer,
+                             const dev_blob *self, const dev_blob *other, size_t bytes, size_t slot,
+                             const void *info);
+void brg__dev_link_close(brg__conn *l);
+/* Whether kernels of `peer`'s GPU reach this rank's GPU memory. */
+int brg__dev_reaches(const struct brg__dev_ring *d, const dev_blob *self, const dev_blob *peer);
+/* GPUDirect RDMA: GPU slots offered on staged links (device_ring.c). */
+void brg__dev_gdr_offer_slots(struct brg__dev_ring *d, brg__conn *send, brg__conn *recv,
+                              size_t bytes, char **rbuf, char **sbuf, const brg__dev_gdr_offer *o);
+/* Whether every event this rank recorded has run, polled until the
+ * deadline (ms, -1 never). */
+int brg__dev_own_work_drained(struct brg__dev_ring *d, int64_t deadline);
+/* Whether ranks r and q are of different processes on one GPU
+ * (device_ring.c). */
+int brg__dev_shares_gpu(const brg_comm *c, const dev_blob *all, int r, int q);
+
+/* ---- step mode (device_step.c) ---- */
+void brg__dev_step_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b, const dev_blob *prev);
+brg_status brg__dev_step_finish(brg_comm *c, struct brg__dev_ring *d, const dev_blob *mine,
+                                const dev_blob *all, int kwho, const char *kwhy);
+/* Frees step mode's FIFO and events where kernel mode runs instead. */
+void brg__dev_step_unused(struct brg__dev_ring *d);
+
+/* ---- kernel mode (device_kernel.c, device_watch.c) ---- */
+void brg__dev_kernel_sizes(brg_comm *c, struct brg__dev_ring *d, int staged);
+void brg__dev_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b, const dev_blob *all,
+                           int staged);
+const char *brg__dev_kernel_refused(const brg_comm *c, const dev_blob *all, int *who);
+brg_status brg__dev_kernel_finish(brg_comm *c, struct brg__dev_ring *d, const dev_blob *mine,
+                                  const dev_blob *all);
+void brg__dev_stream_user_drop(const struct brg__dev_ring *d);
+brg_status brg__dev_kernel_stopped(brg_comm *c, struct brg__dev_ring *d);
+int brg__dev_kernel_watch(brg_comm *c, char *why, size_t n);
+brg_status brg__dev_kernel_drain(brg_comm *c, struct brg__dev_ring *d);
+
+/* ---- asynchronous mode (device_async.c) ---- */
+void brg__dev_flag_raise(struct brg__dev_ring *d, uint32_t ticket);
+int brg__dev_async_setup(struct brg__dev_ring *d, char *why, size_t cap);
+
+/* ---- kernel mode's host proxy (device_proxy.c) ---- */
+void brg__dev_proxy_gdr(brg_comm *c, struct brg__dev_ring *d, dev_blob *b);
+void brg__dev_proxy_gdr_choose(brg_comm *c, struct brg__dev_ring *d, const dev_blob *mine,
+                               const dev_blob *all);
+brg_status brg__dev_proxy_start(brg_comm *c, struct brg__dev_ring *d);
+int brg__dev_proxy_flushed(struct brg__dev_ring *d);
+void brg__dev_proxy_join(struct brg__dev_ring *d);
+
+#endif

@@ -1,0 +1,244 @@
+/*
+ * Kernel mode's faults and watchdog: what a channel that stopped found,
+ * the liveness thread's check on launches in flight, and the drain.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device_ring_int.h"
+
+/* Channel ch's watch record (ring_args.h), in the pinned page. */
+static brg__rk_watch *watch_rec(const struct brg__dev_ring *d, int ch) {
+  return (brg__rk_watch *)((char *)d->kwords + KWATCH) + ch;
+}
+
+/* A call from a watch record, "allreduce #3 (count 7, ...)". */
+static void watch_call(char *out, size_t n, const brg__rk_call *src) {
+  uint64_t v[3];
+  brg__rk_call x;
+  for (int i = 0; i < 3; i++) v[i] = __atomic_load_n((const uint64_t *)src + i, __ATOMIC_RELAXED);
+  memcpy(&x, v, sizeof x);
+  brg__coll_describe(out, n, (brg__coll_kind)x.kind, x.seq, x.count, x.dtype, x.op, x.root, 1);
+}
+
+/* What a channel that stopped on a fault found (ring_kernel.cuh's checks),
+ * in why; its status, or BRG_SUCCESS when none did. */
+static brg_status kernel_fault(const brg_comm *c, const struct brg__dev_ring *d, char *why,
+                               size_t n) {
+  for (int ch = 0; ch < d->kchannels; ch++) {
+    brg__rk_watch *w = watch_rec(d, ch);
+    int code = __atomic_load_n(&w->code, __ATOMIC_ACQUIRE);
+    if (code == BRG__RK_OK || code == BRG__RK_ABORTED) continue;
+    char mine[160], theirs[160];
+    int step = __atomic_load_n(&w->step, __ATOMIC_RELAXED);
+    int oneshot = __atomic_load_n(&w->wait, __ATOMIC_RELAXED) == BRG__RK_WAIT_ONESHOT;
+    int from = oneshot ? __atomic_load_n(&w->peer, __ATOMIC_RELAXED) : c->prev;
+    watch_call(mine, sizeof mine, &w->mine);
+    if (code == BRG__RK_MISMATCH) {
+      watch_call(theirs, sizeof theirs, &w->theirs);
+      snprintf(why, n, "collective mismatch: rank %d called %s but rank %d called %s", c->rank,
+               mine, from, theirs);
+      return BRG_ERR_MISMATCH;
+    }
+    if (code == BRG__RK_BUSY) {
+      snprintf(why, n,
+               "rank %d: a kernel-mode launch of %s found another launch of this communicator "
+               "running in channel %d (graph launches, or launches on streams, that nothing "
+               "orders): it stopped instead of taking the other one's slots",
+               c->rank, mine, ch);
+      return BRG_ERR_INVALID_USAGE;
+    }
+    if (oneshot)
+      snprintf(why, n,
+               "rank %d: kernel-mode %s found a stale one-shot flag of rank %d: call %llu where "
+               "call %llu was due (one-shot areas out of step)",
+               c->rank, mine, from, (unsigned long long)w->found, (unsigned long long)w->expected);
+    else
+      snprintf(why, n,
+               "rank %d: kernel-mode %s, channel %d, step %d: a stale slot from rank %d: it is "
+               "marked as post %llu of the link where post %llu was due (FIFO positions out of "
+               "step)",
+               c->rank, mine, ch, step, from, (unsigned long long)w->found,
+               (unsigned long long)w->expected);
+    return BRG_ERR_INTERNAL;
+  }
+  return BRG_SUCCESS;
+}
+
+/* Why this rank's kernels were stopped, for the call after. */
+brg_status brg__dev_kernel_stopped(brg_comm *c, struct brg__dev_ring *d) {
+  char why[BRG__ERRLEN];
+  brg_status s = kernel_fault(c, d, why, sizeof why);
+  if (s != BRG_SUCCESS) return brg__comm_error(c, s, "%s", why);
+  s = BRG_ERR_REMOTE;
+  snprintf(why, sizeof why, "the communicator was aborted");
+  pthread_mutex_lock(&d->ev_lock);
+  if (d->perr[0]) snprintf(why, sizeof why, "%s", d->perr);
+  brg_status own = d->perr_code;
+  pthread_mutex_unlock(&d->ev_lock);
+  /* The watchdog's own verdict (the neighbours' notices that follow it are
+   * its echo). */
+  if (own != BRG_SUCCESS) return brg__comm_error(c, own, "%s", why);
+  for (int dir = 0; dir < 2; dir++) {
+    char buf[BRG__BOOT_MAX_MSG + 1], text[BRG__ERRLEN / 2];
+    uint32_t type = 0, len = 0;
+    brg_status ls;
+    if (brg__live_take(c, dir, &ls, &type, buf, &len, text, sizeof text) != 1) continue;
+    int peer = dir == BRG__RING_NEXT ? c->next : c->prev;
+    if (ls != BRG_SUCCESS) {
+      snprintf(why, sizeof why, "rank %d (pid %d on %.64s) is gone: %.150s", peer,
+               c->peers[peer].pid, c->peers[peer].hostname, text);
+      break;
+    }
+    if (type == BRG__MSG_ABORT && len > 4) {
+      buf[len] = 0;
+      snprintf(why, sizeof why, "%.*s", (int)(sizeof why - 1), buf + 4);
+      break;
+    }
+  }
+  int64_t silent_ms = 0;
+  int quiet = brg__live_silent(c, &silent_ms);
+  if (quiet >= 0 && silent_ms >= brg__live_silent_limit_ms(c)) {
+    s = silent_ms >= c->timeout_ms ? BRG_ERR_TIMEOUT : BRG_ERR_REMOTE;
+    snprintf(why, sizeof why, "rank %d (pid %d on %s) has been silent for %lld ms", quiet,
+             c->peers[quiet].pid, c->peers[quiet].hostname, (long long)silent_ms);
+  }
+  if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE)) s = BRG_ERR_ABORTED;
+  return brg__comm_error(c, s,
+                         "rank %d: a device collective's kernel stopped waiting for its "
+                         "neighbours: %s",
+                         c->rank, why);
+}
+
+/* The watchdog of kernel mode, on the liveness thread (c->kwatch), every
+ * beat: a channel that stopped on a fault, or a launch in flight whose
+ * progress has stood still for the timeout (a peer that never launches,
+ * calls that deadlock), stops this rank's kernels through the abort word;
+ * the reason waits for the next call and brg_comm_get_async_error. 1 and
+ * the reason in why when it stopped them now. */
+int brg__dev_kernel_watch(brg_comm *c, char *why, size_t n) {
+  struct brg__dev_ring *d = __atomic_load_n(&c->dev, __ATOMIC_ACQUIRE);
+  if (!d || !d->kernel || d->wd_fired) return 0;
+  char text[BRG__ERRLEN];
+  brg_status s = kernel_fault(c, d, text, sizeof text);
+  int64_t now = brg__now_ns();
+  for (int ch = 0; s == BRG_SUCCESS && ch < d->kchannels; ch++) {
+    brg__rk_watch *w = watch_rec(d, ch);
+    uint64_t started = __atomic_load_n(&w->started, __ATOMIC_RELAXED);
+    uint64_t progress = __atomic_load_n(&w->progress, __ATOMIC_RELAXED);
+    if (started == __atomic_load_n(&w->finished, __ATOMIC_RELAXED)) {
+      d->wd_since[ch] = 0; /* nothing in flight */
+      continue;
+    }
+    if (!d->wd_since[ch] || started != d->wd_started[ch] || progress != d->wd_progress[ch]) {
+      d->wd_since[ch] = now;
+      d->wd_started[ch] = started;
+      d->wd_progress[ch] = progress;
+      continue;
+    }
+    int64_t still_ms = (now - d->wd_since[ch]) / 1000000;
+    if (still_ms < c->timeout_ms) continue;
+    int wait = __atomic_load_n(&w->wait, __ATOMIC_RELAXED);
+    int step = __atomic_load_n(&w->step, __ATOMIC_RELAXED);
+    int peer = wait == BRG__RK_WAIT_RECV   ? c->prev
+               : wait == BRG__RK_WAIT_SEND ? c->next
+                                           : __atomic_load_n(&w->peer, __ATOMIC_RELAXED);
+    if (peer < 0 || peer >= c->nranks) peer = c->prev;
+    char call[160];
+    watch_call(call, sizeof call, &w->mine);
+    snprintf(text, sizeof text,
+             "rank %d: kernel-mode %s made no progress for %lld ms (BRIGADE_TIMEOUT_MS %d): "
+             "channel %d waits at step %d for rank %d (pid %d on %s) %s; the kernels were "
+             "stopped",
+             c->rank, call, (long long)still_ms, c->timeout_ms, ch, step, peer, c->peers[peer].pid,
+             c->peers[peer].hostname,
+             wait == BRG__RK_WAIT_RECV   ? "to post a slot"
+             : wait == BRG__RK_WAIT_SEND ? "to free a slot"
+                                         : "to raise its one-shot flag");
+    s = BRG_ERR_TIMEOUT;
+  }
+  if (s == BRG_SUCCESS) return 0;
+  pthread_mutex_lock(&d->ev_lock);
+  if (!d->perr[0] || d->perr_code == BRG_SUCCESS) {
+    snprintf(d->perr, sizeof d->perr, "%s", text);
+    d->perr_code = s;
+  }
+  pthread_mutex_unlock(&d->ev_lock);
+  d->wd_fired = 1;
+  brg__dev_kernel_stop(d);
+  snprintf(why, n, "%s", text);
+  return 1;
+}
+
+brg_status brg__device_async_error(brg_comm *c) {
+  struct brg__dev_ring *d = __atomic_load_n(&c->dev, __ATOMIC_ACQUIRE);
+  if (!d || !d->kernel || !d->kwords) return BRG_SUCCESS;
+  if (!__atomic_load_n(&d->kwords[0], __ATOMIC_ACQUIRE) &&
+      __atomic_load_n(&d->kwords[KSTATUS_WORD], __ATOMIC_ACQUIRE) == BRG__RK_OK)
+    return BRG_SUCCESS;
+  return brg__dev_kernel_stopped(c, d);
+}
+static brg_status kernel_drain_wait(brg_comm *c, struct brg__dev_ring *d);
+
+/* The streams that captured launches: an event after what they hold now
+ * (graph replays launched there), where they are not capturing again. */
+static void graph_streams_mark(struct brg__dev_ring *d) {
+  const brg__cuda_api *api = d->api;
+  for (int i = 0; i < d->ngstreams; i++) {
+    int capturing = 0;
+    if (api->drv.stream_capturing(d->gstream[i], &capturing) != 0 || capturing) {
+      api->drv.last_error();
+      continue;
+    }
+    if (!d->gdone_ev[i] && api->drv.event_create(&d->gdone_ev[i]) != 0) continue;
+    api->drv.event_record(d->gdone_ev[i], d->gstream[i]);
+  }
+}
+
+/* Kernel mode's drain. After graphs captured launches, their replays on
+ * the streams they were captured on are waited for too, and then the
+ * abort word is set for good: a replay that comes later ends at once. */
+brg_status brg__dev_kernel_drain(brg_comm *c, struct brg__dev_ring *d) {
+  if (d->graphs) graph_streams_mark(d);
+  brg_status s = kernel_drain_wait(c, d);
+  if (d->graphs) brg__dev_kernel_stop(d);
+  return s;
+}
+
+/* Kernel mode: waits for this rank's kernels with the communicator's
+ * checks (the ring sockets, the timeout), since no liveness thread runs
+ * any more; a neighbour gone or silent stops the kernels, and the stream
+ * drains. */
+static brg_status kernel_drain_wait(brg_comm *c, struct brg__dev_ring *d) {
+  c->cur = NULL;
+  c->wait_conn = NULL;
+  c->wait_peer = c->next;
+  c->wait_what = "finish its device collectives";
+  c->wait_start_ns = 0;
+  /* A neighbour that drained and left has taken every slot this rank's
+   * kernels posted to it and posted every slot they read: they finish
+   * without it. */
+  c->departed_ok = 1;
+  for (int i = 0;; i++) {
+    if (brg__dev_own_work_drained(d, 0) && brg__dev_proxy_flushed(d)) return BRG_SUCCESS;
+    brg_status s = c->waiter.check ? c->waiter.check(c->waiter.arg) : BRG_SUCCESS;
+    if (s != BRG_SUCCESS) {
+      brg__dev_kernel_stop(d);
+      int drained = brg__dev_own_work_drained(d, brg__deadline_ms(5000));
+      d->stuck = !drained;
+      char why[BRG__ERRLEN / 2];
+      snprintf(why, sizeof why, "%.*s", (int)sizeof why - 1, c->last_error);
+      return brg__comm_error(c, s,
+                             "rank %d: device work on stream %p was stopped before it finished "
+                             "(%s): %s",
+                             c->rank, d->last_stream,
+                             drained ? "the stream drained"
+                                     : "the stream did not drain within 5 s "
+                                       "and its FIFOs stay allocated",
+                             why);
+    }
+    brg__sleep_ms(i < 100 ? 0 : 1);
+  }
+}
