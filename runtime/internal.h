@@ -51,7 +51,7 @@ typedef struct brg__coll {
    * brg__rings_run; NULL: the ring engine on this communicator
    * (brg__coll_execute). progress.c calls it from its queue. (The flags
    * are bits so that a brg__req still fits a brg_request.) */
-  brg_status (*run)(brg_comm *c, struct brg__coll *k);
+  brg_status (*runner)(brg_comm *c, struct brg__coll *k);
   const void *sendbuf;
   void *recvbuf;
   size_t count; /* the call's count argument */
@@ -295,7 +295,7 @@ typedef enum {
 int brg__algo_parse(const char *name);
 const char *brg__algo_name(int algo);
 /* Decides whether allreduce k runs hierarchically or in lat.c (sets
- * k->run, and k->lat), making
+ * k->runner, and k->lat), making
  * the hierarchy's communicators at the first such call (a collective over
  * c: every rank reaches it at the same allreduce, since the choice depends
  * only on what every rank shares). */
@@ -303,7 +303,7 @@ brg_status brg__hier_prepare(brg_comm *c, brg__coll *k);
 /* Runs allreduce k hierarchically: its three phases on the hierarchy's
  * communicators, each through their progress (a failure stops both). */
 brg_status brg__hier_run(brg_comm *c, brg__coll *k);
-/* rings.c: at issue, k runs cut over c's rings (k->run) where k would
+/* rings.c: at issue, k runs cut over c's rings (k->runner) where k would
  * take the ring engine and is large enough (every rank decides alike);
  * the run of such a k, one part per ring at once. */
 void brg__rings_choose(const brg_comm *c, brg__coll *k);

@@ -2,7 +2,7 @@
  * Progress: collectives run one at a time, in issue order, on the
  * communicator's worker thread or inline on the caller's thread when
  * nothing is queued ahead of them. Each runs through the runner chosen
- * as it was issued (brg__coll.run): the ring engine, hier.c's hierarchy,
+ * as it was issued (brg__coll.runner): the ring engine, hier.c's hierarchy,
  * lat.c's tree or rhd, or rings.c's several rings.
  */
 #include <pthread.h>
@@ -36,7 +36,8 @@ static brg_status run_one(brg_comm *c, brg__coll *k) {
       if (!__atomic_load_n(&c->rings[r]->dev, __ATOMIC_ACQUIRE))
         s = brg__device_ring_setup(c->rings[r]);
     if (s == BRG_SUCCESS && k->async) s = brg__device_async_start(c, k);
-    if (s == BRG_SUCCESS && !k->setup_only) s = k->run ? k->run(c, k) : brg__coll_execute(c, k);
+    if (s == BRG_SUCCESS && !k->setup_only)
+      s = k->runner ? k->runner(c, k) : brg__coll_execute(c, k);
   }
   if (k->async) brg__device_async_end(c, k, s);
   if (entered) brg__device_leave(prev_gpu);

@@ -29,7 +29,7 @@ static int rings_take(const brg_comm *c, const brg__coll *k) {
 }
 
 void brg__rings_choose(const brg_comm *c, brg__coll *k) {
-  if (!k->run && rings_take(c, k)) k->run = brg__rings_run;
+  if (!k->runner && rings_take(c, k)) k->runner = brg__rings_run;
 }
 
 /* Part r of k's elements on ring r of `rings`: the same share of every
@@ -40,7 +40,7 @@ static brg__coll ring_part(const brg__coll *k, int rings, int r) {
   size_t esize = brg_dtype_size(k->dtype);
   size_t off = brg__part_offset(k->count, rings, r) * esize;
   brg__coll p = *k;
-  p.run = NULL; /* each part is one ring's engine's */
+  p.runner = NULL; /* each part is one ring's engine's */
   p.count = brg__part_count(k->count, rings, r);
   if (k->kind == BRG__COLL_REDUCE_SCATTER || k->kind == BRG__COLL_ALL_GATHER)
     p.stride = k->stride ? k->stride : k->count;
