@@ -36,14 +36,26 @@
  *    which two ranks send to and receive from each other cannot deadlock,
  *    even when one thread drives several communicators. ncclAlltoAll is
  *    such a group, as NCCL defines it;
- *  - calls brigade does not have (gather, scatter, shrink, custom
- *    reduction ops, float8) return
- *    ncclInvalidUsage (ncclInvalidArgument for a float8 type), and
- *    ncclGetLastError says which; buffer registration is accepted and does
- *    nothing.
+ *  - ncclCommInitRankScalable takes the first of its ids (brigade's
+ *    bootstrap gathers over a tree from one root); ncclConfig_t's
+ *    `blocking` is honoured (0: init runs on a thread of its own, and
+ *    ncclCommGetAsyncError says ncclInProgress until it is done); its other
+ *    fields tune NCCL's own transports and are accepted;
+ *  - ncclCommShrink makes a new communicator of the ranks kept, whose id
+ *    the lowest of them sends the others on the parent's point-to-point
+ *    links (the excluded ranks do not take part);
+ *  - calls brigade does not have (gather, scatter, revoke, custom
+ *    reduction ops, float8, simulating a group that holds operations)
+ *    return ncclInvalidUsage (ncclInvalidArgument for a float8 type), and
+ *    ncclGetLastError says which; buffer registration (ncclCommRegister,
+ *    ncclCommWindowRegister) is accepted and changes nothing, windows are
+ *    recorded until deregistered;
+ *  - brg_nccl_get_version gives brigade's version (ncclGetVersion gives
+ *    the NCCL API's).
  */
 #include <pthread.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,11 +68,26 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
+struct ncclWindow_vidmem {
+  void *buff;
+  size_t size;
+  int flags;
+  struct ncclWindow_vidmem *next;
+};
+
 struct ncclComm {
   brg_comm *c;
   int device;
   int rank, nranks;
   int siblings; /* made with other communicators of this process at once */
+  /* Non-blocking init (ncclConfig_t.blocking = 0): running on init_th
+   * until init_done; calls other than ncclCommGetAsyncError wait for it. */
+  pthread_t init_th;
+  int init_started, init_joined, init_done;
+  ncclResult_t init_r;
+  char init_err[1024];
+  pthread_mutex_t lock;              /* the fields below, and init_joined */
+  struct ncclWindow_vidmem *windows; /* ncclCommWindowRegister's, not yet deregistered */
 };
 
 /* Calls return at once, as NCCL's do, unless the user chose otherwise:
@@ -134,6 +161,17 @@ EXPORT ncclResult_t ncclGetVersion(int *version) {
   return ncclSuccess;
 }
 
+/* The version of brigade under this library (ncclGetVersion gives the
+ * NCCL API it implements): *brigade as major * 10000 + minor * 100 +
+ * patch, *nccl as ncclGetVersion's. Either may be NULL. */
+EXPORT ncclResult_t brg_nccl_get_version(int *brigade, int *nccl) {
+  int major = 0, minor = 0, patch = 0;
+  brg_get_version(&major, &minor, &patch);
+  if (brigade) *brigade = major * 10000 + minor * 100 + patch;
+  if (nccl) *nccl = NCCL_VERSION_CODE;
+  return ncclSuccess;
+}
+
 /* ---- the CUDA module ------------------------------------------------- */
 
 static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
@@ -196,6 +234,7 @@ static size_t nlive, live_cap;
 static struct ncclComm *comm_new(void) {
   struct ncclComm *comm = calloc(1, sizeof *comm);
   if (!comm) return NULL;
+  pthread_mutex_init(&comm->lock, NULL);
   pthread_mutex_lock(&live_lock);
   if (nlive == live_cap) {
     size_t cap = live_cap ? 2 * live_cap : 16;
@@ -236,16 +275,76 @@ static int comm_live(const struct ncclComm *comm) {
   return found;
 }
 
+/* Frees what comm holds besides its brg_comm, and comm. */
+static void comm_free(struct ncclComm *comm) {
+  while (comm->windows) {
+    struct ncclWindow_vidmem *w = comm->windows;
+    comm->windows = w->next;
+    free(w);
+  }
+  pthread_mutex_destroy(&comm->lock);
+  free(comm);
+}
+
 static void comm_drop(struct ncclComm *comm) {
   comm_forget(comm);
-  free(comm);
+  comm_free(comm);
+}
+
+/* Waits for a non-blocking init still running; its result. */
+static ncclResult_t comm_settle(struct ncclComm *comm) {
+  pthread_mutex_lock(&comm->lock);
+  if (comm->init_started && !comm->init_joined) {
+    pthread_join(comm->init_th, NULL);
+    comm->init_joined = 1;
+  }
+  ncclResult_t r = comm->init_started ? comm->init_r : ncclSuccess;
+  if (r != ncclSuccess) snprintf(last_error, sizeof last_error, "%s", comm->init_err);
+  pthread_mutex_unlock(&comm->lock);
+  return r;
 }
 
 static ncclResult_t comm_ok(const struct ncclComm *comm, const char *fn) {
   if (comm && !comm_live(comm))
     return fail(ncclInvalidArgument, "%s: comm was destroyed (or is not a communicator)", fn);
+  if (comm && comm->init_started) {
+    ncclResult_t r = comm_settle((struct ncclComm *)comm);
+    if (r != ncclSuccess) return r;
+  }
   return comm && comm->c ? ncclSuccess
                          : fail(ncclInvalidArgument, "%s: comm is NULL or destroyed", fn);
+}
+
+/* ---- ncclConfig_t ---------------------------------------------------- */
+
+#define CONFIG_MAGIC 0xcafebeef
+#define SIM_INFO_MAGIC 0x74685283u
+
+/* Whether `field` (of `bytes` bytes at offset `off`) lies inside a config
+ * of cfg->size bytes: a program built against an older nccl.h passes a
+ * shorter struct. */
+#define CONFIG_HAS(cfg, field) ((cfg)->size >= offsetof(ncclConfig_t, field) + sizeof((cfg)->field))
+
+/* The fields of `cfg` (NULL: the defaults) brigade has: *blocking (1
+ * unless cfg->blocking is 0). The others (CTA counts, network name,
+ * traffic class, sharing) are tuning of NCCL's own transports and are
+ * accepted and left alone. */
+static ncclResult_t config_read(const ncclConfig_t *cfg, const char *fn, int *blocking) {
+  *blocking = 1;
+  if (!cfg) return ncclSuccess;
+  if (cfg->magic != CONFIG_MAGIC)
+    return fail(ncclInvalidArgument,
+                "%s: config was not set from NCCL_CONFIG_INITIALIZER (magic 0x%x, expected 0x%x)",
+                fn, cfg->magic, CONFIG_MAGIC);
+  if (cfg->size < offsetof(ncclConfig_t, blocking))
+    return fail(ncclInvalidArgument, "%s: config size %zu is too small", fn, cfg->size);
+  if (CONFIG_HAS(cfg, blocking) && cfg->blocking != NCCL_CONFIG_UNDEF_INT) {
+    if (cfg->blocking != 0 && cfg->blocking != 1)
+      return fail(ncclInvalidArgument, "%s: config blocking is %d (0, 1 or undefined)", fn,
+                  cfg->blocking);
+    *blocking = cfg->blocking;
+  }
+  return ncclSuccess;
 }
 
 /* ---- communicators --------------------------------------------------- */
@@ -272,6 +371,7 @@ typedef struct pending_init {
 } pending_init;
 
 static __thread int group_depth;
+static __thread int group_colls; /* collectives issued inside the group */
 static __thread pending_init *pending;
 
 /* Sends and receives issued inside a group, run at its end. */
@@ -313,27 +413,59 @@ static ncclResult_t init_now(struct ncclComm *comm, int nranks, const ncclUnique
   return ncclSuccess;
 }
 
-/* A communicator on the current device: now, or at the group's end. */
-static ncclResult_t init_rank(ncclComm_t *out, int nranks, const ncclUniqueId *id, int rank) {
+typedef struct bg_init {
+  struct ncclComm *comm;
+  int nranks, rank;
+  ncclUniqueId id;
+} bg_init;
+
+static void *bg_init_main(void *arg) {
+  bg_init *a = arg;
+  struct ncclComm *comm = a->comm;
+  ncclResult_t r = init_now(comm, a->nranks, &a->id, a->rank);
+  if (r != ncclSuccess) snprintf(comm->init_err, sizeof comm->init_err, "%s", last_error);
+  comm->init_r = r;
+  __atomic_store_n(&comm->init_done, 1, __ATOMIC_RELEASE);
+  free(a);
+  return NULL;
+}
+
+/* A communicator on the current device: now, at the group's end, or (not
+ * blocking) on a thread of its own, ncclInProgress until it is made. */
+static ncclResult_t init_rank(ncclComm_t *out, int nranks, const ncclUniqueId *id, int rank,
+                              const ncclConfig_t *config, const char *fn) {
   const brg__cuda_api *api = cuda();
-  if (!out) return fail(ncclInvalidArgument, "ncclCommInitRank: comm is NULL");
-  if (!id) return fail(ncclInvalidArgument, "ncclCommInitRank: commId is NULL");
+  int blocking = 1;
+  if (!out) return fail(ncclInvalidArgument, "%s: comm is NULL", fn);
+  if (!id) return fail(ncclInvalidArgument, "%s: commId is NULL", fn);
+  ncclResult_t r = config_read(config, fn, &blocking);
+  if (r != ncclSuccess) return r;
   if (!api) return ncclUnhandledCudaError;
   struct ncclComm *comm = comm_new();
-  if (!comm) return fail(ncclSystemError, "ncclCommInitRank: out of memory");
+  if (!comm) return fail(ncclSystemError, "%s: out of memory", fn);
   if (api->drv.get_device(&comm->device) != 0) comm->device = 0;
   if (group_depth > 0) {
     pending_init *p = calloc(1, sizeof *p);
     if (!p) {
       comm_drop(comm);
-      return fail(ncclSystemError, "ncclCommInitRank: out of memory");
+      return fail(ncclSystemError, "%s: out of memory", fn);
     }
     *p = (pending_init){.comm = comm, .nranks = nranks, .rank = rank, .id = *id, .next = pending};
     pending = p;
     *out = comm;
     return ncclSuccess;
   }
-  ncclResult_t r = init_now(comm, nranks, id, rank);
+  if (!blocking) {
+    bg_init *a = malloc(sizeof *a);
+    if (a) *a = (bg_init){.comm = comm, .nranks = nranks, .rank = rank, .id = *id};
+    comm->init_started = a && pthread_create(&comm->init_th, NULL, bg_init_main, a) == 0;
+    if (comm->init_started) {
+      *out = comm;
+      return ncclInProgress;
+    }
+    free(a); /* no thread: made here, as blocking */
+  }
+  r = init_now(comm, nranks, id, rank);
   if (r != ncclSuccess) {
     comm_drop(comm);
     return r;
@@ -388,13 +520,24 @@ static ncclResult_t run_pending(void) {
 }
 
 EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank) {
-  return init_rank(comm, nranks, &commId, rank);
+  return init_rank(comm, nranks, &commId, rank, NULL, "ncclCommInitRank");
 }
 
 EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId,
                                            int rank, ncclConfig_t *config) {
-  (void)config; /* its tuning fields have no brigade meaning; calls block as blocking=1 */
-  return init_rank(comm, nranks, &commId, rank);
+  return init_rank(comm, nranks, &commId, rank, config, "ncclCommInitRankConfig");
+}
+
+/* Several ids speed up NCCL's bootstrap; brigade's gathers its table over
+ * a tree of the ranks from one root, so every rank takes the first id (the
+ * roots of the others, if this job made them, see no rank and close at
+ * their timeout). */
+EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm, int nranks, int myrank, int nId,
+                                             ncclUniqueId *commIds, ncclConfig_t *config) {
+  if (nId < 1 || !commIds)
+    return fail(ncclInvalidArgument, "ncclCommInitRankScalable: nId is %d, commIds %s", nId,
+                commIds ? "given" : "NULL");
+  return init_rank(newcomm, nranks, commIds, myrank, config, "ncclCommInitRankScalable");
 }
 
 typedef struct init_all_arg {
@@ -502,6 +645,7 @@ EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (!comm_forget(comm))
     return fail(ncclInvalidArgument,
                 "ncclCommDestroy: comm was already destroyed (or is not a communicator)");
+  comm_settle(comm); /* a non-blocking init still running */
   brg_status s = BRG_SUCCESS;
   pthread_t th;
   if (comm->c && comm->siblings) {
@@ -517,7 +661,7 @@ EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     s = brg_comm_destroy(comm->c);
   }
   comm->c = NULL;
-  free(comm);
+  comm_free(comm);
   return check(NULL, s, "ncclCommDestroy");
 }
 
@@ -531,9 +675,21 @@ EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
 }
 
 EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError) {
+  if (!asyncError) return fail(ncclInvalidArgument, "ncclCommGetAsyncError: asyncError is NULL");
+  if (comm && comm_live(comm) && comm->init_started &&
+      !__atomic_load_n(&comm->init_done, __ATOMIC_ACQUIRE)) {
+    *asyncError = ncclInProgress; /* a non-blocking init, still running */
+    return ncclSuccess;
+  }
+  if (comm && comm_live(comm) && comm->init_started) {
+    ncclResult_t ir = comm_settle(comm);
+    if (ir != ncclSuccess) {
+      *asyncError = ir; /* the init failed: ncclGetLastError says why */
+      return ncclSuccess;
+    }
+  }
   ncclResult_t r = comm_ok(comm, "ncclCommGetAsyncError");
   if (r != ncclSuccess) return r;
-  if (!asyncError) return fail(ncclInvalidArgument, "ncclCommGetAsyncError: asyncError is NULL");
   brg_status s = BRG_SUCCESS;
   brg_comm_get_async_error(comm->c, &s);
   *asyncError = result_of(s);
@@ -596,6 +752,51 @@ EXPORT ncclResult_t ncclCommDeregister(const ncclComm_t comm, void *handle) {
   return comm_ok(comm, "ncclCommDeregister");
 }
 
+/* A window is NCCL's registration of a buffer for its symmetric kernels;
+ * brigade's collectives take any buffer, so registering one records it
+ * (for ncclCommWindowDeregister to check) and changes nothing else. */
+EXPORT ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void *buff, size_t size,
+                                           ncclWindow_t *win, int winFlags) {
+  ncclResult_t r = comm_ok(comm, "ncclCommWindowRegister");
+  if (r != ncclSuccess) return r;
+  if (!win) return fail(ncclInvalidArgument, "ncclCommWindowRegister: win is NULL");
+  *win = NULL;
+  if (!buff && size)
+    return fail(ncclInvalidArgument, "ncclCommWindowRegister: buff is NULL with size %zu", size);
+  if (winFlags & ~(NCCL_WIN_DEFAULT | NCCL_WIN_COLL_SYMMETRIC))
+    return fail(ncclInvalidArgument, "ncclCommWindowRegister: unknown winFlags 0x%x", winFlags);
+  struct ncclWindow_vidmem *w = malloc(sizeof *w);
+  if (!w) return fail(ncclSystemError, "ncclCommWindowRegister: out of memory");
+  *w = (struct ncclWindow_vidmem){.buff = buff, .size = size, .flags = winFlags};
+  pthread_mutex_lock(&comm->lock);
+  w->next = comm->windows;
+  comm->windows = w;
+  pthread_mutex_unlock(&comm->lock);
+  *win = w;
+  return ncclSuccess;
+}
+
+EXPORT ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
+  ncclResult_t r = comm_ok(comm, "ncclCommWindowDeregister");
+  if (r != ncclSuccess) return r;
+  struct ncclWindow_vidmem *found = NULL;
+  pthread_mutex_lock(&comm->lock);
+  for (struct ncclWindow_vidmem **p = &comm->windows; *p; p = &(*p)->next)
+    if (*p == win) {
+      found = win;
+      *p = win->next;
+      break;
+    }
+  pthread_mutex_unlock(&comm->lock);
+  if (!found)
+    return fail(ncclInvalidArgument,
+                "ncclCommWindowDeregister: window %p is not registered with this communicator "
+                "(deregistered already, or another communicator's)",
+                (void *)win);
+  free(found);
+  return ncclSuccess;
+}
+
 /* ---- groups ---------------------------------------------------------- */
 
 EXPORT ncclResult_t ncclGroupStart(void) {
@@ -606,9 +807,46 @@ EXPORT ncclResult_t ncclGroupStart(void) {
 EXPORT ncclResult_t ncclGroupEnd(void) {
   if (group_depth == 0) return fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
   if (--group_depth > 0) return ncclSuccess;
+  group_colls = 0;
   ncclResult_t r = pending ? run_pending() : ncclSuccess;
   ncclResult_t r2 = run_p2p(); /* runs (or drops, after a failed init) what was queued */
   return r != ncclSuccess ? r : r2;
+}
+
+/* NCCL's estimate of a group's time, without running it. brigade has it
+ * for a group that holds no operation (its estimate is 0, and the
+ * communicators initialised in it are made, as ncclGroupEnd makes them);
+ * it has none for one that holds collectives (which brigade runs as they
+ * are issued, so they have run) or sends and receives (which are dropped,
+ * not run): ncclInvalidUsage, naming them. */
+EXPORT ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t *simInfo) {
+  if (group_depth == 0)
+    return fail(ncclInvalidUsage, "ncclGroupSimulateEnd without ncclGroupStart");
+  if (simInfo && simInfo->magic != SIM_INFO_MAGIC)
+    return fail(ncclInvalidArgument,
+                "ncclGroupSimulateEnd: simInfo was not set from NCCL_SIM_INFO_INITIALIZER (magic "
+                "0x%x, expected 0x%x)",
+                simInfo->magic, SIM_INFO_MAGIC);
+  if (--group_depth > 0) return ncclSuccess;
+  int colls = group_colls, p2ps = 0;
+  group_colls = 0;
+  while (p2p_head) {
+    pending_p2p *op = p2p_head;
+    p2p_head = op->next;
+    free(op);
+    p2ps++;
+  }
+  p2p_last = NULL;
+  ncclResult_t r = pending ? run_pending() : ncclSuccess;
+  if (r != ncclSuccess) return r;
+  if (colls || p2ps)
+    return fail(ncclInvalidUsage,
+                "ncclGroupSimulateEnd: brigade has no cost model to simulate a group's operations "
+                "(this group held %d collectives, which ran as they were issued, and %d sends and "
+                "receives, which were dropped)",
+                colls, p2ps);
+  if (simInfo) simInfo->estimatedTime = 0.0f;
+  return ncclSuccess;
 }
 
 /* ---- collectives ----------------------------------------------------- */
@@ -617,6 +855,7 @@ EXPORT ncclResult_t ncclGroupEnd(void) {
 static int prologue(const struct ncclComm *comm, ncclDataType_t t, brg_dtype *dt, const char *fn,
                     ncclResult_t *r) {
   if ((*r = comm_ok(comm, fn)) != ncclSuccess) return 0;
+  if (group_depth > 0 && strcmp(fn, "ncclSend") && strcmp(fn, "ncclRecv")) group_colls++;
   return dtype_of(t, dt, fn, r);
 }
 
@@ -831,6 +1070,92 @@ EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_
   brg_comm_size(nc->c, &nc->nranks);
   *newcomm = nc;
   return ncclSuccess;
+}
+
+/* The ranks not excluded form the new communicator, in their order in
+ * comm; the excluded ranks do not call (they may have failed). Brigade's
+ * split needs every rank, so a shrink makes a new communicator instead:
+ * the lowest rank kept makes a unique id and sends it to the others on
+ * comm's point-to-point links, which join only the pairs that use them. */
+EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeRanksCount,
+                                   ncclComm_t *newcomm, ncclConfig_t *config, int shrinkFlags) {
+  const char *fn = "ncclCommShrink";
+  int blocking;
+  ncclResult_t r = comm_ok(comm, fn);
+  if (r != ncclSuccess) return r;
+  if (!newcomm) return fail(ncclInvalidArgument, "%s: newcomm is NULL", fn);
+  *newcomm = NULL;
+  if ((r = config_read(config, fn, &blocking)) != ncclSuccess) return r;
+  if (shrinkFlags == NCCL_SHRINK_ABORT)
+    return fail(ncclInvalidUsage,
+                "%s: brigade cannot shrink with NCCL_SHRINK_ABORT (it would stop the parent's "
+                "links, which the shrink uses); shrink with NCCL_SHRINK_DEFAULT, then abort the "
+                "parent",
+                fn);
+  if (shrinkFlags != NCCL_SHRINK_DEFAULT)
+    return fail(ncclInvalidArgument, "%s: unknown shrinkFlags 0x%x", fn, shrinkFlags);
+  if (excludeRanksCount < 0 || (excludeRanksCount > 0 && !excludeRanksList))
+    return fail(ncclInvalidArgument, "%s: excludeRanksList is %s with excludeRanksCount %d", fn,
+                excludeRanksList ? "given" : "NULL", excludeRanksCount);
+  char *out = calloc((size_t)comm->nranks, 1);
+  if (!out) return fail(ncclSystemError, "%s: out of memory", fn);
+  for (int i = 0; i < excludeRanksCount; i++) {
+    int x = excludeRanksList[i];
+    const char *bad = x < 0 || x >= comm->nranks ? "is not a rank of the communicator"
+                      : out[x]                   ? "is listed twice"
+                      : x == comm->rank ? "is the calling rank (excluded ranks do not call)"
+                                        : NULL;
+    if (bad) {
+      free(out);
+      return fail(ncclInvalidArgument, "%s: excludeRanksList[%d] = %d %s (of %d ranks)", fn, i, x,
+                  bad, comm->nranks);
+    }
+    out[x] = 1;
+  }
+  int nkept = 0, newrank = -1, leader = -1;
+  for (int k = 0; k < comm->nranks; k++) {
+    if (out[k]) continue;
+    if (leader < 0) leader = k;
+    if (k == comm->rank) newrank = nkept;
+    nkept++;
+  }
+  brg_unique_id bid;
+  brg_status s = BRG_SUCCESS;
+  if (comm->rank == leader) {
+    s = brg_get_unique_id(&bid);
+    for (int k = leader + 1; k < comm->nranks && s == BRG_SUCCESS; k++)
+      if (!out[k]) s = brg_send(&bid, sizeof bid, BRG_UINT8, k, comm->c, NULL);
+  } else {
+    s = brg_recv(&bid, sizeof bid, BRG_UINT8, leader, comm->c, NULL);
+  }
+  free(out);
+  if (s != BRG_SUCCESS)
+    return check(comm, s, "ncclCommShrink (handing the new communicator's id to the ranks kept)");
+  struct ncclComm *nc = comm_new();
+  if (!nc) return fail(ncclSystemError, "%s: out of memory", fn);
+  nc->device = comm->device;
+  ncclUniqueId id;
+  memset(&id, 0, sizeof id);
+  memcpy(id.internal, bid.internal, sizeof bid.internal);
+  if ((r = init_now(nc, nkept, &id, newrank)) != ncclSuccess) {
+    comm_drop(nc);
+    return r;
+  }
+  *newcomm = nc;
+  return ncclSuccess;
+}
+
+/* NCCL's revoke stops a communicator's operations and keeps it for split
+ * and shrink; brigade's stop (ncclCommAbort) leaves it for destruction
+ * only. */
+EXPORT ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
+  ncclResult_t r = comm_ok(comm, "ncclCommRevoke");
+  if (r != ncclSuccess) return r;
+  if (revokeFlags != NCCL_REVOKE_DEFAULT)
+    return fail(ncclInvalidArgument, "ncclCommRevoke: revokeFlags 0x%x (must be 0)", revokeFlags);
+  return unsupported("ncclCommRevoke",
+                     "revoke that keeps a communicator for split or shrink (ncclCommAbort stops "
+                     "one; ncclCommShrink works on one that is not stopped)");
 }
 
 EXPORT ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataType_t datatype,

@@ -393,6 +393,112 @@ static void split(ncclComm_t comm, int rank, int n, bufs *b) {
   NCCL_OK(ncclCommDestroy(sub));
 }
 
+/* An allreduce of one float32 per rank, `x`, on comm: the sum. */
+static float sum_one(ncclComm_t comm, bufs *b, float x) {
+  to_dev(b->dsend, &x, sizeof x);
+  NCCL_OK(ncclAllReduce(b->dsend, b->drecv, 1, ncclFloat32, ncclSum, comm, b->stream));
+  from_dev(&x, b->drecv, sizeof x);
+  return x;
+}
+
+/* The calls of NCCL 2.22 to 2.28: ncclCommInitRankScalable (two ids, the
+ * second unused) and a non-blocking ncclCommInitRankConfig on ids rank 0
+ * broadcast; windows; ncclGroupSimulateEnd; brigade's version beside
+ * NCCL's; ncclCommShrink without rank 1 (which does not call it). */
+ncclResult_t brg_nccl_get_version(int *brigade, int *nccl);
+static void newer_calls(ncclComm_t comm, int rank, int n, bufs *b) {
+  ncclUniqueId ids[2];
+  memset(ids, 0, sizeof ids);
+  if (rank == 0) NCCL_OK(ncclGetUniqueId(&ids[0]));
+  if (rank == n - 1) NCCL_OK(ncclGetUniqueId(&ids[1]));
+  for (int k = 0; k < 2; k++) {
+    to_dev(b->dsend, &ids[k], sizeof ids[k]);
+    NCCL_OK(ncclBroadcast(b->dsend, b->drecv, sizeof ids[k], ncclUint8, k ? n - 1 : 0, comm,
+                          b->stream));
+    from_dev(&ids[k], b->drecv, sizeof ids[k]);
+  }
+  ncclComm_t sc = NULL;
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  NCCL_OK(ncclCommInitRankScalable(&sc, n, rank, 2, ids, &cfg));
+  float want = (float)(n * (n - 1) / 2);
+  float got = sum_one(sc, b, (float)rank);
+  if (got != want) FAIL("allreduce on ncclCommInitRankScalable's: %g, expected %g", got, want);
+  NCCL_OK(ncclCommDestroy(sc));
+
+  /* Non-blocking: ncclInProgress until ncclCommGetAsyncError says it is made. */
+  if (rank == 0) NCCL_OK(ncclGetUniqueId(&ids[0]));
+  to_dev(b->dsend, &ids[0], sizeof ids[0]);
+  NCCL_OK(ncclBroadcast(b->dsend, b->drecv, sizeof ids[0], ncclUint8, 0, comm, b->stream));
+  from_dev(&ids[0], b->drecv, sizeof ids[0]);
+  cfg.blocking = 0;
+  ncclComm_t nb = NULL;
+  ncclResult_t r = ncclCommInitRankConfig(&nb, n, ids[0], rank, &cfg);
+  if (r != ncclInProgress && r != ncclSuccess)
+    FAIL("non-blocking ncclCommInitRankConfig: %s: %s", ncclGetErrorString(r),
+         ncclGetLastError(NULL));
+  ncclResult_t state = ncclInProgress;
+  while (state == ncclInProgress) {
+    NCCL_OK(ncclCommGetAsyncError(nb, &state));
+    if (state == ncclInProgress) usleep(1000);
+  }
+  if (state != ncclSuccess) FAIL("non-blocking init ended with %s", ncclGetErrorString(state));
+  got = sum_one(nb, b, (float)rank);
+  if (got != want) FAIL("allreduce on the non-blocking init's: %g, expected %g", got, want);
+  NCCL_OK(ncclCommDestroy(nb));
+  cfg.blocking = 7;
+  REFUSED(ncclCommInitRankConfig(&nb, n, ids[0], rank, &cfg), ncclInvalidArgument, "blocking is 7");
+  cfg.blocking = 1;
+  cfg.magic = 0;
+  REFUSED(ncclCommInitRankConfig(&nb, n, ids[0], rank, &cfg), ncclInvalidArgument,
+          "NCCL_CONFIG_INITIALIZER");
+
+  /* Windows: registered, used, deregistered once. */
+  ncclWindow_t w = NULL, w2 = NULL;
+  NCCL_OK(ncclCommWindowRegister(comm, b->dsend, b->bytes, &w, NCCL_WIN_COLL_SYMMETRIC));
+  NCCL_OK(ncclCommWindowRegister(comm, b->drecv, b->bytes, &w2, NCCL_WIN_DEFAULT));
+  got = sum_one(comm, b, 1.0f);
+  if (got != (float)n) FAIL("allreduce on registered windows: %g, expected %d", got, n);
+  NCCL_OK(ncclCommWindowDeregister(comm, w));
+  REFUSED(ncclCommWindowDeregister(comm, w), ncclInvalidArgument, "not registered");
+  REFUSED(ncclCommWindowRegister(comm, b->dsend, 8, &w, 0x40), ncclInvalidArgument, "winFlags");
+  NCCL_OK(ncclCommWindowDeregister(comm, w2));
+
+  /* Simulation: an empty group is estimated; one with a send is refused. */
+  ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclGroupSimulateEnd(&sim));
+  if (sim.estimatedTime != 0.0f) FAIL("empty group: estimatedTime %g", (double)sim.estimatedTime);
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclSend(b->dsend, 1, ncclFloat32, (rank + 1) % n, comm, b->stream));
+  REFUSED(ncclGroupSimulateEnd(&sim), ncclInvalidUsage, "1 sends and receives");
+  REFUSED(ncclCommRevoke(comm, 0), ncclInvalidUsage, "revoke");
+
+  int bv = -1, nv = -1;
+  NCCL_OK(brg_nccl_get_version(&bv, &nv));
+  if (nv != NCCL_VERSION_CODE || bv < 0 || bv >= 10000 * 100)
+    FAIL("brg_nccl_get_version: brigade %d, NCCL API %d", bv, nv);
+
+  /* Shrink: rank 1 (when there are more than two) stays out. */
+  int gone = n > 2 ? 1 : -1;
+  if (rank != gone) {
+    ncclComm_t sh = NULL;
+    REFUSED(ncclCommShrink(comm, &rank, 1, &sh, NULL, 0), ncclInvalidArgument, "calling rank");
+    REFUSED(ncclCommShrink(comm, &gone, 1, &sh, NULL, NCCL_SHRINK_ABORT), ncclInvalidUsage,
+            "NCCL_SHRINK_ABORT");
+    NCCL_OK(ncclCommShrink(comm, &gone, gone < 0 ? 0 : 1, &sh, NULL, NCCL_SHRINK_DEFAULT));
+    int cnt = 0, rk = -1, want_rk = gone >= 0 && rank > gone ? rank - 1 : rank;
+    NCCL_OK(ncclCommCount(sh, &cnt));
+    NCCL_OK(ncclCommUserRank(sh, &rk));
+    if (cnt != (gone < 0 ? n : n - 1) || rk != want_rk)
+      FAIL("ncclCommShrink: rank %d of %d, expected %d of %d", rk, cnt, want_rk,
+           gone < 0 ? n : n - 1);
+    float w_sum = want - (gone < 0 ? 0.0f : (float)gone);
+    got = sum_one(sh, b, (float)rank);
+    if (got != w_sum) FAIL("allreduce on the shrunk communicator: %g, expected %g", got, w_sum);
+    NCCL_OK(ncclCommDestroy(sh));
+  }
+}
+
 static void alloc_bufs(bufs *b, int n) {
   b->bytes = counts[sizeof counts / sizeof counts[0] - 1] * 8 * (size_t)n;
   NCCL_OK(ncclMemAlloc(&b->dsend, b->bytes));
@@ -430,6 +536,7 @@ static int rank_main(int rank, int n, const ncclUniqueId *id) {
   p2p(comm, rank, n, &b);
   refusals(comm, &b);
   split(comm, rank, n, &b);
+  newer_calls(comm, rank, n, &b);
   free_bufs(&b);
   NCCL_OK(ncclCommDestroy(comm));
   /* Destroyed twice: a clean error, not a use of freed memory (documented
