@@ -60,6 +60,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <nccl.h>
 
@@ -75,6 +78,21 @@ struct ncclWindow_vidmem {
   struct ncclWindow_vidmem *next;
 };
 
+struct p2p_batch;
+
+/* A communicator's point-to-point engine (below): one thread that runs
+ * batches of sends and receives once their streams reach them. */
+typedef struct p2p_engine {
+  pthread_t th;
+  int started, stop;
+  pthread_mutex_t mu; /* the fields below and stop */
+  pthread_cond_t cv;
+  struct p2p_batch *head, *tail; /* queued, in issue order */
+  struct p2p_batch *retired;     /* run; freed once their streams are past them */
+  ncclResult_t err;              /* the first failure, for ncclCommGetAsyncError */
+  char why[1024];
+} p2p_engine;
+
 struct ncclComm {
   brg_comm *c;
   int device;
@@ -88,6 +106,7 @@ struct ncclComm {
   char init_err[1024];
   pthread_mutex_t lock;              /* the fields below, and init_joined */
   struct ncclWindow_vidmem *windows; /* ncclCommWindowRegister's, not yet deregistered */
+  p2p_engine eng;
 };
 
 /* Calls return at once, as NCCL's do, unless the user chose otherwise:
@@ -235,6 +254,8 @@ static struct ncclComm *comm_new(void) {
   struct ncclComm *comm = calloc(1, sizeof *comm);
   if (!comm) return NULL;
   pthread_mutex_init(&comm->lock, NULL);
+  pthread_mutex_init(&comm->eng.mu, NULL);
+  pthread_cond_init(&comm->eng.cv, NULL);
   pthread_mutex_lock(&live_lock);
   if (nlive == live_cap) {
     size_t cap = live_cap ? 2 * live_cap : 16;
@@ -283,6 +304,8 @@ static void comm_free(struct ncclComm *comm) {
     free(w);
   }
   pthread_mutex_destroy(&comm->lock);
+  pthread_mutex_destroy(&comm->eng.mu);
+  pthread_cond_destroy(&comm->eng.cv);
   free(comm);
 }
 
@@ -387,6 +410,7 @@ typedef struct pending_p2p {
 } pending_p2p;
 static __thread pending_p2p *p2p_head, *p2p_last;
 static ncclResult_t run_p2p(void);
+static void engine_stop(struct ncclComm *comm);
 
 /* Fills `comm` (its device set): a brg_comm, its device ring built. */
 static ncclResult_t init_now(struct ncclComm *comm, int nranks, const ncclUniqueId *id, int rank) {
@@ -646,6 +670,7 @@ EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     return fail(ncclInvalidArgument,
                 "ncclCommDestroy: comm was already destroyed (or is not a communicator)");
   comm_settle(comm); /* a non-blocking init still running */
+  engine_stop(comm);
   brg_status s = BRG_SUCCESS;
   pthread_t th;
   if (comm->c && comm->siblings) {
@@ -690,6 +715,14 @@ EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncEr
   }
   ncclResult_t r = comm_ok(comm, "ncclCommGetAsyncError");
   if (r != ncclSuccess) return r;
+  pthread_mutex_lock(&comm->eng.mu);
+  ncclResult_t pr = comm->eng.err;
+  if (pr != ncclSuccess) snprintf(last_error, sizeof last_error, "%s", comm->eng.why);
+  pthread_mutex_unlock(&comm->eng.mu);
+  if (pr != ncclSuccess) {
+    *asyncError = pr; /* a send or receive on the stream failed */
+    return ncclSuccess;
+  }
   brg_status s = BRG_SUCCESS;
   brg_comm_get_async_error(comm->c, &s);
   *asyncError = result_of(s);
@@ -920,10 +953,325 @@ EXPORT ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t coun
                "ncclReduce");
 }
 
-/* ---- point-to-point and all-to-all, staged through host memory ------- */
+/* ---- point-to-point and all-to-all, on the stream ------------------- */
 
-/* One send or receive of device data: the stream's earlier work first,
- * then the data through a host buffer of the call's own. */
+/*
+ * Sends and receives of device buffers are ordered on their streams and
+ * run by the communicator's engine thread, so the call returns at once.
+ * The calls of one group (or a lone call) on one communicator make a
+ * batch, with a staging area of pinned host memory mapped for the GPU:
+ * per stream of the batch (a leg), two words, then each operation's
+ * data. At the call, each leg's stream gets
+ *
+ *   copy of each send's data into staging, write ready = 1,
+ *   wait until done >= 1, copy of each receive's data out of staging,
+ *   an event (the batch's memory is freed once every leg's has run)
+ *
+ * and the engine, once every leg's ready word is 1, posts the batch's
+ * receives and sends (brigade's non-blocking host calls on the staging
+ * area), waits for them and writes done = 1. Batches run in issue order.
+ * Buffers in host memory take the staged, blocking path (p2p_now).
+ */
+#define P2P_MAX_LEGS 16
+#define P2P_WORDS 256 /* bytes of words at the start of the staging area */
+#define P2P_ALIGN 256
+
+typedef struct p2p_batch {
+  struct ncclComm *comm;
+  int nops, nlegs, failed;
+  pending_p2p *ops; /* their buf: the user's; staged at stage_off[k] */
+  size_t *stage_off;
+  void *leg_stream[P2P_MAX_LEGS];
+  void *leg_ev[P2P_MAX_LEGS];
+  char *host, *dev; /* the staging area, as the host and the GPU see it */
+  size_t bytes;
+  int registered;
+  struct p2p_batch *next;
+} p2p_batch;
+
+static volatile uint32_t *batch_word(const p2p_batch *b, int leg, int done) {
+  return (volatile uint32_t *)(void *)(b->host + 4 * (2 * leg + done));
+}
+
+static void batch_release(p2p_batch *b) {
+  for (int l = 0; l < b->nlegs; l++) __atomic_store_n(batch_word(b, l, 1), 1, __ATOMIC_RELEASE);
+}
+
+/* Frees b once its legs' events have run (or, with wait, after they
+ * have); 0 while it must be kept. */
+static int batch_free(p2p_batch *b, int wait) {
+  const brg__cuda_api *api = cuda_api;
+  for (int l = 0; l < b->nlegs; l++) {
+    if (!b->leg_ev[l]) continue;
+    if (wait)
+      api->drv.event_sync(b->leg_ev[l]);
+    else if (api->drv.event_query(b->leg_ev[l]) != 0)
+      return 0;
+  }
+  /* Unregistering fails while a CUDA graph capture forbids it: later. */
+  if (b->registered && api->drv.host_unregister(b->host) != 0 && !wait) return 0;
+  for (int l = 0; l < b->nlegs; l++)
+    if (b->leg_ev[l]) api->drv.event_destroy(b->leg_ev[l]);
+  free(b->host);
+  free(b->ops);
+  free(b->stage_off);
+  free(b);
+  return 1;
+}
+
+/* Frees the retired batches whose streams are past them (engine lock held). */
+static void reclaim(p2p_engine *e, int wait) {
+  for (p2p_batch **p = &e->retired; *p;) {
+    p2p_batch *b = *p;
+    *p = b->next;
+    if (!batch_free(b, wait)) {
+      b->next = *p;
+      *p = b;
+      p = &b->next;
+    }
+  }
+}
+
+static void engine_fail(p2p_engine *e, ncclResult_t r, const char *why) {
+  pthread_mutex_lock(&e->mu);
+  if (e->err == ncclSuccess) {
+    e->err = r;
+    snprintf(e->why, sizeof e->why, "%s", why);
+  }
+  pthread_mutex_unlock(&e->mu);
+}
+
+/* Whether every leg's stream has reached the batch, polled until it has
+ * or the engine stops. */
+static int batch_wait_ready(p2p_engine *e, const p2p_batch *b) {
+  for (int i = 0;; i++) {
+    int ready = 1;
+    for (int l = 0; l < b->nlegs && ready; l++)
+      ready = __atomic_load_n(batch_word(b, l, 0), __ATOMIC_ACQUIRE) != 0;
+    if (ready) return 1;
+    if (__atomic_load_n(&e->stop, __ATOMIC_ACQUIRE)) return 0;
+    if (i < 64)
+      sched_yield();
+    else
+      usleep(i < 2000 ? 20 : 500);
+  }
+}
+
+static void batch_run(struct ncclComm *comm, p2p_batch *b) {
+  brg_request *req = calloc((size_t)b->nops, sizeof *req);
+  int *posted = calloc((size_t)b->nops, sizeof *posted);
+  brg_status first = BRG_SUCCESS;
+  char why[1024] = "";
+  if (!req || !posted) {
+    first = BRG_ERR_NO_MEMORY;
+    snprintf(why, sizeof why, "ncclSend/ncclRecv: out of memory");
+  }
+  /* Receives first, so that a peer's sends find them posted. */
+  for (int pass = 0; pass < 2 && req && posted; pass++)
+    for (int k = 0; k < b->nops; k++) {
+      const pending_p2p *op = &b->ops[k];
+      if (op->is_send != pass) continue;
+      char *buf = b->host + b->stage_off[k];
+      brg_status st = op->is_send ? brg_isend(buf, op->count, op->dt, op->peer, comm->c, &req[k])
+                                  : brg_irecv(buf, op->count, op->dt, op->peer, comm->c, &req[k]);
+      posted[k] = st == BRG_SUCCESS;
+      if (st != BRG_SUCCESS && first == BRG_SUCCESS) {
+        first = st;
+        snprintf(why, sizeof why, "%s to/from rank %d: %s: %s",
+                 op->is_send ? "ncclSend" : "ncclRecv", op->peer, brg_status_string(st),
+                 brg_comm_last_error(comm->c));
+      }
+    }
+  for (int k = 0; k < b->nops && req && posted; k++) {
+    if (!posted[k]) continue;
+    brg_status st = brg_wait(&req[k]);
+    if (st != BRG_SUCCESS && first == BRG_SUCCESS) {
+      first = st;
+      snprintf(why, sizeof why, "%s to/from rank %d: %s: %s",
+               b->ops[k].is_send ? "ncclSend" : "ncclRecv", b->ops[k].peer, brg_status_string(st),
+               brg_comm_last_error(comm->c));
+    }
+  }
+  if (first != BRG_SUCCESS) engine_fail(&comm->eng, result_of(first), why);
+  free(req);
+  free(posted);
+}
+
+static void *engine_main(void *arg) {
+  struct ncclComm *comm = arg;
+  p2p_engine *e = &comm->eng;
+  cuda_api->drv.set_device(comm->device);
+  pthread_mutex_lock(&e->mu);
+  for (;;) {
+    reclaim(e, 0);
+    if (!e->head) {
+      if (e->stop) break;
+      if (e->retired) { /* look again soon: their streams move on */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 2000000;
+        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+        pthread_cond_timedwait(&e->cv, &e->mu, &ts);
+      } else {
+        pthread_cond_wait(&e->cv, &e->mu);
+      }
+      continue;
+    }
+    p2p_batch *b = e->head;
+    pthread_mutex_unlock(&e->mu);
+    if (!b->failed && batch_wait_ready(e, b)) batch_run(comm, b);
+    batch_release(b); /* also when it failed or the engine stops: the streams go on */
+    pthread_mutex_lock(&e->mu);
+    e->head = b->next;
+    if (!e->head) e->tail = NULL;
+    b->next = e->retired;
+    e->retired = b;
+  }
+  reclaim(e, 1);
+  pthread_mutex_unlock(&e->mu);
+  return NULL;
+}
+
+/* Stops comm's engine: a batch whose streams have not reached it is not
+ * run (its streams are let go). */
+static void engine_stop(struct ncclComm *comm) {
+  p2p_engine *e = &comm->eng;
+  pthread_mutex_lock(&e->mu);
+  int started = e->started;
+  e->stop = 1;
+  pthread_cond_broadcast(&e->cv);
+  pthread_mutex_unlock(&e->mu);
+  if (started) pthread_join(e->th, NULL);
+  e->started = 0;
+}
+
+static ncclResult_t engine_start(struct ncclComm *comm) {
+  p2p_engine *e = &comm->eng;
+  ncclResult_t r = ncclSuccess;
+  pthread_mutex_lock(&e->mu);
+  if (!e->started && !e->stop) {
+    e->started = pthread_create(&e->th, NULL, engine_main, comm) == 0;
+    if (!e->started) r = fail(ncclSystemError, "ncclSend/ncclRecv: pthread_create failed");
+  }
+  pthread_mutex_unlock(&e->mu);
+  return r;
+}
+
+static size_t align_up(size_t x, size_t a) {
+  return (x + a - 1) / a * a;
+}
+
+/* The batch of comm's n operations ops[0..n) (device buffers), enqueued on
+ * their streams and handed to the engine; the calling thread does not
+ * wait for the peers. */
+static ncclResult_t p2p_enqueue(struct ncclComm *comm, pending_p2p *const *ops, int n) {
+  const brg__cuda_api *api = cuda();
+  const char *fn = n == 1 && ops[0]->is_send ? "ncclSend" : n == 1 ? "ncclRecv" : "ncclGroupEnd";
+  if (!api) return ncclUnhandledCudaError;
+  ncclResult_t r = engine_start(comm);
+  if (r != ncclSuccess) return r;
+  p2p_batch *b = calloc(1, sizeof *b);
+  if (b) b->ops = calloc((size_t)n, sizeof *b->ops);
+  if (b) b->stage_off = calloc((size_t)n, sizeof *b->stage_off);
+  if (!b || !b->ops || !b->stage_off) {
+    if (b) free(b->ops), free(b->stage_off);
+    free(b);
+    return fail(ncclSystemError, "%s: out of memory", fn);
+  }
+  b->comm = comm;
+  b->nops = n;
+  size_t off = P2P_WORDS;
+  for (int k = 0; k < n; k++) {
+    b->ops[k] = *ops[k];
+    b->ops[k].next = NULL;
+    b->stage_off[k] = off;
+    off += align_up(b->ops[k].count * brg_dtype_size(b->ops[k].dt), P2P_ALIGN);
+    int l = 0;
+    while (l < b->nlegs && b->leg_stream[l] != ops[k]->stream) l++;
+    if (l == b->nlegs) {
+      if (b->nlegs == P2P_MAX_LEGS) {
+        batch_free(b, 1);
+        return fail(ncclInvalidUsage,
+                    "%s: a group's sends and receives on one communicator use "
+                    "more than %d streams",
+                    fn, P2P_MAX_LEGS);
+      }
+      b->leg_stream[b->nlegs++] = ops[k]->stream;
+    }
+  }
+  for (int l = 0; l < b->nlegs; l++) {
+    int capturing = 0;
+    if (api->drv.stream_capturing(b->leg_stream[l], &capturing) == 0 && capturing) {
+      batch_free(b, 1);
+      return fail(ncclInvalidUsage,
+                  "%s: brigade cannot capture sends and receives in a CUDA graph (stream %p is "
+                  "capturing); collectives can be captured",
+                  fn, b->leg_stream[l]);
+    }
+  }
+  b->bytes = align_up(off, 4096);
+  b->host = aligned_alloc(4096, b->bytes);
+  if (!b->host) {
+    batch_free(b, 1);
+    return fail(ncclSystemError, "%s: out of memory for %zu bytes of staging", fn, b->bytes);
+  }
+  memset(b->host, 0, P2P_WORDS);
+  int prev = -1;
+  if (api->drv.get_device(&prev) != 0) prev = -1;
+  const char *what = "cudaSetDevice";
+  int e = api->drv.set_device(comm->device);
+  if (!e) {
+    what = "cudaHostRegister";
+    e = api->drv.host_register(b->host, b->bytes, (void **)&b->dev);
+    b->registered = !e;
+  }
+  /* Each leg: its sends staged, ready, wait for done, its receives out. */
+  for (int l = 0; l < b->nlegs && !e; l++) {
+    void *st = b->leg_stream[l];
+    for (int k = 0; k < n && !e; k++) {
+      size_t bytes = b->ops[k].count * brg_dtype_size(b->ops[k].dt);
+      if (b->ops[k].stream == st && b->ops[k].is_send && bytes)
+        e = api->kern.copy(b->dev + b->stage_off[k], NULL, b->ops[k].buf, bytes, st), what = "copy";
+    }
+    if (!e) e = api->drv.stream_write_value(st, b->dev + 8 * l, 1), what = "cuStreamWriteValue32";
+    if (!e) e = api->drv.stream_wait_value(st, b->dev + 8 * l + 4, 1), what = "cuStreamWaitValue32";
+    for (int k = 0; k < n && !e; k++) {
+      size_t bytes = b->ops[k].count * brg_dtype_size(b->ops[k].dt);
+      if (b->ops[k].stream == st && !b->ops[k].is_send && bytes)
+        e = api->kern.copy(b->ops[k].buf, NULL, b->dev + b->stage_off[k], bytes, st), what = "copy";
+    }
+    if (!e) e = api->drv.event_create(&b->leg_ev[l]), what = "cudaEventCreate";
+    if (!e) e = api->drv.event_record(b->leg_ev[l], st), what = "cudaEventRecord";
+  }
+  if (prev >= 0) api->drv.set_device(prev);
+  if (e) {
+    r = fail(ncclUnhandledCudaError, "%s: %s: %s", fn, what, api->drv.error_string(e));
+    if (!b->registered) {
+      batch_free(b, 1);
+      return r;
+    }
+    b->failed = 1; /* the engine lets its streams go and frees it */
+  }
+  p2p_engine *eng = &comm->eng;
+  pthread_mutex_lock(&eng->mu);
+  if (eng->tail)
+    eng->tail->next = b;
+  else
+    eng->head = b;
+  eng->tail = b;
+  pthread_cond_broadcast(&eng->cv);
+  pthread_mutex_unlock(&eng->mu);
+  return r;
+}
+
+/* Whether op's buffer is device memory (a count of 0 counts as such). */
+static int on_device(const pending_p2p *op) {
+  int dev = -1;
+  return !op->count || cuda_api->drv.pointer_is_device(op->buf, &dev);
+}
+
+/* One send or receive of host memory: the stream's earlier work first,
+ * then the data through a host buffer of the call's own; blocking. */
 static ncclResult_t p2p_now(const pending_p2p *op) {
   const char *fn = op->is_send ? "ncclSend" : "ncclRecv";
   const brg__cuda_api *api = cuda();
@@ -952,22 +1300,47 @@ static ncclResult_t p2p_now(const pending_p2p *op) {
   return r;
 }
 
-/* The group's sends, then its receives, each in issue order; the first
- * error is returned, and what follows it still runs (its peers wait for
- * it). */
+static void keep_first(ncclResult_t *r, ncclResult_t r1, const char *err) {
+  if (r1 != ncclSuccess && *r == ncclSuccess)
+    *r = r1;
+  else if (*r != ncclSuccess) /* keep the first error's sentence */
+    snprintf(last_error, sizeof last_error, "%s", err);
+}
+
+/* The group's operations: those on device buffers as one batch per
+ * communicator, on their streams; those on host buffers then, on this
+ * thread, every send before any receive. The first error is returned,
+ * and what follows it still runs (its peers wait for it). */
 static ncclResult_t run_p2p(void) {
   ncclResult_t r = ncclSuccess;
-  for (int sends = 1; sends >= 0; sends--)
+  int n = 0;
+  for (pending_p2p *op = p2p_head; op; op = op->next) n++;
+  pending_p2p **dev = calloc((size_t)n + 1, sizeof *dev),
+              **mine = calloc((size_t)n + 1, sizeof *mine);
+  char *done = calloc((size_t)n + 1, 1);
+  if (!dev || !mine || !done) r = fail(ncclSystemError, "ncclGroupEnd: out of memory");
+  int nd = 0;
+  for (pending_p2p *op = p2p_head; op && dev; op = op->next)
+    if (on_device(op)) dev[nd++] = op;
+  for (int i = 0; i < nd && mine && done; i++) {
+    if (done[i]) continue;
+    int m = 0;
+    for (int j = i; j < nd; j++)
+      if (!done[j] && dev[j]->comm == dev[i]->comm) mine[m++] = dev[j], done[j] = 1;
+    char err[sizeof last_error];
+    snprintf(err, sizeof err, "%s", last_error);
+    keep_first(&r, p2p_enqueue(dev[i]->comm, mine, m), err);
+  }
+  for (int sends = 1; sends >= 0 && dev; sends--)
     for (pending_p2p *op = p2p_head; op; op = op->next) {
-      if (op->is_send != sends) continue;
+      if (op->is_send != sends || on_device(op)) continue;
       char err[sizeof last_error];
       snprintf(err, sizeof err, "%s", last_error);
-      ncclResult_t r1 = p2p_now(op);
-      if (r1 != ncclSuccess && r == ncclSuccess)
-        r = r1;
-      else if (r != ncclSuccess) /* keep the first error's sentence */
-        snprintf(last_error, sizeof last_error, "%s", err);
+      keep_first(&r, p2p_now(op), err);
     }
+  free(dev);
+  free(mine);
+  free(done);
   while (p2p_head) {
     pending_p2p *op = p2p_head;
     p2p_head = op->next;
@@ -988,7 +1361,11 @@ static ncclResult_t p2p_call(int is_send, void *buf, size_t count, ncclDataType_
     return fail(ncclInvalidArgument, "%s: peer %d is not in [0, %d)", fn, peer, comm->nranks);
   if (count && !buf)
     return fail(ncclInvalidArgument, "%s: buffer is NULL with count %zu", fn, count);
-  if (group_depth == 0) return p2p_now(&op);
+  if (group_depth == 0) {
+    if (!on_device(&op)) return p2p_now(&op);
+    pending_p2p *one = &op;
+    return p2p_enqueue(comm, &one, 1);
+  }
   pending_p2p *q = malloc(sizeof *q);
   if (!q) return fail(ncclSystemError, "%s: out of memory", fn);
   *q = op;

@@ -372,6 +372,54 @@ static void p2p(ncclComm_t comm, int rank, int n, bufs *b) {
   }
 }
 
+/* ncclRecv on device memory returns before its data is sent: rank 0's
+ * receive from rank 1 (on stream s1) has not run when the call returns,
+ * and rank 1 sends only after an allreduce (on s2) that rank 0 issues
+ * after its receive returned; then every element is checked. A receive
+ * that blocked until its data came would never let the allreduce start.
+ * In a CUDA graph capture, ncclSend is refused by name. */
+static void p2p_async(ncclComm_t comm, int rank, int n, bufs *b) {
+  void *s1 = NULL, *s2 = NULL, *ev = NULL, *sig = NULL;
+  if (api->drv.stream_create(&s1) || api->drv.stream_create(&s2) || api->drv.event_create(&ev)) {
+    FAIL("stream_create / event_create failed");
+    return;
+  }
+  NCCL_OK(ncclMemAlloc(&sig, sizeof(float)));
+  size_t cnt = 4099;
+  int t = 7; /* float32 */
+  char *h = b->host;
+  if (rank == 0) {
+    api->drv.mem_set(b->drecv, 0xee, cnt * 4);
+    NCCL_OK(ncclRecv(b->drecv, cnt, ncclFloat32, 1, comm, s1));
+    api->drv.event_record(ev, s1);
+    int q = api->drv.event_query(ev);
+    if (q != -1) FAIL("ncclRecv: the stream is past the receive before its data was sent (%d)", q);
+  }
+  NCCL_OK(ncclAllReduce(sig, sig, 1, ncclFloat32, ncclSum, comm, s2));
+  api->drv.stream_sync(s2);
+  if (rank == 1) {
+    fill_p2p(h, t, cnt, 1, 0);
+    to_dev(b->dsend, h, cnt * 4);
+    NCCL_OK(ncclSend(b->dsend, cnt, ncclFloat32, 0, comm, s1));
+  }
+  api->drv.stream_sync(s1);
+  if (rank == 0) {
+    from_dev(h, b->drecv, cnt * 4);
+    p2p_want w = {.src = 1, .dst = 0};
+    check_elems("ncclRecv ordered on its stream", t, h, cnt, want_p2p, &w);
+  }
+  if (api->drv.capture_begin(s1, 0) == 0) {
+    REFUSED(ncclSend(b->dsend, 1, ncclFloat32, (rank + 1) % n, comm, s1), ncclInvalidUsage,
+            "CUDA graph");
+    void *g = NULL;
+    if (api->drv.capture_end(s1, &g) == 0 && g) api->drv.graph_destroy(g);
+  }
+  ncclMemFree(sig);
+  api->drv.event_destroy(ev);
+  api->drv.stream_destroy(s1);
+  api->drv.stream_destroy(s2);
+}
+
 /* ncclCommSplit: even and odd ranks, each group ordered backwards by key;
  * an allreduce on the new communicator sums its members' ranks. */
 static void split(ncclComm_t comm, int rank, int n, bufs *b) {
@@ -535,6 +583,7 @@ static int rank_main(int rank, int n, const ncclUniqueId *id) {
   collectives(comm, rank, n, &b);
   p2p(comm, rank, n, &b);
   refusals(comm, &b);
+  p2p_async(comm, rank, n, &b);
   split(comm, rank, n, &b);
   newer_calls(comm, rank, n, &b);
   free_bufs(&b);
