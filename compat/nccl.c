@@ -28,14 +28,16 @@
  *    when it is unloaded (at exit);
  *  - ncclCommSplit is brg_comm_split (the new communicator builds its
  *    device ring at its first collective);
- *  - ncclSend and ncclRecv are brigade's host calls, staged:
- *    the stream is synchronized, device data copied to host memory and
- *    back. They block the calling thread (NCCL's return at once). Inside
- *    a group they run at the outermost ncclGroupEnd, every send of the
- *    group before any receive: brigade's sends are eager, so a group in
- *    which two ranks send to and receive from each other cannot deadlock,
- *    even when one thread drives several communicators. ncclAlltoAll is
- *    such a group, as NCCL defines it;
+ *  - ncclSend and ncclRecv on device buffers are ordered on their streams
+ *    and run by the communicator's engine thread through pinned host
+ *    memory (below): the call returns at once. The calls of a group on one
+ *    communicator run together (their receives posted before their sends),
+ *    so a group in which ranks send to and receive from each other cannot
+ *    deadlock, even when one thread drives several communicators.
+ *    ncclAlltoAll is such a group, as NCCL defines it. Host buffers are
+ *    staged on the calling thread, which blocks;
+ *  - ncclRedOpCreatePreMulSum: the scale is a kernel on the caller's
+ *    stream before the sum (below);
  *  - ncclCommInitRankScalable takes the first of its ids (brigade's
  *    bootstrap gathers over a tree from one root); ncclConfig_t's
  *    `blocking` is honoured (0: init runs on a thread of its own, and
@@ -44,8 +46,9 @@
  *  - ncclCommShrink makes a new communicator of the ranks kept, whose id
  *    the lowest of them sends the others on the parent's point-to-point
  *    links (the excluded ranks do not take part);
- *  - calls brigade does not have (gather, scatter, revoke, custom
- *    reduction ops, float8, simulating a group that holds operations)
+ *  - calls brigade does not have (gather, scatter, revoke, float8,
+ *    sends and receives in a CUDA graph capture, simulating a group that
+ *    holds operations)
  *    return ncclInvalidUsage (ncclInvalidArgument for a float8 type), and
  *    ncclGetLastError says which; buffer registration (ncclCommRegister,
  *    ncclCommWindowRegister) is accepted and changes nothing, windows are
@@ -93,6 +96,21 @@ typedef struct p2p_engine {
   char why[1024];
 } p2p_engine;
 
+/* A PreMulSum op (ncclRedOpCreatePreMulSum): its scalar, and the device
+ * memory of its calls. */
+typedef struct premul {
+  int live;
+  brg_dtype dt;
+  int on_device;          /* ncclScalarDevice: read on the stream at each call */
+  const void *dscalar;    /* that scalar */
+  unsigned char value[8]; /* ncclScalarHostImmediate: read at creation */
+  void *sbuf, *tmp;       /* the scalar repeated; the scaled input (reduce-scatter, reduce) */
+  size_t scap, tcap;      /* their bytes */
+  void *stream, *ev;      /* the stream of its last call, and an event recorded there after it */
+  int ev_set;
+} premul;
+#define MAX_PREMUL 256
+
 struct ncclComm {
   brg_comm *c;
   int device;
@@ -107,6 +125,9 @@ struct ncclComm {
   pthread_mutex_t lock;              /* the fields below, and init_joined */
   struct ncclWindow_vidmem *windows; /* ncclCommWindowRegister's, not yet deregistered */
   p2p_engine eng;
+  premul premuls[MAX_PREMUL]; /* op ncclNumOps + i is premuls[i] */
+  void **dead;                /* device memory of PreMulSum ops, freed with the communicator */
+  int ndead, capdead;
 };
 
 /* Calls return at once, as NCCL's do, unless the user chose otherwise:
@@ -236,7 +257,10 @@ static int op_of(ncclRedOp_t op, brg_op *out, const char *fn, ncclResult_t *r) {
   case ncclAvg: *out = BRG_AVG; return 1;
   default:
     *r = (int)op >= ncclNumOps
-             ? unsupported(fn, "custom reduction ops (ncclRedOpCreatePreMulSum)")
+             ? fail(ncclInvalidArgument,
+                    "%s: reduction op %d is not a live ncclRedOpCreatePreMulSum op of this "
+                    "communicator",
+                    fn, (int)op)
              : fail(ncclInvalidArgument, "%s: unknown reduction op %d", fn, (int)op);
     return 0;
   }
@@ -298,6 +322,7 @@ static int comm_live(const struct ncclComm *comm) {
 
 /* Frees what comm holds besides its brg_comm, and comm. */
 static void comm_free(struct ncclComm *comm) {
+  free(comm->dead);
   while (comm->windows) {
     struct ncclWindow_vidmem *w = comm->windows;
     comm->windows = w->next;
@@ -411,6 +436,14 @@ typedef struct pending_p2p {
 static __thread pending_p2p *p2p_head, *p2p_last;
 static ncclResult_t run_p2p(void);
 static void engine_stop(struct ncclComm *comm);
+static void premul_free_all(struct ncclComm *comm);
+static int reduction(struct ncclComm *comm, ncclRedOp_t op, brg_dtype dt, brg_op *bop, premul **pm,
+                     const char *fn, ncclResult_t *r);
+static ncclResult_t premul_scale(struct ncclComm *comm, premul *pm, const void *src, void *dst,
+                                 size_t count, void *stream, const char *fn);
+static void premul_after(premul *pm, void *stream);
+static ncclResult_t grow(struct ncclComm *comm, void **buf, size_t *cap, size_t bytes,
+                         int capturing, const char *fn, int *grown);
 
 /* Fills `comm` (its device set): a brg_comm, its device ring built. */
 static ncclResult_t init_now(struct ncclComm *comm, int nranks, const ncclUniqueId *id, int rank) {
@@ -686,6 +719,7 @@ EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     s = brg_comm_destroy(comm->c);
   }
   comm->c = NULL;
+  premul_free_all(comm);
   comm_free(comm);
   return check(NULL, s, "ncclCommDestroy");
 }
@@ -895,26 +929,53 @@ static int prologue(const struct ncclComm *comm, ncclDataType_t t, brg_dtype *dt
 EXPORT ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
                                   ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                   cudaStream_t stream) {
+  const char *fn = "ncclAllReduce";
   brg_dtype dt;
   brg_op bop;
+  premul *pm;
   ncclResult_t r;
-  if (!prologue(comm, datatype, &dt, "ncclAllReduce", &r) || !op_of(op, &bop, "ncclAllReduce", &r))
+  if (!prologue(comm, datatype, &dt, fn, &r) || !reduction(comm, op, dt, &bop, &pm, fn, &r))
     return r;
-  return check(comm, brg_allreduce(sendbuff, recvbuff, count, dt, bop, comm->c, stream),
-               "ncclAllReduce");
+  if (pm) { /* scaled into the receive buffer, summed there */
+    if ((r = premul_scale(comm, pm, sendbuff, recvbuff, count, stream, fn)) != ncclSuccess)
+      return r;
+    sendbuff = recvbuff;
+  }
+  r = check(comm, brg_allreduce(sendbuff, recvbuff, count, dt, bop, comm->c, stream), fn);
+  if (pm) premul_after(pm, stream);
+  return r;
+}
+
+/* A PreMulSum's input, scaled into the op's own buffer. */
+static ncclResult_t premul_input(struct ncclComm *comm, premul *pm, const void **sendbuff,
+                                 size_t count, void *stream, const char *fn) {
+  int capturing = 0, grown = 0;
+  if (cuda_api->drv.stream_capturing(stream, &capturing) != 0) capturing = 0;
+  ncclResult_t r =
+      grow(comm, &pm->tmp, &pm->tcap, count * brg_dtype_size(pm->dt), capturing, fn, &grown);
+  if (r == ncclSuccess) r = premul_scale(comm, pm, *sendbuff, pm->tmp, count, stream, fn);
+  if (r == ncclSuccess) *sendbuff = pm->tmp;
+  return r;
 }
 
 EXPORT ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount,
                                       ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                       cudaStream_t stream) {
+  const char *fn = "ncclReduceScatter";
   brg_dtype dt;
   brg_op bop;
+  premul *pm;
   ncclResult_t r;
-  if (!prologue(comm, datatype, &dt, "ncclReduceScatter", &r) ||
-      !op_of(op, &bop, "ncclReduceScatter", &r))
+  if (!prologue(comm, datatype, &dt, fn, &r) || !reduction(comm, op, dt, &bop, &pm, fn, &r))
     return r;
-  return check(comm, brg_reduce_scatter(sendbuff, recvbuff, recvcount, dt, bop, comm->c, stream),
-               "ncclReduceScatter");
+  if (pm && recvcount > SIZE_MAX / (size_t)comm->nranks / brg_dtype_size(dt))
+    return fail(ncclInvalidArgument, "%s: recvcount %zu is too large", fn, recvcount);
+  if (pm && (r = premul_input(comm, pm, &sendbuff, recvcount * (size_t)comm->nranks, stream, fn)) !=
+                ncclSuccess)
+    return r;
+  r = check(comm, brg_reduce_scatter(sendbuff, recvbuff, recvcount, dt, bop, comm->c, stream), fn);
+  if (pm) premul_after(pm, stream);
+  return r;
 }
 
 EXPORT ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
@@ -944,13 +1005,17 @@ EXPORT ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatype,
 EXPORT ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count,
                                ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
                                cudaStream_t stream) {
+  const char *fn = "ncclReduce";
   brg_dtype dt;
   brg_op bop;
+  premul *pm;
   ncclResult_t r;
-  if (!prologue(comm, datatype, &dt, "ncclReduce", &r) || !op_of(op, &bop, "ncclReduce", &r))
+  if (!prologue(comm, datatype, &dt, fn, &r) || !reduction(comm, op, dt, &bop, &pm, fn, &r))
     return r;
-  return check(comm, brg_reduce(sendbuff, recvbuff, count, dt, bop, root, comm->c, stream),
-               "ncclReduce");
+  if (pm && (r = premul_input(comm, pm, &sendbuff, count, stream, fn)) != ncclSuccess) return r;
+  r = check(comm, brg_reduce(sendbuff, recvbuff, count, dt, bop, root, comm->c, stream), fn);
+  if (pm) premul_after(pm, stream);
+  return r;
 }
 
 /* ---- point-to-point and all-to-all, on the stream ------------------- */
@@ -1535,13 +1600,214 @@ EXPORT ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
                      "one; ncclCommShrink works on one that is not stopped)");
 }
 
+/* ---- PreMulSum ------------------------------------------------------- */
+
+/*
+ * ncclRedOpCreatePreMulSum: each rank's input times its scalar, then
+ * summed. On the caller's stream, before the collective: the scalar
+ * repeated in device memory (written once for a host scalar; copied from
+ * the device scalar at each call, so its value at that point of the
+ * stream counts), then the reduce kernel's product of input and that
+ * (rounded to the dtype, as a scale would be) into the receive buffer
+ * (allreduce) or the op's own buffer (reduce-scatter, reduce), which the
+ * collective sums. Device memory is allocated when a call needs more than
+ * the op has (not inside a CUDA graph capture: use the op once outside
+ * first) and freed with the communicator. An op used on another stream
+ * than its last call's waits for that call.
+ */
+
+static void dead_add(struct ncclComm *comm, void *p) {
+  if (!p) return;
+  if (comm->ndead == comm->capdead) {
+    int cap = comm->capdead ? 2 * comm->capdead : 16;
+    void **a = realloc(comm->dead, (size_t)cap * sizeof *a);
+    if (!a) { /* cannot keep it for later: free it now (waits for the device) */
+      cuda_api->drv.mem_free(p);
+      return;
+    }
+    comm->dead = a;
+    comm->capdead = cap;
+  }
+  comm->dead[comm->ndead++] = p;
+}
+
+static void premul_retire(struct ncclComm *comm, premul *pm) {
+  dead_add(comm, pm->sbuf);
+  dead_add(comm, pm->tmp);
+  if (pm->ev) cuda_api->drv.event_destroy(pm->ev);
+  memset(pm, 0, sizeof *pm);
+}
+
+static void premul_free_all(struct ncclComm *comm) {
+  const brg__cuda_api *api = cuda_api;
+  if (!api) return;
+  for (int i = 0; i < MAX_PREMUL; i++)
+    if (comm->premuls[i].live) premul_retire(comm, &comm->premuls[i]);
+  if (!comm->ndead) return;
+  int prev = -1;
+  if (api->drv.get_device(&prev) != 0) prev = -1;
+  api->drv.set_device(comm->device);
+  for (int i = 0; i < comm->ndead; i++) api->drv.mem_free(comm->dead[i]);
+  comm->ndead = 0;
+  if (prev >= 0) api->drv.set_device(prev);
+}
+
+/* The live PreMulSum op `op` of comm for dtype dt, or NULL with *r set. */
+static premul *premul_of(struct ncclComm *comm, ncclRedOp_t op, brg_dtype dt, const char *fn,
+                         ncclResult_t *r) {
+  long i = (long)op - ncclNumOps;
+  if (i < 0 || i >= MAX_PREMUL || !comm->premuls[i].live) {
+    *r = fail(ncclInvalidArgument,
+              "%s: reduction op %d is not a live ncclRedOpCreatePreMulSum op of this "
+              "communicator",
+              fn, (int)op);
+    return NULL;
+  }
+  premul *pm = &comm->premuls[i];
+  if (pm->dt != dt) {
+    *r = fail(ncclInvalidArgument,
+              "%s: the PreMulSum op %d was made for %s, the call's datatype is %s", fn, (int)op,
+              brg_dtype_name(pm->dt), brg_dtype_name(dt));
+    return NULL;
+  }
+  return pm;
+}
+
+/* *buf holding at least `bytes` of device memory (the old one kept until
+ * the communicator goes); 1 when it was replaced. */
+static ncclResult_t grow(struct ncclComm *comm, void **buf, size_t *cap, size_t bytes,
+                         int capturing, const char *fn, int *grown) {
+  *grown = 0;
+  if (*cap >= bytes) return ncclSuccess;
+  if (capturing)
+    return fail(ncclInvalidUsage,
+                "%s: a PreMulSum op needs %zu bytes of device memory, which brigade cannot "
+                "allocate inside a CUDA graph capture (call it once outside the capture first)",
+                fn, bytes);
+  size_t want = bytes < 2 * *cap ? 2 * *cap : bytes;
+  void *p = NULL;
+  int e = cuda_api->drv.mem_alloc(&p, want);
+  if (e)
+    return fail(ncclUnhandledCudaError, "%s: cudaMalloc(%zu) for a PreMulSum op: %s", fn, want,
+                cuda_api->drv.error_string(e));
+  dead_add(comm, *buf);
+  *buf = p;
+  *cap = want;
+  *grown = 1;
+  return ncclSuccess;
+}
+
+/* dst = src * the op's scalar, count elements, on `stream`. */
+static ncclResult_t premul_scale(struct ncclComm *comm, premul *pm, const void *src, void *dst,
+                                 size_t count, void *stream, const char *fn) {
+  const brg__cuda_api *api = cuda_api;
+  size_t es = brg_dtype_size(pm->dt), bytes = count * es;
+  int capturing = 0, grown = 0;
+  if (api->drv.stream_capturing(stream, &capturing) != 0) capturing = 0;
+  int e = 0;
+  const char *what = "cudaStreamWaitEvent";
+  if (pm->ev_set && pm->stream != stream) {
+    if (capturing)
+      return fail(ncclInvalidUsage,
+                  "%s: a PreMulSum op last used on stream %p cannot be used on stream %p inside "
+                  "a CUDA graph capture",
+                  fn, pm->stream, stream);
+    e = api->drv.stream_wait_event(stream, pm->ev);
+  }
+  if (e) return fail(ncclUnhandledCudaError, "%s: %s: %s", fn, what, api->drv.error_string(e));
+  if (!count) return ncclSuccess;
+  ncclResult_t r = grow(comm, &pm->sbuf, &pm->scap, bytes, capturing, fn, &grown);
+  if (r != ncclSuccess) return r;
+  if (grown && !pm->on_device) { /* the host scalar, repeated, once */
+    size_t n = pm->scap / es;
+    char *h = malloc(pm->scap);
+    if (!h) return fail(ncclSystemError, "%s: out of memory", fn);
+    for (size_t i = 0; i < n; i++) memcpy(h + i * es, pm->value, es);
+    e = api->drv.mem_copy(pm->sbuf, h, n * es), what = "cudaMemcpy";
+    free(h);
+  }
+  if (!e && pm->on_device) { /* the device scalar, then doubled until count */
+    e = api->kern.copy(pm->sbuf, NULL, pm->dscalar, es, stream), what = "copy";
+    for (size_t k = 1; k < count && !e; k *= 2)
+      e = api->kern.copy((char *)pm->sbuf + k * es, NULL, pm->sbuf,
+                         (k < count - k ? k : count - k) * es, stream);
+  }
+  if (!e)
+    e = api->kern.reduce(dst, NULL, src, pm->sbuf, count, (int)pm->dt, BRG_PROD, 1, stream),
+    what = "reduce";
+  return e ? fail(ncclUnhandledCudaError, "%s: %s: %s", fn, what, api->drv.error_string(e))
+           : ncclSuccess;
+}
+
+/* After the collective: the stream and point a later call on another
+ * stream waits for. */
+static void premul_after(premul *pm, void *stream) {
+  const brg__cuda_api *api = cuda_api;
+  int capturing = 0;
+  if (api->drv.stream_capturing(stream, &capturing) != 0) capturing = 0;
+  pm->stream = stream;
+  pm->ev_set = 0;
+  if (capturing) return; /* (replays are ordered by the graph's user) */
+  if (!pm->ev && api->drv.event_create(&pm->ev) != 0) pm->ev = NULL;
+  pm->ev_set = pm->ev && api->drv.event_record(pm->ev, stream) == 0;
+}
+
+/* A reduction's op: a built-in one (*pm NULL) or a PreMulSum (*pm set, *bop
+ * the sum). 1 when the call may go on. */
+static int reduction(struct ncclComm *comm, ncclRedOp_t op, brg_dtype dt, brg_op *bop, premul **pm,
+                     const char *fn, ncclResult_t *r) {
+  *pm = NULL;
+  if ((int)op < ncclNumOps) return op_of(op, bop, fn, r);
+  *bop = BRG_SUM;
+  return (*pm = premul_of(comm, op, dt, fn, r)) != NULL;
+}
+
 EXPORT ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataType_t datatype,
                                              ncclScalarResidence_t residence, ncclComm_t comm) {
-  (void)op, (void)scalar, (void)datatype, (void)residence, (void)comm;
-  return unsupported("ncclRedOpCreatePreMulSum", "custom reduction ops");
+  const char *fn = "ncclRedOpCreatePreMulSum";
+  brg_dtype dt;
+  ncclResult_t r = comm_ok(comm, fn);
+  if (r != ncclSuccess || !dtype_of(datatype, &dt, fn, &r)) return r;
+  if (!op) return fail(ncclInvalidArgument, "%s: op is NULL", fn);
+  if (!scalar) return fail(ncclInvalidArgument, "%s: scalar is NULL", fn);
+  if (residence != ncclScalarDevice && residence != ncclScalarHostImmediate)
+    return fail(ncclInvalidArgument, "%s: unknown residence %d", fn, (int)residence);
+  int dev = -1;
+  if (residence == ncclScalarDevice && !cuda_api->drv.pointer_is_device(scalar, &dev))
+    return fail(ncclInvalidArgument, "%s: scalar %p is not device memory (ncclScalarDevice)", fn,
+                scalar);
+  pthread_mutex_lock(&comm->lock);
+  int i = 0;
+  while (i < MAX_PREMUL && comm->premuls[i].live) i++;
+  if (i < MAX_PREMUL) {
+    premul *pm = &comm->premuls[i];
+    memset(pm, 0, sizeof *pm);
+    pm->live = 1;
+    pm->dt = dt;
+    pm->on_device = residence == ncclScalarDevice;
+    pm->dscalar = scalar;
+    if (!pm->on_device) memcpy(pm->value, scalar, brg_dtype_size(dt));
+  }
+  pthread_mutex_unlock(&comm->lock);
+  if (i == MAX_PREMUL)
+    return fail(ncclInvalidUsage, "%s: %d PreMulSum ops of this communicator are live already", fn,
+                MAX_PREMUL);
+  *op = (ncclRedOp_t)(ncclNumOps + i);
+  return ncclSuccess;
 }
 
 EXPORT ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
-  (void)op, (void)comm;
-  return unsupported("ncclRedOpDestroy", "custom reduction ops");
+  ncclResult_t r = comm_ok(comm, "ncclRedOpDestroy");
+  if (r != ncclSuccess) return r;
+  if ((int)op < ncclNumOps)
+    return fail(ncclInvalidArgument, "ncclRedOpDestroy: op %d is a built-in op", (int)op);
+  long i = (long)op - ncclNumOps;
+  pthread_mutex_lock(&comm->lock);
+  int live = i < MAX_PREMUL && comm->premuls[i].live;
+  if (live) premul_retire(comm, &comm->premuls[i]);
+  pthread_mutex_unlock(&comm->lock);
+  return live ? ncclSuccess
+              : fail(ncclInvalidArgument,
+                     "ncclRedOpDestroy: op %d is not a live PreMulSum op of this communicator",
+                     (int)op);
 }

@@ -277,7 +277,7 @@ static void refusals(ncclComm_t comm, bufs *b) {
           ncclInvalidArgument, "datatype 99");
   REFUSED(
       ncclAllReduce(b->dsend, b->drecv, 1, ncclFloat32, (ncclRedOp_t)ncclNumOps, comm, b->stream),
-      ncclInvalidUsage, "custom reduction");
+      ncclInvalidArgument, "not a live ncclRedOpCreatePreMulSum op");
   REFUSED(ncclAllReduce(b->dsend, b->drecv, 1, ncclFloat32, ncclSum, NULL, b->stream),
           ncclInvalidArgument, "comm is NULL");
   REFUSED(ncclCommSplit(comm, 0, 0, NULL, NULL), ncclInvalidArgument, "newcomm is NULL");
@@ -418,6 +418,96 @@ static void p2p_async(ncclComm_t comm, int rank, int n, bufs *b) {
   api->drv.event_destroy(ev);
   api->drv.stream_destroy(s1);
   api->drv.stream_destroy(s2);
+}
+
+/* PreMulSum: rank r's input times its own scalar s_r, summed; s_r is
+ * 0.5 (r + 1) for the float types (products and sums of small halves are
+ * exact in every one) and r + 1 for int32. */
+static double pm_scalar(int t, int r) {
+  return types[t] == ncclInt32 ? r + 1 : 0.5 * (r + 1);
+}
+
+typedef struct pm_want {
+  int t, n, mul; /* mul: rank r's scalar times mul (the device scalar rewritten) */
+  size_t base;   /* the element's offset in the full input (reduce-scatter) */
+} pm_want;
+
+static double want_pm(size_t i, void *a) {
+  pm_want *w = a;
+  double acc = 0;
+  for (int r = 0; r < w->n; r++) acc += w->mul * pm_scalar(w->t, r) * input(0, w->base + i, r);
+  return acc;
+}
+
+/* Every float dtype and int32, the scalar on the host and on the device:
+ * allreduce (out of place and in place), reduce-scatter and reduce; the
+ * device scalar rewritten between two allreduces (read at each call). */
+static void premul_sum(ncclComm_t comm, int rank, int n, bufs *b) {
+  static const int pm_types[] = {6, 7, 8, 9, 2}; /* f16 f32 f64 bf16 i32 */
+  char *h = b->host, what[160];
+  size_t cnt = 4099;
+  void *dscalar = NULL;
+  NCCL_OK(ncclMemAlloc(&dscalar, 8));
+  for (size_t ti = 0; ti < sizeof pm_types / sizeof pm_types[0]; ti++) {
+    int t = pm_types[ti];
+    size_t es = type_bytes[t];
+    char sc[8];
+    put(sc, t, 0, pm_scalar(t, rank));
+    for (int on_dev = 0; on_dev < 2; on_dev++) {
+      ncclRedOp_t op;
+      to_dev(dscalar, sc, es);
+      NCCL_OK(ncclRedOpCreatePreMulSum(&op, on_dev ? dscalar : (void *)sc, types[t],
+                                       on_dev ? ncclScalarDevice : ncclScalarHostImmediate, comm));
+      for (int inplace = 0; inplace < 2; inplace++) {
+        for (size_t i = 0; i < cnt; i++) put(h, t, i, input(0, i, rank));
+        to_dev(b->dsend, h, cnt * es);
+        void *out = inplace ? b->dsend : b->drecv;
+        NCCL_OK(ncclAllReduce(b->dsend, out, cnt, types[t], op, comm, b->stream));
+        from_dev(h, out, cnt * es);
+        pm_want w = {.t = t, .n = n, .mul = 1};
+        snprintf(what, sizeof what, "PreMulSum allreduce (%s scalar, %s)",
+                 on_dev ? "device" : "host", inplace ? "in place" : "out of place");
+        check_elems(what, t, h, cnt, want_pm, &w);
+      }
+      /* reduce-scatter: n blocks of cnt */
+      for (size_t i = 0; i < cnt * (size_t)n; i++) put(h, t, i, input(0, i, rank));
+      to_dev(b->dsend, h, cnt * (size_t)n * es);
+      NCCL_OK(ncclReduceScatter(b->dsend, b->drecv, cnt, types[t], op, comm, b->stream));
+      from_dev(h, b->drecv, cnt * es);
+      pm_want w = {.t = t, .n = n, .mul = 1, .base = (size_t)rank * cnt};
+      snprintf(what, sizeof what, "PreMulSum reduce-scatter (%s scalar)",
+               on_dev ? "device" : "host");
+      check_elems(what, t, h, cnt, want_pm, &w);
+      for (size_t i = 0; i < cnt; i++) put(h, t, i, input(0, i, rank));
+      to_dev(b->dsend, h, cnt * es);
+      NCCL_OK(ncclReduce(b->dsend, b->drecv, cnt, types[t], op, n - 1, comm, b->stream));
+      from_dev(h, b->drecv, cnt * es);
+      w.base = 0;
+      snprintf(what, sizeof what, "PreMulSum reduce to rank %d (%s scalar)", n - 1,
+               on_dev ? "device" : "host");
+      if (rank == n - 1) check_elems(what, t, h, cnt, want_pm, &w);
+      if (on_dev) { /* twice the scalar, read at the next call */
+        char sc2[8];
+        put(sc2, t, 0, 2 * pm_scalar(t, rank));
+        to_dev(dscalar, sc2, es);
+        for (size_t i = 0; i < cnt; i++) put(h, t, i, input(0, i, rank));
+        to_dev(b->dsend, h, cnt * es);
+        NCCL_OK(ncclAllReduce(b->dsend, b->drecv, cnt, types[t], op, comm, b->stream));
+        from_dev(h, b->drecv, cnt * es);
+        w.mul = 2;
+        check_elems("PreMulSum allreduce after the device scalar changed", t, h, cnt, want_pm, &w);
+      }
+      REFUSED(ncclAllReduce(b->dsend, b->drecv, 1, types[t == 7 ? 8 : 7], op, comm, b->stream),
+              ncclInvalidArgument, "was made for");
+      NCCL_OK(ncclRedOpDestroy(op, comm));
+      REFUSED(ncclRedOpDestroy(op, comm), ncclInvalidArgument, "not a live PreMulSum");
+    }
+  }
+  ncclRedOp_t op;
+  REFUSED(ncclRedOpDestroy(ncclSum, comm), ncclInvalidArgument, "built-in");
+  REFUSED(ncclRedOpCreatePreMulSum(&op, h, ncclFloat32, ncclScalarDevice, comm),
+          ncclInvalidArgument, "not device memory");
+  ncclMemFree(dscalar);
 }
 
 /* ncclCommSplit: even and odd ranks, each group ordered backwards by key;
@@ -584,6 +674,7 @@ static int rank_main(int rank, int n, const ncclUniqueId *id) {
   p2p(comm, rank, n, &b);
   refusals(comm, &b);
   p2p_async(comm, rank, n, &b);
+  premul_sum(comm, rank, n, &b);
   split(comm, rank, n, &b);
   newer_calls(comm, rank, n, &b);
   free_bufs(&b);
