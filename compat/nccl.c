@@ -83,6 +83,13 @@ struct ncclWindow_vidmem {
 
 struct p2p_batch;
 
+/* Pinned host memory mapped for the GPU: a batch's staging area. */
+typedef struct staging {
+  char *host, *dev;
+  size_t bytes;
+  struct staging *next;
+} staging;
+
 /* A communicator's point-to-point engine (below): one thread that runs
  * batches of sends and receives once their streams reach them. */
 typedef struct p2p_engine {
@@ -92,7 +99,9 @@ typedef struct p2p_engine {
   pthread_cond_t cv;
   struct p2p_batch *head, *tail; /* queued, in issue order */
   struct p2p_batch *retired;     /* run; freed once their streams are past them */
-  ncclResult_t err;              /* the first failure, for ncclCommGetAsyncError */
+  struct staging *pool;          /* staging areas of freed batches, registered still */
+  int npool;
+  ncclResult_t err; /* the first failure, for ncclCommGetAsyncError */
   char why[1024];
 } p2p_engine;
 
@@ -1040,6 +1049,7 @@ EXPORT ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t coun
 #define P2P_MAX_LEGS 16
 #define P2P_WORDS 256 /* bytes of words at the start of the staging area */
 #define P2P_ALIGN 256
+#define P2P_POOL 8 /* staging areas kept for reuse */
 
 typedef struct p2p_batch {
   struct ncclComm *comm;
@@ -1073,8 +1083,18 @@ static int batch_free(p2p_batch *b, int wait) {
     else if (api->drv.event_query(b->leg_ev[l]) != 0)
       return 0;
   }
-  /* Unregistering fails while a CUDA graph capture forbids it: later. */
-  if (b->registered && api->drv.host_unregister(b->host) != 0 && !wait) return 0;
+  /* The staging area, still registered, to the pool (engine lock held):
+   * unregistering may wait for the device, whose streams may wait for
+   * this engine. */
+  staging *a = b->registered ? malloc(sizeof *a) : NULL;
+  if (a) {
+    *a = (staging){.host = b->host, .dev = b->dev, .bytes = b->bytes, .next = b->comm->eng.pool};
+    b->comm->eng.pool = a;
+    b->comm->eng.npool++;
+    b->host = NULL;
+  } else if (b->registered) {
+    api->drv.host_unregister(b->host);
+  }
   for (int l = 0; l < b->nlegs; l++)
     if (b->leg_ev[l]) api->drv.event_destroy(b->leg_ev[l]);
   free(b->host);
@@ -1193,6 +1213,14 @@ static void *engine_main(void *arg) {
     e->retired = b;
   }
   reclaim(e, 1);
+  while (e->pool) {
+    staging *a = e->pool;
+    e->pool = a->next;
+    cuda_api->drv.host_unregister(a->host);
+    free(a->host);
+    free(a);
+  }
+  e->npool = 0;
   pthread_mutex_unlock(&e->mu);
   return NULL;
 }
@@ -1275,21 +1303,58 @@ static ncclResult_t p2p_enqueue(struct ncclComm *comm, pending_p2p *const *ops, 
     }
   }
   b->bytes = align_up(off, 4096);
-  b->host = aligned_alloc(4096, b->bytes);
-  if (!b->host) {
-    batch_free(b, 1);
-    return fail(ncclSystemError, "%s: out of memory for %zu bytes of staging", fn, b->bytes);
+  /* A staging area from the pool, the smallest that fits; beyond
+   * P2P_POOL areas, the oldest go (unregistered here, not on the engine). */
+  p2p_engine *eng = &comm->eng;
+  staging *got = NULL, *extra = NULL;
+  pthread_mutex_lock(&eng->mu);
+  staging **best = NULL;
+  for (staging **p = &eng->pool; *p; p = &(*p)->next)
+    if ((*p)->bytes >= b->bytes && (!best || (*p)->bytes < (*best)->bytes)) best = p;
+  if (best) {
+    got = *best;
+    *best = got->next;
+    eng->npool--;
   }
-  memset(b->host, 0, P2P_WORDS);
+  if (eng->npool > P2P_POOL) {
+    staging **p = &eng->pool;
+    for (int k = 0; k < P2P_POOL; k++) p = &(*p)->next;
+    extra = *p;
+    *p = NULL;
+    eng->npool = P2P_POOL;
+  }
+  pthread_mutex_unlock(&eng->mu);
+  while (extra) {
+    staging *a = extra;
+    extra = a->next;
+    api->drv.host_unregister(a->host);
+    free(a->host);
+    free(a);
+  }
   int prev = -1;
   if (api->drv.get_device(&prev) != 0) prev = -1;
   const char *what = "cudaSetDevice";
   int e = api->drv.set_device(comm->device);
-  if (!e) {
-    what = "cudaHostRegister";
-    e = api->drv.host_register(b->host, b->bytes, (void **)&b->dev);
-    b->registered = !e;
+  if (got) {
+    b->host = got->host;
+    b->dev = got->dev;
+    b->bytes = got->bytes;
+    b->registered = 1;
+    free(got);
+  } else {
+    b->host = aligned_alloc(4096, b->bytes);
+    if (!b->host) {
+      if (prev >= 0) api->drv.set_device(prev);
+      batch_free(b, 1);
+      return fail(ncclSystemError, "%s: out of memory for %zu bytes of staging", fn, b->bytes);
+    }
+    if (!e) {
+      what = "cudaHostRegister";
+      e = api->drv.host_register(b->host, b->bytes, (void **)&b->dev);
+      b->registered = !e;
+    }
   }
+  memset(b->host, 0, P2P_WORDS);
   /* Each leg: its sends staged, ready, wait for done, its receives out. */
   for (int l = 0; l < b->nlegs && !e; l++) {
     void *st = b->leg_stream[l];
@@ -1317,7 +1382,6 @@ static ncclResult_t p2p_enqueue(struct ncclComm *comm, pending_p2p *const *ops, 
     }
     b->failed = 1; /* the engine lets its streams go and frees it */
   }
-  p2p_engine *eng = &comm->eng;
   pthread_mutex_lock(&eng->mu);
   if (eng->tail)
     eng->tail->next = b;
