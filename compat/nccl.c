@@ -1294,12 +1294,13 @@ static ncclResult_t p2p_enqueue(struct ncclComm *comm, pending_p2p *const *ops, 
   }
   for (int l = 0; l < b->nlegs; l++) {
     int capturing = 0;
-    if (api->drv.stream_capturing(b->leg_stream[l], &capturing) == 0 && capturing) {
+    void *st = b->leg_stream[l];
+    if (api->drv.stream_capturing(st, &capturing) == 0 && capturing) {
       batch_free(b, 1);
       return fail(ncclInvalidUsage,
                   "%s: brigade cannot capture sends and receives in a CUDA graph (stream %p is "
                   "capturing); collectives can be captured",
-                  fn, b->leg_stream[l]);
+                  fn, st);
     }
   }
   b->bytes = align_up(off, 4096);
