@@ -28,26 +28,44 @@
  *    when it is unloaded (at exit);
  *  - ncclCommSplit is brg_comm_split (the new communicator builds its
  *    device ring at its first collective);
- *  - ncclSend and ncclRecv are brigade's host calls, staged:
- *    the stream is synchronized, device data copied to host memory and
- *    back. They block the calling thread (NCCL's return at once). Inside
- *    a group they run at the outermost ncclGroupEnd, every send of the
- *    group before any receive: brigade's sends are eager, so a group in
- *    which two ranks send to and receive from each other cannot deadlock,
- *    even when one thread drives several communicators. ncclAlltoAll is
- *    such a group, as NCCL defines it;
- *  - calls brigade does not have (gather, scatter, shrink, custom
- *    reduction ops, float8) return
- *    ncclInvalidUsage (ncclInvalidArgument for a float8 type), and
- *    ncclGetLastError says which; buffer registration is accepted and does
- *    nothing.
+ *  - ncclSend and ncclRecv on device buffers are ordered on their streams
+ *    and run by the communicator's engine thread through pinned host
+ *    memory (below): the call returns at once. The calls of a group on one
+ *    communicator run together (their receives posted before their sends),
+ *    so a group in which ranks send to and receive from each other cannot
+ *    deadlock, even when one thread drives several communicators.
+ *    ncclAlltoAll is such a group, as NCCL defines it. Host buffers are
+ *    staged on the calling thread, which blocks;
+ *  - ncclRedOpCreatePreMulSum: the scale is a kernel on the caller's
+ *    stream before the sum (below);
+ *  - ncclCommInitRankScalable takes the first of its ids (brigade's
+ *    bootstrap gathers over a tree from one root); ncclConfig_t's
+ *    `blocking` is honoured (0: init runs on a thread of its own, and
+ *    ncclCommGetAsyncError says ncclInProgress until it is done); its other
+ *    fields tune NCCL's own transports and are accepted;
+ *  - ncclCommShrink makes a new communicator of the ranks kept, whose id
+ *    the lowest of them sends the others on the parent's point-to-point
+ *    links (the excluded ranks do not take part);
+ *  - calls brigade does not have (gather, scatter, revoke, float8,
+ *    sends and receives in a CUDA graph capture, simulating a group that
+ *    holds operations)
+ *    return ncclInvalidUsage (ncclInvalidArgument for a float8 type), and
+ *    ncclGetLastError says which; buffer registration (ncclCommRegister,
+ *    ncclCommWindowRegister) is accepted and changes nothing, windows are
+ *    recorded until deregistered;
+ *  - brg_nccl_get_version gives brigade's version (ncclGetVersion gives
+ *    the NCCL API's).
  */
 #include <pthread.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <nccl.h>
 
@@ -56,11 +74,69 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
+struct ncclWindow_vidmem {
+  void *buff;
+  size_t size;
+  int flags;
+  struct ncclWindow_vidmem *next;
+};
+
+struct p2p_batch;
+
+/* Pinned host memory mapped for the GPU: a batch's staging area. */
+typedef struct staging {
+  char *host, *dev;
+  size_t bytes;
+  struct staging *next;
+} staging;
+
+/* A communicator's point-to-point engine (below): one thread that runs
+ * batches of sends and receives once their streams reach them. */
+typedef struct p2p_engine {
+  pthread_t th;
+  int started, stop;
+  pthread_mutex_t mu; /* the fields below and stop */
+  pthread_cond_t cv;
+  struct p2p_batch *head, *tail; /* queued, in issue order */
+  struct p2p_batch *retired;     /* run; freed once their streams are past them */
+  struct staging *pool;          /* staging areas of freed batches, registered still */
+  int npool;
+  ncclResult_t err; /* the first failure, for ncclCommGetAsyncError */
+  char why[1024];
+} p2p_engine;
+
+/* A PreMulSum op (ncclRedOpCreatePreMulSum): its scalar, and the device
+ * memory of its calls. */
+typedef struct premul {
+  int live;
+  brg_dtype dt;
+  int on_device;          /* ncclScalarDevice: read on the stream at each call */
+  const void *dscalar;    /* that scalar */
+  unsigned char value[8]; /* ncclScalarHostImmediate: read at creation */
+  void *sbuf, *tmp;       /* the scalar repeated; the scaled input (reduce-scatter, reduce) */
+  size_t scap, tcap;      /* their bytes */
+  void *stream, *ev;      /* the stream of its last call, and an event recorded there after it */
+  int ev_set;
+} premul;
+#define MAX_PREMUL 256
+
 struct ncclComm {
   brg_comm *c;
   int device;
   int rank, nranks;
   int siblings; /* made with other communicators of this process at once */
+  /* Non-blocking init (ncclConfig_t.blocking = 0): running on init_th
+   * until init_done; calls other than ncclCommGetAsyncError wait for it. */
+  pthread_t init_th;
+  int init_started, init_joined, init_done;
+  ncclResult_t init_r;
+  char init_err[1024];
+  pthread_mutex_t lock;              /* the fields below, and init_joined */
+  struct ncclWindow_vidmem *windows; /* ncclCommWindowRegister's, not yet deregistered */
+  p2p_engine eng;
+  premul premuls[MAX_PREMUL]; /* op ncclNumOps + i is premuls[i] */
+  void **dead;                /* device memory of PreMulSum ops, freed with the communicator */
+  int ndead, capdead;
 };
 
 /* Calls return at once, as NCCL's do, unless the user chose otherwise:
@@ -134,6 +210,17 @@ EXPORT ncclResult_t ncclGetVersion(int *version) {
   return ncclSuccess;
 }
 
+/* The version of brigade under this library (ncclGetVersion gives the
+ * NCCL API it implements): *brigade as major * 10000 + minor * 100 +
+ * patch, *nccl as ncclGetVersion's. Either may be NULL. */
+EXPORT ncclResult_t brg_nccl_get_version(int *brigade, int *nccl) {
+  int major = 0, minor = 0, patch = 0;
+  brg_get_version(&major, &minor, &patch);
+  if (brigade) *brigade = major * 10000 + minor * 100 + patch;
+  if (nccl) *nccl = NCCL_VERSION_CODE;
+  return ncclSuccess;
+}
+
 /* ---- the CUDA module ------------------------------------------------- */
 
 static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
@@ -179,7 +266,10 @@ static int op_of(ncclRedOp_t op, brg_op *out, const char *fn, ncclResult_t *r) {
   case ncclAvg: *out = BRG_AVG; return 1;
   default:
     *r = (int)op >= ncclNumOps
-             ? unsupported(fn, "custom reduction ops (ncclRedOpCreatePreMulSum)")
+             ? fail(ncclInvalidArgument,
+                    "%s: reduction op %d is not a live ncclRedOpCreatePreMulSum op of this "
+                    "communicator",
+                    fn, (int)op)
              : fail(ncclInvalidArgument, "%s: unknown reduction op %d", fn, (int)op);
     return 0;
   }
@@ -196,6 +286,9 @@ static size_t nlive, live_cap;
 static struct ncclComm *comm_new(void) {
   struct ncclComm *comm = calloc(1, sizeof *comm);
   if (!comm) return NULL;
+  pthread_mutex_init(&comm->lock, NULL);
+  pthread_mutex_init(&comm->eng.mu, NULL);
+  pthread_cond_init(&comm->eng.cv, NULL);
   pthread_mutex_lock(&live_lock);
   if (nlive == live_cap) {
     size_t cap = live_cap ? 2 * live_cap : 16;
@@ -236,16 +329,79 @@ static int comm_live(const struct ncclComm *comm) {
   return found;
 }
 
+/* Frees what comm holds besides its brg_comm, and comm. */
+static void comm_free(struct ncclComm *comm) {
+  free(comm->dead);
+  while (comm->windows) {
+    struct ncclWindow_vidmem *w = comm->windows;
+    comm->windows = w->next;
+    free(w);
+  }
+  pthread_mutex_destroy(&comm->lock);
+  pthread_mutex_destroy(&comm->eng.mu);
+  pthread_cond_destroy(&comm->eng.cv);
+  free(comm);
+}
+
 static void comm_drop(struct ncclComm *comm) {
   comm_forget(comm);
-  free(comm);
+  comm_free(comm);
+}
+
+/* Waits for a non-blocking init still running; its result. */
+static ncclResult_t comm_settle(struct ncclComm *comm) {
+  pthread_mutex_lock(&comm->lock);
+  if (comm->init_started && !comm->init_joined) {
+    pthread_join(comm->init_th, NULL);
+    comm->init_joined = 1;
+  }
+  ncclResult_t r = comm->init_started ? comm->init_r : ncclSuccess;
+  if (r != ncclSuccess) snprintf(last_error, sizeof last_error, "%s", comm->init_err);
+  pthread_mutex_unlock(&comm->lock);
+  return r;
 }
 
 static ncclResult_t comm_ok(const struct ncclComm *comm, const char *fn) {
   if (comm && !comm_live(comm))
     return fail(ncclInvalidArgument, "%s: comm was destroyed (or is not a communicator)", fn);
+  if (comm && comm->init_started) {
+    ncclResult_t r = comm_settle((struct ncclComm *)comm);
+    if (r != ncclSuccess) return r;
+  }
   return comm && comm->c ? ncclSuccess
                          : fail(ncclInvalidArgument, "%s: comm is NULL or destroyed", fn);
+}
+
+/* ---- ncclConfig_t ---------------------------------------------------- */
+
+#define CONFIG_MAGIC 0xcafebeef
+#define SIM_INFO_MAGIC 0x74685283u
+
+/* Whether `field` (of `bytes` bytes at offset `off`) lies inside a config
+ * of cfg->size bytes: a program built against an older nccl.h passes a
+ * shorter struct. */
+#define CONFIG_HAS(cfg, field) ((cfg)->size >= offsetof(ncclConfig_t, field) + sizeof((cfg)->field))
+
+/* The fields of `cfg` (NULL: the defaults) brigade has: *blocking (1
+ * unless cfg->blocking is 0). The others (CTA counts, network name,
+ * traffic class, sharing) are tuning of NCCL's own transports and are
+ * accepted and left alone. */
+static ncclResult_t config_read(const ncclConfig_t *cfg, const char *fn, int *blocking) {
+  *blocking = 1;
+  if (!cfg) return ncclSuccess;
+  if (cfg->magic != CONFIG_MAGIC)
+    return fail(ncclInvalidArgument,
+                "%s: config was not set from NCCL_CONFIG_INITIALIZER (magic 0x%x, expected 0x%x)",
+                fn, cfg->magic, CONFIG_MAGIC);
+  if (cfg->size < offsetof(ncclConfig_t, blocking))
+    return fail(ncclInvalidArgument, "%s: config size %zu is too small", fn, cfg->size);
+  if (CONFIG_HAS(cfg, blocking) && cfg->blocking != NCCL_CONFIG_UNDEF_INT) {
+    if (cfg->blocking != 0 && cfg->blocking != 1)
+      return fail(ncclInvalidArgument, "%s: config blocking is %d (0, 1 or undefined)", fn,
+                  cfg->blocking);
+    *blocking = cfg->blocking;
+  }
+  return ncclSuccess;
 }
 
 /* ---- communicators --------------------------------------------------- */
@@ -272,6 +428,7 @@ typedef struct pending_init {
 } pending_init;
 
 static __thread int group_depth;
+static __thread int group_colls; /* collectives issued inside the group */
 static __thread pending_init *pending;
 
 /* Sends and receives issued inside a group, run at its end. */
@@ -287,6 +444,15 @@ typedef struct pending_p2p {
 } pending_p2p;
 static __thread pending_p2p *p2p_head, *p2p_last;
 static ncclResult_t run_p2p(void);
+static void engine_stop(struct ncclComm *comm);
+static void premul_free_all(struct ncclComm *comm);
+static int reduction(struct ncclComm *comm, ncclRedOp_t op, brg_dtype dt, brg_op *bop, premul **pm,
+                     const char *fn, ncclResult_t *r);
+static ncclResult_t premul_scale(struct ncclComm *comm, premul *pm, const void *src, void *dst,
+                                 size_t count, void *stream, const char *fn);
+static void premul_after(premul *pm, void *stream);
+static ncclResult_t grow(struct ncclComm *comm, void **buf, size_t *cap, size_t bytes,
+                         int capturing, const char *fn, int *grown);
 
 /* Fills `comm` (its device set): a brg_comm, its device ring built. */
 static ncclResult_t init_now(struct ncclComm *comm, int nranks, const ncclUniqueId *id, int rank) {
@@ -313,27 +479,59 @@ static ncclResult_t init_now(struct ncclComm *comm, int nranks, const ncclUnique
   return ncclSuccess;
 }
 
-/* A communicator on the current device: now, or at the group's end. */
-static ncclResult_t init_rank(ncclComm_t *out, int nranks, const ncclUniqueId *id, int rank) {
+typedef struct bg_init {
+  struct ncclComm *comm;
+  int nranks, rank;
+  ncclUniqueId id;
+} bg_init;
+
+static void *bg_init_main(void *arg) {
+  bg_init *a = arg;
+  struct ncclComm *comm = a->comm;
+  ncclResult_t r = init_now(comm, a->nranks, &a->id, a->rank);
+  if (r != ncclSuccess) snprintf(comm->init_err, sizeof comm->init_err, "%s", last_error);
+  comm->init_r = r;
+  __atomic_store_n(&comm->init_done, 1, __ATOMIC_RELEASE);
+  free(a);
+  return NULL;
+}
+
+/* A communicator on the current device: now, at the group's end, or (not
+ * blocking) on a thread of its own, ncclInProgress until it is made. */
+static ncclResult_t init_rank(ncclComm_t *out, int nranks, const ncclUniqueId *id, int rank,
+                              const ncclConfig_t *config, const char *fn) {
   const brg__cuda_api *api = cuda();
-  if (!out) return fail(ncclInvalidArgument, "ncclCommInitRank: comm is NULL");
-  if (!id) return fail(ncclInvalidArgument, "ncclCommInitRank: commId is NULL");
+  int blocking = 1;
+  if (!out) return fail(ncclInvalidArgument, "%s: comm is NULL", fn);
+  if (!id) return fail(ncclInvalidArgument, "%s: commId is NULL", fn);
+  ncclResult_t r = config_read(config, fn, &blocking);
+  if (r != ncclSuccess) return r;
   if (!api) return ncclUnhandledCudaError;
   struct ncclComm *comm = comm_new();
-  if (!comm) return fail(ncclSystemError, "ncclCommInitRank: out of memory");
+  if (!comm) return fail(ncclSystemError, "%s: out of memory", fn);
   if (api->drv.get_device(&comm->device) != 0) comm->device = 0;
   if (group_depth > 0) {
     pending_init *p = calloc(1, sizeof *p);
     if (!p) {
       comm_drop(comm);
-      return fail(ncclSystemError, "ncclCommInitRank: out of memory");
+      return fail(ncclSystemError, "%s: out of memory", fn);
     }
     *p = (pending_init){.comm = comm, .nranks = nranks, .rank = rank, .id = *id, .next = pending};
     pending = p;
     *out = comm;
     return ncclSuccess;
   }
-  ncclResult_t r = init_now(comm, nranks, id, rank);
+  if (!blocking) {
+    bg_init *a = malloc(sizeof *a);
+    if (a) *a = (bg_init){.comm = comm, .nranks = nranks, .rank = rank, .id = *id};
+    comm->init_started = a && pthread_create(&comm->init_th, NULL, bg_init_main, a) == 0;
+    if (comm->init_started) {
+      *out = comm;
+      return ncclInProgress;
+    }
+    free(a); /* no thread: made here, as blocking */
+  }
+  r = init_now(comm, nranks, id, rank);
   if (r != ncclSuccess) {
     comm_drop(comm);
     return r;
@@ -388,13 +586,24 @@ static ncclResult_t run_pending(void) {
 }
 
 EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank) {
-  return init_rank(comm, nranks, &commId, rank);
+  return init_rank(comm, nranks, &commId, rank, NULL, "ncclCommInitRank");
 }
 
 EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId,
                                            int rank, ncclConfig_t *config) {
-  (void)config; /* its tuning fields have no brigade meaning; calls block as blocking=1 */
-  return init_rank(comm, nranks, &commId, rank);
+  return init_rank(comm, nranks, &commId, rank, config, "ncclCommInitRankConfig");
+}
+
+/* Several ids speed up NCCL's bootstrap; brigade's gathers its table over
+ * a tree of the ranks from one root, so every rank takes the first id (the
+ * roots of the others, if this job made them, see no rank and close at
+ * their timeout). */
+EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm, int nranks, int myrank, int nId,
+                                             ncclUniqueId *commIds, ncclConfig_t *config) {
+  if (nId < 1 || !commIds)
+    return fail(ncclInvalidArgument, "ncclCommInitRankScalable: nId is %d, commIds %s", nId,
+                commIds ? "given" : "NULL");
+  return init_rank(newcomm, nranks, commIds, myrank, config, "ncclCommInitRankScalable");
 }
 
 typedef struct init_all_arg {
@@ -502,6 +711,8 @@ EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (!comm_forget(comm))
     return fail(ncclInvalidArgument,
                 "ncclCommDestroy: comm was already destroyed (or is not a communicator)");
+  comm_settle(comm); /* a non-blocking init still running */
+  engine_stop(comm);
   brg_status s = BRG_SUCCESS;
   pthread_t th;
   if (comm->c && comm->siblings) {
@@ -517,7 +728,8 @@ EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     s = brg_comm_destroy(comm->c);
   }
   comm->c = NULL;
-  free(comm);
+  premul_free_all(comm);
+  comm_free(comm);
   return check(NULL, s, "ncclCommDestroy");
 }
 
@@ -531,9 +743,29 @@ EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
 }
 
 EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError) {
+  if (!asyncError) return fail(ncclInvalidArgument, "ncclCommGetAsyncError: asyncError is NULL");
+  if (comm && comm_live(comm) && comm->init_started &&
+      !__atomic_load_n(&comm->init_done, __ATOMIC_ACQUIRE)) {
+    *asyncError = ncclInProgress; /* a non-blocking init, still running */
+    return ncclSuccess;
+  }
+  if (comm && comm_live(comm) && comm->init_started) {
+    ncclResult_t ir = comm_settle(comm);
+    if (ir != ncclSuccess) {
+      *asyncError = ir; /* the init failed: ncclGetLastError says why */
+      return ncclSuccess;
+    }
+  }
   ncclResult_t r = comm_ok(comm, "ncclCommGetAsyncError");
   if (r != ncclSuccess) return r;
-  if (!asyncError) return fail(ncclInvalidArgument, "ncclCommGetAsyncError: asyncError is NULL");
+  pthread_mutex_lock(&comm->eng.mu);
+  ncclResult_t pr = comm->eng.err;
+  if (pr != ncclSuccess) snprintf(last_error, sizeof last_error, "%s", comm->eng.why);
+  pthread_mutex_unlock(&comm->eng.mu);
+  if (pr != ncclSuccess) {
+    *asyncError = pr; /* a send or receive on the stream failed */
+    return ncclSuccess;
+  }
   brg_status s = BRG_SUCCESS;
   brg_comm_get_async_error(comm->c, &s);
   *asyncError = result_of(s);
@@ -596,6 +828,51 @@ EXPORT ncclResult_t ncclCommDeregister(const ncclComm_t comm, void *handle) {
   return comm_ok(comm, "ncclCommDeregister");
 }
 
+/* A window is NCCL's registration of a buffer for its symmetric kernels;
+ * brigade's collectives take any buffer, so registering one records it
+ * (for ncclCommWindowDeregister to check) and changes nothing else. */
+EXPORT ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void *buff, size_t size,
+                                           ncclWindow_t *win, int winFlags) {
+  ncclResult_t r = comm_ok(comm, "ncclCommWindowRegister");
+  if (r != ncclSuccess) return r;
+  if (!win) return fail(ncclInvalidArgument, "ncclCommWindowRegister: win is NULL");
+  *win = NULL;
+  if (!buff && size)
+    return fail(ncclInvalidArgument, "ncclCommWindowRegister: buff is NULL with size %zu", size);
+  if (winFlags & ~(NCCL_WIN_DEFAULT | NCCL_WIN_COLL_SYMMETRIC))
+    return fail(ncclInvalidArgument, "ncclCommWindowRegister: unknown winFlags 0x%x", winFlags);
+  struct ncclWindow_vidmem *w = malloc(sizeof *w);
+  if (!w) return fail(ncclSystemError, "ncclCommWindowRegister: out of memory");
+  *w = (struct ncclWindow_vidmem){.buff = buff, .size = size, .flags = winFlags};
+  pthread_mutex_lock(&comm->lock);
+  w->next = comm->windows;
+  comm->windows = w;
+  pthread_mutex_unlock(&comm->lock);
+  *win = w;
+  return ncclSuccess;
+}
+
+EXPORT ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
+  ncclResult_t r = comm_ok(comm, "ncclCommWindowDeregister");
+  if (r != ncclSuccess) return r;
+  struct ncclWindow_vidmem *found = NULL;
+  pthread_mutex_lock(&comm->lock);
+  for (struct ncclWindow_vidmem **p = &comm->windows; *p; p = &(*p)->next)
+    if (*p == win) {
+      found = win;
+      *p = win->next;
+      break;
+    }
+  pthread_mutex_unlock(&comm->lock);
+  if (!found)
+    return fail(ncclInvalidArgument,
+                "ncclCommWindowDeregister: window %p is not registered with this communicator "
+                "(deregistered already, or another communicator's)",
+                (void *)win);
+  free(found);
+  return ncclSuccess;
+}
+
 /* ---- groups ---------------------------------------------------------- */
 
 EXPORT ncclResult_t ncclGroupStart(void) {
@@ -606,9 +883,46 @@ EXPORT ncclResult_t ncclGroupStart(void) {
 EXPORT ncclResult_t ncclGroupEnd(void) {
   if (group_depth == 0) return fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
   if (--group_depth > 0) return ncclSuccess;
+  group_colls = 0;
   ncclResult_t r = pending ? run_pending() : ncclSuccess;
   ncclResult_t r2 = run_p2p(); /* runs (or drops, after a failed init) what was queued */
   return r != ncclSuccess ? r : r2;
+}
+
+/* NCCL's estimate of a group's time, without running it. brigade has it
+ * for a group that holds no operation (its estimate is 0, and the
+ * communicators initialised in it are made, as ncclGroupEnd makes them);
+ * it has none for one that holds collectives (which brigade runs as they
+ * are issued, so they have run) or sends and receives (which are dropped,
+ * not run): ncclInvalidUsage, naming them. */
+EXPORT ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t *simInfo) {
+  if (group_depth == 0)
+    return fail(ncclInvalidUsage, "ncclGroupSimulateEnd without ncclGroupStart");
+  if (simInfo && simInfo->magic != SIM_INFO_MAGIC)
+    return fail(ncclInvalidArgument,
+                "ncclGroupSimulateEnd: simInfo was not set from NCCL_SIM_INFO_INITIALIZER (magic "
+                "0x%x, expected 0x%x)",
+                simInfo->magic, SIM_INFO_MAGIC);
+  if (--group_depth > 0) return ncclSuccess;
+  int colls = group_colls, p2ps = 0;
+  group_colls = 0;
+  while (p2p_head) {
+    pending_p2p *op = p2p_head;
+    p2p_head = op->next;
+    free(op);
+    p2ps++;
+  }
+  p2p_last = NULL;
+  ncclResult_t r = pending ? run_pending() : ncclSuccess;
+  if (r != ncclSuccess) return r;
+  if (colls || p2ps)
+    return fail(ncclInvalidUsage,
+                "ncclGroupSimulateEnd: brigade has no cost model to simulate a group's operations "
+                "(this group held %d collectives, which ran as they were issued, and %d sends and "
+                "receives, which were dropped)",
+                colls, p2ps);
+  if (simInfo) simInfo->estimatedTime = 0.0f;
+  return ncclSuccess;
 }
 
 /* ---- collectives ----------------------------------------------------- */
@@ -617,32 +931,60 @@ EXPORT ncclResult_t ncclGroupEnd(void) {
 static int prologue(const struct ncclComm *comm, ncclDataType_t t, brg_dtype *dt, const char *fn,
                     ncclResult_t *r) {
   if ((*r = comm_ok(comm, fn)) != ncclSuccess) return 0;
+  if (group_depth > 0 && strcmp(fn, "ncclSend") && strcmp(fn, "ncclRecv")) group_colls++;
   return dtype_of(t, dt, fn, r);
 }
 
 EXPORT ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
                                   ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                   cudaStream_t stream) {
+  const char *fn = "ncclAllReduce";
   brg_dtype dt;
   brg_op bop;
+  premul *pm;
   ncclResult_t r;
-  if (!prologue(comm, datatype, &dt, "ncclAllReduce", &r) || !op_of(op, &bop, "ncclAllReduce", &r))
+  if (!prologue(comm, datatype, &dt, fn, &r) || !reduction(comm, op, dt, &bop, &pm, fn, &r))
     return r;
-  return check(comm, brg_allreduce(sendbuff, recvbuff, count, dt, bop, comm->c, stream),
-               "ncclAllReduce");
+  if (pm) { /* scaled into the receive buffer, summed there */
+    if ((r = premul_scale(comm, pm, sendbuff, recvbuff, count, stream, fn)) != ncclSuccess)
+      return r;
+    sendbuff = recvbuff;
+  }
+  r = check(comm, brg_allreduce(sendbuff, recvbuff, count, dt, bop, comm->c, stream), fn);
+  if (pm) premul_after(pm, stream);
+  return r;
+}
+
+/* A PreMulSum's input, scaled into the op's own buffer. */
+static ncclResult_t premul_input(struct ncclComm *comm, premul *pm, const void **sendbuff,
+                                 size_t count, void *stream, const char *fn) {
+  int capturing = 0, grown = 0;
+  if (cuda_api->drv.stream_capturing(stream, &capturing) != 0) capturing = 0;
+  ncclResult_t r =
+      grow(comm, &pm->tmp, &pm->tcap, count * brg_dtype_size(pm->dt), capturing, fn, &grown);
+  if (r == ncclSuccess) r = premul_scale(comm, pm, *sendbuff, pm->tmp, count, stream, fn);
+  if (r == ncclSuccess) *sendbuff = pm->tmp;
+  return r;
 }
 
 EXPORT ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount,
                                       ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                       cudaStream_t stream) {
+  const char *fn = "ncclReduceScatter";
   brg_dtype dt;
   brg_op bop;
+  premul *pm;
   ncclResult_t r;
-  if (!prologue(comm, datatype, &dt, "ncclReduceScatter", &r) ||
-      !op_of(op, &bop, "ncclReduceScatter", &r))
+  if (!prologue(comm, datatype, &dt, fn, &r) || !reduction(comm, op, dt, &bop, &pm, fn, &r))
     return r;
-  return check(comm, brg_reduce_scatter(sendbuff, recvbuff, recvcount, dt, bop, comm->c, stream),
-               "ncclReduceScatter");
+  if (pm && recvcount > SIZE_MAX / (size_t)comm->nranks / brg_dtype_size(dt))
+    return fail(ncclInvalidArgument, "%s: recvcount %zu is too large", fn, recvcount);
+  if (pm && (r = premul_input(comm, pm, &sendbuff, recvcount * (size_t)comm->nranks, stream, fn)) !=
+                ncclSuccess)
+    return r;
+  r = check(comm, brg_reduce_scatter(sendbuff, recvbuff, recvcount, dt, bop, comm->c, stream), fn);
+  if (pm) premul_after(pm, stream);
+  return r;
 }
 
 EXPORT ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
@@ -672,19 +1014,394 @@ EXPORT ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatype,
 EXPORT ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count,
                                ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
                                cudaStream_t stream) {
+  const char *fn = "ncclReduce";
   brg_dtype dt;
   brg_op bop;
+  premul *pm;
   ncclResult_t r;
-  if (!prologue(comm, datatype, &dt, "ncclReduce", &r) || !op_of(op, &bop, "ncclReduce", &r))
+  if (!prologue(comm, datatype, &dt, fn, &r) || !reduction(comm, op, dt, &bop, &pm, fn, &r))
     return r;
-  return check(comm, brg_reduce(sendbuff, recvbuff, count, dt, bop, root, comm->c, stream),
-               "ncclReduce");
+  if (pm && (r = premul_input(comm, pm, &sendbuff, count, stream, fn)) != ncclSuccess) return r;
+  r = check(comm, brg_reduce(sendbuff, recvbuff, count, dt, bop, root, comm->c, stream), fn);
+  if (pm) premul_after(pm, stream);
+  return r;
 }
 
-/* ---- point-to-point and all-to-all, staged through host memory ------- */
+/* ---- point-to-point and all-to-all, on the stream ------------------- */
 
-/* One send or receive of device data: the stream's earlier work first,
- * then the data through a host buffer of the call's own. */
+/*
+ * Sends and receives of device buffers are ordered on their streams and
+ * run by the communicator's engine thread, so the call returns at once.
+ * The calls of one group (or a lone call) on one communicator make a
+ * batch, with a staging area of pinned host memory mapped for the GPU:
+ * per stream of the batch (a leg), two words, then each operation's
+ * data. At the call, each leg's stream gets
+ *
+ *   copy of each send's data into staging, write ready = 1,
+ *   wait until done >= 1, copy of each receive's data out of staging,
+ *   an event (the batch's memory is freed once every leg's has run)
+ *
+ * and the engine, once every leg's ready word is 1, posts the batch's
+ * receives and sends (brigade's non-blocking host calls on the staging
+ * area), waits for them and writes done = 1. Batches run in issue order.
+ * Buffers in host memory take the staged, blocking path (p2p_now).
+ */
+#define P2P_MAX_LEGS 16
+#define P2P_WORDS 256 /* bytes of words at the start of the staging area */
+#define P2P_ALIGN 256
+#define P2P_POOL 8 /* staging areas kept for reuse */
+
+typedef struct p2p_batch {
+  struct ncclComm *comm;
+  int nops, nlegs, failed;
+  pending_p2p *ops; /* their buf: the user's; staged at stage_off[k] */
+  size_t *stage_off;
+  void *leg_stream[P2P_MAX_LEGS];
+  void *leg_ev[P2P_MAX_LEGS];
+  char *host, *dev; /* the staging area, as the host and the GPU see it */
+  size_t bytes;
+  int registered;
+  struct p2p_batch *next;
+} p2p_batch;
+
+static volatile uint32_t *batch_word(const p2p_batch *b, int leg, int done) {
+  return (volatile uint32_t *)(void *)(b->host + 4 * (2 * leg + done));
+}
+
+static void batch_release(p2p_batch *b) {
+  for (int l = 0; l < b->nlegs; l++) __atomic_store_n(batch_word(b, l, 1), 1, __ATOMIC_RELEASE);
+}
+
+/* Frees b once its legs' events have run (or, with wait, after they
+ * have); 0 while it must be kept. */
+static int batch_free(p2p_batch *b, int wait) {
+  const brg__cuda_api *api = cuda_api;
+  for (int l = 0; l < b->nlegs; l++) {
+    if (!b->leg_ev[l]) continue;
+    if (wait)
+      api->drv.event_sync(b->leg_ev[l]);
+    else if (api->drv.event_query(b->leg_ev[l]) != 0)
+      return 0;
+  }
+  /* The staging area, still registered, to the pool (engine lock held):
+   * unregistering may wait for the device, whose streams may wait for
+   * this engine. */
+  staging *a = b->registered ? malloc(sizeof *a) : NULL;
+  if (a) {
+    *a = (staging){.host = b->host, .dev = b->dev, .bytes = b->bytes, .next = b->comm->eng.pool};
+    b->comm->eng.pool = a;
+    b->comm->eng.npool++;
+    b->host = NULL;
+  } else if (b->registered) {
+    api->drv.host_unregister(b->host);
+  }
+  for (int l = 0; l < b->nlegs; l++)
+    if (b->leg_ev[l]) api->drv.event_destroy(b->leg_ev[l]);
+  free(b->host);
+  free(b->ops);
+  free(b->stage_off);
+  free(b);
+  return 1;
+}
+
+/* Frees the retired batches whose streams are past them (engine lock held). */
+static void reclaim(p2p_engine *e, int wait) {
+  for (p2p_batch **p = &e->retired; *p;) {
+    p2p_batch *b = *p;
+    *p = b->next;
+    if (!batch_free(b, wait)) {
+      b->next = *p;
+      *p = b;
+      p = &b->next;
+    }
+  }
+}
+
+static void engine_fail(p2p_engine *e, ncclResult_t r, const char *why) {
+  pthread_mutex_lock(&e->mu);
+  if (e->err == ncclSuccess) {
+    e->err = r;
+    snprintf(e->why, sizeof e->why, "%s", why);
+  }
+  pthread_mutex_unlock(&e->mu);
+}
+
+/* Whether every leg's stream has reached the batch, polled until it has
+ * or the engine stops. */
+static int batch_wait_ready(p2p_engine *e, const p2p_batch *b) {
+  for (int i = 0;; i++) {
+    int ready = 1;
+    for (int l = 0; l < b->nlegs && ready; l++)
+      ready = __atomic_load_n(batch_word(b, l, 0), __ATOMIC_ACQUIRE) != 0;
+    if (ready) return 1;
+    if (__atomic_load_n(&e->stop, __ATOMIC_ACQUIRE)) return 0;
+    if (i < 64)
+      sched_yield();
+    else
+      usleep(i < 2000 ? 20 : 500);
+  }
+}
+
+static void batch_run(struct ncclComm *comm, p2p_batch *b) {
+  brg_request *req = calloc((size_t)b->nops, sizeof *req);
+  int *posted = calloc((size_t)b->nops, sizeof *posted);
+  brg_status first = BRG_SUCCESS;
+  char why[1024] = "";
+  if (!req || !posted) {
+    first = BRG_ERR_NO_MEMORY;
+    snprintf(why, sizeof why, "ncclSend/ncclRecv: out of memory");
+  }
+  /* Receives first, so that a peer's sends find them posted. */
+  for (int pass = 0; pass < 2 && req && posted; pass++)
+    for (int k = 0; k < b->nops; k++) {
+      const pending_p2p *op = &b->ops[k];
+      if (op->is_send != pass) continue;
+      char *buf = b->host + b->stage_off[k];
+      brg_status st = op->is_send ? brg_isend(buf, op->count, op->dt, op->peer, comm->c, &req[k])
+                                  : brg_irecv(buf, op->count, op->dt, op->peer, comm->c, &req[k]);
+      posted[k] = st == BRG_SUCCESS;
+      if (st != BRG_SUCCESS && first == BRG_SUCCESS) {
+        first = st;
+        snprintf(why, sizeof why, "%s to/from rank %d: %s: %s",
+                 op->is_send ? "ncclSend" : "ncclRecv", op->peer, brg_status_string(st),
+                 brg_comm_last_error(comm->c));
+      }
+    }
+  for (int k = 0; k < b->nops && req && posted; k++) {
+    if (!posted[k]) continue;
+    brg_status st = brg_wait(&req[k]);
+    if (st != BRG_SUCCESS && first == BRG_SUCCESS) {
+      first = st;
+      snprintf(why, sizeof why, "%s to/from rank %d: %s: %s",
+               b->ops[k].is_send ? "ncclSend" : "ncclRecv", b->ops[k].peer, brg_status_string(st),
+               brg_comm_last_error(comm->c));
+    }
+  }
+  if (first != BRG_SUCCESS) engine_fail(&comm->eng, result_of(first), why);
+  free(req);
+  free(posted);
+}
+
+static void *engine_main(void *arg) {
+  struct ncclComm *comm = arg;
+  p2p_engine *e = &comm->eng;
+  cuda_api->drv.set_device(comm->device);
+  pthread_mutex_lock(&e->mu);
+  for (;;) {
+    reclaim(e, 0);
+    if (!e->head) {
+      if (e->stop) break;
+      if (e->retired) { /* look again soon: their streams move on */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 2000000;
+        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+        pthread_cond_timedwait(&e->cv, &e->mu, &ts);
+      } else {
+        pthread_cond_wait(&e->cv, &e->mu);
+      }
+      continue;
+    }
+    p2p_batch *b = e->head;
+    pthread_mutex_unlock(&e->mu);
+    if (!b->failed && batch_wait_ready(e, b)) batch_run(comm, b);
+    batch_release(b); /* also when it failed or the engine stops: the streams go on */
+    pthread_mutex_lock(&e->mu);
+    e->head = b->next;
+    if (!e->head) e->tail = NULL;
+    b->next = e->retired;
+    e->retired = b;
+  }
+  reclaim(e, 1);
+  while (e->pool) {
+    staging *a = e->pool;
+    e->pool = a->next;
+    cuda_api->drv.host_unregister(a->host);
+    free(a->host);
+    free(a);
+  }
+  e->npool = 0;
+  pthread_mutex_unlock(&e->mu);
+  return NULL;
+}
+
+/* Stops comm's engine: a batch whose streams have not reached it is not
+ * run (its streams are let go). */
+static void engine_stop(struct ncclComm *comm) {
+  p2p_engine *e = &comm->eng;
+  pthread_mutex_lock(&e->mu);
+  int started = e->started;
+  e->stop = 1;
+  pthread_cond_broadcast(&e->cv);
+  pthread_mutex_unlock(&e->mu);
+  if (started) pthread_join(e->th, NULL);
+  e->started = 0;
+}
+
+static ncclResult_t engine_start(struct ncclComm *comm) {
+  p2p_engine *e = &comm->eng;
+  ncclResult_t r = ncclSuccess;
+  pthread_mutex_lock(&e->mu);
+  if (!e->started && !e->stop) {
+    e->started = pthread_create(&e->th, NULL, engine_main, comm) == 0;
+    if (!e->started) r = fail(ncclSystemError, "ncclSend/ncclRecv: pthread_create failed");
+  }
+  pthread_mutex_unlock(&e->mu);
+  return r;
+}
+
+static size_t align_up(size_t x, size_t a) {
+  return (x + a - 1) / a * a;
+}
+
+/* The batch of comm's n operations ops[0..n) (device buffers), enqueued on
+ * their streams and handed to the engine; the calling thread does not
+ * wait for the peers. */
+static ncclResult_t p2p_enqueue(struct ncclComm *comm, pending_p2p *const *ops, int n) {
+  const brg__cuda_api *api = cuda();
+  const char *fn = n == 1 && ops[0]->is_send ? "ncclSend" : n == 1 ? "ncclRecv" : "ncclGroupEnd";
+  if (!api) return ncclUnhandledCudaError;
+  ncclResult_t r = engine_start(comm);
+  if (r != ncclSuccess) return r;
+  p2p_batch *b = calloc(1, sizeof *b);
+  if (b) b->ops = calloc((size_t)n, sizeof *b->ops);
+  if (b) b->stage_off = calloc((size_t)n, sizeof *b->stage_off);
+  if (!b || !b->ops || !b->stage_off) {
+    if (b) free(b->ops), free(b->stage_off);
+    free(b);
+    return fail(ncclSystemError, "%s: out of memory", fn);
+  }
+  b->comm = comm;
+  b->nops = n;
+  size_t off = P2P_WORDS;
+  for (int k = 0; k < n; k++) {
+    b->ops[k] = *ops[k];
+    b->ops[k].next = NULL;
+    b->stage_off[k] = off;
+    off += align_up(b->ops[k].count * brg_dtype_size(b->ops[k].dt), P2P_ALIGN);
+    int l = 0;
+    while (l < b->nlegs && b->leg_stream[l] != ops[k]->stream) l++;
+    if (l == b->nlegs) {
+      if (b->nlegs == P2P_MAX_LEGS) {
+        batch_free(b, 1);
+        return fail(ncclInvalidUsage,
+                    "%s: a group's sends and receives on one communicator use "
+                    "more than %d streams",
+                    fn, P2P_MAX_LEGS);
+      }
+      b->leg_stream[b->nlegs++] = ops[k]->stream;
+    }
+  }
+  for (int l = 0; l < b->nlegs; l++) {
+    int capturing = 0;
+    void *st = b->leg_stream[l];
+    if (api->drv.stream_capturing(st, &capturing) == 0 && capturing) {
+      batch_free(b, 1);
+      return fail(ncclInvalidUsage,
+                  "%s: brigade cannot capture sends and receives in a CUDA graph (stream %p is "
+                  "capturing); collectives can be captured",
+                  fn, st);
+    }
+  }
+  b->bytes = align_up(off, 4096);
+  /* A staging area from the pool, the smallest that fits; beyond
+   * P2P_POOL areas, the oldest go (unregistered here, not on the engine). */
+  p2p_engine *eng = &comm->eng;
+  staging *got = NULL, *extra = NULL;
+  pthread_mutex_lock(&eng->mu);
+  staging **best = NULL;
+  for (staging **p = &eng->pool; *p; p = &(*p)->next)
+    if ((*p)->bytes >= b->bytes && (!best || (*p)->bytes < (*best)->bytes)) best = p;
+  if (best) {
+    got = *best;
+    *best = got->next;
+    eng->npool--;
+  }
+  if (eng->npool > P2P_POOL) {
+    staging **p = &eng->pool;
+    for (int k = 0; k < P2P_POOL; k++) p = &(*p)->next;
+    extra = *p;
+    *p = NULL;
+    eng->npool = P2P_POOL;
+  }
+  pthread_mutex_unlock(&eng->mu);
+  while (extra) {
+    staging *a = extra;
+    extra = a->next;
+    api->drv.host_unregister(a->host);
+    free(a->host);
+    free(a);
+  }
+  int prev = -1;
+  if (api->drv.get_device(&prev) != 0) prev = -1;
+  const char *what = "cudaSetDevice";
+  int e = api->drv.set_device(comm->device);
+  if (got) {
+    b->host = got->host;
+    b->dev = got->dev;
+    b->bytes = got->bytes;
+    b->registered = 1;
+    free(got);
+  } else {
+    b->host = aligned_alloc(4096, b->bytes);
+    if (!b->host) {
+      if (prev >= 0) api->drv.set_device(prev);
+      batch_free(b, 1);
+      return fail(ncclSystemError, "%s: out of memory for %zu bytes of staging", fn, b->bytes);
+    }
+    if (!e) {
+      what = "cudaHostRegister";
+      e = api->drv.host_register(b->host, b->bytes, (void **)&b->dev);
+      b->registered = !e;
+    }
+  }
+  memset(b->host, 0, P2P_WORDS);
+  /* Each leg: its sends staged, ready, wait for done, its receives out. */
+  for (int l = 0; l < b->nlegs && !e; l++) {
+    void *st = b->leg_stream[l];
+    for (int k = 0; k < n && !e; k++) {
+      size_t bytes = b->ops[k].count * brg_dtype_size(b->ops[k].dt);
+      if (b->ops[k].stream == st && b->ops[k].is_send && bytes)
+        e = api->kern.copy(b->dev + b->stage_off[k], NULL, b->ops[k].buf, bytes, st), what = "copy";
+    }
+    if (!e) e = api->drv.stream_write_value(st, b->dev + 8 * l, 1), what = "cuStreamWriteValue32";
+    if (!e) e = api->drv.stream_wait_value(st, b->dev + 8 * l + 4, 1), what = "cuStreamWaitValue32";
+    for (int k = 0; k < n && !e; k++) {
+      size_t bytes = b->ops[k].count * brg_dtype_size(b->ops[k].dt);
+      if (b->ops[k].stream == st && !b->ops[k].is_send && bytes)
+        e = api->kern.copy(b->ops[k].buf, NULL, b->dev + b->stage_off[k], bytes, st), what = "copy";
+    }
+    if (!e) e = api->drv.event_create(&b->leg_ev[l]), what = "cudaEventCreate";
+    if (!e) e = api->drv.event_record(b->leg_ev[l], st), what = "cudaEventRecord";
+  }
+  if (prev >= 0) api->drv.set_device(prev);
+  if (e) {
+    r = fail(ncclUnhandledCudaError, "%s: %s: %s", fn, what, api->drv.error_string(e));
+    if (!b->registered) {
+      batch_free(b, 1);
+      return r;
+    }
+    b->failed = 1; /* the engine lets its streams go and frees it */
+  }
+  pthread_mutex_lock(&eng->mu);
+  if (eng->tail)
+    eng->tail->next = b;
+  else
+    eng->head = b;
+  eng->tail = b;
+  pthread_cond_broadcast(&eng->cv);
+  pthread_mutex_unlock(&eng->mu);
+  return r;
+}
+
+/* Whether op's buffer is device memory (a count of 0 counts as such). */
+static int on_device(const pending_p2p *op) {
+  int dev = -1;
+  return !op->count || cuda_api->drv.pointer_is_device(op->buf, &dev);
+}
+
+/* One send or receive of host memory: the stream's earlier work first,
+ * then the data through a host buffer of the call's own; blocking. */
 static ncclResult_t p2p_now(const pending_p2p *op) {
   const char *fn = op->is_send ? "ncclSend" : "ncclRecv";
   const brg__cuda_api *api = cuda();
@@ -713,22 +1430,47 @@ static ncclResult_t p2p_now(const pending_p2p *op) {
   return r;
 }
 
-/* The group's sends, then its receives, each in issue order; the first
- * error is returned, and what follows it still runs (its peers wait for
- * it). */
+static void keep_first(ncclResult_t *r, ncclResult_t r1, const char *err) {
+  if (r1 != ncclSuccess && *r == ncclSuccess)
+    *r = r1;
+  else if (*r != ncclSuccess) /* keep the first error's sentence */
+    snprintf(last_error, sizeof last_error, "%s", err);
+}
+
+/* The group's operations: those on device buffers as one batch per
+ * communicator, on their streams; those on host buffers then, on this
+ * thread, every send before any receive. The first error is returned,
+ * and what follows it still runs (its peers wait for it). */
 static ncclResult_t run_p2p(void) {
   ncclResult_t r = ncclSuccess;
-  for (int sends = 1; sends >= 0; sends--)
+  int n = 0;
+  for (pending_p2p *op = p2p_head; op; op = op->next) n++;
+  pending_p2p **dev = calloc((size_t)n + 1, sizeof *dev),
+              **mine = calloc((size_t)n + 1, sizeof *mine);
+  char *done = calloc((size_t)n + 1, 1);
+  if (!dev || !mine || !done) r = fail(ncclSystemError, "ncclGroupEnd: out of memory");
+  int nd = 0;
+  for (pending_p2p *op = p2p_head; op && dev; op = op->next)
+    if (on_device(op)) dev[nd++] = op;
+  for (int i = 0; i < nd && mine && done; i++) {
+    if (done[i]) continue;
+    int m = 0;
+    for (int j = i; j < nd; j++)
+      if (!done[j] && dev[j]->comm == dev[i]->comm) mine[m++] = dev[j], done[j] = 1;
+    char err[sizeof last_error];
+    snprintf(err, sizeof err, "%s", last_error);
+    keep_first(&r, p2p_enqueue(dev[i]->comm, mine, m), err);
+  }
+  for (int sends = 1; sends >= 0 && dev; sends--)
     for (pending_p2p *op = p2p_head; op; op = op->next) {
-      if (op->is_send != sends) continue;
+      if (op->is_send != sends || on_device(op)) continue;
       char err[sizeof last_error];
       snprintf(err, sizeof err, "%s", last_error);
-      ncclResult_t r1 = p2p_now(op);
-      if (r1 != ncclSuccess && r == ncclSuccess)
-        r = r1;
-      else if (r != ncclSuccess) /* keep the first error's sentence */
-        snprintf(last_error, sizeof last_error, "%s", err);
+      keep_first(&r, p2p_now(op), err);
     }
+  free(dev);
+  free(mine);
+  free(done);
   while (p2p_head) {
     pending_p2p *op = p2p_head;
     p2p_head = op->next;
@@ -749,7 +1491,11 @@ static ncclResult_t p2p_call(int is_send, void *buf, size_t count, ncclDataType_
     return fail(ncclInvalidArgument, "%s: peer %d is not in [0, %d)", fn, peer, comm->nranks);
   if (count && !buf)
     return fail(ncclInvalidArgument, "%s: buffer is NULL with count %zu", fn, count);
-  if (group_depth == 0) return p2p_now(&op);
+  if (group_depth == 0) {
+    if (!on_device(&op)) return p2p_now(&op);
+    pending_p2p *one = &op;
+    return p2p_enqueue(comm, &one, 1);
+  }
   pending_p2p *q = malloc(sizeof *q);
   if (!q) return fail(ncclSystemError, "%s: out of memory", fn);
   *q = op;
@@ -833,13 +1579,300 @@ EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_
   return ncclSuccess;
 }
 
+/* The ranks not excluded form the new communicator, in their order in
+ * comm; the excluded ranks do not call (they may have failed). Brigade's
+ * split needs every rank, so a shrink makes a new communicator instead:
+ * the lowest rank kept makes a unique id and sends it to the others on
+ * comm's point-to-point links, which join only the pairs that use them. */
+EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeRanksCount,
+                                   ncclComm_t *newcomm, ncclConfig_t *config, int shrinkFlags) {
+  const char *fn = "ncclCommShrink";
+  int blocking;
+  ncclResult_t r = comm_ok(comm, fn);
+  if (r != ncclSuccess) return r;
+  if (!newcomm) return fail(ncclInvalidArgument, "%s: newcomm is NULL", fn);
+  *newcomm = NULL;
+  if ((r = config_read(config, fn, &blocking)) != ncclSuccess) return r;
+  if (shrinkFlags == NCCL_SHRINK_ABORT)
+    return fail(ncclInvalidUsage,
+                "%s: brigade cannot shrink with NCCL_SHRINK_ABORT (it would stop the parent's "
+                "links, which the shrink uses); shrink with NCCL_SHRINK_DEFAULT, then abort the "
+                "parent",
+                fn);
+  if (shrinkFlags != NCCL_SHRINK_DEFAULT)
+    return fail(ncclInvalidArgument, "%s: unknown shrinkFlags 0x%x", fn, shrinkFlags);
+  if (excludeRanksCount < 0 || (excludeRanksCount > 0 && !excludeRanksList))
+    return fail(ncclInvalidArgument, "%s: excludeRanksList is %s with excludeRanksCount %d", fn,
+                excludeRanksList ? "given" : "NULL", excludeRanksCount);
+  char *out = calloc((size_t)comm->nranks, 1);
+  if (!out) return fail(ncclSystemError, "%s: out of memory", fn);
+  for (int i = 0; i < excludeRanksCount; i++) {
+    int x = excludeRanksList[i];
+    const char *bad = x < 0 || x >= comm->nranks ? "is not a rank of the communicator"
+                      : out[x]                   ? "is listed twice"
+                      : x == comm->rank ? "is the calling rank (excluded ranks do not call)"
+                                        : NULL;
+    if (bad) {
+      free(out);
+      return fail(ncclInvalidArgument, "%s: excludeRanksList[%d] = %d %s (of %d ranks)", fn, i, x,
+                  bad, comm->nranks);
+    }
+    out[x] = 1;
+  }
+  int nkept = 0, newrank = -1, leader = -1;
+  for (int k = 0; k < comm->nranks; k++) {
+    if (out[k]) continue;
+    if (leader < 0) leader = k;
+    if (k == comm->rank) newrank = nkept;
+    nkept++;
+  }
+  brg_unique_id bid;
+  brg_status s = BRG_SUCCESS;
+  if (comm->rank == leader) {
+    s = brg_get_unique_id(&bid);
+    for (int k = leader + 1; k < comm->nranks && s == BRG_SUCCESS; k++)
+      if (!out[k]) s = brg_send(&bid, sizeof bid, BRG_UINT8, k, comm->c, NULL);
+  } else {
+    s = brg_recv(&bid, sizeof bid, BRG_UINT8, leader, comm->c, NULL);
+  }
+  free(out);
+  if (s != BRG_SUCCESS)
+    return check(comm, s, "ncclCommShrink (handing the new communicator's id to the ranks kept)");
+  struct ncclComm *nc = comm_new();
+  if (!nc) return fail(ncclSystemError, "%s: out of memory", fn);
+  nc->device = comm->device;
+  ncclUniqueId id;
+  memset(&id, 0, sizeof id);
+  memcpy(id.internal, bid.internal, sizeof bid.internal);
+  if ((r = init_now(nc, nkept, &id, newrank)) != ncclSuccess) {
+    comm_drop(nc);
+    return r;
+  }
+  *newcomm = nc;
+  return ncclSuccess;
+}
+
+/* NCCL's revoke stops a communicator's operations and keeps it for split
+ * and shrink; brigade's stop (ncclCommAbort) leaves it for destruction
+ * only. */
+EXPORT ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
+  ncclResult_t r = comm_ok(comm, "ncclCommRevoke");
+  if (r != ncclSuccess) return r;
+  if (revokeFlags != NCCL_REVOKE_DEFAULT)
+    return fail(ncclInvalidArgument, "ncclCommRevoke: revokeFlags 0x%x (must be 0)", revokeFlags);
+  return unsupported("ncclCommRevoke",
+                     "revoke that keeps a communicator for split or shrink (ncclCommAbort stops "
+                     "one; ncclCommShrink works on one that is not stopped)");
+}
+
+/* ---- PreMulSum ------------------------------------------------------- */
+
+/*
+ * ncclRedOpCreatePreMulSum: each rank's input times its scalar, then
+ * summed. On the caller's stream, before the collective: the scalar
+ * repeated in device memory (written once for a host scalar; copied from
+ * the device scalar at each call, so its value at that point of the
+ * stream counts), then the reduce kernel's product of input and that
+ * (rounded to the dtype, as a scale would be) into the receive buffer
+ * (allreduce) or the op's own buffer (reduce-scatter, reduce), which the
+ * collective sums. Device memory is allocated when a call needs more than
+ * the op has (not inside a CUDA graph capture: use the op once outside
+ * first) and freed with the communicator. An op used on another stream
+ * than its last call's waits for that call.
+ */
+
+static void dead_add(struct ncclComm *comm, void *p) {
+  if (!p) return;
+  if (comm->ndead == comm->capdead) {
+    int cap = comm->capdead ? 2 * comm->capdead : 16;
+    void **a = realloc(comm->dead, (size_t)cap * sizeof *a);
+    if (!a) { /* cannot keep it for later: free it now (waits for the device) */
+      cuda_api->drv.mem_free(p);
+      return;
+    }
+    comm->dead = a;
+    comm->capdead = cap;
+  }
+  comm->dead[comm->ndead++] = p;
+}
+
+static void premul_retire(struct ncclComm *comm, premul *pm) {
+  dead_add(comm, pm->sbuf);
+  dead_add(comm, pm->tmp);
+  if (pm->ev) cuda_api->drv.event_destroy(pm->ev);
+  memset(pm, 0, sizeof *pm);
+}
+
+static void premul_free_all(struct ncclComm *comm) {
+  const brg__cuda_api *api = cuda_api;
+  if (!api) return;
+  for (int i = 0; i < MAX_PREMUL; i++)
+    if (comm->premuls[i].live) premul_retire(comm, &comm->premuls[i]);
+  if (!comm->ndead) return;
+  int prev = -1;
+  if (api->drv.get_device(&prev) != 0) prev = -1;
+  api->drv.set_device(comm->device);
+  for (int i = 0; i < comm->ndead; i++) api->drv.mem_free(comm->dead[i]);
+  comm->ndead = 0;
+  if (prev >= 0) api->drv.set_device(prev);
+}
+
+/* The live PreMulSum op `op` of comm for dtype dt, or NULL with *r set. */
+static premul *premul_of(struct ncclComm *comm, ncclRedOp_t op, brg_dtype dt, const char *fn,
+                         ncclResult_t *r) {
+  long i = (long)op - ncclNumOps;
+  if (i < 0 || i >= MAX_PREMUL || !comm->premuls[i].live) {
+    *r = fail(ncclInvalidArgument,
+              "%s: reduction op %d is not a live ncclRedOpCreatePreMulSum op of this "
+              "communicator",
+              fn, (int)op);
+    return NULL;
+  }
+  premul *pm = &comm->premuls[i];
+  if (pm->dt != dt) {
+    *r = fail(ncclInvalidArgument,
+              "%s: the PreMulSum op %d was made for %s, the call's datatype is %s", fn, (int)op,
+              brg_dtype_name(pm->dt), brg_dtype_name(dt));
+    return NULL;
+  }
+  return pm;
+}
+
+/* *buf holding at least `bytes` of device memory (the old one kept until
+ * the communicator goes); 1 when it was replaced. */
+static ncclResult_t grow(struct ncclComm *comm, void **buf, size_t *cap, size_t bytes,
+                         int capturing, const char *fn, int *grown) {
+  *grown = 0;
+  if (*cap >= bytes) return ncclSuccess;
+  if (capturing)
+    return fail(ncclInvalidUsage,
+                "%s: a PreMulSum op needs %zu bytes of device memory, which brigade cannot "
+                "allocate inside a CUDA graph capture (call it once outside the capture first)",
+                fn, bytes);
+  size_t want = bytes < 2 * *cap ? 2 * *cap : bytes;
+  void *p = NULL;
+  int e = cuda_api->drv.mem_alloc(&p, want);
+  if (e)
+    return fail(ncclUnhandledCudaError, "%s: cudaMalloc(%zu) for a PreMulSum op: %s", fn, want,
+                cuda_api->drv.error_string(e));
+  dead_add(comm, *buf);
+  *buf = p;
+  *cap = want;
+  *grown = 1;
+  return ncclSuccess;
+}
+
+/* dst = src * the op's scalar, count elements, on `stream`. */
+static ncclResult_t premul_scale(struct ncclComm *comm, premul *pm, const void *src, void *dst,
+                                 size_t count, void *stream, const char *fn) {
+  const brg__cuda_api *api = cuda_api;
+  size_t es = brg_dtype_size(pm->dt), bytes = count * es;
+  int capturing = 0, grown = 0;
+  if (api->drv.stream_capturing(stream, &capturing) != 0) capturing = 0;
+  int e = 0;
+  const char *what = "cudaStreamWaitEvent";
+  if (pm->ev_set && pm->stream != stream) {
+    if (capturing)
+      return fail(ncclInvalidUsage,
+                  "%s: a PreMulSum op last used on stream %p cannot be used on stream %p inside "
+                  "a CUDA graph capture",
+                  fn, pm->stream, stream);
+    e = api->drv.stream_wait_event(stream, pm->ev);
+  }
+  if (e) return fail(ncclUnhandledCudaError, "%s: %s: %s", fn, what, api->drv.error_string(e));
+  if (!count) return ncclSuccess;
+  ncclResult_t r = grow(comm, &pm->sbuf, &pm->scap, bytes, capturing, fn, &grown);
+  if (r != ncclSuccess) return r;
+  if (grown && !pm->on_device) { /* the host scalar, repeated, once */
+    size_t n = pm->scap / es;
+    char *h = malloc(pm->scap);
+    if (!h) return fail(ncclSystemError, "%s: out of memory", fn);
+    for (size_t i = 0; i < n; i++) memcpy(h + i * es, pm->value, es);
+    e = api->drv.mem_copy(pm->sbuf, h, n * es), what = "cudaMemcpy";
+    free(h);
+  }
+  if (!e && pm->on_device) { /* the device scalar, then doubled until count */
+    e = api->kern.copy(pm->sbuf, NULL, pm->dscalar, es, stream), what = "copy";
+    for (size_t k = 1; k < count && !e; k *= 2)
+      e = api->kern.copy((char *)pm->sbuf + k * es, NULL, pm->sbuf,
+                         (k < count - k ? k : count - k) * es, stream);
+  }
+  if (!e)
+    e = api->kern.reduce(dst, NULL, src, pm->sbuf, count, (int)pm->dt, BRG_PROD, 1, stream),
+    what = "reduce";
+  return e ? fail(ncclUnhandledCudaError, "%s: %s: %s", fn, what, api->drv.error_string(e))
+           : ncclSuccess;
+}
+
+/* After the collective: the stream and point a later call on another
+ * stream waits for. */
+static void premul_after(premul *pm, void *stream) {
+  const brg__cuda_api *api = cuda_api;
+  int capturing = 0;
+  if (api->drv.stream_capturing(stream, &capturing) != 0) capturing = 0;
+  pm->stream = stream;
+  pm->ev_set = 0;
+  if (capturing) return; /* (replays are ordered by the graph's user) */
+  if (!pm->ev && api->drv.event_create(&pm->ev) != 0) pm->ev = NULL;
+  pm->ev_set = pm->ev && api->drv.event_record(pm->ev, stream) == 0;
+}
+
+/* A reduction's op: a built-in one (*pm NULL) or a PreMulSum (*pm set, *bop
+ * the sum). 1 when the call may go on. */
+static int reduction(struct ncclComm *comm, ncclRedOp_t op, brg_dtype dt, brg_op *bop, premul **pm,
+                     const char *fn, ncclResult_t *r) {
+  *pm = NULL;
+  if ((int)op < ncclNumOps) return op_of(op, bop, fn, r);
+  *bop = BRG_SUM;
+  return (*pm = premul_of(comm, op, dt, fn, r)) != NULL;
+}
+
 EXPORT ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataType_t datatype,
                                              ncclScalarResidence_t residence, ncclComm_t comm) {
-  (void)op, (void)scalar, (void)datatype, (void)residence, (void)comm;
-  return unsupported("ncclRedOpCreatePreMulSum", "custom reduction ops");
+  const char *fn = "ncclRedOpCreatePreMulSum";
+  brg_dtype dt;
+  ncclResult_t r = comm_ok(comm, fn);
+  if (r != ncclSuccess || !dtype_of(datatype, &dt, fn, &r)) return r;
+  if (!op) return fail(ncclInvalidArgument, "%s: op is NULL", fn);
+  if (!scalar) return fail(ncclInvalidArgument, "%s: scalar is NULL", fn);
+  if (residence != ncclScalarDevice && residence != ncclScalarHostImmediate)
+    return fail(ncclInvalidArgument, "%s: unknown residence %d", fn, (int)residence);
+  int dev = -1;
+  if (residence == ncclScalarDevice && !cuda_api->drv.pointer_is_device(scalar, &dev))
+    return fail(ncclInvalidArgument, "%s: scalar %p is not device memory (ncclScalarDevice)", fn,
+                scalar);
+  pthread_mutex_lock(&comm->lock);
+  int i = 0;
+  while (i < MAX_PREMUL && comm->premuls[i].live) i++;
+  if (i < MAX_PREMUL) {
+    premul *pm = &comm->premuls[i];
+    memset(pm, 0, sizeof *pm);
+    pm->live = 1;
+    pm->dt = dt;
+    pm->on_device = residence == ncclScalarDevice;
+    pm->dscalar = scalar;
+    if (!pm->on_device) memcpy(pm->value, scalar, brg_dtype_size(dt));
+  }
+  pthread_mutex_unlock(&comm->lock);
+  if (i == MAX_PREMUL)
+    return fail(ncclInvalidUsage, "%s: %d PreMulSum ops of this communicator are live already", fn,
+                MAX_PREMUL);
+  *op = (ncclRedOp_t)(ncclNumOps + i);
+  return ncclSuccess;
 }
 
 EXPORT ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
-  (void)op, (void)comm;
-  return unsupported("ncclRedOpDestroy", "custom reduction ops");
+  ncclResult_t r = comm_ok(comm, "ncclRedOpDestroy");
+  if (r != ncclSuccess) return r;
+  if ((int)op < ncclNumOps)
+    return fail(ncclInvalidArgument, "ncclRedOpDestroy: op %d is a built-in op", (int)op);
+  long i = (long)op - ncclNumOps;
+  pthread_mutex_lock(&comm->lock);
+  int live = i < MAX_PREMUL && comm->premuls[i].live;
+  if (live) premul_retire(comm, &comm->premuls[i]);
+  pthread_mutex_unlock(&comm->lock);
+  return live ? ncclSuccess
+              : fail(ncclInvalidArgument,
+                     "ncclRedOpDestroy: op %d is not a live PreMulSum op of this communicator",
+                     (int)op);
 }

@@ -277,7 +277,7 @@ static void refusals(ncclComm_t comm, bufs *b) {
           ncclInvalidArgument, "datatype 99");
   REFUSED(
       ncclAllReduce(b->dsend, b->drecv, 1, ncclFloat32, (ncclRedOp_t)ncclNumOps, comm, b->stream),
-      ncclInvalidUsage, "custom reduction");
+      ncclInvalidArgument, "not a live ncclRedOpCreatePreMulSum op");
   REFUSED(ncclAllReduce(b->dsend, b->drecv, 1, ncclFloat32, ncclSum, NULL, b->stream),
           ncclInvalidArgument, "comm is NULL");
   REFUSED(ncclCommSplit(comm, 0, 0, NULL, NULL), ncclInvalidArgument, "newcomm is NULL");
@@ -372,6 +372,144 @@ static void p2p(ncclComm_t comm, int rank, int n, bufs *b) {
   }
 }
 
+/* ncclRecv on device memory returns before its data is sent: rank 0's
+ * receive from rank 1 (on stream s1) has not run when the call returns,
+ * and rank 1 sends only after an allreduce (on s2) that rank 0 issues
+ * after its receive returned; then every element is checked. A receive
+ * that blocked until its data came would never let the allreduce start.
+ * In a CUDA graph capture, ncclSend is refused by name. */
+static void p2p_async(ncclComm_t comm, int rank, int n, bufs *b) {
+  void *s1 = NULL, *s2 = NULL, *ev = NULL, *sig = NULL;
+  if (api->drv.stream_create(&s1) || api->drv.stream_create(&s2) || api->drv.event_create(&ev)) {
+    FAIL("stream_create / event_create failed");
+    return;
+  }
+  NCCL_OK(ncclMemAlloc(&sig, sizeof(float)));
+  size_t cnt = 4099;
+  int t = 7; /* float32 */
+  char *h = b->host;
+  if (rank == 0) {
+    api->drv.mem_set(b->drecv, 0xee, cnt * 4);
+    NCCL_OK(ncclRecv(b->drecv, cnt, ncclFloat32, 1, comm, s1));
+    api->drv.event_record(ev, s1);
+    int q = api->drv.event_query(ev);
+    if (q != -1) FAIL("ncclRecv: the stream is past the receive before its data was sent (%d)", q);
+  }
+  NCCL_OK(ncclAllReduce(sig, sig, 1, ncclFloat32, ncclSum, comm, s2));
+  api->drv.stream_sync(s2);
+  if (rank == 1) {
+    fill_p2p(h, t, cnt, 1, 0);
+    to_dev(b->dsend, h, cnt * 4);
+    NCCL_OK(ncclSend(b->dsend, cnt, ncclFloat32, 0, comm, s1));
+  }
+  api->drv.stream_sync(s1);
+  if (rank == 0) {
+    from_dev(h, b->drecv, cnt * 4);
+    p2p_want w = {.src = 1, .dst = 0};
+    check_elems("ncclRecv ordered on its stream", t, h, cnt, want_p2p, &w);
+  }
+  if (api->drv.capture_begin(s1, 0) == 0) {
+    REFUSED(ncclSend(b->dsend, 1, ncclFloat32, (rank + 1) % n, comm, s1), ncclInvalidUsage,
+            "CUDA graph");
+    void *g = NULL;
+    if (api->drv.capture_end(s1, &g) == 0 && g) api->drv.graph_destroy(g);
+  }
+  ncclMemFree(sig);
+  api->drv.event_destroy(ev);
+  api->drv.stream_destroy(s1);
+  api->drv.stream_destroy(s2);
+}
+
+/* PreMulSum: rank r's input times its own scalar s_r, summed; s_r is
+ * 0.5 (r + 1) for the float types (products and sums of small halves are
+ * exact in every one) and r + 1 for int32. */
+static double pm_scalar(int t, int r) {
+  return types[t] == ncclInt32 ? r + 1 : 0.5 * (r + 1);
+}
+
+typedef struct pm_want {
+  int t, n, mul; /* mul: rank r's scalar times mul (the device scalar rewritten) */
+  size_t base;   /* the element's offset in the full input (reduce-scatter) */
+} pm_want;
+
+static double want_pm(size_t i, void *a) {
+  pm_want *w = a;
+  double acc = 0;
+  for (int r = 0; r < w->n; r++) acc += w->mul * pm_scalar(w->t, r) * input(0, w->base + i, r);
+  return acc;
+}
+
+/* Every float dtype and int32, the scalar on the host and on the device:
+ * allreduce (out of place and in place), reduce-scatter and reduce; the
+ * device scalar rewritten between two allreduces (read at each call). */
+static void premul_sum(ncclComm_t comm, int rank, int n, bufs *b) {
+  static const int pm_types[] = {6, 7, 8, 9, 2}; /* f16 f32 f64 bf16 i32 */
+  char *h = b->host, what[160];
+  size_t cnt = 4099;
+  void *dscalar = NULL;
+  NCCL_OK(ncclMemAlloc(&dscalar, 8));
+  for (size_t ti = 0; ti < sizeof pm_types / sizeof pm_types[0]; ti++) {
+    int t = pm_types[ti];
+    size_t es = type_bytes[t];
+    char sc[8];
+    put(sc, t, 0, pm_scalar(t, rank));
+    for (int on_dev = 0; on_dev < 2; on_dev++) {
+      ncclRedOp_t op;
+      to_dev(dscalar, sc, es);
+      NCCL_OK(ncclRedOpCreatePreMulSum(&op, on_dev ? dscalar : (void *)sc, types[t],
+                                       on_dev ? ncclScalarDevice : ncclScalarHostImmediate, comm));
+      for (int inplace = 0; inplace < 2; inplace++) {
+        for (size_t i = 0; i < cnt; i++) put(h, t, i, input(0, i, rank));
+        to_dev(b->dsend, h, cnt * es);
+        void *out = inplace ? b->dsend : b->drecv;
+        NCCL_OK(ncclAllReduce(b->dsend, out, cnt, types[t], op, comm, b->stream));
+        from_dev(h, out, cnt * es);
+        pm_want w = {.t = t, .n = n, .mul = 1};
+        snprintf(what, sizeof what, "PreMulSum allreduce (%s scalar, %s)",
+                 on_dev ? "device" : "host", inplace ? "in place" : "out of place");
+        check_elems(what, t, h, cnt, want_pm, &w);
+      }
+      /* reduce-scatter: n blocks of cnt */
+      for (size_t i = 0; i < cnt * (size_t)n; i++) put(h, t, i, input(0, i, rank));
+      to_dev(b->dsend, h, cnt * (size_t)n * es);
+      NCCL_OK(ncclReduceScatter(b->dsend, b->drecv, cnt, types[t], op, comm, b->stream));
+      from_dev(h, b->drecv, cnt * es);
+      pm_want w = {.t = t, .n = n, .mul = 1, .base = (size_t)rank * cnt};
+      snprintf(what, sizeof what, "PreMulSum reduce-scatter (%s scalar)",
+               on_dev ? "device" : "host");
+      check_elems(what, t, h, cnt, want_pm, &w);
+      for (size_t i = 0; i < cnt; i++) put(h, t, i, input(0, i, rank));
+      to_dev(b->dsend, h, cnt * es);
+      NCCL_OK(ncclReduce(b->dsend, b->drecv, cnt, types[t], op, n - 1, comm, b->stream));
+      from_dev(h, b->drecv, cnt * es);
+      w.base = 0;
+      snprintf(what, sizeof what, "PreMulSum reduce to rank %d (%s scalar)", n - 1,
+               on_dev ? "device" : "host");
+      if (rank == n - 1) check_elems(what, t, h, cnt, want_pm, &w);
+      if (on_dev) { /* twice the scalar, read at the next call */
+        char sc2[8];
+        put(sc2, t, 0, 2 * pm_scalar(t, rank));
+        to_dev(dscalar, sc2, es);
+        for (size_t i = 0; i < cnt; i++) put(h, t, i, input(0, i, rank));
+        to_dev(b->dsend, h, cnt * es);
+        NCCL_OK(ncclAllReduce(b->dsend, b->drecv, cnt, types[t], op, comm, b->stream));
+        from_dev(h, b->drecv, cnt * es);
+        w.mul = 2;
+        check_elems("PreMulSum allreduce after the device scalar changed", t, h, cnt, want_pm, &w);
+      }
+      REFUSED(ncclAllReduce(b->dsend, b->drecv, 1, types[t == 7 ? 8 : 7], op, comm, b->stream),
+              ncclInvalidArgument, "was made for");
+      NCCL_OK(ncclRedOpDestroy(op, comm));
+      REFUSED(ncclRedOpDestroy(op, comm), ncclInvalidArgument, "not a live PreMulSum");
+    }
+  }
+  ncclRedOp_t op;
+  REFUSED(ncclRedOpDestroy(ncclSum, comm), ncclInvalidArgument, "built-in");
+  REFUSED(ncclRedOpCreatePreMulSum(&op, h, ncclFloat32, ncclScalarDevice, comm),
+          ncclInvalidArgument, "not device memory");
+  ncclMemFree(dscalar);
+}
+
 /* ncclCommSplit: even and odd ranks, each group ordered backwards by key;
  * an allreduce on the new communicator sums its members' ranks. */
 static void split(ncclComm_t comm, int rank, int n, bufs *b) {
@@ -391,6 +529,112 @@ static void split(ncclComm_t comm, int rank, int n, bufs *b) {
   from_dev(&x, b->drecv, sizeof x);
   if (x != sum) FAIL("allreduce on the split communicator: %g, expected %g", x, sum);
   NCCL_OK(ncclCommDestroy(sub));
+}
+
+/* An allreduce of one float32 per rank, `x`, on comm: the sum. */
+static float sum_one(ncclComm_t comm, bufs *b, float x) {
+  to_dev(b->dsend, &x, sizeof x);
+  NCCL_OK(ncclAllReduce(b->dsend, b->drecv, 1, ncclFloat32, ncclSum, comm, b->stream));
+  from_dev(&x, b->drecv, sizeof x);
+  return x;
+}
+
+/* The calls of NCCL 2.22 to 2.28: ncclCommInitRankScalable (two ids, the
+ * second unused) and a non-blocking ncclCommInitRankConfig on ids rank 0
+ * broadcast; windows; ncclGroupSimulateEnd; brigade's version beside
+ * NCCL's; ncclCommShrink without rank 1 (which does not call it). */
+ncclResult_t brg_nccl_get_version(int *brigade, int *nccl);
+static void newer_calls(ncclComm_t comm, int rank, int n, bufs *b) {
+  ncclUniqueId ids[2];
+  memset(ids, 0, sizeof ids);
+  if (rank == 0) NCCL_OK(ncclGetUniqueId(&ids[0]));
+  if (rank == n - 1) NCCL_OK(ncclGetUniqueId(&ids[1]));
+  for (int k = 0; k < 2; k++) {
+    to_dev(b->dsend, &ids[k], sizeof ids[k]);
+    NCCL_OK(ncclBroadcast(b->dsend, b->drecv, sizeof ids[k], ncclUint8, k ? n - 1 : 0, comm,
+                          b->stream));
+    from_dev(&ids[k], b->drecv, sizeof ids[k]);
+  }
+  ncclComm_t sc = NULL;
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  NCCL_OK(ncclCommInitRankScalable(&sc, n, rank, 2, ids, &cfg));
+  float want = (float)(n * (n - 1) / 2);
+  float got = sum_one(sc, b, (float)rank);
+  if (got != want) FAIL("allreduce on ncclCommInitRankScalable's: %g, expected %g", got, want);
+  NCCL_OK(ncclCommDestroy(sc));
+
+  /* Non-blocking: ncclInProgress until ncclCommGetAsyncError says it is made. */
+  if (rank == 0) NCCL_OK(ncclGetUniqueId(&ids[0]));
+  to_dev(b->dsend, &ids[0], sizeof ids[0]);
+  NCCL_OK(ncclBroadcast(b->dsend, b->drecv, sizeof ids[0], ncclUint8, 0, comm, b->stream));
+  from_dev(&ids[0], b->drecv, sizeof ids[0]);
+  cfg.blocking = 0;
+  ncclComm_t nb = NULL;
+  ncclResult_t r = ncclCommInitRankConfig(&nb, n, ids[0], rank, &cfg);
+  if (r != ncclInProgress && r != ncclSuccess)
+    FAIL("non-blocking ncclCommInitRankConfig: %s: %s", ncclGetErrorString(r),
+         ncclGetLastError(NULL));
+  ncclResult_t state = ncclInProgress;
+  while (state == ncclInProgress) {
+    NCCL_OK(ncclCommGetAsyncError(nb, &state));
+    if (state == ncclInProgress) usleep(1000);
+  }
+  if (state != ncclSuccess) FAIL("non-blocking init ended with %s", ncclGetErrorString(state));
+  got = sum_one(nb, b, (float)rank);
+  if (got != want) FAIL("allreduce on the non-blocking init's: %g, expected %g", got, want);
+  NCCL_OK(ncclCommDestroy(nb));
+  cfg.blocking = 7;
+  REFUSED(ncclCommInitRankConfig(&nb, n, ids[0], rank, &cfg), ncclInvalidArgument, "blocking is 7");
+  cfg.blocking = 1;
+  cfg.magic = 0;
+  REFUSED(ncclCommInitRankConfig(&nb, n, ids[0], rank, &cfg), ncclInvalidArgument,
+          "NCCL_CONFIG_INITIALIZER");
+
+  /* Windows: registered, used, deregistered once. */
+  ncclWindow_t w = NULL, w2 = NULL;
+  NCCL_OK(ncclCommWindowRegister(comm, b->dsend, b->bytes, &w, NCCL_WIN_COLL_SYMMETRIC));
+  NCCL_OK(ncclCommWindowRegister(comm, b->drecv, b->bytes, &w2, NCCL_WIN_DEFAULT));
+  got = sum_one(comm, b, 1.0f);
+  if (got != (float)n) FAIL("allreduce on registered windows: %g, expected %d", got, n);
+  NCCL_OK(ncclCommWindowDeregister(comm, w));
+  REFUSED(ncclCommWindowDeregister(comm, w), ncclInvalidArgument, "not registered");
+  REFUSED(ncclCommWindowRegister(comm, b->dsend, 8, &w, 0x40), ncclInvalidArgument, "winFlags");
+  NCCL_OK(ncclCommWindowDeregister(comm, w2));
+
+  /* Simulation: an empty group is estimated; one with a send is refused. */
+  ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclGroupSimulateEnd(&sim));
+  if (sim.estimatedTime != 0.0f) FAIL("empty group: estimatedTime %g", (double)sim.estimatedTime);
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclSend(b->dsend, 1, ncclFloat32, (rank + 1) % n, comm, b->stream));
+  REFUSED(ncclGroupSimulateEnd(&sim), ncclInvalidUsage, "1 sends and receives");
+  REFUSED(ncclCommRevoke(comm, 0), ncclInvalidUsage, "revoke");
+
+  int bv = -1, nv = -1;
+  NCCL_OK(brg_nccl_get_version(&bv, &nv));
+  if (nv != NCCL_VERSION_CODE || bv < 0 || bv >= 10000 * 100)
+    FAIL("brg_nccl_get_version: brigade %d, NCCL API %d", bv, nv);
+
+  /* Shrink: rank 1 (when there are more than two) stays out. */
+  int gone = n > 2 ? 1 : -1;
+  if (rank != gone) {
+    ncclComm_t sh = NULL;
+    REFUSED(ncclCommShrink(comm, &rank, 1, &sh, NULL, 0), ncclInvalidArgument, "calling rank");
+    REFUSED(ncclCommShrink(comm, &gone, 1, &sh, NULL, NCCL_SHRINK_ABORT), ncclInvalidUsage,
+            "NCCL_SHRINK_ABORT");
+    NCCL_OK(ncclCommShrink(comm, &gone, gone < 0 ? 0 : 1, &sh, NULL, NCCL_SHRINK_DEFAULT));
+    int cnt = 0, rk = -1, want_rk = gone >= 0 && rank > gone ? rank - 1 : rank;
+    NCCL_OK(ncclCommCount(sh, &cnt));
+    NCCL_OK(ncclCommUserRank(sh, &rk));
+    if (cnt != (gone < 0 ? n : n - 1) || rk != want_rk)
+      FAIL("ncclCommShrink: rank %d of %d, expected %d of %d", rk, cnt, want_rk,
+           gone < 0 ? n : n - 1);
+    float w_sum = want - (gone < 0 ? 0.0f : (float)gone);
+    got = sum_one(sh, b, (float)rank);
+    if (got != w_sum) FAIL("allreduce on the shrunk communicator: %g, expected %g", got, w_sum);
+    NCCL_OK(ncclCommDestroy(sh));
+  }
 }
 
 static void alloc_bufs(bufs *b, int n) {
@@ -429,7 +673,10 @@ static int rank_main(int rank, int n, const ncclUniqueId *id) {
   collectives(comm, rank, n, &b);
   p2p(comm, rank, n, &b);
   refusals(comm, &b);
+  p2p_async(comm, rank, n, &b);
+  premul_sum(comm, rank, n, &b);
   split(comm, rank, n, &b);
+  newer_calls(comm, rank, n, &b);
   free_bufs(&b);
   NCCL_OK(ncclCommDestroy(comm));
   /* Destroyed twice: a clean error, not a use of freed memory (documented
