@@ -29,6 +29,13 @@
  *        B's listener -> brg-p2p thread -> posted receive, early memory,
  *                                          or held (B stops reading)
  *
+ * A receive from any source (BRG_ANY_SOURCE) waits in a queue of the
+ * communicator's own. A message from a peer goes to whichever was posted
+ * first: the peer's oldest receive or the oldest receive from any source
+ * (each posted receive takes a number, `order`); a receive from any
+ * source posted while messages wait in early memory takes the one that
+ * arrived first (each takes a number, `arrival`).
+ *
  * Wire: a hello once per connection (magic, both ranks, the communicator's
  * id and secret), then frames: a header (channel, number, count, dtype),
  * then count * size(dtype) payload bytes. Channel BRG__P2P_A2A carries
@@ -92,11 +99,13 @@ typedef struct p2p_unexp {
   p2p_hdr h;
   char *data;
   uint64_t got;
-  uint64_t early; /* bytes it counts against the early cap */
+  uint64_t early;   /* bytes it counts against the early cap */
+  uint64_t arrival; /* its place among the messages that arrived early */
   int complete;
 } p2p_unexp;
 
 typedef struct p2p_peer {
+  int rank;
   /* Sending side. send_lock serializes the dial; out_fd is set once,
    * under both locks; the rest is under the p2p lock. */
   pthread_mutex_t send_lock;
@@ -136,8 +145,11 @@ typedef struct brg__p2p {
   p2p_peer **peer;     /* by rank, made at first use */
   int *active;         /* ranks with a link for the thread to poll */
   int nactive;
-  uint64_t early_bytes; /* user messages in early memory, bytes */
-  uint64_t early_cap;   /* BRIGADE_P2P_EARLY_BYTES */
+  uint64_t early_bytes;        /* user messages in early memory, bytes */
+  uint64_t early_cap;          /* BRIGADE_P2P_EARLY_BYTES */
+  brg__p2p_op *any, *any_tail; /* posted receives from any source */
+  uint32_t posts;              /* receives posted, for their `order` */
+  uint64_t arrivals;           /* messages that arrived early, for their `arrival` */
   char discard[P2P_DISCARD_BYTES];
 } brg__p2p;
 
@@ -154,6 +166,7 @@ static p2p_peer *get_peer(brg_comm *c, int rank) {
   p2p_peer *pr = calloc(1, sizeof *pr);
   if (!pr) return NULL;
   pthread_mutex_init(&pr->send_lock, NULL);
+  pr->rank = rank;
   pr->out_fd = -1;
   pr->in_fd = -1;
   p->peer[rank] = pr;
@@ -211,6 +224,20 @@ static brg__p2p_op *pop_op(p2p_peer *pr, uint32_t chan) {
   return op;
 }
 
+/* The receive a message from pr on chan goes to (NULL: none is posted):
+ * the peer's oldest, or the oldest from any source when that was posted
+ * first; taken out of its queue with `take`. */
+static brg__p2p_op *next_recv(brg__p2p *p, p2p_peer *pr, uint32_t chan, int take) {
+  brg__p2p_op *op = pr->posted[chan], *any = chan == BRG__P2P_USER ? p->any : NULL;
+  if (!any || (op && (int32_t)(op->order - any->order) < 0)) return take ? pop_op(pr, chan) : op;
+  if (take) {
+    p->any = any->next;
+    if (!any->next) p->any_tail = NULL;
+    any->peer = pr->rank;
+  }
+  return any;
+}
+
 /* The link from this peer is over: what waits on it fails. Messages that
  * arrived whole stay for their receives. */
 static void peer_gone(brg__p2p *p, p2p_peer *pr, brg_status s, const char *fmt, ...)
@@ -247,14 +274,14 @@ static int early_fits(const brg__p2p *p, uint64_t bytes) {
  * could take it. */
 static int begin_message(brg__p2p *p, p2p_peer *pr, const p2p_hdr *h) {
   uint64_t bytes = h->count * brg_dtype_size((brg_dtype)h->dtype);
-  int direct = !pr->unexp[h->chan] && pr->posted[h->chan];
+  int direct = !pr->unexp[h->chan] && next_recv(p, pr, h->chan, 0);
   if (!direct && h->chan == BRG__P2P_USER && !early_fits(p, bytes)) return 1;
   pr->cur_op = NULL;
   pr->cur_unexp = NULL;
   pr->left = bytes;
   pr->in_payload = 1;
   if (direct) {
-    brg__p2p_op *op = pop_op(pr, h->chan);
+    brg__p2p_op *op = next_recv(p, pr, h->chan, 1);
     op->num = op->chan == BRG__P2P_A2A ? op->num : h->num;
     if (op_matches(op, h))
       pr->cur_op = op;
@@ -269,6 +296,7 @@ static int begin_message(brg__p2p *p, p2p_peer *pr, const p2p_hdr *h) {
   }
   u->h = *h;
   u->early = h->chan == BRG__P2P_USER ? bytes : 0;
+  u->arrival = p->arrivals++;
   p->early_bytes += u->early;
   if (pr->unexp_tail[h->chan])
     pr->unexp_tail[h->chan]->next = u;
@@ -686,6 +714,11 @@ static void abort_all(brg__p2p *p) {
       for (brg__p2p_op *op; (op = pop_op(pr, ch));) op_finish(p, op, BRG_ERR_ABORTED);
     if (pr->sendq) sendq_fail(p, pr, BRG_ERR_ABORTED, "the communicator was aborted");
   }
+  for (brg__p2p_op *op; (op = p->any);) {
+    p->any = op->next;
+    op_finish(p, op, BRG_ERR_ABORTED);
+  }
+  p->any_tail = NULL;
   pthread_cond_broadcast(&p->cond);
 }
 
@@ -916,6 +949,17 @@ brg_status brg__p2p_send(brg_comm *c, const char *fn, uint32_t chan, uint64_t nu
   return s != BRG_SUCCESS ? s : brg__p2p_wait(c, fn, &op);
 }
 
+/* The peer whose user message in early memory arrived first, or NULL. */
+static p2p_peer *oldest_early(brg__p2p *p) {
+  p2p_peer *best = NULL;
+  for (int i = 0; i < p->nactive; i++) {
+    p2p_peer *pr = p->peer[p->active[i]];
+    p2p_unexp *u = pr->unexp[BRG__P2P_USER];
+    if (u && (!best || u->arrival < best->unexp[BRG__P2P_USER]->arrival)) best = pr;
+  }
+  return best;
+}
+
 brg_status brg__p2p_post(brg_comm *c, brg__p2p_op *op) {
   brg__p2p *p = c->p2p;
   uint32_t chan = op->chan;
@@ -924,14 +968,16 @@ brg_status brg__p2p_post(brg_comm *c, brg__p2p_op *op) {
   op->status = BRG_IN_PROGRESS;
   op->last_ns = brg__now_ns();
   pthread_mutex_lock(&p->lock);
-  p2p_peer *pr = get_peer(c, op->peer);
-  if (!pr) {
+  op->order = p->posts++;
+  p2p_peer *pr = op->any ? oldest_early(p) : get_peer(c, op->peer);
+  if (!pr && !op->any) {
     pthread_mutex_unlock(&p->lock);
     return brg__comm_error(c, BRG_ERR_NO_MEMORY, "out of memory posting a receive");
   }
-  p2p_unexp *u = pr->unexp[op->chan];
+  p2p_unexp *u = pr ? pr->unexp[op->chan] : NULL;
   if (u) {
     /* The oldest message that came before its receive is this one's. */
+    if (op->any) op->peer = pr->rank;
     pr->unexp[op->chan] = u->next;
     if (!u->next) pr->unexp_tail[op->chan] = NULL;
     if (!op_matches(op, &u->h)) {
@@ -953,10 +999,17 @@ brg_status brg__p2p_post(brg_comm *c, brg__p2p_op *op) {
     p->early_bytes -= u->early;
     free(u->data);
     free(u);
-  } else if (pr->gone) {
+  } else if (pr && pr->gone) {
     op_finish(p, op, pr->gone);
   } else if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE)) {
     op_finish(p, op, BRG_ERR_ABORTED); /* abort_all has run, or is waiting for the lock */
+  } else if (op->any) {
+    op->next = NULL;
+    if (p->any_tail)
+      p->any_tail->next = op;
+    else
+      p->any = op;
+    p->any_tail = op;
   } else {
     push_op(pr, op);
   }
@@ -968,9 +1021,21 @@ brg_status brg__p2p_post(brg_comm *c, brg__p2p_op *op) {
   return BRG_SUCCESS;
 }
 
-/* Takes a receive that will not finish out of its peer's hands; the
- * caller holds the lock. */
-static void withdraw(p2p_peer *pr, brg__p2p_op *op) {
+/* Takes a receive that will not finish out of its peer's hands (or out of
+ * the queue of receives from any source); the caller holds the lock. */
+static void withdraw(brg__p2p *p, p2p_peer *pr, brg__p2p_op *op) {
+  if (op->any && op->peer < 0) {
+    brg__p2p_op **pp = &p->any, *prev = NULL;
+    while (*pp && *pp != op) {
+      prev = *pp;
+      pp = &(*pp)->next;
+    }
+    if (!*pp) return;
+    *pp = op->next;
+    if (p->any_tail == op) p->any_tail = prev;
+    return;
+  }
+  if (!pr) return;
   if (pr->cur_op == op) {
     pr->cur_op = NULL; /* the rest of its message goes nowhere */
     return;
@@ -988,7 +1053,7 @@ static void withdraw(p2p_peer *pr, brg__p2p_op *op) {
 /* A receive from a rank that never linked to this one learns of its death
  * through this rank's own link to it. */
 static void watch_peer(brg_comm *c, brg__p2p_op *op) {
-  if (op->peer == c->rank) return;
+  if (op->any || op->peer == c->rank) return;
   p2p_peer *pr = peer_locked(c, op->peer);
   if (!pr) return;
   pthread_mutex_lock(&pr->send_lock);
@@ -1033,7 +1098,6 @@ brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
    * an irecv posted long before its brg_wait is not late for that. */
   int64_t start = brg__now_ns();
   pthread_mutex_lock(&p->lock);
-  p2p_peer *pr = p->peer[op->peer];
   brg_status s = BRG_SUCCESS;
   /* A peer whose heartbeats stopped (stopped, hung, its host gone) fails
    * the wait at BRIGADE_SILENT_TIMEOUT_MS, as a collective's would. */
@@ -1042,25 +1106,28 @@ brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
   int64_t silent_ms = -1, next_look = 0;
   while (!op->done) {
     int64_t since = op->last_ns > start ? op->last_ns : start, now = brg__now_ns();
-    if (silent_limit && now >= next_look) {
+    int peer = op->peer; /* -1: a receive from any source that no message reached yet */
+    if (silent_limit && peer >= 0 && now >= next_look) {
       /* Its lock is the liveness thread's: not taken under the p2p lock. */
       pthread_mutex_unlock(&p->lock);
-      silent_ms = brg__live_silent_rank(c, op->peer);
+      silent_ms = brg__live_silent_rank(c, peer);
       pthread_mutex_lock(&p->lock);
       next_look = now + 100 * 1000000LL;
       if (op->done) break;
     }
     if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
       s = BRG_ERR_ABORTED;
-    else if (silent_limit && silent_ms >= silent_limit && now - since > 1000000LL * silent_limit)
+    else if (silent_limit && peer >= 0 && silent_ms >= silent_limit &&
+             now - since > 1000000LL * silent_limit)
       s = BRG_ERR_REMOTE;
     else if (now - since > (int64_t)c->timeout_ms * 1000000)
       s = BRG_ERR_TIMEOUT;
     if (s != BRG_SUCCESS) {
+      p2p_peer *pr = peer >= 0 ? p->peer[peer] : NULL;
       if (op->is_send)
         withdraw_send(p, pr, op, s);
       else
-        withdraw(pr, op);
+        withdraw(p, pr, op);
       op_finish(p, op, s);
       break;
     }
@@ -1069,6 +1136,7 @@ brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
   }
   int silent = s == BRG_ERR_REMOTE && op->status == BRG_ERR_REMOTE;
   s = op->status;
+  p2p_peer *pr = op->peer >= 0 ? p->peer[op->peer] : NULL;
   char gone_why[256] = "";
   if (silent)
     snprintf(gone_why, sizeof gone_why,
@@ -1081,7 +1149,12 @@ brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
   pthread_mutex_unlock(&p->lock);
   if (s == BRG_SUCCESS) return s;
   if (op->is_send) return send_failed(c, fn, op, s, gone_why);
-  const brg__peer_info *pi = &c->peers[op->peer];
+  /* Who it waited for: a receive from any source names its sender once
+   * a message reached it. */
+  char from[128] = "any rank (BRG_ANY_SOURCE)";
+  if (op->peer >= 0)
+    snprintf(from, sizeof from, "rank %d (pid %d on %s)", op->peer, c->peers[op->peer].pid,
+             c->peers[op->peer].hostname);
   const char *dn = brg_dtype_name((brg_dtype)op->dtype);
   switch (s) {
   case BRG_ERR_MISMATCH: {
@@ -1101,25 +1174,25 @@ brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
           fn, c->rank, (unsigned long long)op->num, (unsigned long long)op->count, dn, op->peer,
           (unsigned long long)op->peer_num, (unsigned long long)op->peer_count, pd ? pd : "?");
     return brg__comm_error(c, s,
-                           "%s: rank %d receives %llu x %s from rank %d, which sent %llu x %s "
+                           "%s: rank %d receives %llu x %s from rank %d%s, which sent %llu x %s "
                            "(message #%llu between them; the message is dropped)",
                            fn, c->rank, (unsigned long long)op->count, dn, op->peer,
+                           op->any ? " (the first to send to a receive from any source)" : "",
                            (unsigned long long)op->peer_count, pd ? pd : "?",
                            (unsigned long long)op->peer_num);
   }
   case BRG_ERR_TIMEOUT:
     return brg__comm_error(c, s,
-                           "%s: receive of %llu x %s from rank %d (pid %d on %s) timed out: "
+                           "%s: receive of %llu x %s from %s timed out: "
                            "nothing arrived for %d ms (%llu of %llu bytes in)",
-                           fn, (unsigned long long)op->count, dn, op->peer, pi->pid, pi->hostname,
-                           c->timeout_ms, (unsigned long long)op->got,
+                           fn, (unsigned long long)op->count, dn, from, c->timeout_ms,
+                           (unsigned long long)op->got,
                            (unsigned long long)(op->count * brg_dtype_size((brg_dtype)op->dtype)));
   case BRG_ERR_ABORTED:
-    return brg__comm_error(c, s, "%s: receive from rank %d: communicator was aborted", fn,
-                           op->peer);
+    return brg__comm_error(c, s, "%s: receive from %s: communicator was aborted", fn, from);
   default:
-    return brg__comm_error(c, s, "%s: receive of %llu x %s from rank %d failed: %s", fn,
-                           (unsigned long long)op->count, dn, op->peer, gone_why);
+    return brg__comm_error(c, s, "%s: receive of %llu x %s from %s failed: %s", fn,
+                           (unsigned long long)op->count, dn, from, gone_why);
   }
 }
 

@@ -73,7 +73,10 @@ static int body_self(mp_ctx *x) {
 static int body_abort(mp_ctx *x) {
   float buf[4] = {0};
   brg_request rq;
+  brg_request any;
   MP_CHECK(brg_irecv(buf, 4, BRG_FLOAT32, 0, x->comm, &rq) == BRG_SUCCESS, "irecv");
+  MP_CHECK(brg_irecv(buf, 4, BRG_FLOAT32, BRG_ANY_SOURCE, x->comm, &any) == BRG_SUCCESS,
+           "irecv from any source");
   MP_CHECK(brg_comm_abort(x->comm) == BRG_SUCCESS, "abort");
   int done = 0;
   brg_status s = brg_test(&rq, &done);
@@ -83,6 +86,15 @@ static int body_abort(mp_ctx *x) {
   MP_CHECK(s == BRG_ERR_ABORTED, "after abort: brg_wait gave %s", brg_status_string(s));
   MP_CHECK(mp_contains(brg_comm_last_error(x->comm), "aborted"), "message: %s",
            brg_comm_last_error(x->comm));
+  /* A receive from any source that no message reached: aborted, no sender. */
+  s = brg_wait(&any);
+  MP_CHECK(s == BRG_ERR_ABORTED && mp_contains(brg_comm_last_error(x->comm), "any rank"),
+           "receive from any source after abort: %s: %s", brg_status_string(s),
+           brg_comm_last_error(x->comm));
+  int src = -7;
+  s = brg_request_source(&any, &src);
+  MP_CHECK(s == BRG_ERR_INVALID_USAGE && src == -7, "its source: %s, %d", brg_status_string(s),
+           src);
   return mp_failures();
 }
 
