@@ -79,7 +79,10 @@
 typedef struct p2p_hello {
   uint32_t magic;
   int32_t from, to;
-  uint32_t pad;
+  /* Nonzero: not a link but a notice on a connection of its own: the
+   * sender cut the message it was sending on its link short, with this
+   * brg_status, and closes its link next (cut_notice). */
+  uint32_t cut;
   uint64_t comm_id;
   uint8_t secret[BRG__SECRET_BYTES];
 } p2p_hello;
@@ -121,6 +124,12 @@ typedef struct p2p_peer {
   int held;       /* hdr is in but its message fits nowhere yet: in_fd is not read */
   int64_t hup_ns; /* it hung up out_fd before its own link came in */
   int watch_out;  /* the thread polls out_fd for a hang-up */
+  /* A send on out_fd was cut short with this status: the receiver is to
+   * be told (cut_notice), then out_fd shut down. */
+  brg_status cut_pending;
+  /* The peer said it cut its message in flight short, with this status:
+   * the end of stream that follows is not its death. */
+  brg_status cut_by_peer;
   p2p_hdr hdr;    /* the header being read */
   size_t hdr_got; /* its bytes read so far */
   int in_payload; /* a header is in and `left` payload bytes follow */
@@ -386,13 +395,23 @@ static void read_peer(brg_comm *c, p2p_peer *pr, int rank) {
     ssize_t n = recv(pr->in_fd, dest, want, MSG_DONTWAIT);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-    if (n <= 0 && n == 0 && (pr->in_payload || pr->hdr_got > 0)) {
-      /* Mid-message: the sender cut its send short (withdraw_send closes
-       * its side), or it died; it may well be alive. */
+    if (n == 0 && (pr->in_payload || pr->hdr_got > 0) && pr->cut_by_peer) {
+      /* It said so first (cut_notice): alive, and its send gave up. */
       peer_gone(p, pr, BRG_ERR_REMOTE,
-                "rank %d (pid %d on %s) closed its link in the middle of a message of %llu x %s: "
-                "it cut that send short (its wait timed out or was aborted), or it died or "
-                "destroyed its communicator",
+                "rank %d (pid %d on %s) is alive and cut its send of %llu x %s short: %s", rank,
+                c->peers[rank].pid, c->peers[rank].hostname, (unsigned long long)pr->hdr.count,
+                brg_dtype_name((brg_dtype)pr->hdr.dtype),
+                pr->cut_by_peer == BRG_ERR_TIMEOUT
+                    ? "its wait timed out (no receive posted here for it, early memory "
+                      "BRIGADE_P2P_EARLY_BYTES full)"
+                : pr->cut_by_peer == BRG_ERR_ABORTED ? "its communicator was aborted"
+                                                     : brg_status_string(pr->cut_by_peer));
+      return;
+    }
+    if (n == 0 && (pr->in_payload || pr->hdr_got > 0)) {
+      peer_gone(p, pr, BRG_ERR_REMOTE,
+                "rank %d (pid %d on %s) hung up in the middle of a message of %llu x %s without "
+                "saying why: it died or destroyed its communicator",
                 rank, c->peers[rank].pid, c->peers[rank].hostname,
                 (unsigned long long)pr->hdr.count, brg_dtype_name((brg_dtype)pr->hdr.dtype));
       return;
@@ -520,8 +539,9 @@ static void withdraw_send(brg__p2p *p, p2p_peer *pr, brg__p2p_op *op, brg_status
     sendq_fail(p, pr, s, "a send to this rank was cut short (%s) and left the link unreadable",
                brg_status_string(s));
     /* The receiver learns it at once, mid-message, rather than at its
-     * own timeout or this rank's exit. */
-    if (pr->out_fd >= 0) shutdown(pr->out_fd, SHUT_WR);
+     * own timeout or this rank's exit: told why, then the link shut down
+     * (cut_notice, outside the lock). */
+    if (pr->out_fd >= 0) pr->cut_pending = s;
     return;
   }
   brg__p2p_op **pp = &pr->sendq, *prev = NULL;
@@ -553,12 +573,26 @@ static int hello_take(void *arg, const brg__conn_params *unused, int fd, const v
               c->rank, from);
     return 0;
   }
+  brg__p2p *p = c->p2p;
+  if (h.cut) {
+    /* Noted before the answer, which the sender waits for before it
+     * closes its link: the end of that link is read after this. */
+    pthread_mutex_lock(&p->lock);
+    p2p_peer *pr = get_peer(c, h.from);
+    if (pr) pr->cut_by_peer = (brg_status)h.cut;
+    pthread_mutex_unlock(&p->lock);
+    char ack = 1;
+    ssize_t w = send(fd, &ack, 1, MSG_NOSIGNAL);
+    (void)w; /* without the answer the sender closes its link all the same */
+    BRG__INFO("p2p", "rank %d: rank %d cut a send to it short (%s)", c->rank, h.from,
+              brg_status_string((brg_status)h.cut));
+    return 0;
+  }
   if (brg__sock_set_blocking(fd, 0) != 0) {
     BRG__WARN("p2p", "rank %d: dropped the link from rank %d: fcntl: %s", c->rank, h.from,
               strerror(errno));
     return 0;
   }
-  brg__p2p *p = c->p2p;
   pthread_mutex_lock(&p->lock);
   p2p_peer *pr = get_peer(c, h.from);
   int kept = pr && pr->in_fd < 0 && !pr->gone;
@@ -1067,6 +1101,36 @@ static void watch_peer(brg_comm *c, brg__p2p_op *op) {
   pthread_mutex_unlock(&c->p2p->lock);
 }
 
+/* A send to `rank` was cut short (withdraw_send): tells the receiver so on
+ * a connection of its own, waits (briefly) for its answer, then shuts the
+ * link down, so that the receiver's failed receive says that this rank cut
+ * the send short rather than that it died. Called without the lock. */
+static void cut_notice(brg_comm *c, int rank) {
+  brg__p2p *p = c->p2p;
+  pthread_mutex_lock(&p->lock);
+  p2p_peer *pr = rank >= 0 && rank != c->rank ? p->peer[rank] : NULL;
+  brg_status s = pr ? pr->cut_pending : BRG_SUCCESS;
+  if (pr) pr->cut_pending = BRG_SUCCESS;
+  pthread_mutex_unlock(&p->lock);
+  if (s == BRG_SUCCESS) return;
+  const brg__peer_info *pi = &c->peers[rank];
+  int64_t deadline = brg__deadline_ms(c->timeout_ms < P2P_DIAL_MS ? c->timeout_ms : P2P_DIAL_MS);
+  int fd = -1, e = 0;
+  if (brg__sock_connect(pi->addr, (uint16_t)pi->p2p_port, deadline, 50, &fd, &e) == BRG__IO_OK) {
+    p2p_hello h = {
+        .magic = P2P_MAGIC, .from = c->rank, .to = rank, .cut = (uint32_t)s, .comm_id = c->comm_id};
+    memcpy(h.secret, brg__bootstrap_secret(c->bs), BRG__SECRET_BYTES);
+    char ack;
+    if (brg__sock_send_all(fd, &h, sizeof h, deadline, NULL) != BRG__IO_OK ||
+        brg__sock_recv_all(fd, &ack, 1, deadline) != BRG__IO_OK)
+      BRG__WARN("p2p", "rank %d: rank %d did not hear that a send to it was cut short", c->rank,
+                rank);
+    close(fd);
+  }
+  /* out_fd is set once and closed only by brg__p2p_free. */
+  shutdown(pr->out_fd, SHUT_WR);
+}
+
 /* Why a send failed, for the caller. */
 static brg_status send_failed(brg_comm *c, const char *fn, const brg__p2p_op *op, brg_status s,
                               const char *why) {
@@ -1148,6 +1212,7 @@ brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
     snprintf(gone_why, sizeof gone_why, "%s", op->is_send ? pr->out_why : pr->gone_why);
   pthread_mutex_unlock(&p->lock);
   if (s == BRG_SUCCESS) return s;
+  if (op->is_send) cut_notice(c, op->peer);
   if (op->is_send) return send_failed(c, fn, op, s, gone_why);
   /* Who it waited for: a receive from any source names its sender once
    * a message reached it. */
@@ -1274,6 +1339,7 @@ brg_status brg__p2p_all_to_all(brg_comm *c, const brg__coll *k) {
     pthread_mutex_lock(&c->p2p->lock);
     if (!op->done) withdraw_send(c->p2p, c->p2p->peer[op->peer], op, s);
     pthread_mutex_unlock(&c->p2p->lock);
+    cut_notice(c, op->peer);
   }
   free(ops);
   if (s == BRG_SUCCESS) {
