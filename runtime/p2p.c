@@ -71,6 +71,7 @@
 /* Bytes read from or written to one peer before the others get a turn. */
 #define P2P_BUDGET (4u << 20)
 #define P2P_DIAL_MS 3000 /* a listener that refuses this long is a dead rank */
+#define P2P_CUT_MS 1000  /* how long a notice of a send cut short may take */
 /* The listener stays open for the communicator's life: strangers that
  * never say hello may hold this many descriptors, each for
  * BRG__NET_HELLO_MS (the ring's listeners close after init). */
@@ -1114,9 +1115,11 @@ static void cut_notice(brg_comm *c, int rank) {
   pthread_mutex_unlock(&p->lock);
   if (s == BRG_SUCCESS) return;
   const brg__peer_info *pi = &c->peers[rank];
-  int64_t deadline = brg__deadline_ms(c->timeout_ms < P2P_DIAL_MS ? c->timeout_ms : P2P_DIAL_MS);
+  int64_t deadline = brg__deadline_ms(c->timeout_ms < P2P_CUT_MS ? c->timeout_ms : P2P_CUT_MS);
   int fd = -1, e = 0;
-  if (brg__sock_connect(pi->addr, (uint16_t)pi->p2p_port, deadline, 50, &fd, &e) == BRG__IO_OK) {
+  /* A peer found silent or gone (BRG_ERR_REMOTE) has nobody to hear it. */
+  if (s != BRG_ERR_REMOTE &&
+      brg__sock_connect(pi->addr, (uint16_t)pi->p2p_port, deadline, 50, &fd, &e) == BRG__IO_OK) {
     p2p_hello h = {
         .magic = P2P_MAGIC, .from = c->rank, .to = rank, .cut = (uint32_t)s, .comm_id = c->comm_id};
     memcpy(h.secret, brg__bootstrap_secret(c->bs), BRG__SECRET_BYTES);
