@@ -45,6 +45,21 @@
  * One lock guards both sides (queues, the thread's reads into posted
  * buffers and writes from queued sends); each peer's send lock serializes
  * the dial of its connection.
+ *
+ * Why these links are TCP of p2p's own rather than the transport table's
+ * (transport/transport.h), which the ring links take: a table link is one
+ * direction of a FIFO, set up at init through the bootstrap's three steps
+ * and driven by a thread that waits on it in lockstep with one other link,
+ * where a wait that blocks is right (shm's waits sleep on head/tail, tcp's
+ * send_now sleeps while the wire is full). Point-to-point needs what the
+ * table cannot yet say: links made at the first message between any pair,
+ * one thread serving every incoming link at once, and a send that never
+ * blocks that thread (two ranks each sending to the other first would
+ * deadlock if their threads slept in send_now), with the early-memory cap
+ * holding one sender back without stalling the others. Two entries would
+ * let p2p ride the table: a send that returns at once when the link takes
+ * no more, and a readiness fd (or doorbell) per link for the thread's
+ * poll; the link could then be set up over this listener's connection.
  */
 #include <errno.h>
 #include <limits.h>
