@@ -545,6 +545,7 @@ def body_p2p(rank, n):
             assert sorted(seen) == list(range(1, n)), seen
         else:
             dist.send(val(rank, 100 + k, 9, torch.int64), 0)
+        dist.barrier()  # no rank's next message meets this round's receives
     dist.destroy_process_group()
 
 
