@@ -274,6 +274,18 @@ brg_status brg_wait(brg_request *request);
  * communicator's timeout, counted from the brg_wait call; brg_test never
  * times out.
  *
+ * A receive from BRG_ANY_SOURCE takes the first message that reaches this
+ * rank from any rank (itself included): among the messages that arrived
+ * before it was posted, the oldest; otherwise the next to arrive. A
+ * message goes to the receive posted first among those that name its
+ * sender and those from BRG_ANY_SOURCE, so each pair's order still
+ * holds. brg_request_source tells which rank sent the message that a
+ * finished brg_irecv took (brg_recv with BRG_ANY_SOURCE cannot tell: use
+ * brg_irecv and brg_wait). Such a receive is not failed by one peer going
+ * away, since another may still send: it waits up to the communicator's
+ * timeout for a message to begin, and fails with the sender's error when
+ * a message that began is cut off. Sends take no BRG_ANY_SOURCE.
+ *
  * brg_all_to_all is a collective (every rank calls it, in order with its
  * other collectives), as MPI_Alltoall and torch's all_to_all_single with
  * equal splits: sendbuf holds N blocks of count elements, block j goes to
@@ -292,6 +304,16 @@ brg_status brg_isend(const void *buf, size_t count, brg_dtype dtype, int peer, b
                      brg_request *request);
 brg_status brg_irecv(void *buf, size_t count, brg_dtype dtype, int peer, brg_comm *comm,
                      brg_request *request);
+/* The rank a receive from any source takes its message from. */
+#define BRG_ANY_SOURCE (-1)
+/* *source = the rank whose message the receive of `request` (brg_irecv)
+ * took, once brg_test or brg_wait has said it finished (with BRG_SUCCESS,
+ * or with the error of that message: a mismatch, a cut-off message).
+ * BRG_ERR_INVALID_USAGE while it runs or when no message came (a timeout,
+ * an abort), BRG_ERR_INVALID_ARGUMENT for a request that is not a
+ * receive. It reads the request alone, so it also works after the
+ * communicator is destroyed. */
+brg_status brg_request_source(const brg_request *request, int *source);
 
 /*
  * Rooted collectives on the point-to-point links, as MPI_Gather and

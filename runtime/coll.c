@@ -3,6 +3,7 @@
  * handed to the progress layer (inline or queued, in issue order).
  */
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "device.h"
@@ -288,8 +289,14 @@ static brg_status check_p2p(brg_comm *c, const char *fn, const void *buf, size_t
                             brg_dtype dtype, int peer, brg_stream stream, int is_send) {
   brg_status s = brg__check_comm(c, fn);
   if (s != BRG_SUCCESS) return s;
-  if (peer < 0 || peer >= c->nranks)
-    return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT, "%s: peer %d is not in [0, %d)", fn, peer,
+  if (peer == BRG_ANY_SOURCE && is_send)
+    return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT,
+                           "%s: peer BRG_ANY_SOURCE (-1) is for receives; a send names its "
+                           "rank in [0, %d)",
+                           fn, c->nranks);
+  if ((peer < 0 && peer != BRG_ANY_SOURCE) || peer >= c->nranks)
+    return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT,
+                           "%s: peer %d is not in [0, %d) nor BRG_ANY_SOURCE (-1)", fn, peer,
                            c->nranks);
   if (stream)
     return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT,
@@ -329,8 +336,12 @@ brg_status brg_recv(void *buf, size_t count, brg_dtype dtype, int peer, brg_comm
                     brg_stream stream) {
   brg_status s = check_p2p(comm, "brg_recv", buf, count, dtype, peer, stream, 0);
   if (s != BRG_SUCCESS) return s;
-  brg__p2p_op op = {
-      .buf = buf, .count = count, .peer = peer, .dtype = (uint32_t)dtype, .chan = BRG__P2P_USER};
+  brg__p2p_op op = {.buf = buf,
+                    .count = count,
+                    .peer = peer,
+                    .dtype = (uint32_t)dtype,
+                    .chan = BRG__P2P_USER,
+                    .any = peer == BRG_ANY_SOURCE};
   s = brg__p2p_post(comm, &op);
   return s != BRG_SUCCESS ? s : brg__p2p_wait(comm, "brg_recv", &op);
 }
@@ -364,10 +375,33 @@ brg_status brg_irecv(void *buf, size_t count, brg_dtype dtype, int peer, brg_com
                             .peer = peer,
                             .dtype = (uint32_t)dtype,
                             .chan = BRG__P2P_USER,
+                            .any = peer == BRG_ANY_SOURCE,
                             .comm_serial = comm->serial};
   s = brg__p2p_post(comm, &r->p2p_op);
   if (s != BRG_SUCCESS) r->magic = 0; /* never issued */
   return s;
+}
+
+brg_status brg_request_source(const brg_request *request, int *source) {
+  const char *fn = "brg_request_source";
+  if (!request || !source)
+    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "%s: NULL argument", fn);
+  const brg__req *r = (const brg__req *)request;
+  if (r->magic != BRG__REQ_P2P_MAGIC || r->p2p_op.is_send)
+    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT,
+                             "%s: the request is not a receive (brg_irecv)", fn);
+  const brg__p2p_op *op = &r->p2p_op;
+  if (!__atomic_load_n(&op->done, __ATOMIC_ACQUIRE))
+    return brg__fail_no_comm(BRG_ERR_INVALID_USAGE,
+                             "%s: the receive has not finished (brg_test or brg_wait first)", fn);
+  /* Written under the p2p lock before `done` (release). */
+  int peer = op->peer;
+  if (peer < 0)
+    return brg__fail_no_comm(BRG_ERR_INVALID_USAGE,
+                             "%s: no message came for the receive (it ended with %s)", fn,
+                             brg_status_string(op->status));
+  *source = peer;
+  return BRG_SUCCESS;
 }
 
 brg_status brg_barrier(brg_comm *comm) {
@@ -462,18 +496,19 @@ static brg_status p2p_orphan(const char *fn, const brg__req *r) {
   brg_status s = __atomic_load_n(&op->done, __ATOMIC_ACQUIRE) ? op->status : BRG_ERR_ABORTED;
   if (s == BRG_SUCCESS) return s;
   const char *dn = brg_dtype_name((brg_dtype)op->dtype);
+  char who[32] = "any rank";
+  if (op->peer >= 0) snprintf(who, sizeof who, "rank %d", op->peer);
   if (s == BRG_ERR_ABORTED)
     return brg__fail_no_comm(s,
-                             "%s: %s of %llu x %s %s rank %d: the communicator was aborted or "
+                             "%s: %s of %llu x %s %s %s: the communicator was aborted or "
                              "destroyed before it finished",
                              fn, op->is_send ? "send" : "receive", (unsigned long long)op->count,
-                             dn ? dn : "?", op->is_send ? "to" : "from", op->peer);
+                             dn ? dn : "?", op->is_send ? "to" : "from", who);
   return brg__fail_no_comm(s,
-                           "%s: %s of %llu x %s %s rank %d failed (%s) before the communicator "
+                           "%s: %s of %llu x %s %s %s failed (%s) before the communicator "
                            "was destroyed",
                            fn, op->is_send ? "send" : "receive", (unsigned long long)op->count,
-                           dn ? dn : "?", op->is_send ? "to" : "from", op->peer,
-                           brg_status_string(s));
+                           dn ? dn : "?", op->is_send ? "to" : "from", who, brg_status_string(s));
 }
 
 brg_status brg_test(brg_request *request, int *done) {

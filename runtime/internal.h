@@ -76,13 +76,19 @@ typedef struct brg__p2p_op {
   uint64_t num;    /* the message's number between the pair (a2a: the collective's) */
   int32_t peer;
   uint32_t dtype;
-  uint32_t chan; /* BRG__P2P_USER or BRG__P2P_A2A */
+  uint16_t chan;   /* BRG__P2P_USER or BRG__P2P_A2A */
+  uint8_t is_send; /* a send: finished once its bytes have all left */
+  /* A receive posted with BRG_ANY_SOURCE: `peer` is -1 until a message
+   * is matched to it, then the sender's rank. */
+  uint8_t any;
   volatile int done;
   brg_status status;
   /* What the sender said, for BRG_ERR_MISMATCH. */
   uint32_t peer_dtype;
   uint64_t peer_count, peer_num;
-  int is_send; /* a send: finished once its bytes have all left */
+  /* A posted receive's place among the communicator's posted receives
+   * (compared modulo 2^32: far fewer are ever outstanding at once). */
+  uint32_t order;
   /* A request's: its communicator's serial, so that brg_wait and brg_test
    * on it never read a destroyed communicator (brg__comm_live). */
   uint32_t comm_serial;

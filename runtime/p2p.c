@@ -29,6 +29,13 @@
  *        B's listener -> brg-p2p thread -> posted receive, early memory,
  *                                          or held (B stops reading)
  *
+ * A receive from any source (BRG_ANY_SOURCE) waits in a queue of the
+ * communicator's own. A message from a peer goes to whichever was posted
+ * first: the peer's oldest receive or the oldest receive from any source
+ * (each posted receive takes a number, `order`); a receive from any
+ * source posted while messages wait in early memory takes the one that
+ * arrived first (each takes a number, `arrival`).
+ *
  * Wire: a hello once per connection (magic, both ranks, the communicator's
  * id and secret), then frames: a header (channel, number, count, dtype),
  * then count * size(dtype) payload bytes. Channel BRG__P2P_A2A carries
@@ -38,6 +45,21 @@
  * One lock guards both sides (queues, the thread's reads into posted
  * buffers and writes from queued sends); each peer's send lock serializes
  * the dial of its connection.
+ *
+ * Why these links are TCP of p2p's own rather than the transport table's
+ * (transport/transport.h), which the ring links take: a table link is one
+ * direction of a FIFO, set up at init through the bootstrap's three steps
+ * and driven by a thread that waits on it in lockstep with one other link,
+ * where a wait that blocks is right (shm's waits sleep on head/tail, tcp's
+ * send_now sleeps while the wire is full). Point-to-point needs what the
+ * table cannot yet say: links made at the first message between any pair,
+ * one thread serving every incoming link at once, and a send that never
+ * blocks that thread (two ranks each sending to the other first would
+ * deadlock if their threads slept in send_now), with the early-memory cap
+ * holding one sender back without stalling the others. Two entries would
+ * let p2p ride the table: a send that returns at once when the link takes
+ * no more, and a readiness fd (or doorbell) per link for the thread's
+ * poll; the link could then be set up over this listener's connection.
  */
 #include <errno.h>
 #include <limits.h>
@@ -64,6 +86,7 @@
 /* Bytes read from or written to one peer before the others get a turn. */
 #define P2P_BUDGET (4u << 20)
 #define P2P_DIAL_MS 3000 /* a listener that refuses this long is a dead rank */
+#define P2P_CUT_MS 1000  /* how long a notice of a send cut short may take */
 /* The listener stays open for the communicator's life: strangers that
  * never say hello may hold this many descriptors, each for
  * BRG__NET_HELLO_MS (the ring's listeners close after init). */
@@ -72,7 +95,10 @@
 typedef struct p2p_hello {
   uint32_t magic;
   int32_t from, to;
-  uint32_t pad;
+  /* Nonzero: not a link but a notice on a connection of its own: the
+   * sender cut the message it was sending on its link short, with this
+   * brg_status, and closes its link next (cut_notice). */
+  uint32_t cut;
   uint64_t comm_id;
   uint8_t secret[BRG__SECRET_BYTES];
 } p2p_hello;
@@ -92,11 +118,13 @@ typedef struct p2p_unexp {
   p2p_hdr h;
   char *data;
   uint64_t got;
-  uint64_t early; /* bytes it counts against the early cap */
+  uint64_t early;   /* bytes it counts against the early cap */
+  uint64_t arrival; /* its place among the messages that arrived early */
   int complete;
 } p2p_unexp;
 
 typedef struct p2p_peer {
+  int rank;
   /* Sending side. send_lock serializes the dial; out_fd is set once,
    * under both locks; the rest is under the p2p lock. */
   pthread_mutex_t send_lock;
@@ -112,6 +140,12 @@ typedef struct p2p_peer {
   int held;       /* hdr is in but its message fits nowhere yet: in_fd is not read */
   int64_t hup_ns; /* it hung up out_fd before its own link came in */
   int watch_out;  /* the thread polls out_fd for a hang-up */
+  /* A send on out_fd was cut short with this status: the receiver is to
+   * be told (cut_notice), then out_fd shut down. */
+  brg_status cut_pending;
+  /* The peer said it cut its message in flight short, with this status:
+   * the end of stream that follows is not its death. */
+  brg_status cut_by_peer;
   p2p_hdr hdr;    /* the header being read */
   size_t hdr_got; /* its bytes read so far */
   int in_payload; /* a header is in and `left` payload bytes follow */
@@ -136,8 +170,11 @@ typedef struct brg__p2p {
   p2p_peer **peer;     /* by rank, made at first use */
   int *active;         /* ranks with a link for the thread to poll */
   int nactive;
-  uint64_t early_bytes; /* user messages in early memory, bytes */
-  uint64_t early_cap;   /* BRIGADE_P2P_EARLY_BYTES */
+  uint64_t early_bytes;        /* user messages in early memory, bytes */
+  uint64_t early_cap;          /* BRIGADE_P2P_EARLY_BYTES */
+  brg__p2p_op *any, *any_tail; /* posted receives from any source */
+  uint32_t posts;              /* receives posted, for their `order` */
+  uint64_t arrivals;           /* messages that arrived early, for their `arrival` */
   char discard[P2P_DISCARD_BYTES];
 } brg__p2p;
 
@@ -154,6 +191,7 @@ static p2p_peer *get_peer(brg_comm *c, int rank) {
   p2p_peer *pr = calloc(1, sizeof *pr);
   if (!pr) return NULL;
   pthread_mutex_init(&pr->send_lock, NULL);
+  pr->rank = rank;
   pr->out_fd = -1;
   pr->in_fd = -1;
   p->peer[rank] = pr;
@@ -211,6 +249,20 @@ static brg__p2p_op *pop_op(p2p_peer *pr, uint32_t chan) {
   return op;
 }
 
+/* The receive a message from pr on chan goes to (NULL: none is posted):
+ * the peer's oldest, or the oldest from any source when that was posted
+ * first; taken out of its queue with `take`. */
+static brg__p2p_op *next_recv(brg__p2p *p, p2p_peer *pr, uint32_t chan, int take) {
+  brg__p2p_op *op = pr->posted[chan], *any = chan == BRG__P2P_USER ? p->any : NULL;
+  if (!any || (op && (int32_t)(op->order - any->order) < 0)) return take ? pop_op(pr, chan) : op;
+  if (take) {
+    p->any = any->next;
+    if (!any->next) p->any_tail = NULL;
+    any->peer = pr->rank;
+  }
+  return any;
+}
+
 /* The link from this peer is over: what waits on it fails. Messages that
  * arrived whole stay for their receives. */
 static void peer_gone(brg__p2p *p, p2p_peer *pr, brg_status s, const char *fmt, ...)
@@ -247,14 +299,14 @@ static int early_fits(const brg__p2p *p, uint64_t bytes) {
  * could take it. */
 static int begin_message(brg__p2p *p, p2p_peer *pr, const p2p_hdr *h) {
   uint64_t bytes = h->count * brg_dtype_size((brg_dtype)h->dtype);
-  int direct = !pr->unexp[h->chan] && pr->posted[h->chan];
+  int direct = !pr->unexp[h->chan] && next_recv(p, pr, h->chan, 0);
   if (!direct && h->chan == BRG__P2P_USER && !early_fits(p, bytes)) return 1;
   pr->cur_op = NULL;
   pr->cur_unexp = NULL;
   pr->left = bytes;
   pr->in_payload = 1;
   if (direct) {
-    brg__p2p_op *op = pop_op(pr, h->chan);
+    brg__p2p_op *op = next_recv(p, pr, h->chan, 1);
     op->num = op->chan == BRG__P2P_A2A ? op->num : h->num;
     if (op_matches(op, h))
       pr->cur_op = op;
@@ -269,6 +321,7 @@ static int begin_message(brg__p2p *p, p2p_peer *pr, const p2p_hdr *h) {
   }
   u->h = *h;
   u->early = h->chan == BRG__P2P_USER ? bytes : 0;
+  u->arrival = p->arrivals++;
   p->early_bytes += u->early;
   if (pr->unexp_tail[h->chan])
     pr->unexp_tail[h->chan]->next = u;
@@ -358,13 +411,23 @@ static void read_peer(brg_comm *c, p2p_peer *pr, int rank) {
     ssize_t n = recv(pr->in_fd, dest, want, MSG_DONTWAIT);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-    if (n <= 0 && n == 0 && (pr->in_payload || pr->hdr_got > 0)) {
-      /* Mid-message: the sender cut its send short (withdraw_send closes
-       * its side), or it died; it may well be alive. */
+    if (n == 0 && (pr->in_payload || pr->hdr_got > 0) && pr->cut_by_peer) {
+      /* It said so first (cut_notice): alive, and its send gave up. */
       peer_gone(p, pr, BRG_ERR_REMOTE,
-                "rank %d (pid %d on %s) closed its link in the middle of a message of %llu x %s: "
-                "it cut that send short (its wait timed out or was aborted), or it died or "
-                "destroyed its communicator",
+                "rank %d (pid %d on %s) is alive and cut its send of %llu x %s short: %s", rank,
+                c->peers[rank].pid, c->peers[rank].hostname, (unsigned long long)pr->hdr.count,
+                brg_dtype_name((brg_dtype)pr->hdr.dtype),
+                pr->cut_by_peer == BRG_ERR_TIMEOUT
+                    ? "its wait timed out (no receive posted here for it, early memory "
+                      "BRIGADE_P2P_EARLY_BYTES full)"
+                : pr->cut_by_peer == BRG_ERR_ABORTED ? "its communicator was aborted"
+                                                     : brg_status_string(pr->cut_by_peer));
+      return;
+    }
+    if (n == 0 && (pr->in_payload || pr->hdr_got > 0)) {
+      peer_gone(p, pr, BRG_ERR_REMOTE,
+                "rank %d (pid %d on %s) hung up in the middle of a message of %llu x %s without "
+                "saying why: it died or destroyed its communicator",
                 rank, c->peers[rank].pid, c->peers[rank].hostname,
                 (unsigned long long)pr->hdr.count, brg_dtype_name((brg_dtype)pr->hdr.dtype));
       return;
@@ -492,8 +555,9 @@ static void withdraw_send(brg__p2p *p, p2p_peer *pr, brg__p2p_op *op, brg_status
     sendq_fail(p, pr, s, "a send to this rank was cut short (%s) and left the link unreadable",
                brg_status_string(s));
     /* The receiver learns it at once, mid-message, rather than at its
-     * own timeout or this rank's exit. */
-    if (pr->out_fd >= 0) shutdown(pr->out_fd, SHUT_WR);
+     * own timeout or this rank's exit: told why, then the link shut down
+     * (cut_notice, outside the lock). */
+    if (pr->out_fd >= 0) pr->cut_pending = s;
     return;
   }
   brg__p2p_op **pp = &pr->sendq, *prev = NULL;
@@ -525,12 +589,26 @@ static int hello_take(void *arg, const brg__conn_params *unused, int fd, const v
               c->rank, from);
     return 0;
   }
+  brg__p2p *p = c->p2p;
+  if (h.cut) {
+    /* Noted before the answer, which the sender waits for before it
+     * closes its link: the end of that link is read after this. */
+    pthread_mutex_lock(&p->lock);
+    p2p_peer *pr = get_peer(c, h.from);
+    if (pr) pr->cut_by_peer = (brg_status)h.cut;
+    pthread_mutex_unlock(&p->lock);
+    char ack = 1;
+    ssize_t w = send(fd, &ack, 1, MSG_NOSIGNAL);
+    (void)w; /* without the answer the sender closes its link all the same */
+    BRG__INFO("p2p", "rank %d: rank %d cut a send to it short (%s)", c->rank, h.from,
+              brg_status_string((brg_status)h.cut));
+    return 0;
+  }
   if (brg__sock_set_blocking(fd, 0) != 0) {
     BRG__WARN("p2p", "rank %d: dropped the link from rank %d: fcntl: %s", c->rank, h.from,
               strerror(errno));
     return 0;
   }
-  brg__p2p *p = c->p2p;
   pthread_mutex_lock(&p->lock);
   p2p_peer *pr = get_peer(c, h.from);
   int kept = pr && pr->in_fd < 0 && !pr->gone;
@@ -686,6 +764,11 @@ static void abort_all(brg__p2p *p) {
       for (brg__p2p_op *op; (op = pop_op(pr, ch));) op_finish(p, op, BRG_ERR_ABORTED);
     if (pr->sendq) sendq_fail(p, pr, BRG_ERR_ABORTED, "the communicator was aborted");
   }
+  for (brg__p2p_op *op; (op = p->any);) {
+    p->any = op->next;
+    op_finish(p, op, BRG_ERR_ABORTED);
+  }
+  p->any_tail = NULL;
   pthread_cond_broadcast(&p->cond);
 }
 
@@ -916,6 +999,17 @@ brg_status brg__p2p_send(brg_comm *c, const char *fn, uint32_t chan, uint64_t nu
   return s != BRG_SUCCESS ? s : brg__p2p_wait(c, fn, &op);
 }
 
+/* The peer whose user message in early memory arrived first, or NULL. */
+static p2p_peer *oldest_early(brg__p2p *p) {
+  p2p_peer *best = NULL;
+  for (int i = 0; i < p->nactive; i++) {
+    p2p_peer *pr = p->peer[p->active[i]];
+    p2p_unexp *u = pr->unexp[BRG__P2P_USER];
+    if (u && (!best || u->arrival < best->unexp[BRG__P2P_USER]->arrival)) best = pr;
+  }
+  return best;
+}
+
 brg_status brg__p2p_post(brg_comm *c, brg__p2p_op *op) {
   brg__p2p *p = c->p2p;
   uint32_t chan = op->chan;
@@ -924,14 +1018,16 @@ brg_status brg__p2p_post(brg_comm *c, brg__p2p_op *op) {
   op->status = BRG_IN_PROGRESS;
   op->last_ns = brg__now_ns();
   pthread_mutex_lock(&p->lock);
-  p2p_peer *pr = get_peer(c, op->peer);
-  if (!pr) {
+  op->order = p->posts++;
+  p2p_peer *pr = op->any ? oldest_early(p) : get_peer(c, op->peer);
+  if (!pr && !op->any) {
     pthread_mutex_unlock(&p->lock);
     return brg__comm_error(c, BRG_ERR_NO_MEMORY, "out of memory posting a receive");
   }
-  p2p_unexp *u = pr->unexp[op->chan];
+  p2p_unexp *u = pr ? pr->unexp[op->chan] : NULL;
   if (u) {
     /* The oldest message that came before its receive is this one's. */
+    if (op->any) op->peer = pr->rank;
     pr->unexp[op->chan] = u->next;
     if (!u->next) pr->unexp_tail[op->chan] = NULL;
     if (!op_matches(op, &u->h)) {
@@ -953,10 +1049,17 @@ brg_status brg__p2p_post(brg_comm *c, brg__p2p_op *op) {
     p->early_bytes -= u->early;
     free(u->data);
     free(u);
-  } else if (pr->gone) {
+  } else if (pr && pr->gone) {
     op_finish(p, op, pr->gone);
   } else if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE)) {
     op_finish(p, op, BRG_ERR_ABORTED); /* abort_all has run, or is waiting for the lock */
+  } else if (op->any) {
+    op->next = NULL;
+    if (p->any_tail)
+      p->any_tail->next = op;
+    else
+      p->any = op;
+    p->any_tail = op;
   } else {
     push_op(pr, op);
   }
@@ -968,9 +1071,21 @@ brg_status brg__p2p_post(brg_comm *c, brg__p2p_op *op) {
   return BRG_SUCCESS;
 }
 
-/* Takes a receive that will not finish out of its peer's hands; the
- * caller holds the lock. */
-static void withdraw(p2p_peer *pr, brg__p2p_op *op) {
+/* Takes a receive that will not finish out of its peer's hands (or out of
+ * the queue of receives from any source); the caller holds the lock. */
+static void withdraw(brg__p2p *p, p2p_peer *pr, brg__p2p_op *op) {
+  if (op->any && op->peer < 0) {
+    brg__p2p_op **pp = &p->any, *prev = NULL;
+    while (*pp && *pp != op) {
+      prev = *pp;
+      pp = &(*pp)->next;
+    }
+    if (!*pp) return;
+    *pp = op->next;
+    if (p->any_tail == op) p->any_tail = prev;
+    return;
+  }
+  if (!pr) return;
   if (pr->cur_op == op) {
     pr->cur_op = NULL; /* the rest of its message goes nowhere */
     return;
@@ -988,7 +1103,7 @@ static void withdraw(p2p_peer *pr, brg__p2p_op *op) {
 /* A receive from a rank that never linked to this one learns of its death
  * through this rank's own link to it. */
 static void watch_peer(brg_comm *c, brg__p2p_op *op) {
-  if (op->peer == c->rank) return;
+  if (op->any || op->peer == c->rank) return;
   p2p_peer *pr = peer_locked(c, op->peer);
   if (!pr) return;
   pthread_mutex_lock(&pr->send_lock);
@@ -1000,6 +1115,38 @@ static void watch_peer(brg_comm *c, brg__p2p_op *op) {
   pthread_mutex_lock(&c->p2p->lock);
   if (pr->in_fd < 0) peer_gone(c->p2p, pr, s, "%s", why);
   pthread_mutex_unlock(&c->p2p->lock);
+}
+
+/* A send to `rank` was cut short (withdraw_send): tells the receiver so on
+ * a connection of its own, waits (briefly) for its answer, then shuts the
+ * link down, so that the receiver's failed receive says that this rank cut
+ * the send short rather than that it died. Called without the lock. */
+static void cut_notice(brg_comm *c, int rank) {
+  brg__p2p *p = c->p2p;
+  pthread_mutex_lock(&p->lock);
+  p2p_peer *pr = rank >= 0 && rank != c->rank ? p->peer[rank] : NULL;
+  brg_status s = pr ? pr->cut_pending : BRG_SUCCESS;
+  if (pr) pr->cut_pending = BRG_SUCCESS;
+  pthread_mutex_unlock(&p->lock);
+  if (s == BRG_SUCCESS) return;
+  const brg__peer_info *pi = &c->peers[rank];
+  int64_t deadline = brg__deadline_ms(c->timeout_ms < P2P_CUT_MS ? c->timeout_ms : P2P_CUT_MS);
+  int fd = -1, e = 0;
+  /* A peer found silent or gone (BRG_ERR_REMOTE) has nobody to hear it. */
+  if (s != BRG_ERR_REMOTE &&
+      brg__sock_connect(pi->addr, (uint16_t)pi->p2p_port, deadline, 50, &fd, &e) == BRG__IO_OK) {
+    p2p_hello h = {
+        .magic = P2P_MAGIC, .from = c->rank, .to = rank, .cut = (uint32_t)s, .comm_id = c->comm_id};
+    memcpy(h.secret, brg__bootstrap_secret(c->bs), BRG__SECRET_BYTES);
+    char ack;
+    if (brg__sock_send_all(fd, &h, sizeof h, deadline, NULL) != BRG__IO_OK ||
+        brg__sock_recv_all(fd, &ack, 1, deadline) != BRG__IO_OK)
+      BRG__WARN("p2p", "rank %d: rank %d did not hear that a send to it was cut short", c->rank,
+                rank);
+    close(fd);
+  }
+  /* out_fd is set once and closed only by brg__p2p_free. */
+  shutdown(pr->out_fd, SHUT_WR);
 }
 
 /* Why a send failed, for the caller. */
@@ -1033,7 +1180,6 @@ brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
    * an irecv posted long before its brg_wait is not late for that. */
   int64_t start = brg__now_ns();
   pthread_mutex_lock(&p->lock);
-  p2p_peer *pr = p->peer[op->peer];
   brg_status s = BRG_SUCCESS;
   /* A peer whose heartbeats stopped (stopped, hung, its host gone) fails
    * the wait at BRIGADE_SILENT_TIMEOUT_MS, as a collective's would. */
@@ -1042,25 +1188,28 @@ brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
   int64_t silent_ms = -1, next_look = 0;
   while (!op->done) {
     int64_t since = op->last_ns > start ? op->last_ns : start, now = brg__now_ns();
-    if (silent_limit && now >= next_look) {
+    int peer = op->peer; /* -1: a receive from any source that no message reached yet */
+    if (silent_limit && peer >= 0 && now >= next_look) {
       /* Its lock is the liveness thread's: not taken under the p2p lock. */
       pthread_mutex_unlock(&p->lock);
-      silent_ms = brg__live_silent_rank(c, op->peer);
+      silent_ms = brg__live_silent_rank(c, peer);
       pthread_mutex_lock(&p->lock);
       next_look = now + 100 * 1000000LL;
       if (op->done) break;
     }
     if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
       s = BRG_ERR_ABORTED;
-    else if (silent_limit && silent_ms >= silent_limit && now - since > 1000000LL * silent_limit)
+    else if (silent_limit && peer >= 0 && silent_ms >= silent_limit &&
+             now - since > 1000000LL * silent_limit)
       s = BRG_ERR_REMOTE;
     else if (now - since > (int64_t)c->timeout_ms * 1000000)
       s = BRG_ERR_TIMEOUT;
     if (s != BRG_SUCCESS) {
+      p2p_peer *pr = peer >= 0 ? p->peer[peer] : NULL;
       if (op->is_send)
         withdraw_send(p, pr, op, s);
       else
-        withdraw(pr, op);
+        withdraw(p, pr, op);
       op_finish(p, op, s);
       break;
     }
@@ -1069,6 +1218,7 @@ brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
   }
   int silent = s == BRG_ERR_REMOTE && op->status == BRG_ERR_REMOTE;
   s = op->status;
+  p2p_peer *pr = op->peer >= 0 ? p->peer[op->peer] : NULL;
   char gone_why[256] = "";
   if (silent)
     snprintf(gone_why, sizeof gone_why,
@@ -1080,8 +1230,14 @@ brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
     snprintf(gone_why, sizeof gone_why, "%s", op->is_send ? pr->out_why : pr->gone_why);
   pthread_mutex_unlock(&p->lock);
   if (s == BRG_SUCCESS) return s;
+  if (op->is_send) cut_notice(c, op->peer);
   if (op->is_send) return send_failed(c, fn, op, s, gone_why);
-  const brg__peer_info *pi = &c->peers[op->peer];
+  /* Who it waited for: a receive from any source names its sender once
+   * a message reached it. */
+  char from[128] = "any rank (BRG_ANY_SOURCE)";
+  if (op->peer >= 0)
+    snprintf(from, sizeof from, "rank %d (pid %d on %s)", op->peer, c->peers[op->peer].pid,
+             c->peers[op->peer].hostname);
   const char *dn = brg_dtype_name((brg_dtype)op->dtype);
   switch (s) {
   case BRG_ERR_MISMATCH: {
@@ -1101,25 +1257,25 @@ brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
           fn, c->rank, (unsigned long long)op->num, (unsigned long long)op->count, dn, op->peer,
           (unsigned long long)op->peer_num, (unsigned long long)op->peer_count, pd ? pd : "?");
     return brg__comm_error(c, s,
-                           "%s: rank %d receives %llu x %s from rank %d, which sent %llu x %s "
+                           "%s: rank %d receives %llu x %s from rank %d%s, which sent %llu x %s "
                            "(message #%llu between them; the message is dropped)",
                            fn, c->rank, (unsigned long long)op->count, dn, op->peer,
+                           op->any ? " (the first to send to a receive from any source)" : "",
                            (unsigned long long)op->peer_count, pd ? pd : "?",
                            (unsigned long long)op->peer_num);
   }
   case BRG_ERR_TIMEOUT:
     return brg__comm_error(c, s,
-                           "%s: receive of %llu x %s from rank %d (pid %d on %s) timed out: "
+                           "%s: receive of %llu x %s from %s timed out: "
                            "nothing arrived for %d ms (%llu of %llu bytes in)",
-                           fn, (unsigned long long)op->count, dn, op->peer, pi->pid, pi->hostname,
-                           c->timeout_ms, (unsigned long long)op->got,
+                           fn, (unsigned long long)op->count, dn, from, c->timeout_ms,
+                           (unsigned long long)op->got,
                            (unsigned long long)(op->count * brg_dtype_size((brg_dtype)op->dtype)));
   case BRG_ERR_ABORTED:
-    return brg__comm_error(c, s, "%s: receive from rank %d: communicator was aborted", fn,
-                           op->peer);
+    return brg__comm_error(c, s, "%s: receive from %s: communicator was aborted", fn, from);
   default:
-    return brg__comm_error(c, s, "%s: receive of %llu x %s from rank %d failed: %s", fn,
-                           (unsigned long long)op->count, dn, op->peer, gone_why);
+    return brg__comm_error(c, s, "%s: receive of %llu x %s from %s failed: %s", fn,
+                           (unsigned long long)op->count, dn, from, gone_why);
   }
 }
 
@@ -1201,6 +1357,7 @@ brg_status brg__p2p_all_to_all(brg_comm *c, const brg__coll *k) {
     pthread_mutex_lock(&c->p2p->lock);
     if (!op->done) withdraw_send(c->p2p, c->p2p->peer[op->peer], op, s);
     pthread_mutex_unlock(&c->p2p->lock);
+    cut_notice(c, op->peer);
   }
   free(ops);
   if (s == BRG_SUCCESS) {

@@ -9,7 +9,7 @@ Importing this module registers the backend "brigade"::
 
 The process group runs allreduce (and all_reduce_coalesced), reduce_scatter,
 all_gather, broadcast, reduce, barrier, gather, scatter, send/recv
-(isend/irecv) and all_to_all (all_to_all_single with any splits, all_to_all
+(isend/irecv, recv from any source) and all_to_all (all_to_all_single with any splits, all_to_all
 on lists) through brigade, on CPU tensors and CUDA tensors (the latter on
 torch's current stream; point-to-point, all-to-all, gather and scatter on
 the CPU only, as brigade's calls), contiguous or not (a non-contiguous
@@ -29,6 +29,7 @@ Tested with Debian 12's python3-torch 1.13.1 and PyPI's torch 2.15.0, on the
 CPU. Debian's torchrun 1.13 crashes under Python 3.11 in ``to_map`` unless
 given ``--redirects 2 --tee 2`` (a torch bug, fixed in later releases).
 """
+import ctypes
 import queue
 import threading
 from datetime import timedelta
@@ -166,6 +167,72 @@ def _one(tensors: List[torch.Tensor], call: str) -> torch.Tensor:
         raise ValueError(f"brigade: {call}: one tensor per call (got {len(tensors)}); brigade "
                          "runs one device per process")
     return tensors[0]
+
+
+_ANY_SOURCE = -1  # BRG_ANY_SOURCE
+
+
+def _irecv_any(comm: brigade.Communicator, t: torch.Tensor) -> Any:
+    """brg_irecv from BRG_ANY_SOURCE into t (the Python API's irecv takes
+    ranks only)."""
+    from brigade import _capi
+    from brigade._buffers import as_view
+
+    if not _capi.has("brg_request_source"):
+        raise NotImplementedError("brigade: recv_anysource: the loaded libbrigade has no "
+                                  "brg_request_source (receives from any source)")
+    fn = _capi.lib.brg_request_source
+    if fn.argtypes is None:
+        fn.argtypes = [ctypes.POINTER(_capi.RequestStruct), ctypes.POINTER(ctypes.c_int)]
+        fn.restype = ctypes.c_int
+    v = as_view(t, True, "the buffer")
+    try:
+        comm._typecheck("irecv", v, v, None, False)
+    except BaseException:
+        v.release()
+        raise
+    return comm._launch("brg_irecv", [v], (v.ptr, v.count, int(v.dtype), _ANY_SOURCE), True, t,
+                        None)
+
+
+class _AnySourceWork(dist.Work):
+    """The Work of recv_anysource: the completer's Work, and the rank the
+    message came from (brg_request_source) once it has finished."""
+
+    def __init__(self, work: Any, req: Any):
+        super().__init__()
+        self._w, self._req = work, req
+
+    def wait(self, timeout: Any = None) -> bool:
+        return self._w.wait()
+
+    def is_completed(self) -> bool:
+        return self._w.is_completed()
+
+    def is_success(self) -> bool:
+        return self._w.is_success()
+
+    def exception(self) -> Any:
+        return self._w.exception()
+
+    def get_future(self) -> Any:
+        return self._w.get_future()
+
+    def result(self) -> Any:
+        return self._w.result()
+
+    def _source_rank(self) -> int:
+        from brigade import _capi
+
+        self._w.wait()
+        src = ctypes.c_int(-1)
+        s = _capi.lib.brg_request_source(ctypes.byref(self._req._req), ctypes.byref(src))
+        if s != 0:
+            raise brigade.Error(s, "brigade: recv_anysource: no sender: "
+                                + _capi.lib.brg_comm_last_error(None).decode(errors="replace"))
+        return src.value
+
+    source_rank = _source_rank
 
 
 class ProcessGroupBrigade(dist.ProcessGroup):
@@ -342,6 +409,14 @@ class ProcessGroupBrigade(dist.ProcessGroup):
             return _done(tensors)
         return self._work(self.comm.irecv(t, srcRank), tensors, back)
 
+    def recv_anysource(self, tensors: Any, tag: int = 0) -> Any:
+        """recv from whichever rank sends first (``brg_irecv`` from
+        ``BRG_ANY_SOURCE``); the Work's source rank names it, as
+        ``dist.recv(t)`` without ``src`` returns."""
+        t, back = _dense(_one(tensors, "recv_anysource"))
+        req = _irecv_any(self.comm, t)
+        return _AnySourceWork(self._work(req, tensors, back), req)
+
     def _exchange(self, call: str, sends: List[torch.Tensor],
                   recvs: List[torch.Tensor]) -> Any:
         """Block j of sends to rank j, block j of recvs from rank j, over
@@ -467,11 +542,11 @@ class ProcessGroupBrigade(dist.ProcessGroup):
             raise NotImplementedError(f"brigade: the torch.distributed backend \"brigade\" has no "
                                       f"{name} (it has allreduce, all_reduce_coalesced, "
                                       "reduce_scatter, all_gather, broadcast, reduce, barrier, "
-                                      "gather, scatter, send, recv and all_to_all)")
+                                      "gather, scatter, send, recv (from any source too) and "
+                                      "all_to_all)")
         call.__name__ = name
         return call
 
-    recv_anysource = _unsupported("recv_anysource")
     allgather_coalesced = _unsupported("all_gather_coalesced")
     monitored_barrier = _unsupported("monitored_barrier")
     del _unsupported

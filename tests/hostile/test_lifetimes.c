@@ -13,7 +13,8 @@
  * BRIGADE_SILENT_TIMEOUT_MS, as it does a collective (stopped).
  *
  * And: a send cut short by its timeout (the receiver's early memory full)
- * is told to the receiver as that, not as a death (cutshort).
+ * is told to the receiver as that, a live sender whose wait timed out,
+ * with no word of a death (cutshort).
  *
  * And: a member whose part of brg_comm_split fails leaves the others an
  * error that says brg_comm_split and which ranks of the parent the new
@@ -34,8 +35,11 @@
  * communicator (the name made, not yet told to its sender) leaves nothing
  * in /dev/shm (splitshm).
  *
+ * And: a sender killed in the middle of a message is told to the receiver
+ * as dead, not as a send cut short (killmid).
+ *
  *   test_lifetimes CASE   CASE: self, abort, peer, twice, selfcap, stopped, cutshort,
- *                               splitfail, splitkill, splitdies, splitshm
+ *                               killmid, splitfail, splitkill, splitdies, splitshm
  */
 #include <dirent.h>
 #include <fcntl.h>
@@ -93,7 +97,10 @@ static int body_self(mp_ctx *x) {
 static int body_abort(mp_ctx *x) {
   float buf[4] = {0};
   brg_request rq;
+  brg_request any;
   MP_CHECK(brg_irecv(buf, 4, BRG_FLOAT32, 0, x->comm, &rq) == BRG_SUCCESS, "irecv");
+  MP_CHECK(brg_irecv(buf, 4, BRG_FLOAT32, BRG_ANY_SOURCE, x->comm, &any) == BRG_SUCCESS,
+           "irecv from any source");
   MP_CHECK(brg_comm_abort(x->comm) == BRG_SUCCESS, "abort");
   int done = 0;
   brg_status s = brg_test(&rq, &done);
@@ -103,6 +110,15 @@ static int body_abort(mp_ctx *x) {
   MP_CHECK(s == BRG_ERR_ABORTED, "after abort: brg_wait gave %s", brg_status_string(s));
   MP_CHECK(mp_contains(brg_comm_last_error(x->comm), "aborted"), "message: %s",
            brg_comm_last_error(x->comm));
+  /* A receive from any source that no message reached: aborted, no sender. */
+  s = brg_wait(&any);
+  MP_CHECK(s == BRG_ERR_ABORTED && mp_contains(brg_comm_last_error(x->comm), "any rank"),
+           "receive from any source after abort: %s: %s", brg_status_string(s),
+           brg_comm_last_error(x->comm));
+  int src = -7;
+  s = brg_request_source(&any, &src);
+  MP_CHECK(s == BRG_ERR_INVALID_USAGE && src == -7, "its source: %s, %d", brg_status_string(s),
+           src);
   return mp_failures();
 }
 
@@ -252,10 +268,64 @@ static int body_cutshort(mp_ctx *x) {
   brg_status s = brg_recv(buf, N, BRG_INT32, 1, x->comm, NULL);
   double ms = (mp_now_ns() - t0) / 1e6;
   const char *e = brg_comm_last_error(x->comm);
-  MP_CHECK(s == BRG_ERR_REMOTE && mp_contains(e, "cut that send short") && ms < 1000,
+  MP_CHECK(s == BRG_ERR_REMOTE && mp_contains(e, "is alive and cut its send") &&
+               mp_contains(e, "timed out") && !mp_contains(e, "died") && ms < 1000,
            "second recv: %s after %.0f ms: %s", brg_status_string(s), ms, e);
   mp_info("second recv: %s after %.0f ms: %s", brg_status_string(s), ms, e);
   __atomic_store_n(&x->shared->flags[0], 1, __ATOMIC_SEQ_CST);
+  free(buf);
+  return mp_failures();
+}
+
+/* Whether process pid is gone (exited or a zombie), within timeout_ms. */
+static int gone_within(int pid, int timeout_ms) {
+  char path[64], st[256];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  for (int64_t end = mp_now_ns() + (int64_t)timeout_ms * 1000000; mp_now_ns() < end;) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 1;
+    size_t n = fread(st, 1, sizeof st - 1, f);
+    fclose(f);
+    st[n] = 0;
+    const char *p = strrchr(st, ')');
+    if (p && p[1] == ' ' && p[2] == 'Z') return 1;
+    mp_sleep_ms(10);
+  }
+  return 0;
+}
+
+/* Two ranks, BRIGADE_P2P_EARLY_BYTES=1M: rank 1 sends 64 MiB to rank 0
+ * (kept in early memory, rank 0 posts no receive), then isends 64 MiB more
+ * (held: the socket fills) and is killed (SIGKILL) part way through. Rank
+ * 0 then gets the first whole, and a failure for the second naming rank 1
+ * as dead, with no word of a send cut short (the other end of cutshort). */
+static int body_killmid(mp_ctx *x) {
+  enum { N = 16 << 20 };
+  int32_t *buf = calloc(N, sizeof *buf);
+  if (x->rank == 1) {
+    for (int i = 0; i < N; i++) buf[i] = i;
+    MP_CHECK(brg_send(buf, N, BRG_INT32, 0, x->comm, NULL) == BRG_SUCCESS, "first send: %s",
+             brg_comm_last_error(x->comm));
+    brg_request rq;
+    MP_CHECK(brg_isend(buf, N, BRG_INT32, 0, x->comm, &rq) == BRG_SUCCESS, "isend: %s",
+             brg_comm_last_error(x->comm));
+    __atomic_store_n(&x->shared->progress[1], 1, __ATOMIC_RELEASE);
+    for (int i = 0; i < 600; i++) mp_sleep_ms(100); /* killed meanwhile */
+    return 0;
+  }
+  __atomic_store_n(&x->shared->progress[0], 1, __ATOMIC_RELEASE);
+  MP_CHECK(gone_within(x->shared->pids[1], 20000), "rank 1 was not killed");
+  MP_CHECK(brg_recv(buf, N, BRG_INT32, 1, x->comm, NULL) == BRG_SUCCESS, "first recv: %s",
+           brg_comm_last_error(x->comm));
+  int bad = 0;
+  for (int i = 0; i < N; i++) bad += buf[i] != i;
+  MP_CHECK(bad == 0, "first message: %d wrong elements", bad);
+  brg_status s = brg_recv(buf, N, BRG_INT32, 1, x->comm, NULL);
+  const char *e = brg_comm_last_error(x->comm);
+  MP_CHECK(s == BRG_ERR_REMOTE && mp_contains(e, "died") && !mp_contains(e, "cut") &&
+               mp_names_rank(e, 1),
+           "receive from rank 1, killed mid-message: %s: %s", brg_status_string(s), e);
+  mp_info("receive from a rank killed mid-message: %s: %s", brg_status_string(s), e);
   free(buf);
   return mp_failures();
 }
@@ -471,6 +541,14 @@ int main(int argc, char **argv) {
     body = body_cutshort, n = 2;
     setenv("BRIGADE_P2P_EARLY_BYTES", "1M", 1);
     setenv("BRIGADE_TIMEOUT_MS", "2000", 1);
+  }
+  if (!strcmp(which, "killmid")) {
+    body = body_killmid, n = 2;
+    setenv("BRIGADE_P2P_EARLY_BYTES", "1M", 1);
+    o.victim = 1;
+    o.victim_signal = SIGKILL;
+    o.victim_after = 1;
+    o.victim_delay_ms = 200;
   }
   if (!strcmp(which, "splitkill")) {
     body = body_splitkill, n = 3;

@@ -43,6 +43,10 @@
  *             the socket buffers could not hold them all), then every byte
  *             arrives; a blocking send larger than the cap goes through to
  *             a receive posted late
+ *   any       receives from any source (BRG_ANY_SOURCE) on rank 0, posted
+ *             before and after the messages came, beside receives naming
+ *             the sender, blocking, past the early cap; the sender
+ *             brg_request_source names, every byte, each sender's order
  *   held      (a 1 MiB cap, a short timeout) rank 0 sends 2 MiB, then 32 MiB
  *             (more where the socket buffers could hold that)
  *             that rank 1 never receives: the second send fails with
@@ -696,18 +700,173 @@ static int case_threads(mp_ctx *ctx) {
   return bad;
 }
 
+/* One receive from any source: it must finish with BRG_SUCCESS, and its
+ * message is the next from its sender (got[src] of them came before). */
+static int any_check(brg_comm *c, brg_request *rq, unsigned char *buf, size_t bytes, int r,
+                     int tag0, int *got, int n, const char *what) {
+  brg_status st = brg_wait(rq);
+  if (st != BRG_SUCCESS) {
+    mp_fail("%s: %s: %s", what, brg_status_string(st), brg_comm_last_error(c));
+    return 1;
+  }
+  int src = -7;
+  st = brg_request_source(rq, &src);
+  if (st != BRG_SUCCESS || src < 0 || src >= n) {
+    mp_fail("%s: brg_request_source: %s, source %d: %s", what, brg_status_string(st), src,
+            brg_comm_last_error(NULL));
+    return 1;
+  }
+  return check(buf, bytes, src, r, tag0 + got[src]++, what);
+}
+
+/* Receives from any source (BRG_ANY_SOURCE) on rank 0, every byte checked
+ * against the pattern of the sender brg_request_source names, and that each
+ * sender's messages came in its order:
+ *   early:  every rank (rank 0 too) sends K messages before rank 0 posts
+ *           its N*K receives from any source
+ *   late:   the N*K receives are posted before any message is sent
+ *   mixed:  a receive naming rank 1, then one from any source: rank 1's
+ *           first message goes to the first (posted first), its second to
+ *           the second; then rank 1's third to a blocking brg_recv from
+ *           any source
+ *   big:    rank 1 sends two messages of 2 MiB (past a small
+ *           BRIGADE_P2P_EARLY_BYTES, the second waits in the socket) before
+ *           rank 0 posts two receives from any source
+ *   args:   a send to BRG_ANY_SOURCE, rank -2, brg_request_source on a send,
+ *           on a receive still running and with NULL */
+static int case_any(mp_ctx *ctx) {
+  brg_comm *c = ctx->comm;
+  int n = ctx->nranks, r = ctx->rank;
+  enum { K = 3, COUNT = 17, BIG = 1 << 19 };
+  size_t bytes = COUNT * sizeof(int32_t);
+  unsigned char *s = xmalloc(K * bytes), *g = xmalloc((size_t)n * K * bytes);
+  brg_request *rq = xmalloc((size_t)n * K * sizeof *rq), sq[K];
+  int got[MP_MAX_RANKS] = {0}, bad = 0;
+  for (int phase = 0; phase < 2 && !bad; phase++) {
+    int tag0 = 7000 + 100 * phase;
+    for (int k = 0; k < K; k++) fill(s + k * bytes, bytes, r, 0, tag0 + k);
+    memset(g, 0xee, (size_t)n * K * bytes);
+    memset(got, 0, sizeof got);
+    if (phase == 1 && r == 0)
+      for (int i = 0; i < n * K; i++)
+        OK(brg_irecv(g + i * bytes, COUNT, BRG_INT32, BRG_ANY_SOURCE, c, &rq[i]));
+    if (phase == 1) bad |= allreduce_check(c, n, r); /* posted before anything is sent */
+    for (int k = 0; k < K; k++) OK(brg_isend(s + k * bytes, COUNT, BRG_INT32, 0, c, &sq[k]));
+    if (phase == 0) bad |= allreduce_check(c, n, r); /* sent before anything is posted */
+    if (r == 0) {
+      if (phase == 0)
+        for (int i = 0; i < n * K; i++)
+          OK(brg_irecv(g + i * bytes, COUNT, BRG_INT32, BRG_ANY_SOURCE, c, &rq[i]));
+      for (int i = 0; i < n * K && !bad; i++)
+        bad |= any_check(c, &rq[i], g + i * bytes, bytes, 0, tag0, got, n,
+                         phase ? "any source, posted first" : "any source, posted last");
+      for (int j = 0; j < n && !bad; j++)
+        if (got[j] != K) {
+          mp_fail("any source: %d messages from rank %d, expected %d", got[j], j, K);
+          bad = 1;
+        }
+    }
+    for (int k = 0; k < K; k++) OK(brg_wait(&sq[k]));
+    /* No rank runs ahead into the next part while rank 0 still receives
+     * from any source. */
+    if (!bad) bad |= allreduce_check(c, n, r);
+  }
+  if (n >= 2 && !bad && r < 2) {
+    int tag0 = 7300;
+    if (r == 1) {
+      for (int k = 0; k < 3; k++) {
+        fill(s, bytes, 1, 0, tag0 + k);
+        OK(brg_send(s, COUNT, BRG_INT32, 0, c, NULL));
+      }
+    } else {
+      brg_request named;
+      OK(brg_irecv(g, COUNT, BRG_INT32, 1, c, &named));
+      OK(brg_irecv(g + bytes, COUNT, BRG_INT32, BRG_ANY_SOURCE, c, &rq[0]));
+      OK(brg_wait(&named));
+      bad |= check(g, bytes, 1, 0, tag0, "receive naming rank 1, posted before one from any");
+      memset(got, 0, sizeof got);
+      got[1] = 1;
+      bad |= any_check(c, &rq[0], g + bytes, bytes, 0, tag0, got, n, "any source after a named");
+      OK(brg_recv(g, COUNT, BRG_INT32, BRG_ANY_SOURCE, c, NULL));
+      bad |= check(g, bytes, 1, 0, tag0 + 2, "blocking brg_recv from any source");
+    }
+  }
+  if (n >= 2 && !bad && r < 2) {
+    int tag0 = 7400;
+    unsigned char *b = xmalloc(2 * (size_t)BIG * 4);
+    if (r == 1) {
+      for (int k = 0; k < 2; k++) fill(b + k * (size_t)BIG * 4, (size_t)BIG * 4, 1, 0, tag0 + k);
+      for (int k = 0; k < 2; k++)
+        OK(brg_isend(b + k * (size_t)BIG * 4, BIG, BRG_FLOAT32, 0, c, &sq[k]));
+      bad |= allreduce_check(c, n, r);
+      for (int k = 0; k < 2; k++) OK(brg_wait(&sq[k]));
+    } else {
+      bad |= allreduce_check(c, n, r); /* rank 1's isends are out */
+      memset(b, 0xee, 2 * (size_t)BIG * 4);
+      memset(got, 0, sizeof got);
+      for (int k = 0; k < 2; k++)
+        OK(brg_irecv(b + k * (size_t)BIG * 4, BIG, BRG_FLOAT32, BRG_ANY_SOURCE, c, &rq[k]));
+      for (int k = 0; k < 2 && !bad; k++)
+        bad |= any_check(c, &rq[k], b + k * (size_t)BIG * 4, (size_t)BIG * 4, 0, tag0, got, n,
+                         "2 MiB from any source");
+    }
+    free(b);
+  } else if (n >= 2 && !bad) {
+    bad |= allreduce_check(c, n, r);
+  }
+  if (!bad) {
+    brg_status st = brg_send(s, 1, BRG_INT32, BRG_ANY_SOURCE, c, NULL);
+    if (st != BRG_ERR_INVALID_ARGUMENT || !mp_contains(brg_comm_last_error(c), "BRG_ANY_SOURCE"))
+      bad = 1,
+      mp_fail("send to BRG_ANY_SOURCE: %s: %s", brg_status_string(st), brg_comm_last_error(c));
+    st = brg_irecv(g, 1, BRG_INT32, -2, c, &rq[0]);
+    if (st != BRG_ERR_INVALID_ARGUMENT || !mp_contains(brg_comm_last_error(c), "-2"))
+      bad = 1,
+      mp_fail("receive from rank -2: %s: %s", brg_status_string(st), brg_comm_last_error(c));
+    int src = -7;
+    OK(brg_irecv(g, 2, BRG_INT32, BRG_ANY_SOURCE, c, &rq[0])); /* nothing is on its way */
+    st = brg_request_source(&rq[0], &src);
+    if (st != BRG_ERR_INVALID_USAGE || src != -7)
+      bad = 1, mp_fail("brg_request_source on a running receive: %s", brg_status_string(st));
+    if (brg_request_source(&rq[0], NULL) != BRG_ERR_INVALID_ARGUMENT)
+      bad = 1, mp_fail("brg_request_source with NULL was accepted");
+    OK(brg_isend(s, 1, BRG_INT32, r, c, &sq[0]));
+    st = brg_request_source(&sq[0], &src);
+    if (st != BRG_ERR_INVALID_ARGUMENT || src != -7)
+      bad = 1, mp_fail("brg_request_source on a send: %s", brg_status_string(st));
+    /* 1 element sent to itself for a receive of 2: a mismatch that names the sender. */
+    st = brg_wait(&rq[0]);
+    if (st != BRG_ERR_MISMATCH || brg_request_source(&rq[0], &src) != BRG_SUCCESS || src != r ||
+        !mp_names_rank(brg_comm_last_error(c), r))
+      bad = 1, mp_fail("receive of 2 from any source, 1 sent to itself: %s, source %d: %s",
+                       brg_status_string(st), src, brg_comm_last_error(c));
+    OK(brg_wait(&sq[0]));
+  }
+  free(s);
+  free(g);
+  free(rq);
+  return bad;
+}
+
 typedef struct {
   const char *name;
   int (*fn)(mp_ctx *);
 } part;
-static const part PARTS[] = {
-    {"ring", case_ring},           {"pairs", case_pairs},
-    {"crossed", case_crossed},     {"a2a", case_a2a},
-    {"mismatch", case_mismatch},   {"args", case_args},
-    {"timeout", case_timeout},     {"dies", case_dies},
-    {"threads", case_threads},     {"a2a_mismatch", case_a2a_mismatch},
-    {"a2a_other", case_a2a_other}, {"early", case_early},
-    {"held", case_held},           {"a2a_mismatch_inplace", case_a2a_mismatch_inplace}};
+static const part PARTS[] = {{"ring", case_ring},
+                             {"pairs", case_pairs},
+                             {"crossed", case_crossed},
+                             {"a2a", case_a2a},
+                             {"mismatch", case_mismatch},
+                             {"args", case_args},
+                             {"timeout", case_timeout},
+                             {"dies", case_dies},
+                             {"threads", case_threads},
+                             {"a2a_mismatch", case_a2a_mismatch},
+                             {"a2a_other", case_a2a_other},
+                             {"early", case_early},
+                             {"held", case_held},
+                             {"a2a_mismatch_inplace", case_a2a_mismatch_inplace},
+                             {"any", case_any}};
 #define NPARTS (sizeof PARTS / sizeof *PARTS)
 
 static int want[NPARTS];

@@ -471,8 +471,9 @@ def test_new_group():
 
 
 def body_p2p(rank, n):
-    """send/recv, isend/irecv and all_to_all (single with equal and unequal
-    splits, and on lists) through the backend, every element checked."""
+    """send/recv, isend/irecv, recv from any source and all_to_all (single
+    with equal and unequal splits, and on lists) through the backend, every
+    element checked."""
     import brigade.torch  # noqa: F401
 
     dist.init_process_group("brigade", rank=rank, world_size=n)
@@ -525,6 +526,26 @@ def body_p2p(rank, n):
         dist.all_to_all(outl, [val(rank, j, rank + 2, dt) for j in range(n)])
         for j in range(n):
             assert torch.equal(outl[j], val(j, rank, j + 2, dt)), (dt, j)
+    # recv from any source (src=None): rank 0 takes one message from every
+    # other rank, blocking and through irecv, in whatever order they come;
+    # dist.recv returns the sender, which the values must match.
+    for k in range(2):
+        if rank == 0:
+            seen = []
+            for _ in range(n - 1):
+                got = torch.zeros(9, dtype=torch.int64)
+                if k == 0:
+                    src = dist.recv(got)
+                else:
+                    w = dist.irecv(got)
+                    w.wait()
+                    src = w._source_rank()
+                assert torch.equal(got, val(src, 100 + k, 9, torch.int64)), (k, src, got)
+                seen.append(src)
+            assert sorted(seen) == list(range(1, n)), seen
+        else:
+            dist.send(val(rank, 100 + k, 9, torch.int64), 0)
+        dist.barrier()  # no rank's next message meets this round's receives
     dist.destroy_process_group()
 
 
