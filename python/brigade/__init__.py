@@ -29,6 +29,7 @@ backend and a DDP communication hook.
 from __future__ import annotations
 
 import ctypes
+import operator
 import threading
 from typing import Any, Optional, Sequence, Union
 
@@ -36,8 +37,8 @@ from . import _capi
 from ._buffers import DTypeLike, View, as_view, dtype_of, dtype_size
 from ._capi import DType, Op, Status
 
-__all__ = ["Communicator", "DType", "Error", "Op", "Reducer", "Request", "Status", "UniqueId",
-           "get_unique_id", "version", "library_version", "library_path"]
+__all__ = ["ArgumentError", "Communicator", "DType", "Error", "Op", "Reducer", "Request",
+           "Status", "UniqueId", "get_unique_id", "version", "library_version", "library_path"]
 
 __version__ = "%d.%d.%d" % _capi.VERSION
 
@@ -72,6 +73,32 @@ class Error(RuntimeError):
         self.call = call
         name = self.status.name if isinstance(self.status, Status) else str(status)
         super().__init__(f"{call + ': ' if call else ''}{name}: {message}")
+
+
+class ArgumentError(Error, ValueError):
+    """An integer argument outside the range of the C parameter it is passed
+    to (a C ``int``, a ``size_t``): refused before the call, with the status
+    the C library gives a bad argument (ERR_INVALID_ARGUMENT). Being a
+    :class:`ValueError` as well, ``except ValueError`` catches it too."""
+
+
+INT_MIN, INT_MAX = -(1 << 31), (1 << 31) - 1  # a C int
+SIZE_MAX = (1 << (8 * ctypes.sizeof(ctypes.c_size_t))) - 1
+
+
+def _c_int(value: Any, what: str, call: str, lo: int = INT_MIN, hi: int = INT_MAX) -> int:
+    """`value` as an int for a C parameter whose valid range is [lo, hi] (a C
+    int unless narrower): ctypes would wrap anything outside it silently
+    (2**32 + 1 becomes 1). A non-integer (a float, a str) is a TypeError."""
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"brigade: {call}: {what} must be an integer, not "
+                        f"{type(value).__name__}") from None
+    if not lo <= v <= hi:
+        raise ArgumentError(Status.ERR_INVALID_ARGUMENT,
+                            f"{what} {v} is out of range ({lo} to {hi})", call)
+    return v
 
 
 def _status_string(s: int) -> str:
@@ -334,11 +361,14 @@ class Communicator:
         data = bytes(UniqueId(bytes(unique_id)))
         ctypes.memmove(ctypes.addressof(uid), data, len(data))
         h = ctypes.c_void_p()
-        cfg = _capi.CommConfig(ctypes.sizeof(_capi.CommConfig), _capi.COMM_CONFIG_VERSION,
-                               _capi.CONFIG_UNSET if timeout_ms is None else int(timeout_ms),
+        call = "brg_comm_init_config"
+        n = _c_int(nranks, "nranks", call, 1)
+        r = _c_int(rank, "rank", call, 0, n - 1)
+        t = _capi.CONFIG_UNSET if timeout_ms is None else _c_int(timeout_ms, "timeout_ms", call)
+        cfg = _capi.CommConfig(ctypes.sizeof(_capi.CommConfig), _capi.COMM_CONFIG_VERSION, t,
                                None if transports is None else transports.encode())
-        _check(_capi.lib.brg_comm_init_config(ctypes.byref(h), int(nranks), ctypes.byref(uid),
-                                              int(rank), ctypes.byref(cfg)),
+        _check(_capi.lib.brg_comm_init_config(ctypes.byref(h), n, ctypes.byref(uid), r,
+                                              ctypes.byref(cfg)),
                "brg_comm_init_config")
         self._adopt(h)
 
@@ -374,8 +404,8 @@ class Communicator:
         here; `key` defaults to this rank). A rank passing ``None`` takes part
         and gets ``None``. The new communicator is independent of this one
         once made and has its timeout and transports."""
-        c = _capi.SPLIT_NOCOLOR if color is None else int(color)
-        k = self.rank if key is None else int(key)
+        c = _capi.SPLIT_NOCOLOR if color is None else _c_int(color, "color", "brg_comm_split")
+        k = self.rank if key is None else _c_int(key, "key", "brg_comm_split")
         h = self._h("brg_comm_split")
         out = ctypes.c_void_p()
         # brg_comm_split reports through the process-wide last error (comm NULL).
@@ -463,7 +493,8 @@ class Communicator:
         """Sets up the device collectives on GPU ``device`` (-1: the current
         one) now, on every rank, so that the first one may be captured in a
         CUDA graph (``brg_comm_device_setup``)."""
-        _check(_capi.lib.brg_comm_device_setup(self._h("brg_comm_device_setup"), device),
+        d = _c_int(device, "device", "brg_comm_device_setup")
+        _check(_capi.lib.brg_comm_device_setup(self._h("brg_comm_device_setup"), d),
                "brg_comm_device_setup", self._handle)
 
     # ------------------------------------------------------------- buffers
@@ -660,6 +691,7 @@ class Communicator:
                 dtype: DTypeLike, stream: Stream) -> Any:
         call = ("i" if nb else "") + what
         o = _op_of(op) if op is not None else None
+        root = _c_int(root, "root", "brg_" + call)  # the library says whether it is a rank
         s = _stream_handle(stream)
         sv, ov = self._views(call, buf, out, dtype, s)
         if ov.count != sv.count:
@@ -667,7 +699,7 @@ class Communicator:
             raise ValueError(f"brigade: {call}: the input has {sv.count} elements and "
                              f"the output {ov.count}; they must be equal")
         args = (sv.ptr, ov.ptr, sv.count, int(sv.dtype)) + ((int(o),) if o is not None else ()) \
-            + (int(root),)
+            + (root,)
         return self._launch("brg_" + call, [sv, ov], args, nb, buf if out is None else out, s)
 
     def broadcast(self, buf: Any, root: int = 0, out: Any = None,
@@ -710,13 +742,11 @@ class Communicator:
             if what == "recv" and v.readonly:
                 raise ValueError(f"brigade: {call}: the buffer is read-only")
             self._typecheck(call, v, v, dtype, False)
-            if not isinstance(peer, int) or not 0 <= peer < self.size:
-                raise ValueError(f"brigade: {call}: peer {peer!r} is not a rank of this "
-                                 f"communicator (0 to {self.size - 1})")
+            peer = self._rank_arg(call, "peer", peer)
         except BaseException:
             v.release()
             raise
-        return self._launch("brg_" + call, [v], (v.ptr, v.count, int(v.dtype), int(peer)), nb,
+        return self._launch("brg_" + call, [v], (v.ptr, v.count, int(v.dtype), peer), nb,
                             buf, s)
 
     def send(self, buf: Any, peer: int, dtype: DTypeLike = None, stream: Stream = None) -> None:
@@ -757,7 +787,7 @@ class Communicator:
     # ------------------------------------------------------ gather, scatter
     def _gather(self, nb: bool, buf: Any, root: int, out: Any, dtype: DTypeLike) -> Any:
         call = "igather" if nb else "gather"
-        self._check_root(call, root)
+        root = self._check_root(call, root)
         is_root = self.rank == root
         if not is_root:
             sv = as_view(buf, False, "the input")
@@ -767,10 +797,10 @@ class Communicator:
                 sv.release()
                 raise
             return self._launch("brg_" + call, [sv], (sv.ptr, None, sv.count, int(sv.dtype),
-                                                      int(root)), nb, None, None)
+                                                      root), nb, None, None)
         sv, ov, out = self._join_views(call, "the root's output", buf, out, dtype, None)
         return self._launch("brg_" + call, [sv, ov],
-                            (sv.ptr, ov.ptr, sv.count, int(sv.dtype), int(root)), nb, out, None)
+                            (sv.ptr, ov.ptr, sv.count, int(sv.dtype), root), nb, out, None)
 
     def gather(self, buf: Any, root: int = 0, out: Any = None, dtype: DTypeLike = None) -> Any:
         """Every rank's `buf` (n elements each), in rank order, into rank
@@ -786,7 +816,7 @@ class Communicator:
 
     def _scatter(self, nb: bool, buf: Any, root: int, out: Any, dtype: DTypeLike) -> Any:
         call = "iscatter" if nb else "scatter"
-        self._check_root(call, root)
+        root = self._check_root(call, root)
         if self.rank != root:
             if out is None:
                 if buf is None:
@@ -802,10 +832,10 @@ class Communicator:
                 ov.release()
                 raise
             return self._launch("brg_" + call, [ov], (None, ov.ptr, ov.count, int(ov.dtype),
-                                                      int(root)), nb, out, None)
+                                                      root), nb, out, None)
         sv, ov, out = self._split_views(call, "the root's input", buf, out, dtype, None)
         return self._launch("brg_" + call, [sv, ov],
-                            (sv.ptr, ov.ptr, ov.count, int(sv.dtype), int(root)), nb, out, None)
+                            (sv.ptr, ov.ptr, ov.count, int(sv.dtype), root), nb, out, None)
 
     def scatter(self, buf: Any, root: int = 0, out: Any = None, dtype: DTypeLike = None) -> Any:
         """Block j of rank `root`'s `buf` (size × n elements) into rank j's
@@ -819,10 +849,19 @@ class Communicator:
         """:meth:`scatter`, started and returned at once (``brg_iscatter``)."""
         return self._scatter(True, buf, root, out, dtype)
 
-    def _check_root(self, call: str, root: int) -> None:
-        if not isinstance(root, int) or not 0 <= root < self.size:
-            raise ValueError(f"brigade: {call}: root {root!r} is not a rank of this "
+    def _check_root(self, call: str, root: int) -> int:
+        return self._rank_arg(call, "root", root)
+
+    def _rank_arg(self, call: str, what: str, value: Any) -> int:
+        """A rank of this communicator, as an int (ValueError otherwise)."""
+        try:
+            v = operator.index(value)
+        except TypeError:
+            v = None
+        if v is None or not 0 <= v < self.size:
+            raise ValueError(f"brigade: {call}: {what} {value!r} is not a rank of this "
                              f"communicator (0 to {self.size - 1})")
+        return v
 
 
 from .reducer import Reducer  # noqa: E402  (needs Communicator and Error)
