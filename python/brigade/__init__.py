@@ -31,7 +31,7 @@ from __future__ import annotations
 import ctypes
 import operator
 import threading
-from typing import Any, Optional, Sequence, Union
+from typing import Any, List, Literal, Optional, Sequence, Set, Tuple, Union, cast
 
 from . import _capi
 from ._buffers import DTypeLike, View, as_view, dtype_of, dtype_size
@@ -42,7 +42,9 @@ __all__ = ["ArgumentError", "Communicator", "DType", "Error", "Op", "Reducer", "
 
 __version__ = "%d.%d.%d" % _capi.VERSION
 
-OpLike = Union[Op, str]
+# An op by name; the names in upper case are taken too, but do not type-check.
+OpName = Literal["sum", "prod", "min", "max", "avg", "band", "bor", "bxor"]
+OpLike = Union[Op, OpName]
 
 
 def version() -> str:
@@ -103,7 +105,7 @@ def _c_int(value: Any, what: str, call: str, lo: int = INT_MIN, hi: int = INT_MA
 
 def _status_string(s: int) -> str:
     r = _capi.lib.brg_status_string(s)
-    return r.decode() if r else f"status {s}"
+    return str(r.decode()) if r else f"status {s}"
 
 
 def _check(s: int, call: str, comm_handle: Optional[int] = None) -> None:
@@ -176,9 +178,9 @@ class _Owned:
         self.handle: Optional[int] = handle
         self._destroy = destroy
         self.parent = parent
-        self.children: set = set()
+        self.children: Set["_Owned"] = set()
         self.pins = 0
-        self.orphans: list = []
+        self.orphans: List[Tuple[Any, List[View]]] = []
         self.closing = False
         if parent is not None:
             with _owned_lock:
@@ -206,7 +208,7 @@ class _Owned:
             with _owned_lock:
                 p.children.discard(self)
             p._release()
-        return s
+        return int(s)
 
     def pin(self) -> "_Pin":
         return _Pin(self)
@@ -259,7 +261,7 @@ class Request:
         self._comm = comm
         self._keep = list(keep)
         self._done = False
-        self._status = Status.SUCCESS
+        self._status: int = Status.SUCCESS
         self._result = result
         self._then = then  # run once after success (copies out of a staging buffer)
 
@@ -315,12 +317,12 @@ class Request:
             pass
 
 
-def library_version() -> tuple:
+def library_version() -> Tuple[int, int, int]:
     """The version of the libbrigade.so that runs, as (major, minor, patch)
     (``brg_get_version``); :func:`version` is this package's."""
     v = [ctypes.c_int() for _ in range(3)]
     _check(_capi.lib.brg_get_version(*(ctypes.byref(x) for x in v)), "brg_get_version")
-    return tuple(x.value for x in v)
+    return (v[0].value, v[1].value, v[2].value)
 
 
 def _p2p(cname: str) -> Any:
@@ -388,6 +390,7 @@ class Communicator:
         return self
 
     def _adopt(self, h: ctypes.c_void_p) -> None:
+        assert h.value, "the library returned SUCCESS and no communicator"
         self._handle = h.value
         self._core = _Owned(h.value, _capi.lib.brg_comm_destroy)
         r, n = ctypes.c_int(), ctypes.c_int()
@@ -465,7 +468,7 @@ class Communicator:
     def last_error(self) -> str:
         """The sentence of the last failure on this communicator ("" if none)."""
         m = _capi.lib.brg_comm_last_error(self._handle)
-        return m.decode(errors="replace") if m else ""
+        return str(m.decode(errors="replace")) if m else ""
 
     @property
     def async_error(self) -> Status:
@@ -499,7 +502,8 @@ class Communicator:
 
     # ------------------------------------------------------------- buffers
     def _views(self, call: str, send: Any, out: Any, dtype: DTypeLike,
-               stream: Optional[int] = None, out_required: bool = True) -> tuple:
+               stream: Optional[int] = None,
+               out_required: bool = True) -> Tuple[View, View]:
         sv = as_view(send, False, "the input", stream)
         try:
             ov = sv if out is None or out is send else as_view(out, True, "the output", stream)
@@ -530,8 +534,8 @@ class Communicator:
                                 + ", ".join(x.name.lower() for x in DType)
                                 + " (pass dtype= to reinterpret raw bytes)")
         if sv.dtype != ov.dtype:
-            raise TypeError(f"brigade: {call}: the input is {sv.dtype.name.lower()} and the "
-                            f"output {ov.dtype.name.lower()}; they must match")
+            raise TypeError(f"brigade: {call}: the input is {sv.type_name()} and the "
+                            f"output {ov.type_name()}; they must match")
 
     @staticmethod
     def _release(*views: View) -> None:
@@ -546,7 +550,8 @@ class Communicator:
             stream = next((v.stream for v in views if v.stream is not None), None)
         return stream or None
 
-    def _launch(self, cname: str, views: Sequence[View], args: tuple, nb: bool, result: Any,
+    def _launch(self, cname: str, views: Sequence[View], args: Tuple[Any, ...], nb: bool,
+                result: Any,
                 stream: Optional[int], then: Any = None) -> Any:
         """Runs the C call `cname`(*args, comm, stream) or, with nb, its
         non-blocking form (*args, comm, request); releases the views when the
@@ -584,7 +589,7 @@ class Communicator:
             raise ValueError(f"brigade: {call}: the input has {sv.count} elements and "
                              f"the output {ov.count}; they must be equal")
         return self._launch("brg_" + call, [sv, ov],
-                            (sv.ptr, ov.ptr, sv.count, int(sv.dtype), int(o)), nb,
+                            (sv.ptr, ov.ptr, sv.count, sv.code(), int(o)), nb,
                             buf if out is None else out, s)
 
     def allreduce(self, buf: Any, out: Any = None, op: OpLike = "sum",
@@ -597,7 +602,7 @@ class Communicator:
                    dtype: DTypeLike = None) -> Request:
         """Starts an allreduce on the communicator's progress thread and returns at
         once; :meth:`Request.wait` or :meth:`Request.test` finishes it."""
-        return self._allreduce(True, buf, out, op, dtype, None)
+        return cast(Request, self._allreduce(True, buf, out, op, dtype, None))
 
     def _alloc_like(self, call: str, buf: Any, count: int) -> Any:
         mod = type(buf).__module__
@@ -657,7 +662,7 @@ class Communicator:
         s = _stream_handle(stream)
         sv, ov, out = self._split_views(call, "the input", buf, out, dtype, s)
         return self._launch("brg_" + call, [sv, ov],
-                            (sv.ptr, ov.ptr, ov.count, int(sv.dtype), int(o)), nb, out, s)
+                            (sv.ptr, ov.ptr, ov.count, sv.code(), int(o)), nb, out, s)
 
     def reduce_scatter(self, buf: Any, out: Any = None, op: OpLike = "sum",
                        dtype: DTypeLike = None, stream: Stream = None) -> Any:
@@ -668,13 +673,13 @@ class Communicator:
     def ireduce_scatter(self, buf: Any, out: Any = None, op: OpLike = "sum",
                         dtype: DTypeLike = None) -> Request:
         """:meth:`reduce_scatter`, started and returned at once (``brg_ireduce_scatter``)."""
-        return self._reduce_scatter(True, buf, out, op, dtype, None)
+        return cast(Request, self._reduce_scatter(True, buf, out, op, dtype, None))
 
     def _all_gather(self, nb: bool, buf: Any, out: Any, dtype: DTypeLike, stream: Stream) -> Any:
         call = "iall_gather" if nb else "all_gather"
         s = _stream_handle(stream)
         sv, ov, out = self._join_views(call, "the output", buf, out, dtype, s)
-        return self._launch("brg_" + call, [sv, ov], (sv.ptr, ov.ptr, sv.count, int(sv.dtype)),
+        return self._launch("brg_" + call, [sv, ov], (sv.ptr, ov.ptr, sv.count, sv.code()),
                             nb, out, s)
 
     def all_gather(self, buf: Any, out: Any = None, dtype: DTypeLike = None,
@@ -685,7 +690,7 @@ class Communicator:
 
     def iall_gather(self, buf: Any, out: Any = None, dtype: DTypeLike = None) -> Request:
         """:meth:`all_gather`, started and returned at once (``brg_iall_gather``)."""
-        return self._all_gather(True, buf, out, dtype, None)
+        return cast(Request, self._all_gather(True, buf, out, dtype, None))
 
     def _rooted(self, nb: bool, what: str, buf: Any, root: int, out: Any, op: Optional[OpLike],
                 dtype: DTypeLike, stream: Stream) -> Any:
@@ -698,7 +703,7 @@ class Communicator:
             self._release(sv, ov)
             raise ValueError(f"brigade: {call}: the input has {sv.count} elements and "
                              f"the output {ov.count}; they must be equal")
-        args = (sv.ptr, ov.ptr, sv.count, int(sv.dtype)) + ((int(o),) if o is not None else ()) \
+        args = (sv.ptr, ov.ptr, sv.count, sv.code()) + ((int(o),) if o is not None else ()) \
             + (root,)
         return self._launch("brg_" + call, [sv, ov], args, nb, buf if out is None else out, s)
 
@@ -710,7 +715,7 @@ class Communicator:
     def ibroadcast(self, buf: Any, root: int = 0, out: Any = None,
                    dtype: DTypeLike = None) -> Request:
         """:meth:`broadcast`, started and returned at once (``brg_ibroadcast``)."""
-        return self._rooted(True, "broadcast", buf, root, out, None, dtype, None)
+        return cast(Request, self._rooted(True, "broadcast", buf, root, out, None, dtype, None))
 
     def reduce(self, buf: Any, root: int = 0, out: Any = None, op: OpLike = "sum",
                dtype: DTypeLike = None, stream: Stream = None) -> Any:
@@ -721,7 +726,7 @@ class Communicator:
     def ireduce(self, buf: Any, root: int = 0, out: Any = None, op: OpLike = "sum",
                 dtype: DTypeLike = None) -> Request:
         """:meth:`reduce`, started and returned at once (``brg_ireduce``)."""
-        return self._rooted(True, "reduce", buf, root, out, op, dtype, None)
+        return cast(Request, self._rooted(True, "reduce", buf, root, out, op, dtype, None))
 
     def barrier(self) -> None:
         """Returns once every rank has called it."""
@@ -730,7 +735,7 @@ class Communicator:
     def ibarrier(self) -> Request:
         """A barrier that returns at once; the request completes once every rank
         has called it (``brg_ibarrier``)."""
-        return self._launch("brg_ibarrier", [], (), True, None, None)
+        return cast(Request, self._launch("brg_ibarrier", [], (), True, None, None))
 
     # --------------------------------------------- point-to-point, all-to-all
     def _p2p_call(self, nb: bool, what: str, buf: Any, peer: int, dtype: DTypeLike,
@@ -746,7 +751,7 @@ class Communicator:
         except BaseException:
             v.release()
             raise
-        return self._launch("brg_" + call, [v], (v.ptr, v.count, int(v.dtype), peer), nb,
+        return self._launch("brg_" + call, [v], (v.ptr, v.count, v.code(), peer), nb,
                             buf, s)
 
     def send(self, buf: Any, peer: int, dtype: DTypeLike = None, stream: Stream = None) -> None:
@@ -760,11 +765,11 @@ class Communicator:
 
     def isend(self, buf: Any, peer: int, dtype: DTypeLike = None) -> Request:
         """:meth:`send`, started and returned at once (``brg_isend``)."""
-        return self._p2p_call(True, "send", buf, peer, dtype, None)
+        return cast(Request, self._p2p_call(True, "send", buf, peer, dtype, None))
 
     def irecv(self, buf: Any, peer: int, dtype: DTypeLike = None) -> Request:
         """:meth:`recv`, started and returned at once (``brg_irecv``)."""
-        return self._p2p_call(True, "recv", buf, peer, dtype, None)
+        return cast(Request, self._p2p_call(True, "recv", buf, peer, dtype, None))
 
     def all_to_all(self, buf: Any, out: Any = None, dtype: DTypeLike = None,
                    stream: Stream = None) -> Any:
@@ -781,7 +786,7 @@ class Communicator:
                              f"output {ov.count}; both must be {self.size} blocks of n "
                              "elements")
         return self._launch("brg_all_to_all", [sv, ov],
-                            (sv.ptr, ov.ptr, sv.count // self.size, int(sv.dtype)), False, out,
+                            (sv.ptr, ov.ptr, sv.count // self.size, sv.code()), False, out,
                             s)
 
     # ------------------------------------------------------ gather, scatter
@@ -796,11 +801,11 @@ class Communicator:
             except BaseException:
                 sv.release()
                 raise
-            return self._launch("brg_" + call, [sv], (sv.ptr, None, sv.count, int(sv.dtype),
+            return self._launch("brg_" + call, [sv], (sv.ptr, None, sv.count, sv.code(),
                                                       root), nb, None, None)
         sv, ov, out = self._join_views(call, "the root's output", buf, out, dtype, None)
         return self._launch("brg_" + call, [sv, ov],
-                            (sv.ptr, ov.ptr, sv.count, int(sv.dtype), root), nb, out, None)
+                            (sv.ptr, ov.ptr, sv.count, sv.code(), root), nb, out, None)
 
     def gather(self, buf: Any, root: int = 0, out: Any = None, dtype: DTypeLike = None) -> Any:
         """Every rank's `buf` (n elements each), in rank order, into rank
@@ -812,7 +817,7 @@ class Communicator:
     def igather(self, buf: Any, root: int = 0, out: Any = None,
                 dtype: DTypeLike = None) -> Request:
         """:meth:`gather`, started and returned at once (``brg_igather``)."""
-        return self._gather(True, buf, root, out, dtype)
+        return cast(Request, self._gather(True, buf, root, out, dtype))
 
     def _scatter(self, nb: bool, buf: Any, root: int, out: Any, dtype: DTypeLike) -> Any:
         call = "iscatter" if nb else "scatter"
@@ -831,11 +836,11 @@ class Communicator:
             except BaseException:
                 ov.release()
                 raise
-            return self._launch("brg_" + call, [ov], (None, ov.ptr, ov.count, int(ov.dtype),
+            return self._launch("brg_" + call, [ov], (None, ov.ptr, ov.count, ov.code(),
                                                       root), nb, out, None)
         sv, ov, out = self._split_views(call, "the root's input", buf, out, dtype, None)
         return self._launch("brg_" + call, [sv, ov],
-                            (sv.ptr, ov.ptr, ov.count, int(sv.dtype), root), nb, out, None)
+                            (sv.ptr, ov.ptr, ov.count, sv.code(), root), nb, out, None)
 
     def scatter(self, buf: Any, root: int = 0, out: Any = None, dtype: DTypeLike = None) -> Any:
         """Block j of rank `root`'s `buf` (size × n elements) into rank j's
@@ -847,7 +852,7 @@ class Communicator:
     def iscatter(self, buf: Any, root: int = 0, out: Any = None,
                  dtype: DTypeLike = None) -> Request:
         """:meth:`scatter`, started and returned at once (``brg_iscatter``)."""
-        return self._scatter(True, buf, root, out, dtype)
+        return cast(Request, self._scatter(True, buf, root, out, dtype))
 
     def _check_root(self, call: str, root: int) -> int:
         return self._rank_arg(call, "root", root)

@@ -27,11 +27,14 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Dict, Literal, Optional, Union
 
 from ._capi import DType
 
-DTypeLike = Union[DType, str, None]
+# A dtype by name: the names brigade has (and half, float, double).
+DTypeName = Literal["int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "half",
+                    "bfloat16", "float32", "float", "float64", "double"]
+DTypeLike = Union[DType, DTypeName, None]
 
 _NAMES = {
     "int8": DType.INT8, "uint8": DType.UINT8, "int32": DType.INT32, "uint32": DType.UINT32,
@@ -79,6 +82,14 @@ class View:
     keep: Any = None  # whatever must stay alive while the pointer is used
     device: bool = False  # GPU memory: the collective needs a stream
     stream: Optional[int] = None  # the producer's stream, where the object names one
+
+    def code(self) -> int:
+        """The brg_dtype to pass (the caller has checked that there is one)."""
+        assert self.dtype is not None, self.what
+        return int(self.dtype)
+
+    def type_name(self) -> str:
+        return self.dtype.name.lower() if self.dtype is not None else self.what
 
     def release(self) -> None:
         if isinstance(self.keep, (_PyBuffer, _DLPackHold)):
@@ -158,7 +169,7 @@ def _torch_view(t: Any, writable: bool, name: str) -> View:
     return v
 
 
-def _array_interface_view(obj: Any, ai: dict, writable: bool, name: str,
+def _array_interface_view(obj: Any, ai: Dict[str, Any], writable: bool, name: str,
                           gpu: bool = False) -> View:
     if ai.get("mask") is not None:
         raise ValueError(f"brigade: {name} is a masked array; pass its data")
@@ -226,7 +237,7 @@ def _describe_typestr(obj: Any, typestr: str) -> str:
     return str(dt) if dt is not None else typestr
 
 
-def _cuda_array_interface_view(obj: Any, cai: dict, name: str) -> View:
+def _cuda_array_interface_view(obj: Any, cai: Dict[str, Any], name: str) -> View:
     version = cai.get("version", 0)
     if version < 2:
         raise TypeError(f"brigade: {name}: __cuda_array_interface__ version {version}; brigade "
@@ -375,12 +386,12 @@ def as_view(obj: Any, writable: bool, name: str, stream: Optional[int] = None) -
     except TypeError:
         raise TypeError(f"brigade: {name} ({type(obj).__name__}) has no buffer protocol, "
                         "__array_interface__ or tensor interface") from None
-    v = pb.view
-    fmt = (v.format or b"B").decode()
+    pv = pb.view
+    fmt = (pv.format or b"B").decode()
     code = fmt.lstrip("@=<")
     d = _FORMAT.get(code) if len(code) == 1 else None
-    if d is not None and _SIZES[d] != v.itemsize:
+    if d is not None and _SIZES[d] != pv.itemsize:
         d = None
-    return View(ptr=v.buf or 0, count=v.len // max(v.itemsize, 1), dtype=d, nbytes=v.len,
-                readonly=bool(v.readonly), what=f"a {type(obj).__name__} of format {fmt!r}",
+    return View(ptr=pv.buf or 0, count=pv.len // max(pv.itemsize, 1), dtype=d, nbytes=pv.len,
+                readonly=bool(pv.readonly), what=f"a {type(obj).__name__} of format {fmt!r}",
                 keep=pb)

@@ -13,6 +13,7 @@ in the library's internals; BRIGADE_INFO names another copy.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import subprocess
@@ -34,11 +35,10 @@ def find_brigade_info() -> Optional[str]:
 
 
 def _build() -> object:
-    try:
-        from . import _build as b  # written by meson at install
+    try:  # written by meson at install
+        return importlib.import_module("brigade._build")
     except ImportError:
         return None
-    return b
 
 
 def _libdir() -> str:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import operator
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple, cast
 
 from . import _capi
 from ._buffers import View, as_view
@@ -79,14 +79,14 @@ class Reducer:
                 if pv is not None and gv is not None and (pv.count, pv.dtype) != (gv.count,
                                                                                   gv.dtype):
                     raise ValueError(f"brigade: Reducer: {label}: values are {pv.count} x "
-                                     f"{pv.dtype.name.lower()}, gradient {gv.count} x "
-                                     f"{gv.dtype.name.lower()}")
+                                     f"{pv.type_name()}, gradient {gv.count} x "
+                                     f"{gv.type_name()}")
                 arr[i].name = self._names[i] if self._names else None
                 arr[i].count = ref.count
-                arr[i].dtype = int(ref.dtype)
+                arr[i].dtype = ref.code()
                 arr[i].data = pv.ptr if pv is not None else None
                 arr[i].grad = gv.ptr if gv is not None else None
-                self._dtypes.append(ref.dtype)
+                self._dtypes.append(DType(ref.code()))
                 self._counts.append(ref.count)
             flags = ((0 if average else _capi.REDUCER_SUM)
                      | (_capi.REDUCER_FIND_UNUSED if find_unused else 0)
@@ -117,9 +117,10 @@ class Reducer:
                 for v in views:  # the library is done with the buffers
                     v.release()
                 views.clear()
-                return st
+                return int(st)
 
             # A child of the communicator's: closing that closes this first.
+            assert h.value, "brg_reducer_create returned SUCCESS and no reducer"
             self._core = _Owned(h.value, destroy, comm._core)
         except BaseException:
             for v in self._views:
@@ -216,7 +217,7 @@ class Reducer:
         n = self._counts[i]
         buf = (ctypes.c_char * (n * dt.itemsize)).from_address(addr)
         buf._pin = self._core.pin()  # type: ignore[attr-defined,union-attr]
-        return np.frombuffer(buf, dtype=dt, count=n)
+        return np.frombuffer(cast(Any, buf), dtype=dt, count=n)
 
     @property
     def num_buckets(self) -> int:
@@ -257,7 +258,8 @@ class Reducer:
         self.close()
 
     def __del__(self) -> None:
-        if getattr(self, "_core", None) is not None and not self._core.closing:
+        core = getattr(self, "_core", None)
+        if core is not None and not core.closing:
             try:
                 self.close()
             except Exception:
