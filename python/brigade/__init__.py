@@ -31,7 +31,8 @@ from __future__ import annotations
 import ctypes
 import operator
 import threading
-from typing import Any, List, Literal, Optional, Sequence, Set, Tuple, Union, cast
+from typing import (Any, List, Literal, Optional, Sequence, Set, Tuple, TypeVar, Union, cast,
+                    overload)
 
 from . import _capi
 from ._buffers import DTypeLike, View, as_view, dtype_of, dtype_size
@@ -45,6 +46,10 @@ __version__ = "%d.%d.%d" % _capi.VERSION
 # An op by name; the names in upper case are taken too, but do not type-check.
 OpName = Literal["sum", "prod", "min", "max", "avg", "band", "bor", "bxor"]
 OpLike = Union[Op, OpName]
+# The call's output is the object given as `out`, else the input (in place)
+# or one made like it: a NumPy array for a NumPy array, a tensor for a tensor.
+_Buf = TypeVar("_Buf")
+_Out = TypeVar("_Out")
 
 
 def version() -> str:
@@ -592,6 +597,14 @@ class Communicator:
                             (sv.ptr, ov.ptr, sv.count, sv.code(), int(o)), nb,
                             buf if out is None else out, s)
 
+    @overload
+    def allreduce(self, buf: _Buf, out: None = None, op: OpLike = "sum", dtype: DTypeLike = None,
+                  stream: Stream = None) -> _Buf: ...
+
+    @overload
+    def allreduce(self, buf: Any, out: _Out, op: OpLike = "sum", dtype: DTypeLike = None,
+                  stream: Stream = None) -> _Out: ...
+
     def allreduce(self, buf: Any, out: Any = None, op: OpLike = "sum",
                   dtype: DTypeLike = None, stream: Stream = None) -> Any:
         """Element-wise reduction over all ranks, into `out` (default: in place
@@ -664,6 +677,14 @@ class Communicator:
         return self._launch("brg_" + call, [sv, ov],
                             (sv.ptr, ov.ptr, ov.count, sv.code(), int(o)), nb, out, s)
 
+    @overload
+    def reduce_scatter(self, buf: _Buf, out: None = None, op: OpLike = "sum",
+                       dtype: DTypeLike = None, stream: Stream = None) -> _Buf: ...
+
+    @overload
+    def reduce_scatter(self, buf: Any, out: _Out, op: OpLike = "sum",
+                       dtype: DTypeLike = None, stream: Stream = None) -> _Out: ...
+
     def reduce_scatter(self, buf: Any, out: Any = None, op: OpLike = "sum",
                        dtype: DTypeLike = None, stream: Stream = None) -> Any:
         """Reduces `buf` (size × n elements) over all ranks; rank r gets block r in
@@ -681,6 +702,14 @@ class Communicator:
         sv, ov, out = self._join_views(call, "the output", buf, out, dtype, s)
         return self._launch("brg_" + call, [sv, ov], (sv.ptr, ov.ptr, sv.count, sv.code()),
                             nb, out, s)
+
+    @overload
+    def all_gather(self, buf: _Buf, out: None = None, dtype: DTypeLike = None,
+                   stream: Stream = None) -> _Buf: ...
+
+    @overload
+    def all_gather(self, buf: Any, out: _Out, dtype: DTypeLike = None,
+                   stream: Stream = None) -> _Out: ...
 
     def all_gather(self, buf: Any, out: Any = None, dtype: DTypeLike = None,
                    stream: Stream = None) -> Any:
@@ -707,6 +736,14 @@ class Communicator:
             + (root,)
         return self._launch("brg_" + call, [sv, ov], args, nb, buf if out is None else out, s)
 
+    @overload
+    def broadcast(self, buf: _Buf, root: int = 0, out: None = None,
+                  dtype: DTypeLike = None, stream: Stream = None) -> _Buf: ...
+
+    @overload
+    def broadcast(self, buf: Any, root: int = 0, *, out: _Out,
+                  dtype: DTypeLike = None, stream: Stream = None) -> _Out: ...
+
     def broadcast(self, buf: Any, root: int = 0, out: Any = None,
                   dtype: DTypeLike = None, stream: Stream = None) -> Any:
         """Rank `root`'s `buf` into every rank's `out` (default: in place)."""
@@ -716,6 +753,14 @@ class Communicator:
                    dtype: DTypeLike = None) -> Request:
         """:meth:`broadcast`, started and returned at once (``brg_ibroadcast``)."""
         return cast(Request, self._rooted(True, "broadcast", buf, root, out, None, dtype, None))
+
+    @overload
+    def reduce(self, buf: _Buf, root: int = 0, out: None = None,
+               op: OpLike = "sum", dtype: DTypeLike = None, stream: Stream = None) -> _Buf: ...
+
+    @overload
+    def reduce(self, buf: Any, root: int = 0, *, out: _Out,
+               op: OpLike = "sum", dtype: DTypeLike = None, stream: Stream = None) -> _Out: ...
 
     def reduce(self, buf: Any, root: int = 0, out: Any = None, op: OpLike = "sum",
                dtype: DTypeLike = None, stream: Stream = None) -> Any:
