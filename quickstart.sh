@@ -93,14 +93,18 @@ case "${1:-}" in
     # the optional bench peers (Open MPI, Gloo) stay unbuilt.
     # brigade-trace draws with matplotlib; the Python package's tests
     # (suite python) need pytest and NumPy; python3-torch (1.13, CPU) adds
-    # the torch.distributed backend's tests.
+    # the torch.distributed backend's tests; python3-mypy checks the package
+    # with mypy --strict (python-mypy).
     need_pkgs "${base_pkgs[@]}" libibverbs-dev g++ iproute2 clang-format python3-matplotlib \
-      python3-pytest python3-numpy python3-torch clang libclang-rt-14-dev
+      python3-pytest python3-numpy python3-torch python3-mypy clang libclang-rt-14-dev
     check_format
     phase_start=$SECONDS
     [ -d build-test ] || meson setup build-test --buildtype=debugoptimized --werror
     ninja -C build-test
-    meson test -C build-test --print-errorlogs --num-processes "$test_jobs"
+    # Suite wheel (pip builds the wheel with the CUDA module and checks it
+    # installed: minutes of nvcc and a build of its own) runs on request:
+    # meson test -C build-test --suite wheel
+    meson test -C build-test --print-errorlogs --num-processes "$test_jobs" --no-suite wheel
     report_phase build-test
     # The sanitizer trees leave out what they cannot watch: the CUDA module
     # (built by nvcc, never instrumented, and without a GPU only loaded to

@@ -29,19 +29,27 @@ backend and a DDP communication hook.
 from __future__ import annotations
 
 import ctypes
+import operator
 import threading
-from typing import Any, Optional, Sequence, Union
+from typing import (Any, List, Literal, Optional, Sequence, Set, Tuple, TypeVar, Union, cast,
+                    overload)
 
 from . import _capi
 from ._buffers import DTypeLike, View, as_view, dtype_of, dtype_size
 from ._capi import DType, Op, Status
 
-__all__ = ["Communicator", "DType", "Error", "Op", "Reducer", "Request", "Status", "UniqueId",
-           "get_unique_id", "version", "library_version", "library_path"]
+__all__ = ["ArgumentError", "Communicator", "DType", "Error", "Op", "Reducer", "Request",
+           "Status", "UniqueId", "get_unique_id", "version", "library_version", "library_path"]
 
 __version__ = "%d.%d.%d" % _capi.VERSION
 
-OpLike = Union[Op, str]
+# An op by name; the names in upper case are taken too, but do not type-check.
+OpName = Literal["sum", "prod", "min", "max", "avg", "band", "bor", "bxor"]
+OpLike = Union[Op, OpName]
+# The call's output is the object given as `out`, else the input (in place)
+# or one made like it: a NumPy array for a NumPy array, a tensor for a tensor.
+_Buf = TypeVar("_Buf")
+_Out = TypeVar("_Out")
 
 
 def version() -> str:
@@ -74,9 +82,35 @@ class Error(RuntimeError):
         super().__init__(f"{call + ': ' if call else ''}{name}: {message}")
 
 
+class ArgumentError(Error, ValueError):
+    """An integer argument outside the range of the C parameter it is passed
+    to (a C ``int``, a ``size_t``): refused before the call, with the status
+    the C library gives a bad argument (ERR_INVALID_ARGUMENT). Being a
+    :class:`ValueError` as well, ``except ValueError`` catches it too."""
+
+
+INT_MIN, INT_MAX = -(1 << 31), (1 << 31) - 1  # a C int
+SIZE_MAX = (1 << (8 * ctypes.sizeof(ctypes.c_size_t))) - 1
+
+
+def _c_int(value: Any, what: str, call: str, lo: int = INT_MIN, hi: int = INT_MAX) -> int:
+    """`value` as an int for a C parameter whose valid range is [lo, hi] (a C
+    int unless narrower): ctypes would wrap anything outside it silently
+    (2**32 + 1 becomes 1). A non-integer (a float, a str) is a TypeError."""
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"brigade: {call}: {what} must be an integer, not "
+                        f"{type(value).__name__}") from None
+    if not lo <= v <= hi:
+        raise ArgumentError(Status.ERR_INVALID_ARGUMENT,
+                            f"{what} {v} is out of range ({lo} to {hi})", call)
+    return v
+
+
 def _status_string(s: int) -> str:
     r = _capi.lib.brg_status_string(s)
-    return r.decode() if r else f"status {s}"
+    return str(r.decode()) if r else f"status {s}"
 
 
 def _check(s: int, call: str, comm_handle: Optional[int] = None) -> None:
@@ -149,9 +183,9 @@ class _Owned:
         self.handle: Optional[int] = handle
         self._destroy = destroy
         self.parent = parent
-        self.children: set = set()
+        self.children: Set["_Owned"] = set()
         self.pins = 0
-        self.orphans: list = []
+        self.orphans: List[Tuple[Any, List[View]]] = []
         self.closing = False
         if parent is not None:
             with _owned_lock:
@@ -179,7 +213,7 @@ class _Owned:
             with _owned_lock:
                 p.children.discard(self)
             p._release()
-        return s
+        return int(s)
 
     def pin(self) -> "_Pin":
         return _Pin(self)
@@ -232,7 +266,7 @@ class Request:
         self._comm = comm
         self._keep = list(keep)
         self._done = False
-        self._status = Status.SUCCESS
+        self._status: int = Status.SUCCESS
         self._result = result
         self._then = then  # run once after success (copies out of a staging buffer)
 
@@ -288,12 +322,12 @@ class Request:
             pass
 
 
-def library_version() -> tuple:
+def library_version() -> Tuple[int, int, int]:
     """The version of the libbrigade.so that runs, as (major, minor, patch)
     (``brg_get_version``); :func:`version` is this package's."""
     v = [ctypes.c_int() for _ in range(3)]
     _check(_capi.lib.brg_get_version(*(ctypes.byref(x) for x in v)), "brg_get_version")
-    return tuple(x.value for x in v)
+    return (v[0].value, v[1].value, v[2].value)
 
 
 def _p2p(cname: str) -> Any:
@@ -334,11 +368,14 @@ class Communicator:
         data = bytes(UniqueId(bytes(unique_id)))
         ctypes.memmove(ctypes.addressof(uid), data, len(data))
         h = ctypes.c_void_p()
-        cfg = _capi.CommConfig(ctypes.sizeof(_capi.CommConfig), _capi.COMM_CONFIG_VERSION,
-                               _capi.CONFIG_UNSET if timeout_ms is None else int(timeout_ms),
+        call = "brg_comm_init_config"
+        n = _c_int(nranks, "nranks", call, 1)
+        r = _c_int(rank, "rank", call, 0, n - 1)
+        t = _capi.CONFIG_UNSET if timeout_ms is None else _c_int(timeout_ms, "timeout_ms", call)
+        cfg = _capi.CommConfig(ctypes.sizeof(_capi.CommConfig), _capi.COMM_CONFIG_VERSION, t,
                                None if transports is None else transports.encode())
-        _check(_capi.lib.brg_comm_init_config(ctypes.byref(h), int(nranks), ctypes.byref(uid),
-                                              int(rank), ctypes.byref(cfg)),
+        _check(_capi.lib.brg_comm_init_config(ctypes.byref(h), n, ctypes.byref(uid), r,
+                                              ctypes.byref(cfg)),
                "brg_comm_init_config")
         self._adopt(h)
 
@@ -358,6 +395,7 @@ class Communicator:
         return self
 
     def _adopt(self, h: ctypes.c_void_p) -> None:
+        assert h.value, "the library returned SUCCESS and no communicator"
         self._handle = h.value
         self._core = _Owned(h.value, _capi.lib.brg_comm_destroy)
         r, n = ctypes.c_int(), ctypes.c_int()
@@ -374,8 +412,8 @@ class Communicator:
         here; `key` defaults to this rank). A rank passing ``None`` takes part
         and gets ``None``. The new communicator is independent of this one
         once made and has its timeout and transports."""
-        c = _capi.SPLIT_NOCOLOR if color is None else int(color)
-        k = self.rank if key is None else int(key)
+        c = _capi.SPLIT_NOCOLOR if color is None else _c_int(color, "color", "brg_comm_split")
+        k = self.rank if key is None else _c_int(key, "key", "brg_comm_split")
         h = self._h("brg_comm_split")
         out = ctypes.c_void_p()
         # brg_comm_split reports through the process-wide last error (comm NULL).
@@ -435,7 +473,7 @@ class Communicator:
     def last_error(self) -> str:
         """The sentence of the last failure on this communicator ("" if none)."""
         m = _capi.lib.brg_comm_last_error(self._handle)
-        return m.decode(errors="replace") if m else ""
+        return str(m.decode(errors="replace")) if m else ""
 
     @property
     def async_error(self) -> Status:
@@ -463,12 +501,14 @@ class Communicator:
         """Sets up the device collectives on GPU ``device`` (-1: the current
         one) now, on every rank, so that the first one may be captured in a
         CUDA graph (``brg_comm_device_setup``)."""
-        _check(_capi.lib.brg_comm_device_setup(self._h("brg_comm_device_setup"), device),
+        d = _c_int(device, "device", "brg_comm_device_setup")
+        _check(_capi.lib.brg_comm_device_setup(self._h("brg_comm_device_setup"), d),
                "brg_comm_device_setup", self._handle)
 
     # ------------------------------------------------------------- buffers
     def _views(self, call: str, send: Any, out: Any, dtype: DTypeLike,
-               stream: Optional[int] = None, out_required: bool = True) -> tuple:
+               stream: Optional[int] = None,
+               out_required: bool = True) -> Tuple[View, View]:
         sv = as_view(send, False, "the input", stream)
         try:
             ov = sv if out is None or out is send else as_view(out, True, "the output", stream)
@@ -499,8 +539,8 @@ class Communicator:
                                 + ", ".join(x.name.lower() for x in DType)
                                 + " (pass dtype= to reinterpret raw bytes)")
         if sv.dtype != ov.dtype:
-            raise TypeError(f"brigade: {call}: the input is {sv.dtype.name.lower()} and the "
-                            f"output {ov.dtype.name.lower()}; they must match")
+            raise TypeError(f"brigade: {call}: the input is {sv.type_name()} and the "
+                            f"output {ov.type_name()}; they must match")
 
     @staticmethod
     def _release(*views: View) -> None:
@@ -515,7 +555,8 @@ class Communicator:
             stream = next((v.stream for v in views if v.stream is not None), None)
         return stream or None
 
-    def _launch(self, cname: str, views: Sequence[View], args: tuple, nb: bool, result: Any,
+    def _launch(self, cname: str, views: Sequence[View], args: Tuple[Any, ...], nb: bool,
+                result: Any,
                 stream: Optional[int], then: Any = None) -> Any:
         """Runs the C call `cname`(*args, comm, stream) or, with nb, its
         non-blocking form (*args, comm, request); releases the views when the
@@ -553,8 +594,16 @@ class Communicator:
             raise ValueError(f"brigade: {call}: the input has {sv.count} elements and "
                              f"the output {ov.count}; they must be equal")
         return self._launch("brg_" + call, [sv, ov],
-                            (sv.ptr, ov.ptr, sv.count, int(sv.dtype), int(o)), nb,
+                            (sv.ptr, ov.ptr, sv.count, sv.code(), int(o)), nb,
                             buf if out is None else out, s)
+
+    @overload
+    def allreduce(self, buf: _Buf, out: None = None, op: OpLike = "sum", dtype: DTypeLike = None,
+                  stream: Stream = None) -> _Buf: ...
+
+    @overload
+    def allreduce(self, buf: Any, out: _Out, op: OpLike = "sum", dtype: DTypeLike = None,
+                  stream: Stream = None) -> _Out: ...
 
     def allreduce(self, buf: Any, out: Any = None, op: OpLike = "sum",
                   dtype: DTypeLike = None, stream: Stream = None) -> Any:
@@ -566,7 +615,7 @@ class Communicator:
                    dtype: DTypeLike = None) -> Request:
         """Starts an allreduce on the communicator's progress thread and returns at
         once; :meth:`Request.wait` or :meth:`Request.test` finishes it."""
-        return self._allreduce(True, buf, out, op, dtype, None)
+        return cast(Request, self._allreduce(True, buf, out, op, dtype, None))
 
     def _alloc_like(self, call: str, buf: Any, count: int) -> Any:
         mod = type(buf).__module__
@@ -626,7 +675,15 @@ class Communicator:
         s = _stream_handle(stream)
         sv, ov, out = self._split_views(call, "the input", buf, out, dtype, s)
         return self._launch("brg_" + call, [sv, ov],
-                            (sv.ptr, ov.ptr, ov.count, int(sv.dtype), int(o)), nb, out, s)
+                            (sv.ptr, ov.ptr, ov.count, sv.code(), int(o)), nb, out, s)
+
+    @overload
+    def reduce_scatter(self, buf: _Buf, out: None = None, op: OpLike = "sum",
+                       dtype: DTypeLike = None, stream: Stream = None) -> _Buf: ...
+
+    @overload
+    def reduce_scatter(self, buf: Any, out: _Out, op: OpLike = "sum",
+                       dtype: DTypeLike = None, stream: Stream = None) -> _Out: ...
 
     def reduce_scatter(self, buf: Any, out: Any = None, op: OpLike = "sum",
                        dtype: DTypeLike = None, stream: Stream = None) -> Any:
@@ -637,14 +694,22 @@ class Communicator:
     def ireduce_scatter(self, buf: Any, out: Any = None, op: OpLike = "sum",
                         dtype: DTypeLike = None) -> Request:
         """:meth:`reduce_scatter`, started and returned at once (``brg_ireduce_scatter``)."""
-        return self._reduce_scatter(True, buf, out, op, dtype, None)
+        return cast(Request, self._reduce_scatter(True, buf, out, op, dtype, None))
 
     def _all_gather(self, nb: bool, buf: Any, out: Any, dtype: DTypeLike, stream: Stream) -> Any:
         call = "iall_gather" if nb else "all_gather"
         s = _stream_handle(stream)
         sv, ov, out = self._join_views(call, "the output", buf, out, dtype, s)
-        return self._launch("brg_" + call, [sv, ov], (sv.ptr, ov.ptr, sv.count, int(sv.dtype)),
+        return self._launch("brg_" + call, [sv, ov], (sv.ptr, ov.ptr, sv.count, sv.code()),
                             nb, out, s)
+
+    @overload
+    def all_gather(self, buf: _Buf, out: None = None, dtype: DTypeLike = None,
+                   stream: Stream = None) -> _Buf: ...
+
+    @overload
+    def all_gather(self, buf: Any, out: _Out, dtype: DTypeLike = None,
+                   stream: Stream = None) -> _Out: ...
 
     def all_gather(self, buf: Any, out: Any = None, dtype: DTypeLike = None,
                    stream: Stream = None) -> Any:
@@ -654,21 +719,30 @@ class Communicator:
 
     def iall_gather(self, buf: Any, out: Any = None, dtype: DTypeLike = None) -> Request:
         """:meth:`all_gather`, started and returned at once (``brg_iall_gather``)."""
-        return self._all_gather(True, buf, out, dtype, None)
+        return cast(Request, self._all_gather(True, buf, out, dtype, None))
 
     def _rooted(self, nb: bool, what: str, buf: Any, root: int, out: Any, op: Optional[OpLike],
                 dtype: DTypeLike, stream: Stream) -> Any:
         call = ("i" if nb else "") + what
         o = _op_of(op) if op is not None else None
+        root = _c_int(root, "root", "brg_" + call)  # the library says whether it is a rank
         s = _stream_handle(stream)
         sv, ov = self._views(call, buf, out, dtype, s)
         if ov.count != sv.count:
             self._release(sv, ov)
             raise ValueError(f"brigade: {call}: the input has {sv.count} elements and "
                              f"the output {ov.count}; they must be equal")
-        args = (sv.ptr, ov.ptr, sv.count, int(sv.dtype)) + ((int(o),) if o is not None else ()) \
-            + (int(root),)
+        args = (sv.ptr, ov.ptr, sv.count, sv.code()) + ((int(o),) if o is not None else ()) \
+            + (root,)
         return self._launch("brg_" + call, [sv, ov], args, nb, buf if out is None else out, s)
+
+    @overload
+    def broadcast(self, buf: _Buf, root: int = 0, out: None = None,
+                  dtype: DTypeLike = None, stream: Stream = None) -> _Buf: ...
+
+    @overload
+    def broadcast(self, buf: Any, root: int = 0, *, out: _Out,
+                  dtype: DTypeLike = None, stream: Stream = None) -> _Out: ...
 
     def broadcast(self, buf: Any, root: int = 0, out: Any = None,
                   dtype: DTypeLike = None, stream: Stream = None) -> Any:
@@ -678,7 +752,15 @@ class Communicator:
     def ibroadcast(self, buf: Any, root: int = 0, out: Any = None,
                    dtype: DTypeLike = None) -> Request:
         """:meth:`broadcast`, started and returned at once (``brg_ibroadcast``)."""
-        return self._rooted(True, "broadcast", buf, root, out, None, dtype, None)
+        return cast(Request, self._rooted(True, "broadcast", buf, root, out, None, dtype, None))
+
+    @overload
+    def reduce(self, buf: _Buf, root: int = 0, out: None = None,
+               op: OpLike = "sum", dtype: DTypeLike = None, stream: Stream = None) -> _Buf: ...
+
+    @overload
+    def reduce(self, buf: Any, root: int = 0, *, out: _Out,
+               op: OpLike = "sum", dtype: DTypeLike = None, stream: Stream = None) -> _Out: ...
 
     def reduce(self, buf: Any, root: int = 0, out: Any = None, op: OpLike = "sum",
                dtype: DTypeLike = None, stream: Stream = None) -> Any:
@@ -689,7 +771,7 @@ class Communicator:
     def ireduce(self, buf: Any, root: int = 0, out: Any = None, op: OpLike = "sum",
                 dtype: DTypeLike = None) -> Request:
         """:meth:`reduce`, started and returned at once (``brg_ireduce``)."""
-        return self._rooted(True, "reduce", buf, root, out, op, dtype, None)
+        return cast(Request, self._rooted(True, "reduce", buf, root, out, op, dtype, None))
 
     def barrier(self) -> None:
         """Returns once every rank has called it."""
@@ -698,7 +780,7 @@ class Communicator:
     def ibarrier(self) -> Request:
         """A barrier that returns at once; the request completes once every rank
         has called it (``brg_ibarrier``)."""
-        return self._launch("brg_ibarrier", [], (), True, None, None)
+        return cast(Request, self._launch("brg_ibarrier", [], (), True, None, None))
 
     # --------------------------------------------- point-to-point, all-to-all
     def _p2p_call(self, nb: bool, what: str, buf: Any, peer: int, dtype: DTypeLike,
@@ -710,13 +792,11 @@ class Communicator:
             if what == "recv" and v.readonly:
                 raise ValueError(f"brigade: {call}: the buffer is read-only")
             self._typecheck(call, v, v, dtype, False)
-            if not isinstance(peer, int) or not 0 <= peer < self.size:
-                raise ValueError(f"brigade: {call}: peer {peer!r} is not a rank of this "
-                                 f"communicator (0 to {self.size - 1})")
+            peer = self._rank_arg(call, "peer", peer)
         except BaseException:
             v.release()
             raise
-        return self._launch("brg_" + call, [v], (v.ptr, v.count, int(v.dtype), int(peer)), nb,
+        return self._launch("brg_" + call, [v], (v.ptr, v.count, v.code(), peer), nb,
                             buf, s)
 
     def send(self, buf: Any, peer: int, dtype: DTypeLike = None, stream: Stream = None) -> None:
@@ -730,11 +810,11 @@ class Communicator:
 
     def isend(self, buf: Any, peer: int, dtype: DTypeLike = None) -> Request:
         """:meth:`send`, started and returned at once (``brg_isend``)."""
-        return self._p2p_call(True, "send", buf, peer, dtype, None)
+        return cast(Request, self._p2p_call(True, "send", buf, peer, dtype, None))
 
     def irecv(self, buf: Any, peer: int, dtype: DTypeLike = None) -> Request:
         """:meth:`recv`, started and returned at once (``brg_irecv``)."""
-        return self._p2p_call(True, "recv", buf, peer, dtype, None)
+        return cast(Request, self._p2p_call(True, "recv", buf, peer, dtype, None))
 
     def all_to_all(self, buf: Any, out: Any = None, dtype: DTypeLike = None,
                    stream: Stream = None) -> Any:
@@ -751,13 +831,13 @@ class Communicator:
                              f"output {ov.count}; both must be {self.size} blocks of n "
                              "elements")
         return self._launch("brg_all_to_all", [sv, ov],
-                            (sv.ptr, ov.ptr, sv.count // self.size, int(sv.dtype)), False, out,
+                            (sv.ptr, ov.ptr, sv.count // self.size, sv.code()), False, out,
                             s)
 
     # ------------------------------------------------------ gather, scatter
     def _gather(self, nb: bool, buf: Any, root: int, out: Any, dtype: DTypeLike) -> Any:
         call = "igather" if nb else "gather"
-        self._check_root(call, root)
+        root = self._check_root(call, root)
         is_root = self.rank == root
         if not is_root:
             sv = as_view(buf, False, "the input")
@@ -766,11 +846,11 @@ class Communicator:
             except BaseException:
                 sv.release()
                 raise
-            return self._launch("brg_" + call, [sv], (sv.ptr, None, sv.count, int(sv.dtype),
-                                                      int(root)), nb, None, None)
+            return self._launch("brg_" + call, [sv], (sv.ptr, None, sv.count, sv.code(),
+                                                      root), nb, None, None)
         sv, ov, out = self._join_views(call, "the root's output", buf, out, dtype, None)
         return self._launch("brg_" + call, [sv, ov],
-                            (sv.ptr, ov.ptr, sv.count, int(sv.dtype), int(root)), nb, out, None)
+                            (sv.ptr, ov.ptr, sv.count, sv.code(), root), nb, out, None)
 
     def gather(self, buf: Any, root: int = 0, out: Any = None, dtype: DTypeLike = None) -> Any:
         """Every rank's `buf` (n elements each), in rank order, into rank
@@ -782,11 +862,11 @@ class Communicator:
     def igather(self, buf: Any, root: int = 0, out: Any = None,
                 dtype: DTypeLike = None) -> Request:
         """:meth:`gather`, started and returned at once (``brg_igather``)."""
-        return self._gather(True, buf, root, out, dtype)
+        return cast(Request, self._gather(True, buf, root, out, dtype))
 
     def _scatter(self, nb: bool, buf: Any, root: int, out: Any, dtype: DTypeLike) -> Any:
         call = "iscatter" if nb else "scatter"
-        self._check_root(call, root)
+        root = self._check_root(call, root)
         if self.rank != root:
             if out is None:
                 if buf is None:
@@ -801,11 +881,11 @@ class Communicator:
             except BaseException:
                 ov.release()
                 raise
-            return self._launch("brg_" + call, [ov], (None, ov.ptr, ov.count, int(ov.dtype),
-                                                      int(root)), nb, out, None)
+            return self._launch("brg_" + call, [ov], (None, ov.ptr, ov.count, ov.code(),
+                                                      root), nb, out, None)
         sv, ov, out = self._split_views(call, "the root's input", buf, out, dtype, None)
         return self._launch("brg_" + call, [sv, ov],
-                            (sv.ptr, ov.ptr, ov.count, int(sv.dtype), int(root)), nb, out, None)
+                            (sv.ptr, ov.ptr, ov.count, sv.code(), root), nb, out, None)
 
     def scatter(self, buf: Any, root: int = 0, out: Any = None, dtype: DTypeLike = None) -> Any:
         """Block j of rank `root`'s `buf` (size × n elements) into rank j's
@@ -817,12 +897,21 @@ class Communicator:
     def iscatter(self, buf: Any, root: int = 0, out: Any = None,
                  dtype: DTypeLike = None) -> Request:
         """:meth:`scatter`, started and returned at once (``brg_iscatter``)."""
-        return self._scatter(True, buf, root, out, dtype)
+        return cast(Request, self._scatter(True, buf, root, out, dtype))
 
-    def _check_root(self, call: str, root: int) -> None:
-        if not isinstance(root, int) or not 0 <= root < self.size:
-            raise ValueError(f"brigade: {call}: root {root!r} is not a rank of this "
+    def _check_root(self, call: str, root: int) -> int:
+        return self._rank_arg(call, "root", root)
+
+    def _rank_arg(self, call: str, what: str, value: Any) -> int:
+        """A rank of this communicator, as an int (ValueError otherwise)."""
+        try:
+            v = operator.index(value)
+        except TypeError:
+            v = None
+        if v is None or not 0 <= v < self.size:
+            raise ValueError(f"brigade: {call}: {what} {value!r} is not a rank of this "
                              f"communicator (0 to {self.size - 1})")
+        return v
 
 
 from .reducer import Reducer  # noqa: E402  (needs Communicator and Error)

@@ -27,11 +27,14 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Dict, Literal, Optional, Union
 
 from ._capi import DType
 
-DTypeLike = Union[DType, str, None]
+# A dtype by name: the names brigade has (and half, float, double).
+DTypeName = Literal["int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "half",
+                    "bfloat16", "float32", "float", "float64", "double"]
+DTypeLike = Union[DType, DTypeName, None]
 
 _NAMES = {
     "int8": DType.INT8, "uint8": DType.UINT8, "int32": DType.INT32, "uint32": DType.UINT32,
@@ -80,6 +83,14 @@ class View:
     device: bool = False  # GPU memory: the collective needs a stream
     stream: Optional[int] = None  # the producer's stream, where the object names one
 
+    def code(self) -> int:
+        """The brg_dtype to pass (the caller has checked that there is one)."""
+        assert self.dtype is not None, self.what
+        return int(self.dtype)
+
+    def type_name(self) -> str:
+        return self.dtype.name.lower() if self.dtype is not None else self.what
+
     def release(self) -> None:
         if isinstance(self.keep, (_PyBuffer, _DLPackHold)):
             self.keep.release()
@@ -108,6 +119,7 @@ class _PyBuffer:
     """A held Py_buffer, released once."""
 
     def __init__(self, obj: Any, writable: bool):
+        self.held = False  # set first: __del__ runs even when the request below fails
         self.view = _Py_buffer()
         flags = _PyBUF_FORMAT | _PyBUF_C_CONTIGUOUS | (_PyBUF_WRITABLE if writable else 0)
         _get_buffer(obj, ctypes.byref(self.view), flags)  # raises BufferError itself
@@ -119,7 +131,14 @@ class _PyBuffer:
             self.held = False
 
     def __del__(self) -> None:
-        self.release()
+        if getattr(self, "held", False):
+            self.release()
+
+
+def _is_masked(obj: Any) -> bool:
+    """A NumPy masked array (numpy.ma), told by its class without importing NumPy."""
+    return any(c.__name__ == "MaskedArray" and c.__module__.startswith("numpy.ma")
+               for c in type(obj).__mro__)
 
 
 def _is_torch(obj: Any) -> bool:
@@ -150,13 +169,24 @@ def _torch_view(t: Any, writable: bool, name: str) -> View:
     return v
 
 
-def _array_interface_view(obj: Any, ai: dict, writable: bool, name: str) -> View:
-    ptr, ro = ai["data"] if ai.get("data") is not None else (0, False)
+def _array_interface_view(obj: Any, ai: Dict[str, Any], writable: bool, name: str,
+                          gpu: bool = False) -> View:
     if ai.get("mask") is not None:
         raise ValueError(f"brigade: {name} is a masked array; pass its data")
-    typestr = ai["typestr"]
+    typestr = ai.get("typestr")
+    if not isinstance(typestr, str) or len(typestr) < 2:
+        raise TypeError(f"brigade: {name}: typestr {typestr!r} of its array interface is not a "
+                        "type string")
+    kind = typestr[1]
+    if kind == "O":
+        raise TypeError(f"brigade: {name} is an array of Python objects (dtype object); "
+                        "brigade reduces numbers: convert it first (for example "
+                        "numpy.asarray(x, dtype=numpy.float64))")
+    if not typestr[2:].isdigit() or typestr[0] not in "<>|=":
+        raise TypeError(f"brigade: {name}: typestr {typestr!r} of its array interface is not a "
+                        "type string")
+    size = int(typestr[2:])
     shape = tuple(ai["shape"])
-    kind, size = typestr[1], int(typestr[2:])
     if typestr[0] == ">" and size > 1:
         raise TypeError(f"brigade: {name} is big-endian ({typestr}); brigade works on this "
                         "machine's byte order")
@@ -174,8 +204,32 @@ def _array_interface_view(obj: Any, ai: dict, writable: bool, name: str) -> View
                              f"{tuple(strides)}); pass a contiguous copy "
                              "(numpy.ascontiguousarray)")
     d = _TYPESTR.get((kind, size))
-    return View(ptr=ptr or 0, count=n, dtype=d, nbytes=n * size, readonly=bool(ro),
-                what=f"an array of {_describe_typestr(obj, typestr)}", keep=obj)
+    nbytes = n * size
+    data = ai.get("data")
+    keep: Any = obj
+    if isinstance(data, tuple) or gpu:
+        ptr, ro = data if data is not None else (0, False)
+        ptr = int(ptr or 0)
+    else:
+        # The data are an object with the buffer protocol (None: obj itself),
+        # from byte `offset` on; hold its buffer while the pointer is used.
+        src = obj if data is None else data
+        try:
+            hold = _PyBuffer(src, False)
+        except BufferError as e:
+            raise ValueError(f"brigade: {name}: the buffer of its array interface: {e}") from None
+        except TypeError:
+            raise TypeError(f"brigade: {name}: the data of its array interface "
+                            f"({type(src).__name__}) are neither (address, read-only) nor an "
+                            "object with the buffer protocol") from None
+        offset = ai.get("offset", 0) or 0
+        if not isinstance(offset, int) or offset < 0 or offset + nbytes > hold.view.len:
+            hold.release()
+            raise ValueError(f"brigade: {name}: its array interface describes {nbytes} bytes "
+                             f"from offset {offset!r}, but its buffer holds {hold.view.len}")
+        ptr, ro, keep = (hold.view.buf or 0) + offset, bool(hold.view.readonly), hold
+    return View(ptr=ptr, count=n, dtype=d, nbytes=nbytes, readonly=bool(ro),
+                what=f"an array of {_describe_typestr(obj, typestr)}", keep=keep)
 
 
 def _describe_typestr(obj: Any, typestr: str) -> str:
@@ -183,12 +237,12 @@ def _describe_typestr(obj: Any, typestr: str) -> str:
     return str(dt) if dt is not None else typestr
 
 
-def _cuda_array_interface_view(obj: Any, cai: dict, name: str) -> View:
+def _cuda_array_interface_view(obj: Any, cai: Dict[str, Any], name: str) -> View:
     version = cai.get("version", 0)
     if version < 2:
         raise TypeError(f"brigade: {name}: __cuda_array_interface__ version {version}; brigade "
                         "reads versions 2 and 3")
-    v = _array_interface_view(obj, cai, False, name)
+    v = _array_interface_view(obj, cai, False, name, gpu=True)
     v.device = True
     # v3: None means the producer needs no ordering; 1 is the legacy default
     # stream (handle 0 in CUDA's API), 2 the per-thread default stream (its
@@ -307,6 +361,10 @@ def as_view(obj: Any, writable: bool, name: str, stream: Optional[int] = None) -
     """A View of obj; raises TypeError/ValueError naming `name` when it cannot be one.
     `stream` is the CUDA stream the collective will run on (for DLPack's
     __dlpack__(stream=)), when the caller chose one."""
+    if _is_masked(obj):
+        raise TypeError(f"brigade: {name} is a NumPy masked array; brigade would reduce its "
+                        "masked elements too: pass x.filled(value) or, to ignore the mask, "
+                        "x.data")
     if _is_torch(obj):
         return _torch_view(obj, writable, name)
     cai = getattr(obj, "__cuda_array_interface__", None)
@@ -328,12 +386,12 @@ def as_view(obj: Any, writable: bool, name: str, stream: Optional[int] = None) -
     except TypeError:
         raise TypeError(f"brigade: {name} ({type(obj).__name__}) has no buffer protocol, "
                         "__array_interface__ or tensor interface") from None
-    v = pb.view
-    fmt = (v.format or b"B").decode()
+    pv = pb.view
+    fmt = (pv.format or b"B").decode()
     code = fmt.lstrip("@=<")
     d = _FORMAT.get(code) if len(code) == 1 else None
-    if d is not None and _SIZES[d] != v.itemsize:
+    if d is not None and _SIZES[d] != pv.itemsize:
         d = None
-    return View(ptr=v.buf or 0, count=v.len // max(v.itemsize, 1), dtype=d, nbytes=v.len,
-                readonly=bool(v.readonly), what=f"a {type(obj).__name__} of format {fmt!r}",
+    return View(ptr=pv.buf or 0, count=pv.len // max(pv.itemsize, 1), dtype=d, nbytes=pv.len,
+                readonly=bool(pv.readonly), what=f"a {type(obj).__name__} of format {fmt!r}",
                 keep=pb)

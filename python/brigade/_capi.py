@@ -12,6 +12,7 @@ import ctypes.util
 import enum
 import glob
 import os
+from typing import Any
 
 UNIQUE_ID_BYTES = 128
 VERSION = (0, 1, 0)  # BRG_VERSION_MAJOR, _MINOR, _PATCH
@@ -189,7 +190,7 @@ _sz = ctypes.c_size_t
 _int = ctypes.c_int
 
 
-def _decl(name: str, restype, *argtypes) -> None:
+def _decl(name: str, restype: Any, *argtypes: Any) -> None:
     f = getattr(lib, name)
     f.restype = restype
     f.argtypes = list(argtypes)

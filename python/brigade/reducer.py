@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import ctypes
-from typing import Any, List, Optional, Sequence, Tuple
+import operator
+from typing import Any, List, Optional, Sequence, Tuple, cast
 
 from . import _capi
 from ._buffers import View, as_view
@@ -40,7 +41,7 @@ class Reducer:
                  find_unused: bool = False, static_graph: bool = False,
                  grad_as_view: bool = False, no_rebuild: bool = False, hook: str = "allreduce",
                  bucket_cap_bytes: int = 0, first_bucket_cap_bytes: int = 0):
-        from . import Error, _Owned
+        from . import SIZE_MAX, Error, _c_int, _Owned
 
         self._core: Optional[_Owned] = None
         self._comm = comm
@@ -78,14 +79,14 @@ class Reducer:
                 if pv is not None and gv is not None and (pv.count, pv.dtype) != (gv.count,
                                                                                   gv.dtype):
                     raise ValueError(f"brigade: Reducer: {label}: values are {pv.count} x "
-                                     f"{pv.dtype.name.lower()}, gradient {gv.count} x "
-                                     f"{gv.dtype.name.lower()}")
+                                     f"{pv.type_name()}, gradient {gv.count} x "
+                                     f"{gv.type_name()}")
                 arr[i].name = self._names[i] if self._names else None
                 arr[i].count = ref.count
-                arr[i].dtype = int(ref.dtype)
+                arr[i].dtype = ref.code()
                 arr[i].data = pv.ptr if pv is not None else None
                 arr[i].grad = gv.ptr if gv is not None else None
-                self._dtypes.append(ref.dtype)
+                self._dtypes.append(DType(ref.code()))
                 self._counts.append(ref.count)
             flags = ((0 if average else _capi.REDUCER_SUM)
                      | (_capi.REDUCER_FIND_UNUSED if find_unused else 0)
@@ -97,9 +98,11 @@ class Reducer:
             if hook not in hooks:
                 raise ValueError(f"brigade: Reducer: hook {hook!r} is not one of "
                                  + ", ".join(hooks))
-            cfg = _capi.ReducerConfig(bucket_cap_bytes=bucket_cap_bytes,
-                                      first_bucket_cap_bytes=first_bucket_cap_bytes, flags=flags,
-                                      hook=int(hooks[hook]))
+            call = "brg_reducer_create"
+            cap = _c_int(bucket_cap_bytes, "bucket_cap_bytes", call, 0, SIZE_MAX)
+            first = _c_int(first_bucket_cap_bytes, "first_bucket_cap_bytes", call, 0, SIZE_MAX)
+            cfg = _capi.ReducerConfig(bucket_cap_bytes=cap, first_bucket_cap_bytes=first,
+                                      flags=flags, hook=int(hooks[hook]))
             h = ctypes.c_void_p()
             s = _capi.lib.brg_reducer_create(ctypes.byref(h), comm._h("brg_reducer_create"), arr,
                                              n, ctypes.byref(cfg))
@@ -114,9 +117,10 @@ class Reducer:
                 for v in views:  # the library is done with the buffers
                     v.release()
                 views.clear()
-                return st
+                return int(st)
 
             # A child of the communicator's: closing that closes this first.
+            assert h.value, "brg_reducer_create returned SUCCESS and no reducer"
             self._core = _Owned(h.value, destroy, comm._core)
         except BaseException:
             for v in self._views:
@@ -148,9 +152,26 @@ class Reducer:
                                                     if comm_closed else ""), "brigade.Reducer")
         return h
 
+    def _param(self, param: Any, call: str) -> int:
+        """A parameter index as an int; one outside the registered ones is the
+        library's ERR_INVALID_ARGUMENT with its sentence (a negative index or
+        one past size_t would otherwise wrap on its way into C)."""
+        from . import ArgumentError, _c_int
+
+        n = len(self._counts)
+        try:
+            return _c_int(param, "parameter", call, 0, n - 1)
+        except ArgumentError:
+            raise ArgumentError(Status.ERR_INVALID_ARGUMENT,
+                                f"{call}: parameter {param} out of range ({n} registered)",
+                                call) from None
+
     def broadcast_params(self, root: int = 0) -> None:
         """Copies every parameter's values from rank `root` to all ranks."""
-        self._check(_capi.lib.brg_reducer_broadcast_params(self._h(), int(root)),
+        from . import _c_int
+
+        r = _c_int(root, "root", "brg_reducer_broadcast_params")
+        self._check(_capi.lib.brg_reducer_broadcast_params(self._h(), r),
                     "brg_reducer_broadcast_params")
 
     def prepare(self, no_sync: bool = False) -> None:
@@ -161,7 +182,9 @@ class Reducer:
 
     def mark_ready(self, param: int) -> None:
         """Parameter `param`'s gradient is final for this step."""
-        self._check(_capi.lib.brg_reducer_mark_ready(self._h(), int(param)),
+        h = self._h()
+        self._check(_capi.lib.brg_reducer_mark_ready(h, self._param(param,
+                                                                    "brg_reducer_mark_ready")),
                     "brg_reducer_mark_ready")
 
     def finalize(self) -> None:
@@ -171,7 +194,9 @@ class Reducer:
     def grad_address(self, param: int) -> int:
         """Where parameter `param`'s gradient lives (with grad_as_view: in a bucket)."""
         p = ctypes.c_void_p()
-        self._check(_capi.lib.brg_reducer_grad(self._h(), int(param), ctypes.byref(p)),
+        h = self._h()
+        i = self._param(param, "brg_reducer_grad")
+        self._check(_capi.lib.brg_reducer_grad(h, i, ctypes.byref(p)),
                     "brg_reducer_grad")
         return p.value or 0
 
@@ -187,11 +212,12 @@ class Reducer:
                  DType.FLOAT16: np.float16, DType.BFLOAT16: np.uint16,
                  DType.FLOAT32: np.float32, DType.FLOAT64: np.float64}
         addr = self.grad_address(param)
-        dt = np.dtype(table[self._dtypes[param]])
-        n = self._counts[param]
+        i = operator.index(param)  # grad_address checked it
+        dt = np.dtype(table[self._dtypes[i]])
+        n = self._counts[i]
         buf = (ctypes.c_char * (n * dt.itemsize)).from_address(addr)
         buf._pin = self._core.pin()  # type: ignore[attr-defined,union-attr]
-        return np.frombuffer(buf, dtype=dt, count=n)
+        return np.frombuffer(cast(Any, buf), dtype=dt, count=n)
 
     @property
     def num_buckets(self) -> int:
@@ -204,7 +230,10 @@ class Reducer:
         """(dtype, element count, parameter indices in bucket order) of a bucket."""
         d, c, npar = ctypes.c_int(), ctypes.c_size_t(), ctypes.c_size_t()
         idx = ctypes.POINTER(ctypes.c_size_t)()
-        self._check(_capi.lib.brg_reducer_bucket_layout(self._h(), int(bucket), ctypes.byref(d),
+        from . import SIZE_MAX, _c_int
+
+        b = _c_int(bucket, "bucket", "brg_reducer_bucket_layout", 0, SIZE_MAX)
+        self._check(_capi.lib.brg_reducer_bucket_layout(self._h(), b, ctypes.byref(d),
                                                         ctypes.byref(c), ctypes.byref(npar),
                                                         ctypes.byref(idx)),
                     "brg_reducer_bucket_layout")
@@ -229,7 +258,8 @@ class Reducer:
         self.close()
 
     def __del__(self) -> None:
-        if getattr(self, "_core", None) is not None and not self._core.closing:
+        core = getattr(self, "_core", None)
+        if core is not None and not core.closing:
             try:
                 self.close()
             except Exception:

@@ -33,7 +33,7 @@ import ctypes
 import queue
 import threading
 from datetime import timedelta
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Sequence, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -46,7 +46,7 @@ BACKEND_NAME = "brigade"
 _STORE_KEY = "brigade/unique_id"
 
 try:
-    from torch._C._distributed_c10d import _create_work_from_future
+    from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
 except ImportError as e:  # pragma: no cover - torch without c10d
     raise ImportError("brigade.torch needs torch.distributed with Python process groups "
                       "(torch >= 1.13)") from e
@@ -73,11 +73,11 @@ def _op_name(reduce_op: Any) -> str:
     return type(reduce_op).__name__
 
 
-def _op(reduce_op: Any) -> str:
+def _op(reduce_op: Any) -> brigade.OpName:
     R = dist.ReduceOp
     for name, ours in _OPS:
         if hasattr(R, name) and reduce_op == getattr(R, name):
-            return ours
+            return cast(brigade.OpName, ours)
     name = _op_name(reduce_op)
     why = (" (its factor is not visible to a backend written in Python)"
            if name == "PREMUL_SUM" else "")
@@ -106,7 +106,7 @@ def _then(*fns: Any) -> Any:
 
 
 def _done(result: Any) -> Any:
-    fut: torch.futures.Future = torch.futures.Future()
+    fut: "torch.futures.Future[Any]" = torch.futures.Future()
     fut.set_result(result)
     return _create_work_from_future(fut)
 
@@ -141,7 +141,7 @@ class _Completer:
                 fut.set_exception(e)
 
     def submit(self, reqs: Any, result: Any, then: Any = None) -> "torch.futures.Future[Any]":
-        fut: torch.futures.Future = torch.futures.Future()
+        fut: "torch.futures.Future[Any]" = torch.futures.Future()
         self._q.put((reqs if isinstance(reqs, list) else [reqs], fut, result, then))
         return fut
 
@@ -162,7 +162,10 @@ def _completer(comm: brigade.Communicator) -> _Completer:
         return c
 
 
-def _one(tensors: List[torch.Tensor], call: str) -> torch.Tensor:
+_T = TypeVar("_T")
+
+
+def _one(tensors: Sequence[_T], call: str) -> _T:
     if len(tensors) != 1:
         raise ValueError(f"brigade: {call}: one tensor per call (got {len(tensors)}); brigade "
                          "runs one device per process")
@@ -235,7 +238,7 @@ class _AnySourceWork(dist.Work):
     source_rank = _source_rank
 
 
-class ProcessGroupBrigade(dist.ProcessGroup):
+class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
     """A torch.distributed process group whose collectives run on brigade.
 
     CPU tensors go through brigade's non-blocking calls: each call returns a
@@ -537,7 +540,7 @@ class ProcessGroupBrigade(dist.ProcessGroup):
         return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
 
     # ------------------------------------------------------------ the rest
-    def _unsupported(name: str):  # type: ignore[misc]
+    def _unsupported(name: str) -> Any:
         def call(self: Any, *args: Any, **kwargs: Any) -> Any:
             raise NotImplementedError(f"brigade: the torch.distributed backend \"brigade\" has no "
                                       f"{name} (it has allreduce, all_reduce_coalesced, "
@@ -558,11 +561,12 @@ def _create(store: Any, rank: int, size: int, timeout: Any) -> ProcessGroupBriga
 
 def register() -> None:
     """Registers the backend "brigade" with torch.distributed (done at import)."""
-    if BACKEND_NAME.upper() not in dist.Backend._plugins:  # type: ignore[attr-defined]
+    if BACKEND_NAME.upper() not in dist.Backend._plugins:
         try:  # torch >= 2.0 asks which devices the backend serves
-            dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu", "cuda"])
+            dist.Backend.register_backend(  # type: ignore[no-untyped-call,call-arg]
+                BACKEND_NAME, _create, devices=["cpu", "cuda"])
         except TypeError:
-            dist.Backend.register_backend(BACKEND_NAME, _create)
+            dist.Backend.register_backend(BACKEND_NAME, _create)  # type: ignore[no-untyped-call]
 
 
 register()
@@ -577,21 +581,26 @@ def communicator(group: Any = None) -> brigade.Communicator:
     (Gloo, NCCL), one built once per group, its unique id broadcast through
     the group itself, so no port is needed. Call it on every rank of the group.
     """
-    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    pg = group if group is not None else \
+        dist.distributed_c10d._get_default_group()  # type: ignore[no-untyped-call]
     if isinstance(pg, ProcessGroupBrigade):
         return pg.comm
     c = _group_comms.get(id(pg))
     if c is None:
         rank, size = dist.get_rank(pg), dist.get_world_size(pg)
         box = [bytes(brigade.get_unique_id()) if rank == 0 else None]
-        src = dist.distributed_c10d._get_global_rank(pg, 0) if group is not None else 0
-        dist.broadcast_object_list(box, src=src, group=group)
-        c = _group_comms[id(pg)] = brigade.Communicator(size, box[0], rank)
+        src = dist.distributed_c10d._get_global_rank(  # type: ignore[no-untyped-call]
+            pg, 0) if group is not None else 0
+        dist.broadcast_object_list(box, src=src, group=group)  # type: ignore[no-untyped-call]
+        uid = box[0]
+        assert uid is not None, "the unique id did not arrive"
+        c = _group_comms[id(pg)] = brigade.Communicator(size, uid, rank)
     return c
 
 
 def allreduce_hook(state: brigade.Communicator,
-                   bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+                   bucket: dist.GradBucket,  # type: ignore[name-defined]
+                   ) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: the bucket's gradients averaged over ranks by a
     brigade allreduce, started at once and finished on a helper thread so that
     backward goes on meanwhile. Divides by the number of ranks, then sums, as
@@ -607,7 +616,7 @@ def allreduce_hook(state: brigade.Communicator,
     t.div_(state.size)
     if t.is_cuda:
         state.allreduce(t, op="sum")  # on the current stream
-        fut: torch.futures.Future = torch.futures.Future()
+        fut: "torch.futures.Future[Any]" = torch.futures.Future()
         fut.set_result(t)
         return fut
     req = state.iallreduce(t, op="sum")

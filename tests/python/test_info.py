@@ -16,11 +16,27 @@ def test_info_matches_brigade_info():
     ours = subprocess.run([sys.executable, "-m", "brigade.info"], capture_output=True,
                           text=True, check=True).stdout
     theirs = subprocess.run([exe], capture_output=True, text=True, check=True).stdout
-    first, rest = ours.split("\n", 1)
+    first, cuda, nccl, rest = ours.split("\n", 3)
     assert first.startswith(f"brigade (Python) {brigade.__version__}: ")
     assert "libbrigade.so" in first
+    # What the package carries: the CUDA module (path and architectures, or
+    # why not) and the NCCL library; then brigade-info's own output.
+    assert cuda.startswith("CUDA module: "), cuda
+    assert nccl.startswith("NCCL library"), nccl
     assert rest == theirs
     assert "BRIGADE_PORT" in rest and "BRIGADE_DEBUG_SUBSYS" in rest
+
+
+def test_nccl_path():
+    """--nccl-path prints the NCCL library's path alone, or says why there is
+    none (exit 1)."""
+    r = subprocess.run([sys.executable, "-m", "brigade.info", "--nccl-path"],
+                       capture_output=True, text=True)
+    if r.returncode == 0:
+        path = r.stdout.strip()
+        assert os.path.exists(path) and "nccl" in os.path.basename(path), path
+    else:
+        assert r.returncode == 1 and "no NCCL-compatible library" in r.stderr, r.stderr
 
 
 def test_version_and_errors():

@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""The wheel with the GPU path, as a user gets it: built by pip from this
+source tree (nvcc on PATH), installed into a clean virtual environment, and
+used from there with nothing of the source or build tree on the paths.
+
+    wheel_check.py SOURCE EMU_MODULE [--archs 75] [--wheel FILE] [--work DIR]
+
+Checks, in order:
+  1. the wheel is tagged py3-none-<platform> and holds libbrigade.so.0,
+     libbrigade_cuda.so, libnccl.so.2 and _build.py in brigade/;
+  2. installed, every library resolves all its needs (ldd: no "not found"),
+     libnccl.so.2 finds libbrigade.so.0 through its RUNPATH ($ORIGIN), and
+     each one opens with dlopen;
+  3. python -m brigade.info names the CUDA module with the architectures
+     asked for, and --nccl-path prints the installed libnccl.so.2;
+  4. the installed libbrigade.so opens the installed libbrigade_cuda.so:
+     without a GPU the device path says there is no device (the module was
+     loaded and asked), never that the module could not be loaded;
+  5. one device allreduce through the installed package, 2 ranks, on the
+     emulated CUDA module (BRIGADE_CUDA_MODULE=EMU_MODULE: the kernel source
+     compiled for the CPU; a real GPU is the only check of the real module's
+     kernels), every element checked.
+--archs is passed as -Dgpu_archs (default: the build's own choice, every
+architecture nvcc lists); --wheel skips the build. Exit 77 (skip) without
+nvcc or pip.
+"""
+import argparse
+import glob
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+
+failed = []
+
+
+def check(ok, what, detail=""):
+    print(f"{'ok  ' if ok else 'FAIL'} {what}" + (f": {detail}" if detail and not ok else ""))
+    if not ok:
+        failed.append(what)
+    return ok
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, capture_output=True, text=True, **kw)
+
+
+CHILD = r'''
+import ctypes, os, sys
+import numpy as np
+import brigade
+site = sys.argv[1]
+assert brigade.library_path().startswith(site), brigade.library_path()
+sys.path.insert(0, sys.argv[2])  # tests/python: emu.py
+from emu import Emu
+
+class Dev:
+    def __init__(self, emu, host, stream):
+        self.ptr, self.n, self.stream = emu.alloc(host.nbytes), host.size, stream
+        emu.upload(self.ptr, host.ctypes.data, host.nbytes)
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": (self.n,), "typestr": "<f4", "data": (self.ptr, False),
+                "strides": None, "version": 3, "stream": self.stream}
+
+comm = brigade.Communicator.from_env()
+emu = Emu(os.environ["BRIGADE_CUDA_MODULE"])
+emu.set_device(comm.rank % emu.devices)
+s = emu.stream()
+host = np.arange(4099, dtype=np.float32) + comm.rank
+a = Dev(emu, host, s)
+comm.allreduce(a)
+emu.sync(s)
+got = np.frombuffer(ctypes.string_at(a.ptr, host.nbytes), np.float32)
+want = sum(np.arange(4099, dtype=np.float32) + r for r in range(comm.size))
+assert np.array_equal(got, want), (got[:8], want[:8])
+comm.close()
+print("allreduce ok", comm.size, "ranks")
+'''
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("source")
+    ap.add_argument("emu")
+    ap.add_argument("--archs", default="")
+    ap.add_argument("--wheel", default="")
+    ap.add_argument("--work", default="")
+    a = ap.parse_args()
+    src = os.path.abspath(a.source)
+    if not shutil.which("nvcc") and not a.wheel:
+        print("skip: nvcc is not on PATH (the wheel's CUDA module needs it)")
+        return 77
+    work = a.work or tempfile.mkdtemp(prefix="brigade-wheel-")
+    os.makedirs(work, exist_ok=True)
+    venv = os.path.join(work, "venv")
+    t0 = time.monotonic()
+    # A clean environment: Debian's interpreter and its packages (NumPy),
+    # nothing of this tree.
+    base = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    if not os.path.exists(os.path.join(venv, "bin", "python")):
+        r = run([base, "-m", "venv", "--system-site-packages", venv])
+        if r.returncode:
+            print(f"skip: no venv ({r.stderr.strip()[-300:]})")
+            return 77
+    py = os.path.join(venv, "bin", "python")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "BRIGADE_LIBRARY", "BRIGADE_INFO", "BRIGADE_CUDA_MODULE",
+                        "LD_LIBRARY_PATH", "LD_PRELOAD", "RANK", "WORLD_SIZE", "MASTER_ADDR",
+                        "MASTER_PORT")}
+    whl = a.wheel
+    if not whl:
+        out = os.path.join(work, "dist")
+        cmd = [py, "-m", "pip", "wheel", "--no-deps", "-w", out, src,
+               "--config-settings=build-dir=" + os.path.join(work, "build")]
+        if a.archs:
+            cmd.append("--config-settings=setup-args=-Dgpu_archs=" + a.archs)
+        t = time.monotonic()
+        r = run(cmd, env=env)
+        if r.returncode:
+            print(r.stdout[-6000:] + r.stderr[-3000:])
+            check(False, "pip wheel")
+            return 1
+        whl = glob.glob(os.path.join(out, "brigade-*.whl"))[0]
+        print(f"ok   pip wheel: {os.path.basename(whl)} in {time.monotonic() - t:.0f} s")
+    name = os.path.basename(whl)
+    check(re.search(r"-py3-none-linux_[a-z0-9_]+\.whl$", name) is not None,
+          "wheel tag py3-none-<platform>", name)
+    names = zipfile.ZipFile(whl).namelist()
+    inside = {os.path.basename(n): n for n in names if "/brigade/" in "/" + n}
+    for f in ("libbrigade.so.0", "libbrigade_cuda.so", "libnccl.so.2", "_build.py",
+              "__init__.py"):
+        check(f in inside, f"wheel holds brigade/{f}", ", ".join(sorted(inside)))
+    check(not any(".mesonpy.libs" in n for n in names), "no library outside the package",
+          ", ".join(n for n in names if ".mesonpy.libs" in n))
+
+    r = run([py, "-m", "pip", "install", "--no-deps", "--force-reinstall", whl], env=env)
+    if not check(r.returncode == 0, "pip install", r.stderr[-2000:]):
+        return 1
+    cwd = work  # not the source tree, whose python/ would be imported
+    r = run([py, "-c", "import brigade, os; print(os.path.dirname(brigade.__file__))"],
+            env=env, cwd=cwd)
+    pkg = r.stdout.strip()
+    check(pkg.startswith(venv), "the package is the installed one", pkg or r.stderr)
+    libs = {n: os.path.join(pkg, n) for n in ("libbrigade.so.0", "libbrigade_cuda.so",
+                                                 "libnccl.so.2")}
+    for n, p in libs.items():
+        r = run(["ldd", p])
+        check(r.returncode == 0 and "not found" not in r.stdout, f"ldd {n}: every need found",
+              r.stdout + r.stderr)
+    r = run(["ldd", libs["libnccl.so.2"]])
+    m = re.search(r"libbrigade\.so\.0 => (\S+)", r.stdout)
+    check(m is not None and os.path.realpath(m.group(1)) == os.path.realpath(
+        libs["libbrigade.so.0"]), "libnccl.so.2 finds the package's libbrigade.so.0",
+        r.stdout)
+    r = run(["readelf", "-d", libs["libnccl.so.2"]])
+    check("[$ORIGIN]" in r.stdout, "libnccl.so.2 RUNPATH $ORIGIN", r.stdout[-800:])
+    opener = ("import ctypes, os, sys\n"
+              "for p in sys.argv[1:]:\n"
+              "    ctypes.CDLL(p, mode=os.RTLD_NOW)\n"
+              "    print('opened', p)\n")
+    r = run([py, "-c", opener] + list(libs.values()), env=env, cwd=cwd)
+    check(r.returncode == 0, "dlopen of the three libraries", r.stdout + r.stderr)
+
+    r = run([py, "-m", "brigade.info", "--nccl-path"], env=env, cwd=cwd)
+    check(r.returncode == 0 and os.path.realpath(r.stdout.strip()) == os.path.realpath(
+        libs["libnccl.so.2"]), "brigade.info --nccl-path", r.stdout + r.stderr)
+    r = run([py, "-m", "brigade.info"], env=env, cwd=cwd)
+    line = next((ln for ln in r.stdout.splitlines() if ln.startswith("CUDA module:")), "")
+    want = ["sm_" + x for x in a.archs.split(",")] if a.archs else ["sm_75", "sm_90", "sm_120"]
+    check(libs["libbrigade_cuda.so"] in line
+          and all(re.search(re.escape(w) + r"\b", line) for w in want),
+          "brigade.info names the CUDA module and its architectures", line or r.stdout)
+    print("     " + line)
+
+    # The installed library opens the installed module (no GPU here: it must
+    # say so, which only a loaded module can).
+    probe = ("import brigade\n"
+             "c = brigade.Communicator.from_env()\n"
+             "try:\n"
+             "    c.device_setup()\n"
+             "    print('device path ready')\n"
+             "except brigade.Error as e:\n"
+             "    print('refused:', e)\n")
+    r = run([py, "-c", probe], env=env, cwd=cwd, timeout=120)
+    out = r.stdout + r.stderr
+    check(r.returncode == 0 and "could not be loaded" not in out and "built without" not in out
+          and "does not match" not in out, "the installed CUDA module is opened", out)
+    print("     " + out.strip().splitlines()[-1] if out.strip() else "")
+
+    # One device allreduce through the installed package, on the emulator.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tests_py = os.path.join(src, "tests", "python")
+    procs = []
+    for rank in range(2):
+        e = dict(env, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                 MASTER_PORT=str(port), BRIGADE_CUDA_MODULE=os.path.abspath(a.emu),
+                 BRIGADE_TRANSPORTS="cuda_ipc,shm", BRIGADE_TIMEOUT_MS="60000")
+        procs.append(subprocess.Popen([py, "-c", CHILD, venv, tests_py], env=e, cwd=cwd,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    outs = [p.communicate(timeout=180)[0] for p in procs]
+    check(all(p.returncode == 0 for p in procs) and all("allreduce ok" in o for o in outs),
+          "device allreduce through the installed package (emulated module)",
+          "\n".join(outs)[-3000:])
+    print(f"{len(failed) == 0 and 'all passed' or f'{len(failed)} failed'} "
+          f"({time.monotonic() - t0:.0f} s)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
