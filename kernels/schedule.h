@@ -36,6 +36,15 @@
 #else
 #define BRG_HD
 #endif
+/* A function every step of a walk calls: inlined into the executor's loop
+ * (nvcc inlines device code by itself). */
+#if defined(__CUDACC__)
+#define BRG_HD_STEP __host__ __device__
+#elif defined(__GNUC__)
+#define BRG_HD_STEP __attribute__((always_inline))
+#else
+#define BRG_HD_STEP
+#endif
 
 /* The collectives, numbered once for the runtime (brg__coll), the plan
  * below and kernel mode's launch arguments (ring_args.h, which carries the
@@ -254,10 +263,12 @@ typedef struct brg__sched {
   size_t slice_elems;     /* elements of a slice, at least 1 */
   int nchannels, channel; /* this channel's share of the call (0 channels: 1) */
   /* The walk (brg__sched_begin sets these). */
-  int chain, bcast, hop; /* chain: broadcast or reduce, this rank's hop */
-  int t0, t1, t;         /* ring: the steps run, the next one */
-  size_t share, base;    /* this channel's elements and the first of them */
-  size_t slices, sl;     /* slices of the longest chunk, the next one */
+  int chain, hop;       /* chain: whether it is one, this rank's hop */
+  int cprim, cin, cout; /* chain: the primitive and buffers of every slice */
+  int rs, ag;           /* ring: reduce-scatter, all-gather */
+  int t0, t1, t;        /* ring: the steps run, the next one */
+  size_t share, base;   /* this channel's elements and the first of them */
+  size_t slices, sl;    /* slices of the longest chunk, the next one */
 } brg__sched;
 
 /* One step of a plan. Buffers by role: `in` is BRG__BUF_IN (the send
@@ -279,10 +290,9 @@ typedef struct brg__step {
  * reduce-scatter and all-gather take the channel's share of rank id's
  * block (blocks of count at the stride, or with `whole` the chunks
  * allreduce would cut the whole buffer into). */
-static inline BRG_HD size_t brg__sched_piece(const brg__sched *pl, int id, size_t *off) {
+static inline BRG_HD_STEP size_t brg__sched_piece(const brg__sched *pl, int id, size_t *off) {
   int n = pl->nranks;
-  int blocks = pl->kind == BRG__COLL_REDUCE_SCATTER || pl->kind == BRG__COLL_ALL_GATHER;
-  if (!blocks) {
+  if (!pl->rs && !pl->ag) {
     *off = pl->base + brg__part_offset(pl->share, n, id);
     return brg__part_count(pl->share, n, id);
   }
@@ -306,17 +316,27 @@ static inline BRG_HD void brg__sched_begin(brg__sched *pl) {
   pl->base = brg__part_offset(pl->count, pl->nchannels, pl->channel);
   pl->sl = 0;
   pl->slices = 0;
-  if (n < 2) return; /* no steps */
   pl->chain = k == BRG__COLL_BROADCAST || k == BRG__COLL_REDUCE;
+  if (n < 2) return; /* no steps */
   if (pl->chain) {
-    int root_pos = 0;
+    /* One primitive on every slice. The broadcast root also fills its own
+     * output (out of place); only the last hop of a reduce writes one;
+     * only the broadcast root reads its input. */
+    int root_pos = 0, bcast = k == BRG__COLL_BROADCAST;
     for (int i = 0; i < n; i++)
       if (pl->ring[i] == pl->root) root_pos = i;
-    pl->bcast = k == BRG__COLL_BROADCAST;
-    pl->hop = brg__chain_hop(pl->pos, pl->bcast ? root_pos : (root_pos + 1) % n, n);
+    pl->hop = brg__chain_hop(pl->pos, bcast ? root_pos : (root_pos + 1) % n, n);
+    brg__prim prim = brg__chain_prim(pl->hop, n, bcast);
+    pl->cprim = (int)prim;
+    pl->cin = bcast && pl->hop != 0 ? BRG__BUF_NONE : BRG__BUF_IN;
+    pl->cout = BRG__BUF_OUT;
+    if (prim == BRG__PRIM_SEND && !(bcast && !pl->inplace)) pl->cout = BRG__BUF_NONE;
+    if (!bcast && prim != BRG__PRIM_RECV_REDUCE_COPY) pl->cout = BRG__BUF_NONE;
     pl->slices = brg__slice_total(pl->share, pl->slice_elems);
     return;
   }
+  pl->rs = k == BRG__COLL_REDUCE_SCATTER;
+  pl->ag = k == BRG__COLL_ALL_GATHER;
   pl->t0 = k == BRG__COLL_ALL_GATHER ? n - 1 : 0;
   pl->t1 = k == BRG__COLL_REDUCE_SCATTER ? n - 1 : 2 * n - 2;
   pl->t = pl->t0;
@@ -326,8 +346,8 @@ static inline BRG_HD void brg__sched_begin(brg__sched *pl) {
   }
 }
 
-static inline BRG_HD void brg__sched_set(brg__step *st, brg__prim prim, int in, size_t in_off,
-                                         int out, size_t out_off) {
+static inline BRG_HD_STEP void brg__sched_set(brg__step *st, brg__prim prim, int in, size_t in_off,
+                                              int out, size_t out_off) {
   st->prim = prim;
   st->in = in;
   st->in_off = in_off;
@@ -335,19 +355,12 @@ static inline BRG_HD void brg__sched_set(brg__step *st, brg__prim prim, int in, 
   st->out_off = out_off;
 }
 
-/* The chain's next slice: the primitive of this rank's hop on it. The
- * broadcast root also fills its own output (out of place); only the last
- * hop of a reduce writes one; only the broadcast root reads its input. */
-static inline BRG_HD int brg__sched_next_chain(brg__sched *pl, brg__step *st) {
+/* The chain's next slice: this rank's hop's primitive on it. */
+static inline BRG_HD_STEP int brg__sched_next_chain(brg__sched *pl, brg__step *st) {
   if (pl->sl >= pl->slices) return 0;
   size_t sl = pl->sl++;
   size_t e = pl->base + brg__slice_offset(sl, pl->slice_elems);
-  brg__prim prim = brg__chain_prim(pl->hop, pl->nranks, pl->bcast);
-  int in = BRG__BUF_IN, out = BRG__BUF_OUT;
-  if (prim == BRG__PRIM_SEND && !(pl->bcast && !pl->inplace)) out = BRG__BUF_NONE;
-  if (!pl->bcast && prim != BRG__PRIM_RECV_REDUCE_COPY) out = BRG__BUF_NONE;
-  if (pl->bcast && pl->hop != 0) in = BRG__BUF_NONE;
-  brg__sched_set(st, prim, in, e, out, e);
+  brg__sched_set(st, (brg__prim)pl->cprim, pl->cin, e, pl->cout, e);
   st->count = brg__slice_count(pl->share, pl->slice_elems, sl);
   st->elem = e;
   st->slice = sl;
@@ -357,10 +370,9 @@ static inline BRG_HD int brg__sched_next_chain(brg__sched *pl, brg__step *st) {
 }
 
 /* The next step of the walk into *st; 0 at the end. */
-static inline BRG_HD int brg__sched_next(brg__sched *pl, brg__step *st) {
+static inline BRG_HD_STEP int brg__sched_next(brg__sched *pl, brg__step *st) {
   if (pl->chain) return brg__sched_next_chain(pl, st);
-  int n = pl->nranks;
-  int rs = pl->kind == BRG__COLL_REDUCE_SCATTER, ag = pl->kind == BRG__COLL_ALL_GATHER;
+  int n = pl->nranks, rs = pl->rs, ag = pl->ag;
   while (pl->sl < pl->slices) {
     size_t sl = pl->sl, off;
     int t = pl->t;
