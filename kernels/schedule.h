@@ -36,6 +36,32 @@
 #else
 #define BRG_HD
 #endif
+/* A function every step of a walk calls: inlined into the executor's loop
+ * (nvcc inlines device code by itself). */
+#if defined(__CUDACC__)
+#define BRG_HD_STEP __host__ __device__
+#elif defined(__GNUC__)
+#define BRG_HD_STEP __attribute__((always_inline))
+#else
+#define BRG_HD_STEP
+#endif
+
+/* The collectives, numbered once for the runtime (brg__coll), the plan
+ * below and kernel mode's launch arguments (ring_args.h, which carries the
+ * number). The ring runs allreduce, reduce-scatter, all-gather and barrier
+ * (an allreduce of nothing); the chain broadcast and reduce; the others go
+ * point to point (runtime/p2p.c, rooted.c). */
+typedef enum {
+  BRG__COLL_ALLREDUCE = 1,
+  BRG__COLL_REDUCE_SCATTER,
+  BRG__COLL_ALL_GATHER,
+  BRG__COLL_BROADCAST,
+  BRG__COLL_REDUCE,
+  BRG__COLL_BARRIER,
+  BRG__COLL_ALL_TO_ALL,
+  BRG__COLL_GATHER,
+  BRG__COLL_SCATTER,
+} brg__coll_kind;
 
 typedef enum {
   BRG__PRIM_SEND = 0,              /* own input -> next */
@@ -194,6 +220,193 @@ static inline BRG_HD brg__prim brg__chain_prim(int hop, int nranks, int bcast) {
   if (hop == 0) return BRG__PRIM_SEND;
   if (hop < nranks - 1) return bcast ? BRG__PRIM_RECV_COPY_SEND : BRG__PRIM_RECV_REDUCE_SEND;
   return bcast ? BRG__PRIM_RECV : BRG__PRIM_RECV_REDUCE_COPY;
+}
+
+/*
+ * The plan (brg__sched): every step one rank runs for one collective of
+ * the ring or the chain, in the order it runs them (slices outer, steps inner), with the
+ * slice each step works on. The host engine (runtime/ring.c, for host and
+ * GPU buffers alike) and kernel mode's ring kernel (kernels/cuda/
+ * ring_kernel.cuh) are executors of it: they turn each step into buffers
+ * and run its primitive. A new collective of the ring is a plan here;
+ * every executor then runs it.
+ *
+ *   ring:  allreduce (and barrier, with nothing) steps 0..2N-2,
+ *          reduce-scatter 0..N-1 (the last reduces into the output
+ *          without sending), all-gather N-1..2N-2 (the first sends the
+ *          rank's own block, copying it into the output)
+ *   chain: broadcast from the root, reduce towards it (N-1 hops)
+ *
+ * A kernel cuts a call over channels: channel ch of nchannels runs the
+ * plan of its share (brg__part_* of the count, or of each block with
+ * `whole`); the host runs the whole call as one channel. N = 1 has no
+ * steps: the executors copy the input.
+ *
+ *   brg__sched pl = {0};
+ *   pl.kind = ...; (the call, as below)
+ *   brg__sched_begin(&pl);
+ *   for (brg__step st; brg__sched_next(&pl, &st);) run st
+ *
+ * A copy of a brg__sched walks on independently: the host engine
+ * walks a second copy ahead of the first to offer receive windows.
+ */
+typedef struct brg__sched {
+  /* The call (the caller sets these before brg__sched_begin). */
+  int kind;               /* brg__coll_kind */
+  int nranks, pos;        /* ring size and this rank's position on it */
+  const int *ring;        /* position -> rank */
+  int root;               /* broadcast and reduce: the root's rank */
+  int inplace;            /* the send buffer is the receive buffer */
+  int whole;              /* reduce-scatter and all-gather: see brg__coll */
+  size_t count;           /* the call's count argument */
+  size_t stride;          /* reduce-scatter and all-gather (not whole): 0 is count */
+  size_t slice_elems;     /* elements of a slice, at least 1 */
+  int nchannels, channel; /* this channel's share of the call (0 channels: 1) */
+  /* The walk (brg__sched_begin sets these). */
+  int chain, hop;       /* chain: whether it is one, this rank's hop */
+  int cprim, cin, cout; /* chain: the primitive and buffers of every slice */
+  int rs, ag;           /* ring: reduce-scatter, all-gather */
+  int t0, t1, t;        /* ring: the steps run, the next one */
+  size_t share, base;   /* this channel's elements and the first of them */
+  size_t slices, sl;    /* slices of the longest chunk, the next one */
+} brg__sched;
+
+/* One step of a plan. Buffers by role: `in` is BRG__BUF_IN (the send
+ * buffer, at element in_off) or BRG__BUF_NONE; `out` is BRG__BUF_OUT (the
+ * receive buffer, at out_off) or BRG__BUF_NONE. */
+typedef struct brg__step {
+  brg__prim prim;
+  int in, out;
+  size_t in_off, out_off;
+  size_t count; /* elements of the slice */
+  size_t elem;  /* its first element in the collective's full-size buffer */
+  size_t slice; /* its index within its chunk */
+  int chunk;    /* ring: the rank whose chunk it is; chain: -1 */
+  int step;     /* ring: the step t; chain: the hop */
+} brg__step;
+
+/* Where this channel's part of chunk `id` (the chunk of rank id) begins
+ * and how long it is. Allreduce cuts the channel's share into N chunks;
+ * reduce-scatter and all-gather take the channel's share of rank id's
+ * block (blocks of count at the stride, or with `whole` the chunks
+ * allreduce would cut the whole buffer into). */
+static inline BRG_HD_STEP size_t brg__sched_piece(const brg__sched *pl, int id, size_t *off) {
+  int n = pl->nranks;
+  if (!pl->rs && !pl->ag) {
+    *off = pl->base + brg__part_offset(pl->share, n, id);
+    return brg__part_count(pl->share, n, id);
+  }
+  if (!pl->whole) {
+    *off = (pl->stride ? pl->stride : pl->count) * (size_t)id + pl->base;
+    return pl->share;
+  }
+  size_t blk = brg__part_count(pl->count, n, id);
+  *off = brg__part_offset(pl->count, n, id) + brg__part_offset(blk, pl->nchannels, pl->channel);
+  return brg__part_count(blk, pl->nchannels, pl->channel);
+}
+
+/* Sets the walk up from the call. */
+static inline BRG_HD void brg__sched_begin(brg__sched *pl) {
+  int n = pl->nranks, k = pl->kind;
+  if (pl->nchannels < 1) {
+    pl->nchannels = 1;
+    pl->channel = 0;
+  }
+  pl->share = brg__part_count(pl->count, pl->nchannels, pl->channel);
+  pl->base = brg__part_offset(pl->count, pl->nchannels, pl->channel);
+  pl->sl = 0;
+  pl->slices = 0;
+  pl->chain = k == BRG__COLL_BROADCAST || k == BRG__COLL_REDUCE;
+  if (n < 2) return; /* no steps */
+  if (pl->chain) {
+    /* One primitive on every slice. The broadcast root also fills its own
+     * output (out of place); only the last hop of a reduce writes one;
+     * only the broadcast root reads its input. */
+    int root_pos = 0, bcast = k == BRG__COLL_BROADCAST;
+    for (int i = 0; i < n; i++)
+      if (pl->ring[i] == pl->root) root_pos = i;
+    pl->hop = brg__chain_hop(pl->pos, bcast ? root_pos : (root_pos + 1) % n, n);
+    brg__prim prim = brg__chain_prim(pl->hop, n, bcast);
+    pl->cprim = (int)prim;
+    pl->cin = bcast && pl->hop != 0 ? BRG__BUF_NONE : BRG__BUF_IN;
+    pl->cout = BRG__BUF_OUT;
+    if (prim == BRG__PRIM_SEND && !(bcast && !pl->inplace)) pl->cout = BRG__BUF_NONE;
+    if (!bcast && prim != BRG__PRIM_RECV_REDUCE_COPY) pl->cout = BRG__BUF_NONE;
+    pl->slices = brg__slice_total(pl->share, pl->slice_elems);
+    return;
+  }
+  pl->rs = k == BRG__COLL_REDUCE_SCATTER;
+  pl->ag = k == BRG__COLL_ALL_GATHER;
+  pl->t0 = k == BRG__COLL_ALL_GATHER ? n - 1 : 0;
+  pl->t1 = k == BRG__COLL_REDUCE_SCATTER ? n - 1 : 2 * n - 2;
+  pl->t = pl->t0;
+  for (int i = 0; i < n; i++) {
+    size_t off, ns = brg__slice_total(brg__sched_piece(pl, i, &off), pl->slice_elems);
+    if (ns > pl->slices) pl->slices = ns;
+  }
+}
+
+static inline BRG_HD_STEP void brg__sched_set(brg__step *st, brg__prim prim, int in, size_t in_off,
+                                              int out, size_t out_off) {
+  st->prim = prim;
+  st->in = in;
+  st->in_off = in_off;
+  st->out = out;
+  st->out_off = out_off;
+}
+
+/* The chain's next slice: this rank's hop's primitive on it. */
+static inline BRG_HD_STEP int brg__sched_next_chain(brg__sched *pl, brg__step *st) {
+  if (pl->sl >= pl->slices) return 0;
+  size_t sl = pl->sl++;
+  size_t e = pl->base + brg__slice_offset(sl, pl->slice_elems);
+  brg__sched_set(st, (brg__prim)pl->cprim, pl->cin, e, pl->cout, e);
+  st->count = brg__slice_count(pl->share, pl->slice_elems, sl);
+  st->elem = e;
+  st->slice = sl;
+  st->chunk = -1;
+  st->step = pl->hop;
+  return 1;
+}
+
+/* The next step of the walk into *st; 0 at the end. */
+static inline BRG_HD_STEP int brg__sched_next(brg__sched *pl, brg__step *st) {
+  if (pl->chain) return brg__sched_next_chain(pl, st);
+  int n = pl->nranks, rs = pl->rs, ag = pl->ag;
+  while (pl->sl < pl->slices) {
+    size_t sl = pl->sl, off;
+    int t = pl->t;
+    if (++pl->t > pl->t1) {
+      pl->t = pl->t0;
+      pl->sl++;
+    }
+    int id = pl->ring[brg__ring_chunk(pl->pos, n, t)];
+    size_t cnt = brg__sched_piece(pl, id, &off);
+    if (sl >= brg__slice_total(cnt, pl->slice_elems)) continue;
+    size_t e = off + brg__slice_offset(sl, pl->slice_elems);
+    /* Where the slice lies in the rs output or ag input: a buffer of one
+     * block, or the whole buffer. */
+    size_t own = pl->whole ? e : pl->base + brg__slice_offset(sl, pl->slice_elems);
+    brg__prim prim = brg__ring_prim(n, t);
+    if (rs && t == pl->t1)
+      brg__sched_set(st, BRG__PRIM_RECV_REDUCE_COPY, BRG__BUF_IN, e, BRG__BUF_OUT, own);
+    else if (rs)
+      brg__sched_set(st, prim, BRG__BUF_IN, e, BRG__BUF_NONE, 0);
+    else if (ag && t == pl->t0) /* own block: input -> output and next */
+      brg__sched_set(st, BRG__PRIM_SEND, BRG__BUF_IN, own, BRG__BUF_OUT, e);
+    else if (ag)
+      brg__sched_set(st, prim, BRG__BUF_NONE, 0, BRG__BUF_OUT, e);
+    else
+      brg__sched_set(st, prim, BRG__BUF_IN, e,
+                     prim == BRG__PRIM_SEND ? BRG__BUF_NONE : BRG__BUF_OUT, e);
+    st->count = brg__slice_count(cnt, pl->slice_elems, sl);
+    st->elem = e;
+    st->slice = sl;
+    st->chunk = id;
+    st->step = t;
+    return 1;
+  }
+  return 0;
 }
 
 #endif

@@ -9,19 +9,8 @@
 #include "brigade.h"
 #include "clock.h"
 #include "log.h"
+#include "schedule.h" /* brg__coll_kind */
 #include "transport.h"
-
-typedef enum {
-  BRG__COLL_ALLREDUCE = 1,
-  BRG__COLL_REDUCE_SCATTER,
-  BRG__COLL_ALL_GATHER,
-  BRG__COLL_BROADCAST,
-  BRG__COLL_REDUCE,
-  BRG__COLL_BARRIER,
-  BRG__COLL_ALL_TO_ALL,
-  BRG__COLL_GATHER,
-  BRG__COLL_SCATTER,
-} brg__coll_kind;
 
 const char *brg__coll_name(brg__coll_kind kind);
 

@@ -190,93 +190,32 @@ static brg_status run_prim(brg__ring_op *o, brg__prim prim, const char *in, char
   return s;
 }
 
-/* Allreduce, reduce-scatter and all-gather: steps [t0, t1] of the ring
- * schedule, slice by slice. Allreduce splits its count into N balanced
- * chunks; reduce-scatter and all-gather have chunks of `count` elements
- * each, chunk i at element stride * i of the full-size buffer (the
- * stride is count unless the call is one ring's part of a larger one). */
-typedef struct ring_plan {
-  int t0, t1;
-  int fixed; /* chunks of `per` each (rs, ag), else balanced parts of `total` */
-  size_t per, stride, total;
-  size_t max_slices; /* of the largest chunk */
-  size_t sl;         /* the walk: slice sl at step t comes next */
-  int t;
-} ring_plan;
-
-/* One step of the walk: primitive `prim` on m elements of chunk `id`,
- * starting at element e of the whole collective. */
-typedef struct ring_step {
-  brg__prim prim;
-  const char *in;
-  char *out;
-  size_t m, e, sl;
-  int t, id;
-} ring_step;
-
-static void ring_plan_init(const brg__ring_op *o, int t0, int t1, ring_plan *pl) {
+/* The plan of schedule.h for this call: the whole call, one channel. */
+static void plan_begin(const brg__ring_op *o, brg__sched *pl) {
   const brg__coll *k = o->coll;
-  int n = o->c->nranks;
-  int ag = k->kind == BRG__COLL_ALL_GATHER, rs = k->kind == BRG__COLL_REDUCE_SCATTER;
-  *pl = (ring_plan){.t0 = t0, .t1 = t1, .t = t0};
-  pl->fixed = (rs || ag) && !k->whole;
-  pl->per = k->count;
-  pl->stride = k->stride ? k->stride : pl->per;
-  pl->total = pl->fixed ? pl->per * (size_t)n : k->count;
-  for (int i = 0; i < n; i++) {
-    size_t cnt = pl->fixed ? pl->per : brg__part_count(pl->total, n, i);
-    size_t ns = brg__slice_total(cnt, o->slice_elems);
-    if (ns > pl->max_slices) pl->max_slices = ns;
-  }
+  brg_comm *c = o->c;
+  *pl = (brg__sched){.kind = k->kind,
+                     .nranks = c->nranks,
+                     .pos = c->pos,
+                     .ring = c->ring,
+                     .root = k->root,
+                     .inplace = k->sendbuf == k->recvbuf,
+                     .whole = k->whole,
+                     .count = k->count,
+                     .stride = k->stride,
+                     .slice_elems = o->slice_elems,
+                     .nchannels = 1};
+  brg__sched_begin(pl);
 }
 
-/* The next step of the walk (slices outer, steps inner); 0 at the end. */
-static int ring_plan_next(const brg__ring_op *o, ring_plan *pl, ring_step *st) {
-  brg_comm *c = o->c;
-  const brg__coll *k = o->coll;
-  int n = c->nranks, p = c->pos;
-  int ag = k->kind == BRG__COLL_ALL_GATHER, rs = k->kind == BRG__COLL_REDUCE_SCATTER;
-  while (pl->sl < pl->max_slices) {
-    size_t sl = pl->sl;
-    int t = pl->t;
-    if (++pl->t > pl->t1) {
-      pl->t = pl->t0;
-      pl->sl++;
-    }
-    int id = c->ring[brg__ring_chunk(p, n, t)];
-    size_t cnt = pl->fixed ? pl->per : brg__part_count(pl->total, n, id);
-    size_t off = pl->fixed ? pl->stride * (size_t)id : brg__part_offset(pl->total, n, id);
-    if (sl >= brg__slice_total(cnt, o->slice_elems)) continue;
-    size_t m = brg__slice_count(cnt, o->slice_elems, sl);
-    size_t e = off + brg__slice_offset(sl, o->slice_elems);
-    /* Where the slice lies in the rs output or ag input: a buffer of one
-     * chunk, or the whole buffer. */
-    size_t own = k->whole ? e : brg__slice_offset(sl, o->slice_elems);
-    const char *in = NULL;
-    char *out = NULL;
-    brg__prim prim = brg__ring_prim(n, t);
-    if (rs) {
-      in = (const char *)k->sendbuf + e * o->esize;
-      if (t == pl->t1) {
-        prim = BRG__PRIM_RECV_REDUCE_COPY;
-        out = (char *)k->recvbuf + own * o->esize;
-      }
-    } else if (ag) {
-      out = (char *)k->recvbuf + e * o->esize;
-      if (t == pl->t0) {
-        prim = BRG__PRIM_SEND; /* own block: input -> output and next */
-        in = (const char *)k->sendbuf + own * o->esize;
-      }
-    } else {
-      in = k->sendbuf ? (const char *)k->sendbuf + e * o->esize : NULL;
-      out = k->recvbuf ? (char *)k->recvbuf + e * o->esize : NULL;
-    }
-    if (prim == BRG__PRIM_SEND && !ag) out = NULL;
-    *st =
-        (ring_step){.prim = prim, .in = in, .out = out, .m = m, .e = e, .sl = sl, .t = t, .id = id};
-    return 1;
-  }
-  return 0;
+/* A step's input and output in this call's buffers (NULL: none). */
+static const char *step_in(const brg__ring_op *o, const brg__step *st) {
+  const char *b = o->coll->sendbuf;
+  return st->in && b ? b + st->in_off * o->esize : NULL;
+}
+static char *step_out(const brg__ring_op *o, const brg__step *st) {
+  char *b = o->coll->recvbuf;
+  return st->out && b ? b + st->out_off * o->esize : NULL;
 }
 
 /* Receive windows: the all-gather steps only copy what arrives into the
@@ -290,76 +229,47 @@ static int ring_plan_next(const brg__ring_op *o, ring_plan *pl, ring_step *st) {
  * through the other process). The reduce-scatter steps need what arrives
  * beside their own input, so theirs lands in the FIFO. */
 typedef struct ring_ahead {
-  ring_plan plan;
+  brg__sched plan;
   uint64_t pos; /* the slot the next receiving step of the walk takes */
 } ring_ahead;
 
 static void ring_offer_windows(brg__ring_op *o, ring_ahead *a, size_t last_sl) {
   brg_comm *c = o->c;
   uint64_t limit = c->recv_pos + (uint64_t)c->recv.fifo.nslots;
-  ring_step st;
+  brg__step st;
   while (a->pos < limit) {
-    ring_plan before = a->plan;
-    if (!ring_plan_next(o, &a->plan, &st)) break;
-    if (st.sl > last_sl) {
+    brg__sched before = a->plan;
+    if (!brg__sched_next(&a->plan, &st)) break;
+    if (st.slice > last_sl) {
       a->plan = before;
       break;
     }
     if (!brg__prim_recvs(st.prim)) continue;
-    size_t bytes = st.m * o->esize;
-    if ((st.prim == BRG__PRIM_RECV || st.prim == BRG__PRIM_RECV_COPY_SEND) && st.out &&
+    size_t bytes = st.count * o->esize;
+    char *out = step_out(o, &st);
+    if ((st.prim == BRG__PRIM_RECV || st.prim == BRG__PRIM_RECV_COPY_SEND) && out &&
         bytes > BRG__INLINE_BYTES)
-      c->recv.ops->recv_window(&c->recv, a->pos, st.out, bytes);
+      c->recv.ops->recv_window(&c->recv, a->pos, out, bytes);
     a->pos++;
   }
 }
 
-static brg_status run_ring(brg__ring_op *o, int t0, int t1) {
+brg_status brg__ring_walk(brg__ring_op *o) {
   brg_comm *c = o->c;
-  ring_plan plan;
-  ring_ahead ahead = {.pos = c->recv_pos};
-  ring_plan_init(o, t0, t1, &plan);
-  ahead.plan = plan;
-  ring_step st;
-  while (ring_plan_next(o, &plan, &st)) {
-    c->cur_step = st.t;
-    o->elem = st.e;
-    o->chunk = st.id;
-    o->slice = st.sl;
-    brg_status s = run_prim(o, st.prim, st.in, st.out, st.m);
+  brg__sched plan;
+  plan_begin(o, &plan);
+  /* (the chain's slices only pass through, in the FIFO) */
+  int windows = o->windows && !plan.chain;
+  ring_ahead ahead = {.plan = plan, .pos = c->recv_pos};
+  brg__step st;
+  while (brg__sched_next(&plan, &st)) {
+    c->cur_step = st.step;
+    o->elem = st.elem;
+    if (st.chunk >= 0) o->chunk = st.chunk;
+    o->slice = st.slice;
+    brg_status s = run_prim(o, st.prim, step_in(o, &st), step_out(o, &st), st.count);
     if (s != BRG_SUCCESS) return s;
-    if (o->windows) ring_offer_windows(o, &ahead, st.sl);
-  }
-  return BRG_SUCCESS;
-}
-
-/* Broadcast and reduce: a pipelined chain of N-1 hops along the ring. */
-static brg_status run_chain(brg__ring_op *o) {
-  brg_comm *c = o->c;
-  const brg__coll *k = o->coll;
-  int n = c->nranks;
-  int root_pos = 0;
-  for (int i = 0; i < n; i++)
-    if (c->ring[i] == k->root) root_pos = i;
-  int bcast = k->kind == BRG__COLL_BROADCAST;
-  int first = bcast ? root_pos : (root_pos + 1) % n;
-  int hop = brg__chain_hop(c->pos, first, n);
-  brg__prim prim = brg__chain_prim(hop, n, bcast);
-  size_t slices = brg__slice_total(k->count, o->slice_elems);
-  for (size_t sl = 0; sl < slices; sl++) {
-    size_t e = brg__slice_offset(sl, o->slice_elems);
-    size_t m = brg__slice_count(k->count, o->slice_elems, sl);
-    const char *in = k->sendbuf ? (const char *)k->sendbuf + e * o->esize : NULL;
-    char *out = k->recvbuf ? (char *)k->recvbuf + e * o->esize : NULL;
-    /* The broadcast root also fills its own output; reduce senders do not. */
-    if (prim == BRG__PRIM_SEND && !(bcast && in != out)) out = NULL;
-    if (!bcast && prim != BRG__PRIM_RECV_REDUCE_COPY) out = NULL;
-    if (bcast && hop != 0) in = NULL;
-    c->cur_step = hop;
-    o->elem = e;
-    o->slice = sl;
-    brg_status s = run_prim(o, prim, in, out, m);
-    if (s != BRG_SUCCESS) return s;
+    if (windows) ring_offer_windows(o, &ahead, st.slice);
   }
   return BRG_SUCCESS;
 }
@@ -457,11 +367,11 @@ static brg_status coll_body(brg_comm *c, brg__coll *k) {
         break;
       }
       /* fall through */
-    case BRG__COLL_BARRIER: s = run_ring(&o, 0, 2 * n - 2); break;
-    case BRG__COLL_REDUCE_SCATTER: s = run_ring(&o, 0, n - 1); break;
-    case BRG__COLL_ALL_GATHER: s = run_ring(&o, n - 1, 2 * n - 2); break;
+    case BRG__COLL_BARRIER:
+    case BRG__COLL_REDUCE_SCATTER:
+    case BRG__COLL_ALL_GATHER:
     case BRG__COLL_BROADCAST:
-    case BRG__COLL_REDUCE: s = run_chain(&o); break;
+    case BRG__COLL_REDUCE: s = brg__ring_walk(&o); break;
     case BRG__COLL_ALL_TO_ALL:
       if ((s = a2a_announce(&o)) == BRG_SUCCESS) s = brg__p2p_all_to_all(c, k);
       break;

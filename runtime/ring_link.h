@@ -67,6 +67,11 @@ typedef struct brg__mem_ops {
 } brg__mem_ops;
 extern const brg__mem_ops brg__mem_host, brg__mem_device;
 
+/* Runs the plan of schedule.h for o's collective (a ring or chain one,
+ * N >= 2) through o->mem, step by step (ring.c): the host engine's and
+ * step mode's walk. */
+brg_status brg__ring_walk(brg__ring_op *o);
+
 /* The communicator's waiter: its check stops waits on abort, a
  * neighbour's notice or hang-up, a broken link, or the deadline. */
 void brg__ring_waiter_init(brg_comm *c);

@@ -123,7 +123,7 @@ typedef struct brg__rk_oneshot {
 } brg__rk_oneshot;
 
 typedef struct brg__rk_args {
-  int kind; /* the runtime's brg__coll_kind: 1 allreduce .. 5 reduce */
+  int kind; /* brg__coll_kind (kernels/schedule.h) */
   int dtype, op;
   int nranks, pos; /* this rank's place on the ring */
   int root;        /* broadcast and reduce: the root's rank */

@@ -72,9 +72,6 @@ namespace brg_rk {
 
 constexpr int MAX_CHANNELS = BRG__RK_MAX_CHANNELS;
 
-/* The collectives, numbered as the runtime numbers them. */
-enum kind { ALLREDUCE = 1, REDUCE_SCATTER = 2, ALL_GATHER = 3, BROADCAST = 4, REDUCE = 5 };
-
 enum status {
   OK = BRG__RK_OK,
   ABORTED = BRG__RK_ABORTED,
@@ -90,6 +87,39 @@ BRG_SIMT_DEV bool same_call(const brg__rk_call &x, const brg__rk_call &y) {
 
 typedef brg__rk_link link;
 typedef brg__rk_args args;
+
+/* The plan of schedule.h for this channel's share of the call (the ring
+ * or the chain, by the call's brg__coll_kind), each step handed to
+ * x.prim(primitive, input, output, elements) as pointers into the call's
+ * buffers, with x.step set to its step; false once x.prim returns false.
+ * A channel walks it with its own primitives (channel::prim); the tests
+ * walk it with a recorder (tests/runtime/test_plan). */
+template <class T, class X> BRG_SIMT_DEV bool walk(const args &a, size_t slot_elems, X &x) {
+  brg__sched pl = {};
+  pl.kind = a.kind;
+  pl.nranks = a.nranks;
+  pl.pos = a.pos;
+  pl.ring = a.ring;
+  pl.root = a.root;
+  pl.inplace = a.sendbuf == a.recvbuf;
+  pl.whole = a.whole;
+  pl.count = a.count;
+  pl.stride = a.stride;
+  pl.slice_elems = slot_elems;
+  pl.nchannels = a.nchannels;
+  pl.channel = (int)brg_simt_block();
+  brg__sched_begin(&pl);
+  const T *send = static_cast<const T *>(a.sendbuf);
+  T *recv = static_cast<T *>(a.recvbuf);
+  brg__step st;
+  while (brg__sched_next(&pl, &st)) {
+    x.step = st.step;
+    if (!x.prim(st.prim, st.in && send ? send + st.in_off : nullptr,
+                st.out && recv ? recv + st.out_off : nullptr, st.count))
+      return false;
+  }
+  return true;
+}
 
 template <class D, int OP> struct channel {
   typedef typename D::T T;
@@ -301,102 +331,6 @@ template <class D, int OP> struct channel {
     return true;
   }
 
-  /* Where this channel's share of chunk id lies (*off) and how long it is:
-   * allreduce cuts its share into N chunks; reduce-scatter and all-gather
-   * take their share of rank id's block (blocks of count, or with whole
-   * the chunks allreduce would cut the whole buffer into). */
-  BRG_SIMT_DEV size_t piece(int id, size_t share, size_t base, size_t *off) const {
-    int n = a.nranks, ch = (int)brg_simt_block(), nch = a.nchannels;
-    if (a.kind == ALLREDUCE) {
-      *off = base + brg__part_offset(share, n, id);
-      return brg__part_count(share, n, id);
-    }
-    if (!a.whole) {
-      *off = (a.stride ? a.stride : a.count) * (size_t)id + base;
-      return share;
-    }
-    size_t blk = brg__part_count(a.count, n, id);
-    *off = brg__part_offset(a.count, n, id) + brg__part_offset(blk, nch, ch);
-    return brg__part_count(blk, nch, ch);
-  }
-
-  /* Allreduce, reduce-scatter, all-gather: steps [t0, t1] of the ring
-   * schedule over this channel's share, chunk by chunk as piece cuts it. */
-  BRG_SIMT_DEV bool ring(int t0, int t1) {
-    int n = a.nranks, p = a.pos, ch = (int)brg_simt_block(), nch = a.nchannels;
-    bool rs = a.kind == REDUCE_SCATTER, ag = a.kind == ALL_GATHER;
-    size_t share = brg__part_count(a.count, nch, ch), base = brg__part_offset(a.count, nch, ch);
-    const T *send = static_cast<const T *>(a.sendbuf);
-    T *recv = static_cast<T *>(a.recvbuf);
-    size_t max_slices = 0, off;
-    for (int i = 0; i < n; i++) {
-      size_t ns = brg__slice_total(piece(i, share, base, &off), slot_elems);
-      if (ns > max_slices) max_slices = ns;
-    }
-    for (size_t sl = 0; sl < max_slices; sl++) {
-      for (int t = t0; t <= t1; t++) {
-        int id = a.ring[brg__ring_chunk(p, n, t)];
-        size_t cnt = piece(id, share, base, &off);
-        if (sl >= brg__slice_total(cnt, slot_elems)) continue;
-        size_t m = brg__slice_count(cnt, slot_elems, sl);
-        size_t e = off + brg__slice_offset(sl, slot_elems);
-        /* this rank's own block in the rs output or ag input: a buffer of
-         * one block, or the whole buffer */
-        size_t own = a.whole ? e : base + brg__slice_offset(sl, slot_elems);
-        const T *in = nullptr;
-        T *out = nullptr;
-        brg__prim pr = brg__ring_prim(n, t);
-        if (rs) {
-          in = send + e;
-          if (t == t1) {
-            pr = BRG__PRIM_RECV_REDUCE_COPY;
-            out = recv + own;
-          }
-        } else if (ag) {
-          out = recv + e;
-          if (t == t0) {
-            pr = BRG__PRIM_SEND;
-            in = send + own;
-          }
-        } else {
-          in = send + e;
-          out = recv + e;
-        }
-        if (pr == BRG__PRIM_SEND && !ag) out = nullptr;
-        step = t;
-        if (!prim(pr, in, out, m)) return false;
-      }
-    }
-    return true;
-  }
-
-  /* Broadcast and reduce: a pipelined chain of N-1 hops along the ring. */
-  BRG_SIMT_DEV bool chain() {
-    int n = a.nranks, ch = (int)brg_simt_block(), nch = a.nchannels;
-    bool bcast = a.kind == BROADCAST;
-    int root_pos = 0;
-    for (int i = 0; i < n; i++)
-      if (a.ring[i] == a.root) root_pos = i;
-    int first = bcast ? root_pos : (root_pos + 1) % n;
-    int hop = brg__chain_hop(a.pos, first, n);
-    brg__prim pr = brg__chain_prim(hop, n, bcast);
-    size_t share = brg__part_count(a.count, nch, ch), base = brg__part_offset(a.count, nch, ch);
-    size_t slices = brg__slice_total(share, slot_elems);
-    for (size_t sl = 0; sl < slices; sl++) {
-      size_t e = base + brg__slice_offset(sl, slot_elems);
-      size_t m = brg__slice_count(share, slot_elems, sl);
-      const T *in = a.sendbuf ? static_cast<const T *>(a.sendbuf) + e : nullptr;
-      T *out = a.recvbuf ? static_cast<T *>(a.recvbuf) + e : nullptr;
-      /* The broadcast root also fills its own output; reduce senders do not. */
-      if (pr == BRG__PRIM_SEND && !(bcast && in != out)) out = nullptr;
-      if (!bcast && pr != BRG__PRIM_RECV_REDUCE_COPY) out = nullptr;
-      if (bcast && hop != 0) in = nullptr;
-      step = hop;
-      if (!prim(pr, in, out, m)) return false;
-    }
-    return true;
-  }
-
   /* The flag rank r raises in the one-shot area `area`. */
   BRG_SIMT_DEV static uint64_t *os_flag(char *area, int r) {
     return reinterpret_cast<uint64_t *>(area + BRG__RK_OS_FLAGS + 64 * r);
@@ -532,11 +466,8 @@ template <class D, int OP> struct channel {
       done = true;
     } else if (a.oneshot) {
       done = oneshot();
-    } else if (a.kind == BROADCAST || a.kind == REDUCE) {
-      done = chain();
     } else {
-      int t0 = a.kind == ALL_GATHER ? n - 1 : 0, t1 = a.kind == REDUCE_SCATTER ? n - 1 : 2 * n - 2;
-      done = ring(t0, t1);
+      done = walk<T>(a, slot_elems, *this);
     }
     if (brg_simt_tid() == 0) {
       /* the previous rank's header of this call, where nothing it sent

@@ -196,15 +196,16 @@ struct tcase {
 static std::vector<tcase> make_cases() {
   std::vector<tcase> v;
   const size_t counts[] = {0, 1, 7, 4099, 20011};
-  for (int kind = ALLREDUCE; kind <= REDUCE; kind++)
+  for (int kind = BRG__COLL_ALLREDUCE; kind <= BRG__COLL_REDUCE; kind++)
     for (int dt = 0; dt < BRG_NUM_DTYPES; dt++)
       for (int op = 0; op < BRG_NUM_OPS; op++) {
-        bool reduces = kind == ALLREDUCE || kind == REDUCE_SCATTER || kind == REDUCE;
+        bool reduces = kind == BRG__COLL_ALLREDUCE || kind == BRG__COLL_REDUCE_SCATTER ||
+                       kind == BRG__COLL_REDUCE;
         if (!reduces && op != BRG_SUM) continue;
         if (op >= BRG_BAND) {
           /* The bitwise ops: integers, allreduce, one count each (7 or 513,
            * by turns), by both paths: the data path is the same for every op. */
-          if (dt >= BRG_FLOAT16 || kind != ALLREDUCE) continue;
+          if (dt >= BRG_FLOAT16 || kind != BRG__COLL_ALLREDUCE) continue;
           size_t n = (dt + op) % 2 ? 7 : 513;
           int root = (int)((n + (size_t)dt) % (size_t)g_n);
           if (!g_only_oneshot) v.push_back({kind, dt, op, n, 0, root, 0});
@@ -217,7 +218,7 @@ static std::vector<tcase> make_cases() {
           for (int inplace = 0; inplace < 2; inplace++) {
             int root = (int)((n + (size_t)dt) % (size_t)g_n);
             if (!g_only_oneshot) v.push_back({kind, dt, op, n, inplace, root, 0});
-            if (kind == ALLREDUCE && n > 0 && n <= 4099)
+            if (kind == BRG__COLL_ALLREDUCE && n > 0 && n <= 4099)
               v.push_back({kind, dt, op, n, inplace, root, 1});
           }
         }
@@ -228,8 +229,8 @@ static std::vector<tcase> make_cases() {
 /* Buffer sizes (elements) of a case: input, output. */
 static void sizes(const tcase &t, size_t *in, size_t *out) {
   size_t n = (size_t)g_n;
-  *in = t.kind == REDUCE_SCATTER ? t.count * n : t.count;
-  *out = t.kind == ALL_GATHER ? t.count * n : t.count;
+  *in = t.kind == BRG__COLL_REDUCE_SCATTER ? t.count * n : t.count;
+  *out = t.kind == BRG__COLL_ALL_GATHER ? t.count * n : t.count;
 }
 
 static int g_fail_budget = 10;
@@ -238,18 +239,19 @@ static int check_case(int ci, const tcase &t, int rank, const unsigned char *out
                       size_t out_elems) {
   size_t es = esize(t.dtype);
   std::vector<unsigned char> want(out_elems * es + 1);
-  bool has_out = !(t.kind == REDUCE && rank != t.root);
+  bool has_out = !(t.kind == BRG__COLL_REDUCE && rank != t.root);
   if (!has_out) return 0;
   switch (t.kind) {
-  case ALLREDUCE:
-  case REDUCE: DISPATCH(t.dtype, fold, ci, t.op, 0, t.count, want.data()) break;
-  case REDUCE_SCATTER:
+  case BRG__COLL_ALLREDUCE:
+  case BRG__COLL_REDUCE: DISPATCH(t.dtype, fold, ci, t.op, 0, t.count, want.data()) break;
+  case BRG__COLL_REDUCE_SCATTER:
     DISPATCH(t.dtype, fold, ci, t.op, (size_t)rank * t.count, t.count, want.data()) break;
-  case ALL_GATHER:
+  case BRG__COLL_ALL_GATHER:
     for (int q = 0; q < g_n; q++)
       DISPATCH(t.dtype, fill, ci, q, BRG_SUM, t.count, want.data() + (size_t)q * t.count * es)
     break;
-  case BROADCAST: DISPATCH(t.dtype, fill, ci, t.root, BRG_SUM, t.count, want.data()) break;
+  case BRG__COLL_BROADCAST:
+    DISPATCH(t.dtype, fill, ci, t.root, BRG_SUM, t.count, want.data()) break;
   }
   for (size_t i = 0; i < out_elems; i++)
     if (memcmp(out + i * es, want.data() + i * es, es) != 0) {
@@ -299,10 +301,10 @@ static int run_rank(int rank) {
       /* in place: the output is the input (reduce-scatter and all-gather:
        * this rank's block of the full buffer, as NCCL takes them) */
       memset(op, 0xee, cap);
-      if (t.kind == ALL_GATHER) {
+      if (t.kind == BRG__COLL_ALL_GATHER) {
         memcpy(op + (size_t)rank * t.count * es, ip, t.count * es);
         s = op + (size_t)rank * t.count * es;
-      } else if (t.kind == REDUCE_SCATTER) {
+      } else if (t.kind == BRG__COLL_REDUCE_SCATTER) {
         memcpy(op, ip, in_e * es);
         memset(op + in_e * es, 0xee, GUARD);
         s = op;
@@ -312,7 +314,7 @@ static int run_rank(int rank) {
         s = op;
       }
     }
-    if (t.kind == REDUCE && rank != t.root && !t.inplace) r = nullptr;
+    if (t.kind == BRG__COLL_REDUCE && rank != t.root && !t.inplace) r = nullptr;
     args a = make_args(rank, t.kind, t.dtype, t.op, t.root, s, r, t.count, &status);
     unsigned blocks = (unsigned)g_channels;
     if (t.oneshot) {
@@ -331,7 +333,7 @@ static int run_rank(int rank) {
       return fails + 1;
     }
     const unsigned char *got = static_cast<const unsigned char *>(r ? r : op);
-    if (t.inplace && t.kind == REDUCE_SCATTER) {
+    if (t.inplace && t.kind == BRG__COLL_REDUCE_SCATTER) {
       /* the guard after this rank's block is the next rank's input: skip it */
       std::vector<unsigned char> copy(out_e * es + GUARD, 0xee);
       memcpy(copy.data(), got, out_e * es);
@@ -409,8 +411,8 @@ static int run_abort() {
   std::vector<std::thread> th;
   for (int r = 0; r < g_n - 1; r++)
     th.emplace_back([&, r] {
-      args a = make_args(r, ALLREDUCE, BRG_FLOAT32, BRG_SUM, 0, buf[r].data(), buf[r].data(),
-                         buf[r].size(), &status[r]);
+      args a = make_args(r, BRG__COLL_ALLREDUCE, BRG_FLOAT32, BRG_SUM, 0, buf[r].data(),
+                         buf[r].data(), buf[r].size(), &status[r]);
       if (g_only_oneshot) {
         a.oneshot = 1;
         a.os.rank = r;
