@@ -37,9 +37,11 @@
  * continues the sequence instead of repeating it.
  *
  * Abort: thread 0 of every channel polls *abort_word (host memory mapped
- * for the GPU) while it waits; once it is set, the channel writes ABORTED
- * to *status and every thread of the channel returns, so no stream stays
- * blocked by a peer that will never write.
+ * for the GPU) while it waits, at its first spin and then once every
+ * POLL_SPINS spins (each read is a round trip over PCIe, which a read at
+ * every spin would add to every wait); once it is set, the channel writes
+ * ABORTED to *status and every thread of the channel returns, so no
+ * stream stays blocked by a peer that will never write.
  *
  * Checks, so that a fault is named instead of hanging or reducing the
  * wrong data: the sender writes, beside each slot, its position on the
@@ -91,6 +93,11 @@ BRG_SIMT_DEV bool same_call(const brg__rk_call &x, const brg__rk_call &y) {
 typedef brg__rk_link link;
 typedef brg__rk_args args;
 
+/* Spins of a wait between two reads of the abort word (and of the previous
+ * rank's header): on a GPU a spin is a flag load and a short sleep, well
+ * under a microsecond, so an abort is seen within a millisecond or so. */
+constexpr unsigned POLL_SPINS = 1024;
+
 template <class D, int OP> struct channel {
   typedef typename D::T T;
   static constexpr int MID = OP == BRG_AVG ? BRG_SUM : OP; /* before the last step */
@@ -102,10 +109,11 @@ template <class D, int OP> struct channel {
   size_t slot_elems;
   int step;         /* the ring step or chain hop, for the watch record */
   bool hdr_checked; /* thread 0: the previous rank's header of this call matched */
+  unsigned spins;   /* thread 0: spins of this launch's waits so far */
 
   BRG_SIMT_DEV channel(const args &a_, const link &l_)
       : a(a_), l(l_), wr(a_.watch ? a_.watch + brg_simt_block() : nullptr), posted(0), taken(0),
-        slot_elems(a_.slot_bytes / sizeof(T)), step(0), hdr_checked(false) {}
+        slot_elems(a_.slot_bytes / sizeof(T)), step(0), hdr_checked(false), spins(0) {}
 
   /* Thread 0: what the channel waits for now, for the watchdog. */
   BRG_SIMT_DEV void waiting(int what, int peer) {
@@ -166,7 +174,7 @@ template <class D, int OP> struct channel {
     int stop = 0;
     waiting(BRG__RK_WAIT_SEND, -1);
     while (!stop && k - brg_simt_load_acquire(l.hdr_acked) >= BRG__RK_HDRS) {
-      stop = brg_simt_load_word(a.abort_word) != 0;
+      stop = aborted();
       if (!stop) brg_simt_pause();
     }
     if (stop) return false;
@@ -178,14 +186,24 @@ template <class D, int OP> struct channel {
     return true;
   }
 
-  /* Thread 0 in a wait loop: whether to stop (the abort word, or a header
-   * that differs, *faulted then). */
+  /* Thread 0 at a spin of a wait loop: whether the abort word is set, read
+   * at the launch's first spin and then every POLL_SPINS spins. */
+  BRG_SIMT_DEV bool aborted() {
+    return spins++ % POLL_SPINS == 0 && brg_simt_load_word(a.abort_word) != 0;
+  }
+
+  /* Thread 0 at a spin of a wait loop: whether to stop (the abort word, or
+   * a header that differs, *faulted then), looked at as aborted() reads. */
   BRG_SIMT_DEV bool stop_now(int *faulted) {
+    if (spins % POLL_SPINS != 0) {
+      spins++;
+      return false;
+    }
     if (hdr_poll() < 0) {
       *faulted = 1;
       return true;
     }
-    return brg_simt_load_word(a.abort_word) != 0;
+    return aborted();
   }
 
   /* Thread 0, once the previous rank posted slot `taken`: it must be that
@@ -544,7 +562,7 @@ template <class D, int OP> struct channel {
       if (done) waiting(BRG__RK_WAIT_RECV, -1);
       int h = done ? hdr_poll() : 1;
       while (h == 0) {
-        if (brg_simt_load_word(a.abort_word) != 0) {
+        if (aborted()) {
           brg_simt_store_word(a.status, ABORTED);
           break;
         }

@@ -9,7 +9,8 @@
  *   brg_simt_pause                      a spinning thread lets others run
  *   brg_simt_load_acquire (u64)         a flag another GPU or the host wrote
  *   brg_simt_store_release (u64)        a flag another GPU or the host reads
- *   brg_simt_load_word (int)            a word the host writes (abort)
+ *   brg_simt_load_word (int)            a word the host writes (abort): a
+ *                                       round trip over PCIe from a GPU
  *   brg_simt_store_word (int)           a word the host reads (status)
  *   brg_simt_store_word_release (int)   the same, after this thread's writes
  *   brg_simt_exchange_word (int)        swaps a word, returns the old one
@@ -81,7 +82,7 @@ static BRG_SIMT_DEV void brg_simt_fence() {
   __threadfence_system();
 }
 
-#else /* the SIMT emulator */
+#else                               /* the SIMT emulator */
 
 /* Provided by the emulator (tests/gpu/simt_emu.cc) for the calling fiber. */
 unsigned brg_simt_emu_tid();
@@ -90,6 +91,10 @@ unsigned brg_simt_emu_block();
 void brg_simt_emu_sync();
 void brg_simt_emu_pause();
 void brg_simt_emu_published();
+/* What the emulator counts for the tests (simt_emu.h, brg_simt_emu::count). */
+void brg_simt_emu_count(int what, uint64_t n);
+#define BRG_SIMT_COUNT_SPINS 0      /* brg_simt_pause */
+#define BRG_SIMT_COUNT_WORD_LOADS 1 /* brg_simt_load_word */
 
 #define BRG_SIMT_DEV inline
 /* Blocks are OS threads and a block's threads are fibers of its OS thread,
@@ -129,6 +134,7 @@ static inline void brg_simt_store_release(uint64_t *p, uint64_t v) {
   brg_simt_emu_published(); /* a window for a reader that should not look yet */
 }
 static inline int brg_simt_load_word(const int *p) {
+  brg_simt_emu_count(BRG_SIMT_COUNT_WORD_LOADS, 1);
   return __atomic_load_n(p, __ATOMIC_RELAXED);
 }
 static inline void brg_simt_store_word(int *p, int v) {

@@ -22,7 +22,8 @@
  *
  * abort: rank N-1 never launches; the others' allreduce (the one-shot one
  * with `oneshot`) waits for it until another thread sets the abort word;
- * every launch must then return with ABORTED in its status word.
+ * every launch must then return with ABORTED in its status word, soon,
+ * having read the abort word far less often than it spun.
  *
  * Built a second time with -DBRG_RK_BREAK=1 (the tail, or the one-shot
  * flags, posted before the data is written) and =2 (no barrier after the
@@ -400,6 +401,12 @@ static int run_procs() {
   return bad;
 }
 
+static uint64_t now_ns() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 /* Rank N-1 never comes; the others' allreduce must stop at the abort word. */
 static int run_abort() {
   std::vector<int> status(g_n, 0);
@@ -424,11 +431,36 @@ static int run_abort() {
   struct timespec ts = {0, 300 * 1000 * 1000};
   nanosleep(&ts, nullptr);
   int early = returned.load();
+  uint64_t t0 = now_ns();
   __atomic_store_n(g_abort, 1, __ATOMIC_RELEASE);
   for (auto &t : th) t.join();
+  double late_ms = (double)(now_ns() - t0) / 1e6;
   int bad = 0;
   if (early) {
     fprintf(stderr, "FAIL abort: %d launches returned before the abort word was set\n", early);
+    bad++;
+  }
+  /* The kernels end soon after the abort word is set (on a GPU within a
+   * millisecond or so; here a generous bound, the emulator's spins being
+   * slow under load), and read it (host memory, a round trip over PCIe
+   * from a GPU) far less often than they spin. */
+  uint64_t spins = brg_simt_emu::count(BRG_SIMT_COUNT_SPINS);
+  uint64_t reads = brg_simt_emu::count(BRG_SIMT_COUNT_WORD_LOADS);
+  uint64_t blocks = (uint64_t)(g_n - 1) * (g_only_oneshot ? 1u : (unsigned)g_channels);
+  printf("abort: the kernels returned %.1f ms after the abort word was set; %llu spins, %llu "
+         "reads of the abort word\n",
+         late_ms, (unsigned long long)spins, (unsigned long long)reads);
+  if (late_ms > 10000) {
+    fprintf(stderr, "FAIL abort: the kernels returned %.0f ms after the abort word was set\n",
+            late_ms);
+    bad++;
+  }
+  if (reads > spins / 512 + 8 * blocks) {
+    fprintf(stderr,
+            "FAIL abort: %llu reads of the abort word in %llu spins of %llu blocks (at most one "
+            "per %u spins and a few per launch expected)\n",
+            (unsigned long long)reads, (unsigned long long)spins, (unsigned long long)blocks,
+            POLL_SPINS);
     bad++;
   }
   for (int r = 0; r < g_n - 1; r++)
