@@ -19,11 +19,12 @@
  *   slots p read)                           send_head   <-- p+1 consumed
  *
  *   sender:   wait until posted - consumed < nslots; write the slot; all
- *             threads meet (__syncthreads); thread 0 fences and stores
- *             posted + 1 into the receiver's tail with release.
+ *             threads meet (__syncthreads); thread 0 fences (release)
+ *             and stores posted + 1 into the receiver's tail.
  *   receiver: thread 0 waits (acquire) until tail > taken; all threads
- *             meet; they read the slot; all meet; thread 0 stores
- *             taken + 1 into the sender's head with release.
+ *             meet; they read the slot; all meet; thread 0 fences and
+ *             stores taken + 1 into the sender's head.
+ *   A step that receives and sends posts both behind one fence.
  *
  * A link to another host has the same words and slots, in pinned host
  * memory of this rank instead of the neighbour's GPU memory: the host
@@ -180,7 +181,6 @@ template <class D, int OP> struct channel {
     if (stop) return false;
     brg__rk_hdr *h = l.send_hdr + k % BRG__RK_HDRS;
     h->call = a.call;
-    brg_simt_fence();
     brg_simt_store_release(&h->n, k + 1);
     l.counters[3] = k + 1;
     return true;
@@ -306,13 +306,12 @@ template <class D, int OP> struct channel {
         sm->post = posted + 1;
       }
       if (wr) brg_simt_store_u64(&wr->progress, brg_simt_load_u64(&wr->progress) + 1);
+      /* one fence for the post: the slot written and the slot read */
+      if (sends || recvs) brg_simt_release();
 #if BRG_RK_BREAK != 1
-      if (sends) {
-        brg_simt_fence();
-        brg_simt_store_release(l.send_tail, posted + 1);
-      }
+      if (sends) brg_simt_store_flag(l.send_tail, posted + 1);
 #endif
-      if (recvs) brg_simt_store_release(l.recv_head, taken + 1);
+      if (recvs) brg_simt_store_flag(l.recv_head, taken + 1);
     }
     posted += sends;
     taken += recvs;
@@ -450,12 +449,15 @@ template <class D, int OP> struct channel {
     for (int r = 0; r < n; r++)
       copy(o.area[r] + buf + (size_t)me * o.slot_bytes, nullptr, a.sendbuf, m);
     brg_simt_sync(); /* every thread's part of every copy is written */
-    if (brg_simt_tid() == 0) {
-      for (int r = 0; r < n; r++) *os_call(o.area[r], me, call) = a.call;
+    /* Thread r raises this rank's flag in rank r's area: the N releases
+     * at once, none behind another. */
+    for (int r = (int)brg_simt_tid(); r < n; r += (int)brg_simt_nthreads()) {
+      *os_call(o.area[r], me, call) = a.call;
 #if BRG_RK_BREAK != 1
-      brg_simt_fence();
-      for (int r = 0; r < n; r++) brg_simt_store_release(os_flag(o.area[r], me), call);
+      brg_simt_store_release(os_flag(o.area[r], me), call);
 #endif
+    }
+    if (brg_simt_tid() == 0) {
       int stop = 0, faulted = 0;
       for (int r = 0; r < n && !stop; r++) {
         waiting(BRG__RK_WAIT_ONESHOT, r);
@@ -577,7 +579,6 @@ template <class D, int OP> struct channel {
       if (wr) {
         brg_simt_store_word(&wr->wait, BRG__RK_WAIT_NONE);
         brg_simt_store_u64(&wr->finished, brg_simt_load_u64(&wr->started));
-        brg_simt_fence();
         brg_simt_store_word_release(busy, 0);
       }
     }

@@ -8,7 +8,9 @@
  *   test_ring_kernel_emu abort N CHANNELS BLOCK_THREADS [oneshot]
  *
  * threads: the ranks are threads of this process; procs: forked
- * processes, the FIFOs in a MAP_SHARED mapping made before the fork. Each
+ * processes, the FIFOs in a MAP_SHARED mapping made before the fork.
+ * With threads, the kernels must also have used at most one system fence
+ * per flag they raised (the emulator counts both). Each
  * rank runs the whole list of cases on its own, back to back, as a stream
  * would: only the flags keep the ranks in step. Every collective x dtype x
  * op x count (0, 1, 7, 4099, and a multi-slice one), in place and out of
@@ -382,6 +384,18 @@ static int run_threads() {
   for (auto &t : th) t.join();
   int total = 0;
   for (int f : fails) total += f;
+  /* One system fence per post at most (a fence is the dearest instruction
+   * of a post): a step that receives and sends raises two flags behind
+   * one fence, the one-shot path one flag per rank with one release each. */
+  uint64_t fences = brg_simt_emu::count(BRG_SIMT_COUNT_FENCES);
+  uint64_t flags = brg_simt_emu::count(BRG_SIMT_COUNT_FLAGS);
+  printf("%llu system fences for %llu flags raised\n", (unsigned long long)fences,
+         (unsigned long long)flags);
+  if (fences > flags) {
+    fprintf(stderr, "FAIL: %llu system fences for %llu flags (at most one each expected)\n",
+            (unsigned long long)fences, (unsigned long long)flags);
+    total++;
+  }
   return total;
 }
 
