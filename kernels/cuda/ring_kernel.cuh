@@ -99,6 +99,15 @@ typedef brg__rk_args args;
  * under a microsecond, so an abort is seen within a millisecond or so. */
 constexpr unsigned POLL_SPINS = 1024;
 
+/* A slice's payload sits in its slot at the offset from a 16-byte boundary
+ * that its first element has in the call's buffers (counted from element
+ * 0, so that every rank agrees), so that a copy or reduce between a slot
+ * and 16-byte aligned buffers stays on the 16-byte vector path whatever
+ * element a chunk starts at; the slot keeps room for the shift (its
+ * payload holds slot_bytes - SLOT_SHIFT_ROOM bytes, a multiple of 16, so
+ * the slices of a chunk keep its offset). */
+constexpr size_t SLOT_SHIFT_ROOM = 16;
+
 template <class D, int OP> struct channel {
   typedef typename D::T T;
   static constexpr int MID = OP == BRG_AVG ? BRG_SUM : OP; /* before the last step */
@@ -108,13 +117,15 @@ template <class D, int OP> struct channel {
   brg__rk_watch *wr;      /* this channel's watch record (NULL: none) */
   uint64_t posted, taken; /* every thread keeps the same copy */
   size_t slot_elems;
+  size_t at;        /* the slice's first element in the call's buffers (slot shift) */
   int step;         /* the ring step or chain hop, for the watch record */
   bool hdr_checked; /* thread 0: the previous rank's header of this call matched */
   unsigned spins;   /* thread 0: spins of this launch's waits so far */
 
   BRG_SIMT_DEV channel(const args &a_, const link &l_)
       : a(a_), l(l_), wr(a_.watch ? a_.watch + brg_simt_block() : nullptr), posted(0), taken(0),
-        slot_elems(a_.slot_bytes / sizeof(T)), step(0), hdr_checked(false), spins(0) {}
+        slot_elems((a_.slot_bytes - SLOT_SHIFT_ROOM) / sizeof(T)), at(0), step(0),
+        hdr_checked(false), spins(0) {}
 
   /* Thread 0: what the channel waits for now, for the watchdog. */
   BRG_SIMT_DEV void waiting(int what, int peer) {
@@ -249,6 +260,20 @@ template <class D, int OP> struct channel {
     return !s_stop;
   }
 
+  /* The emulator counts the elements that a copy or reduce takes one at a
+   * time for want of co-aligned pointers (a byte at a time for a copy),
+   * so that a test sees slots that break the vector path. */
+  template <class E>
+  BRG_SIMT_DEV static void count_scalar(const void *d0, const void *d1, const void *x,
+                                        const void *y, size_t n) {
+#if !defined(__CUDACC__)
+    if (brg_simt_tid() == 0 && n > 0 && !brg_ew::coaligned<E>(d0, d1, x, y))
+      brg_simt_emu_count(BRG_SIMT_COUNT_SCALAR, n);
+#else
+    (void)d0, (void)d1, (void)x, (void)y, (void)n;
+#endif
+  }
+
   BRG_SIMT_DEV void copy(void *d0, void *d1, const void *src, size_t m) {
     typedef uint8_t B;
     size_t bytes = m * sizeof(T);
@@ -258,6 +283,7 @@ template <class D, int OP> struct channel {
       o0 = o1;
       o1 = nullptr;
     }
+    count_scalar<B>(o0, o1, s, s, bytes);
     brg_ew::plan p = brg_ew::make_plan<B>(o0, o1, s, s, bytes);
     brg_ew::thread_body<brg_ew::copy_fn>(brg_simt_tid(), brg_simt_nthreads(), o0, o1, s, nullptr,
                                          bytes, p, 0);
@@ -265,6 +291,7 @@ template <class D, int OP> struct channel {
 
   template <int X>
   BRG_SIMT_DEV void reduce(T *d0, T *d1, const T *x, const T *y, size_t m, int div) {
+    count_scalar<T>(d0, d1, x, y, m);
     brg_ew::plan p = brg_ew::make_plan<T>(d0, d1, x, y, m);
     brg_ew::thread_body<brg_ew::reduce_fn<D, X>>(brg_simt_tid(), brg_simt_nthreads(), d0, d1, x, y,
                                                  m, p, div);
@@ -275,12 +302,13 @@ template <class D, int OP> struct channel {
   BRG_SIMT_DEV bool prim(brg__prim pr, const T *in, T *out, size_t m) {
     int recvs = brg__prim_recvs(pr), sends = brg__prim_sends(pr);
     if ((recvs || sends) && !wait(recvs, sends)) return false;
-    const T *r = recvs ? reinterpret_cast<const T *>(l.recv_slots +
-                                                     (taken % (uint64_t)a.nslots) * a.slot_bytes)
+    size_t shift = (at * sizeof(T)) & (SLOT_SHIFT_ROOM - 1);
+    const T *r = recvs ? reinterpret_cast<const T *>(
+                             l.recv_slots + (taken % (uint64_t)a.nslots) * a.slot_bytes + shift)
                        : nullptr;
-    T *slot =
-        sends ? reinterpret_cast<T *>(l.send_slots + (posted % (uint64_t)a.nslots) * a.slot_bytes)
-              : nullptr;
+    T *slot = sends ? reinterpret_cast<T *>(l.send_slots +
+                                            (posted % (uint64_t)a.nslots) * a.slot_bytes + shift)
+                    : nullptr;
 #if BRG_RK_BREAK == 1 /* tests/gpu: a flag posted before the data must fail */
     if (sends && brg_simt_tid() == 0) brg_simt_store_release(l.send_tail, posted + 1);
 #endif
@@ -299,7 +327,8 @@ template <class D, int OP> struct channel {
     }
     brg_simt_sync(); /* every thread's part of the slot is written (or read) */
     if (brg_simt_tid() == 0) {
-      if (sends && l.send_sizes) l.send_sizes[posted % (uint64_t)a.nslots] = m * sizeof(T);
+      /* the proxy carries the slot from its start, the shift included */
+      if (sends && l.send_sizes) l.send_sizes[posted % (uint64_t)a.nslots] = shift + m * sizeof(T);
       if (sends && l.send_meta) {
         brg__rk_meta *sm = l.send_meta + posted % (uint64_t)a.nslots;
         sm->call = a.call;
@@ -381,6 +410,7 @@ template <class D, int OP> struct channel {
         }
         if (pr == BRG__PRIM_SEND && !ag) out = nullptr;
         step = t;
+        at = e;
         if (!prim(pr, in, out, m)) return false;
       }
     }
@@ -409,6 +439,7 @@ template <class D, int OP> struct channel {
       if (!bcast && pr != BRG__PRIM_RECV_REDUCE_COPY) out = nullptr;
       if (bcast && hop != 0) in = nullptr;
       step = hop;
+      at = e;
       if (!prim(pr, in, out, m)) return false;
     }
     return true;

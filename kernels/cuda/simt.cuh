@@ -109,6 +109,9 @@ void brg_simt_emu_count(int what, uint64_t n);
 #define BRG_SIMT_COUNT_WORD_LOADS 1 /* brg_simt_load_word */
 #define BRG_SIMT_COUNT_FENCES 2     /* system fences: releases, brg_simt_release */
 #define BRG_SIMT_COUNT_FLAGS 3      /* flags and words stored with release */
+#define BRG_SIMT_COUNT_SCALAR                                                                      \
+  4 /* elements copied or reduced one at a time,
+                                       their pointers not co-aligned */
 
 #define BRG_SIMT_DEV inline
 /* Blocks are OS threads and a block's threads are fibers of its OS thread,
