@@ -118,15 +118,22 @@ struct plan {
   size_t head, nvec;
 };
 
+/* Whether every pointer sits at the same offset from a 16-byte boundary,
+ * a whole number of elements of T from it: the vector path's condition. */
+template <typename T>
+BRG__EW_HD bool coaligned(const void *d0, const void *d1, const void *a, const void *b) {
+  uintptr_t mis = reinterpret_cast<uintptr_t>(a) & 15;
+  return (reinterpret_cast<uintptr_t>(d0) & 15) == mis &&
+         (!d1 || (reinterpret_cast<uintptr_t>(d1) & 15) == mis) &&
+         (reinterpret_cast<uintptr_t>(b) & 15) == mis && mis % sizeof(T) == 0;
+}
+
 template <typename T>
 BRG__EW_HD plan make_plan(const void *d0, const void *d1, const void *a, const void *b, size_t n) {
   constexpr size_t V = 16 / sizeof(T);
   plan p = {0, 0};
   uintptr_t mis = reinterpret_cast<uintptr_t>(a) & 15;
-  bool aligned = (reinterpret_cast<uintptr_t>(d0) & 15) == mis &&
-                 (!d1 || (reinterpret_cast<uintptr_t>(d1) & 15) == mis) &&
-                 (reinterpret_cast<uintptr_t>(b) & 15) == mis && mis % sizeof(T) == 0;
-  if (aligned) {
+  if (coaligned<T>(d0, d1, a, b)) {
     p.head = mis ? (16 - mis) / sizeof(T) : 0;
     if (p.head > n) p.head = n;
     p.nvec = (n - p.head) / V;

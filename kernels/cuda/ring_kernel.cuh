@@ -19,11 +19,12 @@
  *   slots p read)                           send_head   <-- p+1 consumed
  *
  *   sender:   wait until posted - consumed < nslots; write the slot; all
- *             threads meet (__syncthreads); thread 0 fences and stores
- *             posted + 1 into the receiver's tail with release.
+ *             threads meet (__syncthreads); thread 0 fences (release)
+ *             and stores posted + 1 into the receiver's tail.
  *   receiver: thread 0 waits (acquire) until tail > taken; all threads
- *             meet; they read the slot; all meet; thread 0 stores
- *             taken + 1 into the sender's head with release.
+ *             meet; they read the slot; all meet; thread 0 fences and
+ *             stores taken + 1 into the sender's head.
+ *   A step that receives and sends posts both behind one fence.
  *
  * A link to another host has the same words and slots, in pinned host
  * memory of this rank instead of the neighbour's GPU memory: the host
@@ -37,9 +38,11 @@
  * continues the sequence instead of repeating it.
  *
  * Abort: thread 0 of every channel polls *abort_word (host memory mapped
- * for the GPU) while it waits; once it is set, the channel writes ABORTED
- * to *status and every thread of the channel returns, so no stream stays
- * blocked by a peer that will never write.
+ * for the GPU) while it waits, at its first spin and then once every
+ * POLL_SPINS spins (each read is a round trip over PCIe, which a read at
+ * every spin would add to every wait); once it is set, the channel writes
+ * ABORTED to *status and every thread of the channel returns, so no
+ * stream stays blocked by a peer that will never write.
  *
  * Checks, so that a fault is named instead of hanging or reducing the
  * wrong data: the sender writes, beside each slot, its position on the
@@ -88,6 +91,20 @@ BRG_SIMT_DEV bool same_call(const brg__rk_call &x, const brg__rk_call &y) {
 typedef brg__rk_link link;
 typedef brg__rk_args args;
 
+/* Spins of a wait between two reads of the abort word (and of the previous
+ * rank's header): on a GPU a spin is a flag load and a short sleep, well
+ * under a microsecond, so an abort is seen within a millisecond or so. */
+constexpr unsigned POLL_SPINS = 1024;
+
+/* A slice's payload sits in its slot at the offset from a 16-byte boundary
+ * that its first element has in the call's buffers (counted from element
+ * 0, so that every rank agrees), so that a copy or reduce between a slot
+ * and 16-byte aligned buffers stays on the 16-byte vector path whatever
+ * element a chunk starts at; the slot keeps room for the shift (its
+ * payload holds slot_bytes - SLOT_SHIFT_ROOM bytes, a multiple of 16, so
+ * the slices of a chunk keep its offset). */
+constexpr size_t SLOT_SHIFT_ROOM = 16;
+
 /* The plan of schedule.h for this channel's share of the call (the ring
  * or the chain, by the call's brg__coll_kind), each step handed to
  * x.prim(primitive, input, output, elements) as pointers into the call's
@@ -114,6 +131,7 @@ template <class T, class X> BRG_SIMT_DEV bool walk(const args &a, size_t slot_el
   brg__step st;
   while (brg__sched_next(&pl, &st)) {
     x.step = st.step;
+    x.at = st.elem;
     if (!x.prim(st.prim, st.in && send ? send + st.in_off : nullptr,
                 st.out && recv ? recv + st.out_off : nullptr, st.count))
       return false;
@@ -130,12 +148,15 @@ template <class D, int OP> struct channel {
   brg__rk_watch *wr;      /* this channel's watch record (NULL: none) */
   uint64_t posted, taken; /* every thread keeps the same copy */
   size_t slot_elems;
+  size_t at;        /* the slice's first element in the call's buffers (slot shift) */
   int step;         /* the ring step or chain hop, for the watch record */
   bool hdr_checked; /* thread 0: the previous rank's header of this call matched */
+  unsigned spins;   /* thread 0: spins of this launch's waits so far */
 
   BRG_SIMT_DEV channel(const args &a_, const link &l_)
       : a(a_), l(l_), wr(a_.watch ? a_.watch + brg_simt_block() : nullptr), posted(0), taken(0),
-        slot_elems(a_.slot_bytes / sizeof(T)), step(0), hdr_checked(false) {}
+        slot_elems((a_.slot_bytes - SLOT_SHIFT_ROOM) / sizeof(T)), at(0), step(0),
+        hdr_checked(false), spins(0) {}
 
   /* Thread 0: what the channel waits for now, for the watchdog. */
   BRG_SIMT_DEV void waiting(int what, int peer) {
@@ -196,26 +217,35 @@ template <class D, int OP> struct channel {
     int stop = 0;
     waiting(BRG__RK_WAIT_SEND, -1);
     while (!stop && k - brg_simt_load_acquire(l.hdr_acked) >= BRG__RK_HDRS) {
-      stop = brg_simt_load_word(a.abort_word) != 0;
+      stop = aborted();
       if (!stop) brg_simt_pause();
     }
     if (stop) return false;
     brg__rk_hdr *h = l.send_hdr + k % BRG__RK_HDRS;
     h->call = a.call;
-    brg_simt_fence();
     brg_simt_store_release(&h->n, k + 1);
     l.counters[3] = k + 1;
     return true;
   }
 
-  /* Thread 0 in a wait loop: whether to stop (the abort word, or a header
-   * that differs, *faulted then). */
+  /* Thread 0 at a spin of a wait loop: whether the abort word is set, read
+   * at the launch's first spin and then every POLL_SPINS spins. */
+  BRG_SIMT_DEV bool aborted() {
+    return spins++ % POLL_SPINS == 0 && brg_simt_load_word(a.abort_word) != 0;
+  }
+
+  /* Thread 0 at a spin of a wait loop: whether to stop (the abort word, or
+   * a header that differs, *faulted then), looked at as aborted() reads. */
   BRG_SIMT_DEV bool stop_now(int *faulted) {
+    if (spins % POLL_SPINS != 0) {
+      spins++;
+      return false;
+    }
     if (hdr_poll() < 0) {
       *faulted = 1;
       return true;
     }
-    return brg_simt_load_word(a.abort_word) != 0;
+    return aborted();
   }
 
   /* Thread 0, once the previous rank posted slot `taken`: it must be that
@@ -261,6 +291,20 @@ template <class D, int OP> struct channel {
     return !s_stop;
   }
 
+  /* The emulator counts the elements that a copy or reduce takes one at a
+   * time for want of co-aligned pointers (a byte at a time for a copy),
+   * so that a test sees slots that break the vector path. */
+  template <class E>
+  BRG_SIMT_DEV static void count_scalar(const void *d0, const void *d1, const void *x,
+                                        const void *y, size_t n) {
+#if !defined(__CUDACC__)
+    if (brg_simt_tid() == 0 && n > 0 && !brg_ew::coaligned<E>(d0, d1, x, y))
+      brg_simt_emu_count(BRG_SIMT_COUNT_SCALAR, n);
+#else
+    (void)d0, (void)d1, (void)x, (void)y, (void)n;
+#endif
+  }
+
   BRG_SIMT_DEV void copy(void *d0, void *d1, const void *src, size_t m) {
     typedef uint8_t B;
     size_t bytes = m * sizeof(T);
@@ -270,6 +314,7 @@ template <class D, int OP> struct channel {
       o0 = o1;
       o1 = nullptr;
     }
+    count_scalar<B>(o0, o1, s, s, bytes);
     brg_ew::plan p = brg_ew::make_plan<B>(o0, o1, s, s, bytes);
     brg_ew::thread_body<brg_ew::copy_fn>(brg_simt_tid(), brg_simt_nthreads(), o0, o1, s, nullptr,
                                          bytes, p, 0);
@@ -277,6 +322,7 @@ template <class D, int OP> struct channel {
 
   template <int X>
   BRG_SIMT_DEV void reduce(T *d0, T *d1, const T *x, const T *y, size_t m, int div) {
+    count_scalar<T>(d0, d1, x, y, m);
     brg_ew::plan p = brg_ew::make_plan<T>(d0, d1, x, y, m);
     brg_ew::thread_body<brg_ew::reduce_fn<D, X>>(brg_simt_tid(), brg_simt_nthreads(), d0, d1, x, y,
                                                  m, p, div);
@@ -287,12 +333,13 @@ template <class D, int OP> struct channel {
   BRG_SIMT_DEV bool prim(brg__prim pr, const T *in, T *out, size_t m) {
     int recvs = brg__prim_recvs(pr), sends = brg__prim_sends(pr);
     if ((recvs || sends) && !wait(recvs, sends)) return false;
-    const T *r = recvs ? reinterpret_cast<const T *>(l.recv_slots +
-                                                     (taken % (uint64_t)a.nslots) * a.slot_bytes)
+    size_t shift = (at * sizeof(T)) & (SLOT_SHIFT_ROOM - 1);
+    const T *r = recvs ? reinterpret_cast<const T *>(
+                             l.recv_slots + (taken % (uint64_t)a.nslots) * a.slot_bytes + shift)
                        : nullptr;
-    T *slot =
-        sends ? reinterpret_cast<T *>(l.send_slots + (posted % (uint64_t)a.nslots) * a.slot_bytes)
-              : nullptr;
+    T *slot = sends ? reinterpret_cast<T *>(l.send_slots +
+                                            (posted % (uint64_t)a.nslots) * a.slot_bytes + shift)
+                    : nullptr;
 #if BRG_RK_BREAK == 1 /* tests/gpu: a flag posted before the data must fail */
     if (sends && brg_simt_tid() == 0) brg_simt_store_release(l.send_tail, posted + 1);
 #endif
@@ -311,20 +358,20 @@ template <class D, int OP> struct channel {
     }
     brg_simt_sync(); /* every thread's part of the slot is written (or read) */
     if (brg_simt_tid() == 0) {
-      if (sends && l.send_sizes) l.send_sizes[posted % (uint64_t)a.nslots] = m * sizeof(T);
+      /* the proxy carries the slot from its start, the shift included */
+      if (sends && l.send_sizes) l.send_sizes[posted % (uint64_t)a.nslots] = shift + m * sizeof(T);
       if (sends && l.send_meta) {
         brg__rk_meta *sm = l.send_meta + posted % (uint64_t)a.nslots;
         sm->call = a.call;
         sm->post = posted + 1;
       }
       if (wr) brg_simt_store_u64(&wr->progress, brg_simt_load_u64(&wr->progress) + 1);
+      /* one fence for the post: the slot written and the slot read */
+      if (sends || recvs) brg_simt_release();
 #if BRG_RK_BREAK != 1
-      if (sends) {
-        brg_simt_fence();
-        brg_simt_store_release(l.send_tail, posted + 1);
-      }
+      if (sends) brg_simt_store_flag(l.send_tail, posted + 1);
 #endif
-      if (recvs) brg_simt_store_release(l.recv_head, taken + 1);
+      if (recvs) brg_simt_store_flag(l.recv_head, taken + 1);
     }
     posted += sends;
     taken += recvs;
@@ -366,12 +413,15 @@ template <class D, int OP> struct channel {
     for (int r = 0; r < n; r++)
       copy(o.area[r] + buf + (size_t)me * o.slot_bytes, nullptr, a.sendbuf, m);
     brg_simt_sync(); /* every thread's part of every copy is written */
-    if (brg_simt_tid() == 0) {
-      for (int r = 0; r < n; r++) *os_call(o.area[r], me, call) = a.call;
+    /* Thread r raises this rank's flag in rank r's area: the N releases
+     * at once, none behind another. */
+    for (int r = (int)brg_simt_tid(); r < n; r += (int)brg_simt_nthreads()) {
+      *os_call(o.area[r], me, call) = a.call;
 #if BRG_RK_BREAK != 1
-      brg_simt_fence();
-      for (int r = 0; r < n; r++) brg_simt_store_release(os_flag(o.area[r], me), call);
+      brg_simt_store_release(os_flag(o.area[r], me), call);
 #endif
+    }
+    if (brg_simt_tid() == 0) {
       int stop = 0, faulted = 0;
       for (int r = 0; r < n && !stop; r++) {
         waiting(BRG__RK_WAIT_ONESHOT, r);
@@ -475,7 +525,7 @@ template <class D, int OP> struct channel {
       if (done) waiting(BRG__RK_WAIT_RECV, -1);
       int h = done ? hdr_poll() : 1;
       while (h == 0) {
-        if (brg_simt_load_word(a.abort_word) != 0) {
+        if (aborted()) {
           brg_simt_store_word(a.status, ABORTED);
           break;
         }
@@ -490,7 +540,6 @@ template <class D, int OP> struct channel {
       if (wr) {
         brg_simt_store_word(&wr->wait, BRG__RK_WAIT_NONE);
         brg_simt_store_u64(&wr->finished, brg_simt_load_u64(&wr->started));
-        brg_simt_fence();
         brg_simt_store_word_release(busy, 0);
       }
     }

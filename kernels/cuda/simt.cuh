@@ -8,18 +8,28 @@
  *   brg_simt_sync                       __syncthreads
  *   brg_simt_pause                      a spinning thread lets others run
  *   brg_simt_load_acquire (u64)         a flag another GPU or the host wrote
- *   brg_simt_store_release (u64)        a flag another GPU or the host reads
- *   brg_simt_load_word (int)            a word the host writes (abort)
+ *   brg_simt_store_release (u64)        a flag another GPU or the host reads,
+ *                                       after this thread's reads and writes
+ *   brg_simt_release                    one fence for the flags that follow
+ *   brg_simt_store_flag (u64)           a flag after brg_simt_release
+ *   brg_simt_load_word (int)            a word the host writes (abort): a
+ *                                       round trip over PCIe from a GPU
  *   brg_simt_store_word (int)           a word the host reads (status)
  *   brg_simt_store_word_release (int)   the same, after this thread's writes
  *   brg_simt_exchange_word (int)        swaps a word, returns the old one
  *   brg_simt_load_u64 / _store_u64      a counter the host reads (relaxed)
- *   brg_simt_fence                      orders this thread's writes before
- *                                       its later ones for every observer
  *   BRG_SIMT_SHARED                     __shared__: one per thread block
  *
  * Flags and words are at system scope: they may live in another process's
  * GPU memory (CUDA IPC) or in host memory mapped for the GPU.
+ *
+ * A release at system scope is a fence of the whole memory system
+ * (MEMBAR.SYS), the dearest instruction of a post: st.release is one, and
+ * so is brg_simt_release. A post of several flags (a slot's tail and the
+ * previous slot's head) takes one brg_simt_release and relaxed stores
+ * (brg_simt_store_flag). What the block's other threads wrote before a
+ * brg_simt_sync is covered by the fence of the thread that posts, as the
+ * barrier orders their writes before it.
  */
 #ifndef BRG_SIMT_CUH
 #define BRG_SIMT_CUH
@@ -77,11 +87,14 @@ static BRG_SIMT_DEV uint64_t brg_simt_load_u64(const uint64_t *p) {
 static BRG_SIMT_DEV void brg_simt_store_u64(uint64_t *p, uint64_t v) {
   asm volatile("st.relaxed.sys.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
-static BRG_SIMT_DEV void brg_simt_fence() {
-  __threadfence_system();
+static BRG_SIMT_DEV void brg_simt_release() {
+  asm volatile("fence.acq_rel.sys;" ::: "memory");
+}
+static BRG_SIMT_DEV void brg_simt_store_flag(uint64_t *p, uint64_t v) {
+  asm volatile("st.relaxed.sys.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
-#else /* the SIMT emulator */
+#else                               /* the SIMT emulator */
 
 /* Provided by the emulator (tests/gpu/simt_emu.cc) for the calling fiber. */
 unsigned brg_simt_emu_tid();
@@ -90,6 +103,15 @@ unsigned brg_simt_emu_block();
 void brg_simt_emu_sync();
 void brg_simt_emu_pause();
 void brg_simt_emu_published();
+/* What the emulator counts for the tests (simt_emu.h, brg_simt_emu::count). */
+void brg_simt_emu_count(int what, uint64_t n);
+#define BRG_SIMT_COUNT_SPINS 0      /* brg_simt_pause */
+#define BRG_SIMT_COUNT_WORD_LOADS 1 /* brg_simt_load_word */
+#define BRG_SIMT_COUNT_FENCES 2     /* system fences: releases, brg_simt_release */
+#define BRG_SIMT_COUNT_FLAGS 3      /* flags and words stored with release */
+#define BRG_SIMT_COUNT_SCALAR                                                                      \
+  4 /* elements copied or reduced one at a time,
+                                       their pointers not co-aligned */
 
 #define BRG_SIMT_DEV inline
 /* Blocks are OS threads and a block's threads are fibers of its OS thread,
@@ -125,16 +147,21 @@ static inline uint64_t brg_simt_load_acquire(const uint64_t *p) {
   return __atomic_load_n(p, BRG_SIMT_ACQUIRE);
 }
 static inline void brg_simt_store_release(uint64_t *p, uint64_t v) {
+  brg_simt_emu_count(BRG_SIMT_COUNT_FENCES, 1);
+  brg_simt_emu_count(BRG_SIMT_COUNT_FLAGS, 1);
   __atomic_store_n(p, v, BRG_SIMT_RELEASE);
   brg_simt_emu_published(); /* a window for a reader that should not look yet */
 }
 static inline int brg_simt_load_word(const int *p) {
+  brg_simt_emu_count(BRG_SIMT_COUNT_WORD_LOADS, 1);
   return __atomic_load_n(p, __ATOMIC_RELAXED);
 }
 static inline void brg_simt_store_word(int *p, int v) {
   __atomic_store_n(p, v, __ATOMIC_RELAXED);
 }
 static inline void brg_simt_store_word_release(int *p, int v) {
+  brg_simt_emu_count(BRG_SIMT_COUNT_FENCES, 1);
+  brg_simt_emu_count(BRG_SIMT_COUNT_FLAGS, 1);
   __atomic_store_n(p, v, __ATOMIC_RELEASE);
 }
 static inline int brg_simt_exchange_word(int *p, int v) {
@@ -146,10 +173,18 @@ static inline uint64_t brg_simt_load_u64(const uint64_t *p) {
 static inline void brg_simt_store_u64(uint64_t *p, uint64_t v) {
   __atomic_store_n(p, v, __ATOMIC_RELAXED);
 }
-/* A block's fibers share one OS thread, so the release store that always
- * follows the fence orders every fiber's writes before the flag. */
-static inline void brg_simt_fence() {
+/* A block's fibers share one OS thread, so a release store orders every
+ * fiber's writes before the flag: brg_simt_release is the fence the
+ * device needs (counted), and the flag that follows it is stored with
+ * release here, as ThreadSanitizer understands no fence of its own. */
+static inline void brg_simt_release() {
+  brg_simt_emu_count(BRG_SIMT_COUNT_FENCES, 1);
   __asm__ volatile("" ::: "memory");
+}
+static inline void brg_simt_store_flag(uint64_t *p, uint64_t v) {
+  brg_simt_emu_count(BRG_SIMT_COUNT_FLAGS, 1);
+  __atomic_store_n(p, v, BRG_SIMT_RELEASE);
+  brg_simt_emu_published();
 }
 
 #endif

@@ -1,5 +1,6 @@
 /* The SIMT emulator of simt_emu.h. */
 #include "simt_emu.h"
+#include "simt.cuh"
 
 #include <pthread.h>
 #include <sched.h>
@@ -269,7 +270,21 @@ void brg_simt_emu_sync() {
   switch_to_sched(b);
 }
 
+namespace {
+constexpr int NCOUNTS = 8;
+uint64_t counts[NCOUNTS];
+} // namespace
+
+void brg_simt_emu_count(int what, uint64_t n) {
+  if (what >= 0 && what < NCOUNTS) __atomic_fetch_add(&counts[what], n, __ATOMIC_RELAXED);
+}
+
+uint64_t brg_simt_emu::count(int what) {
+  return what >= 0 && what < NCOUNTS ? __atomic_load_n(&counts[what], __ATOMIC_RELAXED) : 0;
+}
+
 void brg_simt_emu_pause() {
+  brg_simt_emu_count(BRG_SIMT_COUNT_SPINS, 1);
   block_rt *b = tl;
   b->paused = true;
   switch_to_sched(b);

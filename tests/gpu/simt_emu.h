@@ -21,6 +21,8 @@
 #ifndef BRG_SIMT_EMU_H
 #define BRG_SIMT_EMU_H
 
+#include <stdint.h>
+
 #include <functional>
 
 namespace brg_simt_emu {
@@ -29,6 +31,10 @@ namespace brg_simt_emu {
  * threads and returns once all have returned. 0 on success, -1 when the
  * threads or fiber stacks could not be made. */
 int launch(unsigned blocks, unsigned threads, const std::function<void()> &body);
+
+/* What every launch of this process did so far, by BRG_SIMT_COUNT_*
+ * (simt.cuh): spins, reads of host words, ... */
+uint64_t count(int what);
 
 } // namespace brg_simt_emu
 

@@ -4,11 +4,13 @@
  * one launch per collective of C channel blocks, talking only through the
  * FIFOs' slots and flags in shared memory, as GPUs do through CUDA IPC.
  *
- *   test_ring_kernel_emu threads|procs N CHANNELS BLOCK_THREADS [quick|oneshot]
+ *   test_ring_kernel_emu threads|procs N CHANNELS BLOCK_THREADS [quick|oneshot|align]
  *   test_ring_kernel_emu abort N CHANNELS BLOCK_THREADS [oneshot]
  *
  * threads: the ranks are threads of this process; procs: forked
- * processes, the FIFOs in a MAP_SHARED mapping made before the fork. Each
+ * processes, the FIFOs in a MAP_SHARED mapping made before the fork.
+ * With threads, the kernels must also have used at most one system fence
+ * per flag they raised (the emulator counts both). Each
  * rank runs the whole list of cases on its own, back to back, as a stream
  * would: only the flags keep the ranks in step. Every collective x dtype x
  * op x count (0, 1, 7, 4099, and a multi-slice one), in place and out of
@@ -19,10 +21,14 @@
  * small integers, so that any order of reduction gives the same bits.
  * `oneshot` runs only the one-shot allreduces, back to back, so that a
  * rank that runs ahead writes the other buffer of a slower one's area.
+ * `align` (threads) runs counts whose chunks start off 16 bytes, every
+ * buffer aligned: no element may then be copied or reduced one at a time
+ * (the emulator counts them), the slots shifting their payloads to match.
  *
  * abort: rank N-1 never launches; the others' allreduce (the one-shot one
  * with `oneshot`) waits for it until another thread sets the abort word;
- * every launch must then return with ABORTED in its status word.
+ * every launch must then return with ABORTED in its status word, soon,
+ * having read the abort word far less often than it spun.
  *
  * Built a second time with -DBRG_RK_BREAK=1 (the tail, or the one-shot
  * flags, posted before the data is written) and =2 (no barrier after the
@@ -53,7 +59,7 @@ static const size_t SLOT_BYTES = 4096; /* small: many slices, FIFO wrap-around *
 static const size_t GUARD = 64;
 static const size_t OS_SLOT = 36864; /* one-shot: room for 4099 elements of 8 bytes */
 
-static int g_n, g_channels, g_threads, g_quick, g_only_oneshot;
+static int g_n, g_channels, g_threads, g_quick, g_only_oneshot, g_align;
 
 /* ------------------------------------------------------------ the FIFOs */
 
@@ -195,6 +201,21 @@ struct tcase {
 
 static std::vector<tcase> make_cases() {
   std::vector<tcase> v;
+  if (g_align) {
+    /* Counts whose chunks start at elements that are not a multiple of 16
+     * bytes (1,000,000 float32 on 8 ranks x 8 channels: 3 chunks in 4),
+     * every buffer 16-byte aligned: nothing need take the scalar path. */
+    const int kinds[] = {ALLREDUCE, BROADCAST, REDUCE};
+    const int dts[] = {BRG_FLOAT32, BRG_BFLOAT16, BRG_INT8, BRG_FLOAT64};
+    const size_t counts[] = {1000000, 100003, 100001, 50005};
+    for (int k : kinds)
+      for (int d = 0; d < 4; d++) {
+        if (k != ALLREDUCE && d > 0) continue;
+        for (int inplace = 0; inplace < 2; inplace++)
+          v.push_back({k, dts[d], BRG_SUM, counts[d], inplace, (d + 1) % g_n, 0});
+      }
+    return v;
+  }
   const size_t counts[] = {0, 1, 7, 4099, 20011};
   for (int kind = BRG__COLL_ALLREDUCE; kind <= BRG__COLL_REDUCE; kind++)
     for (int dt = 0; dt < BRG_NUM_DTYPES; dt++)
@@ -291,7 +312,7 @@ static int run_rank(int rank) {
     size_t cap = (in_e > out_e ? in_e : out_e) * es + GUARD;
     std::vector<unsigned char> in(cap + 16), outb(cap + 16);
     /* odd offsets from 16 bytes on some cases: the kernels' scalar paths */
-    size_t shift = (ci % 3 == 2) ? es : 0;
+    size_t shift = (ci % 3 == 2 && !g_align) ? es : 0;
     unsigned char *ip = in.data() + shift, *op = outb.data() + shift;
     DISPATCH(t.dtype, fill, (int)ci, rank, t.op, in_e, ip)
     memset(op, 0xee, out_e * es + GUARD);
@@ -383,6 +404,29 @@ static int run_threads() {
   for (auto &t : th) t.join();
   int total = 0;
   for (int f : fails) total += f;
+  /* One system fence per post at most (a fence is the dearest instruction
+   * of a post): a step that receives and sends raises two flags behind
+   * one fence, the one-shot path one flag per rank with one release each. */
+  uint64_t fences = brg_simt_emu::count(BRG_SIMT_COUNT_FENCES);
+  uint64_t flags = brg_simt_emu::count(BRG_SIMT_COUNT_FLAGS);
+  printf("%llu system fences for %llu flags raised\n", (unsigned long long)fences,
+         (unsigned long long)flags);
+  if (fences > flags) {
+    fprintf(stderr, "FAIL: %llu system fences for %llu flags (at most one each expected)\n",
+            (unsigned long long)fences, (unsigned long long)flags);
+    total++;
+  }
+  /* align: with every buffer aligned, no slot may push a copy or reduce
+   * off the 16-byte vector path. */
+  uint64_t scalar = brg_simt_emu::count(BRG_SIMT_COUNT_SCALAR);
+  if (g_align) printf("%llu elements on the scalar path\n", (unsigned long long)scalar);
+  if (g_align && scalar) {
+    fprintf(stderr,
+            "FAIL: %llu elements copied or reduced one at a time (a byte at a time for a copy) "
+            "where every buffer is aligned\n",
+            (unsigned long long)scalar);
+    total++;
+  }
   return total;
 }
 
@@ -400,6 +444,12 @@ static int run_procs() {
     bad += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
   }
   return bad;
+}
+
+static uint64_t now_ns() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 /* Rank N-1 never comes; the others' allreduce must stop at the abort word. */
@@ -426,11 +476,36 @@ static int run_abort() {
   struct timespec ts = {0, 300 * 1000 * 1000};
   nanosleep(&ts, nullptr);
   int early = returned.load();
+  uint64_t t0 = now_ns();
   __atomic_store_n(g_abort, 1, __ATOMIC_RELEASE);
   for (auto &t : th) t.join();
+  double late_ms = (double)(now_ns() - t0) / 1e6;
   int bad = 0;
   if (early) {
     fprintf(stderr, "FAIL abort: %d launches returned before the abort word was set\n", early);
+    bad++;
+  }
+  /* The kernels end soon after the abort word is set (on a GPU within a
+   * millisecond or so; here a generous bound, the emulator's spins being
+   * slow under load), and read it (host memory, a round trip over PCIe
+   * from a GPU) far less often than they spin. */
+  uint64_t spins = brg_simt_emu::count(BRG_SIMT_COUNT_SPINS);
+  uint64_t reads = brg_simt_emu::count(BRG_SIMT_COUNT_WORD_LOADS);
+  uint64_t blocks = (uint64_t)(g_n - 1) * (g_only_oneshot ? 1u : (unsigned)g_channels);
+  printf("abort: the kernels returned %.1f ms after the abort word was set; %llu spins, %llu "
+         "reads of the abort word\n",
+         late_ms, (unsigned long long)spins, (unsigned long long)reads);
+  if (late_ms > 10000) {
+    fprintf(stderr, "FAIL abort: the kernels returned %.0f ms after the abort word was set\n",
+            late_ms);
+    bad++;
+  }
+  if (reads > spins / 512 + 8 * blocks) {
+    fprintf(stderr,
+            "FAIL abort: %llu reads of the abort word in %llu spins of %llu blocks (at most one "
+            "per %u spins and a few per launch expected)\n",
+            (unsigned long long)reads, (unsigned long long)spins, (unsigned long long)blocks,
+            POLL_SPINS);
     bad++;
   }
   for (int r = 0; r < g_n - 1; r++)
@@ -451,7 +526,8 @@ static void on_alarm(int) {
 
 int main(int argc, char **argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: %s threads|procs|abort N CHANNELS BLOCK_THREADS [quick|oneshot]\n",
+    fprintf(stderr,
+            "usage: %s threads|procs|abort N CHANNELS BLOCK_THREADS [quick|oneshot|align]\n",
             argv[0]);
     return 2;
   }
@@ -461,6 +537,7 @@ int main(int argc, char **argv) {
   g_threads = argc > 4 ? atoi(argv[4]) : 32;
   g_only_oneshot = argc > 5 && strcmp(argv[5], "oneshot") == 0;
   g_quick = g_only_oneshot || (argc > 5 && strcmp(argv[5], "quick") == 0);
+  g_align = argc > 5 && strcmp(argv[5], "align") == 0;
   if (g_n < 1 || g_n > 8 || g_channels < 1 || g_channels > MAX_CHANNELS || g_threads < 1 ||
       g_threads > 1024) {
     fprintf(stderr, "bad arguments\n");
@@ -483,6 +560,7 @@ int main(int argc, char **argv) {
   printf("test_ring_kernel_emu %s N=%d channels=%d threads=%d%s: %s\n", mode, g_n, g_channels,
          g_threads,
          g_only_oneshot ? " one-shot only"
+         : g_align      ? " aligned buffers"
          : g_quick      ? " quick"
                         : "",
          bad ? "FAILED" : "ok");

@@ -23,6 +23,7 @@ namespace {
 /* The executor: what the channel's prim would run, written down. */
 struct recorder {
   int step = 0;
+  size_t at = 0; /* the slice's first element (the kernel's slot shift) */
   const float *send;
   float *recv;
   plan_rec *out;
