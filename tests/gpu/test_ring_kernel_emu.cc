@@ -205,12 +205,12 @@ static std::vector<tcase> make_cases() {
     /* Counts whose chunks start at elements that are not a multiple of 16
      * bytes (1,000,000 float32 on 8 ranks x 8 channels: 3 chunks in 4),
      * every buffer 16-byte aligned: nothing need take the scalar path. */
-    const int kinds[] = {ALLREDUCE, BROADCAST, REDUCE};
+    const int kinds[] = {BRG__COLL_ALLREDUCE, BRG__COLL_BROADCAST, BRG__COLL_REDUCE};
     const int dts[] = {BRG_FLOAT32, BRG_BFLOAT16, BRG_INT8, BRG_FLOAT64};
     const size_t counts[] = {1000000, 100003, 100001, 50005};
     for (int k : kinds)
       for (int d = 0; d < 4; d++) {
-        if (k != ALLREDUCE && d > 0) continue;
+        if (k != BRG__COLL_ALLREDUCE && d > 0) continue;
         for (int inplace = 0; inplace < 2; inplace++)
           v.push_back({k, dts[d], BRG_SUM, counts[d], inplace, (d + 1) % g_n, 0});
       }
