@@ -194,7 +194,11 @@ def _irecv_any(comm: brigade.Communicator, t: torch.Tensor) -> Any:
     except BaseException:
         v.release()
         raise
-    return comm._launch("brg_irecv", [v], (v.ptr, v.count, int(v.dtype), _ANY_SOURCE), True, t,
+    dtype = v.dtype
+    if dtype is None:
+        v.release()
+        raise TypeError("brigade: recv_anysource: the tensor's dtype has no brigade type")
+    return comm._launch("brg_irecv", [v], (v.ptr, v.count, int(dtype), _ANY_SOURCE), True, t,
                         None)
 
 
@@ -207,13 +211,13 @@ class _AnySourceWork(dist.Work):
         self._w, self._req = work, req
 
     def wait(self, timeout: Any = None) -> bool:
-        return self._w.wait()
+        return bool(self._w.wait())
 
     def is_completed(self) -> bool:
-        return self._w.is_completed()
+        return bool(self._w.is_completed())
 
     def is_success(self) -> bool:
-        return self._w.is_success()
+        return bool(self._w.is_success())
 
     def exception(self) -> Any:
         return self._w.exception()
