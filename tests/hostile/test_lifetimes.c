@@ -499,6 +499,15 @@ static int empty_fifos(char *names, size_t cap) {
  * which sizes its receive FIFO from rank 1: the name exists, and rank 1
  * has not heard it. The survivors fail, and the name is gone: rank 1,
  * giving up on the link, unlinks the name it was never told. */
+
+/* A victim that kills itself at a chosen point (a seccomp filter); the
+ * harness expects its SIGKILL and never signals it itself. */
+static void self_killed_victim(mp_opts *o, int rank) {
+  o->victim = rank;
+  o->victim_signal = SIGKILL;
+  o->victim_after = 1 << 30;
+}
+
 static int body_splitshm(mp_ctx *x) {
   if (x->rank == 2 && kill_at(SYS_ftruncate) != 0) {
     mp_info("no seccomp filter here (%m): rank 2 exits before the split instead");
@@ -562,17 +571,13 @@ int main(int argc, char **argv) {
     body = body_splitdies, n = 4;
     setenv("BRIGADE_TIMEOUT_MS", "30000", 1);
     setenv("BRIGADE_SILENT_TIMEOUT_MS", "2000", 1);
-    o.victim = 2; /* it kills itself; the harness expects its SIGKILL */
-    o.victim_signal = SIGKILL;
-    o.victim_after = 1 << 30;
+    self_killed_victim(&o, 2);
   }
   if (!strcmp(which, "splitshm")) {
     body = body_splitshm, n = 3;
     setenv("BRIGADE_TRANSPORTS", "shm", 1);
     setenv("BRIGADE_TIMEOUT_MS", "30000", 1);
-    o.victim = 2; /* it kills itself; the harness expects its SIGKILL */
-    o.victim_signal = SIGKILL;
-    o.victim_after = 1 << 30;
+    self_killed_victim(&o, 2);
   }
   if (!strcmp(which, "splitfail")) {
     body = body_splitfail, n = 3;
