@@ -129,8 +129,16 @@ void fiber_main() {
   b->f[b->cur].state = DONE;
   b->live--;
   release_if_all_arrived(b); /* a thread that has exited no longer holds the others */
-#ifdef BRG_SIMT_TSAN
+#if defined(BRG_SIMT_TSAN) && !defined(BRG_SIMT_FAST_SWITCH)
+  /* Back to the scheduler without returning: ThreadSanitizer would count
+   * this function's exit against the scheduler's call stack once the
+   * switch below is made, one frame too many per finished thread. Deep
+   * enough, that stack runs below its start, and the next stack
+   * ThreadSanitizer records there (the scheduler's nanosleep records
+   * one) reads past the thread's memory. */
   __tsan_switch_to_fiber(b->tsan_sched, 0);
+  setcontext(&b->sched);
+  abort();
 #endif
   /* returning resumes the scheduler (uc_link) */
 }
