@@ -636,36 +636,26 @@ class Communicator:
         v.release()
         return n
 
-    def _split_views(self, call: str, what: str, buf: Any, out: Any, dtype: DTypeLike,
-                     s: Any) -> Any:
-        """Views of an input cut into one block per rank and of the output
-        that holds one block (made like the input when None): (sv, ov, out)."""
+    def _block_views(self, call: str, what: str, buf: Any, out: Any, dtype: DTypeLike,
+                     s: Any, split: bool) -> Any:
+        """Views of a buffer of one block per rank and of one of one block:
+        the input is the long one when `split` (it is cut into the blocks),
+        the output when not (it joins them). The output is made like the
+        input when None. Returns (sv, ov, out)."""
         if out is None:
             total = self._count(buf)
-            if total % self.size:
+            if split and total % self.size:
                 raise ValueError(f"brigade: {call}: {what} has {total} elements, "
                                  f"not a multiple of the {self.size} ranks")
-            out = self._alloc_like(call, buf, total // self.size)
+            out = self._alloc_like(call, buf,
+                                   total // self.size if split else total * self.size)
         sv, ov = self._views(call, buf, out, dtype, s)
-        if sv.count != ov.count * self.size:
+        long, one, other = (sv, ov, "an output") if split else (ov, sv, "an input")
+        if long.count != one.count * self.size:
             self._release(sv, ov)
-            raise ValueError(f"brigade: {call}: {what} has {sv.count} elements; "
-                             f"with an output of {ov.count} it must have {self.size} x "
-                             f"{ov.count} = {ov.count * self.size}")
-        return sv, ov, out
-
-    def _join_views(self, call: str, what: str, buf: Any, out: Any, dtype: DTypeLike,
-                    s: Any) -> Any:
-        """Views of an input of one block and of the output that holds one
-        block per rank (made like the input when None): (sv, ov, out)."""
-        if out is None:
-            out = self._alloc_like(call, buf, self._count(buf) * self.size)
-        sv, ov = self._views(call, buf, out, dtype, s)
-        if ov.count != sv.count * self.size:
-            self._release(sv, ov)
-            raise ValueError(f"brigade: {call}: {what} has {ov.count} elements; "
-                             f"with an input of {sv.count} it must have {self.size} x "
-                             f"{sv.count} = {sv.count * self.size}")
+            raise ValueError(f"brigade: {call}: {what} has {long.count} elements; "
+                             f"with {other} of {one.count} it must have {self.size} x "
+                             f"{one.count} = {one.count * self.size}")
         return sv, ov, out
 
     def _reduce_scatter(self, nb: bool, buf: Any, out: Any, op: OpLike, dtype: DTypeLike,
@@ -673,7 +663,7 @@ class Communicator:
         call = "ireduce_scatter" if nb else "reduce_scatter"
         o = _op_of(op)
         s = _stream_handle(stream)
-        sv, ov, out = self._split_views(call, "the input", buf, out, dtype, s)
+        sv, ov, out = self._block_views(call, "the input", buf, out, dtype, s, True)
         return self._launch("brg_" + call, [sv, ov],
                             (sv.ptr, ov.ptr, ov.count, sv.code(), int(o)), nb, out, s)
 
@@ -699,7 +689,7 @@ class Communicator:
     def _all_gather(self, nb: bool, buf: Any, out: Any, dtype: DTypeLike, stream: Stream) -> Any:
         call = "iall_gather" if nb else "all_gather"
         s = _stream_handle(stream)
-        sv, ov, out = self._join_views(call, "the output", buf, out, dtype, s)
+        sv, ov, out = self._block_views(call, "the output", buf, out, dtype, s, False)
         return self._launch("brg_" + call, [sv, ov], (sv.ptr, ov.ptr, sv.count, sv.code()),
                             nb, out, s)
 
@@ -848,7 +838,7 @@ class Communicator:
                 raise
             return self._launch("brg_" + call, [sv], (sv.ptr, None, sv.count, sv.code(),
                                                       root), nb, None, None)
-        sv, ov, out = self._join_views(call, "the root's output", buf, out, dtype, None)
+        sv, ov, out = self._block_views(call, "the root's output", buf, out, dtype, None, False)
         return self._launch("brg_" + call, [sv, ov],
                             (sv.ptr, ov.ptr, sv.count, sv.code(), root), nb, out, None)
 
@@ -883,7 +873,7 @@ class Communicator:
                 raise
             return self._launch("brg_" + call, [ov], (None, ov.ptr, ov.count, ov.code(),
                                                       root), nb, out, None)
-        sv, ov, out = self._split_views(call, "the root's input", buf, out, dtype, None)
+        sv, ov, out = self._block_views(call, "the root's input", buf, out, dtype, None, True)
         return self._launch("brg_" + call, [sv, ov],
                             (sv.ptr, ov.ptr, ov.count, sv.code(), root), nb, out, None)
 
