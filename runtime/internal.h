@@ -181,6 +181,7 @@ struct brg_comm {
   uint64_t auto_last;     /* auto's last choice: bytes << 8 | (algo + 1); 0: none */
   struct brg_comm *local; /* this host's ranks */
   struct brg_comm *cross; /* the ranks of this local index on every host */
+  struct brg_comm *fold;  /* on a host of more ranks than the fewest: those it reduces into one */
   /* Rings 1..nrings-1 (init.c): communicators split from this one, each
    * with its own links; ring 0 is this one's. nrings 0 or 1: one ring. */
   brg_comm **rings;
