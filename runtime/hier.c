@@ -136,9 +136,12 @@ static brg_status hier_make(brg_comm *c, const hier_shape *sh) {
   brg_comm *local = NULL, *cross = NULL, *fold = NULL;
   int C = sh->min_local, l = sh->local_rank, part = l < C;
   /* No traces of their own: they would take the parent's file names, and
-   * the parent's trace shows each hier allreduce as one collective. */
+   * the parent's trace shows each hier allreduce as one collective. Each
+   * keyed by the local index, so that rank l of `local` holds chunk l on
+   * every host (the index is the place in the ring's stretch of the host,
+   * which the rails may order otherwise than by rank). */
   brg_status s =
-      brg__comm_split_opts(c, part && C > 1 ? sh->host : BRG_SPLIT_NOCOLOR, c->rank, 1, 0, &local);
+      brg__comm_split_opts(c, part && C > 1 ? sh->host : BRG_SPLIT_NOCOLOR, l, 1, 0, &local);
   if (s == BRG_SUCCESS)
     s = brg__comm_split_opts(c, part ? l : BRG_SPLIT_NOCOLOR, sh->host, 1, 0, &cross);
   if (s == BRG_SUCCESS && sh->min_local != sh->max_local)
