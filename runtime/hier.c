@@ -13,6 +13,10 @@
  *       links
  *    3. all-gather within each host
  *
+ * A large host allreduce runs the three phases over pieces of the buffer
+ * (BRIGADE_HIER_PIECES; hier_pipelined): piece p crosses hosts while the
+ * host's communicator reduce-scatters piece p+1 and all-gathers piece p-1.
+ *
  * Every element ends with the same bits on every rank: phase 2 is a ring
  * allreduce (bit-identical among its ranks) and phase 3 only copies.
  * BRG_AVG sums throughout and divides once, after phase 2, by N.
@@ -54,6 +58,7 @@
 #include "kernels.h"
 #include "model.h"
 #include "schedule.h"
+#include "settings.h"
 #include "trace.h"
 
 /* The hosts as the ring lists them (grouped, topology.c): how many, the
@@ -119,6 +124,7 @@ enum {
   LOGGED_AUTO_RHD = 512,
   LOGGED_FORCED_LAT = 1024,
   LOGGED_DEVICE_LAT = 2048,
+  LOGGED_PIECES = 4096,
 };
 
 static int first_time(brg_comm *c, unsigned what) {
@@ -390,6 +396,113 @@ static uint64_t sent_of(brg_comm *const *subs) {
   return n;
 }
 
+/* How many pieces the phases of a host allreduce overlap over
+ * (BRIGADE_HIER_PIECES; automatic: pieces of at least two slices per rank
+ * of the host, at most 8). */
+static int hier_pieces(const brg_comm *local, const brg__coll *k) {
+  int64_t want = brg__core_int(BRG__CORE_HIER_PIECES);
+  if (k->device || !local) return 1;
+  size_t bytes = k->count * brg_dtype_size(k->dtype);
+  size_t per = 2 * (size_t)local->nranks * local->slice_bytes, n = per ? bytes / per : 1;
+  if (want > 0)
+    n = (size_t)want;
+  else if (n > 8)
+    n = 8;
+  if (n > k->count / (size_t)local->nranks) n = k->count / (size_t)local->nranks;
+  return n < 1 ? 1 : (int)n;
+}
+
+/* The reduce-scatter, the allreduce across hosts and the all-gather of
+ * `pieces` pieces of the buffer, overlapped: local's thread runs the
+ * reduce-scatter of piece p+1 and the all-gather of piece p-1 while this
+ * thread runs piece p across hosts. local's queue holds rs 0, rs 1, ag 0,
+ * rs 2, ag 1, ... on every rank alike. */
+static brg_status hier_pipelined(brg_comm *c, const brg__coll *k, const brg__coll *dev,
+                                 const char *in, int pieces) {
+  brg_comm *local = c->local, *cross = c->cross;
+  size_t esize = brg_dtype_size(k->dtype);
+  brg__req *rs = calloc((size_t)pieces, sizeof *rs), *ag = calloc((size_t)pieces, sizeof *ag);
+  if (!rs || !ag) {
+    free(rs);
+    free(ag);
+    return brg__comm_error(c, BRG_ERR_NO_MEMORY, "out of memory for %d pieces of hier", pieces);
+  }
+  for (int p = 0; p < pieces; p++) {
+    size_t off = brg__part_offset(k->count, pieces, p) * esize;
+    rs[p].coll = *dev;
+    rs[p].coll.kind = BRG__COLL_REDUCE_SCATTER;
+    rs[p].coll.count = brg__part_count(k->count, pieces, p);
+    rs[p].coll.sendbuf = in + off;
+    rs[p].coll.recvbuf = (char *)k->recvbuf + off;
+    rs[p].coll.whole = 1;
+    ag[p].coll = rs[p].coll;
+    ag[p].coll.kind = BRG__COLL_ALL_GATHER;
+    ag[p].coll.op = BRG_SUM;
+    ag[p].coll.sendbuf = ag[p].coll.recvbuf;
+  }
+  if (first_time(c, LOGGED_PIECES))
+    BRG__INFO("coll",
+              "hierarchical allreduce in %d pieces (first at %zu bytes; BRIGADE_HIER_PIECES): "
+              "one piece crosses hosts while the next is reduce-scattered within the host",
+              pieces, k->count * esize);
+  brg_status s = BRG_SUCCESS;
+  const char *what = NULL;
+  int queued_rs = 1, queued_ag = 0;
+  brg__progress_enqueue(local, &rs[0]);
+  for (int p = 0; p < pieces && s == BRG_SUCCESS; p++) {
+    if ((s = brg__progress_wait(&rs[p])) != BRG_SUCCESS) {
+      what = "the reduce-scatter within the host";
+      break;
+    }
+    if (p + 1 < pieces) {
+      brg__progress_enqueue(local, &rs[p + 1]);
+      queued_rs++;
+    }
+    size_t n = rs[p].coll.count;
+    size_t off = brg__part_offset(n, local->nranks, local->rank);
+    size_t cnt = brg__part_count(n, local->nranks, local->rank);
+    char *shard = (char *)rs[p].coll.recvbuf + off * esize;
+    if (cnt > 0) {
+      brg__coll ar = *dev;
+      ar.kind = BRG__COLL_ALLREDUCE;
+      ar.sendbuf = shard;
+      ar.recvbuf = shard;
+      ar.count = cnt;
+      if ((s = phase(c, cross, &ar, k, "the allreduce across hosts")) != BRG_SUCCESS) break;
+      if (k->op == BRG_AVG) brg__divide(shard, shard, cnt, k->dtype, c->nranks);
+    }
+    brg__progress_enqueue(local, &ag[p]);
+    queued_ag++;
+  }
+  /* Every piece queued is waited for (it points into this frame); a
+   * failure stopped local (phase) or is stopped here, so they end soon. */
+  if (s != BRG_SUCCESS && what) {
+    char why[BRG__ERRLEN];
+    snprintf(why, sizeof why, "%s", local->last_error);
+    brg__comm_stop_why(local, why);
+    brg__comm_stop_why(cross, why);
+  }
+  for (int p = 0; p < queued_rs; p++) {
+    brg_status q = brg__progress_wait(&rs[p]);
+    if (s == BRG_SUCCESS && q != BRG_SUCCESS) s = q, what = "the reduce-scatter within the host";
+  }
+  for (int p = 0; p < queued_ag; p++) {
+    brg_status q = brg__progress_wait(&ag[p]);
+    if (s == BRG_SUCCESS && q != BRG_SUCCESS) s = q, what = "the all-gather within the host";
+  }
+  free(rs);
+  free(ag);
+  if (s != BRG_SUCCESS && what) {
+    char why[BRG__ERRLEN], desc[160];
+    snprintf(why, sizeof why, "%s", local->last_error);
+    brg__comm_stop_why(local, why);
+    brg__comm_stop_why(cross, why);
+    brg__coll_describe(desc, sizeof desc, k->kind, k->seq, k->count, k->dtype, k->op, k->root, 0);
+    return brg__comm_error(c, s, "%s (hier): %s failed: %s", desc, what, why);
+  }
+  return s;
+}
+
 /* On uneven hosts a rank of a fold takes part for it: the fold's reduce
  * into its first rank comes first, its broadcast from there last; the
  * ranks of index C and beyond wait in that broadcast meanwhile. Where
@@ -420,7 +533,10 @@ static brg_status hier_body(brg_comm *c, brg__coll *k) {
     if ((s = phase(c, fold, &rd, k, "the reduce within the host")) != BRG_SUCCESS) return s;
     in = k->recvbuf;
   }
-  if (part) {
+  int pieces = part ? hier_pieces(local, k) : 1;
+  if (part && pieces > 1) {
+    if ((s = hier_pipelined(c, k, &dev, in, pieces)) != BRG_SUCCESS) return s;
+  } else if (part) {
     /* This rank's chunk, as the reduce-scatter cut it (all of it without one). */
     size_t off = 0, cnt = k->count;
     if (local) {

@@ -31,7 +31,8 @@
  *          devices) when d >= M; N > P adds a fold and an unfold of S.
  *
  * Left out: contention for cores when ranks outnumber them, and the
- * overlap of hier's phases (it runs them one after another).
+ * overlap of hier's phases over pieces (BRIGADE_HIER_PIECES): the model
+ * adds them up.
  */
 #include "model.h"
 
