@@ -131,6 +131,24 @@ static int first_time(brg_comm *c, unsigned what) {
   return !(__atomic_fetch_or(&c->hier_logged, what, __ATOMIC_RELAXED) & what);
 }
 
+/* BRIGADE_HIER_PIECES must be the same on every rank (the pieces are
+ * collectives of their own): its largest and smallest value over the job,
+ * through the hierarchy's communicators (the fold's, then across hosts,
+ * then within the host, then the fold's again for its other ranks). */
+static brg_status pieces_agree(brg_comm *c, brg_comm *const *comms, int *lo, int *hi) {
+  int64_t v = brg__core_int(BRG__CORE_HIER_PIECES), m[2] = {v, -v};
+  for (int i = 0; i < 4; i++) {
+    if (!comms[i]) continue;
+    brg_status s = brg_allreduce(m, m, 2, BRG_INT64, BRG_MAX, comms[i], NULL);
+    if (s != BRG_SUCCESS)
+      return brg__comm_error(c, s, "allreduce: comparing BRIGADE_HIER_PIECES across ranks: %s",
+                             brg_comm_last_error(comms[i]));
+  }
+  *hi = (int)m[0];
+  *lo = (int)-m[1];
+  return BRG_SUCCESS;
+}
+
 /* The communicators of the hierarchy. C, the fewest ranks on a host, is
  * the number of rings across hosts: local index l < C joins `cross` (the
  * ranks of index l on every host) and `local` (the C such ranks of its
@@ -175,6 +193,21 @@ static brg_status hier_make(brg_comm *c, const hier_shape *sh) {
   __atomic_store_n(&c->local, local, __ATOMIC_RELEASE);
   __atomic_store_n(&c->cross, cross, __ATOMIC_RELEASE);
   __atomic_store_n(&c->fold, fold, __ATOMIC_RELEASE);
+  int lo = 0, hi = 0;
+  brg_comm *order[4] = {fold, cross, local, fold};
+  if ((s = pieces_agree(c, order, &lo, &hi)) != BRG_SUCCESS) {
+    c->hier_state = -1;
+    return s;
+  }
+  if (lo != hi) {
+    c->hier_state = -1;
+    return brg__comm_error(c, BRG_ERR_MISMATCH,
+                           "allreduce (BRIGADE_ALGO=%s): collective mismatch (BRIGADE_HIER_PIECES "
+                           "is %lld on rank %d, and from %d to %d across the ranks; every rank "
+                           "must set the same)",
+                           brg__algo_name(c->algo), (long long)brg__core_int(BRG__CORE_HIER_PIECES),
+                           c->rank, lo, hi);
+  }
   c->hier_state = 1;
   if (!fold && sh->min_local == sh->max_local)
     BRG__INFO("coll",
