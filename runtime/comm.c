@@ -287,8 +287,10 @@ static brg_status comm_free(brg_comm *c) {
    * thread that may run on them, stopped. */
   brg_comm *local = __atomic_exchange_n(&c->local, NULL, __ATOMIC_ACQ_REL);
   brg_comm *cross = __atomic_exchange_n(&c->cross, NULL, __ATOMIC_ACQ_REL);
+  brg_comm *fold = __atomic_exchange_n(&c->fold, NULL, __ATOMIC_ACQ_REL);
   if (local) brg_comm_destroy(local);
   if (cross) brg_comm_destroy(cross);
+  if (fold) brg_comm_destroy(fold);
   /* Kernel mode's links between hosts: its proxy stops first (the
    * neighbours said goodbye above, so they have all its slots). */
   brg__device_proxy_stop(c);

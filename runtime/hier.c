@@ -13,6 +13,10 @@
  *       links
  *    3. all-gather within each host
  *
+ * A large host allreduce runs the three phases over pieces of the buffer
+ * (BRIGADE_HIER_PIECES; hier_pipelined): piece p crosses hosts while the
+ * host's communicator reduce-scatters piece p+1 and all-gathers piece p-1.
+ *
  * Every element ends with the same bits on every rank: phase 2 is a ring
  * allreduce (bit-identical among its ranks) and phase 3 only copies.
  * BRG_AVG sums throughout and divides once, after phase 2, by N.
@@ -21,11 +25,26 @@
  * come from brg_comm_split at the first hier allreduce, issued before it;
  * every rank gets there at the same collective because the choice depends
  * only on what all ranks share (count, dtype, the host table, BRIGADE_ALGO,
- * which comm.c checks is equal everywhere at init). Hosts with different
- * numbers of ranks and one host run the flat ring.
+ * which comm.c checks is equal everywhere at init). One host, or one rank
+ * on every host, runs the flat ring.
  *
- * GPU buffers run hier when BRIGADE_ALGO=hier asks (auto keeps them on the
- * flat ring: the cost model is the host links'): the three phases are
+ * Hosts with different numbers of ranks, C the fewest: C rings cross the
+ * hosts (local indices 0..C-1), and on a host of more ranks, those of
+ * index C and beyond are first reduced into the rank of their index
+ * modulo C (a reduce within the host) and given the result last (a
+ * broadcast):
+ *
+ *    host 0: a0 a1 a2    host 1: b0 b1      (C = 2)
+ *    0. a2's buffer reduced into a0
+ *    1-3. as above among a0 a1 and b0 b1
+ *    4. a0 broadcasts the result to a2
+ *
+ * Where C is 1 the whole buffer crosses hosts on one ring of the hosts'
+ * first ranks. Every rank still ends with the same bits: a2 gets a0's.
+ *
+ * GPU buffers run hier when BRIGADE_ALGO=hier asks, on hosts of equal rank
+ * counts (auto keeps them on the flat ring: the cost model is the host
+ * links'): the three phases are
  * device collectives on the caller's stream, one after the other, each on
  * its communicator's own device ring (kernel mode within the host, and
  * across hosts through kernel mode's host proxy), and BRG_AVG's division a
@@ -39,13 +58,15 @@
 #include "kernels.h"
 #include "model.h"
 #include "schedule.h"
+#include "settings.h"
 #include "trace.h"
 
 /* The hosts as the ring lists them (grouped, topology.c): how many, the
- * fewest and most ranks on one, and this rank's host and index on it. */
+ * fewest and most ranks on one, and this rank's host, index on it and the
+ * number of ranks on it. */
 typedef struct hier_shape {
   int hosts, min_local, max_local;
-  int host, local_rank;
+  int host, local_rank, host_ranks;
 } hier_shape;
 
 static void hier_shape_of(const brg_comm *c, hier_shape *sh) {
@@ -57,6 +78,7 @@ static void hier_shape_of(const brg_comm *c, hier_shape *sh) {
     if (i > 0 && (r < 0 || c->peers[r].host_hash != c->peers[c->ring[i - 1]].host_hash)) {
       if (run < sh->min_local) sh->min_local = run;
       if (run > sh->max_local) sh->max_local = run;
+      if (sh->host == sh->hosts - 1) sh->host_ranks = run;
       run = 0;
     }
     if (r < 0) break;
@@ -81,6 +103,10 @@ static void model_shape_of(const brg_comm *c, const hier_shape *sh, brg__model_s
                           .small_bytes = c->small_bytes,
                           .slice_bytes = c->slice_bytes};
   m->local = (c->nranks + m->hosts - 1) / m->hosts;
+  if (sh->hosts > 1 && sh->min_local != sh->max_local) {
+    m->local_min = sh->min_local;
+    m->local_max = sh->max_local;
+  }
   m->no_hier = !hier_fits(sh);
 }
 
@@ -98,22 +124,58 @@ enum {
   LOGGED_AUTO_RHD = 512,
   LOGGED_FORCED_LAT = 1024,
   LOGGED_DEVICE_LAT = 2048,
+  LOGGED_PIECES = 4096,
 };
 
 static int first_time(brg_comm *c, unsigned what) {
   return !(__atomic_fetch_or(&c->hier_logged, what, __ATOMIC_RELAXED) & what);
 }
 
+/* BRIGADE_HIER_PIECES must be the same on every rank (the pieces are
+ * collectives of their own): its largest and smallest value over the job,
+ * through the hierarchy's communicators (the fold's, then across hosts,
+ * then within the host, then the fold's again for its other ranks). */
+static brg_status pieces_agree(brg_comm *c, brg_comm *const *comms, int *lo, int *hi) {
+  int64_t v = brg__core_int(BRG__CORE_HIER_PIECES), m[2] = {v, -v};
+  for (int i = 0; i < 4; i++) {
+    if (!comms[i]) continue;
+    brg_status s = brg_allreduce(m, m, 2, BRG_INT64, BRG_MAX, comms[i], NULL);
+    if (s != BRG_SUCCESS)
+      return brg__comm_error(c, s, "allreduce: comparing BRIGADE_HIER_PIECES across ranks: %s",
+                             brg_comm_last_error(comms[i]));
+  }
+  *hi = (int)m[0];
+  *lo = (int)-m[1];
+  return BRG_SUCCESS;
+}
+
+/* The communicators of the hierarchy. C, the fewest ranks on a host, is
+ * the number of rings across hosts: local index l < C joins `cross` (the
+ * ranks of index l on every host) and `local` (the C such ranks of its
+ * host; none where C is 1). Where a host has more than C ranks, each of
+ * its ranks joins `fold`, the ranks of its host whose index is the same
+ * modulo C, whose first rank (index l mod C) takes part for them all; on
+ * hosts of C ranks there is no fold (nor anywhere when the hosts are even). */
 static brg_status hier_make(brg_comm *c, const hier_shape *sh) {
-  brg_comm *local = NULL, *cross = NULL;
+  brg_comm *local = NULL, *cross = NULL, *fold = NULL;
+  int C = sh->min_local, l = sh->local_rank, part = l < C;
   /* No traces of their own: they would take the parent's file names, and
-   * the parent's trace shows each hier allreduce as one collective. */
-  brg_status s = brg__comm_split_opts(c, sh->host, c->rank, 1, 0, &local);
-  if (s == BRG_SUCCESS) s = brg__comm_split_opts(c, sh->local_rank, sh->host, 1, 0, &cross);
+   * the parent's trace shows each hier allreduce as one collective. Each
+   * keyed by the local index, so that rank l of `local` holds chunk l on
+   * every host (the index is the place in the ring's stretch of the host,
+   * which the rails may order otherwise than by rank). */
+  brg_status s =
+      brg__comm_split_opts(c, part && C > 1 ? sh->host : BRG_SPLIT_NOCOLOR, l, 1, 0, &local);
+  if (s == BRG_SUCCESS)
+    s = brg__comm_split_opts(c, part ? l : BRG_SPLIT_NOCOLOR, sh->host, 1, 0, &cross);
+  if (s == BRG_SUCCESS && sh->min_local != sh->max_local)
+    s = brg__comm_split_opts(c, sh->host_ranks > C ? sh->host * C + l % C : BRG_SPLIT_NOCOLOR, l, 1,
+                             0, &fold);
   if (s != BRG_SUCCESS) {
     char why[BRG__ERRLEN];
     snprintf(why, sizeof why, "%s", brg_comm_last_error(NULL));
     if (local) brg_comm_destroy(local);
+    if (cross) brg_comm_destroy(cross);
     c->hier_state = -1;
     return brg__comm_error(c, s,
                            "allreduce (BRIGADE_ALGO=%s): making the communicators of the "
@@ -121,23 +183,63 @@ static brg_status hier_make(brg_comm *c, const hier_shape *sh) {
                            brg__algo_name(c->algo), why);
   }
   /* They never split further: their own allreduces take the flat ring. */
-  local->algo = cross->algo = BRG__ALGO_RING;
-  local->hier_state = cross->hier_state = -1;
-  local->hier_logged = cross->hier_logged = ~0u;
+  brg_comm *made[] = {local, cross, fold};
+  for (int i = 0; i < 3; i++) {
+    if (!made[i]) continue;
+    made[i]->algo = BRG__ALGO_RING;
+    made[i]->hier_state = -1;
+    made[i]->hier_logged = ~0u;
+  }
   __atomic_store_n(&c->local, local, __ATOMIC_RELEASE);
   __atomic_store_n(&c->cross, cross, __ATOMIC_RELEASE);
+  __atomic_store_n(&c->fold, fold, __ATOMIC_RELEASE);
+  int lo = 0, hi = 0;
+  brg_comm *order[4] = {fold, cross, local, fold};
+  if ((s = pieces_agree(c, order, &lo, &hi)) != BRG_SUCCESS) {
+    c->hier_state = -1;
+    return s;
+  }
+  if (lo != hi) {
+    c->hier_state = -1;
+    return brg__comm_error(c, BRG_ERR_MISMATCH,
+                           "allreduce (BRIGADE_ALGO=%s): collective mismatch (BRIGADE_HIER_PIECES "
+                           "is %lld on rank %d, and from %d to %d across the ranks; every rank "
+                           "must set the same)",
+                           brg__algo_name(c->algo), (long long)brg__core_int(BRG__CORE_HIER_PIECES),
+                           c->rank, lo, hi);
+  }
   c->hier_state = 1;
-  BRG__INFO("coll",
-            "hierarchical allreduce: rank %d is rank %d of %d on host %d and rank %d of %d "
-            "across hosts",
-            c->rank, local->rank, local->nranks, sh->host, cross->rank, cross->nranks);
+  if (!fold && sh->min_local == sh->max_local)
+    BRG__INFO("coll",
+              "hierarchical allreduce: rank %d is rank %d of %d on host %d and rank %d of %d "
+              "across hosts",
+              c->rank, local->rank, local->nranks, sh->host, cross->rank, cross->nranks);
+  else if (part)
+    BRG__INFO("coll",
+              "hierarchical allreduce on hosts of %d to %d ranks (%d ring(s) across hosts): "
+              "rank %d (index %d of %d on host %d) is rank %d of %d across hosts, taking part "
+              "for %d rank(s) of its host",
+              sh->min_local, sh->max_local, C, c->rank, l, sh->host_ranks, sh->host, cross->rank,
+              cross->nranks, fold ? fold->nranks : 1);
+  else
+    BRG__INFO("coll",
+              "hierarchical allreduce on hosts of %d to %d ranks (%d ring(s) across hosts): "
+              "rank %d (index %d of %d on host %d) is reduced into and given the result by "
+              "local index %d",
+              sh->min_local, sh->max_local, C, c->rank, l, sh->host_ranks, sh->host, l % C);
   return BRG_SUCCESS;
 }
 
-/* Whether the hosts have the shape hier needs: two or more, each with the
- * same number of ranks, two or more. */
+/* Whether the hosts have the shape hier needs: two or more, one at least
+ * with two ranks or more (hosts may differ in rank count). */
 static int hier_fits(const hier_shape *sh) {
-  return sh->hosts >= 2 && sh->min_local == sh->max_local && sh->min_local >= 2;
+  return sh->hosts >= 2 && sh->max_local >= 2;
+}
+
+/* Whether the hosts have the same number of ranks (GPU buffers run hier
+ * only there). */
+static int hier_even(const hier_shape *sh) {
+  return sh->min_local == sh->max_local;
 }
 
 /* Whether a GPU allreduce captured in a CUDA graph can run hier: the
@@ -156,7 +258,7 @@ brg_status brg__hier_device_prepare(brg_comm *c, brg_comm **local, brg_comm **cr
   if (c->algo != BRG__ALGO_HIER || c->hier_state < 0) return BRG_SUCCESS;
   hier_shape sh;
   hier_shape_of(c, &sh);
-  if (!hier_fits(&sh)) return BRG_SUCCESS;
+  if (!hier_fits(&sh) || !hier_even(&sh)) return BRG_SUCCESS;
   brg_status s = c->hier_state == 0 ? hier_make(c, &sh) : BRG_SUCCESS;
   if (s != BRG_SUCCESS) return s;
   *local = c->local;
@@ -256,15 +358,16 @@ brg_status brg__hier_prepare(brg_comm *c, brg__coll *k) {
       k->lat = (unsigned char)algo;
     }
     if (algo != BRG__ALGO_HIER) return BRG_SUCCESS;
-  } else if (!hier_fits(&sh)) {
+  } else if (!hier_fits(&sh) || (k->device && !hier_even(&sh))) {
     if (first_time(c, LOGGED_SHAPE)) {
       if (sh.hosts < 2)
         BRG__INFO("coll", "allreduce algorithm: ring (BRIGADE_ALGO=%s: all %d ranks on one host)",
                   brg__algo_name(c->algo), c->nranks);
       else if (sh.min_local != sh.max_local)
         BRG__INFO("coll",
-                  "allreduce algorithm: ring (BRIGADE_ALGO=%s: hosts differ in rank count, "
-                  "%d to %d ranks on %d hosts; hier needs the same number on every host)",
+                  "allreduce algorithm for GPU buffers: ring (BRIGADE_ALGO=%s: hosts differ in "
+                  "rank count, %d to %d ranks on %d hosts; GPU buffers run hier where every "
+                  "host has the same number, host buffers run it on these hosts too)",
                   brg__algo_name(c->algo), sh.min_local, sh.max_local, sh.hosts);
       else
         BRG__INFO("coll",
@@ -276,11 +379,18 @@ brg_status brg__hier_prepare(brg_comm *c, brg__coll *k) {
   } else if (first_time(c, k->captured ? LOGGED_CAPTURED_HIER
                            : k->device ? LOGGED_DEVICE
                                        : LOGGED_FORCED_HIER)) {
-    BRG__INFO("coll", "allreduce algorithm%s: hier (BRIGADE_ALGO=hier, %d hosts x %d ranks)",
-              k->captured ? " for GPU buffers captured in a CUDA graph"
-              : k->device ? " for GPU buffers"
-                          : "",
-              sh.hosts, sh.min_local);
+    if (hier_even(&sh))
+      BRG__INFO("coll", "allreduce algorithm%s: hier (BRIGADE_ALGO=hier, %d hosts x %d ranks)",
+                k->captured ? " for GPU buffers captured in a CUDA graph"
+                : k->device ? " for GPU buffers"
+                            : "",
+                sh.hosts, sh.min_local);
+    else
+      BRG__INFO("coll",
+                "allreduce algorithm: hier (BRIGADE_ALGO=hier, %d hosts of %d to %d ranks: %d "
+                "ring(s) across hosts, the ranks beyond them on a host reduced into them first "
+                "and given the result last)",
+                sh.hosts, sh.min_local, sh.max_local, sh.min_local);
   }
   if (c->hier_state < 0) return BRG_SUCCESS; /* making them failed before: said so then */
   brg_status s = c->hier_state == 0 ? hier_make(c, &sh) : BRG_SUCCESS;
@@ -306,57 +416,208 @@ static brg_status phase(brg_comm *c, brg_comm *sub, brg__coll *p, const brg__col
   snprintf(why, sizeof why, "%s", sub->last_error);
   brg__comm_stop_why(c->local, why);
   brg__comm_stop_why(c->cross, why);
+  brg__comm_stop_why(c->fold, why);
   char desc[160];
   brg__coll_describe(desc, sizeof desc, k->kind, k->seq, k->count, k->dtype, k->op, k->root, 0);
   return brg__comm_error(c, s, "%s (hier): %s failed: %s", desc, what, why);
 }
 
-static brg_status hier_body(brg_comm *c, brg__coll *k) {
+static uint64_t sent_of(brg_comm *const *subs) {
+  uint64_t n = 0;
+  for (int i = 0; i < 3; i++)
+    if (subs[i]) n += __atomic_load_n(&subs[i]->bytes_sent, __ATOMIC_RELAXED);
+  return n;
+}
+
+/* How many pieces the phases of a host allreduce overlap over
+ * (BRIGADE_HIER_PIECES; automatic: pieces of at least two slices per rank
+ * of the host, at most 8). */
+static int hier_pieces(const brg_comm *local, const brg__coll *k) {
+  int64_t want = brg__core_int(BRG__CORE_HIER_PIECES);
+  if (k->device || !local) return 1;
+  size_t bytes = k->count * brg_dtype_size(k->dtype);
+  size_t per = 2 * (size_t)local->nranks * local->slice_bytes, n = per ? bytes / per : 1;
+  if (want > 0)
+    n = (size_t)want;
+  else if (n > 8)
+    n = 8;
+  if (n > k->count / (size_t)local->nranks) n = k->count / (size_t)local->nranks;
+  return n < 1 ? 1 : (int)n;
+}
+
+/* The reduce-scatter, the allreduce across hosts and the all-gather of
+ * `pieces` pieces of the buffer, overlapped: local's thread runs the
+ * reduce-scatter of piece p+1 and the all-gather of piece p-1 while this
+ * thread runs piece p across hosts. local's queue holds rs 0, rs 1, ag 0,
+ * rs 2, ag 1, ... on every rank alike. */
+static brg_status hier_pipelined(brg_comm *c, const brg__coll *k, const brg__coll *dev,
+                                 const char *in, int pieces) {
   brg_comm *local = c->local, *cross = c->cross;
   size_t esize = brg_dtype_size(k->dtype);
-  uint64_t sent0 = __atomic_load_n(&local->bytes_sent, __ATOMIC_RELAXED) +
-                   __atomic_load_n(&cross->bytes_sent, __ATOMIC_RELAXED);
+  brg__req *rs = calloc((size_t)pieces, sizeof *rs), *ag = calloc((size_t)pieces, sizeof *ag);
+  if (!rs || !ag) {
+    free(rs);
+    free(ag);
+    return brg__comm_error(c, BRG_ERR_NO_MEMORY, "out of memory for %d pieces of hier", pieces);
+  }
+  for (int p = 0; p < pieces; p++) {
+    size_t off = brg__part_offset(k->count, pieces, p) * esize;
+    rs[p].coll = *dev;
+    rs[p].coll.kind = BRG__COLL_REDUCE_SCATTER;
+    rs[p].coll.count = brg__part_count(k->count, pieces, p);
+    rs[p].coll.sendbuf = in + off;
+    rs[p].coll.recvbuf = (char *)k->recvbuf + off;
+    rs[p].coll.whole = 1;
+    ag[p].coll = rs[p].coll;
+    ag[p].coll.kind = BRG__COLL_ALL_GATHER;
+    ag[p].coll.op = BRG_SUM;
+    ag[p].coll.sendbuf = ag[p].coll.recvbuf;
+  }
+  if (first_time(c, LOGGED_PIECES))
+    BRG__INFO("coll",
+              "hierarchical allreduce in %d pieces (first at %zu bytes; BRIGADE_HIER_PIECES): "
+              "one piece crosses hosts while the next is reduce-scattered within the host",
+              pieces, k->count * esize);
+  brg_status s = BRG_SUCCESS;
+  const char *what = NULL;
+  int queued_rs = 1, queued_ag = 0;
+  brg__progress_enqueue(local, &rs[0]);
+  for (int p = 0; p < pieces && s == BRG_SUCCESS; p++) {
+    if ((s = brg__progress_wait(&rs[p])) != BRG_SUCCESS) {
+      what = "the reduce-scatter within the host";
+      break;
+    }
+    if (p + 1 < pieces) {
+      brg__progress_enqueue(local, &rs[p + 1]);
+      queued_rs++;
+    }
+    size_t n = rs[p].coll.count;
+    size_t off = brg__part_offset(n, local->nranks, local->rank);
+    size_t cnt = brg__part_count(n, local->nranks, local->rank);
+    char *shard = (char *)rs[p].coll.recvbuf + off * esize;
+    if (cnt > 0) {
+      brg__coll ar = *dev;
+      ar.kind = BRG__COLL_ALLREDUCE;
+      ar.sendbuf = shard;
+      ar.recvbuf = shard;
+      ar.count = cnt;
+      if ((s = phase(c, cross, &ar, k, "the allreduce across hosts")) != BRG_SUCCESS) break;
+      if (k->op == BRG_AVG) brg__divide(shard, shard, cnt, k->dtype, c->nranks);
+    }
+    brg__progress_enqueue(local, &ag[p]);
+    queued_ag++;
+  }
+  /* Every piece queued is waited for (it points into this frame); a
+   * failure stopped local (phase) or is stopped here, so they end soon. */
+  if (s != BRG_SUCCESS && what) {
+    char why[BRG__ERRLEN];
+    snprintf(why, sizeof why, "%s", local->last_error);
+    brg__comm_stop_why(local, why);
+    brg__comm_stop_why(cross, why);
+  }
+  for (int p = 0; p < queued_rs; p++) {
+    brg_status q = brg__progress_wait(&rs[p]);
+    if (s == BRG_SUCCESS && q != BRG_SUCCESS) s = q, what = "the reduce-scatter within the host";
+  }
+  for (int p = 0; p < queued_ag; p++) {
+    brg_status q = brg__progress_wait(&ag[p]);
+    if (s == BRG_SUCCESS && q != BRG_SUCCESS) s = q, what = "the all-gather within the host";
+  }
+  free(rs);
+  free(ag);
+  if (s != BRG_SUCCESS && what) {
+    char why[BRG__ERRLEN], desc[160];
+    snprintf(why, sizeof why, "%s", local->last_error);
+    brg__comm_stop_why(local, why);
+    brg__comm_stop_why(cross, why);
+    brg__coll_describe(desc, sizeof desc, k->kind, k->seq, k->count, k->dtype, k->op, k->root, 0);
+    return brg__comm_error(c, s, "%s (hier): %s failed: %s", desc, what, why);
+  }
+  return s;
+}
+
+/* On uneven hosts a rank of a fold takes part for it: the fold's reduce
+ * into its first rank comes first, its broadcast from there last; the
+ * ranks of index C and beyond wait in that broadcast meanwhile. Where
+ * C is 1 there is no reduce-scatter within the host: the whole buffer
+ * crosses hosts. */
+static brg_status hier_body(brg_comm *c, brg__coll *k) {
+  brg_comm *local = c->local, *cross = c->cross, *fold = c->fold;
+  brg_comm *subs[3] = {local, cross, fold};
+  size_t esize = brg_dtype_size(k->dtype);
+  uint64_t sent0 = sent_of(subs);
   brg_op sum = k->op == BRG_AVG ? BRG_SUM : k->op;
   /* GPU buffers: every phase a device collective on the caller's stream. */
   brg__coll dev = {
       .device = k->device, .gpu = k->gpu, .stream = k->stream, .captured = k->captured};
-  brg__coll rs = dev;
-  rs.kind = BRG__COLL_REDUCE_SCATTER;
-  rs.dtype = k->dtype;
-  rs.op = sum;
-  rs.root = -1;
-  rs.sendbuf = k->sendbuf;
-  rs.recvbuf = k->recvbuf;
-  rs.count = k->count;
-  rs.whole = 1;
-  brg_status s = phase(c, local, &rs, k, "the reduce-scatter within the host");
-  if (s != BRG_SUCCESS) return s;
-  /* This rank's chunk, as the reduce-scatter cut it. */
-  size_t off = brg__part_offset(k->count, local->nranks, local->rank);
-  size_t cnt = brg__part_count(k->count, local->nranks, local->rank);
-  char *shard = (char *)k->recvbuf + off * esize;
-  if (cnt > 0) { /* the same on every rank of cross: all of them skip it */
-    brg__coll ar = rs;
-    ar.kind = BRG__COLL_ALLREDUCE;
-    ar.sendbuf = shard;
-    ar.recvbuf = shard;
-    ar.count = cnt;
-    ar.whole = 0;
-    if ((s = phase(c, cross, &ar, k, "the allreduce across hosts")) != BRG_SUCCESS) return s;
-    if (k->op == BRG_AVG && k->device)
-      s = brg__device_divide(c, shard, cnt, k->dtype, c->nranks, k->stream);
-    else if (k->op == BRG_AVG)
-      brg__divide(shard, shard, cnt, k->dtype, c->nranks);
-    if (s != BRG_SUCCESS) return s;
+  dev.dtype = k->dtype;
+  dev.op = sum;
+  dev.root = -1;
+  dev.count = k->count;
+  brg_status s = BRG_SUCCESS;
+  const char *in = k->sendbuf; /* what the phase across hosts starts from */
+  int part = !fold || fold->rank == 0;
+  if (fold) {
+    brg__coll rd = dev;
+    rd.kind = BRG__COLL_REDUCE;
+    rd.root = 0;
+    rd.sendbuf = k->sendbuf;
+    rd.recvbuf = part ? k->recvbuf : NULL;
+    if ((s = phase(c, fold, &rd, k, "the reduce within the host")) != BRG_SUCCESS) return s;
+    in = k->recvbuf;
   }
-  brg__coll ag = rs;
-  ag.kind = BRG__COLL_ALL_GATHER;
-  ag.op = BRG_SUM;
-  ag.sendbuf = k->recvbuf;
-  if ((s = phase(c, local, &ag, k, "the all-gather within the host")) != BRG_SUCCESS) return s;
-  uint64_t sent1 = __atomic_load_n(&local->bytes_sent, __ATOMIC_RELAXED) +
-                   __atomic_load_n(&cross->bytes_sent, __ATOMIC_RELAXED);
-  __atomic_fetch_add(&c->bytes_sent, sent1 - sent0, __ATOMIC_RELAXED);
+  int pieces = part ? hier_pieces(local, k) : 1;
+  if (part && pieces > 1) {
+    if ((s = hier_pipelined(c, k, &dev, in, pieces)) != BRG_SUCCESS) return s;
+  } else if (part) {
+    /* This rank's chunk, as the reduce-scatter cut it (all of it without one). */
+    size_t off = 0, cnt = k->count;
+    if (local) {
+      brg__coll rs = dev;
+      rs.kind = BRG__COLL_REDUCE_SCATTER;
+      rs.sendbuf = in;
+      rs.recvbuf = k->recvbuf;
+      rs.whole = 1;
+      if ((s = phase(c, local, &rs, k, "the reduce-scatter within the host")) != BRG_SUCCESS)
+        return s;
+      in = k->recvbuf;
+      off = brg__part_offset(k->count, local->nranks, local->rank);
+      cnt = brg__part_count(k->count, local->nranks, local->rank);
+    }
+    char *shard = (char *)k->recvbuf + off * esize;
+    if (cnt > 0) { /* the same on every rank of cross: all of them skip it */
+      brg__coll ar = dev;
+      ar.kind = BRG__COLL_ALLREDUCE;
+      ar.sendbuf = in + off * esize;
+      ar.recvbuf = shard;
+      ar.count = cnt;
+      if ((s = phase(c, cross, &ar, k, "the allreduce across hosts")) != BRG_SUCCESS) return s;
+      if (k->op == BRG_AVG && k->device)
+        s = brg__device_divide(c, shard, cnt, k->dtype, c->nranks, k->stream);
+      else if (k->op == BRG_AVG)
+        brg__divide(shard, shard, cnt, k->dtype, c->nranks);
+      if (s != BRG_SUCCESS) return s;
+    }
+    if (local) {
+      brg__coll ag = dev;
+      ag.kind = BRG__COLL_ALL_GATHER;
+      ag.op = BRG_SUM;
+      ag.sendbuf = k->recvbuf;
+      ag.recvbuf = k->recvbuf;
+      ag.whole = 1;
+      if ((s = phase(c, local, &ag, k, "the all-gather within the host")) != BRG_SUCCESS) return s;
+    }
+  }
+  if (fold) {
+    brg__coll bc = dev;
+    bc.kind = BRG__COLL_BROADCAST;
+    bc.op = BRG_SUM;
+    bc.root = 0;
+    bc.sendbuf = part ? k->recvbuf : NULL;
+    bc.recvbuf = k->recvbuf;
+    if ((s = phase(c, fold, &bc, k, "the broadcast within the host")) != BRG_SUCCESS) return s;
+  }
+  __atomic_fetch_add(&c->bytes_sent, sent_of(subs) - sent0, __ATOMIC_RELAXED);
   return BRG_SUCCESS;
 }
 

@@ -194,6 +194,9 @@ static brg_status rings_setup(brg_comm *c, char *why, size_t cap) {
   }
   int nhosts = 0, per = host_layout(c, host, local, &nhosts);
   int rings = want > 0 ? want : auto_rings(c, host, nhosts, per);
+  /* the rings follow the NICs where hosts have several (topology.c) */
+  int nics = nhosts > 1 && brg__topology_nics(c, local) >= 2; /* local[] is done with */
+  if (nics) brg__topology_log_nics(c);
   if (rings > 1 && per == 0) {
     BRG__INFO("init", "%d rings asked for, but the hosts have different numbers of ranks: one ring",
               rings);
@@ -224,10 +227,11 @@ static brg_status rings_setup(brg_comm *c, char *why, size_t cap) {
     c->nrings = rings;
     log_rings(c);
     BRG__INFO("init",
-              "%d rings (%s), %d host(s) x %d ranks: ring r leaves each host from its local "
-              "rank r-1 (ring 0: the last); an allreduce of at least %d x %zu bytes is cut over "
-              "them all, a smaller one runs on ring 0",
+              "%d rings (%s), %d host(s) x %d ranks: %s; an allreduce of at least %d x %zu bytes "
+              "is cut over them all, a smaller one runs on ring 0",
               rings, want > 0 ? "BRIGADE_RINGS" : "one per network address of a host", nhosts, per,
+              nics ? "ring r crosses hosts on rail r modulo the NICs (NIC map above)"
+                   : "ring r leaves each host from its local rank r-1 (ring 0: the last)",
               rings, c->slice_bytes);
   }
   free(host);

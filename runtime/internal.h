@@ -181,6 +181,7 @@ struct brg_comm {
   uint64_t auto_last;     /* auto's last choice: bytes << 8 | (algo + 1); 0: none */
   struct brg_comm *local; /* this host's ranks */
   struct brg_comm *cross; /* the ranks of this local index on every host */
+  struct brg_comm *fold;  /* on a host of more ranks than the fewest: those it reduces into one */
   /* Rings 1..nrings-1 (init.c): communicators split from this one, each
    * with its own links; ring 0 is this one's. nrings 0 or 1: one ring. */
   brg_comm **rings;
@@ -376,6 +377,12 @@ void brg__topology_order(brg_comm *c);
 int brg__topology_across(const brg_comm *c);
 /* The ring's ranks in order, "|" between hosts ("0 2 | 1 3"), for logs. */
 void brg__topology_ring_line(const brg_comm *c, char *line, size_t cap);
+/* The NIC map: nic[i] is rank i's network device on its host, the index
+ * of the address it advertises among its host's distinct addresses in
+ * local rank order. Returns the fewest NICs on a host (0 on failure). */
+int brg__topology_nics(const brg_comm *c, int *nic);
+/* Logs the NIC map at INFO (every rank), where a host has two or more. */
+void brg__topology_log_nics(const brg_comm *c);
 /* Checks the identities the bootstrap table brought (rank number, pid,
  * host name and address terminated and printable) before anything prints
  * them; BRG_ERR_REMOTE names the rank whose identity is malformed. */

@@ -14,7 +14,10 @@
  *   rings  A(2(N-1)) + 2(N-1)/N * S/R * max(b_shm, b_net*ceil(R/K))
  *   hier   2*((M-1)*a_shm + (M-1)/M*S*b_shm)     (within the hosts, twice)
  *          + 2(H-1)*a_net + 2(H-1)/H * S/M * b_net*ceil(M/K)
- *            (or its small form, (H-1) hops of S/M, when S/M is small)
+ *            (or its small form, (H-1) hops of S/M, when S/M is small);
+ *          hosts of C to M' ranks: the same with M = C, plus a reduce
+ *          and a broadcast of S in chains of ceil(M'/C) ranks,
+ *          2*((ceil(M'/C)-1)*a_shm + S*b_shm)
  *   tree   D = floor(log2 N) + 1 levels; up and down 2(D-1) hops, of
  *          which those whose distance in positions reaches M cross hosts
  *          (all but the lowest log2(M) levels); every hop is a
@@ -28,7 +31,8 @@
  *          devices) when d >= M; N > P adds a fold and an unfold of S.
  *
  * Left out: contention for cores when ranks outnumber them, and the
- * overlap of hier's phases (it runs them one after another).
+ * overlap of hier's phases over pieces (BRIGADE_HIER_PIECES): the model
+ * adds them up.
  */
 #include "model.h"
 
@@ -191,14 +195,24 @@ static double rhd_time(const brg__model_shape *sh, const brg__model_links *ln, d
   return t;
 }
 
+/* On uneven hosts (local_min C, local_max M) C rings cross hosts; a host
+ * of more ranks first reduces each group of ranks of equal index modulo C
+ * into its first (a chain of up to ceil(M/C) ranks carrying S) and
+ * broadcasts the result back last. */
 static double hier_time(const brg__model_shape *sh, const brg__model_links *ln, double S) {
   int H = sh->hosts, M = sh->local;
+  double fold = 0;
+  if (sh->local_min > 0 && sh->local_min < sh->local_max) {
+    int F = ceil_div(sh->local_max, sh->local_min);
+    M = sh->local_min;
+    fold = 2 * ((F - 1) * ln->shm_alpha + S * ln->shm_beta);
+  }
   double local = (M - 1) * ln->shm_alpha + (double)(M - 1) / M * S * ln->shm_beta;
   double shard = S / M, bn = ln->net_beta * ceil_div(M, sh->nics > 0 ? sh->nics : 1);
   double cross = shard > 0 && shard <= (double)sh->small_bytes
                      ? (H - 1) * ln->net_alpha + (H - 1) * shard * bn
                      : 2 * (H - 1) * ln->net_alpha + 2.0 * (H - 1) / H * shard * bn;
-  return 2 * local + cross;
+  return fold + 2 * local + cross;
 }
 
 double brg__model_time(int plan, const brg__model_shape *sh, const brg__model_links *ln,
@@ -215,7 +229,7 @@ double brg__model_time(int plan, const brg__model_shape *sh, const brg__model_li
     if (bytes == 0 || bytes > sh->small_bytes) return -1;
     return ring_time(sh, ln, S, 1, 1);
   case BRG__PLAN_HIER:
-    if (H < 2 || M < 2 || sh->no_hier) return -1;
+    if (H < 2 || (M < 2 && sh->local_max < 2) || sh->no_hier) return -1;
     return hier_time(sh, ln, S);
   case BRG__PLAN_TREE: return tree_time(sh, ln, S);
   case BRG__PLAN_RHD: return rhd_time(sh, ln, S);

@@ -22,7 +22,10 @@ typedef struct brg__model_shape {
   int rings;          /* BRIGADE_RINGS in effect (1: one ring) */
   size_t small_bytes; /* BRIGADE_SMALL_BYTES */
   size_t slice_bytes; /* BRIGADE_SLICE_BYTES */
-  int no_hier;        /* hosts differ in rank count (or one rank per host): no hier */
+  int no_hier;        /* hier does not run here (one rank per host, GPU buffers on uneven hosts) */
+  /* Hosts that differ in rank count: the fewest and most ranks on one
+   * (local stays the ranks per host, rounded up, for the others); 0: even. */
+  int local_min, local_max;
 } brg__model_shape;
 
 /* What the model times: the flat ring engine's three ways, and the others. */

@@ -57,6 +57,11 @@ static brg__cfg_entry core_entries[BRG__CORE_COUNT] = {
         {"BRIGADE_P2P_EARLY_BYTES", BRG__CFG_KIND_SIZE, "64M", 0, 1LL << 50,
          "bytes of point-to-point messages a rank keeps for receives it has not posted yet "
          "(one message always fits when none is kept); beyond it senders wait for receives"},
+    [BRG__CORE_HIER_PIECES] = {"BRIGADE_HIER_PIECES", BRG__CFG_KIND_INT, "0", 0, 64,
+                               "pieces a hierarchical allreduce of host buffers is cut into, "
+                               "so that one piece crosses hosts while the next is reduced "
+                               "within the host; 1: its phases one after another, 0: "
+                               "automatic (up to 8); the same on every rank"},
 };
 
 static brg__cfg_entry device_entries[BRG__DEVICE_COUNT] = {

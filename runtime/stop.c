@@ -27,6 +27,7 @@ void brg__comm_stop_why(brg_comm *c, const char *why) {
   brg__comm_notify_abort(c, BRG_ERR_REMOTE, why);
   brg__comm_stop_why(__atomic_load_n(&c->local, __ATOMIC_ACQUIRE), why);
   brg__comm_stop_why(__atomic_load_n(&c->cross, __ATOMIC_ACQUIRE), why);
+  brg__comm_stop_why(__atomic_load_n(&c->fold, __ATOMIC_ACQUIRE), why);
   brg__comm_stop_why(__atomic_load_n(&c->devnet, __ATOMIC_ACQUIRE), why);
   for (int r = 1; r < c->nrings; r++) brg__comm_stop_why(c->rings[r], why);
 }

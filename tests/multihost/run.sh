@@ -15,6 +15,11 @@
 # between the hosts, skipping full ones (2,2: hosts 0 1 0 1; 3,2: 0 1 0 1 0),
 # so the runtime has to reorder the ring host by host (2,2: ring 0 2 | 1 3).
 #
+# MH_NICS=K gives every host K addresses, each a network device to the
+# runtime (NIC n of host H: 10.77.n.H+1), and local rank l of a host of M
+# ranks advertises NIC l*K/M's (BRIGADE_BOOTSTRAP_ADDR): the rails of a
+# rail-optimised fabric, whose NIC map and rings the INFO log shows.
+#
 # MH_SHAPE, when set, shapes every host's interface: a netem specification
 # ("tc qdisc add dev mhH root netem $MH_SHAPE"), e.g. MH_SHAPE="delay 20us
 # rate 2gbit", or a whole qdisc when it starts with the qdisc's name, e.g.
@@ -114,7 +119,15 @@ command -v ip >/dev/null || skip "iproute2 (ip) is not installed"
 PFX=brg-mh-$$
 SW=$PFX-sw
 ns_of() { echo "$PFX-h${HOST_OF[$1]}"; }
-addr_of() { echo "10.77.0.$((HOST_OF[$1] + 1))"; }
+# MH_NICS=K: K addresses per host (10.77.n.H+1 for NIC n, on its one
+# interface), local rank l of a host of M ranks on NIC l*K/M: the NIC map
+# and rails the runtime must find (topology.c).
+NICS=${MH_NICS:-1}
+[[ $NICS =~ ^[1-9][0-9]*$ ]] || { echo "FAIL: MH_NICS=$NICS is not a count"; exit 1; }
+addr_of() {
+  local h=${HOST_OF[$1]}
+  echo "10.77.$((LOCAL_OF[$1] * NICS / PER_HOST[h])).$((h + 1))"
+}
 WORK=$(mktemp -d /tmp/brigade-mh.XXXXXX)
 PIDS=()
 MADE=()
@@ -141,6 +154,9 @@ for h in $(seq 0 $((NHOSTS - 1))); do
   ip -n "$SW" link set "sw$h" master br0 || fail "sw$h into br0"
   ip -n "$SW" link set "sw$h" up || fail "sw$h up"
   ip -n "$ns" addr add "10.77.0.$((h + 1))/24" dev "mh$h" || fail "address on mh$h"
+  for n in $(seq 1 $((NICS - 1))); do
+    ip -n "$ns" addr add "10.77.$n.$((h + 1))/16" dev "mh$h" || fail "address $n on mh$h"
+  done
   ip -n "$ns" link set lo up || fail "lo up in $ns"
   ip -n "$ns" link set "mh$h" up || fail "mh$h up"
   if [ -n "${MH_SHAPE:-}" ]; then
@@ -291,17 +307,48 @@ allreduce | rings)
   wait_all_ok 240 OK
   cat "$WORK"/out.*
   expect_log
+  # With several NICs a host: every hop between hosts of every ring rank 0
+  # logs has both ends on one NIC index (a rail), but the hop that closes
+  # a ring over an odd number of hosts of a NIC per rank.
+  if [ "$NICS" -gt 1 ]; then
+    nic_of() {
+      local h=${HOST_OF[$1]}
+      echo $((LOCAL_OF[$1] * NICS / PER_HOST[h]))
+    }
+    while read -r line; do
+      read -r -a words <<<"${line#*: }"
+      ranks=() cross=()
+      for w in "${words[@]}"; do
+        if [ "$w" = "|" ]; then cross[${#ranks[@]}]=1; else ranks+=("$w"); fi
+      done
+      cross[0]=1 # the hop that closes the ring
+      n=${#ranks[@]} off=0
+      for i in $(seq 0 $((n - 1))); do
+        [ -n "${cross[$i]:-}" ] || continue
+        a=${ranks[$(((i + n - 1) % n))]} b=${ranks[$i]}
+        [ "$(nic_of "$a")" = "$(nic_of "$b")" ] && continue
+        off=$((off + 1))
+      done
+      allowed=0
+      [ $((NHOSTS % 2)) = 1 ] && [ "$NICS" -ge "${PER_HOST[0]}" ] && allowed=1
+      [ "$off" -le "$allowed" ] || fail "$off hop(s) between hosts cross rails: $line"
+      echo "rails kept ($off off): $line"
+    done < <(grep -o 'ring [0-9]* of [0-9]* (| separates hosts): .*' "$WORK/log.0")
+  fi
   ;;
 mismatch)
-  RANK_ENV[0]="BRIGADE_ALGO=hier"
-  for r in $(seq 1 $((NRANKS - 1))); do RANK_ENV[$r]="BRIGADE_ALGO=ring"; done
+  # MH_MISMATCH="VAR A B": VAR=A on rank 0, B on the others (default
+  # BRIGADE_ALGO hier ring); every rank must fail naming VAR
+  read -r mvar mfirst mrest <<<"${MH_MISMATCH:-BRIGADE_ALGO hier ring}"
+  RANK_ENV[0]="$mvar=$mfirst"
+  for r in $(seq 1 $((NRANKS - 1))); do RANK_ENV[$r]="$mvar=$mrest"; done
   start_all check
   expect_failures "$(seq 0 $((NRANKS - 1)))" 1
   for r in $(seq 0 $((NRANKS - 1))); do
-    grep -q "collective mismatch (BRIGADE_ALGO is \"[a-z]*\" on rank [0-9]* but \"[a-z]*\" on rank" "$WORK/out.$r" ||
-      fail "rank $r did not fail with a mismatch naming BRIGADE_ALGO"
+    grep -q "collective mismatch ($mvar is " "$WORK/out.$r" ||
+      fail "rank $r did not fail with a mismatch naming $mvar"
   done
-  echo "every rank failed at init with BRG_ERR_MISMATCH naming BRIGADE_ALGO"
+  echo "every rank failed with BRG_ERR_MISMATCH naming $mvar"
   ;;
 kill | linkdown)
   start_all loop

@@ -21,15 +21,21 @@ static void test_auto_is_fastest(void **state) {
   for (size_t h = 0; h < sizeof hosts / sizeof *hosts; h++)
     for (size_t l = 0; l < sizeof locals / sizeof *locals; l++)
       for (int rings = 1; rings <= 4; rings *= 2)
-        for (int no_hier = 0; no_hier < 2; no_hier++)
+        for (int no_hier = 0; no_hier < 3; no_hier++)
           for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
+            /* no_hier 2: hosts of locals[l] - 1 to locals[l] ranks */
             brg__model_shape sh = {.hosts = hosts[h],
                                    .local = locals[l],
                                    .nics = rings,
                                    .rings = rings,
                                    .small_bytes = 4096,
                                    .slice_bytes = 128 * 1024,
-                                   .no_hier = no_hier};
+                                   .no_hier = no_hier == 1};
+            if (no_hier == 2 && (locals[l] < 2 || hosts[h] < 2)) continue;
+            if (no_hier == 2) {
+              sh.local_min = locals[l] - 1;
+              sh.local_max = locals[l];
+            }
             if (sh.hosts * sh.local < 2) continue;
             /* the candidates: the flat engine as it runs the size, hier, tree, rhd */
             int flat = sizes[s] && sizes[s] <= 4096                   ? BRG__PLAN_SMALL
@@ -41,7 +47,8 @@ static void test_auto_is_fastest(void **state) {
             double best = 0;
             for (int i = 0; i < 4; i++) {
               double t = brg__model_time(cand[i], &sh, ln, sizes[s]);
-              if (i == 1 && (sh.hosts < 2 || sh.local < 2 || no_hier)) assert_true(t < 0);
+              if (i == 1 && (sh.hosts < 2 || sh.local < 2 || no_hier == 1)) assert_true(t < 0);
+              if (i == 1 && no_hier == 2) assert_true(t > 0);
               if (t >= 0 && (want < 0 || t < best)) {
                 best = t;
                 want = i;
@@ -86,10 +93,42 @@ static void test_known_cases(void **state) {
   assert_string_equal(brg__plan_name(BRG__PLAN_RHD), "rhd");
 }
 
+/* Hier on hosts that differ in rank count: C (the fewest) rings across
+ * hosts, the other ranks reduced into them first and given the result
+ * last. */
+static void test_uneven_hier(void **state) {
+  (void)state;
+  brg__model_links ln = brg__model_default_links;
+  double S = 1 << 20;
+  /* 3 + 1: one ring across the hosts, carrying all of S; a fold of 3 */
+  brg__model_shape a = {.hosts = 2,
+                        .local = 2,
+                        .nics = 1,
+                        .rings = 1,
+                        .small_bytes = 4096,
+                        .slice_bytes = 131072,
+                        .local_min = 1,
+                        .local_max = 3};
+  double want = 2 * (2 * ln.shm_alpha + S * ln.shm_beta) + 2 * ln.net_alpha + S * ln.net_beta;
+  double t = brg__model_time(BRG__PLAN_HIER, &a, &ln, (size_t)S);
+  assert_true(t > 0.999 * want && t < 1.001 * want);
+  /* 3 + 2: two rings across the hosts, a fold of 2 on the first */
+  a.local = 3;
+  a.local_min = 2;
+  want = 2 * (ln.shm_alpha + S * ln.shm_beta) + 2 * (ln.shm_alpha + S / 2 * ln.shm_beta) +
+         2 * ln.net_alpha + S / 2 * ln.net_beta * 2;
+  t = brg__model_time(BRG__PLAN_HIER, &a, &ln, (size_t)S);
+  assert_true(t > 0.999 * want && t < 1.001 * want);
+  /* one rank per host still has no hier */
+  brg__model_shape one = {.hosts = 4, .local = 1, .nics = 1, .rings = 1, .slice_bytes = 131072};
+  assert_true(brg__model_time(BRG__PLAN_HIER, &one, &ln, (size_t)S) < 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_auto_is_fastest),
       cmocka_unit_test(test_known_cases),
+      cmocka_unit_test(test_uneven_hier),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
