@@ -920,19 +920,20 @@ static void stream_rules_receiver(brg__conn *in, const test_link *l, int sock) {
   size_t cap = (size_t)l->nslots * l->slot_bytes;
   char *buf = malloc(cap);
   if (!buf) fail("out of memory");
+  memset(buf, 0x5a, cap);
   sock_expect(sock, 'F', "filled");
   if (!in->ops->ready(in, 0, 0)) fail("a full link is not ready to receive");
   int ring = 0;
   if (in->ops->try_recv(in, buf, 1, &ring) != 1) fail("try_recv of one byte gave another count");
   if (ring) fail("try_recv rang the sender before it freed a slot");
-  size_t n = in->ops->try_recv(in, buf, l->slot_bytes - 1, &ring);
+  size_t n = in->ops->try_recv(in, buf + 1, l->slot_bytes - 1, &ring);
   if (n != l->slot_bytes - 1) fail("try_recv gave %zu of the first slot's rest", n);
   if (!ring) fail("try_recv freed a slot and did not ring the armed sender");
   sock_write(sock, (char[]){BELL}, 1);
   ring = 0;
   size_t left = cap - l->slot_bytes;
   while (left > 0) {
-    n = in->ops->try_recv(in, buf, left, &ring);
+    n = in->ops->try_recv(in, buf + cap - left, left, &ring);
     if (!n) fail("try_recv: %zu bytes of a full link were missing", left);
     left -= n;
   }
