@@ -7,6 +7,9 @@
  *   test_p2p N case...   (the transport of the ring from BRIGADE_TRANSPORTS)
  *
  * Cases:
+ *   links     (first) the first messages of each pair take the shm link of
+ *             the transport table where shm is allowed, p2p's own TCP
+ *             where not: shm FIFOs mapped, 2 or 0
  *   ring      every dtype and count: each rank sends to the next and
  *             receives from the previous (even ranks send first, odd ranks
  *             receive first), blocking and non-blocking
@@ -235,6 +238,52 @@ static int case_crossed(mp_ctx *ctx) {
   free(s);
   free(g);
   return bad;
+}
+
+/* Mappings of brigade's shm FIFOs in this process (deleted names too). */
+static int shm_maps(void) {
+  FILE *f = fopen("/proc/self/maps", "r");
+  if (!f) return -1;
+  char line[512];
+  int n = 0;
+  while (fgets(line, sizeof line, f))
+    if (strstr(line, "/dev/shm/brigade-") && strstr(line, "-from-")) n++;
+  fclose(f);
+  return n;
+}
+
+/* Run first: the first messages between pairs (0,1), (2,3) take a link
+ * of the transport table where shm is allowed (one more FIFO mapped each
+ * way: the one this rank receives on, the peer's it sends into) and
+ * p2p's own TCP where it is not (nothing mapped). Every byte checked. */
+static int case_links(mp_ctx *ctx) {
+  brg_comm *c = ctx->comm;
+  int r = ctx->rank, peer = r ^ 1;
+  int32_t one = 1; /* a barrier after the count: no later case links to this rank before it */
+  if (peer >= ctx->nranks) {
+    OK(brg_allreduce(&one, &one, 1, BRG_INT32, BRG_SUM, c, NULL));
+    return 0;
+  }
+  const char *tr = getenv("BRIGADE_TRANSPORTS");
+  int shm = !tr || !*tr || strstr(tr, "shm") != NULL;
+  int before = shm_maps();
+  size_t bytes = 3 << 20;
+  unsigned char *s = xmalloc(bytes), *g = xmalloc(bytes);
+  fill(s, bytes, r, peer, 91);
+  memset(g, 0xee, bytes);
+  OK(brg_send(s, bytes, BRG_UINT8, peer, c, NULL));
+  OK(brg_recv(g, bytes, BRG_UINT8, peer, c, NULL));
+  int bad = check(g, bytes, peer, r, 91, "links");
+  int after = shm_maps();
+  MP_CHECK(before >= 0 && after - before == (shm ? 2 : 0),
+           "point-to-point to rank %d mapped %d shm FIFOs (BRIGADE_TRANSPORTS=%s): expected %d "
+           "(%s)",
+           peer, after - before, tr ? tr : "", shm ? 2 : 0,
+           shm ? "its link and the peer's over shm" : "its own TCP, no FIFO");
+  OK(brg_allreduce(&one, &one, 1, BRG_INT32, BRG_SUM, c, NULL));
+  free(s);
+  free(g);
+  return bad || mp_failures();
 }
 
 /* An allreduce whose result is known: sum of (rank + 1) over the ranks. */
@@ -852,7 +901,8 @@ typedef struct {
   const char *name;
   int (*fn)(mp_ctx *);
 } part;
-static const part PARTS[] = {{"ring", case_ring},
+static const part PARTS[] = {{"links", case_links},
+                             {"ring", case_ring},
                              {"pairs", case_pairs},
                              {"crossed", case_crossed},
                              {"a2a", case_a2a},
