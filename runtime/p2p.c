@@ -3,9 +3,10 @@
  *
  * Each rank listens on one TCP port, opened before the bootstrap so that
  * the peer table carries it. The first message from A to B dials B's
- * listener; that connection carries A's messages to B and nothing back
- * (B's messages to A take B's own connection), so two ranks that dial each
- * other at once need no tie-break, and order per pair is TCP's order.
+ * listener; that connection (or the shm link set up over it, below)
+ * carries A's messages to B and nothing back (B's messages to A take B's
+ * own connection), so two ranks that dial each other at once need no
+ * tie-break, and order per pair is the stream's order.
  *
  * A thread per communicator ("brg-p2p") is the progress engine of both
  * directions. It reads every incoming connection as bytes arrive: a
@@ -14,15 +15,17 @@
  * its receive is posted, and is copied then. Early memory for the user's
  * messages is capped per communicator (BRIGADE_P2P_EARLY_BYTES): a header
  * whose message does not fit is held, the thread stops reading that
- * connection, and TCP's flow control holds the sender back until a receive
- * is posted or early memory is freed. One message always fits when no
+ * connection (or link), and its flow control (a full socket, a full
+ * link) holds the sender back until a receive is posted or early memory
+ * is freed. One message always fits when no
  * early memory is in use, so two ranks that each send one message first
  * and receive afterwards never deadlock, at any size. all_to_all's blocks
  * are not capped: a rank is at most one all_to_all ahead of another.
  *
  * Sends are queued per peer (brg__p2p_isend): the caller writes what the
- * socket takes at once, the thread writes the rest as the socket drains
- * (POLLOUT), and a send finishes once its last byte has left its buffer.
+ * socket (or link) takes at once, the thread writes the rest as the
+ * socket drains (POLLOUT; on a link, as the receiver's doorbell says room
+ * came), and a send finishes once its last byte has left its buffer.
  * brg_send is a queued send and a wait.
  *
  *   A: isend(B) -> A's send queue for B --[hello, then frames]-->
@@ -37,29 +40,48 @@
  * arrived first (each takes a number, `arrival`).
  *
  * Wire: a hello once per connection (magic, both ranks, the communicator's
- * id and secret), then frames: a header (channel, number, count, dtype),
- * then count * size(dtype) payload bytes. Channel BRG__P2P_A2A carries
- * all_to_all's blocks (numbered by the collective), apart from the user's
- * messages (numbered per pair).
+ * id and secret, the transport the frames are to take), then frames: a
+ * header (channel, number, count, dtype), then count * size(dtype)
+ * payload bytes. Channel BRG__P2P_A2A carries all_to_all's blocks
+ * (numbered by the collective), apart from the user's messages (numbered
+ * per pair).
+ *
+ * Where the frames travel. The connection is always made: it carries the
+ * hello, tells the hang-up of either end, and carries the notice of a
+ * send cut short. Between two ranks that the transport table would link
+ * with a transport that has the non-blocking byte stream (try_send,
+ * try_recv and the readiness hook `ready`, transport/transport.h: shm,
+ * ranks of one host), the frames take a link of that transport, set up
+ * over the connection at the first message: the receiver makes its end
+ * (recv_setup) and answers with its info, the sender attaches
+ * (send_connect) and says whether it did; on any failure the frames take
+ * the connection itself. On such a link the connection carries one-byte
+ * doorbells instead of frames: a thread with nothing to move arms its
+ * links (ready) before it polls, and the other end's try_send or
+ * try_recv that changes that rings it, the sender on its connection, the
+ * receiver back on the same connection. Elsewhere (tcp, ibverbs and
+ * cuda_ipc have no such send, and sleep while a link is full: see below)
+ * the frames are the connection's own bytes. Either way the code above
+ * the bytes (queues, early memory, holding a sender back) is the same;
+ * link_recv and link_send are where the two part.
  *
  * One lock guards both sides (queues, the thread's reads into posted
  * buffers and writes from queued sends); each peer's send lock serializes
  * the dial of its connection.
  *
- * Why these links are TCP of p2p's own rather than the transport table's
- * (transport/transport.h), which the ring links take: a table link is one
- * direction of a FIFO, set up at init through the bootstrap's three steps
- * and driven by a thread that waits on it in lockstep with one other link,
- * where a wait that blocks is right (shm's waits sleep on head/tail, tcp's
- * send_now sleeps while the wire is full). Point-to-point needs what the
- * table cannot yet say: links made at the first message between any pair,
- * one thread serving every incoming link at once, and a send that never
- * blocks that thread (two ranks each sending to the other first would
- * deadlock if their threads slept in send_now), with the early-memory cap
- * holding one sender back without stalling the others. Two entries would
- * let p2p ride the table: a send that returns at once when the link takes
- * no more, and a readiness fd (or doorbell) per link for the thread's
- * poll; the link could then be set up over this listener's connection.
+ * Why a transport needs the byte stream to carry point-to-point: a ring
+ * link is driven by a thread that waits on it in lockstep with one other
+ * link, where a wait that blocks is right (shm's waits sleep on head and
+ * tail, tcp's send_now sleeps while the wire is full). Here one thread
+ * serves every peer and must never block in a send (two ranks each
+ * sending to the other first would deadlock if their threads slept in
+ * send_now), and the early-memory cap holds one sender back without
+ * stalling the others: a send that returns at once with what the link
+ * took, and a readiness hook for the thread's poll, are what the table
+ * needed. tcp and ibverbs could give them (tcp's socket is its readiness
+ * fd; ibverbs' credits and completions would need a descriptor of their
+ * own); until they do, their pairs take this connection, which between
+ * hosts is the same kind of wire tcp's links are.
  */
 #include <errno.h>
 #include <limits.h>
@@ -91,6 +113,13 @@
  * never say hello may hold this many descriptors, each for
  * BRG__NET_HELLO_MS (the ring's listeners close after init). */
 #define P2P_MAX_PENDING 8
+/* A link of the transport table (shm between ranks of one host): its
+ * slots, and what its FIFO's name is told apart from the ring links'
+ * by (xor'ed into the communicator's id). */
+#define P2P_LINK_SLOTS 8
+#define P2P_LINK_SLOT_BYTES (256u << 10)
+#define P2P_LINK_ID UINT64_C(0x7032700000000000)
+#define P2P_LINK_NAME 16
 
 typedef struct p2p_hello {
   uint32_t magic;
@@ -101,7 +130,19 @@ typedef struct p2p_hello {
   uint32_t cut;
   uint64_t comm_id;
   uint8_t secret[BRG__SECRET_BYTES];
+  /* The transport of the table the frames are to travel on ("": this
+   * connection's own bytes). The receiver answers with a p2p_link_reply,
+   * the sender with one byte: 1 attached, 0 not (the frames then take
+   * the connection). */
+  char link[P2P_LINK_NAME];
 } p2p_hello;
+
+typedef struct p2p_link_reply {
+  uint32_t magic;
+  int32_t status; /* BRG_SUCCESS: info is the link's, from recv_setup */
+  char info[BRG__CONN_INFO_BYTES];
+  char why[BRG__ERRLEN]; /* why not, otherwise */
+} p2p_link_reply;
 
 typedef struct p2p_hdr {
   uint32_t magic;
@@ -125,6 +166,13 @@ typedef struct p2p_unexp {
 
 typedef struct p2p_peer {
   int rank;
+  /* Links of the transport table the frames travel on, set with out_fd
+   * and in_fd and kept until brg__p2p_free (ops NULL: the frames are
+   * the connection's own bytes). On such a link the connection carries
+   * the hello, the hang-up and one-byte doorbells both ways: the
+   * sender's to wake a receiver waiting for bytes, the receiver's (on
+   * the same connection, back) to wake a sender waiting for room. */
+  brg__conn out_link, in_link;
   /* Sending side. send_lock serializes the dial; out_fd is set once,
    * under both locks; the rest is under the p2p lock. */
   pthread_mutex_t send_lock;
@@ -182,6 +230,77 @@ static void wake_thread(brg__p2p *p) {
   uint64_t one = 1;
   ssize_t r = write(p->wake_fd, &one, sizeof one);
   (void)r; /* the counter saturating still wakes the thread */
+}
+
+/* A doorbell: one byte on the connection the other end polls. A full
+ * socket already holds a ring the other end has yet to read. */
+static void ring_bell(int fd) {
+  char b = 1;
+  ssize_t r = send(fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+  (void)r;
+}
+
+/* Reads the doorbells waiting on fd: 1 while it is open, 0 at its end or
+ * when it broke (a reset is an end: the connection carries no data). */
+static int drain_bells(int fd) {
+  char b[64];
+  for (;;) {
+    ssize_t n = recv(fd, b, sizeof b, MSG_DONTWAIT);
+    if (n > 0 || (n < 0 && errno == EINTR)) continue;
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+  }
+}
+
+/* The bytes under a peer's frames, as recv() and send() on a
+ * non-blocking socket give them: -1 with EAGAIN when nothing moves now,
+ * 0 from link_recv at the end of the stream. On a table link the end is
+ * the connection's, once what the link holds is read: the sender
+ * publishes before it hangs up. The caller holds the p2p lock. */
+static ssize_t link_recv(p2p_peer *pr, void *dst, size_t want) {
+  brg__conn *l = &pr->in_link;
+  if (!l->ops) return recv(pr->in_fd, dst, want, MSG_DONTWAIT);
+  for (int pass = 0; pass < 2; pass++) {
+    int ring = 0;
+    size_t n = l->ops->try_recv(l, dst, want, &ring);
+    if (ring) ring_bell(pr->in_fd);
+    if (n) return (ssize_t)n;
+    if (pass == 0 && drain_bells(pr->in_fd)) {
+      errno = EAGAIN;
+      return -1;
+    }
+  }
+  return 0;
+}
+
+static ssize_t link_send(p2p_peer *pr, const void *src, size_t want) {
+  brg__conn *l = &pr->out_link;
+  if (!l->ops) return send(pr->out_fd, src, want, MSG_DONTWAIT | MSG_NOSIGNAL);
+  int ring = 0;
+  size_t n = l->ops->try_send(l, src, want, &ring);
+  if (ring) ring_bell(pr->out_fd);
+  if (n) return (ssize_t)n;
+  errno = EAGAIN;
+  return -1;
+}
+
+/* What a link of the table between this rank and `peer` is set up with. */
+static brg__conn_params link_params(brg_comm *c, int peer) {
+  return (brg__conn_params){.rank = c->rank,
+                            .peer = peer,
+                            .nranks = c->nranks,
+                            .self_info = &c->peers[c->rank],
+                            .peer_info = &c->peers[peer],
+                            .nslots = P2P_LINK_SLOTS,
+                            .slot_bytes = P2P_LINK_SLOT_BYTES,
+                            .comm_id = c->comm_id ^ P2P_LINK_ID,
+                            .secret = brg__bootstrap_secret(c->bs),
+                            .timeout_ms = c->timeout_ms};
+}
+
+/* Whether a transport can carry point-to-point: the byte stream that
+ * never blocks (try_send, try_recv, ready). */
+static int link_capable(const brg__transport_ops *t) {
+  return t && t->try_send && t->try_recv && t->ready;
 }
 
 /* The peer's state, made at first use; the caller holds the p2p lock. */
@@ -408,7 +527,7 @@ static void read_peer(brg_comm *c, p2p_peer *pr, int rank) {
       dest = payload_dest(p, pr, &want);
       if (want > budget) want = budget;
     }
-    ssize_t n = recv(pr->in_fd, dest, want, MSG_DONTWAIT);
+    ssize_t n = link_recv(pr, dest, want);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
     if (n == 0 && (pr->in_payload || pr->hdr_got > 0) && pr->cut_by_peer) {
@@ -503,9 +622,10 @@ static void write_peer(brg_comm *c, p2p_peer *pr, int rank) {
     brg__p2p_op *op = pr->sendq;
     uint64_t bytes = op->count * brg_dtype_size((brg_dtype)op->dtype);
     if (pr->out_off == 0) {
-      /* A user message takes its number when its frame starts: a send
-       * withdrawn before that leaves no gap. */
-      if (op->chan == BRG__P2P_USER) op->num = pr->sent++;
+      /* A user message takes its number when its frame's first byte
+       * leaves (below): a send withdrawn before that leaves no gap, and
+       * one whose link was full at its start keeps its number. */
+      if (op->chan == BRG__P2P_USER) op->num = pr->sent;
       pr->out_hdr = (p2p_hdr){.magic = P2P_MAGIC,
                               .chan = op->chan,
                               .num = op->num,
@@ -524,7 +644,7 @@ static void write_peer(brg_comm *c, p2p_peer *pr, int rank) {
       if (want > budget) want = budget;
     }
     if (want > 0) {
-      ssize_t n = send(pr->out_fd, src, want, MSG_DONTWAIT | MSG_NOSIGNAL);
+      ssize_t n = link_send(pr, src, want);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
       if (n <= 0) {
@@ -533,6 +653,7 @@ static void write_peer(brg_comm *c, p2p_peer *pr, int rank) {
                    n < 0 ? strerror(errno) : "the connection took nothing");
         return;
       }
+      if (pr->out_off == 0 && op->chan == BRG__P2P_USER) pr->sent++;
       pr->out_off += (uint64_t)n;
       budget -= (size_t)n;
       op->last_ns = brg__now_ns();
@@ -570,6 +691,60 @@ static void withdraw_send(brg__p2p *p, p2p_peer *pr, brg__p2p_op *op, brg_status
   if (pr->sendq_tail == op) pr->sendq_tail = prev;
 }
 
+/* The receiving end of a table link a hello asks for (fd is blocking):
+ * sets it up, tells the sender where it is and waits for the sender's
+ * word that it attached. 1 with *link set, or with link->ops NULL when
+ * the frames are to take the connection; 0 when the connection is to be
+ * dropped. */
+static int link_accept(brg_comm *c, int fd, const p2p_hello *h, brg__conn *link) {
+  char name[P2P_LINK_NAME];
+  memcpy(name, h->link, sizeof name);
+  name[sizeof name - 1] = 0;
+  const brg__transport_ops *t = NULL;
+  for (int i = 0; brg__transports[i]; i++)
+    if (!strcmp(brg__transports[i]->name, name)) t = brg__transports[i];
+  p2p_link_reply rep = {.magic = P2P_MAGIC};
+  brg__conn_params prm = link_params(c, h->from);
+  if (!link_capable(t) || !t->can_connect(&c->peers[h->from], &c->peers[c->rank])) {
+    rep.status = BRG_ERR_UNAVAILABLE;
+    snprintf(rep.why, sizeof rep.why, "transport \"%s\" cannot carry point-to-point from rank %d",
+             name, h->from);
+  } else {
+    brg__errbuf e = {0};
+    link->ops = t;
+    rep.status = t->recv_setup(link, &prm, rep.info, &e);
+    if (rep.status != BRG_SUCCESS) snprintf(rep.why, sizeof rep.why, "%s", e.msg);
+  }
+  if (rep.status != BRG_SUCCESS && link->ops) {
+    link->ops->close(link);
+    link->ops = NULL;
+  }
+  int64_t deadline = brg__deadline_ms(c->timeout_ms);
+  uint8_t ack = 0;
+  if (brg__sock_send_all(fd, &rep, sizeof rep, deadline, NULL) != BRG__IO_OK ||
+      brg__sock_recv_all(fd, &ack, 1, deadline) != BRG__IO_OK) {
+    BRG__WARN("p2p", "rank %d: rank %d dropped its connection while setting up its %s link",
+              c->rank, h->from, name);
+    if (link->ops) link->ops->close(link);
+    link->ops = NULL;
+    return 0;
+  }
+  if (link->ops && ack != 1) {
+    link->ops->close(link);
+    link->ops = NULL;
+  }
+  if (link->ops) {
+    brg__errbuf e = {0};
+    if (link->ops->recv_connect(link, &prm, &e) != BRG_SUCCESS) {
+      BRG__WARN("p2p", "rank %d: the %s link from rank %d: %s", c->rank, name, h->from, e.msg);
+      link->ops->close(link);
+      link->ops = NULL;
+      return 0; /* the sender writes to it: the connection cannot carry frames now */
+    }
+  }
+  return 1;
+}
+
 /* A complete hello on a connection the listener's door took in (fd is
  * blocking now): kept when it names this rank and comes from another rank
  * of this communicator that has no link to it yet. */
@@ -604,18 +779,26 @@ static int hello_take(void *arg, const brg__conn_params *unused, int fd, const v
               brg_status_string((brg_status)h.cut));
     return 0;
   }
+  brg__conn link = {.peer = h.from};
+  if (h.link[0] && !link_accept(c, fd, &h, &link)) return 0;
   if (brg__sock_set_blocking(fd, 0) != 0) {
     BRG__WARN("p2p", "rank %d: dropped the link from rank %d: fcntl: %s", c->rank, h.from,
               strerror(errno));
+    if (link.ops) link.ops->close(&link);
     return 0;
   }
   pthread_mutex_lock(&p->lock);
   p2p_peer *pr = get_peer(c, h.from);
   int kept = pr && pr->in_fd < 0 && !pr->gone;
-  if (kept) pr->in_fd = fd;
+  if (kept) {
+    pr->in_fd = fd;
+    pr->in_link = link;
+  }
   pthread_mutex_unlock(&p->lock);
+  if (!kept && link.ops) link.ops->close(&link);
   if (kept)
-    BRG__INFO("p2p", "rank %d: link from rank %d", c->rank, h.from);
+    BRG__INFO("p2p", "rank %d: link from rank %d over %s", c->rank, h.from,
+              link.ops ? link.ops->name : "its own TCP connection");
   else
     BRG__WARN("p2p", "rank %d: refused a second point-to-point connection from rank %d (%s)",
               c->rank, h.from, from);
@@ -628,9 +811,14 @@ static int hello_take(void *arg, const brg__conn_params *unused, int fd, const v
  * only once a connection it made just before could have said hello
  * (hup_check). */
 static void check_out(brg_comm *c, p2p_peer *pr, int rank) {
-  char b;
-  ssize_t n = recv(pr->out_fd, &b, 1, MSG_DONTWAIT | MSG_PEEK);
-  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+  if (pr->out_link.ops) {
+    /* The receiver's doorbells come back on it: read, they are no news. */
+    if (drain_bells(pr->out_fd)) return;
+  } else {
+    char b;
+    ssize_t n = recv(pr->out_fd, &b, 1, MSG_DONTWAIT | MSG_PEEK);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+  }
   pr->watch_out = 0;
   sendq_fail(c->p2p, pr, BRG_ERR_REMOTE,
              "rank %d (pid %d on %s) hung up: it died or destroyed its communicator", rank,
@@ -658,10 +846,13 @@ static void *p2p_main(void *arg) {
   size_t cap = 1 + BRG__NET_DOOR_FDS + 2 * (size_t)c->nranks;
   struct pollfd *fds = calloc(cap, sizeof *fds);
   int *who = calloc(cap, sizeof *who);
-  if (!fds || !who) {
+  /* 1: a table link is ready at once, whatever poll says of its fd. */
+  char *now = calloc(cap, 1);
+  if (!fds || !who || !now) {
     BRG__WARN("p2p", "rank %d: out of memory for the point-to-point thread", c->rank);
     free(fds);
     free(who);
+    free(now);
     return NULL;
   }
   pthread_mutex_lock(&p->lock);
@@ -677,16 +868,25 @@ static void *p2p_main(void *arg) {
       if (hup_check(p, pr) && wait_ms > 50) wait_ms = 50;
       if (pr->held) resume_held(c, pr, p->active[i]);
       if (pr->in_fd >= 0 && !pr->held) {
+        /* A table link is armed before the sleep: its sender rings once
+         * it publishes. */
+        now[n] = pr->in_link.ops && pr->in_link.ops->ready(&pr->in_link, 0, 1);
         who[n] = p->active[i];
         fds[n++] = (struct pollfd){.fd = pr->in_fd, .events = POLLIN};
       }
-      short ev = (short)((pr->watch_out ? POLLIN : 0) |
-                         (pr->sendq && pr->out_fd >= 0 && !pr->out_broken ? POLLOUT : 0));
+      int sending = pr->sendq && pr->out_fd >= 0 && !pr->out_broken;
+      /* On a table link room comes as a doorbell (POLLIN), and so does
+       * the hang-up. */
+      short ev = (short)((pr->watch_out || (sending && pr->out_link.ops) ? POLLIN : 0) |
+                         (sending && !pr->out_link.ops ? POLLOUT : 0));
       if (ev) {
+        now[n] = sending && pr->out_link.ops && pr->out_link.ops->ready(&pr->out_link, 1, 1);
         who[n] = -1 - p->active[i];
         fds[n++] = (struct pollfd){.fd = pr->out_fd, .events = ev};
       }
     }
+    for (int i = 1 + door; i < n; i++)
+      if (now[i]) wait_ms = 0;
     pthread_mutex_unlock(&p->lock);
     int r = poll(fds, (nfds_t)n, wait_ms);
     if (r > 0 && fds[0].revents) {
@@ -699,23 +899,27 @@ static void *p2p_main(void *arg) {
       BRG__WARN("p2p", "rank %d: accept on the point-to-point listener: %s", c->rank,
                 strerror(errno));
     pthread_mutex_lock(&p->lock);
-    for (int i = 1 + door; r > 0 && i < n; i++) {
-      if (!fds[i].revents || who[i] < 0) continue;
+    for (int i = 1 + door; r >= 0 && i < n; i++) {
+      if (!(r > 0 && fds[i].revents) && !now[i]) continue;
+      if (who[i] < 0) continue;
       p2p_peer *pr = p->peer[who[i]];
       if (pr->in_fd == fds[i].fd) read_peer(c, pr, who[i]);
     }
-    for (int i = 1 + door; r > 0 && i < n; i++) {
-      if (!fds[i].revents || who[i] >= 0) continue;
+    for (int i = 1 + door; r >= 0 && i < n; i++) {
+      short rev = r > 0 ? fds[i].revents : 0;
+      if ((!rev && !now[i]) || who[i] >= 0) continue;
       p2p_peer *pr = p->peer[-1 - who[i]];
       if (pr->out_fd != fds[i].fd) continue;
-      if (fds[i].revents & (POLLOUT | POLLERR | POLLHUP)) write_peer(c, pr, -1 - who[i]);
-      if ((fds[i].revents & (POLLIN | POLLERR | POLLHUP)) && pr->watch_out)
+      if ((rev & (POLLIN | POLLERR | POLLHUP)) && (pr->watch_out || pr->out_link.ops))
         check_out(c, pr, -1 - who[i]);
+      if ((rev & (POLLOUT | POLLERR | POLLHUP)) || (pr->out_link.ops && (rev || now[i])))
+        write_peer(c, pr, -1 - who[i]);
     }
   }
   pthread_mutex_unlock(&p->lock);
   free(fds);
   free(who);
+  free(now);
   return NULL;
 }
 
@@ -797,6 +1001,8 @@ void brg__p2p_free(brg_comm *c) {
     p2p_peer *pr = p->peer[p->active[i]];
     brg__sock_close(&pr->in_fd);
     brg__sock_close(&pr->out_fd);
+    if (pr->in_link.ops) pr->in_link.ops->close(&pr->in_link);
+    if (pr->out_link.ops) pr->out_link.ops->close(&pr->out_link);
     for (int ch = 0; ch < P2P_CHANS; ch++)
       for (p2p_unexp *u = pr->unexp[ch], *next; u; u = next) {
         next = u->next;
@@ -817,6 +1023,48 @@ void brg__p2p_free(brg_comm *c) {
   c->p2p = NULL;
 }
 
+/* The sending end of the table link the hello asked for: attaches to
+ * what the receiver set up and tells it whether that worked. A link
+ * that cannot be had leaves link->ops NULL: the frames take the
+ * connection. BRG__IO_OK, or why the connection failed. */
+static int link_connect(brg_comm *c, int fd, int rank, const brg__transport_ops *t,
+                        brg__conn *link) {
+  int64_t deadline = brg__deadline_ms(c->timeout_ms);
+  p2p_link_reply rep;
+  int rc = brg__sock_recv_all(fd, &rep, sizeof rep, deadline);
+  if (rc != BRG__IO_OK) {
+    /* It may have made the link's name and died before saying so. */
+    if (t == &brg__transport_shm) brg__shm_forget(c->comm_id ^ P2P_LINK_ID, rank, c->rank);
+    return rc;
+  }
+  brg__conn_params prm = link_params(c, rank);
+  uint8_t ack = 0;
+  rep.why[sizeof rep.why - 1] = 0;
+  if (rep.magic != P2P_MAGIC || rep.status != BRG_SUCCESS) {
+    BRG__INFO("p2p", "rank %d: point-to-point to rank %d takes its own TCP connection: %s", c->rank,
+              rank, rep.magic != P2P_MAGIC ? "a malformed answer to its link" : rep.why);
+  } else {
+    brg__errbuf e = {0};
+    link->ops = t;
+    if (t->send_connect(link, &prm, rep.info, &e) == BRG_SUCCESS) {
+      ack = 1;
+    } else {
+      BRG__INFO("p2p",
+                "rank %d: point-to-point to rank %d takes its own TCP connection: "
+                "its %s link: %s",
+                c->rank, rank, t->name, e.msg);
+      t->close(link);
+      link->ops = NULL;
+    }
+  }
+  rc = brg__sock_send_all(fd, &ack, 1, deadline, NULL);
+  if (rc != BRG__IO_OK && link->ops) {
+    link->ops->close(link);
+    link->ops = NULL;
+  }
+  return rc;
+}
+
 /* The connection to `rank`, dialed at the first use; the caller holds the
  * peer's send lock. */
 static brg_status ensure_out(brg_comm *c, p2p_peer *pr, int rank, char *why, size_t why_bytes) {
@@ -835,7 +1083,24 @@ static brg_status ensure_out(brg_comm *c, p2p_peer *pr, int rank, char *why, siz
   brg__sock_nodelay(fd);
   p2p_hello h = {.magic = P2P_MAGIC, .from = c->rank, .to = rank, .comm_id = c->comm_id};
   memcpy(h.secret, brg__bootstrap_secret(c->bs), BRG__SECRET_BYTES);
+  /* The frames ride the transport the ring links would take between the
+   * two, where it carries point-to-point (link_capable): shm within a
+   * host. tcp, ibverbs and cuda_ipc have no send that returns at once on
+   * a full link, which one thread serving every peer needs (a sleep in
+   * send_now would deadlock two ranks that each send to the other
+   * first): their pairs take this connection's own bytes. */
+  const brg__transport_ops *t =
+      brg__transport_pick(&c->peers[c->rank], pi, c->transports, BRG__CARRIES_HOST);
+  if (link_capable(t))
+    snprintf(h.link, sizeof h.link, "%s", t->name);
+  else
+    BRG__INFO("p2p",
+              "rank %d: point-to-point to rank %d takes its own TCP connection: transport %s "
+              "has no send that returns at once on a full link",
+              c->rank, rank, t ? t->name : "(none allowed)");
   rc = brg__sock_send_all(fd, &h, sizeof h, brg__deadline_ms(c->timeout_ms), NULL);
+  brg__conn link = {.peer = rank};
+  if (rc == BRG__IO_OK && h.link[0]) rc = link_connect(c, fd, rank, t, &link);
   if (rc != BRG__IO_OK) {
     snprintf(why, why_bytes, "rank %d (pid %d on %s) dropped the connection: %s", rank, pi->pid,
              pi->hostname, brg__sock_io_why(rc));
@@ -844,15 +1109,18 @@ static brg_status ensure_out(brg_comm *c, p2p_peer *pr, int rank, char *why, siz
   }
   if (brg__sock_set_blocking(fd, 0) != 0) {
     snprintf(why, why_bytes, "fcntl on the connection to rank %d: %s", rank, strerror(errno));
+    if (link.ops) link.ops->close(&link);
     close(fd);
     return BRG_ERR_SYSTEM;
   }
   pthread_mutex_lock(&c->p2p->lock);
+  pr->out_link = link;
   pr->out_fd = fd;
   pr->watch_out = !pr->gone;
   pthread_mutex_unlock(&c->p2p->lock);
   wake_thread(c->p2p);
-  BRG__INFO("p2p", "rank %d: link to rank %d", c->rank, rank);
+  BRG__INFO("p2p", "rank %d: link to rank %d over %s", c->rank, rank,
+            link.ops ? link.ops->name : "its own TCP connection");
   return BRG_SUCCESS;
 }
 

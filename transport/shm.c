@@ -26,6 +26,7 @@ typedef struct shm_priv {
   void *region;
   size_t bytes;
   int linked; /* name still exists and this end created it */
+  size_t off; /* receiving end of a stream (try_recv): bytes of slot `head` read */
 } shm_priv;
 
 static int shm_can_connect(const brg__peer_info *self, const brg__peer_info *peer) {
@@ -154,6 +155,80 @@ static void shm_close(brg__conn *c) {
   memset(&c->fifo, 0, sizeof c->fifo);
 }
 
+/*
+ * The link as a byte stream (try_send, try_recv, ready). Each slot holds
+ * up to slot_bytes of the stream, meta.bytes saying how many; the sender
+ * publishes tail once per call, the receiver head. A side about to sleep
+ * raises the other side's waiters word (tail_waiters: the receiver waits
+ * for tail, head_waiters: the sender for head) and looks again; a side
+ * that publishes and finds it raised lowers it and has its caller ring.
+ * Both the raise and the publish are sequentially consistent, and each
+ * side looks at the other's word after its own store, so either the
+ * sleeper sees the new counter or the publisher sees the raised word.
+ */
+static int take_ring(volatile uint32_t *waiters) {
+  return __atomic_load_n(waiters, __ATOMIC_SEQ_CST) &&
+         __atomic_exchange_n(waiters, 0, __ATOMIC_SEQ_CST);
+}
+
+static size_t shm_try_send(brg__conn *c, const void *buf, size_t bytes, int *ring) {
+  brg__fifo *f = &c->fifo;
+  uint64_t tail = f->ctrl->tail, head = __atomic_load_n(&f->ctrl->head, __ATOMIC_ACQUIRE);
+  size_t took = 0;
+  while (took < bytes && tail < head + (uint64_t)f->nslots) {
+    size_t n = bytes - took < f->slot_bytes ? bytes - took : f->slot_bytes;
+    memcpy(brg__fifo_slot(f, tail), (const char *)buf + took, n);
+    brg__fifo_meta(f, tail)->bytes = (uint32_t)n;
+    took += n;
+    tail++;
+  }
+  if (!took) return 0;
+  __atomic_store_n(&f->ctrl->tail, tail, __ATOMIC_SEQ_CST);
+  if (take_ring(&f->ctrl->tail_waiters)) *ring = 1;
+  return took;
+}
+
+static size_t shm_try_recv(brg__conn *c, void *buf, size_t bytes, int *ring) {
+  brg__fifo *f = &c->fifo;
+  shm_priv *sp = c->priv;
+  uint64_t head0 = f->ctrl->head, head = head0;
+  uint64_t tail = __atomic_load_n(&f->ctrl->tail, __ATOMIC_ACQUIRE);
+  size_t got = 0;
+  while (got < bytes && head < tail) {
+    /* The sender's word for how full its slot is: never past the slot. */
+    size_t in = brg__fifo_meta(f, head)->bytes;
+    if (in > f->slot_bytes) in = f->slot_bytes;
+    size_t n = in - sp->off < bytes - got ? in - sp->off : bytes - got;
+    memcpy((char *)buf + got, brg__fifo_slot(f, head) + sp->off, n);
+    got += n;
+    sp->off += n;
+    if (sp->off == in) {
+      sp->off = 0;
+      head++;
+    }
+  }
+  if (head != head0) {
+    __atomic_store_n(&f->ctrl->head, head, __ATOMIC_SEQ_CST);
+    if (take_ring(&f->ctrl->head_waiters)) *ring = 1;
+  }
+  return got;
+}
+
+static int shm_ready(brg__conn *c, int sending, int arm) {
+  brg__fifo_ctrl *k = c->fifo.ctrl;
+  uint64_t room = (uint64_t)c->fifo.nslots;
+  if (sending) {
+    if (k->tail < __atomic_load_n(&k->head, __ATOMIC_ACQUIRE) + room) return 1;
+    if (!arm) return 0;
+    __atomic_store_n(&k->head_waiters, 1, __ATOMIC_SEQ_CST);
+    return k->tail < __atomic_load_n(&k->head, __ATOMIC_SEQ_CST) + room;
+  }
+  if (k->head < __atomic_load_n(&k->tail, __ATOMIC_ACQUIRE)) return 1;
+  if (!arm) return 0;
+  __atomic_store_n(&k->tail_waiters, 1, __ATOMIC_SEQ_CST);
+  return k->head < __atomic_load_n(&k->tail, __ATOMIC_SEQ_CST);
+}
+
 const brg__transport_ops brg__transport_shm = {
     .name = "shm",
     .carries = BRG__CARRIES_HOST | BRG__CARRIES_DEVICE,
@@ -163,4 +238,7 @@ const brg__transport_ops brg__transport_shm = {
     .send_connect = shm_send_connect,
     .recv_connect = shm_recv_connect,
     .close = shm_close,
+    .try_send = shm_try_send,
+    .try_recv = shm_try_recv,
+    .ready = shm_ready,
 };

@@ -277,6 +277,28 @@ struct brg__transport_ops {
    * its way into one is cut off by breaking the link). */
   void (*recv_window)(brg__conn *c, uint64_t pos, void *dst, size_t bytes);
 
+  /* Optional, all three or none: the link as a byte stream that never
+   * blocks, for one thread that serves many links at once
+   * (runtime/p2p.c). Each end's engine calls only its own side's.
+   * try_send copies up to `bytes` from buf into the slots that are free
+   * and publishes them; it returns how many it took, 0 when the link is
+   * full. try_recv copies up to `bytes` of what has arrived into buf,
+   * freeing each slot it empties, and returns how many, 0 when nothing
+   * waits. Slot boundaries are the transport's own: a receiver may get a
+   * send's bytes in other pieces than they were sent in.
+   * ready is the readiness hook: 1 when this end's try_* would move
+   * something now (`sending`: try_send would take bytes; else try_recv
+   * would give some). With `arm`, a link found not ready notes that this
+   * end is about to sleep, and the other end's next try_* that changes
+   * that sets its *ring: the caller of that try_* then wakes this end
+   * (runtime/p2p.c writes a byte on a socket the sleeper polls), once per
+   * arming. A link whose bytes arrive on a descriptor of its own would
+   * give that for poll instead; shm's arrive in memory. *ring is only
+   * ever set, never cleared. */
+  size_t (*try_send)(brg__conn *c, const void *buf, size_t bytes, int *ring);
+  size_t (*try_recv)(brg__conn *c, void *buf, size_t bytes, int *ring);
+  int (*ready)(brg__conn *c, int sending, int arm);
+
   /* Optional (NULL where the transport cannot): GPU memory on the link
    * (GPUDirect RDMA), for device collectives between hosts.
    * dev_register registers `bytes` of device memory at p (a dmabuf: `fd`,

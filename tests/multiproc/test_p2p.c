@@ -7,6 +7,12 @@
  *   test_p2p N case...   (the transport of the ring from BRIGADE_TRANSPORTS)
  *
  * Cases:
+ *   fallback  (first, N = 2, shm) the shm link from rank 0 to rank 1
+ *             cannot be set up (its name taken): those messages take
+ *             p2p's own TCP, the other way shm; every byte checked
+ *   links     (first) the first messages of each pair take the shm link of
+ *             the transport table where shm is allowed, p2p's own TCP
+ *             where not: shm FIFOs mapped, 2 or 0
  *   ring      every dtype and count: each rank sends to the next and
  *             receives from the previous (even ranks send first, odd ranks
  *             receive first), blocking and non-blocking
@@ -56,12 +62,16 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -235,6 +245,106 @@ static int case_crossed(mp_ctx *ctx) {
   free(s);
   free(g);
   return bad;
+}
+
+/* Mappings of brigade's shm FIFOs in this process (deleted names too). */
+static int shm_maps(void) {
+  FILE *f = fopen("/proc/self/maps", "r");
+  if (!f) return -1;
+  char line[512];
+  int n = 0;
+  while (fgets(line, sizeof line, f))
+    if (strstr(line, "/dev/shm/brigade-") && strstr(line, "-from-")) n++;
+  fclose(f);
+  return n;
+}
+
+/* Run first: the first messages between pairs (0,1), (2,3) take a link
+ * of the transport table where shm is allowed (one more FIFO mapped each
+ * way: the one this rank receives on, the peer's it sends into) and
+ * p2p's own TCP where it is not (nothing mapped). Every byte checked. */
+static int case_links(mp_ctx *ctx) {
+  brg_comm *c = ctx->comm;
+  int r = ctx->rank, peer = r ^ 1;
+  int32_t one = 1; /* a barrier after the count: no later case links to this rank before it */
+  if (peer >= ctx->nranks) {
+    OK(brg_allreduce(&one, &one, 1, BRG_INT32, BRG_SUM, c, NULL));
+    return 0;
+  }
+  const char *tr = getenv("BRIGADE_TRANSPORTS");
+  int shm = !tr || !*tr || strstr(tr, "shm") != NULL;
+  int before = shm_maps();
+  size_t bytes = 3 << 20;
+  unsigned char *s = xmalloc(bytes), *g = xmalloc(bytes);
+  fill(s, bytes, r, peer, 91);
+  memset(g, 0xee, bytes);
+  OK(brg_send(s, bytes, BRG_UINT8, peer, c, NULL));
+  OK(brg_recv(g, bytes, BRG_UINT8, peer, c, NULL));
+  int bad = check(g, bytes, peer, r, 91, "links");
+  int after = shm_maps();
+  MP_CHECK(before >= 0 && after - before == (shm ? 2 : 0),
+           "point-to-point to rank %d mapped %d shm FIFOs (BRIGADE_TRANSPORTS=%s): expected %d "
+           "(%s)",
+           peer, after - before, tr ? tr : "", shm ? 2 : 0,
+           shm ? "its link and the peer's over shm" : "its own TCP, no FIFO");
+  OK(brg_allreduce(&one, &one, 1, BRG_INT32, BRG_SUM, c, NULL));
+  free(s);
+  free(g);
+  return bad || mp_failures();
+}
+
+/* Run first, N = 2 over shm: rank 1 takes the name of the shm FIFO that
+ * the first message from rank 0 would set up (transport/shm.c's name,
+ * with runtime/p2p.c's P2P_LINK_ID xor'ed into the communicator's id,
+ * which rank 1 reads from its ring link's mapping), so that its
+ * recv_setup fails: that pair's messages fall back to p2p's own TCP and
+ * arrive all the same, while rank 1's messages to rank 0 take shm (one
+ * FIFO mapped on each rank). */
+static int case_fallback(mp_ctx *ctx) {
+  brg_comm *c = ctx->comm;
+  int r = ctx->rank, peer = 1 - r;
+  int32_t one = 1;
+  char name[64] = "";
+  if (ctx->nranks != 2) return mp_fail("fallback runs at N = 2"), 1;
+  int before = shm_maps();
+  if (r == 1) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512];
+    unsigned long long id = 0;
+    while (f && !id && fgets(line, sizeof line, f)) {
+      char *at = strstr(line, "/dev/shm/brigade-");
+      if (at && strstr(at, "-1-from-0")) id = strtoull(at + strlen("/dev/shm/brigade-"), NULL, 16);
+    }
+    if (f) fclose(f);
+    MP_CHECK(id != 0, "no shm ring link from rank 0 mapped in rank 1");
+    snprintf(name, sizeof name, "/brigade-%016llx-1-from-0", id ^ 0x7032700000000000ull);
+    int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    MP_CHECK(fd >= 0, "shm_open %s: %s", name, strerror(errno));
+    if (fd >= 0) close(fd);
+  }
+  OK(brg_allreduce(&one, &one, 1, BRG_INT32, BRG_SUM, c, NULL)); /* the name is taken */
+  size_t bytes = 3 << 20;
+  unsigned char *s = xmalloc(bytes), *g = xmalloc(bytes);
+  fill(s, bytes, r, peer, 93);
+  memset(g, 0xee, bytes);
+  if (r == 0) {
+    OK(brg_send(s, bytes, BRG_UINT8, peer, c, NULL));
+    OK(brg_recv(g, bytes, BRG_UINT8, peer, c, NULL));
+  } else {
+    OK(brg_recv(g, bytes, BRG_UINT8, peer, c, NULL));
+    OK(brg_send(s, bytes, BRG_UINT8, peer, c, NULL));
+  }
+  int bad = check(g, bytes, peer, r, 93, "fallback");
+  int after = shm_maps();
+  MP_CHECK(after - before == 1,
+           "rank %d mapped %d shm FIFOs for point-to-point: expected 1 (rank 1 -> 0 over shm, "
+           "0 -> 1 over TCP)",
+           r, after - before);
+  if (r == 1) shm_unlink(name);
+  OK(brg_allreduce(&one, &one, 1, BRG_INT32, BRG_SUM, c, NULL));
+  free(s);
+  free(g);
+  return bad || mp_failures();
 }
 
 /* An allreduce whose result is known: sum of (rank + 1) over the ranks. */
@@ -852,7 +962,9 @@ typedef struct {
   const char *name;
   int (*fn)(mp_ctx *);
 } part;
-static const part PARTS[] = {{"ring", case_ring},
+static const part PARTS[] = {{"fallback", case_fallback},
+                             {"links", case_links},
+                             {"ring", case_ring},
                              {"pairs", case_pairs},
                              {"crossed", case_crossed},
                              {"a2a", case_a2a},
