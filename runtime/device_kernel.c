@@ -414,6 +414,7 @@ static void kernel_chans(const struct brg__dev_ring *d, brg__rk_args *args) {
       l->recv_head = (uint64_t *)(prev + 64);
     }
     l->counters = (uint64_t *)(own + 128);
+    brg__dev_proxy_hdrs(d, ch, l);
   }
 }
 

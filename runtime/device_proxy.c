@@ -2,6 +2,16 @@
  * Kernel mode's host proxy: on a link between hosts the neighbour's words
  * and slots are in pinned host memory of this rank, and two threads play
  * the neighbour, carrying what the kernels post over the network link.
+ *
+ * The call headers go the same way: the header a launch's channel writes
+ * into its mailbox at the start (its call: ring_args.h, brg__rk_hdr) goes
+ * on the network link in a slot of its own (step PHDR_STEP, no payload),
+ * and the previous rank's arrive in the channel's mailbox of the link from
+ * it, where the kernel compares them with its own call as it does within
+ * a host: calls that differ between hosts stop the kernels with
+ * BRG_ERR_MISMATCH naming both calls (device_watch.c), not at the
+ * watchdog's timeout. On a link that runs GPUDirect RDMA, whose network
+ * slots are the channel's slots one to one, no headers go.
  */
 #include <pthread.h>
 #include <sched.h>
@@ -25,6 +35,40 @@ void brg__dev_proxy_join(struct brg__dev_ring *d) {
 /* A channel's words in a link's host region. */
 static uint64_t *pword(char *region, const struct brg__dev_ring *d, int ch, size_t at) {
   return (uint64_t *)(region + (size_t)ch * d->pstride + at);
+}
+
+_Static_assert(128 + 8 * BRG__MAX_SLOTS <= PHACK && PHACK + 64 <= PHDR &&
+                   PHDR + BRG__RK_HDRS * sizeof(brg__rk_hdr) <= PCTRL,
+               "a staged channel's words, sizes and mailbox fit before its slots");
+
+/* A network slot that carries a call header instead of a kernel's slot. */
+#define PHDR_STEP UINT32_MAX
+
+/* Entry k of a channel's mailbox of call headers in a link's host region. */
+static brg__rk_hdr *phdr(char *region, const struct brg__dev_ring *d, int ch, uint64_t k) {
+  return (brg__rk_hdr *)(region + (size_t)ch * d->pstride + PHDR) + k % BRG__RK_HDRS;
+}
+
+/* Whether call headers go on the link to the next rank, and come on the
+ * one from the previous rank (both ends see the same GPUDirect choice). */
+static int hdrs_out(const struct brg__dev_ring *d) {
+  return d->send_staged && !d->kgdr_send;
+}
+static int hdrs_in(const struct brg__dev_ring *d) {
+  return d->recv_staged && !d->kgdr_recv;
+}
+
+void brg__dev_proxy_hdrs(const struct brg__dev_ring *d, int ch, brg__rk_link *l) {
+  if (hdrs_out(d)) {
+    char *p = d->psend_dev + (size_t)ch * d->pstride;
+    l->send_hdr = (brg__rk_hdr *)(p + PHDR);
+    l->hdr_acked = (const uint64_t *)(p + PHACK); /* tx: headers it carried */
+  }
+  if (hdrs_in(d)) {
+    char *p = d->precv_dev + (size_t)ch * d->pstride;
+    l->recv_hdr = (const brg__rk_hdr *)(p + PHDR);
+    l->hdr_ack = (uint64_t *)(p + PHACK); /* the kernel: headers it checked */
+  }
 }
 
 static int proxy_stopping(struct brg__dev_ring *d) {
@@ -81,15 +125,64 @@ static void proxy_nap_precise(void) {
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
 }
 
+/* tx: the header channel ch's kernel wrote at its next launch's start, in
+ * a network slot of its own ahead of the slots it posts after it; 1 when
+ * it went, 0 when none is due or the network link is full, -1 when the
+ * proxy gave up. Once on the link, its mailbox entry is free again. */
+static int proxy_tx_hdr(struct brg__dev_ring *d, brg__conn *l, brg__waiter *w, int ch,
+                        uint64_t *pos, uint64_t *hsent) {
+  brg__fifo *f = &l->fifo;
+  uint64_t k = hsent[ch];
+  const brg__rk_hdr *h = phdr(d->psend, d, ch, k);
+  if (__atomic_load_n(&h->n, __ATOMIC_ACQUIRE) != k + 1) return 0;
+  if (__atomic_load_n(&f->ctrl->closed, __ATOMIC_ACQUIRE)) {
+    proxy_fail(d, "the %s link to rank %d broke: %s", l->ops->name, l->peer, link_why(l));
+    return -1;
+  }
+  if (*pos + 1 > __atomic_load_n(&f->ctrl->head, __ATOMIC_ACQUIRE) + (uint64_t)f->nslots) return 0;
+  brg__rk_call call = h->call;
+  brg__slot_meta *m = brg__fifo_meta(f, *pos);
+  memset(m, 0, offsetof(brg__slot_meta, inline_data));
+  m->seq = call.seq;
+  m->count = call.count;
+  m->kind = call.kind;
+  m->dtype = call.dtype;
+  m->op = call.op;
+  m->root = call.root;
+  m->step = PHDR_STEP;
+  uint64_t at[2] = {(uint64_t)ch, k + 1}; /* the channel, the header's number */
+  memcpy(m->inline_data, at, sizeof at);
+  __atomic_store_n(&m->flag, *pos + 1, __ATOMIC_RELEASE);
+  brg__publish(&f->ctrl->tail, &f->ctrl->tail_waiters, *pos + 1);
+  if (l->ops->send_now) {
+    brg_status st = l->ops->send_now(l, *pos, NULL, w);
+    if (st != BRG_SUCCESS) {
+      if (!proxy_stopping(d))
+        proxy_fail(d, "sending to rank %d on the %s link failed: %s", l->peer, l->ops->name,
+                   link_why(l));
+      return -1;
+    }
+  }
+  (*pos)++;
+  hsent[ch] = k + 1;
+  __atomic_store_n(pword(d->psend, d, ch, PHACK), k + 1, __ATOMIC_RELEASE);
+  return 1;
+}
+
 static void *proxy_tx(void *arg) {
   struct brg__dev_ring *d = arg;
   proxy_nap_precise();
   brg__conn *l = &d->net->send;
   brg__fifo *f = &l->fifo;
   brg__waiter w = {.spin = -1, .check = proxy_check, .arg = d};
-  uint64_t pos = 0, freed = 0;
+  uint64_t pos = 0, freed = 0, hsent[BRG__RK_MAX_CHANNELS] = {0};
   for (int idle = 0; !proxy_stopping(d);) {
     int moved = 0;
+    for (int ch = 0; hdrs_out(d) && ch < d->kchannels; ch++) {
+      int r = proxy_tx_hdr(d, l, &w, ch, &pos, hsent);
+      if (r < 0) return NULL;
+      moved |= r;
+    }
     if (d->kgdr_send) {
       /* The one channel's slot n is the link's: free once the link sent it. */
       uint64_t h = __atomic_load_n(&f->ctrl->head, __ATOMIC_ACQUIRE);
@@ -161,6 +254,7 @@ static void *proxy_rx(void *arg) {
   brg__conn *l = &d->net->recv;
   brg__fifo *f = &l->fifo;
   uint64_t pos = 0, got[BRG__RK_MAX_CHANNELS] = {0}, released = 0;
+  uint64_t hgot[BRG__RK_MAX_CHANNELS] = {0};
   if (d->kgdr_recv) d->api->drv.set_device(d->gpu); /* its flushes are for this GPU */
   for (int idle = 0; !proxy_stopping(d);) {
     if (d->kgdr_recv) {
@@ -179,6 +273,38 @@ static void *proxy_rx(void *arg) {
         return proxy_fail(d, "the %s link from rank %d broke: %s", l->ops->name, l->peer,
                           link_why(l));
       proxy_idle(&idle);
+      continue;
+    }
+    if (m->step == PHDR_STEP) {
+      /* A launch's call header: into the channel's mailbox, once the
+       * kernel has checked the one BRG__RK_HDRS before it. */
+      uint64_t at[2];
+      memcpy(at, m->inline_data, sizeof at);
+      if (!hdrs_in(d) || at[0] >= (uint64_t)d->kchannels || at[1] != hgot[at[0]] + 1)
+        return proxy_fail(
+            d,
+            "rank %d sent a kernel-mode call header this rank cannot place "
+            "(channel %llu of %d, header %llu where %llu was due%s)",
+            l->peer, (unsigned long long)at[0], d->kchannels, (unsigned long long)at[1],
+            (unsigned long long)(at[0] < (uint64_t)d->kchannels ? hgot[at[0]] + 1 : 0),
+            hdrs_in(d) ? "" : ", on a link that carries none");
+      int ch = (int)at[0];
+      while (hgot[ch] - __atomic_load_n(pword(d->precv, d, ch, PHACK), __ATOMIC_ACQUIRE) >=
+             (uint64_t)BRG__RK_HDRS) {
+        if (proxy_stopping(d)) return NULL;
+        proxy_idle(&idle);
+      }
+      brg__rk_hdr *h = phdr(d->precv, d, ch, hgot[ch]);
+      h->call = (brg__rk_call){.seq = m->seq,
+                               .count = m->count,
+                               .root = m->root,
+                               .kind = (uint8_t)m->kind,
+                               .dtype = (uint8_t)m->dtype,
+                               .op = (uint8_t)m->op};
+      __atomic_store_n(&h->n, ++hgot[ch], __ATOMIC_RELEASE);
+      pos++;
+      brg__publish(&f->ctrl->head, &f->ctrl->head_waiters, pos);
+      idle = 0;
       continue;
     }
     int ch = m->root;
@@ -240,12 +366,16 @@ brg_status brg__dev_proxy_start(brg_comm *c, struct brg__dev_ring *d) {
   return s == BRG_SUCCESS ? s : brg__comm_error(c, s, "%s", err.msg);
 }
 
-/* Whether tx has carried every slot the kernels posted to the next host. */
+/* Whether tx has carried every slot and call header the kernels posted to
+ * the next host (the next rank's launch waits for the header to end). */
 int brg__dev_proxy_flushed(struct brg__dev_ring *d) {
-  for (int ch = 0; d->psend && ch < d->kchannels; ch++)
+  for (int ch = 0; d->psend && ch < d->kchannels; ch++) {
     if (__atomic_load_n(pword(d->psend, d, ch, 0), __ATOMIC_ACQUIRE) >
         __atomic_load_n(&d->psent[ch], __ATOMIC_ACQUIRE))
       return 0;
+    uint64_t k = __atomic_load_n(pword(d->psend, d, ch, PHACK), __ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&phdr(d->psend, d, ch, k)->n, __ATOMIC_ACQUIRE) == k + 1) return 0;
+  }
   return 1;
 }
 

@@ -135,7 +135,8 @@ struct brg__dev_ring {
   char step_why[256];                 /* why collectives run in step mode, for a captured call */
   /* Kernel mode's links between hosts: the same words and slots as a
    * region's channel, in pinned host memory of this rank (PCTRL: tail at
-   * 0, head at 64, the posted slots' sizes at 128), and the host proxy's
+   * 0, head at 64, the posted slots' sizes at 128, the call headers at
+   * PHDR), and the host proxy's
    * two threads in place of the neighbour: tx carries the slots this
    * rank's kernels post to the network link to the next rank, rx writes
    * what arrives from the previous rank into the slots its kernels read.
@@ -173,7 +174,14 @@ struct brg__dev_ring {
  * previous rank; the slots follow at d->kctrl. */
 #define KMETA 256
 #define KACK 192
-#define PCTRL 1024      /* per channel of a link between hosts: tail, head, sizes at 128 */
+/* Per channel of a link between hosts: tail at 0, head at 64, the posted
+ * slots' sizes at 128 (BRG__MAX_SLOTS of them), at PHACK the headers taken
+ * from the mailbox at PHDR (BRG__RK_HDRS brg__rk_hdr: the kernel's on the
+ * link to the next rank, the previous rank's on the link from it); the
+ * slots follow at PCTRL. */
+#define PHACK 768
+#define PHDR 1024
+#define PCTRL 4096
 #define KSTATUS_WORD 16 /* in kwords, a cache line after the abort word */
 #define KWATCH 1024     /* in kwords: a brg__rk_watch per channel */
 
@@ -290,6 +298,8 @@ void brg__dev_proxy_gdr_choose(brg_comm *c, struct brg__dev_ring *d, const dev_b
                                const dev_blob *all);
 brg_status brg__dev_proxy_start(brg_comm *c, struct brg__dev_ring *d);
 int brg__dev_proxy_flushed(struct brg__dev_ring *d);
+/* A channel's call headers on the staged links (kernel_chans). */
+void brg__dev_proxy_hdrs(const struct brg__dev_ring *d, int ch, brg__rk_link *l);
 void brg__dev_proxy_join(struct brg__dev_ring *d);
 
 #endif

@@ -33,8 +33,13 @@ static brg_status kernel_fault(const brg_comm *c, const struct brg__dev_ring *d,
     if (code == BRG__RK_OK || code == BRG__RK_ABORTED) continue;
     char mine[160], theirs[160];
     int step = __atomic_load_n(&w->step, __ATOMIC_RELAXED);
-    int oneshot = __atomic_load_n(&w->wait, __ATOMIC_RELAXED) == BRG__RK_WAIT_ONESHOT;
-    int from = oneshot ? __atomic_load_n(&w->peer, __ATOMIC_RELAXED) : c->prev;
+    /* What the channel compared: a one-shot flag of rank `peer`, or (peer
+     * -1) the previous rank's header or slot. The peer stays as the fault
+     * left it; the wait does not (a launch that ends says it waits for
+     * nothing). */
+    int peer = __atomic_load_n(&w->peer, __ATOMIC_RELAXED);
+    int oneshot = peer >= 0 && peer < c->nranks;
+    int from = oneshot ? peer : c->prev;
     watch_call(mine, sizeof mine, &w->mine);
     if (code == BRG__RK_MISMATCH) {
       watch_call(theirs, sizeof theirs, &w->theirs);

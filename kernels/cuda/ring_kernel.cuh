@@ -200,6 +200,7 @@ template <class D, int OP> struct channel {
     if (brg_simt_load_acquire(&h->n) != k + 1) return 0;
     brg__rk_call theirs = h->call;
     if (!same_call(theirs, a.call)) {
+      if (wr) brg_simt_store_word(&wr->peer, -1); /* the previous rank's, not a one-shot flag's */
       fault(MISMATCH, &theirs, 0, 0);
       return -1;
     }

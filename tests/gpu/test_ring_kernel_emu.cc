@@ -6,6 +6,7 @@
  *
  *   test_ring_kernel_emu threads|procs N CHANNELS BLOCK_THREADS [quick|oneshot|align]
  *   test_ring_kernel_emu abort N CHANNELS BLOCK_THREADS [oneshot]
+ *   test_ring_kernel_emu stale 2 1 BLOCK_THREADS
  *
  * threads: the ranks are threads of this process; procs: forked
  * processes, the FIFOs in a MAP_SHARED mapping made before the fork.
@@ -29,6 +30,17 @@
  * with `oneshot`) waits for it until another thread sets the abort word;
  * every launch must then return with ABORTED in its status word, soon,
  * having read the abort word far less often than it spun.
+ *
+ * stale: the kernel's own checks of what it finds, with the slots' marks
+ * (brg__rk_meta) and watch records as the runtime gives them. Two ranks
+ * run an allreduce, then the FIFO is put out of step between launches:
+ * rank 1's tail raised by one, as if rank 0 had posted a slot it never
+ * wrote. Rank 1's next launch must stop with STALE in its status and its
+ * watch record, naming the post it expected and the older one the slot
+ * holds, rather than reduce that slot's old data. The same for the
+ * one-shot path: rank 0's flag in rank 1's area two calls ahead of
+ * rank 1's call (areas out of step) must stop rank 1's launch with STALE,
+ * naming both call numbers.
  *
  * Built a second time with -DBRG_RK_BREAK=1 (the tail, or the one-shot
  * flags, posted before the data is written) and =2 (no barrier after the
@@ -69,6 +81,7 @@ struct chan_mem {
   alignas(64) uint64_t head;
   alignas(64) uint64_t counters[2];
   alignas(64) char slots[NSLOTS * SLOT_BYTES];
+  brg__rk_meta meta[NSLOTS]; /* stale: the marks the previous rank writes */
 };
 static chan_mem *g_mem; /* [rank * MAX_CHANNELS + ch] */
 static int *g_abort;    /* one word, shared */
@@ -452,6 +465,127 @@ static uint64_t now_ns() {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* ------------------------------------------------------------ stale */
+
+/* Rank `rank`'s allreduce of `count` float32, its call number `seq`, on
+ * the one channel with the slots' marks and a watch record; one-shot when
+ * `oneshot`. Launched on its own thread; a watcher sets the abort word if
+ * it has not returned within `wait_ms` (a launch that reads a stale slot
+ * and then waits for ever). The status word after it. */
+static std::vector<brg__rk_watch> g_watch;
+static int stale_launch(int rank, uint64_t seq, size_t count, int oneshot, float *buf,
+                        int wait_ms) {
+  int status = 0;
+  args a = make_args(rank, BRG__COLL_ALLREDUCE, BRG_FLOAT32, BRG_SUM, -1, buf, buf, count, &status);
+  a.call = brg__rk_call{
+      seq, count, -1, (uint8_t)BRG__COLL_ALLREDUCE, (uint8_t)BRG_FLOAT32, (uint8_t)BRG_SUM, 0};
+  a.watch = &g_watch[(size_t)rank * MAX_CHANNELS];
+  int next = g_ring[(a.pos + 1) % g_n];
+  for (int ch = 0; ch < g_channels; ch++) {
+    a.chan[ch].send_meta = cm(next, ch).meta;
+    a.chan[ch].recv_meta = cm(rank, ch).meta;
+  }
+  if (oneshot) {
+    a.oneshot = 1;
+    a.os.rank = rank;
+    a.os.slot_bytes = OS_SLOT;
+    for (int q = 0; q < g_n; q++) a.os.area[q] = os_area(q);
+  }
+  std::atomic<int> done{0};
+  std::thread watcher([&] {
+    uint64_t end = now_ns() + (uint64_t)wait_ms * 1000000u;
+    while (!done.load() && now_ns() < end) {
+      struct timespec ts = {0, 2 * 1000 * 1000};
+      nanosleep(&ts, nullptr);
+    }
+    if (!done.load()) __atomic_store_n(g_abort, 1, __ATOMIC_RELEASE);
+  });
+  brg_simt_emu::launch(oneshot ? 1u : (unsigned)g_channels, (unsigned)g_threads, [&] { run(a); });
+  done = 1;
+  watcher.join();
+  return status;
+}
+
+/* Both ranks' first call, side by side: it must succeed. */
+static int stale_first(size_t count, int oneshot, std::vector<std::vector<float>> &buf) {
+  std::vector<int> st(g_n, -1);
+  std::vector<std::thread> th;
+  for (int r = 0; r < g_n; r++)
+    th.emplace_back([&, r] { st[r] = stale_launch(r, 1, count, oneshot, buf[r].data(), 60000); });
+  for (auto &t : th) t.join();
+  int bad = 0;
+  for (int r = 0; r < g_n; r++)
+    if (st[r] != OK) {
+      fprintf(stderr, "FAIL stale: rank %d's first call (in step) ended with status %d\n", r,
+              st[r]);
+      bad++;
+    }
+  return bad;
+}
+
+/* The launch stopped with STALE, and its watch record names what the
+ * runtime's message names (runtime/device_watch.c): the position or call
+ * expected, the one found, and what was compared (peer: the rank whose
+ * one-shot flag it was, -1 the previous rank's slot). */
+static int stale_expect(const char *what, int status, const brg__rk_watch &w, uint64_t expected,
+                        uint64_t found, int peer) {
+  printf("stale %s: rank 1's status %d, watch record: code %d, expected %llu, found %llu, peer "
+         "%d, call %llu\n",
+         what, status, w.code, (unsigned long long)w.expected, (unsigned long long)w.found, w.peer,
+         (unsigned long long)w.mine.seq);
+  if (status == STALE && w.code == STALE && w.expected == expected && w.found == found &&
+      w.peer == peer && w.mine.seq == 2)
+    return 0;
+  fprintf(stderr,
+          "FAIL stale %s: expected status and watch code STALE (%d), expected %llu, found %llu, "
+          "peer %d, call 2\n",
+          what, STALE, (unsigned long long)expected, (unsigned long long)found, peer);
+  return 1;
+}
+
+static int run_stale() {
+  if (g_n != 2 || g_channels != 1) {
+    fprintf(stderr, "stale runs with N=2 and 1 channel\n");
+    return 1;
+  }
+  g_watch.assign((size_t)g_n * MAX_CHANNELS, brg__rk_watch{});
+  /* a ring size: more slots from rank 0 than the link has (NSLOTS) */
+  size_t count = 4 * (SLOT_BYTES / sizeof(float));
+  std::vector<std::vector<float>> buf(g_n, std::vector<float>(count, 1.0f));
+  int bad = stale_first(count, 0, buf);
+  uint64_t taken = cm(1, 0).counters[1];
+  if (taken < (uint64_t)NSLOTS || cm(1, 0).tail != taken) {
+    fprintf(stderr, "FAIL stale: rank 1 took %llu slots, tail %llu (at least %d expected)\n",
+            (unsigned long long)taken, (unsigned long long)cm(1, 0).tail, NSLOTS);
+    return bad + 1;
+  }
+  /* A tail one ahead of what rank 0 posted: its slot holds post
+   * taken + 1 - NSLOTS, an older one. */
+  __atomic_store_n(&cm(1, 0).tail, taken + 1, __ATOMIC_RELEASE);
+  int st = stale_launch(1, 2, count, 0, buf[1].data(), 20000);
+  bad += stale_expect("slot", st, g_watch[1 * MAX_CHANNELS], taken + 1, taken + 1 - NSLOTS, -1);
+
+  /* The one-shot path, on memory as new. */
+  memset(g_mem, 0, sizeof(chan_mem) * (size_t)g_n * MAX_CHANNELS);
+  memset(g_os, 0, (size_t)g_n * brg__rk_os_bytes(g_n, OS_SLOT));
+  __atomic_store_n(g_abort, 0, __ATOMIC_RELEASE);
+  g_watch.assign((size_t)g_n * MAX_CHANNELS, brg__rk_watch{});
+  size_t small = 100;
+  bad += stale_first(small, 1, buf);
+  /* rank 0's flag in rank 1's area: call 4, where rank 1's next is call 2
+   * (a rank may be one call ahead, never two) */
+  uint64_t *flag0 = reinterpret_cast<uint64_t *>(os_area(1) + BRG__RK_OS_FLAGS + 64 * 0);
+  if (*flag0 != 1) {
+    fprintf(stderr, "FAIL stale: rank 0's one-shot flag in rank 1's area is %llu, 1 expected\n",
+            (unsigned long long)*flag0);
+    return bad + 1;
+  }
+  __atomic_store_n(flag0, 4, __ATOMIC_RELEASE);
+  st = stale_launch(1, 2, small, 1, buf[1].data(), 20000);
+  bad += stale_expect("one-shot", st, g_watch[1 * MAX_CHANNELS], 2, 4, 0);
+  return bad;
+}
+
 /* Rank N-1 never comes; the others' allreduce must stop at the abort word. */
 static int run_abort() {
   std::vector<int> status(g_n, 0);
@@ -553,6 +687,8 @@ int main(int argc, char **argv) {
     bad = run_procs();
   else if (strcmp(mode, "abort") == 0)
     bad = g_n < 2 ? 0 : run_abort();
+  else if (strcmp(mode, "stale") == 0)
+    bad = run_stale();
   else {
     fprintf(stderr, "unknown mode %s\n", mode);
     return 2;

@@ -21,6 +21,17 @@
  *                    brg_comm_device_setup) and the graph launched.
  *   mh_check rings   both of the above, for several rings (BRIGADE_RINGS),
  *                    which cut every collective but the barrier
+ *   mh_check devmismatch
+ *                    (MH_DEVICE=1, kernel mode) for each kind of mismatch
+ *                    (count, dtype, op, root, collective), on a communicator
+ *                    split off for it: one matched device call, then one
+ *                    where the last rank's call differs; the call after it
+ *                    and brg_comm_get_async_error must report the same
+ *                    error within BRIGADE_TIMEOUT_MS, BRG_ERR_MISMATCH
+ *                    naming both calls (or BRG_ERR_REMOTE: a rank stopped
+ *                    by the one that found it), and one rank at least
+ *                    BRG_ERR_MISMATCH (never the watchdog's
+ *                    BRG_ERR_TIMEOUT); prints "mismatch ok" for each
  *   mh_check loop    allreduce until it fails (for the fault tests): prints
  *                    "looping" once the first one succeeded, then, on the
  *                    first failure, "error <status> after <ms> ms: <detail>".
@@ -422,6 +433,115 @@ static int run_allreduce_matrix(brg_comm *comm) {
   return 0;
 }
 
+/* ========================================================= devmismatch */
+
+enum { DM_COUNT, DM_DTYPE, DM_OP, DM_ROOT, DM_KIND, DM_N };
+static const char *DM_NAMES[DM_N] = {"count 4096 vs 4097", "float32 vs int32", "sum vs max",
+                                     "broadcast root 0 vs 1", "allreduce vs broadcast"};
+
+/* Whether the message names both calls of mismatch kind k. */
+static int dm_names_both(int k, const char *m) {
+  switch (k) {
+  case DM_COUNT: return strstr(m, "count 4096,") && strstr(m, "count 4097,");
+  case DM_DTYPE: return strstr(m, "float32") && strstr(m, "int32");
+  case DM_OP: return strstr(m, "sum") && strstr(m, "max");
+  case DM_ROOT: return strstr(m, "root 0") && strstr(m, "root 1");
+  default: return strstr(m, "allreduce") && strstr(m, "broadcast");
+  }
+}
+
+/* One kind of mismatch on a communicator of its own, split off `world`:
+ * 0 when every check held. */
+static int dm_one(brg_comm *world, int k, void *d) {
+  brg_comm *comm = NULL;
+  CHECK_OK(brg_comm_split(world, 0, rank, &comm));
+  int odd = rank == nranks - 1;
+  brg_status s = brg_allreduce(d, d, 7, BRG_FLOAT32, BRG_MAX, comm, g_stream);
+  if (s == BRG_SUCCESS && g_api->drv.stream_sync(g_stream)) s = BRG_ERR_SYSTEM;
+  if (s != BRG_SUCCESS) {
+    printf("rank %d: FAIL %s: the matched allreduce before: %s (%s)\n", rank, DM_NAMES[k],
+           brg_status_string(s), brg_comm_last_error(comm));
+    return 1;
+  }
+  switch (k) {
+  case DM_COUNT:
+    s = brg_allreduce(d, d, odd ? 4097 : 4096, BRG_FLOAT32, BRG_SUM, comm, g_stream);
+    break;
+  case DM_DTYPE:
+    s = brg_allreduce(d, d, 4096, odd ? BRG_INT32 : BRG_FLOAT32, BRG_SUM, comm, g_stream);
+    break;
+  case DM_OP:
+    s = brg_allreduce(d, d, 4096, BRG_FLOAT32, odd ? BRG_MAX : BRG_SUM, comm, g_stream);
+    break;
+  case DM_ROOT: s = brg_broadcast(d, d, 4096, BRG_FLOAT32, odd ? 1 : 0, comm, g_stream); break;
+  default:
+    s = odd ? brg_broadcast(d, d, 4096, BRG_FLOAT32, 0, comm, g_stream)
+            : brg_allreduce(d, d, 4096, BRG_FLOAT32, BRG_SUM, comm, g_stream);
+  }
+  /* Enqueued: the kernels (and the host proxies between them) find it. */
+  int64_t t0 = now_ms();
+  const char *tm = getenv("BRIGADE_TIMEOUT_MS");
+  int64_t limit = (tm ? atoll(tm) : 30000) + 5000;
+  brg_status a = s;
+  while (a == BRG_SUCCESS && now_ms() - t0 < limit) {
+    brg_comm_get_async_error(comm, &a);
+    if (a == BRG_SUCCESS) {
+      struct timespec ts = {0, 5000000};
+      nanosleep(&ts, NULL);
+    }
+  }
+  long long el = (long long)(now_ms() - t0);
+  char async_msg[512];
+  snprintf(async_msg, sizeof async_msg, "%s", brg_comm_last_error(comm));
+  brg_status next = brg_allreduce(d, d, 7, BRG_FLOAT32, BRG_SUM, comm, g_stream);
+  const char *m = brg_comm_last_error(comm);
+  printf("rank %d: %s: call %s, async %s after %lld ms, next call %s: %s\n", rank, DM_NAMES[k],
+         brg_status_string(s), brg_status_string(a), el, brg_status_string(next), m);
+  int bad = 0;
+  if (next != BRG_ERR_MISMATCH && next != BRG_ERR_REMOTE)
+    printf("rank %d: FAIL %s: the call after returned %s, expected BRG_ERR_MISMATCH (or "
+           "BRG_ERR_REMOTE)\n",
+           rank, DM_NAMES[k], brg_status_string(next)),
+        bad = 1;
+  if (a != next)
+    printf("rank %d: FAIL %s: brg_comm_get_async_error said %s, the call after %s\n", rank,
+           DM_NAMES[k], brg_status_string(a), brg_status_string(next)),
+        bad = 1;
+  if (next == BRG_ERR_MISMATCH && (!dm_names_both(k, m) || !dm_names_both(k, async_msg) ||
+                                   !strstr(m, "collective mismatch: rank")))
+    printf("rank %d: FAIL %s: the messages do not name both calls: \"%s\" and \"%s\"\n", rank,
+           DM_NAMES[k], async_msg, m),
+        bad = 1;
+  /* One rank at least must have found the mismatch (the host world
+   * communicator is unharmed: the devices' errors are the split one's). */
+  int32_t mine = next, *all = malloc((size_t)nranks * sizeof *all);
+  if (!all) exit(1);
+  brg_comm_destroy(comm);
+  CHECK_OK(brg_all_gather(&mine, all, 1, BRG_INT32, world, NULL));
+  int found = 0;
+  for (int r = 0; r < nranks; r++) found += all[r] == BRG_ERR_MISMATCH;
+  free(all);
+  if (!found)
+    printf("rank %d: FAIL %s: no rank reported BRG_ERR_MISMATCH\n", rank, DM_NAMES[k]), bad = 1;
+  if (!bad) printf("rank %d: %s: mismatch ok\n", rank, DM_NAMES[k]);
+  return bad;
+}
+
+static int run_devmismatch(brg_comm *world) {
+  if (!g_api) {
+    printf("rank %d: FAIL devmismatch needs MH_DEVICE=1\n", rank);
+    return 1;
+  }
+  float h[4097];
+  for (int i = 0; i < 4097; i++) h[i] = fval(rank, (size_t)i);
+  void *d = device_copy(h, sizeof h);
+  int bad = 0;
+  for (int k = 0; k < DM_N; k++) bad |= dm_one(world, k, d);
+  g_api->drv.mem_free(d);
+  if (!bad) printf("rank %d of %d: OK (%d kinds of mismatch named)\n", rank, nranks, DM_N);
+  return bad;
+}
+
 static int loop_failed(brg_comm *comm, brg_status st, int64_t t0, long iter, const char *what) {
   printf("rank %d: error %s after %lld ms in iteration %ld: %s%s\n", rank, brg_status_string(st),
          (long long)(now_ms() - t0), iter, what, brg_comm_last_error(comm));
@@ -491,6 +611,7 @@ int main(int argc, char **argv) {
   int rc = strcmp(mode, "loop") == 0 && g_api ? run_loop_device(comm)
            : strcmp(mode, "loop") == 0        ? run_loop(comm)
            : strcmp(mode, "allreduce") == 0   ? run_allreduce_matrix(comm)
+           : strcmp(mode, "devmismatch") == 0 ? run_devmismatch(comm)
            : strcmp(mode, "rings") == 0       ? (run_allreduce_matrix(comm) || run_check(comm))
                                               : run_check(comm);
   if (rc == 3) brg_comm_abort(comm);

@@ -41,6 +41,11 @@
 #              mismatch     BRIGADE_ALGO=hier on rank 0, ring on the others:
 #                           every rank must fail at init with a collective
 #                           mismatch that names BRIGADE_ALGO, none may hang
+#              devmismatch  (MH_DEVICE=1, kernel mode) MH_CHECK devmismatch:
+#                           device calls that differ between hosts (count,
+#                           dtype, op, root, collective) must each fail
+#                           with BRG_ERR_MISMATCH naming both calls, found
+#                           through the host proxies, not at the timeout
 #              kill         the last rank is killed mid-allreduce: every
 #                           other rank must fail within the timeout (with
 #                           MH_DEVICE=1, and in the next two, on GPU
@@ -336,6 +341,16 @@ allreduce | rings)
     done < <(grep -o 'ring [0-9]* of [0-9]* (| separates hosts): .*' "$WORK/log.0")
   fi
   ;;
+devmismatch)
+  start_all devmismatch
+  wait_all_ok 120 "mismatch ok"
+  cat "$WORK"/out.*
+  for r in $(seq 0 $((NRANKS - 1))); do
+    n=$(grep -c "mismatch ok" "$WORK/out.$r")
+    [ "$n" = 5 ] || fail "rank $r named $n of the 5 mismatches"
+  done
+  expect_log
+  ;;
 mismatch)
   # MH_MISMATCH="VAR A B": VAR=A on rank 0, B on the others (default
   # BRIGADE_ALGO hier ring); every rank must fail naming VAR
@@ -423,7 +438,7 @@ exec)
   expect_log
   ;;
 *)
-  echo "usage: run.sh MH_CHECK collectives|allreduce|rings|mismatch|kill|linkdown|vanish|exec tcp|ibverbs [args for exec]"
+  echo "usage: run.sh MH_CHECK collectives|allreduce|rings|mismatch|devmismatch|kill|linkdown|vanish|exec tcp|ibverbs [args for exec]"
   exit 1
   ;;
 esac
