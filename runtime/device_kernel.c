@@ -29,6 +29,7 @@ void brg__dev_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b, co
   b->kchannels = d->kchannels;
   b->kslot = d->kslot;
   b->kos_slot = d->kos_slot;
+  b->kll_slot = d->kll_slot;
   if (d->kmode_req == 2) {
     snprintf(b->kwhy, sizeof b->kwhy, "BRIGADE_DEVICE_MODE=step");
     return;
@@ -200,8 +201,28 @@ void brg__dev_kernel_sizes(brg_comm *c, struct brg__dev_ring *d, int staged) {
   d->kos_limit = (size_t)brg__device_int(BRG__DEVICE_SMALL_BYTES);
   if (d->kos_limit && c->nranks >= 2 && c->nranks <= BRG__RK_MAX_PEERS) {
     d->kos_slot = (d->kos_limit + 255) & ~(size_t)255;
-    d->kos_bytes = brg__rk_os_bytes(c->nranks, d->kos_slot);
+    d->kll_limit = brg__dev_ll_bytes(d->kos_limit);
+    d->kll_slot = brg__rk_ll_slot(d->kll_limit);
+    d->kos_bytes = brg__rk_os_bytes(c->nranks, d->kos_slot, d->kll_slot);
   }
+}
+
+/* The one place that decides which one-shot allreduces take the LL form
+ * (ring_kernel.cuh, oneshot_ll): BRIGADE_DEVICE_LL_BYTES, else LL_AUTO_BYTES.
+ * An LL line carries 8 data bytes in 16, and each rank writes its input to
+ * all N ranks, so the form moves 2N times the input out of each GPU where
+ * the plain one-shot path moves N; it saves a system fence and a flag's
+ * round trip over NVLink (a few microseconds). At N = 8 on NVLink (about
+ * 150 GB/s out of a GPU), 16 KiB of input costs 2 x 8 x 16 KiB = 256 KiB of
+ * lines, under 2 us: the doubled bytes still cost less than the fence they
+ * save. Estimated, to be measured on a GPU (docs/device.md). */
+#define LL_AUTO_BYTES ((size_t)16 << 10)
+size_t brg__dev_ll_bytes(size_t oneshot_bytes) {
+  const char *v = brg__device_str(BRG__DEVICE_LL_BYTES);
+  int64_t b = (int64_t)LL_AUTO_BYTES;
+  if (strcmp(v, "auto") != 0 && brg__config_parse_size(v, &b) != BRG_SUCCESS) b = 0;
+  if (b < 0) b = 0;
+  return (size_t)b < oneshot_bytes ? (size_t)b : oneshot_bytes;
 }
 
 /* What kernel mode runs with, at INFO. */
@@ -237,6 +258,11 @@ static void kernel_log(brg_comm *c, struct brg__dev_ring *d) {
               "device ring: allreduces up to %zu bytes (BRIGADE_DEVICE_SMALL_BYTES) go in one "
               "hop: each rank writes its input to all %d ranks, which sum them in rank order",
               d->kos_limit, c->nranks);
+  if (d->oneshot && d->kll_limit)
+    BRG__INFO("init",
+              "device ring: one-shot allreduces up to %zu bytes (BRIGADE_DEVICE_LL_BYTES) send "
+              "LL lines, data and flag in one store: no fence, no flag of their own",
+              d->kll_limit);
 }
 
 /* Kernel mode chosen: the neighbours' regions, the one-shot path and the
@@ -468,6 +494,8 @@ brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k) {
     a.oneshot = 1;
     a.os.rank = c->rank;
     a.os.slot_bytes = d->kos_slot;
+    a.os.ll_slot = d->kll_slot;
+    a.os.ll = k->count * brg_dtype_size(k->dtype) <= d->kll_limit;
     memcpy(a.os.area, d->kos_area, sizeof a.os.area);
   }
   int e = api->kern.ring_launch(&a, sizeof a, one ? 1 : d->kchannels, 512, k->stream);
