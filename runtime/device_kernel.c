@@ -201,27 +201,33 @@ void brg__dev_kernel_sizes(brg_comm *c, struct brg__dev_ring *d, int staged) {
   d->kos_limit = (size_t)brg__device_int(BRG__DEVICE_SMALL_BYTES);
   if (d->kos_limit && c->nranks >= 2 && c->nranks <= BRG__RK_MAX_PEERS) {
     d->kos_slot = (d->kos_limit + 255) & ~(size_t)255;
-    d->kll_limit = brg__dev_ll_bytes(d->kos_limit);
+    d->kll_limit = brg__dev_ll_bytes(c->nranks, d->kos_limit);
     d->kll_slot = brg__rk_ll_slot(d->kll_limit);
     d->kos_bytes = brg__rk_os_bytes(c->nranks, d->kos_slot, d->kll_slot);
   }
 }
 
 /* The one place that decides which one-shot allreduces take the LL form
- * (ring_kernel.cuh, oneshot_ll): BRIGADE_DEVICE_LL_BYTES, else LL_AUTO_BYTES.
- * An LL line carries 8 data bytes in 16, and each rank writes its input to
- * all N ranks, so the form moves 2N times the input out of each GPU where
- * the plain one-shot path moves N; it saves a system fence and a flag's
- * round trip over NVLink (a few microseconds). At N = 8 on NVLink (about
- * 150 GB/s out of a GPU), 16 KiB of input costs 2 x 8 x 16 KiB = 256 KiB of
- * lines, under 2 us: the doubled bytes still cost less than the fence they
- * save. Estimated, to be measured on a GPU (docs/device.md). */
-#define LL_AUTO_BYTES ((size_t)16 << 10)
-size_t brg__dev_ll_bytes(size_t oneshot_bytes) {
+ * (ring_kernel.cuh, oneshot_ll): BRIGADE_DEVICE_LL_BYTES, else (auto) where
+ * the cost model of bench/model gpu finds it faster. An LL line carries 8
+ * data bytes in 16, so each rank sends its N-1 peers 2(N-1) times its input
+ * instead of N-1 times; it saves a system fence and a flag's round trip
+ * (LL_SAVED_NS: bench/model's hop_us + release_us - ll_hop_us). The extra
+ * bytes cost (N-1) S / LL_LINK_GBS, so LL pays up to S = LL_SAVED_NS x
+ * LL_LINK_GBS / (N-1), taken down to a power of two: 64 KiB for up to 9
+ * ranks on NVLink 4. Estimates, for the first GPU to confirm. */
+#define LL_SAVED_NS 1500
+#define LL_LINK_GBS 382 /* NVLink 4: 450 GB/s a direction, 85% of it data */
+size_t brg__dev_ll_bytes(int nranks, size_t oneshot_bytes) {
   const char *v = brg__device_str(BRG__DEVICE_LL_BYTES);
-  int64_t b = (int64_t)LL_AUTO_BYTES;
-  if (strcmp(v, "auto") != 0 && brg__config_parse_size(v, &b) != BRG_SUCCESS) b = 0;
-  if (b < 0) b = 0;
+  int64_t b = 0;
+  if (!strcmp(v, "auto")) {
+    size_t pays = nranks > 1 ? (size_t)LL_SAVED_NS * LL_LINK_GBS / (size_t)(nranks - 1) : 0;
+    for (b = 256; (size_t)b * 2 <= pays;) b *= 2;
+    if ((size_t)b > pays) b = 0;
+  } else if (brg__config_parse_size(v, &b) != BRG_SUCCESS || b < 0) {
+    b = 0; /* refused at load (settings.c) */
+  }
   return (size_t)b < oneshot_bytes ? (size_t)b : oneshot_bytes;
 }
 

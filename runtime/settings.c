@@ -99,7 +99,8 @@ static brg__cfg_entry device_entries[BRG__DEVICE_COUNT] = {
     [BRG__DEVICE_LL_BYTES] = {"BRIGADE_DEVICE_LL_BYTES", BRG__CFG_KIND_STRING, "auto", 0, 0,
                               "kernel mode: a one-shot allreduce up to this many bytes sends "
                               "its data in LL lines (each 4 data bytes beside a flag, stored "
-                              "whole: no fence, no flag of its own); auto: 16K, at most "
+                              "whole: no fence, no flag of its own); auto: where the cost "
+                              "model finds it faster (64K up to 9 ranks, 32K up to 16), at most "
                               "BRIGADE_DEVICE_SMALL_BYTES; 0: never"},
 };
 
