@@ -29,6 +29,7 @@ void brg__dev_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b, co
   b->kchannels = d->kchannels;
   b->kslot = d->kslot;
   b->kos_slot = d->kos_slot;
+  b->kll_slot = d->kll_slot;
   if (d->kmode_req == 2) {
     snprintf(b->kwhy, sizeof b->kwhy, "BRIGADE_DEVICE_MODE=step");
     return;
@@ -200,8 +201,34 @@ void brg__dev_kernel_sizes(brg_comm *c, struct brg__dev_ring *d, int staged) {
   d->kos_limit = (size_t)brg__device_int(BRG__DEVICE_SMALL_BYTES);
   if (d->kos_limit && c->nranks >= 2 && c->nranks <= BRG__RK_MAX_PEERS) {
     d->kos_slot = (d->kos_limit + 255) & ~(size_t)255;
-    d->kos_bytes = brg__rk_os_bytes(c->nranks, d->kos_slot);
+    d->kll_limit = brg__dev_ll_bytes(c->nranks, d->kos_limit);
+    d->kll_slot = brg__rk_ll_slot(d->kll_limit);
+    d->kos_bytes = brg__rk_os_bytes(c->nranks, d->kos_slot, d->kll_slot);
   }
+}
+
+/* The one place that decides which one-shot allreduces take the LL form
+ * (ring_kernel.cuh, oneshot_ll): BRIGADE_DEVICE_LL_BYTES, else (auto) where
+ * the cost model of bench/model gpu finds it faster. An LL line carries 8
+ * data bytes in 16, so each rank sends its N-1 peers 2(N-1) times its input
+ * instead of N-1 times; it saves a system fence and a flag's round trip
+ * (LL_SAVED_NS: bench/model's hop_us + release_us - ll_hop_us). The extra
+ * bytes cost (N-1) S / LL_LINK_GBS, so LL pays up to S = LL_SAVED_NS x
+ * LL_LINK_GBS / (N-1), taken down to a power of two: 64 KiB for up to 9
+ * ranks on NVLink 4. Estimates, for the first GPU to confirm. */
+#define LL_SAVED_NS 1500
+#define LL_LINK_GBS 382 /* NVLink 4: 450 GB/s a direction, 85% of it data */
+size_t brg__dev_ll_bytes(int nranks, size_t oneshot_bytes) {
+  const char *v = brg__device_str(BRG__DEVICE_LL_BYTES);
+  int64_t b = 0;
+  if (!strcmp(v, "auto")) {
+    size_t pays = nranks > 1 ? (size_t)LL_SAVED_NS * LL_LINK_GBS / (size_t)(nranks - 1) : 0;
+    for (b = 256; (size_t)b * 2 <= pays;) b *= 2;
+    if ((size_t)b > pays) b = 0;
+  } else if (brg__config_parse_size(v, &b) != BRG_SUCCESS || b < 0) {
+    b = 0; /* refused at load (settings.c) */
+  }
+  return (size_t)b < oneshot_bytes ? (size_t)b : oneshot_bytes;
 }
 
 /* What kernel mode runs with, at INFO. */
@@ -237,6 +264,11 @@ static void kernel_log(brg_comm *c, struct brg__dev_ring *d) {
               "device ring: allreduces up to %zu bytes (BRIGADE_DEVICE_SMALL_BYTES) go in one "
               "hop: each rank writes its input to all %d ranks, which sum them in rank order",
               d->kos_limit, c->nranks);
+  if (d->oneshot && d->kll_limit)
+    BRG__INFO("init",
+              "device ring: one-shot allreduces up to %zu bytes (BRIGADE_DEVICE_LL_BYTES) send "
+              "LL lines, data and flag in one store: no fence, no flag of their own",
+              d->kll_limit);
 }
 
 /* Kernel mode chosen: the neighbours' regions, the one-shot path and the
@@ -469,6 +501,8 @@ brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k) {
     a.oneshot = 1;
     a.os.rank = c->rank;
     a.os.slot_bytes = d->kos_slot;
+    a.os.ll_slot = d->kll_slot;
+    a.os.ll = k->count * brg_dtype_size(k->dtype) <= d->kll_limit;
     memcpy(a.os.area, d->kos_area, sizeof a.os.area);
   }
   int e = api->kern.ring_launch(&a, sizeof a, one ? 1 : d->kchannels, 512, k->stream);

@@ -49,6 +49,29 @@ static brg__rk_hdr *phdr(char *region, const struct brg__dev_ring *d, int ch, ui
   return (brg__rk_hdr *)(region + (size_t)ch * d->pstride + PHDR) + k % BRG__RK_HDRS;
 }
 
+/* The call in mailbox entry k, once every word of it carries entry k's
+ * flag (ring_args.h): 1 then, 0 while some word has not come. */
+static int phdr_get(const brg__rk_hdr *h, uint64_t k, brg__rk_call *call) {
+  uint32_t f = brg__rk_hdr_flag(k), words[BRG__RK_HDR_WORDS];
+  _Static_assert(sizeof *call == sizeof words, "the call in the entry's words");
+  for (int i = 0; i < BRG__RK_HDR_WORDS; i++) {
+    uint64_t w = __atomic_load_n(&h->w[i], __ATOMIC_ACQUIRE);
+    if ((uint32_t)(w >> 32) != f) return 0;
+    words[i] = (uint32_t)w;
+  }
+  memcpy(call, words, sizeof words);
+  return 1;
+}
+
+/* Mailbox entry k holds `call`: each word stored whole beside the flag. */
+static void phdr_put(brg__rk_hdr *h, uint64_t k, const brg__rk_call *call) {
+  uint32_t words[BRG__RK_HDR_WORDS];
+  memcpy(words, call, sizeof words);
+  uint64_t f = (uint64_t)brg__rk_hdr_flag(k) << 32;
+  for (int i = 0; i < BRG__RK_HDR_WORDS; i++)
+    __atomic_store_n(&h->w[i], f | words[i], __ATOMIC_RELEASE);
+}
+
 /* Whether call headers go on the link to the next rank, and come on the
  * one from the previous rank (both ends see the same GPUDirect choice). */
 static int hdrs_out(const struct brg__dev_ring *d) {
@@ -134,13 +157,13 @@ static int proxy_tx_hdr(struct brg__dev_ring *d, brg__conn *l, brg__waiter *w, i
   brg__fifo *f = &l->fifo;
   uint64_t k = hsent[ch];
   const brg__rk_hdr *h = phdr(d->psend, d, ch, k);
-  if (__atomic_load_n(&h->n, __ATOMIC_ACQUIRE) != k + 1) return 0;
+  brg__rk_call call;
+  if (!phdr_get(h, k, &call)) return 0;
   if (__atomic_load_n(&f->ctrl->closed, __ATOMIC_ACQUIRE)) {
     proxy_fail(d, "the %s link to rank %d broke: %s", l->ops->name, l->peer, link_why(l));
     return -1;
   }
   if (*pos + 1 > __atomic_load_n(&f->ctrl->head, __ATOMIC_ACQUIRE) + (uint64_t)f->nslots) return 0;
-  brg__rk_call call = h->call;
   brg__slot_meta *m = brg__fifo_meta(f, *pos);
   memset(m, 0, offsetof(brg__slot_meta, inline_data));
   m->seq = call.seq;
@@ -294,14 +317,14 @@ static void *proxy_rx(void *arg) {
         if (proxy_stopping(d)) return NULL;
         proxy_idle(&idle);
       }
-      brg__rk_hdr *h = phdr(d->precv, d, ch, hgot[ch]);
-      h->call = (brg__rk_call){.seq = m->seq,
-                               .count = m->count,
-                               .root = m->root,
-                               .kind = (uint8_t)m->kind,
-                               .dtype = (uint8_t)m->dtype,
-                               .op = (uint8_t)m->op};
-      __atomic_store_n(&h->n, ++hgot[ch], __ATOMIC_RELEASE);
+      brg__rk_call call = {.seq = m->seq,
+                           .count = m->count,
+                           .root = m->root,
+                           .kind = (uint8_t)m->kind,
+                           .dtype = (uint8_t)m->dtype,
+                           .op = (uint8_t)m->op};
+      phdr_put(phdr(d->precv, d, ch, hgot[ch]), hgot[ch], &call);
+      hgot[ch]++;
       pos++;
       brg__publish(&f->ctrl->head, &f->ctrl->head_waiters, pos);
       idle = 0;
@@ -374,7 +397,8 @@ int brg__dev_proxy_flushed(struct brg__dev_ring *d) {
         __atomic_load_n(&d->psent[ch], __ATOMIC_ACQUIRE))
       return 0;
     uint64_t k = __atomic_load_n(pword(d->psend, d, ch, PHACK), __ATOMIC_ACQUIRE);
-    if (__atomic_load_n(&phdr(d->psend, d, ch, k)->n, __ATOMIC_ACQUIRE) == k + 1) return 0;
+    brg__rk_call call;
+    if (phdr_get(phdr(d->psend, d, ch, k), k, &call)) return 0;
   }
   return 1;
 }

@@ -129,6 +129,7 @@ struct brg__dev_ring {
    * channels in its region, and every rank reaches every other's. */
   size_t kos_limit;                   /* BRIGADE_DEVICE_SMALL_BYTES (0: none) */
   size_t kos_slot, kos_bytes;         /* room per input; bytes of an area */
+  size_t kll_limit, kll_slot;         /* LL form: up to brg__dev_ll_bytes; room per input */
   int oneshot;                        /* small allreduces take it */
   char *kos_area[BRG__RK_MAX_PEERS];  /* rank r's area, as reached here */
   brg__conn kos_c[BRG__RK_MAX_PEERS]; /* regions this path mapped itself */
@@ -181,7 +182,7 @@ struct brg__dev_ring {
  * slots follow at PCTRL. */
 #define PHACK 768
 #define PHDR 1024
-#define PCTRL 4096
+#define PCTRL 8192
 #define KSTATUS_WORD 16 /* in kwords, a cache line after the abort word */
 #define KWATCH 1024     /* in kwords: a brg__rk_watch per channel */
 
@@ -206,6 +207,7 @@ typedef struct dev_blob {
   int32_t kchannels;
   int32_t kos_ok; /* every rank's GPU reaches its one-shot area */
   uint64_t kos_slot;
+  uint64_t kll_slot; /* room for a rank's LL lines (0: no LL form) */
   uint64_t kslot;
   char kwhy[128];                     /* why kernel mode cannot run here */
   int32_t kgdr_send_ok, kgdr_recv_ok; /* kernel mode's slots registered with the proxy's links */
@@ -278,6 +280,9 @@ void brg__dev_step_unused(struct brg__dev_ring *d);
 
 /* ---- kernel mode (device_kernel.c, device_watch.c) ---- */
 void brg__dev_kernel_sizes(brg_comm *c, struct brg__dev_ring *d, int staged);
+/* Bytes up to which a one-shot allreduce among nranks takes the LL form,
+ * for a one-shot path of up to oneshot_bytes (0: none). */
+size_t brg__dev_ll_bytes(int nranks, size_t oneshot_bytes);
 void brg__dev_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b, const dev_blob *all,
                            int staged);
 const char *brg__dev_kernel_refused(const brg_comm *c, const dev_blob *all, int *who);

@@ -205,12 +205,14 @@ static brg_status blobs_agree(brg_comm *c, const dev_blob *mine, const dev_blob 
                           (unsigned long long)all[r].kslot, c->rank, kmode_name(mine->kmode_req),
                           mine->kchannels, (unsigned long long)mine->kslot);
   for (int r = 0; s == BRG_SUCCESS && r < c->nranks; r++)
-    if (all[r].kos_slot != mine->kos_slot)
+    if (all[r].kos_slot != mine->kos_slot || all[r].kll_slot != mine->kll_slot)
       s = brg__comm_error(c, BRG_ERR_MISMATCH,
-                          "device collectives: rank %d has one-shot slots of %llu bytes, rank %d "
-                          "of %llu (set BRIGADE_DEVICE_SMALL_BYTES alike on every rank)",
-                          r, (unsigned long long)all[r].kos_slot, c->rank,
-                          (unsigned long long)mine->kos_slot);
+                          "device collectives: rank %d has one-shot slots of %llu bytes (LL: "
+                          "%llu), rank %d of %llu (%llu) (set BRIGADE_DEVICE_SMALL_BYTES and "
+                          "BRIGADE_DEVICE_LL_BYTES alike on every rank)",
+                          r, (unsigned long long)all[r].kos_slot,
+                          (unsigned long long)all[r].kll_slot, c->rank,
+                          (unsigned long long)mine->kos_slot, (unsigned long long)mine->kll_slot);
   for (int r = 0; s == BRG_SUCCESS && r < c->nranks; r++)
     for (int q = 0; s == BRG_SUCCESS && q < r; q++)
       if (brg__dev_shares_gpu(c, all, r, q) && all[r].mps != all[q].mps)

@@ -101,6 +101,12 @@ static brg__cfg_entry device_entries[BRG__DEVICE_COUNT] = {
                                  "bytes goes in one hop (each rank writes its input to every "
                                  "rank, which sums the N inputs in rank order) instead of "
                                  "around the ring; 0: always the ring"},
+    [BRG__DEVICE_LL_BYTES] = {"BRIGADE_DEVICE_LL_BYTES", BRG__CFG_KIND_STRING, "auto", 0, 0,
+                              "kernel mode: a one-shot allreduce up to this many bytes sends "
+                              "its data in LL lines (each 4 data bytes beside a flag, stored "
+                              "whole: no fence, no flag of its own); auto: where the cost "
+                              "model finds it faster (64K up to 9 ranks, 32K up to 16), at most "
+                              "BRIGADE_DEVICE_SMALL_BYTES; 0: never"},
 };
 
 static brg__cfg_entry trace_entries[BRG__TRACE_COUNT] = {
@@ -141,6 +147,14 @@ brg_status brg__settings_load(brg__errbuf *err) {
         err, BRG_ERR_INVALID_ARGUMENT,
         "BRIGADE_ALGO=\"%.64s%s\" is not an allreduce algorithm (ring, hier, tree, rhd or auto)",
         algo, strlen(algo) > 64 ? "..." : "");
+  const char *ll = brg__device_str(BRG__DEVICE_LL_BYTES);
+  int64_t ll_bytes = 0;
+  if (strcmp(ll, "auto") != 0 && (brg__config_parse_size(ll, &ll_bytes) != BRG_SUCCESS ||
+                                  ll_bytes < 0 || ll_bytes > 4 * BRG__MiB))
+    return brg__error_quiet(err, BRG_ERR_INVALID_ARGUMENT,
+                            "BRIGADE_DEVICE_LL_BYTES=\"%.64s%s\" is neither auto nor a size of "
+                            "0 to 4M",
+                            ll, strlen(ll) > 64 ? "..." : "");
   /* Each in range, the two together may still ask for more memory than a
    * host has: each ring link's FIFO is slice x steps, and a rank maps
    * several (its own and its neighbours', per ring). */

@@ -9,6 +9,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Functions the kernel calls too (as schedule.h defines it) */
+#ifndef BRG_HD
+#if defined(__CUDACC__)
+#define BRG_HD __host__ __device__
+#else
+#define BRG_HD
+#endif
+#endif
+
 #define BRG__RK_MAX_CHANNELS 16
 
 /*
@@ -21,17 +30,45 @@
  *                            then rank r's calls (brg__rk_call) into buffer
  *                            0 and buffer 1
  *   DATA + (b N + r) slot    rank r's input in buffer b (0 or 1)
+ *   LL + (b N + r) ll_slot   rank r's LL lines in buffer b, where
+ *                            LL = DATA + 2 N slot
  *
  * Calls alternate between the two buffers, so that a rank one call ahead
  * writes into the other buffer.
+ *
+ * The LL form of the one-shot path (low latency: no fence, no flag of its
+ * own) sends 16-byte lines, each two 8-byte halves of 4 data bytes and a
+ * 4-byte flag, every half stored and loaded whole: a half whose flag is
+ * the call's (brg__rk_ll_flag) holds the call's data, whatever order the
+ * halves land in. A rank's lines in a buffer: first the call (brg__rk_call,
+ * BRG__RK_LL_CALL_LINES lines), then its input, 8 bytes a line.
  */
 #define BRG__RK_MAX_PEERS 16
 #define BRG__RK_OS_FLAGS 64
 #define BRG__RK_OS_DATA 2048
+#define BRG__RK_LL_LINE 16
+#define BRG__RK_LL_CALL_LINES 3
 
-/* Bytes of one rank's one-shot area for inputs of up to slot_bytes. */
-static inline size_t brg__rk_os_bytes(int nranks, size_t slot_bytes) {
-  return BRG__RK_OS_DATA + 2 * (size_t)nranks * slot_bytes;
+/* Bytes of one rank's one-shot area for inputs of up to slot_bytes, and
+ * LL inputs of up to ll_slot bytes of lines (0: no LL form). */
+static inline size_t brg__rk_os_bytes(int nranks, size_t slot_bytes, size_t ll_slot) {
+  return BRG__RK_OS_DATA + 2 * (size_t)nranks * (slot_bytes + ll_slot);
+}
+
+/* Room for the LL lines of an input of up to `bytes` bytes, a multiple of
+ * 256 (0 for 0: no LL form). */
+static inline size_t brg__rk_ll_slot(size_t bytes) {
+  if (!bytes) return 0;
+  size_t lines = BRG__RK_LL_CALL_LINES + (bytes + 7) / 8;
+  return (lines * BRG__RK_LL_LINE + 255) & ~(size_t)255;
+}
+
+/* The flag of the LL lines of one-shot call `call` (1 and up): never 0
+ * (what a fresh area holds), and any two calls fewer than 2^32 - 1 apart
+ * differ, so that lines left in a buffer by an earlier call never pass for
+ * this one's. */
+static inline BRG_HD uint32_t brg__rk_ll_flag(uint64_t call) {
+  return (uint32_t)(call % 0xffffffffu) + 1;
 }
 
 /* *status after a launch: 0, or why a channel stopped (the channel's
@@ -60,16 +97,26 @@ typedef struct brg__rk_meta {
 } brg__rk_meta;
 
 /* The call a channel announces to the next rank at each launch, into the
- * next rank's mailbox of BRG__RK_HDRS entries (n: the entry's number, 1
- * and up, written last). Every rank checks its previous rank's entry while
- * it waits and before it ends, so that calls that differ are found even
- * where no slot goes between them (two broadcast roots) or where they took
- * different paths (one-shot and ring). */
+ * next rank's mailbox of BRG__RK_HDRS entries. Every rank checks its
+ * previous rank's entry while it waits and before it ends, so that calls
+ * that differ are found even where no slot goes between them (two
+ * broadcast roots) or where they took different paths (one-shot and ring).
+ * An entry is the call's six 4-byte words, each in an 8-byte word of its
+ * own beside a flag (the high half): the entry's number k + 1, cut to 32
+ * bits, never 0. Each word is stored and loaded whole, so that an entry
+ * whose six flags say k + 1 holds call k without a fence on either side
+ * (the LL form, as the one-shot path's lines). */
 #define BRG__RK_HDRS 64
+#define BRG__RK_HDR_WORDS 6
 typedef struct brg__rk_hdr {
-  brg__rk_call call;
-  uint64_t n;
+  uint64_t w[BRG__RK_HDR_WORDS];
+  uint64_t pad[2];
 } brg__rk_hdr;
+
+/* The flag of mailbox entry k (0 and up). */
+static inline BRG_HD uint32_t brg__rk_hdr_flag(uint64_t k) {
+  return brg__rk_ll_flag(k + 1);
+}
 
 /* What a channel tells the host while it runs, in pinned host memory
  * (128 bytes each): the host's watchdog sees a launch in flight
@@ -119,7 +166,9 @@ typedef struct brg__rk_link {
 typedef struct brg__rk_oneshot {
   char *area[BRG__RK_MAX_PEERS]; /* rank r's area, as this rank reaches it */
   size_t slot_bytes;             /* room for one rank's input, a multiple of 256 */
+  size_t ll_slot;                /* room for one rank's LL lines (brg__rk_ll_slot) */
   int rank;                      /* this rank */
+  int ll;                        /* 1: the LL form (the call's lines fit ll_slot) */
 } brg__rk_oneshot;
 
 typedef struct brg__rk_args {

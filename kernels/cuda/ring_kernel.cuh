@@ -8,7 +8,9 @@
  * copies with the element-wise body of elementwise.cuh, and writes flags
  * the neighbours wait on. A small allreduce between the ranks of one host
  * may instead take the one-shot path (channel::oneshot, one block): every
- * rank's input goes straight to every rank, which sums them in rank order.
+ * rank's input goes straight to every rank, which sums them in rank order;
+ * up to the size brg__dev_ll_bytes picks, in its LL form (oneshot_ll: data
+ * and flag in one store, no fence, each thread spinning on its own lines).
  *
  * A channel's link, as rank p sees it (slots and words in the memory of the
  * rank named; the others reach it by CUDA IPC):
@@ -197,8 +199,15 @@ template <class D, int OP> struct channel {
     if (!l.recv_hdr || hdr_checked) return 1;
     uint64_t k = l.counters[4];
     const brg__rk_hdr *h = l.recv_hdr + k % BRG__RK_HDRS;
-    if (brg_simt_load_acquire(&h->n) != k + 1) return 0;
-    brg__rk_call theirs = h->call;
+    uint32_t f = brg__rk_hdr_flag(k), words[BRG__RK_HDR_WORDS];
+    for (int i = 0; i < BRG__RK_HDR_WORDS; i++) {
+      uint64_t w = brg_simt_load_u64(&h->w[i]);
+      if ((uint32_t)(w >> 32) != f) return 0; /* not all there yet */
+      words[i] = (uint32_t)w;
+    }
+    brg__rk_call theirs;
+    static_assert(sizeof theirs == sizeof words, "the call in the entry's words");
+    memcpy(&theirs, words, sizeof theirs);
     if (!same_call(theirs, a.call)) {
       if (wr) brg_simt_store_word(&wr->peer, -1); /* the previous rank's, not a one-shot flag's */
       fault(MISMATCH, &theirs, 0, 0);
@@ -206,7 +215,9 @@ template <class D, int OP> struct channel {
     }
     hdr_checked = true;
     l.counters[4] = k + 1;
-    brg_simt_store_release(l.hdr_ack, k + 1);
+    /* relaxed: the entry's words are read, and the sender writes the entry
+     * again only BRG__RK_HDRS calls later */
+    brg_simt_store_u64(l.hdr_ack, k + 1);
     return 1;
   }
 
@@ -223,8 +234,10 @@ template <class D, int OP> struct channel {
     }
     if (stop) return false;
     brg__rk_hdr *h = l.send_hdr + k % BRG__RK_HDRS;
-    h->call = a.call;
-    brg_simt_store_release(&h->n, k + 1);
+    uint32_t words[BRG__RK_HDR_WORDS];
+    memcpy(words, &a.call, sizeof words);
+    uint64_t f = (uint64_t)brg__rk_hdr_flag(k) << 32;
+    for (int i = 0; i < BRG__RK_HDR_WORDS; i++) brg_simt_store_u64(&h->w[i], f | words[i]);
     l.counters[3] = k + 1;
     return true;
   }
@@ -468,6 +481,141 @@ template <class D, int OP> struct channel {
     return true;
   }
 
+  /* Rank r's LL lines of call `call` in the area `area`. */
+  BRG_SIMT_DEV const uint64_t *ll_lines(const char *area, uint64_t call, int r) const {
+    size_t n = (size_t)a.nranks;
+    size_t off = BRG__RK_OS_DATA + 2 * n * a.os.slot_bytes +
+                 ((size_t)(call & 1) * n + (size_t)r) * a.os.ll_slot;
+    return reinterpret_cast<const uint64_t *>(area + off);
+  }
+
+  /* The 8 data bytes of the LL line at p once both its halves carry flag
+   * f; false when the launch stops (the abort word, or thread 0 finding
+   * the previous rank's header differ, *faulted then). Any thread. */
+  BRG_SIMT_DEV bool ll_take(const uint64_t *p, uint32_t f, int r, int *faulted, uint64_t *out) {
+    for (bool first = true;; first = false) {
+      uint64_t lo, hi;
+      brg_simt_ll_load(p, &lo, &hi);
+      if ((uint32_t)(lo >> 32) == f && (uint32_t)(hi >> 32) == f) {
+        *out = (lo & 0xffffffffu) | hi << 32;
+        return true;
+      }
+      if (brg_simt_tid() == 0) {
+        if (first) waiting(BRG__RK_WAIT_ONESHOT, r);
+        if (stop_now(faulted)) return false;
+      } else if (aborted()) {
+        return false;
+      }
+      brg_simt_pause();
+    }
+  }
+
+  /* The LL form of oneshot() (a.os.ll; ring_args.h draws the lines): no
+   * fence and no flag of its own. Every rank stores its call and its
+   * input as LL lines into every rank's area; each thread then folds, in
+   * rank order, the lines it stored itself, as they arrive in its own
+   * area, and writes their elements out, so that no thread waits for
+   * another's lines and the block meets only at its end. Thread 0 checks
+   * every rank's call first. A rank one call ahead writes the other
+   * buffer, and two calls ahead it cannot be, as with oneshot(). */
+  BRG_SIMT_DEV bool oneshot_ll() {
+    constexpr size_t E = 8 / sizeof(T); /* elements of a line */
+    const brg__rk_oneshot &o = a.os;
+    int n = a.nranks, me = o.rank;
+    char *own = o.area[me];
+    unsigned tid = brg_simt_tid(), nt = brg_simt_nthreads();
+    BRG_SIMT_SHARED uint64_t s_call;
+    BRG_SIMT_SHARED int s_stop;
+    if (tid == 0) {
+      s_call = *reinterpret_cast<const uint64_t *>(own) + 1;
+      s_stop = 0;
+    }
+    brg_simt_sync();
+    uint64_t call = s_call;
+    uint64_t fl = brg__rk_ll_flag(call);
+#if BRG_RK_BREAK == 3 /* tests/gpu: one flag for every call must fail */
+    fl = 1;
+#endif
+    uint64_t fh = fl << 32;
+    size_t bytes = a.count * sizeof(T), nlines = (bytes + 7) / 8;
+    const unsigned char *in = static_cast<const unsigned char *>(a.sendbuf);
+    unsigned char *out = static_cast<unsigned char *>(a.recvbuf);
+    bool aligned =
+        (reinterpret_cast<uintptr_t>(in) & 7) == 0 && (reinterpret_cast<uintptr_t>(out) & 7) == 0;
+    if (tid != 0) spins = 1; /* thread 0 reads the abort word first, the others later */
+    if (tid == 0) {
+      uint32_t w[2 * BRG__RK_LL_CALL_LINES];
+      static_assert(sizeof w == sizeof(brg__rk_call), "the call in its lines");
+      memcpy(w, &a.call, sizeof w);
+      for (int r = 0; r < n; r++) {
+        uint64_t *p = const_cast<uint64_t *>(ll_lines(o.area[r], call, me));
+        for (int i = 0; i < BRG__RK_LL_CALL_LINES; i++)
+          brg_simt_ll_store(p + 2 * i, fh | w[2 * i], fh | w[2 * i + 1]);
+      }
+    }
+    for (size_t j = tid; j < nlines; j += nt) {
+      size_t at = j * 8, len = bytes - at < 8 ? bytes - at : 8;
+      uint64_t v = 0;
+      if (aligned && len == 8)
+        v = *reinterpret_cast<const uint64_t *>(in + at);
+      else
+        memcpy(&v, in + at, len);
+      for (int r = 0; r < n; r++) {
+        uint64_t *p =
+            const_cast<uint64_t *>(ll_lines(o.area[r], call, me)) + 2 * (BRG__RK_LL_CALL_LINES + j);
+        brg_simt_ll_store(p, fh | (v & 0xffffffffu), fh | v >> 32);
+      }
+    }
+    int stop = 0, faulted = 0;
+    if (tid == 0) {
+      /* every rank's call, before any of its data is used */
+      for (int r = 0; r < n && !stop; r++) {
+        const uint64_t *p = ll_lines(own, call, r);
+        uint64_t w[BRG__RK_LL_CALL_LINES];
+        for (int i = 0; i < BRG__RK_LL_CALL_LINES && !stop; i++)
+          stop = !ll_take(p + 2 * i, (uint32_t)fl, r, &faulted, &w[i]);
+        if (stop) break;
+        brg__rk_call theirs;
+        memcpy(&theirs, w, sizeof theirs);
+        if (!same_call(theirs, a.call)) {
+          fault(MISMATCH, &theirs, 0, 0);
+          stop = faulted = 1;
+        }
+      }
+    }
+    for (size_t j = tid; j < nlines && !stop; j += nt) {
+      T acc[E], x[E];
+      uint64_t v = 0;
+      size_t line = 2 * (BRG__RK_LL_CALL_LINES + j);
+      stop = !ll_take(ll_lines(own, call, 0) + line, (uint32_t)fl, 0, &faulted, &v);
+      memcpy(acc, &v, 8);
+      for (int r = 1; r < n && !stop; r++) {
+        stop = !ll_take(ll_lines(own, call, r) + line, (uint32_t)fl, r, &faulted, &v);
+        memcpy(x, &v, 8);
+        for (size_t e = 0; e < E; e++)
+          acc[e] = r < n - 1 ? D::template op<MID>(acc[e], x[e], 1)
+                             : D::template op<OP>(acc[e], x[e], n);
+      }
+      if (stop) break;
+      size_t at = j * 8, len = bytes - at < 8 ? bytes - at : 8;
+      memcpy(&v, acc, 8);
+      if (aligned && len == 8)
+        *reinterpret_cast<uint64_t *>(out + at) = v; /* one 8-byte store */
+      else
+        memcpy(out + at, &v, len);
+    }
+    if (stop) s_stop = 1;
+    brg_simt_sync();
+    if (tid == 0) {
+      if (s_stop && !faulted) brg_simt_store_word(a.status, ABORTED);
+      if (!s_stop) {
+        *reinterpret_cast<uint64_t *>(own) = call;
+        if (wr) brg_simt_store_u64(&wr->progress, brg_simt_load_u64(&wr->progress) + 1);
+      }
+    }
+    return !s_stop;
+  }
+
   /* One rank: the output is the input. */
   BRG_SIMT_DEV void single() {
     int ch = (int)brg_simt_block(), nch = a.nchannels;
@@ -516,7 +664,7 @@ template <class D, int OP> struct channel {
       single();
       done = true;
     } else if (a.oneshot) {
-      done = oneshot();
+      done = a.os.ll ? oneshot_ll() : oneshot();
     } else {
       done = walk<T>(a, slot_elems, *this);
     }
@@ -541,7 +689,8 @@ template <class D, int OP> struct channel {
       if (wr) {
         brg_simt_store_word(&wr->wait, BRG__RK_WAIT_NONE);
         brg_simt_store_u64(&wr->finished, brg_simt_load_u64(&wr->started));
-        brg_simt_store_word_release(busy, 0);
+        /* only launches on this GPU take the busy word */
+        brg_simt_store_word_release_gpu(busy, 0);
       }
     }
   }

@@ -18,6 +18,12 @@
  *   brg_simt_store_word_release (int)   the same, after this thread's writes
  *   brg_simt_exchange_word (int)        swaps a word, returns the old one
  *   brg_simt_load_u64 / _store_u64      a counter the host reads (relaxed)
+ *   brg_simt_ll_store / _ll_load        a 16-byte LL line another GPU reads
+ *                                       (writes): two 8-byte halves, each
+ *                                       stored and loaded whole, no fence
+ *   brg_simt_store_word_release_gpu     a word only kernels of this GPU read,
+ *                                       after this thread's writes (a fence
+ *                                       of the GPU only, not of the system)
  *   BRG_SIMT_SHARED                     __shared__: one per thread block
  *
  * Flags and words are at system scope: they may live in another process's
@@ -93,6 +99,20 @@ static BRG_SIMT_DEV void brg_simt_release() {
 static BRG_SIMT_DEV void brg_simt_store_flag(uint64_t *p, uint64_t v) {
   asm volatile("st.relaxed.sys.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
+/* A vector access is single-copy atomic per element (PTX memory model):
+ * each 8-byte half of the line, with its data and its flag, lands whole. */
+static BRG_SIMT_DEV void brg_simt_ll_store(uint64_t *p, uint64_t lo, uint64_t hi) {
+  asm volatile("st.relaxed.sys.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(lo), "l"(hi) : "memory");
+}
+static BRG_SIMT_DEV void brg_simt_ll_load(const uint64_t *p, uint64_t *lo, uint64_t *hi) {
+  uint64_t x, y;
+  asm volatile("ld.relaxed.sys.v2.u64 {%0, %1}, [%2];" : "=l"(x), "=l"(y) : "l"(p) : "memory");
+  *lo = x;
+  *hi = y;
+}
+static BRG_SIMT_DEV void brg_simt_store_word_release_gpu(int *p, int v) {
+  asm volatile("st.release.gpu.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
 
 #else                               /* the SIMT emulator */
 
@@ -110,8 +130,9 @@ void brg_simt_emu_count(int what, uint64_t n);
 #define BRG_SIMT_COUNT_FENCES 2     /* system fences: releases, brg_simt_release */
 #define BRG_SIMT_COUNT_FLAGS 3      /* flags and words stored with release */
 #define BRG_SIMT_COUNT_SCALAR                                                                      \
-  4 /* elements copied or reduced one at a time,
+  4                               /* elements copied or reduced one at a time,
                                        their pointers not co-aligned */
+#define BRG_SIMT_COUNT_LL_LINES 5 /* LL lines stored (brg_simt_ll_store) */
 
 #define BRG_SIMT_DEV inline
 /* Blocks are OS threads and a block's threads are fibers of its OS thread,
@@ -185,6 +206,22 @@ static inline void brg_simt_store_flag(uint64_t *p, uint64_t v) {
   brg_simt_emu_count(BRG_SIMT_COUNT_FLAGS, 1);
   __atomic_store_n(p, v, BRG_SIMT_RELEASE);
   brg_simt_emu_published();
+}
+/* The halves of an LL line are relaxed, as on the device: nothing orders
+ * them, and a reader checks each half's flag. */
+static inline void brg_simt_ll_store(uint64_t *p, uint64_t lo, uint64_t hi) {
+  brg_simt_emu_count(BRG_SIMT_COUNT_LL_LINES, 1);
+  __atomic_store_n(p + 1, hi,
+                   __ATOMIC_RELAXED); /* the second half first: a reader may see it alone */
+  __atomic_store_n(p, lo, __ATOMIC_RELAXED);
+}
+static inline void brg_simt_ll_load(const uint64_t *p, uint64_t *lo, uint64_t *hi) {
+  *lo = __atomic_load_n(p, __ATOMIC_RELAXED);
+  *hi = __atomic_load_n(p + 1, __ATOMIC_RELAXED);
+}
+/* A fence of the GPU alone: not one of the system fences counted. */
+static inline void brg_simt_store_word_release_gpu(int *p, int v) {
+  __atomic_store_n(p, v, __ATOMIC_RELEASE);
 }
 
 #endif

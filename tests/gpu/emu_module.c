@@ -1474,7 +1474,8 @@ static int ring_reachable(int dev, const brg__rk_args *a, int channels) {
          reachable(dev, l->send_sizes, (size_t)a->nslots * sizeof(uint64_t));
   }
   for (int r = 0; ok && a->oneshot && r < a->nranks && r < BRG__RK_MAX_PEERS; r++)
-    ok = reachable(dev, a->os.area[r], brg__rk_os_bytes(a->nranks, a->os.slot_bytes));
+    ok =
+        reachable(dev, a->os.area[r], brg__rk_os_bytes(a->nranks, a->os.slot_bytes, a->os.ll_slot));
   return ok;
 }
 

@@ -4,8 +4,8 @@
  * one launch per collective of C channel blocks, talking only through the
  * FIFOs' slots and flags in shared memory, as GPUs do through CUDA IPC.
  *
- *   test_ring_kernel_emu threads|procs N CHANNELS BLOCK_THREADS [quick|oneshot|align]
- *   test_ring_kernel_emu abort N CHANNELS BLOCK_THREADS [oneshot]
+ *   test_ring_kernel_emu threads|procs N CHANNELS BLOCK_THREADS [quick|oneshot|ll|align]
+ *   test_ring_kernel_emu abort N CHANNELS BLOCK_THREADS [oneshot|ll]
  *   test_ring_kernel_emu stale 2 1 BLOCK_THREADS
  *
  * threads: the ranks are threads of this process; procs: forked
@@ -21,13 +21,19 @@
  * here, and the bytes around the outputs must be untouched. The inputs are
  * small integers, so that any order of reduction gives the same bits.
  * `oneshot` runs only the one-shot allreduces, back to back, so that a
- * rank that runs ahead writes the other buffer of a slower one's area.
+ * rank that runs ahead writes the other buffer of a slower one's area;
+ * every other one takes the LL form (data and flag in one store), so that
+ * the two forms share the areas' call counter. `ll` runs them all in the
+ * LL form, counts 0 and up, and (threads) the launches must then have
+ * used no system fence at all, and stored LL lines.
+ * Every launch sends its call to the next rank's mailbox (brg__rk_hdr) and
+ * keeps a watch record with its busy word, as the runtime's do.
  * `align` (threads) runs counts whose chunks start off 16 bytes, every
  * buffer aligned: no element may then be copied or reduced one at a time
  * (the emulator counts them), the slots shifting their payloads to match.
  *
  * abort: rank N-1 never launches; the others' allreduce (the one-shot one
- * with `oneshot`) waits for it until another thread sets the abort word;
+ * with `oneshot`, its LL form with `ll`) waits for it until another thread sets the abort word;
  * every launch must then return with ABORTED in its status word, soon,
  * having read the abort word far less often than it spun.
  *
@@ -45,7 +51,8 @@
  * Built a second time with -DBRG_RK_BREAK=1 (the tail, or the one-shot
  * flags, posted before the data is written) and =2 (no barrier after the
  * wait for them), the same test must fail (meson: should_fail), with all
- * cases and with the one-shot ones alone.
+ * cases and with the one-shot ones alone; with =3 (the LL lines of every
+ * call carry the same flag), `ll` must fail.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -70,8 +77,9 @@ static const int NSLOTS = 4;
 static const size_t SLOT_BYTES = 4096; /* small: many slices, FIFO wrap-around */
 static const size_t GUARD = 64;
 static const size_t OS_SLOT = 36864; /* one-shot: room for 4099 elements of 8 bytes */
+static const size_t LL_SLOT = brg__rk_ll_slot(OS_SLOT);
 
-static int g_n, g_channels, g_threads, g_quick, g_only_oneshot, g_align;
+static int g_n, g_channels, g_threads, g_quick, g_only_oneshot, g_align, g_ll;
 
 /* ------------------------------------------------------------ the FIFOs */
 
@@ -79,17 +87,20 @@ static int g_n, g_channels, g_threads, g_quick, g_only_oneshot, g_align;
 struct chan_mem {
   alignas(64) uint64_t tail;
   alignas(64) uint64_t head;
-  alignas(64) uint64_t counters[2];
+  alignas(64) uint64_t counters[5];
+  alignas(64) uint64_t hdr_acked;
+  alignas(64) brg__rk_hdr hdrs[BRG__RK_HDRS];
   alignas(64) char slots[NSLOTS * SLOT_BYTES];
   brg__rk_meta meta[NSLOTS]; /* stale: the marks the previous rank writes */
 };
-static chan_mem *g_mem; /* [rank * MAX_CHANNELS + ch] */
-static int *g_abort;    /* one word, shared */
-static int *g_ring;     /* position -> rank */
-static char *g_os;      /* the one-shot areas, one per rank */
+static chan_mem *g_mem;        /* [rank * MAX_CHANNELS + ch] */
+static brg__rk_watch *g_watch; /* [rank * MAX_CHANNELS + ch] */
+static int *g_abort;           /* one word, shared */
+static int *g_ring;            /* position -> rank */
+static char *g_os;             /* the one-shot areas, one per rank */
 
 static char *os_area(int rank) {
-  return g_os + (size_t)rank * brg__rk_os_bytes(g_n, OS_SLOT);
+  return g_os + (size_t)rank * brg__rk_os_bytes(g_n, OS_SLOT, LL_SLOT);
 }
 
 static chan_mem &cm(int rank, int ch) {
@@ -121,6 +132,13 @@ static args make_args(int rank, int kind, int dtype, int op, int root, const voi
   a.nchannels = g_channels;
   a.abort_word = g_abort;
   a.status = status;
+  a.watch = g_watch + (size_t)rank * MAX_CHANNELS;
+  a.call.seq = 1; /* the same on every rank; count, kind, dtype, op and root differ by call */
+  a.call.count = count;
+  a.call.root = root;
+  a.call.kind = (uint8_t)kind;
+  a.call.dtype = (uint8_t)dtype;
+  a.call.op = (uint8_t)op;
   int next = g_ring[(a.pos + 1) % g_n], prev = g_ring[(a.pos + g_n - 1) % g_n];
   for (int ch = 0; ch < g_channels; ch++) {
     brg_rk::link &l = a.chan[ch];
@@ -131,6 +149,10 @@ static args make_args(int rank, int kind, int dtype, int op, int root, const voi
     l.recv_tail = &cm(rank, ch).tail;
     l.recv_head = &cm(prev, ch).head;
     l.counters = cm(rank, ch).counters;
+    l.send_hdr = cm(next, ch).hdrs;
+    l.recv_hdr = cm(rank, ch).hdrs;
+    l.hdr_acked = &cm(rank, ch).hdr_acked;
+    l.hdr_ack = &cm(prev, ch).hdr_acked;
   }
   return a;
 }
@@ -209,7 +231,7 @@ struct tcase {
   int kind, dtype, op;
   size_t count;
   int inplace, root;
-  int oneshot; /* an allreduce by the one-shot path */
+  int oneshot; /* an allreduce by the one-shot path: 1, or 2 in its LL form */
 };
 
 static std::vector<tcase> make_cases() {
@@ -236,6 +258,13 @@ static std::vector<tcase> make_cases() {
         bool reduces = kind == BRG__COLL_ALLREDUCE || kind == BRG__COLL_REDUCE_SCATTER ||
                        kind == BRG__COLL_REDUCE;
         if (!reduces && op != BRG_SUM) continue;
+        if (g_ll) { /* the LL form: 0, 1, primes, in place and out of place */
+          if (kind != BRG__COLL_ALLREDUCE || (op >= BRG_BAND && dt >= BRG_FLOAT16)) continue;
+          for (size_t n : {(size_t)0, (size_t)1, (size_t)7, (size_t)509, (size_t)4099})
+            for (int inplace = 0; inplace < 2; inplace++)
+              v.push_back({kind, dt, op, n, inplace, 0, 2});
+          continue;
+        }
         if (op >= BRG_BAND) {
           /* The bitwise ops: integers, allreduce, one count each (7 or 513,
            * by turns), by both paths: the data path is the same for every op. */
@@ -355,6 +384,9 @@ static int run_rank(int rank) {
       a.oneshot = 1;
       a.os.rank = rank;
       a.os.slot_bytes = OS_SLOT;
+      a.os.ll_slot = LL_SLOT;
+      /* `oneshot`: every other case in the LL form */
+      a.os.ll = t.oneshot == 2 || (g_only_oneshot && !g_ll && ci % 2);
       for (int q = 0; q < g_n; q++) a.os.area[q] = os_area(q);
       blocks = 1;
     }
@@ -363,7 +395,15 @@ static int run_rank(int rank) {
       return fails + 1;
     }
     if (status != OK) {
-      fprintf(stderr, "FAIL rank %d case %zu: status %d\n", rank, ci, status);
+      const brg__rk_watch &w = a.watch[0];
+      fprintf(stderr,
+              "FAIL rank %d case %zu: status %d (channel 0: code %d, step %d; its call: kind %d "
+              "count %llu, the other's: kind %d count %llu)\n",
+              rank, ci, status, w.code, w.step, w.mine.kind, (unsigned long long)w.mine.count,
+              w.theirs.kind, (unsigned long long)w.theirs.count);
+#if BRG_RK_BREAK
+      _exit(1); /* the others may wait for this rank's next call */
+#endif
       return fails + 1;
     }
     const unsigned char *got = static_cast<const unsigned char *>(r ? r : op);
@@ -405,7 +445,9 @@ static void setup_shared(int n) {
   g_mem = static_cast<chan_mem *>(shared_alloc(sizeof(chan_mem) * (size_t)n * MAX_CHANNELS));
   g_abort = static_cast<int *>(shared_alloc(4096));
   g_ring = static_cast<int *>(shared_alloc(4096));
-  g_os = static_cast<char *>(shared_alloc((size_t)n * brg__rk_os_bytes(n, OS_SLOT)));
+  g_os = static_cast<char *>(shared_alloc((size_t)n * brg__rk_os_bytes(n, OS_SLOT, LL_SLOT)));
+  g_watch =
+      static_cast<brg__rk_watch *>(shared_alloc(sizeof(brg__rk_watch) * (size_t)n * MAX_CHANNELS));
   /* position p holds rank (p + 1) mod N: the ring is not the rank order */
   for (int p = 0; p < n; p++) g_ring[p] = (p + 1) % n;
 }
@@ -433,6 +475,15 @@ static int run_threads() {
    * off the 16-byte vector path. */
   uint64_t scalar = brg_simt_emu::count(BRG_SIMT_COUNT_SCALAR);
   if (g_align) printf("%llu elements on the scalar path\n", (unsigned long long)scalar);
+  /* ll: the LL form raises no flag and takes no system fence (the mailbox
+   * headers and the busy word included), and its lines are what moved. */
+  uint64_t lines = brg_simt_emu::count(BRG_SIMT_COUNT_LL_LINES);
+  if (g_ll) printf("%llu LL lines stored\n", (unsigned long long)lines);
+  if (g_ll && (fences || !lines)) {
+    fprintf(stderr, "FAIL: the LL form took %llu system fences and stored %llu LL lines\n",
+            (unsigned long long)fences, (unsigned long long)lines);
+    total++;
+  }
   if (g_align && scalar) {
     fprintf(stderr,
             "FAIL: %llu elements copied or reduced one at a time (a byte at a time for a copy) "
@@ -472,14 +523,12 @@ static uint64_t now_ns() {
  * `oneshot`. Launched on its own thread; a watcher sets the abort word if
  * it has not returned within `wait_ms` (a launch that reads a stale slot
  * and then waits for ever). The status word after it. */
-static std::vector<brg__rk_watch> g_watch;
 static int stale_launch(int rank, uint64_t seq, size_t count, int oneshot, float *buf,
                         int wait_ms) {
   int status = 0;
   args a = make_args(rank, BRG__COLL_ALLREDUCE, BRG_FLOAT32, BRG_SUM, -1, buf, buf, count, &status);
   a.call = brg__rk_call{
       seq, count, -1, (uint8_t)BRG__COLL_ALLREDUCE, (uint8_t)BRG_FLOAT32, (uint8_t)BRG_SUM, 0};
-  a.watch = &g_watch[(size_t)rank * MAX_CHANNELS];
   int next = g_ring[(a.pos + 1) % g_n];
   for (int ch = 0; ch < g_channels; ch++) {
     a.chan[ch].send_meta = cm(next, ch).meta;
@@ -489,6 +538,7 @@ static int stale_launch(int rank, uint64_t seq, size_t count, int oneshot, float
     a.oneshot = 1;
     a.os.rank = rank;
     a.os.slot_bytes = OS_SLOT;
+    a.os.ll_slot = LL_SLOT;
     for (int q = 0; q < g_n; q++) a.os.area[q] = os_area(q);
   }
   std::atomic<int> done{0};
@@ -548,7 +598,7 @@ static int run_stale() {
     fprintf(stderr, "stale runs with N=2 and 1 channel\n");
     return 1;
   }
-  g_watch.assign((size_t)g_n * MAX_CHANNELS, brg__rk_watch{});
+  memset(g_watch, 0, sizeof(brg__rk_watch) * (size_t)g_n * MAX_CHANNELS);
   /* a ring size: more slots from rank 0 than the link has (NSLOTS) */
   size_t count = 4 * (SLOT_BYTES / sizeof(float));
   std::vector<std::vector<float>> buf(g_n, std::vector<float>(count, 1.0f));
@@ -567,9 +617,9 @@ static int run_stale() {
 
   /* The one-shot path, on memory as new. */
   memset(g_mem, 0, sizeof(chan_mem) * (size_t)g_n * MAX_CHANNELS);
-  memset(g_os, 0, (size_t)g_n * brg__rk_os_bytes(g_n, OS_SLOT));
+  memset(g_os, 0, (size_t)g_n * brg__rk_os_bytes(g_n, OS_SLOT, LL_SLOT));
   __atomic_store_n(g_abort, 0, __ATOMIC_RELEASE);
-  g_watch.assign((size_t)g_n * MAX_CHANNELS, brg__rk_watch{});
+  memset(g_watch, 0, sizeof(brg__rk_watch) * (size_t)g_n * MAX_CHANNELS);
   size_t small = 100;
   bad += stale_first(small, 1, buf);
   /* rank 0's flag in rank 1's area: call 4, where rank 1's next is call 2
@@ -601,6 +651,8 @@ static int run_abort() {
         a.oneshot = 1;
         a.os.rank = r;
         a.os.slot_bytes = OS_SLOT;
+        a.os.ll_slot = LL_SLOT;
+        a.os.ll = g_ll;
         for (int q = 0; q < g_n; q++) a.os.area[q] = os_area(q);
       }
       brg_simt_emu::launch(g_only_oneshot ? 1u : (unsigned)g_channels, (unsigned)g_threads,
@@ -661,7 +713,7 @@ static void on_alarm(int) {
 int main(int argc, char **argv) {
   if (argc < 3) {
     fprintf(stderr,
-            "usage: %s threads|procs|abort N CHANNELS BLOCK_THREADS [quick|oneshot|align]\n",
+            "usage: %s threads|procs|abort N CHANNELS BLOCK_THREADS [quick|oneshot|ll|align]\n",
             argv[0]);
     return 2;
   }
@@ -669,7 +721,8 @@ int main(int argc, char **argv) {
   g_n = atoi(argv[2]);
   g_channels = argc > 3 ? atoi(argv[3]) : 2;
   g_threads = argc > 4 ? atoi(argv[4]) : 32;
-  g_only_oneshot = argc > 5 && strcmp(argv[5], "oneshot") == 0;
+  g_ll = argc > 5 && strcmp(argv[5], "ll") == 0;
+  g_only_oneshot = g_ll || (argc > 5 && strcmp(argv[5], "oneshot") == 0);
   g_quick = g_only_oneshot || (argc > 5 && strcmp(argv[5], "quick") == 0);
   g_align = argc > 5 && strcmp(argv[5], "align") == 0;
   if (g_n < 1 || g_n > 8 || g_channels < 1 || g_channels > MAX_CHANNELS || g_threads < 1 ||
@@ -695,10 +748,11 @@ int main(int argc, char **argv) {
   }
   printf("test_ring_kernel_emu %s N=%d channels=%d threads=%d%s: %s\n", mode, g_n, g_channels,
          g_threads,
-         g_only_oneshot ? " one-shot only"
-         : g_align      ? " aligned buffers"
-         : g_quick      ? " quick"
-                        : "",
+         g_ll             ? " one-shot LL only"
+         : g_only_oneshot ? " one-shot only"
+         : g_align        ? " aligned buffers"
+         : g_quick        ? " quick"
+                          : "",
          bad ? "FAILED" : "ok");
   return bad ? 1 : 0;
 }

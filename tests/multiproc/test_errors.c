@@ -1378,6 +1378,21 @@ static int body_bad_algo(mp_ctx *ctx) {
   return 0;
 }
 
+/* BRIGADE_DEVICE_LL_BYTES is auto or a size of 0 to 4M: refused before
+ * anything starts, named (the settings load once per process: one value). */
+static int body_bad_ll(mp_ctx *ctx) {
+  (void)ctx;
+  clear_launcher_env();
+  setenv("BRIGADE_DEVICE_LL_BYTES", "8M", 1);
+  brg_unique_id id;
+  brg_status st = brg_get_unique_id(&id);
+  const char *want = "BRIGADE_DEVICE_LL_BYTES=\"8M\" is neither auto nor a size of 0 to 4M";
+  MP_CHECK(st == BRG_ERR_INVALID_ARGUMENT && strcmp(errmsg(NULL), want) == 0,
+           "brg_get_unique_id with BRIGADE_DEVICE_LL_BYTES=8M: %s: \"%s\", expected \"%s\"",
+           brg_status_string(st), errmsg(NULL), want);
+  return 0;
+}
+
 static int case_launch(void) {
   int bad = 0;
   mp_opts o = {.name = "launch: no launcher runs as one rank",
@@ -1391,6 +1406,12 @@ static int case_launch(void) {
                 .deadline_ms = 20000,
                 .init = MP_INIT_BARE};
   bad |= mp_run(&ao, body_bad_algo, NULL);
+
+  mp_opts lo = {.name = "launch: BRIGADE_DEVICE_LL_BYTES out of range is refused",
+                .nranks = 1,
+                .deadline_ms = 20000,
+                .init = MP_INIT_BARE};
+  bad |= mp_run(&lo, body_bad_ll, NULL);
 
   static const subsys_case subsys[] = {{"boot", "boot"},   {"init,boot,ring", "boot"},
                                        {"init,", ""},      {"init,bootstrap,ring,coll", NULL},
