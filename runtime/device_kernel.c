@@ -187,12 +187,7 @@ const char *brg__dev_kernel_refused(const brg_comm *c, const dev_blob *all, int 
  * not the channel count, bounds such a ring. Every rank sees `staged`
  * alike. */
 void brg__dev_kernel_sizes(brg_comm *c, struct brg__dev_ring *d, int staged) {
-  int blocks = (int)brg__device_int(BRG__DEVICE_BLOCKS);
-  d->kchannels = (int)brg__device_int(BRG__DEVICE_CHANNELS);
-  if (d->kchannels == 0) d->kchannels = blocks < 8 ? blocks : 8;
-  if (d->kchannels > BRG__RK_MAX_CHANNELS) d->kchannels = BRG__RK_MAX_CHANNELS;
-  if (staged) d->kchannels = 1;
-  d->kslot = brg__slice_bytes(c, BRG__SLICE_KERNEL);
+  brg__dev_kernel_shape(c, d, staged);
   d->kctrl = (KMETA + (size_t)d->nslots * sizeof(brg__rk_meta) +
               BRG__RK_HDRS * sizeof(brg__rk_hdr) + 255) &
              ~(size_t)255;

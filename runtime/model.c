@@ -258,3 +258,80 @@ int brg__model_auto(const brg__model_shape *sh, const brg__model_links *ln, size
   if (plan_out) *plan_out = best_plan;
   return best;
 }
+
+/* ---- kernel mode's shape ------------------------------------------------ */
+
+/* Per link kind: its bandwidth per direction and the share data gets, one
+ * channel's streaming rate (a 512-thread block copying or reducing over
+ * the link) and what a slot's post costs it (fences and the flag's round
+ * trip), the estimates bench/model's `gpu` command starts from (H200,
+ * NVLink 4; PCIe 5 x16). */
+static const struct {
+  const char *name;
+  double link_gbs, link_eff, chan_gbs, post_us;
+} dlinks[BRG__DLINK_COUNT] = {
+    [BRG__DLINK_NVLINK] = {"nvlink", 450.0, 0.85, 25.0, 2.5},
+    [BRG__DLINK_PCIE] = {"pcie", 55.0, 0.8, 12.0, 3.5},
+    [BRG__DLINK_HOST] = {"host", 25.0, 0.8, 12.0, 5.0},
+};
+
+#define DSHAPE_MAX_CHANNELS 32
+#define DSHAPE_MIN_SLOT ((size_t)64 << 10)
+#define DSHAPE_MAX_SLOT ((size_t)1 << 20)
+#define DSHAPE_REGION ((size_t)128 << 20)
+#define DSHAPE_MIN_SHARE ((size_t)8 << 10)
+
+const char *brg__dlink_name(int link) {
+  return link >= 0 && link < BRG__DLINK_COUNT ? dlinks[link].name : "?";
+}
+
+/* Channels that fill the link when each streams `slot`-byte slots. */
+static int channels_for(int link, size_t slot) {
+  double t = (double)slot / (dlinks[link].chan_gbs * 1e9) + dlinks[link].post_us * 1e-6;
+  double rate = (double)slot / t;
+  int ch = (int)ceil(dlinks[link].link_eff * dlinks[link].link_gbs * 1e9 / rate);
+  return ch < 1 ? 1 : ch > DSHAPE_MAX_CHANNELS ? DSHAPE_MAX_CHANNELS : ch;
+}
+
+brg__device_shape brg__model_device_shape(int link, int nranks, int nslots, size_t bytes) {
+  brg__device_shape sh = {1, 0, ""};
+  if (link < 0 || link >= BRG__DLINK_COUNT) link = BRG__DLINK_HOST;
+  if (nslots < 1) nslots = 1;
+  if (link == BRG__DLINK_HOST || nranks < 2) {
+    snprintf(sh.why, sizeof sh.why,
+             nranks < 2 ? "one rank: nothing to carry"
+                        : "a host link: one channel, in the host link's slots (the link, not "
+                          "the channels, bounds the ring)");
+    return sh;
+  }
+  /* The largest slot whose channels' slots fit the region budget. */
+  size_t slot = DSHAPE_MAX_SLOT;
+  int ch = channels_for(link, slot);
+  while (slot > DSHAPE_MIN_SLOT && (size_t)ch * (size_t)nslots * slot > DSHAPE_REGION) {
+    slot /= 2;
+    ch = channels_for(link, slot);
+  }
+  int full = ch;
+  size_t full_slot = slot;
+  /* A given buffer: a ring step carries bytes / nranks, cut over the
+   * channels, each at least one pass of its block (8 KiB) while there are
+   * enough, in the smallest slot that holds its share. */
+  if (bytes > 0) {
+    size_t step = bytes / (size_t)nranks, share;
+    if (step / DSHAPE_MIN_SHARE < (size_t)ch)
+      ch = step / DSHAPE_MIN_SHARE ? (int)(step / DSHAPE_MIN_SHARE) : 1;
+    share = (step + (size_t)ch - 1) / (size_t)ch;
+    while (slot / 2 >= DSHAPE_MIN_SLOT && slot / 2 >= share) slot /= 2;
+  }
+  double rate = (double)full_slot /
+                ((double)full_slot / (dlinks[link].chan_gbs * 1e9) + dlinks[link].post_us * 1e-6);
+  snprintf(sh.why, sizeof sh.why,
+           "%s: %.0f GB/s x %.2f takes %d channels of %.1f GB/s with %zu KiB slots (%d slots "
+           "each within %zu MiB)%s",
+           dlinks[link].name, dlinks[link].link_gbs, dlinks[link].link_eff, full, rate / 1e9,
+           full_slot >> 10, nslots, DSHAPE_REGION >> 20,
+           ch < full || slot < full_slot ? "; fewer or smaller for this buffer" : "");
+  sh.channels = ch;
+  sh.slot_bytes = slot;
+  return sh;
+}

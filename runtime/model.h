@@ -54,4 +54,33 @@ int brg__model_flat_plan(const brg__model_shape *sh, size_t bytes);
 int brg__model_auto(const brg__model_shape *sh, const brg__model_links *ln, size_t bytes,
                     int *plan_out);
 
+/* ---- kernel mode's shape ------------------------------------------------ */
+
+/* The link a device ring's neighbours reach each other by. */
+typedef enum {
+  BRG__DLINK_NVLINK = 0, /* GPU to GPU over NVLink (NVSwitch) */
+  BRG__DLINK_PCIE,       /* GPU to GPU over PCIe peer access */
+  BRG__DLINK_HOST,       /* through pinned host memory or the host proxy's link */
+  BRG__DLINK_COUNT,
+} brg__dlink;
+
+/* What the model picks for kernel mode: thread blocks (channels), each
+ * with its own FIFOs, and the bytes of a slot; `why` a line for the log. */
+typedef struct brg__device_shape {
+  int channels;
+  size_t slot_bytes;
+  char why[200];
+} brg__device_shape;
+
+const char *brg__dlink_name(int link);
+/* The shape for an allreduce of `bytes` on `nranks` GPUs in a ring whose
+ * slowest link is `link`, each channel with `nslots` slots (0 bytes: the
+ * shape for the largest buffers, what a communicator's regions are sized
+ * for). Channels: enough to fill the link, at most 32, and no more than
+ * give each 8 KiB of a ring step; slot: the largest power of two from
+ * 64 KiB to 1 MiB whose channels' slots fit in 128 MiB, or the smallest
+ * that holds a channel's share of a step of a smaller buffer. HOST links:
+ * one channel and a slot of 0 (the host link's own). */
+brg__device_shape brg__model_device_shape(int link, int nranks, int nslots, size_t bytes);
+
 #endif

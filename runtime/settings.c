@@ -93,8 +93,10 @@ static brg__cfg_entry device_entries[BRG__DEVICE_COUNT] = {
                           "two processes share a GPU without MPS"},
     [BRG__DEVICE_CHANNELS] = {"BRIGADE_DEVICE_CHANNELS", BRG__CFG_KIND_INT, "0", 0, 16,
                               "kernel mode: thread blocks of a collective's kernel, each with "
-                              "its share of the data and its own FIFOs; 0: 8, at most "
-                              "BRIGADE_DEVICE_BLOCKS"},
+                              "its share of the data and its own FIFOs; 0: the model's choice for "
+                              "the links (brigade-info --device-shape), at most "
+                              "BRIGADE_DEVICE_BLOCKS; its slots are BRIGADE_SLICE_BYTES when "
+                              "set, else the model's"},
     [BRG__DEVICE_SMALL_BYTES] = {"BRIGADE_DEVICE_SMALL_BYTES", BRG__CFG_KIND_SIZE, "64K", 0,
                                  4 * BRG__MiB,
                                  "kernel mode, ranks of one host: an allreduce up to this many "

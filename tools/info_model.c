@@ -192,3 +192,29 @@ usage:
                   "[--alpha-shm S] [--beta-shm S/B] [--alpha-p2p S] [--beta-p2p S/B] [--tsv]\n");
   return 2;
 }
+
+int brg__info_device_shape(int argc, char **argv) {
+  int link = -1;
+  for (int l = 0; argc >= 1 && l < BRG__DLINK_COUNT; l++)
+    if (!strcmp(argv[0], brg__dlink_name(l))) link = l;
+  int nranks = argc >= 2 ? atoi(argv[1]) : 0, nslots = argc >= 3 ? atoi(argv[2]) : 8;
+  if (link < 0 || nranks < 1 || nslots < 1) {
+    fprintf(stderr,
+            "usage: brigade-info --device-shape nvlink|pcie|host NRANKS [NSLOTS [SIZE...]]\n"
+            "kernel mode's channels and slot bytes by the model (runtime/model.c), one\n"
+            "line a size (none, or 0: the shape a communicator is set up with):\n"
+            "link, ranks, bytes, channels, slot bytes, why\n");
+    return 2;
+  }
+  for (int i = 3; i < (argc > 3 ? argc : 4); i++) {
+    size_t bytes = 0;
+    if (i < argc && parse_size(argv[i], &bytes)) {
+      fprintf(stderr, "brigade-info --device-shape: not a size: %s\n", argv[i]);
+      return 2;
+    }
+    brg__device_shape sh = brg__model_device_shape(link, nranks, nslots, bytes);
+    printf("%s\t%d\t%zu\t%d\t%zu\t%s\n", brg__dlink_name(link), nranks, bytes, sh.channels,
+           sh.slot_bytes, sh.why);
+  }
+  return 0;
+}

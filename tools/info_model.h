@@ -2,4 +2,7 @@
 #ifndef BRG_INFO_MODEL_H
 #define BRG_INFO_MODEL_H
 int brg__info_model(int argc, char **argv);
+/* brigade-info --device-shape LINK NRANKS [NSLOTS [SIZE...]]: kernel
+ * mode's channels and slot by the model, one tab-separated line a size. */
+int brg__info_device_shape(int argc, char **argv);
 #endif

@@ -29,6 +29,7 @@ struct alignas(16) brg__vec16_bits {
 
 #include "brigade.h"
 #include "elem.h"
+#include "pair.cuh"
 
 /* Unrolled on the device; host passes (nvcc's own and the CPU test's) do
  * not know the pragma. */
@@ -89,20 +90,129 @@ BRG__TAG(f32, float, false)
 BRG__TAG(f64, double, false)
 #undef BRG__TAG
 
-/* What the element-wise kernel computes: out = F::apply(a, b, d). */
+/* ---- whole 32-bit words at once ---------------------------------------- */
+
+/* The vector body may compute a word of elements at a time: word_op<D, OP>
+ * (and div_word<D> for the final divide) says whether it does (`on`) and
+ * how (`apply`, given the word of each input, the divisor and what
+ * `prepare` made of the divisor once per thread). The result is the bits
+ * the element functions above give, element by element. */
+template <class D, int OP> struct word_op { static constexpr bool on = false; };
+template <class D> struct div_word { static constexpr bool on = false; };
+
+/* Each NaN half of a word made the canonical NaN CANON (0x7fff, what the
+ * device's packed ops give, is not elem.h's canonical NaN). A half is NaN
+ * when its bits without the sign exceed INF: adding 0x8000 - (INF + 1)
+ * carries into the half's top bit exactly then. */
+template <uint32_t INF, uint32_t CANON> BRG__EW_HD uint32_t canonical_nan(uint32_t x) {
+  uint32_t nan = ((x & 0x7fff7fffu) + (0x8000u - (INF + 1)) * 0x10001u) & 0x80008000u;
+  uint32_t mask = (nan >> 15) * 0xffffu;
+  return x ^ ((x ^ (CANON * 0x10001u)) & mask);
+}
+
+/* float16 and bfloat16: two elements per packed instruction (pair.cuh says
+ * why they give elem.h's bits). AVG adds packed and divides each half as
+ * elem.h does, in float32: no packed division gives the same number. */
+#define BRG__PAIR_WORD_OP(t, INF, CANON)                                                           \
+  template <int OP> struct word_op<tag_##t, OP> {                                                  \
+    static constexpr bool on =                                                                     \
+        OP == BRG_SUM || OP == BRG_PROD || OP == BRG_MIN || OP == BRG_MAX || OP == BRG_AVG;        \
+    static BRG__EW_HD uint32_t prepare(int) { return 0; }                                          \
+    static BRG__EW_HD uint32_t apply(uint32_t a, uint32_t b, int d, uint32_t) {                    \
+      if constexpr (OP == BRG_SUM)                                                                 \
+        return canonical_nan<INF, CANON>(brg_pair::t##_add(a, b));                                 \
+      else if constexpr (OP == BRG_PROD)                                                           \
+        return canonical_nan<INF, CANON>(brg_pair::t##_mul(a, b));                                 \
+      else if constexpr (OP == BRG_MIN)                                                            \
+        return canonical_nan<INF, CANON>(brg_pair::t##_min(a, b));                                 \
+      else if constexpr (OP == BRG_MAX)                                                            \
+        return canonical_nan<INF, CANON>(brg_pair::t##_max(a, b));                                 \
+      else {                                                                                       \
+        uint32_t s = brg_pair::t##_add(a, b); /* a NaN half stays NaN in the division */           \
+        return (uint32_t)brg__##t##_div((uint16_t)s, d) |                                          \
+               (uint32_t)brg__##t##_div((uint16_t)(s >> 16), d) << 16;                             \
+      }                                                                                            \
+    }                                                                                              \
+  };
+#if BRG_PAIR_F16
+BRG__PAIR_WORD_OP(f16, 0x7c00u, BRG_F16_CANONICAL_NAN)
+#endif
+#if BRG_PAIR_BF16
+BRG__PAIR_WORD_OP(bf16, 0x7f80u, BRG_BF16_CANONICAL_NAN)
+#endif
+#undef BRG__PAIR_WORD_OP
+
+/* int8 and uint8 AVG and divide: four lanes of a word in int32 registers.
+ * The division of a lane (|s| <= 255, C division truncating toward zero)
+ * is a multiplication: with m = 2^16 / d + 1, (|s| * m) >> 16 = |s| / d
+ * for every |s| < 256 and d >= 1, as |s| * m / 2^16 exceeds |s| / d by
+ * less than 1/256, and the fraction of |s| / d stays below 1 - 1/d (for
+ * d < 256; for d >= 256 the quotient is 0 and |s| * m / 2^16 < 1). */
+BRG__EW_HD uint32_t byte_divisor(int d) {
+  return 65536u / (uint32_t)d + 1u;
+}
+/* The four lanes of `s` divided by the divisor m stands for. */
+template <bool SIGNED> BRG__EW_HD uint32_t div_bytes(uint32_t s, uint32_t m) {
+  uint32_t r = 0;
+#if !defined(__CUDA_ARCH__)
+  brg_pair::count_word();
+#endif
+  BRG__EW_UNROLL
+  for (int k = 0; k < 32; k += 8) {
+    if constexpr (SIGNED) {
+      int32_t v = (int32_t)(s << (24 - k)) >> 24;
+      uint32_t q = ((uint32_t)(v < 0 ? -v : v) * m) >> 16;
+      r |= ((v < 0 ? 0u - q : q) & 0xffu) << k;
+    } else {
+      r |= ((((s >> k) & 0xffu) * m) >> 16) << k;
+    }
+  }
+  return r;
+}
+/* Lane-wise sum of four bytes, wrapping in each lane. */
+BRG__EW_HD uint32_t add_bytes(uint32_t a, uint32_t b) {
+  return ((a & 0x7f7f7f7fu) + (b & 0x7f7f7f7fu)) ^ ((a ^ b) & 0x80808080u);
+}
+#define BRG__BYTE_WORD_OP(t, SIGNED)                                                               \
+  template <int OP> struct word_op<tag_##t, OP> {                                                  \
+    static constexpr bool on = OP == BRG_AVG;                                                      \
+    static BRG__EW_HD uint32_t prepare(int d) { return byte_divisor(d); }                          \
+    static BRG__EW_HD uint32_t apply(uint32_t a, uint32_t b, int, uint32_t m) {                    \
+      return div_bytes<SIGNED>(add_bytes(a, b), m);                                                \
+    }                                                                                              \
+  };                                                                                               \
+  template <> struct div_word<tag_##t> {                                                           \
+    static constexpr bool on = true;                                                               \
+    static BRG__EW_HD uint32_t prepare(int d) { return byte_divisor(d); }                          \
+    static BRG__EW_HD uint32_t apply(uint32_t a, uint32_t, int, uint32_t m) {                      \
+      return div_bytes<SIGNED>(a, m);                                                              \
+    }                                                                                              \
+  };
+BRG__BYTE_WORD_OP(i8, true)
+BRG__BYTE_WORD_OP(u8, false)
+#undef BRG__BYTE_WORD_OP
+
+/* What the element-wise kernel computes: out = F::apply(a, b, d), or a
+ * word at a time where F::words. */
 template <class D, int OP> struct reduce_fn {
   typedef typename D::T T;
+  typedef word_op<D, OP> W;
   static constexpr bool binary = true;
+  static constexpr bool words = W::on;
   static BRG__EW_HD T apply(T a, T b, int d) { return D::template op<OP>(a, b, d); }
 };
 template <class D> struct divide_fn {
   typedef typename D::T T;
+  typedef div_word<D> W;
   static constexpr bool binary = false;
+  static constexpr bool words = W::on;
   static BRG__EW_HD T apply(T a, T, int d) { return D::div(a, d); }
 };
 struct copy_fn {
   typedef uint8_t T;
+  typedef div_word<void> W;
   static constexpr bool binary = false;
+  static constexpr bool words = false;
   static BRG__EW_HD T apply(T a, T, int) { return a; }
 };
 
@@ -152,16 +262,35 @@ BRG__EW_HD size_t grid_blocks(plan p, size_t n, size_t threads, size_t fit, size
   return blocks ? blocks : 1;
 }
 
-/* x = x (op) y on every element of a vector (y unused for unary F). */
+/* What F::W::prepare makes of the divisor, once per thread (0 if nothing). */
+template <class F> BRG__EW_HD uint32_t prepare(int div) {
+  if constexpr (F::words)
+    return F::W::prepare(div);
+  else
+    return (void)div, 0u;
+}
+
+/* x = x (op) y on every element of a vector (y unused for unary F); aux is
+ * prepare<F>(div). */
 template <class F>
-BRG__EW_HD void apply_vec(vec16<typename F::T> &x, const vec16<typename F::T> &y, int div) {
+BRG__EW_HD void apply_vec(vec16<typename F::T> &x, const vec16<typename F::T> &y, int div,
+                          uint32_t aux) {
   constexpr int V = 16 / sizeof(typename F::T);
-  BRG__EW_UNROLL
-  for (int k = 0; k < V; k++) {
-    if constexpr (F::binary)
-      x.e[k] = F::apply(x.e[k], y.e[k], div);
-    else
-      x.e[k] = F::apply(x.e[k], x.e[k], div);
+  if constexpr (F::words) {
+    const brg__vec16_bits &b = F::binary ? y.v : x.v;
+    x.v.x = F::W::apply(x.v.x, b.x, div, aux);
+    x.v.y = F::W::apply(x.v.y, b.y, div, aux);
+    x.v.z = F::W::apply(x.v.z, b.z, div, aux);
+    x.v.w = F::W::apply(x.v.w, b.w, div, aux);
+  } else {
+    (void)aux;
+    BRG__EW_UNROLL
+    for (int k = 0; k < V; k++) {
+      if constexpr (F::binary)
+        x.e[k] = F::apply(x.e[k], y.e[k], div);
+      else
+        x.e[k] = F::apply(x.e[k], x.e[k], div);
+    }
   }
 }
 
@@ -179,6 +308,7 @@ BRG__EW_HD void thread_body(size_t tid, size_t nthreads, typename F::T *d0, type
   const brg__vec16_bits *vb = reinterpret_cast<const brg__vec16_bits *>(b + p.head);
   brg__vec16_bits *v0 = reinterpret_cast<brg__vec16_bits *>(d0 + p.head);
   brg__vec16_bits *v1 = d1 ? reinterpret_cast<brg__vec16_bits *>(d1 + p.head) : nullptr;
+  const uint32_t aux = prepare<F>(div);
   size_t i = tid;
   /* Full rounds: UNROLL vectors of each input loaded before any arithmetic. */
   for (; i + (UNROLL - 1) * nthreads < p.nvec; i += UNROLL * nthreads) {
@@ -190,7 +320,7 @@ BRG__EW_HD void thread_body(size_t tid, size_t nthreads, typename F::T *d0, type
     }
     BRG__EW_UNROLL
     for (int u = 0; u < UNROLL; u++) {
-      apply_vec<F>(x[u], y[u], div);
+      apply_vec<F>(x[u], y[u], div, aux);
       v0[i + u * nthreads] = x[u].v;
       if (v1) v1[i + u * nthreads] = x[u].v;
     }
@@ -203,7 +333,7 @@ BRG__EW_HD void thread_body(size_t tid, size_t nthreads, typename F::T *d0, type
       y.v = vb[i];
     else
       y.v = x.v;
-    apply_vec<F>(x, y, div);
+    apply_vec<F>(x, y, div, aux);
     v0[i] = x.v;
     if (v1) v1[i] = x.v;
   }

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <initializer_list>
+
 #include "elementwise.cuh"
 #include "same_bits.h"
 extern "C" {
@@ -19,6 +21,17 @@ extern "C" {
 using namespace brg_ew;
 
 static int failures, cases;
+
+/* Words the vector body computed a word at a time on this thread
+ * (pair.cuh counts them on the CPU); none where every element is computed
+ * alone. */
+static uint64_t brg_test_words() {
+#ifdef BRG_PAIR_CUH
+  return brg_pair::host_words;
+#else
+  return 0;
+#endif
+}
 static uint64_t rng = 0x853c49e6748fea9bull;
 static uint64_t rnd() {
   rng ^= rng >> 12;
@@ -165,6 +178,75 @@ int main() {
       expect(what, d0 + (o & 1), a + o, n, 1, BRG_UINT8, -1);
       expect(what, d1 + (o & 1), a + o, n, 1, BRG_UINT8, -1);
     }
+  /* float16 and bfloat16 on the packed path: every pair of special values
+   * (zeros of both signs, subnormals, the largest numbers, infinities,
+   * NaNs with payloads and signs) under every op, through the vector body
+   * (aligned) and the scalar loop (a/b one element off the outputs). */
+  static const uint16_t special[2][24] = {
+      {0x0000, 0x8000, 0x0001, 0x8001, 0x03ff, 0x8400, 0x0400, 0x3c00,
+       0xbc00, 0x3c01, 0x1400, 0x7bff, 0xfbff, 0x7c00, 0xfc00, 0x7e00,
+       0x7c01, 0xffff, 0x7fff, 0x3555, 0x4248, 0x0200, 0x5bff, 0x6000},
+      {0x0000, 0x8000, 0x0001, 0x8001, 0x007f, 0x0080, 0x8080, 0x3f80,
+       0xbf80, 0x3f81, 0x7f7f, 0xff7f, 0x7f80, 0xff80, 0x7fc0, 0x7f81,
+       0xffff, 0x7fff, 0x3eab, 0x4049, 0x0040, 0x5f7f, 0x1f80, 0x2000}};
+  for (int k = 0; k < 2; k++) {
+    int dt = k ? BRG_BFLOAT16 : BRG_FLOAT16;
+    const size_t nsv = 24, n = nsv * nsv;
+    uint16_t *x = reinterpret_cast<uint16_t *>(a), *y = reinterpret_cast<uint16_t *>(b);
+    for (size_t i = 0; i < n; i++) {
+      x[i] = special[k][i / nsv];
+      y[i] = special[k][i % nsv];
+    }
+    for (int op = 0; op < BRG_BAND; op++)
+      for (int div : {1, 3, 8})
+        for (size_t off = 0; off < 2; off++) {
+          uint64_t words = brg_test_words();
+          brg__reduce(want, nullptr, a, b, n, (brg_dtype)dt, (brg_op)op, div);
+          reduce_any(dt, op, 32, d0 + 2 * off, nullptr, a, b, n, div);
+          snprintf(what, sizeof what, "special %s %s div %d out offset %zu",
+                   brg_dtype_name((brg_dtype)dt), brg_op_name((brg_op)op), div, 2 * off);
+          expect(what, d0 + 2 * off, want, n, 2, dt, op);
+          /* Aligned: the vector body takes its pairs a word at a time. */
+          cases++;
+          if (!off && brg_test_words() - words != n / 2) {
+            fprintf(stderr, "FAIL %s: %llu words computed packed, want %zu\n", what,
+                    (unsigned long long)(brg_test_words() - words), n / 2);
+            failures++;
+          }
+        }
+  }
+  /* int8 and uint8 AVG and divide, four lanes a word: every pair of
+   * values under divisors around the bounds of the lanes' division. */
+  unsigned char *pa = static_cast<unsigned char *>(aligned_alloc(64, 65536)),
+                *pb = static_cast<unsigned char *>(aligned_alloc(64, 65536)),
+                *pw = static_cast<unsigned char *>(aligned_alloc(64, 65536)),
+                *pd = static_cast<unsigned char *>(aligned_alloc(64, 65536));
+  for (int dt : {BRG_INT8, BRG_UINT8})
+    for (int div :
+         {1, 2, 3, 5, 7, 8, 127, 128, 129, 255, 256, 257, 1000, 65535, 65536, 65537, 1 << 30}) {
+      const size_t n = 65536;
+      for (size_t i = 0; i < n; i++) {
+        pa[i] = (unsigned char)(i >> 8);
+        pb[i] = (unsigned char)i;
+      }
+      uint64_t words = brg_test_words();
+      brg__reduce(pw, nullptr, pa, pb, n, (brg_dtype)dt, BRG_AVG, div);
+      reduce_any(dt, BRG_AVG, 32, pd, nullptr, pa, pb, n, div);
+      snprintf(what, sizeof what, "all pairs %s avg div %d", brg_dtype_name((brg_dtype)dt), div);
+      expect(what, pd, pw, n, 1, dt, BRG_AVG);
+      brg__divide(pw, pa, n, (brg_dtype)dt, div);
+      divide_any(dt, 32, pd, pa, n, div);
+      snprintf(what, sizeof what, "all values %s divide %d", brg_dtype_name((brg_dtype)dt), div);
+      expect(what, pd, pw, n, 1, dt, BRG_AVG);
+      cases++;
+      if (brg_test_words() - words != 2 * n / 4) {
+        fprintf(stderr, "FAIL %s: %llu words computed a word at a time, want %zu\n", what,
+                (unsigned long long)(brg_test_words() - words), 2 * n / 4);
+        failures++;
+      }
+    }
+  for (auto *p : {pa, pb, pw, pd}) free(p);
+
   /* The grid: enough blocks for the work, bounded by what fits and by
    * set_max_blocks, at least one. */
   struct {

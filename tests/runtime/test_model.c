@@ -1,6 +1,7 @@
 /* The cost model (runtime/model.c): BRIGADE_ALGO=auto's choice is the
  * fastest algorithm the model times, on a grid of shapes and sizes; and
  * the formulas' known cases. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -124,11 +125,65 @@ static void test_uneven_hier(void **state) {
   assert_true(brg__model_time(BRG__PLAN_HIER, &one, &ln, (size_t)S) < 0);
 }
 
+/* Kernel mode's shape: channels that fill each link (checked against the
+ * link's figures here), slots within the region budget, and for a given
+ * buffer no more than it can use. */
+static void test_device_shape(void **state) {
+  (void)state;
+  static const double link_rate[] = {450e9 * 0.85, 55e9 * 0.8}, chan[] = {25e9, 12e9},
+                      post[] = {2.5e-6, 3.5e-6};
+  size_t sizes[] = {1, 8, 4096, 65536, 1 << 20, 16 << 20, 256u << 20, (size_t)4 << 30};
+  for (int link = BRG__DLINK_NVLINK; link <= BRG__DLINK_PCIE; link++)
+    for (int n = 2; n <= 16; n *= 2)
+      for (int nslots = 2; nslots <= 16; nslots *= 2) {
+        brg__device_shape full = brg__model_device_shape(link, n, nslots, 0);
+        size_t slot = full.slot_bytes;
+        assert_true(slot >= 65536 && slot <= (1 << 20) && (slot & (slot - 1)) == 0);
+        assert_true((size_t)full.channels * (size_t)nslots * slot <= ((size_t)128 << 20));
+        /* enough channels, and one fewer would not do */
+        double per = (double)slot / ((double)slot / chan[link] + post[link]);
+        assert_true(full.channels * per >= link_rate[link] || full.channels == 32);
+        assert_true((full.channels - 1) * per < link_rate[link]);
+        /* the largest slot that fits: twice it would not */
+        if (slot < (1 << 20)) {
+          double per2 = (double)(2 * slot) / ((double)(2 * slot) / chan[link] + post[link]);
+          int ch2 = (int)ceil(link_rate[link] / per2);
+          assert_true((size_t)ch2 * (size_t)nslots * 2 * slot > ((size_t)128 << 20));
+        }
+        assert_non_null(strstr(full.why, brg__dlink_name(link)));
+        int last = 0;
+        for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
+          brg__device_shape b = brg__model_device_shape(link, n, nslots, sizes[s]);
+          size_t step = sizes[s] / (size_t)n;
+          assert_true(b.channels >= 1 && b.channels <= full.channels && b.channels >= last);
+          assert_true(b.channels == 1 || (size_t)b.channels * 8192 <= step);
+          assert_true(b.slot_bytes >= 65536 && b.slot_bytes <= slot);
+          size_t share = (step + (size_t)b.channels - 1) / (size_t)b.channels;
+          assert_true(b.slot_bytes == 65536 || b.slot_bytes / 2 < share);
+          assert_true(share <= b.slot_bytes || b.slot_bytes == slot);
+          last = b.channels;
+        }
+      }
+  /* NVLink takes more channels than PCIe; a host link and one rank, one */
+  assert_true(brg__model_device_shape(BRG__DLINK_NVLINK, 8, 8, 0).channels >
+              brg__model_device_shape(BRG__DLINK_PCIE, 8, 8, 0).channels);
+  brg__device_shape h = brg__model_device_shape(BRG__DLINK_HOST, 8, 8, 0);
+  assert_int_equal(h.channels, 1);
+  assert_int_equal(h.slot_bytes, 0);
+  h = brg__model_device_shape(BRG__DLINK_NVLINK, 1, 8, 1 << 20);
+  assert_int_equal(h.channels, 1);
+  /* H200 NVLink, 8 slots: what bench/model prints */
+  brg__device_shape nv = brg__model_device_shape(BRG__DLINK_NVLINK, 8, 8, 0);
+  assert_int_equal(nv.channels, 18);
+  assert_int_equal(nv.slot_bytes, 512 * 1024);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_auto_is_fastest),
       cmocka_unit_test(test_known_cases),
       cmocka_unit_test(test_uneven_hier),
+      cmocka_unit_test(test_device_shape),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
