@@ -162,6 +162,12 @@ static brg_status run_issued(brg_comm *comm, brg__coll *k) {
 
 /* Queues a checked host collective on the caller's request. */
 static brg_status issue(brg_comm *comm, const char *fn, const brg__coll *k, brg_request *request) {
+  if (k->staged)
+    return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT,
+                           "%s: the buffers are GPU memory: the non-blocking form takes host "
+                           "buffers (the blocking form takes GPU buffers, staged through host "
+                           "memory)",
+                           fn);
   if (k->device)
     return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT,
                            "%s: the buffers are GPU memory: device collectives are asynchronous "

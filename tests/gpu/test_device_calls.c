@@ -159,7 +159,9 @@ int main(void) {
                     brg_gather(host_a, host_b, 64, BRG_FLOAT32, 0, c, st), BRG_ERR_INVALID_ARGUMENT,
                     "host memory");
       expect_status(c, "brg_igather(device)", brg_igather(da, db, 64, BRG_FLOAT32, 0, c, &rq),
-                    BRG_ERR_INVALID_ARGUMENT, "brg_igather: the buffers are GPU memory");
+                    BRG_ERR_INVALID_ARGUMENT,
+                    "brg_igather: the buffers are GPU memory: the non-blocking form takes host "
+                    "buffers (the blocking form takes GPU buffers, staged through host memory)");
       if (api->drv.capture_begin(st, 1) == 0) {
         expect_status(c, "brg_scatter(device, capturing)",
                       brg_scatter(db, da, 64, BRG_FLOAT32, 0, c, st), BRG_ERR_INVALID_USAGE,
