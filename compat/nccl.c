@@ -46,7 +46,10 @@
  *  - ncclCommShrink makes a new communicator of the ranks kept, whose id
  *    the lowest of them sends the others on the parent's point-to-point
  *    links (the excluded ranks do not take part);
- *  - calls brigade does not have (gather, scatter, revoke, float8,
+ *  - ncclGather and ncclScatter are brg_gather and brg_scatter: on device
+ *    buffers staged through host memory by the calling thread, which waits
+ *    for the stream and blocks until the result is in place;
+ *  - calls brigade does not have (revoke, float8,
  *    sends and receives in a CUDA graph capture, simulating a group that
  *    holds operations)
  *    return ncclInvalidUsage (ncclInvalidArgument for a float8 type), and
@@ -1541,21 +1544,30 @@ EXPORT ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t co
   return r != ncclSuccess ? r : r2;
 }
 
-/* ---- what brigade does not have -------------------------------------- */
-
+/* ncclGather and ncclScatter: brigade's gather and scatter (on GPU
+ * buffers staged through host memory by the calling thread, which waits
+ * for the stream: the call returns with the result in place). */
 EXPORT ncclResult_t ncclGather(const void *sendbuff, void *recvbuff, size_t count,
                                ncclDataType_t datatype, int root, ncclComm_t comm,
                                cudaStream_t stream) {
-  (void)sendbuff, (void)recvbuff, (void)count, (void)datatype, (void)root, (void)comm, (void)stream;
-  return unsupported("ncclGather", "gather");
+  brg_dtype dt;
+  ncclResult_t r;
+  if (!prologue(comm, datatype, &dt, "ncclGather", &r)) return r;
+  return check(comm, brg_gather(sendbuff, recvbuff, count, dt, root, comm->c, stream),
+               "ncclGather");
 }
 
 EXPORT ncclResult_t ncclScatter(const void *sendbuff, void *recvbuff, size_t count,
                                 ncclDataType_t datatype, int root, ncclComm_t comm,
                                 cudaStream_t stream) {
-  (void)sendbuff, (void)recvbuff, (void)count, (void)datatype, (void)root, (void)comm, (void)stream;
-  return unsupported("ncclScatter", "scatter");
+  brg_dtype dt;
+  ncclResult_t r;
+  if (!prologue(comm, datatype, &dt, "ncclScatter", &r)) return r;
+  return check(comm, brg_scatter(sendbuff, recvbuff, count, dt, root, comm->c, stream),
+               "ncclScatter");
 }
+
+/* ---- what brigade does not have -------------------------------------- */
 
 EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
                                   ncclConfig_t *config) {

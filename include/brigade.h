@@ -331,10 +331,17 @@ brg_status brg_request_source(const brg_request *request, int *source);
  * is its own block of sendbuf.
  *
  * Each block goes straight between the root and its rank (one step; the
- * root's link carries N - 1 blocks, as a ring's would). Host buffers only:
- * stream must be NULL. The non-blocking forms queue the call as the other
- * collectives' do (brg_test, brg_wait). A rank that differs in count,
- * dtype or root fails with BRG_ERR_MISMATCH.
+ * root's link carries N - 1 blocks, as a ring's would). Host buffers take
+ * stream NULL. GPU buffers (blocking forms only; stream NULL is the legacy
+ * default stream) are staged through host memory by the calling thread:
+ * it waits for the stream, copies the send buffer to the host, moves the
+ * blocks as for host buffers, and has copied the result into recvbuf when
+ * it returns (so the call blocks, and cannot be captured in a CUDA graph:
+ * BRG_ERR_INVALID_USAGE). Each rank's buffers are its own choice: ranks
+ * with host and with GPU buffers may meet in one call. The non-blocking
+ * forms take host buffers and queue the call as the other collectives' do
+ * (brg_test, brg_wait). A rank that differs in count, dtype or root fails
+ * with BRG_ERR_MISMATCH.
  */
 brg_status brg_gather(const void *sendbuf, void *recvbuf, size_t sendcount, brg_dtype dtype,
                       int root, brg_comm *comm, brg_stream stream);

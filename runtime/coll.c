@@ -45,7 +45,22 @@ static brg_status check_call(brg_comm *c, const char *fn, const void *sendbuf, c
   s = brg__device_classify(c, fn, sendbuf, recvbuf, stream, &k->device, &k->gpu);
   if (s != BRG_SUCCESS) return s;
   k->stream = stream;
-  if (k->device && (s = brg__device_capture_check(c, fn, k)) != BRG_SUCCESS) return s;
+  if (k->device && k->staged) {
+    /* Staged through host memory by the calling thread, which waits for
+     * the stream: nothing a CUDA graph can hold. */
+    const brg__cuda_api *api = brg__device_api(NULL);
+    int capturing = 0;
+    if (api->drv.stream_capturing(stream, &capturing) != 0) capturing = 0;
+    api->drv.last_error(); /* a query that failed leaves no error behind */
+    if (capturing)
+      return brg__comm_error(c, BRG_ERR_INVALID_USAGE,
+                             "%s: stream %p is capturing a CUDA graph, but %s on GPU buffers is "
+                             "staged through host memory by the calling thread, which a graph "
+                             "cannot hold: call it outside the capture",
+                             fn, stream, brg__coll_name(k->kind));
+  } else if (k->device && (s = brg__device_capture_check(c, fn, k)) != BRG_SUCCESS) {
+    return s;
+  }
   if (send_elems && recv_elems && sendbuf != recvbuf) {
     const char *a = sendbuf, *b = recvbuf;
     size_t sa = send_elems * esize, sb = recv_elems * esize;
@@ -63,8 +78,10 @@ static brg_status check_call(brg_comm *c, const char *fn, const void *sendbuf, c
    * be shared by threads, or the progress thread): read atomically. */
   brg_status broken = __atomic_load_n(&c->broken, __ATOMIC_ACQUIRE);
   if (broken != BRG_SUCCESS) return broken;
-  /* Kernel mode's links between hosts, before the device setup that uses them. */
-  if (k->device && c->devnet_state == 0 && !__atomic_load_n(&c->dev, __ATOMIC_ACQUIRE))
+  /* Kernel mode's links between hosts, before the device setup that uses
+   * them (a staged collective uses neither). */
+  if (k->device && !k->staged && c->devnet_state == 0 &&
+      !__atomic_load_n(&c->dev, __ATOMIC_ACQUIRE))
     return devnet_all(c);
   return BRG_SUCCESS;
 }
@@ -145,6 +162,12 @@ static brg_status run_issued(brg_comm *comm, brg__coll *k) {
 
 /* Queues a checked host collective on the caller's request. */
 static brg_status issue(brg_comm *comm, const char *fn, const brg__coll *k, brg_request *request) {
+  if (k->staged)
+    return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT,
+                           "%s: the buffers are GPU memory: the non-blocking form takes host "
+                           "buffers (the blocking form takes GPU buffers, staged through host "
+                           "memory)",
+                           fn);
   if (k->device)
     return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT,
                            "%s: the buffers are GPU memory: device collectives are asynchronous "
@@ -221,7 +244,10 @@ brg_status brg_all_to_all(const void *sendbuf, void *recvbuf, size_t count, brg_
 }
 
 /* gather and scatter (rooted.c): the root's side holds N blocks, the
- * other ranks' one; host buffers only. */
+ * other ranks' one. Host buffers with stream NULL, or GPU buffers (with a
+ * stream, or NULL for the legacy default stream) in the blocking forms,
+ * staged through host memory; each rank chooses for itself, so ranks with
+ * host buffers and ranks with GPU buffers may meet in one call. */
 static brg_status prep_rooted(const char *fn, brg__coll_kind kind, const void *sendbuf,
                               void *recvbuf, size_t count, brg_dtype dtype, int root,
                               brg_comm *comm, brg_stream stream, brg__coll *k) {
@@ -230,9 +256,6 @@ static brg_status prep_rooted(const char *fn, brg__coll_kind kind, const void *s
   if (root < 0 || root >= comm->nranks)
     return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT, "%s: root %d is not in [0, %d)", fn,
                            root, comm->nranks);
-  if (stream)
-    return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT,
-                           "%s: host buffers only: stream must be NULL", fn);
   size_t n = (size_t)comm->nranks;
   int is_root = comm->rank == root, gather = kind == BRG__COLL_GATHER;
   if (gather && !is_root) recvbuf = NULL;
@@ -240,12 +263,10 @@ static brg_status prep_rooted(const char *fn, brg__coll_kind kind, const void *s
   size_t send_elems = gather ? count : is_root ? count * n : 0;
   size_t recv_elems = !gather ? count : is_root ? count * n : 0;
   *k = COLL(kind, sendbuf, recvbuf, count, dtype, BRG_SUM, root);
+  k->staged = 1; /* if the buffers are GPU memory */
   s = check_call(comm, fn, sendbuf, recvbuf, count, send_elems, recv_elems, dtype, 0, BRG_SUM, root,
-                 NULL, k);
-  if (s == BRG_SUCCESS && k->device)
-    s = brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT,
-                        "%s: the buffers are GPU memory: %s takes host buffers only", fn,
-                        gather ? "gather" : "scatter");
+                 stream, k);
+  if (s == BRG_SUCCESS && !k->device) k->staged = 0;
   return s;
 }
 
@@ -254,7 +275,8 @@ brg_status brg_gather(const void *sendbuf, void *recvbuf, size_t sendcount, brg_
   brg__coll k;
   brg_status s = prep_rooted("brg_gather", BRG__COLL_GATHER, sendbuf, recvbuf, sendcount, dtype,
                              root, comm, stream, &k);
-  return s != BRG_SUCCESS ? s : run_issued(comm, &k);
+  if (s != BRG_SUCCESS) return s;
+  return k.staged ? brg__rooted_staged(comm, &k) : run_issued(comm, &k);
 }
 
 brg_status brg_scatter(const void *sendbuf, void *recvbuf, size_t recvcount, brg_dtype dtype,
@@ -262,7 +284,8 @@ brg_status brg_scatter(const void *sendbuf, void *recvbuf, size_t recvcount, brg
   brg__coll k;
   brg_status s = prep_rooted("brg_scatter", BRG__COLL_SCATTER, sendbuf, recvbuf, recvcount, dtype,
                              root, comm, stream, &k);
-  return s != BRG_SUCCESS ? s : run_issued(comm, &k);
+  if (s != BRG_SUCCESS) return s;
+  return k.staged ? brg__rooted_staged(comm, &k) : run_issued(comm, &k);
 }
 
 brg_status brg_igather(const void *sendbuf, void *recvbuf, size_t sendcount, brg_dtype dtype,

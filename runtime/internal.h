@@ -34,6 +34,7 @@ typedef struct brg__coll {
   unsigned char whole : 1;
   unsigned char captured : 1;   /* issued on a stream capturing a CUDA graph (kernel mode) */
   unsigned char setup_only : 1; /* brg_comm_device_setup: the device setup, no collective */
+  unsigned char staged : 1;     /* gather/scatter on GPU buffers, through host memory (rooted.c) */
   unsigned char lat;            /* BRG__ALGO_TREE or _RHD: an allreduce lat.c runs; 0: none */
   /* What runs it, chosen as it is issued (hier.c's brg__hier_prepare, then
    * rings.c's brg__rings_choose): brg__hier_run, brg__lat_run or
@@ -482,6 +483,11 @@ brg_status brg__lat_run(brg_comm *c, brg__coll *k);
 /* rooted.c: gather and scatter on the point-to-point links, run by
  * ring.c's engine in issue order. */
 brg_status brg__rooted_run(brg_comm *c, const brg__coll *k);
+/* gather or scatter on GPU buffers (k->device, k->staged), blocking: waits
+ * for k->stream, copies the GPU send buffer to host memory, runs the host
+ * collective on host copies through the progress layer, and copies the
+ * result back to the GPU receive buffer before it returns. */
+brg_status brg__rooted_staged(brg_comm *c, brg__coll *k);
 
 /* ring.c: runs one collective to completion on the calling thread; a
  * device collective needs the device ring (progress.c builds it). */

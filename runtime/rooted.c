@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device.h"
 #include "internal.h"
 #include "kernels.h"
 
@@ -88,4 +89,57 @@ brg_status brg__rooted_run(brg_comm *c, const brg__coll *k) {
                     .chan = BRG__P2P_A2A};
   brg_status s = brg__p2p_post(c, &op);
   return s != BRG_SUCCESS ? s : brg__p2p_wait(c, fn, &op);
+}
+
+/* gather and scatter on GPU buffers: the blocks travel as the host
+ * collective's do, between host copies of the GPU buffers. The caller's
+ * stream is waited for first (its work may still write the send buffer or
+ * read the receive buffer), and the module's copies are synchronous, so the
+ * receive buffer holds the result when the call returns and any later work
+ * on any stream sees it. Only the buffers a rank passes are copied: the
+ * root's N blocks, the other ranks' one. */
+brg_status brg__rooted_staged(brg_comm *c, brg__coll *k) {
+  const brg__cuda_api *api = brg__device_api(NULL);
+  int gather = k->kind == BRG__COLL_GATHER;
+  const char *fn = gather ? "brg_gather" : "brg_scatter";
+  size_t bytes = k->count * brg_dtype_size(k->dtype), n = (size_t)c->nranks;
+  size_t sbytes = !k->sendbuf ? 0 : gather ? bytes : bytes * n;
+  size_t rbytes = !k->recvbuf ? 0 : gather ? bytes * n : bytes;
+  int prev = -1;
+  brg_status s = brg__device_enter(c, k->gpu, &prev);
+  if (s != BRG_SUCCESS) return s;
+  brg__coll h = *k;
+  h.device = 0;
+  h.staged = 0;
+  h.stream = NULL;
+  h.sendbuf = k->sendbuf ? malloc(sbytes ? sbytes : 1) : NULL;
+  h.recvbuf = k->recvbuf ? malloc(rbytes ? rbytes : 1) : NULL;
+  if ((k->sendbuf && !h.sendbuf) || (k->recvbuf && !h.recvbuf)) {
+    s = brg__comm_error(c, BRG_ERR_NO_MEMORY, "%s: out of memory for %zu bytes of host staging", fn,
+                        sbytes + rbytes);
+    goto out;
+  }
+  const char *what = "waiting for the stream";
+  int e = api->drv.stream_sync(k->stream);
+  if (!e && sbytes) {
+    what = "copying the GPU send buffer to host memory";
+    e = api->drv.mem_copy((void *)h.sendbuf, k->sendbuf, sbytes);
+  }
+  if (e) {
+    s = brg__comm_error(c, BRG_ERR_SYSTEM, "%s: %s (stream %p) failed: %s", fn, what, k->stream,
+                        api->drv.error_string(e));
+    goto out;
+  }
+  brg__rings_choose(c, &h);
+  s = brg__progress_run(c, &h);
+  if (s == BRG_SUCCESS && rbytes && (e = api->drv.mem_copy(k->recvbuf, h.recvbuf, rbytes)) != 0)
+    s = brg__comm_error(c, BRG_ERR_SYSTEM,
+                        "%s: copying the result from host memory to the GPU receive buffer "
+                        "failed: %s",
+                        fn, api->drv.error_string(e));
+out:
+  free((void *)h.sendbuf);
+  free(h.recvbuf);
+  brg__device_leave(prev);
+  return s;
 }

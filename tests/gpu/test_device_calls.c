@@ -9,7 +9,9 @@
  *   stream, or with stream NULL on the legacy default stream (as NCCL takes
  *   stream 0); buffers on two GPUs are BRG_ERR_INVALID_ARGUMENT, and a
  *   communicator used on a second GPU is BRG_ERR_INVALID_USAGE naming both
- *   (with two GPUs, which the emulated module has).
+ *   (with two GPUs, which the emulated module has); gather and scatter on
+ *   device buffers have their result in place when they return, and refuse
+ *   a stream that captures a graph.
  *
  * This test runs everywhere (it never skips); with BRIGADE_CUDA_MODULE
  * naming the emulated module it takes the GPU branch without a GPU.
@@ -133,6 +135,43 @@ int main(void) {
       expect_status(c, "brg_ireduce(host send, device recv)",
                     brg_ireduce(host_a, db, 64, BRG_FLOAT32, BRG_SUM, 0, c, &rq),
                     BRG_ERR_INVALID_ARGUMENT, "host memory");
+
+      /* gather and scatter on GPU buffers, staged through host memory: the
+       * result is in place when the call returns (one rank: its block). A
+       * stream that captures a graph, and the non-blocking forms, refuse. */
+      for (int i = 0; i < 64; i++) host_a[i] = (float)(5 * i + 1);
+      api->drv.mem_copy(da, host_a, sizeof host_a);
+      api->drv.mem_set(db, 0, sizeof host_b);
+      expect_status(c, "brg_gather(device, stream)", brg_gather(da, db, 64, BRG_FLOAT32, 0, c, st),
+                    BRG_SUCCESS, NULL);
+      memset(host_b, 0, sizeof host_b);
+      api->drv.mem_copy(host_b, db, sizeof host_b);
+      for (int i = 0; i < 64; i++)
+        EXPECT(host_b[i] == (float)(5 * i + 1), "device gather element %d", i);
+      api->drv.mem_set(da, 0, sizeof host_a);
+      expect_status(c, "brg_scatter(device, stream 0)",
+                    brg_scatter(db, da, 64, BRG_FLOAT32, 0, c, NULL), BRG_SUCCESS, NULL);
+      memset(host_b, 0, sizeof host_b);
+      api->drv.mem_copy(host_b, da, sizeof host_b);
+      for (int i = 0; i < 64; i++)
+        EXPECT(host_b[i] == (float)(5 * i + 1), "device scatter element %d", i);
+      expect_status(c, "brg_gather(host, stream)",
+                    brg_gather(host_a, host_b, 64, BRG_FLOAT32, 0, c, st), BRG_ERR_INVALID_ARGUMENT,
+                    "host memory");
+      expect_status(c, "brg_igather(device)", brg_igather(da, db, 64, BRG_FLOAT32, 0, c, &rq),
+                    BRG_ERR_INVALID_ARGUMENT,
+                    "brg_igather: the buffers are GPU memory: the non-blocking form takes host "
+                    "buffers (the blocking form takes GPU buffers, staged through host memory)");
+      if (api->drv.capture_begin(st, 1) == 0) {
+        expect_status(c, "brg_scatter(device, capturing)",
+                      brg_scatter(db, da, 64, BRG_FLOAT32, 0, c, st), BRG_ERR_INVALID_USAGE,
+                      "staged through host memory by the calling thread");
+        void *graph = NULL;
+        EXPECT(api->drv.capture_end(st, &graph) == 0, "capture_end");
+        if (graph) api->drv.graph_destroy(graph);
+      } else {
+        EXPECT(0, "capture_begin failed");
+      }
 
       /* A second GPU: buffers split across two GPUs, then a communicator
        * that has run on GPU 0 given buffers on GPU 1. */

@@ -614,9 +614,6 @@ static void do_broadcast(run *R, const dinfo *di, size_t count, int inplace, int
     check_pattern("broadcast changed the root's sendbuf", di, s, count, R->own, P, 0, 1);
 }
 
-/* gather and scatter take host buffers only, also in device mode. */
-#define HOST_CALL(R, BLOCKING, NB) ((R)->nb ? nb_finish(R, (NB)) : (BLOCKING))
-
 /* sendcount per rank; in place means the root's sendbuf = recvbuf + root *
  * sendcount. The other ranks pass recvbuf NULL. */
 static void do_gather(run *R, const dinfo *di, size_t sc, int inplace, int root) {
@@ -634,7 +631,8 @@ static void do_gather(run *R, const dinfo *di, size_t sc, int inplace, int root)
   fill_pattern(s, sc, esz, mine, P, 0);
   if (is_root) set_guards(r, total * esz);
   if (!call_ok(R, what,
-               HOST_CALL(R, brg_gather(s, r, sc, di->dt, root, R->comm, NULL),
+               COLL_CALL(R, sc * esz, total * esz,
+                         brg_gather(D(s), D(r), sc, di->dt, root, R->comm, R->stream),
                          brg_igather(s, r, sc, di->dt, root, R->comm, &R->req))))
     return;
   if (!is_root) {
@@ -669,7 +667,8 @@ static void do_scatter(run *R, const dinfo *di, size_t rc, int inplace, int root
     set_guards(r, rc * esz);
   }
   if (!call_ok(R, what,
-               HOST_CALL(R, brg_scatter(s, r, rc, di->dt, root, R->comm, NULL),
+               COLL_CALL(R, total * esz, rc * esz,
+                         brg_scatter(D(s), D(r), rc, di->dt, root, R->comm, R->stream),
                          brg_iscatter(s, r, rc, di->dt, root, R->comm, &R->req))))
     return;
   check_pattern(what, di, r, rc, mine, P, 0, 1);
@@ -1503,9 +1502,10 @@ int main(int argc, char **argv) {
   }
   int device = getenv("MP_DEVICE") && atoi(getenv("MP_DEVICE"));
   if (device) {
-    /* Only the copy and reduce collectives take GPU buffers. */
-    static const char *const dev_parts[] = {"allreduce", "reduce_scatter", "all_gather",
-                                            "broadcast", "reduce"};
+    /* The collectives that take GPU buffers (gather and scatter, staged
+     * through host memory, only when named). */
+    static const char *const dev_parts[] = {
+        "allreduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "gather", "scatter"};
     for (size_t p = 0; p < NPARTS; p++) {
       int ok = 0;
       for (size_t q = 0; q < sizeof dev_parts / sizeof *dev_parts; q++)

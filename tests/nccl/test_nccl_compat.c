@@ -10,7 +10,8 @@
  *                              op, counts 0, 1, 7, 4099, 65537, in place and
  *                              out of place, every element checked;
  *                              ncclSend/ncclRecv (grouped and not) and
- *                              ncclAlltoAll; then the calls brigade lacks
+ *                              ncclAlltoAll; ncclGather and ncclScatter
+ *                              from every root; then the calls brigade lacks
  *                              and bad arguments
  *   test_nccl_compat all N     ncclCommInitAll: N communicators in this
  *                              process, one per device, driven from one
@@ -637,6 +638,37 @@ static void newer_calls(ncclComm_t comm, int rank, int n, bufs *b) {
   }
 }
 
+/* ncclGather and ncclScatter: every root, dtype and count; block j of the
+ * gathered buffer is rank j's, rank j gets block j of the root's. */
+static void rooted(ncclComm_t comm, int rank, int n, bufs *b) {
+  char *h = b->host, what[160];
+  for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
+    size_t cnt = counts[ci];
+    for (int t = 0; t < (int)(sizeof types / sizeof types[0]); t++) {
+      size_t es = type_bytes[t];
+      for (int root = 0; root < n; root++) {
+        fill_p2p(h, t, cnt, rank, root);
+        to_dev(b->dsend, h, cnt * es);
+        NCCL_OK(ncclGather(b->dsend, b->drecv, cnt, types[t], root, comm, b->stream));
+        if (rank == root) {
+          from_dev(h, b->drecv, cnt * (size_t)n * es);
+          p2p_want w = {-1, root, cnt};
+          snprintf(what, sizeof what, "ncclGather root %d count %zu", root, cnt);
+          check_elems(what, t, h, cnt * (size_t)n, want_p2p, &w);
+        }
+        for (int j = 0; rank == root && j < n; j++)
+          fill_p2p(h + (size_t)j * cnt * es, t, cnt, root, j);
+        if (rank == root) to_dev(b->dsend, h, cnt * (size_t)n * es);
+        NCCL_OK(ncclScatter(b->dsend, b->drecv, cnt, types[t], root, comm, b->stream));
+        from_dev(h, b->drecv, cnt * es);
+        p2p_want w = {root, rank, 0};
+        snprintf(what, sizeof what, "ncclScatter root %d count %zu", root, cnt);
+        check_elems(what, t, h, cnt, want_p2p, &w);
+      }
+    }
+  }
+}
+
 static void alloc_bufs(bufs *b, int n) {
   b->bytes = counts[sizeof counts / sizeof counts[0] - 1] * 8 * (size_t)n;
   NCCL_OK(ncclMemAlloc(&b->dsend, b->bytes));
@@ -672,6 +704,7 @@ static int rank_main(int rank, int n, const ncclUniqueId *id) {
   alloc_bufs(&b, n);
   collectives(comm, rank, n, &b);
   p2p(comm, rank, n, &b);
+  rooted(comm, rank, n, &b);
   refusals(comm, &b);
   p2p_async(comm, rank, n, &b);
   premul_sum(comm, rank, n, &b);

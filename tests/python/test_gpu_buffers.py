@@ -189,6 +189,48 @@ def body_device(comm):
                 check("device reduce", dt, d.host(),
                       expect(dt, n, count, "sum") if r == root else decoded(dt, before),
                       "sum" if r == root else "none", n)
+    # gather and scatter (staged through host memory): every root, odd
+    # counts, the interface's stream; the other ranks' output or input unused
+    for dt in ("float64", "int32"):
+        for count in (1, 1001):
+            for root in range(n):
+                a = dev_array(make(dt, values(r, count, "sum")), stream=s1)
+                o = dev_array(np.zeros(count * n, dtype=a.dtype), stream=s1) if r == root else None
+                got = comm.gather(a, root=root, out=o)
+                assert got is o
+                if r == root:
+                    want = np.concatenate([make(dt, values(k, count, "sum")) for k in range(n)])
+                    check("device gather", dt, o.host(), want, "none", n)
+                ins = dev_array(np.concatenate([make(dt, values(k + 7, count, "sum"))
+                                                for k in range(n)]), stream=s2) if r == root else None
+                o = dev_array(np.zeros(count, dtype=a.dtype), stream=s2)
+                assert comm.scatter(ins, root=root, out=o) is o
+                check("device scatter", dt, o.host(), make(dt, values(r + 7, count, "sum")),
+                      "none", n)
+    # ranks mix host and GPU buffers in one gather and one scatter (each
+    # rank's buffers are its own choice): odd ranks GPU, even ranks NumPy
+    count = 33
+    for root in (0, 1):
+        mine = make("int32", values(r, count, "sum"))
+        a = dev_array(mine, stream=s1) if r % 2 else mine.copy()
+        o = None
+        if r == root:
+            z = np.zeros(count * n, np.int32)
+            o = dev_array(z, stream=s1) if r % 2 else z
+        comm.gather(a, root=root, out=o)
+        if r == root:
+            got = o.host() if r % 2 else o
+            want = np.concatenate([make("int32", values(k, count, "sum")) for k in range(n)])
+            check("mixed gather", "int32", got, want, "none", n)
+        ins = None
+        if r == root:
+            h = np.concatenate([make("int32", values(k + 3, count, "sum")) for k in range(n)])
+            ins = dev_array(h, stream=s2) if r % 2 else h
+        z = np.zeros(count, np.int32)
+        o = dev_array(z, stream=s2) if r % 2 else z
+        comm.scatter(ins, root=root, out=o)
+        check("mixed scatter", "int32", o.host() if r % 2 else o,
+              make("int32", values(r + 3, count, "sum")), "none", n)
     # what the device path refuses, with brigade's own sentence
     a = dev_array(np.ones(8, np.float32), stream=s1)
     with pytest.raises(brigade.Error) as e:
