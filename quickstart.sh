@@ -94,9 +94,10 @@ case "${1:-}" in
     # brigade-trace draws with matplotlib; the Python package's tests
     # (suite python) need pytest and NumPy; python3-torch (1.13, CPU) adds
     # the torch.distributed backend's tests; python3-mypy checks the package
-    # with mypy --strict (python-mypy).
+    # with mypy --strict (python-mypy); python3-venv holds the wheel-install
+    # check's fresh environment.
     need_pkgs "${base_pkgs[@]}" libibverbs-dev g++ iproute2 clang-format python3-matplotlib \
-      python3-pytest python3-numpy python3-torch python3-mypy clang libclang-rt-14-dev
+      python3-pytest python3-numpy python3-torch python3-mypy python3-venv clang libclang-rt-14-dev
     check_format
     phase_start=$SECONDS
     [ -d build-test ] || meson setup build-test --buildtype=debugoptimized --werror
