@@ -160,6 +160,58 @@ static brg_status run_issued(brg_comm *comm, brg__coll *k) {
   return brg__progress_run(comm, k);
 }
 
+/* gather and scatter on GPU buffers: the blocks travel as the host
+ * collective's do, between host copies of the GPU buffers. The caller's
+ * stream is waited for first (its work may still write the send buffer or
+ * read the receive buffer), and the module's copies are synchronous, so the
+ * receive buffer holds the result when the call returns and any later work
+ * on any stream sees it. Only the buffers a rank passes are copied: the
+ * root's N blocks, the other ranks' one. */
+static brg_status rooted_staged(brg_comm *c, brg__coll *k) {
+  const brg__cuda_api *api = brg__device_api(NULL);
+  int gather = k->kind == BRG__COLL_GATHER;
+  const char *fn = gather ? "brg_gather" : "brg_scatter";
+  size_t bytes = k->count * brg_dtype_size(k->dtype), n = (size_t)c->nranks;
+  size_t sbytes = !k->sendbuf ? 0 : gather ? bytes : bytes * n;
+  size_t rbytes = !k->recvbuf ? 0 : gather ? bytes * n : bytes;
+  int prev = -1;
+  brg_status s = brg__device_enter(c, k->gpu, &prev);
+  if (s != BRG_SUCCESS) return s;
+  brg__coll h = *k;
+  h.device = 0;
+  h.staged = 0;
+  h.stream = NULL;
+  h.sendbuf = k->sendbuf ? malloc(sbytes ? sbytes : 1) : NULL;
+  h.recvbuf = k->recvbuf ? malloc(rbytes ? rbytes : 1) : NULL;
+  if ((k->sendbuf && !h.sendbuf) || (k->recvbuf && !h.recvbuf)) {
+    s = brg__comm_error(c, BRG_ERR_NO_MEMORY, "%s: out of memory for %zu bytes of host staging", fn,
+                        sbytes + rbytes);
+    goto out;
+  }
+  const char *what = "waiting for the stream";
+  int e = api->drv.stream_sync(k->stream);
+  if (!e && sbytes) {
+    what = "copying the GPU send buffer to host memory";
+    e = api->drv.mem_copy((void *)h.sendbuf, k->sendbuf, sbytes);
+  }
+  if (e) {
+    s = brg__comm_error(c, BRG_ERR_SYSTEM, "%s: %s (stream %p) failed: %s", fn, what, k->stream,
+                        api->drv.error_string(e));
+    goto out;
+  }
+  s = run_issued(c, &h);
+  if (s == BRG_SUCCESS && rbytes && (e = api->drv.mem_copy(k->recvbuf, h.recvbuf, rbytes)) != 0)
+    s = brg__comm_error(c, BRG_ERR_SYSTEM,
+                        "%s: copying the result from host memory to the GPU receive buffer "
+                        "failed: %s",
+                        fn, api->drv.error_string(e));
+out:
+  free((void *)h.sendbuf);
+  free(h.recvbuf);
+  brg__device_leave(prev);
+  return s;
+}
+
 /* Queues a checked host collective on the caller's request. */
 static brg_status issue(brg_comm *comm, const char *fn, const brg__coll *k, brg_request *request) {
   if (k->staged)
@@ -276,7 +328,7 @@ brg_status brg_gather(const void *sendbuf, void *recvbuf, size_t sendcount, brg_
   brg_status s = prep_rooted("brg_gather", BRG__COLL_GATHER, sendbuf, recvbuf, sendcount, dtype,
                              root, comm, stream, &k);
   if (s != BRG_SUCCESS) return s;
-  return k.staged ? brg__rooted_staged(comm, &k) : run_issued(comm, &k);
+  return k.staged ? rooted_staged(comm, &k) : run_issued(comm, &k);
 }
 
 brg_status brg_scatter(const void *sendbuf, void *recvbuf, size_t recvcount, brg_dtype dtype,
@@ -285,7 +337,7 @@ brg_status brg_scatter(const void *sendbuf, void *recvbuf, size_t recvcount, brg
   brg_status s = prep_rooted("brg_scatter", BRG__COLL_SCATTER, sendbuf, recvbuf, recvcount, dtype,
                              root, comm, stream, &k);
   if (s != BRG_SUCCESS) return s;
-  return k.staged ? brg__rooted_staged(comm, &k) : run_issued(comm, &k);
+  return k.staged ? rooted_staged(comm, &k) : run_issued(comm, &k);
 }
 
 brg_status brg_igather(const void *sendbuf, void *recvbuf, size_t sendcount, brg_dtype dtype,

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "device_ring_int.h"
+#include "model.h"
 
 /* The region of one rank: per channel the control words and the slots. */
 static size_t kregion_bytes(const struct brg__dev_ring *d) {
@@ -180,6 +181,48 @@ const char *brg__dev_kernel_refused(const brg_comm *c, const dev_blob *all, int 
   return NULL;
 }
 
+/* Kernel mode's channels and slots. BRIGADE_DEVICE_CHANNELS (when not 0)
+ * and BRIGADE_SLICE_BYTES (when set) decide; else the model
+ * (brg__model_device_shape), for the links every rank sees alike here:
+ * staged ones (the host link bounds the ring: one channel, in the host
+ * link's slots), or GPU to GPU, which setup does not yet tell apart by
+ * NVLink or PCIe and sizes for NVLink (on PCIe the extra channels cost
+ * memory, not time). Channels stay within the kernel's limit and
+ * BRIGADE_DEVICE_BLOCKS. */
+static void kernel_shape(brg_comm *c, struct brg__dev_ring *d, int staged) {
+  int link = staged ? BRG__DLINK_HOST : BRG__DLINK_NVLINK;
+  brg__device_shape m = brg__model_device_shape(link, c->nranks, d->nslots, 0);
+  int blocks = (int)brg__device_int(BRG__DEVICE_BLOCKS);
+  int set_ch = (int)brg__device_int(BRG__DEVICE_CHANNELS);
+  int set_slot = brg__config_is_set(&brg__core_config, BRG__CORE_SLICE_BYTES);
+  const char *ch_from = set_ch ? "BRIGADE_DEVICE_CHANNELS" : "the model";
+  d->kchannels = set_ch ? set_ch : m.channels;
+  if (!set_ch && d->kchannels > blocks) {
+    d->kchannels = blocks;
+    ch_from = "the model, within BRIGADE_DEVICE_BLOCKS";
+  }
+  if (d->kchannels > BRG__RK_MAX_CHANNELS) {
+    d->kchannels = BRG__RK_MAX_CHANNELS;
+    ch_from = set_ch ? "BRIGADE_DEVICE_CHANNELS, within the kernel's limit"
+                     : "the model, within the kernel's limit";
+  }
+  if (staged) {
+    d->kchannels = 1;
+    ch_from = "a staged link: one";
+  }
+  /* a slot of a staged link carries one of the host link's whole */
+  d->kslot =
+      staged || set_slot || !m.slot_bytes ? brg__slice_bytes(c, BRG__SLICE_KERNEL) : m.slot_bytes;
+  BRG__INFO("init",
+            "device ring: kernel mode's shape, if it runs: %d channels (%s) with %zu-byte slots "
+            "(%s); the model for %s links of %d ranks: %s",
+            d->kchannels, ch_from, d->kslot,
+            staged     ? "the host link's slot"
+            : set_slot ? "BRIGADE_SLICE_BYTES"
+                       : "the model",
+            brg__dlink_name(link), c->nranks, m.why);
+}
+
 /* Kernel mode's sizes: channels, slots and the layout of a region's
  * channel (KMETA). With staged links, one channel: channels sharing the
  * proxy's link could block each other across launches (a launch's slots
@@ -187,7 +230,7 @@ const char *brg__dev_kernel_refused(const brg_comm *c, const dev_blob *all, int 
  * not the channel count, bounds such a ring. Every rank sees `staged`
  * alike. */
 void brg__dev_kernel_sizes(brg_comm *c, struct brg__dev_ring *d, int staged) {
-  brg__dev_kernel_shape(c, d, staged);
+  kernel_shape(c, d, staged);
   d->kctrl = (KMETA + (size_t)d->nslots * sizeof(brg__rk_meta) +
               BRG__RK_HDRS * sizeof(brg__rk_hdr) + 255) &
              ~(size_t)255;

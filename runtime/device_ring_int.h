@@ -279,9 +279,6 @@ brg_status brg__dev_step_finish(brg_comm *c, struct brg__dev_ring *d, const dev_
 void brg__dev_step_unused(struct brg__dev_ring *d);
 
 /* ---- kernel mode (device_kernel.c, device_watch.c) ---- */
-/* Its channels and slot bytes (d->kchannels, d->kslot): the settings where
- * set, else the model's choice for the links (device_setup.c), at INFO. */
-void brg__dev_kernel_shape(brg_comm *c, struct brg__dev_ring *d, int staged);
 void brg__dev_kernel_sizes(brg_comm *c, struct brg__dev_ring *d, int staged);
 /* Bytes up to which a one-shot allreduce among nranks takes the LL form,
  * for a one-shot path of up to oneshot_bytes (0: none). */

@@ -12,7 +12,6 @@
 #include <unistd.h>
 
 #include "device_ring_int.h"
-#include "model.h"
 
 static void ring_release(struct brg__dev_ring *d);
 
@@ -104,48 +103,6 @@ static brg_status prepare_links(brg_comm *c, struct brg__dev_ring *d) {
   d->recv_piece = d->recv_staged ? c->slice_bytes : d->slice_bytes;
   d->gdr_stride = c->slice_bytes + SLOT_SHIFT_ROOM;
   return BRG_SUCCESS;
-}
-
-/* Kernel mode's channels and slots. BRIGADE_DEVICE_CHANNELS (when not 0)
- * and BRIGADE_SLICE_BYTES (when set) decide; else the model
- * (brg__model_device_shape), for the links every rank sees alike here:
- * staged ones (the host link bounds the ring: one channel, in the host
- * link's slots), or GPU to GPU, which setup does not yet tell apart by
- * NVLink or PCIe and sizes for NVLink (on PCIe the extra channels cost
- * memory, not time). Channels stay within the kernel's limit and
- * BRIGADE_DEVICE_BLOCKS. */
-void brg__dev_kernel_shape(brg_comm *c, struct brg__dev_ring *d, int staged) {
-  int link = staged ? BRG__DLINK_HOST : BRG__DLINK_NVLINK;
-  brg__device_shape m = brg__model_device_shape(link, c->nranks, d->nslots, 0);
-  int blocks = (int)brg__device_int(BRG__DEVICE_BLOCKS);
-  int set_ch = (int)brg__device_int(BRG__DEVICE_CHANNELS);
-  int set_slot = brg__config_is_set(&brg__core_config, BRG__CORE_SLICE_BYTES);
-  const char *ch_from = set_ch ? "BRIGADE_DEVICE_CHANNELS" : "the model";
-  d->kchannels = set_ch ? set_ch : m.channels;
-  if (!set_ch && d->kchannels > blocks) {
-    d->kchannels = blocks;
-    ch_from = "the model, within BRIGADE_DEVICE_BLOCKS";
-  }
-  if (d->kchannels > BRG__RK_MAX_CHANNELS) {
-    d->kchannels = BRG__RK_MAX_CHANNELS;
-    ch_from = set_ch ? "BRIGADE_DEVICE_CHANNELS, within the kernel's limit"
-                     : "the model, within the kernel's limit";
-  }
-  if (staged) {
-    d->kchannels = 1;
-    ch_from = "a staged link: one";
-  }
-  /* a slot of a staged link carries one of the host link's whole */
-  d->kslot =
-      staged || set_slot || !m.slot_bytes ? brg__slice_bytes(c, BRG__SLICE_KERNEL) : m.slot_bytes;
-  BRG__INFO("init",
-            "device ring: kernel mode's shape, if it runs: %d channels (%s) with %zu-byte slots "
-            "(%s); the model for %s links of %d ranks: %s",
-            d->kchannels, ch_from, d->kslot,
-            staged     ? "the host link's slot"
-            : set_slot ? "BRIGADE_SLICE_BYTES"
-                       : "the model",
-            brg__dlink_name(link), c->nranks, m.why);
 }
 
 /* Asynchronous mode (BRIGADE_DEVICE_PROXY), the requested mode

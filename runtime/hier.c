@@ -139,7 +139,11 @@ static brg_status pieces_agree(brg_comm *c, brg_comm *const *comms, int *lo, int
   int64_t v = brg__core_int(BRG__CORE_HIER_PIECES), m[2] = {v, -v};
   for (int i = 0; i < 4; i++) {
     if (!comms[i]) continue;
-    brg_status s = brg_allreduce(m, m, 2, BRG_INT64, BRG_MAX, comms[i], NULL);
+    brg__coll a = {.kind = BRG__COLL_ALLREDUCE, .sendbuf = m, .recvbuf = m, .count = 2};
+    a.dtype = BRG_INT64;
+    a.op = BRG_MAX;
+    a.root = -1;
+    brg_status s = brg__progress_run(comms[i], &a);
     if (s != BRG_SUCCESS)
       return brg__comm_error(c, s, "allreduce: comparing BRIGADE_HIER_PIECES across ranks: %s",
                              brg_comm_last_error(comms[i]));

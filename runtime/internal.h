@@ -483,11 +483,6 @@ brg_status brg__lat_run(brg_comm *c, brg__coll *k);
 /* rooted.c: gather and scatter on the point-to-point links, run by
  * ring.c's engine in issue order. */
 brg_status brg__rooted_run(brg_comm *c, const brg__coll *k);
-/* gather or scatter on GPU buffers (k->device, k->staged), blocking: waits
- * for k->stream, copies the GPU send buffer to host memory, runs the host
- * collective on host copies through the progress layer, and copies the
- * result back to the GPU receive buffer before it returns. */
-brg_status brg__rooted_staged(brg_comm *c, brg__coll *k);
 
 /* ring.c: runs one collective to completion on the calling thread; a
  * device collective needs the device ring (progress.c builds it). */
