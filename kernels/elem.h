@@ -40,13 +40,7 @@
 #include <cuda_fp16.h>
 #endif
 
-#ifndef BRG_HD
-#if defined(__CUDACC__)
-#define BRG_HD __host__ __device__
-#else
-#define BRG_HD
-#endif
-#endif
+#include "hd.h"
 
 #define BRG_F16_CANONICAL_NAN ((uint16_t)0x7e00u)
 #define BRG_BF16_CANONICAL_NAN ((uint16_t)0x7fc0u)

@@ -31,11 +31,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#if defined(__CUDACC__)
-#define BRG_HD __host__ __device__
-#else
-#define BRG_HD
-#endif
+#include "hd.h"
+
 /* A function every step of a walk calls: inlined into the executor's loop
  * (nvcc inlines device code by itself). */
 #if defined(__CUDACC__)

@@ -9,14 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Functions the kernel calls too (as schedule.h defines it) */
-#ifndef BRG_HD
-#if defined(__CUDACC__)
-#define BRG_HD __host__ __device__
-#else
-#define BRG_HD
-#endif
-#endif
+#include "hd.h" /* functions the kernel calls too */
 
 #define BRG__RK_MAX_CHANNELS 16
 
