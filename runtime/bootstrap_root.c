@@ -362,6 +362,19 @@ static void boot_root_out_of_fds(boot_root *r, int e) {
   boot_root_fail_all(r, text);
 }
 
+/* EMFILE before the first hello told the job's size (connections arrive
+ * faster than hellos are read, under load): the soft limit raised to the
+ * hard one, as the first hello would have; 1 when that made room. */
+static int boot_root_more_fds(boot_root *r) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY ||
+      rl.rlim_cur >= rl.rlim_max)
+    return 0;
+  long want = (long)r->nconns + (long)r->nranks + 64;
+  if (want <= (long)rl.rlim_cur) want = (long)rl.rlim_cur + 1;
+  return brg__sock_raise_nofile(want, BOOT_SUBSYS) > (long)rl.rlim_cur;
+}
+
 /* Takes what waits in the listen queue, a batch per round so that the
  * connections already taken get read before the oldest are dropped; with
  * every pending place taken, the oldest stranger makes room. */
@@ -384,6 +397,7 @@ static void boot_root_accept(boot_root *r) {
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      if (errno == EMFILE && boot_root_more_fds(r)) continue;
       if (errno == EMFILE || errno == ENFILE) {
         boot_root_out_of_fds(r, errno);
         return;
