@@ -127,7 +127,9 @@ fi
 EMU=$BUILD/tests/gpu/libbrigade_cuda_emu.so
 if [ $GPU = 1 ]; then
   stage build 200 ninja -C "$BUILD" || true
-  MODULE=$BUILD/kernels/cuda/libbrigade_cuda.so
+  # meson builds the module at the top of the build folder
+  MODULE=$BUILD/libbrigade_cuda.so
+  [ -e "$MODULE" ] || printf '%-34s %s\n' module "MISSING: $MODULE was not built" | tee -a "$STAGES"
 else
   stage build 200 ninja -C "$BUILD" tests/gpu/device_perf tests/gpu/libbrigade_cuda_emu.so \
     tests/gpu/test_cuda_ipc_link tests/gpu/test_device_cases tests/gpu/test_device_threads \
