@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import random
 import socket
 import sys
 import traceback
@@ -20,9 +21,27 @@ from typing import Any, Callable
 
 
 def free_port() -> int:
+    """A port free now, below the kernel's ephemeral range: a port the
+    kernel hands out (bind to 0) may be taken again as some connection's
+    source port before the ranks (interpreters still starting) bind it."""
+    low = 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low // 2), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 def _rank_main(fn: Callable, rank: int, n: int, init: Any, uid: Any, env: dict, args: tuple,
