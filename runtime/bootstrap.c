@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bootstrap.h"
 #include "bootstrap_wire.h"
 #include "clock.h"
 #include "hash.h"

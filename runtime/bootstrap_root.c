@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bootstrap.h"
 #include "bootstrap_wire.h"
 #include "clock.h"
 #include "hash.h"

@@ -56,8 +56,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "bootstrap.h"
+#include "bootstrap_id.h"
 #include "sock.h"
+
+typedef struct brg__bootstrap brg__bootstrap; /* bootstrap.h */
 
 #define BOOT_SUBSYS "bootstrap"
 #define BOOT_VERSION 2u /* 2: the root hands out tree parents, the tree spreads the table */
