@@ -365,12 +365,11 @@ static void boot_root_out_of_fds(boot_root *r, int e) {
 
 /* EMFILE before the first hello told the job's size (connections arrive
  * faster than hellos are read, under load): the soft limit raised to the
- * hard one, as the first hello would have; 1 when that made room. */
+ * hard one, as the first hello would have (brg__sock_raise_nofile says when
+ * it cannot); 1 when that made room. */
 static int boot_root_more_fds(boot_root *r) {
   struct rlimit rl;
-  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY ||
-      rl.rlim_cur >= rl.rlim_max)
-    return 0;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return 0;
   long want = (long)r->nconns + (long)r->nranks + 64;
   if (want <= (long)rl.rlim_cur) want = (long)rl.rlim_cur + 1;
   return brg__sock_raise_nofile(want, BOOT_SUBSYS) > (long)rl.rlim_cur;
