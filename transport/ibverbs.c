@@ -900,4 +900,8 @@ const brg__transport_ops brg__transport_ibverbs = {
     .close = ib_close,
     .dev_register = ib_dev_register,
     .dev_remote = ib_dev_remote,
+    .proxy_post = brg__fifo_proxy_post, /* the send proxy carries what the FIFO holds */
+    .proxy_sent = brg__fifo_proxy_sent,
+    .proxy_poll = brg__fifo_proxy_poll,
+    .proxy_release = brg__fifo_proxy_release,
 };
