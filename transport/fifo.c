@@ -180,10 +180,12 @@ int brg__fifo_proxy_fill(brg__conn *c, const brg__proxy_slot *s, int copy, uint6
   m->device = (uint8_t)(s->device != 0);
   m->proxy = (uint8_t)s->what;
   m->channel = (uint16_t)s->channel;
-  if (!s->device && s->bytes <= BRG__INLINE_BYTES)
-    memcpy(m->inline_data, s->data, s->bytes);
-  else if (!s->device && copy)
-    memcpy(brg__fifo_slot(f, n), s->data, s->bytes);
+  if (!s->device && s->bytes) {
+    if (s->bytes <= BRG__INLINE_BYTES)
+      memcpy(m->inline_data, s->data, s->bytes);
+    else if (copy)
+      memcpy(brg__fifo_slot(f, n), s->data, s->bytes);
+  }
   __atomic_store_n(&m->flag, n + 1, __ATOMIC_RELEASE);
   brg__publish(&f->ctrl->tail, &f->ctrl->tail_waiters, n + 1);
   *pos = n;
