@@ -47,6 +47,11 @@ void brg__dev_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b, co
              c->devnet->send.fifo.slot_bytes, d->kslot);
     return;
   }
+  if (staged && (!c->devnet->send.ops->proxy_post || !c->devnet->recv.ops->proxy_post)) {
+    snprintf(b->kwhy, sizeof b->kwhy, "the staged links' transport (%s) has no proxy entry",
+             (c->devnet->send.ops->proxy_post ? c->devnet->recv.ops : c->devnet->send.ops)->name);
+    return;
+  }
   if ((!d->recv_staged && !brg__dev_reaches(d, b, prev)) ||
       (!d->send_staged && !brg__dev_reaches(d, b, next))) {
     snprintf(b->kwhy, sizeof b->kwhy,

@@ -2,11 +2,15 @@
  * Kernel mode's host proxy: on a link between hosts the neighbour's words
  * and slots are in pinned host memory of this rank, and two threads play
  * the neighbour, carrying what the kernels post over the network link.
+ * They move slots only through the link's proxy entry
+ * (brg__transport_ops.proxy_post / proxy_sent / proxy_poll /
+ * proxy_release), each slot naming its channel, so whatever transport
+ * carries the link (tcp, ibverbs, shm) is driven alike.
  *
  * The call headers go the same way: the header a launch's channel writes
  * into its mailbox at the start (its call: ring_args.h, brg__rk_hdr) goes
- * on the network link in a slot of its own (step PHDR_STEP, no payload),
- * and the previous rank's arrive in the channel's mailbox of the link from
+ * on the network link in a slot of its own (a BRG__PROXY_CALL slot, the
+ * call its payload), and the previous rank's arrive in the channel's mailbox of the link from
  * it, where the kernel compares them with its own call as it does within
  * a host: calls that differ between hosts stop the kernels with
  * BRG_ERR_MISMATCH naming both calls (device_watch.c), not at the
@@ -40,9 +44,6 @@ static uint64_t *pword(char *region, const struct brg__dev_ring *d, int ch, size
 _Static_assert(128 + 8 * BRG__MAX_SLOTS <= PHACK && PHACK + 64 <= PHDR &&
                    PHDR + BRG__RK_HDRS * sizeof(brg__rk_hdr) <= PCTRL,
                "a staged channel's words, sizes and mailbox fit before its slots");
-
-/* A network slot that carries a call header instead of a kernel's slot. */
-#define PHDR_STEP UINT32_MAX
 
 /* Entry k of a channel's mailbox of call headers in a link's host region. */
 static brg__rk_hdr *phdr(char *region, const struct brg__dev_ring *d, int ch, uint64_t k) {
@@ -138,10 +139,12 @@ static const char *link_why(const brg__conn *l) {
   return l->fifo.ctrl->closed_why[0] ? l->fifo.ctrl->closed_why : "no reason given";
 }
 
-/* tx: every slot a channel's kernel posted to the next host goes into the
- * network link's next slot, its header naming the channel and the bytes
- * (the kernel wrote them beside the tail); once the link holds it, the
- * channel's head says the slot is free. */
+/* The network link failed under the proxy (unless the proxy stops). */
+static void *proxy_link_fail(struct brg__dev_ring *d, const brg__conn *l, const char *dir) {
+  if (proxy_stopping(d)) return NULL;
+  return proxy_fail(d, "the %s link %s rank %d broke: %s", l->ops->name, dir, l->peer, link_why(l));
+}
+
 /* Each proxy thread sleeps in short naps while idle: with the default
  * timer slack (50 us) a 20 us nap would take 70. */
 static void proxy_nap_precise(void) {
@@ -153,62 +156,44 @@ static void proxy_nap_precise(void) {
  * it went, 0 when none is due or the network link is full, -1 when the
  * proxy gave up. Once on the link, its mailbox entry is free again. */
 static int proxy_tx_hdr(struct brg__dev_ring *d, brg__conn *l, brg__waiter *w, int ch,
-                        uint64_t *pos, uint64_t *hsent) {
-  brg__fifo *f = &l->fifo;
+                        uint64_t *hsent) {
   uint64_t k = hsent[ch];
   const brg__rk_hdr *h = phdr(d->psend, d, ch, k);
   brg__rk_call call;
   if (!phdr_get(h, k, &call)) return 0;
-  if (__atomic_load_n(&f->ctrl->closed, __ATOMIC_ACQUIRE)) {
-    proxy_fail(d, "the %s link to rank %d broke: %s", l->ops->name, l->peer, link_why(l));
-    return -1;
-  }
-  if (*pos + 1 > __atomic_load_n(&f->ctrl->head, __ATOMIC_ACQUIRE) + (uint64_t)f->nslots) return 0;
-  brg__slot_meta *m = brg__fifo_meta(f, *pos);
-  memset(m, 0, offsetof(brg__slot_meta, inline_data));
-  m->seq = call.seq;
-  m->count = call.count;
-  m->kind = call.kind;
-  m->dtype = call.dtype;
-  m->op = call.op;
-  m->root = call.root;
-  m->step = PHDR_STEP;
-  uint64_t at[2] = {(uint64_t)ch, k + 1}; /* the channel, the header's number */
-  memcpy(m->inline_data, at, sizeof at);
-  __atomic_store_n(&m->flag, *pos + 1, __ATOMIC_RELEASE);
-  brg__publish(&f->ctrl->tail, &f->ctrl->tail_waiters, *pos + 1);
-  if (l->ops->send_now) {
-    brg_status st = l->ops->send_now(l, *pos, NULL, w);
-    if (st != BRG_SUCCESS) {
-      if (!proxy_stopping(d))
-        proxy_fail(d, "sending to rank %d on the %s link failed: %s", l->peer, l->ops->name,
-                   link_why(l));
-      return -1;
-    }
-  }
-  (*pos)++;
+  brg__proxy_slot s = {.what = BRG__PROXY_CALL,
+                       .channel = (uint32_t)ch,
+                       .seq = k + 1,
+                       .bytes = sizeof call,
+                       .data = &call};
+  int r = l->ops->proxy_post(l, &s, w);
+  if (r < 0) proxy_link_fail(d, l, "to");
+  if (r <= 0) return r;
   hsent[ch] = k + 1;
   __atomic_store_n(pword(d->psend, d, ch, PHACK), k + 1, __ATOMIC_RELEASE);
   return 1;
 }
 
+/* tx: every slot a channel's kernel posted to the next host goes on the
+ * network link as the link's next slot, naming the channel and the bytes
+ * (the kernel wrote them beside the tail); once the link holds it, the
+ * channel's head says the slot is free. */
 static void *proxy_tx(void *arg) {
   struct brg__dev_ring *d = arg;
   proxy_nap_precise();
   brg__conn *l = &d->net->send;
-  brg__fifo *f = &l->fifo;
   brg__waiter w = {.spin = -1, .check = proxy_check, .arg = d};
-  uint64_t pos = 0, freed = 0, hsent[BRG__RK_MAX_CHANNELS] = {0};
+  uint64_t freed = 0, hsent[BRG__RK_MAX_CHANNELS] = {0};
   for (int idle = 0; !proxy_stopping(d);) {
     int moved = 0;
     for (int ch = 0; hdrs_out(d) && ch < d->kchannels; ch++) {
-      int r = proxy_tx_hdr(d, l, &w, ch, &pos, hsent);
+      int r = proxy_tx_hdr(d, l, &w, ch, hsent);
       if (r < 0) return NULL;
       moved |= r;
     }
     if (d->kgdr_send) {
       /* The one channel's slot n is the link's: free once the link sent it. */
-      uint64_t h = __atomic_load_n(&f->ctrl->head, __ATOMIC_ACQUIRE);
+      uint64_t h = l->ops->proxy_sent(l);
       if (h > freed) {
         freed = h;
         __atomic_store_n(pword(d->psend, d, 0, 64), h, __ATOMIC_RELEASE);
@@ -218,41 +203,22 @@ static void *proxy_tx(void *arg) {
     for (int ch = 0; ch < d->kchannels && !proxy_stopping(d); ch++) {
       uint64_t sent = d->psent[ch];
       if (__atomic_load_n(pword(d->psend, d, ch, 0), __ATOMIC_ACQUIRE) <= sent) continue;
-      if (__atomic_load_n(&f->ctrl->closed, __ATOMIC_ACQUIRE))
-        return proxy_fail(d, "the %s link to rank %d broke: %s", l->ops->name, l->peer,
-                          link_why(l));
-      if (pos + 1 > __atomic_load_n(&f->ctrl->head, __ATOMIC_ACQUIRE) + (uint64_t)f->nslots)
-        break; /* the network link is full: its own proxy frees slots */
       uint64_t k = sent % (uint64_t)d->nslots;
       uint64_t bytes = *pword(d->psend, d, ch, 128 + 8 * k);
-      const char *payload = d->psend + (size_t)ch * d->pstride + PCTRL + k * d->kslot;
       if (bytes > d->kslot)
         return proxy_fail(d, "a kernel posted %llu bytes in a slot of %zu to rank %d",
                           (unsigned long long)bytes, d->kslot, l->peer);
-      brg__slot_meta *m = brg__fifo_meta(f, pos);
-      memset(m, 0, offsetof(brg__slot_meta, inline_data));
-      m->seq = sent + 1;
-      m->bytes = (uint32_t)bytes;
-      m->root = ch;
-      if (d->kgdr_send) {
-        m->device = 1; /* the link reads it from GPU slot pos % nslots */
-        payload = NULL;
-      } else if (bytes <= BRG__INLINE_BYTES) {
-        memcpy(m->inline_data, payload, bytes);
-        payload = NULL;
-      } else if (!l->ops->send_now) {
-        memcpy(brg__fifo_slot(f, pos), payload, bytes);
-      }
-      __atomic_store_n(&m->flag, pos + 1, __ATOMIC_RELEASE);
-      brg__publish(&f->ctrl->tail, &f->ctrl->tail_waiters, pos + 1);
-      if (l->ops->send_now) {
-        brg_status st = l->ops->send_now(l, pos, payload, &w);
-        if (st != BRG_SUCCESS && proxy_stopping(d)) return NULL;
-        if (st != BRG_SUCCESS)
-          return proxy_fail(d, "sending to rank %d on the %s link failed: %s", l->peer,
-                            l->ops->name, link_why(l));
-      }
-      pos++;
+      /* With GPUDirect the link reads it from GPU slot (position % nslots). */
+      brg__proxy_slot s = {
+          .what = BRG__PROXY_DATA,
+          .channel = (uint32_t)ch,
+          .seq = sent + 1,
+          .bytes = (uint32_t)bytes,
+          .device = d->kgdr_send,
+          .data = d->kgdr_send ? NULL : d->psend + (size_t)ch * d->pstride + PCTRL + k * d->kslot};
+      int r = l->ops->proxy_post(l, &s, &w);
+      if (r < 0) return proxy_link_fail(d, l, "to");
+      if (r == 0) break; /* the network link is full: its own proxy frees slots */
       __atomic_store_n(&d->psent[ch], sent + 1, __ATOMIC_RELEASE);
       if (!d->kgdr_send) __atomic_store_n(pword(d->psend, d, ch, 64), sent + 1, __ATOMIC_RELEASE);
       moved = 1;
@@ -265,17 +231,44 @@ static void *proxy_tx(void *arg) {
   return NULL;
 }
 
+/* rx: a launch's call header, into the channel's mailbox once the kernel
+ * has checked the one BRG__RK_HDRS before it; 1 when it went there, -1
+ * when the proxy gave up or stops. */
+static int proxy_rx_hdr(struct brg__dev_ring *d, const brg__conn *l, const brg__proxy_slot *s,
+                        uint64_t *hgot, int *idle) {
+  uint64_t ch = s->channel;
+  if (!hdrs_in(d) || ch >= (uint64_t)d->kchannels || s->seq != hgot[ch] + 1 ||
+      s->bytes != sizeof(brg__rk_call)) {
+    proxy_fail(d,
+               "rank %d sent a kernel-mode call header this rank cannot place "
+               "(channel %llu of %d, header %llu where %llu was due, %u bytes%s)",
+               l->peer, (unsigned long long)ch, d->kchannels, (unsigned long long)s->seq,
+               (unsigned long long)(ch < (uint64_t)d->kchannels ? hgot[ch] + 1 : 0), s->bytes,
+               hdrs_in(d) ? "" : ", on a link that carries none");
+    return -1;
+  }
+  while (hgot[ch] - __atomic_load_n(pword(d->precv, d, (int)ch, PHACK), __ATOMIC_ACQUIRE) >=
+         (uint64_t)BRG__RK_HDRS) {
+    if (proxy_stopping(d)) return -1;
+    proxy_idle(idle);
+  }
+  brg__rk_call call;
+  memcpy(&call, s->data, sizeof call);
+  phdr_put(phdr(d->precv, d, (int)ch, hgot[ch]), hgot[ch], &call);
+  hgot[ch]++;
+  return 1;
+}
+
 /* rx: each slot that arrives from the previous host goes into the next
- * slot of the channel its header names, once that channel's kernel has
- * freed it, and the channel's tail says so. A channel whose slots are all
- * taken holds back the ones behind it: its kernel frees them without
- * waiting for any other channel (a ring step takes a slot in and puts one
- * out, so the channel's slots around the ring never all fill). */
+ * slot of the channel it names, once that channel's kernel has freed it,
+ * and the channel's tail says so. A channel whose slots are all taken
+ * holds back the ones behind it: its kernel frees them without waiting
+ * for any other channel (a ring step takes a slot in and puts one out, so
+ * the channel's slots around the ring never all fill). */
 static void *proxy_rx(void *arg) {
   struct brg__dev_ring *d = arg;
   proxy_nap_precise();
   brg__conn *l = &d->net->recv;
-  brg__fifo *f = &l->fifo;
   uint64_t pos = 0, got[BRG__RK_MAX_CHANNELS] = {0}, released = 0;
   uint64_t hgot[BRG__RK_MAX_CHANNELS] = {0};
   if (d->kgdr_recv) d->api->drv.set_device(d->gpu); /* its flushes are for this GPU */
@@ -286,63 +279,36 @@ static void *proxy_rx(void *arg) {
       uint64_t h = __atomic_load_n(pword(d->precv, d, 0, 64), __ATOMIC_ACQUIRE);
       if (h > released) {
         released = h;
-        brg__publish(&f->ctrl->head, &f->ctrl->head_waiters, h);
+        l->ops->proxy_release(l, h);
         idle = 0;
       }
     }
-    brg__slot_meta *m = brg__fifo_meta(f, pos);
-    if (__atomic_load_n(&m->flag, __ATOMIC_ACQUIRE) != pos + 1) {
-      if (__atomic_load_n(&f->ctrl->closed, __ATOMIC_ACQUIRE))
-        return proxy_fail(d, "the %s link from rank %d broke: %s", l->ops->name, l->peer,
-                          link_why(l));
+    brg__proxy_slot s;
+    int r = l->ops->proxy_poll(l, pos, &s);
+    if (r < 0) return proxy_link_fail(d, l, "from");
+    if (r == 0) {
       proxy_idle(&idle);
       continue;
     }
-    if (m->step == PHDR_STEP) {
-      /* A launch's call header: into the channel's mailbox, once the
-       * kernel has checked the one BRG__RK_HDRS before it. */
-      uint64_t at[2];
-      memcpy(at, m->inline_data, sizeof at);
-      if (!hdrs_in(d) || at[0] >= (uint64_t)d->kchannels || at[1] != hgot[at[0]] + 1)
-        return proxy_fail(
-            d,
-            "rank %d sent a kernel-mode call header this rank cannot place "
-            "(channel %llu of %d, header %llu where %llu was due%s)",
-            l->peer, (unsigned long long)at[0], d->kchannels, (unsigned long long)at[1],
-            (unsigned long long)(at[0] < (uint64_t)d->kchannels ? hgot[at[0]] + 1 : 0),
-            hdrs_in(d) ? "" : ", on a link that carries none");
-      int ch = (int)at[0];
-      while (hgot[ch] - __atomic_load_n(pword(d->precv, d, ch, PHACK), __ATOMIC_ACQUIRE) >=
-             (uint64_t)BRG__RK_HDRS) {
-        if (proxy_stopping(d)) return NULL;
-        proxy_idle(&idle);
-      }
-      brg__rk_call call = {.seq = m->seq,
-                           .count = m->count,
-                           .root = m->root,
-                           .kind = (uint8_t)m->kind,
-                           .dtype = (uint8_t)m->dtype,
-                           .op = (uint8_t)m->op};
-      phdr_put(phdr(d->precv, d, ch, hgot[ch]), hgot[ch], &call);
-      hgot[ch]++;
-      pos++;
-      brg__publish(&f->ctrl->head, &f->ctrl->head_waiters, pos);
+    if (s.what == BRG__PROXY_CALL) {
+      if (proxy_rx_hdr(d, l, &s, hgot, &idle) < 0) return NULL;
+      l->ops->proxy_release(l, ++pos);
       idle = 0;
       continue;
     }
-    int ch = m->root;
-    uint64_t bytes = m->bytes;
-    if (ch < 0 || ch >= d->kchannels || bytes > d->kslot || m->seq != got[ch] + 1 ||
-        (int)m->device != d->kgdr_recv)
+    uint64_t ch = s.channel, bytes = s.bytes;
+    if (ch >= (uint64_t)d->kchannels || bytes > d->kslot || s.seq != got[ch] + 1 ||
+        s.device != d->kgdr_recv)
       return proxy_fail(d,
-                        "rank %d sent a kernel-mode slot this rank cannot place (channel %d of "
+                        "rank %d sent a kernel-mode slot this rank cannot place (channel %llu of "
                         "%d, %llu bytes of at most %zu, slot %llu where %llu was due, %s where "
                         "%s was due)",
-                        l->peer, ch, d->kchannels, (unsigned long long)bytes, d->kslot,
-                        (unsigned long long)m->seq, (unsigned long long)(got[ch] + 1),
-                        m->device ? "GPU memory" : "host memory",
+                        l->peer, (unsigned long long)ch, d->kchannels, (unsigned long long)bytes,
+                        d->kslot, (unsigned long long)s.seq,
+                        (unsigned long long)(ch < (uint64_t)d->kchannels ? got[ch] + 1 : 0),
+                        s.device ? "GPU memory" : "host memory",
                         d->kgdr_recv ? "GPU memory" : "host memory");
-    while (got[ch] - __atomic_load_n(pword(d->precv, d, ch, 64), __ATOMIC_ACQUIRE) >=
+    while (got[ch] - __atomic_load_n(pword(d->precv, d, (int)ch, 64), __ATOMIC_ACQUIRE) >=
            (uint64_t)d->nslots) {
       if (proxy_stopping(d)) return NULL;
       proxy_idle(&idle);
@@ -356,13 +322,12 @@ static void *proxy_rx(void *arg) {
         return proxy_fail(d, "flushing GPUDirect RDMA writes from rank %d: %s", l->peer,
                           d->api->drv.error_string(e));
     } else {
-      const char *src = bytes <= BRG__INLINE_BYTES ? m->inline_data : brg__fifo_slot(f, pos);
-      memcpy(d->precv + (size_t)ch * d->pstride + PCTRL + k * d->kslot, src, bytes);
+      memcpy(d->precv + (size_t)ch * d->pstride + PCTRL + k * d->kslot, s.data, bytes);
     }
     got[ch]++;
-    __atomic_store_n(pword(d->precv, d, ch, 0), got[ch], __ATOMIC_RELEASE);
+    __atomic_store_n(pword(d->precv, d, (int)ch, 0), got[ch], __ATOMIC_RELEASE);
     pos++;
-    if (!d->kgdr_recv) brg__publish(&f->ctrl->head, &f->ctrl->head_waiters, pos);
+    if (!d->kgdr_recv) l->ops->proxy_release(l, pos);
     idle = 0;
   }
   return NULL;

@@ -156,6 +156,80 @@ void brg__fifo_wake_all(brg__fifo *f) {
   futex_wake(&f->ctrl->head);
 }
 
+/* ---- the proxy entry of a FIFO link (transport.h) ---------------------- */
+
+int brg__fifo_proxy_fill(brg__conn *c, const brg__proxy_slot *s, int copy, uint64_t *pos) {
+  brg__fifo *f = &c->fifo;
+  if (__atomic_load_n(&f->ctrl->closed, __ATOMIC_ACQUIRE)) return -1;
+  if (s->bytes > f->slot_bytes || s->channel > UINT16_MAX ||
+      (s->what != BRG__PROXY_DATA && s->what != BRG__PROXY_CALL)) {
+    brg__fifo_mark_closed(f, BRG_ERR_INTERNAL,
+                          "a proxy slot of kind %u for channel %u with %u bytes, on a link of "
+                          "%zu-byte slots",
+                          s->what, s->channel, s->bytes, f->slot_bytes);
+    brg__fifo_wake_all(f);
+    return -1;
+  }
+  /* Only this end's one posting thread moves the tail. */
+  uint64_t n = __atomic_load_n(&f->ctrl->tail, __ATOMIC_RELAXED);
+  if (n + 1 > __atomic_load_n(&f->ctrl->head, __ATOMIC_ACQUIRE) + (uint64_t)f->nslots) return 0;
+  brg__slot_meta *m = brg__fifo_meta(f, n);
+  memset(m, 0, offsetof(brg__slot_meta, inline_data));
+  m->seq = s->seq;
+  m->bytes = s->bytes;
+  m->device = (uint8_t)(s->device != 0);
+  m->proxy = (uint8_t)s->what;
+  m->channel = (uint16_t)s->channel;
+  if (!s->device && s->bytes) {
+    if (s->bytes <= BRG__INLINE_BYTES)
+      memcpy(m->inline_data, s->data, s->bytes);
+    else if (copy)
+      memcpy(brg__fifo_slot(f, n), s->data, s->bytes);
+  }
+  __atomic_store_n(&m->flag, n + 1, __ATOMIC_RELEASE);
+  brg__publish(&f->ctrl->tail, &f->ctrl->tail_waiters, n + 1);
+  *pos = n;
+  return 1;
+}
+
+int brg__fifo_proxy_post(brg__conn *c, const brg__proxy_slot *s, const brg__waiter *w) {
+  (void)w; /* a FIFO link never waits: it is full or it takes the slot */
+  uint64_t pos;
+  return brg__fifo_proxy_fill(c, s, 1, &pos);
+}
+
+uint64_t brg__fifo_proxy_sent(brg__conn *c) {
+  return __atomic_load_n(&c->fifo.ctrl->head, __ATOMIC_ACQUIRE);
+}
+
+int brg__fifo_proxy_poll(brg__conn *c, uint64_t n, brg__proxy_slot *s) {
+  brg__fifo *f = &c->fifo;
+  const brg__slot_meta *m = brg__fifo_meta(f, n);
+  if (__atomic_load_n(&m->flag, __ATOMIC_ACQUIRE) != n + 1)
+    return __atomic_load_n(&f->ctrl->closed, __ATOMIC_ACQUIRE) ? -1 : 0;
+  if ((m->proxy != BRG__PROXY_DATA && m->proxy != BRG__PROXY_CALL) || m->bytes > f->slot_bytes) {
+    brg__fifo_mark_closed(f, BRG_ERR_REMOTE,
+                          "rank %d sent a slot that is no proxy slot (kind %u, %u bytes, slots of "
+                          "%zu bytes)",
+                          c->peer, m->proxy, m->bytes, f->slot_bytes);
+    brg__fifo_wake_all(f);
+    return -1;
+  }
+  const char *data = m->bytes <= BRG__INLINE_BYTES ? m->inline_data : brg__fifo_slot(f, n);
+  if (c->landed && c->landed[n % (uint64_t)f->nslots]) data = c->landed[n % (uint64_t)f->nslots];
+  *s = (brg__proxy_slot){.what = m->proxy,
+                         .channel = m->channel,
+                         .seq = m->seq,
+                         .bytes = m->bytes,
+                         .device = m->device,
+                         .data = m->device ? NULL : data};
+  return 1;
+}
+
+void brg__fifo_proxy_release(brg__conn *c, uint64_t n) {
+  brg__publish(&c->fifo.ctrl->head, &c->fifo.ctrl->head_waiters, n);
+}
+
 /* What a proxy thread starts with: its function, and the rank its lines are
  * logged under (the rank of the thread that started it). */
 typedef struct proxy_start {

@@ -898,6 +898,10 @@ const brg__transport_ops brg__transport_ibverbs = {
     .send_connect = ib_send_connect,
     .recv_connect = ib_recv_connect,
     .close = ib_close,
+    .proxy_post = brg__fifo_proxy_post, /* the send proxy carries what the FIFO holds */
+    .proxy_sent = brg__fifo_proxy_sent,
+    .proxy_poll = brg__fifo_proxy_poll,
+    .proxy_release = brg__fifo_proxy_release,
     .dev_register = ib_dev_register,
     .dev_remote = ib_dev_remote,
 };

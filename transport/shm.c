@@ -241,4 +241,8 @@ const brg__transport_ops brg__transport_shm = {
     .try_send = shm_try_send,
     .try_recv = shm_try_recv,
     .ready = shm_ready,
+    .proxy_post = brg__fifo_proxy_post,
+    .proxy_sent = brg__fifo_proxy_sent,
+    .proxy_poll = brg__fifo_proxy_poll,
+    .proxy_release = brg__fifo_proxy_release,
 };

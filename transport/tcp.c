@@ -230,6 +230,21 @@ static brg_status tcp_send_now(brg__conn *c, uint64_t pos, const void *payload,
   return BRG_SUCCESS;
 }
 
+/* The proxy entry's post: the slot's header into the send FIFO, then out
+ * at once on the caller's thread, the payload straight from where it is. */
+static int tcp_proxy_post(brg__conn *c, const brg__proxy_slot *s, const brg__waiter *w) {
+  tcp_conn *t = c->priv;
+  if (s->device) {
+    brg__fifo_mark_closed(&t->l.fifo, BRG_ERR_INTERNAL, "a slot in GPU memory on a tcp link");
+    return -1;
+  }
+  uint64_t pos;
+  int r = brg__fifo_proxy_fill(c, s, 0, &pos);
+  if (r <= 0) return r;
+  const void *payload = s->bytes > BRG__INLINE_BYTES ? s->data : NULL;
+  return tcp_send_now(c, pos, payload, w) == BRG_SUCCESS ? 1 : -1;
+}
+
 static void tcp_recv_window(brg__conn *c, uint64_t pos, void *dst, size_t bytes) {
   tcp_conn *t = c->priv;
   if (dst) {
@@ -486,6 +501,10 @@ const brg__transport_ops brg__transport_tcp = {
     .send_connect = tcp_send_connect,
     .recv_connect = tcp_recv_connect,
     .close = tcp_close,
+    .proxy_post = tcp_proxy_post,
+    .proxy_sent = brg__fifo_proxy_sent,
+    .proxy_poll = brg__fifo_proxy_poll,
+    .proxy_release = brg__fifo_proxy_release,
     .sleeps = 1,
     .slice_bytes = 512 * 1024,
     .send_now = tcp_send_now,

@@ -57,12 +57,40 @@ typedef struct brg__slot_meta {
   uint16_t dtype;
   uint16_t op;
   int32_t root;
-  uint32_t step;   /* schedule step, for error messages */
-  uint32_t device; /* 1: a device collective; the payload (`bytes` of it) is in GPU memory */
+  uint32_t step;    /* schedule step, for error messages */
+  uint8_t device;   /* 1: a device collective; the payload (`bytes` of it) is in GPU memory */
+  uint8_t proxy;    /* BRG__PROXY_*: what a slot of kernel mode's host proxy is; 0 elsewhere */
+  uint16_t channel; /* a proxy slot's kernel-mode channel; 0 elsewhere */
   /* The payload when bytes <= BRG__INLINE_BYTES; 8-byte aligned for every dtype. */
   _Alignas(8) char inline_data[BRG__INLINE_BYTES];
   volatile uint64_t flag; /* slot position + 1 once the slot is complete */
 } brg__slot_meta;
+
+/* A slot of kernel mode's host proxy (brg__transport_ops.proxy_post):
+ * which channel it is for, its number among that channel's slots of its
+ * kind, and its payload. A BRG__PROXY_DATA slot is one a channel's kernel
+ * posted (a slice, `bytes` of it); a BRG__PROXY_CALL slot is the call a
+ * channel's kernel announced at a launch's start, its payload the call
+ * (kernels/cuda/ring_args.h's brg__rk_call; the transport carries it as
+ * bytes). The number counts each kind on its own: a channel's data slots
+ * are 1, 2, 3, ... and so are its calls. */
+#define BRG__PROXY_DATA 1
+#define BRG__PROXY_CALL 2
+typedef struct brg__proxy_slot {
+  uint32_t what;    /* BRG__PROXY_DATA or BRG__PROXY_CALL */
+  uint32_t channel; /* below 65536 */
+  uint64_t seq;     /* from 1 */
+  uint32_t bytes;   /* of payload, at most the link's slot_bytes */
+  /* 1: the payload is in GPU memory registered on the link (dev_register,
+   * dev_remote): it travels from this end's GPU slot n % nslots to the
+   * other end's, n being the slot's position on the link; `data` is NULL
+   * then, on both ends. */
+  int device;
+  /* proxy_post: where the payload is (host memory), read before it
+   * returns 1. proxy_poll: where it is on this end, until proxy_release
+   * frees the slot. */
+  const void *data;
+} brg__proxy_slot;
 
 /* Control words shared by the two ends of a FIFO, one cache line each. The
  * counters are monotonic; futex waits use their low 32 bits. `*_waiters` is
@@ -311,7 +339,41 @@ struct brg__transport_ops {
   brg_status (*dev_register)(brg__conn *c, void *p, size_t bytes, int fd, uint64_t offset,
                              uint32_t *rkey, brg__errbuf *err);
   void (*dev_remote)(brg__conn *c, uint64_t base, uint32_t rkey, size_t stride);
+
+  /* Optional, all four or none: the proxy entry, through which kernel
+   * mode's host proxy (runtime/device_proxy.c) carries the slots of several
+   * channels' kernels over one link between hosts, as NCCL's proxyProgress
+   * does. Each end is driven by one thread of its own, which never blocks
+   * long in them: a link that cannot take or give a slot now says so.
+   * Positions count the link's slots from 0, whatever their channel.
+   * proxy_post (send end) puts s on the link as its next slot: 1 once the
+   * link has it (s->data may be reused), 0 while the link is full (try
+   * again), -1 when the link is broken (ctrl->closed_why says why) or w's
+   * check stopped it. proxy_sent (send end): the slots below it have left
+   * this end (a device slot's GPU memory may be written again).
+   * proxy_poll (receive end) fills *s with the slot at position n (n below
+   * what was released + nslots): 1 when it has arrived, 0 while it has
+   * not, -1 when it never will (the link is broken, or what came is no
+   * proxy slot: ctrl->closed_why says which). proxy_release (receive end):
+   * the slots below n are free again for the sender. */
+  int (*proxy_post)(brg__conn *c, const brg__proxy_slot *s, const brg__waiter *w);
+  uint64_t (*proxy_sent)(brg__conn *c);
+  int (*proxy_poll)(brg__conn *c, uint64_t n, brg__proxy_slot *s);
+  void (*proxy_release)(brg__conn *c, uint64_t n);
 };
+
+/* The proxy entry of a link that is a FIFO (fifo.c), which shm and
+ * ibverbs give as theirs: proxy_post writes the slot into the FIFO and
+ * publishes it, for the receiver (shm) or the link's send proxy (ibverbs);
+ * brg__fifo_proxy_fill is its first half, for a transport that then sends
+ * the slot itself (tcp): 1 with the slot's header in the FIFO (and the
+ * payload, with `copy`, else only when it fits the header), 0 while the
+ * FIFO is full, -1 when it is closed. */
+int brg__fifo_proxy_fill(brg__conn *c, const brg__proxy_slot *s, int copy, uint64_t *pos);
+int brg__fifo_proxy_post(brg__conn *c, const brg__proxy_slot *s, const brg__waiter *w);
+uint64_t brg__fifo_proxy_sent(brg__conn *c);
+int brg__fifo_proxy_poll(brg__conn *c, uint64_t n, brg__proxy_slot *s);
+void brg__fifo_proxy_release(brg__conn *c, uint64_t n);
 
 /* The transports in order of preference (transport.c), NULL-terminated. */
 extern const brg__transport_ops *const brg__transports[];

@@ -1032,6 +1032,226 @@ static void case_bytestream(const test_link *ab, const test_link *ba) {
     fail("a shared-memory name of the links is left in /dev/shm");
 }
 
+/* ---- the proxy entry (proxy_post, proxy_sent, proxy_poll, proxy_release) -- */
+
+#define PROXY_CHANNELS 3
+#define PROXY_SLOTS 3000
+#define PROXY_CALL_BYTES 24 /* a kernel's call, as kernel mode's proxy sends it */
+
+/* Slot i of the stream: its channel and kind are drawn from i; its number
+ * counts the slots of its channel and kind before it. */
+typedef struct proxy_gen {
+  uint64_t seq[PROXY_CHANNELS][2];
+} proxy_gen;
+
+static brg__proxy_slot proxy_next(proxy_gen *g, uint64_t i, size_t slot_bytes) {
+  brg__proxy_slot s = {.channel = (uint32_t)(mix(i ^ 0xc4a7) % PROXY_CHANNELS)};
+  int call = mix(i ^ 0xca11) % 6 == 0;
+  s.what = call ? BRG__PROXY_CALL : BRG__PROXY_DATA;
+  s.seq = ++g->seq[s.channel][call];
+  s.bytes = call ? PROXY_CALL_BYTES : slice_bytes(i, slot_bytes);
+  return s;
+}
+
+/* Waits for the link to take slot s: 1, or -1 when it refused for good.
+ * 0 never comes back: a link full past the deadline fails the test. */
+static int proxy_post_wait(brg__conn *c, const brg__proxy_slot *s, test_wait *tw) {
+  const brg__waiter w = {.spin = 100, .check = test_check, .arg = tw};
+  for (int tries = 0;; tries++) {
+    int r = c->ops->proxy_post(c, s, &w);
+    if (r != 0) return r;
+    if (tw->tick) tw->tick();
+    if (now_ms() > tw->deadline) fail("sender: the link stayed full past the deadline");
+    if (tries > 100) usleep(50);
+  }
+}
+
+/* The sender's side: slots [0, n) of every channel, interleaved, each
+ * payload written into a buffer that is overwritten as soon as the link
+ * took it. Returns the first slot not posted. */
+static uint64_t proxy_produce(brg__conn *c, uint64_t n, test_wait *tw) {
+  proxy_gen g = {0};
+  char *buf = malloc(c->fifo.slot_bytes);
+  if (!buf) fail("out of memory");
+  uint64_t i = 0;
+  for (; i < n; i++) {
+    brg__proxy_slot s = proxy_next(&g, i, c->fifo.slot_bytes);
+    slice_fill(buf, i, s.bytes);
+    s.data = buf;
+    if (proxy_post_wait(c, &s, tw) < 0) break;
+    memset(buf, 0xee, s.bytes);
+    if (tw->tick && i % 64 == 0) tw->tick();
+  }
+  free(buf);
+  return i;
+}
+
+/* Fails unless polled slot `got` is slot i of the stream, every byte. */
+static void proxy_slot_check(const brg__proxy_slot *got, const brg__proxy_slot *want, uint64_t i,
+                             const char *when) {
+  if (got->what != want->what || got->channel != want->channel || got->seq != want->seq ||
+      got->bytes != want->bytes || got->device)
+    fail("proxy slot %llu %s: kind %u channel %u number %llu, %u bytes%s; expected kind %u "
+         "channel %u number %llu, %u bytes",
+         (unsigned long long)i, when, got->what, got->channel, (unsigned long long)got->seq,
+         got->bytes, got->device ? " in GPU memory" : "", want->what, want->channel,
+         (unsigned long long)want->seq, want->bytes);
+  slice_fill(expect_buf, i, want->bytes);
+  if (want->bytes && (!got->data || memcmp(got->data, expect_buf, want->bytes) != 0))
+    fail("proxy slot %llu %s: the %u bytes of its payload differ", (unsigned long long)i, when,
+         want->bytes);
+}
+
+/* The receiver's side: polls slots [0, n), checking each as it arrives,
+ * and releases them a few at a time (the link must keep a polled slot's
+ * payload until then: checked again just before). Returns the first slot
+ * that did not arrive; *r is what poll said of it. */
+static uint64_t proxy_consume(brg__conn *c, uint64_t n, test_wait *tw, int *r) {
+  proxy_gen g = {0};
+  brg__proxy_slot held[BRG__MAX_SLOTS], want[BRG__MAX_SLOTS];
+  uint64_t batch = c->fifo.nslots < 3 ? (uint64_t)c->fifo.nslots : 3, released = 0, i = 0;
+  *r = 1;
+  for (; i < n; i++) {
+    want[i % batch] = proxy_next(&g, i, c->fifo.slot_bytes);
+    for (int tries = 0; (*r = c->ops->proxy_poll(c, i, &held[i % batch])) == 0; tries++) {
+      if (now_ms() > tw->deadline) return i;
+      if (tries > 100) usleep(50);
+    }
+    if (*r < 0) return i;
+    proxy_slot_check(&held[i % batch], &want[i % batch], i, "as it arrived");
+    if (i + 1 - released == batch) {
+      for (uint64_t k = released; k <= i; k++)
+        proxy_slot_check(&held[k % batch], &want[k % batch], k, "before its release");
+      released = i + 1;
+      c->ops->proxy_release(c, released);
+    }
+  }
+  c->ops->proxy_release(c, n);
+  return i;
+}
+
+/* Every slot arrives in order, with its channel, kind, number and
+ * payload; then a slot that is no proxy slot (an engine's) breaks the
+ * link instead of being taken for one. */
+static void case_proxy_stream(const test_link *l) {
+  int sv[2], sock;
+  resources before = resources_now();
+  if (fork_child(sv, &sock) == 0) {
+    brg__conn c;
+    sender_setup(l, &c, sock);
+    test_wait tw = {.fifo = &c.fifo, .deadline = now_ms() + PHASE_TIMEOUT_MS};
+    uint64_t sent = proxy_produce(&c, PROXY_SLOTS, &tw);
+    if (sent != PROXY_SLOTS)
+      fail("sender: the link refused proxy slot %llu: %s", (unsigned long long)sent,
+           c.fifo.ctrl->closed_why);
+    while (c.ops->proxy_sent(&c) < PROXY_SLOTS) {
+      if (now_ms() > tw.deadline) fail("sender: proxy_sent stayed below %d", PROXY_SLOTS);
+      usleep(100);
+    }
+    /* One engine slot after them, as the engine posts it (flag and all). */
+    brg__slot_meta *m = brg__fifo_meta(&c.fifo, PROXY_SLOTS);
+    meta_fill(m, PROXY_SLOTS, 0);
+    __atomic_store_n(&m->flag, PROXY_SLOTS + 1, __ATOMIC_RELEASE);
+    brg__publish(&c.fifo.ctrl->tail, &c.fifo.ctrl->tail_waiters, PROXY_SLOTS + 1);
+    const brg__waiter w = {.spin = 100, .check = test_check, .arg = &tw};
+    if (c.ops->send_now && c.ops->send_now(&c, PROXY_SLOTS, NULL, &w) != BRG_SUCCESS)
+      fail("sender: the engine slot: %s", c.fifo.ctrl->closed_why);
+    sock_expect(sock, 'D', "done");
+    c.ops->close(&c);
+    _exit(0);
+  }
+  brg__conn c;
+  receiver_setup(l, &c, sock);
+  test_wait tw = {.fifo = &c.fifo, .deadline = now_ms() + PHASE_TIMEOUT_MS};
+  int r;
+  uint64_t got = proxy_consume(&c, PROXY_SLOTS, &tw, &r);
+  if (got != PROXY_SLOTS)
+    fail("receiver: proxy slot %llu of %d %s (%s)", (unsigned long long)got, PROXY_SLOTS,
+         r < 0 ? "never came: the link broke" : "did not come in time",
+         r < 0 ? c.fifo.ctrl->closed_why : "");
+  brg__proxy_slot s;
+  while ((r = c.ops->proxy_poll(&c, PROXY_SLOTS, &s)) == 0) {
+    if (now_ms() > tw.deadline) fail("receiver: the engine slot after the proxy slots never came");
+    usleep(100);
+  }
+  if (r > 0) fail("receiver: an engine's slot was taken for a proxy slot");
+  if (!c.fifo.ctrl->closed || !strstr(c.fifo.ctrl->closed_why, "no proxy slot"))
+    fail("receiver: an engine's slot left the link %s (%s)",
+         c.fifo.ctrl->closed ? "broken" : "open", c.fifo.ctrl->closed_why);
+  sock_write(sock, "D", 1);
+  c.ops->close(&c);
+  child_reap(PHASE_TIMEOUT_MS, 0);
+  close(sock);
+  resources_check(l, before, "after close");
+  if (count_link_names(l) != 0) fail("a shared-memory name of the link is left in /dev/shm");
+  printf("  proxy entry: %d slots of %d channels (data and calls) arrived in order, every byte "
+         "checked; an engine's slot broke the link\n",
+         PROXY_SLOTS, PROXY_CHANNELS);
+}
+
+/* A broken peer: the sender killed mid-stream (the receiver's poll says
+ * -1 in time), then the receiver killed (the sender's post says -1 in
+ * time): neither end hangs. */
+static void case_proxy_peer_dies(const test_link *l) {
+  int sv[2], sock;
+  resources before = resources_now();
+  if (fork_child(sv, &sock) == 0) {
+    brg__conn c;
+    sender_setup(l, &c, sock);
+    test_wait tw = {.fifo = &c.fifo, .deadline = now_ms() + PHASE_TIMEOUT_MS};
+    proxy_produce(&c, UINT64_MAX, &tw);
+    fail("sender: was meant to be killed, but is still alive");
+  }
+  brg__conn c;
+  receiver_setup(l, &c, sock);
+  test_wait tw = {.fifo = &c.fifo, .deadline = now_ms() + PHASE_TIMEOUT_MS};
+  int r;
+  if (proxy_consume(&c, 200, &tw, &r) != 200) fail("receiver: before the kill: %d", r);
+  kill(child_pid, SIGKILL);
+  child_reap(PHASE_TIMEOUT_MS, 1);
+  int64_t t0 = now_ms();
+  tw.deadline = t0 + DEATH_DETECT_MS;
+  uint64_t got = 200;
+  brg__proxy_slot s;
+  while ((r = c.ops->proxy_poll(&c, got, &s)) != 0 || now_ms() < tw.deadline) {
+    if (r < 0) break;
+    if (r > 0) c.ops->proxy_release(&c, ++got);
+    if (r == 0) usleep(200);
+  }
+  if (r >= 0)
+    fail("receiver: the killed sender went unnoticed by proxy_poll for %lld ms",
+         (long long)(now_ms() - t0));
+  printf("  proxy entry, sender killed: proxy_poll said -1 after %lld ms (%s)\n",
+         (long long)(now_ms() - t0), c.fifo.ctrl->closed_why);
+  c.ops->close(&c);
+  close(sock);
+  resources_check(l, before, "after close with a dead peer");
+
+  if (fork_child(sv, &sock) == 0) {
+    brg__conn rc;
+    receiver_setup(l, &rc, sock);
+    test_wait rw = {.fifo = &rc.fifo, .deadline = now_ms() + PHASE_TIMEOUT_MS};
+    if (proxy_consume(&rc, 200, &rw, &r) != 200) fail("receiver: %d", r);
+    sock_write(sock, "R", 1);
+    pause();
+    _exit(1);
+  }
+  sender_setup(l, &c, sock);
+  killer_sock = sock;
+  tw =
+      (test_wait){.fifo = &c.fifo, .deadline = now_ms() + PHASE_TIMEOUT_MS, .tick = kill_on_signal};
+  uint64_t sent = proxy_produce(&c, UINT64_MAX, &tw);
+  if (child_pid > 0)
+    fail("sender: the link refused slot %llu before the receiver was killed",
+         (unsigned long long)sent);
+  if (!c.fifo.ctrl->closed) fail("sender: proxy_post refused a slot on a link not marked broken");
+  printf("  proxy entry, receiver killed: proxy_post said -1 after %llu slots (%s)\n",
+         (unsigned long long)sent, c.fifo.ctrl->closed_why);
+  c.ops->close(&c);
+  close(sock);
+  resources_check(l, before, "after close with a dead peer");
+}
+
 static void link_init(test_link *l, const brg__transport_ops *ops, int nslots, size_t slot_bytes) {
   static unsigned serial;
   memset(l, 0, sizeof *l);
@@ -1151,6 +1371,20 @@ int main(int argc, char **argv) {
     } else {
       printf("  no byte stream (try_send): point-to-point takes its own TCP over %s's pairs\n",
              ops->name);
+    }
+    if (ops->proxy_post || ops->proxy_sent || ops->proxy_poll || ops->proxy_release) {
+      if (!ops->proxy_post || !ops->proxy_sent || !ops->proxy_poll || !ops->proxy_release)
+        fail("transport %s has part of the proxy entry, not all", ops->name);
+      link_init(&l, ops, 4, 8192);
+      snprintf(where, sizeof where, "%s, proxy entry", ops->name);
+      case_proxy_stream(&l);
+      if (sees_peer_death(ops)) {
+        link_init(&l, ops, 4, 8192);
+        snprintf(where, sizeof where, "%s, proxy entry, a peer killed", ops->name);
+        case_proxy_peer_dies(&l);
+      }
+    } else {
+      printf("  no proxy entry: kernel mode's host proxy cannot take %s links\n", ops->name);
     }
     if (!strcmp(ops->name, "tcp")) {
       link_init(&l, ops, 2, 4096);
