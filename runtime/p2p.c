@@ -50,20 +50,31 @@
  * hello, tells the hang-up of either end, and carries the notice of a
  * send cut short. Between two ranks that the transport table would link
  * with a transport that has the non-blocking byte stream (try_send,
- * try_recv and the readiness hook `ready`, transport/transport.h: shm,
- * ranks of one host), the frames take a link of that transport, set up
- * over the connection at the first message: the receiver makes its end
- * (recv_setup) and answers with its info, the sender attaches
- * (send_connect) and says whether it did; on any failure the frames take
- * the connection itself. On such a link the connection carries one-byte
- * doorbells instead of frames: a thread with nothing to move arms its
- * links (ready) before it polls, and the other end's try_send or
- * try_recv that changes that rings it, the sender on its connection, the
- * receiver back on the same connection. Elsewhere (tcp, ibverbs and
- * cuda_ipc have no such send, and sleep while a link is full: see below)
- * the frames are the connection's own bytes. Either way the code above
- * the bytes (queues, early memory, holding a sender back) is the same;
- * link_recv and link_send are where the two part.
+ * try_recv and the readiness hook `ready`, transport/transport.h: shm
+ * between ranks of one host, tcp between hosts or where only tcp is
+ * allowed), the frames take a link of that transport, set up over the
+ * connection at the first message: the receiver makes its end
+ * (recv_setup, as a byte stream) and answers with its info, the sender
+ * attaches (send_connect) and says whether it did; on any failure the
+ * frames take the connection itself. The links are of two kinds:
+ *
+ *   shm (doorbells): the bytes arrive in memory, so the connection
+ *     carries one-byte doorbells instead of frames: a thread with nothing
+ *     to move arms its links (ready) before it polls, and the other end's
+ *     try_send or try_recv that changes that rings it, the sender on its
+ *     connection, the receiver back on the same connection. The stream's
+ *     end is the connection's, once the link is read.
+ *   tcp (ready_fd): the link is a socket of its own, which the thread
+ *     polls (POLLIN receiving, POLLOUT sending) and which ends itself:
+ *     the connection is then only the hello, the hang-up the sender
+ *     watches for, and the cut notice's door; a send cut short ends the
+ *     link's stream (end) rather than the connection.
+ *
+ * ibverbs and cuda_ipc have no byte stream (their sends sleep while a
+ * link is full, see below): their pairs' frames are the connection's own
+ * bytes. Either way the code above the bytes (queues, early memory,
+ * holding a sender back) is the same; link_recv and link_send are where
+ * the kinds part.
  *
  * One lock guards both sides (queues, the thread's reads into posted
  * buffers and writes from queued sends); each peer's send lock serializes
@@ -78,10 +89,10 @@
  * send_now), and the early-memory cap holds one sender back without
  * stalling the others: a send that returns at once with what the link
  * took, and a readiness hook for the thread's poll, are what the table
- * needed. tcp and ibverbs could give them (tcp's socket is its readiness
- * fd; ibverbs' credits and completions would need a descriptor of their
- * own); until they do, their pairs take this connection, which between
- * hosts is the same kind of wire tcp's links are.
+ * needed. ibverbs could give them too (its credits and completions would
+ * need a descriptor of their own, as its software backend's sockets and
+ * the real one's completion channel are); until it does, its pairs take
+ * this connection, which is the same kind of wire tcp's links are.
  */
 #include <errno.h>
 #include <limits.h>
@@ -113,9 +124,9 @@
  * never say hello may hold this many descriptors, each for
  * BRG__NET_HELLO_MS (the ring's listeners close after init). */
 #define P2P_MAX_PENDING 8
-/* A link of the transport table (shm between ranks of one host): its
- * slots, and what its FIFO's name is told apart from the ring links'
- * by (xor'ed into the communicator's id). */
+/* A link of the transport table: its slots (shm's FIFO; a tcp stream's
+ * bytes wait in its socket), and what its FIFO's name is told apart from
+ * the ring links' by (xor'ed into the communicator's id). */
 #define P2P_LINK_SLOTS 8
 #define P2P_LINK_SLOT_BYTES (256u << 10)
 #define P2P_LINK_ID UINT64_C(0x7032700000000000)
@@ -168,10 +179,11 @@ typedef struct p2p_peer {
   int rank;
   /* Links of the transport table the frames travel on, set with out_fd
    * and in_fd and kept until brg__p2p_free (ops NULL: the frames are
-   * the connection's own bytes). On such a link the connection carries
-   * the hello, the hang-up and one-byte doorbells both ways: the
-   * sender's to wake a receiver waiting for bytes, the receiver's (on
-   * the same connection, back) to wake a sender waiting for room. */
+   * the connection's own bytes). On a link with doorbells (shm) the
+   * connection carries the hello, the hang-up and one-byte doorbells
+   * both ways: the sender's to wake a receiver waiting for bytes, the
+   * receiver's (on the same connection, back) to wake a sender waiting
+   * for room. A link with a descriptor of its own (tcp) is polled there. */
   brg__conn out_link, in_link;
   /* Sending side. send_lock serializes the dial; out_fd is set once,
    * under both locks; the rest is under the p2p lock. */
@@ -251,19 +263,42 @@ static int drain_bells(int fd) {
   }
 }
 
+/* Whether a table link is rung with doorbells on the connection (shm,
+ * whose bytes arrive in memory) rather than polled on a descriptor of
+ * its own (ready_fd: tcp's socket). */
+static int link_bells(const brg__conn *l) {
+  return l->ops && !l->ops->ready_fd;
+}
+
+/* What poll watches for bytes from this peer: its link's descriptor, or
+ * the connection (the frames, or a link's doorbells and hang-up). */
+static int in_poll_fd(const p2p_peer *pr) {
+  return pr->in_link.ops && pr->in_link.ops->ready_fd
+             ? pr->in_link.ops->ready_fd((brg__conn *)&pr->in_link)
+             : pr->in_fd;
+}
+
 /* The bytes under a peer's frames, as recv() and send() on a
  * non-blocking socket give them: -1 with EAGAIN when nothing moves now,
- * 0 from link_recv at the end of the stream. On a table link the end is
- * the connection's, once what the link holds is read: the sender
- * publishes before it hangs up. The caller holds the p2p lock. */
+ * -1 with another errno when the link broke, 0 from link_recv at the end
+ * of the stream. On a link with doorbells (shm) the end is the
+ * connection's, once what the link holds is read: the sender publishes
+ * before it hangs up; a link with a wire of its own (tcp) ends itself.
+ * The caller holds the p2p lock. */
 static ssize_t link_recv(p2p_peer *pr, void *dst, size_t want) {
   brg__conn *l = &pr->in_link;
   if (!l->ops) return recv(pr->in_fd, dst, want, MSG_DONTWAIT);
   for (int pass = 0; pass < 2; pass++) {
     int ring = 0;
-    size_t n = l->ops->try_recv(l, dst, want, &ring);
+    ssize_t n = l->ops->try_recv(l, dst, want, &ring);
     if (ring) ring_bell(pr->in_fd);
-    if (n) return (ssize_t)n;
+    if (n > 0) return n;
+    if (n == BRG__STREAM_ENDED) return 0;
+    if (n < 0) return -1; /* broken: errno says why */
+    if (!link_bells(l)) {
+      errno = EAGAIN;
+      return -1;
+    }
     if (pass == 0 && drain_bells(pr->in_fd)) {
       errno = EAGAIN;
       return -1;
@@ -276,9 +311,10 @@ static ssize_t link_send(p2p_peer *pr, const void *src, size_t want) {
   brg__conn *l = &pr->out_link;
   if (!l->ops) return send(pr->out_fd, src, want, MSG_DONTWAIT | MSG_NOSIGNAL);
   int ring = 0;
-  size_t n = l->ops->try_send(l, src, want, &ring);
+  ssize_t n = l->ops->try_send(l, src, want, &ring);
   if (ring) ring_bell(pr->out_fd);
-  if (n) return (ssize_t)n;
+  if (n > 0) return n;
+  if (n < 0) return -1; /* broken: errno says why */
   errno = EAGAIN;
   return -1;
 }
@@ -294,13 +330,15 @@ static brg__conn_params link_params(brg_comm *c, int peer) {
                             .slot_bytes = P2P_LINK_SLOT_BYTES,
                             .comm_id = c->comm_id ^ P2P_LINK_ID,
                             .secret = brg__bootstrap_secret(c->bs),
-                            .timeout_ms = c->timeout_ms};
+                            .timeout_ms = c->timeout_ms,
+                            .stream = 1};
 }
 
 /* Whether a transport can carry point-to-point: the byte stream that
- * never blocks (try_send, try_recv, ready). */
+ * never blocks (try_send, try_recv, ready; with a descriptor of its own,
+ * its end too). */
 static int link_capable(const brg__transport_ops *t) {
-  return t && t->try_send && t->try_recv && t->ready;
+  return t && t->try_send && t->try_recv && t->ready && (!t->ready_fd || t->end);
 }
 
 /* The peer's state, made at first use; the caller holds the p2p lock. */
@@ -811,7 +849,7 @@ static int hello_take(void *arg, const brg__conn_params *unused, int fd, const v
  * only once a connection it made just before could have said hello
  * (hup_check). */
 static void check_out(brg_comm *c, p2p_peer *pr, int rank) {
-  if (pr->out_link.ops) {
+  if (link_bells(&pr->out_link)) {
     /* The receiver's doorbells come back on it: read, they are no news. */
     if (drain_bells(pr->out_fd)) return;
   } else {
@@ -843,16 +881,23 @@ static void *p2p_main(void *arg) {
   brg_comm *c = arg;
   brg__p2p *p = c->p2p;
   brg__log_set_thread_rank(c->rank);
-  size_t cap = 1 + BRG__NET_DOOR_FDS + 2 * (size_t)c->nranks;
+  /* Per peer: what it sends here, the connection to it, and the link to
+   * it where that has a descriptor of its own. */
+  size_t cap = 1 + BRG__NET_DOOR_FDS + 3 * (size_t)c->nranks;
   struct pollfd *fds = calloc(cap, sizeof *fds);
   int *who = calloc(cap, sizeof *who);
   /* 1: a table link is ready at once, whatever poll says of its fd. */
   char *now = calloc(cap, 1);
-  if (!fds || !who || !now) {
+  /* What each entry is: IN, OUT (the connection), OUT_LINK (the link's
+   * own descriptor, for room). */
+  enum { IN, OUT, OUT_LINK };
+  char *kind = calloc(cap, 1);
+  if (!fds || !who || !now || !kind) {
     BRG__WARN("p2p", "rank %d: out of memory for the point-to-point thread", c->rank);
     free(fds);
     free(who);
     free(now);
+    free(kind);
     return NULL;
   }
   pthread_mutex_lock(&p->lock);
@@ -864,25 +909,37 @@ static void *p2p_main(void *arg) {
     int door = brg__net_door_fds(&p->door, fds + 1), n = 1 + door;
     pthread_mutex_lock(&p->lock);
     for (int i = 0; i < p->nactive; i++) {
-      p2p_peer *pr = p->peer[p->active[i]];
+      int rank = p->active[i];
+      p2p_peer *pr = p->peer[rank];
       if (hup_check(p, pr) && wait_ms > 50) wait_ms = 50;
-      if (pr->held) resume_held(c, pr, p->active[i]);
+      if (pr->held) resume_held(c, pr, rank);
       if (pr->in_fd >= 0 && !pr->held) {
-        /* A table link is armed before the sleep: its sender rings once
-         * it publishes. */
-        now[n] = pr->in_link.ops && pr->in_link.ops->ready(&pr->in_link, 0, 1);
-        who[n] = p->active[i];
-        fds[n++] = (struct pollfd){.fd = pr->in_fd, .events = POLLIN};
+        /* A link with doorbells is armed before the sleep: its sender
+         * rings once it publishes. */
+        now[n] = link_bells(&pr->in_link) && pr->in_link.ops->ready(&pr->in_link, 0, 1);
+        who[n] = rank;
+        kind[n] = IN;
+        fds[n++] = (struct pollfd){.fd = in_poll_fd(pr), .events = POLLIN};
       }
       int sending = pr->sendq && pr->out_fd >= 0 && !pr->out_broken;
-      /* On a table link room comes as a doorbell (POLLIN), and so does
-       * the hang-up. */
-      short ev = (short)((pr->watch_out || (sending && pr->out_link.ops) ? POLLIN : 0) |
+      int bells = link_bells(&pr->out_link);
+      /* On a link with doorbells room comes as a doorbell (POLLIN), and
+       * so does the hang-up; a link with a descriptor of its own says so
+       * there (POLLOUT). */
+      short ev = (short)((pr->watch_out || (sending && bells) ? POLLIN : 0) |
                          (sending && !pr->out_link.ops ? POLLOUT : 0));
       if (ev) {
-        now[n] = sending && pr->out_link.ops && pr->out_link.ops->ready(&pr->out_link, 1, 1);
-        who[n] = -1 - p->active[i];
+        now[n] = sending && bells && pr->out_link.ops->ready(&pr->out_link, 1, 1);
+        who[n] = rank;
+        kind[n] = OUT;
         fds[n++] = (struct pollfd){.fd = pr->out_fd, .events = ev};
+      }
+      if (sending && pr->out_link.ops && !bells) {
+        now[n] = 0;
+        who[n] = rank;
+        kind[n] = OUT_LINK;
+        fds[n++] =
+            (struct pollfd){.fd = pr->out_link.ops->ready_fd(&pr->out_link), .events = POLLOUT};
       }
     }
     for (int i = 1 + door; i < n; i++)
@@ -901,25 +958,32 @@ static void *p2p_main(void *arg) {
     pthread_mutex_lock(&p->lock);
     for (int i = 1 + door; r >= 0 && i < n; i++) {
       if (!(r > 0 && fds[i].revents) && !now[i]) continue;
-      if (who[i] < 0) continue;
+      if (kind[i] != IN) continue;
       p2p_peer *pr = p->peer[who[i]];
-      if (pr->in_fd == fds[i].fd) read_peer(c, pr, who[i]);
+      if (pr->in_fd >= 0 && in_poll_fd(pr) == fds[i].fd) read_peer(c, pr, who[i]);
     }
     for (int i = 1 + door; r >= 0 && i < n; i++) {
       short rev = r > 0 ? fds[i].revents : 0;
-      if ((!rev && !now[i]) || who[i] >= 0) continue;
-      p2p_peer *pr = p->peer[-1 - who[i]];
+      if ((!rev && !now[i]) || kind[i] == IN) continue;
+      p2p_peer *pr = p->peer[who[i]];
+      if (pr->out_fd < 0) continue;
+      if (kind[i] == OUT_LINK) {
+        if (rev) write_peer(c, pr, who[i]);
+        continue;
+      }
       if (pr->out_fd != fds[i].fd) continue;
-      if ((rev & (POLLIN | POLLERR | POLLHUP)) && (pr->watch_out || pr->out_link.ops))
-        check_out(c, pr, -1 - who[i]);
-      if ((rev & (POLLOUT | POLLERR | POLLHUP)) || (pr->out_link.ops && (rev || now[i])))
-        write_peer(c, pr, -1 - who[i]);
+      int bells = link_bells(&pr->out_link);
+      if ((rev & (POLLIN | POLLERR | POLLHUP)) && (pr->watch_out || bells))
+        check_out(c, pr, who[i]);
+      if ((rev & (POLLOUT | POLLERR | POLLHUP)) || (bells && (rev || now[i])))
+        write_peer(c, pr, who[i]);
     }
   }
   pthread_mutex_unlock(&p->lock);
   free(fds);
   free(who);
   free(now);
+  free(kind);
   return NULL;
 }
 
@@ -1085,7 +1149,7 @@ static brg_status ensure_out(brg_comm *c, p2p_peer *pr, int rank, char *why, siz
   memcpy(h.secret, brg__bootstrap_secret(c->bs), BRG__SECRET_BYTES);
   /* The frames ride the transport the ring links would take between the
    * two, where it carries point-to-point (link_capable): shm within a
-   * host. tcp, ibverbs and cuda_ipc have no send that returns at once on
+   * host, tcp. ibverbs and cuda_ipc have no send that returns at once on
    * a full link, which one thread serving every peer needs (a sleep in
    * send_now would deadlock two ranks that each send to the other
    * first): their pairs take this connection's own bytes. */
@@ -1413,8 +1477,14 @@ static void cut_notice(brg_comm *c, int rank) {
                 rank);
     close(fd);
   }
-  /* out_fd is set once and closed only by brg__p2p_free. */
-  shutdown(pr->out_fd, SHUT_WR);
+  /* out_fd and out_link are set once and closed only by brg__p2p_free.
+   * The stream ends where the receiver reads it: a link with a wire of
+   * its own ends itself (the thread no longer sends on it: out_broken),
+   * one with doorbells ends with the connection. */
+  if (pr->out_link.ops && pr->out_link.ops->end)
+    pr->out_link.ops->end(&pr->out_link);
+  else
+    shutdown(pr->out_fd, SHUT_WR);
 }
 
 /* Why a send failed, for the caller. */

@@ -10,9 +10,10 @@
  *   fallback  (first, N = 2, shm) the shm link from rank 0 to rank 1
  *             cannot be set up (its name taken): those messages take
  *             p2p's own TCP, the other way shm; every byte checked
- *   links     (first) the first messages of each pair take the shm link of
- *             the transport table where shm is allowed, p2p's own TCP
- *             where not: shm FIFOs mapped, 2 or 0
+ *   links     (first) the first messages of each pair take the link of
+ *             the transport table: shm where shm is allowed (2 shm FIFOs
+ *             mapped, 2 sockets more), tcp where only tcp is (no FIFO, 4
+ *             sockets more: a connection and a tcp link each way)
  *   ring      every dtype and count: each rank sends to the next and
  *             receives from the previous (even ranks send first, odd ranks
  *             receive first), blocking and non-blocking
@@ -63,6 +64,7 @@
 #define _GNU_SOURCE
 #endif
 #include <errno.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -259,10 +261,27 @@ static int shm_maps(void) {
   return n;
 }
 
+/* Sockets this process holds. */
+static int sockets(void) {
+  DIR *d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));) {
+    char path[300], to[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+    ssize_t k = readlink(path, to, sizeof to - 1);
+    if (k > 0 && (to[k] = 0, !strncmp(to, "socket:", 7))) n++;
+  }
+  closedir(d);
+  return n;
+}
+
 /* Run first: the first messages between pairs (0,1), (2,3) take a link
  * of the transport table where shm is allowed (one more FIFO mapped each
- * way: the one this rank receives on, the peer's it sends into) and
- * p2p's own TCP where it is not (nothing mapped). Every byte checked. */
+ * way: the one this rank receives on, the peer's it sends into), and
+ * one of tcp where only tcp is (a socket of its own each way beside the
+ * two connections: 4 sockets more, where p2p's own TCP would make 2).
+ * Every byte checked. */
 static int case_links(mp_ctx *ctx) {
   brg_comm *c = ctx->comm;
   int r = ctx->rank, peer = r ^ 1;
@@ -273,7 +292,7 @@ static int case_links(mp_ctx *ctx) {
   }
   const char *tr = getenv("BRIGADE_TRANSPORTS");
   int shm = !tr || !*tr || strstr(tr, "shm") != NULL;
-  int before = shm_maps();
+  int before = shm_maps(), socks = sockets();
   size_t bytes = 3 << 20;
   unsigned char *s = xmalloc(bytes), *g = xmalloc(bytes);
   fill(s, bytes, r, peer, 91);
@@ -281,12 +300,18 @@ static int case_links(mp_ctx *ctx) {
   OK(brg_send(s, bytes, BRG_UINT8, peer, c, NULL));
   OK(brg_recv(g, bytes, BRG_UINT8, peer, c, NULL));
   int bad = check(g, bytes, peer, r, 91, "links");
-  int after = shm_maps();
+  int after = shm_maps(), socks_after = sockets();
   MP_CHECK(before >= 0 && after - before == (shm ? 2 : 0),
            "point-to-point to rank %d mapped %d shm FIFOs (BRIGADE_TRANSPORTS=%s): expected %d "
            "(%s)",
            peer, after - before, tr ? tr : "", shm ? 2 : 0,
-           shm ? "its link and the peer's over shm" : "its own TCP, no FIFO");
+           shm ? "its link and the peer's over shm" : "no FIFO");
+  int tcp = !shm && tr && !strcmp(tr, "tcp");
+  if (shm || tcp)
+    MP_CHECK(socks >= 0 && socks_after - socks == (tcp ? 4 : 2),
+             "point-to-point to rank %d made %d sockets (BRIGADE_TRANSPORTS=%s): expected %d (%s)",
+             peer, socks_after - socks, tr ? tr : "", tcp ? 4 : 2,
+             tcp ? "a connection and a tcp link each way" : "a connection each way");
   OK(brg_allreduce(&one, &one, 1, BRG_INT32, BRG_SUM, c, NULL));
   free(s);
   free(g);
