@@ -51,27 +51,29 @@
  * send cut short. Between two ranks that the transport table would link
  * with a transport that has the non-blocking byte stream (try_send,
  * try_recv and the readiness hook `ready`, transport/transport.h: shm
- * between ranks of one host, tcp between hosts or where only tcp is
- * allowed), the frames take a link of that transport, set up over the
- * connection at the first message: the receiver makes its end
- * (recv_setup, as a byte stream) and answers with its info, the sender
- * attaches (send_connect) and says whether it did; on any failure the
- * frames take the connection itself. The links are of two kinds:
+ * between ranks of one host, tcp or ibverbs between hosts), the frames
+ * take a link of that transport, set up over the connection at the first
+ * message: the receiver makes its end (recv_setup, as a byte stream) and
+ * answers with its info, the sender attaches (send_connect) and says
+ * whether it did; on any failure the frames take the connection itself.
+ * The links are of two kinds:
  *
- *   shm (doorbells): the bytes arrive in memory, so the connection
+ *   doorbells (shm): the bytes arrive in memory, so the connection
  *     carries one-byte doorbells instead of frames: a thread with nothing
  *     to move arms its links (ready) before it polls, and the other end's
  *     try_send or try_recv that changes that rings it, the sender on its
  *     connection, the receiver back on the same connection. The stream's
  *     end is the connection's, once the link is read.
- *   tcp (ready_fd): the link is a socket of its own, which the thread
- *     polls (POLLIN receiving, POLLOUT sending) and which ends itself:
- *     the connection is then only the hello, the hang-up the sender
- *     watches for, and the cut notice's door; a send cut short ends the
- *     link's stream (end) rather than the connection.
+ *   a descriptor of its own (ready_fd: tcp's socket, ibverbs' eventfd,
+ *     which its proxies write as slots land and credits return): the
+ *     thread polls it, and the link ends itself (its end, close, or its
+ *     process's exit: try_recv says ended; a failure: broken). The
+ *     connection is then only the hello, the hang-up the sender watches
+ *     for, and the cut notice's door; a send cut short ends the link's
+ *     stream (end) rather than the connection.
  *
- * ibverbs and cuda_ipc have no byte stream (their sends sleep while a
- * link is full, see below): their pairs' frames are the connection's own
+ * cuda_ipc has no byte stream and carries device collectives only. Where
+ * the transport picked has none, the frames are the connection's own
  * bytes. Either way the code above the bytes (queues, early memory,
  * holding a sender back) is the same; link_recv and link_send are where
  * the kinds part.
@@ -89,10 +91,7 @@
  * send_now), and the early-memory cap holds one sender back without
  * stalling the others: a send that returns at once with what the link
  * took, and a readiness hook for the thread's poll, are what the table
- * needed. ibverbs could give them too (its credits and completions would
- * need a descriptor of their own, as its software backend's sockets and
- * the real one's completion channel are); until it does, its pairs take
- * this connection, which is the same kind of wire tcp's links are.
+ * needed.
  */
 #include <errno.h>
 #include <limits.h>
@@ -124,9 +123,10 @@
  * never say hello may hold this many descriptors, each for
  * BRG__NET_HELLO_MS (the ring's listeners close after init). */
 #define P2P_MAX_PENDING 8
-/* A link of the transport table: its slots (shm's FIFO; a tcp stream's
- * bytes wait in its socket), and what its FIFO's name is told apart from
- * the ring links' by (xor'ed into the communicator's id). */
+/* A link of the transport table: its slots (shm's FIFO, ibverbs' FIFOs
+ * at both ends; a tcp stream's bytes wait in its socket), and what its
+ * FIFO's name is told apart from the ring links' by (xor'ed into the
+ * communicator's id). */
 #define P2P_LINK_SLOTS 8
 #define P2P_LINK_SLOT_BYTES (256u << 10)
 #define P2P_LINK_ID UINT64_C(0x7032700000000000)
@@ -183,7 +183,8 @@ typedef struct p2p_peer {
    * connection carries the hello, the hang-up and one-byte doorbells
    * both ways: the sender's to wake a receiver waiting for bytes, the
    * receiver's (on the same connection, back) to wake a sender waiting
-   * for room. A link with a descriptor of its own (tcp) is polled there. */
+   * for room. A link with a descriptor of its own (tcp, ibverbs) is
+   * polled there. */
   brg__conn out_link, in_link;
   /* Sending side. send_lock serializes the dial; out_fd is set once,
    * under both locks; the rest is under the p2p lock. */
@@ -265,16 +266,17 @@ static int drain_bells(int fd) {
 
 /* Whether a table link is rung with doorbells on the connection (shm,
  * whose bytes arrive in memory) rather than polled on a descriptor of
- * its own (ready_fd: tcp's socket). */
+ * its own (ready_fd: tcp's socket, ibverbs' eventfd). */
 static int link_bells(const brg__conn *l) {
   return l->ops && !l->ops->ready_fd;
 }
 
 /* What poll watches for bytes from this peer: its link's descriptor, or
  * the connection (the frames, or a link's doorbells and hang-up). */
-static int in_poll_fd(const p2p_peer *pr) {
+static int in_poll_fd(p2p_peer *pr, short *events) {
+  *events = POLLIN;
   return pr->in_link.ops && pr->in_link.ops->ready_fd
-             ? pr->in_link.ops->ready_fd((brg__conn *)&pr->in_link)
+             ? pr->in_link.ops->ready_fd(&pr->in_link, events)
              : pr->in_fd;
 }
 
@@ -283,7 +285,8 @@ static int in_poll_fd(const p2p_peer *pr) {
  * -1 with another errno when the link broke, 0 from link_recv at the end
  * of the stream. On a link with doorbells (shm) the end is the
  * connection's, once what the link holds is read: the sender publishes
- * before it hangs up; a link with a wire of its own (tcp) ends itself.
+ * before it hangs up; a link with a descriptor of its own (tcp,
+ * ibverbs) ends itself.
  * The caller holds the p2p lock. */
 static ssize_t link_recv(p2p_peer *pr, void *dst, size_t want) {
   brg__conn *l = &pr->in_link;
@@ -568,8 +571,10 @@ static void read_peer(brg_comm *c, p2p_peer *pr, int rank) {
     ssize_t n = link_recv(pr, dest, want);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-    if (n == 0 && (pr->in_payload || pr->hdr_got > 0) && pr->cut_by_peer) {
-      /* It said so first (cut_notice): alive, and its send gave up. */
+    if (n <= 0 && (pr->in_payload || pr->hdr_got > 0) && pr->cut_by_peer) {
+      /* It said so first (cut_notice): alive, and its send gave up (its
+       * link then ended, or broke when it closed before this end read
+       * what the link still held). */
       peer_gone(p, pr, BRG_ERR_REMOTE,
                 "rank %d (pid %d on %s) is alive and cut its send of %llu x %s short: %s", rank,
                 c->peers[rank].pid, c->peers[rank].hostname, (unsigned long long)pr->hdr.count,
@@ -919,7 +924,9 @@ static void *p2p_main(void *arg) {
         now[n] = link_bells(&pr->in_link) && pr->in_link.ops->ready(&pr->in_link, 0, 1);
         who[n] = rank;
         kind[n] = IN;
-        fds[n++] = (struct pollfd){.fd = in_poll_fd(pr), .events = POLLIN};
+        short iev;
+        int ifd = in_poll_fd(pr, &iev);
+        fds[n++] = (struct pollfd){.fd = ifd, .events = iev};
       }
       int sending = pr->sendq && pr->out_fd >= 0 && !pr->out_broken;
       int bells = link_bells(&pr->out_link);
@@ -935,11 +942,12 @@ static void *p2p_main(void *arg) {
         fds[n++] = (struct pollfd){.fd = pr->out_fd, .events = ev};
       }
       if (sending && pr->out_link.ops && !bells) {
+        short lev = POLLOUT;
+        int lfd = pr->out_link.ops->ready_fd(&pr->out_link, &lev);
         now[n] = 0;
         who[n] = rank;
         kind[n] = OUT_LINK;
-        fds[n++] =
-            (struct pollfd){.fd = pr->out_link.ops->ready_fd(&pr->out_link), .events = POLLOUT};
+        fds[n++] = (struct pollfd){.fd = lfd, .events = lev};
       }
     }
     for (int i = 1 + door; i < n; i++)
@@ -960,7 +968,8 @@ static void *p2p_main(void *arg) {
       if (!(r > 0 && fds[i].revents) && !now[i]) continue;
       if (kind[i] != IN) continue;
       p2p_peer *pr = p->peer[who[i]];
-      if (pr->in_fd >= 0 && in_poll_fd(pr) == fds[i].fd) read_peer(c, pr, who[i]);
+      short iev;
+      if (pr->in_fd >= 0 && in_poll_fd(pr, &iev) == fds[i].fd) read_peer(c, pr, who[i]);
     }
     for (int i = 1 + door; r >= 0 && i < n; i++) {
       short rev = r > 0 ? fds[i].revents : 0;
@@ -1148,11 +1157,11 @@ static brg_status ensure_out(brg_comm *c, p2p_peer *pr, int rank, char *why, siz
   p2p_hello h = {.magic = P2P_MAGIC, .from = c->rank, .to = rank, .comm_id = c->comm_id};
   memcpy(h.secret, brg__bootstrap_secret(c->bs), BRG__SECRET_BYTES);
   /* The frames ride the transport the ring links would take between the
-   * two, where it carries point-to-point (link_capable): shm within a
-   * host, tcp. ibverbs and cuda_ipc have no send that returns at once on
-   * a full link, which one thread serving every peer needs (a sleep in
-   * send_now would deadlock two ranks that each send to the other
-   * first): their pairs take this connection's own bytes. */
+   * two, where it carries point-to-point (link_capable: shm, tcp,
+   * ibverbs). One without a send that returns at once on a full link,
+   * which one thread serving every peer needs (a sleep in send_now would
+   * deadlock two ranks that each send to the other first), leaves its
+   * pairs to this connection's own bytes. */
   const brg__transport_ops *t =
       brg__transport_pick(&c->peers[c->rank], pi, c->transports, BRG__CARRIES_HOST);
   if (link_capable(t))
@@ -1478,9 +1487,9 @@ static void cut_notice(brg_comm *c, int rank) {
     close(fd);
   }
   /* out_fd and out_link are set once and closed only by brg__p2p_free.
-   * The stream ends where the receiver reads it: a link with a wire of
-   * its own ends itself (the thread no longer sends on it: out_broken),
-   * one with doorbells ends with the connection. */
+   * The stream ends where the receiver reads it: a link with a
+   * descriptor of its own ends itself (the thread no longer sends on it:
+   * out_broken), one with doorbells ends with the connection. */
   if (pr->out_link.ops && pr->out_link.ops->end)
     pr->out_link.ops->end(&pr->out_link);
   else

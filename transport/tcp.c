@@ -510,8 +510,9 @@ static int tcp_ready(brg__conn *c, int sending, int arm) {
   return poll(&pfd, 1, 0) > 0;
 }
 
-static int tcp_ready_fd(brg__conn *c) {
+static int tcp_ready_fd(brg__conn *c, short *events) {
   tcp_conn *t = c->priv;
+  *events = t->l.sender ? POLLOUT : POLLIN;
   return t->fds[0];
 }
 

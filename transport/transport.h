@@ -310,13 +310,16 @@ struct brg__transport_ops {
   ssize_t (*try_send)(brg__conn *c, const void *buf, size_t bytes, int *ring);
   ssize_t (*try_recv)(brg__conn *c, void *buf, size_t bytes, int *ring);
   int (*ready)(brg__conn *c, int sending, int arm);
-  /* Optional, with the byte stream, for a link whose bytes arrive on a
-   * descriptor of its own (tcp's socket): ready_fd gives it, for poll
-   * (POLLOUT on the send end, POLLIN on the receive end) instead of
-   * arming; such a link never sets *ring. end, on the send end, ends the
-   * stream: the receiver's try_recv says BRG__STREAM_ENDED once it has
-   * read what came before (shm's end is the runtime's to tell). */
-  int (*ready_fd)(brg__conn *c);
+  /* Optional, with the byte stream, for a link whose readiness shows on
+   * a descriptor of its own (tcp's socket, ibverbs' eventfd): ready_fd
+   * gives it and the poll events that mean ready (*events: POLLOUT on a
+   * tcp send end, POLLIN elsewhere), polled instead of arming; such a
+   * link never sets *ring. The descriptor is level: it says ready while
+   * this end's try_* has something to do, or may have. end, on the send
+   * end, ends the stream: the receiver's try_recv says BRG__STREAM_ENDED
+   * once it has read what came before (shm's end is the runtime's to
+   * tell). */
+  int (*ready_fd)(brg__conn *c, short *events);
   void (*end)(brg__conn *c);
 
   /* Optional (NULL where the transport cannot): GPU memory on the link

@@ -301,10 +301,9 @@ collectives)
   done
   echo "links: $nnet via $NET, $nshm via shm"
   # Point-to-point (all_to_all and a ring of messages: every pair): a
-  # rank's link to another host takes tcp's byte stream where NET is tcp,
-  # its own TCP connection over ibverbs (no byte stream there); to a rank
-  # of its own host, shm.
-  want_p2p=$([ "$NET" = tcp ] && echo tcp || echo "its own TCP connection")
+  # rank's link to another host takes NET's byte stream (tcp's socket,
+  # ibverbs' queue pairs); to a rank of its own host, shm.
+  want_p2p=$NET
   for r in $(seq 0 $((NRANKS - 1))); do
     for p in $(seq 0 $((NRANKS - 1))); do
       [ "$p" = "$r" ] && continue

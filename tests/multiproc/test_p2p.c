@@ -13,7 +13,8 @@
  *   links     (first) the first messages of each pair take the link of
  *             the transport table: shm where shm is allowed (2 shm FIFOs
  *             mapped, 2 sockets more), tcp where only tcp is (no FIFO, 4
- *             sockets more: a connection and a tcp link each way)
+ *             sockets more: a connection and a tcp link each way),
+ *             ibverbs where only it is (an eventfd each way)
  *   ring      every dtype and count: each rank sends to the next and
  *             receives from the previous (even ranks send first, odd ranks
  *             receive first), blocking and non-blocking
@@ -261,8 +262,9 @@ static int shm_maps(void) {
   return n;
 }
 
-/* Sockets this process holds. */
-static int sockets(void) {
+/* Descriptors this process holds whose link starts with `kind`
+ * ("socket:", "anon_inode:[eventfd]"). */
+static int fds_of(const char *kind) {
   DIR *d = opendir("/proc/self/fd");
   if (!d) return -1;
   int n = 0;
@@ -270,7 +272,7 @@ static int sockets(void) {
     char path[300], to[64];
     snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
     ssize_t k = readlink(path, to, sizeof to - 1);
-    if (k > 0 && (to[k] = 0, !strncmp(to, "socket:", 7))) n++;
+    if (k > 0 && (to[k] = 0, !strncmp(to, kind, strlen(kind)))) n++;
   }
   closedir(d);
   return n;
@@ -278,9 +280,10 @@ static int sockets(void) {
 
 /* Run first: the first messages between pairs (0,1), (2,3) take a link
  * of the transport table where shm is allowed (one more FIFO mapped each
- * way: the one this rank receives on, the peer's it sends into), and
- * one of tcp where only tcp is (a socket of its own each way beside the
- * two connections: 4 sockets more, where p2p's own TCP would make 2).
+ * way: the one this rank receives on, the peer's it sends into), one of
+ * tcp where only tcp is (a socket of its own each way beside the two
+ * connections: 4 sockets more, where p2p's own TCP would make 2), and
+ * one of ibverbs where only it is (its readiness an eventfd each way).
  * Every byte checked. */
 static int case_links(mp_ctx *ctx) {
   brg_comm *c = ctx->comm;
@@ -292,7 +295,7 @@ static int case_links(mp_ctx *ctx) {
   }
   const char *tr = getenv("BRIGADE_TRANSPORTS");
   int shm = !tr || !*tr || strstr(tr, "shm") != NULL;
-  int before = shm_maps(), socks = sockets();
+  int before = shm_maps(), socks = fds_of("socket:"), evs = fds_of("anon_inode:[eventfd]");
   size_t bytes = 3 << 20;
   unsigned char *s = xmalloc(bytes), *g = xmalloc(bytes);
   fill(s, bytes, r, peer, 91);
@@ -300,7 +303,8 @@ static int case_links(mp_ctx *ctx) {
   OK(brg_send(s, bytes, BRG_UINT8, peer, c, NULL));
   OK(brg_recv(g, bytes, BRG_UINT8, peer, c, NULL));
   int bad = check(g, bytes, peer, r, 91, "links");
-  int after = shm_maps(), socks_after = sockets();
+  int after = shm_maps(), socks_after = fds_of("socket:");
+  int evs_after = fds_of("anon_inode:[eventfd]");
   MP_CHECK(before >= 0 && after - before == (shm ? 2 : 0),
            "point-to-point to rank %d mapped %d shm FIFOs (BRIGADE_TRANSPORTS=%s): expected %d "
            "(%s)",
@@ -312,6 +316,12 @@ static int case_links(mp_ctx *ctx) {
              "point-to-point to rank %d made %d sockets (BRIGADE_TRANSPORTS=%s): expected %d (%s)",
              peer, socks_after - socks, tr ? tr : "", tcp ? 4 : 2,
              tcp ? "a connection and a tcp link each way" : "a connection each way");
+  /* An ibverbs link's readiness is an eventfd of its own, one each way. */
+  int ib = tr && !strcmp(tr, "ibverbs");
+  MP_CHECK(evs >= 0 && evs_after - evs == (ib ? 2 : 0),
+           "point-to-point to rank %d made %d eventfds (BRIGADE_TRANSPORTS=%s): expected %d (%s)",
+           peer, evs_after - evs, tr ? tr : "", ib ? 2 : 0,
+           ib ? "an ibverbs link each way" : "no ibverbs link");
   OK(brg_allreduce(&one, &one, 1, BRG_INT32, BRG_SUM, c, NULL));
   free(s);
   free(g);
