@@ -339,6 +339,8 @@ struct brg__transport_ops {
 /* The transports in order of preference (transport.c), NULL-terminated. */
 extern const brg__transport_ops *const brg__transports[];
 
+/* Whether `allow` (comma list of names, NULL or "" for any) names it. */
+int brg__transport_allowed(const char *allow, const char *name);
 /* First transport allowed by `allow` (comma list of names, NULL or "" for
  * any) that carries `carries` (BRG__CARRIES_*) and whose can_connect
  * accepts the pair (self sends, peer receives), or NULL. */

@@ -8,8 +8,10 @@
  *
  * Cases:
  *   fallback  (first, N = 2, shm) the shm link from rank 0 to rank 1
- *             cannot be set up (its name taken): those messages take
- *             p2p's own TCP, the other way shm; every byte checked
+ *             cannot be set up (its name taken): those messages take the
+ *             table's next transport, tcp, where it is allowed, the other
+ *             way shm, every byte checked; with shm alone the send fails
+ *             (BRG_ERR_UNAVAILABLE, naming shm's failure)
  *   links     (first) the first messages of each pair take the link of
  *             the transport table: shm where shm is allowed (2 shm FIFOs
  *             mapped, 2 sockets more), tcp where only tcp is (no FIFO, 4
@@ -332,15 +334,19 @@ static int case_links(mp_ctx *ctx) {
  * the first message from rank 0 would set up (transport/shm.c's name,
  * with runtime/p2p.c's P2P_LINK_ID xor'ed into the communicator's id,
  * which rank 1 reads from its ring link's mapping), so that its
- * recv_setup fails: that pair's messages fall back to p2p's own TCP and
- * arrive all the same, while rank 1's messages to rank 0 take shm (one
- * FIFO mapped on each rank). */
+ * recv_setup fails. Where tcp is allowed too, that pair's messages take
+ * the table's next transport, a tcp link, and arrive all the same; where
+ * shm is the only one, rank 0's send fails with BRG_ERR_UNAVAILABLE
+ * naming shm's failure (no link could be set up). Either way rank 1's
+ * messages to rank 0 take shm (one FIFO mapped on each rank). */
 static int case_fallback(mp_ctx *ctx) {
   brg_comm *c = ctx->comm;
   int r = ctx->rank, peer = 1 - r;
   int32_t one = 1;
   char name[64] = "";
   if (ctx->nranks != 2) return mp_fail("fallback runs at N = 2"), 1;
+  const char *tr = getenv("BRIGADE_TRANSPORTS");
+  int tcp = tr && strstr(tr, "tcp") != NULL;
   int before = shm_maps();
   if (r == 1) {
     FILE *f = fopen("/proc/self/maps", "r");
@@ -362,21 +368,36 @@ static int case_fallback(mp_ctx *ctx) {
   unsigned char *s = xmalloc(bytes), *g = xmalloc(bytes);
   fill(s, bytes, r, peer, 93);
   memset(g, 0xee, bytes);
+  int bad = 0;
   if (r == 0) {
-    OK(brg_send(s, bytes, BRG_UINT8, peer, c, NULL));
+    brg_status st = brg_send(s, bytes, BRG_UINT8, peer, c, NULL);
+    const char *e = brg_comm_last_error(c);
+    if (tcp)
+      MP_CHECK(st == BRG_SUCCESS, "send to rank 1 with its shm link refused: %s (%s)",
+               brg_status_string(st), e);
+    else
+      MP_CHECK(st == BRG_ERR_UNAVAILABLE && mp_contains(e, "no link to rank 1") &&
+                   mp_contains(e, "shm: ") && mp_contains(e, "File exists"),
+               "send to rank 1 over shm alone, its shm link refused: %s (%s), expected "
+               "BRG_ERR_UNAVAILABLE naming shm's failure",
+               brg_status_string(st), e);
     OK(brg_recv(g, bytes, BRG_UINT8, peer, c, NULL));
+    bad = check(g, bytes, peer, r, 93, "fallback");
   } else {
-    OK(brg_recv(g, bytes, BRG_UINT8, peer, c, NULL));
+    if (tcp) {
+      OK(brg_recv(g, bytes, BRG_UINT8, peer, c, NULL));
+      bad = check(g, bytes, peer, r, 93, "fallback");
+    }
     OK(brg_send(s, bytes, BRG_UINT8, peer, c, NULL));
   }
-  int bad = check(g, bytes, peer, r, 93, "fallback");
   int after = shm_maps();
   MP_CHECK(after - before == 1,
            "rank %d mapped %d shm FIFOs for point-to-point: expected 1 (rank 1 -> 0 over shm, "
-           "0 -> 1 over TCP)",
-           r, after - before);
-  if (r == 1) shm_unlink(name);
+           "0 -> 1 %s)",
+           r, after - before, tcp ? "over tcp" : "none");
   OK(brg_allreduce(&one, &one, 1, BRG_INT32, BRG_SUM, c, NULL));
+  if (r == 1) shm_unlink(name);
+  OK(brg_allreduce(&one, &one, 1, BRG_INT32, BRG_SUM, c, NULL)); /* free again */
   free(s);
   free(g);
   return bad || mp_failures();
