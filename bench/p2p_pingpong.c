@@ -5,9 +5,11 @@
  *   p2p_pingpong [--sizes 8,4K,64K,1M,16M] [--reps R] [--transports tcp:shm,tcp]
  *
  * For each entry of --transports (colon-separated BRIGADE_TRANSPORTS
- * values; the default compares "tcp", where point-to-point takes its own
- * loopback TCP connection, with "shm,tcp", where it takes the shm link of
- * the transport table) two ranks are forked and build a communicator
+ * values; the default compares "tcp", where point-to-point takes a tcp
+ * link of the transport table over loopback, with "shm,tcp", where it
+ * takes the shm link; "ibverbs" takes an ibverbs link, on one host with
+ * BRIGADE_IB_BACKEND=soft and BRIGADE_IB_ALLOW_LOCAL=1 in the
+ * environment) two ranks are forked and build a communicator
  * limited to those transports. For each size, rank 0 sends and rank 1
  * sends the message back, R times after a warm-up; the best and median
  * round trips give latency (half a round trip) and bandwidth (bytes moved

@@ -3,34 +3,34 @@
  *
  * Each rank listens on one TCP port, opened before the bootstrap so that
  * the peer table carries it. The first message from A to B dials B's
- * listener; that connection (or the shm link set up over it, below)
- * carries A's messages to B and nothing back (B's messages to A take B's
- * own connection), so two ranks that dial each other at once need no
- * tie-break, and order per pair is the stream's order.
+ * listener; the link of the transport table set up over that connection
+ * (below) carries A's messages to B and nothing back (B's messages to A
+ * take B's own), so two ranks that dial each other at once need no
+ * tie-break, and order per pair is the link's stream order.
  *
  * A thread per communicator ("brg-p2p") is the progress engine of both
- * directions. It reads every incoming connection as bytes arrive: a
+ * directions. It reads every incoming link as bytes arrive: a
  * message whose receive is posted lands in that receive's buffer;
  * otherwise it lands in memory of its own ("unexpected", or early) until
  * its receive is posted, and is copied then. Early memory for the user's
  * messages is capped per communicator (BRIGADE_P2P_EARLY_BYTES): a header
  * whose message does not fit is held, the thread stops reading that
- * connection (or link), and its flow control (a full socket, a full
- * link) holds the sender back until a receive is posted or early memory
+ * link, and its flow control (a full FIFO, a full socket) holds the
+ * sender back until a receive is posted or early memory
  * is freed. One message always fits when no
  * early memory is in use, so two ranks that each send one message first
  * and receive afterwards never deadlock, at any size. all_to_all's blocks
  * are not capped: a rank is at most one all_to_all ahead of another.
  *
  * Sends are queued per peer (brg__p2p_isend): the caller writes what the
- * socket (or link) takes at once, the thread writes the rest as the
- * socket drains (POLLOUT; on a link, as the receiver's doorbell says room
- * came), and a send finishes once its last byte has left its buffer.
+ * link takes at once, the thread writes the rest as room comes (the
+ * receiver's doorbell, or the link's descriptor), and a send finishes
+ * once its last byte has left its buffer.
  * brg_send is a queued send and a wait.
  *
- *   A: isend(B) -> A's send queue for B --[hello, then frames]-->
- *        B's listener -> brg-p2p thread -> posted receive, early memory,
- *                                          or held (B stops reading)
+ *   A: isend(B) -> A's send queue for B --[hello on the connection; frames
+ *        on the link]--> B's brg-p2p thread -> posted receive, early
+ *                                    memory, or held (B stops reading)
  *
  * A receive from any source (BRG_ANY_SOURCE) waits in a queue of the
  * communicator's own. A message from a peer goes to whichever was posted
@@ -50,20 +50,34 @@
  * hello, tells the hang-up of either end, and carries the notice of a
  * send cut short. Between two ranks that the transport table would link
  * with a transport that has the non-blocking byte stream (try_send,
- * try_recv and the readiness hook `ready`, transport/transport.h: shm,
- * ranks of one host), the frames take a link of that transport, set up
- * over the connection at the first message: the receiver makes its end
- * (recv_setup) and answers with its info, the sender attaches
- * (send_connect) and says whether it did; on any failure the frames take
- * the connection itself. On such a link the connection carries one-byte
- * doorbells instead of frames: a thread with nothing to move arms its
- * links (ready) before it polls, and the other end's try_send or
- * try_recv that changes that rings it, the sender on its connection, the
- * receiver back on the same connection. Elsewhere (tcp, ibverbs and
- * cuda_ipc have no such send, and sleep while a link is full: see below)
- * the frames are the connection's own bytes. Either way the code above
- * the bytes (queues, early memory, holding a sender back) is the same;
- * link_recv and link_send are where the two part.
+ * try_recv and the readiness hook `ready`, transport/transport.h: shm
+ * between ranks of one host, tcp or ibverbs between hosts), the frames
+ * take a link of that transport, set up over the connection at the first
+ * message: the receiver makes its end (recv_setup, as a byte stream) and
+ * answers with its info, the sender attaches (send_connect) and says
+ * whether it did, naming the next transport of the table to try when it
+ * did not (each failure is logged at INFO): the fallback is the table's,
+ * and when no transport is left the connection is dropped and the send
+ * fails with the reasons. The links are of two kinds:
+ *
+ *   doorbells (shm): the bytes arrive in memory, so the connection
+ *     carries one-byte doorbells instead of frames: a thread with nothing
+ *     to move arms its links (ready) before it polls, and the other end's
+ *     try_send or try_recv that changes that rings it, the sender on its
+ *     connection, the receiver back on the same connection. The stream's
+ *     end is the connection's, once the link is read.
+ *   a descriptor of its own (ready_fd: tcp's socket, ibverbs' eventfd,
+ *     which its proxies write as slots land and credits return): the
+ *     thread polls it, and the link ends itself (its end, close, or its
+ *     process's exit: try_recv says ended; a failure: broken). The
+ *     connection is then only the hello, the hang-up the sender watches
+ *     for, and the cut notice's door; a send cut short ends the link's
+ *     stream (end) rather than the connection.
+ *
+ * cuda_ipc has no byte stream and carries device collectives only. The
+ * code above the bytes (queues, early memory, holding a sender back) is
+ * the same for every link; link_recv and link_send are where the kinds
+ * part.
  *
  * One lock guards both sides (queues, the thread's reads into posted
  * buffers and writes from queued sends); each peer's send lock serializes
@@ -78,10 +92,7 @@
  * send_now), and the early-memory cap holds one sender back without
  * stalling the others: a send that returns at once with what the link
  * took, and a readiness hook for the thread's poll, are what the table
- * needed. tcp and ibverbs could give them (tcp's socket is its readiness
- * fd; ibverbs' credits and completions would need a descriptor of their
- * own); until they do, their pairs take this connection, which between
- * hosts is the same kind of wire tcp's links are.
+ * needed.
  */
 #include <errno.h>
 #include <limits.h>
@@ -113,9 +124,10 @@
  * never say hello may hold this many descriptors, each for
  * BRG__NET_HELLO_MS (the ring's listeners close after init). */
 #define P2P_MAX_PENDING 8
-/* A link of the transport table (shm between ranks of one host): its
- * slots, and what its FIFO's name is told apart from the ring links'
- * by (xor'ed into the communicator's id). */
+/* A link of the transport table: its slots (shm's FIFO, ibverbs' FIFOs
+ * at both ends; a tcp stream's bytes wait in its socket), and what its
+ * FIFO's name is told apart from the ring links' by (xor'ed into the
+ * communicator's id). */
 #define P2P_LINK_SLOTS 8
 #define P2P_LINK_SLOT_BYTES (256u << 10)
 #define P2P_LINK_ID UINT64_C(0x7032700000000000)
@@ -130,12 +142,18 @@ typedef struct p2p_hello {
   uint32_t cut;
   uint64_t comm_id;
   uint8_t secret[BRG__SECRET_BYTES];
-  /* The transport of the table the frames are to travel on ("": this
-   * connection's own bytes). The receiver answers with a p2p_link_reply,
-   * the sender with one byte: 1 attached, 0 not (the frames then take
-   * the connection). */
+  /* The transport of the table the frames are to travel on. The
+   * receiver answers with a p2p_link_reply, the sender with a
+   * p2p_link_ack: attached, or not and the next transport to try ("":
+   * none, the connection is dropped). */
   char link[P2P_LINK_NAME];
 } p2p_hello;
+
+typedef struct p2p_link_ack {
+  uint32_t magic;
+  uint32_t attached; /* 1: the sender attached to the link the reply named */
+  char next[P2P_LINK_NAME];
+} p2p_link_ack;
 
 typedef struct p2p_link_reply {
   uint32_t magic;
@@ -167,11 +185,12 @@ typedef struct p2p_unexp {
 typedef struct p2p_peer {
   int rank;
   /* Links of the transport table the frames travel on, set with out_fd
-   * and in_fd and kept until brg__p2p_free (ops NULL: the frames are
-   * the connection's own bytes). On such a link the connection carries
-   * the hello, the hang-up and one-byte doorbells both ways: the
-   * sender's to wake a receiver waiting for bytes, the receiver's (on
-   * the same connection, back) to wake a sender waiting for room. */
+   * and in_fd and kept until brg__p2p_free. On a link with doorbells (shm) the
+   * connection carries the hello, the hang-up and one-byte doorbells
+   * both ways: the sender's to wake a receiver waiting for bytes, the
+   * receiver's (on the same connection, back) to wake a sender waiting
+   * for room. A link with a descriptor of its own (tcp, ibverbs) is
+   * polled there. */
   brg__conn out_link, in_link;
   /* Sending side. send_lock serializes the dial; out_fd is set once,
    * under both locks; the rest is under the p2p lock. */
@@ -251,19 +270,43 @@ static int drain_bells(int fd) {
   }
 }
 
+/* Whether a table link is rung with doorbells on the connection (shm,
+ * whose bytes arrive in memory) rather than polled on a descriptor of
+ * its own (ready_fd: tcp's socket, ibverbs' eventfd). */
+static int link_bells(const brg__conn *l) {
+  return l->ops && !l->ops->ready_fd;
+}
+
+/* What poll watches for bytes from this peer: its link's descriptor, or
+ * the connection (the frames, or a link's doorbells and hang-up). */
+static int in_poll_fd(p2p_peer *pr, short *events) {
+  *events = POLLIN;
+  return pr->in_link.ops && pr->in_link.ops->ready_fd
+             ? pr->in_link.ops->ready_fd(&pr->in_link, events)
+             : pr->in_fd;
+}
+
 /* The bytes under a peer's frames, as recv() and send() on a
- * non-blocking socket give them: -1 with EAGAIN when nothing moves now,
- * 0 from link_recv at the end of the stream. On a table link the end is
- * the connection's, once what the link holds is read: the sender
- * publishes before it hangs up. The caller holds the p2p lock. */
+ * non-blocking socket would give them: -1 with EAGAIN when nothing moves now,
+ * -1 with another errno when the link broke, 0 from link_recv at the end
+ * of the stream. On a link with doorbells (shm) the end is the
+ * connection's, once what the link holds is read: the sender publishes
+ * before it hangs up; a link with a descriptor of its own (tcp,
+ * ibverbs) ends itself.
+ * The caller holds the p2p lock. */
 static ssize_t link_recv(p2p_peer *pr, void *dst, size_t want) {
   brg__conn *l = &pr->in_link;
-  if (!l->ops) return recv(pr->in_fd, dst, want, MSG_DONTWAIT);
   for (int pass = 0; pass < 2; pass++) {
     int ring = 0;
-    size_t n = l->ops->try_recv(l, dst, want, &ring);
+    ssize_t n = l->ops->try_recv(l, dst, want, &ring);
     if (ring) ring_bell(pr->in_fd);
-    if (n) return (ssize_t)n;
+    if (n > 0) return n;
+    if (n == BRG__STREAM_ENDED) return 0;
+    if (n < 0) return -1; /* broken: errno says why */
+    if (!link_bells(l)) {
+      errno = EAGAIN;
+      return -1;
+    }
     if (pass == 0 && drain_bells(pr->in_fd)) {
       errno = EAGAIN;
       return -1;
@@ -274,11 +317,11 @@ static ssize_t link_recv(p2p_peer *pr, void *dst, size_t want) {
 
 static ssize_t link_send(p2p_peer *pr, const void *src, size_t want) {
   brg__conn *l = &pr->out_link;
-  if (!l->ops) return send(pr->out_fd, src, want, MSG_DONTWAIT | MSG_NOSIGNAL);
   int ring = 0;
-  size_t n = l->ops->try_send(l, src, want, &ring);
+  ssize_t n = l->ops->try_send(l, src, want, &ring);
   if (ring) ring_bell(pr->out_fd);
-  if (n) return (ssize_t)n;
+  if (n > 0) return n;
+  if (n < 0) return -1; /* broken: errno says why */
   errno = EAGAIN;
   return -1;
 }
@@ -294,13 +337,15 @@ static brg__conn_params link_params(brg_comm *c, int peer) {
                             .slot_bytes = P2P_LINK_SLOT_BYTES,
                             .comm_id = c->comm_id ^ P2P_LINK_ID,
                             .secret = brg__bootstrap_secret(c->bs),
-                            .timeout_ms = c->timeout_ms};
+                            .timeout_ms = c->timeout_ms,
+                            .stream = 1};
 }
 
 /* Whether a transport can carry point-to-point: the byte stream that
- * never blocks (try_send, try_recv, ready). */
+ * never blocks (try_send, try_recv, ready; with a descriptor of its own,
+ * its end too). */
 static int link_capable(const brg__transport_ops *t) {
-  return t && t->try_send && t->try_recv && t->ready;
+  return t && t->try_send && t->try_recv && t->ready && (!t->ready_fd || t->end);
 }
 
 /* The peer's state, made at first use; the caller holds the p2p lock. */
@@ -530,8 +575,10 @@ static void read_peer(brg_comm *c, p2p_peer *pr, int rank) {
     ssize_t n = link_recv(pr, dest, want);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-    if (n == 0 && (pr->in_payload || pr->hdr_got > 0) && pr->cut_by_peer) {
-      /* It said so first (cut_notice): alive, and its send gave up. */
+    if (n <= 0 && (pr->in_payload || pr->hdr_got > 0) && pr->cut_by_peer) {
+      /* It said so first (cut_notice): alive, and its send gave up (its
+       * link then ended, or broke when it closed before this end read
+       * what the link still held). */
       peer_gone(p, pr, BRG_ERR_REMOTE,
                 "rank %d (pid %d on %s) is alive and cut its send of %llu x %s short: %s", rank,
                 c->peers[rank].pid, c->peers[rank].hostname, (unsigned long long)pr->hdr.count,
@@ -570,7 +617,7 @@ static void read_peer(brg_comm *c, p2p_peer *pr, int rank) {
       if (pr->hdr.chan == BRG__P2P_USER) pr->arrived++;
       int rc = begin_message(p, pr, &pr->hdr);
       if (rc == 1) {
-        /* No room: the rest stays in the socket until a receive is posted
+        /* No room: the rest stays in the link until a receive is posted
          * or early memory is freed (resume_held). */
         pr->held = 1;
         BRG__TRACE("p2p",
@@ -612,9 +659,9 @@ static void sendq_fail(brg__p2p *p, p2p_peer *pr, brg_status s, const char *fmt,
   pr->out_off = 0;
 }
 
-/* Writes the peer's queued sends until the socket takes no more, up to a
- * budget; the caller holds the lock. Runs on the thread at POLLOUT and on
- * the caller of brg__p2p_isend. */
+/* Writes the peer's queued sends until the link takes no more, up to a
+ * budget; the caller holds the lock. Runs on the thread as room comes and
+ * on the caller of brg__p2p_isend. */
 static void write_peer(brg_comm *c, p2p_peer *pr, int rank) {
   brg__p2p *p = c->p2p;
   size_t budget = P2P_BUDGET;
@@ -650,7 +697,7 @@ static void write_peer(brg_comm *c, p2p_peer *pr, int rank) {
       if (n <= 0) {
         sendq_fail(p, pr, BRG_ERR_REMOTE, "rank %d (pid %d on %s) is gone: %s", rank,
                    c->peers[rank].pid, c->peers[rank].hostname,
-                   n < 0 ? strerror(errno) : "the connection took nothing");
+                   n < 0 ? strerror(errno) : "the link took nothing");
         return;
       }
       if (pr->out_off == 0 && op->chan == BRG__P2P_USER) pr->sent++;
@@ -691,58 +738,63 @@ static void withdraw_send(brg__p2p *p, p2p_peer *pr, brg__p2p_op *op, brg_status
   if (pr->sendq_tail == op) pr->sendq_tail = prev;
 }
 
-/* The receiving end of a table link a hello asks for (fd is blocking):
- * sets it up, tells the sender where it is and waits for the sender's
- * word that it attached. 1 with *link set, or with link->ops NULL when
- * the frames are to take the connection; 0 when the connection is to be
- * dropped. */
+/* The receiving end of the table link a hello asks for (fd is
+ * blocking): sets it up, tells the sender where it is (or why not) and
+ * waits for the sender's word: attached, or the next transport to try.
+ * 1 with *link set; 0 when the connection is to be dropped (no link
+ * could be had, or the sender went). */
 static int link_accept(brg_comm *c, int fd, const p2p_hello *h, brg__conn *link) {
   char name[P2P_LINK_NAME];
   memcpy(name, h->link, sizeof name);
   name[sizeof name - 1] = 0;
-  const brg__transport_ops *t = NULL;
-  for (int i = 0; brg__transports[i]; i++)
-    if (!strcmp(brg__transports[i]->name, name)) t = brg__transports[i];
-  p2p_link_reply rep = {.magic = P2P_MAGIC};
   brg__conn_params prm = link_params(c, h->from);
-  if (!link_capable(t) || !t->can_connect(&c->peers[h->from], &c->peers[c->rank])) {
-    rep.status = BRG_ERR_UNAVAILABLE;
-    snprintf(rep.why, sizeof rep.why, "transport \"%s\" cannot carry point-to-point from rank %d",
-             name, h->from);
-  } else {
-    brg__errbuf e = {0};
-    link->ops = t;
-    rep.status = t->recv_setup(link, &prm, rep.info, &e);
-    if (rep.status != BRG_SUCCESS) snprintf(rep.why, sizeof rep.why, "%s", e.msg);
-  }
-  if (rep.status != BRG_SUCCESS && link->ops) {
-    link->ops->close(link);
-    link->ops = NULL;
-  }
-  int64_t deadline = brg__deadline_ms(c->timeout_ms);
-  uint8_t ack = 0;
-  if (brg__sock_send_all(fd, &rep, sizeof rep, deadline, NULL) != BRG__IO_OK ||
-      brg__sock_recv_all(fd, &ack, 1, deadline) != BRG__IO_OK) {
-    BRG__WARN("p2p", "rank %d: rank %d dropped its connection while setting up its %s link",
-              c->rank, h->from, name);
-    if (link->ops) link->ops->close(link);
-    link->ops = NULL;
-    return 0;
-  }
-  if (link->ops && ack != 1) {
-    link->ops->close(link);
-    link->ops = NULL;
-  }
-  if (link->ops) {
-    brg__errbuf e = {0};
-    if (link->ops->recv_connect(link, &prm, &e) != BRG_SUCCESS) {
+  /* A transport at a time, each tried once. */
+  for (int round = 0; name[0] && brg__transports[round]; round++) {
+    const brg__transport_ops *t = NULL;
+    for (int i = 0; brg__transports[i]; i++)
+      if (!strcmp(brg__transports[i]->name, name)) t = brg__transports[i];
+    p2p_link_reply rep = {.magic = P2P_MAGIC};
+    if (!link_capable(t) || !brg__transport_allowed(c->transports, name) ||
+        !t->can_connect(&c->peers[h->from], &c->peers[c->rank])) {
+      rep.status = BRG_ERR_UNAVAILABLE;
+      snprintf(rep.why, sizeof rep.why,
+               "transport \"%s\" cannot carry point-to-point from rank %d to rank %d here", name,
+               h->from, c->rank);
+    } else {
+      brg__errbuf e = {0};
+      link->ops = t;
+      rep.status = t->recv_setup(link, &prm, rep.info, &e);
+      if (rep.status != BRG_SUCCESS) snprintf(rep.why, sizeof rep.why, "%s", e.msg);
+    }
+    if (rep.status != BRG_SUCCESS && link->ops) {
+      link->ops->close(link);
+      link->ops = NULL;
+    }
+    int64_t deadline = brg__deadline_ms(c->timeout_ms);
+    p2p_link_ack ack;
+    if (brg__sock_send_all(fd, &rep, sizeof rep, deadline, NULL) != BRG__IO_OK ||
+        brg__sock_recv_all(fd, &ack, sizeof ack, deadline) != BRG__IO_OK ||
+        ack.magic != P2P_MAGIC || (ack.attached && !link->ops)) {
+      BRG__WARN("p2p", "rank %d: rank %d dropped its connection while setting up its %s link",
+                c->rank, h->from, name);
+      if (link->ops) link->ops->close(link);
+      link->ops = NULL;
+      return 0;
+    }
+    if (ack.attached) {
+      brg__errbuf e = {0};
+      if (link->ops->recv_connect(link, &prm, &e) == BRG_SUCCESS) return 1;
       BRG__WARN("p2p", "rank %d: the %s link from rank %d: %s", c->rank, name, h->from, e.msg);
       link->ops->close(link);
       link->ops = NULL;
-      return 0; /* the sender writes to it: the connection cannot carry frames now */
+      return 0; /* the sender writes to it: the connection cannot go on */
     }
+    if (link->ops) link->ops->close(link);
+    link->ops = NULL;
+    memcpy(name, ack.next, sizeof name);
+    name[sizeof name - 1] = 0;
   }
-  return 1;
+  return 0;
 }
 
 /* A complete hello on a connection the listener's door took in (fd is
@@ -780,11 +832,16 @@ static int hello_take(void *arg, const brg__conn_params *unused, int fd, const v
     return 0;
   }
   brg__conn link = {.peer = h.from};
-  if (h.link[0] && !link_accept(c, fd, &h, &link)) return 0;
+  if (!h.link[0]) {
+    BRG__WARN("p2p", "rank %d: refused a point-to-point connection from rank %d that names no link",
+              c->rank, h.from);
+    return 0;
+  }
+  if (!link_accept(c, fd, &h, &link)) return 0;
   if (brg__sock_set_blocking(fd, 0) != 0) {
     BRG__WARN("p2p", "rank %d: dropped the link from rank %d: fcntl: %s", c->rank, h.from,
               strerror(errno));
-    if (link.ops) link.ops->close(&link);
+    link.ops->close(&link);
     return 0;
   }
   pthread_mutex_lock(&p->lock);
@@ -795,28 +852,28 @@ static int hello_take(void *arg, const brg__conn_params *unused, int fd, const v
     pr->in_link = link;
   }
   pthread_mutex_unlock(&p->lock);
-  if (!kept && link.ops) link.ops->close(&link);
+  if (!kept) link.ops->close(&link);
   if (kept)
-    BRG__INFO("p2p", "rank %d: link from rank %d over %s", c->rank, h.from,
-              link.ops ? link.ops->name : "its own TCP connection");
+    BRG__INFO("p2p", "rank %d: link from rank %d over %s", c->rank, h.from, link.ops->name);
   else
     BRG__WARN("p2p", "rank %d: refused a second point-to-point connection from rank %d (%s)",
               c->rank, h.from, from);
   return kept;
 }
 
-/* POLLIN on a connection this rank only writes: the peer hung up. The data
- * it sent on its own connection is read first (TCP keeps that order), so
- * only a peer that never linked to this rank is gone from this alone, and
+/* POLLIN on a connection this rank only writes: the peer hung up. What
+ * it sent on its own link is read to that link's end first, so only a
+ * peer that never linked to this rank is gone from this alone, and
  * only once a connection it made just before could have said hello
  * (hup_check). */
 static void check_out(brg_comm *c, p2p_peer *pr, int rank) {
-  if (pr->out_link.ops) {
+  if (link_bells(&pr->out_link)) {
     /* The receiver's doorbells come back on it: read, they are no news. */
     if (drain_bells(pr->out_fd)) return;
   } else {
+    /* Nothing comes back on it: anything but nothing is its end. */
     char b;
-    ssize_t n = recv(pr->out_fd, &b, 1, MSG_DONTWAIT | MSG_PEEK);
+    ssize_t n = recv(pr->out_fd, &b, 1, MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
   }
   pr->watch_out = 0;
@@ -843,16 +900,23 @@ static void *p2p_main(void *arg) {
   brg_comm *c = arg;
   brg__p2p *p = c->p2p;
   brg__log_set_thread_rank(c->rank);
-  size_t cap = 1 + BRG__NET_DOOR_FDS + 2 * (size_t)c->nranks;
+  /* Per peer: what it sends here, the connection to it, and the link to
+   * it where that has a descriptor of its own. */
+  size_t cap = 1 + BRG__NET_DOOR_FDS + 3 * (size_t)c->nranks;
   struct pollfd *fds = calloc(cap, sizeof *fds);
   int *who = calloc(cap, sizeof *who);
   /* 1: a table link is ready at once, whatever poll says of its fd. */
   char *now = calloc(cap, 1);
-  if (!fds || !who || !now) {
+  /* What each entry is: IN, OUT (the connection), OUT_LINK (the link's
+   * own descriptor, for room). */
+  enum { IN, OUT, OUT_LINK };
+  char *kind = calloc(cap, 1);
+  if (!fds || !who || !now || !kind) {
     BRG__WARN("p2p", "rank %d: out of memory for the point-to-point thread", c->rank);
     free(fds);
     free(who);
     free(now);
+    free(kind);
     return NULL;
   }
   pthread_mutex_lock(&p->lock);
@@ -864,25 +928,39 @@ static void *p2p_main(void *arg) {
     int door = brg__net_door_fds(&p->door, fds + 1), n = 1 + door;
     pthread_mutex_lock(&p->lock);
     for (int i = 0; i < p->nactive; i++) {
-      p2p_peer *pr = p->peer[p->active[i]];
+      int rank = p->active[i];
+      p2p_peer *pr = p->peer[rank];
       if (hup_check(p, pr) && wait_ms > 50) wait_ms = 50;
-      if (pr->held) resume_held(c, pr, p->active[i]);
+      if (pr->held) resume_held(c, pr, rank);
       if (pr->in_fd >= 0 && !pr->held) {
-        /* A table link is armed before the sleep: its sender rings once
-         * it publishes. */
-        now[n] = pr->in_link.ops && pr->in_link.ops->ready(&pr->in_link, 0, 1);
-        who[n] = p->active[i];
-        fds[n++] = (struct pollfd){.fd = pr->in_fd, .events = POLLIN};
+        /* A link with doorbells is armed before the sleep: its sender
+         * rings once it publishes. */
+        now[n] = link_bells(&pr->in_link) && pr->in_link.ops->ready(&pr->in_link, 0, 1);
+        who[n] = rank;
+        kind[n] = IN;
+        short iev;
+        int ifd = in_poll_fd(pr, &iev);
+        fds[n++] = (struct pollfd){.fd = ifd, .events = iev};
       }
       int sending = pr->sendq && pr->out_fd >= 0 && !pr->out_broken;
-      /* On a table link room comes as a doorbell (POLLIN), and so does
-       * the hang-up. */
-      short ev = (short)((pr->watch_out || (sending && pr->out_link.ops) ? POLLIN : 0) |
-                         (sending && !pr->out_link.ops ? POLLOUT : 0));
+      int bells = link_bells(&pr->out_link);
+      /* On a link with doorbells room comes as a doorbell (POLLIN), and
+       * so does the hang-up; a link with a descriptor of its own says so
+       * there (POLLOUT). */
+      short ev = pr->watch_out || (sending && bells) ? POLLIN : 0;
       if (ev) {
-        now[n] = sending && pr->out_link.ops && pr->out_link.ops->ready(&pr->out_link, 1, 1);
-        who[n] = -1 - p->active[i];
+        now[n] = sending && bells && pr->out_link.ops->ready(&pr->out_link, 1, 1);
+        who[n] = rank;
+        kind[n] = OUT;
         fds[n++] = (struct pollfd){.fd = pr->out_fd, .events = ev};
+      }
+      if (sending && !bells) {
+        short lev = POLLOUT;
+        int lfd = pr->out_link.ops->ready_fd(&pr->out_link, &lev);
+        now[n] = 0;
+        who[n] = rank;
+        kind[n] = OUT_LINK;
+        fds[n++] = (struct pollfd){.fd = lfd, .events = lev};
       }
     }
     for (int i = 1 + door; i < n; i++)
@@ -901,25 +979,32 @@ static void *p2p_main(void *arg) {
     pthread_mutex_lock(&p->lock);
     for (int i = 1 + door; r >= 0 && i < n; i++) {
       if (!(r > 0 && fds[i].revents) && !now[i]) continue;
-      if (who[i] < 0) continue;
+      if (kind[i] != IN) continue;
       p2p_peer *pr = p->peer[who[i]];
-      if (pr->in_fd == fds[i].fd) read_peer(c, pr, who[i]);
+      short iev;
+      if (pr->in_fd >= 0 && in_poll_fd(pr, &iev) == fds[i].fd) read_peer(c, pr, who[i]);
     }
     for (int i = 1 + door; r >= 0 && i < n; i++) {
       short rev = r > 0 ? fds[i].revents : 0;
-      if ((!rev && !now[i]) || who[i] >= 0) continue;
-      p2p_peer *pr = p->peer[-1 - who[i]];
+      if ((!rev && !now[i]) || kind[i] == IN) continue;
+      p2p_peer *pr = p->peer[who[i]];
+      if (pr->out_fd < 0) continue;
+      if (kind[i] == OUT_LINK) {
+        if (rev) write_peer(c, pr, who[i]);
+        continue;
+      }
       if (pr->out_fd != fds[i].fd) continue;
-      if ((rev & (POLLIN | POLLERR | POLLHUP)) && (pr->watch_out || pr->out_link.ops))
-        check_out(c, pr, -1 - who[i]);
-      if ((rev & (POLLOUT | POLLERR | POLLHUP)) || (pr->out_link.ops && (rev || now[i])))
-        write_peer(c, pr, -1 - who[i]);
+      int bells = link_bells(&pr->out_link);
+      if ((rev & (POLLIN | POLLERR | POLLHUP)) && (pr->watch_out || bells))
+        check_out(c, pr, who[i]);
+      if (bells && (rev || now[i])) write_peer(c, pr, who[i]);
     }
   }
   pthread_mutex_unlock(&p->lock);
   free(fds);
   free(who);
   free(now);
+  free(kind);
   return NULL;
 }
 
@@ -1023,12 +1108,30 @@ void brg__p2p_free(brg_comm *c) {
   c->p2p = NULL;
 }
 
-/* The sending end of the table link the hello asked for: attaches to
- * what the receiver set up and tells it whether that worked. A link
- * that cannot be had leaves link->ops NULL: the frames take the
- * connection. BRG__IO_OK, or why the connection failed. */
-static int link_connect(brg_comm *c, int fd, int rank, const brg__transport_ops *t,
-                        brg__conn *link) {
+/* The next transport of the table, from *at on, that may carry the frames
+ * to `rank`: allowed (BRIGADE_TRANSPORTS), carrying host memory,
+ * accepting the pair and with the byte stream (link_capable), in the
+ * table's order, the one the ring links would take first. NULL when none
+ * is left. */
+static const brg__transport_ops *next_link(brg_comm *c, int rank, int *at) {
+  for (; brg__transports[*at]; (*at)++) {
+    const brg__transport_ops *t = brg__transports[*at];
+    if ((t->carries & BRG__CARRIES_HOST) && link_capable(t) &&
+        brg__transport_allowed(c->transports, t->name) &&
+        t->can_connect(&c->peers[c->rank], &c->peers[rank])) {
+      (*at)++;
+      return t;
+    }
+  }
+  return NULL;
+}
+
+/* The sending end of the table link the receiver answered about:
+ * attaches to what it set up. BRG__IO_OK with link->ops set, or NULL and
+ * `why` saying why not (the caller tries the next transport); otherwise
+ * why the connection failed. */
+static int link_connect(brg_comm *c, int fd, int rank, const brg__transport_ops *t, brg__conn *link,
+                        char *why, size_t why_bytes) {
   int64_t deadline = brg__deadline_ms(c->timeout_ms);
   p2p_link_reply rep;
   int rc = brg__sock_recv_all(fd, &rep, sizeof rep, deadline);
@@ -1038,38 +1141,36 @@ static int link_connect(brg_comm *c, int fd, int rank, const brg__transport_ops 
     return rc;
   }
   brg__conn_params prm = link_params(c, rank);
-  uint8_t ack = 0;
   rep.why[sizeof rep.why - 1] = 0;
   if (rep.magic != P2P_MAGIC || rep.status != BRG_SUCCESS) {
-    BRG__INFO("p2p", "rank %d: point-to-point to rank %d takes its own TCP connection: %s", c->rank,
-              rank, rep.magic != P2P_MAGIC ? "a malformed answer to its link" : rep.why);
-  } else {
-    brg__errbuf e = {0};
-    link->ops = t;
-    if (t->send_connect(link, &prm, rep.info, &e) == BRG_SUCCESS) {
-      ack = 1;
-    } else {
-      BRG__INFO("p2p",
-                "rank %d: point-to-point to rank %d takes its own TCP connection: "
-                "its %s link: %s",
-                c->rank, rank, t->name, e.msg);
-      t->close(link);
-      link->ops = NULL;
-    }
+    snprintf(why, why_bytes, "%s", rep.magic != P2P_MAGIC ? "a malformed answer" : rep.why);
+    return BRG__IO_OK;
   }
-  rc = brg__sock_send_all(fd, &ack, 1, deadline, NULL);
-  if (rc != BRG__IO_OK && link->ops) {
-    link->ops->close(link);
+  brg__errbuf e = {0};
+  link->ops = t;
+  if (t->send_connect(link, &prm, rep.info, &e) != BRG_SUCCESS) {
+    snprintf(why, why_bytes, "%s", e.msg);
+    t->close(link);
     link->ops = NULL;
   }
-  return rc;
+  return BRG__IO_OK;
 }
 
-/* The connection to `rank`, dialed at the first use; the caller holds the
- * peer's send lock. */
+/* The connection to `rank` and the link its frames take, made at the
+ * first use: the transports of the table that may carry the pair are
+ * tried in order until one links (each failure at INFO); the caller
+ * holds the peer's send lock. */
 static brg_status ensure_out(brg_comm *c, p2p_peer *pr, int rank, char *why, size_t why_bytes) {
   if (pr->out_fd >= 0) return BRG_SUCCESS;
   const brg__peer_info *pi = &c->peers[rank];
+  int at = 0;
+  const brg__transport_ops *t = next_link(c, rank, &at);
+  if (!t) {
+    snprintf(why, why_bytes,
+             "no transport can carry point-to-point to rank %d (pid %d): BRIGADE_TRANSPORTS=%.64s",
+             rank, pi->pid, c->transports);
+    return BRG_ERR_UNAVAILABLE;
+  }
   int64_t deadline = brg__deadline_ms(c->timeout_ms < P2P_DIAL_MS ? c->timeout_ms : P2P_DIAL_MS);
   int fd = -1, e = 0;
   int rc = brg__sock_connect(pi->addr, (uint16_t)pi->p2p_port, deadline, 50, &fd, &e);
@@ -1084,32 +1185,45 @@ static brg_status ensure_out(brg_comm *c, p2p_peer *pr, int rank, char *why, siz
   p2p_hello h = {.magic = P2P_MAGIC, .from = c->rank, .to = rank, .comm_id = c->comm_id};
   memcpy(h.secret, brg__bootstrap_secret(c->bs), BRG__SECRET_BYTES);
   /* The frames ride the transport the ring links would take between the
-   * two, where it carries point-to-point (link_capable): shm within a
-   * host. tcp, ibverbs and cuda_ipc have no send that returns at once on
-   * a full link, which one thread serving every peer needs (a sleep in
-   * send_now would deadlock two ranks that each send to the other
-   * first): their pairs take this connection's own bytes. */
-  const brg__transport_ops *t =
-      brg__transport_pick(&c->peers[c->rank], pi, c->transports, BRG__CARRIES_HOST);
-  if (link_capable(t))
-    snprintf(h.link, sizeof h.link, "%s", t->name);
-  else
-    BRG__INFO("p2p",
-              "rank %d: point-to-point to rank %d takes its own TCP connection: transport %s "
-              "has no send that returns at once on a full link",
-              c->rank, rank, t ? t->name : "(none allowed)");
+   * two (the first that carries point-to-point: link_capable); where its
+   * link cannot be set up, the next. */
+  snprintf(h.link, sizeof h.link, "%s", t->name);
   rc = brg__sock_send_all(fd, &h, sizeof h, brg__deadline_ms(c->timeout_ms), NULL);
   brg__conn link = {.peer = rank};
-  if (rc == BRG__IO_OK && h.link[0]) rc = link_connect(c, fd, rank, t, &link);
+  char failed[BRG__ERRLEN] = "";
+  while (rc == BRG__IO_OK) {
+    char no[BRG__ERRLEN] = "";
+    rc = link_connect(c, fd, rank, t, &link, no, sizeof no);
+    if (rc != BRG__IO_OK) break;
+    p2p_link_ack ack = {.magic = P2P_MAGIC, .attached = link.ops != NULL};
+    const brg__transport_ops *next = NULL;
+    if (!link.ops) {
+      BRG__INFO("p2p", "rank %d: point-to-point to rank %d: no %s link: %s", c->rank, rank, t->name,
+                no);
+      size_t used = strlen(failed);
+      snprintf(failed + used, sizeof failed - used, "%s%s: %s", used ? "; " : "", t->name, no);
+      if ((next = next_link(c, rank, &at))) snprintf(ack.next, sizeof ack.next, "%s", next->name);
+    }
+    rc = brg__sock_send_all(fd, &ack, sizeof ack, brg__deadline_ms(c->timeout_ms), NULL);
+    if (link.ops || !next) break;
+    t = next;
+  }
+  if (rc == BRG__IO_OK && !link.ops) {
+    snprintf(why, why_bytes, "no link to rank %d (pid %d on %s) could be set up: %s", rank, pi->pid,
+             pi->hostname, failed);
+    close(fd);
+    return BRG_ERR_UNAVAILABLE;
+  }
   if (rc != BRG__IO_OK) {
     snprintf(why, why_bytes, "rank %d (pid %d on %s) dropped the connection: %s", rank, pi->pid,
              pi->hostname, brg__sock_io_why(rc));
+    if (link.ops) link.ops->close(&link);
     close(fd);
     return BRG_ERR_REMOTE;
   }
   if (brg__sock_set_blocking(fd, 0) != 0) {
     snprintf(why, why_bytes, "fcntl on the connection to rank %d: %s", rank, strerror(errno));
-    if (link.ops) link.ops->close(&link);
+    link.ops->close(&link);
     close(fd);
     return BRG_ERR_SYSTEM;
   }
@@ -1119,8 +1233,7 @@ static brg_status ensure_out(brg_comm *c, p2p_peer *pr, int rank, char *why, siz
   pr->watch_out = !pr->gone;
   pthread_mutex_unlock(&c->p2p->lock);
   wake_thread(c->p2p);
-  BRG__INFO("p2p", "rank %d: link to rank %d over %s", c->rank, rank,
-            link.ops ? link.ops->name : "its own TCP connection");
+  BRG__INFO("p2p", "rank %d: link to rank %d over %s", c->rank, rank, link.ops->name);
   return BRG_SUCCESS;
 }
 
@@ -1242,12 +1355,12 @@ brg_status brg__p2p_isend(brg_comm *c, const char *fn, brg__p2p_op *op) {
       else
         pr->sendq = op;
       pr->sendq_tail = op;
-      write_peer(c, pr, peer); /* what the socket takes at once */
+      write_peer(c, pr, peer); /* what the link takes at once */
       queued = !op->done;
     }
     pthread_mutex_unlock(&p->lock);
   }
-  if (queued) wake_thread(p); /* to watch the socket drain */
+  if (queued) wake_thread(p); /* to watch for room */
   if (s == BRG_SUCCESS) return s;
   op_finish_quiet(op, s);
   return brg__comm_error(c, s, "%s: send of %llu x %s to rank %d failed: %s", fn,
@@ -1378,8 +1491,10 @@ static void watch_peer(brg_comm *c, brg__p2p_op *op) {
   char why[256];
   brg_status s = pr->out_broken ? BRG_SUCCESS : ensure_out(c, pr, op->peer, why, sizeof why);
   pthread_mutex_unlock(&pr->send_lock);
-  if (s == BRG_SUCCESS) return;
-  /* Unreachable: gone, unless its own link to this rank still works. */
+  /* Unreachable: gone, unless its own link to this rank still works. One
+   * that answered but could not be linked to (BRG_ERR_UNAVAILABLE) is not
+   * gone: its own link tells of it. */
+  if (s != BRG_ERR_REMOTE) return;
   pthread_mutex_lock(&c->p2p->lock);
   if (pr->in_fd < 0) peer_gone(c->p2p, pr, s, "%s", why);
   pthread_mutex_unlock(&c->p2p->lock);
@@ -1413,8 +1528,14 @@ static void cut_notice(brg_comm *c, int rank) {
                 rank);
     close(fd);
   }
-  /* out_fd is set once and closed only by brg__p2p_free. */
-  shutdown(pr->out_fd, SHUT_WR);
+  /* out_fd and out_link are set once and closed only by brg__p2p_free.
+   * The stream ends where the receiver reads it: a link with a
+   * descriptor of its own ends itself (the thread no longer sends on it:
+   * out_broken), one with doorbells ends with the connection. */
+  if (pr->out_link.ops->end)
+    pr->out_link.ops->end(&pr->out_link);
+  else
+    shutdown(pr->out_fd, SHUT_WR);
 }
 
 /* Why a send failed, for the caller. */

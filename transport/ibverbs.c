@@ -34,6 +34,18 @@
  * that the other left or died, which a real queue pair only reports after
  * its retries run out. A receiver that leaves is an error only while the
  * sender still owes it slices.
+ *
+ * A link set up as a byte stream (brg__conn_params.stream: point-to-point,
+ * runtime/p2p.c) runs the same proxies; its engine is try_send and
+ * try_recv, which copy the stream into and out of the local FIFO's slots
+ * (meta.bytes of each) and never wait. Its readiness descriptor
+ * (ready_fd) is an eventfd that the proxies write after each publish (a
+ * send slot given back, a receive slot landed) and when the link closes;
+ * try_* leave it readable while there is more to do and empty it
+ * otherwise (looking again after emptying it), so poll sees it level,
+ * as a socket's. end lets the send proxy deliver what was sent, say
+ * goodbye and stop; the receiver's try_recv then says the stream ended
+ * once it has read everything.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -46,6 +58,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -167,6 +180,11 @@ typedef struct ib_conn {
   volatile uint32_t *sleep_waiters;
   uint32_t ev_seq;
   char peer_why[256]; /* the peer's failure notice (proxy thread only) */
+  /* A byte stream (brg__conn_params.stream). */
+  int kick_fd;   /* eventfd: the proxies' word that something changed; -1 elsewhere */
+  size_t off;    /* receiving end: bytes of slot `head` read */
+  int ending;    /* send end: deliver what was sent, say goodbye, stop (end) */
+  int peer_done; /* receive end: the closing was the sender's goodbye */
   /* GPUDirect RDMA (dev_register / dev_remote) */
   brg__vb_mr gdr_mr;   /* registered device memory; rkey 0: none */
   char *gdr_local;     /* sender: where device slots are read from */
@@ -294,6 +312,13 @@ static void on_event(void *arg) {
     syscall(SYS_futex, (uint32_t *)t->sleep_word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
+/* A byte stream's descriptor: something changed (a publish, the close). */
+static void kick(ib_conn *t) {
+  if (t->kick_fd >= 0 && eventfd_write(t->kick_fd, 1) != 0) {
+    /* a saturated counter is readable all the same */
+  }
+}
+
 /* Idle backoff of a proxy: spin, then yield, then sleep on the engine's
  * counter until the engine publishes, the backend reports an event (both
  * wake the futex), or a short timeout passes. `word_seen` and `ev_seen` are
@@ -335,6 +360,7 @@ static void link_fail(ib_conn *t, const char *fmt, ...) {
                             t->vb->name)) {
     BRG__WARN("ib", "link %s rank %d (%s, %s backend) broke: %s", t->l.sender ? "to" : "from",
               t->l.peer, t->l.peer_addr, t->vb->name, why);
+    kick(t);
     /* The peer's end sees only the consequence (its receives flushed, a
      * write that never completes): tell it the cause, best effort. */
     if (t->ctrl_fd >= 0) {
@@ -437,6 +463,7 @@ static void *send_proxy(void *arg) {
     if (done < sent && written[done % ns]) {
       while (done < sent && written[done % ns]) written[done++ % ns] = 0;
       brg__publish(&ctrl->head, &ctrl->head_waiters, done);
+      kick(t);
       progress = 1;
     }
     uint64_t tail = __atomic_load_n(&ctrl->tail, __ATOMIC_ACQUIRE);
@@ -486,14 +513,17 @@ static void *send_proxy(void *arg) {
                   (unsigned long long)done);
       return NULL;
     }
-    if (__atomic_load_n(&t->l.stopping, __ATOMIC_ACQUIRE)) {
+    int stopping = __atomic_load_n(&t->l.stopping, __ATOMIC_ACQUIRE);
+    if (stopping || __atomic_load_n(&t->ending, __ATOMIC_ACQUIRE)) {
       if (gone) return NULL;
-      if (!grace_end) grace_end = brg__now_ms() + IB_CLOSE_GRACE_MS;
+      /* A stream that ended waits for its receiver as long as it takes;
+       * a close has its grace. */
+      if (stopping && !grace_end) grace_end = brg__now_ms() + IB_CLOSE_GRACE_MS;
       if (done == __atomic_load_n(&ctrl->tail, __ATOMIC_ACQUIRE) && done == sent) {
         ctrl_bye(t);
         return NULL;
       }
-      if (brg__now_ms() > grace_end) return NULL;
+      if (grace_end && brg__now_ms() > grace_end) return NULL;
     } else if (__atomic_load_n(&ctrl->closed, __ATOMIC_ACQUIRE)) {
       return NULL;
     }
@@ -578,6 +608,7 @@ static int recv_take(ib_conn *t, int q, recv_state *rs, int quiet) {
   if (tail == rs->tail) return n > 0;
   rs->tail = tail;
   brg__publish(&f->ctrl->tail, &f->ctrl->tail_waiters, tail);
+  kick(t);
   return 1;
 }
 
@@ -634,7 +665,11 @@ static void *recv_proxy(void *arg) {
     else
       idle(t, &rounds, head, ev);
   }
-  if (bye && !__atomic_load_n(&t->l.stopping, __ATOMIC_ACQUIRE)) brg__net_peer_left(&t->l, "ib");
+  if (bye && !__atomic_load_n(&t->l.stopping, __ATOMIC_ACQUIRE)) {
+    __atomic_store_n(&t->peer_done, 1, __ATOMIC_RELEASE);
+    brg__net_peer_left(&t->l, "ib");
+    kick(t);
+  }
   return NULL;
 }
 
@@ -652,6 +687,10 @@ static brg_status conn_open(brg__conn *c, const brg__conn_params *p, int sender,
   ib_conn *t = c->priv;
   t->vb = vb;
   t->ctrl_fd = -1;
+  t->kick_fd = -1;
+  /* Level from the start: an empty send end has room. */
+  if (p->stream && (t->kick_fd = eventfd(sender ? 1 : 0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
+    return brg__error(err, BRG_ERR_SYSTEM, "ib", "ibverbs: eventfd: %s", strerror(errno));
   /* Where the backend wakes the proxy (soft), the proxy spins less than the
    * engine: each round polls the completion queues, and a spinning proxy
    * takes a core from the ranks it serves. Real verbs report nothing, so
@@ -854,6 +893,7 @@ static void ib_close(brg__conn *c) {
     dev_put(t->dev);
   }
   brg__sock_close(&t->ctrl_fd);
+  brg__sock_close(&t->kick_fd);
   if (t->cts) munmap(t->cts, t->cts_bytes);
   brg__net_close(c);
 }
@@ -887,6 +927,112 @@ static void ib_dev_remote(brg__conn *c, uint64_t base, uint32_t rkey, size_t str
   __atomic_store_n(&t->gdr_on, 1, __ATOMIC_RELEASE);
 }
 
+/* ---- the byte stream (brg__conn_params.stream) ---------------------------------- */
+
+/* Whether this end's try_* has something to do now: room (sending), bytes
+ * (receiving), or the link closed. */
+static int ib_stream_ready(ib_conn *t, int sending) {
+  brg__fifo_ctrl *k = t->l.fifo.ctrl;
+  if (__atomic_load_n(&k->closed, __ATOMIC_ACQUIRE)) return 1;
+  uint64_t head = __atomic_load_n(&k->head, __ATOMIC_ACQUIRE);
+  uint64_t tail = __atomic_load_n(&k->tail, __ATOMIC_ACQUIRE);
+  return sending ? tail < head + (uint64_t)t->l.fifo.nslots : head < tail;
+}
+
+/* Leaves the descriptor readable while there is something to do, empty
+ * otherwise: emptied first, then looked again, so a proxy's publish in
+ * between (published, then written) is not lost. */
+static void ib_stream_level(ib_conn *t, int sending) {
+  eventfd_t v;
+  if (ib_stream_ready(t, sending)) {
+    kick(t);
+    return;
+  }
+  if (eventfd_read(t->kick_fd, &v) != 0) {
+    /* already empty */
+  }
+  if (ib_stream_ready(t, sending)) kick(t);
+}
+
+/* What a closed link says: the sender's goodbye ends the stream; anything
+ * else broke it. */
+static ssize_t ib_stream_closed(ib_conn *t) {
+  if (__atomic_load_n(&t->peer_done, __ATOMIC_ACQUIRE)) return BRG__STREAM_ENDED;
+  errno = ECONNRESET;
+  return BRG__STREAM_BROKEN;
+}
+
+static ssize_t ib_try_send(brg__conn *c, const void *buf, size_t bytes, int *ring) {
+  (void)ring; /* the descriptor is the doorbell */
+  ib_conn *t = c->priv;
+  brg__fifo *f = &t->l.fifo;
+  if (__atomic_load_n(&f->ctrl->closed, __ATOMIC_ACQUIRE)) {
+    errno = ECONNRESET;
+    return BRG__STREAM_BROKEN;
+  }
+  uint64_t tail = f->ctrl->tail, head = __atomic_load_n(&f->ctrl->head, __ATOMIC_ACQUIRE);
+  size_t took = 0;
+  while (took < bytes && tail < head + (uint64_t)f->nslots) {
+    size_t n = bytes - took < f->slot_bytes ? bytes - took : f->slot_bytes;
+    memcpy(brg__fifo_slot(f, tail), (const char *)buf + took, n);
+    brg__slot_meta *m = brg__fifo_meta(f, tail);
+    memset(m, 0, offsetof(brg__slot_meta, flag));
+    m->bytes = (uint32_t)n;
+    took += n;
+    tail++;
+  }
+  if (took) brg__publish(&f->ctrl->tail, &f->ctrl->tail_waiters, tail); /* wakes the proxy */
+  ib_stream_level(t, 1);
+  return (ssize_t)took;
+}
+
+static ssize_t ib_try_recv(brg__conn *c, void *buf, size_t bytes, int *ring) {
+  (void)ring;
+  ib_conn *t = c->priv;
+  brg__fifo *f = &t->l.fifo;
+  /* closed is read before tail: the proxy publishes every slot it landed
+   * before it closes the link. */
+  int closed = __atomic_load_n(&f->ctrl->closed, __ATOMIC_ACQUIRE) != 0;
+  uint64_t head0 = f->ctrl->head, head = head0;
+  uint64_t tail = __atomic_load_n(&f->ctrl->tail, __ATOMIC_ACQUIRE);
+  size_t got = 0;
+  while (got < bytes && head < tail) {
+    /* The sender's word for how full its slot is: never past the slot. */
+    size_t in = brg__fifo_meta(f, head)->bytes;
+    if (in > f->slot_bytes) in = f->slot_bytes;
+    size_t n = in - t->off < bytes - got ? in - t->off : bytes - got;
+    memcpy((char *)buf + got, brg__fifo_slot(f, head) + t->off, n);
+    got += n;
+    t->off += n;
+    if (t->off == in) {
+      t->off = 0;
+      head++;
+    }
+  }
+  if (head != head0) brg__publish(&f->ctrl->head, &f->ctrl->head_waiters, head); /* credits */
+  if (!got && bytes && closed) return ib_stream_closed(t);
+  ib_stream_level(t, 0);
+  return (ssize_t)got;
+}
+
+static int ib_ready(brg__conn *c, int sending, int arm) {
+  (void)arm; /* the caller polls ready_fd */
+  return ib_stream_ready(c->priv, sending);
+}
+
+static int ib_ready_fd(brg__conn *c, short *events) {
+  ib_conn *t = c->priv;
+  *events = POLLIN; /* an eventfd is always writable: its counter says */
+  return t->kick_fd;
+}
+
+static void ib_end(brg__conn *c) {
+  ib_conn *t = c->priv;
+  __atomic_store_n(&t->ending, 1, __ATOMIC_RELEASE);
+  /* The proxy may sleep on tail: a publish of the same value wakes it. */
+  brg__publish(&t->l.fifo.ctrl->tail, &t->l.fifo.ctrl->tail_waiters, t->l.fifo.ctrl->tail);
+}
+
 const brg__transport_ops brg__transport_ibverbs = {
     .name = "ibverbs",
     .carries = BRG__CARRIES_HOST | BRG__CARRIES_DEVICE,
@@ -902,6 +1048,11 @@ const brg__transport_ops brg__transport_ibverbs = {
     .proxy_sent = brg__fifo_proxy_sent,
     .proxy_poll = brg__fifo_proxy_poll,
     .proxy_release = brg__fifo_proxy_release,
+    .try_send = ib_try_send,
+    .try_recv = ib_try_recv,
+    .ready = ib_ready,
+    .ready_fd = ib_ready_fd,
+    .end = ib_end,
     .dev_register = ib_dev_register,
     .dev_remote = ib_dev_remote,
 };

@@ -171,7 +171,7 @@ static int take_ring(volatile uint32_t *waiters) {
          __atomic_exchange_n(waiters, 0, __ATOMIC_SEQ_CST);
 }
 
-static size_t shm_try_send(brg__conn *c, const void *buf, size_t bytes, int *ring) {
+static ssize_t shm_try_send(brg__conn *c, const void *buf, size_t bytes, int *ring) {
   brg__fifo *f = &c->fifo;
   uint64_t tail = f->ctrl->tail, head = __atomic_load_n(&f->ctrl->head, __ATOMIC_ACQUIRE);
   size_t took = 0;
@@ -185,10 +185,10 @@ static size_t shm_try_send(brg__conn *c, const void *buf, size_t bytes, int *rin
   if (!took) return 0;
   __atomic_store_n(&f->ctrl->tail, tail, __ATOMIC_SEQ_CST);
   if (take_ring(&f->ctrl->tail_waiters)) *ring = 1;
-  return took;
+  return (ssize_t)took;
 }
 
-static size_t shm_try_recv(brg__conn *c, void *buf, size_t bytes, int *ring) {
+static ssize_t shm_try_recv(brg__conn *c, void *buf, size_t bytes, int *ring) {
   brg__fifo *f = &c->fifo;
   shm_priv *sp = c->priv;
   uint64_t head0 = f->ctrl->head, head = head0;
@@ -211,7 +211,7 @@ static size_t shm_try_recv(brg__conn *c, void *buf, size_t bytes, int *ring) {
     __atomic_store_n(&f->ctrl->head, head, __ATOMIC_SEQ_CST);
     if (take_ring(&f->ctrl->head_waiters)) *ring = 1;
   }
-  return got;
+  return (ssize_t)got;
 }
 
 static int shm_ready(brg__conn *c, int sending, int arm) {

@@ -108,6 +108,7 @@ typedef struct tcp_conn {
   int win_off;  /* offers withdrawn for good (seq_cst, against win_busy) */
   int win_busy; /* the proxy is receiving into an offered buffer */
   int cut;      /* send end: a slot was cut off part way (engine's thread only) */
+  int stream;   /* a byte stream: fds[0] only, no proxy, no goodbye */
 } tcp_conn;
 
 static brg_status tcp_proxy_check(void *arg) {
@@ -336,10 +337,17 @@ static void *recv_proxy(void *arg) {
 /* The private state and the local FIFO; close() cleans up after either. */
 static brg_status conn_open(brg__conn *c, const brg__conn_params *p, int sender, int nsocks,
                             brg__errbuf *err) {
-  brg_status s = brg__net_open(c, p, sender, sizeof(tcp_conn), "tcp", "tcp", err);
+  /* A byte stream's bytes wait in the socket: its FIFO is a token one. */
+  brg__conn_params sp = *p;
+  if (p->stream) {
+    sp.nslots = 1;
+    sp.slot_bytes = 64;
+  }
+  brg_status s = brg__net_open(c, &sp, sender, sizeof(tcp_conn), "tcp", "tcp", err);
   if (s != BRG_SUCCESS) return s;
   tcp_conn *t = c->priv;
-  t->nsocks = nsocks;
+  t->nsocks = p->stream ? 1 : nsocks;
+  t->stream = p->stream;
   for (int i = 0; i < TCP_MAX_SOCKS; i++) t->fds[i] = -1;
   t->waiter.spin = -1; /* the proxy sleeps in recv() or on the FIFO, never spins */
   t->waiter.check = tcp_proxy_check;
@@ -350,7 +358,7 @@ static brg_status conn_open(brg__conn *c, const brg__conn_params *p, int sender,
 
 static brg_status tcp_recv_setup(brg__conn *c, const brg__conn_params *p, void *info,
                                  brg__errbuf *err) {
-  int64_t nsocks = brg__config_int(&tcp_config, TCP_CFG_NSOCKS);
+  int64_t nsocks = p->stream ? 1 : brg__config_int(&tcp_config, TCP_CFG_NSOCKS);
   if (nsocks < 1) nsocks = 1;
   if (nsocks > TCP_MAX_SOCKS) nsocks = TCP_MAX_SOCKS;
   brg_status s = conn_open(c, p, 0, (int)nsocks, err);
@@ -386,6 +394,10 @@ static brg_status tcp_send_connect(brg__conn *c, const brg__conn_params *p, cons
       !memchr(ti.addr, 0, sizeof ti.addr) || !ti.addr[0])
     return brg__error(err, BRG_ERR_INVALID_ARGUMENT, "tcp", "bad tcp connection info from rank %d",
                       p->peer);
+  if (p->stream && nsocks != 1)
+    return brg__error(err, BRG_ERR_INVALID_ARGUMENT, "tcp",
+                      "tcp byte stream from rank %d: %d sockets offered, a stream takes one",
+                      p->peer, nsocks);
   brg_status s = conn_open(c, p, 1, nsocks, err);
   if (s != BRG_SUCCESS) return s;
   tcp_conn *t = c->priv;
@@ -451,6 +463,7 @@ static brg_status tcp_recv_connect(brg__conn *c, const brg__conn_params *p, brg_
                                  brg__deadline_ms(p->timeout_ms), err);
   if (s != BRG_SUCCESS) return s;
   BRG__TRACE("tcp", "rank %d connected from %s (%d sockets)", p->peer, t->l.peer_addr, t->nsocks);
+  if (t->stream) return BRG_SUCCESS; /* its reader polls and reads the socket itself */
   return brg__net_start(&t->l, NULL, recv_proxy, t, "tcp", err);
 }
 
@@ -461,7 +474,8 @@ static void tcp_close(brg__conn *c) {
    * ends its stream with a goodbye (best effort: a peer that does not read
    * just sees the end). */
   brg__fifo_ctrl *ctrl = t->l.fifo.ctrl;
-  if (t->l.sender && ctrl && !t->cut && !__atomic_load_n(&ctrl->closed, __ATOMIC_ACQUIRE)) {
+  if (t->l.sender && ctrl && !t->cut && !t->stream &&
+      !__atomic_load_n(&ctrl->closed, __ATOMIC_ACQUIRE)) {
     uint64_t sent = __atomic_load_n(&ctrl->head, __ATOMIC_ACQUIRE);
     int fd = t->fds[sent % (uint64_t)t->nsocks];
     brg__slot_meta bye = {.seq = UINT64_MAX, .count = TCP_BYE_MAGIC};
@@ -476,6 +490,50 @@ static void tcp_close(brg__conn *c) {
   }
   for (int i = 0; i < TCP_MAX_SOCKS; i++) brg__sock_close(&t->fds[i]);
   brg__net_close(c);
+}
+
+/* The byte stream (brg__conn_params.stream). */
+static ssize_t tcp_try_send(brg__conn *c, const void *buf, size_t bytes, int *ring) {
+  (void)ring; /* the socket is the doorbell */
+  tcp_conn *t = c->priv;
+  if (!bytes) return 0;
+  for (;;) {
+    ssize_t n = send(t->fds[0], buf, bytes, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n >= 0) return n;
+    if (errno == EINTR) continue;
+    return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : BRG__STREAM_BROKEN;
+  }
+}
+
+static ssize_t tcp_try_recv(brg__conn *c, void *buf, size_t bytes, int *ring) {
+  (void)ring;
+  tcp_conn *t = c->priv;
+  if (!bytes) return 0;
+  for (;;) {
+    ssize_t n = recv(t->fds[0], buf, bytes, MSG_DONTWAIT);
+    if (n > 0) return n;
+    if (n == 0) return BRG__STREAM_ENDED;
+    if (errno == EINTR) continue;
+    return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : BRG__STREAM_BROKEN;
+  }
+}
+
+static int tcp_ready(brg__conn *c, int sending, int arm) {
+  (void)arm; /* the caller polls ready_fd */
+  tcp_conn *t = c->priv;
+  struct pollfd pfd = {.fd = t->fds[0], .events = sending ? POLLOUT : POLLIN};
+  return poll(&pfd, 1, 0) > 0;
+}
+
+static int tcp_ready_fd(brg__conn *c, short *events) {
+  tcp_conn *t = c->priv;
+  *events = t->l.sender ? POLLOUT : POLLIN;
+  return t->fds[0];
+}
+
+static void tcp_end(brg__conn *c) {
+  tcp_conn *t = c->priv;
+  if (t->fds[0] >= 0) shutdown(t->fds[0], SHUT_WR);
 }
 
 static int tcp_can_connect(const brg__peer_info *self, const brg__peer_info *peer) {
@@ -509,4 +567,9 @@ const brg__transport_ops brg__transport_tcp = {
     .slice_bytes = 512 * 1024,
     .send_now = tcp_send_now,
     .recv_window = tcp_recv_window,
+    .try_send = tcp_try_send,
+    .try_recv = tcp_try_recv,
+    .ready = tcp_ready,
+    .ready_fd = tcp_ready_fd,
+    .end = tcp_end,
 };

@@ -14,7 +14,7 @@ const brg__transport_ops *const brg__transports[] = {
     NULL,
 };
 
-static int allowed(const char *allow, const char *name) {
+int brg__transport_allowed(const char *allow, const char *name) {
   if (!allow || !*allow) return 1;
   size_t n = strlen(name);
   for (const char *p = allow; *p;) {
@@ -32,7 +32,8 @@ const brg__transport_ops *brg__transport_pick(const brg__peer_info *self,
                                               unsigned carries) {
   for (int i = 0; brg__transports[i]; i++) {
     const brg__transport_ops *t = brg__transports[i];
-    if ((t->carries & carries) == carries && allowed(allow, t->name) && t->can_connect(self, peer))
+    if ((t->carries & carries) == carries && brg__transport_allowed(allow, t->name) &&
+        t->can_connect(self, peer))
       return t;
   }
   return NULL;

@@ -34,6 +34,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include "brigade.h"
 #include "config.h"
 #include "log.h"
@@ -113,6 +114,10 @@ typedef struct brg__fifo {
   int nslots;
   size_t slot_bytes;
 } brg__fifo;
+
+/* What try_send and try_recv return besides a count (see below). */
+#define BRG__STREAM_ENDED ((ssize_t)-1)
+#define BRG__STREAM_BROKEN ((ssize_t)-2)
 
 /* Bytes a FIFO occupies laid out contiguously: ctrl, meta array, data (the
  * data starts page-aligned). */
@@ -222,6 +227,9 @@ typedef struct brg__conn_params {
   int timeout_ms;
   const brg__waiter *waiter;       /* for blocking steps during setup and in proxies */
   const brg__gpu_link_params *gpu; /* links with `gpu_memory`; NULL elsewhere */
+  /* 1: the link is to be a byte stream (try_send, try_recv), not slots
+   * for the ring engine: tcp then makes one socket and no receive proxy. */
+  int stream;
 } brg__conn_params;
 
 typedef struct brg__transport_ops brg__transport_ops;
@@ -307,25 +315,40 @@ struct brg__transport_ops {
 
   /* Optional, all three or none: the link as a byte stream that never
    * blocks, for one thread that serves many links at once
-   * (runtime/p2p.c). Each end's engine calls only its own side's.
+   * (runtime/p2p.c). The link is set up with brg__conn_params.stream.
+   * Each end's engine calls only its own side's.
    * try_send copies up to `bytes` from buf into the slots that are free
    * and publishes them; it returns how many it took, 0 when the link is
    * full. try_recv copies up to `bytes` of what has arrived into buf,
    * freeing each slot it empties, and returns how many, 0 when nothing
    * waits. Slot boundaries are the transport's own: a receiver may get a
-   * send's bytes in other pieces than they were sent in.
-   * ready is the readiness hook: 1 when this end's try_* would move
-   * something now (`sending`: try_send would take bytes; else try_recv
-   * would give some). With `arm`, a link found not ready notes that this
-   * end is about to sleep, and the other end's next try_* that changes
-   * that sets its *ring: the caller of that try_* then wakes this end
-   * (runtime/p2p.c writes a byte on a socket the sleeper polls), once per
-   * arming. A link whose bytes arrive on a descriptor of its own would
-   * give that for poll instead; shm's arrive in memory. *ring is only
-   * ever set, never cleared. */
-  size_t (*try_send)(brg__conn *c, const void *buf, size_t bytes, int *ring);
-  size_t (*try_recv)(brg__conn *c, void *buf, size_t bytes, int *ring);
+   * send's bytes in other pieces than they were sent in. Either returns
+   * BRG__STREAM_BROKEN when the link broke (errno says why), and try_recv
+   * BRG__STREAM_ENDED once the sender ended the stream (end, close, or its
+   * process's exit) and everything before that was read; a link with no
+   * wire of its own (shm) returns neither: its end is told elsewhere.
+   * ready is the readiness hook: 1 when this end's try_* would return
+   * something other than 0 now (`sending`: try_send would take bytes;
+   * else try_recv would give some, or say the stream ended or broke).
+   * With `arm`, a link found not ready notes that this end is about to
+   * sleep, and the other end's next try_* that changes that sets its
+   * *ring: the caller of that try_* then wakes this end (runtime/p2p.c
+   * writes a byte on a socket the sleeper polls), once per arming. *ring
+   * is only ever set, never cleared. */
+  ssize_t (*try_send)(brg__conn *c, const void *buf, size_t bytes, int *ring);
+  ssize_t (*try_recv)(brg__conn *c, void *buf, size_t bytes, int *ring);
   int (*ready)(brg__conn *c, int sending, int arm);
+  /* Optional, with the byte stream, for a link whose readiness shows on
+   * a descriptor of its own (tcp's socket, ibverbs' eventfd): ready_fd
+   * gives it and the poll events that mean ready (*events: POLLOUT on a
+   * tcp send end, POLLIN elsewhere), polled instead of arming; such a
+   * link never sets *ring. The descriptor is level: it says ready while
+   * this end's try_* has something to do, or may have. end, on the send
+   * end, ends the stream: the receiver's try_recv says BRG__STREAM_ENDED
+   * once it has read what came before (shm's end is the runtime's to
+   * tell). */
+  int (*ready_fd)(brg__conn *c, short *events);
+  void (*end)(brg__conn *c);
 
   /* Optional (NULL where the transport cannot): GPU memory on the link
    * (GPUDirect RDMA), for device collectives between hosts.
@@ -378,6 +401,8 @@ void brg__fifo_proxy_release(brg__conn *c, uint64_t n);
 /* The transports in order of preference (transport.c), NULL-terminated. */
 extern const brg__transport_ops *const brg__transports[];
 
+/* Whether `allow` (comma list of names, NULL or "" for any) names it. */
+int brg__transport_allowed(const char *allow, const char *name);
 /* First transport allowed by `allow` (comma list of names, NULL or "" for
  * any) that carries `carries` (BRG__CARRIES_*) and whose can_connect
  * accepts the pair (self sends, peer receives), or NULL. */

@@ -4,8 +4,9 @@
  * WORLD_SIZE). Uses only the public header, as an application would.
  *
  *   mh_check check   allreduce / reduce_scatter / all_gather / broadcast at
- *                    several sizes and types; every element of every result
- *                    is checked against values computed here independently
+ *                    several sizes and types, then all_to_all and a ring of
+ *                    send/recv; every element of every result is checked
+ *                    against values computed here independently
  *   mh_check allreduce
  *                    allreduce of every dtype and op (avg included) at
  *                    counts 0, 1, 7, 1009, 65537 and 1048583 (some pairs
@@ -156,6 +157,39 @@ static void check_broadcast(brg_comm *comm, size_t count, int root) {
   free(buf);
 }
 
+/* all_to_all of `count` int32 per block, and a ring of messages (each
+ * rank sends to the next and receives from the previous, the receive
+ * posted first), every element against its sender's formula: the
+ * point-to-point links, between hosts and within one. */
+static int32_t p2p_value(int from, int to, size_t i) {
+  return (int32_t)((uint32_t)from * 1000003u + (uint32_t)to * 1009u + (uint32_t)i);
+}
+
+static void check_p2p(brg_comm *comm, size_t count) {
+  int32_t *s = malloc((size_t)nranks * count * 4 + 1), *g = malloc((size_t)nranks * count * 4 + 1);
+  if (!s || !g) exit(1);
+  for (int d = 0; d < nranks; d++)
+    for (size_t i = 0; i < count; i++) s[(size_t)d * count + i] = p2p_value(rank, d, i);
+  memset(g, 0xee, (size_t)nranks * count * 4);
+  CHECK_OK(brg_all_to_all(s, g, count, BRG_INT32, comm, NULL));
+  for (int f = 0; f < nranks; f++)
+    for (size_t i = 0; i < count; i++)
+      if (g[(size_t)f * count + i] != p2p_value(f, rank, i))
+        bad("all_to_all int32", count, (size_t)f * count + i, g[(size_t)f * count + i],
+            p2p_value(f, rank, i));
+  int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
+  brg_request rq;
+  memset(g, 0xee, count * 4);
+  CHECK_OK(brg_irecv(g, count, BRG_INT32, prev, comm, &rq));
+  CHECK_OK(brg_send(s + (size_t)next * count, count, BRG_INT32, next, comm, NULL));
+  CHECK_OK(brg_wait(&rq));
+  for (size_t i = 0; i < count; i++)
+    if (g[i] != p2p_value(prev, rank, i))
+      bad("recv int32", count, i, g[i], p2p_value(prev, rank, i));
+  free(s);
+  free(g);
+}
+
 static int run_check(brg_comm *comm) {
   static const size_t sizes[] = {1, 7, 1000, 65537, 1000003};
   for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
@@ -165,12 +199,15 @@ static int run_check(brg_comm *comm) {
     check_all_gather(comm, n / (size_t)nranks + 1);
     for (int root = 0; root < nranks; root++) check_broadcast(comm, n, root);
   }
+  check_p2p(comm, 1);
+  check_p2p(comm, 300007); /* more than a link holds at once */
   CHECK_OK(brg_barrier(comm));
   if (failures) {
     printf("rank %d: FAIL %d wrong values\n", rank, failures);
     return 1;
   }
-  printf("rank %d of %d: OK (allreduce, reduce_scatter, all_gather, broadcast; every element)\n",
+  printf("rank %d of %d: OK (allreduce, reduce_scatter, all_gather, broadcast, all_to_all, "
+         "send/recv; every element)\n",
          rank, nranks);
   return 0;
 }

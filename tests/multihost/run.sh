@@ -300,6 +300,19 @@ collectives)
       fail "rank $r does not send via $NET"
   done
   echo "links: $nnet via $NET, $nshm via shm"
+  # Point-to-point (all_to_all and a ring of messages: every pair): a
+  # rank's link to another host takes NET's byte stream (tcp's socket,
+  # ibverbs' queue pairs); to a rank of its own host, shm.
+  want_p2p=$NET
+  for r in $(seq 0 $((NRANKS - 1))); do
+    for p in $(seq 0 $((NRANKS - 1))); do
+      [ "$p" = "$r" ] && continue
+      w=$([ "${HOST_OF[$p]}" = "${HOST_OF[$r]}" ] && echo shm || echo "$want_p2p")
+      grep -q "rank $r: link to rank $p over $w\$" "$WORK/log.$r" ||
+        fail "rank $r's point-to-point link to rank $p is not over $w: $(grep "rank $r: link to rank $p over" "$WORK/log.$r")"
+    done
+  done
+  echo "point-to-point links: shm within a host, $want_p2p between hosts"
   if [ "$NET" = ibverbs ]; then
     r=${RANKS_ON[0]##* }
     grep -q "ibverbs backend: soft" "$WORK/log.$r" || fail "the log does not say which verbs backend ran"

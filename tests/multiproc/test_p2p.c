@@ -8,11 +8,15 @@
  *
  * Cases:
  *   fallback  (first, N = 2, shm) the shm link from rank 0 to rank 1
- *             cannot be set up (its name taken): those messages take
- *             p2p's own TCP, the other way shm; every byte checked
- *   links     (first) the first messages of each pair take the shm link of
- *             the transport table where shm is allowed, p2p's own TCP
- *             where not: shm FIFOs mapped, 2 or 0
+ *             cannot be set up (its name taken): those messages take the
+ *             table's next transport, tcp, where it is allowed, the other
+ *             way shm, every byte checked; with shm alone the send fails
+ *             (BRG_ERR_UNAVAILABLE, naming shm's failure)
+ *   links     (first) the first messages of each pair take the link of
+ *             the transport table: shm where shm is allowed (2 shm FIFOs
+ *             mapped, 2 sockets more), tcp where only tcp is (no FIFO, 4
+ *             sockets more: a connection and a tcp link each way),
+ *             ibverbs where only it is (an eventfd each way)
  *   ring      every dtype and count: each rank sends to the next and
  *             receives from the previous (even ranks send first, odd ranks
  *             receive first), blocking and non-blocking
@@ -63,6 +67,7 @@
 #define _GNU_SOURCE
 #endif
 #include <errno.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -259,10 +264,29 @@ static int shm_maps(void) {
   return n;
 }
 
+/* Descriptors this process holds whose link starts with `kind`
+ * ("socket:", "anon_inode:[eventfd]"). */
+static int fds_of(const char *kind) {
+  DIR *d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));) {
+    char path[300], to[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+    ssize_t k = readlink(path, to, sizeof to - 1);
+    if (k > 0 && (to[k] = 0, !strncmp(to, kind, strlen(kind)))) n++;
+  }
+  closedir(d);
+  return n;
+}
+
 /* Run first: the first messages between pairs (0,1), (2,3) take a link
  * of the transport table where shm is allowed (one more FIFO mapped each
- * way: the one this rank receives on, the peer's it sends into) and
- * p2p's own TCP where it is not (nothing mapped). Every byte checked. */
+ * way: the one this rank receives on, the peer's it sends into), one of
+ * tcp where only tcp is (a socket of its own each way beside the two
+ * connections: 4 sockets more, where p2p's own TCP would make 2), and
+ * one of ibverbs where only it is (its readiness an eventfd each way).
+ * Every byte checked. */
 static int case_links(mp_ctx *ctx) {
   brg_comm *c = ctx->comm;
   int r = ctx->rank, peer = r ^ 1;
@@ -273,7 +297,7 @@ static int case_links(mp_ctx *ctx) {
   }
   const char *tr = getenv("BRIGADE_TRANSPORTS");
   int shm = !tr || !*tr || strstr(tr, "shm") != NULL;
-  int before = shm_maps();
+  int before = shm_maps(), socks = fds_of("socket:"), evs = fds_of("anon_inode:[eventfd]");
   size_t bytes = 3 << 20;
   unsigned char *s = xmalloc(bytes), *g = xmalloc(bytes);
   fill(s, bytes, r, peer, 91);
@@ -281,12 +305,25 @@ static int case_links(mp_ctx *ctx) {
   OK(brg_send(s, bytes, BRG_UINT8, peer, c, NULL));
   OK(brg_recv(g, bytes, BRG_UINT8, peer, c, NULL));
   int bad = check(g, bytes, peer, r, 91, "links");
-  int after = shm_maps();
+  int after = shm_maps(), socks_after = fds_of("socket:");
+  int evs_after = fds_of("anon_inode:[eventfd]");
   MP_CHECK(before >= 0 && after - before == (shm ? 2 : 0),
            "point-to-point to rank %d mapped %d shm FIFOs (BRIGADE_TRANSPORTS=%s): expected %d "
            "(%s)",
            peer, after - before, tr ? tr : "", shm ? 2 : 0,
-           shm ? "its link and the peer's over shm" : "its own TCP, no FIFO");
+           shm ? "its link and the peer's over shm" : "no FIFO");
+  int tcp = !shm && tr && !strcmp(tr, "tcp");
+  if (shm || tcp)
+    MP_CHECK(socks >= 0 && socks_after - socks == (tcp ? 4 : 2),
+             "point-to-point to rank %d made %d sockets (BRIGADE_TRANSPORTS=%s): expected %d (%s)",
+             peer, socks_after - socks, tr ? tr : "", tcp ? 4 : 2,
+             tcp ? "a connection and a tcp link each way" : "a connection each way");
+  /* An ibverbs link's readiness is an eventfd of its own, one each way. */
+  int ib = tr && !strcmp(tr, "ibverbs");
+  MP_CHECK(evs >= 0 && evs_after - evs == (ib ? 2 : 0),
+           "point-to-point to rank %d made %d eventfds (BRIGADE_TRANSPORTS=%s): expected %d (%s)",
+           peer, evs_after - evs, tr ? tr : "", ib ? 2 : 0,
+           ib ? "an ibverbs link each way" : "no ibverbs link");
   OK(brg_allreduce(&one, &one, 1, BRG_INT32, BRG_SUM, c, NULL));
   free(s);
   free(g);
@@ -297,15 +334,19 @@ static int case_links(mp_ctx *ctx) {
  * the first message from rank 0 would set up (transport/shm.c's name,
  * with runtime/p2p.c's P2P_LINK_ID xor'ed into the communicator's id,
  * which rank 1 reads from its ring link's mapping), so that its
- * recv_setup fails: that pair's messages fall back to p2p's own TCP and
- * arrive all the same, while rank 1's messages to rank 0 take shm (one
- * FIFO mapped on each rank). */
+ * recv_setup fails. Where tcp is allowed too, that pair's messages take
+ * the table's next transport, a tcp link, and arrive all the same; where
+ * shm is the only one, rank 0's send fails with BRG_ERR_UNAVAILABLE
+ * naming shm's failure (no link could be set up). Either way rank 1's
+ * messages to rank 0 take shm (one FIFO mapped on each rank). */
 static int case_fallback(mp_ctx *ctx) {
   brg_comm *c = ctx->comm;
   int r = ctx->rank, peer = 1 - r;
   int32_t one = 1;
   char name[64] = "";
   if (ctx->nranks != 2) return mp_fail("fallback runs at N = 2"), 1;
+  const char *tr = getenv("BRIGADE_TRANSPORTS");
+  int tcp = tr && strstr(tr, "tcp") != NULL;
   int before = shm_maps();
   if (r == 1) {
     FILE *f = fopen("/proc/self/maps", "r");
@@ -327,21 +368,36 @@ static int case_fallback(mp_ctx *ctx) {
   unsigned char *s = xmalloc(bytes), *g = xmalloc(bytes);
   fill(s, bytes, r, peer, 93);
   memset(g, 0xee, bytes);
+  int bad = 0;
   if (r == 0) {
-    OK(brg_send(s, bytes, BRG_UINT8, peer, c, NULL));
+    brg_status st = brg_send(s, bytes, BRG_UINT8, peer, c, NULL);
+    const char *e = brg_comm_last_error(c);
+    if (tcp)
+      MP_CHECK(st == BRG_SUCCESS, "send to rank 1 with its shm link refused: %s (%s)",
+               brg_status_string(st), e);
+    else
+      MP_CHECK(st == BRG_ERR_UNAVAILABLE && mp_contains(e, "no link to rank 1") &&
+                   mp_contains(e, "shm: ") && mp_contains(e, "File exists"),
+               "send to rank 1 over shm alone, its shm link refused: %s (%s), expected "
+               "BRG_ERR_UNAVAILABLE naming shm's failure",
+               brg_status_string(st), e);
     OK(brg_recv(g, bytes, BRG_UINT8, peer, c, NULL));
+    bad = check(g, bytes, peer, r, 93, "fallback");
   } else {
-    OK(brg_recv(g, bytes, BRG_UINT8, peer, c, NULL));
+    if (tcp) {
+      OK(brg_recv(g, bytes, BRG_UINT8, peer, c, NULL));
+      bad = check(g, bytes, peer, r, 93, "fallback");
+    }
     OK(brg_send(s, bytes, BRG_UINT8, peer, c, NULL));
   }
-  int bad = check(g, bytes, peer, r, 93, "fallback");
   int after = shm_maps();
   MP_CHECK(after - before == 1,
            "rank %d mapped %d shm FIFOs for point-to-point: expected 1 (rank 1 -> 0 over shm, "
-           "0 -> 1 over TCP)",
-           r, after - before);
-  if (r == 1) shm_unlink(name);
+           "0 -> 1 %s)",
+           r, after - before, tcp ? "over tcp" : "none");
   OK(brg_allreduce(&one, &one, 1, BRG_INT32, BRG_SUM, c, NULL));
+  if (r == 1) shm_unlink(name);
+  OK(brg_allreduce(&one, &one, 1, BRG_INT32, BRG_SUM, c, NULL)); /* free again */
   free(s);
   free(g);
   return bad || mp_failures();

@@ -49,6 +49,7 @@ typedef struct test_link {
   uint64_t comm_id;
   int nslots;
   size_t slot_bytes;
+  int stream; /* set up as a byte stream (brg__conn_params.stream) */
 } test_link;
 
 /* ---- failing loudly ---------------------------------------------------- */
@@ -115,6 +116,7 @@ static brg__conn_params params(const test_link *l, int rank) {
       .secret = l->secret,
       .timeout_ms = SETUP_TIMEOUT_MS,
       .waiter = &setup_waiter,
+      .stream = l->stream,
   };
   return p;
 }
@@ -902,7 +904,7 @@ static void stream_rules_sender(brg__conn *out, const test_link *l, int sock) {
   if (!buf) fail("out of memory");
   if (!out->ops->ready(out, 1, 0)) fail("an empty link is not ready to send");
   int ring = 0;
-  for (size_t n; (n = out->ops->try_send(out, buf, cap + 1 - took, &ring)) > 0;) took += n;
+  for (ssize_t n; (n = out->ops->try_send(out, buf, cap + 1 - took, &ring)) > 0;) took += (size_t)n;
   if (took != cap) fail("an empty link took %zu bytes before it was full, expected %zu", took, cap);
   if (ring) fail("try_send rang a receiver that never armed");
   if (out->ops->ready(out, 1, 0) || out->ops->ready(out, 1, 1))
@@ -926,21 +928,98 @@ static void stream_rules_receiver(brg__conn *in, const test_link *l, int sock) {
   int ring = 0;
   if (in->ops->try_recv(in, buf, 1, &ring) != 1) fail("try_recv of one byte gave another count");
   if (ring) fail("try_recv rang the sender before it freed a slot");
-  size_t n = in->ops->try_recv(in, buf + 1, l->slot_bytes - 1, &ring);
-  if (n != l->slot_bytes - 1) fail("try_recv gave %zu of the first slot's rest", n);
+  ssize_t n = in->ops->try_recv(in, buf + 1, l->slot_bytes - 1, &ring);
+  if (n != (ssize_t)l->slot_bytes - 1) fail("try_recv gave %zd of the first slot's rest", n);
   if (!ring) fail("try_recv freed a slot and did not ring the armed sender");
   sock_write(sock, (char[]){BELL}, 1);
   ring = 0;
   size_t left = cap - l->slot_bytes;
   while (left > 0) {
     n = in->ops->try_recv(in, buf + cap - left, left, &ring);
-    if (!n) fail("try_recv: %zu bytes of a full link were missing", left);
-    left -= n;
+    if (n <= 0) fail("try_recv: %zu bytes of a full link were missing", left);
+    left -= (size_t)n;
   }
   if (ring) fail("try_recv rang twice for one arming");
   if (in->ops->ready(in, 0, 0)) fail("an empty link says it is ready to receive");
   for (size_t i = 0; i < cap; i++)
     if (buf[i] != 0) fail("byte %zu of the filled link changed", i);
+  sock_write(sock, "E", 1);
+  free(buf);
+}
+
+/* The readiness rules of a link whose readiness is a descriptor of its
+ * own (ready_fd: tcp's socket, ibverbs' eventfd), whose room is the
+ * kernel's or the proxies': an empty link is ready to send and takes
+ * bytes until it is full (nothing taken, and no room said for 200 ms),
+ * no ring ever; the receiver's descriptor says bytes, and every byte
+ * comes; once the receiver has read them all the sender's descriptor
+ * says room (POLLOUT) and ready agrees. A lost wakeup hangs a wait here
+ * (the deadline says so). */
+/* ev: POLLOUT for room, POLLIN for bytes; what the descriptor says it
+ * with is the link's (ready_fd's events). */
+static int fd_wait_ms(brg__conn *c, short ev, int ms) {
+  struct pollfd pfd = {.fd = c->ops->ready_fd(c, &ev)};
+  pfd.events = ev;
+  if (pfd.fd < 0) fail("ready_fd gave no descriptor");
+  int r = poll(&pfd, 1, ms);
+  return r > 0;
+}
+
+static int fd_wait(brg__conn *c, short ev) {
+  return fd_wait_ms(c, ev, PHASE_TIMEOUT_MS);
+}
+
+static void stream_rules_sender_fd(brg__conn *out, int sock) {
+  enum { PIECE = 65536 };
+  const uint64_t most = 1ull << 30; /* a link that never fills fails here */
+  char *buf = calloc(1, PIECE);
+  if (!buf) fail("out of memory");
+  if (!out->ops->ready(out, 1, 0)) fail("an empty link is not ready to send");
+  if (!fd_wait(out, POLLOUT)) fail("an empty link's descriptor does not say room");
+  int ring = 0;
+  uint64_t took = 0;
+  for (;;) {
+    ssize_t n = out->ops->try_send(out, buf, PIECE, &ring);
+    if (n < 0) fail("try_send on a working link said it broke (%s)", strerror(errno));
+    took += (uint64_t)n;
+    if (took > most) fail("a link took %llu bytes and is not full", (unsigned long long)took);
+    if (n == 0 && !fd_wait_ms(out, POLLOUT, 200)) break;
+  }
+  if (!took) fail("an empty link took nothing");
+  if (ring) fail("a link with a descriptor of its own rang");
+  sock_write(sock, "F", 1);
+  sock_write(sock, &took, sizeof took);
+  sock_expect(sock, 'E', "emptied");
+  if (!fd_wait(out, POLLOUT)) fail("an emptied link's descriptor does not say room");
+  if (!out->ops->ready(out, 1, 0)) fail("an emptied link is not ready to send");
+  free(buf);
+}
+
+static void stream_rules_receiver_fd(brg__conn *in, int sock) {
+  enum { PIECE = 100000 };
+  char *buf = malloc(PIECE);
+  if (!buf) fail("out of memory");
+  sock_expect(sock, 'F', "filled");
+  uint64_t took, got = 0;
+  if (sock_read(sock, &took, sizeof took, PHASE_TIMEOUT_MS) != 0) fail("no count from the peer");
+  if (!fd_wait(in, POLLIN)) fail("a full link's descriptor does not say bytes");
+  if (!in->ops->ready(in, 0, 0)) fail("a full link is not ready to receive");
+  int ring = 0;
+  while (got < took) {
+    size_t want = took - got < PIECE ? (size_t)(took - got) : PIECE;
+    ssize_t n = in->ops->try_recv(in, buf, want, &ring);
+    if (n < 0)
+      fail("try_recv on a working link said it %s", n == BRG__STREAM_ENDED ? "ended" : "broke");
+    if (n == 0 && !fd_wait(in, POLLIN))
+      fail("%llu of %llu bytes of a full link never came", (unsigned long long)got,
+           (unsigned long long)took);
+    for (ssize_t i = 0; i < n; i++)
+      if (buf[i] != 0) fail("byte %llu of the filled link changed", (unsigned long long)got + i);
+    got += (uint64_t)n;
+  }
+  if (ring) fail("a link with a descriptor of its own rang");
+  if (in->ops->try_recv(in, buf, 1, &ring) != 0 || in->ops->ready(in, 0, 0))
+    fail("an emptied link says it has more");
   sock_write(sock, "E", 1);
   free(buf);
 }
@@ -966,21 +1045,24 @@ static void stream_crossed(brg__conn *out, brg__conn *in, int sock, uint64_t my_
       size_t want = 1 + mix(my_seed + calls++) % PIECE;
       if (want > STREAM_BYTES - sent) want = STREAM_BYTES - sent;
       for (size_t i = 0; i < want; i++) src[i] = stream_byte(my_seed, sent + i);
-      size_t n = out->ops->try_send(out, src, want, &ring);
-      if (n > want) fail("try_send took %zu of %zu bytes", n, want);
-      sent += n;
+      ssize_t n = out->ops->try_send(out, src, want, &ring);
+      if (n < 0) fail("try_send on a working link said it broke (%s)", strerror(errno));
+      if ((size_t)n > want) fail("try_send took %zd of %zu bytes", n, want);
+      sent += (uint64_t)n;
       moved |= n > 0;
     }
     if (got < STREAM_BYTES) {
       size_t want = 1 + mix(my_seed ^ calls++) % PIECE;
       if (want > STREAM_BYTES - got) want = STREAM_BYTES - got;
-      size_t n = in->ops->try_recv(in, dst, want, &ring);
-      if (n > want) fail("try_recv gave %zu bytes for %zu", n, want);
-      for (size_t i = 0; i < n; i++)
+      ssize_t n = in->ops->try_recv(in, dst, want, &ring);
+      if (n < 0)
+        fail("try_recv on a working link said it %s", n == BRG__STREAM_ENDED ? "ended" : "broke");
+      if ((size_t)n > want) fail("try_recv gave %zd bytes for %zu", n, want);
+      for (ssize_t i = 0; i < n; i++)
         if (dst[i] != stream_byte(peer_seed, got + i))
           fail("stream byte %llu is %02x, expected %02x", (unsigned long long)(got + i), dst[i],
                stream_byte(peer_seed, got + i));
-      got += n;
+      got += (uint64_t)n;
       moved |= n > 0;
     }
     if (ring) sock_write(sock, (char[]){BELL}, 1);
@@ -988,13 +1070,38 @@ static void stream_crossed(brg__conn *out, brg__conn *in, int sock, uint64_t my_
     int ready = (sent < STREAM_BYTES && out->ops->ready(out, 1, 1)) |
                 (got < STREAM_BYTES && in->ops->ready(in, 0, 1));
     if (ready) continue;
-    struct pollfd pfd = {.fd = sock, .events = POLLIN};
+    /* A link with a descriptor of its own is polled there. */
+    struct pollfd pfd[3] = {{.fd = sock, .events = POLLIN}};
+    int np = 1;
+    short ev = POLLOUT;
+    if (out->ops->ready_fd && sent < STREAM_BYTES) {
+      pfd[np].fd = out->ops->ready_fd(out, &ev);
+      pfd[np++].events = ev;
+    }
+    ev = POLLIN;
+    if (in->ops->ready_fd && got < STREAM_BYTES) {
+      pfd[np].fd = in->ops->ready_fd(in, &ev);
+      pfd[np++].events = ev;
+    }
     int64_t left = deadline - now_ms();
     if (left <= 0)
       fail("crossed stream stuck: %llu of %u bytes sent, %llu received (a lost doorbell, or a "
            "send that waits for room)",
            (unsigned long long)sent, STREAM_BYTES, (unsigned long long)got);
-    if (poll(&pfd, 1, (int)(left < 1000 ? left : 1000)) > 0) bells_drain(sock);
+    if (poll(pfd, (nfds_t)np, (int)(left < 1000 ? left : 1000)) > 0 && pfd[0].revents)
+      bells_drain(sock);
+  }
+  if (out->ops->end) {
+    /* The stream's end: after every byte, the receiver hears it. */
+    out->ops->end(out);
+    for (;;) {
+      int ring = 0;
+      ssize_t n = in->ops->try_recv(in, dst, PIECE, &ring);
+      if (n == BRG__STREAM_ENDED) break;
+      if (n > 0) fail("%zd bytes came after the whole stream", n);
+      if (n < 0) fail("a stream that ended says it broke (%s)", strerror(errno));
+      if (!fd_wait(in, POLLIN)) fail("the peer ended its stream and the end never came");
+    }
   }
   free(src);
   free(dst);
@@ -1008,7 +1115,10 @@ static void case_bytestream(const test_link *ab, const test_link *ba) {
     brg__conn in, out;
     receiver_setup(ab, &in, sock);
     sender_setup(ba, &out, sock);
-    stream_rules_receiver(&in, ab, sock);
+    if (in.ops->ready_fd)
+      stream_rules_receiver_fd(&in, sock);
+    else
+      stream_rules_receiver(&in, ab, sock);
     stream_crossed(&out, &in, sock, 2, 1);
     sock_write(sock, "D", 1);
     sock_expect_past_bells(sock, 'D', "done");
@@ -1019,7 +1129,10 @@ static void case_bytestream(const test_link *ab, const test_link *ba) {
   brg__conn in, out;
   sender_setup(ab, &out, sock);
   receiver_setup(ba, &in, sock);
-  stream_rules_sender(&out, ab, sock);
+  if (out.ops->ready_fd)
+    stream_rules_sender_fd(&out, sock);
+  else
+    stream_rules_sender(&out, ab, sock);
   stream_crossed(&out, &in, sock, 1, 2);
   sock_write(sock, "D", 1);
   sock_expect_past_bells(sock, 'D', "done");
@@ -1356,10 +1469,13 @@ int main(int argc, char **argv) {
       if (!ops->try_send || !ops->try_recv || !ops->ready)
         fail("transport %s has part of the byte stream (try_send, try_recv, ready), not all",
              ops->name);
+      if (!ops->ready_fd != !ops->end)
+        fail("transport %s has one of ready_fd and end without the other", ops->name);
       for (int k = 0; k < 2; k++) {
         test_link ba;
         link_init(&l, ops, k ? 8 : 1, k ? 16384 : 4096);
         link_init(&ba, ops, k ? 3 : 2, k ? 4096 : 65536);
+        l.stream = ba.stream = 1;
         snprintf(where, sizeof where, "%s, byte stream both ways at once (%d x %zu, %d x %zu)",
                  ops->name, l.nslots, l.slot_bytes, ba.nslots, ba.slot_bytes);
         int64_t t0 = now_ms();
