@@ -53,24 +53,20 @@ static brg__rk_hdr *phdr(char *region, const struct brg__dev_ring *d, int ch, ui
 /* The call in mailbox entry k, once every word of it carries entry k's
  * flag (ring_args.h): 1 then, 0 while some word has not come. */
 static int phdr_get(const brg__rk_hdr *h, uint64_t k, brg__rk_call *call) {
-  uint32_t f = brg__rk_hdr_flag(k), words[BRG__RK_HDR_WORDS];
-  _Static_assert(sizeof *call == sizeof words, "the call in the entry's words");
-  for (int i = 0; i < BRG__RK_HDR_WORDS; i++) {
-    uint64_t w = __atomic_load_n(&h->w[i], __ATOMIC_ACQUIRE);
-    if ((uint32_t)(w >> 32) != f) return 0;
-    words[i] = (uint32_t)w;
+  uint32_t f = brg__rk_hdr_flag(k);
+  uint64_t w[BRG__RK_CALL_WORDS];
+  for (int i = 0; i < BRG__RK_CALL_WORDS; i++) {
+    w[i] = __atomic_load_n(&h->w[i], __ATOMIC_ACQUIRE);
+    if (!brg__rk_has_flag(w[i], f)) return 0;
   }
-  memcpy(call, words, sizeof words);
-  return 1;
+  return brg__rk_call_of_words(w, f, call);
 }
 
 /* Mailbox entry k holds `call`: each word stored whole beside the flag. */
 static void phdr_put(brg__rk_hdr *h, uint64_t k, const brg__rk_call *call) {
-  uint32_t words[BRG__RK_HDR_WORDS];
-  memcpy(words, call, sizeof words);
-  uint64_t f = (uint64_t)brg__rk_hdr_flag(k) << 32;
-  for (int i = 0; i < BRG__RK_HDR_WORDS; i++)
-    __atomic_store_n(&h->w[i], f | words[i], __ATOMIC_RELEASE);
+  uint64_t w[BRG__RK_CALL_WORDS];
+  brg__rk_call_words(call, brg__rk_hdr_flag(k), w);
+  for (int i = 0; i < BRG__RK_CALL_WORDS; i++) __atomic_store_n(&h->w[i], w[i], __ATOMIC_RELEASE);
 }
 
 /* Whether call headers go on the link to the next rank, and come on the

@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "hd.h" /* functions the kernel calls too */
 
@@ -33,14 +34,15 @@
  * own) sends 16-byte lines, each two 8-byte halves of 4 data bytes and a
  * 4-byte flag, every half stored and loaded whole: a half whose flag is
  * the call's (brg__rk_ll_flag) holds the call's data, whatever order the
- * halves land in. A rank's lines in a buffer: first the call (brg__rk_call,
- * BRG__RK_LL_CALL_LINES lines), then its input, 8 bytes a line.
+ * halves land in. A rank's lines in a buffer: first the call (its flagged
+ * words, brg__rk_call_words, two to a line: BRG__RK_LL_CALL_LINES lines),
+ * then its input, 8 bytes a line.
  */
 #define BRG__RK_MAX_PEERS 16
 #define BRG__RK_OS_FLAGS 64
 #define BRG__RK_OS_DATA 2048
 #define BRG__RK_LL_LINE 16
-#define BRG__RK_LL_CALL_LINES 3
+#define BRG__RK_LL_CALL_LINES 3 /* BRG__RK_CALL_WORDS / 2 */
 
 /* Bytes of one rank's one-shot area for inputs of up to slot_bytes, and
  * LL inputs of up to ll_slot bytes of lines (0: no LL form). */
@@ -81,6 +83,53 @@ typedef struct brg__rk_call {
   uint8_t kind, dtype, op, pad;
 } brg__rk_call;
 
+/* A call as flagged words, the form in which one rank's call reaches
+ * another's kernel without a fence on either side (the header mailbox,
+ * the one-shot path's LL call lines, the host proxy's copies of them): the
+ * call's six 4-byte words, each in the low half of an 8-byte word whose
+ * high half is a flag (never 0) that says which entry or call the word
+ * belongs to. Each 8-byte word is stored and loaded whole, so the reader
+ * has the call once every word carries the flag it expects. */
+#define BRG__RK_CALL_WORDS 6
+#ifdef __cplusplus
+static_assert(sizeof(brg__rk_call) == 4 * BRG__RK_CALL_WORDS, "a call is six 4-byte words");
+static_assert(2 * BRG__RK_LL_CALL_LINES == BRG__RK_CALL_WORDS, "two call words an LL line");
+#else
+_Static_assert(sizeof(brg__rk_call) == 4 * BRG__RK_CALL_WORDS, "a call is six 4-byte words");
+_Static_assert(2 * BRG__RK_LL_CALL_LINES == BRG__RK_CALL_WORDS, "two call words an LL line");
+#endif
+
+/* 4 bytes of data beside flag f, as one word. */
+static inline BRG_HD uint64_t brg__rk_flagged(uint32_t data, uint32_t f) {
+  return (uint64_t)f << 32 | data;
+}
+
+/* Whether word w carries flag f. */
+static inline BRG_HD int brg__rk_has_flag(uint64_t w, uint32_t f) {
+  return (uint32_t)(w >> 32) == f;
+}
+
+/* `call` as flagged words, each beside flag f. */
+static inline BRG_HD void brg__rk_call_words(const brg__rk_call *call, uint32_t f,
+                                             uint64_t w[BRG__RK_CALL_WORDS]) {
+  uint32_t v[BRG__RK_CALL_WORDS];
+  memcpy(v, call, sizeof v);
+  for (int i = 0; i < BRG__RK_CALL_WORDS; i++) w[i] = brg__rk_flagged(v[i], f);
+}
+
+/* The call in words w, when every one carries flag f: 1 then, 0 (and
+ * *call untouched) when some word does not. */
+static inline BRG_HD int brg__rk_call_of_words(const uint64_t w[BRG__RK_CALL_WORDS], uint32_t f,
+                                               brg__rk_call *call) {
+  uint32_t v[BRG__RK_CALL_WORDS];
+  for (int i = 0; i < BRG__RK_CALL_WORDS; i++) {
+    if (!brg__rk_has_flag(w[i], f)) return 0;
+    v[i] = (uint32_t)w[i];
+  }
+  memcpy(call, v, sizeof v);
+  return 1;
+}
+
 /* What the sender writes beside each slot it posts (64 bytes, in the
  * receiver's region): the slot's position on the link and the call. */
 typedef struct brg__rk_meta {
@@ -94,19 +143,17 @@ typedef struct brg__rk_meta {
  * previous rank's entry while it waits and before it ends, so that calls
  * that differ are found even where no slot goes between them (two
  * broadcast roots) or where they took different paths (one-shot and ring).
- * An entry is the call's six 4-byte words, each in an 8-byte word of its
- * own beside a flag (the high half): the entry's number k + 1, cut to 32
- * bits, never 0. Each word is stored and loaded whole, so that an entry
- * whose six flags say k + 1 holds call k without a fence on either side
- * (the LL form, as the one-shot path's lines). */
+ * Entry k is the call's flagged words (brg__rk_call_words) with flag
+ * brg__rk_hdr_flag(k): once all six carry it, it holds call k, without a
+ * fence on either side (the LL form, as the one-shot path's lines). */
 #define BRG__RK_HDRS 64
-#define BRG__RK_HDR_WORDS 6
 typedef struct brg__rk_hdr {
-  uint64_t w[BRG__RK_HDR_WORDS];
+  uint64_t w[BRG__RK_CALL_WORDS];
   uint64_t pad[2];
 } brg__rk_hdr;
 
-/* The flag of mailbox entry k (0 and up). */
+/* The flag of mailbox entry k (0 and up): the LL flag of call k + 1, so any
+ * two entries fewer than 2^32 - 1 apart differ. */
 static inline BRG_HD uint32_t brg__rk_hdr_flag(uint64_t k) {
   return brg__rk_ll_flag(k + 1);
 }

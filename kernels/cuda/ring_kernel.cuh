@@ -199,15 +199,14 @@ template <class D, int OP> struct channel {
     if (!l.recv_hdr || hdr_checked) return 1;
     uint64_t k = l.counters[4];
     const brg__rk_hdr *h = l.recv_hdr + k % BRG__RK_HDRS;
-    uint32_t f = brg__rk_hdr_flag(k), words[BRG__RK_HDR_WORDS];
-    for (int i = 0; i < BRG__RK_HDR_WORDS; i++) {
-      uint64_t w = brg_simt_load_u64(&h->w[i]);
-      if ((uint32_t)(w >> 32) != f) return 0; /* not all there yet */
-      words[i] = (uint32_t)w;
+    uint32_t f = brg__rk_hdr_flag(k);
+    uint64_t w[BRG__RK_CALL_WORDS];
+    for (int i = 0; i < BRG__RK_CALL_WORDS; i++) {
+      w[i] = brg_simt_load_u64(&h->w[i]);
+      if (!brg__rk_has_flag(w[i], f)) return 0; /* not all there yet */
     }
     brg__rk_call theirs;
-    static_assert(sizeof theirs == sizeof words, "the call in the entry's words");
-    memcpy(&theirs, words, sizeof theirs);
+    brg__rk_call_of_words(w, f, &theirs);
     if (!same_call(theirs, a.call)) {
       if (wr) brg_simt_store_word(&wr->peer, -1); /* the previous rank's, not a one-shot flag's */
       fault(MISMATCH, &theirs, 0, 0);
@@ -234,10 +233,9 @@ template <class D, int OP> struct channel {
     }
     if (stop) return false;
     brg__rk_hdr *h = l.send_hdr + k % BRG__RK_HDRS;
-    uint32_t words[BRG__RK_HDR_WORDS];
-    memcpy(words, &a.call, sizeof words);
-    uint64_t f = (uint64_t)brg__rk_hdr_flag(k) << 32;
-    for (int i = 0; i < BRG__RK_HDR_WORDS; i++) brg_simt_store_u64(&h->w[i], f | words[i]);
+    uint64_t w[BRG__RK_CALL_WORDS];
+    brg__rk_call_words(&a.call, brg__rk_hdr_flag(k), w);
+    for (int i = 0; i < BRG__RK_CALL_WORDS; i++) brg_simt_store_u64(&h->w[i], w[i]);
     l.counters[3] = k + 1;
     return true;
   }
@@ -489,17 +487,13 @@ template <class D, int OP> struct channel {
     return reinterpret_cast<const uint64_t *>(area + off);
   }
 
-  /* The 8 data bytes of the LL line at p once both its halves carry flag
-   * f; false when the launch stops (the abort word, or thread 0 finding
-   * the previous rank's header differ, *faulted then). Any thread. */
-  BRG_SIMT_DEV bool ll_take(const uint64_t *p, uint32_t f, int r, int *faulted, uint64_t *out) {
+  /* The two halves of the LL line at p (w[0] the low) once both carry
+   * flag f; false when the launch stops (the abort word, or thread 0
+   * finding the previous rank's header differ, *faulted then). Any thread. */
+  BRG_SIMT_DEV bool ll_wait(const uint64_t *p, uint32_t f, int r, int *faulted, uint64_t w[2]) {
     for (bool first = true;; first = false) {
-      uint64_t lo, hi;
-      brg_simt_ll_load(p, &lo, &hi);
-      if ((uint32_t)(lo >> 32) == f && (uint32_t)(hi >> 32) == f) {
-        *out = (lo & 0xffffffffu) | hi << 32;
-        return true;
-      }
+      brg_simt_ll_load(p, &w[0], &w[1]);
+      if (brg__rk_has_flag(w[0], f) && brg__rk_has_flag(w[1], f)) return true;
       if (brg_simt_tid() == 0) {
         if (first) waiting(BRG__RK_WAIT_ONESHOT, r);
         if (stop_now(faulted)) return false;
@@ -508,6 +502,14 @@ template <class D, int OP> struct channel {
       }
       brg_simt_pause();
     }
+  }
+
+  /* The 8 data bytes of the LL line at p, as ll_wait waits for them. */
+  BRG_SIMT_DEV bool ll_take(const uint64_t *p, uint32_t f, int r, int *faulted, uint64_t *out) {
+    uint64_t w[2];
+    if (!ll_wait(p, f, r, faulted, w)) return false;
+    *out = (w[0] & 0xffffffffu) | w[1] << 32;
+    return true;
   }
 
   /* The LL form of oneshot() (a.os.ll; ring_args.h draws the lines): no
@@ -532,11 +534,10 @@ template <class D, int OP> struct channel {
     }
     brg_simt_sync();
     uint64_t call = s_call;
-    uint64_t fl = brg__rk_ll_flag(call);
+    uint32_t fl = brg__rk_ll_flag(call);
 #if BRG_RK_BREAK == 3 /* tests/gpu: one flag for every call must fail */
     fl = 1;
 #endif
-    uint64_t fh = fl << 32;
     size_t bytes = a.count * sizeof(T), nlines = (bytes + 7) / 8;
     const unsigned char *in = static_cast<const unsigned char *>(a.sendbuf);
     unsigned char *out = static_cast<unsigned char *>(a.recvbuf);
@@ -544,13 +545,12 @@ template <class D, int OP> struct channel {
         (reinterpret_cast<uintptr_t>(in) & 7) == 0 && (reinterpret_cast<uintptr_t>(out) & 7) == 0;
     if (tid != 0) spins = 1; /* thread 0 reads the abort word first, the others later */
     if (tid == 0) {
-      uint32_t w[2 * BRG__RK_LL_CALL_LINES];
-      static_assert(sizeof w == sizeof(brg__rk_call), "the call in its lines");
-      memcpy(w, &a.call, sizeof w);
+      uint64_t w[BRG__RK_CALL_WORDS];
+      brg__rk_call_words(&a.call, fl, w);
       for (int r = 0; r < n; r++) {
         uint64_t *p = const_cast<uint64_t *>(ll_lines(o.area[r], call, me));
         for (int i = 0; i < BRG__RK_LL_CALL_LINES; i++)
-          brg_simt_ll_store(p + 2 * i, fh | w[2 * i], fh | w[2 * i + 1]);
+          brg_simt_ll_store(p + 2 * i, w[2 * i], w[2 * i + 1]);
       }
     }
     for (size_t j = tid; j < nlines; j += nt) {
@@ -563,7 +563,8 @@ template <class D, int OP> struct channel {
       for (int r = 0; r < n; r++) {
         uint64_t *p =
             const_cast<uint64_t *>(ll_lines(o.area[r], call, me)) + 2 * (BRG__RK_LL_CALL_LINES + j);
-        brg_simt_ll_store(p, fh | (v & 0xffffffffu), fh | v >> 32);
+        brg_simt_ll_store(p, brg__rk_flagged((uint32_t)v, fl),
+                          brg__rk_flagged((uint32_t)(v >> 32), fl));
       }
     }
     int stop = 0, faulted = 0;
@@ -571,12 +572,12 @@ template <class D, int OP> struct channel {
       /* every rank's call, before any of its data is used */
       for (int r = 0; r < n && !stop; r++) {
         const uint64_t *p = ll_lines(own, call, r);
-        uint64_t w[BRG__RK_LL_CALL_LINES];
+        uint64_t w[BRG__RK_CALL_WORDS];
         for (int i = 0; i < BRG__RK_LL_CALL_LINES && !stop; i++)
-          stop = !ll_take(p + 2 * i, (uint32_t)fl, r, &faulted, &w[i]);
+          stop = !ll_wait(p + 2 * i, fl, r, &faulted, w + 2 * i);
         if (stop) break;
         brg__rk_call theirs;
-        memcpy(&theirs, w, sizeof theirs);
+        brg__rk_call_of_words(w, fl, &theirs);
         if (!same_call(theirs, a.call)) {
           fault(MISMATCH, &theirs, 0, 0);
           stop = faulted = 1;
@@ -587,10 +588,10 @@ template <class D, int OP> struct channel {
       T acc[E], x[E];
       uint64_t v = 0;
       size_t line = 2 * (BRG__RK_LL_CALL_LINES + j);
-      stop = !ll_take(ll_lines(own, call, 0) + line, (uint32_t)fl, 0, &faulted, &v);
+      stop = !ll_take(ll_lines(own, call, 0) + line, fl, 0, &faulted, &v);
       memcpy(acc, &v, 8);
       for (int r = 1; r < n && !stop; r++) {
-        stop = !ll_take(ll_lines(own, call, r) + line, (uint32_t)fl, r, &faulted, &v);
+        stop = !ll_take(ll_lines(own, call, r) + line, fl, r, &faulted, &v);
         memcpy(x, &v, 8);
         for (size_t e = 0; e < E; e++)
           acc[e] = r < n - 1 ? D::template op<MID>(acc[e], x[e], 1)
