@@ -172,7 +172,8 @@ typedef struct brg__rk_watch {
   int32_t code;               /* BRG__RK_*: why the channel stopped */
   int32_t step;               /* the ring step or chain hop it is at */
   int32_t wait;               /* BRG__RK_WAIT_* */
-  int32_t peer;               /* one-shot: the rank waited for */
+  int32_t peer;               /* one-shot: the rank waited for; a fault: the rank whose
+                               * flag or call it compared (-1: the previous rank) */
   uint64_t expected, found;   /* STALE: the position expected and what was there */
   brg__rk_call mine, theirs;  /* the calls compared (MISMATCH) */
   uint64_t pad[3];

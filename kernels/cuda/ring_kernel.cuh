@@ -177,11 +177,15 @@ template <class D, int OP> struct channel {
     for (int i = 0; i < 3; i++) brg_simt_store_u64(o + i, v[i]);
   }
 
-  /* Thread 0 found a fault: its record, then every channel of this rank
-   * stops (the abort word). */
-  BRG_SIMT_DEV void fault(int code, const brg__rk_call *theirs, uint64_t expected, uint64_t found) {
+  /* Thread 0 found a fault in what it compared from rank `peer` (a
+   * one-shot flag or call), or from the previous rank (-1: its header or
+   * slot): its record, then every channel of this rank stops (the abort
+   * word). */
+  BRG_SIMT_DEV void fault(int code, int peer, const brg__rk_call *theirs, uint64_t expected,
+                          uint64_t found) {
     if (wr) {
       brg_simt_store_word(&wr->step, step);
+      brg_simt_store_word(&wr->peer, peer);
       wr->expected = expected;
       wr->found = found;
       put_call(&wr->mine, a.call);
@@ -208,8 +212,7 @@ template <class D, int OP> struct channel {
     brg__rk_call theirs;
     brg__rk_call_of_words(w, f, &theirs);
     if (!same_call(theirs, a.call)) {
-      if (wr) brg_simt_store_word(&wr->peer, -1); /* the previous rank's, not a one-shot flag's */
-      fault(MISMATCH, &theirs, 0, 0);
+      fault(MISMATCH, -1, &theirs, 0, 0);
       return -1;
     }
     hdr_checked = true;
@@ -266,12 +269,12 @@ template <class D, int OP> struct channel {
     if (!l.recv_meta) return true;
     const brg__rk_meta *m = l.recv_meta + taken % (uint64_t)a.nslots;
     if (m->post != taken + 1) {
-      fault(STALE, nullptr, taken + 1, m->post);
+      fault(STALE, -1, nullptr, taken + 1, m->post);
       return false;
     }
     brg__rk_call theirs = m->call;
     if (!same_call(theirs, a.call)) {
-      fault(MISMATCH, &theirs, 0, 0);
+      fault(MISMATCH, -1, &theirs, 0, 0);
       return false;
     }
     return true;
@@ -446,9 +449,9 @@ template <class D, int OP> struct channel {
         /* A rank may be one call ahead (it wrote the other buffer), never two. */
         brg__rk_call theirs = *os_call(own, r, call);
         if (f > call + 1)
-          fault(STALE, nullptr, call, f);
+          fault(STALE, r, nullptr, call, f);
         else if (!same_call(theirs, a.call))
-          fault(MISMATCH, &theirs, 0, 0);
+          fault(MISMATCH, r, &theirs, 0, 0);
         else
           continue;
         stop = faulted = 1;
@@ -579,7 +582,7 @@ template <class D, int OP> struct channel {
         brg__rk_call theirs;
         brg__rk_call_of_words(w, fl, &theirs);
         if (!same_call(theirs, a.call)) {
-          fault(MISMATCH, &theirs, 0, 0);
+          fault(MISMATCH, r, &theirs, 0, 0);
           stop = faulted = 1;
         }
       }
@@ -639,7 +642,7 @@ template <class D, int OP> struct channel {
       } else if (wr && brg_simt_exchange_word(busy, 1) != 0) {
         /* another launch runs in this channel: its slots and counters are
          * not this one's to take (launches unordered by their streams) */
-        fault(BUSY, nullptr, 0, 0);
+        fault(BUSY, -1, nullptr, 0, 0);
         s_stopped = 1;
       } else {
         s_start[0] = l.counters[0];

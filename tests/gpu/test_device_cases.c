@@ -51,7 +51,11 @@
  *            one-shot path and on the ring, dtype, op, root, collective);
  *            the call after, brg_comm_last_error and
  *            brg_comm_get_async_error report it within BRIGADE_TIMEOUT_MS
- *            + 5 s, a BRG_ERR_MISMATCH naming both calls on some rank
+ *            + 5 s, a BRG_ERR_MISMATCH naming both calls on some rank,
+ *            each call given to a rank that made it; at 3 ranks or more
+ *            with cuda_ipc, also rank 1 on the ring and the others on the
+ *            one-shot path (LL and flags), rank 0 late: the previous
+ *            rank's header found to differ during a one-shot wait
  *   stuck    kernel mode: rank 0 launches an allreduce that rank 1, alive,
  *            never joins: its kernel is stopped within BRIGADE_TIMEOUT_MS +
  *            5 s, the error naming the collective, channel, step and peer
@@ -627,13 +631,30 @@ static int body_shared(mp_ctx *ctx) {
 
 /* ============================================================== mismatch */
 
-enum { KM_COUNT, KM_COUNT_RING, KM_DTYPE, KM_OP, KM_ROOT, KM_KIND, KM_N };
+/* The last two (3 ranks or more, with the one-shot path): rank 1 takes
+ * the ring, the others the one-shot path (LL lines, then flags), and rank
+ * 0 calls only once the others have their error: rank 1's next rank finds
+ * rank 1's header differ while it waits for rank 0's one-shot input, and
+ * must name rank 1, not rank 0. */
+enum {
+  KM_COUNT,
+  KM_COUNT_RING,
+  KM_DTYPE,
+  KM_OP,
+  KM_ROOT,
+  KM_KIND,
+  KM_LATE_LL,
+  KM_LATE_FLAGS,
+  KM_N
+};
 static const char *KM_NAMES[KM_N] = {"count 1000 vs 1001 (one-shot)",
                                      "count 70001 vs 70002 (ring)",
                                      "float32 vs int32",
                                      "sum vs max",
                                      "broadcast root 0 vs 1",
-                                     "allreduce vs broadcast"};
+                                     "allreduce vs broadcast",
+                                     "count 1000 (one-shot, LL) vs 70001 (ring), rank 0 late",
+                                     "count 12000 (one-shot, flags) vs 70001 (ring), rank 0 late"};
 
 static int km_names_both(int kind, const char *m) {
   switch (kind) {
@@ -642,8 +663,22 @@ static int km_names_both(int kind, const char *m) {
   case KM_DTYPE: return mp_contains(m, "float32") && mp_contains(m, "int32");
   case KM_OP: return mp_contains(m, "sum") && mp_contains(m, "max");
   case KM_ROOT: return mp_contains(m, "root 0") && mp_contains(m, "root 1");
+  case KM_LATE_LL: return mp_contains(m, "count 1000,") && mp_contains(m, "count 70001,");
+  case KM_LATE_FLAGS: return mp_contains(m, "count 12000,") && mp_contains(m, "count 70001,");
   default: return mp_contains(m, "allreduce") && mp_contains(m, "broadcast");
   }
+}
+
+/* Whether a mismatch message of rank `rank` gives each call to a rank
+ * that made it: its own to itself, and the other to rank 1 (the odd call)
+ * where it is not rank 1, to another rank where it is. */
+static int km_ranks_right(const char *m, int rank) {
+  const char *p = strstr(m, "collective mismatch: rank "), *q = p ? strstr(p, " but rank ") : NULL;
+  int mine = -1, theirs = -1;
+  if (!q || sscanf(p, "collective mismatch: rank %d called", &mine) != 1 ||
+      sscanf(q, " but rank %d called", &theirs) != 1)
+    return 0;
+  return mine == rank && theirs != rank && (theirs == 1) == (rank != 1);
 }
 
 static int body_mismatch(mp_ctx *ctx) {
@@ -661,6 +696,13 @@ static int body_mismatch(mp_ctx *ctx) {
   /* one matched call first: the mismatch is the second */
   s = brg_allreduce(d, d, 7, BRG_FLOAT32, BRG_MAX, c, st);
   REQUIRE(s == BRG_SUCCESS, "matched allreduce: %s", brg_comm_last_error(c));
+  int late = kind == KM_LATE_LL || kind == KM_LATE_FLAGS;
+  if (late && rank == 0) {
+    /* the others have their error first (or the deadline passed) */
+    int64_t end = mp_now_ns() + (int64_t)(g_timeout_ms + 5000) * 1000000;
+    while (__atomic_load_n(&sh->flags[1], __ATOMIC_ACQUIRE) < ctx->nranks - 1 && mp_now_ns() < end)
+      mp_sleep_ms(5);
+  }
   switch (kind) {
   case KM_COUNT: s = brg_allreduce(d, d, odd ? 1001 : 1000, BRG_FLOAT32, BRG_SUM, c, st); break;
   case KM_COUNT_RING:
@@ -671,6 +713,14 @@ static int body_mismatch(mp_ctx *ctx) {
     break;
   case KM_OP: s = brg_allreduce(d, d, 4096, BRG_FLOAT32, odd ? BRG_MAX : BRG_SUM, c, st); break;
   case KM_ROOT: s = brg_broadcast(d, d, 4096, BRG_FLOAT32, odd ? 1 : 0, c, st); break;
+  case KM_LATE_LL:
+  case KM_LATE_FLAGS:
+    s = brg_allreduce(d, d,
+                      odd                  ? 70001
+                      : kind == KM_LATE_LL ? 1000
+                                           : 12000,
+                      BRG_FLOAT32, BRG_SUM, c, st);
+    break;
   default:
     s = odd ? brg_broadcast(d, d, 4096, BRG_FLOAT32, 0, c, st)
             : brg_allreduce(d, d, 4096, BRG_FLOAT32, BRG_SUM, c, st);
@@ -683,6 +733,7 @@ static int body_mismatch(mp_ctx *ctx) {
     if (a == BRG_SUCCESS) mp_sleep_ms(5);
   }
   double el = ms_since(t0);
+  if (rank != 0) __atomic_fetch_add(&sh->flags[1], 1, __ATOMIC_ACQ_REL);
   char async_msg[512];
   snprintf(async_msg, sizeof async_msg, "%s", brg_comm_last_error(c));
   brg_status next = brg_allreduce(d, d, 7, BRG_FLOAT32, BRG_SUM, c, st);
@@ -704,6 +755,9 @@ static int body_mismatch(mp_ctx *ctx) {
              "%s: brg_comm_last_error after brg_comm_get_async_error does not name both calls: "
              "\"%s\"",
              KM_NAMES[kind], async_msg);
+    MP_CHECK(km_ranks_right(m, rank),
+             "%s: the message gives a call to a rank that did not make it: \"%s\"", KM_NAMES[kind],
+             m);
   }
   sh->vals[rank] = next;
   __atomic_fetch_add(&sh->flags[0], 1, __ATOMIC_ACQ_REL);
@@ -726,9 +780,12 @@ static int body_mismatch(mp_ctx *ctx) {
 
 static int case_mismatch(int n) {
   int bad = 0;
-  const char *only = getenv("KM_ONLY");
+  const char *only = getenv("KM_ONLY"), *tr = getenv("BRIGADE_TRANSPORTS");
+  /* the one-shot path: ranks of one host, with cuda_ipc */
+  int oneshot = n >= 3 && (!tr || strstr(tr, "cuda_ipc"));
   for (int k = 0; k < KM_N; k++) {
     if (only && *only && atoi(only) != k) continue;
+    if ((k == KM_LATE_LL || k == KM_LATE_FLAGS) && !oneshot) continue;
     char name[96];
     snprintf(name, sizeof name, "kernel-mode mismatch: %s", KM_NAMES[k]);
     mp_opts o = {.name = name,
@@ -736,7 +793,11 @@ static int case_mismatch(int n) {
                  .deadline_ms = 2 * g_timeout_ms + 30000,
                  .init = MP_INIT_ID,
                  .victim = -1};
+    /* the flags form: no LL lines (at 3 ranks every one-shot size takes
+     * them by default) */
+    if (k == KM_LATE_FLAGS) setenv("BRIGADE_DEVICE_LL_BYTES", "0", 1);
     bad |= mp_run(&o, body_mismatch, &k);
+    if (k == KM_LATE_FLAGS) unsetenv("BRIGADE_DEVICE_LL_BYTES");
   }
   return bad;
 }
