@@ -149,10 +149,12 @@ struct brg__dev_ring {
   char *psend_dev, *precv_dev; /* the same, as the kernels reach them */
   /* GPUDirect RDMA on those links (kernel mode has one channel there):
    * the channel's slots are GPU memory registered with the proxy's link,
-   * which carries slot n from kgdr_sbuf + (n % nslots) kslot here to the
-   * next rank's kgdr_rbuf at the same offset; the words stay in psend and
-   * precv. A slot is free again once the link says it went (tx), and the
-   * link's slot once the kernel took it (rx). */
+   * which carries the channel's slot n from kgdr_sbuf + (n % nslots) kslot
+   * here to the next rank's kgdr_rbuf at the same offset (the network
+   * slot names it: dev_slot), with the call headers in network slots of
+   * their own between; the words stay in psend and precv. A slot is free
+   * again once the link says the network slot that carried it went (tx),
+   * and the link's slots up to it once the kernel took it (rx). */
   int kgdr_send, kgdr_recv;    /* the links run that way */
   char *kgdr_sbuf, *kgdr_rbuf; /* nslots * kslot of GPU memory each */
   int gpu;                     /* this rank's device index (the proxy's flushes) */

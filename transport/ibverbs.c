@@ -478,8 +478,11 @@ static void *send_proxy(void *arg) {
       brg_status s = BRG_SUCCESS;
       brg__vb_qp *qp = t->qp[sent % nq];
       if (m->bytes && m->device && __atomic_load_n(&t->gdr_on, __ATOMIC_ACQUIRE)) {
-        /* A device slot: GPU memory to GPU memory (GPUDirect RDMA). */
-        size_t at = (size_t)(sent % ns) * t->gdr_stride;
+        /* A device slot: GPU memory to GPU memory (GPUDirect RDMA), in the
+         * GPU slot of its position, or a proxy slot's of its number
+         * (transport.h: calls go between a channel's data slots). */
+        uint64_t k = m->proxy ? (m->seq - 1) % ns : sent % ns;
+        size_t at = (size_t)k * t->gdr_stride;
         s = t->vb->post_write(qp, UINT64_MAX, &t->gdr_mr, t->gdr_local + at, m->bytes,
                               t->gdr_remote + at, t->gdr_rkey, 0, 0, 0);
       } else if (m->bytes) {

@@ -83,9 +83,9 @@ typedef struct brg__proxy_slot {
   uint64_t seq;     /* from 1 */
   uint32_t bytes;   /* of payload, at most the link's slot_bytes */
   /* 1: the payload is in GPU memory registered on the link (dev_register,
-   * dev_remote): it travels from this end's GPU slot n % nslots to the
-   * other end's, n being the slot's position on the link; `data` is NULL
-   * then, on both ends. */
+   * dev_remote): it travels from this end's GPU slot (seq - 1) % nslots
+   * to the other end's, whatever slots go between a channel's data slots
+   * on the link (its calls); `data` is NULL then, on both ends. */
   int device;
   /* proxy_post: where the payload is (host memory), read before it
    * returns 1. proxy_poll: where it is on this end, until proxy_release
@@ -358,7 +358,8 @@ struct brg__transport_ops {
    * they are read from; p = NULL unregisters. dev_remote, on the sending end
    * once both ends registered, says where the receiver's slots are: from
    * then on a slot whose header has `device` set travels from local slot
-   * n % nslots to remote slot n % nslots, `stride` bytes apart. */
+   * k to remote slot k, `stride` bytes apart: k = n % nslots for the slot
+   * at position n, (seq - 1) % nslots for a proxy slot (brg__proxy_slot). */
   brg_status (*dev_register)(brg__conn *c, void *p, size_t bytes, int fd, uint64_t offset,
                              uint32_t *rkey, brg__errbuf *err);
   void (*dev_remote)(brg__conn *c, uint64_t base, uint32_t rkey, size_t stride);
