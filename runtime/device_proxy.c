@@ -14,8 +14,10 @@
  * it, where the kernel compares them with its own call as it does within
  * a host: calls that differ between hosts stop the kernels with
  * BRG_ERR_MISMATCH naming both calls (device_watch.c), not at the
- * watchdog's timeout. On a link that runs GPUDirect RDMA, whose network
- * slots are the channel's slots one to one, no headers go.
+ * watchdog's timeout. On a link that runs GPUDirect RDMA a call's slot
+ * writes no GPU slot: the channel's data slot number n is in GPU slot
+ * n % nslots (transport.h), and a GPU slot is free again once the link
+ * slot that carried it is.
  */
 #include <pthread.h>
 #include <sched.h>
@@ -70,12 +72,12 @@ static void phdr_put(brg__rk_hdr *h, uint64_t k, const brg__rk_call *call) {
 }
 
 /* Whether call headers go on the link to the next rank, and come on the
- * one from the previous rank (both ends see the same GPUDirect choice). */
+ * one from the previous rank: on every staged link. */
 static int hdrs_out(const struct brg__dev_ring *d) {
-  return d->send_staged && !d->kgdr_send;
+  return d->send_staged;
 }
 static int hdrs_in(const struct brg__dev_ring *d) {
-  return d->recv_staged && !d->kgdr_recv;
+  return d->recv_staged;
 }
 
 void brg__dev_proxy_hdrs(const struct brg__dev_ring *d, int ch, brg__rk_link *l) {
@@ -152,7 +154,7 @@ static void proxy_nap_precise(void) {
  * it went, 0 when none is due or the network link is full, -1 when the
  * proxy gave up. Once on the link, its mailbox entry is free again. */
 static int proxy_tx_hdr(struct brg__dev_ring *d, brg__conn *l, brg__waiter *w, int ch,
-                        uint64_t *hsent) {
+                        uint64_t *pos, uint64_t *hsent) {
   uint64_t k = hsent[ch];
   const brg__rk_hdr *h = phdr(d->psend, d, ch, k);
   brg__rk_call call;
@@ -165,6 +167,7 @@ static int proxy_tx_hdr(struct brg__dev_ring *d, brg__conn *l, brg__waiter *w, i
   int r = l->ops->proxy_post(l, &s, w);
   if (r < 0) proxy_link_fail(d, l, "to");
   if (r <= 0) return r;
+  (*pos)++;
   hsent[ch] = k + 1;
   __atomic_store_n(pword(d->psend, d, ch, PHACK), k + 1, __ATOMIC_RELEASE);
   return 1;
@@ -179,20 +182,24 @@ static void *proxy_tx(void *arg) {
   proxy_nap_precise();
   brg__conn *l = &d->net->send;
   brg__waiter w = {.spin = -1, .check = proxy_check, .arg = d};
-  uint64_t freed = 0, hsent[BRG__RK_MAX_CHANNELS] = {0};
+  uint64_t pos = 0, freed = 0, hsent[BRG__RK_MAX_CHANNELS] = {0};
+  /* GPUDirect: the link position of the channel's slot n, at n % nslots */
+  uint64_t gpos[BRG__MAX_SLOTS] = {0};
   for (int idle = 0; !proxy_stopping(d);) {
     int moved = 0;
     for (int ch = 0; hdrs_out(d) && ch < d->kchannels; ch++) {
-      int r = proxy_tx_hdr(d, l, &w, ch, hsent);
+      int r = proxy_tx_hdr(d, l, &w, ch, &pos, hsent);
       if (r < 0) return NULL;
       moved |= r;
     }
     if (d->kgdr_send) {
-      /* The one channel's slot n is the link's: free once the link sent it. */
-      uint64_t h = l->ops->proxy_sent(l);
-      if (h > freed) {
-        freed = h;
-        __atomic_store_n(pword(d->psend, d, 0, 64), h, __ATOMIC_RELEASE);
+      /* The one channel's slot n is free once the link sent the link slot
+       * that carried it (calls go between). */
+      uint64_t h = l->ops->proxy_sent(l), fr = freed;
+      while (fr < d->psent[0] && gpos[fr % (uint64_t)d->nslots] < h) fr++;
+      if (fr > freed) {
+        freed = fr;
+        __atomic_store_n(pword(d->psend, d, 0, 64), fr, __ATOMIC_RELEASE);
         moved = 1;
       }
     }
@@ -204,7 +211,7 @@ static void *proxy_tx(void *arg) {
       if (bytes > d->kslot)
         return proxy_fail(d, "a kernel posted %llu bytes in a slot of %zu to rank %d",
                           (unsigned long long)bytes, d->kslot, l->peer);
-      /* With GPUDirect the link reads it from GPU slot (position % nslots). */
+      /* With GPUDirect the link reads it from GPU slot (seq - 1) % nslots = k. */
       brg__proxy_slot s = {
           .what = BRG__PROXY_DATA,
           .channel = (uint32_t)ch,
@@ -215,6 +222,7 @@ static void *proxy_tx(void *arg) {
       int r = l->ops->proxy_post(l, &s, &w);
       if (r < 0) return proxy_link_fail(d, l, "to");
       if (r == 0) break; /* the network link is full: its own proxy frees slots */
+      gpos[k] = pos++;
       __atomic_store_n(&d->psent[ch], sent + 1, __ATOMIC_RELEASE);
       if (!d->kgdr_send) __atomic_store_n(pword(d->psend, d, ch, 64), sent + 1, __ATOMIC_RELEASE);
       moved = 1;
@@ -267,15 +275,20 @@ static void *proxy_rx(void *arg) {
   brg__conn *l = &d->net->recv;
   uint64_t pos = 0, got[BRG__RK_MAX_CHANNELS] = {0}, released = 0;
   uint64_t hgot[BRG__RK_MAX_CHANNELS] = {0};
+  /* GPUDirect: the link position of the channel's slot n, at n % nslots */
+  uint64_t gpos[BRG__MAX_SLOTS] = {0};
   if (d->kgdr_recv) d->api->drv.set_device(d->gpu); /* its flushes are for this GPU */
   for (int idle = 0; !proxy_stopping(d);) {
     if (d->kgdr_recv) {
-      /* The link's slot n is the one channel's: the previous rank may
-       * write it again once the kernel took it. */
+      /* The one channel's slots land in its GPU slots: the previous rank
+       * may write the link's slots again up to the one that carried the
+       * first slot the kernel has not taken (calls between them are in
+       * the mailbox), and all of them once it took every one. */
       uint64_t h = __atomic_load_n(pword(d->precv, d, 0, 64), __ATOMIC_ACQUIRE);
-      if (h > released) {
-        released = h;
-        l->ops->proxy_release(l, h);
+      uint64_t rel = h < got[0] ? gpos[h % (uint64_t)d->nslots] : pos;
+      if (rel > released) {
+        released = rel;
+        l->ops->proxy_release(l, rel);
         idle = 0;
       }
     }
@@ -288,7 +301,8 @@ static void *proxy_rx(void *arg) {
     }
     if (s.what == BRG__PROXY_CALL) {
       if (proxy_rx_hdr(d, l, &s, hgot, &idle) < 0) return NULL;
-      l->ops->proxy_release(l, ++pos);
+      if (!d->kgdr_recv) l->ops->proxy_release(l, pos + 1);
+      pos++;
       idle = 0;
       continue;
     }
@@ -311,8 +325,9 @@ static void *proxy_rx(void *arg) {
     }
     uint64_t k = got[ch] % (uint64_t)d->nslots;
     if (d->kgdr_recv) {
-      /* Landed in GPU slot pos % nslots (= k: one channel); the running
-       * kernel may read it once the writes are flushed to the GPU. */
+      /* Landed in GPU slot k ((seq - 1) % nslots); the running kernel may
+       * read it once the writes are flushed to the GPU. */
+      gpos[k] = pos;
       int e = bytes ? d->api->drv.flush_rdma_writes() : 0;
       if (e)
         return proxy_fail(d, "flushing GPUDirect RDMA writes from rank %d: %s", l->peer,

@@ -150,9 +150,9 @@ struct brg__dev_ring {
   /* GPUDirect RDMA on those links (kernel mode has one channel there):
    * the channel's slots are GPU memory registered with the proxy's link,
    * which carries the channel's slot n from kgdr_sbuf + (n % nslots) kslot
-   * here to the next rank's kgdr_rbuf at the same offset (the network
-   * slot names it: dev_slot), with the call headers in network slots of
-   * their own between; the words stay in psend and precv. A slot is free
+   * here to the next rank's kgdr_rbuf at the same offset (its number
+   * says which: transport.h's brg__proxy_slot), with the call headers in
+   * network slots of their own between; the words stay in psend and precv. A slot is free
    * again once the link says the network slot that carried it went (tx),
    * and the link's slots up to it once the kernel took it (rx). */
   int kgdr_send, kgdr_recv;    /* the links run that way */
