@@ -186,7 +186,7 @@ def meson_wheel(src, work, cuda_from=None, archs="", nvcc=""):
     else:
         setup += ["-Dcuda=disabled"]
     said = os.path.join(work, "setup-args.json")
-    if os.path.exists(said) and json.load(open(said)) != setup:
+    if not os.path.exists(said) or json.load(open(said)) != setup:
         shutil.rmtree(build, ignore_errors=True)  # configured otherwise by an earlier run
     if not os.path.exists(os.path.join(build, "meson-private", "coredata.dat")):
         r = run(["meson", "setup", build, src] + setup + ["--native-file", native_file(work)],
