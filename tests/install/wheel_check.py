@@ -15,7 +15,9 @@ Checks, in order:
      libnccl.so.2 finds libbrigade.so.0 through its RUNPATH ($ORIGIN), and
      each one opens with dlopen;
   3. python -m brigade.info names the CUDA module with the architectures
-     asked for, and --nccl-path prints the installed libnccl.so.2;
+     asked for, the module's fatbinary holds machine code for exactly
+     those and PTX of the newest, and --nccl-path prints the installed
+     libnccl.so.2;
   4. the installed libbrigade.so opens the installed libbrigade_cuda.so:
      without a GPU the device path says there is no device (the module was
      loaded and asked), never that the module could not be loaded;
