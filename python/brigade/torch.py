@@ -30,6 +30,11 @@ Tested with Debian 12's python3-torch 1.13.1 and PyPI's torch 2.15.0, on the
 CPU. Debian's torchrun 1.13 crashes under Python 3.11 in ``to_map`` unless
 given ``--redirects 2 --tee 2`` (a torch bug, fixed in later releases).
 """
+# The type: ignore comments below answer the stubs of one torch release or
+# another (1.13's lack names that 2.x has; 2.x declares ProcessGroup's calls
+# with overloads that a Python backend's signatures do not follow): an
+# ignore that one release needs is unused under another.
+# mypy: warn-unused-ignores=False
 import ctypes
 import queue
 import threading
@@ -243,6 +248,18 @@ class _AnySourceWork(dist.Work):
     source_rank = _source_rank
 
 
+def _unsupported(name: str) -> Any:
+    """The method `name` of ProcessGroupBrigade, which raises NotImplementedError."""
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"brigade: the torch.distributed backend \"brigade\" has no "
+                                  f"{name} (it has allreduce, all_reduce_coalesced, "
+                                  "reduce_scatter, all_gather, broadcast, reduce, barrier, "
+                                  "gather, scatter, send, recv (from any source too) and "
+                                  "all_to_all)")
+    call.__name__ = name
+    return call
+
+
 class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
     """A torch.distributed process group whose collectives run on brigade.
 
@@ -280,7 +297,7 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
         return _create_work_from_future(self._completer.submit(reqs, result, then))
 
     # --------------------------------------------------------- collectives
-    def allreduce(self, tensors: Any, opts: Any = None) -> Any:
+    def allreduce(self, tensors: Any, opts: Any = None) -> Any:  # type: ignore[override]
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
         t, back = _dense(_one(tensors, "allreduce"))
@@ -318,7 +335,7 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
             return _done(tensors)
         return self._work(self.comm.iallreduce(flat, op=op), tensors, unpack)
 
-    def broadcast(self, tensors: Any, opts: Any) -> Any:
+    def broadcast(self, tensors: Any, opts: Any) -> Any:  # type: ignore[override]
         t, back = _dense(_one(tensors, "broadcast"))
         if t.is_cuda:
             self.comm.broadcast(t, root=opts.rootRank)
@@ -327,7 +344,7 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
             return _done(tensors)
         return self._work(self.comm.ibroadcast(t, root=opts.rootRank), tensors, back)
 
-    def reduce(self, tensors: Any, opts: Any) -> Any:
+    def reduce(self, tensors: Any, opts: Any) -> Any:  # type: ignore[override]
         t, back = _dense(_one(tensors, "reduce"))
         if t.is_cuda:
             self.comm.reduce(t, root=opts.rootRank, op=_op(opts.reduceOp))
@@ -371,7 +388,8 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
             return _done([output])
         return self._work(self.comm.iall_gather(input, out=out), [output], back)
 
-    def reduce_scatter(self, output_tensors: Any, input_tensors: Any, opts: Any) -> Any:
+    def reduce_scatter(self, output_tensors: Any, input_tensors: Any,  # type: ignore[override]
+                       opts: Any) -> Any:
         out = _one(output_tensors, "reduce_scatter")
         ins = _one(input_tensors, "reduce_scatter")
         if len(ins) != self.size():
@@ -501,7 +519,8 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
                 raise ValueError(f"brigade: {call}: a {what} tensor is {b.numel()} x {b.dtype}, "
                                  f"this rank's {t.numel()} x {t.dtype}")
 
-    def gather(self, output_tensors: Any, input_tensors: Any, opts: Any) -> Any:
+    def gather(self, output_tensors: Any, input_tensors: Any,  # type: ignore[override]
+               opts: Any) -> Any:
         t = _one(input_tensors, "gather").contiguous()
         root = opts.rootRank
         if self.rank() != root:
@@ -525,7 +544,8 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
             return _done(output_tensors)
         return self._work(self.comm.igather(t, root=root, out=flat), output_tensors, unpack)
 
-    def scatter(self, output_tensors: Any, input_tensors: Any, opts: Any) -> Any:
+    def scatter(self, output_tensors: Any, input_tensors: Any,  # type: ignore[override]
+                opts: Any) -> Any:
         out, back = _dense(_one(output_tensors, "scatter"))
         root = opts.rootRank
         if self.rank() != root:
@@ -562,19 +582,8 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
         return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
 
     # ------------------------------------------------------------ the rest
-    def _unsupported(name: str) -> Any:
-        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-            raise NotImplementedError(f"brigade: the torch.distributed backend \"brigade\" has no "
-                                      f"{name} (it has allreduce, all_reduce_coalesced, "
-                                      "reduce_scatter, all_gather, broadcast, reduce, barrier, "
-                                      "gather, scatter, send, recv (from any source too) and "
-                                      "all_to_all)")
-        call.__name__ = name
-        return call
-
     allgather_coalesced = _unsupported("all_gather_coalesced")
     monitored_barrier = _unsupported("monitored_barrier")
-    del _unsupported
 
 
 def _create(store: Any, rank: int, size: int, timeout: Any) -> ProcessGroupBrigade:
