@@ -355,6 +355,9 @@ def main():
     ap.add_argument("--cuda-from", default="",
                     help="with --meson: the build folder whose CUDA module the wheel carries")
     ap.add_argument("--nvcc", default="", help="with --cuda-from: the nvcc it was built with")
+    ap.add_argument("--no-nccl", action="store_true",
+                    help="with --cuda-from: that folder has no NCCL library (no nccl.h in "
+                    "the CUDA toolkit), so the wheel has none either")
     a = ap.parse_args()
     if a.cuda_from and not (a.meson and a.archs and a.nvcc):
         ap.error("--cuda-from goes with --meson, --archs and --nvcc")
@@ -404,6 +407,7 @@ def main():
     # The quick form's wheel carries the CUDA module and the NCCL library
     # with --cuda-from only.
     gpu = not a.meson or bool(a.cuda_from)
+    nccl = gpu and not a.no_nccl
     name = os.path.basename(whl)
     check(re.search(r"-py3-none-linux_[a-z0-9_]+\.whl$", name) is not None,
           "wheel tag py3-none-<platform>", name)
@@ -411,7 +415,9 @@ def main():
     inside = {os.path.basename(n): n for n in names if "/brigade/" in "/" + n}
     want_files = ["libbrigade.so.0", "_build.py", "__init__.py", "torch.py", "info.py"]
     if gpu:
-        want_files += ["libbrigade_cuda.so", "libnccl.so.2"]
+        want_files += ["libbrigade_cuda.so"]
+    if nccl:
+        want_files += ["libnccl.so.2"]
     for f in want_files:
         check(f in inside, f"wheel holds brigade/{f}", ", ".join(sorted(inside)))
     check(any(n.endswith(".data/scripts/brigade-info") for n in names),
@@ -428,8 +434,8 @@ def main():
             env=env, cwd=cwd)
     pkg = r.stdout.strip()
     check(pkg.startswith(venv), "the package is the installed one", pkg or r.stderr)
-    lib_names = ("libbrigade.so.0", "libbrigade_cuda.so", "libnccl.so.2") if gpu else (
-        "libbrigade.so.0",)
+    lib_names = ("libbrigade.so.0",) + (("libbrigade_cuda.so",) if gpu else ()) + (
+        ("libnccl.so.2",) if nccl else ())
     libs = {n: os.path.join(pkg, n) for n in lib_names}
     for n, p in libs.items():
         r = run(["ldd", p])
@@ -440,7 +446,7 @@ def main():
               f"{n}: no RUNPATH into the source or build tree", r.stdout[-800:])
         if n != "libbrigade_cuda.so":  # a module for dlopen, without a soname
             check(f"[{n}]" in r.stdout, f"{n}: soname {n}", r.stdout[-800:])
-    if gpu:
+    if nccl:
         r = run(["ldd", libs["libnccl.so.2"]])
         m = re.search(r"libbrigade\.so\.0 => (\S+)", r.stdout)
         check(m is not None and os.path.realpath(m.group(1)) == os.path.realpath(
@@ -456,11 +462,12 @@ def main():
     check(r.returncode == 0, f"dlopen of {', '.join(libs)}", r.stdout + r.stderr)
 
     r = run([py, "-m", "brigade.info", "--nccl-path"], env=env, cwd=cwd)
-    if gpu:
+    if nccl:
         check(r.returncode == 0 and os.path.realpath(r.stdout.strip()) == os.path.realpath(
             libs["libnccl.so.2"]), "brigade.info --nccl-path", r.stdout + r.stderr)
     else:
-        check(r.returncode == 1 and "not built" in r.stderr and "-Dcuda=disabled" in r.stderr,
+        why = "nccl.h" if gpu else "-Dcuda=disabled"
+        check(r.returncode == 1 and "not built" in r.stderr and why in r.stderr,
               "brigade.info --nccl-path: none, and why", r.stdout + r.stderr)
     r = run([py, "-m", "brigade.info"], env=env, cwd=cwd)
     check(r.returncode == 0 and "BRIGADE_" in r.stdout,
