@@ -11,8 +11,9 @@ The process group runs allreduce (and all_reduce_coalesced), reduce_scatter,
 all_gather, broadcast, reduce, barrier, gather, scatter, send/recv
 (isend/irecv, recv from any source) and all_to_all (all_to_all_single with any splits, all_to_all
 on lists) through brigade, on CPU tensors and CUDA tensors (the latter on
-torch's current stream; point-to-point, all-to-all, gather and scatter on
-the CPU only, as brigade's calls), contiguous or not (a non-contiguous
+torch's current stream; gather and scatter wait for it and are staged
+through host memory; point-to-point and all-to-all on the CPU only, as
+brigade's calls), contiguous or not (a non-contiguous
 tensor goes through a contiguous copy, as with Gloo). Reduce ops: SUM,
 PRODUCT, MIN, MAX, AVG, and BAND, BOR, BXOR on integer tensors. Every other
 call raises NotImplementedError naming the call. Brigade's unique id goes through the c10d store the group
@@ -29,6 +30,11 @@ Tested with Debian 12's python3-torch 1.13.1 and PyPI's torch 2.15.0, on the
 CPU. Debian's torchrun 1.13 crashes under Python 3.11 in ``to_map`` unless
 given ``--redirects 2 --tee 2`` (a torch bug, fixed in later releases).
 """
+# The type: ignore comments below answer the stubs of one torch release or
+# another (1.13's lack names that 2.x has; 2.x declares ProcessGroup's calls
+# with overloads that a Python backend's signatures do not follow): an
+# ignore that one release needs is unused under another.
+# mypy: warn-unused-ignores=False
 import ctypes
 import queue
 import threading
@@ -242,6 +248,18 @@ class _AnySourceWork(dist.Work):
     source_rank = _source_rank
 
 
+def _unsupported(name: str) -> Any:
+    """The method `name` of ProcessGroupBrigade, which raises NotImplementedError."""
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"brigade: the torch.distributed backend \"brigade\" has no "
+                                  f"{name} (it has allreduce, all_reduce_coalesced, "
+                                  "reduce_scatter, all_gather, broadcast, reduce, barrier, "
+                                  "gather, scatter, send, recv (from any source too) and "
+                                  "all_to_all)")
+    call.__name__ = name
+    return call
+
+
 class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
     """A torch.distributed process group whose collectives run on brigade.
 
@@ -279,7 +297,7 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
         return _create_work_from_future(self._completer.submit(reqs, result, then))
 
     # --------------------------------------------------------- collectives
-    def allreduce(self, tensors: Any, opts: Any = None) -> Any:
+    def allreduce(self, tensors: Any, opts: Any = None) -> Any:  # type: ignore[override]
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
         t, back = _dense(_one(tensors, "allreduce"))
@@ -317,7 +335,7 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
             return _done(tensors)
         return self._work(self.comm.iallreduce(flat, op=op), tensors, unpack)
 
-    def broadcast(self, tensors: Any, opts: Any) -> Any:
+    def broadcast(self, tensors: Any, opts: Any) -> Any:  # type: ignore[override]
         t, back = _dense(_one(tensors, "broadcast"))
         if t.is_cuda:
             self.comm.broadcast(t, root=opts.rootRank)
@@ -326,7 +344,7 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
             return _done(tensors)
         return self._work(self.comm.ibroadcast(t, root=opts.rootRank), tensors, back)
 
-    def reduce(self, tensors: Any, opts: Any) -> Any:
+    def reduce(self, tensors: Any, opts: Any) -> Any:  # type: ignore[override]
         t, back = _dense(_one(tensors, "reduce"))
         if t.is_cuda:
             self.comm.reduce(t, root=opts.rootRank, op=_op(opts.reduceOp))
@@ -370,7 +388,8 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
             return _done([output])
         return self._work(self.comm.iall_gather(input, out=out), [output], back)
 
-    def reduce_scatter(self, output_tensors: Any, input_tensors: Any, opts: Any) -> Any:
+    def reduce_scatter(self, output_tensors: Any, input_tensors: Any,  # type: ignore[override]
+                       opts: Any) -> Any:
         out = _one(output_tensors, "reduce_scatter")
         ins = _one(input_tensors, "reduce_scatter")
         if len(ins) != self.size():
@@ -484,6 +503,12 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
         return self._work(reqs, output_tensors, then)
 
     # ------------------------------------------------------ gather, scatter
+    # A rank whose own tensor (gather: the input, scatter: the output) is a
+    # CUDA tensor calls brigade's blocking form, which takes GPU buffers
+    # (staged through host memory, after torch's current stream) and
+    # returns with the result in place; the Work is complete at once. A
+    # CPU tensor goes through the non-blocking form. Each rank chooses for
+    # itself, as brigade's calls allow.
     def _check_blocks(self, call: str, blocks: List[torch.Tensor], t: torch.Tensor,
                       what: str) -> None:
         if len(blocks) != self.size():
@@ -493,40 +518,53 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
             if b.numel() != t.numel() or b.dtype != t.dtype:
                 raise ValueError(f"brigade: {call}: a {what} tensor is {b.numel()} x {b.dtype}, "
                                  f"this rank's {t.numel()} x {t.dtype}")
-        if t.is_cuda or any(b.is_cuda for b in blocks):
-            raise NotImplementedError(f"brigade: {call} on CUDA tensors (brigade's {call} "
-                                      "takes host memory)")
 
-    def gather(self, output_tensors: Any, input_tensors: Any, opts: Any) -> Any:
+    def gather(self, output_tensors: Any, input_tensors: Any,  # type: ignore[override]
+               opts: Any) -> Any:
         t = _one(input_tensors, "gather").contiguous()
         root = opts.rootRank
         if self.rank() != root:
             if t.is_cuda:
-                raise NotImplementedError("brigade: gather on CUDA tensors (brigade's gather "
-                                          "takes host memory)")
+                self.comm.gather(t, root=root)
+                return _done(output_tensors)
             return self._work(self.comm.igather(t, root=root), output_tensors)
         outs = _one(output_tensors, "gather")
         self._check_blocks("gather", outs, t, "output")
-        flat = torch.empty(t.numel() * self.size(), dtype=t.dtype)
+        # The blocks arrive in one buffer on the input's device.
+        flat = torch.empty(t.numel() * self.size(), dtype=t.dtype, device=t.device)
         n = t.numel()
 
         def unpack() -> None:
             for r, o in enumerate(outs):
                 o.copy_(flat[r * n:(r + 1) * n].view_as(o))
 
+        if t.is_cuda:
+            self.comm.gather(t, root=root, out=flat)
+            unpack()
+            return _done(output_tensors)
         return self._work(self.comm.igather(t, root=root, out=flat), output_tensors, unpack)
 
-    def scatter(self, output_tensors: Any, input_tensors: Any, opts: Any) -> Any:
+    def scatter(self, output_tensors: Any, input_tensors: Any,  # type: ignore[override]
+                opts: Any) -> Any:
         out, back = _dense(_one(output_tensors, "scatter"))
         root = opts.rootRank
         if self.rank() != root:
             if out.is_cuda:
-                raise NotImplementedError("brigade: scatter on CUDA tensors (brigade's scatter "
-                                          "takes host memory)")
+                self.comm.scatter(None, root=root, out=out)
+                if back is not None:
+                    back()
+                return _done(output_tensors)
             return self._work(self.comm.iscatter(None, root=root, out=out), output_tensors, back)
         ins = _one(input_tensors, "scatter")
         self._check_blocks("scatter", ins, out, "input")
-        flat = torch.cat([i.reshape(-1) for i in ins]) if ins else torch.empty(0, dtype=out.dtype)
+        # The blocks leave from one buffer on the output's device.
+        flat = (torch.cat([i.reshape(-1).to(out.device) for i in ins]) if ins
+                else torch.empty(0, dtype=out.dtype, device=out.device))
+        if out.is_cuda:
+            self.comm.scatter(flat, root=root, out=out)
+            if back is not None:
+                back()
+            return _done(output_tensors)
         return self._work(self.comm.iscatter(flat, root=root, out=out), output_tensors, back)
 
     # The names newer torch (2.x) calls the flat-tensor forms by.
@@ -544,19 +582,8 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
         return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
 
     # ------------------------------------------------------------ the rest
-    def _unsupported(name: str) -> Any:
-        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-            raise NotImplementedError(f"brigade: the torch.distributed backend \"brigade\" has no "
-                                      f"{name} (it has allreduce, all_reduce_coalesced, "
-                                      "reduce_scatter, all_gather, broadcast, reduce, barrier, "
-                                      "gather, scatter, send, recv (from any source too) and "
-                                      "all_to_all)")
-        call.__name__ = name
-        return call
-
     allgather_coalesced = _unsupported("all_gather_coalesced")
     monitored_barrier = _unsupported("monitored_barrier")
-    del _unsupported
 
 
 def _create(store: Any, rank: int, size: int, timeout: Any) -> ProcessGroupBrigade:

@@ -5,6 +5,8 @@ used from there with nothing of the source or build tree on the paths.
 
     wheel_check.py SOURCE EMU_MODULE [--archs 75] [--wheel FILE] [--work DIR]
     wheel_check.py SOURCE EMU_MODULE --meson [--work DIR]
+    wheel_check.py SOURCE EMU_MODULE --meson --cuda-from BUILD --archs LIST
+                   --nvcc NVCC [--work DIR]
 
 Checks, in order:
   1. the wheel is tagged py3-none-<platform> and holds libbrigade.so.0,
@@ -13,7 +15,9 @@ Checks, in order:
      libnccl.so.2 finds libbrigade.so.0 through its RUNPATH ($ORIGIN), and
      each one opens with dlopen;
   3. python -m brigade.info names the CUDA module with the architectures
-     asked for, and --nccl-path prints the installed libnccl.so.2;
+     asked for, the module's fatbinary holds machine code for exactly
+     those and PTX of the newest, and --nccl-path prints the installed
+     libnccl.so.2;
   4. the installed libbrigade.so opens the installed libbrigade_cuda.so:
      without a GPU the device path says there is no device (the module was
      loaded and asked), never that the module could not be loaded;
@@ -37,9 +41,24 @@ interpreter). pip installs that wheel (--no-index) into a clean venv, and
 steps 2 to 5 run on what it has: libbrigade.so.0 and the package, the
 CUDA module and the NCCL library said to be absent and why, and the device
 allreduce on the emulated module named by BRIGADE_CUDA_MODULE. Every rank
-also runs one host allreduce. What the quick form leaves to the full one:
-meson-python's own packing, and the CUDA module and libnccl.so.2 built by
-nvcc.
+also runs one host allreduce.
+
+--cuda-from BUILD gives the quick form the CUDA module: the wheel's layout
+is configured with CUDA (-Dgpu_archs=LIST, the architectures BUILD's module
+was built for), so that its libnccl.so.2 and _build.py are its own and the
+module is where the wheel's install tags put it; the module alone (minutes
+of nvcc) is taken from BUILD, after checking that every command ninja would
+run to build it in the wheel's tree is the one BUILD ran (the same nvcc,
+sources, flags and architectures; paths inside each build folder compared
+relative to it; nvcc's -Werror, which --werror adds, aside). meson install then puts
+it wherever its install tag and folder say, and the checks of the full
+form run: the module and libnccl.so.2 in the package, ldd, RUNPATH
+$ORIGIN, dlopen, brigade.info, the installed library opening the module.
+Both forms also read the architectures out of the installed module's
+fatbinary (.nv_fatbin) and compare them with what brigade.info says. What
+the quick form leaves to the full one: meson-python's own packing, and
+nvcc's compile of the module in the wheel's own configuration (every
+architecture).
 """
 import argparse
 import base64
@@ -48,8 +67,10 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import sysconfig
@@ -116,24 +137,73 @@ def introspect(build, what):
     return json.loads(r.stdout)
 
 
-def meson_wheel(src, work):
+# The CUDA module's file name in a build folder and in the package
+# (python/meson.build's CUDA_MODULE).
+CUDA_MODULE = "libbrigade_cuda.so"
+
+
+def ninja_commands(build, target):
+    """Every command ninja runs to build `target` in `build`, each as a list
+    of words, with paths inside `build` relative to it and every other
+    relative path made absolute, and nvcc's "-Werror all-warnings" (from
+    --werror: it stops a build, it changes no output) left out, so that two
+    build folders of one source tree compare equal when they build the same
+    thing the same way."""
+    r = run(["ninja", "-C", build, "-t", "commands", target])
+    if r.returncode:
+        return None
+    top = os.path.realpath(build)
+    cmds = []
+    for line in r.stdout.splitlines():
+        words = []
+        for w in shlex.split(line):
+            if w == "all-warnings" and words and words[-1] == "-Werror":
+                words.pop()
+                continue
+            if "/" in w and not w.startswith("-") and not os.path.isabs(w):
+                full = os.path.realpath(os.path.join(top, w))
+                w = os.path.relpath(full, top) if full.startswith(top + os.sep) else full
+            words.append(w)
+        cmds.append(words)
+    return cmds
+
+
+def meson_wheel(src, work, cuda_from=None, archs="", nvcc=""):
     """The wheel from meson alone (--meson): the wheel's configuration
-    without CUDA, only what the wheel's install tags name built, staged by
-    meson install and packed as meson-python packs it. Returns its path, or
-    None after a failed check."""
+    (without CUDA, or with it and the CUDA module taken from the build
+    folder cuda_from), only what the wheel's install tags name built,
+    staged by meson install and packed as meson-python packs it. Returns
+    its path, or None after a failed check."""
     build, stage, out = (os.path.join(work, d) for d in ("build", "stage", "dist"))
     tags = ("runtime", "python-runtime")  # pyproject.toml's install arguments
     t = time.monotonic()
+    # pyproject.toml's setup arguments, meson-python's build type; the
+    # interpreter is the one the venv is made from.
+    setup = ["--buildtype=release", "-Db_ndebug=if-release", "-Dwheel=true",
+             "-Dpython=enabled", "-Dtests=disabled", "-Dbench_peers=disabled"]
+    env = None
+    if cuda_from:
+        setup += ["-Dcuda=enabled", "-Dgpu_archs=" + archs]
+        env = dict(os.environ, PATH=os.path.dirname(nvcc) + os.pathsep + os.environ["PATH"])
+    else:
+        setup += ["-Dcuda=disabled"]
+    said = os.path.join(work, "setup-args.json")
+    if not os.path.exists(said) or json.load(open(said)) != setup:
+        shutil.rmtree(build, ignore_errors=True)  # configured otherwise by an earlier run
     if not os.path.exists(os.path.join(build, "meson-private", "coredata.dat")):
-        # pyproject.toml's setup arguments, meson-python's build type, and
-        # no CUDA; the interpreter is the one the venv is made from.
-        r = run(["meson", "setup", build, src, "--buildtype=release", "-Db_ndebug=if-release",
-                 "-Dwheel=true", "-Dpython=enabled", "-Dtests=disabled",
-                 "-Dbench_peers=disabled", "-Dcuda=disabled", "--native-file",
-                 native_file(work)])
+        r = run(["meson", "setup", build, src] + setup + ["--native-file", native_file(work)],
+                env=env)
         if not check(r.returncode == 0, "meson setup (the wheel's layout)",
                      r.stdout[-3000:] + r.stderr[-2000:]):
             return None
+        with open(said, "w") as f:
+            json.dump(setup, f)
+    # meson regenerates the tree first if the source's build files changed
+    # since it was configured: the install plan read next is today's.
+    r = run(["ninja", "-C", build, "build.ninja"])
+    if not check(r.returncode == 0, "the wheel's tree regenerated",
+                 r.stdout[-3000:] + r.stderr[-2000:]):
+        return None
     plan = introspect(build, "install-plan")
     installed = introspect(build, "installed")
     files = {}  # build or source path -> destination with meson's placeholders
@@ -142,6 +212,27 @@ def meson_wheel(src, work):
             if d.get("tag") in tags:
                 files[path] = d["destination"]
     wanted = [os.path.relpath(p, build) for p in plan.get("targets", {}) if p in files]
+    if cuda_from:
+        # The module is whatever the wheel's tree names libbrigade_cuda.so:
+        # if its install tag is not one of the wheel's, it is not in
+        # `wanted`, meson install leaves it out and the wheel lacks it.
+        module = next((w for w in wanted if os.path.basename(w) == CUDA_MODULE), None)
+        if module is not None:
+            wanted.remove(module)
+            mine, theirs = ninja_commands(build, module), ninja_commands(cuda_from, module)
+            same = mine is not None and mine == theirs
+            diff = "" if same else "\n".join(
+                f"wheel tree: {' '.join(a)}\n{os.path.basename(cuda_from)}: {' '.join(b)}"
+                for a, b in zip(mine or [[]], theirs or [[]]) if a != b)
+            if not check(same and bool(mine), f"the wheel's tree builds {module} as "
+                         f"{cuda_from} did (every nvcc command)", diff[-3000:]):
+                return None
+            # ... from today's sources (meson test --no-rebuild could leave it behind)
+            r = run(["ninja", "-C", cuda_from, "-n", module])
+            if not check(r.returncode == 0 and "no work to do" in r.stdout,
+                         f"{cuda_from}/{module} is up to date", r.stdout[-2000:] + r.stderr):
+                return None
+            shutil.copy2(os.path.join(cuda_from, module), os.path.join(build, module))
     r = run(["ninja", "-C", build] + wanted)
     if not check(r.returncode == 0, "ninja " + " ".join(wanted), r.stdout[-4000:] + r.stderr):
         return None
@@ -207,6 +298,51 @@ def base_python():
     return "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 
 
+def fatbin_archs(path):
+    """({compute capabilities with machine code}, {with PTX}) of the
+    device code in an ELF file's .nv_fatbin section: a run of fatbinaries
+    (magic 0xBA55ED50, a 16-byte header, then entries of kind 1, PTX, or 2,
+    machine code, each with its own header: size at 4, padded payload size
+    at 8, architecture at 28)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:5] != b"\x7fELF\x02":
+        raise ValueError(f"{path}: not a 64-bit ELF file")
+    shoff = struct.unpack_from("<Q", data, 0x28)[0]
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    secs = [struct.unpack_from("<IIQQQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    names = secs[shstrndx][4]
+
+    def name(sec):
+        at = names + sec[0]
+        return data[at:data.index(b"\0", at)].decode()
+
+    fat = next((sec for sec in secs if name(sec) == ".nv_fatbin"), None)
+    if fat is None:
+        raise ValueError(f"{path}: no .nv_fatbin section (no device code)")
+    blob = data[fat[4]:fat[4] + fat[5]]
+    sm, ptx = set(), set()
+    pos = 0
+    while pos + 16 <= len(blob):
+        magic, _, hsize, size = struct.unpack_from("<IHHQ", blob, pos)
+        if magic != 0xBA55ED50:
+            pos += 8  # alignment between fatbinaries
+            continue
+        at, end = pos + hsize, pos + hsize + size
+        while at + 32 <= end:
+            kind, _, ehsize, padded = struct.unpack_from("<HHII", blob, at)
+            arch = struct.unpack_from("<I", blob, at + 28)[0]
+            if kind == 1:
+                ptx.add(str(arch))
+            elif kind == 2:
+                sm.add(str(arch))
+            else:
+                raise ValueError(f"{path}: fatbinary entry of unknown kind {kind}")
+            at += ehsize + padded
+        pos = end
+    return sm, ptx
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("source")
@@ -215,8 +351,16 @@ def main():
     ap.add_argument("--wheel", default="")
     ap.add_argument("--work", default="")
     ap.add_argument("--meson", action="store_true",
-                    help="the quick form: the wheel packed from meson's install, no CUDA")
+                    help="the quick form: the wheel packed from meson's install")
+    ap.add_argument("--cuda-from", default="",
+                    help="with --meson: the build folder whose CUDA module the wheel carries")
+    ap.add_argument("--nvcc", default="", help="with --cuda-from: the nvcc it was built with")
+    ap.add_argument("--no-nccl", action="store_true",
+                    help="with --cuda-from: that folder has no NCCL library (no nccl.h in "
+                    "the CUDA toolkit), so the wheel has none either")
     a = ap.parse_args()
+    if a.cuda_from and not (a.meson and a.archs and a.nvcc):
+        ap.error("--cuda-from goes with --meson, --archs and --nvcc")
     src = os.path.abspath(a.source)
     if not shutil.which("nvcc") and not a.wheel and not a.meson:
         print("skip: nvcc is not on PATH (the wheel's CUDA module needs it)")
@@ -240,7 +384,8 @@ def main():
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
     whl = a.wheel
     if not whl and a.meson:
-        whl = meson_wheel(src, work)
+        whl = meson_wheel(src, work, os.path.abspath(a.cuda_from) if a.cuda_from else None,
+                          a.archs, a.nvcc)
         if whl is None:
             return 1
     elif not whl:
@@ -259,7 +404,10 @@ def main():
             return 1
         whl = glob.glob(os.path.join(out, "brigade-*.whl"))[0]
         print(f"ok   pip wheel: {os.path.basename(whl)} in {time.monotonic() - t:.0f} s")
-    gpu = not a.meson  # the quick form's wheel carries no CUDA module, no NCCL library
+    # The quick form's wheel carries the CUDA module and the NCCL library
+    # with --cuda-from only.
+    gpu = not a.meson or bool(a.cuda_from)
+    nccl = gpu and not a.no_nccl
     name = os.path.basename(whl)
     check(re.search(r"-py3-none-linux_[a-z0-9_]+\.whl$", name) is not None,
           "wheel tag py3-none-<platform>", name)
@@ -267,7 +415,9 @@ def main():
     inside = {os.path.basename(n): n for n in names if "/brigade/" in "/" + n}
     want_files = ["libbrigade.so.0", "_build.py", "__init__.py", "torch.py", "info.py"]
     if gpu:
-        want_files += ["libbrigade_cuda.so", "libnccl.so.2"]
+        want_files += ["libbrigade_cuda.so"]
+    if nccl:
+        want_files += ["libnccl.so.2"]
     for f in want_files:
         check(f in inside, f"wheel holds brigade/{f}", ", ".join(sorted(inside)))
     check(any(n.endswith(".data/scripts/brigade-info") for n in names),
@@ -284,8 +434,8 @@ def main():
             env=env, cwd=cwd)
     pkg = r.stdout.strip()
     check(pkg.startswith(venv), "the package is the installed one", pkg or r.stderr)
-    lib_names = ("libbrigade.so.0", "libbrigade_cuda.so", "libnccl.so.2") if gpu else (
-        "libbrigade.so.0",)
+    lib_names = ("libbrigade.so.0",) + (("libbrigade_cuda.so",) if gpu else ()) + (
+        ("libnccl.so.2",) if nccl else ())
     libs = {n: os.path.join(pkg, n) for n in lib_names}
     for n, p in libs.items():
         r = run(["ldd", p])
@@ -296,7 +446,7 @@ def main():
               f"{n}: no RUNPATH into the source or build tree", r.stdout[-800:])
         if n != "libbrigade_cuda.so":  # a module for dlopen, without a soname
             check(f"[{n}]" in r.stdout, f"{n}: soname {n}", r.stdout[-800:])
-    if gpu:
+    if nccl:
         r = run(["ldd", libs["libnccl.so.2"]])
         m = re.search(r"libbrigade\.so\.0 => (\S+)", r.stdout)
         check(m is not None and os.path.realpath(m.group(1)) == os.path.realpath(
@@ -312,11 +462,12 @@ def main():
     check(r.returncode == 0, f"dlopen of {', '.join(libs)}", r.stdout + r.stderr)
 
     r = run([py, "-m", "brigade.info", "--nccl-path"], env=env, cwd=cwd)
-    if gpu:
+    if nccl:
         check(r.returncode == 0 and os.path.realpath(r.stdout.strip()) == os.path.realpath(
             libs["libnccl.so.2"]), "brigade.info --nccl-path", r.stdout + r.stderr)
     else:
-        check(r.returncode == 1 and "not built" in r.stderr and "-Dcuda=disabled" in r.stderr,
+        why = "nccl.h" if gpu else "-Dcuda=disabled"
+        check(r.returncode == 1 and "not built" in r.stderr and why in r.stderr,
               "brigade.info --nccl-path: none, and why", r.stdout + r.stderr)
     r = run([py, "-m", "brigade.info"], env=env, cwd=cwd)
     check(r.returncode == 0 and "BRIGADE_" in r.stdout,
@@ -328,6 +479,19 @@ def main():
         check(libs["libbrigade_cuda.so"] in line
               and all(re.search(re.escape(w) + r"\b", line) for w in want),
               "brigade.info names the CUDA module and its architectures", line or r.stdout)
+        # What the module itself carries: machine code for exactly the
+        # architectures brigade.info names, PTX of the newest.
+        said = re.search(r"machine code for (.*), PTX of compute_(\d+)", line)
+        try:
+            sm, ptx = fatbin_archs(libs["libbrigade_cuda.so"])
+        except (OSError, ValueError) as e:
+            sm, ptx = None, str(e)
+        check(said is not None and sm == {x[3:] for x in said.group(1).split()}
+              and ptx == {said.group(2)},
+              "the installed module's fatbinary holds what brigade.info says",
+              f"machine code {sorted(sm or [])}, PTX {ptx}; brigade.info: {line}")
+        print(f"     fatbinary: sm_{', sm_'.join(sorted(sm or [], key=int))}; "
+              f"PTX compute_{', compute_'.join(sorted(ptx, key=int)) if sm else ptx}")
     else:
         check(line == "CUDA module: none: not built: disabled with -Dcuda=disabled",
               "brigade.info says there is no CUDA module, and why", line or r.stdout)

@@ -354,6 +354,130 @@ def test_gloo_ops():
     ranks.run(3, body_gloo_ops, init=None, env=port_env(), timeout=120)
 
 
+class _OnDevice(torch.Tensor):
+    """A CPU tensor that says it is a CUDA tensor (torch here has no CUDA):
+    what steers the backend's gather and scatter to brigade's blocking
+    forms, which take GPU buffers."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+class _DeviceComm:
+    """The communicator of a brigade process group, seen through: the
+    blocking gather and scatter run on the emulated CUDA module (every
+    tensor copied into its "device" memory, the results copied back), as
+    a CUDA tensor's memory would be; the non-blocking forms run as they
+    are. Each call is recorded with whether an _OnDevice tensor was in it."""
+
+    def __init__(self, comm, emu):
+        self.comm, self.emu, self.calls = comm, emu, []
+
+    def __getattr__(self, name):
+        return getattr(self.comm, name)
+
+    def _device(self, name, args, kw):
+        from test_gpu_buffers import DevArray
+
+        tensors = [a for a in list(args) + list(kw.values()) if isinstance(a, torch.Tensor)]
+        self.calls.append((name, any(isinstance(a, _OnDevice) for a in tensors)))
+        devs = {}
+
+        def dev(a):
+            if not isinstance(a, torch.Tensor):
+                return a
+            devs[id(a)] = (a, DevArray(self.emu, a.as_subclass(torch.Tensor).numpy()))
+            return devs[id(a)][1]
+
+        try:
+            getattr(self.comm, name)(*[dev(a) for a in args],
+                                     **{k: dev(v) for k, v in kw.items()})
+            for a, d in devs.values():
+                a.as_subclass(torch.Tensor).copy_(torch.from_numpy(d.host()))
+        finally:
+            for _, d in devs.values():
+                d.free()
+
+    def gather(self, *args, **kw):
+        self._device("gather", args, kw)
+
+    def scatter(self, *args, **kw):
+        self._device("scatter", args, kw)
+
+    def igather(self, *args, **kw):
+        self.calls.append(("igather", any(isinstance(a, _OnDevice) for a in args)))
+        return self.comm.igather(*args, **kw)
+
+    def iscatter(self, *args, **kw):
+        self.calls.append(("iscatter", any(isinstance(a, _OnDevice) for a in
+                                           list(args) + list(kw.values()))))
+        return self.comm.iscatter(*args, **kw)
+
+
+def body_device_rooted(rank, n):
+    """The backend's gather and scatter on CUDA tensors: a rank whose own
+    tensor is on the device calls the blocking form (on the emulated
+    module's memory) and its Work is complete when the call returns; a
+    rank with CPU tensors calls the non-blocking form; ranks of both kinds
+    meet in one call. Every root, two dtypes, every element checked."""
+    from types import SimpleNamespace
+
+    import brigade.torch
+    from emu import Emu
+
+    store = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), n, rank == 0)
+    pg = brigade.torch.ProcessGroupBrigade(store, rank, n)
+    emu = Emu(os.environ["BRIGADE_CUDA_MODULE"])
+    emu.set_device(rank % emu.devices)
+    spy = pg.comm = _DeviceComm(pg.comm, emu)
+    # The memory _DeviceComm hands brigade is GPU memory to it: the
+    # non-blocking form refuses it (on this rank alone, before any exchange).
+    from test_gpu_buffers import DevArray
+    d = DevArray(emu, np.zeros(4, np.float32))
+    with pytest.raises(brigade.Error, match="GPU memory"):
+        spy.comm.igather(d, root=(rank + 1) % n)
+    d.free()
+    for on_device in ((True,) * n, tuple(r % 2 == 0 for r in range(n))):
+        dev = on_device[rank]
+
+        def mine(t):
+            return t.as_subclass(_OnDevice) if dev else t
+        for dt in (torch.float32, torch.int64):
+            for root in range(n):
+                opts = SimpleNamespace(rootRank=root)
+                t = mine(torch.arange(1001, dtype=dt) * (rank + 1) + root)
+                outs = [torch.full((1001,), -1, dtype=dt) for _ in range(n)]
+                del spy.calls[:]
+                w = pg.gather([outs] if rank == root else [], [t], opts)
+                assert not dev or w.is_completed(), "a device gather's Work is not complete"
+                w.wait()
+                assert spy.calls == [("gather", True) if dev else ("igather", False)], spy.calls
+                if rank == root:
+                    for r in range(n):
+                        want = torch.arange(1001, dtype=dt) * (r + 1) + root
+                        assert torch.equal(outs[r], want), (on_device, dt, root, r)
+                # scatter into a non-contiguous output (a column)
+                ins = [torch.arange(777, dtype=dt) * 3 + r + root for r in range(n)]
+                col = mine(torch.full((777, 2), -1, dtype=dt))[:, 1]
+                del spy.calls[:]
+                w = pg.scatter([col], [ins] if rank == root else [], opts)
+                assert not dev or w.is_completed(), "a device scatter's Work is not complete"
+                w.wait()
+                assert spy.calls == [("scatter", True) if dev else ("iscatter", False)], spy.calls
+                assert torch.equal(col.as_subclass(torch.Tensor), ins[rank]), (dt, root)
+    pg.comm = spy.comm
+    pg.comm.close()
+
+
+def test_device_rooted():
+    emu = os.environ.get("BRIGADE_EMU_MODULE", "")
+    if not os.path.exists(emu):
+        pytest.skip("BRIGADE_EMU_MODULE is not set (meson test sets it)")
+    env = dict(port_env(), BRIGADE_CUDA_MODULE=emu, BRIGADE_TRANSPORTS="cuda_ipc,shm")
+    ranks.run(3, body_device_rooted, init=None, env=env, timeout=120)
+
+
 def body_tensors(comm):
     """brigade.Communicator on CPU tensors directly (data_ptr)."""
     n, r = comm.size, comm.rank
