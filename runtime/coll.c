@@ -426,7 +426,7 @@ brg_status brg_recv(void *buf, size_t count, brg_dtype dtype, int peer, brg_comm
 brg_status brg_isend(const void *buf, size_t count, brg_dtype dtype, int peer, brg_comm *comm,
                      brg_request *request) {
   brg_status s = check_p2p(comm, "brg_isend", buf, count, dtype, peer, NULL, 1);
-  brg__req *r;
+  brg__req *r = NULL;
   if (s == BRG_SUCCESS) s = p2p_request(comm, "brg_isend", request, 1, &r);
   if (s != BRG_SUCCESS) return s;
   r->p2p_op = (brg__p2p_op){.buf = (char *)buf,
@@ -442,7 +442,7 @@ brg_status brg_isend(const void *buf, size_t count, brg_dtype dtype, int peer, b
 brg_status brg_irecv(void *buf, size_t count, brg_dtype dtype, int peer, brg_comm *comm,
                      brg_request *request) {
   brg_status s = check_p2p(comm, "brg_irecv", buf, count, dtype, peer, NULL, 0);
-  brg__req *r;
+  brg__req *r = NULL;
   if (s == BRG_SUCCESS) s = p2p_request(comm, "brg_irecv", request, 0, &r);
   if (s != BRG_SUCCESS) return s;
   r->p2p_op = (brg__p2p_op){.buf = buf,
