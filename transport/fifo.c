@@ -156,6 +156,44 @@ void brg__fifo_wake_all(brg__fifo *f) {
   futex_wake(&f->ctrl->head);
 }
 
+/* ---- a FIFO link as a byte stream (transport.h) ----------------------- */
+
+size_t brg__fifo_stream_fill(brg__fifo *f, const void *buf, size_t bytes, uint64_t *tail) {
+  uint64_t t = *tail, head = __atomic_load_n(&f->ctrl->head, __ATOMIC_ACQUIRE);
+  size_t took = 0;
+  while (took < bytes && t < head + (uint64_t)f->nslots) {
+    size_t n = bytes - took < f->slot_bytes ? bytes - took : f->slot_bytes;
+    memcpy(brg__fifo_slot(f, t), (const char *)buf + took, n);
+    brg__slot_meta *m = brg__fifo_meta(f, t);
+    memset(m, 0, offsetof(brg__slot_meta, flag));
+    m->bytes = (uint32_t)n;
+    took += n;
+    t++;
+  }
+  *tail = t;
+  return took;
+}
+
+size_t brg__fifo_stream_take(brg__fifo *f, void *buf, size_t bytes, size_t *off, uint64_t *head) {
+  uint64_t h = *head, tail = __atomic_load_n(&f->ctrl->tail, __ATOMIC_ACQUIRE);
+  size_t got = 0;
+  while (got < bytes && h < tail) {
+    /* The sender's word for how full its slot is: never past the slot. */
+    size_t in = brg__fifo_meta(f, h)->bytes;
+    if (in > f->slot_bytes) in = f->slot_bytes;
+    size_t n = in - *off < bytes - got ? in - *off : bytes - got;
+    memcpy((char *)buf + got, brg__fifo_slot(f, h) + *off, n);
+    got += n;
+    *off += n;
+    if (*off == in) {
+      *off = 0;
+      h++;
+    }
+  }
+  *head = h;
+  return got;
+}
+
 /* ---- the proxy entry of a FIFO link (transport.h) ---------------------- */
 
 int brg__fifo_proxy_fill(brg__conn *c, const brg__proxy_slot *s, int copy, uint64_t *pos) {

@@ -973,17 +973,8 @@ static ssize_t ib_try_send(brg__conn *c, const void *buf, size_t bytes, int *rin
     errno = ECONNRESET;
     return BRG__STREAM_BROKEN;
   }
-  uint64_t tail = f->ctrl->tail, head = __atomic_load_n(&f->ctrl->head, __ATOMIC_ACQUIRE);
-  size_t took = 0;
-  while (took < bytes && tail < head + (uint64_t)f->nslots) {
-    size_t n = bytes - took < f->slot_bytes ? bytes - took : f->slot_bytes;
-    memcpy(brg__fifo_slot(f, tail), (const char *)buf + took, n);
-    brg__slot_meta *m = brg__fifo_meta(f, tail);
-    memset(m, 0, offsetof(brg__slot_meta, flag));
-    m->bytes = (uint32_t)n;
-    took += n;
-    tail++;
-  }
+  uint64_t tail = f->ctrl->tail;
+  size_t took = brg__fifo_stream_fill(f, buf, bytes, &tail);
   if (took) brg__publish(&f->ctrl->tail, &f->ctrl->tail_waiters, tail); /* wakes the proxy */
   ib_stream_level(t, 1);
   return (ssize_t)took;
@@ -997,21 +988,7 @@ static ssize_t ib_try_recv(brg__conn *c, void *buf, size_t bytes, int *ring) {
    * before it closes the link. */
   int closed = __atomic_load_n(&f->ctrl->closed, __ATOMIC_ACQUIRE) != 0;
   uint64_t head0 = f->ctrl->head, head = head0;
-  uint64_t tail = __atomic_load_n(&f->ctrl->tail, __ATOMIC_ACQUIRE);
-  size_t got = 0;
-  while (got < bytes && head < tail) {
-    /* The sender's word for how full its slot is: never past the slot. */
-    size_t in = brg__fifo_meta(f, head)->bytes;
-    if (in > f->slot_bytes) in = f->slot_bytes;
-    size_t n = in - t->off < bytes - got ? in - t->off : bytes - got;
-    memcpy((char *)buf + got, brg__fifo_slot(f, head) + t->off, n);
-    got += n;
-    t->off += n;
-    if (t->off == in) {
-      t->off = 0;
-      head++;
-    }
-  }
+  size_t got = brg__fifo_stream_take(f, buf, bytes, &t->off, &head);
   if (head != head0) brg__publish(&f->ctrl->head, &f->ctrl->head_waiters, head); /* credits */
   if (!got && bytes && closed) return ib_stream_closed(t);
   ib_stream_level(t, 0);

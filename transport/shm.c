@@ -173,15 +173,8 @@ static int take_ring(volatile uint32_t *waiters) {
 
 static ssize_t shm_try_send(brg__conn *c, const void *buf, size_t bytes, int *ring) {
   brg__fifo *f = &c->fifo;
-  uint64_t tail = f->ctrl->tail, head = __atomic_load_n(&f->ctrl->head, __ATOMIC_ACQUIRE);
-  size_t took = 0;
-  while (took < bytes && tail < head + (uint64_t)f->nslots) {
-    size_t n = bytes - took < f->slot_bytes ? bytes - took : f->slot_bytes;
-    memcpy(brg__fifo_slot(f, tail), (const char *)buf + took, n);
-    brg__fifo_meta(f, tail)->bytes = (uint32_t)n;
-    took += n;
-    tail++;
-  }
+  uint64_t tail = f->ctrl->tail;
+  size_t took = brg__fifo_stream_fill(f, buf, bytes, &tail);
   if (!took) return 0;
   __atomic_store_n(&f->ctrl->tail, tail, __ATOMIC_SEQ_CST);
   if (take_ring(&f->ctrl->tail_waiters)) *ring = 1;
@@ -192,21 +185,7 @@ static ssize_t shm_try_recv(brg__conn *c, void *buf, size_t bytes, int *ring) {
   brg__fifo *f = &c->fifo;
   shm_priv *sp = c->priv;
   uint64_t head0 = f->ctrl->head, head = head0;
-  uint64_t tail = __atomic_load_n(&f->ctrl->tail, __ATOMIC_ACQUIRE);
-  size_t got = 0;
-  while (got < bytes && head < tail) {
-    /* The sender's word for how full its slot is: never past the slot. */
-    size_t in = brg__fifo_meta(f, head)->bytes;
-    if (in > f->slot_bytes) in = f->slot_bytes;
-    size_t n = in - sp->off < bytes - got ? in - sp->off : bytes - got;
-    memcpy((char *)buf + got, brg__fifo_slot(f, head) + sp->off, n);
-    got += n;
-    sp->off += n;
-    if (sp->off == in) {
-      sp->off = 0;
-      head++;
-    }
-  }
+  size_t got = brg__fifo_stream_take(f, buf, bytes, &sp->off, &head);
   if (head != head0) {
     __atomic_store_n(&f->ctrl->head, head, __ATOMIC_SEQ_CST);
     if (take_ring(&f->ctrl->head_waiters)) *ring = 1;

@@ -174,6 +174,14 @@ int brg__fifo_mark_closed(brg__fifo *f, brg_status s, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Wakes every sleeper of a FIFO (used on close/abort so nobody sleeps on). */
 void brg__fifo_wake_all(brg__fifo *f);
+/* A FIFO link as a byte stream (the try_send/try_recv of shm and ibverbs):
+ * each slot holds up to slot_bytes of the stream, its meta.bytes saying how
+ * many. fill copies what fits into the free slots from *tail on and moves
+ * *tail past them; take copies out of the landed slots from *head on (the
+ * first one from *off on) and moves *head past those it emptied. Neither
+ * publishes: the transport does, its own way. Both return the bytes moved. */
+size_t brg__fifo_stream_fill(brg__fifo *f, const void *buf, size_t bytes, uint64_t *tail);
+size_t brg__fifo_stream_take(brg__fifo *f, void *buf, size_t bytes, size_t *off, uint64_t *head);
 
 /* Starts a network transport's proxy thread (or a verbs backend's progress
  * thread) with every signal blocked (signals belong to the application's
