@@ -245,7 +245,8 @@ struct brg_comm {
  *                 device_proxy.c kernel mode's host proxy
  *   device.c      the CUDA module, opened at first use
  *   ring_link.c   slots to and from the neighbours, the waiter's checks
- *   p2p.c         send, recv and all_to_all over links to any rank
+ *   p2p.c         send and recv over links to any rank
+ *   alltoall.c    all_to_all on them
  *   rooted.c      gather and scatter over those links
  *   liveness.c    heartbeats on the ring sockets: which rank went silent
  *   trace.c       BRIGADE_TRACE_FILE: spans of collectives, steps, slices, waits
@@ -459,7 +460,11 @@ brg_status brg__p2p_post(brg_comm *c, brg__p2p_op *op);
  * progress); on failure the operation is withdrawn and the communicator's
  * last error says why. */
 brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op);
-/* The collective all_to_all, run by ring.c's engine in issue order. */
+/* Takes back a queued send that has not finished (it finishes with `s`)
+ * and tells its receiver that the send was cut short. */
+void brg__p2p_cancel_send(brg_comm *c, brg__p2p_op *op, brg_status s);
+/* alltoall.c: the collective all_to_all, run by ring.c's engine in issue
+ * order. */
 brg_status brg__p2p_all_to_all(brg_comm *c, const brg__coll *k);
 
 /* slice.c: the slice policy, the one place that sizes the pipeline unit.
