@@ -158,9 +158,10 @@ struct brg_comm {
   int cur_step;
   const char *wait_what;
   int wait_peer;
-  brg__conn *wait_conn; /* the link the engine is blocked on */
-  int departed[2];      /* neighbour (by ring direction) destroyed its communicator */
-  int departed_ok;      /* the wait does not need the neighbours (kernel mode's drain) */
+  brg__conn *wait_conn;   /* the link the engine is blocked on */
+  int departed[2];        /* neighbour (by ring direction) destroyed its communicator */
+  int64_t departed_ns[2]; /* when this rank read that goodbye (brg__now_ns) */
+  int departed_ok;        /* the wait does not need the neighbours (kernel mode's drain) */
   int64_t wait_start_ns;
 
   struct brg__trace *trace; /* BRIGADE_TRACE_FILE's recorder (trace.c), NULL when off */

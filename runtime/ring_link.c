@@ -16,6 +16,11 @@
 #include "settings.h"
 #include "trace.h"
 
+/* How long a wait goes on after a neighbour said goodbye before it names
+ * that neighbour as gone too early: longer than a network link's flush at
+ * close (IB_CLOSE_GRACE_MS, 1 s), with room for a loaded machine. */
+#define BRG__DEPARTED_GRACE_NS 3000000000LL
+
 /* Reads what arrived on a ring socket while we were waiting: an abort
  * notice from a neighbour, a goodbye, or the hang-up of one that died. */
 static brg_status check_ring_socket(brg_comm *c, int dir) {
@@ -41,6 +46,7 @@ static brg_status check_ring_socket(brg_comm *c, int dir) {
   if (type == BRG__MSG_BEAT) return BRG_SUCCESS;
   if (type == BRG__MSG_BYE) {
     c->departed[dir] = 1;
+    c->departed_ns[dir] = brg__now_ns();
     return BRG_SUCCESS;
   }
   if (type == BRG__MSG_ABORT && len >= 4) {
@@ -87,9 +93,13 @@ static brg_status ring_check(void *arg) {
   int64_t now = brg__now_ns();
   if (!c->wait_start_ns) c->wait_start_ns = now;
   int dir = c->wait_peer == c->next ? BRG__RING_NEXT : BRG__RING_PREV;
-  /* A neighbour that left cleanly sent all it had; allow a moment for data
-   * still on the wire, then say who left too early. */
-  if (c->ready && !c->departed_ok && c->departed[dir] && now - c->wait_start_ns > 1000000000LL)
+  /* A neighbour that left cleanly sent all it had, but says goodbye before
+   * its links have flushed (a network link's close lets its proxy deliver
+   * for up to a second): allow a moment for data still on the wire, from
+   * the later of the wait's start and the goodbye, then say who left too
+   * early. */
+  int64_t since = c->departed_ns[dir] > c->wait_start_ns ? c->departed_ns[dir] : c->wait_start_ns;
+  if (c->ready && !c->departed_ok && c->departed[dir] && now - since > BRG__DEPARTED_GRACE_NS)
     return brg__comm_error(c, BRG_ERR_REMOTE,
                            "rank %d destroyed its communicator while rank %d was still waiting "
                            "for it to %s (did the ranks call different numbers of collectives?)",
