@@ -85,11 +85,14 @@ static brg_status ring_check(void *arg) {
   brg__conn *w = c->wait_conn;
   uint32_t closed =
       w && w->fifo.ctrl ? __atomic_load_n(&w->fifo.ctrl->closed, __ATOMIC_ACQUIRE) : 0;
-  if (closed)
+  if (closed) {
+    const brg__peer_info *pi = w->peer >= 0 && w->peer < c->nranks ? &c->peers[w->peer] : NULL;
     return brg__comm_error(
-        c, (brg_status)closed, "%s link with rank %d closed while waiting for it to %s: %s",
-        w->ops ? w->ops->name : "?", w->peer, c->wait_what,
-        w->fifo.ctrl->closed_why[0] ? w->fifo.ctrl->closed_why : "no reason given");
+        c, (brg_status)closed,
+        "%s link with rank %d (pid %d on %s) closed while waiting for it to %s: %s",
+        w->ops ? w->ops->name : "?", w->peer, pi ? pi->pid : -1, pi ? pi->hostname : "?",
+        c->wait_what, w->fifo.ctrl->closed_why[0] ? w->fifo.ctrl->closed_why : "no reason given");
+  }
   int64_t now = brg__now_ns();
   if (!c->wait_start_ns) c->wait_start_ns = now;
   int dir = c->wait_peer == c->next ? BRG__RING_NEXT : BRG__RING_PREV;
