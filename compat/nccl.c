@@ -74,10 +74,12 @@
 
 #include "brigade.h"
 #include "cuda/brg_cuda.h"
+#include "nccl_env.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
 struct ncclWindow_vidmem {
+  struct ncclComm *comm; /* the communicator it was registered with */
   void *buff;
   size_t size;
   int flags;
@@ -140,6 +142,9 @@ struct ncclComm {
   premul premuls[MAX_PREMUL]; /* op ncclNumOps + i is premuls[i] */
   void **dead;                /* device memory of PreMulSum ops, freed with the communicator */
   int ndead, capdead;
+  int suspended;       /* ncclCommSuspend until ncclCommResume */
+  int grow_id_pending; /* ncclCommGetUniqueId made an id no ncclCommGrow has taken yet */
+  brg_unique_id grow_id;
 };
 
 /* Calls return at once, as NCCL's do, unless the user chose otherwise:
@@ -236,6 +241,7 @@ static void cuda_open(void) {
 
 /* The module libbrigade.so opens too (one instance), or NULL. */
 static const brg__cuda_api *cuda(void) {
+  brg__nccl_env_apply(); /* before brigade reads its settings */
   pthread_once(&cuda_once, cuda_open);
   if (!cuda_api) fail(ncclUnhandledCudaError, "no usable CUDA module: %s", cuda_why);
   return cuda_api;
@@ -411,6 +417,7 @@ static ncclResult_t config_read(const ncclConfig_t *cfg, const char *fn, int *bl
 
 EXPORT ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
   if (!id) return fail(ncclInvalidArgument, "ncclGetUniqueId: uniqueId is NULL");
+  brg__nccl_env_apply(); /* before brigade reads its settings */
   _Static_assert(sizeof(ncclUniqueId) >= sizeof(brg_unique_id), "unique id too small");
   brg_unique_id b;
   brg_status s = brg_get_unique_id(&b);
@@ -846,7 +853,7 @@ EXPORT ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void *buff, size_t s
     return fail(ncclInvalidArgument, "ncclCommWindowRegister: unknown winFlags 0x%x", winFlags);
   struct ncclWindow_vidmem *w = malloc(sizeof *w);
   if (!w) return fail(ncclSystemError, "ncclCommWindowRegister: out of memory");
-  *w = (struct ncclWindow_vidmem){.buff = buff, .size = size, .flags = winFlags};
+  *w = (struct ncclWindow_vidmem){.comm = comm, .buff = buff, .size = size, .flags = winFlags};
   pthread_mutex_lock(&comm->lock);
   w->next = comm->windows;
   comm->windows = w;
@@ -934,6 +941,13 @@ EXPORT ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t *simInfo) {
 static int prologue(const struct ncclComm *comm, ncclDataType_t t, brg_dtype *dt, const char *fn,
                     ncclResult_t *r) {
   if ((*r = comm_ok(comm, fn)) != ncclSuccess) return 0;
+  if (comm->suspended) {
+    *r = fail(ncclInvalidUsage,
+              "%s: the communicator is suspended (ncclCommSuspend); call "
+              "ncclCommResume first",
+              fn);
+    return 0;
+  }
   if (group_depth > 0 && strcmp(fn, "ncclSend") && strcmp(fn, "ncclRecv")) group_colls++;
   return dtype_of(t, dt, fn, r);
 }
@@ -1888,3 +1902,419 @@ EXPORT ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
                      "ncclRedOpDestroy: op %d is not a live PreMulSum op of this communicator",
                      (int)op);
 }
+
+/* ---- NCCL 2.28's device API, 2.29's suspend, grow and one-sided calls -- */
+
+/* The types of nccl_device/core.h (a CUDA C++ header this C file cannot
+ * include) that its host calls take: a team by value, the rest opaque. */
+typedef struct ncclTeam {
+  int nRanks, rank, stride;
+} ncclTeam_t;
+struct ncclDevComm;
+struct ncclDevCommRequirements;
+struct ncclDevResourceRequirements;
+struct ncclLsaBarrierHandle;
+struct ncclGinBarrierHandle;
+struct ncclLLA2AHandle;
+
+/* nccl.h of NCCL 2.29 declares these; the toolkit's may be older. */
+#if NCCL_VERSION_CODE < 22907
+#define NCCL_SUSPEND_MEM 0x01
+typedef enum {
+  ncclStatGpuMemSuspend = 0,
+  ncclStatGpuMemSuspended = 1,
+  ncclStatGpuMemPersist = 2,
+  ncclStatGpuMemTotal = 3
+} ncclCommMemStat_t;
+typedef struct {
+  int opCnt, peer, sigIdx, ctx;
+} ncclWaitSignalDesc_t;
+#endif
+
+/* Brigade's kernels are its own collectives: it has no device-side API
+ * for user kernels (device communicators, LSA and GIN barriers, LL
+ * all-to-all, multicast memory), so nothing can be built for one. */
+static ncclResult_t no_device_api(const char *fn) {
+  return fail(ncclInvalidUsage,
+              "%s: brigade has no device-side API (nccl_device.h: device communicators, "
+              "barriers, LL all-to-all); its kernels are its own collectives "
+              "(libbrigade_nccl.so)",
+              fn);
+}
+
+EXPORT ncclResult_t ncclDevCommCreate(ncclComm_t comm, const struct ncclDevCommRequirements *reqs,
+                                      struct ncclDevComm *outDevComm) {
+  (void)reqs, (void)outDevComm;
+  ncclResult_t r = comm_ok(comm, "ncclDevCommCreate");
+  return r != ncclSuccess ? r : no_device_api("ncclDevCommCreate");
+}
+
+EXPORT ncclResult_t ncclDevCommDestroy(ncclComm_t comm, const struct ncclDevComm *devComm) {
+  (void)devComm;
+  ncclResult_t r = comm_ok(comm, "ncclDevCommDestroy");
+  return r != ncclSuccess ? r : no_device_api("ncclDevCommDestroy (none can be created)");
+}
+
+EXPORT ncclResult_t ncclLsaBarrierCreateRequirement(ncclTeam_t team, int nBarriers,
+                                                    struct ncclLsaBarrierHandle *outHandle,
+                                                    struct ncclDevResourceRequirements *outReq) {
+  (void)team, (void)nBarriers, (void)outHandle, (void)outReq;
+  return no_device_api("ncclLsaBarrierCreateRequirement");
+}
+
+EXPORT ncclResult_t ncclGinBarrierCreateRequirement(ncclComm_t comm, ncclTeam_t team, int nBarriers,
+                                                    struct ncclGinBarrierHandle *outHandle,
+                                                    struct ncclDevResourceRequirements *outReq) {
+  (void)comm, (void)team, (void)nBarriers, (void)outHandle, (void)outReq;
+  return no_device_api("ncclGinBarrierCreateRequirement");
+}
+
+EXPORT ncclResult_t ncclLLA2ACreateRequirement(int nBlocks, int nSlots,
+                                               struct ncclLLA2AHandle *outHandle,
+                                               struct ncclDevResourceRequirements *outReq) {
+  (void)nBlocks, (void)nSlots, (void)outHandle, (void)outReq;
+  return no_device_api("ncclLLA2ACreateRequirement");
+}
+
+/* The slots an LL all-to-all needs: one per 8 bytes of each element (an
+ * LL line carries 8 data bytes). A pure count, the same without a device
+ * API; -1 for a negative argument or one that overflows. */
+EXPORT int ncclLLA2ACalcSlots(int maxElts, int maxEltSize) {
+  if (maxElts < 0 || maxEltSize < 0) {
+    fail(ncclInvalidArgument, "ncclLLA2ACalcSlots: maxElts %d, maxEltSize %d (negative)", maxElts,
+         maxEltSize);
+    return -1;
+  }
+  long long slots = (long long)maxElts * ((maxEltSize + 7LL) / 8);
+  return slots > INT32_MAX ? -1 : (int)slots;
+}
+
+/* Teams. NCCL's LSA team is the ranks whose memory this rank can load and
+ * store; brigade maps no peer's memory for the caller, so it is this rank
+ * alone, and the rail team (the ranks with this one's LSA rank) is the
+ * world. Ranks convert as NCCL's inline functions do. */
+EXPORT ncclTeam_t ncclTeamWorld(ncclComm_t comm) {
+  ncclTeam_t t = {0, 0, 1};
+  if (comm_ok(comm, "ncclTeamWorld") == ncclSuccess) t = (ncclTeam_t){comm->nranks, comm->rank, 1};
+  return t;
+}
+
+EXPORT ncclTeam_t ncclTeamLsa(ncclComm_t comm) {
+  ncclTeam_t t = {0, 0, 1};
+  if (comm_ok(comm, "ncclTeamLsa") == ncclSuccess) t = (ncclTeam_t){1, 0, 1};
+  return t;
+}
+
+EXPORT ncclTeam_t ncclTeamRail(ncclComm_t comm) {
+  ncclTeam_t t = {0, 0, 1};
+  if (comm_ok(comm, "ncclTeamRail") == ncclSuccess) t = (ncclTeam_t){comm->nranks, comm->rank, 1};
+  return t;
+}
+
+EXPORT int ncclTeamRankToWorld(ncclComm_t comm, ncclTeam_t team, int rank) {
+  if (comm_ok(comm, "ncclTeamRankToWorld") != ncclSuccess) return -1;
+  return comm->rank + (rank - team.rank) * team.stride;
+}
+
+EXPORT int ncclTeamRankToLsa(ncclComm_t comm, ncclTeam_t team, int rank) {
+  if (comm_ok(comm, "ncclTeamRankToLsa") != ncclSuccess) return -1;
+  return 0 + (rank - team.rank) * team.stride; /* this rank's LSA rank is 0 */
+}
+
+/* The window `win` if it is registered with a live communicator (with
+ * comm, when comm is not NULL); NULL with the error set. */
+static struct ncclWindow_vidmem *window_of(ncclComm_t comm, ncclWindow_t win, const char *fn) {
+  if (!win) {
+    fail(ncclInvalidArgument, "%s: window is NULL", fn);
+    return NULL;
+  }
+  struct ncclWindow_vidmem *found = NULL;
+  pthread_mutex_lock(&live_lock);
+  for (size_t i = 0; i < nlive && !found; i++) {
+    struct ncclComm *c = (struct ncclComm *)live[i];
+    if (comm && c != comm) continue;
+    pthread_mutex_lock(&c->lock);
+    for (struct ncclWindow_vidmem *w = c->windows; w && !found; w = w->next)
+      if (w == win) found = w;
+    pthread_mutex_unlock(&c->lock);
+  }
+  pthread_mutex_unlock(&live_lock);
+  if (!found)
+    fail(ncclInvalidArgument,
+         "%s: window %p is not registered with %s (deregistered, or never registered)", fn,
+         (void *)win, comm ? "this communicator" : "a live communicator");
+  return found;
+}
+
+EXPORT ncclResult_t ncclWinGetUserPtr(ncclComm_t comm, ncclWindow_t win, void **outUserPtr) {
+  ncclResult_t r = comm_ok(comm, "ncclWinGetUserPtr");
+  if (r != ncclSuccess) return r;
+  if (!outUserPtr) return fail(ncclInvalidArgument, "ncclWinGetUserPtr: outUserPtr is NULL");
+  struct ncclWindow_vidmem *w = window_of(comm, win, "ncclWinGetUserPtr");
+  if (!w) return ncclInvalidArgument;
+  *outUserPtr = w->buff;
+  return ncclSuccess;
+}
+
+/* A peer's buffer is load/store reachable only inside the LSA team, which
+ * is this rank alone (above): its own window gives its own buffer, any
+ * other peer NULL, as NCCL gives for a peer outside the team. */
+EXPORT ncclResult_t ncclGetPeerDevicePointer(ncclWindow_t window, size_t offset, int peer,
+                                             void **outPtr) {
+  const char *fn = "ncclGetPeerDevicePointer";
+  if (!outPtr) return fail(ncclInvalidArgument, "%s: outPtr is NULL", fn);
+  *outPtr = NULL;
+  struct ncclWindow_vidmem *w = window_of(NULL, window, fn);
+  if (!w) return ncclInvalidArgument;
+  if (peer < 0 || peer >= w->comm->nranks)
+    return fail(ncclInvalidArgument, "%s: peer %d is not in [0, %d)", fn, peer, w->comm->nranks);
+  if (offset > w->size)
+    return fail(ncclInvalidArgument, "%s: offset %zu is past the window's %zu bytes", fn, offset,
+                w->size);
+  if (peer == w->comm->rank) *outPtr = (char *)w->buff + offset;
+  return ncclSuccess;
+}
+
+EXPORT ncclResult_t ncclGetLsaMultimemDevicePointer(ncclWindow_t window, size_t offset,
+                                                    void **outPtr) {
+  (void)offset;
+  const char *fn = "ncclGetLsaMultimemDevicePointer";
+  if (outPtr) *outPtr = NULL;
+  if (!window_of(NULL, window, fn)) return ncclInvalidArgument;
+  return fail(ncclInvalidUsage,
+              "%s: brigade has no multicast (NVLS multimem) memory: its LSA team is the "
+              "calling rank alone",
+              fn);
+}
+
+/* One-sided calls write into a peer's window without a receive posted
+ * there; brigade's point-to-point needs the receive. */
+static ncclResult_t no_one_sided(ncclComm_t comm, const char *fn) {
+  ncclResult_t r = comm_ok(comm, fn);
+  if (r != ncclSuccess) return r;
+  return fail(ncclInvalidUsage,
+              "%s: brigade has no one-sided communication (puts and signals into a peer's "
+              "window with no receive posted there); use ncclSend and ncclRecv",
+              fn);
+}
+
+EXPORT ncclResult_t ncclPutSignal(const void *localbuff, size_t count, ncclDataType_t datatype,
+                                  int peer, ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx,
+                                  int ctx, unsigned int flags, ncclComm_t comm,
+                                  cudaStream_t stream) {
+  (void)localbuff, (void)count, (void)datatype, (void)peer, (void)peerWin, (void)peerWinOffset;
+  (void)sigIdx, (void)ctx, (void)flags, (void)stream;
+  return no_one_sided(comm, "ncclPutSignal");
+}
+
+EXPORT ncclResult_t ncclSignal(int peer, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm,
+                               cudaStream_t stream) {
+  (void)peer, (void)sigIdx, (void)ctx, (void)flags, (void)stream;
+  return no_one_sided(comm, "ncclSignal");
+}
+
+EXPORT ncclResult_t ncclWaitSignal(int nDesc, ncclWaitSignalDesc_t *signalDescs, ncclComm_t comm,
+                                   cudaStream_t stream) {
+  (void)nDesc, (void)signalDescs, (void)stream;
+  return no_one_sided(comm, "ncclWaitSignal");
+}
+
+/* Suspend releases the GPU memory NCCL can rebuild. Brigade's device ring
+ * (its FIFOs and the IPC mappings of its neighbours') is made once, at
+ * init, with the other ranks, and cannot be rebuilt by one rank alone: it
+ * releases nothing, and a suspended communicator refuses operations until
+ * it is resumed, as NCCL's does. */
+EXPORT ncclResult_t ncclCommSuspend(ncclComm_t comm, int flags) {
+  ncclResult_t r = comm_ok(comm, "ncclCommSuspend");
+  if (r != ncclSuccess) return r;
+  if (flags & ~NCCL_SUSPEND_MEM)
+    return fail(ncclInvalidArgument, "ncclCommSuspend: unknown flags 0x%x", flags);
+  if (comm->suspended)
+    return fail(ncclInvalidUsage, "ncclCommSuspend: the communicator is suspended already");
+  comm->suspended = 1;
+  return ncclSuccess;
+}
+
+EXPORT ncclResult_t ncclCommResume(ncclComm_t comm) {
+  ncclResult_t r = comm_ok(comm, "ncclCommResume");
+  if (r != ncclSuccess) return r;
+  if (!comm->suspended)
+    return fail(ncclInvalidUsage, "ncclCommResume: the communicator is not suspended");
+  comm->suspended = 0;
+  return ncclSuccess;
+}
+
+EXPORT ncclResult_t ncclCommMemStats(ncclComm_t comm, ncclCommMemStat_t stat, uint64_t *value) {
+  ncclResult_t r = comm_ok(comm, "ncclCommMemStats");
+  if (r != ncclSuccess) return r;
+  if (!value) return fail(ncclInvalidArgument, "ncclCommMemStats: value is NULL");
+  switch (stat) {
+  case ncclStatGpuMemSuspend: *value = 0; return ncclSuccess; /* nothing is released */
+  case ncclStatGpuMemSuspended: *value = (uint64_t)comm->suspended; return ncclSuccess;
+  case ncclStatGpuMemPersist:
+  case ncclStatGpuMemTotal:
+    return fail(ncclInvalidUsage,
+                "ncclCommMemStats: brigade does not count a communicator's GPU memory (its "
+                "device ring's FIFOs are allocated by the runtime, which does not report them); "
+                "ncclStatGpuMemSuspend (0) and ncclStatGpuMemSuspended are known");
+  default: return fail(ncclInvalidArgument, "ncclCommMemStats: unknown stat %d", (int)stat);
+  }
+}
+
+/* Grow: the ranks of comm keep their ranks and new ones join at theirs.
+ * The root (the rank of comm that made the id with ncclCommGetUniqueId)
+ * passes it, the others pass NULL: they learn it from the root by an
+ * all-gather of who holds it and a broadcast of the id on comm; then
+ * every rank initialises the new communicator on it. */
+EXPORT ncclResult_t ncclCommGetUniqueId(ncclComm_t comm, ncclUniqueId *uniqueId) {
+  ncclResult_t r = comm_ok(comm, "ncclCommGetUniqueId");
+  if (r != ncclSuccess) return r;
+  if (!uniqueId) return fail(ncclInvalidArgument, "ncclCommGetUniqueId: uniqueId is NULL");
+  if (comm->grow_id_pending)
+    return fail(ncclInvalidUsage, "ncclCommGetUniqueId: the id made before has not been used by "
+                                  "ncclCommGrow yet (one at a time)");
+  brg_status s = brg_get_unique_id(&comm->grow_id);
+  if (s != BRG_SUCCESS) return check(comm, s, "ncclCommGetUniqueId");
+  comm->grow_id_pending = 1;
+  memset(uniqueId, 0, sizeof *uniqueId);
+  memcpy(uniqueId->internal, comm->grow_id.internal, sizeof comm->grow_id.internal);
+  return ncclSuccess;
+}
+
+EXPORT ncclResult_t ncclCommGrow(ncclComm_t comm, int nRanks, const ncclUniqueId *uniqueId,
+                                 int rank, ncclComm_t *newcomm, ncclConfig_t *config) {
+  const char *fn = "ncclCommGrow";
+  int blocking;
+  if (!newcomm) return fail(ncclInvalidArgument, "%s: newcomm is NULL", fn);
+  *newcomm = NULL;
+  ncclResult_t r = config_read(config, fn, &blocking);
+  if (r != ncclSuccess) return r;
+  if (!comm) { /* a new rank */
+    if (!uniqueId) return fail(ncclInvalidArgument, "%s: a new rank (comm NULL) needs the id", fn);
+    if (rank < 0 || rank >= nRanks)
+      return fail(ncclInvalidArgument, "%s: rank %d is not in [0, %d)", fn, rank, nRanks);
+    return init_rank(newcomm, nRanks, uniqueId, rank, config, fn);
+  }
+  if ((r = comm_ok(comm, fn)) != ncclSuccess) return r;
+  if (rank != -1)
+    return fail(ncclInvalidArgument, "%s: a rank of comm passes rank -1 (it keeps %d), not %d", fn,
+                comm->rank, rank);
+  if (nRanks <= comm->nranks)
+    return fail(ncclInvalidArgument, "%s: nRanks %d is not more than comm's %d", fn, nRanks,
+                comm->nranks);
+  if (uniqueId && (!comm->grow_id_pending ||
+                   memcmp(uniqueId->internal, comm->grow_id.internal, sizeof comm->grow_id)))
+    return fail(ncclInvalidArgument,
+                "%s: the id is not one ncclCommGetUniqueId made on this communicator (or it was "
+                "used already); the other ranks of comm pass NULL",
+                fn);
+  /* Who holds the id: exactly one rank. */
+  int *roots = calloc((size_t)comm->nranks, sizeof *roots);
+  if (!roots) return fail(ncclSystemError, "%s: out of memory", fn);
+  int mine = uniqueId != NULL, root = -1, nroots = 0;
+  brg_status s = brg_all_gather(&mine, roots, 1, BRG_INT32, comm->c, NULL);
+  for (int k = 0; s == BRG_SUCCESS && k < comm->nranks; k++)
+    if (roots[k]) {
+      if (root < 0) root = k;
+      nroots++;
+    }
+  free(roots);
+  if (s != BRG_SUCCESS) return check(comm, s, "ncclCommGrow (finding the rank with the id)");
+  if (nroots != 1)
+    return fail(ncclInvalidUsage,
+                "%s: %d ranks of comm passed an id; exactly one must (the "
+                "one that called ncclCommGetUniqueId)",
+                fn, nroots);
+  brg_unique_id bid;
+  if (mine) memcpy(bid.internal, uniqueId->internal, sizeof bid.internal);
+  s = brg_broadcast(&bid, &bid, sizeof bid, BRG_UINT8, root, comm->c, NULL);
+  if (s != BRG_SUCCESS) return check(comm, s, "ncclCommGrow (handing the id to comm's ranks)");
+  if (mine) comm->grow_id_pending = 0; /* consumed */
+  ncclUniqueId id;
+  memset(&id, 0, sizeof id);
+  memcpy(id.internal, bid.internal, sizeof bid.internal);
+  return init_rank(newcomm, nRanks, &id, comm->rank, config, fn);
+}
+
+/* NCCL re-reads its logging variables here. Brigade reads its settings
+ * once: NCCL_DEBUG, NCCL_DEBUG_FILE and NCCL_DEBUG_SUBSYS are set as
+ * brigade's again, which counts where brigade has not read them yet. */
+EXPORT void ncclResetDebugInit(void) {
+  brg__nccl_env_debug_again();
+}
+
+EXPORT void ncclResetDebugInitInternal(void) {
+  brg__nccl_env_debug_again();
+}
+
+/* ---- pncclXxx ---------------------------------------------------------- */
+
+/* NCCL exports every call under a second name with a 'p' in front (for
+ * profiling tools that wrap the first): the same functions here. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#define PNCCL(f) extern __typeof__(f) p##f __attribute__((alias(#f), visibility("default")));
+PNCCL(ncclGetErrorString)
+PNCCL(ncclGetLastError)
+PNCCL(ncclGetVersion)
+PNCCL(ncclGetUniqueId)
+PNCCL(ncclCommInitRank)
+PNCCL(ncclCommInitRankConfig)
+PNCCL(ncclCommInitRankScalable)
+PNCCL(ncclCommInitAll)
+PNCCL(ncclCommFinalize)
+PNCCL(ncclCommDestroy)
+PNCCL(ncclCommAbort)
+PNCCL(ncclCommGetAsyncError)
+PNCCL(ncclCommCount)
+PNCCL(ncclCommCuDevice)
+PNCCL(ncclCommUserRank)
+PNCCL(ncclMemAlloc)
+PNCCL(ncclMemFree)
+PNCCL(ncclCommRegister)
+PNCCL(ncclCommDeregister)
+PNCCL(ncclCommWindowRegister)
+PNCCL(ncclCommWindowDeregister)
+PNCCL(ncclGroupStart)
+PNCCL(ncclGroupEnd)
+PNCCL(ncclGroupSimulateEnd)
+PNCCL(ncclAllReduce)
+PNCCL(ncclReduceScatter)
+PNCCL(ncclAllGather)
+PNCCL(ncclBroadcast)
+PNCCL(ncclBcast)
+PNCCL(ncclReduce)
+PNCCL(ncclSend)
+PNCCL(ncclRecv)
+PNCCL(ncclAlltoAll)
+PNCCL(ncclGather)
+PNCCL(ncclScatter)
+PNCCL(ncclCommSplit)
+PNCCL(ncclCommShrink)
+PNCCL(ncclCommRevoke)
+PNCCL(ncclRedOpCreatePreMulSum)
+PNCCL(ncclRedOpDestroy)
+PNCCL(ncclDevCommCreate)
+PNCCL(ncclDevCommDestroy)
+PNCCL(ncclLsaBarrierCreateRequirement)
+PNCCL(ncclGinBarrierCreateRequirement)
+PNCCL(ncclLLA2ACreateRequirement)
+PNCCL(ncclLLA2ACalcSlots)
+PNCCL(ncclTeamWorld)
+PNCCL(ncclTeamLsa)
+PNCCL(ncclTeamRail)
+PNCCL(ncclTeamRankToWorld)
+PNCCL(ncclTeamRankToLsa)
+PNCCL(ncclWinGetUserPtr)
+PNCCL(ncclGetPeerDevicePointer)
+PNCCL(ncclGetLsaMultimemDevicePointer)
+PNCCL(ncclPutSignal)
+PNCCL(ncclSignal)
+PNCCL(ncclWaitSignal)
+PNCCL(ncclCommSuspend)
+PNCCL(ncclCommResume)
+PNCCL(ncclCommMemStats)
+PNCCL(ncclCommGetUniqueId)
+PNCCL(ncclCommGrow)
+PNCCL(ncclResetDebugInit)
+#pragma GCC diagnostic pop
