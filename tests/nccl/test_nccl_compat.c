@@ -638,6 +638,113 @@ static void newer_calls(ncclComm_t comm, int rank, int n, bufs *b) {
   }
 }
 
+/* The calls of NCCL 2.28's device API and of 2.29 (which PyPI torch 2.15
+ * binds), declared here as NCCL's headers declare them (nccl.h of 2.29,
+ * nccl_device/core.h): an older nccl.h lacks them. */
+typedef struct {
+  int nRanks, rank, stride;
+} team_t;
+#if NCCL_VERSION_CODE < 22907
+typedef enum { statSuspend = 0, statSuspended = 1, statPersist = 2 } mem_stat_t;
+ncclResult_t ncclCommSuspend(ncclComm_t comm, int flags);
+ncclResult_t ncclCommResume(ncclComm_t comm);
+ncclResult_t ncclCommMemStats(ncclComm_t comm, mem_stat_t stat, uint64_t *value);
+ncclResult_t ncclWinGetUserPtr(ncclComm_t comm, ncclWindow_t win, void **outUserPtr);
+ncclResult_t ncclGetPeerDevicePointer(ncclWindow_t window, size_t offset, int peer, void **outPtr);
+ncclResult_t ncclGetLsaMultimemDevicePointer(ncclWindow_t window, size_t offset, void **outPtr);
+ncclResult_t ncclPutSignal(const void *localbuff, size_t count, ncclDataType_t datatype, int peer,
+                           ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx,
+                           unsigned int flags, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclSignal(int peer, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm,
+                        cudaStream_t stream);
+ncclResult_t ncclCommGetUniqueId(ncclComm_t comm, ncclUniqueId *uniqueId);
+ncclResult_t ncclCommGrow(ncclComm_t comm, int nRanks, const ncclUniqueId *uniqueId, int rank,
+                          ncclComm_t *newcomm, ncclConfig_t *config);
+#define NCCL_SUSPEND_MEM 0x01
+#endif
+ncclResult_t ncclDevCommCreate(ncclComm_t comm, const void *reqs, void *outDevComm);
+ncclResult_t ncclLsaBarrierCreateRequirement(team_t team, int nBarriers, void *outHandle,
+                                             void *outReq);
+int ncclLLA2ACalcSlots(int maxElts, int maxEltSize);
+team_t ncclTeamWorld(ncclComm_t comm);
+team_t ncclTeamLsa(ncclComm_t comm);
+team_t ncclTeamRail(ncclComm_t comm);
+int ncclTeamRankToWorld(ncclComm_t comm, team_t team, int rank);
+int ncclTeamRankToLsa(ncclComm_t comm, team_t team, int rank);
+
+static void calls_229(ncclComm_t comm, int rank, int n, bufs *b) {
+  /* Windows: the user's pointer; a peer's memory is reachable only for
+   * this rank itself (its LSA team is itself), others NULL. */
+  ncclWindow_t w = NULL;
+  void *p = (void *)1;
+  NCCL_OK(ncclCommWindowRegister(comm, b->dsend, b->bytes, &w, NCCL_WIN_COLL_SYMMETRIC));
+  NCCL_OK(ncclWinGetUserPtr(comm, w, &p));
+  if (p != b->dsend) FAIL("ncclWinGetUserPtr: %p, expected %p", p, b->dsend);
+  for (int k = 0; k < n; k++) {
+    p = (void *)1;
+    NCCL_OK(ncclGetPeerDevicePointer(w, 16, k, &p));
+    void *want = k == rank ? (char *)b->dsend + 16 : NULL;
+    if (p != want) FAIL("ncclGetPeerDevicePointer(peer %d): %p, expected %p", k, p, want);
+  }
+  REFUSED(ncclGetPeerDevicePointer(w, 0, n, &p), ncclInvalidArgument, "peer");
+  REFUSED(ncclGetPeerDevicePointer(w, b->bytes + 1, rank, &p), ncclInvalidArgument, "offset");
+  REFUSED(ncclGetLsaMultimemDevicePointer(w, 0, &p), ncclInvalidUsage, "multicast");
+  NCCL_OK(ncclCommWindowDeregister(comm, w));
+  REFUSED(ncclWinGetUserPtr(comm, w, &p), ncclInvalidArgument, "not registered");
+  REFUSED(ncclGetPeerDevicePointer(w, 0, rank, &p), ncclInvalidArgument, "not registered");
+
+  /* Teams, by NCCL's formulas with an LSA team of one. */
+  team_t world = ncclTeamWorld(comm), lsa = ncclTeamLsa(comm), rail = ncclTeamRail(comm);
+  if (world.nRanks != n || world.rank != rank || world.stride != 1 || lsa.nRanks != 1 ||
+      lsa.rank != 0 || rail.nRanks != n || rail.rank != rank || rail.stride != 1)
+    FAIL("teams: world {%d %d %d}, lsa {%d %d %d}, rail {%d %d %d}", world.nRanks, world.rank,
+         world.stride, lsa.nRanks, lsa.rank, lsa.stride, rail.nRanks, rail.rank, rail.stride);
+  for (int k = 0; k < n; k++)
+    if (ncclTeamRankToWorld(comm, world, k) != k || ncclTeamRankToWorld(comm, rail, k) != k)
+      FAIL("ncclTeamRankToWorld(%d) is %d", k, ncclTeamRankToWorld(comm, world, k));
+  if (ncclTeamRankToLsa(comm, lsa, 0) != 0 || ncclTeamRankToWorld(comm, lsa, 0) != rank)
+    FAIL("the LSA team's rank 0 is LSA rank %d, world rank %d", ncclTeamRankToLsa(comm, lsa, 0),
+         ncclTeamRankToWorld(comm, lsa, 0));
+  /* One slot per 8 bytes of an element. */
+  if (ncclLLA2ACalcSlots(32, 16) != 64 || ncclLLA2ACalcSlots(5, 1) != 5 ||
+      ncclLLA2ACalcSlots(3, 9) != 6 || ncclLLA2ACalcSlots(-1, 8) != -1)
+    FAIL("ncclLLA2ACalcSlots: %d %d %d %d", ncclLLA2ACalcSlots(32, 16), ncclLLA2ACalcSlots(5, 1),
+         ncclLLA2ACalcSlots(3, 9), ncclLLA2ACalcSlots(-1, 8));
+
+  /* What brigade has not: the device API and one-sided calls. */
+  char dc[256];
+  REFUSED(ncclDevCommCreate(comm, dc, dc), ncclInvalidUsage, "no device-side API");
+  REFUSED(ncclLsaBarrierCreateRequirement(lsa, 1, dc, dc), ncclInvalidUsage, "no device-side API");
+  REFUSED(ncclSignal((rank + 1) % n, 0, 0, 0, comm, b->stream), ncclInvalidUsage, "one-sided");
+  REFUSED(
+      ncclPutSignal(b->dsend, 1, ncclFloat32, (rank + 1) % n, NULL, 0, 0, 0, 0, comm, b->stream),
+      ncclInvalidUsage, "one-sided");
+
+  /* Suspend: nothing released, calls refused until resumed. */
+  uint64_t v = 7;
+  NCCL_OK(ncclCommSuspend(comm, NCCL_SUSPEND_MEM));
+  REFUSED(ncclAllReduce(b->dsend, b->drecv, 1, ncclFloat32, ncclSum, comm, b->stream),
+          ncclInvalidUsage, "suspended");
+  REFUSED(ncclCommSuspend(comm, NCCL_SUSPEND_MEM), ncclInvalidUsage, "suspended already");
+  NCCL_OK(ncclCommMemStats(comm, statSuspended, &v));
+  if (v != 1) FAIL("ncclCommMemStats(suspended) while suspended: %llu", (unsigned long long)v);
+  NCCL_OK(ncclCommMemStats(comm, statSuspend, &v));
+  if (v != 0) FAIL("ncclCommMemStats(suspendable bytes): %llu", (unsigned long long)v);
+  REFUSED(ncclCommMemStats(comm, statPersist, &v), ncclInvalidUsage, "does not count");
+  NCCL_OK(ncclCommResume(comm));
+  REFUSED(ncclCommResume(comm), ncclInvalidUsage, "not suspended");
+  NCCL_OK(ncclCommMemStats(comm, statSuspended, &v));
+  if (v != 0) FAIL("ncclCommMemStats(suspended) after resume: %llu", (unsigned long long)v);
+  float got = sum_one(comm, b, 1.0f);
+  if (got != (float)n) FAIL("allreduce after ncclCommResume: %g, expected %d", got, n);
+  /* The pnccl names are the same calls. */
+  float x = 2.0f;
+  to_dev(b->dsend, &x, sizeof x);
+  NCCL_OK(pncclAllReduce(b->dsend, b->drecv, 1, ncclFloat32, ncclSum, comm, b->stream));
+  from_dev(&x, b->drecv, sizeof x);
+  if (x != 2.0f * (float)n) FAIL("pncclAllReduce: %g, expected %d", x, 2 * n);
+}
+
 /* ncclGather and ncclScatter: every root, dtype and count; block j of the
  * gathered buffer is rank j's, rank j gets block j of the root's. */
 static void rooted(ncclComm_t comm, int rank, int n, bufs *b) {
@@ -710,6 +817,7 @@ static int rank_main(int rank, int n, const ncclUniqueId *id) {
   premul_sum(comm, rank, n, &b);
   split(comm, rank, n, &b);
   newer_calls(comm, rank, n, &b);
+  calls_229(comm, rank, n, &b);
   free_bufs(&b);
   NCCL_OK(ncclCommDestroy(comm));
   /* Destroyed twice: a clean error, not a use of freed memory (documented
@@ -747,6 +855,63 @@ static int rank_mismatch(int rank, int n, const ncclUniqueId *id) {
   api->drv.stream_sync(NULL);
   ncclCommDestroy(comm);
   ncclMemFree(d);
+  return g_failures ? 1 : 0;
+}
+
+/* ncclCommGrow: ranks 0 .. n-2 make a communicator, rank 0 makes a grow id
+ * (ncclCommGetUniqueId) and hands it to rank n-1 (here through shared
+ * memory, as a job would through its launcher), which joins at rank n-1;
+ * the others keep their ranks, rank 0 passing the id and the rest NULL. */
+typedef struct grow_shared {
+  volatile int ready;
+  ncclUniqueId id;
+} grow_shared;
+static int rank_grow(int rank, int n, const ncclUniqueId *id, grow_shared *g) {
+  g_rank = rank;
+  if (!open_api()) return 1;
+  api->drv.set_device(rank % api->drv.probe(NULL, 0));
+  bufs b;
+  alloc_bufs(&b, n);
+  ncclComm_t comm = NULL, grown = NULL;
+  if (rank < n - 1) {
+    NCCL_OK(ncclCommInitRank(&comm, n - 1, *id, rank));
+    float got = sum_one(comm, &b, (float)rank);
+    if (got != (float)((n - 1) * (n - 2) / 2)) FAIL("allreduce before the grow: %g", got);
+    REFUSED(ncclCommGrow(comm, n, NULL, 0, &grown, NULL), ncclInvalidArgument, "rank -1");
+    REFUSED(ncclCommGrow(comm, n - 1, NULL, -1, &grown, NULL), ncclInvalidArgument,
+            "not more than");
+  }
+  if (rank == 0) {
+    ncclUniqueId gid, again;
+    NCCL_OK(ncclCommGetUniqueId(comm, &gid));
+    REFUSED(ncclCommGetUniqueId(comm, &again), ncclInvalidUsage, "one at a time");
+    g->id = gid;
+    __atomic_store_n(&g->ready, 1, __ATOMIC_RELEASE);
+    NCCL_OK(ncclCommGrow(comm, n, &gid, -1, &grown, NULL));
+  } else if (rank < n - 1) {
+    NCCL_OK(ncclCommGrow(comm, n, NULL, -1, &grown, NULL));
+  } else {
+    while (!__atomic_load_n(&g->ready, __ATOMIC_ACQUIRE)) usleep(1000);
+    ncclUniqueId gid = g->id;
+    REFUSED(ncclCommGrow(NULL, n, &gid, n, &grown, NULL), ncclInvalidArgument, "rank");
+    NCCL_OK(ncclCommGrow(NULL, n, &gid, rank, &grown, NULL));
+  }
+  int cnt = 0, rk = -1;
+  NCCL_OK(ncclCommCount(grown, &cnt));
+  NCCL_OK(ncclCommUserRank(grown, &rk));
+  if (cnt != n || rk != rank)
+    FAIL("grown communicator: rank %d of %d, expected %d of %d", rk, cnt, rank, n);
+  float got = sum_one(grown, &b, (float)rank);
+  if (got != (float)(n * (n - 1) / 2))
+    FAIL("allreduce on the grown communicator: %g, expected %d", got, n * (n - 1) / 2);
+  NCCL_OK(ncclCommDestroy(grown));
+  if (comm) {
+    got = sum_one(comm, &b, 1.0f); /* the parent still works */
+    if (got != (float)(n - 1)) FAIL("allreduce on the parent after the grow: %g", got);
+    NCCL_OK(ncclCommDestroy(comm));
+  }
+  free_bufs(&b);
+  printf("rank %d: grow to %d ranks, %d failures\n", rank, n, g_failures);
   return g_failures ? 1 : 0;
 }
 
@@ -810,7 +975,7 @@ static int init_all(int n) {
 
 int main(int argc, char **argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: %s ranks|all|mismatch N\n", argv[0]);
+    fprintf(stderr, "usage: %s ranks|all|mismatch|grow N\n", argv[0]);
     return 2;
   }
   int n = atoi(argv[2]);
@@ -828,6 +993,7 @@ int main(int argc, char **argv) {
   struct shared {
     volatile int ready;
     ncclUniqueId id;
+    grow_shared grow;
   } *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (sh == MAP_FAILED) return 1;
   pid_t kids[8];
@@ -835,7 +1001,9 @@ int main(int argc, char **argv) {
     kids[r] = fork();
     if (kids[r] == 0) {
       while (!__atomic_load_n(&sh->ready, __ATOMIC_ACQUIRE)) usleep(1000);
-      _exit(!strcmp(argv[1], "mismatch") ? rank_mismatch(r, n, &sh->id) : rank_main(r, n, &sh->id));
+      _exit(!strcmp(argv[1], "mismatch") ? rank_mismatch(r, n, &sh->id)
+            : !strcmp(argv[1], "grow")   ? rank_grow(r, n, &sh->id, &sh->grow)
+                                         : rank_main(r, n, &sh->id));
     }
   }
   if (ncclGetUniqueId(&sh->id) != ncclSuccess) {
