@@ -49,7 +49,14 @@
  *  - ncclGather and ncclScatter are brg_gather and brg_scatter: on device
  *    buffers staged through host memory by the calling thread, which waits
  *    for the stream and blocks until the result is in place;
- *  - calls brigade does not have (revoke, float8,
+ *  - ncclCommGrow initialises a new communicator on an id one rank made
+ *    (ncclCommGetUniqueId) and broadcast on the old one; suspend releases
+ *    nothing (brigade's device ring cannot be rebuilt by one rank) and
+ *    refuses calls until resumed; the LSA team is the calling rank alone;
+ *  - NCCL_* variables are taken as BRIGADE_* ones at the first call that
+ *    reaches brigade (nccl_env.c);
+ *  - calls brigade does not have (revoke, float8, the device API for user
+ *    kernels, one-sided puts and signals, multicast memory,
  *    sends and receives in a CUDA graph capture, simulating a group that
  *    holds operations)
  *    return ncclInvalidUsage (ncclInvalidArgument for a float8 type), and
