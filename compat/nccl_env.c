@@ -218,7 +218,8 @@ static void transport_vars(void) {
                             {"NCCL_IB_DISABLE", ib},
                             {"NCCL_NET", net}};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-    if (is_set(names[i][1]) && (i == 3 ? no_ib || no_tcp : truthy(names[i][1])))
+    if (is_set(names[i][1]) &&
+        (i == 3 ? !strcasecmp(net, "Socket") || !strcasecmp(net, "IB") : truthy(names[i][1])))
       snprintf(why + strlen(why), sizeof why - strlen(why), "%s%s=%.32s", why[0] ? " " : "",
                names[i][0], names[i][1]);
   const char *all[] = {"cuda_ipc", "shm", "ibverbs", "tcp"};

@@ -115,6 +115,15 @@ int main(void) {
   /* Brigade itself read them: its own INFO line, on the loopback. */
   expect_line(log, "[bootstrap] bootstrap root listening at 127.0.0.1:", NULL);
 
+  /* ncclResetDebugInit takes NCCL_DEBUG again (over its own earlier
+   * value, which was not the user's). */
+  setenv("NCCL_DEBUG", "WARN", 1);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  ncclResetDebugInit();
+#pragma GCC diagnostic pop
+  expect_env("BRIGADE_DEBUG", "WARN");
+
   printf("%s: NCCL_* variables mapped (%d failures)\n", failures ? "FAIL" : "ok", failures);
   return failures ? 1 : 0;
 }
