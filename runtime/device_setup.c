@@ -170,6 +170,16 @@ static brg_status brg__device_ring_local(brg_comm *c, brg__dev_setup *st, brg_st
   if (gathered != BRG_SUCCESS) return gathered;
   brg__dev_kernel_local(c, st->d, mine, all, brg__device_staged_any(c));
   brg__dev_step_local(c, st->d, mine, &all[c->prev]);
+  /* Every kernel loaded now, before the last all-gather: under lazy
+   * loading a collective's first launch would load its kernel, which may
+   * wait for all work on the GPU, a neighbour's kernel that waits for this
+   * rank among it. A GPU the kernels were not built for fails here. */
+  int e = st->d->api->drv.load_kernels();
+  if (e && mine->ok) {
+    mine->ok = 0;
+    snprintf(mine->why, sizeof mine->why, "loading the CUDA module's kernels: %s",
+             st->d->api->drv.error_string(e));
+  }
   /* A failed half is described in `mine` (ok = 0, why): the second
    * all-gather still runs, so every rank learns it. */
   return BRG_SUCCESS;

@@ -3,9 +3,14 @@
  * device ring then uses the neighbour's FIFO pointer and events directly
  * instead of CUDA IPC (which refuses a process's own memory). N threads,
  * each a rank with its own stream, allreduce float32 sum (odd count,
- * several slots per chunk) and broadcast; every element checked.
+ * several slots per chunk) and broadcast; every element checked, and a
+ * failure says why (the call's error, or the communicator's asynchronous
+ * one: a kernel the watchdog stopped).
  *
- *   test_device_threads [N]      exits 77 when there is no GPU
+ *   test_device_threads [N] [perthread]   exits 77 when there is no GPU
+ *
+ * perthread: every rank passes cudaStreamPerThread (0x2), which is a
+ * stream of its own in each thread, not a shared one.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -21,6 +26,7 @@
 static const brg__cuda_api *api;
 static brg_unique_id id;
 static int nranks = 2;
+static int per_thread;
 static int failures[MAXN];
 
 static void *rank_main(void *arg) {
@@ -29,9 +35,13 @@ static void *rank_main(void *arg) {
   float *host = malloc(COUNT * sizeof *host);
   void *d = NULL, *st = NULL;
   brg_status s = brg_comm_init(&c, nranks, &id, rank);
-  if (s != BRG_SUCCESS || !host || api->drv.mem_alloc(&d, COUNT * sizeof *host) ||
-      api->drv.stream_create(&st)) {
-    fprintf(stderr, "rank %d: setup failed: %s\n", rank, brg_comm_last_error(c));
+  int e = 0;
+  if (per_thread) st = (void *)2; /* cudaStreamPerThread */
+  if (s != BRG_SUCCESS || !host || (e = api->drv.mem_alloc(&d, COUNT * sizeof *host)) != 0 ||
+      (!per_thread && (e = api->drv.stream_create(&st)) != 0)) {
+    fprintf(stderr, "rank %d: setup failed: %s%s%s\n", rank,
+            s != BRG_SUCCESS ? brg_comm_last_error(c) : "", e ? api->drv.error_string(e) : "",
+            !host ? "out of host memory" : "");
     failures[rank]++;
     goto out;
   }
@@ -45,6 +55,12 @@ static void *rank_main(void *arg) {
     goto out;
   }
   api->drv.stream_sync(st);
+  brg_status async = BRG_SUCCESS;
+  if (brg_comm_get_async_error(c, &async) != BRG_SUCCESS || async != BRG_SUCCESS) {
+    fprintf(stderr, "rank %d: asynchronous error %s: %s\n", rank, brg_status_string(async),
+            brg_comm_last_error(c));
+    failures[rank]++;
+  }
   api->drv.mem_copy(host, d, COUNT * sizeof *host);
   /* sum over ranks of (i % 1000 + r) = N (i % 1000) + N(N-1)/2; the first 7
    * were then broadcast, which changes nothing (every rank has the sum). */
@@ -57,7 +73,7 @@ static void *rank_main(void *arg) {
     }
   }
 out:
-  if (st) api->drv.stream_destroy(st);
+  if (st && !per_thread) api->drv.stream_destroy(st);
   if (d) api->drv.mem_free(d);
   free(host);
   if (c) brg_comm_destroy(c);
@@ -66,6 +82,7 @@ out:
 
 int main(int argc, char **argv) {
   if (argc > 1) nranks = atoi(argv[1]);
+  per_thread = argc > 2 && !strcmp(argv[2], "perthread");
   if (nranks < 1 || nranks > MAXN) return 2;
   const char *why = "";
   api = brg__device_api(&why);
@@ -87,6 +104,7 @@ int main(int argc, char **argv) {
     pthread_join(th[r], NULL);
     bad += failures[r];
   }
-  printf("test_device_threads N=%d: %s\n", nranks, bad ? "FAILED" : "ok");
+  printf("test_device_threads N=%d%s: %s\n", nranks, per_thread ? " (cudaStreamPerThread)" : "",
+         bad ? "FAILED" : "ok");
   return bad ? 1 : 0;
 }
