@@ -63,6 +63,15 @@
  *    graph, as a branch that runs beside the others at each launch, and
  *    ending the capture fails, as CUDA's does, unless the capturing stream
  *    has waited for an event recorded after each branch's last work.
+ *  - Stream handles as CUDA's: NULL and cudaStreamLegacy (0x1) are the
+ *    legacy stream, cudaStreamPerThread (0x2) a blocking stream of the
+ *    calling thread's own.
+ *  - The strict rules, on with BRIGADE_EMU_STRICT=1 (each also by a
+ *    setting of its own, 0 or 1, which wins): BRIGADE_EMU_SYNC_FREE,
+ *    freeing calls wait for the whole device; BRIGADE_EMU_HW_QUEUES,
+ *    streams share CUDA_DEVICE_MAX_CONNECTIONS in-order hardware queues;
+ *    BRIGADE_EMU_LAZY_LOAD, a kernel's first launch waits for the whole
+ *    device (details at "strict rules" below).
  *
  * Error codes are small integers; error_string() names them.
  */

@@ -28,6 +28,10 @@ static brg_unique_id id;
 static int nranks = 2;
 static int per_thread;
 static int failures[MAXN];
+/* Synchronous copies run on the legacy stream, which waits for every
+ * blocking stream (the per-thread ones among them): the ranks copy in and
+ * out while no kernel of theirs is queued. */
+static pthread_barrier_t copied;
 
 static void *rank_main(void *arg) {
   int rank = (int)(long)arg;
@@ -43,18 +47,22 @@ static void *rank_main(void *arg) {
             s != BRG_SUCCESS ? brg_comm_last_error(c) : "", e ? api->drv.error_string(e) : "",
             !host ? "out of host memory" : "");
     failures[rank]++;
+    pthread_barrier_wait(&copied); /* the others go on to their calls, and fail */
+    pthread_barrier_wait(&copied);
     goto out;
   }
   for (int i = 0; i < COUNT; i++) host[i] = (float)((i % 1000) + rank);
   api->drv.mem_copy(d, host, COUNT * sizeof *host);
+  pthread_barrier_wait(&copied);
   s = brg_allreduce(d, d, COUNT, BRG_FLOAT32, BRG_SUM, c, st);
   if (s == BRG_SUCCESS) s = brg_broadcast(d, d, 7, BRG_FLOAT32, nranks - 1, c, st);
   if (s != BRG_SUCCESS) {
     fprintf(stderr, "rank %d: %s: %s\n", rank, brg_status_string(s), brg_comm_last_error(c));
     failures[rank]++;
-    goto out;
   }
   api->drv.stream_sync(st);
+  pthread_barrier_wait(&copied);
+  if (s != BRG_SUCCESS) goto out;
   brg_status async = BRG_SUCCESS;
   if (brg_comm_get_async_error(c, &async) != BRG_SUCCESS || async != BRG_SUCCESS) {
     fprintf(stderr, "rank %d: asynchronous error %s: %s\n", rank, brg_status_string(async),
@@ -97,6 +105,7 @@ int main(int argc, char **argv) {
     return 77;
   }
   if (brg_get_unique_id(&id) != BRG_SUCCESS) return 1;
+  pthread_barrier_init(&copied, NULL, (unsigned)nranks);
   pthread_t th[MAXN];
   for (long r = 0; r < nranks; r++) pthread_create(&th[r], NULL, rank_main, (void *)r);
   int bad = 0;
