@@ -11,6 +11,10 @@
  *
  * perthread: every rank passes cudaStreamPerThread (0x2), which is a
  * stream of its own in each thread, not a shared one.
+ *
+ * With TEST_EXPECT_UNAVAILABLE=1 the ranks' streams are more than the GPU's
+ * hardware queues (CUDA_DEVICE_MAX_CONNECTIONS): every rank's allreduce
+ * must fail with BRG_ERR_UNAVAILABLE naming that setting, not hang.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -26,7 +30,7 @@
 static const brg__cuda_api *api;
 static brg_unique_id id;
 static int nranks = 2;
-static int per_thread;
+static int per_thread, expect_unavailable;
 static int failures[MAXN];
 /* Synchronous copies run on the legacy stream, which waits for every
  * blocking stream (the per-thread ones among them): the ranks copy in and
@@ -55,6 +59,18 @@ static void *rank_main(void *arg) {
   api->drv.mem_copy(d, host, COUNT * sizeof *host);
   pthread_barrier_wait(&copied);
   s = brg_allreduce(d, d, COUNT, BRG_FLOAT32, BRG_SUM, c, st);
+  if (expect_unavailable) {
+    const char *m = brg_comm_last_error(c);
+    if (s != BRG_ERR_UNAVAILABLE || !strstr(m, "CUDA_DEVICE_MAX_CONNECTIONS")) {
+      fprintf(stderr,
+              "rank %d: expected BRG_ERR_UNAVAILABLE naming CUDA_DEVICE_MAX_CONNECTIONS, "
+              "got %s: %s\n",
+              rank, brg_status_string(s), m);
+      failures[rank]++;
+    }
+    pthread_barrier_wait(&copied);
+    goto out;
+  }
   if (s == BRG_SUCCESS) s = brg_broadcast(d, d, 7, BRG_FLOAT32, nranks - 1, c, st);
   if (s != BRG_SUCCESS) {
     fprintf(stderr, "rank %d: %s: %s\n", rank, brg_status_string(s), brg_comm_last_error(c));
@@ -91,6 +107,7 @@ out:
 int main(int argc, char **argv) {
   if (argc > 1) nranks = atoi(argv[1]);
   per_thread = argc > 2 && !strcmp(argv[2], "perthread");
+  expect_unavailable = getenv("TEST_EXPECT_UNAVAILABLE") && atoi(getenv("TEST_EXPECT_UNAVAILABLE"));
   if (nranks < 1 || nranks > MAXN) return 2;
   const char *why = "";
   api = brg__device_api(&why);
