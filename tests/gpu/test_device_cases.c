@@ -123,11 +123,15 @@ static size_t first_wrong(const float *h, size_t n, int nranks) {
 static void *device_input(const brg__cuda_api *api, size_t n, int rank) {
   void *d = NULL;
   float *h = host_input(n, rank);
-  if (!h || api->drv.mem_alloc(&d, n * sizeof(float)) != 0) {
+  int e = h ? api->drv.mem_alloc(&d, n * sizeof(float)) : 0;
+  if (!h || e) {
+    mp_fail("rank %d: a device buffer of %zu floats: %s", rank, n,
+            h ? api->drv.error_string(e) : "out of host memory");
     free(h);
     return NULL;
   }
-  api->drv.mem_copy(d, h, n * sizeof(float));
+  if ((e = api->drv.mem_copy(d, h, n * sizeof(float))) != 0)
+    mp_fail("rank %d: copying the input to the GPU: %s", rank, api->drv.error_string(e));
   free(h);
   return d;
 }
@@ -1099,7 +1103,9 @@ static int body_mps(mp_ctx *ctx) {
   const brg__cuda_api *api = open_api(why, sizeof why);
   if (!api) return mp_fail("no GPU: %s", why), 1;
   void *d = device_input(api, MPS_COUNT, ctx->rank), *st = NULL;
-  if (!d || api->drv.stream_create(&st) != 0) return mp_fail("setup failed"), 1;
+  int e = d ? api->drv.stream_create(&st) : 0;
+  if (!d || e)
+    return mp_fail("setup: %s", d ? api->drv.error_string(e) : "no device buffer (above)"), 1;
   brg_status s = brg_comm_device_setup(ctx->comm, 0);
   const char *err = brg_comm_last_error(ctx->comm);
   unlink(ctl);
