@@ -743,8 +743,10 @@ static __thread stream *thread_stream[MAX_DEV]; /* this thread's per-thread defa
  *
  *  SYNC_FREE   mem_free, host_unregister and ipc_mem_close wait for all
  *              work queued on the current device by this process, on every
- *              stream (cudaFree's documented implicit synchronization; the
- *              driver unmaps IPC memory the same way); mem_copy and mem_set
+ *              stream (cudaFree's implicit synchronization; CUDA's pages do
+ *              not promise it of cudaIpcCloseMemHandle, nor rule it out,
+ *              and unmapping what kernels may still use is taken to wait as
+ *              a free does: the assumption that finds more); mem_copy and mem_set
  *              wait for the work of the blocking streams (the legacy one
  *              and the per-thread default streams), as the legacy stream's
  *              synchronous calls do.
