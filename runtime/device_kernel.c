@@ -427,28 +427,35 @@ static void graph_stream_note(struct brg__dev_ring *d, void *stream) {
 /* A launch on a stream where another rank of this communicator in this
  * process would queue behind it (or it behind them) is refused. */
 static brg_status stream_refused(brg_comm *c, const struct brg__dev_ring *d, const brg__coll *k) {
-  if (!k->stream && d->kshared_gpu) {
+  /* cudaStreamLegacy (0x1) is the legacy stream, as NULL is;
+   * cudaStreamPerThread (0x2) is each host thread's own default stream, so
+   * two threads passing it pass two streams: it stands for the thread. */
+  int legacy = !k->stream || (uintptr_t)k->stream == 1;
+  void *key = (uintptr_t)k->stream == 2 ? (void *)(uintptr_t)pthread_self() : k->stream;
+  if (legacy && d->kshared_gpu) {
     char desc[160];
     brg__coll_describe(desc, sizeof desc, k->kind, k->seq, k->count, k->dtype, k->op, k->root, 1);
     return brg__comm_error(c, BRG_ERR_INVALID_USAGE,
-                           "rank %d: %s on the legacy default stream (stream NULL), but another "
+                           "rank %d: %s on the legacy default stream (stream %p), but another "
                            "rank of this communicator in this process has the same GPU, whose "
                            "legacy stream is theirs too: a kernel-mode collective waits for its "
                            "neighbours inside the kernel, so the second rank's kernel would queue "
                            "behind the first one's, which waits for it, for ever. Give each rank "
                            "a stream of its own (cudaStreamCreate), or set "
                            "BRIGADE_DEVICE_MODE=step",
-                           c->rank, desc);
+                           c->rank, desc, k->stream);
   }
-  int other = k->stream && d->kthreads ? stream_taken(c, d, k->stream) : -1;
+  int other = !legacy && d->kthreads ? stream_taken(c, d, key) : -1;
   if (other >= 0)
     return brg__comm_error(c, BRG_ERR_INVALID_USAGE,
-                           "rank %d: %s on stream %p, which rank %d of this communicator, in "
+                           "rank %d: %s on stream %p%s, which rank %d of this communicator, in "
                            "this process, launched on too: a kernel-mode collective waits for "
                            "its neighbours inside the kernel, so one rank's kernel would queue "
                            "behind the other's, which waits for it. Give each rank a stream of "
                            "its own, or set BRIGADE_DEVICE_MODE=step",
-                           c->rank, brg__coll_name(k->kind), k->stream, other);
+                           c->rank, brg__coll_name(k->kind), k->stream,
+                           key != k->stream ? " (cudaStreamPerThread, from the same thread)" : "",
+                           other);
   return BRG_SUCCESS;
 }
 

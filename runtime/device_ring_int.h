@@ -222,6 +222,8 @@ typedef struct dev_blob {
   uint64_t send_ev_ptr[BRG__MAX_SLOTS], rel_ev_ptr[BRG__MAX_SLOTS];
   unsigned char send_ev[BRG__MAX_SLOTS][HB];
   unsigned char rel_ev[BRG__MAX_SLOTS][HB];
+  int32_t streams;     /* this rank's streams on its GPU (the caller's, the proxy's, the rings') */
+  int32_t connections; /* its process's hardware queues per GPU (CUDA_DEVICE_MAX_CONNECTIONS) */
 } dev_blob;
 
 /* What one rank offers for GPUDirect RDMA on its staged links. */

@@ -122,8 +122,18 @@ static brg_status prepare_modes(brg_comm *c, struct brg__dev_ring *d, int staged
   return BRG_SUCCESS;
 }
 
+/* The hardware queues (connections) CUDA gives each GPU of this process:
+ * CUDA_DEVICE_MAX_CONNECTIONS, read by CUDA as it starts, 8 unless set,
+ * 1 to 32. */
+static int hardware_queues(void) {
+  const char *v = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  int n = v && *v ? atoi(v) : 8;
+  return n < 1 ? 1 : n > 32 ? 32 : n;
+}
+
 /* What this rank tells every other one first: its process, GPU and slots. */
-static void describe_rank(const brg__cuda_api *api, struct brg__dev_ring *d, dev_blob *mine) {
+static void describe_rank(const brg_comm *c, const brg__cuda_api *api, struct brg__dev_ring *d,
+                          dev_blob *mine) {
   mine->pid = (int32_t)getpid();
   mine->process = process_token();
   if (api->drv.get_device(&mine->gpu) != 0) mine->gpu = 0;
@@ -132,6 +142,8 @@ static void describe_rank(const brg__cuda_api *api, struct brg__dev_ring *d, dev
   mine->slice_bytes = d->slice_bytes;
   if (api->drv.device_uuid(mine->uuid) != 0) memset(mine->uuid, 0, sizeof mine->uuid);
   mine->mps = mps_verdict(api, mine->gpu, &mine->mps_driver);
+  mine->streams = 1 + (d->async ? 1 : 0) + (c->nrings > 1 ? c->nrings - 1 : 0);
+  mine->connections = hardware_queues();
 }
 
 static brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st) {
@@ -156,7 +168,7 @@ static brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st) {
     return s;
   }
   pthread_mutex_init(&d->ev_lock, NULL);
-  describe_rank(api, d, mine);
+  describe_rank(c, api, d, mine);
   d->stride = d->slice_bytes + SLOT_SHIFT_ROOM;
   st->d = d;
   st->mine = mine;
@@ -170,6 +182,16 @@ static brg_status brg__device_ring_local(brg_comm *c, brg__dev_setup *st, brg_st
   if (gathered != BRG_SUCCESS) return gathered;
   brg__dev_kernel_local(c, st->d, mine, all, brg__device_staged_any(c));
   brg__dev_step_local(c, st->d, mine, &all[c->prev]);
+  /* Every kernel loaded now, before the last all-gather: under lazy
+   * loading a collective's first launch would load its kernel, which may
+   * wait for all work on the GPU, a neighbour's kernel that waits for this
+   * rank among it. A GPU the kernels were not built for fails here. */
+  int e = st->d->api->drv.load_kernels();
+  if (e && mine->ok) {
+    mine->ok = 0;
+    snprintf(mine->why, sizeof mine->why, "loading the CUDA module's kernels: %s",
+             st->d->api->drv.error_string(e));
+  }
   /* A failed half is described in `mine` (ok = 0, why): the second
    * all-gather still runs, so every rank learns it. */
   return BRG_SUCCESS;
@@ -177,6 +199,37 @@ static brg_status brg__device_ring_local(brg_comm *c, brg__dev_setup *st, brg_st
 
 /* Whether every rank's description agrees with this rank's: its half set
  * up, and the slots, slices, modes, one-shot areas and MPS alike. */
+/* Ranks of one process on one GPU (threads) each keep streams of their own
+ * there, and a GPU runs the streams of a process in
+ * CUDA_DEVICE_MAX_CONNECTIONS hardware queues, each in issue order: where
+ * there are more streams than queues, two streams share one, and a
+ * rank's spinning kernel, or its wait for a neighbour, holds back the
+ * neighbour's work queued behind it, which it waits for. Refused, with
+ * the numbers, on every rank alike (from the blobs). */
+static brg_status queues_suffice(brg_comm *c, const dev_blob *all) {
+  for (int r = 0; r < c->nranks; r++) {
+    int ranks = 0, streams = 0, first = -1;
+    for (int q = 0; q < c->nranks; q++)
+      if (all[q].process == all[r].process && !memcmp(all[q].uuid, all[r].uuid, 16)) {
+        if (first < 0) first = q;
+        ranks++;
+        streams += all[q].streams;
+      }
+    if (first != r || ranks < 2 || streams <= all[r].connections) continue;
+    return brg__comm_error(
+        c, BRG_ERR_UNAVAILABLE,
+        "device collectives: %d ranks of this communicator (rank %d first) run in one process "
+        "(pid %d) on one GPU with %d streams there (each rank's caller's stream, and its "
+        "proxy's and rings' where it has them), more than the %d hardware queues CUDA gives a "
+        "GPU (CUDA_DEVICE_MAX_CONNECTIONS): streams that share a queue run in turn, and one "
+        "rank's kernel or wait would hold back a neighbour's that it waits for. Set "
+        "CUDA_DEVICE_MAX_CONNECTIONS=%d (at most 32) before the process starts CUDA, or run "
+        "fewer ranks per process",
+        ranks, r, all[r].pid, streams, all[r].connections, streams <= 32 ? streams : 32);
+  }
+  return BRG_SUCCESS;
+}
+
 static brg_status blobs_agree(brg_comm *c, const dev_blob *mine, const dev_blob *all) {
   brg_status s = BRG_SUCCESS;
   for (int r = 0; s == BRG_SUCCESS && r < c->nranks; r++) {
@@ -222,6 +275,7 @@ static brg_status blobs_agree(brg_comm *c, const dev_blob *mine, const dev_blob 
                             "take different modes; run every process of the GPU under the MPS "
                             "daemon or none, with one CUDA_MPS_PIPE_DIRECTORY)",
                             q, r, q, mps_words(&all[q]), r, mps_words(&all[r]));
+  if (s == BRG_SUCCESS) s = queues_suffice(c, all);
   return s;
 }
 

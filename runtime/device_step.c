@@ -144,15 +144,13 @@ static brg_status setup_links(brg_comm *c, struct brg__dev_ring *d, const dev_bl
   return s;
 }
 
-/* Kernel mode runs instead: step mode's FIFO and events go unused (nobody
- * mapped them yet). */
+/* Kernel mode runs instead: step mode's events go unused (nobody opened
+ * them). Its FIFO stays until destroy (ring_release): freeing GPU memory
+ * waits for all work on the device, and the neighbours' kernels, which a
+ * rank of this process on the same GPU may have launched already, wait for
+ * this rank's. */
 void brg__dev_step_unused(struct brg__dev_ring *d) {
   const brg__cuda_api *api = d->api;
-  if (d->fifo_in.ops)
-    brg__dev_link_close(&d->fifo_in);
-  else if (d->fifo)
-    api->drv.mem_free(d->fifo);
-  d->fifo = NULL;
   for (int k = 0; k < d->nslots; k++) {
     if (d->send_ev[k]) api->drv.event_destroy(d->send_ev[k]);
     if (d->rel_ev[k]) api->drv.event_destroy(d->rel_ev[k]);

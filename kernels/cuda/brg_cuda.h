@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 /* Raised whenever the table changes shape; the loader refuses other values. */
-#define BRG__CUDA_ABI 12
+#define BRG__CUDA_ABI 13
 
 /* Name of the one symbol the module exports. */
 #define BRG__CUDA_ENTRY "brg__cuda_module_api"
@@ -205,6 +205,13 @@ typedef struct brg__cuda_driver {
    * cudaDevAttrMpsEnabled): *on 1 or 0. BRG__CUDA_ERR_NO_MPS_QUERY where
    * the driver cannot tell. */
   int (*mps_enabled)(int device, int *on);
+  /* Loads every kernel of the module on the current device. Under lazy
+   * loading (CUDA_MODULE_LOADING=LAZY, the default since CUDA 12.2) a
+   * kernel's first launch loads it, and a load may wait for all work on
+   * the device: a collective whose first launch waited so for another
+   * rank's kernel, which waits for this one, would hang. The device setup
+   * calls this before its last all-gather, so no collective loads. */
+  int (*load_kernels)(void);
 } brg__cuda_driver;
 
 typedef struct brg__cuda_api {

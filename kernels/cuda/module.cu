@@ -25,6 +25,8 @@ extern "C" int brg__cuda_ring_launch(const void *args, size_t args_bytes, int ch
                                      void *stream);
 extern "C" int brg__cuda_cast(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n,
                               float scale, void *stream);
+extern "C" int brg__cuda_ring_load(void);
+extern "C" int brg__cuda_elementwise_load(void);
 extern "C" int brg__cuda_ipc_mem_export(void **p, size_t bytes, void *handle);
 extern "C" int brg__cuda_ipc_mem_open(void **p, const void *handle);
 extern "C" int brg__cuda_ipc_mem_close(void *p);
@@ -426,6 +428,20 @@ int graph_destroy(void *graph) {
   return cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph));
 }
 
+/* Touching each kernel (cudaFuncGetAttributes) loads it under lazy
+ * loading, so that no collective's launch does; once per device. */
+int load_kernels(void) {
+  static unsigned char done[64];
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  if (dev >= 0 && dev < 64 && __atomic_load_n(&done[dev], __ATOMIC_ACQUIRE)) return cudaSuccess;
+  int r = brg__cuda_elementwise_load();
+  if (r == 0) r = brg__cuda_ring_load();
+  if (r == 0 && dev >= 0 && dev < 64) __atomic_store_n(&done[dev], 1, __ATOMIC_RELEASE);
+  return r;
+}
+
 const brg__cuda_api api = {
     .abi = BRG__CUDA_ABI,
     .drv =
@@ -473,6 +489,7 @@ const brg__cuda_api api = {
             .graph_destroy = graph_destroy,
             .uuid_reaches = uuid_reaches,
             .mps_enabled = mps_enabled,
+            .load_kernels = load_kernels,
         },
     .kern =
         {

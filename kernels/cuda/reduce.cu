@@ -106,6 +106,27 @@ int reduce_dtype(void *d0, void *d1, const void *a, const void *b, size_t n, int
   return cudaErrorInvalidValue;
 }
 
+/* Loads the element-wise kernels of dtype D (module.cu's load_kernels). */
+template <class F> cudaError_t load_one() {
+  cudaFuncAttributes at;
+  return cudaFuncGetAttributes(&at, elementwise<F>);
+}
+
+template <class D> cudaError_t load_dtype() {
+  cudaError_t e = load_one<reduce_fn<D, BRG_SUM>>();
+  if (e == cudaSuccess) e = load_one<reduce_fn<D, BRG_PROD>>();
+  if (e == cudaSuccess) e = load_one<reduce_fn<D, BRG_MIN>>();
+  if (e == cudaSuccess) e = load_one<reduce_fn<D, BRG_MAX>>();
+  if (e == cudaSuccess) e = load_one<reduce_fn<D, BRG_AVG>>();
+  if (e == cudaSuccess) e = load_one<divide_fn<D>>();
+  if constexpr (D::integer) {
+    if (e == cudaSuccess) e = load_one<reduce_fn<D, BRG_BAND>>();
+    if (e == cudaSuccess) e = load_one<reduce_fn<D, BRG_BOR>>();
+    if (e == cudaSuccess) e = load_one<reduce_fn<D, BRG_BXOR>>();
+  }
+  return e;
+}
+
 } // namespace
 
 /* ---- entry points (C linkage, used by module.cu's table) ---------------- */
@@ -225,4 +246,23 @@ __global__ void busy_kernel(unsigned long long ns) {
 extern "C" int brg__cuda_busy(unsigned us, void *stream) {
   busy_kernel<<<1, 32, 0, static_cast<cudaStream_t>(stream)>>>(1000ull * us);
   return cudaGetLastError();
+}
+
+/* Every kernel of this file on the current device, loaded. */
+extern "C" int brg__cuda_elementwise_load(void) {
+  cudaError_t e = load_dtype<tag_i8>();
+  if (e == cudaSuccess) e = load_dtype<tag_u8>();
+  if (e == cudaSuccess) e = load_dtype<tag_i32>();
+  if (e == cudaSuccess) e = load_dtype<tag_u32>();
+  if (e == cudaSuccess) e = load_dtype<tag_i64>();
+  if (e == cudaSuccess) e = load_dtype<tag_u64>();
+  if (e == cudaSuccess) e = load_dtype<tag_f16>();
+  if (e == cudaSuccess) e = load_dtype<tag_bf16>();
+  if (e == cudaSuccess) e = load_dtype<tag_f32>();
+  if (e == cudaSuccess) e = load_dtype<tag_f64>();
+  if (e == cudaSuccess) e = load_one<copy_fn>();
+  cudaFuncAttributes at;
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&at, cast_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&at, busy_kernel);
+  return static_cast<int>(e);
 }

@@ -57,6 +57,19 @@ kernel_fn pick(int dtype, int op) {
 
 } // namespace
 
+/* Loads every (dtype, op) kernel on the current device (module.cu's
+ * load_kernels). */
+extern "C" int brg__cuda_ring_load(void) {
+  for (int dt = 0; dt < BRG_NUM_DTYPES; dt++)
+    for (int op = 0; op < BRG_NUM_OPS; op++) {
+      kernel_fn k = pick(dt, op);
+      cudaFuncAttributes at;
+      cudaError_t e = k ? cudaFuncGetAttributes(&at, k) : cudaSuccess;
+      if (e != cudaSuccess) return static_cast<int>(e);
+    }
+  return 0;
+}
+
 extern "C" int brg__cuda_ring_launch(const void *args, size_t args_bytes, int channels, int threads,
                                      void *stream) {
   if (args_bytes != sizeof(brg__rk_args) || channels < 1 || channels > BRG__RK_MAX_CHANNELS ||

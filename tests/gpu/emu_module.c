@@ -63,6 +63,15 @@
  *    graph, as a branch that runs beside the others at each launch, and
  *    ending the capture fails, as CUDA's does, unless the capturing stream
  *    has waited for an event recorded after each branch's last work.
+ *  - Stream handles as CUDA's: NULL and cudaStreamLegacy (0x1) are the
+ *    legacy stream, cudaStreamPerThread (0x2) a blocking stream of the
+ *    calling thread's own.
+ *  - The strict rules, on with BRIGADE_EMU_STRICT=1 (each also by a
+ *    setting of its own, 0 or 1, which wins): BRIGADE_EMU_SYNC_FREE,
+ *    freeing calls wait for the whole device; BRIGADE_EMU_HW_QUEUES,
+ *    streams share CUDA_DEVICE_MAX_CONNECTIONS in-order hardware queues;
+ *    BRIGADE_EMU_LAZY_LOAD, a kernel's first launch waits for the whole
+ *    device (details at "strict rules" below).
  *
  * Error codes are small integers; error_string() names them.
  */
@@ -356,6 +365,8 @@ static void slice_exit(int g) {
 /* Graph capture (below): a potentially unsafe call while a capture
  * forbids it fails and invalidates that capture. */
 static int capture_forbids(void);
+/* The strict rules' device-wide wait of freeing calls (below). */
+static void sync_free_wait(void);
 
 /* ---- memory the module handed out ---- */
 
@@ -467,7 +478,9 @@ static int mem_free(void *p) {
   if (!p) return E_OK;
   int e = capture_forbids();
   if (e) return e;
-  if (!find_region(p, &r, 1) || r.p != p || r.mapped) return E_ARG;
+  if (!find_region(p, &r, 0) || r.p != p || r.mapped) return E_ARG;
+  sync_free_wait();
+  if (!find_region(p, &r, 1)) return E_ARG;
   munmap(r.p, r.bytes ? r.bytes : 1);
   if (r.fd >= 0) close(r.fd);
   return E_OK;
@@ -521,7 +534,9 @@ static int ipc_mem_close(void *p) {
   region r;
   int e = capture_forbids();
   if (e) return e;
-  if (!find_region(p, &r, 1) || r.p != p || !r.mapped) return E_ARG;
+  if (!find_region(p, &r, 0) || r.p != p || !r.mapped) return E_ARG;
+  sync_free_wait();
+  if (!find_region(p, &r, 1)) return E_ARG;
   munmap(r.p, r.bytes ? r.bytes : 1);
   return E_OK;
 }
@@ -703,10 +718,13 @@ typedef struct op {
   int dtype, rop, div;
   ev_shared *ev;
   uint64_t ticket;
+  uint64_t conn_ticket; /* its place in its hardware queue (rule 2; 0: none) */
 } op;
 
 typedef struct stream {
-  int dev; /* the device current when it was made */
+  int dev;      /* the device current when it was made */
+  int blocking; /* the legacy and per-thread default streams (the rest are non-blocking) */
+  int conn;     /* its hardware queue (rule 2) */
   pthread_t thread;
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -716,7 +734,187 @@ typedef struct stream {
   unsigned seed;
 } stream;
 
-static stream *default_stream[MAX_DEV]; /* each device's legacy stream */
+static stream *default_stream[MAX_DEV];         /* each device's legacy stream */
+static __thread stream *thread_stream[MAX_DEV]; /* this thread's per-thread default streams */
+
+/*
+ * The strict rules (BRIGADE_EMU_STRICT=1 turns each on unless its own
+ * setting says otherwise): what a GPU does that a kind emulator would not.
+ *
+ *  SYNC_FREE   mem_free, host_unregister and ipc_mem_close wait for all
+ *              work queued on the current device by this process, on every
+ *              stream (cudaFree's implicit synchronization; CUDA's pages do
+ *              not promise it of cudaIpcCloseMemHandle, nor rule it out,
+ *              and unmapping what kernels may still use is taken to wait as
+ *              a free does: the assumption that finds more); mem_copy and mem_set
+ *              wait for the work of the blocking streams (the legacy one
+ *              and the per-thread default streams), as the legacy stream's
+ *              synchronous calls do.
+ *  HW_QUEUES   each device has CUDA_DEVICE_MAX_CONNECTIONS (default 8, 1 to
+ *              32) hardware queues; streams are given them round-robin in
+ *              creation order, and a queue starts its work in issue order:
+ *              an op starts only once every op issued before it on its
+ *              queue has started, and an op that waits (an event, a value)
+ *              or that follows unfinished work of its own stream holds
+ *              the queue meanwhile. Streams that share a queue then wait
+ *              for each other (false dependencies).
+ *  LAZY_LOAD   CUDA_MODULE_LOADING=LAZY: the first launch of each kernel
+ *              (a ring kernel per dtype and op, a reduce per dtype and op,
+ *              a divide per dtype, the copy, cast and busy kernels) on a
+ *              device waits, in the launching thread, for all work queued
+ *              on that device to finish; load_kernels loads them all (the
+ *              same wait, once).
+ */
+static int rule_sync_free, rule_hw_queues, rule_lazy_load, max_connections = 8;
+static pthread_once_t rules_once = PTHREAD_ONCE_INIT;
+
+static int rule_setting(const char *name, int strict) {
+  const char *v = getenv(name);
+  return v && *v ? atoi(v) != 0 : strict;
+}
+
+static void rules_init(void) {
+  const char *v = getenv("BRIGADE_EMU_STRICT");
+  int strict = v && *v && atoi(v) != 0;
+  rule_sync_free = rule_setting("BRIGADE_EMU_SYNC_FREE", strict);
+  rule_hw_queues = rule_setting("BRIGADE_EMU_HW_QUEUES", strict);
+  rule_lazy_load = rule_setting("BRIGADE_EMU_LAZY_LOAD", strict);
+  const char *c = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  int n = c && *c ? atoi(c) : 8;
+  max_connections = n < 1 ? 1 : n > 32 ? 32 : n;
+}
+
+static void rules(void) {
+  pthread_once(&rules_once, rules_init);
+}
+
+/* Every stream this process made (streams are never freed), for the
+ * device-wide waits. */
+static pthread_mutex_t streams_lock = PTHREAD_MUTEX_INITIALIZER;
+static stream **all_streams;
+static int nall_streams, cap_all_streams;
+static int streams_made[MAX_DEV]; /* per device, for the round-robin queues */
+
+/* A hardware queue: tickets in issue order, and how many have started. */
+static struct hwq {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  uint64_t issued, started;
+} hwq[MAX_DEV][32];
+static pthread_once_t hwq_once = PTHREAD_ONCE_INIT;
+
+static void hwq_init(void) {
+  for (int d = 0; d < MAX_DEV; d++)
+    for (int q = 0; q < 32; q++) {
+      pthread_mutex_init(&hwq[d][q].mu, NULL);
+      pthread_cond_init(&hwq[d][q].cv, NULL);
+    }
+}
+
+static void hwq_start(const stream *s, uint64_t t) {
+  struct hwq *q = &hwq[s->dev][s->conn];
+  pthread_mutex_lock(&q->mu);
+  while (q->started + 1 != t) pthread_cond_wait(&q->cv, &q->mu);
+  pthread_mutex_unlock(&q->mu);
+}
+
+static void hwq_started(const stream *s) {
+  struct hwq *q = &hwq[s->dev][s->conn];
+  pthread_mutex_lock(&q->mu);
+  q->started++;
+  pthread_cond_broadcast(&q->cv);
+  pthread_mutex_unlock(&q->mu);
+}
+
+/* Device-wide waits and loads, counted for tests (brg__emu_strict_counts). */
+static long device_waits, kernel_loads;
+
+/* Waits until the work queued so far on device `dev`'s streams (the
+ * blocking ones only, with blocking_only) has run; work queued meanwhile
+ * does not count. */
+static void device_wait(int dev, int blocking_only) {
+  pthread_mutex_lock(&streams_lock);
+  int n = nall_streams;
+  stream **list = malloc((size_t)(n ? n : 1) * sizeof *list);
+  size_t *until = malloc((size_t)(n ? n : 1) * sizeof *until);
+  int m = 0;
+  for (int i = 0; list && until && i < n; i++)
+    if (all_streams[i]->dev == dev && (!blocking_only || all_streams[i]->blocking))
+      list[m++] = all_streams[i];
+  pthread_mutex_unlock(&streams_lock);
+  if (!list || !until) { /* no memory for the list: no wait */
+    free(list);
+    free(until);
+    return;
+  }
+  __atomic_add_fetch(&device_waits, 1, __ATOMIC_RELAXED);
+  for (int i = 0; i < m; i++) {
+    pthread_mutex_lock(&list[i]->mu);
+    until[i] = list[i]->tail;
+    pthread_mutex_unlock(&list[i]->mu);
+  }
+  for (int i = 0; i < m; i++) {
+    pthread_mutex_lock(&list[i]->mu);
+    while ((int64_t)(list[i]->head - until[i]) < 0) pthread_cond_wait(&list[i]->cv, &list[i]->mu);
+    pthread_mutex_unlock(&list[i]->mu);
+  }
+  free(list);
+  free(until);
+}
+
+/* Kernels for LAZY_LOAD: a ring or reduce kernel per (dtype, op), a divide
+ * per dtype, then copy, cast and busy. */
+enum { K_RING = 0, K_REDUCE = 80, K_DIVIDE = 160, K_COPY = 170, K_CAST, K_BUSY, K_ALL };
+static unsigned char loaded[MAX_DEV][K_ALL];
+static pthread_mutex_t load_mu[MAX_DEV] = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER,
+                                           PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER,
+                                           PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER,
+                                           PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER};
+
+static int kernel_id(int base, int dtype, int op) {
+  if (dtype < 0 || dtype >= BRG_NUM_DTYPES) dtype = 0;
+  if (op < 0 || op >= 8) op = 0;
+  return base == K_RING || base == K_REDUCE ? base + dtype * 8 + op
+         : base == K_DIVIDE                 ? base + dtype
+                                            : base;
+}
+
+/* A launch of kernel `k` on device `dev`: the first loads it, which waits
+ * for the device's work (other threads launching it meanwhile wait for
+ * the load). */
+static void kernel_load(int dev, int k) {
+  rules();
+  if (!rule_lazy_load || __atomic_load_n(&loaded[dev][k], __ATOMIC_ACQUIRE)) return;
+  pthread_mutex_lock(&load_mu[dev]);
+  if (!loaded[dev][k]) {
+    device_wait(dev, 0);
+    __atomic_add_fetch(&kernel_loads, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&loaded[dev][k], 1, __ATOMIC_RELEASE);
+  }
+  pthread_mutex_unlock(&load_mu[dev]);
+}
+
+/* Loads every kernel on the current device, as touching each one does. */
+static int load_kernels(void) {
+  rules();
+  if (!rule_lazy_load) return E_OK;
+  pthread_mutex_lock(&load_mu[cur_dev]);
+  int all = 1;
+  for (int k = 0; k < K_ALL; k++) all &= loaded[cur_dev][k];
+  if (!all) {
+    device_wait(cur_dev, 0);
+    __atomic_add_fetch(&kernel_loads, 1, __ATOMIC_RELAXED);
+    for (int k = 0; k < K_ALL; k++) __atomic_store_n(&loaded[cur_dev][k], 1, __ATOMIC_RELEASE);
+  }
+  pthread_mutex_unlock(&load_mu[cur_dev]);
+  return E_OK;
+}
+
+/* The waits of SYNC_FREE. */
+static void sync_free_wait(void) {
+  rules();
+  if (rule_sync_free) device_wait(cur_dev, 0);
+}
 
 /* dst = src converted (brg_cuda.h's cast), with elem.h's conversions as
  * the real kernel uses them; the scale travels in div's bits. */
@@ -819,7 +1017,13 @@ static void *stream_main(void *arg) {
     op o = s->q[s->head % s->cap];
     s->busy = 1;
     pthread_mutex_unlock(&s->mu);
+    /* A hardware queue starts its work in issue order; a wait holds it
+     * until it is over. */
+    int holds = o.kind == OP_WAIT || o.kind == OP_WAIT_VALUE;
+    if (o.conn_ticket) hwq_start(s, o.conn_ticket);
+    if (o.conn_ticket && !holds) hwq_started(s);
     run_op(s, &o);
+    if (o.conn_ticket && holds) hwq_started(s);
     pthread_mutex_lock(&s->mu);
     s->head++;
     s->busy = 0;
@@ -828,10 +1032,13 @@ static void *stream_main(void *arg) {
   return NULL;
 }
 
-static stream *stream_new(void) {
+static stream *stream_new(int blocking) {
+  rules();
+  pthread_once(&hwq_once, hwq_init);
   stream *s = calloc(1, sizeof *s);
   if (!s) return NULL;
   s->dev = cur_dev;
+  s->blocking = blocking;
   context_on(cur_dev);
   s->cap = 1024;
   s->q = calloc(s->cap, sizeof *s->q);
@@ -844,15 +1051,38 @@ static stream *stream_new(void) {
     return NULL;
   }
   pthread_detach(s->thread);
+  pthread_mutex_lock(&streams_lock);
+  if (nall_streams == cap_all_streams) {
+    int cap = cap_all_streams ? 2 * cap_all_streams : 64;
+    stream **l = realloc(all_streams, (size_t)cap * sizeof *l);
+    if (l) {
+      all_streams = l;
+      cap_all_streams = cap;
+    }
+  }
+  if (nall_streams < cap_all_streams) all_streams[nall_streams++] = s;
+  s->conn = streams_made[s->dev]++ % max_connections; /* round-robin, as the driver */
+  pthread_mutex_unlock(&streams_lock);
   return s;
 }
 
-/* NULL is the current device's legacy default stream. */
+/* The legacy default stream: NULL or cudaStreamLegacy (0x1). */
+static int is_legacy(const void *p) {
+  return p == NULL || (uintptr_t)p == 1;
+}
+
+/* NULL and 0x1 are the current device's legacy default stream;
+ * cudaStreamPerThread (0x2) the calling thread's own default stream on it
+ * (a blocking stream of its own for each host thread). */
 static stream *get_stream(void *p) {
-  if (p) return p;
+  if (p && !is_legacy(p) && (uintptr_t)p != 2) return p;
   devices();
+  if ((uintptr_t)p == 2) {
+    if (!thread_stream[cur_dev]) thread_stream[cur_dev] = stream_new(1);
+    return thread_stream[cur_dev];
+  }
   pthread_mutex_lock(&lock);
-  if (!default_stream[cur_dev]) default_stream[cur_dev] = stream_new();
+  if (!default_stream[cur_dev]) default_stream[cur_dev] = stream_new(1);
   stream *s = default_stream[cur_dev];
   pthread_mutex_unlock(&lock);
   return s;
@@ -893,7 +1123,14 @@ static int enqueue(void *st, const op *o) {
   if (!s) return E_ALLOC;
   int e = capture_record(s, o);
   if (e >= 0) return e;
+  op mine = *o;
   pthread_mutex_lock(&s->mu);
+  if (rule_hw_queues) {
+    struct hwq *q = &hwq[s->dev][s->conn];
+    pthread_mutex_lock(&q->mu);
+    mine.conn_ticket = ++q->issued;
+    pthread_mutex_unlock(&q->mu);
+  }
   if (s->tail - s->head == s->cap) {
     size_t cap = 2 * s->cap;
     op *q = malloc(cap * sizeof *q);
@@ -906,7 +1143,7 @@ static int enqueue(void *st, const op *o) {
     s->q = q;
     s->cap = cap;
   }
-  s->q[s->tail % s->cap] = *o;
+  s->q[s->tail % s->cap] = mine;
   s->tail++;
   pthread_cond_broadcast(&s->cv);
   pthread_mutex_unlock(&s->mu);
@@ -927,7 +1164,7 @@ static int stream_sync(void *st) {
 }
 
 static int stream_create(void **out) {
-  stream *s = stream_new();
+  stream *s = stream_new(0);
   if (!s) return E_ALLOC;
   *out = s;
   return E_OK;
@@ -942,6 +1179,7 @@ static int reduce(void *d0, void *d1, const void *a, const void *b, size_t n, in
                   int div, void *st) {
   int e = launch_check(st, d0, d1, a, b, n * elem_size(dtype));
   if (e) return e;
+  kernel_load(cur_dev, kernel_id(K_REDUCE, dtype, rop));
   op o = {.kind = OP_REDUCE,
           .d0 = d0,
           .d1 = d1,
@@ -957,6 +1195,8 @@ static int reduce(void *d0, void *d1, const void *a, const void *b, size_t n, in
 static int copy(void *d0, void *d1, const void *src, size_t bytes, void *st) {
   int e = launch_check(st, d0, d1, src, NULL, bytes);
   if (e) return e;
+  /* one destination (or one that is the source) is a copy engine's job: no kernel */
+  if (d1 && d0 != src && d1 != src) kernel_load(cur_dev, K_COPY);
   op o = {.kind = OP_COPY, .d0 = d0, .d1 = d1, .a = src, .n = bytes};
   return enqueue(st, &o);
 }
@@ -964,6 +1204,7 @@ static int copy(void *d0, void *d1, const void *src, size_t bytes, void *st) {
 static int divide(void *d, const void *src, size_t n, int dtype, int div, void *st) {
   int e = launch_check(st, d, NULL, src, NULL, n * elem_size(dtype));
   if (e) return e;
+  kernel_load(cur_dev, kernel_id(K_DIVIDE, dtype, 0));
   op o = {.kind = OP_DIVIDE, .d0 = d, .a = src, .n = n, .dtype = dtype, .div = div};
   return enqueue(st, &o);
 }
@@ -980,6 +1221,7 @@ static int cast(void *dst, int dt, const void *src, int st, size_t n, float scal
        !reachable(get_stream(stream)->dev, src, n * elem_size(st))))
     e = E_ILLEGAL;
   if (e) return e;
+  kernel_load(cur_dev, K_CAST);
   op o = {.kind = OP_CAST, .d0 = dst, .a = src, .n = n, .dtype = dt, .rop = st};
   memcpy(&o.div, &scale, sizeof scale);
   return enqueue(stream, &o);
@@ -989,6 +1231,7 @@ static int cast(void *dst, int dt, const void *src, int st, size_t n, float scal
 static int busy(unsigned us, void *stream) {
   int e = launch_check(stream, NULL, NULL, NULL, NULL, 0);
   if (e) return e;
+  kernel_load(cur_dev, K_BUSY);
   op o = {.kind = OP_BUSY, .n = us};
   return enqueue(stream, &o);
 }
@@ -1013,7 +1256,7 @@ static int stream_wait_event(void *st, void *p) {
   stream *s = get_stream(st);
   if (!s) return E_ALLOC;
   if (__atomic_load_n(&ev->captured, __ATOMIC_RELAXED)) {
-    if (st) return capture_event_wait(s, ev);
+    if (!is_legacy(st)) return capture_event_wait(s, ev);
     return E_CAPTURE_ISOLATION; /* the legacy stream cannot join a capture */
   }
   int cap = capturing(s);
@@ -1091,7 +1334,9 @@ static int host_unregister(void *p) {
   region r;
   int e = capture_forbids();
   if (e) return e;
-  if (!find_region(p, &r, 1) || r.p != p || r.dev >= 0) return E_ARG;
+  if (!find_region(p, &r, 0) || r.p != p || r.dev >= 0) return E_ARG;
+  sync_free_wait();
+  if (!find_region(p, &r, 1)) return E_ARG;
   return E_OK;
 }
 
@@ -1301,8 +1546,9 @@ static int stream_capturing(void *st, int *yes) {
 }
 
 static int capture_begin(void *st, int global) {
-  if (!st) return E_CAPTURE_UNSUPPORTED; /* the legacy stream cannot capture */
-  stream *s = st;
+  if (is_legacy(st)) return E_CAPTURE_UNSUPPORTED; /* the legacy stream cannot capture */
+  stream *s = get_stream(st);
+  if (!s) return E_ALLOC;
   if (s->dev != cur_dev) return E_RESOURCE;
   graph *g = calloc(1, sizeof *g);
   if (!g) return E_ALLOC;
@@ -1372,7 +1618,7 @@ static int graph_launch(void *p, void *st) {
   if (s->dev != cur_dev || s->dev != g->dev) return E_RESOURCE;
   if (capturing(s)) return E_CAPTURE_UNSUPPORTED;
   for (int b = 1; b < g->nbranches; b++)
-    if (!g->branch_stream[b] && !(g->branch_stream[b] = stream_new())) return E_ALLOC;
+    if (!g->branch_stream[b] && !(g->branch_stream[b] = stream_new(0))) return E_ALLOC;
   for (size_t i = 0; i < g->n; i++) {
     op o = g->ops[i].o;
     stream *to = g->ops[i].branch ? g->branch_stream[g->ops[i].branch] : s;
@@ -1428,11 +1674,20 @@ static void describe(char *out, size_t n) {
            cur_dev, devices(), phys(cur_dev), nphys);
 }
 
-/* Synchronous copies run behind the default stream's work, as CUDA's do. */
+/* Synchronous copies run behind the default stream's work, as CUDA's do
+ * (strict: behind every blocking stream's, as the legacy stream's calls). */
+static void legacy_wait(void) {
+  rules();
+  if (rule_sync_free)
+    device_wait(cur_dev, 1);
+  else
+    stream_sync(NULL);
+}
+
 static int mem_copy(void *dst, const void *src, size_t bytes) {
   int e = capture_forbids();
   if (e) return e;
-  stream_sync(NULL);
+  legacy_wait();
   memmove(dst, src, bytes);
   return E_OK;
 }
@@ -1440,7 +1695,7 @@ static int mem_copy(void *dst, const void *src, size_t bytes) {
 static int mem_set(void *p, int value, size_t bytes) {
   int e = capture_forbids();
   if (e) return e;
-  stream_sync(NULL);
+  legacy_wait();
   memset(p, value, bytes);
   return E_OK;
 }
@@ -1495,6 +1750,8 @@ static int ring_launch(const void *args, size_t args_bytes, int channels, int th
   if (!s) return E_ALLOC;
   if (s->dev != cur_dev) return E_RESOURCE;
   if (!ring_reachable(s->dev, args, channels)) return E_ILLEGAL;
+  kernel_load(cur_dev, kernel_id(K_RING, ((const brg__rk_args *)args)->dtype,
+                                 ((const brg__rk_args *)args)->op));
   brg__rk_args *copy = malloc(sizeof *copy);
   if (!copy) return E_ALLOC;
   memcpy(copy, args, sizeof *copy);
@@ -1532,6 +1789,12 @@ EXPORT int brg__emu_context(int dev) {
     return n;
   }
   return dev < devices() ? __atomic_load_n(&contexts[dev], __ATOMIC_RELAXED) : 0;
+}
+/* The strict rules' counts: device-wide waits (SYNC_FREE and loads) and
+ * kernel loads (LAZY_LOAD) so far. */
+EXPORT void brg__emu_strict_counts(long *waits, long *loads) {
+  if (waits) *waits = __atomic_load_n(&device_waits, __ATOMIC_RELAXED);
+  if (loads) *loads = __atomic_load_n(&kernel_loads, __ATOMIC_RELAXED);
 }
 EXPORT long brg__emu_ring_launches(int *threads) {
   if (threads) *threads = __atomic_load_n(&ring_threads, __ATOMIC_RELAXED);
@@ -1585,6 +1848,7 @@ static const brg__cuda_api api = {
             .graph_destroy = graph_destroy,
             .uuid_reaches = uuid_reaches,
             .mps_enabled = mps_enabled,
+            .load_kernels = load_kernels,
         },
     .kern =
         {

@@ -63,6 +63,17 @@
  *            nothing ordering them: a launch that finds another one in its
  *            channels fails, naming it, rather than reduce stale data
  *
+ *   emurules the emulated module's strict rules (emu_module.c), on the
+ *            module alone: under each rule that is on (BRIGADE_EMU_STRICT
+ *            and the rule's own setting, read here as the module reads
+ *            them) a kernel's first launch and load_kernels wait for a
+ *            busy kernel on another stream, later launches do not; a free
+ *            waits for it, and a synchronous copy waits for a busy
+ *            per-thread stream but not a busy non-blocking one; a stream
+ *            that shares a hardware queue (stream 8 and stream 0 of 8
+ *            CUDA_DEVICE_MAX_CONNECTIONS) waits behind the other's held
+ *            work. With a rule off, none of these waits.
+ *
  *   test_device_cases CASE [N]    exits 77 without a GPU (1 with
  *                                 BRIGADE_TEST_NO_SKIP set)
  */
@@ -112,11 +123,15 @@ static size_t first_wrong(const float *h, size_t n, int nranks) {
 static void *device_input(const brg__cuda_api *api, size_t n, int rank) {
   void *d = NULL;
   float *h = host_input(n, rank);
-  if (!h || api->drv.mem_alloc(&d, n * sizeof(float)) != 0) {
+  int e = h ? api->drv.mem_alloc(&d, n * sizeof(float)) : 0;
+  if (!h || e) {
+    mp_fail("rank %d: a device buffer of %zu floats: %s", rank, n,
+            h ? api->drv.error_string(e) : "out of host memory");
     free(h);
     return NULL;
   }
-  api->drv.mem_copy(d, h, n * sizeof(float));
+  if ((e = api->drv.mem_copy(d, h, n * sizeof(float))) != 0)
+    mp_fail("rank %d: copying the input to the GPU: %s", rank, api->drv.error_string(e));
   free(h);
   return d;
 }
@@ -223,6 +238,111 @@ static int body_threads(mp_ctx *ctx) {
   }
   for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
   return 0;
+}
+
+/* ============================================================== emurules */
+
+#define RULE_BUSY_US 400000
+#define RULE_WAITED_MS 350.0 /* the busy kernel's time, less the clock's slack */
+#define RULE_QUICK_MS 200.0  /* a call that waited for nothing */
+
+static int rule_on(const char *name) {
+  const char *v = getenv(name);
+  if (v && *v) return atoi(v) != 0;
+  v = getenv("BRIGADE_EMU_STRICT");
+  return v && *v && atoi(v) != 0;
+}
+
+/* Whether a call took as long as the busy kernel it should wait for
+ * (`waits`), or returned at once; a complaint names it when not. */
+static int rule_check(const char *what, double ms, int waits) {
+  int ok = waits ? ms >= RULE_WAITED_MS : ms < RULE_QUICK_MS;
+  if (!ok)
+    mp_fail("%s took %.1f ms: it should %s the %d ms busy kernel", what, ms,
+            waits ? "wait for" : "not wait for", RULE_BUSY_US / 1000);
+  else
+    mp_info("%s: %.1f ms (%s)", what, ms, waits ? "waited" : "did not wait");
+  return !ok;
+}
+
+static int body_emurules(mp_ctx *ctx) {
+  (void)ctx;
+  char why[256];
+  const brg__cuda_api *api = open_api(why, sizeof why);
+  if (!api) return mp_fail("no GPU: %s", why), 1;
+  int sync_free = rule_on("BRIGADE_EMU_SYNC_FREE"), queues = rule_on("BRIGADE_EMU_HW_QUEUES"),
+      lazy = rule_on("BRIGADE_EMU_LAZY_LOAD");
+  const char *mc = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  int conns = mc && *mc ? atoi(mc) : 8;
+  conns = conns < 1 ? 1 : conns > 32 ? 32 : conns;
+  void *st[9] = {0}, *buf = NULL, *spare = NULL, *ev = NULL;
+  float host[16] = {0};
+  for (int i = 0; i < 9; i++) /* the process's first streams: queues in this order */
+    if (api->drv.stream_create(&st[i]) != 0) return mp_fail("stream_create"), 1;
+  if (api->drv.mem_alloc(&buf, 4096) || api->drv.event_create(&ev))
+    return mp_fail("mem_alloc or event_create"), 1;
+  int bad = 0;
+  int64_t t0;
+
+  /* Lazy loading: busy's own first launch finds nothing queued. */
+  api->kern.busy(RULE_BUSY_US, st[1]);
+  t0 = mp_now_ns();
+  api->kern.reduce(buf, NULL, buf, buf, 16, BRG_FLOAT32, BRG_SUM, 1, st[2]);
+  bad += rule_check("a reduce kernel's first launch", ms_since(t0), lazy);
+  api->drv.stream_sync(st[1]);
+  api->kern.busy(RULE_BUSY_US, st[1]);
+  t0 = mp_now_ns();
+  api->kern.reduce(buf, NULL, buf, buf, 16, BRG_FLOAT32, BRG_SUM, 1, st[2]);
+  bad += rule_check("its second launch", ms_since(t0), 0);
+  t0 = mp_now_ns();
+  api->drv.load_kernels();
+  bad += rule_check("load_kernels", ms_since(t0), lazy);
+  api->drv.stream_sync(st[1]);
+  api->kern.busy(RULE_BUSY_US, st[1]);
+  t0 = mp_now_ns();
+  api->kern.divide(buf, buf, 16, BRG_FLOAT32, 2, st[2]);
+  bad += rule_check("a divide kernel's first launch after load_kernels", ms_since(t0), 0);
+  api->drv.stream_sync(st[1]);
+  api->drv.stream_sync(st[2]);
+
+  /* Synchronizing calls. */
+  if (api->drv.mem_alloc(&spare, 64)) return mp_fail("mem_alloc"), 1;
+  api->kern.busy(RULE_BUSY_US, st[3]);
+  t0 = mp_now_ns();
+  api->drv.mem_free(spare);
+  bad += rule_check("mem_free beside a busy stream", ms_since(t0), sync_free);
+  api->drv.stream_sync(st[3]);
+  api->kern.busy(RULE_BUSY_US, st[3]);
+  t0 = mp_now_ns();
+  api->drv.mem_copy(host, buf, sizeof host);
+  bad += rule_check("mem_copy beside a busy non-blocking stream", ms_since(t0), 0);
+  api->drv.stream_sync(st[3]);
+  api->kern.busy(RULE_BUSY_US, (void *)2); /* cudaStreamPerThread: blocking */
+  t0 = mp_now_ns();
+  api->drv.mem_copy(host, buf, sizeof host);
+  bad += rule_check("mem_copy beside a busy per-thread stream", ms_since(t0), sync_free);
+  api->drv.stream_sync((void *)2);
+
+  /* Hardware queues: stream 8's record waits behind its busy kernel and
+   * holds its queue; stream 0's record, issued after it, waits too where
+   * the two share one. */
+  int shared = queues && 8 % conns == 0;
+  api->kern.busy(RULE_BUSY_US, st[8]);
+  api->drv.event_record(ev, st[8]);
+  void *ev0 = NULL;
+  if (api->drv.event_create(&ev0)) return mp_fail("event_create"), 1;
+  t0 = mp_now_ns();
+  api->drv.event_record(ev0, st[0]);
+  while (api->drv.event_query(ev0) != 0) usleep(1000);
+  bad += rule_check("stream 0's record issued behind stream 8's held work", ms_since(t0), shared);
+  api->drv.stream_sync(st[8]);
+  mp_info("rules: sync-free %d, hardware queues %d (%d), lazy loading %d", sync_free, queues, conns,
+          lazy);
+  api->drv.event_destroy(ev0);
+  api->drv.event_destroy(ev);
+  for (int i = 0; i < 9; i++) api->drv.stream_destroy(st[i]);
+  api->drv.mem_free(buf);
+  return bad ? 1 : 0;
 }
 
 /* =============================================================== destroy */
@@ -983,7 +1103,9 @@ static int body_mps(mp_ctx *ctx) {
   const brg__cuda_api *api = open_api(why, sizeof why);
   if (!api) return mp_fail("no GPU: %s", why), 1;
   void *d = device_input(api, MPS_COUNT, ctx->rank), *st = NULL;
-  if (!d || api->drv.stream_create(&st) != 0) return mp_fail("setup failed"), 1;
+  int e = d ? api->drv.stream_create(&st) : 0;
+  if (!d || e)
+    return mp_fail("setup: %s", d ? api->drv.error_string(e) : "no device buffer (above)"), 1;
   brg_status s = brg_comm_device_setup(ctx->comm, 0);
   const char *err = brg_comm_last_error(ctx->comm);
   unlink(ctl);
@@ -1010,7 +1132,8 @@ static int body_mps(mp_ctx *ctx) {
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr,
-            "usage: %s queued|threads|destroy|kill|async|graph|streams|shared|mismatch|stuck|stale "
+            "usage: %s "
+            "queued|threads|destroy|kill|async|graph|streams|shared|mismatch|stuck|stale|emurules "
             "[N]\n",
             argv[0]);
     return 2;
@@ -1054,6 +1177,11 @@ int main(int argc, char **argv) {
   if (!strcmp(cs, "streams")) return mp_run(&o, body_streams, NULL);
   if (!strcmp(cs, "stuck")) return mp_run(&o, body_stuck, NULL);
   if (!strcmp(cs, "stale")) return mp_run(&o, body_stale, NULL);
+  if (!strcmp(cs, "emurules")) {
+    o.nranks = 1;
+    o.init = MP_INIT_BARE;
+    return mp_run(&o, body_emurules, NULL);
+  }
   if (!strcmp(cs, "mismatch")) return case_mismatch(n);
   if (!strcmp(cs, "shared")) {
     o.nranks = 1;

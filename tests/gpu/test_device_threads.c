@@ -3,9 +3,18 @@
  * device ring then uses the neighbour's FIFO pointer and events directly
  * instead of CUDA IPC (which refuses a process's own memory). N threads,
  * each a rank with its own stream, allreduce float32 sum (odd count,
- * several slots per chunk) and broadcast; every element checked.
+ * several slots per chunk) and broadcast; every element checked, and a
+ * failure says why (the call's error, or the communicator's asynchronous
+ * one: a kernel the watchdog stopped).
  *
- *   test_device_threads [N]      exits 77 when there is no GPU
+ *   test_device_threads [N] [perthread]   exits 77 when there is no GPU
+ *
+ * perthread: every rank passes cudaStreamPerThread (0x2), which is a
+ * stream of its own in each thread, not a shared one.
+ *
+ * With TEST_EXPECT_UNAVAILABLE=1 the ranks' streams are more than the GPU's
+ * hardware queues (CUDA_DEVICE_MAX_CONNECTIONS): every rank's allreduce
+ * must fail with BRG_ERR_UNAVAILABLE naming that setting, not hang.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -21,7 +30,12 @@
 static const brg__cuda_api *api;
 static brg_unique_id id;
 static int nranks = 2;
+static int per_thread, expect_unavailable;
 static int failures[MAXN];
+/* Synchronous copies run on the legacy stream, which waits for every
+ * blocking stream (the per-thread ones among them): the ranks copy in and
+ * out while no kernel of theirs is queued. */
+static pthread_barrier_t copied;
 
 static void *rank_main(void *arg) {
   int rank = (int)(long)arg;
@@ -29,22 +43,48 @@ static void *rank_main(void *arg) {
   float *host = malloc(COUNT * sizeof *host);
   void *d = NULL, *st = NULL;
   brg_status s = brg_comm_init(&c, nranks, &id, rank);
-  if (s != BRG_SUCCESS || !host || api->drv.mem_alloc(&d, COUNT * sizeof *host) ||
-      api->drv.stream_create(&st)) {
-    fprintf(stderr, "rank %d: setup failed: %s\n", rank, brg_comm_last_error(c));
+  int e = 0;
+  if (per_thread) st = (void *)2; /* cudaStreamPerThread */
+  if (s != BRG_SUCCESS || !host || (e = api->drv.mem_alloc(&d, COUNT * sizeof *host)) != 0 ||
+      (!per_thread && (e = api->drv.stream_create(&st)) != 0)) {
+    fprintf(stderr, "rank %d: setup failed: %s%s%s\n", rank,
+            s != BRG_SUCCESS ? brg_comm_last_error(c) : "", e ? api->drv.error_string(e) : "",
+            !host ? "out of host memory" : "");
     failures[rank]++;
+    pthread_barrier_wait(&copied); /* the others go on to their calls, and fail */
+    pthread_barrier_wait(&copied);
     goto out;
   }
   for (int i = 0; i < COUNT; i++) host[i] = (float)((i % 1000) + rank);
   api->drv.mem_copy(d, host, COUNT * sizeof *host);
+  pthread_barrier_wait(&copied);
   s = brg_allreduce(d, d, COUNT, BRG_FLOAT32, BRG_SUM, c, st);
+  if (expect_unavailable) {
+    const char *m = brg_comm_last_error(c);
+    if (s != BRG_ERR_UNAVAILABLE || !strstr(m, "CUDA_DEVICE_MAX_CONNECTIONS")) {
+      fprintf(stderr,
+              "rank %d: expected BRG_ERR_UNAVAILABLE naming CUDA_DEVICE_MAX_CONNECTIONS, "
+              "got %s: %s\n",
+              rank, brg_status_string(s), m);
+      failures[rank]++;
+    }
+    pthread_barrier_wait(&copied);
+    goto out;
+  }
   if (s == BRG_SUCCESS) s = brg_broadcast(d, d, 7, BRG_FLOAT32, nranks - 1, c, st);
   if (s != BRG_SUCCESS) {
     fprintf(stderr, "rank %d: %s: %s\n", rank, brg_status_string(s), brg_comm_last_error(c));
     failures[rank]++;
-    goto out;
   }
   api->drv.stream_sync(st);
+  pthread_barrier_wait(&copied);
+  if (s != BRG_SUCCESS) goto out;
+  brg_status async = BRG_SUCCESS;
+  if (brg_comm_get_async_error(c, &async) != BRG_SUCCESS || async != BRG_SUCCESS) {
+    fprintf(stderr, "rank %d: asynchronous error %s: %s\n", rank, brg_status_string(async),
+            brg_comm_last_error(c));
+    failures[rank]++;
+  }
   api->drv.mem_copy(host, d, COUNT * sizeof *host);
   /* sum over ranks of (i % 1000 + r) = N (i % 1000) + N(N-1)/2; the first 7
    * were then broadcast, which changes nothing (every rank has the sum). */
@@ -57,7 +97,7 @@ static void *rank_main(void *arg) {
     }
   }
 out:
-  if (st) api->drv.stream_destroy(st);
+  if (st && !per_thread) api->drv.stream_destroy(st);
   if (d) api->drv.mem_free(d);
   free(host);
   if (c) brg_comm_destroy(c);
@@ -66,6 +106,8 @@ out:
 
 int main(int argc, char **argv) {
   if (argc > 1) nranks = atoi(argv[1]);
+  per_thread = argc > 2 && !strcmp(argv[2], "perthread");
+  expect_unavailable = getenv("TEST_EXPECT_UNAVAILABLE") && atoi(getenv("TEST_EXPECT_UNAVAILABLE"));
   if (nranks < 1 || nranks > MAXN) return 2;
   const char *why = "";
   api = brg__device_api(&why);
@@ -80,6 +122,7 @@ int main(int argc, char **argv) {
     return 77;
   }
   if (brg_get_unique_id(&id) != BRG_SUCCESS) return 1;
+  pthread_barrier_init(&copied, NULL, (unsigned)nranks);
   pthread_t th[MAXN];
   for (long r = 0; r < nranks; r++) pthread_create(&th[r], NULL, rank_main, (void *)r);
   int bad = 0;
@@ -87,6 +130,7 @@ int main(int argc, char **argv) {
     pthread_join(th[r], NULL);
     bad += failures[r];
   }
-  printf("test_device_threads N=%d: %s\n", nranks, bad ? "FAILED" : "ok");
+  printf("test_device_threads N=%d%s: %s\n", nranks, per_thread ? " (cudaStreamPerThread)" : "",
+         bad ? "FAILED" : "ok");
   return bad ? 1 : 0;
 }
