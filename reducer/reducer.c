@@ -23,7 +23,11 @@
  * then copies or casts the gradient into its bucket there; a full bucket is
  * a device allreduce on the same stream; finalize unpacks there too and
  * makes the caller's stream wait for it. The host never waits for the GPU
- * in a step, except in the blocking finalize and at the one rebuild.
+ * in a step, except in the blocking finalize. GPU memory is freed only at
+ * destroy: the buckets the one rebuild replaces are kept until then
+ * (red_dev.retired), since cudaFree waits for the whole device, which
+ * includes neighbours' kernels that wait for this rank when ranks are
+ * threads of one process.
  *
  * All memory (bucket buffers, per-parameter flags, the used-parameter
  * bitmap) is allocated and touched at create or at the one rebuild; the
@@ -53,6 +57,8 @@ typedef struct red_bucket {
   brg_dtype dtype;
   size_t count;    /* elements */
   size_t first, n; /* members[first .. first+n) of the layout */
+  size_t flat_at;  /* bytes into the slab, or (size_t)-1 without a flat buffer */
+  size_t half_at;  /* bytes into the slab, or (size_t)-1 without a half buffer */
   void *flat;      /* count elements of dtype; NULL when compression needs none */
   uint16_t *half;  /* the float16/bfloat16 wire buffer of a compression hook, or NULL */
   size_t pending;  /* members not ready yet in this pass */
@@ -68,7 +74,8 @@ typedef struct red_layout {
   size_t *bucket_start; /* nparams + 1 */
   size_t *bucket_of;    /* per parameter */
   size_t *offset;       /* per parameter: elements into its bucket */
-  void *slab;           /* every flat and half buffer */
+  size_t slab_bytes;
+  void *slab; /* every flat and half buffer */
 } red_layout;
 
 typedef struct red_param {
@@ -88,6 +95,12 @@ typedef struct red_dev {
   void *mark_ev; /* recorded on a producer's stream, waited for by `stream` at once */
   void *done_ev; /* recorded on `stream` at finalize, for the caller's stream */
   void *zeros;   /* ZERO_BYTES of zeros in GPU memory */
+  /* Bucket slabs no longer in use, freed at destroy: cudaFree waits for all
+   * of the process's work on the GPU, and with ranks as threads of one
+   * process a neighbour's next collective kernel, which waits for this
+   * rank, is part of that work. */
+  void **retired;
+  size_t nretired;
 } red_dev;
 
 struct brg_reducer {
@@ -189,24 +202,33 @@ static size_t align_up(size_t x, size_t a) {
   return (x + a - 1) / a * a;
 }
 
-static void layout_free(const brg_reducer *red, red_layout *lay) {
+/* A device slab is retired, not freed: see red_dev.retired. Only when the
+ * list cannot grow (no host memory) is it freed at once. */
+static void layout_free(brg_reducer *red, red_layout *lay) {
   free(lay->buckets);
   free(lay->members);
   free(lay->bucket_start);
   free(lay->bucket_of);
   free(lay->offset);
-  if (red->dev.api && lay->slab)
-    red->dev.api->drv.mem_free(lay->slab);
-  else
+  if (red->dev.api && lay->slab) {
+    void **r = realloc(red->dev.retired, (red->dev.nretired + 1) * sizeof(*r));
+    if (r != NULL) {
+      red->dev.retired = r;
+      r[red->dev.nretired++] = lay->slab;
+    } else {
+      red->dev.api->drv.mem_free(lay->slab);
+    }
+  } else {
     free(lay->slab);
+  }
   memset(lay, 0, sizeof(*lay));
 }
 
-/* Builds buckets for parameters filled in `fill_order`, with their memory
- * allocated and touched. */
+/* Builds buckets for parameters filled in `fill_order`: their members and
+ * where each buffer sits in the slab (layout_place allocates it). */
 static brg_status layout_build(brg_reducer *red, const size_t *fill_order, red_layout *lay) {
   size_t n = red->nparams;
-  size_t *count = NULL, *flat_at = NULL, *half_at = NULL;
+  size_t *count = NULL;
   brg_dtype *dtype = NULL;
   brg_status st = BRG_ERR_NO_MEMORY;
 
@@ -233,10 +255,6 @@ static brg_status layout_build(brg_reducer *red, const size_t *fill_order, red_l
 
   /* Offsets, then one slab for every bucket buffer. */
   size_t slab_bytes = 0;
-  /* Where each bucket's flat and half buffers start in the slab, or -1. */
-  flat_at = malloc((lay->nbuckets + 1) * sizeof(size_t));
-  half_at = malloc((lay->nbuckets + 1) * sizeof(size_t));
-  if (flat_at == NULL || half_at == NULL) goto err;
   for (size_t b = 0; b < lay->nbuckets; b++) {
     red_bucket *bk = &lay->buckets[b];
     bk->first = lay->bucket_start[b];
@@ -249,45 +267,55 @@ static brg_status layout_build(brg_reducer *red, const size_t *fill_order, red_l
     }
     int cmp = compressible(red, bk->dtype);
     int need_flat = red->view || !cmp;
-    flat_at[b] = need_flat ? slab_bytes : (size_t)-1;
+    bk->flat_at = need_flat ? slab_bytes : (size_t)-1;
     if (need_flat)
       slab_bytes = align_up(slab_bytes + bk->count * brg_dtype_size(bk->dtype), BUCKET_ALIGN);
-    half_at[b] = cmp ? slab_bytes : (size_t)-1;
+    bk->half_at = cmp ? slab_bytes : (size_t)-1;
     if (cmp) slab_bytes = align_up(slab_bytes + bk->count * 2, BUCKET_ALIGN);
   }
-  if (slab_bytes > 0 && red->dev.api) {
-    /* GPU memory, zeroed now (nothing else uses it yet) */
-    if (red->dev.api->drv.mem_alloc(&lay->slab, slab_bytes) != 0) {
-      lay->slab = NULL;
-      goto err;
-    }
-    red->dev.api->drv.mem_set(lay->slab, 0, slab_bytes);
-  } else if (slab_bytes > 0) {
-    if (posix_memalign(&lay->slab, SLAB_ALIGN, slab_bytes) != 0) {
-      lay->slab = NULL;
-      goto err;
-    }
-    memset(lay->slab, 0, slab_bytes); /* touch every page now, not in the first backward */
-  }
-  for (size_t b = 0; b < lay->nbuckets; b++) {
-    red_bucket *bk = &lay->buckets[b];
-    if (flat_at[b] != (size_t)-1 && bk->count > 0) bk->flat = (char *)lay->slab + flat_at[b];
-    if (half_at[b] != (size_t)-1 && bk->count > 0)
-      bk->half = (uint16_t *)((char *)lay->slab + half_at[b]);
-  }
-  free(flat_at);
-  free(half_at);
+  lay->slab_bytes = slab_bytes;
   free(count);
   free(dtype);
   return BRG_SUCCESS;
 
 err:
-  free(flat_at);
-  free(half_at);
   free(count);
   free(dtype);
   layout_free(red, lay);
   return st;
+}
+
+/* Allocates a built layout's slab, zeroed, and points its buckets into it.
+ * At create the device slab is cleared synchronously; in a run (the
+ * rebuild) on the communication stream, so that nothing waits for the
+ * legacy stream, and what follows on that stream sees it cleared. */
+static brg_status layout_place(brg_reducer *red, red_layout *lay, int in_run) {
+  const brg__cuda_api *api = red->dev.api;
+  if (lay->slab_bytes > 0 && api) {
+    if (api->drv.mem_alloc(&lay->slab, lay->slab_bytes) != 0) {
+      lay->slab = NULL;
+      return BRG_ERR_NO_MEMORY;
+    }
+    for (size_t off = 0; in_run && off < lay->slab_bytes; off += ZERO_BYTES) {
+      size_t n = lay->slab_bytes - off < ZERO_BYTES ? lay->slab_bytes - off : ZERO_BYTES;
+      if (api->kern.copy((char *)lay->slab + off, NULL, red->dev.zeros, n, red->dev.stream) != 0)
+        return BRG_ERR_SYSTEM;
+    }
+    if (!in_run && api->drv.mem_set(lay->slab, 0, lay->slab_bytes) != 0) return BRG_ERR_SYSTEM;
+  } else if (lay->slab_bytes > 0) {
+    if (posix_memalign(&lay->slab, SLAB_ALIGN, lay->slab_bytes) != 0) {
+      lay->slab = NULL;
+      return BRG_ERR_NO_MEMORY;
+    }
+    memset(lay->slab, 0, lay->slab_bytes); /* touch every page now, not in the first backward */
+  }
+  for (size_t b = 0; b < lay->nbuckets; b++) {
+    red_bucket *bk = &lay->buckets[b];
+    if (bk->flat_at != (size_t)-1 && bk->count > 0) bk->flat = (char *)lay->slab + bk->flat_at;
+    if (bk->half_at != (size_t)-1 && bk->count > 0)
+      bk->half = (uint16_t *)((char *)lay->slab + bk->half_at);
+  }
+  return BRG_SUCCESS;
 }
 
 static inline char *grad_in_bucket(const red_layout *lay, const red_param *prm, size_t p) {
@@ -653,6 +681,9 @@ brg_status brg_reducer_destroy(brg_reducer *red) {
   dev_enter(red, &prev);
   wait_all(red);
   layout_free(red, &red->lay);
+  /* The stream is done with them (wait_all): nothing in flight uses them. */
+  for (size_t i = 0; i < red->dev.nretired; i++) red->dev.api->drv.mem_free(red->dev.retired[i]);
+  free(red->dev.retired);
   if (red->dev.api) dev_close(red);
   dev_leave(red, prev);
   for (size_t p = 0; p < red->nparams; p++) free(red->params[p].name);
@@ -774,7 +805,8 @@ brg_status brg_reducer_create(brg_reducer **out, brg_comm *comm, const brg_reduc
 
   /* Reverse registration order approximates the order backward produces. */
   for (size_t k = 0; k < nparams; k++) red->order[k] = nparams - 1 - k;
-  if ((st = layout_build(red, red->order, &red->lay)) != BRG_SUCCESS) {
+  if ((st = layout_build(red, red->order, &red->lay)) != BRG_SUCCESS ||
+      (st = layout_place(red, &red->lay, 0)) != BRG_SUCCESS) {
     fail(NULL, st, "brg_reducer_create: building %zu parameters into buckets: %s", nparams,
          brg_status_string(st));
     goto err;
@@ -1063,11 +1095,22 @@ static void first_step_done(brg_reducer *red) {
       memcmp(nl.members, red->lay.members, n * sizeof(size_t)) == 0 &&
       memcmp(nl.bucket_start, red->lay.bucket_start, (nl.nbuckets + 1) * sizeof(size_t)) == 0;
   if (same) {
+    layout_free(red, &nl); /* no slab yet */
+    return;
+  }
+  /* Allocated only now, when it is needed: an unused device slab could not
+   * be freed before destroy either. */
+  if ((st = layout_place(red, &nl, 1)) != BRG_SUCCESS) {
+    fail_pass(red, st, "rebuilding buckets: %s %zu bytes of bucket memory: %s",
+              st == BRG_ERR_NO_MEMORY ? "allocating" : "clearing", nl.slab_bytes,
+              brg_status_string(st));
     layout_free(red, &nl);
     return;
   }
   if (red->dev.api) {
-    /* The old buckets are freed below: the stream must be done with them. */
+    /* All on the communication stream, after the last pass's work there;
+     * the old slab is retired, not freed (red_dev.retired), so the host
+     * does not wait for the stream here. */
     const brg__cuda_api *api = red->dev.api;
     if (red->view)
       for (size_t p = 0; p < n; p++)
@@ -1078,7 +1121,6 @@ static void first_step_done(brg_reducer *red) {
                                    red->params[p].count * brg_dtype_size(red->params[p].dtype),
                                    red->dev.stream),
                     "carrying gradients into the rebuilt buckets");
-    dev_check(red, api->drv.stream_sync(red->dev.stream), "waiting for the stream at the rebuild");
   } else if (red->view) { /* the gradients live in the buckets: carry them over */
     for (size_t p = 0; p < n; p++)
       if (red->params[p].count > 0)
