@@ -122,9 +122,10 @@ static int round_of(int rank, brg_comm *c, int view, void *prod, void **grad, vo
       break;
     }
     /* Rank 0 marks in registration order (the rebuild takes its order),
-     * the others in orders of their own. */
+     * the others in orders of their own (a step coprime with NPARAMS, which
+     * is prime, so every parameter once). */
     for (size_t k = 0; k < NPARAMS && !bad; k++) {
-      size_t p = (k * (size_t)(2 * rank + 1) + (size_t)rank) % NPARAMS;
+      size_t p = (k * (size_t)(rank % (NPARAMS - 1) + 1) + (size_t)rank) % NPARAMS;
       void *g = NULL;
       brg_reducer_grad(red, p, &g);
       /* src is rewritten synchronously: the last pass's copy from it is done. */
