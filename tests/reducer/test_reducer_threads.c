@@ -13,15 +13,19 @@
  * stream in an order of its own, and runs NSTEPS blocking passes: the first
  * pass's ready order (rank 0's, registration order) differs from the
  * initial reverse-registration buckets, so the layout is rebuilt after it.
- * Two rounds: gradients in buffers of the caller's, then as bucket views
- * (which the rebuild carries into the new buckets). After every pass each
+ * Three rounds: gradients in buffers of the caller's, then as bucket views
+ * (which the rebuild carries into the new buckets), then in buffers with
+ * rank 0 marking in reverse registration order, which rebuilds the same
+ * buckets (where nothing may be allocated and freed either). After every pass each
  * element of each gradient is compared with the sum over ranks computed
  * here on the host (integer-valued, so the sum is exact in any order).
- * The test also checks that the layout did change.
+ * The test also checks that the layout did change (did not, in the third).
  *
- *   test_reducer_threads [N]     exits 77 without a GPU (1 with
- *                                BRIGADE_TEST_NO_SKIP set)
+ *   test_reducer_threads [N [ROUNDS]]   ROUNDS: digits of the rounds to run
+ *                                       (default 012); exits 77 without a
+ *                                       GPU (1 with BRIGADE_TEST_NO_SKIP)
  */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -39,6 +43,7 @@
 static const brg__cuda_api *api;
 static brg_unique_id id;
 static int nranks = 3;
+static const char *rounds = "012";
 static int failures[MAXN];
 /* Between rounds and before the final frees: a rank's own cudaFree (or the
  * reducer's destroy) must not wait for a neighbour's kernel of the next
@@ -51,6 +56,27 @@ static const brg_dtype dtypes[NPARAMS] = {BRG_FLOAT32, BRG_FLOAT64, BRG_FLOAT32,
 
 static size_t bytes_of(size_t p) {
   return counts[p] * brg_dtype_size(dtypes[p]);
+}
+
+/* Where parameter p's result lands in the pinned buffer of all of them. */
+static size_t out_at(size_t p) {
+  size_t at = 0;
+  for (size_t q = 0; q < p; q++) at += (bytes_of(q) + 63) / 64 * 64;
+  return at;
+}
+
+/* The emulated module's count of device-wide waits other than kernel
+ * loads (its strict rules); 0 on a GPU. */
+static void (*strict_counts)(long *waits, long *loads);
+
+/* The test's own synchronous copies in the passes, each one such wait
+ * under BRIGADE_EMU_SYNC_FREE (behind the blocking streams). */
+static long own_copies;
+
+static long device_waits(void) {
+  long waits = 0, loads = 0;
+  if (strict_counts) strict_counts(&waits, &loads);
+  return waits - loads;
 }
 
 /* Rank r's gradient of parameter p, element i, in pass `step`: an integer. */
@@ -94,9 +120,12 @@ static size_t layout_of(brg_reducer *red, long *out, size_t cap) {
 }
 
 /* One reducer, NSTEPS passes; 0 when every element was right. */
-static int round_of(int rank, brg_comm *c, int view, void *prod, void **grad, void **src,
-                    void *host, void *dev_host) {
+static const char *round_name[3] = {"buffers", "views", "buffers, same buckets"};
+
+static int round_of(int rank, brg_comm *c, int round, void *prod, void **grad, void **src,
+                    void **src_dev, void *out) {
   char what[160];
+  int view = round == 1, same = round == 2;
   brg_reducer_param prm[NPARAMS];
   for (size_t p = 0; p < NPARAMS; p++)
     prm[p] = (brg_reducer_param){
@@ -108,15 +137,23 @@ static int round_of(int rank, brg_comm *c, int view, void *prod, void **grad, vo
   brg_reducer *red = NULL;
   if (brg_reducer_create(&red, c, prm, NPARAMS, &cfg) != BRG_SUCCESS) {
     report(rank, "create: %s", brg_reducer_last_error(NULL));
-    pthread_barrier_wait(&between); /* the others' two waits */
-    pthread_barrier_wait(&between);
+    for (int k = 0; k < 5; k++) pthread_barrier_wait(&between); /* the others' waits */
     return 1;
   }
+  /* The passes alone: nobody is in a synchronous call of the test's. */
+  pthread_barrier_wait(&between);
+  long waits0 = device_waits();
+  pthread_barrier_wait(&between);
   long before[2 * NPARAMS + 2], after[2 * NPARAMS + 2];
   size_t nbefore = layout_of(red, before, 2 * NPARAMS + 2);
   int bad = 0;
   for (int step = 0; step < NSTEPS && !bad; step++) {
-    snprintf(what, sizeof what, "%s, pass %d", view ? "views" : "buffers", step);
+    snprintf(what, sizeof what, "%s, pass %d", round_name[round], step);
+    /* src (pinned host memory) is rewritten: the last copies from it are
+     * done. One wait, so that a rank gets to its next bucket as fast as the
+     * reducer lets it. */
+    api->drv.stream_sync(prod);
+    for (size_t p = 0; p < NPARAMS; p++) fill(src[p], p, rank, step);
     if (brg_reducer_prepare(red, 0) != BRG_SUCCESS) {
       bad = report(rank, "%s: prepare: %s", what, brg_reducer_last_error(red));
       break;
@@ -126,13 +163,10 @@ static int round_of(int rank, brg_comm *c, int view, void *prod, void **grad, vo
      * is prime, so every parameter once). */
     for (size_t k = 0; k < NPARAMS && !bad; k++) {
       size_t p = (k * (size_t)(rank % (NPARAMS - 1) + 1) + (size_t)rank) % NPARAMS;
+      if (same && rank == 0) p = NPARAMS - 1 - k; /* the order the buckets were made for */
       void *g = NULL;
       brg_reducer_grad(red, p, &g);
-      /* src is rewritten synchronously: the last pass's copy from it is done. */
-      api->drv.stream_sync(prod);
-      fill(host, p, rank, step);
-      api->drv.mem_copy(src[p], host, bytes_of(p));
-      api->kern.copy(g, NULL, src[p], bytes_of(p), prod);
+      api->kern.copy(g, NULL, src_dev[p], bytes_of(p), prod);
       if (brg_reducer_mark_ready_on(red, p, prod) != BRG_SUCCESS)
         bad = report(rank, "%s: mark_ready: %s", what, brg_reducer_last_error(red));
     }
@@ -142,15 +176,22 @@ static int round_of(int rank, brg_comm *c, int view, void *prod, void **grad, vo
     if (!bad && (brg_comm_get_async_error(c, &async) != BRG_SUCCESS || async != BRG_SUCCESS))
       bad = report(rank, "%s: the communicator's asynchronous error: %s", what,
                    brg_comm_last_error(c));
+    /* Read back synchronously: without a round trip through a stream, a
+     * rank that is done reaches its next bucket soon, while a neighbour
+     * may still be in the rebuild. */
     for (size_t p = 0; p < NPARAMS && !bad; p++) {
       void *g = NULL;
       brg_reducer_grad(red, p, &g);
-      api->drv.mem_copy(dev_host, g, bytes_of(p));
+      api->drv.mem_copy((char *)out + out_at(p), g, bytes_of(p));
+      __atomic_add_fetch(&own_copies, 1, __ATOMIC_RELAXED);
+    }
+    for (size_t p = 0; p < NPARAMS && !bad; p++) {
+      const char *o = (const char *)out + out_at(p);
       for (size_t i = 0; i < counts[p]; i++) {
         double want = 0;
         for (int r = 0; r < nranks; r++) want += value(r, step, p, i);
         double got =
-            dtypes[p] == BRG_FLOAT32 ? (double)((float *)dev_host)[i] : ((double *)dev_host)[i];
+            dtypes[p] == BRG_FLOAT32 ? (double)((const float *)o)[i] : ((const double *)o)[i];
         if (got != want) {
           fprintf(stderr, "rank %d: %s: parameter %zu element %zu of %zu is %g, expected %g\n",
                   rank, what, p, i, counts[p], got, want);
@@ -162,14 +203,26 @@ static int round_of(int rank, brg_comm *c, int view, void *prod, void **grad, vo
     }
   }
   size_t nafter = layout_of(red, after, 2 * NPARAMS + 2);
-  if (!bad && nbefore == nafter && !memcmp(before, after, nafter * sizeof(long)))
-    bad = report(rank,
-                 "%s: the buckets were not rebuilt after the first pass (the test needs a "
-                 "rebuild)",
-                 view ? "views" : "buffers");
+  int unchanged = nbefore == nafter && !memcmp(before, after, nafter * sizeof(long));
+  if (!bad && unchanged != same)
+    bad = report(rank, "%s: the buckets %s after the first pass (the test needs %s)",
+                 round_name[round], same ? "changed" : "were not rebuilt",
+                 same ? "rank 0's order to be the one they were made for" : "a rebuild");
   /* Every rank's last collectives are done (blocking finalize) before any
    * rank's destroy frees. */
   pthread_barrier_wait(&between);
+  /* Rank 0 alone reads and resets the counts (the next barrier orders it). */
+  long waits = rank == 0
+                   ? device_waits() - waits0 - __atomic_exchange_n(&own_copies, 0, __ATOMIC_RELAXED)
+                   : 0;
+  if (waits > 0)
+    bad = report(rank,
+                 "%s: %ld device-wide wait(s) of the emulated module during the passes (a GPU "
+                 "free, unregister or legacy-stream copy between the first prepare and the last "
+                 "finalize, which with ranks as threads can wait for a neighbour's kernel that "
+                 "waits for this rank)",
+                 round_name[round], waits);
+  pthread_barrier_wait(&between); /* counted before anyone destroys */
   brg_reducer_destroy(red);
   pthread_barrier_wait(&between);
   return bad;
@@ -178,44 +231,65 @@ static int round_of(int rank, brg_comm *c, int view, void *prod, void **grad, vo
 static void *rank_main(void *arg) {
   int rank = (int)(long)arg;
   brg_comm *c = NULL;
-  void *prod = NULL, *grad[NPARAMS] = {0}, *src[NPARAMS] = {0};
-  void *host = malloc(20011 * 8), *dev_host = malloc(20011 * 8);
+  void *prod = NULL, *grad[NPARAMS] = {0}, *src[NPARAMS] = {0}, *src_dev[NPARAMS] = {0};
+  void *out = NULL, *out_dev = NULL;
+  int reg[NPARAMS + 1] = {0};
   brg_status s = brg_comm_init(&c, nranks, &id, rank);
   int e = 0, ran = 0;
-  if (s != BRG_SUCCESS || !host || !dev_host) {
-    report(rank, "setup: %s", s != BRG_SUCCESS ? brg_comm_last_error(c) : "out of host memory");
+  if (s != BRG_SUCCESS) {
+    report(rank, "setup: %s", brg_comm_last_error(c));
     goto out;
   }
+  /* Producers copy from pinned host memory, on their stream. */
   e = api->drv.stream_create(&prod);
-  for (size_t p = 0; p < NPARAMS && !e; p++) {
-    e = api->drv.mem_alloc(&grad[p], bytes_of(p));
-    if (!e) e = api->drv.mem_alloc(&src[p], bytes_of(p));
+  for (size_t p = 0; p <= NPARAMS && !e; p++) {
+    void **h = p < NPARAMS ? &src[p] : &out, **d = p < NPARAMS ? &src_dev[p] : &out_dev;
+    size_t b = p < NPARAMS ? bytes_of(p) : out_at(NPARAMS);
+    if (posix_memalign(h, 4096, b) != 0) {
+      *h = NULL;
+      report(rank, "setup: out of host memory");
+      goto out;
+    }
+    e = api->drv.host_register(*h, b, d);
+    reg[p] = !e;
+    if (!e && p < NPARAMS) e = api->drv.mem_alloc(&grad[p], bytes_of(p));
   }
-  if (e) {
-    report(rank, "setup: %s", api->drv.error_string(e));
+  /* The communicator's device side is set up before the rounds count. */
+  if (!e) {
+    s = brg_allreduce(grad[0], grad[0], counts[0], BRG_FLOAT32, BRG_SUM, c, prod);
+    e = api->drv.stream_sync(prod);
+  }
+  if (e || s != BRG_SUCCESS) {
+    report(rank, "setup: %s", e ? api->drv.error_string(e) : brg_comm_last_error(c));
     goto out;
   }
-  /* The round with views runs even after a failure of the first, to say
-   * whether it fails too; a rank whose communicator broke stops. */
-  for (int view = 0; view < 2; view++) round_of(rank, c, view, prod, grad, src, host, dev_host);
+  pthread_barrier_wait(&between);
+  /* Every round runs even after a failure of an earlier one (each then
+   * fails too, and says where, once the communicator broke). */
+  for (const char *r = rounds; *r; r++) round_of(rank, c, *r - '0', prod, grad, src, src_dev, out);
   ran = 1;
 out:
-  for (int k = 0; !ran && k < 4; k++) pthread_barrier_wait(&between); /* the rounds' waits */
+  for (size_t k = 0; !ran && k < 1 + 5 * strlen(rounds); k++)
+    pthread_barrier_wait(&between); /* the others' waits */
   pthread_barrier_wait(&between);
   if (prod) api->drv.stream_destroy(prod);
-  for (size_t p = 0; p < NPARAMS; p++) {
-    if (grad[p]) api->drv.mem_free(grad[p]);
-    if (src[p]) api->drv.mem_free(src[p]);
+  for (size_t p = 0; p <= NPARAMS; p++) {
+    void *h = p < NPARAMS ? src[p] : out;
+    if (reg[p]) api->drv.host_unregister(h);
+    free(h);
+    if (p < NPARAMS && grad[p]) api->drv.mem_free(grad[p]);
   }
-  free(host);
-  free(dev_host);
   if (c) brg_comm_destroy(c);
   return NULL;
 }
 
 int main(int argc, char **argv) {
   if (argc > 1) nranks = atoi(argv[1]);
-  if (nranks < 1 || nranks > MAXN) return 2;
+  if (argc > 2) rounds = argv[2];
+  if (nranks < 1 || nranks > MAXN || strspn(rounds, "012") != strlen(rounds)) {
+    fprintf(stderr, "usage: %s [N (1 to %d) [ROUNDS (digits 0, 1, 2)]]\n", argv[0], MAXN);
+    return 2;
+  }
   char why[256] = "";
   const char *path = getenv("BRIGADE_CUDA_MODULE");
   api = path ? brg__cuda_open(path, why, sizeof why) : NULL;
@@ -227,6 +301,8 @@ int main(int argc, char **argv) {
     printf("skipped: %s\n", path ? why : "BRIGADE_CUDA_MODULE is not set");
     return 77;
   }
+  void *mod = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+  if (mod) *(void **)&strict_counts = dlsym(mod, "brg__emu_strict_counts");
   if (brg_get_unique_id(&id) != BRG_SUCCESS) return 1;
   pthread_barrier_init(&between, NULL, (unsigned)nranks);
   pthread_t th[MAXN];
