@@ -16,10 +16,17 @@
  * Three rounds: gradients in buffers of the caller's, then as bucket views
  * (which the rebuild carries into the new buckets), then in buffers with
  * rank 0 marking in reverse registration order, which rebuilds the same
- * buckets (where nothing may be allocated and freed either). After every pass each
- * element of each gradient is compared with the sum over ranks computed
- * here on the host (integer-valued, so the sum is exact in any order).
- * The test also checks that the layout did change (did not, in the third).
+ * buckets (where nothing may be allocated and freed either). After every
+ * pass each element of each gradient is compared with the sum over ranks
+ * computed here on the host (integer-valued, so the sum is exact in any
+ * order). The test also checks that the layout did change (did not, in the
+ * third).
+ *
+ * Whether a free in the passes hangs depends on a neighbour reaching its
+ * next bucket first; so, on the emulated module, the device-wide waits
+ * between the first prepare and the last finalize are also counted
+ * (brg__emu_strict_counts, less the test's own synchronous copies), and
+ * any is a failure that names the cause, at every run.
  *
  *   test_reducer_threads [N [ROUNDS]]   ROUNDS: digits of the rounds to run
  *                                       (default 012); exits 77 without a
