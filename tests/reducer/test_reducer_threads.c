@@ -126,9 +126,9 @@ static size_t layout_of(brg_reducer *red, long *out, size_t cap) {
   return k;
 }
 
-/* One reducer, NSTEPS passes; 0 when every element was right. */
 static const char *round_name[3] = {"buffers", "views", "buffers, same buckets"};
 
+/* One reducer, NSTEPS passes; 0 when every element was right. */
 static int round_of(int rank, brg_comm *c, int round, void *prod, void **grad, void **src,
                     void **src_dev, void *out) {
   char what[160];
