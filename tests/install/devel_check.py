@@ -171,10 +171,12 @@ def destdir(meson, build, work):
     build_cmake(work, root, version, run_env=run_env)
 
 
-def wheel(py, work):
+def wheel(py, work, env=None):
+    os.makedirs(work, exist_ok=True)
+    env = {k: v for k, v in (env or os.environ).items() if k != "LD_LIBRARY_PATH"}
     dirs = {}
     for opt in ("--include", "--pkgconfig-dir", "--cmake-dir"):
-        r = run([py, "-m", "brigade.info", opt], cwd=work)
+        r = run([py, "-m", "brigade.info", opt], cwd=work, env=env)
         check(r.returncode == 0 and os.path.isdir(r.stdout.strip()),
               f"python -m brigade.info {opt}", r.stdout + r.stderr)
         dirs[opt] = r.stdout.strip()
@@ -182,9 +184,8 @@ def wheel(py, work):
         return
     check(os.path.exists(os.path.join(dirs["--include"], "brigade_reducer.h")),
           "the package holds brigade_reducer.h")
-    r = run([py, "-c", "import brigade; print(brigade.__version__)"], cwd=work)
+    r = run([py, "-c", "import brigade; print(brigade.__version__)"], cwd=work, env=env)
     version = r.stdout.strip()
-    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
     build_pkgconfig(work, dirs["--pkgconfig-dir"], run_env=env)
     # CMAKE_PREFIX_PATH at the package folder: <prefix>/lib/cmake/brigade
     build_cmake(work, os.path.dirname(os.path.dirname(os.path.dirname(dirs["--cmake-dir"]))),

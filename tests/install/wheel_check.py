@@ -539,7 +539,7 @@ def main():
     # A C program against the installed package: pkg-config and CMake.
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import devel_check
-    devel_check.wheel(py, os.path.join(work, "devel"))
+    devel_check.wheel(py, os.path.join(work, "devel"), env)
     failed.extend(devel_check.failed)
 
     # One device allreduce through the installed package, on the emulator.
