@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include "brg_cuda.h"
+#include "brigade.h"
 #include "ring_kernel_table.h"
 
 namespace {
