@@ -45,7 +45,7 @@ static void find_installed_module(void) {
   char found[PATH_MAX + 64] = "";
 #ifdef BRG_INFO_LIBDIR
   snprintf(pat, sizeof pat, "%s/%s/libbrigade_cuda.so", exe, BRG_INFO_LIBDIR);
-  if (access(pat, F_OK) == 0) snprintf(found, sizeof found, "%s", pat);
+  if (access(pat, F_OK) != 0 || realpath(pat, found) == NULL) found[0] = 0;
 #endif
 #ifdef BRG_INFO_PYTHON
   const char *pats[] = {"%s/../lib/" BRG_INFO_PYTHON "/*-packages/brigade/libbrigade_cuda.so",
