@@ -310,8 +310,9 @@ fi
   echo "-- stages (limit each; budget ${BUDGET}s)"
   cat "$STAGES"
   echo "-- the first kernel-mode allreduce"
-  grep -h -E '^test_device_threads|kernel mode|CUDA module|element|rank [0-9]+:' \
-    "$OUT"/*first*.log 2>/dev/null | head -8
+  grep -h -E '^test_device_threads|^rank [0-9]+: ' "$OUT"/*first*.log 2>/dev/null |
+    head -8
+  grep -h -E 'CUDA module loaded|kernel mode.s shape' "$OUT"/*first*.log 2>/dev/null | head -2
   echo "-- device allreduce, float32 sum, ranks as threads on one GPU (busbw vs copy)"
   grep -h -E '^# copy|^(kernel|step) +N=|^nccl +N=|^# nccl|device_perf: FAILED' \
     "$OUT"/*perf*.log 2>/dev/null | head -80
