@@ -535,7 +535,8 @@ def main():
               and "cannot open" not in r.stdout and "could not be loaded" not in r.stdout,
               "bin/brigade-info finds the package's CUDA module",
               r.stdout[-1500:] + r.stderr[-500:])
-        print("     " + next((ln for ln in r.stdout.splitlines() if "cuda_ipc" in ln), ""))
+        print("     " + next((ln.strip() for ln in r.stdout.splitlines()
+                                if ln.strip().startswith("cuda_ipc")), ""))
 
     # A C program against the installed package: pkg-config and CMake.
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
