@@ -14,8 +14,10 @@
 #                           set up afresh each time)
 #   DEVICE_CHECK_CUDA       meson's -Dcuda (default: enabled where a GPU and
 #                           nvcc are found, else disabled)
-#   DEVICE_CHECK_ARCHS      meson's -Dgpu_archs (default: the GPU's compute
-#                           capability, nvidia-smi's compute_cap: 9.0 -> 90)
+#   DEVICE_CHECK_ARCHS      meson's -Dgpu_archs (default auto: the GPU's
+#                           compute capability, nvidia-smi's compute_cap:
+#                           9.0 -> 90; a GPU newer than nvcc: PTX of the
+#                           newest nvcc knows)
 #   DEVICE_CHECK_KEEP=1     keep a build folder that is there (a second call
 #                           on a warm machine goes on with ninja)
 #
@@ -153,7 +155,7 @@ if [ "${DEVICE_CHECK_KEEP:-0}" = 1 ] && [ -f "$BUILD/build.ninja" ]; then
 else
   rm -rf "$BUILD"
   stage setup 45 "${MESON[@]}" setup "$BUILD" "$SRC" --buildtype=release -Dcuda="$CUDA" \
-    -Dgpu_archs="$ARCHS" -Dtests=auto -Dbench_peers=disabled -Dpython=disabled || true
+    -Dgpu_archs="${DEVICE_CHECK_ARCHS:-auto}" -Dtests=auto -Dbench_peers=disabled -Dpython=disabled || true
 fi
 EMU=$BUILD/tests/gpu/libbrigade_cuda_emu.so
 # what the stages run, and the programs of the gpu test suite with what
