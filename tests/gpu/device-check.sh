@@ -248,6 +248,8 @@ if [ $GPU = 1 ] && [ -x "$BUILD/bench/gpu_kernel_bench" ]; then
   stage kernels 30 "$BUILD/bench/gpu_kernel_bench" -b 1M -e 1G -n 20 -w 5 || true
 elif [ $GPU = 0 ]; then
   note kernels "skipped: no GPU"
+else
+  note kernels "skipped: bench/gpu_kernel_bench was not built"
 fi
 
 # ---- nccl-tests, N = 1, against brigade's NCCL and the toolkit's ----
