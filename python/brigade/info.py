@@ -98,7 +98,8 @@ def devel_dir(option: str) -> tuple[Optional[str], str]:
     b = _build()
     if b is None or not getattr(b, field, ""):
         return None, f"{what}: not an installed build (no brigade._build)"
-    d = os.path.join(os.path.dirname(os.path.abspath(b.__file__)), getattr(b, field))
+    # relative to the package folder (a wheel), or absolute (installed)
+    d = os.path.join(os.path.dirname(os.path.abspath(getattr(b, "__file__"))), getattr(b, field))
     if not os.path.exists(os.path.join(d, name)):
         return None, f"{what}: no {name} in {d}"
     return d, ""
