@@ -6,8 +6,12 @@
  * can work here and why not. It links the static core, so it reads the same
  * tables the library uses rather than a copy of them.
  */
+#include <glob.h>
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "brigade.h"
 #include "settings.h"
@@ -19,6 +23,45 @@
 #ifndef BRG_NOT_BUILT
 #define BRG_NOT_BUILT ""
 #endif
+
+/* The CUDA module of the installed tree this program belongs to. The
+ * library finds its module beside itself, but this program links the core
+ * statically and is installed in bindir, apart from the library: from
+ * meson install, the module is in BRG_INFO_LIBDIR (relative to bindir);
+ * from a wheel, in the package folder, lib/python3.X/{site,dist}-packages/
+ * brigade beside bin (a venv, ~/.local, /usr/local), BRG_INFO_PYTHON's
+ * first. Names it with BRIGADE_CUDA_MODULE (unless that is set), so that
+ * the transports below are judged with the module the library would open;
+ * prints what it did. */
+static void find_installed_module(void) {
+  const char *env = getenv("BRIGADE_CUDA_MODULE");
+  char exe[PATH_MAX], pat[PATH_MAX + 64];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if ((env && *env) || n <= 0) return;
+  exe[n] = 0;
+  char *slash = strrchr(exe, '/');
+  if (!slash) return;
+  *slash = 0; /* bindir */
+  char found[PATH_MAX + 64] = "";
+#ifdef BRG_INFO_LIBDIR
+  snprintf(pat, sizeof pat, "%s/%s/libbrigade_cuda.so", exe, BRG_INFO_LIBDIR);
+  if (access(pat, F_OK) != 0 || realpath(pat, found) == NULL) found[0] = 0;
+#endif
+#ifdef BRG_INFO_PYTHON
+  const char *pats[] = {"%s/../lib/" BRG_INFO_PYTHON "/*-packages/brigade/libbrigade_cuda.so",
+                        "%s/../lib/python3*/*-packages/brigade/libbrigade_cuda.so"};
+  for (int i = 0; i < 2 && !found[0]; i++) {
+    glob_t g;
+    snprintf(pat, sizeof pat, pats[i], exe);
+    if (glob(pat, 0, NULL, &g) == 0 && g.gl_pathc > 0 && realpath(g.gl_pathv[0], found) == NULL)
+      found[0] = 0;
+    globfree(&g);
+  }
+#endif
+  if (!found[0]) return;
+  setenv("BRIGADE_CUDA_MODULE", found, 1);
+  printf("CUDA module: %s (this installation's; BRIGADE_CUDA_MODULE names another)\n", found);
+}
 
 /* Whether `name` is in the comma list `allow` (empty: everything is). */
 static int allowed(const char *allow, const char *name) {
@@ -64,6 +107,7 @@ int main(int argc, char **argv) {
 
   printf("brigade %d.%d.%d\n", BRG_VERSION_MAJOR, BRG_VERSION_MINOR, BRG_VERSION_PATCH);
   printf("kernels: %s\n", brg__kernels_isa());
+  find_installed_module();
 
   brg__errbuf err = {0};
   brg_status st = brg__settings_load(&err);

@@ -6,6 +6,11 @@ architectures, or why it is missing) and the NCCL-compatible library.
     python -m brigade.info [brigade-info's options]
     python -m brigade.info --nccl-path   the NCCL library's path, alone
                                          (for LD_PRELOAD / LD_LIBRARY_PATH)
+    python -m brigade.info --include     the folder of brigade.h
+    python -m brigade.info --pkgconfig-dir   the folder of brigade.pc
+                                         (PKG_CONFIG_PATH)
+    python -m brigade.info --cmake-dir   the folder of brigadeConfig.cmake
+                                         (brigade_DIR, CMAKE_PREFIX_PATH)
 
 It runs the brigade-info program installed with the package (the wheel puts
 it beside the Python interpreter's scripts), since the settings table lives
@@ -80,10 +85,38 @@ def nccl_library() -> tuple[Optional[str], str]:
     return None, f"not found beside the library ({d})"
 
 
+# What a C or C++ program builds with: option -> (_build.py's field, the
+# file that must be there, its use).
+DEVEL = {"--include": ("INCLUDE_DIR", "brigade.h", "the headers"),
+         "--pkgconfig-dir": ("PKGCONFIG_DIR", "brigade.pc", "pkg-config's brigade.pc"),
+         "--cmake-dir": ("CMAKE_DIR", "brigadeConfig.cmake", "the CMake package")}
+
+
+def devel_dir(option: str) -> tuple[Optional[str], str]:
+    """(the folder DEVEL[option] names, "") or (None, why there is none)."""
+    field, name, what = DEVEL[option]
+    b = _build()
+    if b is None or not getattr(b, field, ""):
+        return None, f"{what}: not an installed build (no brigade._build)"
+    # relative to the package folder (a wheel), or absolute (installed)
+    d = os.path.join(os.path.dirname(os.path.abspath(getattr(b, "__file__"))), getattr(b, field))
+    if not os.path.exists(os.path.join(d, name)):
+        return None, f"{what}: no {name} in {d}"
+    return d, ""
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     import brigade
 
     args = list(argv if argv is not None else sys.argv[1:])
+    for opt in DEVEL:
+        if opt in args:
+            d, why = devel_dir(opt)
+            if d is None:
+                print(f"brigade: {why}", file=sys.stderr)
+                return 1
+            print(d)
+            return 0
     if "--nccl-path" in args:
         path, why = nccl_library()
         if path is None:

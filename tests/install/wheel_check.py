@@ -10,7 +10,9 @@ used from there with nothing of the source or build tree on the paths.
 
 Checks, in order:
   1. the wheel is tagged py3-none-<platform> and holds libbrigade.so.0,
-     libbrigade_cuda.so, libnccl.so.2 and _build.py in brigade/;
+     libbrigade_cuda.so, libnccl.so.2 and _build.py in brigade/, and
+     include/ (brigade.h, brigade_reducer.h), lib/pkgconfig/brigade.pc and
+     lib/cmake/brigade/ (brigadeConfig.cmake, brigadeConfigVersion.cmake);
   2. installed, every library resolves all its needs (ldd: no "not found"),
      libnccl.so.2 finds libbrigade.so.0 through its RUNPATH ($ORIGIN), and
      each one opens with dlopen;
@@ -21,12 +23,16 @@ Checks, in order:
   4. the installed libbrigade.so opens the installed libbrigade_cuda.so:
      without a GPU the device path says there is no device (the module was
      loaded and asked), never that the module could not be loaded;
+  4b. bin/brigade-info, run as installed, names the package's CUDA module;
+  4c. a C program builds against the installed package with pkg-config and
+     with CMake (find_package(brigade), brigade::brigade) and runs
+     (devel_check.py --python);
   5. one device allreduce through the installed package, 2 ranks, on the
      emulated CUDA module (BRIGADE_CUDA_MODULE=EMU_MODULE: the kernel source
      compiled for the CPU; a real GPU is the only check of the real module's
      kernels), every element checked.
---archs is passed as -Dgpu_archs (default: the build's own choice, every
-architecture nvcc lists); --wheel skips the build. Exit 77 (skip) without
+--archs is passed as -Dgpu_archs (default: the build's own choice: the
+GPU's, else sm_80 and sm_90); --wheel skips the build. Exit 77 (skip) without
 nvcc or pip.
 
 --meson is the quick form, for every test run (no nvcc, no meson-python,
@@ -414,6 +420,11 @@ def main():
     names = zipfile.ZipFile(whl).namelist()
     inside = {os.path.basename(n): n for n in names if "/brigade/" in "/" + n}
     want_files = ["libbrigade.so.0", "_build.py", "__init__.py", "torch.py", "info.py"]
+    # what a C or C++ program builds with (packaging/meson.build)
+    for f in ["include/brigade.h", "include/brigade_reducer.h", "lib/pkgconfig/brigade.pc",
+              "lib/cmake/brigade/brigadeConfig.cmake",
+              "lib/cmake/brigade/brigadeConfigVersion.cmake"]:
+        check(any(n.endswith("brigade/" + f) for n in names), f"wheel holds brigade/{f}")
     if gpu:
         want_files += ["libbrigade_cuda.so"]
     if nccl:
@@ -474,8 +485,9 @@ def main():
           "python -m brigade.info runs the installed brigade-info", r.stdout[-800:] + r.stderr)
     line = next((ln for ln in r.stdout.splitlines() if ln.startswith("CUDA module:")), "")
     if gpu:
-        want = ["sm_" + x for x in a.archs.split(",")] if a.archs else [
-            "sm_75", "sm_90", "sm_120"]
+        # the build's own choice (this GPU's, or the wheel's default list)
+        # otherwise: any, as long as the fatbinary holds it (below)
+        want = ["sm_" + x for x in a.archs.split(",")] if a.archs else ["sm_"]
         check(libs["libbrigade_cuda.so"] in line
               and all(re.search(re.escape(w) + r"\b", line) for w in want),
               "brigade.info names the CUDA module and its architectures", line or r.stdout)
@@ -513,6 +525,24 @@ def main():
               and "built without" not in out and "does not match" not in out,
               "the installed CUDA module is opened", out)
         print("     " + out.strip().splitlines()[-1] if out.strip() else "")
+
+    if gpu:
+        # brigade-info run as installed (bin/, apart from the package) finds
+        # the package's module, as the package's library does.
+        prog = os.path.join(venv, "bin", "brigade-info")
+        r = run([prog], env=env, cwd=cwd, timeout=120)
+        check(f"CUDA module: {os.path.realpath(libs['libbrigade_cuda.so'])}" in r.stdout
+              and "cannot open" not in r.stdout and "could not be loaded" not in r.stdout,
+              "bin/brigade-info finds the package's CUDA module",
+              r.stdout[-1500:] + r.stderr[-500:])
+        print("     " + next((ln.strip() for ln in r.stdout.splitlines()
+                                if ln.strip().startswith("cuda_ipc")), ""))
+
+    # A C program against the installed package: pkg-config and CMake.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import devel_check
+    devel_check.wheel(py, os.path.join(work, "devel"), env)
+    failed.extend(devel_check.failed)
 
     # One device allreduce through the installed package, on the emulator.
     with socket.socket() as s:
