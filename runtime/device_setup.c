@@ -210,8 +210,8 @@ static brg_status blobs_agree(brg_comm *c, const dev_blob *mine, const dev_blob 
   for (int r = 0; s == BRG_SUCCESS && r < c->nranks; r++)
     if (all[r].kos_limit != mine->kos_limit || all[r].kll_limit != mine->kll_limit)
       s = brg__comm_error(c, BRG_ERR_MISMATCH,
-                          "device collectives: rank %d sends allreduces up to %llu bytes "
-                          "(BRIGADE_DEVICE_SMALL_BYTES) in one hop, up to %llu of them as LL "
+                          "device collectives: rank %d sends allreduces of up to %llu bytes "
+                          "in one hop (BRIGADE_DEVICE_SMALL_BYTES) and of up to %llu bytes as LL "
                           "lines (BRIGADE_DEVICE_LL_BYTES), but rank %d up to %llu and %llu: "
                           "the ranks would take different paths for the same call (set "
                           "BRIGADE_DEVICE_SMALL_BYTES and BRIGADE_DEVICE_LL_BYTES alike on "

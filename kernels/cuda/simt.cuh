@@ -24,7 +24,8 @@
  *   brg_simt_store_word_release_gpu     a word only kernels of this GPU read,
  *                                       after this thread's writes (a fence
  *                                       of the GPU only, not of the system)
- *   brg_simt_add_u64                    adds to a counter the host reads
+ *   brg_simt_add_u64                    adds to a counter the host reads,
+ *                                       returns the old value
  *   brg_simt_add_u64_release_gpu        the same, after this thread's writes
  *                                       (a fence of the GPU only)
  *   BRG_SIMT_SHARED                     __shared__: one per thread block
@@ -116,10 +117,10 @@ static BRG_SIMT_DEV void brg_simt_ll_load(const uint64_t *p, uint64_t *lo, uint6
 static BRG_SIMT_DEV void brg_simt_store_word_release_gpu(int *p, int v) {
   asm volatile("st.release.gpu.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
-static BRG_SIMT_DEV void brg_simt_add_u64(uint64_t *p, uint64_t v) {
+static BRG_SIMT_DEV uint64_t brg_simt_add_u64(uint64_t *p, uint64_t v) {
   uint64_t old;
   asm volatile("atom.relaxed.sys.add.u64 %0, [%1], %2;" : "=l"(old) : "l"(p), "l"(v) : "memory");
-  (void)old;
+  return old;
 }
 static BRG_SIMT_DEV void brg_simt_add_u64_release_gpu(uint64_t *p, uint64_t v) {
   asm volatile("red.release.gpu.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
@@ -234,8 +235,8 @@ static inline void brg_simt_ll_load(const uint64_t *p, uint64_t *lo, uint64_t *h
 static inline void brg_simt_store_word_release_gpu(int *p, int v) {
   __atomic_store_n(p, v, __ATOMIC_RELEASE);
 }
-static inline void brg_simt_add_u64(uint64_t *p, uint64_t v) {
-  __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); /* ordered before the abort word's load */
+static inline uint64_t brg_simt_add_u64(uint64_t *p, uint64_t v) {
+  return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); /* ordered before the abort word's load */
 }
 static inline void brg_simt_add_u64_release_gpu(uint64_t *p, uint64_t v) {
   __atomic_fetch_add(p, v, __ATOMIC_RELEASE);
