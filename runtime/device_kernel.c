@@ -31,6 +31,8 @@ void brg__dev_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b, co
   b->kslot = d->kslot;
   b->kos_slot = d->kos_slot;
   b->kll_slot = d->kll_slot;
+  b->kos_limit = d->kos_limit;
+  b->kll_limit = d->kll_limit;
   if (d->kmode_req == 2) {
     snprintf(b->kwhy, sizeof b->kwhy, "BRIGADE_DEVICE_MODE=step");
     return;
@@ -538,6 +540,9 @@ brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k) {
   a.abort_word = d->kwords_dev;
   a.status = d->kwords_dev + KSTATUS_WORD;
   a.watch = (brg__rk_watch *)((char *)d->kwords_dev + KWATCH);
+  /* A captured launch's replays may run on any stream, where no event of
+   * this rank follows them: their blocks count themselves for the drain. */
+  if (k->captured) a.launches = (uint64_t *)((char *)d->kwords_dev + KLAUNCHES);
   a.call = (brg__rk_call){.seq = k->seq,
                           .count = k->count,
                           .root = k->root,

@@ -187,6 +187,10 @@ struct brg__dev_ring {
 #define PCTRL 8192
 #define KSTATUS_WORD 16 /* in kwords, a cache line after the abort word */
 #define KWATCH 1024     /* in kwords: a brg__rk_watch per channel */
+/* In kwords: the blocks of captured launches (graph replays, on any stream)
+ * that began, and a cache line on (BRG__RK_ENDED) those that ended
+ * (brg__rk_args.launches), for the drain at destroy. */
+#define KLAUNCHES 256
 
 /* What each rank tells every other one at setup. */
 typedef struct dev_blob {
@@ -210,6 +214,9 @@ typedef struct dev_blob {
   int32_t kos_ok; /* every rank's GPU reaches its one-shot area */
   uint64_t kos_slot;
   uint64_t kll_slot; /* room for a rank's LL lines (0: no LL form) */
+  /* The sizes that pick a call's path, as given (kos_slot and kll_slot
+   * round them up, so ranks whose slots agree may still differ here). */
+  uint64_t kos_limit, kll_limit;
   uint64_t kslot;
   char kwhy[128];                     /* why kernel mode cannot run here */
   int32_t kgdr_send_ok, kgdr_recv_ok; /* kernel mode's slots registered with the proxy's links */

@@ -257,6 +257,21 @@ static brg_status blobs_agree(brg_comm *c, const dev_blob *mine, const dev_blob 
                           r, kmode_name(all[r].kmode_req), all[r].kchannels,
                           (unsigned long long)all[r].kslot, c->rank, kmode_name(mine->kmode_req),
                           mine->kchannels, (unsigned long long)mine->kslot);
+  /* The limits themselves, not only the slots they round up to: each
+   * rank picks a call's path (ring, one-shot, LL) by its own limits, and
+   * ranks that pick differently wait for each other until the watchdog. */
+  for (int r = 0; s == BRG_SUCCESS && r < c->nranks; r++)
+    if (all[r].kos_limit != mine->kos_limit || all[r].kll_limit != mine->kll_limit)
+      s = brg__comm_error(c, BRG_ERR_MISMATCH,
+                          "device collectives: rank %d sends allreduces of up to %llu bytes "
+                          "in one hop (BRIGADE_DEVICE_SMALL_BYTES) and of up to %llu bytes as LL "
+                          "lines (BRIGADE_DEVICE_LL_BYTES), but rank %d up to %llu and %llu: "
+                          "the ranks would take different paths for the same call (set "
+                          "BRIGADE_DEVICE_SMALL_BYTES and BRIGADE_DEVICE_LL_BYTES alike on "
+                          "every rank)",
+                          r, (unsigned long long)all[r].kos_limit,
+                          (unsigned long long)all[r].kll_limit, c->rank,
+                          (unsigned long long)mine->kos_limit, (unsigned long long)mine->kll_limit);
   for (int r = 0; s == BRG_SUCCESS && r < c->nranks; r++)
     if (all[r].kos_slot != mine->kos_slot || all[r].kll_slot != mine->kll_slot)
       s = brg__comm_error(c, BRG_ERR_MISMATCH,

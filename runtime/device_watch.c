@@ -202,13 +202,53 @@ static void graph_streams_mark(struct brg__dev_ring *d) {
   }
 }
 
-/* Kernel mode's drain. After graphs captured launches, their replays on
- * the streams they were captured on are waited for too, and then the
- * abort word is set for good: a replay that comes later ends at once. */
+/* Whether every block of a graph replay that began has ended: replays on
+ * any stream count their blocks in the pinned page (KLAUNCHES), ended
+ * read after began, so that equal counts mean that every block begun when
+ * `began` was read had ended when `ended` was. */
+static int replays_done(const struct brg__dev_ring *d) {
+  if (!d->graphs || !d->kwords) return 1;
+  const uint64_t *w = (const uint64_t *)((const char *)d->kwords + KLAUNCHES);
+  uint64_t began = __atomic_load_n(&w[0], __ATOMIC_SEQ_CST);
+  return __atomic_load_n(&w[BRG__RK_ENDED], __ATOMIC_SEQ_CST) == began;
+}
+
+/* After the abort word is set for good: until every replay that began has
+ * ended (those running stop at their next wait, those that begin now end
+ * at once), seen on three polls a millisecond apart, so that a block that
+ * read the word just before it was set is counted by then; 0 when that
+ * took over 5 s (the memory must then stay). */
+static int replays_drained(const struct brg__dev_ring *d) {
+  __atomic_thread_fence(__ATOMIC_SEQ_CST); /* the abort word, before the counts */
+  int64_t deadline = brg__deadline_ms(5000);
+  for (int seen = 0; seen < 3;) {
+    seen = replays_done(d) ? seen + 1 : 0;
+    if (seen < 3 && brg__deadline_passed(deadline)) return 0;
+    brg__sleep_ms(1);
+  }
+  return 1;
+}
+
+/* Kernel mode's drain. After graphs captured launches, their replays are
+ * waited for too: those on the streams they were captured on by an event
+ * there, those on any other stream by their count of blocks begun and
+ * ended; then the abort word is set for good (a replay that comes later
+ * ends at once), and nothing is freed before every replay that began
+ * before it has ended. */
 brg_status brg__dev_kernel_drain(brg_comm *c, struct brg__dev_ring *d) {
   if (d->graphs) graph_streams_mark(d);
   brg_status s = kernel_drain_wait(c, d);
-  if (d->graphs) brg__dev_kernel_stop(d);
+  if (!d->graphs) return s;
+  brg__dev_kernel_stop(d);
+  if (!replays_drained(d)) {
+    d->stuck = 1;
+    if (s == BRG_SUCCESS)
+      s = brg__comm_error(c, BRG_ERR_TIMEOUT,
+                          "rank %d: a graph replay of a kernel-mode collective, launched on a "
+                          "stream this communicator was not told of, did not stop within 5 s of "
+                          "the abort at destroy: its memory stays allocated",
+                          c->rank);
+  }
   return s;
 }
 
@@ -227,11 +267,12 @@ static brg_status kernel_drain_wait(brg_comm *c, struct brg__dev_ring *d) {
    * without it. */
   c->departed_ok = 1;
   for (int i = 0;; i++) {
-    if (brg__dev_own_work_drained(d, 0) && brg__dev_proxy_flushed(d)) return BRG_SUCCESS;
+    if (brg__dev_own_work_drained(d, 0) && brg__dev_proxy_flushed(d) && replays_done(d))
+      return BRG_SUCCESS;
     brg_status s = c->waiter.check ? c->waiter.check(c->waiter.arg) : BRG_SUCCESS;
     if (s != BRG_SUCCESS) {
       brg__dev_kernel_stop(d);
-      int drained = brg__dev_own_work_drained(d, brg__deadline_ms(5000));
+      int drained = brg__dev_own_work_drained(d, brg__deadline_ms(5000)) && replays_drained(d);
       d->stuck = !drained;
       char why[BRG__ERRLEN / 2];
       snprintf(why, sizeof why, "%.*s", (int)sizeof why - 1, c->last_error);

@@ -221,15 +221,24 @@ template <typename T> union vec16 {
   T e[16 / sizeof(T)];
 };
 
-/* The split of one call. When every pointer sits at the same offset from a
- * 16-byte boundary, `head` elements are peeled until they reach it and
- * `nvec` vectors follow; otherwise everything is scalar (nvec = 0). */
+/* The split of one call, around the first destination d0: `head`
+ * elements are peeled until d0 reaches a 16-byte boundary, `nvec` aligned
+ * 16-byte vectors follow, then the tail. A source at another offset from a
+ * 16-byte boundary than d0 (a buffer aligned differently, or a slot and a
+ * buffer) is read shifted: each vector from the two aligned vectors that
+ * hold it (load16), `sa` and `sb` bytes past their start, so that no
+ * pairing of pointers falls back to the element loop. Every aligned
+ * vector read lies inside its source (a shifted source's first vector may
+ * wait one vector longer, its last end one sooner). Only a second
+ * destination at another offset than d0, or a d0 not on an element
+ * boundary, leaves everything to the element loop (nvec = 0). */
 struct plan {
   size_t head, nvec;
+  unsigned sa, sb; /* bytes of a and b past a 16-byte boundary, where d0 is on one */
 };
 
 /* Whether every pointer sits at the same offset from a 16-byte boundary,
- * a whole number of elements of T from it: the vector path's condition. */
+ * a whole number of elements of T from it: no source needs a shift. */
 template <typename T>
 BRG__EW_HD bool coaligned(const void *d0, const void *d1, const void *a, const void *b) {
   uintptr_t mis = reinterpret_cast<uintptr_t>(a) & 15;
@@ -240,15 +249,74 @@ BRG__EW_HD bool coaligned(const void *d0, const void *d1, const void *a, const v
 
 template <typename T>
 BRG__EW_HD plan make_plan(const void *d0, const void *d1, const void *a, const void *b, size_t n) {
-  constexpr size_t V = 16 / sizeof(T);
-  plan p = {0, 0};
-  uintptr_t mis = reinterpret_cast<uintptr_t>(a) & 15;
-  if (coaligned<T>(d0, d1, a, b)) {
-    p.head = mis ? (16 - mis) / sizeof(T) : 0;
-    if (p.head > n) p.head = n;
-    p.nvec = (n - p.head) / V;
+  constexpr size_t E = sizeof(T), V = 16 / E;
+  plan p = {0, 0, 0, 0};
+  if (!b) b = a; /* unary */
+  uintptr_t m0 = reinterpret_cast<uintptr_t>(d0) & 15;
+  if (m0 % E || (d1 && (reinterpret_cast<uintptr_t>(d1) & 15) != m0)) return p;
+  size_t head = m0 ? (16 - m0) / E : 0;
+  unsigned sa = (unsigned)((reinterpret_cast<uintptr_t>(a) + head * E) & 15);
+  unsigned sb = (unsigned)((reinterpret_cast<uintptr_t>(b) + head * E) & 15);
+  /* A shifted source's first vector reads the aligned 16 bytes before it. */
+  if (head * E < sa || head * E < sb) head += V;
+  if (head >= n) {
+    p.head = n;
+    return p;
   }
+  /* ... and its last one the aligned 16 bytes after it, up to 16 - shift
+   * bytes past the vector's end. */
+  unsigned over = sa ? 16 - sa : 0;
+  if (sb && 16 - sb > over) over = 16 - sb;
+  size_t rem = (n - head) * E, need = 16 + over;
+  p.head = head;
+  p.nvec = rem >= need ? (rem - need) / 16 + 1 : 0;
+  p.sa = sa;
+  p.sb = sb;
   return p;
+}
+
+/* Elements a call of plan p takes one at a time beyond the head and tail
+ * that align d0 (0 where every pointer is co-aligned): the work the
+ * shifted vector path exists to keep off the element loop. */
+template <typename T> BRG__EW_HD size_t scalar_excess(const void *d0, size_t n, plan p) {
+  constexpr size_t E = sizeof(T), V = 16 / E;
+  uintptr_t m0 = reinterpret_cast<uintptr_t>(d0) & 15;
+  size_t head = m0 % E ? 0 : m0 ? (16 - m0) / E : 0;
+  if (head > n) head = n;
+  size_t unavoidable = head + (n - head) % V;
+  size_t scalar = n - p.nvec * V;
+  return scalar > unavoidable ? scalar - unavoidable : 0;
+}
+
+/* The bits of hi:lo shifted right by s bits (s < 32). */
+BRG__EW_HD uint32_t funnel(uint32_t lo, uint32_t hi, unsigned s) {
+#if defined(__CUDA_ARCH__)
+  return __funnelshift_r(lo, hi, s);
+#else
+  return (uint32_t)((((uint64_t)hi << 32) | lo) >> s);
+#endif
+}
+
+/* The 16 bytes at q, sh bytes past a 16-byte boundary (sh < 16): one
+ * aligned load where sh is 0, else two whose bytes are shifted into one
+ * vector (words picked by selects, not indexed, so that they stay in
+ * registers on the device). */
+BRG__EW_HD brg__vec16_bits load16(const unsigned char *q, unsigned sh) {
+  const brg__vec16_bits *p = reinterpret_cast<const brg__vec16_bits *>(q - sh);
+  if (!sh) return p[0];
+  const brg__vec16_bits lo = p[0], hi = p[1];
+  const unsigned w = sh >> 2, s = (sh & 3) * 8;
+  const uint32_t c0 = w == 0 ? lo.x : w == 1 ? lo.y : w == 2 ? lo.z : lo.w;
+  const uint32_t c1 = w == 0 ? lo.y : w == 1 ? lo.z : w == 2 ? lo.w : hi.x;
+  const uint32_t c2 = w == 0 ? lo.z : w == 1 ? lo.w : w == 2 ? hi.x : hi.y;
+  const uint32_t c3 = w == 0 ? lo.w : w == 1 ? hi.x : w == 2 ? hi.y : hi.z;
+  const uint32_t c4 = w == 0 ? hi.x : w == 1 ? hi.y : w == 2 ? hi.z : hi.w;
+  brg__vec16_bits r;
+  r.x = funnel(c0, c1, s);
+  r.y = funnel(c1, c2, s);
+  r.z = funnel(c2, c3, s);
+  r.w = funnel(c3, c4, s);
+  return r;
 }
 
 /* Blocks of `threads` for one call: one round of UNROLL vectors (or one
@@ -297,15 +365,17 @@ BRG__EW_HD void apply_vec(vec16<typename F::T> &x, const vec16<typename F::T> &y
 /* Thread `tid` of `nthreads`: a grid-stride loop over the vectors, UNROLL
  * loads of each input in flight before any arithmetic, then the scalar
  * head and tail spread over the threads. Destinations may alias a source
- * exactly: every element is read once, by the thread that writes it. */
+ * exactly: every element is read once, by the thread that writes it (a
+ * source that is a destination has d0's offset, so it is never read
+ * shifted, across another thread's vector). */
 template <class F>
 BRG__EW_HD void thread_body(size_t tid, size_t nthreads, typename F::T *d0, typename F::T *d1,
                             const typename F::T *a, const typename F::T *b, size_t n, plan p,
                             int div) {
   typedef typename F::T T;
   constexpr int V = 16 / sizeof(T);
-  const brg__vec16_bits *va = reinterpret_cast<const brg__vec16_bits *>(a + p.head);
-  const brg__vec16_bits *vb = reinterpret_cast<const brg__vec16_bits *>(b + p.head);
+  const unsigned char *ca = reinterpret_cast<const unsigned char *>(a + p.head);
+  const unsigned char *cb = F::binary ? reinterpret_cast<const unsigned char *>(b + p.head) : ca;
   brg__vec16_bits *v0 = reinterpret_cast<brg__vec16_bits *>(d0 + p.head);
   brg__vec16_bits *v1 = d1 ? reinterpret_cast<brg__vec16_bits *>(d1 + p.head) : nullptr;
   const uint32_t aux = prepare<F>(div);
@@ -315,8 +385,8 @@ BRG__EW_HD void thread_body(size_t tid, size_t nthreads, typename F::T *d0, type
     vec16<T> x[UNROLL], y[UNROLL];
     BRG__EW_UNROLL
     for (int u = 0; u < UNROLL; u++) {
-      x[u].v = va[i + u * nthreads];
-      if constexpr (F::binary) y[u].v = vb[i + u * nthreads];
+      x[u].v = load16(ca + 16 * (i + u * nthreads), p.sa);
+      if constexpr (F::binary) y[u].v = load16(cb + 16 * (i + u * nthreads), p.sb);
     }
     BRG__EW_UNROLL
     for (int u = 0; u < UNROLL; u++) {
@@ -328,9 +398,9 @@ BRG__EW_HD void thread_body(size_t tid, size_t nthreads, typename F::T *d0, type
   /* The last, partial round: fewer than UNROLL vectors, one at a time. */
   for (; i < p.nvec; i += nthreads) {
     vec16<T> x, y;
-    x.v = va[i];
+    x.v = load16(ca + 16 * i, p.sa);
     if constexpr (F::binary)
-      y.v = vb[i];
+      y.v = load16(cb + 16 * i, p.sb);
     else
       y.v = x.v;
     apply_vec<F>(x, y, div, aux);
@@ -338,7 +408,7 @@ BRG__EW_HD void thread_body(size_t tid, size_t nthreads, typename F::T *d0, type
     if (v1) v1[i] = x.v;
   }
 
-  /* Head and tail, or everything when the pointers are not co-aligned. */
+  /* Head and tail, or everything when d0 and d1 are not co-aligned. */
   const size_t body = p.nvec * V, rest = n - p.head - body;
   for (size_t j = tid; j < p.head + rest; j += nthreads) {
     size_t i = j < p.head ? j : j + body;

@@ -66,6 +66,10 @@ static inline BRG_HD uint32_t brg__rk_ll_flag(uint64_t call) {
   return (uint32_t)(call % 0xffffffffu) + 1;
 }
 
+/* The word of brg__rk_args.launches that counts the blocks that ended
+ * (a cache line after the count of those that began). */
+#define BRG__RK_ENDED 8
+
 /* *status after a launch: 0, or why a channel stopped (the channel's
  * watch record says more). */
 #define BRG__RK_OK 0
@@ -235,7 +239,14 @@ typedef struct brg__rk_args {
   int *abort_word;      /* nonzero: stop (a channel that finds a fault sets it) */
   int *status;          /* a channel that stops writes why */
   brg__rk_watch *watch; /* one per channel, pinned host memory */
-  brg__rk_call call;    /* this rank's call, as its neighbours compare it */
+  /* A launch captured into a graph, whose replays may run on any stream:
+   * every block adds 1 to launches[0] before it reads the abort word and
+   * to launches[BRG__RK_ENDED] once it is done, so that the host's drain
+   * at destroy waits for the replays it has no event of (NULL: launches
+   * the host has an event of, uncounted). In host memory that outlives
+   * the communicator, as the abort word does. */
+  uint64_t *launches;
+  brg__rk_call call; /* this rank's call, as its neighbours compare it */
   brg__rk_link chan[BRG__RK_MAX_CHANNELS];
   int oneshot; /* 1: an allreduce by the one-shot path, one channel */
   brg__rk_oneshot os;

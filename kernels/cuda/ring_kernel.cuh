@@ -307,17 +307,32 @@ template <class D, int OP> struct channel {
   }
 
   /* The emulator counts the elements that a copy or reduce takes one at a
-   * time for want of co-aligned pointers (a byte at a time for a copy),
-   * so that a test sees slots that break the vector path. */
+   * time beyond the head and tail that align its destination (a byte at a
+   * time for a copy), so that a test sees calls that fall off the vector
+   * path: buffers and slots at different offsets from 16 bytes are read
+   * shifted (elementwise.cuh, load16) and count nothing. */
   template <class E>
-  BRG_SIMT_DEV static void count_scalar(const void *d0, const void *d1, const void *x,
-                                        const void *y, size_t n) {
+  BRG_SIMT_DEV static void count_scalar(const void *d0, size_t n, const brg_ew::plan &p) {
 #if !defined(__CUDACC__)
-    if (brg_simt_tid() == 0 && n > 0 && !brg_ew::coaligned<E>(d0, d1, x, y))
-      brg_simt_emu_count(BRG_SIMT_COUNT_SCALAR, n);
+    size_t x = brg_ew::scalar_excess<E>(d0, n, p);
+    if (brg_simt_tid() == 0 && x > 0) brg_simt_emu_count(BRG_SIMT_COUNT_SCALAR, x);
 #else
-    (void)d0, (void)d1, (void)x, (void)y, (void)n;
+    (void)d0, (void)n, (void)p;
 #endif
+  }
+
+  /* Whether two destinations sit at different offsets from 16 bytes (a
+   * slot and a buffer aligned otherwise): the vector body then writes the
+   * first, and a shifted copy of it the second, after the block meets. */
+  BRG_SIMT_DEV static bool split(const void *d0, const void *d1) {
+    return d1 && ((reinterpret_cast<uintptr_t>(d0) ^ reinterpret_cast<uintptr_t>(d1)) & 15) != 0;
+  }
+
+  BRG_SIMT_DEV static void copy_bytes(uint8_t *o0, uint8_t *o1, const uint8_t *s, size_t bytes) {
+    brg_ew::plan p = brg_ew::make_plan<uint8_t>(o0, o1, s, s, bytes);
+    count_scalar<uint8_t>(o0, bytes, p);
+    brg_ew::thread_body<brg_ew::copy_fn>(brg_simt_tid(), brg_simt_nthreads(), o0, o1, s, nullptr,
+                                         bytes, p, 0);
   }
 
   BRG_SIMT_DEV void copy(void *d0, void *d1, const void *src, size_t m) {
@@ -329,18 +344,26 @@ template <class D, int OP> struct channel {
       o0 = o1;
       o1 = nullptr;
     }
-    count_scalar<B>(o0, o1, s, s, bytes);
-    brg_ew::plan p = brg_ew::make_plan<B>(o0, o1, s, s, bytes);
-    brg_ew::thread_body<brg_ew::copy_fn>(brg_simt_tid(), brg_simt_nthreads(), o0, o1, s, nullptr,
-                                         bytes, p, 0);
+    bool two = split(o0, o1);
+    copy_bytes(o0, two ? nullptr : o1, s, bytes);
+    if (two) {
+      brg_simt_sync(); /* every thread's part of o0 is written */
+      copy_bytes(o1, nullptr, o0, bytes);
+    }
   }
 
   template <int X>
   BRG_SIMT_DEV void reduce(T *d0, T *d1, const T *x, const T *y, size_t m, int div) {
-    count_scalar<T>(d0, d1, x, y, m);
-    brg_ew::plan p = brg_ew::make_plan<T>(d0, d1, x, y, m);
-    brg_ew::thread_body<brg_ew::reduce_fn<D, X>>(brg_simt_tid(), brg_simt_nthreads(), d0, d1, x, y,
-                                                 m, p, div);
+    bool two = split(d0, d1);
+    brg_ew::plan p = brg_ew::make_plan<T>(d0, two ? nullptr : d1, x, y, m);
+    count_scalar<T>(d0, m, p);
+    brg_ew::thread_body<brg_ew::reduce_fn<D, X>>(brg_simt_tid(), brg_simt_nthreads(), d0,
+                                                 two ? nullptr : d1, x, y, m, p, div);
+    if (two) {
+      brg_simt_sync(); /* every thread's part of d0 is written */
+      copy_bytes(reinterpret_cast<uint8_t *>(d1), nullptr, reinterpret_cast<const uint8_t *>(d0),
+                 m * sizeof(T));
+    }
   }
 
   /* One primitive on one slice of m elements: in is this rank's input, out
@@ -360,8 +383,12 @@ template <class D, int OP> struct channel {
 #endif
     if (m > 0) {
       brg__prim_math w = brg__prim_math_of(pr);
-      T *d0 = static_cast<T *>(brg__prim_buf(w.dst0, in, r, out, slot));
-      T *d1 = static_cast<T *>(brg__prim_buf(w.dst1, in, r, out, slot));
+      /* The next rank's slot last: where the two destinations sit at
+       * different offsets from 16 bytes, the second is copied from the
+       * first, better read from this GPU's memory than from the peer's. */
+      bool slot_first = w.dst0 == BRG__BUF_SLOT && w.dst1 != BRG__BUF_NONE;
+      T *d0 = static_cast<T *>(brg__prim_buf(slot_first ? w.dst1 : w.dst0, in, r, out, slot));
+      T *d1 = static_cast<T *>(brg__prim_buf(slot_first ? w.dst0 : w.dst1, in, r, out, slot));
       const T *x = static_cast<const T *>(brg__prim_buf(w.a, in, r, out, slot));
       const T *y = static_cast<const T *>(brg__prim_buf(w.b, in, r, out, slot));
       if (!w.reduce)
@@ -629,7 +656,21 @@ template <class D, int OP> struct channel {
          share);
   }
 
+  /* A launch whose replays the host counts (a.launches): the block is
+   * counted before it reads the abort word, so that a drain that set the
+   * word and then finds every counted block ended knows that none still
+   * touches the communicator's memory, and counted as ended once all its
+   * threads are done. */
   BRG_SIMT_DEV void run() {
+    if (a.launches && brg_simt_tid() == 0) brg_simt_add_u64(a.launches, 1);
+    go();
+    if (a.launches) {
+      brg_simt_sync(); /* every thread of the block is done with the memory */
+      if (brg_simt_tid() == 0) brg_simt_add_u64_release_gpu(a.launches + BRG__RK_ENDED, 1);
+    }
+  }
+
+  BRG_SIMT_DEV void go() {
     BRG_SIMT_SHARED uint64_t s_start[2];
     BRG_SIMT_SHARED int s_stopped, s_go;
     int *busy = reinterpret_cast<int *>(&l.counters[2]);

@@ -24,6 +24,10 @@
  *   brg_simt_store_word_release_gpu     a word only kernels of this GPU read,
  *                                       after this thread's writes (a fence
  *                                       of the GPU only, not of the system)
+ *   brg_simt_add_u64                    adds to a counter the host reads,
+ *                                       returns the old value
+ *   brg_simt_add_u64_release_gpu        the same, after this thread's writes
+ *                                       (a fence of the GPU only)
  *   BRG_SIMT_SHARED                     __shared__: one per thread block
  *
  * Flags and words are at system scope: they may live in another process's
@@ -113,6 +117,14 @@ static BRG_SIMT_DEV void brg_simt_ll_load(const uint64_t *p, uint64_t *lo, uint6
 static BRG_SIMT_DEV void brg_simt_store_word_release_gpu(int *p, int v) {
   asm volatile("st.release.gpu.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
+static BRG_SIMT_DEV uint64_t brg_simt_add_u64(uint64_t *p, uint64_t v) {
+  uint64_t old;
+  asm volatile("atom.relaxed.sys.add.u64 %0, [%1], %2;" : "=l"(old) : "l"(p), "l"(v) : "memory");
+  return old;
+}
+static BRG_SIMT_DEV void brg_simt_add_u64_release_gpu(uint64_t *p, uint64_t v) {
+  asm volatile("red.release.gpu.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
 
 #else                               /* the SIMT emulator */
 
@@ -130,8 +142,8 @@ void brg_simt_emu_count(int what, uint64_t n);
 #define BRG_SIMT_COUNT_FENCES 2     /* system fences: releases, brg_simt_release */
 #define BRG_SIMT_COUNT_FLAGS 3      /* flags and words stored with release */
 #define BRG_SIMT_COUNT_SCALAR                                                                      \
-  4                               /* elements copied or reduced one at a time,
-                                       their pointers not co-aligned */
+  4 /* elements copied or reduced one at a time beyond the head and tail
+       that align the destination */
 #define BRG_SIMT_COUNT_LL_LINES 5 /* LL lines stored (brg_simt_ll_store) */
 
 #define BRG_SIMT_DEV inline
@@ -222,6 +234,12 @@ static inline void brg_simt_ll_load(const uint64_t *p, uint64_t *lo, uint64_t *h
 /* A fence of the GPU alone: not one of the system fences counted. */
 static inline void brg_simt_store_word_release_gpu(int *p, int v) {
   __atomic_store_n(p, v, __ATOMIC_RELEASE);
+}
+static inline uint64_t brg_simt_add_u64(uint64_t *p, uint64_t v) {
+  return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); /* ordered before the abort word's load */
+}
+static inline void brg_simt_add_u64_release_gpu(uint64_t *p, uint64_t v) {
+  __atomic_fetch_add(p, v, __ATOMIC_RELEASE);
 }
 
 #endif

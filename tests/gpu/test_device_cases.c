@@ -30,6 +30,18 @@
  *            every element checked; the graph launched again after
  *            destroy ends at once (the abort word stays mapped and set)
  *            instead of touching freed memory, and leaves recvbuf alone
+ *   graphother  (kernel mode) the same graph launched on a stream other than
+ *            the one that captured it: a replay queued behind a busy kernel
+ *            there at destroy ends at once when it starts, recvbuf
+ *            untouched; then rank 0 destroys while its replay waits for the
+ *            other ranks, a second late: destroy waits for the replays (their
+ *            blocks counted on the device) before it frees their memory, and
+ *            every rank's elements are right
+ *   limits   kernel mode: ranks whose BRIGADE_DEVICE_SMALL_BYTES (TEST_LIMITS=small:
+ *            1000 and 1024) or BRIGADE_DEVICE_LL_BYTES (ll: 992 and 1000) differ
+ *            only before their one-shot slots round them up: the device setup
+ *            fails at once on every rank with BRG_ERR_MISMATCH naming both
+ *            values, instead of ranks taking different paths for one call
  *   mps      ranks of different processes on one GPU (BRIGADE_EMU_DEVICES=1)
  *            with TEST_MPS=disagree: rank 0 finds the MPS daemon's pipe
  *            and the others do not (CUDA_MPS_PIPE_DIRECTORY of their
@@ -1081,6 +1093,145 @@ static int body_graphdestroy(mp_ctx *ctx) {
   return 0;
 }
 
+/* ============================================================ graphother */
+
+/* A captured allreduce's graph launched on a stream other than the one
+ * that captured it (the communicator has no event there), twice: rank 0
+ * calls brg_comm_destroy while its first replay waits in its kernel for
+ * the other ranks, which launch theirs a second later and destroy once
+ * they are done. Rank 0's destroy must wait for its replays before it
+ * frees the memory they and the other ranks' kernels use (the emulated
+ * module unmaps it for real), so that all finish and every element is
+ * right. First, a replay queued behind a busy kernel on that stream, and
+ * destroy before it runs: it ends at once when it starts, recvbuf
+ * untouched. */
+#define GRAPHOTHER_LATE_MS 1000
+#define GRAPHOTHER_COUNT 16411u /* prime */
+
+static int body_graphother(mp_ctx *ctx) {
+  char why[256];
+  const brg__cuda_api *api = open_api(why, sizeof why);
+  if (!api) return mp_fail("no GPU: %s", why), 1;
+  int n = ctx->nranks, rank = ctx->rank;
+  if (api->drv.set_device(rank % api->drv.probe(NULL, 0)) != 0) return mp_fail("cudaSetDevice"), 1;
+  void *send = NULL, *recv = NULL, *st = NULL, *other = NULL, *g = NULL;
+  if (api->drv.mem_alloc(&send, GRAPHOTHER_COUNT * 4) ||
+      api->drv.mem_alloc(&recv, GRAPHOTHER_COUNT * 4) || api->drv.stream_create(&st) ||
+      api->drv.stream_create(&other))
+    return mp_fail("setup failed"), 1;
+  graph_fill(api, send, GRAPHOTHER_COUNT, rank, 1);
+  /* The queued replay's communicator, split off first, then the one in
+   * flight on the harness's. */
+  brg_comm *c1 = NULL;
+  brg_status s = brg_comm_split(ctx->comm, 0, rank, &c1);
+  REQUIRE(s == BRG_SUCCESS, "brg_comm_split: %s", brg_comm_last_error(ctx->comm));
+  for (int queued = 1; queued >= 0; queued--) {
+    const char *how = queued ? "queued" : "in flight";
+    brg_comm *c = queued ? c1 : ctx->comm;
+    s = brg_comm_device_setup(c, -1);
+    REQUIRE(s == BRG_SUCCESS, "brg_comm_device_setup: %s", brg_comm_last_error(c));
+    REQUIRE(api->drv.capture_begin(st, 1) == 0, "capture_begin");
+    s = brg_allreduce(send, recv, GRAPHOTHER_COUNT, BRG_FLOAT32, BRG_SUM, c, st);
+    REQUIRE(s == BRG_SUCCESS, "captured allreduce: %s", brg_comm_last_error(c));
+    REQUIRE(api->drv.capture_end(st, &g) == 0, "capture_end");
+    api->drv.mem_set(recv, 0xff, GRAPHOTHER_COUNT * 4);
+    if (queued) REQUIRE(api->kern.busy(1500000, other) == 0, "busy kernel");
+    if (!queued && rank != 0) mp_sleep_ms(GRAPHOTHER_LATE_MS);
+    for (int it = 0; it < (queued ? 1 : 2); it++)
+      REQUIRE(api->drv.graph_launch(g, other) == 0, "graph_launch %d on another stream", it);
+    /* In flight: rank 0's first replay has begun and waits for the late
+     * ranks when rank 0 destroys; they finish theirs before they do. */
+    if (!queued && rank == 0) mp_sleep_ms(GRAPHOTHER_LATE_MS * 7 / 10);
+    if (!queued && rank != 0) {
+      REQUIRE(api->drv.stream_sync(other) == 0, "stream_sync");
+      brg_status a = BRG_SUCCESS;
+      brg_comm_get_async_error(c, &a);
+      MP_CHECK(a == BRG_SUCCESS, "replays on another stream: %s: %s", brg_status_string(a),
+               brg_comm_last_error(c));
+    }
+    int64_t t0 = mp_now_ns();
+    s = brg_comm_destroy(c);
+    if (!queued) ctx->comm = NULL;
+    mp_info("brg_comm_destroy with a replay %s on another stream: %s after %.0f ms", how,
+            brg_status_string(s), ms_since(t0));
+    REQUIRE(s == BRG_SUCCESS, "brg_comm_destroy with replays %s on another stream: %s: %s", how,
+            brg_status_string(s), brg_comm_last_error(NULL));
+    REQUIRE(api->drv.stream_sync(other) == 0, "stream_sync after destroy");
+    if (!queued) {
+      graph_check(api, recv, GRAPHOTHER_COUNT, 0, n, 1, "replays on another stream at destroy");
+    } else {
+      unsigned *h = malloc(GRAPHOTHER_COUNT * 4);
+      REQUIRE(h && api->drv.mem_copy(h, recv, GRAPHOTHER_COUNT * 4) == 0, "mem_copy");
+      size_t touched = 0;
+      for (size_t i = 0; i < GRAPHOTHER_COUNT; i++) touched += h[i] != 0xffffffffu;
+      free(h);
+      REQUIRE(touched == 0, "a replay that began after destroy wrote %zu elements of recvbuf",
+              touched);
+    }
+    api->drv.graph_destroy(g);
+  }
+  api->drv.stream_destroy(st);
+  api->drv.stream_destroy(other);
+  api->drv.mem_free(send);
+  api->drv.mem_free(recv);
+  return 0;
+}
+
+/* ================================================================ limits */
+
+/* Ranks whose one-shot limits differ only below what their slots round up
+ * to, so that the slots agree (TEST_LIMITS=small: BRIGADE_DEVICE_SMALL_BYTES
+ * 1000 on rank 0, 1024 on the others, BRIGADE_DEVICE_LL_BYTES 512 on all;
+ * ll: BRIGADE_DEVICE_LL_BYTES 992 and 1000, SMALL_BYTES 4096): the
+ * setup must fail at once on every rank with BRG_ERR_MISMATCH naming both
+ * values. Where it lets them through, the allreduce at the boundary (1024
+ * bytes, 1000 with ll) is run to show what it does: one rank takes the
+ * ring (the flags' one-shot form) and the other the one-shot path (LL). */
+static int body_limits(mp_ctx *ctx) {
+  const char *how = getenv("TEST_LIMITS");
+  int ll = how && !strcmp(how, "ll"), rank = ctx->rank;
+  const char *var = ll ? "BRIGADE_DEVICE_LL_BYTES" : "BRIGADE_DEVICE_SMALL_BYTES";
+  const char *v0 = ll ? "992" : "1000", *v1 = ll ? "1000" : "1024";
+  setenv(var, rank == 0 ? v0 : v1, 1);
+  /* the other limit alike, below both: only the one compared differs */
+  setenv(ll ? "BRIGADE_DEVICE_SMALL_BYTES" : "BRIGADE_DEVICE_LL_BYTES", ll ? "4096" : "512", 1);
+  char why[256];
+  const brg__cuda_api *api = open_api(why, sizeof why);
+  if (!api) return mp_fail("no GPU: %s", why), 1;
+  REQUIRE(api->drv.set_device(rank % api->drv.probe(NULL, 0)) == 0, "cudaSetDevice");
+  size_t count = ll ? 250 : 256; /* float32: the bytes of the larger limit */
+  void *d = device_input(api, count, rank), *st = NULL;
+  REQUIRE(d && api->drv.stream_create(&st) == 0, "setup failed");
+  brg_comm *c = NULL;
+  brg_status s = brg_comm_init(&c, ctx->nranks, ctx->id, rank);
+  REQUIRE(s == BRG_SUCCESS, "brg_comm_init: %s", brg_comm_last_error(NULL));
+  int64_t t0 = mp_now_ns();
+  s = brg_comm_device_setup(c, -1);
+  const char *m = brg_comm_last_error(c);
+  mp_info("%s %s on rank 0, %s on the others: setup %s after %.0f ms: %s", var, v0, v1,
+          brg_status_string(s), ms_since(t0), m);
+  if (s == BRG_SUCCESS) {
+    s = brg_allreduce(d, d, count, BRG_FLOAT32, BRG_SUM, c, st);
+    if (s == BRG_SUCCESS) api->drv.stream_sync(st);
+    if (s == BRG_SUCCESS) brg_comm_get_async_error(c, &s);
+    mp_fail("device setup accepted %s %s on rank 0 and %s on rank 1; an allreduce of %zu bytes "
+            "then took %.0f ms and returned %s: %s",
+            var, v0, v1, count * sizeof(float), ms_since(t0), brg_status_string(s),
+            brg_comm_last_error(c));
+  } else {
+    MP_CHECK(s == BRG_ERR_MISMATCH && mp_contains(m, v0) && mp_contains(m, v1) &&
+                 mp_contains(m, var),
+             "device setup with %s %s and %s returned %s, expected %s naming both values and "
+             "the setting: %s",
+             var, v0, v1, brg_status_string(s), brg_status_string(BRG_ERR_MISMATCH), m);
+    MP_CHECK(ms_since(t0) < g_timeout_ms, "the refusal took %.0f ms", ms_since(t0));
+  }
+  brg_comm_destroy(c);
+  api->drv.stream_destroy(st);
+  api->drv.mem_free(d);
+  return 0;
+}
+
 /* =================================================================== mps */
 
 #define MPS_COUNT 4099
@@ -1132,9 +1283,8 @@ static int body_mps(mp_ctx *ctx) {
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr,
-            "usage: %s "
-            "queued|threads|destroy|kill|async|graph|streams|shared|mismatch|stuck|stale|emurules "
-            "[N]\n",
+            "usage: %s queued|threads|destroy|kill|async|graph|streams|shared|mismatch|stuck|stale|"
+            "graphdestroy|graphother|limits|mps|emurules [N]\n",
             argv[0]);
     return 2;
   }
@@ -1161,6 +1311,11 @@ int main(int argc, char **argv) {
   if (!strcmp(cs, "graph")) return mp_run(&o, body_graph, NULL);
   if (!strcmp(cs, "mps")) return mp_run(&o, body_mps, NULL);
   if (!strcmp(cs, "graphdestroy")) return mp_run(&o, body_graphdestroy, NULL);
+  if (!strcmp(cs, "graphother")) return mp_run(&o, body_graphother, NULL);
+  if (!strcmp(cs, "limits")) {
+    o.init = MP_INIT_NONE;
+    return mp_run(&o, body_limits, NULL);
+  }
   if (!strcmp(cs, "threads")) {
     o.nranks = 1;
     o.init = MP_INIT_BARE;

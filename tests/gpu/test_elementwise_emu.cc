@@ -262,7 +262,7 @@ int main() {
       {4 * 256 * 5 + 1, 8 * 4 * 256 * 5 + 8, 528, 32, 6},
   };
   for (auto &g : grids_cases) {
-    size_t got = grid_blocks(plan{0, g.nvec}, g.n, 256, g.fit, g.bound);
+    size_t got = grid_blocks(plan{0, g.nvec, 0, 0}, g.n, 256, g.fit, g.bound);
     cases++;
     if (got != g.want) {
       fprintf(stderr, "FAIL grid_blocks(nvec %zu, n %zu, fit %zu, bound %zu) = %zu, want %zu\n",

@@ -4,7 +4,7 @@
  * one launch per collective of C channel blocks, talking only through the
  * FIFOs' slots and flags in shared memory, as GPUs do through CUDA IPC.
  *
- *   test_ring_kernel_emu threads|procs N CHANNELS BLOCK_THREADS [quick|oneshot|ll|align]
+ *   test_ring_kernel_emu threads|procs N CHANNELS BLOCK_THREADS [quick|oneshot|ll|align|misalign]
  *   test_ring_kernel_emu abort N CHANNELS BLOCK_THREADS [oneshot|ll]
  *   test_ring_kernel_emu stale 2 1 BLOCK_THREADS
  *
@@ -31,6 +31,14 @@
  * `align` (threads) runs counts whose chunks start off 16 bytes, every
  * buffer aligned: no element may then be copied or reduced one at a time
  * (the emulator counts them), the slots shifting their payloads to match.
+ * `misalign` (threads) runs every collective and dtype, counts 0, 1,
+ * primes, in place and out of place, by the ring and the one-shot path,
+ * with input and output at offsets from 16 bytes (whole elements, 1 to 15
+ * bytes) that differ between them and from rank to rank: every element is
+ * checked, and the copies and reduces must stay on the vector path (read
+ * shifted) but for a few elements at each call's ends: the elements taken
+ * one at a time beyond the head and tail that align a destination must
+ * stay under one in 16 of the outputs'.
  *
  * abort: rank N-1 never launches; the others' allreduce (the one-shot one
  * with `oneshot`, its LL form with `ll`) waits for it until another thread sets the abort word;
@@ -79,7 +87,9 @@ static const size_t GUARD = 64;
 static const size_t OS_SLOT = 36864; /* one-shot: room for 4099 elements of 8 bytes */
 static const size_t LL_SLOT = brg__rk_ll_slot(OS_SLOT);
 
-static int g_n, g_channels, g_threads, g_quick, g_only_oneshot, g_align, g_ll;
+static int g_n, g_channels, g_threads, g_quick, g_only_oneshot, g_align, g_ll, g_misalign;
+/* misalign: output elements of every rank's cases, the measure of the scalar bound */
+static std::atomic<uint64_t> g_out_elems{0};
 
 /* ------------------------------------------------------------ the FIFOs */
 
@@ -251,6 +261,26 @@ static std::vector<tcase> make_cases() {
       }
     return v;
   }
+  if (g_misalign) {
+    /* Every collective and dtype, sum (and avg and max for allreduce: the
+     * word-at-a-time bodies), counts 0, 1, primes, in place and out of
+     * place, and the allreduces up to 4099 again by the one-shot path
+     * (flags: its copies and reduces are the vector path's). */
+    for (int kind = BRG__COLL_ALLREDUCE; kind <= BRG__COLL_REDUCE; kind++)
+      for (int dt = 0; dt < BRG_NUM_DTYPES; dt++)
+        for (int op : {(int)BRG_SUM, (int)BRG_AVG, (int)BRG_MAX}) {
+          if (op != BRG_SUM && kind != BRG__COLL_ALLREDUCE) continue;
+          for (size_t n : {(size_t)0, (size_t)1, (size_t)7, (size_t)4099, (size_t)20011})
+            for (int inplace = 0; inplace < 2; inplace++) {
+              if (op != BRG_SUM && n != 4099) continue;
+              int root = (int)((n + (size_t)dt) % (size_t)g_n);
+              v.push_back({kind, dt, op, n, inplace, root, 0});
+              if (kind == BRG__COLL_ALLREDUCE && n > 0 && n <= 4099)
+                v.push_back({kind, dt, op, n, inplace, root, 1});
+            }
+        }
+    return v;
+  }
   const size_t counts[] = {0, 1, 7, 4099, 20011};
   for (int kind = BRG__COLL_ALLREDUCE; kind <= BRG__COLL_REDUCE; kind++)
     for (int dt = 0; dt < BRG_NUM_DTYPES; dt++)
@@ -353,9 +383,16 @@ static int run_rank(int rank) {
     sizes(t, &in_e, &out_e);
     size_t cap = (in_e > out_e ? in_e : out_e) * es + GUARD;
     std::vector<unsigned char> in(cap + 16), outb(cap + 16);
-    /* odd offsets from 16 bytes on some cases: the kernels' scalar paths */
-    size_t shift = (ci % 3 == 2 && !g_align) ? es : 0;
-    unsigned char *ip = in.data() + shift, *op = outb.data() + shift;
+    /* odd offsets from 16 bytes on some cases: the kernels' scalar paths;
+     * misalign: input and output at offsets (whole elements) that differ
+     * between them, between the ranks and from case to case */
+    size_t shift = (ci % 3 == 2 && !g_align) ? es : 0, oshift = shift;
+    if (g_misalign) {
+      shift = (size_t)(rank * 5 + (int)ci * 3 + 1) % 16 / es * es;
+      oshift = (size_t)(rank * 7 + (int)ci + 9) % 16 / es * es;
+      g_out_elems += out_e;
+    }
+    unsigned char *ip = in.data() + shift, *op = outb.data() + oshift;
     DISPATCH(t.dtype, fill, (int)ci, rank, t.op, in_e, ip)
     memset(op, 0xee, out_e * es + GUARD);
     const void *s = ip;
@@ -483,6 +520,23 @@ static int run_threads() {
     fprintf(stderr, "FAIL: the LL form took %llu system fences and stored %llu LL lines\n",
             (unsigned long long)fences, (unsigned long long)lines);
     total++;
+  }
+  /* misalign: buffers at any offset from 16 bytes are read shifted, so
+   * only the vectors next to each call's ends may go one element at a time
+   * (the element loop took all of them before): a bound of one in 16 of
+   * the outputs' elements, far above the few per call expected. */
+  if (g_misalign) {
+    uint64_t bound = g_out_elems / 16;
+    printf("%llu elements on the scalar path beyond the aligning head and tail (bound %llu)\n",
+           (unsigned long long)scalar, (unsigned long long)bound);
+    if (scalar > bound) {
+      fprintf(stderr,
+              "FAIL: %llu elements copied or reduced one at a time beyond the head and tail "
+              "that align them, over the bound of %llu: buffers at different offsets from 16 "
+              "bytes fell off the vector path\n",
+              (unsigned long long)scalar, (unsigned long long)bound);
+      total++;
+    }
   }
   if (g_align && scalar) {
     fprintf(stderr,
@@ -713,7 +767,8 @@ static void on_alarm(int) {
 int main(int argc, char **argv) {
   if (argc < 3) {
     fprintf(stderr,
-            "usage: %s threads|procs|abort N CHANNELS BLOCK_THREADS [quick|oneshot|ll|align]\n",
+            "usage: %s threads|procs|abort N CHANNELS BLOCK_THREADS "
+            "[quick|oneshot|ll|align|misalign]\n",
             argv[0]);
     return 2;
   }
@@ -725,6 +780,7 @@ int main(int argc, char **argv) {
   g_only_oneshot = g_ll || (argc > 5 && strcmp(argv[5], "oneshot") == 0);
   g_quick = g_only_oneshot || (argc > 5 && strcmp(argv[5], "quick") == 0);
   g_align = argc > 5 && strcmp(argv[5], "align") == 0;
+  g_misalign = argc > 5 && strcmp(argv[5], "misalign") == 0;
   if (g_n < 1 || g_n > 8 || g_channels < 1 || g_channels > MAX_CHANNELS || g_threads < 1 ||
       g_threads > 1024) {
     fprintf(stderr, "bad arguments\n");
@@ -751,6 +807,7 @@ int main(int argc, char **argv) {
          g_ll             ? " one-shot LL only"
          : g_only_oneshot ? " one-shot only"
          : g_align        ? " aligned buffers"
+         : g_misalign     ? " buffers off 16 bytes, each rank its own"
          : g_quick        ? " quick"
                           : "",
          bad ? "FAILED" : "ok");
