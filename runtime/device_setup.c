@@ -132,6 +132,8 @@ static void describe_rank(const brg__cuda_api *api, struct brg__dev_ring *d, dev
   mine->slice_bytes = d->slice_bytes;
   if (api->drv.device_uuid(mine->uuid) != 0) memset(mine->uuid, 0, sizeof mine->uuid);
   mine->mps = mps_verdict(api, mine->gpu, &mine->mps_driver);
+  mine->ksms = d->ksms;
+  mine->kper_sm = d->kper_sm;
 }
 
 static brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st) {
@@ -232,7 +234,7 @@ static brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_s
   int kwho = -1;
   const char *kwhy = s == BRG_SUCCESS ? brg__dev_kernel_refused(c, all, &kwho) : NULL;
   if (s == BRG_SUCCESS && kwhy && d->kmode_req == 1)
-    s = brg__comm_error(c, BRG_ERR_INVALID_USAGE,
+    s = brg__comm_error(c, all[kwho].kunfit ? BRG_ERR_UNAVAILABLE : BRG_ERR_INVALID_USAGE,
                         "device collectives: BRIGADE_DEVICE_MODE=kernel, but rank %d cannot run "
                         "them in kernel mode: %s",
                         kwho, kwhy);
