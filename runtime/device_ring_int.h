@@ -94,14 +94,15 @@ struct brg__dev_ring {
    * launch whose channels wait on the neighbours' flags. Each rank's
    * region holds, per channel, its tail, head and counters and its
    * receive slots; both neighbours write into it. */
-  int kmode_req;     /* BRIGADE_DEVICE_MODE: 0 auto, 1 kernel, 2 step */
-  int kernel;        /* collectives run in kernel mode */
-  int kchannels;     /* thread blocks per launch */
-  int ksms, kper_sm; /* co-residency: the GPU's SMs (0: no bound known), blocks per SM */
-  size_t kslot;      /* bytes per slot */
-  size_t kstride;    /* bytes per channel in a region */
-  char *kregion;     /* own (GPU memory: kin, a cuda_ipc receive end) */
+  int kmode_req;  /* BRIGADE_DEVICE_MODE: 0 auto, 1 kernel, 2 step */
+  int kernel;     /* collectives run in kernel mode */
+  int kchannels;  /* thread blocks per launch */
+  size_t kslot;   /* bytes per slot */
+  size_t kstride; /* bytes per channel in a region */
+  char *kregion;  /* own (GPU memory: kin, a cuda_ipc receive end) */
   char *knext, *kprev;
+  /* co-residency: the GPU's SMs (0: no bound known), the kernel's blocks a SM */
+  int ksms, kper_sm;
   brg__conn kin, knext_c, kprev_c; /* own region; the neighbours', mapped (cuda_ipc) */
   int *kring;                      /* position -> rank, GPU memory */
   int *kwords;                     /* a pinned page: [0] abort, [16] status, watch records */
@@ -215,9 +216,9 @@ typedef struct dev_blob {
   char kwhy[256];                     /* why kernel mode cannot run here */
   int32_t kgdr_send_ok, kgdr_recv_ok; /* kernel mode's slots registered with the proxy's links */
   uint32_t kgdr_rkey;                 /* of kgdr_rptr, on the link from prev */
-  int32_t ksms;                       /* kernel mode: its GPU's SMs (0: no bound known) */
-  int32_t kper_sm;                    /* and the ring kernel's blocks one SM holds */
-  int32_t kunfit; /* 1: kernel mode refused as not even one channel a rank fits */
+  /* kernel mode: its GPU's SMs (0: no bound known), the kernel's blocks a
+   * SM, 1 where it was refused as not even one channel a rank fits */
+  int32_t ksms, kper_sm, kunfit;
   uint64_t kgdr_rptr;
   char kgdr_why[128];                               /* why not, for the log */
   unsigned char kregion_info[BRG__CONN_INFO_BYTES]; /* cuda_ipc: the kernel-mode region */
