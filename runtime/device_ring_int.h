@@ -173,7 +173,8 @@ struct brg__dev_ring {
 };
 
 /* Per channel of a region: tail at 0, head at 64, counters at 128 (posted,
- * taken, the busy word, headers sent and checked), at 192 the headers the
+ * taken, the busy word, headers sent and checked, steps passed, launches
+ * begun: ring_args.h), at 192 the headers the
  * next rank checked; then from KMETA one brg__rk_meta per slot and from
  * khdr(d) the mailbox of BRG__RK_HDRS headers, both written by the
  * previous rank; the slots follow at d->kctrl. */
