@@ -237,7 +237,7 @@ template <class D, int OP> struct channel {
     uint32_t f = brg__rk_hdr_flag(k);
     uint64_t w[BRG__RK_CALL_WORDS];
     for (int i = 0; i < BRG__RK_CALL_WORDS; i++) {
-      w[i] = brg_simt_load_u64(&h->w[i]);
+      w[i] = brg_simt_load_flagged(&h->w[i]);
       if (!brg__rk_has_flag(w[i], f)) return 0; /* not all there yet */
     }
     brg__rk_call theirs;

@@ -50,6 +50,10 @@ extern "C" void brg__emu_ring_occupancy(int threads, int *sms, int *per_sm) {
 
 extern "C" int brg__emu_ring_run(const brg__rk_args *a, int channels, int threads, int gpu) {
   brg_simt_emu::set_host_lookup(brg__emu_host_range);
+  static int hot = -1;
+  if (__atomic_load_n(&hot, __ATOMIC_RELAXED) < 0)
+    __atomic_store_n(&hot, setting("BRIGADE_EMU_HOT_READS", 0, 1) != 0, __ATOMIC_RELAXED);
+  brg_simt_emu::set_hot_read_check(__atomic_load_n(&hot, __ATOMIC_RELAXED) != 0);
   int sms, per_sm;
   brg__emu_ring_occupancy(threads, &sms, &per_sm);
   return brg_simt_emu::launch((unsigned)channels, (unsigned)threads, [a] { brg_rk::run(*a); }, gpu,

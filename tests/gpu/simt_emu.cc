@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 #include <ucontext.h>
@@ -96,7 +97,8 @@ struct block_rt {
   uintptr_t lo[NRANGES] = {}, hi[NRANGES] = {};
   int host[NRANGES] = {};
   unsigned nranges = 0, next_range = 0;
-  void *tsan_sched = nullptr; /* ThreadSanitizer's view of the scheduler */
+  uint64_t spins = 0, host_word_loads = 0; /* for the hot-read check */
+  void *tsan_sched = nullptr;              /* ThreadSanitizer's view of the scheduler */
 };
 
 /* From the scheduler to fiber t and back. */
@@ -254,6 +256,23 @@ void slot_give(int gpu) {
   pthread_mutex_unlock(&g.mu);
 }
 
+/* set_hot_read_check */
+bool hot_read_checked;
+
+void hot_read_check(const block_rt *b) {
+  if (!__atomic_load_n(&hot_read_checked, __ATOMIC_RELAXED)) return;
+  if (b->host_word_loads <= b->spins / brg_simt_emu::HOT_READ_SPINS + brg_simt_emu::HOT_READ_LAUNCH)
+    return;
+  fprintf(stderr,
+          "emulated GPU: FAIL: block %u of a launch read words of host memory %llu times in "
+          "%llu spins of its threads (at most one per %u spins and %u a launch: each read is a "
+          "round trip over PCIe on a GPU; BRIGADE_EMU_HOT_READS)\n",
+          b->block, (unsigned long long)b->host_word_loads, (unsigned long long)b->spins,
+          brg_simt_emu::HOT_READ_SPINS, brg_simt_emu::HOT_READ_LAUNCH);
+  fflush(stderr);
+  abort();
+}
+
 void *block_main(void *arg) {
   block_rt *b = static_cast<block_rt *>(arg);
   tl = b;
@@ -295,6 +314,7 @@ void *block_main(void *arg) {
     stack_put(f.stack);
   }
   if (b->gpu >= 0) slot_give(b->gpu);
+  hot_read_check(b);
   return nullptr;
 }
 
@@ -325,13 +345,17 @@ uint64_t counts[NCOUNTS];
 brg_simt_emu::host_lookup_fn host_lookup;
 } // namespace
 
+void brg_simt_emu::set_hot_read_check(bool on) {
+  __atomic_store_n(&hot_read_checked, on, __ATOMIC_RELAXED);
+}
+
 void brg_simt_emu::set_host_lookup(host_lookup_fn lookup) {
   __atomic_store_n(&host_lookup, lookup, __ATOMIC_RELEASE);
 }
 
 /* A few ranges per block, looked up once each: the kernel reaches its
  * words and slots in a handful of regions. */
-void brg_simt_emu_touch(const void *p, int store) {
+void brg_simt_emu_touch(const void *p, int how) {
   block_rt *b = tl;
   if (!b) return;
   uintptr_t a = reinterpret_cast<uintptr_t>(p);
@@ -352,7 +376,9 @@ void brg_simt_emu_touch(const void *p, int store) {
     b->hi[i] = hi;
     b->host[i] = host;
   }
-  if (host) brg_simt_emu_count(store ? BRG_SIMT_COUNT_HOST_STORES : BRG_SIMT_COUNT_HOST_LOADS, 1);
+  if (!host) return;
+  brg_simt_emu_count(how == 1 ? BRG_SIMT_COUNT_HOST_STORES : BRG_SIMT_COUNT_HOST_LOADS, 1);
+  if (how == 0) b->host_word_loads++;
 }
 
 void brg_simt_emu_count(int what, uint64_t n) {
@@ -366,6 +392,7 @@ uint64_t brg_simt_emu::count(int what) {
 void brg_simt_emu_pause() {
   brg_simt_emu_count(BRG_SIMT_COUNT_SPINS, 1);
   block_rt *b = tl;
+  b->spins++;
   b->paused = true;
   switch_to_sched(b);
 }

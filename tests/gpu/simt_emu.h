@@ -56,6 +56,13 @@ uint64_t count(int what);
 typedef int (*host_lookup_fn)(const void *p, uintptr_t *lo, uintptr_t *hi);
 void set_host_lookup(host_lookup_fn lookup);
 
+/* On: a block that loaded words of host memory (not flags it waits on)
+ * more than once per HOT_READ_SPINS spins of its threads, beyond
+ * HOT_READ_LAUNCH a launch, stops the process with a message, as the
+ * kernels must poll the host only that rarely. */
+constexpr unsigned HOT_READ_SPINS = 1024, HOT_READ_LAUNCH = 4;
+void set_hot_read_check(bool on);
+
 } // namespace brg_simt_emu
 
 #endif
