@@ -43,7 +43,10 @@
  *    2048 / threads (at most 32) unless set. ring_occupancy answers with
  *    the same numbers. The emulator counts (brg__emu_count, by
  *    simt.cuh's BRG_SIMT_COUNT_*) the kernels' loads and stores of
- *    registered host memory, their system fences, posts and spins.
+ *    registered host memory, their system fences, posts and spins; with
+ *    BRIGADE_EMU_HOT_READS=1 (on under BRIGADE_EMU_STRICT=1) a block that
+ *    loads host words (not the flags it waits on) more than once per 1024
+ *    spins, beyond 4 a launch, stops the process naming the counts.
  *    BRIGADE_EMU_BLOCK_THREADS (a multiple of 32) caps the block size, for
  *    runs whose subject is not the kernel (the hosts' proxies between
  *    namespaces) and that cannot afford 512 fibers per channel per rank.
