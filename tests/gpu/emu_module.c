@@ -1504,26 +1504,6 @@ static int ring_reachable(int dev, const brg__rk_args *a, int channels) {
   return ok;
 }
 
-/* The block size a ring kernel launch of `threads` threads runs with. */
-static int launch_threads(int threads) {
-  static int cap_read = -1; /* streams of several ranks (threads) launch */
-  int cap = __atomic_load_n(&cap_read, __ATOMIC_RELAXED);
-  if (cap < 0) {
-    const char *v = getenv("BRIGADE_EMU_BLOCK_THREADS");
-    cap = v ? atoi(v) : 0;
-    if (cap < 32 || cap > 512 || cap % 32 != 0) cap = 0;
-    __atomic_store_n(&cap_read, cap, __ATOMIC_RELAXED);
-  }
-  if (cap && threads > cap) threads = cap;
-#if defined(__SANITIZE_THREAD__)
-  /* ThreadSanitizer counts each fiber as a thread, and dies past 8128 of
-   * them at once (3 ranks x 8 channels x 512 would be 12288): its tree
-   * runs blocks of 64 (the kernel works with any multiple of 32). */
-  if (threads > 64) threads = 64;
-#endif
-  return threads;
-}
-
 static int ring_launch(const void *args, size_t args_bytes, int channels, int threads, void *st) {
 #ifdef BRG_EMU_NO_KERNEL_MODE
   (void)args;
@@ -1543,7 +1523,21 @@ static int ring_launch(const void *args, size_t args_bytes, int channels, int th
   brg__rk_args *copy = malloc(sizeof *copy);
   if (!copy) return E_ALLOC;
   memcpy(copy, args, sizeof *copy);
-  threads = launch_threads(threads);
+  static int cap_read = -1; /* streams of several ranks (threads) launch */
+  int cap = __atomic_load_n(&cap_read, __ATOMIC_RELAXED);
+  if (cap < 0) {
+    const char *v = getenv("BRIGADE_EMU_BLOCK_THREADS");
+    cap = v ? atoi(v) : 0;
+    if (cap < 32 || cap > 512 || cap % 32 != 0) cap = 0;
+    __atomic_store_n(&cap_read, cap, __ATOMIC_RELAXED);
+  }
+  if (cap && threads > cap) threads = cap;
+#if defined(__SANITIZE_THREAD__)
+  /* ThreadSanitizer counts each fiber as a thread, and dies past 8128 of
+   * them at once (3 ranks x 8 channels x 512 would be 12288): its tree
+   * runs blocks of 64 (the kernel works with any multiple of 32). */
+  if (threads > 64) threads = 64;
+#endif
   op o = {.kind = OP_RING, .a = copy, .div = channels, .rop = threads};
   __atomic_add_fetch(&ring_launches, 1, __ATOMIC_RELAXED);
   __atomic_store_n(&ring_threads, threads, __ATOMIC_RELAXED);
@@ -1553,13 +1547,21 @@ static int ring_launch(const void *args, size_t args_bytes, int channels, int th
 #endif
 }
 
+/* For the block size ring_launch runs with (BRIGADE_EMU_BLOCK_THREADS,
+ * and ThreadSanitizer's 64). */
 static int ring_occupancy(int threads, int *sms, int *per_sm) {
   if (threads < 32 || threads > 512 || threads % 32 != 0) return E_ARG;
+  const char *v = getenv("BRIGADE_EMU_BLOCK_THREADS");
+  int cap = v ? atoi(v) : 0;
+  if (cap >= 32 && cap <= 512 && cap % 32 == 0 && threads > cap) threads = cap;
+#if defined(__SANITIZE_THREAD__)
+  if (threads > 64) threads = 64;
+#endif
 #ifdef BRG_EMU_NO_KERNEL_MODE
   *sms = 0;
   *per_sm = 1;
 #else
-  brg__emu_ring_occupancy(launch_threads(threads), sms, per_sm);
+  brg__emu_ring_occupancy(threads, sms, per_sm);
 #endif
   return E_OK;
 }
