@@ -12,9 +12,59 @@
 #include "device_ring_int.h"
 #include "model.h"
 
+/* Threads of a kernel-mode block (ring_launch). */
+#define KTHREADS 512
+
 /* The region of one rank: per channel the control words and the slots. */
 static size_t kregion_bytes(const struct brg__dev_ring *d) {
   return (size_t)d->kchannels * d->kstride + d->kos_bytes;
+}
+
+/*
+ * Co-residency: a kernel-mode launch's blocks wait for each other's flags,
+ * and for the other ranks' blocks, so every block of every rank on a GPU
+ * must run at once; a GPU runs at most SMs x blocks per SM of them
+ * (ring_occupancy), the rest waiting for a block to end, which a spinning
+ * block never does. Each GPU holds the channels of every rank on it
+ * (ranks as threads, and processes under MPS, which share its SMs; the
+ * count of all of them even without MPS, where kernel mode is forced).
+ * A rank's launches run one after another (kdone_ev), so its one-shot
+ * launch (one block) never runs beside its ring launch: channels x ranks
+ * bounds what a GPU runs at once. Every rank takes the fewest channels
+ * any GPU fits from the same descriptions, so all agree; 0 when not even
+ * one channel a rank fits (b->kwhy says why, with the numbers).
+ */
+static int kernel_fit(brg_comm *c, struct brg__dev_ring *d, const dev_blob *all, dev_blob *b) {
+  int fit = d->kchannels, who = -1, sharing = 0;
+  for (int r = 0; r < c->nranks; r++) {
+    if (all[r].ksms <= 0 || all[r].kper_sm <= 0) continue; /* no bound known */
+    int n = 0;
+    for (int q = 0; q < c->nranks; q++)
+      n += !memcmp(all[r].uuid, all[q].uuid, 16) && c->peers[r].host_hash == c->peers[q].host_hash;
+    int per = all[r].ksms * all[r].kper_sm / n;
+    if (per < fit) {
+      fit = per;
+      who = r;
+      sharing = n;
+    }
+  }
+  if (who < 0) return 1;
+  int cap = all[who].ksms * all[who].kper_sm;
+  if (fit < 1) {
+    b->kunfit = 1;
+    snprintf(b->kwhy, sizeof b->kwhy,
+             "%d ranks share rank %d's GPU, which runs %d blocks at once (%d SMs x %d) and "
+             "kernel mode needs %d (one channel a rank) running together",
+             sharing, who, cap, all[who].ksms, all[who].kper_sm, sharing);
+    return 0;
+  }
+  BRG__INFO("init",
+            "device ring: kernel mode's channels %d -> %d: %d ranks share rank %d's GPU, which "
+            "runs %d blocks of %d threads at once (%d SMs x %d a SM), and every channel of "
+            "every rank there must run at once",
+            d->kchannels, fit, sharing, who, cap, KTHREADS, all[who].ksms, all[who].kper_sm);
+  d->kchannels = fit;
+  return 1;
 }
 
 /* This rank's kernel-mode half: its region (which both neighbours' kernels
@@ -37,6 +87,7 @@ void brg__dev_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b, co
     snprintf(b->kwhy, sizeof b->kwhy, "BRIGADE_DEVICE_MODE=step");
     return;
   }
+  if (!kernel_fit(c, d, all, b)) return;
   if (staged && !c->devnet) {
     snprintf(b->kwhy, sizeof b->kwhy,
              "the ring has device links staged through host links and the proxy's "
@@ -238,6 +289,17 @@ static void kernel_shape(brg_comm *c, struct brg__dev_ring *d, int staged) {
  * alike. */
 void brg__dev_kernel_sizes(brg_comm *c, struct brg__dev_ring *d, int staged) {
   kernel_shape(c, d, staged);
+  /* co-residency, for kernel_fit once every rank's is known */
+  d->ksms = d->kper_sm = 0;
+  int e = d->api->kern.ring_occupancy(KTHREADS, &d->ksms, &d->kper_sm);
+  if (e) {
+    BRG__INFO("init",
+              "device ring: the GPU's occupancy for kernel mode is unknown (%s): its channels "
+              "are not checked against what it runs at once",
+              d->api->drv.error_string(e));
+    d->api->drv.last_error();
+    d->ksms = d->kper_sm = 0;
+  }
   d->kctrl = (KMETA + (size_t)d->nslots * sizeof(brg__rk_meta) +
               BRG__RK_HDRS * sizeof(brg__rk_hdr) + 255) &
              ~(size_t)255;
@@ -560,7 +622,7 @@ brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k) {
     a.os.ll = k->count * brg_dtype_size(k->dtype) <= d->kll_limit;
     memcpy(a.os.area, d->kos_area, sizeof a.os.area);
   }
-  int e = api->kern.ring_launch(&a, sizeof a, one ? 1 : d->kchannels, 512, k->stream);
+  int e = api->kern.ring_launch(&a, sizeof a, one ? 1 : d->kchannels, KTHREADS, k->stream);
   /* An event recorded into a capture cannot be waited for outside it: the
    * drain at destroy waits for the launches made outside graphs, and the
    * caller for its graphs' launches. */

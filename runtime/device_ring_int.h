@@ -101,6 +101,8 @@ struct brg__dev_ring {
   size_t kstride; /* bytes per channel in a region */
   char *kregion;  /* own (GPU memory: kin, a cuda_ipc receive end) */
   char *knext, *kprev;
+  /* co-residency: the GPU's SMs (0: no bound known), the kernel's blocks a SM */
+  int ksms, kper_sm;
   brg__conn kin, knext_c, kprev_c; /* own region; the neighbours', mapped (cuda_ipc) */
   int *kring;                      /* position -> rank, GPU memory */
   int *kwords;                     /* a pinned page: [0] abort, [16] status, watch records */
@@ -171,7 +173,8 @@ struct brg__dev_ring {
 };
 
 /* Per channel of a region: tail at 0, head at 64, counters at 128 (posted,
- * taken, the busy word, headers sent and checked), at 192 the headers the
+ * taken, the busy word, headers sent and checked, steps passed, launches
+ * begun: ring_args.h), at 192 the headers the
  * next rank checked; then from KMETA one brg__rk_meta per slot and from
  * khdr(d) the mailbox of BRG__RK_HDRS headers, both written by the
  * previous rank; the slots follow at d->kctrl. */
@@ -218,10 +221,12 @@ typedef struct dev_blob {
    * round them up, so ranks whose slots agree may still differ here). */
   uint64_t kos_limit, kll_limit;
   uint64_t kslot;
-  char kwhy[128];                     /* why kernel mode cannot run here */
+  char kwhy[256];                     /* why kernel mode cannot run here */
   int32_t kgdr_send_ok, kgdr_recv_ok; /* kernel mode's slots registered with the proxy's links */
   uint32_t kgdr_rkey;                 /* of kgdr_rptr, on the link from prev */
-  int32_t pad3;
+  /* kernel mode: its GPU's SMs (0: no bound known), the kernel's blocks a
+   * SM, 1 where it was refused as not even one channel a rank fits */
+  int32_t ksms, kper_sm, kunfit;
   uint64_t kgdr_rptr;
   char kgdr_why[128];                               /* why not, for the log */
   unsigned char kregion_info[BRG__CONN_INFO_BYTES]; /* cuda_ipc: the kernel-mode region */

@@ -144,6 +144,8 @@ static void describe_rank(const brg_comm *c, const brg__cuda_api *api, struct br
   mine->mps = mps_verdict(api, mine->gpu, &mine->mps_driver);
   mine->streams = 1 + (d->async ? 1 : 0) + (c->nrings > 1 ? c->nrings - 1 : 0);
   mine->connections = hardware_queues();
+  mine->ksms = d->ksms;
+  mine->kper_sm = d->kper_sm;
 }
 
 static brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st) {
@@ -301,7 +303,7 @@ static brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_s
   int kwho = -1;
   const char *kwhy = s == BRG_SUCCESS ? brg__dev_kernel_refused(c, all, &kwho) : NULL;
   if (s == BRG_SUCCESS && kwhy && d->kmode_req == 1)
-    s = brg__comm_error(c, BRG_ERR_INVALID_USAGE,
+    s = brg__comm_error(c, all[kwho].kunfit ? BRG_ERR_UNAVAILABLE : BRG_ERR_INVALID_USAGE,
                         "device collectives: BRIGADE_DEVICE_MODE=kernel, but rank %d cannot run "
                         "them in kernel mode: %s",
                         kwho, kwhy);

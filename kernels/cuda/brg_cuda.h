@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 /* Raised whenever the table changes shape; the loader refuses other values. */
-#define BRG__CUDA_ABI 13
+#define BRG__CUDA_ABI 14
 
 /* Name of the one symbol the module exports. */
 #define BRG__CUDA_ENTRY "brg__cuda_module_api"
@@ -71,6 +71,13 @@ typedef struct brg__cuda_kernels {
    * args is a brg__rk_args (ring_args.h) of args_bytes bytes, copied at
    * the launch. */
   int (*ring_launch)(const void *args, size_t args_bytes, int channels, int threads, void *stream);
+  /* Kernel mode's co-residency on the current device: its SMs, and the
+   * thread blocks of ring_launch's kernels of `threads` threads that one
+   * SM holds at once (the fewest over the kernels, by their registers and
+   * shared memory: cudaOccupancyMaxActiveBlocksPerMultiprocessor). Blocks
+   * beyond sms x blocks_per_sm wait for one to end, and kernel mode's
+   * spinning blocks must all run at once. *sms 0: no bound known. */
+  int (*ring_occupancy)(int threads, int *sms, int *blocks_per_sm);
 } brg__cuda_kernels;
 
 typedef struct brg__cuda_driver {

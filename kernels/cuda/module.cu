@@ -23,6 +23,7 @@ extern "C" int brg__cuda_set_max_blocks(int blocks);
 extern "C" int brg__cuda_busy(unsigned us, void *stream);
 extern "C" int brg__cuda_ring_launch(const void *args, size_t args_bytes, int channels, int threads,
                                      void *stream);
+extern "C" int brg__cuda_ring_occupancy(int threads, int *sms, int *blocks_per_sm);
 extern "C" int brg__cuda_cast(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n,
                               float scale, void *stream);
 extern "C" int brg__cuda_ring_load(void);
@@ -500,6 +501,7 @@ const brg__cuda_api api = {
             .cast = brg__cuda_cast,
             .busy = brg__cuda_busy,
             .ring_launch = brg__cuda_ring_launch,
+            .ring_occupancy = brg__cuda_ring_occupancy,
         },
 };
 

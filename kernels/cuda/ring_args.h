@@ -165,7 +165,9 @@ static inline BRG_HD uint32_t brg__rk_hdr_flag(uint64_t k) {
 /* What a channel tells the host while it runs, in pinned host memory
  * (128 bytes each): the host's watchdog sees a launch in flight
  * (started != finished) whose progress stands still, and reads why a
- * channel stopped. Written by the channel's thread 0 only. */
+ * channel stopped. Written by the channel's thread 0 only, off the hot
+ * path (each write crosses PCIe): progress every few steps, what it waits
+ * for when it polls the abort word, both at the launch's end. */
 #define BRG__RK_WAIT_NONE 0
 #define BRG__RK_WAIT_RECV 1    /* a slot from the previous rank */
 #define BRG__RK_WAIT_SEND 2    /* a free slot of the next rank */
@@ -192,7 +194,8 @@ typedef struct brg__rk_link {
   const uint64_t *recv_tail; /* own: slots the previous rank posted */
   uint64_t *recv_head;       /* the previous rank's head: slots this rank took */
   /* own: [0] posted, [1] taken, across launches; [2] the busy word;
-   * [3] headers sent, [4] headers checked */
+   * [3] headers sent, [4] headers checked; [5] steps passed and [6]
+   * launches begun, which the watch record shows the host */
   uint64_t *counters;
   brg__rk_meta *send_meta;       /* the next rank's, one per slot (NULL: not checked) */
   const brg__rk_meta *recv_meta; /* own, one per slot, the previous rank writes them */

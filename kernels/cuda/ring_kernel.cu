@@ -57,3 +57,25 @@ extern "C" int brg__cuda_ring_launch(const void *args, size_t args_bytes, int ch
   k<<<channels, threads, 0, static_cast<cudaStream_t>(stream)>>>(*a);
   return static_cast<int>(cudaGetLastError());
 }
+
+/* The fewest blocks of `threads` threads per SM over every (dtype, op)
+ * kernel (each has its own registers), and the current device's SMs. */
+extern "C" int brg__cuda_ring_occupancy(int threads, int *sms, int *blocks_per_sm) {
+  if (threads < 32 || threads > MAX_THREADS || threads % 32 != 0)
+    return static_cast<int>(cudaErrorInvalidValue);
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev);
+  int fewest = -1;
+  for (int dtype = 0; e == cudaSuccess && dtype < BRG_NUM_DTYPES; dtype++)
+    for (int op = 0; e == cudaSuccess && op < BRG_NUM_OPS; op++) {
+      kernel_fn k = pick(dtype, op);
+      int n = 0;
+      if (!k) continue;
+      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, threads, 0);
+      if (e == cudaSuccess && (fewest < 0 || n < fewest)) fewest = n;
+    }
+  if (e != cudaSuccess) return static_cast<int>(e);
+  *blocks_per_sm = fewest < 0 ? 0 : fewest;
+  return 0;
+}

@@ -98,6 +98,11 @@ typedef brg__rk_args args;
  * under a microsecond, so an abort is seen within a millisecond or so. */
 constexpr unsigned POLL_SPINS = 1024;
 
+/* Steps between two writes of a channel's progress into its watch record
+ * (host memory: each write crosses PCIe). The watchdog waits seconds for
+ * progress, and 32 steps take microseconds. */
+constexpr unsigned PUBLISH_STEPS = 32;
+
 /* A slice's payload sits in its slot at the offset from a 16-byte boundary
  * that its first element has in the call's buffers (counted from element
  * 0, so that every rank agrees), so that a copy or reduce between a slot
@@ -154,18 +159,44 @@ template <class D, int OP> struct channel {
   int step;         /* the ring step or chain hop, for the watch record */
   bool hdr_checked; /* thread 0: the previous rank's header of this call matched */
   unsigned spins;   /* thread 0: spins of this launch's waits so far */
+  /* Thread 0: the watch record's words as they are now, and as the record
+   * has them. The record is host memory, so the hot path does not write
+   * it: what the channel waits for reaches it at the polls of the abort
+   * word (a wait's first spin, then every POLL_SPINS), its progress every
+   * PUBLISH_STEPS steps, and both at the launch's end. The counts live in
+   * the channel's GPU memory between launches (counters[5], [6]). */
+  uint64_t progress, launch;
+  int w_step, w_peer, w_wait;
+  int pub_step, pub_peer, pub_wait;
+  uint64_t pub_progress;
 
   BRG_SIMT_DEV channel(const args &a_, const link &l_)
       : a(a_), l(l_), wr(a_.watch ? a_.watch + brg_simt_block() : nullptr), posted(0), taken(0),
         slot_elems((a_.slot_bytes - SLOT_SHIFT_ROOM) / sizeof(T)), at(0), step(0),
-        hdr_checked(false), spins(0) {}
+        hdr_checked(false), spins(0), progress(0), launch(0), w_step(0), w_peer(-1),
+        w_wait(BRG__RK_WAIT_NONE), pub_step(-1), pub_peer(-2), pub_wait(-1), pub_progress(0) {}
 
-  /* Thread 0: what the channel waits for now, for the watchdog. */
+  /* Thread 0: what the channel waits for now, for the watchdog (written
+   * to the record by publish). */
   BRG_SIMT_DEV void waiting(int what, int peer) {
+    w_step = step;
+    w_peer = peer;
+    w_wait = what;
+  }
+
+  /* Thread 0: the watch record brought up to date, the words that changed. */
+  BRG_SIMT_DEV void publish() {
     if (!wr) return;
-    brg_simt_store_word(&wr->step, step);
-    brg_simt_store_word(&wr->peer, peer);
-    brg_simt_store_word(&wr->wait, what);
+    if (progress != pub_progress) brg_simt_store_u64(&wr->progress, pub_progress = progress);
+    if (w_step != pub_step) brg_simt_store_word(&wr->step, pub_step = w_step);
+    if (w_peer != pub_peer) brg_simt_store_word(&wr->peer, pub_peer = w_peer);
+    if (w_wait != pub_wait) brg_simt_store_word(&wr->wait, pub_wait = w_wait);
+  }
+
+  /* Thread 0: a step passed. */
+  BRG_SIMT_DEV void advanced() {
+    if (++progress % PUBLISH_STEPS == 0 && wr)
+      brg_simt_store_u64(&wr->progress, pub_progress = progress);
   }
 
   /* A call into a watch record, which the host may read at any time. */
@@ -184,8 +215,8 @@ template <class D, int OP> struct channel {
   BRG_SIMT_DEV void fault(int code, int peer, const brg__rk_call *theirs, uint64_t expected,
                           uint64_t found) {
     if (wr) {
-      brg_simt_store_word(&wr->step, step);
-      brg_simt_store_word(&wr->peer, peer);
+      brg_simt_store_word(&wr->step, pub_step = step);
+      brg_simt_store_word(&wr->peer, pub_peer = w_peer = peer);
       wr->expected = expected;
       wr->found = found;
       put_call(&wr->mine, a.call);
@@ -206,7 +237,7 @@ template <class D, int OP> struct channel {
     uint32_t f = brg__rk_hdr_flag(k);
     uint64_t w[BRG__RK_CALL_WORDS];
     for (int i = 0; i < BRG__RK_CALL_WORDS; i++) {
-      w[i] = brg_simt_load_u64(&h->w[i]);
+      w[i] = brg_simt_load_flagged(&h->w[i]);
       if (!brg__rk_has_flag(w[i], f)) return 0; /* not all there yet */
     }
     brg__rk_call theirs;
@@ -246,7 +277,9 @@ template <class D, int OP> struct channel {
   /* Thread 0 at a spin of a wait loop: whether the abort word is set, read
    * at the launch's first spin and then every POLL_SPINS spins. */
   BRG_SIMT_DEV bool aborted() {
-    return spins++ % POLL_SPINS == 0 && brg_simt_load_word(a.abort_word) != 0;
+    if (spins++ % POLL_SPINS != 0) return false;
+    if (brg_simt_tid() == 0) publish();
+    return brg_simt_load_word(a.abort_word) != 0;
   }
 
   /* Thread 0 at a spin of a wait loop: whether to stop (the abort word, or
@@ -401,19 +434,23 @@ template <class D, int OP> struct channel {
     brg_simt_sync(); /* every thread's part of the slot is written (or read) */
     if (brg_simt_tid() == 0) {
       /* the proxy carries the slot from its start, the shift included */
-      if (sends && l.send_sizes) l.send_sizes[posted % (uint64_t)a.nslots] = shift + m * sizeof(T);
+      if (sends && l.send_sizes)
+        brg_simt_store_u64(&l.send_sizes[posted % (uint64_t)a.nslots], shift + m * sizeof(T));
       if (sends && l.send_meta) {
         brg__rk_meta *sm = l.send_meta + posted % (uint64_t)a.nslots;
         sm->call = a.call;
         sm->post = posted + 1;
       }
-      if (wr) brg_simt_store_u64(&wr->progress, brg_simt_load_u64(&wr->progress) + 1);
+      advanced();
       /* one fence for the post: the slot written and the slot read */
       if (sends || recvs) brg_simt_release();
 #if BRG_RK_BREAK != 1
       if (sends) brg_simt_store_flag(l.send_tail, posted + 1);
 #endif
       if (recvs) brg_simt_store_flag(l.recv_head, taken + 1);
+#if !defined(__CUDACC__)
+      if (sends) brg_simt_emu_count(BRG_SIMT_COUNT_POSTS, 1);
+#endif
     }
     posted += sends;
     taken += recvs;
@@ -504,7 +541,7 @@ template <class D, int OP> struct channel {
     }
     if (brg_simt_tid() == 0) {
       *reinterpret_cast<uint64_t *>(own) = call;
-      if (wr) brg_simt_store_u64(&wr->progress, brg_simt_load_u64(&wr->progress) + 1);
+      advanced();
     }
     return true;
   }
@@ -641,7 +678,7 @@ template <class D, int OP> struct channel {
       if (s_stop && !faulted) brg_simt_store_word(a.status, ABORTED);
       if (!s_stop) {
         *reinterpret_cast<uint64_t *>(own) = call;
-        if (wr) brg_simt_store_u64(&wr->progress, brg_simt_load_u64(&wr->progress) + 1);
+        advanced();
       }
     }
     return !s_stop;
@@ -688,10 +725,11 @@ template <class D, int OP> struct channel {
       } else {
         s_start[0] = l.counters[0];
         s_start[1] = l.counters[1];
+        pub_progress = progress = l.counters[5];
+        launch = l.counters[6] + 1;
         if (wr) {
-          brg_simt_store_word(&wr->wait, BRG__RK_WAIT_NONE);
           put_call(&wr->mine, a.call);
-          brg_simt_store_u64(&wr->started, brg_simt_load_u64(&wr->started) + 1);
+          brg_simt_store_u64(&wr->started, launch);
         }
       }
       s_go = !s_stopped && hdr_send();
@@ -731,9 +769,12 @@ template <class D, int OP> struct channel {
         l.counters[0] = posted;
         l.counters[1] = taken;
       }
+      l.counters[5] = progress;
+      l.counters[6] = launch;
       if (wr) {
-        brg_simt_store_word(&wr->wait, BRG__RK_WAIT_NONE);
-        brg_simt_store_u64(&wr->finished, brg_simt_load_u64(&wr->started));
+        waiting(BRG__RK_WAIT_NONE, w_peer);
+        publish();
+        brg_simt_store_u64(&wr->finished, launch);
         /* only launches on this GPU take the busy word */
         brg_simt_store_word_release_gpu(busy, 0);
       }

@@ -18,6 +18,8 @@
  *   brg_simt_store_word_release (int)   the same, after this thread's writes
  *   brg_simt_exchange_word (int)        swaps a word, returns the old one
  *   brg_simt_load_u64 / _store_u64      a counter the host reads (relaxed)
+ *   brg_simt_load_flagged (u64)         a word of data and flag that a
+ *                                       wait polls (relaxed, as _load_u64)
  *   brg_simt_ll_store / _ll_load        a 16-byte LL line another GPU reads
  *                                       (writes): two 8-byte halves, each
  *                                       stored and loaded whole, no fence
@@ -97,6 +99,9 @@ static BRG_SIMT_DEV uint64_t brg_simt_load_u64(const uint64_t *p) {
 static BRG_SIMT_DEV void brg_simt_store_u64(uint64_t *p, uint64_t v) {
   asm volatile("st.relaxed.sys.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
+static BRG_SIMT_DEV uint64_t brg_simt_load_flagged(const uint64_t *p) {
+  return brg_simt_load_u64(p);
+}
 static BRG_SIMT_DEV void brg_simt_release() {
   asm volatile("fence.acq_rel.sys;" ::: "memory");
 }
@@ -145,6 +150,16 @@ void brg_simt_emu_count(int what, uint64_t n);
   4 /* elements copied or reduced one at a time beyond the head and tail
        that align the destination */
 #define BRG_SIMT_COUNT_LL_LINES 5 /* LL lines stored (brg_simt_ll_store) */
+/* Loads and stores of the primitives below that reach host memory mapped
+ * for the GPU (each a round trip, or a posted write, over PCIe on a GPU):
+ * the emulator tells such memory from GPU memory by the regions its
+ * module handed out (simt_emu.h, set_host_lookup). */
+#define BRG_SIMT_COUNT_HOST_LOADS 6
+#define BRG_SIMT_COUNT_HOST_STORES 7
+#define BRG_SIMT_COUNT_POSTS 8 /* slots a channel posted to the next rank */
+/* The address p a primitive loads (0: a word, 2: a flag it waits on) or
+ * stores (1): counted when it is host memory. */
+void brg_simt_emu_touch(const void *p, int how);
 
 #define BRG_SIMT_DEV inline
 /* Blocks are OS threads and a block's threads are fibers of its OS thread,
@@ -177,34 +192,47 @@ static inline void brg_simt_pause() {
 #define BRG_SIMT_RELEASE __ATOMIC_RELEASE
 #endif
 static inline uint64_t brg_simt_load_acquire(const uint64_t *p) {
+  brg_simt_emu_touch(p, 2);
   return __atomic_load_n(p, BRG_SIMT_ACQUIRE);
 }
 static inline void brg_simt_store_release(uint64_t *p, uint64_t v) {
+  brg_simt_emu_touch(p, 1);
   brg_simt_emu_count(BRG_SIMT_COUNT_FENCES, 1);
   brg_simt_emu_count(BRG_SIMT_COUNT_FLAGS, 1);
   __atomic_store_n(p, v, BRG_SIMT_RELEASE);
   brg_simt_emu_published(); /* a window for a reader that should not look yet */
 }
 static inline int brg_simt_load_word(const int *p) {
+  brg_simt_emu_touch(p, 0);
   brg_simt_emu_count(BRG_SIMT_COUNT_WORD_LOADS, 1);
   return __atomic_load_n(p, __ATOMIC_RELAXED);
 }
 static inline void brg_simt_store_word(int *p, int v) {
+  brg_simt_emu_touch(p, 1);
   __atomic_store_n(p, v, __ATOMIC_RELAXED);
 }
 static inline void brg_simt_store_word_release(int *p, int v) {
+  brg_simt_emu_touch(p, 1);
   brg_simt_emu_count(BRG_SIMT_COUNT_FENCES, 1);
   brg_simt_emu_count(BRG_SIMT_COUNT_FLAGS, 1);
   __atomic_store_n(p, v, __ATOMIC_RELEASE);
 }
 static inline int brg_simt_exchange_word(int *p, int v) {
+  brg_simt_emu_touch(p, 0);
+  brg_simt_emu_touch(p, 1);
   return __atomic_exchange_n(p, v, __ATOMIC_ACQ_REL);
 }
 static inline uint64_t brg_simt_load_u64(const uint64_t *p) {
+  brg_simt_emu_touch(p, 0);
   return __atomic_load_n(p, __ATOMIC_RELAXED);
 }
 static inline void brg_simt_store_u64(uint64_t *p, uint64_t v) {
+  brg_simt_emu_touch(p, 1);
   __atomic_store_n(p, v, __ATOMIC_RELAXED);
+}
+static inline uint64_t brg_simt_load_flagged(const uint64_t *p) {
+  brg_simt_emu_touch(p, 2);
+  return __atomic_load_n(p, __ATOMIC_RELAXED);
 }
 /* A block's fibers share one OS thread, so a release store orders every
  * fiber's writes before the flag: brg_simt_release is the fence the
@@ -215,6 +243,7 @@ static inline void brg_simt_release() {
   __asm__ volatile("" ::: "memory");
 }
 static inline void brg_simt_store_flag(uint64_t *p, uint64_t v) {
+  brg_simt_emu_touch(p, 1);
   brg_simt_emu_count(BRG_SIMT_COUNT_FLAGS, 1);
   __atomic_store_n(p, v, BRG_SIMT_RELEASE);
   brg_simt_emu_published();
@@ -222,17 +251,20 @@ static inline void brg_simt_store_flag(uint64_t *p, uint64_t v) {
 /* The halves of an LL line are relaxed, as on the device: nothing orders
  * them, and a reader checks each half's flag. */
 static inline void brg_simt_ll_store(uint64_t *p, uint64_t lo, uint64_t hi) {
+  brg_simt_emu_touch(p, 1);
   brg_simt_emu_count(BRG_SIMT_COUNT_LL_LINES, 1);
   __atomic_store_n(p + 1, hi,
                    __ATOMIC_RELAXED); /* the second half first: a reader may see it alone */
   __atomic_store_n(p, lo, __ATOMIC_RELAXED);
 }
 static inline void brg_simt_ll_load(const uint64_t *p, uint64_t *lo, uint64_t *hi) {
+  brg_simt_emu_touch(p, 2);
   *lo = __atomic_load_n(p, __ATOMIC_RELAXED);
   *hi = __atomic_load_n(p + 1, __ATOMIC_RELAXED);
 }
 /* A fence of the GPU alone: not one of the system fences counted. */
 static inline void brg_simt_store_word_release_gpu(int *p, int v) {
+  brg_simt_emu_touch(p, 1);
   __atomic_store_n(p, v, __ATOMIC_RELEASE);
 }
 static inline uint64_t brg_simt_add_u64(uint64_t *p, uint64_t v) {

@@ -33,6 +33,20 @@
  *    device make a context there, which tests count (brg__emu_context).
  *  - Kernel mode's ring kernel runs with the launch's block size, and a
  *    launch whose FIFOs, flags or buffers its device cannot reach fails.
+ *    Co-residency (emu_ring.cc): a GPU runs at most BRIGADE_EMU_SMS x
+ *    BRIGADE_EMU_BLOCKS_PER_SM ring-kernel blocks at once, across every
+ *    stream and rank of this process (per process: ranks of processes
+ *    that share a GPU under MPS each get the whole bound); the others
+ *    start, in launch order, as blocks end, so blocks that spin for a
+ *    block that cannot start wait for ever, as on a GPU. SMs: 0 (no
+ *    bound) unless set, 16 under BRIGADE_EMU_STRICT=1; blocks per SM:
+ *    2048 / threads (at most 32) unless set. ring_occupancy answers with
+ *    the same numbers. The emulator counts (brg__emu_count, by
+ *    simt.cuh's BRG_SIMT_COUNT_*) the kernels' loads and stores of
+ *    registered host memory, their system fences, posts and spins; with
+ *    BRIGADE_EMU_HOT_READS=1 (on under BRIGADE_EMU_STRICT=1) a block that
+ *    loads host words (not the flags it waits on) more than once per 1024
+ *    spins, beyond 4 a launch, stops the process naming the counts.
  *    BRIGADE_EMU_BLOCK_THREADS (a multiple of 32) caps the block size, for
  *    runs whose subject is not the kernel (the hosts' proxies between
  *    namespaces) and that cannot afford 512 fibers per channel per rank.
@@ -99,7 +113,8 @@
 #include "kernels.h"
 
 /* emu_ring.cc */
-int brg__emu_ring_run(const brg__rk_args *a, int channels, int threads);
+int brg__emu_ring_run(const brg__rk_args *a, int channels, int threads, int gpu);
+void brg__emu_ring_occupancy(int threads, int *sms, int *per_sm);
 
 #define EXPORT __attribute__((visibility("default")))
 #define HB BRG__CUDA_IPC_HANDLE_BYTES
@@ -539,6 +554,16 @@ static int ipc_mem_close(void *p) {
   if (!find_region(p, &r, 1)) return E_ARG;
   munmap(r.p, r.bytes ? r.bytes : 1);
   return E_OK;
+}
+
+/* For the SIMT emulator's counts (emu_ring.cc): 1 where p is registered
+ * host memory, and the range of its region ([p, p + 1) outside any). */
+int brg__emu_host_range(const void *p, uintptr_t *lo, uintptr_t *hi) {
+  region r;
+  if (!find_region(p, &r, 0)) return 0;
+  *lo = (uintptr_t)r.p;
+  *hi = (uintptr_t)r.p + (r.bytes ? r.bytes : 1);
+  return r.dev < 0;
 }
 
 static int pointer_is_device(const void *p, int *device) {
@@ -996,7 +1021,7 @@ static void run_kernel(stream *s, const op *o) {
       __atomic_store_n(ra->status, BRG__RK_ABORTED, __ATOMIC_RELEASE);
 #ifndef BRG_EMU_NO_KERNEL_MODE
     else
-      brg__emu_ring_run(ra, o->div, o->rop);
+      brg__emu_ring_run(ra, o->div, o->rop, phys(s->dev));
 #endif
     free((void *)o->a);
     break;
@@ -1779,6 +1804,25 @@ static int ring_launch(const void *args, size_t args_bytes, int channels, int th
 #endif
 }
 
+/* For the block size ring_launch runs with (BRIGADE_EMU_BLOCK_THREADS,
+ * and ThreadSanitizer's 64). */
+static int ring_occupancy(int threads, int *sms, int *per_sm) {
+  if (threads < 32 || threads > 512 || threads % 32 != 0) return E_ARG;
+  const char *v = getenv("BRIGADE_EMU_BLOCK_THREADS");
+  int cap = v ? atoi(v) : 0;
+  if (cap >= 32 && cap <= 512 && cap % 32 == 0 && threads > cap) threads = cap;
+#if defined(__SANITIZE_THREAD__)
+  if (threads > 64) threads = 64;
+#endif
+#ifdef BRG_EMU_NO_KERNEL_MODE
+  *sms = 0;
+  *per_sm = 1;
+#else
+  brg__emu_ring_occupancy(threads, sms, per_sm);
+#endif
+  return E_OK;
+}
+
 /* For tests (dlsym on this module): whether this process made a context
  * on device `dev` (-1: the number of devices with one), and the ring
  * kernel launches so far with the block size of the last. */
@@ -1859,6 +1903,7 @@ static const brg__cuda_api api = {
             .cast = cast,
             .busy = busy,
             .ring_launch = ring_launch,
+            .ring_occupancy = ring_occupancy,
         },
 };
 

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 #include <ucontext.h>
@@ -88,7 +89,16 @@ struct block_rt {
   bool paused = false;
   const std::function<void()> *body = nullptr;
   int failed = 0;
-  void *tsan_sched = nullptr; /* ThreadSanitizer's view of the scheduler */
+  int gpu = -1;        /* co-residency: the emulated GPU whose slot it takes */
+  unsigned slots = 0;  /* its blocks at once */
+  uint64_t ticket = 0; /* its turn for a slot there */
+  /* host memory ranges seen by this block (set_host_lookup) */
+  static constexpr int NRANGES = 8;
+  uintptr_t lo[NRANGES] = {}, hi[NRANGES] = {};
+  int host[NRANGES] = {};
+  unsigned nranges = 0, next_range = 0;
+  uint64_t spins = 0, host_word_loads = 0; /* for the hot-read check */
+  void *tsan_sched = nullptr;              /* ThreadSanitizer's view of the scheduler */
 };
 
 /* From the scheduler to fiber t and back. */
@@ -216,9 +226,57 @@ bool make_fiber(block_rt *b, unsigned t) {
   return true;
 }
 
+/* Co-residency (launch's slots): per emulated GPU, the blocks running and
+ * the turns handed out and begun, so that blocks start in the order their
+ * launches asked for them. */
+constexpr int MAX_GPUS = 8;
+struct gpu_slots {
+  pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+  unsigned running = 0, most = 0;
+  uint64_t issued = 0, begun = 0;
+};
+gpu_slots g_slots[MAX_GPUS];
+
+void slot_take(int gpu, uint64_t ticket, unsigned limit) {
+  gpu_slots &g = g_slots[gpu];
+  pthread_mutex_lock(&g.mu);
+  while (g.begun != ticket || g.running >= limit) pthread_cond_wait(&g.cv, &g.mu);
+  g.begun++;
+  if (++g.running > g.most) g.most = g.running;
+  pthread_cond_broadcast(&g.cv); /* the next turn may start too */
+  pthread_mutex_unlock(&g.mu);
+}
+
+void slot_give(int gpu) {
+  gpu_slots &g = g_slots[gpu];
+  pthread_mutex_lock(&g.mu);
+  g.running--;
+  pthread_cond_broadcast(&g.cv);
+  pthread_mutex_unlock(&g.mu);
+}
+
+/* set_hot_read_check */
+bool hot_read_checked;
+
+void hot_read_check(const block_rt *b) {
+  if (!__atomic_load_n(&hot_read_checked, __ATOMIC_RELAXED)) return;
+  if (b->host_word_loads <= b->spins / brg_simt_emu::HOT_READ_SPINS + brg_simt_emu::HOT_READ_LAUNCH)
+    return;
+  fprintf(stderr,
+          "emulated GPU: FAIL: block %u of a launch read words of host memory %llu times in "
+          "%llu spins of its threads (at most one per %u spins and %u a launch: each read is a "
+          "round trip over PCIe on a GPU; BRIGADE_EMU_HOT_READS)\n",
+          b->block, (unsigned long long)b->host_word_loads, (unsigned long long)b->spins,
+          brg_simt_emu::HOT_READ_SPINS, brg_simt_emu::HOT_READ_LAUNCH);
+  fflush(stderr);
+  abort();
+}
+
 void *block_main(void *arg) {
   block_rt *b = static_cast<block_rt *>(arg);
   tl = b;
+  if (b->gpu >= 0) slot_take(b->gpu, b->ticket, b->slots);
 #ifdef BRG_SIMT_TSAN
   b->tsan_sched = __tsan_get_current_fiber();
 #endif
@@ -226,6 +284,7 @@ void *block_main(void *arg) {
     if (!make_fiber(b, t)) {
       b->failed = 1;
       for (fiber &f : b->f) stack_put(f.stack);
+      if (b->gpu >= 0) slot_give(b->gpu);
       return nullptr;
     }
   b->live = b->nthreads;
@@ -254,6 +313,8 @@ void *block_main(void *arg) {
 #endif
     stack_put(f.stack);
   }
+  if (b->gpu >= 0) slot_give(b->gpu);
+  hot_read_check(b);
   return nullptr;
 }
 
@@ -279,9 +340,46 @@ void brg_simt_emu_sync() {
 }
 
 namespace {
-constexpr int NCOUNTS = 8;
+constexpr int NCOUNTS = 12;
 uint64_t counts[NCOUNTS];
+brg_simt_emu::host_lookup_fn host_lookup;
 } // namespace
+
+void brg_simt_emu::set_hot_read_check(bool on) {
+  __atomic_store_n(&hot_read_checked, on, __ATOMIC_RELAXED);
+}
+
+void brg_simt_emu::set_host_lookup(host_lookup_fn lookup) {
+  __atomic_store_n(&host_lookup, lookup, __ATOMIC_RELEASE);
+}
+
+/* A few ranges per block, looked up once each: the kernel reaches its
+ * words and slots in a handful of regions. */
+void brg_simt_emu_touch(const void *p, int how) {
+  block_rt *b = tl;
+  if (!b) return;
+  uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  int host = -1;
+  for (unsigned i = 0; i < b->nranges; i++)
+    if (a >= b->lo[i] && a < b->hi[i]) {
+      host = b->host[i];
+      break;
+    }
+  if (host < 0) {
+    brg_simt_emu::host_lookup_fn fn = __atomic_load_n(&host_lookup, __ATOMIC_ACQUIRE);
+    uintptr_t lo = a, hi = a + 1;
+    host = fn ? fn(p, &lo, &hi) : 0;
+    if (!fn || lo > a || hi <= a) lo = a, hi = a + 1;
+    unsigned i =
+        b->nranges < block_rt::NRANGES ? b->nranges++ : b->next_range++ % block_rt::NRANGES;
+    b->lo[i] = lo;
+    b->hi[i] = hi;
+    b->host[i] = host;
+  }
+  if (!host) return;
+  brg_simt_emu_count(how == 1 ? BRG_SIMT_COUNT_HOST_STORES : BRG_SIMT_COUNT_HOST_LOADS, 1);
+  if (how == 0) b->host_word_loads++;
+}
 
 void brg_simt_emu_count(int what, uint64_t n) {
   if (what >= 0 && what < NCOUNTS) __atomic_fetch_add(&counts[what], n, __ATOMIC_RELAXED);
@@ -294,6 +392,7 @@ uint64_t brg_simt_emu::count(int what) {
 void brg_simt_emu_pause() {
   brg_simt_emu_count(BRG_SIMT_COUNT_SPINS, 1);
   block_rt *b = tl;
+  b->spins++;
   b->paused = true;
   switch_to_sched(b);
 }
@@ -302,18 +401,44 @@ void brg_simt_emu_published() {
   sched_yield();
 }
 
-int brg_simt_emu::launch(unsigned blocks, unsigned threads, const std::function<void()> &body) {
+unsigned brg_simt_emu::running(int gpu, unsigned *most) {
+  if (gpu < 0 || gpu >= MAX_GPUS) return 0;
+  gpu_slots &g = g_slots[gpu];
+  pthread_mutex_lock(&g.mu);
+  unsigned r = g.running;
+  if (most) *most = g.most;
+  pthread_mutex_unlock(&g.mu);
+  return r;
+}
+
+int brg_simt_emu::launch(unsigned blocks, unsigned threads, const std::function<void()> &body,
+                         int gpu, unsigned slots) {
   std::vector<block_rt> b(blocks);
   std::vector<pthread_t> th(blocks);
   std::vector<int> started(blocks, 0);
   int bad = 0;
+  if (gpu < 0 || gpu >= MAX_GPUS || slots == 0) gpu = -1;
+  uint64_t first = 0;
+  if (gpu >= 0) { /* this launch's turns, in block order */
+    pthread_mutex_lock(&g_slots[gpu].mu);
+    first = g_slots[gpu].issued;
+    g_slots[gpu].issued += blocks;
+    pthread_mutex_unlock(&g_slots[gpu].mu);
+  }
   for (unsigned i = 0; i < blocks; i++) {
     b[i].block = i;
     b[i].nthreads = threads;
     b[i].f.resize(threads);
     b[i].body = &body;
+    b[i].gpu = gpu;
+    b[i].slots = slots;
+    b[i].ticket = first + i;
     started[i] = pthread_create(&th[i], nullptr, block_main, &b[i]) == 0;
     bad |= !started[i];
+    if (!started[i] && gpu >= 0) { /* its turn passes, so that later blocks still start */
+      slot_take(gpu, b[i].ticket, slots);
+      slot_give(gpu);
+    }
   }
   for (unsigned i = 0; i < blocks; i++) {
     if (started[i]) pthread_join(th[i], nullptr);

@@ -7,6 +7,7 @@
  *   test_ring_kernel_emu threads|procs N CHANNELS BLOCK_THREADS [quick|oneshot|ll|align|misalign]
  *   test_ring_kernel_emu abort N CHANNELS BLOCK_THREADS [oneshot|ll]
  *   test_ring_kernel_emu stale 2 1 BLOCK_THREADS
+ *   test_ring_kernel_emu cost N CHANNELS BLOCK_THREADS
  *
  * threads: the ranks are threads of this process; procs: forked
  * processes, the FIFOs in a MAP_SHARED mapping made before the fork.
@@ -56,6 +57,14 @@
  * rank 1's call (areas out of step) must stop rank 1's launch with STALE,
  * naming both call numbers.
  *
+ * cost: what the kernels cost, by the emulator's counts (simt.cuh), for
+ * the ring, one-shot and LL paths of allreduce in turn, every rank at
+ * once: host memory (the abort and status words, the watch records) read
+ * at most once per POLL_SPINS spins beyond a launch's start, written at
+ * most once per 32 slots beyond a few times a launch; one system fence
+ * per step (2N - 1 per 2N - 2 slots posted), N per one-shot launch,
+ * none in the LL form; nothing off the vector path.
+ *
  * Built a second time with -DBRG_RK_BREAK=1 (the tail, or the one-shot
  * flags, posted before the data is written) and =2 (no barrier after the
  * wait for them), the same test must fail (meson: should_fail), with all
@@ -97,7 +106,7 @@ static std::atomic<uint64_t> g_out_elems{0};
 struct chan_mem {
   alignas(64) uint64_t tail;
   alignas(64) uint64_t head;
-  alignas(64) uint64_t counters[5];
+  alignas(64) uint64_t counters[8];
   alignas(64) uint64_t hdr_acked;
   alignas(64) brg__rk_hdr hdrs[BRG__RK_HDRS];
   alignas(64) char slots[NSLOTS * SLOT_BYTES];
@@ -757,6 +766,174 @@ static int run_abort() {
   return bad;
 }
 
+/* ------------------------------------------------------------ cost */
+
+/* cost: host memory mapped for the GPU is what the runtime keeps there:
+ * the abort word, the status words (g_abort's page) and the watch
+ * records; the FIFOs and one-shot areas are GPU memory. */
+static int host_range(const void *p, uintptr_t *lo, uintptr_t *hi) {
+  uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  uintptr_t ab = reinterpret_cast<uintptr_t>(g_abort), w = reinterpret_cast<uintptr_t>(g_watch);
+  size_t wbytes = sizeof(brg__rk_watch) * (size_t)g_n * MAX_CHANNELS;
+  if (a >= ab && a < ab + 4096) {
+    *lo = ab;
+    *hi = ab + 4096;
+    return 1;
+  }
+  if (a >= w && a < w + wbytes) {
+    *lo = w;
+    *hi = w + wbytes;
+    return 1;
+  }
+  return 0;
+}
+
+struct cost {
+  uint64_t v[9];
+  static cost now() {
+    cost c;
+    for (int i = 0; i < 9; i++) c.v[i] = brg_simt_emu::count(i);
+    return c;
+  }
+  uint64_t operator[](int i) const { return v[i]; }
+  cost operator-(const cost &o) const {
+    cost c;
+    for (int i = 0; i < 9; i++) c.v[i] = v[i] - o.v[i];
+    return c;
+  }
+};
+
+/* `launches` allreduces of `count` float32 on every rank at once (path 0:
+ * the ring, 1: one-shot, 2: its LL form); what they cost, and the blocks. */
+static int cost_phase(int path, size_t count, int launches, cost *out, uint64_t *blocks) {
+  std::vector<int> fails(g_n, 0);
+  std::vector<std::thread> th;
+  cost before = cost::now();
+  for (int r = 0; r < g_n; r++)
+    th.emplace_back([&, r] {
+      std::vector<float> in(count), outb(count);
+      for (size_t i = 0; i < count; i++) in[i] = (float)((i % 100) + r);
+      int *status = g_abort + 16 * (r + 1); /* host memory, as the runtime's */
+      for (int k = 0; k < launches; k++) {
+        args a = make_args(r, BRG__COLL_ALLREDUCE, BRG_FLOAT32, BRG_SUM, 0, in.data(), outb.data(),
+                           count, status);
+        a.call.seq = (uint64_t)k + 1;
+        unsigned nb = (unsigned)g_channels;
+        if (path) {
+          a.oneshot = 1;
+          a.os.rank = r;
+          a.os.slot_bytes = OS_SLOT;
+          a.os.ll_slot = LL_SLOT;
+          a.os.ll = path == 2;
+          for (int q = 0; q < g_n; q++) a.os.area[q] = os_area(q);
+          nb = 1;
+        }
+        *status = OK;
+        if (brg_simt_emu::launch(nb, (unsigned)g_threads, [&] { run(a); }) != 0 || *status != OK) {
+          fprintf(stderr, "FAIL cost: rank %d launch %d: status %d\n", r, k, *status);
+          fails[r]++;
+          return;
+        }
+        float want0 = (float)(g_n * (0 % 100) + g_n * (g_n - 1) / 2);
+        if (outb[0] != want0 ||
+            outb[count - 1] != (float)(g_n * (int)((count - 1) % 100) + g_n * (g_n - 1) / 2)) {
+          fprintf(stderr, "FAIL cost: rank %d launch %d: wrong sums\n", r, k);
+          fails[r]++;
+          return;
+        }
+      }
+    });
+  for (auto &t : th) t.join();
+  *out = cost::now() - before;
+  *blocks = (uint64_t)g_n * (uint64_t)launches * (path ? 1u : (unsigned)g_channels);
+  int bad = 0;
+  for (int f : fails) bad += f;
+  return bad;
+}
+
+/* What the kernels cost per posted slot and per launch (the emulator's
+ * counts): the hot path, a wait's spins and a slot's work, reads host
+ * memory (a round trip over PCIe from a GPU) at most once per POLL_SPINS
+ * spins, beyond a few reads a launch; every post takes one system fence;
+ * a one-shot launch N (one flag a rank), its LL form none. */
+static int run_cost() {
+  brg_simt_emu::set_host_lookup(host_range);
+  int bad = 0;
+  const char *names[3] = {"ring", "one-shot", "LL"};
+  const size_t counts[3] = {200000, 1000, 1000};
+  const int launches[3] = {2, 40, 40};
+  for (int path = 0; path < 3; path++) {
+    cost c;
+    uint64_t blocks = 0;
+    bad += cost_phase(path, counts[path], launches[path], &c, &blocks);
+    uint64_t posts = c[BRG_SIMT_COUNT_POSTS], spins = c[BRG_SIMT_COUNT_SPINS];
+    uint64_t loads = c[BRG_SIMT_COUNT_HOST_LOADS], stores = c[BRG_SIMT_COUNT_HOST_STORES];
+    uint64_t fences = c[BRG_SIMT_COUNT_FENCES];
+    uint64_t nl = (uint64_t)g_n * (uint64_t)launches[path];
+    printf("cost %s: %llu launches (%llu blocks), %llu slots posted, %llu spins: %llu host loads, "
+           "%llu host stores, %llu system fences, %llu elements off the vector path\n",
+           names[path], (unsigned long long)nl, (unsigned long long)blocks,
+           (unsigned long long)posts, (unsigned long long)spins, (unsigned long long)loads,
+           (unsigned long long)stores, (unsigned long long)fences,
+           (unsigned long long)c[BRG_SIMT_COUNT_SCALAR]);
+    /* the hot path: once per POLL_SPINS spins, and a launch's start and
+     * its first poll (2 a block) */
+    if (loads > spins / POLL_SPINS + 2 * blocks) {
+      fprintf(stderr,
+              "FAIL cost %s: %llu host loads for %llu spins of %llu blocks (at most one per %u "
+              "spins and 2 a block)\n",
+              names[path], (unsigned long long)loads, (unsigned long long)spins,
+              (unsigned long long)blocks, POLL_SPINS);
+      bad++;
+    }
+    if (path == 0) {
+      /* the ring: the slots are the work; a block's launch writes its watch
+       * record a few times (started, finished, the wait, the progress) */
+      if (posts < 50 * blocks) {
+        fprintf(stderr, "FAIL cost ring: only %llu slots posted by %llu blocks\n",
+                (unsigned long long)posts, (unsigned long long)blocks);
+        bad++;
+      }
+      if (stores > posts / 32 + 4 * (spins / POLL_SPINS) + 12 * blocks) {
+        fprintf(stderr,
+                "FAIL cost ring: %llu host stores for %llu slots posted (at most one per 32 "
+                "slots, 4 per %u spins and 12 a block)\n",
+                (unsigned long long)stores, (unsigned long long)posts, POLL_SPINS);
+        bad++;
+      }
+      /* one fence per step that posts or takes a slot: a slice's 2N - 1
+       * steps post 2N - 2 slots */
+      if (fences * (uint64_t)(2 * g_n - 2) != posts * (uint64_t)(2 * g_n - 1)) {
+        fprintf(stderr,
+                "FAIL cost ring: %llu system fences for %llu slots posted (one per step: %d per "
+                "%d posts expected)\n",
+                (unsigned long long)fences, (unsigned long long)posts, 2 * g_n - 1, 2 * g_n - 2);
+        bad++;
+      }
+      if (c[BRG_SIMT_COUNT_SCALAR]) {
+        fprintf(stderr, "FAIL cost ring: %llu elements off the vector path, buffers aligned\n",
+                (unsigned long long)c[BRG_SIMT_COUNT_SCALAR]);
+        bad++;
+      }
+    } else {
+      uint64_t want = path == 1 ? (uint64_t)g_n * nl : 0; /* one release per flag */
+      if (fences != want || posts) {
+        fprintf(stderr,
+                "FAIL cost %s: %llu system fences (%llu expected: %s) and %llu ring slots\n",
+                names[path], (unsigned long long)fences, (unsigned long long)want,
+                path == 1 ? "one per rank's flag" : "none", (unsigned long long)posts);
+        bad++;
+      }
+      if (stores > 4 * (spins / POLL_SPINS) + 12 * blocks) {
+        fprintf(stderr, "FAIL cost %s: %llu host stores in %llu launches (at most 12 each)\n",
+                names[path], (unsigned long long)stores, (unsigned long long)nl);
+        bad++;
+      }
+    }
+  }
+  return bad;
+}
+
 static void on_alarm(int) {
   static const char msg[] = "FAIL: still running at the deadline (a wait that never ends?)\n";
   ssize_t w = write(2, msg, sizeof msg - 1);
@@ -798,6 +975,8 @@ int main(int argc, char **argv) {
     bad = g_n < 2 ? 0 : run_abort();
   else if (strcmp(mode, "stale") == 0)
     bad = run_stale();
+  else if (strcmp(mode, "cost") == 0)
+    bad = run_cost();
   else {
     fprintf(stderr, "unknown mode %s\n", mode);
     return 2;
