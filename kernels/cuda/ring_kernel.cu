@@ -61,6 +61,7 @@ extern "C" int brg__cuda_ring_launch(const void *args, size_t args_bytes, int ch
 /* The fewest blocks of `threads` threads per SM over every (dtype, op)
  * kernel (each has its own registers), and the current device's SMs. */
 extern "C" int brg__cuda_ring_occupancy(int threads, int *sms, int *blocks_per_sm) {
+  using brg_rk_launch::MAX_THREADS;
   if (threads < 32 || threads > MAX_THREADS || threads % 32 != 0)
     return static_cast<int>(cudaErrorInvalidValue);
   int dev = 0;
