@@ -36,10 +36,11 @@ given ``--redirects 2 --tee 2`` (a torch bug, fixed in later releases).
 # ignore that one release needs is unused under another.
 # mypy: warn-unused-ignores=False
 import ctypes
+import functools
 import queue
 import threading
 from datetime import timedelta
-from typing import Any, List, Optional, Sequence, TypeVar, cast
+from typing import Any, Callable, List, Optional, Sequence, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -50,13 +51,6 @@ __all__ = ["ProcessGroupBrigade", "allreduce_hook", "communicator", "BACKEND_NAM
 
 BACKEND_NAME = "brigade"
 _STORE_KEY = "brigade/unique_id"
-
-try:
-    from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
-except ImportError as e:  # pragma: no cover - torch without c10d
-    raise ImportError("brigade.torch needs torch.distributed with Python process groups "
-                      "(torch >= 1.13)") from e
-
 
 _OPS = (("SUM", "sum"), ("PRODUCT", "prod"), ("MIN", "min"), ("MAX", "max"), ("AVG", "avg"),
         ("BAND", "band"), ("BOR", "bor"), ("BXOR", "bxor"))
@@ -111,10 +105,50 @@ def _then(*fns: Any) -> Any:
     return run
 
 
+class _Work(dist.Work):
+    """A call's Work: its future, completed by the completer thread (or at
+    once), and what torch asks of a Work read from it. wait() raises the
+    call's error, as Gloo's Work does; torch's own Work over a future
+    (_create_work_from_future) reports success whatever the future holds.
+    """
+
+    def __init__(self, fut: "torch.futures.Future[Any]"):
+        super().__init__()
+        self._fut = fut
+
+    def wait(self, timeout: Any = None) -> bool:
+        self._fut.wait()  # raises the error the future was failed with
+        return True
+
+    def is_completed(self) -> bool:
+        return bool(self._fut.done())
+
+    def is_success(self) -> bool:
+        return self._fut.done() and self.exception() is None
+
+    def exception(self) -> Any:
+        if not self._fut.done():
+            return None
+        try:
+            self._fut.value()
+        except BaseException as e:  # noqa: BLE001 - what the call failed with
+            return e
+        return None
+
+    def get_future(self) -> Any:
+        return self._fut
+
+    def result(self) -> Any:
+        return self._fut.wait()
+
+    def synchronize(self) -> None:
+        pass
+
+
 def _done(result: Any) -> Any:
     fut: "torch.futures.Future[Any]" = torch.futures.Future()
     fut.set_result(result)
-    return _create_work_from_future(fut)
+    return _Work(fut)
 
 
 class _Completer:
@@ -131,24 +165,31 @@ class _Completer:
             item = self._q.get()
             if item is None:
                 return
-            reqs, fut, result, then = item
+            reqs, fut, result, then, failed = item
             try:
                 for req in reqs:
                     req.wait()  # the GIL is released inside brg_wait
                 if then is not None:
                     then()
-                fut.set_result(result)
             except BaseException as e:  # noqa: BLE001 - handed to the future
                 for req in reqs:  # none may still write into a tensor
                     try:
                         req.wait()
                     except BaseException:  # noqa: BLE001 - the first error is reported
                         pass
+                if failed is not None:
+                    failed(e)
                 fut.set_exception(e)
+            else:
+                fut.set_result(result)
 
-    def submit(self, reqs: Any, result: Any, then: Any = None) -> "torch.futures.Future[Any]":
+    def submit(self, reqs: Any, result: Any, then: Any = None,
+               failed: Any = None) -> "torch.futures.Future[Any]":
+        """The future of `reqs` (a Request or a list): `result` once all have
+        finished and `then` has run; failed with the first error otherwise,
+        after `failed` has been told it."""
         fut: "torch.futures.Future[Any]" = torch.futures.Future()
-        self._q.put((reqs if isinstance(reqs, list) else [reqs], fut, result, then))
+        self._q.put((reqs if isinstance(reqs, list) else [reqs], fut, result, then, failed))
         return fut
 
     def close(self) -> None:
@@ -208,36 +249,18 @@ def _irecv_any(comm: brigade.Communicator, t: torch.Tensor) -> Any:
                         None)
 
 
-class _AnySourceWork(dist.Work):
-    """The Work of recv_anysource: the completer's Work, and the rank the
-    message came from (brg_request_source) once it has finished."""
+class _AnySourceWork(_Work):
+    """The Work of recv_anysource, and the rank the message came from
+    (brg_request_source) once it has finished."""
 
-    def __init__(self, work: Any, req: Any):
-        super().__init__()
-        self._w, self._req = work, req
-
-    def wait(self, timeout: Any = None) -> bool:
-        return bool(self._w.wait())
-
-    def is_completed(self) -> bool:
-        return bool(self._w.is_completed())
-
-    def is_success(self) -> bool:
-        return bool(self._w.is_success())
-
-    def exception(self) -> Any:
-        return self._w.exception()
-
-    def get_future(self) -> Any:
-        return self._w.get_future()
-
-    def result(self) -> Any:
-        return self._w.result()
+    def __init__(self, work: _Work, req: Any):
+        super().__init__(work.get_future())
+        self._req = req
 
     def _source_rank(self) -> int:
         from brigade import _capi
 
-        self._w.wait()
+        self.wait()
         src = ctypes.c_int(-1)
         s = _capi.lib.brg_request_source(ctypes.byref(self._req._req), ctypes.byref(src))
         if s != 0:
@@ -258,6 +281,25 @@ def _unsupported(name: str) -> Any:
                                   "all_to_all)")
     call.__name__ = name
     return call
+
+
+# Refusals before anything ran leave the communicator as it was.
+_REFUSALS = (brigade.Status.ERR_INVALID_ARGUMENT, brigade.Status.ERR_INVALID_USAGE)
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _guarded(fn: _F) -> _F:
+    """A call of the group: refused while its communicator is broken; a
+    brigade error that it raises at once (the blocking forms) breaks it."""
+    @functools.wraps(fn)
+    def call(self: "ProcessGroupBrigade", *args: Any, **kwargs: Any) -> Any:
+        self._check_broken(fn.__name__)
+        try:
+            return fn(self, *args, **kwargs)
+        except brigade.Error as e:
+            self._broke(e)
+            raise
+    return cast(_F, call)
 
 
 class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
@@ -286,6 +328,10 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
             ms = max(100, min(int(timeout.total_seconds() * 1000), 2**31 - 1))
         self.comm = brigade.Communicator(size, uid, rank, timeout_ms=ms)
         self._completer = _completer(self.comm)
+        # The first error of a call that ran (a timeout, a mismatch, a peer
+        # gone): the communicator is broken, and every later call says so.
+        self._broken: Optional[brigade.Error] = None
+        self._broken_lock = threading.Lock()
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return BACKEND_NAME
@@ -294,9 +340,24 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
         return BACKEND_NAME
 
     def _work(self, reqs: Any, result: Any, then: Any = None) -> Any:
-        return _create_work_from_future(self._completer.submit(reqs, result, then))
+        return _Work(self._completer.submit(reqs, result, then, self._broke))
+
+    def _broke(self, e: BaseException) -> None:
+        if not isinstance(e, brigade.Error) or e.status in _REFUSALS:
+            return
+        with self._broken_lock:
+            if self._broken is None:
+                self._broken = e
+
+    def _check_broken(self, call: str) -> None:
+        first = self._broken
+        if first is not None:
+            raise brigade.Error(first.status, "the group's communicator is broken by an earlier "
+                                f"call's failure ({first}); make a new group",
+                                f"brigade: {call.lstrip('_')}")
 
     # --------------------------------------------------------- collectives
+    @_guarded
     def allreduce(self, tensors: Any, opts: Any = None) -> Any:  # type: ignore[override]
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
@@ -310,6 +371,7 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
             return _done(tensors)
         return self._work(self.comm.iallreduce(t, op=op), tensors, back)
 
+    @_guarded
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
         """One allreduce over the tensors laid end to end (one dtype, one device)."""
         op = _op(opts.reduceOp if opts is not None and hasattr(opts, "reduceOp")
@@ -335,6 +397,7 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
             return _done(tensors)
         return self._work(self.comm.iallreduce(flat, op=op), tensors, unpack)
 
+    @_guarded
     def broadcast(self, tensors: Any, opts: Any) -> Any:  # type: ignore[override]
         t, back = _dense(_one(tensors, "broadcast"))
         if t.is_cuda:
@@ -344,6 +407,7 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
             return _done(tensors)
         return self._work(self.comm.ibroadcast(t, root=opts.rootRank), tensors, back)
 
+    @_guarded
     def reduce(self, tensors: Any, opts: Any) -> Any:  # type: ignore[override]
         t, back = _dense(_one(tensors, "reduce"))
         if t.is_cuda:
@@ -354,6 +418,7 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
         return self._work(self.comm.ireduce(t, root=opts.rootRank, op=_op(opts.reduceOp)),
                           tensors, back)
 
+    @_guarded
     def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:
         t = _one(input_tensors, "all_gather").contiguous()
         outs = _one(output_tensors, "all_gather")
@@ -377,6 +442,7 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
             return _done(output_tensors)
         return self._work(self.comm.iall_gather(t, out=flat), output_tensors, unpack)
 
+    @_guarded
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor,
                         opts: Any = None) -> Any:
         out, back = _dense(output)
@@ -388,6 +454,7 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
             return _done([output])
         return self._work(self.comm.iall_gather(input, out=out), [output], back)
 
+    @_guarded
     def reduce_scatter(self, output_tensors: Any, input_tensors: Any,  # type: ignore[override]
                        opts: Any) -> Any:
         out = _one(output_tensors, "reduce_scatter")
@@ -402,6 +469,7 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
         flat = torch.cat([i.reshape(-1) for i in ins])
         return self._reduce_scatter_base(out, flat, opts, output_tensors)
 
+    @_guarded
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any,
                              result: Any = None) -> Any:
         result = [output] if result is None else result
@@ -415,10 +483,12 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
         return self._work(self.comm.ireduce_scatter(input, out=out, op=_op(opts.reduceOp)),
                           result, back)
 
+    @_guarded
     def barrier(self, opts: Any = None) -> Any:
         return self._work(self.comm.ibarrier(), [torch.empty(0)])
 
     # ------------------------------------------ point-to-point, all-to-all
+    @_guarded
     def send(self, tensors: Any, dstRank: int, tag: int = 0) -> Any:  # noqa: N803
         t = _one(tensors, "send").contiguous()
         if t.is_cuda:
@@ -426,6 +496,7 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
             return _done(tensors)
         return self._work(self.comm.isend(t, dstRank), tensors)
 
+    @_guarded
     def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> Any:  # noqa: N803
         t, back = _dense(_one(tensors, "recv"))
         if t.is_cuda:
@@ -435,6 +506,7 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
             return _done(tensors)
         return self._work(self.comm.irecv(t, srcRank), tensors, back)
 
+    @_guarded
     def recv_anysource(self, tensors: Any, tag: int = 0) -> Any:
         """recv from whichever rank sends first (``brg_irecv`` from
         ``BRG_ANY_SOURCE``); the Work's source rank names it, as
@@ -469,6 +541,7 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
                 reqs.append(self.comm.isend(sends[j], j))
         return reqs, _then(*(d[1] for d in dense))
 
+    @_guarded
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor,
                       output_split_sizes: List[int], input_split_sizes: List[int],
                       opts: Any = None) -> Any:
@@ -493,6 +566,7 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
         reqs, then = self._exchange("all_to_all_single", sends, recvs)
         return self._work(reqs, [output], _then(then, back))
 
+    @_guarded
     def alltoall(self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor],
                  opts: Any = None) -> Any:
         n = self.size()
@@ -519,6 +593,7 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
                 raise ValueError(f"brigade: {call}: a {what} tensor is {b.numel()} x {b.dtype}, "
                                  f"this rank's {t.numel()} x {t.dtype}")
 
+    @_guarded
     def gather(self, output_tensors: Any, input_tensors: Any,  # type: ignore[override]
                opts: Any) -> Any:
         t = _one(input_tensors, "gather").contiguous()
@@ -544,6 +619,7 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
             return _done(output_tensors)
         return self._work(self.comm.igather(t, root=root, out=flat), output_tensors, unpack)
 
+    @_guarded
     def scatter(self, output_tensors: Any, input_tensors: Any,  # type: ignore[override]
                 opts: Any) -> Any:
         out, back = _dense(_one(output_tensors, "scatter"))

@@ -322,21 +322,18 @@ def body_gloo_ops(rank, n):
 def body_timeout(rank, n):
     """init_process_group(timeout=2 s) is the communicator's timeout: rank
     0's allreduce fails after about 2 s, not after the peer's 5 s delay or
-    BRIGADE_TIMEOUT_MS (60 s here). The call goes to the group's
-    communicator directly: torch 1.13's Work.wait() on a Python backend's
-    Work does not raise the error its future holds."""
+    BRIGADE_TIMEOUT_MS (60 s here), and raises through torch's call."""
     import time
     from datetime import timedelta
 
     import brigade.torch
 
     dist.init_process_group("brigade", rank=rank, world_size=n, timeout=timedelta(seconds=2))
-    comm = brigade.torch.communicator()
     t0 = time.monotonic()
     if rank == 1:
         time.sleep(5)
     try:
-        comm.allreduce(torch.ones(5))
+        dist.all_reduce(torch.ones(5))
     except brigade.Error as e:
         took = time.monotonic() - t0
         assert rank == 0 and 1.9 < took < 4.5 and "ERR_TIMEOUT" in str(e), (rank, took, str(e))
@@ -676,3 +673,155 @@ def body_p2p(rank, n):
 @pytest.mark.parametrize("n", [2, 3])
 def test_p2p(n):
     ranks.run(n, body_p2p, init=None, env=port_env(), timeout=120)
+
+
+# ------------------------------------------------- failures reach the caller
+def _expect_error(call, status, what, t0=None, within=None):
+    """call() must raise brigade's error with `status` (one, or a tuple of
+    which one) in its message, as Gloo's Work raises; returns the message."""
+    import time
+
+    import brigade
+
+    t0 = time.monotonic() if t0 is None else t0
+    try:
+        call()
+    except brigade.Error as e:
+        msg = str(e)
+        took = time.monotonic() - t0
+        assert any(x in msg for x in ((status,) if isinstance(status, str) else status)), \
+            f"{what}: raised {msg!r}, expected {status}"
+        assert within is None or within[0] <= took <= within[1], \
+            f"{what}: raised after {took:.2f} s, expected {within[0]}-{within[1]} s"
+        return msg
+    raise AssertionError(f"{what}: returned without raising (expected {status})")
+
+
+def _run_op(fn, async_op):
+    """fn(async_op) -> a Work (async) or None; waits for the Work."""
+    w = fn(async_op)
+    if async_op:
+        assert w is not None
+        w.wait()
+
+
+def _mismatch_calls(rank, n):
+    """Each call with a count that differs by rank, and the ranks on which
+    brigade's own calls raise the mismatch: every rank of a collective it
+    checks as one call, but a broadcast's root (its data leaves, whatever
+    the others expect) and those of a reduce's other ranks that finish
+    their part first; the receivers of a message whose size differs."""
+    every, nonroot = set(range(n)), set(range(1, n))
+
+    def ones(k, dt=torch.float32):
+        return torch.ones(k, dtype=dt)
+
+    return [
+        ("all_reduce", every, lambda g, a: dist.all_reduce(ones(16 + rank), group=g, async_op=a)),
+        ("broadcast", nonroot,
+         lambda g, a: dist.broadcast(ones(16 + rank), src=0, group=g, async_op=a)),
+        ("reduce", {0}, lambda g, a: dist.reduce(ones(16 + rank), dst=0, group=g, async_op=a)),
+        ("all_gather", every, lambda g, a: dist.all_gather(
+            [ones(4 + rank) for _ in range(n)], ones(4 + rank), group=g, async_op=a)),
+        ("reduce_scatter", every, lambda g, a: dist.reduce_scatter(
+            ones(4 + rank), [ones(4 + rank) for _ in range(n)], group=g, async_op=a)),
+        ("all_to_all_single", every, lambda g, a: dist.all_to_all_single(
+            ones(n * (2 + rank)), ones(n * (2 + rank)), group=g, async_op=a)),
+        # Rank r sends 4 + r elements to each and expects as many from each:
+        # every receive from another rank differs.
+        ("all_to_all", every, lambda g, a: dist.all_to_all(
+            [ones(4 + rank) for _ in range(n)], [ones(4 + rank) for _ in range(n)], group=g,
+            async_op=a)),
+        ("gather", every, lambda g, a: dist.gather(
+            ones(4 + rank), [ones(4) for _ in range(n)] if rank == 0 else None, dst=0, group=g,
+            async_op=a)),
+        ("scatter", every, lambda g, a: dist.scatter(
+            ones(4 + rank), [ones(4) for _ in range(n)] if rank == 0 else None, src=0, group=g,
+            async_op=a)),
+        ("send/recv", nonroot, lambda g, a: (
+            [dist.isend(ones(4), j, group=g) for j in range(1, n)][-1] if rank == 0 and a
+            else [dist.send(ones(4), j, group=g) for j in range(1, n)] and None if rank == 0
+            else dist.irecv(ones(5), 0, group=g) if a else dist.recv(ones(5), 0, group=g))),
+    ]
+
+
+# The rank that waits for the late one times out; at 3 ranks the other may
+# hear of it from that rank first (ERR_REMOTE naming its timeout).
+TIMED_OUT = ("ERR_TIMEOUT: timeout", "failed: timeout")
+
+
+def body_failures(rank, n, async_op):
+    """Every failure of a brigade call reaches torch's caller, sync and
+    async (work.wait() and the Work's future), as with Gloo: a rank that
+    never calls (the group's timeout, 2 s), counts that differ by rank (for
+    every call), and every later call on a group that broke raises naming
+    the first error, at once."""
+    import time
+    from datetime import timedelta
+
+    import brigade.torch  # noqa: F401
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=n)
+    to = timedelta(seconds=2)
+    late = n - 1
+
+    def broken_after(g, first, what):
+        t0 = time.monotonic()
+        msg = _expect_error(lambda: dist.all_reduce(torch.ones(3), group=g), "broken",
+                            f"{what}: a later call", t0, (0, 1))
+        assert first in msg, f"{what}: the later call's error {msg!r} does not name the " \
+            f"first {first!r}"
+        _expect_error(lambda: dist.barrier(group=g, async_op=True), "broken",
+                      f"{what}: a later barrier", t0, (0, 1))
+
+    # A rank that never calls: all_reduce and barrier, on groups of their
+    # own (a group that broke stays broken); async, the two run at once.
+    g1 = dist.new_group(backend="brigade", timeout=to)
+    g2 = dist.new_group(backend="brigade", timeout=to)
+    if rank != late:
+        t = torch.full((16,), float(rank + 1))
+        t0 = time.monotonic()
+        if async_op:
+            w1 = dist.all_reduce(t, group=g1, async_op=True)
+            w2 = dist.barrier(group=g2, async_op=True)
+            assert not w1.is_completed()
+            m1 = _expect_error(w1.wait, TIMED_OUT, "all_reduce's wait()", t0, (1.8, 8))
+            _expect_error(w2.wait, TIMED_OUT, "barrier's wait()", t0, (1.8, 8))
+            assert w1.is_completed() and not w1.is_success()
+            assert "timeout" in str(w1.exception())
+            fut = w1.get_future()
+            assert fut.done()
+            _expect_error(fut.wait, TIMED_OUT, "all_reduce's future")
+            _expect_error(w1.result, TIMED_OUT, "all_reduce's result()")
+        else:
+            m1 = _expect_error(lambda: dist.all_reduce(t, group=g1), TIMED_OUT,
+                               "all_reduce", t0, (1.8, 8))
+            _expect_error(lambda: dist.barrier(group=g2), TIMED_OUT, "barrier",
+                          time.monotonic(), (1.8, 8))
+        assert f"waiting for rank {late}" in m1 or f"rank {late}" in m1, m1
+        assert torch.equal(t, torch.full((16,), float(rank + 1)))
+        broken_after(g1, m1.split(": ", 2)[2][:60], "absent rank")
+    dist.barrier()  # the late rank waits here for the others' failures
+
+    # Counts that differ by rank: a group per call.
+    for name, where, call in _mismatch_calls(rank, n):
+        g = dist.new_group(backend="brigade", timeout=to)
+        t0 = time.monotonic()
+        if rank in where:
+            msg = _expect_error(lambda: _run_op(lambda a: call(g, a), async_op),
+                                "ERR_MISMATCH", name)
+            broken_after(g, msg.split("ERR_MISMATCH: ", 1)[1][:60], name)
+        else:
+            try:  # a sender may finish before its receiver sees the mismatch
+                _run_op(lambda a: call(g, a), async_op)
+            except brigade.Error as e:
+                assert "ERR_MISMATCH" in str(e) or "ERR_REMOTE" in str(e), (name, str(e))
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+def test_failures_raise(n, async_op):
+    ranks.run(n, body_failures, async_op, init=None, env=port_env(), timeout=90)
