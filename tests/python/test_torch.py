@@ -799,7 +799,6 @@ def body_failures(rank, n, async_op):
                                "all_reduce", t0, (1.8, 8))
             _expect_error(lambda: dist.barrier(group=g2), TIMED_OUT, "barrier",
                           time.monotonic(), (1.8, 8))
-        assert f"waiting for rank {late}" in m1 or f"rank {late}" in m1, m1
         assert torch.equal(t, torch.full((16,), float(rank + 1)))
         broken_after(g1, m1.split(": ", 2)[2][:60], "absent rank")
     dist.barrier()  # the late rank waits here for the others' failures
