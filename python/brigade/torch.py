@@ -222,9 +222,9 @@ def _one(tensors: Sequence[_T], call: str) -> _T:
 _ANY_SOURCE = -1  # BRG_ANY_SOURCE
 
 
-def _irecv_any(comm: brigade.Communicator, t: torch.Tensor) -> Any:
-    """brg_irecv from BRG_ANY_SOURCE into t (the Python API's irecv takes
-    ranks only)."""
+def _irecv_any(comm: brigade.Communicator, t: torch.Tensor, tag: int) -> Any:
+    """brg_irecv (brg_irecv_tagged) from BRG_ANY_SOURCE into t (the Python
+    API's irecv takes ranks only)."""
     from brigade import _capi
     from brigade._buffers import as_view
 
@@ -238,6 +238,7 @@ def _irecv_any(comm: brigade.Communicator, t: torch.Tensor) -> Any:
     v = as_view(t, True, "the buffer")
     try:
         comm._typecheck("irecv", v, v, None, False)
+        tag = brigade._c_int(tag, "tag", "recv_anysource", 0)
     except BaseException:
         v.release()
         raise
@@ -245,17 +246,83 @@ def _irecv_any(comm: brigade.Communicator, t: torch.Tensor) -> Any:
     if dtype is None:
         v.release()
         raise TypeError("brigade: recv_anysource: the tensor's dtype has no brigade type")
+    if tag:
+        return comm._launch("brg_irecv_tagged", [v], (v.ptr, v.count, int(dtype), _ANY_SOURCE,
+                                                      tag), True, t, None)
     return comm._launch("brg_irecv", [v], (v.ptr, v.count, int(dtype), _ANY_SOURCE), True, t,
                         None)
 
 
-class _AnySourceWork(_Work):
+class _P2PWork(_Work):
+    """The Work of a send or a receive, completed by whoever asks: wait()
+    (and is_completed()) wait for or test its request on the caller's
+    thread, so that no other call's completion waits behind a receive
+    (irecv, then a barrier, then the isend its sender waits for: the
+    completer thread, which finishes calls in issue order, would hold the
+    barrier behind the receive). get_future() hands the wait to a thread
+    of its own."""
+
+    def __init__(self, req: Any, result: Any, then: Any, failed: Any):
+        super().__init__(torch.futures.Future())
+        self._req, self._result, self._then, self._failed = req, result, then, failed
+        self._lock = threading.Lock()
+        self._waiter: Optional[threading.Thread] = None
+
+    def _finish(self, step: Callable[[], bool]) -> bool:
+        """step() (the request's wait or test) under the lock; completes the
+        future once it has finished. Whether it has."""
+        with self._lock:
+            if self._fut.done():
+                return True
+            try:
+                if not step():
+                    return False
+                if self._then is not None:
+                    self._then()
+            except BaseException as e:  # noqa: BLE001 - handed to the future
+                if self._failed is not None:
+                    self._failed(e)
+                self._fut.set_exception(e)
+            else:
+                self._fut.set_result(self._result)
+            return True
+
+    def _wait_req(self) -> bool:
+        self._req.wait()  # the GIL is released inside brg_wait
+        return True
+
+    def wait(self, timeout: Any = None) -> bool:
+        self._finish(self._wait_req)
+        return super().wait()
+
+    def is_completed(self) -> bool:
+        return self._finish(self._req.test)
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self.exception() is None
+
+    def exception(self) -> Any:
+        self.is_completed()
+        return super().exception()
+
+    def get_future(self) -> Any:
+        with self._lock:
+            if self._waiter is None and not self._fut.done():
+                self._waiter = threading.Thread(target=self._wait_quietly, daemon=True,
+                                                name="brigade-p2p-wait")
+                self._waiter.start()
+        return self._fut
+
+    def _wait_quietly(self) -> None:
+        try:
+            self.wait()
+        except BaseException:  # noqa: BLE001 - the future holds it
+            pass
+
+
+class _AnySourceWork(_P2PWork):
     """The Work of recv_anysource, and the rank the message came from
     (brg_request_source) once it has finished."""
-
-    def __init__(self, work: _Work, req: Any):
-        super().__init__(work.get_future())
-        self._req = req
 
     def _source_rank(self) -> int:
         from brigade import _capi
@@ -492,28 +559,28 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
     def send(self, tensors: Any, dstRank: int, tag: int = 0) -> Any:  # noqa: N803
         t = _one(tensors, "send").contiguous()
         if t.is_cuda:
-            self.comm.send(t, dstRank)
+            self.comm.send(t, dstRank, tag=tag)
             return _done(tensors)
-        return self._work(self.comm.isend(t, dstRank), tensors)
+        return _P2PWork(self.comm.isend(t, dstRank, tag=tag), tensors, None, self._broke)
 
     @_guarded
     def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> Any:  # noqa: N803
         t, back = _dense(_one(tensors, "recv"))
         if t.is_cuda:
-            self.comm.recv(t, srcRank)
+            self.comm.recv(t, srcRank, tag=tag)
             if back is not None:
                 back()
             return _done(tensors)
-        return self._work(self.comm.irecv(t, srcRank), tensors, back)
+        return _P2PWork(self.comm.irecv(t, srcRank, tag=tag), tensors, back, self._broke)
 
     @_guarded
     def recv_anysource(self, tensors: Any, tag: int = 0) -> Any:
-        """recv from whichever rank sends first (``brg_irecv`` from
-        ``BRG_ANY_SOURCE``); the Work's source rank names it, as
-        ``dist.recv(t)`` without ``src`` returns."""
+        """recv from whichever rank sends a message of `tag` first
+        (``brg_irecv_tagged`` from ``BRG_ANY_SOURCE``); the Work's source rank
+        names it, as ``dist.recv(t)`` without ``src`` returns."""
         t, back = _dense(_one(tensors, "recv_anysource"))
-        req = _irecv_any(self.comm, t)
-        return _AnySourceWork(self._work(req, tensors, back), req)
+        req = _irecv_any(self.comm, t, tag)
+        return _AnySourceWork(req, tensors, back, self._broke)
 
     def _exchange(self, call: str, sends: List[torch.Tensor],
                   recvs: List[torch.Tensor]) -> Any:

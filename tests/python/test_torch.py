@@ -647,6 +647,43 @@ def body_p2p(rank, n):
         dist.all_to_all(outl, [val(rank, j, rank + 2, dt) for j in range(n)])
         for j in range(n):
             assert torch.equal(outl[j], val(j, rank, j + 2, dt)), (dt, j)
+    # Tags, matched per (source, tag) as Gloo matches them: rank r sends
+    # tag 7, then tag 8, to the next rank, which receives tag 8 first; the
+    # same size, so that a swap shows only in the values. Non-blocking
+    # with the receives posted first, then blocking with both messages sent
+    # before any receive.
+    for blocking in (False, True):
+        a, b = torch.zeros(11, dtype=torch.int64), torch.zeros(11, dtype=torch.int64)
+        if blocking:
+            dist.send(val(rank, right, 11, torch.int64) + 7000, right, tag=7)
+            dist.send(val(rank, right, 11, torch.int64) + 8000, right, tag=8)
+            dist.recv(b, left, tag=8)
+            dist.recv(a, left, tag=7)
+        else:
+            ws = [dist.irecv(b, left, tag=8), dist.irecv(a, left, tag=7)]
+            dist.barrier()
+            ws += [dist.isend(val(rank, right, 11, torch.int64) + 7000, right, tag=7),
+                   dist.isend(val(rank, right, 11, torch.int64) + 8000, right, tag=8)]
+            for w in ws:
+                w.wait()
+        assert torch.equal(a, val(left, rank, 11, torch.int64) + 7000), (blocking, a)
+        assert torch.equal(b, val(left, rank, 11, torch.int64) + 8000), (blocking, b)
+        dist.barrier()
+    # From any source with a tag: every other rank sends tag 4, then tag 3,
+    # to rank 0, which takes tag 3 from any source first.
+    if rank == 0:
+        for _ in range(n - 1):
+            got = torch.zeros(9, dtype=torch.int64)
+            src = dist.recv(got, tag=3)
+            assert torch.equal(got, val(src, 0, 9, torch.int64) + 300), (src, got)
+        for j in range(1, n):
+            got = torch.zeros(9, dtype=torch.int64)
+            dist.recv(got, j, tag=4)
+            assert torch.equal(got, val(j, 0, 9, torch.int64) + 400), (j, got)
+    else:
+        dist.send(val(rank, 0, 9, torch.int64) + 400, 0, tag=4)
+        dist.send(val(rank, 0, 9, torch.int64) + 300, 0, tag=3)
+    dist.barrier()
     # recv from any source (src=None): rank 0 takes one message from every
     # other rank, blocking and through irecv, in whatever order they come;
     # dist.recv returns the sender, which the values must match.
