@@ -85,13 +85,78 @@ def _op(reduce_op: Any) -> brigade.OpName:
                               "MAX, AVG, and BAND, BOR, BXOR on integer tensors")
 
 
+# Types brigade has no name for, moved as bytes of one it has (calls that
+# only move data: broadcast, gather, send ...); complex as pairs of reals.
+_RAW = {torch.bool: torch.uint8, torch.int16: torch.float16}
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    """t, or a view of its bytes in a type brigade moves."""
+    if t.is_complex():
+        return torch.view_as_real(t)
+    d = _RAW.get(t.dtype)
+    return t if d is None else t.view(d)
+
+
+# bool reduces as uint8 0/1, as NCCL's backend does: SUM and MAX are a
+# logical or, PRODUCT and MIN a logical and; AVG has no meaning.
+_BOOL_OPS = {"sum": "max", "max": "max", "bor": "max", "prod": "min", "min": "min",
+             "band": "min", "bxor": "bxor"}
+
+
+def _reduction(t: torch.Tensor, reduce_op: Any, call: str,
+               scale: bool = True) -> Any:
+    """What brigade reduces for t with torch's reduce_op: (a tensor of a type
+    brigade reduces, brigade's op, what copies the result back into t or
+    None). int16 goes through an int32 copy (the result wraps as int16
+    arithmetic does), bool through a uint8 view (_BOOL_OPS), complex through
+    a view as pairs of reals (SUM and AVG only). PREMUL_SUM (torch 2.x:
+    dist._make_nccl_premul_sum(factor)) sums a copy of t times the factor;
+    with `scale` False (an output) only the op is taken from it."""
+    name = _op_name(reduce_op)
+    factor = None
+    if name == "PREMUL_SUM":
+        factor = getattr(reduce_op, "factor", None)
+        if factor is None:
+            raise NotImplementedError(f"brigade: {call}: reduce op PREMUL_SUM: this torch "
+                                      "(1.13) does not show a backend written in Python its "
+                                      "factor (torch 2.x does)")
+        op: brigade.OpName = "sum"
+    else:
+        op = _op(reduce_op)
+    back = None
+    if t.is_complex():
+        if op not in ("sum", "avg"):
+            raise ValueError(f"brigade: {call}: reduce op {name} on {t.dtype}: complex numbers "
+                             "reduce as pairs of reals, with SUM, AVG and PREMUL_SUM only")
+        w = torch.view_as_real(t)
+    elif t.dtype == torch.bool:
+        if op not in _BOOL_OPS or factor is not None:
+            raise ValueError(f"brigade: {call}: reduce op {name} on torch.bool (bool has SUM "
+                             "and MAX as or, PRODUCT and MIN as and, BAND, BOR, BXOR)")
+        op = cast(brigade.OpName, _BOOL_OPS[op])
+        w = t.view(torch.uint8)
+    elif t.dtype == torch.int16:
+        w = t.to(torch.int32)
+        back = lambda: t.copy_(w)  # noqa: E731
+    else:
+        w = t
+    if factor is not None and scale:
+        wide = w
+        w = (w * factor).to(w.dtype)
+        back = _then(lambda: wide.copy_(w), back)
+    return w, op, back
+
+
 def _dense(t: torch.Tensor) -> Any:
-    """A contiguous tensor with t's values, and what copies it back into t
-    once a call has written it (None when t is contiguous already)."""
-    if t.is_contiguous():
-        return t, None
-    c = t.contiguous()
-    return c, lambda: t.copy_(c)
+    """A contiguous tensor with t's values (its bytes in a type brigade
+    moves: _raw), and what copies it back into t once a call has written it
+    (None when it is t's own memory)."""
+    r = _raw(t)
+    if r.is_contiguous():
+        return r, None
+    c = r.contiguous()
+    return c, lambda: r.copy_(c)
 
 
 def _then(*fns: Any) -> Any:
@@ -406,6 +471,14 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
     def _get_backend_name(self) -> str:
         return BACKEND_NAME
 
+    # torch 2.x asks a group for the backend of a device (batch_isend_irecv
+    # does, to see whether it coalesces): a Python process group is its own
+    # backend for every device it serves; its calls run one by one.
+    supports_coalescing = False
+
+    def _get_backend(self, device: Any = None) -> Any:
+        return self
+
     def _work(self, reqs: Any, result: Any, then: Any = None) -> Any:
         return _Work(self._completer.submit(reqs, result, then, self._broke))
 
@@ -428,9 +501,12 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
     def allreduce(self, tensors: Any, opts: Any = None) -> Any:  # type: ignore[override]
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
-        t, back = _dense(_one(tensors, "allreduce"))
-        op = _op(opts.reduceOp if opts is not None and hasattr(opts, "reduceOp")
-                 else opts if opts is not None else dist.ReduceOp.SUM)
+        w, op, conv = _reduction(_one(tensors, "allreduce"),
+                                 opts.reduceOp if opts is not None and hasattr(opts, "reduceOp")
+                                 else opts if opts is not None else dist.ReduceOp.SUM,
+                                 "allreduce")
+        t, back = _dense(w)
+        back = _then(back, conv)
         if t.is_cuda:
             self.comm.allreduce(t, op=op)
             if back is not None:
@@ -441,8 +517,8 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
     @_guarded
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
         """One allreduce over the tensors laid end to end (one dtype, one device)."""
-        op = _op(opts.reduceOp if opts is not None and hasattr(opts, "reduceOp")
-                 else dist.ReduceOp.SUM)
+        reduce_op = (opts.reduceOp if opts is not None and hasattr(opts, "reduceOp")
+                     else dist.ReduceOp.SUM)
         if not tensors:
             return _done(tensors)
         for t in tensors:
@@ -450,12 +526,16 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
                 raise ValueError(f"brigade: all_reduce_coalesced: the tensors must share one "
                                  f"dtype and device ({tensors[0].dtype} on {tensors[0].device} "
                                  f"and {t.dtype} on {t.device})")
-        flat = torch.cat([t.reshape(-1) for t in tensors])
+        whole = torch.cat([t.reshape(-1) for t in tensors])
+        w, op, conv = _reduction(whole, reduce_op, "all_reduce_coalesced")
+        flat, _ = _dense(w)  # a new tensor: contiguous
 
         def unpack() -> None:
+            if conv is not None:
+                conv()
             off = 0
             for t in tensors:
-                t.copy_(flat[off:off + t.numel()].view_as(t))
+                t.copy_(whole[off:off + t.numel()].view_as(t))
                 off += t.numel()
 
         if flat.is_cuda:
@@ -476,22 +556,24 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
 
     @_guarded
     def reduce(self, tensors: Any, opts: Any) -> Any:  # type: ignore[override]
-        t, back = _dense(_one(tensors, "reduce"))
+        w, op, conv = _reduction(_one(tensors, "reduce"), opts.reduceOp, "reduce")
+        t, back = _dense(w)
+        back = _then(back, conv)
         if t.is_cuda:
-            self.comm.reduce(t, root=opts.rootRank, op=_op(opts.reduceOp))
+            self.comm.reduce(t, root=opts.rootRank, op=op)
             if back is not None:
                 back()
             return _done(tensors)
-        return self._work(self.comm.ireduce(t, root=opts.rootRank, op=_op(opts.reduceOp)),
-                          tensors, back)
+        return self._work(self.comm.ireduce(t, root=opts.rootRank, op=op), tensors, back)
 
     @_guarded
     def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:
-        t = _one(input_tensors, "all_gather").contiguous()
+        t = _raw(_one(input_tensors, "all_gather")).contiguous()
         outs = _one(output_tensors, "all_gather")
         if len(outs) != self.size():
             raise ValueError(f"brigade: all_gather: {len(outs)} output tensors for "
                              f"{self.size()} ranks")
+        outs = [_raw(o) for o in outs]
         for o in outs:
             if o.numel() != t.numel() or o.dtype != t.dtype:
                 raise ValueError(f"brigade: all_gather: an output tensor is {o.numel()} x "
@@ -513,7 +595,7 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor,
                         opts: Any = None) -> Any:
         out, back = _dense(output)
-        input = input.contiguous()
+        input = _raw(input).contiguous()
         if input.is_cuda:
             self.comm.all_gather(input, out=out)
             if back is not None:
@@ -540,15 +622,17 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any,
                              result: Any = None) -> Any:
         result = [output] if result is None else result
-        out, back = _dense(output)
+        input, op, _ = _reduction(input, opts.reduceOp, "reduce_scatter")
         input = input.contiguous()
+        w, _, conv = _reduction(output, opts.reduceOp, "reduce_scatter", scale=False)
+        out, back = _dense(w)
+        back = _then(back, conv)
         if input.is_cuda:
-            self.comm.reduce_scatter(input, out=out, op=_op(opts.reduceOp))
+            self.comm.reduce_scatter(input, out=out, op=op)
             if back is not None:
                 back()
             return _done(result)
-        return self._work(self.comm.ireduce_scatter(input, out=out, op=_op(opts.reduceOp)),
-                          result, back)
+        return self._work(self.comm.ireduce_scatter(input, out=out, op=op), result, back)
 
     @_guarded
     def barrier(self, opts: Any = None) -> Any:
@@ -557,7 +641,7 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
     # ------------------------------------------ point-to-point, all-to-all
     @_guarded
     def send(self, tensors: Any, dstRank: int, tag: int = 0) -> Any:  # noqa: N803
-        t = _one(tensors, "send").contiguous()
+        t = _raw(_one(tensors, "send")).contiguous()
         if t.is_cuda:
             self.comm.send(t, dstRank, tag=tag)
             return _done(tensors)
@@ -595,7 +679,7 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
             if a.dtype != b.dtype:
                 raise ValueError(f"brigade: {call}: block {j} is {a.dtype} to send and "
                                  f"{b.dtype} to receive")
-        sends = [x.contiguous() for x in sends]
+        sends = [_raw(x).contiguous() for x in sends]
         dense = [_dense(x) for x in recvs]
         recvs = [d[0] for d in dense]
         recvs[me].copy_(sends[me])
@@ -615,7 +699,7 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
         n = self.size()
         outs, ins = list(output_split_sizes or []), list(input_split_sizes or [])
         out, back = _dense(output)
-        input = input.contiguous()
+        input = _raw(input).contiguous()
         if (not outs or len(set(outs)) == 1) and (not ins or len(set(ins)) == 1):
             if output.numel() != input.numel() or input.numel() % n:
                 raise ValueError(f"brigade: all_to_all_single: input {input.numel()} and "
@@ -663,14 +747,14 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
     @_guarded
     def gather(self, output_tensors: Any, input_tensors: Any,  # type: ignore[override]
                opts: Any) -> Any:
-        t = _one(input_tensors, "gather").contiguous()
+        t = _raw(_one(input_tensors, "gather")).contiguous()
         root = opts.rootRank
         if self.rank() != root:
             if t.is_cuda:
                 self.comm.gather(t, root=root)
                 return _done(output_tensors)
             return self._work(self.comm.igather(t, root=root), output_tensors)
-        outs = _one(output_tensors, "gather")
+        outs = [_raw(o) for o in _one(output_tensors, "gather")]
         self._check_blocks("gather", outs, t, "output")
         # The blocks arrive in one buffer on the input's device.
         flat = torch.empty(t.numel() * self.size(), dtype=t.dtype, device=t.device)
@@ -698,7 +782,7 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
                     back()
                 return _done(output_tensors)
             return self._work(self.comm.iscatter(None, root=root, out=out), output_tensors, back)
-        ins = _one(input_tensors, "scatter")
+        ins = [_raw(i) for i in _one(input_tensors, "scatter")]
         self._check_blocks("scatter", ins, out, "input")
         # The blocks leave from one buffer on the output's device.
         flat = (torch.cat([i.reshape(-1).to(out.device) for i in ins]) if ins

@@ -861,3 +861,144 @@ def body_failures(rank, n, async_op):
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
 def test_failures_raise(n, async_op):
     ranks.run(n, body_failures, async_op, init=None, env=port_env(), timeout=90)
+
+
+def body_dtypes(rank, n):
+    """int16, bool and complex through every call, against references
+    computed here: int16 reduces as int16 arithmetic (wrapping), bool as
+    NCCL's backend reduces it (SUM and MAX or, PRODUCT and MIN and), complex
+    as pairs of reals (SUM, AVG; others refused); PREMUL_SUM through torch's
+    own API (torch 2.x), refused naming the reason on torch 1.13. Then
+    batch_isend_irecv, which torch 2.x runs through the group's backend."""
+    import brigade.torch  # noqa: F401
+
+    dist.init_process_group("brigade", rank=rank, world_size=n)
+    gen = torch.Generator().manual_seed(11)
+    K = 13
+    R = dist.ReduceOp
+    vals = {
+        torch.int16: [torch.randint(-2**15, 2**15, (K,), generator=gen, dtype=torch.int64)
+                      .to(torch.int16) for _ in range(n)],
+        torch.bool: [torch.randint(0, 2, (K,), generator=gen).bool() for _ in range(n)],
+        torch.complex64: [torch.randn(K, generator=gen, dtype=torch.complex64)
+                          for _ in range(n)],
+        torch.complex128: [torch.randn(K, generator=gen, dtype=torch.complex128)
+                           for _ in range(n)],
+    }
+
+    def fold(dt, f):
+        acc = vals[dt][0]
+        for r in range(1, n):
+            acc = f(acc, vals[dt][r])
+        return acc
+
+    wrap = lambda x: x.to(torch.int64).remainder(2**16).to(torch.int32).to(torch.int16)  # noqa: E731
+    refs = {
+        (torch.int16, "SUM"): fold(torch.int16, lambda a, b: wrap(a.long() + b.long())),
+        (torch.int16, "MAX"): fold(torch.int16, torch.maximum),
+        (torch.int16, "MIN"): fold(torch.int16, torch.minimum),
+        (torch.int16, "BXOR"): fold(torch.int16, torch.bitwise_xor),
+        (torch.bool, "SUM"): fold(torch.bool, torch.logical_or),
+        (torch.bool, "MAX"): fold(torch.bool, torch.logical_or),
+        (torch.bool, "PRODUCT"): fold(torch.bool, torch.logical_and),
+        (torch.bool, "MIN"): fold(torch.bool, torch.logical_and),
+        (torch.bool, "BXOR"): fold(torch.bool, torch.logical_xor),
+        (torch.complex64, "SUM"): fold(torch.complex64, torch.add),
+        (torch.complex128, "SUM"): fold(torch.complex128, torch.add),
+        (torch.complex128, "AVG"): fold(torch.complex128, torch.add) / n,
+    }
+
+    def same(got, want, what):
+        if got.is_complex():
+            assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (what, got, want)
+        else:
+            assert torch.equal(got, want), (what, got, want)
+
+    for (dt, name), want in refs.items():
+        op = getattr(R, name)
+        t = vals[dt][rank].clone()
+        dist.all_reduce(t, op=op)
+        same(t, want, f"all_reduce {dt} {name}")
+        t = vals[dt][rank].clone()
+        dist.reduce(t, dst=n - 1, op=op)
+        if rank == n - 1:
+            same(t, want, f"reduce {dt} {name}")
+        if name != "AVG":
+            # reduce_scatter: block j of rank r's input is vals[r] rolled by j
+            out = torch.zeros(K, dtype=dt)
+            dist.reduce_scatter(out, [vals[dt][rank].roll(j) for j in range(n)], op=op)
+            same(out, want.roll(rank), f"reduce_scatter {dt} {name}")
+    for dt in (torch.complex64, torch.bool):
+        for name in (("MAX", "PRODUCT", "BAND") if dt.is_complex else ("AVG",)):
+            t = vals[dt][rank].clone()
+            try:
+                dist.all_reduce(t, op=getattr(R, name))
+            except (ValueError, RuntimeError) as e:  # torch refuses some itself
+                assert "complex" in str(e).lower() or "bool" in str(e).lower(), (dt, name, str(e))
+            else:
+                raise AssertionError(f"all_reduce {name} on {dt} did not raise")
+    for dt, vs in vals.items():
+        # Calls that move data: every rank's values, every element.
+        for root in range(n):
+            t = vs[rank].clone()
+            dist.broadcast(t, src=root)
+            same(t, vs[root], f"broadcast {dt} from {root}")
+        outs = [torch.zeros(K, dtype=dt) for _ in range(n)]
+        dist.all_gather(outs, vs[rank])
+        for r in range(n):
+            same(outs[r], vs[r], f"all_gather {dt} block {r}")
+        g = [torch.zeros(K, dtype=dt) for _ in range(n)] if rank == 0 else None
+        dist.gather(vs[rank], g, dst=0)
+        if rank == 0:
+            for r in range(n):
+                same(g[r], vs[r], f"gather {dt} block {r}")
+        out = torch.zeros(K, dtype=dt)
+        dist.scatter(out, [vs[j] for j in range(n)] if rank == n - 1 else None, src=n - 1)
+        same(out, vs[rank], f"scatter {dt}")
+        out = torch.zeros(K * n, dtype=dt)
+        dist.all_to_all_single(out, torch.cat([vs[rank]] * n))
+        same(out, torch.cat([vs[j] for j in range(n)]), f"all_to_all_single {dt}")
+        right, left = (rank + 1) % n, (rank - 1) % n
+        got = torch.zeros(K, dtype=dt)
+        ws = [dist.irecv(got, left), dist.isend(vs[rank], right)]
+        for w in ws:
+            w.wait()
+        same(got, vs[left], f"isend/irecv {dt}")
+    # PREMUL_SUM: each rank's values times the factor, then summed.
+    if hasattr(dist, "_make_nccl_premul_sum"):
+        x = torch.arange(K, dtype=torch.float64) * (rank + 1)
+        want = torch.arange(K, dtype=torch.float64) * sum(r + 1 for r in range(n)) * 2.5
+        op = dist._make_nccl_premul_sum(2.5)
+        if getattr(op, "factor", None) is None:
+            try:
+                dist.all_reduce(x, op=op)
+            except NotImplementedError as e:
+                assert "PREMUL_SUM" in str(e) and "factor" in str(e), str(e)
+            else:
+                raise AssertionError("PREMUL_SUM ran without its factor")
+        else:
+            dist.all_reduce(x, op=op)
+            assert torch.allclose(x, want), (x, want)
+            inp = torch.cat([torch.arange(K, dtype=torch.float64) * (rank + 1)] * n)
+            out = torch.zeros(K, dtype=torch.float64)
+            dist.reduce_scatter_tensor(out, inp, op=dist._make_nccl_premul_sum(2.5))
+            assert torch.allclose(out, want), (out, want)
+            assert torch.equal(inp[:K], torch.arange(K, dtype=torch.float64) * (rank + 1)), \
+                "PREMUL_SUM scaled the caller's input"
+    # batch_isend_irecv: to the right and from the left, with tags.
+    right, left = (rank + 1) % n, (rank - 1) % n
+    a, b = torch.zeros(K), torch.zeros(K)
+    ops = [dist.P2POp(dist.irecv, b, left, tag=2), dist.P2POp(dist.irecv, a, left, tag=1),
+           dist.P2POp(dist.isend, torch.full((K,), rank + 0.25), right, tag=1),
+           dist.P2POp(dist.isend, torch.full((K,), rank + 0.5), right, tag=2)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    assert torch.equal(a, torch.full((K,), left + 0.25)), a
+    assert torch.equal(b, torch.full((K,), left + 0.5)), b
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_dtypes(n):
+    ranks.run(n, body_dtypes, init=None, env=port_env(), timeout=120)
