@@ -421,8 +421,9 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _guarded(fn: _F) -> _F:
-    """A call of the group: refused while its communicator is broken; a
-    brigade error that it raises at once (the blocking forms) breaks it."""
+    """A collective of the group: refused while its communicator is broken;
+    a brigade error that it raises at once (the blocking forms) breaks it,
+    as a failed collective stops brigade's communicator."""
     @functools.wraps(fn)
     def call(self: "ProcessGroupBrigade", *args: Any, **kwargs: Any) -> Any:
         self._check_broken(fn.__name__)
@@ -431,6 +432,17 @@ def _guarded(fn: _F) -> _F:
         except brigade.Error as e:
             self._broke(e)
             raise
+    return cast(_F, call)
+
+
+def _p2p_guarded(fn: _F) -> _F:
+    """A send or a receive: refused while the communicator is broken; its
+    own failure (a timeout, a mismatch, a peer gone) leaves the
+    communicator usable, as brigade's point-to-point calls do."""
+    @functools.wraps(fn)
+    def call(self: "ProcessGroupBrigade", *args: Any, **kwargs: Any) -> Any:
+        self._check_broken(fn.__name__)
+        return fn(self, *args, **kwargs)
     return cast(_F, call)
 
 
@@ -639,15 +651,15 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
         return self._work(self.comm.ibarrier(), [torch.empty(0)])
 
     # ------------------------------------------ point-to-point, all-to-all
-    @_guarded
+    @_p2p_guarded
     def send(self, tensors: Any, dstRank: int, tag: int = 0) -> Any:  # noqa: N803
         t = _raw(_one(tensors, "send")).contiguous()
         if t.is_cuda:
             self.comm.send(t, dstRank, tag=tag)
             return _done(tensors)
-        return _P2PWork(self.comm.isend(t, dstRank, tag=tag), tensors, None, self._broke)
+        return _P2PWork(self.comm.isend(t, dstRank, tag=tag), tensors, None, None)
 
-    @_guarded
+    @_p2p_guarded
     def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> Any:  # noqa: N803
         t, back = _dense(_one(tensors, "recv"))
         if t.is_cuda:
@@ -655,16 +667,16 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
             if back is not None:
                 back()
             return _done(tensors)
-        return _P2PWork(self.comm.irecv(t, srcRank, tag=tag), tensors, back, self._broke)
+        return _P2PWork(self.comm.irecv(t, srcRank, tag=tag), tensors, back, None)
 
-    @_guarded
+    @_p2p_guarded
     def recv_anysource(self, tensors: Any, tag: int = 0) -> Any:
         """recv from whichever rank sends a message of `tag` first
         (``brg_irecv_tagged`` from ``BRG_ANY_SOURCE``); the Work's source rank
         names it, as ``dist.recv(t)`` without ``src`` returns."""
         t, back = _dense(_one(tensors, "recv_anysource"))
         req = _irecv_any(self.comm, t, tag)
-        return _AnySourceWork(req, tensors, back, self._broke)
+        return _AnySourceWork(req, tensors, back, None)
 
     def _exchange(self, call: str, sends: List[torch.Tensor],
                   recvs: List[torch.Tensor]) -> Any:
