@@ -9,14 +9,19 @@ Importing this module registers the backend "brigade"::
 
 The process group runs allreduce (and all_reduce_coalesced), reduce_scatter,
 all_gather, broadcast, reduce, barrier, gather, scatter, send/recv
-(isend/irecv, recv from any source) and all_to_all (all_to_all_single with any splits, all_to_all
-on lists) through brigade, on CPU tensors and CUDA tensors (the latter on
+(isend/irecv with tags, batch_isend_irecv, recv from any source) and
+all_to_all (all_to_all_single with any splits, all_to_all on lists) through
+brigade, on CPU tensors and CUDA tensors (the latter on
 torch's current stream; gather and scatter wait for it and are staged
 through host memory; point-to-point and all-to-all on the CPU only, as
 brigade's calls), contiguous or not (a non-contiguous
 tensor goes through a contiguous copy, as with Gloo). Reduce ops: SUM,
-PRODUCT, MIN, MAX, AVG, and BAND, BOR, BXOR on integer tensors. Every other
-call raises NotImplementedError naming the call. Brigade's unique id goes through the c10d store the group
+PRODUCT, MIN, MAX, AVG, BAND, BOR, BXOR on integer tensors, and PREMUL_SUM
+where torch shows its factor (2.x); int16, bool and complex tensors too
+(_reduction says how). Every failure raises from the call, from
+Work.wait() and from the Work's future; a failed collective breaks the
+group, whose later calls raise naming it. Every other call raises
+NotImplementedError naming the call. Brigade's unique id goes through the c10d store the group
 is given, so brigade needs no port of its own (MASTER_PORT stays c10d's).
 
 For users who keep Gloo or NCCL as the backend and want brigade only for
