@@ -40,6 +40,7 @@ given ``--redirects 2 --tee 2`` (a torch bug, fixed in later releases).
 # with overloads that a Python backend's signatures do not follow): an
 # ignore that one release needs is unused under another.
 # mypy: warn-unused-ignores=False
+import collections
 import ctypes
 import functools
 import queue
@@ -175,6 +176,16 @@ def _then(*fns: Any) -> Any:
     return run
 
 
+# torch 1.13 keeps no Python object of a Work that C++ holds (DDP's reducer,
+# _verify_params_across_processes, _broadcast_coalesced take the Work of a
+# Python group): once the caller's reference goes, C++ finds none of the
+# methods below and waits on the base Work forever. Those callers wait or
+# take the future right after the call, so the last few Works are kept
+# (torch 2.x keeps the Python object alive itself).
+_KEEP: "Optional[collections.deque[Any]]" = (
+    collections.deque(maxlen=64) if int(torch.__version__.split(".")[0]) < 2 else None)
+
+
 class _Work(dist.Work):
     """A call's Work: its future, completed by the completer thread (or at
     once), and what torch asks of a Work read from it. wait() raises the
@@ -185,6 +196,8 @@ class _Work(dist.Work):
     def __init__(self, fut: "torch.futures.Future[Any]"):
         super().__init__()
         self._fut = fut
+        if _KEEP is not None:
+            _KEEP.append(self)
 
     def wait(self, timeout: Any = None) -> bool:
         self._fut.wait()  # raises the error the future was failed with
