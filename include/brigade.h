@@ -228,8 +228,10 @@ brg_status brg_wait(brg_request *request);
  *
  * brg_send sends count elements of dtype from buf to rank `peer`; brg_recv
  * receives them from `peer` into buf. Messages between a pair of ranks are
- * matched in order: the k-th send from A to B is B's k-th receive from A
- * (brg_send and brg_isend count alike, as do brg_recv and brg_irecv). A
+ * matched in order per tag (these calls are tag 0; the tagged forms are
+ * below): the k-th send of a tag from A to B is B's k-th receive of that
+ * tag from A (brg_send and brg_isend count alike, as do brg_recv and
+ * brg_irecv). A
  * receive whose count or dtype differs from its send fails with
  * BRG_ERR_MISMATCH naming both, and the message is dropped. peer may be
  * the calling rank (the message is copied); a peer outside [0, N) is
@@ -304,6 +306,26 @@ brg_status brg_isend(const void *buf, size_t count, brg_dtype dtype, int peer, b
                      brg_request *request);
 brg_status brg_irecv(void *buf, size_t count, brg_dtype dtype, int peer, brg_comm *comm,
                      brg_request *request);
+/*
+ * Tagged forms: a message carries a tag in [0, INT_MAX] (a negative tag is
+ * BRG_ERR_INVALID_ARGUMENT), and a receive takes the oldest message of its
+ * tag from its source, whatever messages of other tags came before it:
+ * messages are matched in order per (source, tag), as Gloo's and MPI's
+ * are. A message of another tag that arrives first waits in early memory
+ * for its own receive (against BRIGADE_P2P_EARLY_BYTES: past the cap the
+ * link is held, and a receive of a later tag then waits for that memory
+ * to be freed). A receive from BRG_ANY_SOURCE takes the oldest message of
+ * its tag from any rank. brg_send, brg_recv, brg_isend and brg_irecv are
+ * tag 0. There is no tag wildcard.
+ */
+brg_status brg_send_tagged(const void *buf, size_t count, brg_dtype dtype, int peer, int tag,
+                           brg_comm *comm, brg_stream stream);
+brg_status brg_recv_tagged(void *buf, size_t count, brg_dtype dtype, int peer, int tag,
+                           brg_comm *comm, brg_stream stream);
+brg_status brg_isend_tagged(const void *buf, size_t count, brg_dtype dtype, int peer, int tag,
+                            brg_comm *comm, brg_request *request);
+brg_status brg_irecv_tagged(void *buf, size_t count, brg_dtype dtype, int peer, int tag,
+                            brg_comm *comm, brg_request *request);
 /* The rank a receive from any source takes its message from. */
 #define BRG_ANY_SOURCE (-1)
 /* *source = the rank whose message the receive of `request` (brg_irecv)

@@ -400,53 +400,77 @@ static brg_status p2p_request(brg_comm *c, const char *fn, brg_request *request,
   return BRG_SUCCESS;
 }
 
-brg_status brg_send(const void *buf, size_t count, brg_dtype dtype, int peer, brg_comm *comm,
-                    brg_stream stream) {
-  brg_status s = check_p2p(comm, "brg_send", buf, count, dtype, peer, stream, 1);
-  if (s != BRG_SUCCESS) return s;
-  return brg__p2p_send(comm, "brg_send", BRG__P2P_USER, 0, buf, count, dtype, peer);
+/* A tag is the caller's, in [0, INT_MAX] (as an MPI tag, but without
+ * a wildcard: a receive names the tag it takes). */
+static brg_status check_tag(brg_comm *c, const char *fn, int tag) {
+  if (tag < 0)
+    return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT,
+                           "%s: tag %d is negative (tags are in [0, INT_MAX])", fn, tag);
+  return BRG_SUCCESS;
 }
 
-brg_status brg_recv(void *buf, size_t count, brg_dtype dtype, int peer, brg_comm *comm,
-                    brg_stream stream) {
-  brg_status s = check_p2p(comm, "brg_recv", buf, count, dtype, peer, stream, 0);
+static brg_status send_tagged(const char *fn, const void *buf, size_t count, brg_dtype dtype,
+                              int peer, int tag, brg_comm *comm, brg_stream stream) {
+  brg_status s = check_p2p(comm, fn, buf, count, dtype, peer, stream, 1);
+  if (s == BRG_SUCCESS) s = check_tag(comm, fn, tag);
+  if (s != BRG_SUCCESS) return s;
+  brg__p2p_op op = {.buf = (char *)buf,
+                    .count = count,
+                    .tag = (uint32_t)tag,
+                    .peer = peer,
+                    .dtype = (uint32_t)dtype,
+                    .chan = BRG__P2P_USER,
+                    .is_send = 1};
+  s = brg__p2p_isend(comm, fn, &op);
+  return s != BRG_SUCCESS ? s : brg__p2p_wait(comm, fn, &op);
+}
+
+static brg_status recv_tagged(const char *fn, void *buf, size_t count, brg_dtype dtype, int peer,
+                              int tag, brg_comm *comm, brg_stream stream) {
+  brg_status s = check_p2p(comm, fn, buf, count, dtype, peer, stream, 0);
+  if (s == BRG_SUCCESS) s = check_tag(comm, fn, tag);
   if (s != BRG_SUCCESS) return s;
   brg__p2p_op op = {.buf = buf,
                     .count = count,
+                    .tag = (uint32_t)tag,
                     .peer = peer,
                     .dtype = (uint32_t)dtype,
                     .chan = BRG__P2P_USER,
                     .any = peer == BRG_ANY_SOURCE};
   s = brg__p2p_post(comm, &op);
-  return s != BRG_SUCCESS ? s : brg__p2p_wait(comm, "brg_recv", &op);
+  return s != BRG_SUCCESS ? s : brg__p2p_wait(comm, fn, &op);
 }
 
 /* A send joins its peer's send queue: it has finished once its bytes have
  * all left buf, which the receiver's early-message cap may hold back. */
-brg_status brg_isend(const void *buf, size_t count, brg_dtype dtype, int peer, brg_comm *comm,
-                     brg_request *request) {
-  brg_status s = check_p2p(comm, "brg_isend", buf, count, dtype, peer, NULL, 1);
+static brg_status isend_tagged(const char *fn, const void *buf, size_t count, brg_dtype dtype,
+                               int peer, int tag, brg_comm *comm, brg_request *request) {
+  brg_status s = check_p2p(comm, fn, buf, count, dtype, peer, NULL, 1);
+  if (s == BRG_SUCCESS) s = check_tag(comm, fn, tag);
   brg__req *r = NULL;
-  if (s == BRG_SUCCESS) s = p2p_request(comm, "brg_isend", request, 1, &r);
+  if (s == BRG_SUCCESS) s = p2p_request(comm, fn, request, 1, &r);
   if (s != BRG_SUCCESS) return s;
   r->p2p_op = (brg__p2p_op){.buf = (char *)buf,
                             .count = count,
+                            .tag = (uint32_t)tag,
                             .peer = peer,
                             .dtype = (uint32_t)dtype,
                             .chan = BRG__P2P_USER,
                             .is_send = 1,
                             .comm_serial = comm->serial};
-  return brg__p2p_isend(comm, "brg_isend", &r->p2p_op); /* a failure finishes the request */
+  return brg__p2p_isend(comm, fn, &r->p2p_op); /* a failure finishes the request */
 }
 
-brg_status brg_irecv(void *buf, size_t count, brg_dtype dtype, int peer, brg_comm *comm,
-                     brg_request *request) {
-  brg_status s = check_p2p(comm, "brg_irecv", buf, count, dtype, peer, NULL, 0);
+static brg_status irecv_tagged(const char *fn, void *buf, size_t count, brg_dtype dtype, int peer,
+                               int tag, brg_comm *comm, brg_request *request) {
+  brg_status s = check_p2p(comm, fn, buf, count, dtype, peer, NULL, 0);
+  if (s == BRG_SUCCESS) s = check_tag(comm, fn, tag);
   brg__req *r = NULL;
-  if (s == BRG_SUCCESS) s = p2p_request(comm, "brg_irecv", request, 0, &r);
+  if (s == BRG_SUCCESS) s = p2p_request(comm, fn, request, 0, &r);
   if (s != BRG_SUCCESS) return s;
   r->p2p_op = (brg__p2p_op){.buf = buf,
                             .count = count,
+                            .tag = (uint32_t)tag,
                             .peer = peer,
                             .dtype = (uint32_t)dtype,
                             .chan = BRG__P2P_USER,
@@ -455,6 +479,46 @@ brg_status brg_irecv(void *buf, size_t count, brg_dtype dtype, int peer, brg_com
   s = brg__p2p_post(comm, &r->p2p_op);
   if (s != BRG_SUCCESS) r->magic = 0; /* never issued */
   return s;
+}
+
+brg_status brg_send(const void *buf, size_t count, brg_dtype dtype, int peer, brg_comm *comm,
+                    brg_stream stream) {
+  return send_tagged("brg_send", buf, count, dtype, peer, 0, comm, stream);
+}
+
+brg_status brg_recv(void *buf, size_t count, brg_dtype dtype, int peer, brg_comm *comm,
+                    brg_stream stream) {
+  return recv_tagged("brg_recv", buf, count, dtype, peer, 0, comm, stream);
+}
+
+brg_status brg_isend(const void *buf, size_t count, brg_dtype dtype, int peer, brg_comm *comm,
+                     brg_request *request) {
+  return isend_tagged("brg_isend", buf, count, dtype, peer, 0, comm, request);
+}
+
+brg_status brg_irecv(void *buf, size_t count, brg_dtype dtype, int peer, brg_comm *comm,
+                     brg_request *request) {
+  return irecv_tagged("brg_irecv", buf, count, dtype, peer, 0, comm, request);
+}
+
+brg_status brg_send_tagged(const void *buf, size_t count, brg_dtype dtype, int peer, int tag,
+                           brg_comm *comm, brg_stream stream) {
+  return send_tagged("brg_send_tagged", buf, count, dtype, peer, tag, comm, stream);
+}
+
+brg_status brg_recv_tagged(void *buf, size_t count, brg_dtype dtype, int peer, int tag,
+                           brg_comm *comm, brg_stream stream) {
+  return recv_tagged("brg_recv_tagged", buf, count, dtype, peer, tag, comm, stream);
+}
+
+brg_status brg_isend_tagged(const void *buf, size_t count, brg_dtype dtype, int peer, int tag,
+                            brg_comm *comm, brg_request *request) {
+  return isend_tagged("brg_isend_tagged", buf, count, dtype, peer, tag, comm, request);
+}
+
+brg_status brg_irecv_tagged(void *buf, size_t count, brg_dtype dtype, int peer, int tag,
+                            brg_comm *comm, brg_request *request) {
+  return irecv_tagged("brg_irecv_tagged", buf, count, dtype, peer, tag, comm, request);
 }
 
 brg_status brg_request_source(const brg_request *request, int *source) {

@@ -66,15 +66,17 @@ typedef struct brg__p2p_op {
   uint64_t num;    /* the message's number between the pair (a2a: the collective's) */
   int32_t peer;
   uint32_t dtype;
-  uint16_t chan;   /* BRG__P2P_USER or BRG__P2P_A2A */
+  uint8_t chan;    /* BRG__P2P_USER or BRG__P2P_A2A */
   uint8_t is_send; /* a send: finished once its bytes have all left */
   /* A receive posted with BRG_ANY_SOURCE: `peer` is -1 until a message
    * is matched to it, then the sender's rank. */
   uint8_t any;
+  /* What the sender said, for BRG_ERR_MISMATCH (with peer_count and
+   * peer_num below; narrow, so that a brg__req fits a brg_request). */
+  uint8_t peer_dtype;
+  uint32_t tag; /* a user message's tag (brg_send_tagged; 0 otherwise) */
   volatile int done;
   brg_status status;
-  /* What the sender said, for BRG_ERR_MISMATCH. */
-  uint32_t peer_dtype;
   uint64_t peer_count, peer_num;
   /* A posted receive's place among the communicator's posted receives
    * (compared modulo 2^32: far fewer are ever outstanding at once). */

@@ -169,7 +169,7 @@ typedef struct p2p_hdr {
   uint64_t num;
   uint64_t count;
   uint32_t dtype;
-  uint32_t pad;
+  uint32_t tag; /* the user's (brg_send_tagged); all_to_all's blocks: 0 */
 } p2p_hdr;
 
 /* A message that arrived before its receive. */
@@ -392,7 +392,7 @@ static int op_matches(const brg__p2p_op *op, const p2p_hdr *h) {
 
 static void op_mismatch(brg__p2p *p, brg__p2p_op *op, const p2p_hdr *h) {
   op->peer_count = h->count;
-  op->peer_dtype = h->dtype;
+  op->peer_dtype = (uint8_t)h->dtype; /* below BRG_NUM_DTYPES: hdr_valid */
   op->peer_num = h->num;
   op_finish(p, op, BRG_ERR_MISMATCH);
 }
@@ -414,18 +414,52 @@ static brg__p2p_op *pop_op(p2p_peer *pr, uint32_t chan) {
   return op;
 }
 
-/* The receive a message from pr on chan goes to (NULL: none is posted):
- * the peer's oldest, or the oldest from any source when that was posted
- * first; taken out of its queue with `take`. */
-static brg__p2p_op *next_recv(brg__p2p *p, p2p_peer *pr, uint32_t chan, int take) {
-  brg__p2p_op *op = pr->posted[chan], *any = chan == BRG__P2P_USER ? p->any : NULL;
-  if (!any || (op && (int32_t)(op->order - any->order) < 0)) return take ? pop_op(pr, chan) : op;
+/* The first operation of a queue that takes messages of `tag`, and the
+ * one before it (NULL when it is the head). */
+static brg__p2p_op *find_tag(brg__p2p_op *head, uint32_t tag, brg__p2p_op **prev) {
+  *prev = NULL;
+  for (brg__p2p_op *op = head; op; *prev = op, op = op->next)
+    if (op->tag == tag) return op;
+  return NULL;
+}
+
+/* Takes op (after prev, or the head) out of a queue. */
+static void unlink_op(brg__p2p_op **head, brg__p2p_op **tail, brg__p2p_op *prev, brg__p2p_op *op) {
+  if (prev)
+    prev->next = op->next;
+  else
+    *head = op->next;
+  if (*tail == op) *tail = prev;
+  op->next = NULL;
+}
+
+/* The receive a message of `tag` from pr on chan goes to (NULL: none is
+ * posted): the peer's oldest for that tag, or the oldest from any source
+ * for that tag when that was posted first; taken out of its queue with
+ * `take`. Receives of other tags wait on: tags are matched per (source,
+ * tag), each in order. */
+static brg__p2p_op *next_recv(brg__p2p *p, p2p_peer *pr, uint32_t chan, uint32_t tag, int take) {
+  brg__p2p_op *prev, *any_prev = NULL;
+  brg__p2p_op *op = find_tag(pr->posted[chan], tag, &prev);
+  brg__p2p_op *any = chan == BRG__P2P_USER ? find_tag(p->any, tag, &any_prev) : NULL;
+  if (!any || (op && (int32_t)(op->order - any->order) < 0)) {
+    if (take && op) unlink_op(&pr->posted[chan], &pr->posted_tail[chan], prev, op);
+    return op;
+  }
   if (take) {
-    p->any = any->next;
-    if (!any->next) p->any_tail = NULL;
+    unlink_op(&p->any, &p->any_tail, any_prev, any);
     any->peer = pr->rank;
   }
   return any;
+}
+
+/* The first message of `tag` from pr in early memory, and the one before
+ * it. */
+static p2p_unexp *find_early(p2p_peer *pr, uint32_t chan, uint32_t tag, p2p_unexp **prev) {
+  *prev = NULL;
+  for (p2p_unexp *u = pr->unexp[chan]; u; *prev = u, u = u->next)
+    if (u->h.tag == tag) return u;
+  return NULL;
 }
 
 /* The link from this peer is over: what waits on it fails. Messages that
@@ -464,14 +498,15 @@ static int early_fits(const brg__p2p *p, uint64_t bytes) {
  * could take it. */
 static int begin_message(brg__p2p *p, p2p_peer *pr, const p2p_hdr *h) {
   uint64_t bytes = h->count * brg_dtype_size((brg_dtype)h->dtype);
-  int direct = !pr->unexp[h->chan] && next_recv(p, pr, h->chan, 0);
+  p2p_unexp *before;
+  int direct = !find_early(pr, h->chan, h->tag, &before) && next_recv(p, pr, h->chan, h->tag, 0);
   if (!direct && h->chan == BRG__P2P_USER && !early_fits(p, bytes)) return 1;
   pr->cur_op = NULL;
   pr->cur_unexp = NULL;
   pr->left = bytes;
   pr->in_payload = 1;
   if (direct) {
-    brg__p2p_op *op = next_recv(p, pr, h->chan, 1);
+    brg__p2p_op *op = next_recv(p, pr, h->chan, h->tag, 1);
     op->num = op->chan == BRG__P2P_A2A ? op->num : h->num;
     if (op_matches(op, h))
       pr->cur_op = op;
@@ -678,7 +713,8 @@ static void write_peer(brg_comm *c, p2p_peer *pr, int rank) {
                               .chan = op->chan,
                               .num = op->num,
                               .count = op->count,
-                              .dtype = op->dtype};
+                              .dtype = op->dtype,
+                              .tag = op->tag};
     }
     const char *src;
     uint64_t want;
@@ -1247,7 +1283,8 @@ static int deliver_self(brg__p2p *p, p2p_peer *pr, brg__p2p_op *op) {
                .chan = op->chan,
                .num = op->chan == BRG__P2P_A2A ? op->num : pr->sent,
                .count = op->count,
-               .dtype = op->dtype};
+               .dtype = op->dtype,
+               .tag = op->tag};
   int rc = begin_message(p, pr, &h);
   if (rc != 0) return rc;
   uint64_t bytes = op->count * brg_dtype_size((brg_dtype)op->dtype), room;
@@ -1381,13 +1418,18 @@ brg_status brg__p2p_send(brg_comm *c, const char *fn, uint32_t chan, uint64_t nu
   return s != BRG_SUCCESS ? s : brg__p2p_wait(c, fn, &op);
 }
 
-/* The peer whose user message in early memory arrived first, or NULL. */
-static p2p_peer *oldest_early(brg__p2p *p) {
+/* The peer whose user message of `tag` in early memory arrived first, or
+ * NULL. */
+static p2p_peer *oldest_early(brg__p2p *p, uint32_t tag) {
   p2p_peer *best = NULL;
+  uint64_t first = 0;
   for (int i = 0; i < p->nactive; i++) {
     p2p_peer *pr = p->peer[p->active[i]];
-    p2p_unexp *u = pr->unexp[BRG__P2P_USER];
-    if (u && (!best || u->arrival < best->unexp[BRG__P2P_USER]->arrival)) best = pr;
+    p2p_unexp *prev, *u = find_early(pr, BRG__P2P_USER, tag, &prev);
+    if (u && (!best || u->arrival < first)) {
+      best = pr;
+      first = u->arrival;
+    }
   }
   return best;
 }
@@ -1401,17 +1443,21 @@ brg_status brg__p2p_post(brg_comm *c, brg__p2p_op *op) {
   op->last_ns = brg__now_ns();
   pthread_mutex_lock(&p->lock);
   op->order = p->posts++;
-  p2p_peer *pr = op->any ? oldest_early(p) : get_peer(c, op->peer);
+  p2p_peer *pr = op->any ? oldest_early(p, op->tag) : get_peer(c, op->peer);
   if (!pr && !op->any) {
     pthread_mutex_unlock(&p->lock);
     return brg__comm_error(c, BRG_ERR_NO_MEMORY, "out of memory posting a receive");
   }
-  p2p_unexp *u = pr ? pr->unexp[op->chan] : NULL;
+  p2p_unexp *before = NULL, *u = pr ? find_early(pr, op->chan, op->tag, &before) : NULL;
   if (u) {
-    /* The oldest message that came before its receive is this one's. */
+    /* The oldest message of its tag that came before its receive is this
+     * one's (those of other tags stay for theirs). */
     if (op->any) op->peer = pr->rank;
-    pr->unexp[op->chan] = u->next;
-    if (!u->next) pr->unexp_tail[op->chan] = NULL;
+    if (before)
+      before->next = u->next;
+    else
+      pr->unexp[op->chan] = u->next;
+    if (pr->unexp_tail[op->chan] == u) pr->unexp_tail[op->chan] = before;
     if (!op_matches(op, &u->h)) {
       op_mismatch(p, op, &u->h);
       if (pr->cur_unexp == u) pr->cur_unexp = NULL; /* the rest goes nowhere */
@@ -1647,11 +1693,11 @@ brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
           fn, c->rank, (unsigned long long)op->num, (unsigned long long)op->count, dn, op->peer,
           (unsigned long long)op->peer_num, (unsigned long long)op->peer_count, pd ? pd : "?");
     return brg__comm_error(c, s,
-                           "%s: rank %d receives %llu x %s from rank %d%s, which sent %llu x %s "
-                           "(message #%llu between them; the message is dropped)",
+                           "%s: rank %d receives %llu x %s from rank %d%s with tag %u, which "
+                           "sent %llu x %s (message #%llu between them; the message is dropped)",
                            fn, c->rank, (unsigned long long)op->count, dn, op->peer,
                            op->any ? " (the first to send to a receive from any source)" : "",
-                           (unsigned long long)op->peer_count, pd ? pd : "?",
+                           op->tag, (unsigned long long)op->peer_count, pd ? pd : "?",
                            (unsigned long long)op->peer_num);
   }
   case BRG_ERR_TIMEOUT:

@@ -774,7 +774,7 @@ class Communicator:
 
     # --------------------------------------------- point-to-point, all-to-all
     def _p2p_call(self, nb: bool, what: str, buf: Any, peer: int, dtype: DTypeLike,
-                  stream: Stream) -> Any:
+                  stream: Stream, tag: int = 0) -> Any:
         call = ("i" if nb else "") + what
         s = _stream_handle(stream)
         v = as_view(buf, what == "recv", "the buffer", s)
@@ -783,28 +783,37 @@ class Communicator:
                 raise ValueError(f"brigade: {call}: the buffer is read-only")
             self._typecheck(call, v, v, dtype, False)
             peer = self._rank_arg(call, "peer", peer)
+            tag = _c_int(tag, "tag", call, 0)
         except BaseException:
             v.release()
             raise
-        return self._launch("brg_" + call, [v], (v.ptr, v.count, v.code(), peer), nb,
-                            buf, s)
+        if tag == 0:  # the untagged calls, which older libraries have too
+            return self._launch("brg_" + call, [v], (v.ptr, v.count, v.code(), peer), nb,
+                                buf, s)
+        return self._launch("brg_" + call + "_tagged", [v], (v.ptr, v.count, v.code(), peer, tag),
+                            nb, buf, s)
 
-    def send(self, buf: Any, peer: int, dtype: DTypeLike = None, stream: Stream = None) -> None:
+    def send(self, buf: Any, peer: int, dtype: DTypeLike = None, stream: Stream = None,
+             tag: int = 0) -> None:
         """Sends `buf` to rank `peer`, which calls :meth:`recv` with as many
-        elements (``brg_send``). Returns once `buf` may be reused."""
-        self._p2p_call(False, "send", buf, peer, dtype, stream)
+        elements and the same `tag` (``brg_send``; ``brg_send_tagged``).
+        Returns once `buf` may be reused."""
+        self._p2p_call(False, "send", buf, peer, dtype, stream, tag)
 
-    def recv(self, buf: Any, peer: int, dtype: DTypeLike = None, stream: Stream = None) -> Any:
-        """Receives into `buf` what rank `peer` sends it (``brg_recv``); returns `buf`."""
-        return self._p2p_call(False, "recv", buf, peer, dtype, stream)
+    def recv(self, buf: Any, peer: int, dtype: DTypeLike = None, stream: Stream = None,
+             tag: int = 0) -> Any:
+        """Receives into `buf` the next message of `tag` that rank `peer`
+        sends it (``brg_recv``; ``brg_recv_tagged``: messages are matched in
+        order per (peer, tag)); returns `buf`."""
+        return self._p2p_call(False, "recv", buf, peer, dtype, stream, tag)
 
-    def isend(self, buf: Any, peer: int, dtype: DTypeLike = None) -> Request:
+    def isend(self, buf: Any, peer: int, dtype: DTypeLike = None, tag: int = 0) -> Request:
         """:meth:`send`, started and returned at once (``brg_isend``)."""
-        return cast(Request, self._p2p_call(True, "send", buf, peer, dtype, None))
+        return cast(Request, self._p2p_call(True, "send", buf, peer, dtype, None, tag))
 
-    def irecv(self, buf: Any, peer: int, dtype: DTypeLike = None) -> Request:
+    def irecv(self, buf: Any, peer: int, dtype: DTypeLike = None, tag: int = 0) -> Request:
         """:meth:`recv`, started and returned at once (``brg_irecv``)."""
-        return cast(Request, self._p2p_call(True, "recv", buf, peer, dtype, None))
+        return cast(Request, self._p2p_call(True, "recv", buf, peer, dtype, None, tag))
 
     def all_to_all(self, buf: Any, out: Any = None, dtype: DTypeLike = None,
                    stream: Stream = None) -> Any:

@@ -243,6 +243,10 @@ OPTIONAL = {
     "brg_scatter": (_st, _vp, _vp, _sz, _int, _int, _comm, _vp),
     "brg_igather": (_st, _vp, _vp, _sz, _int, _int, _comm, _req),
     "brg_iscatter": (_st, _vp, _vp, _sz, _int, _int, _comm, _req),
+    "brg_send_tagged": (_st, _vp, _sz, _int, _int, _int, _comm, _vp),
+    "brg_recv_tagged": (_st, _vp, _sz, _int, _int, _int, _comm, _vp),
+    "brg_isend_tagged": (_st, _vp, _sz, _int, _int, _int, _comm, _req),
+    "brg_irecv_tagged": (_st, _vp, _sz, _int, _int, _int, _comm, _req),
 }
 for _name, (_res, *_args) in OPTIONAL.items():
     if hasattr(lib, _name):

@@ -9,14 +9,19 @@ Importing this module registers the backend "brigade"::
 
 The process group runs allreduce (and all_reduce_coalesced), reduce_scatter,
 all_gather, broadcast, reduce, barrier, gather, scatter, send/recv
-(isend/irecv, recv from any source) and all_to_all (all_to_all_single with any splits, all_to_all
-on lists) through brigade, on CPU tensors and CUDA tensors (the latter on
+(isend/irecv with tags, batch_isend_irecv, recv from any source) and
+all_to_all (all_to_all_single with any splits, all_to_all on lists) through
+brigade, on CPU tensors and CUDA tensors (the latter on
 torch's current stream; gather and scatter wait for it and are staged
 through host memory; point-to-point and all-to-all on the CPU only, as
 brigade's calls), contiguous or not (a non-contiguous
 tensor goes through a contiguous copy, as with Gloo). Reduce ops: SUM,
-PRODUCT, MIN, MAX, AVG, and BAND, BOR, BXOR on integer tensors. Every other
-call raises NotImplementedError naming the call. Brigade's unique id goes through the c10d store the group
+PRODUCT, MIN, MAX, AVG, BAND, BOR, BXOR on integer tensors, and PREMUL_SUM
+where torch shows its factor (2.x); int16, bool and complex tensors too
+(_reduction says how). Every failure raises from the call, from
+Work.wait() and from the Work's future; a failed collective breaks the
+group, whose later calls raise naming it. Every other call raises
+NotImplementedError naming the call. Brigade's unique id goes through the c10d store the group
 is given, so brigade needs no port of its own (MASTER_PORT stays c10d's).
 
 For users who keep Gloo or NCCL as the backend and want brigade only for
@@ -35,11 +40,13 @@ given ``--redirects 2 --tee 2`` (a torch bug, fixed in later releases).
 # with overloads that a Python backend's signatures do not follow): an
 # ignore that one release needs is unused under another.
 # mypy: warn-unused-ignores=False
+import collections
 import ctypes
+import functools
 import queue
 import threading
 from datetime import timedelta
-from typing import Any, List, Optional, Sequence, TypeVar, cast
+from typing import Any, Callable, List, Optional, Sequence, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -50,13 +57,6 @@ __all__ = ["ProcessGroupBrigade", "allreduce_hook", "communicator", "BACKEND_NAM
 
 BACKEND_NAME = "brigade"
 _STORE_KEY = "brigade/unique_id"
-
-try:
-    from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
-except ImportError as e:  # pragma: no cover - torch without c10d
-    raise ImportError("brigade.torch needs torch.distributed with Python process groups "
-                      "(torch >= 1.13)") from e
-
 
 _OPS = (("SUM", "sum"), ("PRODUCT", "prod"), ("MIN", "min"), ("MAX", "max"), ("AVG", "avg"),
         ("BAND", "band"), ("BOR", "bor"), ("BXOR", "bxor"))
@@ -91,13 +91,78 @@ def _op(reduce_op: Any) -> brigade.OpName:
                               "MAX, AVG, and BAND, BOR, BXOR on integer tensors")
 
 
+# Types brigade has no name for, moved as bytes of one it has (calls that
+# only move data: broadcast, gather, send ...); complex as pairs of reals.
+_RAW = {torch.bool: torch.uint8, torch.int16: torch.float16}
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    """t, or a view of its bytes in a type brigade moves."""
+    if t.is_complex():
+        return torch.view_as_real(t)
+    d = _RAW.get(t.dtype)
+    return t if d is None else t.view(d)
+
+
+# bool reduces as uint8 0/1, as NCCL's backend does: SUM and MAX are a
+# logical or, PRODUCT and MIN a logical and; AVG has no meaning.
+_BOOL_OPS = {"sum": "max", "max": "max", "bor": "max", "prod": "min", "min": "min",
+             "band": "min", "bxor": "bxor"}
+
+
+def _reduction(t: torch.Tensor, reduce_op: Any, call: str,
+               scale: bool = True) -> Any:
+    """What brigade reduces for t with torch's reduce_op: (a tensor of a type
+    brigade reduces, brigade's op, what copies the result back into t or
+    None). int16 goes through an int32 copy (the result wraps as int16
+    arithmetic does), bool through a uint8 view (_BOOL_OPS), complex through
+    a view as pairs of reals (SUM and AVG only). PREMUL_SUM (torch 2.x:
+    dist._make_nccl_premul_sum(factor)) sums a copy of t times the factor;
+    with `scale` False (an output) only the op is taken from it."""
+    name = _op_name(reduce_op)
+    factor = None
+    if name == "PREMUL_SUM":
+        factor = getattr(reduce_op, "factor", None)
+        if factor is None:
+            raise NotImplementedError(f"brigade: {call}: reduce op PREMUL_SUM: this torch "
+                                      "(1.13) does not show a backend written in Python its "
+                                      "factor (torch 2.x does)")
+        op: brigade.OpName = "sum"
+    else:
+        op = _op(reduce_op)
+    back = None
+    if t.is_complex():
+        if op not in ("sum", "avg"):
+            raise ValueError(f"brigade: {call}: reduce op {name} on {t.dtype}: complex numbers "
+                             "reduce as pairs of reals, with SUM, AVG and PREMUL_SUM only")
+        w = torch.view_as_real(t)
+    elif t.dtype == torch.bool:
+        if op not in _BOOL_OPS or factor is not None:
+            raise ValueError(f"brigade: {call}: reduce op {name} on torch.bool (bool has SUM "
+                             "and MAX as or, PRODUCT and MIN as and, BAND, BOR, BXOR)")
+        op = cast(brigade.OpName, _BOOL_OPS[op])
+        w = t.view(torch.uint8)
+    elif t.dtype == torch.int16:
+        w = t.to(torch.int32)
+        back = lambda: t.copy_(w)  # noqa: E731
+    else:
+        w = t
+    if factor is not None and scale:
+        wide = w
+        w = (w * factor).to(w.dtype)
+        back = _then(lambda: wide.copy_(w), back)
+    return w, op, back
+
+
 def _dense(t: torch.Tensor) -> Any:
-    """A contiguous tensor with t's values, and what copies it back into t
-    once a call has written it (None when t is contiguous already)."""
-    if t.is_contiguous():
-        return t, None
-    c = t.contiguous()
-    return c, lambda: t.copy_(c)
+    """A contiguous tensor with t's values (its bytes in a type brigade
+    moves: _raw), and what copies it back into t once a call has written it
+    (None when it is t's own memory)."""
+    r = _raw(t)
+    if r.is_contiguous():
+        return r, None
+    c = r.contiguous()
+    return c, lambda: r.copy_(c)
 
 
 def _then(*fns: Any) -> Any:
@@ -111,10 +176,62 @@ def _then(*fns: Any) -> Any:
     return run
 
 
+# torch 1.13 keeps no Python object of a Work that C++ holds (DDP's reducer,
+# _verify_params_across_processes, _broadcast_coalesced take the Work of a
+# Python group): once the caller's reference goes, C++ finds none of the
+# methods below and waits on the base Work forever. Those callers wait or
+# take the future right after the call, so the last few Works are kept
+# (torch 2.x keeps the Python object alive itself).
+_KEEP: "Optional[collections.deque[Any]]" = (
+    collections.deque(maxlen=64) if int(torch.__version__.split(".")[0]) < 2 else None)
+
+
+class _Work(dist.Work):
+    """A call's Work: its future, completed by the completer thread (or at
+    once), and what torch asks of a Work read from it. wait() raises the
+    call's error, as Gloo's Work does; torch's own Work over a future
+    (_create_work_from_future) reports success whatever the future holds.
+    """
+
+    def __init__(self, fut: "torch.futures.Future[Any]"):
+        super().__init__()
+        self._fut = fut
+        if _KEEP is not None:
+            _KEEP.append(self)
+
+    def wait(self, timeout: Any = None) -> bool:
+        self._fut.wait()  # raises the error the future was failed with
+        return True
+
+    def is_completed(self) -> bool:
+        return bool(self._fut.done())
+
+    def is_success(self) -> bool:
+        return self._fut.done() and self.exception() is None
+
+    def exception(self) -> Any:
+        if not self._fut.done():
+            return None
+        try:
+            self._fut.value()
+        except BaseException as e:  # noqa: BLE001 - what the call failed with
+            return e
+        return None
+
+    def get_future(self) -> Any:
+        return self._fut
+
+    def result(self) -> Any:
+        return self._fut.wait()
+
+    def synchronize(self) -> None:
+        pass
+
+
 def _done(result: Any) -> Any:
     fut: "torch.futures.Future[Any]" = torch.futures.Future()
     fut.set_result(result)
-    return _create_work_from_future(fut)
+    return _Work(fut)
 
 
 class _Completer:
@@ -131,24 +248,31 @@ class _Completer:
             item = self._q.get()
             if item is None:
                 return
-            reqs, fut, result, then = item
+            reqs, fut, result, then, failed = item
             try:
                 for req in reqs:
                     req.wait()  # the GIL is released inside brg_wait
                 if then is not None:
                     then()
-                fut.set_result(result)
             except BaseException as e:  # noqa: BLE001 - handed to the future
                 for req in reqs:  # none may still write into a tensor
                     try:
                         req.wait()
                     except BaseException:  # noqa: BLE001 - the first error is reported
                         pass
+                if failed is not None:
+                    failed(e)
                 fut.set_exception(e)
+            else:
+                fut.set_result(result)
 
-    def submit(self, reqs: Any, result: Any, then: Any = None) -> "torch.futures.Future[Any]":
+    def submit(self, reqs: Any, result: Any, then: Any = None,
+               failed: Any = None) -> "torch.futures.Future[Any]":
+        """The future of `reqs` (a Request or a list): `result` once all have
+        finished and `then` has run; failed with the first error otherwise,
+        after `failed` has been told it."""
         fut: "torch.futures.Future[Any]" = torch.futures.Future()
-        self._q.put((reqs if isinstance(reqs, list) else [reqs], fut, result, then))
+        self._q.put((reqs if isinstance(reqs, list) else [reqs], fut, result, then, failed))
         return fut
 
     def close(self) -> None:
@@ -181,9 +305,9 @@ def _one(tensors: Sequence[_T], call: str) -> _T:
 _ANY_SOURCE = -1  # BRG_ANY_SOURCE
 
 
-def _irecv_any(comm: brigade.Communicator, t: torch.Tensor) -> Any:
-    """brg_irecv from BRG_ANY_SOURCE into t (the Python API's irecv takes
-    ranks only)."""
+def _irecv_any(comm: brigade.Communicator, t: torch.Tensor, tag: int) -> Any:
+    """brg_irecv (brg_irecv_tagged) from BRG_ANY_SOURCE into t (the Python
+    API's irecv takes ranks only)."""
     from brigade import _capi
     from brigade._buffers import as_view
 
@@ -197,6 +321,7 @@ def _irecv_any(comm: brigade.Communicator, t: torch.Tensor) -> Any:
     v = as_view(t, True, "the buffer")
     try:
         comm._typecheck("irecv", v, v, None, False)
+        tag = brigade._c_int(tag, "tag", "recv_anysource", 0)
     except BaseException:
         v.release()
         raise
@@ -204,40 +329,88 @@ def _irecv_any(comm: brigade.Communicator, t: torch.Tensor) -> Any:
     if dtype is None:
         v.release()
         raise TypeError("brigade: recv_anysource: the tensor's dtype has no brigade type")
+    if tag:
+        return comm._launch("brg_irecv_tagged", [v], (v.ptr, v.count, int(dtype), _ANY_SOURCE,
+                                                      tag), True, t, None)
     return comm._launch("brg_irecv", [v], (v.ptr, v.count, int(dtype), _ANY_SOURCE), True, t,
                         None)
 
 
-class _AnySourceWork(dist.Work):
-    """The Work of recv_anysource: the completer's Work, and the rank the
-    message came from (brg_request_source) once it has finished."""
+class _P2PWork(_Work):
+    """The Work of a send or a receive, completed by whoever asks: wait()
+    (and is_completed()) wait for or test its request on the caller's
+    thread, so that no other call's completion waits behind a receive
+    (irecv, then a barrier, then the isend its sender waits for: the
+    completer thread, which finishes calls in issue order, would hold the
+    barrier behind the receive). get_future() hands the wait to a thread
+    of its own."""
 
-    def __init__(self, work: Any, req: Any):
-        super().__init__()
-        self._w, self._req = work, req
+    def __init__(self, req: Any, result: Any, then: Any, failed: Any):
+        super().__init__(torch.futures.Future())
+        self._req, self._result, self._then, self._failed = req, result, then, failed
+        self._lock = threading.Lock()
+        self._waiter: Optional[threading.Thread] = None
+
+    def _finish(self, step: Callable[[], bool]) -> bool:
+        """step() (the request's wait or test) under the lock; completes the
+        future once it has finished. Whether it has."""
+        with self._lock:
+            if self._fut.done():
+                return True
+            try:
+                if not step():
+                    return False
+                if self._then is not None:
+                    self._then()
+            except BaseException as e:  # noqa: BLE001 - handed to the future
+                if self._failed is not None:
+                    self._failed(e)
+                self._fut.set_exception(e)
+            else:
+                self._fut.set_result(self._result)
+            return True
+
+    def _wait_req(self) -> bool:
+        self._req.wait()  # the GIL is released inside brg_wait
+        return True
 
     def wait(self, timeout: Any = None) -> bool:
-        return bool(self._w.wait())
+        self._finish(self._wait_req)
+        return super().wait()
 
     def is_completed(self) -> bool:
-        return bool(self._w.is_completed())
+        return self._finish(self._req.test)
 
     def is_success(self) -> bool:
-        return bool(self._w.is_success())
+        return self.is_completed() and self.exception() is None
 
     def exception(self) -> Any:
-        return self._w.exception()
+        self.is_completed()
+        return super().exception()
 
     def get_future(self) -> Any:
-        return self._w.get_future()
+        with self._lock:
+            if self._waiter is None and not self._fut.done():
+                self._waiter = threading.Thread(target=self._wait_quietly, daemon=True,
+                                                name="brigade-p2p-wait")
+                self._waiter.start()
+        return self._fut
 
-    def result(self) -> Any:
-        return self._w.result()
+    def _wait_quietly(self) -> None:
+        try:
+            self.wait()
+        except BaseException:  # noqa: BLE001 - the future holds it
+            pass
+
+
+class _AnySourceWork(_P2PWork):
+    """The Work of recv_anysource, and the rank the message came from
+    (brg_request_source) once it has finished."""
 
     def _source_rank(self) -> int:
         from brigade import _capi
 
-        self._w.wait()
+        self.wait()
         src = ctypes.c_int(-1)
         s = _capi.lib.brg_request_source(ctypes.byref(self._req._req), ctypes.byref(src))
         if s != 0:
@@ -258,6 +431,37 @@ def _unsupported(name: str) -> Any:
                                   "all_to_all)")
     call.__name__ = name
     return call
+
+
+# Refusals before anything ran leave the communicator as it was.
+_REFUSALS = (brigade.Status.ERR_INVALID_ARGUMENT, brigade.Status.ERR_INVALID_USAGE)
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _guarded(fn: _F) -> _F:
+    """A collective of the group: refused while its communicator is broken;
+    a brigade error that it raises at once (the blocking forms) breaks it,
+    as a failed collective stops brigade's communicator."""
+    @functools.wraps(fn)
+    def call(self: "ProcessGroupBrigade", *args: Any, **kwargs: Any) -> Any:
+        self._check_broken(fn.__name__)
+        try:
+            return fn(self, *args, **kwargs)
+        except brigade.Error as e:
+            self._broke(e)
+            raise
+    return cast(_F, call)
+
+
+def _p2p_guarded(fn: _F) -> _F:
+    """A send or a receive: refused while the communicator is broken; its
+    own failure (a timeout, a mismatch, a peer gone) leaves the
+    communicator usable, as brigade's point-to-point calls do."""
+    @functools.wraps(fn)
+    def call(self: "ProcessGroupBrigade", *args: Any, **kwargs: Any) -> Any:
+        self._check_broken(fn.__name__)
+        return fn(self, *args, **kwargs)
+    return cast(_F, call)
 
 
 class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
@@ -286,6 +490,10 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
             ms = max(100, min(int(timeout.total_seconds() * 1000), 2**31 - 1))
         self.comm = brigade.Communicator(size, uid, rank, timeout_ms=ms)
         self._completer = _completer(self.comm)
+        # The first error of a call that ran (a timeout, a mismatch, a peer
+        # gone): the communicator is broken, and every later call says so.
+        self._broken: Optional[brigade.Error] = None
+        self._broken_lock = threading.Lock()
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return BACKEND_NAME
@@ -293,16 +501,42 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
     def _get_backend_name(self) -> str:
         return BACKEND_NAME
 
+    # torch 2.x asks a group for the backend of a device (batch_isend_irecv
+    # does, to see whether it coalesces): a Python process group is its own
+    # backend for every device it serves; its calls run one by one.
+    supports_coalescing = False
+
+    def _get_backend(self, device: Any = None) -> Any:
+        return self
+
     def _work(self, reqs: Any, result: Any, then: Any = None) -> Any:
-        return _create_work_from_future(self._completer.submit(reqs, result, then))
+        return _Work(self._completer.submit(reqs, result, then, self._broke))
+
+    def _broke(self, e: BaseException) -> None:
+        if not isinstance(e, brigade.Error) or e.status in _REFUSALS:
+            return
+        with self._broken_lock:
+            if self._broken is None:
+                self._broken = e
+
+    def _check_broken(self, call: str) -> None:
+        first = self._broken
+        if first is not None:
+            raise brigade.Error(first.status, "the group's communicator is broken by an earlier "
+                                f"call's failure ({first}); make a new group",
+                                f"brigade: {call.lstrip('_')}")
 
     # --------------------------------------------------------- collectives
+    @_guarded
     def allreduce(self, tensors: Any, opts: Any = None) -> Any:  # type: ignore[override]
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
-        t, back = _dense(_one(tensors, "allreduce"))
-        op = _op(opts.reduceOp if opts is not None and hasattr(opts, "reduceOp")
-                 else opts if opts is not None else dist.ReduceOp.SUM)
+        w, op, conv = _reduction(_one(tensors, "allreduce"),
+                                 opts.reduceOp if opts is not None and hasattr(opts, "reduceOp")
+                                 else opts if opts is not None else dist.ReduceOp.SUM,
+                                 "allreduce")
+        t, back = _dense(w)
+        back = _then(back, conv)
         if t.is_cuda:
             self.comm.allreduce(t, op=op)
             if back is not None:
@@ -310,10 +544,11 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
             return _done(tensors)
         return self._work(self.comm.iallreduce(t, op=op), tensors, back)
 
+    @_guarded
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
         """One allreduce over the tensors laid end to end (one dtype, one device)."""
-        op = _op(opts.reduceOp if opts is not None and hasattr(opts, "reduceOp")
-                 else dist.ReduceOp.SUM)
+        reduce_op = (opts.reduceOp if opts is not None and hasattr(opts, "reduceOp")
+                     else dist.ReduceOp.SUM)
         if not tensors:
             return _done(tensors)
         for t in tensors:
@@ -321,12 +556,16 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
                 raise ValueError(f"brigade: all_reduce_coalesced: the tensors must share one "
                                  f"dtype and device ({tensors[0].dtype} on {tensors[0].device} "
                                  f"and {t.dtype} on {t.device})")
-        flat = torch.cat([t.reshape(-1) for t in tensors])
+        whole = torch.cat([t.reshape(-1) for t in tensors])
+        w, op, conv = _reduction(whole, reduce_op, "all_reduce_coalesced")
+        flat, _ = _dense(w)  # a new tensor: contiguous
 
         def unpack() -> None:
+            if conv is not None:
+                conv()
             off = 0
             for t in tensors:
-                t.copy_(flat[off:off + t.numel()].view_as(t))
+                t.copy_(whole[off:off + t.numel()].view_as(t))
                 off += t.numel()
 
         if flat.is_cuda:
@@ -335,6 +574,7 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
             return _done(tensors)
         return self._work(self.comm.iallreduce(flat, op=op), tensors, unpack)
 
+    @_guarded
     def broadcast(self, tensors: Any, opts: Any) -> Any:  # type: ignore[override]
         t, back = _dense(_one(tensors, "broadcast"))
         if t.is_cuda:
@@ -344,22 +584,26 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
             return _done(tensors)
         return self._work(self.comm.ibroadcast(t, root=opts.rootRank), tensors, back)
 
+    @_guarded
     def reduce(self, tensors: Any, opts: Any) -> Any:  # type: ignore[override]
-        t, back = _dense(_one(tensors, "reduce"))
+        w, op, conv = _reduction(_one(tensors, "reduce"), opts.reduceOp, "reduce")
+        t, back = _dense(w)
+        back = _then(back, conv)
         if t.is_cuda:
-            self.comm.reduce(t, root=opts.rootRank, op=_op(opts.reduceOp))
+            self.comm.reduce(t, root=opts.rootRank, op=op)
             if back is not None:
                 back()
             return _done(tensors)
-        return self._work(self.comm.ireduce(t, root=opts.rootRank, op=_op(opts.reduceOp)),
-                          tensors, back)
+        return self._work(self.comm.ireduce(t, root=opts.rootRank, op=op), tensors, back)
 
+    @_guarded
     def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:
-        t = _one(input_tensors, "all_gather").contiguous()
+        t = _raw(_one(input_tensors, "all_gather")).contiguous()
         outs = _one(output_tensors, "all_gather")
         if len(outs) != self.size():
             raise ValueError(f"brigade: all_gather: {len(outs)} output tensors for "
                              f"{self.size()} ranks")
+        outs = [_raw(o) for o in outs]
         for o in outs:
             if o.numel() != t.numel() or o.dtype != t.dtype:
                 raise ValueError(f"brigade: all_gather: an output tensor is {o.numel()} x "
@@ -377,10 +621,11 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
             return _done(output_tensors)
         return self._work(self.comm.iall_gather(t, out=flat), output_tensors, unpack)
 
+    @_guarded
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor,
                         opts: Any = None) -> Any:
         out, back = _dense(output)
-        input = input.contiguous()
+        input = _raw(input).contiguous()
         if input.is_cuda:
             self.comm.all_gather(input, out=out)
             if back is not None:
@@ -388,6 +633,7 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
             return _done([output])
         return self._work(self.comm.iall_gather(input, out=out), [output], back)
 
+    @_guarded
     def reduce_scatter(self, output_tensors: Any, input_tensors: Any,  # type: ignore[override]
                        opts: Any) -> Any:
         out = _one(output_tensors, "reduce_scatter")
@@ -402,46 +648,53 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
         flat = torch.cat([i.reshape(-1) for i in ins])
         return self._reduce_scatter_base(out, flat, opts, output_tensors)
 
+    @_guarded
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any,
                              result: Any = None) -> Any:
         result = [output] if result is None else result
-        out, back = _dense(output)
+        input, op, _ = _reduction(input, opts.reduceOp, "reduce_scatter")
         input = input.contiguous()
+        w, _, conv = _reduction(output, opts.reduceOp, "reduce_scatter", scale=False)
+        out, back = _dense(w)
+        back = _then(back, conv)
         if input.is_cuda:
-            self.comm.reduce_scatter(input, out=out, op=_op(opts.reduceOp))
+            self.comm.reduce_scatter(input, out=out, op=op)
             if back is not None:
                 back()
             return _done(result)
-        return self._work(self.comm.ireduce_scatter(input, out=out, op=_op(opts.reduceOp)),
-                          result, back)
+        return self._work(self.comm.ireduce_scatter(input, out=out, op=op), result, back)
 
+    @_guarded
     def barrier(self, opts: Any = None) -> Any:
         return self._work(self.comm.ibarrier(), [torch.empty(0)])
 
     # ------------------------------------------ point-to-point, all-to-all
+    @_p2p_guarded
     def send(self, tensors: Any, dstRank: int, tag: int = 0) -> Any:  # noqa: N803
-        t = _one(tensors, "send").contiguous()
+        t = _raw(_one(tensors, "send")).contiguous()
         if t.is_cuda:
-            self.comm.send(t, dstRank)
+            self.comm.send(t, dstRank, tag=tag)
             return _done(tensors)
-        return self._work(self.comm.isend(t, dstRank), tensors)
+        return _P2PWork(self.comm.isend(t, dstRank, tag=tag), tensors, None, None)
 
+    @_p2p_guarded
     def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> Any:  # noqa: N803
         t, back = _dense(_one(tensors, "recv"))
         if t.is_cuda:
-            self.comm.recv(t, srcRank)
+            self.comm.recv(t, srcRank, tag=tag)
             if back is not None:
                 back()
             return _done(tensors)
-        return self._work(self.comm.irecv(t, srcRank), tensors, back)
+        return _P2PWork(self.comm.irecv(t, srcRank, tag=tag), tensors, back, None)
 
+    @_p2p_guarded
     def recv_anysource(self, tensors: Any, tag: int = 0) -> Any:
-        """recv from whichever rank sends first (``brg_irecv`` from
-        ``BRG_ANY_SOURCE``); the Work's source rank names it, as
-        ``dist.recv(t)`` without ``src`` returns."""
+        """recv from whichever rank sends a message of `tag` first
+        (``brg_irecv_tagged`` from ``BRG_ANY_SOURCE``); the Work's source rank
+        names it, as ``dist.recv(t)`` without ``src`` returns."""
         t, back = _dense(_one(tensors, "recv_anysource"))
-        req = _irecv_any(self.comm, t)
-        return _AnySourceWork(self._work(req, tensors, back), req)
+        req = _irecv_any(self.comm, t, tag)
+        return _AnySourceWork(req, tensors, back, None)
 
     def _exchange(self, call: str, sends: List[torch.Tensor],
                   recvs: List[torch.Tensor]) -> Any:
@@ -456,7 +709,7 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
             if a.dtype != b.dtype:
                 raise ValueError(f"brigade: {call}: block {j} is {a.dtype} to send and "
                                  f"{b.dtype} to receive")
-        sends = [x.contiguous() for x in sends]
+        sends = [_raw(x).contiguous() for x in sends]
         dense = [_dense(x) for x in recvs]
         recvs = [d[0] for d in dense]
         recvs[me].copy_(sends[me])
@@ -469,13 +722,14 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
                 reqs.append(self.comm.isend(sends[j], j))
         return reqs, _then(*(d[1] for d in dense))
 
+    @_guarded
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor,
                       output_split_sizes: List[int], input_split_sizes: List[int],
                       opts: Any = None) -> Any:
         n = self.size()
         outs, ins = list(output_split_sizes or []), list(input_split_sizes or [])
         out, back = _dense(output)
-        input = input.contiguous()
+        input = _raw(input).contiguous()
         if (not outs or len(set(outs)) == 1) and (not ins or len(set(ins)) == 1):
             if output.numel() != input.numel() or input.numel() % n:
                 raise ValueError(f"brigade: all_to_all_single: input {input.numel()} and "
@@ -493,6 +747,7 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
         reqs, then = self._exchange("all_to_all_single", sends, recvs)
         return self._work(reqs, [output], _then(then, back))
 
+    @_guarded
     def alltoall(self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor],
                  opts: Any = None) -> Any:
         n = self.size()
@@ -519,16 +774,17 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
                 raise ValueError(f"brigade: {call}: a {what} tensor is {b.numel()} x {b.dtype}, "
                                  f"this rank's {t.numel()} x {t.dtype}")
 
+    @_guarded
     def gather(self, output_tensors: Any, input_tensors: Any,  # type: ignore[override]
                opts: Any) -> Any:
-        t = _one(input_tensors, "gather").contiguous()
+        t = _raw(_one(input_tensors, "gather")).contiguous()
         root = opts.rootRank
         if self.rank() != root:
             if t.is_cuda:
                 self.comm.gather(t, root=root)
                 return _done(output_tensors)
             return self._work(self.comm.igather(t, root=root), output_tensors)
-        outs = _one(output_tensors, "gather")
+        outs = [_raw(o) for o in _one(output_tensors, "gather")]
         self._check_blocks("gather", outs, t, "output")
         # The blocks arrive in one buffer on the input's device.
         flat = torch.empty(t.numel() * self.size(), dtype=t.dtype, device=t.device)
@@ -544,6 +800,7 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
             return _done(output_tensors)
         return self._work(self.comm.igather(t, root=root, out=flat), output_tensors, unpack)
 
+    @_guarded
     def scatter(self, output_tensors: Any, input_tensors: Any,  # type: ignore[override]
                 opts: Any) -> Any:
         out, back = _dense(_one(output_tensors, "scatter"))
@@ -555,7 +812,7 @@ class ProcessGroupBrigade(dist.ProcessGroup):  # type: ignore[name-defined,misc]
                     back()
                 return _done(output_tensors)
             return self._work(self.comm.iscatter(None, root=root, out=out), output_tensors, back)
-        ins = _one(input_tensors, "scatter")
+        ins = [_raw(i) for i in _one(input_tensors, "scatter")]
         self._check_blocks("scatter", ins, out, "input")
         # The blocks leave from one buffer on the output's device.
         flat = (torch.cat([i.reshape(-1).to(out.device) for i in ins]) if ins

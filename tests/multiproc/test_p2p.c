@@ -1,6 +1,6 @@
 /*
  * Point-to-point and all_to_all on forked ranks: brg_send, brg_recv,
- * brg_isend, brg_irecv and brg_all_to_all, every byte of every message
+ * brg_isend, brg_irecv, their tagged forms and brg_all_to_all, every byte of every message
  * checked against a pattern the receiver computes itself from (sender,
  * receiver, message tag, byte index).
  *
@@ -57,6 +57,11 @@
  *             before and after the messages came, beside receives naming
  *             the sender, blocking, past the early cap; the sender
  *             brg_request_source names, every byte, each sender's order
+ *   tags      brg_*_tagged: each rank sends tag 7, then tag 8, to the next,
+ *             which receives tag 8 first, with its receives posted first and
+ *             with the messages in early memory; receives from any source
+ *             with a tag beside receives of another tag naming each sender;
+ *             a negative tag refused
  *   held      (a 1 MiB cap, a short timeout) rank 0 sends 2 MiB, then 32 MiB
  *             (more where the socket buffers could hold that)
  *             that rank 1 never receives: the second send fails with
@@ -1014,6 +1019,112 @@ static int case_any(mp_ctx *ctx) {
   return bad;
 }
 
+/* Tags (brg_*_tagged): each rank sends tag 7, then tag 8, to the next
+ * rank, which posts its receive of tag 8 first: each buffer must get its
+ * own tag's message (the same size, so a swap shows only in the bytes).
+ * Once with the receives posted before anything is sent, once with both
+ * messages waiting in early memory. Then receives from any source with a
+ * tag: rank 0 posts N of tag 3 from any source, and one of tag 4 naming
+ * each rank; every rank sends tag 4, then tag 3, to rank 0: each receive
+ * gets its tag's message, the any-source ones one from each rank. Then a
+ * negative tag: BRG_ERR_INVALID_ARGUMENT. */
+static int case_tags(mp_ctx *ctx) {
+  brg_comm *c = ctx->comm;
+  int n = ctx->nranks, r = ctx->rank, next = (r + 1) % n, prev = (r - 1 + n) % n, bad = 0;
+  enum { COUNT = 1031 };
+  size_t bytes = COUNT * sizeof(int32_t);
+  unsigned char *s7 = xmalloc(bytes), *s8 = xmalloc(bytes), *g7 = xmalloc(bytes),
+                *g8 = xmalloc(bytes);
+  fill(s7, bytes, r, next, 7);
+  fill(s8, bytes, r, next, 8);
+  for (int early = 0; early < 2 && !bad; early++) {
+    brg_request q7, q8, w7, w8;
+    memset(g7, 0xee, bytes);
+    memset(g8, 0xee, bytes);
+    if (!early) {
+      OK(brg_irecv_tagged(g8, COUNT, BRG_INT32, prev, 8, c, &q8));
+      OK(brg_irecv_tagged(g7, COUNT, BRG_INT32, prev, 7, c, &q7));
+      OK(brg_barrier(c)); /* posted before anything is sent */
+    }
+    OK(brg_isend_tagged(s7, COUNT, BRG_INT32, next, 7, c, &w7));
+    OK(brg_isend_tagged(s8, COUNT, BRG_INT32, next, 8, c, &w8));
+    if (early) {
+      OK(brg_wait(&w7));
+      OK(brg_wait(&w8));
+      OK(brg_barrier(c));
+      usleep(50 * 1000); /* both arrive before their receives */
+      OK(brg_irecv_tagged(g8, COUNT, BRG_INT32, prev, 8, c, &q8));
+      OK(brg_recv_tagged(g7, COUNT, BRG_INT32, prev, 7, c, NULL));
+      OK(brg_wait(&q8));
+    } else {
+      OK(brg_wait(&q8));
+      OK(brg_wait(&q7));
+      OK(brg_wait(&w7));
+      OK(brg_wait(&w8));
+    }
+    const char *what = early ? "tags, from early memory" : "tags, receives posted first";
+    bad |= check(g8, bytes, prev, r, 8, what) || check(g7, bytes, prev, r, 7, what);
+  }
+  if (!bad) {
+    /* From any source, with a tag: sent tag 4 first, received tag 3 first. */
+    brg_request any[MP_MAX_RANKS], named[MP_MAX_RANKS], w4, w3;
+    unsigned char *ga = xmalloc((size_t)n * bytes), *gn = xmalloc((size_t)n * bytes);
+    memset(ga, 0xee, (size_t)n * bytes);
+    memset(gn, 0xee, (size_t)n * bytes);
+    if (r == 0) {
+      for (int i = 0; i < n; i++)
+        OK(brg_irecv_tagged(ga + i * bytes, COUNT, BRG_INT32, BRG_ANY_SOURCE, 3, c, &any[i]));
+      for (int j = 0; j < n; j++)
+        OK(brg_irecv_tagged(gn + j * bytes, COUNT, BRG_INT32, j, 4, c, &named[j]));
+    }
+    OK(brg_barrier(c));
+    fill(s7, bytes, r, 0, 4);
+    fill(s8, bytes, r, 0, 3);
+    OK(brg_isend_tagged(s7, COUNT, BRG_INT32, 0, 4, c, &w4));
+    OK(brg_isend_tagged(s8, COUNT, BRG_INT32, 0, 3, c, &w3));
+    if (r == 0) {
+      int seen[MP_MAX_RANKS] = {0};
+      for (int i = 0; i < n && !bad; i++) {
+        int src = -1;
+        OK(brg_wait(&any[i]));
+        OK(brg_request_source(&any[i], &src));
+        if (src < 0 || src >= n || seen[src]++) {
+          mp_fail("tags, any source: receive %d took a message from rank %d twice or out of "
+                  "range",
+                  i, src);
+          bad = 1;
+          break;
+        }
+        bad |= check(ga + i * bytes, bytes, src, 0, 3, "tag 3 from any source");
+      }
+      for (int j = 0; j < n && !bad; j++) {
+        OK(brg_wait(&named[j]));
+        bad |= check(gn + j * bytes, bytes, j, 0, 4, "tag 4 naming its sender");
+      }
+    }
+    OK(brg_wait(&w4));
+    OK(brg_wait(&w3));
+    free(ga);
+    free(gn);
+  }
+  if (!bad) {
+    brg_request q;
+    brg_status st = brg_send_tagged(s7, 1, BRG_INT32, next, -1, c, NULL);
+    const char *e = brg_comm_last_error(c);
+    if (st != BRG_ERR_INVALID_ARGUMENT || !strstr(e, "tag -1"))
+      bad = 1, mp_fail("brg_send_tagged with tag -1: %s: %s", brg_status_string(st), e);
+    st = brg_irecv_tagged(g7, 1, BRG_INT32, prev, INT32_MIN, c, &q);
+    if (st != BRG_ERR_INVALID_ARGUMENT)
+      bad = 1, mp_fail("brg_irecv_tagged with a negative tag: %s", brg_status_string(st));
+  }
+  if (!bad) OK(brg_barrier(c)); /* nothing of this part meets the next one's receives */
+  free(s7);
+  free(s8);
+  free(g7);
+  free(g8);
+  return bad;
+}
+
 typedef struct {
   const char *name;
   int (*fn)(mp_ctx *);
@@ -1034,7 +1145,8 @@ static const part PARTS[] = {{"fallback", case_fallback},
                              {"early", case_early},
                              {"held", case_held},
                              {"a2a_mismatch_inplace", case_a2a_mismatch_inplace},
-                             {"any", case_any}};
+                             {"any", case_any},
+                             {"tags", case_tags}};
 #define NPARTS (sizeof PARTS / sizeof *PARTS)
 
 static int want[NPARTS];

@@ -90,3 +90,32 @@ def test_every_enumerator_is_dumped(abi):
                 declared.add(name)
     assert declared == dumped, f"declared {sorted(declared - dumped)} not dumped; " \
         f"dumped {sorted(dumped - declared)} not declared"
+
+
+def _c_kind(param):
+    """What ctypes passes for a C parameter: a pointer, size_t or int."""
+    param = param.strip()
+    if "*" in param or param.split()[0] in ("brg_stream",):
+        return "ptr"
+    if param.split()[0] == "size_t":
+        return "size"
+    return "int"  # int, brg_dtype, brg_op: C ints
+
+
+_PY_KIND = {ctypes.c_void_p: "ptr", ctypes.c_size_t: "size", ctypes.c_int: "int"}
+
+
+def test_optional_declarations():
+    """Each call _capi declares where the library has it (point-to-point,
+    its tagged forms, gather, scatter) against its prototype in brigade.h:
+    the same number of parameters, each of the same kind (pointer, size_t,
+    int), so that ctypes passes what the C function reads."""
+    with open(os.path.join(INCLUDE, "brigade.h")) as f:
+        text = re.sub(r"/\*.*?\*/", "", f.read(), flags=re.S)
+    for name, (res, *args) in _capi.OPTIONAL.items():
+        m = re.search(r"brg_status\s+" + name + r"\s*\(([^)]*)\)\s*;", text)
+        assert m, f"{name} is not declared in brigade.h"
+        c = [_c_kind(p) for p in m.group(1).split(",")]
+        py = [_PY_KIND.get(a, "ptr") for a in args]
+        assert res is ctypes.c_int, name
+        assert py == c, f"{name}: Python passes {py}, the header declares {c}"

@@ -322,21 +322,18 @@ def body_gloo_ops(rank, n):
 def body_timeout(rank, n):
     """init_process_group(timeout=2 s) is the communicator's timeout: rank
     0's allreduce fails after about 2 s, not after the peer's 5 s delay or
-    BRIGADE_TIMEOUT_MS (60 s here). The call goes to the group's
-    communicator directly: torch 1.13's Work.wait() on a Python backend's
-    Work does not raise the error its future holds."""
+    BRIGADE_TIMEOUT_MS (60 s here), and raises through torch's call."""
     import time
     from datetime import timedelta
 
     import brigade.torch
 
     dist.init_process_group("brigade", rank=rank, world_size=n, timeout=timedelta(seconds=2))
-    comm = brigade.torch.communicator()
     t0 = time.monotonic()
     if rank == 1:
         time.sleep(5)
     try:
-        comm.allreduce(torch.ones(5))
+        dist.all_reduce(torch.ones(5))
     except brigade.Error as e:
         took = time.monotonic() - t0
         assert rank == 0 and 1.9 < took < 4.5 and "ERR_TIMEOUT" in str(e), (rank, took, str(e))
@@ -650,6 +647,43 @@ def body_p2p(rank, n):
         dist.all_to_all(outl, [val(rank, j, rank + 2, dt) for j in range(n)])
         for j in range(n):
             assert torch.equal(outl[j], val(j, rank, j + 2, dt)), (dt, j)
+    # Tags, matched per (source, tag) as Gloo matches them: rank r sends
+    # tag 7, then tag 8, to the next rank, which receives tag 8 first; the
+    # same size, so that a swap shows only in the values. Non-blocking
+    # with the receives posted first, then blocking with both messages sent
+    # before any receive.
+    for blocking in (False, True):
+        a, b = torch.zeros(11, dtype=torch.int64), torch.zeros(11, dtype=torch.int64)
+        if blocking:
+            dist.send(val(rank, right, 11, torch.int64) + 7000, right, tag=7)
+            dist.send(val(rank, right, 11, torch.int64) + 8000, right, tag=8)
+            dist.recv(b, left, tag=8)
+            dist.recv(a, left, tag=7)
+        else:
+            ws = [dist.irecv(b, left, tag=8), dist.irecv(a, left, tag=7)]
+            dist.barrier()
+            ws += [dist.isend(val(rank, right, 11, torch.int64) + 7000, right, tag=7),
+                   dist.isend(val(rank, right, 11, torch.int64) + 8000, right, tag=8)]
+            for w in ws:
+                w.wait()
+        assert torch.equal(a, val(left, rank, 11, torch.int64) + 7000), (blocking, a)
+        assert torch.equal(b, val(left, rank, 11, torch.int64) + 8000), (blocking, b)
+        dist.barrier()
+    # From any source with a tag: every other rank sends tag 4, then tag 3,
+    # to rank 0, which takes tag 3 from any source first.
+    if rank == 0:
+        for _ in range(n - 1):
+            got = torch.zeros(9, dtype=torch.int64)
+            src = dist.recv(got, tag=3)
+            assert torch.equal(got, val(src, 0, 9, torch.int64) + 300), (src, got)
+        for j in range(1, n):
+            got = torch.zeros(9, dtype=torch.int64)
+            dist.recv(got, j, tag=4)
+            assert torch.equal(got, val(j, 0, 9, torch.int64) + 400), (j, got)
+    else:
+        dist.send(val(rank, 0, 9, torch.int64) + 400, 0, tag=4)
+        dist.send(val(rank, 0, 9, torch.int64) + 300, 0, tag=3)
+    dist.barrier()
     # recv from any source (src=None): rank 0 takes one message from every
     # other rank, blocking and through irecv, in whatever order they come;
     # dist.recv returns the sender, which the values must match.
@@ -676,3 +710,307 @@ def body_p2p(rank, n):
 @pytest.mark.parametrize("n", [2, 3])
 def test_p2p(n):
     ranks.run(n, body_p2p, init=None, env=port_env(), timeout=120)
+
+
+# ------------------------------------------------- failures reach the caller
+def _expect_error(call, status, what, t0=None, within=None):
+    """call() must raise brigade's error with `status` (one, or a tuple of
+    which one) in its message, as Gloo's Work raises; returns the message."""
+    import time
+
+    import brigade
+
+    t0 = time.monotonic() if t0 is None else t0
+    try:
+        call()
+    except brigade.Error as e:
+        msg = str(e)
+        took = time.monotonic() - t0
+        assert any(x in msg for x in ((status,) if isinstance(status, str) else status)), \
+            f"{what}: raised {msg!r}, expected {status}"
+        assert within is None or within[0] <= took <= within[1], \
+            f"{what}: raised after {took:.2f} s, expected {within[0]}-{within[1]} s"
+        return msg
+    raise AssertionError(f"{what}: returned without raising (expected {status})")
+
+
+def _run_op(fn, async_op):
+    """fn(async_op) -> a Work (async) or None; waits for the Work."""
+    w = fn(async_op)
+    if async_op:
+        assert w is not None
+        w.wait()
+
+
+def _mismatch_calls(rank, n):
+    """Each call with a count that differs by rank, and the ranks on which
+    brigade's own calls raise the mismatch: every rank of a collective it
+    checks as one call, but a broadcast's root (its data leaves, whatever
+    the others expect) and those of a reduce's other ranks that finish
+    their part first; the receivers of a message whose size differs."""
+    every, nonroot = set(range(n)), set(range(1, n))
+
+    def ones(k, dt=torch.float32):
+        return torch.ones(k, dtype=dt)
+
+    return [
+        ("all_reduce", every, lambda g, a: dist.all_reduce(ones(16 + rank), group=g, async_op=a)),
+        ("broadcast", nonroot,
+         lambda g, a: dist.broadcast(ones(16 + rank), src=0, group=g, async_op=a)),
+        ("reduce", {0}, lambda g, a: dist.reduce(ones(16 + rank), dst=0, group=g, async_op=a)),
+        ("all_gather", every, lambda g, a: dist.all_gather(
+            [ones(4 + rank) for _ in range(n)], ones(4 + rank), group=g, async_op=a)),
+        ("reduce_scatter", every, lambda g, a: dist.reduce_scatter(
+            ones(4 + rank), [ones(4 + rank) for _ in range(n)], group=g, async_op=a)),
+        ("all_to_all_single", every, lambda g, a: dist.all_to_all_single(
+            ones(n * (2 + rank)), ones(n * (2 + rank)), group=g, async_op=a)),
+        # Rank r sends 4 + r elements to each and expects as many from each:
+        # every receive from another rank differs.
+        ("all_to_all", every, lambda g, a: dist.all_to_all(
+            [ones(4 + rank) for _ in range(n)], [ones(4 + rank) for _ in range(n)], group=g,
+            async_op=a)),
+        ("gather", every, lambda g, a: dist.gather(
+            ones(4 + rank), [ones(4) for _ in range(n)] if rank == 0 else None, dst=0, group=g,
+            async_op=a)),
+        ("scatter", every, lambda g, a: dist.scatter(
+            ones(4 + rank), [ones(4) for _ in range(n)] if rank == 0 else None, src=0, group=g,
+            async_op=a)),
+        ("send/recv", nonroot, lambda g, a: (
+            [dist.isend(ones(4), j, group=g) for j in range(1, n)][-1] if rank == 0 and a
+            else [dist.send(ones(4), j, group=g) for j in range(1, n)] and None if rank == 0
+            else dist.irecv(ones(5), 0, group=g) if a else dist.recv(ones(5), 0, group=g))),
+    ]
+
+
+# The rank that waits for the late one times out; at 3 ranks the other may
+# hear of it from that rank first (ERR_REMOTE naming its timeout).
+TIMED_OUT = ("ERR_TIMEOUT: timeout", "failed: timeout")
+
+
+def body_failures(rank, n, async_op):
+    """Every failure of a brigade call reaches torch's caller, sync and
+    async (work.wait() and the Work's future), as with Gloo: a rank that
+    never calls (the group's timeout, 2 s), counts that differ by rank (for
+    every call), and every later call on a group that broke (a failed
+    collective) raises naming the first error, at once; a failed send or
+    receive leaves the group usable."""
+    import time
+    from datetime import timedelta
+
+    import brigade.torch  # noqa: F401
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=n)
+    to = timedelta(seconds=2)
+    late = n - 1
+
+    def broken_after(g, first, what):
+        t0 = time.monotonic()
+        msg = _expect_error(lambda: dist.all_reduce(torch.ones(3), group=g), "broken",
+                            f"{what}: a later call", t0, (0, 1))
+        assert first in msg, f"{what}: the later call's error {msg!r} does not name the " \
+            f"first {first!r}"
+        _expect_error(lambda: dist.barrier(group=g, async_op=True), "broken",
+                      f"{what}: a later barrier", t0, (0, 1))
+
+    # A rank that never calls: all_reduce and barrier, on groups of their
+    # own (a group that broke stays broken); async, the two run at once.
+    g1 = dist.new_group(backend="brigade", timeout=to)
+    g2 = dist.new_group(backend="brigade", timeout=to)
+    if rank != late:
+        t = torch.full((16,), float(rank + 1))
+        t0 = time.monotonic()
+        if async_op:
+            w1 = dist.all_reduce(t, group=g1, async_op=True)
+            w2 = dist.barrier(group=g2, async_op=True)
+            assert not w1.is_completed()
+            m1 = _expect_error(w1.wait, TIMED_OUT, "all_reduce's wait()", t0, (1.8, 8))
+            _expect_error(w2.wait, TIMED_OUT, "barrier's wait()", t0, (1.8, 8))
+            assert w1.is_completed() and not w1.is_success()
+            assert "timeout" in str(w1.exception())
+            fut = w1.get_future()
+            assert fut.done()
+            _expect_error(fut.wait, TIMED_OUT, "all_reduce's future")
+            _expect_error(w1.result, TIMED_OUT, "all_reduce's result()")
+        else:
+            m1 = _expect_error(lambda: dist.all_reduce(t, group=g1), TIMED_OUT,
+                               "all_reduce", t0, (1.8, 8))
+            _expect_error(lambda: dist.barrier(group=g2), TIMED_OUT, "barrier",
+                          time.monotonic(), (1.8, 8))
+        assert torch.equal(t, torch.full((16,), float(rank + 1)))
+        broken_after(g1, m1.split(": ", 2)[2][:60], "absent rank")
+    dist.barrier()  # the late rank waits here for the others' failures
+
+    # Counts that differ by rank: a group per call.
+    for name, where, call in _mismatch_calls(rank, n):
+        g = dist.new_group(backend="brigade", timeout=to)
+        t0 = time.monotonic()
+        if rank in where:
+            msg = _expect_error(lambda: _run_op(lambda a: call(g, a), async_op),
+                                "ERR_MISMATCH", name)
+            if name != "send/recv":
+                broken_after(g, msg.split("ERR_MISMATCH: ", 1)[1][:60], name)
+        else:
+            try:  # a sender may finish before its receiver sees the mismatch
+                _run_op(lambda a: call(g, a), async_op)
+            except brigade.Error as e:
+                assert "ERR_MISMATCH" in str(e) or "ERR_REMOTE" in str(e), (name, str(e))
+        if name == "send/recv":
+            # A failed send or receive leaves the group usable, as brigade's
+            # point-to-point leaves its communicator: the next message matches.
+            if rank == 0:
+                for j in range(1, n):
+                    dist.send(torch.arange(6.0) + j, j, group=g)
+            else:
+                got = torch.zeros(6)
+                dist.recv(got, 0, group=g)
+                assert torch.equal(got, torch.arange(6.0) + rank), got
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+def test_failures_raise(n, async_op):
+    ranks.run(n, body_failures, async_op, init=None, env=port_env(), timeout=90)
+
+
+def body_dtypes(rank, n):
+    """int16, bool and complex through every call, against references
+    computed here: int16 reduces as int16 arithmetic (wrapping), bool as
+    NCCL's backend reduces it (SUM and MAX or, PRODUCT and MIN and), complex
+    as pairs of reals (SUM, AVG; others refused); PREMUL_SUM through torch's
+    own API (torch 2.x), refused naming the reason on torch 1.13. Then
+    batch_isend_irecv, which torch 2.x runs through the group's backend."""
+    import brigade.torch  # noqa: F401
+
+    dist.init_process_group("brigade", rank=rank, world_size=n)
+    gen = torch.Generator().manual_seed(11)
+    K = 13
+    R = dist.ReduceOp
+    vals = {
+        torch.int16: [torch.randint(-2**15, 2**15, (K,), generator=gen, dtype=torch.int64)
+                      .to(torch.int16) for _ in range(n)],
+        torch.bool: [torch.randint(0, 2, (K,), generator=gen).bool() for _ in range(n)],
+        torch.complex64: [torch.randn(K, generator=gen, dtype=torch.complex64)
+                          for _ in range(n)],
+        torch.complex128: [torch.randn(K, generator=gen, dtype=torch.complex128)
+                           for _ in range(n)],
+    }
+
+    def fold(dt, f):
+        acc = vals[dt][0]
+        for r in range(1, n):
+            acc = f(acc, vals[dt][r])
+        return acc
+
+    wrap = lambda x: x.to(torch.int64).remainder(2**16).to(torch.int32).to(torch.int16)  # noqa: E731
+    refs = {
+        (torch.int16, "SUM"): fold(torch.int16, lambda a, b: wrap(a.long() + b.long())),
+        (torch.int16, "MAX"): fold(torch.int16, torch.maximum),
+        (torch.int16, "MIN"): fold(torch.int16, torch.minimum),
+        (torch.int16, "BXOR"): fold(torch.int16, torch.bitwise_xor),
+        (torch.bool, "SUM"): fold(torch.bool, torch.logical_or),
+        (torch.bool, "MAX"): fold(torch.bool, torch.logical_or),
+        (torch.bool, "PRODUCT"): fold(torch.bool, torch.logical_and),
+        (torch.bool, "MIN"): fold(torch.bool, torch.logical_and),
+        (torch.bool, "BXOR"): fold(torch.bool, torch.logical_xor),
+        (torch.complex64, "SUM"): fold(torch.complex64, torch.add),
+        (torch.complex128, "SUM"): fold(torch.complex128, torch.add),
+        (torch.complex128, "AVG"): fold(torch.complex128, torch.add) / n,
+    }
+
+    def same(got, want, what):
+        if got.is_complex():
+            assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (what, got, want)
+        else:
+            assert torch.equal(got, want), (what, got, want)
+
+    for (dt, name), want in refs.items():
+        op = getattr(R, name)
+        t = vals[dt][rank].clone()
+        dist.all_reduce(t, op=op)
+        same(t, want, f"all_reduce {dt} {name}")
+        t = vals[dt][rank].clone()
+        dist.reduce(t, dst=n - 1, op=op)
+        if rank == n - 1:
+            same(t, want, f"reduce {dt} {name}")
+        if name != "AVG":
+            # reduce_scatter: block j of rank r's input is vals[r] rolled by j
+            out = torch.zeros(K, dtype=dt)
+            dist.reduce_scatter(out, [vals[dt][rank].roll(j) for j in range(n)], op=op)
+            same(out, want.roll(rank), f"reduce_scatter {dt} {name}")
+    for dt in (torch.complex64, torch.bool):
+        for name in (("MAX", "PRODUCT", "BAND") if dt.is_complex else ("AVG",)):
+            t = vals[dt][rank].clone()
+            try:
+                dist.all_reduce(t, op=getattr(R, name))
+            except (ValueError, RuntimeError) as e:  # torch refuses some itself
+                assert "complex" in str(e).lower() or "bool" in str(e).lower(), (dt, name, str(e))
+            else:
+                raise AssertionError(f"all_reduce {name} on {dt} did not raise")
+    for dt, vs in vals.items():
+        # Calls that move data: every rank's values, every element.
+        for root in range(n):
+            t = vs[rank].clone()
+            dist.broadcast(t, src=root)
+            same(t, vs[root], f"broadcast {dt} from {root}")
+        outs = [torch.zeros(K, dtype=dt) for _ in range(n)]
+        dist.all_gather(outs, vs[rank])
+        for r in range(n):
+            same(outs[r], vs[r], f"all_gather {dt} block {r}")
+        g = [torch.zeros(K, dtype=dt) for _ in range(n)] if rank == 0 else None
+        dist.gather(vs[rank], g, dst=0)
+        if rank == 0:
+            for r in range(n):
+                same(g[r], vs[r], f"gather {dt} block {r}")
+        out = torch.zeros(K, dtype=dt)
+        dist.scatter(out, [vs[j] for j in range(n)] if rank == n - 1 else None, src=n - 1)
+        same(out, vs[rank], f"scatter {dt}")
+        out = torch.zeros(K * n, dtype=dt)
+        dist.all_to_all_single(out, torch.cat([vs[rank]] * n))
+        same(out, torch.cat([vs[j] for j in range(n)]), f"all_to_all_single {dt}")
+        right, left = (rank + 1) % n, (rank - 1) % n
+        got = torch.zeros(K, dtype=dt)
+        ws = [dist.irecv(got, left), dist.isend(vs[rank], right)]
+        for w in ws:
+            w.wait()
+        same(got, vs[left], f"isend/irecv {dt}")
+    # PREMUL_SUM: each rank's values times the factor, then summed.
+    if hasattr(dist, "_make_nccl_premul_sum"):
+        x = torch.arange(K, dtype=torch.float64) * (rank + 1)
+        want = torch.arange(K, dtype=torch.float64) * sum(r + 1 for r in range(n)) * 2.5
+        op = dist._make_nccl_premul_sum(2.5)
+        if getattr(op, "factor", None) is None:
+            try:
+                dist.all_reduce(x, op=op)
+            except NotImplementedError as e:
+                assert "PREMUL_SUM" in str(e) and "factor" in str(e), str(e)
+            else:
+                raise AssertionError("PREMUL_SUM ran without its factor")
+        else:
+            dist.all_reduce(x, op=op)
+            assert torch.allclose(x, want), (x, want)
+            inp = torch.cat([torch.arange(K, dtype=torch.float64) * (rank + 1)] * n)
+            out = torch.zeros(K, dtype=torch.float64)
+            dist.reduce_scatter_tensor(out, inp, op=dist._make_nccl_premul_sum(2.5))
+            assert torch.allclose(out, want), (out, want)
+            assert torch.equal(inp[:K], torch.arange(K, dtype=torch.float64) * (rank + 1)), \
+                "PREMUL_SUM scaled the caller's input"
+    # batch_isend_irecv: to the right and from the left, with tags.
+    right, left = (rank + 1) % n, (rank - 1) % n
+    a, b = torch.zeros(K), torch.zeros(K)
+    ops = [dist.P2POp(dist.irecv, b, left, tag=2), dist.P2POp(dist.irecv, a, left, tag=1),
+           dist.P2POp(dist.isend, torch.full((K,), rank + 0.25), right, tag=1),
+           dist.P2POp(dist.isend, torch.full((K,), rank + 0.5), right, tag=2)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    assert torch.equal(a, torch.full((K,), left + 0.25)), a
+    assert torch.equal(b, torch.full((K,), left + 0.5)), b
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_dtypes(n):
+    ranks.run(n, body_dtypes, init=None, env=port_env(), timeout=120)
