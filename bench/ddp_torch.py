@@ -13,8 +13,10 @@ communication removed and nothing else: the same buckets, the same reducer,
 the same hook call per bucket. The exposed communication of a backend is
 its step time minus that of "none".
 
-A run is --rounds rounds; in each, the backends take turns (brigade, gloo,
-none), each running its warm-up and timed steps on that round's batches.
+A run is --rounds rounds; in each, the backends take turns on that round's
+batches: step by step (--order step, the default: brigade, gloo, none, the
+order rotated each step, so that all three see the same machine load) or
+each running all its warm-up and timed steps in turn (--order block).
 Per round and backend it takes the median step time of the slowest rank
 (the max over ranks of each step); it prints each round and the median and
 spread (min to max) over rounds of the step, of the exposed communication
@@ -54,6 +56,9 @@ def parse_args(argv=None):
     ap.add_argument("-n", "--ranks", type=int, default=2)
     ap.add_argument("-r", "--rounds", type=int, default=3,
                     help="rounds; in each, the backends take turns")
+    ap.add_argument("--order", choices=["step", "block"], default="step",
+                    help="step: in each round the backends take turns step by step (so they "
+                         "see the same machine load); block: each runs all its steps in turn")
     ap.add_argument("-i", "--iters", type=int, default=10, help="timed steps per backend and round")
     ap.add_argument("-w", "--warmup", type=int, default=2,
                     help="untimed steps per backend and round, before the timed ones")
@@ -184,19 +189,29 @@ def rank_main(rank, args, port, results):
         batches = [(torch.randn(args.batch, 3, args.image, args.image, generator=gen),
                     torch.randint(0, classes, (args.batch,), generator=gen))
                    for _ in range(args.warmup + args.iters)]
-        for k in BACKENDS:
-            times = []
+        times = {k: [] for k in BACKENDS}
+
+        def one_step(k, step, x, y):
+            dist.barrier()
+            t0 = time.perf_counter()
+            opt[k].zero_grad()
+            nn.functional.cross_entropy(ddp[k](x), y).backward()
+            opt[k].step()
+            if step >= args.warmup:
+                times[k].append(time.perf_counter() - t0)
+            if rnd == 0 and step == 0:  # averaged gradients before any drift
+                first_grads[k] = [p.grad.clone() for p in models[k].parameters()]
+
+        if args.order == "block":
+            for k in BACKENDS:
+                for step, (x, y) in enumerate(batches):
+                    one_step(k, step, x, y)
+        else:  # step by step, the order rotated so that each backend takes each place
             for step, (x, y) in enumerate(batches):
-                dist.barrier()
-                t0 = time.perf_counter()
-                opt[k].zero_grad()
-                nn.functional.cross_entropy(ddp[k](x), y).backward()
-                opt[k].step()
-                if step >= args.warmup:
-                    times.append(time.perf_counter() - t0)
-                if rnd == 0 and step == 0:  # averaged gradients before any drift
-                    first_grads[k] = [p.grad.clone() for p in models[k].parameters()]
-            t = torch.tensor(times, dtype=torch.float64)
+                for j in range(len(BACKENDS)):
+                    one_step(BACKENDS[(step + j) % len(BACKENDS)], step, x, y)
+        for k in BACKENDS:
+            t = torch.tensor(times[k], dtype=torch.float64)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             med[k].append(statistics.median(t.tolist()))
     grad_rel = max(((a - b).abs().max() / (a.abs().max() + 1e-30)).item()
@@ -241,7 +256,8 @@ def main(argv=None):
     print(f"# DDP {r['model']} ({r['how']}, {r['params'] / 1e6:.2f} M parameters), "
           f"N = {args.ranks}, batch {args.batch} x {args.image}x{args.image}, "
           f"{r['threads']} torch thread(s) per rank, bucket cap {args.bucket_cap:g} MiB, "
-          f"{args.rounds} rounds of {args.iters} steps after {args.warmup} per backend"
+          f"{args.rounds} rounds of {args.iters} steps after {args.warmup} per backend, "
+          f"taking turns by {args.order}"
           + (", gradient_as_bucket_view" if args.grad_as_view else ""))
     print("# step (ms, median of the slowest rank) per round: brigade / gloo / none; "
           "exposed = step - none")
@@ -256,7 +272,9 @@ def main(argv=None):
     print(f"   exposed comm, brigade     {spread(exposed['brigade'])}")
     print(f"   exposed comm, gloo        {spread(exposed['gloo'])}")
     print(f"   exposed brigade / gloo    {statistics.median(ratio):8.3f} "
-          f"[{min(ratio):7.3f} .. {max(ratio):7.3f}]")
+          f"[{min(ratio):7.3f} .. {max(ratio):7.3f}]   (per round)")
+    mg = statistics.median(exposed["gloo"])
+    print(f"   ratio of the medians      {statistics.median(exposed['brigade']) / mg if mg > 0 else float('inf'):8.3f}")
     print(f"# first step's gradients, brigade against gloo: max relative difference {r['grad_rel']:.3g}")
     print("# parameters after the run: "
           + ("bitwise equal" if r["equal"] else f"max |difference| {r['maxdiff']:.3g} "
