@@ -18,7 +18,10 @@ batches: step by step (--order step, the default: brigade, gloo, none, the
 order rotated each step, so that all three see the same machine load) or
 each running all its warm-up and timed steps in turn (--order block).
 Per round and backend it takes the median step time of the slowest rank
-(the max over ranks of each step); it prints each round and the median and
+(the max over ranks of each step), and as the exposed communication the
+median over the steps of the step minus the no-communication step on the
+same batch (next to it in time with --order step, so a change of machine
+load between steps cancels); it prints each round and the median and
 spread (min to max) over rounds of the step, of the exposed communication
 and of the ratio brigade / gloo of exposed communication. It also reports
 how far the brigade and Gloo copies drifted apart (bitwise equal at 2
@@ -184,6 +187,7 @@ def rank_main(rank, args, port, results):
     classes = 10 if args.model == "cnn" else 1000
     first_grads = {}
     med = {k: [] for k in BACKENDS}  # per round: median step of the slowest rank
+    paired = {"brigade": [], "gloo": []}  # per round: median of step - no-comm step
     for rnd in range(args.rounds):
         # this round's batches, the same for every backend
         batches = [(torch.randn(args.batch, 3, args.image, args.image, generator=gen),
@@ -210,10 +214,16 @@ def rank_main(rank, args, port, results):
             for step, (x, y) in enumerate(batches):
                 for j in range(len(BACKENDS)):
                     one_step(BACKENDS[(step + j) % len(BACKENDS)], step, x, y)
+        slowest = {}
         for k in BACKENDS:
             t = torch.tensor(times[k], dtype=torch.float64)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            med[k].append(statistics.median(t.tolist()))
+            slowest[k] = t.tolist()
+            med[k].append(statistics.median(slowest[k]))
+        # exposed communication: each step against the no-comm step on the
+        # same batch (taken next to it with --order step), then the median
+        for k in ("brigade", "gloo"):
+            paired[k].append(statistics.median(a - b for a, b in zip(slowest[k], slowest["none"])))
     grad_rel = max(((a - b).abs().max() / (a.abs().max() + 1e-30)).item()
                    for a, b in zip(first_grads["gloo"], first_grads["brigade"]))
     pairs = list(zip(models["gloo"].parameters(), models["brigade"].parameters()))
@@ -223,6 +233,7 @@ def rank_main(rank, args, port, results):
     if rank == 0:
         results.put({"model": args.model, "how": how, "params": nparams, "threads": threads,
                      "ms": {k: [v * 1e3 for v in med[k]] for k in BACKENDS},
+                     "exposed": {k: [v * 1e3 for v in paired[k]] for k in paired},
                      "equal": equal, "maxdiff": diff, "biggest": biggest,
                      "grad_rel": grad_rel})
     dist.barrier()
@@ -251,7 +262,7 @@ def main(argv=None):
                        start_method="spawn")
     r = results.get(timeout=5)
     ms = r["ms"]
-    exposed = {k: [a - b for a, b in zip(ms[k], ms["none"])] for k in ("brigade", "gloo")}
+    exposed = r["exposed"]
     ratio = [b / g if g > 0 else float("inf") for b, g in zip(exposed["brigade"], exposed["gloo"])]
     print(f"# DDP {r['model']} ({r['how']}, {r['params'] / 1e6:.2f} M parameters), "
           f"N = {args.ranks}, batch {args.batch} x {args.image}x{args.image}, "
@@ -260,7 +271,7 @@ def main(argv=None):
           f"taking turns by {args.order}"
           + (", gradient_as_bucket_view" if args.grad_as_view else ""))
     print("# step (ms, median of the slowest rank) per round: brigade / gloo / none; "
-          "exposed = step - none")
+          "exposed: median over steps of step - none on the same batch")
     for i in range(args.rounds):
         print(f"   round {i + 1}: {ms['brigade'][i]:8.2f} / {ms['gloo'][i]:8.2f} / {ms['none'][i]:8.2f}"
               f"   exposed {exposed['brigade'][i]:7.2f} / {exposed['gloo'][i]:7.2f}"
