@@ -58,6 +58,9 @@ file(WRITE ${{CMAKE_BINARY_DIR}}/found.txt "${{brigade_VERSION}}")
 
 failed = []
 skipped = []
+# A library built with sanitizers (b_sanitize) is linked by programs built
+# with the same ones, whose runtime must come first in the process.
+san_flags = []
 
 
 def check(ok, what, detail=""):
@@ -92,7 +95,7 @@ def build_pkgconfig(work, pc_dir, sysroot=None, run_env=None):
     with open(src, "w") as f:
         f.write(PROGRAM)
     exe = os.path.join(d, "user")
-    r = run(["cc", "-Wall", "-Werror", "-o", exe, src] + flags)
+    r = run(["cc", "-Wall", "-Werror", "-o", exe, src] + san_flags + flags)
     if not check(r.returncode == 0, "cc main.c $(pkg-config --cflags --libs brigade)",
                  " ".join(flags) + "\n" + r.stderr[-2000:]):
         return
@@ -122,7 +125,7 @@ def build_cmake(work, prefix_path, version, run_env=None):
     r = run([cmake, "-S", d, "-B", b, "-DCMAKE_PREFIX_PATH=" + prefix_path,
              "-DCMAKE_FIND_USE_SYSTEM_PACKAGE_REGISTRY=OFF",
              "-DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF", "-DCMAKE_FIND_USE_CMAKE_SYSTEM_PATH=OFF",
-             "-DCMAKE_BUILD_TYPE=Release"])
+             "-DCMAKE_BUILD_TYPE=Release", "-DCMAKE_C_FLAGS=" + " ".join(san_flags)])
     if not check(r.returncode == 0, "cmake: find_package(brigade) with brigade::brigade",
                  r.stdout[-2000:] + r.stderr[-2000:]):
         return
@@ -156,6 +159,8 @@ def destdir(meson, build, work):
     opts = {o["name"]: o["value"] for o in json.loads(
         run([meson, "introspect", "--buildoptions", build]).stdout)}
     prefix, libdir = opts["prefix"], opts["libdir"]
+    if opts.get("b_sanitize", "none") != "none":
+        san_flags.append("-fsanitize=" + opts["b_sanitize"])
     info = json.loads(run([meson, "introspect", "--projectinfo", build]).stdout)
     version = info["version"]
     root = stage + prefix
