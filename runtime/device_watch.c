@@ -219,7 +219,10 @@ static int replays_done(const struct brg__dev_ring *d) {
  * read the word just before it was set is counted by then; 0 when that
  * took over 5 s (the memory must then stay). */
 static int replays_drained(const struct brg__dev_ring *d) {
-  __atomic_thread_fence(__ATOMIC_SEQ_CST); /* the abort word, before the counts */
+  /* The abort word again, sequentially consistent: ordered before the
+   * counts' loads (a store then loads, which release alone does not order;
+   * a fence would do too, but ThreadSanitizer builds refuse fences). */
+  if (d->kwords) __atomic_store_n(&d->kwords[0], 1, __ATOMIC_SEQ_CST);
   int64_t deadline = brg__deadline_ms(5000);
   for (int seen = 0; seen < 3;) {
     seen = replays_done(d) ? seen + 1 : 0;
