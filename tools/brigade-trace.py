@@ -22,10 +22,15 @@ call", apart from the waiting on the ring. Per link: the bytes, the time
 data flowed (a slice between sender and receiver, both at it), the
 bandwidth over that time, and the waits; then the slowest link.
 
-The timeline (-o) has one lane per rank in ring order and one row per
-step in each lane: reduce-scatter slices in blue, all-gather in orange
-(the shade and "cN" give the chunk), waiting hatched, and an arrow from
-each slice a rank sent to where its successor received it.
+The timeline (-o) shows one collective (the last allreduce of the largest
+size, or --collective N) on its own time axis: one lane per rank in ring
+order and one row per step in each lane, reduce-scatter slices in blue and
+all-gather in orange ("cN": chunk N), a dashed line between the two
+phases, waiting hatched, and an arrow from each slice a rank sent to
+where its successor had it. Stretches in which no rank worked are drawn
+narrow (a grey band, the time left out written under it). Tree and rhd
+allreduces are drawn from their messages: a row per tree and direction
+or per rhd round, an arrow from each send to its receipt.
 
 Drawing needs matplotlib (Debian: python3-matplotlib); the summary and
 --merge need only Python 3. Exit status: 0, or 2 for a bad input.
@@ -410,7 +415,8 @@ def summarize(ranks, show=True):
         print(f"{r.rank:>4} {r.host[:12]:<12} {coll / 1000:>9.3f} {work / 1000:>9.3f} "
               f"{wait / 1000:>9.3f} {pct:>5.1f}% {lt / 1000:>9.3f}  {who(direct, -1):<24} "
               f"{who(root, r.rank)}")
-    print("  working: in slices, less their waits; waiting: for a neighbour that was inside "
+    print("  working: in slices (tree, rhd: in the collective), less their waits; waiting: for a "
+          "neighbour that was inside "
           "the same collective; late call: for a rank that had not called it yet (its own work "
           "between calls), left out of waiting and wait%")
     total_wait = sum(row[3] for row in rows)
