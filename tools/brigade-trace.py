@@ -596,6 +596,10 @@ def draw(ranks, out, stalled, max_arrows=400):
     ranks = sorted(ranks, key=lambda r: r.meta.get("pos", r.rank))
     n = len(ranks)
     lat = any(r.msgs for r in ranks)
+    if lat and any(r.slices for r in ranks):
+        print(f"{PROG}: warning: the collectives drawn mix ring slices and tree or rhd "
+              "messages; only the messages are drawn (pick one with --collective N)",
+              file=sys.stderr)
     kinds = sorted({c[2]["kind"] for r in ranks for c in r.colls})
     if lat:
         trees = sorted({m[2]["tree"] for r in ranks for m in r.msgs})
