@@ -79,8 +79,8 @@ static void lat_wait(lat *l, brg__p2p_op *op) {
   int64_t t0 = l->tags ? brg__now_ns() : 0;
   keep(l, brg__p2p_wait(l->c, l->fn, op));
   if (l->tags && l->s == BRG_SUCCESS) {
-    /* a receive: the wait for it; a send: from its hand-over until its
-     * last byte left */
+    /* a receive: the wait for it; a send: from its hand-over until the
+     * sending thread had written its last byte (op->last_ns) */
     const struct lat_tag *g = &l->tags[op - l->ops];
     int64_t t1 = brg__now_ns(), left = op->last_ns < t1 ? op->last_ns : t1;
     brg__trace_lat(l->c, op->is_send, op->peer, op->count * l->esize, g->phase, g->round, g->tree,

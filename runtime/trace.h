@@ -67,7 +67,7 @@ enum {
 };
 /* A message or reduction of a latency-bound allreduce: what 0 a receive
  * (t0 to t1 the wait for it, data_ns when its last byte landed), 1 a send
- * (t0 handed to the point-to-point links, t1 its last byte left), 2 a
+ * (t0 handed to the point-to-point links, t1 its last byte written), 2 a
  * reduction of `bytes`; with the rank it went to or came from, its phase,
  * its round (the tree's slice, rhd's round) and tree (0, 1, or -1). */
 void brg__trace_lat(brg_comm *c, int what, int peer, uint64_t bytes, int phase, int round, int tree,
