@@ -286,6 +286,14 @@ def test_spans(run, prog, tool, n, tmp):
     check(len(m["traceEvents"]) == total, f"merged {len(m['traceEvents'])} events of {total}")
     check(sorted({e["pid"] for e in m["traceEvents"]}) == list(range(n)), "merged pids")
     check(re.search(r"^\s+0 -> 1\s", p.stdout, re.M) is not None, "no link 0 -> 1 in the summary")
+    # -o without --collective: the last of the largest allreduces, alone.
+    check(f"allreduce #{calls} ({count * FLOAT} bytes), the last of the largest" in p.stdout
+          and "1 collective(s)" in p.stdout, f"-o did not pick allreduce #{calls} alone")
+    q = subprocess.run([tool, "--collective", str(calls + 5)] + files, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, timeout=60)
+    check(q.returncode == 2 and f"no such collective in the traces (they hold #1 to #{calls})"
+          in q.stderr, f"--collective {calls + 5}: exit {q.returncode}, {q.stderr}")
+    check_axis(load_tool(tool))
     if no_mpl:
         return "no matplotlib: the timeline was not drawn"
     with open(png, "rb") as f:
@@ -539,6 +547,19 @@ def test_hosts(run_sh, prog, tool, tmp):
     print(q.stdout, q.stderr)
     check(q.returncode == 0, f"brigade-trace exited {q.returncode}")
     return None
+
+
+def check_axis(bt):
+    """The timeline's time axis: a stretch of more than two `gap`s in which
+    no rank worked is drawn `gap` wide; work keeps its length."""
+    ax = bt.Axis(0.0, 1000.0, [[0.0, 10.0], [500.0, 510.0], [990.0, 1000.0]], 20.0)
+    # pauses 10..500 and 510..990 keep 10 us on each side: 470 and 460 us go
+    want = {0: 0, 10: 10, 20: 20, 500: 500 - 470, 510: 40, 990: 990 - 930, 1000: 70}
+    got = {t: ax.x(t) for t in want}
+    check(all(abs(got[t] - want[t]) < 1e-9 for t in want) and abs(ax.end - 70) < 1e-9
+          and len(ax.cuts) == 2, f"axis: {got}, end {ax.end}, cuts {ax.cuts}")
+    short = bt.Axis(0.0, 100.0, [[0.0, 10.0], [40.0, 100.0]], 20.0)
+    check(short.cuts == [] and short.end == 100.0, f"a 30 us pause was cut: {short.cuts}")
 
 
 def load_tool(tool):
