@@ -33,6 +33,13 @@ typedef struct lat {
   size_t nops, used;
   brg_status s; /* the first failure */
   char why[BRG__ERRLEN];
+  /* Tracing only: each op's phase, round and tree (set in `tag` before
+   * lat_op) and when a send was handed over. */
+  struct lat_tag {
+    int64_t t0;
+    int16_t phase, tree;
+    int32_t round;
+  } * tags, tag;
 } lat;
 
 static void keep(lat *l, brg_status s) {
@@ -51,6 +58,7 @@ static brg__p2p_op *lat_op(lat *l, int pos, void *buf, size_t m, int is_send) {
     return NULL;
   }
   brg__p2p_op *op = &l->ops[l->used++];
+  int64_t t0 = l->tags ? brg__now_ns() : 0;
   *op = (brg__p2p_op){.buf = buf,
                       .count = m,
                       .num = l->k->seq,
@@ -59,11 +67,34 @@ static brg__p2p_op *lat_op(lat *l, int pos, void *buf, size_t m, int is_send) {
                       .chan = BRG__P2P_A2A,
                       .is_send = is_send};
   keep(l, is_send ? brg__p2p_isend(l->c, l->fn, op) : brg__p2p_post(l->c, op));
+  if (l->tags) {
+    l->tags[op - l->ops] = l->tag;
+    l->tags[op - l->ops].t0 = t0;
+  }
   return op;
 }
 
 static void lat_wait(lat *l, brg__p2p_op *op) {
-  if (op && l->s == BRG_SUCCESS) keep(l, brg__p2p_wait(l->c, l->fn, op));
+  if (!op || l->s != BRG_SUCCESS) return;
+  int64_t t0 = l->tags ? brg__now_ns() : 0;
+  keep(l, brg__p2p_wait(l->c, l->fn, op));
+  if (l->tags && l->s == BRG_SUCCESS) {
+    /* a receive: the wait for it; a send: from its hand-over until the
+     * sending thread had written its last byte (op->last_ns) */
+    const struct lat_tag *g = &l->tags[op - l->ops];
+    int64_t t1 = brg__now_ns(), left = op->last_ns < t1 ? op->last_ns : t1;
+    brg__trace_lat(l->c, op->is_send, op->peer, op->count * l->esize, g->phase, g->round, g->tree,
+                   op->is_send ? g->t0 : t0, op->is_send ? left : t1, op->last_ns);
+  }
+}
+
+/* brg__reduce, traced as a reduction of the current tag's phase. */
+static void lat_reduce(lat *l, void *dst, const void *a, const void *b, size_t m, brg_op op) {
+  int64_t t0 = l->tags ? brg__now_ns() : 0;
+  brg__reduce(dst, NULL, a, b, m, l->k->dtype, op, l->c->nranks);
+  if (l->tags)
+    brg__trace_lat(l->c, 2, -1, m * l->esize, l->tag.phase, l->tag.round, l->tag.tree, t0,
+                   brg__now_ns(), 0);
 }
 
 /* Scratch of the communicator, grown to `bytes`. */
@@ -147,6 +178,9 @@ static void run_tree(lat *l) {
         size_t e = half_off(count, t) + brg__slice_offset(sl, se);
         size_t m = brg__slice_count(half_cnt(count, t), se, sl);
         size_t he = e - half_off(count, t);
+        l->tag = (struct lat_tag){.phase = dir ? BRG__TRACE_DOWN : BRG__TRACE_UP,
+                                  .tree = (int16_t)t,
+                                  .round = (int32_t)sl};
         for (int ch = 0; dir == 0 && ch < 2; ch++)
           if (nd[t].child[ch] >= 0)
             SLOT(t, sl, ch) = lat_op(l, nd[t].child[ch], from_child[t][ch] + he * es, m, 0);
@@ -163,6 +197,9 @@ static void run_tree(lat *l) {
         size_t he = e - half_off(count, t);
         const brg__tree_node *d = &nd[t];
         int root = d->parent < 0, kids = (d->child[0] >= 0) + (d->child[1] >= 0);
+        l->tag = (struct lat_tag){.phase = dir ? BRG__TRACE_DOWN : BRG__TRACE_UP,
+                                  .tree = (int16_t)t,
+                                  .round = (int32_t)sl};
         if (dir == 0) {
           /* up: in (+) child 0 (+) child 1, the root's last addition final */
           const char *acc = in + e * es;
@@ -172,8 +209,7 @@ static void run_tree(lat *l) {
             lat_wait(l, SLOT(t, sl, ch));
             if (l->s != BRG_SUCCESS) break;
             int last = root && ++done == kids;
-            brg__reduce(out + e * es, NULL, acc, from_child[t][ch] + he * es, m, k->dtype,
-                        last ? k->op : mid, n);
+            lat_reduce(l, out + e * es, acc, from_child[t][ch] + he * es, m, last ? k->op : mid);
             acc = out + e * es;
           }
           if (root || l->s != BRG_SUCCESS) continue;
@@ -208,8 +244,10 @@ static void run_rhd(lat *l) {
   brg__rhd r = brg__rhd_of(n, c->pos);
   char *out = k->recvbuf;
   brg_op mid = k->op == BRG_AVG ? BRG_SUM : k->op;
+  l->tag = (struct lat_tag){.phase = BRG__TRACE_UNFOLD, .tree = -1};
   if (r.vrank < 0) { /* folds: its input to the odd position, the result back */
     brg__p2p_op *rx = lat_op(l, r.fold, out, count, 0);
+    l->tag.phase = BRG__TRACE_FOLD;
     brg__p2p_op *tx = lat_op(l, r.fold, (char *)k->sendbuf, count, 1);
     lat_wait(l, tx);
     lat_wait(l, rx);
@@ -222,10 +260,11 @@ static void run_rhd(lat *l) {
   if (!scratch) return;
   char *halves = scratch + count * es;
   if (r.fold >= 0) {
+    l->tag.phase = BRG__TRACE_FOLD;
     brg__p2p_op *rx = lat_op(l, r.fold, scratch, count, 0);
     lat_wait(l, rx);
     if (l->s != BRG_SUCCESS) return;
-    brg__reduce(out, NULL, k->sendbuf, scratch, count, k->dtype, mid, n);
+    lat_reduce(l, out, k->sendbuf, scratch, count, mid);
   } else if (out != k->sendbuf) {
     brg__copy(out, NULL, k->sendbuf, count * es);
   }
@@ -242,6 +281,7 @@ static void run_rhd(lat *l) {
     brg__rhd_window(r.p2, r.vrank, j, &lo, &hi);
     rhd_range(count, r.p2, lo, hi, &ko, &km);
     hoff[j] = at;
+    l->tag = (struct lat_tag){.phase = BRG__TRACE_HALVING, .tree = -1, .round = j};
     if (km) hrx[j] = lat_op(l, brg__rhd_pos(n, w), halves + at * es, km, 0);
     at += km;
   }
@@ -250,6 +290,7 @@ static void run_rhd(lat *l) {
     size_t po, pm;
     brg__rhd_window(r.p2, w, j, &plo, &phi);
     rhd_range(count, r.p2, plo, phi, &po, &pm);
+    l->tag = (struct lat_tag){.phase = BRG__TRACE_DOUBLING, .tree = -1, .round = j};
     if (pm) drx[j] = lat_op(l, brg__rhd_pos(n, w), out + po * es, pm, 0);
   }
   for (int j = 0; j < r.rounds && l->s == BRG_SUCCESS; j++) {
@@ -259,13 +300,13 @@ static void run_rhd(lat *l) {
     size_t ko, km, so, sm;
     rhd_range(count, r.p2, lo, hi, &ko, &km);
     rhd_range(count, r.p2, plo, phi, &so, &sm);
+    l->tag = (struct lat_tag){.phase = BRG__TRACE_HALVING, .tree = -1, .round = j};
     brg__p2p_op *tx = sm ? lat_op(l, brg__rhd_pos(n, w), out + so * es, sm, 1) : NULL;
     lat_wait(l, hrx[j]);
     if (l->s != BRG_SUCCESS) break;
     int last = j == r.rounds - 1;
     if (km)
-      brg__reduce(out + ko * es, NULL, out + ko * es, halves + hoff[j] * es, km, k->dtype,
-                  last ? k->op : mid, n);
+      lat_reduce(l, out + ko * es, out + ko * es, halves + hoff[j] * es, km, last ? k->op : mid);
     lat_wait(l, tx);
   }
   for (int j = r.rounds - 1; j >= 0 && l->s == BRG_SUCCESS; j--) {
@@ -273,10 +314,12 @@ static void run_rhd(lat *l) {
     brg__rhd_window(r.p2, r.vrank, j, &lo, &hi);
     size_t mo, mm;
     rhd_range(count, r.p2, lo, hi, &mo, &mm);
+    l->tag = (struct lat_tag){.phase = BRG__TRACE_DOUBLING, .tree = -1, .round = j};
     brg__p2p_op *tx = mm ? lat_op(l, brg__rhd_pos(n, w), out + mo * es, mm, 1) : NULL;
     lat_wait(l, drx[j]);
     lat_wait(l, tx);
   }
+  l->tag = (struct lat_tag){.phase = BRG__TRACE_UNFOLD, .tree = -1};
   if (r.fold >= 0 && l->s == BRG_SUCCESS) lat_wait(l, lat_op(l, r.fold, out, count, 1));
 }
 
@@ -300,7 +343,9 @@ static brg_status lat_body(brg_comm *c, brg__coll *k) {
   }
   l.nops = lat_ops_needed(c, k);
   l.ops = calloc(l.nops, sizeof *l.ops);
+  if (c->trace) l.tags = calloc(l.nops, sizeof *l.tags); /* without: untraced */
   if (!l.ops) {
+    free(l.tags);
     c->cur = NULL;
     return brg__comm_error(c, BRG_ERR_NO_MEMORY, "%s: out of memory", l.fn);
   }
@@ -319,6 +364,7 @@ static brg_status lat_body(brg_comm *c, brg__coll *k) {
     if (strcmp(l.why, brg_comm_last_error(c)) != 0) brg__comm_error(c, l.s, "%s", l.why);
   }
   free(l.ops);
+  free(l.tags);
   c->cur = NULL;
   return l.s;
 }

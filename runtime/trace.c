@@ -26,21 +26,21 @@
 #include "schedule.h"
 #include "settings.h"
 
-enum { EV_COLL = 1, EV_STEP, EV_SLICE, EV_WAIT };
+enum { EV_COLL = 1, EV_STEP, EV_SLICE, EV_WAIT, EV_LAT };
 
 typedef struct trace_ev {
   int64_t t0, t1;       /* CLOCK_MONOTONIC ns */
   uint64_t seq;         /* the collective's number */
   uint64_t bytes;       /* coll: payload per rank; step, slice: bytes moved */
   uint64_t elem;        /* coll: count; slice: first element; step: slices */
-  int64_t wait_ns;      /* slice: waiting for the previous rank's slot */
+  int64_t wait_ns;      /* slice: waiting for the previous rank's slot; lat: data landed */
   int64_t wait_send_ns; /* slice: waiting for a free slot at the next rank */
-  int32_t step, chunk;
-  int32_t slice;      /* slice index in its chunk; wait: the peer */
-  uint8_t type, what; /* what: prim (slice, step), kind (coll), send (wait) */
+  int32_t step, chunk;  /* lat: round, tree */
+  int32_t slice;        /* slice index in its chunk; wait, lat: the peer */
+  uint8_t type, what;   /* what: prim (slice, step), kind (coll), send (wait), lat's what */
   uint8_t dtype, op;
   int16_t status;
-  int16_t root;
+  int16_t root; /* coll: root; lat: phase */
 } trace_ev;
 
 typedef struct trace_step {
@@ -318,6 +318,23 @@ void brg__trace_wait(brg_comm *c, int peer, int send, int64_t t0) {
                   .what = (uint8_t)send};
 }
 
+void brg__trace_lat(brg_comm *c, int what, int peer, uint64_t bytes, int phase, int round, int tree,
+                    int64_t t0, int64_t t1, int64_t data_ns) {
+  brg__trace *t = c->trace;
+  trace_ev *e = ev_new(t);
+  *e = (trace_ev){.type = EV_LAT,
+                  .t0 = t0,
+                  .t1 = t1 > t0 ? t1 : t0,
+                  .seq = c->cur ? c->cur->seq : 0,
+                  .bytes = bytes,
+                  .wait_ns = data_ns,
+                  .step = round,
+                  .chunk = tree,
+                  .slice = peer,
+                  .what = (uint8_t)what,
+                  .root = (int16_t)phase};
+}
+
 /* Microseconds with nanosecond digits, on the reference clock. */
 static void put_us(FILE *f, const char *key, int64_t ns) {
   int neg = ns < 0;
@@ -380,6 +397,28 @@ static void put_event(FILE *f, const brg__trace *t, const trace_ev *e, const brg
     fputc(',', f);
     put_us(f, "wait_send_us", e->wait_send_ns);
     fprintf(f, ",\"status\":\"%s\"}}", brg_status_string((brg_status)e->status));
+    break;
+  }
+  case EV_LAT: {
+    static const char *const whats[] = {"recv", "send", "reduce"};
+    static const char *const phases[] = {"up", "down", "fold", "halving", "doubling", "unfold"};
+    const char *w = e->what < 3 ? whats[e->what] : "?";
+    const char *ph = e->root >= 0 && e->root < 6 ? phases[e->root] : "?";
+    put_span(f, t, "X", r, 1, e->t0, e->t1);
+    if (e->what == 2)
+      fprintf(f, ",\"cat\":\"msg\",\"name\":\"reduce %s\",", ph);
+    else
+      fprintf(f, ",\"cat\":\"msg\",\"name\":\"%s %s rank %d\",", w, e->what ? "to" : "from",
+              e->slice);
+    fprintf(f,
+            "\"args\":{\"seq\":%llu,\"what\":\"%s\",\"peer\":%d,\"bytes\":%llu,\"phase\":\"%s\","
+            "\"round\":%d,\"tree\":%d,",
+            (unsigned long long)e->seq, w, e->what == 2 ? -1 : e->slice,
+            (unsigned long long)e->bytes, ph, e->step, e->chunk);
+    /* a receive's data landed at (its wait's end at the latest) */
+    int64_t in = e->what == 0 && e->wait_ns > 0 && e->wait_ns < e->t1 ? e->wait_ns : e->t1;
+    put_us(f, "data_us", in + t->offset_ns);
+    fputs("}}", f);
     break;
   }
   case EV_WAIT:

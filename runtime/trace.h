@@ -56,4 +56,21 @@ void brg__trace_slice(brg_comm *c, uint64_t seq, int chunk, size_t elem, size_t 
  * or for a free slot at `peer` (send 1). */
 void brg__trace_wait(brg_comm *c, int peer, int send, int64_t t0);
 
+/* The phases of a latency-bound allreduce's messages (lat.c). */
+enum {
+  BRG__TRACE_UP,       /* tree: partial sums to the parent */
+  BRG__TRACE_DOWN,     /* tree: the result to the children */
+  BRG__TRACE_FOLD,     /* rhd: an extra rank's input to its partner */
+  BRG__TRACE_HALVING,  /* rhd: reduce-scatter rounds */
+  BRG__TRACE_DOUBLING, /* rhd: all-gather rounds */
+  BRG__TRACE_UNFOLD    /* rhd: the result back to the extra rank */
+};
+/* A message or reduction of a latency-bound allreduce: what 0 a receive
+ * (t0 to t1 the wait for it, data_ns when its last byte landed), 1 a send
+ * (t0 handed to the point-to-point links, t1 its last byte written), 2 a
+ * reduction of `bytes`; with the rank it went to or came from, its phase,
+ * its round (the tree's slice, rhd's round) and tree (0, 1, or -1). */
+void brg__trace_lat(brg_comm *c, int what, int peer, uint64_t bytes, int phase, int round, int tree,
+                    int64_t t0, int64_t t1, int64_t data_ns);
+
 #endif

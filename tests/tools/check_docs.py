@@ -25,6 +25,15 @@ What counts as a reference, and what is checked:
   ...                             here and compared line by line
   ```
 
+  <!-- formulas: ARGS -->          the table that follows gives closed forms:
+  | plan | when | time | ...      a row whose first cell names a plan of
+                                  `bench/model formulas ARGS --tsv`
+                                  (`ring`, `small`, `tree`, `rhd`, `hier`)
+                                  has its backticked time formula (and
+                                  `when` condition) evaluated at every
+                                  shape and size the model printed for that
+                                  plan; each must match the model's time
+
 --fix rewrites what can be made again (line ranges, model blocks) in
 place; references to things that are gone it can only report. Exit status
 0 when every reference holds, 1 otherwise (each problem one line, with the
@@ -208,6 +217,104 @@ def run_model(tree, args):
     return p.returncode, p.stdout.rstrip("\n").split("\n")
 
 
+# ------------------------------------------------------------ closed forms
+
+FORMULAS = re.compile(r"<!--\s*formulas:\s*(.*?)\s*-->")
+FORMULA_SYMBOLS = [("α_l", "a_l"), ("β_l", "b_l"), ("α_n", "b_n_a"), ("β_n", "b_n"),
+                   ("α", "a"), ("β", "b"), ("·", "*"), ("−", "-"), ("≤", "<="), ("≥", ">="),
+                   ("⌈", "ceil("), ("⌉", ")"), ("⌊", "floor("), ("⌋", ")")]
+
+
+def formula_py(text):
+    """A formula as the doc writes it (2(N-1)·α + log₂P·S·β, ⌈M/K⌉, 4K)
+    as a Python expression."""
+    t = text
+    for a, b in FORMULA_SYMBOLS:
+        t = t.replace(a, b)
+    t = t.replace("b_n_a", "a_n")
+    t = re.sub(r"log₂\s*(\w+)", r"log2(\1)", t)
+    t = re.sub(r"(?<![\w.])(\d+)K\b", r"(\1*1024)", t)
+    t = re.sub(r"(?<![<>!=])=(?!=)", "==", t)
+    t = re.sub(r"(?<![A-Za-z_\d.])(\d+(?:\.\d+)?)\s*(?=[(A-Za-z])", r"\1*", t)
+    t = re.sub(r"\)\s*(?=[(A-Za-z\d])", ")*", t)
+    return t
+
+
+def formula_value(expr, env):
+    import math
+    names = dict(env, min=min, max=max, ceil=math.ceil, floor=math.floor, log2=math.log2)
+    return eval(compile(expr, "<formula>", "eval"), {"__builtins__": {}}, names)  # noqa: S307
+
+
+def check_formulas(tree, lines, code, say):
+    """The closed forms of a table after <!-- formulas: ARGS --> against
+    runtime/model.c's times (bench/model formulas ARGS --tsv)."""
+    import math
+    for n, line in enumerate(lines):
+        m = FORMULAS.search(line) if not code[n] else None
+        if not m:
+            continue
+        rc, out = run_model(tree, "formulas --tsv " + m.group(1))
+        if rc != 0 or not out or not out[0].startswith("# "):
+            say(n + 1, f"bench/model formulas {m.group(1)} failed ({rc}): {' '.join(out)[:200]}")
+            continue
+        links = {k: float(v) for k, v in (f.split("=") for f in out[0][2:].split())}
+        cases = [(f[0], int(f[1]), int(f[2]), int(f[3]), float(f[4]))
+                 for f in (l.split("\t") for l in out[1:]) if len(f) == 5]
+        rows, i = [], n + 1
+        while i < len(lines) and not lines[i].startswith("|"):
+            i += 1
+        head = [c.strip().lower() for c in lines[i].strip().strip("|").split("|")] \
+            if i < len(lines) else []
+        t_col = next((j for j, h in enumerate(head) if h.startswith("time")), None)
+        w_col = next((j for j, h in enumerate(head) if h.startswith("when")), None)
+        if t_col is None:
+            say(n + 1, "a formulas comment not followed by a table with a 'time' column")
+            continue
+        i += 1
+        while i < len(lines) and lines[i].startswith("|"):
+            cells = [c.strip() for c in lines[i].strip().strip("|").split("|")]
+            plan = re.match(r"`(\w+)`", cells[0])
+            if plan and len(cells) > t_col:
+                f = re.search(r"`([^`]+)`", cells[t_col])
+                w = re.search(r"`([^`]+)`", cells[w_col]) if w_col is not None and \
+                    len(cells) > w_col else None
+                if not f:
+                    say(i + 1, f"{plan.group(1)}: no `formula` in the time column")
+                else:
+                    rows.append((i + 1, plan.group(1), formula_py(f.group(1)),
+                                 formula_py(w.group(1)) if w else "True", f.group(1)))
+            i += 1
+        for plan in sorted({c[0] for c in cases} - {r[1] for r in rows}):
+            say(n + 1, f"the table has no row for `{plan}`, which bench/model formulas prints")
+        bad = set()
+        for plan, H, M, S, want in cases:
+            N = H * M
+            P = 1 << (N.bit_length() - 1)
+            env = dict(N=N, S=S, H=H, M=M, P=P, D=int(math.log2(N)) + 1, K=links["K"],
+                       s=links["s"], a=links["a"], b=links["b"], a_l=links["a_l"],
+                       b_l=links["b_l"], a_n=links["a_n"], b_n=links["b_n"])
+            hits = []
+            for ln, p, expr, when, shown in rows:
+                if p != plan or ln in bad:
+                    continue
+                try:
+                    if formula_value(when, env):
+                        hits.append((ln, formula_value(expr, env), shown))
+                except Exception as e:  # a formula the doc cannot mean
+                    say(ln, f"`{shown}` does not evaluate ({type(e).__name__}: {e}) as {expr}")
+                    bad.add(ln)
+            if len(hits) != 1 and not any(r[0] in bad for r in rows if r[1] == plan):
+                say(n + 1, f"{len(hits)} rows of `{plan}` apply at {H}x{M} ranks, S = {S} "
+                    "(the `when` conditions should split the cases)")
+                continue
+            for ln, got, shown in hits:
+                if abs(got - want) > 1e-9 * max(abs(want), 1e-12):
+                    say(ln, f"`{plan}` at {H}x{M} ranks, S = {S}: `{shown}` gives {got:.6g} s, "
+                        f"bench/model formulas (runtime/model.c) {want:.6g} s")
+                    bad.add(ln)
+
+
 def check_doc(tree, doc, fix):
     """Problems of one doc, as 'doc:line: what'; rewrites it under fix."""
     with open(os.path.join(tree.root, doc), encoding="utf-8") as f:
@@ -318,6 +425,7 @@ def check_doc(tree, doc, fix):
                     f"{(got[diff] if diff < len(got) else '(nothing)')!r} "
                     "(check_docs.py --fix makes the block again)")
         n = end + 1
+    check_formulas(tree, lines, code, say)
     if changed:
         with open(os.path.join(tree.root, doc), "w", encoding="utf-8") as f:
             f.write("\n".join(lines))

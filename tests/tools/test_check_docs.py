@@ -111,6 +111,63 @@ def run(root, *extra):
     return p.returncode, p.stdout
 
 
+# A bench/model whose `formulas --tsv` prints ring and rhd times on one
+# host, worked out here from the textbook forms (not from the checker).
+FORMULA_MODEL = """\
+#!/usr/bin/python3
+import math
+a, b = 1e-5, 1e-9
+print("# a=%r b=%r a_l=%r b_l=%r a_n=5e-05 b_n=4e-09 K=1 s=131072 small=4096" % (a, b, a, b))
+for n in (2, 3, 4):
+    for S in (8, 1 << 20):
+        print("ring\\t1\\t%d\\t%d\\t%r" % (n, S, 2 * (n - 1) * a + 2 * (n - 1) / n * S * b))
+        p = 1 << (n.bit_length() - 1)
+        t = 2 * math.log2(p) * a + 2 * (p - 1) / p * S * b + (2 * a + 2 * S * b if n > p else 0)
+        print("rhd\\t1\\t%d\\t%d\\t%r" % (n, S, t))
+"""
+
+FORMULA_DOC = """\
+# Costs
+
+<!-- formulas: --ranks 2,3,4 -->
+| plan | when | time | notes |
+|---|---|---|---|
+| `ring` | | `2(N-1)·α + 2(N-1)/N·S·β` | the ring |
+| `rhd` | `N = P` | `2·log₂N·α + 2(N-1)/N·S·β` | a power of two |
+| `rhd` | `N > P` | `2(log₂P + 1)·α + 2(P-1)/P·S·β + 2S·β` | folded |
+| binomial tree | | 2·log₂N·(α + S·β) | not checked: no plan |
+"""
+
+
+def formula_checks(root):
+    """The closed-form table: right formulas pass; a wrong one, a missing
+    plan, overlapping conditions and a formula that does not parse are each
+    reported at their line."""
+    make_tree(root, FORMULA_DOC)
+    with open(os.path.join(root, "bench/model"), "w") as f:
+        f.write(FORMULA_MODEL)
+    rc, out = run(root)
+    check(rc == 0, f"formulas: a right table fails: {out}")
+    cases = {
+        "wrong": (FORMULA_DOC.replace("`2(N-1)·α + 2(N-1)/N·S·β` | the ring",
+                                      "`(N-1)·α + 2(N-1)/N·S·β` | the ring"),
+                  "docs/a.md:6: `ring` at 1x2 ranks, S = 8: `(N-1)·α + 2(N-1)/N·S·β` gives"),
+        "missing": ("\n".join(l for l in FORMULA_DOC.split("\n") if "`rhd`" not in l),
+                    "docs/a.md:3: the table has no row for `rhd`"),
+        "overlap": (FORMULA_DOC.replace("| `N > P` |", "| `N >= P` |"),
+                    "docs/a.md:3: 2 rows of `rhd` apply at 1x2 ranks"),
+        "parse": (FORMULA_DOC.replace("+ 2S·β` | folded", "+` | folded"),
+                  "docs/a.md:8: `2(log₂P + 1)·α + 2(P-1)/P·S·β +` does not evaluate"),
+    }
+    for name, (doc, want) in cases.items():
+        make_tree(root, doc)
+        with open(os.path.join(root, "bench/model"), "w") as f:
+            f.write(FORMULA_MODEL)
+        rc, out = run(root)
+        check(rc == 1 and want in out and "Traceback" not in out,
+              f"formulas {name}: expected '{want}', got exit {rc}: {out}")
+
+
 def main():
     with tempfile.TemporaryDirectory(prefix="check-docs-") as root:
         make_tree(root, GOOD)
@@ -158,6 +215,8 @@ def main():
         rc, out = run(root)
         check(rc == 1 and "failed (1)" in out and "Traceback" not in out,
               f"failing bench/model: {out}")
+    with tempfile.TemporaryDirectory(prefix="check-docs-") as root:
+        formula_checks(root)
     if failures:
         sys.exit(f"{len(failures)} check(s) failed")
     print("all checks passed")

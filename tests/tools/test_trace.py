@@ -286,6 +286,14 @@ def test_spans(run, prog, tool, n, tmp):
     check(len(m["traceEvents"]) == total, f"merged {len(m['traceEvents'])} events of {total}")
     check(sorted({e["pid"] for e in m["traceEvents"]}) == list(range(n)), "merged pids")
     check(re.search(r"^\s+0 -> 1\s", p.stdout, re.M) is not None, "no link 0 -> 1 in the summary")
+    # -o without --collective: the last of the largest allreduces, alone.
+    check(f"allreduce #{calls} ({count * FLOAT} bytes), the last of the largest" in p.stdout
+          and "1 collective(s)" in p.stdout, f"-o did not pick allreduce #{calls} alone")
+    q = subprocess.run([tool, "--collective", str(calls + 5)] + files, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, timeout=60)
+    check(q.returncode == 2 and f"no such collective in the traces (they hold #1 to #{calls})"
+          in q.stderr, f"--collective {calls + 5}: exit {q.returncode}, {q.stderr}")
+    check_axis(load_tool(tool))
     if no_mpl:
         return "no matplotlib: the timeline was not drawn"
     with open(png, "rb") as f:
@@ -541,17 +549,115 @@ def test_hosts(run_sh, prog, tool, tmp):
     return None
 
 
+def check_axis(bt):
+    """The timeline's time axis: a stretch of more than two `gap`s in which
+    no rank worked is drawn `gap` wide; work keeps its length."""
+    ax = bt.Axis(0.0, 1000.0, [[0.0, 10.0], [500.0, 510.0], [990.0, 1000.0]], 20.0)
+    # pauses 10..500 and 510..990 keep 10 us on each side: 470 and 460 us go
+    want = {0: 0, 10: 10, 20: 20, 500: 500 - 470, 510: 40, 990: 990 - 930, 1000: 70}
+    got = {t: ax.x(t) for t in want}
+    check(all(abs(got[t] - want[t]) < 1e-9 for t in want) and abs(ax.end - 70) < 1e-9
+          and len(ax.cuts) == 2, f"axis: {got}, end {ax.end}, cuts {ax.cuts}")
+    short = bt.Axis(0.0, 100.0, [[0.0, 10.0], [40.0, 100.0]], 20.0)
+    check(short.cuts == [] and short.end == 100.0, f"a 30 us pause was cut: {short.cuts}")
+
+
+def load_tool(tool):
+    import importlib.machinery
+    import importlib.util
+    loader = importlib.machinery.SourceFileLoader("brigade_trace", tool)
+    spec = importlib.util.spec_from_loader("brigade_trace", loader)
+    bt = importlib.util.module_from_spec(spec)
+    loader.exec_module(bt)
+    return bt
+
+
+def test_lat(run, prog, tool, n, algo, tmp):
+    """BRIGADE_ALGO=tree or rhd: every message a rank sends is in its trace,
+    paired with its receipt at the peer (same phase, round, tree and size),
+    and the bytes add up to what docs/ring-allreduce.md's cost table says:
+    the double tree moves each half of S up and down its N-1 edges, 2(N-1)S
+    in all; rhd moves 2(P-1)/P*S per rank of the P = 2^floor(log2 N) that
+    halve and double, and S each way between a folded rank and its partner.
+    Then the timeline draws one arrow per message."""
+    count, calls = 8 * 1024, 2  # floats: 32 KiB, slices of 4 KiB
+    _, files = run_ranks(run, prog, n, [count, calls], tmp, {"BRIGADE_ALGO": algo})
+    bt = load_tool(tool)
+    ranks = bt.load_all(files)
+    S = count * FLOAT
+    P = 1 << (n.bit_length() - 1)
+    for seq in range(1, calls + 1):
+        msgs = [(r.rank, m) for r in ranks for m in r.msgs if m[2]["seq"] == seq]
+        sends = [(r, m) for r, m in msgs if m[2]["what"] == "send"]
+        recvs = [(r, m) for r, m in msgs if m[2]["what"] == "recv"]
+        tag = f"{algo} N={n} #{seq}"
+        check(len(sends) > 0 and len(sends) == len(recvs),
+              f"{tag}: {len(sends)} sends and {len(recvs)} receives traced")
+        pairs = [p for p in bt.lat_handoffs(ranks) if p[1][2]["seq"] == seq]
+        check(len(pairs) == len(sends), f"{tag}: {len(pairs)} sends paired of {len(sends)}")
+        for src, s_, dst, q in pairs:
+            a, b = s_[2], q[2]
+            if not check(a["peer"] == dst and b["peer"] == src and a["bytes"] == b["bytes"]
+                         and (a["phase"], a["round"], a["tree"]) ==
+                         (b["phase"], b["round"], b["tree"]) and q[2]["data_us"] >= s_[0] - 1,
+                         f"{tag}: rank {src} sent {a}, rank {dst} received {b}"):
+                break
+        total = sum(m[2]["bytes"] for _, m in sends)
+        if algo == "tree":
+            want = 2 * (n - 1) * S
+            phases = {m[2]["phase"] for _, m in sends}
+            check(phases == {"up", "down"}, f"{tag}: phases {phases}")
+        else:
+            want = 2 * (P - 1) * S + 2 * (n - P) * S
+            for r in ranks:
+                mine = [m for m in r.msgs if m[2]["seq"] == seq and m[2]["what"] == "send"]
+                halving = [m for m in mine if m[2]["phase"] in ("halving", "doubling")]
+                check(len(halving) in (0, 2 * (P.bit_length() - 1)),
+                      f"{tag}: rank {r.rank} sent {len(halving)} halving/doubling messages, "
+                      f"not 2*log2({P})")
+                if n == P:
+                    got = sum(m[2]["bytes"] for m in mine)
+                    check(got == 2 * (P - 1) * S // P, f"{tag}: rank {r.rank} sent {got} B, "
+                          f"not 2(N-1)/N*S = {2 * (P - 1) * S // P}")
+        check(total == want, f"{tag}: {total} bytes sent in all, the formula says {want}")
+    # The reductions: the tree's inner nodes add their children's slices,
+    # rhd adds in the fold and the halvings; none in the other phases.
+    red = {m[2]["phase"] for r in ranks for m in r.msgs if m[2]["what"] == "reduce"}
+    check(red <= set(bt.LAT_REDUCING) and red, f"{algo} N={n}: reductions in phases {red}")
+    p = subprocess.run([tool] + files, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, timeout=60)
+    check(p.returncode == 0 and "waiting" in p.stdout, f"summary: {p.returncode} {p.stderr}")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+    except ImportError:
+        print("no matplotlib: the timeline was not drawn (the rest was checked)")
+        return None
+    bt.select(ranks, {calls})
+    with tempfile.TemporaryDirectory(prefix="brigade-draw-") as d:
+        fig = bt.draw(ranks, os.path.join(d, "t.png"), {})
+    ax = fig.axes[0]
+    arrows = [t for t in ax.texts if getattr(t, "arrow_patch", None) is not None]
+    npairs = len(bt.lat_handoffs(ranks))
+    check(len(arrows) == npairs, f"{algo} N={n}: {len(arrows)} arrows for {npairs} messages")
+    return None
+
+
 def main():
     mode = sys.argv[1]
     rest = sys.argv[2:]
     if mode == "spans":
         n, (run, prog, tool) = int(rest[0]), rest[1:4]
+    elif mode == "lat":
+        n, algo, (run, prog, tool) = int(rest[0]), rest[1], rest[2:5]
     else:
         run, prog, tool = rest[0:3]
     note = None
     with tempfile.TemporaryDirectory(prefix="brigade-trace-") as tmp:
         if mode == "spans":
             note = test_spans(run, prog, tool, n, tmp)
+        elif mode == "lat":
+            note = test_lat(run, prog, tool, n, algo, tmp)
         elif mode == "stall":
             test_stall(run, prog, tool, tmp)
         elif mode == "bad":
