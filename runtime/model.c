@@ -76,7 +76,9 @@ static const char *const field_names[BRG__MODEL_FIELDS] = {"net_alpha", "net_bet
                                                            "shm_beta",  "tcp_alpha", "tcp_beta",
                                                            "p2p_alpha", "p2p_beta",  "xchg_beta"};
 
-_Static_assert(sizeof(brg__model_links) == 9 * sizeof(double), "a field without a name");
+_Static_assert(sizeof(brg__model_links) == BRG__MODEL_FIELDS * sizeof(double) &&
+                   sizeof field_names / sizeof *field_names == BRG__MODEL_FIELDS,
+               "every field of brg__model_links has a name");
 
 static const char *const plan_names[BRG__PLAN_COUNT] = {"ring", "rings", "small",
                                                         "hier", "tree",  "rhd"};

@@ -54,7 +54,7 @@ extern const brg__model_links brg__model_default_links;
  * Text, a name and a number a line ("shm_alpha 5e-06"; '#' starts a
  * comment); every name of brg__model_links, each in seconds or seconds per
  * byte; a name left out keeps its default. */
-#define BRG__MODEL_FIELDS 11
+#define BRG__MODEL_FIELDS 9
 /* The fields' names, in brg__model_links order, and each one's address in *ln. */
 const char *brg__model_field_name(int i);
 double *brg__model_field(brg__model_links *ln, int i);
