@@ -494,6 +494,8 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   me.algo = (uint32_t)c->algo;
   me.rings = (uint32_t)brg__core_int(BRG__CORE_RINGS);
   if ((s = brg__model_setup(&me.model, &err)) != BRG_SUCCESS) goto err_free;
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  me.cores = cores > 0 ? (uint32_t)cores : 0;
   if ((s = brg__boot_local_addr(me.addr, sizeof me.addr, &err)) != BRG_SUCCESS) goto err_free;
   if ((s = brg__p2p_open(c, me.addr, &me.p2p_port, &err)) != BRG_SUCCESS) {
     /* An address that parses but is not this host's: say where it came from. */

@@ -120,6 +120,9 @@ static void model_shape_of(const brg_comm *c, const hier_shape *sh, brg__model_s
       break;
     }
   }
+  for (int i = 0; i < c->nranks; i++) /* the fewest of any host's */
+    if (c->peers[i].cores > 0 && (m->cores == 0 || (int)c->peers[i].cores < m->cores))
+      m->cores = (int)c->peers[i].cores;
   int *nic = sh->hosts > 1 ? malloc((size_t)c->nranks * sizeof *nic) : NULL;
   if (nic) {
     int k = brg__topology_nics(c, nic);
@@ -376,9 +379,10 @@ brg_status brg__hier_prepare(brg_comm *c, brg__coll *k) {
       }
       BRG__INFO("coll",
                 "allreduce algorithm: %s (BRIGADE_ALGO=auto, %s, first at %zu bytes: predicted "
-                "%s; the ring's hops within a host over %s, %d NIC(s) a host, links %s; "
-                "brigade-info --model)",
+                "%s; the ring's hops within a host over %s, %d NIC(s) and %d cores a host, "
+                "links %s; brigade-info --model)",
                 brg__algo_name(algo), shape, bytes, pred, ms.local_tcp ? "tcp" : "shm", ms.nics,
+                ms.cores,
                 brg__core_str(BRG__CORE_MODEL_FILE)[0] ? brg__core_str(BRG__CORE_MODEL_FILE)
                                                        : "built in");
     }

@@ -34,9 +34,11 @@
  *
  * The ring's hops within a host are shm's, or tcp's where the transports
  * allowed leave no shm (BRIGADE_TRANSPORTS=tcp): the shape says which.
+ * Where a host's M ranks outnumber its C cores, every hop waits
+ * wake_alpha * (M/C - 1) per thread it wakes, and rhd's exchanges (every
+ * rank's p2p thread busy at once) take M/C times as long.
  *
- * Left out: contention for cores when ranks outnumber them, and the
- * overlap of hier's phases over pieces (BRIGADE_HIER_PIECES): the model
+ * Left out: the overlap of hier's phases over pieces (BRIGADE_HIER_PIECES): the model
  * adds them up.
  */
 #include "model.h"
@@ -70,11 +72,12 @@ const brg__model_links brg__model_default_links = {
     .p2p_alpha = 30e-6,
     .p2p_beta = 1.0 / 1.25e9,
     .xchg_beta = 1.0 / 180e6,
+    .wake_alpha = 2e-6,
 };
 
-static const char *const field_names[BRG__MODEL_FIELDS] = {"net_alpha", "net_beta",  "shm_alpha",
-                                                           "shm_beta",  "tcp_alpha", "tcp_beta",
-                                                           "p2p_alpha", "p2p_beta",  "xchg_beta"};
+static const char *const field_names[] = {"net_alpha", "net_beta",  "shm_alpha", "shm_beta",
+                                          "tcp_alpha", "tcp_beta",  "p2p_alpha", "p2p_beta",
+                                          "xchg_beta", "wake_alpha"};
 
 _Static_assert(sizeof(brg__model_links) == BRG__MODEL_FIELDS * sizeof(double) &&
                    sizeof field_names / sizeof *field_names == BRG__MODEL_FIELDS,
@@ -251,6 +254,20 @@ double brg__model_time(int plan, const brg__model_shape *sh, const brg__model_li
   if (sh->local_tcp) {
     local.shm_alpha = links->tcp_alpha;
     local.shm_beta = links->tcp_beta;
+  }
+  /* A host of M ranks on C < M cores: each hop waits for its receiver's
+   * turn, about M/C - 1 ranks queued per core, once per thread it wakes
+   * (a ring hop over shm wakes the rank; over tcp, and a point-to-point
+   * message, a proxy or p2p thread at each end too); and rhd's exchanges,
+   * every rank's p2p thread copying at once, share the C cores (the ring's
+   * bytes, one copy a rank through shared memory, were not seen to slow:
+   * its hops are most of its time there; the tree's levels take turns). */
+  if (sh->cores > 0 && M > sh->cores) {
+    double busy = (double)M / sh->cores, q = busy - 1, w = links->wake_alpha;
+    local.shm_alpha += (sh->local_tcp ? 3 : 1) * w * q;
+    local.net_alpha += 3 * w * q;
+    local.p2p_alpha += 3 * w * q;
+    local.xchg_beta *= busy;
   }
   const brg__model_links *ln = &local;
   switch (plan) {

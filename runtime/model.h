@@ -20,12 +20,15 @@ typedef struct brg__model_links {
                                  hosts it pays p2p_alpha on top of the network's alpha */
   double xchg_beta;           /* a byte of rhd's exchanges: each rank sends and receives
                                  a part at once through its p2p thread, then adds it */
+  double wake_alpha;          /* where a host's ranks outnumber its cores: what a hop
+                                 waits for each rank queued on a core, per thread it wakes */
 } brg__model_links;
 
 /* H hosts of M ranks each, ordered host by host; K network devices per host. */
 typedef struct brg__model_shape {
   int hosts, local, nics;
   int local_tcp;      /* the ring's hops within a host run over tcp (shm not allowed) */
+  int cores;          /* the fewest cores of a host (0: not known, taken as enough) */
   int rings;          /* BRIGADE_RINGS in effect (1: one ring) */
   size_t small_bytes; /* BRIGADE_SMALL_BYTES */
   size_t slice_bytes; /* BRIGADE_SLICE_BYTES */
@@ -54,7 +57,7 @@ extern const brg__model_links brg__model_default_links;
  * Text, a name and a number a line ("shm_alpha 5e-06"; '#' starts a
  * comment); every name of brg__model_links, each in seconds or seconds per
  * byte; a name left out keeps its default. */
-#define BRG__MODEL_FIELDS 9
+#define BRG__MODEL_FIELDS 10
 /* The fields' names, in brg__model_links order, and each one's address in *ln. */
 const char *brg__model_field_name(int i);
 double *brg__model_field(brg__model_links *ln, int i);

@@ -9,7 +9,8 @@
  *   links: --alpha-net S --beta-net S/B --gbit-net G --alpha-shm S --beta-shm S/B
  *          --alpha-tcp S --beta-tcp S/B --alpha-p2p S --beta-p2p S/B --beta-xchg S/B,
  *          or --model-file PATH (brigade-info --calibrate's) with those overriding it;
- *   shape: --nics K --rings R --small B --slice B; --tcp: tcp within a host
+ *   shape: --nics K --rings R --small B --slice B; --tcp: tcp within a host;
+ *          --cores C: a host's cores (ranks beyond them wait for turns)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -163,6 +164,10 @@ int brg__info_model(int argc, char **argv) {
       ln.tcp_alpha = d;
     else if (!strcmp(a, "--beta-tcp"))
       ln.tcp_beta = d;
+    else if (!strcmp(a, "--cores"))
+      sh.cores = atoi(v);
+    else if (!strcmp(a, "--alpha-wake"))
+      ln.wake_alpha = d;
     else if (!strcmp(a, "--beta-xchg"))
       ln.xchg_beta = d;
     else if (!strcmp(a, "--model-file"))
@@ -183,17 +188,21 @@ int brg__info_model(int argc, char **argv) {
       goto usage;
   }
   if (sh.local < 1 || sh.nics < 1 || sh.rings < 1 || sh.hosts < 0 || nsizes == 0) goto usage;
+  char cores_note[96] = "";
+  if (sh.cores > 0)
+    snprintf(cores_note, sizeof cores_note, "; %d cores a host, a turn %.1f us a queued rank",
+             sh.cores, ln.wake_alpha * 1e6);
   if (!tsv) {
     printf("# brigade's allreduce cost model (runtime/model.c); BRIGADE_ALGO=auto takes the "
            "fastest of the flat ring engine (ring, rings or small, as it would run), hier, tree "
            "and rhd\n");
     printf("# links: net alpha %.1f us, %.3f GB/s; shm alpha %.1f us, %.2f GB/s; tcp alpha %.1f "
            "us, %.2f GB/s; p2p alpha %.1f us, %.2f GB/s, exchanges %.2f GB/s; %s within a "
-           "host; %d NIC(s) per host, %d ring(s), small path up to %zu B, slices of %zu B\n",
+           "host; %d NIC(s) per host, %d ring(s), small path up to %zu B, slices of %zu B%s\n",
            ln.net_alpha * 1e6, 1e-9 / ln.net_beta, ln.shm_alpha * 1e6, 1e-9 / ln.shm_beta,
            ln.tcp_alpha * 1e6, 1e-9 / ln.tcp_beta, ln.p2p_alpha * 1e6, 1e-9 / ln.p2p_beta,
            1e-9 / ln.xchg_beta, sh.local_tcp ? "tcp" : "shm", sh.nics, sh.rings, sh.small_bytes,
-           sh.slice_bytes);
+           sh.slice_bytes, cores_note);
   }
   if (sh.hosts > 0) {
     print_shape(&sh, &ln, sizes, nsizes, tsv, 1);
@@ -211,7 +220,8 @@ usage:
                   "[--nics K] [--rings R] [--small B] [--slice B] [--min-ranks N] "
                   "[--max-ranks N] [--no-hier] [--alpha-net S] [--beta-net S/B | --gbit-net G] "
                   "[--alpha-shm S] [--beta-shm S/B] [--tcp] [--alpha-tcp S] [--beta-tcp S/B] "
-                  "[--alpha-p2p S] [--beta-p2p S/B] [--beta-xchg S/B] [--model-file PATH] "
+                  "[--alpha-p2p S] [--beta-p2p S/B] [--beta-xchg S/B] [--cores C] [--alpha-wake S] "
+                  "[--model-file PATH] "
                   "[--tsv]\n");
   return 2;
 }

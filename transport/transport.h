@@ -202,6 +202,7 @@ typedef struct brg__peer_info {
   uint32_t algo;  /* BRIGADE_ALGO, which every rank must share (runtime/hier.c) */
   uint64_t model; /* the cost model's links' fingerprint, which every rank must share
                      (runtime/model.c) */
+  uint32_t cores; /* its host's online cores, for the cost model's shape */
 } brg__peer_info;
 #define BRG__PEER_TRACING 1u /* the rank writes a trace: clocks are measured at init */
 

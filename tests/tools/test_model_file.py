@@ -19,7 +19,7 @@ import tempfile
 
 INFO, RUN, PERF = sys.argv[1:4]
 FIELDS = ["net_alpha", "net_beta", "shm_alpha", "shm_beta", "tcp_alpha", "tcp_beta",
-          "p2p_alpha", "p2p_beta", "xchg_beta"]
+          "p2p_alpha", "p2p_beta", "xchg_beta", "wake_alpha"]
 failures = []
 
 
