@@ -113,6 +113,37 @@ static int ceil_div(int a, int b) {
   return (a + b - 1) / b;
 }
 
+double brg__model_ring_layout(const int *layout, int hosts, const brg__model_links *ln,
+                              size_t small_bytes, size_t bytes) {
+  int N = 0, most = 0;
+  for (int h = 0; h < hosts; h++) {
+    N += layout[h] > 0 ? layout[h] : 0;
+    if (layout[h] > most) most = layout[h];
+  }
+  if (N < 2) return 0;
+  double *a = malloc((size_t)N * sizeof *a);
+  if (!a) return -1;
+  int at = 0;
+  for (int h = 0; h < hosts; h++)
+    for (int r = 0; r < layout[h]; r++)
+      a[at++] = r == layout[h] - 1 && hosts > 1 ? ln->net_alpha : ln->shm_alpha;
+  int small = bytes > 0 && bytes <= small_bytes;
+  long steps = small ? N - 1 : 2L * (N - 1), q = steps / N, rem = steps % N;
+  double all = 0, worst = 0;
+  for (int i = 0; i < N; i++) all += a[i];
+  for (int p = 0; p < N; p++) { /* the window of rem links from p */
+    double w = 0;
+    for (long k = 0; k < rem; k++) w += a[(p + k) % N];
+    if (w > worst) worst = w;
+  }
+  free(a);
+  double b = 0;
+  if (most > 1) b = ln->shm_beta;
+  if (hosts > 1 && ln->net_beta > b) b = ln->net_beta;
+  double S = (double)bytes;
+  return q * all + worst + (small ? (N - 1) * S * b : 2.0 * (N - 1) / N * S * b);
+}
+
 int brg__model_flat_plan(const brg__model_shape *sh, size_t bytes) {
   if (bytes > 0 && bytes <= sh->small_bytes) return BRG__PLAN_SMALL;
   if (sh->rings > 1 && bytes >= (size_t)sh->rings * sh->slice_bytes) return BRG__PLAN_RINGS;

@@ -77,6 +77,12 @@ const brg__model_links *brg__model_links_now(void);
  * the runtime does not run it on that shape or size. */
 double brg__model_time(int plan, const brg__model_shape *sh, const brg__model_links *ln,
                        size_t bytes);
+/* The flat ring on hosts that differ in rank count (layout[h]: host h's
+ * ranks, in ring order): the chain by a walk over every window of the
+ * ring's links (a network link after each host's last rank), the bytes at
+ * the slowest link kind; the small path up to small_bytes. */
+double brg__model_ring_layout(const int *layout, int hosts, const brg__model_links *ln,
+                              size_t small_bytes, size_t bytes);
 /* The plan the flat ring engine runs for `bytes` (small, rings or ring). */
 int brg__model_flat_plan(const brg__model_shape *sh, size_t bytes);
 /* BRIGADE_ALGO=auto's choice: BRG__ALGO_RING (the flat engine), _HIER,

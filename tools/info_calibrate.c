@@ -15,7 +15,8 @@
  *
  * The network between hosts cannot be measured from one host: net_alpha
  * and net_beta are kept from BRIGADE_MODEL_FILE when it is set, else the
- * built-in ones (docs/multihost.md: calibrating once per machine type).
+ * built-in ones (docs/multihost.md: calibrating once per machine type);
+ * so is wake_alpha, which only ranks beyond the cores would show.
  */
 #include <errno.h>
 #include <netinet/in.h>
@@ -289,8 +290,8 @@ int brg__info_calibrate(int argc, char **argv) {
   char head[3072];
   snprintf(head, sizeof head,
            "# brigade cost model links (BRIGADE_MODEL_FILE; runtime/model.c): seconds, and "
-           "seconds per byte\n# host %s, %ld cores, %s\n%s# net_alpha, net_beta: %s (one host "
-           "cannot measure its network)\n",
+           "seconds per byte\n# host %s, %ld cores, %s\n%s# net_alpha, net_beta, wake_alpha: %s "
+           "(not measured: one host cannot measure its network)\n",
            host, sysconf(_SC_NPROCESSORS_ONLN), when, notes,
            base && *base ? "kept from BRIGADE_MODEL_FILE" : "the built-in ones");
   if (brg__model_write(out, &ln, head, &err) != BRG_SUCCESS) {

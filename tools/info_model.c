@@ -10,7 +10,8 @@
  *          --alpha-tcp S --beta-tcp S/B --alpha-p2p S --beta-p2p S/B --beta-xchg S/B,
  *          or --model-file PATH (brigade-info --calibrate's) with those overriding it;
  *   shape: --nics K --rings R --small B --slice B; --tcp: tcp within a host;
- *          --cores C: a host's cores (ranks beyond them wait for turns)
+ *          --cores C: a host's cores (ranks beyond them wait for turns);
+ *          --layout 3,3,2: the flat ring on hosts of those rank counts
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +21,7 @@
 #include "internal.h"
 #include "model.h"
 
+#define MAX_LAYOUT 4096
 #define MAX_SIZES 64
 
 static int parse_size(const char *s, size_t *out) {
@@ -113,6 +115,7 @@ int brg__info_model(int argc, char **argv) {
                          .slice_bytes = 128 * 1024};
   size_t sizes[MAX_SIZES] = {8, 4096, 65536, 1 << 20, 64 << 20};
   int nsizes = 5, tsv = 0, max_ranks = 4096, min_ranks = 64;
+  int layout[MAX_LAYOUT], nlayout = 0;
   /* a model file first, whatever its place: the flags below override it */
   for (int i = 0; i + 1 < argc; i++)
     if (!strcmp(argv[i], "--model-file")) {
@@ -164,7 +167,14 @@ int brg__info_model(int argc, char **argv) {
       ln.tcp_alpha = d;
     else if (!strcmp(a, "--beta-tcp"))
       ln.tcp_beta = d;
-    else if (!strcmp(a, "--cores"))
+    else if (!strcmp(a, "--layout")) {
+      char buf[1024];
+      snprintf(buf, sizeof buf, "%s", v);
+      for (char *save, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (nlayout == MAX_LAYOUT || atoi(t) < 1) goto usage;
+        layout[nlayout++] = atoi(t);
+      }
+    } else if (!strcmp(a, "--cores"))
       sh.cores = atoi(v);
     else if (!strcmp(a, "--alpha-wake"))
       ln.wake_alpha = d;
@@ -188,6 +198,18 @@ int brg__info_model(int argc, char **argv) {
       goto usage;
   }
   if (sh.local < 1 || sh.nics < 1 || sh.rings < 1 || sh.hosts < 0 || nsizes == 0) goto usage;
+  if (nlayout > 0) { /* the flat ring on hosts of these rank counts */
+    for (int i = 0; i < nsizes; i++) {
+      double t = brg__model_ring_layout(layout, nlayout, &ln, sh.small_bytes, sizes[i]);
+      if (tsv) {
+        for (int h = 0; h < nlayout; h++) printf("%s%d", h ? "," : "", layout[h]);
+        printf("\t%zu\tring\t%.17g\n", sizes[i], t);
+      } else {
+        printf("%10zu B  ring %.1f us\n", sizes[i], t * 1e6);
+      }
+    }
+    return 0;
+  }
   char cores_note[96] = "";
   if (sh.cores > 0)
     snprintf(cores_note, sizeof cores_note, "; %d cores a host, a turn %.1f us a queued rank",
