@@ -4,7 +4,8 @@
  * Slurm: every task of a step knows the step's node list and the job's
  * and step's ids, so every task computes the same rendezvous: the first
  * node of the list (where srun's block and cyclic distributions place
- * task 0) and a port derived from the two ids.
+ * task 0) and a port derived from the two ids. Only srun's tasks (a
+ * numeric step id): a batch script's own process is no step's task.
  *
  * PMIx: the server runs a key-value store for its tasks; rank 0 puts its
  * root's id there, every task fences, the others get it. libpmix is
@@ -89,15 +90,19 @@ int brg__slurm_rendezvous(char *host, size_t host_bytes, int *port, char *from, 
     const char *v = getenv(lists[i]);
     if (v && *v) list = v, list_name = lists[i];
   }
-  if (!job || !*job || !list) return 0;
-  unsigned long job_id = 0, step_id = 0;
-  const char *job_name =
-      getenv("SLURM_JOB_ID") && *getenv("SLURM_JOB_ID") ? "SLURM_JOB_ID" : "SLURM_JOBID";
   const char *step_name = getenv("SLURM_STEP_ID")  ? "SLURM_STEP_ID"
                           : getenv("SLURM_STEPID") ? "SLURM_STEPID"
                                                    : NULL;
+  /* Only srun's tasks: a batch script's own process (no step id, or the
+   * "batch" step) is not one of a step's tasks, and would wait for the
+   * others in vain */
+  const char *step = step_name ? getenv(step_name) : NULL;
+  if (!job || !*job || !list || !step || *step < '0' || *step > '9') return 0;
+  unsigned long job_id = 0, step_id = 0;
+  const char *job_name =
+      getenv("SLURM_JOB_ID") && *getenv("SLURM_JOB_ID") ? "SLURM_JOB_ID" : "SLURM_JOBID";
   if (slurm_id(job_name, &job_id, err) < 0) return -1;
-  if (step_name && slurm_id(step_name, &step_id, err) < 0) return -1;
+  if (slurm_id(step_name, &step_id, err) < 0) return -1;
   if (brg__slurm_first_host(list, host, host_bytes, err) < 0) return -1;
   *port = brg__slurm_port(job_id, step_id);
   snprintf(from, from_bytes, "the first node of %s and a port from %s=%lu, %s=%lu", list_name,

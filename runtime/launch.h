@@ -21,9 +21,10 @@ int brg__slurm_first_host(const char *list, char *host, size_t host_bytes, brg__
  * step and different for the next step of the job. */
 int brg__slurm_port(unsigned long job, unsigned long step);
 
-/* Under Slurm (SLURM_JOB_ID and a node list set): the first node of the
- * step, its port, and the variables they came from, for messages.
- * 0: not under Slurm; -1: malformed (*err says why). */
+/* A task of an srun step (SLURM_JOB_ID, a numeric SLURM_STEP_ID and a
+ * node list set): the first node of the step, its port, and the
+ * variables they came from, for messages. 0: not an srun step's task;
+ * -1: malformed (*err says why). */
 int brg__slurm_rendezvous(char *host, size_t host_bytes, int *port, char *from, size_t from_bytes,
                           brg__errbuf *err);
 

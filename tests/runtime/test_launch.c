@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
 
@@ -53,8 +54,42 @@ static void test_port(void **state) {
   assert_int_equal(brg__slurm_port(4242, 1), brg__slurm_port(4242, 1));
 }
 
+/* Which environments are an srun step's task. */
+static void test_rendezvous_env(void **state) {
+  (void)state;
+  char host[64], from[200];
+  int port = 0;
+  brg__errbuf err = {0};
+  unsetenv("SLURM_JOBID");
+  unsetenv("SLURM_STEPID");
+  unsetenv("SLURM_NODELIST");
+  unsetenv("SLURM_JOB_NODELIST");
+  setenv("SLURM_JOB_ID", "4242", 1);
+  setenv("SLURM_STEP_NODELIST", "cn[07-09]", 1);
+  unsetenv("SLURM_STEP_ID"); /* a batch script's own process */
+  assert_int_equal(brg__slurm_rendezvous(host, sizeof host, &port, from, sizeof from, &err), 0);
+  setenv("SLURM_STEP_ID", "batch", 1);
+  assert_int_equal(brg__slurm_rendezvous(host, sizeof host, &port, from, sizeof from, &err), 0);
+  setenv("SLURM_STEP_ID", "2", 1);
+  assert_int_equal(brg__slurm_rendezvous(host, sizeof host, &port, from, sizeof from, &err), 1);
+  assert_string_equal(host, "cn07");
+  assert_int_equal(port, brg__slurm_port(4242, 2));
+  assert_non_null(strstr(from, "SLURM_STEP_NODELIST"));
+  setenv("SLURM_STEP_NODELIST", "cn[x]", 1);
+  assert_int_equal(brg__slurm_rendezvous(host, sizeof host, &port, from, sizeof from, &err), -1);
+  assert_non_null(strstr(err.msg, "cn[x]"));
+  setenv("SLURM_STEP_NODELIST", "cn1", 1);
+  setenv("SLURM_JOB_ID", "12a", 1);
+  assert_int_equal(brg__slurm_rendezvous(host, sizeof host, &port, from, sizeof from, &err), -1);
+  assert_non_null(strstr(err.msg, "SLURM_JOB_ID"));
+  unsetenv("SLURM_JOB_ID");
+  unsetenv("SLURM_STEP_ID");
+  unsetenv("SLURM_STEP_NODELIST");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_rendezvous_env),
       cmocka_unit_test(test_first_host),
       cmocka_unit_test(test_port),
   };
