@@ -13,6 +13,7 @@
 #include "device.h"
 #include "hash.h"
 #include "internal.h"
+#include "model.h"
 #include "kernels.h"
 #include "ring_link.h"
 #include "settings.h"
@@ -492,6 +493,9 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   me.flags = brg__trace_wanted() && !no_trace ? BRG__PEER_TRACING : 0;
   me.algo = (uint32_t)c->algo;
   me.rings = (uint32_t)brg__core_int(BRG__CORE_RINGS);
+  if ((s = brg__model_setup(&me.model, &err)) != BRG_SUCCESS) goto err_free;
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  me.cores = cores > 0 ? (uint32_t)cores : 0;
   if ((s = brg__boot_local_addr(me.addr, sizeof me.addr, &err)) != BRG_SUCCESS) goto err_free;
   if ((s = brg__p2p_open(c, me.addr, &me.p2p_port, &err)) != BRG_SUCCESS) {
     /* An address that parses but is not this host's: say where it came from. */
@@ -526,6 +530,13 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
                      "BRIGADE_RINGS is %u on rank %d but %u on rank %d (0: automatic); every "
                      "rank must set the same",
                      me.rings, rank, c->peers[i].rings, i);
+      goto err_free;
+    } else if (c->peers[i].model != me.model) {
+      s = brg__error(&err, BRG_ERR_MISMATCH, "init",
+                     "the cost model's links differ between rank %d and rank %d "
+                     "(BRIGADE_MODEL_FILE=\"%.200s\" here): every rank must load the same "
+                     "model file, or none",
+                     rank, i, brg__core_str(BRG__CORE_MODEL_FILE));
       goto err_free;
     }
 

@@ -51,6 +51,7 @@
  * divide kernel on the same stream.
  */
 #include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "device.h"
@@ -94,8 +95,11 @@ static void hier_shape_of(const brg_comm *c, hier_shape *sh) {
 static int hier_fits(const hier_shape *sh);
 
 /* The cost model's view of this communicator (model.c): its hosts (ranks
- * per host rounded up where they differ, and hier ruled out there), its
- * rings and sizes; the links are the model's calibrated ones. */
+ * per host rounded up where they differ, and hier ruled out there), the
+ * links its ring takes within a host (shm, or tcp where the transports
+ * allowed leave no shm: every rank picks them alike, as the links' own
+ * setup needs), its hosts' network devices (topology.c), its rings and
+ * sizes. Only what every rank shares, so that all choose alike. */
 static void model_shape_of(const brg_comm *c, const hier_shape *sh, brg__model_shape *m) {
   *m = (brg__model_shape){.hosts = sh->hosts > 0 ? sh->hosts : 1,
                           .nics = 1,
@@ -108,6 +112,23 @@ static void model_shape_of(const brg_comm *c, const hier_shape *sh, brg__model_s
     m->local_max = sh->max_local;
   }
   m->no_hier = !hier_fits(sh);
+  for (int i = 0; i < c->nranks && c->nranks > 1; i++) {
+    const brg__peer_info *a = &c->peers[c->ring[i]], *b = &c->peers[c->ring[(i + 1) % c->nranks]];
+    if (a->host_hash == b->host_hash &&
+        brg__transport_pick(a, b, c->transports, BRG__CARRIES_HOST) != &brg__transport_shm) {
+      m->local_tcp = 1;
+      break;
+    }
+  }
+  for (int i = 0; i < c->nranks; i++) /* the fewest of any host's */
+    if (c->peers[i].cores > 0 && (m->cores == 0 || (int)c->peers[i].cores < m->cores))
+      m->cores = (int)c->peers[i].cores;
+  int *nic = sh->hosts > 1 ? malloc((size_t)c->nranks * sizeof *nic) : NULL;
+  if (nic) {
+    int k = brg__topology_nics(c, nic);
+    if (k > 1) m->nics = k;
+    free(nic);
+  }
 }
 
 /* INFO, once per communicator and kind of choice. */
@@ -323,21 +344,25 @@ brg_status brg__hier_prepare(brg_comm *c, brg__coll *k) {
   size_t bytes = k->count * brg_dtype_size(k->dtype);
   if (c->algo == BRG__ALGO_AUTO) {
     brg__model_shape ms;
-    model_shape_of(c, &sh, &ms);
-    /* the model walks the schedules (O(N) at large N): the last size's
-     * choice is kept, as loops call one size again and again */
+    const brg__model_links *ln = brg__model_links_now();
+    /* the model walks the schedules (O(N) at large N) and the shape the
+     * hosts (O(N^2)): the last size's choice is kept, as loops call one
+     * size again and again */
     uint64_t last = __atomic_load_n(&c->auto_last, __ATOMIC_RELAXED);
-    int algo;
+    int algo, shaped = 0;
     if (last && last >> 8 == bytes) {
       algo = (int)(last & 0xff) - 1;
     } else {
-      algo = brg__model_auto(&ms, &brg__model_default_links, bytes, NULL);
+      model_shape_of(c, &sh, &ms);
+      shaped = 1;
+      algo = brg__model_auto(&ms, ln, bytes, NULL);
       if (bytes < (1ull << 56))
         __atomic_store_n(&c->auto_last, (uint64_t)bytes << 8 | (uint64_t)(algo + 1),
                          __ATOMIC_RELAXED);
     }
     if (first_time(c, auto_logged(algo))) {
       char shape[64], pred[160];
+      if (!shaped) model_shape_of(c, &sh, &ms);
       if (sh.min_local == sh.max_local || sh.hosts < 2)
         snprintf(shape, sizeof shape, "%d hosts x %d ranks", ms.hosts, ms.local);
       else
@@ -347,15 +372,19 @@ brg_status brg__hier_prepare(brg_comm *c, brg__coll *k) {
           shown[] = {flat, BRG__PLAN_HIER, BRG__PLAN_TREE, BRG__PLAN_RHD};
       size_t at = 0;
       for (int i = 0; i < 4; i++) {
-        double t = brg__model_time(shown[i], &ms, &brg__model_default_links, bytes);
+        double t = brg__model_time(shown[i], &ms, ln, bytes);
         if (t >= 0 && at < sizeof pred)
           at += (size_t)snprintf(pred + at, sizeof pred - at, "%s%s %.0f us", at ? ", " : "",
                                  brg__plan_name(shown[i]), t * 1e6);
       }
       BRG__INFO("coll",
                 "allreduce algorithm: %s (BRIGADE_ALGO=auto, %s, first at %zu bytes: predicted "
-                "%s; brigade-info --model)",
-                brg__algo_name(algo), shape, bytes, pred);
+                "%s; the ring's hops within a host over %s, %d NIC(s) and %d cores a host, "
+                "links %s; brigade-info --model)",
+                brg__algo_name(algo), shape, bytes, pred, ms.local_tcp ? "tcp" : "shm", ms.nics,
+                ms.cores,
+                brg__core_str(BRG__CORE_MODEL_FILE)[0] ? brg__core_str(BRG__CORE_MODEL_FILE)
+                                                       : "built in");
     }
     if (algo == BRG__ALGO_TREE || algo == BRG__ALGO_RHD) {
       k->runner = brg__lat_run;

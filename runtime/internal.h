@@ -222,6 +222,7 @@ struct brg_comm {
 /*
  * Who does what in runtime/ (each file calls only files listed after it):
  *   rendezvous.c  brg_comm_init_env: the launcher's variables -> init.c
+ *   launch.c      PMIx's store and Slurm's step, where no MASTER_ADDR is set
  *   init.c        brg_comm_init, brg_comm_init_config, the extra rings -> split.c
  *   split.c       brg_comm_split: two all-gathers over the parent (progress.c)
  *                 -> comm.c

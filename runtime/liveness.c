@@ -11,15 +11,31 @@
  * rank silent the longest and for how long.
  *
  * What a heartbeat carries (little endian u32s): a count, then (rank, age
- * in ms) pairs. What a rank learned from one direction goes out only the
+ * in ms) pairs, the rank's top bit set where it left the communicator. What a rank learned from one direction goes out only the
  * other way, so no report returns to its source and a rank that comes
  * back is forgotten within a beat or two.
  *
  * Other messages the thread reads (abort notices, goodbyes, a hang-up) wait
  * in a one-message slot per direction for the engine's waiter check, which
  * handles them exactly as if it had read them itself.
+ *
+ * Slow is not gone. A rank can miss its beats without being gone when its
+ * cores are busy (64 ranks on 2 cores: a process waits seconds for a
+ * turn), so:
+ *  - silence is judged up to the last time this thread looked at its
+ *    sockets, not up to now: a reader that was itself kept from running
+ *    has not missed anything yet;
+ *  - a rank of this host that looks silent has its process looked at
+ *    (/proc/PID/stat, every beat while it looks silent): one that is
+ *    running, runnable or asleep is alive, and its silence starts over;
+ *    one stopped (state T), a zombie, gone, or a new process under its
+ *    pid (another start time) is not, and its silence runs on;
+ *  - ranks of other hosts cannot be looked at: the limit grows to twice
+ *    the longest pause this rank has seen in a neighbour that then spoke
+ *    again, or in its own thread's turns (brg__live_silent_limit_ms).
  */
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -52,7 +68,26 @@ struct brg__live {
   int64_t *learned[2];
   live_slot slot[2];
   int kernels_stopped; /* kernel mode: this thread set the abort word */
+  int64_t polled_ns;   /* this thread's last look at the sockets (lock held) */
+  int64_t pause_ms;    /* the longest pause seen in a neighbour or this thread (atomic) */
+  /* Ranks of this host: each process's start time as /proc had it at
+   * start (0: not one of this host's, or not visible from here), and the
+   * last time /proc showed it alive and not stopped (lock held). */
+  unsigned long long *started;
+  int64_t *alive_ns;
+  int left[2]; /* the neighbour said goodbye or hung up: its process says nothing of it */
+  unsigned char *learned_left[2]; /* reported by each direction: rank k left (the same) */
 };
+
+/* Whether rank k left the communicator as far as this rank knows (lock held). */
+static int left_of(const brg__live *l, int k) {
+  const brg_comm *c = l->c;
+  for (int dir = 0; dir < 2; dir++)
+    if ((c->nranks > 1 && (dir == BRG__RING_NEXT ? c->next : c->prev) == k && l->left[dir]) ||
+        (l->learned_left[dir] && l->learned_left[dir][k]))
+      return 1;
+  return 0;
+}
 
 static void put_u32(uint8_t *p, uint32_t v) {
   for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
@@ -65,15 +100,31 @@ static int neighbour(const brg_comm *c, int dir) {
   return dir == BRG__RING_NEXT ? c->next : c->prev;
 }
 
-/* When rank k went silent as this rank sees it (lock held), 0: it is not. */
-static int64_t silent_since(const brg__live *l, int k, int64_t now) {
+/* Whether the neighbour of `dir` has been unheard of for `ms` as far as
+ * this thread has looked (lock held). */
+static int unheard(const brg__live *l, int dir, int64_t now, int64_t ms) {
+  int64_t seen = l->polled_ns && l->polled_ns < now ? l->polled_ns : now;
+  return seen - l->heard_ns[dir] >= ms * 1000000;
+}
+
+/* When rank k went silent as heartbeats tell it (lock held), 0: it is not. */
+static int64_t beat_silent_since(const brg__live *l, int k, int64_t now) {
   const brg_comm *c = l->c;
   int64_t since = 0;
   for (int dir = 0; dir < 2; dir++) {
-    if (neighbour(c, dir) == k && now - l->heard_ns[dir] >= (int64_t)BRG__SILENT_MS * 1000000)
-      since = l->heard_ns[dir];
+    if (neighbour(c, dir) == k && unheard(l, dir, now, BRG__SILENT_MS)) since = l->heard_ns[dir];
     int64_t t = l->learned[dir][k];
     if (t && (!since || t < since)) since = t;
+  }
+  return since;
+}
+
+/* The same, where a process of this host seen alive since restarts it. */
+static int64_t silent_since(const brg__live *l, int k, int64_t now) {
+  int64_t since = beat_silent_since(l, k, now);
+  if (since && l->alive_ns && l->alive_ns[k] > since && !left_of(l, k)) {
+    since = l->alive_ns[k];
+    if (now - since < (int64_t)BRG__SILENT_MS * 1000000) since = 0;
   }
   return since;
 }
@@ -87,10 +138,15 @@ static uint32_t beat_encode(brg__live *l, int dir, uint8_t *buf, int64_t now) {
   for (int k = 0; k < c->nranks && n < BEAT_MAX_PAIRS; k++) {
     if (k == c->rank || k == neighbour(c, dir)) continue;
     int64_t since = l->learned[from][k];
-    if (neighbour(c, from) == k && now - l->heard_ns[from] >= (int64_t)BRG__SILENT_MS * 1000000)
-      since = l->heard_ns[from];
+    if (neighbour(c, from) == k && unheard(l, from, now, BRG__SILENT_MS)) since = l->heard_ns[from];
+    int left = l->learned_left[from][k] || (neighbour(c, from) == k && l->left[from]);
+    /* a process of this host seen alive since is not reported */
+    if (since && l->alive_ns && l->alive_ns[k] > since && !left) {
+      since = l->alive_ns[k];
+      if (now - since < (int64_t)BRG__SILENT_MS * 1000000) since = 0;
+    }
     if (!since) continue;
-    put_u32(buf + 4 + 8 * n, (uint32_t)k);
+    put_u32(buf + 4 + 8 * n, (uint32_t)k | (left ? 0x80000000u : 0));
     put_u32(buf + 8 + 8 * n, (uint32_t)((now - since) / 1000000));
     n++;
   }
@@ -102,13 +158,17 @@ static void beat_decode(brg__live *l, int dir, const uint8_t *buf, uint32_t len,
   brg_comm *c = l->c;
   int64_t *to = l->learned[dir];
   memset(to, 0, (size_t)c->nranks * sizeof *to);
+  memset(l->learned_left[dir], 0, (size_t)c->nranks);
   if (len < 4) return;
   uint32_t n = get_u32(buf);
   if (n > (len - 4) / 8) n = (len - 4) / 8;
   for (uint32_t i = 0; i < n; i++) {
     uint32_t k = get_u32(buf + 4 + 8 * i), age = get_u32(buf + 8 + 8 * i);
+    int left = (k & 0x80000000u) != 0;
+    k &= 0x7fffffffu;
     if (k >= (uint32_t)c->nranks || (int)k == c->rank) continue;
     to[k] = now - (int64_t)age * 1000000;
+    l->learned_left[dir][k] = (unsigned char)left;
   }
 }
 
@@ -140,10 +200,17 @@ static void live_read(brg__live *l, int dir) {
   if (s == BRG_ERR_TIMEOUT) return;
   int64_t now = brg__now_ns();
   pthread_mutex_lock(&l->lock);
-  if (s == BRG_SUCCESS) l->heard_ns[dir] = now;
+  if (s == BRG_SUCCESS) {
+    /* a neighbour that paused and spoke again: how long the pauses get here */
+    int64_t pause = (now - l->heard_ns[dir]) / 1000000 - BRG__BEAT_MS;
+    if (pause > __atomic_load_n(&l->pause_ms, __ATOMIC_RELAXED))
+      __atomic_store_n(&l->pause_ms, pause, __ATOMIC_RELAXED);
+    l->heard_ns[dir] = now;
+  }
   if (s == BRG_SUCCESS && type == BRG__MSG_BEAT) {
     beat_decode(l, dir, (const uint8_t *)data, len, now);
   } else {
+    if (s != BRG_SUCCESS || type == BRG__MSG_BYE || type == BRG__MSG_ABORT) l->left[dir] = 1;
     sl->s = s;
     sl->type = type;
     sl->len = len;
@@ -155,9 +222,66 @@ static void live_read(brg__live *l, int dir) {
 }
 
 int brg__live_silent_limit_ms(const brg_comm *c) {
-  /* As the engine's waits (ring_link.c's check) */
-  return c->silent_fail_ms > 0 && c->silent_fail_ms < c->timeout_ms ? c->silent_fail_ms
-                                                                    : c->timeout_ms;
+  if (c->silent_fail_ms <= 0 || c->silent_fail_ms >= c->timeout_ms) return c->timeout_ms;
+  /* twice the longest pause seen, when that is longer: a rank that paused
+   * that long once and came back may do so again */
+  int64_t pause = c->live ? __atomic_load_n(&c->live->pause_ms, __ATOMIC_RELAXED) : 0;
+  int64_t limit = c->silent_fail_ms;
+  if (2 * pause > limit) limit = 2 * pause;
+  return limit < c->timeout_ms ? (int)limit : c->timeout_ms;
+}
+
+/* /proc/PID/stat's state letter and start time (field 22); 0: unreadable. */
+static char proc_state(int pid, unsigned long long *started) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  char *p = strrchr(buf, ')'); /* the command name may hold anything */
+  if (!p || p[1] != ' ' || !p[2]) return 0;
+  char state = p[2];
+  p += 3;
+  for (int field = 4; field <= 22 && p; field++) {
+    p = strchr(p, ' ');
+    if (p) p++;
+  }
+  *started = p ? strtoull(p, NULL, 10) : 0;
+  return state;
+}
+
+/* Whether rank k of this host is alive: its process still the one that
+ * started, not stopped, not a zombie. */
+static int proc_alive(const brg__live *l, int k) {
+  unsigned long long started = 0;
+  char st = proc_state(l->c->peers[k].pid, &started);
+  return st && st != 'T' && st != 't' && st != 'Z' && st != 'X' && st != 'x' &&
+         started == l->started[k];
+}
+
+/* Every beat: the processes of this host's ranks that look silent, looked
+ * at (the /proc reads outside the lock). */
+static void look_at_processes(brg__live *l, int64_t now) {
+  brg_comm *c = l->c;
+  if (!l->started) return;
+  for (int k = 0; k < c->nranks; k++) {
+    if (!l->started[k]) continue;
+    pthread_mutex_lock(&l->lock);
+    int since = 0, left = left_of(l, k);
+    for (int dir = 0; dir < 2; dir++) {
+      if ((neighbour(c, dir) == k && unheard(l, dir, now, BRG__SILENT_MS / 2)) ||
+          l->learned[dir][k])
+        since = 1;
+    }
+    pthread_mutex_unlock(&l->lock);
+    if (left) continue; /* it left this communicator, whatever its process does */
+    if (!since || !proc_alive(l, k)) continue;
+    pthread_mutex_lock(&l->lock);
+    l->alive_ns[k] = now;
+    pthread_mutex_unlock(&l->lock);
+  }
 }
 
 /* Kernel mode: no host thread waits during a device collective, so this
@@ -214,7 +338,12 @@ static void *live_main(void *arg) {
   while (!__atomic_load_n(&l->stop, __ATOMIC_ACQUIRE)) {
     int64_t now = brg__now_ns();
     if (now >= next_beat) {
+      /* this thread's own turn came late: its cores are that busy */
+      int64_t late = next_beat ? (now - next_beat) / 1000000 : 0;
+      if (late > __atomic_load_n(&l->pause_ms, __ATOMIC_RELAXED))
+        __atomic_store_n(&l->pause_ms, late, __ATOMIC_RELAXED);
       for (int dir = 0; dir < 2; dir++) beat_send(l, dir, now);
+      look_at_processes(l, now);
       next_beat = now + (int64_t)BRG__BEAT_MS * 1000000;
     }
     /* A direction whose slot is full is not read until the waiter took it. */
@@ -233,6 +362,11 @@ static void *live_main(void *arg) {
     if (poll(pfd, (nfds_t)n, wait_ms < BRG__BEAT_MS ? wait_ms : BRG__BEAT_MS) > 0)
       for (int i = 0; i < n; i++)
         if (pfd[i].revents) live_read(l, dirs[i]);
+    /* what was there when it looked has been read: silence counts up to here */
+    int64_t looked = brg__now_ns();
+    pthread_mutex_lock(&l->lock);
+    l->polled_ns = looked;
+    pthread_mutex_unlock(&l->lock);
     kernels_watch(l);
   }
   return NULL;
@@ -244,17 +378,38 @@ brg_status brg__live_start(brg_comm *c, brg__errbuf *err) {
   if (l) {
     l->learned[0] = calloc((size_t)c->nranks, sizeof(int64_t));
     l->learned[1] = calloc((size_t)c->nranks, sizeof(int64_t));
+    l->learned_left[0] = calloc((size_t)c->nranks, 1);
+    l->learned_left[1] = calloc((size_t)c->nranks, 1);
   }
-  if (!l || !l->learned[0] || !l->learned[1]) {
+  if (!l || !l->learned[0] || !l->learned[1] || !l->learned_left[0] || !l->learned_left[1]) {
     if (l) {
       free(l->learned[0]);
       free(l->learned[1]);
+      free(l->learned_left[0]);
+      free(l->learned_left[1]);
     }
     free(l);
     return brg__error(err, BRG_ERR_NO_MEMORY, "init", "liveness: out of memory");
   }
   l->c = c;
   pthread_mutex_init(&l->lock, NULL);
+  /* This host's other ranks, as /proc shows them now (they have just
+   * joined, so each pid is still its rank's process). */
+  l->started = calloc((size_t)c->nranks, sizeof *l->started);
+  l->alive_ns = calloc((size_t)c->nranks, sizeof *l->alive_ns);
+  int local = 0;
+  for (int k = 0; l->started && l->alive_ns && k < c->nranks; k++) {
+    if (k == c->rank || c->peers[k].host_hash != c->peers[c->rank].host_hash) continue;
+    char st = proc_state(c->peers[k].pid, &l->started[k]);
+    if (!st || st == 'Z') l->started[k] = 0;
+    local += l->started[k] != 0;
+  }
+  if (!local) { /* nothing to look at: heartbeats alone */
+    free(l->started);
+    free(l->alive_ns);
+    l->started = NULL;
+    l->alive_ns = NULL;
+  }
   l->heard_ns[0] = l->heard_ns[1] = brg__now_ns();
   c->live = l;
   __atomic_store_n(&l->running, 1, __ATOMIC_RELEASE);
@@ -280,6 +435,10 @@ void brg__live_free(brg_comm *c) {
   pthread_mutex_destroy(&l->lock);
   free(l->learned[0]);
   free(l->learned[1]);
+  free(l->learned_left[0]);
+  free(l->learned_left[1]);
+  free(l->started);
+  free(l->alive_ns);
   free(l);
   c->live = NULL;
 }

@@ -18,42 +18,70 @@
  *          hosts of C to M' ranks: the same with M = C, plus a reduce
  *          and a broadcast of S in chains of ceil(M'/C) ranks,
  *          2*((ceil(M'/C)-1)*a_shm + S*b_shm)
- *   tree   D = floor(log2 N) + 1 levels; up and down 2(D-1) hops, of
+ *   tree   D = floor(log2 N) + 1 levels; up and down 2(D-1) levels, of
  *          which those whose distance in positions reaches M cross hosts
- *          (all but the lowest log2(M) levels); every hop is a
- *          point-to-point message (p2p_alpha, plus a_net between hosts).
+ *          (all but the lowest log2(M) levels); every level is two
+ *          point-to-point messages one after the other (a parent's two
+ *          children; p2p_alpha each, plus a_net between hosts).
  *          Bytes: each half of S through one tree, pipelined in slices:
  *          2S through a rank (or a host's devices) plus the pipeline's fill,
  *          2(D-1) slices.
  *   rhd    P = 2^floor(log2 N): log2(P) halving rounds and as many
- *          doubling ones; the round of distance d moves S*d/P per rank,
+ *          doubling ones; the round of distance d exchanges S*d/P per rank
+ *          (xchg_beta a byte: sent and received at once, then added),
  *          between hosts (all M ranks of a host at once through its
  *          devices) when d >= M; N > P adds a fold and an unfold of S.
  *
- * Left out: contention for cores when ranks outnumber them, and the
- * overlap of hier's phases over pieces (BRIGADE_HIER_PIECES): the model
+ * The ring's hops within a host are shm's, or tcp's where the transports
+ * allowed leave no shm (BRIGADE_TRANSPORTS=tcp): the shape says which.
+ * Where a host's M ranks outnumber its C cores, every hop waits
+ * wake_alpha * (M/C - 1) per thread it wakes, and rhd's exchanges (every
+ * rank's p2p thread busy at once) take M/C times as long.
+ *
+ * Left out: the overlap of hier's phases over pieces (BRIGADE_HIER_PIECES): the model
  * adds them up.
  */
 #include "model.h"
 
+#include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "hash.h"
 #include "internal.h"
 #include "schedule_lat.h"
+#include "settings.h"
 
 /* Calibrated on the CI machine (2 cores) from all_reduce_perf at 4 hosts x
  * 2 ranks over tcp with MH_SHAPE="delay 20us rate 2gbit" (docs/multihost.md
  * has the runs): the network's hop includes the transport's hand-off and
- * the receiver's wake-up; a point-to-point message adds the p2p thread's. */
+ * the receiver's wake-up; a point-to-point message adds the p2p thread's.
+ * tcp within a host, p2p's bytes and rhd's exchanges: the same machine,
+ * one host, 8 ranks (ring, tree and rhd at 8 B and 64 KiB; docs/settings.md
+ * says how to measure a machine's own: brigade-info --calibrate). */
 const brg__model_links brg__model_default_links = {
     .net_alpha = 60e-6,
     .net_beta = 1.0 / 250e6,
     .shm_alpha = 5e-6,
     .shm_beta = 1.0 / 2e9,
+    .tcp_alpha = 60e-6,
+    .tcp_beta = 1.0 / 1e9,
     .p2p_alpha = 30e-6,
-    .p2p_beta = 1.0 / 1e9,
+    .p2p_beta = 1.0 / 1.25e9,
+    .xchg_beta = 1.0 / 180e6,
+    .wake_alpha = 2e-6,
 };
+
+static const char *const field_names[] = {"net_alpha", "net_beta",  "shm_alpha", "shm_beta",
+                                          "tcp_alpha", "tcp_beta",  "p2p_alpha", "p2p_beta",
+                                          "xchg_beta", "wake_alpha"};
+
+_Static_assert(sizeof(brg__model_links) == BRG__MODEL_FIELDS * sizeof(double) &&
+                   sizeof field_names / sizeof *field_names == BRG__MODEL_FIELDS,
+               "every field of brg__model_links has a name");
 
 static const char *const plan_names[BRG__PLAN_COUNT] = {"ring", "rings", "small",
                                                         "hier", "tree",  "rhd"};
@@ -83,6 +111,37 @@ static double beta_max(int H, int M, const brg__model_links *ln, double net_shar
 
 static int ceil_div(int a, int b) {
   return (a + b - 1) / b;
+}
+
+double brg__model_ring_layout(const int *layout, int hosts, const brg__model_links *ln,
+                              size_t small_bytes, size_t bytes) {
+  int N = 0, most = 0;
+  for (int h = 0; h < hosts; h++) {
+    N += layout[h] > 0 ? layout[h] : 0;
+    if (layout[h] > most) most = layout[h];
+  }
+  if (N < 2) return 0;
+  double *a = malloc((size_t)N * sizeof *a);
+  if (!a) return -1;
+  int at = 0;
+  for (int h = 0; h < hosts; h++)
+    for (int r = 0; r < layout[h]; r++)
+      a[at++] = r == layout[h] - 1 && hosts > 1 ? ln->net_alpha : ln->shm_alpha;
+  int small = bytes > 0 && bytes <= small_bytes;
+  long steps = small ? N - 1 : 2L * (N - 1), q = steps / N, rem = steps % N;
+  double all = 0, worst = 0;
+  for (int i = 0; i < N; i++) all += a[i];
+  for (int p = 0; p < N; p++) { /* the window of rem links from p */
+    double w = 0;
+    for (long k = 0; k < rem; k++) w += a[(p + k) % N];
+    if (w > worst) worst = w;
+  }
+  free(a);
+  double b = 0;
+  if (most > 1) b = ln->shm_beta;
+  if (hosts > 1 && ln->net_beta > b) b = ln->net_beta;
+  double S = (double)bytes;
+  return q * all + worst + (small ? (N - 1) * S * b : 2.0 * (N - 1) / N * S * b);
 }
 
 int brg__model_flat_plan(const brg__model_shape *sh, size_t bytes) {
@@ -132,7 +191,8 @@ static double tree_time(const brg__model_shape *sh, const brg__model_links *ln, 
         int ch = nd.child[i];
         if (ch < 0) continue;
         int cross = host_of(q, M) != host_of(ch, M);
-        path[ch] = path[q] + p2p_alpha(ln, cross);
+        /* a level: the parent's two children one after the other */
+        path[ch] = path[q] + p2p_alpha(ln, cross) + ln->p2p_alpha;
         if (cross) {
           edges[host_of(q, M)]++;
           edges[host_of(ch, M)]++;
@@ -159,7 +219,7 @@ static double tree_time(const brg__model_shape *sh, const brg__model_links *ln, 
  * (partner_of), the largest number of a host's ranks crossing at once. */
 static double rhd_round(const brg__model_shape *sh, const brg__model_links *ln, double part,
                         int crossing, int any) {
-  double b = part * ln->p2p_beta;
+  double b = part * ln->xchg_beta;
   if (any) b = fmax(b, part * crossing * ln->net_beta / (sh->nics > 0 ? sh->nics : 1));
   return p2p_alpha(ln, any) + b;
 }
@@ -215,11 +275,32 @@ static double hier_time(const brg__model_shape *sh, const brg__model_links *ln, 
   return fold + 2 * local + cross;
 }
 
-double brg__model_time(int plan, const brg__model_shape *sh, const brg__model_links *ln,
+double brg__model_time(int plan, const brg__model_shape *sh, const brg__model_links *links,
                        size_t bytes) {
   int H = sh->hosts, M = sh->local, N = H * M;
   double S = (double)bytes;
   if (N < 2) return 0;
+  /* the formulas' hops within a host are the ring's link there */
+  brg__model_links local = *links;
+  if (sh->local_tcp) {
+    local.shm_alpha = links->tcp_alpha;
+    local.shm_beta = links->tcp_beta;
+  }
+  /* A host of M ranks on C < M cores: each hop waits for its receiver's
+   * turn, about M/C - 1 ranks queued per core, once per thread it wakes
+   * (a ring hop over shm wakes the rank; over tcp, and a point-to-point
+   * message, a proxy or p2p thread at each end too); and rhd's exchanges,
+   * every rank's p2p thread copying at once, share the C cores (the ring's
+   * bytes, one copy a rank through shared memory, were not seen to slow:
+   * its hops are most of its time there; the tree's levels take turns). */
+  if (sh->cores > 0 && M > sh->cores) {
+    double busy = (double)M / sh->cores, q = busy - 1, w = links->wake_alpha;
+    local.shm_alpha += (sh->local_tcp ? 3 : 1) * w * q;
+    local.net_alpha += 3 * w * q;
+    local.p2p_alpha += 3 * w * q;
+    local.xchg_beta *= busy;
+  }
+  const brg__model_links *ln = &local;
   switch (plan) {
   case BRG__PLAN_RING: return ring_time(sh, ln, S, 1, 0);
   case BRG__PLAN_RINGS:
@@ -257,6 +338,104 @@ int brg__model_auto(const brg__model_shape *sh, const brg__model_links *ln, size
   }
   if (plan_out) *plan_out = best_plan;
   return best;
+}
+
+/* ---- model files ---------------------------------------------------------- */
+
+const char *brg__model_field_name(int i) {
+  return i >= 0 && i < BRG__MODEL_FIELDS ? field_names[i] : NULL;
+}
+
+double *brg__model_field(brg__model_links *ln, int i) {
+  return i >= 0 && i < BRG__MODEL_FIELDS ? (double *)ln + i : NULL;
+}
+
+brg_status brg__model_read(const char *path, brg__model_links *ln, brg__errbuf *err) {
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return brg__error_quiet(err, BRG_ERR_INVALID_ARGUMENT, "model file %s: cannot open: %s", path,
+                            strerror(errno));
+  char line[256];
+  int no = 0;
+  brg_status s = BRG_SUCCESS;
+  while (s == BRG_SUCCESS && fgets(line, sizeof line, f)) {
+    no++;
+    char *hash = strchr(line, '#');
+    if (hash) *hash = 0;
+    char name[64], extra[2];
+    double v;
+    int n = sscanf(line, "%63s %lf %1s", name, &v, extra);
+    if (n <= 0) continue; /* blank or a comment */
+    int i = 0;
+    while (i < BRG__MODEL_FIELDS && (n < 1 || strcmp(name, field_names[i]))) i++;
+    if (n != 2 || i == BRG__MODEL_FIELDS || !(v > 0) || !(v < 1))
+      s = brg__error_quiet(err, BRG_ERR_INVALID_ARGUMENT,
+                           "model file %s, line %d: expected a link's name (net_alpha, "
+                           "shm_beta, ...) and a number of seconds or seconds per byte "
+                           "between 0 and 1, got \"%.60s\"",
+                           path, no, strtok(line, "\n"));
+    else
+      *brg__model_field(ln, i) = v;
+  }
+  if (s == BRG_SUCCESS && ferror(f))
+    s = brg__error_quiet(err, BRG_ERR_INVALID_ARGUMENT, "model file %s: read error", path);
+  fclose(f);
+  return s;
+}
+
+brg_status brg__model_write(const char *path, const brg__model_links *ln, const char *comment,
+                            brg__errbuf *err) {
+  FILE *f = fopen(path, "w");
+  if (!f)
+    return brg__error_quiet(err, BRG_ERR_INVALID_ARGUMENT, "model file %s: cannot create: %s", path,
+                            strerror(errno));
+  if (comment) fputs(comment, f);
+  brg__model_links copy = *ln;
+  for (int i = 0; i < BRG__MODEL_FIELDS; i++)
+    fprintf(f, "%s %.6g\n", field_names[i], *brg__model_field(&copy, i));
+  if (fclose(f) != 0)
+    return brg__error_quiet(err, BRG_ERR_INVALID_ARGUMENT, "model file %s: write error: %s", path,
+                            strerror(errno));
+  return BRG_SUCCESS;
+}
+
+/* BRIGADE_MODEL_FILE's links, kept while the setting stays the same. */
+static pthread_mutex_t links_lock = PTHREAD_MUTEX_INITIALIZER;
+static brg__model_links links_now;
+static int links_set;
+static char links_path[4096];
+
+brg_status brg__model_setup(uint64_t *fingerprint, brg__errbuf *err) {
+  const char *path = brg__core_str(BRG__CORE_MODEL_FILE);
+  brg_status s = BRG_SUCCESS;
+  pthread_mutex_lock(&links_lock);
+  if (!links_set || strcmp(path, links_path)) {
+    brg__model_links ln = brg__model_default_links;
+    if (path[0]) s = brg__model_read(path, &ln, err);
+    if (s == BRG_SUCCESS) {
+      links_now = ln;
+      links_set = 1;
+      snprintf(links_path, sizeof links_path, "%s", path);
+    }
+  }
+  brg__model_links copy = links_now;
+  pthread_mutex_unlock(&links_lock);
+  if (s != BRG_SUCCESS) return s;
+  /* the numbers as text: equal files give equal fingerprints everywhere */
+  uint64_t h = BRG__FNV64_INIT;
+  for (int i = 0; i < BRG__MODEL_FIELDS; i++) {
+    char v[32];
+    int n = snprintf(v, sizeof v, "%.6g;", *brg__model_field(&copy, i));
+    h = brg__fnv1a64(h, v, (size_t)n);
+  }
+  *fingerprint = h;
+  return BRG_SUCCESS;
+}
+
+const brg__model_links *brg__model_links_now(void) {
+  /* set before any communicator exists (brg__model_setup at init) and
+   * only replaced when the setting changes between communicators */
+  return links_set ? &links_now : &brg__model_default_links;
 }
 
 /* ---- kernel mode's shape ------------------------------------------------ */

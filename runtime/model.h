@@ -7,18 +7,28 @@
 #define BRG_MODEL_H
 
 #include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
 
 /* A link's alpha (s: a small message, hop to hop) and beta (s/byte). */
 typedef struct brg__model_links {
   double net_alpha, net_beta; /* a ring hop between hosts */
-  double shm_alpha, shm_beta; /* a ring hop within a host */
+  double shm_alpha, shm_beta; /* a ring hop within a host over shm */
+  double tcp_alpha, tcp_beta; /* a ring hop within a host over tcp (no shm allowed) */
   double p2p_alpha, p2p_beta; /* a point-to-point message within a host (tcp); between
                                  hosts it pays p2p_alpha on top of the network's alpha */
+  double xchg_beta;           /* a byte of rhd's exchanges: each rank sends and receives
+                                 a part at once through its p2p thread, then adds it */
+  double wake_alpha;          /* where a host's ranks outnumber its cores: what a hop
+                                 waits for each rank queued on a core, per thread it wakes */
 } brg__model_links;
 
 /* H hosts of M ranks each, ordered host by host; K network devices per host. */
 typedef struct brg__model_shape {
   int hosts, local, nics;
+  int local_tcp;      /* the ring's hops within a host run over tcp (shm not allowed) */
+  int cores;          /* the fewest cores of a host (0: not known, taken as enough) */
   int rings;          /* BRIGADE_RINGS in effect (1: one ring) */
   size_t small_bytes; /* BRIGADE_SMALL_BYTES */
   size_t slice_bytes; /* BRIGADE_SLICE_BYTES */
@@ -42,10 +52,37 @@ typedef enum {
 const char *brg__plan_name(int plan);
 /* The links of the multi-host tests' shaped links (2 Gbit/s, 20 us; CI machine). */
 extern const brg__model_links brg__model_default_links;
+
+/* ---- model files (brigade-info --calibrate writes them) -------------------
+ * Text, a name and a number a line ("shm_alpha 5e-06"; '#' starts a
+ * comment); every name of brg__model_links, each in seconds or seconds per
+ * byte; a name left out keeps its default. */
+#define BRG__MODEL_FIELDS 10
+/* The fields' names, in brg__model_links order, and each one's address in *ln. */
+const char *brg__model_field_name(int i);
+double *brg__model_field(brg__model_links *ln, int i);
+/* Parses a model file into *ln (which holds the defaults to start from). */
+brg_status brg__model_read(const char *path, brg__model_links *ln, brg__errbuf *err);
+/* Writes *ln as a model file, `comment` lines first (NULL: none). */
+brg_status brg__model_write(const char *path, const brg__model_links *ln, const char *comment,
+                            brg__errbuf *err);
+/* The links auto chooses by: BRIGADE_MODEL_FILE's when set (read at the
+ * first communicator, and again when the setting changes), else the
+ * defaults. brg__model_setup reads it (a bad file: BRG_ERR_INVALID_ARGUMENT
+ * naming the file and line) and returns the links' fingerprint, which
+ * every rank must share (comm.c compares them at init). */
+brg_status brg__model_setup(uint64_t *fingerprint, brg__errbuf *err);
+const brg__model_links *brg__model_links_now(void);
 /* Seconds plan takes for an allreduce of `bytes`; a negative number where
  * the runtime does not run it on that shape or size. */
 double brg__model_time(int plan, const brg__model_shape *sh, const brg__model_links *ln,
                        size_t bytes);
+/* The flat ring on hosts that differ in rank count (layout[h]: host h's
+ * ranks, in ring order): the chain by a walk over every window of the
+ * ring's links (a network link after each host's last rank), the bytes at
+ * the slowest link kind; the small path up to small_bytes. */
+double brg__model_ring_layout(const int *layout, int hosts, const brg__model_links *ln,
+                              size_t small_bytes, size_t bytes);
 /* The plan the flat ring engine runs for `bytes` (small, rings or ring). */
 int brg__model_flat_plan(const brg__model_shape *sh, size_t bytes);
 /* BRIGADE_ALGO=auto's choice: BRG__ALGO_RING (the flat engine), _HIER,

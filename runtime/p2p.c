@@ -1620,7 +1620,7 @@ brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
   /* A peer whose heartbeats stopped (stopped, hung, its host gone) fails
    * the wait at BRIGADE_SILENT_TIMEOUT_MS, as a collective's would. */
   int silent_limit =
-      c->silent_fail_ms > 0 && c->silent_fail_ms < c->timeout_ms ? c->silent_fail_ms : 0;
+      c->silent_fail_ms > 0 && c->silent_fail_ms < c->timeout_ms ? brg__live_silent_limit_ms(c) : 0;
   int64_t silent_ms = -1, next_look = 0;
   while (!op->done) {
     int64_t since = op->last_ns > start ? op->last_ns : start, now = brg__now_ns();
@@ -1629,6 +1629,7 @@ brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
       /* Its lock is the liveness thread's: not taken under the p2p lock. */
       pthread_mutex_unlock(&p->lock);
       silent_ms = brg__live_silent_rank(c, peer);
+      silent_limit = brg__live_silent_limit_ms(c); /* it grows with the pauses seen */
       pthread_mutex_lock(&p->lock);
       next_look = now + 100 * 1000000LL;
       if (op->done) break;

@@ -1,7 +1,9 @@
 /*
  * Rendezvous from the environment, as launchers set it: torchrun
  * (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), brigade-run, mpirun
- * (OMPI_COMM_WORLD_*), PMI and srun (SLURM_*).
+ * (OMPI_COMM_WORLD_*), PMI and srun (SLURM_*). Without MASTER_ADDR: a
+ * PMIx server's exchange (mpirun, srun --mpi=pmix), else Slurm's step
+ * (launch.c).
  */
 #include <errno.h>
 #include <netdb.h>
@@ -11,6 +13,7 @@
 
 #include "hash.h"
 #include "internal.h"
+#include "launch.h"
 #include "settings.h"
 
 /* The first of `names` that is set: its value in *out and its name in
@@ -61,6 +64,57 @@ static brg_status init_alone(brg_comm **comm) {
   return brg__comm_init_opts(comm, 1, &bid, 0, NULL);
 }
 
+/* Under a PMIx server: rank 0 starts the root on its own address (a free
+ * port, or BRIGADE_PORT) with a fresh secret and hands the root's id to
+ * the others through the server's store. *tried 0: no PMIx here or no
+ * libpmix (the caller goes on without it). */
+static brg_status init_pmix(brg_comm **comm, int rank, int size, int *tried) {
+  brg__errbuf err = {0};
+  int prank = -1;
+  *tried = 0;
+  if (brg__pmix_start(&prank, &err) < 0) {
+    BRG__INFO("init", "brg_comm_init_env: %s", err.msg);
+    return BRG_ERR_UNAVAILABLE;
+  }
+  *tried = 1;
+  if (prank != rank)
+    BRG__WARN("init", "brg_comm_init_env: PMIx says rank %d, the environment %d: taking PMIx's",
+              prank, rank);
+  rank = prank;
+  if (rank < 0 || rank >= size)
+    return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT,
+                             "brg_comm_init_env: PMIx rank %d of a job of %d", rank, size);
+  brg__boot_id bid;
+  char hex[2 * sizeof bid + 1] = "";
+  brg_status s = BRG_SUCCESS;
+  if (rank == 0) {
+    char addr[64];
+    s = brg__boot_local_addr(addr, sizeof addr, &err);
+    if (s == BRG_SUCCESS)
+      s = brg__boot_root_start(addr, (uint16_t)brg__core_int(BRG__CORE_PORT), NULL,
+                               (int)brg__core_int(BRG__CORE_TIMEOUT_MS), &bid, &err);
+    const uint8_t *b = (const uint8_t *)&bid;
+    for (size_t i = 0; s == BRG_SUCCESS && i < sizeof bid; i++)
+      snprintf(hex + 2 * i, 3, "%02x", b[i]);
+  }
+  /* every task fences, rank 0's failure or not: the others would wait */
+  if (brg__pmix_share(rank, hex, sizeof hex, &err) < 0 && s == BRG_SUCCESS) s = BRG_ERR_SYSTEM;
+  if (s == BRG_SUCCESS && rank != 0) {
+    if (strlen(hex) != 2 * sizeof bid)
+      return brg__fail_no_comm(BRG_ERR_REMOTE,
+                               "brg_comm_init_env: rank 0 published no bootstrap id through "
+                               "PMIx (its root did not start: see its log)");
+    uint8_t *b = (uint8_t *)&bid;
+    for (size_t i = 0; i < sizeof bid; i++)
+      b[i] = (uint8_t)(hexval(hex[2 * i]) << 4 | hexval(hex[2 * i + 1]));
+  }
+  if (s != BRG_SUCCESS) return brg__fail_no_comm_err(s, &err, "brg_comm_init_env (PMIx): ");
+  BRG__INFO("init", "brg_comm_init_env: the rendezvous through PMIx (rank %d of %d)", rank, size);
+  s = brg__comm_init_opts(comm, size, &bid, rank, NULL);
+  if (rank == 0) brg__boot_root_linger(s != BRG_SUCCESS ? 5000 : 1000);
+  return s;
+}
+
 brg_status brg_comm_init_env(brg_comm **comm) {
   if (!comm) return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_comm_init_env: comm is NULL");
   brg__errbuf err = {0};
@@ -94,14 +148,38 @@ brg_status brg_comm_init_env(brg_comm **comm) {
     return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "brg_comm_init_env: %s=%d but %s=%d",
                              rank_name, rank, size_name, size);
   const char *maddr = getenv("MASTER_ADDR"), *mport = getenv("MASTER_PORT");
+  /* No MASTER_ADDR: a PMIx server's store, else Slurm's step. */
+  char slurm_host[256], slurm_from[200] = "";
+  int slurm_port = 0;
+  if (!maddr || !*maddr) {
+    int tried = 0;
+    if (brg__pmix_present()) {
+      s = init_pmix(comm, rank, size, &tried);
+      if (tried) return s;
+    }
+    int r = brg__slurm_rendezvous(slurm_host, sizeof slurm_host, &slurm_port, slurm_from,
+                                  sizeof slurm_from, &err);
+    if (r < 0) return brg__fail_no_comm_err(BRG_ERR_INVALID_ARGUMENT, &err, "brg_comm_init_env: ");
+    if (r > 0) {
+      maddr = slurm_host;
+      BRG__INFO("init", "brg_comm_init_env: rendezvous at %s port %d (%s)", slurm_host, slurm_port,
+                slurm_from);
+    }
+  }
   if (!maddr || !*maddr)
     return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT,
-                             "brg_comm_init_env: MASTER_ADDR is not set (the host of rank 0)");
+                             "brg_comm_init_env: MASTER_ADDR is not set (the host of rank 0; "
+                             "under Slurm, SLURM_JOB_ID and SLURM_STEP_NODELIST give it, under "
+                             "a PMIx launcher, libpmix)");
   /* BRIGADE_PORT, when set, is the port; otherwise MASTER_PORT, which
-   * under torchrun the elastic agent's own store holds: then the next one. */
+   * under torchrun the elastic agent's own store holds: then the next one;
+   * under Slurm without either, the step's own. */
   long port = (long)brg__core_int(BRG__CORE_PORT);
   const char *port_from = "BRIGADE_PORT";
-  if (port == 0) {
+  if (port == 0 && (!mport || !*mport) && slurm_port) {
+    port = slurm_port;
+    port_from = "SLURM_JOB_ID and SLURM_STEP_ID";
+  } else if (port == 0) {
     port_from = "MASTER_PORT";
     if (!mport || !*mport)
       return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT,
@@ -179,8 +257,9 @@ brg_status brg_comm_init_env(brg_comm **comm) {
         size_t n = strlen(err.msg);
         snprintf(err.msg + n, sizeof err.msg - n,
                  " (the port of %s; if another program, such as torch's store, holds it, set "
-                 "BRIGADE_PORT to a free port)",
-                 port_from);
+                 "BRIGADE_PORT to a free port%s)",
+                 port_from,
+                 slurm_port ? "; under Slurm, rank 0 must run on the step's first node" : "");
       }
       return brg__fail_no_comm_err(s, &err, "rank 0: ");
     }

@@ -112,14 +112,14 @@ static brg_status ring_check(void *arg) {
    * give up), or it was stopped. Named long before the timeout. */
   if (c->silent_fail_ms > 0 && c->silent_fail_ms < c->timeout_ms) {
     int64_t silent_ms = 0;
-    int quiet = brg__live_silent(c, &silent_ms);
-    if (quiet >= 0 && silent_ms >= c->silent_fail_ms)
+    int quiet = brg__live_silent(c, &silent_ms), limit = brg__live_silent_limit_ms(c);
+    if (quiet >= 0 && silent_ms >= limit)
       return brg__comm_error(c, BRG_ERR_REMOTE,
                              "rank %d (pid %d on %s) has been silent for %lld ms (host gone, "
-                             "cut off or stopped; BRIGADE_SILENT_TIMEOUT_MS=%d) while rank %d "
-                             "waited for rank %d to %s",
+                             "cut off or stopped; BRIGADE_SILENT_TIMEOUT_MS=%d, %d in effect) "
+                             "while rank %d waited for rank %d to %s",
                              quiet, c->peers[quiet].pid, c->peers[quiet].hostname,
-                             (long long)silent_ms, c->silent_fail_ms, c->rank, c->wait_peer,
+                             (long long)silent_ms, c->silent_fail_ms, limit, c->rank, c->wait_peer,
                              c->wait_what);
   }
   if (now - c->wait_start_ns > (int64_t)c->timeout_ms * 1000000) {

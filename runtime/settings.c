@@ -62,6 +62,11 @@ static brg__cfg_entry core_entries[BRG__CORE_COUNT] = {
                                "so that one piece crosses hosts while the next is reduced "
                                "within the host; 1: its phases one after another, 0: "
                                "automatic (up to 8); the same on every rank"},
+    [BRG__CORE_MODEL_FILE] = {"BRIGADE_MODEL_FILE", BRG__CFG_KIND_STRING, "", 0, 0,
+                              "the cost model's links (alpha and beta of shm, tcp, the "
+                              "network, point-to-point), as brigade-info --calibrate writes "
+                              "them; BRIGADE_ALGO=auto chooses by them; the same on every "
+                              "rank; empty: the built-in ones"},
 };
 
 static brg__cfg_entry device_entries[BRG__DEVICE_COUNT] = {

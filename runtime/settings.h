@@ -35,6 +35,7 @@ typedef enum {
   BRG__CORE_RINGS,          /* int: rings an allreduce is cut over; 0 = automatic */
   BRG__CORE_P2P_EARLY,      /* size: bytes kept for point-to-point receives not yet posted */
   BRG__CORE_HIER_PIECES,    /* int: pieces hier's phases overlap over; 0 = automatic */
+  BRG__CORE_MODEL_FILE,     /* path of the cost model's links (model.c); empty = built in */
   BRG__CORE_COUNT
 } brg__core_cfg_id;
 

@@ -91,17 +91,21 @@ static int print_markdown(void) {
 int main(int argc, char **argv) {
   if (argc == 2 && strcmp(argv[1], "--markdown") == 0) return print_markdown();
   if (argc >= 2 && strcmp(argv[1], "--model") == 0) return brg__info_model(argc - 2, argv + 2);
+  if (argc >= 2 && strcmp(argv[1], "--calibrate") == 0)
+    return brg__info_calibrate(argc - 2, argv + 2);
   if (argc >= 2 && strcmp(argv[1], "--device-shape") == 0)
     return brg__info_device_shape(argc - 2, argv + 2);
   if (argc > 1) {
     int help = strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0;
     fprintf(help ? stdout : stderr,
-            "usage: brigade-info [--markdown | --model [options] | --device-shape ...]\n"
+            "usage: brigade-info [--markdown | --model [options] | --calibrate --out FILE |\n"
+            "                     --device-shape ...]\n"
             "Prints brigade's version, its settings (BRIGADE_* environment variables)\n"
             "and the transports that can run on this machine; --markdown prints the\n"
             "settings as the Markdown table of docs/settings.md; --model the allreduce cost\n"
             "model BRIGADE_ALGO=auto chooses by (brigade-info --model --help);\n"
-            "--device-shape kernel mode's channels and slots by the model.\n");
+            "--calibrate measures this host's links and writes a model file for\n"
+            "BRIGADE_MODEL_FILE; --device-shape kernel mode's channels and slots by the model.\n");
     return help ? 0 : 2;
   }
 

@@ -7,7 +7,11 @@
  *   brigade-info --model --hosts 4 --per-host 2 [--sizes 4K,1M,64M]
  *   --no-hier: hosts that differ in rank count (hier cannot run)
  *   links: --alpha-net S --beta-net S/B --gbit-net G --alpha-shm S --beta-shm S/B
- *          --alpha-p2p S --beta-p2p S/B; shape: --nics K --rings R --small B --slice B
+ *          --alpha-tcp S --beta-tcp S/B --alpha-p2p S --beta-p2p S/B --beta-xchg S/B,
+ *          or --model-file PATH (brigade-info --calibrate's) with those overriding it;
+ *   shape: --nics K --rings R --small B --slice B; --tcp: tcp within a host;
+ *          --cores C: a host's cores (ranks beyond them wait for turns);
+ *          --layout 3,3,2: the flat ring on hosts of those rank counts
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +21,7 @@
 #include "internal.h"
 #include "model.h"
 
+#define MAX_LAYOUT 4096
 #define MAX_SIZES 64
 
 static int parse_size(const char *s, size_t *out) {
@@ -110,11 +115,22 @@ int brg__info_model(int argc, char **argv) {
                          .slice_bytes = 128 * 1024};
   size_t sizes[MAX_SIZES] = {8, 4096, 65536, 1 << 20, 64 << 20};
   int nsizes = 5, tsv = 0, max_ranks = 4096, min_ranks = 64;
+  int layout[MAX_LAYOUT], nlayout = 0;
+  /* a model file first, whatever its place: the flags below override it */
+  for (int i = 0; i + 1 < argc; i++)
+    if (!strcmp(argv[i], "--model-file")) {
+      brg__errbuf err = {0};
+      if (brg__model_read(argv[i + 1], &ln, &err) != BRG_SUCCESS) {
+        fprintf(stderr, "brigade-info --model: %s\n", err.msg);
+        return 2;
+      }
+    }
   for (int i = 0; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(a, "--tsv") || !strcmp(a, "--no-hier")) {
+    if (!strcmp(a, "--tsv") || !strcmp(a, "--no-hier") || !strcmp(a, "--tcp")) {
       tsv |= !strcmp(a, "--tsv");
       sh.no_hier |= !strcmp(a, "--no-hier");
+      sh.local_tcp |= !strcmp(a, "--tcp");
       continue;
     }
     if (!v) goto usage;
@@ -147,6 +163,25 @@ int brg__info_model(int argc, char **argv) {
       ln.shm_alpha = d;
     else if (!strcmp(a, "--beta-shm"))
       ln.shm_beta = d;
+    else if (!strcmp(a, "--alpha-tcp"))
+      ln.tcp_alpha = d;
+    else if (!strcmp(a, "--beta-tcp"))
+      ln.tcp_beta = d;
+    else if (!strcmp(a, "--layout")) {
+      char buf[1024];
+      snprintf(buf, sizeof buf, "%s", v);
+      for (char *save, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (nlayout == MAX_LAYOUT || atoi(t) < 1) goto usage;
+        layout[nlayout++] = atoi(t);
+      }
+    } else if (!strcmp(a, "--cores"))
+      sh.cores = atoi(v);
+    else if (!strcmp(a, "--alpha-wake"))
+      ln.wake_alpha = d;
+    else if (!strcmp(a, "--beta-xchg"))
+      ln.xchg_beta = d;
+    else if (!strcmp(a, "--model-file"))
+      ; /* read above */
     else if (!strcmp(a, "--alpha-p2p"))
       ln.p2p_alpha = d;
     else if (!strcmp(a, "--beta-p2p"))
@@ -163,16 +198,33 @@ int brg__info_model(int argc, char **argv) {
       goto usage;
   }
   if (sh.local < 1 || sh.nics < 1 || sh.rings < 1 || sh.hosts < 0 || nsizes == 0) goto usage;
+  if (nlayout > 0) { /* the flat ring on hosts of these rank counts */
+    for (int i = 0; i < nsizes; i++) {
+      double t = brg__model_ring_layout(layout, nlayout, &ln, sh.small_bytes, sizes[i]);
+      if (tsv) {
+        for (int h = 0; h < nlayout; h++) printf("%s%d", h ? "," : "", layout[h]);
+        printf("\t%zu\tring\t%.17g\n", sizes[i], t);
+      } else {
+        printf("%10zu B  ring %.1f us\n", sizes[i], t * 1e6);
+      }
+    }
+    return 0;
+  }
+  char cores_note[96] = "";
+  if (sh.cores > 0)
+    snprintf(cores_note, sizeof cores_note, "; %d cores a host, a turn %.1f us a queued rank",
+             sh.cores, ln.wake_alpha * 1e6);
   if (!tsv) {
     printf("# brigade's allreduce cost model (runtime/model.c); BRIGADE_ALGO=auto takes the "
            "fastest of the flat ring engine (ring, rings or small, as it would run), hier, tree "
            "and rhd\n");
-    printf("# links: net alpha %.1f us, %.3f GB/s; shm alpha %.1f us, %.2f GB/s; p2p alpha %.1f "
-           "us, %.2f GB/s; %d NIC(s) per host, %d ring(s), small path up to %zu B, slices of "
-           "%zu B\n",
+    printf("# links: net alpha %.1f us, %.3f GB/s; shm alpha %.1f us, %.2f GB/s; tcp alpha %.1f "
+           "us, %.2f GB/s; p2p alpha %.1f us, %.2f GB/s, exchanges %.2f GB/s; %s within a "
+           "host; %d NIC(s) per host, %d ring(s), small path up to %zu B, slices of %zu B%s\n",
            ln.net_alpha * 1e6, 1e-9 / ln.net_beta, ln.shm_alpha * 1e6, 1e-9 / ln.shm_beta,
-           ln.p2p_alpha * 1e6, 1e-9 / ln.p2p_beta, sh.nics, sh.rings, sh.small_bytes,
-           sh.slice_bytes);
+           ln.tcp_alpha * 1e6, 1e-9 / ln.tcp_beta, ln.p2p_alpha * 1e6, 1e-9 / ln.p2p_beta,
+           1e-9 / ln.xchg_beta, sh.local_tcp ? "tcp" : "shm", sh.nics, sh.rings, sh.small_bytes,
+           sh.slice_bytes, cores_note);
   }
   if (sh.hosts > 0) {
     print_shape(&sh, &ln, sizes, nsizes, tsv, 1);
@@ -189,7 +241,10 @@ usage:
   fprintf(stderr, "usage: brigade-info --model [--hosts H --per-host M] [--sizes 8,4K,1M] "
                   "[--nics K] [--rings R] [--small B] [--slice B] [--min-ranks N] "
                   "[--max-ranks N] [--no-hier] [--alpha-net S] [--beta-net S/B | --gbit-net G] "
-                  "[--alpha-shm S] [--beta-shm S/B] [--alpha-p2p S] [--beta-p2p S/B] [--tsv]\n");
+                  "[--alpha-shm S] [--beta-shm S/B] [--tcp] [--alpha-tcp S] [--beta-tcp S/B] "
+                  "[--alpha-p2p S] [--beta-p2p S/B] [--beta-xchg S/B] [--cores C] [--alpha-wake S] "
+                  "[--model-file PATH] "
+                  "[--tsv]\n");
   return 2;
 }
 

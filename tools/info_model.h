@@ -5,4 +5,7 @@ int brg__info_model(int argc, char **argv);
 /* brigade-info --device-shape LINK NRANKS [NSLOTS [SIZE...]]: kernel
  * mode's channels and slot by the model, one tab-separated line a size. */
 int brg__info_device_shape(int argc, char **argv);
+/* brigade-info --calibrate --out FILE [--ranks N]: measures this host's
+ * links and writes a model file (info_calibrate.c); the exit status. */
+int brg__info_calibrate(int argc, char **argv);
 #endif

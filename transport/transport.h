@@ -200,6 +200,9 @@ typedef struct brg__peer_info {
   char addr[64];  /* numeric address other hosts reach this rank at */
   uint32_t flags; /* BRG__PEER_* */
   uint32_t algo;  /* BRIGADE_ALGO, which every rank must share (runtime/hier.c) */
+  uint64_t model; /* the cost model's links' fingerprint, which every rank must share
+                     (runtime/model.c) */
+  uint32_t cores; /* its host's online cores, for the cost model's shape */
 } brg__peer_info;
 #define BRG__PEER_TRACING 1u /* the rank writes a trace: clocks are measured at init */
 

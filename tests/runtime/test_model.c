@@ -6,7 +6,10 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "internal.h"
@@ -178,12 +181,97 @@ static void test_device_shape(void **state) {
   assert_int_equal(nv.slot_bytes, 512 * 1024);
 }
 
+/* The links the ring takes within a host, and a host's cores: one host of
+ * N ranks, as bench/auto_check.py measured them on a 2-core machine (the
+ * ring wins over shm up to 32 ranks; over tcp, rhd at 8 B and the tree at
+ * 64 KiB; 64 ranks over shm, rhd at 8 B and not rhd at 64 KiB). */
+static void test_links_within_host(void **state) {
+  (void)state;
+  const brg__model_links *ln = &brg__model_default_links;
+  for (int n = 4; n <= 32; n *= 2) {
+    brg__model_shape sh = {.hosts = 1,
+                           .local = n,
+                           .nics = 1,
+                           .rings = 1,
+                           .small_bytes = 4096,
+                           .slice_bytes = 131072,
+                           .cores = 2};
+    assert_int_equal(brg__model_auto(&sh, ln, 8, NULL), BRG__ALGO_RING);
+    assert_int_equal(brg__model_auto(&sh, ln, 65536, NULL), BRG__ALGO_RING);
+    sh.local_tcp = 1;
+    if (n >= 8) {
+      assert_int_equal(brg__model_auto(&sh, ln, 8, NULL), BRG__ALGO_RHD);
+      assert_int_equal(brg__model_auto(&sh, ln, 65536, NULL), BRG__ALGO_TREE);
+    }
+    /* tcp's hop costs more than shm's */
+    brg__model_shape shm = sh;
+    shm.local_tcp = 0;
+    assert_true(brg__model_time(BRG__PLAN_RING, &sh, ln, 65536) >
+                brg__model_time(BRG__PLAN_RING, &shm, ln, 65536));
+  }
+  brg__model_shape big = {.hosts = 1,
+                          .local = 64,
+                          .nics = 1,
+                          .rings = 1,
+                          .small_bytes = 4096,
+                          .slice_bytes = 131072,
+                          .cores = 2};
+  assert_int_equal(brg__model_auto(&big, ln, 8, NULL), BRG__ALGO_RHD);
+  assert_int_not_equal(brg__model_auto(&big, ln, 65536, NULL), BRG__ALGO_RHD);
+  /* cores enough (or unknown): no queueing */
+  brg__model_shape idle = big;
+  idle.cores = 64;
+  double t_idle = brg__model_time(BRG__PLAN_RHD, &idle, ln, 65536);
+  idle.cores = 0;
+  assert_true(brg__model_time(BRG__PLAN_RHD, &idle, ln, 65536) == t_idle);
+  assert_true(brg__model_time(BRG__PLAN_RHD, &big, ln, 65536) > 10 * t_idle);
+}
+
+/* Model files: what brg__model_write writes, brg__model_read reads back;
+ * a name left out keeps the value it had; bad lines are named. */
+static void test_model_file(void **state) {
+  (void)state;
+  char path[] = "/tmp/brg-model-XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  brg__model_links a = brg__model_default_links, b = brg__model_default_links;
+  a.shm_alpha = 1.5e-6;
+  a.xchg_beta = 3.25e-9;
+  brg__errbuf err = {0};
+  assert_int_equal(brg__model_write(path, &a, "# a comment\n", &err), BRG_SUCCESS);
+  memset(&b, 0, sizeof b);
+  assert_int_equal(brg__model_read(path, &b, &err), BRG_SUCCESS);
+  for (int i = 0; i < BRG__MODEL_FIELDS; i++)
+    assert_true(fabs(*brg__model_field(&b, i) / *brg__model_field(&a, i) - 1) < 1e-5);
+  FILE *f = fopen(path, "w");
+  fputs("# only one\nshm_beta 2e-10 # with a comment\n", f);
+  fclose(f);
+  b = brg__model_default_links;
+  assert_int_equal(brg__model_read(path, &b, &err), BRG_SUCCESS);
+  assert_true(b.shm_beta == 2e-10 && b.shm_alpha == brg__model_default_links.shm_alpha);
+  static const char *const bad[] = {"shm_alpha\n",           "shm_alpha x\n",
+                                    "shm_gamma 1e-6\n",      "shm_alpha -1e-6\n",
+                                    "shm_alpha 1e-6 2e-6\n", "net_beta 5\n"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    f = fopen(path, "w");
+    fprintf(f, "net_alpha 1e-5\n%s", bad[i]);
+    fclose(f);
+    memset(&err, 0, sizeof err);
+    assert_int_equal(brg__model_read(path, &b, &err), BRG_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(err.msg, "line 2"));
+    assert_non_null(strstr(err.msg, path));
+  }
+  unlink(path);
+  assert_int_equal(brg__model_read(path, &b, &err), BRG_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(err.msg, "cannot open"));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_auto_is_fastest),
-      cmocka_unit_test(test_known_cases),
-      cmocka_unit_test(test_uneven_hier),
-      cmocka_unit_test(test_device_shape),
+      cmocka_unit_test(test_links_within_host), cmocka_unit_test(test_model_file),
+      cmocka_unit_test(test_auto_is_fastest),   cmocka_unit_test(test_known_cases),
+      cmocka_unit_test(test_uneven_hier),       cmocka_unit_test(test_device_shape),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
