@@ -216,7 +216,7 @@ static brg_status rings_setup(brg_comm *c, char *why, size_t cap) {
   for (int r = 1; r < rings && s == BRG_SUCCESS; r++) {
     /* The same ranks (so that messages name the same ones), the ring
      * inside each host turned by r. */
-    s = brg__comm_split_opts(c, 0, c->rank, 1, r, &c->rings[r]);
+    s = brg__comm_split_opts(c, 0, c->rank, BRG__PIECE_RUNS, r, &c->rings[r]);
     if (s != BRG_SUCCESS) {
       snprintf(why, cap, "making ring %d of %d: %s", r, rings, brg_comm_last_error(NULL));
       break;
