@@ -239,6 +239,8 @@ struct brg_comm {
  *   comm.c        create (bootstrap, topology, links), accessors, destroy
  *   stop.c        brg__comm_stop: what brg_comm_abort does below the API
  *   rings.c       a collective cut over the rings of init.c
+ *   linkset.c     the pieces (rings, hierarchy, kernel mode's links) a
+ *                 communicator's threads serve (liveness.c serves them)
  *   progress.c    issue order: the worker thread; the runner chosen at
  *                 issue (ring.c, hier.c, lat.c or rings.c); the all-gather
  *                 that splits and sub-communicators exchange over their
