@@ -356,8 +356,10 @@ void brg__coll_describe(char *out, size_t n, brg__coll_kind kind, uint64_t seq, 
                         int dtype, int op, int root, int device);
 
 /* liveness.c: a thread per communicator beats on both ring sockets every
- * BRG__BEAT_MS and reads them; a rank unheard of for BRG__SILENT_MS is
- * silent. start/stop/free around the communicator's ready life. */
+ * BRG__BEAT_MS and reads them, and on those of the pieces of its link set
+ * (linkset.h), which have no thread of their own; a rank unheard of for
+ * BRG__SILENT_MS is silent. start/stop/free around the communicator's
+ * ready life (after stop, the thread goes on for the pieces until free). */
 #define BRG__BEAT_MS 100
 #define BRG__SILENT_MS 1000
 brg_status brg__live_start(brg_comm *c, brg__errbuf *err);

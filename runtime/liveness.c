@@ -46,7 +46,7 @@ typedef struct brg__live brg__live;
 struct brg__live {
   brg_comm *c;
   pthread_t thread;
-  int threaded; /* this communicator's own thread (a link set's owner); 0: a piece of one */
+  int threaded; /* the thread of a link set's owner runs (from start to free) */
   int running;  /* atomic: a thread reads the ring sockets */
   int stop;     /* atomic */
   pthread_mutex_t lock;
@@ -260,9 +260,10 @@ static void *live_main(void *arg) {
       nanosleep(&ts, NULL); /* out of memory: try again at the next beat */
       continue;
     }
-    p.l[p.n++] = owner;
+    if (__atomic_load_n(&owner->running, __ATOMIC_ACQUIRE)) p.l[p.n++] = owner;
     for (int i = 0; i < set->n; i++)
-      if (set->piece[i]->live) p.l[p.n++] = set->piece[i]->live;
+      if (set->piece[i]->live && __atomic_load_n(&set->piece[i]->live->running, __ATOMIC_ACQUIRE))
+        p.l[p.n++] = set->piece[i]->live;
     uint64_t gen = set->gen;
     int beat = now >= next_beat;
     if (beat) next_beat = now + (int64_t)BRG__BEAT_MS * 1000000;
@@ -336,20 +337,22 @@ brg_status brg__live_start(brg_comm *c, brg__errbuf *err) {
   l->heard_ns[0] = l->heard_ns[1] = brg__now_ns();
   c->live = l;
   if (c->link_owner) {
-    /* A piece of a link set: the owner's thread serves it, while it runs. */
+    /* A piece of a link set: the owner's thread serves it. */
     brg__live *o = c->link_owner->live;
-    int served = o && __atomic_load_n(&o->running, __ATOMIC_ACQUIRE);
-    __atomic_store_n(&l->running, served, __ATOMIC_RELEASE);
+    __atomic_store_n(&l->running, o && __atomic_load_n(&o->threaded, __ATOMIC_ACQUIRE),
+                     __ATOMIC_RELEASE);
     brg_status s = brg__linkset_join(c->link_owner, c, err);
     if (s != BRG_SUCCESS) __atomic_store_n(&l->running, 0, __ATOMIC_RELEASE);
     return s;
   }
   brg_status s = brg__linkset_init(c, err);
   if (s != BRG_SUCCESS) return s;
-  l->threaded = 1;
   __atomic_store_n(&l->running, 1, __ATOMIC_RELEASE);
   s = brg__proxy_start(&l->thread, live_main, l, "brg-live", err);
-  if (s != BRG_SUCCESS) __atomic_store_n(&l->running, 0, __ATOMIC_RELEASE);
+  if (s == BRG_SUCCESS)
+    __atomic_store_n(&l->threaded, 1, __ATOMIC_RELEASE);
+  else
+    __atomic_store_n(&l->running, 0, __ATOMIC_RELEASE);
   return s;
 }
 
@@ -360,31 +363,35 @@ static void live_unserved(brg__live *l) {
   pthread_mutex_unlock(&l->lock);
 }
 
+/* The thread stops serving c: the owner's own sockets, or a piece that
+ * leaves its set. The owner's thread goes on for the pieces, each served
+ * until it is destroyed itself, and ends with the owner (brg__live_free). */
 void brg__live_stop(brg_comm *c) {
   brg__live *l = c->live;
   if (!l) return;
-  if (!l->threaded) {
-    /* A piece: once it left, the owner's thread no longer touches it. */
-    if (c->link_owner) brg__linkset_leave(c->link_owner, c);
+  if (c->link_owner) {
+    brg__linkset_leave(c->link_owner, c); /* the thread no longer touches it */
     live_unserved(l);
     return;
   }
-  if (!__atomic_load_n(&l->running, __ATOMIC_ACQUIRE)) return;
-  __atomic_store_n(&l->stop, 1, __ATOMIC_RELEASE);
-  pthread_join(l->thread, NULL);
+  if (!c->links) return;
+  /* Between passes (the thread holds the lock for one), and the pass that
+   * polls now looks again (gen). */
+  pthread_mutex_lock(&c->links->lock);
+  c->links->gen++;
   live_unserved(l);
-  /* Its pieces lose their reader too. */
-  brg__linkset *set = c->links;
-  pthread_mutex_lock(&set->lock);
-  for (int i = 0; i < set->n; i++)
-    if (set->piece[i]->live) live_unserved(set->piece[i]->live);
-  pthread_mutex_unlock(&set->lock);
+  pthread_mutex_unlock(&c->links->lock);
 }
 
 void brg__live_free(brg_comm *c) {
   brg__live *l = c->live;
   if (!l) return;
   brg__live_stop(c);
+  if (l->threaded) {
+    __atomic_store_n(&l->stop, 1, __ATOMIC_RELEASE);
+    pthread_join(l->thread, NULL);
+    __atomic_store_n(&l->threaded, 0, __ATOMIC_RELEASE);
+  }
   pthread_mutex_destroy(&l->lock);
   free(l->learned[0]);
   free(l->learned[1]);
