@@ -304,8 +304,10 @@ static void *live_main(void *arg) {
       brg__live *l = p.l[p.who[i]];
       if (p.dir[i] >= 0)
         live_read(l, p.dir[i]);
-      else
-        brg__p2p_need(l->c, NULL); /* someone dials it: its thread takes the call */
+      else {
+        brg__errbuf quiet = {0};     /* a failure is the next send's or receive's to report */
+        brg__p2p_need(l->c, &quiet); /* someone dials it: its thread takes the call */
+      }
     }
     for (int i = 0; i < p.n; i++) kernels_watch(p.l[i]);
     pthread_mutex_unlock(&set->lock);

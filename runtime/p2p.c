@@ -232,6 +232,7 @@ typedef struct brg__p2p {
   int wake_fd;        /* eventfd: the thread looks again (new link, stop) */
   pthread_t thread;
   int armed;   /* the peer table is known: the thread may start */
+  int refused; /* atomic: a start failed; the liveness thread stops watching the door */
   int started; /* atomic: the thread runs (started under start_lock) */
   int stop;
   pthread_mutex_t start_lock;
@@ -1097,6 +1098,7 @@ brg_status brg__p2p_need(brg_comm *c, brg__errbuf *err) {
     __atomic_store_n(&p->started, 1, __ATOMIC_RELEASE);
   pthread_mutex_unlock(&p->start_lock);
   if (s == BRG_SUCCESS) return s;
+  __atomic_store_n(&p->refused, 1, __ATOMIC_RELEASE); /* the next send or receive tries again */
   if (err) {
     *err = e;
     return s;
@@ -1106,7 +1108,9 @@ brg_status brg__p2p_need(brg_comm *c, brg__errbuf *err) {
 
 int brg__p2p_door_fd(brg_comm *c) {
   brg__p2p *p = c->p2p;
-  if (!p || !p->armed || __atomic_load_n(&p->started, __ATOMIC_ACQUIRE)) return -1;
+  if (!p || !p->armed || __atomic_load_n(&p->started, __ATOMIC_ACQUIRE) ||
+      __atomic_load_n(&p->refused, __ATOMIC_ACQUIRE))
+    return -1;
   return p->door.listen_fd;
 }
 
