@@ -15,6 +15,7 @@
 #include "internal.h"
 #include "model.h"
 #include "kernels.h"
+#include "linkset.h"
 #include "ring_link.h"
 #include "settings.h"
 #include "trace.h"
@@ -472,6 +473,8 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   snprintf(c->transports, sizeof c->transports, "%s",
            c->transports_from_config ? opts->transports : brg__core_str(BRG__CORE_TRANSPORTS));
   c->ring_rotate = opts ? opts->ring_rotate : 0;
+  /* A piece of its parent's link set: the set's owner serves it. */
+  if (split && opts->piece) c->link_owner = brg__linkset_owner(opts->parent);
   c->nslots = (int)brg__core_int(BRG__CORE_STEPS);
   c->comm_id = brg__fnv1a64(BRG__FNV64_INIT, id, sizeof *id);
   c->algo = brg__algo_parse(brg__core_str(BRG__CORE_ALGO)); /* checked by the load */
@@ -577,7 +580,10 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
     else
       c->small_bytes = 0;
   }
-  if ((s = brg__progress_start(c, &err)) != BRG_SUCCESS) goto err_free;
+  /* Links alone (a link set's kernel mode links) run no collectives. */
+  if ((!split || split->piece != BRG__PIECE_LINKS) &&
+      (s = brg__progress_start(c, &err)) != BRG_SUCCESS)
+    goto err_free;
   if ((s = brg__p2p_start(c, &err)) != BRG_SUCCESS) goto err_free;
   if ((s = brg__live_start(c, &err)) != BRG_SUCCESS) goto err_free;
   c->ready = 1;

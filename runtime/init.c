@@ -5,8 +5,10 @@
  *
  * Several rings (BRIGADE_RINGS): an allreduce is cut into R parts, one per
  * ring, that run at once. Ring 0 is the communicator's own; ring r > 0 is a
- * communicator split from it whose order inside every host is rotated by
- * r, so each ring leaves a host through a different local rank:
+ * piece of its link set (linkset.h: split from it, served by its liveness
+ * thread, with a thread of its own for its part) whose order inside every
+ * host is rotated by r, so each ring leaves a host through a different
+ * local rank:
  *
  *     host A: a0 a1 a2      ring 0: a0 a1 a2 | b0 b1 b2   crosses a2 -> b0
  *     host B: b0 b1 b2      ring 1: a1 a2 a0 | b1 b2 b0   crosses a0 -> b1
@@ -216,7 +218,7 @@ static brg_status rings_setup(brg_comm *c, char *why, size_t cap) {
   for (int r = 1; r < rings && s == BRG_SUCCESS; r++) {
     /* The same ranks (so that messages name the same ones), the ring
      * inside each host turned by r. */
-    s = brg__comm_split_opts(c, 0, c->rank, 1, r, &c->rings[r]);
+    s = brg__comm_split_opts(c, 0, c->rank, BRG__PIECE_RUNS, r, &c->rings[r]);
     if (s != BRG_SUCCESS) {
       snprintf(why, cap, "making ring %d of %d: %s", r, rings, brg_comm_last_error(NULL));
       break;

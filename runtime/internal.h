@@ -198,9 +198,14 @@ struct brg_comm {
   int ring_rotate;  /* this ring's turn inside each host (brg__comm_opts) */
 
   struct brg__live *live; /* liveness.c: heartbeats, the ring sockets' reader once ready */
-  int ready;              /* setup finished: ring sockets carry only aborts, beats, goodbyes */
-  volatile int aborted;   /* brg_comm_abort was called (from any thread): atomic access */
-  brg_status broken;      /* sticky: first error of a collective */
+  /* linkset.h: the pieces this communicator's threads serve (its rings,
+   * hierarchy and kernel mode's links), or, for such a piece, the
+   * communicator whose set it belongs to. */
+  struct brg__linkset *links;
+  struct brg_comm *link_owner;
+  int ready;            /* setup finished: ring sockets carry only aborts, beats, goodbyes */
+  volatile int aborted; /* brg_comm_abort was called (from any thread): atomic access */
+  brg_status broken;    /* sticky: first error of a collective */
   pthread_mutex_t err_lock;
   pthread_mutex_t ring_lock; /* writes to ring sockets */
   char last_error[BRG__ERRLEN];
@@ -235,6 +240,8 @@ struct brg_comm {
  *   comm.c        create (bootstrap, topology, links), accessors, destroy
  *   stop.c        brg__comm_stop: what brg_comm_abort does below the API
  *   rings.c       a collective cut over the rings of init.c
+ *   linkset.c     the pieces (rings, hierarchy, kernel mode's links) a
+ *                 communicator's threads serve (liveness.c serves them)
  *   progress.c    issue order: the worker thread; the runner chosen at
  *                 issue (ring.c, hier.c, lat.c or rings.c); the all-gather
  *                 that splits and sub-communicators exchange over their
@@ -260,10 +267,14 @@ struct brg_comm {
  *   settings.c    the runtime's settings and the one table of all sections
  */
 
-/* split.c: brg_comm_split, and with no_trace a communicator that writes no
- * trace of its own, with ring_rotate one whose ring is turned inside each
- * host (init.c's rings); every rank of the new one must pass the same. */
-brg_status brg__comm_split_opts(brg_comm *comm, int color, int key, int no_trace, int ring_rotate,
+/* split.c: brg_comm_split, and with piece a piece of comm's link set
+ * (linkset.h) that writes no trace of its own: BRG__PIECE_RUNS for one
+ * that runs collectives (a ring, the hierarchy's), BRG__PIECE_LINKS for
+ * links alone (kernel mode's between hosts); with ring_rotate one whose
+ * ring is turned inside each host (init.c's rings); every rank of the new
+ * one must pass the same. */
+enum { BRG__PIECE_NONE = 0, BRG__PIECE_RUNS = 1, BRG__PIECE_LINKS = 2 };
+brg_status brg__comm_split_opts(brg_comm *comm, int color, int key, int piece, int ring_rotate,
                                 brg_comm **newcomm);
 
 /* progress.c: an all-gather of `bytes` per rank over comm (in issue order
@@ -346,8 +357,10 @@ void brg__coll_describe(char *out, size_t n, brg__coll_kind kind, uint64_t seq, 
                         int dtype, int op, int root, int device);
 
 /* liveness.c: a thread per communicator beats on both ring sockets every
- * BRG__BEAT_MS and reads them; a rank unheard of for BRG__SILENT_MS is
- * silent. start/stop/free around the communicator's ready life. */
+ * BRG__BEAT_MS and reads them, and on those of the pieces of its link set
+ * (linkset.h), which have no thread of their own; a rank unheard of for
+ * BRG__SILENT_MS is silent. start/stop/free around the communicator's
+ * ready life (after stop, the thread goes on for the pieces until free). */
 #define BRG__BEAT_MS 100
 #define BRG__SILENT_MS 1000
 brg_status brg__live_start(brg_comm *c, brg__errbuf *err);
@@ -400,7 +413,10 @@ brg_status brg__topology_check_peers(const brg__peer_info *peers, int n, brg__er
 typedef struct brg__comm_opts {
   int timeout_ms;
   const char *transports;
-  int no_trace;    /* no BRIGADE_TRACE_FILE of its own (hier.c's: its parent's trace shows them) */
+  int no_trace; /* no BRIGADE_TRACE_FILE of its own (hier.c's: its parent's trace shows them) */
+  /* BRG__PIECE_*: a piece of the parent's link set (linkset.h): no
+   * liveness thread of its own, and none for progress with _LINKS. */
+  int piece;
   int ring_rotate; /* each host's stretch of the ring turned by this many places (init.c) */
   /* split.c: the members meet over this communicator instead of at a root
    * (members[new rank] = rank in the parent); every rank of the parent
@@ -442,11 +458,17 @@ void brg__progress_stop(brg_comm *c);
  * message; a thread per communicator takes in what arrives (into the
  * posted receive, or memory of its own until one is posted). open makes
  * the listener before the bootstrap (its port travels in the peer table),
- * start runs the thread once the table is known, free undoes both. */
+ * start allows the thread once the table is known, free undoes both. */
 enum { BRG__P2P_USER = 0, BRG__P2P_A2A = 1 };
 brg_status brg__p2p_open(brg_comm *c, const char *addr, uint32_t *port, brg__errbuf *err);
 brg_status brg__p2p_start(brg_comm *c, brg__errbuf *err);
 void brg__p2p_free(brg_comm *c);
+/* The thread starts at the first send or receive (brg__p2p_need, err NULL:
+ * the message goes to the communicator's last error), or once someone
+ * dials the listener, whose descriptor the liveness thread watches until
+ * then (brg__p2p_door_fd: -1 once the thread runs). */
+brg_status brg__p2p_need(brg_comm *c, brg__errbuf *err);
+int brg__p2p_door_fd(brg_comm *c);
 /* Abort: every posted receive and queued send finishes as aborted (and
  * every later one at once); waiters look again. */
 void brg__p2p_abort(brg_comm *c);

@@ -40,9 +40,11 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include "clock.h"
 #include "internal.h"
+#include "linkset.h"
 
 #define BEAT_MAX_PAIRS ((BRG__BOOT_MAX_MSG - 4) / 8)
 #define BEAT_BACKLOG_BYTES 65536 /* a neighbour that leaves this much unread gets no beats */
@@ -60,8 +62,9 @@ typedef struct brg__live brg__live;
 struct brg__live {
   brg_comm *c;
   pthread_t thread;
-  int running; /* atomic: the thread reads the ring sockets */
-  int stop;    /* atomic */
+  int threaded; /* the thread of a link set's owner runs (from start to free) */
+  int running;  /* atomic: a thread reads the ring sockets */
+  int stop;     /* atomic */
   pthread_mutex_t lock;
   int64_t heard_ns[2]; /* each neighbour's last message */
   /* Reported by each direction: rank -> when it went silent (local clock), 0: not. */
@@ -330,13 +333,50 @@ static void kernels_watch(brg__live *l) {
   brg__comm_notify_abort(c, BRG_ERR_REMOTE, why);
 }
 
+/* One pass's view of what the thread serves: the owner's state and each
+ * of its pieces' (linkset.h), taken under the set's lock. */
+typedef struct live_pass {
+  brg__live **l;
+  int n, cap;
+  struct pollfd *pfd;
+  int *who, *dir; /* per pollfd: the entry of l, and the direction (-1: the p2p door) */
+  int npfd, pcap;
+} live_pass;
+
+static int pass_room(live_pass *p, int lives) {
+  if (lives > p->cap) {
+    brg__live **l = realloc(p->l, (size_t)lives * sizeof *l);
+    if (!l) return 0;
+    p->l = l;
+    p->cap = lives;
+  }
+  if (3 * lives > p->pcap) {
+    int cap = 3 * lives;
+    struct pollfd *pfd = realloc(p->pfd, (size_t)cap * sizeof *pfd);
+    if (pfd) p->pfd = pfd;
+    int *who = pfd ? realloc(p->who, (size_t)cap * sizeof *who) : NULL;
+    if (who) p->who = who;
+    int *dir = who ? realloc(p->dir, (size_t)cap * sizeof *dir) : NULL;
+    if (dir) p->dir = dir;
+    if (!dir) return 0;
+    p->pcap = cap;
+  }
+  return 1;
+}
+
+/* The owner's thread: beats and reads on its own ring sockets and on its
+ * pieces', and watches each one's point-to-point listener until that
+ * one's thread runs (p2p.c starts it at the first use or caller). */
 static void *live_main(void *arg) {
-  brg__live *l = arg;
-  brg_comm *c = l->c;
-  brg__log_set_thread_rank(c->rank);
+  brg__live *owner = arg;
+  brg_comm *oc = owner->c;
+  brg__linkset *set = oc->links;
+  brg__log_set_thread_rank(oc->rank);
+  live_pass p = {0};
   int64_t next_beat = 0;
-  while (!__atomic_load_n(&l->stop, __ATOMIC_ACQUIRE)) {
+  while (!__atomic_load_n(&owner->stop, __ATOMIC_ACQUIRE)) {
     int64_t now = brg__now_ns();
+<<<<<<< HEAD
     if (now >= next_beat) {
       /* this thread's own turn came late: its cores are that busy */
       int64_t late = next_beat ? (now - next_beat) / 1000000 : 0;
@@ -345,20 +385,48 @@ static void *live_main(void *arg) {
       for (int dir = 0; dir < 2; dir++) beat_send(l, dir, now);
       look_at_processes(l, now);
       next_beat = now + (int64_t)BRG__BEAT_MS * 1000000;
+=======
+    pthread_mutex_lock(&set->lock);
+    p.n = p.npfd = 0;
+    if (!pass_room(&p, 1 + set->n)) {
+      pthread_mutex_unlock(&set->lock);
+      struct timespec ts = {0, BRG__BEAT_MS * 1000000L};
+      nanosleep(&ts, NULL); /* out of memory: try again at the next beat */
+      continue;
+>>>>>>> s5-links
     }
-    /* A direction whose slot is full is not read until the waiter took it. */
-    struct pollfd pfd[2];
-    int dirs[2], n = 0;
-    pthread_mutex_lock(&l->lock);
-    for (int dir = 0; dir < 2; dir++) {
-      int fd = brg__bootstrap_fd(c->bs, dir);
-      if (fd >= 0 && !l->slot[dir].full) {
-        pfd[n] = (struct pollfd){.fd = fd, .events = POLLIN};
-        dirs[n++] = dir;
+    if (__atomic_load_n(&owner->running, __ATOMIC_ACQUIRE)) p.l[p.n++] = owner;
+    for (int i = 0; i < set->n; i++)
+      if (set->piece[i]->live && __atomic_load_n(&set->piece[i]->live->running, __ATOMIC_ACQUIRE))
+        p.l[p.n++] = set->piece[i]->live;
+    uint64_t gen = set->gen;
+    int beat = now >= next_beat;
+    if (beat) next_beat = now + (int64_t)BRG__BEAT_MS * 1000000;
+    for (int i = 0; i < p.n; i++) {
+      brg__live *l = p.l[i];
+      if (beat)
+        for (int dir = 0; dir < 2; dir++) beat_send(l, dir, now);
+      /* A direction whose slot is full is not read until the waiter took it. */
+      pthread_mutex_lock(&l->lock);
+      for (int dir = 0; dir < 2; dir++) {
+        int fd = brg__bootstrap_fd(l->c->bs, dir);
+        if (fd >= 0 && !l->slot[dir].full) {
+          p.pfd[p.npfd] = (struct pollfd){.fd = fd, .events = POLLIN};
+          p.who[p.npfd] = i;
+          p.dir[p.npfd++] = dir;
+        }
+      }
+      pthread_mutex_unlock(&l->lock);
+      int door = brg__p2p_door_fd(l->c);
+      if (door >= 0) {
+        p.pfd[p.npfd] = (struct pollfd){.fd = door, .events = POLLIN};
+        p.who[p.npfd] = i;
+        p.dir[p.npfd++] = -1;
       }
     }
-    pthread_mutex_unlock(&l->lock);
+    pthread_mutex_unlock(&set->lock);
     int wait_ms = (int)((next_beat - now) / 1000000) + 1;
+<<<<<<< HEAD
     if (poll(pfd, (nfds_t)n, wait_ms < BRG__BEAT_MS ? wait_ms : BRG__BEAT_MS) > 0)
       for (int i = 0; i < n; i++)
         if (pfd[i].revents) live_read(l, dirs[i]);
@@ -368,7 +436,33 @@ static void *live_main(void *arg) {
     l->polled_ns = looked;
     pthread_mutex_unlock(&l->lock);
     kernels_watch(l);
+=======
+    int r = poll(p.pfd, (nfds_t)p.npfd, wait_ms < BRG__BEAT_MS ? wait_ms : BRG__BEAT_MS);
+    pthread_mutex_lock(&set->lock);
+    /* A piece that joined or left meanwhile: its descriptors are looked
+     * at again in the next pass. */
+    if (set->gen != gen) {
+      pthread_mutex_unlock(&set->lock);
+      continue;
+    }
+    for (int i = 0; r > 0 && i < p.npfd; i++) {
+      if (!p.pfd[i].revents) continue;
+      brg__live *l = p.l[p.who[i]];
+      if (p.dir[i] >= 0)
+        live_read(l, p.dir[i]);
+      else {
+        brg__errbuf quiet = {0};     /* a failure is the next send's or receive's to report */
+        brg__p2p_need(l->c, &quiet); /* someone dials it: its thread takes the call */
+      }
+    }
+    for (int i = 0; i < p.n; i++) kernels_watch(p.l[i]);
+    pthread_mutex_unlock(&set->lock);
+>>>>>>> s5-links
   }
+  free(p.l);
+  free(p.pfd);
+  free(p.who);
+  free(p.dir);
   return NULL;
 }
 
@@ -412,26 +506,62 @@ brg_status brg__live_start(brg_comm *c, brg__errbuf *err) {
   }
   l->heard_ns[0] = l->heard_ns[1] = brg__now_ns();
   c->live = l;
+  if (c->link_owner) {
+    /* A piece of a link set: the owner's thread serves it. */
+    brg__live *o = c->link_owner->live;
+    __atomic_store_n(&l->running, o && __atomic_load_n(&o->threaded, __ATOMIC_ACQUIRE),
+                     __ATOMIC_RELEASE);
+    brg_status s = brg__linkset_join(c->link_owner, c, err);
+    if (s != BRG_SUCCESS) __atomic_store_n(&l->running, 0, __ATOMIC_RELEASE);
+    return s;
+  }
+  brg_status s = brg__linkset_init(c, err);
+  if (s != BRG_SUCCESS) return s;
   __atomic_store_n(&l->running, 1, __ATOMIC_RELEASE);
-  brg_status s = brg__proxy_start(&l->thread, live_main, l, "brg-live", err);
-  if (s != BRG_SUCCESS) __atomic_store_n(&l->running, 0, __ATOMIC_RELEASE);
+  s = brg__proxy_start(&l->thread, live_main, l, "brg-live", err);
+  if (s == BRG_SUCCESS)
+    __atomic_store_n(&l->threaded, 1, __ATOMIC_RELEASE);
+  else
+    __atomic_store_n(&l->running, 0, __ATOMIC_RELEASE);
   return s;
 }
 
-void brg__live_stop(brg_comm *c) {
-  brg__live *l = c->live;
-  if (!l || !__atomic_load_n(&l->running, __ATOMIC_ACQUIRE)) return;
-  __atomic_store_n(&l->stop, 1, __ATOMIC_RELEASE);
-  pthread_join(l->thread, NULL);
+/* Nobody reads l's sockets from now on: the waits read them themselves. */
+static void live_unserved(brg__live *l) {
   pthread_mutex_lock(&l->lock);
   __atomic_store_n(&l->running, 0, __ATOMIC_RELEASE);
   pthread_mutex_unlock(&l->lock);
+}
+
+/* The thread stops serving c: the owner's own sockets, or a piece that
+ * leaves its set. The owner's thread goes on for the pieces, each served
+ * until it is destroyed itself, and ends with the owner (brg__live_free). */
+void brg__live_stop(brg_comm *c) {
+  brg__live *l = c->live;
+  if (!l) return;
+  if (c->link_owner) {
+    brg__linkset_leave(c->link_owner, c); /* the thread no longer touches it */
+    live_unserved(l);
+    return;
+  }
+  if (!c->links) return;
+  /* Between passes (the thread holds the lock for one), and the pass that
+   * polls now looks again (gen). */
+  pthread_mutex_lock(&c->links->lock);
+  c->links->gen++;
+  live_unserved(l);
+  pthread_mutex_unlock(&c->links->lock);
 }
 
 void brg__live_free(brg_comm *c) {
   brg__live *l = c->live;
   if (!l) return;
   brg__live_stop(c);
+  if (l->threaded) {
+    __atomic_store_n(&l->stop, 1, __ATOMIC_RELEASE);
+    pthread_join(l->thread, NULL);
+    __atomic_store_n(&l->threaded, 0, __ATOMIC_RELEASE);
+  }
   pthread_mutex_destroy(&l->lock);
   free(l->learned[0]);
   free(l->learned[1]);
@@ -441,6 +571,7 @@ void brg__live_free(brg_comm *c) {
   free(l->alive_ns);
   free(l);
   c->live = NULL;
+  brg__linkset_free(c);
 }
 
 int brg__live_take(brg_comm *c, int dir, brg_status *s, uint32_t *type, char *data, uint32_t *len,

@@ -231,8 +231,11 @@ typedef struct brg__p2p {
   brg__net_door door; /* the listener and the connections still to say hello */
   int wake_fd;        /* eventfd: the thread looks again (new link, stop) */
   pthread_t thread;
-  int started;
+  int armed;   /* the peer table is known: the thread may start */
+  int refused; /* atomic: a start failed; the liveness thread stops watching the door */
+  int started; /* atomic: the thread runs (started under start_lock) */
   int stop;
+  pthread_mutex_t start_lock;
   pthread_mutex_t lock;
   pthread_cond_t cond; /* an operation finished or a peer went */
   p2p_peer **peer;     /* by rank, made at first use */
@@ -1056,6 +1059,7 @@ brg_status brg__p2p_open(brg_comm *c, const char *addr, uint32_t *port, brg__err
                             .max_pending = P2P_MAX_PENDING};
   p->wake_fd = -1;
   p->early_cap = (uint64_t)brg__core_int(BRG__CORE_P2P_EARLY);
+  pthread_mutex_init(&p->start_lock, NULL);
   pthread_mutex_init(&p->lock, NULL);
   pthread_cond_init(&p->cond, NULL);
   c->p2p = p;
@@ -1072,10 +1076,42 @@ brg_status brg__p2p_open(brg_comm *c, const char *addr, uint32_t *port, brg__err
   return s;
 }
 
+/* The thread starts when it has work, not with the communicator: most
+ * communicators (and every piece of a link set) never send a message. */
 brg_status brg__p2p_start(brg_comm *c, brg__errbuf *err) {
-  brg_status s = brg__proxy_start(&c->p2p->thread, p2p_main, c, "brg-p2p", err);
-  if (s == BRG_SUCCESS) c->p2p->started = 1;
-  return s;
+  (void)err;
+  c->p2p->armed = 1;
+  return BRG_SUCCESS;
+}
+
+brg_status brg__p2p_need(brg_comm *c, brg__errbuf *err) {
+  brg__p2p *p = c->p2p;
+  if (__atomic_load_n(&p->started, __ATOMIC_ACQUIRE)) return BRG_SUCCESS;
+  brg__errbuf e = {0};
+  brg_status s = BRG_SUCCESS;
+  pthread_mutex_lock(&p->start_lock);
+  if (!p->armed)
+    s = brg__error_quiet(&e, BRG_ERR_INTERNAL,
+                         "point-to-point used before the communicator is ready");
+  else if (!__atomic_load_n(&p->started, __ATOMIC_ACQUIRE) &&
+           (s = brg__proxy_start(&p->thread, p2p_main, c, "brg-p2p", &e)) == BRG_SUCCESS)
+    __atomic_store_n(&p->started, 1, __ATOMIC_RELEASE);
+  pthread_mutex_unlock(&p->start_lock);
+  if (s == BRG_SUCCESS) return s;
+  __atomic_store_n(&p->refused, 1, __ATOMIC_RELEASE); /* the next send or receive tries again */
+  if (err) {
+    *err = e;
+    return s;
+  }
+  return brg__comm_error(c, s, "starting the point-to-point thread: %s", e.msg);
+}
+
+int brg__p2p_door_fd(brg_comm *c) {
+  brg__p2p *p = c->p2p;
+  if (!p || !p->armed || __atomic_load_n(&p->started, __ATOMIC_ACQUIRE) ||
+      __atomic_load_n(&p->refused, __ATOMIC_ACQUIRE))
+    return -1;
+  return p->door.listen_fd;
 }
 
 /* Every receive posted and every send queued finishes as aborted: the
@@ -1108,7 +1144,7 @@ void brg__p2p_abort(brg_comm *c) {
 void brg__p2p_free(brg_comm *c) {
   brg__p2p *p = c->p2p;
   if (!p) return;
-  if (p->started) {
+  if (__atomic_load_n(&p->started, __ATOMIC_ACQUIRE)) {
     pthread_mutex_lock(&p->lock);
     p->stop = 1;
     pthread_mutex_unlock(&p->lock);
@@ -1138,6 +1174,7 @@ void brg__p2p_free(brg_comm *c) {
   brg__sock_close(&p->door.listen_fd);
   brg__sock_close(&p->wake_fd);
   pthread_mutex_destroy(&p->lock);
+  pthread_mutex_destroy(&p->start_lock);
   pthread_cond_destroy(&p->cond);
   free(p->peer);
   free(p->active);
@@ -1355,6 +1392,10 @@ brg_status brg__p2p_isend(brg_comm *c, const char *fn, brg__p2p_op *op) {
   int peer = op->peer;
   brg_status s;
   if (peer == c->rank) return send_self(c, fn, op);
+  if ((s = brg__p2p_need(c, NULL)) != BRG_SUCCESS) {
+    op_finish_quiet(op, s);
+    return s;
+  }
   p2p_peer *pr = peer_locked(c, peer);
   if (!pr) {
     op_finish_quiet(op, BRG_ERR_NO_MEMORY);
@@ -1441,6 +1482,13 @@ brg_status brg__p2p_post(brg_comm *c, brg__p2p_op *op) {
   op->got = 0;
   op->status = BRG_IN_PROGRESS;
   op->last_ns = brg__now_ns();
+  if (op->any || op->peer != c->rank) {
+    brg_status s = brg__p2p_need(c, NULL);
+    if (s != BRG_SUCCESS) {
+      op_finish_quiet(op, s);
+      return s;
+    }
+  }
   pthread_mutex_lock(&p->lock);
   op->order = p->posts++;
   p2p_peer *pr = op->any ? oldest_early(p, op->tag) : get_peer(c, op->peer);

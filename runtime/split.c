@@ -44,7 +44,7 @@ brg_status brg_comm_split(brg_comm *comm, int color, int key, brg_comm **newcomm
   return brg__comm_split_opts(comm, color, key, 0, 0, newcomm);
 }
 
-brg_status brg__comm_split_opts(brg_comm *comm, int color, int key, int no_trace, int ring_rotate,
+brg_status brg__comm_split_opts(brg_comm *comm, int color, int key, int piece, int ring_rotate,
                                 brg_comm **newcomm) {
   brg_status s = brg__check_comm(comm, "brg_comm_split");
   if (s != BRG_SUCCESS) {
@@ -143,7 +143,8 @@ brg_status brg__comm_split_opts(brg_comm *comm, int color, int key, int no_trace
   memcpy(&bid, lead->id.internal, sizeof bid);
   brg__comm_opts opts = {.timeout_ms = comm->timeout_ms,
                          .transports = comm->transports_from_config ? comm->transports : NULL,
-                         .no_trace = no_trace,
+                         .no_trace = piece != BRG__PIECE_NONE,
+                         .piece = piece,
                          .ring_rotate = ring_rotate,
                          .parent = comm,
                          .members = members};
@@ -199,9 +200,10 @@ brg_status brg__comm_devnet(brg_comm *c) {
   c->devnet_state = 1;
   if (!staged || !strcmp(brg__device_str(BRG__DEVICE_MODE), "step")) return BRG_SUCCESS;
   /* Same members, same keys, same rotation (a ring of init.c's has one):
-   * the same ring, links of its own. */
+   * the same ring, links of its own, in c's link set (no threads: the
+   * device proxy drives them). */
   brg_comm *nc = NULL;
-  brg_status s = brg__comm_split_opts(c, 0, c->rank, 1, c->ring_rotate, &nc);
+  brg_status s = brg__comm_split_opts(c, 0, c->rank, BRG__PIECE_LINKS, c->ring_rotate, &nc);
   if (s != BRG_SUCCESS) {
     c->devnet_state = -1;
     return brg__comm_error(c, s,

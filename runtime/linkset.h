@@ -1,0 +1,40 @@
+/*
+ * A communicator's link set (linkset.c): the communicators the runtime
+ * makes inside it for itself (the extra rings, the hierarchy's pieces,
+ * kernel mode's links between hosts), which are links and proxies over
+ * the owner's bootstrap rather than communicators of their own: they run
+ * no liveness thread (the owner's beats on their ring sockets and reads
+ * them too) and start a point-to-point thread only if one is used (p2p.c),
+ * and kernel mode's links run no progress thread at all. A ring or a
+ * piece that runs collectives keeps one thread for them, since its part
+ * runs at the same time as the owner's.
+ */
+#ifndef BRG_LINKSET_H
+#define BRG_LINKSET_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "internal.h"
+
+typedef struct brg__linkset {
+  pthread_mutex_t lock; /* the pieces; the liveness thread holds it while it serves them */
+  brg_comm **piece;
+  int n, cap;
+  uint64_t gen; /* bumped whenever a piece joins or leaves */
+} brg__linkset;
+
+/* The communicator whose set c's pieces join: c itself, or the owner of
+ * the set c belongs to (a ring's links between hosts join the top one). */
+brg_comm *brg__linkset_owner(brg_comm *c);
+/* Makes owner's set (once, before its liveness thread starts). */
+brg_status brg__linkset_init(brg_comm *owner, brg__errbuf *err);
+/* piece joins owner's set: the owner's liveness thread serves it from the
+ * next beat on. */
+brg_status brg__linkset_join(brg_comm *owner, brg_comm *piece, brg__errbuf *err);
+/* piece leaves; once this returns, no thread of the owner touches it. */
+void brg__linkset_leave(brg_comm *owner, brg_comm *piece);
+/* Frees owner's set (after every piece left). */
+void brg__linkset_free(brg_comm *owner);
+
+#endif
