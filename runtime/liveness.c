@@ -376,16 +376,6 @@ static void *live_main(void *arg) {
   int64_t next_beat = 0;
   while (!__atomic_load_n(&owner->stop, __ATOMIC_ACQUIRE)) {
     int64_t now = brg__now_ns();
-<<<<<<< HEAD
-    if (now >= next_beat) {
-      /* this thread's own turn came late: its cores are that busy */
-      int64_t late = next_beat ? (now - next_beat) / 1000000 : 0;
-      if (late > __atomic_load_n(&l->pause_ms, __ATOMIC_RELAXED))
-        __atomic_store_n(&l->pause_ms, late, __ATOMIC_RELAXED);
-      for (int dir = 0; dir < 2; dir++) beat_send(l, dir, now);
-      look_at_processes(l, now);
-      next_beat = now + (int64_t)BRG__BEAT_MS * 1000000;
-=======
     pthread_mutex_lock(&set->lock);
     p.n = p.npfd = 0;
     if (!pass_room(&p, 1 + set->n)) {
@@ -393,7 +383,6 @@ static void *live_main(void *arg) {
       struct timespec ts = {0, BRG__BEAT_MS * 1000000L};
       nanosleep(&ts, NULL); /* out of memory: try again at the next beat */
       continue;
->>>>>>> s5-links
     }
     if (__atomic_load_n(&owner->running, __ATOMIC_ACQUIRE)) p.l[p.n++] = owner;
     for (int i = 0; i < set->n; i++)
@@ -401,11 +390,17 @@ static void *live_main(void *arg) {
         p.l[p.n++] = set->piece[i]->live;
     uint64_t gen = set->gen;
     int beat = now >= next_beat;
+    /* this thread's own turn came late: its cores are that busy */
+    int64_t late = beat && next_beat ? (now - next_beat) / 1000000 : 0;
     if (beat) next_beat = now + (int64_t)BRG__BEAT_MS * 1000000;
     for (int i = 0; i < p.n; i++) {
       brg__live *l = p.l[i];
-      if (beat)
+      if (beat) {
+        if (late > __atomic_load_n(&l->pause_ms, __ATOMIC_RELAXED))
+          __atomic_store_n(&l->pause_ms, late, __ATOMIC_RELAXED);
         for (int dir = 0; dir < 2; dir++) beat_send(l, dir, now);
+        look_at_processes(l, now);
+      }
       /* A direction whose slot is full is not read until the waiter took it. */
       pthread_mutex_lock(&l->lock);
       for (int dir = 0; dir < 2; dir++) {
@@ -426,17 +421,6 @@ static void *live_main(void *arg) {
     }
     pthread_mutex_unlock(&set->lock);
     int wait_ms = (int)((next_beat - now) / 1000000) + 1;
-<<<<<<< HEAD
-    if (poll(pfd, (nfds_t)n, wait_ms < BRG__BEAT_MS ? wait_ms : BRG__BEAT_MS) > 0)
-      for (int i = 0; i < n; i++)
-        if (pfd[i].revents) live_read(l, dirs[i]);
-    /* what was there when it looked has been read: silence counts up to here */
-    int64_t looked = brg__now_ns();
-    pthread_mutex_lock(&l->lock);
-    l->polled_ns = looked;
-    pthread_mutex_unlock(&l->lock);
-    kernels_watch(l);
-=======
     int r = poll(p.pfd, (nfds_t)p.npfd, wait_ms < BRG__BEAT_MS ? wait_ms : BRG__BEAT_MS);
     pthread_mutex_lock(&set->lock);
     /* A piece that joined or left meanwhile: its descriptors are looked
@@ -455,9 +439,15 @@ static void *live_main(void *arg) {
         brg__p2p_need(l->c, &quiet); /* someone dials it: its thread takes the call */
       }
     }
-    for (int i = 0; i < p.n; i++) kernels_watch(p.l[i]);
+    /* what was there when it looked has been read: silence counts up to here */
+    int64_t looked = brg__now_ns();
+    for (int i = 0; i < p.n; i++) {
+      pthread_mutex_lock(&p.l[i]->lock);
+      p.l[i]->polled_ns = looked;
+      pthread_mutex_unlock(&p.l[i]->lock);
+      kernels_watch(p.l[i]);
+    }
     pthread_mutex_unlock(&set->lock);
->>>>>>> s5-links
   }
   free(p.l);
   free(p.pfd);
