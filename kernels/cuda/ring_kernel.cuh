@@ -30,7 +30,7 @@
  *
  * A link to another host has the same words and slots, in pinned host
  * memory of this rank instead of the neighbour's GPU memory: the host
- * proxy (runtime/device_ring.c) plays the neighbour, carrying posted slots
+ * proxy (runtime/device/device_ring.c) plays the neighbour, carrying posted slots
  * (and their sizes, send_sizes) to the network and writing the tail of
  * slots that arrived, so the kernel cannot tell the two links apart.
  *
@@ -55,7 +55,7 @@
  * channel then records both calls in its watch record (host memory), sets
  * the abort word, so that this rank's other channels stop too, and ends.
  * The watch record also shows the host's watchdog each channel's progress
- * and what it waits for (runtime/device_ring.c).
+ * and what it waits for (runtime/device/device_ring.c).
  *
  * This file is host-and-device code: nvcc builds the kernel from it
  * (ring_kernel.cu), and tests/gpu/simt_emu.cc runs the same source on the
