@@ -220,17 +220,16 @@ struct brg_comm {
 
 #define BRG__COMM_MAGIC 0x62726763u
 /*
- * Who does what in runtime/. Each folder is a floor; a file calls only
- * files of its own folder or of the floors below it (this list runs from
- * the top floor down), and inside a folder only the files listed after it.
- * A lower floor runs code of a higher one only through a pointer the
- * higher one hands down: brg__coll.runner (set by coll/, called by
- * exec/progress.c), kwatch (set by kernel mode, called by core/liveness.c),
- * the body brg__trace_run times.
+ * Who does what in runtime/, one folder per floor, from the top floor down.
+ * Each file calls only files listed after it: those of its own folder that
+ * follow it, and every file of the floors below (tests/tools/check_docs.py
+ * holds the code to this list). A lower floor runs code of a higher one
+ * only through a pointer the higher one hands down: brg__coll.runner (set
+ * by coll/, called by exec/progress.c), kwatch (set by kernel mode, called
+ * by core/liveness.c), the body brg__trace_run times.
  *
  * coll/     the collectives
- *   coll.c        entry points and argument checks; the devnet communicator
- *                 of comm/split.c
+ *   coll.c        entry points and argument checks
  *   hier.c        the algorithm of each allreduce (BRIGADE_ALGO, plan/model.c
  *                 for auto); its two communicators come from comm/split.c
  *                 (made on the caller's thread before the first hier
@@ -242,9 +241,9 @@ struct brg_comm {
  *   rendezvous.c  brg_comm_init_env: the launcher's variables
  *   init.c        brg_comm_init, brg_comm_init_config, the extra rings
  *   split.c       brg_comm_split: two all-gathers over the parent
- *                 (exec/progress.c)
+ *                 (exec/progress.c); the devnet communicator
  *   comm.c        create (bootstrap, topology, links), accessors, destroy
- * exec/     what runs a collective, one subfolder per executor
+ * exec/     what runs a collective, a subfolder per executor
  *   progress.c    issue order: the worker thread; the runner chosen at
  *                 issue; the all-gather that splits and sub-communicators
  *                 exchange over their parent
@@ -253,13 +252,15 @@ struct brg_comm {
  *   host/ring.c   the seven primitives and the ring and chain walks; it
  *                 hands a device collective to kernel/ in kernel mode, an
  *                 all_to_all, gather or scatter to p2p/
- *   kernel/       kernel mode: device_kernel.c, device_watch.c (faults,
- *                 the watchdog, the drain), device_proxy.c (the host proxy)
- *   step/         step mode: device_step.c (the primitives on GPU
- *                 buffers), device_async.c (its asynchronous mode)
+ *   kernel/device_kernel.c  kernel mode: its regions, one-shot, a launch
+ *   kernel/device_watch.c   kernel mode's faults, watchdog and drain
+ *   kernel/device_proxy.c   kernel mode's host proxy between hosts
+ *   step/device_step.c      step mode: the primitives on GPU buffers
+ *   step/device_async.c     step mode's asynchronous mode
  *   stop.c        brg__comm_stop: what brg_comm_abort does below the API
- *   p2p/          alltoall.c and rooted.c (all_to_all, gather, scatter)
- *                 over p2p.c: send and recv over links to any rank
+ *   p2p/alltoall.c  all_to_all over p2p.c's links
+ *   p2p/rooted.c  gather and scatter over them
+ *   p2p/p2p.c     send and recv over links to any rank
  * plan/     sizes and choices every rank makes alike
  *   slice.c       the slice: the host ring's, step mode's, a staged link's
  *   model.c       the cost model: auto's algorithm, kernel mode's shape
@@ -274,7 +275,10 @@ struct brg_comm {
  *   topology.c    hosts and ring order
  *   errors.c      last errors, abort notices, how collectives are named
  * boot/     before a communicator exists
- *   bootstrap*.c  ids, the root, the tree, the ring sockets
+ *   bootstrap_root.c  the root
+ *   bootstrap.c   the rank side: the hello, the table, the ring sockets
+ *   bootstrap_tree.c  the peer table's all-gather over a binary tree
+ *   bootstrap_wire.c  the unique id and the messages: layouts, parsing
  *   settings.c    the runtime's settings and the one table of all sections
  */
 
