@@ -4,7 +4,7 @@
  * Each part of brigade that has settings owns one section: a table of
  * entries (name, kind, default, bounds, help) in the file that reads them,
  * as providers and components contribute their parameters in libfabric and
- * UCX. The log's section is in log.c, the runtime's in runtime/settings.c,
+ * UCX. The log's section is in log.c, the runtime's in runtime/boot/settings.c,
  * each transport's beside the transport. The runtime gathers every section
  * into the one table that is checked at init and that brigade-info prints;
  * nothing calls getenv for a BRIGADE_ setting outside a section.

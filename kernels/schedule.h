@@ -47,7 +47,7 @@
  * below and kernel mode's launch arguments (ring_args.h, which carries the
  * number). The ring runs allreduce, reduce-scatter, all-gather and barrier
  * (an allreduce of nothing); the chain broadcast and reduce; the others go
- * point to point (runtime/p2p.c, rooted.c). */
+ * point to point (runtime/exec/p2p/p2p.c, rooted.c). */
 typedef enum {
   BRG__COLL_ALLREDUCE = 1,
   BRG__COLL_REDUCE_SCATTER,
@@ -222,7 +222,7 @@ static inline BRG_HD brg__prim brg__chain_prim(int hop, int nranks, int bcast) {
 /*
  * The plan (brg__sched): every step one rank runs for one collective of
  * the ring or the chain, in the order it runs them (slices outer, steps inner), with the
- * slice each step works on. The host engine (runtime/ring.c, for host and
+ * slice each step works on. The host engine (runtime/exec/host/ring.c, for host and
  * GPU buffers alike) and kernel mode's ring kernel (kernels/cuda/
  * ring_kernel.cuh) are executors of it: they turn each step into buffers
  * and run its primitive. A new collective of the ring is a plan here;

@@ -2,7 +2,7 @@
  * The latency-bound allreduce schedules (BRIGADE_ALGO=tree, rhd): pure
  * arithmetic on positions 0..N-1, which the communicator maps to ranks
  * (its ring order, so neighbouring positions share a host), as
- * schedule.h does for the ring. runtime/lat.c runs them over
+ * schedule.h does for the ring. runtime/coll/lat.c runs them over
  * point-to-point links.
  *
  * Double binary tree. Tree 0 numbers the positions q = p + 1 = 1..N. Its

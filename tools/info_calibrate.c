@@ -1,6 +1,6 @@
 /*
  * brigade-info --calibrate: measures the cost model's links on this
- * machine and writes a model file (runtime/model.c's format) that
+ * machine and writes a model file (runtime/plan/model.c's format) that
  * BRIGADE_MODEL_FILE loads and bench/model reads.
  *
  * It forks N ranks (--ranks, default 4) on this host for each probe, times
@@ -289,7 +289,7 @@ int brg__info_calibrate(int argc, char **argv) {
   strftime(when, sizeof when, "%Y-%m-%d %H:%M UTC", gmtime(&now));
   char head[3072];
   snprintf(head, sizeof head,
-           "# brigade cost model links (BRIGADE_MODEL_FILE; runtime/model.c): seconds, and "
+           "# brigade cost model links (BRIGADE_MODEL_FILE; runtime/plan/model.c): seconds, and "
            "seconds per byte\n# host %s, %ld cores, %s\n%s# net_alpha, net_beta, wake_alpha: %s "
            "(not measured: one host cannot measure its network)\n",
            host, sysconf(_SC_NPROCESSORS_ONLN), when, notes,

@@ -1,5 +1,5 @@
 /*
- * brigade-info --model: the cost model of runtime/model.c, the one
+ * brigade-info --model: the cost model of runtime/plan/model.c, the one
  * BRIGADE_ALGO=auto chooses by, as a table (bench/model calls it with
  * --tsv for its predictions and plots).
  *
@@ -215,7 +215,7 @@ int brg__info_model(int argc, char **argv) {
     snprintf(cores_note, sizeof cores_note, "; %d cores a host, a turn %.1f us a queued rank",
              sh.cores, ln.wake_alpha * 1e6);
   if (!tsv) {
-    printf("# brigade's allreduce cost model (runtime/model.c); BRIGADE_ALGO=auto takes the "
+    printf("# brigade's allreduce cost model (runtime/plan/model.c); BRIGADE_ALGO=auto takes the "
            "fastest of the flat ring engine (ring, rings or small, as it would run), hier, tree "
            "and rhd\n");
     printf("# links: net alpha %.1f us, %.3f GB/s; shm alpha %.1f us, %.2f GB/s; tcp alpha %.1f "
@@ -256,7 +256,7 @@ int brg__info_device_shape(int argc, char **argv) {
   if (link < 0 || nranks < 1 || nslots < 1) {
     fprintf(stderr,
             "usage: brigade-info --device-shape nvlink|pcie|host NRANKS [NSLOTS [SIZE...]]\n"
-            "kernel mode's channels and slot bytes by the model (runtime/model.c), one\n"
+            "kernel mode's channels and slot bytes by the model (runtime/plan/model.c), one\n"
             "line a size (none, or 0: the shape a communicator is set up with):\n"
             "link, ranks, bytes, channels, slot bytes, why\n");
     return 2;

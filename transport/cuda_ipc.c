@@ -11,7 +11,7 @@
  *
  * The link carries the memory only. Who may write which part of it when
  * (step mode's interprocess events, kernel mode's flags, which live in the
- * memory itself) is the engine's: runtime/device_ring.c and device_step.c.
+ * memory itself) is the engine's: runtime/device/device_ring.c and device_step.c.
  *
  * Everything CUDA goes through the module's table (brg_cuda.h), which the
  * runtime loads and hands over in brg__gpu_link_params: this file compiles

@@ -36,7 +36,7 @@
  * sender still owes it slices.
  *
  * A link set up as a byte stream (brg__conn_params.stream: point-to-point,
- * runtime/p2p.c) runs the same proxies; its engine is try_send and
+ * runtime/exec/p2p/p2p.c) runs the same proxies; its engine is try_send and
  * try_recv, which copy the stream into and out of the local FIFO's slots
  * (meta.bytes of each) and never wait. Its readiness descriptor
  * (ready_fd) is an eventfd that the proxies write after each publish (a

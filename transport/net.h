@@ -82,7 +82,7 @@ typedef int (*brg__net_take_fn)(void *arg, const brg__conn_params *p, int fd, co
  * Up to BRG__NET_MAX_PENDING may be at once, the oldest making way for a
  * newcomer, and each is dropped once it has taken BRG__NET_HELLO_MS, so a
  * silent or slow stranger holds up nobody. brg__net_accept runs one to
- * completion; a thread that serves a listener for good (runtime/p2p.c)
+ * completion; a thread that serves a listener for good (runtime/exec/p2p/p2p.c)
  * polls one among its other descriptors. */
 typedef struct brg__net_pending {
   int fd;

@@ -17,7 +17,7 @@
  * one with `recv_window` lets the engine offer its output for a slot, and the
  * receive proxy lands the payload there instead of in the FIFO. The engine
  * asks for both (brg__ring_send_direct, brg__ring_recv_windows in
- * runtime/ring_link.h) and keeps the FIFO's order and credits either way.
+ * runtime/link/ring_link.h) and keeps the FIFO's order and credits either way.
  *
  * Device collectives take the same links (brg__transport_ops.carries): a
  * transport whose links have `gpu_memory` (cuda_ipc) gives the sender's
@@ -193,15 +193,15 @@ brg_status brg__proxy_start(pthread_t *thread, void *(*fn)(void *), void *arg, c
 typedef struct brg__peer_info {
   int32_t rank;
   int32_t pid;
-  uint32_t p2p_port;  /* its point-to-point listener (runtime/p2p.c) */
-  uint32_t rings;     /* BRIGADE_RINGS, which every rank must share (runtime/init.c) */
+  uint32_t p2p_port;  /* its point-to-point listener (runtime/exec/p2p/p2p.c) */
+  uint32_t rings;     /* BRIGADE_RINGS, which every rank must share (runtime/comm/init.c) */
   uint64_t host_hash; /* equal for ranks on one host */
   char hostname[64];
   char addr[64];  /* numeric address other hosts reach this rank at */
   uint32_t flags; /* BRG__PEER_* */
-  uint32_t algo;  /* BRIGADE_ALGO, which every rank must share (runtime/hier.c) */
+  uint32_t algo;  /* BRIGADE_ALGO, which every rank must share (runtime/coll/hier.c) */
   uint64_t model; /* the cost model's links' fingerprint, which every rank must share
-                     (runtime/model.c) */
+                     (runtime/plan/model.c) */
   uint32_t cores; /* its host's online cores, for the cost model's shape */
 } brg__peer_info;
 #define BRG__PEER_TRACING 1u /* the rank writes a trace: clocks are measured at init */
@@ -326,7 +326,7 @@ struct brg__transport_ops {
 
   /* Optional, all three or none: the link as a byte stream that never
    * blocks, for one thread that serves many links at once
-   * (runtime/p2p.c). The link is set up with brg__conn_params.stream.
+   * (runtime/exec/p2p/p2p.c). The link is set up with brg__conn_params.stream.
    * Each end's engine calls only its own side's.
    * try_send copies up to `bytes` from buf into the slots that are free
    * and publishes them; it returns how many it took, 0 when the link is
@@ -343,7 +343,7 @@ struct brg__transport_ops {
    * else try_recv would give some, or say the stream ended or broke).
    * With `arm`, a link found not ready notes that this end is about to
    * sleep, and the other end's next try_* that changes that sets its
-   * *ring: the caller of that try_* then wakes this end (runtime/p2p.c
+   * *ring: the caller of that try_* then wakes this end (runtime/exec/p2p/p2p.c
    * writes a byte on a socket the sleeper polls), once per arming. *ring
    * is only ever set, never cleared. */
   ssize_t (*try_send)(brg__conn *c, const void *buf, size_t bytes, int *ring);
@@ -376,7 +376,7 @@ struct brg__transport_ops {
   void (*dev_remote)(brg__conn *c, uint64_t base, uint32_t rkey, size_t stride);
 
   /* Optional, all four or none: the proxy entry, through which kernel
-   * mode's host proxy (runtime/device_proxy.c) carries the slots of several
+   * mode's host proxy (runtime/exec/kernel/device_proxy.c) carries the slots of several
    * channels' kernels over one link between hosts, as NCCL's proxyProgress
    * does. Each end is driven by one thread of its own, which never blocks
    * long in them: a link that cannot take or give a slot now says so.

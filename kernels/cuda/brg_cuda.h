@@ -2,7 +2,7 @@
  * The interface of the CUDA module, libbrigade_cuda.so.
  *
  * The core library never links against CUDA: it opens this module with
- * dlopen() where one was built (runtime/device.c) and reaches the GPU only
+ * dlopen() where one was built (runtime/device/device.c) and reaches the GPU only
  * through the table below. The table uses plain C types (CUDA errors travel
  * as int, streams as void *), so this header compiles without the CUDA
  * toolkit and the module can be rebuilt without touching the core.

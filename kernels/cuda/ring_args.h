@@ -203,7 +203,7 @@ typedef struct brg__rk_link {
   const brg__rk_hdr *recv_hdr;   /* own mailbox, the previous rank writes it */
   const uint64_t *hdr_acked;     /* own: headers the next rank checked */
   uint64_t *hdr_ack;             /* the previous rank's hdr_acked */
-  /* A link to another host, through the host proxy (runtime/device_ring.c):
+  /* A link to another host, through the host proxy (runtime/exec/kernel/device_proxy.c):
    * the bytes of each posted slot, nslots entries beside the send tail,
    * which the proxy reads to know how much of the slot to put on the
    * network. NULL on a link within the host. */

@@ -30,7 +30,7 @@
  *
  * A link to another host has the same words and slots, in pinned host
  * memory of this rank instead of the neighbour's GPU memory: the host
- * proxy (runtime/device_ring.c) plays the neighbour, carrying posted slots
+ * proxy (runtime/exec/kernel/device_proxy.c) plays the neighbour, carrying posted slots
  * (and their sizes, send_sizes) to the network and writing the tail of
  * slots that arrived, so the kernel cannot tell the two links apart.
  *
@@ -55,7 +55,7 @@
  * channel then records both calls in its watch record (host memory), sets
  * the abort word, so that this rank's other channels stop too, and ends.
  * The watch record also shows the host's watchdog each channel's progress
- * and what it waits for (runtime/device_ring.c).
+ * and what it waits for (runtime/exec/kernel/device_watch.c).
  *
  * This file is host-and-device code: nvcc builds the kernel from it
  * (ring_kernel.cu), and tests/gpu/simt_emu.cc runs the same source on the
@@ -713,7 +713,7 @@ template <class D, int OP> struct channel {
     int *busy = reinterpret_cast<int *>(&l.counters[2]);
     if (brg_simt_tid() == 0) {
       /* launches queued behind a stopped one end at once, before they
-       * touch the region (a graph replayed after destroy: device_ring.c) */
+       * touch the region (a graph replayed after destroy: device_watch.c) */
       s_stopped = brg_simt_load_word(a.abort_word) != 0;
       if (s_stopped) {
         brg_simt_store_word(a.status, ABORTED);

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the seed corpus of fuzz_bootstrap (tests/fuzz/corpus): one valid
 message of each kind the target reads, and a few that are refused for one
-reason each. Layouts: runtime/bootstrap_wire.h, transport/tcp.c and
+reason each. Layouts: runtime/boot/bootstrap_wire.h, transport/tcp.c and
 transport/ibverbs.c. Run from the repository root."""
 import os
 import struct

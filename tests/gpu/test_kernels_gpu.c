@@ -10,7 +10,7 @@
  * placed at equal and at different offsets from a 16-byte boundary (the
  * vector path and the scalar path).
  *
- * Goes through the same loader the library uses (runtime/device.c), so it
+ * Goes through the same loader the library uses (runtime/device/device.c), so it
  * needs no CUDA headers and exits 77 (skip) where that loader finds no GPU.
  */
 #include <stdint.h>

@@ -637,7 +637,7 @@ static int stale_first(size_t count, int oneshot, std::vector<std::vector<float>
 }
 
 /* The launch stopped with STALE, and its watch record names what the
- * runtime's message names (runtime/device_watch.c): the position or call
+ * runtime's message names (runtime/exec/kernel/device_watch.c): the position or call
  * expected, the one found, and what was compared (peer: the rank whose
  * one-shot flag it was, -1 the previous rank's slot). */
 static int stale_expect(const char *what, int status, const brg__rk_watch &w, uint64_t expected,

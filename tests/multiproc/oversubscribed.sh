@@ -1,7 +1,7 @@
 #!/bin/sh
 # Ranks that outnumber the cores this process may run on stop spinning:
 # two ranks pinned to one core (taskset) on a host with more cores online
-# must say so at init (runtime/topology.c counts the affinity mask and the
+# must say so at init (runtime/core/topology.c counts the affinity mask and the
 # cgroup's CPU quota, not the cores online).
 #   oversubscribed.sh TASKSET TEST_COLLECTIVES
 set -eu

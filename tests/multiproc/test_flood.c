@@ -262,7 +262,7 @@ static int body_run(mp_ctx *ctx) {
   /* The job's own: two ring sockets, the link sockets, a pipe or two,
    * the point-to-point listener and its eventfd; and up to 8 strangers
    * that listener, open for the communicator's life, holds while their
-   * hello is due (runtime/p2p.c, P2P_MAX_PENDING; 2 s each). */
+   * hello is due (runtime/exec/p2p/p2p.c, P2P_MAX_PENDING; 2 s each). */
   MP_CHECK(fds1 - fds0 <= 16 + 8, "%d descriptors open after init, %d before (strangers kept?)",
            fds1, fds0);
   MP_CHECK(fds2 == fds0, "%d descriptors open after destroy, %d before init", fds2, fds0);

@@ -337,7 +337,7 @@ static int case_links(mp_ctx *ctx) {
 
 /* Run first, N = 2 over shm: rank 1 takes the name of the shm FIFO that
  * the first message from rank 0 would set up (transport/shm.c's name,
- * with runtime/p2p.c's P2P_LINK_ID xor'ed into the communicator's id,
+ * with runtime/exec/p2p/p2p.c's P2P_LINK_ID xor'ed into the communicator's id,
  * which rank 1 reads from its ring link's mapping), so that its
  * recv_setup fails. Where tcp is allowed too, that pair's messages take
  * the table's next transport, a tcp link, and arrive all the same; where

@@ -1,4 +1,4 @@
-/* Liveness (runtime/liveness.c): a rank of this host whose heartbeats stop
+/* Liveness (runtime/core/liveness.c): a rank of this host whose heartbeats stop
  * while its process is alive is slow, not gone. Three ranks as threads of
  * this process (one pid: /proc shows it running); rank 1's heartbeats are
  * held back for three times BRIGADE_SILENT_TIMEOUT_MS (its liveness

@@ -1,4 +1,4 @@
-/* The cost model (runtime/model.c): BRIGADE_ALGO=auto's choice is the
+/* The cost model (runtime/plan/model.c): BRIGADE_ALGO=auto's choice is the
  * fastest algorithm the model times, on a grid of shapes and sizes; and
  * the formulas' known cases. */
 #include <math.h>

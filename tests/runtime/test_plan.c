@@ -1,6 +1,6 @@
 /*
  * One plan, its executors: the ring schedule of schedule.h (brg__sched) as
- * the host engine walks it (runtime/ring.c, brg__ring_walk: the host and
+ * the host engine walks it (runtime/exec/host/ring.c, brg__ring_walk: the host and
  * step mode's GPU buffers alike, through brg__mem_ops) and as kernel
  * mode's ring kernel walks it (ring_kernel.cuh, brg_rk::walk, compiled for
  * the CPU in plan_kernel.cc), both recorded instead of run, against a

@@ -1,5 +1,5 @@
 /*
- * The slice policy (runtime/slice.c): the host ring's slice from the
+ * The slice policy (runtime/plan/slice.c): the host ring's slice from the
  * setting or the links' preference, step mode's capped on a ring with a
  * staged link, kernel mode's slot, and what a collective's walk uses.
  * Every figure is worked out here from the settings' documented defaults.

@@ -34,6 +34,21 @@ What counts as a reference, and what is checked:
                                   shape and size the model printed for that
                                   plan; each must match the model's time
 
+Run without naming docs, it also checks the words of the whole tree:
+
+  dir/name.c, name.h, .cu, .cuh,  in docs/*.md, ARCHITECTURE.md, README.md,
+  .cc, .py (a path: also .md, .sh) tests/README.md, bench/README.md and in
+                                  every source comment: names a file of the
+                                  tree (a path from the root, from the
+                                  naming file's folder, or the end of a
+                                  longer path; a bare name anywhere), of the
+                                  system (<...>) or of the build
+  brg_name, brg__name in those    occurs in the sources' code (their
+  docs                            comments left out)
+  runtime/core/internal.h's list  each runtime file calls (a brg__ name
+  of the floors                   another defines) only files listed after
+                                  it, and every runtime .c file is listed
+
 --fix rewrites what can be made again (line ranges, model blocks) in
 place; references to things that are gone it can only report. Exit status
 0 when every reference holds, 1 otherwise (each problem one line, with the
@@ -380,7 +395,7 @@ def check_doc(tree, doc, fix):
             tok = m.group(1)
             if re.fullmatch(r"[\w.-]+(/[\w.-]+)+/?", tok) and not tok.startswith("/"):
                 # build/... names what a build makes; bench/x the program
-                # built from bench/x.c
+                # built from bench/x plus .c
                 built = tok.split("/")[0].startswith("build") or any(
                     os.path.exists(tree.path(tok + ext)) for ext in (".c", ".cc", ".cu", ".py"))
                 if os.path.relpath(tree.path(tok), tree.root).startswith(".."):
@@ -432,6 +447,185 @@ def check_doc(tree, doc, fix):
     return problems
 
 
+
+# ------------------------------------------------------------ names in words
+
+# The pages whose every file name and function name is checked (besides
+# docs/*.md, which get every check above).
+NAME_DOCS = ("ARCHITECTURE.md", "README.md", "tests/README.md", "bench/README.md")
+SKIP_DIRS = ("docs", "subprojects", "__pycache__", "node_modules")
+NAMED_EXT = "c|h|cc|cu|cuh|py"
+# dir/name.ext (any of these), or a bare name.ext of a source kind.
+NAMED_FILE = re.compile(r"(?<![\w./<@-])((?:[\w.-]+/)*[\w-]+\.(?:" + NAMED_EXT +
+                        r"|md|sh))(?![\w/>-])")
+NAMED_FN = re.compile(r"(?<![\w.>:/-])(brg_[a-z0-9_]+)\b(?!\*)")
+C_COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*|\"(?:\\.|[^\"\\\n])*\"|'(?:\\.|[^'\\\n])*'", re.S)
+# Files of other projects that comments name (no file of ours, nor
+# included with <...> here).
+OTHERS = {"nccl_device/core.h": "NCCL's device API, C++ only",
+          "dlpack.h": "DLPack's capsule layout, taken by ctypes",
+          "pmix_common.h": "PMIx's ABI, declared by runtime/comm/launch.c"}
+HASH_COMMENT = re.compile(r"(?m)(?:^|\s)#(?![!\w])[^\n]*|#\s[^\n]*")
+
+
+def tree_files(root):
+    """Every file of the tree as a path from root (no build trees, no VCS
+    folders, no docs/ pages: those are read as docs)."""
+    out = []
+    for dirpath, dirnames, files in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames
+                             if not d.startswith(("build", ".")) and d not in SKIP_DIRS[1:])
+        rel = os.path.relpath(dirpath, root)
+        out += [fn if rel == "." else os.path.join(rel, fn) for fn in sorted(files)]
+    return out
+
+
+def comments(path, text):
+    """[(line, comment text)] of a source file: C-family block and line
+    comments, '#' comments of Python, shell and meson."""
+    if path.endswith(C_EXT + (".cuh",)):
+        found = [m for m in C_COMMENT.finditer(text) if m.group(0)[0] == "/"]
+    elif path.endswith((".py", ".sh")) or os.path.basename(path) == "meson.build":
+        found = list(HASH_COMMENT.finditer(text))
+    else:
+        return []
+    return [(text.count("\n", 0, m.start()) + 1, m.group(0)) for m in found]
+
+
+def check_names(root, docs):
+    """Every file named in docs (and in source comments) names a file of
+    the tree, and every brg_* name in docs (a function, a type) occurs in
+    the sources' code, their comments left out.
+
+    A name with a folder must be a path of the tree (from the root, from
+    the naming file's folder, or the end of a longer path: cuda/ring_args.h);
+    a bare name must be some file's name. Names the tree does not hold but
+    the system or the build does are not files of ours: headers included
+    with <...>, names in the build files' quotes (device_config.h), and
+    OTHERS. Fenced blocks of docs are examples (the reader's train.py)."""
+    files = tree_files(root)
+    paths = set(files) | {os.path.join("docs", f) for f in os.listdir(os.path.join(root, "docs"))}
+    bases = {os.path.basename(p) for p in paths}
+    outside, defined, texts = set(), set(), {}
+    for p in files:
+        if not p.endswith(C_EXT + (".cuh", ".py", ".sh", ".build")):
+            continue
+        try:
+            with open(os.path.join(root, p), encoding="utf-8") as f:
+                texts[p] = f.read()
+        except (OSError, UnicodeDecodeError):
+            continue
+        t = texts[p]
+        outside.update(re.findall(r"#\s*include\s*<([^>]+)>", t))
+        if p.endswith("meson.build"):
+            outside.update(re.findall(r"'([^'\s]+)'", t))
+        if p.endswith(C_EXT + (".cuh",)):
+            # the code's own words, its comments left out: a name that
+            # lives on in comments alone is gone
+            code = C_COMMENT.sub(lambda m: " " if m.group(0)[0] == "/" else m.group(0), t)
+            defined.update(re.findall(r"\bbrg_\w+", code))
+        elif p.endswith(".py"):
+            defined.update(re.findall(r"\bbrg_\w+", HASH_COMMENT.sub(" ", t)))
+    outside.update(OTHERS)
+    # what the build makes, not a file of the tree under another folder
+    outside = {o for o in outside if o in OTHERS or os.path.basename(o) not in bases}
+    outside_bases = {os.path.basename(o) for o in outside}
+    problems = []
+
+    def known(name, where):
+        if name in outside or name in paths or os.path.basename(name) in outside_bases:
+            return True
+        if "/" not in name:
+            return name in bases or name in outside_bases
+        near = os.path.normpath(os.path.join(os.path.dirname(where), name))
+        return near in paths or any(p.endswith("/" + name) for p in paths)
+
+    def scan(where, n, text, fns):
+        for m in NAMED_FILE.finditer(text):
+            name = m.group(1).rstrip(".")
+            if name.startswith(("http", "www.")) or not known(name, where):
+                problems.append(f"{where}:{n}: names {name}, which is no file of the tree")
+        if fns:
+            for m in NAMED_FN.finditer(text):
+                if m.group(1) not in defined:
+                    problems.append(f"{where}:{n}: names {m.group(1)}, which occurs in no "
+                                    "source's code")
+
+    for doc in docs:
+        if not os.path.isfile(os.path.join(root, doc)):
+            continue
+        with open(os.path.join(root, doc), encoding="utf-8") as f:
+            lines = f.read().split("\n")
+        code = in_code_block(lines)
+        for n, line in enumerate(lines, 1):
+            # URLs name other projects' files
+            if not code[n - 1]:
+                scan(doc, n, re.sub(r"\w+://\S+", "", line), True)
+    for p, t in texts.items():
+        for n, c in comments(p, t):
+            for k, line in enumerate(c.split("\n")):
+                scan(p, n + k, re.sub(r"\w+://\S+", "", line), False)
+    return problems + check_floors(root, texts)
+
+
+
+# ------------------------------------------------------------ the floors
+
+FLOORS_HEADER = "runtime/core/internal.h"
+
+
+def check_floors(root, texts):
+    """The call order internal.h states for runtime/: its list of folders
+    (' * name/ ...', top floor first) and their files (' *   file.c ...',
+    a path from the folder) runs top down, and each file calls only files
+    listed after it. A call is a brg__ name (comments left out) that another
+    runtime file defines without static; a pointer handed down is no call.
+    Every runtime .c file must be listed."""
+    try:
+        with open(os.path.join(root, FLOORS_HEADER), encoding="utf-8") as f:
+            header = f.read()
+    except OSError:
+        return []  # a tree without the runtime (the self-test's)
+    m = re.search(r"/\*\n \* Who does what in runtime/.*?\*/", header, re.S)
+    if not m:
+        return [f"{FLOORS_HEADER}: no list of the floors ('Who does what in runtime/')"]
+    order, folder, problems = [], None, []
+    for line in m.group(0).split("\n"):
+        f = re.match(r" \* ([\w/]+)/\s", line)
+        if f:
+            folder = f.group(1)
+            continue
+        e = re.match(r" \*   ([\w/]+\.c)\s", line)
+        if e and folder:
+            order.append(f"runtime/{folder}/{e.group(1)}")
+    where = {p: i for i, p in enumerate(order)}
+    sources = sorted(p for p in texts if p.startswith("runtime/") and p.endswith(".c"))
+    for p in order:
+        if p not in texts:
+            problems.append(f"{FLOORS_HEADER}: lists {p}, which is no file of the tree")
+    owner = {}
+    bodies = {}
+    for p in sources:
+        t = texts[p]
+        lines = t.split("\n")
+        for name, (a, _) in c_definitions(t).items():
+            if name.startswith("brg__") and not lines[a - 1].startswith("static"):
+                owner.setdefault(name, p)
+        bodies[p] = C_COMMENT.sub(lambda x: " " if x.group(0)[0] == "/" else x.group(0), t)
+    for p in sources:
+        if p not in where:
+            problems.append(f"{p}: stands on no floor of {FLOORS_HEADER} (list it there)")
+            continue
+        seen = set()
+        for name in re.findall(r"\bbrg__\w+", bodies[p]):
+            q = owner.get(name)
+            if q and q != p and q in where and where[q] < where[p] and (q, name) not in seen:
+                seen.add((q, name))
+                problems.append(f"{p}: calls {name} of {q}, which {FLOORS_HEADER} lists "
+                                "before it (a call up a floor, or against the folder's order)")
+    return problems
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("docs", nargs="*", help="Markdown files (default: docs/*.md)")
@@ -446,6 +640,9 @@ def main(argv=None):
     problems = []
     for d in docs:
         problems += check_doc(tree, d, a.fix)
+    if not a.docs:
+        problems += check_names(a.root, docs + [d for d in NAME_DOCS
+                                                 if os.path.isfile(tree.path(d))])
     for p in problems:
         print(p)
     print(f"{len(docs)} doc(s), {len(problems)} problem(s)")

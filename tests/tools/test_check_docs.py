@@ -7,6 +7,7 @@ blocks so that a second check passes.
     test_check_docs.py CHECK_DOCS
 """
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -48,6 +49,8 @@ const int table_of_things[2] = {
     1,
     2,
 };
+
+int brg_walk(void) { return walk_ring(3); }
 """
 # walk_ring: lines 15-19; helper: 10-13; ring_plan: 6-8; table_of_things: 21-24
 
@@ -92,7 +95,12 @@ The walk is [`walk_ring`](../src/ring.c#L15-L19) and its
 ```
 `not_checked_here` inside a code block
 ```
+
+brg_walk() walks; tools/tool.py and ring.c exist.
 """
+
+# the line of GOOD that names files and a function in prose
+LAST = GOOD.split("\n").index("brg_walk() walks; tools/tool.py and ring.c exist.") + 1
 
 
 def make_tree(root, doc):
@@ -166,6 +174,46 @@ def formula_checks(root):
         rc, out = run(root)
         check(rc == 1 and want in out and "Traceback" not in out,
               f"formulas {name}: expected '{want}', got exit {rc}: {out}")
+HEADER = """\
+/*
+ * Who does what in runtime/, one folder per floor, from the top floor down.
+ *
+ * top/      what calls
+ *   a.c         calls b.c
+ * low/      what is called
+%s */
+"""
+
+
+def floors(root):
+    for d in ("runtime/core", "runtime/top", "runtime/low"):
+        os.makedirs(os.path.join(root, d), exist_ok=True)
+    with open(os.path.join(root, "runtime/top/a.c"), "w") as f:
+        f.write("/* a */\nint brg__a(void) {\n  return brg__b() + brg__same();\n}\n")
+    with open(os.path.join(root, "runtime/low/b.c"), "w") as f:
+        f.write("int brg__b(void) {\n  return 1;\n}\n\nstatic int brg__same(void) {\n  "
+                "return 2;\n}\n")
+
+    def with_list(entries):
+        with open(os.path.join(root, "runtime/core/internal.h"), "w") as f:
+            f.write(HEADER % entries)
+        return run(root)
+
+    rc, out = with_list(" *   b.c         called\n")
+    check(rc == 0, f"floors in order: exit {rc}: {out}")
+    # low/ listed above top/: the call of top/ runs up
+    with open(os.path.join(root, "runtime/core/internal.h"), "w") as f:
+        f.write(HEADER.replace(" * top/      what calls\n *   a.c         calls b.c\n", "") %
+                (" *   b.c         called\n * top/      what calls\n *   a.c         calls\n"))
+    rc, out = run(root)
+    check(rc == 1 and "runtime/top/a.c: calls brg__b of runtime/low/b.c" in out
+          and "brg__same" not in out, f"a call up a floor: {out}")
+    rc, out = with_list("")
+    check(rc == 1 and "runtime/low/b.c: stands on no floor" in out, f"an unlisted file: {out}")
+    rc, out = with_list(" *   b.c         called\n *   c.c         gone\n")
+    check(rc == 1 and "lists runtime/low/c.c, which is no file" in out,
+          f"a listed file gone: {out}")
+    shutil.rmtree(os.path.join(root, "runtime"))
 
 
 def main():
@@ -186,6 +234,11 @@ def main():
             "ident": (8, "the setting `BRIGADE_NO_SUCH_THING`",
                       "`BRIGADE_NO_SUCH_THING` occurs nowhere"),
             "wrong_file": (9, "[`Thing`](../src/ring.c#L9-L10)", "Thing is not defined in src/ring.c"),
+            "named_path": (LAST, "as src/old/ring.c says",
+                           "names src/old/ring.c, which is no file"),
+            "named_file": (LAST, "see gone.h first", "names gone.h, which is no file"),
+            "named_fn": (LAST, "call brg_walk_gone() here",
+                         "names brg_walk_gone, which occurs in no"),
         }
         for name, (n, text, want) in bad_lines.items():
             lines = GOOD.split("\n")
@@ -215,6 +268,21 @@ def main():
         rc, out = run(root)
         check(rc == 1 and "failed (1)" in out and "Traceback" not in out,
               f"failing bench/model: {out}")
+        # A source comment that names a file that is gone; one with <...>
+        # or a name the build makes (in a meson.build's quotes) passes.
+        make_tree(root, GOOD)
+        with open(os.path.join(root, "src/meson.build"), "w") as f:
+            f.write("configure_file(output: 'made.h')\n")
+        with open(os.path.join(root, "src/use.c"), "w") as f:
+            f.write("#include <stddef.h>\n/* made.h, <other.h>, ring.c;\n * and old.c */\n")
+        rc, out = run(root)
+        check(rc == 1 and "src/use.c:3: names old.c, which is no file" in out
+              and out.count("which is no file") == 1, f"a comment naming a gone file: {out}")
+        os.remove(os.path.join(root, "src/use.c"))
+        os.remove(os.path.join(root, "src/meson.build"))
+
+        # The floors of runtime/: the order internal.h lists holds the calls.
+        floors(root)
     with tempfile.TemporaryDirectory(prefix="check-docs-") as root:
         formula_checks(root)
     if failures:

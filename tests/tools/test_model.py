@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""bench/model on cases worked by hand (its formulas are runtime/model.c's,
+"""bench/model on cases worked by hand (its formulas are runtime/plan/model.c's,
 through brigade-info --model: BRIGADE_INFO names the build's), and its
 calibration on synthetic
 all_reduce_perf output made with known constants.

@@ -1,7 +1,7 @@
 /*
  * Stopping a communicator: what brg_comm_abort does below the API, and
- * what the engines (progress.c, lat.c) and destroy (comm.c) call when a
- * collective fails in a way its peers must hear of.
+ * what the runners (lat.c, hier.c, rings.c) and destroy (comm.c) call when
+ * a collective fails in a way its peers must hear of.
  */
 #include <pthread.h>
 

@@ -1,19 +1,25 @@
 /*
  * The device ring's own state and the helpers its files share (device_ring.c
  * and the rooms it is split into). Only those files include this header;
- * the rest of the runtime sees device.h. The calls run one way: the
- * lifetime (device_setup.c) calls the modes, the modes call the shared
- * helpers (device_ring.c), never back.
+ * the rest of the runtime sees device.h. The calls run one way, down the
+ * runtime's floors (internal.h): the lifetime (device_setup.c) calls the
+ * modes and the host engine (exec/host/ring.c, for the setup's own
+ * collective); kernel mode calls step mode's helpers; every mode calls the
+ * shared helpers (device_ring.c), never back.
  *
- *   device_ring.c    what every mode uses: the cuda_ipc links, pinned
- *                    memory, GPUDirect offers, the fork and join of rings
- *   device_setup.c   the ring's lifetime: the setup around two all-gathers,
- *                    the drain and the free
- *   device_step.c    step mode: its FIFO and events, brg__mem_device
- *   device_kernel.c  kernel mode: its regions, the one-shot path, a launch
- *   device_watch.c   kernel mode: faults, the watchdog, the drain
- *   device_async.c   asynchronous mode: the ring's stream, flag and tickets
- *   device_proxy.c   kernel mode's host proxy on the links between hosts
+ *   exec/device_setup.c       the ring's lifetime: the setup around two
+ *                             all-gathers, the drain and the free
+ *   exec/kernel/device_kernel.c  kernel mode: its regions, the one-shot
+ *                             path, a launch
+ *   exec/kernel/device_watch.c   kernel mode: faults, the watchdog, the drain
+ *   exec/kernel/device_proxy.c   kernel mode's host proxy on the links
+ *                             between hosts
+ *   exec/step/device_step.c   step mode: its FIFO and events, brg__mem_device
+ *   exec/step/device_async.c  step mode's asynchronous mode: the ring's
+ *                             stream, flag and tickets
+ *   device/device_ring.c      what every mode uses: the cuda_ipc links,
+ *                             pinned memory, GPUDirect offers, the fork
+ *                             and join of rings
  */
 #ifndef BRIGADE_DEVICE_RING_INT_H
 #define BRIGADE_DEVICE_RING_INT_H
@@ -115,7 +121,7 @@ struct brg__dev_ring {
    * each other's spinning ones. */
   int kshared_gpu;
   int kthreads; /* another rank of this communicator is in this process */
-  /* The watchdog (brg__device_watch, on the liveness thread): per channel
+  /* The watchdog (brg__dev_kernel_watch, on the liveness thread): per channel
    * the progress last seen and since when it stands still. */
   uint64_t wd_progress[BRG__RK_MAX_CHANNELS], wd_started[BRG__RK_MAX_CHANNELS];
   int64_t wd_since[BRG__RK_MAX_CHANNELS];

@@ -412,7 +412,8 @@ static void *live_main(void *arg) {
         }
       }
       pthread_mutex_unlock(&l->lock);
-      int door = brg__p2p_door_fd(l->c);
+      int (*door_of)(brg_comm *) = __atomic_load_n(&l->c->p2p_door, __ATOMIC_ACQUIRE);
+      int door = door_of ? door_of(l->c) : -1;
       if (door >= 0) {
         p.pfd[p.npfd] = (struct pollfd){.fd = door, .events = POLLIN};
         p.who[p.npfd] = i;
@@ -435,8 +436,10 @@ static void *live_main(void *arg) {
       if (p.dir[i] >= 0)
         live_read(l, p.dir[i]);
       else {
-        brg__errbuf quiet = {0};     /* a failure is the next send's or receive's to report */
-        brg__p2p_need(l->c, &quiet); /* someone dials it: its thread takes the call */
+        brg__errbuf quiet = {0}; /* a failure is the next send's or receive's to report */
+        brg_status (*need)(brg_comm *, brg__errbuf *) =
+            __atomic_load_n(&l->c->p2p_need, __ATOMIC_ACQUIRE);
+        if (need) need(l->c, &quiet); /* someone dials it: its thread takes the call */
       }
     }
     /* what was there when it looked has been read: silence counts up to here */

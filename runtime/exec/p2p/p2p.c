@@ -1081,6 +1081,9 @@ brg_status brg__p2p_open(brg_comm *c, const char *addr, uint32_t *port, brg__err
 brg_status brg__p2p_start(brg_comm *c, brg__errbuf *err) {
   (void)err;
   c->p2p->armed = 1;
+  /* for the liveness thread, a floor below, which watches the listener */
+  __atomic_store_n(&c->p2p_door, brg__p2p_door_fd, __ATOMIC_RELEASE);
+  __atomic_store_n(&c->p2p_need, brg__p2p_need, __ATOMIC_RELEASE);
   return BRG_SUCCESS;
 }
 

@@ -168,6 +168,11 @@ struct brg_comm {
 
   struct brg__trace *trace; /* BRIGADE_TRACE_FILE's recorder (trace.c), NULL when off */
   struct brg__p2p *p2p;     /* p2p.c: the listener, its thread, links to any rank */
+  /* The listener the liveness thread watches until p2p.c's thread runs,
+   * and that thread's start when someone dials it: set by p2p.c at its
+   * start (liveness.c sits on a lower floor and calls them through these). */
+  int (*p2p_door)(brg_comm *c);
+  brg_status (*p2p_need)(brg_comm *c, brg__errbuf *err);
 
   struct brg__dev_ring *dev; /* device collectives' state (device_ring.c), made at first use */
   int *kabort; /* kernel mode's abort word (host memory the kernels poll); NULL: none */
@@ -225,45 +230,69 @@ struct brg_comm {
 
 #define BRG__COMM_MAGIC 0x62726763u
 /*
- * Who does what in runtime/ (each file calls only files listed after it):
- *   rendezvous.c  brg_comm_init_env: the launcher's variables -> init.c
+ * Who does what in runtime/, one folder per floor, from the top floor down.
+ * Each file calls only files listed after it: those of its own folder that
+ * follow it, and every file of the floors below (tests/tools/check_docs.py
+ * holds the code to this list). A lower floor runs code of a higher one
+ * only through a pointer the higher one hands down: brg__coll.runner (set
+ * by coll/, called by exec/progress.c), kwatch (set by kernel mode, called
+ * by core/liveness.c), p2p_door and p2p_need (set by exec/p2p/p2p.c, called
+ * by core/liveness.c), the body brg__trace_run times.
+ *
+ * coll/     the collectives
+ *   coll.c        entry points and argument checks
+ *   hier.c        the algorithm of each allreduce (BRIGADE_ALGO, plan/model.c
+ *                 for auto); its two communicators come from comm/split.c
+ *                 (made on the caller's thread before the first hier
+ *                 allreduce is issued, as an application would make them);
+ *                 brg__hier_run runs its phases
+ *   rings.c       a collective cut over the rings of comm/init.c
+ *   lat.c         tree and rhd allreduces over exec/p2p/p2p.c's links
+ * comm/     communicators: made, split, destroyed
+ *   rendezvous.c  brg_comm_init_env: the launcher's variables
  *   launch.c      PMIx's store and Slurm's step, where no MASTER_ADDR is set
- *   init.c        brg_comm_init, brg_comm_init_config, the extra rings -> split.c
- *   split.c       brg_comm_split: two all-gathers over the parent (progress.c)
- *                 -> comm.c
- *   coll.c        the collectives' entry points and argument checks
- *   model.c       the cost model auto chooses by (no calls)
- *   hier.c        hierarchical allreduce: picks the algorithm; its two
- *                 communicators come from split.c (made on the caller's
- *                 thread before the first hier allreduce is issued, as an
- *                 application would make them); brg__hier_run runs its phases
+ *   init.c        brg_comm_init, brg_comm_init_config, the extra rings
+ *   split.c       brg_comm_split: two all-gathers over the parent
+ *                 (exec/progress.c); the devnet communicator
  *   comm.c        create (bootstrap, topology, links), accessors, destroy
+ * exec/     what runs a collective, a subfolder per executor
+ *   progress.c    issue order: the worker thread; the runner chosen at
+ *                 issue; the all-gather that splits and sub-communicators
+ *                 exchange over their parent
+ *   device_setup.c  the device ring's lifetime: its setup (a collective of
+ *                 host/ring.c), the drain and the free
+ *   host/ring.c   the seven primitives and the ring and chain walks; it
+ *                 hands a device collective to kernel/ in kernel mode, an
+ *                 all_to_all, gather or scatter to p2p/
+ *   kernel/device_kernel.c  kernel mode: its regions, one-shot, a launch
+ *   kernel/device_watch.c   kernel mode's faults, watchdog and drain
+ *   kernel/device_proxy.c   kernel mode's host proxy between hosts
+ *   step/device_step.c      step mode: the primitives on GPU buffers
+ *   step/device_async.c     step mode's asynchronous mode
  *   stop.c        brg__comm_stop: what brg_comm_abort does below the API
- *   rings.c       a collective cut over the rings of init.c
+ *   p2p/alltoall.c  all_to_all over p2p.c's links
+ *   p2p/rooted.c  gather and scatter over them
+ *   p2p/p2p.c     send and recv over links to any rank
+ * plan/     sizes and choices every rank makes alike
+ *   slice.c       the slice: the host ring's, step mode's, a staged link's
+ *   model.c       the cost model: auto's algorithm, kernel mode's shape
+ * device/   the device ring's state
+ *   device_ring.c its links and memory, shared by every mode
+ *   device.c      the CUDA module, opened at first use
+ * link/     the ring's links
+ *   ring_link.c   slots to and from the neighbours, the waiter's checks
+ * core/     this header: the communicator
+ *   trace.c       BRIGADE_TRACE_FILE: spans of collectives, steps, slices, waits
+ *   liveness.c    heartbeats on the ring sockets: which rank went silent
  *   linkset.c     the pieces (rings, hierarchy, kernel mode's links) a
  *                 communicator's threads serve (liveness.c serves them)
- *   progress.c    issue order: the worker thread; the runner chosen at
- *                 issue (ring.c, hier.c, lat.c or rings.c); the all-gather
- *                 that splits and sub-communicators exchange over their
- *                 parent
- *   slice.c       the slice policy: the pipeline unit's size, per path
- *   lat.c         tree and rhd allreduces over p2p.c's links
- *   ring.c        the five primitives and the ring and chain schedules
- *   device_ring.c the device ring's state and links; device_setup.c builds
- *                 it; device_step.c the same primitives on GPU buffers
- *                 (step mode); device_kernel.c and device_watch.c kernel
- *                 mode; device_async.c its asynchronous mode;
- *                 device_proxy.c kernel mode's host proxy
- *   device.c      the CUDA module, opened at first use
- *   ring_link.c   slots to and from the neighbours, the waiter's checks
- *   p2p.c         send and recv over links to any rank
- *   alltoall.c    all_to_all on them
- *   rooted.c      gather and scatter over those links
- *   liveness.c    heartbeats on the ring sockets: which rank went silent
- *   trace.c       BRIGADE_TRACE_FILE: spans of collectives, steps, slices, waits
  *   topology.c    hosts and ring order
  *   errors.c      last errors, abort notices, how collectives are named
- *   bootstrap*.c  ids, the root, the ring sockets
+ * boot/     before a communicator exists
+ *   bootstrap_root.c  the root
+ *   bootstrap.c   the rank side: the hello, the table, the ring sockets
+ *   bootstrap_tree.c  the peer table's all-gather over a binary tree
+ *   bootstrap_wire.c  the unique id and the messages: layouts, parsing
  *   settings.c    the runtime's settings and the one table of all sections
  */
 

@@ -41,10 +41,11 @@ brg_status brg__device_enter(brg_comm *c, int gpu, int *prev);
 void brg__device_leave(int prev);
 
 /*
- * Device collectives (device_ring.c and the device_*.c files it lists). The ring runs in step mode: per slice
- * and step one copy or reduce kernel on the caller's stream, writing the
- * next rank's FIFO slot in its GPU memory (mapped by CUDA IPC), ordered by
- * interprocess events. No kernel ever waits for another process's kernel.
+ * Device collectives (device_ring.c and the files device_ring_int.h lists).
+ * In step mode the ring runs, per slice and step, one copy or reduce kernel
+ * on the caller's stream, writing the next rank's FIFO slot in its GPU
+ * memory (mapped by CUDA IPC), ordered by interprocess events. No kernel
+ * ever waits for another process's kernel.
  */
 struct brg__dev_ring;
 /* The transport of the device link from rank `from` to rank `to`: the

@@ -1,11 +1,15 @@
 /*
  * The slice: the pipeline unit, one slice per FIFO slot, that a ring
- * collective streams around the ring. Its size is decided here alone, once
- * per communicator for the host ring (comm.c, at create) and once per
- * device ring for step and kernel mode (device_setup.c); the engines that
- * walk a collective (ring.c, lat.c) ask for it in elements. Every rank
- * holds the same settings, peer table and ring order, so every rank
- * decides alike.
+ * collective streams around the ring. The host ring's is decided here, once
+ * per communicator (comm.c, at create), and step mode's once per device
+ * ring (device_setup.c); the engines that walk a collective (ring.c, lat.c)
+ * ask for it in elements. Kernel mode's slot is the cost model's
+ * (model.c, brg__model_device_shape, taken by device_kernel.c) unless a
+ * staged link or BRIGADE_SLICE_BYTES makes it this file's
+ * BRG__SLICE_KERNEL; its one-shot slots follow BRIGADE_DEVICE_SMALL_BYTES
+ * (device_kernel.c), and point-to-point links have a slot of their own
+ * (p2p.c). Every rank holds the same settings, peer table and ring order,
+ * so every rank decides alike.
  */
 #include "device.h"
 #include "internal.h"
