@@ -54,6 +54,7 @@
 #include <string.h>
 
 #include "device.h"
+#include "exec.h"
 #include "internal.h"
 #include "kernels.h"
 #include "model.h"
@@ -278,7 +279,7 @@ static unsigned auto_logged(int algo) {
 }
 
 brg_status brg__hier_prepare(brg_comm *c, brg__coll *k) {
-  k->runner = NULL;
+  k->exec = NULL;
   k->lat = 0;
   int lat_algo = c->algo == BRG__ALGO_TREE || c->algo == BRG__ALGO_RHD;
   if (c->algo == BRG__ALGO_RING || c->nranks < 2) {
@@ -306,7 +307,7 @@ brg_status brg__hier_prepare(brg_comm *c, brg__coll *k) {
     if (first_time(c, LOGGED_FORCED_LAT))
       BRG__INFO("coll", "allreduce algorithm: %s (BRIGADE_ALGO=%s, %d ranks)",
                 brg__algo_name(c->algo), brg__algo_name(c->algo), c->nranks);
-    k->runner = brg__lat_run;
+    k->exec = &brg__exec_lat;
     k->lat = (unsigned char)c->algo;
     return BRG_SUCCESS;
   }
@@ -358,7 +359,7 @@ brg_status brg__hier_prepare(brg_comm *c, brg__coll *k) {
                 brg__algo_name(algo), shape, bytes, pred);
     }
     if (algo == BRG__ALGO_TREE || algo == BRG__ALGO_RHD) {
-      k->runner = brg__lat_run;
+      k->exec = &brg__exec_lat;
       k->lat = (unsigned char)algo;
     }
     if (algo != BRG__ALGO_HIER) return BRG_SUCCESS;
@@ -402,7 +403,7 @@ brg_status brg__hier_prepare(brg_comm *c, brg__coll *k) {
    * the communicators were (the device setup of each runs at its first phase). */
   if (s == BRG_SUCCESS && k->device) s = brg__comm_devnet(c->cross);
   if (s != BRG_SUCCESS) return s;
-  k->runner = brg__hier_run;
+  k->exec = &brg__exec_hier;
   return BRG_SUCCESS;
 }
 

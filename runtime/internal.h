@@ -36,12 +36,11 @@ typedef struct brg__coll {
   unsigned char setup_only : 1; /* brg_comm_device_setup: the device setup, no collective */
   unsigned char staged : 1;     /* gather/scatter on GPU buffers, through host memory (rooted.c) */
   unsigned char lat;            /* BRG__ALGO_TREE or _RHD: an allreduce lat.c runs; 0: none */
-  /* What runs it, chosen as it is issued (hier.c's brg__hier_prepare, then
-   * rings.c's brg__rings_choose): brg__hier_run, brg__lat_run or
-   * brg__rings_run; NULL: the ring engine on this communicator
-   * (brg__coll_execute). progress.c calls it from its queue. (The flags
-   * are bits so that a brg__req still fits a brg_request.) */
-  brg_status (*runner)(brg_comm *c, struct brg__coll *k);
+  /* Its executor (exec.h), chosen once as it is issued (exec.c's policy:
+   * hier.c's choice, then rings.c's, else the leaf of its memory); NULL
+   * until then. progress.c runs it through this. (The flags are bits so
+   * that a brg__req still fits a brg_request.) */
+  const struct brg__exec_ops *exec;
   const void *sendbuf;
   void *recvbuf;
   size_t count; /* the call's count argument */
@@ -234,13 +233,17 @@ struct brg_comm {
  *   comm.c        create (bootstrap, topology, links), accessors, destroy
  *   stop.c        brg__comm_stop: what brg_comm_abort does below the API
  *   rings.c       a collective cut over the rings of init.c
- *   progress.c    issue order: the worker thread; the runner chosen at
- *                 issue (ring.c, hier.c, lat.c or rings.c); the all-gather
+ *   exec.c        the policy: each call's executor (exec.h), chosen once
+ *                 at issue; the composite executors (hier, rings, lat)
+ *   progress.c    issue order: the worker thread; runs each call through
+ *                 its executor, whichever it is; the all-gather
  *                 that splits and sub-communicators exchange over their
  *                 parent
  *   slice.c       the slice policy: the pipeline unit's size, per path
  *   lat.c         tree and rhd allreduces over p2p.c's links
  *   ring.c        the five primitives and the ring and chain schedules
+ *   device_exec.c the device executors (step, kernel, one rank, staged)
+ *                 and the checks of calls on GPU buffers at issue
  *   device_ring.c the device ring's state and links; device_setup.c builds
  *                 it; device_step.c the same primitives on GPU buffers
  *                 (step mode); device_kernel.c and device_watch.c kernel
@@ -296,7 +299,7 @@ typedef enum {
 int brg__algo_parse(const char *name);
 const char *brg__algo_name(int algo);
 /* Decides whether allreduce k runs hierarchically or in lat.c (sets
- * k->runner, and k->lat), making
+ * k->exec, and k->lat), making
  * the hierarchy's communicators at the first such call (a collective over
  * c: every rank reaches it at the same allreduce, since the choice depends
  * only on what every rank shares). */
@@ -304,7 +307,7 @@ brg_status brg__hier_prepare(brg_comm *c, brg__coll *k);
 /* Runs allreduce k hierarchically: its three phases on the hierarchy's
  * communicators, each through their progress (a failure stops both). */
 brg_status brg__hier_run(brg_comm *c, brg__coll *k);
-/* rings.c: at issue, k runs cut over c's rings (k->runner) where k would
+/* rings.c: at issue, k runs cut over c's rings (k->exec) where k would
  * take the ring engine and is large enough (every rank decides alike);
  * the run of such a k, one part per ring at once. */
 void brg__rings_choose(const brg_comm *c, brg__coll *k);
@@ -492,8 +495,8 @@ brg_status brg__lat_run(brg_comm *c, brg__coll *k);
  * ring.c's engine in issue order. */
 brg_status brg__rooted_run(brg_comm *c, const brg__coll *k);
 
-/* ring.c: runs one collective to completion on the calling thread; a
- * device collective needs the device ring (progress.c builds it). */
+/* ring.c: the host executor's run: one collective on host buffers to
+ * completion on the calling thread, over this communicator's ring. */
 brg_status brg__coll_execute(brg_comm *c, brg__coll *coll);
 
 #endif

@@ -1,0 +1,63 @@
+/*
+ * The policy that picks a collective's executor once, at issue, and the
+ * composite executors (hier.c, rings.c, lat.c), whose hooks around their
+ * run are those of the leaf executor of their buffers' memory (exec.h).
+ */
+#include "exec.h"
+
+const brg__exec_ops *brg__exec_leaf(const brg_comm *c, const brg__coll *k) {
+  return k->device ? brg__device_exec_leaf(c, k) : &brg__exec_host;
+}
+
+brg_status brg__exec_choose(brg_comm *c, brg__coll *k) {
+  brg_status s = BRG_SUCCESS;
+  if (k->kind == BRG__COLL_ALLREDUCE && !k->exec) s = brg__hier_prepare(c, k);
+  if (s != BRG_SUCCESS) return s;
+  if (!k->exec) brg__rings_choose(c, k);
+  if (!k->exec) k->exec = brg__exec_leaf(c, k);
+  return BRG_SUCCESS;
+}
+
+/* A composite's hooks: its leaf's, looked up at each (the leaf of GPU
+ * buffers becomes step or kernel mode once the device ring is made; their
+ * hooks are the same). */
+
+static int leaf_detached(brg_comm *c, const brg__coll *k) {
+  const brg__exec_ops *x = brg__exec_leaf(c, k);
+  return x->detached && x->detached(c, k);
+}
+
+static brg_status leaf_enter(brg_comm *c, const brg__coll *k, int *saved) {
+  const brg__exec_ops *x = brg__exec_leaf(c, k);
+  return x->enter ? x->enter(c, k, saved) : BRG_SUCCESS;
+}
+
+static void leaf_leave(brg_comm *c, const brg__coll *k, int saved) {
+  const brg__exec_ops *x = brg__exec_leaf(c, k);
+  if (x->leave) x->leave(c, k, saved);
+}
+
+static brg_status leaf_begin(brg_comm *c, brg__coll *k) {
+  const brg__exec_ops *x = brg__exec_leaf(c, k);
+  return x->begin ? x->begin(c, k) : BRG_SUCCESS;
+}
+
+static brg_status leaf_setup(brg_comm *c, brg__coll *k) {
+  const brg__exec_ops *x = brg__exec_leaf(c, k);
+  return x->setup ? x->setup(c, k) : BRG_SUCCESS;
+}
+
+static void leaf_end(brg_comm *c, brg__coll *k, brg_status s) {
+  const brg__exec_ops *x = brg__exec_leaf(c, k);
+  if (x->end) x->end(c, k, s);
+}
+
+#define COMPOSITE(NAME, RUN)                                                                       \
+  {                                                                                                \
+    .name = (NAME), .detached = leaf_detached, .enter = leaf_enter, .leave = leaf_leave,           \
+    .begin = leaf_begin, .setup = leaf_setup, .run = (RUN), .end = leaf_end                        \
+  }
+
+const brg__exec_ops brg__exec_hier = COMPOSITE("hier", brg__hier_run);
+const brg__exec_ops brg__exec_rings = COMPOSITE("rings", brg__rings_run);
+const brg__exec_ops brg__exec_lat = COMPOSITE("lat", brg__lat_run);

@@ -1,0 +1,108 @@
+/*
+ * Executors: what runs a collective once it is issued. coll.c checks a
+ * call and issues it, the policy (exec.c, brg__exec_choose) picks its
+ * executor once, at issue, into brg__coll.exec, progress.c orders the
+ * calls and runs each through that executor without knowing which it is:
+ *
+ *   coll.c -> exec.c (policy) -> progress.c -> k->exec: setup, run, end
+ *
+ * Leaf executors run a call on one communicator's ring:
+ *   brg__exec_host     the ring engine on host buffers (ring.c)
+ *   brg__exec_step     step mode: the same engine on GPU buffers
+ *   brg__exec_kernel   kernel mode: one launch per call
+ *   brg__exec_single   GPU buffers on a one-rank communicator
+ *   brg__exec_device   GPU buffers before the device ring is made: its
+ *                      setup makes it, its run takes step or kernel mode
+ *   brg__exec_staged   gather and scatter on GPU buffers, through host copies
+ * (the device ones in device_exec.c). Composite executors run a call as
+ * calls of leaf executors on other communicators or on the rings (exec.c):
+ *   brg__exec_hier     hier.c's phases on the hierarchy's communicators
+ *   brg__exec_rings    rings.c's parts, one per ring
+ *   brg__exec_lat      lat.c's tree and rhd over point-to-point links
+ * A composite's hooks other than run are those of the leaf executor of
+ * its buffers' memory on its communicator.
+ */
+#ifndef BRG_EXEC_H
+#define BRG_EXEC_H
+
+#include "internal.h"
+
+typedef struct brg__exec_ops {
+  const char *name;
+  /* On the issuing thread: 1 when the call returns at once and runs later
+   * on the communicator's thread, queued detached (device collectives of
+   * the asynchronous mode); NULL: never. */
+  int (*detached)(brg_comm *c, const brg__coll *k);
+  /* Around everything done for k on one thread (the GPU of its buffers
+   * made current); enter keeps in *saved what leave restores. NULL: none. */
+  brg_status (*enter)(brg_comm *c, const brg__coll *k, int *saved);
+  void (*leave)(brg_comm *c, const brg__coll *k, int saved);
+  /* A detached call, on the issuing thread with the queue's lock held
+   * (its place in the queue is its place in the stream's order). */
+  brg_status (*begin)(brg_comm *c, brg__coll *k);
+  /* On the thread that runs it, in issue order, before run: what the
+   * executor must have made first (a collective over the ring at the first
+   * call, on every rank alike). NULL: nothing. */
+  brg_status (*setup)(brg_comm *c, brg__coll *k);
+  /* The collective itself, to completion on the calling thread (on the
+   * stream, for GPU buffers). */
+  brg_status (*run)(brg_comm *c, brg__coll *k);
+  /* After run with its status, or in its place when it never runs. */
+  void (*end)(brg_comm *c, brg__coll *k, brg_status s);
+  /* For a composite that runs `parts` parts of k at once (rings.c):
+   * whether this executor can (parts_ok; NULL: yes), and streams of their
+   * own for parts 1..parts-1 that start after k's stream holds now (fork),
+   * k's stream continuing after all of them (join). NULL: the parts share
+   * no stream. */
+  int (*parts_ok)(const brg_comm *c, const brg__coll *k, int parts);
+  brg_status (*fork)(brg_comm *c, const brg__coll *k, int parts, void **streams);
+  brg_status (*join)(brg_comm *c, const brg__coll *k, int parts);
+} brg__exec_ops;
+
+extern const brg__exec_ops brg__exec_host;
+extern const brg__exec_ops brg__exec_step, brg__exec_kernel, brg__exec_single, brg__exec_device,
+    brg__exec_staged;
+extern const brg__exec_ops brg__exec_hier, brg__exec_rings, brg__exec_lat;
+
+/* The policy, at issue: the executor of a checked call of the public API
+ * (hier.c's choice for an allreduce, then rings.c's, else the leaf). May
+ * run a collective over c (the hierarchy's communicators at their first
+ * use), so every rank calls it at the same call. */
+brg_status brg__exec_choose(brg_comm *c, brg__coll *k);
+/* The leaf executor of k on c: where its buffers are, and for GPU buffers
+ * the device ring's mode (device_exec.c). What progress.c gives a call
+ * issued without one (the runtime's own calls, and the parts of a
+ * composite's). */
+const brg__exec_ops *brg__exec_leaf(const brg_comm *c, const brg__coll *k);
+const brg__exec_ops *brg__device_exec_leaf(const brg_comm *c, const brg__coll *k);
+
+/* The checks of a call on GPU buffers at issue (device_exec.c), in
+ * check_call's order: `capture` once its buffers are classified (a stream
+ * capturing a CUDA graph takes only what a graph can hold), `links` after
+ * the communicator's own checks (kernel mode's links between hosts, a
+ * collective over c, made before the first device setup). Nothing for
+ * host buffers. */
+brg_status brg__exec_check_capture(brg_comm *c, const char *fn, brg__coll *k);
+brg_status brg__exec_check_links(brg_comm *c, brg__coll *k);
+
+/* The communicator's side of the executors, for comm.c: whether calls on
+ * c may still run on a stream after they returned (the device ring is
+ * made), whose work destroy then drains before the goodbyes; the drain
+ * (the message on c); stopping what carries such work between hosts once
+ * the neighbours said goodbye; freeing it; and the error such work met
+ * after its call returned (brg_comm_get_async_error). */
+int brg__exec_outlives(const brg_comm *c);
+brg_status brg__exec_drain(brg_comm *c);
+void brg__exec_stop(brg_comm *c);
+void brg__exec_free(brg_comm *c);
+brg_status brg__exec_async_error(brg_comm *c);
+
+/* ring.c: the ring engine on c with the payloads in `mem` (ring_link.h's
+ * brg__mem_ops; `dev` the device ring for brg__mem_device, else NULL),
+ * inside the call's trace span. The host executor's run is it with
+ * brg__mem_host (brg__coll_execute). */
+struct brg__mem_ops;
+brg_status brg__ring_engine(brg_comm *c, brg__coll *k, const struct brg__mem_ops *mem,
+                            struct brg__dev_ring *dev);
+
+#endif
