@@ -36,10 +36,9 @@ static brg_status check_call(brg_comm *c, const char *fn, const void *sendbuf, c
   if (recv_elems && !recvbuf)
     return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT, "%s: recvbuf is NULL with count %zu", fn,
                            count);
-  s = brg__device_classify(c, fn, sendbuf, recvbuf, stream, &k->device, &k->gpu);
-  if (s != BRG_SUCCESS) return s;
   k->stream = stream;
-  if ((s = brg__exec_check_capture(c, fn, k)) != BRG_SUCCESS) return s;
+  s = brg__device_check_call(c, fn, sendbuf, recvbuf, stream, k);
+  if (s != BRG_SUCCESS) return s;
   if (send_elems && recv_elems && sendbuf != recvbuf) {
     const char *a = sendbuf, *b = recvbuf;
     size_t sa = send_elems * esize, sb = recv_elems * esize;
@@ -57,8 +56,7 @@ static brg_status check_call(brg_comm *c, const char *fn, const void *sendbuf, c
    * be shared by threads, or the progress thread): read atomically. */
   brg_status broken = __atomic_load_n(&c->broken, __ATOMIC_ACQUIRE);
   if (broken != BRG_SUCCESS) return broken;
-  /* What the executors of k's memory need made before it is issued. */
-  return brg__exec_check_links(c, k);
+  return BRG_SUCCESS;
 }
 
 #define COLL(KIND, SB, RB, CNT, DT, OP, ROOT)                                                      \
@@ -488,9 +486,10 @@ brg_status brg_comm_device_setup(brg_comm *comm, int device) {
    * run yet. */
   k.device = 1;
   k.setup_only = 1;
-  if ((s = brg__exec_check_links(comm, &k)) != BRG_SUCCESS) return s;
   k.exec = brg__exec_leaf(comm, &k);
-  if (k.exec == &brg__exec_device && (s = brg__progress_run(comm, &k)) != BRG_SUCCESS) return s;
+  if (k.exec == &brg__exec_device && (s = k.exec->prepare(comm, &k)) == BRG_SUCCESS)
+    s = brg__progress_run(comm, &k);
+  if (s != BRG_SUCCESS) return s;
   /* BRIGADE_ALGO=hier: the hierarchy's device rings too. */
   brg_comm *parts[2];
   if ((s = brg__hier_device_prepare(comm, &parts[0], &parts[1])) != BRG_SUCCESS) return s;

@@ -32,6 +32,14 @@ const brg__cuda_api *brg__device_api(const char **why);
 brg_status brg__device_classify(brg_comm *c, const char *fn, const void *sendbuf,
                                 const void *recvbuf, brg_stream stream, int *device, int *gpu);
 
+/* A call's memory at issue (coll.c): brg__device_classify into k->device
+ * and k->gpu, then for GPU buffers on a stream capturing a CUDA graph
+ * whether the call can be captured (kernel mode, set up before; never a
+ * staged one): BRG_ERR_INVALID_USAGE saying how to fix it, else
+ * k->captured. k->kind and k->staged are set; k->stream is `stream`. */
+brg_status brg__device_check_call(brg_comm *c, const char *fn, const void *sendbuf,
+                                  const void *recvbuf, brg_stream stream, brg__coll *k);
+
 /* brg_comm_device_setup's device (-1: the current one), checked and made
  * the communicator's GPU. */
 brg_status brg__device_choose(brg_comm *c, const char *fn, int device, int *gpu);

@@ -4,10 +4,10 @@
  * run (the GPU of the buffers made current, the device ring made at the
  * first call, the asynchronous mode's queue and stream order); they differ
  * in their run: step mode's ring engine, kernel mode's launch, a one-rank
- * copy, or gather and scatter staged through host memory. The checks of a
- * call on GPU buffers at issue and the communicator's device state at
- * destroy are here too, so that nothing else of the runtime asks whether
- * a call is on GPU buffers or which mode its ring runs.
+ * copy, or gather and scatter staged through host memory (which makes no
+ * device ring: only the GPU current). The communicator's device state at
+ * destroy is reached from here too, so that nothing else of the runtime
+ * asks which mode a device ring runs.
  */
 #include <stdlib.h>
 
@@ -26,6 +26,8 @@ const brg__exec_ops *brg__device_exec_leaf(const brg_comm *c, const brg__coll *k
 }
 
 /* ---- the hooks every device executor shares ---- */
+
+static brg_status dev_prepare(brg_comm *c, brg__coll *k);
 
 static int dev_detached(brg_comm *c, const brg__coll *k) {
   return c->nranks > 1 && !k->setup_only &&
@@ -82,9 +84,9 @@ static brg_status dev_join(brg_comm *c, const brg__coll *k, int parts) {
 
 #define DEVICE_EXEC(NAME, RUN)                                                                     \
   {                                                                                                \
-    .name = (NAME), .detached = dev_detached, .enter = dev_enter, .leave = dev_leave,              \
-    .begin = brg__device_async_begin, .setup = dev_setup, .run = (RUN), .end = dev_end,            \
-    .parts_ok = dev_parts_ok, .fork = dev_fork, .join = dev_join                                   \
+    .name = (NAME), .prepare = dev_prepare, .detached = dev_detached, .enter = dev_enter,          \
+    .leave = dev_leave, .begin = brg__device_async_begin, .setup = dev_setup, .run = (RUN),        \
+    .end = dev_end, .parts_ok = dev_parts_ok, .fork = dev_fork, .join = dev_join                   \
   }
 
 /* ---- the runs ---- */
@@ -189,30 +191,11 @@ const brg__exec_ops brg__exec_staged = {
 
 /* ---- at issue ---- */
 
-brg_status brg__exec_check_capture(brg_comm *c, const char *fn, brg__coll *k) {
-  if (!k->device) return BRG_SUCCESS;
-  if (!k->staged) return brg__device_capture_check(c, fn, k);
-  /* Staged through host memory by the calling thread, which waits for
-   * the stream: nothing a CUDA graph can hold. */
-  const brg__cuda_api *api = brg__device_api(NULL);
-  int capturing = 0;
-  if (api->drv.stream_capturing(k->stream, &capturing) != 0) capturing = 0;
-  api->drv.last_error(); /* a query that failed leaves no error behind */
-  if (capturing)
-    return brg__comm_error(c, BRG_ERR_INVALID_USAGE,
-                           "%s: stream %p is capturing a CUDA graph, but %s on GPU buffers is "
-                           "staged through host memory by the calling thread, which a graph "
-                           "cannot hold: call it outside the capture",
-                           fn, k->stream, brg__coll_name(k->kind));
-  return BRG_SUCCESS;
-}
-
 /* Kernel mode's links between hosts for this communicator and its rings,
- * before the device setup that uses them (a staged collective uses
- * neither; brg_comm_device_setup's asks each ring). */
-brg_status brg__exec_check_links(brg_comm *c, brg__coll *k) {
-  if (!k->device || k->staged || (c->devnet_state != 0 && !k->setup_only) ||
-      __atomic_load_n(&c->dev, __ATOMIC_ACQUIRE))
+ * before the device setup that uses them; brg_comm_device_setup's
+ * (setup_only) asks each ring. */
+static brg_status dev_prepare(brg_comm *c, brg__coll *k) {
+  if ((c->devnet_state != 0 && !k->setup_only) || __atomic_load_n(&c->dev, __ATOMIC_ACQUIRE))
     return BRG_SUCCESS;
   brg_status s = brg__comm_devnet(c);
   for (int r = 1; s == BRG_SUCCESS && r < c->nrings; r++) s = brg__comm_devnet(c->rings[r]);

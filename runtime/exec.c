@@ -9,12 +9,27 @@ const brg__exec_ops *brg__exec_leaf(const brg_comm *c, const brg__coll *k) {
   return k->device ? brg__device_exec_leaf(c, k) : &brg__exec_host;
 }
 
+/* Whether k is cut over the communicator's rings (BRIGADE_RINGS): a
+ * allreduce, reduce-scatter, all-gather, broadcast or reduce that gives
+ * every ring at least a slice (of each rank's block, for reduce-scatter
+ * and all-gather), where its leaf executor can run the parts at once. The
+ * count is the same on every rank, so every rank decides alike. */
+static int rings_take(const brg_comm *c, const brg__coll *k, const brg__exec_ops *leaf) {
+  int cut = k->kind == BRG__COLL_ALLREDUCE || k->kind == BRG__COLL_REDUCE_SCATTER ||
+            k->kind == BRG__COLL_ALL_GATHER || k->kind == BRG__COLL_BROADCAST ||
+            k->kind == BRG__COLL_REDUCE;
+  int ok = c->nrings > 1 && cut && !k->whole &&
+           k->count * brg_dtype_size(k->dtype) >= (size_t)c->nrings * c->slice_bytes;
+  return ok && (!leaf->parts_ok || leaf->parts_ok(c, k, c->nrings));
+}
+
 brg_status brg__exec_choose(brg_comm *c, brg__coll *k) {
-  brg_status s = BRG_SUCCESS;
-  if (k->kind == BRG__COLL_ALLREDUCE && !k->exec) s = brg__hier_prepare(c, k);
+  const brg__exec_ops *leaf = brg__exec_leaf(c, k);
+  brg_status s = leaf->prepare ? leaf->prepare(c, k) : BRG_SUCCESS;
+  if (s == BRG_SUCCESS && k->kind == BRG__COLL_ALLREDUCE) s = brg__hier_prepare(c, k);
   if (s != BRG_SUCCESS) return s;
-  if (!k->exec) brg__rings_choose(c, k);
-  if (!k->exec) k->exec = brg__exec_leaf(c, k);
+  if (!k->exec && rings_take(c, k, leaf)) k->exec = &brg__exec_rings;
+  if (!k->exec) k->exec = leaf;
   return BRG_SUCCESS;
 }
 

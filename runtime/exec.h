@@ -15,7 +15,8 @@
  *                      setup makes it, its run takes step or kernel mode
  *   brg__exec_staged   gather and scatter on GPU buffers, through host copies
  * (the device ones in device_exec.c). Composite executors run a call as
- * calls of leaf executors on other communicators or on the rings (exec.c):
+ * calls of leaf executors on other communicators or on the rings (exec.c
+ * holds them; their runs are in hier.c, rings.c and lat.c):
  *   brg__exec_hier     hier.c's phases on the hierarchy's communicators
  *   brg__exec_rings    rings.c's parts, one per ring
  *   brg__exec_lat      lat.c's tree and rhd over point-to-point links
@@ -29,6 +30,10 @@
 
 typedef struct brg__exec_ops {
   const char *name;
+  /* At issue, on the issuing thread, once the call's checks passed: what
+   * must be made before it is queued (a collective over c, at the same
+   * call on every rank). NULL: nothing. */
+  brg_status (*prepare)(brg_comm *c, brg__coll *k);
   /* On the issuing thread: 1 when the call returns at once and runs later
    * on the communicator's thread, queued detached (device collectives of
    * the asynchronous mode); NULL: never. */
@@ -65,8 +70,9 @@ extern const brg__exec_ops brg__exec_step, brg__exec_kernel, brg__exec_single, b
 extern const brg__exec_ops brg__exec_hier, brg__exec_rings, brg__exec_lat;
 
 /* The policy, at issue: the executor of a checked call of the public API
- * (hier.c's choice for an allreduce, then rings.c's, else the leaf). May
- * run a collective over c (the hierarchy's communicators at their first
+ * (its leaf's prepare first; then hier.c's choice for an allreduce, the
+ * rings where they take it, else the leaf). May run a collective over c
+ * (the hierarchy's communicators, kernel mode's links at their first
  * use), so every rank calls it at the same call. */
 brg_status brg__exec_choose(brg_comm *c, brg__coll *k);
 /* The leaf executor of k on c: where its buffers are, and for GPU buffers
@@ -75,15 +81,6 @@ brg_status brg__exec_choose(brg_comm *c, brg__coll *k);
  * composite's). */
 const brg__exec_ops *brg__exec_leaf(const brg_comm *c, const brg__coll *k);
 const brg__exec_ops *brg__device_exec_leaf(const brg_comm *c, const brg__coll *k);
-
-/* The checks of a call on GPU buffers at issue (device_exec.c), in
- * check_call's order: `capture` once its buffers are classified (a stream
- * capturing a CUDA graph takes only what a graph can hold), `links` after
- * the communicator's own checks (kernel mode's links between hosts, a
- * collective over c, made before the first device setup). Nothing for
- * host buffers. */
-brg_status brg__exec_check_capture(brg_comm *c, const char *fn, brg__coll *k);
-brg_status brg__exec_check_links(brg_comm *c, brg__coll *k);
 
 /* The communicator's side of the executors, for comm.c: whether calls on
  * c may still run on a stream after they returned (the device ring is

@@ -307,10 +307,8 @@ brg_status brg__hier_prepare(brg_comm *c, brg__coll *k);
 /* Runs allreduce k hierarchically: its three phases on the hierarchy's
  * communicators, each through their progress (a failure stops both). */
 brg_status brg__hier_run(brg_comm *c, brg__coll *k);
-/* rings.c: at issue, k runs cut over c's rings (k->exec) where k would
- * take the ring engine and is large enough (every rank decides alike);
- * the run of such a k, one part per ring at once. */
-void brg__rings_choose(const brg_comm *c, brg__coll *k);
+/* rings.c: the run of a k cut over c's rings (exec.c's policy chose it),
+ * one part per ring at once. */
 brg_status brg__rings_run(brg_comm *c, brg__coll *k);
 /* brg_comm_device_setup under BRIGADE_ALGO=hier, where the hosts fit it:
  * makes the hierarchy's communicators now (a collective, like the setup)

@@ -10,25 +10,6 @@
 #include "internal.h"
 #include "schedule.h"
 
-/* Whether k is cut over the communicator's rings: a host allreduce,
- * reduce-scatter, all-gather, broadcast or reduce that gives every ring at
- * least a slice (of each rank's block, for reduce-scatter and all-gather).
- * The count is the same on every rank, so every rank decides alike. */
-static int rings_take(const brg_comm *c, const brg__coll *k) {
-  int cut = k->kind == BRG__COLL_ALLREDUCE || k->kind == BRG__COLL_REDUCE_SCATTER ||
-            k->kind == BRG__COLL_ALL_GATHER || k->kind == BRG__COLL_BROADCAST ||
-            k->kind == BRG__COLL_REDUCE;
-  /* GPU buffers too, where their executor can run the parts at once. */
-  const brg__exec_ops *leaf = brg__exec_leaf(c, k);
-  int ok = c->nrings > 1 && cut && !k->whole &&
-           k->count * brg_dtype_size(k->dtype) >= (size_t)c->nrings * c->slice_bytes;
-  return ok && (!leaf->parts_ok || leaf->parts_ok(c, k, c->nrings));
-}
-
-void brg__rings_choose(const brg_comm *c, brg__coll *k) {
-  if (!k->exec && rings_take(c, k)) k->exec = &brg__exec_rings;
-}
-
 /* Part r of k's elements on ring r of `rings`: the same share of every
  * rank's block for reduce-scatter and all-gather, whose blocks stay where
  * they are in the full-size buffer (the part's stride is the call's
