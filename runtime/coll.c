@@ -128,8 +128,7 @@ static brg_status prep_barrier(const char *fn, brg_comm *comm, brg__coll *k) {
 
 /* Runs a checked collective through the executor the policy picks. */
 static brg_status run_issued(brg_comm *comm, brg__coll *k) {
-  brg_status s = brg__exec_choose(comm, k);
-  return s != BRG_SUCCESS ? s : brg__progress_run(comm, k);
+  return brg__exec_issue(comm, k);
 }
 
 /* Queues a checked host collective on the caller's request. */

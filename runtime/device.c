@@ -236,18 +236,19 @@ brg_status brg__device_check_call(brg_comm *c, const char *fn, const void *sendb
                                   const void *recvbuf, brg_stream stream, brg__coll *k) {
   brg_status s = brg__device_classify(c, fn, sendbuf, recvbuf, stream, &k->device, &k->gpu);
   if (s != BRG_SUCCESS || !k->device) return s;
-  if (!k->staged) return brg__device_capture_check(c, fn, k);
-  /* Staged through host memory by the calling thread, which waits for
-   * the stream: nothing a CUDA graph can hold. */
   const brg__cuda_api *api = brg__device_api(NULL);
   int capturing = 0;
-  if (api->drv.stream_capturing(stream, &capturing) != 0) capturing = 0;
-  api->drv.last_error(); /* a query that failed leaves no error behind */
-  if (capturing)
-    return brg__comm_error(c, BRG_ERR_INVALID_USAGE,
-                           "%s: stream %p is capturing a CUDA graph, but %s on GPU buffers is "
-                           "staged through host memory by the calling thread, which a graph "
-                           "cannot hold: call it outside the capture",
-                           fn, stream, brg__coll_name(k->kind));
-  return BRG_SUCCESS;
+  if (api->drv.stream_capturing(stream, &capturing) != 0 || !capturing) {
+    api->drv.last_error(); /* a query that failed leaves no error behind */
+    return BRG_SUCCESS;
+  }
+  if (!k->staged) return brg__device_capture_check(c, fn, k); /* kernel mode's rules */
+  /* Staged through host memory by the calling thread, which waits for
+   * the stream: nothing a CUDA graph can hold. */
+  api->drv.last_error();
+  return brg__comm_error(c, BRG_ERR_INVALID_USAGE,
+                         "%s: stream %p is capturing a CUDA graph, but %s on GPU buffers is "
+                         "staged through host memory by the calling thread, which a graph "
+                         "cannot hold: call it outside the capture",
+                         fn, stream, brg__coll_name(k->kind));
 }

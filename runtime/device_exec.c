@@ -17,12 +17,13 @@
 #include "ring_link.h"
 #include "trace.h"
 
-const brg__exec_ops *brg__device_exec_leaf(const brg_comm *c, const brg__coll *k) {
-  if (k->staged) return &brg__exec_staged;
-  if (c->nranks == 1) return &brg__exec_single;
+/* Once c's device ring is made: the executor of its mode, for the
+ * policy to pick at issue. */
+static void publish(brg_comm *c) {
   const struct brg__dev_ring *d = __atomic_load_n(&c->dev, __ATOMIC_ACQUIRE);
-  if (!d) return &brg__exec_device;
-  return brg__device_kernel_mode(d) ? &brg__exec_kernel : &brg__exec_step;
+  if (d && !__atomic_load_n(&c->dev_exec, __ATOMIC_ACQUIRE))
+    __atomic_store_n(&c->dev_exec, brg__device_kernel_mode(d) ? &brg__exec_kernel : &brg__exec_step,
+                     __ATOMIC_RELEASE);
 }
 
 /* ---- the hooks every device executor shares ---- */
@@ -48,13 +49,16 @@ static void dev_leave(brg_comm *c, const brg__coll *k, int saved) {
 static brg_status dev_setup(brg_comm *c, brg__coll *k) {
   brg_status s = BRG_SUCCESS;
   if (c->nranks > 1 && !c->dev) s = brg__device_ring_setup(c);
+  if (s == BRG_SUCCESS) publish(c);
   /* The rings' device rings with this one's, so that a call captured in a
    * CUDA graph later finds them all made (their parts' threads are idle:
    * only this communicator's calls give them work, and it waits for
    * them). */
-  for (int r = 1; r < c->nrings && s == BRG_SUCCESS; r++)
+  for (int r = 1; r < c->nrings && s == BRG_SUCCESS; r++) {
     if (!__atomic_load_n(&c->rings[r]->dev, __ATOMIC_ACQUIRE))
       s = brg__device_ring_setup(c->rings[r]);
+    if (s == BRG_SUCCESS) publish(c->rings[r]);
+  }
   if (s == BRG_SUCCESS && k->async) s = brg__device_async_start(c, k);
   return s;
 }
@@ -120,8 +124,8 @@ static brg_status single_run(brg_comm *c, brg__coll *k) {
 /* The first call on GPU buffers: its setup made the device ring, whose
  * mode now runs it. */
 static brg_status first_run(brg_comm *c, brg__coll *k) {
-  const brg__exec_ops *x = brg__device_exec_leaf(c, k);
-  if (x == &brg__exec_device)
+  const brg__exec_ops *x = __atomic_load_n(&c->dev_exec, __ATOMIC_ACQUIRE);
+  if (!x)
     return brg__comm_error(c, BRG_ERR_INTERNAL, "%s: the device ring was not made",
                            brg__coll_name(k->kind));
   return x->run(c, k);
@@ -130,7 +134,19 @@ static brg_status first_run(brg_comm *c, brg__coll *k) {
 const brg__exec_ops brg__exec_step = DEVICE_EXEC("step", step_run);
 const brg__exec_ops brg__exec_kernel = DEVICE_EXEC("kernel", kernel_run);
 const brg__exec_ops brg__exec_single = DEVICE_EXEC("single", single_run);
-const brg__exec_ops brg__exec_device = DEVICE_EXEC("device", first_run);
+/* The only one with a prepare: once the ring is made, its links are. */
+const brg__exec_ops brg__exec_device = {.name = "device",
+                                        .prepare = dev_prepare,
+                                        .detached = dev_detached,
+                                        .enter = dev_enter,
+                                        .leave = dev_leave,
+                                        .begin = brg__device_async_begin,
+                                        .setup = dev_setup,
+                                        .run = first_run,
+                                        .end = dev_end,
+                                        .parts_ok = dev_parts_ok,
+                                        .fork = dev_fork,
+                                        .join = dev_join};
 
 /* ---- gather and scatter on GPU buffers ---- */
 
@@ -217,6 +233,7 @@ void brg__exec_stop(brg_comm *c) {
 }
 
 void brg__exec_free(brg_comm *c) {
+  __atomic_store_n(&c->dev_exec, NULL, __ATOMIC_RELEASE);
   brg__device_ring_free(c);
 }
 

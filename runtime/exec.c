@@ -6,7 +6,11 @@
 #include "exec.h"
 
 const brg__exec_ops *brg__exec_leaf(const brg_comm *c, const brg__coll *k) {
-  return k->device ? brg__device_exec_leaf(c, k) : &brg__exec_host;
+  if (!k->device) return &brg__exec_host;
+  if (k->staged) return &brg__exec_staged;
+  if (c->nranks == 1) return &brg__exec_single;
+  const brg__exec_ops *x = __atomic_load_n(&c->dev_exec, __ATOMIC_ACQUIRE);
+  return x ? x : &brg__exec_device;
 }
 
 /* Whether k is cut over the communicator's rings (BRIGADE_RINGS): a
@@ -31,6 +35,11 @@ brg_status brg__exec_choose(brg_comm *c, brg__coll *k) {
   if (!k->exec && rings_take(c, k, leaf)) k->exec = &brg__exec_rings;
   if (!k->exec) k->exec = leaf;
   return BRG_SUCCESS;
+}
+
+brg_status brg__exec_issue(brg_comm *c, brg__coll *k) {
+  brg_status s = brg__exec_choose(c, k);
+  return s != BRG_SUCCESS ? s : brg__progress_run(c, k);
 }
 
 /* A composite's hooks: its leaf's, looked up at each (the leaf of GPU

@@ -75,12 +75,13 @@ extern const brg__exec_ops brg__exec_hier, brg__exec_rings, brg__exec_lat;
  * (the hierarchy's communicators, kernel mode's links at their first
  * use), so every rank calls it at the same call. */
 brg_status brg__exec_choose(brg_comm *c, brg__coll *k);
+/* Then hands k to progress.c: the blocking call's issue. */
+brg_status brg__exec_issue(brg_comm *c, brg__coll *k);
 /* The leaf executor of k on c: where its buffers are, and for GPU buffers
- * the device ring's mode (device_exec.c). What progress.c gives a call
- * issued without one (the runtime's own calls, and the parts of a
+ * the mode the device ring published (c->dev_exec). What progress.c gives
+ * a call issued without one (the runtime's own calls, and the parts of a
  * composite's). */
 const brg__exec_ops *brg__exec_leaf(const brg_comm *c, const brg__coll *k);
-const brg__exec_ops *brg__device_exec_leaf(const brg_comm *c, const brg__coll *k);
 
 /* The communicator's side of the executors, for comm.c: whether calls on
  * c may still run on a stream after they returned (the device ring is

@@ -169,6 +169,10 @@ struct brg_comm {
   struct brg__p2p *p2p;     /* p2p.c: the listener, its thread, links to any rank */
 
   struct brg__dev_ring *dev; /* device collectives' state (device_ring.c), made at first use */
+  /* The leaf executor of its device collectives once `dev` is made (step or
+   * kernel mode: device_exec.c publishes it), which exec.c's policy picks
+   * at issue; NULL before. */
+  const struct brg__exec_ops *dev_exec;
   int *kabort; /* kernel mode's abort word (host memory the kernels poll); NULL: none */
   /* Kernel mode's watchdog (device_watch.c), which the liveness thread runs
    * every beat once kabort is set: 1 and why when it stopped the kernels. */
