@@ -46,8 +46,11 @@ static void dev_leave(brg_comm *c, const brg__coll *k, int saved) {
   brg__device_leave(saved);
 }
 
-static brg_status dev_setup(brg_comm *c, brg__coll *k) {
-  brg_status s = BRG_SUCCESS;
+/* The GPU of the buffers made current first, as the call runs on it. */
+static brg_status dev_setup(brg_comm *c, brg__coll *k, brg__exec_frame *f) {
+  brg_status s = brg__device_enter(c, k->gpu, &f->saved);
+  if (s != BRG_SUCCESS) return s;
+  f->entered = 1;
   if (c->nranks > 1 && !c->dev) s = brg__device_ring_setup(c);
   if (s == BRG_SUCCESS) publish(c);
   /* The rings' device rings with this one's, so that a call captured in a
@@ -63,8 +66,13 @@ static brg_status dev_setup(brg_comm *c, brg__coll *k) {
   return s;
 }
 
-static void dev_end(brg_comm *c, brg__coll *k, brg_status s) {
+/* The asynchronous mode's caller's stream is released whatever happened
+ * (on the GPU of the buffers, made current here where setup did not). */
+static void dev_end(brg_comm *c, brg__coll *k, brg_status s, brg__exec_frame *f) {
+  if (k->async && !f->entered && brg__device_enter(c, k->gpu, &f->saved) == BRG_SUCCESS)
+    f->entered = 1;
   if (k->async) brg__device_async_end(c, k, s);
+  if (f->entered) brg__device_leave(f->saved);
 }
 
 /* Several rings: at most BRG__DEVICE_MAX_RINGS, and in a CUDA graph only
@@ -202,8 +210,19 @@ out:
 }
 
 /* Only the GPU made current: the collective itself is a host one. */
+static brg_status staged_setup(brg_comm *c, brg__coll *k, brg__exec_frame *f) {
+  brg_status s = brg__device_enter(c, k->gpu, &f->saved);
+  f->entered = s == BRG_SUCCESS;
+  return s;
+}
+
+static void staged_end(brg_comm *c, brg__coll *k, brg_status s, brg__exec_frame *f) {
+  (void)c, (void)k, (void)s;
+  if (f->entered) brg__device_leave(f->saved);
+}
+
 const brg__exec_ops brg__exec_staged = {
-    .name = "staged", .enter = dev_enter, .leave = dev_leave, .run = staged_run};
+    .name = "staged", .setup = staged_setup, .run = staged_run, .end = staged_end};
 
 /* ---- at issue ---- */
 
@@ -222,6 +241,10 @@ static brg_status dev_prepare(brg_comm *c, brg__coll *k) {
 
 int brg__exec_outlives(const brg_comm *c) {
   return __atomic_load_n(&c->dev, __ATOMIC_ACQUIRE) != NULL;
+}
+
+void brg__exec_abort(brg_comm *c) {
+  brg__device_abort(c);
 }
 
 brg_status brg__exec_drain(brg_comm *c) {

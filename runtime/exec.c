@@ -66,14 +66,16 @@ static brg_status leaf_begin(brg_comm *c, brg__coll *k) {
   return x->begin ? x->begin(c, k) : BRG_SUCCESS;
 }
 
-static brg_status leaf_setup(brg_comm *c, brg__coll *k) {
+static brg_status leaf_setup(brg_comm *c, brg__coll *k, brg__exec_frame *f) {
   const brg__exec_ops *x = brg__exec_leaf(c, k);
-  return x->setup ? x->setup(c, k) : BRG_SUCCESS;
+  if (x->setup) return x->setup(c, k, f);
+  f->entered = 1;
+  return BRG_SUCCESS;
 }
 
-static void leaf_end(brg_comm *c, brg__coll *k, brg_status s) {
+static void leaf_end(brg_comm *c, brg__coll *k, brg_status s, brg__exec_frame *f) {
   const brg__exec_ops *x = brg__exec_leaf(c, k);
-  if (x->end) x->end(c, k, s);
+  if (x->end) x->end(c, k, s, f);
 }
 
 #define COMPOSITE(NAME, RUN)                                                                       \

@@ -28,6 +28,15 @@
 
 #include "internal.h"
 
+/* What an executor's setup made current on the thread that runs a call,
+ * for its end to undo: `entered` once it did (always, for an executor
+ * with nothing to make current); a setup that fails before it leaves the
+ * communicator as it was (the call did not run). */
+typedef struct brg__exec_frame {
+  int entered;
+  int saved;
+} brg__exec_frame;
+
 typedef struct brg__exec_ops {
   const char *name;
   /* At issue, on the issuing thread, once the call's checks passed: what
@@ -36,24 +45,25 @@ typedef struct brg__exec_ops {
   brg_status (*prepare)(brg_comm *c, brg__coll *k);
   /* On the issuing thread: 1 when the call returns at once and runs later
    * on the communicator's thread, queued detached (device collectives of
-   * the asynchronous mode); NULL: never. */
+   * the asynchronous mode); NULL: never. Such a call's begin runs on the
+   * issuing thread with the queue's lock held (its place in the queue is
+   * its place in the stream's order), between enter and leave (the GPU of
+   * its buffers made current; enter keeps in *saved what leave restores). */
   int (*detached)(brg_comm *c, const brg__coll *k);
-  /* Around everything done for k on one thread (the GPU of its buffers
-   * made current); enter keeps in *saved what leave restores. NULL: none. */
   brg_status (*enter)(brg_comm *c, const brg__coll *k, int *saved);
   void (*leave)(brg_comm *c, const brg__coll *k, int saved);
-  /* A detached call, on the issuing thread with the queue's lock held
-   * (its place in the queue is its place in the stream's order). */
   brg_status (*begin)(brg_comm *c, brg__coll *k);
-  /* On the thread that runs it, in issue order, before run: what the
-   * executor must have made first (a collective over the ring at the first
-   * call, on every rank alike). NULL: nothing. */
-  brg_status (*setup)(brg_comm *c, brg__coll *k);
+  /* On the thread that runs it, in issue order, before run: its context
+   * made current (f) and what the executor must have made first (a
+   * collective over the ring at the first call, on every rank alike).
+   * NULL: nothing. */
+  brg_status (*setup)(brg_comm *c, brg__coll *k, brg__exec_frame *f);
   /* The collective itself, to completion on the calling thread (on the
    * stream, for GPU buffers). */
   brg_status (*run)(brg_comm *c, brg__coll *k);
-  /* After run with its status, or in its place when it never runs. */
-  void (*end)(brg_comm *c, brg__coll *k, brg_status s);
+  /* After run with its status, or in its place when it never runs (f as
+   * setup left it; zeroes where setup never ran). NULL: nothing. */
+  void (*end)(brg_comm *c, brg__coll *k, brg_status s, brg__exec_frame *f);
   /* For a composite that runs `parts` parts of k at once (rings.c):
    * whether this executor can (parts_ok; NULL: yes), and streams of their
    * own for parts 1..parts-1 that start after k's stream holds now (fork),
@@ -83,13 +93,16 @@ brg_status brg__exec_issue(brg_comm *c, brg__coll *k);
  * composite's). */
 const brg__exec_ops *brg__exec_leaf(const brg_comm *c, const brg__coll *k);
 
-/* The communicator's side of the executors, for comm.c: whether calls on
+/* The communicator's side of the executors, for comm.c and stop.c: whether calls on
  * c may still run on a stream after they returned (the device ring is
  * made), whose work destroy then drains before the goodbyes; the drain
  * (the message on c); stopping what carries such work between hosts once
  * the neighbours said goodbye; freeing it; and the error such work met
  * after its call returned (brg_comm_get_async_error). */
 int brg__exec_outlives(const brg_comm *c);
+/* Stops c's work that waits outside the host engine (its kernels) at its
+ * next wait; any thread (stop.c). */
+void brg__exec_abort(brg_comm *c);
 brg_status brg__exec_drain(brg_comm *c);
 void brg__exec_stop(brg_comm *c);
 void brg__exec_free(brg_comm *c);

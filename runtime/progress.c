@@ -16,21 +16,19 @@
 
 static brg_status run_one(brg_comm *c, brg__coll *k) {
   const brg__exec_ops *x = k->exec;
-  int saved = -1, ran = 0;
-  brg_status s = x->enter ? x->enter(c, k, &saved) : BRG_SUCCESS;
-  int entered = x->enter && s == BRG_SUCCESS;
-  if (s != BRG_SUCCESS) {
-  } else if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE)) {
+  brg__exec_frame f = {.entered = !x->setup, .saved = -1};
+  brg_status s = BRG_SUCCESS;
+  int ran = 0;
+  if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE)) {
     s = brg__comm_error(c, BRG_ERR_ABORTED, "communicator was aborted");
   } else if (__atomic_load_n(&c->broken, __ATOMIC_ACQUIRE) != BRG_SUCCESS) {
     s = __atomic_load_n(&c->broken, __ATOMIC_ACQUIRE); /* last_error holds the first failure */
   } else {
-    ran = 1;
-    if (x->setup) s = x->setup(c, k);
+    if (x->setup) s = x->setup(c, k, &f);
+    ran = f.entered; /* a setup that could not enter leaves the communicator whole */
     if (s == BRG_SUCCESS && !k->setup_only) s = x->run(c, k);
   }
-  if (x->end) x->end(c, k, s);
-  if (entered && x->leave) x->leave(c, k, saved);
+  if (x->end) x->end(c, k, s, &f);
   if (ran && s != BRG_SUCCESS) {
     __atomic_store_n(&c->broken, s, __ATOMIC_RELEASE); /* check_call reads it unlocked */
     if (s != BRG_ERR_ABORTED) brg__comm_notify_abort(c, s, c->last_error);
@@ -42,12 +40,8 @@ static brg_status run_one(brg_comm *c, brg__coll *k) {
 /* A call that will not run (the communicator stops): its executor ends it
  * (a caller's stream must not wait for it). */
 static void abandon(brg_comm *c, brg__coll *k) {
-  const brg__exec_ops *x = k->exec;
-  int saved = -1;
-  if (!x->end) return;
-  if (x->enter && x->enter(c, k, &saved) != BRG_SUCCESS) return;
-  x->end(c, k, BRG_ERR_ABORTED);
-  if (x->enter && x->leave) x->leave(c, k, saved);
+  brg__exec_frame f = {.entered = 0, .saved = -1};
+  if (k->exec->end) k->exec->end(c, k, BRG_ERR_ABORTED, &f);
 }
 
 static void *worker_main(void *arg) {
