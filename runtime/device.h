@@ -99,7 +99,7 @@ void brg__device_abort(brg_comm *c);
  * found, the watchdog, a neighbour), recorded as the communicator's error;
  * BRG_SUCCESS while they run (brg_comm_get_async_error). */
 brg_status brg__device_async_error(brg_comm *c);
-/* Several rings (progress.c): a device collective's parts 1..rings-1 run
+/* Several rings (rings.c, through device_exec.c's fork and join): a device collective's parts 1..rings-1 run
  * on streams of their own (streams[r]) that start after what `stream` holds
  * now (fork), and `stream` continues after all of them (join). At most
  * BRG__DEVICE_MAX_RINGS rings. */
