@@ -94,11 +94,16 @@ static brg_status dev_join(brg_comm *c, const brg__coll *k, int parts) {
   return brg__device_join(c, k->stream, parts);
 }
 
+static brg_status dev_divide(brg_comm *c, const brg__coll *k, void *buf, size_t count,
+                             int divisor) {
+  return brg__device_divide(c, buf, count, k->dtype, divisor, k->stream);
+}
+
 #define DEVICE_EXEC(NAME, RUN)                                                                     \
   {                                                                                                \
-    .name = (NAME), .prepare = dev_prepare, .detached = dev_detached, .enter = dev_enter,          \
-    .leave = dev_leave, .begin = brg__device_async_begin, .setup = dev_setup, .run = (RUN),        \
-    .end = dev_end, .parts_ok = dev_parts_ok, .fork = dev_fork, .join = dev_join                   \
+    .name = (NAME), .detached = dev_detached, .enter = dev_enter, .leave = dev_leave,              \
+    .begin = brg__device_async_begin, .setup = dev_setup, .run = (RUN), .end = dev_end,            \
+    .parts_ok = dev_parts_ok, .fork = dev_fork, .join = dev_join, .divide = dev_divide             \
   }
 
 /* ---- the runs ---- */
@@ -154,7 +159,8 @@ const brg__exec_ops brg__exec_device = {.name = "device",
                                         .end = dev_end,
                                         .parts_ok = dev_parts_ok,
                                         .fork = dev_fork,
-                                        .join = dev_join};
+                                        .join = dev_join,
+                                        .divide = dev_divide};
 
 /* ---- gather and scatter on GPU buffers ---- */
 

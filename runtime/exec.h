@@ -72,6 +72,10 @@ typedef struct brg__exec_ops {
   int (*parts_ok)(const brg_comm *c, const brg__coll *k, int parts);
   brg_status (*fork)(brg_comm *c, const brg__coll *k, int parts, void **streams);
   brg_status (*join)(brg_comm *c, const brg__coll *k, int parts);
+  /* buf[i] /= divisor for `count` elements of k's dtype in k's memory (on
+   * its stream): BRG_AVG's division where a composite sums throughout
+   * (hier.c). */
+  brg_status (*divide)(brg_comm *c, const brg__coll *k, void *buf, size_t count, int divisor);
 } brg__exec_ops;
 
 extern const brg__exec_ops brg__exec_host;

@@ -597,10 +597,7 @@ static brg_status hier_body(brg_comm *c, brg__coll *k) {
       ar.recvbuf = shard;
       ar.count = cnt;
       if ((s = phase(c, cross, &ar, k, "the allreduce across hosts")) != BRG_SUCCESS) return s;
-      if (k->op == BRG_AVG && k->device)
-        s = brg__device_divide(c, shard, cnt, k->dtype, c->nranks, k->stream);
-      else if (k->op == BRG_AVG)
-        brg__divide(shard, shard, cnt, k->dtype, c->nranks);
+      if (k->op == BRG_AVG) s = brg__exec_leaf(c, k)->divide(c, k, shard, cnt, c->nranks);
       if (s != BRG_SUCCESS) return s;
     }
     if (local) {

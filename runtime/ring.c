@@ -394,4 +394,12 @@ brg_status brg__coll_execute(brg_comm *c, brg__coll *k) {
   return brg__trace_run(c, k, host_body);
 }
 
-const brg__exec_ops brg__exec_host = {.name = "host", .run = brg__coll_execute};
+static brg_status host_divide(brg_comm *c, const brg__coll *k, void *buf, size_t count,
+                              int divisor) {
+  (void)c;
+  brg__divide(buf, buf, count, k->dtype, divisor);
+  return BRG_SUCCESS;
+}
+
+const brg__exec_ops brg__exec_host = {
+    .name = "host", .run = brg__coll_execute, .divide = host_divide};
