@@ -7,14 +7,8 @@
 #include <string.h>
 
 #include "device.h"
+#include "exec.h"
 #include "internal.h"
-
-/* Kernel mode's links between hosts for this communicator and its rings. */
-static brg_status devnet_all(brg_comm *c) {
-  brg_status s = brg__comm_devnet(c);
-  for (int r = 1; s == BRG_SUCCESS && r < c->nrings; r++) s = brg__comm_devnet(c->rings[r]);
-  return s;
-}
 
 static brg_status check_call(brg_comm *c, const char *fn, const void *sendbuf, const void *recvbuf,
                              size_t count, size_t send_elems, size_t recv_elems, brg_dtype dtype,
@@ -42,25 +36,9 @@ static brg_status check_call(brg_comm *c, const char *fn, const void *sendbuf, c
   if (recv_elems && !recvbuf)
     return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT, "%s: recvbuf is NULL with count %zu", fn,
                            count);
-  s = brg__device_classify(c, fn, sendbuf, recvbuf, stream, &k->device, &k->gpu);
-  if (s != BRG_SUCCESS) return s;
   k->stream = stream;
-  if (k->device && k->staged) {
-    /* Staged through host memory by the calling thread, which waits for
-     * the stream: nothing a CUDA graph can hold. */
-    const brg__cuda_api *api = brg__device_api(NULL);
-    int capturing = 0;
-    if (api->drv.stream_capturing(stream, &capturing) != 0) capturing = 0;
-    api->drv.last_error(); /* a query that failed leaves no error behind */
-    if (capturing)
-      return brg__comm_error(c, BRG_ERR_INVALID_USAGE,
-                             "%s: stream %p is capturing a CUDA graph, but %s on GPU buffers is "
-                             "staged through host memory by the calling thread, which a graph "
-                             "cannot hold: call it outside the capture",
-                             fn, stream, brg__coll_name(k->kind));
-  } else if (k->device && (s = brg__device_capture_check(c, fn, k)) != BRG_SUCCESS) {
-    return s;
-  }
+  s = brg__device_check_call(c, fn, sendbuf, recvbuf, stream, k);
+  if (s != BRG_SUCCESS) return s;
   if (send_elems && recv_elems && sendbuf != recvbuf) {
     const char *a = sendbuf, *b = recvbuf;
     size_t sa = send_elems * esize, sb = recv_elems * esize;
@@ -78,11 +56,6 @@ static brg_status check_call(brg_comm *c, const char *fn, const void *sendbuf, c
    * be shared by threads, or the progress thread): read atomically. */
   brg_status broken = __atomic_load_n(&c->broken, __ATOMIC_ACQUIRE);
   if (broken != BRG_SUCCESS) return broken;
-  /* Kernel mode's links between hosts, before the device setup that uses
-   * them (a staged collective uses neither). */
-  if (k->device && !k->staged && c->devnet_state == 0 &&
-      !__atomic_load_n(&c->dev, __ATOMIC_ACQUIRE))
-    return devnet_all(c);
   return BRG_SUCCESS;
 }
 
@@ -153,63 +126,9 @@ static brg_status prep_barrier(const char *fn, brg_comm *comm, brg__coll *k) {
   return check_call(comm, fn, NULL, NULL, 0, 0, 0, BRG_INT8, 1, BRG_SUM, -1, NULL, k);
 }
 
-/* Runs a checked collective: over the communicator's rings where rings.c
- * takes it (hier.c chose allreduce's runner before). */
+/* Runs a checked collective through the executor the policy picks. */
 static brg_status run_issued(brg_comm *comm, brg__coll *k) {
-  brg__rings_choose(comm, k);
-  return brg__progress_run(comm, k);
-}
-
-/* gather and scatter on GPU buffers: the blocks travel as the host
- * collective's do, between host copies of the GPU buffers. The caller's
- * stream is waited for first (its work may still write the send buffer or
- * read the receive buffer), and the module's copies are synchronous, so the
- * receive buffer holds the result when the call returns and any later work
- * on any stream sees it. Only the buffers a rank passes are copied: the
- * root's N blocks, the other ranks' one. */
-static brg_status rooted_staged(brg_comm *c, brg__coll *k) {
-  const brg__cuda_api *api = brg__device_api(NULL);
-  int gather = k->kind == BRG__COLL_GATHER;
-  const char *fn = gather ? "brg_gather" : "brg_scatter";
-  size_t bytes = k->count * brg_dtype_size(k->dtype), n = (size_t)c->nranks;
-  size_t sbytes = !k->sendbuf ? 0 : gather ? bytes : bytes * n;
-  size_t rbytes = !k->recvbuf ? 0 : gather ? bytes * n : bytes;
-  int prev = -1;
-  brg_status s = brg__device_enter(c, k->gpu, &prev);
-  if (s != BRG_SUCCESS) return s;
-  brg__coll h = *k;
-  h.device = 0;
-  h.staged = 0;
-  h.stream = NULL;
-  h.sendbuf = k->sendbuf ? malloc(sbytes ? sbytes : 1) : NULL;
-  h.recvbuf = k->recvbuf ? malloc(rbytes ? rbytes : 1) : NULL;
-  if ((k->sendbuf && !h.sendbuf) || (k->recvbuf && !h.recvbuf)) {
-    s = brg__comm_error(c, BRG_ERR_NO_MEMORY, "%s: out of memory for %zu bytes of host staging", fn,
-                        sbytes + rbytes);
-    goto out;
-  }
-  const char *what = "waiting for the stream";
-  int e = api->drv.stream_sync(k->stream);
-  if (!e && sbytes) {
-    what = "copying the GPU send buffer to host memory";
-    e = api->drv.mem_copy((void *)h.sendbuf, k->sendbuf, sbytes);
-  }
-  if (e) {
-    s = brg__comm_error(c, BRG_ERR_SYSTEM, "%s: %s (stream %p) failed: %s", fn, what, k->stream,
-                        api->drv.error_string(e));
-    goto out;
-  }
-  s = run_issued(c, &h);
-  if (s == BRG_SUCCESS && rbytes && (e = api->drv.mem_copy(k->recvbuf, h.recvbuf, rbytes)) != 0)
-    s = brg__comm_error(c, BRG_ERR_SYSTEM,
-                        "%s: copying the result from host memory to the GPU receive buffer "
-                        "failed: %s",
-                        fn, api->drv.error_string(e));
-out:
-  free((void *)h.sendbuf);
-  free(h.recvbuf);
-  brg__device_leave(prev);
-  return s;
+  return brg__exec_issue(comm, k);
 }
 
 /* Queues a checked host collective on the caller's request. */
@@ -225,13 +144,17 @@ static brg_status issue(brg_comm *comm, const char *fn, const brg__coll *k, brg_
                            "%s: the buffers are GPU memory: device collectives are asynchronous "
                            "on their stream already (use the blocking form with a stream)",
                            fn);
+  /* The policy before the request's checks: an allreduce's hierarchy is
+   * made at the same call on every rank. */
+  brg__coll x = *k;
+  brg_status s = brg__exec_choose(comm, &x);
+  if (s != BRG_SUCCESS) return s;
   if (!request) return brg__comm_error(comm, BRG_ERR_INVALID_ARGUMENT, "%s: request is NULL", fn);
   brg__req *r = (brg__req *)request;
   if (brg__req_in_flight(r))
     return brg__comm_error(comm, BRG_ERR_INVALID_USAGE, "%s: request is still in flight", fn);
   memset(r, 0, sizeof *r);
-  r->coll = *k;
-  brg__rings_choose(comm, &r->coll);
+  r->coll = x;
   return brg__progress_enqueue(comm, r);
 }
 
@@ -240,7 +163,6 @@ brg_status brg_allreduce(const void *sendbuf, void *recvbuf, size_t count, brg_d
   brg__coll k;
   brg_status s =
       prep_allreduce("brg_allreduce", sendbuf, recvbuf, count, dtype, op, comm, stream, &k);
-  if (s == BRG_SUCCESS) s = brg__hier_prepare(comm, &k);
   return s != BRG_SUCCESS ? s : run_issued(comm, &k);
 }
 
@@ -328,7 +250,7 @@ brg_status brg_gather(const void *sendbuf, void *recvbuf, size_t sendcount, brg_
   brg_status s = prep_rooted("brg_gather", BRG__COLL_GATHER, sendbuf, recvbuf, sendcount, dtype,
                              root, comm, stream, &k);
   if (s != BRG_SUCCESS) return s;
-  return k.staged ? rooted_staged(comm, &k) : run_issued(comm, &k);
+  return run_issued(comm, &k);
 }
 
 brg_status brg_scatter(const void *sendbuf, void *recvbuf, size_t recvcount, brg_dtype dtype,
@@ -337,7 +259,7 @@ brg_status brg_scatter(const void *sendbuf, void *recvbuf, size_t recvcount, brg
   brg_status s = prep_rooted("brg_scatter", BRG__COLL_SCATTER, sendbuf, recvbuf, recvcount, dtype,
                              root, comm, stream, &k);
   if (s != BRG_SUCCESS) return s;
-  return k.staged ? rooted_staged(comm, &k) : run_issued(comm, &k);
+  return run_issued(comm, &k);
 }
 
 brg_status brg_igather(const void *sendbuf, void *recvbuf, size_t sendcount, brg_dtype dtype,
@@ -559,12 +481,14 @@ brg_status brg_comm_device_setup(brg_comm *comm, int device) {
   if (__atomic_load_n(&comm->aborted, __ATOMIC_ACQUIRE))
     return brg__comm_error(comm, BRG_ERR_ABORTED, "%s: communicator was aborted", fn);
   if ((s = __atomic_load_n(&comm->broken, __ATOMIC_ACQUIRE)) != BRG_SUCCESS) return s;
-  if (!__atomic_load_n(&comm->dev, __ATOMIC_ACQUIRE)) {
-    if ((s = devnet_all(comm)) != BRG_SUCCESS) return s;
-    k.device = 1;
-    k.setup_only = 1;
-    if ((s = brg__progress_run(comm, &k)) != BRG_SUCCESS) return s;
-  }
+  /* The device executors' setup alone, in issue order, where it has not
+   * run yet. */
+  k.device = 1;
+  k.setup_only = 1;
+  k.exec = brg__exec_leaf(comm, &k);
+  if (k.exec == &brg__exec_device && (s = brg__exec_device_links(comm, &k)) == BRG_SUCCESS)
+    s = brg__progress_run(comm, &k);
+  if (s != BRG_SUCCESS) return s;
   /* BRIGADE_ALGO=hier: the hierarchy's device rings too. */
   brg_comm *parts[2];
   if ((s = brg__hier_device_prepare(comm, &parts[0], &parts[1])) != BRG_SUCCESS) return s;
@@ -583,9 +507,6 @@ brg_status brg_iallreduce(const void *sendbuf, void *recvbuf, size_t count, brg_
   brg__coll k;
   brg_status s =
       prep_allreduce("brg_iallreduce", sendbuf, recvbuf, count, dtype, op, comm, NULL, &k);
-  /* Host buffers only (issue refuses GPU ones): a hierarchy made here is
-   * made before the request is queued, at the same call on every rank. */
-  if (s == BRG_SUCCESS && !k.device) s = brg__hier_prepare(comm, &k);
   return s != BRG_SUCCESS ? s : issue(comm, "brg_iallreduce", &k, request);
 }
 

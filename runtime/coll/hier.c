@@ -55,6 +55,7 @@
 #include <string.h>
 
 #include "device.h"
+#include "exec.h"
 #include "internal.h"
 #include "kernels.h"
 #include "model.h"
@@ -299,7 +300,7 @@ static unsigned auto_logged(int algo) {
 }
 
 brg_status brg__hier_prepare(brg_comm *c, brg__coll *k) {
-  k->runner = NULL;
+  k->exec = NULL;
   k->lat = 0;
   int lat_algo = c->algo == BRG__ALGO_TREE || c->algo == BRG__ALGO_RHD;
   if (c->algo == BRG__ALGO_RING || c->nranks < 2) {
@@ -327,7 +328,7 @@ brg_status brg__hier_prepare(brg_comm *c, brg__coll *k) {
     if (first_time(c, LOGGED_FORCED_LAT))
       BRG__INFO("coll", "allreduce algorithm: %s (BRIGADE_ALGO=%s, %d ranks)",
                 brg__algo_name(c->algo), brg__algo_name(c->algo), c->nranks);
-    k->runner = brg__lat_run;
+    k->exec = &brg__exec_lat;
     k->lat = (unsigned char)c->algo;
     return BRG_SUCCESS;
   }
@@ -387,7 +388,7 @@ brg_status brg__hier_prepare(brg_comm *c, brg__coll *k) {
                                                        : "built in");
     }
     if (algo == BRG__ALGO_TREE || algo == BRG__ALGO_RHD) {
-      k->runner = brg__lat_run;
+      k->exec = &brg__exec_lat;
       k->lat = (unsigned char)algo;
     }
     if (algo != BRG__ALGO_HIER) return BRG_SUCCESS;
@@ -431,7 +432,7 @@ brg_status brg__hier_prepare(brg_comm *c, brg__coll *k) {
    * the communicators were (the device setup of each runs at its first phase). */
   if (s == BRG_SUCCESS && k->device) s = brg__comm_devnet(c->cross);
   if (s != BRG_SUCCESS) return s;
-  k->runner = brg__hier_run;
+  k->exec = &brg__exec_hier;
   return BRG_SUCCESS;
 }
 
@@ -625,10 +626,7 @@ static brg_status hier_body(brg_comm *c, brg__coll *k) {
       ar.recvbuf = shard;
       ar.count = cnt;
       if ((s = phase(c, cross, &ar, k, "the allreduce across hosts")) != BRG_SUCCESS) return s;
-      if (k->op == BRG_AVG && k->device)
-        s = brg__device_divide(c, shard, cnt, k->dtype, c->nranks, k->stream);
-      else if (k->op == BRG_AVG)
-        brg__divide(shard, shard, cnt, k->dtype, c->nranks);
+      if (k->op == BRG_AVG) s = brg__exec_leaf(c, k)->divide(c, k, shard, cnt, c->nranks);
       if (s != BRG_SUCCESS) return s;
     }
     if (local) {

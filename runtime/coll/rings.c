@@ -6,31 +6,9 @@
  */
 #include <stdlib.h>
 
-#include "device.h"
+#include "exec.h"
 #include "internal.h"
 #include "schedule.h"
-
-/* Whether k is cut over the communicator's rings: a host allreduce,
- * reduce-scatter, all-gather, broadcast or reduce that gives every ring at
- * least a slice (of each rank's block, for reduce-scatter and all-gather).
- * The count is the same on every rank, so every rank decides alike. */
-static int rings_take(const brg_comm *c, const brg__coll *k) {
-  int cut = k->kind == BRG__COLL_ALLREDUCE || k->kind == BRG__COLL_REDUCE_SCATTER ||
-            k->kind == BRG__COLL_ALL_GATHER || k->kind == BRG__COLL_BROADCAST ||
-            k->kind == BRG__COLL_REDUCE;
-  /* GPU buffers too, also captured in a CUDA graph when every ring runs
-   * kernel mode (the forks and joins of the rings' streams are captured
-   * with the parts; ring 0's own kernel mode the capture check required). */
-  int dev_ok = !k->device || c->nrings <= BRG__DEVICE_MAX_RINGS;
-  for (int r = 1; k->device && k->captured && dev_ok && r < c->nrings; r++)
-    dev_ok = brg__device_kernel_mode(__atomic_load_n(&c->rings[r]->dev, __ATOMIC_ACQUIRE));
-  return c->nrings > 1 && dev_ok && cut && !k->whole &&
-         k->count * brg_dtype_size(k->dtype) >= (size_t)c->nrings * c->slice_bytes;
-}
-
-void brg__rings_choose(const brg_comm *c, brg__coll *k) {
-  if (!k->runner && rings_take(c, k)) k->runner = brg__rings_run;
-}
 
 /* Part r of k's elements on ring r of `rings`: the same share of every
  * rank's block for reduce-scatter and all-gather, whose blocks stay where
@@ -40,7 +18,7 @@ static brg__coll ring_part(const brg__coll *k, int rings, int r) {
   size_t esize = brg_dtype_size(k->dtype);
   size_t off = brg__part_offset(k->count, rings, r) * esize;
   brg__coll p = *k;
-  p.runner = NULL; /* each part is one ring's engine's */
+  p.exec = NULL; /* each part is its ring's leaf executor's */
   p.count = brg__part_count(k->count, rings, r);
   if (k->kind == BRG__COLL_REDUCE_SCATTER || k->kind == BRG__COLL_ALL_GATHER)
     p.stride = k->stride ? k->stride : k->count;
@@ -57,22 +35,30 @@ static brg__coll ring_part(const brg__coll *k, int rings, int r) {
 brg_status brg__rings_run(brg_comm *c, brg__coll *k) {
   int rings = c->nrings;
   brg__req *parts = calloc((size_t)rings, sizeof *parts);
-  if (!parts) return brg__comm_error(c, BRG_ERR_NO_MEMORY, "out of memory for %d rings", rings);
-  /* GPU buffers: each ring's part on a stream of its own, forked from the
-   * caller's stream and joined back into it, so the rings run at once. */
-  void *streams[BRG__DEVICE_MAX_RINGS] = {0};
-  brg_status s = k->device ? brg__device_fork(c, k->stream, rings, streams) : BRG_SUCCESS;
+  void **streams = calloc((size_t)rings, sizeof *streams);
+  if (!parts || !streams) {
+    free(parts);
+    free(streams);
+    return brg__comm_error(c, BRG_ERR_NO_MEMORY, "out of memory for %d rings", rings);
+  }
+  /* Each ring's part on a stream of its own where the executor has
+   * streams (GPU buffers), forked from the caller's and joined back into
+   * it, so the rings run at once. */
+  const brg__exec_ops *leaf = brg__exec_leaf(c, k);
+  brg_status s = leaf->fork ? leaf->fork(c, k, rings, streams) : BRG_SUCCESS;
   if (s != BRG_SUCCESS) {
     free(parts);
+    free(streams);
     return s;
   }
   for (int r = 1; r < rings; r++) {
     parts[r].coll = ring_part(k, rings, r);
-    if (k->device) parts[r].coll.stream = streams[r];
+    if (leaf->fork) parts[r].coll.stream = streams[r];
     brg__progress_enqueue(c->rings[r], &parts[r]);
   }
   brg__coll k0 = ring_part(k, rings, 0);
-  s = brg__coll_execute(c, &k0);
+  k0.exec = brg__exec_leaf(c, &k0);
+  s = k0.exec->run(c, &k0);
   k->seq = k0.seq;
   /* The others' peers hear why (the first failure names the rank that
    * caused it), not just that this rank stopped. */
@@ -85,8 +71,9 @@ brg_status brg__rings_run(brg_comm *c, brg__coll *k) {
     for (int q = 1; q < rings; q++) brg__comm_stop_why(c->rings[q], brg_comm_last_error(c));
   }
   free(parts);
-  if (k->device) {
-    brg_status j = brg__device_join(c, k->stream, rings);
+  free(streams);
+  if (leaf->join) {
+    brg_status j = leaf->join(c, k, rings);
     if (s == BRG_SUCCESS) s = j;
   }
   return s;

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "device.h"
+#include "exec.h"
 #include "hash.h"
 #include "internal.h"
 #include "model.h"
@@ -272,9 +272,9 @@ static brg_status comm_free(brg_comm *c) {
   brg_status s = BRG_SUCCESS;
   int ring = c->ready && c->bs && c->nranks > 1;
   brg__live_stop(c); /* this thread and the engine's checks read the ring sockets now */
-  if (c->dev) {
+  if (brg__exec_outlives(c)) {
     brg__progress_stop(c);
-    s = brg__device_ring_drain(c);
+    s = brg__exec_drain(c);
     if (ring) {
       say_goodbye(c);
       await_goodbyes(c);
@@ -295,7 +295,7 @@ static brg_status comm_free(brg_comm *c) {
   if (fold) brg_comm_destroy(fold);
   /* Kernel mode's links between hosts: its proxy stops first (the
    * neighbours said goodbye above, so they have all its slots). */
-  brg__device_proxy_stop(c);
+  brg__exec_stop(c);
   brg_comm *devnet = __atomic_exchange_n(&c->devnet, NULL, __ATOMIC_ACQ_REL);
   if (devnet) brg_comm_destroy(devnet);
   /* The extra rings likewise; every rank tears them down in the same order,
@@ -307,7 +307,7 @@ static brg_status comm_free(brg_comm *c) {
   c->nrings = 0;
   if (s != BRG_SUCCESS) brg__set_thread_error(c->last_error);
   brg__trace_close(c);
-  brg__device_ring_free(c);
+  brg__exec_free(c);
   brg__p2p_free(c); /* after the worker, which may be in an all_to_all */
   brg__live_free(c);
   if (c->send_open && c->send.ops) c->send.ops->close(&c->send);
@@ -664,7 +664,7 @@ brg_status brg_comm_get_async_error(const brg_comm *comm, brg_status *status) {
   /* Kernel mode: a kernel that stopped after its call returned */
   if (*status == BRG_SUCCESS && !__atomic_load_n(&comm->aborted, __ATOMIC_ACQUIRE)) {
     brg_comm *c = (brg_comm *)comm;
-    brg_status k = brg__device_async_error(c);
+    brg_status k = brg__exec_async_error(c);
     if (k != BRG_SUCCESS) {
       __atomic_store_n(&c->broken, k, __ATOMIC_RELEASE);
       brg__comm_notify_abort(c, k, c->last_error);

@@ -36,12 +36,11 @@ typedef struct brg__coll {
   unsigned char setup_only : 1; /* brg_comm_device_setup: the device setup, no collective */
   unsigned char staged : 1;     /* gather/scatter on GPU buffers, through host memory (rooted.c) */
   unsigned char lat;            /* BRG__ALGO_TREE or _RHD: an allreduce lat.c runs; 0: none */
-  /* What runs it, chosen as it is issued (hier.c's brg__hier_prepare, then
-   * rings.c's brg__rings_choose): brg__hier_run, brg__lat_run or
-   * brg__rings_run; NULL: the ring engine on this communicator
-   * (brg__coll_execute). progress.c calls it from its queue. (The flags
-   * are bits so that a brg__req still fits a brg_request.) */
-  brg_status (*runner)(brg_comm *c, struct brg__coll *k);
+  /* Its executor (exec.h), chosen once as it is issued (exec.c's policy:
+   * hier.c's choice, then rings.c's, else the leaf of its memory); NULL
+   * until then. progress.c runs it through this. (The flags are bits so
+   * that a brg__req still fits a brg_request.) */
+  const struct brg__exec_ops *exec;
   const void *sendbuf;
   void *recvbuf;
   size_t count; /* the call's count argument */
@@ -175,6 +174,10 @@ struct brg_comm {
   brg_status (*p2p_need)(brg_comm *c, brg__errbuf *err);
 
   struct brg__dev_ring *dev; /* device collectives' state (device_ring.c), made at first use */
+  /* The leaf executor of its device collectives once `dev` is made (step or
+   * kernel mode: device_exec.c publishes it), which exec.c's policy picks
+   * at issue; NULL before. */
+  const struct brg__exec_ops *dev_exec;
   int *kabort; /* kernel mode's abort word (host memory the kernels poll); NULL: none */
   /* Kernel mode's watchdog (device_watch.c), which the liveness thread runs
    * every beat once kabort is set: 1 and why when it stopped the kernels. */
@@ -234,13 +237,15 @@ struct brg_comm {
  * Each file calls only files listed after it: those of its own folder that
  * follow it, and every file of the floors below (tests/tools/check_docs.py
  * holds the code to this list). A lower floor runs code of a higher one
- * only through a pointer the higher one hands down: brg__coll.runner (set
- * by coll/, called by exec/progress.c), kwatch (set by kernel mode, called
+ * only through a pointer the higher one hands down: brg__coll.exec (set
+ * by coll/exec.c, called by exec/progress.c), kwatch (set by kernel mode, called
  * by core/liveness.c), p2p_door and p2p_need (set by exec/p2p/p2p.c, called
  * by core/liveness.c), the body brg__trace_run times.
  *
  * coll/     the collectives
  *   coll.c        entry points and argument checks
+ *   exec.c        the policy: each call's executor (exec/exec.h), chosen
+ *                 once at issue; the composite executors (hier, rings, lat)
  *   hier.c        the algorithm of each allreduce (BRIGADE_ALGO, plan/model.c
  *                 for auto); its two communicators come from comm/split.c
  *                 (made on the caller's thread before the first hier
@@ -256,20 +261,22 @@ struct brg_comm {
  *                 (exec/progress.c); the devnet communicator
  *   comm.c        create (bootstrap, topology, links), accessors, destroy
  * exec/     what runs a collective, a subfolder per executor
- *   progress.c    issue order: the worker thread; the runner chosen at
- *                 issue; the all-gather that splits and sub-communicators
- *                 exchange over their parent
+ *   progress.c    issue order: the worker thread; runs each call through
+ *                 its executor, whichever it is; the all-gather that splits
+ *                 and sub-communicators exchange over their parent
+ *   stop.c        brg__comm_stop: what brg_comm_abort does below the API
+ *   device_exec.c the device executors (step, kernel, one rank, staged)
+ *                 and the device ring's drain, stop, free and abort
  *   device_setup.c  the device ring's lifetime: its setup (a collective of
  *                 host/ring.c), the drain and the free
- *   host/ring.c   the seven primitives and the ring and chain walks; it
- *                 hands a device collective to kernel/ in kernel mode, an
- *                 all_to_all, gather or scatter to p2p/
+ *   host/ring.c   the host executor: the seven primitives and the ring and
+ *                 chain walks (brg__ring_engine, which step mode's executor
+ *                 runs too); an all_to_all, gather or scatter goes to p2p/
  *   kernel/device_kernel.c  kernel mode: its regions, one-shot, a launch
  *   kernel/device_watch.c   kernel mode's faults, watchdog and drain
  *   kernel/device_proxy.c   kernel mode's host proxy between hosts
  *   step/device_step.c      step mode: the primitives on GPU buffers
  *   step/device_async.c     step mode's asynchronous mode
- *   stop.c        brg__comm_stop: what brg_comm_abort does below the API
  *   p2p/alltoall.c  all_to_all over p2p.c's links
  *   p2p/rooted.c  gather and scatter over them
  *   p2p/p2p.c     send and recv over links to any rank
@@ -337,7 +344,7 @@ typedef enum {
 int brg__algo_parse(const char *name);
 const char *brg__algo_name(int algo);
 /* Decides whether allreduce k runs hierarchically or in lat.c (sets
- * k->runner, and k->lat), making
+ * k->exec, and k->lat), making
  * the hierarchy's communicators at the first such call (a collective over
  * c: every rank reaches it at the same allreduce, since the choice depends
  * only on what every rank shares). */
@@ -345,10 +352,8 @@ brg_status brg__hier_prepare(brg_comm *c, brg__coll *k);
 /* Runs allreduce k hierarchically: its three phases on the hierarchy's
  * communicators, each through their progress (a failure stops both). */
 brg_status brg__hier_run(brg_comm *c, brg__coll *k);
-/* rings.c: at issue, k runs cut over c's rings (k->runner) where k would
- * take the ring engine and is large enough (every rank decides alike);
- * the run of such a k, one part per ring at once. */
-void brg__rings_choose(const brg_comm *c, brg__coll *k);
+/* rings.c: the run of a k cut over c's rings (exec.c's policy chose it),
+ * one part per ring at once. */
 brg_status brg__rings_run(brg_comm *c, brg__coll *k);
 /* brg_comm_device_setup under BRIGADE_ALGO=hier, where the hosts fit it:
  * makes the hierarchy's communicators now (a collective, like the setup)
@@ -544,8 +549,8 @@ brg_status brg__lat_run(brg_comm *c, brg__coll *k);
  * ring.c's engine in issue order. */
 brg_status brg__rooted_run(brg_comm *c, const brg__coll *k);
 
-/* ring.c: runs one collective to completion on the calling thread; a
- * device collective needs the device ring (progress.c builds it). */
+/* ring.c: the host executor's run: one collective on host buffers to
+ * completion on the calling thread, over this communicator's ring. */
 brg_status brg__coll_execute(brg_comm *c, brg__coll *coll);
 
 #endif

@@ -32,6 +32,15 @@ const brg__cuda_api *brg__device_api(const char **why);
 brg_status brg__device_classify(brg_comm *c, const char *fn, const void *sendbuf,
                                 const void *recvbuf, brg_stream stream, int *device, int *gpu);
 
+/* A call's memory at issue (coll.c): brg__device_classify into k->device
+ * and k->gpu, then for GPU buffers on a stream capturing a CUDA graph
+ * whether the call can be captured (kernel mode, set up before; never a
+ * staged one): BRG_ERR_INVALID_USAGE saying how to fix it, else
+ * k->captured. k->kind and k->staged are set; k->stream is `stream`.
+ * (exec/device_exec.c) */
+brg_status brg__device_check_call(brg_comm *c, const char *fn, const void *sendbuf,
+                                  const void *recvbuf, brg_stream stream, brg__coll *k);
+
 /* brg_comm_device_setup's device (-1: the current one), checked and made
  * the communicator's GPU. */
 brg_status brg__device_choose(brg_comm *c, const char *fn, int device, int *gpu);
@@ -92,7 +101,7 @@ void brg__device_abort(brg_comm *c);
  * found, the watchdog, a neighbour), recorded as the communicator's error;
  * BRG_SUCCESS while they run (brg_comm_get_async_error). */
 brg_status brg__device_async_error(brg_comm *c);
-/* Several rings (progress.c): a device collective's parts 1..rings-1 run
+/* Several rings (rings.c, through device_exec.c's fork and join): a device collective's parts 1..rings-1 run
  * on streams of their own (streams[r]) that start after what `stream` holds
  * now (fork), and `stream` continues after all of them (join). At most
  * BRG__DEVICE_MAX_RINGS rings. */

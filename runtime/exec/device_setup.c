@@ -327,8 +327,9 @@ static brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_s
  * and describes it, and each rank connects to its neighbours'. Every rank
  * takes part in both all-gathers even when its own half failed, so that
  * all of them learn which rank could not and why, instead of timing out.
- * The all-gathers run on the calling thread, in issue order (progress.c
- * calls this before the collective that needed the ring). */
+ * The all-gathers run on the calling thread, in issue order (the device
+ * executors' setup, device_exec.c, calls this before the collective that
+ * needed the ring). */
 brg_status brg__device_ring_setup(brg_comm *c) {
   brg__dev_setup st = {0};
   brg_status s = brg__device_ring_prepare(c, &st);

@@ -1,46 +1,45 @@
 /*
  * Progress: collectives run one at a time, in issue order, on the
  * communicator's worker thread or inline on the caller's thread when
- * nothing is queued ahead of them. Each runs through the runner chosen
- * as it was issued (brg__coll.runner): the ring engine, hier.c's hierarchy,
- * lat.c's tree or rhd, or rings.c's several rings.
+ * nothing is queued ahead of them. Each runs through the executor chosen
+ * as it was issued (brg__coll.exec, exec.h), whichever it is; a call
+ * issued without one (the runtime's own) takes its leaf executor.
  */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "device.h"
+#include "exec.h"
 #include "internal.h"
 #include "trace.h"
 
+/* The executor of a call's memory: the host ring engine, or for GPU
+ * buffers the mode the device ring published (the first call's until
+ * then); the composites of coll/exec.c run their parts on it. */
+const brg__exec_ops *brg__exec_leaf(const brg_comm *c, const brg__coll *k) {
+  if (!k->device) return &brg__exec_host;
+  if (k->staged) return &brg__exec_staged;
+  if (c->nranks == 1) return &brg__exec_single;
+  const brg__exec_ops *x = __atomic_load_n(&c->dev_exec, __ATOMIC_ACQUIRE);
+  return x ? x : &brg__exec_device;
+}
+
 static brg_status run_one(brg_comm *c, brg__coll *k) {
-  /* Whichever thread runs a device collective (the caller's, or the worker
-   * when it was queued behind others) works on the GPU of its buffers. */
-  int prev_gpu = -1, ran = 0;
-  brg_status s = k->device ? brg__device_enter(c, k->gpu, &prev_gpu) : BRG_SUCCESS;
-  int entered = k->device && s == BRG_SUCCESS;
-  if (s != BRG_SUCCESS) {
-  } else if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE)) {
+  const brg__exec_ops *x = k->exec;
+  brg__exec_frame f = {.entered = !x->setup, .saved = -1};
+  brg_status s = BRG_SUCCESS;
+  int ran = 0;
+  if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE)) {
     s = brg__comm_error(c, BRG_ERR_ABORTED, "communicator was aborted");
   } else if (__atomic_load_n(&c->broken, __ATOMIC_ACQUIRE) != BRG_SUCCESS) {
     s = __atomic_load_n(&c->broken, __ATOMIC_ACQUIRE); /* last_error holds the first failure */
   } else {
-    ran = 1;
-    if (k->device && c->nranks > 1 && !c->dev) s = brg__device_ring_setup(c);
-    /* The rings' device rings with this one's, so that a call captured in a
-     * CUDA graph later finds them all made (their parts' threads are idle:
-     * only this communicator's calls give them work, and it waits for
-     * them). */
-    for (int r = 1; k->device && r < c->nrings && s == BRG_SUCCESS; r++)
-      if (!__atomic_load_n(&c->rings[r]->dev, __ATOMIC_ACQUIRE))
-        s = brg__device_ring_setup(c->rings[r]);
-    if (s == BRG_SUCCESS && k->async) s = brg__device_async_start(c, k);
-    if (s == BRG_SUCCESS && !k->setup_only)
-      s = k->runner ? k->runner(c, k) : brg__coll_execute(c, k);
+    if (x->setup) s = x->setup(c, k, &f);
+    ran = f.entered; /* a setup that could not enter leaves the communicator whole */
+    if (s == BRG_SUCCESS && !k->setup_only) s = x->run(c, k);
   }
-  if (k->async) brg__device_async_end(c, k, s);
-  if (entered) brg__device_leave(prev_gpu);
+  if (x->end) x->end(c, k, s, &f);
   if (ran && s != BRG_SUCCESS) {
     __atomic_store_n(&c->broken, s, __ATOMIC_RELEASE); /* check_call reads it unlocked */
     if (s != BRG_ERR_ABORTED) brg__comm_notify_abort(c, s, c->last_error);
@@ -49,13 +48,11 @@ static brg_status run_one(brg_comm *c, brg__coll *k) {
   return s;
 }
 
-/* A device collective that will not run (the communicator stops): its
- * caller's stream must not wait for it. */
+/* A call that will not run (the communicator stops): its executor ends it
+ * (a caller's stream must not wait for it). */
 static void abandon(brg_comm *c, brg__coll *k) {
-  int prev_gpu = -1;
-  if (!k->async || brg__device_enter(c, k->gpu, &prev_gpu) != BRG_SUCCESS) return;
-  brg__device_async_end(c, k, BRG_ERR_ABORTED);
-  brg__device_leave(prev_gpu);
+  brg__exec_frame f = {.entered = 0, .saved = -1};
+  if (k->exec->end) k->exec->end(c, k, BRG_ERR_ABORTED, &f);
 }
 
 static void *worker_main(void *arg) {
@@ -115,12 +112,14 @@ brg_status brg__progress_wait(brg__req *r) {
   return r->status;
 }
 
-/* The most device collectives of the asynchronous mode queued at once. */
+/* The most detached calls queued at once. */
 #define ASYNC_DEPTH 64
 
-/* A device collective in the device ring's asynchronous mode: queued for
- * the worker, the caller's stream ordered around it; the call returns. */
-static brg_status run_async(brg_comm *c, brg__coll *k) {
+/* A detached call (a device collective in the device ring's asynchronous
+ * mode): queued for the worker, its executor's begin ordering the caller's
+ * stream around it; the call returns. */
+static brg_status run_detached(brg_comm *c, brg__coll *k) {
+  const brg__exec_ops *x = k->exec;
   if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
     return brg__comm_error(c, BRG_ERR_ABORTED, "communicator was aborted");
   brg_status s = __atomic_load_n(&c->broken, __ATOMIC_ACQUIRE);
@@ -129,8 +128,8 @@ static brg_status run_async(brg_comm *c, brg__coll *k) {
   if (!r) return brg__comm_error(c, BRG_ERR_NO_MEMORY, "out of memory queuing a collective");
   r->coll = *k;
   r->detached = 1;
-  int prev_gpu = -1;
-  if ((s = brg__device_enter(c, k->gpu, &prev_gpu)) != BRG_SUCCESS) {
+  int saved = -1;
+  if (x->enter && (s = x->enter(c, k, &saved)) != BRG_SUCCESS) {
     free(r);
     return s;
   }
@@ -139,13 +138,13 @@ static brg_status run_async(brg_comm *c, brg__coll *k) {
    * launch waits when a stream's queue is full. */
   while (c->ndetached >= ASYNC_DEPTH && !__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
     pthread_cond_wait(&c->donecond, &c->qlock);
-  s = brg__device_async_begin(c, &r->coll);
+  s = x->begin ? x->begin(c, &r->coll) : BRG_SUCCESS;
   if (s == BRG_SUCCESS) {
     enqueue(c, r);
     c->ndetached++;
   }
   pthread_mutex_unlock(&c->qlock);
-  brg__device_leave(prev_gpu);
+  if (x->enter && x->leave) x->leave(c, k, saved);
   if (s != BRG_SUCCESS) {
     free(r);
     /* The other ranks run this collective: they must hear that this one
@@ -159,9 +158,8 @@ static brg_status run_async(brg_comm *c, brg__coll *k) {
 /* A blocking call runs on the caller's thread when nothing is queued ahead
  * of it (no hand-off latency), otherwise it queues behind and waits. */
 brg_status brg__progress_run(brg_comm *c, brg__coll *k) {
-  if (k->device && c->nranks > 1 && !k->setup_only &&
-      brg__device_ring_async(__atomic_load_n(&c->dev, __ATOMIC_ACQUIRE)))
-    return run_async(c, k);
+  if (!k->exec) k->exec = brg__exec_leaf(c, k);
+  if (k->exec->detached && k->exec->detached(c, k)) return run_detached(c, k);
   pthread_mutex_lock(&c->qlock);
   if (!c->busy && !c->qhead) {
     c->busy = 1;
@@ -184,6 +182,7 @@ brg_status brg__progress_run(brg_comm *c, brg__coll *k) {
 }
 
 brg_status brg__progress_enqueue(brg_comm *c, brg__req *r) {
+  if (!r->coll.exec) r->coll.exec = brg__exec_leaf(c, &r->coll);
   pthread_mutex_lock(&c->qlock);
   enqueue(c, r);
   pthread_mutex_unlock(&c->qlock);

@@ -5,7 +5,7 @@
  */
 #include <pthread.h>
 
-#include "device.h"
+#include "exec.h"
 #include "internal.h"
 
 /* What brg_comm_abort does, below it: every wait of this communicator
@@ -16,7 +16,7 @@
 void brg__comm_stop_why(brg_comm *c, const char *why) {
   if (!c) return;
   __atomic_store_n(&c->aborted, 1, __ATOMIC_SEQ_CST);
-  brg__device_abort(c);
+  brg__exec_abort(c);
   brg__fifo_wake_all(&c->send.fifo);
   brg__fifo_wake_all(&c->recv.fifo);
   brg__p2p_abort(c);

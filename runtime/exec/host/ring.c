@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <string.h>
 
-#include "device.h"
+#include "exec.h"
 #include "internal.h"
 #include "kernels.h"
 #include "ring_link.h"
@@ -326,25 +326,18 @@ static brg_status a2a_announce(brg__ring_op *o) {
   return s != BRG_SUCCESS ? s : run_prim(o, BRG__PRIM_RECV, NULL, NULL, 0);
 }
 
-static brg_status coll_body(brg_comm *c, brg__coll *k) {
-  if (k->device && c->nranks == 1) {
-    k->seq = ++c->seq;
-    return brg__device_single(c, k);
-  }
-  if (k->device && brg__device_kernel_mode(c->dev)) {
-    k->seq = ++c->seq;
-    return brg__device_kernel_run(c, k);
-  }
+/* (inlined into both callers, so that the host's call pays no layer for
+ * the memory being a parameter) */
+static inline __attribute__((always_inline)) brg_status
+engine(brg_comm *c, brg__coll *k, const brg__mem_ops *mem, struct brg__dev_ring *dev) {
   k->seq = ++c->seq;
   c->cur = k;
   c->cur_step = 0;
   brg__ring_op o = {.c = c, .coll = k, .esize = brg_dtype_size(k->dtype)};
   o.slice_elems = brg__slice_elems(c, k);
-  o.mem = &brg__mem_host;
-  if (k->device) {
-    o.mem = &brg__mem_device;
-    o.dev = c->dev;
-  }
+  o.mem = mem;
+  o.dev = dev;
+  int host = mem == &brg__mem_host;
   o.direct = brg__ring_send_direct(&o);
   /* Windows only where sends go from anywhere: an all-gather step whose
    * slice landed in the output forwards it from there. */
@@ -354,7 +347,7 @@ static brg_status coll_body(brg_comm *c, brg__coll *k) {
     total *= (size_t)c->nranks;
   /* In place the output lines are already cached by the read of the input,
    * so only out-of-place outputs gain from streaming. */
-  o.nt = !o.dev && c->nt_bytes > 0 && total >= c->nt_bytes && k->sendbuf != k->recvbuf;
+  o.nt = host && c->nt_bytes > 0 && total >= c->nt_bytes && k->sendbuf != k->recvbuf;
   brg_status s = BRG_SUCCESS;
   int n = c->nranks;
   if (n == 1) {
@@ -362,7 +355,7 @@ static brg_status coll_body(brg_comm *c, brg__coll *k) {
   } else {
     switch (k->kind) {
     case BRG__COLL_ALLREDUCE:
-      if (!o.dev && k->count > 0 && k->count * o.esize <= c->small_bytes) {
+      if (host && k->count > 0 && k->count * o.esize <= c->small_bytes) {
         s = run_small_allreduce(&o);
         break;
       }
@@ -388,6 +381,25 @@ static brg_status coll_body(brg_comm *c, brg__coll *k) {
   return s;
 }
 
-brg_status brg__coll_execute(brg_comm *c, brg__coll *k) {
-  return brg__trace_run(c, k, coll_body);
+brg_status brg__ring_engine(brg_comm *c, brg__coll *k, const brg__mem_ops *mem,
+                            struct brg__dev_ring *dev) {
+  return engine(c, k, mem, dev);
 }
+
+static brg_status host_body(brg_comm *c, brg__coll *k) {
+  return engine(c, k, &brg__mem_host, NULL);
+}
+
+brg_status brg__coll_execute(brg_comm *c, brg__coll *k) {
+  return brg__trace_run(c, k, host_body);
+}
+
+static brg_status host_divide(brg_comm *c, const brg__coll *k, void *buf, size_t count,
+                              int divisor) {
+  (void)c;
+  brg__divide(buf, buf, count, k->dtype, divisor);
+  return BRG_SUCCESS;
+}
+
+const brg__exec_ops brg__exec_host = {
+    .name = "host", .run = brg__coll_execute, .divide = host_divide};
