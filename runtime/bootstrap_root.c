@@ -58,6 +58,7 @@ typedef struct boot_root {
   uint8_t secret[BOOT_SECRET_BYTES];
   char where[BOOT_PEER_LEN];
   int timeout_ms;
+  int gather_ms; /* how long the hellos are awaited (a little under timeout_ms) */
   int64_t deadline;
   boot_conn *conns[BOOT_MAX_PENDING];
   int nconns;
@@ -221,15 +222,27 @@ static int boot_root_admit(boot_root *r, int i, const brg__boot_hello *h) {
     r->nranks = h->nranks;
     r->blob_bytes = h->blob_bytes;
     r->first_rank = h->rank;
-  } else if (h->nranks != r->nranks) {
-    boot_conn_refuse(r, i, "rank %d says nranks=%d but rank %d said %d", (int)h->rank,
-                     (int)h->nranks, (int)r->first_rank, (int)r->nranks);
-    return 0;
-  } else if (h->blob_bytes != r->blob_bytes) {
-    boot_conn_refuse(r, i,
-                     "rank %d sent a %u-byte blob but rank %d sent %u bytes (all ranks must "
-                     "send the same size)",
-                     (int)h->rank, h->blob_bytes, (int)r->first_rank, r->blob_bytes);
+  } else if (h->nranks != r->nranks || h->blob_bytes != r->blob_bytes) {
+    /* The job's shape differs between ranks: no rank can go on, and each
+     * is told both values (the ranks already here too, rather than wait
+     * for one that will never come). */
+    char text[BOOT_MAX_ERRTEXT];
+    if (h->nranks != r->nranks)
+      snprintf(text, sizeof text,
+               "the ranks disagree on the job's size: rank %d (pid %d on %s) says WORLD_SIZE "
+               "(nranks) is %d, rank %d (pid %d on %s) said %d; every rank must start with the "
+               "same",
+               (int)h->rank, (int)h->pid, h->host, (int)h->nranks, (int)r->first_rank,
+               (int)r->claims[r->first_rank].pid, r->claims[r->first_rank].host, (int)r->nranks);
+    else
+      snprintf(text, sizeof text,
+               "the ranks disagree on their bootstrap record: rank %d (pid %d on %s) sent %u "
+               "bytes, rank %d said %u (a different brigade build on those ranks?)",
+               (int)h->rank, (int)h->pid, h->host, h->blob_bytes, (int)r->first_rank,
+               r->blob_bytes);
+    boot_root_fail_all(r, text);
+    if (h->rank < r->nranks) r->told[h->rank] = 1;
+    boot_conn_refuse(r, i, "%s", text);
     return 0;
   } else if (r->failed) {
     r->told[h->rank] = 1;
@@ -443,7 +456,7 @@ static int boot_root_prune(boot_root *r) {
 static void boot_root_give_up(boot_root *r) {
   if (r->nranks == 0) {
     BRG__WARN(BOOT_SUBSYS, "bootstrap root %s: no rank arrived within %d ms; closing", r->where,
-              r->timeout_ms);
+              r->gather_ms);
     return;
   }
   char list[512];
@@ -461,7 +474,7 @@ static void boot_root_give_up(boot_root *r) {
   if (listed < missing) snprintf(list + used, sizeof list - used, ",... (%d in all)", missing);
   char text[BOOT_MAX_ERRTEXT];
   snprintf(text, sizeof text, "%s %s never reached the bootstrap root at %s within %d ms",
-           missing == 1 ? "rank" : "ranks", list, r->where, r->timeout_ms);
+           missing == 1 ? "rank" : "ranks", list, r->where, r->gather_ms);
   BRG__WARN(BOOT_SUBSYS, "%s", text);
   uint8_t buf[BOOT_REPLY_HDR + BOOT_MAX_ERRTEXT];
   size_t n = brg__boot_reply_error(buf, r->secret, BRG_ERR_TIMEOUT, text);
@@ -749,7 +762,13 @@ brg_status brg__boot_root_start(const char *addr, uint16_t port, const uint8_t *
   brg__sock_hostport(where, sizeof where, addr, bound);
   memcpy(r->where, where, sizeof where);
   r->timeout_ms = timeout_ms;
-  r->deadline = brg__deadline_ms(timeout_ms);
+  /* The ranks wait timeout_ms each, from their own start, which is after
+   * this one for every rank that can reach the root: giving up a tenth
+   * earlier (at most 2 s) brings them the list of the missing ranks before
+   * their own deadlines. */
+  r->gather_ms = timeout_ms > 0 ? timeout_ms - (timeout_ms / 10 < 2000 ? timeout_ms / 10 : 2000)
+                                : timeout_ms;
+  r->deadline = brg__deadline_ms(r->gather_ms);
 
   pthread_attr_t attr;
   pthread_t thread;

@@ -11,6 +11,7 @@
 
 #include "hash.h"
 #include "internal.h"
+#include "secret.h"
 #include "settings.h"
 
 /* The first of `names` that is set: its value in *out and its name in
@@ -31,13 +32,6 @@ static brg_status env_int(const char *const *names, int *out, const char **found
     return BRG_SUCCESS;
   }
   return BRG_ERR_INVALID_ARGUMENT;
-}
-
-static int hexval(char ch) {
-  if (ch >= '0' && ch <= '9') return ch - '0';
-  if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
-  if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
-  return -1;
 }
 
 /* Whether any of `names` is set (to anything). */
@@ -124,20 +118,14 @@ brg_status brg_comm_init_env(brg_comm **comm) {
   uint8_t secret[16];
   const char *hex = brg__core_str(BRG__CORE_SECRET);
   if (hex[0]) {
-    size_t n = strlen(hex);
-    if (n < 2 || n % 2)
-      return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT,
-                               "BRIGADE_SECRET must be an even number of hex digits");
-    memset(secret, 0, sizeof secret);
-    for (size_t i = 0; i < n; i++) {
-      int v = hexval(hex[i]);
-      if (v < 0)
-        return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "BRIGADE_SECRET is not hexadecimal");
-      secret[(i / 2) % 16] ^= (uint8_t)(v << (i % 2 ? 0 : 4));
-    }
+    char why[200];
+    if (brg__secret_parse(hex, secret, why, sizeof why) != 0)
+      return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "BRIGADE_SECRET %s", why);
   } else {
     char seed[256];
-    int n = snprintf(seed, sizeof seed, "brigade:%s:%ld:%d", maddr, port, size);
+    /* Not WORLD_SIZE: ranks that disagree on it must reach the root, which
+     * names both sizes, rather than be refused for a different secret. */
+    int n = snprintf(seed, sizeof seed, "brigade:%s:%ld", maddr, port);
     uint64_t h1 = brg__fnv1a64(BRG__FNV64_INIT, seed, (size_t)n);
     uint64_t h2 = brg__fnv1a64(h1 ^ 0x9e3779b97f4a7c15ull, seed, (size_t)n);
     memcpy(secret, &h1, 8);
