@@ -238,17 +238,15 @@ static brg_status settings_check_strings(brg__errbuf *err) {
   v = brg__device_str(BRG__DEVICE_MODE);
   if (!one_of(v, modes))
     return brg__error_quiet(err, BRG_ERR_INVALID_ARGUMENT,
-                            "BRIGADE_DEVICE_MODE=\"%.*s%s\" is not auto, kernel or step",
-                            SHOWN(v));
+                            "BRIGADE_DEVICE_MODE=\"%.*s%s\" is not auto, kernel or step", SHOWN(v));
   v = brg__device_str(BRG__DEVICE_CUDA_MODULE);
   if (*v) {
     struct stat st;
     if (strchr(v, '/') ? stat(v, &st) != 0 || !S_ISREG(st.st_mode)
                        : !word_ok(v, "_-.+", 255) || !strstr(v, ".so"))
-      return brg__error_quiet(err, BRG_ERR_INVALID_ARGUMENT,
-                              "BRIGADE_CUDA_MODULE=\"%.*s%s\" is %s", SHOWN(v),
-                              strchr(v, '/') ? "not a file"
-                                             : "neither a path nor a library name (lib...so)");
+      return brg__error_quiet(
+          err, BRG_ERR_INVALID_ARGUMENT, "BRIGADE_CUDA_MODULE=\"%.*s%s\" is %s", SHOWN(v),
+          strchr(v, '/') ? "not a file" : "neither a path nor a library name (lib...so)");
   }
   v = brg__core_str(BRG__CORE_SECRET);
   if (*v) {
