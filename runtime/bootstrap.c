@@ -569,14 +569,12 @@ static void ring_pending_read(boot_ring_setup *r, int i) {
   const brg__bootstrap *bs = r->bs;
   char whybuf[96];
   const char *why = NULL;
-  if (boot_get_u32(e->m) != BOOT_RING_MAGIC) {
-    why = "not a brigade ring connection";
-  } else if (!brg__boot_verify(e->m, sizeof e->m, bs->secret, e->challenge)) {
-    why = "no proof of the job's secret";
-  } else if ((int32_t)boot_get_u32(e->m + 20) != r->prev ||
-             (int32_t)boot_get_u32(e->m + 24) != bs->rank) {
-    snprintf(whybuf, sizeof whybuf, "it says it is rank %d connecting to rank %d",
-             (int)(int32_t)boot_get_u32(e->m + 20), (int)(int32_t)boot_get_u32(e->m + 24));
+  int32_t from = -1, to = -1;
+  if (!brg__boot_peer_hello_check(e->m, BOOT_RING_MAGIC, bs->secret, e->challenge, &from, &to,
+                                  &why)) {
+  } else if (from != r->prev || to != bs->rank) {
+    snprintf(whybuf, sizeof whybuf, "it says it is rank %d connecting to rank %d", (int)from,
+             (int)to);
     why = whybuf;
   }
   if (why) {

@@ -178,14 +178,15 @@ static void tree_pending_read(tree_accept *a, int i) {
   }
   e->got += (uint32_t)n;
   if (e->got < sizeof e->m) return;
-  int32_t from = (int32_t)boot_get_u32(e->m + 20), to = (int32_t)boot_get_u32(e->m + 24);
+  int32_t from = -1, to = -1;
+  const char *bad = NULL;
+  int ok = brg__boot_peer_hello_check(e->m, BOOT_TREE_MAGIC, a->t->secret, e->challenge, &from, &to,
+                                      &bad);
   int k = -1;
-  for (int j = 0; j < a->nchild; j++)
+  for (int j = 0; j < a->nchild && ok; j++)
     if (from == a->child[j] && a->fd[j] < 0) k = j;
-  if (boot_get_u32(e->m) != BOOT_TREE_MAGIC) {
-    tree_pending_drop(a, i, "not a brigade tree connection");
-  } else if (!brg__boot_verify(e->m, sizeof e->m, a->t->secret, e->challenge)) {
-    tree_pending_drop(a, i, "no proof of the job's secret");
+  if (!ok) {
+    tree_pending_drop(a, i, bad);
   } else if (to != a->t->rank || k < 0) {
     char why[96];
     snprintf(why, sizeof why, "it says it is rank %d connecting to rank %d", (int)from, (int)to);

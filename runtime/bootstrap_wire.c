@@ -94,6 +94,23 @@ int brg__boot_verify(const uint8_t *msg, size_t len, const uint8_t *secret, cons
   return brg__ct_equal(want, msg + 4, BOOT_SECRET_BYTES);
 }
 
+int brg__boot_peer_hello_check(const uint8_t *m, uint32_t magic, const uint8_t *secret,
+                               const uint8_t *challenge, int32_t *from, int32_t *to,
+                               const char **why) {
+  if (boot_get_u32(m) != magic) {
+    *why = magic == BOOT_TREE_MAGIC ? "not a brigade tree connection"
+                                    : "not a brigade ring connection";
+    return 0;
+  }
+  if (!brg__boot_verify(m, BOOT_RING_HELLO, secret, challenge)) {
+    *why = "no proof of the job's secret";
+    return 0;
+  }
+  *from = (int32_t)boot_get_u32(m + 20);
+  *to = (int32_t)boot_get_u32(m + 24);
+  return 1;
+}
+
 void brg__boot_answer_tag(uint8_t *tag, const uint8_t *secret, const uint8_t *nonce) {
   uint8_t mac[BRG__SHA256_BYTES];
   brg__hmac_sha256(secret, BOOT_SECRET_BYTES, "BRGT", 4, nonce, BOOT_NONCE_BYTES, NULL, 0, mac);

@@ -167,6 +167,12 @@ int brg__boot_challenge_read(int fd, uint8_t *nonce, int64_t deadline, const cha
  * for the acceptor's nonce; verify says whether it holds, in constant time. */
 void brg__boot_sign(uint8_t *msg, size_t len, const uint8_t *secret, const uint8_t *nonce);
 int brg__boot_verify(const uint8_t *msg, size_t len, const uint8_t *secret, const uint8_t *nonce);
+/* A ring or tree hello (BOOT_RING_HELLO bytes) checked against the magic
+ * expected and the challenge its sender was given: 1 with *from and *to
+ * set, or 0 with the reason in *why. */
+int brg__boot_peer_hello_check(const uint8_t *m, uint32_t magic, const uint8_t *secret,
+                               const uint8_t *challenge, int32_t *from, int32_t *to,
+                               const char **why);
 /* The tag of every answer on a connection whose dialer sent `nonce`. */
 void brg__boot_answer_tag(uint8_t *tag, const uint8_t *secret, const uint8_t *nonce);
 /* Decodes without logging; the root reports refusals its own way. */
