@@ -547,8 +547,10 @@ static void boot_root_give_up(boot_root *r) {
   }
   if (listed < missing) snprintf(list + used, sizeof list - used, ",... (%d in all)", missing);
   char text[BOOT_MAX_ERRTEXT];
-  snprintf(text, sizeof text, "%s %s never reached the bootstrap root at %s within %d ms",
-           missing == 1 ? "rank" : "ranks", list, r->where, r->gather_ms);
+  snprintf(text, sizeof text,
+           "%s %s never reached the bootstrap root at %s within %d ms (the timeout of %d ms less "
+           "a margin, so that the ranks that came hear this before their own deadline)",
+           missing == 1 ? "rank" : "ranks", list, r->where, r->gather_ms, r->timeout_ms);
   BRG__WARN(BOOT_SUBSYS, "%s", text);
   uint8_t buf[BOOT_REPLY_HDR + BOOT_MAX_ERRTEXT];
   size_t n = brg__boot_reply_error(buf, r->rank_tag, BRG_ERR_TIMEOUT, text);
