@@ -396,11 +396,12 @@ brg_status brg__bootstrap_init(brg__bootstrap **bs_out, const brg__boot_id *id, 
   if (rc != BRG__IO_OK) {
     if (rc == BRG__IO_EOF)
       st = brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
-                      "rank %d: %s closed the connection before its challenge: the program "
-                      "listening there is not this job's rank 0 (rank 0 could not listen on "
-                      "that port: see its error; if another program holds the port, set "
-                      "BRIGADE_PORT), or rank 0's communicator was already complete",
-                      rank, root);
+                      "rank %d: %s closed the connection before its challenge: either the "
+                      "program listening there is not this job's rank 0 (rank 0 could not "
+                      "listen on that port: see its error; if another program holds the port, "
+                      "set BRIGADE_PORT), or it is a brigade older than this one (bootstrap "
+                      "version %u), or rank 0's communicator was already complete",
+                      rank, root, BOOT_VERSION);
     else if (rc == BRG__IO_TIMEOUT)
       st = brg__error(err, BRG_ERR_TIMEOUT, BOOT_SUBSYS,
                       "rank %d: no challenge from the bootstrap root at %s within %d ms (is "
