@@ -113,6 +113,8 @@ brg_status brg__boot_local_addr(char *addr, size_t addr_bytes, brg__errbuf *err)
 
 /* ------------------------------------------------------------ rank side */
 
+static void boot_set_secret(brg__bootstrap *bs, const uint8_t *secret);
+
 typedef struct boot_peer {
   char addr[BOOT_ADDR_BYTES];
   uint16_t port;
@@ -123,6 +125,7 @@ struct brg__bootstrap {
   int timeout_ms;
   uint8_t secret[BOOT_SECRET_BYTES];
   uint8_t root_tag[BOOT_SECRET_BYTES]; /* of the root's answers (bootstrap_wire.h) */
+  uint8_t link_key[BOOT_SECRET_BYTES]; /* brg__bootstrap_secret */
   int listen_fd;
   int root_fd; /* to the root, from the hello until brg__bootstrap_confirm */
   char root[BOOT_PEER_LEN];
@@ -361,7 +364,7 @@ brg_status brg__bootstrap_init(brg__bootstrap **bs_out, const brg__boot_id *id, 
   bs->timeout_ms = timeout_ms;
   bs->listen_fd = bs->root_fd = bs->fd[0] = bs->fd[1] = -1;
   bs->peer_rank[0] = bs->peer_rank[1] = -1;
-  memcpy(bs->secret, id->secret, BOOT_SECRET_BYTES);
+  boot_set_secret(bs, id->secret);
   bs->peers = calloc((size_t)nranks, sizeof *bs->peers);
   if (!bs->peers) {
     st = brg__error(err, BRG_ERR_NO_MEMORY, BOOT_SUBSYS, "bootstrap: out of memory");
@@ -979,7 +982,7 @@ brg_status brg__bootstrap_wrap(brg__bootstrap **bs_out, int rank, int nranks, co
   bs->rank = rank;
   bs->nranks = nranks;
   bs->timeout_ms = timeout_ms;
-  memcpy(bs->secret, secret, BOOT_SECRET_BYTES);
+  boot_set_secret(bs, secret);
   static const uint8_t zero_nonce[BOOT_NONCE_BYTES];
   brg__boot_answer_tag(bs->root_tag, bs->secret, zero_nonce);
   bs->listen_fd = -1;
@@ -1026,7 +1029,7 @@ brg_status brg__bootstrap_open(brg__bootstrap **bs_out, int rank, int nranks, co
   bs->rootless = 1;
   bs->listen_fd = bs->root_fd = bs->fd[0] = bs->fd[1] = -1;
   bs->peer_rank[0] = bs->peer_rank[1] = -1;
-  memcpy(bs->secret, secret, BOOT_SECRET_BYTES);
+  boot_set_secret(bs, secret);
   st = brg__boot_local_addr(bs->listen_addr, sizeof bs->listen_addr, err);
   if (st == BRG_SUCCESS)
     st = brg__sock_listen(bs->listen_addr, 0, BOOT_BACKLOG, BOOT_SUBSYS, "ring listener",
@@ -1156,8 +1159,18 @@ int brg__bootstrap_fd(const brg__bootstrap *bs, int dir) {
   return bs->fd[dir];
 }
 
+/* The data connections' hellos (tcp, ibverbs, point-to-point) carry a key
+ * derived from the job secret, not the secret itself. */
+static void boot_set_secret(brg__bootstrap *bs, const uint8_t *secret) {
+  static const char label[] = "brigade data links";
+  uint8_t mac[BRG__SHA256_BYTES];
+  memcpy(bs->secret, secret, BOOT_SECRET_BYTES);
+  brg__hmac_sha256(secret, BOOT_SECRET_BYTES, label, sizeof label - 1, NULL, 0, NULL, 0, mac);
+  memcpy(bs->link_key, mac, BOOT_SECRET_BYTES);
+}
+
 const uint8_t *brg__bootstrap_secret(const brg__bootstrap *bs) {
-  return bs ? bs->secret : NULL;
+  return bs ? bs->link_key : NULL;
 }
 
 void brg__bootstrap_destroy(brg__bootstrap *bs) {

@@ -8,7 +8,9 @@
  *              0x7032700000000000), made first by another user (nobody,
  *              when run as root): the job still sets up over shm, its
  *              allreduce and point-to-point messages arrive, and the
- *              squatted files are still there, untouched.
+ *              squatted files are still there, untouched (shmsquatp2p:
+ *              the point-to-point names only, which a watcher of the ring's
+ *              names in /dev/shm could predict).
  *   strangers  300 connections held on the root's port while rank 0 has
  *              RLIMIT_NOFILE 128: the job still starts (strangers are
  *              dropped, oldest first), within the timeout.
@@ -72,14 +74,17 @@ static int64_t ms_since(int64_t t0_ns) {
 /* The names brigade derived from the unique id alone: FNV-1a 64 of the id's
  * 96 bytes is the communicator id; ring FIFO r-from-s, and point-to-point
  * links under the id XOR "p2p". */
+static int squat_p2p_only;
+
 static int squat_names(const brg_unique_id *id, char names[SQUAT_MAX][96]) {
   uint64_t h = 14695981039346656037ull;
   const uint8_t *p = (const uint8_t *)id;
   for (int i = 0; i < 96; i++) h = (h ^ p[i]) * 1099511628211ull;
   int n = 0;
   for (int r = 0; r < SQUAT_RANKS; r++) {
-    snprintf(names[n++], 96, "/dev/shm/brigade-%016llx-%d-from-%d", (unsigned long long)h, r,
-             (r + SQUAT_RANKS - 1) % SQUAT_RANKS);
+    if (!squat_p2p_only)
+      snprintf(names[n++], 96, "/dev/shm/brigade-%016llx-%d-from-%d", (unsigned long long)h, r,
+               (r + SQUAT_RANKS - 1) % SQUAT_RANKS);
     for (int s = 0; s < SQUAT_RANKS; s++)
       if (s != r)
         snprintf(names[n++], 96, "/dev/shm/brigade-%016llx-%d-from-%d",
@@ -334,7 +339,8 @@ int main(int argc, char **argv) {
   void *arg = NULL;
   static strangers_arg sa;
   static int port;
-  if (!strcmp(which, "shmsquat")) {
+  if (!strcmp(which, "shmsquat") || !strcmp(which, "shmsquatp2p")) {
+    squat_p2p_only = !strcmp(which, "shmsquatp2p");
     setenv("BRIGADE_TRANSPORTS", "shm", 1);
     o.nranks = SQUAT_RANKS;
     o.init = MP_INIT_NONE;
@@ -364,7 +370,8 @@ int main(int argc, char **argv) {
     o.init = MP_INIT_BARE;
     body = body_bootwait;
   } else {
-    fprintf(stderr, "usage: test_outsiders shmsquat|strangers|secret|worldsize|bootwait\n");
+    fprintf(stderr,
+            "usage: test_outsiders shmsquat|shmsquatp2p|strangers|secret|worldsize|bootwait\n");
     return 2;
   }
   int rc = mp_run(&o, body, arg);

@@ -27,6 +27,7 @@
 
 #include "bootstrap.h"
 #include "bootstrap_wire.h"
+#include "secret.h"
 #include "sock.h"
 
 #define TEST_ALARM_S 60
@@ -553,7 +554,11 @@ static void run_ring(int nranks, size_t blob_bytes) {
     } else {
       assert_true(next >= 0 && prev >= 0 && next != prev); /* two sockets, also for N=2 */
     }
-    assert_memory_equal(brg__bootstrap_secret(r[k].bs), id.secret, 16);
+    /* The data links' key: HMAC of the secret, the same on every rank. */
+    uint8_t key[32];
+    brg__hmac_sha256(id.secret, 16, "brigade data links", 18, NULL, 0, NULL, 0, key);
+    assert_memory_equal(brg__bootstrap_secret(r[k].bs), key, 16);
+    assert_memory_not_equal(brg__bootstrap_secret(r[k].bs), id.secret, 16);
   }
   assert_int_equal(brg__bootstrap_fd(r[0].bs, 7), -1);
   expect_root_gone(id.port);
