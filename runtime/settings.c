@@ -27,14 +27,22 @@ static brg__cfg_entry core_entries[BRG__CORE_COUNT] = {
     [BRG__CORE_TRANSPORTS] =
         {"BRIGADE_TRANSPORTS", BRG__CFG_KIND_STRING, "", 0, 0,
          "comma-separated transports allowed (cuda_ipc,shm,ibverbs,tcp); empty: all"},
-    [BRG__CORE_BOOTSTRAP_ADDR] = {"BRIGADE_BOOTSTRAP_ADDR", BRG__CFG_KIND_STRING, "", 0, 0,
-                                  "numeric address this rank advertises; empty: automatic"},
+    [BRG__CORE_BOOTSTRAP_ADDR] =
+        {"BRIGADE_BOOTSTRAP_ADDR", BRG__CFG_KIND_STRING, "", 0, 0,
+         "address (or host name) this rank advertises; not an address no other "
+         "host could reach it at (0.0.0.0, ::, broadcast, multicast); "
+         "empty: automatic"},
     [BRG__CORE_SOCKET_IFNAME] = {"BRIGADE_SOCKET_IFNAME", BRG__CFG_KIND_STRING, "", 0, 0,
                                  "network interface to take the address from"},
     [BRG__CORE_SPIN] = {"BRIGADE_SPIN", BRG__CFG_KIND_INT, "2000", 0, 100000000,
                         "busy polls before a waiting rank yields the core"},
-    [BRG__CORE_SECRET] = {"BRIGADE_SECRET", BRG__CFG_KIND_STRING, "", 0, 0,
-                          "job secret (hex) for brg_comm_init_env; brigade-run sets it"},
+    [BRG__CORE_SECRET] =
+        {"BRIGADE_SECRET", BRG__CFG_KIND_STRING, "", 0, 0,
+         "job secret for brg_comm_init_env: 32 to 256 hex digits (at least 128 bits) "
+         "that do not repeat a shorter pattern, refused otherwise (used as is at "
+         "32 digits, hashed to 128 bits when longer); brigade-run sets a random "
+         "one; empty: derived from MASTER_ADDR and MASTER_PORT, which keeps "
+         "strays out but not a user who can compute it"},
     [BRG__CORE_SMALL_BYTES] = {"BRIGADE_SMALL_BYTES", BRG__CFG_KIND_SIZE, "4K", 0, 64 * BRG__KiB,
                                "allreduce of at most this many bytes gathers every input around "
                                "the ring (N-1 steps instead of 2N-2) and reduces locally; 0: off"},
