@@ -94,6 +94,13 @@ brg_status brg__boot_local_addr(char *addr, size_t addr_bytes, brg__errbuf *err)
     if (!res)
       return brg__error(err, BRG_ERR_INVALID_ARGUMENT, BOOT_SUBSYS,
                         "BRIGADE_BOOTSTRAP_ADDR=%s is not an address: %s", want, gai_strerror(rc));
+    if (brg__addr_unusable(res->ai_addr)) {
+      freeaddrinfo(res);
+      return brg__error(err, BRG_ERR_INVALID_ARGUMENT, BOOT_SUBSYS,
+                        "BRIGADE_BOOTSTRAP_ADDR=%s resolves to an address no other rank can reach "
+                        "this one at (unspecified, broadcast or multicast)",
+                        want);
+    }
     rc = getnameinfo(res->ai_addr, res->ai_addrlen, out, sizeof out, NULL, 0, NI_NUMERICHOST);
     freeaddrinfo(res);
     if (rc != 0)

@@ -241,6 +241,12 @@ static brg_status tree_accept_children(tree_accept *a, int *root_spoke, brg__err
       if (fd < 0) {
         if (errno == EINTR || errno == ECONNABORTED) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        if ((errno == EMFILE || errno == ENFILE) && a->npending > 0) {
+          /* Strangers hold the descriptors: the oldest makes room, the
+           * listen queue keeps the rest. */
+          tree_pending_drop(a, 0, "out of file descriptors");
+          break;
+        }
         if (errno == EMFILE || errno == ENFILE)
           return brg__error(err, BRG_ERR_SYSTEM, BOOT_SUBSYS,
                             "rank %d: accepting its tree children: %s (out of file descriptors: "
