@@ -429,7 +429,8 @@ static int boot_root_pending_cap(const boot_root *r, int last_fd) {
    * about how many are open. */
   long open_now = last_fd >= 0 ? last_fd + 1 : r->nconns + 16;
   long ranks_to_come = r->nranks > 0 ? (long)(r->nranks - r->arrived) : 1;
-  long free_fds = limit - open_now - BOOT_FD_RESERVE - ranks_to_come;
+  long reserve = limit / 4 < BOOT_FD_RESERVE ? limit / 4 : BOOT_FD_RESERVE;
+  long free_fds = limit - open_now - reserve - ranks_to_come;
   long cap = (long)r->nconns + free_fds;
   if (cap > BOOT_MAX_PENDING) cap = BOOT_MAX_PENDING;
   return cap < 1 ? 1 : (int)cap;
@@ -473,8 +474,13 @@ static void boot_root_accept(boot_root *r) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
       if (errno == EMFILE && boot_root_more_fds(r)) continue;
-      if ((errno == EMFILE || errno == ENFILE) && r->nconns > 0) {
-        /* Strangers hold the descriptors: fewer of them from now on. */
+      /* Out of descriptors. When the job's ranks would fit in what the
+       * pending connections hold (strangers, or ranks yet to say hello),
+       * fewer of those are kept from now on and the oldest make room;
+       * when even all of them would not make room for every rank, the
+       * job cannot gather at this limit: it fails now, saying so. */
+      if ((errno == EMFILE || errno == ENFILE) && r->nconns > 0 &&
+          (r->nranks == 0 || r->nranks - r->arrived <= r->nconns)) {
         r->pending_cap = r->nconns > 1 ? r->nconns - 1 : 1;
         continue;
       }
@@ -749,7 +755,7 @@ static void *boot_root_main(void *arg) {
     int n = 0;
     /* All places taken by strangers too young to drop: the listen queue
      * waits until the oldest may go. */
-    int lsn_wait = r->accept_wake > now;
+    int lsn_wait = r->accept_wake > now && r->nconns >= r->pending_cap;
     pfd[n++] = (struct pollfd){.fd = lsn_wait ? -1 : r->lfd, .events = POLLIN};
     if (lsn_wait && (wake < 0 || r->accept_wake < wake)) wake = r->accept_wake;
     for (int i = 0; i < r->nconns; i++) {
