@@ -149,9 +149,10 @@ brg_status brg_comm_init_env(brg_comm **comm) {
   int loopback = strncmp(numeric, "127.", 4) == 0 || strcmp(numeric, "::1") == 0;
   if (!hex[0] && !loopback && rank == 0)
     BRG__WARN("init",
-              "BRIGADE_SECRET is not set: the job secret is derived from MASTER_ADDR, "
-              "MASTER_PORT and WORLD_SIZE, which anyone who can reach %s can compute and use to "
-              "join this job; set BRIGADE_SECRET to the same random hex string on every rank "
+              "BRIGADE_SECRET is not set: the job secret is derived from MASTER_ADDR and "
+              "MASTER_PORT, which anyone who can reach %s can compute and use to join this job "
+              "(it keeps stray connections out, no more); set BRIGADE_SECRET to the same random "
+              "32 hex digits or more on every rank "
               "(e.g. export BRIGADE_SECRET=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \\n') "
               "before torchrun, mpirun -x BRIGADE_SECRET, srun --export=ALL)",
               numeric);
