@@ -149,7 +149,8 @@ case "${1:-}" in
       --suite tsan || show_failures build-tsan
     report_phase build-tsan
     # libFuzzer over what brigade reads before it trusts a peer (bootstrap
-    # hello, unique id, the root's service and table, ring frames, the tcp
+    # hello, unique id, the root's service and table, ring frames, the ring
+    # and tree hellos against a challenge, the challenge itself, the tcp
     # and ibverbs hellos), 25 s from the committed corpus; new inputs go to a
     # scratch folder. Any crash, sanitizer report, leak or failed check of
     # the target fails the run; the input that did it is left in build-fuzz/.

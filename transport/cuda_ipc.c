@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -143,13 +144,19 @@ static brg_status ipc_priv_new(brg__conn *c, const brg__conn_params *p, int recv
 /* Pinned host memory, shared with the sender's process under a name where
  * it is another process; 0, a CUDA error, or -1 with errno. */
 static int host_alloc(ipc_priv *v, const brg__conn_params *p, int shared, ipc_info *info) {
-  static unsigned serial;
   void *m = MAP_FAILED;
   if (shared) {
-    snprintf(v->shm, sizeof v->shm, "/brigade-gpufifo-%016llx-%d-%d-%u",
-             (unsigned long long)p->comm_id, p->rank, p->peer,
-             __atomic_fetch_add(&serial, 1, __ATOMIC_RELAXED));
-    int fd = shm_open(v->shm, O_RDWR | O_CREAT | O_EXCL, 0600);
+    /* A random nonce ends the name, so that no other process can make it
+     * first (O_EXCL then fails: another nonce, never the existing file). */
+    int fd = -1;
+    for (int attempt = 0; attempt < 8 && fd < 0; attempt++) {
+      unsigned long long nonce = 0;
+      if (getrandom(&nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce) break;
+      snprintf(v->shm, sizeof v->shm, "/brigade-gpufifo-%016llx-%d-%d-%016llx",
+               (unsigned long long)p->comm_id, p->rank, p->peer, nonce);
+      fd = shm_open(v->shm, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW, 0600);
+      if (fd < 0 && errno != EEXIST) break;
+    }
     if (fd < 0) {
       v->shm[0] = 0;
       return -1;

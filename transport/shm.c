@@ -1,21 +1,27 @@
 /*
  * shm: ranks on one host. The receive FIFO of each link is a POSIX
  * shared-memory segment created by the receiver and mapped by the sender,
- * who writes slices straight into it. The name exists only until both ends
- * have it mapped: the sender unlinks it as soon as it has attached (the
- * receiver mapped it at setup), and the receiver at recv_connect or close
- * in case no sender came, so a rank killed at any later point (during the
- * rest of the setup included) leaves nothing behind in /dev/shm. A
- * receiver killed between making the name and telling it: its sender,
- * giving up on the link, unlinks it (brg__shm_forget; the name follows
- * from the communicator and the two ranks).
+ * who writes slices straight into it. Its name ends in a random nonce, so
+ * that no other process (another user watching /dev/shm included) can
+ * predict it and make it first; it is created with O_EXCL, a name that
+ * exists already is never opened but replaced by a fresh nonce, and the
+ * receiver tells its sender the name over the ring socket. The name exists
+ * only until both ends have it mapped: the sender unlinks it as soon as it
+ * has attached (the receiver mapped it at setup), and the receiver at
+ * recv_connect or close in case no sender came, so a rank killed at any
+ * later point (during the rest of the setup included) leaves nothing behind
+ * in /dev/shm. A receiver killed between making the name and telling it:
+ * its sender, giving up on the link, unlinks this user's files under the
+ * link's prefix (brg__shm_forget), never another user's.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -33,10 +39,12 @@ static int shm_can_connect(const brg__peer_info *self, const brg__peer_info *pee
   return self->host_hash == peer->host_hash;
 }
 
+static int shm_create(char *name, size_t n, const char *prefix);
+
 static int shm_available(char *why, size_t n) {
-  char name[64];
-  snprintf(name, sizeof name, "/brigade-probe-%d", (int)getpid());
-  int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+  char name[64], prefix[32];
+  snprintf(prefix, sizeof prefix, "/brigade-probe-%d-", (int)getpid());
+  int fd = shm_create(name, sizeof name, prefix);
   if (fd < 0) {
     snprintf(why, n, "shm_open: %s", strerror(errno));
     return 0;
@@ -59,14 +67,60 @@ static brg_status map_segment(brg__conn *c, shm_priv *sp, int fd, size_t bytes, 
   return BRG_SUCCESS;
 }
 
-static void fifo_name(char *name, size_t n, uint64_t comm_id, int receiver, int sender) {
-  snprintf(name, n, "/brigade-%016llx-%d-from-%d", (unsigned long long)comm_id, receiver, sender);
+/* A FIFO's name: the communicator, the two ranks, and a random nonce, so
+ * that no other process can know it before it exists (and make it first,
+ * or open it). The prefix without the nonce is what brg__shm_forget looks
+ * for. */
+static void fifo_prefix(char *name, size_t n, uint64_t comm_id, int receiver, int sender) {
+  snprintf(name, n, "/brigade-%016llx-%d-from-%d-", (unsigned long long)comm_id, receiver, sender);
 }
 
+static int shm_nonce(uint64_t *out) {
+  size_t done = 0;
+  while (done < sizeof *out) {
+    ssize_t k = getrandom((char *)out + done, sizeof *out - done, 0);
+    if (k < 0 && errno != EINTR) return -1;
+    if (k > 0) done += (size_t)k;
+  }
+  return 0;
+}
+
+/* Creates a new segment under a fresh name (O_EXCL): a name that exists
+ * already (by chance, or made by another process) is never opened, only
+ * replaced by another nonce. Returns the fd, or -1 with errno. */
+static int shm_create(char *name, size_t n, const char *prefix) {
+  for (int attempt = 0; attempt < 8; attempt++) {
+    uint64_t nonce;
+    if (shm_nonce(&nonce) != 0) return -1;
+    snprintf(name, n, "%s%016llx", prefix, (unsigned long long)nonce);
+    int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_NOFOLLOW, 0600);
+    if (fd >= 0 || errno != EEXIST) return fd;
+  }
+  errno = EEXIST;
+  return -1;
+}
+
+/* The receiver died between making its FIFO and telling the name: only
+ * this job's own files of that link are taken away (this user's, under
+ * the link's prefix), never another user's. */
 void brg__shm_forget(uint64_t comm_id, int receiver, int sender) {
-  char name[64];
-  fifo_name(name, sizeof name, comm_id, receiver, sender);
-  shm_unlink(name);
+  char prefix[64];
+  fifo_prefix(prefix, sizeof prefix, comm_id, receiver, sender);
+  DIR *d = opendir("/dev/shm");
+  if (!d) return;
+  struct dirent *e;
+  size_t plen = strlen(prefix + 1);
+  while ((e = readdir(d)) != NULL) {
+    struct stat st;
+    if (strncmp(e->d_name, prefix + 1, plen) != 0) continue;
+    if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
+        st.st_uid != geteuid())
+      continue;
+    char name[300];
+    snprintf(name, sizeof name, "/%s", e->d_name);
+    shm_unlink(name);
+  }
+  closedir(d);
 }
 
 static brg_status shm_recv_setup(brg__conn *c, const brg__conn_params *p, void *info,
@@ -76,11 +130,12 @@ static brg_status shm_recv_setup(brg__conn *c, const brg__conn_params *p, void *
   c->priv = sp;
   c->fifo.nslots = p->nslots;
   c->fifo.slot_bytes = p->slot_bytes;
-  fifo_name(sp->name, sizeof sp->name, p->comm_id, p->rank, p->peer);
+  char prefix[64];
+  fifo_prefix(prefix, sizeof prefix, p->comm_id, p->rank, p->peer);
   size_t bytes = brg__fifo_region_bytes(p->nslots, p->slot_bytes);
-  int fd = shm_open(sp->name, O_CREAT | O_EXCL | O_RDWR, 0600);
+  int fd = shm_create(sp->name, sizeof sp->name, prefix);
   if (fd < 0)
-    return brg__error(err, BRG_ERR_SYSTEM, "shm", "shm_open %s: %s", sp->name, strerror(errno));
+    return brg__error(err, BRG_ERR_SYSTEM, "shm", "shm_open %s*: %s", prefix, strerror(errno));
   sp->linked = 1;
   if (ftruncate(fd, (off_t)bytes) != 0) {
     int e = errno;
@@ -110,7 +165,7 @@ static brg_status shm_send_connect(brg__conn *c, const brg__conn_params *p, cons
   if (strncmp(sp->name, "/brigade-", 9) != 0)
     return brg__error(err, BRG_ERR_REMOTE, "shm", "rank %d sent a malformed shm name", p->peer);
   size_t bytes = brg__fifo_region_bytes(p->nslots, p->slot_bytes);
-  int fd = shm_open(sp->name, O_RDWR, 0);
+  int fd = shm_open(sp->name, O_RDWR | O_NOFOLLOW, 0);
   /* The receiver unlinks its FIFO only once attached to, or when it gives
    * up on the link: missing, it is gone. */
   if (fd < 0 && errno == ENOENT)

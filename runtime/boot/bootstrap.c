@@ -27,6 +27,7 @@
 #include "bootstrap_wire.h"
 #include "clock.h"
 #include "hash.h"
+#include "secret.h"
 #include "settings.h"
 
 /* ------------------------------------------------------------ local addr */
@@ -93,6 +94,13 @@ brg_status brg__boot_local_addr(char *addr, size_t addr_bytes, brg__errbuf *err)
     if (!res)
       return brg__error(err, BRG_ERR_INVALID_ARGUMENT, BOOT_SUBSYS,
                         "BRIGADE_BOOTSTRAP_ADDR=%s is not an address: %s", want, gai_strerror(rc));
+    if (brg__addr_unusable(res->ai_addr)) {
+      freeaddrinfo(res);
+      return brg__error(err, BRG_ERR_INVALID_ARGUMENT, BOOT_SUBSYS,
+                        "BRIGADE_BOOTSTRAP_ADDR=%s resolves to an address no other rank can reach "
+                        "this one at (unspecified, broadcast or multicast)",
+                        want);
+    }
     rc = getnameinfo(res->ai_addr, res->ai_addrlen, out, sizeof out, NULL, 0, NI_NUMERICHOST);
     freeaddrinfo(res);
     if (rc != 0)
@@ -112,6 +120,8 @@ brg_status brg__boot_local_addr(char *addr, size_t addr_bytes, brg__errbuf *err)
 
 /* ------------------------------------------------------------ rank side */
 
+static void boot_set_secret(brg__bootstrap *bs, const uint8_t *secret);
+
 typedef struct boot_peer {
   char addr[BOOT_ADDR_BYTES];
   uint16_t port;
@@ -121,6 +131,8 @@ struct brg__bootstrap {
   int rank, nranks;
   int timeout_ms;
   uint8_t secret[BOOT_SECRET_BYTES];
+  uint8_t root_tag[BOOT_SECRET_BYTES]; /* of the root's answers (bootstrap_wire.h) */
+  uint8_t link_key[BOOT_SECRET_BYTES]; /* brg__bootstrap_secret */
   int listen_fd;
   int root_fd; /* to the root, from the hello until brg__bootstrap_confirm */
   char root[BOOT_PEER_LEN];
@@ -201,10 +213,15 @@ static brg_status boot_read_reply(brg__bootstrap *bs, int fd, const char *root, 
                       "rank %d: receiving from the bootstrap root at %s: %s", bs->rank, root,
                       strerror(errno));
   uint32_t status = boot_get_u32(hdr + 20), len = boot_get_u32(hdr + 24);
-  if (boot_get_u32(hdr) != BOOT_TABLE_MAGIC || memcmp(hdr + 4, bs->secret, BOOT_SECRET_BYTES) != 0)
+  if (boot_get_u32(hdr) != BOOT_TABLE_MAGIC)
     return brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
                       "rank %d: %s answered with something that is not a brigade bootstrap "
                       "table (is that port the bootstrap root of this job?)",
+                      bs->rank, root);
+  if (!brg__ct_equal(hdr + 4, bs->root_tag, BOOT_SECRET_BYTES))
+    return brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
+                      "rank %d: %s answered without proof of this job's secret (is that port the "
+                      "bootstrap root of this job?)",
                       bs->rank, root);
 
   if (status != BRG_SUCCESS) {
@@ -354,7 +371,7 @@ brg_status brg__bootstrap_init(brg__bootstrap **bs_out, const brg__boot_id *id, 
   bs->timeout_ms = timeout_ms;
   bs->listen_fd = bs->root_fd = bs->fd[0] = bs->fd[1] = -1;
   bs->peer_rank[0] = bs->peer_rank[1] = -1;
-  memcpy(bs->secret, id->secret, BOOT_SECRET_BYTES);
+  boot_set_secret(bs, id->secret);
   bs->peers = calloc((size_t)nranks, sizeof *bs->peers);
   if (!bs->peers) {
     st = brg__error(err, BRG_ERR_NO_MEMORY, BOOT_SUBSYS, "bootstrap: out of memory");
@@ -382,11 +399,35 @@ brg_status brg__bootstrap_init(brg__bootstrap **bs_out, const brg__boot_id *id, 
     goto err_free;
   }
 
+  /* The root speaks first: its challenge. */
+  uint8_t challenge[BOOT_NONCE_BYTES];
+  const char *bad = NULL;
+  rc = brg__boot_challenge_read(fd, challenge, deadline, &bad);
+  if (rc != BRG__IO_OK) {
+    if (rc == BRG__IO_EOF)
+      st = brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
+                      "rank %d: %s closed the connection before its challenge: either the "
+                      "program listening there is not this job's rank 0 (rank 0 could not "
+                      "listen on that port: see its error; if another program holds the port, "
+                      "set BRIGADE_PORT), or it is a brigade older than this one (bootstrap "
+                      "version %u), or rank 0's communicator was already complete",
+                      rank, root, BOOT_VERSION);
+    else if (rc == BRG__IO_TIMEOUT)
+      st = brg__error(err, BRG_ERR_TIMEOUT, BOOT_SUBSYS,
+                      "rank %d: no challenge from the bootstrap root at %s within %d ms (is "
+                      "the program listening there this job's rank 0?)",
+                      rank, root, timeout_ms);
+    else
+      st = brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS, "rank %d: the bootstrap root at %s: %s",
+                      rank, root, bad ? bad : strerror(errno));
+    goto err_close;
+  }
+
   uint8_t hello_buf[BOOT_HELLO_HDR + BRG__BOOT_MAX_BLOB];
   brg__boot_hello h;
   memset(&h, 0, sizeof h);
   h.magic = BRG__BOOT_MAGIC;
-  memcpy(h.secret, id->secret, BOOT_SECRET_BYTES);
+  if ((st = brg__boot_random(h.nonce, sizeof h.nonce, err)) != BRG_SUCCESS) goto err_close;
   h.rank = rank;
   h.nranks = nranks;
   memcpy(h.addr, bs->listen_addr, sizeof h.addr);
@@ -401,6 +442,8 @@ brg_status brg__bootstrap_init(brg__bootstrap **bs_out, const brg__boot_id *id, 
     st = brg__error(err, BRG_ERR_INTERNAL, BOOT_SUBSYS, "rank %d: cannot encode hello", rank);
     goto err_close;
   }
+  brg__boot_sign(hello_buf, n, bs->secret, challenge);
+  brg__boot_answer_tag(bs->root_tag, bs->secret, h.nonce);
   rc = brg__sock_send_all(fd, hello_buf, n, deadline, NULL);
   if (rc != BRG__IO_OK) {
     st = brg__error(err,
@@ -480,6 +523,7 @@ err_free:
 /* A connection to the ring listener that has not yet said who it is. */
 typedef struct boot_ring_pending {
   int fd;
+  uint8_t challenge[BOOT_NONCE_BYTES]; /* sent on accept */
   uint32_t got;
   int64_t deadline;
   char peer[BOOT_PEER_LEN];
@@ -500,6 +544,8 @@ typedef struct boot_ring_setup {
   int out_fd;        /* to next: -1 between attempts */
   int out_connected; /* the handshake finished; sending the hello */
   uint32_t out_sent;
+  uint8_t out_ch[BOOT_CHALLENGE_BYTES]; /* the successor's challenge, read before the hello */
+  uint32_t out_ch_got;
   int out_done;
   int out_errno; /* what the last failed attempt said */
   int64_t out_retry_at;
@@ -534,14 +580,12 @@ static void ring_pending_read(boot_ring_setup *r, int i) {
   const brg__bootstrap *bs = r->bs;
   char whybuf[96];
   const char *why = NULL;
-  if (boot_get_u32(e->m) != BOOT_RING_MAGIC) {
-    why = "not a brigade ring connection";
-  } else if (memcmp(e->m + 4, bs->secret, BOOT_SECRET_BYTES) != 0) {
-    why = "wrong secret";
-  } else if ((int32_t)boot_get_u32(e->m + 20) != r->prev ||
-             (int32_t)boot_get_u32(e->m + 24) != bs->rank) {
-    snprintf(whybuf, sizeof whybuf, "it says it is rank %d connecting to rank %d",
-             (int)(int32_t)boot_get_u32(e->m + 20), (int)(int32_t)boot_get_u32(e->m + 24));
+  int32_t from = -1, to = -1;
+  if (!brg__boot_peer_hello_check(e->m, BOOT_RING_MAGIC, bs->secret, e->challenge, &from, &to,
+                                  &why)) {
+  } else if (from != r->prev || to != bs->rank) {
+    snprintf(whybuf, sizeof whybuf, "it says it is rank %d connecting to rank %d", (int)from,
+             (int)to);
     why = whybuf;
   }
   if (why) {
@@ -572,10 +616,17 @@ static int ring_accept_some(boot_ring_setup *r) {
       }
       return -1;
     }
+    uint8_t ch[BOOT_CHALLENGE_BYTES], nonce[BOOT_NONCE_BYTES];
+    if (brg__boot_challenge_make(ch, nonce, NULL, NULL) != BRG_SUCCESS ||
+        send(fd, ch, sizeof ch, MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)sizeof ch) {
+      close(fd); /* a fresh socket takes 24 bytes: this one is gone already */
+      continue;
+    }
     if (r->npending == BOOT_RING_MAX_PENDING)
       ring_pending_drop(r, 0, "too many connections that have not introduced themselves");
     boot_ring_pending *e = &r->q[r->npending++];
     e->fd = fd;
+    memcpy(e->challenge, nonce, sizeof nonce);
     e->got = 0;
     e->deadline = brg__now_ms() + BOOT_RING_CONN_TIMEOUT_MS;
     brg__sock_addr_str((struct sockaddr *)&ss, sslen, e->peer, sizeof e->peer);
@@ -592,6 +643,7 @@ static int ring_out_step(boot_ring_setup *r, short revents) {
     if (r->out_fd < 0) return -1;
     r->out_connected = 0;
     r->out_sent = 0;
+    r->out_ch_got = 0;
     if (connect(r->out_fd, (struct sockaddr *)&r->next_ss, r->next_sslen) == 0)
       r->out_connected = 1;
     else if (errno != EINPROGRESS && errno != EINTR)
@@ -608,6 +660,24 @@ static int ring_out_step(boot_ring_setup *r, short revents) {
       goto retry;
     }
     r->out_connected = 1;
+  }
+  while (r->out_ch_got < sizeof r->out_ch) {
+    ssize_t n =
+        recv(r->out_fd, r->out_ch + r->out_ch_got, sizeof r->out_ch - r->out_ch_got, MSG_DONTWAIT);
+    if (n > 0) {
+      r->out_ch_got += (uint32_t)n;
+      if (r->out_ch_got < sizeof r->out_ch) continue;
+      if (boot_get_u32(r->out_ch) != BOOT_CHALLENGE_MAGIC ||
+          boot_get_u32(r->out_ch + 4) != BOOT_VERSION) {
+        errno = EPROTO; /* not this version's ring listener */
+        return -1;
+      }
+      brg__boot_sign(r->out_m, sizeof r->out_m, r->bs->secret, r->out_ch + 8);
+      break;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+    if (n == 0) errno = ECONNRESET;
+    goto retry; /* the listener went away between accept and challenge: dial again */
   }
   while (r->out_sent < sizeof r->out_m) {
     ssize_t n = send(r->out_fd, r->out_m + r->out_sent, sizeof r->out_m - r->out_sent,
@@ -680,7 +750,8 @@ static brg_status ring_setup_run(boot_ring_setup *r, brg__errbuf *err) {
     if (!r->out_done) {
       if (r->out_fd >= 0) {
         out = np;
-        pfd[np++] = (struct pollfd){.fd = r->out_fd, .events = POLLOUT};
+        short ev = r->out_connected && r->out_ch_got < sizeof r->out_ch ? POLLIN : POLLOUT;
+        pfd[np++] = (struct pollfd){.fd = r->out_fd, .events = ev};
       } else {
         wake = brg__deadline_min(wake, r->out_retry_at);
       }
@@ -755,9 +826,11 @@ brg_status brg__bootstrap_ring_connect(brg__bootstrap *bs, int next, int prev, b
     goto out;
   }
   boot_put_u32(r->out_m, BOOT_RING_MAGIC);
-  memcpy(r->out_m + 4, bs->secret, BOOT_SECRET_BYTES);
   boot_put_u32(r->out_m + 20, (uint32_t)bs->rank);
   boot_put_u32(r->out_m + 24, (uint32_t)next);
+  if ((st = brg__boot_random(r->out_m + BOOT_RING_HELLO_NONCE, BOOT_NONCE_BYTES, err)) !=
+      BRG_SUCCESS)
+    goto out;
   st = ring_setup_run(r, err);
 out:
   for (int i = r->npending - 1; i >= 0; i--) close(r->q[i].fd);
@@ -916,7 +989,9 @@ brg_status brg__bootstrap_wrap(brg__bootstrap **bs_out, int rank, int nranks, co
   bs->rank = rank;
   bs->nranks = nranks;
   bs->timeout_ms = timeout_ms;
-  memcpy(bs->secret, secret, BOOT_SECRET_BYTES);
+  boot_set_secret(bs, secret);
+  static const uint8_t zero_nonce[BOOT_NONCE_BYTES];
+  brg__boot_answer_tag(bs->root_tag, bs->secret, zero_nonce);
   bs->listen_fd = -1;
   bs->root_fd = -1;
   snprintf(bs->listen_addr, sizeof bs->listen_addr, "127.0.0.1");
@@ -961,7 +1036,7 @@ brg_status brg__bootstrap_open(brg__bootstrap **bs_out, int rank, int nranks, co
   bs->rootless = 1;
   bs->listen_fd = bs->root_fd = bs->fd[0] = bs->fd[1] = -1;
   bs->peer_rank[0] = bs->peer_rank[1] = -1;
-  memcpy(bs->secret, secret, BOOT_SECRET_BYTES);
+  boot_set_secret(bs, secret);
   st = brg__boot_local_addr(bs->listen_addr, sizeof bs->listen_addr, err);
   if (st == BRG_SUCCESS)
     st = brg__sock_listen(bs->listen_addr, 0, BOOT_BACKLOG, BOOT_SUBSYS, "ring listener",
@@ -1007,7 +1082,7 @@ static int boot_root_hear(brg__bootstrap *bs, int64_t deadline) {
              "(rank 0 died?)",
              bs->root);
   } else if (boot_get_u32(hdr) != BOOT_TABLE_MAGIC ||
-             memcmp(hdr + 4, bs->secret, BOOT_SECRET_BYTES) != 0) {
+             !brg__ct_equal(hdr + 4, bs->root_tag, BOOT_SECRET_BYTES)) {
     snprintf(bs->root_said, sizeof bs->root_said,
              "%s answered with something that is not from this job's bootstrap root", bs->root);
   } else if (boot_get_u32(hdr + 20) != BRG_SUCCESS) {
@@ -1091,8 +1166,18 @@ int brg__bootstrap_fd(const brg__bootstrap *bs, int dir) {
   return bs->fd[dir];
 }
 
+/* The data connections' hellos (tcp, ibverbs, point-to-point) carry a key
+ * derived from the job secret, not the secret itself. */
+static void boot_set_secret(brg__bootstrap *bs, const uint8_t *secret) {
+  static const char label[] = "brigade data links";
+  uint8_t mac[BRG__SHA256_BYTES];
+  memcpy(bs->secret, secret, BOOT_SECRET_BYTES);
+  brg__hmac_sha256(secret, BOOT_SECRET_BYTES, label, sizeof label - 1, NULL, 0, NULL, 0, mac);
+  memcpy(bs->link_key, mac, BOOT_SECRET_BYTES);
+}
+
 const uint8_t *brg__bootstrap_secret(const brg__bootstrap *bs) {
-  return bs ? bs->secret : NULL;
+  return bs ? bs->link_key : NULL;
 }
 
 void brg__bootstrap_destroy(brg__bootstrap *bs) {

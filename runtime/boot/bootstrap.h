@@ -116,6 +116,8 @@ brg_status brg__bootstrap_confirm(brg__bootstrap *bs, brg__errbuf *err);
 void brg__bootstrap_verdict(brg__bootstrap *bs, brg_status *st, brg__errbuf *err);
 /* File descriptor of a ring socket (for poll), -1 when absent. */
 int brg__bootstrap_fd(const brg__bootstrap *bs, int dir);
+/* The key data connections present in their hellos (BRG__SECRET_BYTES):
+ * HMAC-SHA-256 of the job secret, so the secret itself never travels. */
 const uint8_t *brg__bootstrap_secret(const brg__bootstrap *bs);
 void brg__bootstrap_destroy(brg__bootstrap *bs);
 

@@ -40,13 +40,14 @@ brg_status brg__boot_id_check(const brg__boot_id *id, brg__errbuf *err);
  * decode checks every field and length and fills `h` (blob points into buf). */
 typedef struct brg__boot_hello {
   uint32_t magic;
-  uint8_t secret[16];
+  uint8_t proof[16]; /* bootstrap_wire.h: written by brg__boot_sign after encoding */
   int32_t rank, nranks;
   char addr[64]; /* ring listener of this rank */
   uint16_t port;
   uint32_t blob_bytes;
-  int32_t pid;   /* of the process that claims the rank, for messages */
-  char host[64]; /* its host name, NUL-terminated, for messages */
+  int32_t pid;       /* of the process that claims the rank, for messages */
+  char host[64];     /* its host name, NUL-terminated, for messages */
+  uint8_t nonce[16]; /* the rank's, for the tag of the root's answers */
   const void *blob;
 } brg__boot_hello;
 size_t brg__boot_hello_encode(const brg__boot_hello *h, void *buf, size_t cap);

@@ -29,6 +29,7 @@
 #include "bootstrap_wire.h"
 #include "clock.h"
 #include "hash.h"
+#include "secret.h"
 #include "settings.h"
 
 /*
@@ -41,6 +42,9 @@ typedef struct boot_conn {
   int fd;
   int draining;     /* refused: read and discard until the peer hangs up */
   int64_t deadline; /* dropped when it passes */
+  int64_t accepted_ms;
+  uint8_t challenge[BOOT_NONCE_BYTES]; /* the nonce it was sent */
+  uint8_t tag[BOOT_SECRET_BYTES];      /* of answers to it, once its hello proved itself */
   uint32_t have, want;
   char peer[BOOT_PEER_LEN];
   uint8_t buf[BOOT_HELLO_HDR + BRG__BOOT_MAX_BLOB];
@@ -56,16 +60,21 @@ typedef struct boot_claim {
 typedef struct boot_root {
   int lfd;
   uint8_t secret[BOOT_SECRET_BYTES];
+  const uint8_t *fixed_nonce; /* brg__boot_root_serve's; NULL: fresh challenges */
   char where[BOOT_PEER_LEN];
   int timeout_ms;
+  int gather_ms; /* how long the hellos are awaited (a little under timeout_ms) */
   int64_t deadline;
   boot_conn *conns[BOOT_MAX_PENDING];
   int nconns;
-  int32_t nranks; /* 0 until the first accepted hello sets it */
+  int pending_cap;     /* boot_root_pending_cap */
+  int64_t accept_wake; /* the listener is not polled before this (all places taken) */
+  int32_t nranks;      /* 0 until the first accepted hello sets it */
   int32_t first_rank;
   uint32_t blob_bytes;
   int32_t arrived;
   int *rank_fd;
+  uint8_t *rank_tag; /* per rank: the tag of answers to it */
   uint8_t *table;
   size_t table_bytes;
   /* After the table: every rank confirms before anyone is released, and a
@@ -132,7 +141,7 @@ static void boot_conn_refuse(boot_root *r, int i, const char *fmt, ...) {
   va_end(ap);
   BRG__WARN(BOOT_SUBSYS, "bootstrap root %s: refused the connection from %s: %s", r->where, c->peer,
             text);
-  size_t n = brg__boot_reply_error(buf, r->secret, BRG_ERR_REMOTE, text);
+  size_t n = brg__boot_reply_error(buf, c->tag, BRG_ERR_REMOTE, text);
   (void)boot_send_all(c->fd, buf, n, brg__now_ms() + BOOT_REPLY_SEND_MS, NULL);
   shutdown(c->fd, SHUT_WR);
   c->draining = 1;
@@ -167,9 +176,10 @@ static void boot_root_fail_all(boot_root *r, const char *text) {
   snprintf(r->fail_text, sizeof r->fail_text, "%s", text);
   BRG__WARN(BOOT_SUBSYS, "bootstrap root %s: failing the job: %s", r->where, text);
   uint8_t buf[BOOT_REPLY_HDR + BOOT_MAX_ERRTEXT];
-  size_t n = brg__boot_reply_error(buf, r->secret, BRG_ERR_REMOTE, text);
+  size_t n = brg__boot_reply_error(buf, r->rank_tag, BRG_ERR_REMOTE, text);
   for (int k = 0; k < r->nranks; k++) {
     if (r->rank_fd[k] < 0) continue;
+    memcpy(buf + 4, r->rank_tag + (size_t)k * BOOT_SECRET_BYTES, BOOT_SECRET_BYTES);
     (void)boot_send_all(r->rank_fd[k], buf, n, brg__now_ms() + BOOT_REPLY_SEND_MS, NULL);
     brg__sock_close(&r->rank_fd[k]);
     r->told[k] = 1;
@@ -201,7 +211,9 @@ static int boot_root_admit(boot_root *r, int i, const brg__boot_hello *h) {
     int *rank_fd = malloc((size_t)h->nranks * sizeof *rank_fd);
     uint8_t *confirmed = calloc((size_t)h->nranks, 1), *told = calloc((size_t)h->nranks, 1);
     boot_claim *claims = calloc((size_t)h->nranks, sizeof *claims);
-    if (!table || !rank_fd || !confirmed || !told || !claims) {
+    uint8_t *rank_tag = calloc((size_t)h->nranks, BOOT_SECRET_BYTES);
+    if (!table || !rank_fd || !confirmed || !told || !claims || !rank_tag) {
+      free(rank_tag);
       free(table);
       free(rank_fd);
       free(confirmed);
@@ -215,21 +227,34 @@ static int boot_root_admit(boot_root *r, int i, const brg__boot_hello *h) {
     r->table = table;
     r->table_bytes = bytes;
     r->rank_fd = rank_fd;
+    r->rank_tag = rank_tag;
     r->confirmed = confirmed;
     r->told = told;
     r->claims = claims;
     r->nranks = h->nranks;
     r->blob_bytes = h->blob_bytes;
     r->first_rank = h->rank;
-  } else if (h->nranks != r->nranks) {
-    boot_conn_refuse(r, i, "rank %d says nranks=%d but rank %d said %d", (int)h->rank,
-                     (int)h->nranks, (int)r->first_rank, (int)r->nranks);
-    return 0;
-  } else if (h->blob_bytes != r->blob_bytes) {
-    boot_conn_refuse(r, i,
-                     "rank %d sent a %u-byte blob but rank %d sent %u bytes (all ranks must "
-                     "send the same size)",
-                     (int)h->rank, h->blob_bytes, (int)r->first_rank, r->blob_bytes);
+  } else if (h->nranks != r->nranks || h->blob_bytes != r->blob_bytes) {
+    /* The job's shape differs between ranks: no rank can go on, and each
+     * is told both values (the ranks already here too, rather than wait
+     * for one that will never come). */
+    char text[BOOT_MAX_ERRTEXT];
+    if (h->nranks != r->nranks)
+      snprintf(text, sizeof text,
+               "the ranks disagree on the job's size: rank %d (pid %d on %s) says WORLD_SIZE "
+               "(nranks) is %d, rank %d (pid %d on %s) said %d; every rank must start with the "
+               "same",
+               (int)h->rank, (int)h->pid, h->host, (int)h->nranks, (int)r->first_rank,
+               (int)r->claims[r->first_rank].pid, r->claims[r->first_rank].host, (int)r->nranks);
+    else
+      snprintf(text, sizeof text,
+               "the ranks disagree on their bootstrap record: rank %d (pid %d on %s) sent %u "
+               "bytes, rank %d said %u (a different brigade build on those ranks?)",
+               (int)h->rank, (int)h->pid, h->host, h->blob_bytes, (int)r->first_rank,
+               r->blob_bytes);
+    boot_root_fail_all(r, text);
+    if (h->rank < r->nranks) r->told[h->rank] = 1;
+    boot_conn_refuse(r, i, "%s", text);
     return 0;
   } else if (r->failed) {
     r->told[h->rank] = 1;
@@ -264,6 +289,7 @@ static int boot_root_admit(boot_root *r, int i, const brg__boot_hello *h) {
   boot_put_u16(e + 64, h->port);
   boot_put_u16(e + 66, 0);
   r->rank_fd[h->rank] = c->fd;
+  memcpy(r->rank_tag + (size_t)h->rank * BOOT_SECRET_BYTES, c->tag, BOOT_SECRET_BYTES);
   r->claims[h->rank].pid = h->pid;
   snprintf(r->claims[h->rank].host, sizeof r->claims[h->rank].host, "%s", h->host);
   snprintf(r->claims[h->rank].peer, sizeof r->claims[h->rank].peer, "%s", c->peer);
@@ -316,23 +342,29 @@ static int boot_conn_service(boot_root *r, int i) {
       boot_conn_drop(r, i);
       return 1;
     }
-    if (memcmp(c->buf + 4, r->secret, BOOT_SECRET_BYTES) != 0) {
-      BRG__WARN(BOOT_SUBSYS,
-                "bootstrap root %s: dropped the connection from %s: wrong secret (a rank of "
-                "another job, or a stale unique id?)",
-                r->where, c->peer);
-      boot_conn_drop(r, i);
-      return 1;
-    }
     uint32_t blob_bytes = boot_get_u32(c->buf + 96);
     if (blob_bytes > BRG__BOOT_MAX_BLOB) {
-      boot_conn_refuse(r, i, "hello carries a %u-byte blob (at most %d)", blob_bytes,
-                       BRG__BOOT_MAX_BLOB);
-      return 0;
+      /* Not proven yet (the proof covers the blob): no answer. */
+      BRG__WARN(BOOT_SUBSYS,
+                "bootstrap root %s: dropped the connection from %s: its hello announces a "
+                "%u-byte blob (at most %d)",
+                r->where, c->peer, blob_bytes, BRG__BOOT_MAX_BLOB);
+      boot_conn_drop(r, i);
+      return 1;
     }
     c->want = BOOT_HELLO_HDR + blob_bytes;
     if (c->have < c->want) return 0;
   }
+  if (!brg__boot_verify(c->buf, c->have, r->secret, c->challenge)) {
+    BRG__WARN(BOOT_SUBSYS,
+              "bootstrap root %s: dropped the connection from %s: its hello does not prove the "
+              "job's secret (a rank of another job, a stale unique id, a different "
+              "BRIGADE_SECRET?)",
+              r->where, c->peer);
+    boot_conn_drop(r, i);
+    return 1;
+  }
+  brg__boot_answer_tag(c->tag, r->secret, c->buf + BOOT_HELLO_NONCE);
 
   brg__boot_hello h;
   brg__errbuf why;
@@ -375,21 +407,65 @@ static int boot_root_more_fds(boot_root *r) {
   return brg__sock_raise_nofile(want, BOOT_SUBSYS) > (long)rl.rlim_cur;
 }
 
+/* Sends a new connection its challenge (a fresh socket's buffer takes it
+ * whole): 0, or -1 when it could not be sent. */
+static int boot_conn_challenge(boot_root *r, boot_conn *c) {
+  uint8_t m[BOOT_CHALLENGE_BYTES];
+  if (brg__boot_challenge_make(m, c->challenge, r->fixed_nonce, NULL) != BRG_SUCCESS) return -1;
+  ssize_t n = send(c->fd, m, sizeof m, MSG_DONTWAIT | MSG_NOSIGNAL);
+  boot_count(&boot_bytes_out, n);
+  return n == (ssize_t)sizeof m ? 0 : -1;
+}
+
+/* How many connections that have not said who they are the root may hold:
+ * BOOT_MAX_PENDING, fewer when the descriptors left are fewer. This
+ * process keeps BOOT_FD_RESERVE descriptors for its own set-up (rank 0 is
+ * a rank too), and one per rank yet to arrive; strangers get the rest. */
+static int boot_root_pending_cap(const boot_root *r, int last_fd) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return BOOT_MAX_PENDING;
+  long limit = (long)rl.rlim_cur;
+  /* Descriptors are handed out lowest first: the newest one's number is
+   * about how many are open. */
+  long open_now = last_fd >= 0 ? last_fd + 1 : r->nconns + 16;
+  long ranks_to_come = r->nranks > 0 ? (long)(r->nranks - r->arrived) : 1;
+  long reserve = limit / 4 < BOOT_FD_RESERVE ? limit / 4 : BOOT_FD_RESERVE;
+  long free_fds = limit - open_now - reserve - ranks_to_come;
+  long cap = (long)r->nconns + free_fds;
+  if (cap > BOOT_MAX_PENDING) cap = BOOT_MAX_PENDING;
+  return cap < 1 ? 1 : (int)cap;
+}
+
+/* Makes room for one more pending connection by dropping the oldest that
+ * has had BOOT_MIN_PENDING_MS to say who it is (a rank answers the
+ * challenge within a round trip): 1 when there is room. */
+static int boot_root_make_room(boot_root *r, int cap, int64_t now) {
+  while (r->nconns >= cap && r->nconns > 0) {
+    boot_conn *old = r->conns[0];
+    if (now - old->accepted_ms < BOOT_MIN_PENDING_MS) return 0;
+    if (!old->draining)
+      BRG__WARN(BOOT_SUBSYS,
+                "bootstrap root %s: dropped the connection from %s: no complete hello yet, and "
+                "%d newer connections wait (room for %d)",
+                r->where, old->peer, r->nconns - 1, cap);
+    boot_conn_drop(r, 0);
+    memmove(&r->conns[0], &r->conns[1], (size_t)(r->nconns - 1) * sizeof r->conns[0]);
+    r->nconns--;
+  }
+  return r->nconns < cap;
+}
+
 /* Takes what waits in the listen queue, a batch per round so that the
  * connections already taken get read before the oldest are dropped; with
- * every pending place taken, the oldest stranger makes room. */
+ * every pending place taken (BOOT_MAX_PENDING, or what the descriptors
+ * left allow), the oldest stranger makes room, so strangers delay the job
+ * but cannot fail it. */
 static void boot_root_accept(boot_root *r) {
   for (int k = 0; k < BOOT_MAX_PENDING / 4; k++) {
-    if (r->nconns == BOOT_MAX_PENDING) {
-      boot_conn *old = r->conns[0];
-      if (!old->draining)
-        BRG__WARN(BOOT_SUBSYS,
-                  "bootstrap root %s: dropped the connection from %s: no complete hello yet, and "
-                  "%d newer connections wait",
-                  r->where, old->peer, BOOT_MAX_PENDING);
-      boot_conn_drop(r, 0);
-      memmove(&r->conns[0], &r->conns[1], (size_t)(r->nconns - 1) * sizeof r->conns[0]);
-      r->nconns--;
+    int64_t now = brg__now_ms();
+    if (!boot_root_make_room(r, r->pending_cap, now)) {
+      r->accept_wake = r->conns[0]->accepted_ms + BOOT_MIN_PENDING_MS;
+      return; /* the listen queue keeps the rest */
     }
     struct sockaddr_storage ss;
     socklen_t sslen = sizeof ss;
@@ -398,6 +474,16 @@ static void boot_root_accept(boot_root *r) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
       if (errno == EMFILE && boot_root_more_fds(r)) continue;
+      /* Out of descriptors. When the job's ranks would fit in what the
+       * pending connections hold (strangers, or ranks yet to say hello),
+       * fewer of those are kept from now on and the oldest make room;
+       * when even all of them would not make room for every rank, the
+       * job cannot gather at this limit: it fails now, saying so. */
+      if ((errno == EMFILE || errno == ENFILE) && r->nconns > 0 &&
+          (r->nranks == 0 || r->nranks - r->arrived <= r->nconns)) {
+        r->pending_cap = r->nconns > 1 ? r->nconns - 1 : 1;
+        continue;
+      }
       if (errno == EMFILE || errno == ENFILE) {
         boot_root_out_of_fds(r, errno);
         return;
@@ -406,6 +492,7 @@ static void boot_root_accept(boot_root *r) {
       if (errno == ENOBUFS || errno == ENOMEM) brg__sleep_ms(100); /* the backlog keeps them */
       return;
     }
+    r->pending_cap = boot_root_pending_cap(r, fd);
     boot_conn *c = calloc(1, sizeof *c);
     if (!c) {
       close(fd);
@@ -414,8 +501,14 @@ static void boot_root_accept(boot_root *r) {
     }
     c->fd = fd;
     c->want = BOOT_HELLO_HDR;
-    c->deadline = brg__now_ms() + BOOT_CONN_TIMEOUT_MS;
+    c->accepted_ms = now;
+    c->deadline = now + BOOT_CONN_TIMEOUT_MS;
     brg__sock_addr_str((struct sockaddr *)&ss, sslen, c->peer, sizeof c->peer);
+    if (boot_conn_challenge(r, c) != 0) {
+      close(fd);
+      free(c);
+      continue;
+    }
     r->conns[r->nconns++] = c;
   }
 }
@@ -443,7 +536,7 @@ static int boot_root_prune(boot_root *r) {
 static void boot_root_give_up(boot_root *r) {
   if (r->nranks == 0) {
     BRG__WARN(BOOT_SUBSYS, "bootstrap root %s: no rank arrived within %d ms; closing", r->where,
-              r->timeout_ms);
+              r->gather_ms);
     return;
   }
   char list[512];
@@ -460,13 +553,16 @@ static void boot_root_give_up(boot_root *r) {
   }
   if (listed < missing) snprintf(list + used, sizeof list - used, ",... (%d in all)", missing);
   char text[BOOT_MAX_ERRTEXT];
-  snprintf(text, sizeof text, "%s %s never reached the bootstrap root at %s within %d ms",
-           missing == 1 ? "rank" : "ranks", list, r->where, r->timeout_ms);
+  snprintf(text, sizeof text,
+           "%s %s never reached the bootstrap root at %s within %d ms (the timeout of %d ms less "
+           "a margin, so that the ranks that came hear this before their own deadline)",
+           missing == 1 ? "rank" : "ranks", list, r->where, r->gather_ms, r->timeout_ms);
   BRG__WARN(BOOT_SUBSYS, "%s", text);
   uint8_t buf[BOOT_REPLY_HDR + BOOT_MAX_ERRTEXT];
-  size_t n = brg__boot_reply_error(buf, r->secret, BRG_ERR_TIMEOUT, text);
+  size_t n = brg__boot_reply_error(buf, r->rank_tag, BRG_ERR_TIMEOUT, text);
   for (int k = 0; k < r->nranks; k++) {
     if (r->rank_fd[k] < 0) continue;
+    memcpy(buf + 4, r->rank_tag + (size_t)k * BOOT_SECRET_BYTES, BOOT_SECRET_BYTES);
     (void)boot_send_all(r->rank_fd[k], buf, n, brg__now_ms() + BOOT_REPLY_SEND_MS, NULL);
     brg__sock_close(&r->rank_fd[k]);
   }
@@ -478,13 +574,13 @@ static void boot_root_give_up(boot_root *r) {
 static void boot_root_send_tables(boot_root *r) {
   uint8_t m[BOOT_REPLY_HDR + BOOT_NEIGH_BYTES];
   boot_put_u32(m, BOOT_TABLE_MAGIC);
-  memcpy(m + 4, r->secret, BOOT_SECRET_BYTES);
   boot_put_u32(m + 20, BRG_SUCCESS);
   boot_put_u32(m + 24, BOOT_NEIGH_BYTES);
   boot_put_u32(m + BOOT_REPLY_HDR, (uint32_t)r->nranks);
   boot_put_u32(m + BOOT_REPLY_HDR + 4, r->blob_bytes);
   for (int k = 0; k < r->nranks; k++) {
     uint8_t *parent = m + BOOT_REPLY_HDR + BOOT_TABLE_HDR;
+    memcpy(m + 4, r->rank_tag + (size_t)k * BOOT_SECRET_BYTES, BOOT_SECRET_BYTES);
     if (k == 0)
       memset(parent, 0, BOOT_ENTRY_HDR);
     else
@@ -543,10 +639,10 @@ static void boot_root_release(boot_root *r) {
   r->nconns = 0;
   uint8_t go[BOOT_REPLY_HDR];
   boot_put_u32(go, BOOT_TABLE_MAGIC);
-  memcpy(go + 4, r->secret, BOOT_SECRET_BYTES);
   boot_put_u32(go + 20, BRG_SUCCESS);
   boot_put_u32(go + 24, 0);
   for (int k = 0; k < r->nranks; k++) {
+    memcpy(go + 4, r->rank_tag + (size_t)k * BOOT_SECRET_BYTES, BOOT_SECRET_BYTES);
     (void)boot_send_all(r->rank_fd[k], go, sizeof go, brg__now_ms() + BOOT_REPLY_SEND_MS, NULL);
     brg__sock_close(&r->rank_fd[k]);
   }
@@ -575,6 +671,7 @@ static void boot_root_free(boot_root *r) {
     for (int k = 0; k < r->nranks; k++) brg__sock_close(&r->rank_fd[k]);
   brg__sock_close(&r->lfd);
   free(r->rank_fd);
+  free(r->rank_tag);
   free(r->table);
   free(r->confirmed);
   free(r->told);
@@ -656,7 +753,11 @@ static void *boot_root_main(void *arg) {
     }
     int64_t wake = r->deadline;
     int n = 0;
-    pfd[n++] = (struct pollfd){.fd = r->lfd, .events = POLLIN};
+    /* All places taken by strangers too young to drop: the listen queue
+     * waits until the oldest may go. */
+    int lsn_wait = r->accept_wake > now && r->nconns >= r->pending_cap;
+    pfd[n++] = (struct pollfd){.fd = lsn_wait ? -1 : r->lfd, .events = POLLIN};
+    if (lsn_wait && (wake < 0 || r->accept_wake < wake)) wake = r->accept_wake;
     for (int i = 0; i < r->nconns; i++) {
       pfd[n++] = (struct pollfd){.fd = r->conns[i]->fd, .events = POLLIN};
       if (wake < 0 || r->conns[i]->deadline < wake) wake = r->conns[i]->deadline;
@@ -682,7 +783,10 @@ static void *boot_root_main(void *arg) {
     for (int j = ranks_at; j < n && !r->failed; j++)
       if (pfd[j].revents) boot_root_confirm(r, pfd_rank[j]);
     boot_root_compact(r);
-    if (pfd[0].revents & POLLIN) boot_root_accept(r);
+    if ((pfd[0].revents & POLLIN) || (r->accept_wake && r->accept_wake <= now)) {
+      r->accept_wake = 0;
+      boot_root_accept(r);
+    }
   }
   free(pfd);
   free(pfd_rank);
@@ -696,12 +800,14 @@ static void *boot_root_main(void *arg) {
  * connection, a few rounds, in order; when every rank of a job arrived,
  * the tree parents are sent as the root would, and confirmations
  * already there are read (all of them: the release). For the fuzzer. */
-void brg__boot_root_serve(const uint8_t *secret, const int *fds, int nfds, int rounds) {
+void brg__boot_root_serve(const uint8_t *secret, const uint8_t *nonce, const int *fds, int nfds,
+                          int rounds) {
   boot_root *r = calloc(1, sizeof *r);
   if (!r) return;
   r->lfd = -1;
   r->deadline = -1;
   memcpy(r->secret, secret, BOOT_SECRET_BYTES);
+  r->fixed_nonce = nonce;
   snprintf(r->where, sizeof r->where, "(served fds)");
   for (int i = 0; i < nfds && r->nconns < BOOT_MAX_PENDING; i++) {
     boot_conn *c = calloc(1, sizeof *c);
@@ -711,6 +817,7 @@ void brg__boot_root_serve(const uint8_t *secret, const int *fds, int nfds, int r
     c->deadline = brg__now_ms() + BOOT_CONN_TIMEOUT_MS;
     snprintf(c->peer, sizeof c->peer, "fd %d", fds[i]);
     r->conns[r->nconns++] = c;
+    (void)boot_conn_challenge(r, c); /* the fuzzer's peer may be gone: served all the same */
   }
   for (int round = 0; round < rounds; round++) {
     for (int i = 0; i < r->nconns; i++)
@@ -749,7 +856,14 @@ brg_status brg__boot_root_start(const char *addr, uint16_t port, const uint8_t *
   brg__sock_hostport(where, sizeof where, addr, bound);
   memcpy(r->where, where, sizeof where);
   r->timeout_ms = timeout_ms;
-  r->deadline = brg__deadline_ms(timeout_ms);
+  r->pending_cap = boot_root_pending_cap(r, r->lfd);
+  /* The ranks wait timeout_ms each, from their own start, which is after
+   * this one for every rank that can reach the root: giving up a tenth
+   * earlier (at most 2 s) brings them the list of the missing ranks before
+   * their own deadlines. */
+  r->gather_ms =
+      timeout_ms > 0 ? timeout_ms - (timeout_ms / 10 < 2000 ? timeout_ms / 10 : 2000) : timeout_ms;
+  r->deadline = brg__deadline_ms(r->gather_ms);
 
   pthread_attr_t attr;
   pthread_t thread;

@@ -26,6 +26,7 @@
 
 #include "bootstrap_wire.h"
 #include "clock.h"
+#include "secret.h"
 
 #define TREE_ROOT_SPOKE 100 /* a wait's answer beside BRG__IO_* */
 
@@ -143,6 +144,7 @@ brg_status brg__boot_tree_read_gather(const brg__boot_tree *t, int fd, int child
 /* A connection to the listener that has not yet said who it is. */
 typedef struct tree_pending {
   int fd;
+  uint8_t challenge[BOOT_NONCE_BYTES]; /* sent on accept */
   uint32_t got;
   int64_t deadline;
   uint8_t m[BOOT_RING_HELLO];
@@ -151,7 +153,8 @@ typedef struct tree_pending {
 typedef struct tree_accept {
   const brg__boot_tree *t;
   int child[2], nchild;
-  int fd[2]; /* per child, once it proved itself */
+  int fd[2];                         /* per child, once it proved itself */
+  uint8_t tag[2][BOOT_SECRET_BYTES]; /* of the answers to each child */
   int npending;
   tree_pending q[BOOT_RING_MAX_PENDING];
 } tree_accept;
@@ -175,20 +178,22 @@ static void tree_pending_read(tree_accept *a, int i) {
   }
   e->got += (uint32_t)n;
   if (e->got < sizeof e->m) return;
-  int32_t from = (int32_t)boot_get_u32(e->m + 20), to = (int32_t)boot_get_u32(e->m + 24);
+  int32_t from = -1, to = -1;
+  const char *bad = NULL;
+  int ok = brg__boot_peer_hello_check(e->m, BOOT_TREE_MAGIC, a->t->secret, e->challenge, &from, &to,
+                                      &bad);
   int k = -1;
-  for (int j = 0; j < a->nchild; j++)
+  for (int j = 0; j < a->nchild && ok; j++)
     if (from == a->child[j] && a->fd[j] < 0) k = j;
-  if (boot_get_u32(e->m) != BOOT_TREE_MAGIC) {
-    tree_pending_drop(a, i, "not a brigade tree connection");
-  } else if (memcmp(e->m + 4, a->t->secret, BOOT_SECRET_BYTES) != 0) {
-    tree_pending_drop(a, i, "wrong secret");
+  if (!ok) {
+    tree_pending_drop(a, i, bad);
   } else if (to != a->t->rank || k < 0) {
     char why[96];
     snprintf(why, sizeof why, "it says it is rank %d connecting to rank %d", (int)from, (int)to);
     tree_pending_drop(a, i, why);
   } else {
     a->fd[k] = e->fd;
+    brg__boot_answer_tag(a->tag[k], a->t->secret, e->m + BOOT_RING_HELLO_NONCE);
     memmove(&a->q[i], &a->q[i + 1], (size_t)(a->npending - i - 1) * sizeof a->q[0]);
     a->npending--;
   }
@@ -236,6 +241,12 @@ static brg_status tree_accept_children(tree_accept *a, int *root_spoke, brg__err
       if (fd < 0) {
         if (errno == EINTR || errno == ECONNABORTED) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        if ((errno == EMFILE || errno == ENFILE) && a->npending > 0) {
+          /* Strangers hold the descriptors: the oldest makes room, the
+           * listen queue keeps the rest. */
+          tree_pending_drop(a, 0, "out of file descriptors");
+          break;
+        }
         if (errno == EMFILE || errno == ENFILE)
           return brg__error(err, BRG_ERR_SYSTEM, BOOT_SUBSYS,
                             "rank %d: accepting its tree children: %s (out of file descriptors: "
@@ -245,10 +256,17 @@ static brg_status tree_accept_children(tree_accept *a, int *root_spoke, brg__err
         return brg__error(err, BRG_ERR_SYSTEM, BOOT_SUBSYS, "rank %d: accept on its listener: %s",
                           t->rank, strerror(errno));
       }
+      uint8_t ch[BOOT_CHALLENGE_BYTES], nonce[BOOT_NONCE_BYTES];
+      if (brg__boot_challenge_make(ch, nonce, t->fixed_nonce, NULL) != BRG_SUCCESS ||
+          send(fd, ch, sizeof ch, MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)sizeof ch) {
+        close(fd); /* a fresh socket takes 24 bytes: this one is gone already */
+        continue;
+      }
       if (a->npending == BOOT_RING_MAX_PENDING)
         tree_pending_drop(a, 0, "too many connections that have not introduced themselves");
-      a->q[a->npending++] =
+      a->q[a->npending] =
           (tree_pending){.fd = fd, .got = 0, .deadline = now + BOOT_TREE_CONN_TIMEOUT_MS};
+      memcpy(a->q[a->npending++].challenge, nonce, sizeof nonce);
     }
   }
 }
@@ -294,7 +312,6 @@ brg_status brg__boot_tree_gather(const brg__boot_tree *t, uint8_t **table_out,
     goto out;
   }
   boot_put_u32(table, BOOT_TABLE_MAGIC);
-  memcpy(table + 4, t->secret, BOOT_SECRET_BYTES);
   boot_put_u32(table + 20, BRG_SUCCESS);
   boot_put_u32(table + 24, (uint32_t)body);
   boot_put_u32(table + BOOT_REPLY_HDR, (uint32_t)t->nranks);
@@ -325,11 +342,26 @@ brg_status brg__boot_tree_gather(const brg__boot_tree *t, uint8_t **table_out,
           e == EMFILE || e == ENFILE ? " (out of file descriptors: raise ulimit -n)" : "");
       goto out;
     }
+    /* The parent speaks first: its challenge. */
+    uint8_t challenge[BOOT_NONCE_BYTES];
+    const char *bad = NULL;
+    rc = tree_wait(t, up, POLLIN);
+    if (rc == BRG__IO_OK) rc = brg__boot_challenge_read(up, challenge, t->deadline, &bad);
+    if (rc != BRG__IO_OK) {
+      st = bad ? brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS, "rank %d: tree parent rank %d: %s",
+                            t->rank, parent, bad)
+               : tree_io_error(t, rc, root_spoke, err, "the challenge of", parent);
+      goto out;
+    }
     uint8_t m[BOOT_RING_HELLO];
     boot_put_u32(m, BOOT_TREE_MAGIC);
-    memcpy(m + 4, t->secret, BOOT_SECRET_BYTES);
     boot_put_u32(m + 20, (uint32_t)t->rank);
     boot_put_u32(m + 24, (uint32_t)parent);
+    if ((st = brg__boot_random(m + BOOT_RING_HELLO_NONCE, BOOT_NONCE_BYTES, err)) != BRG_SUCCESS)
+      goto out;
+    brg__boot_sign(m, sizeof m, t->secret, challenge);
+    /* What the parent's table will carry. */
+    brg__boot_answer_tag(table + 4, t->secret, m + BOOT_RING_HELLO_NONCE);
     rc = brg__sock_send_all(up, m, sizeof m, t->deadline, NULL);
     if (rc != BRG__IO_OK) {
       st = tree_io_error(t, rc, root_spoke, err, "saying hello to", parent);
@@ -351,7 +383,7 @@ brg_status brg__boot_tree_gather(const brg__boot_tree *t, uint8_t **table_out,
       st = tree_io_error(t, rc, root_spoke, err, "waiting for the table from", parent);
       goto out;
     }
-    if (memcmp(hdr, table, sizeof hdr) != 0) {
+    if (!brg__ct_equal(hdr, table, sizeof hdr)) {
       st = brg__error(err, BRG_ERR_REMOTE, BOOT_SUBSYS,
                       "rank %d: malformed table from tree parent rank %d (header differs)", t->rank,
                       parent);
@@ -364,6 +396,7 @@ brg_status brg__boot_tree_gather(const brg__boot_tree *t, uint8_t **table_out,
     }
   }
   for (int j = 0; j < a.nchild; j++) {
+    memcpy(table + 4, a.tag[j], BOOT_SECRET_BYTES);
     int rc = brg__sock_send_all(a.fd[j], table, total, t->deadline, NULL);
     if (rc != BRG__IO_OK) {
       st = tree_io_error(t, rc, root_spoke, err, "sending the table to", a.child[j]);

@@ -22,6 +22,7 @@
 #include "bootstrap_wire.h"
 #include "clock.h"
 #include "hash.h"
+#include "secret.h"
 #include "settings.h"
 
 brg_status brg__boot_random(uint8_t *out, size_t len, brg__errbuf *err) {
@@ -35,6 +36,85 @@ brg_status brg__boot_random(uint8_t *out, size_t len, brg__errbuf *err) {
     done += (size_t)n;
   }
   return BRG_SUCCESS;
+}
+
+/* ------------------------------------------------ challenge and response */
+
+brg_status brg__boot_challenge_make(uint8_t m[BOOT_CHALLENGE_BYTES], uint8_t *nonce,
+                                    const uint8_t *fixed_nonce, brg__errbuf *err) {
+  boot_put_u32(m, BOOT_CHALLENGE_MAGIC);
+  boot_put_u32(m + 4, BOOT_VERSION);
+  if (fixed_nonce) {
+    memcpy(m + 8, fixed_nonce, BOOT_NONCE_BYTES);
+  } else {
+    brg_status st = brg__boot_random(m + 8, BOOT_NONCE_BYTES, err);
+    if (st != BRG_SUCCESS) return st;
+  }
+  memcpy(nonce, m + 8, BOOT_NONCE_BYTES);
+  return BRG_SUCCESS;
+}
+
+int brg__boot_challenge_read(int fd, uint8_t *nonce, int64_t deadline, const char **why) {
+  uint8_t m[BOOT_CHALLENGE_BYTES];
+  int rc = brg__sock_recv_all(fd, m, sizeof m, deadline);
+  if (rc != BRG__IO_OK) return rc;
+  if (boot_get_u32(m) != BOOT_CHALLENGE_MAGIC) {
+    *why = "what it sent first is not a brigade challenge";
+    return BRG__IO_ERR;
+  }
+  if (boot_get_u32(m + 4) != BOOT_VERSION) {
+    *why = boot_get_u32(m + 4) < BOOT_VERSION
+               ? "it runs an older brigade (its bootstrap challenge is of an earlier version)"
+               : "it runs a newer brigade (its bootstrap challenge is of a later version)";
+    return BRG__IO_ERR;
+  }
+  memcpy(nonce, m + 8, BOOT_NONCE_BYTES);
+  return BRG__IO_OK;
+}
+
+static void boot_proof(uint8_t *out, const uint8_t *msg, size_t len, const uint8_t *secret,
+                       const uint8_t *nonce) {
+  static const uint8_t zero[BOOT_SECRET_BYTES];
+  uint8_t head[BOOT_NONCE_BYTES + 4], mac[BRG__SHA256_BYTES];
+  memcpy(head, nonce, BOOT_NONCE_BYTES);
+  memcpy(head + BOOT_NONCE_BYTES, msg, 4);
+  brg__hmac_sha256(secret, BOOT_SECRET_BYTES, head, sizeof head, zero, sizeof zero, msg + 20,
+                   len - 20, mac);
+  memcpy(out, mac, BOOT_SECRET_BYTES);
+}
+
+void brg__boot_sign(uint8_t *msg, size_t len, const uint8_t *secret, const uint8_t *nonce) {
+  boot_proof(msg + 4, msg, len, secret, nonce);
+}
+
+int brg__boot_verify(const uint8_t *msg, size_t len, const uint8_t *secret, const uint8_t *nonce) {
+  uint8_t want[BOOT_SECRET_BYTES];
+  if (len < 20) return 0;
+  boot_proof(want, msg, len, secret, nonce);
+  return brg__ct_equal(want, msg + 4, BOOT_SECRET_BYTES);
+}
+
+int brg__boot_peer_hello_check(const uint8_t *m, uint32_t magic, const uint8_t *secret,
+                               const uint8_t *challenge, int32_t *from, int32_t *to,
+                               const char **why) {
+  if (boot_get_u32(m) != magic) {
+    *why = magic == BOOT_TREE_MAGIC ? "not a brigade tree connection"
+                                    : "not a brigade ring connection";
+    return 0;
+  }
+  if (!brg__boot_verify(m, BOOT_RING_HELLO, secret, challenge)) {
+    *why = "no proof of the job's secret";
+    return 0;
+  }
+  *from = (int32_t)boot_get_u32(m + 20);
+  *to = (int32_t)boot_get_u32(m + 24);
+  return 1;
+}
+
+void brg__boot_answer_tag(uint8_t *tag, const uint8_t *secret, const uint8_t *nonce) {
+  uint8_t mac[BRG__SHA256_BYTES];
+  brg__hmac_sha256(secret, BOOT_SECRET_BYTES, "BRGT", 4, nonce, BOOT_NONCE_BYTES, NULL, 0, mac);
+  memcpy(tag, mac, BOOT_SECRET_BYTES);
 }
 
 /* --------------------------------------------------------------------- id */
@@ -103,7 +183,7 @@ size_t brg__boot_hello_encode(const brg__boot_hello *h, void *buf, size_t cap) {
   if (cap < total) return 0;
   uint8_t *p = buf;
   boot_put_u32(p, h->magic);
-  memcpy(p + 4, h->secret, BOOT_SECRET_BYTES);
+  memcpy(p + 4, h->proof, BOOT_SECRET_BYTES);
   boot_put_u32(p + 20, (uint32_t)h->rank);
   boot_put_u32(p + 24, (uint32_t)h->nranks);
   memset(p + 28, 0, BOOT_ADDR_BYTES);
@@ -114,6 +194,7 @@ size_t brg__boot_hello_encode(const brg__boot_hello *h, void *buf, size_t cap) {
   boot_put_u32(p + 100, (uint32_t)h->pid);
   memset(p + 104, 0, BOOT_HOST_BYTES);
   memcpy(p + 104, h->host, strnlen(h->host, BOOT_HOST_BYTES - 1));
+  memcpy(p + BOOT_HELLO_NONCE, h->nonce, BOOT_NONCE_BYTES);
   if (h->blob_bytes) memcpy(p + BOOT_HELLO_HDR, h->blob, h->blob_bytes);
   return total;
 }
@@ -131,7 +212,8 @@ brg_status brg__boot_hello_parse(const void *buf, size_t len, brg__boot_hello *h
   t.magic = boot_get_u32(p);
   if (t.magic != BRG__BOOT_MAGIC)
     return brg__error_quiet(why, BRG_ERR_REMOTE, "not a brigade hello (magic 0x%08x)", t.magic);
-  memcpy(t.secret, p + 4, BOOT_SECRET_BYTES);
+  memcpy(t.proof, p + 4, BOOT_SECRET_BYTES);
+  memcpy(t.nonce, p + BOOT_HELLO_NONCE, BOOT_NONCE_BYTES);
   t.rank = (int32_t)boot_get_u32(p + 20);
   t.nranks = (int32_t)boot_get_u32(p + 24);
   memcpy(t.addr, p + 28, BOOT_ADDR_BYTES);
@@ -186,10 +268,10 @@ brg_status brg__boot_hello_decode(const void *buf, size_t len, brg__boot_hello *
 
 /* Builds the root's error answer into buf (BOOT_REPLY_HDR + BOOT_MAX_ERRTEXT
  * bytes) and returns its length. */
-size_t brg__boot_reply_error(uint8_t *buf, const uint8_t *secret, brg_status st, const char *text) {
+size_t brg__boot_reply_error(uint8_t *buf, const uint8_t *tag, brg_status st, const char *text) {
   size_t n = strnlen(text, BOOT_MAX_ERRTEXT);
   boot_put_u32(buf, BOOT_TABLE_MAGIC);
-  memcpy(buf + 4, secret, BOOT_SECRET_BYTES);
+  memcpy(buf + 4, tag, BOOT_SECRET_BYTES);
   boot_put_u32(buf + 20, (uint32_t)st);
   boot_put_u32(buf + 24, (uint32_t)n);
   memcpy(buf + BOOT_REPLY_HDR, text, n);

@@ -1,9 +1,17 @@
 #include "settings.h"
 
+#include <arpa/inet.h>
 #include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 
+#include "secret.h"
 #include "transport.h"
+#include "verbs_api.h"
 
 int brg__algo_parse(const char *name); /* below; internal.h declares it */
 
@@ -19,14 +27,22 @@ static brg__cfg_entry core_entries[BRG__CORE_COUNT] = {
     [BRG__CORE_TRANSPORTS] =
         {"BRIGADE_TRANSPORTS", BRG__CFG_KIND_STRING, "", 0, 0,
          "comma-separated transports allowed (cuda_ipc,shm,ibverbs,tcp); empty: all"},
-    [BRG__CORE_BOOTSTRAP_ADDR] = {"BRIGADE_BOOTSTRAP_ADDR", BRG__CFG_KIND_STRING, "", 0, 0,
-                                  "numeric address this rank advertises; empty: automatic"},
+    [BRG__CORE_BOOTSTRAP_ADDR] =
+        {"BRIGADE_BOOTSTRAP_ADDR", BRG__CFG_KIND_STRING, "", 0, 0,
+         "address (or host name) this rank advertises; not an address no other "
+         "host could reach it at (0.0.0.0, ::, broadcast, multicast); "
+         "empty: automatic"},
     [BRG__CORE_SOCKET_IFNAME] = {"BRIGADE_SOCKET_IFNAME", BRG__CFG_KIND_STRING, "", 0, 0,
                                  "network interface to take the address from"},
     [BRG__CORE_SPIN] = {"BRIGADE_SPIN", BRG__CFG_KIND_INT, "2000", 0, 100000000,
                         "busy polls before a waiting rank yields the core"},
-    [BRG__CORE_SECRET] = {"BRIGADE_SECRET", BRG__CFG_KIND_STRING, "", 0, 0,
-                          "job secret (hex) for brg_comm_init_env; brigade-run sets it"},
+    [BRG__CORE_SECRET] =
+        {"BRIGADE_SECRET", BRG__CFG_KIND_STRING, "", 0, 0,
+         "job secret for brg_comm_init_env: 32 to 256 hex digits (at least 128 bits) "
+         "that do not repeat a shorter pattern, refused otherwise (used as is at "
+         "32 digits, hashed to 128 bits when longer); brigade-run sets a random "
+         "one; empty: derived from MASTER_ADDR and MASTER_PORT, which keeps "
+         "strays out but not a user who can compute it"},
     [BRG__CORE_SMALL_BYTES] = {"BRIGADE_SMALL_BYTES", BRG__CFG_KIND_SIZE, "4K", 0, 64 * BRG__KiB,
                                "allreduce of at most this many bytes gathers every input around "
                                "the ring (N-1 steps instead of 2N-2) and reduces locally; 0: off"},
@@ -141,6 +157,120 @@ int brg__settings_sections(brg__cfg_section **out, int max) {
   return n;
 }
 
+/* A value shortened for a message. */
+#define SHOWN(v) (int)(strlen(v) > 64 ? 64 : strlen(v)), (v), strlen(v) > 64 ? "..." : ""
+
+static int one_of(const char *v, const char *const *names) {
+  for (int i = 0; names[i]; i++)
+    if (!strcmp(v, names[i])) return 1;
+  return 0;
+}
+
+/* Letters, digits and `extra`, at least one, at most `max`. */
+static int word_ok(const char *v, const char *extra, size_t max) {
+  size_t n = strlen(v);
+  if (n == 0 || n > max) return 0;
+  for (const char *c = v; *c; c++)
+    if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+          strchr(extra, *c)))
+      return 0;
+  return 1;
+}
+
+/* BRIGADE_IB_HCA: DEVICE or DEVICE:PORT (port 1..255). */
+static int hca_ok(const char *v) {
+  if (!*v) return 1;
+  const char *colon = strchr(v, ':');
+  char dev[64];
+  size_t len = colon ? (size_t)(colon - v) : strlen(v);
+  if (len == 0 || len >= sizeof dev) return 0;
+  memcpy(dev, v, len);
+  dev[len] = 0;
+  if (!word_ok(dev, "_-.", sizeof dev - 1)) return 0;
+  if (!colon) return 1;
+  char *end;
+  long p = strtol(colon + 1, &end, 10);
+  return end != colon + 1 && !*end && colon[1] >= '0' && colon[1] <= '9' && p >= 1 && p <= 255;
+}
+
+int brg__addr_unusable(const struct sockaddr *sa) {
+  if (sa->sa_family == AF_INET) {
+    uint32_t a = ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr);
+    return a == 0 || a == 0xffffffffu || (a >> 28) == 0xe; /* any, broadcast, multicast */
+  }
+  if (sa->sa_family == AF_INET6) {
+    const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+    return IN6_IS_ADDR_UNSPECIFIED(a) || IN6_IS_ADDR_MULTICAST(a);
+  }
+  return 1;
+}
+
+/* BRIGADE_BOOTSTRAP_ADDR: a numeric address is checked here (a name is
+ * resolved where it is used, and checked the same way there); an address
+ * that reaches no one (0.0.0.0, ::, broadcast, multicast) would send every
+ * peer dialling itself. */
+static brg_status bootstrap_addr_check(const char *v, brg__errbuf *err) {
+  if (!*v) return BRG_SUCCESS;
+  if (!word_ok(v, ".-:%_", 255))
+    return brg__error_quiet(err, BRG_ERR_INVALID_ARGUMENT,
+                            "BRIGADE_BOOTSTRAP_ADDR=\"%.*s%s\" is neither a numeric address nor "
+                            "a host name",
+                            SHOWN(v));
+  struct addrinfo hints, *res = NULL;
+  memset(&hints, 0, sizeof hints);
+  hints.ai_flags = AI_NUMERICHOST;
+  hints.ai_socktype = SOCK_STREAM;
+  if (getaddrinfo(v, NULL, &hints, &res) != 0 || !res) return BRG_SUCCESS; /* a name */
+  int bad = brg__addr_unusable(res->ai_addr);
+  freeaddrinfo(res);
+  if (bad)
+    return brg__error_quiet(err, BRG_ERR_INVALID_ARGUMENT,
+                            "BRIGADE_BOOTSTRAP_ADDR=\"%.*s%s\" is an address no other rank can "
+                            "reach this one at (unspecified, broadcast or multicast); give this "
+                            "host's own address",
+                            SHOWN(v));
+  return BRG_SUCCESS;
+}
+
+/* The string settings with a fixed form, checked whether or not this job
+ * uses them: a typo is an error at once, naming the variable, rather than
+ * a silent fallback or a surprise on the first job that does use it. */
+static brg_status settings_check_strings(brg__errbuf *err) {
+  static const char *const backends[] = {"auto", "verbs", "soft", NULL};
+  static const char *const modes[] = {"auto", "kernel", "step", NULL};
+  const char *v = brg__config_str(&brg__ib_config, BRG__IB_CFG_BACKEND);
+  if (!one_of(v, backends))
+    return brg__error_quiet(err, BRG_ERR_INVALID_ARGUMENT,
+                            "BRIGADE_IB_BACKEND=\"%.*s%s\" is not auto, verbs or soft", SHOWN(v));
+  v = brg__config_str(&brg__ib_config, BRG__IB_CFG_HCA);
+  if (!hca_ok(v))
+    return brg__error_quiet(err, BRG_ERR_INVALID_ARGUMENT,
+                            "BRIGADE_IB_HCA=\"%.*s%s\" is not DEVICE or DEVICE:PORT (a device "
+                            "name such as mlx5_0, a port 1 to 255)",
+                            SHOWN(v));
+  v = brg__device_str(BRG__DEVICE_MODE);
+  if (!one_of(v, modes))
+    return brg__error_quiet(err, BRG_ERR_INVALID_ARGUMENT,
+                            "BRIGADE_DEVICE_MODE=\"%.*s%s\" is not auto, kernel or step", SHOWN(v));
+  v = brg__device_str(BRG__DEVICE_CUDA_MODULE);
+  if (*v) {
+    struct stat st;
+    if (strchr(v, '/') ? stat(v, &st) != 0 || !S_ISREG(st.st_mode)
+                       : !word_ok(v, "_-.+", 255) || !strstr(v, ".so"))
+      return brg__error_quiet(
+          err, BRG_ERR_INVALID_ARGUMENT, "BRIGADE_CUDA_MODULE=\"%.*s%s\" is %s", SHOWN(v),
+          strchr(v, '/') ? "not a file" : "neither a path nor a library name (lib...so)");
+  }
+  v = brg__core_str(BRG__CORE_SECRET);
+  if (*v) {
+    uint8_t secret[BRG__SECRET_BYTES];
+    char why[160];
+    if (brg__secret_parse(v, secret, why, sizeof why) != 0)
+      return brg__error_quiet(err, BRG_ERR_INVALID_ARGUMENT, "BRIGADE_SECRET %s", why);
+  }
+  return bootstrap_addr_check(brg__core_str(BRG__CORE_BOOTSTRAP_ADDR), err);
+}
+
 brg_status brg__settings_load(brg__errbuf *err) {
   brg__cfg_section *all[BRG__SETTINGS_MAX_SECTIONS];
   int n = brg__settings_sections(all, BRG__SETTINGS_MAX_SECTIONS);
@@ -162,6 +292,8 @@ brg_status brg__settings_load(brg__errbuf *err) {
                             "BRIGADE_DEVICE_LL_BYTES=\"%.64s%s\" is neither auto nor a size of "
                             "0 to 4M",
                             ll, strlen(ll) > 64 ? "..." : "");
+  brg_status vs = settings_check_strings(err);
+  if (vs != BRG_SUCCESS) return vs;
   /* Each in range, the two together may still ask for more memory than a
    * host has: each ring link's FIFO is slice x steps, and a rank maps
    * several (its own and its neighbours', per ring). */

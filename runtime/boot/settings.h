@@ -83,6 +83,11 @@ int brg__settings_sections(brg__cfg_section **out, int max);
 /* The entry of a variable in any section (loaded), or NULL. */
 const brg__cfg_entry *brg__settings_find(const char *name);
 
+/* 1 when no other host could reach this one at that address (the
+ * unspecified address, broadcast, multicast). */
+struct sockaddr;
+int brg__addr_unusable(const struct sockaddr *sa);
+
 /* Loads every section; the first bad value is the error. */
 brg_status brg__settings_load(brg__errbuf *err);
 

@@ -509,9 +509,10 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
                strlen(addr) > 64 ? "..." : "");
     goto err_free;
   }
-  /* A little longer than the root waits, so that the root's list of the
-   * ranks that never came arrives before this rank gives up on its own. */
-  int boot_wait = c->timeout_ms + (c->timeout_ms / 10 < 2000 ? c->timeout_ms / 10 + 1000 : 2000);
+  /* BRIGADE_TIMEOUT_MS, no more: the root gives up a little earlier
+   * (brg__boot_root_start), so that its list of the ranks that never came
+   * arrives before this rank gives up on its own. */
+  int boot_wait = c->timeout_ms;
   if (split) {
     s = boot_over_parent(c, split, id, &me, BRG_SUCCESS, &phase, &err);
     brg__bootstrap_set_watch(c->bs, parent_watch, &watch);

@@ -14,6 +14,7 @@
 #include "hash.h"
 #include "internal.h"
 #include "launch.h"
+#include "secret.h"
 #include "settings.h"
 
 /* The first of `names` that is set: its value in *out and its name in
@@ -36,13 +37,6 @@ static brg_status env_int(const char *const *names, int *out, const char **found
   return BRG_ERR_INVALID_ARGUMENT;
 }
 
-static int hexval(char ch) {
-  if (ch >= '0' && ch <= '9') return ch - '0';
-  if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
-  if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
-  return -1;
-}
-
 /* Whether any of `names` is set (to anything). */
 static int launcher_present(const char *const *names) {
   for (int i = 0; names[i]; i++) {
@@ -62,6 +56,13 @@ static brg_status init_alone(brg_comm **comm) {
                                       (int)brg__core_int(BRG__CORE_TIMEOUT_MS), &bid, &err);
   if (s != BRG_SUCCESS) return brg__fail_no_comm_err(s, &err, NULL);
   return brg__comm_init_opts(comm, 1, &bid, 0, NULL);
+}
+
+/* A hex digit's value (the id rank 0 published is lower-case hex, checked
+ * for its length; anything else reads as 0 and fails the bootstrap's own
+ * checks of the id). */
+static int hex_nibble(char ch) {
+  return ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : 0;
 }
 
 /* Under a PMIx server: rank 0 starts the root on its own address (a free
@@ -106,7 +107,7 @@ static brg_status init_pmix(brg_comm **comm, int rank, int size, int *tried) {
                                "PMIx (its root did not start: see its log)");
     uint8_t *b = (uint8_t *)&bid;
     for (size_t i = 0; i < sizeof bid; i++)
-      b[i] = (uint8_t)(hexval(hex[2 * i]) << 4 | hexval(hex[2 * i + 1]));
+      b[i] = (uint8_t)(hex_nibble(hex[2 * i]) << 4 | hex_nibble(hex[2 * i + 1]));
   }
   if (s != BRG_SUCCESS) return brg__fail_no_comm_err(s, &err, "brg_comm_init_env (PMIx): ");
   BRG__INFO("init", "brg_comm_init_env: the rendezvous through PMIx (rank %d of %d)", rank, size);
@@ -202,20 +203,14 @@ brg_status brg_comm_init_env(brg_comm **comm) {
   uint8_t secret[16];
   const char *hex = brg__core_str(BRG__CORE_SECRET);
   if (hex[0]) {
-    size_t n = strlen(hex);
-    if (n < 2 || n % 2)
-      return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT,
-                               "BRIGADE_SECRET must be an even number of hex digits");
-    memset(secret, 0, sizeof secret);
-    for (size_t i = 0; i < n; i++) {
-      int v = hexval(hex[i]);
-      if (v < 0)
-        return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "BRIGADE_SECRET is not hexadecimal");
-      secret[(i / 2) % 16] ^= (uint8_t)(v << (i % 2 ? 0 : 4));
-    }
+    char why[200];
+    if (brg__secret_parse(hex, secret, why, sizeof why) != 0)
+      return brg__fail_no_comm(BRG_ERR_INVALID_ARGUMENT, "BRIGADE_SECRET %s", why);
   } else {
     char seed[256];
-    int n = snprintf(seed, sizeof seed, "brigade:%s:%ld:%d", maddr, port, size);
+    /* Not WORLD_SIZE: ranks that disagree on it must reach the root, which
+     * names both sizes, rather than be refused for a different secret. */
+    int n = snprintf(seed, sizeof seed, "brigade:%s:%ld", maddr, port);
     uint64_t h1 = brg__fnv1a64(BRG__FNV64_INIT, seed, (size_t)n);
     uint64_t h2 = brg__fnv1a64(h1 ^ 0x9e3779b97f4a7c15ull, seed, (size_t)n);
     memcpy(secret, &h1, 8);
@@ -239,9 +234,10 @@ brg_status brg_comm_init_env(brg_comm **comm) {
   int loopback = strncmp(numeric, "127.", 4) == 0 || strcmp(numeric, "::1") == 0;
   if (!hex[0] && !loopback && rank == 0)
     BRG__WARN("init",
-              "BRIGADE_SECRET is not set: the job secret is derived from MASTER_ADDR, "
-              "MASTER_PORT and WORLD_SIZE, which anyone who can reach %s can compute and use to "
-              "join this job; set BRIGADE_SECRET to the same random hex string on every rank "
+              "BRIGADE_SECRET is not set: the job secret is derived from MASTER_ADDR and "
+              "MASTER_PORT, which anyone who can reach %s can compute and use to join this job "
+              "(it keeps stray connections out, no more); set BRIGADE_SECRET to the same random "
+              "32 hex digits or more on every rank "
               "(e.g. export BRIGADE_SECRET=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \\n') "
               "before torchrun, mpirun -x BRIGADE_SECRET, srun --export=ALL)",
               numeric);

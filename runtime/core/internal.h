@@ -301,6 +301,8 @@ struct brg_comm {
  *   bootstrap_tree.c  the peer table's all-gather over a binary tree
  *   bootstrap_wire.c  the unique id and the messages: layouts, parsing
  *   settings.c    the runtime's settings and the one table of all sections
+ *   secret.c      BRIGADE_SECRET's rules; SHA-256 and HMAC-SHA-256 for the
+ *                 bootstrap's challenge and response
  */
 
 /* split.c: brg_comm_split, and with piece a piece of comm's link set

@@ -411,7 +411,9 @@ brg_status brg__model_setup(uint64_t *fingerprint, brg__errbuf *err) {
   pthread_mutex_lock(&links_lock);
   if (!links_set || strcmp(path, links_path)) {
     brg__model_links ln = brg__model_default_links;
-    if (path[0]) s = brg__model_read(path, &ln, err);
+    brg__errbuf e = {0};
+    if (path[0] && (s = brg__model_read(path, &ln, &e)) != BRG_SUCCESS)
+      brg__error_quiet(err, s, "BRIGADE_MODEL_FILE: %s", e.msg);
     if (s == BRG_SUCCESS) {
       links_now = ln;
       links_set = 1;

@@ -8,8 +8,14 @@
  * the table's tree: the gather a child sends its parent and the root's
  * answer naming a rank's tree parent.
  *
- * Input: byte 0 picks the target (modulo 8), the rest is that target's
- * bytes. The real code runs on real sockets: socket pairs filled with the
+ * Also the first messages of the ring and tree sockets (the peer hello
+ * checked against the listener's challenge) and the challenge a dialer
+ * reads first. Proofs are for a challenge nonce of zeros, which every
+ * fuzzed acceptor sends; the root's target can sign its hellos itself, so
+ * that mutations reach admission.
+ *
+ * Input: byte 0 picks the target (0xf0 the peer hello, 0xf1 the challenge,
+ * else modulo 8), the rest is that target's bytes. The real code runs on real sockets: socket pairs filled with the
  * input, or loopback TCP connections for the transport listener. Every
  * target checks what it can about the answer (a decoded hello re-encodes to
  * the same bytes, a refused table leaves no state behind, every descriptor
@@ -38,12 +44,17 @@
 #include "hash.h"
 #include "log.h"
 #include "net.h"
+#include "secret.h"
 
 #define FZ_MAX_CONNS 8
 
 /* The secret every target's peer is expected to present (the seeds do). */
 static const uint8_t fz_secret[BOOT_SECRET_BYTES] = {
     0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a};
+
+/* The nonce of every challenge the fuzzed acceptors send (the seeds' proofs
+ * are made for it), and of the tag the wrapped bootstraps expect. */
+static const uint8_t fz_nonce[BOOT_NONCE_BYTES];
 
 static void fz_die(const char *what) {
   fprintf(stderr, "fuzz_bootstrap: %s\n", what);
@@ -113,7 +124,8 @@ static void fz_hello(const uint8_t *d, size_t len) {
   if (n != BOOT_HELLO_HDR + h.blob_bytes || n > len ||
       brg__boot_hello_decode(again, n, &h2, &err) != BRG_SUCCESS || h2.rank != h.rank ||
       h2.nranks != h.nranks || h2.port != h.port || h2.blob_bytes != h.blob_bytes ||
-      memcmp(h2.secret, h.secret, sizeof h.secret) != 0 || strcmp(h2.addr, h.addr) != 0 ||
+      memcmp(h2.proof, h.proof, sizeof h.proof) != 0 ||
+      memcmp(h2.nonce, h.nonce, sizeof h.nonce) != 0 || strcmp(h2.addr, h.addr) != 0 ||
       (h.blob_bytes && memcmp(h2.blob, h.blob, h.blob_bytes) != 0))
     fz_die("a decoded hello does not encode to the same hello");
 }
@@ -136,30 +148,104 @@ static void fz_id(const uint8_t *d, size_t len) {
     fz_die("a unique id passed its check with a bad address or port");
 }
 
-/* 2: the root serving up to 8 connections at once. */
+/* The hello at the start of a piece, when there is a whole one: its
+ * length, else 0. */
+static size_t fz_hello_len(const fz_piece *pc) {
+  if (pc->n < BOOT_HELLO_HDR) return 0;
+  size_t n = BOOT_HELLO_HDR + boot_get_u32(pc->p + 96);
+  return boot_get_u32(pc->p + 96) <= BRG__BOOT_MAX_BLOB && n <= pc->n ? n : 0;
+}
+
+/* 2: the root serving up to 8 connections at once. Byte 0: rounds (bits
+ * 0-6, modulo 6), and bit 7: the pieces' hellos are signed here for the
+ * root's challenge, so that mutated hellos still reach admission. */
 static void fz_root(const uint8_t *d, size_t len) {
   if (len < 1) return;
-  int rounds = 1 + d[0] % 6;
+  int rounds = 1 + (d[0] & 0x7f) % 6, sign = d[0] & 0x80;
   fz_piece pc[FZ_MAX_CONNS];
   int n = fz_split(d + 1, len - 1, pc, FZ_MAX_CONNS);
   int mine[FZ_MAX_CONNS] = {0}, peer[FZ_MAX_CONNS] = {0};
+  static uint8_t copy[65536];
   for (int i = 0; i < n; i++) {
     int pair[2];
     fz_pair(pair);
     mine[i] = pair[0];
     peer[i] = pair[1];
-    fz_write(peer[i], pc[i].p, pc[i].n);
+    size_t h = fz_hello_len(&pc[i]);
+    if (sign && h) {
+      memcpy(copy, pc[i].p, pc[i].n);
+      brg__boot_sign(copy, h, fz_secret, fz_nonce);
+      fz_write(peer[i], copy, pc[i].n);
+    } else {
+      fz_write(peer[i], pc[i].p, pc[i].n);
+    }
   }
-  brg__boot_root_serve(fz_secret, mine, n, rounds);
-  /* What the root answered must be a reply with this job's secret. */
+  brg__boot_root_serve(fz_secret, fz_nonce, mine, n, rounds);
+  /* The root speaks first, its challenge; what it answered after that must
+   * be a reply tagged for that piece's hello, and only for a hello that
+   * proved the secret. */
   for (int i = 0; i < n; i++) {
-    uint8_t hdr[BOOT_REPLY_HDR];
+    uint8_t ch[BOOT_CHALLENGE_BYTES], hdr[BOOT_REPLY_HDR];
+    if (recv(peer[i], ch, sizeof ch, MSG_DONTWAIT) == (ssize_t)sizeof ch &&
+        (boot_get_u32(ch) != BOOT_CHALLENGE_MAGIC || memcmp(ch + 8, fz_nonce, 16) != 0))
+      fz_die("the root's first words are not its challenge");
     ssize_t r = recv(peer[i], hdr, sizeof hdr, MSG_DONTWAIT);
-    if (r == (ssize_t)sizeof hdr &&
-        (boot_get_u32(hdr) != BOOT_TABLE_MAGIC || memcmp(hdr + 4, fz_secret, 16) != 0))
-      fz_die("the root answered without its magic and secret");
+    if (r == (ssize_t)sizeof hdr) {
+      size_t h = fz_hello_len(&pc[i]);
+      uint8_t tag[16];
+      if (!h) fz_die("the root answered a connection that sent no whole hello");
+      brg__boot_answer_tag(tag, fz_secret, pc[i].p + BOOT_HELLO_NONCE);
+      if (boot_get_u32(hdr) != BOOT_TABLE_MAGIC || memcmp(hdr + 4, tag, 16) != 0)
+        fz_die("the root answered without its magic and the hello's tag");
+      if (!sign && !brg__boot_verify(pc[i].p, h, fz_secret, fz_nonce))
+        fz_die("the root answered a hello that does not prove the secret");
+    }
     fz_drain_close(peer[i]);
   }
+}
+
+/* 0xf0: a ring or tree hello (44 bytes after byte 1) as a listener checks
+ * it against its challenge. Byte 1 bit 0: signed here first; bit 1: the
+ * tree's magic. Accepted exactly when the magic and the proof hold. */
+static void fz_peer_hello(const uint8_t *d, size_t len) {
+  if (len < 1 + BOOT_RING_HELLO) return;
+  uint8_t m[BOOT_RING_HELLO];
+  memcpy(m, d + 1, sizeof m);
+  uint32_t magic = d[0] & 2 ? BOOT_TREE_MAGIC : BOOT_RING_MAGIC;
+  if (d[0] & 1) brg__boot_sign(m, sizeof m, fz_secret, fz_nonce);
+  int32_t from = -1, to = -1;
+  const char *why = NULL;
+  int ok = brg__boot_peer_hello_check(m, magic, fz_secret, fz_nonce, &from, &to, &why);
+  int want = boot_get_u32(m) == magic && brg__boot_verify(m, sizeof m, fz_secret, fz_nonce);
+  if (ok != want) fz_die("a peer hello judged against its magic and proof");
+  if (ok && (from != (int32_t)boot_get_u32(m + 20) || to != (int32_t)boot_get_u32(m + 24)))
+    fz_die("a peer hello's ranks read wrong");
+  if (!ok && !why) fz_die("a refused peer hello without a reason");
+  /* Any single flipped bit of a passing hello fails it. */
+  if (ok) {
+    m[4 + d[1 + BOOT_RING_HELLO - 1] % (BOOT_RING_HELLO - 4)] ^= 1;
+    if (brg__boot_peer_hello_check(m, magic, fz_secret, fz_nonce, &from, &to, &why))
+      fz_die("a peer hello with a flipped bit passed");
+  }
+}
+
+/* 0xf1: the challenge a dialer reads first, from a socket. */
+static void fz_challenge(const uint8_t *d, size_t len) {
+  int pair[2];
+  fz_pair(pair);
+  fz_write(pair[1], d, len);
+  shutdown(pair[1], SHUT_WR);
+  uint8_t nonce[BOOT_NONCE_BYTES];
+  const char *why = NULL;
+  int rc = brg__boot_challenge_read(pair[0], nonce, brg__now_ms() + 50, &why);
+  if (rc == BRG__IO_OK &&
+      (len < BOOT_CHALLENGE_BYTES || boot_get_u32(d) != BOOT_CHALLENGE_MAGIC ||
+       boot_get_u32(d + 4) != BOOT_VERSION || memcmp(nonce, d + 8, sizeof nonce) != 0))
+    fz_die("a challenge passed that is not one");
+  if (rc == BRG__IO_ERR && len >= BOOT_CHALLENGE_BYTES && !why)
+    fz_die("a refused challenge without a reason");
+  close(pair[0]);
+  close(pair[1]);
 }
 
 /* What the table's and the tree parent's readers share: rank d[1] % N of
@@ -376,6 +462,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 1 || size > 65536) return 0;
   const uint8_t *d = data + 1;
   size_t n = size - 1;
+  if (data[0] == 0xf0) {
+    fz_peer_hello(d, n);
+    return 0;
+  }
+  if (data[0] == 0xf1) {
+    fz_challenge(d, n);
+    return 0;
+  }
   switch (data[0] % 8) {
   case 0: fz_hello(d, n); break;
   case 1: fz_id(d, n); break;

@@ -3,11 +3,29 @@
 message of each kind the target reads, and a few that are refused for one
 reason each. Layouts: runtime/boot/bootstrap_wire.h, transport/tcp.c and
 transport/ibverbs.c. Run from the repository root."""
+import hashlib
+import hmac
 import os
 import struct
 
 SECRET = b"\x5a" * 16
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+
+
+NONCE = b"\0" * 16  # of every challenge the fuzzed acceptors send
+
+
+def proof(msg, secret=SECRET, nonce=NONCE):
+    """Bootstrap version 3: HMAC-SHA-256(secret, nonce || msg with bytes 4..20 zeroed)[:16]."""
+    return hmac.new(secret, nonce + msg[:4] + b"\0" * 16 + msg[20:], hashlib.sha256).digest()[:16]
+
+
+def signed(msg, secret=SECRET):
+    return msg[:4] + proof(msg, secret) + msg[20:]
+
+
+def tag(dialer_nonce=NONCE):
+    return hmac.new(SECRET, b"BRGT" + dialer_nonce, hashlib.sha256).digest()[:16]
 
 
 def addr(a):
@@ -18,9 +36,10 @@ def hello(rank, nranks, blob=b"blobdata", secret=SECRET, port=None, magic=0x4252
           host="fuzz-host"):
     port = 20000 + rank if port is None else port
     pid = 1000 + rank if pid is None else pid
-    return (struct.pack("<I", magic) + secret + struct.pack("<ii", rank, nranks) +
-            addr("127.0.0.1") + struct.pack("<HHIi", port, 0, len(blob), pid) +
-            host.encode().ljust(64, b"\0") + blob)
+    nonce = bytes([rank + 1]) * 16
+    return signed(struct.pack("<I", magic) + b"\0" * 16 + struct.pack("<ii", rank, nranks) +
+                  addr("127.0.0.1") + struct.pack("<HHIi", port, 0, len(blob), pid) +
+                  host.encode().ljust(64, b"\0") + nonce + blob, secret)
 
 
 def confirm(rank):
@@ -33,11 +52,11 @@ def pieces(*ps):
 
 def table(nranks, blob_bytes, status=0, text=b""):
     if status:
-        return struct.pack("<I", 0x42524754) + SECRET + struct.pack("<II", status, len(text)) + text
+        return struct.pack("<I", 0x42524754) + tag() + struct.pack("<II", status, len(text)) + text
     body = struct.pack("<II", nranks, blob_bytes)
     for k in range(nranks):
         body += addr("127.0.0.1") + struct.pack("<HH", 20000 + k, 0) + bytes([k]) * blob_bytes
-    return struct.pack("<I", 0x42524754) + SECRET + struct.pack("<II", 0, len(body)) + body
+    return struct.pack("<I", 0x42524754) + tag() + struct.pack("<II", 0, len(body)) + body
 
 
 def entry(rank, blob_bytes, port=None):
@@ -53,7 +72,12 @@ def gather(ranks, blob_bytes):
 def neigh(nranks, blob_bytes, parent):
     body = struct.pack("<II", nranks, blob_bytes)
     body += entry(parent, 0) if parent is not None else b"\0" * 68
-    return struct.pack("<I", 0x42524754) + SECRET + struct.pack("<II", 0, len(body)) + body
+    return struct.pack("<I", 0x42524754) + tag() + struct.pack("<II", 0, len(body)) + body
+
+
+def peer_hello(magic, frm, to):
+    return signed(struct.pack("<I", magic) + b"\0" * 16 + struct.pack("<ii", frm, to) +
+                  b"\x33" * 16)
 
 
 def frame(t, payload):
@@ -98,6 +122,13 @@ seeds = {
     "gather-short-count": b"\x06\x05\x00\x08" + gather([1, 3], 4),
     "neigh-ok": b"\x07\x03\x02\x04" + neigh(4, 4, 0),
     "neigh-rank0": b"\x07\x03\x00\x04" + neigh(4, 4, None),
+    "peer-hello-ring": b"\xf0\x00" + peer_hello(0x42524752, 1, 2),
+    "peer-hello-tree": b"\xf0\x02" + peer_hello(0x42524741, 3, 1),
+    "peer-hello-unsigned": b"\xf0\x01" + struct.pack("<I", 0x42524752) + b"\0" * 40,
+    "root-resigned": b"\x02\x83" + pieces(hello(0, 2, secret=b"\x11" * 16) + confirm(0),
+                                           hello(1, 2, secret=b"\x11" * 16) + confirm(1)),
+    "challenge-ok": b"\xf1" + struct.pack("<II", 0x4252474e, 3) + b"\x07" * 16,
+    "challenge-old": b"\xf1" + struct.pack("<II", 0x4252474e, 2) + b"\x07" * 16,
     "neigh-error": b"\x07\x03\x01\x00" + table(4, 0, status=5, text=b"out of file descriptors"),
 }
 

@@ -8,7 +8,7 @@
  *
  * Cases:
  *   fallback  (first, N = 2, shm) the shm link from rank 0 to rank 1
- *             cannot be set up (its name taken): those messages take the
+ *             cannot be set up (rank 1 may not size files): those messages take the
  *             table's next transport, tcp, where it is allowed, the other
  *             way shm, every byte checked; with shm alone the send fails
  *             (BRG_ERR_UNAVAILABLE, naming shm's failure)
@@ -81,6 +81,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -335,11 +336,10 @@ static int case_links(mp_ctx *ctx) {
   return bad || mp_failures();
 }
 
-/* Run first, N = 2 over shm: rank 1 takes the name of the shm FIFO that
- * the first message from rank 0 would set up (transport/shm.c's name,
- * with runtime/exec/p2p/p2p.c's P2P_LINK_ID xor'ed into the communicator's id,
- * which rank 1 reads from its ring link's mapping), so that its
- * recv_setup fails. Where tcp is allowed too, that pair's messages take
+/* Run first, N = 2 over shm: rank 1 may not size a file while the first
+ * message from rank 0 sets up its link (RLIMIT_FSIZE of one page: the
+ * FIFO's ftruncate fails with EFBIG; shm names cannot be taken ahead, they
+ * end in a random nonce), so that its recv_setup fails. Where tcp is allowed too, that pair's messages take
  * the table's next transport, a tcp link, and arrive all the same; where
  * shm is the only one, rank 0's send fails with BRG_ERR_UNAVAILABLE
  * naming shm's failure (no link could be set up). Either way rank 1's
@@ -348,27 +348,18 @@ static int case_fallback(mp_ctx *ctx) {
   brg_comm *c = ctx->comm;
   int r = ctx->rank, peer = 1 - r;
   int32_t one = 1;
-  char name[64] = "";
   if (ctx->nranks != 2) return mp_fail("fallback runs at N = 2"), 1;
   const char *tr = getenv("BRIGADE_TRANSPORTS");
   int tcp = tr && strstr(tr, "tcp") != NULL;
   int before = shm_maps();
+  struct rlimit fsize_was = {RLIM_INFINITY, RLIM_INFINITY};
   if (r == 1) {
-    FILE *f = fopen("/proc/self/maps", "r");
-    char line[512];
-    unsigned long long id = 0;
-    while (f && !id && fgets(line, sizeof line, f)) {
-      char *at = strstr(line, "/dev/shm/brigade-");
-      if (at && strstr(at, "-1-from-0")) id = strtoull(at + strlen("/dev/shm/brigade-"), NULL, 16);
-    }
-    if (f) fclose(f);
-    MP_CHECK(id != 0, "no shm ring link from rank 0 mapped in rank 1");
-    snprintf(name, sizeof name, "/brigade-%016llx-1-from-0", id ^ 0x7032700000000000ull);
-    int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
-    MP_CHECK(fd >= 0, "shm_open %s: %s", name, strerror(errno));
-    if (fd >= 0) close(fd);
+    signal(SIGXFSZ, SIG_IGN);
+    getrlimit(RLIMIT_FSIZE, &fsize_was);
+    struct rlimit small = {4096, fsize_was.rlim_max};
+    MP_CHECK(setrlimit(RLIMIT_FSIZE, &small) == 0, "setrlimit: %s", strerror(errno));
   }
-  OK(brg_allreduce(&one, &one, 1, BRG_INT32, BRG_SUM, c, NULL)); /* the name is taken */
+  OK(brg_allreduce(&one, &one, 1, BRG_INT32, BRG_SUM, c, NULL)); /* rank 1 cannot size files */
   size_t bytes = 3 << 20;
   unsigned char *s = xmalloc(bytes), *g = xmalloc(bytes);
   fill(s, bytes, r, peer, 93);
@@ -382,7 +373,7 @@ static int case_fallback(mp_ctx *ctx) {
                brg_status_string(st), e);
     else
       MP_CHECK(st == BRG_ERR_UNAVAILABLE && mp_contains(e, "no link to rank 1") &&
-                   mp_contains(e, "shm: ") && mp_contains(e, "File exists"),
+                   mp_contains(e, "shm: ") && mp_contains(e, "File too large"),
                "send to rank 1 over shm alone, its shm link refused: %s (%s), expected "
                "BRG_ERR_UNAVAILABLE naming shm's failure",
                brg_status_string(st), e);
@@ -401,7 +392,7 @@ static int case_fallback(mp_ctx *ctx) {
            "0 -> 1 %s)",
            r, after - before, tcp ? "over tcp" : "none");
   OK(brg_allreduce(&one, &one, 1, BRG_INT32, BRG_SUM, c, NULL));
-  if (r == 1) shm_unlink(name);
+  if (r == 1) setrlimit(RLIMIT_FSIZE, &fsize_was);
   OK(brg_allreduce(&one, &one, 1, BRG_INT32, BRG_SUM, c, NULL)); /* free again */
   free(s);
   free(g);

@@ -26,6 +26,8 @@
 #include <unistd.h>
 
 #include "bootstrap.h"
+#include "bootstrap_wire.h"
+#include "secret.h"
 #include "sock.h"
 
 #define TEST_ALARM_S 60
@@ -90,14 +92,18 @@ static void send_bytes(int fd, const void *buf, size_t len) {
   assert_int_equal(send(fd, buf, len, MSG_NOSIGNAL), (ssize_t)len);
 }
 
-/* A hello as a rank would send it, for hand-made connections to the root. */
-static size_t make_hello(uint8_t *buf, size_t cap, const uint8_t *secret, int rank, int nranks,
-                         uint32_t blob_bytes) {
+/* A hello as a rank would send it, for hand-made connections to the root:
+ * the root's challenge read from fd first, the hello signed for it. */
+static size_t make_hello(int fd, uint8_t *buf, size_t cap, const uint8_t *secret, int rank,
+                         int nranks, uint32_t blob_bytes) {
   static const uint8_t blob[BRG__BOOT_MAX_BLOB];
   brg__boot_hello h;
   memset(&h, 0, sizeof h);
   h.magic = BRG__BOOT_MAGIC;
-  memcpy(h.secret, secret, sizeof h.secret);
+  uint8_t challenge[16];
+  const char *why = NULL;
+  assert_int_equal(brg__boot_challenge_read(fd, challenge, now_ms() + 5000, &why), BRG__IO_OK);
+  for (int i = 0; i < 16; i++) h.nonce[i] = (uint8_t)(rank * 16 + i);
   h.rank = rank;
   h.nranks = nranks;
   strcpy(h.addr, "127.0.0.1");
@@ -106,7 +112,9 @@ static size_t make_hello(uint8_t *buf, size_t cap, const uint8_t *secret, int ra
   h.pid = 4242;
   strcpy(h.host, "rogue-host");
   h.blob = blob;
-  return brg__boot_hello_encode(&h, buf, cap);
+  size_t n = brg__boot_hello_encode(&h, buf, cap);
+  brg__boot_sign(buf, n, secret, challenge);
+  return n;
 }
 
 /* Whether the root closed a hand-made connection (EOF or reset), waiting up
@@ -357,7 +365,7 @@ static brg__boot_hello sample_hello(uint8_t *blob, uint32_t blob_bytes) {
   brg__boot_hello h;
   memset(&h, 0, sizeof h);
   h.magic = BRG__BOOT_MAGIC;
-  for (int i = 0; i < 16; i++) h.secret[i] = (uint8_t)(0xf0 ^ i);
+  for (int i = 0; i < 16; i++) h.proof[i] = (uint8_t)(0xf0 ^ i), h.nonce[i] = (uint8_t)(3 * i);
   h.rank = 3;
   h.nranks = 5;
   strcpy(h.addr, "10.0.0.17");
@@ -381,7 +389,8 @@ static void test_hello_round_trip(void **state) {
     assert_int_equal(brg__boot_hello_encode(&h, buf, n), n);
     assert_int_equal(brg__boot_hello_decode(buf, n, &d, &err), BRG_SUCCESS);
     assert_int_equal(d.magic, h.magic);
-    assert_memory_equal(d.secret, h.secret, 16);
+    assert_memory_equal(d.proof, h.proof, 16);
+    assert_memory_equal(d.nonce, h.nonce, 16);
     assert_int_equal(d.rank, 3);
     assert_int_equal(d.nranks, 5);
     assert_string_equal(d.addr, "10.0.0.17");
@@ -430,14 +439,14 @@ static void test_hello_rejects_bad(void **state) {
   static uint8_t blob[64], buf[2048], bad[2048];
   brg__boot_hello h = sample_hello(blob, 40);
   size_t n = brg__boot_hello_encode(&h, buf, sizeof buf);
-  assert_int_equal(n, 208);
+  assert_int_equal(n, 224);
 
   for (size_t len = 0; len < n; len++) expect_bad_hello(buf, len, NULL); /* truncated */
   memcpy(bad, buf, n);
   expect_bad_hello(bad, n + 1, "does not match"); /* trailing bytes */
 
   /* Field by field, on a copy of a good hello. The layout is fixed:
-   * magic@0 secret@4 rank@20 nranks@24 addr@28 port@92 zero@94 blob_bytes@96
+   * magic@0 proof@4 rank@20 nranks@24 addr@28 port@92 zero@94 blob_bytes@96
    * pid@100 host@104. */
   struct {
     size_t off;
@@ -515,7 +524,7 @@ static void test_hello_garbage(void **state) {
       assert_true(d.nranks >= 1 && d.nranks <= BRG__BOOT_MAX_RANKS);
       assert_true(d.rank >= 0 && d.rank < d.nranks);
       assert_true(d.blob_bytes <= BRG__BOOT_MAX_BLOB);
-      assert_int_equal(len, 168 + (size_t)d.blob_bytes);
+      assert_int_equal(len, 184 + (size_t)d.blob_bytes);
       assert_non_null(memchr(d.addr, 0, sizeof d.addr));
       assert_true(d.port != 0);
     }
@@ -545,7 +554,11 @@ static void run_ring(int nranks, size_t blob_bytes) {
     } else {
       assert_true(next >= 0 && prev >= 0 && next != prev); /* two sockets, also for N=2 */
     }
-    assert_memory_equal(brg__bootstrap_secret(r[k].bs), id.secret, 16);
+    /* The data links' key: HMAC of the secret, the same on every rank. */
+    uint8_t key[32];
+    brg__hmac_sha256(id.secret, 16, "brigade data links", 18, NULL, 0, NULL, 0, key);
+    assert_memory_equal(brg__bootstrap_secret(r[k].bs), key, 16);
+    assert_memory_not_equal(brg__bootstrap_secret(r[k].bs), id.secret, 16);
   }
   assert_int_equal(brg__bootstrap_fd(r[0].bs, 7), -1);
   expect_root_gone(id.port);
@@ -595,7 +608,7 @@ static void run_tree_child_fails(int gone) {
   for (int k = 0; k < 2; k++) assert_int_equal(pthread_create(&t[k], NULL, rank_main, &r[k]), 0);
   uint8_t buf[2048];
   int fake = tcp_connect_local(id.port);
-  send_bytes(fake, buf, make_hello(buf, sizeof buf, id.secret, 2, 3, 8));
+  send_bytes(fake, buf, make_hello(fake, buf, sizeof buf, id.secret, 2, 3, 8));
   uint8_t hdr[28 + 76];
   assert_int_equal(brg__sock_recv_all(fake, hdr, sizeof hdr, now_ms() + 5000), BRG__IO_OK);
   assert_int_equal(hdr[20], 0); /* status 0: its parent, rank 0 */
@@ -653,7 +666,7 @@ static void test_foreign_connections(void **state) {
   memcpy(wrong, id.secret, 16);
   wrong[5] ^= 1;
   int stranger = tcp_connect_local(id.port);
-  size_t n = make_hello(buf, sizeof buf, wrong, 0, 3, 8);
+  size_t n = make_hello(stranger, buf, sizeof buf, wrong, 0, 3, 8);
   send_bytes(stranger, buf, n);
 
   /* Silent: must not hold up the others. */
@@ -661,7 +674,7 @@ static void test_foreign_connections(void **state) {
 
   /* Right secret, absurd lengths: refused with an answer. */
   int absurd = tcp_connect_local(id.port);
-  n = make_hello(buf, sizeof buf, id.secret, 0, 3, 0);
+  n = make_hello(absurd, buf, sizeof buf, id.secret, 0, 3, 0);
   put32(buf + 96, 1u << 30);
   send_bytes(absurd, buf, n);
 
@@ -669,7 +682,7 @@ static void test_foreign_connections(void **state) {
   int fuzz[24];
   for (int k = 0; k < 24; k++) {
     fuzz[k] = tcp_connect_local(id.port);
-    n = make_hello(buf, sizeof buf, id.secret, 1, 3, 8);
+    n = make_hello(fuzz[k], buf, sizeof buf, id.secret, 1, 3, 8);
     if (k % 3 == 0) {
       rnd_fill(buf + 20, n - 20);
     } else if (k % 3 == 1) {
@@ -730,16 +743,39 @@ static void test_root_refusals(void **state) {
   uint8_t buf[2048], blob[16] = {0}, all[64];
   brg__bootstrap *bs = NULL;
 
-  /* Rank 0 of 2 arrives by hand and stays. */
+  /* Rank 0 of 2 arrives by hand and stays; rank 1 says 3 ranks, or sends
+   * a blob of another size: the job fails, and both ranks are told both
+   * values (rank 0 too, rather than wait for a rank 1 that never comes). */
+  for (int which = 0; which < 2; which++) {
+    brg__boot_id jid;
+    start_root(20000, &jid);
+    int fake0 = tcp_connect_local(jid.port);
+    size_t n = make_hello(fake0, buf, sizeof buf, jid.secret, 0, 2, 8);
+    send_bytes(fake0, buf, n);
+    sleep_ms(100);
+    const char *needle = which == 0 ? "says WORLD_SIZE (nranks) is 3, rank 0 (pid 4242 on "
+                                      "rogue-host) said 2"
+                                    : "sent 16 bytes, rank 0 said 8";
+    assert_int_equal(brg__bootstrap_init(&bs, &jid, 1, which == 0 ? 3 : 2, blob,
+                                         which == 0 ? 8 : 16, all, 5000, &err),
+                     BRG_ERR_REMOTE);
+    expect_msg(&err, needle);
+    uint8_t hdr[28];
+    static char text[2048];
+    assert_int_equal(brg__sock_recv_all(fake0, hdr, sizeof hdr, now_ms() + 5000), BRG__IO_OK);
+    uint32_t len = (uint32_t)hdr[24] | (uint32_t)hdr[25] << 8;
+    assert_true(hdr[20] != 0 && len > 0 && len < sizeof text);
+    assert_int_equal(brg__sock_recv_all(fake0, text, len, now_ms() + 5000), BRG__IO_OK);
+    text[len] = '\0';
+    if (!strstr(text, needle)) fail_msg("rank 0 was told \"%s\"", text);
+    close(fake0);
+    expect_root_gone(jid.port);
+  }
+
   int fake0 = tcp_connect_local(id.port);
-  size_t n = make_hello(buf, sizeof buf, id.secret, 0, 2, 8);
+  size_t n = make_hello(fake0, buf, sizeof buf, id.secret, 0, 2, 8);
   send_bytes(fake0, buf, n);
   sleep_ms(100);
-
-  assert_int_equal(brg__bootstrap_init(&bs, &id, 1, 3, blob, 8, all, 5000, &err), BRG_ERR_REMOTE);
-  expect_msg(&err, "rank 1 says nranks=3 but rank 0 said 2");
-  assert_int_equal(brg__bootstrap_init(&bs, &id, 1, 2, blob, 16, all, 5000, &err), BRG_ERR_REMOTE);
-  expect_msg(&err, "16-byte blob");
 
   /* The hand-made rank 0 hangs up: the real one takes its place, and the
    * table never names the dead one. */
@@ -765,7 +801,7 @@ static void run_claimed_twice(int when) {
   int rogue = -1;
   if (when == 0) {
     rogue = tcp_connect_local(id.port);
-    size_t n = make_hello(buf, sizeof buf, id.secret, 1, 3, 8);
+    size_t n = make_hello(rogue, buf, sizeof buf, id.secret, 1, 3, 8);
     send_bytes(rogue, buf, n);
     sleep_ms(100);
   }
@@ -777,7 +813,7 @@ static void run_claimed_twice(int when) {
   if (when == 1) {
     sleep_ms(300);
     rogue = tcp_connect_local(id.port);
-    size_t n = make_hello(buf, sizeof buf, id.secret, 1, 3, 8);
+    size_t n = make_hello(rogue, buf, sizeof buf, id.secret, 1, 3, 8);
     send_bytes(rogue, buf, n);
   }
   for (int k = 0; k < 3; k++) pthread_join(t[k], NULL);
@@ -834,7 +870,7 @@ static void run_missing(int nranks, const int *present, int npresent, const char
     if (a->st != BRG_ERR_TIMEOUT)
       fail_msg("rank %d: %s: %s", a->rank, brg_status_string(a->st), a->err.msg);
     expect_msg(&a->err, needle);
-    expect_msg(&a->err, "within 1500 ms");
+    expect_msg(&a->err, "within 1350 ms (the timeout of 1500 ms");
     assert_null(a->bs);
   }
   if (took > 4000) fail_msg("the error came after %lld ms", (long long)took);
@@ -1022,7 +1058,8 @@ static void test_ring_failures(void **state) {
 }
 
 /* Strangers at a rank's ring listener are turned away; prev still gets in.
- * The ring hello is 28 bytes: magic "BRGR", secret, from_rank, to_rank. */
+ * The ring hello is 44 bytes: magic "BRGR", proof, from_rank, to_rank,
+ * nonce (bootstrap_wire.h); the proof is for the listener's challenge. */
 static void test_ring_stranger(void **state) {
   (void)state;
   brg__boot_id id;
@@ -1052,30 +1089,52 @@ static void test_ring_stranger(void **state) {
     assert_int_equal(inet_pton(AF_INET, addr, &s4->sin_addr), 1);
     sslen = sizeof *s4;
   }
-  uint8_t m[4][28];
-  for (int k = 0; k < 4; k++) {
+  uint8_t m[6][44];
+  for (int k = 0; k < 6; k++) {
+    memset(m[k], 0, sizeof m[k]);
     put32(m[k], 0x42524752u);
-    memcpy(m[k] + 4, id.secret, 16);
     put32(m[k] + 20, 0); /* rank 0 to rank 1: right, unless changed below */
     put32(m[k] + 24, 1);
   }
-  rnd_fill(m[0], 28);  /* garbage */
-  m[1][9] ^= 0x40;     /* wrong secret */
   put32(m[2] + 20, 2); /* rank 2 is not rank 1's predecessor */
   put32(m[3] + 24, 2); /* meant for rank 2 */
-  int fds[5];
-  for (int k = 0; k < 5; k++) {
+  int fds[7];
+  uint8_t old_challenge[16];
+  for (int k = 0; k < 7; k++) {
     fds[k] = socket(ss.ss_family, SOCK_STREAM, 0);
     assert_int_equal(connect(fds[k], (struct sockaddr *)&ss, sslen), 0);
-    if (k < 4) send_bytes(fds[k], m[k], 28); /* the last one stays silent */
     struct timeval tv = {.tv_sec = 5};
     setsockopt(fds[k], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   }
-
+  /* The listener is not accepting before ring_connect: the challenges come
+   * then, and each stranger answers its own (the last one stays silent). */
   for (int k = 0; k < 3; k++) r[k].ring = 1;
-  runs_go(r, NULL, 3); /* bs already set: ring_connect and messages only */
+  pthread_t t[3];
+  for (int k = 0; k < 3; k++) assert_int_equal(pthread_create(&t[k], NULL, rank_main, &r[k]), 0);
+  for (int k = 0; k < 6; k++) {
+    uint8_t challenge[16];
+    const char *why = NULL;
+    assert_int_equal(brg__boot_challenge_read(fds[k], challenge, now_ms() + 5000, &why),
+                     BRG__IO_OK);
+    if (k == 0) {
+      rnd_fill(m[0], 44); /* garbage */
+    } else if (k == 1) {
+      brg__boot_sign(m[1], 44, id.secret, challenge);
+      m[1][9] ^= 0x40; /* a wrong proof */
+    } else if (k == 4) {
+      memcpy(m[4] + 4, id.secret, 16); /* the secret itself is no proof */
+    } else if (k == 5) {
+      brg__boot_sign(m[5], 44, id.secret, old_challenge); /* another connection's proof */
+    } else {
+      brg__boot_sign(m[k], 44, id.secret, challenge);
+    }
+    if (k == 0) memcpy(old_challenge, challenge, 16);
+    send_bytes(fds[k], m[k], 44);
+  }
+  for (int k = 0; k < 3; k++) pthread_join(t[k], NULL);
+
   expect_success(r, 3);
-  for (int k = 0; k < 5; k++) {
+  for (int k = 0; k < 7; k++) {
     assert_true(closed_by_peer(fds[k]));
     close(fds[k]);
   }

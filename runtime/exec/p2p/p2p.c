@@ -109,6 +109,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "secret.h"
 #include "kernels.h"
 #include "net.h"
 #include "settings.h"
@@ -848,7 +849,7 @@ static int hello_take(void *arg, const brg__conn_params *unused, int fd, const v
   memcpy(&h, hello, sizeof h);
   int ok = h.magic == P2P_MAGIC && h.to == c->rank && h.from >= 0 && h.from < c->nranks &&
            h.from != c->rank && h.comm_id == c->comm_id &&
-           memcmp(h.secret, brg__bootstrap_secret(c->bs), BRG__SECRET_BYTES) == 0;
+           brg__ct_equal(h.secret, brg__bootstrap_secret(c->bs), BRG__SECRET_BYTES);
   if (!ok) {
     BRG__WARN("p2p",
               "rank %d: refused a point-to-point connection from %s: not a rank of this "
