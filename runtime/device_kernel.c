@@ -323,11 +323,12 @@ void brg__dev_kernel_sizes(brg_comm *c, struct brg__dev_ring *d, int staged) {
     d->k.os.ll_slot = brg__rk_ll_slot(d->k.os.ll_limit);
     d->k.os.bytes = brg__rk_os_bytes(c->nranks, d->k.os.slot, d->k.os.ll_slot);
     /* the direct paths: a rank's slot holds a one-shot input, or a
-     * two-shot block (at most dlimit / N bytes and an element) and its
-     * result in a half each */
+     * two-shot block (at most dlimit / N bytes and an element, shifted by
+     * up to 15 bytes: ring_kernel.cuh, bshift) and its result in a half
+     * each */
     size_t two = (size_t)brg__device_int(BRG__DEVICE_DIRECT_BYTES);
     d->k.os.dlimit = two > d->k.os.limit ? two : d->k.os.limit;
-    size_t half = (d->k.os.dlimit / (size_t)c->nranks + 16 + 255) & ~(size_t)255;
+    size_t half = (d->k.os.dlimit / (size_t)c->nranks + 32 + 255) & ~(size_t)255;
     d->k.os.dslot = 2 * half > d->k.os.slot ? 2 * half : d->k.os.slot;
     d->k.os.dbytes = brg__rk_direct_bytes(c->nranks, d->k.os.dslot);
   }
@@ -390,13 +391,18 @@ static void kernel_log(brg_comm *c, struct brg__dev_ring *d) {
               "device ring: allreduces up to %zu bytes (BRIGADE_DEVICE_SMALL_BYTES) go in one "
               "hop: each rank writes its input to all %d ranks, which sum them in rank order",
               d->k.os.limit, c->nranks);
-  if (d->k.os.on && d->k.os.dbytes)
+  if (d->k.os.on && d->k.os.dbytes && d->k.os.ll_limit < d->k.os.limit)
     BRG__INFO("init",
-              "device ring: allreduces above %zu bytes go in one hop on many blocks (up to %zu "
-              "bytes, BRIGADE_DEVICE_SMALL_BYTES), and on to %zu bytes "
-              "(BRIGADE_DEVICE_DIRECT_BYTES) by the two-shot path: each rank reduces its block "
-              "of every rank's input and writes it to every rank (%zu bytes of GPU memory)",
-              d->k.os.ll_limit, d->k.os.limit, d->k.os.dlimit, d->k.os.dbytes);
+              "device ring: one-hop allreduces above %zu bytes (the LL form's) run on many "
+              "blocks, each with its part of the data and flags of its own",
+              d->k.os.ll_limit);
+  if (d->k.os.on && d->k.os.dlimit > d->k.os.limit)
+    BRG__INFO("init",
+              "device ring: allreduces above %zu bytes and up to %zu "
+              "(BRIGADE_DEVICE_DIRECT_BYTES) take the two-shot path on many blocks: each rank "
+              "reduces its block of every rank's input and writes it to every rank (%zu bytes "
+              "of GPU memory)",
+              d->k.os.limit, d->k.os.dlimit, d->k.os.dbytes);
   if (d->k.os.on && d->k.os.ll_limit)
     BRG__INFO("init",
               "device ring: one-shot allreduces up to %zu bytes (BRIGADE_DEVICE_LL_BYTES) send "

@@ -621,6 +621,14 @@ template <class D, int OP> struct channel {
     return !s_stop;
   }
 
+  /* Where a two-shot block starting at element `at` of the call begins in
+   * a slot: at the offset from 16 bytes it has in the call's buffers, so
+   * that copies and folds between slots and aligned buffers stay on the
+   * vector path (the ring's slots shift their payloads alike). */
+  BRG_SIMT_DEV static size_t bshift(size_t at) {
+    return (at * sizeof(T)) & 15;
+  }
+
   /* out = the fold, in rank order, of the N inputs at in + r * step. */
   BRG_SIMT_DEV void dfold(T *out, const char *in, size_t step, size_t m) {
     int n = a.nranks;
@@ -674,24 +682,25 @@ template <class D, int OP> struct channel {
       for (int p = 0; p < n; p++) {
         size_t bo = brg__part_offset(a.count, n, p), bm = brg__part_count(a.count, n, p);
         size_t so = brg__part_offset(bm, nb, b), sm = brg__part_count(bm, nb, b);
-        copy(dslot(darea(p), call, me) + so * sizeof(T), nullptr, in + bo + so, sm);
+        copy(dslot(darea(p), call, me) + bshift(bo) + so * sizeof(T), nullptr, in + bo + so, sm);
       }
       draise(0, call, -1);
       if (!dwait(0, call, -1)) return false;
       size_t bo = brg__part_offset(a.count, n, me), bm = brg__part_count(a.count, n, me);
       size_t so = brg__part_offset(bm, nb, b), sm = brg__part_count(bm, nb, b);
-      dfold(out + bo + so, dslot(own, call, 0) + so * sizeof(T), step, sm);
+      dfold(out + bo + so, dslot(own, call, 0) + bshift(bo) + so * sizeof(T), step, sm);
       /* all-gather: the result into every other rank's area */
       for (int r = 0; r < n; r++)
         if (r != me)
-          copy(dslot(darea(r), call, me) + half + so * sizeof(T), nullptr, out + bo + so, sm);
+          copy(dslot(darea(r), call, me) + half + bshift(bo) + so * sizeof(T), nullptr,
+               out + bo + so, sm);
       draise(1, call, me);
       if (!dwait(1, call, me)) return false;
       for (int r = 0; r < n; r++) {
         if (r == me) continue;
         size_t ro = brg__part_offset(a.count, n, r), rm = brg__part_count(a.count, n, r);
         size_t qo = brg__part_offset(rm, nb, b), qm = brg__part_count(rm, nb, b);
-        copy(out + ro + qo, nullptr, dslot(own, call, r) + half + qo * sizeof(T), qm);
+        copy(out + ro + qo, nullptr, dslot(own, call, r) + half + bshift(ro) + qo * sizeof(T), qm);
       }
     }
     brg_simt_sync();

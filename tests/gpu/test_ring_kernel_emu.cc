@@ -977,6 +977,11 @@ static int run_cost() {
                 path == 2 ? "none" : "one per flag raised", (unsigned long long)posts);
         bad++;
       }
+      if (path >= 3 && c[BRG_SIMT_COUNT_SCALAR]) {
+        fprintf(stderr, "FAIL cost %s: %llu elements off the vector path, buffers aligned\n",
+                names[path], (unsigned long long)c[BRG_SIMT_COUNT_SCALAR]);
+        bad++;
+      }
       if (stores > 4 * (spins / POLL_SPINS) + 12 * blocks) {
         fprintf(stderr, "FAIL cost %s: %llu host stores in %llu launches (at most 12 each)\n",
                 names[path], (unsigned long long)stores, (unsigned long long)nl);
