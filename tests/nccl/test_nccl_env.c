@@ -99,7 +99,7 @@ int main(void) {
   expect_env("BRIGADE_IB_HCA", NULL);
   expect_env("BRIGADE_SLICE_BYTES", "1048576"); /* 8 MiB over 8 slots */
   expect_env("BRIGADE_DEVICE_SLICE_BYTES", "1048576");
-  expect_env("BRIGADE_DEVICE_CHANNELS", "16");
+  expect_env("BRIGADE_DEVICE_CHANNELS", "32");
   expect_env("BRIGADE_IB_TIMEOUT", "20");
 
   expect_line(log, "INFO [init] NCCL_ALGO=Tree taken as BRIGADE_ALGO=tree", NULL);
