@@ -326,7 +326,7 @@ void brg__dev_kernel_sizes(brg_comm *c, struct brg__dev_ring *d, int staged) {
      * two-shot block (at most dlimit / N bytes and an element, shifted by
      * up to 15 bytes: ring_kernel.cuh, bshift) and its result in a half
      * each */
-    size_t two = (size_t)brg__device_int(BRG__DEVICE_DIRECT_BYTES);
+    size_t two = (size_t)brg__device_int(BRG__DEVICE_DIRECT);
     d->k.os.dlimit = two > d->k.os.limit ? two : d->k.os.limit;
     size_t half = (d->k.os.dlimit / (size_t)c->nranks + 32 + 255) & ~(size_t)255;
     d->k.os.dslot = 2 * half > d->k.os.slot ? 2 * half : d->k.os.slot;

@@ -110,14 +110,14 @@ static brg__cfg_entry device_entries[BRG__DEVICE_COUNT] = {
                               "whole: no fence, no flag of its own); auto: where the cost "
                               "model finds it faster (64K up to 9 ranks, 32K up to 16), at most "
                               "BRIGADE_DEVICE_SMALL_BYTES; 0: never"},
-    [BRG__DEVICE_DIRECT_BYTES] = {"BRIGADE_DEVICE_DIRECT_BYTES", BRG__CFG_KIND_SIZE, "16M", 0,
-                                  256 * BRG__MiB,
-                                  "kernel mode, ranks of one host: an allreduce above "
-                                  "BRIGADE_DEVICE_SMALL_BYTES and up to this many bytes takes "
-                                  "the two-shot path on many blocks (each rank reduces its "
-                                  "block of every rank's input and writes the result to every "
-                                  "rank, through the peers' memory) instead of the ring; it "
-                                  "takes about 4 times this in GPU memory a rank; 0: the ring"},
+    [BRG__DEVICE_DIRECT] = {"BRIGADE_DEVICE_DIRECT_BYTES", BRG__CFG_KIND_SIZE, "16M", 0,
+                            256 * BRG__MiB,
+                            "kernel mode, ranks of one host: an allreduce above "
+                            "BRIGADE_DEVICE_SMALL_BYTES and up to this many bytes takes "
+                            "the two-shot path on many blocks (each rank reduces its "
+                            "block of every rank's input and writes the result to every "
+                            "rank, through the peers' memory) instead of the ring; it "
+                            "takes about 4 times this in GPU memory a rank; 0: the ring"},
 };
 
 static brg__cfg_entry trace_entries[BRG__TRACE_COUNT] = {

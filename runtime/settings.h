@@ -39,16 +39,16 @@ typedef enum {
 } brg__core_cfg_id;
 
 typedef enum {
-  BRG__DEVICE_SLICE_BYTES,  /* size: the pipeline unit of device collectives */
-  BRG__DEVICE_CUDA_MODULE,  /* path of the CUDA module; empty = search */
-  BRG__DEVICE_IB_GDR,       /* int 0|1: GPU memory straight on the network (GPUDirect RDMA) */
-  BRG__DEVICE_BLOCKS,       /* int: most thread blocks of one kernel launch */
-  BRG__DEVICE_PROXY,        /* int -1|0|1: the host side on the communicator's thread */
-  BRG__DEVICE_MODE,         /* string auto|kernel|step: one kernel per collective, or per step */
-  BRG__DEVICE_CHANNELS,     /* int: kernel mode's thread blocks (channels); 0 = automatic */
-  BRG__DEVICE_SMALL_BYTES,  /* size: kernel mode's one-shot allreduce up to this; 0 = off */
-  BRG__DEVICE_LL_BYTES,     /* string auto|size: its LL form up to this; 0 = off */
-  BRG__DEVICE_DIRECT_BYTES, /* size: the two-shot allreduce up to this; 0 = off */
+  BRG__DEVICE_SLICE_BYTES, /* size: the pipeline unit of device collectives */
+  BRG__DEVICE_CUDA_MODULE, /* path of the CUDA module; empty = search */
+  BRG__DEVICE_IB_GDR,      /* int 0|1: GPU memory straight on the network (GPUDirect RDMA) */
+  BRG__DEVICE_BLOCKS,      /* int: most thread blocks of one kernel launch */
+  BRG__DEVICE_PROXY,       /* int -1|0|1: the host side on the communicator's thread */
+  BRG__DEVICE_MODE,        /* string auto|kernel|step: one kernel per collective, or per step */
+  BRG__DEVICE_CHANNELS,    /* int: kernel mode's thread blocks (channels); 0 = automatic */
+  BRG__DEVICE_SMALL_BYTES, /* size: kernel mode's one-shot allreduce up to this; 0 = off */
+  BRG__DEVICE_LL_BYTES,    /* string auto|size: its LL form up to this; 0 = off */
+  BRG__DEVICE_DIRECT,      /* size: the two-shot allreduce up to this; 0 = off */
   BRG__DEVICE_COUNT
 } brg__device_cfg_id;
 
