@@ -277,9 +277,9 @@ static void tuning_vars(void) {
     long long ch = int_of(chname, v);
     if (ch >= 0) {
       snprintf(why, sizeof why, "%s=%.32s", chname, v);
-      snprintf(val, sizeof val, "%lld", ch < 1 ? 1 : ch > 16 ? 16 : ch);
+      snprintf(val, sizeof val, "%lld", ch < 1 ? 1 : ch > 32 ? 32 : ch);
       apply(why, "BRIGADE_DEVICE_CHANNELS", val,
-            ch > 16 ? "(brigade fixes the count, at most 16)" : "(brigade fixes the count)");
+            ch > 32 ? "(brigade fixes the count, at most 32)" : "(brigade fixes the count)");
     }
   }
   const char *buf = getenv("NCCL_BUFFSIZE");

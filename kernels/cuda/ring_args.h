@@ -12,7 +12,7 @@
 
 #include "hd.h" /* functions the kernel calls too */
 
-#define BRG__RK_MAX_CHANNELS 16
+#define BRG__RK_MAX_CHANNELS 32
 
 /*
  * The one-shot allreduce (ring_kernel.cuh, channel::oneshot) between the
@@ -43,6 +43,26 @@
 #define BRG__RK_OS_DATA 2048
 #define BRG__RK_LL_LINE 16
 #define BRG__RK_LL_CALL_LINES 3 /* BRG__RK_CALL_WORDS / 2 */
+
+/*
+ * The direct paths of an allreduce between the ranks of one host, on many
+ * blocks (ring_kernel.cuh, channel::direct): block b of B takes part b of
+ * the data (brg__part_* over the blocks), with flags of its own, so that
+ * no block waits for another of its rank. The one-shot form: every rank
+ * writes its part b into every rank's area, which folds the N inputs. The
+ * two-shot form (reduce-scatter, then all-gather, through the peers'
+ * memory): every rank writes its input's block p (brg__part_* over the N
+ * ranks), part b of it, into rank p's area; rank p folds block p and
+ * writes the result into every rank's area, which copies it out. Each
+ * rank's direct area, after its one-shot area in its region, is a
+ * brg__rk_direct_head, then from BRG__RK_DIRECT_DATA two buffers (the
+ * call's parity) of N slots: in buffer c, slot r holds rank r's input (its
+ * part for this rank) and, half a slot on, the two-shot's result of rank
+ * r's block.
+ */
+#define BRG__RK_DIRECT_BLOCKS 32
+#define BRG__RK_ONESHOT_MANY 1 /* brg__rk_oneshot.direct: the one-shot form on many blocks */
+#define BRG__RK_TWOSHOT 2      /* the two-shot form */
 
 /* Bytes of one rank's one-shot area for inputs of up to slot_bytes, and
  * LL inputs of up to ll_slot bytes of lines (0: no LL form). */
@@ -134,6 +154,34 @@ static inline BRG_HD int brg__rk_call_of_words(const uint64_t w[BRG__RK_CALL_WOR
   return 1;
 }
 
+/* The flag of one phase (0: inputs, 1: two-shot results) of one rank's
+ * block: the last call it wrote, and its call in buffer 0 and 1. */
+typedef struct brg__rk_dline {
+  uint64_t flag;
+  brg__rk_call call[2];
+  uint64_t pad;
+} brg__rk_dline;
+typedef struct brg__rk_direct_head {
+  /* block b's calls so far (only it writes it; block 0 also those of the
+   * blocks a launch did not run, so that all agree), a page */
+  uint64_t calls[BRG__RK_DIRECT_BLOCKS];
+  uint64_t pad[512 - BRG__RK_DIRECT_BLOCKS];
+  brg__rk_dline line[2][BRG__RK_MAX_PEERS][BRG__RK_DIRECT_BLOCKS]; /* [phase][rank][block] */
+} brg__rk_direct_head;
+#define BRG__RK_DIRECT_DATA sizeof(brg__rk_direct_head)
+#ifdef __cplusplus
+static_assert(sizeof(brg__rk_dline) == 64, "a flag line is a cache line");
+static_assert(offsetof(brg__rk_direct_head, line) == 4096, "the lines start a page on");
+#else
+_Static_assert(sizeof(brg__rk_dline) == 64, "a flag line is a cache line");
+_Static_assert(offsetof(brg__rk_direct_head, line) == 4096, "the lines start a page on");
+#endif
+
+/* Bytes of one rank's direct area whose slots are slot_bytes each. */
+static inline size_t brg__rk_direct_bytes(int nranks, size_t slot_bytes) {
+  return BRG__RK_DIRECT_DATA + 2 * (size_t)nranks * slot_bytes;
+}
+
 /* What the sender writes beside each slot it posts (64 bytes, in the
  * receiver's region): the slot's position on the link and the call. */
 typedef struct brg__rk_meta {
@@ -217,6 +265,9 @@ typedef struct brg__rk_oneshot {
   size_t ll_slot;                /* room for one rank's LL lines (brg__rk_ll_slot) */
   int rank;                      /* this rank */
   int ll;                        /* 1: the LL form (the call's lines fit ll_slot) */
+  int direct;                    /* 0, or BRG__RK_ONESHOT_MANY, BRG__RK_TWOSHOT: many blocks */
+  size_t direct_off;             /* rank r's direct area: area[r] + direct_off */
+  size_t dslot;                  /* room for one rank's input in a direct area, a multiple of 256 */
 } brg__rk_oneshot;
 
 typedef struct brg__rk_args {
@@ -238,7 +289,11 @@ typedef struct brg__rk_args {
   size_t stride;
   int nslots;
   int nchannels;
-  size_t slot_bytes;    /* a multiple of 16 */
+  size_t slot_bytes; /* this call's slots: bytes used of each, a multiple of 16 */
+  /* Bytes from one slot to the next in a channel's slots (0: slot_bytes):
+   * the room setup made, which a call's shape (slot_bytes) may use in
+   * part, so that slots of calls of different shapes never overlap. */
+  size_t slot_stride;
   int *abort_word;      /* nonzero: stop (a channel that finds a fault sets it) */
   int *status;          /* a channel that stops writes why */
   brg__rk_watch *watch; /* one per channel, pinned host memory */
@@ -251,7 +306,7 @@ typedef struct brg__rk_args {
   uint64_t *launches;
   brg__rk_call call; /* this rank's call, as its neighbours compare it */
   brg__rk_link chan[BRG__RK_MAX_CHANNELS];
-  int oneshot; /* 1: an allreduce by the one-shot path, one channel */
+  int oneshot; /* 1: an allreduce by a one-hop path (os.direct: on nchannels blocks, else one) */
   brg__rk_oneshot os;
 } brg__rk_args;
 

@@ -39,9 +39,9 @@
  * what the previous one left there, so a launch replayed from a CUDA graph
  * continues the sequence instead of repeating it.
  *
- * Abort: thread 0 of every channel polls *abort_word (host memory mapped
- * for the GPU) while it waits, at its first spin and then once every
- * POLL_SPINS spins (each read is a round trip over PCIe, which a read at
+ * Abort: thread 0 of every channel reads *abort_word (host memory mapped
+ * for the GPU) as its launch begins and polls it while it waits, once
+ * every POLL_SPINS spins (each read is a round trip over PCIe, which a read at
  * every spin would add to every wait); once it is set, the channel writes
  * ABORTED to *status and every thread of the channel returns, so no
  * stream stays blocked by a peer that will never write.
@@ -275,7 +275,7 @@ template <class D, int OP> struct channel {
   }
 
   /* Thread 0 at a spin of a wait loop: whether the abort word is set, read
-   * at the launch's first spin and then every POLL_SPINS spins. */
+   * every POLL_SPINS spins (the launch's start read it first: go). */
   BRG_SIMT_DEV bool aborted() {
     if (spins++ % POLL_SPINS != 0) return false;
     if (brg_simt_tid() == 0) publish();
@@ -399,6 +399,11 @@ template <class D, int OP> struct channel {
     }
   }
 
+  /* Bytes from one slot to the next. */
+  BRG_SIMT_DEV size_t stride() const {
+    return a.slot_stride ? a.slot_stride : a.slot_bytes;
+  }
+
   /* One primitive on one slice of m elements: in is this rank's input, out
    * its output (NULL where the primitive writes none). */
   BRG_SIMT_DEV bool prim(brg__prim pr, const T *in, T *out, size_t m) {
@@ -406,11 +411,12 @@ template <class D, int OP> struct channel {
     if ((recvs || sends) && !wait(recvs, sends)) return false;
     size_t shift = (at * sizeof(T)) & (SLOT_SHIFT_ROOM - 1);
     const T *r = recvs ? reinterpret_cast<const T *>(
-                             l.recv_slots + (taken % (uint64_t)a.nslots) * a.slot_bytes + shift)
+                             l.recv_slots + (taken % (uint64_t)a.nslots) * stride() + shift)
                        : nullptr;
-    T *slot = sends ? reinterpret_cast<T *>(l.send_slots +
-                                            (posted % (uint64_t)a.nslots) * a.slot_bytes + shift)
-                    : nullptr;
+    T *slot =
+        sends
+            ? reinterpret_cast<T *>(l.send_slots + (posted % (uint64_t)a.nslots) * stride() + shift)
+            : nullptr;
 #if BRG_RK_BREAK == 1 /* tests/gpu: a flag posted before the data must fail */
     if (sends && brg_simt_tid() == 0) brg_simt_store_release(l.send_tail, posted + 1);
 #endif
@@ -546,6 +552,167 @@ template <class D, int OP> struct channel {
     return true;
   }
 
+  /* ---- the direct paths on many blocks (ring_args.h) ---- */
+
+  /* Rank r's direct area, as this rank reaches it. */
+  BRG_SIMT_DEV char *darea(int r) const {
+    return a.os.area[r] + a.os.direct_off;
+  }
+  /* The flag line of phase f of rank r's block b in the direct area `area`. */
+  BRG_SIMT_DEV static brg__rk_dline *dline(char *area, int f, int r, int b) {
+    return &reinterpret_cast<brg__rk_direct_head *>(area)->line[f][r][b];
+  }
+  /* Rank r's slot of buffer `call & 1` in the direct area `area`. */
+  BRG_SIMT_DEV char *dslot(char *area, uint64_t call, int r) const {
+    return area + BRG__RK_DIRECT_DATA +
+           ((size_t)(call & 1) * (size_t)a.nranks + (size_t)r) * a.os.dslot;
+  }
+
+  /* This block's flag of phase f raised in every rank's area (`skip`: but
+   * this one), after its writes there: its call beside it, one release
+   * each, thread r taking rank r. */
+  BRG_SIMT_DEV void draise(int f, uint64_t call, int skip) {
+    int me = a.os.rank, b = (int)brg_simt_block();
+    brg_simt_sync(); /* every thread's part of every copy is written */
+    for (int r = (int)brg_simt_tid(); r < a.nranks; r += (int)brg_simt_nthreads()) {
+      if (r == skip) continue;
+      brg__rk_dline *line = dline(darea(r), f, me, b);
+      line->call[call & 1] = a.call;
+#if BRG_RK_BREAK != 1
+      brg_simt_store_release(&line->flag, call);
+#endif
+    }
+  }
+
+  /* Thread 0 waits for phase f's flag of every rank's block (`skip`: but
+   * that rank) in its own area, and checks their calls; false for every
+   * thread when stopped. */
+  BRG_SIMT_DEV bool dwait(int f, uint64_t call, int skip) {
+    BRG_SIMT_SHARED int s_stop;
+    int b = (int)brg_simt_block();
+    if (brg_simt_tid() == 0) {
+      char *own = darea(a.os.rank);
+      int stop = 0, faulted = 0;
+      for (int r = 0; r < a.nranks && !stop; r++) {
+        if (r == skip) continue;
+        waiting(BRG__RK_WAIT_ONESHOT, r);
+        brg__rk_dline *line = dline(own, f, r, b);
+        uint64_t fl = 0;
+        while (!stop && (fl = brg_simt_load_acquire(&line->flag)) < call) {
+          stop = stop_now(&faulted);
+          if (!stop) brg_simt_pause();
+        }
+        if (stop) break;
+        brg__rk_call theirs = line->call[call & 1];
+        if (fl > call + 1)
+          fault(STALE, r, nullptr, call, fl);
+        else if (!same_call(theirs, a.call))
+          fault(MISMATCH, r, &theirs, 0, 0);
+        else
+          continue;
+        stop = faulted = 1;
+      }
+      if (stop && !faulted) brg_simt_store_word(a.status, ABORTED);
+      s_stop = stop;
+    }
+#if BRG_RK_BREAK != 2
+    brg_simt_sync();
+#endif
+    return !s_stop;
+  }
+
+  /* Where a two-shot block starting at element `at` of the call begins in
+   * a slot: at the offset from 16 bytes it has in the call's buffers, so
+   * that copies and folds between slots and aligned buffers stay on the
+   * vector path (the ring's slots shift their payloads alike). */
+  BRG_SIMT_DEV static size_t bshift(size_t at) {
+    return (at * sizeof(T)) & 15;
+  }
+
+  /* out = the fold, in rank order, of the N inputs at in + r * step. */
+  BRG_SIMT_DEV void dfold(T *out, const char *in, size_t step, size_t m) {
+    int n = a.nranks;
+    for (int r = 1; r < n; r++) {
+      const T *x = r == 1 ? reinterpret_cast<const T *>(in) : out;
+      const T *y = reinterpret_cast<const T *>(in + (size_t)r * step);
+      if (r < n - 1)
+        reduce<MID>(out, nullptr, x, y, m, 1);
+      else
+        reduce<OP>(out, nullptr, x, y, m, n);
+      brg_simt_sync(); /* the next pass's threads may read other elements */
+    }
+  }
+
+  /* An allreduce by a direct path on the launch's blocks (a.os.direct):
+   * the one-shot form, or the two-shot form. Block b's calls count in
+   * its own word of the area; a rank one call ahead writes the other
+   * buffer, and two calls ahead it cannot be: in the call between, each
+   * of its blocks waited for the same block of every rank, which raised
+   * its flag only after its launch of the call before had ended (launches
+   * of a communicator run one after another). */
+  BRG_SIMT_DEV bool direct() {
+    const brg__rk_oneshot &o = a.os;
+    int n = a.nranks, me = o.rank, b = (int)brg_simt_block(), nb = a.nchannels;
+    char *own = darea(me);
+    uint64_t *calls = reinterpret_cast<brg__rk_direct_head *>(own)->calls;
+    BRG_SIMT_SHARED uint64_t s_call;
+    if (brg_simt_tid() == 0) s_call = calls[b] + 1;
+    brg_simt_sync();
+    uint64_t call = s_call;
+    const T *in = static_cast<const T *>(a.sendbuf);
+    T *out = static_cast<T *>(a.recvbuf);
+    size_t step = o.dslot, half = o.dslot / 2;
+    if (o.direct == BRG__RK_ONESHOT_MANY) {
+      size_t off = brg__part_offset(a.count, nb, b), m = brg__part_count(a.count, nb, b);
+#if BRG_RK_BREAK == 1 /* tests/gpu: flags raised before the data must fail */
+      if (brg_simt_tid() == 0)
+        for (int r = 0; r < n; r++) brg_simt_store_release(&dline(darea(r), 0, me, b)->flag, call);
+#endif
+      for (int r = 0; r < n; r++)
+        copy(dslot(darea(r), call, me) + off * sizeof(T), nullptr, in + off, m);
+      draise(0, call, -1);
+      if (!dwait(0, call, -1)) return false;
+      dfold(out + off, dslot(own, call, 0) + off * sizeof(T), step, m);
+    } else {
+      /* reduce-scatter: part b of block p of the input into rank p's area */
+#if BRG_RK_BREAK == 1
+      if (brg_simt_tid() == 0)
+        for (int r = 0; r < n; r++) brg_simt_store_release(&dline(darea(r), 0, me, b)->flag, call);
+#endif
+      for (int p = 0; p < n; p++) {
+        size_t bo = brg__part_offset(a.count, n, p), bm = brg__part_count(a.count, n, p);
+        size_t so = brg__part_offset(bm, nb, b), sm = brg__part_count(bm, nb, b);
+        copy(dslot(darea(p), call, me) + bshift(bo) + so * sizeof(T), nullptr, in + bo + so, sm);
+      }
+      draise(0, call, -1);
+      if (!dwait(0, call, -1)) return false;
+      size_t bo = brg__part_offset(a.count, n, me), bm = brg__part_count(a.count, n, me);
+      size_t so = brg__part_offset(bm, nb, b), sm = brg__part_count(bm, nb, b);
+      dfold(out + bo + so, dslot(own, call, 0) + bshift(bo) + so * sizeof(T), step, sm);
+      /* all-gather: the result into every other rank's area */
+      for (int r = 0; r < n; r++)
+        if (r != me)
+          copy(dslot(darea(r), call, me) + half + bshift(bo) + so * sizeof(T), nullptr,
+               out + bo + so, sm);
+      draise(1, call, me);
+      if (!dwait(1, call, me)) return false;
+      for (int r = 0; r < n; r++) {
+        if (r == me) continue;
+        size_t ro = brg__part_offset(a.count, n, r), rm = brg__part_count(a.count, n, r);
+        size_t qo = brg__part_offset(rm, nb, b), qm = brg__part_count(rm, nb, b);
+        copy(out + ro + qo, nullptr, dslot(own, call, r) + half + bshift(ro) + qo * sizeof(T), qm);
+      }
+    }
+    brg_simt_sync();
+    if (brg_simt_tid() == 0) {
+      calls[b] = call;
+      if (b == 0)
+        for (int x = nb; x < BRG__RK_DIRECT_BLOCKS; x++) calls[x] = call;
+      advanced();
+    }
+    return true;
+  }
+
   /* Rank r's LL lines of call `call` in the area `area`. */
   BRG_SIMT_DEV const uint64_t *ll_lines(const char *area, uint64_t call, int r) const {
     size_t n = (size_t)a.nranks;
@@ -610,7 +777,6 @@ template <class D, int OP> struct channel {
     unsigned char *out = static_cast<unsigned char *>(a.recvbuf);
     bool aligned =
         (reinterpret_cast<uintptr_t>(in) & 7) == 0 && (reinterpret_cast<uintptr_t>(out) & 7) == 0;
-    if (tid != 0) spins = 1; /* thread 0 reads the abort word first, the others later */
     if (tid == 0) {
       uint64_t w[BRG__RK_CALL_WORDS];
       brg__rk_call_words(&a.call, fl, w);
@@ -737,6 +903,10 @@ template <class D, int OP> struct channel {
     }
     brg_simt_sync();
     if (s_stopped) return;
+    /* thread 0 read the abort word as the launch began: that is the
+     * launch's first poll, and the next comes POLL_SPINS spins on, so
+     * that a wait read at once does not cross PCIe */
+    spins = 1;
     posted = s_start[0];
     taken = s_start[1];
     int n = a.nranks;
@@ -747,7 +917,7 @@ template <class D, int OP> struct channel {
       single();
       done = true;
     } else if (a.oneshot) {
-      done = a.os.ll ? oneshot_ll() : oneshot();
+      done = a.os.direct ? direct() : a.os.ll ? oneshot_ll() : oneshot();
     } else {
       done = walk<T>(a, slot_elems, *this);
     }

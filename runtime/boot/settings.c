@@ -112,7 +112,7 @@ static brg__cfg_entry device_entries[BRG__DEVICE_COUNT] = {
                           "neighbours' flags; step: a kernel per slice and step, ordered by "
                           "events; auto: kernel where every link stays inside the host and no "
                           "two processes share a GPU without MPS"},
-    [BRG__DEVICE_CHANNELS] = {"BRIGADE_DEVICE_CHANNELS", BRG__CFG_KIND_INT, "0", 0, 16,
+    [BRG__DEVICE_CHANNELS] = {"BRIGADE_DEVICE_CHANNELS", BRG__CFG_KIND_INT, "0", 0, 32,
                               "kernel mode: thread blocks of a collective's kernel, each with "
                               "its share of the data and its own FIFOs; 0: the model's choice for "
                               "the links (brigade-info --device-shape), at most "
@@ -122,14 +122,23 @@ static brg__cfg_entry device_entries[BRG__DEVICE_COUNT] = {
                                  4 * BRG__MiB,
                                  "kernel mode, ranks of one host: an allreduce up to this many "
                                  "bytes goes in one hop (each rank writes its input to every "
-                                 "rank, which sums the N inputs in rank order) instead of "
-                                 "around the ring; 0: always the ring"},
+                                 "rank, which sums the N inputs in rank order; on many blocks "
+                                 "above BRIGADE_DEVICE_LL_BYTES) instead of around the ring; 0: "
+                                 "no one-hop path (nor the two-shot one)"},
     [BRG__DEVICE_LL_BYTES] = {"BRIGADE_DEVICE_LL_BYTES", BRG__CFG_KIND_STRING, "auto", 0, 0,
                               "kernel mode: a one-shot allreduce up to this many bytes sends "
                               "its data in LL lines (each 4 data bytes beside a flag, stored "
                               "whole: no fence, no flag of its own); auto: where the cost "
                               "model finds it faster (64K up to 9 ranks, 32K up to 16), at most "
                               "BRIGADE_DEVICE_SMALL_BYTES; 0: never"},
+    [BRG__DEVICE_DIRECT] = {"BRIGADE_DEVICE_DIRECT_BYTES", BRG__CFG_KIND_SIZE, "16M", 0,
+                            256 * BRG__MiB,
+                            "kernel mode, ranks of one host: an allreduce above "
+                            "BRIGADE_DEVICE_SMALL_BYTES and up to this many bytes takes "
+                            "the two-shot path on many blocks (each rank reduces its "
+                            "block of every rank's input and writes the result to every "
+                            "rank, through the peers' memory) instead of the ring; it "
+                            "takes about 4 times this in GPU memory a rank; 0: the ring"},
 };
 
 static brg__cfg_entry trace_entries[BRG__TRACE_COUNT] = {

@@ -167,13 +167,13 @@ int brg__dev_own_work_drained(struct brg__dev_ring *d, int64_t deadline) {
   for (int i = 0;; i++) {
     int pending = 0;
     for (int k = 0; k < d->nslots && !pending; k++) {
-      if (d->send_ev[k] && api->drv.event_query(d->send_ev[k]) == -1) pending = 1;
-      if (d->rel_ev[k] && api->drv.event_query(d->rel_ev[k]) == -1) pending = 1;
+      if (d->st.send_ev[k] && api->drv.event_query(d->st.send_ev[k]) == -1) pending = 1;
+      if (d->st.rel_ev[k] && api->drv.event_query(d->st.rel_ev[k]) == -1) pending = 1;
     }
     if (d->proxy_ev && api->drv.event_query(d->proxy_ev) == -1) pending = 1;
-    if (d->kdone_ev && api->drv.event_query(d->kdone_ev) == -1) pending = 1;
-    for (int g = 0; g < d->ngstreams && !pending; g++)
-      if (d->gdone_ev[g] && api->drv.event_query(d->gdone_ev[g]) == -1) pending = 1;
+    if (d->k.done_ev && api->drv.event_query(d->k.done_ev) == -1) pending = 1;
+    for (int g = 0; g < d->k.ngstreams && !pending; g++)
+      if (d->k.gdone_ev[g] && api->drv.event_query(d->k.gdone_ev[g]) == -1) pending = 1;
     for (int r = 0; r < BRG__DEVICE_MAX_RINGS && !pending; r++)
       if (d->join_ev[r] && api->drv.event_query(d->join_ev[r]) == -1) pending = 1;
     for (int k = 0; k < d->ncallers && !pending; k++)

@@ -45,6 +45,165 @@
 /* The asynchronous mode's flag lives alone in a page of pinned memory. */
 #define FLAG_PAGE 4096
 
+/* Kernel mode's words in pinned host memory that the host and the kernels
+ * share outside the regions (allocated as KWORDS_BYTES): the abort word
+ * the kernels stop on, the status a channel that stopped writes, the
+ * blocks of captured launches (graph replays, on any stream) that began
+ * and, BRG__RK_ENDED words on, that ended (brg__rk_args.launches), for the
+ * drain at destroy, and a watch record per channel. A cache line each, so
+ * that a channel's writes do not share a line with another's. */
+struct brg__dev_kwords {
+  _Alignas(64) int abort;
+  _Alignas(64) int status;
+  _Alignas(64) uint64_t launches[2 * BRG__RK_ENDED];
+  _Alignas(64) brg__rk_watch watch[BRG__RK_MAX_CHANNELS];
+};
+#define KWORDS_BYTES ((sizeof(struct brg__dev_kwords) + FLAG_PAGE - 1) & ~(size_t)(FLAG_PAGE - 1))
+
+/* One channel of a rank's kernel-mode region (GPU memory), before its
+ * slots (at brg__dev_kernel.ctrl): the words, a cache line each, then what
+ * the previous rank writes beside its slots. */
+struct brg__dev_kchan {
+  _Alignas(64) uint64_t tail;                     /* slots the previous rank posted (it writes) */
+  _Alignas(64) uint64_t head;                     /* slots the next rank took (it writes) */
+  _Alignas(64) uint64_t counters[8];              /* own: brg__rk_link.counters */
+  _Alignas(64) uint64_t hdr_acked;                /* headers the next rank checked (it writes) */
+  _Alignas(64) brg__rk_meta meta[BRG__MAX_SLOTS]; /* the previous rank's, one per slot */
+  brg__rk_hdr hdr[BRG__RK_HDRS];                  /* the previous rank's mailbox of calls */
+};
+
+/* One channel of a link between hosts in kernel mode: the same words and
+ * slots as a region's channel, in pinned host memory of this rank, where
+ * the host proxy plays the neighbour; the slots follow at PLINK_CTRL. */
+struct brg__dev_plink {
+  _Alignas(64) uint64_t tail; /* posted: by the kernel (to next), the proxy (from prev) */
+  _Alignas(64) uint64_t head; /* taken: by the proxy (to next), the kernel (from prev) */
+  _Alignas(64) uint64_t sizes[BRG__MAX_SLOTS]; /* bytes of each posted slot (to next) */
+  _Alignas(64) uint64_t hdr_ack;               /* headers taken from the mailbox */
+  _Alignas(64) brg__rk_hdr hdr[BRG__RK_HDRS];  /* the call headers: the kernel's on the
+                                                * link to next, the previous rank's on
+                                                * the link from it */
+};
+#define PLINK_CTRL ((sizeof(struct brg__dev_plink) + 4095) & ~(size_t)4095)
+
+/* Step mode (device_step.c): its FIFO and events. */
+struct brg__dev_step {
+  brg__conn fifo_in, fifo_out;        /* cuda_ipc: own receive FIFO, the next rank's */
+  char *fifo;                         /* own receive FIFO, as kernels reach it */
+  char *next_fifo;                    /* the next rank's */
+  void *send_ev[BRG__MAX_SLOTS];      /* recorded after writing next's slot k */
+  void *rel_ev[BRG__MAX_SLOTS];       /* recorded after consuming own slot k */
+  void *prev_send_ev[BRG__MAX_SLOTS]; /* the previous rank's send_ev */
+  void *next_rel_ev[BRG__MAX_SLOTS];  /* the next rank's rel_ev */
+  int prev_opened, next_opened;       /* those came from ipc_event_open */
+  /* GPU memory straight on the network (GPUDirect RDMA) on links to
+   * other hosts: */
+  int send_gdr, recv_gdr; /* the link runs that way */
+  int send_reg, recv_reg; /* registered with the link */
+  char *gdr_send;         /* device slots the sender's kernels write */
+  /* ...else the transport's host FIFO regions, mapped: */
+  char *send_region, *recv_region; /* host addresses (NULL: not registered) */
+  char *send_region_dev, *recv_region_dev;
+  /* Bytes per slot on each link: the slice on CUDA IPC links, the network
+   * transport's slot on links between hosts (a slice crosses those in
+   * several pieces). GPU slots on a GPUDirect link are gdr_stride apart. */
+  size_t send_piece, recv_piece, gdr_stride;
+};
+
+/* Kernel mode's one-shot allreduce (ring_args.h): each rank's area
+ * follows the channels in its region, and every rank reaches every
+ * other's. */
+struct brg__dev_oneshot {
+  size_t limit;                      /* BRIGADE_DEVICE_SMALL_BYTES (0: none) */
+  size_t slot, bytes;                /* room per input; bytes of an area */
+  size_t ll_limit, ll_slot;          /* LL form: up to brg__dev_ll_bytes; room per input */
+  int on;                            /* small allreduces take it */
+  char *area[BRG__RK_MAX_PEERS];     /* rank r's area, as reached here */
+  brg__conn conn[BRG__RK_MAX_PEERS]; /* regions this path mapped itself */
+  /* The direct paths on many blocks (ring_args.h), in an area after the
+   * one-shot area: the one-shot form above ll_limit up to limit, the
+   * two-shot form above it up to dlimit (BRIGADE_DEVICE_DIRECT_BYTES). */
+  size_t dlimit;        /* the largest allreduce the direct paths take (at least limit) */
+  size_t dslot, dbytes; /* room per rank's input; bytes of an area (0: no direct paths) */
+};
+
+/* Kernel mode (kernels/cuda/ring_kernel.cuh): a collective is one launch
+ * whose channels wait on the neighbours' flags. Each rank's region holds,
+ * per channel, a brg__dev_kchan and its receive slots; both neighbours
+ * write into it. */
+struct brg__dev_kernel {
+  int mode_req;       /* BRIGADE_DEVICE_MODE: 0 auto, 1 kernel, 2 step */
+  int on;             /* collectives run in kernel mode */
+  int channels;       /* thread blocks per launch (the most a call runs) */
+  size_t slot;        /* bytes per slot (the most a call uses) */
+  int shape_per_call; /* a call takes the model's shape for its size within those */
+  size_t ctrl;        /* bytes per channel before its slots (a brg__dev_kchan) */
+  size_t stride;      /* bytes per channel in a region */
+  char *region;       /* own (GPU memory: in, a cuda_ipc receive end) */
+  char *next, *prev;
+  /* co-residency: the GPU's SMs (0: no bound known), the kernel's blocks a SM */
+  int sms, per_sm;
+  brg__conn in, next_c, prev_c;              /* own region; the neighbours', mapped (cuda_ipc) */
+  int *ring;                                 /* position -> rank, GPU memory */
+  struct brg__dev_kwords *words, *words_dev; /* pinned: as the host and the kernels reach it */
+  void *done_ev; /* recorded after each launch outside a graph capture */
+  int done_set;  /* done_ev was recorded: the next launch waits for it */
+  /* Another rank of this communicator in this process has this GPU: its
+   * legacy stream (NULL) is theirs too, where kernels would queue behind
+   * each other's spinning ones. */
+  int shared_gpu;
+  int threads; /* another rank of this communicator is in this process */
+  /* Streams that captured kernel-mode launches into graphs, with an event
+   * each that the drain at destroy records there: replays have no done
+   * event of their own. After a capture, the words' page outlives the
+   * communicator (a replay after destroy finds abort set and ends). */
+  void *gstream[8], *gdone_ev[8];
+  int ngstreams, graphs;
+  struct brg__dev_oneshot os;
+  brg_status stop_code; /* with stop_why: the status the next call returns (0: BRG_ERR_REMOTE) */
+  char stop_why[BRG__ERRLEN]; /* what stopped the proxy or the watchdog ("": nothing) */
+};
+
+/* The watchdog (brg__device_watch, on the liveness thread): per channel
+ * the progress last seen and since when it stands still. */
+struct brg__dev_watchdog {
+  uint64_t progress[BRG__RK_MAX_CHANNELS], started[BRG__RK_MAX_CHANNELS];
+  int64_t since[BRG__RK_MAX_CHANNELS];
+  int fired; /* the watchdog stopped the kernels */
+};
+
+/* GPUDirect RDMA on kernel mode's links between hosts (one channel
+ * there): the channel's slots are GPU memory registered with the proxy's
+ * link, which carries the channel's slot n from sbuf + (n % nslots) slot
+ * here to the next rank's rbuf at the same offset (its number says which:
+ * transport.h's brg__proxy_slot), with the call headers in network slots
+ * of their own between; the words stay in the proxy's host regions. A
+ * slot is free again once the link says the network slot that carried it
+ * went (tx), and the link's slots up to it once the kernel took it (rx). */
+struct brg__dev_kgdr {
+  int send, recv;    /* the links run that way */
+  char *sbuf, *rbuf; /* nslots * slot of GPU memory each */
+};
+
+/* Kernel mode's links between hosts: per channel a brg__dev_plink and
+ * its slots in pinned host memory of this rank, and the host proxy's two
+ * threads in place of the neighbour: tx carries the slots this rank's
+ * kernels post to the network link to the next rank, rx writes what
+ * arrives from the previous rank into the slots its kernels read. Slots
+ * of all channels share the link; a slot's header names its channel. */
+struct brg__dev_proxy {
+  brg_comm *net;             /* c->devnet, whose links they use */
+  size_t stride;             /* bytes per channel */
+  char *send, *recv;         /* host addresses (NULL: the link stays in the host) */
+  char *send_dev, *recv_dev; /* the same, as the kernels reach them */
+  struct brg__dev_kgdr gdr;
+  int gpu;          /* this rank's device index (the proxy's flushes) */
+  pthread_t tx, rx; /* running when tx_on, rx_on */
+  int tx_on, rx_on;
+  int stop;                            /* atomic: the threads return */
+  uint64_t sent[BRG__RK_MAX_CHANNELS]; /* atomic: slots tx has carried, per channel */
+};
+
 struct brg__dev_ring {
   const brg__cuda_api *api;
   int nslots;
@@ -54,29 +213,12 @@ struct brg__dev_ring {
    * next rank's kernels write this rank's memory, or the host link's, which
    * stages GPU payloads through its FIFO in pinned host memory. */
   const brg__transport_ops *send_t, *recv_t;
-  brg__conn fifo_in, fifo_out;        /* cuda_ipc: own receive FIFO, the next rank's */
-  char *fifo;                         /* own receive FIFO, as kernels reach it */
-  char *next_fifo;                    /* the next rank's */
-  void *send_ev[BRG__MAX_SLOTS];      /* recorded after writing next's slot k */
-  void *rel_ev[BRG__MAX_SLOTS];       /* recorded after consuming own slot k */
-  void *prev_send_ev[BRG__MAX_SLOTS]; /* the previous rank's send_ev */
-  void *next_rel_ev[BRG__MAX_SLOTS];  /* the next rank's rel_ev */
-  int prev_opened, next_opened;       /* those came from ipc_event_open */
-  /* Links to other hosts: the transport's host FIFO regions, mapped. */
+  /* Links to other hosts: the transport's host FIFO regions. */
   int send_staged, recv_staged;
-  /* ...or GPU memory straight on the network (GPUDirect RDMA): */
-  int send_gdr, recv_gdr;           /* the link runs that way */
-  int send_reg, recv_reg;           /* registered with the link */
-  char *gdr_send;                   /* device slots the sender's kernels write */
   brg__conn *link_send, *link_recv; /* the communicator's links */
-  char *send_region, *recv_region;  /* host addresses (NULL: not registered) */
-  char *send_region_dev, *recv_region_dev;
-  void *last_stream; /* the stream of the latest device collective */
-  int stuck;         /* own work could not drain: nothing may be freed */
-  /* Bytes per slot on each link: the slice on CUDA IPC links, the network
-   * transport's slot on links between hosts (a slice crosses those in
-   * several pieces). GPU slots on a GPUDirect link are gdr_stride apart. */
-  size_t send_piece, recv_piece, gdr_stride;
+  void *last_stream;                /* the stream of the latest device collective */
+  int stuck;                        /* own work could not drain: nothing may be freed */
+  struct brg__dev_step st;
   /* Asynchronous mode: the host side of each collective runs on the
    * communicator's thread on `proxy` (a stream of this ring's GPU); the
    * caller's stream waits for *flag to reach the collective's ticket, which
@@ -96,110 +238,16 @@ struct brg__dev_ring {
     void *stream, *ev;
   } callers[16];
   int ncallers;
-  /* Kernel mode (kernels/cuda/ring_kernel.cuh): a collective is one
-   * launch whose channels wait on the neighbours' flags. Each rank's
-   * region holds, per channel, its tail, head and counters and its
-   * receive slots; both neighbours write into it. */
-  int kmode_req;  /* BRIGADE_DEVICE_MODE: 0 auto, 1 kernel, 2 step */
-  int kernel;     /* collectives run in kernel mode */
-  int kchannels;  /* thread blocks per launch */
-  size_t kslot;   /* bytes per slot */
-  size_t kstride; /* bytes per channel in a region */
-  char *kregion;  /* own (GPU memory: kin, a cuda_ipc receive end) */
-  char *knext, *kprev;
-  /* co-residency: the GPU's SMs (0: no bound known), the kernel's blocks a SM */
-  int ksms, kper_sm;
-  brg__conn kin, knext_c, kprev_c; /* own region; the neighbours', mapped (cuda_ipc) */
-  int *kring;                      /* position -> rank, GPU memory */
-  int *kwords;                     /* a pinned page: [0] abort, [16] status, watch records */
-  int *kwords_dev;
-  size_t kctrl;   /* bytes per channel before its slots: words, then a meta per slot */
-  void *kdone_ev; /* recorded after each launch outside a graph capture */
-  int kdone_set;  /* kdone_ev was recorded: the next launch waits for it */
-  /* Another rank of this communicator in this process has this GPU: its
-   * legacy stream (NULL) is theirs too, where kernels would queue behind
-   * each other's spinning ones. */
-  int kshared_gpu;
-  int kthreads; /* another rank of this communicator is in this process */
-  /* The watchdog (brg__dev_kernel_watch, on the liveness thread): per channel
-   * the progress last seen and since when it stands still. */
-  uint64_t wd_progress[BRG__RK_MAX_CHANNELS], wd_started[BRG__RK_MAX_CHANNELS];
-  int64_t wd_since[BRG__RK_MAX_CHANNELS];
-  int wd_fired;         /* the watchdog stopped the kernels */
-  brg_status perr_code; /* with perr: the status the next call returns (0: BRG_ERR_REMOTE) */
-  /* Streams that captured kernel-mode launches into graphs, with an event
-   * each that the drain at destroy records there: replays have no done
-   * event of their own. After a capture, the abort word's page outlives
-   * the communicator (a replay after destroy finds it set and ends). */
-  void *gstream[8], *gdone_ev[8];
-  int ngstreams, graphs;
-  /* The one-shot allreduce (ring_args.h): each rank's area follows the
-   * channels in its region, and every rank reaches every other's. */
-  size_t kos_limit;                   /* BRIGADE_DEVICE_SMALL_BYTES (0: none) */
-  size_t kos_slot, kos_bytes;         /* room per input; bytes of an area */
-  size_t kll_limit, kll_slot;         /* LL form: up to brg__dev_ll_bytes; room per input */
-  int oneshot;                        /* small allreduces take it */
-  char *kos_area[BRG__RK_MAX_PEERS];  /* rank r's area, as reached here */
-  brg__conn kos_c[BRG__RK_MAX_PEERS]; /* regions this path mapped itself */
-  char step_why[256];                 /* why collectives run in step mode, for a captured call */
-  /* Kernel mode's links between hosts: the same words and slots as a
-   * region's channel, in pinned host memory of this rank (PCTRL: tail at
-   * 0, head at 64, the posted slots' sizes at 128, the call headers at
-   * PHDR), and the host proxy's
-   * two threads in place of the neighbour: tx carries the slots this
-   * rank's kernels post to the network link to the next rank, rx writes
-   * what arrives from the previous rank into the slots its kernels read.
-   * Slots of all channels share the link; a slot's header names its
-   * channel. */
-  brg_comm *net;               /* c->devnet, whose links they use */
-  size_t pstride;              /* bytes per channel */
-  char *psend, *precv;         /* host addresses (NULL: the link stays in the host) */
-  char *psend_dev, *precv_dev; /* the same, as the kernels reach them */
-  /* GPUDirect RDMA on those links (kernel mode has one channel there):
-   * the channel's slots are GPU memory registered with the proxy's link,
-   * which carries the channel's slot n from kgdr_sbuf + (n % nslots) kslot
-   * here to the next rank's kgdr_rbuf at the same offset (its number
-   * says which: transport.h's brg__proxy_slot), with the call headers in
-   * network slots of their own between; the words stay in psend and precv. A slot is free
-   * again once the link says the network slot that carried it went (tx),
-   * and the link's slots up to it once the kernel took it (rx). */
-  int kgdr_send, kgdr_recv;    /* the links run that way */
-  char *kgdr_sbuf, *kgdr_rbuf; /* nslots * kslot of GPU memory each */
-  int gpu;                     /* this rank's device index (the proxy's flushes) */
-  pthread_t ptx, prx;          /* running when ptx_on, prx_on */
-  int ptx_on, prx_on;
-  int pstop;                            /* atomic: the threads return */
-  uint64_t psent[BRG__RK_MAX_CHANNELS]; /* atomic: slots tx has carried, per channel */
-  char perr[BRG__ERRLEN];               /* what stopped the proxy or the watchdog ("": nothing) */
+  struct brg__dev_kernel k;
+  struct brg__dev_watchdog wd;
+  struct brg__dev_proxy px;
+  char step_why[256]; /* why collectives run in step mode, for a captured call */
   /* Several rings (progress.c): part r of a device collective runs on
    * ring r's communicator on rstream[r], which waits for fork_ev on the
    * caller's stream; the caller's stream waits for join_ev[r] after it. */
   void *fork_ev;
   void *rstream[BRG__DEVICE_MAX_RINGS], *join_ev[BRG__DEVICE_MAX_RINGS];
 };
-
-/* Per channel of a region: tail at 0, head at 64, counters at 128 (posted,
- * taken, the busy word, headers sent and checked, steps passed, launches
- * begun: ring_args.h), at 192 the headers the
- * next rank checked; then from KMETA one brg__rk_meta per slot and from
- * khdr(d) the mailbox of BRG__RK_HDRS headers, both written by the
- * previous rank; the slots follow at d->kctrl. */
-#define KMETA 256
-#define KACK 192
-/* Per channel of a link between hosts: tail at 0, head at 64, the posted
- * slots' sizes at 128 (BRG__MAX_SLOTS of them), at PHACK the headers taken
- * from the mailbox at PHDR (BRG__RK_HDRS brg__rk_hdr: the kernel's on the
- * link to the next rank, the previous rank's on the link from it); the
- * slots follow at PCTRL. */
-#define PHACK 768
-#define PHDR 1024
-#define PCTRL 8192
-#define KSTATUS_WORD 16 /* in kwords, a cache line after the abort word */
-#define KWATCH 1024     /* in kwords: a brg__rk_watch per channel */
-/* In kwords: the blocks of captured launches (graph replays, on any stream)
- * that began, and a cache line on (BRG__RK_ENDED) those that ended
- * (brg__rk_args.launches), for the drain at destroy. */
-#define KLAUNCHES 256
 
 /* What each rank tells every other one at setup. */
 typedef struct dev_blob {
@@ -242,6 +290,7 @@ typedef struct dev_blob {
   unsigned char rel_ev[BRG__MAX_SLOTS][HB];
   int32_t streams;     /* this rank's streams on its GPU (the caller's, the proxy's, the rings') */
   int32_t connections; /* its process's hardware queues per GPU (CUDA_DEVICE_MAX_CONNECTIONS) */
+  uint64_t kdirect_limit; /* the two-shot path's limit (BRIGADE_DEVICE_DIRECT_BYTES) */
 } dev_blob;
 
 /* What one rank offers for GPUDirect RDMA on its staged links. */
@@ -263,13 +312,13 @@ void brg__dev_pinned_free(const brg__cuda_api *api, char *host, size_t bytes);
 
 /* Bytes of a link's host region (every channel's words and slots). */
 static inline size_t brg__dev_pregion_bytes(const struct brg__dev_ring *d) {
-  return (size_t)d->kchannels * d->pstride;
+  return (size_t)d->k.channels * d->px.stride;
 }
 
 /* Kernel mode: every channel of this rank's kernels stops at its next
  * wait, writing ABORTED to the status word. */
 static inline void brg__dev_kernel_stop(struct brg__dev_ring *d) {
-  if (d->kwords) __atomic_store_n(&d->kwords[0], 1, __ATOMIC_RELEASE);
+  if (d->k.words) __atomic_store_n(&d->k.words->abort, 1, __ATOMIC_RELEASE);
 }
 
 /* cuda_ipc links (device_ring.c): the receiving end, this rank's memory

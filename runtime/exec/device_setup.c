@@ -99,9 +99,9 @@ static brg_status prepare_links(brg_comm *c, struct brg__dev_ring *d) {
   }
   /* Every rank slices alike (the slice is the pipeline unit); each link
    * carries a slice in slots of its own size. */
-  d->send_piece = d->send_staged ? c->slice_bytes : d->slice_bytes;
-  d->recv_piece = d->recv_staged ? c->slice_bytes : d->slice_bytes;
-  d->gdr_stride = c->slice_bytes + SLOT_SHIFT_ROOM;
+  d->st.send_piece = d->send_staged ? c->slice_bytes : d->slice_bytes;
+  d->st.recv_piece = d->recv_staged ? c->slice_bytes : d->slice_bytes;
+  d->st.gdr_stride = c->slice_bytes + SLOT_SHIFT_ROOM;
   return BRG_SUCCESS;
 }
 
@@ -111,11 +111,11 @@ static brg_status prepare_modes(brg_comm *c, struct brg__dev_ring *d, int staged
   int proxy = (int)brg__device_int(BRG__DEVICE_PROXY);
   d->async = proxy < 0 ? staged : proxy;
   const char *mode = brg__device_str(BRG__DEVICE_MODE);
-  d->kmode_req = !strcmp(mode, "auto")     ? 0
-                 : !strcmp(mode, "kernel") ? 1
-                 : !strcmp(mode, "step")   ? 2
-                                           : -1;
-  if (d->kmode_req < 0)
+  d->k.mode_req = !strcmp(mode, "auto")     ? 0
+                  : !strcmp(mode, "kernel") ? 1
+                  : !strcmp(mode, "step")   ? 2
+                                            : -1;
+  if (d->k.mode_req < 0)
     return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT,
                            "BRIGADE_DEVICE_MODE=\"%s\" is not a mode (auto, kernel or step)", mode);
   brg__dev_kernel_sizes(c, d, staged);
@@ -137,15 +137,15 @@ static void describe_rank(const brg_comm *c, const brg__cuda_api *api, struct br
   mine->pid = (int32_t)getpid();
   mine->process = process_token();
   if (api->drv.get_device(&mine->gpu) != 0) mine->gpu = 0;
-  d->gpu = mine->gpu;
+  d->px.gpu = mine->gpu;
   mine->nslots = d->nslots;
   mine->slice_bytes = d->slice_bytes;
   if (api->drv.device_uuid(mine->uuid) != 0) memset(mine->uuid, 0, sizeof mine->uuid);
   mine->mps = mps_verdict(api, mine->gpu, &mine->mps_driver);
   mine->streams = 1 + (d->async ? 1 : 0) + (c->nrings > 1 ? c->nrings - 1 : 0);
   mine->connections = hardware_queues();
-  mine->ksms = d->ksms;
-  mine->kper_sm = d->kper_sm;
+  mine->ksms = d->k.sms;
+  mine->kper_sm = d->k.per_sm;
 }
 
 static brg_status brg__device_ring_prepare(brg_comm *c, brg__dev_setup *st) {
@@ -275,6 +275,15 @@ static brg_status blobs_agree(brg_comm *c, const dev_blob *mine, const dev_blob 
                           (unsigned long long)all[r].kll_limit, c->rank,
                           (unsigned long long)mine->kos_limit, (unsigned long long)mine->kll_limit);
   for (int r = 0; s == BRG_SUCCESS && r < c->nranks; r++)
+    if (all[r].kdirect_limit != mine->kdirect_limit)
+      s = brg__comm_error(c, BRG_ERR_MISMATCH,
+                          "device collectives: rank %d takes the two-shot path for allreduces "
+                          "of up to %llu bytes, rank %d up to %llu: the ranks would take "
+                          "different paths for the same call (set BRIGADE_DEVICE_DIRECT_BYTES "
+                          "alike on every rank)",
+                          r, (unsigned long long)all[r].kdirect_limit, c->rank,
+                          (unsigned long long)mine->kdirect_limit);
+  for (int r = 0; s == BRG_SUCCESS && r < c->nranks; r++)
     if (all[r].kos_slot != mine->kos_slot || all[r].kll_slot != mine->kll_slot)
       s = brg__comm_error(c, BRG_ERR_MISMATCH,
                           "device collectives: rank %d has one-shot slots of %llu bytes (LL: "
@@ -302,17 +311,17 @@ static brg_status brg__device_ring_finish(brg_comm *c, brg__dev_setup *st, brg_s
   brg_status s = gathered == BRG_SUCCESS ? blobs_agree(c, mine, all) : gathered;
   int kwho = -1;
   const char *kwhy = s == BRG_SUCCESS ? brg__dev_kernel_refused(c, all, &kwho) : NULL;
-  if (s == BRG_SUCCESS && kwhy && d->kmode_req == 1)
+  if (s == BRG_SUCCESS && kwhy && d->k.mode_req == 1)
     s = brg__comm_error(c, all[kwho].kunfit ? BRG_ERR_UNAVAILABLE : BRG_ERR_INVALID_USAGE,
                         "device collectives: BRIGADE_DEVICE_MODE=kernel, but rank %d cannot run "
                         "them in kernel mode: %s",
                         kwho, kwhy);
-  d->kernel = s == BRG_SUCCESS && !kwhy;
+  d->k.on = s == BRG_SUCCESS && !kwhy;
   snprintf(d->step_why, sizeof d->step_why, "%s",
-           d->kmode_req == 2 ? "BRIGADE_DEVICE_MODE=step"
-           : kwhy            ? kwhy
-                             : "");
-  if (d->kernel)
+           d->k.mode_req == 2 ? "BRIGADE_DEVICE_MODE=step"
+           : kwhy             ? kwhy
+                              : "");
+  if (d->k.on)
     s = brg__dev_kernel_finish(c, d, mine, all);
   else if (s == BRG_SUCCESS)
     s = brg__dev_step_finish(c, d, mine, all, kwho, kwhy);
@@ -360,51 +369,51 @@ static void ring_release(struct brg__dev_ring *d) {
   brg__dev_stream_user_drop(d);
   brg__dev_proxy_join(d);
   for (int k = 0; k < d->nslots; k++) {
-    if (d->prev_opened && d->prev_send_ev[k]) api->drv.event_destroy(d->prev_send_ev[k]);
-    if (d->next_opened && d->next_rel_ev[k]) api->drv.event_destroy(d->next_rel_ev[k]);
+    if (d->st.prev_opened && d->st.prev_send_ev[k]) api->drv.event_destroy(d->st.prev_send_ev[k]);
+    if (d->st.next_opened && d->st.next_rel_ev[k]) api->drv.event_destroy(d->st.next_rel_ev[k]);
   }
-  brg__dev_link_close(&d->fifo_out);
-  if (d->send_reg) d->link_send->ops->dev_register(d->link_send, NULL, 0, -1, 0, NULL, NULL);
-  if (d->recv_reg) d->link_recv->ops->dev_register(d->link_recv, NULL, 0, -1, 0, NULL, NULL);
-  if (d->send_region) api->drv.host_unregister(d->send_region);
-  if (d->recv_region) api->drv.host_unregister(d->recv_region);
+  brg__dev_link_close(&d->st.fifo_out);
+  if (d->st.send_reg) d->link_send->ops->dev_register(d->link_send, NULL, 0, -1, 0, NULL, NULL);
+  if (d->st.recv_reg) d->link_recv->ops->dev_register(d->link_recv, NULL, 0, -1, 0, NULL, NULL);
+  if (d->st.send_region) api->drv.host_unregister(d->st.send_region);
+  if (d->st.recv_region) api->drv.host_unregister(d->st.recv_region);
   for (int k = 0; k < d->nslots; k++) {
-    if (d->send_ev[k]) api->drv.event_destroy(d->send_ev[k]);
-    if (d->rel_ev[k]) api->drv.event_destroy(d->rel_ev[k]);
+    if (d->st.send_ev[k]) api->drv.event_destroy(d->st.send_ev[k]);
+    if (d->st.rel_ev[k]) api->drv.event_destroy(d->st.rel_ev[k]);
   }
-  if (d->fifo_in.ops)
-    brg__dev_link_close(&d->fifo_in);
-  else if (d->fifo)
-    api->drv.mem_free(d->fifo); /* a GPUDirect link's slots */
-  if (d->gdr_send) api->drv.mem_free(d->gdr_send);
+  if (d->st.fifo_in.ops)
+    brg__dev_link_close(&d->st.fifo_in);
+  else if (d->st.fifo)
+    api->drv.mem_free(d->st.fifo); /* a GPUDirect link's slots */
+  if (d->st.gdr_send) api->drv.mem_free(d->st.gdr_send);
   if (d->proxy) api->drv.stream_destroy(d->proxy);
   if (d->proxy_ev) api->drv.event_destroy(d->proxy_ev);
   for (int i = 0; i < d->nspare; i++) api->drv.event_destroy(d->spare_ev[i]);
   free(d->spare_ev);
   for (int i = 0; i < d->ncallers; i++) api->drv.event_destroy(d->callers[i].ev);
   brg__dev_pinned_free(api, (char *)d->flag_host, FLAG_PAGE);
-  for (int r = 0; r < BRG__RK_MAX_PEERS; r++) brg__dev_link_close(&d->kos_c[r]);
-  brg__dev_link_close(&d->knext_c);
-  brg__dev_link_close(&d->kprev_c);
-  brg__dev_link_close(&d->kin);
-  if (d->kring) api->drv.mem_free(d->kring);
-  if (d->kdone_ev) api->drv.event_destroy(d->kdone_ev);
-  for (int i = 0; i < d->ngstreams; i++)
-    if (d->gdone_ev[i]) api->drv.event_destroy(d->gdone_ev[i]);
+  for (int r = 0; r < BRG__RK_MAX_PEERS; r++) brg__dev_link_close(&d->k.os.conn[r]);
+  brg__dev_link_close(&d->k.next_c);
+  brg__dev_link_close(&d->k.prev_c);
+  brg__dev_link_close(&d->k.in);
+  if (d->k.ring) api->drv.mem_free(d->k.ring);
+  if (d->k.done_ev) api->drv.event_destroy(d->k.done_ev);
+  for (int i = 0; i < d->k.ngstreams; i++)
+    if (d->k.gdone_ev[i]) api->drv.event_destroy(d->k.gdone_ev[i]);
   /* A graph that captured a launch may be replayed after this (the user's
    * error, docs/device.md): its kernels read the abort word first, set by
    * the drain, and end; so the page stays. */
-  if (!d->graphs) brg__dev_pinned_free(api, (char *)d->kwords, FLAG_PAGE);
+  if (!d->k.graphs) brg__dev_pinned_free(api, (char *)d->k.words, KWORDS_BYTES);
   for (int r = 0; r < BRG__DEVICE_MAX_RINGS; r++) {
     if (d->rstream[r]) api->drv.stream_destroy(d->rstream[r]);
     if (d->join_ev[r]) api->drv.event_destroy(d->join_ev[r]);
   }
   if (d->fork_ev) api->drv.event_destroy(d->fork_ev);
   /* (the proxy's links deregistered these when they closed) */
-  if (d->kgdr_sbuf) api->drv.mem_free(d->kgdr_sbuf);
-  if (d->kgdr_rbuf) api->drv.mem_free(d->kgdr_rbuf);
-  brg__dev_pinned_free(api, d->psend, brg__dev_pregion_bytes(d));
-  brg__dev_pinned_free(api, d->precv, brg__dev_pregion_bytes(d));
+  if (d->px.gdr.sbuf) api->drv.mem_free(d->px.gdr.sbuf);
+  if (d->px.gdr.rbuf) api->drv.mem_free(d->px.gdr.rbuf);
+  brg__dev_pinned_free(api, d->px.send, brg__dev_pregion_bytes(d));
+  brg__dev_pinned_free(api, d->px.recv, brg__dev_pregion_bytes(d));
   pthread_mutex_destroy(&d->ev_lock);
   free(d);
 }
@@ -416,7 +425,7 @@ brg_status brg__device_ring_drain(brg_comm *c) {
   if (__atomic_load_n(&c->broken, __ATOMIC_ACQUIRE) != BRG_SUCCESS ||
       __atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
     brg__dev_kernel_stop(d);
-  if (d->kernel) return brg__dev_kernel_drain(c, d);
+  if (d->k.on) return brg__dev_kernel_drain(c, d);
   if (brg__dev_own_work_drained(d, brg__deadline_ms(c->timeout_ms))) return BRG_SUCCESS;
   d->stuck = 1;
   /* The callers' streams must not wait for the ring's own forever: its

@@ -474,6 +474,41 @@ static int channels_for(int link, size_t slot) {
   return ch < 1 ? 1 : ch > DSHAPE_MAX_CHANNELS ? DSHAPE_MAX_CHANNELS : ch;
 }
 
+/* The region's shape for a link: channels and slot (the largest slot whose
+ * channels' slots fit the region budget). */
+static void shape_full(int link, int nslots, int *ch_out, size_t *slot_out) {
+  size_t slot = DSHAPE_MAX_SLOT;
+  int ch = channels_for(link, slot);
+  while (slot > DSHAPE_MIN_SLOT && (size_t)ch * (size_t)nslots * slot > DSHAPE_REGION) {
+    slot /= 2;
+    ch = channels_for(link, slot);
+  }
+  *ch_out = ch;
+  *slot_out = slot;
+}
+
+/* A given buffer in a region of `ch` channels of `slot`-byte slots: a ring
+ * step carries bytes / nranks, cut over the channels, each at least one
+ * pass of its block (8 KiB) while there are enough, in the smallest slot
+ * that holds its share. */
+static void shape_for(int nranks, size_t bytes, int *ch, size_t *slot) {
+  if (!bytes) return;
+  size_t step = bytes / (size_t)nranks, share;
+  if (step / DSHAPE_MIN_SHARE < (size_t)*ch)
+    *ch = step / DSHAPE_MIN_SHARE ? (int)(step / DSHAPE_MIN_SHARE) : 1;
+  share = (step + (size_t)*ch - 1) / (size_t)*ch;
+  while (*slot / 2 >= DSHAPE_MIN_SLOT && *slot / 2 >= share) *slot /= 2;
+}
+
+void brg__model_device_call(int nranks, size_t bytes, int *channels, size_t *slot_bytes) {
+  if (nranks < 2 || !bytes) return;
+  int ch = *channels;
+  size_t slot = *slot_bytes;
+  shape_for(nranks, bytes, &ch, &slot);
+  *channels = ch < *channels ? ch : *channels;
+  *slot_bytes = slot < *slot_bytes ? slot : *slot_bytes;
+}
+
 brg__device_shape brg__model_device_shape(int link, int nranks, int nslots, size_t bytes) {
   brg__device_shape sh = {1, 0, ""};
   if (link < 0 || link >= BRG__DLINK_COUNT) link = BRG__DLINK_HOST;
@@ -485,25 +520,12 @@ brg__device_shape brg__model_device_shape(int link, int nranks, int nslots, size
                           "the channels, bounds the ring)");
     return sh;
   }
-  /* The largest slot whose channels' slots fit the region budget. */
-  size_t slot = DSHAPE_MAX_SLOT;
-  int ch = channels_for(link, slot);
-  while (slot > DSHAPE_MIN_SLOT && (size_t)ch * (size_t)nslots * slot > DSHAPE_REGION) {
-    slot /= 2;
-    ch = channels_for(link, slot);
-  }
-  int full = ch;
-  size_t full_slot = slot;
-  /* A given buffer: a ring step carries bytes / nranks, cut over the
-   * channels, each at least one pass of its block (8 KiB) while there are
-   * enough, in the smallest slot that holds its share. */
-  if (bytes > 0) {
-    size_t step = bytes / (size_t)nranks, share;
-    if (step / DSHAPE_MIN_SHARE < (size_t)ch)
-      ch = step / DSHAPE_MIN_SHARE ? (int)(step / DSHAPE_MIN_SHARE) : 1;
-    share = (step + (size_t)ch - 1) / (size_t)ch;
-    while (slot / 2 >= DSHAPE_MIN_SLOT && slot / 2 >= share) slot /= 2;
-  }
+  int ch, full;
+  size_t slot, full_slot;
+  shape_full(link, nslots, &full, &full_slot);
+  ch = full;
+  slot = full_slot;
+  shape_for(nranks, bytes, &ch, &slot);
   double rate = (double)full_slot /
                 ((double)full_slot / (dlinks[link].chan_gbs * 1e9) + dlinks[link].post_us * 1e-6);
   snprintf(sh.why, sizeof sh.why,

@@ -119,5 +119,11 @@ const char *brg__dlink_name(int link);
  * that holds a channel's share of a step of a smaller buffer. HOST links:
  * one channel and a slot of 0 (the host link's own). */
 brg__device_shape brg__model_device_shape(int link, int nranks, int nslots, size_t bytes);
+/* A call's shape within a region of *channels channels of *slot_bytes
+ * slots (what setup made from brg__model_device_shape(.., 0)): the
+ * model's channels and slot for an allreduce of `bytes` on nranks, never
+ * more than the region's, without the log line: cheap enough for every
+ * call, and the same on every rank. Unchanged for 0 bytes or one rank. */
+void brg__model_device_call(int nranks, size_t bytes, int *channels, size_t *slot_bytes);
 
 #endif

@@ -1740,7 +1740,7 @@ static int device_uuid(unsigned char uuid[16]) {
  * would fault on one that is not (checked here, at the launch, so the
  * error names it instead of a kernel that dies). */
 static int ring_reachable(int dev, const brg__rk_args *a, int channels) {
-  size_t slots = (size_t)a->nslots * a->slot_bytes;
+  size_t slots = (size_t)a->nslots * (a->slot_stride ? a->slot_stride : a->slot_bytes);
   int ok = reachable(dev, a->abort_word, sizeof(int)) && reachable(dev, a->status, sizeof(int)) &&
            reachable(dev, a->ring, (size_t)a->nranks * sizeof(int)) &&
            reachable(dev, a->sendbuf, a->count ? 1 : 0) &&
@@ -1754,8 +1754,10 @@ static int ring_reachable(int dev, const brg__rk_args *a, int channels) {
          reachable(dev, l->send_sizes, (size_t)a->nslots * sizeof(uint64_t));
   }
   for (int r = 0; ok && a->oneshot && r < a->nranks && r < BRG__RK_MAX_PEERS; r++)
-    ok =
-        reachable(dev, a->os.area[r], brg__rk_os_bytes(a->nranks, a->os.slot_bytes, a->os.ll_slot));
+    ok = reachable(dev, a->os.area[r],
+                   brg__rk_os_bytes(a->nranks, a->os.slot_bytes, a->os.ll_slot)) &&
+         (!a->os.direct || reachable(dev, a->os.area[r] + a->os.direct_off,
+                                     brg__rk_direct_bytes(a->nranks, a->os.dslot)));
   return ok;
 }
 

@@ -4,7 +4,7 @@
  * one launch per collective of C channel blocks, talking only through the
  * FIFOs' slots and flags in shared memory, as GPUs do through CUDA IPC.
  *
- *   test_ring_kernel_emu threads|procs N CHANNELS BLOCK_THREADS [quick|oneshot|ll|align|misalign]
+ *   test_ring_kernel_emu threads|procs N CHANNELS BLOCK_THREADS [quick|oneshot|ll|align|misalign|direct]
  *   test_ring_kernel_emu abort N CHANNELS BLOCK_THREADS [oneshot|ll]
  *   test_ring_kernel_emu stale 2 1 BLOCK_THREADS
  *   test_ring_kernel_emu cost N CHANNELS BLOCK_THREADS
@@ -40,6 +40,10 @@
  * shifted) but for a few elements at each call's ends: the elements taken
  * one at a time beyond the head and tail that align a destination must
  * stay under one in 16 of the outputs'.
+ *
+ * `direct` runs only the direct paths of allreduce on CHANNELS blocks
+ * (ring_args.h): the one-shot and two-shot forms by turns, every dtype and
+ * op, odd counts, in place and out of place, every element checked.
  *
  * abort: rank N-1 never launches; the others' allreduce (the one-shot one
  * with `oneshot`, its LL form with `ll`) waits for it until another thread sets the abort word;
@@ -97,6 +101,13 @@ static const size_t OS_SLOT = 36864; /* one-shot: room for 4099 elements of 8 by
 static const size_t LL_SLOT = brg__rk_ll_slot(OS_SLOT);
 
 static int g_n, g_channels, g_threads, g_quick, g_only_oneshot, g_align, g_ll, g_misalign;
+static int g_direct; /* the direct paths on CHANNELS blocks only */
+/* Direct paths: room for one rank's input (4099 elements of 8 bytes), the
+ * two-shot's block and its result in a half each. */
+static const size_t D_SLOT = 36864;
+static size_t area_bytes(int n) {
+  return brg__rk_os_bytes(n, OS_SLOT, LL_SLOT) + brg__rk_direct_bytes(n, D_SLOT);
+}
 /* misalign: output elements of every rank's cases, the measure of the scalar bound */
 static std::atomic<uint64_t> g_out_elems{0};
 
@@ -119,7 +130,7 @@ static int *g_ring;            /* position -> rank */
 static char *g_os;             /* the one-shot areas, one per rank */
 
 static char *os_area(int rank) {
-  return g_os + (size_t)rank * brg__rk_os_bytes(g_n, OS_SLOT, LL_SLOT);
+  return g_os + (size_t)rank * area_bytes(g_n);
 }
 
 static chan_mem &cm(int rank, int ch) {
@@ -250,7 +261,8 @@ struct tcase {
   int kind, dtype, op;
   size_t count;
   int inplace, root;
-  int oneshot; /* an allreduce by the one-shot path: 1, or 2 in its LL form */
+  int oneshot; /* an allreduce by the one-shot path: 1, or 2 in its LL form; by the direct
+                * paths on many blocks: 3 the one-shot form, 4 the two-shot form */
 };
 
 static std::vector<tcase> make_cases() {
@@ -288,6 +300,19 @@ static std::vector<tcase> make_cases() {
                 v.push_back({kind, dt, op, n, inplace, root, 1});
             }
         }
+    return v;
+  }
+  if (g_direct) {
+    /* The direct paths: allreduce, every dtype and op, odd counts (some
+     * below blocks x ranks: empty parts), in place and out of place, the
+     * one-shot and two-shot forms by turns, sharing the areas' counters. */
+    for (int dt = 0; dt < BRG_NUM_DTYPES; dt++)
+      for (int op = 0; op < BRG_NUM_OPS; op++) {
+        if (op >= BRG_BAND && dt >= BRG_FLOAT16) continue;
+        for (size_t n : {(size_t)1, (size_t)7, (size_t)509, (size_t)4099})
+          for (int inplace = 0; inplace < 2; inplace++)
+            v.push_back({BRG__COLL_ALLREDUCE, dt, op, n, inplace, 0, 3 + (int)(v.size() % 2)});
+      }
     return v;
   }
   const size_t counts[] = {0, 1, 7, 4099, 20011};
@@ -435,6 +460,13 @@ static int run_rank(int rank) {
       a.os.ll = t.oneshot == 2 || (g_only_oneshot && !g_ll && ci % 2);
       for (int q = 0; q < g_n; q++) a.os.area[q] = os_area(q);
       blocks = 1;
+      if (t.oneshot >= 3) {
+        a.os.direct = t.oneshot == 3 ? BRG__RK_ONESHOT_MANY : BRG__RK_TWOSHOT;
+        a.os.direct_off = brg__rk_os_bytes(g_n, OS_SLOT, LL_SLOT);
+        a.os.dslot = D_SLOT;
+        a.os.ll = 0;
+        blocks = (unsigned)g_channels;
+      }
     }
     if (brg_simt_emu::launch(blocks, (unsigned)g_threads, [&] { run(a); }) != 0) {
       fprintf(stderr, "FAIL rank %d: the emulator could not launch\n", rank);
@@ -491,7 +523,7 @@ static void setup_shared(int n) {
   g_mem = static_cast<chan_mem *>(shared_alloc(sizeof(chan_mem) * (size_t)n * MAX_CHANNELS));
   g_abort = static_cast<int *>(shared_alloc(4096));
   g_ring = static_cast<int *>(shared_alloc(4096));
-  g_os = static_cast<char *>(shared_alloc((size_t)n * brg__rk_os_bytes(n, OS_SLOT, LL_SLOT)));
+  g_os = static_cast<char *>(shared_alloc((size_t)n * area_bytes(n)));
   g_watch =
       static_cast<brg__rk_watch *>(shared_alloc(sizeof(brg__rk_watch) * (size_t)n * MAX_CHANNELS));
   /* position p holds rank (p + 1) mod N: the ring is not the rank order */
@@ -680,7 +712,7 @@ static int run_stale() {
 
   /* The one-shot path, on memory as new. */
   memset(g_mem, 0, sizeof(chan_mem) * (size_t)g_n * MAX_CHANNELS);
-  memset(g_os, 0, (size_t)g_n * brg__rk_os_bytes(g_n, OS_SLOT, LL_SLOT));
+  memset(g_os, 0, (size_t)g_n * area_bytes(g_n));
   __atomic_store_n(g_abort, 0, __ATOMIC_RELEASE);
   memset(g_watch, 0, sizeof(brg__rk_watch) * (size_t)g_n * MAX_CHANNELS);
   size_t small = 100;
@@ -828,6 +860,12 @@ static int cost_phase(int path, size_t count, int launches, cost *out, uint64_t 
           for (int q = 0; q < g_n; q++) a.os.area[q] = os_area(q);
           nb = 1;
         }
+        if (path >= 3) { /* the direct paths, on CHANNELS blocks */
+          a.os.direct = path == 3 ? BRG__RK_ONESHOT_MANY : BRG__RK_TWOSHOT;
+          a.os.direct_off = brg__rk_os_bytes(g_n, OS_SLOT, LL_SLOT);
+          a.os.dslot = D_SLOT;
+          nb = (unsigned)g_channels;
+        }
         *status = OK;
         if (brg_simt_emu::launch(nb, (unsigned)g_threads, [&] { run(a); }) != 0 || *status != OK) {
           fprintf(stderr, "FAIL cost: rank %d launch %d: status %d\n", r, k, *status);
@@ -845,7 +883,8 @@ static int cost_phase(int path, size_t count, int launches, cost *out, uint64_t 
     });
   for (auto &t : th) t.join();
   *out = cost::now() - before;
-  *blocks = (uint64_t)g_n * (uint64_t)launches * (path ? 1u : (unsigned)g_channels);
+  *blocks =
+      (uint64_t)g_n * (uint64_t)launches * (path == 1 || path == 2 ? 1u : (unsigned)g_channels);
   int bad = 0;
   for (int f : fails) bad += f;
   return bad;
@@ -855,14 +894,15 @@ static int cost_phase(int path, size_t count, int launches, cost *out, uint64_t 
  * counts): the hot path, a wait's spins and a slot's work, reads host
  * memory (a round trip over PCIe from a GPU) at most once per POLL_SPINS
  * spins, beyond a few reads a launch; every post takes one system fence;
- * a one-shot launch N (one flag a rank), its LL form none. */
+ * a one-shot launch N (one flag a rank), its LL form none; a block of
+ * the direct paths N (one-shot) or 2N - 1 (two-shot). */
 static int run_cost() {
   brg_simt_emu::set_host_lookup(host_range);
   int bad = 0;
-  const char *names[3] = {"ring", "one-shot", "LL"};
-  const size_t counts[3] = {200000, 1000, 1000};
-  const int launches[3] = {2, 40, 40};
-  for (int path = 0; path < 3; path++) {
+  const char *names[5] = {"ring", "one-shot", "LL", "one-shot on many blocks", "two-shot"};
+  const size_t counts[5] = {200000, 1000, 1000, 4099, 4099};
+  const int launches[5] = {2, 40, 40, 20, 20};
+  for (int path = 0; path < 5; path++) {
     cost c;
     uint64_t blocks = 0;
     bad += cost_phase(path, counts[path], launches[path], &c, &blocks);
@@ -876,12 +916,20 @@ static int run_cost() {
            (unsigned long long)posts, (unsigned long long)spins, (unsigned long long)loads,
            (unsigned long long)stores, (unsigned long long)fences,
            (unsigned long long)c[BRG_SIMT_COUNT_SCALAR]);
-    /* the hot path: once per POLL_SPINS spins, and a launch's start and
-     * its first poll (2 a block) */
-    if (loads > spins / POLL_SPINS + 2 * blocks) {
+    /* per unit of work: a ring slot, or a block of a one-hop launch */
+    double units = path == 0 ? (double)(posts ? posts : 1) : (double)blocks;
+    printf("cost %s per %s: %.3f host loads, %.3f host stores, %.3f system fences, %.0f bytes "
+           "of the call; %.2f blocks a launch\n",
+           names[path], path == 0 ? "slot posted" : "block", (double)loads / units,
+           (double)stores / units, (double)fences / units,
+           (double)counts[path] * sizeof(float) * (double)nl / units, (double)blocks / (double)nl);
+    /* the hot path: once per POLL_SPINS spins, and a launch's start (1 a
+     * block): no slot and no wait reads host memory before POLL_SPINS
+     * spins */
+    if (loads > spins / POLL_SPINS + blocks) {
       fprintf(stderr,
               "FAIL cost %s: %llu host loads for %llu spins of %llu blocks (at most one per %u "
-              "spins and 2 a block)\n",
+              "spins and 1 a block)\n",
               names[path], (unsigned long long)loads, (unsigned long long)spins,
               (unsigned long long)blocks, POLL_SPINS);
       bad++;
@@ -916,12 +964,22 @@ static int run_cost() {
         bad++;
       }
     } else {
-      uint64_t want = path == 1 ? (uint64_t)g_n * nl : 0; /* one release per flag */
+      /* one release per flag: a one-shot launch's N, a direct block's N
+       * (one-shot) or 2N - 1 (two-shot: inputs to all, results to others) */
+      uint64_t want = path == 1   ? (uint64_t)g_n * nl
+                      : path == 3 ? (uint64_t)g_n * blocks
+                      : path == 4 ? (uint64_t)(2 * g_n - 1) * blocks
+                                  : 0;
       if (fences != want || posts) {
         fprintf(stderr,
                 "FAIL cost %s: %llu system fences (%llu expected: %s) and %llu ring slots\n",
                 names[path], (unsigned long long)fences, (unsigned long long)want,
-                path == 1 ? "one per rank's flag" : "none", (unsigned long long)posts);
+                path == 2 ? "none" : "one per flag raised", (unsigned long long)posts);
+        bad++;
+      }
+      if (path >= 3 && c[BRG_SIMT_COUNT_SCALAR]) {
+        fprintf(stderr, "FAIL cost %s: %llu elements off the vector path, buffers aligned\n",
+                names[path], (unsigned long long)c[BRG_SIMT_COUNT_SCALAR]);
         bad++;
       }
       if (stores > 4 * (spins / POLL_SPINS) + 12 * blocks) {
@@ -945,7 +1003,7 @@ int main(int argc, char **argv) {
   if (argc < 3) {
     fprintf(stderr,
             "usage: %s threads|procs|abort N CHANNELS BLOCK_THREADS "
-            "[quick|oneshot|ll|align|misalign]\n",
+            "[quick|oneshot|ll|align|misalign|direct]\n",
             argv[0]);
     return 2;
   }
@@ -958,6 +1016,7 @@ int main(int argc, char **argv) {
   g_quick = g_only_oneshot || (argc > 5 && strcmp(argv[5], "quick") == 0);
   g_align = argc > 5 && strcmp(argv[5], "align") == 0;
   g_misalign = argc > 5 && strcmp(argv[5], "misalign") == 0;
+  g_direct = argc > 5 && strcmp(argv[5], "direct") == 0;
   if (g_n < 1 || g_n > 8 || g_channels < 1 || g_channels > MAX_CHANNELS || g_threads < 1 ||
       g_threads > 1024) {
     fprintf(stderr, "bad arguments\n");
@@ -983,7 +1042,8 @@ int main(int argc, char **argv) {
   }
   printf("test_ring_kernel_emu %s N=%d channels=%d threads=%d%s: %s\n", mode, g_n, g_channels,
          g_threads,
-         g_ll             ? " one-shot LL only"
+         g_direct         ? " direct paths only (one-shot and two-shot on many blocks)"
+         : g_ll           ? " one-shot LL only"
          : g_only_oneshot ? " one-shot only"
          : g_align        ? " aligned buffers"
          : g_misalign     ? " buffers off 16 bytes, each rank its own"

@@ -54,7 +54,7 @@ int main(void) {
   setenv("NCCL_SOCKET_IFNAME", "=lo,eth", 1);
   setenv("NCCL_IB_HCA", "^mlx5_1", 1);
   setenv("NCCL_BUFFSIZE", "8388608", 1);
-  setenv("NCCL_MAX_NCHANNELS", "32", 1);
+  setenv("NCCL_MAX_NCHANNELS", "48", 1);
   setenv("NCCL_IB_TIMEOUT", "14", 1);
   setenv("BRIGADE_IB_TIMEOUT", "20", 1); /* set by the user: wins */
   setenv("NCCL_NTHREADS", "512", 1);
@@ -99,13 +99,13 @@ int main(void) {
   expect_env("BRIGADE_IB_HCA", NULL);
   expect_env("BRIGADE_SLICE_BYTES", "1048576"); /* 8 MiB over 8 slots */
   expect_env("BRIGADE_DEVICE_SLICE_BYTES", "1048576");
-  expect_env("BRIGADE_DEVICE_CHANNELS", "16");
+  expect_env("BRIGADE_DEVICE_CHANNELS", "32");
   expect_env("BRIGADE_IB_TIMEOUT", "20");
 
   expect_line(log, "INFO [init] NCCL_ALGO=Tree taken as BRIGADE_ALGO=tree", NULL);
   expect_line(log, "NCCL_IB_DISABLE=1", "taken as BRIGADE_TRANSPORTS=cuda_ipc,tcp");
   expect_line(log, "NCCL_DEBUG_SUBSYS=INIT,BOOTSTRAP,GRAPH taken as", "no GRAPH subsystem");
-  expect_line(log, "NCCL_MAX_NCHANNELS=32 taken as BRIGADE_DEVICE_CHANNELS=16", "at most 16");
+  expect_line(log, "NCCL_MAX_NCHANNELS=48 taken as BRIGADE_DEVICE_CHANNELS=32", "at most 32");
   expect_line(log, "NCCL_IB_TIMEOUT=14 not applied: BRIGADE_IB_TIMEOUT=20 is set", NULL);
   expect_line(log, "WARN [init] NCCL_IB_HCA=^mlx5_1 not applied", NULL);
   /* One WARN names both variables brigade has no meaning for. */

@@ -164,6 +164,17 @@ static void test_device_shape(void **state) {
           size_t share = (step + (size_t)b.channels - 1) / (size_t)b.channels;
           assert_true(b.slot_bytes == 65536 || b.slot_bytes / 2 < share);
           assert_true(share <= b.slot_bytes || b.slot_bytes == slot);
+          /* a call's shape at issue time, within the region's: the model's */
+          int cch = full.channels;
+          size_t cslot = full.slot_bytes;
+          brg__model_device_call(n, sizes[s], &cch, &cslot);
+          assert_int_equal(cch, b.channels);
+          assert_int_equal(cslot, b.slot_bytes);
+          /* ...and never more than a smaller region holds */
+          cch = 3;
+          cslot = 65536;
+          brg__model_device_call(n, sizes[s], &cch, &cslot);
+          assert_true(cch >= 1 && cch <= 3 && cslot == 65536);
           last = b.channels;
         }
       }

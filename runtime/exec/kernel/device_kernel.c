@@ -17,7 +17,15 @@
 
 /* The region of one rank: per channel the control words and the slots. */
 static size_t kregion_bytes(const struct brg__dev_ring *d) {
-  return (size_t)d->kchannels * d->kstride + d->kos_bytes;
+  return (size_t)d->k.channels * d->k.stride + d->k.os.bytes + d->k.os.dbytes;
+}
+
+/* Bytes of a region that must start at zero: all but the direct area's
+ * slots, which a call reads only after its writer's flag says so (and
+ * which a large two-shot limit would otherwise have written in full). */
+static size_t kregion_clear_bytes(const struct brg__dev_ring *d) {
+  return (size_t)d->k.channels * d->k.stride + d->k.os.bytes +
+         (d->k.os.dbytes ? BRG__RK_DIRECT_DATA : 0);
 }
 
 /*
@@ -28,14 +36,15 @@ static size_t kregion_bytes(const struct brg__dev_ring *d) {
  * block never does. Each GPU holds the channels of every rank on it
  * (ranks as threads, and processes under MPS, which share its SMs; the
  * count of all of them even without MPS, where kernel mode is forced).
- * A rank's launches run one after another (kdone_ev), so its one-shot
- * launch (one block) never runs beside its ring launch: channels x ranks
- * bounds what a GPU runs at once. Every rank takes the fewest channels
+ * A rank's launches run one after another (done_ev), so its one-hop
+ * launches (one block, or at most its channels on the direct paths) never
+ * run beside its ring launch: channels x ranks bounds what a GPU runs at
+ * once. Every rank takes the fewest channels
  * any GPU fits from the same descriptions, so all agree; 0 when not even
  * one channel a rank fits (b->kwhy says why, with the numbers).
  */
 static int kernel_fit(brg_comm *c, struct brg__dev_ring *d, const dev_blob *all, dev_blob *b) {
-  int fit = d->kchannels, who = -1, sharing = 0;
+  int fit = d->k.channels, who = -1, sharing = 0;
   for (int r = 0; r < c->nranks; r++) {
     if (all[r].ksms <= 0 || all[r].kper_sm <= 0) continue; /* no bound known */
     int n = 0;
@@ -62,8 +71,8 @@ static int kernel_fit(brg_comm *c, struct brg__dev_ring *d, const dev_blob *all,
             "device ring: kernel mode's channels %d -> %d: %d ranks share rank %d's GPU, which "
             "runs %d blocks of %d threads at once (%d SMs x %d a SM), and every channel of "
             "every rank there must run at once",
-            d->kchannels, fit, sharing, who, cap, KTHREADS, all[who].ksms, all[who].kper_sm);
-  d->kchannels = fit;
+            d->k.channels, fit, sharing, who, cap, KTHREADS, all[who].ksms, all[who].kper_sm);
+  d->k.channels = fit;
   return 1;
 }
 
@@ -76,14 +85,15 @@ void brg__dev_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b, co
                            int staged) {
   const brg__cuda_api *api = d->api;
   const dev_blob *prev = &all[c->prev], *next = &all[c->next];
-  b->kmode_req = d->kmode_req;
-  b->kchannels = d->kchannels;
-  b->kslot = d->kslot;
-  b->kos_slot = d->kos_slot;
-  b->kll_slot = d->kll_slot;
-  b->kos_limit = d->kos_limit;
-  b->kll_limit = d->kll_limit;
-  if (d->kmode_req == 2) {
+  b->kmode_req = d->k.mode_req;
+  b->kchannels = d->k.channels;
+  b->kslot = d->k.slot;
+  b->kos_slot = d->k.os.slot;
+  b->kll_slot = d->k.os.ll_slot;
+  b->kos_limit = d->k.os.limit;
+  b->kll_limit = d->k.os.ll_limit;
+  b->kdirect_limit = d->k.os.dlimit;
+  if (d->k.mode_req == 2) {
     snprintf(b->kwhy, sizeof b->kwhy, "BRIGADE_DEVICE_MODE=step");
     return;
   }
@@ -94,10 +104,10 @@ void brg__dev_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b, co
              "communicator for them was not made");
     return;
   }
-  if (staged && c->devnet->send.fifo.slot_bytes < d->kslot) {
+  if (staged && c->devnet->send.fifo.slot_bytes < d->k.slot) {
     snprintf(b->kwhy, sizeof b->kwhy,
              "the staged links' slots (%zu bytes) are smaller than kernel mode's (%zu)",
-             c->devnet->send.fifo.slot_bytes, d->kslot);
+             c->devnet->send.fifo.slot_bytes, d->k.slot);
     return;
   }
   if (staged && (!c->devnet->send.ops->proxy_post || !c->devnet->recv.ops->proxy_post)) {
@@ -116,37 +126,37 @@ void brg__dev_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b, co
    * next's where the link from the previous one is staged). */
   brg__errbuf err = {0};
   const dev_blob *writer = !d->recv_staged ? prev : !d->send_staged ? next : b;
-  if (brg__dev_link_export(c, d, &d->kin, !d->recv_staged ? c->prev : c->next, b, writer,
-                           kregion_bytes(d), d->kslot, 0, b->kregion_info, &err) != BRG_SUCCESS) {
+  if (brg__dev_link_export(c, d, &d->k.in, !d->recv_staged ? c->prev : c->next, b, writer,
+                           kregion_bytes(d), d->k.slot, 0, b->kregion_info, &err) != BRG_SUCCESS) {
     snprintf(b->kwhy, sizeof b->kwhy, "%.127s", err.msg);
     return;
   }
-  d->kregion = d->kin.fifo.data;
+  d->k.region = d->k.in.fifo.data;
   const char *what = "clearing the kernel-mode FIFOs";
-  int e = api->drv.mem_set(d->kregion, 0, kregion_bytes(d));
+  int e = api->drv.mem_set(d->k.region, 0, kregion_clear_bytes(d));
   if (!e) {
     what = "cudaMalloc of the ring order";
-    e = api->drv.mem_alloc((void **)&d->kring, (size_t)c->nranks * sizeof(int));
+    e = api->drv.mem_alloc((void **)&d->k.ring, (size_t)c->nranks * sizeof(int));
   }
   if (!e) {
     what = "copying the ring order";
-    e = api->drv.mem_copy(d->kring, c->ring, (size_t)c->nranks * sizeof(int));
+    e = api->drv.mem_copy(d->k.ring, c->ring, (size_t)c->nranks * sizeof(int));
   }
   if (!e) {
     what = "cudaEventCreate";
-    e = api->drv.event_create(&d->kdone_ev);
+    e = api->drv.event_create(&d->k.done_ev);
   }
   if (!e) {
     what = "the abort and status words";
-    e = brg__dev_pinned_alloc(api, FLAG_PAGE, (char **)&d->kwords, (char **)&d->kwords_dev);
+    e = brg__dev_pinned_alloc(api, KWORDS_BYTES, (char **)&d->k.words, (char **)&d->k.words_dev);
   }
   if (!e && d->send_staged) {
     what = "pinned host memory for the slots to the next rank (staged link)";
-    e = brg__dev_pinned_alloc(api, brg__dev_pregion_bytes(d), &d->psend, &d->psend_dev);
+    e = brg__dev_pinned_alloc(api, brg__dev_pregion_bytes(d), &d->px.send, &d->px.send_dev);
   }
   if (!e && d->recv_staged) {
     what = "pinned host memory for the slots from the previous rank (staged link)";
-    e = brg__dev_pinned_alloc(api, brg__dev_pregion_bytes(d), &d->precv, &d->precv_dev);
+    e = brg__dev_pinned_alloc(api, brg__dev_pregion_bytes(d), &d->px.recv, &d->px.recv_dev);
   }
   if (e) {
     snprintf(b->kwhy, sizeof b->kwhy, "%s: %s", what,
@@ -155,7 +165,7 @@ void brg__dev_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b, co
   }
   brg__dev_proxy_gdr(c, d, b);
   b->kernel_ok = 1;
-  b->kos_ok = d->kos_slot > 0 && !staged; /* one hop reaches the ranks of cuda_ipc links only */
+  b->kos_ok = d->k.os.slot > 0 && !staged; /* one hop reaches the ranks of cuda_ipc links only */
   for (int r = 0; b->kos_ok && r < c->nranks; r++) b->kos_ok &= brg__dev_reaches(d, b, &all[r]);
 }
 
@@ -163,7 +173,7 @@ void brg__dev_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b, co
 static brg_status kernel_map(brg_comm *c, struct brg__dev_ring *d, const dev_blob *self,
                              const dev_blob *peer, int rank, brg__conn *l, char **out) {
   brg_status s =
-      brg__dev_link_map(c, d, l, rank, self, peer, kregion_bytes(d), d->kslot, peer->kregion_info);
+      brg__dev_link_map(c, d, l, rank, self, peer, kregion_bytes(d), d->k.slot, peer->kregion_info);
   if (s == BRG_SUCCESS) *out = l->fifo.data;
   return s;
 }
@@ -172,13 +182,13 @@ static brg_status kernel_map(brg_comm *c, struct brg__dev_ring *d, const dev_blo
 static brg_status setup_kernel_links(brg_comm *c, struct brg__dev_ring *d, const dev_blob *self,
                                      const dev_blob *next, const dev_blob *prev) {
   brg_status s = BRG_SUCCESS;
-  if (!d->send_staged) s = kernel_map(c, d, self, next, c->next, &d->knext_c, &d->knext);
+  if (!d->send_staged) s = kernel_map(c, d, self, next, c->next, &d->k.next_c, &d->k.next);
   if (s != BRG_SUCCESS || d->recv_staged) return s;
   if (c->prev == c->next && !d->send_staged) {
-    d->kprev = d->knext; /* two ranks: one mapping serves both links */
+    d->k.prev = d->k.next; /* two ranks: one mapping serves both links */
     return BRG_SUCCESS;
   }
-  return kernel_map(c, d, self, prev, c->prev, &d->kprev_c, &d->kprev);
+  return kernel_map(c, d, self, prev, c->prev, &d->k.prev_c, &d->k.prev);
 }
 
 /* The one-shot path, where every rank's GPU reaches every rank's area (all
@@ -188,7 +198,7 @@ static brg_status setup_oneshot(brg_comm *c, struct brg__dev_ring *d, const dev_
   int who = -1;
   for (int r = 0; r < c->nranks; r++)
     if (!all[r].kos_ok && who < 0) who = r;
-  if (!d->kos_slot) return BRG_SUCCESS;
+  if (!d->k.os.slot) return BRG_SUCCESS;
   if (brg__device_staged_any(c)) {
     BRG__INFO("init", "device ring: no one-shot allreduce: device links of the ring are staged "
                       "through host links (ranks on several hosts, or cuda_ipc not among "
@@ -202,19 +212,19 @@ static brg_status setup_oneshot(brg_comm *c, struct brg__dev_ring *d, const dev_
               who);
     return BRG_SUCCESS;
   }
-  size_t off = (size_t)d->kchannels * d->kstride;
+  size_t off = (size_t)d->k.channels * d->k.stride;
   for (int r = 0; r < c->nranks; r++) {
-    char *base = r == c->rank   ? d->kregion
-                 : r == c->next ? d->knext
-                 : r == c->prev ? d->kprev
+    char *base = r == c->rank   ? d->k.region
+                 : r == c->next ? d->k.next
+                 : r == c->prev ? d->k.prev
                                 : NULL;
     if (!base) {
-      brg_status s = kernel_map(c, d, self, &all[r], r, &d->kos_c[r], &base);
+      brg_status s = kernel_map(c, d, self, &all[r], r, &d->k.os.conn[r], &base);
       if (s != BRG_SUCCESS) return s;
     }
-    d->kos_area[r] = base + off;
+    d->k.os.area[r] = base + off;
   }
-  d->oneshot = 1;
+  d->k.os.on = 1;
   return BRG_SUCCESS;
 }
 
@@ -254,27 +264,30 @@ static void kernel_shape(brg_comm *c, struct brg__dev_ring *d, int staged) {
   int set_ch = (int)brg__device_int(BRG__DEVICE_CHANNELS);
   int set_slot = brg__config_is_set(&brg__core_config, BRG__CORE_SLICE_BYTES);
   const char *ch_from = set_ch ? "BRIGADE_DEVICE_CHANNELS" : "the model";
-  d->kchannels = set_ch ? set_ch : m.channels;
-  if (!set_ch && d->kchannels > blocks) {
-    d->kchannels = blocks;
+  d->k.channels = set_ch ? set_ch : m.channels;
+  if (!set_ch && d->k.channels > blocks) {
+    d->k.channels = blocks;
     ch_from = "the model, within BRIGADE_DEVICE_BLOCKS";
   }
-  if (d->kchannels > BRG__RK_MAX_CHANNELS) {
-    d->kchannels = BRG__RK_MAX_CHANNELS;
+  if (d->k.channels > BRG__RK_MAX_CHANNELS) {
+    d->k.channels = BRG__RK_MAX_CHANNELS;
     ch_from = set_ch ? "BRIGADE_DEVICE_CHANNELS, within the kernel's limit"
                      : "the model, within the kernel's limit";
   }
   if (staged) {
-    d->kchannels = 1;
+    d->k.channels = 1;
     ch_from = "a staged link: one";
   }
+  /* a call takes the model's shape for its size (kernel_call_shape) only
+   * where the model shaped the region and the links are GPU to GPU */
+  d->k.shape_per_call = !staged && !set_ch && !set_slot && m.slot_bytes;
   /* a slot of a staged link carries one of the host link's whole */
-  d->kslot =
+  d->k.slot =
       staged || set_slot || !m.slot_bytes ? brg__slice_bytes(c, BRG__SLICE_KERNEL) : m.slot_bytes;
   BRG__INFO("init",
             "device ring: kernel mode's shape, if it runs: %d channels (%s) with %zu-byte slots "
             "(%s); the model for %s links of %d ranks: %s",
-            d->kchannels, ch_from, d->kslot,
+            d->k.channels, ch_from, d->k.slot,
             staged     ? "the host link's slot"
             : set_slot ? "BRIGADE_SLICE_BYTES"
                        : "the model",
@@ -282,7 +295,7 @@ static void kernel_shape(brg_comm *c, struct brg__dev_ring *d, int staged) {
 }
 
 /* Kernel mode's sizes: channels, slots and the layout of a region's
- * channel (KMETA). With staged links, one channel: channels sharing the
+ * channel (brg__dev_kchan). With staged links, one channel: channels sharing the
  * proxy's link could block each other across launches (a launch's slots
  * waiting behind the next launch's in a full channel), and the host link,
  * not the channel count, bounds such a ring. Every rank sees `staged`
@@ -290,27 +303,34 @@ static void kernel_shape(brg_comm *c, struct brg__dev_ring *d, int staged) {
 void brg__dev_kernel_sizes(brg_comm *c, struct brg__dev_ring *d, int staged) {
   kernel_shape(c, d, staged);
   /* co-residency, for kernel_fit once every rank's is known */
-  d->ksms = d->kper_sm = 0;
-  int e = d->api->kern.ring_occupancy(KTHREADS, &d->ksms, &d->kper_sm);
+  d->k.sms = d->k.per_sm = 0;
+  int e = d->api->kern.ring_occupancy(KTHREADS, &d->k.sms, &d->k.per_sm);
   if (e) {
     BRG__INFO("init",
               "device ring: the GPU's occupancy for kernel mode is unknown (%s): its channels "
               "are not checked against what it runs at once",
               d->api->drv.error_string(e));
     d->api->drv.last_error();
-    d->ksms = d->kper_sm = 0;
+    d->k.sms = d->k.per_sm = 0;
   }
-  d->kctrl = (KMETA + (size_t)d->nslots * sizeof(brg__rk_meta) +
-              BRG__RK_HDRS * sizeof(brg__rk_hdr) + 255) &
-             ~(size_t)255;
-  d->kstride = d->kctrl + (size_t)d->nslots * d->kslot;
-  d->pstride = PCTRL + (size_t)d->nslots * d->kslot;
-  d->kos_limit = (size_t)brg__device_int(BRG__DEVICE_SMALL_BYTES);
-  if (d->kos_limit && c->nranks >= 2 && c->nranks <= BRG__RK_MAX_PEERS) {
-    d->kos_slot = (d->kos_limit + 255) & ~(size_t)255;
-    d->kll_limit = brg__dev_ll_bytes(c->nranks, d->kos_limit);
-    d->kll_slot = brg__rk_ll_slot(d->kll_limit);
-    d->kos_bytes = brg__rk_os_bytes(c->nranks, d->kos_slot, d->kll_slot);
+  d->k.ctrl = (sizeof(struct brg__dev_kchan) + 255) & ~(size_t)255;
+  d->k.stride = d->k.ctrl + (size_t)d->nslots * d->k.slot;
+  d->px.stride = PLINK_CTRL + (size_t)d->nslots * d->k.slot;
+  d->k.os.limit = (size_t)brg__device_int(BRG__DEVICE_SMALL_BYTES);
+  if (d->k.os.limit && c->nranks >= 2 && c->nranks <= BRG__RK_MAX_PEERS) {
+    d->k.os.slot = (d->k.os.limit + 255) & ~(size_t)255;
+    d->k.os.ll_limit = brg__dev_ll_bytes(c->nranks, d->k.os.limit);
+    d->k.os.ll_slot = brg__rk_ll_slot(d->k.os.ll_limit);
+    d->k.os.bytes = brg__rk_os_bytes(c->nranks, d->k.os.slot, d->k.os.ll_slot);
+    /* the direct paths: a rank's slot holds a one-shot input, or a
+     * two-shot block (at most dlimit / N bytes and an element, shifted by
+     * up to 15 bytes: ring_kernel.cuh, bshift) and its result in a half
+     * each */
+    size_t two = (size_t)brg__device_int(BRG__DEVICE_DIRECT);
+    d->k.os.dlimit = two > d->k.os.limit ? two : d->k.os.limit;
+    size_t half = (d->k.os.dlimit / (size_t)c->nranks + 32 + 255) & ~(size_t)255;
+    d->k.os.dslot = 2 * half > d->k.os.slot ? 2 * half : d->k.os.slot;
+    d->k.os.dbytes = brg__rk_direct_bytes(c->nranks, d->k.os.dslot);
   }
 }
 
@@ -346,36 +366,48 @@ static void kernel_log(brg_comm *c, struct brg__dev_ring *d) {
             "device ring: kernel mode (%s): one kernel per collective, %d channels (thread "
             "blocks) with %d slots of %zu bytes each in GPU memory, waiting on the "
             "neighbours' flags; %s",
-            d->kmode_req == 1 ? "BRIGADE_DEVICE_MODE=kernel"
-                              : "automatic: the GPUs of neighbours in a host reach each other "
-                                "and no two processes share a GPU without MPS",
-            d->kchannels, d->nslots, d->kslot, desc);
+            d->k.mode_req == 1 ? "BRIGADE_DEVICE_MODE=kernel"
+                               : "automatic: the GPUs of neighbours in a host reach each other "
+                                 "and no two processes share a GPU without MPS",
+            d->k.channels, d->nslots, d->k.slot, desc);
   if (d->send_staged || d->recv_staged)
     BRG__INFO("init",
               "device ring: kernel mode over staged links: %s%s%s%s%s, carried by the host "
               "proxy on %s links with slots of %zu bytes (the kernels wait on its flags; the "
               "call still returns at once)",
               d->send_staged ? "to the next rank " : "",
-              !d->send_staged ? ""
-              : d->kgdr_send  ? "GPU to GPU (GPUDirect RDMA)"
-                              : "through pinned host memory",
+              !d->send_staged  ? ""
+              : d->px.gdr.send ? "GPU to GPU (GPUDirect RDMA)"
+                               : "through pinned host memory",
               d->send_staged && d->recv_staged ? " and " : "",
               d->recv_staged ? "from the previous rank " : "",
-              !d->recv_staged ? ""
-              : d->kgdr_recv  ? "GPU to GPU (GPUDirect RDMA)"
-                              : "through pinned host memory",
+              !d->recv_staged  ? ""
+              : d->px.gdr.recv ? "GPU to GPU (GPUDirect RDMA)"
+                               : "through pinned host memory",
               (d->send_staged ? &c->devnet->send : &c->devnet->recv)->ops->name,
               c->devnet->send.fifo.slot_bytes);
-  if (d->oneshot)
+  if (d->k.os.on)
     BRG__INFO("init",
               "device ring: allreduces up to %zu bytes (BRIGADE_DEVICE_SMALL_BYTES) go in one "
               "hop: each rank writes its input to all %d ranks, which sum them in rank order",
-              d->kos_limit, c->nranks);
-  if (d->oneshot && d->kll_limit)
+              d->k.os.limit, c->nranks);
+  if (d->k.os.on && d->k.os.dbytes && d->k.os.ll_limit < d->k.os.limit)
+    BRG__INFO("init",
+              "device ring: one-hop allreduces above %zu bytes (the LL form's) run on many "
+              "blocks, each with its part of the data and flags of its own",
+              d->k.os.ll_limit);
+  if (d->k.os.on && d->k.os.dlimit > d->k.os.limit)
+    BRG__INFO("init",
+              "device ring: allreduces above %zu bytes and up to %zu "
+              "(BRIGADE_DEVICE_DIRECT_BYTES) take the two-shot path on many blocks: each rank "
+              "reduces its block of every rank's input and writes it to every rank (%zu bytes "
+              "of GPU memory)",
+              d->k.os.limit, d->k.os.dlimit, d->k.os.dbytes);
+  if (d->k.os.on && d->k.os.ll_limit)
     BRG__INFO("init",
               "device ring: one-shot allreduces up to %zu bytes (BRIGADE_DEVICE_LL_BYTES) send "
               "LL lines, data and flag in one store: no fence, no flag of their own",
-              d->kll_limit);
+              d->k.os.ll_limit);
 }
 
 /* Kernel mode chosen: the neighbours' regions, the one-shot path and the
@@ -384,8 +416,8 @@ brg_status brg__dev_kernel_finish(brg_comm *c, struct brg__dev_ring *d, const de
                                   const dev_blob *all) {
   for (int r = 0; r < c->nranks; r++)
     if (r != c->rank && all[r].process == mine->process) {
-      d->kthreads = 1;
-      if (!memcmp(all[r].uuid, mine->uuid, 16)) d->kshared_gpu = 1;
+      d->k.threads = 1;
+      if (!memcmp(all[r].uuid, mine->uuid, 16)) d->k.shared_gpu = 1;
     }
   brg_status s = setup_kernel_links(c, d, mine, &all[c->next], &all[c->prev]);
   if (s == BRG_SUCCESS) s = setup_oneshot(c, d, mine, all);
@@ -396,7 +428,7 @@ brg_status brg__dev_kernel_finish(brg_comm *c, struct brg__dev_ring *d, const de
   brg__dev_step_unused(d);
   kernel_log(c, d);
   c->kwatch = brg__dev_kernel_watch;
-  __atomic_store_n(&c->kabort, d->kwords, __ATOMIC_RELEASE);
+  __atomic_store_n(&c->kabort, &d->k.words->abort, __ATOMIC_RELEASE);
   __atomic_store_n(&c->dev, d, __ATOMIC_RELEASE);
   return BRG_SUCCESS;
 }
@@ -404,7 +436,7 @@ brg_status brg__dev_kernel_finish(brg_comm *c, struct brg__dev_ring *d, const de
 /* ---- kernel mode: a collective ---- */
 
 int brg__device_kernel_mode(const struct brg__dev_ring *d) {
-  return d && d->kernel;
+  return d && d->k.on;
 }
 
 brg_status brg__device_capture_check(brg_comm *c, const char *fn, brg__coll *k) {
@@ -423,7 +455,7 @@ brg_status brg__device_capture_check(brg_comm *c, const char *fn, brg__coll *k) 
                            "brg_comm_device_setup(comm, %d) on every rank before capturing, or "
                            "run one device collective outside the capture first",
                            fn, k->stream, k->gpu);
-  if (c->nranks > 1 && d && !d->kernel)
+  if (c->nranks > 1 && d && !d->k.on)
     return brg__comm_error(c, BRG_ERR_INVALID_USAGE,
                            "%s: stream %p is capturing a CUDA graph, but this communicator runs "
                            "its device collectives in step mode (%s), driven slice by slice from "
@@ -481,11 +513,11 @@ static int stream_taken(const brg_comm *c, const struct brg__dev_ring *d, void *
 
 /* A stream that captured a launch, for the drain at destroy. */
 static void graph_stream_note(struct brg__dev_ring *d, void *stream) {
-  d->graphs = 1;
-  for (int i = 0; i < d->ngstreams; i++)
-    if (d->gstream[i] == stream) return;
-  if (d->ngstreams < (int)(sizeof d->gstream / sizeof d->gstream[0]))
-    d->gstream[d->ngstreams++] = stream;
+  d->k.graphs = 1;
+  for (int i = 0; i < d->k.ngstreams; i++)
+    if (d->k.gstream[i] == stream) return;
+  if (d->k.ngstreams < (int)(sizeof d->k.gstream / sizeof d->k.gstream[0]))
+    d->k.gstream[d->k.ngstreams++] = stream;
 }
 
 /* A launch on a stream where another rank of this communicator in this
@@ -496,7 +528,7 @@ static brg_status stream_refused(brg_comm *c, const struct brg__dev_ring *d, con
    * two threads passing it pass two streams: it stands for the thread. */
   int legacy = !k->stream || (uintptr_t)k->stream == 1;
   void *key = (uintptr_t)k->stream == 2 ? (void *)(uintptr_t)pthread_self() : k->stream;
-  if (legacy && d->kshared_gpu) {
+  if (legacy && d->k.shared_gpu) {
     char desc[160];
     brg__coll_describe(desc, sizeof desc, k->kind, k->seq, k->count, k->dtype, k->op, k->root, 1);
     return brg__comm_error(c, BRG_ERR_INVALID_USAGE,
@@ -509,7 +541,7 @@ static brg_status stream_refused(brg_comm *c, const struct brg__dev_ring *d, con
                            "BRIGADE_DEVICE_MODE=step",
                            c->rank, desc, k->stream);
   }
-  int other = !legacy && d->kthreads ? stream_taken(c, d, key) : -1;
+  int other = !legacy && d->k.threads ? stream_taken(c, d, key) : -1;
   if (other >= 0)
     return brg__comm_error(c, BRG_ERR_INVALID_USAGE,
                            "rank %d: %s on stream %p%s, which rank %d of this communicator, in "
@@ -527,48 +559,80 @@ static brg_status stream_refused(brg_comm *c, const struct brg__dev_ring *d, con
  * neighbours' regions, or a staged link's host region that the proxy
  * serves. */
 static void kernel_chans(const struct brg__dev_ring *d, brg__rk_args *args) {
-  for (int ch = 0; ch < d->kchannels; ch++) {
-    char *own = d->kregion + (size_t)ch * d->kstride;
+  for (int ch = 0; ch < d->k.channels; ch++) {
+    char *own_base = d->k.region + (size_t)ch * d->k.stride;
+    struct brg__dev_kchan *own = (struct brg__dev_kchan *)own_base;
     brg__rk_link *l = &args->chan[ch];
     if (d->send_staged) { /* the proxy's region plays the next rank's and this rank's part */
-      char *p = d->psend_dev + (size_t)ch * d->pstride;
-      l->send_slots = d->kgdr_send ? d->kgdr_sbuf : p + PCTRL;
-      l->send_tail = (uint64_t *)p;
-      l->send_head = (const uint64_t *)(p + 64);
-      l->send_sizes = (uint64_t *)(p + 128);
+      char *p = d->px.send_dev + (size_t)ch * d->px.stride;
+      struct brg__dev_plink *pl = (struct brg__dev_plink *)p;
+      l->send_slots = d->px.gdr.send ? d->px.gdr.sbuf : p + PLINK_CTRL;
+      l->send_tail = &pl->tail;
+      l->send_head = &pl->head;
+      l->send_sizes = pl->sizes;
     } else {
-      char *next = d->knext + (size_t)ch * d->kstride;
-      l->send_slots = next + d->kctrl;
-      l->send_meta = (brg__rk_meta *)(next + KMETA);
-      l->send_hdr = (brg__rk_hdr *)(next + KMETA + (size_t)d->nslots * sizeof(brg__rk_meta));
-      l->hdr_acked = (const uint64_t *)(own + KACK);
-      l->send_tail = (uint64_t *)next;
-      l->send_head = (const uint64_t *)(own + 64);
+      char *next_base = d->k.next + (size_t)ch * d->k.stride;
+      struct brg__dev_kchan *next = (struct brg__dev_kchan *)next_base;
+      l->send_slots = next_base + d->k.ctrl;
+      l->send_meta = next->meta;
+      l->send_hdr = next->hdr;
+      l->hdr_acked = &own->hdr_acked;
+      l->send_tail = &next->tail;
+      l->send_head = &own->head;
     }
     if (d->recv_staged) {
-      char *p = d->precv_dev + (size_t)ch * d->pstride;
-      l->recv_slots = d->kgdr_recv ? d->kgdr_rbuf : p + PCTRL;
-      l->recv_tail = (const uint64_t *)p;
-      l->recv_head = (uint64_t *)(p + 64);
+      char *p = d->px.recv_dev + (size_t)ch * d->px.stride;
+      struct brg__dev_plink *pl = (struct brg__dev_plink *)p;
+      l->recv_slots = d->px.gdr.recv ? d->px.gdr.rbuf : p + PLINK_CTRL;
+      l->recv_tail = &pl->tail;
+      l->recv_head = &pl->head;
     } else {
-      char *prev = d->kprev + (size_t)ch * d->kstride;
-      l->recv_slots = own + d->kctrl;
-      l->recv_meta = (const brg__rk_meta *)(own + KMETA);
-      l->recv_hdr = (const brg__rk_hdr *)(own + KMETA + (size_t)d->nslots * sizeof(brg__rk_meta));
-      l->hdr_ack = (uint64_t *)(prev + KACK);
-      l->recv_tail = (const uint64_t *)own;
-      l->recv_head = (uint64_t *)(prev + 64);
+      struct brg__dev_kchan *prev = (struct brg__dev_kchan *)(d->k.prev + (size_t)ch * d->k.stride);
+      l->recv_slots = own_base + d->k.ctrl;
+      l->recv_meta = own->meta;
+      l->recv_hdr = own->hdr;
+      l->hdr_ack = &prev->hdr_acked;
+      l->recv_tail = &own->tail;
+      l->recv_head = &prev->head;
     }
-    l->counters = (uint64_t *)(own + 128);
+    l->counters = own->counters;
     brg__dev_proxy_hdrs(d, ch, l);
   }
+}
+
+/* Bytes of the buffer a call reduces or carries, as the model counts an
+ * allreduce's: the whole of what every rank ends with. */
+static size_t call_bytes(const brg_comm *c, const brg__coll *k) {
+  size_t b = k->count * brg_dtype_size(k->dtype);
+  if ((k->kind == BRG__COLL_REDUCE_SCATTER || k->kind == BRG__COLL_ALL_GATHER) && !k->whole)
+    b *= (size_t)c->nranks;
+  return b;
+}
+
+/* A ring call's channels and slot: the model's for its size
+ * (brg__model_device_call), within what setup made; every rank computes
+ * the same from the same call. */
+static void kernel_call_shape(const brg_comm *c, const struct brg__dev_ring *d, const brg__coll *k,
+                              int *channels, size_t *slot) {
+  *channels = d->k.channels;
+  *slot = d->k.slot;
+  if (d->k.shape_per_call) brg__model_device_call(c->nranks, call_bytes(c, k), channels, slot);
+}
+
+/* Blocks of a direct launch of `bytes`: one a DIRECT_SHARE of the data,
+ * within the channels setup made (each block uses its channel's words). */
+#define DIRECT_SHARE ((size_t)8 << 10)
+static int direct_blocks(const struct brg__dev_ring *d, size_t bytes) {
+  size_t b = bytes / DIRECT_SHARE;
+  int most = d->k.channels < BRG__RK_DIRECT_BLOCKS ? d->k.channels : BRG__RK_DIRECT_BLOCKS;
+  return b < 1 ? 1 : b > (size_t)most ? most : (int)b;
 }
 
 brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k) {
   struct brg__dev_ring *d = c->dev;
   const brg__cuda_api *api = d->api;
-  if (__atomic_load_n(&d->kwords[0], __ATOMIC_ACQUIRE) ||
-      __atomic_load_n(&d->kwords[KSTATUS_WORD], __ATOMIC_ACQUIRE) != BRG__RK_OK)
+  if (__atomic_load_n(&d->k.words->abort, __ATOMIC_ACQUIRE) ||
+      __atomic_load_n(&d->k.words->status, __ATOMIC_ACQUIRE) != BRG__RK_OK)
     return brg__dev_kernel_stopped(c, d);
   brg_status s = stream_refused(c, d, k);
   if (s != BRG_SUCCESS) return s;
@@ -577,8 +641,8 @@ brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k) {
    * (A captured launch cannot wait for work outside its capture; a graph's
    * launches are ordered by the streams the caller launches them on, and
    * the busy word catches two at once.) */
-  if (!k->captured && d->kdone_set) {
-    int e = api->drv.stream_wait_event(k->stream, d->kdone_ev);
+  if (!k->captured && d->k.done_set) {
+    int e = api->drv.stream_wait_event(k->stream, d->k.done_ev);
     if (e)
       return brg__dev_cuda_fail(c, api, e, "cudaStreamWaitEvent (the previous kernel-mode launch)");
   }
@@ -590,21 +654,21 @@ brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k) {
   a.nranks = c->nranks;
   a.pos = c->pos;
   a.root = k->root;
-  a.ring = d->kring;
+  a.ring = d->k.ring;
   a.sendbuf = k->sendbuf;
   a.recvbuf = k->recvbuf;
   a.count = k->count;
   a.whole = k->whole;
   a.stride = k->stride;
   a.nslots = d->nslots;
-  a.nchannels = d->kchannels;
-  a.slot_bytes = d->kslot;
-  a.abort_word = d->kwords_dev;
-  a.status = d->kwords_dev + KSTATUS_WORD;
-  a.watch = (brg__rk_watch *)((char *)d->kwords_dev + KWATCH);
+  kernel_call_shape(c, d, k, &a.nchannels, &a.slot_bytes);
+  a.slot_stride = d->k.slot;
+  a.abort_word = &d->k.words_dev->abort;
+  a.status = &d->k.words_dev->status;
+  a.watch = d->k.words_dev->watch;
   /* A captured launch's replays may run on any stream, where no event of
    * this rank follows them: their blocks count themselves for the drain. */
-  if (k->captured) a.launches = (uint64_t *)((char *)d->kwords_dev + KLAUNCHES);
+  if (k->captured) a.launches = d->k.words_dev->launches;
   a.call = (brg__rk_call){.seq = k->seq,
                           .count = k->count,
                           .root = k->root,
@@ -612,22 +676,31 @@ brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k) {
                           .dtype = (uint8_t)k->dtype,
                           .op = (uint8_t)k->op};
   kernel_chans(d, &a);
-  int one = d->oneshot && k->kind == BRG__COLL_ALLREDUCE && k->count > 0 &&
-            k->count <= d->kos_limit / brg_dtype_size(k->dtype);
+  size_t es = brg_dtype_size(k->dtype);
+  int one = d->k.os.on && k->kind == BRG__COLL_ALLREDUCE && k->count > 0 &&
+            k->count <= (d->k.os.dbytes ? d->k.os.dlimit : d->k.os.limit) / es;
+  int blocks = a.nchannels;
   if (one) {
     a.oneshot = 1;
     a.os.rank = c->rank;
-    a.os.slot_bytes = d->kos_slot;
-    a.os.ll_slot = d->kll_slot;
-    a.os.ll = k->count * brg_dtype_size(k->dtype) <= d->kll_limit;
-    memcpy(a.os.area, d->kos_area, sizeof a.os.area);
+    a.os.slot_bytes = d->k.os.slot;
+    a.os.ll_slot = d->k.os.ll_slot;
+    a.os.ll = k->count * es <= d->k.os.ll_limit;
+    memcpy(a.os.area, d->k.os.area, sizeof a.os.area);
+    blocks = 1;
+    if (!a.os.ll && d->k.os.dbytes) {
+      a.os.direct = k->count <= d->k.os.limit / es ? BRG__RK_ONESHOT_MANY : BRG__RK_TWOSHOT;
+      a.os.direct_off = d->k.os.bytes;
+      a.os.dslot = d->k.os.dslot;
+      a.nchannels = blocks = direct_blocks(d, k->count * es);
+    }
   }
-  int e = api->kern.ring_launch(&a, sizeof a, one ? 1 : d->kchannels, KTHREADS, k->stream);
+  int e = api->kern.ring_launch(&a, sizeof a, blocks, KTHREADS, k->stream);
   /* An event recorded into a capture cannot be waited for outside it: the
    * drain at destroy waits for the launches made outside graphs, and the
    * caller for its graphs' launches. */
-  if (!e && !k->captured) e = api->drv.event_record(d->kdone_ev, k->stream);
-  if (!e && !k->captured) d->kdone_set = 1;
+  if (!e && !k->captured) e = api->drv.event_record(d->k.done_ev, k->stream);
+  if (!e && !k->captured) d->k.done_set = 1;
   if (!e && k->captured) graph_stream_note(d, k->stream);
   d->last_stream = k->stream;
   return e ? brg__dev_cuda_fail(c, api, e, "launching the kernel-mode collective") : BRG_SUCCESS;

@@ -32,24 +32,20 @@
 
 /* Stops the host proxy's threads, if any run. */
 void brg__dev_proxy_join(struct brg__dev_ring *d) {
-  __atomic_store_n(&d->pstop, 1, __ATOMIC_RELEASE);
-  if (d->ptx_on) pthread_join(d->ptx, NULL);
-  if (d->prx_on) pthread_join(d->prx, NULL);
-  d->ptx_on = d->prx_on = 0;
+  __atomic_store_n(&d->px.stop, 1, __ATOMIC_RELEASE);
+  if (d->px.tx_on) pthread_join(d->px.tx, NULL);
+  if (d->px.rx_on) pthread_join(d->px.rx, NULL);
+  d->px.tx_on = d->px.rx_on = 0;
 }
 
-/* A channel's words in a link's host region. */
-static uint64_t *pword(char *region, const struct brg__dev_ring *d, int ch, size_t at) {
-  return (uint64_t *)(region + (size_t)ch * d->pstride + at);
+/* Channel ch's words in a link's host region. */
+static struct brg__dev_plink *plink(char *region, const struct brg__dev_ring *d, int ch) {
+  return (struct brg__dev_plink *)(region + (size_t)ch * d->px.stride);
 }
-
-_Static_assert(128 + 8 * BRG__MAX_SLOTS <= PHACK && PHACK + 64 <= PHDR &&
-                   PHDR + BRG__RK_HDRS * sizeof(brg__rk_hdr) <= PCTRL,
-               "a staged channel's words, sizes and mailbox fit before its slots");
 
 /* Entry k of a channel's mailbox of call headers in a link's host region. */
 static brg__rk_hdr *phdr(char *region, const struct brg__dev_ring *d, int ch, uint64_t k) {
-  return (brg__rk_hdr *)(region + (size_t)ch * d->pstride + PHDR) + k % BRG__RK_HDRS;
+  return &plink(region, d, ch)->hdr[k % BRG__RK_HDRS];
 }
 
 /* The call in mailbox entry k, once every word of it carries entry k's
@@ -82,20 +78,20 @@ static int hdrs_in(const struct brg__dev_ring *d) {
 
 void brg__dev_proxy_hdrs(const struct brg__dev_ring *d, int ch, brg__rk_link *l) {
   if (hdrs_out(d)) {
-    char *p = d->psend_dev + (size_t)ch * d->pstride;
-    l->send_hdr = (brg__rk_hdr *)(p + PHDR);
-    l->hdr_acked = (const uint64_t *)(p + PHACK); /* tx: headers it carried */
+    char *p = d->px.send_dev + (size_t)ch * d->px.stride;
+    l->send_hdr = ((struct brg__dev_plink *)p)->hdr;
+    l->hdr_acked = &((struct brg__dev_plink *)p)->hdr_ack; /* tx: headers it carried */
   }
   if (hdrs_in(d)) {
-    char *p = d->precv_dev + (size_t)ch * d->pstride;
-    l->recv_hdr = (const brg__rk_hdr *)(p + PHDR);
-    l->hdr_ack = (uint64_t *)(p + PHACK); /* the kernel: headers it checked */
+    char *p = d->px.recv_dev + (size_t)ch * d->px.stride;
+    l->recv_hdr = ((struct brg__dev_plink *)p)->hdr;
+    l->hdr_ack = &((struct brg__dev_plink *)p)->hdr_ack; /* the kernel: headers it checked */
   }
 }
 
 static int proxy_stopping(struct brg__dev_ring *d) {
-  return __atomic_load_n(&d->pstop, __ATOMIC_ACQUIRE) ||
-         __atomic_load_n(&d->kwords[0], __ATOMIC_ACQUIRE);
+  return __atomic_load_n(&d->px.stop, __ATOMIC_ACQUIRE) ||
+         __atomic_load_n(&d->k.words->abort, __ATOMIC_ACQUIRE);
 }
 
 /* The proxy's waiter check: the proxy stops, or the kernels were stopped. */
@@ -119,14 +115,14 @@ static void proxy_idle(int *idle) {
 static void *proxy_fail(struct brg__dev_ring *d, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 static void *proxy_fail(struct brg__dev_ring *d, const char *fmt, ...) {
-  if (!__atomic_load_n(&d->pstop, __ATOMIC_ACQUIRE)) {
-    char text[sizeof d->perr];
+  if (!__atomic_load_n(&d->px.stop, __ATOMIC_ACQUIRE)) {
+    char text[sizeof d->k.stop_why];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
     pthread_mutex_lock(&d->ev_lock);
-    if (!d->perr[0]) memcpy(d->perr, text, sizeof text);
+    if (!d->k.stop_why[0]) memcpy(d->k.stop_why, text, sizeof text);
     pthread_mutex_unlock(&d->ev_lock);
   }
   brg__dev_kernel_stop(d);
@@ -156,7 +152,7 @@ static void proxy_nap_precise(void) {
 static int proxy_tx_hdr(struct brg__dev_ring *d, brg__conn *l, brg__waiter *w, int ch,
                         uint64_t *pos, uint64_t *hsent) {
   uint64_t k = hsent[ch];
-  const brg__rk_hdr *h = phdr(d->psend, d, ch, k);
+  const brg__rk_hdr *h = phdr(d->px.send, d, ch, k);
   brg__rk_call call;
   if (!phdr_get(h, k, &call)) return 0;
   brg__proxy_slot s = {.what = BRG__PROXY_CALL,
@@ -169,7 +165,7 @@ static int proxy_tx_hdr(struct brg__dev_ring *d, brg__conn *l, brg__waiter *w, i
   if (r <= 0) return r;
   (*pos)++;
   hsent[ch] = k + 1;
-  __atomic_store_n(pword(d->psend, d, ch, PHACK), k + 1, __ATOMIC_RELEASE);
+  __atomic_store_n(&plink(d->px.send, d, ch)->hdr_ack, k + 1, __ATOMIC_RELEASE);
   return 1;
 }
 
@@ -180,51 +176,53 @@ static int proxy_tx_hdr(struct brg__dev_ring *d, brg__conn *l, brg__waiter *w, i
 static void *proxy_tx(void *arg) {
   struct brg__dev_ring *d = arg;
   proxy_nap_precise();
-  brg__conn *l = &d->net->send;
+  brg__conn *l = &d->px.net->send;
   brg__waiter w = {.spin = -1, .check = proxy_check, .arg = d};
   uint64_t pos = 0, freed = 0, hsent[BRG__RK_MAX_CHANNELS] = {0};
   /* GPUDirect: the link position of the channel's slot n, at n % nslots */
   uint64_t gpos[BRG__MAX_SLOTS] = {0};
   for (int idle = 0; !proxy_stopping(d);) {
     int moved = 0;
-    for (int ch = 0; hdrs_out(d) && ch < d->kchannels; ch++) {
+    for (int ch = 0; hdrs_out(d) && ch < d->k.channels; ch++) {
       int r = proxy_tx_hdr(d, l, &w, ch, &pos, hsent);
       if (r < 0) return NULL;
       moved |= r;
     }
-    if (d->kgdr_send) {
+    if (d->px.gdr.send) {
       /* The one channel's slot n is free once the link sent the link slot
        * that carried it (calls go between). */
       uint64_t h = l->ops->proxy_sent(l), fr = freed;
-      while (fr < d->psent[0] && gpos[fr % (uint64_t)d->nslots] < h) fr++;
+      while (fr < d->px.sent[0] && gpos[fr % (uint64_t)d->nslots] < h) fr++;
       if (fr > freed) {
         freed = fr;
-        __atomic_store_n(pword(d->psend, d, 0, 64), fr, __ATOMIC_RELEASE);
+        __atomic_store_n(&plink(d->px.send, d, 0)->head, fr, __ATOMIC_RELEASE);
         moved = 1;
       }
     }
-    for (int ch = 0; ch < d->kchannels && !proxy_stopping(d); ch++) {
-      uint64_t sent = d->psent[ch];
-      if (__atomic_load_n(pword(d->psend, d, ch, 0), __ATOMIC_ACQUIRE) <= sent) continue;
+    for (int ch = 0; ch < d->k.channels && !proxy_stopping(d); ch++) {
+      uint64_t sent = d->px.sent[ch];
+      if (__atomic_load_n(&plink(d->px.send, d, ch)->tail, __ATOMIC_ACQUIRE) <= sent) continue;
       uint64_t k = sent % (uint64_t)d->nslots;
-      uint64_t bytes = *pword(d->psend, d, ch, 128 + 8 * k);
-      if (bytes > d->kslot)
+      uint64_t bytes = plink(d->px.send, d, ch)->sizes[k];
+      if (bytes > d->k.slot)
         return proxy_fail(d, "a kernel posted %llu bytes in a slot of %zu to rank %d",
-                          (unsigned long long)bytes, d->kslot, l->peer);
+                          (unsigned long long)bytes, d->k.slot, l->peer);
       /* With GPUDirect the link reads it from GPU slot (seq - 1) % nslots = k. */
-      brg__proxy_slot s = {
-          .what = BRG__PROXY_DATA,
-          .channel = (uint32_t)ch,
-          .seq = sent + 1,
-          .bytes = (uint32_t)bytes,
-          .device = d->kgdr_send,
-          .data = d->kgdr_send ? NULL : d->psend + (size_t)ch * d->pstride + PCTRL + k * d->kslot};
+      brg__proxy_slot s = {.what = BRG__PROXY_DATA,
+                           .channel = (uint32_t)ch,
+                           .seq = sent + 1,
+                           .bytes = (uint32_t)bytes,
+                           .device = d->px.gdr.send,
+                           .data = d->px.gdr.send ? NULL
+                                                  : d->px.send + (size_t)ch * d->px.stride +
+                                                        PLINK_CTRL + k * d->k.slot};
       int r = l->ops->proxy_post(l, &s, &w);
       if (r < 0) return proxy_link_fail(d, l, "to");
       if (r == 0) break; /* the network link is full: its own proxy frees slots */
       gpos[k] = pos++;
-      __atomic_store_n(&d->psent[ch], sent + 1, __ATOMIC_RELEASE);
-      if (!d->kgdr_send) __atomic_store_n(pword(d->psend, d, ch, 64), sent + 1, __ATOMIC_RELEASE);
+      __atomic_store_n(&d->px.sent[ch], sent + 1, __ATOMIC_RELEASE);
+      if (!d->px.gdr.send)
+        __atomic_store_n(&plink(d->px.send, d, ch)->head, sent + 1, __ATOMIC_RELEASE);
       moved = 1;
     }
     if (moved)
@@ -241,24 +239,24 @@ static void *proxy_tx(void *arg) {
 static int proxy_rx_hdr(struct brg__dev_ring *d, const brg__conn *l, const brg__proxy_slot *s,
                         uint64_t *hgot, int *idle) {
   uint64_t ch = s->channel;
-  if (!hdrs_in(d) || ch >= (uint64_t)d->kchannels || s->seq != hgot[ch] + 1 ||
+  if (!hdrs_in(d) || ch >= (uint64_t)d->k.channels || s->seq != hgot[ch] + 1 ||
       s->bytes != sizeof(brg__rk_call)) {
     proxy_fail(d,
                "rank %d sent a kernel-mode call header this rank cannot place "
                "(channel %llu of %d, header %llu where %llu was due, %u bytes%s)",
-               l->peer, (unsigned long long)ch, d->kchannels, (unsigned long long)s->seq,
-               (unsigned long long)(ch < (uint64_t)d->kchannels ? hgot[ch] + 1 : 0), s->bytes,
+               l->peer, (unsigned long long)ch, d->k.channels, (unsigned long long)s->seq,
+               (unsigned long long)(ch < (uint64_t)d->k.channels ? hgot[ch] + 1 : 0), s->bytes,
                hdrs_in(d) ? "" : ", on a link that carries none");
     return -1;
   }
-  while (hgot[ch] - __atomic_load_n(pword(d->precv, d, (int)ch, PHACK), __ATOMIC_ACQUIRE) >=
+  while (hgot[ch] - __atomic_load_n(&plink(d->px.recv, d, (int)ch)->hdr_ack, __ATOMIC_ACQUIRE) >=
          (uint64_t)BRG__RK_HDRS) {
     if (proxy_stopping(d)) return -1;
     proxy_idle(idle);
   }
   brg__rk_call call;
   memcpy(&call, s->data, sizeof call);
-  phdr_put(phdr(d->precv, d, (int)ch, hgot[ch]), hgot[ch], &call);
+  phdr_put(phdr(d->px.recv, d, (int)ch, hgot[ch]), hgot[ch], &call);
   hgot[ch]++;
   return 1;
 }
@@ -272,19 +270,19 @@ static int proxy_rx_hdr(struct brg__dev_ring *d, const brg__conn *l, const brg__
 static void *proxy_rx(void *arg) {
   struct brg__dev_ring *d = arg;
   proxy_nap_precise();
-  brg__conn *l = &d->net->recv;
+  brg__conn *l = &d->px.net->recv;
   uint64_t pos = 0, got[BRG__RK_MAX_CHANNELS] = {0}, released = 0;
   uint64_t hgot[BRG__RK_MAX_CHANNELS] = {0};
   /* GPUDirect: the link position of the channel's slot n, at n % nslots */
   uint64_t gpos[BRG__MAX_SLOTS] = {0};
-  if (d->kgdr_recv) d->api->drv.set_device(d->gpu); /* its flushes are for this GPU */
+  if (d->px.gdr.recv) d->api->drv.set_device(d->px.gpu); /* its flushes are for this GPU */
   for (int idle = 0; !proxy_stopping(d);) {
-    if (d->kgdr_recv) {
+    if (d->px.gdr.recv) {
       /* The one channel's slots land in its GPU slots: the previous rank
        * may write the link's slots again up to the one that carried the
        * first slot the kernel has not taken (calls between them are in
        * the mailbox), and all of them once it took every one. */
-      uint64_t h = __atomic_load_n(pword(d->precv, d, 0, 64), __ATOMIC_ACQUIRE);
+      uint64_t h = __atomic_load_n(&plink(d->px.recv, d, 0)->head, __ATOMIC_ACQUIRE);
       uint64_t rel = h < got[0] ? gpos[h % (uint64_t)d->nslots] : pos;
       if (rel > released) {
         released = rel;
@@ -301,30 +299,30 @@ static void *proxy_rx(void *arg) {
     }
     if (s.what == BRG__PROXY_CALL) {
       if (proxy_rx_hdr(d, l, &s, hgot, &idle) < 0) return NULL;
-      if (!d->kgdr_recv) l->ops->proxy_release(l, pos + 1);
+      if (!d->px.gdr.recv) l->ops->proxy_release(l, pos + 1);
       pos++;
       idle = 0;
       continue;
     }
     uint64_t ch = s.channel, bytes = s.bytes;
-    if (ch >= (uint64_t)d->kchannels || bytes > d->kslot || s.seq != got[ch] + 1 ||
-        s.device != d->kgdr_recv)
+    if (ch >= (uint64_t)d->k.channels || bytes > d->k.slot || s.seq != got[ch] + 1 ||
+        s.device != d->px.gdr.recv)
       return proxy_fail(d,
                         "rank %d sent a kernel-mode slot this rank cannot place (channel %llu of "
                         "%d, %llu bytes of at most %zu, slot %llu where %llu was due, %s where "
                         "%s was due)",
-                        l->peer, (unsigned long long)ch, d->kchannels, (unsigned long long)bytes,
-                        d->kslot, (unsigned long long)s.seq,
-                        (unsigned long long)(ch < (uint64_t)d->kchannels ? got[ch] + 1 : 0),
+                        l->peer, (unsigned long long)ch, d->k.channels, (unsigned long long)bytes,
+                        d->k.slot, (unsigned long long)s.seq,
+                        (unsigned long long)(ch < (uint64_t)d->k.channels ? got[ch] + 1 : 0),
                         s.device ? "GPU memory" : "host memory",
-                        d->kgdr_recv ? "GPU memory" : "host memory");
-    while (got[ch] - __atomic_load_n(pword(d->precv, d, (int)ch, 64), __ATOMIC_ACQUIRE) >=
+                        d->px.gdr.recv ? "GPU memory" : "host memory");
+    while (got[ch] - __atomic_load_n(&plink(d->px.recv, d, (int)ch)->head, __ATOMIC_ACQUIRE) >=
            (uint64_t)d->nslots) {
       if (proxy_stopping(d)) return NULL;
       proxy_idle(&idle);
     }
     uint64_t k = got[ch] % (uint64_t)d->nslots;
-    if (d->kgdr_recv) {
+    if (d->px.gdr.recv) {
       /* Landed in GPU slot k ((seq - 1) % nslots); the running kernel may
        * read it once the writes are flushed to the GPU. */
       gpos[k] = pos;
@@ -333,12 +331,12 @@ static void *proxy_rx(void *arg) {
         return proxy_fail(d, "flushing GPUDirect RDMA writes from rank %d: %s", l->peer,
                           d->api->drv.error_string(e));
     } else {
-      memcpy(d->precv + (size_t)ch * d->pstride + PCTRL + k * d->kslot, s.data, bytes);
+      memcpy(d->px.recv + (size_t)ch * d->px.stride + PLINK_CTRL + k * d->k.slot, s.data, bytes);
     }
     got[ch]++;
-    __atomic_store_n(pword(d->precv, d, (int)ch, 0), got[ch], __ATOMIC_RELEASE);
+    __atomic_store_n(&plink(d->px.recv, d, (int)ch)->tail, got[ch], __ATOMIC_RELEASE);
     pos++;
-    if (!d->kgdr_recv) l->ops->proxy_release(l, pos);
+    if (!d->px.gdr.recv) l->ops->proxy_release(l, pos);
     idle = 0;
   }
   return NULL;
@@ -353,28 +351,28 @@ brg_status brg__dev_proxy_start(brg_comm *c, struct brg__dev_ring *d) {
                            "rank %d: kernel mode's links between hosts do not join this ring's "
                            "neighbours (%d and %d)",
                            c->rank, c->prev, c->next);
-  d->net = n;
+  d->px.net = n;
   brg__errbuf err;
   brg_status s = BRG_SUCCESS;
   if (d->send_staged &&
-      (s = brg__proxy_start(&d->ptx, proxy_tx, d, "brg-kproxy-tx", &err)) == BRG_SUCCESS)
-    d->ptx_on = 1;
+      (s = brg__proxy_start(&d->px.tx, proxy_tx, d, "brg-kproxy-tx", &err)) == BRG_SUCCESS)
+    d->px.tx_on = 1;
   if (s == BRG_SUCCESS && d->recv_staged &&
-      (s = brg__proxy_start(&d->prx, proxy_rx, d, "brg-kproxy-rx", &err)) == BRG_SUCCESS)
-    d->prx_on = 1;
+      (s = brg__proxy_start(&d->px.rx, proxy_rx, d, "brg-kproxy-rx", &err)) == BRG_SUCCESS)
+    d->px.rx_on = 1;
   return s == BRG_SUCCESS ? s : brg__comm_error(c, s, "%s", err.msg);
 }
 
 /* Whether tx has carried every slot and call header the kernels posted to
  * the next host (the next rank's launch waits for the header to end). */
 int brg__dev_proxy_flushed(struct brg__dev_ring *d) {
-  for (int ch = 0; d->psend && ch < d->kchannels; ch++) {
-    if (__atomic_load_n(pword(d->psend, d, ch, 0), __ATOMIC_ACQUIRE) >
-        __atomic_load_n(&d->psent[ch], __ATOMIC_ACQUIRE))
+  for (int ch = 0; d->px.send && ch < d->k.channels; ch++) {
+    if (__atomic_load_n(&plink(d->px.send, d, ch)->tail, __ATOMIC_ACQUIRE) >
+        __atomic_load_n(&d->px.sent[ch], __ATOMIC_ACQUIRE))
       return 0;
-    uint64_t k = __atomic_load_n(pword(d->psend, d, ch, PHACK), __ATOMIC_ACQUIRE);
+    uint64_t k = __atomic_load_n(&plink(d->px.send, d, ch)->hdr_ack, __ATOMIC_ACQUIRE);
     brg__rk_call call;
-    if (phdr_get(phdr(d->psend, d, ch, k), k, &call)) return 0;
+    if (phdr_get(phdr(d->px.send, d, ch, k), k, &call)) return 0;
   }
   return 1;
 }
@@ -392,32 +390,32 @@ void brg__dev_proxy_gdr(brg_comm *c, struct brg__dev_ring *d, dev_blob *b) {
     snprintf(b->kgdr_why, sizeof b->kgdr_why, "off (BRIGADE_IB_GDR=0)");
     return;
   }
-  if (d->kchannels != 1 || c->devnet->nslots != d->nslots) {
+  if (d->k.channels != 1 || c->devnet->nslots != d->nslots) {
     snprintf(b->kgdr_why, sizeof b->kgdr_why, "%d channels, %d slots on the proxy's links",
-             d->kchannels, c->devnet->nslots);
+             d->k.channels, c->devnet->nslots);
     return;
   }
   /* The proxy flushes what the network wrote before it raises a tail. */
   brg__dev_gdr_offer o = {&b->kgdr_send_ok, &b->kgdr_recv_ok, &b->kgdr_rkey, b->kgdr_why,
                           sizeof b->kgdr_why};
   brg__dev_gdr_offer_slots(d, d->send_staged ? &c->devnet->send : NULL,
-                           d->recv_staged ? &c->devnet->recv : NULL, (size_t)d->nslots * d->kslot,
-                           &d->kgdr_rbuf, &d->kgdr_sbuf, &o);
-  b->kgdr_rptr = (uint64_t)(uintptr_t)d->kgdr_rbuf;
+                           d->recv_staged ? &c->devnet->recv : NULL, (size_t)d->nslots * d->k.slot,
+                           &d->px.gdr.rbuf, &d->px.gdr.sbuf, &o);
+  b->kgdr_rptr = (uint64_t)(uintptr_t)d->px.gdr.rbuf;
 }
 
 /* Kernel mode's staged links: GPUDirect runs on one when both of its ends
  * registered (brg__dev_proxy_gdr). */
 void brg__dev_proxy_gdr_choose(brg_comm *c, struct brg__dev_ring *d, const dev_blob *mine,
                                const dev_blob *all) {
-  d->kgdr_send = d->send_staged && mine->kgdr_send_ok && all[c->next].kgdr_recv_ok;
-  d->kgdr_recv = d->recv_staged && all[c->prev].kgdr_send_ok && mine->kgdr_recv_ok;
-  if (d->kgdr_send)
+  d->px.gdr.send = d->send_staged && mine->kgdr_send_ok && all[c->next].kgdr_recv_ok;
+  d->px.gdr.recv = d->recv_staged && all[c->prev].kgdr_send_ok && mine->kgdr_recv_ok;
+  if (d->px.gdr.send)
     c->devnet->send.ops->dev_remote(&c->devnet->send, all[c->next].kgdr_rptr,
-                                    all[c->next].kgdr_rkey, d->kslot);
-  if ((d->send_staged && !d->kgdr_send) || (d->recv_staged && !d->kgdr_recv))
+                                    all[c->next].kgdr_rkey, d->k.slot);
+  if ((d->send_staged && !d->px.gdr.send) || (d->recv_staged && !d->px.gdr.recv))
     BRG__INFO("init", "device ring: kernel mode: GPUDirect RDMA not used on the staged links: %s",
-              mine->kgdr_why[0]                 ? mine->kgdr_why
-              : d->send_staged && !d->kgdr_send ? all[c->next].kgdr_why
-                                                : all[c->prev].kgdr_why);
+              mine->kgdr_why[0]                   ? mine->kgdr_why
+              : d->send_staged && !d->px.gdr.send ? all[c->next].kgdr_why
+                                                  : all[c->prev].kgdr_why);
 }

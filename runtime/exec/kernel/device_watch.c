@@ -11,7 +11,7 @@
 
 /* Channel ch's watch record (ring_args.h), in the pinned page. */
 static brg__rk_watch *watch_rec(const struct brg__dev_ring *d, int ch) {
-  return (brg__rk_watch *)((char *)d->kwords + KWATCH) + ch;
+  return &d->k.words->watch[ch];
 }
 
 /* A call from a watch record, "allreduce #3 (count 7, ...)". */
@@ -27,7 +27,7 @@ static void watch_call(char *out, size_t n, const brg__rk_call *src) {
  * in why; its status, or BRG_SUCCESS when none did. */
 static brg_status kernel_fault(const brg_comm *c, const struct brg__dev_ring *d, char *why,
                                size_t n) {
-  for (int ch = 0; ch < d->kchannels; ch++) {
+  for (int ch = 0; ch < d->k.channels; ch++) {
     brg__rk_watch *w = watch_rec(d, ch);
     int code = __atomic_load_n(&w->code, __ATOMIC_ACQUIRE);
     if (code == BRG__RK_OK || code == BRG__RK_ABORTED) continue;
@@ -80,8 +80,8 @@ brg_status brg__dev_kernel_stopped(brg_comm *c, struct brg__dev_ring *d) {
   s = BRG_ERR_REMOTE;
   snprintf(why, sizeof why, "the communicator was aborted");
   pthread_mutex_lock(&d->ev_lock);
-  if (d->perr[0]) snprintf(why, sizeof why, "%s", d->perr);
-  brg_status own = d->perr_code;
+  if (d->k.stop_why[0]) snprintf(why, sizeof why, "%s", d->k.stop_why);
+  brg_status own = d->k.stop_code;
   pthread_mutex_unlock(&d->ev_lock);
   /* The watchdog's own verdict (the neighbours' notices that follow it are
    * its echo). */
@@ -125,25 +125,25 @@ brg_status brg__dev_kernel_stopped(brg_comm *c, struct brg__dev_ring *d) {
  * the reason in why when it stopped them now. */
 int brg__dev_kernel_watch(brg_comm *c, char *why, size_t n) {
   struct brg__dev_ring *d = __atomic_load_n(&c->dev, __ATOMIC_ACQUIRE);
-  if (!d || !d->kernel || d->wd_fired) return 0;
+  if (!d || !d->k.on || d->wd.fired) return 0;
   char text[BRG__ERRLEN];
   brg_status s = kernel_fault(c, d, text, sizeof text);
   int64_t now = brg__now_ns();
-  for (int ch = 0; s == BRG_SUCCESS && ch < d->kchannels; ch++) {
+  for (int ch = 0; s == BRG_SUCCESS && ch < d->k.channels; ch++) {
     brg__rk_watch *w = watch_rec(d, ch);
     uint64_t started = __atomic_load_n(&w->started, __ATOMIC_RELAXED);
     uint64_t progress = __atomic_load_n(&w->progress, __ATOMIC_RELAXED);
     if (started == __atomic_load_n(&w->finished, __ATOMIC_RELAXED)) {
-      d->wd_since[ch] = 0; /* nothing in flight */
+      d->wd.since[ch] = 0; /* nothing in flight */
       continue;
     }
-    if (!d->wd_since[ch] || started != d->wd_started[ch] || progress != d->wd_progress[ch]) {
-      d->wd_since[ch] = now;
-      d->wd_started[ch] = started;
-      d->wd_progress[ch] = progress;
+    if (!d->wd.since[ch] || started != d->wd.started[ch] || progress != d->wd.progress[ch]) {
+      d->wd.since[ch] = now;
+      d->wd.started[ch] = started;
+      d->wd.progress[ch] = progress;
       continue;
     }
-    int64_t still_ms = (now - d->wd_since[ch]) / 1000000;
+    int64_t still_ms = (now - d->wd.since[ch]) / 1000000;
     if (still_ms < c->timeout_ms) continue;
     int wait = __atomic_load_n(&w->wait, __ATOMIC_RELAXED);
     int step = __atomic_load_n(&w->step, __ATOMIC_RELAXED);
@@ -166,12 +166,12 @@ int brg__dev_kernel_watch(brg_comm *c, char *why, size_t n) {
   }
   if (s == BRG_SUCCESS) return 0;
   pthread_mutex_lock(&d->ev_lock);
-  if (!d->perr[0] || d->perr_code == BRG_SUCCESS) {
-    snprintf(d->perr, sizeof d->perr, "%s", text);
-    d->perr_code = s;
+  if (!d->k.stop_why[0] || d->k.stop_code == BRG_SUCCESS) {
+    snprintf(d->k.stop_why, sizeof d->k.stop_why, "%s", text);
+    d->k.stop_code = s;
   }
   pthread_mutex_unlock(&d->ev_lock);
-  d->wd_fired = 1;
+  d->wd.fired = 1;
   brg__dev_kernel_stop(d);
   snprintf(why, n, "%s", text);
   return 1;
@@ -179,9 +179,9 @@ int brg__dev_kernel_watch(brg_comm *c, char *why, size_t n) {
 
 brg_status brg__device_async_error(brg_comm *c) {
   struct brg__dev_ring *d = __atomic_load_n(&c->dev, __ATOMIC_ACQUIRE);
-  if (!d || !d->kernel || !d->kwords) return BRG_SUCCESS;
-  if (!__atomic_load_n(&d->kwords[0], __ATOMIC_ACQUIRE) &&
-      __atomic_load_n(&d->kwords[KSTATUS_WORD], __ATOMIC_ACQUIRE) == BRG__RK_OK)
+  if (!d || !d->k.on || !d->k.words) return BRG_SUCCESS;
+  if (!__atomic_load_n(&d->k.words->abort, __ATOMIC_ACQUIRE) &&
+      __atomic_load_n(&d->k.words->status, __ATOMIC_ACQUIRE) == BRG__RK_OK)
     return BRG_SUCCESS;
   return brg__dev_kernel_stopped(c, d);
 }
@@ -191,24 +191,24 @@ static brg_status kernel_drain_wait(brg_comm *c, struct brg__dev_ring *d);
  * (graph replays launched there), where they are not capturing again. */
 static void graph_streams_mark(struct brg__dev_ring *d) {
   const brg__cuda_api *api = d->api;
-  for (int i = 0; i < d->ngstreams; i++) {
+  for (int i = 0; i < d->k.ngstreams; i++) {
     int capturing = 0;
-    if (api->drv.stream_capturing(d->gstream[i], &capturing) != 0 || capturing) {
+    if (api->drv.stream_capturing(d->k.gstream[i], &capturing) != 0 || capturing) {
       api->drv.last_error();
       continue;
     }
-    if (!d->gdone_ev[i] && api->drv.event_create(&d->gdone_ev[i]) != 0) continue;
-    api->drv.event_record(d->gdone_ev[i], d->gstream[i]);
+    if (!d->k.gdone_ev[i] && api->drv.event_create(&d->k.gdone_ev[i]) != 0) continue;
+    api->drv.event_record(d->k.gdone_ev[i], d->k.gstream[i]);
   }
 }
 
 /* Whether every block of a graph replay that began has ended: replays on
- * any stream count their blocks in the pinned page (KLAUNCHES), ended
+ * any stream count their blocks in the pinned page (brg__dev_kwords.launches), ended
  * read after began, so that equal counts mean that every block begun when
  * `began` was read had ended when `ended` was. */
 static int replays_done(const struct brg__dev_ring *d) {
-  if (!d->graphs || !d->kwords) return 1;
-  const uint64_t *w = (const uint64_t *)((const char *)d->kwords + KLAUNCHES);
+  if (!d->k.graphs || !d->k.words) return 1;
+  const uint64_t *w = d->k.words->launches;
   uint64_t began = __atomic_load_n(&w[0], __ATOMIC_SEQ_CST);
   return __atomic_load_n(&w[BRG__RK_ENDED], __ATOMIC_SEQ_CST) == began;
 }
@@ -222,7 +222,7 @@ static int replays_drained(const struct brg__dev_ring *d) {
   /* The abort word again, sequentially consistent: ordered before the
    * counts' loads (a store then loads, which release alone does not order;
    * a fence would do too, but ThreadSanitizer builds refuse fences). */
-  if (d->kwords) __atomic_store_n(&d->kwords[0], 1, __ATOMIC_SEQ_CST);
+  if (d->k.words) __atomic_store_n(&d->k.words->abort, 1, __ATOMIC_SEQ_CST);
   int64_t deadline = brg__deadline_ms(5000);
   for (int seen = 0; seen < 3;) {
     seen = replays_done(d) ? seen + 1 : 0;
@@ -239,9 +239,9 @@ static int replays_drained(const struct brg__dev_ring *d) {
  * ends at once), and nothing is freed before every replay that began
  * before it has ended. */
 brg_status brg__dev_kernel_drain(brg_comm *c, struct brg__dev_ring *d) {
-  if (d->graphs) graph_streams_mark(d);
+  if (d->k.graphs) graph_streams_mark(d);
   brg_status s = kernel_drain_wait(c, d);
-  if (!d->graphs) return s;
+  if (!d->k.graphs) return s;
   brg__dev_kernel_stop(d);
   if (!replays_drained(d)) {
     d->stuck = 1;

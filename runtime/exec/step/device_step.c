@@ -49,16 +49,16 @@ static void setup_gdr(struct brg__dev_ring *d, dev_blob *b) {
   brg__dev_gdr_offer o = {&b->gdr_send_ok, &b->gdr_recv_ok, &b->gdr_rkey, b->gdr_why,
                           sizeof b->gdr_why};
   brg__dev_gdr_offer_slots(d, d->send_staged ? d->link_send : NULL,
-                           d->recv_staged ? d->link_recv : NULL, (size_t)d->nslots * d->gdr_stride,
-                           &d->fifo, &d->gdr_send, &o);
-  d->send_reg = b->gdr_send_ok;
-  d->recv_reg = b->gdr_recv_ok;
+                           d->recv_staged ? d->link_recv : NULL,
+                           (size_t)d->nslots * d->st.gdr_stride, &d->st.fifo, &d->st.gdr_send, &o);
+  d->st.send_reg = b->gdr_send_ok;
+  d->st.recv_reg = b->gdr_recv_ok;
 }
 
 /* The receive FIFO's size: GPU slots of a GPUDirect link from another
  * host, or slices from a rank of this host. */
 static size_t fifo_bytes(const struct brg__dev_ring *d) {
-  return (size_t)d->nslots * (d->recv_staged ? d->gdr_stride : d->stride);
+  return (size_t)d->nslots * (d->recv_staged ? d->st.gdr_stride : d->stride);
 }
 
 /* This rank's own half: FIFO, events and mapped host FIFOs, described in `b`. */
@@ -68,37 +68,37 @@ void brg__dev_step_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b, cons
   const char *what = "cudaGetDeviceProperties";
   if (!e && d->send_staged) {
     what = "cudaHostRegister of the send FIFO (staged link)";
-    e = map_host_fifo(api, &c->send.fifo, &d->send_region, &d->send_region_dev);
+    e = map_host_fifo(api, &c->send.fifo, &d->st.send_region, &d->st.send_region_dev);
   }
   if (!e && d->recv_staged) {
     what = "cudaHostRegister of the receive FIFO (staged link)";
-    e = map_host_fifo(api, &c->recv.fifo, &d->recv_region, &d->recv_region_dev);
+    e = map_host_fifo(api, &c->recv.fifo, &d->st.recv_region, &d->st.recv_region_dev);
   }
   if (!e && !d->recv_staged) {
     /* The previous rank's kernels write this FIFO (a cuda_ipc link):
      * where they cannot reach this GPU, it is pinned host memory that both
      * GPUs reach. */
     brg__errbuf err = {0};
-    if (brg__dev_link_export(c, d, &d->fifo_in, c->prev, b, prev, fifo_bytes(d), d->stride, 1,
+    if (brg__dev_link_export(c, d, &d->st.fifo_in, c->prev, b, prev, fifo_bytes(d), d->stride, 1,
                              b->fifo_info, &err) != BRG_SUCCESS) {
       snprintf(b->why, sizeof b->why, "%.191s", err.msg);
       return;
     }
-    d->fifo = d->fifo_in.fifo.data;
+    d->st.fifo = d->st.fifo_in.fifo.data;
   } else if (!e) {
     /* Exported memory, which the GPUDirect link can register. */
     unsigned char handle[HB];
     what = "cudaMalloc of the GPU slots of the staged link from the previous rank";
-    e = api->drv.ipc_mem_export((void **)&d->fifo, fifo_bytes(d), handle);
+    e = api->drv.ipc_mem_export((void **)&d->st.fifo, fifo_bytes(d), handle);
   }
   for (int k = 0; !e && k < d->nslots; k++) {
     what = "creating interprocess events";
-    e = api->drv.ipc_event_export(&d->send_ev[k], b->send_ev[k]);
-    if (!e) e = api->drv.ipc_event_export(&d->rel_ev[k], b->rel_ev[k]);
-    b->send_ev_ptr[k] = (uint64_t)(uintptr_t)d->send_ev[k];
-    b->rel_ev_ptr[k] = (uint64_t)(uintptr_t)d->rel_ev[k];
+    e = api->drv.ipc_event_export(&d->st.send_ev[k], b->send_ev[k]);
+    if (!e) e = api->drv.ipc_event_export(&d->st.rel_ev[k], b->rel_ev[k]);
+    b->send_ev_ptr[k] = (uint64_t)(uintptr_t)d->st.send_ev[k];
+    b->rel_ev_ptr[k] = (uint64_t)(uintptr_t)d->st.rel_ev[k];
   }
-  b->fifo_ptr = (uint64_t)(uintptr_t)d->fifo;
+  b->fifo_ptr = (uint64_t)(uintptr_t)d->st.fifo;
   if (!e) setup_gdr(d, b);
   if (e) {
     snprintf(b->why, sizeof b->why, "%s: %s (%zu bytes of FIFO)", what,
@@ -130,17 +130,17 @@ static brg_status setup_links(brg_comm *c, struct brg__dev_ring *d, const dev_bl
                               const dev_blob *next, const dev_blob *prev) {
   brg_status s = BRG_SUCCESS;
   if (!d->send_staged) {
-    s = brg__dev_link_map(c, d, &d->fifo_out, c->next, self, next, (size_t)d->nslots * d->stride,
+    s = brg__dev_link_map(c, d, &d->st.fifo_out, c->next, self, next, (size_t)d->nslots * d->stride,
                           d->stride, next->fifo_info);
-    d->next_fifo = d->fifo_out.fifo.data;
+    d->st.next_fifo = d->st.fifo_out.fifo.data;
     if (s == BRG_SUCCESS)
-      s = peer_events(c, d, self, next, next->rel_ev_ptr, next->rel_ev, d->next_rel_ev,
-                      &d->next_opened, "cudaIpcOpenEventHandle (next rank's events)");
+      s = peer_events(c, d, self, next, next->rel_ev_ptr, next->rel_ev, d->st.next_rel_ev,
+                      &d->st.next_opened, "cudaIpcOpenEventHandle (next rank's events)");
   }
   /* (a staged link's slots are the host transport's FIFO) */
   if (s == BRG_SUCCESS && !d->recv_staged)
-    s = peer_events(c, d, self, prev, prev->send_ev_ptr, prev->send_ev, d->prev_send_ev,
-                    &d->prev_opened, "cudaIpcOpenEventHandle (previous rank's events)");
+    s = peer_events(c, d, self, prev, prev->send_ev_ptr, prev->send_ev, d->st.prev_send_ev,
+                    &d->st.prev_opened, "cudaIpcOpenEventHandle (previous rank's events)");
   return s;
 }
 
@@ -152,9 +152,9 @@ static brg_status setup_links(brg_comm *c, struct brg__dev_ring *d, const dev_bl
 void brg__dev_step_unused(struct brg__dev_ring *d) {
   const brg__cuda_api *api = d->api;
   for (int k = 0; k < d->nslots; k++) {
-    if (d->send_ev[k]) api->drv.event_destroy(d->send_ev[k]);
-    if (d->rel_ev[k]) api->drv.event_destroy(d->rel_ev[k]);
-    d->send_ev[k] = d->rel_ev[k] = NULL;
+    if (d->st.send_ev[k]) api->drv.event_destroy(d->st.send_ev[k]);
+    if (d->st.rel_ev[k]) api->drv.event_destroy(d->st.rel_ev[k]);
+    d->st.send_ev[k] = d->st.rel_ev[k] = NULL;
   }
 }
 
@@ -176,10 +176,10 @@ static void step_log(brg_comm *c, struct brg__dev_ring *d, const dev_blob *mine,
                 ? (mine->mps ? ", MPS running" : ", no MPS: their kernels take turns on the GPU")
                 : "",
             desc,
-            d->send_gdr      ? "; to the next rank GPU to GPU (GPUDirect RDMA)"
+            d->st.send_gdr   ? "; to the next rank GPU to GPU (GPUDirect RDMA)"
             : d->send_staged ? "; to the next rank through pinned host memory (staged link)"
                              : "",
-            d->recv_gdr      ? "; from the previous rank GPU to GPU (GPUDirect RDMA)"
+            d->st.recv_gdr   ? "; from the previous rank GPU to GPU (GPUDirect RDMA)"
             : d->recv_staged ? "; from the previous rank through pinned host memory (staged link)"
                              : "",
             d->async ? "; host side on the communicator's thread, the call returns at once "
@@ -198,15 +198,16 @@ brg_status brg__dev_step_finish(brg_comm *c, struct brg__dev_ring *d, const dev_
   brg_status s = setup_links(c, d, mine, &all[c->next], &all[c->prev]);
   if (s != BRG_SUCCESS) return s;
   /* GPUDirect runs on a link when both of its ends registered. */
-  d->send_gdr = d->send_staged && mine->gdr_send_ok && all[c->next].gdr_recv_ok;
-  d->recv_gdr = d->recv_staged && all[c->prev].gdr_send_ok && mine->gdr_recv_ok;
-  if (d->send_gdr)
-    c->send.ops->dev_remote(&c->send, all[c->next].fifo_ptr, all[c->next].gdr_rkey, d->gdr_stride);
-  if ((d->send_staged && !d->send_gdr) || (d->recv_staged && !d->recv_gdr))
+  d->st.send_gdr = d->send_staged && mine->gdr_send_ok && all[c->next].gdr_recv_ok;
+  d->st.recv_gdr = d->recv_staged && all[c->prev].gdr_send_ok && mine->gdr_recv_ok;
+  if (d->st.send_gdr)
+    c->send.ops->dev_remote(&c->send, all[c->next].fifo_ptr, all[c->next].gdr_rkey,
+                            d->st.gdr_stride);
+  if ((d->send_staged && !d->st.send_gdr) || (d->recv_staged && !d->st.recv_gdr))
     BRG__INFO("init", "GPUDirect RDMA not used on the staged links: %s",
-              mine->gdr_why[0]                 ? mine->gdr_why
-              : d->send_staged && !d->send_gdr ? all[c->next].gdr_why
-                                               : all[c->prev].gdr_why);
+              mine->gdr_why[0]                    ? mine->gdr_why
+              : d->send_staged && !d->st.send_gdr ? all[c->next].gdr_why
+                                                  : all[c->prev].gdr_why);
   char why[192];
   if (d->async && brg__dev_async_setup(d, why, sizeof why) != 0) {
     d->async = 0;
@@ -227,7 +228,7 @@ brg_status brg__dev_step_finish(brg_comm *c, struct brg__dev_ring *d, const dev_
  * slot, which the pieces' kernels fill or read at their offsets. */
 static uint64_t dev_piece(const struct brg__ring_op *o, int send) {
   const struct brg__dev_ring *d = o->dev;
-  return send ? d->send_piece : d->recv_piece;
+  return send ? d->st.send_piece : d->st.recv_piece;
 }
 
 /* Receives from the previous rank: where piece `bytes` is to be read
@@ -240,17 +241,17 @@ static brg_status dev_recv(struct brg__ring_op *o, size_t shift, uint64_t bytes,
   int rk = (int)(c->recv_pos % (uint64_t)d->nslots), e;
   const char *hdr;
   brg_status s;
-  if (d->recv_gdr) {
+  if (d->st.recv_gdr) {
     /* the piece landed in the GPU slot itself (at shift 0) */
     if ((s = brg__ring_recv_acquire(o, &hdr, bytes)) != BRG_SUCCESS) return s;
     if ((e = api->drv.flush_rdma_writes()) != 0)
       return brg__dev_cuda_fail(c, api, e, "flushing GPUDirect RDMA writes");
-    *r = d->fifo + (size_t)rk * d->gdr_stride;
+    *r = d->st.fifo + (size_t)rk * d->st.gdr_stride;
     return BRG_SUCCESS;
   }
   if (d->recv_staged) {
     if ((s = brg__ring_recv_acquire(o, &hdr, bytes)) != BRG_SUCCESS) return s;
-    *r = d->recv_region_dev + (hdr - d->recv_region);
+    *r = d->st.recv_region_dev + (hdr - d->st.recv_region);
     return BRG_SUCCESS;
   }
   if ((s = brg__ring_recv_acquire(o, &hdr, 0)) != BRG_SUCCESS) return s;
@@ -263,9 +264,9 @@ static brg_status dev_recv(struct brg__ring_op *o, size_t shift, uint64_t bytes,
                            c->prev, (unsigned long long)theirs, c->cur_step,
                            brg__coll_name(k->kind), (unsigned long long)k->seq, c->rank,
                            (unsigned long long)bytes);
-  e = api->drv.stream_wait_event(k->stream, d->prev_send_ev[rk]);
+  e = api->drv.stream_wait_event(k->stream, d->st.prev_send_ev[rk]);
   if (e) return brg__dev_cuda_fail(c, api, e, "cudaStreamWaitEvent (previous rank's slot)");
-  *r = d->fifo + (size_t)rk * d->stride + shift;
+  *r = d->st.fifo + (size_t)rk * d->stride + shift;
   return BRG_SUCCESS;
 }
 
@@ -278,23 +279,23 @@ static brg_status dev_send(struct brg__ring_op *o, size_t shift, uint64_t bytes,
   int sk = (int)(c->send_pos % (uint64_t)d->nslots), e;
   char *hslot;
   brg_status s;
-  if (d->send_gdr) {
+  if (d->st.send_gdr) {
     if ((s = brg__ring_send_acquire(o, bytes, &hslot)) != BRG_SUCCESS) return s;
-    *slot = d->gdr_send + (size_t)sk * d->gdr_stride;
+    *slot = d->st.gdr_send + (size_t)sk * d->st.gdr_stride;
     return BRG_SUCCESS;
   }
   if (d->send_staged) {
     if ((s = brg__ring_send_acquire(o, bytes, &hslot)) != BRG_SUCCESS) return s;
-    *slot = d->send_region_dev + (hslot - d->send_region);
+    *slot = d->st.send_region_dev + (hslot - d->st.send_region);
     return BRG_SUCCESS;
   }
   if ((s = brg__ring_send_acquire(o, 0, &hslot)) != BRG_SUCCESS) return s;
   /* One lap on, the slot is free once the next rank's kernel that read it
    * has run. */
   if (c->send_pos >= (uint64_t)d->nslots &&
-      (e = api->drv.stream_wait_event(o->coll->stream, d->next_rel_ev[sk])) != 0)
+      (e = api->drv.stream_wait_event(o->coll->stream, d->st.next_rel_ev[sk])) != 0)
     return brg__dev_cuda_fail(c, api, e, "cudaStreamWaitEvent (next rank's slot)");
-  *slot = d->next_fifo + (size_t)sk * d->stride + shift;
+  *slot = d->st.next_fifo + (size_t)sk * d->stride + shift;
   memcpy(hslot, &bytes, sizeof bytes);
   return BRG_SUCCESS;
 }
@@ -333,10 +334,10 @@ static brg_status dev_sent(struct brg__ring_op *o, uint64_t bytes, const void *p
   int sk = (int)(c->send_pos % (uint64_t)d->nslots), e;
   brg_status s;
   (void)payload;
-  if ((e = d->api->drv.event_record(d->send_ev[sk], o->coll->stream)) != 0)
+  if ((e = d->api->drv.event_record(d->st.send_ev[sk], o->coll->stream)) != 0)
     return brg__dev_cuda_fail(c, d->api, e, "cudaEventRecord");
   if (d->send_staged &&
-      (s = event_wait(c, d, d->send_ev[sk],
+      (s = event_wait(c, d, d->st.send_ev[sk],
                       "cudaEventQuery (slot of the staged link to the next rank)")) != BRG_SUCCESS)
     return s;
   return brg__ring_send_post(o, d->send_staged ? bytes : 0, NULL);
@@ -350,10 +351,10 @@ static brg_status dev_received(struct brg__ring_op *o) {
   struct brg__dev_ring *d = o->dev;
   int rk = (int)(c->recv_pos % (uint64_t)d->nslots), e;
   brg_status s;
-  if ((e = d->api->drv.event_record(d->rel_ev[rk], o->coll->stream)) != 0)
+  if ((e = d->api->drv.event_record(d->st.rel_ev[rk], o->coll->stream)) != 0)
     return brg__dev_cuda_fail(c, d->api, e, "cudaEventRecord");
   if (d->recv_staged &&
-      (s = event_wait(c, d, d->rel_ev[rk],
+      (s = event_wait(c, d, d->st.rel_ev[rk],
                       "cudaEventQuery (slot of the staged link from the previous rank)")) !=
           BRG_SUCCESS)
     return s;
