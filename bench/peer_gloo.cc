@@ -5,7 +5,7 @@
  * Rendezvous goes through a Gloo file store in a fresh directory that rank 0
  * creates and broadcasts over brigade. Gloo's algorithm objects are built for
  * one buffer and count (they allocate and register their inboxes then), so
- * prepare() builds them outside the timed loop and keeps the last ones.
+ * gloo_prepare() builds them outside the timed loop and keeps the last ones.
  *
  * Gloo's ring algorithms work in place on a list of buffers: out-of-place
  * rows and the other collectives print n/a, as do bfloat16 and average,
@@ -39,7 +39,7 @@ struct state {
   std::shared_ptr<gloo::rendezvous::Context> context;
   std::string dir;
   int rank = 0;
-  /* the algorithm objects of the last prepare(), one per entry of algs */
+  /* the algorithm objects of the last gloo_prepare(), one per entry of algs */
   std::unique_ptr<gloo::Algorithm> alg[2];
   bench_peer_call key{};
   bool have_key = false;
@@ -151,7 +151,7 @@ bool same_call(const bench_peer_call &a, const bench_peer_call &b) {
          a.c.op == b.c.op;
 }
 
-int prepare(const bench_peer_call *pc) {
+int gloo_prepare(const bench_peer_call *pc) {
   if (g->have_key && same_call(g->key, *pc)) return 0;
   try {
     for (int i = 0; i < 2; i++) g->alg[i].reset();
@@ -166,8 +166,8 @@ int prepare(const bench_peer_call *pc) {
   return 0;
 }
 
-int run(const bench_peer_call *pc) {
-  if (prepare(pc) != 0) return -1;
+int gloo_run(const bench_peer_call *pc) {
+  if (gloo_prepare(pc) != 0) return -1;
   try {
     g->alg[pc->alg]->run();
   } catch (const std::exception &e) {
@@ -198,8 +198,8 @@ extern "C" const bench_peer bench_peer_gloo = {
     /* .open = */ open_peer,
     /* .describe = */ gloo_describe,
     /* .unsupported = */ unsupported,
-    /* .prepare = */ prepare,
-    /* .run = */ run,
+    /* .prepare = */ gloo_prepare,
+    /* .run = */ gloo_run,
     /* .close = */ close_peer,
     /* .finalize = */ nullptr,
 };

@@ -656,3 +656,5 @@ brg_status brg__hier_run(brg_comm *c, brg__coll *k) {
   k->seq = ++c->seq;
   return brg__trace_run(c, k, hier_body);
 }
+
+const brg__exec_ops brg__exec_hier = BRG__EXEC_COMPOSITE("hier", brg__hier_run);

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "exec.h"
 #include "internal.h"
 #include "kernels.h"
 #include "schedule_lat.h"
@@ -373,3 +374,5 @@ brg_status brg__lat_run(brg_comm *c, brg__coll *k) {
   k->seq = ++c->seq;
   return brg__trace_run(c, k, lat_body);
 }
+
+const brg__exec_ops brg__exec_lat = BRG__EXEC_COMPOSITE("lat", brg__lat_run);

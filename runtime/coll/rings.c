@@ -78,3 +78,5 @@ brg_status brg__rings_run(brg_comm *c, brg__coll *k) {
   }
   return s;
 }
+
+const brg__exec_ops brg__exec_rings = BRG__EXEC_COMPOSITE("rings", brg__rings_run);

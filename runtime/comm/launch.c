@@ -134,7 +134,7 @@ typedef struct pmix_value {
 static struct {
   void *lib;
   int (*init)(pmix_proc_t *proc, void *info, size_t ninfo);
-  int (*finalize)(const void *info, size_t ninfo);
+  int (*end)(const void *info, size_t ninfo); /* PMIx_Finalize */
   int (*put)(uint8_t scope, const char *key, pmix_value_t *val);
   int (*commit)(void);
   int (*fence)(const pmix_proc_t *procs, size_t nprocs, const void *info, size_t ninfo);
@@ -170,13 +170,13 @@ int brg__pmix_start(int *rank, brg__errbuf *err) {
     return -1;
   }
   *(void **)&px.init = dlsym(px.lib, "PMIx_Init");
-  *(void **)&px.finalize = dlsym(px.lib, "PMIx_Finalize");
+  *(void **)&px.end = dlsym(px.lib, "PMIx_Finalize");
   *(void **)&px.put = dlsym(px.lib, "PMIx_Put");
   *(void **)&px.commit = dlsym(px.lib, "PMIx_Commit");
   *(void **)&px.fence = dlsym(px.lib, "PMIx_Fence");
   *(void **)&px.get = dlsym(px.lib, "PMIx_Get");
   *(void **)&px.error_string = dlsym(px.lib, "PMIx_Error_string");
-  if (!px.init || !px.finalize || !px.put || !px.commit || !px.fence || !px.get) {
+  if (!px.init || !px.end || !px.put || !px.commit || !px.fence || !px.get) {
     brg__error_quiet(err, BRG_ERR_UNAVAILABLE,
                      "libpmix lacks PMIx_Init, PMIx_Put, PMIx_Commit, PMIx_Fence or PMIx_Get");
     return -1;
@@ -213,7 +213,7 @@ int brg__pmix_share(int rank, char *value, size_t value_bytes, brg__errbuf *err)
     if (st == PMIX_SUCCESS) snprintf(value, value_bytes, "%s", got->data.string);
     /* `got` is libpmix's; its release is a macro of the headers: left */
   }
-  px.finalize(NULL, 0);
+  px.end(NULL, 0);
   if (st == PMIX_SUCCESS) return 0;
   brg__error_quiet(err, BRG_ERR_SYSTEM, "%s failed: %s (%d)", what,
                    st == -1 ? "not a string" : pmix_why(st), st);

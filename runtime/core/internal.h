@@ -36,7 +36,7 @@ typedef struct brg__coll {
   unsigned char setup_only : 1; /* brg_comm_device_setup: the device setup, no collective */
   unsigned char staged : 1;     /* gather/scatter on GPU buffers, through host memory (rooted.c) */
   unsigned char lat;            /* BRG__ALGO_TREE or _RHD: an allreduce lat.c runs; 0: none */
-  /* Its executor (exec.h), chosen once as it is issued (exec.c's policy:
+  /* Its executor (exec.h), chosen once as it is issued (policy.c:
    * hier.c's choice, then rings.c's, else the leaf of its memory); NULL
    * until then. progress.c runs it through this. (The flags are bits so
    * that a brg__req still fits a brg_request.) */
@@ -175,7 +175,7 @@ struct brg_comm {
 
   struct brg__dev_ring *dev; /* device collectives' state (device_ring.c), made at first use */
   /* The leaf executor of its device collectives once `dev` is made (step or
-   * kernel mode: device_exec.c publishes it), which exec.c's policy picks
+   * kernel mode: device_exec.c publishes it), which policy.c picks
    * at issue; NULL before. */
   const struct brg__exec_ops *dev_exec;
   int *kabort; /* kernel mode's abort word (host memory the kernels poll); NULL: none */
@@ -238,14 +238,15 @@ struct brg_comm {
  * follow it, and every file of the floors below (tests/tools/check_docs.py
  * holds the code to this list). A lower floor runs code of a higher one
  * only through a pointer the higher one hands down: brg__coll.exec (set
- * by coll/exec.c, called by exec/progress.c), kwatch (set by kernel mode, called
+ * by coll/policy.c, called by exec/progress.c), kwatch (set by kernel mode, called
  * by core/liveness.c), p2p_door and p2p_need (set by exec/p2p/p2p.c, called
  * by core/liveness.c), the body brg__trace_run times.
  *
  * coll/     the collectives
  *   coll.c        entry points and argument checks
- *   exec.c        the policy: each call's executor (exec/exec.h), chosen
- *                 once at issue; the composite executors (hier, rings, lat)
+ *   policy.c      the policy: each call's executor (exec/exec.h), chosen
+ *                 once at issue (the composite executors hier, rings and
+ *                 lat are their files')
  *   hier.c        the algorithm of each allreduce (BRIGADE_ALGO, plan/model.c
  *                 for auto); its two communicators come from comm/split.c
  *                 (made on the caller's thread before the first hier
@@ -354,7 +355,7 @@ brg_status brg__hier_prepare(brg_comm *c, brg__coll *k);
 /* Runs allreduce k hierarchically: its three phases on the hierarchy's
  * communicators, each through their progress (a failure stops both). */
 brg_status brg__hier_run(brg_comm *c, brg__coll *k);
-/* rings.c: the run of a k cut over c's rings (exec.c's policy chose it),
+/* rings.c: the run of a k cut over c's rings (policy.c chose it),
  * one part per ring at once. */
 brg_status brg__rings_run(brg_comm *c, brg__coll *k);
 /* brg_comm_device_setup under BRIGADE_ALGO=hier, where the hosts fit it:

@@ -145,7 +145,7 @@ static brg_status first_run(brg_comm *c, brg__coll *k) {
 const brg__exec_ops brg__exec_step = DEVICE_EXEC("step", step_run);
 const brg__exec_ops brg__exec_kernel = DEVICE_EXEC("kernel", kernel_run);
 const brg__exec_ops brg__exec_single = DEVICE_EXEC("single", single_run);
-/* The first call's: its setup makes the device ring (after coll/exec.c
+/* The first call's: its setup makes the device ring (after coll/policy.c
  * made kernel mode's links between hosts) and publishes the mode. */
 const brg__exec_ops brg__exec_device = {.name = "device",
                                         .detached = dev_detached,

@@ -1,10 +1,10 @@
 /*
  * Executors: what runs a collective once it is issued. coll.c checks a
- * call and issues it, the policy (exec.c, brg__exec_choose) picks its
+ * call and issues it, the policy (coll/policy.c, brg__exec_choose) picks its
  * executor once, at issue, into brg__coll.exec, progress.c orders the
  * calls and runs each through that executor without knowing which it is:
  *
- *   coll.c -> exec.c (policy) -> progress.c -> k->exec: setup, run, end
+ *   coll.c -> policy.c -> progress.c -> k->exec: setup, run, end
  *
  * Leaf executors run a call on one communicator's ring:
  *   brg__exec_host     the ring engine on host buffers (ring.c)
@@ -15,8 +15,8 @@
  *                      setup makes it, its run takes step or kernel mode
  *   brg__exec_staged   gather and scatter on GPU buffers, through host copies
  * (the device ones in device_exec.c). Composite executors run a call as
- * calls of leaf executors on other communicators or on the rings (exec.c
- * holds them; their runs are in hier.c, rings.c and lat.c):
+ * calls of leaf executors on other communicators or on the rings (each
+ * defined in the file of its run, with BRG__EXEC_COMPOSITE):
  *   brg__exec_hier     hier.c's phases on the hierarchy's communicators
  *   brg__exec_rings    rings.c's parts, one per ring
  *   brg__exec_lat      lat.c's tree and rhd over point-to-point links
@@ -78,6 +78,22 @@ extern const brg__exec_ops brg__exec_host;
 extern const brg__exec_ops brg__exec_step, brg__exec_kernel, brg__exec_single, brg__exec_device,
     brg__exec_staged;
 extern const brg__exec_ops brg__exec_hier, brg__exec_rings, brg__exec_lat;
+
+/* A composite executor (hier.c, rings.c, lat.c each define theirs): RUN
+ * runs its parts; its other hooks are its leaf's, looked up at each
+ * (progress.c). */
+int brg__exec_leaf_detached(brg_comm *c, const brg__coll *k);
+brg_status brg__exec_leaf_enter(brg_comm *c, const brg__coll *k, int *saved);
+void brg__exec_leaf_leave(brg_comm *c, const brg__coll *k, int saved);
+brg_status brg__exec_leaf_begin(brg_comm *c, brg__coll *k);
+brg_status brg__exec_leaf_setup(brg_comm *c, brg__coll *k, brg__exec_frame *f);
+void brg__exec_leaf_end(brg_comm *c, brg__coll *k, brg_status s, brg__exec_frame *f);
+#define BRG__EXEC_COMPOSITE(NAME, RUN)                                                             \
+  {                                                                                                \
+    .name = (NAME), .detached = brg__exec_leaf_detached, .enter = brg__exec_leaf_enter,            \
+    .leave = brg__exec_leaf_leave, .begin = brg__exec_leaf_begin, .setup = brg__exec_leaf_setup,   \
+    .run = (RUN), .end = brg__exec_leaf_end                                                        \
+  }
 
 /* The policy, at issue: the executor of a checked call of the public API
  * (for the first device call, kernel mode's links between hosts; then

@@ -16,13 +16,50 @@
 
 /* The executor of a call's memory: the host ring engine, or for GPU
  * buffers the mode the device ring published (the first call's until
- * then); the composites of coll/exec.c run their parts on it. */
+ * then); the composites of coll/ run their parts on it. */
 const brg__exec_ops *brg__exec_leaf(const brg_comm *c, const brg__coll *k) {
   if (!k->device) return &brg__exec_host;
   if (k->staged) return &brg__exec_staged;
   if (c->nranks == 1) return &brg__exec_single;
   const brg__exec_ops *x = __atomic_load_n(&c->dev_exec, __ATOMIC_ACQUIRE);
   return x ? x : &brg__exec_device;
+}
+
+/* A composite executor's hooks (exec.h's BRG__EXEC_COMPOSITE): its
+ * leaf's, looked up at each (the leaf of GPU
+ * buffers becomes step or kernel mode once the device ring is made; their
+ * hooks are the same). */
+
+int brg__exec_leaf_detached(brg_comm *c, const brg__coll *k) {
+  const brg__exec_ops *x = brg__exec_leaf(c, k);
+  return x->detached && x->detached(c, k);
+}
+
+brg_status brg__exec_leaf_enter(brg_comm *c, const brg__coll *k, int *saved) {
+  const brg__exec_ops *x = brg__exec_leaf(c, k);
+  return x->enter ? x->enter(c, k, saved) : BRG_SUCCESS;
+}
+
+void brg__exec_leaf_leave(brg_comm *c, const brg__coll *k, int saved) {
+  const brg__exec_ops *x = brg__exec_leaf(c, k);
+  if (x->leave) x->leave(c, k, saved);
+}
+
+brg_status brg__exec_leaf_begin(brg_comm *c, brg__coll *k) {
+  const brg__exec_ops *x = brg__exec_leaf(c, k);
+  return x->begin ? x->begin(c, k) : BRG_SUCCESS;
+}
+
+brg_status brg__exec_leaf_setup(brg_comm *c, brg__coll *k, brg__exec_frame *f) {
+  const brg__exec_ops *x = brg__exec_leaf(c, k);
+  if (x->setup) return x->setup(c, k, f);
+  f->entered = 1;
+  return BRG_SUCCESS;
+}
+
+void brg__exec_leaf_end(brg_comm *c, brg__coll *k, brg_status s, brg__exec_frame *f) {
+  const brg__exec_ops *x = brg__exec_leaf(c, k);
+  if (x->end) x->end(c, k, s, f);
 }
 
 static brg_status run_one(brg_comm *c, brg__coll *k) {

@@ -123,7 +123,10 @@ static int body(mp_ctx *x) {
   }
   int f = settled("/proc/self/fd", fds), t = settled("/proc/self/task", threads);
   MP_CHECK(f == fds, "%d file descriptors after %d cycles, %d before", f, k, fds);
-  MP_CHECK(t == threads, "%d threads after %d cycles, %d before", t, k, threads);
+  /* A leak is a thread more; one fewer is a thread of the start that was
+   * still ending when the baseline was taken (under load, the bootstrap's
+   * last threads may outlive the first barrier). */
+  MP_CHECK(t <= threads, "%d threads after %d cycles, %d before", t, k, threads);
   if (x->rank == 0)
     mp_info("%d cycles (%d aborted), fds %d -> %d, threads %d -> %d", k, k / 3, fds, f, threads, t);
   return mp_failures();
