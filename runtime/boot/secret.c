@@ -155,9 +155,11 @@ int brg__secret_parse(const char *hex, uint8_t out[16], char *why, size_t why_by
   size_t len = n / 2;
   for (size_t i = 0; i < len; i++)
     bytes[i] = (uint8_t)(hexval(hex[2 * i]) << 4 | hexval(hex[2 * i + 1]));
-  /* The shortest period: a secret that repeats a shorter piece holds no
-   * more than that piece. */
-  for (size_t p = 1; p < len; p++) {
+  /* A piece repeated over the whole (twice at least): such a secret holds
+   * no more than that piece. Longer periods are left alone: a random
+   * secret has one of them as often as its last byte equals its first
+   * (1 in 256), and must never be refused. */
+  for (size_t p = 1; 2 * p <= len; p++) {
     size_t i = p;
     while (i < len && bytes[i] == bytes[i - p]) i++;
     if (i == len) {
