@@ -133,6 +133,15 @@ static int hexval(char ch) {
   return -1;
 }
 
+int brg__hex_bytes(const char *hex, uint8_t *out, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    int hi = hexval(hex[2 * i]), lo = hi < 0 ? -1 : hexval(hex[2 * i + 1]);
+    if (lo < 0) return -1;
+    out[i] = (uint8_t)(hi << 4 | lo);
+  }
+  return 0;
+}
+
 int brg__secret_parse(const char *hex, uint8_t out[16], char *why, size_t why_bytes) {
   uint8_t bytes[128];
   size_t n = strlen(hex);
@@ -153,8 +162,7 @@ int brg__secret_parse(const char *hex, uint8_t out[16], char *why, size_t why_by
     return -1;
   }
   size_t len = n / 2;
-  for (size_t i = 0; i < len; i++)
-    bytes[i] = (uint8_t)(hexval(hex[2 * i]) << 4 | hexval(hex[2 * i + 1]));
+  brg__hex_bytes(hex, bytes, len); /* every digit was checked above */
   /* A piece repeated over the whole (twice at least): such a secret holds
    * no more than that piece. Longer periods are left alone: a random
    * secret has one of them as often as its last byte equals its first

@@ -38,5 +38,8 @@ int brg__ct_equal(const void *x, const void *y, size_t n);
  * (SHA-256, its first 16 bytes), never folded. 0, or -1 with the reason in
  * `why` (a phrase that follows the variable's name). */
 int brg__secret_parse(const char *hex, uint8_t out[16], char *why, size_t why_bytes);
+/* The n bytes of 2n hex digits (either case) into out: 0, or -1 at a
+ * character that is not a hex digit (out then partly written). */
+int brg__hex_bytes(const char *hex, uint8_t *out, size_t n);
 
 #endif

@@ -58,13 +58,6 @@ static brg_status init_alone(brg_comm **comm) {
   return brg__comm_init_opts(comm, 1, &bid, 0, NULL);
 }
 
-/* A hex digit's value (the id rank 0 published is lower-case hex, checked
- * for its length; anything else reads as 0 and fails the bootstrap's own
- * checks of the id). */
-static int hex_nibble(char ch) {
-  return ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : 0;
-}
-
 /* Under a PMIx server: rank 0 starts the root on its own address (a free
  * port, or BRIGADE_PORT) with a fresh secret and hands the root's id to
  * the others through the server's store. *tried 0: no PMIx here or no
@@ -101,13 +94,10 @@ static brg_status init_pmix(brg_comm **comm, int rank, int size, int *tried) {
   /* every task fences, rank 0's failure or not: the others would wait */
   if (brg__pmix_share(rank, hex, sizeof hex, &err) < 0 && s == BRG_SUCCESS) s = BRG_ERR_SYSTEM;
   if (s == BRG_SUCCESS && rank != 0) {
-    if (strlen(hex) != 2 * sizeof bid)
+    if (strlen(hex) != 2 * sizeof bid || brg__hex_bytes(hex, (uint8_t *)&bid, sizeof bid) != 0)
       return brg__fail_no_comm(BRG_ERR_REMOTE,
                                "brg_comm_init_env: rank 0 published no bootstrap id through "
                                "PMIx (its root did not start: see its log)");
-    uint8_t *b = (uint8_t *)&bid;
-    for (size_t i = 0; i < sizeof bid; i++)
-      b[i] = (uint8_t)(hex_nibble(hex[2 * i]) << 4 | hex_nibble(hex[2 * i + 1]));
   }
   if (s != BRG_SUCCESS) return brg__fail_no_comm_err(s, &err, "brg_comm_init_env (PMIx): ");
   BRG__INFO("init", "brg_comm_init_env: the rendezvous through PMIx (rank %d of %d)", rank, size);
