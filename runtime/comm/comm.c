@@ -229,10 +229,19 @@ out:
   return BRG_SUCCESS;
 }
 
+/* The goodbye carries the executors' word (brg__exec_bye_word), which
+ * the neighbour's destroy waits on. */
 static void say_goodbye(brg_comm *c) {
+  uint64_t word = brg__exec_bye_word(c);
   pthread_mutex_lock(&c->ring_lock);
-  for (int dir = 0; dir < 2; dir++) brg__bootstrap_send(c->bs, dir, BRG__MSG_BYE, "", 0, NULL);
+  for (int dir = 0; dir < 2; dir++)
+    brg__bootstrap_send(c->bs, dir, BRG__MSG_BYE, &word, sizeof word, NULL);
   pthread_mutex_unlock(&c->ring_lock);
+}
+
+static void took_goodbye(brg_comm *c, int dir, const char *buf, uint32_t len) {
+  c->departed[dir] = 1;
+  if (len == sizeof(uint64_t)) memcpy(&c->departed_word[dir], buf, sizeof(uint64_t));
 }
 
 /* Waits, up to the timeout, for both neighbours' goodbyes (or hang-ups).
@@ -251,14 +260,14 @@ static void await_goodbyes(brg_comm *c) {
     brg_status s;
     if (brg__live_take(c, dir, &s, &type, buf, &len, text, sizeof text) == 1) {
       if (s != BRG_SUCCESS) continue;
-      if (type == BRG__MSG_BYE) c->departed[dir] = 1;
+      if (type == BRG__MSG_BYE) took_goodbye(c, dir, buf, len);
     }
     while (!c->departed[dir]) {
       int left = brg__ms_left(deadline);
       if (left == 0) return;
       if (brg__bootstrap_recv(c->bs, dir, &type, buf, sizeof buf, &len, left, NULL) != BRG_SUCCESS)
         break; /* gone (or the deadline): nothing more will come */
-      if (type == BRG__MSG_BYE) c->departed[dir] = 1;
+      if (type == BRG__MSG_BYE) took_goodbye(c, dir, buf, len);
     }
   }
 }
@@ -279,6 +288,12 @@ static brg_status comm_free(brg_comm *c) {
       say_goodbye(c);
       await_goodbyes(c);
     }
+    /* What the neighbours' goodbyes say they began, this rank's work
+     * finishes too (graph replays queued on streams no call named) */
+    uint64_t theirs = c->departed_word[0] > c->departed_word[1] ? c->departed_word[0]
+                                                                 : c->departed_word[1];
+    brg_status settled = brg__exec_settle(c, ring ? theirs : 0);
+    if (s == BRG_SUCCESS) s = settled;
   } else {
     /* A neighbour still finishing the last collective must not take our
      * hang-up for a crash: say goodbye first. */

@@ -162,6 +162,9 @@ struct brg_comm {
   brg__conn *wait_conn;   /* the link the engine is blocked on */
   int departed[2];        /* neighbour (by ring direction) destroyed its communicator */
   int64_t departed_ns[2]; /* when this rank read that goodbye (brg__now_ns) */
+  /* What that goodbye carried: the graph replays' blocks its kernels had
+   * begun (brg__exec_bye_word; 0 without a word) */
+  uint64_t departed_word[2];
   int departed_ok;        /* the wait does not need the neighbours (kernel mode's drain) */
   int64_t wait_start_ns;
 

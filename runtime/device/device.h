@@ -119,6 +119,11 @@ brg_status brg__device_single(brg_comm *c, const brg__coll *k);
  * when it cannot finish; free then frees the ring, unless the work could
  * not drain (then nothing the stream may still touch is freed). */
 brg_status brg__device_ring_drain(brg_comm *c);
+/* Kernel mode's graph replays at destroy (brg__exec_bye_word and
+ * brg__exec_settle): the blocks they began, and the wait for this rank's
+ * to have begun as many as its neighbours' before the abort. */
+uint64_t brg__device_bye_word(const brg_comm *c);
+brg_status brg__device_ring_settle(brg_comm *c, uint64_t theirs);
 /* Stops kernel mode's host proxy (its links between hosts), once the
  * drain and the goodbyes are done; nothing when there is none. */
 void brg__device_proxy_stop(brg_comm *c);

@@ -159,6 +159,7 @@ struct brg__dev_kernel {
    * communicator (a replay after destroy finds abort set and ends). */
   void *gstream[8], *gdone_ev[8];
   int ngstreams, graphs;
+  int settle; /* the drain left the replays' abort to brg__dev_kernel_settle */
   struct brg__dev_oneshot os;
   brg_status stop_code; /* with stop_why: the status the next call returns (0: BRG_ERR_REMOTE) */
   char stop_why[BRG__ERRLEN]; /* what stopped the proxy or the watchdog ("": nothing) */
@@ -363,6 +364,8 @@ void brg__dev_stream_user_drop(const struct brg__dev_ring *d);
 brg_status brg__dev_kernel_stopped(brg_comm *c, struct brg__dev_ring *d);
 int brg__dev_kernel_watch(brg_comm *c, char *why, size_t n);
 brg_status brg__dev_kernel_drain(brg_comm *c, struct brg__dev_ring *d);
+uint64_t brg__dev_kernel_bye_word(const struct brg__dev_ring *d);
+brg_status brg__dev_kernel_settle(brg_comm *c, struct brg__dev_ring *d, uint64_t theirs);
 
 /* ---- asynchronous mode (device_async.c) ---- */
 void brg__dev_flag_raise(struct brg__dev_ring *d, uint32_t ticket);

@@ -242,6 +242,14 @@ brg_status brg__exec_drain(brg_comm *c) {
   return brg__device_ring_drain(c);
 }
 
+uint64_t brg__exec_bye_word(const brg_comm *c) {
+  return brg__device_bye_word(c);
+}
+
+brg_status brg__exec_settle(brg_comm *c, uint64_t theirs) {
+  return brg__device_ring_settle(c, theirs);
+}
+
 void brg__exec_stop(brg_comm *c) {
   brg__device_proxy_stop(c);
 }

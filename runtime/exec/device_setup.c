@@ -418,6 +418,16 @@ static void ring_release(struct brg__dev_ring *d) {
   free(d);
 }
 
+uint64_t brg__device_bye_word(const brg_comm *c) {
+  const struct brg__dev_ring *d = __atomic_load_n(&c->dev, __ATOMIC_ACQUIRE);
+  return d && d->k.on ? brg__dev_kernel_bye_word(d) : 0;
+}
+
+brg_status brg__device_ring_settle(brg_comm *c, uint64_t theirs) {
+  struct brg__dev_ring *d = c->dev;
+  return d && d->k.on ? brg__dev_kernel_settle(c, d, theirs) : BRG_SUCCESS;
+}
+
 brg_status brg__device_ring_drain(brg_comm *c) {
   struct brg__dev_ring *d = c->dev;
   if (!d) return BRG_SUCCESS;

@@ -124,6 +124,14 @@ int brg__exec_outlives(const brg_comm *c);
  * next wait; any thread (stop.c). */
 void brg__exec_abort(brg_comm *c);
 brg_status brg__exec_drain(brg_comm *c);
+/* The word c's goodbye carries, and after both neighbours' goodbyes (or
+ * their hang-ups) the last of the drain, given the larger of their words:
+ * kernel mode's graph replays, on streams no call named, count the blocks
+ * they began, so that a replay of this rank's still queued where a
+ * neighbour's ran is waited for, and only then does the abort word stop
+ * the ones that come later (device_watch.c). */
+uint64_t brg__exec_bye_word(const brg_comm *c);
+brg_status brg__exec_settle(brg_comm *c, uint64_t theirs);
 void brg__exec_stop(brg_comm *c);
 void brg__exec_free(brg_comm *c);
 brg_status brg__exec_async_error(brg_comm *c);

@@ -47,6 +47,7 @@ static brg_status check_ring_socket(brg_comm *c, int dir) {
   if (type == BRG__MSG_BYE) {
     c->departed[dir] = 1;
     c->departed_ns[dir] = brg__now_ns();
+    if (len == 8) memcpy(&c->departed_word[dir], buf, 8);
     return BRG_SUCCESS;
   }
   if (type == BRG__MSG_ABORT && len >= 4) {

@@ -86,6 +86,10 @@
  *    streams share CUDA_DEVICE_MAX_CONNECTIONS in-order hardware queues;
  *    BRIGADE_EMU_LAZY_LOAD, a kernel's first launch waits for the whole
  *    device (details at "strict rules" below).
+ *  - BRIGADE_EMU_LAUNCH_GAP_US: each ring kernel starts that long after
+ *    the op before it on its stream ended (a GPU's launch gap is a few
+ *    microseconds; a larger one opens the window between two replays of
+ *    a graph, where neither counts as running).
  *
  * Error codes are small integers; error_string() names them.
  */
@@ -791,6 +795,7 @@ static __thread stream *thread_stream[MAX_DEV]; /* this thread's per-thread defa
  *              same wait, once).
  */
 static int rule_sync_free, rule_hw_queues, rule_lazy_load, max_connections = 8;
+static long launch_gap_us;
 static pthread_once_t rules_once = PTHREAD_ONCE_INIT;
 
 static int rule_setting(const char *name, int strict) {
@@ -807,6 +812,8 @@ static void rules_init(void) {
   const char *c = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
   int n = c && *c ? atoi(c) : 8;
   max_connections = n < 1 ? 1 : n > 32 ? 32 : n;
+  const char *g = getenv("BRIGADE_EMU_LAUNCH_GAP_US");
+  launch_gap_us = g && *g ? atol(g) : 0;
 }
 
 static void rules(void) {
@@ -1017,6 +1024,11 @@ static void run_kernel(stream *s, const op *o) {
      * blocks, so that thousands of launches queued behind a stopped one
      * drain at once, as on a GPU. */
     const brg__rk_args *ra = o->a;
+    rules();
+    if (launch_gap_us > 0) {
+      struct timespec gap = {(time_t)(launch_gap_us / 1000000), (launch_gap_us % 1000000) * 1000};
+      nanosleep(&gap, NULL);
+    }
     if (__atomic_load_n(ra->abort_word, __ATOMIC_ACQUIRE))
       __atomic_store_n(ra->status, BRG__RK_ABORTED, __ATOMIC_RELEASE);
 #ifndef BRG_EMU_NO_KERNEL_MODE

@@ -186,6 +186,7 @@ brg_status brg__device_async_error(brg_comm *c) {
   return brg__dev_kernel_stopped(c, d);
 }
 static brg_status kernel_drain_wait(brg_comm *c, struct brg__dev_ring *d);
+static brg_status replays_stop(brg_comm *c, struct brg__dev_ring *d, brg_status s);
 
 /* The streams that captured launches: an event after what they hold now
  * (graph replays launched there), where they are not capturing again. */
@@ -235,13 +236,51 @@ static int replays_drained(const struct brg__dev_ring *d) {
 /* Kernel mode's drain. After graphs captured launches, their replays are
  * waited for too: those on the streams they were captured on by an event
  * there, those on any other stream by their count of blocks begun and
- * ended; then the abort word is set for good (a replay that comes later
- * ends at once), and nothing is freed before every replay that began
- * before it has ended. */
+ * ended. A replay queued behind another on a stream no call named is not
+ * counted before it begins, so the abort waits for the neighbours'
+ * goodbyes (brg__dev_kernel_settle); a drain that failed stops them now. */
 brg_status brg__dev_kernel_drain(brg_comm *c, struct brg__dev_ring *d) {
   if (d->k.graphs) graph_streams_mark(d);
   brg_status s = kernel_drain_wait(c, d);
   if (!d->k.graphs) return s;
+  if (s == BRG_SUCCESS && d->k.words && !__atomic_load_n(&d->k.words->abort, __ATOMIC_ACQUIRE)) {
+    d->k.settle = 1;
+    return s;
+  }
+  return replays_stop(c, d, s);
+}
+
+uint64_t brg__dev_kernel_bye_word(const struct brg__dev_ring *d) {
+  if (!d->k.graphs || !d->k.words) return 0;
+  return __atomic_load_n(&d->k.words->launches[0], __ATOMIC_SEQ_CST);
+}
+
+/* After both neighbours' goodbyes: every replay they began met one of this
+ * rank's (a collective needs every rank), so until this rank has begun as
+ * many blocks as the neighbour that began most (`theirs`), one of its
+ * replays is still queued and runs with theirs; then the abort word is
+ * set for good (a replay that comes later ends at once), and nothing is
+ * freed before every replay that began before it has ended. A replay of
+ * this rank's beyond theirs that waits has no partner left: it is stopped
+ * at once. Bounded by the timeout, after which the abort stops what is
+ * left. */
+brg_status brg__dev_kernel_settle(brg_comm *c, struct brg__dev_ring *d, uint64_t theirs) {
+  if (!d->k.settle) return BRG_SUCCESS;
+  d->k.settle = 0;
+  const uint64_t *w = d->k.words->launches;
+  int64_t deadline = brg__deadline_ms(c->timeout_ms);
+  for (int i = 0; !brg__deadline_passed(deadline); i++) {
+    uint64_t began = __atomic_load_n(&w[0], __ATOMIC_SEQ_CST);
+    uint64_t ended = __atomic_load_n(&w[BRG__RK_ENDED], __ATOMIC_SEQ_CST);
+    if (ended == began ? began >= theirs : began > theirs) break;
+    brg__sleep_ms(i < 100 ? 0 : 1);
+  }
+  return replays_stop(c, d, BRG_SUCCESS);
+}
+
+/* Sets the abort word for good and waits for every replay that began to
+ * end (replays_drained); s, or the error that names one that did not. */
+static brg_status replays_stop(brg_comm *c, struct brg__dev_ring *d, brg_status s) {
   brg__dev_kernel_stop(d);
   if (!replays_drained(d)) {
     d->stuck = 1;
