@@ -211,18 +211,50 @@ static void put(brg_dtype d, void *buf, size_t i, long v, double x, int use_x) {
   }
 }
 
-/* The input of rank r, element i: small integers whose sums, products,
- * minima and maxima are exact in every dtype. */
-static long soak_in(brg_dtype d, brg_op op, uint64_t salt, int r, size_t i) {
-  if (op == BRG_PROD) return 1 + (long)((i * 7 + (size_t)r * 3 + salt) % 3);
-  long v = (long)((i * 13 + (size_t)r * 5 + salt) % 17);
-  return dtype_signed(d) ? v - 8 : v;
+/* The largest integer every partial result of dtype d holds exactly: a
+ * 16-bit or 32-bit float rounds beyond it, so the order in which ranks
+ * reduce would change the value (the integer types wrap the same way in
+ * every order, so theirs only keeps the reference's long arithmetic
+ * defined). */
+static long exact_limit(brg_dtype d) {
+  switch (d) {
+  case BRG_FLOAT16: return 2048;
+  case BRG_BFLOAT16: return 256;
+  case BRG_FLOAT32: return 1L << 24;
+  case BRG_FLOAT64: return 1L << 53;
+  default: return 1L << 62;
+  }
+}
+
+/* How many ranks may each give a factor of up to 3 so that every partial
+ * product stays within exact_limit(d): 5 for bfloat16, 33 for float64. */
+static int prod_factors(brg_dtype d) {
+  long lim = exact_limit(d), p = 1;
+  int k = 0;
+  while (p <= lim / 3) p *= 3, k++;
+  return k;
+}
+
+/* The input of rank r of n, element i: small integers whose sums,
+ * products, minima and maxima are exact in every dtype at every n. For a
+ * product only one rank in `stride` gives a factor other than 1, so that
+ * at most prod_factors(d) factors meet; for a sum the values shrink as n
+ * grows, so that no partial sum of a float leaves exact_limit(d). */
+static long soak_in(brg_dtype d, brg_op op, uint64_t salt, int n, int r, size_t i) {
+  if (op == BRG_PROD) {
+    int k = prod_factors(d), stride = (n + k - 1) / k;
+    if ((size_t)r % (size_t)stride != (i + salt) % (size_t)stride) return 1;
+    return 1 + (long)((i * 7 + (size_t)r * 3 + salt) % 3);
+  }
+  long m = exact_limit(d) / n < 8 ? exact_limit(d) / n : 8;
+  long v = (long)((i * 13 + (size_t)r * 5 + salt) % (size_t)(2 * m + 1));
+  return dtype_signed(d) ? v - m : v;
 }
 
 static long soak_reduced(brg_dtype d, brg_op op, uint64_t salt, int n, size_t i) {
-  long acc = soak_in(d, op, salt, 0, i);
+  long acc = soak_in(d, op, salt, n, 0, i);
   for (int r = 1; r < n; r++) {
-    long v = soak_in(d, op, salt, r, i);
+    long v = soak_in(d, op, salt, n, r, i);
     if (op == BRG_SUM || op == BRG_AVG)
       acc += v;
     else if (op == BRG_PROD)
@@ -302,7 +334,7 @@ static int body_soak(mp_ctx *ctx) {
     size_t in_n = coll == C_REDUCE_SCATTER ? count * (size_t)n : count;
     size_t out_n = coll == C_ALL_GATHER ? count * (size_t)n : count;
     if (coll == C_ALL_GATHER || coll == C_BROADCAST) op = BRG_SUM; /* inputs only */
-    for (size_t i = 0; i < in_n; i++) put(d, s, i, soak_in(d, op, salt, me, i), 0, 0);
+    for (size_t i = 0; i < in_n; i++) put(d, s, i, soak_in(d, op, salt, n, me, i), 0, 0);
     memcpy(s0, s, in_n * sz);
     memset(r, 0xa5, out_n * sz);
     const void *sb = s;
@@ -350,9 +382,9 @@ static int body_soak(mp_ctx *ctx) {
     long want = 0;
     for (size_t i = 0; i < out_n && bad_i == SIZE_MAX; i++) {
       if (coll == C_ALL_GATHER)
-        want = soak_in(d, op, salt, (int)(i / count), i % count);
+        want = soak_in(d, op, salt, n, (int)(i / count), i % count);
       else if (coll == C_BROADCAST)
-        want = soak_in(d, op, salt, root, i);
+        want = soak_in(d, op, salt, n, root, i);
       else if (coll == C_REDUCE_SCATTER)
         want = soak_reduced(d, op, salt, n, (size_t)me * count + i);
       else
