@@ -633,6 +633,15 @@ static brg_status dev_open(brg_reducer *red) {
   if (e)
     return fail(NULL, BRG_ERR_SYSTEM, "brg_reducer_create: device form: %s failed on GPU %d: %s",
                 what, red->dev.gpu, api->drv.error_string(e));
+  /* The communicator's device path now (every rank creates its reducer
+   * with the same flags), not at the first bucket's allreduce: its setup
+   * loads the kernels, and under lazy loading (CUDA_MODULE_LOADING's
+   * default) a load waits for all the device's work, where a producer's
+   * stream may wait for this very thread to mark a gradient ready. */
+  brg_status st = brg_comm_device_setup(red->comm, red->dev.gpu);
+  if (st != BRG_SUCCESS)
+    return fail(NULL, st, "brg_reducer_create: device form: the communicator's device setup on GPU %d: %s",
+                red->dev.gpu, brg_comm_last_error(red->comm));
   return BRG_SUCCESS;
 }
 

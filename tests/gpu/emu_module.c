@@ -858,8 +858,10 @@ static void hwq_started(const stream *s) {
   pthread_mutex_unlock(&q->mu);
 }
 
-/* Device-wide waits and loads, counted for tests (brg__emu_strict_counts). */
-static long device_waits, kernel_loads;
+/* Device-wide waits and loads, counted for tests (brg__emu_strict_counts);
+ * launch_loads: the loads a launch made (LAZY_LOAD's first launch of a
+ * kernel), not load_kernels. */
+static long device_waits, kernel_loads, launch_loads;
 
 /* Waits until the work queued so far on device `dev`'s streams (the
  * blocking ones only, with blocking_only) has run; work queued meanwhile
@@ -921,6 +923,7 @@ static void kernel_load(int dev, int k) {
   if (!loaded[dev][k]) {
     device_wait(dev, 0);
     __atomic_add_fetch(&kernel_loads, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&launch_loads, 1, __ATOMIC_RELAXED);
     __atomic_store_n(&loaded[dev][k], 1, __ATOMIC_RELEASE);
   }
   pthread_mutex_unlock(&load_mu[dev]);
@@ -1853,6 +1856,11 @@ EXPORT int brg__emu_context(int dev) {
 EXPORT void brg__emu_strict_counts(long *waits, long *loads) {
   if (waits) *waits = __atomic_load_n(&device_waits, __ATOMIC_RELAXED);
   if (loads) *loads = __atomic_load_n(&kernel_loads, __ATOMIC_RELAXED);
+}
+/* The kernels the strict rules loaded at a launch rather than in
+ * load_kernels: each waited there for the whole device. */
+EXPORT long brg__emu_launch_loads(void) {
+  return __atomic_load_n(&launch_loads, __ATOMIC_RELAXED);
 }
 EXPORT long brg__emu_ring_launches(int *threads) {
   if (threads) *threads = __atomic_load_n(&ring_threads, __ATOMIC_RELAXED);

@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <errno.h>
 #include <time.h>
 #include <ucontext.h>
 
@@ -273,6 +275,21 @@ void hot_read_check(const block_rt *b) {
   abort();
 }
 
+/* A block the emulator could not make (its thread, or a thread's fiber
+ * stack: memory or the process's thread limit, shared with every other
+ * run on the machine). A GPU starts every block of a launch, and the
+ * blocks that did start would spin for this one until a watchdog named
+ * the wrong cause, so the process stops here saying why. */
+[[noreturn]] void block_unmade(unsigned block, unsigned blocks, unsigned threads, const char *what,
+                               int err) {
+  fprintf(stderr,
+          "simt emulator: block %u of a launch of %u blocks x %u threads could not be made "
+          "(%s: %s); the process stops rather than let the other blocks wait for it\n",
+          block, blocks, threads, what, strerror(err));
+  fflush(stderr);
+  abort();
+}
+
 void *block_main(void *arg) {
   block_rt *b = static_cast<block_rt *>(arg);
   tl = b;
@@ -281,12 +298,7 @@ void *block_main(void *arg) {
   b->tsan_sched = __tsan_get_current_fiber();
 #endif
   for (unsigned t = 0; t < b->nthreads; t++)
-    if (!make_fiber(b, t)) {
-      b->failed = 1;
-      for (fiber &f : b->f) stack_put(f.stack);
-      if (b->gpu >= 0) slot_give(b->gpu);
-      return nullptr;
-    }
+    if (!make_fiber(b, t)) block_unmade(b->block, 0, b->nthreads, "a fiber's stack", errno);
   b->live = b->nthreads;
   unsigned idle_rounds = 0;
   while (b->live > 0) {
@@ -433,12 +445,9 @@ int brg_simt_emu::launch(unsigned blocks, unsigned threads, const std::function<
     b[i].gpu = gpu;
     b[i].slots = slots;
     b[i].ticket = first + i;
-    started[i] = pthread_create(&th[i], nullptr, block_main, &b[i]) == 0;
-    bad |= !started[i];
-    if (!started[i] && gpu >= 0) { /* its turn passes, so that later blocks still start */
-      slot_take(gpu, b[i].ticket, slots);
-      slot_give(gpu);
-    }
+    int err = pthread_create(&th[i], nullptr, block_main, &b[i]);
+    if (err != 0) block_unmade(i, blocks, threads, "pthread_create", err);
+    started[i] = 1;
   }
   for (unsigned i = 0; i < blocks; i++) {
     if (started[i]) pthread_join(th[i], nullptr);

@@ -15,7 +15,14 @@
  * With TEST_EXPECT_UNAVAILABLE=1 the ranks' streams are more than the GPU's
  * hardware queues (CUDA_DEVICE_MAX_CONNECTIONS): every rank's allreduce
  * must fail with BRG_ERR_UNAVAILABLE naming that setting, not hang.
+ *
+ * Under the emulated module's lazy loading (BRIGADE_EMU_LAZY_LOAD, on with
+ * BRIGADE_EMU_STRICT), no kernel may be loaded at a launch: the first
+ * launch of a kernel waits there for every kernel of the process, which
+ * includes the neighbours' spinning ones, so the setup loads them all
+ * before its last all-gather (brg__emu_launch_loads must stay 0).
  */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -129,6 +136,19 @@ int main(int argc, char **argv) {
   for (int r = 0; r < nranks; r++) {
     pthread_join(th[r], NULL);
     bad += failures[r];
+  }
+  const char *path = getenv("BRIGADE_CUDA_MODULE");
+  void *mod = path ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : NULL;
+  long (*launch_loads)(void) = NULL;
+  if (mod) *(void **)&launch_loads = dlsym(mod, "brg__emu_launch_loads");
+  const char *lazy = getenv("BRIGADE_EMU_LAZY_LOAD"), *strict = getenv("BRIGADE_EMU_STRICT");
+  int lazy_on = lazy && *lazy ? atoi(lazy) != 0 : strict && atoi(strict) != 0;
+  if (launch_loads && lazy_on && !expect_unavailable && launch_loads() != 0) {
+    fprintf(stderr,
+            "FAIL: %ld kernel(s) loaded at a launch, each waiting for every kernel of the "
+            "process there (the setup's load_kernels should have loaded them all)\n",
+            launch_loads());
+    bad++;
   }
   printf("test_device_threads N=%d%s: %s\n", nranks, per_thread ? " (cudaStreamPerThread)" : "",
          bad ? "FAILED" : "ok");
