@@ -640,7 +640,8 @@ static brg_status dev_open(brg_reducer *red) {
    * stream may wait for this very thread to mark a gradient ready. */
   brg_status st = brg_comm_device_setup(red->comm, red->dev.gpu);
   if (st != BRG_SUCCESS)
-    return fail(NULL, st, "brg_reducer_create: device form: the communicator's device setup on GPU %d: %s",
+    return fail(NULL, st,
+                "brg_reducer_create: device form: the communicator's device setup on GPU %d: %s",
                 red->dev.gpu, brg_comm_last_error(red->comm));
   return BRG_SUCCESS;
 }

@@ -95,17 +95,20 @@ int main(int argc, char **argv) {
     return brg__info_calibrate(argc - 2, argv + 2);
   if (argc >= 2 && strcmp(argv[1], "--device-shape") == 0)
     return brg__info_device_shape(argc - 2, argv + 2);
+  if (argc >= 2 && strcmp(argv[1], "--device-model") == 0)
+    return brg__info_device_model(argc - 2, argv + 2);
   if (argc > 1) {
     int help = strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0;
     fprintf(help ? stdout : stderr,
             "usage: brigade-info [--markdown | --model [options] | --calibrate --out FILE |\n"
-            "                     --device-shape ...]\n"
+            "                     --device-shape ... | --device-model ...]\n"
             "Prints brigade's version, its settings (BRIGADE_* environment variables)\n"
             "and the transports that can run on this machine; --markdown prints the\n"
             "settings as the Markdown table of docs/settings.md; --model the allreduce cost\n"
             "model BRIGADE_ALGO=auto chooses by (brigade-info --model --help);\n"
             "--calibrate measures this host's links and writes a model file for\n"
-            "BRIGADE_MODEL_FILE; --device-shape kernel mode's channels and slots by the model.\n");
+            "BRIGADE_MODEL_FILE; --device-shape kernel mode's channels and slots by the model;\n"
+            "--device-model its predicted times (brigade-info --device-model --help).\n");
     return help ? 0 : 2;
   }
 

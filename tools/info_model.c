@@ -20,6 +20,7 @@
 #include "info_model.h"
 #include "internal.h"
 #include "model.h"
+#include "settings.h"
 
 #define MAX_LAYOUT 4096
 #define MAX_SIZES 64
@@ -272,4 +273,100 @@ int brg__info_device_shape(int argc, char **argv) {
            sh.slot_bytes, sh.why);
   }
   return 0;
+}
+
+/* Kernel mode's predictions, for bench/model gpu: the figures, then per
+ * size the path the communicator runs with this process's settings
+ * (BRIGADE_DEVICE_SMALL_BYTES, _LL_BYTES, _DIRECT_BYTES) and its time, the
+ * ring at three fixed shapes (8 channels of 128 KiB posting with fences;
+ * 24 of 512 KiB with one release; 24 in LL lines), and the one-shot path
+ * with and without LL. */
+int brg__info_device_model(int argc, char **argv) {
+  int link = BRG__DLINK_NVLINK, gpus = 8, nsizes = 0;
+  size_t sizes[MAX_SIZES];
+  brg__gpu_costs c;
+  int i = 0;
+  if (argc >= 1)
+    for (int l = 0; l < BRG__DLINK_COUNT; l++)
+      if (!strcmp(argv[0], brg__dlink_name(l))) link = l, i = 1;
+  c = brg__model_gpu_costs(link);
+  for (; i < argc; i++) {
+    const char *a = argv[i];
+    double *f = NULL;
+    for (int k = 0; k < BRG__GPU_COST_FIELDS && !f; k++) {
+      const char *n = brg__gpu_cost_name(k);
+      if (!strncmp(a, "--", 2) && strlen(a + 2) == strlen(n)) {
+        int same = 1;
+        for (size_t j = 0; n[j]; j++) same &= a[2 + j] == (n[j] == '_' ? '-' : n[j]);
+        if (same) f = brg__gpu_cost_field(&c, k);
+      }
+    }
+    char *end = NULL;
+    if (f && i + 1 < argc) {
+      *f = strtod(argv[++i], &end);
+      if (*end || *f < 0) goto usage;
+    } else if (!strcmp(a, "--gpus") && i + 1 < argc) {
+      gpus = (int)strtol(argv[++i], &end, 10);
+      if (*end || gpus < 1 || gpus > 4096) goto usage;
+    } else if (a[0] != '-' && nsizes < MAX_SIZES && !parse_size(a, &sizes[nsizes])) {
+      nsizes++;
+    } else {
+      goto usage;
+    }
+  }
+  if (!nsizes) {
+    static const size_t dflt[] = {8, 64 << 10, 1 << 20, 16 << 20, 256 << 20, 1u << 30};
+    for (nsizes = 0; nsizes < 6; nsizes++) sizes[nsizes] = dflt[nsizes];
+  }
+  for (int k = 0; k < BRG__GPU_COST_FIELDS; k++)
+    printf("const\t%s\t%g\n", brg__gpu_cost_name(k), *brg__gpu_cost_field(&c, k));
+  brg__device_shape full = brg__model_device_shape(link, gpus, 8, 0);
+  size_t small = (size_t)brg__device_int(BRG__DEVICE_SMALL_BYTES);
+  size_t ll = brg__model_ll_limit(gpus, small);
+  size_t direct = (size_t)brg__device_int(BRG__DEVICE_DIRECT);
+  if (direct < small) direct = small;
+  int most = full.channels < 32 ? full.channels : 32;
+  printf("limits\t%zu\t%zu\t%zu\t%zu\t%d\t%zu\t%s\n", ll, small, direct,
+         brg__model_ll_crossover(&c, gpus), full.channels, full.slot_bytes, full.why);
+  for (int s = 0; s < nsizes; s++) {
+    double S = (double)sizes[s], t;
+    char path[64];
+    if (gpus > 1 && sizes[s] <= ll) {
+      snprintf(path, sizeof path, "one-shot LL, 1 block");
+      t = brg__model_gpu_oneshot_ll(&c, S, gpus);
+    } else if (gpus > 1 && sizes[s] <= small) {
+      int b = brg__model_direct_blocks(sizes[s], most);
+      snprintf(path, sizeof path, "one-shot, %d blocks", b);
+      t = brg__model_gpu_oneshot_many(&c, S, gpus, b);
+    } else if (gpus > 1 && sizes[s] <= direct) {
+      int b = brg__model_direct_blocks(sizes[s], most);
+      snprintf(path, sizeof path, "two-shot, %d blocks", b);
+      t = brg__model_gpu_twoshot(&c, S, gpus, b);
+    } else {
+      brg__device_shape sh = brg__model_device_shape(link, gpus, 8, sizes[s]);
+      snprintf(path, sizeof path, "ring, %d channels of %zu KiB", sh.channels, sh.slot_bytes >> 10);
+      t = brg__model_gpu_ring_call(&c, S, gpus, sh.channels, sh.slot_bytes);
+    }
+    printf("run\t%zu\t%s\t%.9g\n", sizes[s], path, t);
+    printf("ring\t%zu\t%.9g\t%.9g\t%.9g\n", sizes[s],
+           brg__model_gpu_ring(&c, S, gpus, 8, 128 << 10, c.post_us, c.hop_us, 0),
+           brg__model_gpu_ring(&c, S, gpus, 24, 512 << 10, c.release_us, c.hop_us, 0),
+           brg__model_gpu_ring(&c, S, gpus, 24, 512 << 10, 0.0, c.ll_hop_us, 1));
+    printf("oneshot\t%zu\t%.9g\t%.9g\n", sizes[s], brg__model_gpu_oneshot_ll(&c, S, gpus),
+           brg__model_gpu_oneshot_plain(&c, S, gpus));
+  }
+  return 0;
+usage:
+  fprintf(stderr,
+          "usage: brigade-info --device-model [nvlink|pcie|host] [--gpus N] [--NAME VALUE...] "
+          "[SIZE...]\n"
+          "kernel mode's predicted allreduce times between the GPUs of one host by the model\n"
+          "(runtime/plan/model.c), tab-separated: const NAME VALUE for each figure (NAME: ");
+  for (int k = 0; k < BRG__GPU_COST_FIELDS; k++)
+    fprintf(stderr, "%s%s", k ? ", " : "", brg__gpu_cost_name(k));
+  fprintf(stderr, "; --link-gbs 900 sets link_gbs); limits LL_BYTES SMALL_BYTES DIRECT_BYTES "
+                  "LL_CROSSOVER CHANNELS SLOT WHY; then per size: run SIZE PATH SECONDS (what the\n"
+                  "communicator runs, with this process's BRIGADE_DEVICE_* settings), ring SIZE "
+                  "TODAY TUNED LL, oneshot SIZE LL PLAIN\n");
+  return 2;
 }

@@ -9,7 +9,7 @@
  * the neighbours wait on. A small allreduce between the ranks of one host
  * may instead take the one-shot path (channel::oneshot, one block): every
  * rank's input goes straight to every rank, which sums them in rank order;
- * up to the size brg__dev_ll_bytes picks, in its LL form (oneshot_ll: data
+ * up to the size brg__model_ll_limit picks, in its LL form (oneshot_ll: data
  * and flag in one store, no fence, each thread spinning on its own lines).
  *
  * A channel's link, as rank p sees it (slots and words in the memory of the

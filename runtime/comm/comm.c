@@ -290,8 +290,8 @@ static brg_status comm_free(brg_comm *c) {
     }
     /* What the neighbours' goodbyes say they began, this rank's work
      * finishes too (graph replays queued on streams no call named) */
-    uint64_t theirs = c->departed_word[0] > c->departed_word[1] ? c->departed_word[0]
-                                                                 : c->departed_word[1];
+    uint64_t theirs =
+        c->departed_word[0] > c->departed_word[1] ? c->departed_word[0] : c->departed_word[1];
     brg_status settled = brg__exec_settle(c, ring ? theirs : 0);
     if (s == BRG_SUCCESS) s = settled;
   } else {

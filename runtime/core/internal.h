@@ -165,7 +165,7 @@ struct brg_comm {
   /* What that goodbye carried: the graph replays' blocks its kernels had
    * begun (brg__exec_bye_word; 0 without a word) */
   uint64_t departed_word[2];
-  int departed_ok;        /* the wait does not need the neighbours (kernel mode's drain) */
+  int departed_ok; /* the wait does not need the neighbours (kernel mode's drain) */
   int64_t wait_start_ns;
 
   struct brg__trace *trace; /* BRIGADE_TRACE_FILE's recorder (trace.c), NULL when off */

@@ -116,7 +116,7 @@ struct brg__dev_step {
 struct brg__dev_oneshot {
   size_t limit;                      /* BRIGADE_DEVICE_SMALL_BYTES (0: none) */
   size_t slot, bytes;                /* room per input; bytes of an area */
-  size_t ll_limit, ll_slot;          /* LL form: up to brg__dev_ll_bytes; room per input */
+  size_t ll_limit, ll_slot;          /* LL form: up to brg__model_ll_limit; room per input */
   int on;                            /* small allreduces take it */
   char *area[BRG__RK_MAX_PEERS];     /* rank r's area, as reached here */
   brg__conn conn[BRG__RK_MAX_PEERS]; /* regions this path mapped itself */
@@ -354,7 +354,6 @@ void brg__dev_step_unused(struct brg__dev_ring *d);
 void brg__dev_kernel_sizes(brg_comm *c, struct brg__dev_ring *d, int staged);
 /* Bytes up to which a one-shot allreduce among nranks takes the LL form,
  * for a one-shot path of up to oneshot_bytes (0: none). */
-size_t brg__dev_ll_bytes(int nranks, size_t oneshot_bytes);
 void brg__dev_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b, const dev_blob *all,
                            int staged);
 const char *brg__dev_kernel_refused(const brg_comm *c, const dev_blob *all, int *who);

@@ -538,3 +538,129 @@ brg__device_shape brg__model_device_shape(int link, int nranks, int nslots, size
   sh.slot_bytes = slot;
   return sh;
 }
+
+/* ---- kernel mode's times ------------------------------------------------ */
+
+/* The GPU's own figures, the same on every link kind (H200 SXM): HBM3e,
+ * a launch, a flag's hop, a release, an LL line's hop. */
+#define GPU_HBM_GBS 4800.0
+#define GPU_LAUNCH_US 4.0
+#define GPU_HOP_US 1.5
+#define GPU_RELEASE_US 0.8
+#define GPU_LL_HOP_US 0.8
+
+brg__gpu_costs brg__model_gpu_costs(int link) {
+  if (link < 0 || link >= BRG__DLINK_COUNT) link = BRG__DLINK_HOST;
+  brg__gpu_costs c = {.link_gbs = dlinks[link].link_gbs,
+                      .link_eff = dlinks[link].link_eff,
+                      .hbm_gbs = GPU_HBM_GBS,
+                      .chan_gbs = dlinks[link].chan_gbs,
+                      .launch_us = GPU_LAUNCH_US,
+                      .hop_us = GPU_HOP_US,
+                      .post_us = dlinks[link].post_us,
+                      .release_us = GPU_RELEASE_US,
+                      .ll_hop_us = GPU_LL_HOP_US};
+  return c;
+}
+
+static const char *const gpu_cost_names[BRG__GPU_COST_FIELDS] = {
+    "link_gbs", "link_eff", "hbm_gbs",    "chan_gbs", "launch_us",
+    "hop_us",   "post_us",  "release_us", "ll_hop_us"};
+
+const char *brg__gpu_cost_name(int i) {
+  return i >= 0 && i < BRG__GPU_COST_FIELDS ? gpu_cost_names[i] : NULL;
+}
+
+double *brg__gpu_cost_field(brg__gpu_costs *c, int i) {
+  return i >= 0 && i < BRG__GPU_COST_FIELDS ? (double *)c + i : NULL;
+}
+
+/* Data's share of the link, in bytes a second. */
+static double gpu_link(const brg__gpu_costs *c) {
+  return c->link_eff * c->link_gbs * 1e9;
+}
+
+double brg__model_gpu_ring(const brg__gpu_costs *c, double S, int N, int chans, double slot,
+                           double post_us, double hop_us, int ll) {
+  if (N < 2) return c->launch_us * 1e-6;
+  double per_chan = slot / (slot / (c->chan_gbs * 1e9) + post_us * 1e-6);
+  double bw = chans * per_chan;
+  if (bw > gpu_link(c)) bw = gpu_link(c);
+  if (bw > c->hbm_gbs * 1e9 / 3) bw = c->hbm_gbs * 1e9 / 3;
+  if (ll) bw /= 2; /* half of every 16-byte store is the flag */
+  return c->launch_us * 1e-6 + 2.0 * (N - 1) * hop_us * 1e-6 + 2.0 * (N - 1) / N * S / bw;
+}
+
+double brg__model_gpu_ring_call(const brg__gpu_costs *c, double S, int N, int chans, size_t slot) {
+  double share = N > 0 && chans > 0 ? ceil(S / ((double)N * chans)) : S;
+  double piece = share < (double)slot ? share : (double)slot;
+  return brg__model_gpu_ring(c, S, N, chans, piece < 1 ? 1 : piece, c->post_us, c->hop_us, 0);
+}
+
+/* Every rank writes its input to all N in LL lines (N-1 remote writes
+ * share the link, each twice the data), one hop, and sums N inputs. */
+double brg__model_gpu_oneshot_ll(const brg__gpu_costs *c, double S, int N) {
+  return (c->launch_us + c->ll_hop_us) * 1e-6 + 2.0 * (N - 1) * S / gpu_link(c);
+}
+
+/* The input once to every rank, then a release and a flag, whose round
+ * trip the readers wait for. */
+double brg__model_gpu_oneshot_plain(const brg__gpu_costs *c, double S, int N) {
+  return (c->launch_us + c->hop_us + c->release_us) * 1e-6 + (N - 1) * S / gpu_link(c);
+}
+
+/* Bytes a second that `blocks` blocks move over the link. */
+static double gpu_blocks_bw(const brg__gpu_costs *c, int blocks) {
+  double bw = blocks * c->chan_gbs * 1e9;
+  return bw < gpu_link(c) ? bw : gpu_link(c);
+}
+
+/* Each block writes its part to all N ranks, one release a flag, one hop,
+ * then folds the N inputs of its part. */
+double brg__model_gpu_oneshot_many(const brg__gpu_costs *c, double S, int N, int blocks) {
+  return (c->launch_us + c->hop_us + c->release_us) * 1e-6 +
+         (N - 1) * S / gpu_blocks_bw(c, blocks) + (N + 1) * S / (c->hbm_gbs * 1e9);
+}
+
+/* Reduce-scatter (each rank's block p to rank p), a hop, the fold of a
+ * block, all-gather (the result to every rank), a hop: 2 (N-1)/N S over
+ * the link, two releases and hops. */
+double brg__model_gpu_twoshot(const brg__gpu_costs *c, double S, int N, int blocks) {
+  return (c->launch_us + 2 * (c->hop_us + c->release_us)) * 1e-6 +
+         2.0 * (N - 1) / N * S / gpu_blocks_bw(c, blocks) + (N + 1) * S / N / (c->hbm_gbs * 1e9);
+}
+
+#define DIRECT_SHARE ((size_t)8 << 10)
+int brg__model_direct_blocks(size_t bytes, int most) {
+  size_t b = bytes / DIRECT_SHARE;
+  return b < 1 || most < 1 ? 1 : b > (size_t)most ? most : (int)b;
+}
+
+size_t brg__model_ll_bytes(int N) {
+  if (N < 2) return 0;
+  const brg__gpu_costs c = brg__model_gpu_costs(BRG__DLINK_NVLINK);
+  /* in whole nanoseconds and GB/s, as the closed form is stated */
+  size_t saved_ns = (size_t)llround((c.hop_us + c.release_us - c.ll_hop_us) * 1e3);
+  size_t link_gbs = (size_t)(c.link_eff * c.link_gbs);
+  size_t pays = saved_ns * link_gbs / (size_t)(N - 1), b = 256;
+  while (b * 2 <= pays) b *= 2;
+  return b <= pays ? b : 0;
+}
+
+size_t brg__model_ll_limit(int N, size_t oneshot_bytes) {
+  const char *v = brg__device_str(BRG__DEVICE_LL_BYTES);
+  int64_t b = 0;
+  if (!strcmp(v, "auto"))
+    b = (int64_t)brg__model_ll_bytes(N);
+  else if (brg__config_parse_size(v, &b) != BRG_SUCCESS || b < 0)
+    b = 0; /* refused at load (settings.c) */
+  return (size_t)b < oneshot_bytes ? (size_t)b : oneshot_bytes;
+}
+
+size_t brg__model_ll_crossover(const brg__gpu_costs *c, int N) {
+  size_t S = 256;
+  while (S < ((size_t)64 << 20) &&
+         brg__model_gpu_oneshot_ll(c, 2.0 * S, N) < brg__model_gpu_oneshot_plain(c, 2.0 * S, N))
+    S *= 2;
+  return S;
+}

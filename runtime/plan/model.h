@@ -126,4 +126,63 @@ brg__device_shape brg__model_device_shape(int link, int nranks, int nslots, size
  * call, and the same on every rank. Unchanged for 0 bytes or one rank. */
 void brg__model_device_call(int nranks, size_t bytes, int *channels, size_t *slot_bytes);
 
+/* ---- kernel mode's times ------------------------------------------------ */
+
+/* What a kernel-mode allreduce between the GPUs of one host costs, the
+ * predictions bench/model gpu prints (through brigade-info --device-model)
+ * and the limits the runtime's auto settings take from them. Estimates
+ * from published hardware figures and the kernel's design, until a GPU
+ * measures them (tests/gpu/device-check.sh). */
+typedef struct brg__gpu_costs {
+  double link_gbs;   /* the link, per GPU and direction */
+  double link_eff;   /* the share of it data gets (headers, flow control) */
+  double hbm_gbs;    /* the GPU's memory; a reduce reads two buffers, writes one */
+  double chan_gbs;   /* one 512-thread block streaming over the link */
+  double launch_us;  /* a kernel's launch to its first instruction */
+  double hop_us;     /* a flag stored on one GPU seen by the next (store, poll, fence) */
+  double post_us;    /* a ring slot's post: system fences and the flag's round trip */
+  double release_us; /* a post with one release instead */
+  double ll_hop_us;  /* an LL line: data and flag in one store, no fence */
+} brg__gpu_costs;
+#define BRG__GPU_COST_FIELDS 9
+
+/* The figures for a link kind (brg__dlink; NVLINK: H200 SXM on NVLink 4),
+ * and the fields by index, for the tools' --name value overrides. */
+brg__gpu_costs brg__model_gpu_costs(int link);
+const char *brg__gpu_cost_name(int i);
+double *brg__gpu_cost_field(brg__gpu_costs *c, int i);
+
+/* Seconds of an allreduce of S bytes on N GPUs: the ring at `chans`
+ * channels posting `slot`-byte pieces at post_us each with hop_us hops
+ * (ll: LL lines, half of every store a flag); the ring at a call's shape
+ * (a post carries the channel's share of a step or a slot, whichever is
+ * less); the one-shot path in LL lines on one block, and without LL
+ * (a release and a flag); the one-shot and two-shot paths on `blocks`
+ * blocks. */
+double brg__model_gpu_ring(const brg__gpu_costs *c, double S, int N, int chans, double slot,
+                           double post_us, double hop_us, int ll);
+double brg__model_gpu_ring_call(const brg__gpu_costs *c, double S, int N, int chans, size_t slot);
+double brg__model_gpu_oneshot_ll(const brg__gpu_costs *c, double S, int N);
+double brg__model_gpu_oneshot_plain(const brg__gpu_costs *c, double S, int N);
+double brg__model_gpu_oneshot_many(const brg__gpu_costs *c, double S, int N, int blocks);
+double brg__model_gpu_twoshot(const brg__gpu_costs *c, double S, int N, int blocks);
+/* Blocks of a direct (one-shot or two-shot) launch of `bytes`: one per
+ * 8 KiB, at least 1, at most `most` (the channels setup made, within the
+ * kernel's limit). */
+int brg__model_direct_blocks(size_t bytes, int most);
+/* BRIGADE_DEVICE_LL_BYTES=auto on N ranks: an LL line carries 8 data
+ * bytes in 16, so each rank sends its N-1 peers twice the bytes; it saves
+ * a fence and a flag's round trip (hop + release - ll_hop of NVLink's
+ * figures). LL pays up to S = saved x link rate / (N-1), taken down to a
+ * power of two (0 below 256 bytes). */
+size_t brg__model_ll_bytes(int N);
+/* The one place that decides which one-shot allreduces take the LL form
+ * (ring_kernel.cuh, oneshot_ll): up to BRIGADE_DEVICE_LL_BYTES, else
+ * (auto) brg__model_ll_bytes, and never beyond the one-shot limit. */
+size_t brg__model_ll_limit(int N, size_t oneshot_bytes);
+/* The size up to which the one-shot path's LL form beats its plain form
+ * by the two formulas above, doubling from 256 bytes (what
+ * brg__model_ll_bytes approximates in closed form). */
+size_t brg__model_ll_crossover(const brg__gpu_costs *c, int N);
+
 #endif

@@ -278,11 +278,45 @@ static void test_model_file(void **state) {
   assert_non_null(strstr(err.msg, "cannot open"));
 }
 
+/* Kernel mode's times on cases worked by hand from the NVLink figures
+ * (data's share of the link 0.85 x 450 = 382.5 GB/s), and the LL limits. */
+static void test_gpu_times(void **state) {
+  (void)state;
+  brg__gpu_costs c = brg__model_gpu_costs(BRG__DLINK_NVLINK);
+  double link = 0.85 * 450e9;
+  /* one-shot LL, 8 GPUs, 8 B: launch + LL hop, 2 x 7 x 8 bytes over the link */
+  assert_true(fabs(brg__model_gpu_oneshot_ll(&c, 8, 8) - (4.8e-6 + 112 / link)) < 1e-15);
+  /* without LL: launch + hop + release, 7 x 8 bytes */
+  assert_true(fabs(brg__model_gpu_oneshot_plain(&c, 8, 8) - (6.3e-6 + 56 / link)) < 1e-15);
+  /* the ring, 2 GPUs, 1 MiB, one channel of 1 MiB slots posting at 2.5 us:
+   * a channel streams 1 MiB in 1 MiB / 25 GB/s + 2.5 us */
+  double S = 1 << 20, per = S / (S / 25e9 + 2.5e-6);
+  assert_true(fabs(brg__model_gpu_ring(&c, S, 2, 1, S, 2.5, 1.5, 0) - (4e-6 + 3e-6 + S / per)) <
+              1e-12);
+  /* LL halves the rate: the same ring in LL lines takes twice the bytes' time */
+  assert_true(fabs(brg__model_gpu_ring(&c, S, 2, 1, S, 2.5, 1.5, 1) - (4e-6 + 3e-6 + 2 * S / per)) <
+              1e-12);
+  /* the two-shot path's blocks: one per 8 KiB, 1 to the most */
+  assert_int_equal(brg__model_direct_blocks(100, 18), 1);
+  assert_int_equal(brg__model_direct_blocks(64 << 10, 18), 8);
+  assert_int_equal(brg__model_direct_blocks(1 << 20, 18), 18);
+  /* LL pays up to 1500 ns x 382 GB/s / (N-1), down to a power of two */
+  assert_int_equal(brg__model_ll_bytes(1), 0);
+  assert_int_equal(brg__model_ll_bytes(2), 512 << 10); /* 573000 */
+  assert_int_equal(brg__model_ll_bytes(9), 64 << 10);  /* 71625 */
+  assert_int_equal(brg__model_ll_bytes(10), 32 << 10); /* 63666 */
+  assert_int_equal(brg__model_ll_bytes(71), 4 << 10);  /* 8185 */
+  assert_int_equal(brg__model_ll_bytes(4096), 0);      /* 139 < 256 */
+  /* and the doubling search of the two formulas agrees at 8 GPUs */
+  assert_int_equal(brg__model_ll_crossover(&c, 8), 64 << 10);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_links_within_host), cmocka_unit_test(test_model_file),
       cmocka_unit_test(test_auto_is_fastest),   cmocka_unit_test(test_known_cases),
       cmocka_unit_test(test_uneven_hier),       cmocka_unit_test(test_device_shape),
+      cmocka_unit_test(test_gpu_times),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -177,5 +177,25 @@ with tempfile.TemporaryDirectory() as d:
     else:
         print("ok   table\n" + p.stdout)
 
+# bench/model gpu: every figure from brigade-info --device-model (the C
+# model), so a figure changed there shows here; 8 GPUs, 8 B on the LL
+# one-shot path: 4 us launch + 0.8 us LL hop (+ 0.3 ns of bytes).
+p = subprocess.run([sys.executable, MODEL, "gpu", "--sizes", "8,256M"], capture_output=True,
+                   text=True)
+runs = [ln for ln in p.stdout.splitlines() if ": the communicator runs" in ln]
+if (p.returncode != 0 or len(runs) != 2 or "one-shot LL, 1 block:" not in runs[0]
+        or "4.8 us" not in runs[0] or "ring, 18 channels" not in runs[1]):
+    print("FAIL gpu:\n%s%s" % (p.stdout, p.stderr))
+    fails += 1
+else:
+    print("ok   gpu\n" + "\n".join(runs))
+p = subprocess.run([sys.executable, MODEL, "gpu", "--sizes", "8", "--launch-us", "10"],
+                   capture_output=True, text=True)
+if p.returncode != 0 or "10.8 us" not in p.stdout:
+    print("FAIL gpu --launch-us 10 (want 10.8 us at 8 B):\n%s%s" % (p.stdout, p.stderr))
+    fails += 1
+else:
+    print("ok   gpu --launch-us 10")
+
 print("%d failure(s)" % fails)
 sys.exit(1 if fails else 0)

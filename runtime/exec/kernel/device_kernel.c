@@ -319,7 +319,7 @@ void brg__dev_kernel_sizes(brg_comm *c, struct brg__dev_ring *d, int staged) {
   d->k.os.limit = (size_t)brg__device_int(BRG__DEVICE_SMALL_BYTES);
   if (d->k.os.limit && c->nranks >= 2 && c->nranks <= BRG__RK_MAX_PEERS) {
     d->k.os.slot = (d->k.os.limit + 255) & ~(size_t)255;
-    d->k.os.ll_limit = brg__dev_ll_bytes(c->nranks, d->k.os.limit);
+    d->k.os.ll_limit = brg__model_ll_limit(c->nranks, d->k.os.limit);
     d->k.os.ll_slot = brg__rk_ll_slot(d->k.os.ll_limit);
     d->k.os.bytes = brg__rk_os_bytes(c->nranks, d->k.os.slot, d->k.os.ll_slot);
     /* the direct paths: a rank's slot holds a one-shot input, or a
@@ -332,30 +332,6 @@ void brg__dev_kernel_sizes(brg_comm *c, struct brg__dev_ring *d, int staged) {
     d->k.os.dslot = 2 * half > d->k.os.slot ? 2 * half : d->k.os.slot;
     d->k.os.dbytes = brg__rk_direct_bytes(c->nranks, d->k.os.dslot);
   }
-}
-
-/* The one place that decides which one-shot allreduces take the LL form
- * (ring_kernel.cuh, oneshot_ll): BRIGADE_DEVICE_LL_BYTES, else (auto) where
- * the cost model of bench/model gpu finds it faster. An LL line carries 8
- * data bytes in 16, so each rank sends its N-1 peers 2(N-1) times its input
- * instead of N-1 times; it saves a system fence and a flag's round trip
- * (LL_SAVED_NS: bench/model's hop_us + release_us - ll_hop_us). The extra
- * bytes cost (N-1) S / LL_LINK_GBS, so LL pays up to S = LL_SAVED_NS x
- * LL_LINK_GBS / (N-1), taken down to a power of two: 64 KiB for up to 9
- * ranks on NVLink 4. Estimates, for the first GPU to confirm. */
-#define LL_SAVED_NS 1500
-#define LL_LINK_GBS 382 /* NVLink 4: 450 GB/s a direction, 85% of it data */
-size_t brg__dev_ll_bytes(int nranks, size_t oneshot_bytes) {
-  const char *v = brg__device_str(BRG__DEVICE_LL_BYTES);
-  int64_t b = 0;
-  if (!strcmp(v, "auto")) {
-    size_t pays = nranks > 1 ? (size_t)LL_SAVED_NS * LL_LINK_GBS / (size_t)(nranks - 1) : 0;
-    for (b = 256; (size_t)b * 2 <= pays;) b *= 2;
-    if ((size_t)b > pays) b = 0;
-  } else if (brg__config_parse_size(v, &b) != BRG_SUCCESS || b < 0) {
-    b = 0; /* refused at load (settings.c) */
-  }
-  return (size_t)b < oneshot_bytes ? (size_t)b : oneshot_bytes;
 }
 
 /* What kernel mode runs with, at INFO. */
@@ -619,13 +595,11 @@ static void kernel_call_shape(const brg_comm *c, const struct brg__dev_ring *d, 
   if (d->k.shape_per_call) brg__model_device_call(c->nranks, call_bytes(c, k), channels, slot);
 }
 
-/* Blocks of a direct launch of `bytes`: one a DIRECT_SHARE of the data,
- * within the channels setup made (each block uses its channel's words). */
-#define DIRECT_SHARE ((size_t)8 << 10)
+/* Blocks of a direct launch of `bytes` (brg__model_direct_blocks), within
+ * the channels setup made (each block uses its channel's words). */
 static int direct_blocks(const struct brg__dev_ring *d, size_t bytes) {
-  size_t b = bytes / DIRECT_SHARE;
-  int most = d->k.channels < BRG__RK_DIRECT_BLOCKS ? d->k.channels : BRG__RK_DIRECT_BLOCKS;
-  return b < 1 ? 1 : b > (size_t)most ? most : (int)b;
+  return brg__model_direct_blocks(
+      bytes, d->k.channels < BRG__RK_DIRECT_BLOCKS ? d->k.channels : BRG__RK_DIRECT_BLOCKS);
 }
 
 brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k) {
