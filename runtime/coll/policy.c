@@ -1,9 +1,17 @@
 /*
- * The policy that picks a collective's executor once, at issue: the
- * hierarchy's choice (hier.c), the rings (rings.c) or the leaf executor
+ * The policy that picks a collective's executor once, at issue: for an
+ * allreduce its algorithm (BRIGADE_ALGO: ring, hier, tree, rhd, or auto,
+ * the fastest by the cost model of plan/model.c; hier runs in hier.c,
+ * tree and rhd in lat.c), then the rings (rings.c) or the leaf executor
  * of its buffers' memory (exec.h).
  */
+#include <stdlib.h>
+
+#include "device.h"
 #include "exec.h"
+#include "hier.h"
+#include "model.h"
+#include "settings.h"
 
 /* Whether k is cut over the communicator's rings (BRIGADE_RINGS): a
  * allreduce, reduce-scatter, all-gather, broadcast or reduce that gives
@@ -31,10 +39,205 @@ brg_status brg__exec_device_links(brg_comm *c, brg__coll *k) {
   return s;
 }
 
+/* The cost model's view of this communicator (model.c): its hosts (ranks
+ * per host rounded up where they differ, and hier ruled out there), the
+ * links its ring takes within a host (shm, or tcp where the transports
+ * allowed leave no shm: every rank picks them alike, as the links' own
+ * setup needs), its hosts' network devices (topology.c), its rings and
+ * sizes. Only what every rank shares, so that all choose alike. */
+static void model_shape_of(const brg_comm *c, const brg__hier_shape *sh, brg__model_shape *m) {
+  *m = (brg__model_shape){.hosts = sh->hosts > 0 ? sh->hosts : 1,
+                          .nics = 1,
+                          .rings = c->nrings > 1 ? c->nrings : 1,
+                          .small_bytes = c->small_bytes,
+                          .slice_bytes = c->slice_bytes};
+  m->local = (c->nranks + m->hosts - 1) / m->hosts;
+  if (sh->hosts > 1 && sh->min_local != sh->max_local) {
+    m->local_min = sh->min_local;
+    m->local_max = sh->max_local;
+  }
+  m->no_hier = !brg__hier_fits(sh);
+  for (int i = 0; i < c->nranks && c->nranks > 1; i++) {
+    const brg__peer_info *a = &c->peers[c->ring[i]], *b = &c->peers[c->ring[(i + 1) % c->nranks]];
+    if (a->host_hash == b->host_hash &&
+        brg__transport_pick(a, b, c->transports, BRG__CARRIES_HOST) != &brg__transport_shm) {
+      m->local_tcp = 1;
+      break;
+    }
+  }
+  for (int i = 0; i < c->nranks; i++) /* the fewest of any host's */
+    if (c->peers[i].cores > 0 && (m->cores == 0 || (int)c->peers[i].cores < m->cores))
+      m->cores = (int)c->peers[i].cores;
+  int *nic = sh->hosts > 1 ? malloc((size_t)c->nranks * sizeof *nic) : NULL;
+  if (nic) {
+    int k = brg__topology_nics(c, nic);
+    if (k > 1) m->nics = k;
+    free(nic);
+  }
+}
+
+/* Whether a GPU allreduce captured in a CUDA graph can run hier: the
+ * hierarchy's communicators exist and both run their device collectives in
+ * kernel mode (their device rings were made outside the capture). */
+static int hier_capturable(const brg_comm *c) {
+  if (c->hier_state <= 0) return 0;
+  brg_comm *local = __atomic_load_n(&c->local, __ATOMIC_ACQUIRE);
+  brg_comm *cross = __atomic_load_n(&c->cross, __ATOMIC_ACQUIRE);
+  return brg__device_kernel_mode(__atomic_load_n(&local->dev, __ATOMIC_ACQUIRE)) &&
+         brg__device_kernel_mode(__atomic_load_n(&cross->dev, __ATOMIC_ACQUIRE));
+}
+
+static unsigned auto_logged(int algo) {
+  return algo == BRG__ALGO_HIER   ? BRG__LOGGED_AUTO_HIER
+         : algo == BRG__ALGO_TREE ? BRG__LOGGED_AUTO_TREE
+         : algo == BRG__ALGO_RHD  ? BRG__LOGGED_AUTO_RHD
+                                  : BRG__LOGGED_AUTO_RING;
+}
+
+/* An allreduce's algorithm (BRIGADE_ALGO; plan/model.c for auto): k->exec
+ * and k->lat for hier and the latency algorithms, left NULL for the
+ * ring; the hierarchy's communicators made at the first hier call. */
+static brg_status allreduce_choice(brg_comm *c, brg__coll *k) {
+  k->exec = NULL;
+  k->lat = 0;
+  int lat_algo = c->algo == BRG__ALGO_TREE || c->algo == BRG__ALGO_RHD;
+  if (c->algo == BRG__ALGO_RING || c->nranks < 2) {
+    if (c->algo == BRG__ALGO_RING && brg__hier_first_time(c, BRG__LOGGED_FORCED_RING))
+      BRG__INFO("coll", "allreduce algorithm: ring (BRIGADE_ALGO=ring)");
+    return BRG_SUCCESS;
+  }
+  if (k->device && c->algo == BRG__ALGO_AUTO) {
+    if (brg__hier_first_time(c, BRG__LOGGED_DEVICE))
+      BRG__INFO("coll",
+                "allreduce algorithm for GPU buffers: ring (BRIGADE_ALGO=auto chooses from the "
+                "host links' costs, so GPU buffers take the ring; BRIGADE_ALGO=hier runs them "
+                "hierarchically)");
+    return BRG_SUCCESS;
+  }
+  if (k->device && lat_algo) {
+    if (brg__hier_first_time(c, BRG__LOGGED_DEVICE_LAT))
+      BRG__INFO("coll",
+                "allreduce algorithm for GPU buffers: ring (BRIGADE_ALGO=%s runs host buffers "
+                "only)",
+                brg__algo_name(c->algo));
+    return BRG_SUCCESS;
+  }
+  if (lat_algo) {
+    if (brg__hier_first_time(c, BRG__LOGGED_FORCED_LAT))
+      BRG__INFO("coll", "allreduce algorithm: %s (BRIGADE_ALGO=%s, %d ranks)",
+                brg__algo_name(c->algo), brg__algo_name(c->algo), c->nranks);
+    k->exec = &brg__exec_lat;
+    k->lat = (unsigned char)c->algo;
+    return BRG_SUCCESS;
+  }
+  if (k->device && k->captured && !hier_capturable(c)) {
+    if (brg__hier_first_time(c, BRG__LOGGED_CAPTURED))
+      BRG__INFO("coll", "allreduce algorithm for GPU buffers captured in a CUDA graph: ring (the "
+                        "hierarchy's device rings cannot be made during a capture: call "
+                        "brg_comm_device_setup before capturing, or run one hier allreduce of GPU "
+                        "buffers outside the capture first)");
+    return BRG_SUCCESS;
+  }
+  brg__hier_shape sh;
+  brg__hier_shape_of(c, &sh);
+  size_t bytes = k->count * brg_dtype_size(k->dtype);
+  if (c->algo == BRG__ALGO_AUTO) {
+    brg__model_shape ms;
+    const brg__model_links *ln = brg__model_links_now();
+    /* the model walks the schedules (O(N) at large N) and the shape the
+     * hosts (O(N^2)): the last size's choice is kept, as loops call one
+     * size again and again */
+    uint64_t last = __atomic_load_n(&c->auto_last, __ATOMIC_RELAXED);
+    int algo, shaped = 0;
+    if (last && last >> 8 == bytes) {
+      algo = (int)(last & 0xff) - 1;
+    } else {
+      model_shape_of(c, &sh, &ms);
+      shaped = 1;
+      algo = brg__model_auto(&ms, ln, bytes, NULL);
+      if (bytes < (1ull << 56))
+        __atomic_store_n(&c->auto_last, (uint64_t)bytes << 8 | (uint64_t)(algo + 1),
+                         __ATOMIC_RELAXED);
+    }
+    if (brg__hier_first_time(c, auto_logged(algo))) {
+      char shape[64], pred[160];
+      if (!shaped) model_shape_of(c, &sh, &ms);
+      if (sh.min_local == sh.max_local || sh.hosts < 2)
+        snprintf(shape, sizeof shape, "%d hosts x %d ranks", ms.hosts, ms.local);
+      else
+        snprintf(shape, sizeof shape, "%d hosts of %d to %d ranks", sh.hosts, sh.min_local,
+                 sh.max_local);
+      int flat = brg__model_flat_plan(&ms, bytes),
+          shown[] = {flat, BRG__PLAN_HIER, BRG__PLAN_TREE, BRG__PLAN_RHD};
+      size_t at = 0;
+      for (int i = 0; i < 4; i++) {
+        double t = brg__model_time(shown[i], &ms, ln, bytes);
+        if (t >= 0 && at < sizeof pred)
+          at += (size_t)snprintf(pred + at, sizeof pred - at, "%s%s %.0f us", at ? ", " : "",
+                                 brg__plan_name(shown[i]), t * 1e6);
+      }
+      BRG__INFO("coll",
+                "allreduce algorithm: %s (BRIGADE_ALGO=auto, %s, first at %zu bytes: predicted "
+                "%s; the ring's hops within a host over %s, %d NIC(s) and %d cores a host, "
+                "links %s; brigade-info --model)",
+                brg__algo_name(algo), shape, bytes, pred, ms.local_tcp ? "tcp" : "shm", ms.nics,
+                ms.cores,
+                brg__core_str(BRG__CORE_MODEL_FILE)[0] ? brg__core_str(BRG__CORE_MODEL_FILE)
+                                                       : "built in");
+    }
+    if (algo == BRG__ALGO_TREE || algo == BRG__ALGO_RHD) {
+      k->exec = &brg__exec_lat;
+      k->lat = (unsigned char)algo;
+    }
+    if (algo != BRG__ALGO_HIER) return BRG_SUCCESS;
+  } else if (!brg__hier_fits(&sh) || (k->device && !brg__hier_even(&sh))) {
+    if (brg__hier_first_time(c, BRG__LOGGED_SHAPE)) {
+      if (sh.hosts < 2)
+        BRG__INFO("coll", "allreduce algorithm: ring (BRIGADE_ALGO=%s: all %d ranks on one host)",
+                  brg__algo_name(c->algo), c->nranks);
+      else if (sh.min_local != sh.max_local)
+        BRG__INFO("coll",
+                  "allreduce algorithm for GPU buffers: ring (BRIGADE_ALGO=%s: hosts differ in "
+                  "rank count, %d to %d ranks on %d hosts; GPU buffers run hier where every "
+                  "host has the same number, host buffers run it on these hosts too)",
+                  brg__algo_name(c->algo), sh.min_local, sh.max_local, sh.hosts);
+      else
+        BRG__INFO("coll",
+                  "allreduce algorithm: ring (BRIGADE_ALGO=%s: one rank per host on %d hosts, "
+                  "nothing to gather within a host)",
+                  brg__algo_name(c->algo), sh.hosts);
+    }
+    return BRG_SUCCESS;
+  } else if (brg__hier_first_time(c, k->captured ? BRG__LOGGED_CAPTURED_HIER
+                                     : k->device ? BRG__LOGGED_DEVICE
+                                                 : BRG__LOGGED_FORCED_HIER)) {
+    if (brg__hier_even(&sh))
+      BRG__INFO("coll", "allreduce algorithm%s: hier (BRIGADE_ALGO=hier, %d hosts x %d ranks)",
+                k->captured ? " for GPU buffers captured in a CUDA graph"
+                : k->device ? " for GPU buffers"
+                            : "",
+                sh.hosts, sh.min_local);
+    else
+      BRG__INFO("coll",
+                "allreduce algorithm: hier (BRIGADE_ALGO=hier, %d hosts of %d to %d ranks: %d "
+                "ring(s) across hosts, the ranks beyond them on a host reduced into them first "
+                "and given the result last)",
+                sh.hosts, sh.min_local, sh.max_local, sh.min_local);
+  }
+  if (c->hier_state < 0) return BRG_SUCCESS; /* making them failed before: said so then */
+  brg_status s = c->hier_state == 0 ? brg__hier_make(c, &sh) : BRG_SUCCESS;
+  /* GPU buffers: the links kernel mode needs between hosts, made here as
+   * the communicators were (the device setup of each runs at its first phase). */
+  if (s == BRG_SUCCESS && k->device) s = brg__comm_devnet(c->cross);
+  if (s != BRG_SUCCESS) return s;
+  k->exec = &brg__exec_hier;
+  return BRG_SUCCESS;
+}
+
 brg_status brg__exec_choose(brg_comm *c, brg__coll *k) {
   const brg__exec_ops *leaf = brg__exec_leaf(c, k);
   brg_status s = leaf == &brg__exec_device ? brg__exec_device_links(c, k) : BRG_SUCCESS;
-  if (s == BRG_SUCCESS && k->kind == BRG__COLL_ALLREDUCE) s = brg__hier_prepare(c, k);
+  if (s == BRG_SUCCESS && k->kind == BRG__COLL_ALLREDUCE) s = allreduce_choice(c, k);
   if (s != BRG_SUCCESS) return s;
   if (!k->exec && rings_take(c, k, leaf)) k->exec = &brg__exec_rings;
   if (!k->exec) k->exec = leaf;

@@ -248,10 +248,11 @@ struct brg_comm {
  * coll/     the collectives
  *   coll.c        entry points and argument checks
  *   policy.c      the policy: each call's executor (exec/exec.h), chosen
- *                 once at issue (the composite executors hier, rings and
- *                 lat are their files')
- *   hier.c        the algorithm of each allreduce (BRIGADE_ALGO, plan/model.c
- *                 for auto); its two communicators come from comm/split.c
+ *                 once at issue, and each allreduce's algorithm
+ *                 (BRIGADE_ALGO, plan/model.c for auto); the composite
+ *                 executors hier, rings and lat are their files'
+ *   hier.c        the hierarchical allreduce (hier.h: what policy.c asks
+ *                 of it); its communicators come from comm/split.c
  *                 (made on the caller's thread before the first hier
  *                 allreduce is issued, as an application would make them);
  *                 brg__hier_run runs its phases
@@ -349,12 +350,6 @@ typedef enum {
 /* settings.c: BRIGADE_ALGO's value as a brg__algo, or -1 when it names none. */
 int brg__algo_parse(const char *name);
 const char *brg__algo_name(int algo);
-/* Decides whether allreduce k runs hierarchically or in lat.c (sets
- * k->exec, and k->lat), making
- * the hierarchy's communicators at the first such call (a collective over
- * c: every rank reaches it at the same allreduce, since the choice depends
- * only on what every rank shares). */
-brg_status brg__hier_prepare(brg_comm *c, brg__coll *k);
 /* Runs allreduce k hierarchically: its three phases on the hierarchy's
  * communicators, each through their progress (a failure stops both). */
 brg_status brg__hier_run(brg_comm *c, brg__coll *k);
