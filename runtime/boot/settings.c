@@ -139,6 +139,13 @@ static brg__cfg_entry device_entries[BRG__DEVICE_COUNT] = {
                             "block of every rank's input and writes the result to every "
                             "rank, through the peers' memory) instead of the ring; it "
                             "takes about 4 times this in GPU memory a rank; 0: the ring"},
+    [BRG__DEVICE_RING_LL] = {"BRIGADE_DEVICE_RING_LL_BYTES", BRG__CFG_KIND_SIZE, "0", 0,
+                             256 * BRG__MiB,
+                             "kernel mode, links within a host: a collective up to this many "
+                             "bytes that takes the ring (not a one-hop path) sends its slots "
+                             "as LL lines (8 data bytes and their flags in 16, stored whole: "
+                             "no tail, no system fence per slot), in LL slots of their own "
+                             "(256 KiB of GPU memory a channel); 0: never"},
 };
 
 static brg__cfg_entry trace_entries[BRG__TRACE_COUNT] = {
