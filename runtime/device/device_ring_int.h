@@ -361,6 +361,7 @@ void brg__dev_kernel_sizes(brg_comm *c, struct brg__dev_ring *d, int staged);
 /* Bytes up to which a one-shot allreduce among nranks takes the LL form,
  * for a one-shot path of up to oneshot_bytes (0: none). */
 size_t brg__dev_ll_bytes(int nranks, size_t oneshot_bytes);
+size_t brg__dev_ring_ll_bytes(int nranks);
 void brg__dev_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b, const dev_blob *all,
                            int staged);
 const char *brg__dev_kernel_refused(const brg_comm *c, const dev_blob *all, int *who);

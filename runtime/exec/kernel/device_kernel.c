@@ -323,7 +323,7 @@ void brg__dev_kernel_sizes(brg_comm *c, struct brg__dev_ring *d, int staged) {
   d->k.ctrl = (sizeof(struct brg__dev_kchan) + 255) & ~(size_t)255;
   /* the ring's LL slots: links within a host only (a proxy carries a
    * slot once its tail says so, which the LL form never posts) */
-  d->k.ring_ll_limit = staged ? 0 : (size_t)brg__device_int(BRG__DEVICE_RING_LL);
+  d->k.ring_ll_limit = staged ? 0 : brg__dev_ring_ll_bytes(c->nranks);
   d->k.ring_ll = d->k.ring_ll_limit && c->nranks > 1 ? RING_LL_SLOT : 0;
   d->k.stride = d->k.ctrl + (size_t)d->nslots * (d->k.slot + d->k.ring_ll);
   d->px.stride = PLINK_CTRL + (size_t)d->nslots * d->k.slot;
@@ -367,6 +367,28 @@ size_t brg__dev_ll_bytes(int nranks, size_t oneshot_bytes) {
     b = 0; /* refused at load (settings.c) */
   }
   return (size_t)b < oneshot_bytes ? (size_t)b : oneshot_bytes;
+}
+
+/* The one place that decides which ring calls take the LL form
+ * (ring_kernel.cuh, prim_ll): BRIGADE_DEVICE_RING_LL_BYTES, else (auto)
+ * where the same constants as brg__dev_ll_bytes find it faster. A ring
+ * step moves B/N bytes over the link, spread over the channels, and the
+ * LL form sends them twice over (8 data bytes in 16) to save each slot's
+ * fence and flag round trip (LL_SAVED_NS): it pays while a step's bytes
+ * cross the link in less than that, B/N < LL_SAVED_NS x LL_LINK_GBS,
+ * taken down to a power of two (512 KiB a rank on NVLink 4: 2 MiB on 4
+ * ranks, 4 MiB on 8). Estimates, for the first GPU to confirm. */
+size_t brg__dev_ring_ll_bytes(int nranks) {
+  const char *v = brg__device_str(BRG__DEVICE_RING_LL);
+  int64_t b = 0;
+  if (!strcmp(v, "auto")) {
+    size_t pays = (size_t)LL_SAVED_NS * LL_LINK_GBS * (size_t)(nranks > 1 ? nranks : 0);
+    for (b = 256; (size_t)b * 2 <= pays;) b *= 2;
+    if ((size_t)b > pays) b = 0;
+  } else if (brg__config_parse_size(v, &b) != BRG_SUCCESS || b < 0) {
+    b = 0; /* refused at load (settings.c) */
+  }
+  return (size_t)b;
 }
 
 /* What kernel mode runs with, at INFO. */
@@ -414,6 +436,13 @@ static void kernel_log(brg_comm *c, struct brg__dev_ring *d) {
               "reduces its block of every rank's input and writes it to every rank (%zu bytes "
               "of GPU memory)",
               d->k.os.limit, d->k.os.dlimit, d->k.os.dbytes);
+  if (d->k.ring_ll)
+    BRG__INFO(
+        "init",
+        "device ring: calls up to %zu bytes that take the ring (BRIGADE_DEVICE_RING_LL_BYTES) "
+        "send their slots as LL lines, data and flag in one store: no tail, no system fence "
+        "per slot (%zu bytes of LL slots a channel)",
+        d->k.ring_ll_limit, (size_t)d->nslots * d->k.ring_ll);
   if (d->k.os.on && d->k.os.ll_limit)
     BRG__INFO("init",
               "device ring: one-shot allreduces up to %zu bytes (BRIGADE_DEVICE_LL_BYTES) send "
