@@ -944,8 +944,8 @@ static int cost_phase(int path, size_t count, int launches, cost *out, uint64_t 
 static int run_cost() {
   brg_simt_emu::set_host_lookup(host_range);
   int bad = 0;
-  const char *names[7] = {"ring",    "one-shot", "LL",           "one-shot on many blocks",
-                          "two-shot", "ring LL", "ring at 256K"};
+  const char *names[7] = {"ring",     "one-shot", "LL",          "one-shot on many blocks",
+                          "two-shot", "ring LL",  "ring at 256K"};
   /* the ring's LL form at 256 KiB, and the plain ring at the same size */
   const size_t counts[7] = {200000, 1000, 1000, 4099, 4099, 65536, 65536};
   const int launches[7] = {2, 40, 40, 20, 20, 2, 2};
