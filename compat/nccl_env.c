@@ -249,8 +249,9 @@ static void tuning_vars(void) {
   }
   const char *proto = getenv("NCCL_PROTO");
   if (is_set(proto)) {
-    /* Brigade's protocols: LL lines for small one-shot allreduces, and its
-     * ring (Simple). LL128 has no counterpart. */
+    /* Brigade's protocols: LL lines for small one-shot allreduces and, where
+     * set, for the ring's mid sizes, and its ring (Simple). LL128 has no
+     * counterpart. */
     int exclude = proto[0] == '^', has_ll = 0;
     for (const char *p = proto + exclude; *p;) {
       size_t len = strcspn(p, ",");
@@ -259,11 +260,15 @@ static void tuning_vars(void) {
       if (*p) p++;
     }
     snprintf(why, sizeof why, "NCCL_PROTO=%.64s", proto);
-    if (exclude == has_ll)
+    if (exclude == has_ll) {
       apply(why, "BRIGADE_DEVICE_LL_BYTES", "0", "(no LL lines)");
-    else
-      say(2, "%s allows LL: BRIGADE_DEVICE_LL_BYTES stays at its value (brigade has no LL128)",
+      apply(why, "BRIGADE_DEVICE_RING_LL_BYTES", "0", "(no LL lines on the ring)");
+    } else {
+      say(2,
+          "%s allows LL: BRIGADE_DEVICE_LL_BYTES and BRIGADE_DEVICE_RING_LL_BYTES stay at their "
+          "values (brigade has no LL128)",
           why);
+    }
   }
   const char *mx = getenv("NCCL_MAX_NCHANNELS"), *mn = getenv("NCCL_MIN_NCHANNELS");
   const char *mxc = getenv("NCCL_MAX_CTAS"), *mnc = getenv("NCCL_MIN_CTAS");

@@ -86,6 +86,21 @@ static inline BRG_HD uint32_t brg__rk_ll_flag(uint64_t call) {
   return (uint32_t)(call % 0xffffffffu) + 1;
 }
 
+/*
+ * The ring's LL form: a slot of ll_slot bytes holds 16-byte lines, first
+ * the call (BRG__RK_LL_CALL_LINES lines, as the one-shot path's), then the
+ * slice, 8 bytes a line; every half of every line carries the flag of the
+ * slot's position on the link, brg__rk_ll_flag(posted + 1), so that lines
+ * of the slot's earlier rounds never pass. A slice's bytes in a slot of
+ * ll_slot bytes (a multiple of 16, so that slices keep a chunk's offset
+ * from 16 bytes as the plain slots do; 0 where no line of data fits).
+ */
+static inline BRG_HD size_t brg__rk_ring_ll_payload(size_t ll_slot) {
+  size_t lines = ll_slot / BRG__RK_LL_LINE;
+  if (lines <= BRG__RK_LL_CALL_LINES) return 0;
+  return ((lines - BRG__RK_LL_CALL_LINES) * 8) & ~(size_t)15;
+}
+
 /* The word of brg__rk_args.launches that counts the blocks that ended
  * (a cache line after the count of those that began). */
 #define BRG__RK_ENDED 8
@@ -256,6 +271,11 @@ typedef struct brg__rk_link {
    * which the proxy reads to know how much of the slot to put on the
    * network. NULL on a link within the host. */
   uint64_t *send_sizes;
+  /* The ring's LL slots (args.ring_ll), nslots of ring_ll bytes each, apart
+   * from the plain slots so that a plain slot's data is never read as a
+   * line: the next rank's, and own. NULL: no LL form on this link. */
+  char *send_ll;
+  const char *recv_ll;
 } brg__rk_link;
 
 /* What a one-shot launch needs beyond the call (args.oneshot set). */
@@ -306,6 +326,11 @@ typedef struct brg__rk_args {
   uint64_t *launches;
   brg__rk_call call; /* this rank's call, as its neighbours compare it */
   brg__rk_link chan[BRG__RK_MAX_CHANNELS];
+  /* 0, or the bytes of one of the ring's LL slots (a multiple of 256):
+   * the ring sends its slots as LL lines (link.send_ll, recv_ll), flagged
+   * with the slot's position on the link, instead of posting the tail
+   * behind a fence (ring_kernel.cuh, prim_ll). */
+  size_t ring_ll;
   int oneshot; /* 1: an allreduce by a one-hop path (os.direct: on nchannels blocks, else one) */
   brg__rk_oneshot os;
 } brg__rk_args;

@@ -11,6 +11,9 @@
  * rank's input goes straight to every rank, which sums them in rank order;
  * up to the size brg__model_ll_limit picks, in its LL form (oneshot_ll: data
  * and flag in one store, no fence, each thread spinning on its own lines).
+ * The ring has an LL form too (args.ring_ll, prim_ll): the same walk and
+ * primitives, each slot sent as flagged lines into LL slots of its own,
+ * the tail never posted and no fence taken.
  *
  * A channel's link, as rank p sees it (slots and words in the memory of the
  * rank named; the others reach it by CUDA IPC):
@@ -158,6 +161,7 @@ template <class D, int OP> struct channel {
   size_t at;        /* the slice's first element in the call's buffers (slot shift) */
   int step;         /* the ring step or chain hop, for the watch record */
   bool hdr_checked; /* thread 0: the previous rank's header of this call matched */
+  int *ll_stop;     /* the block's: a thread of prim_ll stopped (shared memory) */
   unsigned spins;   /* thread 0: spins of this launch's waits so far */
   /* Thread 0: the watch record's words as they are now, and as the record
    * has them. The record is host memory, so the hot path does not write
@@ -172,9 +176,11 @@ template <class D, int OP> struct channel {
 
   BRG_SIMT_DEV channel(const args &a_, const link &l_)
       : a(a_), l(l_), wr(a_.watch ? a_.watch + brg_simt_block() : nullptr), posted(0), taken(0),
-        slot_elems((a_.slot_bytes - SLOT_SHIFT_ROOM) / sizeof(T)), at(0), step(0),
-        hdr_checked(false), spins(0), progress(0), launch(0), w_step(0), w_peer(-1),
-        w_wait(BRG__RK_WAIT_NONE), pub_step(-1), pub_peer(-2), pub_wait(-1), pub_progress(0) {}
+        slot_elems(a_.ring_ll ? brg__rk_ring_ll_payload(a_.ring_ll) / sizeof(T)
+                              : (a_.slot_bytes - SLOT_SHIFT_ROOM) / sizeof(T)),
+        at(0), step(0), hdr_checked(false), ll_stop(nullptr), spins(0), progress(0), launch(0),
+        w_step(0), w_peer(-1), w_wait(BRG__RK_WAIT_NONE), pub_step(-1), pub_peer(-2), pub_wait(-1),
+        pub_progress(0) {}
 
   /* Thread 0: what the channel waits for now, for the watchdog (written
    * to the record by publish). */
@@ -407,6 +413,7 @@ template <class D, int OP> struct channel {
   /* One primitive on one slice of m elements: in is this rank's input, out
    * its output (NULL where the primitive writes none). */
   BRG_SIMT_DEV bool prim(brg__prim pr, const T *in, T *out, size_t m) {
+    if (a.ring_ll) return prim_ll(pr, in, out, m);
     int recvs = brg__prim_recvs(pr), sends = brg__prim_sends(pr);
     if ((recvs || sends) && !wait(recvs, sends)) return false;
     size_t shift = (at * sizeof(T)) & (SLOT_SHIFT_ROOM - 1);
@@ -454,6 +461,127 @@ template <class D, int OP> struct channel {
       if (sends) brg_simt_store_flag(l.send_tail, posted + 1);
 #endif
       if (recvs) brg_simt_store_flag(l.recv_head, taken + 1);
+#if !defined(__CUDACC__)
+      if (sends) brg_simt_emu_count(BRG_SIMT_COUNT_POSTS, 1);
+#endif
+    }
+    posted += sends;
+    taken += recvs;
+    return true;
+  }
+
+  /* The LL flag of the slot at position `pos` of the link (0 and up). */
+  BRG_SIMT_DEV static uint32_t ring_flag(uint64_t pos) {
+#if BRG_RK_BREAK == 3 /* tests/gpu: one flag for every slot must fail */
+    (void)pos;
+    return 1;
+#else
+    return brg__rk_ll_flag(pos + 1);
+#endif
+  }
+
+  /* 8 bytes of a buffer at byte `at` (len of them, the rest 0), and back. */
+  BRG_SIMT_DEV static uint64_t get8(const void *p, size_t at, size_t len) {
+    const unsigned char *b = static_cast<const unsigned char *>(p) + at;
+    uint64_t v = 0;
+    if (len == 8 && (reinterpret_cast<uintptr_t>(b) & 7) == 0)
+      v = *reinterpret_cast<const uint64_t *>(b);
+    else
+      memcpy(&v, b, len);
+    return v;
+  }
+  BRG_SIMT_DEV static void put8(void *p, size_t at, size_t len, uint64_t v) {
+    unsigned char *b = static_cast<unsigned char *>(p) + at;
+    if (len == 8 && (reinterpret_cast<uintptr_t>(b) & 7) == 0)
+      *reinterpret_cast<uint64_t *>(b) = v; /* one 8-byte store */
+    else
+      memcpy(b, &v, len);
+  }
+
+  /* prim() in the LL form (args.ring_ll): the same primitive on the same
+   * slice, but the slot to the next rank is written as LL lines flagged
+   * with its position on the link, and the slot from the previous rank is
+   * read as its lines land, each thread spinning on the lines it takes
+   * (ll_wait), so that no tail is posted and no system fence taken.
+   * Thread 0 still waits for a free slot (the head, as prim) before any
+   * line goes out, sends the call in the slot's first lines and checks
+   * the previous rank's there (the meta's check of the plain form); the
+   * head goes back relaxed once the block has read the slot: the reads
+   * are done (their values are used) before the barrier, and the next
+   * round of the slot carries another flag. */
+  BRG_SIMT_DEV bool prim_ll(brg__prim pr, const T *in, T *out, size_t m) {
+    constexpr size_t E = 8 / sizeof(T); /* elements of a line */
+    int recvs = brg__prim_recvs(pr), sends = brg__prim_sends(pr);
+    if (sends && !wait(0, sends)) return false;
+    unsigned tid = brg_simt_tid(), nt = brg_simt_nthreads();
+    uint64_t nsl = (uint64_t)a.nslots;
+    uint32_t fs = ring_flag(posted), fr = ring_flag(taken);
+    const uint64_t *r =
+        recvs ? reinterpret_cast<const uint64_t *>(l.recv_ll + (taken % nsl) * a.ring_ll) : nullptr;
+    uint64_t *slot =
+        sends ? reinterpret_cast<uint64_t *>(l.send_ll + (posted % nsl) * a.ring_ll) : nullptr;
+    int stop = 0, faulted = 0;
+    if (tid == 0) {
+      if (sends) {
+        uint64_t w[BRG__RK_CALL_WORDS];
+        brg__rk_call_words(&a.call, fs, w);
+        for (int i = 0; i < BRG__RK_LL_CALL_LINES; i++)
+          brg_simt_ll_store(slot + 2 * i, w[2 * i], w[2 * i + 1]);
+      }
+      if (recvs) {
+        /* the previous rank's call, as slot_ok compares the meta's */
+        uint64_t w[BRG__RK_CALL_WORDS];
+        for (int i = 0; i < BRG__RK_LL_CALL_LINES && !stop; i++)
+          stop = !ll_wait(r + 2 * i, fr, -1, &faulted, w + 2 * i);
+        brg__rk_call theirs;
+        if (!stop && brg__rk_call_of_words(w, fr, &theirs) && !same_call(theirs, a.call)) {
+          fault(MISMATCH, -1, &theirs, 0, 0);
+          stop = faulted = 1;
+        }
+      }
+    }
+    brg__prim_math w = brg__prim_math_of(pr);
+    size_t bytes = m * sizeof(T), nlines = (bytes + 7) / 8;
+    const uint64_t *rl = r ? r + 2 * BRG__RK_LL_CALL_LINES : nullptr;
+    uint64_t *sl = slot ? slot + 2 * BRG__RK_LL_CALL_LINES : nullptr;
+    for (size_t j = tid; j < nlines && !stop; j += nt) {
+      size_t at = j * 8, len = bytes - at < 8 ? bytes - at : 8;
+      uint64_t got = 0, v;
+      if (recvs && !ll_take(rl + 2 * j, fr, -1, &faulted, &got)) {
+        stop = 1;
+        break;
+      }
+      /* the sources of the primitive's math: own input or what came */
+      uint64_t xa = w.a == BRG__BUF_RECV ? got : get8(in, at, len);
+      if (!w.reduce) {
+        v = xa;
+      } else {
+        uint64_t xb = w.b == BRG__BUF_RECV ? got : get8(in, at, len);
+        T x[E], y[E];
+        memcpy(x, &xa, 8);
+        memcpy(y, &xb, 8);
+        for (size_t e = 0; e < E; e++)
+          x[e] = w.last ? D::template op<OP>(x[e], y[e], a.nranks)
+                        : D::template op<MID>(x[e], y[e], 1);
+        memcpy(&v, x, 8);
+      }
+      if (sends)
+        brg_simt_ll_store(sl + 2 * j, brg__rk_flagged((uint32_t)v, fs),
+                          brg__rk_flagged((uint32_t)(v >> 32), fs));
+      if (out && (w.dst0 == BRG__BUF_OUT || w.dst1 == BRG__BUF_OUT)) put8(out, at, len, v);
+    }
+    /* any thread: the block's word (every writer writes 1, and a launch
+     * that stops ends, so go() alone clears it) */
+    if (stop) *ll_stop = 1;
+    brg_simt_sync(); /* every thread's lines are read and written */
+    if (*ll_stop) {
+      if (tid == 0 && !faulted) brg_simt_store_word(a.status, ABORTED);
+      return false;
+    }
+    if (tid == 0) {
+      advanced();
+      /* relaxed: no fence, the slot's reads are done (see above) */
+      if (recvs) brg_simt_store_u64(l.recv_head, taken + 1);
 #if !defined(__CUDACC__)
       if (sends) brg_simt_emu_count(BRG_SIMT_COUNT_POSTS, 1);
 #endif
@@ -722,14 +850,15 @@ template <class D, int OP> struct channel {
   }
 
   /* The two halves of the LL line at p (w[0] the low) once both carry
-   * flag f; false when the launch stops (the abort word, or thread 0
-   * finding the previous rank's header differ, *faulted then). Any thread. */
+   * flag f, from rank r (-1: the previous rank, a ring slot); false when
+   * the launch stops (the abort word, or thread 0 finding the previous
+   * rank's header differ, *faulted then). Any thread. */
   BRG_SIMT_DEV bool ll_wait(const uint64_t *p, uint32_t f, int r, int *faulted, uint64_t w[2]) {
     for (bool first = true;; first = false) {
       brg_simt_ll_load(p, &w[0], &w[1]);
       if (brg__rk_has_flag(w[0], f) && brg__rk_has_flag(w[1], f)) return true;
       if (brg_simt_tid() == 0) {
-        if (first) waiting(BRG__RK_WAIT_ONESHOT, r);
+        if (first) waiting(r < 0 ? BRG__RK_WAIT_RECV : BRG__RK_WAIT_ONESHOT, r);
         if (stop_now(faulted)) return false;
       } else if (aborted()) {
         return false;
@@ -875,9 +1004,10 @@ template <class D, int OP> struct channel {
 
   BRG_SIMT_DEV void go() {
     BRG_SIMT_SHARED uint64_t s_start[2];
-    BRG_SIMT_SHARED int s_stopped, s_go;
+    BRG_SIMT_SHARED int s_stopped, s_go, s_ll_stop;
     int *busy = reinterpret_cast<int *>(&l.counters[2]);
     if (brg_simt_tid() == 0) {
+      s_ll_stop = 0;
       /* launches queued behind a stopped one end at once, before they
        * touch the region (a graph replayed after destroy: device_watch.c) */
       s_stopped = brg_simt_load_word(a.abort_word) != 0;
@@ -903,6 +1033,7 @@ template <class D, int OP> struct channel {
     }
     brg_simt_sync();
     if (s_stopped) return;
+    ll_stop = &s_ll_stop;
     /* thread 0 read the abort word as the launch began: that is the
      * launch's first poll, and the next comes POLL_SPINS spins on, so
      * that a wait read at once does not cross PCIe */

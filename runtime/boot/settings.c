@@ -139,6 +139,13 @@ static brg__cfg_entry device_entries[BRG__DEVICE_COUNT] = {
                             "block of every rank's input and writes the result to every "
                             "rank, through the peers' memory) instead of the ring; it "
                             "takes about 4 times this in GPU memory a rank; 0: the ring"},
+    [BRG__DEVICE_RING_LL] = {"BRIGADE_DEVICE_RING_LL_BYTES", BRG__CFG_KIND_STRING, "0", 0, 0,
+                             "kernel mode, links within a host: a collective up to this many "
+                             "bytes that takes the ring (not a one-hop path) sends its slots "
+                             "as LL lines (8 data bytes and their flags in 16, stored whole: "
+                             "no tail, no system fence per slot), in LL slots of their own "
+                             "(BRIGADE_STEPS x 32 KiB of GPU memory a channel); auto: where the "
+                             "cost model finds it faster (512K a rank on NVLink 4); 0: never"},
 };
 
 static brg__cfg_entry trace_entries[BRG__TRACE_COUNT] = {
@@ -301,6 +308,14 @@ brg_status brg__settings_load(brg__errbuf *err) {
                             "BRIGADE_DEVICE_LL_BYTES=\"%.64s%s\" is neither auto nor a size of "
                             "0 to 4M",
                             ll, strlen(ll) > 64 ? "..." : "");
+  const char *rll = brg__device_str(BRG__DEVICE_RING_LL);
+  int64_t rll_bytes = 0;
+  if (strcmp(rll, "auto") != 0 && (brg__config_parse_size(rll, &rll_bytes) != BRG_SUCCESS ||
+                                   rll_bytes < 0 || rll_bytes > 256 * BRG__MiB))
+    return brg__error_quiet(err, BRG_ERR_INVALID_ARGUMENT,
+                            "BRIGADE_DEVICE_RING_LL_BYTES=\"%.64s%s\" is neither auto nor a size "
+                            "of 0 to 256M",
+                            rll, strlen(rll) > 64 ? "..." : "");
   brg_status vs = settings_check_strings(err);
   if (vs != BRG_SUCCESS) return vs;
   /* Each in range, the two together may still ask for more memory than a

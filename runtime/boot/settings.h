@@ -50,6 +50,7 @@ typedef enum {
   BRG__DEVICE_SMALL_BYTES, /* size: kernel mode's one-shot allreduce up to this; 0 = off */
   BRG__DEVICE_LL_BYTES,    /* string auto|size: its LL form up to this; 0 = off */
   BRG__DEVICE_DIRECT,      /* size: the two-shot allreduce up to this; 0 = off */
+  BRG__DEVICE_RING_LL,     /* string auto|size: the ring's LL form up to this; 0 = off */
   BRG__DEVICE_COUNT
 } brg__device_cfg_id;
 

@@ -139,7 +139,12 @@ struct brg__dev_kernel {
   int shape_per_call; /* a call takes the model's shape for its size within those */
   size_t ctrl;        /* bytes per channel before its slots (a brg__dev_kchan) */
   size_t stride;      /* bytes per channel in a region */
-  char *region;       /* own (GPU memory: in, a cuda_ipc receive end) */
+  /* The ring's LL form (ring_kernel.cuh, prim_ll): calls of up to
+   * ring_ll_limit bytes (BRIGADE_DEVICE_RING_LL_BYTES; 0: none) send their
+   * slots as LL lines, in LL slots of ring_ll bytes that follow each
+   * channel's plain slots (0: none made). */
+  size_t ring_ll_limit, ring_ll;
+  char *region; /* own (GPU memory: in, a cuda_ipc receive end) */
   char *next, *prev;
   /* co-residency: the GPU's SMs (0: no bound known), the kernel's blocks a SM */
   int sms, per_sm;
@@ -291,7 +296,8 @@ typedef struct dev_blob {
   unsigned char rel_ev[BRG__MAX_SLOTS][HB];
   int32_t streams;     /* this rank's streams on its GPU (the caller's, the proxy's, the rings') */
   int32_t connections; /* its process's hardware queues per GPU (CUDA_DEVICE_MAX_CONNECTIONS) */
-  uint64_t kdirect_limit; /* the two-shot path's limit (BRIGADE_DEVICE_DIRECT_BYTES) */
+  uint64_t kdirect_limit;  /* the two-shot path's limit (BRIGADE_DEVICE_DIRECT_BYTES) */
+  uint64_t kring_ll_limit; /* the ring's LL form's limit (BRIGADE_DEVICE_RING_LL_BYTES) */
 } dev_blob;
 
 /* What one rank offers for GPUDirect RDMA on its staged links. */
@@ -352,8 +358,6 @@ void brg__dev_step_unused(struct brg__dev_ring *d);
 
 /* ---- kernel mode (device_kernel.c, device_watch.c) ---- */
 void brg__dev_kernel_sizes(brg_comm *c, struct brg__dev_ring *d, int staged);
-/* Bytes up to which a one-shot allreduce among nranks takes the LL form,
- * for a one-shot path of up to oneshot_bytes (0: none). */
 void brg__dev_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b, const dev_blob *all,
                            int staged);
 const char *brg__dev_kernel_refused(const brg_comm *c, const dev_blob *all, int *who);

@@ -275,6 +275,15 @@ static brg_status blobs_agree(brg_comm *c, const dev_blob *mine, const dev_blob 
                           (unsigned long long)all[r].kll_limit, c->rank,
                           (unsigned long long)mine->kos_limit, (unsigned long long)mine->kll_limit);
   for (int r = 0; s == BRG_SUCCESS && r < c->nranks; r++)
+    if (all[r].kring_ll_limit != mine->kring_ll_limit)
+      s = brg__comm_error(c, BRG_ERR_MISMATCH,
+                          "device collectives: rank %d sends ring slots as LL lines for calls "
+                          "of up to %llu bytes, rank %d up to %llu: the ranks would send and "
+                          "read the same slots in different forms (set "
+                          "BRIGADE_DEVICE_RING_LL_BYTES alike on every rank)",
+                          r, (unsigned long long)all[r].kring_ll_limit, c->rank,
+                          (unsigned long long)mine->kring_ll_limit);
+  for (int r = 0; s == BRG_SUCCESS && r < c->nranks; r++)
     if (all[r].kdirect_limit != mine->kdirect_limit)
       s = brg__comm_error(c, BRG_ERR_MISMATCH,
                           "device collectives: rank %d takes the two-shot path for allreduces "

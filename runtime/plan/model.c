@@ -636,15 +636,38 @@ int brg__model_direct_blocks(size_t bytes, int most) {
   return b < 1 || most < 1 ? 1 : b > (size_t)most ? most : (int)b;
 }
 
-size_t brg__model_ll_bytes(int N) {
-  if (N < 2) return 0;
+/* What LL saves a post (a fence and a flag's round trip, in whole
+ * nanoseconds) times the bytes NVLink carries in a nanosecond (whole GB/s
+ * of data), as the closed forms are stated. */
+static size_t ll_saved_bytes(void) {
   const brg__gpu_costs c = brg__model_gpu_costs(BRG__DLINK_NVLINK);
-  /* in whole nanoseconds and GB/s, as the closed form is stated */
   size_t saved_ns = (size_t)llround((c.hop_us + c.release_us - c.ll_hop_us) * 1e3);
-  size_t link_gbs = (size_t)(c.link_eff * c.link_gbs);
-  size_t pays = saved_ns * link_gbs / (size_t)(N - 1), b = 256;
+  return saved_ns * (size_t)(c.link_eff * c.link_gbs);
+}
+
+/* The largest power of two from 256 up to `pays`, 0 when none. */
+static size_t pow2_within(size_t pays) {
+  size_t b = 256;
   while (b * 2 <= pays) b *= 2;
   return b <= pays ? b : 0;
+}
+
+size_t brg__model_ll_bytes(int N) {
+  return N < 2 ? 0 : pow2_within(ll_saved_bytes() / (size_t)(N - 1));
+}
+
+size_t brg__model_ring_ll_bytes(int N) {
+  return N < 2 ? 0 : pow2_within(ll_saved_bytes() * (size_t)N);
+}
+
+size_t brg__model_ring_ll_limit(int N) {
+  const char *v = brg__device_str(BRG__DEVICE_RING_LL);
+  int64_t b = 0;
+  if (!strcmp(v, "auto"))
+    b = (int64_t)brg__model_ring_ll_bytes(N);
+  else if (brg__config_parse_size(v, &b) != BRG_SUCCESS || b < 0)
+    b = 0; /* refused at load (settings.c) */
+  return (size_t)b;
 }
 
 size_t brg__model_ll_limit(int N, size_t oneshot_bytes) {

@@ -180,6 +180,16 @@ size_t brg__model_ll_bytes(int N);
  * (ring_kernel.cuh, oneshot_ll): up to BRIGADE_DEVICE_LL_BYTES, else
  * (auto) brg__model_ll_bytes, and never beyond the one-shot limit. */
 size_t brg__model_ll_limit(int N, size_t oneshot_bytes);
+/* The one place that decides which ring calls take the LL form
+ * (ring_kernel.cuh, prim_ll): up to BRIGADE_DEVICE_RING_LL_BYTES, else
+ * (auto) brg__model_ring_ll_bytes. A ring step moves B/N bytes over the
+ * link, and the LL form sends them twice over (8 data bytes in 16) to save
+ * each slot's fence and flag round trip: it pays while a step's bytes
+ * cross the link in less than that, B/N < saved x link rate, taken down
+ * to a power of two (512 KiB a rank on NVLink 4: 2 MiB on 4 ranks, 4 MiB
+ * on 8). */
+size_t brg__model_ring_ll_bytes(int N);
+size_t brg__model_ring_ll_limit(int N);
 /* The size up to which the one-shot path's LL form beats its plain form
  * by the two formulas above, doubling from 256 bytes (what
  * brg__model_ll_bytes approximates in closed form). */

@@ -39,7 +39,8 @@
  *            every rank's elements are right
  *   limits   kernel mode: ranks whose BRIGADE_DEVICE_SMALL_BYTES (TEST_LIMITS=small:
  *            1000 and 1024) or BRIGADE_DEVICE_LL_BYTES (ll: 992 and 1000) differ
- *            only before their one-shot slots round them up: the device setup
+ *            only before their one-shot slots round them up, or whose
+ *            BRIGADE_DEVICE_RING_LL_BYTES (ringll: 1M and 2M) differ: the device setup
  *            fails at once on every rank with BRG_ERR_MISMATCH naming both
  *            values, instead of ranks taking different paths for one call
  *   mps      ranks of different processes on one GPU (BRIGADE_EMU_DEVICES=1)
@@ -1182,19 +1183,24 @@ static int body_graphother(mp_ctx *ctx) {
 /* Ranks whose one-shot limits differ only below what their slots round up
  * to, so that the slots agree (TEST_LIMITS=small: BRIGADE_DEVICE_SMALL_BYTES
  * 1000 on rank 0, 1024 on the others, BRIGADE_DEVICE_LL_BYTES 512 on all;
- * ll: BRIGADE_DEVICE_LL_BYTES 992 and 1000, SMALL_BYTES 4096): the
+ * ll: BRIGADE_DEVICE_LL_BYTES 992 and 1000, SMALL_BYTES 4096; ringll:
+ * BRIGADE_DEVICE_RING_LL_BYTES 1M and 2M, whose LL slots agree): the
  * setup must fail at once on every rank with BRG_ERR_MISMATCH naming both
  * values. Where it lets them through, the allreduce at the boundary (1024
  * bytes, 1000 with ll) is run to show what it does: one rank takes the
  * ring (the flags' one-shot form) and the other the one-shot path (LL). */
 static int body_limits(mp_ctx *ctx) {
   const char *how = getenv("TEST_LIMITS");
-  int ll = how && !strcmp(how, "ll"), rank = ctx->rank;
-  const char *var = ll ? "BRIGADE_DEVICE_LL_BYTES" : "BRIGADE_DEVICE_SMALL_BYTES";
-  const char *v0 = ll ? "992" : "1000", *v1 = ll ? "1000" : "1024";
+  int ll = how && !strcmp(how, "ll"), rl = how && !strcmp(how, "ringll"), rank = ctx->rank;
+  const char *var = rl   ? "BRIGADE_DEVICE_RING_LL_BYTES"
+                    : ll ? "BRIGADE_DEVICE_LL_BYTES"
+                         : "BRIGADE_DEVICE_SMALL_BYTES";
+  const char *v0 = rl ? "1048576" : ll ? "992" : "1000";
+  const char *v1 = rl ? "2097152" : ll ? "1000" : "1024";
   setenv(var, rank == 0 ? v0 : v1, 1);
   /* the other limit alike, below both: only the one compared differs */
-  setenv(ll ? "BRIGADE_DEVICE_SMALL_BYTES" : "BRIGADE_DEVICE_LL_BYTES", ll ? "4096" : "512", 1);
+  if (!rl)
+    setenv(ll ? "BRIGADE_DEVICE_SMALL_BYTES" : "BRIGADE_DEVICE_LL_BYTES", ll ? "4096" : "512", 1);
   char why[256];
   const brg__cuda_api *api = open_api(why, sizeof why);
   if (!api) return mp_fail("no GPU: %s", why), 1;

@@ -4,8 +4,8 @@
  * one launch per collective of C channel blocks, talking only through the
  * FIFOs' slots and flags in shared memory, as GPUs do through CUDA IPC.
  *
- *   test_ring_kernel_emu threads|procs N CHANNELS BLOCK_THREADS [quick|oneshot|ll|align|misalign|direct]
- *   test_ring_kernel_emu abort N CHANNELS BLOCK_THREADS [oneshot|ll]
+ *   test_ring_kernel_emu threads|procs N CHANNELS BLOCK_THREADS [quick|oneshot|ll|align|misalign|direct|ringll]
+ *   test_ring_kernel_emu abort N CHANNELS BLOCK_THREADS [oneshot|ll|ringll]
  *   test_ring_kernel_emu stale 2 1 BLOCK_THREADS
  *   test_ring_kernel_emu cost N CHANNELS BLOCK_THREADS
  *
@@ -41,12 +41,17 @@
  * one at a time beyond the head and tail that align a destination must
  * stay under one in 16 of the outputs'.
  *
+ * `ringll` runs the ring in its LL form (args.ring_ll): every
+ * collective, dtype and op, counts 0, 1, 7, 509, 4099, in place and out of
+ * place, every fourth case by the plain ring between them, every element
+ * checked.
+ *
  * `direct` runs only the direct paths of allreduce on CHANNELS blocks
  * (ring_args.h): the one-shot and two-shot forms by turns, every dtype and
  * op, odd counts, in place and out of place, every element checked.
  *
  * abort: rank N-1 never launches; the others' allreduce (the one-shot one
- * with `oneshot`, its LL form with `ll`) waits for it until another thread sets the abort word;
+ * with `oneshot`, its LL form with `ll`, the ring's LL form with `ringll`) waits for it until another thread sets the abort word;
  * every launch must then return with ABORTED in its status word, soon,
  * having read the abort word far less often than it spun.
  *
@@ -102,6 +107,10 @@ static const size_t LL_SLOT = brg__rk_ll_slot(OS_SLOT);
 
 static int g_n, g_channels, g_threads, g_quick, g_only_oneshot, g_align, g_ll, g_misalign;
 static int g_direct; /* the direct paths on CHANNELS blocks only */
+static int g_ringll; /* the ring's LL form (every fourth case the plain ring) */
+/* The ring's LL slots: small, so that a slice is 480 bytes and calls wrap
+ * the slots many times. */
+static const size_t RING_LL = 1024;
 /* Direct paths: room for one rank's input (4099 elements of 8 bytes), the
  * two-shot's block and its result in a half each. */
 static const size_t D_SLOT = 36864;
@@ -121,7 +130,8 @@ struct chan_mem {
   alignas(64) uint64_t hdr_acked;
   alignas(64) brg__rk_hdr hdrs[BRG__RK_HDRS];
   alignas(64) char slots[NSLOTS * SLOT_BYTES];
-  brg__rk_meta meta[NSLOTS]; /* stale: the marks the previous rank writes */
+  alignas(64) char ll[NSLOTS * RING_LL]; /* the ring's LL slots */
+  brg__rk_meta meta[NSLOTS];             /* stale: the marks the previous rank writes */
 };
 static chan_mem *g_mem;        /* [rank * MAX_CHANNELS + ch] */
 static brg__rk_watch *g_watch; /* [rank * MAX_CHANNELS + ch] */
@@ -183,6 +193,8 @@ static args make_args(int rank, int kind, int dtype, int op, int root, const voi
     l.recv_hdr = cm(rank, ch).hdrs;
     l.hdr_acked = &cm(rank, ch).hdr_acked;
     l.hdr_ack = &cm(prev, ch).hdr_acked;
+    l.send_ll = cm(next, ch).ll;
+    l.recv_ll = cm(rank, ch).ll;
   }
   return a;
 }
@@ -263,6 +275,7 @@ struct tcase {
   int inplace, root;
   int oneshot; /* an allreduce by the one-shot path: 1, or 2 in its LL form; by the direct
                 * paths on many blocks: 3 the one-shot form, 4 the two-shot form */
+  int ring_ll; /* the ring in its LL form */
 };
 
 static std::vector<tcase> make_cases() {
@@ -278,7 +291,7 @@ static std::vector<tcase> make_cases() {
       for (int d = 0; d < 4; d++) {
         if (k != BRG__COLL_ALLREDUCE && d > 0) continue;
         for (int inplace = 0; inplace < 2; inplace++)
-          v.push_back({k, dts[d], BRG_SUM, counts[d], inplace, (d + 1) % g_n, 0});
+          v.push_back({k, dts[d], BRG_SUM, counts[d], inplace, (d + 1) % g_n, 0, 0});
       }
     return v;
   }
@@ -295,9 +308,9 @@ static std::vector<tcase> make_cases() {
             for (int inplace = 0; inplace < 2; inplace++) {
               if (op != BRG_SUM && n != 4099) continue;
               int root = (int)((n + (size_t)dt) % (size_t)g_n);
-              v.push_back({kind, dt, op, n, inplace, root, 0});
+              v.push_back({kind, dt, op, n, inplace, root, 0, 0});
               if (kind == BRG__COLL_ALLREDUCE && n > 0 && n <= 4099)
-                v.push_back({kind, dt, op, n, inplace, root, 1});
+                v.push_back({kind, dt, op, n, inplace, root, 1, 0});
             }
         }
     return v;
@@ -311,8 +324,30 @@ static std::vector<tcase> make_cases() {
         if (op >= BRG_BAND && dt >= BRG_FLOAT16) continue;
         for (size_t n : {(size_t)1, (size_t)7, (size_t)509, (size_t)4099})
           for (int inplace = 0; inplace < 2; inplace++)
-            v.push_back({BRG__COLL_ALLREDUCE, dt, op, n, inplace, 0, 3 + (int)(v.size() % 2)});
+            v.push_back({BRG__COLL_ALLREDUCE, dt, op, n, inplace, 0, 3 + (int)(v.size() % 2), 0});
       }
+    return v;
+  }
+  if (g_ringll) {
+    /* The ring's LL form: every collective, dtype and op (the bitwise ops
+     * of the integers), 0, 1 and odd counts, in place and out of place;
+     * every fourth case takes the plain ring, so that both forms share
+     * the links' positions. */
+    for (int kind = BRG__COLL_ALLREDUCE; kind <= BRG__COLL_REDUCE; kind++)
+      for (int dt = 0; dt < BRG_NUM_DTYPES; dt++)
+        for (int op = 0; op < BRG_NUM_OPS; op++) {
+          bool reduces = kind == BRG__COLL_ALLREDUCE || kind == BRG__COLL_REDUCE_SCATTER ||
+                         kind == BRG__COLL_REDUCE;
+          if ((!reduces && op != BRG_SUM) || (op >= BRG_BAND && dt >= BRG_FLOAT16)) continue;
+          for (size_t n : {(size_t)0, (size_t)1, (size_t)7, (size_t)509, (size_t)4099}) {
+            /* the large count for sum, allreduce every op */
+            if (n == 4099 && op != BRG_SUM && kind != BRG__COLL_ALLREDUCE) continue;
+            for (int inplace = 0; inplace < 2; inplace++) {
+              int root = (int)((n + (size_t)dt + (size_t)op) % (size_t)g_n);
+              v.push_back({kind, dt, op, n, inplace, root, 0, v.size() % 4 != 3});
+            }
+          }
+        }
     return v;
   }
   const size_t counts[] = {0, 1, 7, 4099, 20011};
@@ -326,7 +361,7 @@ static std::vector<tcase> make_cases() {
           if (kind != BRG__COLL_ALLREDUCE || (op >= BRG_BAND && dt >= BRG_FLOAT16)) continue;
           for (size_t n : {(size_t)0, (size_t)1, (size_t)7, (size_t)509, (size_t)4099})
             for (int inplace = 0; inplace < 2; inplace++)
-              v.push_back({kind, dt, op, n, inplace, 0, 2});
+              v.push_back({kind, dt, op, n, inplace, 0, 2, 0});
           continue;
         }
         if (op >= BRG_BAND) {
@@ -335,8 +370,8 @@ static std::vector<tcase> make_cases() {
           if (dt >= BRG_FLOAT16 || kind != BRG__COLL_ALLREDUCE) continue;
           size_t n = (dt + op) % 2 ? 7 : 513;
           int root = (int)((n + (size_t)dt) % (size_t)g_n);
-          if (!g_only_oneshot) v.push_back({kind, dt, op, n, 0, root, 0});
-          v.push_back({kind, dt, op, n, 0, root, 1});
+          if (!g_only_oneshot) v.push_back({kind, dt, op, n, 0, root, 0, 0});
+          v.push_back({kind, dt, op, n, 0, root, 1, 0});
           continue;
         }
         for (size_t n : counts) {
@@ -344,9 +379,9 @@ static std::vector<tcase> make_cases() {
           if (g_quick && n > 4099 && op != BRG_SUM) continue;
           for (int inplace = 0; inplace < 2; inplace++) {
             int root = (int)((n + (size_t)dt) % (size_t)g_n);
-            if (!g_only_oneshot) v.push_back({kind, dt, op, n, inplace, root, 0});
+            if (!g_only_oneshot) v.push_back({kind, dt, op, n, inplace, root, 0, 0});
             if (kind == BRG__COLL_ALLREDUCE && n > 0 && n <= 4099)
-              v.push_back({kind, dt, op, n, inplace, root, 1});
+              v.push_back({kind, dt, op, n, inplace, root, 1, 0});
           }
         }
       }
@@ -451,6 +486,7 @@ static int run_rank(int rank) {
     if (t.kind == BRG__COLL_REDUCE && rank != t.root && !t.inplace) r = nullptr;
     args a = make_args(rank, t.kind, t.dtype, t.op, t.root, s, r, t.count, &status);
     unsigned blocks = (unsigned)g_channels;
+    if (t.ring_ll) a.ring_ll = RING_LL;
     if (t.oneshot) {
       a.oneshot = 1;
       a.os.rank = rank;
@@ -557,6 +593,12 @@ static int run_threads() {
    * headers and the busy word included), and its lines are what moved. */
   uint64_t lines = brg_simt_emu::count(BRG_SIMT_COUNT_LL_LINES);
   if (g_ll) printf("%llu LL lines stored\n", (unsigned long long)lines);
+  /* ringll: LL lines moved the LL cases' slots (the emulator counts them) */
+  if (g_ringll) printf("%llu LL lines stored\n", (unsigned long long)lines);
+  if (g_ringll && !lines) {
+    fprintf(stderr, "FAIL: the ring's LL form stored no LL lines\n");
+    total++;
+  }
   if (g_ll && (fences || !lines)) {
     fprintf(stderr, "FAIL: the LL form took %llu system fences and stored %llu LL lines\n",
             (unsigned long long)fences, (unsigned long long)lines);
@@ -742,6 +784,7 @@ static int run_abort() {
     th.emplace_back([&, r] {
       args a = make_args(r, BRG__COLL_ALLREDUCE, BRG_FLOAT32, BRG_SUM, 0, buf[r].data(),
                          buf[r].data(), buf[r].size(), &status[r]);
+      if (g_ringll) a.ring_ll = RING_LL;
       if (g_only_oneshot) {
         a.oneshot = 1;
         a.os.rank = r;
@@ -836,7 +879,8 @@ struct cost {
 };
 
 /* `launches` allreduces of `count` float32 on every rank at once (path 0:
- * the ring, 1: one-shot, 2: its LL form); what they cost, and the blocks. */
+ * the ring, 1: one-shot, 2: its LL form, 3 and 4: the direct paths, 5: the
+ * ring's LL form, 6: the ring again); what they cost, and the blocks. */
 static int cost_phase(int path, size_t count, int launches, cost *out, uint64_t *blocks) {
   std::vector<int> fails(g_n, 0);
   std::vector<std::thread> th;
@@ -851,7 +895,8 @@ static int cost_phase(int path, size_t count, int launches, cost *out, uint64_t 
                            count, status);
         a.call.seq = (uint64_t)k + 1;
         unsigned nb = (unsigned)g_channels;
-        if (path) {
+        if (path == 5) a.ring_ll = RING_LL;
+        if (path && path < 5) {
           a.oneshot = 1;
           a.os.rank = r;
           a.os.slot_bytes = OS_SLOT;
@@ -860,7 +905,7 @@ static int cost_phase(int path, size_t count, int launches, cost *out, uint64_t 
           for (int q = 0; q < g_n; q++) a.os.area[q] = os_area(q);
           nb = 1;
         }
-        if (path >= 3) { /* the direct paths, on CHANNELS blocks */
+        if (path == 3 || path == 4) { /* the direct paths, on CHANNELS blocks */
           a.os.direct = path == 3 ? BRG__RK_ONESHOT_MANY : BRG__RK_TWOSHOT;
           a.os.direct_off = brg__rk_os_bytes(g_n, OS_SLOT, LL_SLOT);
           a.os.dslot = D_SLOT;
@@ -899,10 +944,12 @@ static int cost_phase(int path, size_t count, int launches, cost *out, uint64_t 
 static int run_cost() {
   brg_simt_emu::set_host_lookup(host_range);
   int bad = 0;
-  const char *names[5] = {"ring", "one-shot", "LL", "one-shot on many blocks", "two-shot"};
-  const size_t counts[5] = {200000, 1000, 1000, 4099, 4099};
-  const int launches[5] = {2, 40, 40, 20, 20};
-  for (int path = 0; path < 5; path++) {
+  const char *names[7] = {"ring",     "one-shot", "LL",          "one-shot on many blocks",
+                          "two-shot", "ring LL",  "ring at 256K"};
+  /* the ring's LL form at 256 KiB, and the plain ring at the same size */
+  const size_t counts[7] = {200000, 1000, 1000, 4099, 4099, 65536, 65536};
+  const int launches[7] = {2, 40, 40, 20, 20, 2, 2};
+  for (int path = 0; path < 7; path++) {
     cost c;
     uint64_t blocks = 0;
     bad += cost_phase(path, counts[path], launches[path], &c, &blocks);
@@ -917,10 +964,11 @@ static int run_cost() {
            (unsigned long long)stores, (unsigned long long)fences,
            (unsigned long long)c[BRG_SIMT_COUNT_SCALAR]);
     /* per unit of work: a ring slot, or a block of a one-hop launch */
-    double units = path == 0 ? (double)(posts ? posts : 1) : (double)blocks;
+    bool ring = path == 0 || path >= 5;
+    double units = ring ? (double)(posts ? posts : 1) : (double)blocks;
     printf("cost %s per %s: %.3f host loads, %.3f host stores, %.3f system fences, %.0f bytes "
            "of the call; %.2f blocks a launch\n",
-           names[path], path == 0 ? "slot posted" : "block", (double)loads / units,
+           names[path], ring ? "slot posted" : "block", (double)loads / units,
            (double)stores / units, (double)fences / units,
            (double)counts[path] * sizeof(float) * (double)nl / units, (double)blocks / (double)nl);
     /* the hot path: once per POLL_SPINS spins, and a launch's start (1 a
@@ -934,10 +982,10 @@ static int run_cost() {
               (unsigned long long)blocks, POLL_SPINS);
       bad++;
     }
-    if (path == 0) {
+    if (ring) {
       /* the ring: the slots are the work; a block's launch writes its watch
        * record a few times (started, finished, the wait, the progress) */
-      if (posts < 50 * blocks) {
+      if (path == 0 && posts < 50 * blocks) {
         fprintf(stderr, "FAIL cost ring: only %llu slots posted by %llu blocks\n",
                 (unsigned long long)posts, (unsigned long long)blocks);
         bad++;
@@ -949,9 +997,17 @@ static int run_cost() {
                 (unsigned long long)stores, (unsigned long long)posts, POLL_SPINS);
         bad++;
       }
+      /* the LL form: no system fence at all, its lines carry their flags */
+      if (path == 5 && (fences || !c[BRG_SIMT_COUNT_LL_LINES])) {
+        fprintf(stderr,
+                "FAIL cost ring LL: %llu system fences (none expected) and %llu LL lines "
+                "stored\n",
+                (unsigned long long)fences, (unsigned long long)c[BRG_SIMT_COUNT_LL_LINES]);
+        bad++;
+      }
       /* one fence per step that posts or takes a slot: a slice's 2N - 1
        * steps post 2N - 2 slots */
-      if (fences * (uint64_t)(2 * g_n - 2) != posts * (uint64_t)(2 * g_n - 1)) {
+      if (path != 5 && fences * (uint64_t)(2 * g_n - 2) != posts * (uint64_t)(2 * g_n - 1)) {
         fprintf(stderr,
                 "FAIL cost ring: %llu system fences for %llu slots posted (one per step: %d per "
                 "%d posts expected)\n",
@@ -1003,7 +1059,7 @@ int main(int argc, char **argv) {
   if (argc < 3) {
     fprintf(stderr,
             "usage: %s threads|procs|abort N CHANNELS BLOCK_THREADS "
-            "[quick|oneshot|ll|align|misalign|direct]\n",
+            "[quick|oneshot|ll|align|misalign|direct|ringll]\n",
             argv[0]);
     return 2;
   }
@@ -1017,6 +1073,7 @@ int main(int argc, char **argv) {
   g_align = argc > 5 && strcmp(argv[5], "align") == 0;
   g_misalign = argc > 5 && strcmp(argv[5], "misalign") == 0;
   g_direct = argc > 5 && strcmp(argv[5], "direct") == 0;
+  g_ringll = argc > 5 && strcmp(argv[5], "ringll") == 0;
   if (g_n < 1 || g_n > 8 || g_channels < 1 || g_channels > MAX_CHANNELS || g_threads < 1 ||
       g_threads > 1024) {
     fprintf(stderr, "bad arguments\n");

@@ -94,6 +94,7 @@ int main(void) {
   expect_env("BRIGADE_DEBUG_SUBSYS", "init,bootstrap");
   expect_env("BRIGADE_ALGO", "tree");
   expect_env("BRIGADE_DEVICE_LL_BYTES", "0");
+  expect_env("BRIGADE_DEVICE_RING_LL_BYTES", "0");
   expect_env("BRIGADE_TRANSPORTS", "cuda_ipc,tcp");
   expect_env("BRIGADE_SOCKET_IFNAME", "lo");
   expect_env("BRIGADE_IB_HCA", NULL);

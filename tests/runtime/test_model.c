@@ -307,6 +307,10 @@ static void test_gpu_times(void **state) {
   assert_int_equal(brg__model_ll_bytes(10), 32 << 10); /* 63666 */
   assert_int_equal(brg__model_ll_bytes(71), 4 << 10);  /* 8185 */
   assert_int_equal(brg__model_ll_bytes(4096), 0);      /* 139 < 256 */
+  /* the ring's LL form pays while a step's B/N bytes are under 573000 */
+  assert_int_equal(brg__model_ring_ll_bytes(1), 0);
+  assert_int_equal(brg__model_ring_ll_bytes(4), 2 << 20); /* 2292000 */
+  assert_int_equal(brg__model_ring_ll_bytes(8), 4 << 20); /* 4584000 */
   /* and the doubling search of the two formulas agrees at 8 GPUs */
   assert_int_equal(brg__model_ll_crossover(&c, 8), 64 << 10);
 }

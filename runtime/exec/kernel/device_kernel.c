@@ -15,6 +15,12 @@
 /* Threads of a kernel-mode block (ring_launch). */
 #define KTHREADS 512
 
+/* Bytes of one of the ring's LL slots (ring_args.h, brg__rk_ring_ll_payload:
+ * 16 KiB of data less the call's lines), as NCCL's LL buffers: a slice
+ * of a mid-size call's step on a channel, in half the bytes of the plain
+ * slot the model gives such a call. */
+#define RING_LL_SLOT ((size_t)32 << 10)
+
 /* The region of one rank: per channel the control words and the slots. */
 static size_t kregion_bytes(const struct brg__dev_ring *d) {
   return (size_t)d->k.channels * d->k.stride + d->k.os.bytes + d->k.os.dbytes;
@@ -93,6 +99,7 @@ void brg__dev_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b, co
   b->kos_limit = d->k.os.limit;
   b->kll_limit = d->k.os.ll_limit;
   b->kdirect_limit = d->k.os.dlimit;
+  b->kring_ll_limit = d->k.ring_ll_limit;
   if (d->k.mode_req == 2) {
     snprintf(b->kwhy, sizeof b->kwhy, "BRIGADE_DEVICE_MODE=step");
     return;
@@ -314,7 +321,11 @@ void brg__dev_kernel_sizes(brg_comm *c, struct brg__dev_ring *d, int staged) {
     d->k.sms = d->k.per_sm = 0;
   }
   d->k.ctrl = (sizeof(struct brg__dev_kchan) + 255) & ~(size_t)255;
-  d->k.stride = d->k.ctrl + (size_t)d->nslots * d->k.slot;
+  /* the ring's LL slots: links within a host only (a proxy carries a
+   * slot once its tail says so, which the LL form never posts) */
+  d->k.ring_ll_limit = staged ? 0 : brg__model_ring_ll_limit(c->nranks);
+  d->k.ring_ll = d->k.ring_ll_limit && c->nranks > 1 ? RING_LL_SLOT : 0;
+  d->k.stride = d->k.ctrl + (size_t)d->nslots * (d->k.slot + d->k.ring_ll);
   d->px.stride = PLINK_CTRL + (size_t)d->nslots * d->k.slot;
   d->k.os.limit = (size_t)brg__device_int(BRG__DEVICE_SMALL_BYTES);
   if (d->k.os.limit && c->nranks >= 2 && c->nranks <= BRG__RK_MAX_PEERS) {
@@ -379,6 +390,13 @@ static void kernel_log(brg_comm *c, struct brg__dev_ring *d) {
               "reduces its block of every rank's input and writes it to every rank (%zu bytes "
               "of GPU memory)",
               d->k.os.limit, d->k.os.dlimit, d->k.os.dbytes);
+  if (d->k.ring_ll)
+    BRG__INFO(
+        "init",
+        "device ring: calls up to %zu bytes that take the ring (BRIGADE_DEVICE_RING_LL_BYTES) "
+        "send their slots as LL lines, data and flag in one store: no tail, no system fence "
+        "per slot (%zu bytes of LL slots a channel)",
+        d->k.ring_ll_limit, (size_t)d->nslots * d->k.ring_ll);
   if (d->k.os.on && d->k.os.ll_limit)
     BRG__INFO("init",
               "device ring: one-shot allreduces up to %zu bytes (BRIGADE_DEVICE_LL_BYTES) send "
@@ -555,6 +573,7 @@ static void kernel_chans(const struct brg__dev_ring *d, brg__rk_args *args) {
       l->hdr_acked = &own->hdr_acked;
       l->send_tail = &next->tail;
       l->send_head = &own->head;
+      if (d->k.ring_ll) l->send_ll = next_base + d->k.ctrl + (size_t)d->nslots * d->k.slot;
     }
     if (d->recv_staged) {
       char *p = d->px.recv_dev + (size_t)ch * d->px.stride;
@@ -570,6 +589,7 @@ static void kernel_chans(const struct brg__dev_ring *d, brg__rk_args *args) {
       l->hdr_ack = &prev->hdr_acked;
       l->recv_tail = &own->tail;
       l->recv_head = &prev->head;
+      if (d->k.ring_ll) l->recv_ll = own_base + d->k.ctrl + (size_t)d->nslots * d->k.slot;
     }
     l->counters = own->counters;
     brg__dev_proxy_hdrs(d, ch, l);
@@ -669,6 +689,9 @@ brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k) {
       a.nchannels = blocks = direct_blocks(d, k->count * es);
     }
   }
+  /* the ring's LL form, for the calls up to its limit that take the ring */
+  if (!one && c->nranks > 1 && d->k.ring_ll && call_bytes(c, k) <= d->k.ring_ll_limit)
+    a.ring_ll = d->k.ring_ll;
   int e = api->kern.ring_launch(&a, sizeof a, blocks, KTHREADS, k->stream);
   /* An event recorded into a capture cannot be waited for outside it: the
    * drain at destroy waits for the launches made outside graphs, and the
