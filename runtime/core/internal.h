@@ -165,7 +165,7 @@ struct brg_comm {
   /* What that goodbye carried: the graph replays' blocks its kernels had
    * begun (brg__exec_bye_word; 0 without a word) */
   uint64_t departed_word[2];
-  int departed_ok;        /* the wait does not need the neighbours (kernel mode's drain) */
+  int departed_ok; /* the wait does not need the neighbours (kernel mode's drain) */
   int64_t wait_start_ns;
 
   struct brg__trace *trace; /* BRIGADE_TRACE_FILE's recorder (trace.c), NULL when off */
@@ -529,6 +529,14 @@ brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op);
 /* Takes back a queued send that has not finished (it finishes with `s`)
  * and tells its receiver that the send was cut short. */
 void brg__p2p_cancel_send(brg_comm *c, brg__p2p_op *op, brg_status s);
+/* Between drive_begin and drive_end the calling thread moves the links'
+ * bytes itself, in brg__p2p_drive_wait (a brg__p2p_wait that polls the
+ * links before it sleeps), and the p2p thread only serves the door and
+ * watches hang-ups until a wait sleeps: lat.c's messages then take no
+ * thread hand-off. */
+void brg__p2p_drive_begin(brg_comm *c);
+void brg__p2p_drive_end(brg_comm *c);
+brg_status brg__p2p_drive_wait(brg_comm *c, const char *fn, brg__p2p_op *op);
 /* alltoall.c: the collective all_to_all, run by ring.c's engine in issue
  * order. */
 brg_status brg__p2p_all_to_all(brg_comm *c, const brg__coll *k);

@@ -27,7 +27,9 @@
  * link takes at once, the thread writes the rest as room comes (the
  * receiver's doorbell, or the link's descriptor), and a send finishes
  * once its last byte has left its buffer.
- * brg_send is a queued send and a wait.
+ * brg_send is a queued send and a wait. A collective that waits on one
+ * message after another (lat.c's tree and rhd) drives the links from its
+ * own thread instead (brg__p2p_drive_wait, at the end of this file).
  *
  *   A: isend(B) -> A's send queue for B --[hello on the connection; frames
  *        on the link]--> B's brg-p2p thread -> posted receive, early
@@ -100,6 +102,7 @@
 #include <stdarg.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -247,6 +250,10 @@ typedef struct brg__p2p {
   brg__p2p_op *any, *any_tail; /* posted receives from any source */
   uint32_t posts;              /* receives posted, for their `order` */
   uint64_t arrivals;           /* messages that arrived early, for their `arrival` */
+  /* Callers that drive the links themselves (brg__p2p_drive_begin): while
+   * above 0 the thread leaves the links' bytes and room to them and
+   * watches only the door and the hang-ups. */
+  int driven;
   char discard[P2P_DISCARD_BYTES];
 } brg__p2p;
 
@@ -973,7 +980,7 @@ static void *p2p_main(void *arg) {
       p2p_peer *pr = p->peer[rank];
       if (hup_check(p, pr) && wait_ms > 50) wait_ms = 50;
       if (pr->held) resume_held(c, pr, rank);
-      if (pr->in_fd >= 0 && !pr->held) {
+      if (pr->in_fd >= 0 && !pr->held && !p->driven) {
         /* A link with doorbells is armed before the sleep: its sender
          * rings once it publishes. */
         now[n] = link_bells(&pr->in_link) && pr->in_link.ops->ready(&pr->in_link, 0, 1);
@@ -983,7 +990,7 @@ static void *p2p_main(void *arg) {
         int ifd = in_poll_fd(pr, &iev);
         fds[n++] = (struct pollfd){.fd = ifd, .events = iev};
       }
-      int sending = pr->sendq && pr->out_fd >= 0 && !pr->out_broken;
+      int sending = pr->sendq && pr->out_fd >= 0 && !pr->out_broken && !p->driven;
       int bells = link_bells(&pr->out_link);
       /* On a link with doorbells room comes as a doorbell (POLLIN), and
        * so does the hang-up; a link with a descriptor of its own says so
@@ -1438,8 +1445,8 @@ brg_status brg__p2p_isend(brg_comm *c, const char *fn, brg__p2p_op *op) {
       else
         pr->sendq = op;
       pr->sendq_tail = op;
-      write_peer(c, pr, peer); /* what the link takes at once */
-      queued = !op->done;
+      write_peer(c, pr, peer);          /* what the link takes at once */
+      queued = !op->done && !p->driven; /* a driver writes the rest */
     }
     pthread_mutex_unlock(&p->lock);
   }
@@ -1775,4 +1782,97 @@ void brg__p2p_cancel_send(brg_comm *c, brg__p2p_op *op, brg_status s) {
   if (!op->done) withdraw_send(c->p2p, c->p2p->peer[op->peer], op, s);
   pthread_mutex_unlock(&c->p2p->lock);
   cut_notice(c, op->peer);
+}
+
+/*
+ * Driving the links from the caller's thread (lat.c's tree and rhd).
+ *
+ * A message waited for through the thread costs two hand-offs a hop: the
+ * sender's doorbell wakes the receiver's thread, which reads the message
+ * and wakes the waiter on the condition. A collective that waits on one
+ * message after another pays them at every hop, 100 us and more where
+ * ranks share cores, against the few us of the ring's shm hand-off. So
+ * between brg__p2p_drive_begin and brg__p2p_drive_end the thread leaves
+ * the links' bytes alone (it still serves the door and watches the
+ * hang-ups), and brg__p2p_drive_wait moves them itself: every link read
+ * and every queued send written, with the code the thread runs and under
+ * the same lock, so matching, early memory, order per peer and
+ * BRG_ERR_MISMATCH are the thread's, and a user message that arrives
+ * meanwhile lands where the thread would have put it.
+ *
+ * It waits as the ring's engine does (transport/fifo.c, brg__wait_ge):
+ * BRIGADE_SPIN polls, then yields for up to ~200 us. A wait longer than
+ * that hands the links back to the thread and sleeps in brg__p2p_wait, whose
+ * timeout, silence and hang-up checks then name a peer that died: the
+ * passes here only look at links that are ready, and an shm link's end
+ * is its connection's, which the thread reads.
+ */
+#define P2P_DRIVE_YIELD_NS 200000
+
+/* One pass over every link: what arrived is read into its receive (or
+ * early memory), and queued sends take the room there is. The caller
+ * holds the lock. */
+static void drive_pass(brg_comm *c) {
+  brg__p2p *p = c->p2p;
+  for (int i = 0; i < p->nactive; i++) {
+    int rank = p->active[i];
+    p2p_peer *pr = p->peer[rank];
+    if (rank == c->rank) continue;
+    if (pr->held) resume_held(c, pr, rank);
+    if (pr->in_fd >= 0 && !pr->held && pr->in_link.ops->ready(&pr->in_link, 0, 0))
+      read_peer(c, pr, rank);
+    if (pr->sendq && pr->out_fd >= 0 && !pr->out_broken) write_peer(c, pr, rank);
+  }
+}
+
+static void drive_set(brg__p2p *p, int delta) {
+  pthread_mutex_lock(&p->lock);
+  p->driven += delta;
+  int handed_back = p->driven == 0;
+  pthread_mutex_unlock(&p->lock);
+  /* the thread arms and polls the links again */
+  if (handed_back) wake_thread(p);
+}
+
+void brg__p2p_drive_begin(brg_comm *c) {
+  drive_set(c->p2p, 1);
+}
+
+void brg__p2p_drive_end(brg_comm *c) {
+  drive_set(c->p2p, -1);
+}
+
+static inline void drive_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+brg_status brg__p2p_drive_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
+  brg__p2p *p = c->p2p;
+  int spin = c->waiter.spin;
+  int64_t t0 = 0;
+  for (int i = 0; !__atomic_load_n(&op->done, __ATOMIC_ACQUIRE); i++) {
+    if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE)) break;
+    pthread_mutex_lock(&p->lock);
+    drive_pass(c);
+    pthread_mutex_unlock(&p->lock);
+    if (__atomic_load_n(&op->done, __ATOMIC_ACQUIRE)) break;
+    if (i < spin) {
+      drive_relax();
+      continue;
+    }
+    int64_t now = brg__now_ns();
+    if (!t0) t0 = now;
+    if (now - t0 > P2P_DRIVE_YIELD_NS) break;
+    sched_yield();
+  }
+  if (__atomic_load_n(&op->done, __ATOMIC_ACQUIRE)) return brg__p2p_wait(c, fn, op);
+  /* A long wait: the thread takes the links back while this one sleeps. */
+  drive_set(p, -1);
+  brg_status s = brg__p2p_wait(c, fn, op);
+  drive_set(p, 1);
+  return s;
 }
