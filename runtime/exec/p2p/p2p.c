@@ -209,6 +209,9 @@ typedef struct p2p_peer {
   char out_why[256];
   /* Receiving side: the p2p lock. */
   int in_fd;
+  /* A driver reads the link (drive_pass): the doorbells stay for the
+   * thread, which may have armed the link and sleeps until they come. */
+  int keep_bells;
   int held;       /* hdr is in but its message fits nowhere yet: in_fd is not read */
   int64_t hup_ns; /* it hung up out_fd before its own link came in */
   int watch_out;  /* the thread polls out_fd for a hang-up */
@@ -254,6 +257,9 @@ typedef struct brg__p2p {
    * above 0 the thread leaves the links' bytes and room to them and
    * watches only the door and the hang-ups. */
   int driven;
+  /* The thread's poll set was made while driven, without the links: it
+   * must wake to watch them for anyone who waits (links_wanted). */
+  int links_out;
   char discard[P2P_DISCARD_BYTES];
 } brg__p2p;
 
@@ -261,6 +267,14 @@ static void wake_thread(brg__p2p *p) {
   uint64_t one = 1;
   ssize_t r = write(p->wake_fd, &one, sizeof one);
   (void)r; /* the counter saturating still wakes the thread */
+}
+
+/* Whether the thread's poll set lacks the links (made while a caller
+ * drove them, brg__p2p_drive_begin) although nobody drives them now: a
+ * receive posted or a wait begun must wake it. The caller holds the
+ * lock. */
+static int links_wanted(const brg__p2p *p) {
+  return p->links_out && !p->driven;
 }
 
 /* A doorbell: one byte on the connection the other end polls. A full
@@ -319,7 +333,7 @@ static ssize_t link_recv(p2p_peer *pr, void *dst, size_t want) {
       errno = EAGAIN;
       return -1;
     }
-    if (pass == 0 && drain_bells(pr->in_fd)) {
+    if (pass == 0 && (pr->keep_bells || drain_bells(pr->in_fd))) {
       errno = EAGAIN;
       return -1;
     }
@@ -1013,6 +1027,7 @@ static void *p2p_main(void *arg) {
     }
     for (int i = 1 + door; i < n; i++)
       if (now[i]) wait_ms = 0;
+    p->links_out = p->driven > 0;
     pthread_mutex_unlock(&p->lock);
     int r = poll(fds, (nfds_t)n, wait_ms);
     if (r > 0 && fds[0].revents) {
@@ -1551,10 +1566,11 @@ brg_status brg__p2p_post(brg_comm *c, brg__p2p_op *op) {
     push_op(pr, op);
   }
   drain_self(c); /* a send to itself may land now: here, or in early memory freed */
-  pthread_mutex_unlock(&p->lock);
   /* A held message may land now: in this receive, or in the early memory
-   * it freed. */
-  if (chan == BRG__P2P_USER) wake_thread(p);
+   * it freed; and a thread that left the links out watches them again. */
+  int wake = chan == BRG__P2P_USER || links_wanted(p);
+  pthread_mutex_unlock(&p->lock);
+  if (wake) wake_thread(p);
   return BRG_SUCCESS;
 }
 
@@ -1671,6 +1687,12 @@ static brg_status send_failed(brg_comm *c, const char *fn, const brg__p2p_op *op
 brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
   brg__p2p *p = c->p2p;
   if (!op->is_send && !__atomic_load_n(&op->done, __ATOMIC_ACQUIRE)) watch_peer(c, op);
+  if (!__atomic_load_n(&op->done, __ATOMIC_ACQUIRE)) {
+    pthread_mutex_lock(&p->lock);
+    int wake = links_wanted(p);
+    pthread_mutex_unlock(&p->lock);
+    if (wake) wake_thread(p);
+  }
   /* The timeout runs from the later of the last progress and this wait:
    * an irecv posted long before its brg_wait is not late for that. */
   int64_t start = brg__now_ns();
@@ -1819,27 +1841,49 @@ static void drive_pass(brg_comm *c) {
     p2p_peer *pr = p->peer[rank];
     if (rank == c->rank) continue;
     if (pr->held) resume_held(c, pr, rank);
-    if (pr->in_fd >= 0 && !pr->held && pr->in_link.ops->ready(&pr->in_link, 0, 0))
+    if (pr->in_fd >= 0 && !pr->held && pr->in_link.ops->ready(&pr->in_link, 0, 0)) {
+      pr->keep_bells = 1;
       read_peer(c, pr, rank);
+      pr->keep_bells = 0;
+    }
     if (pr->sendq && pr->out_fd >= 0 && !pr->out_broken) write_peer(c, pr, rank);
   }
 }
 
-static void drive_set(brg__p2p *p, int delta) {
+/* Whether the thread must take the links back now: a send is queued or
+ * a message held (the thread polls for their room only from a poll set
+ * made with them, and a send queued while driven did not wake it), or a
+ * receive waits while its poll set lacks the links. The caller holds the
+ * lock. */
+static int links_needed(brg_comm *c) {
+  brg__p2p *p = c->p2p;
+  int recv = p->any != NULL;
+  for (int i = 0; i < p->nactive; i++) {
+    p2p_peer *pr = p->peer[p->active[i]];
+    if (pr->sendq || pr->held) return 1;
+    recv |= pr->posted[0] || pr->posted[1] || pr->cur_op;
+  }
+  return recv && p->links_out;
+}
+
+static void drive_set(brg_comm *c, int delta) {
+  brg__p2p *p = c->p2p;
   pthread_mutex_lock(&p->lock);
   p->driven += delta;
-  int handed_back = p->driven == 0;
+  /* The thread arms and polls the links again, woken now when someone
+   * waits on them, else by the next one who does (links_wanted): waking
+   * it after every collective would cost more than the hops it saves. */
+  int wake = p->driven == 0 && links_needed(c);
   pthread_mutex_unlock(&p->lock);
-  /* the thread arms and polls the links again */
-  if (handed_back) wake_thread(p);
+  if (wake) wake_thread(p);
 }
 
 void brg__p2p_drive_begin(brg_comm *c) {
-  drive_set(c->p2p, 1);
+  drive_set(c, 1);
 }
 
 void brg__p2p_drive_end(brg_comm *c) {
-  drive_set(c->p2p, -1);
+  drive_set(c, -1);
 }
 
 static inline void drive_relax(void) {
@@ -1854,11 +1898,19 @@ brg_status brg__p2p_drive_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
   brg__p2p *p = c->p2p;
   int spin = c->waiter.spin;
   int64_t t0 = 0;
+  /* A receive's link, once linked (set once, kept until brg__p2p_free):
+   * the spin polls its readiness alone, a load as cheap as the ring's,
+   * and takes the lock for a pass only when something came. */
+  brg__conn *in = NULL;
   for (int i = 0; !__atomic_load_n(&op->done, __ATOMIC_ACQUIRE); i++) {
     if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE)) break;
-    pthread_mutex_lock(&p->lock);
-    drive_pass(c);
-    pthread_mutex_unlock(&p->lock);
+    if (i == 0 || i >= spin || !in || in->ops->ready(in, 0, 0)) {
+      pthread_mutex_lock(&p->lock);
+      drive_pass(c);
+      p2p_peer *pr = !op->is_send && op->peer >= 0 ? p->peer[op->peer] : NULL;
+      in = pr && pr->in_fd >= 0 ? &pr->in_link : NULL;
+      pthread_mutex_unlock(&p->lock);
+    }
     if (__atomic_load_n(&op->done, __ATOMIC_ACQUIRE)) break;
     if (i < spin) {
       drive_relax();
@@ -1871,8 +1923,8 @@ brg_status brg__p2p_drive_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
   }
   if (__atomic_load_n(&op->done, __ATOMIC_ACQUIRE)) return brg__p2p_wait(c, fn, op);
   /* A long wait: the thread takes the links back while this one sleeps. */
-  drive_set(p, -1);
+  drive_set(c, -1);
   brg_status s = brg__p2p_wait(c, fn, op);
-  drive_set(p, 1);
+  drive_set(c, 1);
   return s;
 }
