@@ -1830,6 +1830,10 @@ void brg__p2p_cancel_send(brg_comm *c, brg__p2p_op *op, brg_status s) {
  * is its connection's, which the thread reads.
  */
 #define P2P_DRIVE_YIELD_NS 200000
+/* The spin's polls end here too: a tcp link's readiness is a poll(2),
+ * 2,000 of which take a millisecond where the ring's loads take tens of
+ * microseconds. */
+#define P2P_DRIVE_SPIN_NS 20000
 
 /* One pass over every link: what arrived is read into its receive (or
  * early memory), and queued sends take the room there is. The caller
@@ -1897,7 +1901,7 @@ static inline void drive_relax(void) {
 brg_status brg__p2p_drive_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
   brg__p2p *p = c->p2p;
   int spin = c->waiter.spin;
-  int64_t t0 = 0;
+  int64_t s0 = 0, t0 = 0;
   /* A receive's link, once linked (set once, kept until brg__p2p_free):
    * the spin polls its readiness alone, a load as cheap as the ring's,
    * and takes the lock for a pass only when something came. */
@@ -1913,6 +1917,11 @@ brg_status brg__p2p_drive_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
     }
     if (__atomic_load_n(&op->done, __ATOMIC_ACQUIRE)) break;
     if (i < spin) {
+      if (i % 64 == 0) {
+        int64_t now = brg__now_ns();
+        if (!s0) s0 = now;
+        if (now - s0 > P2P_DRIVE_SPIN_NS) spin = i;
+      }
       drive_relax();
       continue;
     }
