@@ -4,6 +4,11 @@
  * point-to-point links (p2p.c) on host buffers. Positions are the ring's
  * (host by host), so the short hops of both schedules stay within a host.
  *
+ * The messages travel on p2p.c's links (shm within a host, tcp or
+ * ibverbs between hosts), moved by this thread itself while it waits
+ * (brg__p2p_drive_wait), not handed to the p2p thread: a hop costs what
+ * the link costs, not two thread wake-ups.
+ *
  * Every message of one allreduce travels on p2p's collective channel,
  * numbered by the collective: a rank posts its receives from a peer in the
  * order the peer sends to it, because both run the same program, step by
@@ -78,7 +83,7 @@ static brg__p2p_op *lat_op(lat *l, int pos, void *buf, size_t m, int is_send) {
 static void lat_wait(lat *l, brg__p2p_op *op) {
   if (!op || l->s != BRG_SUCCESS) return;
   int64_t t0 = l->tags ? brg__now_ns() : 0;
-  keep(l, brg__p2p_wait(l->c, l->fn, op));
+  keep(l, brg__p2p_drive_wait(l->c, l->fn, op));
   if (l->tags && l->s == BRG_SUCCESS) {
     /* a receive: the wait for it; a send: from its hand-over until the
      * sending thread had written its last byte (op->last_ns) */
@@ -350,10 +355,14 @@ static brg_status lat_body(brg_comm *c, brg__coll *k) {
     c->cur = NULL;
     return brg__comm_error(c, BRG_ERR_NO_MEMORY, "%s: out of memory", l.fn);
   }
+  /* This thread moves the messages on the links itself (p2p.c): a hop
+   * costs no wake-up of the p2p thread and of this one. */
+  brg__p2p_drive_begin(c);
   if (k->lat == BRG__ALGO_TREE)
     run_tree(&l);
   else
     run_rhd(&l);
+  brg__p2p_drive_end(c);
   if (l.s != BRG_SUCCESS) {
     /* What is still posted or queued points into the caller's buffers and
      * the scratch: stopping the communicator makes every wait give it back,

@@ -524,6 +524,14 @@ brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op);
 /* Takes back a queued send that has not finished (it finishes with `s`)
  * and tells its receiver that the send was cut short. */
 void brg__p2p_cancel_send(brg_comm *c, brg__p2p_op *op, brg_status s);
+/* Between drive_begin and drive_end the calling thread moves the links'
+ * bytes itself, in brg__p2p_drive_wait (a brg__p2p_wait that polls the
+ * links before it sleeps), and the p2p thread only serves the door and
+ * watches hang-ups until a wait sleeps: lat.c's messages then take no
+ * thread hand-off. */
+void brg__p2p_drive_begin(brg_comm *c);
+void brg__p2p_drive_end(brg_comm *c);
+brg_status brg__p2p_drive_wait(brg_comm *c, const char *fn, brg__p2p_op *op);
 /* alltoall.c: the collective all_to_all, run by ring.c's engine in issue
  * order. */
 brg_status brg__p2p_all_to_all(brg_comm *c, const brg__coll *k);

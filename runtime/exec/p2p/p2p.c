@@ -27,7 +27,9 @@
  * link takes at once, the thread writes the rest as room comes (the
  * receiver's doorbell, or the link's descriptor), and a send finishes
  * once its last byte has left its buffer.
- * brg_send is a queued send and a wait.
+ * brg_send is a queued send and a wait. A collective that waits on one
+ * message after another (lat.c's tree and rhd) drives the links from its
+ * own thread instead (brg__p2p_drive_wait, at the end of this file).
  *
  *   A: isend(B) -> A's send queue for B --[hello on the connection; frames
  *        on the link]--> B's brg-p2p thread -> posted receive, early
@@ -100,6 +102,7 @@
 #include <stdarg.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -206,6 +209,9 @@ typedef struct p2p_peer {
   char out_why[256];
   /* Receiving side: the p2p lock. */
   int in_fd;
+  /* A driver reads the link (drive_pass): the doorbells stay for the
+   * thread, which may have armed the link and sleeps until they come. */
+  int keep_bells;
   int held;       /* hdr is in but its message fits nowhere yet: in_fd is not read */
   int64_t hup_ns; /* it hung up out_fd before its own link came in */
   int watch_out;  /* the thread polls out_fd for a hang-up */
@@ -247,6 +253,13 @@ typedef struct brg__p2p {
   brg__p2p_op *any, *any_tail; /* posted receives from any source */
   uint32_t posts;              /* receives posted, for their `order` */
   uint64_t arrivals;           /* messages that arrived early, for their `arrival` */
+  /* Callers that drive the links themselves (brg__p2p_drive_begin): while
+   * above 0 the thread leaves the links' bytes and room to them and
+   * watches only the door and the hang-ups. */
+  int driven;
+  /* The thread's poll set was made while driven, without the links: it
+   * must wake to watch them for anyone who waits (links_wanted). */
+  int links_out;
   char discard[P2P_DISCARD_BYTES];
 } brg__p2p;
 
@@ -254,6 +267,14 @@ static void wake_thread(brg__p2p *p) {
   uint64_t one = 1;
   ssize_t r = write(p->wake_fd, &one, sizeof one);
   (void)r; /* the counter saturating still wakes the thread */
+}
+
+/* Whether the thread's poll set lacks the links (made while a caller
+ * drove them, brg__p2p_drive_begin) although nobody drives them now: a
+ * receive posted or a wait begun must wake it. The caller holds the
+ * lock. */
+static int links_wanted(const brg__p2p *p) {
+  return p->links_out && !p->driven;
 }
 
 /* A doorbell: one byte on the connection the other end polls. A full
@@ -312,7 +333,7 @@ static ssize_t link_recv(p2p_peer *pr, void *dst, size_t want) {
       errno = EAGAIN;
       return -1;
     }
-    if (pass == 0 && drain_bells(pr->in_fd)) {
+    if (pass == 0 && (pr->keep_bells || drain_bells(pr->in_fd))) {
       errno = EAGAIN;
       return -1;
     }
@@ -973,7 +994,7 @@ static void *p2p_main(void *arg) {
       p2p_peer *pr = p->peer[rank];
       if (hup_check(p, pr) && wait_ms > 50) wait_ms = 50;
       if (pr->held) resume_held(c, pr, rank);
-      if (pr->in_fd >= 0 && !pr->held) {
+      if (pr->in_fd >= 0 && !pr->held && !p->driven) {
         /* A link with doorbells is armed before the sleep: its sender
          * rings once it publishes. */
         now[n] = link_bells(&pr->in_link) && pr->in_link.ops->ready(&pr->in_link, 0, 1);
@@ -983,7 +1004,7 @@ static void *p2p_main(void *arg) {
         int ifd = in_poll_fd(pr, &iev);
         fds[n++] = (struct pollfd){.fd = ifd, .events = iev};
       }
-      int sending = pr->sendq && pr->out_fd >= 0 && !pr->out_broken;
+      int sending = pr->sendq && pr->out_fd >= 0 && !pr->out_broken && !p->driven;
       int bells = link_bells(&pr->out_link);
       /* On a link with doorbells room comes as a doorbell (POLLIN), and
        * so does the hang-up; a link with a descriptor of its own says so
@@ -1006,6 +1027,7 @@ static void *p2p_main(void *arg) {
     }
     for (int i = 1 + door; i < n; i++)
       if (now[i]) wait_ms = 0;
+    p->links_out = p->driven > 0;
     pthread_mutex_unlock(&p->lock);
     int r = poll(fds, (nfds_t)n, wait_ms);
     if (r > 0 && fds[0].revents) {
@@ -1438,8 +1460,8 @@ brg_status brg__p2p_isend(brg_comm *c, const char *fn, brg__p2p_op *op) {
       else
         pr->sendq = op;
       pr->sendq_tail = op;
-      write_peer(c, pr, peer); /* what the link takes at once */
-      queued = !op->done;
+      write_peer(c, pr, peer);          /* what the link takes at once */
+      queued = !op->done && !p->driven; /* a driver writes the rest */
     }
     pthread_mutex_unlock(&p->lock);
   }
@@ -1544,10 +1566,11 @@ brg_status brg__p2p_post(brg_comm *c, brg__p2p_op *op) {
     push_op(pr, op);
   }
   drain_self(c); /* a send to itself may land now: here, or in early memory freed */
-  pthread_mutex_unlock(&p->lock);
   /* A held message may land now: in this receive, or in the early memory
-   * it freed. */
-  if (chan == BRG__P2P_USER) wake_thread(p);
+   * it freed; and a thread that left the links out watches them again. */
+  int wake = chan == BRG__P2P_USER || links_wanted(p);
+  pthread_mutex_unlock(&p->lock);
+  if (wake) wake_thread(p);
   return BRG_SUCCESS;
 }
 
@@ -1664,6 +1687,12 @@ static brg_status send_failed(brg_comm *c, const char *fn, const brg__p2p_op *op
 brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
   brg__p2p *p = c->p2p;
   if (!op->is_send && !__atomic_load_n(&op->done, __ATOMIC_ACQUIRE)) watch_peer(c, op);
+  if (!__atomic_load_n(&op->done, __ATOMIC_ACQUIRE)) {
+    pthread_mutex_lock(&p->lock);
+    int wake = links_wanted(p);
+    pthread_mutex_unlock(&p->lock);
+    if (wake) wake_thread(p);
+  }
   /* The timeout runs from the later of the last progress and this wait:
    * an irecv posted long before its brg_wait is not late for that. */
   int64_t start = brg__now_ns();
@@ -1775,4 +1804,136 @@ void brg__p2p_cancel_send(brg_comm *c, brg__p2p_op *op, brg_status s) {
   if (!op->done) withdraw_send(c->p2p, c->p2p->peer[op->peer], op, s);
   pthread_mutex_unlock(&c->p2p->lock);
   cut_notice(c, op->peer);
+}
+
+/*
+ * Driving the links from the caller's thread (lat.c's tree and rhd).
+ *
+ * A message waited for through the thread costs two hand-offs a hop: the
+ * sender's doorbell wakes the receiver's thread, which reads the message
+ * and wakes the waiter on the condition. A collective that waits on one
+ * message after another pays them at every hop, 100 us and more where
+ * ranks share cores, against the few us of the ring's shm hand-off. So
+ * between brg__p2p_drive_begin and brg__p2p_drive_end the thread leaves
+ * the links' bytes alone (it still serves the door and watches the
+ * hang-ups), and brg__p2p_drive_wait moves them itself: every link read
+ * and every queued send written, with the code the thread runs and under
+ * the same lock, so matching, early memory, order per peer and
+ * BRG_ERR_MISMATCH are the thread's, and a user message that arrives
+ * meanwhile lands where the thread would have put it.
+ *
+ * It waits as the ring's engine does (transport/fifo.c, brg__wait_ge):
+ * BRIGADE_SPIN polls, then yields for up to ~200 us. A wait longer than
+ * that hands the links back to the thread and sleeps in brg__p2p_wait, whose
+ * timeout, silence and hang-up checks then name a peer that died: the
+ * passes here only look at links that are ready, and an shm link's end
+ * is its connection's, which the thread reads.
+ */
+#define P2P_DRIVE_YIELD_NS 200000
+/* The spin's polls end here too: a tcp link's readiness is a poll(2),
+ * 2,000 of which take a millisecond where the ring's loads take tens of
+ * microseconds. */
+#define P2P_DRIVE_SPIN_NS 20000
+
+/* One pass over every link: what arrived is read into its receive (or
+ * early memory), and queued sends take the room there is. The caller
+ * holds the lock. */
+static void drive_pass(brg_comm *c) {
+  brg__p2p *p = c->p2p;
+  for (int i = 0; i < p->nactive; i++) {
+    int rank = p->active[i];
+    p2p_peer *pr = p->peer[rank];
+    if (rank == c->rank) continue;
+    if (pr->held) resume_held(c, pr, rank);
+    if (pr->in_fd >= 0 && !pr->held && pr->in_link.ops->ready(&pr->in_link, 0, 0)) {
+      pr->keep_bells = 1;
+      read_peer(c, pr, rank);
+      pr->keep_bells = 0;
+    }
+    if (pr->sendq && pr->out_fd >= 0 && !pr->out_broken) write_peer(c, pr, rank);
+  }
+}
+
+/* Whether the thread must take the links back now: a send is queued or
+ * a message held (the thread polls for their room only from a poll set
+ * made with them, and a send queued while driven did not wake it), or a
+ * receive waits while its poll set lacks the links. The caller holds the
+ * lock. */
+static int links_needed(brg_comm *c) {
+  brg__p2p *p = c->p2p;
+  int recv = p->any != NULL;
+  for (int i = 0; i < p->nactive; i++) {
+    p2p_peer *pr = p->peer[p->active[i]];
+    if (pr->sendq || pr->held) return 1;
+    recv |= pr->posted[0] || pr->posted[1] || pr->cur_op;
+  }
+  return recv && p->links_out;
+}
+
+static void drive_set(brg_comm *c, int delta) {
+  brg__p2p *p = c->p2p;
+  pthread_mutex_lock(&p->lock);
+  p->driven += delta;
+  /* The thread arms and polls the links again, woken now when someone
+   * waits on them, else by the next one who does (links_wanted): waking
+   * it after every collective would cost more than the hops it saves. */
+  int wake = p->driven == 0 && links_needed(c);
+  pthread_mutex_unlock(&p->lock);
+  if (wake) wake_thread(p);
+}
+
+void brg__p2p_drive_begin(brg_comm *c) {
+  drive_set(c, 1);
+}
+
+void brg__p2p_drive_end(brg_comm *c) {
+  drive_set(c, -1);
+}
+
+static inline void drive_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+brg_status brg__p2p_drive_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
+  brg__p2p *p = c->p2p;
+  int spin = c->waiter.spin;
+  int64_t s0 = 0, t0 = 0;
+  /* A receive's link, once linked (set once, kept until brg__p2p_free):
+   * the spin polls its readiness alone, a load as cheap as the ring's,
+   * and takes the lock for a pass only when something came. */
+  brg__conn *in = NULL;
+  for (int i = 0; !__atomic_load_n(&op->done, __ATOMIC_ACQUIRE); i++) {
+    if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE)) break;
+    if (i == 0 || i >= spin || !in || in->ops->ready(in, 0, 0)) {
+      pthread_mutex_lock(&p->lock);
+      drive_pass(c);
+      p2p_peer *pr = !op->is_send && op->peer >= 0 ? p->peer[op->peer] : NULL;
+      in = pr && pr->in_fd >= 0 ? &pr->in_link : NULL;
+      pthread_mutex_unlock(&p->lock);
+    }
+    if (__atomic_load_n(&op->done, __ATOMIC_ACQUIRE)) break;
+    if (i < spin) {
+      if (i % 64 == 0) {
+        int64_t now = brg__now_ns();
+        if (!s0) s0 = now;
+        if (now - s0 > P2P_DRIVE_SPIN_NS) spin = i;
+      }
+      drive_relax();
+      continue;
+    }
+    int64_t now = brg__now_ns();
+    if (!t0) t0 = now;
+    if (now - t0 > P2P_DRIVE_YIELD_NS) break;
+    sched_yield();
+  }
+  if (__atomic_load_n(&op->done, __ATOMIC_ACQUIRE)) return brg__p2p_wait(c, fn, op);
+  /* A long wait: the thread takes the links back while this one sleeps. */
+  drive_set(c, -1);
+  brg_status s = brg__p2p_wait(c, fn, op);
+  drive_set(c, 1);
+  return s;
 }
