@@ -660,24 +660,22 @@ size_t brg__model_ring_ll_bytes(int N) {
   return N < 2 ? 0 : pow2_within(ll_saved_bytes() * (size_t)N);
 }
 
-size_t brg__model_ring_ll_limit(int N) {
-  const char *v = brg__device_str(BRG__DEVICE_RING_LL);
+/* A size setting that also takes auto: the model's value for auto, the
+ * size given, or 0 for a value settings.c refused at load. */
+static size_t size_or_auto(brg__device_cfg_id id, size_t model) {
+  const char *v = brg__device_str(id);
   int64_t b = 0;
-  if (!strcmp(v, "auto"))
-    b = (int64_t)brg__model_ring_ll_bytes(N);
-  else if (brg__config_parse_size(v, &b) != BRG_SUCCESS || b < 0)
-    b = 0; /* refused at load (settings.c) */
-  return (size_t)b;
+  if (!strcmp(v, "auto")) return model;
+  return brg__config_parse_size(v, &b) == BRG_SUCCESS && b > 0 ? (size_t)b : 0;
+}
+
+size_t brg__model_ring_ll_limit(int N) {
+  return size_or_auto(BRG__DEVICE_RING_LL, brg__model_ring_ll_bytes(N));
 }
 
 size_t brg__model_ll_limit(int N, size_t oneshot_bytes) {
-  const char *v = brg__device_str(BRG__DEVICE_LL_BYTES);
-  int64_t b = 0;
-  if (!strcmp(v, "auto"))
-    b = (int64_t)brg__model_ll_bytes(N);
-  else if (brg__config_parse_size(v, &b) != BRG_SUCCESS || b < 0)
-    b = 0; /* refused at load (settings.c) */
-  return (size_t)b < oneshot_bytes ? (size_t)b : oneshot_bytes;
+  size_t b = size_or_auto(BRG__DEVICE_LL_BYTES, brg__model_ll_bytes(N));
+  return b < oneshot_bytes ? b : oneshot_bytes;
 }
 
 size_t brg__model_ll_crossover(const brg__gpu_costs *c, int N) {
