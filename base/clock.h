@@ -72,4 +72,14 @@ static inline void brg__sleep_ms(int ms) {
   while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {}
 }
 
+/* One pause of a spinning wait: tells the core the loop spins (the
+ * sibling hyperthread and the power state profit), a no-op elsewhere. */
+static inline void brg__cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
 #endif

@@ -66,14 +66,6 @@ void brg__fifo_free(brg__fifo *f) {
   memset(f, 0, sizeof *f);
 }
 
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
-
 static void futex_wait(volatile uint64_t *word, uint32_t seen, long ns) {
   struct timespec ts = {0, ns};
   /* The counter's low 32 bits on a little-endian machine share its address. */
@@ -89,7 +81,7 @@ brg_status brg__wait_ge(volatile uint64_t *word, volatile uint32_t *waiters, uin
   if (__atomic_load_n(word, __ATOMIC_ACQUIRE) >= target) return BRG_SUCCESS;
   int spin = w ? w->spin : 1000;
   for (int i = 0; i < spin; i++) {
-    cpu_relax();
+    brg__cpu_relax();
     if (__atomic_load_n(word, __ATOMIC_ACQUIRE) >= target) return BRG_SUCCESS;
   }
   /* Yield for up to ~200 us before sleeping: when ranks outnumber cores,
@@ -120,13 +112,13 @@ brg_status brg__wait_flag(volatile uint64_t *flag, uint64_t expect, volatile uin
   int spin = w ? w->spin : 1000;
   for (int i = 0; i < spin; i++) {
     if (__atomic_load_n(flag, __ATOMIC_ACQUIRE) == expect) return BRG_SUCCESS;
-    cpu_relax();
+    brg__cpu_relax();
   }
   for (;;) {
     brg_status s = brg__wait_ge(word, waiters, expect, w);
     if (__atomic_load_n(flag, __ATOMIC_ACQUIRE) == expect) return BRG_SUCCESS;
     if (s != BRG_SUCCESS) return s;
-    cpu_relax();
+    brg__cpu_relax();
   }
 }
 

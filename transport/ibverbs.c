@@ -328,9 +328,7 @@ static void kick(ib_conn *t) {
 static void idle(ib_conn *t, int *rounds, uint64_t word_seen, uint32_t ev_seen) {
   int r = (*rounds)++;
   if (r < t->spin) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
+    brg__cpu_relax();
   } else if (r < t->spin + 32) {
     sched_yield();
   } else {

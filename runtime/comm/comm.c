@@ -239,11 +239,6 @@ static void say_goodbye(brg_comm *c) {
   pthread_mutex_unlock(&c->ring_lock);
 }
 
-static void took_goodbye(brg_comm *c, int dir, const char *buf, uint32_t len) {
-  c->departed[dir] = 1;
-  if (len == sizeof(uint64_t)) memcpy(&c->departed_word[dir], buf, sizeof(uint64_t));
-}
-
 /* Waits, up to the timeout, for both neighbours' goodbyes (or hang-ups).
  * After a failure, not for a neighbour on another host: its streams never
  * touch this rank's memory, and a host that vanished would never answer. */
@@ -260,14 +255,14 @@ static void await_goodbyes(brg_comm *c) {
     brg_status s;
     if (brg__live_take(c, dir, &s, &type, buf, &len, text, sizeof text) == 1) {
       if (s != BRG_SUCCESS) continue;
-      if (type == BRG__MSG_BYE) took_goodbye(c, dir, buf, len);
+      if (type == BRG__MSG_BYE) brg__ring_took_bye(c, dir, buf, len);
     }
     while (!c->departed[dir]) {
       int left = brg__ms_left(deadline);
       if (left == 0) return;
       if (brg__bootstrap_recv(c->bs, dir, &type, buf, sizeof buf, &len, left, NULL) != BRG_SUCCESS)
         break; /* gone (or the deadline): nothing more will come */
-      if (type == BRG__MSG_BYE) took_goodbye(c, dir, buf, len);
+      if (type == BRG__MSG_BYE) brg__ring_took_bye(c, dir, buf, len);
     }
   }
 }

@@ -21,6 +21,12 @@
  * close (IB_CLOSE_GRACE_MS, 1 s), with room for a loaded machine. */
 #define BRG__DEPARTED_GRACE_NS 3000000000LL
 
+void brg__ring_took_bye(brg_comm *c, int dir, const char *data, uint32_t len) {
+  c->departed[dir] = 1;
+  c->departed_ns[dir] = brg__now_ns();
+  if (len == sizeof(uint64_t)) memcpy(&c->departed_word[dir], data, sizeof(uint64_t));
+}
+
 /* Reads what arrived on a ring socket while we were waiting: an abort
  * notice from a neighbour, a goodbye, or the hang-up of one that died. */
 static brg_status check_ring_socket(brg_comm *c, int dir) {
@@ -45,9 +51,7 @@ static brg_status check_ring_socket(brg_comm *c, int dir) {
                            c->peers[peer].pid, c->peers[peer].hostname, err.msg);
   if (type == BRG__MSG_BEAT) return BRG_SUCCESS;
   if (type == BRG__MSG_BYE) {
-    c->departed[dir] = 1;
-    c->departed_ns[dir] = brg__now_ns();
-    if (len == 8) memcpy(&c->departed_word[dir], buf, 8);
+    brg__ring_took_bye(c, dir, buf, len);
     return BRG_SUCCESS;
   }
   if (type == BRG__MSG_ABORT && len >= 4) {

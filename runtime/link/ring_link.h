@@ -72,6 +72,11 @@ extern const brg__mem_ops brg__mem_host, brg__mem_device;
  * step mode's walk. */
 brg_status brg__ring_walk(brg__ring_op *o);
 
+/* A neighbour's goodbye (BRG__MSG_BYE) read from direction dir, by the
+ * ring's waits or by destroy: it has departed, now, with the word its
+ * payload carries (brg__exec_bye_word's; none: 0). */
+void brg__ring_took_bye(brg_comm *c, int dir, const char *data, uint32_t len);
+
 /* The communicator's waiter: its check stops waits on abort, a
  * neighbour's notice or hang-up, a broken link, or the deadline. */
 void brg__ring_waiter_init(brg_comm *c);

@@ -1890,14 +1890,6 @@ void brg__p2p_drive_end(brg_comm *c) {
   drive_set(c, -1);
 }
 
-static inline void drive_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
-
 brg_status brg__p2p_drive_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
   brg__p2p *p = c->p2p;
   int spin = c->waiter.spin;
@@ -1922,7 +1914,7 @@ brg_status brg__p2p_drive_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
         if (!s0) s0 = now;
         if (now - s0 > P2P_DRIVE_SPIN_NS) spin = i;
       }
-      drive_relax();
+      brg__cpu_relax();
       continue;
     }
     int64_t now = brg__now_ns();
