@@ -118,10 +118,12 @@ case "${1:-}" in
     # with mypy --strict (python-mypy); python3-venv holds the wheel-install
     # check's fresh environment; cmake builds a program against
     # brigadeConfig.cmake (install-devel, wheel-install), which skips that
-    # half without it.
+    # half without it; openmpi-bin's mpirun serves PMIx to the ranks it
+    # starts (pmix-mpirun-N3, the rendezvous through PMIx; the bench peers
+    # need libopenmpi-dev too and stay unbuilt).
     need_pkgs "${base_pkgs[@]}" libibverbs-dev g++ iproute2 clang-format python3-matplotlib \
       python3-pytest python3-numpy python3-torch python3-mypy python3-venv clang libclang-rt-14-dev \
-      cmake
+      cmake openmpi-bin
     check_format
     phase_start=$SECONDS
     [ -d build-test ] || meson setup build-test --buildtype=debugoptimized --werror

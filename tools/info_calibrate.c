@@ -8,17 +8,36 @@
  * link's alpha and beta with the model's own formulas: the model's time of
  * a plan is linear in one link's alpha and beta, so two sizes give both.
  *
- *   shm:  the ring over shm, 4 KiB and 1 MiB      -> shm_alpha, shm_beta
- *   tcp:  the ring over tcp, 4 KiB and 1 MiB      -> tcp_alpha, tcp_beta
- *   p2p:  the double binary tree, 8 B and 256 KiB -> p2p_alpha, p2p_beta
- *   rhd:  recursive halving/doubling, 256 KiB     -> xchg_beta
+ *   shm:  the ring over shm, 4 KiB and 256 KiB         -> shm_alpha, shm_beta
+ *   tcp:  the ring over tcp, 4 KiB and 256 KiB         -> tcp_alpha, tcp_beta
+ *   p2p:  the double binary tree over shm, 8 B, 256 KiB -> p2p_alpha, p2p_beta
+ *         and over tcp                                 -> p2p_tcp_alpha, p2p_tcp_beta
+ *   rhd:  recursive halving/doubling, 256 KiB, shm     -> xchg_beta
+ *         and tcp                                      -> xchg_tcp_beta
+ *   wake: the ring over shm, 4 KiB, on more ranks than
+ *         cores (8 per core, at most 64)               -> wake_alpha
+ *
+ * Bytes are timed at 256 KiB, no larger: around the sizes where the
+ * algorithms' times cross, whose buffers stay in the caches (a ring of
+ * 1 MiB buffers pays for memory, which the small sizes never do).
+ *
+ * The fits take the machine's cores as the runtime does (a host's ranks
+ * beyond its cores wait their turn, wake_alpha a queued rank), so that the
+ * links' alphas hold only what a hop costs on a core of its own; the
+ * alphas and wake_alpha are fitted in turn until they settle, since each
+ * probe on more ranks than cores sees both.
+ *
+ * --times fits times given (us, in the order the probes print) instead of
+ * measuring, and --cores sets the cores the fits assume: another
+ * machine's figures fitted here, and the fit checked against times made
+ * from known links (test_model_file.py).
  *
  * The network between hosts cannot be measured from one host: net_alpha
  * and net_beta are kept from BRIGADE_MODEL_FILE when it is set, else the
- * built-in ones (docs/multihost.md: calibrating once per machine type);
- * so is wake_alpha, which only ranks beyond the cores would show.
+ * built-in ones (docs/multihost.md: calibrating once per machine type).
  */
 #include <errno.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
@@ -41,6 +60,7 @@
 typedef struct probe {
   const char *name, *transports, *algo;
   size_t bytes;
+  int wake; /* on the wake probe's rank count, not --ranks */
 } probe;
 
 typedef struct result {
@@ -159,8 +179,15 @@ static double run_probe(const probe *p, int n, int iters, int batches, char *why
   return t;
 }
 
-/* The model's time of `plan` on one host of n ranks with field fa (and
- * fb, -1: none) set to a and b. */
+static int cores_here(void) {
+  long c = sysconf(_SC_NPROCESSORS_ONLN);
+  return c > 0 && c < 1 << 20 ? (int)c : 0;
+}
+
+static int fit_cores; /* the cores a host has in the fits: this machine's, or --cores */
+
+/* The model's time of `plan` on one host of n ranks (on this machine's
+ * cores) with field fa (and fb, -1: none) set to a and b. */
 static double model_at(int plan, int n, int tcp, brg__model_links ln, int fa, double a, int fb,
                        double b, size_t bytes) {
   brg__model_shape sh = {.hosts = 1,
@@ -169,7 +196,8 @@ static double model_at(int plan, int n, int tcp, brg__model_links ln, int fa, do
                          .rings = 1,
                          .small_bytes = 0,
                          .slice_bytes = SLICE,
-                         .local_tcp = tcp};
+                         .local_tcp = tcp,
+                         .cores = fit_cores};
   *brg__model_field(&ln, fa) = a;
   if (fb >= 0) *brg__model_field(&ln, fb) = b;
   return brg__model_time(plan, &sh, &ln, bytes);
@@ -214,7 +242,8 @@ static int field_of(const char *name) {
 
 int brg__info_calibrate(int argc, char **argv) {
   const char *out = NULL;
-  int n = 4, iters = 20, batches = 5;
+  int n = 4, iters = 20, batches = 5, cores = cores_here();
+  const char *times = NULL; /* --times: the probes' times given, not measured */
   for (int i = 0; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!v) goto usage;
@@ -227,10 +256,14 @@ int brg__info_calibrate(int argc, char **argv) {
       iters = atoi(v);
     else if (!strcmp(a, "--batches"))
       batches = atoi(v);
+    else if (!strcmp(a, "--times"))
+      times = v;
+    else if (!strcmp(a, "--cores"))
+      cores = atoi(v);
     else
       goto usage;
   }
-  if (!out || n < 2 || n > 64 || iters < 1 || batches < 1) goto usage;
+  if (!out || n < 2 || n > 64 || iters < 1 || batches < 1 || cores < 0) goto usage;
   /* the network's links: the model file in force, if any */
   brg__model_links ln = brg__model_default_links;
   const char *base = getenv("BRIGADE_MODEL_FILE");
@@ -239,44 +272,89 @@ int brg__info_calibrate(int argc, char **argv) {
     fprintf(stderr, "brigade-info --calibrate: %s\n", err.msg);
     return 2;
   }
+  /* the wake probe: 8 ranks a core (fewer barely queue: a rank spins a
+   * while before it sleeps), at most 64, and more than --ranks */
+  fit_cores = cores;
+  int nw = 8 * (cores > 0 ? cores : 1);
+  if (nw > 64) nw = 64;
+  if (nw <= n) nw = n < 64 ? n + 1 : 64;
   const probe probes[] = {
-      {"shm ring", "shm", "ring", 4096},
-      {"shm ring", "shm", "ring", 1 << 20},
-      {"tcp ring", "tcp", "ring", 4096},
-      {"tcp ring", "tcp", "ring", 1 << 20},
-      {"p2p tree", "shm", "tree", 8},
-      {"p2p tree", "shm", "tree", 256 << 10},
-      {"rhd exchanges", "shm", "rhd", 256 << 10},
+      {"shm ring", "shm", "ring", 4096, 0},
+      {"shm ring", "shm", "ring", 256 << 10, 0},
+      {"tcp ring", "tcp", "ring", 4096, 0},
+      {"tcp ring", "tcp", "ring", 256 << 10, 0},
+      {"p2p tree", "shm", "tree", 8, 0},
+      {"p2p tree", "shm", "tree", 256 << 10, 0},
+      {"rhd exchanges", "shm", "rhd", 256 << 10, 0},
+      {"p2p tree tcp", "tcp", "tree", 8, 0},
+      {"p2p tree tcp", "tcp", "tree", 256 << 10, 0},
+      {"rhd exch. tcp", "tcp", "rhd", 256 << 10, 0},
+      {"wake shm ring", "shm", "ring", 4096, 1},
   };
   enum { NP = sizeof probes / sizeof probes[0] };
   double t[NP];
-  char notes[2048];
+  char notes[3072];
   size_t at = 0;
   at += (size_t)snprintf(notes + at, sizeof notes - at,
-                         "# measured by brigade-info --calibrate, %d ranks on one host:\n", n);
+                         "# %s by brigade-info --calibrate, %d ranks on one host of %d cores (the "
+                         "wake probe %d):\n",
+                         times ? "given (--times) and fitted" : "measured", n, cores, nw);
   for (int i = 0; i < NP; i++) {
     char why[300] = "";
-    t[i] = run_probe(&probes[i], n, iters, batches, why, sizeof why);
+    int ranks = probes[i].wake ? nw : n;
+    if (times) { /* the i-th of the list, in us */
+      char *end;
+      t[i] = strtod(times, &end) * 1e-6;
+      if (end == times || (*end != ',' && *end != 0) || (*end == 0 && i + 1 < NP) ||
+          (*end == ',' && i + 1 == NP)) {
+        fprintf(stderr,
+                "brigade-info --calibrate: --times takes %d times in us, comma "
+                "separated, in the order the probes print\n",
+                NP);
+        return 2;
+      }
+      times = *end ? end + 1 : end;
+      snprintf(why, sizeof why, "not positive");
+    } else {
+      t[i] = run_probe(&probes[i], ranks, iters, batches, why, sizeof why);
+    }
     if (t[i] <= 0) {
-      fprintf(stderr, "brigade-info --calibrate: %s at %zu bytes: %s\n", probes[i].name,
-              probes[i].bytes, why);
+      fprintf(stderr, "brigade-info --calibrate: %s at %zu bytes on %d ranks: %s\n", probes[i].name,
+              probes[i].bytes, ranks, why);
       return 1;
     }
-    printf("%-14s %8zu B  %10.1f us\n", probes[i].name, probes[i].bytes, t[i] * 1e6);
+    printf("%-14s %8zu B %2d ranks %10.1f us\n", probes[i].name, probes[i].bytes, ranks,
+           t[i] * 1e6);
     if (at < sizeof notes)
       at += (size_t)snprintf(notes + at, sizeof notes - at,
-                             "#   %s (BRIGADE_ALGO=%s, BRIGADE_TRANSPORTS=%s) %zu B: %.1f us\n",
+                             "#   %s (BRIGADE_ALGO=%s, BRIGADE_TRANSPORTS=%s) %zu B, %d ranks: "
+                             "%.1f us\n",
                              probes[i].name, probes[i].algo, probes[i].transports, probes[i].bytes,
-                             t[i] * 1e6);
+                             ranks, t[i] * 1e6);
   }
+  /* Each probe on more ranks than cores sees a link's alpha and the turns
+   * (wake_alpha) at once: fit the links with the turns as they stand,
+   * then the turns with those links, and again until both settle. */
   int bad = 0;
-  bad |= fit(BRG__PLAN_RING, n, 0, &ln, field_of("shm_alpha"), field_of("shm_beta"), 4096, t[0],
-             1 << 20, t[1]);
-  bad |= fit(BRG__PLAN_RING, n, 1, &ln, field_of("tcp_alpha"), field_of("tcp_beta"), 4096, t[2],
-             1 << 20, t[3]);
-  bad |= fit(BRG__PLAN_TREE, n, 0, &ln, field_of("p2p_alpha"), field_of("p2p_beta"), 8, t[4],
-             256 << 10, t[5]);
-  bad |= fit(BRG__PLAN_RHD, n, 0, &ln, field_of("xchg_beta"), -1, 256 << 10, t[6], 0, 0);
+  for (int round = 0; round < 100 && !bad; round++) {
+    double w0 = ln.wake_alpha;
+    bad |= fit(BRG__PLAN_RING, n, 0, &ln, field_of("shm_alpha"), field_of("shm_beta"), 4096, t[0],
+               256 << 10, t[1]);
+    bad |= fit(BRG__PLAN_RING, n, 1, &ln, field_of("tcp_alpha"), field_of("tcp_beta"), 4096, t[2],
+               256 << 10, t[3]);
+    bad |= fit(BRG__PLAN_TREE, n, 0, &ln, field_of("p2p_alpha"), field_of("p2p_beta"), 8, t[4],
+               256 << 10, t[5]);
+    bad |= fit(BRG__PLAN_RHD, n, 0, &ln, field_of("xchg_beta"), -1, 256 << 10, t[6], 0, 0);
+    bad |= fit(BRG__PLAN_TREE, n, 1, &ln, field_of("p2p_tcp_alpha"), field_of("p2p_tcp_beta"), 8,
+               t[7], 256 << 10, t[8]);
+    bad |= fit(BRG__PLAN_RHD, n, 1, &ln, field_of("xchg_tcp_beta"), -1, 256 << 10, t[9], 0, 0);
+    if (cores <= 0 || nw <= cores) break; /* no turns to see */
+    /* a wake_alpha the probe cannot show (its ranks were no slower than
+     * the links say) is no turn at all */
+    if (fit(BRG__PLAN_RING, nw, 0, &ln, field_of("wake_alpha"), -1, 4096, t[10], 0, 0) != 0)
+      ln.wake_alpha = 1e-9;
+    if (fabs(ln.wake_alpha - w0) <= 1e-9 * w0) break;
+  }
   if (bad) {
     fprintf(stderr, "brigade-info --calibrate: the times do not fit the model (a negative alpha "
                     "or beta): the machine is too busy to measure; run it again\n");
@@ -287,12 +365,12 @@ int brg__info_calibrate(int argc, char **argv) {
   time_t now = time(NULL);
   char when[64];
   strftime(when, sizeof when, "%Y-%m-%d %H:%M UTC", gmtime(&now));
-  char head[3072];
+  char head[4096];
   snprintf(head, sizeof head,
            "# brigade cost model links (BRIGADE_MODEL_FILE; runtime/plan/model.c): seconds, and "
-           "seconds per byte\n# host %s, %ld cores, %s\n%s# net_alpha, net_beta, wake_alpha: %s "
+           "seconds per byte\n# host %s, %d cores, %s\n%s# net_alpha, net_beta: %s "
            "(not measured: one host cannot measure its network)\n",
-           host, sysconf(_SC_NPROCESSORS_ONLN), when, notes,
+           host, cores, when, notes,
            base && *base ? "kept from BRIGADE_MODEL_FILE" : "the built-in ones");
   if (brg__model_write(out, &ln, head, &err) != BRG_SUCCESS) {
     fprintf(stderr, "brigade-info --calibrate: %s\n", err.msg);
@@ -304,6 +382,7 @@ int brg__info_calibrate(int argc, char **argv) {
   return 0;
 usage:
   fprintf(stderr, "usage: brigade-info --calibrate --out FILE [--ranks N (2..64, default 4)] "
-                  "[--iters N] [--batches N]\n");
+                  "[--iters N] [--batches N] [--times T,T,... (us: fit these, measure nothing)] "
+                  "[--cores C (the fits' cores a host; default this machine's)]\n");
   return 2;
 }

@@ -7,7 +7,8 @@
  *   brigade-info --model --hosts 4 --per-host 2 [--sizes 4K,1M,64M]
  *   --no-hier: hosts that differ in rank count (hier cannot run)
  *   links: --alpha-net S --beta-net S/B --gbit-net G --alpha-shm S --beta-shm S/B
- *          --alpha-tcp S --beta-tcp S/B --alpha-p2p S --beta-p2p S/B --beta-xchg S/B,
+ *          --alpha-tcp S --beta-tcp S/B --alpha-p2p S --beta-p2p S/B --beta-xchg S/B
+ *          (shm's), --alpha-p2p-tcp S --beta-p2p-tcp S/B --beta-xchg-tcp S/B,
  *          or --model-file PATH (brigade-info --calibrate's) with those overriding it;
  *   shape: --nics K --rings R --small B --slice B; --tcp: tcp within a host;
  *          --cores C: a host's cores (ranks beyond them wait for turns);
@@ -187,6 +188,12 @@ int brg__info_model(int argc, char **argv) {
       ln.p2p_alpha = d;
     else if (!strcmp(a, "--beta-p2p"))
       ln.p2p_beta = d;
+    else if (!strcmp(a, "--alpha-p2p-tcp"))
+      ln.p2p_tcp_alpha = d;
+    else if (!strcmp(a, "--beta-p2p-tcp"))
+      ln.p2p_tcp_beta = d;
+    else if (!strcmp(a, "--beta-xchg-tcp"))
+      ln.xchg_tcp_beta = d;
     else if (!strcmp(a, "--sizes")) {
       nsizes = 0;
       char buf[1024];
@@ -220,11 +227,13 @@ int brg__info_model(int argc, char **argv) {
            "fastest of the flat ring engine (ring, rings or small, as it would run), hier, tree "
            "and rhd\n");
     printf("# links: net alpha %.1f us, %.3f GB/s; shm alpha %.1f us, %.2f GB/s; tcp alpha %.1f "
-           "us, %.2f GB/s; p2p alpha %.1f us, %.2f GB/s, exchanges %.2f GB/s; %s within a "
-           "host; %d NIC(s) per host, %d ring(s), small path up to %zu B, slices of %zu B%s\n",
+           "us, %.2f GB/s; p2p alpha %.1f us, %.2f GB/s, exchanges %.2f GB/s over shm, %.1f us, "
+           "%.2f GB/s, %.2f GB/s over tcp; %s within a host; %d NIC(s) per host, %d ring(s), "
+           "small path up to %zu B, slices of %zu B%s\n",
            ln.net_alpha * 1e6, 1e-9 / ln.net_beta, ln.shm_alpha * 1e6, 1e-9 / ln.shm_beta,
            ln.tcp_alpha * 1e6, 1e-9 / ln.tcp_beta, ln.p2p_alpha * 1e6, 1e-9 / ln.p2p_beta,
-           1e-9 / ln.xchg_beta, sh.local_tcp ? "tcp" : "shm", sh.nics, sh.rings, sh.small_bytes,
+           1e-9 / ln.xchg_beta, ln.p2p_tcp_alpha * 1e6, 1e-9 / ln.p2p_tcp_beta,
+           1e-9 / ln.xchg_tcp_beta, sh.local_tcp ? "tcp" : "shm", sh.nics, sh.rings, sh.small_bytes,
            sh.slice_bytes, cores_note);
   }
   if (sh.hosts > 0) {
@@ -243,7 +252,8 @@ usage:
                   "[--nics K] [--rings R] [--small B] [--slice B] [--min-ranks N] "
                   "[--max-ranks N] [--no-hier] [--alpha-net S] [--beta-net S/B | --gbit-net G] "
                   "[--alpha-shm S] [--beta-shm S/B] [--tcp] [--alpha-tcp S] [--beta-tcp S/B] "
-                  "[--alpha-p2p S] [--beta-p2p S/B] [--beta-xchg S/B] [--cores C] [--alpha-wake S] "
+                  "[--alpha-p2p S] [--beta-p2p S/B] [--beta-xchg S/B] [--alpha-p2p-tcp S] "
+                  "[--beta-p2p-tcp S/B] [--beta-xchg-tcp S/B] [--cores C] [--alpha-wake S] "
                   "[--model-file PATH] "
                   "[--tsv]\n");
   return 2;

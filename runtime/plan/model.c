@@ -32,11 +32,13 @@
  *          between hosts (all M ranks of a host at once through its
  *          devices) when d >= M; N > P adds a fold and an unfold of S.
  *
- * The ring's hops within a host are shm's, or tcp's where the transports
- * allowed leave no shm (BRIGADE_TRANSPORTS=tcp): the shape says which.
+ * The hops within a host are shm's, or tcp's where the transports allowed
+ * leave no shm (BRIGADE_TRANSPORTS=tcp): the shape says which, and the
+ * ring's, the tree's and rhd's links there (p2p_ and xchg_ fields) take
+ * that transport's alpha and beta.
  * Where a host's M ranks outnumber its C cores, every hop waits
- * wake_alpha * (M/C - 1) per thread it wakes, and rhd's exchanges (every
- * rank's p2p thread busy at once) take M/C times as long.
+ * wake_alpha * (M/C - 1) per thread it wakes, the tree's bytes take M/C
+ * times as long and rhd's exchanges (M/C)^1.5 times (brg__model_time).
  *
  * Left out: the overlap of hier's phases over pieces (BRIGADE_HIER_PIECES): the model
  * adds them up.
@@ -55,29 +57,36 @@
 #include "schedule_lat.h"
 #include "settings.h"
 
-/* Calibrated on the CI machine (2 cores) from all_reduce_perf at 4 hosts x
- * 2 ranks over tcp with MH_SHAPE="delay 20us rate 2gbit" (docs/multihost.md
- * has the runs): the network's hop includes the transport's hand-off and
- * the receiver's wake-up; a point-to-point message adds the p2p thread's.
- * tcp within a host, p2p's bytes and rhd's exchanges: the same machine,
- * one host, 8 ranks (ring, tree and rhd at 8 B and 64 KiB; docs/settings.md
- * says how to measure a machine's own: brigade-info --calibrate). */
+/* Calibrated on the CI machine (2 cores). The network: from
+ * all_reduce_perf at 4 hosts x 2 ranks over tcp with MH_SHAPE="delay 20us
+ * rate 2gbit" (docs/multihost.md has the runs): its hop includes the
+ * transport's hand-off and the receiver's wake-up. Within a host: fitted
+ * (brigade-info --calibrate --times) to the median of ten runs of its
+ * probes at --ranks 4 (4 ranks on the 2 cores; five of the wake probe, on
+ * 16), rounded; p2p_alpha's fit came out below
+ * a microsecond's noise (the 2 turns a message waits there took all of the
+ * tree's 17 us) and is set to 1 us. bench/auto_check.py at 4 to 64 ranks
+ * over shm and tcp checked the choices they make (docs/multihost.md). */
 const brg__model_links brg__model_default_links = {
     .net_alpha = 60e-6,
     .net_beta = 1.0 / 250e6,
-    .shm_alpha = 5e-6,
-    .shm_beta = 1.0 / 2e9,
-    .tcp_alpha = 60e-6,
-    .tcp_beta = 1.0 / 1e9,
-    .p2p_alpha = 30e-6,
-    .p2p_beta = 1.0 / 1.25e9,
-    .xchg_beta = 1.0 / 180e6,
-    .wake_alpha = 2e-6,
+    .shm_alpha = 0.5e-6,
+    .shm_beta = 1.0 / 6.5e9,
+    .tcp_alpha = 12e-6,
+    .tcp_beta = 1.0 / 2.1e9,
+    .p2p_alpha = 1e-6,
+    .p2p_beta = 1.0 / 11e9,
+    .xchg_beta = 1.0 / 5.8e9,
+    .wake_alpha = 1.4e-6,
+    .p2p_tcp_alpha = 4e-6,
+    .p2p_tcp_beta = 1.0 / 10.5e9,
+    .xchg_tcp_beta = 1.0 / 3.6e9,
 };
 
-static const char *const field_names[] = {"net_alpha", "net_beta",  "shm_alpha", "shm_beta",
-                                          "tcp_alpha", "tcp_beta",  "p2p_alpha", "p2p_beta",
-                                          "xchg_beta", "wake_alpha"};
+static const char *const field_names[] = {
+    "net_alpha",     "net_beta",     "shm_alpha",    "shm_beta",  "tcp_alpha",
+    "tcp_beta",      "p2p_alpha",    "p2p_beta",     "xchg_beta", "wake_alpha",
+    "p2p_tcp_alpha", "p2p_tcp_beta", "xchg_tcp_beta"};
 
 _Static_assert(sizeof(brg__model_links) == BRG__MODEL_FIELDS * sizeof(double) &&
                    sizeof field_names / sizeof *field_names == BRG__MODEL_FIELDS,
@@ -285,20 +294,29 @@ double brg__model_time(int plan, const brg__model_shape *sh, const brg__model_li
   if (sh->local_tcp) {
     local.shm_alpha = links->tcp_alpha;
     local.shm_beta = links->tcp_beta;
+    local.p2p_alpha = links->p2p_tcp_alpha;
+    local.p2p_beta = links->p2p_tcp_beta;
+    local.xchg_beta = links->xchg_tcp_beta;
   }
-  /* A host of M ranks on C < M cores: each hop waits for its receiver's
-   * turn, about M/C - 1 ranks queued per core, once per thread it wakes
-   * (a ring hop over shm wakes the rank; over tcp, and a point-to-point
-   * message, a proxy or p2p thread at each end too); and rhd's exchanges,
-   * every rank's p2p thread copying at once, share the C cores (the ring's
-   * bytes, one copy a rank through shared memory, were not seen to slow:
-   * its hops are most of its time there; the tree's levels take turns). */
+  /* A host of M ranks on C < M cores (busy = M/C): each hop waits for
+   * its receiver's turn, about busy - 1 ranks queued per core, once per
+   * thread it wakes: a ring hop over shm wakes the rank, over tcp a proxy
+   * thread at each end too; a point-to-point message, moved by the
+   * collective's own thread, pays two turns over shm and three over tcp
+   * (counts fitted to bench/auto_check.py's runs on a 2-core machine at 4
+   * to 64 ranks). The ring's bytes, one copy a rank through shared
+   * memory, were not seen to slow: its hops are most of its time there.
+   * The tree's, every rank's slices moving at once, share the cores (busy
+   * times as long). rhd's rounds are not pipelined: every rank exchanges
+   * at once and waits for its partner's turn as well as its own, and its
+   * bytes were seen to take about busy^1.5 times as long (the same runs). */
   if (sh->cores > 0 && M > sh->cores) {
     double busy = (double)M / sh->cores, q = busy - 1, w = links->wake_alpha;
     local.shm_alpha += (sh->local_tcp ? 3 : 1) * w * q;
     local.net_alpha += 3 * w * q;
-    local.p2p_alpha += 3 * w * q;
-    local.xchg_beta *= busy;
+    local.p2p_alpha += (sh->local_tcp ? 3 : 2) * w * q;
+    local.p2p_beta *= busy;
+    local.xchg_beta *= busy * sqrt(busy);
   }
   const brg__model_links *ln = &local;
   switch (plan) {

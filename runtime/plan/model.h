@@ -13,21 +13,25 @@
 
 /* A link's alpha (s: a small message, hop to hop) and beta (s/byte). */
 typedef struct brg__model_links {
-  double net_alpha, net_beta; /* a ring hop between hosts */
-  double shm_alpha, shm_beta; /* a ring hop within a host over shm */
-  double tcp_alpha, tcp_beta; /* a ring hop within a host over tcp (no shm allowed) */
-  double p2p_alpha, p2p_beta; /* a point-to-point message within a host (tcp); between
-                                 hosts it pays p2p_alpha on top of the network's alpha */
-  double xchg_beta;           /* a byte of rhd's exchanges: each rank sends and receives
-                                 a part at once through its p2p thread, then adds it */
-  double wake_alpha;          /* where a host's ranks outnumber its cores: what a hop
+  double net_alpha, net_beta;         /* a ring hop between hosts */
+  double shm_alpha, shm_beta;         /* a ring hop within a host over shm */
+  double tcp_alpha, tcp_beta;         /* a ring hop within a host over tcp (no shm allowed) */
+  double p2p_alpha, p2p_beta;         /* a point-to-point message within a host over shm (tree
+                                 and rhd); between hosts it pays p2p_alpha on top of the
+                                 network's alpha */
+  double xchg_beta;                   /* a byte of rhd's exchanges within a host over shm: each
+                                 rank sends and receives a part at once, then adds it */
+  double wake_alpha;                  /* where a host's ranks outnumber its cores: what a hop
                                  waits for each rank queued on a core, per thread it wakes */
+  double p2p_tcp_alpha, p2p_tcp_beta; /* p2p_alpha and p2p_beta over tcp (no shm allowed) */
+  double xchg_tcp_beta;               /* xchg_beta over tcp */
 } brg__model_links;
 
 /* H hosts of M ranks each, ordered host by host; K network devices per host. */
 typedef struct brg__model_shape {
   int hosts, local, nics;
-  int local_tcp;      /* the ring's hops within a host run over tcp (shm not allowed) */
+  int local_tcp;      /* the hops within a host (the ring's, tree's and rhd's) run over tcp
+                         (shm not allowed) */
   int cores;          /* the fewest cores of a host (0: not known, taken as enough) */
   int rings;          /* BRIGADE_RINGS in effect (1: one ring) */
   size_t small_bytes; /* BRIGADE_SMALL_BYTES */
@@ -57,7 +61,7 @@ extern const brg__model_links brg__model_default_links;
  * Text, a name and a number a line ("shm_alpha 5e-06"; '#' starts a
  * comment); every name of brg__model_links, each in seconds or seconds per
  * byte; a name left out keeps its default. */
-#define BRG__MODEL_FIELDS 10
+#define BRG__MODEL_FIELDS 13
 /* The fields' names, in brg__model_links order, and each one's address in *ln. */
 const char *brg__model_field_name(int i);
 double *brg__model_field(brg__model_links *ln, int i);

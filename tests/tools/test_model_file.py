@@ -8,6 +8,9 @@
 - a model file whose shm is slow (1 ms a hop) moves auto off the ring on
   4 ranks over shm, which the built-in links keep on the ring: the INFO
   line of the run says which;
+- the fit round trip: times made by the model from known links (every
+  probe of --calibrate at its shape, on 2 cores so that the wake probe
+  counts) and given back with --times come back as those links;
 - a file that differs between ranks fails init on every rank with
   BRG_ERR_MISMATCH, naming both ranks; a malformed one names its line.
 """
@@ -19,7 +22,8 @@ import tempfile
 
 INFO, RUN, PERF = sys.argv[1:4]
 FIELDS = ["net_alpha", "net_beta", "shm_alpha", "shm_beta", "tcp_alpha", "tcp_beta",
-          "p2p_alpha", "p2p_beta", "xchg_beta", "wake_alpha"]
+          "p2p_alpha", "p2p_beta", "xchg_beta", "wake_alpha", "p2p_tcp_alpha", "p2p_tcp_beta",
+          "xchg_tcp_beta"]
 failures = []
 
 
@@ -60,6 +64,49 @@ with tempfile.TemporaryDirectory() as d:
                             "8", "--sizes", "8", "--tsv"], capture_output=True, text=True)
         check(q.returncode == 0 and "\tauto\t" in q.stdout,
               "--model --model-file: %s %s" % (q.stdout, q.stderr))
+
+    # the fit round trip: --calibrate's probes (plan, over tcp, bytes, ranks;
+    # --ranks 4 on 2 cores: the wake probe on 16), timed by the model from
+    # known links, fitted back
+    known = {"shm_alpha": 2e-6, "shm_beta": 3e-10, "tcp_alpha": 12e-6, "tcp_beta": 5e-10,
+             "p2p_alpha": 3e-6, "p2p_beta": 2e-10, "xchg_beta": 4e-10, "wake_alpha": 1.5e-6,
+             "p2p_tcp_alpha": 9e-6, "p2p_tcp_beta": 2.5e-10, "xchg_tcp_beta": 6e-10}
+    kfile = os.path.join(d, "known.txt")
+    with open(kfile, "w") as f:
+        f.write("".join("%s %r\n" % kv for kv in known.items()))
+    probes = [("ring", 0, 4096, 4), ("ring", 0, 262144, 4), ("ring", 1, 4096, 4),
+              ("ring", 1, 262144, 4), ("tree", 0, 8, 4), ("tree", 0, 262144, 4),
+              ("rhd", 0, 262144, 4), ("tree", 1, 8, 4), ("tree", 1, 262144, 4),
+              ("rhd", 1, 262144, 4), ("ring", 0, 4096, 16)]
+    times = []
+    for plan, tcp, size, n in probes:
+        q = subprocess.run([INFO, "--model", "--model-file", kfile, "--hosts", "1", "--per-host",
+                            str(n), "--cores", "2", "--small", "0", "--slice", "131072",
+                            "--sizes", str(size), "--tsv"] + (["--tcp"] if tcp else []),
+                           capture_output=True, text=True)
+        rows = [line.split("\t") for line in q.stdout.splitlines()]
+        times += [float(r[4]) * 1e6 for r in rows if len(r) > 4 and r[3] == plan]
+    check(len(times) == len(probes), "the model timed %d of %d probes" % (len(times), len(probes)))
+    fitted = os.path.join(d, "fitted.txt")
+    env = dict(os.environ)
+    env.pop("BRIGADE_MODEL_FILE", None)
+    p = subprocess.run([INFO, "--calibrate", "--out", fitted, "--ranks", "4", "--cores", "2",
+                        "--times", ",".join(repr(t) for t in times)], capture_output=True,
+                       text=True, env=env, timeout=60)
+    check(p.returncode == 0, "--calibrate --times failed: %s" % p.stderr[-500:])
+    if p.returncode == 0:
+        got = {}
+        for line in open(fitted):
+            line = line.split("#")[0].split()
+            if line:
+                got[line[0]] = float(line[1])
+        for k, v in known.items():
+            check(abs(got.get(k, 0) / v - 1) < 1e-6, "round trip: %s %r came back %r" %
+                  (k, v, got.get(k)))
+    p = subprocess.run([INFO, "--calibrate", "--out", fitted, "--times", "1,2,3"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    check(p.returncode == 2 and "--times takes 11 times" in p.stderr,
+          "--times with 3 times: %d %s" % (p.returncode, p.stderr))
 
     # a slow shm moves auto off the ring
     slow = os.path.join(d, "slow.txt")
