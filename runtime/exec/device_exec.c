@@ -5,9 +5,9 @@
  * first call, the asynchronous mode's queue and stream order); they differ
  * in their run: step mode's ring engine, kernel mode's launch, a one-rank
  * copy, or gather, scatter and the tree and rhd allreduces staged through
- * host memory (which makes no device ring: only the GPU current). The communicator's device state at
- * destroy is reached from here too, so that nothing else of the runtime
- * asks which mode a device ring runs.
+ * host memory (which makes no device ring: only the GPU current). The
+ * communicator's device state at destroy is reached from here too, so that
+ * nothing else of the runtime asks which mode a device ring runs.
  */
 #include <stdlib.h>
 
