@@ -60,11 +60,14 @@ static brg__cfg_entry core_entries[BRG__CORE_COUNT] = {
          "(its host vanished or it stopped; a busy rank keeps beating), before "
          "BRIGADE_TIMEOUT_MS; 0: off (at least 1000 in effect)"},
     [BRG__CORE_ALGO] = {"BRIGADE_ALGO", BRG__CFG_KIND_STRING, "auto", 0, 0,
-                        "allreduce of host buffers: ring (one ring over every rank), hier "
+                        "allreduce algorithm: ring (one ring over every rank), hier "
                         "(reduce-scatter within each host, allreduce across hosts, all-gather "
                         "within each host), tree (double binary tree), rhd (recursive halving "
                         "and doubling) or auto (the fastest by the cost model, brigade-info "
-                        "--model); the same on every rank"},
+                        "--model); GPU buffers run tree and rhd on host copies (auto takes them "
+                        "across hosts where they win with the copies), except in a CUDA graph "
+                        "or asynchronous mode (BRIGADE_DEVICE_PROXY), where they take the ring; "
+                        "the same on every rank"},
     [BRG__CORE_RINGS] = {"BRIGADE_RINGS", BRG__CFG_KIND_INT, "0", 0, 64,
                          "rings a large allreduce is cut over, each leaving every host through "
                          "a different local rank; 0: one per network address a host's ranks "

@@ -1,7 +1,8 @@
 /*
  * The latency-bound allreduces (BRIGADE_ALGO=tree, rhd, or auto where the
  * cost model picks them), following schedule_lat.h over the
- * point-to-point links (p2p.c) on host buffers. Positions are the ring's
+ * point-to-point links (p2p.c) on host buffers: GPU buffers' own host
+ * copies where the policy staged them (device_exec.c's staged executor). Positions are the ring's
  * (host by host), so the short hops of both schedules stay within a host.
  *
  * The messages travel on p2p.c's links (shm within a host, tcp or

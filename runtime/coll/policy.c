@@ -76,6 +76,16 @@ static void model_shape_of(const brg_comm *c, const brg__hier_shape *sh, brg__mo
   }
 }
 
+/* The shape as the log says it: "2 hosts x 4 ranks", or where hosts differ
+ * "2 hosts of 3 to 5 ranks". */
+static void shape_words(const brg__hier_shape *sh, const brg__model_shape *ms, char *buf,
+                        size_t n) {
+  if (sh->min_local == sh->max_local || sh->hosts < 2)
+    snprintf(buf, n, "%d hosts x %d ranks", ms->hosts, ms->local);
+  else
+    snprintf(buf, n, "%d hosts of %d to %d ranks", sh->hosts, sh->min_local, sh->max_local);
+}
+
 /* Whether a GPU allreduce captured in a CUDA graph can run hier: the
  * hierarchy's communicators exist and both run their device collectives in
  * kernel mode (their device rings were made outside the capture). */
@@ -94,6 +104,108 @@ static unsigned auto_logged(int algo) {
                                   : BRG__LOGGED_AUTO_RING;
 }
 
+/* Why an allreduce of GPU buffers cannot be staged through host memory
+ * (the staged executor waits for the stream and copies on the thread that
+ * runs the call, device_exec.c), with the log's bit; NULL: it can. */
+static const char *unstageable(const brg_comm *c, const brg__coll *k, unsigned *bit) {
+  if (k->captured) {
+    *bit = BRG__LOGGED_UNSTAGED_CAPTURED;
+    return "captured in a CUDA graph, which cannot hold the staging's wait for the stream and "
+           "copies on the calling thread";
+  }
+  if (brg__device_async_mode(c)) {
+    *bit = BRG__LOGGED_UNSTAGED_ASYNC;
+    return "the device calls run asynchronously, returning at once (BRIGADE_DEVICE_PROXY; by "
+           "default where a device link of the ring goes through a host link), where staging "
+           "would make the calling thread wait for the stream and the copies; "
+           "BRIGADE_DEVICE_PROXY=0 lets them be staged";
+  }
+  return NULL;
+}
+
+/* An allreduce of GPU buffers under BRIGADE_ALGO=tree, rhd or auto: lat.c's
+ * algorithm on host copies of the buffers (the staged executor, k->lat)
+ * where it is forced, or where auto's model finds it and the copies faster
+ * than the ring (across hosts, plan/model.c's brg__model_auto_staged), and
+ * the call can be staged; else the device ring. Every rank chooses alike:
+ * the shape, the settings, the size and the capture are the same on all. */
+static brg_status device_choice(brg_comm *c, brg__coll *k) {
+  int algo = c->algo;
+  unsigned bit = 0;
+  const char *why = NULL;
+  if (algo == BRG__ALGO_AUTO) {
+    /* the shape is O(N^2): the last size's choice is kept, as for host buffers */
+    size_t bytes = k->count * brg_dtype_size(k->dtype);
+    uint64_t last = __atomic_load_n(&c->auto_dev_last, __ATOMIC_RELAXED);
+    brg__hier_shape sh = {0};
+    brg__model_shape ms = {0};
+    const brg__model_links *ln = brg__model_links_now();
+    double t[3] = {0};
+    int shaped = 0;
+    if (last && last >> 8 == bytes) {
+      algo = (int)(last & 0xff) - 1;
+    } else {
+      brg__hier_shape_of(c, &sh);
+      model_shape_of(c, &sh, &ms);
+      algo = brg__model_auto_staged(&ms, ln, bytes, t);
+      shaped = 1;
+      if (bytes < (1ull << 56))
+        __atomic_store_n(&c->auto_dev_last, (uint64_t)bytes << 8 | (uint64_t)(algo + 1),
+                         __ATOMIC_RELAXED);
+    }
+    int lat = algo == BRG__ALGO_TREE || algo == BRG__ALGO_RHD;
+    unsigned said =
+        lat ? (algo == BRG__ALGO_TREE ? BRG__LOGGED_STAGED_TREE : BRG__LOGGED_STAGED_RHD)
+            : BRG__LOGGED_DEVICE;
+    why = lat ? unstageable(c, k, &bit) : NULL;
+    /* the choice told once, with what the model predicted (the shape
+     * again where the size was the last one's) */
+    if (!why && !(__atomic_load_n(&c->hier_logged, __ATOMIC_RELAXED) & said)) {
+      if (!shaped) {
+        brg__hier_shape_of(c, &sh);
+        model_shape_of(c, &sh, &ms);
+        brg__model_auto_staged(&ms, ln, bytes, t);
+      }
+      char shape[64];
+      shape_words(&sh, &ms, shape, sizeof shape);
+      if (!brg__hier_first_time(c, said)) {
+        /* told by another thread meanwhile */
+      } else if (ms.hosts < 2) {
+        BRG__INFO("coll",
+                  "allreduce algorithm for GPU buffers: ring (BRIGADE_ALGO=auto, all %d ranks "
+                  "on one host: the device ring's paths there beat staging through host memory)",
+                  c->nranks);
+      } else {
+        BRG__INFO("coll",
+                  "allreduce algorithm for GPU buffers: %s%s (BRIGADE_ALGO=auto, %s, first at "
+                  "%zu bytes: predicted ring %.0f us, tree %.0f us and rhd %.0f us, the last two "
+                  "with %.0f us of copies to host memory and back; BRIGADE_ALGO=hier runs them "
+                  "hierarchically; brigade-info --model)",
+                  brg__algo_name(algo), lat ? " staged through host memory" : "", shape, bytes,
+                  t[0] * 1e6, t[1] * 1e6, t[2] * 1e6, brg__model_stage_time(bytes) * 1e6);
+      }
+    }
+    if (!lat) return BRG_SUCCESS;
+  } else {
+    why = unstageable(c, k, &bit);
+  }
+  if (why) {
+    if (brg__hier_first_time(c, bit))
+      BRG__INFO("coll", "allreduce algorithm for GPU buffers: ring, not %s (BRIGADE_ALGO=%s): %s",
+                brg__algo_name(algo), brg__algo_name(c->algo), why);
+    return BRG_SUCCESS;
+  }
+  if (c->algo != BRG__ALGO_AUTO && brg__hier_first_time(c, BRG__LOGGED_DEVICE_LAT))
+    BRG__INFO("coll",
+              "allreduce algorithm for GPU buffers: %s staged through host memory "
+              "(BRIGADE_ALGO=%s, %d ranks: the call waits for its stream, copies the input to "
+              "host memory, runs the %s there and copies the result back before it returns)",
+              brg__algo_name(algo), brg__algo_name(algo), c->nranks, brg__algo_name(algo));
+  k->exec = &brg__exec_staged;
+  k->lat = (unsigned char)algo;
+  return BRG_SUCCESS;
+}
+
 /* An allreduce's algorithm (BRIGADE_ALGO; plan/model.c for auto): k->exec
  * and k->lat for hier and the latency algorithms, left NULL for the
  * ring; the hierarchy's communicators made at the first hier call. */
@@ -106,22 +218,7 @@ static brg_status allreduce_choice(brg_comm *c, brg__coll *k) {
       BRG__INFO("coll", "allreduce algorithm: ring (BRIGADE_ALGO=ring)");
     return BRG_SUCCESS;
   }
-  if (k->device && c->algo == BRG__ALGO_AUTO) {
-    if (brg__hier_first_time(c, BRG__LOGGED_DEVICE))
-      BRG__INFO("coll",
-                "allreduce algorithm for GPU buffers: ring (BRIGADE_ALGO=auto chooses from the "
-                "host links' costs, so GPU buffers take the ring; BRIGADE_ALGO=hier runs them "
-                "hierarchically)");
-    return BRG_SUCCESS;
-  }
-  if (k->device && lat_algo) {
-    if (brg__hier_first_time(c, BRG__LOGGED_DEVICE_LAT))
-      BRG__INFO("coll",
-                "allreduce algorithm for GPU buffers: ring (BRIGADE_ALGO=%s runs host buffers "
-                "only)",
-                brg__algo_name(c->algo));
-    return BRG_SUCCESS;
-  }
+  if (k->device && (c->algo == BRG__ALGO_AUTO || lat_algo)) return device_choice(c, k);
   if (lat_algo) {
     if (brg__hier_first_time(c, BRG__LOGGED_FORCED_LAT))
       BRG__INFO("coll", "allreduce algorithm: %s (BRIGADE_ALGO=%s, %d ranks)",
@@ -162,11 +259,7 @@ static brg_status allreduce_choice(brg_comm *c, brg__coll *k) {
     if (brg__hier_first_time(c, auto_logged(algo))) {
       char shape[64], pred[160];
       if (!shaped) model_shape_of(c, &sh, &ms);
-      if (sh.min_local == sh.max_local || sh.hosts < 2)
-        snprintf(shape, sizeof shape, "%d hosts x %d ranks", ms.hosts, ms.local);
-      else
-        snprintf(shape, sizeof shape, "%d hosts of %d to %d ranks", sh.hosts, sh.min_local,
-                 sh.max_local);
+      shape_words(&sh, &ms, shape, sizeof shape);
       int flat = brg__model_flat_plan(&ms, bytes),
           shown[] = {flat, BRG__PLAN_HIER, BRG__PLAN_TREE, BRG__PLAN_RHD};
       size_t at = 0;

@@ -194,6 +194,7 @@ struct brg_comm {
   int hier_state;         /* 0: not made yet, 1: made, -1: cannot be made (flat ring) */
   unsigned hier_logged;   /* which choices INFO has told already */
   uint64_t auto_last;     /* auto's last choice: bytes << 8 | (algo + 1); 0: none */
+  uint64_t auto_dev_last; /* the same for GPU buffers (policy.c, device_choice) */
   struct brg_comm *local; /* this host's ranks */
   struct brg_comm *cross; /* the ranks of this local index on every host */
   struct brg_comm *fold;  /* on a host of more ranks than the fewest: those it reduces into one */

@@ -84,6 +84,10 @@ size_t brg__device_ring_slice_bytes(const struct brg__dev_ring *d);
  * status (also when it never ran).
  */
 int brg__device_ring_async(const struct brg__dev_ring *d);
+/* Whether c's device collectives run in asynchronous mode: its device
+ * ring's mode once made, else the one its setup will take (the same on
+ * every rank), for the policy to choose by before the first call. */
+int brg__device_async_mode(const brg_comm *c);
 brg_status brg__device_async_begin(brg_comm *c, brg__coll *k);
 brg_status brg__device_async_start(brg_comm *c, brg__coll *k);
 void brg__device_async_end(brg_comm *c, brg__coll *k, brg_status s);

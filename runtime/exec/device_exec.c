@@ -4,10 +4,10 @@
  * run (the GPU of the buffers made current, the device ring made at the
  * first call, the asynchronous mode's queue and stream order); they differ
  * in their run: step mode's ring engine, kernel mode's launch, a one-rank
- * copy, or gather and scatter staged through host memory (which makes no
- * device ring: only the GPU current). The communicator's device state at
- * destroy is reached from here too, so that nothing else of the runtime
- * asks which mode a device ring runs.
+ * copy, or gather, scatter and the tree and rhd allreduces staged through
+ * host memory (which makes no device ring: only the GPU current). The
+ * communicator's device state at destroy is reached from here too, so that
+ * nothing else of the runtime asks which mode a device ring runs.
  */
 #include <stdlib.h>
 
@@ -160,33 +160,36 @@ const brg__exec_ops brg__exec_device = {.name = "device",
                                         .join = dev_join,
                                         .divide = dev_divide};
 
-/* ---- gather and scatter on GPU buffers ---- */
+/* ---- staged through host memory ---- */
 
-/* The blocks travel as the host collective's do, between host copies of
- * the GPU buffers. The caller's stream is waited for first (its work may
- * still write the send buffer or read the receive buffer), and the
- * module's copies are synchronous, so the receive buffer holds the result
- * when the call returns and any later work on any stream sees it. Only the
- * buffers a rank passes are copied: the root's N blocks, the other ranks'
- * one. */
+/* Gather and scatter, and the tree and rhd allreduces the policy staged
+ * (k->lat, coll/policy.c): the host collective (the host executor's, or
+ * lat.c's) runs between host copies of the GPU buffers. The caller's
+ * stream is waited for first (its work may still write the send buffer
+ * or read the receive buffer), and the module's copies are synchronous,
+ * so the receive buffer holds the result when the call returns and any
+ * later work on any stream sees it. Only the buffers a rank passes are
+ * copied: the root's N blocks, the other ranks' one; an allreduce in
+ * place has one host copy, copied in and back. */
 static brg_status staged_run(brg_comm *c, brg__coll *k) {
   const brg__cuda_api *api = brg__device_api(NULL);
-  int gather = k->kind == BRG__COLL_GATHER;
-  const char *fn = gather ? "brg_gather" : "brg_scatter";
+  int gather = k->kind == BRG__COLL_GATHER, scatter = k->kind == BRG__COLL_SCATTER;
+  const char *fn = gather ? "brg_gather" : scatter ? "brg_scatter" : "brg_allreduce";
   size_t bytes = k->count * brg_dtype_size(k->dtype), n = (size_t)c->nranks;
-  size_t sbytes = !k->sendbuf ? 0 : gather ? bytes : bytes * n;
+  size_t sbytes = !k->sendbuf ? 0 : scatter ? bytes * n : bytes;
   size_t rbytes = !k->recvbuf ? 0 : gather ? bytes * n : bytes;
+  int one = k->kind == BRG__COLL_ALLREDUCE && k->sendbuf == k->recvbuf;
   brg_status s;
   brg__coll h = *k;
   h.device = 0;
   h.staged = 0;
   h.stream = NULL;
-  h.exec = &brg__exec_host;
+  h.exec = k->lat ? &brg__exec_lat : &brg__exec_host;
   h.sendbuf = k->sendbuf ? malloc(sbytes ? sbytes : 1) : NULL;
-  h.recvbuf = k->recvbuf ? malloc(rbytes ? rbytes : 1) : NULL;
+  h.recvbuf = one ? (void *)h.sendbuf : k->recvbuf ? malloc(rbytes ? rbytes : 1) : NULL;
   if ((k->sendbuf && !h.sendbuf) || (k->recvbuf && !h.recvbuf)) {
     s = brg__comm_error(c, BRG_ERR_NO_MEMORY, "%s: out of memory for %zu bytes of host staging", fn,
-                        sbytes + rbytes);
+                        sbytes + (one ? 0 : rbytes));
     goto out;
   }
   const char *what = "waiting for the stream";
@@ -209,7 +212,7 @@ static brg_status staged_run(brg_comm *c, brg__coll *k) {
                         fn, api->drv.error_string(e));
 out:
   free((void *)h.sendbuf);
-  free(h.recvbuf);
+  if (!one) free(h.recvbuf);
   return s;
 }
 

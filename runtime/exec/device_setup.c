@@ -105,11 +105,23 @@ static brg_status prepare_links(brg_comm *c, struct brg__dev_ring *d) {
   return BRG_SUCCESS;
 }
 
-/* Asynchronous mode (BRIGADE_DEVICE_PROXY), the requested mode
- * (BRIGADE_DEVICE_MODE) and kernel mode's sizes. */
-static brg_status prepare_modes(brg_comm *c, struct brg__dev_ring *d, int staged) {
+/* Asynchronous mode (BRIGADE_DEVICE_PROXY; -1: where a device link of the
+ * ring is staged through a host link). */
+static int async_for(int staged) {
   int proxy = (int)brg__device_int(BRG__DEVICE_PROXY);
-  d->async = proxy < 0 ? staged : proxy;
+  return proxy < 0 ? staged : proxy;
+}
+
+int brg__device_async_mode(const brg_comm *c) {
+  const struct brg__dev_ring *d = __atomic_load_n(&c->dev, __ATOMIC_ACQUIRE);
+  if (d) return brg__device_ring_async(d);
+  return c->nranks > 1 && async_for(brg__device_staged_any(c));
+}
+
+/* Asynchronous mode, the requested mode (BRIGADE_DEVICE_MODE) and kernel
+ * mode's sizes. */
+static brg_status prepare_modes(brg_comm *c, struct brg__dev_ring *d, int staged) {
+  d->async = async_for(staged);
   const char *mode = brg__device_str(BRG__DEVICE_MODE);
   d->k.mode_req = !strcmp(mode, "auto")     ? 0
                   : !strcmp(mode, "kernel") ? 1

@@ -13,7 +13,8 @@
  *   brg__exec_single   GPU buffers on a one-rank communicator
  *   brg__exec_device   GPU buffers before the device ring is made: its
  *                      setup makes it, its run takes step or kernel mode
- *   brg__exec_staged   gather and scatter on GPU buffers, through host copies
+ *   brg__exec_staged   gather, scatter and (k->lat) lat.c's tree and rhd
+ *                      allreduces on GPU buffers, through host copies
  * (the device ones in device_exec.c). Composite executors run a call as
  * calls of leaf executors on other communicators or on the rings (each
  * defined in the file of its run, with BRG__EXEC_COMPOSITE):

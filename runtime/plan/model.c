@@ -703,3 +703,30 @@ size_t brg__model_ll_crossover(const brg__gpu_costs *c, int N) {
     S *= 2;
   return S;
 }
+
+/* ---- GPU buffers staged through host memory ------------------------------- */
+
+/* One synchronous copy between a GPU buffer and host memory (the CUDA
+ * module's mem_copy on pageable memory): about 10 us of driver call and
+ * wait, then PCIe at about 20 GB/s (PCIe 4 x16 carries 25 at best;
+ * pageable memory gets less). Estimates until a GPU measures them. */
+#define STAGE_ALPHA 10e-6
+#define STAGE_BETA (1.0 / 20e9)
+
+double brg__model_stage_time(size_t bytes) {
+  return 2 * (STAGE_ALPHA + (double)bytes * STAGE_BETA);
+}
+
+int brg__model_auto_staged(const brg__model_shape *sh, const brg__model_links *ln, size_t bytes,
+                           double t[3]) {
+  t[0] = brg__model_time(brg__model_flat_plan(sh, bytes), sh, ln, bytes);
+  t[1] = brg__model_time(BRG__PLAN_TREE, sh, ln, bytes);
+  t[2] = brg__model_time(BRG__PLAN_RHD, sh, ln, bytes);
+  for (int i = 1; i < 3; i++)
+    if (t[i] >= 0) t[i] += brg__model_stage_time(bytes);
+  static const int algo[3] = {BRG__ALGO_RING, BRG__ALGO_TREE, BRG__ALGO_RHD};
+  int best = 0;
+  for (int i = 1; i < 3 && sh->hosts > 1; i++)
+    if (t[i] >= 0 && t[i] < t[best]) best = i;
+  return algo[best];
+}

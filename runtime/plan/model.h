@@ -199,4 +199,21 @@ size_t brg__model_ring_ll_limit(int N);
  * brg__model_ll_bytes approximates in closed form). */
 size_t brg__model_ll_crossover(const brg__gpu_costs *c, int N);
 
+/* ---- GPU buffers staged through host memory ------------------------------- */
+
+/* What staging an allreduce of `bytes` on GPU buffers through host memory
+ * adds (device_exec.c's staged executor): two synchronous copies, the
+ * input to host memory and the result back, each about 10 us and PCIe's
+ * 20 GB/s (model.c). */
+double brg__model_stage_time(size_t bytes);
+/* BRIGADE_ALGO=auto's choice for GPU buffers: BRG__ALGO_TREE or _RHD
+ * (lat.c on host copies) where, across hosts, it and the staging beat the
+ * ring (the flat plan's time on the host links stands for the device
+ * ring's, which crosses hosts on them too; ties: the ring), else
+ * BRG__ALGO_RING; on one host always the ring (kernel mode's paths there
+ * beat any host copy). t[0..2]: the ring's, the staged tree's and the
+ * staged rhd's predicted seconds (negative: not run there). */
+int brg__model_auto_staged(const brg__model_shape *sh, const brg__model_links *ln, size_t bytes,
+                           double t[3]);
+
 #endif

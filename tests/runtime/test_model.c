@@ -342,12 +342,75 @@ static void test_gpu_times(void **state) {
   assert_int_equal(brg__model_ll_crossover(&c, 8), 64 << 10);
 }
 
+/* BRIGADE_ALGO=auto for GPU buffers (brg__model_auto_staged): the ring on
+ * one host; across hosts the staged tree or rhd only where its time and
+ * two copies' beat the ring, on a grid; the copies decide somewhere (the
+ * tree or rhd faster than the ring without them, the ring with them). */
+static void test_auto_staged(void **state) {
+  (void)state;
+  const brg__model_links *ln = &brg__model_default_links;
+  /* the copies: two of 10 us, PCIe at 20 GB/s (20 MB: 1 ms each) */
+  assert_true(fabs(brg__model_stage_time(0) - 20e-6) < 1e-9);
+  assert_true(fabs(brg__model_stage_time(20000000) - 2.02e-3) < 1e-9);
+  int hosts[] = {1, 2, 3, 4, 8, 16, 64};
+  int locals[] = {1, 2, 4, 8};
+  size_t sizes[] = {0, 8, 4096, 65536, 1 << 20, 64 << 20};
+  int checked = 0, copies_decide = 0, seen[5] = {0};
+  for (size_t h = 0; h < sizeof hosts / sizeof *hosts; h++)
+    for (size_t l = 0; l < sizeof locals / sizeof *locals; l++)
+      for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
+        brg__model_shape sh = {.hosts = hosts[h],
+                               .local = locals[l],
+                               .nics = 1,
+                               .rings = 1,
+                               .small_bytes = 4096,
+                               .slice_bytes = 128 * 1024};
+        if (sh.hosts * sh.local < 2) continue;
+        double t[3];
+        int got = brg__model_auto_staged(&sh, ln, sizes[s], t);
+        double ring = brg__model_time(brg__model_flat_plan(&sh, sizes[s]), &sh, ln, sizes[s]);
+        double stage = brg__model_stage_time(sizes[s]);
+        double tree = brg__model_time(BRG__PLAN_TREE, &sh, ln, sizes[s]) + stage;
+        double rhd = brg__model_time(BRG__PLAN_RHD, &sh, ln, sizes[s]) + stage;
+        assert_true(fabs(t[0] - ring) <= 1e-12 && fabs(t[1] - tree) <= 1e-12 &&
+                    fabs(t[2] - rhd) <= 1e-12);
+        int want = BRG__ALGO_RING;
+        if (sh.hosts > 1 && tree < ring && tree <= rhd) want = BRG__ALGO_TREE;
+        if (sh.hosts > 1 && rhd < ring && rhd < tree) want = BRG__ALGO_RHD;
+        assert_int_equal(got, want);
+        if (sh.hosts > 1 && got == BRG__ALGO_RING && fmin(tree, rhd) - stage < ring)
+          copies_decide++;
+        seen[got]++;
+        checked++;
+      }
+  assert_true(checked > 100);
+  assert_true(copies_decide > 0);
+  assert_true(seen[BRG__ALGO_RING] > 0 && seen[BRG__ALGO_TREE] + seen[BRG__ALGO_RHD] > 0);
+  /* on the default links: 16 hosts x 1, a few bytes staged (rhd 720 us
+   * and 20 of copies against the ring's small path, 900), 64 MiB on the
+   * ring; 2 hosts x 2, the ring (its small path 125 us, rhd 240 and the
+   * copies); one host of 8: always the ring */
+  brg__model_shape wide = {
+      .hosts = 16, .local = 1, .nics = 1, .rings = 1, .small_bytes = 4096, .slice_bytes = 131072};
+  double t[3];
+  int a = brg__model_auto_staged(&wide, ln, 8, t);
+  assert_true(a == BRG__ALGO_TREE || a == BRG__ALGO_RHD);
+  assert_int_equal(brg__model_auto_staged(&wide, ln, 64 << 20, t), BRG__ALGO_RING);
+  brg__model_shape two = {
+      .hosts = 2, .local = 2, .nics = 1, .rings = 1, .small_bytes = 4096, .slice_bytes = 131072};
+  assert_int_equal(brg__model_auto_staged(&two, ln, 8, t), BRG__ALGO_RING);
+  brg__model_shape one = {
+      .hosts = 1, .local = 8, .nics = 1, .rings = 1, .small_bytes = 4096, .slice_bytes = 131072};
+  for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+    assert_int_equal(brg__model_auto_staged(&one, ln, sizes[s], t), BRG__ALGO_RING);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_links_within_host), cmocka_unit_test(test_model_file),
       cmocka_unit_test(test_auto_is_fastest),   cmocka_unit_test(test_known_cases),
       cmocka_unit_test(test_uneven_hier),       cmocka_unit_test(test_device_shape),
-      cmocka_unit_test(test_gpu_times),
+      cmocka_unit_test(test_gpu_times),         cmocka_unit_test(test_auto_staged),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
