@@ -58,7 +58,7 @@ def main():
     ap.add_argument("--before", help="another build whose auto runs beside")
     a = ap.parse_args()
     env_extra = dict(e.split("=", 1) for e in a.env)
-    lo, hi = [int(s) for s in a.sizes.split(",")]
+    sizes = [int(s) for s in a.sizes.split(",")]
     algos = ALGOS + ([BEFORE] if a.before else [])
     head = "| transport | N | bytes | ring us | tree us | rhd us | auto us | auto picks | " \
            "auto/fastest | pick/fastest |"
@@ -74,12 +74,12 @@ def main():
                 for al in algos:
                     build = a.before if al == BEFORE else a.build
                     algo = "auto" if al == BEFORE else al
-                    for size in (lo, hi):  # auto says its choice once per kind: one size a run
+                    for size in sizes:  # auto says its choice once per kind: one size a run
                         t, ch = run(build, tr, n, algo, size, size, a.iters, env_extra)
                         for s, v in t.items():
                             best[al][s] = min(best[al].get(s, v), v)
                         picks[al].update(ch)
-            for s in (lo, hi):
+            for s in sizes:
                 row = [best[al].get(s) for al in ALGOS]
                 fastest = min(x for x in row[:3] if x) if any(row[:3]) else None
 
