@@ -68,8 +68,8 @@ void brg__hier_shape_of(const brg_comm *c, brg__hier_shape *sh) {
   sh->min_local = INT_MAX;
   int run = 0;
   for (int i = 0; i <= c->nranks; i++) {
-    int r = i < c->nranks ? c->ring[i] : -1;
-    if (i > 0 && (r < 0 || c->peers[r].host_hash != c->peers[c->ring[i - 1]].host_hash)) {
+    int r = i < c->nranks ? c->ring.order[i] : -1;
+    if (i > 0 && (r < 0 || c->peers[r].host_hash != c->peers[c->ring.order[i - 1]].host_hash)) {
       if (run < sh->min_local) sh->min_local = run;
       if (run > sh->max_local) sh->max_local = run;
       if (sh->host == sh->hosts - 1) sh->host_ranks = run;

@@ -69,7 +69,7 @@ static brg__p2p_op *lat_op(lat *l, int pos, void *buf, size_t m, int is_send) {
   *op = (brg__p2p_op){.buf = buf,
                       .count = m,
                       .num = l->k->seq,
-                      .peer = l->c->ring[pos],
+                      .peer = l->c->ring.order[pos],
                       .dtype = (uint32_t)l->k->dtype,
                       .chan = BRG__P2P_A2A,
                       .is_send = is_send};
@@ -141,7 +141,7 @@ static size_t half_cnt(size_t count, int t) {
 static void run_tree(lat *l) {
   brg_comm *c = l->c;
   const brg__coll *k = l->k;
-  int n = c->nranks, pos = c->pos;
+  int n = c->nranks, pos = c->ring.pos;
   size_t es = l->esize, count = k->count;
   size_t se = brg__slice_elems(c, k);
   size_t slices[2], most = 0;
@@ -248,7 +248,7 @@ static void run_rhd(lat *l) {
   const brg__coll *k = l->k;
   int n = c->nranks;
   size_t es = l->esize, count = k->count;
-  brg__rhd r = brg__rhd_of(n, c->pos);
+  brg__rhd r = brg__rhd_of(n, c->ring.pos);
   char *out = k->recvbuf;
   brg_op mid = k->op == BRG_AVG ? BRG_SUM : k->op;
   l->tag = (struct lat_tag){.phase = BRG__TRACE_UNFOLD, .tree = -1};
@@ -341,11 +341,11 @@ static brg_status lat_body(brg_comm *c, brg__coll *k) {
   lat l = {.c = c, .k = k, .esize = brg_dtype_size(k->dtype)};
   snprintf(l.fn, sizeof l.fn, "allreduce #%llu (%s)", (unsigned long long)k->seq,
            brg__algo_name(k->lat));
-  c->cur = k;
+  c->ring.cur = k;
   if (c->nranks == 1 || k->count == 0) {
     if (k->count && k->recvbuf != k->sendbuf)
       brg__copy(k->recvbuf, NULL, k->sendbuf, k->count * l.esize);
-    c->cur = NULL;
+    c->ring.cur = NULL;
     return BRG_SUCCESS;
   }
   l.nops = lat_ops_needed(c, k);
@@ -353,7 +353,7 @@ static brg_status lat_body(brg_comm *c, brg__coll *k) {
   if (c->trace) l.tags = calloc(l.nops, sizeof *l.tags); /* without: untraced */
   if (!l.ops) {
     free(l.tags);
-    c->cur = NULL;
+    c->ring.cur = NULL;
     return brg__comm_error(c, BRG_ERR_NO_MEMORY, "%s: out of memory", l.fn);
   }
   /* This thread moves the messages on the links itself (p2p.c): a hop
@@ -376,7 +376,7 @@ static brg_status lat_body(brg_comm *c, brg__coll *k) {
   }
   free(l.ops);
   free(l.tags);
-  c->cur = NULL;
+  c->ring.cur = NULL;
   return l.s;
 }
 

@@ -58,7 +58,8 @@ static void model_shape_of(const brg_comm *c, const brg__hier_shape *sh, brg__mo
   }
   m->no_hier = !brg__hier_fits(sh);
   for (int i = 0; i < c->nranks && c->nranks > 1; i++) {
-    const brg__peer_info *a = &c->peers[c->ring[i]], *b = &c->peers[c->ring[(i + 1) % c->nranks]];
+    const brg__peer_info *a = &c->peers[c->ring.order[i]],
+                         *b = &c->peers[c->ring.order[(i + 1) % c->nranks]];
     if (a->host_hash == b->host_hash &&
         brg__transport_pick(a, b, c->transports, BRG__CARRIES_HOST) != &brg__transport_shm) {
       m->local_tcp = 1;

@@ -72,7 +72,7 @@ static brg_status exchange(brg_comm *c, int send_dir, const void *msg, uint32_t 
   }
   return brg__error(err, BRG_ERR_REMOTE, "init",
                     "expected message %u from rank %d, got type %u of %u bytes", want,
-                    recv_dir == BRG__RING_NEXT ? c->next : c->prev, type, *got);
+                    recv_dir == BRG__RING_NEXT ? c->ring.next : c->ring.prev, type, *got);
 }
 
 /* The link from prev, accepted on a thread of its own for transports that
@@ -103,7 +103,7 @@ static brg_status recv_side_check(void *arg) {
 
 static void *recv_side_main(void *arg) {
   recv_side *r = arg;
-  r->s = r->c->recv.ops->recv_connect(&r->c->recv, &r->p, &r->err);
+  r->s = r->c->ring.recv.ops->recv_connect(&r->c->ring.recv, &r->p, &r->err);
   return NULL;
 }
 
@@ -119,58 +119,58 @@ static brg_status next_gave_up(brg_comm *c, brg_status s, brg__errbuf *err) {
   if (r != BRG_SUCCESS || type != BRG__MSG_ABORT || got <= 4) return s;
   buf[got] = 0;
   return brg__error(err, BRG_ERR_REMOTE, "init",
-                    "rank %d gave up during setup, before rank %d could attach to it: %s", c->next,
-                    c->rank, buf + 4);
+                    "rank %d gave up during setup, before rank %d could attach to it: %s",
+                    c->ring.next, c->rank, buf + 4);
 }
 
 /* Sets up the two links of this rank: from prev (receive) and to next (send). */
 static brg_status connect_ring(brg_comm *c, const uint8_t *secret, brg__errbuf *err) {
   const char *allow = c->transports;
   const brg__transport_ops *tsend =
-      brg__transport_pick(&c->peers[c->rank], &c->peers[c->next], allow, BRG__CARRIES_HOST);
+      brg__transport_pick(&c->peers[c->rank], &c->peers[c->ring.next], allow, BRG__CARRIES_HOST);
   const brg__transport_ops *trecv =
-      brg__transport_pick(&c->peers[c->prev], &c->peers[c->rank], allow, BRG__CARRIES_HOST);
+      brg__transport_pick(&c->peers[c->ring.prev], &c->peers[c->rank], allow, BRG__CARRIES_HOST);
   if (!tsend || !trecv)
     return brg__error(err, BRG_ERR_UNAVAILABLE, "init",
                       "no transport can link rank %d and rank %d (transports allowed: \"%s\", "
                       "from %s)",
-                      c->rank, tsend ? c->prev : c->next, allow,
+                      c->rank, tsend ? c->ring.prev : c->ring.next, allow,
                       c->transports_from_config ? "brg_comm_config" : "BRIGADE_TRANSPORTS");
   brg__conn_params ps = {.rank = c->rank,
-                         .peer = c->next,
+                         .peer = c->ring.next,
                          .nranks = c->nranks,
                          .self_info = &c->peers[c->rank],
-                         .peer_info = &c->peers[c->next],
+                         .peer_info = &c->peers[c->ring.next],
                          .nslots = c->nslots,
                          .slot_bytes = c->slice_bytes,
                          .comm_id = c->comm_id,
                          .secret = secret,
                          .timeout_ms = c->timeout_ms,
-                         .waiter = &c->waiter};
+                         .waiter = &c->ring.waiter};
   recv_side rs = {.c = c, .p = ps};
-  rs.p.peer = c->prev;
-  rs.p.peer_info = &c->peers[c->prev];
+  rs.p.peer = c->ring.prev;
+  rs.p.peer_info = &c->peers[c->ring.prev];
 
   /* Receiver side first: its info travels to prev, whose sender connects.
    * Before it, the transport it chose for the link and the one for device
    * collectives on it (brg__device_link's choice), which the sender checks. */
   enum { HEAD = 64 };
   char info[BRG__CONN_INFO_BYTES + HEAD], peer_info[BRG__CONN_INFO_BYTES + HEAD];
-  const brg__transport_ops *dsend = brg__transport_pick(&c->peers[c->rank], &c->peers[c->next],
+  const brg__transport_ops *dsend = brg__transport_pick(&c->peers[c->rank], &c->peers[c->ring.next],
                                                         allow, BRG__CARRIES_DEVICE),
-                           *drecv = brg__transport_pick(&c->peers[c->prev], &c->peers[c->rank],
+                           *drecv = brg__transport_pick(&c->peers[c->ring.prev], &c->peers[c->rank],
                                                         allow, BRG__CARRIES_DEVICE);
   memset(info, 0, sizeof info);
   snprintf(info, 32, "%s", trecv->name);
   snprintf(info + 32, 32, "%s", drecv ? drecv->name : "");
-  c->recv.ops = trecv;
-  c->recv.peer = c->prev;
-  c->recv_open = 1;
-  brg_status s = trecv->recv_setup(&c->recv, &rs.p, info + HEAD, err);
+  c->ring.recv.ops = trecv;
+  c->ring.recv.peer = c->ring.prev;
+  c->ring.recv_open = 1;
+  brg_status s = trecv->recv_setup(&c->ring.recv, &rs.p, info + HEAD, err);
   if (s != BRG_SUCCESS) return s;
   int threaded = 0;
   if (trecv->listens) {
-    rs.waiter = (brg__waiter){.spin = c->waiter.spin, .check = recv_side_check, .arg = &rs};
+    rs.waiter = (brg__waiter){.spin = c->ring.waiter.spin, .check = recv_side_check, .arg = &rs};
     rs.p.waiter = &rs.waiter;
     rs.deadline = brg__deadline_ms(c->timeout_ms);
     s = brg__proxy_start(&rs.thread, recv_side_main, &rs, "brg-accept", err);
@@ -186,7 +186,7 @@ static brg_status connect_ring(brg_comm *c, const uint8_t *secret, brg__errbuf *
     s = brg__error(err, BRG_ERR_MISMATCH, "init",
                    "rank %d chose transport \"%s\" for the link from rank %d, which chose "
                    "\"%s\" (are the transports allowed the same on every rank?)",
-                   c->next, got == sizeof peer_info ? peer_info : "?", c->rank, tsend->name);
+                   c->ring.next, got == sizeof peer_info ? peer_info : "?", c->rank, tsend->name);
     goto out;
   }
   peer_info[63] = 0;
@@ -194,13 +194,13 @@ static brg_status connect_ring(brg_comm *c, const uint8_t *secret, brg__errbuf *
     s = brg__error(err, BRG_ERR_MISMATCH, "init",
                    "rank %d chose transport \"%s\" for device collectives on the link from rank "
                    "%d, which chose \"%s\" (are the transports allowed the same on every rank?)",
-                   c->next, peer_info + 32, c->rank, dsend ? dsend->name : "");
+                   c->ring.next, peer_info + 32, c->rank, dsend ? dsend->name : "");
     goto out;
   }
-  c->send.ops = tsend;
-  c->send.peer = c->next;
-  c->send_open = 1;
-  s = tsend->send_connect(&c->send, &ps, peer_info + HEAD, err);
+  c->ring.send.ops = tsend;
+  c->ring.send.peer = c->ring.next;
+  c->ring.send_open = 1;
+  s = tsend->send_connect(&c->ring.send, &ps, peer_info + HEAD, err);
   if (s != BRG_SUCCESS) {
     s = next_gave_up(c, s, err);
     goto out;
@@ -210,7 +210,7 @@ static brg_status connect_ring(brg_comm *c, const uint8_t *secret, brg__errbuf *
                err);
   if (s != BRG_SUCCESS) goto out;
   if (!threaded) {
-    s = trecv->recv_connect(&c->recv, &rs.p, err);
+    s = trecv->recv_connect(&c->ring.recv, &rs.p, err);
     if (s != BRG_SUCCESS) return s;
   }
 out:
@@ -225,7 +225,7 @@ out:
   if (s != BRG_SUCCESS) return s;
   BRG__INFO("init",
             "link to rank %d (next) via %s, from rank %d (prev) via %s; %d slots x %zu bytes",
-            c->next, tsend->name, c->prev, trecv->name, c->nslots, c->slice_bytes);
+            c->ring.next, tsend->name, c->ring.prev, trecv->name, c->nslots, c->slice_bytes);
   return BRG_SUCCESS;
 }
 
@@ -247,7 +247,7 @@ static void await_goodbyes(brg_comm *c) {
   int failed = __atomic_load_n(&c->broken, __ATOMIC_ACQUIRE) != BRG_SUCCESS ||
                __atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE);
   for (int dir = 0; dir < 2; dir++) {
-    int peer = dir == BRG__RING_NEXT ? c->next : c->prev;
+    int peer = dir == BRG__RING_NEXT ? c->ring.next : c->ring.prev;
     if (failed && c->peers[peer].host_hash != c->peers[c->rank].host_hash) continue;
     /* What the liveness thread read before it stopped comes first. */
     char buf[BRG__BOOT_MAX_MSG + 1], text[BRG__ERRLEN];
@@ -255,14 +255,14 @@ static void await_goodbyes(brg_comm *c) {
     brg_status s;
     if (brg__live_take(c, dir, &s, &type, buf, &len, text, sizeof text) == 1) {
       if (s != BRG_SUCCESS) continue;
-      if (type == BRG__MSG_BYE) brg__ring_took_bye(c, dir, buf, len);
+      if (type == BRG__MSG_BYE) brg__ring_took_bye(&c->ring, dir, buf, len);
     }
-    while (!c->departed[dir]) {
+    while (!c->ring.departed[dir]) {
       int left = brg__ms_left(deadline);
       if (left == 0) return;
       if (brg__bootstrap_recv(c->bs, dir, &type, buf, sizeof buf, &len, left, NULL) != BRG_SUCCESS)
         break; /* gone (or the deadline): nothing more will come */
-      if (type == BRG__MSG_BYE) brg__ring_took_bye(c, dir, buf, len);
+      if (type == BRG__MSG_BYE) brg__ring_took_bye(&c->ring, dir, buf, len);
     }
   }
 }
@@ -285,8 +285,9 @@ static brg_status comm_free(brg_comm *c) {
     }
     /* What the neighbours' goodbyes say they began, this rank's work
      * finishes too (graph replays queued on streams no call named) */
-    uint64_t theirs =
-        c->departed_word[0] > c->departed_word[1] ? c->departed_word[0] : c->departed_word[1];
+    uint64_t theirs = c->ring.departed_word[0] > c->ring.departed_word[1]
+                          ? c->ring.departed_word[0]
+                          : c->ring.departed_word[1];
     brg_status settled = brg__exec_settle(c, ring ? theirs : 0);
     if (s == BRG_SUCCESS) s = settled;
   } else {
@@ -320,8 +321,8 @@ static brg_status comm_free(brg_comm *c) {
   brg__exec_free(c);
   brg__p2p_free(c); /* after the worker, which may be in an all_to_all */
   brg__live_free(c);
-  if (c->send_open && c->send.ops) c->send.ops->close(&c->send);
-  if (c->recv_open && c->recv.ops) c->recv.ops->close(&c->recv);
+  if (c->ring.send_open && c->ring.send.ops) c->ring.send.ops->close(&c->ring.send);
+  if (c->ring.recv_open && c->ring.recv.ops) c->ring.recv.ops->close(&c->ring.recv);
   if (c->bs) brg__bootstrap_destroy(c->bs);
   pthread_mutex_destroy(&c->err_lock);
   pthread_mutex_destroy(&c->ring_lock);
@@ -330,7 +331,7 @@ static brg_status comm_free(brg_comm *c) {
   pthread_cond_destroy(&c->donecond);
   free(c->scratch);
   free(c->lat_scratch);
-  free(c->ring);
+  free(c->ring.order);
   free(c->peers);
   c->magic = 0;
   brg__comm_unregister(c);
@@ -461,7 +462,7 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   if (!c) return brg__fail_no_comm(BRG_ERR_NO_MEMORY, "out of memory creating a communicator");
   const brg__comm_opts *split = opts && opts->parent ? opts : NULL;
   int phase = 0;   /* split: the exchanges over the parent done so far */
-  int ordered = 0; /* c->next and c->prev are known */
+  int ordered = 0; /* c->ring.next and c->ring.prev are known */
   parent_watch_arg watch = {.o = split, .n = nranks};
   c->magic = BRG__COMM_MAGIC;
   if (!(c->serial = brg__comm_register(c))) {
@@ -488,12 +489,12 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   c->nslots = (int)brg__core_int(BRG__CORE_STEPS);
   c->comm_id = brg__fnv1a64(BRG__FNV64_INIT, id, sizeof *id);
   c->algo = brg__algo_parse(brg__core_str(BRG__CORE_ALGO)); /* checked by the load */
-  brg__ring_waiter_init(c);
+  brg__ring_init(&c->ring, c);
   brg__log_set_rank(rank);
 
   c->peers = calloc((size_t)nranks, sizeof *c->peers);
-  c->ring = calloc((size_t)nranks, sizeof *c->ring);
-  if (!c->peers || !c->ring) {
+  c->ring.order = calloc((size_t)nranks, sizeof *c->ring.order);
+  if (!c->peers || !c->ring.order) {
     s = brg__error_quiet(&err, BRG_ERR_NO_MEMORY, "out of memory for %d ranks", nranks);
     goto err_free;
   }
@@ -559,7 +560,7 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   c->slice_bytes = brg__slice_bytes(c, BRG__SLICE_HOST);
 
   if (nranks > 1) {
-    if ((s = brg__bootstrap_ring_connect(c->bs, c->next, c->prev, &err)) != BRG_SUCCESS)
+    if ((s = brg__bootstrap_ring_connect(c->bs, c->ring.next, c->ring.prev, &err)) != BRG_SUCCESS)
       goto err_free;
     if ((s = connect_ring(c, brg__bootstrap_secret(c->bs), &err)) != BRG_SUCCESS) {
       brg__comm_notify_abort(c, s, err.msg);
@@ -606,10 +607,10 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
 err_free:
   /* next may have died between making its shm FIFO from this rank and
    * telling its name, which nobody else would unlink. */
-  if (ordered && nranks > 1 && !c->send.fifo.data &&
-      brg__transport_pick(&c->peers[c->rank], &c->peers[c->next], c->transports,
+  if (ordered && nranks > 1 && !c->ring.send.fifo.data &&
+      brg__transport_pick(&c->peers[c->rank], &c->peers[c->ring.next], c->transports,
                           BRG__CARRIES_HOST) == &brg__transport_shm)
-    brg__shm_forget(c->comm_id, c->next, c->rank);
+    brg__shm_forget(c->comm_id, c->ring.next, c->rank);
   /* A split's member that failed still takes part in the exchanges over
    * the parent, so that the others hear why instead of waiting. */
   if (split && phase == 0) {

@@ -121,38 +121,23 @@ enum {
 
 #define BRG__TRANSPORTS_MAX 128
 
-struct brg_comm {
-  uint32_t magic;
-  int rank, nranks;
+/* A ring as one rank walks it: its place on it, its links to the two
+ * neighbours, and where the ring engine (exec/host/ring.c, through
+ * link/ring_link.c) stands on them. A communicator embeds its own ring
+ * (brg_comm.ring); the communicator it names (`comm`) keeps the ring's
+ * error state, settings, peer table, trace and ring sockets. */
+typedef struct brg__ring {
+  struct brg_comm *comm; /* whose errors, settings, peers and ring sockets it uses */
   int pos;               /* this rank's place on the ring */
-  int *ring;             /* position -> rank */
+  int *order;            /* position -> rank */
   int next, prev;        /* ranks of the ring neighbours */
-  brg__peer_info *peers; /* by rank */
-  brg__bootstrap *bs;
-  uint64_t comm_id;
-  uint32_t serial; /* in the table of live communicators (errors.c) */
 
   brg__conn send, recv;        /* to next, from prev */
   int send_open, recv_open;    /* setup started: close() owed */
   uint64_t send_pos, recv_pos; /* slots posted to next / consumed from prev */
   uint64_t send_head;          /* next's head as last read */
-  int nslots;                  /* FIFO slots per link (BRIGADE_STEPS) */
-  size_t slice_bytes;          /* the pipeline unit (BRIGADE_SLICE_BYTES): one slice per slot */
-  int timeout_ms;              /* brg_comm_config's, or BRIGADE_TIMEOUT_MS */
-  int silent_fail_ms;          /* BRIGADE_SILENT_TIMEOUT_MS, 0: off */
-  char transports[BRG__TRANSPORTS_MAX]; /* allowed transports, "" = all (brg_comm_config's,
-                                           or BRIGADE_TRANSPORTS) */
-  int transports_from_config;
   brg__waiter waiter;
   brg__waiter waiter_sleep; /* waiter's check, no spinning: for links whose ops->sleeps */
-
-  char *scratch;     /* nranks * small_bytes, for small allreduces */
-  char *lat_scratch; /* lat.c's, grown to the largest call */
-  size_t lat_scratch_bytes;
-  size_t small_bytes;
-  size_t nt_bytes; /* collectives this large write outputs with non-temporal stores */
-  uint64_t seq;    /* collectives run so far */
-  uint64_t bytes_sent;
 
   /* What the engine is waiting for, for error messages and the deadline. */
   const brg__coll *cur;
@@ -167,6 +152,32 @@ struct brg_comm {
   uint64_t departed_word[2];
   int departed_ok; /* the wait does not need the neighbours (kernel mode's drain) */
   int64_t wait_start_ns;
+} brg__ring;
+
+struct brg_comm {
+  uint32_t magic;
+  int rank, nranks;
+  brg__ring ring;        /* its own ring: place, links, the engine's state on them */
+  brg__peer_info *peers; /* by rank */
+  brg__bootstrap *bs;
+  uint64_t comm_id;
+  uint32_t serial; /* in the table of live communicators (errors.c) */
+
+  int nslots;         /* FIFO slots per link (BRIGADE_STEPS) */
+  size_t slice_bytes; /* the pipeline unit (BRIGADE_SLICE_BYTES): one slice per slot */
+  int timeout_ms;     /* brg_comm_config's, or BRIGADE_TIMEOUT_MS */
+  int silent_fail_ms; /* BRIGADE_SILENT_TIMEOUT_MS, 0: off */
+  char transports[BRG__TRANSPORTS_MAX]; /* allowed transports, "" = all (brg_comm_config's,
+                                           or BRIGADE_TRANSPORTS) */
+  int transports_from_config;
+
+  char *scratch;     /* nranks * small_bytes, for small allreduces */
+  char *lat_scratch; /* lat.c's, grown to the largest call */
+  size_t lat_scratch_bytes;
+  size_t small_bytes;
+  size_t nt_bytes; /* collectives this large write outputs with non-temporal stores */
+  uint64_t seq;    /* collectives run so far */
+  uint64_t bytes_sent;
 
   struct brg__trace *trace; /* BRIGADE_TRACE_FILE's recorder (trace.c), NULL when off */
   struct brg__p2p *p2p;     /* p2p.c: the listener, its thread, links to any rank */
@@ -293,8 +304,9 @@ struct brg_comm {
  *   device_ring.c its links and memory, shared by every mode
  *   device.c      the CUDA module, opened at first use
  * link/     the ring's links
- *   ring_link.c   slots to and from the neighbours, the waiter's checks
- * core/     this header: the communicator
+ *   ring_link.c   slots to and from the neighbours on a brg__ring, the
+ *                 waiter's checks
+ * core/     this header: the communicator and its ring (brg__ring)
  *   trace.c       BRIGADE_TRACE_FILE: spans of collectives, steps, slices, waits
  *   liveness.c    heartbeats on the ring sockets: which rank went silent
  *   linkset.c     the pieces (rings, hierarchy, kernel mode's links) a

@@ -86,7 +86,8 @@ struct brg__live {
 static int left_of(const brg__live *l, int k) {
   const brg_comm *c = l->c;
   for (int dir = 0; dir < 2; dir++)
-    if ((c->nranks > 1 && (dir == BRG__RING_NEXT ? c->next : c->prev) == k && l->left[dir]) ||
+    if ((c->nranks > 1 && (dir == BRG__RING_NEXT ? c->ring.next : c->ring.prev) == k &&
+         l->left[dir]) ||
         (l->learned_left[dir] && l->learned_left[dir][k]))
       return 1;
   return 0;
@@ -100,7 +101,7 @@ static uint32_t get_u32(const uint8_t *p) {
 }
 
 static int neighbour(const brg_comm *c, int dir) {
-  return dir == BRG__RING_NEXT ? c->next : c->prev;
+  return dir == BRG__RING_NEXT ? c->ring.next : c->ring.prev;
 }
 
 /* Whether the neighbour of `dir` has been unheard of for `ms` as far as
@@ -307,7 +308,7 @@ static void kernels_watch(brg__live *l) {
   pthread_mutex_lock(&l->lock);
   for (int dir = 0; dir < 2 && !stop; dir++) {
     live_slot *sl = &l->slot[dir];
-    int peer = dir == BRG__RING_NEXT ? c->next : c->prev;
+    int peer = dir == BRG__RING_NEXT ? c->ring.next : c->ring.prev;
     if (sl->full && sl->s != BRG_SUCCESS) {
       stop = 1;
       snprintf(why, sizeof why, "rank %d (pid %d on %.64s) is gone: %.150s", peer,

@@ -77,8 +77,8 @@ void brg__topology_ring_line(const brg_comm *c, char *line, size_t cap) {
   size_t o = 0;
   line[0] = 0;
   for (int i = 0; i < c->nranks && o + 32 < cap; i++) {
-    int r = c->ring[i];
-    int boundary = i > 0 && c->peers[r].host_hash != c->peers[c->ring[i - 1]].host_hash;
+    int r = c->ring.order[i];
+    int boundary = i > 0 && c->peers[r].host_hash != c->peers[c->ring.order[i - 1]].host_hash;
     o += (size_t)snprintf(line + o, cap - o, "%s%d", boundary ? " | " : (i ? " " : ""), r);
   }
 }
@@ -135,10 +135,11 @@ void brg__topology_log_nics(const brg_comm *c) {
       o = 0;
       line[0] = 0;
       for (int i = 0; i < c->nranks && o + 64 < sizeof line; i++) {
-        int r = c->ring[i];
+        int r = c->ring.order[i];
         int seen = 0; /* one address per host */
         for (int j = 0; j < i && !seen; j++)
-          seen = nic[c->ring[j]] == n && c->peers[c->ring[j]].host_hash == c->peers[r].host_hash;
+          seen = nic[c->ring.order[j]] == n &&
+                 c->peers[c->ring.order[j]].host_hash == c->peers[r].host_hash;
         if (nic[r] != n || seen) continue;
         o += (size_t)snprintf(line + o, sizeof line - o, "%s%s", o ? " " : "", c->peers[r].addr);
       }
@@ -209,8 +210,8 @@ static void rail_stretch(int *run, int len, const int *nic, int j, int place, in
 }
 
 void brg__topology_order(brg_comm *c) {
-  for (int i = 0; i < c->nranks; i++) c->ring[i] = i;
-  qsort_r(c->ring, (size_t)c->nranks, sizeof *c->ring, cmp_host_then_rank, c->peers);
+  for (int i = 0; i < c->nranks; i++) c->ring.order[i] = i;
+  qsort_r(c->ring.order, (size_t)c->nranks, sizeof *c->ring.order, cmp_host_then_rank, c->peers);
   /* Several NICs on a host and several hosts: every ring by the rails.
    * Otherwise an extra ring (init.c) turns each host's stretch of the ring
    * by ring_rotate places, so that it leaves the host from another rank. */
@@ -219,22 +220,22 @@ void brg__topology_order(brg_comm *c) {
   int rails = nic && host_run && brg__topology_nics(c, nic) >= 2;
   for (int a = 0, b, place = 0; host_run && (rails || c->ring_rotate > 0) && a < c->nranks;
        a = b, place++) {
-    uint64_t h = c->peers[c->ring[a]].host_hash;
-    for (b = a; b < c->nranks && c->peers[c->ring[b]].host_hash == h; b++) {}
+    uint64_t h = c->peers[c->ring.order[a]].host_hash;
+    for (b = a; b < c->nranks && c->peers[c->ring.order[b]].host_hash == h; b++) {}
     int len = b - a;
     if (rails) {
-      rail_stretch(c->ring + a, len, nic, c->ring_rotate, place, host_run);
+      rail_stretch(c->ring.order + a, len, nic, c->ring_rotate, place, host_run);
       continue;
     }
-    for (int i = 0; i < len; i++) host_run[i] = c->ring[a + (i + c->ring_rotate) % len];
-    memcpy(c->ring + a, host_run, (size_t)len * sizeof *host_run);
+    for (int i = 0; i < len; i++) host_run[i] = c->ring.order[a + (i + c->ring_rotate) % len];
+    memcpy(c->ring.order + a, host_run, (size_t)len * sizeof *host_run);
   }
   free(host_run);
   free(nic);
   for (int i = 0; i < c->nranks; i++)
-    if (c->ring[i] == c->rank) c->pos = i;
-  c->next = c->ring[(c->pos + 1) % c->nranks];
-  c->prev = c->ring[(c->pos + c->nranks - 1) % c->nranks];
+    if (c->ring.order[i] == c->rank) c->ring.pos = i;
+  c->ring.next = c->ring.order[(c->ring.pos + 1) % c->nranks];
+  c->ring.prev = c->ring.order[(c->ring.pos + c->nranks - 1) % c->nranks];
   if (c->rank == 0) log_ring(c);
 
   /* Ranks that outnumber the cores must not burn each other's time slices:
@@ -244,7 +245,7 @@ void brg__topology_order(brg_comm *c) {
   for (int i = 0; i < c->nranks; i++) local += c->peers[i].host_hash == c->peers[c->rank].host_hash;
   long cores = usable_cores();
   if (local > cores && !brg__config_is_set(&brg__core_config, BRG__CORE_SPIN)) {
-    c->waiter.spin = 0;
+    c->ring.waiter.spin = 0;
     BRG__INFO("init", "%d ranks share %ld cores on this host: waits yield at once", local, cores);
   }
 }

@@ -88,8 +88,8 @@ static brg_status clock_sync(brg_comm *c, int64_t *off, int64_t *off_err, brg__e
   const uint64_t me = c->peers[c->rank].host_hash;
   clock_msg m;
   uint32_t type = 0, len = 0;
-  if (c->pos > 0) {
-    int same = c->peers[c->prev].host_hash == me;
+  if (c->ring.pos > 0) {
+    int same = c->peers[c->ring.prev].host_hash == me;
     int64_t best = INT64_MAX;
     for (int i = 0; i < (same ? 1 : CLOCK_ROUNDS); i++) {
       int64_t t0 = brg__now_ns();
@@ -101,8 +101,8 @@ static brg_status clock_sync(brg_comm *c, int64_t *off, int64_t *off_err, brg__e
       int64_t t1 = brg__now_ns();
       if (type != BRG__MSG_CLOCK || len != sizeof m)
         return brg__error(err, BRG_ERR_REMOTE, "init",
-                          "trace clock: rank %d answered with message type %u of %u bytes", c->prev,
-                          type, len);
+                          "trace clock: rank %d answered with message type %u of %u bytes",
+                          c->ring.prev, type, len);
       if (same) {
         *off = m.offset_ns;
         *off_err = m.err_ns;
@@ -113,8 +113,8 @@ static brg_status clock_sync(brg_comm *c, int64_t *off, int64_t *off_err, brg__e
       }
     }
   }
-  if (c->pos < c->nranks - 1) {
-    int same = c->peers[c->next].host_hash == me;
+  if (c->ring.pos < c->nranks - 1) {
+    int same = c->peers[c->ring.next].host_hash == me;
     for (int i = 0; i < (same ? 1 : CLOCK_ROUNDS); i++) {
       int64_t ping;
       brg_status s = brg__bootstrap_recv(c->bs, BRG__RING_NEXT, &type, &ping, sizeof ping, &len,
@@ -124,7 +124,7 @@ static brg_status clock_sync(brg_comm *c, int64_t *off, int64_t *off_err, brg__e
         return brg__error(err, BRG_ERR_REMOTE, "init",
                           "trace clock: rank %d sent message type %u (is BRIGADE_TRACE_FILE "
                           "set the same way on every rank's host?)",
-                          c->next, type);
+                          c->ring.next, type);
       m = (clock_msg){.mono_ns = brg__now_ns(), .offset_ns = *off, .err_ns = *off_err};
       if ((s = brg__bootstrap_send(c->bs, BRG__RING_NEXT, BRG__MSG_CLOCK, &m, sizeof m, err)) !=
           BRG_SUCCESS)
@@ -273,7 +273,7 @@ void brg__trace_slice(brg_comm *c, uint64_t seq, int chunk, size_t elem, size_t 
   brg__trace *t = c->trace;
   int64_t t1 = brg__now_ns();
   t->last_ns = t1;
-  int step = c->cur_step;
+  int step = c->ring.cur_step;
   if (step >= 0 && step < t->nsteps) {
     trace_step *st = &t->steps[step];
     if (!st->slices) {
@@ -312,8 +312,8 @@ void brg__trace_wait(brg_comm *c, int peer, int send, int64_t t0) {
   *e = (trace_ev){.type = EV_WAIT,
                   .t0 = t0,
                   .t1 = t1,
-                  .seq = c->cur ? c->cur->seq : 0,
-                  .step = c->cur_step,
+                  .seq = c->ring.cur ? c->ring.cur->seq : 0,
+                  .step = c->ring.cur_step,
                   .slice = peer,
                   .what = (uint8_t)send};
 }
@@ -325,7 +325,7 @@ void brg__trace_lat(brg_comm *c, int what, int peer, uint64_t bytes, int phase, 
   *e = (trace_ev){.type = EV_LAT,
                   .t0 = t0,
                   .t1 = t1 > t0 ? t1 : t0,
-                  .seq = c->cur ? c->cur->seq : 0,
+                  .seq = c->ring.cur ? c->ring.cur->seq : 0,
                   .bytes = bytes,
                   .wait_ns = data_ns,
                   .step = round,
@@ -392,7 +392,7 @@ static void put_event(FILE *f, const brg__trace *t, const trace_ev *e, const brg
             "\"send_to\":%d,",
             brg__prim_name((brg__prim)p), (unsigned long long)e->seq, e->step, e->chunk, e->slice,
             brg__prim_name((brg__prim)p), (unsigned long long)e->bytes, (unsigned long long)e->elem,
-            brg__prim_recvs(p) ? c->prev : -1, brg__prim_sends(p) ? c->next : -1);
+            brg__prim_recvs(p) ? c->ring.prev : -1, brg__prim_sends(p) ? c->ring.next : -1);
     put_us(f, "wait_recv_us", e->wait_ns);
     fputc(',', f);
     put_us(f, "wait_send_us", e->wait_send_ns);
@@ -480,15 +480,15 @@ static void trace_write(brg_comm *c) {
           r, c->peers[r].hostname);
   fprintf(f, "\n],\n\"displayTimeUnit\":\"ns\",\n\"metadata\":{\"brigade_trace\":1,");
   fprintf(f, "\"rank\":%d,\"nranks\":%d,\"pos\":%d,\"next\":%d,\"prev\":%d,\"ring\":[", r,
-          c->nranks, c->pos, c->next, c->prev);
-  for (int i = 0; i < c->nranks; i++) fprintf(f, "%s%d", i ? "," : "", c->ring[i]);
+          c->nranks, c->ring.pos, c->ring.next, c->ring.prev);
+  for (int i = 0; i < c->nranks; i++) fprintf(f, "%s%d", i ? "," : "", c->ring.order[i]);
   fprintf(f, "],\"host\":\"%s\",\"host_hash\":\"%016llx\",\"pid\":%d,\"comm_id\":\"%016llx\",",
           c->peers[r].hostname, (unsigned long long)c->peers[r].host_hash, (int)getpid(),
           (unsigned long long)c->comm_id);
   fprintf(f, "\"transport_send\":\"%s\",\"transport_recv\":\"%s\",\"slice_bytes\":%zu,",
-          c->send.ops ? c->send.ops->name : "", c->recv.ops ? c->recv.ops->name : "",
-          c->slice_bytes);
-  fprintf(f, "\"clock\":\"CLOCK_MONOTONIC\",\"clock_ref_rank\":%d,", c->ring[0]);
+          c->ring.send.ops ? c->ring.send.ops->name : "",
+          c->ring.recv.ops ? c->ring.recv.ops->name : "", c->slice_bytes);
+  fprintf(f, "\"clock\":\"CLOCK_MONOTONIC\",\"clock_ref_rank\":%d,", c->ring.order[0]);
   fprintf(f, "\"clock_offset_ns\":%lld,\"clock_offset_err_ns\":%lld,", (long long)t->offset_ns,
           (long long)t->offset_err_ns);
   fprintf(f, "\"monotonic_base_ns\":%lld,\"realtime_base_ns\":%lld,", (long long)t->mono_base_ns,

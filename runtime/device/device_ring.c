@@ -112,7 +112,7 @@ static void link_params(brg_comm *c, struct brg__dev_ring *d, int peer, const de
                           .slot_bytes = slot,
                           .comm_id = c->comm_id,
                           .timeout_ms = c->timeout_ms,
-                          .waiter = &c->waiter,
+                          .waiter = &c->ring.waiter,
                           .gpu = g};
 }
 
@@ -154,7 +154,8 @@ const brg__transport_ops *brg__device_link(const brg_comm *c, int from, int to) 
 
 int brg__device_staged_any(const brg_comm *c) {
   for (int i = 0; c->nranks > 1 && i < c->nranks; i++) {
-    const brg__transport_ops *t = brg__device_link(c, c->ring[i], c->ring[(i + 1) % c->nranks]);
+    const brg__transport_ops *t =
+        brg__device_link(c, c->ring.order[i], c->ring.order[(i + 1) % c->nranks]);
     if (!t || !t->gpu_memory) return 1;
   }
   return 0;

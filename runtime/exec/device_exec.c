@@ -107,7 +107,7 @@ static brg_status dev_divide(brg_comm *c, const brg__coll *k, void *buf, size_t 
 /* ---- the runs ---- */
 
 static brg_status step_body(brg_comm *c, brg__coll *k) {
-  return brg__ring_engine(c, k, &brg__mem_device, c->dev);
+  return brg__ring_engine(c, &c->ring, k, &brg__mem_device, c->dev);
 }
 
 static brg_status step_run(brg_comm *c, brg__coll *k) {

@@ -83,15 +83,16 @@ typedef struct brg__dev_setup {
 static brg_status prepare_links(brg_comm *c, struct brg__dev_ring *d) {
   d->nslots = c->nslots;
   d->slice_bytes = brg__slice_bytes(c, BRG__SLICE_STEP);
-  d->link_send = &c->send;
-  d->link_recv = &c->recv;
-  d->send_t = brg__device_link(c, c->rank, c->next);
-  d->recv_t = brg__device_link(c, c->prev, c->rank);
+  d->link_send = &c->ring.send;
+  d->link_recv = &c->ring.recv;
+  d->send_t = brg__device_link(c, c->rank, c->ring.next);
+  d->recv_t = brg__device_link(c, c->ring.prev, c->rank);
   d->send_staged = !d->send_t || !d->send_t->gpu_memory;
   d->recv_staged = !d->recv_t || !d->recv_t->gpu_memory;
-  if ((d->send_staged && c->nranks > 1 && d->send_t != c->send.ops) ||
-      (d->recv_staged && c->nranks > 1 && d->recv_t != c->recv.ops)) {
-    int from = d->send_staged ? c->rank : c->prev, to = d->send_staged ? c->next : c->rank;
+  if ((d->send_staged && c->nranks > 1 && d->send_t != c->ring.send.ops) ||
+      (d->recv_staged && c->nranks > 1 && d->recv_t != c->ring.recv.ops)) {
+    int from = d->send_staged ? c->rank : c->ring.prev,
+        to = d->send_staged ? c->ring.next : c->rank;
     return brg__comm_error(c, BRG_ERR_INTERNAL,
                            "device collectives: no transport carries GPU memory from rank %d to "
                            "rank %d, and the host link's transport is not the one chosen",
@@ -195,7 +196,7 @@ static brg_status brg__device_ring_local(brg_comm *c, brg__dev_setup *st, brg_st
   dev_blob *mine = st->mine, *all = st->all;
   if (gathered != BRG_SUCCESS) return gathered;
   brg__dev_kernel_local(c, st->d, mine, all, brg__device_staged_any(c));
-  brg__dev_step_local(c, st->d, mine, &all[c->prev]);
+  brg__dev_step_local(c, st->d, mine, &all[c->ring.prev]);
   /* Every kernel loaded now, before the last all-gather: under lazy
    * loading a collective's first launch would load its kernel, which may
    * wait for all work on the GPU, a neighbour's kernel that waits for this
@@ -478,9 +479,9 @@ brg_status brg__device_ring_drain(brg_comm *c) {
                          "rank %d (pid %d on %s) or rank %d (pid %d on %s), gone or stalled; the "
                          "GPU FIFO and events stay allocated, since that stream may still use "
                          "them",
-                         c->rank, stream, c->timeout_ms, c->prev, c->peers[c->prev].pid,
-                         c->peers[c->prev].hostname, c->next, c->peers[c->next].pid,
-                         c->peers[c->next].hostname);
+                         c->rank, stream, c->timeout_ms, c->ring.prev, c->peers[c->ring.prev].pid,
+                         c->peers[c->ring.prev].hostname, c->ring.next, c->peers[c->ring.next].pid,
+                         c->peers[c->ring.next].hostname);
 }
 
 void brg__device_ring_free(brg_comm *c) {

@@ -137,12 +137,12 @@ void brg__exec_stop(brg_comm *c);
 void brg__exec_free(brg_comm *c);
 brg_status brg__exec_async_error(brg_comm *c);
 
-/* ring.c: the ring engine on c with the payloads in `mem` (ring_link.h's
- * brg__mem_ops; `dev` the device ring for brg__mem_device, else NULL),
- * inside the call's trace span. The host executor's run is it with
- * brg__mem_host (brg__coll_execute). */
+/* ring.c: the ring engine on ring r of c (c's own: &c->ring) with the
+ * payloads in `mem` (ring_link.h's brg__mem_ops; `dev` the device ring for
+ * brg__mem_device, else NULL), inside the call's trace span. The host
+ * executor's run is it with brg__mem_host on c's ring (brg__coll_execute). */
 struct brg__mem_ops;
-brg_status brg__ring_engine(brg_comm *c, brg__coll *k, const struct brg__mem_ops *mem,
+brg_status brg__ring_engine(brg_comm *c, brg__ring *r, brg__coll *k, const struct brg__mem_ops *mem,
                             struct brg__dev_ring *dev);
 
 #endif

@@ -17,8 +17,8 @@ void brg__comm_stop_why(brg_comm *c, const char *why) {
   if (!c) return;
   __atomic_store_n(&c->aborted, 1, __ATOMIC_SEQ_CST);
   brg__exec_abort(c);
-  brg__fifo_wake_all(&c->send.fifo);
-  brg__fifo_wake_all(&c->recv.fifo);
+  brg__fifo_wake_all(&c->ring.send.fifo);
+  brg__fifo_wake_all(&c->ring.recv.fifo);
   brg__p2p_abort(c);
   pthread_mutex_lock(&c->qlock);
   pthread_cond_broadcast(&c->qcond);

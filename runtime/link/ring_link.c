@@ -21,18 +21,19 @@
  * close (IB_CLOSE_GRACE_MS, 1 s), with room for a loaded machine. */
 #define BRG__DEPARTED_GRACE_NS 3000000000LL
 
-void brg__ring_took_bye(brg_comm *c, int dir, const char *data, uint32_t len) {
-  c->departed[dir] = 1;
-  c->departed_ns[dir] = brg__now_ns();
-  if (len == sizeof(uint64_t)) memcpy(&c->departed_word[dir], data, sizeof(uint64_t));
+void brg__ring_took_bye(brg__ring *r, int dir, const char *data, uint32_t len) {
+  r->departed[dir] = 1;
+  r->departed_ns[dir] = brg__now_ns();
+  if (len == sizeof(uint64_t)) memcpy(&r->departed_word[dir], data, sizeof(uint64_t));
 }
 
 /* Reads what arrived on a ring socket while we were waiting: an abort
  * notice from a neighbour, a goodbye, or the hang-up of one that died. */
-static brg_status check_ring_socket(brg_comm *c, int dir) {
+static brg_status check_ring_socket(brg__ring *r, int dir) {
+  brg_comm *c = r->comm;
   int fd = brg__bootstrap_fd(c->bs, dir);
-  if (fd < 0 || c->departed[dir]) return BRG_SUCCESS;
-  int peer = dir == BRG__RING_NEXT ? c->next : c->prev;
+  if (fd < 0 || r->departed[dir]) return BRG_SUCCESS;
+  int peer = dir == BRG__RING_NEXT ? r->next : r->prev;
   char buf[BRG__BOOT_MAX_MSG + 1];
   uint32_t type = 0, len = 0;
   brg__errbuf err = {0};
@@ -51,7 +52,7 @@ static brg_status check_ring_socket(brg_comm *c, int dir) {
                            c->peers[peer].pid, c->peers[peer].hostname, err.msg);
   if (type == BRG__MSG_BEAT) return BRG_SUCCESS;
   if (type == BRG__MSG_BYE) {
-    brg__ring_took_bye(c, dir, buf, len);
+    brg__ring_took_bye(r, dir, buf, len);
     return BRG_SUCCESS;
   }
   if (type == BRG__MSG_ABORT && len >= 4) {
@@ -62,10 +63,10 @@ static brg_status check_ring_socket(brg_comm *c, int dir) {
     if (rs == BRG_ERR_ABORTED || rs == BRG_ERR_TIMEOUT) rs = BRG_ERR_REMOTE;
     /* Say what this rank itself was waiting for: with cascading timeouts
      * that names the rank that really stalled. */
-    if (c->wait_peer != peer && c->wait_start_ns)
+    if (r->wait_peer != peer && r->wait_start_ns)
       return brg__comm_error(
           c, rs, "%s; rank %d was itself waiting %lld ms for rank %d to %s", buf + 4, c->rank,
-          (long long)((brg__now_ns() - c->wait_start_ns) / 1000000), c->wait_peer, c->wait_what);
+          (long long)((brg__now_ns() - r->wait_start_ns) / 1000000), r->wait_peer, r->wait_what);
     return brg__comm_error(c, rs, "%s", buf + 4);
   }
   return brg__comm_error(c, BRG_ERR_REMOTE, "unexpected message type %u from rank %d", type, peer);
@@ -73,21 +74,22 @@ static brg_status check_ring_socket(brg_comm *c, int dir) {
 
 /* The waiter's check: called about every millisecond while a wait sleeps. */
 static brg_status ring_check(void *arg) {
-  brg_comm *c = arg;
+  brg__ring *r = arg;
+  brg_comm *c = r->comm;
   if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
     return brg__comm_error(c, BRG_ERR_ABORTED, "aborted by brg_comm_abort");
   /* Notices first: they name the rank that failed, which a broken link
    * further along the ring does not. During setup the ring sockets carry
    * the setup messages themselves. */
   for (int dir = 0; c->ready && dir < 2; dir++) {
-    brg_status s = check_ring_socket(c, dir);
+    brg_status s = check_ring_socket(r, dir);
     if (s != BRG_SUCCESS) return s;
   }
   /* A split's set-up: a member gone from the parent never comes. */
   char why[BRG__ERRLEN / 2];
   if (!c->ready && brg__bootstrap_watch(c->bs, why, sizeof why))
     return brg__comm_error(c, BRG_ERR_REMOTE, "%s", why);
-  brg__conn *w = c->wait_conn;
+  brg__conn *w = r->wait_conn;
   uint32_t closed =
       w && w->fifo.ctrl ? __atomic_load_n(&w->fifo.ctrl->closed, __ATOMIC_ACQUIRE) : 0;
   if (closed) {
@@ -96,22 +98,22 @@ static brg_status ring_check(void *arg) {
         c, (brg_status)closed,
         "%s link with rank %d (pid %d on %s) closed while waiting for it to %s: %s",
         w->ops ? w->ops->name : "?", w->peer, pi ? pi->pid : -1, pi ? pi->hostname : "?",
-        c->wait_what, w->fifo.ctrl->closed_why[0] ? w->fifo.ctrl->closed_why : "no reason given");
+        r->wait_what, w->fifo.ctrl->closed_why[0] ? w->fifo.ctrl->closed_why : "no reason given");
   }
   int64_t now = brg__now_ns();
-  if (!c->wait_start_ns) c->wait_start_ns = now;
-  int dir = c->wait_peer == c->next ? BRG__RING_NEXT : BRG__RING_PREV;
+  if (!r->wait_start_ns) r->wait_start_ns = now;
+  int dir = r->wait_peer == r->next ? BRG__RING_NEXT : BRG__RING_PREV;
   /* A neighbour that left cleanly sent all it had, but says goodbye before
    * its links have flushed (a network link's close lets its proxy deliver
    * for up to a second): allow a moment for data still on the wire, from
    * the later of the wait's start and the goodbye, then say who left too
    * early. */
-  int64_t since = c->departed_ns[dir] > c->wait_start_ns ? c->departed_ns[dir] : c->wait_start_ns;
-  if (c->ready && !c->departed_ok && c->departed[dir] && now - since > BRG__DEPARTED_GRACE_NS)
+  int64_t since = r->departed_ns[dir] > r->wait_start_ns ? r->departed_ns[dir] : r->wait_start_ns;
+  if (c->ready && !r->departed_ok && r->departed[dir] && now - since > BRG__DEPARTED_GRACE_NS)
     return brg__comm_error(c, BRG_ERR_REMOTE,
                            "rank %d destroyed its communicator while rank %d was still waiting "
                            "for it to %s (did the ranks call different numbers of collectives?)",
-                           c->wait_peer, c->rank, c->wait_what);
+                           r->wait_peer, c->rank, r->wait_what);
   /* A rank whose heartbeats stopped: its host vanished without closing a
    * socket (the kernel's own retransmissions would take many minutes to
    * give up), or it was stopped. Named long before the timeout. */
@@ -124,14 +126,14 @@ static brg_status ring_check(void *arg) {
                              "cut off or stopped; BRIGADE_SILENT_TIMEOUT_MS=%d, %d in effect) "
                              "while rank %d waited for rank %d to %s",
                              quiet, c->peers[quiet].pid, c->peers[quiet].hostname,
-                             (long long)silent_ms, c->silent_fail_ms, limit, c->rank, c->wait_peer,
-                             c->wait_what);
+                             (long long)silent_ms, c->silent_fail_ms, limit, c->rank, r->wait_peer,
+                             r->wait_what);
   }
-  if (now - c->wait_start_ns > (int64_t)c->timeout_ms * 1000000) {
+  if (now - r->wait_start_ns > (int64_t)c->timeout_ms * 1000000) {
     char what[160] = "setup";
-    if (c->cur)
-      brg__coll_describe(what, sizeof what, c->cur->kind, c->cur->seq, c->cur->count, c->cur->dtype,
-                         c->cur->op, c->cur->root, c->cur->device);
+    if (r->cur)
+      brg__coll_describe(what, sizeof what, r->cur->kind, r->cur->seq, r->cur->count, r->cur->dtype,
+                         r->cur->op, r->cur->root, r->cur->device);
     /* The rank that went silent, whether or not it is the one waited for. */
     char silent[192] = "";
     int64_t silent_ms = 0;
@@ -143,24 +145,25 @@ static brg_status ring_check(void *arg) {
     return brg__comm_error(c, BRG_ERR_TIMEOUT,
                            "timeout: no progress for %d ms in %s at step %d, waiting for rank "
                            "%d (pid %d on %s) to %s%s",
-                           c->timeout_ms, what, c->cur_step, c->wait_peer,
-                           c->peers[c->wait_peer].pid, c->peers[c->wait_peer].hostname,
-                           c->wait_what, silent);
+                           c->timeout_ms, what, r->cur_step, r->wait_peer,
+                           c->peers[r->wait_peer].pid, c->peers[r->wait_peer].hostname,
+                           r->wait_what, silent);
   }
   return BRG_SUCCESS;
 }
 
-void brg__ring_waiter_init(brg_comm *c) {
-  c->waiter.spin = (int)brg__core_int(BRG__CORE_SPIN);
-  c->waiter.check = ring_check;
-  c->waiter.arg = c;
-  c->waiter_sleep = c->waiter;
-  c->waiter_sleep.spin = -1;
+void brg__ring_init(brg__ring *r, brg_comm *c) {
+  r->comm = c;
+  r->waiter.spin = (int)brg__core_int(BRG__CORE_SPIN);
+  r->waiter.check = ring_check;
+  r->waiter.arg = r;
+  r->waiter_sleep = r->waiter;
+  r->waiter_sleep.spin = -1;
 }
 
 /* The waiter for waits on link `l`. */
-static const brg__waiter *link_waiter(brg_comm *c, const brg__conn *l) {
-  return l->ops && l->ops->sleeps ? &c->waiter_sleep : &c->waiter;
+static const brg__waiter *link_waiter(const brg__ring *r, const brg__conn *l) {
+  return l->ops && l->ops->sleeps ? &r->waiter_sleep : &r->waiter;
 }
 
 /* Waits for a free slot in the FIFO to the next rank; small slices go in
@@ -168,31 +171,33 @@ static const brg__waiter *link_waiter(brg_comm *c, const brg__conn *l) {
  * last value seen says the FIFO is full. */
 brg_status brg__ring_send_acquire(brg__ring_op *o, size_t bytes, char **slot) {
   brg_comm *c = o->c;
-  brg__fifo *f = &c->send.fifo;
-  if (c->send_pos + 1 > c->send_head + (uint64_t)f->nslots) {
-    c->send_head = __atomic_load_n(&f->ctrl->head, __ATOMIC_ACQUIRE);
-    if (c->send_pos + 1 > c->send_head + (uint64_t)f->nslots) {
-      c->wait_what = "free a slot (it is not receiving)";
-      c->wait_peer = c->next;
-      c->wait_conn = &c->send;
-      c->wait_start_ns = 0;
+  brg__ring *r = o->r;
+  brg__fifo *f = &r->send.fifo;
+  if (r->send_pos + 1 > r->send_head + (uint64_t)f->nslots) {
+    r->send_head = __atomic_load_n(&f->ctrl->head, __ATOMIC_ACQUIRE);
+    if (r->send_pos + 1 > r->send_head + (uint64_t)f->nslots) {
+      r->wait_what = "free a slot (it is not receiving)";
+      r->wait_peer = r->next;
+      r->wait_conn = &r->send;
+      r->wait_start_ns = 0;
       int64_t w0 = c->trace ? brg__now_ns() : 0;
       brg_status s = brg__wait_ge(&f->ctrl->head, &f->ctrl->head_waiters,
-                                  c->send_pos + 1 - (uint64_t)f->nslots, link_waiter(c, &c->send));
-      if (c->trace) brg__trace_wait(c, c->next, 1, w0);
+                                  r->send_pos + 1 - (uint64_t)f->nslots, link_waiter(r, &r->send));
+      if (c->trace) brg__trace_wait(c, r->next, 1, w0);
       if (s != BRG_SUCCESS) return s;
-      c->send_head = __atomic_load_n(&f->ctrl->head, __ATOMIC_ACQUIRE);
+      r->send_head = __atomic_load_n(&f->ctrl->head, __ATOMIC_ACQUIRE);
     }
   }
-  *slot = bytes <= BRG__INLINE_BYTES ? brg__fifo_meta(f, c->send_pos)->inline_data
-                                     : brg__fifo_slot(f, c->send_pos);
+  *slot = bytes <= BRG__INLINE_BYTES ? brg__fifo_meta(f, r->send_pos)->inline_data
+                                     : brg__fifo_slot(f, r->send_pos);
   return BRG_SUCCESS;
 }
 
 brg_status brg__ring_send_post(brg__ring_op *o, size_t bytes, const void *payload) {
   brg_comm *c = o->c;
-  brg__fifo *f = &c->send.fifo;
-  uint64_t pos = c->send_pos;
+  brg__ring *r = o->r;
+  brg__fifo *f = &r->send.fifo;
+  uint64_t pos = r->send_pos;
   brg__slot_meta *m = brg__fifo_meta(f, pos);
   /* Small payloads travel in the header, wherever they were. */
   if (payload && bytes <= BRG__INLINE_BYTES) {
@@ -206,23 +211,23 @@ brg_status brg__ring_send_post(brg__ring_op *o, size_t bytes, const void *payloa
   m->dtype = (uint16_t)o->coll->dtype;
   m->op = (uint16_t)o->coll->op;
   m->root = o->coll->root;
-  m->step = (uint32_t)c->cur_step;
+  m->step = (uint32_t)r->cur_step;
   m->device = o->dev != NULL;
-  c->send_pos++;
+  r->send_pos++;
   c->bytes_sent += bytes;
-  __atomic_store_n(&m->flag, c->send_pos, __ATOMIC_RELEASE);
-  brg__publish(&f->ctrl->tail, &f->ctrl->tail_waiters, c->send_pos);
-  if (!c->send.ops || !c->send.ops->send_now) return BRG_SUCCESS;
-  c->wait_what = "take data (its link is full)";
-  c->wait_peer = c->next;
-  c->wait_conn = &c->send;
-  c->wait_start_ns = 0;
-  brg_status s = c->send.ops->send_now(&c->send, pos, payload, link_waiter(c, &c->send));
+  __atomic_store_n(&m->flag, r->send_pos, __ATOMIC_RELEASE);
+  brg__publish(&f->ctrl->tail, &f->ctrl->tail_waiters, r->send_pos);
+  if (!r->send.ops || !r->send.ops->send_now) return BRG_SUCCESS;
+  r->wait_what = "take data (its link is full)";
+  r->wait_peer = r->next;
+  r->wait_conn = &r->send;
+  r->wait_start_ns = 0;
+  brg_status s = r->send.ops->send_now(&r->send, pos, payload, link_waiter(r, &r->send));
   /* A link the transport found broken is reported as a wait on it would
    * be (a neighbour's notice first: it names the rank that failed); a stop
    * by the check was reported by the check. */
   if (s != BRG_SUCCESS && __atomic_load_n(&f->ctrl->closed, __ATOMIC_ACQUIRE)) {
-    brg_status why = c->waiter.check(c->waiter.arg);
+    brg_status why = r->waiter.check(r->waiter.arg);
     if (why != BRG_SUCCESS) return why;
   }
   return s;
@@ -231,17 +236,18 @@ brg_status brg__ring_send_post(brg__ring_op *o, size_t bytes, const void *payloa
 /* Waits for the next slot from the previous rank and checks its header. */
 brg_status brg__ring_recv_acquire(brg__ring_op *o, const char **slot, size_t bytes) {
   brg_comm *c = o->c;
-  brg__fifo *f = &c->recv.fifo;
-  brg__slot_meta *m = brg__fifo_meta(f, c->recv_pos);
-  if (__atomic_load_n(&m->flag, __ATOMIC_ACQUIRE) != c->recv_pos + 1) {
-    c->wait_what = "send data";
-    c->wait_peer = c->prev;
-    c->wait_conn = &c->recv;
-    c->wait_start_ns = 0;
+  brg__ring *r = o->r;
+  brg__fifo *f = &r->recv.fifo;
+  brg__slot_meta *m = brg__fifo_meta(f, r->recv_pos);
+  if (__atomic_load_n(&m->flag, __ATOMIC_ACQUIRE) != r->recv_pos + 1) {
+    r->wait_what = "send data";
+    r->wait_peer = r->prev;
+    r->wait_conn = &r->recv;
+    r->wait_start_ns = 0;
     int64_t w0 = c->trace ? brg__now_ns() : 0;
-    brg_status s = brg__wait_flag(&m->flag, c->recv_pos + 1, &f->ctrl->tail, &f->ctrl->tail_waiters,
-                                  link_waiter(c, &c->recv));
-    if (c->trace) brg__trace_wait(c, c->prev, 0, w0);
+    brg_status s = brg__wait_flag(&m->flag, r->recv_pos + 1, &f->ctrl->tail, &f->ctrl->tail_waiters,
+                                  link_waiter(r, &r->recv));
+    if (c->trace) brg__trace_wait(c, r->prev, 0, w0);
     if (s != BRG_SUCCESS) return s;
   }
   const brg__coll *k = o->coll;
@@ -259,18 +265,18 @@ brg_status brg__ring_recv_acquire(brg__ring_op *o, const char **slot, size_t byt
                        m->op, m->root, (int)m->device);
     return brg__comm_error(c, BRG_ERR_MISMATCH,
                            "collective mismatch: rank %d called %s but rank %d called %s", c->rank,
-                           mine, c->prev, theirs);
+                           mine, r->prev, theirs);
   }
-  *slot = bytes <= BRG__INLINE_BYTES ? m->inline_data : brg__fifo_slot(f, c->recv_pos);
+  *slot = bytes <= BRG__INLINE_BYTES ? m->inline_data : brg__fifo_slot(f, r->recv_pos);
   /* The payload may have gone straight to the buffer offered for it. */
-  if (c->recv.landed && c->recv.landed[c->recv_pos % (uint64_t)f->nslots])
-    *slot = c->recv.landed[c->recv_pos % (uint64_t)f->nslots];
+  if (r->recv.landed && r->recv.landed[r->recv_pos % (uint64_t)f->nslots])
+    *slot = r->recv.landed[r->recv_pos % (uint64_t)f->nslots];
   return BRG_SUCCESS;
 }
 
 void brg__ring_recv_release(brg__ring_op *o) {
-  brg_comm *c = o->c;
-  brg__fifo *f = &c->recv.fifo;
-  c->recv_pos++;
-  brg__publish(&f->ctrl->head, &f->ctrl->head_waiters, c->recv_pos);
+  brg__ring *r = o->r;
+  brg__fifo *f = &r->recv.fifo;
+  r->recv_pos++;
+  brg__publish(&f->ctrl->head, &f->ctrl->head_waiters, r->recv_pos);
 }

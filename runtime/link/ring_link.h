@@ -16,7 +16,8 @@ struct brg__mem_ops;
 
 /* One collective as the engine runs it. */
 typedef struct brg__ring_op {
-  brg_comm *c;
+  brg_comm *c;  /* whose errors, settings and trace */
+  brg__ring *r; /* the ring it runs on: links, positions, waits */
   const brg__coll *coll;
   size_t esize;
   size_t slice_elems;
@@ -75,11 +76,12 @@ brg_status brg__ring_walk(brg__ring_op *o);
 /* A neighbour's goodbye (BRG__MSG_BYE) read from direction dir, by the
  * ring's waits or by destroy: it has departed, now, with the word its
  * payload carries (brg__exec_bye_word's; none: 0). */
-void brg__ring_took_bye(brg_comm *c, int dir, const char *data, uint32_t len);
+void brg__ring_took_bye(brg__ring *r, int dir, const char *data, uint32_t len);
 
-/* The communicator's waiter: its check stops waits on abort, a
- * neighbour's notice or hang-up, a broken link, or the deadline. */
-void brg__ring_waiter_init(brg_comm *c);
+/* Ties ring r to communicator c (whose errors, settings, peers and ring
+ * sockets it uses) and sets its waiter: the waiter's check stops waits on
+ * abort, a neighbour's notice or hang-up, a broken link, or the deadline. */
+void brg__ring_init(brg__ring *r, brg_comm *c);
 
 /* Waits for a free slot towards the next rank; *slot is where `bytes` of
  * host payload go (the header's inline bytes when they fit). */
@@ -91,7 +93,7 @@ brg_status brg__ring_send_acquire(brg__ring_op *o, size_t bytes, char **slot);
 brg_status brg__ring_send_post(brg__ring_op *o, size_t bytes, const void *payload);
 /* 1 when the link to the next rank can send a host payload from anywhere. */
 static inline int brg__ring_send_direct(const brg__ring_op *o) {
-  return !o->dev && o->c->send.ops && o->c->send.ops->send_now;
+  return !o->dev && o->r->send.ops && o->r->send.ops->send_now;
 }
 /* Waits for the next slot from the previous rank and checks that its header
  * names this collective with `bytes` of payload. */
@@ -101,7 +103,7 @@ void brg__ring_recv_release(brg__ring_op *o);
 /* 1 when the link from the previous rank can land payloads in the
  * engine's own buffers (ops->recv_window). */
 static inline int brg__ring_recv_windows(const brg__ring_op *o) {
-  return !o->dev && o->c->recv.ops && o->c->recv.ops->recv_window;
+  return !o->dev && o->r->recv.ops && o->r->recv.ops->recv_window;
 }
 
 /* The trace's record of a slice that ended (trace.c), from where the

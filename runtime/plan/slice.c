@@ -22,9 +22,9 @@ static size_t host_slice(const brg_comm *c) {
   size_t bytes = (size_t)brg__core_int(BRG__CORE_SLICE_BYTES);
   int links = c->nranks > 1 && !brg__config_is_set(&brg__core_config, BRG__CORE_SLICE_BYTES);
   for (int i = 0; links && i < c->nranks; i++) {
-    const brg__transport_ops *t =
-        brg__transport_pick(&c->peers[c->ring[i]], &c->peers[c->ring[(i + 1) % c->nranks]],
-                            c->transports, BRG__CARRIES_HOST);
+    const brg__transport_ops *t = brg__transport_pick(&c->peers[c->ring.order[i]],
+                                                      &c->peers[c->ring.order[(i + 1) % c->nranks]],
+                                                      c->transports, BRG__CARRIES_HOST);
     if (t && t->slice_bytes > bytes) bytes = t->slice_bytes;
   }
   return bytes & ~(size_t)63;

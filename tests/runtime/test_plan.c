@@ -50,7 +50,7 @@ static brg_status rec_apply(brg__ring_op *o, brg__prim prim, const char *in, cha
   if (host_n < CAP) {
     plan_rec *x = &host_recs[host_n];
     x->prim = (int)prim;
-    x->step = o->c->cur_step;
+    x->step = o->r->cur_step;
     x->in = in ? (long)((in - (const char *)o->coll->sendbuf) / (long)o->esize) : -1;
     x->out = out ? (long)((out - (char *)o->coll->recvbuf) / (long)o->esize) : -1;
     x->count = m;
@@ -192,8 +192,8 @@ static size_t ref_walk(const call *cl, int nch, int ch, plan_rec *out) {
 static size_t host_walk(const call *cl) {
   brg_comm *c = calloc(1, sizeof *c);
   c->nranks = cl->n;
-  c->pos = cl->pos;
-  c->ring = (int *)cl->ring;
+  c->ring.pos = cl->pos;
+  c->ring.order = (int *)cl->ring;
   brg__coll k = {.kind = cl->kind,
                  .dtype = BRG_FLOAT32,
                  .op = BRG_SUM,
@@ -203,8 +203,12 @@ static size_t host_walk(const call *cl) {
                  .recvbuf = cl->recv,
                  .count = cl->count,
                  .stride = cl->stride};
-  brg__ring_op o = {
-      .c = c, .coll = &k, .esize = sizeof(float), .slice_elems = cl->slice, .mem = &rec_mem};
+  brg__ring_op o = {.c = c,
+                    .r = &c->ring,
+                    .coll = &k,
+                    .esize = sizeof(float),
+                    .slice_elems = cl->slice,
+                    .mem = &rec_mem};
   host_n = 0;
   brg_status s = brg__ring_walk(&o);
   if (s != BRG_SUCCESS) {

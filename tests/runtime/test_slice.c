@@ -51,7 +51,7 @@ static brg_comm *make(ring *r, int n, int hosts, const char *transports, int nsl
   }
   r->c.nranks = n;
   r->c.peers = r->peers;
-  r->c.ring = r->order;
+  r->c.ring.order = r->order;
   r->c.nslots = nslots;
   snprintf(r->c.transports, sizeof r->c.transports, "%s", transports);
   r->c.slice_bytes = brg__slice_bytes(&r->c, BRG__SLICE_HOST);

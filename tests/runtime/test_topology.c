@@ -107,10 +107,10 @@ static void order(shape *s, int j) {
   c->nranks = n;
   c->rank = n - 1;
   c->peers = s->p;
-  c->ring = s->ring;
+  c->ring.order = s->ring;
   c->ring_rotate = j;
   brg__topology_order(c);
-  assert_int_equal(c->ring[c->pos], c->rank);
+  assert_int_equal(c->ring.order[c->ring.pos], c->rank);
   free(c);
 }
 

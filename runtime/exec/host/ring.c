@@ -140,7 +140,7 @@ static brg_status prim_body(brg__ring_op *o, brg__prim prim, const char *in, cha
   /* One line per primitive: the slice order, the same for host and GPU
    * buffers (tests/gpu/test_device_schedule compares the two). */
   BRG__TRACE("ring", "%s #%llu (%s) step %d %s: %zu elements, in +%ld, out +%ld",
-             brg__coll_name(k->kind), (unsigned long long)k->seq, mem->name, o->c->cur_step,
+             brg__coll_name(k->kind), (unsigned long long)k->seq, mem->name, o->r->cur_step,
              brg__prim_name(prim), m, elem_off(in, k->sendbuf, o->esize),
              elem_off(out, k->recvbuf, o->esize));
   uint64_t bytes = (uint64_t)m * o->esize;
@@ -193,11 +193,11 @@ static brg_status run_prim(brg__ring_op *o, brg__prim prim, const char *in, char
 /* The plan of schedule.h for this call: the whole call, one channel. */
 static void plan_begin(const brg__ring_op *o, brg__sched *pl) {
   const brg__coll *k = o->coll;
-  brg_comm *c = o->c;
+  const brg__ring *r = o->r;
   *pl = (brg__sched){.kind = k->kind,
-                     .nranks = c->nranks,
-                     .pos = c->pos,
-                     .ring = c->ring,
+                     .nranks = o->c->nranks,
+                     .pos = r->pos,
+                     .ring = r->order,
                      .root = k->root,
                      .inplace = k->sendbuf == k->recvbuf,
                      .whole = k->whole,
@@ -234,8 +234,8 @@ typedef struct ring_ahead {
 } ring_ahead;
 
 static void ring_offer_windows(brg__ring_op *o, ring_ahead *a, size_t last_sl) {
-  brg_comm *c = o->c;
-  uint64_t limit = c->recv_pos + (uint64_t)c->recv.fifo.nslots;
+  brg__ring *r = o->r;
+  uint64_t limit = r->recv_pos + (uint64_t)r->recv.fifo.nslots;
   brg__step st;
   while (a->pos < limit) {
     brg__sched before = a->plan;
@@ -249,21 +249,21 @@ static void ring_offer_windows(brg__ring_op *o, ring_ahead *a, size_t last_sl) {
     char *out = step_out(o, &st);
     if ((st.prim == BRG__PRIM_RECV || st.prim == BRG__PRIM_RECV_COPY_SEND) && out &&
         bytes > BRG__INLINE_BYTES)
-      c->recv.ops->recv_window(&c->recv, a->pos, out, bytes);
+      r->recv.ops->recv_window(&r->recv, a->pos, out, bytes);
     a->pos++;
   }
 }
 
 brg_status brg__ring_walk(brg__ring_op *o) {
-  brg_comm *c = o->c;
+  brg__ring *r = o->r;
   brg__sched plan;
   plan_begin(o, &plan);
   /* (the chain's slices only pass through, in the FIFO) */
   int windows = o->windows && !plan.chain;
-  ring_ahead ahead = {.plan = plan, .pos = c->recv_pos};
+  ring_ahead ahead = {.plan = plan, .pos = r->recv_pos};
   brg__step st;
   while (brg__sched_next(&plan, &st)) {
-    c->cur_step = st.step;
+    r->cur_step = st.step;
     o->elem = st.elem;
     if (st.chunk >= 0) o->chunk = st.chunk;
     o->slice = st.slice;
@@ -285,25 +285,26 @@ brg_status brg__ring_walk(brg__ring_op *o) {
  */
 static brg_status run_small_allreduce(brg__ring_op *o) {
   brg_comm *c = o->c;
+  brg__ring *r = o->r;
   const brg__coll *k = o->coll;
   int n = c->nranks;
   size_t m = k->count, bytes = m * o->esize;
   for (int t = 0; t < n; t++) {
-    int origin = c->ring[brg__mod((long)c->pos - t, n)];
+    int origin = r->order[brg__mod((long)r->pos - t, n)];
     char *block = c->scratch + (size_t)origin * bytes;
     brg__prim prim = t == 0      ? BRG__PRIM_SEND
                      : t < n - 1 ? BRG__PRIM_RECV_COPY_SEND
                                  : BRG__PRIM_RECV;
-    c->cur_step = t;
+    r->cur_step = t;
     o->chunk = origin;
     brg_status s = run_prim(o, prim, k->sendbuf, block, m);
     if (s != BRG_SUCCESS) return s;
   }
   brg_op mid = k->op == BRG_AVG ? BRG_SUM : k->op;
   const char *acc = c->scratch;
-  for (int r = 1; r < n; r++) {
-    const char *next = c->scratch + (size_t)r * bytes;
-    brg__reduce(k->recvbuf, NULL, acc, next, m, k->dtype, r == n - 1 ? k->op : mid, n);
+  for (int q = 1; q < n; q++) {
+    const char *next = c->scratch + (size_t)q * bytes;
+    brg__reduce(k->recvbuf, NULL, acc, next, m, k->dtype, q == n - 1 ? k->op : mid, n);
     acc = k->recvbuf;
   }
   return BRG_SUCCESS;
@@ -328,12 +329,14 @@ static brg_status a2a_announce(brg__ring_op *o) {
 
 /* (inlined into both callers, so that the host's call pays no layer for
  * the memory being a parameter) */
-static inline __attribute__((always_inline)) brg_status
-engine(brg_comm *c, brg__coll *k, const brg__mem_ops *mem, struct brg__dev_ring *dev) {
+static inline __attribute__((always_inline)) brg_status engine(brg_comm *c, brg__ring *r,
+                                                               brg__coll *k,
+                                                               const brg__mem_ops *mem,
+                                                               struct brg__dev_ring *dev) {
   k->seq = ++c->seq;
-  c->cur = k;
-  c->cur_step = 0;
-  brg__ring_op o = {.c = c, .coll = k, .esize = brg_dtype_size(k->dtype)};
+  r->cur = k;
+  r->cur_step = 0;
+  brg__ring_op o = {.c = c, .r = r, .coll = k, .esize = brg_dtype_size(k->dtype)};
   o.slice_elems = brg__slice_elems(c, k);
   o.mem = mem;
   o.dev = dev;
@@ -376,18 +379,18 @@ engine(brg_comm *c, brg__coll *k, const brg__mem_ops *mem, struct brg__dev_ring 
   }
   /* An offer left behind by a failed call must not write into the
    * caller's buffers after it returns. */
-  if (s != BRG_SUCCESS && o.windows) c->recv.ops->recv_window(&c->recv, 0, NULL, 0);
-  c->cur = NULL;
+  if (s != BRG_SUCCESS && o.windows) r->recv.ops->recv_window(&r->recv, 0, NULL, 0);
+  r->cur = NULL;
   return s;
 }
 
-brg_status brg__ring_engine(brg_comm *c, brg__coll *k, const brg__mem_ops *mem,
+brg_status brg__ring_engine(brg_comm *c, brg__ring *r, brg__coll *k, const brg__mem_ops *mem,
                             struct brg__dev_ring *dev) {
-  return engine(c, k, mem, dev);
+  return engine(c, r, k, mem, dev);
 }
 
 static brg_status host_body(brg_comm *c, brg__coll *k) {
-  return engine(c, k, &brg__mem_host, NULL);
+  return engine(c, &c->ring, k, &brg__mem_host, NULL);
 }
 
 brg_status brg__coll_execute(brg_comm *c, brg__coll *k) {

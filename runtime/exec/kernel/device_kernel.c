@@ -90,7 +90,7 @@ static int kernel_fit(brg_comm *c, struct brg__dev_ring *d, const dev_blob *all,
 void brg__dev_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b, const dev_blob *all,
                            int staged) {
   const brg__cuda_api *api = d->api;
-  const dev_blob *prev = &all[c->prev], *next = &all[c->next];
+  const dev_blob *prev = &all[c->ring.prev], *next = &all[c->ring.next];
   b->kmode_req = d->k.mode_req;
   b->kchannels = d->k.channels;
   b->kslot = d->k.slot;
@@ -111,15 +111,17 @@ void brg__dev_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b, co
              "communicator for them was not made");
     return;
   }
-  if (staged && c->devnet->send.fifo.slot_bytes < d->k.slot) {
+  if (staged && c->devnet->ring.send.fifo.slot_bytes < d->k.slot) {
     snprintf(b->kwhy, sizeof b->kwhy,
              "the staged links' slots (%zu bytes) are smaller than kernel mode's (%zu)",
-             c->devnet->send.fifo.slot_bytes, d->k.slot);
+             c->devnet->ring.send.fifo.slot_bytes, d->k.slot);
     return;
   }
-  if (staged && (!c->devnet->send.ops->proxy_post || !c->devnet->recv.ops->proxy_post)) {
-    snprintf(b->kwhy, sizeof b->kwhy, "the staged links' transport (%s) has no proxy entry",
-             (c->devnet->send.ops->proxy_post ? c->devnet->recv.ops : c->devnet->send.ops)->name);
+  if (staged && (!c->devnet->ring.send.ops->proxy_post || !c->devnet->ring.recv.ops->proxy_post)) {
+    snprintf(
+        b->kwhy, sizeof b->kwhy, "the staged links' transport (%s) has no proxy entry",
+        (c->devnet->ring.send.ops->proxy_post ? c->devnet->ring.recv.ops : c->devnet->ring.send.ops)
+            ->name);
     return;
   }
   if ((!d->recv_staged && !brg__dev_reaches(d, b, prev)) ||
@@ -133,7 +135,7 @@ void brg__dev_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b, co
    * next's where the link from the previous one is staged). */
   brg__errbuf err = {0};
   const dev_blob *writer = !d->recv_staged ? prev : !d->send_staged ? next : b;
-  if (brg__dev_link_export(c, d, &d->k.in, !d->recv_staged ? c->prev : c->next, b, writer,
+  if (brg__dev_link_export(c, d, &d->k.in, !d->recv_staged ? c->ring.prev : c->ring.next, b, writer,
                            kregion_bytes(d), d->k.slot, 0, b->kregion_info, &err) != BRG_SUCCESS) {
     snprintf(b->kwhy, sizeof b->kwhy, "%.127s", err.msg);
     return;
@@ -147,7 +149,7 @@ void brg__dev_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b, co
   }
   if (!e) {
     what = "copying the ring order";
-    e = api->drv.mem_copy(d->k.ring, c->ring, (size_t)c->nranks * sizeof(int));
+    e = api->drv.mem_copy(d->k.ring, c->ring.order, (size_t)c->nranks * sizeof(int));
   }
   if (!e) {
     what = "cudaEventCreate";
@@ -189,13 +191,13 @@ static brg_status kernel_map(brg_comm *c, struct brg__dev_ring *d, const dev_blo
 static brg_status setup_kernel_links(brg_comm *c, struct brg__dev_ring *d, const dev_blob *self,
                                      const dev_blob *next, const dev_blob *prev) {
   brg_status s = BRG_SUCCESS;
-  if (!d->send_staged) s = kernel_map(c, d, self, next, c->next, &d->k.next_c, &d->k.next);
+  if (!d->send_staged) s = kernel_map(c, d, self, next, c->ring.next, &d->k.next_c, &d->k.next);
   if (s != BRG_SUCCESS || d->recv_staged) return s;
-  if (c->prev == c->next && !d->send_staged) {
+  if (c->ring.prev == c->ring.next && !d->send_staged) {
     d->k.prev = d->k.next; /* two ranks: one mapping serves both links */
     return BRG_SUCCESS;
   }
-  return kernel_map(c, d, self, prev, c->prev, &d->k.prev_c, &d->k.prev);
+  return kernel_map(c, d, self, prev, c->ring.prev, &d->k.prev_c, &d->k.prev);
 }
 
 /* The one-shot path, where every rank's GPU reaches every rank's area (all
@@ -221,10 +223,10 @@ static brg_status setup_oneshot(brg_comm *c, struct brg__dev_ring *d, const dev_
   }
   size_t off = (size_t)d->k.channels * d->k.stride;
   for (int r = 0; r < c->nranks; r++) {
-    char *base = r == c->rank   ? d->k.region
-                 : r == c->next ? d->k.next
-                 : r == c->prev ? d->k.prev
-                                : NULL;
+    char *base = r == c->rank        ? d->k.region
+                 : r == c->ring.next ? d->k.next
+                 : r == c->ring.prev ? d->k.prev
+                                     : NULL;
     if (!base) {
       brg_status s = kernel_map(c, d, self, &all[r], r, &d->k.os.conn[r], &base);
       if (s != BRG_SUCCESS) return s;
@@ -371,8 +373,8 @@ static void kernel_log(brg_comm *c, struct brg__dev_ring *d) {
               !d->recv_staged  ? ""
               : d->px.gdr.recv ? "GPU to GPU (GPUDirect RDMA)"
                                : "through pinned host memory",
-              (d->send_staged ? &c->devnet->send : &c->devnet->recv)->ops->name,
-              c->devnet->send.fifo.slot_bytes);
+              (d->send_staged ? &c->devnet->ring.send : &c->devnet->ring.recv)->ops->name,
+              c->devnet->ring.send.fifo.slot_bytes);
   if (d->k.os.on)
     BRG__INFO("init",
               "device ring: allreduces up to %zu bytes (BRIGADE_DEVICE_SMALL_BYTES) go in one "
@@ -413,7 +415,7 @@ brg_status brg__dev_kernel_finish(brg_comm *c, struct brg__dev_ring *d, const de
       d->k.threads = 1;
       if (!memcmp(all[r].uuid, mine->uuid, 16)) d->k.shared_gpu = 1;
     }
-  brg_status s = setup_kernel_links(c, d, mine, &all[c->next], &all[c->prev]);
+  brg_status s = setup_kernel_links(c, d, mine, &all[c->ring.next], &all[c->ring.prev]);
   if (s == BRG_SUCCESS) s = setup_oneshot(c, d, mine, all);
   if (s == BRG_SUCCESS) brg__dev_proxy_gdr_choose(c, d, mine, all);
   if (s == BRG_SUCCESS && (d->send_staged || d->recv_staged)) s = brg__dev_proxy_start(c, d);
@@ -646,7 +648,7 @@ brg_status brg__device_kernel_run(brg_comm *c, brg__coll *k) {
   a.dtype = (int)k->dtype;
   a.op = (int)k->op;
   a.nranks = c->nranks;
-  a.pos = c->pos;
+  a.pos = c->ring.pos;
   a.root = k->root;
   a.ring = d->k.ring;
   a.sendbuf = k->sendbuf;

@@ -176,7 +176,7 @@ static int proxy_tx_hdr(struct brg__dev_ring *d, brg__conn *l, brg__waiter *w, i
 static void *proxy_tx(void *arg) {
   struct brg__dev_ring *d = arg;
   proxy_nap_precise();
-  brg__conn *l = &d->px.net->send;
+  brg__conn *l = &d->px.net->ring.send;
   brg__waiter w = {.spin = -1, .check = proxy_check, .arg = d};
   uint64_t pos = 0, freed = 0, hsent[BRG__RK_MAX_CHANNELS] = {0};
   /* GPUDirect: the link position of the channel's slot n, at n % nslots */
@@ -270,7 +270,7 @@ static int proxy_rx_hdr(struct brg__dev_ring *d, const brg__conn *l, const brg__
 static void *proxy_rx(void *arg) {
   struct brg__dev_ring *d = arg;
   proxy_nap_precise();
-  brg__conn *l = &d->px.net->recv;
+  brg__conn *l = &d->px.net->ring.recv;
   uint64_t pos = 0, got[BRG__RK_MAX_CHANNELS] = {0}, released = 0;
   uint64_t hgot[BRG__RK_MAX_CHANNELS] = {0};
   /* GPUDirect: the link position of the channel's slot n, at n % nslots */
@@ -346,11 +346,11 @@ static void *proxy_rx(void *arg) {
  * neighbours as the ring's own. */
 brg_status brg__dev_proxy_start(brg_comm *c, struct brg__dev_ring *d) {
   brg_comm *n = c->devnet;
-  if (!n || n->nranks != c->nranks || n->next != c->next || n->prev != c->prev)
+  if (!n || n->nranks != c->nranks || n->ring.next != c->ring.next || n->ring.prev != c->ring.prev)
     return brg__comm_error(c, BRG_ERR_INTERNAL,
                            "rank %d: kernel mode's links between hosts do not join this ring's "
                            "neighbours (%d and %d)",
-                           c->rank, c->prev, c->next);
+                           c->rank, c->ring.prev, c->ring.next);
   d->px.net = n;
   brg__errbuf err;
   brg_status s = BRG_SUCCESS;
@@ -398,9 +398,9 @@ void brg__dev_proxy_gdr(brg_comm *c, struct brg__dev_ring *d, dev_blob *b) {
   /* The proxy flushes what the network wrote before it raises a tail. */
   brg__dev_gdr_offer o = {&b->kgdr_send_ok, &b->kgdr_recv_ok, &b->kgdr_rkey, b->kgdr_why,
                           sizeof b->kgdr_why};
-  brg__dev_gdr_offer_slots(d, d->send_staged ? &c->devnet->send : NULL,
-                           d->recv_staged ? &c->devnet->recv : NULL, (size_t)d->nslots * d->k.slot,
-                           &d->px.gdr.rbuf, &d->px.gdr.sbuf, &o);
+  brg__dev_gdr_offer_slots(d, d->send_staged ? &c->devnet->ring.send : NULL,
+                           d->recv_staged ? &c->devnet->ring.recv : NULL,
+                           (size_t)d->nslots * d->k.slot, &d->px.gdr.rbuf, &d->px.gdr.sbuf, &o);
   b->kgdr_rptr = (uint64_t)(uintptr_t)d->px.gdr.rbuf;
 }
 
@@ -408,14 +408,14 @@ void brg__dev_proxy_gdr(brg_comm *c, struct brg__dev_ring *d, dev_blob *b) {
  * registered (brg__dev_proxy_gdr). */
 void brg__dev_proxy_gdr_choose(brg_comm *c, struct brg__dev_ring *d, const dev_blob *mine,
                                const dev_blob *all) {
-  d->px.gdr.send = d->send_staged && mine->kgdr_send_ok && all[c->next].kgdr_recv_ok;
-  d->px.gdr.recv = d->recv_staged && all[c->prev].kgdr_send_ok && mine->kgdr_recv_ok;
+  d->px.gdr.send = d->send_staged && mine->kgdr_send_ok && all[c->ring.next].kgdr_recv_ok;
+  d->px.gdr.recv = d->recv_staged && all[c->ring.prev].kgdr_send_ok && mine->kgdr_recv_ok;
   if (d->px.gdr.send)
-    c->devnet->send.ops->dev_remote(&c->devnet->send, all[c->next].kgdr_rptr,
-                                    all[c->next].kgdr_rkey, d->k.slot);
+    c->devnet->ring.send.ops->dev_remote(&c->devnet->ring.send, all[c->ring.next].kgdr_rptr,
+                                         all[c->ring.next].kgdr_rkey, d->k.slot);
   if ((d->send_staged && !d->px.gdr.send) || (d->recv_staged && !d->px.gdr.recv))
     BRG__INFO("init", "device ring: kernel mode: GPUDirect RDMA not used on the staged links: %s",
               mine->kgdr_why[0]                   ? mine->kgdr_why
-              : d->send_staged && !d->px.gdr.send ? all[c->next].kgdr_why
-                                                  : all[c->prev].kgdr_why);
+              : d->send_staged && !d->px.gdr.send ? all[c->ring.next].kgdr_why
+                                                  : all[c->ring.prev].kgdr_why);
 }

@@ -39,7 +39,7 @@ static brg_status kernel_fault(const brg_comm *c, const struct brg__dev_ring *d,
      * nothing). */
     int peer = __atomic_load_n(&w->peer, __ATOMIC_RELAXED);
     int oneshot = peer >= 0 && peer < c->nranks;
-    int from = oneshot ? peer : c->prev;
+    int from = oneshot ? peer : c->ring.prev;
     watch_call(mine, sizeof mine, &w->mine);
     if (code == BRG__RK_MISMATCH) {
       watch_call(theirs, sizeof theirs, &w->theirs);
@@ -91,7 +91,7 @@ brg_status brg__dev_kernel_stopped(brg_comm *c, struct brg__dev_ring *d) {
     uint32_t type = 0, len = 0;
     brg_status ls;
     if (brg__live_take(c, dir, &ls, &type, buf, &len, text, sizeof text) != 1) continue;
-    int peer = dir == BRG__RING_NEXT ? c->next : c->prev;
+    int peer = dir == BRG__RING_NEXT ? c->ring.next : c->ring.prev;
     if (ls != BRG_SUCCESS) {
       snprintf(why, sizeof why, "rank %d (pid %d on %.64s) is gone: %.150s", peer,
                c->peers[peer].pid, c->peers[peer].hostname, text);
@@ -147,10 +147,10 @@ int brg__dev_kernel_watch(brg_comm *c, char *why, size_t n) {
     if (still_ms < c->timeout_ms) continue;
     int wait = __atomic_load_n(&w->wait, __ATOMIC_RELAXED);
     int step = __atomic_load_n(&w->step, __ATOMIC_RELAXED);
-    int peer = wait == BRG__RK_WAIT_RECV   ? c->prev
-               : wait == BRG__RK_WAIT_SEND ? c->next
+    int peer = wait == BRG__RK_WAIT_RECV   ? c->ring.prev
+               : wait == BRG__RK_WAIT_SEND ? c->ring.next
                                            : __atomic_load_n(&w->peer, __ATOMIC_RELAXED);
-    if (peer < 0 || peer >= c->nranks) peer = c->prev;
+    if (peer < 0 || peer >= c->nranks) peer = c->ring.prev;
     char call[160];
     watch_call(call, sizeof call, &w->mine);
     snprintf(text, sizeof text,
@@ -299,19 +299,19 @@ static brg_status replays_stop(brg_comm *c, struct brg__dev_ring *d, brg_status 
  * any more; a neighbour gone or silent stops the kernels, and the stream
  * drains. */
 static brg_status kernel_drain_wait(brg_comm *c, struct brg__dev_ring *d) {
-  c->cur = NULL;
-  c->wait_conn = NULL;
-  c->wait_peer = c->next;
-  c->wait_what = "finish its device collectives";
-  c->wait_start_ns = 0;
+  c->ring.cur = NULL;
+  c->ring.wait_conn = NULL;
+  c->ring.wait_peer = c->ring.next;
+  c->ring.wait_what = "finish its device collectives";
+  c->ring.wait_start_ns = 0;
   /* A neighbour that drained and left has taken every slot this rank's
    * kernels posted to it and posted every slot they read: they finish
    * without it. */
-  c->departed_ok = 1;
+  c->ring.departed_ok = 1;
   for (int i = 0;; i++) {
     if (brg__dev_own_work_drained(d, 0) && brg__dev_proxy_flushed(d) && replays_done(d))
       return BRG_SUCCESS;
-    brg_status s = c->waiter.check ? c->waiter.check(c->waiter.arg) : BRG_SUCCESS;
+    brg_status s = c->ring.waiter.check ? c->ring.waiter.check(c->ring.waiter.arg) : BRG_SUCCESS;
     if (s != BRG_SUCCESS) {
       brg__dev_kernel_stop(d);
       int drained = brg__dev_own_work_drained(d, brg__deadline_ms(5000)) && replays_drained(d);

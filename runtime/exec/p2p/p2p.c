@@ -1892,7 +1892,7 @@ void brg__p2p_drive_end(brg_comm *c) {
 
 brg_status brg__p2p_drive_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
   brg__p2p *p = c->p2p;
-  int spin = c->waiter.spin;
+  int spin = c->ring.waiter.spin;
   int64_t s0 = 0, t0 = 0;
   /* A receive's link, once linked (set once, kept until brg__p2p_free):
    * the spin polls its readiness alone, a load as cheap as the ring's,

@@ -16,13 +16,13 @@
  * comes cannot hold the calling thread. */
 static brg_status event_wait(brg_comm *c, struct brg__dev_ring *d, void *ev, const char *what) {
   const brg__cuda_api *api = d->api;
-  c->wait_start_ns = 0;
+  c->ring.wait_start_ns = 0;
   for (int i = 0;; i++) {
     int e = api->drv.event_query(ev);
     if (e == 0) return BRG_SUCCESS;
     if (e != -1) return brg__dev_cuda_fail(c, api, e, what);
     if (i < 100) continue;
-    brg_status s = c->waiter.check ? c->waiter.check(c->waiter.arg) : BRG_SUCCESS;
+    brg_status s = c->ring.waiter.check ? c->ring.waiter.check(c->ring.waiter.arg) : BRG_SUCCESS;
     if (s != BRG_SUCCESS) return s;
     brg__sleep_ms(i < 1000 ? 0 : 1);
   }
@@ -68,19 +68,19 @@ void brg__dev_step_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b, cons
   const char *what = "cudaGetDeviceProperties";
   if (!e && d->send_staged) {
     what = "cudaHostRegister of the send FIFO (staged link)";
-    e = map_host_fifo(api, &c->send.fifo, &d->st.send_region, &d->st.send_region_dev);
+    e = map_host_fifo(api, &c->ring.send.fifo, &d->st.send_region, &d->st.send_region_dev);
   }
   if (!e && d->recv_staged) {
     what = "cudaHostRegister of the receive FIFO (staged link)";
-    e = map_host_fifo(api, &c->recv.fifo, &d->st.recv_region, &d->st.recv_region_dev);
+    e = map_host_fifo(api, &c->ring.recv.fifo, &d->st.recv_region, &d->st.recv_region_dev);
   }
   if (!e && !d->recv_staged) {
     /* The previous rank's kernels write this FIFO (a cuda_ipc link):
      * where they cannot reach this GPU, it is pinned host memory that both
      * GPUs reach. */
     brg__errbuf err = {0};
-    if (brg__dev_link_export(c, d, &d->st.fifo_in, c->prev, b, prev, fifo_bytes(d), d->stride, 1,
-                             b->fifo_info, &err) != BRG_SUCCESS) {
+    if (brg__dev_link_export(c, d, &d->st.fifo_in, c->ring.prev, b, prev, fifo_bytes(d), d->stride,
+                             1, b->fifo_info, &err) != BRG_SUCCESS) {
       snprintf(b->why, sizeof b->why, "%.191s", err.msg);
       return;
     }
@@ -130,8 +130,8 @@ static brg_status setup_links(brg_comm *c, struct brg__dev_ring *d, const dev_bl
                               const dev_blob *next, const dev_blob *prev) {
   brg_status s = BRG_SUCCESS;
   if (!d->send_staged) {
-    s = brg__dev_link_map(c, d, &d->st.fifo_out, c->next, self, next, (size_t)d->nslots * d->stride,
-                          d->stride, next->fifo_info);
+    s = brg__dev_link_map(c, d, &d->st.fifo_out, c->ring.next, self, next,
+                          (size_t)d->nslots * d->stride, d->stride, next->fifo_info);
     d->st.next_fifo = d->st.fifo_out.fifo.data;
     if (s == BRG_SUCCESS)
       s = peer_events(c, d, self, next, next->rel_ev_ptr, next->rel_ev, d->st.next_rel_ev,
@@ -195,19 +195,19 @@ static void step_log(brg_comm *c, struct brg__dev_ring *d, const dev_blob *mine,
  * published (c->dev). */
 brg_status brg__dev_step_finish(brg_comm *c, struct brg__dev_ring *d, const dev_blob *mine,
                                 const dev_blob *all, int kwho, const char *kwhy) {
-  brg_status s = setup_links(c, d, mine, &all[c->next], &all[c->prev]);
+  brg_status s = setup_links(c, d, mine, &all[c->ring.next], &all[c->ring.prev]);
   if (s != BRG_SUCCESS) return s;
   /* GPUDirect runs on a link when both of its ends registered. */
-  d->st.send_gdr = d->send_staged && mine->gdr_send_ok && all[c->next].gdr_recv_ok;
-  d->st.recv_gdr = d->recv_staged && all[c->prev].gdr_send_ok && mine->gdr_recv_ok;
+  d->st.send_gdr = d->send_staged && mine->gdr_send_ok && all[c->ring.next].gdr_recv_ok;
+  d->st.recv_gdr = d->recv_staged && all[c->ring.prev].gdr_send_ok && mine->gdr_recv_ok;
   if (d->st.send_gdr)
-    c->send.ops->dev_remote(&c->send, all[c->next].fifo_ptr, all[c->next].gdr_rkey,
-                            d->st.gdr_stride);
+    c->ring.send.ops->dev_remote(&c->ring.send, all[c->ring.next].fifo_ptr,
+                                 all[c->ring.next].gdr_rkey, d->st.gdr_stride);
   if ((d->send_staged && !d->st.send_gdr) || (d->recv_staged && !d->st.recv_gdr))
     BRG__INFO("init", "GPUDirect RDMA not used on the staged links: %s",
               mine->gdr_why[0]                    ? mine->gdr_why
-              : d->send_staged && !d->st.send_gdr ? all[c->next].gdr_why
-                                                  : all[c->prev].gdr_why);
+              : d->send_staged && !d->st.send_gdr ? all[c->ring.next].gdr_why
+                                                  : all[c->ring.prev].gdr_why);
   char why[192];
   if (d->async && brg__dev_async_setup(d, why, sizeof why) != 0) {
     d->async = 0;
@@ -238,7 +238,7 @@ static brg_status dev_recv(struct brg__ring_op *o, size_t shift, uint64_t bytes,
   struct brg__dev_ring *d = o->dev;
   const brg__cuda_api *api = d->api;
   const brg__coll *k = o->coll;
-  int rk = (int)(c->recv_pos % (uint64_t)d->nslots), e;
+  int rk = (int)(o->r->recv_pos % (uint64_t)d->nslots), e;
   const char *hdr;
   brg_status s;
   if (d->st.recv_gdr) {
@@ -261,7 +261,7 @@ static brg_status dev_recv(struct brg__ring_op *o, size_t shift, uint64_t bytes,
     return brg__comm_error(c, BRG_ERR_MISMATCH,
                            "collective mismatch: rank %d sent %llu bytes of GPU data at step %d "
                            "of %s #%llu, rank %d expected %llu",
-                           c->prev, (unsigned long long)theirs, c->cur_step,
+                           o->r->prev, (unsigned long long)theirs, o->r->cur_step,
                            brg__coll_name(k->kind), (unsigned long long)k->seq, c->rank,
                            (unsigned long long)bytes);
   e = api->drv.stream_wait_event(k->stream, d->st.prev_send_ev[rk]);
@@ -276,7 +276,7 @@ static brg_status dev_send(struct brg__ring_op *o, size_t shift, uint64_t bytes,
   brg_comm *c = o->c;
   struct brg__dev_ring *d = o->dev;
   const brg__cuda_api *api = d->api;
-  int sk = (int)(c->send_pos % (uint64_t)d->nslots), e;
+  int sk = (int)(o->r->send_pos % (uint64_t)d->nslots), e;
   char *hslot;
   brg_status s;
   if (d->st.send_gdr) {
@@ -292,7 +292,7 @@ static brg_status dev_send(struct brg__ring_op *o, size_t shift, uint64_t bytes,
   if ((s = brg__ring_send_acquire(o, 0, &hslot)) != BRG_SUCCESS) return s;
   /* One lap on, the slot is free once the next rank's kernel that read it
    * has run. */
-  if (c->send_pos >= (uint64_t)d->nslots &&
+  if (o->r->send_pos >= (uint64_t)d->nslots &&
       (e = api->drv.stream_wait_event(o->coll->stream, d->st.next_rel_ev[sk])) != 0)
     return brg__dev_cuda_fail(c, api, e, "cudaStreamWaitEvent (next rank's slot)");
   *slot = d->st.next_fifo + (size_t)sk * d->stride + shift;
@@ -331,7 +331,7 @@ static brg_status dev_apply(struct brg__ring_op *o, brg__prim prim, const char *
 static brg_status dev_sent(struct brg__ring_op *o, uint64_t bytes, const void *payload) {
   brg_comm *c = o->c;
   struct brg__dev_ring *d = o->dev;
-  int sk = (int)(c->send_pos % (uint64_t)d->nslots), e;
+  int sk = (int)(o->r->send_pos % (uint64_t)d->nslots), e;
   brg_status s;
   (void)payload;
   if ((e = d->api->drv.event_record(d->st.send_ev[sk], o->coll->stream)) != 0)
@@ -349,7 +349,7 @@ static brg_status dev_sent(struct brg__ring_op *o, uint64_t bytes, const void *p
 static brg_status dev_received(struct brg__ring_op *o) {
   brg_comm *c = o->c;
   struct brg__dev_ring *d = o->dev;
-  int rk = (int)(c->recv_pos % (uint64_t)d->nslots), e;
+  int rk = (int)(o->r->recv_pos % (uint64_t)d->nslots), e;
   brg_status s;
   if ((e = d->api->drv.event_record(d->st.rel_ev[rk], o->coll->stream)) != 0)
     return brg__dev_cuda_fail(c, d->api, e, "cudaEventRecord");
