@@ -1737,7 +1737,7 @@ brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
   int silent = s == BRG_ERR_REMOTE && op->status == BRG_ERR_REMOTE;
   s = op->status;
   p2p_peer *pr = op->peer >= 0 ? p->peer[op->peer] : NULL;
-  char gone_why[256] = "";
+  char gone_why[512] = "";
   if (silent)
     snprintf(gone_why, sizeof gone_why,
              "rank %d (pid %d on %s) has been silent for %lld ms (host gone, cut off or stopped; "
@@ -1748,6 +1748,17 @@ brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
     snprintf(gone_why, sizeof gone_why, "%s", op->is_send ? pr->out_why : pr->gone_why);
   pthread_mutex_unlock(&p->lock);
   if (s == BRG_SUCCESS) return s;
+  /* A partner that hung up may have failed for another rank's death (a
+   * tree's or rhd's partner gives up on the rank it waited for): the
+   * rank liveness saw go, when it is another one, is the cause. Read with
+   * p2p's lock released (liveness.c calls into p2p.c under its own). */
+  if (!silent && pr && op->peer >= 0 && s == BRG_ERR_REMOTE) {
+    char why[256];
+    int gone = brg__live_gone(c, NULL, 0, "the communicator", why, sizeof why);
+    size_t at = strlen(gone_why);
+    if (gone >= 0 && gone != op->peer && at < sizeof gone_why)
+      snprintf(gone_why + at, sizeof gone_why - at, "; %s", why);
+  }
   if (op->is_send) cut_notice(c, op->peer);
   if (op->is_send) return send_failed(c, fn, op, s, gone_why);
   /* Who it waited for: a receive from any source names its sender once
@@ -1782,13 +1793,24 @@ brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
                            op->tag, (unsigned long long)op->peer_count, pd ? pd : "?",
                            (unsigned long long)op->peer_num);
   }
-  case BRG_ERR_TIMEOUT:
-    return brg__comm_error(c, s,
-                           "%s: receive of %llu x %s from %s timed out: "
-                           "nothing arrived for %d ms (%llu of %llu bytes in)",
-                           fn, (unsigned long long)op->count, dn, from, c->timeout_ms,
-                           (unsigned long long)op->got,
-                           (unsigned long long)(op->count * brg_dtype_size((brg_dtype)op->dtype)));
+  case BRG_ERR_TIMEOUT: {
+    /* The rank that went silent, whether or not it is the one waited for
+     * (a tree's or rhd's partner may itself wait for a stopped rank), as
+     * the ring's timeout names it. */
+    char quiet_why[192] = "";
+    int64_t quiet_ms = 0;
+    int quiet = brg__live_silent(c, &quiet_ms);
+    if (quiet >= 0)
+      snprintf(quiet_why, sizeof quiet_why,
+               "; rank %d (pid %d on %s) has been silent for %lld ms (stopped, hung or cut off)",
+               quiet, c->peers[quiet].pid, c->peers[quiet].hostname, (long long)quiet_ms);
+    return brg__comm_error(
+        c, s,
+        "%s: receive of %llu x %s from %s timed out: "
+        "nothing arrived for %d ms (%llu of %llu bytes in)%s",
+        fn, (unsigned long long)op->count, dn, from, c->timeout_ms, (unsigned long long)op->got,
+        (unsigned long long)(op->count * brg_dtype_size((brg_dtype)op->dtype)), quiet_why);
+  }
   case BRG_ERR_ABORTED:
     return brg__comm_error(c, s, "%s: receive from %s: communicator was aborted", fn, from);
   default:
