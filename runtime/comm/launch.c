@@ -211,7 +211,12 @@ int brg__pmix_share(int rank, char *value, size_t value_bytes, brg__errbuf *err)
     st = px.get(&root, PMIX_KEY, NULL, 0, &got);
     if (st == PMIX_SUCCESS && (!got || got->type != PMIX_STRING || !got->data.string)) st = -1;
     if (st == PMIX_SUCCESS) snprintf(value, value_bytes, "%s", got->data.string);
-    /* `got` is libpmix's; its release is a macro of the headers: left */
+    /* What PMIX_VALUE_RELEASE does for a string (pmix_free is free): the
+     * string, then the value. Another type (never here) is left. */
+    if (got && got->type == PMIX_STRING) {
+      free(got->data.string);
+      free(got);
+    }
   }
   px.end(NULL, 0);
   if (st == PMIX_SUCCESS) return 0;

@@ -119,8 +119,8 @@ int main(int argc, char **argv) {
   snprintf(cmd, sizeof cmd,
            "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 BRIGADE_DEBUG=INFO "
            "BRIGADE_DEBUG_SUBSYS=init timeout 90 mpirun --oversubscribe -np %d "
-           "-x BRIGADE_DEBUG -x BRIGADE_DEBUG_SUBSYS '%s' --rank 2>&1",
-           n, self);
+           "-x BRIGADE_DEBUG -x BRIGADE_DEBUG_SUBSYS %s '%s' --rank 2>&1",
+           n, getenv("LSAN_OPTIONS") ? "-x LSAN_OPTIONS" : "", self);
   FILE *f = popen(cmd, "r");
   if (!f) {
     perror("test_pmix: popen");
