@@ -421,6 +421,10 @@ int brg__live_take(brg_comm *c, int dir, brg_status *s, uint32_t *type, char *da
                    char *text, size_t text_bytes);
 /* The rank silent the longest and for how long (*silent_ms), -1: none. */
 int brg__live_silent(brg_comm *c, int64_t *silent_ms);
+/* For a timeout's message: "; rank R (pid P on H) has been silent for T ms
+ * (stopped, hung or cut off)" of the rank silent the longest, whether or
+ * not it is the one waited for, else "". */
+void brg__live_silent_note(brg_comm *c, char *note, size_t note_bytes);
 /* How long rank `rank` has been silent, in ms; -1 when it is not (or
  * liveness does not run). */
 int64_t brg__live_silent_rank(brg_comm *c, int rank);

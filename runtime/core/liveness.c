@@ -225,6 +225,16 @@ static void live_read(brg__live *l, int dir) {
   pthread_mutex_unlock(&l->lock);
 }
 
+void brg__live_silent_note(brg_comm *c, char *note, size_t note_bytes) {
+  int64_t silent_ms = 0;
+  int quiet = brg__live_silent(c, &silent_ms);
+  note[0] = 0;
+  if (quiet >= 0)
+    snprintf(note, note_bytes,
+             "; rank %d (pid %d on %s) has been silent for %lld ms (stopped, hung or cut off)",
+             quiet, c->peers[quiet].pid, c->peers[quiet].hostname, (long long)silent_ms);
+}
+
 int brg__live_silent_limit_ms(const brg_comm *c) {
   if (c->silent_fail_ms <= 0 || c->silent_fail_ms >= c->timeout_ms) return c->timeout_ms;
   /* twice the longest pause seen, when that is longer: a rank that paused

@@ -135,13 +135,8 @@ static brg_status ring_check(void *arg) {
       brg__coll_describe(what, sizeof what, r->cur->kind, r->cur->seq, r->cur->count, r->cur->dtype,
                          r->cur->op, r->cur->root, r->cur->device);
     /* The rank that went silent, whether or not it is the one waited for. */
-    char silent[192] = "";
-    int64_t silent_ms = 0;
-    int quiet = brg__live_silent(c, &silent_ms);
-    if (quiet >= 0)
-      snprintf(silent, sizeof silent,
-               "; rank %d (pid %d on %s) has been silent for %lld ms (stopped, hung or cut off)",
-               quiet, c->peers[quiet].pid, c->peers[quiet].hostname, (long long)silent_ms);
+    char silent[192];
+    brg__live_silent_note(c, silent, sizeof silent);
     return brg__comm_error(c, BRG_ERR_TIMEOUT,
                            "timeout: no progress for %d ms in %s at step %d, waiting for rank "
                            "%d (pid %d on %s) to %s%s",

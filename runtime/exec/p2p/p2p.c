@@ -1797,13 +1797,8 @@ brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
     /* The rank that went silent, whether or not it is the one waited for
      * (a tree's or rhd's partner may itself wait for a stopped rank), as
      * the ring's timeout names it. */
-    char quiet_why[192] = "";
-    int64_t quiet_ms = 0;
-    int quiet = brg__live_silent(c, &quiet_ms);
-    if (quiet >= 0)
-      snprintf(quiet_why, sizeof quiet_why,
-               "; rank %d (pid %d on %s) has been silent for %lld ms (stopped, hung or cut off)",
-               quiet, c->peers[quiet].pid, c->peers[quiet].hostname, (long long)quiet_ms);
+    char quiet_why[192];
+    brg__live_silent_note(c, quiet_why, sizeof quiet_why);
     return brg__comm_error(
         c, s,
         "%s: receive of %llu x %s from %s timed out: "
