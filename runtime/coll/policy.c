@@ -28,14 +28,14 @@ static int rings_take(const brg_comm *c, const brg__coll *k, const brg__exec_ops
 }
 
 /* The first device call's: kernel mode's links between hosts for this
- * communicator and its rings (comm/split.c), before the device setup that
- * uses them; brg_comm_device_setup's
+ * communicator and its rings (comm/comm.c's net rings), before the device
+ * setup that uses them; brg_comm_device_setup's
  * (setup_only) asks each ring. */
 brg_status brg__exec_device_links(brg_comm *c, brg__coll *k) {
-  if ((c->devnet_state != 0 && !k->setup_only) || __atomic_load_n(&c->dev, __ATOMIC_ACQUIRE))
+  if ((c->netring_state != 0 && !k->setup_only) || __atomic_load_n(&c->dev, __ATOMIC_ACQUIRE))
     return BRG_SUCCESS;
-  brg_status s = brg__comm_devnet(c);
-  for (int r = 1; s == BRG_SUCCESS && r < c->nrings; r++) s = brg__comm_devnet(c->rings[r]);
+  brg_status s = brg__comm_netring(c);
+  for (int r = 1; s == BRG_SUCCESS && r < c->nrings; r++) s = brg__comm_netring(c->rings[r]);
   return s;
 }
 
@@ -322,7 +322,7 @@ static brg_status allreduce_choice(brg_comm *c, brg__coll *k) {
   brg_status s = c->hier_state == 0 ? brg__hier_make(c, &sh) : BRG_SUCCESS;
   /* GPU buffers: the links kernel mode needs between hosts, made here as
    * the communicators were (the device setup of each runs at its first phase). */
-  if (s == BRG_SUCCESS && k->device) s = brg__comm_devnet(c->cross);
+  if (s == BRG_SUCCESS && k->device) s = brg__comm_netring(c->cross);
   if (s != BRG_SUCCESS) return s;
   k->exec = &brg__exec_hier;
   return BRG_SUCCESS;

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "device.h"
 #include "exec.h"
 #include "hash.h"
 #include "internal.h"
@@ -75,11 +76,52 @@ static brg_status exchange(brg_comm *c, int send_dir, const void *msg, uint32_t 
                     recv_dir == BRG__RING_NEXT ? c->ring.next : c->ring.prev, type, *got);
 }
 
+/* What the receiving end of a link tells its sender: the transport it
+ * chose for the link and the one for device collectives on it
+ * (brg__device_link's choice), which the sender checks, then the
+ * transport's own connection info. */
+enum { LINK_HEAD = 64, LINK_INFO = BRG__CONN_INFO_BYTES + LINK_HEAD };
+
+/*
+ * How the two ends of each of a ring's links meet during its setup
+ * (ring_links): the receiving end's info goes to the sender (info), and
+ * the sender says it attached (attached). The communicator's own ring
+ * sends them over its ring sockets (sock_wire); kernel mode's net ring,
+ * which has no ring sockets, all-gathers them over its owner (gather_wire).
+ */
+typedef struct link_wire link_wire;
+struct link_wire {
+  /* 1: every rank takes every step, with its status so far (st), even
+   * after a failure of its own, since an all-gather needs every rank;
+   * 0: a failure ends the setup at once, and the caller tells the
+   * neighbours. */
+  int together;
+  /* This rank's info (LINK_INFO bytes) to prev; next's into peer, *got
+   * bytes of it. */
+  brg_status (*info)(brg__ring *r, void *arg, brg_status st, const char *mine, char *peer,
+                     uint32_t *got, brg__errbuf *err);
+  /* The link to next attached (st: whether it did); waits for the link
+   * from prev to have attached. */
+  brg_status (*attached)(brg__ring *r, void *arg, brg_status st, brg__errbuf *err);
+  /* The sender's connect to next failed with s: a better reason, where
+   * the wire knows one (NULL: none). */
+  brg_status (*gave_up)(brg__ring *r, brg_status s, brg__errbuf *err);
+};
+
+/* How a ring's links are shaped and told apart from other links. */
+typedef struct link_shape {
+  int nslots;
+  size_t slot_bytes;
+  uint64_t comm_id; /* names (shm's FIFOs): one per ring of links */
+  const uint8_t *secret;
+  const char *what; /* for the INFO line: "" or "kernel mode's net ring: " */
+} link_shape;
+
 /* The link from prev, accepted on a thread of its own for transports that
  * listen: strangers on the listener are taken and dropped from the moment
  * it opens, whatever this rank's own connect to next is waiting for. */
 typedef struct recv_side {
-  brg_comm *c;
+  brg__ring *r;
   brg__conn_params p;
   brg__waiter waiter;
   int64_t deadline;
@@ -93,23 +135,153 @@ typedef struct recv_side {
  * with the thread that connects to next. */
 static brg_status recv_side_check(void *arg) {
   recv_side *r = arg;
-  if (__atomic_load_n(&r->c->aborted, __ATOMIC_ACQUIRE) ||
+  brg_comm *c = r->r->comm;
+  if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE) ||
       __atomic_load_n(&r->cancel, __ATOMIC_ACQUIRE))
     return BRG_ERR_ABORTED;
   char why[BRG__ERRLEN / 2];
-  if (brg__bootstrap_watch(r->c->bs, why, sizeof why)) return BRG_ERR_REMOTE;
+  if (brg__bootstrap_watch(c->bs, why, sizeof why)) return BRG_ERR_REMOTE;
   return brg__deadline_passed(r->deadline) ? BRG_ERR_TIMEOUT : BRG_SUCCESS;
 }
 
 static void *recv_side_main(void *arg) {
   recv_side *r = arg;
-  r->s = r->c->ring.recv.ops->recv_connect(&r->c->ring.recv, &r->p, &r->err);
+  r->s = r->r->recv.ops->recv_connect(&r->r->recv, &r->p, &r->err);
   return NULL;
+}
+
+/* Sets up ring r's two links: from prev (receive) and to next (send),
+ * with the transports its owner (r->comm) allows, meeting the other ends
+ * through w (arg: the wire's state). */
+static brg_status ring_links(brg__ring *r, const link_shape *sh, const link_wire *w, void *arg,
+                             brg__errbuf *err) {
+  brg_comm *c = r->comm;
+  const char *allow = c->transports;
+  const brg__transport_ops *tsend =
+      brg__transport_pick(&c->peers[c->rank], &c->peers[r->next], allow, BRG__CARRIES_HOST);
+  const brg__transport_ops *trecv =
+      brg__transport_pick(&c->peers[r->prev], &c->peers[c->rank], allow, BRG__CARRIES_HOST);
+  brg_status s = BRG_SUCCESS;
+  if (!tsend || !trecv) {
+    s = brg__error(err, BRG_ERR_UNAVAILABLE, "init",
+                   "no transport can link rank %d and rank %d (transports allowed: \"%s\", "
+                   "from %s)",
+                   c->rank, tsend ? r->prev : r->next, allow,
+                   c->transports_from_config ? "brg_comm_config" : "BRIGADE_TRANSPORTS");
+    if (!w->together) return s;
+  }
+  brg__conn_params ps = {.rank = c->rank,
+                         .peer = r->next,
+                         .nranks = c->nranks,
+                         .self_info = &c->peers[c->rank],
+                         .peer_info = &c->peers[r->next],
+                         .nslots = sh->nslots,
+                         .slot_bytes = sh->slot_bytes,
+                         .comm_id = sh->comm_id,
+                         .secret = sh->secret,
+                         .timeout_ms = c->timeout_ms,
+                         .waiter = &r->waiter};
+  recv_side rs = {.r = r, .p = ps};
+  rs.p.peer = r->prev;
+  rs.p.peer_info = &c->peers[r->prev];
+
+  /* Receiver side first: its info travels to prev, whose sender connects. */
+  char info[LINK_INFO], peer_info[LINK_INFO];
+  const brg__transport_ops *dsend = brg__transport_pick(&c->peers[c->rank], &c->peers[r->next],
+                                                        allow, BRG__CARRIES_DEVICE),
+                           *drecv = brg__transport_pick(&c->peers[r->prev], &c->peers[c->rank],
+                                                        allow, BRG__CARRIES_DEVICE);
+  memset(info, 0, sizeof info);
+  int threaded = 0;
+  if (s == BRG_SUCCESS) {
+    snprintf(info, 32, "%s", trecv->name);
+    snprintf(info + 32, 32, "%s", drecv ? drecv->name : "");
+    r->recv.ops = trecv;
+    r->recv.peer = r->prev;
+    r->recv_open = 1;
+    s = trecv->recv_setup(&r->recv, &rs.p, info + LINK_HEAD, err);
+    if (s != BRG_SUCCESS && !w->together) return s;
+  }
+  if (s == BRG_SUCCESS && trecv->listens) {
+    rs.waiter = (brg__waiter){.spin = r->waiter.spin, .check = recv_side_check, .arg = &rs};
+    rs.p.waiter = &rs.waiter;
+    rs.deadline = brg__deadline_ms(c->timeout_ms);
+    s = brg__proxy_start(&rs.thread, recv_side_main, &rs, "brg-accept", err);
+    if (s != BRG_SUCCESS && !w->together) return s;
+    threaded = s == BRG_SUCCESS;
+  }
+  uint32_t got = 0;
+  s = w->info(r, arg, s, info, peer_info, &got, err);
+  if (s != BRG_SUCCESS) goto attached;
+  if (got != sizeof peer_info || strncmp(peer_info, tsend->name, 32) != 0) {
+    peer_info[31] = 0;
+    s = brg__error(err, BRG_ERR_MISMATCH, "init",
+                   "rank %d chose transport \"%s\" for the link from rank %d, which chose "
+                   "\"%s\" (are the transports allowed the same on every rank?)",
+                   r->next, got == sizeof peer_info ? peer_info : "?", c->rank, tsend->name);
+    goto attached;
+  }
+  peer_info[63] = 0;
+  if (strncmp(peer_info + 32, dsend ? dsend->name : "", 32) != 0) {
+    s = brg__error(err, BRG_ERR_MISMATCH, "init",
+                   "rank %d chose transport \"%s\" for device collectives on the link from rank "
+                   "%d, which chose \"%s\" (are the transports allowed the same on every rank?)",
+                   r->next, peer_info + 32, c->rank, dsend ? dsend->name : "");
+    goto attached;
+  }
+  r->send.ops = tsend;
+  r->send.peer = r->next;
+  r->send_open = 1;
+  s = tsend->send_connect(&r->send, &ps, peer_info + LINK_HEAD, err);
+  if (s != BRG_SUCCESS && w->gave_up) s = w->gave_up(r, s, err);
+attached:
+  if (s == BRG_SUCCESS || w->together) s = w->attached(r, arg, s, err);
+  if (s == BRG_SUCCESS && !threaded) s = trecv->recv_connect(&r->recv, &rs.p, err);
+  if (threaded) {
+    if (s != BRG_SUCCESS) __atomic_store_n(&rs.cancel, 1, __ATOMIC_RELEASE);
+    pthread_join(rs.thread, NULL);
+    if (s == BRG_SUCCESS && rs.s != BRG_SUCCESS) {
+      s = rs.s;
+      if (err) *err = rs.err;
+    }
+  }
+  if (s != BRG_SUCCESS) return s;
+  BRG__INFO("init",
+            "%slink to rank %d (next) via %s, from rank %d (prev) via %s; %d slots x %zu bytes",
+            sh->what, r->next, tsend->name, r->prev, trecv->name, sh->nslots, sh->slot_bytes);
+  return BRG_SUCCESS;
+}
+
+/* Closes what ring_links opened (any part of it). */
+static void ring_links_close(brg__ring *r) {
+  if (r->send_open && r->send.ops) r->send.ops->close(&r->send);
+  if (r->recv_open && r->recv.ops) r->recv.ops->close(&r->recv);
+  r->send_open = r->recv_open = 0;
+}
+
+/* ---- the communicator's own ring: over its ring sockets ---- */
+
+static brg_status sock_info(brg__ring *r, void *arg, brg_status st, const char *mine, char *peer,
+                            uint32_t *got, brg__errbuf *err) {
+  (void)arg;
+  (void)st; /* not together: called only while the setup stands */
+  return exchange(r->comm, BRG__RING_PREV, mine, LINK_INFO, BRG__RING_NEXT, BRG__MSG_CONN_INFO,
+                  peer, LINK_INFO, got, err);
+}
+
+static brg_status sock_attached(brg__ring *r, void *arg, brg_status st, brg__errbuf *err) {
+  (void)arg;
+  (void)st;
+  char ack = 1, ack_in;
+  uint32_t got = 0;
+  return exchange(r->comm, BRG__RING_NEXT, &ack, 1, BRG__RING_PREV, BRG__MSG_ATTACHED, &ack_in, 1,
+                  &got, err);
 }
 
 /* The link to next failed to attach. Where next gave up first, its notice
  * is already on the ring socket: that says what really happened. */
-static brg_status next_gave_up(brg_comm *c, brg_status s, brg__errbuf *err) {
+static brg_status next_gave_up(brg__ring *ring, brg_status s, brg__errbuf *err) {
+  brg_comm *c = ring->comm;
   uint32_t type = 0, got = 0;
   char buf[BRG__BOOT_MAX_MSG + 1];
   brg__errbuf quiet = {0};
@@ -123,110 +295,140 @@ static brg_status next_gave_up(brg_comm *c, brg_status s, brg__errbuf *err) {
                     c->ring.next, c->rank, buf + 4);
 }
 
-/* Sets up the two links of this rank: from prev (receive) and to next (send). */
-static brg_status connect_ring(brg_comm *c, const uint8_t *secret, brg__errbuf *err) {
-  const char *allow = c->transports;
-  const brg__transport_ops *tsend =
-      brg__transport_pick(&c->peers[c->rank], &c->peers[c->ring.next], allow, BRG__CARRIES_HOST);
-  const brg__transport_ops *trecv =
-      brg__transport_pick(&c->peers[c->ring.prev], &c->peers[c->rank], allow, BRG__CARRIES_HOST);
-  if (!tsend || !trecv)
-    return brg__error(err, BRG_ERR_UNAVAILABLE, "init",
-                      "no transport can link rank %d and rank %d (transports allowed: \"%s\", "
-                      "from %s)",
-                      c->rank, tsend ? c->ring.prev : c->ring.next, allow,
-                      c->transports_from_config ? "brg_comm_config" : "BRIGADE_TRANSPORTS");
-  brg__conn_params ps = {.rank = c->rank,
-                         .peer = c->ring.next,
-                         .nranks = c->nranks,
-                         .self_info = &c->peers[c->rank],
-                         .peer_info = &c->peers[c->ring.next],
-                         .nslots = c->nslots,
-                         .slot_bytes = c->slice_bytes,
-                         .comm_id = c->comm_id,
-                         .secret = secret,
-                         .timeout_ms = c->timeout_ms,
-                         .waiter = &c->ring.waiter};
-  recv_side rs = {.c = c, .p = ps};
-  rs.p.peer = c->ring.prev;
-  rs.p.peer_info = &c->peers[c->ring.prev];
+static const link_wire sock_wire = {
+    .together = 0, .info = sock_info, .attached = sock_attached, .gave_up = next_gave_up};
 
-  /* Receiver side first: its info travels to prev, whose sender connects.
-   * Before it, the transport it chose for the link and the one for device
-   * collectives on it (brg__device_link's choice), which the sender checks. */
-  enum { HEAD = 64 };
-  char info[BRG__CONN_INFO_BYTES + HEAD], peer_info[BRG__CONN_INFO_BYTES + HEAD];
-  const brg__transport_ops *dsend = brg__transport_pick(&c->peers[c->rank], &c->peers[c->ring.next],
-                                                        allow, BRG__CARRIES_DEVICE),
-                           *drecv = brg__transport_pick(&c->peers[c->ring.prev], &c->peers[c->rank],
-                                                        allow, BRG__CARRIES_DEVICE);
-  memset(info, 0, sizeof info);
-  snprintf(info, 32, "%s", trecv->name);
-  snprintf(info + 32, 32, "%s", drecv ? drecv->name : "");
-  c->ring.recv.ops = trecv;
-  c->ring.recv.peer = c->ring.prev;
-  c->ring.recv_open = 1;
-  brg_status s = trecv->recv_setup(&c->ring.recv, &rs.p, info + HEAD, err);
-  if (s != BRG_SUCCESS) return s;
-  int threaded = 0;
-  if (trecv->listens) {
-    rs.waiter = (brg__waiter){.spin = c->ring.waiter.spin, .check = recv_side_check, .arg = &rs};
-    rs.p.waiter = &rs.waiter;
-    rs.deadline = brg__deadline_ms(c->timeout_ms);
-    s = brg__proxy_start(&rs.thread, recv_side_main, &rs, "brg-accept", err);
-    if (s != BRG_SUCCESS) return s;
-    threaded = 1;
-  }
-  uint32_t got = 0;
-  s = exchange(c, BRG__RING_PREV, info, sizeof info, BRG__RING_NEXT, BRG__MSG_CONN_INFO, peer_info,
-               sizeof peer_info, &got, err);
-  if (s != BRG_SUCCESS) goto out;
-  if (got != sizeof peer_info || strncmp(peer_info, tsend->name, 32) != 0) {
-    peer_info[31] = 0;
-    s = brg__error(err, BRG_ERR_MISMATCH, "init",
-                   "rank %d chose transport \"%s\" for the link from rank %d, which chose "
-                   "\"%s\" (are the transports allowed the same on every rank?)",
-                   c->ring.next, got == sizeof peer_info ? peer_info : "?", c->rank, tsend->name);
-    goto out;
-  }
-  peer_info[63] = 0;
-  if (strncmp(peer_info + 32, dsend ? dsend->name : "", 32) != 0) {
-    s = brg__error(err, BRG_ERR_MISMATCH, "init",
-                   "rank %d chose transport \"%s\" for device collectives on the link from rank "
-                   "%d, which chose \"%s\" (are the transports allowed the same on every rank?)",
-                   c->ring.next, peer_info + 32, c->rank, dsend ? dsend->name : "");
-    goto out;
-  }
-  c->ring.send.ops = tsend;
-  c->ring.send.peer = c->ring.next;
-  c->ring.send_open = 1;
-  s = tsend->send_connect(&c->ring.send, &ps, peer_info + HEAD, err);
-  if (s != BRG_SUCCESS) {
-    s = next_gave_up(c, s, err);
-    goto out;
-  }
-  char ack = 1, ack_in;
-  s = exchange(c, BRG__RING_NEXT, &ack, 1, BRG__RING_PREV, BRG__MSG_ATTACHED, &ack_in, 1, &got,
-               err);
-  if (s != BRG_SUCCESS) goto out;
-  if (!threaded) {
-    s = trecv->recv_connect(&c->ring.recv, &rs.p, err);
-    if (s != BRG_SUCCESS) return s;
-  }
-out:
-  if (threaded) {
-    if (s != BRG_SUCCESS) __atomic_store_n(&rs.cancel, 1, __ATOMIC_RELEASE);
-    pthread_join(rs.thread, NULL);
-    if (s == BRG_SUCCESS && rs.s != BRG_SUCCESS) {
-      s = rs.s;
-      if (err) *err = rs.err;
-    }
-  }
-  if (s != BRG_SUCCESS) return s;
-  BRG__INFO("init",
-            "link to rank %d (next) via %s, from rank %d (prev) via %s; %d slots x %zu bytes",
-            c->ring.next, tsend->name, c->ring.prev, trecv->name, c->nslots, c->slice_bytes);
+/* Sets up the two links of this rank on its own ring. */
+static brg_status connect_ring(brg_comm *c, const uint8_t *secret, brg__errbuf *err) {
+  link_shape sh = {.nslots = c->nslots,
+                   .slot_bytes = c->slice_bytes,
+                   .comm_id = c->comm_id,
+                   .secret = secret,
+                   .what = ""};
+  return ring_links(&c->ring, &sh, &sock_wire, NULL, err);
+}
+
+/* ---- kernel mode's net ring: over all-gathers of its owner ---- */
+
+/* A rank's word in each of the net ring's all-gathers: its status so far,
+ * why it failed, and (in the first) its receiving end's info. */
+typedef struct net_word {
+  brg__split_confirm st;
+  char info[LINK_INFO];
+} net_word;
+
+/* All-gathers each rank's status (and info) over the owner; fails with
+ * the owner's error, else with rank `peer`'s failure (-1: none looked at).
+ * *all holds every rank's word. */
+static brg_status net_gather(brg__ring *r, brg_status st, const brg__errbuf *why, const char *info,
+                             net_word *all, int peer, const char *peer_was, brg__errbuf *err) {
+  brg_comm *c = r->comm;
+  net_word mine;
+  memset(&mine, 0, sizeof mine);
+  mine.st.status = (int32_t)st;
+  if (st != BRG_SUCCESS)
+    snprintf(mine.st.why, sizeof mine.st.why, "%.*s", (int)sizeof mine.st.why - 1, why->msg);
+  if (info) memcpy(mine.info, info, LINK_INFO);
+  brg_status g = brg__split_gather(c, &mine, all, sizeof mine);
+  if (st != BRG_SUCCESS) return st;
+  if (g != BRG_SUCCESS)
+    return brg__error(err, g, "init", "the all-gather over this communicator failed: %s",
+                      brg_comm_last_error(c));
+  if (peer >= 0 && all[peer].st.status != BRG_SUCCESS)
+    return brg__error(err, BRG_ERR_REMOTE, "init", "rank %d (%s) failed: %.*s", peer, peer_was,
+                      (int)sizeof all[peer].st.why, all[peer].st.why);
   return BRG_SUCCESS;
+}
+
+/* arg: every rank's word (nranks of them), for each gather in turn. */
+static brg_status net_info(brg__ring *r, void *arg, brg_status st, const char *mine, char *peer,
+                           uint32_t *got, brg__errbuf *err) {
+  net_word *all = arg;
+  brg__errbuf why = *err;
+  brg_status s =
+      net_gather(r, st, &why, mine, all, r->next, "next, setting up its receiving end", err);
+  if (s != BRG_SUCCESS) return s;
+  memcpy(peer, all[r->next].info, LINK_INFO);
+  *got = LINK_INFO;
+  return BRG_SUCCESS;
+}
+
+static brg_status net_attached(brg__ring *r, void *arg, brg_status st, brg__errbuf *err) {
+  brg__errbuf why = *err;
+  return net_gather(r, st, &why, NULL, arg, r->prev, "prev, attaching to this rank", err);
+}
+
+static const link_wire gather_wire = {.together = 1, .info = net_info, .attached = net_attached};
+
+brg_status brg__comm_netring(brg_comm *c) {
+  if (c->netring_state != 0 || c->nranks < 2) return BRG_SUCCESS;
+  int staged = brg__device_staged_any(c);
+  c->netring_state = 1;
+  if (!staged || !strcmp(brg__device_str(BRG__DEVICE_MODE), "step")) return BRG_SUCCESS;
+  c->netring_state = -1;
+  int n = c->nranks;
+  brg__ring *r = calloc(1, sizeof *r);
+  int *order = calloc((size_t)n, sizeof *order);
+  net_word *all = calloc((size_t)n, sizeof *all);
+  if (!r || !order || !all) {
+    free(r);
+    free(order);
+    free(all);
+    return brg__comm_error(c, BRG_ERR_NO_MEMORY,
+                           "device collectives: out of memory for kernel mode's links between "
+                           "hosts (%d ranks)",
+                           n);
+  }
+  /* The owner's place on its ring, links of its own. */
+  brg__ring_init_net(r, c);
+  memcpy(order, c->ring.order, (size_t)n * sizeof *order);
+  r->order = order;
+  r->pos = c->ring.pos;
+  r->next = c->ring.next;
+  r->prev = c->ring.prev;
+  link_shape sh = {.nslots = c->nslots,
+                   .slot_bytes = c->slice_bytes,
+                   .comm_id = brg__fnv1a64(c->comm_id, "net ring", 8),
+                   .secret = brg__bootstrap_secret(c->bs),
+                   .what = "kernel mode's net ring: "};
+  brg__errbuf err = {0};
+  brg_status s = ring_links(r, &sh, &gather_wire, all, &err);
+  /* Nobody uses the links before every rank has confirmed its own: a
+   * failure on one rank is reported on all, naming it. */
+  brg__errbuf why = err;
+  s = net_gather(r, s, &why, NULL, all, -1, NULL, &err);
+  for (int k = 0; s == BRG_SUCCESS && k < n; k++)
+    if (all[k].st.status != BRG_SUCCESS)
+      s = brg__error(&err, BRG_ERR_REMOTE, "init", "rank %d failed its set-up: %.*s", k,
+                     (int)sizeof all[k].st.why, all[k].st.why);
+  free(all);
+  if (s != BRG_SUCCESS) {
+    /* next may have died between making its shm FIFO from this rank and
+     * telling its name, which nobody else would unlink. */
+    if (!r->send.fifo.data &&
+        brg__transport_pick(&c->peers[c->rank], &c->peers[r->next], c->transports,
+                            BRG__CARRIES_HOST) == &brg__transport_shm)
+      brg__shm_forget(sh.comm_id, r->next, c->rank);
+    ring_links_close(r);
+    free(order);
+    free(r);
+    return brg__comm_error(c, s,
+                           "device collectives: making kernel mode's links between hosts (a "
+                           "second pair of links on this communicator's ring) failed: %s",
+                           err.msg);
+  }
+  c->netring_state = 1;
+  __atomic_store_n(&c->netring, r, __ATOMIC_RELEASE);
+  return BRG_SUCCESS;
+}
+
+/* Closes the net ring's links, once its proxy stopped. */
+static void netring_free(brg_comm *c) {
+  brg__ring *r = __atomic_exchange_n(&c->netring, NULL, __ATOMIC_ACQ_REL);
+  if (!r) return;
+  ring_links_close(r);
+  free(r->order);
+  free(r);
 }
 
 /* The goodbye carries the executors' word (brg__exec_bye_word), which
@@ -304,11 +506,10 @@ static brg_status comm_free(brg_comm *c) {
   if (local) brg_comm_destroy(local);
   if (cross) brg_comm_destroy(cross);
   if (fold) brg_comm_destroy(fold);
-  /* Kernel mode's links between hosts: its proxy stops first (the
-   * neighbours said goodbye above, so they have all its slots). */
+  /* Kernel mode's net ring: its proxy stops first (the neighbours said
+   * goodbye above, so they have all its slots), then its links close. */
   brg__exec_stop(c);
-  brg_comm *devnet = __atomic_exchange_n(&c->devnet, NULL, __ATOMIC_ACQ_REL);
-  if (devnet) brg_comm_destroy(devnet);
+  netring_free(c);
   /* The extra rings likewise; every rank tears them down in the same order,
    * so their neighbours are there to say goodbye to. */
   for (int r = 1; r < c->nrings; r++)
@@ -321,8 +522,7 @@ static brg_status comm_free(brg_comm *c) {
   brg__exec_free(c);
   brg__p2p_free(c); /* after the worker, which may be in an all_to_all */
   brg__live_free(c);
-  if (c->ring.send_open && c->ring.send.ops) c->ring.send.ops->close(&c->ring.send);
-  if (c->ring.recv_open && c->ring.recv.ops) c->ring.recv.ops->close(&c->ring.recv);
+  ring_links_close(&c->ring);
   if (c->bs) brg__bootstrap_destroy(c->bs);
   pthread_mutex_destroy(&c->err_lock);
   pthread_mutex_destroy(&c->ring_lock);
@@ -592,10 +792,7 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
     else
       c->small_bytes = 0;
   }
-  /* Links alone (a link set's kernel mode links) run no collectives. */
-  if ((!split || split->piece != BRG__PIECE_LINKS) &&
-      (s = brg__progress_start(c, &err)) != BRG_SUCCESS)
-    goto err_free;
+  if ((s = brg__progress_start(c, &err)) != BRG_SUCCESS) goto err_free;
   if ((s = brg__p2p_start(c, &err)) != BRG_SUCCESS) goto err_free;
   if ((s = brg__live_start(c, &err)) != BRG_SUCCESS) goto err_free;
   c->ready = 1;

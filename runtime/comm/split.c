@@ -13,7 +13,6 @@
 #include <string.h>
 
 #include "bootstrap.h"
-#include "device.h"
 #include "internal.h"
 #include "settings.h"
 
@@ -192,25 +191,4 @@ brg_status brg__split_stand_by(brg_comm *parent) {
   free(all);
   free(oks);
   return s;
-}
-
-brg_status brg__comm_devnet(brg_comm *c) {
-  if (c->devnet_state != 0 || c->nranks < 2) return BRG_SUCCESS;
-  int staged = brg__device_staged_any(c);
-  c->devnet_state = 1;
-  if (!staged || !strcmp(brg__device_str(BRG__DEVICE_MODE), "step")) return BRG_SUCCESS;
-  /* Same members, same keys, same rotation (a ring of init.c's has one):
-   * the same ring, links of its own, in c's link set (no threads: the
-   * device proxy drives them). */
-  brg_comm *nc = NULL;
-  brg_status s = brg__comm_split_opts(c, 0, c->rank, BRG__PIECE_LINKS, c->ring_rotate, &nc);
-  if (s != BRG_SUCCESS) {
-    c->devnet_state = -1;
-    return brg__comm_error(c, s,
-                           "device collectives: making the links of kernel mode between hosts "
-                           "(a communicator with this one's ring) failed: %s",
-                           brg_comm_last_error(NULL));
-  }
-  __atomic_store_n(&c->devnet, nc, __ATOMIC_RELEASE);
-  return BRG_SUCCESS;
 }

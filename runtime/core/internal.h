@@ -214,15 +214,17 @@ struct brg_comm {
   brg_comm **rings;
   int nrings;
   /* Kernel mode's links between hosts (device_proxy.c's host proxy): a
-   * communicator split from this one with the same ring, made before the
-   * device setup where the ring leaves a host (brg__comm_devnet). */
-  struct brg_comm *devnet;
-  int devnet_state; /* 0: not made yet, 1: made or not needed, -1: making it failed */
-  int ring_rotate;  /* this ring's turn inside each host (brg__comm_opts) */
+   * second pair of links on this communicator's ring, to next and from
+   * prev, made before the device setup where the ring leaves a host
+   * (brg__comm_netring); its `comm` is this communicator, whose errors,
+   * settings and liveness serve it (it has no threads of its own). */
+  struct brg__ring *netring;
+  int netring_state; /* 0: not made yet, 1: made or not needed, -1: making it failed */
+  int ring_rotate;   /* this ring's turn inside each host (brg__comm_opts) */
 
   struct brg__live *live; /* liveness.c: heartbeats, the ring sockets' reader once ready */
-  /* linkset.h: the pieces this communicator's threads serve (its rings,
-   * hierarchy and kernel mode's links), or, for such a piece, the
+  /* linkset.h: the pieces this communicator's threads serve (its rings
+   * and hierarchy), or, for such a piece, the
    * communicator whose set it belongs to. */
   struct brg__linkset *links;
   struct brg_comm *link_owner;
@@ -275,8 +277,9 @@ struct brg_comm {
  *   launch.c      PMIx's store and Slurm's step, where no MASTER_ADDR is set
  *   init.c        brg_comm_init, brg_comm_init_config, the extra rings
  *   split.c       brg_comm_split: two all-gathers over the parent
- *                 (exec/progress.c); the devnet communicator
- *   comm.c        create (bootstrap, topology, links), accessors, destroy
+ *                 (exec/progress.c)
+ *   comm.c        create (bootstrap, topology, links), accessors, destroy;
+ *                 kernel mode's net ring (links set up over all-gathers)
  * exec/     what runs a collective, a subfolder per executor
  *   progress.c    issue order: the worker thread; runs each call through
  *                 its executor, whichever it is; the all-gather that splits
@@ -309,7 +312,7 @@ struct brg_comm {
  * core/     this header: the communicator and its ring (brg__ring)
  *   trace.c       BRIGADE_TRACE_FILE: spans of collectives, steps, slices, waits
  *   liveness.c    heartbeats on the ring sockets: which rank went silent
- *   linkset.c     the pieces (rings, hierarchy, kernel mode's links) a
+ *   linkset.c     the pieces (rings, hierarchy) a
  *                 communicator's threads serve (liveness.c serves them)
  *   topology.c    hosts and ring order
  *   errors.c      last errors, abort notices, how collectives are named
@@ -325,11 +328,10 @@ struct brg_comm {
 
 /* split.c: brg_comm_split, and with piece a piece of comm's link set
  * (linkset.h) that writes no trace of its own: BRG__PIECE_RUNS for one
- * that runs collectives (a ring, the hierarchy's), BRG__PIECE_LINKS for
- * links alone (kernel mode's between hosts); with ring_rotate one whose
- * ring is turned inside each host (init.c's rings); every rank of the new
- * one must pass the same. */
-enum { BRG__PIECE_NONE = 0, BRG__PIECE_RUNS = 1, BRG__PIECE_LINKS = 2 };
+ * that runs collectives (a ring, the hierarchy's); with ring_rotate one
+ * whose ring is turned inside each host (init.c's rings); every rank of
+ * the new one must pass the same. */
+enum { BRG__PIECE_NONE = 0, BRG__PIECE_RUNS = 1 };
 brg_status brg__comm_split_opts(brg_comm *comm, int color, int key, int piece, int ring_rotate,
                                 brg_comm **newcomm);
 
@@ -346,11 +348,14 @@ typedef struct brg__split_confirm {
   char why[188];
 } brg__split_confirm;
 
-/* split.c: before the first device collective (on the caller's thread, at
- * the same call on every rank), the communicator device_proxy.c's host proxy
- * carries kernel mode's slots between hosts on, where the ring leaves a
- * host and BRIGADE_DEVICE_MODE is not step. */
-brg_status brg__comm_devnet(brg_comm *c);
+/* comm.c: before the first device collective (on the caller's thread, at
+ * the same call on every rank), the net ring (c->netring) device_proxy.c's
+ * host proxy carries kernel mode's slots between hosts on, where the ring
+ * leaves a host and BRIGADE_DEVICE_MODE is not step: links to next and
+ * from prev set up over three all-gathers of c (the receiving ends' info,
+ * the senders' attach, every rank's status), so that a failure on one
+ * rank is reported on all. */
+brg_status brg__comm_netring(brg_comm *c);
 
 /* The allreduce algorithms of BRIGADE_ALGO (hier.c picks one). */
 typedef enum {
@@ -467,7 +472,7 @@ typedef struct brg__comm_opts {
   const char *transports;
   int no_trace; /* no BRIGADE_TRACE_FILE of its own (hier.c's: its parent's trace shows them) */
   /* BRG__PIECE_*: a piece of the parent's link set (linkset.h): no
-   * liveness thread of its own, and none for progress with _LINKS. */
+   * liveness thread of its own. */
   int piece;
   int ring_rotate; /* each host's stretch of the ring turned by this many places (init.c) */
   /* split.c: the members meet over this communicator instead of at a root

@@ -1,13 +1,13 @@
 /*
  * A communicator's link set (linkset.c): the communicators the runtime
- * makes inside it for itself (the extra rings, the hierarchy's pieces,
- * kernel mode's links between hosts), which are links and proxies over
- * the owner's bootstrap rather than communicators of their own: they run
- * no liveness thread (the owner's beats on their ring sockets and reads
- * them too) and start a point-to-point thread only if one is used (p2p.c),
- * and kernel mode's links run no progress thread at all. A ring or a
- * piece that runs collectives keeps one thread for them, since its part
- * runs at the same time as the owner's.
+ * makes inside it for itself (the extra rings, the hierarchy's pieces),
+ * which are links and proxies over the owner's bootstrap rather than
+ * communicators of their own: they run no liveness thread (the owner's
+ * beats on their ring sockets and reads them too) and start a
+ * point-to-point thread only if one is used (p2p.c). A ring or a piece
+ * that runs collectives keeps one thread for them, since its part runs at
+ * the same time as the owner's. (Kernel mode's links between hosts are no
+ * piece: they are links alone on the owner's ring, its net ring, comm.c.)
  */
 #ifndef BRG_LINKSET_H
 #define BRG_LINKSET_H
@@ -25,7 +25,7 @@ typedef struct brg__linkset {
 } brg__linkset;
 
 /* The communicator whose set c's pieces join: c itself, or the owner of
- * the set c belongs to (a ring's links between hosts join the top one). */
+ * the set c belongs to (a piece's own pieces join the top one). */
 brg_comm *brg__linkset_owner(brg_comm *c);
 /* Makes owner's set (once, before its liveness thread starts). */
 brg_status brg__linkset_init(brg_comm *owner, brg__errbuf *err);

@@ -198,7 +198,7 @@ struct brg__dev_kgdr {
  * arrives from the previous rank into the slots its kernels read. Slots
  * of all channels share the link; a slot's header names its channel. */
 struct brg__dev_proxy {
-  brg_comm *net;             /* c->devnet, whose links they use */
+  brg__ring *net;            /* c->netring, whose links they use */
   size_t stride;             /* bytes per channel */
   char *send, *recv;         /* host addresses (NULL: the link stays in the host) */
   char *send_dev, *recv_dev; /* the same, as the kernels reach them */

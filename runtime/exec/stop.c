@@ -28,7 +28,13 @@ void brg__comm_stop_why(brg_comm *c, const char *why) {
   brg__comm_stop_why(__atomic_load_n(&c->local, __ATOMIC_ACQUIRE), why);
   brg__comm_stop_why(__atomic_load_n(&c->cross, __ATOMIC_ACQUIRE), why);
   brg__comm_stop_why(__atomic_load_n(&c->fold, __ATOMIC_ACQUIRE), why);
-  brg__comm_stop_why(__atomic_load_n(&c->devnet, __ATOMIC_ACQUIRE), why);
+  /* Kernel mode's net ring: its proxy stops with the kernels (above);
+   * a wait of it on a link looks again. */
+  brg__ring *net = __atomic_load_n(&c->netring, __ATOMIC_ACQUIRE);
+  if (net) {
+    brg__fifo_wake_all(&net->send.fifo);
+    brg__fifo_wake_all(&net->recv.fifo);
+  }
   for (int r = 1; r < c->nrings; r++) brg__comm_stop_why(c->rings[r], why);
 }
 

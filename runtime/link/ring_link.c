@@ -156,6 +156,22 @@ void brg__ring_init(brg__ring *r, brg_comm *c) {
   r->waiter_sleep.spin = -1;
 }
 
+/* The waiter's check on a ring with no ring sockets of its own. */
+static brg_status net_check(void *arg) {
+  brg__ring *r = arg;
+  brg_comm *c = r->comm;
+  if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE)) return BRG_ERR_ABORTED;
+  int nb[2] = {r->next, r->prev};
+  char why[BRG__ERRLEN / 2];
+  if (brg__live_gone(c, nb, 2, "the communicator", why, sizeof why) >= 0) return BRG_ERR_REMOTE;
+  return BRG_SUCCESS;
+}
+
+void brg__ring_init_net(brg__ring *r, brg_comm *c) {
+  brg__ring_init(r, c);
+  r->waiter.check = r->waiter_sleep.check = net_check;
+}
+
 /* The waiter for waits on link `l`. */
 static const brg__waiter *link_waiter(const brg__ring *r, const brg__conn *l) {
   return l->ops && l->ops->sleeps ? &r->waiter_sleep : &r->waiter;

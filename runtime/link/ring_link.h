@@ -83,6 +83,12 @@ void brg__ring_took_bye(brg__ring *r, int dir, const char *data, uint32_t len);
  * abort, a neighbour's notice or hang-up, a broken link, or the deadline. */
 void brg__ring_init(brg__ring *r, brg_comm *c);
 
+/* Ties ring r to its owner c without ring sockets of its own (kernel
+ * mode's net ring, comm.c): its waits stop on c's abort, or once c's
+ * liveness says a neighbour is gone or sent an abort notice; they read
+ * nothing from c's ring sockets, which c's own waits take. */
+void brg__ring_init_net(brg__ring *r, brg_comm *c);
+
 /* Waits for a free slot towards the next rank; *slot is where `bytes` of
  * host payload go (the header's inline bytes when they fit). */
 brg_status brg__ring_send_acquire(brg__ring_op *o, size_t bytes, char **slot);

@@ -105,23 +105,22 @@ void brg__dev_kernel_local(brg_comm *c, struct brg__dev_ring *d, dev_blob *b, co
     return;
   }
   if (!kernel_fit(c, d, all, b)) return;
-  if (staged && !c->devnet) {
+  const brg__ring *net = c->netring;
+  if (staged && !net) {
     snprintf(b->kwhy, sizeof b->kwhy,
              "the ring has device links staged through host links and the proxy's "
-             "communicator for them was not made");
+             "links for them were not made");
     return;
   }
-  if (staged && c->devnet->ring.send.fifo.slot_bytes < d->k.slot) {
+  if (staged && net->send.fifo.slot_bytes < d->k.slot) {
     snprintf(b->kwhy, sizeof b->kwhy,
              "the staged links' slots (%zu bytes) are smaller than kernel mode's (%zu)",
-             c->devnet->ring.send.fifo.slot_bytes, d->k.slot);
+             net->send.fifo.slot_bytes, d->k.slot);
     return;
   }
-  if (staged && (!c->devnet->ring.send.ops->proxy_post || !c->devnet->ring.recv.ops->proxy_post)) {
-    snprintf(
-        b->kwhy, sizeof b->kwhy, "the staged links' transport (%s) has no proxy entry",
-        (c->devnet->ring.send.ops->proxy_post ? c->devnet->ring.recv.ops : c->devnet->ring.send.ops)
-            ->name);
+  if (staged && (!net->send.ops->proxy_post || !net->recv.ops->proxy_post)) {
+    snprintf(b->kwhy, sizeof b->kwhy, "the staged links' transport (%s) has no proxy entry",
+             (net->send.ops->proxy_post ? net->recv.ops : net->send.ops)->name);
     return;
   }
   if ((!d->recv_staged && !brg__dev_reaches(d, b, prev)) ||
@@ -373,8 +372,8 @@ static void kernel_log(brg_comm *c, struct brg__dev_ring *d) {
               !d->recv_staged  ? ""
               : d->px.gdr.recv ? "GPU to GPU (GPUDirect RDMA)"
                                : "through pinned host memory",
-              (d->send_staged ? &c->devnet->ring.send : &c->devnet->ring.recv)->ops->name,
-              c->devnet->ring.send.fifo.slot_bytes);
+              (d->send_staged ? &c->netring->send : &c->netring->recv)->ops->name,
+              c->netring->send.fifo.slot_bytes);
   if (d->k.os.on)
     BRG__INFO("init",
               "device ring: allreduces up to %zu bytes (BRIGADE_DEVICE_SMALL_BYTES) go in one "

@@ -176,7 +176,7 @@ static int proxy_tx_hdr(struct brg__dev_ring *d, brg__conn *l, brg__waiter *w, i
 static void *proxy_tx(void *arg) {
   struct brg__dev_ring *d = arg;
   proxy_nap_precise();
-  brg__conn *l = &d->px.net->ring.send;
+  brg__conn *l = &d->px.net->send;
   brg__waiter w = {.spin = -1, .check = proxy_check, .arg = d};
   uint64_t pos = 0, freed = 0, hsent[BRG__RK_MAX_CHANNELS] = {0};
   /* GPUDirect: the link position of the channel's slot n, at n % nslots */
@@ -270,7 +270,7 @@ static int proxy_rx_hdr(struct brg__dev_ring *d, const brg__conn *l, const brg__
 static void *proxy_rx(void *arg) {
   struct brg__dev_ring *d = arg;
   proxy_nap_precise();
-  brg__conn *l = &d->px.net->ring.recv;
+  brg__conn *l = &d->px.net->recv;
   uint64_t pos = 0, got[BRG__RK_MAX_CHANNELS] = {0}, released = 0;
   uint64_t hgot[BRG__RK_MAX_CHANNELS] = {0};
   /* GPUDirect: the link position of the channel's slot n, at n % nslots */
@@ -342,11 +342,11 @@ static void *proxy_rx(void *arg) {
   return NULL;
 }
 
-/* Starts the proxy on c->devnet's links, which must join the same
+/* Starts the proxy on c->netring's links, which must join the same
  * neighbours as the ring's own. */
 brg_status brg__dev_proxy_start(brg_comm *c, struct brg__dev_ring *d) {
-  brg_comm *n = c->devnet;
-  if (!n || n->nranks != c->nranks || n->ring.next != c->ring.next || n->ring.prev != c->ring.prev)
+  brg__ring *n = c->netring;
+  if (!n || n->comm != c || n->next != c->ring.next || n->prev != c->ring.prev)
     return brg__comm_error(c, BRG_ERR_INTERNAL,
                            "rank %d: kernel mode's links between hosts do not join this ring's "
                            "neighbours (%d and %d)",
@@ -390,17 +390,18 @@ void brg__dev_proxy_gdr(brg_comm *c, struct brg__dev_ring *d, dev_blob *b) {
     snprintf(b->kgdr_why, sizeof b->kgdr_why, "off (BRIGADE_IB_GDR=0)");
     return;
   }
-  if (d->k.channels != 1 || c->devnet->nslots != d->nslots) {
+  int nslots = (d->send_staged ? &c->netring->send : &c->netring->recv)->fifo.nslots;
+  if (d->k.channels != 1 || nslots != d->nslots) {
     snprintf(b->kgdr_why, sizeof b->kgdr_why, "%d channels, %d slots on the proxy's links",
-             d->k.channels, c->devnet->nslots);
+             d->k.channels, nslots);
     return;
   }
   /* The proxy flushes what the network wrote before it raises a tail. */
   brg__dev_gdr_offer o = {&b->kgdr_send_ok, &b->kgdr_recv_ok, &b->kgdr_rkey, b->kgdr_why,
                           sizeof b->kgdr_why};
-  brg__dev_gdr_offer_slots(d, d->send_staged ? &c->devnet->ring.send : NULL,
-                           d->recv_staged ? &c->devnet->ring.recv : NULL,
-                           (size_t)d->nslots * d->k.slot, &d->px.gdr.rbuf, &d->px.gdr.sbuf, &o);
+  brg__dev_gdr_offer_slots(d, d->send_staged ? &c->netring->send : NULL,
+                           d->recv_staged ? &c->netring->recv : NULL, (size_t)d->nslots * d->k.slot,
+                           &d->px.gdr.rbuf, &d->px.gdr.sbuf, &o);
   b->kgdr_rptr = (uint64_t)(uintptr_t)d->px.gdr.rbuf;
 }
 
@@ -411,8 +412,8 @@ void brg__dev_proxy_gdr_choose(brg_comm *c, struct brg__dev_ring *d, const dev_b
   d->px.gdr.send = d->send_staged && mine->kgdr_send_ok && all[c->ring.next].kgdr_recv_ok;
   d->px.gdr.recv = d->recv_staged && all[c->ring.prev].kgdr_send_ok && mine->kgdr_recv_ok;
   if (d->px.gdr.send)
-    c->devnet->ring.send.ops->dev_remote(&c->devnet->ring.send, all[c->ring.next].kgdr_rptr,
-                                         all[c->ring.next].kgdr_rkey, d->k.slot);
+    c->netring->send.ops->dev_remote(&c->netring->send, all[c->ring.next].kgdr_rptr,
+                                     all[c->ring.next].kgdr_rkey, d->k.slot);
   if ((d->send_staged && !d->px.gdr.send) || (d->recv_staged && !d->px.gdr.recv))
     BRG__INFO("init", "device ring: kernel mode: GPUDirect RDMA not used on the staged links: %s",
               mine->kgdr_why[0]                   ? mine->kgdr_why
