@@ -406,10 +406,10 @@ static int conn_drain(p2p_peer *pr, int which) {
 /* A link with a descriptor of its own ended or broke: the notice of the
  * peer's stop, when it sent one, came on its connections before (it wrote
  * it as it stopped, and closes its connections before its links). Read
- * there, waiting up to P2P_NOTE_MS while one is still open and none has
+ * there, waiting up to wait_ms while one is still open and none has
  * come. The caller holds the lock. */
-static void note_look(p2p_peer *pr) {
-  int64_t deadline = brg__deadline_ms(P2P_NOTE_MS);
+static void note_look(p2p_peer *pr, int wait_ms) {
+  int64_t deadline = brg__deadline_ms(wait_ms);
   for (;;) {
     struct pollfd fds[2];
     nfds_t n = 0;
@@ -786,8 +786,10 @@ static void read_peer(brg_comm *c, p2p_peer *pr, int rank) {
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
     /* It hung up: the cause it gave, if it stopped, came first on the
-     * connection (a link with doorbells ends with it: read already). */
-    if (n <= 0 && !link_bells(&pr->in_link)) note_look(pr);
+     * connection (a link with doorbells ends with it: read already; one
+     * that said it cut its send short is alive, and its connections stay
+     * open: no wait). */
+    if (n <= 0 && !link_bells(&pr->in_link)) note_look(pr, pr->cut_by_peer ? 0 : P2P_NOTE_MS);
     char why[BRG__ERRLEN];
     if (n <= 0 && (pr->in_payload || pr->hdr_got > 0) && pr->cut_by_peer) {
       /* It said so first (cut_notice): alive, and its send gave up (its
@@ -915,7 +917,7 @@ static void write_peer(brg_comm *c, p2p_peer *pr, int rank) {
         /* The cause it gave, if it stopped, came on a connection first. */
         int e = errno;
         char why[BRG__ERRLEN];
-        note_look(pr);
+        note_look(pr, P2P_NOTE_MS);
         hup_why(c, pr, why, sizeof why, "rank %d (pid %d on %s) is gone: %s", rank,
                 c->peers[rank].pid, c->peers[rank].hostname,
                 n < 0 ? strerror(e) : "the link took nothing");
@@ -1844,14 +1846,19 @@ static brg_status send_failed(brg_comm *c, const char *fn, const brg__p2p_op *op
   const char *dn = brg_dtype_name((brg_dtype)op->dtype);
   uint64_t bytes = op->count * brg_dtype_size((brg_dtype)op->dtype);
   switch (s) {
-  case BRG_ERR_TIMEOUT:
+  case BRG_ERR_TIMEOUT: {
+    /* The rank that went silent, as a receive's timeout names it: the
+     * receiver itself when it was stopped. */
+    char quiet_why[192];
+    brg__live_silent_note(c, quiet_why, sizeof quiet_why);
     return brg__comm_error(
         c, s,
         "%s: send of %llu x %s to rank %d (pid %d on %s) timed out: it took no more for %d ms "
         "(%llu of %llu bytes out; its receives are not posted and its early memory, "
-        "BRIGADE_P2P_EARLY_BYTES, is full, or it is stuck)",
+        "BRIGADE_P2P_EARLY_BYTES, is full, or it is stuck)%s",
         fn, (unsigned long long)op->count, dn, op->peer, pi->pid, pi->hostname, c->timeout_ms,
-        (unsigned long long)op->got, (unsigned long long)bytes);
+        (unsigned long long)op->got, (unsigned long long)bytes, quiet_why);
+  }
   case BRG_ERR_ABORTED:
     return brg__comm_error(c, s, "%s: send to rank %d: communicator was aborted", fn, op->peer);
   default:
