@@ -81,14 +81,27 @@ static void test_note_bytes(void **state) {
   brg__p2p_note_rx ctl = {0};
   assert_int_equal(brg__p2p_note_take(&ctl, raw, sizeof raw), 1);
   assert_string_equal(ctl.text, "a???z");
-  /* A text too long is cut to the most a notice holds; an empty one says so. */
+  /* A text too long is cut in its middle to the most a notice holds, its
+   * start and its end (the cause from further away) kept; an empty one
+   * says so. */
   char lng[BRG__P2P_NOTE_MAX + 50];
   memset(lng, 'x', sizeof lng - 1);
+  memcpy(lng, "allreduce #3", 12);
+  memcpy(lng + sizeof lng - 1 - 15, "rank 2 hung up.", 15);
   lng[sizeof lng - 1] = 0;
   assert_int_equal(brg__p2p_note_make(b, sizeof b, lng), 3 + BRG__P2P_NOTE_MAX);
   brg__p2p_note_rx cut = {0};
   assert_int_equal(brg__p2p_note_take(&cut, b, 3 + BRG__P2P_NOTE_MAX), 1);
   assert_int_equal(strlen(cut.text), BRG__P2P_NOTE_MAX);
+  assert_memory_equal(cut.text, "allreduce #3x", 13);
+  assert_non_null(strstr(cut.text, "xxx ... xxx"));
+  assert_string_equal(cut.text + BRG__P2P_NOTE_MAX - 16, "xrank 2 hung up.");
+  /* At the most, whole. */
+  lng[BRG__P2P_NOTE_MAX] = 0;
+  assert_int_equal(brg__p2p_note_make(b, sizeof b, lng), 3 + BRG__P2P_NOTE_MAX);
+  brg__p2p_note_rx whole = {0};
+  assert_int_equal(brg__p2p_note_take(&whole, b, 3 + BRG__P2P_NOTE_MAX), 1);
+  assert_string_equal(whole.text, lng);
   assert_int_equal(brg__p2p_note_make(b, sizeof b, ""), 3 + strlen("(no cause given)"));
   /* No room: nothing written. */
   assert_int_equal(brg__p2p_note_make(b, 10, text), 0);
@@ -103,9 +116,9 @@ static void test_note_malformed(void **state) {
   } bad[] = {
       {"\x01\x02", 2, "byte 0x02 is neither a doorbell nor the start of a notice"},
       {"\xff", 1, "byte 0xff"},
-      {"\x6e\x00\x00", 3, "a notice of 0 bytes (1 to 400 are allowed)"},
+      {"\x6e\x00\x00", 3, "a notice of 0 bytes (1 to 300 are allowed)"},
       {"\x6e\xff\xff", 3, "a notice of 65535 bytes"},
-      {"\x6e\x91\x01", 3, "a notice of 401 bytes"},
+      {"\x6e\x2d\x01", 3, "a notice of 301 bytes"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     brg__p2p_note_rx rx = {0};
@@ -246,7 +259,7 @@ static void test_malformed_on_wire(void **state) {
   const char *m = brg_comm_last_error(c[1]);
   expect_msg(m, "rank 0 (pid");
   expect_msg(m, "sent a malformed notice on its point-to-point connection: a notice of 65535 "
-                "bytes (1 to 400 are allowed)");
+                "bytes (1 to 300 are allowed)");
   brg_comm_destroy(c[1]);
   brg_comm_destroy(c[0]);
 }

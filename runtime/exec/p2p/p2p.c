@@ -310,14 +310,23 @@ static void ring_bell(int fd) {
 
 size_t brg__p2p_note_make(char *buf, size_t bytes, const char *text) {
   if (!text || !text[0]) text = "(no cause given)";
-  size_t len = strlen(text);
-  if (len > BRG__P2P_NOTE_MAX) len = BRG__P2P_NOTE_MAX;
-  if (bytes < 3 + len) return 0;
+  size_t len = strlen(text), head = len, gap = 0;
+  if (len > BRG__P2P_NOTE_MAX) {
+    /* A cause that came from further away (a stop's notice, an abort's)
+     * ends the text: the end is kept whole. */
+    head = BRG__P2P_NOTE_MAX / 3;
+    gap = 5; /* " ... " */
+  }
+  size_t tail = len > BRG__P2P_NOTE_MAX ? BRG__P2P_NOTE_MAX - head - gap : 0;
+  size_t n = head + gap + tail;
+  if (bytes < 3 + n) return 0;
   buf[0] = (char)BRG__P2P_NOTE_MARK;
-  buf[1] = (char)(len & 0xff);
-  buf[2] = (char)(len >> 8);
-  memcpy(buf + 3, text, len);
-  return 3 + len;
+  buf[1] = (char)(n & 0xff);
+  buf[2] = (char)(n >> 8);
+  memcpy(buf + 3, text, head);
+  memcpy(buf + 3 + head, " ... ", gap);
+  memcpy(buf + 3 + head + gap, text + len - tail, tail);
+  return 3 + n;
 }
 
 static int note_bad(brg__p2p_note_rx *rx, const char *fmt, ...)
