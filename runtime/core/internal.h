@@ -535,11 +535,11 @@ void brg__p2p_notify(brg_comm *c, const char *why);
  * little endian, 1 to BRG__P2P_NOTE_MAX), the text. note_make writes one
  * (its size; 0 when buf is too small), a longer text cut in its middle
  * (" ... "): its end names the cause, its start the rank's own call;
- * note_take reads a connection's
- * bytes as they come, in any pieces: 1 once a notice is complete (its text
- * in rx->text, the first one's, control bytes shown as '?'), -1 when what came is
- * malformed (rx->why says how; every later call is -1), else 0;
- * note_ended is told the connection's end: -1 when it cut a notice short. */
+ * note_take reads a connection's bytes as they come, in any pieces: 1 once
+ * a notice is complete (its text in rx->text, the first one's, control
+ * bytes shown as '?'), -1 when what came is malformed (rx->why says how;
+ * every later call is -1), else 0; note_ended is told the connection's
+ * end: -1 when it cut a notice short. */
 #define BRG__P2P_NOTE_MARK 0x6e
 #define BRG__P2P_NOTE_MAX 300 /* with the peer's message around it, within BRG__ERRLEN */
 typedef struct brg__p2p_note_rx {
