@@ -529,6 +529,34 @@ int brg__p2p_door_fd(brg_comm *c);
 /* Abort: every posted receive and queued send finishes as aborted (and
  * every later one at once); waiters look again. */
 void brg__p2p_abort(brg_comm *c);
+/* The cause of a stop, for the ranks this one has point-to-point links
+ * with: written once (the first cause) on every connection, before any
+ * link closes, so that a peer that then sees this rank hang up fails with
+ * "rank R stopped: why" (the rank that really failed, which `why` names)
+ * rather than with the hang-up alone. Any thread. */
+void brg__p2p_notify(brg_comm *c, const char *why);
+/* The notice on the wire: among the one-byte doorbells a connection
+ * carries after its hello, BRG__P2P_NOTE_MARK, the text's length (u16,
+ * little endian, 1 to BRG__P2P_NOTE_MAX), the text. note_make writes one
+ * (its size; 0 when buf is too small), a longer text cut in its middle
+ * (" ... "): its end names the cause, its start the rank's own call;
+ * note_take reads a connection's bytes as they come, in any pieces: 1 once
+ * a notice is complete (its text in rx->text, the first one's, control
+ * bytes shown as '?'), -1 when what came is malformed (rx->why says how;
+ * every later call is -1), else 0; note_ended is told the connection's
+ * end: -1 when it cut a notice short. */
+#define BRG__P2P_NOTE_MARK 0x6e
+#define BRG__P2P_NOTE_MAX 300 /* with the peer's message around it, within BRG__ERRLEN */
+typedef struct brg__p2p_note_rx {
+  int state; /* 0: between messages, 1 and 2: the length's bytes, 3: the text; -1: malformed */
+  unsigned len, got;
+  int done; /* a notice came: text is the first one's */
+  char text[BRG__P2P_NOTE_MAX + 1];
+  char why[128];
+} brg__p2p_note_rx;
+size_t brg__p2p_note_make(char *buf, size_t bytes, const char *text);
+int brg__p2p_note_take(brg__p2p_note_rx *rx, const void *buf, size_t n);
+int brg__p2p_note_ended(brg__p2p_note_rx *rx);
 /* Queues a send (op filled by the caller: buf, count, dtype, peer, chan,
  * num); it leaves from the p2p thread or at once, and completes once its
  * bytes have all left buf. fn names the call. */

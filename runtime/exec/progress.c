@@ -79,7 +79,10 @@ static brg_status run_one(brg_comm *c, brg__coll *k) {
   if (x->end) x->end(c, k, s, &f);
   if (ran && s != BRG_SUCCESS) {
     __atomic_store_n(&c->broken, s, __ATOMIC_RELEASE); /* check_call reads it unlocked */
-    if (s != BRG_ERR_ABORTED) brg__comm_notify_abort(c, s, c->last_error);
+    if (s != BRG_ERR_ABORTED) {
+      brg__comm_notify_abort(c, s, c->last_error);
+      brg__p2p_notify(c, c->last_error);
+    }
     brg__trace_flush(c); /* what led here, even if the process dies next */
   }
   return s;
@@ -188,6 +191,7 @@ static brg_status run_detached(brg_comm *c, brg__coll *k) {
      * will not. */
     __atomic_store_n(&c->broken, s, __ATOMIC_RELEASE);
     brg__comm_notify_abort(c, s, c->last_error);
+    brg__p2p_notify(c, c->last_error);
   }
   return s;
 }

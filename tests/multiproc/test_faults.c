@@ -2,9 +2,10 @@
  * Fault trials and a soak, on forked ranks through the public API.
  *
  *   test_faults faults N   MP_FAULT_TRIALS trials (default 6): in each, a
- *                          random rank gets SIGKILL or SIGSTOP at a random
- *                          moment of an allreduce loop of random sizes. Every
- *                          survivor must fail with BRG_ERR_REMOTE or
+ *                          random rank gets SIGKILL or SIGSTOP (by turns;
+ *                          MP_FAULT_SIGNALS=kill or stop: that one only) at a
+ *                          random moment of an allreduce loop of random
+ *                          sizes. Every survivor must fail with BRG_ERR_REMOTE or
  *                          BRG_ERR_TIMEOUT, a message that names the victim
  *                          (and, when it was stopped, how long it has been
  *                          silent), within BRIGADE_TIMEOUT_MS + 5 s of the
@@ -128,10 +129,16 @@ out:
 
 static int run_faults(int n) {
   int trials = mp_env_int("MP_FAULT_TRIALS", 6), bad = 0;
+  const char *sigs = getenv("MP_FAULT_SIGNALS");
+  if (!sigs || !sigs[0]) sigs = "both";
+  if (strcmp(sigs, "both") && strcmp(sigs, "kill") && strcmp(sigs, "stop")) {
+    fprintf(stderr, "test_faults: MP_FAULT_SIGNALS=%s: expected kill, stop or both\n", sigs);
+    return 1;
+  }
   uint64_t ps = g_seed;
   for (int k = 0; k < trials; k++) {
-    fault_trial t = {.victim = (int)(rnd(&ps) % (uint64_t)n),
-                     .sig = k % 2 == 0 ? SIGKILL : SIGSTOP};
+    int kill = !strcmp(sigs, "kill") || (!strcmp(sigs, "both") && k % 2 == 0);
+    fault_trial t = {.victim = (int)(rnd(&ps) % (uint64_t)n), .sig = kill ? SIGKILL : SIGSTOP};
     int after = 1 + (int)(rnd(&ps) % 3), delay = (int)(rnd(&ps) % 40);
     char name[128];
     snprintf(name, sizeof name, "trial %d: rank %d %s after %d allreduces + %d ms", k, t.victim,

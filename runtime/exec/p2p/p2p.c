@@ -49,6 +49,17 @@
  * (numbered by the collective), apart from the user's messages (numbered
  * per pair).
  *
+ * A rank that stops (its collective failed, brg_comm_abort: stop.c, and a
+ * ring collective's failure: progress.c) writes the cause on each of its
+ * connections, both ways, before any of its links closes
+ * (brg__p2p_notify; the notice's layout is internal.h's). A peer that
+ * then sees it hang up fails with "rank R stopped: <its cause>", which
+ * names the rank that died first, rather than naming R: a tree's or
+ * rhd's partner gives up on a dead rank and hangs up on the others. The
+ * connection carries the notice before its own end, and a link with a
+ * descriptor of its own ends after the connections (brg__p2p_free closes
+ * them first), so the notice is read there first (conn_drain, note_look).
+ *
  * Where the frames travel. The connection is always made: it carries the
  * hello, tells the hang-up of either end, and carries the notice of a
  * send cut short. Between two ranks that the transport table would link
@@ -125,6 +136,11 @@
 #define P2P_BUDGET (4u << 20)
 #define P2P_DIAL_MS 3000 /* a listener that refuses this long is a dead rank */
 #define P2P_CUT_MS 1000  /* how long a notice of a send cut short may take */
+/* How long a stop's notice may take to be written, and to be looked for
+ * on a connection still open when a link with a descriptor of its own
+ * ended (it was written long before). */
+#define P2P_NOTE_MS 100
+#define P2P_BELL 1 /* a doorbell's byte */
 /* The listener stays open for the communicator's life: strangers that
  * never say hello may hold this many descriptors, each for
  * BRG__NET_HELLO_MS (the ring's listeners close after init). */
@@ -206,7 +222,7 @@ typedef struct p2p_peer {
   p2p_hdr out_hdr;  /* the frame at the head of sendq */
   uint64_t out_off; /* its bytes written, header included */
   brg_status out_broken;
-  char out_why[256];
+  char out_why[BRG__ERRLEN];
   /* Receiving side: the p2p lock. */
   int in_fd;
   /* A driver reads the link (drive_pass): the doorbells stay for the
@@ -231,7 +247,13 @@ typedef struct p2p_peer {
   brg__p2p_op *posted[P2P_CHANS], *posted_tail[P2P_CHANS];
   p2p_unexp *unexp[P2P_CHANS], *unexp_tail[P2P_CHANS];
   brg_status gone; /* the link from this peer is over */
-  char gone_why[256];
+  char gone_why[BRG__ERRLEN];
+  /* What came on the connections (0: in_fd, 1: out_fd) besides doorbells:
+   * the cause of the peer's stop (the first notice), or what was wrong
+   * with what came (conn_drain). */
+  brg__p2p_note_rx note_rx[2];
+  char note[BRG__P2P_NOTE_MAX + 1];
+  char note_bad[160];
 } p2p_peer;
 
 typedef struct brg__p2p {
@@ -260,6 +282,7 @@ typedef struct brg__p2p {
   /* The thread's poll set was made while driven, without the links: it
    * must wake to watch them for anyone who waits (links_wanted). */
   int links_out;
+  int noticed; /* brg__p2p_notify has written its notice */
   char discard[P2P_DISCARD_BYTES];
 } brg__p2p;
 
@@ -285,14 +308,149 @@ static void ring_bell(int fd) {
   (void)r;
 }
 
-/* Reads the doorbells waiting on fd: 1 while it is open, 0 at its end or
- * when it broke (a reset is an end: the connection carries no data). */
-static int drain_bells(int fd) {
-  char b[64];
-  for (;;) {
+size_t brg__p2p_note_make(char *buf, size_t bytes, const char *text) {
+  if (!text || !text[0]) text = "(no cause given)";
+  size_t len = strlen(text), head = len, gap = 0;
+  if (len > BRG__P2P_NOTE_MAX) {
+    /* A cause that came from further away (a stop's notice, an abort's)
+     * ends the text: the end is kept whole. */
+    head = BRG__P2P_NOTE_MAX / 3;
+    gap = 5; /* " ... " */
+  }
+  size_t tail = len > BRG__P2P_NOTE_MAX ? BRG__P2P_NOTE_MAX - head - gap : 0;
+  size_t n = head + gap + tail;
+  if (bytes < 3 + n) return 0;
+  buf[0] = (char)BRG__P2P_NOTE_MARK;
+  buf[1] = (char)(n & 0xff);
+  buf[2] = (char)(n >> 8);
+  memcpy(buf + 3, text, head);
+  memcpy(buf + 3 + head, " ... ", gap);
+  memcpy(buf + 3 + head + gap, text + len - tail, tail);
+  return 3 + n;
+}
+
+static int note_bad(brg__p2p_note_rx *rx, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static int note_bad(brg__p2p_note_rx *rx, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(rx->why, sizeof rx->why, fmt, ap);
+  va_end(ap);
+  rx->state = -1;
+  return -1;
+}
+
+int brg__p2p_note_take(brg__p2p_note_rx *rx, const void *buf, size_t n) {
+  const unsigned char *b = buf;
+  int complete = 0;
+  for (size_t i = 0; i < n; i++) {
+    unsigned x = b[i];
+    switch (rx->state) {
+    case 0:
+      if (x == P2P_BELL) break;
+      if (x != BRG__P2P_NOTE_MARK)
+        return note_bad(rx, "byte 0x%02x is neither a doorbell nor the start of a notice", x);
+      rx->state = 1;
+      break;
+    case 1:
+      rx->len = x;
+      rx->state = 2;
+      break;
+    case 2:
+      rx->len |= x << 8;
+      if (rx->len == 0 || rx->len > BRG__P2P_NOTE_MAX)
+        return note_bad(rx, "a notice of %u bytes (1 to %d are allowed)", rx->len,
+                        BRG__P2P_NOTE_MAX);
+      rx->got = 0;
+      rx->state = 3;
+      break;
+    case 3:
+      /* The first notice's text is kept; a later one is read past. */
+      if (!rx->done) rx->text[rx->got] = x < 0x20 || x == 0x7f ? '?' : (char)x;
+      if (++rx->got < rx->len) break;
+      if (!rx->done) rx->text[rx->got] = 0;
+      rx->done = complete = 1;
+      rx->state = 0;
+      break;
+    default: return -1;
+    }
+  }
+  return rx->state < 0 ? -1 : complete;
+}
+
+int brg__p2p_note_ended(brg__p2p_note_rx *rx) {
+  if (rx->state < 0) return -1;
+  if (rx->state == 0) return 0;
+  return note_bad(rx, "the connection ended %u bytes into a notice",
+                  rx->state == 3 ? 3 + rx->got : (unsigned)rx->state);
+}
+
+/* Reads what waits on one of the peer's connections (which: 0 its in_fd,
+ * 1 its out_fd): doorbells, and the notice of the peer's stop, whose text
+ * is kept (pr->note, the first). 1 while the connection is open; 0 at
+ * its end, when it broke (a reset is an end: the connection carries no
+ * data), or when what came is malformed (pr->note_bad says how). The
+ * caller holds the lock. */
+static int conn_drain(p2p_peer *pr, int which) {
+  int fd = which ? pr->out_fd : pr->in_fd;
+  brg__p2p_note_rx *rx = &pr->note_rx[which];
+  char b[512];
+  int open = 0;
+  while (fd >= 0 && rx->state >= 0) {
     ssize_t n = recv(fd, b, sizeof b, MSG_DONTWAIT);
-    if (n > 0 || (n < 0 && errno == EINTR)) continue;
-    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+    if (n < 0 && errno == EINTR) continue;
+    if (n > 0) {
+      brg__p2p_note_take(rx, b, (size_t)n);
+      continue;
+    }
+    open = n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+    if (!open) brg__p2p_note_ended(rx);
+    break;
+  }
+  if (rx->done && !pr->note[0]) snprintf(pr->note, sizeof pr->note, "%s", rx->text);
+  if (rx->state < 0 && !pr->note_bad[0]) snprintf(pr->note_bad, sizeof pr->note_bad, "%s", rx->why);
+  return open && rx->state >= 0;
+}
+
+/* A link with a descriptor of its own ended or broke: the notice of the
+ * peer's stop, when it sent one, came on its connections before (it wrote
+ * it as it stopped, and closes its connections before its links). Read
+ * there, waiting up to wait_ms while one is still open and none has
+ * come. The caller holds the lock. */
+static void note_look(p2p_peer *pr, int wait_ms) {
+  int64_t deadline = brg__deadline_ms(wait_ms);
+  for (;;) {
+    struct pollfd fds[2];
+    nfds_t n = 0;
+    for (int w = 0; w < 2; w++)
+      if (conn_drain(pr, w))
+        fds[n++] = (struct pollfd){.fd = w ? pr->out_fd : pr->in_fd, .events = POLLIN};
+    int ms = brg__ms_left(deadline);
+    if (pr->note[0] || pr->note_bad[0] || n == 0 || ms <= 0) return;
+    if (poll(fds, n, ms) < 0 && errno != EINTR) return;
+  }
+}
+
+/* Why the peer hung up, for what fails with it: the cause it gave when it
+ * stopped (brg__p2p_notify), what was wrong with what came on its
+ * connection, or else what fmt says. The caller holds the lock. */
+static void hup_why(brg_comm *c, const p2p_peer *pr, char *why, size_t bytes, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static void hup_why(brg_comm *c, const p2p_peer *pr, char *why, size_t bytes, const char *fmt,
+                    ...) {
+  const brg__peer_info *pi = &c->peers[pr->rank];
+  if (pr->note_bad[0]) {
+    snprintf(why, bytes,
+             "rank %d (pid %d on %s) sent a malformed notice on its point-to-point connection: %s",
+             pr->rank, pi->pid, pi->hostname, pr->note_bad);
+  } else if (pr->note[0]) {
+    snprintf(why, bytes, "rank %d (pid %d on %s) stopped: %s", pr->rank, pi->pid, pi->hostname,
+             pr->note);
+  } else {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, bytes, fmt, ap);
+    va_end(ap);
   }
 }
 
@@ -333,7 +491,7 @@ static ssize_t link_recv(p2p_peer *pr, void *dst, size_t want) {
       errno = EAGAIN;
       return -1;
     }
-    if (pass == 0 && (pr->keep_bells || drain_bells(pr->in_fd))) {
+    if (pass == 0 && (pr->keep_bells || conn_drain(pr, 0))) {
       errno = EAGAIN;
       return -1;
     }
@@ -636,35 +794,43 @@ static void read_peer(brg_comm *c, p2p_peer *pr, int rank) {
     ssize_t n = link_recv(pr, dest, want);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    /* It hung up: the cause it gave, if it stopped, came first on the
+     * connection (a link with doorbells ends with it: read already; one
+     * that said it cut its send short is alive, and its connections stay
+     * open: no wait). */
+    if (n <= 0 && !link_bells(&pr->in_link)) note_look(pr, pr->cut_by_peer ? 0 : P2P_NOTE_MS);
+    char why[BRG__ERRLEN];
     if (n <= 0 && (pr->in_payload || pr->hdr_got > 0) && pr->cut_by_peer) {
       /* It said so first (cut_notice): alive, and its send gave up (its
        * link then ended, or broke when it closed before this end read
        * what the link still held). */
-      peer_gone(p, pr, BRG_ERR_REMOTE,
-                "rank %d (pid %d on %s) is alive and cut its send of %llu x %s short: %s", rank,
-                c->peers[rank].pid, c->peers[rank].hostname, (unsigned long long)pr->hdr.count,
-                brg_dtype_name((brg_dtype)pr->hdr.dtype),
-                pr->cut_by_peer == BRG_ERR_TIMEOUT
-                    ? "its wait timed out (no receive posted here for it, early memory "
-                      "BRIGADE_P2P_EARLY_BYTES full)"
-                : pr->cut_by_peer == BRG_ERR_ABORTED ? "its communicator was aborted"
-                                                     : brg_status_string(pr->cut_by_peer));
+      hup_why(c, pr, why, sizeof why,
+              "rank %d (pid %d on %s) is alive and cut its send of %llu x %s short: %s", rank,
+              c->peers[rank].pid, c->peers[rank].hostname, (unsigned long long)pr->hdr.count,
+              brg_dtype_name((brg_dtype)pr->hdr.dtype),
+              pr->cut_by_peer == BRG_ERR_TIMEOUT
+                  ? "its wait timed out (no receive posted here for it, early memory "
+                    "BRIGADE_P2P_EARLY_BYTES full)"
+              : pr->cut_by_peer == BRG_ERR_ABORTED ? "its communicator was aborted"
+                                                   : brg_status_string(pr->cut_by_peer));
+      peer_gone(p, pr, BRG_ERR_REMOTE, "%s", why);
       return;
     }
     if (n == 0 && (pr->in_payload || pr->hdr_got > 0)) {
-      peer_gone(p, pr, BRG_ERR_REMOTE,
-                "rank %d (pid %d on %s) hung up in the middle of a message of %llu x %s without "
-                "saying why: it died or destroyed its communicator",
-                rank, c->peers[rank].pid, c->peers[rank].hostname,
-                (unsigned long long)pr->hdr.count, brg_dtype_name((brg_dtype)pr->hdr.dtype));
+      hup_why(c, pr, why, sizeof why,
+              "rank %d (pid %d on %s) hung up in the middle of a message of %llu x %s without "
+              "saying why: it died or destroyed its communicator",
+              rank, c->peers[rank].pid, c->peers[rank].hostname, (unsigned long long)pr->hdr.count,
+              brg_dtype_name((brg_dtype)pr->hdr.dtype));
+      peer_gone(p, pr, BRG_ERR_REMOTE, "%s", why);
       return;
     }
     if (n <= 0) {
-      peer_gone(p, pr, BRG_ERR_REMOTE,
-                "rank %d (pid %d on %s) hung up (%s): it died or destroyed "
-                "its communicator",
-                rank, c->peers[rank].pid, c->peers[rank].hostname,
-                n == 0 ? "end of stream" : strerror(errno));
+      hup_why(c, pr, why, sizeof why,
+              "rank %d (pid %d on %s) hung up (%s): it died or destroyed its communicator", rank,
+              c->peers[rank].pid, c->peers[rank].hostname,
+              n == 0 ? "end of stream" : strerror(errno));
+      peer_gone(p, pr, BRG_ERR_REMOTE, "%s", why);
       return;
     }
     budget -= (size_t)n;
@@ -757,9 +923,14 @@ static void write_peer(brg_comm *c, p2p_peer *pr, int rank) {
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
       if (n <= 0) {
-        sendq_fail(p, pr, BRG_ERR_REMOTE, "rank %d (pid %d on %s) is gone: %s", rank,
-                   c->peers[rank].pid, c->peers[rank].hostname,
-                   n < 0 ? strerror(errno) : "the link took nothing");
+        /* The cause it gave, if it stopped, came on a connection first. */
+        int e = errno;
+        char why[BRG__ERRLEN];
+        note_look(pr, P2P_NOTE_MS);
+        hup_why(c, pr, why, sizeof why, "rank %d (pid %d on %s) is gone: %s", rank,
+                c->peers[rank].pid, c->peers[rank].hostname,
+                n < 0 ? strerror(e) : "the link took nothing");
+        sendq_fail(p, pr, BRG_ERR_REMOTE, "%s", why);
         return;
       }
       if (pr->out_off == 0 && op->chan == BRG__P2P_USER) pr->sent++;
@@ -923,25 +1094,20 @@ static int hello_take(void *arg, const brg__conn_params *unused, int fd, const v
   return kept;
 }
 
-/* POLLIN on a connection this rank only writes: the peer hung up. What
- * it sent on its own link is read to that link's end first, so only a
- * peer that never linked to this rank is gone from this alone, and
- * only once a connection it made just before could have said hello
- * (hup_check). */
+/* POLLIN on a connection this rank only writes: doorbells (a link with
+ * them), the cause of the peer's stop (kept for the hang-up that follows)
+ * or its hang-up. What it sent on its own link is read to that link's
+ * end first, so only a peer that never linked to this rank is gone from
+ * this alone, and only once a connection it made just before could have
+ * said hello (hup_check). */
 static void check_out(brg_comm *c, p2p_peer *pr, int rank) {
-  if (link_bells(&pr->out_link)) {
-    /* The receiver's doorbells come back on it: read, they are no news. */
-    if (drain_bells(pr->out_fd)) return;
-  } else {
-    /* Nothing comes back on it: anything but nothing is its end. */
-    char b;
-    ssize_t n = recv(pr->out_fd, &b, 1, MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
-  }
+  if (conn_drain(pr, 1)) return;
   pr->watch_out = 0;
-  sendq_fail(c->p2p, pr, BRG_ERR_REMOTE,
-             "rank %d (pid %d on %s) hung up: it died or destroyed its communicator", rank,
-             c->peers[rank].pid, c->peers[rank].hostname);
+  char why[BRG__ERRLEN];
+  hup_why(c, pr, why, sizeof why,
+          "rank %d (pid %d on %s) hung up: it died or destroyed its communicator", rank,
+          c->peers[rank].pid, c->peers[rank].hostname);
+  sendq_fail(c->p2p, pr, BRG_ERR_REMOTE, "%s", why);
   if (pr->in_fd < 0) pr->hup_ns = brg__now_ns();
 }
 
@@ -1138,6 +1304,28 @@ int brg__p2p_door_fd(brg_comm *c) {
       __atomic_load_n(&p->refused, __ATOMIC_ACQUIRE))
     return -1;
   return p->door.listen_fd;
+}
+
+void brg__p2p_notify(brg_comm *c, const char *why) {
+  brg__p2p *p = c->p2p;
+  if (!p) return;
+  char note[3 + BRG__P2P_NOTE_MAX];
+  size_t len = brg__p2p_note_make(note, sizeof note, why);
+  /* One deadline for all: a connection whose reader left doorbells unread
+   * until its socket filled takes the rest as room comes (a peer left with
+   * part of it calls it malformed), and holds up the others no longer. */
+  int64_t deadline = brg__deadline_ms(P2P_NOTE_MS);
+  pthread_mutex_lock(&p->lock);
+  if (!p->noticed) {
+    p->noticed = 1;
+    for (int i = 0; i < p->nactive; i++) {
+      p2p_peer *pr = p->peer[p->active[i]];
+      if (pr->rank == c->rank) continue;
+      if (pr->in_fd >= 0) (void)brg__sock_send_all(pr->in_fd, note, len, deadline, NULL);
+      if (pr->out_fd >= 0) (void)brg__sock_send_all(pr->out_fd, note, len, deadline, NULL);
+    }
+  }
+  pthread_mutex_unlock(&p->lock);
 }
 
 /* Every receive posted and every send queued finishes as aborted: the
@@ -1667,14 +1855,19 @@ static brg_status send_failed(brg_comm *c, const char *fn, const brg__p2p_op *op
   const char *dn = brg_dtype_name((brg_dtype)op->dtype);
   uint64_t bytes = op->count * brg_dtype_size((brg_dtype)op->dtype);
   switch (s) {
-  case BRG_ERR_TIMEOUT:
+  case BRG_ERR_TIMEOUT: {
+    /* The rank that went silent, as a receive's timeout names it: the
+     * receiver itself when it was stopped. */
+    char quiet_why[192];
+    brg__live_silent_note(c, quiet_why, sizeof quiet_why);
     return brg__comm_error(
         c, s,
         "%s: send of %llu x %s to rank %d (pid %d on %s) timed out: it took no more for %d ms "
         "(%llu of %llu bytes out; its receives are not posted and its early memory, "
-        "BRIGADE_P2P_EARLY_BYTES, is full, or it is stuck)",
+        "BRIGADE_P2P_EARLY_BYTES, is full, or it is stuck)%s",
         fn, (unsigned long long)op->count, dn, op->peer, pi->pid, pi->hostname, c->timeout_ms,
-        (unsigned long long)op->got, (unsigned long long)bytes);
+        (unsigned long long)op->got, (unsigned long long)bytes, quiet_why);
+  }
   case BRG_ERR_ABORTED:
     return brg__comm_error(c, s, "%s: send to rank %d: communicator was aborted", fn, op->peer);
   default:
@@ -1746,13 +1939,16 @@ brg_status brg__p2p_wait(brg_comm *c, const char *fn, brg__p2p_op *op) {
              c->silent_fail_ms);
   else if (pr)
     snprintf(gone_why, sizeof gone_why, "%s", op->is_send ? pr->out_why : pr->gone_why);
+  /* It told why it stopped (brg__p2p_notify): that names the cause. */
+  int told = pr && (pr->note[0] || pr->note_bad[0]);
   pthread_mutex_unlock(&p->lock);
   if (s == BRG_SUCCESS) return s;
-  /* A partner that hung up may have failed for another rank's death (a
-   * tree's or rhd's partner gives up on the rank it waited for): the
-   * rank liveness saw go, when it is another one, is the cause. Read with
-   * p2p's lock released (liveness.c calls into p2p.c under its own). */
-  if (!silent && pr && op->peer >= 0 && s == BRG_ERR_REMOTE) {
+  /* A partner that hung up without saying why may have failed for another
+   * rank's death (a tree's or rhd's partner gives up on the rank it waited
+   * for): the rank liveness saw go, when it is another one, is the cause.
+   * Read with p2p's lock released (liveness.c calls into p2p.c under its
+   * own). */
+  if (!silent && !told && pr && op->peer >= 0 && s == BRG_ERR_REMOTE) {
     char why[256];
     int gone = brg__live_gone(c, NULL, 0, "the communicator", why, sizeof why);
     size_t at = strlen(gone_why);
