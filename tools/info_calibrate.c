@@ -12,7 +12,8 @@
  *   tcp:  the ring over tcp, 4 KiB and 256 KiB         -> tcp_alpha, tcp_beta
  *   p2p:  the double binary tree over shm, 8 B, 256 KiB -> p2p_alpha, p2p_beta
  *         and over tcp                                 -> p2p_tcp_alpha, p2p_tcp_beta
- *   rhd:  recursive halving/doubling, 256 KiB, shm     -> xchg_beta
+ *   rhd:  recursive halving/doubling (never doubling
+ *         alone), 256 KiB, shm                         -> xchg_beta
  *         and tcp                                      -> xchg_tcp_beta
  *   wake: the ring over shm, 4 KiB, on more ranks than
  *         cores (8 per core, at most 64)               -> wake_alpha
@@ -103,6 +104,7 @@ static int rank_main(const probe *p, int rank, int n, int port, int iters, int b
   setenv("BRIGADE_TRANSPORTS", p->transports, 1);
   setenv("BRIGADE_ALGO", p->algo, 1);
   setenv("BRIGADE_SMALL_BYTES", "0", 1);
+  setenv("BRIGADE_RHD_DOUBLING_BYTES", "0", 1); /* rhd's probe: halving, as fitted */
   snprintf(v, sizeof v, "%d", SLICE);
   setenv("BRIGADE_SLICE_BYTES", v, 1);
   brg_comm *c = NULL;

@@ -86,6 +86,12 @@ static brg__cfg_entry core_entries[BRG__CORE_COUNT] = {
                               "network, point-to-point), as brigade-info --calibrate writes "
                               "them; BRIGADE_ALGO=auto chooses by them; the same on every "
                               "rank; empty: the built-in ones"},
+    [BRG__CORE_RHD_DOUBLING] = {"BRIGADE_RHD_DOUBLING_BYTES", BRG__CFG_KIND_STRING, "auto", 0, 0,
+                                "rhd allreduces up to this many bytes run recursive doubling "
+                                "alone (log2 P rounds, each exchanging the whole buffer) "
+                                "instead of halving then doubling (twice the rounds, shrinking "
+                                "shares); auto: where the cost model finds it faster "
+                                "(brigade-info --model); 0: never; the same on every rank"},
 };
 
 static brg__cfg_entry device_entries[BRG__DEVICE_COUNT] = {
@@ -290,6 +296,17 @@ static brg_status settings_check_strings(brg__errbuf *err) {
   return bootstrap_addr_check(brg__core_str(BRG__CORE_BOOTSTRAP_ADDR), err);
 }
 
+/* A setting that takes auto or a size of 0 to max (shown as max_words). */
+static brg_status auto_or_size(const char *name, const char *v, int64_t max, const char *max_words,
+                               brg__errbuf *err) {
+  int64_t b = 0;
+  if (!strcmp(v, "auto") || (brg__config_parse_size(v, &b) == BRG_SUCCESS && b >= 0 && b <= max))
+    return BRG_SUCCESS;
+  return brg__error_quiet(err, BRG_ERR_INVALID_ARGUMENT,
+                          "%s=\"%.64s%s\" is neither auto nor a size of 0 to %s", name, v,
+                          strlen(v) > 64 ? "..." : "", max_words);
+}
+
 brg_status brg__settings_load(brg__errbuf *err) {
   brg__cfg_section *all[BRG__SETTINGS_MAX_SECTIONS];
   int n = brg__settings_sections(all, BRG__SETTINGS_MAX_SECTIONS);
@@ -303,23 +320,15 @@ brg_status brg__settings_load(brg__errbuf *err) {
         err, BRG_ERR_INVALID_ARGUMENT,
         "BRIGADE_ALGO=\"%.64s%s\" is not an allreduce algorithm (ring, hier, tree, rhd or auto)",
         algo, strlen(algo) > 64 ? "..." : "");
-  const char *ll = brg__device_str(BRG__DEVICE_LL_BYTES);
-  int64_t ll_bytes = 0;
-  if (strcmp(ll, "auto") != 0 && (brg__config_parse_size(ll, &ll_bytes) != BRG_SUCCESS ||
-                                  ll_bytes < 0 || ll_bytes > 4 * BRG__MiB))
-    return brg__error_quiet(err, BRG_ERR_INVALID_ARGUMENT,
-                            "BRIGADE_DEVICE_LL_BYTES=\"%.64s%s\" is neither auto nor a size of "
-                            "0 to 4M",
-                            ll, strlen(ll) > 64 ? "..." : "");
-  const char *rll = brg__device_str(BRG__DEVICE_RING_LL);
-  int64_t rll_bytes = 0;
-  if (strcmp(rll, "auto") != 0 && (brg__config_parse_size(rll, &rll_bytes) != BRG_SUCCESS ||
-                                   rll_bytes < 0 || rll_bytes > 256 * BRG__MiB))
-    return brg__error_quiet(err, BRG_ERR_INVALID_ARGUMENT,
-                            "BRIGADE_DEVICE_RING_LL_BYTES=\"%.64s%s\" is neither auto nor a size "
-                            "of 0 to 256M",
-                            rll, strlen(rll) > 64 ? "..." : "");
-  brg_status vs = settings_check_strings(err);
+  brg_status vs = auto_or_size("BRIGADE_DEVICE_LL_BYTES", brg__device_str(BRG__DEVICE_LL_BYTES),
+                               4 * BRG__MiB, "4M", err);
+  if (vs == BRG_SUCCESS)
+    vs = auto_or_size("BRIGADE_DEVICE_RING_LL_BYTES", brg__device_str(BRG__DEVICE_RING_LL),
+                      256 * BRG__MiB, "256M", err);
+  if (vs == BRG_SUCCESS)
+    vs = auto_or_size("BRIGADE_RHD_DOUBLING_BYTES", brg__core_str(BRG__CORE_RHD_DOUBLING), BRG__GiB,
+                      "1G", err);
+  if (vs == BRG_SUCCESS) vs = settings_check_strings(err);
   if (vs != BRG_SUCCESS) return vs;
   /* Each in range, the two together may still ask for more memory than a
    * host has: each ring link's FIFO is slice x steps, and a rank maps

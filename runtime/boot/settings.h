@@ -36,6 +36,7 @@ typedef enum {
   BRG__CORE_P2P_EARLY,      /* size: bytes kept for point-to-point receives not yet posted */
   BRG__CORE_HIER_PIECES,    /* int: pieces hier's phases overlap over; 0 = automatic */
   BRG__CORE_MODEL_FILE,     /* path of the cost model's links (model.c); empty = built in */
+  BRG__CORE_RHD_DOUBLING,   /* string auto|size: rhd by recursive doubling alone up to this */
   BRG__CORE_COUNT
 } brg__core_cfg_id;
 

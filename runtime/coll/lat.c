@@ -241,8 +241,42 @@ static void rhd_range(size_t count, int p2, int lo, int hi, size_t *off, size_t 
   *m = brg__part_offset(count, p2, hi) - *off;
 }
 
+/* Recursive doubling alone (k->doubling, small calls): round j exchanges
+ * the whole buffer with the halving round's partner, nearest first, each
+ * received into its own part of `into` (count elements a round, posted
+ * before the first send), and both partners reduce the lower virtual
+ * rank's side first: every rank of a group holds the same bits, so every
+ * rank ends with the same bits. */
+static void rhd_doubling(lat *l, const brg__rhd *r, char *out, char *into) {
+  const brg__coll *k = l->k;
+  int n = l->c->nranks;
+  size_t es = l->esize, count = k->count;
+  brg_op mid = k->op == BRG_AVG ? BRG_SUM : k->op;
+  brg__p2p_op *rx[32] = {0};
+  for (int j = r->rounds - 1; j >= 0; j--) {
+    int w = brg__rhd_partner(r->p2, r->vrank, j);
+    l->tag = (struct lat_tag){.phase = BRG__TRACE_DOUBLING, .tree = -1, .round = j};
+    rx[j] = lat_op(l, brg__rhd_pos(n, w), into + (size_t)j * count * es, count, 0);
+  }
+  for (int j = r->rounds - 1; j >= 0 && l->s == BRG_SUCCESS; j--) {
+    int w = brg__rhd_partner(r->p2, r->vrank, j);
+    char *theirs = into + (size_t)j * count * es;
+    l->tag = (struct lat_tag){.phase = BRG__TRACE_DOUBLING, .tree = -1, .round = j};
+    brg__p2p_op *tx = lat_op(l, brg__rhd_pos(n, w), out, count, 1);
+    lat_wait(l, rx[j]);
+    lat_wait(l, tx); /* out is read by the send until it is done */
+    if (l->s != BRG_SUCCESS) break;
+    brg_op op = j == 0 ? k->op : mid;
+    if (r->vrank < w)
+      lat_reduce(l, out, out, theirs, count, op);
+    else
+      lat_reduce(l, out, theirs, out, count, op);
+  }
+}
+
 /* Recursive halving and doubling (schedule_lat.h): all on the output, the
- * partner's halves received into scratch and added. */
+ * partner's halves received into scratch and added; small calls by
+ * recursive doubling alone (rhd_doubling). */
 static void run_rhd(lat *l) {
   brg_comm *c = l->c;
   const brg__coll *k = l->k;
@@ -262,8 +296,9 @@ static void run_rhd(lat *l) {
   }
   /* The fold's buffer, then every halving round's half: the windows
    * shrink by half, but a window of P/2 blocks may hold more than half
-   * the elements (count < P), so P more. */
-  char *scratch = lat_scratch(l, (2 * count + (size_t)r.p2) * es);
+   * the elements (count < P), so P more; or every doubling round's buffer. */
+  size_t more = k->doubling ? (size_t)r.rounds * count : count + (size_t)r.p2;
+  char *scratch = lat_scratch(l, (count + more) * es);
   if (!scratch) return;
   char *halves = scratch + count * es;
   if (r.fold >= 0) {
@@ -274,6 +309,12 @@ static void run_rhd(lat *l) {
     lat_reduce(l, out, k->sendbuf, scratch, count, mid);
   } else if (out != k->sendbuf) {
     brg__copy(out, NULL, k->sendbuf, count * es);
+  }
+  if (k->doubling) {
+    rhd_doubling(l, &r, out, halves);
+    l->tag = (struct lat_tag){.phase = BRG__TRACE_UNFOLD, .tree = -1};
+    if (r.fold >= 0 && l->s == BRG_SUCCESS) lat_wait(l, lat_op(l, r.fold, out, count, 1));
+    return;
   }
   /* Every exchange's receive, posted now (each partner's halving one, then
    * its doubling one), so that what comes early lands in place: a

@@ -6,6 +6,7 @@
  * of its buffers' memory (exec.h).
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "device.h"
 #include "exec.h"
@@ -328,11 +329,40 @@ static brg_status allreduce_choice(brg_comm *c, brg__coll *k) {
   return BRG_SUCCESS;
 }
 
+/* The largest rhd allreduce this communicator runs by recursive doubling
+ * alone (BRIGADE_RHD_DOUBLING_BYTES; auto: plan/model.c's crossover on its
+ * shape), found at its first rhd call and kept. */
+static size_t rhd_doubling_bytes(brg_comm *c) {
+  uint64_t known = __atomic_load_n(&c->rhd_doubling, __ATOMIC_RELAXED);
+  if (known) return (size_t)(known - 1);
+  const char *v = brg__core_str(BRG__CORE_RHD_DOUBLING);
+  int64_t b = 0;
+  size_t bytes = 0;
+  if (!strcmp(v, "auto")) {
+    brg__hier_shape sh;
+    brg__model_shape ms;
+    brg__hier_shape_of(c, &sh);
+    model_shape_of(c, &sh, &ms);
+    bytes = brg__model_rhd_doubling_bytes(&ms, brg__model_links_now());
+    BRG__INFO("coll",
+              "rhd allreduces up to %zu bytes run recursive doubling alone, larger ones "
+              "halving then doubling (BRIGADE_RHD_DOUBLING_BYTES=auto: the cost model's "
+              "crossover on %d ranks)",
+              bytes, c->nranks);
+  } else if (brg__config_parse_size(v, &b) == BRG_SUCCESS && b > 0) {
+    bytes = (size_t)b; /* settings.c refused anything else at load */
+  }
+  __atomic_store_n(&c->rhd_doubling, (uint64_t)bytes + 1, __ATOMIC_RELAXED);
+  return bytes;
+}
+
 brg_status brg__exec_choose(brg_comm *c, brg__coll *k) {
   const brg__exec_ops *leaf = brg__exec_leaf(c, k);
   brg_status s = leaf == &brg__exec_device ? brg__exec_device_links(c, k) : BRG_SUCCESS;
   if (s == BRG_SUCCESS && k->kind == BRG__COLL_ALLREDUCE) s = allreduce_choice(c, k);
   if (s != BRG_SUCCESS) return s;
+  k->doubling =
+      k->lat == BRG__ALGO_RHD && k->count * brg_dtype_size(k->dtype) <= rhd_doubling_bytes(c);
   if (!k->exec && rings_take(c, k, leaf)) k->exec = &brg__exec_rings;
   if (!k->exec) k->exec = leaf;
   return BRG_SUCCESS;

@@ -35,6 +35,7 @@ typedef struct brg__coll {
   unsigned char captured : 1;   /* issued on a stream capturing a CUDA graph (kernel mode) */
   unsigned char setup_only : 1; /* brg_comm_device_setup: the device setup, no collective */
   unsigned char staged : 1;     /* gather/scatter on GPU buffers, through host memory (rooted.c) */
+  unsigned char doubling : 1;   /* lat.c's rhd by recursive doubling alone (policy.c) */
   unsigned char lat;            /* BRG__ALGO_TREE or _RHD: an allreduce lat.c runs; 0: none */
   /* Its executor (exec.h), chosen once as it is issued (policy.c:
    * hier.c's choice, then rings.c's, else the leaf of its memory); NULL
@@ -206,6 +207,8 @@ struct brg_comm {
   unsigned hier_logged;   /* which choices INFO has told already */
   uint64_t auto_last;     /* auto's last choice: bytes << 8 | (algo + 1); 0: none */
   uint64_t auto_dev_last; /* the same for GPU buffers (policy.c, device_choice) */
+  uint64_t
+      rhd_doubling; /* rhd's recursive doubling up to this many bytes, plus 1; 0: unknown yet */
   struct brg_comm *local; /* this host's ranks */
   struct brg_comm *cross; /* the ranks of this local index on every host */
   struct brg_comm *fold;  /* on a host of more ranks than the fewest: those it reduces into one */

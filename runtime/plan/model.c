@@ -233,7 +233,12 @@ static double rhd_round(const brg__model_shape *sh, const brg__model_links *ln, 
   return p2p_alpha(ln, any) + b;
 }
 
-static double rhd_time(const brg__model_shape *sh, const brg__model_links *ln, double S) {
+/* rhd's rounds: with `doubling` 0, recursive halving then doubling (each
+ * round of the pair moves the partner's share of the window, S * d / P);
+ * with 1, recursive doubling alone (each round moves all S once, and
+ * every rank reduces it): half the rounds, more bytes. */
+static double rhd_rounds(const brg__model_shape *sh, const brg__model_links *ln, double S,
+                         int doubling) {
   int H = sh->hosts, M = sh->local, N = H * M;
   int P = brg__pow2_floor(N), E = N - P;
   double t = 0;
@@ -259,9 +264,18 @@ static double rhd_time(const brg__model_shape *sh, const brg__model_links *ln, d
       }
       if (host_of(p, M) != host_of(q, M) && ++run > most) most = run;
     }
-    t += 2 * rhd_round(sh, ln, S * d / P, most, most > 0);
+    t += doubling ? rhd_round(sh, ln, S, most, most > 0)
+                  : 2 * rhd_round(sh, ln, S * d / P, most, most > 0);
   }
   return t;
+}
+
+/* rhd: halving then doubling; with sh->rhd_doubling as lat.c runs it,
+ * recursive doubling alone up to the size brg__model_rhd_doubling_bytes
+ * finds. */
+static double rhd_time(const brg__model_shape *sh, const brg__model_links *ln, double S) {
+  double halving = rhd_rounds(sh, ln, S, 0);
+  return sh->rhd_doubling ? fmin(halving, rhd_rounds(sh, ln, S, 1)) : halving;
 }
 
 /* On uneven hosts (local_min C, local_max M) C rings cross hosts; a host
@@ -284,11 +298,9 @@ static double hier_time(const brg__model_shape *sh, const brg__model_links *ln, 
   return fold + 2 * local + cross;
 }
 
-double brg__model_time(int plan, const brg__model_shape *sh, const brg__model_links *links,
-                       size_t bytes) {
-  int H = sh->hosts, M = sh->local, N = H * M;
-  double S = (double)bytes;
-  if (N < 2) return 0;
+/* The links the formulas use on shape sh. */
+static brg__model_links links_on(const brg__model_shape *sh, const brg__model_links *links) {
+  int M = sh->local;
   /* the formulas' hops within a host are the ring's link there */
   brg__model_links local = *links;
   if (sh->local_tcp) {
@@ -318,6 +330,15 @@ double brg__model_time(int plan, const brg__model_shape *sh, const brg__model_li
     local.p2p_beta *= busy;
     local.xchg_beta *= busy * sqrt(busy);
   }
+  return local;
+}
+
+double brg__model_time(int plan, const brg__model_shape *sh, const brg__model_links *links,
+                       size_t bytes) {
+  int H = sh->hosts, M = sh->local, N = H * M;
+  double S = (double)bytes;
+  if (N < 2) return 0;
+  brg__model_links local = links_on(sh, links);
   const brg__model_links *ln = &local;
   switch (plan) {
   case BRG__PLAN_RING: return ring_time(sh, ln, S, 1, 0);
@@ -336,8 +357,27 @@ double brg__model_time(int plan, const brg__model_shape *sh, const brg__model_li
   return -1;
 }
 
-int brg__model_auto(const brg__model_shape *sh, const brg__model_links *ln, size_t bytes,
+size_t brg__model_rhd_doubling_bytes(const brg__model_shape *sh, const brg__model_links *links) {
+  if (sh->hosts * sh->local < 2) return 0;
+  brg__model_links ln = links_on(sh, links);
+  /* both grow linearly with the bytes (piecewise, where a host's links
+   * saturate), doubling the faster: the last size where it still wins */
+  size_t lo = 0, hi = (size_t)1 << 30;
+  if (rhd_rounds(sh, &ln, (double)hi, 1) <= rhd_rounds(sh, &ln, (double)hi, 0)) return hi;
+  while (hi - lo > 1) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (rhd_rounds(sh, &ln, (double)mid, 1) <= rhd_rounds(sh, &ln, (double)mid, 0))
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+int brg__model_auto(const brg__model_shape *shape, const brg__model_links *ln, size_t bytes,
                     int *plan_out) {
+  brg__model_shape halving = *shape, *sh = &halving;
+  halving.rhd_doubling = 0; /* rhd compared by its halving (model.h) */
   static const struct {
     int algo, plan;
   } cand[] = {{BRG__ALGO_RING, -1},
@@ -717,8 +757,10 @@ double brg__model_stage_time(size_t bytes) {
   return 2 * (STAGE_ALPHA + (double)bytes * STAGE_BETA);
 }
 
-int brg__model_auto_staged(const brg__model_shape *sh, const brg__model_links *ln, size_t bytes,
+int brg__model_auto_staged(const brg__model_shape *shape, const brg__model_links *ln, size_t bytes,
                            double t[3]) {
+  brg__model_shape halving = *shape, *sh = &halving;
+  halving.rhd_doubling = 0; /* as brg__model_auto */
   t[0] = brg__model_time(brg__model_flat_plan(sh, bytes), sh, ln, bytes);
   t[1] = brg__model_time(BRG__PLAN_TREE, sh, ln, bytes);
   t[2] = brg__model_time(BRG__PLAN_RHD, sh, ln, bytes);

@@ -37,6 +37,10 @@ typedef struct brg__model_shape {
   size_t small_bytes; /* BRIGADE_SMALL_BYTES */
   size_t slice_bytes; /* BRIGADE_SLICE_BYTES */
   int no_hier;        /* hier does not run here (one rank per host, GPU buffers on uneven hosts) */
+  /* rhd runs recursive doubling alone where it is faster (lat.c's small
+   * calls); 0: rhd timed as halving then doubling, what its links were
+   * fitted on and what auto compares (see brg__model_rhd_doubling_bytes) */
+  int rhd_doubling;
   /* Hosts that differ in rank count: the fewest and most ranks on one
    * (local stays the ranks per host, rounded up, for the others); 0: even. */
   int local_min, local_max;
@@ -81,6 +85,16 @@ const brg__model_links *brg__model_links_now(void);
  * the runtime does not run it on that shape or size. */
 double brg__model_time(int plan, const brg__model_shape *sh, const brg__model_links *ln,
                        size_t bytes);
+/* The largest allreduce (bytes) rhd runs as recursive doubling alone on
+ * shape sh (log2 P rounds, each moving the whole buffer), where the model
+ * finds it no slower than halving then doubling (2 log2 P rounds of
+ * shrinking shares); the same on every rank. Auto's choice between the
+ * algorithms does not count it (rhd_doubling 0): on ranks that outnumber
+ * their cores the model charges the ring's hops 2 to 3 times what they
+ * were measured to cost, which the halving's rounds, charged as much,
+ * used to offset; with doubling's halved rounds counted, auto took rhd
+ * over the ring at 8 and 16 ranks on 2 cores where the ring is faster. */
+size_t brg__model_rhd_doubling_bytes(const brg__model_shape *sh, const brg__model_links *ln);
 /* The flat ring on hosts that differ in rank count (layout[h]: host h's
  * ranks, in ring order): the chain by a walk over every window of the
  * ring's links (a network link after each host's last rank), the bytes at

@@ -346,6 +346,40 @@ static void test_gpu_times(void **state) {
  * one host; across hosts the staged tree or rhd only where its time and
  * two copies' beat the ring, on a grid; the copies decide somewhere (the
  * tree or rhd faster than the ring without them, the ring with them). */
+/* rhd's recursive doubling alone: always at 2 ranks (one exchange
+ * against two); elsewhere up to the crossover the model reports, where
+ * rhd's time as lat.c runs it (rhd_doubling) is below the halving's, and
+ * above it the halving's. Auto compares the halving's. */
+static void test_rhd_doubling(void **state) {
+  (void)state;
+  const brg__model_links *ln = &brg__model_default_links;
+  static const int shapes[][3] = {{1, 2, 0},  {1, 4, 0}, {1, 8, 1},  {1, 16, 0},
+                                  {1, 64, 1}, {4, 2, 0}, {16, 1, 0}, {3, 3, 0}};
+  for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+    brg__model_shape sh = {.hosts = shapes[i][0],
+                           .local = shapes[i][1],
+                           .nics = 1,
+                           .rings = 1,
+                           .small_bytes = 4096,
+                           .slice_bytes = 131072,
+                           .cores = 2,
+                           .local_tcp = shapes[i][2]};
+    brg__model_shape halving = sh;
+    sh.rhd_doubling = 1;
+    size_t x = brg__model_rhd_doubling_bytes(&sh, ln);
+    if (sh.hosts * sh.local == 2) assert_int_equal(x, (size_t)1 << 30);
+    assert_true(x >= 8); /* a few bytes: half the rounds always win */
+    double below = brg__model_time(BRG__PLAN_RHD, &sh, ln, x / 2);
+    assert_true(below < brg__model_time(BRG__PLAN_RHD, &halving, ln, x / 2));
+    if (x < ((size_t)1 << 30)) {
+      assert_true(x < ((size_t)64 << 20)); /* a large call halves */
+      double above = brg__model_time(BRG__PLAN_RHD, &sh, ln, 2 * x + 64);
+      assert_true(above == brg__model_time(BRG__PLAN_RHD, &halving, ln, 2 * x + 64));
+    }
+    assert_int_equal(brg__model_auto(&sh, ln, 8, NULL), brg__model_auto(&halving, ln, 8, NULL));
+  }
+}
+
 static void test_auto_staged(void **state) {
   (void)state;
   const brg__model_links *ln = &brg__model_default_links;
@@ -411,6 +445,7 @@ int main(void) {
       cmocka_unit_test(test_auto_is_fastest),   cmocka_unit_test(test_known_cases),
       cmocka_unit_test(test_uneven_hier),       cmocka_unit_test(test_device_shape),
       cmocka_unit_test(test_gpu_times),         cmocka_unit_test(test_auto_staged),
+      cmocka_unit_test(test_rhd_doubling),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
