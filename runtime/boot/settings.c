@@ -87,10 +87,11 @@ static brg__cfg_entry core_entries[BRG__CORE_COUNT] = {
                               "them; BRIGADE_ALGO=auto chooses by them; the same on every "
                               "rank; empty: the built-in ones"},
     [BRG__CORE_RHD_DOUBLING] = {"BRIGADE_RHD_DOUBLING_BYTES", BRG__CFG_KIND_STRING, "auto", 0, 0,
-                                "rhd allreduces up to this many bytes run recursive doubling "
-                                "alone (log2 P rounds, each exchanging the whole buffer) "
-                                "instead of halving then doubling (twice the rounds, shrinking "
-                                "shares); auto: where the cost model finds it faster "
+                                "rhd allreduces up to this many bytes, of at least P elements "
+                                "(the largest power of two up to the ranks), run recursive "
+                                "doubling alone (log2 P rounds, each exchanging the whole "
+                                "buffer) instead of halving then doubling (twice the rounds, "
+                                "shrinking shares); auto: where the cost model finds it faster "
                                 "(brigade-info --model); 0: never; the same on every rank"},
 };
 
