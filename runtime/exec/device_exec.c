@@ -300,6 +300,7 @@ static brg_status staged_async_run(brg_comm *c, brg__coll *k) {
   const brg__cuda_api *api = d->api;
   size_t bytes = k->count * brg_dtype_size(k->dtype);
   size_t room = (bytes + 255) & ~(size_t)255;
+  if (room == 0) room = 256; /* a count of 0 still has buffers to name */
   int one = k->sendbuf == k->recvbuf;
   d->last_stream = k->stream;
   brg_status s = stage_room(c, d, one ? room : 2 * room);
