@@ -65,9 +65,10 @@ static brg__cfg_entry core_entries[BRG__CORE_COUNT] = {
                         "within each host), tree (double binary tree), rhd (recursive halving "
                         "and doubling) or auto (the fastest by the cost model, brigade-info "
                         "--model); GPU buffers run tree and rhd on host copies (auto takes them "
-                        "across hosts where they win with the copies), except in a CUDA graph "
-                        "or asynchronous mode (BRIGADE_DEVICE_PROXY), where they take the ring; "
-                        "the same on every rank"},
+                        "across hosts where they win with the copies; in the asynchronous mode "
+                        "of BRIGADE_DEVICE_PROXY the communicator's thread stages them and the "
+                        "call returns at once), except in a CUDA graph, where they take the "
+                        "ring; the same on every rank"},
     [BRG__CORE_RINGS] = {"BRIGADE_RINGS", BRG__CFG_KIND_INT, "0", 0, 64,
                          "rings a large allreduce is cut over, each leaving every host through "
                          "a different local rank; 0: one per network address a host's ranks "

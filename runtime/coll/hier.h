@@ -53,7 +53,6 @@ enum {
   BRG__LOGGED_STAGED_TREE = 8192,
   BRG__LOGGED_STAGED_RHD = 16384,
   BRG__LOGGED_UNSTAGED_CAPTURED = 32768,
-  BRG__LOGGED_UNSTAGED_ASYNC = 65536,
 };
 
 /* 1 the first time `what` is asked on c. */

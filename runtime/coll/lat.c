@@ -414,7 +414,12 @@ static brg_status lat_body(brg_comm *c, brg__coll *k) {
   if (l.s != BRG_SUCCESS) {
     /* What is still posted or queued points into the caller's buffers and
      * the scratch: stopping the communicator makes every wait give it back,
-     * and its peers hear the cause. */
+     * and its peers hear the cause. The cause is said and the communicator
+     * marked broken first, so that a call issued meanwhile (the
+     * asynchronous mode's return before they run) reports it, not the
+     * stop (progress.c). */
+    if (strcmp(l.why, brg_comm_last_error(c)) != 0) brg__comm_error(c, l.s, "%s", l.why);
+    __atomic_store_n(&c->broken, l.s, __ATOMIC_RELEASE);
     brg__comm_stop_why(c, l.why);
     for (size_t i = 0; i < l.used; i++)
       if (!__atomic_load_n(&l.ops[i].done, __ATOMIC_ACQUIRE))

@@ -106,23 +106,57 @@ static unsigned auto_logged(int algo) {
                                   : BRG__LOGGED_AUTO_RING;
 }
 
-/* Why an allreduce of GPU buffers cannot be staged through host memory
- * (the staged executor waits for the stream and copies on the thread that
- * runs the call, device_exec.c), with the log's bit; NULL: it can. */
-static const char *unstageable(const brg_comm *c, const brg__coll *k, unsigned *bit) {
+/* Why an allreduce of GPU buffers cannot be staged through host memory,
+ * with the log's bit; NULL: it can. A CUDA graph cannot hold the host's
+ * wait for the copies. (In the asynchronous mode the communicator's
+ * thread waits, on the ring's own stream: brg__exec_staged_async.) */
+static const char *unstageable(const brg__coll *k, unsigned *bit) {
   if (k->captured) {
     *bit = BRG__LOGGED_UNSTAGED_CAPTURED;
     return "captured in a CUDA graph, which cannot hold the staging's wait for the stream and "
            "copies on the calling thread";
   }
-  if (brg__device_async_mode(c)) {
-    *bit = BRG__LOGGED_UNSTAGED_ASYNC;
-    return "the device calls run asynchronously, returning at once (BRIGADE_DEVICE_PROXY; by "
-           "default where a device link of the ring goes through a host link), where staging "
-           "would make the calling thread wait for the stream and the copies; "
-           "BRIGADE_DEVICE_PROXY=0 lets them be staged";
-  }
   return NULL;
+}
+
+/* Auto's choice at `bytes`, for host buffers (c->auto_last) and GPU ones
+ * (c->auto_dev_last): the last size's is kept in *last (bytes << 8 |
+ * algo + 1; 0: none), as loops call one size again and again and the
+ * shape is O(N^2) to make; `choose` runs the model where the size is
+ * another, and *shaped says it ran. Atomic, as threads may issue at once;
+ * a store lost to another only runs the model again. */
+static int auto_cached(uint64_t *last, size_t bytes, int *shaped, int (*choose)(void *),
+                       void *arg) {
+  uint64_t was = __atomic_load_n(last, __ATOMIC_RELAXED);
+  if (was && was >> 8 == bytes) return (int)(was & 0xff) - 1;
+  int algo = choose(arg);
+  *shaped = 1;
+  if (bytes < (1ull << 56))
+    __atomic_store_n(last, (uint64_t)bytes << 8 | (uint64_t)(algo + 1), __ATOMIC_RELAXED);
+  return algo;
+}
+
+/* What auto's model is asked, and what it leaves for the log. */
+typedef struct auto_ask {
+  const brg_comm *c;
+  brg__hier_shape *sh;
+  brg__model_shape *ms;
+  const brg__model_links *ln;
+  size_t bytes;
+  double *t; /* the staged model's predictions (device_choice) */
+} auto_ask;
+
+static int ask_staged(void *arg) {
+  auto_ask *a = arg;
+  brg__hier_shape_of(a->c, a->sh);
+  model_shape_of(a->c, a->sh, a->ms);
+  return brg__model_auto_staged(a->ms, a->ln, a->bytes, a->t);
+}
+
+static int ask_host(void *arg) {
+  auto_ask *a = arg;
+  model_shape_of(a->c, a->sh, a->ms);
+  return brg__model_auto(a->ms, a->ln, a->bytes, NULL);
 }
 
 /* An allreduce of GPU buffers under BRIGADE_ALGO=tree, rhd or auto: lat.c's
@@ -136,30 +170,19 @@ static brg_status device_choice(brg_comm *c, brg__coll *k) {
   unsigned bit = 0;
   const char *why = NULL;
   if (algo == BRG__ALGO_AUTO) {
-    /* the shape is O(N^2): the last size's choice is kept, as for host buffers */
     size_t bytes = k->count * brg_dtype_size(k->dtype);
-    uint64_t last = __atomic_load_n(&c->auto_dev_last, __ATOMIC_RELAXED);
     brg__hier_shape sh = {0};
     brg__model_shape ms = {0};
     const brg__model_links *ln = brg__model_links_now();
     double t[3] = {0};
     int shaped = 0;
-    if (last && last >> 8 == bytes) {
-      algo = (int)(last & 0xff) - 1;
-    } else {
-      brg__hier_shape_of(c, &sh);
-      model_shape_of(c, &sh, &ms);
-      algo = brg__model_auto_staged(&ms, ln, bytes, t);
-      shaped = 1;
-      if (bytes < (1ull << 56))
-        __atomic_store_n(&c->auto_dev_last, (uint64_t)bytes << 8 | (uint64_t)(algo + 1),
-                         __ATOMIC_RELAXED);
-    }
+    auto_ask ask = {.c = c, .sh = &sh, .ms = &ms, .ln = ln, .bytes = bytes, .t = t};
+    algo = auto_cached(&c->auto_dev_last, bytes, &shaped, ask_staged, &ask);
     int lat = algo == BRG__ALGO_TREE || algo == BRG__ALGO_RHD;
     unsigned said =
         lat ? (algo == BRG__ALGO_TREE ? BRG__LOGGED_STAGED_TREE : BRG__LOGGED_STAGED_RHD)
             : BRG__LOGGED_DEVICE;
-    why = lat ? unstageable(c, k, &bit) : NULL;
+    why = lat ? unstageable(k, &bit) : NULL;
     /* the choice told once, with what the model predicted (the shape
      * again where the size was the last one's) */
     if (!why && !(__atomic_load_n(&c->hier_logged, __ATOMIC_RELAXED) & said)) {
@@ -181,15 +204,19 @@ static brg_status device_choice(brg_comm *c, brg__coll *k) {
         BRG__INFO("coll",
                   "allreduce algorithm for GPU buffers: %s%s (BRIGADE_ALGO=auto, %s, first at "
                   "%zu bytes: predicted ring %.0f us, tree %.0f us and rhd %.0f us, the last two "
-                  "with %.0f us of copies to host memory and back; BRIGADE_ALGO=hier runs them "
-                  "hierarchically; brigade-info --model)",
+                  "with %.0f us of copies to host memory and back%s; BRIGADE_ALGO=hier runs "
+                  "them hierarchically; brigade-info --model)",
                   brg__algo_name(algo), lat ? " staged through host memory" : "", shape, bytes,
-                  t[0] * 1e6, t[1] * 1e6, t[2] * 1e6, brg__model_stage_time(bytes) * 1e6);
+                  t[0] * 1e6, t[1] * 1e6, t[2] * 1e6, brg__model_stage_time(bytes) * 1e6,
+                  lat && brg__device_async_mode(c)
+                      ? "; asynchronous mode: the call returns at once, the communicator's "
+                        "thread stages it"
+                      : "");
       }
     }
     if (!lat) return BRG_SUCCESS;
   } else {
-    why = unstageable(c, k, &bit);
+    why = unstageable(k, &bit);
   }
   if (why) {
     if (brg__hier_first_time(c, bit))
@@ -197,13 +224,27 @@ static brg_status device_choice(brg_comm *c, brg__coll *k) {
                 brg__algo_name(algo), brg__algo_name(c->algo), why);
     return BRG_SUCCESS;
   }
-  if (c->algo != BRG__ALGO_AUTO && brg__hier_first_time(c, BRG__LOGGED_DEVICE_LAT))
-    BRG__INFO("coll",
-              "allreduce algorithm for GPU buffers: %s staged through host memory "
-              "(BRIGADE_ALGO=%s, %d ranks: the call waits for its stream, copies the input to "
-              "host memory, runs the %s there and copies the result back before it returns)",
-              brg__algo_name(algo), brg__algo_name(algo), c->nranks, brg__algo_name(algo));
-  k->exec = &brg__exec_staged;
+  /* In the asynchronous mode the call returns at once and the
+   * communicator's thread stages it (making the device ring at the first
+   * call, on every rank alike: all are in that mode or none). */
+  int async = brg__device_async_mode(c);
+  if (c->algo != BRG__ALGO_AUTO && brg__hier_first_time(c, BRG__LOGGED_DEVICE_LAT)) {
+    if (async)
+      BRG__INFO("coll",
+                "allreduce algorithm for GPU buffers: %s staged through host memory "
+                "(BRIGADE_ALGO=%s, %d ranks, asynchronous mode: the call returns at once; the "
+                "communicator's thread copies the input to host memory on the device ring's "
+                "stream once the caller's stream reaches the call, runs the %s there and copies "
+                "the result back, and the caller's stream waits for that)",
+                brg__algo_name(algo), brg__algo_name(algo), c->nranks, brg__algo_name(algo));
+    else
+      BRG__INFO("coll",
+                "allreduce algorithm for GPU buffers: %s staged through host memory "
+                "(BRIGADE_ALGO=%s, %d ranks: the call waits for its stream, copies the input to "
+                "host memory, runs the %s there and copies the result back before it returns)",
+                brg__algo_name(algo), brg__algo_name(algo), c->nranks, brg__algo_name(algo));
+  }
+  k->exec = async ? &brg__exec_staged_async : &brg__exec_staged;
   k->lat = (unsigned char)algo;
   return BRG_SUCCESS;
 }
@@ -244,20 +285,10 @@ static brg_status allreduce_choice(brg_comm *c, brg__coll *k) {
     brg__model_shape ms;
     const brg__model_links *ln = brg__model_links_now();
     /* the model walks the schedules (O(N) at large N) and the shape the
-     * hosts (O(N^2)): the last size's choice is kept, as loops call one
-     * size again and again */
-    uint64_t last = __atomic_load_n(&c->auto_last, __ATOMIC_RELAXED);
-    int algo, shaped = 0;
-    if (last && last >> 8 == bytes) {
-      algo = (int)(last & 0xff) - 1;
-    } else {
-      model_shape_of(c, &sh, &ms);
-      shaped = 1;
-      algo = brg__model_auto(&ms, ln, bytes, NULL);
-      if (bytes < (1ull << 56))
-        __atomic_store_n(&c->auto_last, (uint64_t)bytes << 8 | (uint64_t)(algo + 1),
-                         __ATOMIC_RELAXED);
-    }
+     * hosts (O(N^2)): the last size's choice is kept */
+    int shaped = 0;
+    auto_ask ask = {.c = c, .sh = &sh, .ms = &ms, .ln = ln, .bytes = bytes};
+    int algo = auto_cached(&c->auto_last, bytes, &shaped, ask_host, &ask);
     if (brg__hier_first_time(c, auto_logged(algo))) {
       char shape[64], pred[160];
       if (!shaped) model_shape_of(c, &sh, &ms);

@@ -244,6 +244,24 @@ struct brg__dev_ring {
     void *stream, *ev;
   } callers[16];
   int ncallers;
+  /* Allreduces staged through host memory in the asynchronous mode
+   * (device_exec.c, brg__exec_staged_async): pinned host memory of
+   * stage_bytes, mapped for the copy kernels (stage_dev), grown on demand
+   * and kept until the ring is freed, and the event the host waits on for
+   * the copy to it. Memory outgrown stays in stage_old until then too:
+   * unregistering it waits for the whole GPU, where a caller's stream may
+   * wait on the flag of the very call that grows it. Each growth at least
+   * doubles from a page, so fewer than 52 are ever outgrown. Only the
+   * thread that runs the call touches them (calls on a communicator run
+   * one at a time, progress.c). */
+  char *stage_host, *stage_dev;
+  size_t stage_bytes;
+  void *stage_ev;
+  struct {
+    char *host;
+    size_t bytes;
+  } stage_old[52];
+  int nstage_old;
   struct brg__dev_kernel k;
   struct brg__dev_watchdog wd;
   struct brg__dev_proxy px;

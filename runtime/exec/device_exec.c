@@ -5,7 +5,9 @@
  * first call, the asynchronous mode's queue and stream order); they differ
  * in their run: step mode's ring engine, kernel mode's launch, a one-rank
  * copy, or gather, scatter and the tree and rhd allreduces staged through
- * host memory (which makes no device ring: only the GPU current). The
+ * host memory (which makes no device ring: only the GPU current; in the
+ * asynchronous mode those allreduces take the device ring's hooks and
+ * stream, brg__exec_staged_async). The
  * communicator's device state at destroy is reached from here too, so that
  * nothing else of the runtime asks which mode a device ring runs.
  */
@@ -230,6 +232,107 @@ static void staged_end(brg_comm *c, brg__coll *k, brg_status s, brg__exec_frame 
 
 const brg__exec_ops brg__exec_staged = {
     .name = "staged", .setup = staged_setup, .run = staged_run, .end = staged_end};
+
+/* ---- staged in the asynchronous mode ---- */
+
+/* Until the work on `stream` so far has run, polled as step mode waits for
+ * its slots (the ring's liveness checks between polls: a neighbour gone or
+ * the communicator aborted ends the wait with its error). */
+static brg_status stage_wait(brg_comm *c, struct brg__dev_ring *d, void *stream, const char *what) {
+  const brg__cuda_api *api = d->api;
+  int e = d->stage_ev ? 0 : api->drv.event_create(&d->stage_ev);
+  if (!e) e = api->drv.event_record(d->stage_ev, stream);
+  if (e) return brg__dev_cuda_fail(c, api, e, what);
+  c->ring.wait_start_ns = 0;
+  for (int i = 0;; i++) {
+    if ((e = api->drv.event_query(d->stage_ev)) == 0) return BRG_SUCCESS;
+    if (e != -1) return brg__dev_cuda_fail(c, api, e, what);
+    if (i < 100) continue;
+    brg_status s = c->ring.waiter.check ? c->ring.waiter.check(c->ring.waiter.arg) : BRG_SUCCESS;
+    if (s != BRG_SUCCESS) return s;
+    brg__sleep_ms(i < 1000 ? 0 : 1);
+  }
+}
+
+/* The ring's staging memory, at least `bytes`: grown to twice the old size
+ * at least, in whole pages, the old memory kept until the ring is freed
+ * (the copy back of an earlier call may still read it). */
+static brg_status stage_room(brg_comm *c, struct brg__dev_ring *d, size_t bytes) {
+  if (bytes <= d->stage_bytes) return BRG_SUCCESS;
+  const brg__cuda_api *api = d->api;
+  int n = (int)(sizeof d->stage_old / sizeof d->stage_old[0]);
+  size_t want = bytes < 2 * d->stage_bytes ? 2 * d->stage_bytes : bytes;
+  want = (want + 4095) & ~(size_t)4095;
+  char *host = NULL, *dev = NULL;
+  int e = want < bytes || (d->stage_host && d->nstage_old == n)
+              ? -1
+              : brg__dev_pinned_alloc(api, want, &host, &dev);
+  if (e == -1)
+    return brg__comm_error(c, BRG_ERR_NO_MEMORY,
+                           "brg_allreduce: out of memory for %zu bytes of host staging", bytes);
+  if (e) return brg__dev_cuda_fail(c, api, e, "cudaHostRegister (host staging of the allreduce)");
+  if (d->stage_host) {
+    d->stage_old[d->nstage_old].host = d->stage_host;
+    d->stage_old[d->nstage_old].bytes = d->stage_bytes;
+    d->nstage_old++;
+  }
+  d->stage_host = host;
+  d->stage_dev = dev;
+  d->stage_bytes = want;
+  return BRG_SUCCESS;
+}
+
+/* The tree and rhd allreduces the policy staged where the device calls run
+ * asynchronously (coll/policy.c): the call returned at once, and this runs
+ * on the communicator's thread with k->stream the ring's own, which waited
+ * for the caller's stream to reach the call (dev_setup). A kernel copies
+ * the send buffer into the ring's pinned staging, the thread waits for it,
+ * runs lat.c's algorithm there and launches the copy of the result to the
+ * receive buffer; dev_end then has the ring's stream raise the flag the
+ * caller's stream waits on. The call that makes the device ring runs on
+ * the calling thread on its stream (not yet asynchronous), and waits for
+ * the copy back before it returns, as the staged executor does. The
+ * staging is reused by the next call, whose copy in follows this one's
+ * copy back on the same stream (the host writes it only after that copy
+ * in has run). */
+static brg_status staged_async_run(brg_comm *c, brg__coll *k) {
+  struct brg__dev_ring *d = c->dev;
+  const brg__cuda_api *api = d->api;
+  size_t bytes = k->count * brg_dtype_size(k->dtype);
+  size_t room = (bytes + 255) & ~(size_t)255;
+  if (room == 0) room = 256; /* a count of 0 still has buffers to name */
+  int one = k->sendbuf == k->recvbuf;
+  d->last_stream = k->stream;
+  brg_status s = stage_room(c, d, one ? room : 2 * room);
+  if (s != BRG_SUCCESS) return s;
+  size_t at = one ? 0 : room; /* the result's place in the staging */
+  brg__coll h = *k;
+  h.device = 0;
+  h.staged = 0;
+  h.async = 0;
+  h.start_ev = NULL;
+  h.stream = NULL;
+  h.exec = &brg__exec_lat;
+  h.sendbuf = d->stage_host;
+  h.recvbuf = d->stage_host + at;
+  int e = bytes ? api->kern.copy(d->stage_dev, NULL, k->sendbuf, bytes, k->stream) : 0;
+  if (e) return brg__dev_cuda_fail(c, api, e, "copy kernel of the send buffer to host staging");
+  s = stage_wait(c, d, k->stream, "cudaEventQuery (the send buffer's copy to host staging)");
+  if (s != BRG_SUCCESS) return s;
+  s = h.exec->run(c, &h);
+  k->seq = h.seq;
+  if (s != BRG_SUCCESS) return s;
+  e = bytes ? api->kern.copy(k->recvbuf, NULL, d->stage_dev + at, bytes, k->stream) : 0;
+  if (e) return brg__dev_cuda_fail(c, api, e, "copy kernel of the result from host staging");
+  if (!k->async)
+    s = stage_wait(c, d, k->stream, "cudaEventQuery (the result's copy from host staging)");
+  return s;
+}
+
+/* The device ring's hooks: its setup makes the ring at the first call,
+ * whose asynchronous mode then queues the calls and orders the caller's
+ * stream around them. */
+const brg__exec_ops brg__exec_staged_async = DEVICE_EXEC("staged-async", staged_async_run);
 
 /* ---- the communicator's device state ---- */
 

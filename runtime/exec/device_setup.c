@@ -414,6 +414,10 @@ static void ring_release(struct brg__dev_ring *d) {
   free(d->spare_ev);
   for (int i = 0; i < d->ncallers; i++) api->drv.event_destroy(d->callers[i].ev);
   brg__dev_pinned_free(api, (char *)d->flag_host, FLAG_PAGE);
+  brg__dev_pinned_free(api, d->stage_host, d->stage_bytes);
+  for (int i = 0; i < d->nstage_old; i++)
+    brg__dev_pinned_free(api, d->stage_old[i].host, d->stage_old[i].bytes);
+  if (d->stage_ev) api->drv.event_destroy(d->stage_ev);
   for (int r = 0; r < BRG__RK_MAX_PEERS; r++) brg__dev_link_close(&d->k.os.conn[r]);
   brg__dev_link_close(&d->k.next_c);
   brg__dev_link_close(&d->k.prev_c);

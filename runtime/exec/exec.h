@@ -15,6 +15,9 @@
  *                      setup makes it, its run takes step or kernel mode
  *   brg__exec_staged   gather, scatter and (k->lat) lat.c's tree and rhd
  *                      allreduces on GPU buffers, through host copies
+ *   brg__exec_staged_async  the same allreduces in the device ring's
+ *                      asynchronous mode: on the communicator's thread,
+ *                      the copies on the ring's stream
  * (the device ones in device_exec.c). Composite executors run a call as
  * calls of leaf executors on other communicators or on the rings (each
  * defined in the file of its run, with BRG__EXEC_COMPOSITE):
@@ -77,7 +80,7 @@ typedef struct brg__exec_ops {
 
 extern const brg__exec_ops brg__exec_host;
 extern const brg__exec_ops brg__exec_step, brg__exec_kernel, brg__exec_single, brg__exec_device,
-    brg__exec_staged;
+    brg__exec_staged, brg__exec_staged_async;
 extern const brg__exec_ops brg__exec_hier, brg__exec_rings, brg__exec_lat;
 
 /* A composite executor (hier.c, rings.c, lat.c each define theirs): RUN
