@@ -462,8 +462,8 @@ def summarize(ranks, show=True):
 REDUCING = {"recv_reduce_send", "recv_reduce_copy_send", "recv_reduce_copy"}
 # Tree and rhd: the phases that reduce (blue), and those that hand the
 # result out (orange), in the order a rank runs them.
-LAT_REDUCING = ("up", "fold", "halving")
-LAT_ORDER = ("fold", "halving", "doubling", "unfold")
+LAT_REDUCING = ("up", "fold", "halving", "swap")
+LAT_ORDER = ("fold", "swap", "halving", "doubling", "unfold")
 
 
 def phase_of(prim, kind, reduces):
@@ -609,8 +609,8 @@ def draw(ranks, out, stalled, max_arrows=400):
         else:  # rhd: a row per round, in the order a rank runs them
             seen = {(m[2]["phase"], m[2]["round"]) for r in ranks for m in r.msgs}
             rows = sorted(seen, key=lambda pr: (LAT_ORDER.index(pr[0]) if pr[0] in LAT_ORDER
-                                                else 9, pr[1] if pr[0] != "doubling"
-                                                else -pr[1]))
+                                                else 9, -pr[1] if pr[0] in ("doubling", "swap")
+                                                else pr[1]))
             row_name = {pr: (pr[0] if pr[0] in ("fold", "unfold") else f"{pr[0]} {pr[1]}")
                         for pr in rows}
         row_of = {pr: i for i, pr in enumerate(rows)}
@@ -735,7 +735,7 @@ def draw(ranks, out, stalled, max_arrows=400):
                  "rs" if s_[2]["phase"] in LAT_REDUCING else "ag")
                 for src, s_, dst, q in pairs]
     # The phase boundary: between the rows that reduce (the ring's steps 0
-    # to N-1, the tree's ups, rhd's fold and halvings) and those that hand
+    # to N-1, the tree's ups, rhd's fold and halvings or swaps) and those that hand
     # the result out; and, where a rank's phases do not overlap in time,
     # when it went from one to the other.
     if lat:

@@ -255,13 +255,13 @@ static void rhd_doubling(lat *l, const brg__rhd *r, char *out, char *into) {
   brg__p2p_op *rx[32] = {0};
   for (int j = r->rounds - 1; j >= 0; j--) {
     int w = brg__rhd_partner(r->p2, r->vrank, j);
-    l->tag = (struct lat_tag){.phase = BRG__TRACE_DOUBLING, .tree = -1, .round = j};
+    l->tag = (struct lat_tag){.phase = BRG__TRACE_SWAP, .tree = -1, .round = j};
     rx[j] = lat_op(l, brg__rhd_pos(n, w), into + (size_t)j * count * es, count, 0);
   }
   for (int j = r->rounds - 1; j >= 0 && l->s == BRG_SUCCESS; j--) {
     int w = brg__rhd_partner(r->p2, r->vrank, j);
     char *theirs = into + (size_t)j * count * es;
-    l->tag = (struct lat_tag){.phase = BRG__TRACE_DOUBLING, .tree = -1, .round = j};
+    l->tag = (struct lat_tag){.phase = BRG__TRACE_SWAP, .tree = -1, .round = j};
     brg__p2p_op *tx = lat_op(l, brg__rhd_pos(n, w), out, count, 1);
     lat_wait(l, rx[j]);
     lat_wait(l, tx); /* out is read by the send until it is done */

@@ -401,9 +401,10 @@ static void put_event(FILE *f, const brg__trace *t, const trace_ev *e, const brg
   }
   case EV_LAT: {
     static const char *const whats[] = {"recv", "send", "reduce"};
-    static const char *const phases[] = {"up", "down", "fold", "halving", "doubling", "unfold"};
+    static const char *const phases[] = {"up",       "down",   "fold", "halving",
+                                         "doubling", "unfold", "swap"};
     const char *w = e->what < 3 ? whats[e->what] : "?";
-    const char *ph = e->root >= 0 && e->root < 6 ? phases[e->root] : "?";
+    const char *ph = e->root >= 0 && e->root < 7 ? phases[e->root] : "?";
     put_span(f, t, "X", r, 1, e->t0, e->t1);
     if (e->what == 2)
       fprintf(f, ",\"cat\":\"msg\",\"name\":\"reduce %s\",", ph);

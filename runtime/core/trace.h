@@ -63,7 +63,9 @@ enum {
   BRG__TRACE_FOLD,     /* rhd: an extra rank's input to its partner */
   BRG__TRACE_HALVING,  /* rhd: reduce-scatter rounds */
   BRG__TRACE_DOUBLING, /* rhd: all-gather rounds */
-  BRG__TRACE_UNFOLD    /* rhd: the result back to the extra rank */
+  BRG__TRACE_UNFOLD,   /* rhd: the result back to the extra rank */
+  BRG__TRACE_SWAP      /* rhd, small calls: recursive doubling alone, whole buffers swapped and
+                          added */
 };
 /* A message or reduction of a latency-bound allreduce: what 0 a receive
  * (t0 to t1 the wait for it, data_ns when its last byte landed), 1 a send

@@ -578,9 +578,13 @@ def test_lat(run, prog, tool, n, algo, tmp):
     and the bytes add up to what docs/ring-allreduce.md's cost table says:
     the double tree moves each half of S up and down its N-1 edges, 2(N-1)S
     in all; rhd moves 2(P-1)/P*S per rank of the P = 2^floor(log2 N) that
-    halve and double, and S each way between a folded rank and its partner.
+    halve and double (log2(P) swaps of S each where rhd doubles alone), and
+    S each way between a folded rank and its partner.
     Then the timeline draws one arrow per message."""
     count, calls = 8 * 1024, 2  # floats: 32 KiB, slices of 4 KiB
+    # rhd swaps whole buffers where BRIGADE_RHD_DOUBLING_BYTES (the
+    # test's meson entry) says every call does, halves where it says none
+    swapping = algo == "rhd" and os.environ.get("BRIGADE_RHD_DOUBLING_BYTES") == "1G"
     _, files = run_ranks(run, prog, n, [count, calls], tmp, {"BRIGADE_ALGO": algo})
     bt = load_tool(tool)
     ranks = bt.load_all(files)
@@ -607,6 +611,17 @@ def test_lat(run, prog, tool, n, algo, tmp):
             want = 2 * (n - 1) * S
             phases = {m[2]["phase"] for _, m in sends}
             check(phases == {"up", "down"}, f"{tag}: phases {phases}")
+        elif swapping:  # recursive doubling alone: log2(P) swaps of S a rank
+            rounds = P.bit_length() - 1
+            want = P * rounds * S + 2 * (n - P) * S
+            for r in ranks:
+                mine = [m for m in r.msgs if m[2]["seq"] == seq and m[2]["what"] == "send"]
+                swaps = [m for m in mine if m[2]["phase"] == "swap"]
+                check(len(swaps) in (0, rounds) and all(m[2]["bytes"] == S for m in swaps),
+                      f"{tag}: rank {r.rank} sent {[m[2]['bytes'] for m in swaps]} B in swaps, "
+                      f"not {rounds} of {S}")
+                check(not any(m[2]["phase"] in ("halving", "doubling") for m in mine),
+                      f"{tag}: rank {r.rank} halved with BRIGADE_RHD_DOUBLING_BYTES=1G")
         else:
             want = 2 * (P - 1) * S + 2 * (n - P) * S
             for r in ranks:
