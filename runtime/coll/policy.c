@@ -186,11 +186,7 @@ static brg_status device_choice(brg_comm *c, brg__coll *k) {
     /* the choice told once, with what the model predicted (the shape
      * again where the size was the last one's) */
     if (!why && !(__atomic_load_n(&c->hier_logged, __ATOMIC_RELAXED) & said)) {
-      if (!shaped) {
-        brg__hier_shape_of(c, &sh);
-        model_shape_of(c, &sh, &ms);
-        brg__model_auto_staged(&ms, ln, bytes, t);
-      }
+      if (!shaped) ask_staged(&ask);
       char shape[64];
       shape_words(&sh, &ms, shape, sizeof shape);
       if (!brg__hier_first_time(c, said)) {

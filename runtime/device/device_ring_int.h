@@ -373,6 +373,9 @@ brg_status brg__dev_step_finish(brg_comm *c, struct brg__dev_ring *d, const dev_
                                 const dev_blob *all, int kwho, const char *kwhy);
 /* Frees step mode's FIFO and events where kernel mode runs instead. */
 void brg__dev_step_unused(struct brg__dev_ring *d);
+/* Waits for event ev with the communicator's checks (abort, a neighbour
+ * gone, the deadline) between polls; what names the wait in an error. */
+brg_status brg__dev_event_wait(brg_comm *c, struct brg__dev_ring *d, void *ev, const char *what);
 
 /* ---- kernel mode (device_kernel.c, device_watch.c) ---- */
 void brg__dev_kernel_sizes(brg_comm *c, struct brg__dev_ring *d, int staged);

@@ -235,23 +235,15 @@ const brg__exec_ops brg__exec_staged = {
 
 /* ---- staged in the asynchronous mode ---- */
 
-/* Until the work on `stream` so far has run, polled as step mode waits for
- * its slots (the ring's liveness checks between polls: a neighbour gone or
- * the communicator aborted ends the wait with its error). */
+/* Until the work on `stream` so far has run, waited for as step mode
+ * waits for its slots (brg__dev_event_wait: a neighbour gone or the
+ * communicator aborted ends the wait with its error). */
 static brg_status stage_wait(brg_comm *c, struct brg__dev_ring *d, void *stream, const char *what) {
   const brg__cuda_api *api = d->api;
   int e = d->stage_ev ? 0 : api->drv.event_create(&d->stage_ev);
   if (!e) e = api->drv.event_record(d->stage_ev, stream);
   if (e) return brg__dev_cuda_fail(c, api, e, what);
-  c->ring.wait_start_ns = 0;
-  for (int i = 0;; i++) {
-    if ((e = api->drv.event_query(d->stage_ev)) == 0) return BRG_SUCCESS;
-    if (e != -1) return brg__dev_cuda_fail(c, api, e, what);
-    if (i < 100) continue;
-    brg_status s = c->ring.waiter.check ? c->ring.waiter.check(c->ring.waiter.arg) : BRG_SUCCESS;
-    if (s != BRG_SUCCESS) return s;
-    brg__sleep_ms(i < 1000 ? 0 : 1);
-  }
+  return brg__dev_event_wait(c, d, d->stage_ev, what);
 }
 
 /* The ring's staging memory, at least `bytes`: grown to twice the old size

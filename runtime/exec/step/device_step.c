@@ -14,7 +14,7 @@
 /* Waits for an event with the communicator's checks (abort, a neighbour
  * gone, the deadline) between polls, so that a dead peer's work that never
  * comes cannot hold the calling thread. */
-static brg_status event_wait(brg_comm *c, struct brg__dev_ring *d, void *ev, const char *what) {
+brg_status brg__dev_event_wait(brg_comm *c, struct brg__dev_ring *d, void *ev, const char *what) {
   const brg__cuda_api *api = d->api;
   c->ring.wait_start_ns = 0;
   for (int i = 0;; i++) {
@@ -337,8 +337,9 @@ static brg_status dev_sent(struct brg__ring_op *o, uint64_t bytes, const void *p
   if ((e = d->api->drv.event_record(d->st.send_ev[sk], o->coll->stream)) != 0)
     return brg__dev_cuda_fail(c, d->api, e, "cudaEventRecord");
   if (d->send_staged &&
-      (s = event_wait(c, d, d->st.send_ev[sk],
-                      "cudaEventQuery (slot of the staged link to the next rank)")) != BRG_SUCCESS)
+      (s = brg__dev_event_wait(c, d, d->st.send_ev[sk],
+                               "cudaEventQuery (slot of the staged link to the next rank)")) !=
+          BRG_SUCCESS)
     return s;
   return brg__ring_send_post(o, d->send_staged ? bytes : 0, NULL);
 }
@@ -354,9 +355,9 @@ static brg_status dev_received(struct brg__ring_op *o) {
   if ((e = d->api->drv.event_record(d->st.rel_ev[rk], o->coll->stream)) != 0)
     return brg__dev_cuda_fail(c, d->api, e, "cudaEventRecord");
   if (d->recv_staged &&
-      (s = event_wait(c, d, d->st.rel_ev[rk],
-                      "cudaEventQuery (slot of the staged link from the previous rank)")) !=
-          BRG_SUCCESS)
+      (s = brg__dev_event_wait(
+           c, d, d->st.rel_ev[rk],
+           "cudaEventQuery (slot of the staged link from the previous rank)")) != BRG_SUCCESS)
     return s;
   brg__ring_recv_release(o);
   return BRG_SUCCESS;
