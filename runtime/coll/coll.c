@@ -50,18 +50,10 @@ static brg_status check_call(brg_comm *c, const char *fn, const void *sendbuf, c
       return brg__comm_error(c, BRG_ERR_INVALID_ARGUMENT,
                              "%s: sendbuf and recvbuf overlap without being in place", fn);
   }
+  if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE)) return brg__comm_aborted(c, fn);
   /* Written by whichever thread ran the failed call (the communicator may
    * be shared by threads, or the progress thread): read atomically. */
-  brg_status broken = __atomic_load_n(&c->broken, __ATOMIC_ACQUIRE);
-  /* Stopped by a failure (lat.c, hier.c, rings.c stop it when theirs
-   * fail): last_error keeps that cause, which an asynchronous call's
-   * caller hears of only now. */
-  if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
-    return broken != BRG_SUCCESS
-               ? BRG_ERR_ABORTED
-               : brg__comm_error(c, BRG_ERR_ABORTED, "%s: communicator was aborted", fn);
-  if (broken != BRG_SUCCESS) return broken;
-  return BRG_SUCCESS;
+  return __atomic_load_n(&c->broken, __ATOMIC_ACQUIRE);
 }
 
 #define COLL(KIND, SB, RB, CNT, DT, OP, ROOT)                                                      \

@@ -252,6 +252,17 @@ attached:
   return BRG_SUCCESS;
 }
 
+/* A setup of ring r's links that failed: next may have died between
+ * making its shm FIFO from this rank (named by comm_id) and telling its
+ * name, which nobody else would unlink. */
+static void forget_next_fifo(brg__ring *r, uint64_t comm_id) {
+  brg_comm *c = r->comm;
+  if (!r->send.fifo.data &&
+      brg__transport_pick(&c->peers[c->rank], &c->peers[r->next], c->transports,
+                          BRG__CARRIES_HOST) == &brg__transport_shm)
+    brg__shm_forget(comm_id, r->next, c->rank);
+}
+
 /* Closes what ring_links opened (any part of it). */
 static void ring_links_close(brg__ring *r) {
   if (r->send_open && r->send.ops) r->send.ops->close(&r->send);
@@ -403,12 +414,7 @@ brg_status brg__comm_netring(brg_comm *c) {
                      (int)sizeof all[k].st.why, all[k].st.why);
   free(all);
   if (s != BRG_SUCCESS) {
-    /* next may have died between making its shm FIFO from this rank and
-     * telling its name, which nobody else would unlink. */
-    if (!r->send.fifo.data &&
-        brg__transport_pick(&c->peers[c->rank], &c->peers[r->next], c->transports,
-                            BRG__CARRIES_HOST) == &brg__transport_shm)
-      brg__shm_forget(sh.comm_id, r->next, c->rank);
+    forget_next_fifo(r, sh.comm_id);
     ring_links_close(r);
     free(order);
     free(r);
@@ -802,12 +808,7 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   return BRG_SUCCESS;
 
 err_free:
-  /* next may have died between making its shm FIFO from this rank and
-   * telling its name, which nobody else would unlink. */
-  if (ordered && nranks > 1 && !c->ring.send.fifo.data &&
-      brg__transport_pick(&c->peers[c->rank], &c->peers[c->ring.next], c->transports,
-                          BRG__CARRIES_HOST) == &brg__transport_shm)
-    brg__shm_forget(c->comm_id, c->ring.next, c->rank);
+  if (ordered && nranks > 1) forget_next_fifo(&c->ring, c->comm_id);
   /* A split's member that failed still takes part in the exchanges over
    * the parent, so that the others hear why instead of waiting. */
   if (split && phase == 0) {

@@ -51,6 +51,12 @@ const char *brg_comm_last_error(const brg_comm *comm) {
   return comm->last_error;
 }
 
+brg_status brg__comm_aborted(brg_comm *c, const char *fn) {
+  if (__atomic_load_n(&c->broken, __ATOMIC_ACQUIRE) != BRG_SUCCESS) return BRG_ERR_ABORTED;
+  return fn ? brg__comm_error(c, BRG_ERR_ABORTED, "%s: communicator was aborted", fn)
+            : brg__comm_error(c, BRG_ERR_ABORTED, "communicator was aborted");
+}
+
 void brg__comm_notify_abort(brg_comm *c, brg_status s, const char *text) {
   if (!c->bs || c->nranks < 2) return;
   char buf[BRG__BOOT_MAX_MSG];

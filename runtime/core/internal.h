@@ -408,6 +408,12 @@ void brg__comm_unregister(const brg_comm *c);
 int brg__comm_live(const brg_comm *c, uint32_t serial);
 /* Tells both ring neighbours that this rank failed, once. */
 void brg__comm_notify_abort(brg_comm *c, brg_status s, const char *text);
+/* BRG_ERR_ABORTED for a call (fn, or NULL) on an aborted communicator.
+ * Where a failure stopped it (lat.c, hier.c and rings.c stop it when
+ * theirs fail: c->broken is set), last_error keeps that cause, which the
+ * asynchronous mode's calls, returning before they run, report only at a
+ * later call; else last_error says it was aborted. */
+brg_status brg__comm_aborted(brg_comm *c, const char *fn);
 /* "allreduce #3 (count 7, float32, sum, root -1)" */
 void brg__coll_describe(char *out, size_t n, brg__coll_kind kind, uint64_t seq, uint64_t count,
                         int dtype, int op, int root, int device);
@@ -502,6 +508,9 @@ brg_status brg__progress_run(brg_comm *c, brg__coll *k);
  * aborted. */
 void brg__comm_stop(brg_comm *c);
 void brg__comm_stop_why(brg_comm *c, const char *why);
+/* stop.c: tells every rank this one has links with (its ring neighbours,
+ * its point-to-point peers) that it failed with s, and why. */
+void brg__comm_tell(brg_comm *c, brg_status s, const char *why);
 /* Queues a request for the worker thread; brg__progress_wait waits for it. */
 brg_status brg__progress_enqueue(brg_comm *c, brg__req *r);
 /* Waits, up to the communicator's timeout, for queued device collectives

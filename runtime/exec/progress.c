@@ -62,22 +62,13 @@ void brg__exec_leaf_end(brg_comm *c, brg__coll *k, brg_status s, brg__exec_frame
   if (x->end) x->end(c, k, s, f);
 }
 
-/* A call on an aborted communicator. Where a failure stopped it (lat.c,
- * hier.c and rings.c stop it when theirs fail), last_error keeps that
- * cause: the asynchronous mode's calls, which return before they run,
- * report a failure only at a later call, which must still name it. */
-static brg_status aborted_error(brg_comm *c) {
-  if (__atomic_load_n(&c->broken, __ATOMIC_ACQUIRE) != BRG_SUCCESS) return BRG_ERR_ABORTED;
-  return brg__comm_error(c, BRG_ERR_ABORTED, "communicator was aborted");
-}
-
 static brg_status run_one(brg_comm *c, brg__coll *k) {
   const brg__exec_ops *x = k->exec;
   brg__exec_frame f = {.entered = !x->setup, .saved = -1};
   brg_status s = BRG_SUCCESS;
   int ran = 0;
   if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE)) {
-    s = aborted_error(c);
+    s = brg__comm_aborted(c, NULL);
   } else if (__atomic_load_n(&c->broken, __ATOMIC_ACQUIRE) != BRG_SUCCESS) {
     s = __atomic_load_n(&c->broken, __ATOMIC_ACQUIRE); /* last_error holds the first failure */
   } else {
@@ -88,10 +79,7 @@ static brg_status run_one(brg_comm *c, brg__coll *k) {
   if (x->end) x->end(c, k, s, &f);
   if (ran && s != BRG_SUCCESS) {
     __atomic_store_n(&c->broken, s, __ATOMIC_RELEASE); /* check_call reads it unlocked */
-    if (s != BRG_ERR_ABORTED) {
-      brg__comm_notify_abort(c, s, c->last_error);
-      brg__p2p_notify(c, c->last_error);
-    }
+    if (s != BRG_ERR_ABORTED) brg__comm_tell(c, s, c->last_error);
     brg__trace_flush(c); /* what led here, even if the process dies next */
   }
   return s;
@@ -169,7 +157,7 @@ brg_status brg__progress_wait(brg__req *r) {
  * stream around it; the call returns. */
 static brg_status run_detached(brg_comm *c, brg__coll *k) {
   const brg__exec_ops *x = k->exec;
-  if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE)) return aborted_error(c);
+  if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE)) return brg__comm_aborted(c, NULL);
   brg_status s = __atomic_load_n(&c->broken, __ATOMIC_ACQUIRE);
   if (s != BRG_SUCCESS) return s;
   brg__req *r = calloc(1, sizeof *r);
@@ -198,8 +186,7 @@ static brg_status run_detached(brg_comm *c, brg__coll *k) {
     /* The other ranks run this collective: they must hear that this one
      * will not. */
     __atomic_store_n(&c->broken, s, __ATOMIC_RELEASE);
-    brg__comm_notify_abort(c, s, c->last_error);
-    brg__p2p_notify(c, c->last_error);
+    brg__comm_tell(c, s, c->last_error);
   }
   return s;
 }

@@ -8,11 +8,16 @@
 #include "exec.h"
 #include "internal.h"
 
+void brg__comm_tell(brg_comm *c, brg_status s, const char *why) {
+  brg__comm_notify_abort(c, s, why);
+  brg__p2p_notify(c, why);
+}
+
 /* What brg_comm_abort does, below it: every wait of this communicator
  * stops (its engine's, its queue's, its kernels', its point-to-point
- * ones), its ring neighbours and point-to-point peers hear of it, and so do the communicators it
- * runs its collectives on (rings, hierarchy), each told `why`. Any
- * thread. */
+ * ones), the ranks it has links with hear of it (brg__comm_tell), and so
+ * do the communicators it runs its collectives on (rings, hierarchy),
+ * each told `why`. Any thread. */
 void brg__comm_stop_why(brg_comm *c, const char *why) {
   if (!c) return;
   __atomic_store_n(&c->aborted, 1, __ATOMIC_SEQ_CST);
@@ -24,8 +29,7 @@ void brg__comm_stop_why(brg_comm *c, const char *why) {
   pthread_cond_broadcast(&c->qcond);
   pthread_cond_broadcast(&c->donecond);
   pthread_mutex_unlock(&c->qlock);
-  brg__comm_notify_abort(c, BRG_ERR_REMOTE, why);
-  brg__p2p_notify(c, why); /* and the ranks it has point-to-point links with */
+  brg__comm_tell(c, BRG_ERR_REMOTE, why);
   brg__comm_stop_why(__atomic_load_n(&c->local, __ATOMIC_ACQUIRE), why);
   brg__comm_stop_why(__atomic_load_n(&c->cross, __ATOMIC_ACQUIRE), why);
   brg__comm_stop_why(__atomic_load_n(&c->fold, __ATOMIC_ACQUIRE), why);
