@@ -15,6 +15,17 @@
 #include "internal.h"
 #include "model.h"
 
+/* A shape of the tests: H hosts of M ranks, one NIC and ring, the
+ * default small path (4 KiB) and slice (128 KiB); cores unknown. */
+static brg__model_shape shape_of(int hosts, int local) {
+  return (brg__model_shape){.hosts = hosts,
+                            .local = local,
+                            .nics = 1,
+                            .rings = 1,
+                            .small_bytes = 4096,
+                            .slice_bytes = 131072};
+}
+
 static void test_auto_is_fastest(void **state) {
   (void)state;
   const brg__model_links *ln = &brg__model_default_links;
@@ -79,8 +90,7 @@ static void test_known_cases(void **state) {
   assert_true(t > 0.999 * (2 * ln.net_alpha + 1e6 * ln.net_beta) &&
               t < 1.001 * (2 * ln.net_alpha + 1e6 * ln.net_beta));
   /* 8 bytes at 1,024 ranks (128 hosts x 8): the fastest within 25 network alphas */
-  brg__model_shape big = {
-      .hosts = 128, .local = 8, .nics = 1, .rings = 1, .small_bytes = 4096, .slice_bytes = 131072};
+  brg__model_shape big = shape_of(128, 8);
   int plan;
   brg__model_auto(&big, &ln, 8, &plan);
   assert_true(plan == BRG__PLAN_TREE || plan == BRG__PLAN_RHD);
@@ -88,8 +98,7 @@ static void test_known_cases(void **state) {
   /* the ring crosses all 128 host boundaries twice */
   assert_true(brg__model_time(BRG__PLAN_RING, &big, &ln, 8) > 2 * 128 * ln.net_alpha);
   /* a large buffer on a few hosts stays with the bandwidth-optimal ones */
-  brg__model_shape small = {
-      .hosts = 4, .local = 2, .nics = 1, .rings = 1, .small_bytes = 4096, .slice_bytes = 131072};
+  brg__model_shape small = shape_of(4, 2);
   int a = brg__model_auto(&small, &ln, 64 << 20, NULL);
   assert_true(a == BRG__ALGO_RING || a == BRG__ALGO_HIER);
   /* the plans the runtime does not run there */
@@ -106,14 +115,9 @@ static void test_uneven_hier(void **state) {
   brg__model_links ln = brg__model_default_links;
   double S = 1 << 20;
   /* 3 + 1: one ring across the hosts, carrying all of S; a fold of 3 */
-  brg__model_shape a = {.hosts = 2,
-                        .local = 2,
-                        .nics = 1,
-                        .rings = 1,
-                        .small_bytes = 4096,
-                        .slice_bytes = 131072,
-                        .local_min = 1,
-                        .local_max = 3};
+  brg__model_shape a = shape_of(2, 2);
+  a.local_min = 1;
+  a.local_max = 3;
   double want = 2 * (2 * ln.shm_alpha + S * ln.shm_beta) + 2 * ln.net_alpha + S * ln.net_beta;
   double t = brg__model_time(BRG__PLAN_HIER, &a, &ln, (size_t)S);
   assert_true(t > 0.999 * want && t < 1.001 * want);
@@ -211,14 +215,9 @@ static void test_links_within_host(void **state) {
       {32, 1, BRG__ALGO_RHD, BRG__ALGO_TREE},  {64, 1, BRG__ALGO_RHD, BRG__ALGO_TREE},
   };
   for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
-    brg__model_shape sh = {.hosts = 1,
-                           .local = want[i].n,
-                           .nics = 1,
-                           .rings = 1,
-                           .small_bytes = 4096,
-                           .slice_bytes = 131072,
-                           .cores = 2,
-                           .local_tcp = want[i].tcp};
+    brg__model_shape sh = shape_of(1, want[i].n);
+    sh.cores = 2;
+    sh.local_tcp = want[i].tcp;
     assert_int_equal(brg__model_auto(&sh, ln, 8, NULL), want[i].small);
     assert_int_equal(brg__model_auto(&sh, ln, 65536, NULL), want[i].large);
     /* tcp's hops cost more than shm's, the ring's and the point-to-point ones */
@@ -232,13 +231,8 @@ static void test_links_within_host(void **state) {
     assert_true(brg__model_time(BRG__PLAN_RHD, t, ln, 65536) >
                 brg__model_time(BRG__PLAN_RHD, m, ln, 65536));
   }
-  brg__model_shape big = {.hosts = 1,
-                          .local = 64,
-                          .nics = 1,
-                          .rings = 1,
-                          .small_bytes = 4096,
-                          .slice_bytes = 131072,
-                          .cores = 2};
+  brg__model_shape big = shape_of(1, 64);
+  big.cores = 2;
   /* cores enough (or unknown): no queueing */
   brg__model_shape idle = big;
   idle.cores = 64;
@@ -251,14 +245,9 @@ static void test_links_within_host(void **state) {
   brg__model_links slow = *ln;
   slow.p2p_tcp_alpha = 1e-3;
   slow.xchg_tcp_beta = 1e-7;
-  brg__model_shape t4 = {.hosts = 1,
-                         .local = 8,
-                         .nics = 1,
-                         .rings = 1,
-                         .small_bytes = 4096,
-                         .slice_bytes = 131072,
-                         .cores = 2,
-                         .local_tcp = 1};
+  brg__model_shape t4 = shape_of(1, 8);
+  t4.cores = 2;
+  t4.local_tcp = 1;
   assert_int_equal(brg__model_auto(&t4, &slow, 8, NULL), BRG__ALGO_RING);
   t4.local_tcp = 0;
   assert_true(brg__model_time(BRG__PLAN_RHD, &t4, &slow, 8) ==
@@ -356,14 +345,9 @@ static void test_rhd_doubling(void **state) {
   static const int shapes[][3] = {{1, 2, 0},  {1, 4, 0}, {1, 8, 1},  {1, 16, 0},
                                   {1, 64, 1}, {4, 2, 0}, {16, 1, 0}, {3, 3, 0}};
   for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
-    brg__model_shape sh = {.hosts = shapes[i][0],
-                           .local = shapes[i][1],
-                           .nics = 1,
-                           .rings = 1,
-                           .small_bytes = 4096,
-                           .slice_bytes = 131072,
-                           .cores = 2,
-                           .local_tcp = shapes[i][2]};
+    brg__model_shape sh = shape_of(shapes[i][0], shapes[i][1]);
+    sh.cores = 2;
+    sh.local_tcp = shapes[i][2];
     brg__model_shape halving = sh;
     sh.rhd_doubling = 1;
     size_t x = brg__model_rhd_doubling_bytes(&sh, ln);
@@ -393,12 +377,7 @@ static void test_auto_staged(void **state) {
   for (size_t h = 0; h < sizeof hosts / sizeof *hosts; h++)
     for (size_t l = 0; l < sizeof locals / sizeof *locals; l++)
       for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
-        brg__model_shape sh = {.hosts = hosts[h],
-                               .local = locals[l],
-                               .nics = 1,
-                               .rings = 1,
-                               .small_bytes = 4096,
-                               .slice_bytes = 128 * 1024};
+        brg__model_shape sh = shape_of(hosts[h], locals[l]);
         if (sh.hosts * sh.local < 2) continue;
         double t[3];
         int got = brg__model_auto_staged(&sh, ln, sizes[s], t);
@@ -424,17 +403,14 @@ static void test_auto_staged(void **state) {
    * and 20 of copies against the ring's small path, 900), 64 MiB on the
    * ring; 2 hosts x 2, the ring (its small path 125 us, rhd 240 and the
    * copies); one host of 8: always the ring */
-  brg__model_shape wide = {
-      .hosts = 16, .local = 1, .nics = 1, .rings = 1, .small_bytes = 4096, .slice_bytes = 131072};
+  brg__model_shape wide = shape_of(16, 1);
   double t[3];
   int a = brg__model_auto_staged(&wide, ln, 8, t);
   assert_true(a == BRG__ALGO_TREE || a == BRG__ALGO_RHD);
   assert_int_equal(brg__model_auto_staged(&wide, ln, 64 << 20, t), BRG__ALGO_RING);
-  brg__model_shape two = {
-      .hosts = 2, .local = 2, .nics = 1, .rings = 1, .small_bytes = 4096, .slice_bytes = 131072};
+  brg__model_shape two = shape_of(2, 2);
   assert_int_equal(brg__model_auto_staged(&two, ln, 8, t), BRG__ALGO_RING);
-  brg__model_shape one = {
-      .hosts = 1, .local = 8, .nics = 1, .rings = 1, .small_bytes = 4096, .slice_bytes = 131072};
+  brg__model_shape one = shape_of(1, 8);
   for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
     assert_int_equal(brg__model_auto_staged(&one, ln, sizes[s], t), BRG__ALGO_RING);
 }
