@@ -408,10 +408,16 @@ brg_status brg__comm_netring(brg_comm *c) {
    * failure on one rank is reported on all, naming it. */
   brg__errbuf why = err;
   s = net_gather(r, s, &why, NULL, all, -1, NULL, &err);
+  /* Named: a rank that failed by itself, before one that failed because
+   * its neighbour did (BRG_ERR_REMOTE) and names it second hand. */
+  int named = -1;
   for (int k = 0; s == BRG_SUCCESS && k < n; k++)
-    if (all[k].st.status != BRG_SUCCESS)
-      s = brg__error(&err, BRG_ERR_REMOTE, "init", "rank %d failed its set-up: %.*s", k,
-                     (int)sizeof all[k].st.why, all[k].st.why);
+    if (all[k].st.status != BRG_SUCCESS && (named < 0 || (all[named].st.status == BRG_ERR_REMOTE &&
+                                                          all[k].st.status != BRG_ERR_REMOTE)))
+      named = k;
+  if (named >= 0)
+    s = brg__error(&err, BRG_ERR_REMOTE, "init", "rank %d failed its set-up: %.*s", named,
+                   (int)sizeof all[named].st.why, all[named].st.why);
   free(all);
   if (s != BRG_SUCCESS) {
     forget_next_fifo(r, sh.comm_id);

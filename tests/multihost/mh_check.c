@@ -51,6 +51,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "brigade.h"
 #include "../../kernels/cuda/brg_cuda.h"
@@ -579,6 +581,72 @@ static int run_devmismatch(brg_comm *world) {
   return bad;
 }
 
+/* netfail (MH_DEVICE=1, kernel mode): the last rank may open no more
+ * descriptors once its GPU buffer is made, so its first device allreduce,
+ * which makes kernel mode's links between hosts (the net ring) first,
+ * fails to set up its ends (shm's FIFO, tcp's socket). Every rank must fail that call within the
+ * timeout, none may hang; the others' error must name the last rank and
+ * the net ring, the last rank's its own cause. */
+static int run_netfail(brg_comm *comm) {
+  if (!g_api) {
+    printf("rank %d: FAIL netfail needs MH_DEVICE=1\n", rank);
+    return 1;
+  }
+  size_t count = 4099;
+  float *h = malloc(count * sizeof *h);
+  if (!h) return 1;
+  for (size_t i = 0; i < count; i++) h[i] = fval(rank, i);
+  void *d = device_copy(h, count * sizeof *h);
+  int victim = nranks - 1;
+  if (rank == victim) {
+    int lowest = dup(0); /* the lowest free descriptor: none below it is free */
+    struct rlimit lim;
+    if (lowest < 0 || close(lowest) || getrlimit(RLIMIT_NOFILE, &lim)) {
+      printf("rank %d: FAIL no descriptor limit to set\n", rank);
+      return 1;
+    }
+    lim.rlim_cur = (rlim_t)lowest;
+    if (setrlimit(RLIMIT_NOFILE, &lim)) {
+      printf("rank %d: FAIL setrlimit(RLIMIT_NOFILE, %d)\n", rank, lowest);
+      return 1;
+    }
+  }
+  int64_t t0 = now_ms();
+  brg_status st = brg_allreduce(d, d, count, BRG_FLOAT32, BRG_SUM, comm, g_stream);
+  int e = st == BRG_SUCCESS ? g_api->drv.stream_sync(g_stream) : 0;
+  const char *why = brg_comm_last_error(comm);
+  char want[64], want2[64]; /* "rank V failed ...", or "rank V (next, ...) failed" */
+  snprintf(want, sizeof want, "rank %d failed", victim);
+  snprintf(want2, sizeof want2, "rank %d (", victim);
+  int bad = 0;
+  if (st == BRG_SUCCESS && !e) {
+    printf("rank %d: FAIL the device allreduce succeeded\n", rank);
+    bad = 1;
+  } else if (!strstr(why, "kernel mode's links between hosts")) {
+    printf("rank %d: FAIL the error does not name the net ring: %s\n", rank, why);
+    bad = 1;
+  } else if (rank != victim && !strstr(why, want) && !strstr(why, want2)) {
+    printf("rank %d: FAIL the error does not name rank %d: %s\n", rank, victim, why);
+    bad = 1;
+  } else if (rank == victim && !strstr(why, "Too many open files")) {
+    printf("rank %d: FAIL the error does not give its cause: %s\n", rank, why);
+    bad = 1;
+  }
+  printf("rank %d: the device allreduce returned %s after %lld ms: %s\n", rank,
+         brg_status_string(st), (long long)(now_ms() - t0), why);
+  g_api->drv.mem_free(d);
+  free(h);
+  if (bad) return 1;
+  if (rank == victim) { /* descriptors again, for what is left to check */
+    struct rlimit lim;
+    getrlimit(RLIMIT_NOFILE, &lim);
+    lim.rlim_cur = lim.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &lim);
+  }
+  printf("rank %d: net ring failure ok\n", rank);
+  return 0;
+}
+
 static int loop_failed(brg_comm *comm, brg_status st, int64_t t0, long iter, const char *what) {
   printf("rank %d: error %s after %lld ms in iteration %ld: %s%s\n", rank, brg_status_string(st),
          (long long)(now_ms() - t0), iter, what, brg_comm_last_error(comm));
@@ -649,6 +717,7 @@ int main(int argc, char **argv) {
            : strcmp(mode, "loop") == 0        ? run_loop(comm)
            : strcmp(mode, "allreduce") == 0   ? run_allreduce_matrix(comm)
            : strcmp(mode, "devmismatch") == 0 ? run_devmismatch(comm)
+           : strcmp(mode, "netfail") == 0     ? run_netfail(comm)
            : strcmp(mode, "rings") == 0       ? (run_allreduce_matrix(comm) || run_check(comm))
                                               : run_check(comm);
   if (rc == 3) brg_comm_abort(comm);

@@ -46,6 +46,10 @@
 #                           dtype, op, root, collective) must each fail
 #                           with BRG_ERR_MISMATCH naming both calls, found
 #                           through the host proxies, not at the timeout
+#              netfail      (MH_DEVICE=1, kernel mode) the last rank can open
+#                           no descriptor when its first device allreduce
+#                           makes kernel mode's net ring: every rank must
+#                           fail that call at once, the others naming it
 #              kill         the last rank is killed mid-allreduce: every
 #                           other rank must fail within the timeout (with
 #                           MH_DEVICE=1, and in the next two, on GPU
@@ -364,6 +368,14 @@ devmismatch)
   done
   expect_log
   ;;
+netfail)
+  # the last rank cannot set up its end of kernel mode's net ring (no
+  # descriptors left): every rank fails the call within the timeout,
+  # naming it
+  start_all netfail
+  wait_all_ok $((TIMEOUT_MS / 1000 + SLACK_S)) "net ring failure ok"
+  cat "$WORK"/out.*
+  ;;
 mismatch)
   # MH_MISMATCH="VAR A B": VAR=A on rank 0, B on the others (default
   # BRIGADE_ALGO hier ring); every rank must fail naming VAR
@@ -451,7 +463,7 @@ exec)
   expect_log
   ;;
 *)
-  echo "usage: run.sh MH_CHECK collectives|allreduce|rings|mismatch|devmismatch|kill|linkdown|vanish|exec tcp|ibverbs [args for exec]"
+  echo "usage: run.sh MH_CHECK collectives|allreduce|rings|mismatch|devmismatch|netfail|kill|linkdown|vanish|exec tcp|ibverbs [args for exec]"
   exit 1
   ;;
 esac
