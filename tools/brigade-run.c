@@ -1,7 +1,7 @@
 /*
  * brigade-run: starts N ranks of a program on this host, torchrun style.
  *
- *   brigade-run -n N [--tag-output] [--] PROGRAM [ARGS...]
+ *   brigade-run -n N [--tag-output] [--bind] [--] PROGRAM [ARGS...]
  *
  * Each rank gets MASTER_ADDR=127.0.0.1, a MASTER_PORT that was free a moment
  * ago, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, and a BRIGADE_SECRET
@@ -18,12 +18,20 @@
  * With --tag-output every line a rank writes is prefixed with "[rank] ". The
  * ranks' stdout and stderr then come through pipes and are written out one
  * whole line per write, so lines of different ranks never mix.
+ *
+ * With --bind rank r runs on the r-th of N equal shares of the CPUs
+ * brigade-run may use (contiguous in their order, one CPU at least), as
+ * mpirun binds its ranks by default: two ranks that spin while they wait
+ * are then never left on one CPU by the scheduler, say after a phase
+ * where they slept (another library's blocking collective). With more
+ * ranks than CPUs no rank is bound, as mpirun --oversubscribe does.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -57,6 +65,7 @@ typedef struct rank_proc {
 typedef struct job {
   int n;
   int tag;
+  int bind;
   rank_proc *ranks;
   int alive;
   int failed; /* a rank failed, or we were signalled: the job is over */
@@ -70,7 +79,7 @@ typedef struct job {
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: brigade-run -n N [--tag-output] [--] PROGRAM [ARGS...]\n"
+          "usage: brigade-run -n N [--tag-output] [--bind] [--] PROGRAM [ARGS...]\n"
           "Starts N ranks of PROGRAM on this host with the environment brigade's\n"
           "brg_comm_init_env reads (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE,\n"
           "LOCAL_RANK, LOCAL_WORLD_SIZE, BRIGADE_SECRET).\n"
@@ -81,6 +90,8 @@ static void usage(FILE *f) {
           "\n"
           "  -n, --nproc N       number of ranks\n"
           "  -t, --tag-output    prefix every output line with \"[rank] \"\n"
+          "  -b, --bind          rank r runs on the r-th of N equal shares of the CPUs\n"
+          "                      (none bound when N is more than the CPUs)\n"
           "  -h, --help          this text\n"
           "\n"
           "If a rank fails, the others are stopped (SIGTERM, then SIGKILL after %d s)\n"
@@ -230,11 +241,27 @@ static void reap(job *j) {
   }
 }
 
+/* --bind: rank r's share of the `allowed` CPUs (n ranks, n at most their
+ * count): CPUs r*k/n to (r+1)*k/n - 1 in their order, k of them. */
+static void cpu_share(int r, int n, const cpu_set_t *allowed, cpu_set_t *mine) {
+  int k = CPU_COUNT(allowed), from = (int)((int64_t)r * k / n),
+      to = (int)((int64_t)(r + 1) * k / n);
+  CPU_ZERO(mine);
+  for (int cpu = 0, i = 0; cpu < CPU_SETSIZE && i < to; cpu++) {
+    if (!CPU_ISSET(cpu, allowed)) continue;
+    if (i >= from) CPU_SET(cpu, mine);
+    i++;
+  }
+}
+
 /* In the child: becomes rank `r` and execs the program. Never returns. */
 static void exec_rank(int r, int n, int port, const char *secret, int tag, int pipes[2][2],
-                      const sigset_t *oldmask, char **argv) {
+                      const sigset_t *oldmask, const cpu_set_t *cpus, char **argv) {
   char buf[32];
   setpgid(0, 0);
+  if (cpus && sched_setaffinity(0, sizeof *cpus, cpus) != 0)
+    fprintf(stderr, "brigade-run: rank %d: --bind: sched_setaffinity: %s (not bound)\n", r,
+            strerror(errno));
   prctl(PR_SET_PDEATHSIG, SIGTERM); /* if brigade-run dies, so do the ranks */
   sigprocmask(SIG_SETMASK, oldmask, NULL);
   signal(SIGPIPE, SIG_DFL);
@@ -272,16 +299,14 @@ static void exec_rank(int r, int n, int port, const char *secret, int tag, int p
 
 int main(int argc, char **argv) {
   static const struct option longopts[] = {
-      {"nproc", required_argument, NULL, 'n'},
-      {"nproc-per-node", required_argument, NULL, 'n'},
-      {"tag-output", no_argument, NULL, 't'},
-      {"help", no_argument, NULL, 'h'},
-      {NULL, 0, NULL, 0},
+      {"nproc", required_argument, NULL, 'n'}, {"nproc-per-node", required_argument, NULL, 'n'},
+      {"tag-output", no_argument, NULL, 't'},  {"bind", no_argument, NULL, 'b'},
+      {"help", no_argument, NULL, 'h'},        {NULL, 0, NULL, 0},
   };
   job j = {.n = 0};
   int c;
   /* '+': stop at the program name so its own options stay its own. */
-  while ((c = getopt_long(argc, argv, "+n:th", longopts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "+n:tbh", longopts, NULL)) != -1) {
     switch (c) {
     case 'n': {
       char *end;
@@ -295,6 +320,7 @@ int main(int argc, char **argv) {
       break;
     }
     case 't': j.tag = 1; break;
+    case 'b': j.bind = 1; break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
@@ -305,6 +331,17 @@ int main(int argc, char **argv) {
     return 2;
   }
   char **prog_argv = argv + optind;
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (j.bind && sched_getaffinity(0, sizeof allowed, &allowed) != 0) {
+    fprintf(stderr, "brigade-run: --bind: sched_getaffinity: %s (the ranks are not bound)\n",
+            strerror(errno));
+    j.bind = 0;
+  } else if (j.bind && j.n > CPU_COUNT(&allowed)) {
+    fprintf(stderr, "brigade-run: --bind: %d ranks on %d CPUs: the ranks are not bound\n", j.n,
+            CPU_COUNT(&allowed));
+    j.bind = 0;
+  }
 
   int port = pick_free_port();
   if (port < 0) {
@@ -360,7 +397,11 @@ int main(int argc, char **argv) {
       fail_job(&j, 1, -1);
       break;
     }
-    if (pid == 0) exec_rank(r, j.n, port, secret, j.tag, pipes, &oldmask, prog_argv);
+    if (pid == 0) {
+      cpu_set_t mine;
+      if (j.bind) cpu_share(r, j.n, &allowed, &mine);
+      exec_rank(r, j.n, port, secret, j.tag, pipes, &oldmask, j.bind ? &mine : NULL, prog_argv);
+    }
     setpgid(pid, pid); /* also here, so kill(-pid) works before the child runs */
     p->pid = pid;
     j.alive++;
