@@ -205,6 +205,47 @@ brg_status brg__hier_device_prepare(brg_comm *c, brg_comm **local, brg_comm **cr
   return BRG_SUCCESS;
 }
 
+/* The communicators of the hierarchy number their ranks apart (rank 1 of
+ * a host's `local` is not rank 1 here), and a failure's text `why` holds
+ * their numbers, of this rank's pieces and of the pieces of the ranks it
+ * came through. The processes it names by pid ("rank R (pid P on H)")
+ * are named in this communicator's numbering in `legend`, once each:
+ * "pid P on H is rank W here; ...", or "" where it names none. */
+static void name_pids(const brg_comm *c, const char *why, char *legend, size_t cap) {
+  size_t len = 0;
+  legend[0] = 0;
+  for (const char *p = why; (p = strstr(p, "(pid ")); p++) {
+    char host[64], one[128];
+    int pid, used = 0;
+    if (sscanf(p, "(pid %d on %63[^) ])%n", &pid, host, &used) != 2 || used == 0) continue;
+    int who = -1;
+    for (int r = 0; r < c->nranks && who < 0; r++)
+      if (c->peers[r].pid == pid && !strncmp(c->peers[r].hostname, host, sizeof host)) who = r;
+    snprintf(one, sizeof one, "pid %d on %s is rank %d here", pid, host, who);
+    if (who < 0 || strstr(legend, one)) continue; /* not a rank here, or named already */
+    int n = snprintf(legend + len, cap - len, "%s%s", len ? "; " : "", one);
+    if (n < 0 || (size_t)n >= cap - len) {
+      legend[len] = 0; /* no room: it ends at the last one that fitted */
+      break;
+    }
+    len += (size_t)n;
+  }
+}
+
+/* A phase's failure, as this communicator's error: the collective, the
+ * phase, the processes named in this numbering, and why. */
+static brg_status phase_failed(brg_comm *c, brg_status s, const brg__coll *k, const char *what,
+                               const char *why) {
+  char desc[160], legend[200];
+  brg__coll_describe(desc, sizeof desc, k->kind, k->seq, k->count, k->dtype, k->op, k->root, 0);
+  name_pids(c, why, legend, sizeof legend);
+  if (!legend[0]) return brg__comm_error(c, s, "%s (hier): %s failed: %s", desc, what, why);
+  return brg__comm_error(c, s,
+                         "%s (hier): %s failed (%s; ranks below are numbered by the hierarchy's "
+                         "communicators): %s",
+                         desc, what, legend, why);
+}
+
 /* The hierarchical allreduce (policy.c chose it and made its
  * communicators):
  * runs one phase on a communicator of the hierarchy; a failure aborts both,
@@ -220,9 +261,7 @@ static brg_status phase(brg_comm *c, brg_comm *sub, brg__coll *p, const brg__col
   brg__comm_stop_why(c->local, why);
   brg__comm_stop_why(c->cross, why);
   brg__comm_stop_why(c->fold, why);
-  char desc[160];
-  brg__coll_describe(desc, sizeof desc, k->kind, k->seq, k->count, k->dtype, k->op, k->root, 0);
-  return brg__comm_error(c, s, "%s (hier): %s failed: %s", desc, what, why);
+  return phase_failed(c, s, k, what, why);
 }
 
 static uint64_t sent_of(brg_comm *const *subs) {
@@ -329,12 +368,11 @@ static brg_status hier_pipelined(brg_comm *c, const brg__coll *k, const brg__col
   free(rs);
   free(ag);
   if (s != BRG_SUCCESS && what) {
-    char why[BRG__ERRLEN], desc[160];
+    char why[BRG__ERRLEN];
     snprintf(why, sizeof why, "%s", local->last_error);
     brg__comm_stop_why(local, why);
     brg__comm_stop_why(cross, why);
-    brg__coll_describe(desc, sizeof desc, k->kind, k->seq, k->count, k->dtype, k->op, k->root, 0);
-    return brg__comm_error(c, s, "%s (hier): %s failed: %s", desc, what, why);
+    return phase_failed(c, s, k, what, why);
   }
   return s;
 }

@@ -153,6 +153,7 @@ typedef struct brg__ring {
   uint64_t departed_word[2];
   int departed_ok; /* the wait does not need the neighbours (kernel mode's drain) */
   int64_t wait_start_ns;
+  int64_t closed_ns; /* when a wait first found its link closed (ring_link.c); 0: never */
 } brg__ring;
 
 struct brg_comm {

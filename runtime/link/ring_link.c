@@ -20,6 +20,13 @@
  * that neighbour as gone too early: longer than a network link's flush at
  * close (IB_CLOSE_GRACE_MS, 1 s), with room for a loaded machine. */
 #define BRG__DEPARTED_GRACE_NS 3000000000LL
+/* How long a wait goes on after its link closed before it names that link:
+ * a neighbour that stopped wrote its notice on its ring socket before its
+ * links closed, but that is another connection, read by the liveness
+ * thread, and the notice can trail the closure by a moment. The notice
+ * names the rank that failed; the closed link only the neighbour that
+ * gave up on it. */
+#define BRG__CLOSED_GRACE_NS 100000000LL
 
 void brg__ring_took_bye(brg__ring *r, int dir, const char *data, uint32_t len) {
   r->departed[dir] = 1;
@@ -93,6 +100,9 @@ static brg_status ring_check(void *arg) {
   uint32_t closed =
       w && w->fifo.ctrl ? __atomic_load_n(&w->fifo.ctrl->closed, __ATOMIC_ACQUIRE) : 0;
   if (closed) {
+    int64_t now = brg__now_ns();
+    if (!r->closed_ns) r->closed_ns = now;
+    if (c->ready && now - r->closed_ns < BRG__CLOSED_GRACE_NS) return BRG_SUCCESS;
     const brg__peer_info *pi = w->peer >= 0 && w->peer < c->nranks ? &c->peers[w->peer] : NULL;
     return brg__comm_error(
         c, (brg_status)closed,
@@ -238,7 +248,12 @@ brg_status brg__ring_send_post(brg__ring_op *o, size_t bytes, const void *payloa
    * be (a neighbour's notice first: it names the rank that failed); a stop
    * by the check was reported by the check. */
   if (s != BRG_SUCCESS && __atomic_load_n(&f->ctrl->closed, __ATOMIC_ACQUIRE)) {
-    brg_status why = r->waiter.check(r->waiter.arg);
+    /* The check gives the closure a moment for the notice (ring_check):
+     * asked again until it says, within that moment and a little more. */
+    int64_t until = brg__now_ns() + 2 * BRG__CLOSED_GRACE_NS;
+    brg_status why;
+    while ((why = r->waiter.check(r->waiter.arg)) == BRG_SUCCESS && brg__now_ns() < until)
+      poll(NULL, 0, 1);
     if (why != BRG_SUCCESS) return why;
   }
   return s;

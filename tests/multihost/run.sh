@@ -51,7 +51,8 @@
 #                           makes kernel mode's net ring: every rank must
 #                           fail that call at once, the others naming it
 #              kill         the last rank is killed mid-allreduce: every
-#                           other rank must fail within the timeout (with
+#                           other rank must fail within the timeout,
+#                           naming it where MH_NAME_VICTIM=1 (with
 #                           MH_DEVICE=1, and in the next two, on GPU
 #                           buffers: mh_check's loop)
 #              linkdown     host 1's interface goes down mid-allreduce:
@@ -407,6 +408,16 @@ kill | linkdown)
   fi
   expect_failures "$ranks" 3
   echo "every rank failed within $(echo "$(date +%s.%N) - $t0" | bc 2>/dev/null || echo '?') s of the fault (limit: BRIGADE_TIMEOUT_MS=$TIMEOUT_MS + ${SLACK_S} s)"
+  # MH_NAME_VICTIM=1: each survivor's error names the killed rank in the
+  # job's numbering, "rank V (pid ..." or, where the hierarchy's
+  # communicators number it otherwise, "pid ... is rank V here"
+  if [ "$MODE" = kill ] && [ "${MH_NAME_VICTIM:-0}" = 1 ]; then
+    for r in $ranks; do
+      grep -E "error" "$WORK/out.$r" | grep -q -E "rank $victim \(pid |is rank $victim here" ||
+        fail "rank $r's error does not name rank $victim, the rank killed"
+    done
+    echo "every survivor named rank $victim"
+  fi
   expect_log
   ;;
 vanish)
