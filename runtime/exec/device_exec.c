@@ -173,6 +173,19 @@ const brg__exec_ops brg__exec_device = {.name = "device",
  * later work on any stream sees it. Only the buffers a rank passes are
  * copied: the root's N blocks, the other ranks' one; an allreduce in
  * place has one host copy, copied in and back. */
+/* The call k as a host collective run by x: no GPU, no stream, neither
+ * staged nor asynchronous (its buffers the caller's to set). */
+static brg__coll host_call(const brg__coll *k, const brg__exec_ops *x) {
+  brg__coll h = *k;
+  h.device = 0;
+  h.staged = 0;
+  h.async = 0;
+  h.start_ev = NULL;
+  h.stream = NULL;
+  h.exec = x;
+  return h;
+}
+
 static brg_status staged_run(brg_comm *c, brg__coll *k) {
   const brg__cuda_api *api = brg__device_api(NULL);
   int gather = k->kind == BRG__COLL_GATHER, scatter = k->kind == BRG__COLL_SCATTER;
@@ -182,11 +195,7 @@ static brg_status staged_run(brg_comm *c, brg__coll *k) {
   size_t rbytes = !k->recvbuf ? 0 : gather ? bytes * n : bytes;
   int one = k->kind == BRG__COLL_ALLREDUCE && k->sendbuf == k->recvbuf;
   brg_status s;
-  brg__coll h = *k;
-  h.device = 0;
-  h.staged = 0;
-  h.stream = NULL;
-  h.exec = k->lat ? &brg__exec_lat : &brg__exec_host;
+  brg__coll h = host_call(k, k->lat ? &brg__exec_lat : &brg__exec_host);
   h.sendbuf = k->sendbuf ? malloc(sbytes ? sbytes : 1) : NULL;
   h.recvbuf = one ? (void *)h.sendbuf : k->recvbuf ? malloc(rbytes ? rbytes : 1) : NULL;
   if ((k->sendbuf && !h.sendbuf) || (k->recvbuf && !h.recvbuf)) {
@@ -298,13 +307,7 @@ static brg_status staged_async_run(brg_comm *c, brg__coll *k) {
   brg_status s = stage_room(c, d, one ? room : 2 * room);
   if (s != BRG_SUCCESS) return s;
   size_t at = one ? 0 : room; /* the result's place in the staging */
-  brg__coll h = *k;
-  h.device = 0;
-  h.staged = 0;
-  h.async = 0;
-  h.start_ev = NULL;
-  h.stream = NULL;
-  h.exec = &brg__exec_lat;
+  brg__coll h = host_call(k, &brg__exec_lat);
   h.sendbuf = d->stage_host;
   h.recvbuf = d->stage_host + at;
   int e = bytes ? api->kern.copy(d->stage_dev, NULL, k->sendbuf, bytes, k->stream) : 0;
