@@ -303,7 +303,7 @@ static brg_status next_gave_up(brg__ring *ring, brg_status s, brg__errbuf *err) 
   buf[got] = 0;
   return brg__error(err, BRG_ERR_REMOTE, "init",
                     "rank %d gave up during setup, before rank %d could attach to it: %s",
-                    c->ring.next, c->rank, buf + 4);
+                    ring->next, c->rank, buf + 4);
 }
 
 static const link_wire sock_wire = {

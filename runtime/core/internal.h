@@ -548,6 +548,13 @@ void brg__p2p_abort(brg_comm *c);
  * "rank R stopped: why" (the rank that really failed, which `why` names)
  * rather than with the hang-up alone. Any thread. */
 void brg__p2p_notify(brg_comm *c, const char *why);
+/* How long a stop's notice may trail the hang-up it explains: the
+ * stopping rank writes it before its links close, but on another
+ * connection (p2p's own, or the ring socket the liveness thread reads),
+ * so a rank that sees a link end looks for the notice this long before it
+ * names the link alone (p2p.c, link/ring_link.c); and how long p2p.c's
+ * notice may take to be written. */
+#define BRG__NOTE_GRACE_MS 100
 /* The notice on the wire: among the one-byte doorbells a connection
  * carries after its hello, BRG__P2P_NOTE_MARK, the text's length (u16,
  * little endian, 1 to BRG__P2P_NOTE_MAX), the text. note_make writes one

@@ -20,13 +20,11 @@
  * that neighbour as gone too early: longer than a network link's flush at
  * close (IB_CLOSE_GRACE_MS, 1 s), with room for a loaded machine. */
 #define BRG__DEPARTED_GRACE_NS 3000000000LL
-/* How long a wait goes on after its link closed before it names that link:
- * a neighbour that stopped wrote its notice on its ring socket before its
- * links closed, but that is another connection, read by the liveness
- * thread, and the notice can trail the closure by a moment. The notice
- * names the rank that failed; the closed link only the neighbour that
- * gave up on it. */
-#define BRG__CLOSED_GRACE_NS 100000000LL
+/* How long a wait goes on after its link closed before it names that link
+ * (BRG__NOTE_GRACE_MS): a neighbour that stopped wrote its notice on its
+ * ring socket first, and the notice names the rank that failed, where the
+ * closed link names only the neighbour that gave up on it. */
+#define BRG__CLOSED_GRACE_NS ((int64_t)BRG__NOTE_GRACE_MS * 1000000)
 
 void brg__ring_took_bye(brg__ring *r, int dir, const char *data, uint32_t len) {
   r->departed[dir] = 1;
@@ -253,7 +251,7 @@ brg_status brg__ring_send_post(brg__ring_op *o, size_t bytes, const void *payloa
     int64_t until = brg__now_ns() + 2 * BRG__CLOSED_GRACE_NS;
     brg_status why;
     while ((why = r->waiter.check(r->waiter.arg)) == BRG_SUCCESS && brg__now_ns() < until)
-      poll(NULL, 0, 1);
+      brg__sleep_ms(1);
     if (why != BRG_SUCCESS) return why;
   }
   return s;

@@ -136,11 +136,7 @@
 #define P2P_BUDGET (4u << 20)
 #define P2P_DIAL_MS 3000 /* a listener that refuses this long is a dead rank */
 #define P2P_CUT_MS 1000  /* how long a notice of a send cut short may take */
-/* How long a stop's notice may take to be written, and to be looked for
- * on a connection still open when a link with a descriptor of its own
- * ended (it was written long before). */
-#define P2P_NOTE_MS 100
-#define P2P_BELL 1 /* a doorbell's byte */
+#define P2P_BELL 1       /* a doorbell's byte */
 /* The listener stays open for the communicator's life: strangers that
  * never say hello may hold this many descriptors, each for
  * BRG__NET_HELLO_MS (the ring's listeners close after init). */
@@ -798,7 +794,8 @@ static void read_peer(brg_comm *c, p2p_peer *pr, int rank) {
      * connection (a link with doorbells ends with it: read already; one
      * that said it cut its send short is alive, and its connections stay
      * open: no wait). */
-    if (n <= 0 && !link_bells(&pr->in_link)) note_look(pr, pr->cut_by_peer ? 0 : P2P_NOTE_MS);
+    if (n <= 0 && !link_bells(&pr->in_link))
+      note_look(pr, pr->cut_by_peer ? 0 : BRG__NOTE_GRACE_MS);
     char why[BRG__ERRLEN];
     if (n <= 0 && (pr->in_payload || pr->hdr_got > 0) && pr->cut_by_peer) {
       /* It said so first (cut_notice): alive, and its send gave up (its
@@ -926,7 +923,7 @@ static void write_peer(brg_comm *c, p2p_peer *pr, int rank) {
         /* The cause it gave, if it stopped, came on a connection first. */
         int e = errno;
         char why[BRG__ERRLEN];
-        note_look(pr, P2P_NOTE_MS);
+        note_look(pr, BRG__NOTE_GRACE_MS);
         hup_why(c, pr, why, sizeof why, "rank %d (pid %d on %s) is gone: %s", rank,
                 c->peers[rank].pid, c->peers[rank].hostname,
                 n < 0 ? strerror(e) : "the link took nothing");
@@ -1314,7 +1311,7 @@ void brg__p2p_notify(brg_comm *c, const char *why) {
   /* One deadline for all: a connection whose reader left doorbells unread
    * until its socket filled takes the rest as room comes (a peer left with
    * part of it calls it malformed), and holds up the others no longer. */
-  int64_t deadline = brg__deadline_ms(P2P_NOTE_MS);
+  int64_t deadline = brg__deadline_ms(BRG__NOTE_GRACE_MS);
   pthread_mutex_lock(&p->lock);
   if (!p->noticed) {
     p->noticed = 1;
