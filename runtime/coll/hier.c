@@ -127,12 +127,12 @@ brg_status brg__hier_make(brg_comm *c, const brg__hier_shape *sh) {
    * every host (the index is the place in the ring's stretch of the host,
    * which the rails may order otherwise than by rank). */
   brg_status s = brg__comm_split_opts(c, part && C > 1 ? sh->host : BRG_SPLIT_NOCOLOR, l,
-                                      BRG__PIECE_RUNS, 0, &local);
+                                      BRG__PIECE_RUNS, &local);
   if (s == BRG_SUCCESS)
-    s = brg__comm_split_opts(c, part ? l : BRG_SPLIT_NOCOLOR, sh->host, BRG__PIECE_RUNS, 0, &cross);
+    s = brg__comm_split_opts(c, part ? l : BRG_SPLIT_NOCOLOR, sh->host, BRG__PIECE_RUNS, &cross);
   if (s == BRG_SUCCESS && sh->min_local != sh->max_local)
     s = brg__comm_split_opts(c, sh->host_ranks > C ? sh->host * C + l % C : BRG_SPLIT_NOCOLOR, l,
-                             BRG__PIECE_RUNS, 0, &fold);
+                             BRG__PIECE_RUNS, &fold);
   if (s != BRG_SUCCESS) {
     char why[BRG__ERRLEN];
     snprintf(why, sizeof why, "%s", brg_comm_last_error(NULL));

@@ -1,8 +1,9 @@
 /*
  * Several rings (BRIGADE_RINGS, made at init by init.c): a large
  * collective cut into one part per ring, the parts run at once, each on its
- * ring's communicator and links; on GPU buffers each part on a stream of
- * its own, forked from the caller's stream and joined back into it.
+ * ring's links (comm.c's brg__comm_ring_make) by its ring's thread; on GPU
+ * buffers each part on a stream of its own, forked from the caller's
+ * stream and joined back into it.
  */
 #include <stdlib.h>
 
@@ -28,9 +29,8 @@ static brg__coll ring_part(const brg__coll *k, int rings, int r) {
   return p;
 }
 
-/* The collective k cut into one part per ring: parts 1..R-1 queued on the
- * rings' own communicators, whose threads run them, part 0 here on this
- * one's ring. A part that fails stops the others (their peers hear it on
+/* The collective k cut into one part per ring: parts 1..R-1 queued for
+ * the rings' threads, part 0 here on this communicator's own ring. A part that fails stops the others (their peers hear it on
  * each ring), and the first failure is the call's. */
 brg_status brg__rings_run(brg_comm *c, brg__coll *k) {
   int rings = c->nrings;

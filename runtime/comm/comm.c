@@ -319,7 +319,15 @@ static brg_status connect_ring(brg_comm *c, const uint8_t *secret, brg__errbuf *
   return ring_links(&c->ring, &sh, &sock_wire, NULL, err);
 }
 
-/* ---- kernel mode's net ring: over all-gathers of its owner ---- */
+/* ---- links over all-gathers of an owner: kernel mode's net ring, the
+ * extra rings ---- */
+
+/* Whose all-gathers a ring's setup goes over: an extra ring's owner
+ * (the same ranks), else the communicator the ring belongs to. */
+static brg_comm *over_whom(const brg__ring *r) {
+  brg_comm *c = r->comm;
+  return c->ring_of ? c->ring_of : c;
+}
 
 /* A rank's word in each of the net ring's all-gathers: its status so far,
  * why it failed, and (in the first) its receiving end's info. */
@@ -333,7 +341,7 @@ typedef struct net_word {
  * *all holds every rank's word. */
 static brg_status net_gather(brg__ring *r, brg_status st, const brg__errbuf *why, const char *info,
                              net_word *all, int peer, const char *peer_was, brg__errbuf *err) {
-  brg_comm *c = r->comm;
+  brg_comm *c = over_whom(r);
   net_word mine;
   memset(&mine, 0, sizeof mine);
   mine.st.status = (int32_t)st;
@@ -371,6 +379,35 @@ static brg_status net_attached(brg__ring *r, void *arg, brg_status st, brg__errb
 
 static const link_wire gather_wire = {.together = 1, .info = net_info, .attached = net_attached};
 
+/* Sets up ring r's links over all-gathers of its owner (gather_wire),
+ * then confirms them: nobody uses the links before every rank has
+ * confirmed its own, so a failure on one rank is reported on all, naming
+ * it. A failure leaves the links closed. */
+static brg_status links_over_owner(brg__ring *r, const link_shape *sh, brg__errbuf *err) {
+  int n = over_whom(r)->nranks;
+  net_word *all = calloc((size_t)n, sizeof *all);
+  if (!all) return brg__error(err, BRG_ERR_NO_MEMORY, "init", "out of memory for %d ranks", n);
+  brg_status s = ring_links(r, sh, &gather_wire, all, err);
+  brg__errbuf why = *err;
+  s = net_gather(r, s, &why, NULL, all, -1, NULL, err);
+  /* Named: a rank that failed by itself, before one that failed because
+   * its neighbour did (BRG_ERR_REMOTE) and names it second hand. */
+  int named = -1;
+  for (int k = 0; s == BRG_SUCCESS && k < n; k++)
+    if (all[k].st.status != BRG_SUCCESS && (named < 0 || (all[named].st.status == BRG_ERR_REMOTE &&
+                                                          all[k].st.status != BRG_ERR_REMOTE)))
+      named = k;
+  if (named >= 0)
+    s = brg__error(err, BRG_ERR_REMOTE, "init", "rank %d failed its set-up: %.*s", named,
+                   (int)sizeof all[named].st.why, all[named].st.why);
+  free(all);
+  if (s != BRG_SUCCESS) {
+    forget_next_fifo(r, sh->comm_id);
+    ring_links_close(r);
+  }
+  return s;
+}
+
 brg_status brg__comm_netring(brg_comm *c) {
   if (c->netring_state != 0 || c->nranks < 2) return BRG_SUCCESS;
   int staged = brg__device_staged_any(c);
@@ -380,11 +417,9 @@ brg_status brg__comm_netring(brg_comm *c) {
   int n = c->nranks;
   brg__ring *r = calloc(1, sizeof *r);
   int *order = calloc((size_t)n, sizeof *order);
-  net_word *all = calloc((size_t)n, sizeof *all);
-  if (!r || !order || !all) {
+  if (!r || !order) {
     free(r);
     free(order);
-    free(all);
     return brg__comm_error(c, BRG_ERR_NO_MEMORY,
                            "device collectives: out of memory for kernel mode's links between "
                            "hosts (%d ranks)",
@@ -400,28 +435,11 @@ brg_status brg__comm_netring(brg_comm *c) {
   link_shape sh = {.nslots = c->nslots,
                    .slot_bytes = c->slice_bytes,
                    .comm_id = brg__fnv1a64(c->comm_id, "net ring", 8),
-                   .secret = brg__bootstrap_secret(c->bs),
+                   .secret = brg__bootstrap_secret((c->ring_of ? c->ring_of : c)->bs),
                    .what = "kernel mode's net ring: "};
   brg__errbuf err = {0};
-  brg_status s = ring_links(r, &sh, &gather_wire, all, &err);
-  /* Nobody uses the links before every rank has confirmed its own: a
-   * failure on one rank is reported on all, naming it. */
-  brg__errbuf why = err;
-  s = net_gather(r, s, &why, NULL, all, -1, NULL, &err);
-  /* Named: a rank that failed by itself, before one that failed because
-   * its neighbour did (BRG_ERR_REMOTE) and names it second hand. */
-  int named = -1;
-  for (int k = 0; s == BRG_SUCCESS && k < n; k++)
-    if (all[k].st.status != BRG_SUCCESS && (named < 0 || (all[named].st.status == BRG_ERR_REMOTE &&
-                                                          all[k].st.status != BRG_ERR_REMOTE)))
-      named = k;
-  if (named >= 0)
-    s = brg__error(&err, BRG_ERR_REMOTE, "init", "rank %d failed its set-up: %.*s", named,
-                   (int)sizeof all[named].st.why, all[named].st.why);
-  free(all);
+  brg_status s = links_over_owner(r, &sh, &err);
   if (s != BRG_SUCCESS) {
-    forget_next_fifo(r, sh.comm_id);
-    ring_links_close(r);
     free(order);
     free(r);
     return brg__comm_error(c, s,
@@ -441,6 +459,77 @@ static void netring_free(brg_comm *c) {
   ring_links_close(r);
   free(r->order);
   free(r);
+}
+
+/* ---- an extra ring (init.c): links of the owner's, not a communicator ---- */
+
+static brg_status comm_free(brg_comm *c);
+
+/* Frees what brg__comm_ring_make made (any part of it): the ring's thread
+ * stops, its device ring drains and goes, its links close. */
+static void ring_free(brg_comm *c) {
+  if (!brg__progress_settle(c)) brg__comm_stop(c);
+  comm_free(c);
+}
+
+brg_status brg__comm_ring_make(brg_comm *o, int rotate, brg_comm **out) {
+  brg__errbuf err = {0};
+  brg_comm *c = calloc(1, sizeof *c);
+  if (!c) return brg__fail_no_comm(BRG_ERR_NO_MEMORY, "out of memory for ring %d", rotate);
+  c->magic = BRG__COMM_MAGIC;
+  if (!(c->serial = brg__comm_register(c))) {
+    free(c);
+    return brg__fail_no_comm(BRG_ERR_NO_MEMORY, "out of memory for ring %d", rotate);
+  }
+  c->rank = o->rank;
+  c->nranks = o->nranks;
+  c->gpu = -1;
+  pthread_mutex_init(&c->err_lock, NULL);
+  pthread_mutex_init(&c->ring_lock, NULL);
+  pthread_mutex_init(&c->qlock, NULL);
+  pthread_cond_init(&c->qcond, NULL);
+  pthread_cond_init(&c->donecond, NULL);
+  /* The owner's settings and table: the same ranks, numbered alike. */
+  c->timeout_ms = o->timeout_ms;
+  c->silent_fail_ms = o->silent_fail_ms;
+  c->transports_from_config = o->transports_from_config;
+  memcpy(c->transports, o->transports, sizeof c->transports);
+  c->nslots = o->nslots;
+  c->algo = o->algo;
+  c->ring_rotate = rotate;
+  c->ring_of = o;
+  c->link_owner = brg__linkset_owner(o);
+  c->comm_id = brg__fnv1a64(o->comm_id, &rotate, sizeof rotate);
+  c->peers = o->peers;
+  brg__ring_init(&c->ring, c);
+  brg_status s = BRG_SUCCESS;
+  if (!(c->ring.order = calloc((size_t)c->nranks, sizeof *c->ring.order))) {
+    s = brg__error_quiet(&err, BRG_ERR_NO_MEMORY, "out of memory for %d ranks", c->nranks);
+    goto fail;
+  }
+  brg__topology_order(c);
+  c->slice_bytes = brg__slice_bytes(c, BRG__SLICE_HOST);
+  char what[32];
+  snprintf(what, sizeof what, "ring %d: ", rotate);
+  link_shape sh = {.nslots = c->nslots,
+                   .slot_bytes = c->slice_bytes,
+                   .comm_id = c->comm_id,
+                   .secret = brg__bootstrap_secret(o->bs),
+                   .what = what};
+  if ((s = links_over_owner(&c->ring, &sh, &err)) != BRG_SUCCESS) goto fail;
+  c->nt_bytes = o->nt_bytes;
+  c->small_bytes = (size_t)brg__core_int(BRG__CORE_SMALL_BYTES);
+  if (c->small_bytes > c->slice_bytes) c->small_bytes = c->slice_bytes;
+  if (c->small_bytes > 0 && !(c->scratch = calloc((size_t)c->nranks, c->small_bytes)))
+    c->small_bytes = 0;
+  if ((s = brg__progress_start(c, &err)) != BRG_SUCCESS) goto fail;
+  if ((s = brg__live_start(c, &err)) != BRG_SUCCESS) goto fail;
+  c->ready = 1;
+  *out = c;
+  return BRG_SUCCESS;
+fail:
+  comm_free(c);
+  return brg__fail_no_comm_err(s, &err, NULL);
 }
 
 /* The goodbye carries the executors' word (brg__exec_bye_word), which
@@ -481,6 +570,24 @@ static void await_goodbyes(brg_comm *c) {
   }
 }
 
+/* The extra rings have no goodbyes of their own: where they ran device
+ * collectives, each drains, then every rank waits for every other (an
+ * all-gather over c) before any frees the memory its neighbours on those
+ * rings write into. Not after a failure, which a rank may never come back
+ * from: then as for a neighbour on another host, nobody waits. */
+static void rings_drain(brg_comm *c) {
+  int device = 0;
+  for (int r = 1; r < c->nrings; r++) device |= c->rings[r] && brg__exec_outlives(c->rings[r]);
+  if (!device || !c->ready || __atomic_load_n(&c->broken, __ATOMIC_ACQUIRE) != BRG_SUCCESS ||
+      __atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
+    return;
+  for (int r = 1; r < c->nrings; r++)
+    if (c->rings[r] && brg__exec_outlives(c->rings[r])) brg__exec_drain(c->rings[r]);
+  char mine = 1, *all = calloc((size_t)c->nranks, 1);
+  if (all) brg__split_gather(c, &mine, all, 1);
+  free(all);
+}
+
 /* Frees everything create made. Device collectives end with a barrier:
  * this rank's own GPU work drains, then it waits for both neighbours to say
  * theirs has, since their streams use this rank's FIFO and events and its
@@ -489,6 +596,7 @@ static void await_goodbyes(brg_comm *c) {
 static brg_status comm_free(brg_comm *c) {
   brg_status s = BRG_SUCCESS;
   int ring = c->ready && c->bs && c->nranks > 1;
+  rings_drain(c);
   brg__live_stop(c); /* this thread and the engine's checks read the ring sockets now */
   if (brg__exec_outlives(c)) {
     brg__progress_stop(c);
@@ -525,7 +633,7 @@ static brg_status comm_free(brg_comm *c) {
   /* The extra rings likewise; every rank tears them down in the same order,
    * so their neighbours are there to say goodbye to. */
   for (int r = 1; r < c->nrings; r++)
-    if (c->rings[r]) brg_comm_destroy(c->rings[r]);
+    if (c->rings[r]) ring_free(c->rings[r]);
   free(c->rings);
   c->rings = NULL;
   c->nrings = 0;
@@ -544,7 +652,7 @@ static brg_status comm_free(brg_comm *c) {
   free(c->scratch);
   free(c->lat_scratch);
   free(c->ring.order);
-  free(c->peers);
+  if (!c->ring_of) free(c->peers); /* an extra ring's are its owner's */
   c->magic = 0;
   brg__comm_unregister(c);
   free(c);
@@ -695,7 +803,6 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   c->transports_from_config = opts && opts->transports;
   snprintf(c->transports, sizeof c->transports, "%s",
            c->transports_from_config ? opts->transports : brg__core_str(BRG__CORE_TRANSPORTS));
-  c->ring_rotate = opts ? opts->ring_rotate : 0;
   /* A piece of its parent's link set: the set's owner serves it. */
   if (split && opts->piece) c->link_owner = brg__linkset_owner(opts->parent);
   c->nslots = (int)brg__core_int(BRG__CORE_STEPS);

@@ -4,11 +4,12 @@
  * extra rings a communicator gets once it exists.
  *
  * Several rings (BRIGADE_RINGS): an allreduce is cut into R parts, one per
- * ring, that run at once. Ring 0 is the communicator's own; ring r > 0 is a
- * piece of its link set (linkset.h: split from it, served by its liveness
- * thread, with a thread of its own for its part) whose order inside every
- * host is rotated by r, so each ring leaves a host through a different
- * local rank:
+ * ring, that run at once. Ring 0 is the communicator's own; ring r > 0 is
+ * links of its own, not a communicator (comm.c's brg__comm_ring_make: set
+ * up over the communicator's all-gathers, heard of through its liveness
+ * thread, with a thread of its own for its part), whose order inside
+ * every host is rotated by r, so each ring leaves a host through a
+ * different local rank:
  *
  *     host A: a0 a1 a2      ring 0: a0 a1 a2 | b0 b1 b2   crosses a2 -> b0
  *     host B: b0 b1 b2      ring 1: a1 a2 a0 | b1 b2 b0   crosses a0 -> b1
@@ -170,8 +171,8 @@ static int auto_rings(const brg_comm *c, const int *host, int nhosts, int per) {
   return fewest;
 }
 
-/* Each ring's order as its communicator runs it (the same ranks as this
- * one's), for BRIGADE_DEBUG=INFO. */
+/* Each ring's order (the same ranks as this communicator's), for
+ * BRIGADE_DEBUG=INFO. */
 static void log_rings(const brg_comm *c) {
   if (!brg__log_enabled(BRG__LOG_INFO, "init")) return;
   for (int r = 0; r < c->nrings; r++) {
@@ -218,7 +219,7 @@ static brg_status rings_setup(brg_comm *c, char *why, size_t cap) {
   for (int r = 1; r < rings && s == BRG_SUCCESS; r++) {
     /* The same ranks (so that messages name the same ones), the ring
      * inside each host turned by r. */
-    s = brg__comm_split_opts(c, 0, c->rank, BRG__PIECE_RUNS, r, &c->rings[r]);
+    s = brg__comm_ring_make(c, r, &c->rings[r]);
     if (s != BRG_SUCCESS) {
       snprintf(why, cap, "making ring %d of %d: %s", r, rings, brg_comm_last_error(NULL));
       break;

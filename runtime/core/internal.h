@@ -213,10 +213,16 @@ struct brg_comm {
   struct brg_comm *local; /* this host's ranks */
   struct brg_comm *cross; /* the ranks of this local index on every host */
   struct brg_comm *fold;  /* on a host of more ranks than the fewest: those it reduces into one */
-  /* Rings 1..nrings-1 (init.c): communicators split from this one, each
-   * with its own links; ring 0 is this one's. nrings 0 or 1: one ring. */
+  /* Rings 1..nrings-1 (init.c, comm.c's brg__comm_ring_make): links of
+   * this communicator's, each with the thread that runs its part of a
+   * collective; ring 0 is this one's. nrings 0 or 1: one ring. */
   brg_comm **rings;
   int nrings;
+  /* For one of those rings, the communicator it is a ring of: its
+   * table, settings, secret and liveness are that one's, and it has no
+   * bootstrap, ring sockets, listener or trace of its own; NULL for a
+   * communicator. */
+  struct brg_comm *ring_of;
   /* Kernel mode's links between hosts (device_proxy.c's host proxy): a
    * second pair of links on this communicator's ring, to next and from
    * prev, made before the device setup where the ring leaves a host
@@ -224,7 +230,7 @@ struct brg_comm {
    * settings and liveness serve it (it has no threads of its own). */
   struct brg__ring *netring;
   int netring_state; /* 0: not made yet, 1: made or not needed, -1: making it failed */
-  int ring_rotate;   /* this ring's turn inside each host (brg__comm_opts) */
+  int ring_rotate;   /* this ring's turn inside each host (an extra ring's number) */
 
   struct brg__live *live; /* liveness.c: heartbeats, the ring sockets' reader once ready */
   /* linkset.h: the pieces this communicator's threads serve (its rings
@@ -283,7 +289,8 @@ struct brg_comm {
  *   split.c       brg_comm_split: two all-gathers over the parent
  *                 (exec/progress.c)
  *   comm.c        create (bootstrap, topology, links), accessors, destroy;
- *                 kernel mode's net ring (links set up over all-gathers)
+ *                 links set up over all-gathers: kernel mode's net ring,
+ *                 the extra rings
  * exec/     what runs a collective, a subfolder per executor
  *   progress.c    issue order: the worker thread; runs each call through
  *                 its executor, whichever it is; the all-gather that splits
@@ -332,12 +339,17 @@ struct brg_comm {
 
 /* split.c: brg_comm_split, and with piece a piece of comm's link set
  * (linkset.h) that writes no trace of its own: BRG__PIECE_RUNS for one
- * that runs collectives (a ring, the hierarchy's); with ring_rotate one
- * whose ring is turned inside each host (init.c's rings); every rank of
- * the new one must pass the same. */
+ * that runs collectives (the hierarchy's); every rank of the new one must
+ * pass the same. */
 enum { BRG__PIECE_NONE = 0, BRG__PIECE_RUNS = 1 };
-brg_status brg__comm_split_opts(brg_comm *comm, int color, int key, int piece, int ring_rotate,
-                                brg_comm **newcomm);
+brg_status brg__comm_split_opts(brg_comm *comm, int color, int key, int piece, brg_comm **newcomm);
+
+/* comm.c: an extra ring of o (init.c), its ring inside each host turned
+ * by `rotate` places: o's ranks, table and settings, links of its own
+ * set up over o's all-gathers (every rank of o calls it alike), a thread
+ * for its parts of collectives, o's liveness; no bootstrap, ring sockets,
+ * listener or trace. The thread's error says why it failed. */
+brg_status brg__comm_ring_make(brg_comm *o, int rotate, brg_comm **out);
 
 /* progress.c: an all-gather of `bytes` per rank over comm (in issue order
  * with its collectives); split.c: what a rank of the parent that joins no
@@ -434,6 +446,10 @@ void brg__live_free(brg_comm *c);
  * 0 when nothing waits; -1 when no thread reads (the caller reads itself). */
 int brg__live_take(brg_comm *c, int dir, brg_status *s, uint32_t *type, char *data, uint32_t *len,
                    char *text, size_t text_bytes);
+/* The same without taking it, from the sockets that speak for c (an
+ * extra ring's owner's), with the neighbour of `dir` on them in *peer. */
+int brg__live_peek(brg_comm *c, int dir, int *peer, brg_status *s, uint32_t *type, char *data,
+                   uint32_t *len, char *text, size_t text_bytes);
 /* The rank silent the longest and for how long (*silent_ms), -1: none. */
 int brg__live_silent(brg_comm *c, int64_t *silent_ms);
 /* For a timeout's message: "; rank R (pid P on H) has been silent for T ms
@@ -484,7 +500,6 @@ typedef struct brg__comm_opts {
   /* BRG__PIECE_*: a piece of the parent's link set (linkset.h): no
    * liveness thread of its own. */
   int piece;
-  int ring_rotate; /* each host's stretch of the ring turned by this many places (init.c) */
   /* split.c: the members meet over this communicator instead of at a root
    * (members[new rank] = rank in the parent); every rank of the parent
    * takes part in the two exchanges, members through brg__comm_create_opts,

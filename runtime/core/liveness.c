@@ -80,7 +80,15 @@ struct brg__live {
   int64_t *alive_ns;
   int left[2]; /* the neighbour said goodbye or hung up: its process says nothing of it */
   unsigned char *learned_left[2]; /* reported by each direction: rank k left (the same) */
+  /* An extra ring's (brg_comm.ring_of): its owner's, whose sockets and
+   * silences speak for it; it has none of its own. */
+  struct brg__live *via;
 };
+
+/* Whose sockets and silences speak for c: an extra ring's owner's. */
+static brg__live *live_of(const brg_comm *c) {
+  return c->live && c->live->via ? c->live->via : c->live;
+}
 
 /* Whether rank k left the communicator as far as this rank knows (lock held). */
 static int left_of(const brg__live *l, int k) {
@@ -239,7 +247,8 @@ int brg__live_silent_limit_ms(const brg_comm *c) {
   if (c->silent_fail_ms <= 0 || c->silent_fail_ms >= c->timeout_ms) return c->timeout_ms;
   /* twice the longest pause seen, when that is longer: a rank that paused
    * that long once and came back may do so again */
-  int64_t pause = c->live ? __atomic_load_n(&c->live->pause_ms, __ATOMIC_RELAXED) : 0;
+  const brg__live *l = live_of(c);
+  int64_t pause = l ? __atomic_load_n(&l->pause_ms, __ATOMIC_RELAXED) : 0;
   int64_t limit = c->silent_fail_ms;
   if (2 * pause > limit) limit = 2 * pause;
   return limit < c->timeout_ms ? (int)limit : c->timeout_ms;
@@ -307,18 +316,22 @@ static void kernels_watch(brg__live *l) {
   brg_comm *c = l->c;
   int *word = __atomic_load_n(&c->kabort, __ATOMIC_ACQUIRE);
   if (!word || l->kernels_stopped) return;
+  /* An extra ring hears through its owner's sockets, and tells the news
+   * on them. */
+  brg__live *src = l->via ? l->via : l;
+  brg_comm *oc = src->c;
   int stop = 0;
   char why[BRG__ERRLEN / 2] = "";
   if (c->kwatch && c->kwatch(c, why, sizeof why)) {
     /* it stopped them: the neighbours' kernels may wait for this rank's */
     l->kernels_stopped = 1;
-    brg__comm_notify_abort(c, BRG_ERR_REMOTE, why);
+    brg__comm_notify_abort(oc, BRG_ERR_REMOTE, why);
     return;
   }
-  pthread_mutex_lock(&l->lock);
+  pthread_mutex_lock(&src->lock);
   for (int dir = 0; dir < 2 && !stop; dir++) {
-    live_slot *sl = &l->slot[dir];
-    int peer = dir == BRG__RING_NEXT ? c->ring.next : c->ring.prev;
+    live_slot *sl = &src->slot[dir];
+    int peer = neighbour(oc, dir);
     if (sl->full && sl->s != BRG_SUCCESS) {
       stop = 1;
       snprintf(why, sizeof why, "rank %d (pid %d on %.64s) is gone: %.150s", peer,
@@ -330,7 +343,7 @@ static void kernels_watch(brg__live *l) {
                sl->data + 4);
     }
   }
-  pthread_mutex_unlock(&l->lock);
+  pthread_mutex_unlock(&src->lock);
   int64_t silent_ms = 0;
   int quiet = stop ? -1 : brg__live_silent(c, &silent_ms);
   if (quiet >= 0 && silent_ms >= brg__live_silent_limit_ms(c)) {
@@ -341,7 +354,7 @@ static void kernels_watch(brg__live *l) {
   if (!stop) return;
   l->kernels_stopped = 1;
   __atomic_store_n(word, 1, __ATOMIC_RELEASE);
-  brg__comm_notify_abort(c, BRG_ERR_REMOTE, why);
+  brg__comm_notify_abort(oc, BRG_ERR_REMOTE, why);
 }
 
 /* One pass's view of what the thread serves: the owner's state and each
@@ -470,7 +483,24 @@ static void *live_main(void *arg) {
   return NULL;
 }
 
+/* An extra ring's: no sockets to read, the owner's thread watches its
+ * kernels (kernels_watch) with what the owner's sockets and silences say. */
+static brg_status live_start_ring(brg_comm *c, brg__errbuf *err) {
+  brg__live *l = calloc(1, sizeof *l);
+  if (!l) return brg__error(err, BRG_ERR_NO_MEMORY, "init", "liveness: out of memory");
+  l->c = c;
+  l->via = c->ring_of->live;
+  pthread_mutex_init(&l->lock, NULL);
+  c->live = l;
+  __atomic_store_n(&l->running, l->via && __atomic_load_n(&l->via->threaded, __ATOMIC_ACQUIRE),
+                   __ATOMIC_RELEASE);
+  brg_status s = brg__linkset_join(c->link_owner, c, err);
+  if (s != BRG_SUCCESS) __atomic_store_n(&l->running, 0, __ATOMIC_RELEASE);
+  return s;
+}
+
 brg_status brg__live_start(brg_comm *c, brg__errbuf *err) {
+  if (c->nranks > 1 && c->ring_of) return live_start_ring(c, err);
   if (c->nranks < 2 || !c->bs) return BRG_SUCCESS;
   brg__live *l = calloc(1, sizeof *l);
   if (l) {
@@ -578,9 +608,9 @@ void brg__live_free(brg_comm *c) {
   brg__linkset_free(c);
 }
 
-int brg__live_take(brg_comm *c, int dir, brg_status *s, uint32_t *type, char *data, uint32_t *len,
-                   char *text, size_t text_bytes) {
-  brg__live *l = c->live;
+/* brg__live_take (take 1) and brg__live_peek (take 0) on l. */
+static int slot_read(brg__live *l, int dir, int take, brg_status *s, uint32_t *type, char *data,
+                     uint32_t *len, char *text, size_t text_bytes) {
   if (!l) return -1;
   pthread_mutex_lock(&l->lock);
   int r = -1;
@@ -591,7 +621,7 @@ int brg__live_take(brg_comm *c, int dir, brg_status *s, uint32_t *type, char *da
     *len = sl->len;
     memcpy(data, sl->data, sl->len);
     snprintf(text, text_bytes, "%s", sl->text);
-    sl->full = 0;
+    sl->full = !take;
     r = 1;
   } else if (__atomic_load_n(&l->running, __ATOMIC_ACQUIRE)) {
     r = 0;
@@ -600,8 +630,20 @@ int brg__live_take(brg_comm *c, int dir, brg_status *s, uint32_t *type, char *da
   return r;
 }
 
+int brg__live_take(brg_comm *c, int dir, brg_status *s, uint32_t *type, char *data, uint32_t *len,
+                   char *text, size_t text_bytes) {
+  return slot_read(c->live, dir, 1, s, type, data, len, text, text_bytes);
+}
+
+int brg__live_peek(brg_comm *c, int dir, int *peer, brg_status *s, uint32_t *type, char *data,
+                   uint32_t *len, char *text, size_t text_bytes) {
+  brg__live *l = live_of(c);
+  if (l) *peer = neighbour(l->c, dir);
+  return slot_read(l, dir, 0, s, type, data, len, text, text_bytes);
+}
+
 int64_t brg__live_silent_rank(brg_comm *c, int rank) {
-  brg__live *l = c->live;
+  brg__live *l = live_of(c);
   if (!l || rank == c->rank) return -1;
   int64_t now = brg__now_ns(), since = 0;
   pthread_mutex_lock(&l->lock);
@@ -611,7 +653,7 @@ int64_t brg__live_silent_rank(brg_comm *c, int rank) {
 }
 
 int brg__live_silent(brg_comm *c, int64_t *silent_ms) {
-  brg__live *l = c->live;
+  brg__live *l = live_of(c);
   if (!l) return -1;
   int64_t now = brg__now_ns(), best = 0;
   int who = -1;
@@ -641,14 +683,14 @@ static int among(int k, const int *ranks, int n) {
 
 int brg__live_gone(brg_comm *c, const int *ranks, int n, const char *whose, char *why,
                    size_t why_bytes) {
-  brg__live *l = c->live;
+  brg__live *l = live_of(c);
   if (!l) return -1;
   int who = -1;
   int64_t now = brg__now_ns(), since = 0;
   pthread_mutex_lock(&l->lock);
   for (int dir = 0; dir < 2 && who == -1; dir++) {
     const live_slot *sl = &l->slot[dir];
-    int peer = neighbour(c, dir);
+    int peer = neighbour(l->c, dir);
     if (sl->full && sl->s != BRG_SUCCESS && among(peer, ranks, n)) {
       who = peer;
       snprintf(why, why_bytes, "rank %d of %s (pid %d on %.64s) is gone: %.200s", peer, whose,

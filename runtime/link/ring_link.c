@@ -32,17 +32,29 @@ void brg__ring_took_bye(brg__ring *r, int dir, const char *data, uint32_t len) {
   if (len == sizeof(uint64_t)) memcpy(&r->departed_word[dir], data, sizeof(uint64_t));
 }
 
+static brg_status ring_news(brg__ring *r, int peer, brg_status s, uint32_t type, char *buf,
+                            uint32_t len, const char *text);
+
 /* Reads what arrived on a ring socket while we were waiting: an abort
  * notice from a neighbour, a goodbye, or the hang-up of one that died. */
 static brg_status check_ring_socket(brg__ring *r, int dir) {
   brg_comm *c = r->comm;
-  int fd = brg__bootstrap_fd(c->bs, dir);
-  if (fd < 0 || r->departed[dir]) return BRG_SUCCESS;
   int peer = dir == BRG__RING_NEXT ? r->next : r->prev;
   char buf[BRG__BOOT_MAX_MSG + 1];
   uint32_t type = 0, len = 0;
   brg__errbuf err = {0};
   brg_status s = BRG_SUCCESS;
+  if (c->ring_of) {
+    /* An extra ring has no sockets: its owner's tell what stops it. It
+     * looks without taking, since the owner's waits take what they read,
+     * and a goodbye there is the owner's neighbour's, not this ring's. */
+    if (brg__live_peek(c, dir, &peer, &s, &type, buf, &len, err.msg, sizeof err.msg) <= 0 ||
+        (s == BRG_SUCCESS && type == BRG__MSG_BYE))
+      return BRG_SUCCESS;
+    return ring_news(r, peer, s, type, buf, len, err.msg);
+  }
+  int fd = brg__bootstrap_fd(c->bs, dir);
+  if (fd < 0 || r->departed[dir]) return BRG_SUCCESS;
   /* Once ready, the liveness thread reads the socket and keeps the rest. */
   int got = brg__live_take(c, dir, &s, &type, buf, &len, err.msg, sizeof err.msg);
   if (got == 0) return BRG_SUCCESS;
@@ -52,14 +64,23 @@ static brg_status check_ring_socket(brg__ring *r, int dir) {
     s = brg__bootstrap_recv(c->bs, dir, &type, buf, BRG__BOOT_MAX_MSG, &len, 0, &err);
     if (s == BRG_ERR_TIMEOUT) return BRG_SUCCESS;
   }
-  if (s != BRG_SUCCESS)
-    return brg__comm_error(c, BRG_ERR_REMOTE, "rank %d (pid %d on %s) is gone: %s", peer,
-                           c->peers[peer].pid, c->peers[peer].hostname, err.msg);
-  if (type == BRG__MSG_BEAT) return BRG_SUCCESS;
-  if (type == BRG__MSG_BYE) {
+  if (s == BRG_SUCCESS && type == BRG__MSG_BYE) {
     brg__ring_took_bye(r, dir, buf, len);
     return BRG_SUCCESS;
   }
+  return ring_news(r, peer, s, type, buf, len, err.msg);
+}
+
+/* What a ring socket brought from `peer` (the failure s, text, or the
+ * message type, buf, len), as the error that stops a wait; BRG_SUCCESS
+ * for a heartbeat. buf has room for a terminator at len. */
+static brg_status ring_news(brg__ring *r, int peer, brg_status s, uint32_t type, char *buf,
+                            uint32_t len, const char *text) {
+  brg_comm *c = r->comm;
+  if (s != BRG_SUCCESS)
+    return brg__comm_error(c, BRG_ERR_REMOTE, "rank %d (pid %d on %s) is gone: %s", peer,
+                           c->peers[peer].pid, c->peers[peer].hostname, text);
+  if (type == BRG__MSG_BEAT) return BRG_SUCCESS;
   if (type == BRG__MSG_ABORT && len >= 4) {
     brg_status rs;
     memcpy(&rs, buf, 4);
