@@ -20,8 +20,9 @@
  * allreduce (bit-identical among its ranks) and phase 3 only copies.
  * BRG_AVG sums throughout and divides once, after phase 2, by N.
  *
- * The two communicators (this host's ranks; the ranks of this local index)
- * come from brg_comm_split at the first hier allreduce, issued before it;
+ * The two pieces (this host's ranks; the ranks of this local index) come
+ * from comm.c's brg__comm_piece_make at the first hier allreduce, issued
+ * before it;
  * every rank gets there at the same collective because the choice depends
  * only on what all ranks share (count, dtype, the host table, BRIGADE_ALGO,
  * which comm.c checks is equal everywhere at init). One host, or one rank
@@ -126,13 +127,13 @@ brg_status brg__hier_make(brg_comm *c, const brg__hier_shape *sh) {
    * keyed by the local index, so that rank l of `local` holds chunk l on
    * every host (the index is the place in the ring's stretch of the host,
    * which the rails may order otherwise than by rank). */
-  brg_status s = brg__comm_split_opts(c, part && C > 1 ? sh->host : BRG_SPLIT_NOCOLOR, l,
-                                      BRG__PIECE_RUNS, &local);
+  brg_status s =
+      brg__comm_piece_make(c, part && C > 1 ? sh->host : BRG_SPLIT_NOCOLOR, l, 0, &local);
   if (s == BRG_SUCCESS)
-    s = brg__comm_split_opts(c, part ? l : BRG_SPLIT_NOCOLOR, sh->host, BRG__PIECE_RUNS, &cross);
+    s = brg__comm_piece_make(c, part ? l : BRG_SPLIT_NOCOLOR, sh->host, 0, &cross);
   if (s == BRG_SUCCESS && sh->min_local != sh->max_local)
-    s = brg__comm_split_opts(c, sh->host_ranks > C ? sh->host * C + l % C : BRG_SPLIT_NOCOLOR, l,
-                             BRG__PIECE_RUNS, &fold);
+    s = brg__comm_piece_make(c, sh->host_ranks > C ? sh->host * C + l % C : BRG_SPLIT_NOCOLOR, l, 0,
+                             &fold);
   if (s != BRG_SUCCESS) {
     char why[BRG__ERRLEN];
     snprintf(why, sizeof why, "%s", brg_comm_last_error(NULL));
@@ -205,12 +206,13 @@ brg_status brg__hier_device_prepare(brg_comm *c, brg_comm **local, brg_comm **cr
   return BRG_SUCCESS;
 }
 
-/* The communicators of the hierarchy number their ranks apart (rank 1 of
- * a host's `local` is not rank 1 here), and a failure's text `why` holds
- * their numbers, of this rank's pieces and of the pieces of the ranks it
- * came through. The processes it names by pid ("rank R (pid P on H)")
- * are named in this communicator's numbering in `legend`, once each:
- * "pid P on H is rank W here; ...", or "" where it names none. */
+/* The pieces of the hierarchy number their ranks apart (rank 1 of a
+ * host's `local` is not rank 1 here). Their waits name ranks in this
+ * communicator's numbering (ring_link.c), but a failure's text `why` may
+ * hold other messages of theirs, of this rank's pieces and of the pieces
+ * of the ranks it came through. The processes it names by pid ("rank R
+ * (pid P on H)") are named in this communicator's numbering in `legend`,
+ * once each: "pid P on H is rank W here; ...", or "" where it names none. */
 static void name_pids(const brg_comm *c, const char *why, char *legend, size_t cap) {
   size_t len = 0;
   legend[0] = 0;
@@ -241,8 +243,8 @@ static brg_status phase_failed(brg_comm *c, brg_status s, const brg__coll *k, co
   name_pids(c, why, legend, sizeof legend);
   if (!legend[0]) return brg__comm_error(c, s, "%s (hier): %s failed: %s", desc, what, why);
   return brg__comm_error(c, s,
-                         "%s (hier): %s failed (%s; ranks below are numbered by the hierarchy's "
-                         "communicators): %s",
+                         "%s (hier): %s failed (%s; a rank named below without its pid may be "
+                         "numbered by the hierarchy's communicators): %s",
                          desc, what, legend, why);
 }
 

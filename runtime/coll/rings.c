@@ -1,7 +1,7 @@
 /*
  * Several rings (BRIGADE_RINGS, made at init by init.c): a large
  * collective cut into one part per ring, the parts run at once, each on its
- * ring's links (comm.c's brg__comm_ring_make) by its ring's thread; on GPU
+ * ring's links (comm.c's brg__comm_piece_make) by its ring's thread; on GPU
  * buffers each part on a stream of its own, forked from the caller's
  * stream and joined back into it.
  */

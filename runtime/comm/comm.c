@@ -319,14 +319,19 @@ static brg_status connect_ring(brg_comm *c, const uint8_t *secret, brg__errbuf *
   return ring_links(&c->ring, &sh, &sock_wire, NULL, err);
 }
 
-/* ---- links over all-gathers of an owner: kernel mode's net ring, the
- * extra rings ---- */
+/* ---- links over all-gathers: kernel mode's net ring, the pieces ---- */
 
-/* Whose all-gathers a ring's setup goes over: an extra ring's owner
- * (the same ranks), else the communicator the ring belongs to. */
+/* Whose all-gathers a ring's setup goes over: a piece's own ring's, the
+ * communicator it is a piece of (it has no links yet); else the
+ * communicator the ring belongs to (a net ring's). */
 static brg_comm *over_whom(const brg__ring *r) {
   brg_comm *c = r->comm;
-  return c->ring_of ? c->ring_of : c;
+  return c->piece_of && r == &c->ring ? c->piece_of : c;
+}
+
+/* Rank k of r's communicator in the numbering of over_whom(r). */
+static int gather_rank(const brg__ring *r, int k) {
+  return over_whom(r) == r->comm ? k : brg__rank_up(r->comm, k);
 }
 
 /* A rank's word in each of the net ring's all-gathers: its status so far,
@@ -353,9 +358,10 @@ static brg_status net_gather(brg__ring *r, brg_status st, const brg__errbuf *why
   if (g != BRG_SUCCESS)
     return brg__error(err, g, "init", "the all-gather over this communicator failed: %s",
                       brg_comm_last_error(c));
-  if (peer >= 0 && all[peer].st.status != BRG_SUCCESS)
-    return brg__error(err, BRG_ERR_REMOTE, "init", "rank %d (%s) failed: %.*s", peer, peer_was,
-                      (int)sizeof all[peer].st.why, all[peer].st.why);
+  int at = peer >= 0 ? gather_rank(r, peer) : -1;
+  if (at >= 0 && all[at].st.status != BRG_SUCCESS)
+    return brg__error(err, BRG_ERR_REMOTE, "init", "rank %d (%s) failed: %.*s", at, peer_was,
+                      (int)sizeof all[at].st.why, all[at].st.why);
   return BRG_SUCCESS;
 }
 
@@ -367,7 +373,7 @@ static brg_status net_info(brg__ring *r, void *arg, brg_status st, const char *m
   brg_status s =
       net_gather(r, st, &why, mine, all, r->next, "next, setting up its receiving end", err);
   if (s != BRG_SUCCESS) return s;
-  memcpy(peer, all[r->next].info, LINK_INFO);
+  memcpy(peer, all[gather_rank(r, r->next)].info, LINK_INFO);
   *got = LINK_INFO;
   return BRG_SUCCESS;
 }
@@ -378,6 +384,18 @@ static brg_status net_attached(brg__ring *r, void *arg, brg_status st, brg__errb
 }
 
 static const link_wire gather_wire = {.together = 1, .info = net_info, .attached = net_attached};
+
+/* The verdict of the all-gather that ends a set-up of links over an owner: the rank
+ * that failed by itself, before one that failed because its neighbour did
+ * (BRG_ERR_REMOTE) and names it second hand; -1: none failed. */
+static int first_failed(const net_word *all, int n) {
+  int named = -1;
+  for (int k = 0; k < n; k++)
+    if (all[k].st.status != BRG_SUCCESS && (named < 0 || (all[named].st.status == BRG_ERR_REMOTE &&
+                                                          all[k].st.status != BRG_ERR_REMOTE)))
+      named = k;
+  return named;
+}
 
 /* Sets up ring r's links over all-gathers of its owner (gather_wire),
  * then confirms them: nobody uses the links before every rank has
@@ -390,13 +408,7 @@ static brg_status links_over_owner(brg__ring *r, const link_shape *sh, brg__errb
   brg_status s = ring_links(r, sh, &gather_wire, all, err);
   brg__errbuf why = *err;
   s = net_gather(r, s, &why, NULL, all, -1, NULL, err);
-  /* Named: a rank that failed by itself, before one that failed because
-   * its neighbour did (BRG_ERR_REMOTE) and names it second hand. */
-  int named = -1;
-  for (int k = 0; s == BRG_SUCCESS && k < n; k++)
-    if (all[k].st.status != BRG_SUCCESS && (named < 0 || (all[named].st.status == BRG_ERR_REMOTE &&
-                                                          all[k].st.status != BRG_ERR_REMOTE)))
-      named = k;
+  int named = s == BRG_SUCCESS ? first_failed(all, n) : -1;
   if (named >= 0)
     s = brg__error(err, BRG_ERR_REMOTE, "init", "rank %d failed its set-up: %.*s", named,
                    (int)sizeof all[named].st.why, all[named].st.why);
@@ -435,7 +447,7 @@ brg_status brg__comm_netring(brg_comm *c) {
   link_shape sh = {.nslots = c->nslots,
                    .slot_bytes = c->slice_bytes,
                    .comm_id = brg__fnv1a64(c->comm_id, "net ring", 8),
-                   .secret = brg__bootstrap_secret((c->ring_of ? c->ring_of : c)->bs),
+                   .secret = brg__bootstrap_secret((c->piece_of ? c->piece_of : c)->bs),
                    .what = "kernel mode's net ring: "};
   brg__errbuf err = {0};
   brg_status s = links_over_owner(r, &sh, &err);
@@ -461,35 +473,56 @@ static void netring_free(brg_comm *c) {
   free(r);
 }
 
-/* ---- an extra ring (init.c): links of the owner's, not a communicator ---- */
+/* ---- the runtime's own pieces of a communicator (rings, hierarchy) ---- */
 
 static brg_status comm_free(brg_comm *c);
 
-/* Frees what brg__comm_ring_make made (any part of it): the ring's thread
- * stops, its device ring drains and goes, its links close. */
-static void ring_free(brg_comm *c) {
-  if (!brg__progress_settle(c)) brg__comm_stop(c);
-  comm_free(c);
+/* A rank of o with no links to set up (in no piece of two or more, or
+ * failed before its links' set-up): links_over_owner's three all-gathers
+ * with its status st, and the same verdict as the others'. */
+static brg_status stand_by(brg_comm *o, brg_status st, brg__errbuf *err) {
+  net_word mine, *all = calloc((size_t)o->nranks, sizeof *all);
+  if (!all)
+    return st != BRG_SUCCESS ? st
+                             : brg__error(err, BRG_ERR_NO_MEMORY, "init",
+                                          "out of memory for %d ranks", o->nranks);
+  memset(&mine, 0, sizeof mine);
+  mine.st.status = (int32_t)st;
+  if (st != BRG_SUCCESS)
+    snprintf(mine.st.why, sizeof mine.st.why, "%.*s", (int)sizeof mine.st.why - 1, err->msg);
+  brg_status g = BRG_SUCCESS;
+  for (int i = 0; i < 3 && g == BRG_SUCCESS; i++) g = brg__split_gather(o, &mine, all, sizeof mine);
+  int named = first_failed(all, o->nranks);
+  if (st == BRG_SUCCESS && g != BRG_SUCCESS)
+    st = brg__error(err, g, "init", "the all-gather over this communicator failed: %s",
+                    brg_comm_last_error(o));
+  else if (st == BRG_SUCCESS && named >= 0)
+    st = brg__error(err, BRG_ERR_REMOTE, "init", "rank %d failed its set-up: %.*s", named,
+                    (int)sizeof all[named].st.why, all[named].st.why);
+  free(all);
+  return st;
 }
 
-brg_status brg__comm_ring_make(brg_comm *o, int rotate, brg_comm **out) {
-  brg__errbuf err = {0};
+/* A piece's state: o's settings, its members' entries of o's table
+ * renumbered 0..n-1 (members[i] is rank i's rank in o), its ring's order.
+ * NULL when out of memory. */
+static brg_comm *piece_new(brg_comm *o, const int *members, int n, int rank, int rotate,
+                           uint64_t id) {
   brg_comm *c = calloc(1, sizeof *c);
-  if (!c) return brg__fail_no_comm(BRG_ERR_NO_MEMORY, "out of memory for ring %d", rotate);
+  if (!c) return NULL;
   c->magic = BRG__COMM_MAGIC;
   if (!(c->serial = brg__comm_register(c))) {
     free(c);
-    return brg__fail_no_comm(BRG_ERR_NO_MEMORY, "out of memory for ring %d", rotate);
+    return NULL;
   }
-  c->rank = o->rank;
-  c->nranks = o->nranks;
+  c->rank = rank;
+  c->nranks = n;
   c->gpu = -1;
   pthread_mutex_init(&c->err_lock, NULL);
   pthread_mutex_init(&c->ring_lock, NULL);
   pthread_mutex_init(&c->qlock, NULL);
   pthread_cond_init(&c->qcond, NULL);
   pthread_cond_init(&c->donecond, NULL);
-  /* The owner's settings and table: the same ranks, numbered alike. */
   c->timeout_ms = o->timeout_ms;
   c->silent_fail_ms = o->silent_fail_ms;
   c->transports_from_config = o->transports_from_config;
@@ -497,39 +530,99 @@ brg_status brg__comm_ring_make(brg_comm *o, int rotate, brg_comm **out) {
   c->nslots = o->nslots;
   c->algo = o->algo;
   c->ring_rotate = rotate;
-  c->ring_of = o;
+  c->piece_of = o;
   c->link_owner = brg__linkset_owner(o);
-  c->comm_id = brg__fnv1a64(o->comm_id, &rotate, sizeof rotate);
-  c->peers = o->peers;
+  c->comm_id = id;
   brg__ring_init(&c->ring, c);
-  brg_status s = BRG_SUCCESS;
-  if (!(c->ring.order = calloc((size_t)c->nranks, sizeof *c->ring.order))) {
-    s = brg__error_quiet(&err, BRG_ERR_NO_MEMORY, "out of memory for %d ranks", c->nranks);
-    goto fail;
+  c->peers = calloc((size_t)n, sizeof *c->peers);
+  c->members = calloc((size_t)n, sizeof *c->members);
+  c->ring.order = calloc((size_t)n, sizeof *c->ring.order);
+  if (!c->peers || !c->members || !c->ring.order) {
+    comm_free(c);
+    return NULL;
+  }
+  for (int i = 0; i < n; i++) {
+    c->members[i] = members[i];
+    c->peers[i] = o->peers[members[i]];
+    c->peers[i].rank = i;
   }
   brg__topology_order(c);
   c->slice_bytes = brg__slice_bytes(c, BRG__SLICE_HOST);
-  char what[32];
-  snprintf(what, sizeof what, "ring %d: ", rotate);
-  link_shape sh = {.nslots = c->nslots,
-                   .slot_bytes = c->slice_bytes,
-                   .comm_id = c->comm_id,
-                   .secret = brg__bootstrap_secret(o->bs),
-                   .what = what};
-  if ((s = links_over_owner(&c->ring, &sh, &err)) != BRG_SUCCESS) goto fail;
   c->nt_bytes = o->nt_bytes;
   c->small_bytes = (size_t)brg__core_int(BRG__CORE_SMALL_BYTES);
   if (c->small_bytes > c->slice_bytes) c->small_bytes = c->slice_bytes;
-  if (c->small_bytes > 0 && !(c->scratch = calloc((size_t)c->nranks, c->small_bytes)))
+  if (n > 1 && c->small_bytes > 0 && !(c->scratch = calloc((size_t)n, c->small_bytes)))
     c->small_bytes = 0;
-  if ((s = brg__progress_start(c, &err)) != BRG_SUCCESS) goto fail;
-  if ((s = brg__live_start(c, &err)) != BRG_SUCCESS) goto fail;
-  c->ready = 1;
+  return c;
+}
+
+brg_status brg__comm_piece_make(brg_comm *o, int color, int key, int rotate, brg_comm **out) {
+  *out = NULL;
+  int n = o->nranks;
+  uint32_t made = o->pieces_made++; /* alike on every rank: each call is a collective */
+  brg__errbuf err = {0};
+  struct {
+    int32_t color, key;
+  } mine = {color, key}, *all = calloc((size_t)n, sizeof *all);
+  int *members = calloc((size_t)n, sizeof *members);
+  if (!all || !members) {
+    free(all);
+    free(members);
+    return brg__fail_no_comm(BRG_ERR_NO_MEMORY, "out of memory for %d ranks", n);
+  }
+  brg_status s = brg__split_gather(o, &mine, all, sizeof mine);
+  if (s != BRG_SUCCESS) {
+    free(all);
+    free(members);
+    return brg__fail_no_comm(s, "the all-gather over this communicator failed: %s",
+                             brg_comm_last_error(o));
+  }
+  /* This rank's group in (key, rank) order: insertion sort, n is small. */
+  int size = 0, rank = -1;
+  for (int r = 0; color != BRG_SPLIT_NOCOLOR && r < n; r++) {
+    if (all[r].color != color) continue;
+    int at = size++;
+    while (at > 0 && all[members[at - 1]].key > all[r].key) {
+      members[at] = members[at - 1];
+      at--;
+    }
+    members[at] = r; /* r rises, so equal keys stay in rank order */
+  }
+  for (int i = 0; i < size; i++)
+    if (members[i] == o->rank) rank = i;
+  free(all);
+  brg_comm *c = NULL;
+  if (rank >= 0) {
+    uint64_t id = brg__fnv1a64(o->comm_id, &made, sizeof made);
+    id = brg__fnv1a64(id, &color, sizeof color);
+    if (!(c = piece_new(o, members, size, rank, rotate, id)))
+      s = brg__error_quiet(&err, BRG_ERR_NO_MEMORY, "out of memory for a piece of %d ranks", size);
+  }
+  free(members);
+  if (c && c->nranks > 1) {
+    char what[48];
+    if (rotate)
+      snprintf(what, sizeof what, "ring %d: ", rotate);
+    else
+      snprintf(what, sizeof what, "piece %u: ", made);
+    link_shape sh = {.nslots = c->nslots,
+                     .slot_bytes = c->slice_bytes,
+                     .comm_id = c->comm_id,
+                     .secret = brg__bootstrap_secret(o->bs),
+                     .what = what};
+    s = links_over_owner(&c->ring, &sh, &err);
+  } else {
+    s = stand_by(o, s, &err);
+  }
+  if (s == BRG_SUCCESS && c) s = brg__progress_start(c, &err);
+  if (s == BRG_SUCCESS && c) s = brg__live_start(c, &err);
+  if (s != BRG_SUCCESS) {
+    if (c) comm_free(c);
+    return brg__fail_no_comm_err(s, &err, NULL);
+  }
+  if (c) c->ready = 1;
   *out = c;
   return BRG_SUCCESS;
-fail:
-  comm_free(c);
-  return brg__fail_no_comm_err(s, &err, NULL);
 }
 
 /* The goodbye carries the executors' word (brg__exec_bye_word), which
@@ -570,19 +663,29 @@ static void await_goodbyes(brg_comm *c) {
   }
 }
 
-/* The extra rings have no goodbyes of their own: where they ran device
- * collectives, each drains, then every rank waits for every other (an
- * all-gather over c) before any frees the memory its neighbours on those
- * rings write into. Not after a failure, which a rank may never come back
- * from: then as for a neighbour on another host, nobody waits. */
-static void rings_drain(brg_comm *c) {
-  int device = 0;
-  for (int r = 1; r < c->nrings; r++) device |= c->rings[r] && brg__exec_outlives(c->rings[r]);
+/* Piece i of c: its hierarchy's (0..2), then its rings 1.. (3..); NULL
+ * where it has none. */
+static brg_comm *piece_at(brg_comm *c, int i) {
+  if (i == 0) return __atomic_load_n(&c->local, __ATOMIC_ACQUIRE);
+  if (i == 1) return __atomic_load_n(&c->cross, __ATOMIC_ACQUIRE);
+  if (i == 2) return __atomic_load_n(&c->fold, __ATOMIC_ACQUIRE);
+  return i - 2 < c->nrings ? c->rings[i - 2] : NULL;
+}
+
+/* The pieces (rings, hierarchy) have no goodbyes of their own: where
+ * they ran device collectives, each drains, then every rank waits for
+ * every other (an all-gather over c) before any frees the memory its
+ * neighbours on those pieces write into. Not after a failure, which a
+ * rank may never come back from: then, as for a neighbour on another
+ * host, nobody waits. */
+static void pieces_drain(brg_comm *c) {
+  int n = 2 + (c->nrings > 1 ? c->nrings : 1), device = 0;
+  for (int i = 0; i < n; i++) device |= piece_at(c, i) && brg__exec_outlives(piece_at(c, i));
   if (!device || !c->ready || __atomic_load_n(&c->broken, __ATOMIC_ACQUIRE) != BRG_SUCCESS ||
       __atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
     return;
-  for (int r = 1; r < c->nrings; r++)
-    if (c->rings[r] && brg__exec_outlives(c->rings[r])) brg__exec_drain(c->rings[r]);
+  for (int i = 0; i < n; i++)
+    if (piece_at(c, i) && brg__exec_outlives(piece_at(c, i))) brg__exec_drain(piece_at(c, i));
   char mine = 1, *all = calloc((size_t)c->nranks, 1);
   if (all) brg__split_gather(c, &mine, all, 1);
   free(all);
@@ -596,7 +699,7 @@ static void rings_drain(brg_comm *c) {
 static brg_status comm_free(brg_comm *c) {
   brg_status s = BRG_SUCCESS;
   int ring = c->ready && c->bs && c->nranks > 1;
-  rings_drain(c);
+  pieces_drain(c);
   brg__live_stop(c); /* this thread and the engine's checks read the ring sockets now */
   if (brg__exec_outlives(c)) {
     brg__progress_stop(c);
@@ -633,7 +736,7 @@ static brg_status comm_free(brg_comm *c) {
   /* The extra rings likewise; every rank tears them down in the same order,
    * so their neighbours are there to say goodbye to. */
   for (int r = 1; r < c->nrings; r++)
-    if (c->rings[r]) ring_free(c->rings[r]);
+    if (c->rings[r]) brg_comm_destroy(c->rings[r]);
   free(c->rings);
   c->rings = NULL;
   c->nrings = 0;
@@ -652,7 +755,8 @@ static brg_status comm_free(brg_comm *c) {
   free(c->scratch);
   free(c->lat_scratch);
   free(c->ring.order);
-  if (!c->ring_of) free(c->peers); /* an extra ring's are its owner's */
+  free(c->peers);
+  free(c->members);
   c->magic = 0;
   brg__comm_unregister(c);
   free(c);
@@ -803,8 +907,6 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   c->transports_from_config = opts && opts->transports;
   snprintf(c->transports, sizeof c->transports, "%s",
            c->transports_from_config ? opts->transports : brg__core_str(BRG__CORE_TRANSPORTS));
-  /* A piece of its parent's link set: the set's owner serves it. */
-  if (split && opts->piece) c->link_owner = brg__linkset_owner(opts->parent);
   c->nslots = (int)brg__core_int(BRG__CORE_STEPS);
   c->comm_id = brg__fnv1a64(BRG__FNV64_INIT, id, sizeof *id);
   c->algo = brg__algo_parse(brg__core_str(BRG__CORE_ALGO)); /* checked by the load */
@@ -822,8 +924,7 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   me.rank = rank;
   me.pid = (int32_t)getpid();
   me.host_hash = brg__topology_host_hash(me.hostname, sizeof me.hostname);
-  int no_trace = opts && opts->no_trace;
-  me.flags = brg__trace_wanted() && !no_trace ? BRG__PEER_TRACING : 0;
+  me.flags = brg__trace_wanted() ? BRG__PEER_TRACING : 0;
   me.algo = (uint32_t)c->algo;
   me.rings = (uint32_t)brg__core_int(BRG__CORE_RINGS);
   if ((s = brg__model_setup(&me.model, &err)) != BRG_SUCCESS) goto err_free;
@@ -897,7 +998,7 @@ brg_status brg__comm_create_opts(brg_comm **out, int nranks, const brg__boot_id 
   }
   int tracing = 0;
   for (int i = 0; i < nranks; i++) tracing |= (c->peers[i].flags & BRG__PEER_TRACING) != 0;
-  if (!no_trace && (s = brg__trace_open(c, tracing, &err)) != BRG_SUCCESS) {
+  if ((s = brg__trace_open(c, tracing, &err)) != BRG_SUCCESS) {
     brg__comm_notify_abort(c, s, err.msg);
     goto err_free;
   }

@@ -5,7 +5,7 @@
  *
  * Several rings (BRIGADE_RINGS): an allreduce is cut into R parts, one per
  * ring, that run at once. Ring 0 is the communicator's own; ring r > 0 is
- * links of its own, not a communicator (comm.c's brg__comm_ring_make: set
+ * links of its own, not a communicator (comm.c's brg__comm_piece_make: set
  * up over the communicator's all-gathers, heard of through its liveness
  * thread, with a thread of its own for its part), whose order inside
  * every host is rotated by r, so each ring leaves a host through a
@@ -219,7 +219,7 @@ static brg_status rings_setup(brg_comm *c, char *why, size_t cap) {
   for (int r = 1; r < rings && s == BRG_SUCCESS; r++) {
     /* The same ranks (so that messages name the same ones), the ring
      * inside each host turned by r. */
-    s = brg__comm_ring_make(c, r, &c->rings[r]);
+    s = brg__comm_piece_make(c, 0, c->rank, r, &c->rings[r]);
     if (s != BRG_SUCCESS) {
       snprintf(why, cap, "making ring %d of %d: %s", r, rings, brg_comm_last_error(NULL));
       break;

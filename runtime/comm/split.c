@@ -40,10 +40,6 @@ static brg_status exchange_failed(brg_comm *comm, brg_status s, const char *what
 }
 
 brg_status brg_comm_split(brg_comm *comm, int color, int key, brg_comm **newcomm) {
-  return brg__comm_split_opts(comm, color, key, 0, newcomm);
-}
-
-brg_status brg__comm_split_opts(brg_comm *comm, int color, int key, int piece, brg_comm **newcomm) {
   brg_status s = brg__check_comm(comm, "brg_comm_split");
   if (s != BRG_SUCCESS) {
     brg__fail_no_comm(s, "brg_comm_split: %s", brg_comm_last_error(comm));
@@ -141,8 +137,6 @@ brg_status brg__comm_split_opts(brg_comm *comm, int color, int key, int piece, b
   memcpy(&bid, lead->id.internal, sizeof bid);
   brg__comm_opts opts = {.timeout_ms = comm->timeout_ms,
                          .transports = comm->transports_from_config ? comm->transports : NULL,
-                         .no_trace = piece != BRG__PIECE_NONE,
-                         .piece = piece,
                          .parent = comm,
                          .members = members};
   brg_comm *nc = NULL;

@@ -213,16 +213,19 @@ struct brg_comm {
   struct brg_comm *local; /* this host's ranks */
   struct brg_comm *cross; /* the ranks of this local index on every host */
   struct brg_comm *fold;  /* on a host of more ranks than the fewest: those it reduces into one */
-  /* Rings 1..nrings-1 (init.c, comm.c's brg__comm_ring_make): links of
+  /* Rings 1..nrings-1 (init.c, comm.c's brg__comm_piece_make): links of
    * this communicator's, each with the thread that runs its part of a
    * collective; ring 0 is this one's. nrings 0 or 1: one ring. */
   brg_comm **rings;
   int nrings;
-  /* For one of those rings, the communicator it is a ring of: its
-   * table, settings, secret and liveness are that one's, and it has no
-   * bootstrap, ring sockets, listener or trace of its own; NULL for a
-   * communicator. */
-  struct brg_comm *ring_of;
+  /* A piece of another communicator (comm.c's brg__comm_piece_make: an
+   * extra ring, the hierarchy's local, cross and fold): the one it is a
+   * piece of, whose table, settings, secret and liveness serve it, and
+   * members[k], rank k's rank there; it has no bootstrap, ring sockets,
+   * listener or trace of its own. NULL for a communicator. */
+  struct brg_comm *piece_of;
+  int *members;
+  uint32_t pieces_made; /* brg__comm_piece_make's calls on this one, for their ids */
   /* Kernel mode's links between hosts (device_proxy.c's host proxy): a
    * second pair of links on this communicator's ring, to next and from
    * prev, made before the device setup where the ring leaves a host
@@ -276,10 +279,10 @@ struct brg_comm {
  *                 (BRIGADE_ALGO, plan/model.c for auto); the composite
  *                 executors hier, rings and lat are their files'
  *   hier.c        the hierarchical allreduce (hier.h: what policy.c asks
- *                 of it); its communicators come from comm/split.c
- *                 (made on the caller's thread before the first hier
- *                 allreduce is issued, as an application would make them);
- *                 brg__hier_run runs its phases
+ *                 of it); its pieces come from comm/comm.c
+ *                 (brg__comm_piece_make, on the caller's thread before the
+ *                 first hier allreduce is issued); brg__hier_run runs its
+ *                 phases
  *   rings.c       a collective cut over the rings of comm/init.c
  *   lat.c         tree and rhd allreduces over exec/p2p/p2p.c's links
  * comm/     communicators: made, split, destroyed
@@ -337,19 +340,21 @@ struct brg_comm {
  *                 bootstrap's challenge and response
  */
 
-/* split.c: brg_comm_split, and with piece a piece of comm's link set
- * (linkset.h) that writes no trace of its own: BRG__PIECE_RUNS for one
- * that runs collectives (the hierarchy's); every rank of the new one must
- * pass the same. */
-enum { BRG__PIECE_NONE = 0, BRG__PIECE_RUNS = 1 };
-brg_status brg__comm_split_opts(brg_comm *comm, int color, int key, int piece, brg_comm **newcomm);
-
-/* comm.c: an extra ring of o (init.c), its ring inside each host turned
- * by `rotate` places: o's ranks, table and settings, links of its own
- * set up over o's all-gathers (every rank of o calls it alike), a thread
- * for its parts of collectives, o's liveness; no bootstrap, ring sockets,
- * listener or trace. The thread's error says why it failed. */
-brg_status brg__comm_ring_make(brg_comm *o, int rotate, brg_comm **out);
+/* comm.c: a piece of o that the runtime runs collectives on (init.c's
+ * extra rings, hier.c's local, cross and fold), as brg_comm_split would
+ * group o's ranks (the ranks of this one's color in (key, rank) order,
+ * none for BRG_SPLIT_NOCOLOR: *out NULL), its ring inside each host
+ * turned by `rotate` places; a collective over o that every rank calls
+ * alike. It is no communicator: o's table (renumbered), settings, secret
+ * and liveness, links of its own set up over o's all-gathers, a thread
+ * for its collectives; no bootstrap, ring sockets, listener or trace.
+ * The thread's error says why it failed, on every rank alike. */
+brg_status brg__comm_piece_make(brg_comm *o, int color, int key, int rotate, brg_comm **out);
+/* Rank k of c in the numbering of the communicator it is a piece of; k
+ * for a communicator. */
+static inline int brg__rank_up(const brg_comm *c, int k) {
+  return c->members && k >= 0 && k < c->nranks ? c->members[k] : k;
+}
 
 /* progress.c: an all-gather of `bytes` per rank over comm (in issue order
  * with its collectives); split.c: what a rank of the parent that joins no
@@ -463,7 +468,8 @@ int64_t brg__live_silent_rank(brg_comm *c, int rank);
  * as liveness knows, without taking anything from it: a neighbour that
  * hung up, or one silent for brg__live_silent_limit_ms; or whether a
  * neighbour sent an abort notice. Returns that rank (the neighbour for a
- * notice) with a sentence in `why` that calls c `whose` ("the parent
+ * notice; for a piece, one its owner's sockets name is numbered as there)
+ * with a sentence in `why` that calls c `whose` ("the parent
  * communicator"), or -1. Any thread. */
 int brg__live_gone(brg_comm *c, const int *ranks, int n, const char *whose, char *why,
                    size_t why_bytes);
@@ -496,10 +502,6 @@ brg_status brg__topology_check_peers(const brg__peer_info *peers, int n, brg__er
 typedef struct brg__comm_opts {
   int timeout_ms;
   const char *transports;
-  int no_trace; /* no BRIGADE_TRACE_FILE of its own (hier.c's: its parent's trace shows them) */
-  /* BRG__PIECE_*: a piece of the parent's link set (linkset.h): no
-   * liveness thread of its own. */
-  int piece;
   /* split.c: the members meet over this communicator instead of at a root
    * (members[new rank] = rank in the parent); every rank of the parent
    * takes part in the two exchanges, members through brg__comm_create_opts,

@@ -1,10 +1,10 @@
 /*
  * The link set of a communicator (linkset.h): which pieces its liveness
  * thread serves besides the communicator itself. A piece joins once its
- * ring sockets are ready (comm.c's create, through liveness.c) and leaves
- * when it is destroyed, before its sockets close; the thread takes the
- * set's lock for each pass over the pieces, so leaving waits for a pass
- * in flight to end.
+ * links are ready (comm.c's brg__comm_piece_make, through liveness.c) and
+ * leaves when it is destroyed, before its links close; the thread takes
+ * the set's lock for each pass over the pieces, so leaving waits for a
+ * pass in flight to end.
  */
 #include <stdlib.h>
 

@@ -1,14 +1,14 @@
 /*
- * A communicator's link set (linkset.c): what the runtime makes inside it
- * for itself and its liveness thread serves. The extra rings (comm.c's
- * brg__comm_ring_make) are links alone, with no sockets of their own: the
- * thread watches their kernels with what the owner's sockets say. The
- * hierarchy's pieces are communicators split over the owner (split.c)
- * that run no liveness thread: the owner's beats on their ring sockets
- * and reads them too, and they start a point-to-point thread only if one
- * is used (p2p.c). A ring or a piece keeps one thread to run collectives,
- * since its part runs at the same time as the owner's. (Kernel mode's
- * links between hosts are links alone on a ring, its net ring, comm.c.)
+ * A communicator's link set (linkset.c): the pieces the runtime makes
+ * inside it for itself (the extra rings, the hierarchy's local, cross and
+ * fold: comm.c's brg__comm_piece_make), which its liveness thread serves.
+ * A piece is no communicator: links of its own set up over the owner's
+ * all-gathers, and no bootstrap, ring sockets or point-to-point listener;
+ * its waits hear of failures through the owner's sockets, and the thread
+ * watches its kernels with what those say. A piece keeps one thread to
+ * run collectives, since its part runs at the same time as the owner's.
+ * (Kernel mode's links between hosts are links alone on a ring, its net
+ * ring, comm.c.)
  */
 #ifndef BRG_LINKSET_H
 #define BRG_LINKSET_H

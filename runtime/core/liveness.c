@@ -80,12 +80,13 @@ struct brg__live {
   int64_t *alive_ns;
   int left[2]; /* the neighbour said goodbye or hung up: its process says nothing of it */
   unsigned char *learned_left[2]; /* reported by each direction: rank k left (the same) */
-  /* An extra ring's (brg_comm.ring_of): its owner's, whose sockets and
-   * silences speak for it; it has none of its own. */
+  /* A piece's (brg_comm.piece_of): the one of the communicator it is a
+   * piece of, whose sockets and silences speak for it (in that one's
+   * numbering: brg__rank_up); it has none of its own. */
   struct brg__live *via;
 };
 
-/* Whose sockets and silences speak for c: an extra ring's owner's. */
+/* Whose sockets and silences speak for c: a piece's owner's. */
 static brg__live *live_of(const brg_comm *c) {
   return c->live && c->live->via ? c->live->via : c->live;
 }
@@ -335,7 +336,7 @@ static void kernels_watch(brg__live *l) {
     if (sl->full && sl->s != BRG_SUCCESS) {
       stop = 1;
       snprintf(why, sizeof why, "rank %d (pid %d on %.64s) is gone: %.150s", peer,
-               c->peers[peer].pid, c->peers[peer].hostname, sl->text);
+               oc->peers[peer].pid, oc->peers[peer].hostname, sl->text);
     } else if (sl->full && sl->type == BRG__MSG_ABORT) {
       stop = 1;
       int len = (int)(sl->len > 4 ? sl->len - 4 : 0);
@@ -388,9 +389,11 @@ static int pass_room(live_pass *p, int lives) {
   return 1;
 }
 
-/* The owner's thread: beats and reads on its own ring sockets and on its
- * pieces', and watches each one's point-to-point listener until that
- * one's thread runs (p2p.c starts it at the first use or caller). */
+/* The owner's thread: beats and reads on its ring sockets, watches its
+ * point-to-point listener until that one's thread runs (p2p.c starts it
+ * at the first use or caller), and watches its own and its pieces'
+ * kernels (a piece has no sockets or listener: kernels_watch hears for it
+ * through the owner's). */
 static void *live_main(void *arg) {
   brg__live *owner = arg;
   brg_comm *oc = owner->c;
@@ -483,13 +486,13 @@ static void *live_main(void *arg) {
   return NULL;
 }
 
-/* An extra ring's: no sockets to read, the owner's thread watches its
- * kernels (kernels_watch) with what the owner's sockets and silences say. */
-static brg_status live_start_ring(brg_comm *c, brg__errbuf *err) {
+/* A piece's: no sockets to read, the owner's thread watches its kernels
+ * (kernels_watch) with what the owner's sockets and silences say. */
+static brg_status live_start_piece(brg_comm *c, brg__errbuf *err) {
   brg__live *l = calloc(1, sizeof *l);
   if (!l) return brg__error(err, BRG_ERR_NO_MEMORY, "init", "liveness: out of memory");
   l->c = c;
-  l->via = c->ring_of->live;
+  l->via = c->piece_of->live;
   pthread_mutex_init(&l->lock, NULL);
   c->live = l;
   __atomic_store_n(&l->running, l->via && __atomic_load_n(&l->via->threaded, __ATOMIC_ACQUIRE),
@@ -500,7 +503,7 @@ static brg_status live_start_ring(brg_comm *c, brg__errbuf *err) {
 }
 
 brg_status brg__live_start(brg_comm *c, brg__errbuf *err) {
-  if (c->nranks > 1 && c->ring_of) return live_start_ring(c, err);
+  if (c->nranks > 1 && c->piece_of) return live_start_piece(c, err);
   if (c->nranks < 2 || !c->bs) return BRG_SUCCESS;
   brg__live *l = calloc(1, sizeof *l);
   if (l) {
@@ -540,15 +543,6 @@ brg_status brg__live_start(brg_comm *c, brg__errbuf *err) {
   }
   l->heard_ns[0] = l->heard_ns[1] = brg__now_ns();
   c->live = l;
-  if (c->link_owner) {
-    /* A piece of a link set: the owner's thread serves it. */
-    brg__live *o = c->link_owner->live;
-    __atomic_store_n(&l->running, o && __atomic_load_n(&o->threaded, __ATOMIC_ACQUIRE),
-                     __ATOMIC_RELEASE);
-    brg_status s = brg__linkset_join(c->link_owner, c, err);
-    if (s != BRG_SUCCESS) __atomic_store_n(&l->running, 0, __ATOMIC_RELEASE);
-    return s;
-  }
   brg_status s = brg__linkset_init(c, err);
   if (s != BRG_SUCCESS) return s;
   __atomic_store_n(&l->running, 1, __ATOMIC_RELEASE);
@@ -644,10 +638,11 @@ int brg__live_peek(brg_comm *c, int dir, int *peer, brg_status *s, uint32_t *typ
 
 int64_t brg__live_silent_rank(brg_comm *c, int rank) {
   brg__live *l = live_of(c);
-  if (!l || rank == c->rank) return -1;
+  if (!l || rank == c->rank || rank < 0 || rank >= c->nranks) return -1;
   int64_t now = brg__now_ns(), since = 0;
   pthread_mutex_lock(&l->lock);
-  if (__atomic_load_n(&l->running, __ATOMIC_ACQUIRE)) since = silent_since(l, rank, now);
+  if (__atomic_load_n(&l->running, __ATOMIC_ACQUIRE))
+    since = silent_since(l, brg__rank_up(c, rank), now);
   pthread_mutex_unlock(&l->lock);
   return since ? (now - since) / 1000000 : -1;
 }
@@ -661,7 +656,7 @@ int brg__live_silent(brg_comm *c, int64_t *silent_ms) {
   if (__atomic_load_n(&l->running, __ATOMIC_ACQUIRE)) {
     for (int k = 0; k < c->nranks; k++) {
       if (k == c->rank) continue;
-      int64_t since = silent_since(l, k, now);
+      int64_t since = silent_since(l, brg__rank_up(c, k), now);
       if (since && now - since > best) {
         best = now - since;
         who = k;
@@ -673,11 +668,12 @@ int brg__live_silent(brg_comm *c, int64_t *silent_ms) {
   return who;
 }
 
-/* Whether rank k is one of `ranks` (all of them when ranks is NULL). */
-static int among(int k, const int *ranks, int n) {
+/* Whether rank k, in the numbering of l's sockets, is one of c's `ranks`
+ * (all of them when ranks is NULL). */
+static int among(const brg_comm *c, int k, const int *ranks, int n) {
   if (!ranks) return 1;
   for (int i = 0; i < n; i++)
-    if (ranks[i] == k) return 1;
+    if (brg__rank_up(c, ranks[i]) == k) return 1;
   return 0;
 }
 
@@ -685,16 +681,17 @@ int brg__live_gone(brg_comm *c, const int *ranks, int n, const char *whose, char
                    size_t why_bytes) {
   brg__live *l = live_of(c);
   if (!l) return -1;
+  const brg_comm *oc = l->c; /* whose numbering the sockets speak in: a piece's owner's */
   int who = -1;
   int64_t now = brg__now_ns(), since = 0;
   pthread_mutex_lock(&l->lock);
   for (int dir = 0; dir < 2 && who == -1; dir++) {
     const live_slot *sl = &l->slot[dir];
-    int peer = neighbour(l->c, dir);
-    if (sl->full && sl->s != BRG_SUCCESS && among(peer, ranks, n)) {
+    int peer = neighbour(oc, dir);
+    if (sl->full && sl->s != BRG_SUCCESS && among(c, peer, ranks, n)) {
       who = peer;
       snprintf(why, why_bytes, "rank %d of %s (pid %d on %.64s) is gone: %.200s", peer, whose,
-               c->peers[peer].pid, c->peers[peer].hostname, sl->text);
+               oc->peers[peer].pid, oc->peers[peer].hostname, sl->text);
     } else if (sl->full && sl->type == BRG__MSG_ABORT) {
       who = peer;
       int len = (int)(sl->len > 4 ? sl->len - 4 : 0);
@@ -707,7 +704,7 @@ int brg__live_gone(brg_comm *c, const int *ranks, int n, const char *whose, char
   for (int i = 0; who == -1 && i < (ranks ? n : c->nranks); i++) {
     int k = ranks ? ranks[i] : i;
     if (k < 0 || k >= c->nranks || k == c->rank) continue;
-    int64_t t = silent_since(l, k, now);
+    int64_t t = silent_since(l, brg__rank_up(c, k), now);
     if (t && (!since || t < since)) since = t, who = -2 - k;
   }
   pthread_mutex_unlock(&l->lock);

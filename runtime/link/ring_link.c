@@ -32,8 +32,8 @@ void brg__ring_took_bye(brg__ring *r, int dir, const char *data, uint32_t len) {
   if (len == sizeof(uint64_t)) memcpy(&r->departed_word[dir], data, sizeof(uint64_t));
 }
 
-static brg_status ring_news(brg__ring *r, int peer, brg_status s, uint32_t type, char *buf,
-                            uint32_t len, const char *text);
+static brg_status ring_news(brg__ring *r, const brg_comm *names, int peer, brg_status s,
+                            uint32_t type, char *buf, uint32_t len, const char *text);
 
 /* Reads what arrived on a ring socket while we were waiting: an abort
  * notice from a neighbour, a goodbye, or the hang-up of one that died. */
@@ -44,14 +44,15 @@ static brg_status check_ring_socket(brg__ring *r, int dir) {
   uint32_t type = 0, len = 0;
   brg__errbuf err = {0};
   brg_status s = BRG_SUCCESS;
-  if (c->ring_of) {
-    /* An extra ring has no sockets: its owner's tell what stops it. It
-     * looks without taking, since the owner's waits take what they read,
-     * and a goodbye there is the owner's neighbour's, not this ring's. */
+  if (c->piece_of) {
+    /* A piece has no sockets: its owner's tell what stops it (in the
+     * owner's numbering). It looks without taking, since the owner's waits
+     * take what they read, and a goodbye there is the owner's
+     * neighbour's, not this ring's. */
     if (brg__live_peek(c, dir, &peer, &s, &type, buf, &len, err.msg, sizeof err.msg) <= 0 ||
         (s == BRG_SUCCESS && type == BRG__MSG_BYE))
       return BRG_SUCCESS;
-    return ring_news(r, peer, s, type, buf, len, err.msg);
+    return ring_news(r, c->piece_of, peer, s, type, buf, len, err.msg);
   }
   int fd = brg__bootstrap_fd(c->bs, dir);
   if (fd < 0 || r->departed[dir]) return BRG_SUCCESS;
@@ -68,18 +69,20 @@ static brg_status check_ring_socket(brg__ring *r, int dir) {
     brg__ring_took_bye(r, dir, buf, len);
     return BRG_SUCCESS;
   }
-  return ring_news(r, peer, s, type, buf, len, err.msg);
+  return ring_news(r, c, peer, s, type, buf, len, err.msg);
 }
 
 /* What a ring socket brought from `peer` (the failure s, text, or the
  * message type, buf, len), as the error that stops a wait; BRG_SUCCESS
- * for a heartbeat. buf has room for a terminator at len. */
-static brg_status ring_news(brg__ring *r, int peer, brg_status s, uint32_t type, char *buf,
-                            uint32_t len, const char *text) {
+ * for a heartbeat. `names` is the communicator whose socket it is, whose
+ * table and numbering the message speaks in (a piece's owner's). buf has
+ * room for a terminator at len. */
+static brg_status ring_news(brg__ring *r, const brg_comm *names, int peer, brg_status s,
+                            uint32_t type, char *buf, uint32_t len, const char *text) {
   brg_comm *c = r->comm;
   if (s != BRG_SUCCESS)
     return brg__comm_error(c, BRG_ERR_REMOTE, "rank %d (pid %d on %s) is gone: %s", peer,
-                           c->peers[peer].pid, c->peers[peer].hostname, text);
+                           names->peers[peer].pid, names->peers[peer].hostname, text);
   if (type == BRG__MSG_BEAT) return BRG_SUCCESS;
   if (type == BRG__MSG_ABORT && len >= 4) {
     brg_status rs;
@@ -89,16 +92,19 @@ static brg_status ring_news(brg__ring *r, int peer, brg_status s, uint32_t type,
     if (rs == BRG_ERR_ABORTED || rs == BRG_ERR_TIMEOUT) rs = BRG_ERR_REMOTE;
     /* Say what this rank itself was waiting for: with cascading timeouts
      * that names the rank that really stalled. */
-    if (r->wait_peer != peer && r->wait_start_ns)
+    int waited = names == c ? r->wait_peer : brg__rank_up(c, r->wait_peer);
+    if (waited != peer && r->wait_start_ns)
       return brg__comm_error(
-          c, rs, "%s; rank %d was itself waiting %lld ms for rank %d to %s", buf + 4, c->rank,
-          (long long)((brg__now_ns() - r->wait_start_ns) / 1000000), r->wait_peer, r->wait_what);
+          c, rs, "%s; rank %d was itself waiting %lld ms for rank %d to %s", buf + 4, names->rank,
+          (long long)((brg__now_ns() - r->wait_start_ns) / 1000000), waited, r->wait_what);
     return brg__comm_error(c, rs, "%s", buf + 4);
   }
   return brg__comm_error(c, BRG_ERR_REMOTE, "unexpected message type %u from rank %d", type, peer);
 }
 
-/* The waiter's check: called about every millisecond while a wait sleeps. */
+/* The waiter's check: called about every millisecond while a wait sleeps.
+ * Its messages number ranks as the communicator a piece is a piece of
+ * does (brg__rank_up), the numbering the application knows. */
 static brg_status ring_check(void *arg) {
   brg__ring *r = arg;
   brg_comm *c = r->comm;
@@ -126,8 +132,9 @@ static brg_status ring_check(void *arg) {
     return brg__comm_error(
         c, (brg_status)closed,
         "%s link with rank %d (pid %d on %s) closed while waiting for it to %s: %s",
-        w->ops ? w->ops->name : "?", w->peer, pi ? pi->pid : -1, pi ? pi->hostname : "?",
-        r->wait_what, w->fifo.ctrl->closed_why[0] ? w->fifo.ctrl->closed_why : "no reason given");
+        w->ops ? w->ops->name : "?", brg__rank_up(c, w->peer), pi ? pi->pid : -1,
+        pi ? pi->hostname : "?", r->wait_what,
+        w->fifo.ctrl->closed_why[0] ? w->fifo.ctrl->closed_why : "no reason given");
   }
   int64_t now = brg__now_ns();
   if (!r->wait_start_ns) r->wait_start_ns = now;
@@ -142,7 +149,7 @@ static brg_status ring_check(void *arg) {
     return brg__comm_error(c, BRG_ERR_REMOTE,
                            "rank %d destroyed its communicator while rank %d was still waiting "
                            "for it to %s (did the ranks call different numbers of collectives?)",
-                           r->wait_peer, c->rank, r->wait_what);
+                           brg__rank_up(c, r->wait_peer), brg__rank_up(c, c->rank), r->wait_what);
   /* A rank whose heartbeats stopped: its host vanished without closing a
    * socket (the kernel's own retransmissions would take many minutes to
    * give up), or it was stopped. Named long before the timeout. */
@@ -154,9 +161,9 @@ static brg_status ring_check(void *arg) {
                              "rank %d (pid %d on %s) has been silent for %lld ms (host gone, "
                              "cut off or stopped; BRIGADE_SILENT_TIMEOUT_MS=%d, %d in effect) "
                              "while rank %d waited for rank %d to %s",
-                             quiet, c->peers[quiet].pid, c->peers[quiet].hostname,
-                             (long long)silent_ms, c->silent_fail_ms, limit, c->rank, r->wait_peer,
-                             r->wait_what);
+                             brg__rank_up(c, quiet), c->peers[quiet].pid, c->peers[quiet].hostname,
+                             (long long)silent_ms, c->silent_fail_ms, limit,
+                             brg__rank_up(c, c->rank), brg__rank_up(c, r->wait_peer), r->wait_what);
   }
   if (now - r->wait_start_ns > (int64_t)c->timeout_ms * 1000000) {
     char what[160] = "setup";
@@ -169,7 +176,7 @@ static brg_status ring_check(void *arg) {
     return brg__comm_error(c, BRG_ERR_TIMEOUT,
                            "timeout: no progress for %d ms in %s at step %d, waiting for rank "
                            "%d (pid %d on %s) to %s%s",
-                           c->timeout_ms, what, r->cur_step, r->wait_peer,
+                           c->timeout_ms, what, r->cur_step, brg__rank_up(c, r->wait_peer),
                            c->peers[r->wait_peer].pid, c->peers[r->wait_peer].hostname,
                            r->wait_what, silent);
   }
@@ -309,8 +316,8 @@ brg_status brg__ring_recv_acquire(brg__ring_op *o, const char **slot, size_t byt
     brg__coll_describe(theirs, sizeof theirs, (brg__coll_kind)m->kind, m->seq, m->count, m->dtype,
                        m->op, m->root, (int)m->device);
     return brg__comm_error(c, BRG_ERR_MISMATCH,
-                           "collective mismatch: rank %d called %s but rank %d called %s", c->rank,
-                           mine, r->prev, theirs);
+                           "collective mismatch: rank %d called %s but rank %d called %s",
+                           brg__rank_up(c, c->rank), mine, brg__rank_up(c, r->prev), theirs);
   }
   *slot = bytes <= BRG__INLINE_BYTES ? m->inline_data : brg__fifo_slot(f, r->recv_pos);
   /* The payload may have gone straight to the buffer offered for it. */
