@@ -92,7 +92,7 @@ int brg__hier_first_time(brg_comm *c, unsigned what) {
 
 /* BRIGADE_HIER_PIECES must be the same on every rank (the pieces are
  * collectives of their own): its largest and smallest value over the job,
- * through the hierarchy's communicators (the fold's, then across hosts,
+ * through the hierarchy's pieces (the fold's, then across hosts,
  * then within the host, then the fold's again for its other ranks). */
 static brg_status pieces_agree(brg_comm *c, brg_comm *const *comms, int *lo, int *hi) {
   int64_t v = brg__core_int(BRG__CORE_HIER_PIECES), m[2] = {v, -v};
@@ -112,7 +112,7 @@ static brg_status pieces_agree(brg_comm *c, brg_comm *const *comms, int *lo, int
   return BRG_SUCCESS;
 }
 
-/* The communicators of the hierarchy. C, the fewest ranks on a host, is
+/* The pieces of the hierarchy. C, the fewest ranks on a host, is
  * the number of rings across hosts: local index l < C joins `cross` (the
  * ranks of index l on every host) and `local` (the C such ranks of its
  * host; none where C is 1). Where a host has more than C ranks, each of
@@ -141,7 +141,7 @@ brg_status brg__hier_make(brg_comm *c, const brg__hier_shape *sh) {
     if (cross) brg_comm_destroy(cross);
     c->hier_state = -1;
     return brg__comm_error(c, s,
-                           "allreduce (BRIGADE_ALGO=%s): making the communicators of the "
+                           "allreduce (BRIGADE_ALGO=%s): making the pieces of the "
                            "hierarchical allreduce failed: %s",
                            brg__algo_name(c->algo), why);
   }
@@ -244,7 +244,7 @@ static brg_status phase_failed(brg_comm *c, brg_status s, const brg__coll *k, co
   if (!legend[0]) return brg__comm_error(c, s, "%s (hier): %s failed: %s", desc, what, why);
   return brg__comm_error(c, s,
                          "%s (hier): %s failed (%s; a rank named below without its pid may be "
-                         "numbered by the hierarchy's communicators): %s",
+                         "numbered by the hierarchy's pieces): %s",
                          desc, what, legend, why);
 }
 

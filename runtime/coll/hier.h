@@ -31,7 +31,7 @@ static inline int brg__hier_even(const brg__hier_shape *sh) {
   return sh->min_local == sh->max_local;
 }
 
-/* Makes the hierarchy's communicators (a collective over c; c->hier_state
+/* Makes the hierarchy's pieces (a collective over c; c->hier_state
  * 1 after, -1 when that failed, said on c). */
 brg_status brg__hier_make(brg_comm *c, const brg__hier_shape *sh);
 

@@ -89,7 +89,7 @@ static void shape_words(const brg__hier_shape *sh, const brg__model_shape *ms, c
 }
 
 /* Whether a GPU allreduce captured in a CUDA graph can run hier: the
- * hierarchy's communicators exist and both run their device collectives in
+ * hierarchy's pieces exist and both run their device collectives in
  * kernel mode (their device rings were made outside the capture). */
 static int hier_capturable(const brg_comm *c) {
   if (c->hier_state <= 0) return 0;
@@ -247,7 +247,7 @@ static brg_status device_choice(brg_comm *c, brg__coll *k) {
 
 /* An allreduce's algorithm (BRIGADE_ALGO; plan/model.c for auto): k->exec
  * and k->lat for hier and the latency algorithms, left NULL for the
- * ring; the hierarchy's communicators made at the first hier call. */
+ * ring; the hierarchy's pieces made at the first hier call. */
 static brg_status allreduce_choice(brg_comm *c, brg__coll *k) {
   k->exec = NULL;
   k->lat = 0;

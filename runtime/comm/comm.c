@@ -721,7 +721,7 @@ static brg_status comm_free(brg_comm *c) {
     if (ring) say_goodbye(c);
     brg__progress_stop(c);
   }
-  /* The hierarchy's communicators (hier.c), after the worker, the one
+  /* The hierarchy's pieces (hier.c), after the worker, the one
    * thread that may run on them, stopped. */
   brg_comm *local = __atomic_exchange_n(&c->local, NULL, __ATOMIC_ACQ_REL);
   brg_comm *cross = __atomic_exchange_n(&c->cross, NULL, __ATOMIC_ACQ_REL);

@@ -201,8 +201,9 @@ struct brg_comm {
   int cuda_seen; /* the CUDA driver is loaded: host calls check for GPU pointers */
   int gpu;       /* the device of its device collectives; -1 before the first */
 
-  /* hier.c: the allreduce algorithm (BRIGADE_ALGO) and the two
-   * communicators of the hierarchical one, made at its first use. */
+  /* hier.c: the allreduce algorithm (BRIGADE_ALGO) and the pieces of the
+   * hierarchical one (comm.c's brg__comm_piece_make), made at its first
+   * use. */
   int algo;               /* brg__algo */
   int hier_state;         /* 0: not made yet, 1: made, -1: cannot be made (flat ring) */
   unsigned hier_logged;   /* which choices INFO has told already */
@@ -396,7 +397,7 @@ brg_status brg__hier_run(brg_comm *c, brg__coll *k);
  * one part per ring at once. */
 brg_status brg__rings_run(brg_comm *c, brg__coll *k);
 /* brg_comm_device_setup under BRIGADE_ALGO=hier, where the hosts fit it:
- * makes the hierarchy's communicators now (a collective, like the setup)
+ * makes the hierarchy's pieces now (a collective, like the setup)
  * and gives them in *local and *cross, whose device rings the setup then
  * makes too, so that an allreduce captured in a CUDA graph can run hier;
  * NULL where allreduces will not run hier. */

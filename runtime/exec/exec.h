@@ -19,9 +19,10 @@
  *                      asynchronous mode: on the communicator's thread,
  *                      the copies on the ring's stream
  * (the device ones in device_exec.c). Composite executors run a call as
- * calls of leaf executors on other communicators or on the rings (each
- * defined in the file of its run, with BRG__EXEC_COMPOSITE):
- *   brg__exec_hier     hier.c's phases on the hierarchy's communicators
+ * calls of leaf executors on the communicator's pieces (comm.c's
+ * brg__comm_piece_make), or over point-to-point links (lat), each
+ * defined in the file of its run, with BRG__EXEC_COMPOSITE:
+ *   brg__exec_hier     hier.c's phases on the hierarchy's pieces
  *   brg__exec_rings    rings.c's parts, one per ring
  *   brg__exec_lat      lat.c's tree and rhd over point-to-point links
  * A composite's hooks other than run are those of the leaf executor of
@@ -103,7 +104,7 @@ void brg__exec_leaf_end(brg_comm *c, brg__coll *k, brg_status s, brg__exec_frame
  * (for the first device call, kernel mode's links between hosts; then
  * hier.c's choice for an allreduce, the
  * rings where they take it, else the leaf). May run a collective over c
- * (the hierarchy's communicators, kernel mode's links at their first
+ * (the hierarchy's pieces, kernel mode's links at their first
  * use), so every rank calls it at the same call. */
 brg_status brg__exec_choose(brg_comm *c, brg__coll *k);
 /* Kernel mode's links between hosts, for the first device call and for

@@ -46,9 +46,10 @@
 #                           dtype, op, root, collective) must each fail
 #                           with BRG_ERR_MISMATCH naming both calls, found
 #                           through the host proxies, not at the timeout
-#              netfail      (MH_DEVICE=1, kernel mode) the last rank can open
-#                           no descriptor when its first device allreduce
-#                           makes kernel mode's net ring: every rank must
+#              netfail      the last rank can open no descriptor when its
+#                           first allreduce makes kernel mode's net ring
+#                           (MH_DEVICE=1, kernel mode) or the hierarchy's
+#                           pieces (BRIGADE_ALGO=hier): every rank must
 #                           fail that call at once, the others naming it
 #              kill         the last rank is killed mid-allreduce: every
 #                           other rank must fail within the timeout,
@@ -370,11 +371,12 @@ devmismatch)
   expect_log
   ;;
 netfail)
-  # the last rank cannot set up its end of kernel mode's net ring (no
-  # descriptors left): every rank fails the call within the timeout,
-  # naming it
+  # the last rank cannot set up its ends of the links its first
+  # allreduce makes (no descriptors left): kernel mode's net ring with
+  # MH_DEVICE=1, else the hierarchy's pieces (BRIGADE_ALGO=hier); every
+  # rank fails the call within the timeout, naming it
   start_all netfail
-  wait_all_ok $((TIMEOUT_MS / 1000 + SLACK_S)) "net ring failure ok"
+  wait_all_ok $((TIMEOUT_MS / 1000 + SLACK_S)) "set-up failure ok"
   cat "$WORK"/out.*
   ;;
 mismatch)
