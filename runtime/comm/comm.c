@@ -385,9 +385,10 @@ static brg_status net_attached(brg__ring *r, void *arg, brg_status st, brg__errb
 
 static const link_wire gather_wire = {.together = 1, .info = net_info, .attached = net_attached};
 
-/* The verdict of the all-gather that ends a set-up of links over an owner: the rank
- * that failed by itself, before one that failed because its neighbour did
- * (BRG_ERR_REMOTE) and names it second hand; -1: none failed. */
+/* The verdict of the all-gather that ends a set-up of links over an
+ * owner: the rank that failed by itself, before one that failed because
+ * its neighbour did (BRG_ERR_REMOTE) and names it second hand; -1: none
+ * failed. */
 static int first_failed(const net_word *all, int n) {
   int named = -1;
   for (int k = 0; k < n; k++)

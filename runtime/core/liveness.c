@@ -317,8 +317,8 @@ static void kernels_watch(brg__live *l) {
   brg_comm *c = l->c;
   int *word = __atomic_load_n(&c->kabort, __ATOMIC_ACQUIRE);
   if (!word || l->kernels_stopped) return;
-  /* An extra ring hears through its owner's sockets, and tells the news
-   * on them. */
+  /* A piece hears through its owner's sockets, and tells the news on
+   * them. */
   brg__live *src = l->via ? l->via : l;
   brg_comm *oc = src->c;
   int stop = 0;
