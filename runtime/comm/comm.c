@@ -615,7 +615,7 @@ brg_status brg__comm_piece_make(brg_comm *o, int color, int key, int rotate, brg
   } else {
     s = stand_by(o, s, &err);
   }
-  if (s == BRG_SUCCESS && c) s = brg__progress_start(c, &err);
+  /* Its thread starts at its first queued call (progress.c). */
   if (s == BRG_SUCCESS && c) s = brg__live_start(c, &err);
   if (s != BRG_SUCCESS) {
     if (c) comm_free(c);

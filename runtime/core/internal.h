@@ -530,7 +530,9 @@ void brg__comm_stop_why(brg_comm *c, const char *why);
 /* stop.c: tells every rank this one has links with (its ring neighbours,
  * its point-to-point peers) that it failed with s, and why. */
 void brg__comm_tell(brg_comm *c, brg_status s, const char *why);
-/* Queues a request for the worker thread; brg__progress_wait waits for it. */
+/* Queues a request for the worker thread (started here on a piece's first
+ * queued call); brg__progress_wait waits for it. One that cannot be
+ * queued is finished at once with the failure, which it returns. */
 brg_status brg__progress_enqueue(brg_comm *c, brg__req *r);
 /* Waits, up to the communicator's timeout, for queued device collectives
  * of the asynchronous mode to finish (nobody else waits for them); returns
@@ -538,6 +540,8 @@ brg_status brg__progress_enqueue(brg_comm *c, brg__req *r);
  * time ran out. */
 int brg__progress_settle(brg_comm *c);
 brg_status brg__progress_wait(brg__req *r);
+/* A communicator's worker, at its creation (a piece's starts at its first
+ * queued call); stop joins it, if it ran, and no worker starts after. */
 brg_status brg__progress_start(brg_comm *c, brg__errbuf *err);
 void brg__progress_stop(brg_comm *c);
 

@@ -126,7 +126,20 @@ static void *worker_main(void *arg) {
   return NULL;
 }
 
-/* Queues r; the caller holds qlock. */
+/* Starts c's worker where it has none yet (qlock held). A communicator's
+ * starts with it; a piece's (comm.c's brg__comm_piece_make) at its first
+ * queued call, since a piece whose calls all run inline on the caller's
+ * thread (the hierarchy's cross and fold, mostly) never needs one. */
+static brg_status worker_need(brg_comm *c) {
+  if (c->worker_started) return BRG_SUCCESS;
+  if (c->stop) return brg__comm_error(c, BRG_ERR_ABORTED, "a call queued while it was destroyed");
+  if (pthread_create(&c->worker, NULL, worker_main, c) != 0)
+    return brg__comm_error(c, BRG_ERR_SYSTEM, "pthread_create for the progress thread failed");
+  c->worker_started = 1;
+  return BRG_SUCCESS;
+}
+
+/* Queues r; the caller holds qlock and made sure of the worker. */
 static void enqueue(brg_comm *c, brg__req *r) {
   r->next = NULL;
   r->done = 0;
@@ -174,7 +187,8 @@ static brg_status run_detached(brg_comm *c, brg__coll *k) {
    * launch waits when a stream's queue is full. */
   while (c->ndetached >= ASYNC_DEPTH && !__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
     pthread_cond_wait(&c->donecond, &c->qlock);
-  s = x->begin ? x->begin(c, &r->coll) : BRG_SUCCESS;
+  s = worker_need(c);
+  if (s == BRG_SUCCESS && x->begin) s = x->begin(c, &r->coll);
   if (s == BRG_SUCCESS) {
     enqueue(c, r);
     c->ndetached++;
@@ -209,6 +223,11 @@ brg_status brg__progress_run(brg_comm *c, brg__coll *k) {
     pthread_mutex_unlock(&c->qlock);
     return s;
   }
+  brg_status w = worker_need(c);
+  if (w != BRG_SUCCESS) {
+    pthread_mutex_unlock(&c->qlock);
+    return w;
+  }
   brg__req r;
   memset(&r, 0, sizeof r);
   r.coll = *k;
@@ -220,9 +239,17 @@ brg_status brg__progress_run(brg_comm *c, brg__coll *k) {
 brg_status brg__progress_enqueue(brg_comm *c, brg__req *r) {
   if (!r->coll.exec) r->coll.exec = brg__exec_leaf(c, &r->coll);
   pthread_mutex_lock(&c->qlock);
-  enqueue(c, r);
+  brg_status s = worker_need(c);
+  if (s == BRG_SUCCESS) {
+    enqueue(c, r);
+  } else { /* finished at once, with why: its waiter does not wait */
+    r->comm = c;
+    r->magic = BRG__REQ_MAGIC;
+    r->status = s;
+    __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
+  }
   pthread_mutex_unlock(&c->qlock);
-  return BRG_SUCCESS;
+  return s;
 }
 
 int brg__progress_settle(brg_comm *c) {
@@ -241,18 +268,20 @@ int brg__progress_settle(brg_comm *c) {
 }
 
 brg_status brg__progress_start(brg_comm *c, brg__errbuf *err) {
-  if (pthread_create(&c->worker, NULL, worker_main, c) != 0)
-    return brg__error_quiet(err, BRG_ERR_SYSTEM, "pthread_create for the progress thread failed");
-  c->worker_started = 1;
+  pthread_mutex_lock(&c->qlock);
+  brg_status s = worker_need(c);
+  pthread_mutex_unlock(&c->qlock);
+  if (s != BRG_SUCCESS) return brg__error_quiet(err, s, "%s", c->last_error);
   return BRG_SUCCESS;
 }
 
 void brg__progress_stop(brg_comm *c) {
-  if (!c->worker_started) return;
   pthread_mutex_lock(&c->qlock);
-  c->stop = 1;
+  int started = c->worker_started;
+  c->stop = 1; /* no worker starts from now on (worker_need) */
   pthread_cond_broadcast(&c->qcond);
   pthread_mutex_unlock(&c->qlock);
+  if (!started) return;
   pthread_join(c->worker, NULL);
   c->worker_started = 0;
 }
