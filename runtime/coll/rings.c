@@ -30,8 +30,10 @@ static brg__coll ring_part(const brg__coll *k, int rings, int r) {
 }
 
 /* The collective k cut into one part per ring: parts 1..R-1 queued for
- * the rings' threads, part 0 here on this communicator's own ring. A part that fails stops the others (their peers hear it on
- * each ring), and the first failure is the call's. */
+ * the rings' threads, part 0 here on this communicator's own ring. A part
+ * that fails stops the others (the peers hear of it through this
+ * communicator's ring sockets once the call fails), and the first failure
+ * is the call's. */
 brg_status brg__rings_run(brg_comm *c, brg__coll *k) {
   int rings = c->nrings;
   brg__req *parts = calloc((size_t)rings, sizeof *parts);
