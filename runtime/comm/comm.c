@@ -386,16 +386,19 @@ static brg_status net_attached(brg__ring *r, void *arg, brg_status st, brg__errb
 static const link_wire gather_wire = {.together = 1, .info = net_info, .attached = net_attached};
 
 /* The verdict of the all-gather that ends a set-up of links over an
- * owner: the rank that failed by itself, before one that failed because
- * its neighbour did (BRG_ERR_REMOTE) and names it second hand; -1: none
- * failed. */
-static int first_failed(const net_word *all, int n) {
+ * owner (every rank's word in all[], n of them), for a rank whose own
+ * set-up worked: BRG_ERR_REMOTE naming the rank that failed by itself,
+ * before one that failed because its neighbour did (BRG_ERR_REMOTE) and
+ * names it second hand; BRG_SUCCESS where none failed. */
+static brg_status verdict(const net_word *all, int n, brg__errbuf *err) {
   int named = -1;
   for (int k = 0; k < n; k++)
     if (all[k].st.status != BRG_SUCCESS && (named < 0 || (all[named].st.status == BRG_ERR_REMOTE &&
                                                           all[k].st.status != BRG_ERR_REMOTE)))
       named = k;
-  return named;
+  if (named < 0) return BRG_SUCCESS;
+  return brg__error(err, BRG_ERR_REMOTE, "init", "rank %d failed its set-up: %.*s", named,
+                    (int)sizeof all[named].st.why, all[named].st.why);
 }
 
 /* Sets up ring r's links over all-gathers of its owner (gather_wire),
@@ -409,10 +412,7 @@ static brg_status links_over_owner(brg__ring *r, const link_shape *sh, brg__errb
   brg_status s = ring_links(r, sh, &gather_wire, all, err);
   brg__errbuf why = *err;
   s = net_gather(r, s, &why, NULL, all, -1, NULL, err);
-  int named = s == BRG_SUCCESS ? first_failed(all, n) : -1;
-  if (named >= 0)
-    s = brg__error(err, BRG_ERR_REMOTE, "init", "rank %d failed its set-up: %.*s", named,
-                   (int)sizeof all[named].st.why, all[named].st.why);
+  if (s == BRG_SUCCESS) s = verdict(all, n, err);
   free(all);
   if (s != BRG_SUCCESS) {
     forget_next_fifo(r, sh->comm_id);
@@ -493,13 +493,11 @@ static brg_status stand_by(brg_comm *o, brg_status st, brg__errbuf *err) {
     snprintf(mine.st.why, sizeof mine.st.why, "%.*s", (int)sizeof mine.st.why - 1, err->msg);
   brg_status g = BRG_SUCCESS;
   for (int i = 0; i < 3 && g == BRG_SUCCESS; i++) g = brg__split_gather(o, &mine, all, sizeof mine);
-  int named = first_failed(all, o->nranks);
   if (st == BRG_SUCCESS && g != BRG_SUCCESS)
     st = brg__error(err, g, "init", "the all-gather over this communicator failed: %s",
                     brg_comm_last_error(o));
-  else if (st == BRG_SUCCESS && named >= 0)
-    st = brg__error(err, BRG_ERR_REMOTE, "init", "rank %d failed its set-up: %.*s", named,
-                    (int)sizeof all[named].st.why, all[named].st.why);
+  else if (st == BRG_SUCCESS)
+    st = verdict(all, o->nranks, err);
   free(all);
   return st;
 }
@@ -557,14 +555,32 @@ static brg_comm *piece_new(brg_comm *o, const int *members, int n, int rank, int
   return c;
 }
 
+int brg__split_group(const brg__split_entry *all, int n, int color, int me, int *members,
+                     int *rank) {
+  int size = 0;
+  *rank = -1;
+  if (color == BRG_SPLIT_NOCOLOR) return 0;
+  /* insertion sort, n is small */
+  for (int r = 0; r < n; r++) {
+    if (all[r].color != color) continue;
+    int at = size++;
+    while (at > 0 && all[members[at - 1]].key > all[r].key) {
+      members[at] = members[at - 1];
+      at--;
+    }
+    members[at] = r; /* r rises, so equal keys stay in rank order */
+  }
+  for (int i = 0; i < size; i++)
+    if (members[i] == me) *rank = i;
+  return size;
+}
+
 brg_status brg__comm_piece_make(brg_comm *o, int color, int key, int rotate, brg_comm **out) {
   *out = NULL;
   int n = o->nranks;
   uint32_t made = o->pieces_made++; /* alike on every rank: each call is a collective */
   brg__errbuf err = {0};
-  struct {
-    int32_t color, key;
-  } mine = {color, key}, *all = calloc((size_t)n, sizeof *all);
+  brg__split_entry mine = {color, key}, *all = calloc((size_t)n, sizeof *all);
   int *members = calloc((size_t)n, sizeof *members);
   if (!all || !members) {
     free(all);
@@ -578,19 +594,7 @@ brg_status brg__comm_piece_make(brg_comm *o, int color, int key, int rotate, brg
     return brg__fail_no_comm(s, "the all-gather over this communicator failed: %s",
                              brg_comm_last_error(o));
   }
-  /* This rank's group in (key, rank) order: insertion sort, n is small. */
-  int size = 0, rank = -1;
-  for (int r = 0; color != BRG_SPLIT_NOCOLOR && r < n; r++) {
-    if (all[r].color != color) continue;
-    int at = size++;
-    while (at > 0 && all[members[at - 1]].key > all[r].key) {
-      members[at] = members[at - 1];
-      at--;
-    }
-    members[at] = r; /* r rises, so equal keys stay in rank order */
-  }
-  for (int i = 0; i < size; i++)
-    if (members[i] == o->rank) rank = i;
+  int rank, size = brg__split_group(all, n, color, o->rank, members, &rank);
   free(all);
   brg_comm *c = NULL;
   if (rank >= 0) {

@@ -16,10 +16,6 @@
 #include "internal.h"
 #include "settings.h"
 
-typedef struct split_entry {
-  int32_t color, key;
-} split_entry;
-
 /* What each rank contributes to the second exchange: its group's id when
  * it leads one, or why it could not make it. */
 typedef struct split_id {
@@ -60,8 +56,8 @@ brg_status brg_comm_split(brg_comm *comm, int color, int key, brg_comm **newcomm
                            color);
   }
   int n = comm->nranks, me = comm->rank;
-  split_entry mine = {color, key};
-  split_entry *all = calloc((size_t)n, sizeof *all);
+  brg__split_entry mine = {color, key};
+  brg__split_entry *all = calloc((size_t)n, sizeof *all);
   split_id *ids = calloc((size_t)n, sizeof *ids);
   int *members = calloc((size_t)n, sizeof *members);
   if (!all || !ids || !members) {
@@ -74,21 +70,8 @@ brg_status brg_comm_split(brg_comm *comm, int color, int key, brg_comm **newcomm
     goto out;
   }
 
-  /* This rank's group in (key, old rank) order: insertion sort, n is small. */
-  int size = 0, newrank = -1;
-  if (color != BRG_SPLIT_NOCOLOR) {
-    for (int r = 0; r < n; r++) {
-      if (all[r].color != color) continue;
-      int at = size++;
-      while (at > 0 && all[members[at - 1]].key > all[r].key) {
-        members[at] = members[at - 1];
-        at--;
-      }
-      members[at] = r; /* r rises, so equal keys stay in old-rank order */
-    }
-    for (int i = 0; i < size; i++)
-      if (members[i] == me) newrank = i;
-  }
+  /* This rank's group in (key, old rank) order. */
+  int newrank, size = brg__split_group(all, n, color, me, members, &newrank);
 
   split_id out;
   memset(&out, 0, sizeof out);

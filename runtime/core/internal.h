@@ -351,6 +351,16 @@ struct brg_comm {
  * for its collectives; no bootstrap, ring sockets, listener or trace.
  * The thread's error says why it failed, on every rank alike. */
 brg_status brg__comm_piece_make(brg_comm *o, int color, int key, int rotate, brg_comm **out);
+/* comm.c, for split.c and brg__comm_piece_make: the group of rank `me`
+ * among n ranks whose (color, key), all-gathered, are all[]: its members
+ * (ranks of the n) in (key, rank) order into members[], their count
+ * returned, and me's place among them in *rank (-1 where color is
+ * BRG_SPLIT_NOCOLOR: no group, 0 returned). */
+typedef struct brg__split_entry {
+  int32_t color, key;
+} brg__split_entry;
+int brg__split_group(const brg__split_entry *all, int n, int color, int me, int *members,
+                     int *rank);
 /* Rank k of c in the numbering of the communicator it is a piece of; k
  * for a communicator. */
 static inline int brg__rank_up(const brg_comm *c, int k) {
